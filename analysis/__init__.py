@@ -1,0 +1,12 @@
+"""oomscope's analysis library: read CUDA memory snapshots safely and explain them.
+
+Pure Python + numpy: never imports Django, Celery, Bokeh or torch.
+"""
+
+from __future__ import annotations
+
+from analysis.config import AllocatorConfig
+from analysis.errors import ConfigError, SnapshotError
+from analysis.model import Snapshot
+
+__all__ = ["AllocatorConfig", "ConfigError", "Snapshot", "SnapshotError"]

@@ -1,0 +1,265 @@
+"""Allocator configuration and the size rules of the CUDA caching allocator.
+
+Mirrors ``c10/cuda/CUDAAllocatorConfig`` and the size helpers of
+``CUDACachingAllocator.cpp`` (see ../shared/docs/snapshot-format.md §3).
+Everything here is a pure function of sizes and an ``AllocatorConfig``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from analysis.errors import ConfigError
+
+KB = 1024
+MB = 1024 * 1024
+GB = 1024 * MB
+
+K_MIN_BLOCK_SIZE = 512  # every block is a multiple of this
+K_SMALL_SIZE = 1 * MB  # requests up to this go to the small pool
+K_SMALL_BUFFER = 2 * MB  # small-pool segment size (and small expandable page)
+K_MIN_LARGE_ALLOC = 10 * MB  # below this, large requests get a large_segment_size segment
+K_ROUND_LARGE = 2 * MB  # large cudaMalloc rounding
+K_LARGE_BUFFER = 20 * MB  # default large_segment_size
+UNLIMITED = (1 << 64) - 1  # SIZE_MAX: max_split_size when unset
+
+# roundup_power2_divisions has one entry per power-of-two interval from 1 MiB to 32 GiB.
+N_ROUNDUP_INTERVALS = 16
+ROUNDUP_KEYS: tuple[str, ...] = tuple(str(1 << i) for i in range(N_ROUNDUP_INTERVALS))
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorConfig:
+    """The effective settings of the native caching allocator."""
+
+    max_split_size: int = UNLIMITED
+    max_non_split_rounding_size: int = K_LARGE_BUFFER
+    roundup_power2_divisions: tuple[int, ...] = (0,) * N_ROUNDUP_INTERVALS
+    garbage_collection_threshold: float = 0.0
+    expandable_segments: bool = False
+    large_segment_size: int = K_LARGE_BUFFER
+    per_process_memory_fraction: float | None = None
+    # Keys that were set but do not change block placement (kept for display).
+    other: tuple[tuple[str, str], ...] = field(default=())
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def parse(cls, conf: str, base: AllocatorConfig | None = None) -> AllocatorConfig:
+        """Parse a PYTORCH_CUDA_ALLOC_CONF string (``key:value,key:[a:b,c:d]``)."""
+        cfg = base if base is not None else cls()
+        for key, value in _split_conf(conf):
+            cfg = _apply(cfg, key, value)
+        return cfg
+
+    @classmethod
+    def from_settings(cls, raw: dict[str, Any], conf: str = "") -> AllocatorConfig:
+        """Effective config from a snapshot's ``allocator_settings`` dict.
+
+        The dict holds the effective values of the keys it knows; keys it lacks
+        (``max_non_split_rounding_mb``, ``large_segment_size_mb``,
+        ``per_process_memory_fraction``) are recovered from the raw string.
+        """
+        cfg = cls.parse(conf) if conf else cls()
+        if not raw:
+            return cfg
+        mss = raw.get("max_split_size")
+        if isinstance(mss, int) and not isinstance(mss, bool):
+            cfg = replace(cfg, max_split_size=UNLIMITED if mss < 0 else mss)
+        gct = raw.get("garbage_collection_threshold")
+        if isinstance(gct, (int, float)) and not isinstance(gct, bool):
+            cfg = replace(cfg, garbage_collection_threshold=float(gct))
+        exp = raw.get("expandable_segments")
+        if isinstance(exp, bool):
+            cfg = replace(cfg, expandable_segments=exp)
+        rpd = raw.get("roundup_power2_divisions")
+        if isinstance(rpd, dict):
+            values = list(cfg.roundup_power2_divisions)
+            for i, key in enumerate(ROUNDUP_KEYS):
+                v = rpd.get(key)
+                if isinstance(v, int) and not isinstance(v, bool):
+                    values[i] = v
+            cfg = replace(cfg, roundup_power2_divisions=tuple(values))
+        return cfg
+
+    # -- description --------------------------------------------------------
+    def to_conf(self) -> str:
+        """A PYTORCH_CUDA_ALLOC_CONF string that reproduces the non-default values."""
+        parts: list[str] = []
+        if self.expandable_segments:
+            parts.append("expandable_segments:True")
+        if self.max_split_size != UNLIMITED:
+            parts.append(f"max_split_size_mb:{self.max_split_size // MB}")
+        if self.max_non_split_rounding_size != K_LARGE_BUFFER:
+            parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding_size // MB}")
+        if any(self.roundup_power2_divisions):
+            divs = self.roundup_power2_divisions
+            if len(set(divs)) == 1:
+                parts.append(f"roundup_power2_divisions:{divs[0]}")
+            else:
+                inner = ",".join(f"{k}:{v}" for k, v in zip(ROUNDUP_KEYS, divs, strict=True))
+                parts.append(f"roundup_power2_divisions:[{inner}]")
+        if self.garbage_collection_threshold > 0:
+            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
+        if self.large_segment_size != K_LARGE_BUFFER:
+            parts.append(f"large_segment_size_mb:{self.large_segment_size // MB}")
+        if self.per_process_memory_fraction is not None:
+            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction:g}")
+        return ",".join(parts)
+
+    # -- size rules -----------------------------------------------------------
+    def divisions_for(self, size: int) -> int:
+        log_size = size.bit_length() - 1
+        index = max(log_size - 20, 0)
+        return self.roundup_power2_divisions[min(index, N_ROUNDUP_INTERVALS - 1)]
+
+    def round_size(self, size: int) -> int:
+        """``round_size``: the block size a request of ``size`` bytes needs."""
+        if size < K_MIN_BLOCK_SIZE:
+            return K_MIN_BLOCK_SIZE
+        divisions = self.divisions_for(size)
+        if divisions > 1 and size > K_MIN_BLOCK_SIZE * divisions:
+            return _roundup_power2_next_division(size, divisions)
+        return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+
+    def allocation_size(self, size: int) -> int:
+        """``get_allocation_size``: the segment a cache miss for a rounded size creates."""
+        if size <= K_SMALL_SIZE:
+            return K_SMALL_BUFFER
+        if size < K_MIN_LARGE_ALLOC:
+            return self.large_segment_size
+        return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+
+    def should_split(self, block_size: int, size: int, small_pool: bool) -> bool:
+        remaining = block_size - size
+        if small_pool or self.expandable_segments:
+            return remaining >= K_MIN_BLOCK_SIZE
+        return size < self.max_split_size and remaining > K_SMALL_SIZE
+
+    def block_fits(self, block_size: int, size: int) -> bool:
+        """The ``max_split_size`` filter of ``get_free_block`` (size already fits)."""
+        if size < self.max_split_size and block_size >= self.max_split_size:
+            return False
+        return not (
+            size >= self.max_split_size and block_size >= size + self.max_non_split_rounding_size
+        )
+
+
+def is_small(size: int) -> bool:
+    """Whether a rounded size is served from the small pool."""
+    return size <= K_SMALL_SIZE
+
+
+def _roundup_power2_next_division(size: int, divisions: int) -> int:
+    if size & (size - 1) == 0:
+        return size
+    power2_floor = 1 << (size.bit_length() - 1)
+    step = power2_floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return power2_floor << 1
+    floor = size & ~(step - 1)
+    return size if floor == size else floor + step
+
+
+_TOKEN = re.compile(r"\s*([A-Za-z_]+)\s*:\s*(\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")
+
+
+def _split_conf(conf: str) -> list[tuple[str, str]]:
+    conf = conf.strip()
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(conf):
+        m = _TOKEN.match(conf, pos)
+        if m is None or m.end() == pos:
+            raise ConfigError(f"cannot parse allocator setting near {conf[pos:pos + 40]!r}")
+        out.append((m.group(1), m.group(2)))
+        pos = m.end()
+    return out
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    if value in ("True", "true", "1"):
+        return True
+    if value in ("False", "false", "0"):
+        return False
+    raise ConfigError(f"{key} expects True or False, got {value!r}")
+
+
+def _parse_int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{key} expects an integer, got {value!r}") from None
+
+
+def _parse_divisions(value: str) -> tuple[int, ...]:
+    if not value.startswith("["):
+        d = _parse_int("roundup_power2_divisions", value)
+        _check_division(d)
+        return (d,) * N_ROUNDUP_INTERVALS
+    values = [0] * N_ROUNDUP_INTERVALS
+    last = -1
+    for item in filter(None, (p.strip() for p in value[1:-1].split(","))):
+        key, _, v = item.partition(":")
+        d = _parse_int("roundup_power2_divisions", v.strip())
+        _check_division(d)
+        key = key.strip()
+        if key == ">":
+            for i in range(last + 1, N_ROUNDUP_INTERVALS):
+                values[i] = d
+            last = N_ROUNDUP_INTERVALS - 1
+            continue
+        mb = _parse_int("roundup_power2_divisions", key)
+        if mb <= 0 or mb & (mb - 1):
+            raise ConfigError(f"roundup_power2_divisions interval {key} is not a power of 2")
+        index = min(mb.bit_length() - 1, N_ROUNDUP_INTERVALS - 1)
+        # An entry covers every interval from the previous entry up to its own.
+        for i in range(last + 1, index + 1):
+            values[i] = d
+        last = index
+    return tuple(values)
+
+
+def _check_division(d: int) -> None:
+    if d != 0 and d & (d - 1):
+        raise ConfigError(f"roundup_power2_divisions value {d} is not a power of 2")
+
+
+def _apply(cfg: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
+    if key == "expandable_segments":
+        return replace(cfg, expandable_segments=_parse_bool(key, value))
+    if key == "max_split_size_mb":
+        mb = _parse_int(key, value)
+        if mb <= K_LARGE_BUFFER // MB:
+            raise ConfigError(f"max_split_size_mb must be > {K_LARGE_BUFFER // MB}, got {mb}")
+        return replace(cfg, max_split_size=mb * MB)
+    if key == "max_non_split_rounding_mb":
+        return replace(cfg, max_non_split_rounding_size=_parse_int(key, value) * MB)
+    if key == "garbage_collection_threshold":
+        try:
+            t = float(value)
+        except ValueError:
+            raise ConfigError(f"{key} expects a number, got {value!r}") from None
+        if not 0.0 < t < 1.0:
+            raise ConfigError(f"{key} must be in (0, 1), got {value}")
+        return replace(cfg, garbage_collection_threshold=t)
+    if key == "roundup_power2_divisions":
+        return replace(cfg, roundup_power2_divisions=_parse_divisions(value))
+    if key == "large_segment_size_mb":
+        mb = _parse_int(key, value)
+        if mb <= 0:
+            raise ConfigError(f"{key} must be positive, got {mb}")
+        return replace(cfg, large_segment_size=mb * MB)
+    if key == "per_process_memory_fraction":
+        try:
+            f = float(value)
+        except ValueError:
+            raise ConfigError(f"{key} expects a number, got {value!r}") from None
+        if not 0.0 < f <= 1.0:
+            raise ConfigError(f"{key} must be in (0, 1], got {value}")
+        return replace(cfg, per_process_memory_fraction=f)
+    if key == "backend" and value not in ("native",):
+        raise ConfigError(f"backend {value!r} keeps no history and cannot be replayed")
+    # Keys that do not change where blocks go (pinned_*, release_lock_on_cudamalloc, ...).
+    return replace(cfg, other=(*cfg.other, (key, value)))

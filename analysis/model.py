@@ -1,0 +1,184 @@
+"""The columnar model of a snapshot: what every analysis reads.
+
+The reader converts the pickle's object graph into this form once, so the graph
+can be dropped: per device, numpy columns of the trace; the final segments and
+blocks as small frozen dataclasses; one interned table of frames and stacks.
+
+Conventions (relied on by replay, allocator and the analyses):
+- A trace is per device, oldest event first, in recorded order.
+- ``Trace.addr`` holds the block/segment address; for an ``oom`` event, which has
+  no address, it holds the event's ``device_free`` instead.
+- ``Trace.stream`` is an ordinal into ``DeviceData.streams`` (raw cudaStream_t
+  values are host pointers; ordinals keep the columns small).
+- ``Trace.pool`` is an ordinal into ``Snapshot.pools``; ordinal 0 is always the
+  default pool ``(0, 0)``. Where events carry no ``pool_id`` it is 0.
+- ``Trace.stack`` is an index into ``Snapshot.stacks``; -1 means "no frames".
+- ``Trace.time_us`` is 0 where the file has no ``time_us``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+# Action codes of ``Trace.action``. The order is part of the model: never renumber.
+ACTIONS: tuple[str, ...] = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+)
+ACTION_CODE: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
+ALLOC, FREE_REQUESTED, FREE_COMPLETED = 0, 1, 2
+SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = 3, 4, 5, 6
+SNAPSHOT, OOM = 7, 8
+
+DEFAULT_POOL: tuple[int, int] = (0, 0)
+
+# Block states as the snapshot spells them.
+ACTIVE_ALLOCATED = "active_allocated"
+ACTIVE_PENDING_FREE = "active_pending_free"
+INACTIVE = "inactive"
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+I8 = npt.NDArray[np.int8]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    filename: str
+    line: int
+    name: str
+
+
+@dataclass(slots=True)
+class StackTable:
+    """Interned frames and stacks. A stack is a tuple of frame ids, innermost first."""
+
+    frames: list[Frame] = field(default_factory=list)
+    stacks: list[tuple[int, ...]] = field(default_factory=list)
+
+    def frames_of(self, stack_id: int) -> list[Frame]:
+        if stack_id < 0:
+            return []
+        return [self.frames[i] for i in self.stacks[stack_id]]
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    address: int
+    size: int
+    requested_size: int
+    state: str
+    stack: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    device: int
+    address: int
+    total_size: int
+    allocated_size: int
+    active_size: int
+    requested_size: int
+    stream: int  # ordinal into DeviceData.streams
+    segment_type: str  # "small" | "large"
+    pool: int  # ordinal into Snapshot.pools
+    is_expandable: bool
+    blocks: tuple[Block, ...]
+    stack: int = -1
+
+
+@dataclass(slots=True)
+class Trace:
+    """One device's trace as parallel columns (all the same length)."""
+
+    action: I8
+    addr: I64
+    size: I64
+    stream: I32
+    time_us: I64
+    stack: I32
+    pool: I32
+
+    def __len__(self) -> int:
+        return int(self.action.shape[0])
+
+    @classmethod
+    def empty(cls) -> Trace:
+        return cls(
+            action=np.zeros(0, np.int8),
+            addr=np.zeros(0, np.int64),
+            size=np.zeros(0, np.int64),
+            stream=np.zeros(0, np.int32),
+            time_us=np.zeros(0, np.int64),
+            stack=np.zeros(0, np.int32),
+            pool=np.zeros(0, np.int32),
+        )
+
+
+@dataclass(slots=True)
+class DeviceData:
+    device: int
+    trace: Trace
+    segments: list[Segment]
+    streams: list[int]  # raw stream values; Trace.stream / Segment.stream index this
+    # Interned per-event strings, sparse: event index -> text, only where the text
+    # differs from the default ("N/A" for compile_context, "" for user_metadata).
+    compile_context: dict[int, str] = field(default_factory=dict)
+    user_metadata: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    name: str
+    stage: str  # "START" | "END"
+    device: int
+    time_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorSettings:
+    """What the snapshot says about the allocator configuration.
+
+    ``raw`` is the settings dict as recorded (empty for files older than 2.3);
+    ``conf`` is the PYTORCH_CUDA_ALLOC_CONF string. The effective values are
+    parsed by ``analysis.config.AllocatorConfig.from_settings``.
+    """
+
+    recorded: bool
+    conf: str
+    raw: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Warning_:
+    code: str
+    message: str
+
+
+@dataclass(slots=True)
+class Snapshot:
+    format: str  # "pickle" | "pickle.gz" | "torch-zip" | "json"
+    layout: str  # "segments-only" (<=1.13 list) | "history" (2.0) | "modern" (2.1+)
+    devices: list[DeviceData]
+    pools: list[tuple[int, int]]
+    stacks: StackTable
+    annotations: list[Annotation]
+    settings: AllocatorSettings
+    warnings: list[Warning_] = field(default_factory=list)
+
+    def device(self, ordinal: int) -> DeviceData:
+        for d in self.devices:
+            if d.device == ordinal:
+                return d
+        raise KeyError(ordinal)
