@@ -162,7 +162,7 @@ def _roundup_power2_next_division(size: int, divisions: int) -> int:
     return size if floor == size else floor + step
 
 
-_TOKEN = re.compile(r"\s*([A-Za-z_]+)\s*:\s*(\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")
+_TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")
 
 
 def _split_conf(conf: str) -> list[tuple[str, str]]:
