@@ -1,0 +1,163 @@
+"""What kind of memory each allocation is: parameters, gradients, optimizer state,
+activations, temporaries, or unknown.
+
+The snapshot records no tensor roles, so each allocation is classified from
+its stack (see ``analysis.stacks`` traits) and its lifetime (from the trace's
+alloc/free pairs), with the training steps' optimizer windows as landmarks.
+Rules, first match wins (docs/report.md lists them with examples):
+
+1. ``optimizer_state``: allocated under ``torch/optim/`` and either made by the
+   state initialisation (``_init_group``) or alive after the optimizer step that
+   made it ended. Other optimizer allocations are ``temporaries``.
+2. ``parameters``: allocated by ``Module._apply`` (``.cuda()``, ``.to()``), or
+   allocated before the first optimizer step began and never freed.
+3. Backward allocations: stacks through the autograd engine or
+   ``Tensor.backward``, or - when the trace has frames but ``stacks="python"``
+   left the autograd thread's allocations without any - frame-less allocations
+   inside a training step before its optimizer step. They are ``gradients`` when
+   they survive until the optimizer step starts (``.grad`` tensors live until
+   ``zero_grad``), else ``temporaries``.
+4. Forward allocations (any other allocation with frames): ``activations`` when
+   they live until a backward allocation happens after them (saved for
+   backward) or the trace has no backward at all (inference), else
+   ``temporaries``.
+5. Anything else (no frames, no landmarks) is ``unknown``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.stacks import (
+    TRAIT_BACKWARD,
+    TRAIT_MODULE_APPLY,
+    TRAIT_OPTIMIZER,
+    TRAIT_OPTIMIZER_STATE_INIT,
+    Lifetimes,
+    StackCatalog,
+)
+
+CATEGORIES: tuple[str, ...] = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "unknown",
+)
+PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, UNKNOWN = range(6)
+
+I64 = npt.NDArray[np.int64]
+
+
+def optimizer_windows(
+    annotations: list[tuple[str, str, int]], time_us: I64
+) -> tuple[I64, I64]:
+    """Event-index windows ``[start, end]`` of ``Optimizer.step`` annotations.
+
+    ``annotations`` are ``(name, stage, time_us)`` of one device.
+    """
+    if time_us.size == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, empty
+    times = np.maximum.accumulate(time_us)
+    starts, ends = [], []
+    open_start: int | None = None
+    for name, stage, t in sorted(annotations, key=lambda a: a[2]):
+        if not name.startswith("Optimizer.step#"):
+            continue
+        if stage == "START":
+            open_start = t
+        elif stage == "END" and open_start is not None:
+            starts.append(open_start)
+            ends.append(t)
+            open_start = None
+    if not starts:
+        empty = np.zeros(0, np.int64)
+        return empty, empty
+    s = np.searchsorted(times, np.asarray(starts, np.int64), side="left")
+    e = np.searchsorted(times, np.asarray(ends, np.int64), side="right") - 1
+    return s.astype(np.int64), e.astype(np.int64)
+
+
+def classify(
+    lifetimes: Lifetimes,
+    catalog: StackCatalog,
+    opt_start: I64,
+    opt_end: I64,
+    *,
+    trace_has_frames: bool,
+) -> npt.NDArray[np.int8]:
+    """A category code per allocation of ``lifetimes`` (vectorised, no per-event loop)."""
+    n = lifetimes.n_events
+    start, end = lifetimes.start, lifetimes.end
+    traits = catalog.stack_traits(lifetimes.stack)
+    has_frames = catalog.groups_of(lifetimes.stack) != 0
+    out = np.full(start.shape[0], UNKNOWN, np.int8)
+    decided = np.zeros(start.shape[0], bool)
+
+    def assign(mask: npt.NDArray[np.bool_], code: int) -> None:
+        nonlocal decided
+        m = mask & ~decided
+        out[m] = code
+        decided |= m
+
+    # The optimizer step window each allocation falls in or before.
+    if opt_start.size:
+        k = np.searchsorted(opt_start, start, side="right") - 1  # last window started at or before
+        in_window = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
+        window_end = np.where(in_window, opt_end[np.maximum(k, 0)], n)
+        nxt = np.searchsorted(opt_start, start, side="left")  # next window starting at or after
+        next_opt_start = np.where(nxt < opt_start.size, opt_start[np.minimum(nxt, opt_start.size - 1)], n)
+        first_opt = int(opt_start[0])
+    else:
+        in_window = np.zeros(start.shape[0], bool)
+        window_end = np.full(start.shape[0], n, np.int64)
+        next_opt_start = np.full(start.shape[0], n, np.int64)
+        first_opt = n
+
+    # 1. optimizer: frames under torch/optim, or (without frames) made inside an optimizer step.
+    optimizer = ((traits & TRAIT_OPTIMIZER) != 0) | (~has_frames & in_window)
+    assign(optimizer & (((traits & TRAIT_OPTIMIZER_STATE_INIT) != 0) | (end > window_end)), OPTIMIZER_STATE)
+    assign(optimizer, TEMPORARIES)
+
+    # 2. parameters: Module._apply, or made before the first optimizer step and
+    # alive after the last one ended.
+    backward_trait = (traits & TRAIT_BACKWARD) != 0
+    assign((traits & TRAIT_MODULE_APPLY) != 0, PARAMETERS)
+    if opt_start.size:
+        last_opt_end = int(opt_end[-1])
+        assign((start < first_opt) & (end > last_opt_end) & ~backward_trait, PARAMETERS)
+
+    # 3. backward. With stacks="python" the autograd thread records no frames; a
+    # frame-less allocation whose nearest earlier framed allocation is the
+    # backward's own (Tensor.backward -> _make_grads) belongs to the backward.
+    backward = backward_trait.copy()
+    if trace_has_frames:
+        framed = np.flatnonzero(has_frames)
+        if framed.size:
+            j = np.searchsorted(start[framed], start, side="right") - 1
+            prev_is_backward = (j >= 0) & backward_trait[framed[np.maximum(j, 0)]]
+            backward |= ~has_frames & prev_is_backward
+    backward &= ~decided
+    assign(backward & (end >= next_opt_start) & (next_opt_start < n), GRADIENTS)
+    assign(backward, TEMPORARIES)
+
+    # 4. forward
+    forward = has_frames
+    bwd_idx = start[backward]
+    if bwd_idx.size:
+        j = np.searchsorted(bwd_idx, start, side="right")
+        next_bwd = np.where(j < bwd_idx.size, bwd_idx[np.minimum(j, bwd_idx.size - 1)], n)
+        assign(forward & (end > next_bwd) & (next_bwd < n), ACTIVATIONS)
+        assign(forward, TEMPORARIES)
+    else:
+        assign(forward, ACTIVATIONS)
+    return out
+
+
+def bytes_by_category(codes: npt.NDArray[np.int8], sizes: I64) -> dict[str, int]:
+    sums = np.zeros(len(CATEGORIES), np.int64)
+    np.add.at(sums, codes.astype(np.int64), np.asarray(sizes, np.int64))
+    return {name: int(sums[i]) for i, name in enumerate(CATEGORIES)}

@@ -1,0 +1,301 @@
+"""Stacks: filter frames, attribute allocations to user code, rank what holds memory.
+
+A recorded stack (innermost frame first) is mostly machinery: CPython's
+interpreter, ``nn.Module.__call__`` wrappers, and with ``stacks="all"`` the C++
+allocator, dispatcher and autograd engine. The catalog reduces each stack once
+to the frames a reader cares about and to a *group key*; every question about
+"which code holds memory" is then a ``bincount`` over group ids.
+
+Filtering rules (documented in docs/report.md):
+- Python frames are kept, except ``torch/nn/modules/module.py`` call wrappers
+  (``_call_impl``, ``_wrapped_call_impl``, ``__call__``) and ``<frozen ...>``.
+- C++ frames are dropped, except two that name the work: the autograd node
+  (``torch::autograd::generated::MmBackward0::apply`` -> ``MmBackward0``) and
+  the first ATen operator (``at::_ops::mm::call`` -> ``aten::mm``).
+- A group is the filtered stack; its *site* is the first frame of user code
+  (a Python file outside torch, site-packages, the standard library and
+  generated inductor code). Stacks without frames form the "unknown / no
+  frames" group, id 0, so the groups at any moment add up to the live bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.model import Frame, StackTable
+
+UNKNOWN_LABEL = "unknown / no frames"
+OTHER_LABEL = "other stacks"
+
+# Python wrappers that add a frame to every module call and say nothing.
+_MODULE_WRAPPERS = frozenset({"_call_impl", "_wrapped_call_impl", "__call__"})
+_AUTOGRAD_NODE = re.compile(r"torch::autograd::generated::(\w+)::apply\b")
+_ATEN_OP = re.compile(r"\bat::_ops::(\w+)::call\b")
+# Paths that are library or interpreter code, never the user's.
+_LIBRARY_PATH = re.compile(
+    r"(/site-packages/|/dist-packages/|/lib/python\d+(\.\d+)?/|/torch/|torchinductor_|^<)"
+)
+
+# Bits of GroupInfo.traits: what kind of code a stack went through. Categories
+# and the advisor read these instead of re-parsing frames.
+TRAIT_OPTIMIZER = 1  # torch/optim/
+TRAIT_OPTIMIZER_STATE_INIT = 2  # optimizer state creation (_init_group, state init)
+TRAIT_MODULE_FORWARD = 4  # inside an nn.Module call
+TRAIT_MODULE_APPLY = 8  # Module._apply: .cuda()/.to()/.half() copying parameters
+TRAIT_BACKWARD = 16  # autograd engine / Tensor.backward
+TRAIT_AUTOCAST = 32  # torch.autocast active (AMP already used)
+TRAIT_ACCUMULATE_GRAD = 64  # AccumulateGrad: a .grad being created
+TRAIT_NO_USER_FRAME = 128
+
+
+def is_python_frame(frame: Frame) -> bool:
+    return frame.filename.endswith(".py") or frame.filename.startswith("<")
+
+
+def is_user_frame(frame: Frame) -> bool:
+    return frame.filename.endswith(".py") and _LIBRARY_PATH.search(frame.filename) is None
+
+
+def short_path(filename: str) -> str:
+    """The last two path components: enough to recognise a file, short enough for a table."""
+    parts = filename.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:]) if len(parts) > 2 else filename
+
+
+def frame_label(frame: Frame) -> str:
+    if is_python_frame(frame):
+        return f"{short_path(frame.filename)}:{frame.line} {frame.name}"
+    return frame.name
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """One group of stacks that look the same once machinery is filtered out."""
+
+    frames: tuple[Frame, ...]  # filtered, innermost first
+    site: Frame | None  # first user frame, if any
+    label: str
+    traits: int
+
+    def to_frames(self) -> list[dict[str, object]]:
+        return [{"filename": f.filename, "line": f.line, "name": f.name} for f in self.frames]
+
+
+class StackCatalog:
+    """Filtered view of a StackTable: ``group_of[stack + 1]`` is a stack's group id.
+
+    Index with ``stack + 1`` so that stack -1 ("no frames") maps to group 0.
+    """
+
+    def __init__(self, table: StackTable) -> None:
+        self.groups: list[GroupInfo] = [GroupInfo((), None, UNKNOWN_LABEL, TRAIT_NO_USER_FRAME)]
+        keys: dict[tuple[Frame, ...], int] = {}
+        group_of = np.zeros(len(table.stacks) + 1, np.int32)
+        # Frames are shared by many stacks: reduce each frame once.
+        reduced: list[Frame | None] = [_reduce_frame(f) for f in table.frames]
+        traits_of_frame = np.array([_frame_traits(f) for f in table.frames] or [0], np.int64)
+        for sid, frame_ids in enumerate(table.stacks):
+            kept = tuple(r for r in (reduced[i] for i in frame_ids) if r is not None)
+            if not kept:
+                continue  # only machinery: indistinguishable from "no frames"
+            gid = keys.get(kept)
+            if gid is None:
+                gid = len(self.groups)
+                keys[kept] = gid
+                traits = int(np.bitwise_or.reduce(traits_of_frame[list(frame_ids)])) if frame_ids else 0
+                self.groups.append(_make_group(kept, traits))
+            else:
+                # Two raw stacks may differ only in filtered machinery; merge their traits.
+                old = self.groups[gid]
+                traits = int(np.bitwise_or.reduce(traits_of_frame[list(frame_ids)]))
+                if traits | old.traits != old.traits:
+                    self.groups[gid] = GroupInfo(old.frames, old.site, old.label, old.traits | traits)
+            group_of[sid + 1] = gid
+        self.group_of = group_of
+        self.traits = np.array([g.traits for g in self.groups], np.int64)
+
+    def groups_of(self, stacks: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:
+        """Group id per element of an array of stack ids (-1 allowed)."""
+        return self.group_of[np.asarray(stacks, np.int64) + 1]
+
+    def stack_traits(self, stacks: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+        return self.traits[self.groups_of(stacks)]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTotal:
+    group: int
+    bytes: int
+    count: int
+
+
+def totals_by_group(
+    catalog: StackCatalog, stacks: npt.NDArray[np.integer], sizes: npt.NDArray[np.integer]
+) -> list[GroupTotal]:
+    """Bytes and counts per group, largest first; sums to ``sizes.sum()`` exactly."""
+    gids = catalog.groups_of(stacks)
+    n = len(catalog.groups)
+    # int64 sums via bincount on float64 would lose bytes past 2**53: sort and reduce instead.
+    order = np.argsort(gids, kind="stable")
+    g_sorted = gids[order]
+    s_sorted = np.asarray(sizes, np.int64)[order]
+    if g_sorted.size == 0:
+        return []
+    starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
+    byte_sums = np.add.reduceat(s_sorted, starts)
+    counts = np.diff(np.r_[starts, g_sorted.size])
+    found = g_sorted[starts]
+    assert found.max() < n
+    rank = np.lexsort((found, -byte_sums))
+    return [GroupTotal(int(found[i]), int(byte_sums[i]), int(counts[i])) for i in rank]
+
+
+def top_entries(
+    catalog: StackCatalog, totals: list[GroupTotal], when: str, limit: int = 10
+) -> list[dict[str, object]]:
+    """Report rows for the largest groups, with the rest folded into one "other" row.
+
+    The rows always add up to the total given, so a reader can trust the table.
+    """
+    rows = [group_row(catalog, t, when) for t in totals[:limit]]
+    rest = totals[limit:]
+    if rest:
+        rows.append(
+            {
+                "when": when,
+                "bytes": sum(t.bytes for t in rest),
+                "count": sum(t.count for t in rest),
+                "frames": [],
+                "label": f"{OTHER_LABEL} ({len(rest)})",
+                "site": None,
+                "group": -1,
+            }
+        )
+    return rows
+
+
+def group_row(catalog: StackCatalog, total: GroupTotal, when: str) -> dict[str, object]:
+    info = catalog.groups[total.group]
+    return {
+        "when": when,
+        "bytes": total.bytes,
+        "count": total.count,
+        "frames": info.to_frames(),
+        "label": info.label,
+        "site": None if info.site is None else frame_label(info.site),
+        "group": total.group,
+    }
+
+
+def _reduce_frame(frame: Frame) -> Frame | None:
+    """The frame as shown in reports, or None when it is machinery."""
+    if is_python_frame(frame):
+        if frame.filename.startswith("<frozen"):
+            return None
+        if frame.name in _MODULE_WRAPPERS and frame.filename.endswith("torch/nn/modules/module.py"):
+            return None
+        return frame
+    m = _AUTOGRAD_NODE.search(frame.name)
+    if m is not None:
+        return Frame(frame.filename, frame.line, m.group(1))
+    m = _ATEN_OP.search(frame.name)
+    if m is not None:
+        return Frame(frame.filename, frame.line, f"aten::{m.group(1)}")
+    return None
+
+
+def _frame_traits(frame: Frame) -> int:
+    name, path = frame.name, frame.filename
+    traits = 0
+    if path.endswith(".py"):
+        if "/torch/optim/" in path:
+            traits |= TRAIT_OPTIMIZER
+            if name in ("_init_group", "_init_state", "zeros_like") or "init" in name:
+                traits |= TRAIT_OPTIMIZER_STATE_INIT
+        elif path.endswith("torch/nn/modules/module.py"):
+            if name in ("_call_impl", "_wrapped_call_impl"):
+                traits |= TRAIT_MODULE_FORWARD
+            elif name in ("_apply", "cuda", "to", "half", "float", "bfloat16", "type"):
+                traits |= TRAIT_MODULE_APPLY
+        elif (path.endswith("torch/autograd/__init__.py") and name in ("backward", "grad", "_make_grads")) or (
+            path.endswith("torch/_tensor.py") and name == "backward"
+        ):
+            traits |= TRAIT_BACKWARD
+        elif "/torch/amp/autocast_mode.py" in path:
+            traits |= TRAIT_AUTOCAST
+        return traits
+    if "torch::autograd::Engine::" in name or "torch::autograd::generated::" in name:
+        traits |= TRAIT_BACKWARD
+    if "AccumulateGrad" in name:
+        traits |= TRAIT_ACCUMULATE_GRAD | TRAIT_BACKWARD
+    if "autocast" in name.lower():
+        traits |= TRAIT_AUTOCAST
+    return traits
+
+
+def _make_group(frames: tuple[Frame, ...], traits: int) -> GroupInfo:
+    site = next((f for f in frames if is_user_frame(f)), None)
+    if site is None:
+        traits |= TRAIT_NO_USER_FRAME
+    # The label names the innermost informative frame and, if different, the user site.
+    inner = frames[0]
+    if site is None:
+        # C++-only stacks (the autograd thread): "aten::mm in AddmmBackward0".
+        names = [f.name for f in frames[:2]]
+        label = " in ".join(names) if not is_python_frame(inner) else frame_label(inner)
+    elif inner is site:
+        label = frame_label(site)
+    else:
+        label = f"{_short_name(inner)} ← {frame_label(site)}"
+    return GroupInfo(frames, site, label, traits)
+
+
+def _short_name(frame: Frame) -> str:
+    if is_python_frame(frame):
+        return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.line} {frame.name}"
+    return frame.name
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetimes:
+    """Every ``alloc`` event of a trace paired with the event that ended it.
+
+    ``end[k]`` is the index of the next ``alloc``/``free_requested`` event at the
+    same address (the user's free; ``allocated_bytes`` drops there), or the
+    trace length when the block was still live at the end. Frees of blocks
+    allocated before the trace began have no ``alloc`` and are not listed.
+    """
+
+    start: npt.NDArray[np.int64]  # event index of each alloc, ascending
+    end: npt.NDArray[np.int64]
+    addr: npt.NDArray[np.int64]
+    size: npt.NDArray[np.int64]  # requested bytes
+    stack: npt.NDArray[np.int32]
+    n_events: int
+
+    def live_at(self, index: int) -> npt.NDArray[np.bool_]:
+        return (self.start <= index) & (self.end > index)
+
+
+def alloc_lifetimes(action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], size: npt.NDArray[np.int64],
+                    stack: npt.NDArray[np.int32]) -> Lifetimes:
+    from analysis.model import ALLOC, FREE_REQUESTED
+
+    n = int(action.shape[0])
+    idx = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED))
+    # Stable sort by address keeps each address's events in trace order.
+    order = idx[np.argsort(addr[idx], kind="stable")]
+    is_alloc = action[order] == ALLOC
+    same_next = np.r_[addr[order[1:]] == addr[order[:-1]], False]
+    nxt = np.r_[order[1:], n]
+    end_sorted = np.where(same_next, nxt, n)
+    alloc_pos = np.flatnonzero(is_alloc)
+    starts = order[alloc_pos]
+    ends = end_sorted[alloc_pos]
+    by_time = np.argsort(starts, kind="stable")
+    starts, ends = starts[by_time], ends[by_time]
+    return Lifetimes(starts.astype(np.int64), ends.astype(np.int64), addr[starts], size[starts], stack[starts], n)

@@ -1,0 +1,147 @@
+"""Training steps from ``external_annotations``, and per-step memory figures.
+
+A step ends at the END of a ``ProfilerStep#N`` annotation when the file has any
+(the profiler's own step marks), otherwise at the END of an optimizer step
+(``Optimizer.step#...``). A step's events are those after the previous step's
+end, up to and including the last event at or before its own end time
+(annotations and events share the snapshot's clock).
+
+Everything here works on event-index arrays; per-step maxima are one
+``np.maximum.reduceat`` over the replay's columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.model import Annotation
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """Step windows of one device, in event indices (inclusive ranges)."""
+
+    source: str  # "ProfilerStep" | "Optimizer.step" | "" (none)
+    start_us: I64
+    end_us: I64
+    first_event: I64  # first event of the step (may equal last_event + 1 for an empty step)
+    last_event: I64  # last event at or before the step's end
+    complete: npt.NDArray[np.bool_]  # False where the trace starts inside the step
+
+    def __len__(self) -> int:
+        return int(self.end_us.shape[0])
+
+    @property
+    def end_events(self) -> I64:
+        return self.last_event
+
+
+def step_end_times(annotations: list[Annotation], device: int) -> tuple[str, list[int]]:
+    """END times of the step-marking annotations of one device, oldest first."""
+    profiler, optimizer = [], []
+    for a in annotations:
+        if a.stage != "END" or a.device not in (device, -1):
+            continue
+        if a.name.startswith("ProfilerStep#"):
+            profiler.append(a.time_us)
+        elif a.name.startswith("Optimizer.step#"):
+            optimizer.append(a.time_us)
+    if profiler:
+        return "ProfilerStep", sorted(profiler)
+    if optimizer:
+        return "Optimizer.step", sorted(optimizer)
+    return "", []
+
+
+def find_steps(annotations: list[Annotation], device: int, time_us: I64) -> Steps:
+    """Map step-end annotations onto a device's trace."""
+    source, ends = step_end_times(annotations, device)
+    n = int(time_us.shape[0])
+    empty = np.zeros(0, np.int64)
+    if not ends or n == 0:
+        return Steps(source if ends else "", empty, empty, empty, empty, np.zeros(0, bool))
+    # Clock jitter can make time_us step back by a microsecond; searchsorted needs order.
+    times = np.maximum.accumulate(time_us)
+    end_arr = np.asarray(ends, np.int64)
+    # A step that ended before the first recorded event (ring buffer wrapped) has no events.
+    keep = end_arr >= times[0]
+    end_arr = end_arr[keep]
+    dropped = int((~keep).sum())
+    last = np.searchsorted(times, end_arr, side="right") - 1
+    first = np.r_[0, last[:-1] + 1].astype(np.int64)
+    start_us = np.r_[times[0], end_arr[:-1]].astype(np.int64)
+    complete = np.ones(end_arr.shape[0], bool)
+    if dropped and complete.size:
+        complete[0] = False  # began before the trace did
+    return Steps(source, start_us, end_arr, first, last.astype(np.int64), complete)
+
+
+def per_step_figures(
+    steps: Steps,
+    allocated: I64,
+    reserved: I64,
+    *,
+    first_index: int = 0,
+) -> list[dict[str, object]]:
+    """Contract ``steps`` rows plus the fragmentation at each step's end.
+
+    ``fragmentation`` is the share of reserved memory not allocated at the
+    step's end (stranded cache), 0 when nothing is reserved.
+    """
+    rows: list[dict[str, object]] = []
+    if len(steps) == 0 or allocated.shape[0] == 0:
+        return rows
+    lo = steps.first_event
+    hi = steps.last_event
+    nonempty = hi >= lo
+    # reduceat needs strictly valid starts; empty steps borrow their end event's values.
+    n = allocated.shape[0]
+    starts = np.minimum(lo, n - 1)
+    # reduceat over [start_k, start_{k+1}) covers to the next start, which is
+    # last_k + 1; a sentinel start stops the last step at its own end.
+    tail = int(hi[-1]) + 1
+    bounds = np.r_[starts, tail] if tail < n else starts
+    peak_alloc = np.maximum.reduceat(allocated, bounds)[: len(steps)]
+    peak_res = np.maximum.reduceat(reserved, bounds)[: len(steps)]
+    end_idx = np.maximum(hi, 0)
+    for k in range(len(steps)):
+        e = int(end_idx[k])
+        pa = int(peak_alloc[k]) if nonempty[k] else int(allocated[e])
+        pr = int(peak_res[k]) if nonempty[k] else int(reserved[e])
+        res_end, alloc_end = int(reserved[e]), int(allocated[e])
+        rows.append(
+            {
+                "index": first_index + k,
+                "start_us": int(steps.start_us[k]),
+                "end_us": int(steps.end_us[k]),
+                "first_event": int(lo[k]),
+                "last_event": e,
+                "complete": bool(steps.complete[k]),
+                "peak_allocated_bytes": pa,
+                "peak_reserved_bytes": pr,
+                "reserved_end_bytes": res_end,
+                "allocated_end_bytes": alloc_end,
+                "fragmentation": round((res_end - alloc_end) / res_end, 4) if res_end else 0.0,
+            }
+        )
+    return rows
+
+
+def first_growth_step(rows: list[dict[str, object]]) -> int | None:
+    """The first step after the first whose peak reserved memory exceeds every earlier step's.
+
+    Step 0 always "grows" (it warms the cache up and creates optimizer state), so
+    it is not counted; later growth is what users look for.
+    """
+    best = -1
+    for k, row in enumerate(rows):
+        peak = int(row["peak_reserved_bytes"])  # type: ignore[call-overload]
+        if k > 0 and peak > best:
+            return int(row["index"])  # type: ignore[call-overload]
+        best = max(best, peak)
+    return None
