@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from analysis.errors import ConfigError
 
 KB = 1024
@@ -146,6 +149,41 @@ class AllocatorConfig:
         )
 
 
+    # -- the same rules over whole columns (numpy) ------------------------------
+    def round_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``round_size`` of every element (what ``round_size`` does, vectorised)."""
+        s = np.asarray(sizes, dtype=np.int64)
+        out = ((s + (K_MIN_BLOCK_SIZE - 1)) // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+        out[s < K_MIN_BLOCK_SIZE] = K_MIN_BLOCK_SIZE
+        if not any(d > 1 for d in self.roundup_power2_divisions):
+            return out
+        big = s >= K_MIN_BLOCK_SIZE
+        # frexp is exact for integers below 2**53: s = m * 2**e with 0.5 <= m < 1.
+        bits = np.frexp(np.maximum(s, 1).astype(np.float64))[1].astype(np.int64)
+        index = np.clip(bits - 1 - 20, 0, N_ROUNDUP_INTERVALS - 1)
+        divs = np.asarray(self.roundup_power2_divisions, dtype=np.int64)[index]
+        use = big & (divs > 1) & (s > K_MIN_BLOCK_SIZE * divs)
+        if not use.any():
+            return out
+        su, du, bu = s[use], divs[use], bits[use]
+        power2_floor = np.left_shift(np.int64(1), bu - 1)
+        dbits = np.frexp(du.astype(np.float64))[1].astype(np.int64)  # bit_length(d)
+        step = np.right_shift(power2_floor, dbits - 1)
+        floor = su & ~(np.maximum(step, 1) - 1)
+        rounded = np.where(floor == su, su, floor + step)
+        rounded = np.where(step == 0, power2_floor << 1, rounded)
+        rounded = np.where(su & (su - 1) == 0, su, rounded)
+        out[use] = rounded
+        return out
+
+    def allocation_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``allocation_size`` of every (already rounded) element."""
+        s = np.asarray(sizes, dtype=np.int64)
+        large = ((s + (K_ROUND_LARGE - 1)) // K_ROUND_LARGE) * K_ROUND_LARGE
+        out = np.where(s < K_MIN_LARGE_ALLOC, np.int64(self.large_segment_size), large)
+        return np.where(s <= K_SMALL_SIZE, np.int64(K_SMALL_BUFFER), out)
+
+
 def is_small(size: int) -> bool:
     """Whether a rounded size is served from the small pool."""
     return size <= K_SMALL_SIZE
@@ -194,29 +232,42 @@ def _parse_int(key: str, value: str) -> int:
 
 
 def _parse_divisions(value: str) -> tuple[int, ...]:
+    """``roundup_power2_divisions``: one value for every interval, or a ``[MB:d,...]`` list.
+
+    Mirrors ``parseRoundUpPower2Divisions`` (c10/core/AllocatorConfig.cpp,
+    torch 2.9+): the FIRST listed key also covers every interval below it; a
+    later key sets only its own interval, so intervals between two listed keys
+    keep 0 (no rounding); ``>`` fills every interval after the last listed key.
+    A key is a power of two in MiB and names the interval starting there.
+    """
     if not value.startswith("["):
         d = _parse_int("roundup_power2_divisions", value)
-        _check_division(d)
+        if d <= 0 or d & (d - 1):
+            raise ConfigError(f"roundup_power2_divisions value {d} is not a power of 2")
         return (d,) * N_ROUNDUP_INTERVALS
     values = [0] * N_ROUNDUP_INTERVALS
-    last = -1
+    last = 0
+    first = True
     for item in filter(None, (p.strip() for p in value[1:-1].split(","))):
-        key, _, v = item.partition(":")
+        key, sep, v = item.partition(":")
+        if not sep:
+            raise ConfigError(f"roundup_power2_divisions entry {item!r} is not KEY:VALUE")
         d = _parse_int("roundup_power2_divisions", v.strip())
         _check_division(d)
         key = key.strip()
         if key == ">":
             for i in range(last + 1, N_ROUNDUP_INTERVALS):
                 values[i] = d
-            last = N_ROUNDUP_INTERVALS - 1
             continue
         mb = _parse_int("roundup_power2_divisions", key)
         if mb <= 0 or mb & (mb - 1):
             raise ConfigError(f"roundup_power2_divisions interval {key} is not a power of 2")
         index = min(mb.bit_length() - 1, N_ROUNDUP_INTERVALS - 1)
-        # An entry covers every interval from the previous entry up to its own.
-        for i in range(last + 1, index + 1):
-            values[i] = d
+        if first:
+            for i in range(index):
+                values[i] = d
+            first = False
+        values[index] = d
         last = index
     return tuple(values)
 
@@ -231,11 +282,15 @@ def _apply(cfg: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
         return replace(cfg, expandable_segments=_parse_bool(key, value))
     if key == "max_split_size_mb":
         mb = _parse_int(key, value)
-        if mb <= K_LARGE_BUFFER // MB:
-            raise ConfigError(f"max_split_size_mb must be > {K_LARGE_BUFFER // MB}, got {mb}")
-        return replace(cfg, max_split_size=mb * MB)
+        # torch accepts values >= kLargeBuffer (20 MiB) and caps them at SIZE_MAX / 1 MiB.
+        if mb < K_LARGE_BUFFER // MB:
+            raise ConfigError(f"max_split_size_mb must be >= {K_LARGE_BUFFER // MB}, got {mb}")
+        return replace(cfg, max_split_size=min(mb, UNLIMITED // MB) * MB)
     if key == "max_non_split_rounding_mb":
-        return replace(cfg, max_non_split_rounding_size=_parse_int(key, value) * MB)
+        mb = _parse_int(key, value)
+        if mb < K_LARGE_BUFFER // MB:
+            raise ConfigError(f"{key} must be >= {K_LARGE_BUFFER // MB}, got {mb}")
+        return replace(cfg, max_non_split_rounding_size=min(mb, UNLIMITED // MB) * MB)
     if key == "garbage_collection_threshold":
         try:
             t = float(value)
