@@ -1,0 +1,187 @@
+"""Upload a snapshot to an oomscope site: ``POST /api/v1/snapshots`` (multipart), stdlib only.
+
+The body is streamed from the file in fixed-size chunks with an exact ``Content-Length``, so a
+multi-gigabyte snapshot never sits in memory, and no chunked transfer encoding is used (the
+Django development server and some proxies reject chunked request bodies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+API_PATH = "/api/v1/snapshots"
+CHUNK_BYTES = 1 << 16
+
+
+class UploadError(RuntimeError):
+    """The site refused the upload or could not be reached.
+
+    ``status`` is the HTTP status (None when no response came back) and ``payload`` the parsed
+    JSON error body when there was one.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, payload: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.payload = payload
+
+
+def _header_value(text: str) -> str:
+    # A quoted-string parameter: CR/LF would end the header and '"' would end the string.
+    return text.replace("\r", " ").replace("\n", " ").replace('"', "%22")
+
+
+class MultipartBody:
+    """A ``multipart/form-data`` body of text fields plus one file, read lazily from disk.
+
+    Iterating yields the bytes in order; ``len(body)`` is the exact byte count. It can be
+    iterated more than once (each pass reopens the file).
+    """
+
+    def __init__(
+        self,
+        fields: Sequence[tuple[str, str]],
+        file_field: str,
+        path: str | os.PathLike[str],
+        *,
+        filename: str | None = None,
+        content_type: str = "application/octet-stream",
+        boundary: str | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self.path = Path(path)
+        self.boundary = boundary or "oomscope-" + secrets.token_hex(16)
+        self.chunk_bytes = chunk_bytes
+        self._file_size = self.path.stat().st_size
+        dash = b"--" + self.boundary.encode("ascii")
+        head = bytearray()
+        for name, value in fields:
+            head += dash + b"\r\n"
+            head += f'Content-Disposition: form-data; name="{_header_value(name)}"\r\n\r\n'.encode()
+            head += value.encode("utf-8") + b"\r\n"
+        shown = _header_value(filename or self.path.name)
+        head += dash + b"\r\n"
+        head += (
+            f'Content-Disposition: form-data; name="{_header_value(file_field)}"; filename="{shown}"\r\n'
+            f"Content-Type: {content_type}\r\n\r\n"
+        ).encode()
+        self._head = bytes(head)
+        self._tail = b"\r\n" + dash + b"--\r\n"
+
+    @property
+    def content_type(self) -> str:
+        return f"multipart/form-data; boundary={self.boundary}"
+
+    def __len__(self) -> int:
+        return len(self._head) + self._file_size + len(self._tail)
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self._head
+        sent = 0
+        with self.path.open("rb") as f:
+            while chunk := f.read(self.chunk_bytes):
+                sent += len(chunk)
+                yield chunk
+        if sent != self._file_size:
+            # The Content-Length already went out; a file that changed size would corrupt the body.
+            raise UploadError(f"{self.path} changed size during the upload ({self._file_size} -> {sent} bytes)")
+        yield self._tail
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # urllib turns a redirected POST into a GET without the body, which would "succeed"
+    # with an HTML page; a redirect is always a wrong URL here (often http -> https).
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        raise UploadError(f"the server redirected the upload to {newurl}; pass that URL instead", status=code)
+
+
+def api_url(url: str) -> str:
+    """The upload endpoint for a site URL (``https://host``) or the endpoint itself."""
+    base = url.rstrip("/")
+    return base if base.endswith(API_PATH) else base + API_PATH
+
+
+def _content_type_for(path: Path) -> str:
+    return "application/gzip" if path.name.endswith(".gz") else "application/octet-stream"
+
+
+def upload(
+    path: str | os.PathLike[str],
+    url: str,
+    token: str,
+    *,
+    project: str | None = None,
+    run: str | None = None,
+    tags: str | Iterable[str] | None = None,
+    note: str | None = None,
+    filename: str | None = None,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """Post one snapshot file; return the site's JSON (``id``, ``status``, ``url``, ``api_url``).
+
+    ``tags`` may be a comma-separated string or a list of tags (sent joined by commas).
+    Raises ``UploadError`` on any HTTP error, redirect or unreachable site.
+    """
+    path = Path(path)
+    fields: list[tuple[str, str]] = []
+    if project is not None:
+        fields.append(("project", project))
+    if run is not None:
+        fields.append(("run", run))
+    if tags is not None:
+        fields.append(("tags", tags if isinstance(tags, str) else ",".join(tags)))
+    if note is not None:
+        fields.append(("note", note))
+    body = MultipartBody(fields, "file", path, filename=filename, content_type=_content_type_for(path))
+    request = urllib.request.Request(
+        api_url(url),
+        data=body,
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": body.content_type,
+            "Content-Length": str(len(body)),
+            "Accept": "application/json",
+            "User-Agent": "oomscope-client/0.1",
+        },
+    )
+    opener = urllib.request.build_opener(_NoRedirect())
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        payload = _json_or_none(raw)
+        detail = _error_text(payload) or raw[:300].decode("utf-8", "replace")
+        raise UploadError(f"upload refused: HTTP {e.code}: {detail}", status=e.code, payload=payload) from None
+    except urllib.error.URLError as e:
+        raise UploadError(f"cannot reach {api_url(url)}: {e.reason}") from None
+    payload = _json_or_none(raw)
+    if not isinstance(payload, dict):
+        raise UploadError(f"HTTP {status} but the reply is not a JSON object: {raw[:200]!r}", status=status)
+    return payload
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _error_text(payload: Any) -> str | None:
+    if not isinstance(payload, dict):
+        return None
+    error = payload.get("error", payload.get("detail"))
+    if isinstance(error, dict):
+        code, message = error.get("code"), error.get("message")
+        return f"{code}: {message}" if code else str(message)
+    return None if error is None else str(error)
