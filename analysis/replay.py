@@ -1,0 +1,1071 @@
+"""Recorded replay: rebuild the caching allocator's block-level state at every event.
+
+The trace records *where* every block went, not how big it was: an ``alloc`` event
+carries the requested size, while the allocator holds a rounded block that may
+also keep an unsplit remainder. The replay follows the recorded addresses and
+infers each block's size the way ``DeviceCachingAllocator`` chose it: the free
+block that starts at that address, ``round_size`` of the request, and
+``should_split`` under the recorded settings (see
+../shared/docs/snapshot-format.md §1.5, §3).
+
+Where each statistic of ``torch.cuda.memory_stats()`` moves (CUDACachingAllocator.cpp):
+- ``allocated_bytes``: + block size in ``alloc_found_block`` (event ``alloc``),
+  - block size in ``free()`` (event ``free_requested``).
+- ``active_bytes`` and ``requested_bytes``: + at ``alloc``, - in ``free_block()``
+  (event ``free_completed``), so a pending free (``record_stream``) still counts.
+- ``reserved_bytes``: + at ``segment_alloc`` / ``segment_map``, - at
+  ``segment_free`` / ``segment_unmap``.
+- ``inactive_split_bytes``: free blocks of split segments, expandable ones excluded.
+
+A trace that does not start from an empty allocator (ring buffer wrapped, history
+enabled late, ``enabled="state"``) is detected by the symptoms of §1.9; the state
+at its first event is then rebuilt backwards from the final ``segments`` and the
+replay runs forward from there. Its peaks are lower bounds.
+
+The inner loop is plain Python over lists with dicts keyed by address (blocks of
+one device never overlap, so an address names one block at a time); the figures
+that need no block sizes (``requested``, ``reserved``) are computed with numpy.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analysis.config import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig
+from analysis.errors import ConfigError
+from analysis.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    I64,
+    INACTIVE,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    DeviceData,
+    Snapshot,
+    Warning_,
+)
+
+# Upper bound on how far to look for the alloc that a new segment was made for.
+_LOOKAHEAD = 64
+
+
+# ----------------------------------------------------------------------------------
+# Results
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BlockState:
+    """One block at a moment of the replay.
+
+    ``stack`` is the stack of the block's ``alloc`` event; for a block that was
+    live before the trace it is the final snapshot's frames or the stack of the
+    event that freed it. ``alloc_index`` is the event index of the ``alloc``
+    (-1 for free blocks and blocks from before the trace).
+    """
+
+    address: int
+    size: int
+    requested_size: int
+    state: str  # model.ACTIVE_ALLOCATED | model.ACTIVE_PENDING_FREE | model.INACTIVE
+    stack: int = -1
+    alloc_index: int = -1
+
+    @property
+    def live(self) -> bool:
+        return self.state != INACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentState:
+    """A segment (for expandable segments: one contiguous mapped range)."""
+
+    address: int
+    total_size: int
+    stream: int  # ordinal into DeviceData.streams
+    pool: int  # ordinal into Snapshot.pools
+    segment_type: str  # "small" | "large"
+    is_expandable: bool
+    blocks: tuple[BlockState, ...]
+    stack: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class StateFigures:
+    """The allocator's totals at one moment, as ``memory_stats()`` counts them."""
+
+    allocated: int
+    requested: int
+    reserved: int
+    active: int
+    cached_free: int  # reserved - active
+    inactive_split: int
+    largest_free: int
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorState:
+    """Segments and blocks after event ``index`` (-1: before the first event)."""
+
+    index: int
+    segments: tuple[SegmentState, ...]
+
+    def live_blocks(self) -> Iterator[tuple[SegmentState, BlockState]]:
+        for seg in self.segments:
+            for block in seg.blocks:
+                if block.state != INACTIVE:
+                    yield seg, block
+
+    def figures(self) -> StateFigures:
+        allocated = requested = reserved = active = inactive_split = largest = 0
+        for seg in self.segments:
+            reserved += seg.total_size
+            split = len(seg.blocks) > 1 and not seg.is_expandable
+            for b in seg.blocks:
+                if b.state == INACTIVE:
+                    largest = max(largest, b.size)
+                    if split:
+                        inactive_split += b.size
+                    continue
+                active += b.size
+                requested += b.requested_size
+                if b.state == ACTIVE_ALLOCATED:
+                    allocated += b.size
+        return StateFigures(
+            allocated, requested, reserved, active, reserved - active, inactive_split, largest
+        )
+
+
+@dataclass(slots=True)
+class RecordedReplay:
+    """Per-event columns of the state *after* each event, and what they add up to.
+
+    Every column is int64 with one entry per trace event. A ``*_index`` of -1
+    means the figure was reached before the first event (only possible on an
+    incomplete trace). On an incomplete trace (``trace_complete`` false) the
+    peaks are lower bounds; ``warnings`` says why.
+    """
+
+    device: int
+    events: int
+    allocated: I64
+    requested: I64
+    reserved: I64
+    active: I64
+    cached_free: I64
+    inactive_split: I64
+    largest_free: I64
+    initial: StateFigures
+    final: StateFigures
+    peak_allocated: int
+    peak_allocated_index: int
+    peak_requested: int
+    peak_requested_index: int
+    peak_reserved: int
+    peak_reserved_index: int
+    trace_complete: bool
+    warnings: list[Warning_]
+    _replayer: _Replayer = field(repr=False)
+    _states: dict[int, AllocatorState] = field(default_factory=dict, repr=False)
+
+    def blocks_at(self, index: int) -> AllocatorState:
+        """Segments and blocks after event ``index``; -1 gives the state before the trace.
+
+        States asked for through ``recorded_replay(keep_at=...)`` (and the initial and
+        final ones) are ready; any other index replays the trace again up to it.
+        """
+        if not -1 <= index < self.events:
+            raise IndexError(f"event index {index} outside [-1, {self.events})")
+        state = self._states.get(index)
+        if state is None:
+            state = self._replayer.state_after(index)
+            self._states[index] = state
+        return state
+
+
+# ----------------------------------------------------------------------------------
+# The replay engine
+# ----------------------------------------------------------------------------------
+
+
+class _Inconsistent(Exception):
+    """Raised (strict mode only) at the first event the current state cannot explain."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"event {index}: {reason}")
+        self.index = index
+        self.reason = reason
+
+
+_Meta = tuple[int, int, str, bool, int]  # stream, pool, segment_type, is_expandable, stack
+
+
+class _Replayer:
+    """Block-level state of one device, moved forward event by event.
+
+    State, all keyed by start address:
+    - ``free_sz``/``free_end``: free (cached) blocks, by start and by end address;
+    - ``used``: active blocks -> ``ref``, the index of their ``alloc`` event, or
+      ``n + k`` for ``pre[k]``, a block that existed before the trace; a pending
+      free (requested, not completed) is stored as ``~ref``. ``bs[ref]`` is the
+      block's size, so a block costs one dict entry;
+    - ``seg_size``/``seg_meta``: segments; ``seg_end`` maps expandable ranges' ends.
+    ``fcount`` counts free blocks per size and ``dist`` keeps the distinct sizes
+    sorted (after a 0 sentinel), so the largest free block is ``dist[-1]``.
+    """
+
+    def __init__(self, device: DeviceData, cfg: AllocatorConfig) -> None:
+        tr = device.trace
+        self.n = len(tr)
+        self.action = tr.action
+        self.act: list[int] = tr.action.tolist()
+        self.addr: list[int] = tr.addr.tolist()
+        self.size: list[int] = tr.size.tolist()
+        self.stream = tr.stream
+        self.pool = tr.pool
+        self.stack = tr.stack
+        self.cfg = cfg
+        self.plain_round = not any(d > 1 for d in cfg.roundup_power2_divisions)
+        self.strict = True
+        self.initial: AllocatorState = AllocatorState(-1, ())
+        self._reset()
+
+    # -- state --------------------------------------------------------------------
+    def _reset(self) -> None:
+        self.free_sz: dict[int, int] = {}
+        self.free_end: dict[int, int] = {}
+        self.used: dict[int, int] = {}
+        self.pre: list[BlockState] = []
+        self.seg_size: dict[int, int] = {}
+        self.seg_end: dict[int, int] = {}
+        self.seg_meta: dict[int, _Meta] = {}
+        self.n_exp = 0
+        self.cmode = 0  # inactive_split counts: 0 every segment, 1 none, 2 look up
+        self._starts: list[int] | None = []
+        self.fcount: dict[int, int] = {}
+        self.dist: list[int] = [0]
+        self.isplit = 0
+        # Outputs of a pass (lists written by index, turned into numpy once).
+        self.bs: list[int] = [0] * self.n
+        self.isp: list[int] = [0] * self.n
+        self.lf: list[int] = [0] * self.n
+        self.adj_alloc: dict[int, int] = {}
+        self.adj_active: dict[int, int] = {}
+        self.ignored: list[int] = []
+        self.issues: dict[str, int] = {}
+        self.first_issue: tuple[int, str] | None = None
+
+    def seed(self, state: AllocatorState, *, strict: bool) -> None:
+        """Start from ``state`` (the empty allocator for a complete trace)."""
+        self._reset()
+        self.strict = strict
+        self.initial = state
+        for seg in state.segments:
+            meta = (seg.stream, seg.pool, seg.segment_type, seg.is_expandable, seg.stack)
+            self._add_segment(seg.address, seg.total_size, meta)
+            for b in seg.blocks:
+                if b.state == INACTIVE:
+                    self._add_free(b.address, b.size)
+                    continue
+                ref = self.n + len(self.pre)
+                self.pre.append(b)
+                self.bs.append(b.size)
+                self.used[b.address] = ~ref if b.state == ACTIVE_PENDING_FREE else ref
+
+    def _add_segment(self, start: int, size: int, meta: _Meta) -> None:
+        self.seg_size[start] = size
+        self.seg_meta[start] = meta
+        if meta[3]:
+            self.seg_end[start + size] = start
+            self.n_exp += 1
+        self._segments_changed()
+
+    def _drop_segment(self, start: int) -> _Meta:
+        size = self.seg_size.pop(start)
+        meta = self.seg_meta.pop(start)
+        if meta[3]:
+            del self.seg_end[start + size]
+            self.n_exp -= 1
+        self._segments_changed()
+        return meta
+
+    def _segments_changed(self) -> None:
+        self._starts = None
+        n_seg = len(self.seg_size)
+        self.cmode = 0 if self.n_exp == 0 else (1 if self.n_exp == n_seg else 2)
+
+    def _segment_of(self, addr: int) -> int | None:
+        if self._starts is None:
+            self._starts = sorted(self.seg_size)
+        j = bisect.bisect_right(self._starts, addr) - 1
+        if j < 0:
+            return None
+        start = self._starts[j]
+        return start if addr < start + self.seg_size[start] else None
+
+    def _counts_split(self, addr: int) -> bool:
+        """Whether a free block at ``addr`` counts in inactive_split (not expandable)."""
+        if self.cmode != 2:
+            return self.cmode == 0
+        seg = self._segment_of(addr)
+        return seg is not None and not self.seg_meta[seg][3]
+
+    def _add_free(self, start: int, size: int) -> None:
+        """Add a free block without merging (slow paths and seeding)."""
+        self.free_sz[start] = size
+        self.free_end[start + size] = start
+        c = self.fcount.get(size)
+        if c:
+            self.fcount[size] = c + 1
+        else:
+            self.fcount[size] = 1
+            bisect.insort(self.dist, size)
+        if self.seg_size.get(start) != size and self._counts_split(start):
+            self.isplit += size
+
+    def _remove_free(self, start: int) -> int:
+        size = self.free_sz.pop(start)
+        del self.free_end[start + size]
+        c = self.fcount[size]
+        if c > 1:
+            self.fcount[size] = c - 1
+        else:
+            del self.fcount[size]
+            del self.dist[bisect.bisect_left(self.dist, size)]
+        if self.seg_size.get(start) != size and self._counts_split(start):
+            self.isplit -= size
+        return size
+
+    def _free_containing(self, addr: int) -> int | None:
+        for start, size in self.free_sz.items():
+            if start <= addr < start + size:
+                return start
+        return None
+
+    def _used_containing(self, addr: int) -> int | None:
+        bs = self.bs
+        for start, ref in self.used.items():
+            if start <= addr < start + bs[ref if ref >= 0 else ~ref]:
+                return start
+        return None
+
+    def _issue(self, index: int, kind: str, reason: str) -> None:
+        """An event the state cannot explain: fatal in strict mode, counted otherwise."""
+        if self.strict:
+            raise _Inconsistent(index, reason)
+        self.issues[kind] = self.issues.get(kind, 0) + 1
+        if self.first_issue is None:
+            self.first_issue = (index, reason)
+
+    # -- the pass -----------------------------------------------------------------
+    def run(self, lo: int, hi: int) -> None:
+        """Apply events [lo, hi). Raises _Inconsistent in strict mode.
+
+        Action codes are literals here (model.ALLOC == 0, ...): this loop runs once
+        per event, and a global lookup per test costs more than the rest of a free.
+        """
+        act, addr, size = self.act, self.addr, self.size
+        bs, isp_out, lf_out = self.bs, self.isp, self.lf
+        free_sz, free_end, used = self.free_sz, self.free_end, self.used
+        seg_size = self.seg_size
+        fcount, dist = self.fcount, self.dist
+        insort, bisect_left = bisect.insort, bisect.bisect_left
+        isplit, cmode = self.isplit, self.cmode
+        plain = self.plain_round
+        round_size = self.cfg.round_size
+        mss = self.cfg.max_split_size
+        exp_active = self.cfg.expandable_segments
+        strict = self.strict
+        counts_split = self._counts_split
+        small = K_SMALL_SIZE
+        for i, a, ad, sz in zip(range(lo, hi), act[lo:hi], addr[lo:hi], size[lo:hi], strict=True):
+            if a == 0:  # alloc
+                f = free_sz.pop(ad, None)
+                if f is None:
+                    self.isplit = isplit
+                    self._alloc_slow(i, ad, sz)
+                    isplit, cmode = self.isplit, self.cmode
+                else:
+                    if plain:
+                        r = 512 if sz < 512 else (sz + 511) & -512
+                    else:
+                        r = round_size(sz)
+                    rem = f - r
+                    c = fcount[f]
+                    if c > 1:
+                        fcount[f] = c - 1
+                    else:
+                        del fcount[f]
+                        del dist[bisect_left(dist, f)]
+                    cnt = cmode == 0 or (cmode == 2 and counts_split(ad))
+                    if cnt and seg_size.get(ad) != f:
+                        isplit -= f
+                    if rem < 0:
+                        self._issue(i, "block-too-small", "alloc larger than the free block")
+                        rem = 0
+                    if (rem >= 512) if (r <= small or exp_active) else (r < mss and rem > small):
+                        nf = ad + r
+                        free_sz[nf] = rem
+                        free_end[ad + f] = nf
+                        c = fcount.get(rem)
+                        if c:
+                            fcount[rem] = c + 1
+                        else:
+                            fcount[rem] = 1
+                            insort(dist, rem)
+                        if cnt:
+                            isplit += rem
+                        bs[i] = r
+                    else:
+                        del free_end[ad + f]
+                        bs[i] = f
+                    used[ad] = i
+            elif a == 1:  # free_requested
+                ref = used.get(ad, -1)
+                if ref < 0:
+                    self._issue(i, "unknown-free", "free of an address with no allocated block")
+                    self.ignored.append(i)
+                else:
+                    used[ad] = ~ref
+                    bs[i] = bs[ref]
+            elif a == 2:  # free_completed
+                ref = used.pop(ad, None)
+                if ref is None:
+                    self._issue(i, "unknown-free", "free of an address with no active block")
+                    self.ignored.append(i)
+                else:
+                    if ref < 0:
+                        b = bs[~ref]
+                    else:
+                        b = bs[ref]
+                        if strict:
+                            used[ad] = ref
+                            raise _Inconsistent(i, "free_completed without free_requested")
+                        self._issue(i, "unrequested-free", "free_completed without free_requested")
+                        self.adj_alloc[i] = -b
+                    bs[i] = b
+                    cnt = cmode == 0 or (cmode == 2 and counts_split(ad))
+                    start = ad
+                    end = ad + b
+                    if end not in seg_size:
+                        ns = free_sz.pop(end, None)
+                        if ns is not None:
+                            del free_end[end + ns]
+                            c = fcount[ns]
+                            if c > 1:
+                                fcount[ns] = c - 1
+                            else:
+                                del fcount[ns]
+                                del dist[bisect_left(dist, ns)]
+                            if cnt:
+                                isplit -= ns
+                            end += ns
+                    if ad not in seg_size:
+                        ps = free_end.pop(ad, None)
+                        if ps is not None:
+                            psz = free_sz.pop(ps)
+                            c = fcount[psz]
+                            if c > 1:
+                                fcount[psz] = c - 1
+                            else:
+                                del fcount[psz]
+                                del dist[bisect_left(dist, psz)]
+                            if cnt:
+                                isplit -= psz
+                            start = ps
+                    m = end - start
+                    free_sz[start] = m
+                    free_end[end] = start
+                    c = fcount.get(m)
+                    if c:
+                        fcount[m] = c + 1
+                    else:
+                        fcount[m] = 1
+                        insort(dist, m)
+                    if cnt and seg_size.get(start) != m:
+                        isplit += m
+            elif 3 <= a <= 6:
+                self.isplit = isplit
+                if a == 3:
+                    self._segment_alloc(i, ad, sz)
+                elif a == 4:
+                    self._segment_free(i, ad, sz)
+                elif a == 5:
+                    self._segment_map(i, ad, sz)
+                else:
+                    self._segment_unmap(i, ad, sz)
+                isplit, cmode = self.isplit, self.cmode
+            isp_out[i] = isplit
+            lf_out[i] = dist[-1]
+        self.isplit = isplit
+
+    # -- slow paths (rare events, or repairs on an incomplete trace) ----------------
+    def _alloc_slow(self, i: int, ad: int, req: int) -> None:
+        """An alloc where no free block starts: repair the state, then allocate."""
+        self._issue(i, "alloc-outside-free", "alloc at an address where no free block starts")
+        r = self.cfg.round_size(req)
+        fs = self._free_containing(ad)
+        if fs is None:
+            us = self._used_containing(ad)
+            if us is None:
+                # Outside every known segment: keep the block, attached to nothing.
+                self.used[ad] = i
+                self.bs[i] = r
+                return
+            # Inside a live block whose size was guessed too large: cut it at ad.
+            ref = self.used[us]
+            ref = ref if ref >= 0 else ~ref
+            cut = us + self.bs[ref] - ad
+            self.bs[ref] -= cut
+            if ref >= self.n:
+                # A block from before the trace: the initial figures hold its old size.
+                self.adj_active[i] = self.adj_active.get(i, 0) - cut
+                if self.used[us] >= 0:
+                    self.adj_alloc[i] = self.adj_alloc.get(i, 0) - cut
+            self._add_free(ad, cut)
+        else:
+            total = self._remove_free(fs)
+            self._add_free(fs, ad - fs)
+            self._add_free(ad, fs + total - ad)
+        f = self._remove_free(ad)
+        b = f
+        if f > r and self.cfg.should_split(f, r, r <= K_SMALL_SIZE):
+            self._add_free(ad + r, f - r)
+            b = r
+        self.used[ad] = i
+        self.bs[i] = b
+
+    def _overlaps(self, start: int, size: int) -> bool:
+        if self._starts is None:
+            self._starts = sorted(self.seg_size)
+        j = bisect.bisect_right(self._starts, start) - 1
+        if j >= 0 and self._starts[j] + self.seg_size[self._starts[j]] > start:
+            return True
+        return j + 1 < len(self._starts) and self._starts[j + 1] < start + size
+
+    def _segment_type(self, i: int, size: int) -> str:
+        """Small or large pool: from the request the segment was made for."""
+        act, sizes = self.act, self.size
+        for j in range(i + 1, min(self.n, i + _LOOKAHEAD)):
+            if act[j] == ALLOC:
+                return "small" if self.cfg.round_size(sizes[j]) <= K_SMALL_SIZE else "large"
+        return "small" if size == K_SMALL_BUFFER else "large"
+
+    def _meta_of_event(self, i: int, size: int, expandable: bool) -> _Meta:
+        return (
+            int(self.stream[i]), int(self.pool[i]), self._segment_type(i, size),
+            expandable, int(self.stack[i]),
+        )
+
+    def _segment_alloc(self, i: int, ad: int, sz: int) -> None:
+        if self._overlaps(ad, sz):
+            self._issue(i, "segment-overlap", "segment_alloc over a known segment")
+            self.ignored.append(i)
+            return
+        self._add_segment(ad, sz, self._meta_of_event(i, sz, False))
+        self._add_free(ad, sz)
+
+    def _segment_free(self, i: int, ad: int, sz: int) -> None:
+        if self.seg_size.get(ad) != sz or self.free_sz.get(ad) != sz:
+            self._issue(i, "unknown-segment", "segment_free of a segment not known whole and free")
+            self.ignored.append(i)
+            return
+        self._remove_free(ad)
+        self._drop_segment(ad)
+
+    def _segment_map(self, i: int, ad: int, sz: int) -> None:
+        end = ad + sz
+        if self._overlaps(ad, sz):
+            self._issue(i, "segment-overlap", "segment_map over a mapped range")
+            self.ignored.append(i)
+            return
+        stream, pool = int(self.stream[i]), int(self.pool[i])
+        start, stop = ad, end
+        meta: _Meta | None = None
+        # Mapped ranges of one reservation that touch become one segment (the
+        # snapshot reports contiguous mapped ranges), and the allocator merges
+        # their free blocks across the old boundary.
+        prev = self.seg_end.get(ad)
+        if prev is not None and self.seg_meta[prev][:2] == (stream, pool):
+            meta = self._drop_segment(prev)
+            start = prev
+        if end in self.seg_size:
+            nmeta = self.seg_meta[end]
+            if nmeta[3] and nmeta[:2] == (stream, pool):
+                stop = end + self.seg_size[end]
+                self._drop_segment(end)
+                meta = meta or nmeta
+        if meta is None:
+            meta = self._meta_of_event(i, sz, True)
+        self._add_segment(start, stop - start, meta)
+        lo, hi = ad, end
+        if start < ad:
+            ps = self.free_end.get(ad)
+            if ps is not None:
+                self._remove_free(ps)
+                lo = ps
+        if end < stop and end in self.free_sz:
+            hi = end + self._remove_free(end)
+        self._add_free(lo, hi - lo)
+
+    def _segment_unmap(self, i: int, ad: int, sz: int) -> None:
+        end = ad + sz
+        fs = self._free_containing(ad)
+        seg = self._segment_of(ad)
+        if (
+            fs is None
+            or fs + self.free_sz[fs] < end
+            or seg is None
+            or not self.seg_meta[seg][3]
+            or seg + self.seg_size[seg] < end
+        ):
+            self._issue(i, "unknown-segment", "segment_unmap outside a free mapped block")
+            self.ignored.append(i)
+            return
+        fe = fs + self._remove_free(fs)
+        seg_stop = seg + self.seg_size[seg]
+        meta = self._drop_segment(seg)
+        if seg < ad:
+            self._add_segment(seg, ad - seg, meta)
+        if end < seg_stop:
+            self._add_segment(end, seg_stop - end, meta)
+        if fs < ad:
+            self._add_free(fs, ad - fs)
+        if end < fe:
+            self._add_free(end, fe - end)
+
+    # -- views --------------------------------------------------------------------
+    def export(self, index: int) -> AllocatorState:
+        """The current state as segments and blocks."""
+        n, size, stack, bs = self.n, self.size, self.stack, self.bs
+        blocks: list[tuple[int, int, bool, int]] = []  # (address, size, free, ref)
+        blocks.extend((a, s, True, 0) for a, s in self.free_sz.items())
+        for a, ref in self.used.items():
+            blocks.append((a, bs[ref if ref >= 0 else ~ref], False, ref))
+        blocks.sort()
+        addrs = [b[0] for b in blocks]
+        segments = []
+        for start in sorted(self.seg_size):
+            stop = start + self.seg_size[start]
+            stream, pool, seg_type, expandable, seg_stack = self.seg_meta[start]
+            lo = bisect.bisect_left(addrs, start)
+            hi = bisect.bisect_left(addrs, stop)
+            out = []
+            for a, s, free, ref in blocks[lo:hi]:
+                if free:
+                    out.append(BlockState(a, s, 0, INACTIVE))
+                    continue
+                state = ACTIVE_PENDING_FREE if ref < 0 else ACTIVE_ALLOCATED
+                r = ref if ref >= 0 else ~ref
+                if r < n:
+                    out.append(BlockState(a, s, size[r], state, int(stack[r]), r))
+                else:
+                    p = self.pre[r - n]
+                    out.append(BlockState(a, s, p.requested_size, state, p.stack))
+            segments.append(
+                SegmentState(
+                    start, stop - start, stream, pool, seg_type, expandable, tuple(out), seg_stack
+                )
+            )
+        return AllocatorState(index, tuple(segments))
+
+    def state_after(self, index: int) -> AllocatorState:
+        """Replay again from the initial state up to ``index`` (a fresh pass)."""
+        if index < 0:
+            return self.initial
+        self.seed(self.initial, strict=False)
+        self.run(0, index + 1)
+        return self.export(index)
+
+
+# ----------------------------------------------------------------------------------
+# Rebuilding the state at the first event of an incomplete trace
+# ----------------------------------------------------------------------------------
+
+
+def _final_state(device: DeviceData, index: int) -> AllocatorState:
+    segments = []
+    for s in sorted(device.segments, key=lambda s: s.address):
+        blocks = tuple(
+            BlockState(
+                b.address, b.size, b.requested_size if b.state != INACTIVE else 0, b.state, b.stack
+            )
+            for b in s.blocks
+        )
+        segments.append(
+            SegmentState(
+                s.address, s.total_size, s.stream, s.pool, s.segment_type, s.is_expandable,
+                blocks, s.stack,
+            )
+        )
+    return AllocatorState(index, tuple(segments))
+
+
+@dataclass(slots=True)
+class _Rebuilt:
+    state: AllocatorState
+    orphans: int  # blocks live before the trace that no segment at its start holds
+    conflicts: int  # guessed sizes that had to be clipped to the next block
+
+
+def _rebuild_initial(device: DeviceData, cfg: AllocatorConfig, final: AllocatorState) -> _Rebuilt:
+    """The state at the first event, from the final segments and the trace.
+
+    Segments: undo the segment events backwards from the final ones (as MemoryViz
+    does). Live blocks: those freed in the trace before any alloc at their address,
+    plus final live blocks that the trace never allocated. Their layout gives the
+    free blocks (the allocator always merges neighbouring free blocks). The size of
+    a block freed in the trace but allocated before it is not recorded: it is the
+    rounded request, plus the rest of the gap behind it where ``should_split``
+    would not have split that gap off.
+    """
+    tr = device.trace
+    act = tr.action
+    addr, size = tr.addr, tr.size
+    # [size, stream, pool, type, expandable, stack]
+    segs: dict[int, list[object]] = {
+        s.address: [s.total_size, s.stream, s.pool, s.segment_type, s.is_expandable, s.stack]
+        for s in final.segments
+    }
+    seg_events = np.nonzero((act >= SEGMENT_ALLOC) & (act <= SEGMENT_UNMAP))[0][::-1]
+    for i in seg_events.tolist():
+        a, ad, sz = int(act[i]), int(addr[i]), int(size[i])
+        stream, pool, stack = int(tr.stream[i]), int(tr.pool[i]), int(tr.stack[i])
+        if a == SEGMENT_ALLOC:
+            segs.pop(ad, None)
+        elif a == SEGMENT_FREE:
+            segs[ad] = [sz, stream, pool, "small" if sz == K_SMALL_BUFFER else "large", False, stack]
+        elif a == SEGMENT_MAP:
+            _unmap_range(segs, ad, sz)
+        else:
+            _map_range(segs, ad, sz, stream, pool, stack)
+
+    live: dict[int, int] = {}
+    pre: dict[int, BlockState] = {}
+    idx = np.nonzero(act <= FREE_COMPLETED)[0]
+    stacks = tr.stack[idx].tolist()
+    for a, ad, sz, st in zip(
+        act[idx].tolist(), addr[idx].tolist(), size[idx].tolist(), stacks, strict=True
+    ):
+        if a == ALLOC:
+            live[ad] = 1
+        elif a == FREE_REQUESTED:
+            if ad not in live and ad not in pre:
+                pre[ad] = BlockState(ad, 0, sz, ACTIVE_ALLOCATED, st)
+            live[ad] = 2
+        elif live.pop(ad, None) is None and ad not in pre:
+            pre[ad] = BlockState(ad, 0, sz, ACTIVE_PENDING_FREE, st)
+    exact: dict[int, BlockState] = {}
+    for _, b in final.live_blocks():
+        if b.address not in live and b.address not in pre:
+            exact[b.address] = b
+
+    starts = sorted(segs)
+    per_seg: dict[int, list[BlockState]] = {s: [] for s in starts}
+    orphans = 0
+    for b in list(pre.values()) + list(exact.values()):
+        j = bisect.bisect_right(starts, b.address) - 1
+        if j < 0 or b.address >= starts[j] + int(segs[starts[j]][0]):  # type: ignore[call-overload]
+            orphans += 1
+            continue
+        per_seg[starts[j]].append(b)
+
+    conflicts = 0
+    segments = []
+    for start in starts:
+        total, stream, pool, seg_type, expandable, stack = segs[start]
+        stop = start + int(total)  # type: ignore[call-overload]
+        held = sorted(per_seg[start], key=lambda b: b.address)
+        out: list[BlockState] = []
+        cursor = start
+        for k, b in enumerate(held):
+            nxt = held[k + 1].address if k + 1 < len(held) else stop
+            if b.address < cursor:
+                conflicts += 1
+                continue
+            if b.address > cursor:
+                out.append(BlockState(cursor, b.address - cursor, 0, INACTIVE))
+            if b.size:
+                bsize = b.size
+            else:
+                r = cfg.round_size(b.requested_size)
+                gap = nxt - (b.address + r)
+                if gap < 0:
+                    conflicts += 1
+                    bsize = max(nxt - b.address, K_MIN_BLOCK_SIZE)
+                elif gap and not (cfg.should_split(r + gap, r, r <= K_SMALL_SIZE) or expandable):
+                    bsize = r + gap
+                else:
+                    bsize = r
+            out.append(BlockState(b.address, bsize, b.requested_size, b.state, b.stack))
+            cursor = b.address + bsize
+        if cursor < stop:
+            out.append(BlockState(cursor, stop - cursor, 0, INACTIVE))
+        segments.append(
+            SegmentState(
+                start, stop - start, int(stream), int(pool), str(seg_type),  # type: ignore[call-overload]
+                bool(expandable), tuple(out), int(stack),  # type: ignore[call-overload]
+            )
+        )
+    return _Rebuilt(AllocatorState(-1, tuple(segments)), orphans, conflicts)
+
+
+def _unmap_range(segs: dict[int, list[object]], ad: int, sz: int) -> None:
+    """Undo a segment_map: cut [ad, ad+sz) out of the mapped range holding it."""
+    end = ad + sz
+    for start, meta in list(segs.items()):
+        stop = start + int(meta[0])  # type: ignore[call-overload]
+        if meta[4] and start <= ad and end <= stop:
+            del segs[start]
+            if start < ad:
+                segs[start] = [ad - start, *meta[1:]]
+            if end < stop:
+                segs[end] = [stop - end, *meta[1:]]
+            return
+
+
+def _map_range(segs: dict[int, list[object]], ad: int, sz: int, stream: int, pool: int, stack: int) -> None:
+    """Undo a segment_unmap: put [ad, ad+sz) back, joined to touching ranges."""
+    start, stop = ad, ad + sz
+    meta: list[object] | None = None
+    for s, m in list(segs.items()):
+        if not m[4] or m[1] != stream or m[2] != pool:
+            continue
+        e = s + int(m[0])  # type: ignore[call-overload]
+        if e == ad or s == ad + sz:
+            del segs[s]
+            start, stop = min(start, s), max(stop, e)
+            meta = meta or m
+    if meta is None:
+        seg_type = "small" if sz % (20 * K_SMALL_SIZE) else "large"
+        meta = [0, stream, pool, seg_type, True, stack]
+    segs[start] = [stop - start, *meta[1:]]
+
+
+# ----------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------
+
+
+def _config_of(snapshot: Snapshot) -> tuple[AllocatorConfig, list[Warning_]]:
+    try:
+        return AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf), []
+    except ConfigError as exc:
+        warning = Warning_(
+            "allocator-settings-unreadable",
+            f"the recorded allocator settings could not be read ({exc}); "
+            "block sizes are inferred under the default settings",
+        )
+        return AllocatorConfig.from_settings(snapshot.settings.raw), [warning]
+
+
+def _looks_like_ring_capacity(n: int) -> bool:
+    """A wrapped ring holds exactly max_entries events, which people pick round."""
+    if n < 1000:
+        return False
+    digits = str(n).rstrip("0")
+    return len(digits) <= 2 or (n & (n - 1)) == 0
+
+
+def _end_differences(got: AllocatorState, want: AllocatorState) -> list[str]:
+    """What differs between two states, segment by segment (empty when equal)."""
+    def shape(s: AllocatorState) -> dict[int, tuple[int, tuple[tuple[int, int, str], ...]]]:
+        return {
+            seg.address: (seg.total_size, tuple((b.address, b.size, b.state) for b in seg.blocks))
+            for seg in s.segments
+        }
+
+    a, b = shape(got), shape(want)
+    diffs = []
+    for addr in sorted(set(a) | set(b)):
+        if addr not in a:
+            diffs.append(f"segment {addr:#x} of the snapshot is missing from the replay")
+        elif addr not in b:
+            diffs.append(f"segment {addr:#x} of the replay is not in the snapshot")
+        elif a[addr] != b[addr]:
+            diffs.append(f"segment {addr:#x} has different blocks")
+    return diffs
+
+
+def _peak(column: I64, initial: int) -> tuple[int, int]:
+    if column.shape[0] == 0:
+        return initial, -1
+    j = int(np.argmax(column))
+    v = int(column[j])
+    return (v, j) if v >= initial else (initial, -1)
+
+
+def _run_keeping(rep: _Replayer, keep: list[int], states: dict[int, AllocatorState]) -> None:
+    lo = 0
+    for k in keep:
+        rep.run(lo, k + 1)
+        states[k] = rep.export(k)
+        lo = k + 1
+    rep.run(lo, rep.n)
+
+
+def recorded_replay(
+    snapshot: Snapshot, device: DeviceData, keep_at: Iterable[int] = ()
+) -> RecordedReplay:
+    """Replay one device's trace along its recorded addresses.
+
+    ``keep_at``: event indices whose full state (``blocks_at``) should be kept
+    from this pass, e.g. the peak or the OOM, so no second pass is needed.
+    """
+    cfg, warnings = _config_of(snapshot)
+    rep = _Replayer(device, cfg)
+    n = rep.n
+    final = _final_state(device, n - 1)
+    keep = sorted({int(k) for k in keep_at if 0 <= int(k) < n - 1})
+    states: dict[int, AllocatorState] = {}
+
+    complete = n > 1
+    failure: _Inconsistent | None = None
+    end_diffs: list[str] = []
+    if complete:
+        rep.seed(AllocatorState(-1, ()), strict=True)
+        try:
+            _run_keeping(rep, keep, states)
+        except _Inconsistent as exc:
+            failure = exc
+        else:
+            end_diffs = _end_differences(rep.export(n - 1), final)
+    rebuilt: _Rebuilt | None = None
+    if n <= 1 or failure is not None or end_diffs:
+        rebuilt = _rebuild_initial(device, cfg, final)
+        states.clear()
+        rep.seed(rebuilt.state, strict=False)
+        _run_keeping(rep, keep, states)
+        end_diffs = _end_differences(rep.export(n - 1), final) if n else []
+        initial_figures = rebuilt.state.figures()
+        before = initial_figures.reserved or initial_figures.active or rebuilt.orphans
+        if n <= 1:
+            complete = False
+            warnings.append(Warning_(
+                "state-only",
+                f"the trace holds {n} event{'s' if n != 1 else ''}: history was not recorded "
+                '(enabled="state", or recording off), so only the final state is known and '
+                "the peaks are the final figures, lower bounds of the real ones",
+            ))
+        elif before:
+            complete = False
+            held = (
+                f"{len(rebuilt.state.segments)} segments ({initial_figures.reserved} bytes) "
+                f"and {sum(1 for _ in rebuilt.state.live_blocks())} live blocks "
+                f"({initial_figures.active} bytes) existed before the first recorded event"
+            )
+            if _looks_like_ring_capacity(n):
+                warnings.append(Warning_(
+                    "trace-truncated",
+                    f"the trace holds exactly {n} events and {held}: the ring buffer "
+                    "(max_entries) most likely wrapped and dropped the oldest events; "
+                    "peaks are lower bounds",
+                ))
+            else:
+                warnings.append(Warning_(
+                    "history-started-late",
+                    f"{held}: history recording started after allocations existed (or the "
+                    "ring buffer wrapped); peaks are lower bounds",
+                ))
+        elif failure is not None:
+            warnings.append(Warning_(
+                "replay-inexact",
+                f"the trace starts from an empty allocator but the replay could not follow it "
+                f"at {failure}; block sizes after that point are approximate",
+            ))
+        if rebuilt.orphans or rebuilt.conflicts:
+            warnings.append(Warning_(
+                "replay-rebuilt-approximately",
+                f"rebuilding the state before the trace left {rebuilt.orphans} blocks outside "
+                f"any segment and {rebuilt.conflicts} overlapping blocks",
+            ))
+    if rep.issues:
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(rep.issues.items()))
+        first = rep.first_issue
+        warnings.append(Warning_(
+            "replay-inconsistent",
+            f"{sum(rep.issues.values())} events did not fit the rebuilt state ({detail}); "
+            f"first at event {first[0] if first else '?'}",
+        ))
+    if end_diffs:
+        warnings.append(Warning_(
+            "replay-end-mismatch",
+            f"the replay's end state differs from the snapshot's segments in "
+            f"{len(end_diffs)} segments (e.g. {end_diffs[0]})",
+        ))
+
+    initial_state = rep.initial
+    init = initial_state.figures()
+    act = rep.action
+    bs = np.array(rep.bs[:n], dtype=np.int64)
+    sizes = device.trace.size
+    is_alloc = act == ALLOC
+    is_fc = act == FREE_COMPLETED
+    d_alloc = np.where(is_alloc, bs, 0) - np.where(act == FREE_REQUESTED, bs, 0)
+    d_active = np.where(is_alloc, bs, 0) - np.where(is_fc, bs, 0)
+    d_req = np.where(is_alloc, sizes, 0) - np.where(is_fc, sizes, 0)
+    d_res = np.where((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP), sizes, 0) - np.where(
+        (act == SEGMENT_FREE) | (act == SEGMENT_UNMAP), sizes, 0
+    )
+    if rep.ignored:
+        ignored = np.array(rep.ignored, dtype=np.int64)
+        d_req[ignored] = 0
+        d_res[ignored] = 0
+    for i, v in rep.adj_alloc.items():
+        d_alloc[i] += v
+    for i, v in rep.adj_active.items():
+        d_active[i] += v
+    allocated = init.allocated + np.cumsum(d_alloc, dtype=np.int64)
+    active = init.active + np.cumsum(d_active, dtype=np.int64)
+    requested = init.requested + np.cumsum(d_req, dtype=np.int64)
+    reserved = init.reserved + np.cumsum(d_res, dtype=np.int64)
+    inactive_split = np.array(rep.isp, dtype=np.int64)
+    largest_free = np.array(rep.lf, dtype=np.int64)
+    cached_free = reserved - active
+
+    if n:
+        final_figures = StateFigures(
+            int(allocated[-1]), int(requested[-1]), int(reserved[-1]), int(active[-1]),
+            int(cached_free[-1]), int(inactive_split[-1]), int(largest_free[-1]),
+        )
+        states[n - 1] = rep.export(n - 1)
+    else:
+        final_figures = init
+    states[-1] = initial_state
+    pa, pai = _peak(allocated, init.allocated)
+    pq, pqi = _peak(requested, init.requested)
+    pr, pri = _peak(reserved, init.reserved)
+    # The per-pass lists are only needed again by blocks_at's replays.
+    rep.bs = rep.isp = rep.lf = []
+    return RecordedReplay(
+        device=device.device,
+        events=n,
+        allocated=allocated,
+        requested=requested,
+        reserved=reserved,
+        active=active,
+        cached_free=cached_free,
+        inactive_split=inactive_split,
+        largest_free=largest_free,
+        initial=init,
+        final=final_figures,
+        peak_allocated=pa,
+        peak_allocated_index=pai,
+        peak_requested=pq,
+        peak_requested_index=pqi,
+        peak_reserved=pr,
+        peak_reserved_index=pri,
+        trace_complete=complete,
+        warnings=warnings,
+        _replayer=rep,
+        _states=states,
+    )
