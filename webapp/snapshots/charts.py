@@ -1,0 +1,808 @@
+"""Bokeh charts of a report: the only module of the project that imports bokeh.
+
+``build_charts(report)`` turns the report dict (contract ``oomscope.report/1``)
+into ``{name: json_item}``; the worker stores the result beside the report, so
+page views never run Bokeh. Pages embed each item with ``Bokeh.embed.embed_item``
+from our static ``charts.js`` (see ``templates/snapshots/_chart.html``).
+
+Rules that shape this module:
+- No ``CustomJS``: the site's CSP has no ``unsafe-eval`` and BokehJS compiles
+  CustomJS code with ``new Function``. Everything interactive here is built in
+  (hover templates, legend hiding, linked ranges).
+- Hover text formats bytes in the browser with BokehJS's numbro formats
+  (``{0.00 b}`` gives binary units, ``{0,0}`` the exact count), so the data
+  carries plain numbers once rather than strings per point.
+- Data is bounded whatever the snapshot's size: the report's timeline is
+  already downsampled; here every series, map and tree is capped again so a
+  page stays well under a few MB.
+
+Chart names (the page template places them by name; ``<d>`` is the device):
+``timeline-<d>`` (timeline + fragmentation index, linked x), ``segments-peak-<d>``,
+``segments-oom-<d>``, ``stacks-<d>`` (icicle), ``whatif-<d>`` (peak per config),
+``whatif-steps-<d>`` (reserved at each step's end per config).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from bokeh.embed import json_item
+from bokeh.layouts import column
+from bokeh.models import (
+    ColumnDataSource,
+    HoverTool,
+    Label,
+    Legend,
+    NumeralTickFormatter,
+    Range1d,
+    Span,
+)
+from bokeh.plotting import figure
+
+__all__ = [
+    "CHART_KINDS",
+    "build_charts",
+    "build_compare_charts",
+    "build_history_chart",
+    "format_bytes",
+]
+
+# Caps that keep a page light (a json_item costs about 11 bytes per float).
+MAX_TIMELINE_POINTS = 6500  # the report keeps up to 6 points per 1000 buckets
+MAX_SEGMENT_ROWS = 160
+MAX_SEGMENT_BLOCKS = 6000
+MAX_ICICLE_DEPTH = 14
+MAX_ICICLE_NODES = 800
+MAX_STEP_BANDS = 2000
+
+CHART_KINDS = ("timeline", "segments-peak", "segments-oom", "stacks", "whatif", "whatif-steps")
+
+# One palette for the whole site; static/css/oomscope.css uses the same hues.
+RESERVED = "#4c72b0"
+ALLOCATED = "#dd8452"
+REQUESTED = "#55a868"
+LARGEST_FREE = "#8172b3"
+FRAGMENTATION = "#c44e52"
+OOM_COLOUR = "#c0392b"
+LIMIT_COLOUR = "#333333"
+STEP_BAND = "#e8edf5"
+STATE_COLOURS = {
+    "active_allocated": "#dd8452",
+    "active_pending_free": "#e6b422",
+    "inactive": "#b8d8b8",
+    "unmapped": "#ffffff",
+}
+STATE_LABELS = {
+    "active_allocated": "allocated",
+    "active_pending_free": "pending free",
+    "inactive": "free (cached)",
+    "unmapped": "unmapped",
+}
+WHATIF_COLOURS = ("#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+
+TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_bytes(n: float | int | None) -> str:
+    """Binary units with two decimals past KiB ("1.04 GiB"): the wording of torch's own OOM message."""
+    if n is None:
+        return "n/a"
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    unit = 0
+    while value >= 1024 and unit < len(_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{sign}{int(value)} B"
+    return f"{sign}{value:.2f} {_UNITS[unit]}"
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """All charts of a report, name -> ``json_item`` dict; charts without data are left out."""
+    charts: dict[str, dict[str, Any]] = {}
+    for dev in report.get("devices") or []:
+        d = dev.get("device", 0)
+        builders = (
+            ("timeline", _timeline_chart),
+            ("segments-peak", lambda dv: _segment_map_chart(dv, "peak")),
+            ("segments-oom", lambda dv: _segment_map_chart(dv, "oom")),
+            ("stacks", _icicle_chart),
+            ("whatif", _whatif_chart),
+            ("whatif-steps", _whatif_steps_chart),
+        )
+        for kind, build in builders:
+            model = build(dev)
+            if model is not None:
+                charts[f"{kind}-{d}"] = json_item(model)
+    return charts
+
+
+def build_history_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Peak reserved and allocated per run of a project, oldest first (rows come newest first)."""
+    points = [r for r in reversed(list(rows)) if r.get("summary")]
+    if not points:
+        return None
+    labels = [_run_label(r, i) for i, r in enumerate(points)]
+    source = ColumnDataSource(
+        {
+            "x": np.arange(len(points), dtype=np.float64),
+            "label": labels,
+            "created": [str(r.get("created_at") or "")[:16].replace("T", " ") for r in points],
+            "reserved": _floats(r["summary"].get("peak_reserved_bytes") for r in points),
+            "allocated": _floats(r["summary"].get("peak_allocated_bytes") for r in points),
+        }
+    )
+    p = _figure("Peak memory per run", height=300, x_range=(-0.5, len(points) - 0.5))
+    p.xaxis.ticker = list(range(len(points)))
+    p.xaxis.major_label_overrides = {i: label for i, label in enumerate(labels)}
+    p.xaxis.major_label_orientation = 0.6 if len(points) > 6 else 0
+    p.yaxis.formatter = _bytes_axis()
+    r1 = p.line("x", "reserved", source=source, color=RESERVED, line_width=2, legend_label="peak reserved")
+    p.scatter("x", "reserved", source=source, color=RESERVED, size=7, legend_label="peak reserved")
+    p.line("x", "allocated", source=source, color=ALLOCATED, line_width=2, legend_label="peak allocated")
+    p.scatter("x", "allocated", source=source, color=ALLOCATED, size=7, legend_label="peak allocated")
+    p.add_tools(
+        HoverTool(
+            renderers=[r1],
+            mode="vline",
+            tooltips=[
+                ("run", "@label"),
+                ("uploaded", "@created"),
+                ("peak reserved", "@reserved{0.00 b} (@reserved{0,0} B)"),
+                ("peak allocated", "@allocated{0.00 b} (@allocated{0,0} B)"),
+            ],
+        )
+    )
+    _legend(p)
+    return json_item(p)
+
+
+def build_compare_charts(
+    report_a: Mapping[str, Any], report_b: Mapping[str, Any], labels: tuple[str, str] = ("A", "B")
+) -> dict[str, dict[str, Any]]:
+    """Two runs side by side: peak figures per kind, and reserved memory at each step's end."""
+    dev_a, dev_b = _first_device(report_a), _first_device(report_b)
+    if dev_a is None or dev_b is None:
+        return {}
+    charts: dict[str, dict[str, Any]] = {}
+    kinds = [
+        ("peak reserved", "peak_reserved_bytes"),
+        ("peak allocated", "peak_allocated_bytes"),
+        ("peak requested", "peak_requested_bytes"),
+        ("final reserved", "final_reserved_bytes"),
+    ]
+    sa, sb = dev_a.get("summary") or {}, dev_b.get("summary") or {}
+    rows = [(name, sa.get(key), sb.get(key)) for name, key in kinds if sa.get(key) is not None or sb.get(key) is not None]
+    if rows:
+        y = [name for name, _, _ in rows]
+        source = ColumnDataSource(
+            {
+                "kind": y,
+                "a": _floats(a for _, a, _ in rows),
+                "b": _floats(b for _, _, b in rows),
+            }
+        )
+        p = _figure("Peaks: " + " vs ".join(labels), height=260, y_range=list(reversed(y)), tools="save,reset")
+        p.xaxis.formatter = _bytes_axis()
+        from bokeh.transform import dodge
+
+        p.hbar(y=dodge("kind", 0.18, range=p.y_range), right="a", height=0.34, source=source, color=RESERVED,
+               legend_label=labels[0])
+        p.hbar(y=dodge("kind", -0.18, range=p.y_range), right="b", height=0.34, source=source, color=ALLOCATED,
+               legend_label=labels[1])
+        p.add_tools(HoverTool(tooltips=[("", "@kind"), (labels[0], "@a{0.00 b} (@a{0,0} B)"),
+                                        (labels[1], "@b{0.00 b} (@b{0,0} B)")]))
+        p.x_range.start = 0
+        _legend(p)
+        charts["compare-peaks"] = json_item(p)
+
+    steps_a, steps_b = dev_a.get("steps") or [], dev_b.get("steps") or []
+    if steps_a or steps_b:
+        p = _figure("Reserved at each step's end", height=300)
+        p.yaxis.formatter = _bytes_axis()
+        p.xaxis.axis_label = "step"
+        hover_renderers = []
+        for label, steps, colour in ((labels[0], steps_a, RESERVED), (labels[1], steps_b, ALLOCATED)):
+            if not steps:
+                continue
+            src = ColumnDataSource(
+                {
+                    "step": _floats(s.get("index", i) for i, s in enumerate(steps)),
+                    "reserved": _floats(s.get("reserved_end_bytes") for s in steps),
+                    "run": [label] * len(steps),
+                }
+            )
+            hover_renderers.append(p.line("step", "reserved", source=src, color=colour, line_width=2, legend_label=label))
+            p.scatter("step", "reserved", source=src, color=colour, size=5, legend_label=label)
+        p.add_tools(HoverTool(renderers=hover_renderers, tooltips=[("run", "@run"), ("step", "@step{0}"),
+                                                                   ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")]))
+        _legend(p)
+        charts["compare-steps"] = json_item(p)
+    return charts
+
+
+# ---------------------------------------------------------------- timeline
+
+
+def timeline_columns(timeline: Mapping[str, Any] | None) -> dict[str, np.ndarray] | None:
+    """The timeline's series as float arrays: x (seconds or event index), reserved, allocated, ...
+
+    Accepts the series under their plain names or with a ``_bytes`` suffix, and
+    ``time_us`` or ``event_index`` as the x axis (time preferred: step bands and
+    the OOM are given in time). Returns None when the report has no series.
+    """
+    if not timeline:
+        return None
+    series = timeline.get("series") if isinstance(timeline.get("series"), Mapping) else timeline
+
+    def column_of(*names: str) -> np.ndarray | None:
+        for name in names:
+            value = series.get(name)
+            if value is None and name != name + "_bytes":
+                value = series.get(name + "_bytes")
+            if isinstance(value, (list, tuple, np.ndarray)) and len(value) > 0:
+                return np.asarray(value, dtype=np.float64)
+        return None
+
+    reserved = column_of("reserved")
+    if reserved is None:
+        return None
+    out: dict[str, np.ndarray] = {"reserved": reserved}
+    for key, names in (
+        ("allocated", ("allocated",)),
+        ("requested", ("requested",)),
+        ("largest_free", ("largest_free", "largest_free_block")),
+        ("cached_free", ("cached_free",)),
+        ("fragmentation", ("external_fragmentation", "fragmentation", "fragmentation_index")),
+        ("event_index", ("event_index", "index", "events")),
+        ("time_us", ("time_us",)),
+    ):
+        col = column_of(*names)
+        if col is not None and col.shape == reserved.shape:
+            out[key] = col
+    if "event_index" not in out:
+        out["event_index"] = np.arange(reserved.shape[0], dtype=np.float64)
+    return out
+
+
+def _timeline_x(cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, str, float]:
+    """x values, axis label, and the time origin (us) when x is time."""
+    t = cols.get("time_us")
+    if t is not None and t.shape[0] > 1 and np.all(np.diff(t) >= 0) and t[-1] > t[0]:
+        t0 = float(t[0])
+        return (t - t0) / 1e6, "time since the trace's first event (s)", t0
+    return cols["event_index"], "trace event", math.nan
+
+
+def _fragmentation(cols: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """Share of the cached free memory that lies outside the largest free block (0 = one piece)."""
+    if "fragmentation" in cols:
+        return cols["fragmentation"]
+    largest = cols.get("largest_free")
+    if largest is None or "allocated" not in cols:
+        return None
+    cached = cols.get("cached_free")
+    if cached is None:
+        cached = cols["reserved"] - cols["allocated"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frag = np.where(cached > 0, 1.0 - np.minimum(largest, cached) / cached, 0.0)
+    return np.clip(frag, 0.0, 1.0)
+
+
+def _minmax_indices(key: np.ndarray, keep: Iterable[int], budget: int) -> np.ndarray:
+    """Indices keeping each bucket's first point, min and max of ``key``, and ``keep``: peaks survive."""
+    n = key.shape[0]
+    if n <= budget:
+        return np.arange(n)
+    starts = np.unique(np.linspace(0, n, max(1, budget // 3) + 1).astype(np.int64)[:-1])
+    bucket = np.searchsorted(starts, np.arange(n), side="right") - 1
+    picks = [starts, np.array([n - 1], dtype=np.int64), np.asarray(list(keep), dtype=np.int64)]
+    for extreme in (np.minimum.reduceat(key, starts), np.maximum.reduceat(key, starts)):
+        hits = np.nonzero(key == extreme[bucket])[0]
+        first = np.full(starts.shape[0], n, dtype=np.int64)
+        np.minimum.at(first, bucket[hits], hits)
+        picks.append(first[first < n])
+    return np.unique(np.concatenate(picks))
+
+
+def _timeline_chart(dev: Mapping[str, Any]) -> Any:
+    cols = timeline_columns(dev.get("timeline"))
+    if cols is None:
+        return None
+    summary = dev.get("summary") or {}
+    oom = dev.get("oom") or None
+    x, x_label, t0 = _timeline_x(cols)
+    keep: list[int] = [int(np.argmax(cols["reserved"]))]
+    if "allocated" in cols:
+        keep.append(int(np.argmax(cols["allocated"])))
+    idx = _minmax_indices(cols["reserved"], keep, MAX_TIMELINE_POINTS)
+    # Event numbers fit int32 and the index needs no float precision: a third of the bytes.
+    data: dict[str, Any] = {"x": x[idx], "event": cols["event_index"][idx].astype(np.int32)}
+    for key in ("reserved", "allocated", "requested", "largest_free"):
+        if key in cols:
+            data[key] = cols[key][idx]
+    frag = _fragmentation(cols)
+    if frag is not None:
+        data["fragmentation"] = frag[idx].astype(np.float32)
+    source = ColumnDataSource(data)
+
+    top = max(float(np.max(data["reserved"])), float((oom or {}).get("limit_bytes") or 0))
+    p = _figure("Memory over time", height=330)
+    p.y_range = Range1d(0, top * 1.08 if top > 0 else 1)
+    p.yaxis.formatter = _bytes_axis()
+    p.yaxis.axis_label = "bytes"
+
+    _step_bands(p, dev.get("steps") or [], t0, x, cols, top * 1.08)
+
+    lines = []
+    for key, colour, label, width in (
+        ("reserved", RESERVED, "reserved", 2.2),
+        ("allocated", ALLOCATED, "allocated", 1.6),
+        ("requested", REQUESTED, "requested", 1.2),
+        ("largest_free", LARGEST_FREE, "largest free block", 1.2),
+    ):
+        if key in data:
+            lines.append(p.line("x", key, source=source, color=colour, line_width=width, legend_label=label))
+
+    if oom:
+        _mark_oom(p, oom, t0, x, cols)
+    limit = (oom or {}).get("limit_bytes")
+    if limit:
+        p.add_layout(Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed",
+                          line_width=1.2))
+        p.add_layout(Label(x=5, y=float(limit), x_units="screen", text=f"limit {format_bytes(limit)}",
+                           text_font_size="11px", text_color=LIMIT_COLOUR, y_offset=3))
+    tooltips = [("event", "@event{0,0}"), ("x", "@x{0,0.000}")]
+    for key, label in (("reserved", "reserved"), ("allocated", "allocated"), ("requested", "requested"),
+                       ("largest_free", "largest free block")):
+        if key in data:
+            tooltips.append((label, f"@{key}{{0.00 b}} (@{key}{{0,0}} B)"))
+    if "fragmentation" in data:
+        tooltips.append(("fragmentation", "@fragmentation{0.0%}"))
+    p.add_tools(HoverTool(renderers=lines[:1], mode="vline", tooltips=tooltips))
+    _legend(p)
+    if summary.get("peak_is_lower_bound"):
+        p.title.text += " (trace incomplete: peaks are lower bounds)"
+
+    if "fragmentation" not in data:
+        p.xaxis.axis_label = x_label
+        return p
+    q = _figure("Fragmentation index: share of cached free memory outside the largest free block", height=170,
+                x_range=p.x_range)
+    q.y_range = Range1d(0, 1.02)
+    q.yaxis.formatter = NumeralTickFormatter(format="0%")
+    q.xaxis.axis_label = x_label
+    fr = q.line("x", "fragmentation", source=source, color=FRAGMENTATION, line_width=1.4)
+    q.varea(x="x", y1=0, y2="fragmentation", source=source, color=FRAGMENTATION, alpha=0.15)
+    if oom:
+        _mark_oom(q, oom, t0, x, cols, label=False)
+    q.add_tools(HoverTool(renderers=[fr], mode="vline", tooltips=[("event", "@event{0,0}"),
+                                                                  ("fragmentation", "@fragmentation{0.0%}")]))
+    p.xaxis.visible = False
+    return column(p, q, sizing_mode="stretch_width")
+
+
+def _x_of(time_us: Any, event_index: Any, t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray]) -> float | None:
+    """Where a moment lies on the chart's x axis."""
+    if not math.isnan(t0):
+        if time_us is None:
+            return None
+        return (float(time_us) - t0) / 1e6
+    if event_index is not None:
+        return float(event_index)
+    if time_us is not None and "time_us" in cols:
+        pos = int(np.searchsorted(cols["time_us"], float(time_us)))
+        return float(x[min(pos, x.shape[0] - 1)])
+    return None
+
+
+def _mark_oom(p: Any, oom: Mapping[str, Any], t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray],
+              label: bool = True) -> None:
+    at = _x_of(oom.get("time_us"), oom.get("event_index"), t0, x, cols)
+    if at is None:
+        return
+    p.add_layout(Span(location=at, dimension="height", line_color=OOM_COLOUR, line_width=2, line_dash="dotted"))
+    if not label:
+        return
+    src = ColumnDataSource({
+        "x": [at],
+        "y": [float(oom.get("reserved_bytes") or 0)],
+        "requested": [float(oom.get("requested_bytes") or 0)],
+        "reserved": [float(oom.get("reserved_bytes") or 0)],
+        "allocated": [float(oom.get("allocated_bytes") or 0)],
+        "largest": [float(oom.get("largest_free_block_bytes") or 0)],
+    })
+    r = p.scatter("x", "y", source=src, marker="x", size=14, line_width=3, color=OOM_COLOUR)
+    p.add_tools(HoverTool(renderers=[r], tooltips=[
+        ("OOM", "asked @requested{0.00 b} (@requested{0,0} B)"),
+        ("reserved", "@reserved{0.00 b}"),
+        ("allocated", "@allocated{0.00 b}"),
+        ("largest free block", "@largest{0.00 b}"),
+    ]))
+    p.add_layout(Label(x=at, y=float(oom.get("reserved_bytes") or 0), text=f"OOM: asked {format_bytes(oom.get('requested_bytes'))}",
+                       text_color=OOM_COLOUR, text_font_size="12px", text_font_style="bold", x_offset=-8, y_offset=10,
+                       text_align="right"))
+
+
+def _step_bands(p: Any, steps: Sequence[Mapping[str, Any]], t0: float, x: np.ndarray,
+                cols: Mapping[str, np.ndarray], top: float) -> None:
+    """Every other step shaded, so steps read as bands behind the lines."""
+    if not steps:
+        return
+    left, right, index = [], [], []
+    for i, step in enumerate(steps[:MAX_STEP_BANDS]):
+        a = _x_of(step.get("start_us"), step.get("first_event"), t0, x, cols)
+        b = _x_of(step.get("end_us"), step.get("last_event"), t0, x, cols)
+        if a is None or b is None or i % 2:
+            continue
+        left.append(a)
+        right.append(b)
+        index.append(float(step.get("index", i)))
+    if not left:
+        return
+    src = ColumnDataSource({"left": left, "right": right, "step": index})
+    p.quad(left="left", right="right", bottom=0, top=top, source=src, color=STEP_BAND, alpha=0.8, line_alpha=0,
+           legend_label="steps (every other shaded)")
+
+
+# ---------------------------------------------------------------- segment maps
+
+
+def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
+    maps = dev.get("segment_maps") or {}
+    snap = maps.get(moment)
+    if not snap:
+        return None
+    segments = snap.get("segments") if isinstance(snap, Mapping) else snap
+    if not segments:
+        return None
+    segments = sorted(segments, key=lambda s: -_int(s, "total_size", "size"))
+    hidden = max(0, len(segments) - MAX_SEGMENT_ROWS)
+    segments = segments[:MAX_SEGMENT_ROWS]
+    total_blocks = sum(len(s.get("blocks") or []) for s in segments)
+    # Merge runs of same-state blocks when there are too many to draw.
+    per_segment_budget = max(8, MAX_SEGMENT_BLOCKS // max(1, len(segments)))
+    merge = total_blocks > MAX_SEGMENT_BLOCKS
+
+    cols: dict[str, list[Any]] = {k: [] for k in ("x", "y", "w", "colour", "state", "size", "requested", "stack",
+                                                  "count", "segment")}
+    row_labels: dict[int, str] = {}
+    for row, seg in enumerate(segments):
+        seg_addr = _int(seg, "address")
+        seg_size = _int(seg, "total_size", "size")
+        row_labels[row] = f"{format_bytes(seg_size)} {seg.get('segment_type') or ''}".strip()
+        blocks = _block_rows(seg, seg_addr, seg_size)
+        if merge and len(blocks) > per_segment_budget:
+            blocks = _merge_blocks(blocks, per_segment_budget)
+        for b in blocks:
+            cols["x"].append((b["offset"] + b["size"] / 2) / 2**20)
+            cols["w"].append(b["size"] / 2**20)
+            cols["y"].append(float(row))
+            cols["colour"].append(STATE_COLOURS.get(b["state"], "#cccccc"))
+            cols["state"].append(STATE_LABELS.get(b["state"], b["state"]))
+            cols["size"].append(float(b["size"]))
+            cols["requested"].append(float(b["requested"]))
+            cols["stack"].append(b["stack"])
+            cols["count"].append(float(b["count"]))
+            cols["segment"].append(f"0x{seg_addr:x} ({format_bytes(seg_size)})")
+
+    when = "peak" if moment == "peak" else "OOM"
+    at = snap.get("event_index") if isinstance(snap, Mapping) else None
+    title = f"Segments at the {when}" + (f" (event {at:,})" if isinstance(at, int) else "")
+    if hidden:
+        title += f"; {hidden} smaller segments not drawn"
+    rows = len(segments)
+    p = _figure(title, height=min(900, 70 + 18 * rows), y_range=Range1d(rows - 0.5, -0.5))
+    p.yaxis.ticker = list(range(rows))
+    p.yaxis.major_label_overrides = row_labels
+    p.yaxis.major_label_text_font_size = "9px" if rows > 30 else "11px"
+    p.xaxis.axis_label = "offset in segment (MiB)"
+    p.ygrid.visible = False
+    src = ColumnDataSource({k: np.asarray(v, dtype=np.float64) if k in ("x", "y", "w", "size", "requested", "count")
+                            else v for k, v in cols.items()})
+    # One renderer per state gives a legend that can hide states; all share one source via filters
+    from bokeh.models import CDSView, GroupFilter
+
+    renderers = []
+    for state in ("active_allocated", "active_pending_free", "inactive", "unmapped"):
+        label = STATE_LABELS[state]
+        if label not in cols["state"]:
+            continue
+        view = CDSView(filter=GroupFilter(column_name="state", group=label))
+        renderers.append(p.rect(x="x", y="y", width="w", height=0.8, source=src, view=view, fill_color="colour",
+                                line_color="#555555", line_width=0.4, legend_label=label))
+    p.add_tools(HoverTool(renderers=renderers, tooltips=[
+        ("segment", "@segment"),
+        ("state", "@state"),
+        ("size", "@size{0.00 b} (@size{0,0} B)"),
+        ("requested", "@requested{0.00 b} (@requested{0,0} B)"),
+        ("blocks", "@count{0,0}"),
+        ("stack", "@stack"),
+    ]))
+    _legend(p, location="bottom_right")
+    return p
+
+
+def _block_rows(seg: Mapping[str, Any], seg_addr: int, seg_size: int) -> list[dict[str, Any]]:
+    """Blocks of one segment as offsets, with the unmapped gaps of an expandable segment filled in."""
+    rows: list[dict[str, Any]] = []
+    cursor = 0
+    for b in seg.get("blocks") or []:
+        size = _int(b, "size")
+        if "offset" in b:
+            offset = _int(b, "offset")
+        elif "address" in b:
+            offset = _int(b, "address") - seg_addr
+        else:
+            offset = cursor
+        if offset > cursor:
+            rows.append(_gap(cursor, offset - cursor))
+        rows.append({
+            "offset": offset,
+            "size": size,
+            "requested": _int(b, "requested_size", "requested"),
+            "state": str(b.get("state") or "inactive"),
+            "stack": _stack_label(b),
+            "count": 1,
+        })
+        cursor = max(cursor, offset + size)
+    if seg_size > cursor and rows:
+        rows.append(_gap(cursor, seg_size - cursor))
+    return rows
+
+
+def _gap(offset: int, size: int) -> dict[str, Any]:
+    return {"offset": offset, "size": size, "requested": 0, "state": "unmapped", "stack": "", "count": 1}
+
+
+def _merge_blocks(blocks: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """Merge neighbouring blocks of one state, smallest runs first, until ``budget`` remain."""
+    merged: list[dict[str, Any]] = []
+    smallest = sorted(b["size"] for b in blocks)
+    threshold = smallest[max(0, len(blocks) - budget)] if len(blocks) > budget else 0
+    for b in blocks:
+        last = merged[-1] if merged else None
+        if (last is not None and last["state"] == b["state"] and b["size"] <= threshold
+                and last["offset"] + last["size"] == b["offset"]):
+            last["size"] += b["size"]
+            last["requested"] += b["requested"]
+            last["count"] += b["count"]
+            if last["stack"] != b["stack"]:
+                last["stack"] = "several stacks"
+        else:
+            merged.append(dict(b))
+    return merged
+
+
+def _stack_label(block: Mapping[str, Any]) -> str:
+    for key in ("stack_label", "label", "site", "stack"):
+        value = block.get(key)
+        if isinstance(value, str):
+            return value
+    frames = block.get("frames")
+    if isinstance(frames, list) and frames:
+        return _frame_label(frames[0])
+    return ""
+
+
+# ---------------------------------------------------------------- top stacks (icicle)
+
+
+def _frame_label(frame: Mapping[str, Any] | str) -> str:
+    if isinstance(frame, str):
+        return frame
+    name = str(frame.get("name") or "?")
+    filename = str(frame.get("filename") or "")
+    if not filename or not (filename.endswith(".py") or filename.startswith("<")):
+        return name
+    short = "/".join(filename.replace("\\", "/").rsplit("/", 2)[-2:])
+    return f"{name} ({short}:{frame.get('line', '?')})"
+
+
+def _icicle_chart(dev: Mapping[str, Any]) -> Any:
+    stacks = dev.get("top_stacks") or []
+    moment = "oom" if any(s.get("when") == "oom" for s in stacks) else "peak"
+    chosen = [s for s in stacks if s.get("when") == moment and _int(s, "bytes") > 0]
+    if not chosen:
+        return None
+    # Tree keyed by the path from the outermost frame (frames are innermost first).
+    nodes: dict[tuple[str, ...], list[float]] = {}
+    order: list[tuple[str, ...]] = []
+    for s in chosen:
+        path = [_frame_label(f) for f in reversed(s.get("frames") or [])] or ["(no frames)"]
+        if len(path) > MAX_ICICLE_DEPTH:
+            path = path[: MAX_ICICLE_DEPTH - 1] + [f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
+        for depth in range(1, len(path) + 1):
+            key = tuple(path[:depth])
+            if key not in nodes:
+                nodes[key] = [0.0, 0.0]
+                order.append(key)
+            nodes[key][0] += _int(s, "bytes")
+            nodes[key][1] += _int(s, "count")
+    total = float(sum(_int(s, "bytes") for s in chosen))
+    # Lay out: children of a node sit under it, biggest first.
+    children: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+    for key in order:
+        children.setdefault(key[:-1], []).append(key)
+    cols: dict[str, list[Any]] = {k: [] for k in ("left", "right", "bottom", "top", "label", "text", "bytes", "count",
+                                                  "share", "colour", "tx")}
+    palette = ("#f2c18d", "#f5a65b", "#e8894a", "#f3d28e", "#e9b872", "#d9a05b")
+    queue: list[tuple[tuple[str, ...], float]] = [((), 0.0)]
+    drawn = 0
+    while queue and drawn < MAX_ICICLE_NODES:
+        parent, x0 = queue.pop(0)
+        for key in sorted(children.get(parent, []), key=lambda k: -nodes[k][0]):
+            size, count = nodes[key]
+            depth = len(key) - 1
+            width = size / total
+            cols["left"].append(x0)
+            cols["right"].append(x0 + width)
+            cols["top"].append(-float(depth))
+            cols["bottom"].append(-float(depth) - 0.92)
+            cols["label"].append(key[-1])
+            cols["tx"].append(x0 + 0.004)
+            # Text only where the box is wide enough to hold some of it; hover has the rest.
+            room = int(width * 150)
+            cols["text"].append(key[-1] if room >= len(key[-1]) else (key[-1][: room - 1] + "…" if room > 6 else ""))
+            cols["bytes"].append(size)
+            cols["count"].append(count)
+            cols["share"].append(width)
+            cols["colour"].append(palette[hash(key[-1].split(" (")[0]) % len(palette)] if depth else "#c9d6ea")
+            queue.append((key, x0))
+            x0 += width
+            drawn += 1
+    levels = int(max(len(k) for k in nodes))
+    when = "the OOM" if moment == "oom" else "the peak"
+    p = _figure(f"Who holds memory at {when}: top stacks by bytes (outermost frame on top)",
+                height=min(700, 60 + 30 * min(levels, MAX_ICICLE_DEPTH)), tools="pan,wheel_zoom,box_zoom,reset,save",
+                x_range=Range1d(0, 1, bounds=(0, 1)), y_range=Range1d(-float(levels), 0.05))
+    p.axis.visible = False
+    p.grid.visible = False
+    src = ColumnDataSource({k: np.asarray(v, dtype=np.float64) if k not in ("label", "text", "colour") else v
+                            for k, v in cols.items()})
+    r = p.quad(left="left", right="right", bottom="bottom", top="top", source=src, fill_color="colour",
+               line_color="white", line_width=1)
+    p.text(x="tx", y="top", text="text", source=src, text_font_size="10px", text_baseline="top", y_offset=3,
+           text_color="#222222")
+    p.add_tools(HoverTool(renderers=[r], tooltips=[
+        ("frame", "@label"),
+        ("bytes", "@bytes{0.00 b} (@bytes{0,0} B)"),
+        ("share of top stacks", "@share{0.0%}"),
+        ("allocations", "@count{0,0}"),
+    ]))
+    return p
+
+
+# ---------------------------------------------------------------- what-if
+
+
+def _whatif_chart(dev: Mapping[str, Any]) -> Any:
+    whatif = dev.get("whatif") or []
+    if not whatif:
+        return None
+    summary = dev.get("summary") or {}
+    oom = dev.get("oom") or {}
+    names = ["recorded run"] + [str(w.get("config") or "(defaults)") for w in whatif]
+    peaks = [summary.get("peak_reserved_bytes")] + [w.get("peak_reserved_bytes") for w in whatif]
+    verdicts = ["recorded"] + [
+        "OOM avoided" if w.get("oom_avoided") is True else "still OOM" if w.get("oom_avoided") is False else "no OOM to avoid"
+        for w in whatif
+    ]
+    colours = [RESERVED] + ["#55a868" if v == "OOM avoided" else "#c44e52" if v == "still OOM" else "#8c8c8c"
+                            for v in verdicts[1:]]
+    source = ColumnDataSource({"config": names, "peak": _floats(peaks), "verdict": verdicts, "colour": colours})
+    p = _figure("Peak reserved memory per allocator setting (replayed)", height=60 + 36 * len(names),
+                y_range=list(reversed(names)), tools="save,reset")
+    p.hbar(y="config", right="peak", height=0.6, source=source, fill_color="colour", line_color=None)
+    p.xaxis.formatter = _bytes_axis()
+    p.x_range.start = 0
+    limit = oom.get("limit_bytes")
+    if limit:
+        p.add_layout(Span(location=float(limit), dimension="height", line_color=LIMIT_COLOUR, line_dash="dashed",
+                          line_width=1.5))
+        p.add_layout(Label(x=float(limit), y=5, y_units="screen", text=f"limit {format_bytes(limit)}",
+                           text_font_size="11px", x_offset=-4, text_align="right", text_color=LIMIT_COLOUR))
+    p.add_tools(HoverTool(tooltips=[("config", "@config"), ("peak reserved", "@peak{0.00 b} (@peak{0,0} B)"),
+                                    ("", "@verdict")]))
+    return p
+
+
+def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
+    steps = dev.get("steps") or []
+    whatif = [w for w in dev.get("whatif") or [] if w.get("steps")]
+    if not steps or not whatif:
+        return None
+    p = _figure("Reserved memory at each step's end: recorded vs replayed settings", height=320)
+    p.yaxis.formatter = _bytes_axis()
+    p.xaxis.axis_label = "step"
+    series = [("recorded run", [(s.get("index"), s.get("reserved_end_bytes")) for s in steps], RESERVED, "solid")]
+    for i, w in enumerate(whatif):
+        pairs = [(s.get("index"), s.get("reserved_end_bytes")) for s in w.get("steps") or []]
+        series.append((str(w.get("config") or "(defaults)"), pairs, WHATIF_COLOURS[i % len(WHATIF_COLOURS)], "dashed"))
+    hover = []
+    for name, pairs, colour, dash in series:
+        pairs = [(k, v) for k, v in pairs if k is not None and v is not None]
+        if not pairs:
+            continue
+        src = ColumnDataSource({"step": _floats(k for k, _ in pairs), "reserved": _floats(v for _, v in pairs),
+                                "config": [name] * len(pairs)})
+        hover.append(p.line("step", "reserved", source=src, color=colour, line_width=2, line_dash=dash,
+                            legend_label=name))
+        p.scatter("step", "reserved", source=src, color=colour, size=4, legend_label=name)
+    limit = (dev.get("oom") or {}).get("limit_bytes")
+    if limit:
+        p.add_layout(Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed"))
+    p.add_tools(HoverTool(renderers=hover, tooltips=[("config", "@config"), ("step", "@step{0}"),
+                                                     ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")]))
+    _legend(p)
+    return p
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _figure(title: str, *, height: int, tools: str = TOOLS, **kwargs: Any) -> Any:
+    p = figure(title=title, height=height, sizing_mode="stretch_width", tools=tools, toolbar_location="above",
+               **kwargs)
+    p.title.text_font_size = "13px"
+    p.toolbar.logo = None
+    p.outline_line_color = None
+    p.min_border_left = 60
+    return p
+
+
+def _bytes_axis() -> NumeralTickFormatter:
+    # A new model each time: a Bokeh model belongs to one document only.
+    return NumeralTickFormatter(format="0.0 b")
+
+
+def _legend(p: Any, location: str = "top_left") -> None:
+    if not p.legend:
+        return
+    p.legend.location = location
+    p.legend.click_policy = "hide"
+    p.legend.label_text_font_size = "11px"
+    p.legend.background_fill_alpha = 0.75
+    p.legend.spacing = 0
+    p.legend.padding = 4
+    if isinstance(p.legend, Legend):
+        p.legend.orientation = "vertical"
+
+
+def _floats(values: Iterable[Any]) -> np.ndarray:
+    return np.asarray([math.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+def _int(d: Mapping[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = d.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value)
+    return 0
+
+
+def _first_device(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    devices = report.get("devices") or []
+    return devices[0] if devices else None
+
+
+def _run_label(row: Mapping[str, Any], i: int) -> str:
+    return str(row.get("run") or row.get("filename") or f"#{i + 1}")
+
+
+def inline_bokehjs() -> str:
+    """BokehJS's source for a standalone page, from the installed package (only the core bundle:
+    the charts use no widgets, tables, WebGL or MathJax)."""
+    from bokeh.resources import Resources
+
+    return "\n".join(Resources(mode="inline", components=["bokeh"]).js_raw)

@@ -1,0 +1,110 @@
+"""Template helpers for the report pages: byte formatting and chart placement.
+
+Formatting only: no figure is derived here, every number comes from the report
+dict. ``{% chart charts "timeline" device %}`` places one chart (a slot plus its
+``json_item`` in a ``json_script`` element) when the page's ``charts`` has it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+@register.filter(name="bytes")
+def format_bytes(value: Any) -> str:
+    """``1117782016`` -> ``1.04 GiB`` (binary units, as torch's own messages print them)."""
+    if value is None or value == "":
+        return "n/a"
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    unit = 0
+    while n >= 1024 and unit < len(_UNITS) - 1:
+        n /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{sign}{int(n)} B"
+    return f"{sign}{n:.2f} {_UNITS[unit]}"
+
+
+@register.filter
+def exact_bytes(value: Any) -> str:
+    """``1117782016`` -> ``1,117,782,016 B``: the exact figure, for titles and tables."""
+    try:
+        return f"{int(value):,} B"
+    except (TypeError, ValueError):
+        return "n/a"
+
+
+@register.filter
+def thousands(value: Any) -> str:
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return "" if value is None else str(value)
+
+
+@register.filter
+def percent(value: Any) -> str:
+    """A share in [0, 1] as ``42.0%``."""
+    try:
+        return f"{float(value) * 100:.1f}%"
+    except (TypeError, ValueError):
+        return "n/a"
+
+
+@register.filter
+def seconds(time_us: Any) -> str:
+    """Microseconds on the snapshot's clock as seconds (``12.345 s``)."""
+    try:
+        return f"{int(time_us) / 1e6:,.3f} s"
+    except (TypeError, ValueError):
+        return "n/a"
+
+
+@register.filter
+def frame_label(frame: Any) -> str:
+    """``name (dir/file.py:12)`` for a frame dict; C++ frames are their name alone."""
+    if not isinstance(frame, Mapping):
+        return str(frame)
+    name = str(frame.get("name") or "?")
+    filename = str(frame.get("filename") or "")
+    if not filename or not (filename.endswith(".py") or filename.startswith("<")):
+        return name
+    short = "/".join(filename.replace("\\", "/").rsplit("/", 2)[-2:])
+    return f"{name} ({short}:{frame.get('line', '?')})"
+
+
+@register.filter
+def get(mapping: Any, key: Any) -> Any:
+    """``mapping[key]`` for a key held in a variable; None when absent."""
+    if isinstance(mapping, Mapping):
+        return mapping.get(key)
+    return None
+
+
+@register.inclusion_tag("snapshots/_chart.html")
+def chart(charts: Any, kind: str, device: Any = None, caption: str = "") -> dict[str, Any]:
+    """One chart slot, or nothing when the page has no chart of that name."""
+    name = kind if device is None else f"{kind}-{device}"
+    item = charts.get(name) if isinstance(charts, Mapping) else None
+    return {"name": name, "item": item, "data_id": f"chart-data-{name}", "caption": caption}
+
+
+@register.simple_tag
+def bokeh_js_url() -> str:
+    """The static URL of BokehJS, pinned to the installed bokeh's version (settings.BOKEH_VERSION)."""
+    from django.conf import settings
+    from django.templatetags.static import static
+
+    return static(f"bokeh/{settings.BOKEH_VERSION}/bokeh.min.js")
