@@ -1,0 +1,273 @@
+"""The one settings module. Every deployment knob is an environment variable.
+
+Defaults are for a laptop: SQLite in ``var/db.sqlite3``, uploads in ``var/media``,
+Redis from ``REDIS_URL`` (``make run`` starts one under ``var/``). Production sets
+``SECRET_KEY``, ``DATABASE_URL``, ``REDIS_URL``, ``ALLOWED_HOSTS`` and ``DEBUG=0``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from csp.constants import NONCE, NONE, SELF
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def env_secret(name: str) -> str | None:
+    """``NAME`` or the contents of the file named by ``NAME_FILE`` (docker secrets)."""
+    if os.environ.get(f"{name}_FILE"):
+        return Path(os.environ[f"{name}_FILE"]).read_text().strip()
+    return os.environ.get(name) or None
+
+
+def database_from_url(url: str) -> dict[str, object]:
+    """Parse ``postgres://user:pass@host:port/name`` or ``sqlite:///path``."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        # sqlite:///relative/to/repo and sqlite:////absolute, as dj-database-url reads them
+        name = path[1:]
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": name if Path(name).is_absolute() else str(BASE_DIR / name),
+            "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
+        }
+    if parts.scheme in {"postgres", "postgresql", "pgsql"}:
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parts.path.lstrip("/")),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            # Short-lived connections: gunicorn and celery prefork processes fork.
+            "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 0),
+        }
+    raise ValueError(f"DATABASE_URL scheme {parts.scheme!r} is not supported (postgres or sqlite)")
+
+
+DEBUG = env_bool("DEBUG", False)
+
+
+def _secret_key() -> str:
+    configured = env_secret("SECRET_KEY")
+    if configured:
+        return configured
+    # Laptop default: a random key kept under var/ so sessions survive restarts.
+    key_file = VAR_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "webapp.snapshots",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+]
+
+ROOT_URLCONF = "webapp.urls"
+WSGI_APPLICATION = "webapp.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "csp.context_processors.nonce",
+                "webapp.snapshots.context_processors.site",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": database_from_url(os.environ.get("DATABASE_URL", "sqlite:///var/db.sqlite3"))}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "snapshots:home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+# --- static files: our static/ plus BokehJS straight from the installed, pinned bokeh package.
+# find_spec locates the package without importing it (charts.py is the only importer of bokeh).
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", VAR_DIR / "staticfiles"))
+BOKEH_VERSION = importlib.metadata.version("bokeh")
+_bokeh_spec = importlib.util.find_spec("bokeh")
+_bokeh_js = (
+    Path(next(iter(_bokeh_spec.submodule_search_locations))) / "server" / "static" / "js"
+    if _bokeh_spec and _bokeh_spec.submodule_search_locations
+    else None
+)
+STATICFILES_DIRS: list[object] = [d for d in [BASE_DIR / "static"] if d.is_dir()]
+if _bokeh_js is not None:
+    STATICFILES_DIRS.append((f"bokeh/{BOKEH_VERSION}", str(_bokeh_js)))
+STORAGES: dict[str, dict[str, object]] = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+# In DEBUG (tests, laptops) WhiteNoise serves straight from the finders; no collectstatic needed.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- uploads: untrusted files, stored by content hash through the storage API.
+MEDIA_ROOT = Path(os.environ.get("MEDIA_ROOT", VAR_DIR / "media"))
+MEDIA_URL = "/media-not-served/"  # uploads are never served back as files
+FILE_UPLOAD_TEMP_DIR = os.environ.get("FILE_UPLOAD_TEMP_DIR") or None
+# Always stream to a temp file (never hold an upload in memory) and stop at the cap.
+FILE_UPLOAD_HANDLERS = ["webapp.snapshots.uploads.CappedHashingUploadHandler"]
+UPLOAD_MAX_BYTES = env_int("UPLOAD_MAX_BYTES", 1024**3)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)  # non-file fields only
+DATA_UPLOAD_MAX_NUMBER_FILES = 1
+
+if os.environ.get("STORAGE_S3_BUCKET"):
+    STORAGES["default"] = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": os.environ["STORAGE_S3_BUCKET"],
+            "endpoint_url": os.environ.get("STORAGE_S3_ENDPOINT_URL") or None,
+            "region_name": os.environ.get("STORAGE_S3_REGION") or None,
+            "access_key": env_secret("STORAGE_S3_ACCESS_KEY"),
+            "secret_key": env_secret("STORAGE_S3_SECRET_KEY"),
+            "file_overwrite": True,  # keys are content hashes: same key, same bytes
+            "default_acl": None,
+            "querystring_auth": True,
+        },
+    }
+
+# --- analysis worker limits (the child process that parses an upload).
+ANALYSIS_MEMORY_MIN_BYTES = env_int("ANALYSIS_MEMORY_MIN_BYTES", 1024**3)
+ANALYSIS_MEMORY_PER_BYTE = env_int("ANALYSIS_MEMORY_PER_BYTE", 6)
+ANALYSIS_MEMORY_MAX_BYTES = env_int("ANALYSIS_MEMORY_MAX_BYTES", 16 * 1024**3)
+ANALYSIS_CPU_SECONDS = env_int("ANALYSIS_CPU_SECONDS", 1200)
+ANALYSIS_WALL_SECONDS = env_int("ANALYSIS_WALL_SECONDS", 1500)
+ANALYSIS_MAX_ATTEMPTS = env_int("ANALYSIS_MAX_ATTEMPTS", 3)
+# The sweep re-queues running rows whose heartbeat is older than this, and re-publishes
+# queued rows nobody picked up (lost between commit and publish, or lost by the broker).
+SWEEP_STALE_RUNNING_SECONDS = env_int("SWEEP_STALE_RUNNING_SECONDS", 180)
+SWEEP_STALE_QUEUED_SECONDS = env_int("SWEEP_STALE_QUEUED_SECONDS", 300)
+SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 60)
+
+# --- Celery (read by webapp/celery.py with namespace CELERY_).
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]  # never pickle on the broker
+CELERY_TASK_IGNORE_RESULT = True  # state lives in the Upload row
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True  # loops are stopped by Upload.attempts
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = ANALYSIS_WALL_SECONDS + 200
+CELERY_TASK_TIME_LIMIT = ANALYSIS_WALL_SECONDS + 300
+# Redelivery of an unacked message must come well after the hard limit (celery#7651: set it here).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": max(7200, 2 * CELERY_TASK_TIME_LIMIT)}
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 30.0
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("WORKER_MAX_MEMORY_KIB", 2_000_000)  # backstop only
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "oomscope")
+CELERY_BEAT_SCHEDULE = {
+    "sweep-stale-uploads": {
+        "task": "snapshots.sweep_uploads",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
+}
+
+# --- security headers.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG and env_bool("HTTPS", False))
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+if env_bool("BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, "'unsafe-inline'"],  # BokehJS injects styles (reliability.md §4.1)
+        "img-src": [SELF, "data:"],  # Bokeh's toolbar icons are data: URIs
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,43 @@
+"""Admin: read-mostly views for operators; tokens show only their prefix."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from webapp.snapshots.models import ApiToken, Membership, Project, ShareLink, Team, Upload
+
+
+class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = Membership
+    extra = 0
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("name", "slug", "created_at")
+    inlines = [MembershipInline]
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("slug", "name", "team")
+
+
+@admin.register(Upload)
+class UploadAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("code", "filename", "project", "status", "stage", "attempts", "error_code", "created_at")
+    list_filter = ("status",)
+    search_fields = ("code", "filename", "sha256", "run")
+    readonly_fields = ("code", "sha256", "blob_name", "bytes", "attempts", "summary")
+
+
+@admin.register(ShareLink)
+class ShareLinkAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("prefix", "upload", "created_by", "created_at", "revoked_at", "use_count")
+    exclude = ("token_hash",)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("prefix", "user", "default_project", "created_at", "last_used_at", "revoked_at")
+    exclude = ("token_hash",)

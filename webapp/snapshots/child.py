@@ -1,0 +1,109 @@
+"""The analysis child process: ``python -m webapp.snapshots.child SNAPSHOT OUT.json``.
+
+Runs under the rlimits set by ``runner.py`` and imports only ``analysis`` (stdlib +
+numpy): no Django, no Celery, no database connection, so a hostile or giant file can
+take down only this process. Progress goes to stdout as one JSON object per line:
+
+    {"event": "progress", "stage": "replaying", "progress": 40}
+    {"event": "done"}                                   report written to OUT.json
+    {"event": "error", "code": "snapshot:...", "message": "..."}   exit status 2
+
+Anything else (a bug) prints a traceback to stderr and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Stage names and the percentage reached when each starts.
+STAGES = {"reading": 5, "replaying": 35, "analysing": 60, "charting": 90}
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+class _Progress:
+    """Tolerant progress callable for ``build_report``: stage names and optional fractions."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        stage = kwargs.get("stage")
+        fraction = kwargs.get("fraction")
+        for arg in args:
+            if isinstance(arg, str) and stage is None:
+                stage = arg
+            elif isinstance(arg, int | float) and not isinstance(arg, bool) and fraction is None:
+                fraction = float(arg)
+        now = time.monotonic()
+        if stage is None and now - self.last < 0.5:
+            return
+        self.last = now
+        base = STAGES.get(str(stage), None)
+        percent = base if base is not None else None
+        if fraction is not None and 0 <= fraction <= 1:
+            if base is not None:
+                nxt = min((v for v in STAGES.values() if v > base), default=90)
+                percent = int(base + (nxt - base) * fraction)
+            else:
+                percent = int(5 + 85 * fraction)
+        _emit({"event": "progress", "stage": str(stage or ""), "progress": percent})
+
+
+def _fallback_report(path: Path) -> dict[str, Any]:
+    """What can be stored while ``analysis.report`` does not exist yet: the parsed shape."""
+    from analysis.reader import read_snapshot
+
+    snapshot = read_snapshot(path)
+    return {
+        "schema": "oomscope.report/1",
+        "partial": True,
+        "source": {"filename": path.name, "bytes": path.stat().st_size},
+        "devices": [
+            {"device": getattr(d, "device", i), "events": len(getattr(getattr(d, "trace", None), "action", []) or [])}
+            for i, d in enumerate(getattr(snapshot, "devices", []) or [])
+        ],
+    }
+
+
+def analyse(path: Path, filename: str | None) -> dict[str, Any]:
+    progress = _Progress()
+    progress("reading")
+    try:
+        from analysis.report import build_report
+    except ImportError:
+        return _fallback_report(path)
+    report: dict[str, Any] = build_report(path, progress=progress)
+    if filename and isinstance(report.get("source"), dict):
+        report["source"]["filename"] = filename  # the stored file is named by its hash
+    return report
+
+
+def main(argv: list[str]) -> int:
+    from analysis.errors import SnapshotError
+
+    source, out = Path(argv[0]), Path(argv[1])
+    filename = argv[2] if len(argv) > 2 else None
+    try:
+        report = analyse(source, filename)
+    except SnapshotError as exc:
+        _emit({"event": "error", "code": exc.code, "message": str(getattr(exc, "message", exc))})
+        return 2
+    except MemoryError:
+        _emit({"event": "error", "code": "snapshot:limit:memory", "message": "memory limit reached"})
+        return 2
+    with out.open("w") as fh:
+        json.dump(report, fh, separators=(",", ":"), allow_nan=False)
+    _emit({"event": "done"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,59 @@
+"""Every sentence the site shows a user about an upload or a request lives here.
+
+Codes come from ``analysis.errors`` (``snapshot:<area>:<reason>``) or from the web app
+(``upload:*``, ``worker:*``). A code without its own sentence falls back to its area's,
+followed by the library's specific detail.
+"""
+
+from __future__ import annotations
+
+BY_AREA = {
+    "format": "This file is not a snapshot we can read.",
+    "unsafe": "This file asks to run code when loaded; snapshots never do, so it was refused unopened.",
+    "limit": "This file is larger or more deeply nested than we accept.",
+    "schema": "This file loaded, but it is not shaped like a PyTorch memory snapshot.",
+    "input": "This file could not be used.",
+}
+
+BY_CODE = {
+    "snapshot:format:empty": "The file is empty.",
+    "snapshot:format:html": "This is an HTML page, not a snapshot. Upload the file written by "
+    "torch.cuda.memory._dump_snapshot().",
+    "snapshot:format:not-a-snapshot": "This is not a snapshot file. Upload the pickle written by "
+    "torch.cuda.memory._dump_snapshot() (raw, gzipped, torch.save'd or JSON).",
+    "snapshot:limit:memory": "Analysing this file needed more memory than one analysis may use.",
+    "snapshot:limit:time": "Analysing this file took longer than one analysis may take.",
+    "worker:killed-repeatedly": "The analysis was interrupted repeatedly (killed worker repeatedly); "
+    "it will not be retried.",
+    "worker:internal": "Internal error while analysing this file. It has been logged.",
+}
+
+UPLOAD_TOO_LARGE = "The file is larger than the {limit} upload limit."
+UPLOAD_MISSING_FILE = "No file was sent. Attach the snapshot as the multipart field 'file'."
+UPLOAD_UNKNOWN_PROJECT = "No project '{slug}' that you can upload to."
+UPLOAD_NO_PROJECT = "Choose a project to upload to."
+AUTH_REQUIRED = "Authentication required: send 'Authorization: Bearer <token>'."
+NOT_FOUND = "Not found."
+REPORT_NOT_READY = "The report is not ready (status: {status})."
+CSRF_FAILED = "CSRF check failed; reload the page and try again."
+
+
+def error_message(code: str, detail: str = "") -> str:
+    """The sentence stored with a failed upload; the library's detail follows the general one."""
+    if code in BY_CODE:
+        base = BY_CODE[code]
+    else:
+        parts = code.split(":")
+        base = BY_AREA.get(parts[1] if len(parts) > 2 and parts[0] == "snapshot" else "input", BY_AREA["input"])
+    if detail and detail not in base:
+        return f"{base} ({detail})"
+    return base
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} bytes"

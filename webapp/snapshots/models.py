@@ -1,0 +1,119 @@
+"""Teams, projects, uploads and their reports, share links and API tokens.
+
+Only ``services.py`` writes these rows. Public identifiers (``Upload.code``, share
+tokens, API tokens) are random strings; database integers never reach a URL. Tokens
+are stored as sha256 hex digests plus a short prefix to recognise them by.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=60, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        MEMBER = "member"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team}"
+
+
+class Project(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="projects")
+    name = models.CharField(max_length=100)
+    # Globally unique: the API addresses a project by slug alone (/api/v1/projects/<slug>/runs).
+    slug = models.SlugField(max_length=60, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Upload(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    code = models.CharField(max_length=40, unique=True)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="uploads")
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    filename = models.CharField(max_length=255)  # display only; the stored name is the hash
+    bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    blob_name = models.CharField(max_length=200)  # storage key: sha256/<aa>/<hash>
+    format = models.CharField(max_length=20, blank=True)
+    run = models.CharField(max_length=200, blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    note = models.TextField(blank=True)
+
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    stage = models.CharField(max_length=20, blank=True)
+    progress = models.PositiveSmallIntegerField(default=0)  # percent
+    attempts = models.PositiveSmallIntegerField(default=0)
+    error_code = models.CharField(max_length=80, blank=True)
+    error_message = models.TextField(blank=True)
+    summary = models.JSONField(null=True, blank=True)  # small figures for lists and history
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    queued_at = models.DateTimeField(null=True, blank=True)  # last publish, for the sweep
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["project", "-created_at"], name="upload_project_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.status})"
+
+
+class Report(models.Model):
+    """The report JSON and its chart JSON; kept apart so lists never load megabytes."""
+
+    upload = models.OneToOneField(Upload, on_delete=models.CASCADE, related_name="report")
+    data = models.JSONField()
+    charts = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class ShareLink(models.Model):
+    upload = models.ForeignKey(Upload, on_delete=models.CASCADE, related_name="share_links")
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=8)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    use_count = models.PositiveIntegerField(default=0)
+
+
+class ApiToken(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    # Uploads without an explicit project go here.
+    default_project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)

@@ -1,0 +1,200 @@
+"""Runs ``child.py`` in a subprocess under rlimits and a wall-clock deadline.
+
+The worker process never parses an upload itself: the child gets an address-space cap
+(``RLIMIT_AS``, from the file's size), a CPU cap (``RLIMIT_CPU``) and a wall timeout,
+so a hostile or giant file ends in a ``ChildRefused`` with a stable code while the
+worker goes on to the next upload.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import SnapshotError
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HEARTBEAT_SECONDS = 5.0
+
+
+class ChildRefused(SnapshotError):
+    """A refusal reported by the child (or imposed on it), carrying the child's code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code.rsplit(":", 1)[-1], message)
+        self._code = code
+
+    @property
+    def code(self) -> str:
+        return self._code
+
+
+class ChildCrashed(RuntimeError):
+    """The child failed in a way that is a bug (traceback in the log), not the file's fault."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int
+    cpu_seconds: int
+    wall_seconds: float
+
+
+def unpacked_size(path: Path) -> int:
+    """Size the parser will see: gzip's trailer records the unpacked size (mod 2**32)."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        if fh.read(2) != b"\x1f\x8b" or size < 18:
+            return size
+        fh.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(fh.read(4), "little")
+    # ISIZE wraps at 4 GiB; never assume less than the compressed size.
+    return max(isize, size)
+
+
+def limits_for(path: Path, *, per_byte: int, minimum: int, maximum: int, cpu: int, wall: float) -> Limits:
+    memory = min(maximum, minimum + per_byte * unpacked_size(path))
+    return Limits(memory_bytes=memory, cpu_seconds=cpu, wall_seconds=wall)
+
+
+def _set_limits(limits: Limits) -> Callable[[], None]:
+    def apply() -> None:  # runs in the child between fork and exec
+        os.setsid()
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+def _child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_", "SECRET_", "STORAGE_"))}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    # One BLAS thread: thread stacks count against RLIMIT_AS and the work is not BLAS-bound.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = "1"
+    return env
+
+
+def run_analysis(
+    path: Path,
+    limits: Limits,
+    *,
+    filename: str | None = None,
+    on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
+) -> dict[str, Any]:
+    """Report dict for the snapshot at ``path``; ``ChildRefused`` for a refused file.
+
+    ``on_progress(stage, percent)`` is called for every progress line and at least every
+    few seconds with ``(None, None)`` as a heartbeat.
+    """
+    with tempfile.TemporaryDirectory(prefix="oomscope-") as tmp:
+        out = Path(tmp) / "report.json"
+        err_path = Path(tmp) / "stderr.txt"
+        cmd = [sys.executable, "-m", "webapp.snapshots.child", str(path), str(out)]
+        if filename:
+            cmd.append(filename)
+        started = time.monotonic()
+        with err_path.open("wb") as err:
+            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT,
+                env=_child_env(),
+                preexec_fn=_set_limits(limits),  # noqa: PLW1509 - needed for rlimits; no threads started here
+            )
+            try:
+                last_event = _pump(proc, limits, started, on_progress)
+            finally:
+                if proc.poll() is None:
+                    _kill(proc)
+                proc.wait()
+        elapsed = time.monotonic() - started
+        stderr_tail = err_path.read_bytes()[-4000:].decode("utf-8", "replace")
+        rc = proc.returncode
+        log.info("analysis child exited rc=%s after %.1fs (memory cap %d bytes)", rc, elapsed, limits.memory_bytes)
+        if last_event.get("event") == "timeout":
+            raise ChildRefused("snapshot:limit:time", f"analysis stopped after {limits.wall_seconds:.0f} s")
+        if last_event.get("event") == "error":
+            raise ChildRefused(str(last_event.get("code")), str(last_event.get("message", "")))
+        if rc == 0 and last_event.get("event") == "done":
+            with out.open() as fh:
+                report: dict[str, Any] = json.load(fh)
+            return report
+        if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed < limits.wall_seconds and _cpu_bound(stderr_tail, rc):
+            raise ChildRefused("snapshot:limit:time", f"analysis used more than {limits.cpu_seconds} s of CPU")
+        if "MemoryError" in stderr_tail or "Cannot allocate memory" in stderr_tail or "bad_alloc" in stderr_tail:
+            raise ChildRefused("snapshot:limit:memory", f"analysis needed more than {limits.memory_bytes} bytes")
+        raise ChildCrashed(f"analysis child exited with status {rc}; stderr tail:\n{stderr_tail}")
+
+
+def _cpu_bound(stderr_tail: str, rc: int) -> bool:
+    return rc == -signal.SIGXCPU or not stderr_tail.strip()
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child leads its own session
+    except ProcessLookupError:
+        pass
+
+
+def _pump(
+    proc: subprocess.Popen[bytes],
+    limits: Limits,
+    started: float,
+    on_progress: Callable[[str | None, int | None], None],
+) -> dict[str, Any]:
+    """Read the child's event lines until it exits or the deadline passes; return the last event."""
+    assert proc.stdout is not None
+    last: dict[str, Any] = {}
+    buffer = b""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    last_beat = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic()
+            if now - started > limits.wall_seconds:
+                _kill(proc)
+                return {"event": "timeout"}
+            if now - last_beat >= HEARTBEAT_SECONDS:
+                on_progress(None, None)
+                last_beat = now
+            if not sel.select(timeout=1.0):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                return last
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # stray output from a library; not part of the protocol
+                if not isinstance(event, dict):
+                    continue
+                last = event
+                if event.get("event") == "progress":
+                    on_progress(event.get("stage") or None, event.get("progress"))
+                    last_beat = time.monotonic()
+    finally:
+        sel.close()
+

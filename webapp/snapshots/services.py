@@ -1,0 +1,405 @@
+"""Everything that reads for a user or writes a row. Views and tasks call only these.
+
+Access rule, in one place: a user sees a project, and the uploads in it, when the user
+is a member of the project's team (``visible_projects`` / ``visible_uploads``). Every
+lookup by id for a user goes through them, so another team's id is simply "not found".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.db.models import F, Q, QuerySet
+from django.urls import reverse
+from django.utils import timezone
+
+from webapp.snapshots import messages
+from webapp.snapshots.models import ApiToken, Membership, Project, Report, ShareLink, Team, Upload
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+    from django.core.files.uploadedfile import UploadedFile
+    from django.http import HttpRequest
+
+    AnyUser = AbstractBaseUser | AnonymousUser
+
+log = logging.getLogger(__name__)
+
+API_TOKEN_PREFIX = "oom_"
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_upload_code() -> str:
+    return secrets.token_urlsafe(16)
+
+
+# --- reading, always through membership -------------------------------------------------
+
+
+def visible_projects(user: AnyUser) -> QuerySet[Project]:
+    if not user.is_authenticated:
+        return Project.objects.none()
+    return Project.objects.filter(team__memberships__user=user).select_related("team")
+
+
+def visible_uploads(user: AnyUser) -> QuerySet[Upload]:
+    if not user.is_authenticated:
+        return Upload.objects.none()
+    return Upload.objects.filter(project__team__memberships__user=user).select_related("project", "project__team")
+
+
+def upload_for_user(user: AnyUser, code: str) -> Upload | None:
+    return visible_uploads(user).filter(code=code).first()
+
+
+def project_for_user(user: AnyUser, slug: str) -> Project | None:
+    return visible_projects(user).filter(slug=slug).first()
+
+
+def upload_for_share_token(token: str) -> Upload | None:
+    """The upload behind a live share link, counting the use; None for unknown or revoked links."""
+    link = (
+        ShareLink.objects.filter(token_hash=token_hash(token), revoked_at__isnull=True)
+        .select_related("upload", "upload__project", "upload__project__team")
+        .first()
+    )
+    if link is None:
+        return None
+    ShareLink.objects.filter(pk=link.pk).update(use_count=F("use_count") + 1, last_used_at=timezone.now())
+    return link.upload
+
+
+def report_for(upload: Upload) -> Report | None:
+    if upload.status != Upload.Status.DONE:
+        return None
+    return Report.objects.filter(upload=upload).first()
+
+
+# --- teams and projects ------------------------------------------------------------------
+
+
+@transaction.atomic
+def team_create(*, name: str, slug: str, owner: AbstractBaseUser) -> Team:
+    team = Team.objects.create(name=name, slug=slug)
+    Membership.objects.create(team=team, user=owner, role=Membership.Role.OWNER)
+    return team
+
+
+def membership_add(*, team: Team, user: AbstractBaseUser, role: str = Membership.Role.MEMBER) -> Membership:
+    membership, _ = Membership.objects.get_or_create(team=team, user=user, defaults={"role": role})
+    return membership
+
+
+def project_create(*, team: Team, name: str, slug: str) -> Project:
+    return Project.objects.create(team=team, name=name, slug=slug)
+
+
+@transaction.atomic
+def personal_team_create(user: AbstractBaseUser) -> Project:
+    """Sign-up gives each user a team and a first project, so uploading works at once."""
+    base = f"{user.get_username()}".lower().replace("_", "-")[:40] or "user"
+    slug = base
+    n = 1
+    while Team.objects.filter(slug=slug).exists() or Project.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    team = team_create(name=f"{user.get_username()}'s team", slug=slug, owner=user)
+    return project_create(team=team, name="Default", slug=slug)
+
+
+# --- uploads ------------------------------------------------------------------------------
+
+
+def blob_name_for(sha256: str) -> str:
+    return f"sha256/{sha256[:2]}/{sha256}"
+
+
+def _store_blob(uploaded: UploadedFile, sha256: str) -> str:
+    """Content-addressed storage: identical bytes are stored once."""
+    name = blob_name_for(sha256)
+    if not default_storage.exists(name):
+        uploaded.seek(0)
+        saved = default_storage.save(name, uploaded)
+        if saved != name:  # a racing upload of the same bytes won; keep one copy
+            default_storage.delete(saved)
+    return name
+
+
+def upload_create(
+    *,
+    user: AbstractBaseUser | None,
+    project: Project,
+    uploaded: UploadedFile,
+    sha256: str,
+    fmt: str,
+    run: str = "",
+    tags: list[str] | None = None,
+    note: str = "",
+) -> Upload:
+    """Store the bytes, create the row and queue the analysis once the row is committed."""
+    from webapp.snapshots.tasks import analyse_upload_task
+
+    blob = _store_blob(uploaded, sha256)
+    with transaction.atomic():
+        upload = Upload.objects.create(
+            code=new_upload_code(),
+            project=project,
+            uploaded_by=user,
+            filename=(uploaded.name or "snapshot")[:255],
+            bytes=uploaded.size or 0,
+            sha256=sha256,
+            blob_name=blob,
+            format=fmt,
+            run=run[:200],
+            tags=[t for t in (tags or []) if t][:20],
+            note=note,
+            queued_at=timezone.now(),
+        )
+        analyse_upload_task.delay_on_commit(upload.id)
+    return upload
+
+
+def upload_claim(upload_id: int) -> Upload | None:
+    """QUEUED -> RUNNING with one conditional UPDATE; None when another worker owns the row.
+
+    The attempt is counted and committed before any work, so a file that kills its
+    worker is stopped after ``ANALYSIS_MAX_ATTEMPTS`` tries instead of looping.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        claimed = Upload.objects.filter(pk=upload_id, status=Upload.Status.QUEUED).update(
+            status=Upload.Status.RUNNING,
+            attempts=F("attempts") + 1,
+            started_at=now,
+            heartbeat_at=now,
+            stage="reading",
+            progress=0,
+        )
+    if claimed != 1:
+        return None
+    return Upload.objects.select_related("project").get(pk=upload_id)
+
+
+def upload_set_progress(upload_id: int, stage: str | None, progress: int | None) -> None:
+    """Record the stage reached (and the heartbeat the sweep watches)."""
+    fields: dict[str, Any] = {"heartbeat_at": timezone.now()}
+    if stage:
+        fields["stage"] = stage[:20]
+    if progress is not None:
+        fields["progress"] = max(0, min(100, int(progress)))
+    Upload.objects.filter(pk=upload_id, status=Upload.Status.RUNNING).update(**fields)
+
+
+def summary_from_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The few figures kept on the row for lists, history and the API."""
+    devices = report.get("devices") or []
+    summary: dict[str, Any] = {"devices": len(devices)}
+    if not devices:
+        return summary
+    # The device that came closest to its limit: the OOM device, else the largest peak.
+    def weight(d: dict[str, Any]) -> tuple[int, int]:
+        s = d.get("summary") or {}
+        return (1 if d.get("oom") else 0, int(s.get("peak_reserved_bytes") or 0))
+
+    main = max(devices, key=weight)
+    s = main.get("summary") or {}
+    for key in (
+        "peak_reserved_bytes",
+        "peak_allocated_bytes",
+        "peak_requested_bytes",
+        "final_reserved_bytes",
+        "final_allocated_bytes",
+        "peak_is_lower_bound",
+    ):
+        if key in s:
+            summary[key] = s[key]
+    summary["device"] = main.get("device")
+    summary["events"] = main.get("events")
+    oom = main.get("oom")
+    summary["oom"] = bool(oom)
+    summary["verdict"] = oom.get("verdict") if isinstance(oom, dict) else None
+    suggestions = main.get("suggestions") or []
+    summary["suggestions"] = len(suggestions)
+    summary["top_suggestion"] = suggestions[0].get("title") if suggestions else None
+    return summary
+
+
+def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, Any]) -> None:
+    with transaction.atomic():
+        Report.objects.update_or_create(upload_id=upload_id, defaults={"data": report, "charts": charts})
+        source = report.get("source") or {}
+        Upload.objects.filter(pk=upload_id).update(
+            status=Upload.Status.DONE,
+            stage="done",
+            progress=100,
+            summary=summary_from_report(report),
+            format=str(source.get("format") or "")[:20] or F("format"),
+            error_code="",
+            error_message="",
+            finished_at=timezone.now(),
+        )
+
+
+def upload_fail(upload_id: int, code: str, detail: str = "") -> None:
+    Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
+        status=Upload.Status.FAILED,
+        stage="failed",
+        error_code=code[:80],
+        error_message=messages.error_message(code, detail),
+        finished_at=timezone.now(),
+    )
+
+
+def uploads_requeue_stale() -> list[int]:
+    """Uploads to publish again: stale RUNNING rows go back to QUEUED; old QUEUED rows are re-sent.
+
+    Covers a worker killed mid-analysis (its heartbeat stops), a message lost between
+    commit and publish, and a broker that lost its queue. Rows past the attempt limit are
+    failed here instead of looping.
+    """
+    now = timezone.now()
+    stale_running = now - timedelta(seconds=settings.SWEEP_STALE_RUNNING_SECONDS)
+    stale_queued = now - timedelta(seconds=settings.SWEEP_STALE_QUEUED_SECONDS)
+    ids: list[int] = []
+    for upload in Upload.objects.filter(
+        Q(status=Upload.Status.RUNNING, heartbeat_at__lt=stale_running)
+        | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
+    ).only("id", "status", "attempts"):
+        if upload.status == Upload.Status.RUNNING and upload.attempts >= settings.ANALYSIS_MAX_ATTEMPTS:
+            upload_fail(upload.id, "worker:killed-repeatedly")
+            continue
+        moved = Upload.objects.filter(pk=upload.pk, status=upload.status).update(
+            status=Upload.Status.QUEUED, queued_at=now, stage="", progress=0
+        )
+        if moved == 1:
+            ids.append(upload.id)
+    return ids
+
+
+def upload_delete_blob_if_unused(upload: Upload) -> None:
+    if not Upload.objects.filter(blob_name=upload.blob_name).exclude(pk=upload.pk).exists():
+        default_storage.delete(upload.blob_name)
+
+
+# --- share links --------------------------------------------------------------------------
+
+
+@transaction.atomic
+def share_create(upload: Upload, user: AbstractBaseUser | None) -> str:
+    """A new read-only link (older live links of the upload are revoked); returns the token."""
+    share_revoke(upload)
+    token = secrets.token_urlsafe(32)
+    ShareLink.objects.create(upload=upload, token_hash=token_hash(token), prefix=token[:6], created_by=user)
+    return token
+
+
+def share_revoke(upload: Upload) -> int:
+    return ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def share_active(upload: Upload) -> ShareLink | None:
+    return ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).first()
+
+
+# --- API tokens ---------------------------------------------------------------------------
+
+
+def api_token_create(user: AbstractBaseUser, default_project: Project | None = None) -> str:
+    token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    ApiToken.objects.create(
+        user=user, token_hash=token_hash(token), prefix=token[:10], default_project=default_project
+    )
+    return token
+
+
+def api_token_user(raw: str) -> tuple[AbstractBaseUser, ApiToken] | None:
+    token = ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True).select_related(
+        "user", "default_project"
+    ).first()
+    if token is None or not token.user.is_active:
+        return None
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    return token.user, token
+
+
+# --- plain dicts for templates and the API ------------------------------------------------
+
+
+def upload_dict(upload: Upload, request: HttpRequest | None = None) -> dict[str, Any]:
+    url = reverse("snapshots:detail", args=[upload.code])
+    return {
+        "code": upload.code,
+        "filename": upload.filename,
+        "bytes": upload.bytes,
+        "project": upload.project.name,
+        "project_slug": upload.project.slug,
+        "run": upload.run,
+        "tags": list(upload.tags or []),
+        "note": upload.note,
+        "status": upload.status,
+        "progress": upload.progress,
+        "stage": upload.stage,
+        "error": {"code": upload.error_code, "message": upload.error_message} if upload.error_code else None,
+        "created_at": upload.created_at.isoformat(),
+        "summary": upload.summary,
+        "url": request.build_absolute_uri(url) if request is not None else url,
+    }
+
+
+def project_dict(project: Project) -> dict[str, Any]:
+    return {"slug": project.slug, "name": project.name, "team": project.team.name}
+
+
+def share_url(request: HttpRequest, token: str) -> str:
+    return request.build_absolute_uri(reverse("snapshots:share_view", args=[token]))
+
+
+def markdown_snippet(upload: Upload, link: str | None) -> str:
+    """One Markdown line to paste in an issue: the headline figures and the link."""
+    s = upload.summary or {}
+    parts = [f"**{upload.filename}**"]
+    if upload.run:
+        parts.append(f"run `{upload.run}`")
+    if "peak_reserved_bytes" in s:
+        parts.append(f"peak reserved {messages.human_bytes(int(s['peak_reserved_bytes']))}")
+    if "peak_allocated_bytes" in s:
+        parts.append(f"peak allocated {messages.human_bytes(int(s['peak_allocated_bytes']))}")
+    if s.get("oom"):
+        parts.append(f"OOM ({s.get('verdict') or 'unknown'})")
+    line = " · ".join(parts)
+    return f"{line} — [memory report]({link})" if link else line
+
+
+def upload_api_dict(upload: Upload, request: HttpRequest) -> dict[str, Any]:
+    active = share_active(upload)
+    return {
+        "id": upload.code,
+        "status": upload.status,
+        "progress": upload.progress,
+        "stage": upload.stage,
+        "error": {"code": upload.error_code, "message": upload.error_message} if upload.error_code else None,
+        "url": request.build_absolute_uri(reverse("snapshots:detail", args=[upload.code])),
+        "api_url": request.build_absolute_uri(reverse("api:snapshot", args=[upload.code])),
+        # Only the hash of a share token is stored, so an existing link cannot be shown again;
+        # POST .../share returns a fresh one.
+        "share_url": None,
+        "shared": active is not None,
+        "project": upload.project.slug,
+        "run": upload.run,
+        "tags": list(upload.tags or []),
+        "filename": upload.filename,
+        "bytes": upload.bytes,
+        "sha256": upload.sha256,
+        "created_at": upload.created_at.isoformat(),
+        "summary": upload.summary,
+    }

@@ -1,0 +1,128 @@
+"""Celery tasks: analyse one upload; sweep uploads that a crash or a lost message left behind.
+
+Tasks take ids only (JSON serializer). The Upload row is the source of truth: a task
+claims it with one conditional UPDATE, and every outcome ends in DONE or FAILED.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.core.files.storage import default_storage
+
+from analysis.errors import SnapshotError
+from webapp.celery import app
+from webapp.snapshots import runner, services
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _local_path(blob_name: str) -> Any:
+    """A filesystem path for the blob: the file itself on local storage, a temp copy otherwise."""
+    try:
+        local = Path(default_storage.path(blob_name))
+    except NotImplementedError:  # remote storage (S3): copy to a temp file for the child
+        local = None
+    if local is not None:
+        yield local
+        return
+    with tempfile.TemporaryDirectory(prefix="oomscope-blob-") as tmp:
+        target = Path(tmp) / "snapshot"
+        with default_storage.open(blob_name, "rb") as src, target.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1024 * 1024)
+        yield target
+
+
+def _build_charts(report: dict[str, Any]) -> dict[str, Any]:
+    """Chart JSON for the report pages; an empty dict when charts are unavailable."""
+    try:
+        from webapp.snapshots.charts import build_charts
+    except ImportError:
+        log.warning("webapp.snapshots.charts.build_charts is not available; storing no charts")
+        return {}
+    try:
+        charts: dict[str, Any] = build_charts(report)
+    except Exception:
+        # A chart bug must not throw away a finished report; the pages show the tables.
+        log.exception("building charts failed")
+        return {}
+    return charts
+
+
+@app.task(
+    name="snapshots.analyse_upload",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    throws=(SnapshotError,),
+    ignore_result=True,
+)
+def analyse_upload(upload_id: int, **_future_kwargs: Any) -> None:
+    """Analyse upload ``upload_id`` in a resource-limited child process and store the report."""
+    upload = services.upload_claim(upload_id)
+    if upload is None:
+        log.info("upload %s: not queued (gone, done or owned by another worker)", upload_id)
+        return
+    if upload.attempts > settings.ANALYSIS_MAX_ATTEMPTS:
+        services.upload_fail(upload_id, "worker:killed-repeatedly")
+        log.error("upload %s: failed after %d attempts", upload_id, upload.attempts - 1)
+        return
+
+    started = time.monotonic()
+
+    def on_progress(stage: str | None, percent: int | None) -> None:
+        services.upload_set_progress(upload_id, stage, percent)
+
+    try:
+        with _local_path(upload.blob_name) as path:
+            limits = runner.limits_for(
+                path,
+                per_byte=settings.ANALYSIS_MEMORY_PER_BYTE,
+                minimum=settings.ANALYSIS_MEMORY_MIN_BYTES,
+                maximum=settings.ANALYSIS_MEMORY_MAX_BYTES,
+                cpu=settings.ANALYSIS_CPU_SECONDS,
+                wall=settings.ANALYSIS_WALL_SECONDS,
+            )
+            report = runner.run_analysis(path, limits, filename=upload.filename, on_progress=on_progress)
+        analysed = time.monotonic()
+        services.upload_set_progress(upload_id, "charting", 90)
+        charts = _build_charts(report)
+        services.upload_finish(upload_id, report=report, charts=charts)
+        log.info(
+            "upload %s: done (analysis %.1fs, charts %.1fs)",
+            upload_id,
+            analysed - started,
+            time.monotonic() - analysed,
+        )
+    except SnapshotError as exc:
+        services.upload_fail(upload_id, exc.code, str(getattr(exc, "message", exc)))
+        log.info("upload %s: refused: %s", upload_id, exc)
+        # The row holds the outcome; nothing to retry (throws= also marks it as expected).
+    except SoftTimeLimitExceeded:
+        services.upload_fail(upload_id, "snapshot:limit:time", "the task's time limit was reached")
+        log.warning("upload %s: soft time limit", upload_id)
+    except Exception:
+        services.upload_fail(upload_id, "worker:internal")
+        log.exception("upload %s: internal error", upload_id)
+
+
+analyse_upload_task = analyse_upload
+
+
+@app.task(name="snapshots.sweep_uploads", ignore_result=True)
+def sweep_uploads(**_future_kwargs: Any) -> int:
+    """Re-publish uploads that are stuck (run by beat every ``SWEEP_INTERVAL_SECONDS``)."""
+    ids = services.uploads_requeue_stale()
+    for upload_id in ids:
+        analyse_upload_task.delay(upload_id)
+    if ids:
+        log.warning("sweep: re-queued %d stale uploads: %s", len(ids), ids)
+    return len(ids)

@@ -1,0 +1,133 @@
+"""Receiving upload bytes: stream to disk, hash while streaming, stop at the cap; sniff the head.
+
+Django drops a file whose handler raised ``StopUpload`` and the view would then see an
+empty ``request.FILES`` (reliability.md §2.1). The handler therefore marks the request
+(``request.upload_too_large``) and views answer 413 whenever the mark is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from typing import Any
+
+from django.conf import settings
+from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
+
+# Multipart framing and the small text fields around the file.
+MULTIPART_OVERHEAD = 64 * 1024
+SNIFF_BYTES = 4096
+
+
+def mark_too_large(request: Any) -> None:
+    request.upload_too_large = True
+
+
+def is_too_large(request: Any) -> bool:
+    return bool(getattr(request, "upload_too_large", False))
+
+
+def content_length_over_cap(request: Any) -> bool:
+    """A declared body larger than the cap is refused before a byte is read."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return False
+    return length > settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD
+
+
+class CappedHashingUploadHandler(TemporaryFileUploadHandler):
+    """Temp-file upload handler that hashes as it writes and stops at ``UPLOAD_MAX_BYTES``."""
+
+    def handle_raw_input(
+        self, input_data: Any, META: Any, content_length: int, boundary: Any, encoding: Any = None
+    ) -> Any:
+        if content_length > settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD:
+            mark_too_large(self.request)
+            from django.http import QueryDict
+            from django.utils.datastructures import MultiValueDict
+
+            # Returning a result here ends parsing before the body is read.
+            return QueryDict(mutable=True), MultiValueDict()
+        return None
+
+    def new_file(self, *args: Any, **kwargs: Any) -> None:
+        super().new_file(*args, **kwargs)
+        self._sha256 = hashlib.sha256()
+        self._received = 0
+        self._head = b""
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
+        self._received += len(raw_data)
+        if self._received > settings.UPLOAD_MAX_BYTES:
+            mark_too_large(self.request)
+            self.file.close()  # deletes the temp file
+            raise StopUpload(connection_reset=True)
+        self._sha256.update(raw_data)
+        if len(self._head) < SNIFF_BYTES:
+            self._head += raw_data[: SNIFF_BYTES - len(self._head)]
+        self.file.write(raw_data)
+        return None
+
+    def file_complete(self, file_size: int) -> Any:
+        uploaded = super().file_complete(file_size)
+        if uploaded is not None:
+            uploaded.sha256 = self._sha256.hexdigest()
+            uploaded.head = self._head
+        return uploaded
+
+
+class Refusal(Exception):
+    """An upload refused at once, before queueing, with a stable code."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(code)
+        self.code = code
+        self.detail = detail
+
+
+def _own_sniff(head: bytes) -> str:
+    stripped = head.lstrip()
+    if not head:
+        raise Refusal("snapshot:format:empty")
+    if stripped[:1] == b"<":
+        raise Refusal("snapshot:format:html", "the file starts with '<'")
+    if head[:2] == b"\x1f\x8b":
+        try:
+            inner = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 64)
+        except zlib.error as exc:
+            raise Refusal("snapshot:format:not-a-snapshot", "corrupt gzip stream") from exc
+        if inner[:1] not in (b"\x80", b"{", b"") and inner.lstrip()[:1] != b"{":
+            raise Refusal("snapshot:format:not-a-snapshot", "the gzip holds neither a pickle nor JSON")
+        return "pickle.gz"
+    if head[:1] == b"\x80":
+        return "pickle"
+    if head[:4] == b"PK\x03\x04":
+        return "torch-zip"
+    if stripped[:1] == b"{":
+        return "json"
+    raise Refusal("snapshot:format:not-a-snapshot")
+
+
+def sniff(head: bytes) -> str:
+    """Format name of an upload from its first bytes, or ``Refusal``. Never unpickles.
+
+    Obvious non-snapshots (empty, HTML) are refused by this module's own checks; the
+    rest is delegated to the reader's ``sniff_format`` when it exists.
+    """
+    fmt = _own_sniff(head)
+    try:
+        from analysis import reader
+        from analysis.errors import SnapshotError
+    except ImportError:  # pragma: no cover - analysis is part of the repo
+        return fmt
+    reader_sniff = getattr(reader, "sniff_format", None)
+    if reader_sniff is None:
+        return fmt
+    try:
+        found = reader_sniff(head)
+    except SnapshotError as exc:
+        raise Refusal(exc.code, str(getattr(exc, "message", exc))) from exc
+    except Exception:  # the reader's sniff may want a whole file; keep our answer
+        return fmt
+    return found if isinstance(found, str) else fmt

@@ -1,0 +1,349 @@
+"""Pages (see the table in docs/architecture.md), sign-up and /healthz.
+
+Each view: login required -> look the object up through services (another team's
+object is a 404) -> form -> one service call -> redirect or render plain dicts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib import messages as flash
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.db import connection
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from webapp.snapshots import services
+from webapp.snapshots.forms import SignupForm, UploadForm
+from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
+from webapp.snapshots.models import Upload
+
+log = logging.getLogger(__name__)
+
+SHARE_SESSION_KEY = "share_url:{code}"
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    return "application/json" in request.headers.get("Accept", "") or (
+        request.headers.get("X-Requested-With") == "XMLHttpRequest"
+    )
+
+
+def _upload_or_404(request: HttpRequest, code: str) -> Upload:
+    upload = services.upload_for_user(request.user, code)
+    if upload is None:
+        raise Http404
+    return upload
+
+
+def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> dict[str, Any]:
+    report = services.report_for(upload)
+    share_link = None if shared else request.session.get(SHARE_SESSION_KEY.format(code=upload.code))
+    if share_link and services.share_active(upload) is None:
+        share_link = None  # revoked since it was shown
+    return {
+        "upload": services.upload_dict(upload, request),
+        "report": report.data if report else None,
+        "charts": report.charts if report else {},
+        "shared": shared,
+        "share_url": share_link,
+        "share_active": (services.share_active(upload) is not None) if not shared else True,
+        "markdown_snippet": services.markdown_snippet(upload, share_link),
+    }
+
+
+def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
+    projects = services.visible_projects(request.user).order_by("team__name", "name")
+    return render(
+        request,
+        "snapshots/upload.html",
+        {
+            "form": form,
+            "projects": [services.project_dict(p) for p in projects],
+            "max_upload_bytes": settings.UPLOAD_MAX_BYTES,
+        },
+        status=status,
+    )
+
+
+def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
+    return [
+        (p.slug, f"{p.team.name} / {p.name}")
+        for p in services.visible_projects(request.user).order_by("team__name", "name")
+    ]
+
+
+# --- pages -------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    teams: dict[int, dict[str, Any]] = {}
+    for project in services.visible_projects(request.user).order_by("team__name", "name"):
+        entry = teams.setdefault(project.team_id, {"name": project.team.name, "projects": []})
+        entry["projects"].append(services.project_dict(project))
+    recent = services.visible_uploads(request.user)[:20]
+    return render(
+        request,
+        "snapshots/home.html",
+        {"teams": list(teams.values()), "recent": [services.upload_dict(u, request) for u in recent]},
+    )
+
+
+@csrf_exempt  # the size cap is checked before the body (and its CSRF token) is read
+@login_required
+@require_http_methods(["GET", "POST"])
+def upload(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        try:
+            check_declared_size(request)
+        except IntakeError as err:
+            return _upload_refused(request, err)
+    return _upload_checked(request)
+
+
+@csrf_protect
+def _upload_checked(request: HttpRequest) -> HttpResponse:
+    choices = _project_choices(request)
+    if request.method != "POST":
+        return _render_upload_page(request, UploadForm(project_choices=choices))
+    try:
+        uploaded, sha256, fmt = received_file(request)
+    except IntakeError as err:
+        return _upload_refused(request, err)
+    form = UploadForm(request.POST, request.FILES, project_choices=choices)
+    if not form.is_valid():
+        if _wants_json(request):
+            return JsonResponse({"error": {"code": "upload:invalid", "message": form.errors.get_json_data()}}, status=400)
+        return _render_upload_page(request, form, status=400)
+    project = services.project_for_user(request.user, form.cleaned_data["project"])
+    if project is None:  # the choice list already limits this; belt and braces
+        raise Http404
+    created = services.upload_create(
+        user=request.user,  # type: ignore[arg-type]
+        project=project,
+        uploaded=uploaded,
+        sha256=sha256,
+        fmt=fmt,
+        run=form.cleaned_data["run"],
+        tags=form.cleaned_data["tags"],
+        note=form.cleaned_data["note"],
+    )
+    if _wants_json(request):
+        return JsonResponse(services.upload_api_dict(created, request), status=202)
+    return redirect("snapshots:detail", code=created.code)
+
+
+def _upload_refused(request: HttpRequest, err: IntakeError) -> HttpResponse:
+    """413/422/400 with the code: JSON for scripts and the page's XHR, the form page otherwise."""
+    if _wants_json(request):
+        response: HttpResponse = JsonResponse(err.as_json(), status=err.status)
+    else:
+        form = UploadForm(request.POST, project_choices=_project_choices(request))
+        form.is_valid()
+        form.errors.clear()  # only the refusal matters; the other fields may not have been read
+        form.add_error("file", err.message)
+        response = _render_upload_page(request, form, status=err.status)
+    response["X-Error-Code"] = err.code
+    return response
+
+
+@login_required
+@require_GET
+def detail(request: HttpRequest, code: str) -> HttpResponse:
+    upload_row = _upload_or_404(request, code)
+    context = _report_context(request, upload_row, shared=False)
+    template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_GET
+@never_cache
+def status_json(request: HttpRequest, code: str) -> HttpResponse:
+    upload_row = _upload_or_404(request, code)
+    return JsonResponse(
+        {
+            "status": upload_row.status,
+            "progress": upload_row.progress,
+            "stage": upload_row.stage,
+            "error": {"code": upload_row.error_code, "message": upload_row.error_message}
+            if upload_row.error_code
+            else None,
+        }
+    )
+
+
+@login_required
+@require_POST
+def share(request: HttpRequest, code: str) -> HttpResponse:
+    """Page action: POST ``action=create`` makes a new link, ``action=revoke`` revokes it."""
+    upload_row = _upload_or_404(request, code)
+    key = SHARE_SESSION_KEY.format(code=code)
+    if request.POST.get("action") == "revoke":
+        services.share_revoke(upload_row)
+        request.session.pop(key, None)
+        flash.info(request, "Share link revoked.")
+    else:
+        token = services.share_create(upload_row, request.user)  # type: ignore[arg-type]
+        request.session[key] = services.share_url(request, token)
+        flash.success(request, "Share link created. Anyone with the link can read this report.")
+    return redirect("snapshots:detail", code=code)
+
+
+def _capability_headers(response: HttpResponse) -> HttpResponse:
+    """Pages reached by a secret URL must not leak it (W3C capability URLs; reliability.md §4)."""
+    response["Referrer-Policy"] = "no-referrer"
+    response["Cache-Control"] = "private, no-store"
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    return response
+
+
+@require_GET
+def share_view(request: HttpRequest, token: str) -> HttpResponse:
+    upload_row = services.upload_for_share_token(token)
+    if upload_row is None:
+        return _capability_headers(render(request, "404.html", status=404) if _has_404() else HttpResponse(
+            "Not found.", status=404, content_type="text/plain"
+        ))
+    context = _report_context(request, upload_row, shared=True)
+    context["share_url"] = request.build_absolute_uri()
+    context["markdown_snippet"] = services.markdown_snippet(upload_row, context["share_url"])
+    template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
+    return _capability_headers(render(request, template, context))
+
+
+def _has_404() -> bool:
+    from django.template import TemplateDoesNotExist
+    from django.template.loader import get_template
+
+    try:
+        get_template("404.html")
+    except TemplateDoesNotExist:
+        return False
+    return True
+
+
+@login_required
+@require_GET
+def history(request: HttpRequest, slug: str) -> HttpResponse:
+    project = services.project_for_user(request.user, slug)
+    if project is None:
+        raise Http404
+    rows = [services.upload_dict(u, request) for u in project.uploads.select_related("project", "project__team")[:500]]
+    return render(
+        request,
+        "snapshots/history.html",
+        {"project": services.project_dict(project), "rows": rows, "chart": _history_chart(rows)},
+    )
+
+
+def _history_chart(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    try:
+        from webapp.snapshots import charts
+    except ImportError:
+        return None
+    build = getattr(charts, "build_history_chart", None)
+    if build is None:
+        return None
+    try:
+        chart: dict[str, Any] | None = build(rows)
+    except Exception:
+        log.exception("history chart failed")
+        return None
+    return chart
+
+
+@login_required
+@require_GET
+def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
+    a = _upload_or_404(request, code_a)
+    b = _upload_or_404(request, code_b)
+    report_a, report_b = services.report_for(a), services.report_for(b)
+    charts: dict[str, Any] = {}
+    if report_a and report_b:
+        try:
+            from webapp.snapshots import charts as charts_module
+
+            build = getattr(charts_module, "build_compare_charts", None)
+            if build is not None:
+                charts = build(report_a.data, report_b.data)
+        except ImportError:
+            pass
+        except Exception:
+            log.exception("compare charts failed")
+    return render(
+        request,
+        "snapshots/compare.html",
+        {
+            "a": {"upload": services.upload_dict(a, request), "report": report_a.data if report_a else None},
+            "b": {"upload": services.upload_dict(b, request), "report": report_b.data if report_b else None},
+            "charts": charts,
+        },
+    )
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("snapshots:home")
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = form.save()
+        services.personal_team_create(user)
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        return redirect("snapshots:home")
+    return render(request, "registration/signup.html", {"form": form})
+
+
+# --- health ------------------------------------------------------------------------------
+
+
+def broker_ping(url: str, timeout: float = 2.0) -> None:
+    """Raise unless the Redis broker at ``url`` answers PING."""
+    import redis
+
+    parts = urlsplit(url)
+    if parts.scheme in {"redis+socket", "socket", "unix"}:
+        client = redis.Redis(unix_socket_path=parts.path, socket_timeout=timeout, socket_connect_timeout=timeout)
+    else:
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> HttpResponse:
+    from webapp.celery import app
+
+    result: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+        result["database"] = "ok"
+    except Exception as exc:
+        log.warning("healthz: database: %s", exc)
+        result["database"] = f"error: {type(exc).__name__}"
+    try:
+        broker_ping(str(app.conf.broker_url))
+        result["broker"] = "ok"
+    except Exception as exc:
+        log.warning("healthz: broker: %s", exc)
+        result["broker"] = f"error: {type(exc).__name__}"
+    failing = [name for name, state in result.items() if state != "ok"]
+    if failing:
+        result["failing"] = ", ".join(failing)
+    return JsonResponse(result, status=503 if failing else 200)

@@ -1,0 +1,19 @@
+"""Top-level URLs: the snapshots app (pages + API), accounts, admin, health."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from webapp.snapshots import views
+
+urlpatterns = [
+    path("healthz", views.healthz, name="healthz"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/signup/", views.signup, name="signup"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("webapp.snapshots.api_urls")),
+    path("", include("webapp.snapshots.urls")),
+]
