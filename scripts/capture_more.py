@@ -277,6 +277,12 @@ def run_case(name: str, outdir: Path) -> None:
         sidecar = json.loads(dumper.sidecars[0].read_text())
         truth["client"] = {"observer_attached": dumper.observer_attached, "sidecar": sidecar,
                            "files": [p.name for p in dumper.paths]}
+        # The client dumped inside the failing allocation; the stats above were read after the
+        # exception unwound (activations freed). "At the dump" means the client's own reading.
+        truth["memory_stats_after_unwind"] = truth["memory_stats"]
+        truth["memory_stats"] = sidecar["memory_stats"]
+        truth["memory_stats_per_device"] = sidecar["memory_stats_per_device"]
+        truth["memory_summary_note"] = "memory_summary was taken after the exception unwound, not at the dump"
         shutil.copyfile(dumper.paths[0], out)
         raw = gzip.decompress(out.read_bytes())
         snap = pickle.loads(raw)
