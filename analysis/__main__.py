@@ -1,0 +1,149 @@
+"""Command line: ``python -m analysis report|whatif``.
+
+Exit status 0 on success; 2 with one line ``error: <code>: <message>`` on
+standard error when the file is not a usable snapshot (``SnapshotError``) or a
+``--whatif``/``--config`` string cannot be parsed (``ConfigError``). Anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from analysis.config import AllocatorConfig
+from analysis.errors import ConfigError, SnapshotError
+
+EXIT_USER_ERROR = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        # Validate allocator strings before the (possibly long) analysis.
+        for conf in [*getattr(args, "whatif", []), *([args.config] if args.command == "whatif" else [])]:
+            AllocatorConfig.parse(conf)
+        if args.command == "report":
+            return _report(args)
+        return _whatif(args)
+    except SnapshotError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except ConfigError as exc:
+        print(f"error: {ConfigError.code}: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:
+        print(f"error: file:unreadable: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description="Explain a CUDA memory snapshot.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="the full report (JSON with --json, else a short summary)")
+    rep.add_argument("snapshot", type=Path)
+    rep.add_argument("--json", dest="json_out", metavar="OUT|-", help="write the report JSON here ('-': stdout)")
+    rep.add_argument("--whatif", action="append", default=[], metavar="CONFIG",
+                     help="a PYTORCH_CUDA_ALLOC_CONF string to replay (repeatable)")
+    rep.add_argument("--limit", type=_bytes_arg, metavar="BYTES", help="memory the process was allowed")
+    wi = sub.add_parser("whatif", help="replay the trace under one allocator configuration")
+    wi.add_argument("snapshot", type=Path)
+    wi.add_argument("--config", required=True, metavar="CONFIG")
+    wi.add_argument("--limit", type=_bytes_arg, metavar="BYTES")
+    wi.add_argument("--json", dest="json_out", metavar="OUT|-")
+    return parser
+
+
+def _bytes_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("the limit must be positive")
+    return value
+
+
+def _report(args: argparse.Namespace) -> int:
+    from analysis.report import build_report
+
+    report = build_report(args.snapshot, whatif=tuple(args.whatif), limit=args.limit, filename=args.snapshot.name)
+    if args.json_out:
+        _write_json(report, args.json_out)
+    else:
+        print(summary_text(report))
+    return 0
+
+
+def _whatif(args: argparse.Namespace) -> int:
+    from analysis.report import build_whatif
+
+    result = build_whatif(args.snapshot, args.config, limit=args.limit, filename=args.snapshot.name)
+    if args.json_out:
+        _write_json(result, args.json_out)
+    else:
+        print(whatif_text(result))
+    return 0
+
+
+def _write_json(data: Any, out: str) -> None:
+    text = json.dumps(data, separators=(",", ":"))
+    if out == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        Path(out).write_text(text + "\n", encoding="utf-8")
+
+
+def gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def summary_text(report: dict[str, Any]) -> str:
+    """A few lines a person reads in a terminal."""
+    lines = [f"{report['source']['filename']} ({report['source']['format']}, {report['source']['bytes']:,} bytes)"]
+    cap = report["capture"]
+    lines.append(
+        f"capture: stacks={cap['stacks']}, trace {'complete' if cap['trace_complete'] else 'INCOMPLETE'}"
+        + (f", settings {cap['allocator_settings'].get('PYTORCH_CUDA_ALLOC_CONF') or 'default'}")
+    )
+    for w in cap["warnings"]:
+        lines.append(f"  warning {w['code']}: {w['message']}")
+    for dev in report["devices"]:
+        s = dev["summary"]
+        bound = " (lower bounds)" if s["peak_is_lower_bound"] else ""
+        lines.append(
+            f"device {dev['device']}: {dev['events']:,} events; peak reserved {gib(s['peak_reserved_bytes'])}, "
+            f"allocated {gib(s['peak_allocated_bytes'])}, requested {gib(s['peak_requested_bytes'])}{bound}"
+        )
+        oom = dev["oom"]
+        if oom:
+            lines.append(
+                f"  OOM at event {oom['event_index']}: asked {gib(oom['requested_bytes'])} with "
+                f"{gib(oom['allocated_bytes'])} allocated, {gib(oom['cached_free_bytes'])} cached free "
+                f"(largest block {gib(oom['largest_free_block_bytes'])}), limit {gib(oom['limit_bytes'])}: "
+                f"{oom['verdict'].upper()}"
+            )
+        for row in dev["top_stacks"][:3]:
+            lines.append(f"  {row['when']:>4} {gib(row['bytes']):>11}  {row.get('label', '')}")
+        for sug in dev["suggestions"][:3]:
+            lines.append(f"  suggest [{sug['id']}] {sug['title']}: {sug['evidence']}")
+    return "\n".join(lines)
+
+
+def whatif_text(result: dict[str, Any]) -> str:
+    lines = [f"{result['source']['filename']}: what if {result['config']!r}"]
+    for dev in result["devices"]:
+        w = dev["whatif"]
+        avoided = {True: "OOM avoided", False: "still OOMs", None: "no OOM recorded"}[w["oom_avoided"]]
+        lines.append(
+            f"device {dev['device']}: peak reserved {gib(w['peak_reserved_bytes'])} "
+            f"(recorded {gib(dev['recorded_peak_reserved_bytes'])}); {avoided}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""The advisor: an ordered list of small rules turning measurements into suggestions.
+
+Socorro style: each ``Rule`` has an id, a predicate ``applies(ctx)`` and an
+action ``suggest(ctx)`` returning one suggestion ``{id, title, config, evidence,
+estimated_saving_bytes}`` (or None when, on a closer look, it has nothing to
+say). The rules only read the ``AdviceContext`` that the report fills in; they
+compute nothing heavy. ``advise`` runs every rule, drops suggestions for
+settings the snapshot already has, and orders the rest: first what would have
+avoided a recorded OOM, then by estimated saving.
+
+Suggestion ids (docs/report.md documents each): ``expandable_segments``,
+``max_split_size_mb``, ``roundup_power2_divisions``,
+``garbage_collection_threshold``, ``amp``, ``activation_checkpointing``,
+``optimizer_state``, ``shape_bucketing``, ``capture_settings``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from analysis.config import UNLIMITED, AllocatorConfig
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# A what-if counts as an improvement when it lowers peak reserved memory by this
+# much (both a share and an absolute floor, so tiny traces do not get advice).
+MIN_SAVING_SHARE = 0.05
+MIN_SAVING_BYTES = 64 * MiB
+# A capture counts as "huge" past this many bytes of snapshot.
+HUGE_SNAPSHOT_BYTES = 200 * 1000 * 1000
+
+
+@dataclass
+class WhatIf:
+    """One what-if replay as the advisor sees it."""
+
+    setting: str  # suggestion id of the setting it tries ("" for a user's mixed config)
+    config: str
+    peak_reserved_bytes: int
+    oom_avoided: bool | None
+    origin: str = "auto"  # "auto" (the report's own candidate) | "user" (--whatif)
+
+
+@dataclass
+class AdviceContext:
+    device: int
+    recorded: AllocatorConfig
+    events: int
+    peak_reserved: int
+    peak_allocated: int
+    peak_requested: int
+    reserved_at_peak_alloc: int
+    oom: dict[str, Any] | None
+    whatifs: list[WhatIf]
+    categories: dict[str, int]  # bytes at the peak of allocated memory
+    activations_by_site: list[tuple[str, int]]  # largest first
+    has_backward: bool
+    autocast_seen: bool
+    optimizer_state_bytes: int
+    optimizer_labels: list[str]
+    distinct_large_sizes: int  # distinct request sizes >= 1 MiB
+    large_requests: int
+    capture: dict[str, Any]
+    source_bytes: int
+    steps: int
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    applies: Callable[[AdviceContext], bool]
+    suggest: Callable[[AdviceContext], dict[str, Any] | None]
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def _suggestion(
+    sid: str, title: str, config: str | None, evidence: str, saving: int, *, avoids_oom: bool | None = None
+) -> dict[str, Any]:
+    return {
+        "id": sid,
+        "title": title,
+        "config": config,
+        "evidence": evidence,
+        "estimated_saving_bytes": int(max(0, saving)),
+        "avoids_oom": avoids_oom,
+    }
+
+
+# -- allocator settings (from the what-if replays) ----------------------------
+
+
+def _already_set(ctx: AdviceContext, setting: str) -> bool:
+    rec = ctx.recorded
+    return {
+        "expandable_segments": rec.expandable_segments,
+        "max_split_size_mb": rec.max_split_size != UNLIMITED,
+        "roundup_power2_divisions": any(rec.roundup_power2_divisions),
+        "garbage_collection_threshold": rec.garbage_collection_threshold > 0,
+    }.get(setting, False)
+
+
+def _best_whatif(ctx: AdviceContext, setting: str) -> WhatIf | None:
+    tried = [w for w in ctx.whatifs if w.setting == setting]
+    if not tried:
+        return None
+    # Avoiding the OOM beats everything; then the lowest peak reserved memory.
+    return min(tried, key=lambda w: (w.oom_avoided is not True, w.peak_reserved_bytes))
+
+
+def _improves(ctx: AdviceContext, w: WhatIf) -> bool:
+    if ctx.oom is not None:
+        return w.oom_avoided is True
+    saving = ctx.peak_reserved - w.peak_reserved_bytes
+    return saving >= MIN_SAVING_BYTES and saving >= MIN_SAVING_SHARE * ctx.peak_reserved
+
+
+_SETTING_TITLES = {
+    "expandable_segments": "Turn on expandable segments",
+    "max_split_size_mb": "Stop the allocator from splitting large cached blocks",
+    "roundup_power2_divisions": "Round allocation sizes to power-of-two divisions",
+    "garbage_collection_threshold": "Let the allocator reclaim cached blocks before hitting the cap",
+}
+_SETTING_WHY = {
+    "expandable_segments": "segments grow in place instead of leaving unusable slivers",
+    "max_split_size_mb": "large cached blocks are no longer carved up for smaller requests",
+    "roundup_power2_divisions": "requests of similar sizes share cached blocks",
+    "garbage_collection_threshold": "old cached blocks are released before the cap is reached",
+}
+
+
+def _allocator_rule(setting: str) -> Rule:
+    def applies(ctx: AdviceContext) -> bool:
+        if _already_set(ctx, setting):
+            return False
+        best = _best_whatif(ctx, setting)
+        return best is not None and _improves(ctx, best)
+
+    def suggest(ctx: AdviceContext) -> dict[str, Any] | None:
+        best = _best_whatif(ctx, setting)
+        if best is None:
+            return None
+        saving = ctx.peak_reserved - best.peak_reserved_bytes
+        replay = (
+            f"Replaying the {ctx.events:,} recorded events under {best.config}, peak reserved memory is "
+            f"{_gib(best.peak_reserved_bytes)} instead of the recorded {_gib(ctx.peak_reserved)}"
+        )
+        if ctx.oom is not None:
+            oom = ctx.oom
+            replay += (
+                f", and the {_gib(oom['requested_bytes'])} request that failed at event {oom['event_index']:,} "
+                f"fits within {_gib(oom['limit_bytes'])}: the OOM is avoided"
+            )
+            # When the run died early, its recorded peak is lower than a full run's:
+            # the saving is the stranded cache at the OOM that the setting recovers.
+            saving = max(saving, oom["reserved_bytes"] - oom["allocated_bytes"])
+        else:
+            stranded = ctx.peak_reserved - ctx.reserved_at_peak_alloc
+            replay += f" ({_gib(ctx.peak_reserved - ctx.peak_allocated)} of the recorded peak held no live block"
+            replay += ")" if stranded <= 0 else f"; {_gib(stranded)} more was reserved after the allocation peak)"
+        return _suggestion(
+            setting,
+            _SETTING_TITLES[setting],
+            f"PYTORCH_CUDA_ALLOC_CONF={best.config}",
+            replay + f": {_SETTING_WHY[setting]}.",
+            saving,
+            avoids_oom=best.oom_avoided,
+        )
+
+    return Rule(setting, applies, suggest)
+
+
+# -- workload rules ------------------------------------------------------------
+
+
+def _amp_applies(ctx: AdviceContext) -> bool:
+    act = ctx.categories.get("activations", 0)
+    return (
+        ctx.has_backward
+        and not ctx.autocast_seen
+        and act >= 256 * MiB
+        and act >= 0.25 * max(1, ctx.peak_allocated)
+    )
+
+
+def _amp_suggest(ctx: AdviceContext) -> dict[str, Any]:
+    act = ctx.categories.get("activations", 0)
+    return _suggestion(
+        "amp",
+        "Run the forward pass in bfloat16 (torch.autocast)",
+        "with torch.autocast('cuda', dtype=torch.bfloat16): ...",
+        f"At the allocation peak, {_gib(act)} of the {_gib(ctx.peak_allocated)} allocated were activations "
+        "and no autocast frame appears in the stacks; activations in bfloat16 take half the bytes of float32.",
+        act // 2,
+    )
+
+
+def _checkpoint_applies(ctx: AdviceContext) -> bool:
+    act = ctx.categories.get("activations", 0)
+    return ctx.has_backward and act >= 256 * MiB and act >= 0.3 * max(1, ctx.peak_allocated)
+
+
+def _checkpoint_suggest(ctx: AdviceContext) -> dict[str, Any]:
+    act = ctx.categories.get("activations", 0)
+    sites = ctx.activations_by_site[:3]
+    largest = sites[0][1] if sites else 0
+    where = "; ".join(f"{label} {_gib(b)}" for label, b in sites)
+    return _suggestion(
+        "activation_checkpointing",
+        "Checkpoint activations of the largest modules",
+        "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
+        f"At the allocation peak, {_gib(act)} of activations were held from the forward pass for the backward"
+        + (f"; the largest holders: {where}" if where else "")
+        + ". Checkpointing keeps only module inputs and recomputes the rest in the backward pass.",
+        # Recomputation still needs one module's activations at a time.
+        act - largest,
+    )
+
+
+def _optimizer_applies(ctx: AdviceContext) -> bool:
+    state = ctx.optimizer_state_bytes
+    return state >= 256 * MiB and state >= 0.15 * max(1, ctx.peak_allocated)
+
+
+def _optimizer_suggest(ctx: AdviceContext) -> dict[str, Any]:
+    state = ctx.optimizer_state_bytes
+    made_by = f" (made by {ctx.optimizer_labels[0]})" if ctx.optimizer_labels else ""
+    return _suggestion(
+        "optimizer_state",
+        "Shrink optimizer state: 8-bit or sharded Adam, fused step",
+        "bitsandbytes.optim.AdamW8bit(...) or ZeRO/FSDP sharding; torch.optim.AdamW(..., fused=True)",
+        f"Optimizer state held {_gib(state)} at the allocation peak{made_by}, "
+        f"{state / max(1, ctx.peak_allocated):.0%} of allocated memory; 8-bit state takes a quarter of float32's "
+        "bytes, sharding divides it by the number of ranks, and fused=True avoids the multi-tensor step's "
+        "temporaries.",
+        state * 3 // 4,
+    )
+
+
+def _bucketing_applies(ctx: AdviceContext) -> bool:
+    stranded = ctx.peak_reserved - ctx.peak_allocated
+    return ctx.distinct_large_sizes >= 32 and stranded >= 0.2 * max(1, ctx.peak_reserved) and stranded >= 256 * MiB
+
+
+def _bucketing_suggest(ctx: AdviceContext) -> dict[str, Any]:
+    stranded = ctx.peak_reserved - ctx.peak_allocated
+    # The cache can only be re-used exactly when shapes repeat; at best bucketing
+    # recovers what the allocator settings cannot, counted here as a quarter of
+    # the stranded memory (it changes the workload, so no replay can measure it).
+    return _suggestion(
+        "shape_bucketing",
+        "Pad variable shapes to a few bucket sizes",
+        "pad batch/sequence sizes up to multiples (e.g. 64) or a fixed set of buckets",
+        f"{ctx.distinct_large_sizes:,} distinct request sizes of 1 MiB or more over {ctx.large_requests:,} large "
+        f"requests; at the peak {_gib(ctx.peak_reserved)} was reserved for at most {_gib(ctx.peak_allocated)} "
+        "allocated, so freed blocks rarely fit the next shape.",
+        stranded // 4,
+    )
+
+
+def _capture_applies(ctx: AdviceContext) -> bool:
+    cap = ctx.capture
+    return (
+        not cap["trace_complete"]
+        or not cap["has_frames"]
+        or (cap["stacks"] == "all" and ctx.source_bytes >= HUGE_SNAPSHOT_BYTES)
+    )
+
+
+def _capture_suggest(ctx: AdviceContext) -> dict[str, Any]:
+    cap = ctx.capture
+    changes: list[str] = []
+    evidence: list[str] = []
+    if not cap["has_trace"]:
+        changes.append("enabled='all'")
+        evidence.append("the snapshot holds no allocation history (enabled='state' or history off)")
+    elif not cap["trace_complete"]:
+        changes.append("max_entries=<more than one step's events>")
+        evidence.append(
+            f"the trace holds only {ctx.events:,} events and does not reach back to the start of the process"
+            + (f" ({ctx.steps} steps covered)" if ctx.steps else "")
+            + ", so peaks are lower bounds; record from the start with a ring buffer larger than a step"
+        )
+    if not cap["has_frames"]:
+        changes.append("context='all'")
+        evidence.append("no allocation has a stack, so no code can be named")
+    if cap["stacks"] == "all" and ctx.source_bytes >= HUGE_SNAPSHOT_BYTES:
+        changes.append("stacks='python'")
+        evidence.append(
+            f"C++ stacks made the dump {ctx.source_bytes / 1e6:,.0f} MB; Python stacks name the same user code "
+            "at a fraction of the size and dump time"
+        )
+    return _suggestion(
+        "capture_settings",
+        "Record the next snapshot differently",
+        f"torch.cuda.memory._record_memory_history({', '.join(changes)})",
+        "; ".join(evidence).capitalize() + ".",
+        0,
+    )
+
+
+# The order is the order of evaluation; the output is re-sorted by impact, so
+# the order only decides ties: allocator settings first (no code change).
+RULES: tuple[Rule, ...] = (
+    _allocator_rule("expandable_segments"),
+    _allocator_rule("max_split_size_mb"),
+    _allocator_rule("roundup_power2_divisions"),
+    _allocator_rule("garbage_collection_threshold"),
+    Rule("amp", _amp_applies, _amp_suggest),
+    Rule("activation_checkpointing", _checkpoint_applies, _checkpoint_suggest),
+    Rule("optimizer_state", _optimizer_applies, _optimizer_suggest),
+    Rule("shape_bucketing", _bucketing_applies, _bucketing_suggest),
+    Rule("capture_settings", _capture_applies, _capture_suggest),
+)
+
+
+def advise(ctx: AdviceContext, rules: tuple[Rule, ...] = RULES) -> list[dict[str, Any]]:
+    """Suggestions for one device, most useful first."""
+    out: list[dict[str, Any]] = []
+    for position, rule in enumerate(rules):
+        if _already_set(ctx, rule.id) or not rule.applies(ctx):
+            continue
+        suggestion = rule.suggest(ctx)
+        if suggestion is not None:
+            out.append({**suggestion, "_order": position})
+    out.sort(key=lambda s: (s["avoids_oom"] is not True, -s["estimated_saving_bytes"], s["_order"]))
+    for s in out:
+        del s["_order"]
+    return out

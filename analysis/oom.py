@@ -1,0 +1,128 @@
+"""An OOM explained: the request, the memory at that moment, the limit, the verdict.
+
+Verdict rule (contract): ``fragmentation`` when ``allocated + requested <=
+limit`` - the memory existed but not in one piece - else ``capacity``.
+
+The limit is ``--limit`` when given. Otherwise: where the device's free memory
+at the OOM (``device_free``, measured after the allocator's flush) is smaller
+than the request, the device itself was full and the limit is ``reserved +
+device_free``; else a per-process cap was binding (the snapshot does not record
+it) and the limit is the peak reserved memory seen in the trace, a lower bound
+of that cap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.model import FREE_COMPLETED, OOM, SEGMENT_FREE, SEGMENT_UNMAP, Trace
+
+I64 = npt.NDArray[np.int64]
+
+# Events the flush-and-retry before an OOM emits: pending frees retired, then
+# cached segments released.
+_FLUSH_ACTIONS = (FREE_COMPLETED, SEGMENT_FREE, SEGMENT_UNMAP)
+
+
+def oom_indices(trace: Trace) -> I64:
+    return np.flatnonzero(trace.action == OOM).astype(np.int64)
+
+
+def infer_limit(
+    requested: int, device_free: int, reserved: int, peak_reserved: int, limit: int | None
+) -> tuple[int, str]:
+    """The limit at the OOM and how it was found (``given``, ``device-full``, ``cap-lower-bound``)."""
+    if limit is not None:
+        return int(limit), "given"
+    if device_free < requested:
+        return int(reserved + device_free), "device-full"
+    return int(peak_reserved), "cap-lower-bound"
+
+
+def verdict(allocated: int, requested: int, limit: int) -> str:
+    return "fragmentation" if allocated + requested <= limit else "capacity"
+
+
+def flush_before(trace: Trace, index: int) -> dict[str, int]:
+    """The burst of free_completed/segment_free/segment_unmap right before event ``index``."""
+    lo = index
+    while lo > 0 and int(trace.action[lo - 1]) in _FLUSH_ACTIONS:
+        lo -= 1
+    window = slice(lo, index)
+    actions = trace.action[window]
+    sizes = trace.size[window]
+    released = (actions == SEGMENT_FREE) | (actions == SEGMENT_UNMAP)
+    return {
+        "first_event": int(lo),
+        "events": int(index - lo),
+        "segments_released": int(released.sum()),
+        "released_bytes": int(sizes[released].sum()),
+        "frees_completed": int((actions == FREE_COMPLETED).sum()),
+    }
+
+
+def explain_oom(
+    trace: Trace,
+    index: int,
+    *,
+    allocated: int,
+    reserved: int,
+    cached_free: int,
+    largest_free: int,
+    peak_reserved: int,
+    limit: int | None,
+    all_ooms: int = 1,
+) -> dict[str, Any]:
+    """The contract ``oom`` object (plus explanation keys) for the OOM at event ``index``."""
+    requested = int(trace.size[index])
+    device_free = int(trace.addr[index])  # the model stores device_free in addr for oom events
+    limit_bytes, limit_source = infer_limit(requested, device_free, reserved, peak_reserved, limit)
+    kind = verdict(allocated, requested, limit_bytes)
+    flush = flush_before(trace, index)
+    out: dict[str, Any] = {
+        "event_index": int(index),
+        "time_us": int(trace.time_us[index]),
+        "requested_bytes": requested,
+        "device_free_bytes": device_free,
+        "reserved_bytes": int(reserved),
+        "allocated_bytes": int(allocated),
+        "cached_free_bytes": int(cached_free),
+        "largest_free_block_bytes": int(largest_free),
+        "limit_bytes": limit_bytes,
+        "limit_source": limit_source,
+        "verdict": kind,
+        "shortfall_bytes": int(max(0, allocated + requested - limit_bytes)),
+        "headroom_bytes": int(max(0, limit_bytes - reserved)),
+        "flush": flush,
+        "ooms_in_trace": int(all_ooms),
+        "explanation": _explain(kind, requested, allocated, cached_free, largest_free, limit_bytes, limit_source,
+                                reserved),
+    }
+    return out
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _explain(kind: str, requested: int, allocated: int, cached_free: int, largest_free: int, limit: int,
+             limit_source: str, reserved: int) -> str:
+    limit_text = {
+        "given": "the given limit",
+        "device-full": "the device's memory",
+        "cap-lower-bound": "the per-process cap (at least the peak reserved memory)",
+    }[limit_source]
+    if kind == "fragmentation":
+        return (
+            f"The request for {_gib(requested)} would have fit: {_gib(allocated)} allocated plus the request is "
+            f"within {limit_text} of {_gib(limit)}, and the cache held {_gib(cached_free)} free, but its largest "
+            f"free block was {_gib(largest_free)} and {_gib(max(0, limit - reserved))} was left to reserve. "
+            "The memory existed, not in one piece."
+        )
+    return (
+        f"The request for {_gib(requested)} on top of {_gib(allocated)} allocated exceeds {limit_text} of "
+        f"{_gib(limit)}: no allocator setting can make it fit; the workload needs less memory."
+    )

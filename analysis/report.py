@@ -1,0 +1,678 @@
+"""The report: every analysis of a snapshot assembled into the contract JSON.
+
+``build_report(source)`` reads a snapshot, replays each device's trace once
+(``analysis.replay``), runs the what-if replays (``analysis.allocator``) and the
+analyses of this package, and returns a plain dict (``schema:
+"oomscope.report/1"``, see ../shared/docs/contract.md and docs/report.md for
+the keys beyond the contract). Bytes are ints, addresses hex strings, and
+nothing in it needs more than ``json.dumps``.
+
+Work per device is a handful of numpy passes over the replay's columns; the
+only per-event Python loops are inside the replays themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis import advice as advice_mod
+from analysis.allocator import replay_check, whatif
+from analysis.categories import (
+    ACTIVATIONS,
+    CATEGORIES,
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    bytes_by_category,
+    classify,
+    optimizer_windows,
+)
+from analysis.config import UNLIMITED, AllocatorConfig
+from analysis.errors import ConfigError
+from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
+from analysis.oom import explain_oom, oom_indices
+from analysis.reader import read_snapshot
+from analysis.replay import AllocatorState, RecordedReplay, recorded_replay
+from analysis.stacks import (
+    TRAIT_AUTOCAST,
+    TRAIT_BACKWARD,
+    Lifetimes,
+    StackCatalog,
+    alloc_lifetimes,
+    is_python_frame,
+    top_entries,
+    totals_by_group,
+)
+from analysis.steps import Steps, find_steps, first_growth_step, per_step_figures
+from analysis.timeline import build_timeline, columns_of
+
+SCHEMA = "oomscope.report/1"
+Progress = Callable[[str, float], None]
+I64 = npt.NDArray[np.int64]
+
+# Candidates the report always tries (unless the snapshot already uses the setting).
+MAX_SPLIT_CANDIDATES_MB: tuple[int, ...] = (64, 128, 256, 512)
+ROUNDUP_CANDIDATE = "roundup_power2_divisions:4"
+GC_CANDIDATE = "garbage_collection_threshold:0.6"
+# The report's own what-if replays cost a full pass each: past this many
+# simulated events in total, the cheapest-to-skip candidates are dropped
+# (expandable_segments is always tried).
+AUTO_WHATIF_EVENT_BUDGET = 6_000_000
+TOP_STACKS = 10
+SEGMENT_MAP_MAX_SEGMENTS = 200
+SEGMENT_MAP_MAX_BLOCKS = 48
+LEAK_SERIES_MAX_POINTS = 200
+
+
+def _noop(stage: str, fraction: float) -> None:
+    return None
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def build_report(
+    source: str | Path | bytes,
+    *,
+    whatif: Iterable[str] = (),
+    limit: int | None = None,
+    progress: Progress | None = None,
+    filename: str | None = None,
+) -> dict[str, Any]:
+    """The contract report for a snapshot file (path or bytes)."""
+    report_progress = progress or _noop
+    user_whatifs = list(whatif)
+    for conf in user_whatifs:
+        AllocatorConfig.parse(conf)  # ConfigError before any heavy work
+    report_progress("reading", 0.0)
+    src = _source_info(source, filename)
+    snapshot = read_snapshot(source if isinstance(source, bytes) else Path(source))
+    src["format"] = snapshot.format
+    report_progress("reading", 1.0)
+
+    catalog = StackCatalog(snapshot.stacks)
+    devices = [d for d in snapshot.devices if len(d.trace) or d.segments]
+    device_reports = []
+    warnings = [{"code": w.code, "message": w.message} for w in snapshot.warnings]
+    complete = True
+    has_trace = False
+    for k, dev in enumerate(devices):
+        def dev_progress(stage: str, f: float, k: int = k) -> None:
+            report_progress(stage, (k + f) / max(1, len(devices)))
+
+        analysis = _DeviceAnalysis(snapshot, dev, catalog, src["bytes"], limit, user_whatifs, dev_progress)
+        device_reports.append(analysis.report)
+        complete &= analysis.replay.trace_complete
+        has_trace |= len(dev.trace) > 1
+        prefix = f"device {dev.device}: " if len(devices) > 1 else ""
+        warnings.extend({"code": w.code, "message": prefix + w.message} for w in analysis.replay.warnings)
+
+    capture = {
+        "has_trace": has_trace,
+        "trace_complete": bool(complete and has_trace),
+        "has_frames": bool(snapshot.stacks.stacks),
+        "stacks": _stacks_kind(snapshot),
+        "allocator_settings": _jsonable(snapshot.settings.raw),
+        "warnings": warnings,
+    }
+    if not has_trace and not any(w["code"] == "state-only" for w in warnings):
+        warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
+    # The advisor's capture rule needs the capture section, known only now.
+    for dev_report in device_reports:
+        ctx: advice_mod.AdviceContext = dev_report.pop("_advice_context")
+        ctx.capture = capture
+        dev_report["suggestions"] = advice_mod.advise(ctx)
+    report_progress("analysing", 1.0)
+    return {
+        "schema": SCHEMA,
+        "source": src,
+        "capture": capture,
+        "devices": device_reports,
+        "annotations": len(snapshot.annotations),
+        "pools": [list(p) for p in snapshot.pools],
+    }
+
+
+def build_whatif(
+    source: str | Path | bytes, config: str, *, limit: int | None = None, filename: str | None = None
+) -> dict[str, Any]:
+    """``python -m analysis whatif``: one configuration replayed on every device."""
+    AllocatorConfig.parse(config)
+    src = _source_info(source, filename)
+    snapshot = read_snapshot(source if isinstance(source, bytes) else Path(source))
+    src["format"] = snapshot.format
+    out = []
+    for dev in snapshot.devices:
+        if not len(dev.trace):
+            continue
+        reserved = _reserved_from_segments_events(dev)
+        peak = int(reserved.max()) if reserved.size else 0
+        ooms = oom_indices(dev.trace)
+        wlimit = limit
+        if ooms.size and wlimit is None:
+            i = int(ooms[-1])
+            need, free = int(dev.trace.size[i]), int(dev.trace.addr[i])
+            wlimit = int(reserved[i]) + free if free < need else peak
+        steps = find_steps(snapshot.annotations, dev.device, dev.trace.time_us)
+        item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
+        out.append({"device": dev.device, "recorded_peak_reserved_bytes": peak, "whatif": item})
+    return {"schema": SCHEMA, "source": src, "config": config, "devices": out}
+
+
+# ------------------------------------------------------------------ per device
+
+
+@dataclass
+class _Moment:
+    name: str  # "peak" | "oom" | "end"
+    index: int
+    state: AllocatorState
+
+
+class _DeviceAnalysis:
+    """All analyses of one device; ``report`` is its contract entry."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        dev: DeviceData,
+        catalog: StackCatalog,
+        source_bytes: int,
+        limit: int | None,
+        user_whatifs: list[str],
+        progress: Progress,
+    ) -> None:
+        self.snapshot, self.dev, self.catalog = snapshot, dev, catalog
+        trace = dev.trace
+        n = len(trace)
+        self.n = n
+        ooms = oom_indices(trace)
+        self.oom_index = int(ooms[-1]) if ooms.size else None
+
+        progress("replaying", 0.0)
+        lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
+        guess = _requested_peak_guess(lifetimes, n)
+        keep = [i for i in (guess, self.oom_index) if i is not None and i >= 0]
+        replay = recorded_replay(snapshot, dev, keep_at=keep)
+        self.replay = replay
+        progress("replaying", 0.5)
+        cols = columns_of(replay)
+
+        steps = find_steps(snapshot.annotations, dev.device, trace.time_us)
+        step_rows = per_step_figures(steps, cols["allocated"], cols["reserved"])
+        summary = {
+            "peak_reserved_bytes": int(replay.peak_reserved),
+            "peak_allocated_bytes": int(replay.peak_allocated),
+            "peak_requested_bytes": int(replay.peak_requested),
+            "final_reserved_bytes": int(replay.final.reserved),
+            "final_allocated_bytes": int(replay.final.allocated),
+            "peak_is_lower_bound": not replay.trace_complete,
+            "peak_reserved_event_index": int(replay.peak_reserved_index),
+            "peak_allocated_event_index": int(replay.peak_allocated_index),
+            "peak_requested_event_index": int(replay.peak_requested_index),
+            "first_time_us": int(trace.time_us[0]) if n else 0,
+            "last_time_us": int(trace.time_us[-1]) if n else 0,
+        }
+        timeline = (
+            build_timeline(cols, trace.time_us, oom_index=self.oom_index, step_ends=steps.last_event.tolist())
+            if n
+            else None
+        )
+
+        # Moments whose live blocks are attributed to stacks.
+        moments = [_Moment("peak", replay.peak_allocated_index, replay.blocks_at(replay.peak_allocated_index))]
+        if self.oom_index is not None:
+            moments.append(_Moment("oom", self.oom_index, replay.blocks_at(self.oom_index)))
+        moments.append(_Moment("end", n - 1, replay.blocks_at(n - 1)))
+        progress("replaying", 1.0)
+
+        progress("analysing", 0.0)
+        ann = [(a.name, a.stage, a.time_us) for a in snapshot.annotations if a.device in (dev.device, -1)]
+        opt_start, opt_end = optimizer_windows(ann, trace.time_us)
+        trace_has_frames = bool((trace.stack >= 0).any())
+        codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames)
+
+        top_stacks: list[dict[str, Any]] = []
+        live_by_moment: dict[str, tuple[I64, I64, I64]] = {}
+        for m in moments:
+            stacks, sizes, alloc_idx = _live_blocks(m.state)
+            live_by_moment[m.name] = (stacks, sizes, alloc_idx)
+            totals = totals_by_group(catalog, stacks, sizes)
+            top_stacks.extend(top_entries(catalog, totals, m.name, TOP_STACKS))
+
+        peak_stacks, peak_sizes, peak_alloc_idx = live_by_moment["peak"]
+        peak_codes = _codes_of_blocks(lifetimes, codes, peak_alloc_idx, peak_stacks, catalog)
+        categories = bytes_by_category(peak_codes, peak_sizes)
+
+        oom = None
+        if self.oom_index is not None:
+            i = self.oom_index
+            oom = explain_oom(
+                trace,
+                i,
+                allocated=int(cols["allocated"][i]),
+                reserved=int(cols["reserved"][i]),
+                cached_free=int(cols["cached_free"][i]),
+                largest_free=int(cols["largest_free"][i]),
+                peak_reserved=int(replay.peak_reserved),
+                limit=limit,
+                all_ooms=int(ooms.size),
+            )
+            oom_rows = [r for r in top_stacks if r["when"] == "oom"]
+            oom["top_stacks"] = oom_rows[:3]
+        progress("analysing", 0.3)
+
+        whatif_items, advice_whatifs = self._whatifs(user_whatifs, limit, oom, steps)
+        if oom is not None:
+            oom["whatif"] = [
+                {"config": w["config"], "oom_avoided": w["oom_avoided"], "peak_reserved_bytes": w["peak_reserved_bytes"]}
+                for w in whatif_items
+            ]
+        progress("analysing", 0.8)
+        check = replay_check(snapshot, dev) if n else _empty_replay_check(snapshot)
+
+        report: dict[str, Any] = {
+            "device": dev.device,
+            "events": n,
+            "summary": summary,
+            "oom": oom,
+            "steps": step_rows,
+            "step_source": steps.source,
+            "first_growth_step": first_growth_step(step_rows),
+            "timeline": timeline,
+            "top_stacks": top_stacks,
+            "whatif": whatif_items,
+            "replay": check,
+            "suggestions": [],
+            "moments": {m.name: m.index for m in moments},
+            "segment_maps": {m.name: segment_map(m.state, catalog) for m in moments if m.name in ("peak", "oom")},
+            "categories": {
+                "event_index": int(replay.peak_allocated_index),
+                "bytes": categories,
+                "order": list(CATEGORIES),
+            },
+            "churn": top_entries(
+                catalog, totals_by_group(catalog, lifetimes.stack, lifetimes.size), "churn", TOP_STACKS
+            ),
+            "leaks": self._leaks(live_by_moment["end"], lifetimes, steps),
+        }
+        report["_advice_context"] = self._advice_context(
+            report, lifetimes, codes, peak_codes, live_by_moment["peak"], advice_whatifs, source_bytes, len(steps)
+        )
+        self.report = report
+        progress("analysing", 1.0)
+
+    # -- what-if replays ---------------------------------------------------------
+    def _whatifs(
+        self, user: list[str], limit: int | None, oom: dict[str, Any] | None, steps: Steps
+    ) -> tuple[list[dict[str, Any]], list[advice_mod.WhatIf]]:
+        if self.n == 0:
+            return [], []
+        recorded = AllocatorConfig.from_settings(self.snapshot.settings.raw, self.snapshot.settings.conf)
+        wlimit = oom["limit_bytes"] if oom is not None else limit
+        cap_exists = limit is not None or (oom is not None and oom["limit_source"] == "cap-lower-bound") or (
+            recorded.per_process_memory_fraction is not None
+        )
+        ends = steps.last_event.tolist()
+        auto = _auto_candidates(recorded, cap_exists, self.n)
+        items: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        best_split: dict[str, Any] | None = None
+        tried_split: list[dict[str, Any]] = []
+        for setting, conf in auto + [(_setting_of(c), c) for c in user]:
+            if conf in seen:
+                continue
+            seen.add(conf)
+            origin = "user" if conf in user and (setting, conf) not in auto else "auto"
+            item = whatif(self.snapshot, self.dev, conf, wlimit, ends)
+            item["origin"] = origin
+            item["setting"] = setting
+            if setting == "max_split_size_mb" and origin == "auto":
+                tried_split.append(item)
+                if best_split is None or _better(item, best_split):
+                    best_split = item
+                continue
+            items.append(item)
+        if best_split is not None:
+            best_split["tried"] = [
+                {"config": t["config"], "peak_reserved_bytes": t["peak_reserved_bytes"], "oom_avoided": t["oom_avoided"]}
+                for t in tried_split
+            ]
+            items.append(best_split)
+        advice_items = [
+            advice_mod.WhatIf(w["setting"], w["config"], int(w["peak_reserved_bytes"]), w["oom_avoided"], w["origin"])
+            for w in items
+        ]
+        return items, advice_items
+
+    # -- leak suspects -----------------------------------------------------------
+    def _leaks(
+        self, end_live: tuple[I64, I64, I64], lifetimes: Lifetimes, steps: Steps
+    ) -> list[dict[str, Any]]:
+        """Groups holding memory at the end, with their live bytes at each step's end."""
+        stacks, sizes, _ = end_live
+        totals = totals_by_group(self.catalog, stacks, sizes)[:TOP_STACKS]
+        rows = top_entries(self.catalog, totals, "end", len(totals))
+        if not rows or len(steps) == 0:
+            return rows
+        ends = steps.last_event
+        gids = self.catalog.groups_of(lifetimes.stack)
+        wanted = np.array([t.group for t in totals], np.int64)
+        pos = {g: k for k, g in enumerate(wanted.tolist())}
+        sel = np.isin(gids, wanted)
+        g_sel = np.array([pos[g] for g in gids[sel].tolist()], np.int64) if sel.any() else np.zeros(0, np.int64)
+        # Alive at step end e when start <= e < end: a range of steps per allocation.
+        k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
+        k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")
+        diff = np.zeros((len(wanted), len(ends) + 1), np.int64)
+        np.add.at(diff, (g_sel, k_lo), lifetimes.size[sel])
+        np.add.at(diff, (g_sel, k_hi), -lifetimes.size[sel])
+        per_step = np.cumsum(diff, axis=1)[:, : len(ends)]
+        pick = _even_indices(len(ends), LEAK_SERIES_MAX_POINTS)
+        for row, series in zip(rows, per_step, strict=False):
+            first, last = int(series[0]), int(series[-1])
+            row["steps"] = int(len(ends))
+            row["requested_at_first_step_end"] = first
+            row["requested_at_last_step_end"] = last
+            row["growth_per_step_bytes"] = int((last - first) // max(1, len(ends) - 1))
+            row["series_step_index"] = pick.tolist()
+            row["series_requested_bytes"] = series[pick].tolist()
+        return rows
+
+    # -- the advisor's inputs ----------------------------------------------------
+    def _advice_context(
+        self,
+        report: dict[str, Any],
+        lifetimes: Lifetimes,
+        codes: npt.NDArray[np.int8],
+        peak_codes: npt.NDArray[np.int8],
+        peak_live: tuple[I64, I64, I64],
+        whatifs: list[advice_mod.WhatIf],
+        source_bytes: int,
+        n_steps: int,
+    ) -> advice_mod.AdviceContext:
+        catalog, trace = self.catalog, self.dev.trace
+        stacks, sizes, _ = peak_live
+        act_mask = peak_codes == ACTIVATIONS
+        by_site: dict[str, int] = {}
+        for t in totals_by_group(catalog, stacks[act_mask], sizes[act_mask]):
+            info = catalog.groups[t.group]
+            label = info.label if info.site is None else f"{info.site.filename.rsplit('/', 1)[-1]}:{info.site.line}"
+            by_site[label] = by_site.get(label, 0) + t.bytes
+        opt_mask = peak_codes == OPTIMIZER_STATE
+        opt_labels = [catalog.groups[t.group].label for t in totals_by_group(catalog, stacks[opt_mask], sizes[opt_mask])]
+        traits = catalog.stack_traits(lifetimes.stack)
+        alloc_sizes = trace.size[trace.action == ALLOC]
+        large = alloc_sizes[alloc_sizes >= (1 << 20)]
+        summary = report["summary"]
+        peak_idx = int(summary["peak_allocated_event_index"])
+        reserved = self.replay.reserved
+        return advice_mod.AdviceContext(
+            device=self.dev.device,
+            recorded=AllocatorConfig.from_settings(self.snapshot.settings.raw, self.snapshot.settings.conf),
+            events=self.n,
+            peak_reserved=int(summary["peak_reserved_bytes"]),
+            peak_allocated=int(summary["peak_allocated_bytes"]),
+            peak_requested=int(summary["peak_requested_bytes"]),
+            reserved_at_peak_alloc=int(reserved[peak_idx]) if 0 <= peak_idx < reserved.shape[0] else 0,
+            oom=report["oom"],
+            whatifs=whatifs,
+            categories=report["categories"]["bytes"],
+            activations_by_site=sorted(by_site.items(), key=lambda kv: -kv[1]),
+            has_backward=bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any()),
+            autocast_seen=bool(((traits & TRAIT_AUTOCAST) != 0).any()),
+            optimizer_state_bytes=int(report["categories"]["bytes"]["optimizer_state"]),
+            optimizer_labels=opt_labels[:3],
+            distinct_large_sizes=int(np.unique(large).size),
+            large_requests=int(large.size),
+            capture={},
+            source_bytes=source_bytes,
+            steps=n_steps,
+        )
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _auto_candidates(recorded: AllocatorConfig, cap_exists: bool, events: int) -> list[tuple[str, str]]:
+    """The report's own what-if configurations, cheapest-to-lose last."""
+    out: list[tuple[str, str]] = []
+    if not recorded.expandable_segments:
+        out.append(("expandable_segments", "expandable_segments:True"))
+    if cap_exists and recorded.garbage_collection_threshold <= 0:
+        out.append(("garbage_collection_threshold", GC_CANDIDATE))
+    if recorded.max_split_size == UNLIMITED:
+        split = [("max_split_size_mb", f"max_split_size_mb:{mb}") for mb in MAX_SPLIT_CANDIDATES_MB]
+        # One value first (the middle one), the rest only if the budget allows.
+        out.append(split[2])
+        rest_split = split[:2] + split[3:]
+    else:
+        rest_split = []
+    if not any(recorded.roundup_power2_divisions):
+        out.append(("roundup_power2_divisions", ROUNDUP_CANDIDATE))
+    out.extend(rest_split)
+    budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, events))
+    return out[:budget]
+
+
+def _setting_of(conf: str) -> str:
+    """The suggestion id a user's --whatif string tries, if it sets exactly one known setting."""
+    try:
+        keys = {k.split(":", 1)[0].strip() for k in conf.split(",") if k.strip() and "[" not in k.split(":", 1)[0]}
+    except ConfigError:
+        return ""
+    known = {"expandable_segments", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold"}
+    return next(iter(keys)) if len(keys) == 1 and keys <= known else ""
+
+
+def _better(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (a["oom_avoided"] is not True, a["peak_reserved_bytes"]) < (b["oom_avoided"] is not True, b["peak_reserved_bytes"])
+
+
+def _requested_peak_guess(lifetimes: Lifetimes, n: int) -> int | None:
+    """Where live requested bytes peak (numpy, before the replay): usually the allocated peak too,
+    so the replay keeps that state in its one pass."""
+    if n == 0 or lifetimes.start.size == 0:
+        return None
+    delta = np.zeros(n + 1, np.int64)
+    np.add.at(delta, lifetimes.start, lifetimes.size)
+    np.add.at(delta, lifetimes.end, -lifetimes.size)
+    return int(np.cumsum(delta[:n]).argmax())
+
+
+def _live_blocks(state: AllocatorState) -> tuple[I64, I64, I64]:
+    """Stack ids, block sizes and alloc event indices of the allocated blocks of a state.
+
+    Only ``active_allocated`` blocks count: ``allocated_bytes`` drops at the free
+    request, so pending frees are not live bytes.
+    """
+    stacks: list[int] = []
+    sizes: list[int] = []
+    alloc_idx: list[int] = []
+    for seg in state.segments:
+        for b in seg.blocks:
+            if b.state == "active_allocated":
+                stacks.append(b.stack)
+                sizes.append(b.size)
+                alloc_idx.append(b.alloc_index)
+    return np.array(stacks, np.int64), np.array(sizes, np.int64), np.array(alloc_idx, np.int64)
+
+
+def _codes_of_blocks(
+    lifetimes: Lifetimes, codes: npt.NDArray[np.int8], alloc_idx: I64, stacks: I64, catalog: StackCatalog
+) -> npt.NDArray[np.int8]:
+    """Category of each live block, through its alloc event; blocks from before the
+    trace are classified by their stack alone."""
+    out = np.full(alloc_idx.shape[0], CATEGORIES.index("unknown"), np.int8)
+    if lifetimes.start.size:
+        pos = np.searchsorted(lifetimes.start, alloc_idx)
+        pos_c = np.minimum(pos, lifetimes.start.size - 1)
+        found = (alloc_idx >= 0) & (lifetimes.start[pos_c] == alloc_idx)
+        out[found] = codes[pos_c[found]]
+    else:
+        found = np.zeros(alloc_idx.shape[0], bool)
+    pre = ~found
+    if pre.any():
+        fake = Lifetimes(
+            start=np.full(int(pre.sum()), -1, np.int64),
+            end=np.full(int(pre.sum()), lifetimes.n_events, np.int64),
+            addr=np.zeros(int(pre.sum()), np.int64),
+            size=np.zeros(int(pre.sum()), np.int64),
+            stack=stacks[pre].astype(np.int32),
+            n_events=lifetimes.n_events,
+        )
+        empty = np.zeros(0, np.int64)
+        out[pre] = classify(fake, catalog, empty, empty, trace_has_frames=False)
+    return out
+
+
+def segment_map(state: AllocatorState, catalog: StackCatalog) -> dict[str, Any]:
+    """Segments and their blocks at one moment, bounded for a page.
+
+    The largest ``SEGMENT_MAP_MAX_SEGMENTS`` segments are listed; within each,
+    runs of blocks smaller than 1/64 of the segment are merged into one entry
+    (state ``mixed`` when the run mixes states) and at most
+    ``SEGMENT_MAP_MAX_BLOCKS`` entries are kept, the rest merged the same way.
+    """
+    segs = sorted(state.segments, key=lambda s: -s.total_size)
+    shown = segs[:SEGMENT_MAP_MAX_SEGMENTS]
+    hidden = segs[SEGMENT_MAP_MAX_SEGMENTS:]
+    labels: dict[int, str] = {}
+    rows = []
+    for seg in sorted(shown, key=lambda s: s.address):
+        blocks = _merge_blocks(seg, catalog, labels)
+        rows.append(
+            {
+                "address": hex(seg.address),
+                "size": int(seg.total_size),
+                "stream": int(seg.stream),
+                "pool": int(seg.pool),
+                "type": seg.segment_type,
+                "expandable": bool(seg.is_expandable),
+                "allocated_bytes": int(sum(b.size for b in seg.blocks if b.state == "active_allocated")),
+                "free_bytes": int(sum(b.size for b in seg.blocks if b.state == INACTIVE)),
+                "largest_free_bytes": int(max((b.size for b in seg.blocks if b.state == INACTIVE), default=0)),
+                "blocks": blocks,
+            }
+        )
+    return {
+        "event_index": int(state.index),
+        "segments_total": len(segs),
+        "segments_shown": len(shown),
+        "hidden_bytes": int(sum(s.total_size for s in hidden)),
+        "segments": rows,
+        "labels": {str(k): v for k, v in labels.items()},
+    }
+
+
+def _merge_blocks(seg: Any, catalog: StackCatalog, labels: dict[int, str]) -> list[dict[str, Any]]:
+    tiny = max(seg.total_size // 64, 1)
+    blocks = list(seg.blocks)
+    out: list[dict[str, Any]] = []
+    while True:
+        out = []
+        run: list[Any] = []
+
+        def flush(run: list[Any]) -> None:
+            if not run:
+                return
+            states = {b.state for b in run}
+            out.append(
+                {
+                    "offset": int(run[0].address - seg.address),
+                    "size": int(sum(b.size for b in run)),
+                    "state": states.pop() if len(states) == 1 else "mixed",
+                    "requested": int(sum(b.requested_size for b in run)),
+                    "count": len(run),
+                    "stack": -1,
+                }
+            )
+
+        for b in blocks:
+            if b.size < tiny:
+                run.append(b)
+                continue
+            flush(run)
+            run = []
+            group = int(catalog.group_of[b.stack + 1]) if b.state != INACTIVE else -1
+            if group >= 0:
+                labels.setdefault(group, catalog.groups[group].label)
+            out.append(
+                {
+                    "offset": int(b.address - seg.address),
+                    "size": int(b.size),
+                    "state": b.state,
+                    "requested": int(b.requested_size),
+                    "count": 1,
+                    "stack": group,
+                }
+            )
+        flush(run)
+        if len(out) <= SEGMENT_MAP_MAX_BLOCKS:
+            return out
+        tiny *= 4
+
+
+def _even_indices(n: int, k: int) -> I64:
+    if n <= k:
+        return np.arange(n, dtype=np.int64)
+    return np.unique(np.r_[np.linspace(0, n - 1, k).astype(np.int64), n - 1])
+
+
+def _reserved_from_segments_events(dev: DeviceData) -> I64:
+    from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+
+    t = dev.trace
+    grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
+    shrink = (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)
+    return np.cumsum(np.where(grow, t.size, 0) - np.where(shrink, t.size, 0))
+
+
+def _empty_replay_check(snapshot: Snapshot) -> dict[str, Any]:
+    cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+    return {"recorded_config": cfg.to_conf(), "segment_events_recorded": 0, "segment_events_reproduced": 0,
+            "exact": True}
+
+
+def _stacks_kind(snapshot: Snapshot) -> str:
+    """``none``, ``python`` or ``all`` (C++ frames present), as recorded."""
+    frames = snapshot.stacks.frames
+    if not frames:
+        return "none"
+    return "all" if any(not is_python_frame(f) for f in frames) else "python"
+
+
+def _source_info(source: str | Path | bytes, filename: str | None) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    if isinstance(source, bytes):
+        digest.update(source)
+        size = len(source)
+        name = filename or "snapshot"
+    else:
+        path = Path(source)
+        size = 0
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+                size += len(chunk)
+        name = filename or path.name
+    return {"filename": name, "bytes": size, "sha256": digest.hexdigest(), "format": None}
+
+
+def _jsonable(value: Any) -> Any:
+    """Settings as JSON: tuples to lists, ints past 2**53 to hex strings."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) < 2**53 else hex(value)
+    return str(value)

@@ -1,0 +1,155 @@
+"""Memory over time: the series behind the plots, and downsampling that keeps peaks exact.
+
+The recorded replay gives, after every event, the allocator's totals. Plots
+cannot take millions of points, and averaging would shave the peaks that the
+report is about, so downsampling keeps, for every bucket of consecutive
+events, the events where the primary series reach their minimum and maximum
+(in event order). Any event the caller names (the peaks, the OOM, step ends)
+is always kept. A window of events can be fetched at full detail (or
+downsampled the same way when it is still too long).
+
+Derived series at every kept point:
+- ``stranded``: (reserved - allocated) / reserved, the share of reserved memory
+  that holds no live block;
+- ``external_fragmentation``: 1 - largest free block / cached free, how much of
+  the cache's free memory is not in its largest piece (0 when nothing is free).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+
+# Column name in the replay -> key in the report.
+SERIES: tuple[tuple[str, str], ...] = (
+    ("reserved", "reserved_bytes"),
+    ("allocated", "allocated_bytes"),
+    ("requested", "requested_bytes"),
+    ("cached_free", "cached_free_bytes"),
+    ("inactive_split", "inactive_split_bytes"),
+    ("largest_free", "largest_free_bytes"),
+)
+# Series whose extremes choose the kept events; the others are read at those events.
+PRIMARY: tuple[str, ...] = ("reserved", "allocated", "requested")
+DEFAULT_BUCKETS = 1000
+
+
+def columns_of(replay: Any) -> dict[str, I64]:
+    """The replay's per-event columns by name (anything with those attributes)."""
+    return {name: np.asarray(getattr(replay, name), np.int64) for name, _ in SERIES}
+
+
+def extreme_indices(values: I64, lo: int, hi: int, buckets: int) -> I64:
+    """Indices in [lo, hi) of the min and max of ``values`` in each of ``buckets`` equal runs."""
+    n = hi - lo
+    if n <= 0:
+        return np.zeros(0, np.int64)
+    if n <= 2 * buckets:
+        return np.arange(lo, hi, dtype=np.int64)
+    width = -(-n // buckets)
+    rows = -(-n // width)
+    part = values[lo:hi]
+    # Pad with the last value: argmin/argmax return the first occurrence, so a
+    # pad cell is chosen only when it ties the last real one, and is clipped.
+    padded = np.empty(rows * width, np.int64)
+    padded[:n] = part
+    padded[n:] = part[-1]
+    grid = padded.reshape(rows, width)
+    base = np.arange(rows, dtype=np.int64) * width
+    picks = np.concatenate((base + grid.argmin(axis=1), base + grid.argmax(axis=1)))
+    return np.minimum(picks, n - 1) + lo
+
+
+def select_points(
+    columns: Mapping[str, I64], lo: int, hi: int, buckets: int, keep: Iterable[int] = ()
+) -> I64:
+    """Event indices to plot for [lo, hi): per-bucket extremes of the primary series plus ``keep``."""
+    parts = [extreme_indices(columns[name], lo, hi, buckets) for name in PRIMARY if name in columns]
+    forced = np.fromiter((k for k in keep if lo <= k < hi), np.int64)
+    ends = np.array([lo, hi - 1], np.int64) if hi > lo else np.zeros(0, np.int64)
+    return np.unique(np.concatenate([*parts, forced, ends]))
+
+
+def series_at(columns: Mapping[str, I64], time_us: I64, points: I64) -> dict[str, Any]:
+    """The report's series at the chosen events (plain lists, JSON-ready)."""
+    out: dict[str, Any] = {
+        "index": points.tolist(),
+        "time_us": time_us[points].tolist() if time_us.size else [0] * int(points.size),
+    }
+    for name, key in SERIES:
+        out[key] = columns[name][points].tolist()
+    reserved = columns["reserved"][points]
+    allocated = columns["allocated"][points]
+    cached = columns["cached_free"][points]
+    largest = columns["largest_free"][points]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stranded = np.where(reserved > 0, (reserved - allocated) / np.maximum(reserved, 1), 0.0)
+        external = np.where(cached > 0, 1.0 - largest / np.maximum(cached, 1), 0.0)
+    out["stranded"] = np.round(stranded, 4).tolist()
+    out["external_fragmentation"] = np.round(np.clip(external, 0.0, 1.0), 4).tolist()
+    return out
+
+
+def peak_of(values: I64) -> dict[str, int]:
+    if values.size == 0:
+        return {"event_index": -1, "bytes": 0}
+    i = int(values.argmax())
+    return {"event_index": i, "bytes": int(values[i])}
+
+
+def build_timeline(
+    columns: Mapping[str, I64],
+    time_us: I64,
+    *,
+    keep: Iterable[int] = (),
+    buckets: int = DEFAULT_BUCKETS,
+    oom_index: int | None = None,
+    step_ends: Iterable[int] = (),
+) -> dict[str, Any]:
+    """The report's ``timeline``: downsampled series with every peak and the OOM exact."""
+    n = int(columns["reserved"].shape[0])
+    peaks = {name: peak_of(columns[name]) for name in PRIMARY}
+    step_list = [int(i) for i in step_ends]
+    forced = [p["event_index"] for p in peaks.values() if p["event_index"] >= 0]
+    forced += [i for i in (oom_index,) if i is not None] + list(keep)
+    points = select_points(columns, 0, n, buckets, forced)
+    out = {
+        "events": n,
+        "points": int(points.size),
+        "buckets": buckets,
+        "downsampled": bool(points.size < n),
+        **series_at(columns, time_us, points),
+        "peaks": peaks,
+        "oom_index": oom_index,
+        "step_ends": step_list,
+    }
+    return out
+
+
+def timeline_window(
+    replay: Any, start: int, end: int, max_points: int = 4000, *, time_us: I64 | None = None
+) -> dict[str, Any]:
+    """Events [start, end) of a replay at full detail, or downsampled to about ``max_points``.
+
+    ``replay`` is a RecordedReplay (or anything with its columns); ``time_us``
+    defaults to the replay's own ``time_us`` attribute when it has one.
+    """
+    columns = columns_of(replay)
+    n = int(columns["reserved"].shape[0])
+    lo, hi = max(0, int(start)), min(n, int(end))
+    times = time_us if time_us is not None else np.asarray(getattr(replay, "time_us", np.zeros(0)), np.int64)
+    if hi <= lo:
+        points = np.zeros(0, np.int64)
+    elif hi - lo <= max_points:
+        points = np.arange(lo, hi, dtype=np.int64)
+    else:
+        # Each bucket yields up to two points per primary series.
+        buckets = max(1, max_points // (2 * len(PRIMARY)))
+        points = select_points(columns, lo, hi, buckets)
+    return {"start": lo, "end": hi, "points": int(points.size), "full_detail": bool(points.size == hi - lo),
+            **series_at(columns, times, points)}
