@@ -33,48 +33,67 @@ MIB = 1 << 20
 # name: (PYTORCH_CUDA_ALLOC_CONF, workload, kwargs, why)
 CASES: dict[str, tuple[str, str, dict, str]] = {
     "gpu_side_stream": (
-        "", "side_stream", {},
+        "",
+        "side_stream",
+        {},
         "batches made on a side stream and consumed on the default one (record_stream); a main-stream "
         "buffer read by a sleeping side stream, so its free_completed comes long after free_requested; "
         "ends with a block still active_pending_free",
     ),
     "gpu_cuda_graph": (
-        "", "cuda_graph", {},
+        "",
+        "cuda_graph",
+        {},
         "CUDA graph capture and replay: one graph in its own private pool, two sharing a "
         "graph_pool_handle pool that is released (graphs deleted, empty_cache), plus eager training beside them",
     ),
     "gpu_empty_cache": (
-        "", "varshape", {"steps": 14, "tokens": (1024, 24576), "empty_cache_every": 3},
+        "",
+        "varshape",
+        {"steps": 14, "tokens": (1024, 24576), "empty_cache_every": 3},
         "variable-shape MLP training calling torch.cuda.empty_cache() every third step",
     ),
     "gpu_roundup": (
-        "roundup_power2_divisions:4", "varshape", {"steps": 12, "tokens": (2048, 32768), "scratch": 4},
+        "roundup_power2_divisions:4",
+        "varshape",
+        {"steps": 12, "tokens": (2048, 32768), "scratch": 4},
         "roundup_power2_divisions:4 with variable activation sizes and odd-sized scratch buffers (100 KiB-1.5 GiB)",
     ),
     "gpu_roundup_list": (
-        "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]", "varshape",
+        "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+        "varshape",
         {"steps": 12, "tokens": (2048, 32768), "scratch": 4},
         "the list form of roundup_power2_divisions on the same workload as gpu_roundup",
     ),
     "gpu_gc_threshold": (
-        "garbage_collection_threshold:0.6", "varshape", {"steps": 24, "tokens": (2048, 20480), "cap_gib": 4.5},
+        "garbage_collection_threshold:0.6",
+        "varshape",
+        {"steps": 24, "tokens": (2048, 20480), "cap_gib": 4.5},
         "garbage_collection_threshold:0.6 under a 4.5 GiB per-process cap with variable shapes: reserved "
         "crosses 2.7 GiB, so cached blocks are cudaFree'd by GC with no OOM and no empty_cache",
     ),
     "gpu_grow_oom": (
-        "", "varshape", {"steps": 60, "tokens": (2048, 40960), "grow": 1536, "cap_gib": 3.0},
+        "",
+        "varshape",
+        {"steps": 60, "tokens": (2048, 40960), "grow": 1536, "cap_gib": 3.0},
         "MLP training with growing, jittery token counts under a 3 GiB cap, default settings: ends in an OOM",
     ),
     "gpu_expandable_oom": (
-        "expandable_segments:True", "varshape", {"steps": 60, "tokens": (2048, 40960), "grow": 1536, "cap_gib": 3.0},
+        "expandable_segments:True",
+        "varshape",
+        {"steps": 60, "tokens": (2048, 40960), "grow": 1536, "cap_gib": 3.0},
         "gpu_grow_oom's workload with expandable_segments:True (segment_map/unmap), also ending in an OOM",
     ),
     "gpu_maxsplit_oom": (
-        "max_split_size_mb:64", "varshape", {"steps": 60, "tokens": (2048, 40960), "grow": 1536, "cap_gib": 3.0},
+        "max_split_size_mb:64",
+        "varshape",
+        {"steps": 60, "tokens": (2048, 40960), "grow": 1536, "cap_gib": 3.0},
         "gpu_grow_oom's workload with max_split_size_mb:64 (oversize blocks, release_available_cached_blocks)",
     ),
     "gpu_client_oom": (
-        "", "client_oom", {"steps": 60, "tokens": (2048, 40960), "grow": 1536, "cap_gib": 3.0},
+        "",
+        "client_oom",
+        {"steps": 60, "tokens": (2048, 40960), "grow": 1536, "cap_gib": 3.0},
         "a training script using oomscope_client.record + dump_on_oom (observer attached lazily before "
         "CUDA init): the snapshot is the client's own OOM dump, the sidecar is kept under truth['client']",
     ),
@@ -102,8 +121,20 @@ def _row(torch, step, **facts):
     return row
 
 
-def varshape(torch, steps=12, tokens=(1024, 16384), cap_gib=None, grow=0, empty_cache_every=0, scratch=0,
-             seed=0, d=1024, hidden=4096, blocks=3, **_):
+def varshape(
+    torch,
+    steps=12,
+    tokens=(1024, 16384),
+    cap_gib=None,
+    grow=0,
+    empty_cache_every=0,
+    scratch=0,
+    seed=0,
+    d=1024,
+    hidden=4096,
+    blocks=3,
+    **_,
+):
     """MLP training on a variable number of tokens per step (the shape that fragments a cache).
 
     grow: the upper token bound rises by this much per step (jittery growth until an OOM under the cap).
@@ -111,7 +142,7 @@ def varshape(torch, steps=12, tokens=(1024, 16384), cap_gib=None, grow=0, empty_
     """
     _cap(torch, cap_gib)
     torch.manual_seed(seed)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 (workload shapes, not secrets)
     model = _mlp(torch, d, hidden, blocks)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     lo, hi = tokens
@@ -121,8 +152,12 @@ def varshape(torch, steps=12, tokens=(1024, 16384), cap_gib=None, grow=0, empty_
             n = rng.randint(max(lo, top * 3 // 4), top)
         else:
             n = rng.randint(lo, hi)
-        bufs = [torch.empty(int(math.exp(rng.uniform(math.log(100 << 10), math.log(1.5 * GIB)))), dtype=torch.uint8,
-                            device="cuda") for _ in range(scratch)]
+        bufs = [
+            torch.empty(
+                int(math.exp(rng.uniform(math.log(100 << 10), math.log(1.5 * GIB)))), dtype=torch.uint8, device="cuda"
+            )
+            for _ in range(scratch)
+        ]
         x = torch.randn(n, d, device="cuda")
         loss = model(x).square().mean()
         del bufs[: len(bufs) // 2]  # half die before backward, half after: two lifetimes
@@ -140,7 +175,7 @@ def varshape(torch, steps=12, tokens=(1024, 16384), cap_gib=None, grow=0, empty_
 def side_stream(torch, steps=12, seed=0, d=1024, sleep_cycles=50_000_000, **_):
     """Two streams: inputs made on a side stream, a main-stream buffer read on the side stream."""
     torch.manual_seed(seed)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 (workload shapes, not secrets)
     model = _mlp(torch, d, 4096, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     side = torch.cuda.Stream()
@@ -182,7 +217,7 @@ def side_stream(torch, steps=12, seed=0, d=1024, sleep_cycles=50_000_000, **_):
 def cuda_graph(torch, steps=10, seed=0, d=1024, batch=4096, **_):
     """Graph capture/replay in private pools beside eager variable-shape training."""
     torch.manual_seed(seed)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 (workload shapes, not secrets)
     net = _mlp(torch, d, 4096, 2).eval()
     static_in = torch.randn(batch, d, device="cuda")
     warm = torch.cuda.Stream()
@@ -206,8 +241,14 @@ def cuda_graph(torch, steps=10, seed=0, d=1024, batch=4096, **_):
     torch.cuda.synchronize()
     del side_graphs, side_outs, g
     torch.cuda.empty_cache()  # the shared pool is now unused: its segments go back
-    LOG.append({"step": -1, "event": "shared pool released", "reserved": torch.cuda.memory_reserved(),
-                "allocated": torch.cuda.memory_allocated()})
+    LOG.append(
+        {
+            "step": -1,
+            "event": "shared pool released",
+            "reserved": torch.cuda.memory_reserved(),
+            "allocated": torch.cuda.memory_allocated(),
+        }
+    )
     model = _mlp(torch, d, 4096, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for step in range(steps):
@@ -237,7 +278,7 @@ def run_case(name: str, outdir: Path) -> None:
     dumper = None
     if workload == "client_oom":
         sys.path.insert(0, str(REPO / "client"))
-        import oomscope_client  # noqa: E402  (exercises its torch-free import first)
+        import oomscope_client
 
         client = oomscope_client
         import torch
@@ -250,10 +291,20 @@ def run_case(name: str, outdir: Path) -> None:
 
         # before any CUDA allocation, so the trace covers the whole process
         torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks=stacks, max_entries=max_entries)
-    truth = {"case": name, "alloc_conf": conf, "workload": workload, "kwargs": kw, "stacks": stacks,
-             "max_entries": max_entries, "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
-             "total_memory": torch.cuda.get_device_properties(0).total_memory}
-    fn = {"varshape": varshape, "side_stream": side_stream, "cuda_graph": cuda_graph, "client_oom": client_oom}[workload]
+    truth = {
+        "case": name,
+        "alloc_conf": conf,
+        "workload": workload,
+        "kwargs": kw,
+        "stacks": stacks,
+        "max_entries": max_entries,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+        "total_memory": torch.cuda.get_device_properties(0).total_memory,
+    }
+    fn = {"varshape": varshape, "side_stream": side_stream, "cuda_graph": cuda_graph, "client_oom": client_oom}[
+        workload
+    ]
     t0 = time.time()
     oom = None
     try:
@@ -275,8 +326,11 @@ def run_case(name: str, outdir: Path) -> None:
         if not dumper.paths:
             raise SystemExit(f"{name}: the client wrote no dump")
         sidecar = json.loads(dumper.sidecars[0].read_text())
-        truth["client"] = {"observer_attached": dumper.observer_attached, "sidecar": sidecar,
-                           "files": [p.name for p in dumper.paths]}
+        truth["client"] = {
+            "observer_attached": dumper.observer_attached,
+            "sidecar": sidecar,
+            "files": [p.name for p in dumper.paths],
+        }
         # The client dumped inside the failing allocation; the stats above were read after the
         # exception unwound (activations freed). "At the dump" means the client's own reading.
         truth["memory_stats_after_unwind"] = truth["memory_stats"]
@@ -285,7 +339,7 @@ def run_case(name: str, outdir: Path) -> None:
         truth["memory_summary_note"] = "memory_summary was taken after the exception unwound, not at the dump"
         shutil.copyfile(dumper.paths[0], out)
         raw = gzip.decompress(out.read_bytes())
-        snap = pickle.loads(raw)
+        snap = pickle.loads(raw)  # noqa: S301 (the file this process just wrote)
         shutil.rmtree(outdir / "client_dumps")
     else:
         snap = torch.cuda.memory._snapshot()
@@ -316,22 +370,39 @@ def _pending_lags(trace):
 def verify(name: str, outdir: Path) -> dict:
     pkl, tj = outdir / f"{name}.pickle.gz", outdir / f"{name}.truth.json"
     truth = json.loads(tj.read_text())
-    snap = pickle.loads(gzip.decompress(pkl.read_bytes()))
+    snap = pickle.loads(gzip.decompress(pkl.read_bytes()))  # noqa: S301 (our own capture)
     trace = snap["device_traces"][0]
     actions = Counter(e["action"] for e in trace)
     ms = truth["memory_stats"]
     facts = {
-        "case": name, "gz_bytes": pkl.stat().st_size, "events": len(trace),
-        "peak_reserved": ms["reserved_bytes.all.peak"], "peak_allocated": ms["allocated_bytes.all.peak"],
-        "oom": truth["oom_message"] is not None, "steps_logged": len(truth["workload_log"] or []),
-        "actions": dict(actions), "num_alloc_retries": ms.get("num_alloc_retries"), "num_ooms": ms.get("num_ooms"),
-        "streams": len({s["stream"] for s in snap["segments"]} | {e["stream"] for e in trace if e["action"] == "alloc"}),
+        "case": name,
+        "gz_bytes": pkl.stat().st_size,
+        "events": len(trace),
+        "peak_reserved": ms["reserved_bytes.all.peak"],
+        "peak_allocated": ms["allocated_bytes.all.peak"],
+        "oom": truth["oom_message"] is not None,
+        "steps_logged": len(truth["workload_log"] or []),
+        "actions": dict(actions),
+        "num_alloc_retries": ms.get("num_alloc_retries"),
+        "num_ooms": ms.get("num_ooms"),
+        "streams": len(
+            {s["stream"] for s in snap["segments"]} | {e["stream"] for e in trace if e["action"] == "alloc"}
+        ),
         "segment_pools": sorted({str(tuple(s.get("segment_pool_id", (0, 0)))) for s in snap["segments"]}),
         "trace_pools": sorted({str(tuple(e["pool_id"])) for e in trace if "pool_id" in e}),
         "block_states": dict(Counter(b["state"] for s in snap["segments"] for b in s["blocks"])),
-        "settings": {k: v for k, v in snap.get("allocator_settings", {}).items()
-                     if k in ("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold", "roundup_power2_divisions",
-                              "max_split_size", "expandable_segments")},
+        "settings": {
+            k: v
+            for k, v in snap.get("allocator_settings", {}).items()
+            if k
+            in (
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "garbage_collection_threshold",
+                "roundup_power2_divisions",
+                "max_split_size",
+                "expandable_segments",
+            )
+        },
         "annotations": len(snap.get("external_annotations", [])),
     }
     lags, unmatched = _pending_lags(trace)
@@ -348,8 +419,12 @@ def verify(name: str, outdir: Path) -> dict:
         facts["reader"] = f"FAILED {type(e).__name__}: {e}"
     if "client" in truth:
         side = truth["client"]["sidecar"]
-        facts["client"] = {"observer_attached": truth["client"]["observer_attached"], "trigger": side["trigger"],
-                           "message_filled": side["oom_message"] is not None, "observer": side["observer"]}
+        facts["client"] = {
+            "observer_attached": truth["client"]["observer_attached"],
+            "trigger": side["trigger"],
+            "message_filled": side["oom_message"] is not None,
+            "observer": side["observer"],
+        }
     return facts
 
 
@@ -357,12 +432,12 @@ def check_excepthook(outdir: Path) -> str:
     """An uncaught OOM with the observer off: the client must dump from sys.excepthook."""
     dump_dir = outdir / "excepthook_dumps"
     code = (
-        "import sys; sys.path.insert(0, %r); import oomscope_client as oc, torch\n"
-        "oc.record(max_entries=100000); oc.dump_on_oom(%r, observer=False)\n"
+        f"import sys; sys.path.insert(0, {str(REPO / 'client')!r}); import oomscope_client as oc, torch\n"
+        f"oc.record(max_entries=100000); oc.dump_on_oom({str(dump_dir)!r}, observer=False)\n"
         "torch.cuda.set_per_process_memory_fraction(1 * (1 << 30) / torch.cuda.get_device_properties(0).total_memory)\n"
         "keep = [torch.empty(256 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]\n"
-    ) % (str(REPO / "client"), str(dump_dir))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # noqa: S603
     files = sorted(p.name for p in dump_dir.glob("*")) if dump_dir.exists() else []
     ok = "no dump"
     for p in dump_dir.glob("*.pickle.gz") if dump_dir.exists() else []:
@@ -404,7 +479,7 @@ def main(argv: list[str]) -> int:
             env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         t0 = time.time()
         try:
-            r = subprocess.run([sys.executable, __file__, str(outdir), n], env=env, timeout=240)
+            r = subprocess.run([sys.executable, __file__, str(outdir), n], env=env, timeout=240)  # noqa: S603
             rc = r.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -423,9 +498,12 @@ def main(argv: list[str]) -> int:
             failed.append(n)
             continue
         summary.append(f)
-        print(f"{n}: events {f['events']}, peak reserved {f['peak_reserved'] / GIB:.3f} GiB, peak allocated "
-              f"{f['peak_allocated'] / GIB:.3f} GiB, {'OOM' if f['oom'] else 'no OOM'}, {f['gz_bytes'] / 1e6:.2f} MB gz, "
-              f"reader {f['reader']}", flush=True)
+        print(
+            f"{n}: events {f['events']}, peak reserved {f['peak_reserved'] / GIB:.3f} GiB, peak allocated "
+            f"{f['peak_allocated'] / GIB:.3f} GiB, {'OOM' if f['oom'] else 'no OOM'}, {f['gz_bytes'] / 1e6:.2f} MB gz, "
+            f"reader {f['reader']}",
+            flush=True,
+        )
         print("    " + json.dumps({k: v for k, v in f.items() if k not in ("case",)}, default=str), flush=True)
     if any(CASES[n][1] == "client_oom" for n in names):
         try:

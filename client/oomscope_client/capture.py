@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Union
 
 SIDECAR_FORMAT = "oomscope-client-sidecar/1"
 
@@ -149,7 +149,8 @@ def _num_ooms(torch: Any) -> int:
 # --------------------------------------------------------------------------- OOM dumps
 
 
-UploadSpec = Callable[[Path], Any] | Mapping[str, Any]
+# typing.Union and timezone.utc keep the client importable on Python 3.9/3.10 training images
+UploadSpec = Union[Callable[[Path], Any], Mapping[str, Any]]  # noqa: UP007
 
 
 class OomDumper:
@@ -273,7 +274,7 @@ class OomDumper:
         with self._lock:
             if not self.enabled or len(self.paths) >= self.max_dumps:
                 return None
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")  # noqa: UP017
             device = observed["device"] if observed else torch.cuda.current_device()
             stem = f"{self.prefix}-{socket.gethostname()}-pid{os.getpid()}-dev{device}-{stamp}-{len(self.paths)}"
             path = self.path_dir / (stem + (".pickle.gz" if self.compress else ".pickle"))
@@ -285,7 +286,7 @@ class OomDumper:
                 "format": SIDECAR_FORMAT,
                 "snapshot": path.name,
                 "trigger": trigger,
-                "created_at": datetime.now(timezone.utc).isoformat(),
+                "created_at": datetime.now(timezone.utc).isoformat(),  # noqa: UP017
                 "oom_message": message,
                 "observer": observed,
                 **state_facts(torch, device),
@@ -293,7 +294,6 @@ class OomDumper:
                 **_describe_snapshot(snapshot),
                 "dump_seconds": round(time.monotonic() - t0, 3),
             }
-            del raw, snapshot
             sidecar_path = self.path_dir / (stem + ".json")
             sidecar_path.write_text(json.dumps(sidecar, indent=1, default=str))
             self.paths.append(path)

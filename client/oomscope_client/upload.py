@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -103,7 +104,12 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def api_url(url: str) -> str:
-    """The upload endpoint for a site URL (``https://host``) or the endpoint itself."""
+    """The upload endpoint for a site URL (``https://host``) or the endpoint itself.
+
+    Only http and https: urllib would also open ``file:`` and other schemes.
+    """
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise UploadError(f"the site URL must start with http:// or https://, not {url!r}")
     base = url.rstrip("/")
     return base if base.endswith(API_PATH) else base + API_PATH
 
@@ -140,7 +146,7 @@ def upload(
     if note is not None:
         fields.append(("note", note))
     body = MultipartBody(fields, "file", path, filename=filename, content_type=_content_type_for(path))
-    request = urllib.request.Request(
+    request = urllib.request.Request(  # noqa: S310 (api_url allows http and https only)
         api_url(url),
         data=body,
         method="POST",

@@ -1,4 +1,4 @@
-"""OomDumper's own logic (lazy attach, one dump per OOM, sidecar, excepthook chain) on a torch stand-in."""
+"""OomDumper's own logic (lazy attach, one dump per OOM, sidecar, excepthook chain) on conftest's torch stand-in."""
 
 from __future__ import annotations
 
@@ -7,18 +7,9 @@ import json
 import pickle
 import sys
 
-import pytest
-from fake_torch import make_fake_torch
-
 import oomscope_client
+import pytest
 from oomscope_client.capture import SIDECAR_FORMAT
-
-
-@pytest.fixture
-def torch(monkeypatch):
-    fake = make_fake_torch()
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    return fake
 
 
 @pytest.fixture(autouse=True)
