@@ -57,32 +57,15 @@ class _Progress:
         _emit({"event": "progress", "stage": str(stage or ""), "progress": percent})
 
 
-def _fallback_report(path: Path) -> dict[str, Any]:
-    """What can be stored while ``analysis.report`` does not exist yet: the parsed shape."""
-    from analysis.reader import read_snapshot
-
-    snapshot = read_snapshot(path)
-    return {
-        "schema": "oomscope.report/1",
-        "partial": True,
-        "source": {"filename": path.name, "bytes": path.stat().st_size},
-        "devices": [
-            {"device": getattr(d, "device", i), "events": len(getattr(getattr(d, "trace", None), "action", ()))}
-            for i, d in enumerate(getattr(snapshot, "devices", ()))
-        ],
-    }
-
-
 def analyse(path: Path, filename: str | None) -> dict[str, Any]:
     progress = _Progress()
     progress("reading")
-    try:
-        from analysis.report import build_report
-    except ImportError:
-        return _fallback_report(path)
-    report: dict[str, Any] = build_report(path, progress=progress)
-    if filename and isinstance(report.get("source"), dict):
-        report["source"]["filename"] = filename  # the stored file is named by its hash
+    from analysis.report import build_report
+
+    # Bytes, not the path: the file is read whole either way, and reading it here sizes
+    # the buffer by the file rather than by the reader's input cap (which RLIMIT_AS refuses).
+    data = path.read_bytes()
+    report: dict[str, Any] = build_report(data, progress=progress, filename=filename or path.name)
     return report
 
 
