@@ -137,7 +137,8 @@ _SETTING_WHY = {
 
 def _allocator_rule(setting: str) -> Rule:
     def applies(ctx: AdviceContext) -> bool:
-        if _already_set(ctx, setting):
+        # A replay of part of the history cannot be compared with the whole run's peak.
+        if _already_set(ctx, setting) or not ctx.capture.get("trace_complete", False):
             return False
         best = _best_whatif(ctx, setting)
         return best is not None and _improves(ctx, best)

@@ -6,18 +6,23 @@ its stack (see ``analysis.stacks`` traits) and its lifetime (from the trace's
 alloc/free pairs), with the training steps' optimizer windows as landmarks.
 Rules, first match wins (docs/report.md lists them with examples):
 
-1. ``optimizer_state``: allocated under ``torch/optim/`` and either made by the
-   state initialisation (``_init_group``) or alive after the optimizer step that
-   made it ended. Other optimizer allocations are ``temporaries``.
+1. ``optimizer_state``: allocated under ``torch/optim/`` (or, without frames,
+   inside an ``Optimizer.step`` annotation) and either made by the state
+   initialisation (``_init_group``) or alive after the optimizer step that made
+   it ended. Other optimizer allocations are ``temporaries``.
 2. ``parameters``: allocated by ``Module._apply`` (``.cuda()``, ``.to()``), or
-   allocated before the first optimizer step began and never freed.
+   allocated before the first optimizer step began and alive after the last one
+   ended, by code outside module forwards and backward (or, in a trace without
+   any frames, by anything).
 3. Backward allocations: stacks through the autograd engine or
    ``Tensor.backward``, or - when the trace has frames but ``stacks="python"``
    left the autograd thread's allocations without any - frame-less allocations
    inside a training step before its optimizer step. They are ``gradients`` when
    they survive until the optimizer step starts (``.grad`` tensors live until
    ``zero_grad``), else ``temporaries``.
-4. Forward allocations (any other allocation with frames): ``activations`` when
+4. Forward allocations (any other allocation with frames): ``unknown`` when
+   they outlive every optimizer step (a workspace or cache, e.g. cuBLAS's);
+   ``activations`` when
    they live until a backward allocation happens after them (saved for
    backward) or the trace has no backward at all (inference), else
    ``temporaries``.
@@ -32,6 +37,7 @@ import numpy.typing as npt
 from analysis.stacks import (
     TRAIT_BACKWARD,
     TRAIT_MODULE_APPLY,
+    TRAIT_MODULE_FORWARD,
     TRAIT_OPTIMIZER,
     TRAIT_OPTIMIZER_STATE_INIT,
     Lifetimes,
@@ -126,9 +132,14 @@ def classify(
     # alive after the last one ended.
     backward_trait = (traits & TRAIT_BACKWARD) != 0
     assign((traits & TRAIT_MODULE_APPLY) != 0, PARAMETERS)
+    forward_trait = (traits & TRAIT_MODULE_FORWARD) != 0
     if opt_start.size:
         last_opt_end = int(opt_end[-1])
-        assign((start < first_opt) & (end > last_opt_end) & ~backward_trait, PARAMETERS)
+        # With frames, only code outside module forwards/backward qualifies (a forward
+        # that allocates once and keeps it is a library workspace, not a parameter);
+        # frame-less allocations qualify only when the whole trace has no frames.
+        eligible = (has_frames & ~forward_trait & ~backward_trait) | (~has_frames & (not trace_has_frames))
+        assign((start < first_opt) & (end > last_opt_end) & eligible, PARAMETERS)
 
     # 3. backward. With stacks="python" the autograd thread records no frames; a
     # frame-less allocation whose nearest earlier framed allocation is the
@@ -144,8 +155,12 @@ def classify(
     assign(backward & (end >= next_opt_start) & (next_opt_start < n), GRADIENTS)
     assign(backward, TEMPORARIES)
 
-    # 4. forward
+    # 4. forward. Activations die every step; a forward allocation that outlives
+    # the last optimizer step after starting before it is a cache or workspace.
     forward = has_frames
+    if opt_start.size:
+        persistent = (start < opt_start[-1]) & (end > opt_end[-1])
+        assign(forward & persistent, UNKNOWN)
     bwd_idx = start[backward]
     if bwd_idx.size:
         j = np.searchsorted(bwd_idx, start, side="right")

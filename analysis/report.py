@@ -63,7 +63,7 @@ GC_CANDIDATE = "garbage_collection_threshold:0.6"
 # The report's own what-if replays cost a full pass each: past this many
 # simulated events in total, the cheapest-to-skip candidates are dropped
 # (expandable_segments is always tried).
-AUTO_WHATIF_EVENT_BUDGET = 6_000_000
+AUTO_WHATIF_EVENT_BUDGET = 4_000_000
 TOP_STACKS = 10
 SEGMENT_MAP_MAX_SEGMENTS = 200
 SEGMENT_MAP_MAX_BLOCKS = 48
@@ -238,10 +238,16 @@ class _DeviceAnalysis:
         trace_has_frames = bool((trace.stack >= 0).any())
         codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames)
 
+        # A block live before the trace carries the stack of the event that freed it
+        # when the final snapshot no longer holds it; with context="all" that is the
+        # free site, not the allocation site, so such blocks count as "no frames".
+        trusted_pre: set[int] | None = None
+        if _frees_record_free_sites(trace, lifetimes):
+            trusted_pre = {b.address for _, b in moments[-1].state.live_blocks() if b.alloc_index < 0}
         top_stacks: list[dict[str, Any]] = []
         live_by_moment: dict[str, tuple[I64, I64, I64]] = {}
         for m in moments:
-            stacks, sizes, alloc_idx = _live_blocks(m.state)
+            stacks, sizes, alloc_idx = _live_blocks(m.state, trusted_pre)
             live_by_moment[m.name] = (stacks, sizes, alloc_idx)
             totals = totals_by_group(catalog, stacks, sizes)
             top_stacks.extend(top_entries(catalog, totals, m.name, TOP_STACKS))
@@ -486,11 +492,21 @@ def _requested_peak_guess(lifetimes: Lifetimes, n: int) -> int | None:
     return int(np.cumsum(delta[:n]).argmax())
 
 
-def _live_blocks(state: AllocatorState) -> tuple[I64, I64, I64]:
+def _frees_record_free_sites(trace: Any, lifetimes: Lifetimes) -> bool:
+    """Whether frees carry their own (free-site) stacks, as with context="all"."""
+    freed = lifetimes.end < lifetimes.n_events
+    if not freed.any():
+        return False
+    free_stack = trace.stack[lifetimes.end[freed]]
+    return bool((free_stack != lifetimes.stack[freed]).mean() > 0.5)
+
+
+def _live_blocks(state: AllocatorState, trusted_pre: set[int] | None = None) -> tuple[I64, I64, I64]:
     """Stack ids, block sizes and alloc event indices of the allocated blocks of a state.
 
     Only ``active_allocated`` blocks count: ``allocated_bytes`` drops at the free
-    request, so pending frees are not live bytes.
+    request, so pending frees are not live bytes. With ``trusted_pre`` given,
+    blocks from before the trace keep their stack only if their address is in it.
     """
     stacks: list[int] = []
     sizes: list[int] = []
@@ -498,7 +514,8 @@ def _live_blocks(state: AllocatorState) -> tuple[I64, I64, I64]:
     for seg in state.segments:
         for b in seg.blocks:
             if b.state == "active_allocated":
-                stacks.append(b.stack)
+                trusted = b.alloc_index >= 0 or trusted_pre is None or b.address in trusted_pre
+                stacks.append(b.stack if trusted else -1)
                 sizes.append(b.size)
                 alloc_idx.append(b.alloc_index)
     return np.array(stacks, np.int64), np.array(sizes, np.int64), np.array(alloc_idx, np.int64)

@@ -34,8 +34,9 @@ SERIES: tuple[tuple[str, str], ...] = (
     ("inactive_split", "inactive_split_bytes"),
     ("largest_free", "largest_free_bytes"),
 )
-# Series whose extremes choose the kept events; the others are read at those events.
-PRIMARY: tuple[str, ...] = ("reserved", "allocated", "requested")
+# Series whose extremes choose the kept events; the others are read at those
+# events (the requested peak is kept exactly as a forced point).
+PRIMARY: tuple[str, ...] = ("reserved", "allocated")
 DEFAULT_BUCKETS = 1000
 
 
@@ -113,7 +114,7 @@ def build_timeline(
 ) -> dict[str, Any]:
     """The report's ``timeline``: downsampled series with every peak and the OOM exact."""
     n = int(columns["reserved"].shape[0])
-    peaks = {name: peak_of(columns[name]) for name in PRIMARY}
+    peaks = {name: peak_of(columns[name]) for name in ("reserved", "allocated", "requested")}
     step_list = [int(i) for i in step_ends]
     forced = [p["event_index"] for p in peaks.values() if p["event_index"] >= 0]
     forced += [i for i in (oom_index,) if i is not None] + list(keep)
