@@ -47,6 +47,8 @@ DEFAULT_POOL: tuple[int, int] = (0, 0)
 ACTIVE_ALLOCATED = "active_allocated"
 ACTIVE_PENDING_FREE = "active_pending_free"
 INACTIVE = "inactive"
+BLOCK_STATES: frozenset[str] = frozenset({ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE})
+SEGMENT_TYPES: frozenset[str] = frozenset({"small", "large"})
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]

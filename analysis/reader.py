@@ -1,24 +1,54 @@
-"""Safe snapshot reader (FIRST DRAFT: correct on real files, not yet hardened or fast).
+"""Safe snapshot reader: sniff the container, unpickle with no globals, convert.
 
-The reader helper replaces this with the hardened version (caps, schema codes,
-all formats and versions, speed). The signature of ``read_snapshot`` stays.
+Nothing in a file can run code here: the unpickler is the C one with
+``find_class`` and ``persistent_load`` refusing everything, so no opcode can
+reach a callable (REDUCE, BUILD, NEWOBJ, ... then fail on plain data). What a
+hostile file can still do is cost time and memory, so every stage is capped by
+``ReadLimits`` (passed by the caller, never read from settings):
+
+- the input size, the decompressed size and the compression ratio (gzip is
+  streamed through ``zlib.decompressobj`` with ``max_length``; zip members are
+  read in chunks);
+- the expanded size of the object graph (a memo DAG of a few hundred bytes can
+  stand for 2**60 nodes): the converter charges every event, key and frame it
+  would expand *before* touching them, against ``nodes_per_byte`` x file bytes;
+- nesting depth and cycles, measured only where the schema was violated (the
+  converter never descends into anything the schema does not expect, so a deep
+  or cyclic structure elsewhere is never walked).
+
+Schema checks ride on the conversion to the columnar model, which touches every
+event anyway: columns are built with C-level ``map`` passes and checked with
+``set(map(type, ...))`` and numpy, not in a separate generic walk. Every
+refusal is a ``SnapshotError`` with a stable code (docs/reader.md lists them).
 """
 
 from __future__ import annotations
 
 import gc
-import gzip
 import io
+import json
+import math
+import operator
+import os
 import pickle
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from analysis.errors import FormatError, UnsafeError
+from analysis.errors import FormatError, LimitError, SchemaError, SnapshotError, UnsafeError
 from analysis.model import (
     ACTION_CODE,
+    BLOCK_STATES,
     DEFAULT_POOL,
+    OOM,
+    SEGMENT_TYPES,
     AllocatorSettings,
     Annotation,
     Block,
@@ -28,138 +58,853 @@ from analysis.model import (
     Snapshot,
     StackTable,
     Trace,
+    Warning_,
 )
+
+I64_MAX = (1 << 63) - 1
+I64_MIN = -(1 << 63)
+
+__all__ = ["ReadLimits", "read_snapshot", "sniff_format"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """Caps on what reading one file may cost. Defaults suit a 24 GiB worker."""
+
+    max_input_bytes: int = 4 << 30  # the file as given (compressed or not)
+    max_decompressed_bytes: int = 8 << 30  # the pickle/JSON after gunzip or unzip
+    max_ratio: int = 100  # decompressed/compressed, enforced past ratio_grace_bytes
+    ratio_grace_bytes: int = 8 << 20  # tiny highly-compressible files are fine
+    max_depth: int = 32  # real snapshots are 7 deep
+    nodes_per_byte: int = 8  # real files expand to 0.1-0.9 nodes per pickle byte
+    min_nodes: int = 1 << 20  # floor of the expansion budget for tiny files
+
+
+# ---------------------------------------------------------------------------
+# Containers: sniff, gunzip, unzip
+# ---------------------------------------------------------------------------
+
+_GZIP = b"\x1f\x8b"
+_ZIP = (b"PK\x03\x04", b"PK\x05\x06")
+_PICKLE_PROTOCOLS = frozenset({2, 3, 4, 5})
+_CHUNK = 16 << 20
+
+
+def sniff_format(head: bytes) -> str:
+    """Name the container from the first bytes: ``pickle | gzip | zip | json``.
+
+    Raises ``FormatError`` for anything else (HTML, text, protocol 0/1 pickles,
+    which no snapshot writer produces). At least 8 bytes should be given.
+    """
+    if not head:
+        raise FormatError("empty", "the file is empty")
+    if head[:1] == b"\x80":
+        if len(head) < 2:
+            raise FormatError("truncated", "the file ends inside the pickle header")
+        if head[1] in _PICKLE_PROTOCOLS:
+            return "pickle"
+        raise FormatError("unsupported-protocol", f"pickle protocol {head[1]} (snapshots use 2-5)")
+    if head[:2] == _GZIP:
+        return "gzip"
+    if head[:4] in _ZIP:
+        return "zip"
+    stripped = head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")
+    if stripped[:1] in (b"{", b"["):
+        return "json"
+    if not stripped and len(head) < 8:
+        raise FormatError("empty", "the file holds only whitespace")
+    if stripped[:1] == b"<":
+        raise FormatError("not-a-snapshot", "this looks like HTML or XML, not a memory snapshot")
+    raise FormatError("not-a-snapshot", "not a pickle, gzip, zip or JSON memory snapshot")
+
+
+def _gunzip(data: bytes | memoryview, limits: ReadLimits) -> bytes:
+    """Decompress every gzip member with output, size and ratio caps."""
+    out: list[bytes] = []
+    total = 0
+    view = memoryview(data)
+    while True:
+        dec = zlib.decompressobj(wbits=31)
+        pending: bytes | memoryview = view
+        try:
+            while True:
+                chunk = dec.decompress(pending, _CHUNK)
+                total += len(chunk)
+                _check_expansion(total, len(data), limits)
+                out.append(chunk)
+                pending = dec.unconsumed_tail
+                if dec.eof:
+                    break
+                if not pending:
+                    # Input exhausted: flush what zlib still holds, then it must be the end.
+                    chunk = dec.flush()
+                    total += len(chunk)
+                    _check_expansion(total, len(data), limits)
+                    out.append(chunk)
+                    if not dec.eof:
+                        raise FormatError("truncated", "the gzip stream ends early")
+                    break
+        except zlib.error as exc:
+            raise FormatError("corrupt-gzip", f"the gzip stream is damaged ({exc})") from None
+        rest = dec.unused_data
+        if not rest:
+            break
+        if rest[:2] != _GZIP:
+            raise FormatError("trailing-bytes", f"{len(rest)} bytes follow the gzip stream")
+        view = memoryview(rest)  # concatenated gzip members are one stream
+    return b"".join(out)
+
+
+def _check_expansion(total: int, compressed: int, limits: ReadLimits) -> None:
+    if total > limits.max_decompressed_bytes:
+        raise LimitError(
+            "decompressed-size", f"the content exceeds {limits.max_decompressed_bytes} bytes once decompressed"
+        )
+    if total > limits.ratio_grace_bytes and total > limits.max_ratio * max(compressed, 1):
+        raise LimitError(
+            "compression-ratio",
+            f"the content expands more than {limits.max_ratio}:1 (a decompression bomb, not a snapshot)",
+        )
+
+
+def _unzip(data: bytes, limits: ReadLimits) -> bytes:
+    """Read ``<dir>/data.pkl`` of a ``torch.save`` archive, with size caps."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            members = [i for i in zf.infolist() if _is_data_pkl(i.filename)]
+            if len(members) != 1:
+                raise FormatError(
+                    "zip-without-pickle",
+                    "a zip must be a torch.save archive holding exactly one */data.pkl",
+                )
+            info = members[0]
+            _check_expansion(info.file_size, max(info.compress_size, 1), limits)
+            out: list[bytes] = []
+            total = 0
+            with zf.open(info) as member:
+                while chunk := member.read(_CHUNK):
+                    total += len(chunk)
+                    _check_expansion(total, max(info.compress_size, 1), limits)
+                    out.append(chunk)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, zlib.error) as exc:
+        raise FormatError("corrupt-zip", f"the zip archive is damaged or unsupported ({exc})") from None
+    except RuntimeError as exc:  # encrypted members
+        raise FormatError("corrupt-zip", f"the zip archive cannot be read ({exc})") from None
+    return b"".join(out)
+
+
+def _is_data_pkl(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and parts[1] == "data.pkl" and bool(parts[0])
+
+
+# ---------------------------------------------------------------------------
+# Unpickling
+# ---------------------------------------------------------------------------
 
 
 class _NoGlobals(pickle.Unpickler):
+    """The C unpickler with every way to reach a callable closed."""
+
     def find_class(self, module: str, name: str) -> Any:
-        raise UnsafeError("global", f"the pickle asks for {module}.{name}; snapshots never do")
+        raise UnsafeError("global", f"the pickle asks for {module[:80]}.{name[:80]}; snapshots never do")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise UnsafeError("persistent-id", "the pickle uses a persistent id; snapshots never do")
+        raise UnsafeError("persistent-id", "the pickle uses a persistent id (a tensor or object store); snapshots never do")
 
 
-def read_snapshot(source: str | Path | bytes) -> Snapshot:
-    data = Path(source).read_bytes() if not isinstance(source, bytes) else source
-    fmt = "pickle"
-    if data[:2] == b"\x1f\x8b":
-        data, fmt = gzip.decompress(data), "pickle.gz"
-    if not data[:1] == b"\x80":
-        raise FormatError("not-a-snapshot", "not a pickle")
+# Messages of the C unpickler (CPython 3.11) that name what was attempted, so the
+# refusal can say so; anything not matched is still refused as corrupt.
+_MESSAGE_CODES: tuple[tuple[type[BaseException], str, type[SnapshotError], str], ...] = (
+    (pickle.UnpicklingError, "truncated", FormatError, "truncated"),
+    (pickle.UnpicklingError, "out-of-band", UnsafeError, "out-of-band-buffer"),
+    (pickle.UnpicklingError, "NEWOBJ", UnsafeError, "callable"),
+    (TypeError, "not callable", UnsafeError, "callable"),
+    (AttributeError, "__dict__", UnsafeError, "build"),
+    (AttributeError, "__setstate__", UnsafeError, "build"),
+    (ValueError, "extension code", UnsafeError, "extension"),
+    (ValueError, "unsupported pickle protocol", FormatError, "unsupported-protocol"),
+)
+
+
+def _unpickle(data: bytes | memoryview) -> Any:
+    """Load one pickle from memory; refuse trailing bytes after STOP.
+
+    Reading from an in-memory buffer (never a file object) keeps lying length
+    fields harmless: a BINUNICODE claiming 2 GiB reads what is there and fails
+    as truncated instead of preallocating.
+    """
+    stream = io.BytesIO(data)
+    try:
+        obj = _NoGlobals(stream).load()
+    except SnapshotError:
+        raise
+    except MemoryError:
+        raise LimitError("memory", "the pickle asks for more memory than the process may use") from None
+    except RecursionError:
+        raise LimitError("too-deep", "the pickle nests too deeply") from None
+    except EOFError:
+        raise FormatError("truncated", "the pickle ends before its STOP opcode") from None
+    except Exception as exc:  # the ~13 types a corrupt pickle raises (pickle-fuzz)
+        text = str(exc)
+        for kind, needle, error, reason in _MESSAGE_CODES:
+            if isinstance(exc, kind) and needle in text:
+                raise error(reason, f"refused: {text[:200]}") from None
+        raise FormatError("corrupt-pickle", f"the pickle is damaged ({type(exc).__name__}: {text[:200]})") from None
+    end = stream.tell()
+    if end != len(data) or data[len(data) - 1] != 0x2E:  # STOP must be the very last byte
+        raise FormatError("trailing-bytes", f"{len(data) - end} bytes follow the pickle's STOP opcode")
+    return obj
+
+
+def _parse_json(data: bytes) -> Any:
+    def refuse_constant(name: str) -> Any:
+        raise SchemaError("non-finite", f"JSON constant {name} where a number is expected")
+
+    try:
+        return json.loads(data, parse_constant=refuse_constant)
+    except SnapshotError:
+        raise
+    except RecursionError:
+        raise LimitError("too-deep", "the JSON nests too deeply") from None
+    except MemoryError:
+        raise LimitError("memory", "the JSON needs more memory than the process may use") from None
+    except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError, int digit limit
+        raise FormatError("bad-json", f"not valid JSON ({str(exc)[:200]})") from None
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The loaded graph is acyclic data: collections would only rescan it."""
+    was = gc.isenabled()
     gc.disable()
     try:
-        obj = _NoGlobals(io.BytesIO(data)).load()
+        yield
     finally:
-        gc.enable()
-    return _convert(obj, fmt)
+        if was:
+            gc.enable()
 
 
-class _Interner:
-    def __init__(self) -> None:
+# ---------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------
+
+
+def read_snapshot(source: str | os.PathLike[str] | bytes | bytearray | memoryview, *, limits: ReadLimits = ReadLimits()) -> Snapshot:
+    """Read a snapshot file (path) or its bytes into the columnar model.
+
+    Raises ``SnapshotError`` (with a stable ``.code``) for anything that is not a
+    usable snapshot; nothing in the file is ever executed.
+    """
+    raw = _read_source(source, limits)
+    container = sniff_format(bytes(raw[:16]))
+    fmt = {"pickle": "pickle", "gzip": "pickle.gz", "zip": "torch-zip", "json": "json"}[container]
+    if container == "gzip":
+        raw = _gunzip(raw, limits)
+        inner = sniff_format(bytes(raw[:16]))
+        if inner == "json":
+            fmt = "json"
+        elif inner != "pickle":
+            raise FormatError("not-a-snapshot", f"the gzip holds a {inner}, not a pickle")
+    elif container == "zip":
+        raw = _unzip(bytes(raw), limits)
+        if sniff_format(bytes(raw[:16])) != "pickle":
+            raise FormatError("not-a-snapshot", "the archive's data.pkl is not a pickle")
+    size = len(raw)
+    budget = max(limits.min_nodes, limits.nodes_per_byte * size)
+    with _gc_paused():
+        obj = _parse_json(bytes(raw)) if fmt == "json" else _unpickle(raw)
+        del raw  # the bytes and the graph together are the peak; keep only the graph
+        return _Converter(obj, fmt, budget, limits).run()
+
+
+def _read_source(source: str | os.PathLike[str] | bytes | bytearray | memoryview, limits: ReadLimits) -> bytes | memoryview:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data: bytes | memoryview = source if isinstance(source, bytes) else memoryview(source)
+        if len(data) > limits.max_input_bytes:
+            raise LimitError("file-size", f"the input exceeds {limits.max_input_bytes} bytes")
+        return data
+    path = Path(source)
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limits.max_input_bytes:
+            raise LimitError("file-size", f"the file is {size} bytes, over the {limits.max_input_bytes} byte limit")
+        data = f.read(limits.max_input_bytes + 1)
+    if len(data) > limits.max_input_bytes:
+        raise LimitError("file-size", f"the file exceeds {limits.max_input_bytes} bytes")
+    return data
+
+
+# ---------------------------------------------------------------------------
+# Conversion to the columnar model (with the schema checks)
+# ---------------------------------------------------------------------------
+
+_MISSING: Any = object()
+_NO_FRAMES: list[Any] = []  # stands for an absent ``frames`` key (len 0, never interned)
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+class _Converter:
+    def __init__(self, root: Any, fmt: str, budget: int, limits: ReadLimits) -> None:
+        self.root = root
+        self.fmt = fmt
+        self.budget = budget
+        self.used = 0
+        self.limits = limits
         self.table = StackTable()
-        self._frame_ids: dict[int, int] = {}
-        self._stack_ids: dict[tuple[int, ...], int] = {}
-        self._keep: list[Any] = []
+        self.frame_by_id: dict[int, int] = {}
+        self.frame_by_value: dict[tuple[str, int, str], int] = {}
+        self.stack_by_fids: dict[tuple[int, ...], int] = {}
+        self.stack_nodes: list[int] = []  # per interned stack: the values of its frame dicts
+        self.list_cache: dict[int, int] = {}  # id(frames list) -> stack id (graph stays alive meanwhile)
+        self.pools: list[tuple[int, int]] = [DEFAULT_POOL]
+        self.pool_ids: dict[tuple[int, int], int] = {DEFAULT_POOL: 0}
+        self.warnings: list[Warning_] = []
+        self.saw_event_frames = False
+        self.saw_any_frames = False
+        self.missing_requested = False
 
-    def stack(self, frames: list[dict[str, Any]] | None) -> int:
+    # -- budget and diagnosis ------------------------------------------------
+    def charge(self, nodes: int) -> None:
+        self.used += int(nodes)
+        if self.used > self.budget:
+            raise LimitError(
+                "expansion",
+                f"the object graph expands past {self.budget} nodes ({self.limits.nodes_per_byte} per file byte): "
+                "a memo bomb, not a snapshot",
+            )
+
+    def bad(self, where: str, value: Any, expected: str, reason: str = "wrong-type") -> SnapshotError:
+        """The error for a schema violation, unless the value is a bomb or cycle."""
+        structural = self.diagnose(value)
+        if structural is not None:
+            return structural
+        if isinstance(value, float) and not math.isfinite(value):
+            return SchemaError("non-finite", f"{where}: {value!r} where {expected} is expected")
+        return SchemaError(reason, f"{where}: expected {expected}, got {_kind(value)} {_short(value)}")
+
+    def diagnose(self, value: Any) -> SnapshotError | None:
+        """Bounded iterative look at an unexpected container: cycle, depth, expansion."""
+        if not isinstance(value, (list, tuple, dict)):
+            return None
+        limit = self.limits.max_depth
+        budget = self.budget
+        expanded: dict[int, int] = {}  # id -> expanded node count (DAG dynamic programming)
+        on_path: set[int] = set()
+        visits = 0
+        stack: list[tuple[Any, Iterator[Any] | None]] = [(value, None)]
+        while stack:
+            node, children = stack[-1]
+            if children is None:
+                on_path.add(id(node))
+                if len(stack) > limit:
+                    return LimitError("too-deep", f"the data nests deeper than {limit} levels")
+                items = node.values() if isinstance(node, dict) else node
+                stack[-1] = (node, iter(items))
+                continue
+            for child in children:
+                if isinstance(child, (list, tuple, dict)):
+                    cid = id(child)
+                    if cid in on_path:
+                        return SchemaError("cycle", "the data contains a reference cycle")
+                    if cid not in expanded:
+                        visits += 1
+                        if visits > budget:
+                            return LimitError("expansion", "the object graph is too large")
+                        stack.append((child, None))
+                        break
+            else:
+                stack.pop()
+                on_path.discard(id(node))
+                items = node.values() if isinstance(node, dict) else node
+                total = 1
+                for child in items:
+                    total += expanded.get(id(child), 1) if isinstance(child, (list, tuple, dict)) else 1
+                expanded[id(node)] = total
+                if total > budget:
+                    return LimitError(
+                        "expansion", f"the object graph expands past {budget} nodes: a memo bomb, not a snapshot"
+                    )
+        return None
+
+    # -- driver ---------------------------------------------------------------
+    def run(self) -> Snapshot:
+        root = self.root
+        if isinstance(root, list):
+            layout = "segments-only"
+            segments_raw: Any = root
+            traces_raw: Any = []
+            settings_raw: Any = _MISSING
+            annotations_raw: Any = []
+            self.charge(1)
+        elif isinstance(root, dict):
+            self.charge(1 + len(root))
+            if "segments" not in root:
+                raise SchemaError("missing-key", "the top-level dict has no 'segments' key: not a memory snapshot")
+            segments_raw = root["segments"]
+            traces_raw = root.get("device_traces", [])
+            settings_raw = root.get("allocator_settings", _MISSING)
+            annotations_raw = root.get("external_annotations", [])
+            layout = "modern"
+        else:
+            raise self.bad("top level", root, "a dict or a list of segments", "root-type")
+        for where, value in (("segments", segments_raw), ("device_traces", traces_raw),
+                             ("external_annotations", annotations_raw)):
+            if type(value) is not list:
+                raise self.bad(where, value, "a list")
+        self.charge(len(segments_raw) + len(traces_raw) + len(annotations_raw))
+        for i, t in enumerate(traces_raw):
+            if type(t) is not list:
+                raise self.bad(f"device_traces[{i}]", t, "a list of events")
+
+        segments_by_device = self.convert_segments(segments_raw)
+        if layout == "modern" and self.saw_history:
+            layout = "history"
+        ordinals = sorted(set(segments_by_device) | set(range(len(traces_raw))))
+        devices = []
+        for dev in ordinals:
+            events = traces_raw[dev] if dev < len(traces_raw) else []
+            trace, streams, cc, um = self.convert_trace(dev, events)
+            segs = segments_by_device.get(dev, [])
+            finished = [self.finish_segment(s, streams) for s in segs]
+            devices.append(DeviceData(dev, trace, finished, streams, cc, um))
+        annotations = self.convert_annotations(annotations_raw)
+        settings = self.convert_settings(settings_raw)
+        self.add_warnings(layout, devices, settings)
+        return Snapshot(self.fmt, layout, devices, self.pools, self.table, annotations, settings, self.warnings)
+
+    # -- frames and stacks -----------------------------------------------------
+    def frame_id(self, f: Any, where: str) -> int:
+        fid = self.frame_by_id.get(id(f))
+        if fid is not None:
+            return fid
+        if type(f) is not dict:
+            raise self.bad(where, f, "a frame dict")
+        filename, line, name = f.get("filename", _MISSING), f.get("line", _MISSING), f.get("name", _MISSING)
+        if filename is _MISSING or line is _MISSING or name is _MISSING:
+            raise SchemaError("missing-key", f"{where}: a frame needs filename, line and name")
+        if type(filename) is not str or type(name) is not str:
+            raise self.bad(where, filename if type(filename) is not str else name, "a str")
+        if type(line) is not int:
+            raise self.bad(f"{where}.line", line, "an int")
+        key = (filename, line, name)
+        fid = self.frame_by_value.get(key)
+        if fid is None:
+            fid = self.frame_by_value[key] = len(self.table.frames)
+            self.table.frames.append(Frame(filename, line, name))
+        self.frame_by_id[id(f)] = fid
+        return fid
+
+    def stack_of(self, frames: Any, where: str) -> int:
+        """Intern one frames list (slow path: segments, blocks, odd events)."""
+        if frames is _NO_FRAMES:
+            return -1
+        sid = self.list_cache.get(id(frames))
+        if sid is not None:
+            return sid
+        if type(frames) is not list:
+            raise self.bad(where, frames, "a list of frames")
+        self.charge(len(frames))
         if not frames:
             return -1
-        ids = []
-        for f in frames:
-            fid = self._frame_ids.get(id(f))
-            if fid is None:
-                fid = len(self.table.frames)
-                self.table.frames.append(Frame(str(f["filename"]), int(f["line"]), str(f["name"])))
-                self._frame_ids[id(f)] = fid
-                self._keep.append(f)
-            ids.append(fid)
-        key = tuple(ids)
-        sid = self._stack_ids.get(key)
+        self.saw_any_frames = True
+        fids = tuple(self.frame_id(f, f"{where}[{k}]") for k, f in enumerate(frames))
+        sid = self.stack_by_fids.get(fids)
         if sid is None:
-            sid = len(self.table.stacks)
-            self.table.stacks.append(key)
-            self._stack_ids[key] = sid
+            sid = self.stack_by_fids[fids] = len(self.table.stacks)
+            self.table.stacks.append(fids)
+            self.stack_nodes.append(sum(map(len, frames)))  # the frames' values (the list's own refs are charged apart)
+        self.list_cache[id(frames)] = sid
         return sid
 
+    def intern_event_stacks(self, frames: list[Any], where: str) -> np.ndarray:
+        """Stack ids of one trace's frames lists, fast.
 
-def _convert(obj: Any, fmt: str) -> Snapshot:
-    interner = _Interner()
-    pools: list[tuple[int, int]] = [DEFAULT_POOL]
-    pool_ids = {DEFAULT_POOL: 0}
-
-    def pool_of(p: Any) -> int:
-        key = tuple(p) if p is not None else DEFAULT_POOL
-        if key not in pool_ids:
-            pool_ids[key] = len(pools)
-            pools.append(key)  # type: ignore[arg-type]
-        return pool_ids[key]
-
-    segs = obj["segments"]
-    traces = obj.get("device_traces", [])
-    ordinals = sorted({s["device"] for s in segs} | set(range(len(traces))))
-    devices = []
-    for dev in ordinals:
-        streams: list[int] = []
-        stream_ids: dict[int, int] = {}
-
-        def stream_of(s: int) -> int:
-            i = stream_ids.get(s)
-            if i is None:
-                i = stream_ids[s] = len(streams)
-                streams.append(s)
-            return i
-
-        events = traces[dev] if dev < len(traces) else []
-        n = len(events)
-        cols = {k: np.zeros(n, np.int64) for k in ("action", "addr", "size", "stream", "time", "stack", "pool")}
-        for i, e in enumerate(events):
-            cols["action"][i] = ACTION_CODE[e["action"]]
-            cols["addr"][i] = e["addr"] if "addr" in e else e.get("device_free", 0)
-            cols["size"][i] = e["size"]
-            cols["stream"][i] = stream_of(e["stream"])
-            cols["time"][i] = e.get("time_us", 0)
-            cols["stack"][i] = interner.stack(e.get("frames"))
-            cols["pool"][i] = pool_of(e.get("pool_id"))
-        trace = Trace(
-            action=cols["action"].astype(np.int8),
-            addr=cols["addr"],
-            size=cols["size"],
-            stream=cols["stream"].astype(np.int32),
-            time_us=cols["time"],
-            stack=cols["stack"].astype(np.int32),
-            pool=cols["pool"].astype(np.int32),
-        )
-        segments = []
-        for s in segs:
-            if s["device"] != dev:
-                continue
-            blocks = []
-            addr = s["address"]
-            for b in s["blocks"]:
-                blocks.append(
-                    Block(b.get("address", addr), b["size"], b.get("requested_size", 0), b["state"], interner.stack(b.get("frames")))
-                )
-                addr += b["size"]
-            segments.append(
-                Segment(
-                    device=dev,
-                    address=s["address"],
-                    total_size=s["total_size"],
-                    allocated_size=s["allocated_size"],
-                    active_size=s["active_size"],
-                    requested_size=s.get("requested_size", 0),
-                    stream=stream_of(s["stream"]),
-                    segment_type=s["segment_type"],
-                    pool=pool_of(s.get("segment_pool_id")),
-                    is_expandable=bool(s.get("is_expandable", False)),
-                    blocks=tuple(blocks),
-                    stack=interner.stack(s.get("frames")),
-                )
+        Real files share frame dicts but not lists (1.6M distinct lists for 124
+        stacks in the 460 MB file), so each list is matched against a
+        representative of its bucket (length, ids of first/middle/last frame)
+        with one C-level ``==``, which short-circuits on identical elements.
+        Lists that differ from their representative get another round; what
+        is left after a few rounds is interned one by one.
+        """
+        n = len(frames)
+        out = np.full(n, -1, np.int32)
+        types = set(map(type, frames))
+        if not types <= {list}:
+            bad = next(f for f in frames if type(f) is not list)
+            i = next(k for k, f in enumerate(frames) if f is bad)
+            raise self.bad(f"{where}[{i}].frames", bad, "a list of frames")
+        lens = np.fromiter(map(len, frames), np.int64, n)
+        self.charge(int(lens.sum()))  # before any comparison: the work below is bounded by it
+        idx = np.flatnonzero(lens)
+        if idx.size == 0:
+            return out
+        self.saw_event_frames = self.saw_any_frames = True
+        lists = frames if idx.size == n else list(map(frames.__getitem__, idx.tolist()))
+        sub_lens = lens[idx]
+        mids = (sub_lens // 2).tolist()
+        first = np.fromiter(map(id, map(operator.itemgetter(0), lists)), np.int64, len(lists))
+        middle = np.fromiter(map(id, map(operator.getitem, lists, mids)), np.int64, len(lists))
+        last = np.fromiter(map(id, map(operator.itemgetter(-1), lists)), np.int64, len(lists))
+        # One int64 per list; a collision only merges buckets, which the == below splits again.
+        with np.errstate(over="ignore"):
+            keys = (sub_lens * np.int64(0x9E3779B1)) ^ (first * np.int64(0x85EBCA77)) ^ (
+                middle * np.int64(0xC2B2AE3D)) ^ last
+        del first, middle, last
+        pending = np.arange(len(lists))
+        sids = np.full(len(lists), -1, np.int64)
+        for _round in range(8):
+            if pending.size == 0:
+                break
+            _, rep_pos, inverse = np.unique(keys[pending], return_index=True, return_inverse=True)
+            inverse = inverse.reshape(-1)
+            rep_sid = np.array(
+                [self.stack_of(lists[int(pending[p])], f"{where}[{int(idx[pending[p]])}].frames") for p in rep_pos],
+                np.int64,
             )
-        devices.append(DeviceData(dev, trace, segments, streams))
-    annotations = [
-        Annotation(a["name"], a["stage"], a["device"], a.get("time_us", 0)) for a in obj.get("external_annotations", [])
-    ]
-    raw = obj.get("allocator_settings") or {}
-    settings = AllocatorSettings(bool(raw), str(raw.get("PYTORCH_CUDA_ALLOC_CONF", "")), dict(raw))
-    return Snapshot(fmt, "modern", devices, pools, interner.table, annotations, settings)
+            reps = [lists[int(pending[p])] for p in rep_pos]
+            members = [lists[i] for i in pending.tolist()] if pending.size != len(lists) else lists
+            same = np.fromiter(
+                map(operator.eq, members, map(reps.__getitem__, inverse.tolist())), np.bool_, pending.size
+            )
+            sids[pending[same]] = rep_sid[inverse[same]]
+            pending = pending[~same]
+        for i in pending.tolist():
+            sids[i] = self.stack_of(lists[i], f"{where}[{int(idx[i])}].frames")
+        out[idx] = sids
+        return out
+
+    # -- pools and numbers --------------------------------------------------------
+    def pool_of(self, value: Any, where: str) -> int:
+        if value is None or value is _MISSING:
+            return 0
+        if type(value) not in (tuple, list) or len(value) != 2 or any(type(v) is not int for v in value):
+            raise self.bad(where, value, "a pool id (a pair of ints)", "bad-pool-id")
+        key = (int(value[0]), int(value[1]))
+        pid = self.pool_ids.get(key)
+        if pid is None:
+            pid = self.pool_ids[key] = len(self.pools)
+            self.pools.append(key)
+        return pid
+
+    def int_field(self, d: dict[str, Any], key: str, where: str, *, default: Any = _MISSING, nonneg: bool = False) -> int:
+        value = d.get(key, default)
+        if value is _MISSING:
+            raise SchemaError("missing-key", f"{where}: missing '{key}'")
+        if type(value) is not int:
+            raise self.bad(f"{where}.{key}", value, "an int")
+        if not I64_MIN <= value <= I64_MAX:
+            reason = "address-range" if key in ("address", "addr") else "int-range"
+            raise SchemaError(reason, f"{where}.{key}: {value} does not fit in int64")
+        if nonneg and value < 0:
+            reason = "address-range" if key in ("address", "addr") else "negative-size"
+            raise SchemaError(reason, f"{where}.{key}: {value} is negative")
+        return value
+
+    def int_column(self, values: list[Any], where: str, key: str, *, nonneg: bool = False) -> np.ndarray:
+        """Check a column of Python ints and turn it into int64, fast."""
+        n = len(values)
+        if not set(map(type, values)) <= {int}:
+            i = next(k for k, v in enumerate(values) if type(v) is not int)
+            if values[i] is None:
+                raise SchemaError("missing-key", f"{where}[{i}]: missing '{key}'")
+            raise self.bad(f"{where}[{i}].{key}", values[i], "an int")
+        try:
+            arr = np.fromiter(values, np.int64, n)
+        except OverflowError:
+            i = next(k for k, v in enumerate(values) if not I64_MIN <= v <= I64_MAX)
+            reason = "address-range" if key in ("address", "addr") else "int-range"
+            raise SchemaError(reason, f"{where}[{i}].{key}: {values[i]} does not fit in int64") from None
+        if nonneg and n and int(arr.min()) < 0:
+            i = int(np.flatnonzero(arr < 0)[0])
+            reason = "address-range" if key in ("address", "addr") else "negative-size"
+            raise SchemaError(reason, f"{where}[{i}].{key}: {values[i]} is negative")
+        return arr
+
+    # -- trace ---------------------------------------------------------------------
+    def convert_trace(self, dev: int, events: list[Any]) -> tuple[Trace, list[int], dict[int, str], dict[int, str]]:
+        where = f"device_traces[{dev}]"
+        n = len(events)
+        self.charge(n)
+        if n == 0:
+            return Trace.empty(), [], {}, {}
+        if not set(map(type, events)) <= {dict}:
+            i = next(k for k, e in enumerate(events) if type(e) is not dict)
+            raise self.bad(f"{where}[{i}]", events[i], "an event dict")
+        self.charge(sum(map(len, events)))
+        get = dict.get
+
+        actions = list(map(get, events, repeat("action")))
+        try:
+            action = np.fromiter(map(ACTION_CODE.__getitem__, actions), np.int8, n)
+        except (KeyError, TypeError):
+            i = next(k for k, a in enumerate(actions) if type(a) is not str or a not in ACTION_CODE)
+            if actions[i] is None:
+                raise SchemaError("missing-key", f"{where}[{i}]: missing 'action'") from None
+            if type(actions[i]) is not str:
+                raise self.bad(f"{where}[{i}].action", actions[i], "a str") from None
+            raise SchemaError("unknown-action", f"{where}[{i}].action: unknown action {_short(actions[i])}") from None
+        del actions
+
+        addrs = list(map(get, events, repeat("addr")))
+        for i in np.flatnonzero(action == OOM).tolist():
+            # The oom entry has no address; the model keeps its device_free there.
+            addrs[i] = events[i].get("device_free")
+            if addrs[i] is None:
+                raise SchemaError("missing-key", f"{where}[{i}]: an oom event needs 'device_free'")
+        addr = self.int_column(addrs, where, "addr", nonneg=True)
+        del addrs
+        size = self.int_column(list(map(get, events, repeat("size"))), where, "size", nonneg=True)
+        stream_raw = self.int_column(list(map(get, events, repeat("stream"))), where, "stream")
+
+        times = list(map(get, events, repeat("time_us")))
+        time_types = set(map(type, times))
+        if time_types == {type(None)}:
+            time_us = np.zeros(n, np.int64)
+            self.no_time = True
+        else:
+            if type(None) in time_types:
+                times = [0 if t is None else t for t in times]
+            time_us = self.int_column(times, where, "time_us")
+        del times
+
+        stack = self.intern_event_stacks(list(map(get, events, repeat("frames"), repeat(_NO_FRAMES))), where)
+        self.charge(int(np.asarray(self.stack_nodes, np.int64)[stack[stack >= 0]].sum()) if self.stack_nodes else 0)
+
+        pool = np.zeros(n, np.int32)
+        pool_values = list(map(get, events, repeat("pool_id")))
+        if set(map(type, pool_values)) != {type(None)}:
+            memo: dict[Any, int] = {}
+            for i, p in enumerate(pool_values):
+                if p is None:
+                    continue
+                key = p if type(p) is tuple else id(p)
+                pid = memo.get(key)
+                if pid is None:
+                    pid = memo[key] = self.pool_of(p, f"{where}[{i}].pool_id")
+                pool[i] = pid
+        del pool_values
+
+        cc = self.sparse_text(events, "compile_context", "N/A", where)
+        um = self.sparse_text(events, "user_metadata", "", where)
+
+        # Stream ordinals in order of first appearance.
+        uniq, first, inverse = np.unique(stream_raw, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty(len(order), np.int32)
+        rank[order] = np.arange(len(order), dtype=np.int32)
+        stream = rank[inverse.reshape(-1)]
+        streams = [int(s) for s in uniq[order].tolist()]
+        trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
+        return trace, streams, cc, um
+
+    def sparse_text(self, events: list[dict[str, Any]], key: str, default: str, where: str) -> dict[int, str]:
+        values = list(map(dict.get, events, repeat(key), repeat(default)))
+        try:
+            distinct = set(values)
+        except TypeError:
+            distinct = {None}  # unhashable: a wrong type, found below
+        if distinct == {default}:
+            return {}
+        out: dict[int, str] = {}
+        for i, v in enumerate(values):
+            if type(v) is not str:
+                raise self.bad(f"{where}[{i}].{key}", v, "a str")
+            if v != default:
+                out[i] = v
+        return out
+
+    # -- segments --------------------------------------------------------------------
+    saw_history = False
+    no_time = False
+
+    def convert_segments(self, segments: list[Any]) -> dict[int, list[tuple[Any, ...]]]:
+        """Check and convert segments; stream ordinals are resolved per device later."""
+        by_device: dict[int, list[tuple[Any, ...]]] = {}
+        for si, s in enumerate(segments):
+            where = f"segments[{si}]"
+            if type(s) is not dict:
+                raise self.bad(where, s, "a segment dict")
+            self.charge(len(s))
+            device = self.int_field(s, "device", where, nonneg=True)
+            address = self.int_field(s, "address", where, nonneg=True)
+            total = self.int_field(s, "total_size", where, nonneg=True)
+            allocated = self.int_field(s, "allocated_size", where, nonneg=True)
+            active = self.int_field(s, "active_size", where, nonneg=True)
+            stream = self.int_field(s, "stream", where)
+            seg_type = s.get("segment_type", _MISSING)
+            if seg_type is _MISSING:
+                raise SchemaError("missing-key", f"{where}: missing 'segment_type'")
+            if type(seg_type) is not str:
+                raise self.bad(f"{where}.segment_type", seg_type, "a str")
+            if seg_type not in SEGMENT_TYPES:
+                raise SchemaError("unknown-segment-type", f"{where}.segment_type: {_short(seg_type)}")
+            pool = self.pool_of(s.get("segment_pool_id"), f"{where}.segment_pool_id")
+            expandable = s.get("is_expandable", False)
+            if type(expandable) is not bool:
+                raise self.bad(f"{where}.is_expandable", expandable, "a bool")
+            seg_stack = self.stack_of(s.get("frames", _NO_FRAMES), f"{where}.frames")
+            blocks_raw = s.get("blocks", _MISSING)
+            if blocks_raw is _MISSING:
+                raise SchemaError("missing-key", f"{where}: missing 'blocks'")
+            if type(blocks_raw) is not list:
+                raise self.bad(f"{where}.blocks", blocks_raw, "a list of blocks")
+            self.charge(len(blocks_raw))
+            blocks = []
+            offset = address
+            requested_sum = 0
+            for bi, b in enumerate(blocks_raw):
+                block = self.convert_block(b, f"{where}.blocks[{bi}]", offset)
+                offset = block.address + block.size
+                if block.state != "inactive":
+                    requested_sum += block.requested_size
+                blocks.append(block)
+            if offset - address != total:
+                self.warn_once("segment-blocks-mismatch", f"{where}: block sizes do not add up to total_size")
+            requested = s.get("requested_size", _MISSING)
+            if requested is _MISSING:
+                requested = requested_sum
+            else:
+                requested = self.int_field(s, "requested_size", where, nonneg=True)
+            record = (device, address, total, allocated, active, requested, stream, seg_type, pool, expandable,
+                      tuple(blocks), seg_stack)
+            by_device.setdefault(device, []).append(record)
+        return by_device
+
+    def convert_block(self, b: Any, where: str, offset: int) -> Block:
+        if type(b) is not dict:
+            raise self.bad(where, b, "a block dict")
+        self.charge(len(b))
+        size = self.int_field(b, "size", where, nonneg=True)
+        state = b.get("state", _MISSING)
+        if state is _MISSING:
+            raise SchemaError("missing-key", f"{where}: missing 'state'")
+        if type(state) is not str:
+            raise self.bad(f"{where}.state", state, "a str")
+        if state not in BLOCK_STATES:
+            raise SchemaError("unknown-state", f"{where}.state: {_short(state)}")
+        address = self.int_field(b, "address", where, default=offset, nonneg=True)
+        frames = b.get("frames", _NO_FRAMES)
+        requested: Any = b.get("requested_size", _MISSING)
+        history = b.get("history", _MISSING)
+        if history is not _MISSING:
+            # torch 1.13-2.0: history[0] is the current allocation (addr, real_size, frames).
+            self.saw_history = True
+            if type(history) is not list:
+                raise self.bad(f"{where}.history", history, "a list")
+            self.charge(len(history))
+            if history:
+                h0 = history[0]
+                if type(h0) is not dict:
+                    raise self.bad(f"{where}.history[0]", h0, "a dict")
+                if frames is _NO_FRAMES:
+                    frames = h0.get("frames", _NO_FRAMES)
+                if requested is _MISSING and state != "inactive":
+                    requested = self.int_field(h0, "real_size", f"{where}.history[0]", nonneg=True)
+        if requested is _MISSING:
+            # torch <= 1.12 blocks carry only size and state.
+            requested = size if state != "inactive" else 0
+            self.missing_requested = True
+        else:
+            requested = self.int_field({"requested_size": requested}, "requested_size", where, nonneg=True)
+        return Block(address, size, requested, state, self.stack_of(frames, f"{where}.frames"))
+
+    def finish_segment(self, rec: tuple[Any, ...], streams: list[int]) -> Segment:
+        device, address, total, allocated, active, requested, stream, seg_type, pool, expandable, blocks, stack = rec
+        try:
+            ordinal = streams.index(stream)
+        except ValueError:
+            ordinal = len(streams)
+            streams.append(stream)
+        return Segment(device, address, total, allocated, active, requested, ordinal, seg_type, pool, expandable,
+                       blocks, stack)
+
+    # -- annotations and settings -------------------------------------------------------
+    def convert_annotations(self, raw: list[Any]) -> list[Annotation]:
+        out = []
+        for i, a in enumerate(raw):
+            where = f"external_annotations[{i}]"
+            if type(a) is not dict:
+                raise self.bad(where, a, "an annotation dict")
+            self.charge(len(a))
+            name, stage = a.get("name", _MISSING), a.get("stage", _MISSING)
+            if name is _MISSING or stage is _MISSING:
+                raise SchemaError("missing-key", f"{where}: needs 'name' and 'stage'")
+            if type(name) is not str or type(stage) is not str:
+                raise self.bad(where, name if type(name) is not str else stage, "a str")
+            device = self.int_field(a, "device", where, default=0, nonneg=True)
+            time_us = self.int_field(a, "time_us", where, default=0)
+            out.append(Annotation(name, stage, device, time_us))
+        return out
+
+    def convert_settings(self, raw: Any) -> AllocatorSettings:
+        if raw is _MISSING:
+            return AllocatorSettings(False, "", {})
+        if type(raw) is not dict:
+            raise self.bad("allocator_settings", raw, "a dict")
+        self.charge(len(raw))
+        clean: dict[str, Any] = {}
+        for key, value in raw.items():
+            where = f"allocator_settings.{_short(key)}"
+            if type(key) is not str:
+                raise self.bad(where, key, "a str key")
+            if type(value) is dict:
+                self.charge(len(value))
+                for k2, v2 in value.items():
+                    if type(k2) is not str or not _is_scalar(v2):
+                        raise self.bad(f"{where}.{_short(k2)}", v2, "a scalar")
+                clean[key] = dict(value)
+            elif _is_scalar(value):
+                clean[key] = value
+            else:
+                raise self.bad(where, value, "a scalar or a dict of scalars")
+        conf = clean.get("PYTORCH_CUDA_ALLOC_CONF", clean.get("PYTORCH_ALLOC_CONF", ""))
+        if type(conf) is not str:
+            raise self.bad("allocator_settings.PYTORCH_CUDA_ALLOC_CONF", conf, "a str")
+        return AllocatorSettings(True, conf, clean)
+
+    # -- warnings ---------------------------------------------------------------------------
+    def warn_once(self, code: str, message: str) -> None:
+        if all(w.code != code for w in self.warnings):
+            self.warnings.append(Warning_(code, message))
+
+    def add_warnings(self, layout: str, devices: list[DeviceData], settings: AllocatorSettings) -> None:
+        n_events = sum(len(d.trace) for d in devices)
+        if n_events == 0:
+            self.warn_once(
+                "no-history",
+                "the snapshot holds no trace events (history was not recorded): only the final state can be shown",
+            )
+        elif all(len(d.trace) <= 1 for d in devices):
+            self.warn_once(
+                "state-only", "the trace holds at most one event per device (recorded with enabled='state')"
+            )
+        if n_events and not self.saw_event_frames:
+            self.warn_once("no-frames", "trace events carry no stacks (recorded with context=None or 'state')")
+        if not self.saw_any_frames and not (n_events and self.saw_event_frames):
+            self.warn_once("no-stacks", "no stack is recorded anywhere in the snapshot")
+        if n_events and self.no_time:
+            self.warn_once("no-time", "events carry no time_us (torch < 2.2): times are event indices only")
+        if not settings.recorded:
+            self.warn_once("no-allocator-settings", "allocator_settings absent (torch < 2.3): defaults are assumed")
+        if self.missing_requested:
+            self.warn_once("no-requested-size", "blocks lack requested_size (torch < 2.0): block sizes stand in")
+        if layout != "modern":
+            self.warn_once("legacy-layout", f"legacy snapshot layout '{layout}'")
+
+
+def _is_scalar(v: Any) -> bool:
+    if type(v) is float:
+        return math.isfinite(v)
+    return v is None or type(v) in (str, int, bool)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (list, tuple, dict)):
+        return f"(a {type(value).__name__} of {len(value)})"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
