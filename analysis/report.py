@@ -233,7 +233,11 @@ class _DeviceAnalysis:
         progress("replaying", 1.0)
 
         progress("analysing", 0.0)
-        ann = [(a.name, a.stage, a.time_us) for a in snapshot.annotations if a.device in (dev.device, -1)]
+        own = [a for a in snapshot.annotations if a.device in (dev.device, -1)]
+        # Same rule as steps: a device without optimizer marks of its own uses the others'.
+        if not any(a.name.startswith("Optimizer.step#") for a in own):
+            own = snapshot.annotations
+        ann = [(a.name, a.stage, a.time_us) for a in own]
         opt_start, opt_end = optimizer_windows(ann, trace.time_us)
         trace_has_frames = bool((trace.stack >= 0).any())
         codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames)

@@ -42,10 +42,19 @@ class Steps:
 
 
 def step_end_times(annotations: list[Annotation], device: int) -> tuple[str, list[int]]:
-    """END times of the step-marking annotations of one device, oldest first."""
+    """END times of the step-marking annotations of one device, oldest first.
+
+    Annotations carry the device that was current when they were recorded; in a
+    process driving several GPUs the steps are the same for all of them (one
+    clock), so a device without step marks of its own uses the others'.
+    """
+    own = [a for a in annotations if a.device in (device, -1)]
+    marks = ("ProfilerStep#", "Optimizer.step#")
+    if not any(a.stage == "END" and a.name.startswith(marks) for a in own):
+        own = annotations
     profiler, optimizer = [], []
-    for a in annotations:
-        if a.stage != "END" or a.device not in (device, -1):
+    for a in own:
+        if a.stage != "END":
             continue
         if a.name.startswith("ProfilerStep#"):
             profiler.append(a.time_us)

@@ -1,0 +1,225 @@
+"""The report JSON on the real fixtures: contract keys, figures against the truth files."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.errors import ConfigError
+from analysis.report import SEGMENT_MAP_MAX_BLOCKS, SEGMENT_MAP_MAX_SEGMENTS, build_report
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+COMPLETE = ["gpt_varlen_oom", "frag_oom", "infer_varbatch", "gpt_varlen_expandable", "no_context",
+            "two_gpu_pipeline", "compiled_train"]
+INCOMPLETE = ["wrapped_ring", "state_only"]
+
+CONTRACT_DEVICE_KEYS = {"device", "events", "summary", "oom", "steps", "timeline", "top_stacks", "whatif", "replay",
+                        "suggestions"}
+SUMMARY_KEYS = {"peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes", "final_reserved_bytes",
+                "final_allocated_bytes", "peak_is_lower_bound"}
+OOM_KEYS = {"event_index", "time_us", "requested_bytes", "device_free_bytes", "reserved_bytes", "allocated_bytes",
+            "cached_free_bytes", "largest_free_block_bytes", "limit_bytes", "verdict"}
+
+
+@cache
+def report(case: str) -> dict[str, Any]:
+    return build_report(FIXTURES / f"{case}.pickle.gz")
+
+
+def truth(case: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / f"{case}.truth.json").read_text())
+
+
+def stats_of(case: str, device: int) -> dict[str, int]:
+    t = truth(case)
+    return (t.get("memory_stats_per_device") or [t["memory_stats"]])[device]
+
+
+@pytest.mark.parametrize("case", COMPLETE + INCOMPLETE)
+def test_report_has_every_contract_key_and_is_plain_json(case: str) -> None:
+    rep = report(case)
+    assert rep["schema"] == "oomscope.report/1"
+    assert set(rep["source"]) >= {"filename", "bytes", "sha256", "format"}
+    assert rep["source"]["format"] == "pickle.gz"
+    assert set(rep["capture"]) >= {"has_trace", "trace_complete", "has_frames", "stacks", "allocator_settings",
+                                   "warnings"}
+    for dev in rep["devices"]:
+        assert set(dev) >= CONTRACT_DEVICE_KEYS
+        assert set(dev["summary"]) >= SUMMARY_KEYS
+        if dev["oom"] is not None:
+            assert set(dev["oom"]) >= OOM_KEYS
+        for row in dev["steps"]:
+            assert set(row) >= {"index", "start_us", "end_us", "peak_allocated_bytes", "peak_reserved_bytes",
+                                "reserved_end_bytes"}
+        for row in dev["top_stacks"]:
+            assert set(row) >= {"when", "bytes", "count", "frames"}
+            assert row["when"] in ("peak", "oom", "end")
+        for item in dev["whatif"]:
+            assert set(item) >= {"config", "peak_reserved_bytes", "oom_avoided", "steps"}
+        assert set(dev["replay"]) >= {"recorded_config", "segment_events_recorded", "segment_events_reproduced",
+                                      "exact"}
+        for s in dev["suggestions"]:
+            assert set(s) >= {"id", "title", "config", "evidence", "estimated_saving_bytes"}
+    # Strict JSON: no NaN, no tuples or numpy scalars sneaking through.
+    assert json.loads(json.dumps(rep, allow_nan=False)) == rep
+
+
+@pytest.mark.parametrize("case", COMPLETE)
+def test_summary_equals_the_process_own_memory_stats(case: str) -> None:
+    rep = report(case)
+    assert rep["capture"]["trace_complete"] is True
+    for dev in rep["devices"]:
+        ms = stats_of(case, dev["device"])
+        s = dev["summary"]
+        assert s["peak_reserved_bytes"] == ms["reserved_bytes.all.peak"]
+        assert s["peak_allocated_bytes"] == ms["allocated_bytes.all.peak"]
+        assert s["peak_requested_bytes"] == ms["requested_bytes.all.peak"]
+        assert s["final_reserved_bytes"] == ms["reserved_bytes.all.current"]
+        assert s["final_allocated_bytes"] == ms["allocated_bytes.all.current"]
+        assert s["peak_is_lower_bound"] is False
+
+
+@pytest.mark.parametrize("case", INCOMPLETE)
+def test_incomplete_traces_say_so_and_give_lower_bounds(case: str) -> None:
+    rep = report(case)
+    assert rep["capture"]["trace_complete"] is False
+    codes = {w["code"] for w in rep["capture"]["warnings"]}
+    assert codes & {"trace-truncated", "history-started-late", "state-only", "no-history"}
+    ms = stats_of(case, 0)
+    s = rep["devices"][0]["summary"]
+    assert s["peak_is_lower_bound"] is True
+    assert s["peak_reserved_bytes"] <= ms["reserved_bytes.all.peak"]
+    assert s["peak_allocated_bytes"] <= ms["allocated_bytes.all.peak"]
+    # The final state is always complete.
+    assert s["final_reserved_bytes"] == ms["reserved_bytes.all.current"]
+    # What-ifs of part of the history are never turned into allocator advice.
+    ids = {x["id"] for x in rep["devices"][0]["suggestions"]}
+    assert not ids & {"expandable_segments", "max_split_size_mb", "roundup_power2_divisions"}
+    assert "capture_settings" in ids
+
+
+def test_capture_describes_how_history_was_recorded() -> None:
+    assert report("gpt_varlen_oom")["capture"]["stacks"] == truth("gpt_varlen_oom")["stacks"] == "python"
+    assert report("no_context")["capture"]["has_frames"] is False
+    assert report("no_context")["capture"]["stacks"] == "none"
+    assert report("state_only")["capture"]["has_trace"] is False
+    assert report("gpt_varlen_expandable")["capture"]["allocator_settings"]["expandable_segments"] is True
+
+
+def test_two_devices_get_one_entry_each_with_their_own_figures() -> None:
+    rep = report("two_gpu_pipeline")
+    assert [d["device"] for d in rep["devices"]] == [0, 1]
+    t = truth("two_gpu_pipeline")
+    assert [d["events"] for d in rep["devices"]] == t["n_trace_events"]
+    # Device 1 has no step marks of its own: the process's steps apply to it too.
+    for dev in rep["devices"]:
+        log = [row["reserved"][dev["device"]] for row in t["workload_log"]]
+        assert [s["reserved_end_bytes"] for s in dev["steps"]] == log
+
+
+def test_report_from_bytes_matches_report_from_path() -> None:
+    path = FIXTURES / "frag_oom.pickle.gz"
+    data = path.read_bytes()
+    rep = build_report(data, filename="x.pickle.gz")
+    assert rep["source"] == {"filename": "x.pickle.gz", "bytes": len(data),
+                             "sha256": hashlib.sha256(data).hexdigest(), "format": "pickle.gz"}
+    raw = build_report(gzip.decompress(data))
+    assert raw["source"]["format"] == "pickle"
+    assert raw["devices"][0]["summary"] == report("frag_oom")["devices"][0]["summary"]
+
+
+def test_progress_reports_stages_in_order_with_fractions_in_range() -> None:
+    seen: list[tuple[str, float]] = []
+    build_report(FIXTURES / "two_gpu_pipeline.pickle.gz", progress=lambda s, f: seen.append((s, f)))
+    stages = [s for s, _ in seen]
+    assert stages[0] == "reading" and stages[-1] == "analysing"
+    assert {"reading", "replaying", "analysing"} <= set(stages)
+    assert all(0.0 <= f <= 1.0 for _, f in seen)
+
+
+def test_whatif_candidates_never_repeat_a_recorded_setting_and_include_user_configs() -> None:
+    rep = build_report(FIXTURES / "gpt_varlen_expandable.pickle.gz", whatif=("max_split_size_mb:300",))
+    configs = [w["config"] for w in rep["devices"][0]["whatif"]]
+    assert not any(c.startswith("expandable_segments") for c in configs)
+    assert "max_split_size_mb:300" in configs
+    user = next(w for w in rep["devices"][0]["whatif"] if w["config"] == "max_split_size_mb:300")
+    assert user["origin"] == "user"
+    # The recorded run got to step 27 (its last) and then failed: every step row is predicted.
+    assert len(user["steps"]) == len(rep["devices"][0]["steps"]) == 27
+    auto = report("gpt_varlen_oom")["devices"][0]["whatif"]
+    settings = {w["setting"] for w in auto if w["origin"] == "auto"}
+    assert {"expandable_segments", "max_split_size_mb", "roundup_power2_divisions"} <= settings
+    # The run died at a per-process cap, so the GC threshold is tried too.
+    assert "garbage_collection_threshold" in settings
+    split = next(w for w in auto if w["setting"] == "max_split_size_mb")
+    assert len(split["tried"]) >= 2
+    assert split["peak_reserved_bytes"] == min(t["peak_reserved_bytes"] for t in split["tried"]
+                                               if t["oom_avoided"] == split["oom_avoided"])
+
+
+def test_gc_threshold_is_not_tried_without_a_cap() -> None:
+    settings = {w["setting"] for w in report("infer_varbatch")["devices"][0]["whatif"]}
+    assert "garbage_collection_threshold" not in settings
+    assert "expandable_segments" in settings
+
+
+def test_bad_whatif_config_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        build_report(FIXTURES / "frag_oom.pickle.gz", whatif=("max_split_size_mb:banana",))
+
+
+def test_replay_check_reproduces_the_recorded_segments() -> None:
+    check = report("gpt_varlen_oom")["devices"][0]["replay"]
+    assert check["exact"] is True
+    assert check["segment_events_recorded"] == check["segment_events_reproduced"] == 105 + 24
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "frag_oom", "infer_varbatch"])
+def test_segment_maps_are_bounded_and_add_up(case: str) -> None:
+    dev = report(case)["devices"][0]
+    for when, smap in dev["segment_maps"].items():
+        assert smap["event_index"] == dev["moments"][when]
+        assert len(smap["segments"]) <= SEGMENT_MAP_MAX_SEGMENTS
+        total = 0
+        allocated = 0
+        for seg in smap["segments"]:
+            assert isinstance(seg["address"], str) and seg["address"].startswith("0x")
+            assert len(seg["blocks"]) <= SEGMENT_MAP_MAX_BLOCKS
+            assert sum(b["size"] for b in seg["blocks"]) == seg["size"]
+            offsets = [b["offset"] for b in seg["blocks"]]
+            assert offsets == sorted(offsets) and offsets[0] == 0
+            total += seg["size"]
+            allocated += seg["allocated_bytes"]
+        if smap["segments_shown"] == smap["segments_total"]:
+            idx = smap["event_index"]
+            tl = dev["timeline"]
+            at = tl["index"].index(idx)
+            assert total == tl["reserved_bytes"][at]
+            assert allocated == tl["allocated_bytes"][at]
+
+
+def test_churn_adds_up_to_every_request_and_names_the_optimizer() -> None:
+    from analysis.model import ALLOC
+    from analysis.reader import read_snapshot
+
+    trace = read_snapshot(FIXTURES / "gpt_varlen_oom.pickle.gz").devices[0].trace
+    churn = report("gpt_varlen_oom")["devices"][0]["churn"]
+    assert sum(r["bytes"] for r in churn) == int(trace.size[trace.action == ALLOC].sum())
+    assert sum(r["count"] for r in churn) == int((trace.action == ALLOC).sum())
+    # After the frame-less backward, the multi-tensor Adam step allocates the most over the run.
+    assert any("_multi_tensor_adam" in r["label"] for r in churn[:3])
+
+
+def test_leaks_are_the_end_state_with_a_series_per_step() -> None:
+    dev = report("gpt_varlen_oom")["devices"][0]
+    leaks = dev["leaks"]
+    assert sum(r["bytes"] for r in leaks) == dev["summary"]["final_allocated_bytes"]
+    for row in leaks:
+        assert row["steps"] == len(dev["steps"]) == 23
+        assert len(row["series_requested_bytes"]) == 23
