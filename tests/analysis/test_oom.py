@@ -1,0 +1,112 @@
+"""OOM explained: verdicts, the limit, and the figures in PyTorch's own OOM message."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.config import AllocatorConfig
+from analysis.oom import flush_before, infer_limit, verdict
+from analysis.reader import read_snapshot
+from analysis.report import build_report
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GiB = 2**30
+MiB = 2**20
+
+
+@cache
+def oom_of(case: str) -> dict[str, Any]:
+    oom = build_report(FIXTURES / f"{case}.pickle.gz")["devices"][0]["oom"]
+    assert oom is not None
+    return oom
+
+
+def message(case: str) -> str:
+    text = json.loads((FIXTURES / f"{case}.truth.json").read_text())["oom_message"]
+    assert text
+    return str(text)
+
+
+def figure(text: str, pattern: str) -> float:
+    m = re.search(pattern, text)
+    assert m, pattern
+    value, unit = float(m.group(1)), m.group(2)
+    return value * {"GiB": GiB, "MiB": MiB}[unit]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [("frag_oom", "fragmentation"), ("gpt_varlen_oom", "fragmentation"), ("gpt_varlen_expandable", "capacity")],
+)
+def test_verdicts_on_real_ooms(case: str, expected: str) -> None:
+    oom = oom_of(case)
+    assert oom["verdict"] == expected
+    fits = oom["allocated_bytes"] + oom["requested_bytes"] <= oom["limit_bytes"]
+    assert fits == (expected == "fragmentation")
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "gpt_varlen_expandable"])
+def test_figures_match_pytorchs_oom_message(case: str) -> None:
+    oom, text = oom_of(case), message(case)
+    # "Tried to allocate X" is the segment-sized rounding of the request the trace records.
+    tried = figure(text, r"Tried to allocate ([\d.]+) (GiB|MiB)")
+    assert AllocatorConfig().allocation_size(oom["requested_bytes"]) == pytest.approx(tried, abs=0.005 * MiB)
+    allocated = figure(text, r"([\d.]+) (GiB|MiB) is allocated by PyTorch")
+    assert oom["allocated_bytes"] == pytest.approx(allocated, abs=0.005 * GiB)
+    unallocated = figure(text, r"([\d.]+) (GiB|MiB) is reserved by PyTorch but unallocated")
+    assert oom["reserved_bytes"] - oom["allocated_bytes"] == pytest.approx(unallocated, abs=0.005 * GiB)
+
+
+@pytest.mark.parametrize("case", ["frag_oom", "gpt_varlen_oom", "gpt_varlen_expandable"])
+def test_per_process_cap_gives_the_peak_reserved_as_a_lower_bound(case: str) -> None:
+    oom = oom_of(case)
+    # Each run had a per-process cap: the device had far more free memory than the request.
+    assert oom["device_free_bytes"] > oom["requested_bytes"]
+    assert oom["limit_source"] == "cap-lower-bound"
+    rep_peak = build_report(FIXTURES / f"{case}.pickle.gz")["devices"][0]["summary"]["peak_reserved_bytes"]
+    assert oom["limit_bytes"] == rep_peak
+    cap = figure(message(case), r"([\d.]+) (GiB) allowed") if "allowed" in message(case) else None
+    if cap is not None:
+        assert oom["limit_bytes"] <= cap
+
+
+def test_frag_oom_holds_free_memory_in_holes_smaller_than_the_request() -> None:
+    oom = oom_of("frag_oom")
+    assert oom["requested_bytes"] == AllocatorConfig().round_size(int(1.2 * GiB) // 4 * 4)
+    assert oom["cached_free_bytes"] > 0
+    assert oom["largest_free_block_bytes"] < oom["requested_bytes"]
+    # frag_oom fills the cap, then the first OOM ends the fill loop; the report explains the last one.
+    assert oom["ooms_in_trace"] == 2
+    # The flush-and-retry before it released the unsplit cached segments.
+    flush = oom["flush"]
+    assert flush["segments_released"] > 0
+    trace = read_snapshot(FIXTURES / "frag_oom.pickle.gz").devices[0].trace
+    again = flush_before(trace, oom["event_index"])
+    assert again == flush
+    assert flush["first_event"] + flush["events"] == oom["event_index"]
+
+
+def test_top_stacks_and_whatifs_at_the_oom() -> None:
+    oom = oom_of("gpt_varlen_oom")
+    assert 1 <= len(oom["top_stacks"]) <= 3
+    assert all(row["when"] == "oom" for row in oom["top_stacks"])
+    outcomes = {w["config"]: w["oom_avoided"] for w in oom["whatif"]}
+    # Ground truth: the same workload ran further with expandable segments (gpt_varlen_expandable).
+    assert outcomes["expandable_segments:True"] is True
+
+
+def test_limit_rules() -> None:
+    # Given limit wins.
+    assert infer_limit(10, 5, 100, 200, 150) == (150, "given")
+    # Device itself full: free memory below the request.
+    assert infer_limit(10, 5, 100, 200, None) == (105, "device-full")
+    # A cap was binding: the peak reserved memory is a lower bound of it.
+    assert infer_limit(10, 50, 100, 200, None) == (200, "cap-lower-bound")
+    assert verdict(90, 10, 100) == "fragmentation"
+    assert verdict(91, 10, 100) == "capacity"
