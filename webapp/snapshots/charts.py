@@ -25,6 +25,7 @@ Chart names (the page template places them by name; ``<d>`` is the device):
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,7 +33,10 @@ import numpy as np
 from bokeh.embed import json_item
 from bokeh.layouts import column
 from bokeh.models import (
+    AdaptiveTicker,
+    CDSView,
     ColumnDataSource,
+    GroupFilter,
     HoverTool,
     Label,
     Legend,
@@ -52,8 +56,9 @@ __all__ = [
 
 # Caps that keep a page light (a json_item costs about 11 bytes per float).
 MAX_TIMELINE_POINTS = 6500  # the report keeps up to 6 points per 1000 buckets
-MAX_SEGMENT_ROWS = 160
-MAX_SEGMENT_BLOCKS = 6000
+MAX_SEGMENT_ROWS = 200
+MAX_SEGMENT_BLOCKS = 4000
+MAX_LABEL = 72
 MAX_ICICLE_DEPTH = 14
 MAX_ICICLE_NODES = 800
 MAX_STEP_BANDS = 2000
@@ -73,12 +78,14 @@ STATE_COLOURS = {
     "active_allocated": "#dd8452",
     "active_pending_free": "#e6b422",
     "inactive": "#b8d8b8",
+    "mixed": "#c9b08f",
     "unmapped": "#ffffff",
 }
 STATE_LABELS = {
     "active_allocated": "allocated",
     "active_pending_free": "pending free",
     "inactive": "free (cached)",
+    "mixed": "small blocks, merged",
     "unmapped": "unmapped",
 }
 WHATIF_COLOURS = ("#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
@@ -146,7 +153,7 @@ def build_history_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
     p.xaxis.ticker = list(range(len(points)))
     p.xaxis.major_label_overrides = {i: label for i, label in enumerate(labels)}
     p.xaxis.major_label_orientation = 0.6 if len(points) > 6 else 0
-    p.yaxis.formatter = _bytes_axis()
+    _bytes_ticks(p.yaxis)
     r1 = p.line("x", "reserved", source=source, color=RESERVED, line_width=2, legend_label="peak reserved")
     p.scatter("x", "reserved", source=source, color=RESERVED, size=7, legend_label="peak reserved")
     p.line("x", "allocated", source=source, color=ALLOCATED, line_width=2, legend_label="peak allocated")
@@ -193,7 +200,7 @@ def build_compare_charts(
             }
         )
         p = _figure("Peaks: " + " vs ".join(labels), height=260, y_range=list(reversed(y)), tools="save,reset")
-        p.xaxis.formatter = _bytes_axis()
+        _bytes_ticks(p.xaxis)
         from bokeh.transform import dodge
 
         p.hbar(y=dodge("kind", 0.18, range=p.y_range), right="a", height=0.34, source=source, color=RESERVED,
@@ -209,7 +216,7 @@ def build_compare_charts(
     steps_a, steps_b = dev_a.get("steps") or [], dev_b.get("steps") or []
     if steps_a or steps_b:
         p = _figure("Reserved at each step's end", height=300)
-        p.yaxis.formatter = _bytes_axis()
+        _bytes_ticks(p.yaxis)
         p.xaxis.axis_label = "step"
         hover_renderers = []
         for label, steps, colour in ((labels[0], steps_a, RESERVED), (labels[1], steps_b, ALLOCATED)):
@@ -339,7 +346,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     top = max(float(np.max(data["reserved"])), float((oom or {}).get("limit_bytes") or 0))
     p = _figure("Memory over time", height=330)
     p.y_range = Range1d(0, top * 1.08 if top > 0 else 1)
-    p.yaxis.formatter = _bytes_axis()
+    _bytes_ticks(p.yaxis)
     p.yaxis.axis_label = "bytes"
 
     _step_bands(p, dev.get("steps") or [], t0, x, cols, top * 1.08)
@@ -370,7 +377,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     if "fragmentation" in data:
         tooltips.append(("fragmentation", "@fragmentation{0.0%}"))
     p.add_tools(HoverTool(renderers=lines[:1], mode="vline", tooltips=tooltips))
-    _legend(p)
+    _legend(p, outside=True)
     if summary.get("peak_is_lower_bound"):
         p.title.text += " (trace incomplete: peaks are lower bounds)"
 
@@ -430,8 +437,8 @@ def _mark_oom(p: Any, oom: Mapping[str, Any], t0: float, x: np.ndarray, cols: Ma
         ("largest free block", "@largest{0.00 b}"),
     ]))
     p.add_layout(Label(x=at, y=float(oom.get("reserved_bytes") or 0), text=f"OOM: asked {format_bytes(oom.get('requested_bytes'))}",
-                       text_color=OOM_COLOUR, text_font_size="12px", text_font_style="bold", x_offset=-8, y_offset=10,
-                       text_align="right"))
+                       text_color=OOM_COLOUR, text_font_size="12px", text_font_style="bold", x_offset=-10,
+                       y_offset=-6, text_align="right", text_baseline="top"))
 
 
 def _step_bands(p: Any, steps: Sequence[Mapping[str, Any]], t0: float, x: np.ndarray,
@@ -459,70 +466,97 @@ def _step_bands(p: Any, steps: Sequence[Mapping[str, Any]], t0: float, x: np.nda
 
 
 def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
-    maps = dev.get("segment_maps") or {}
-    snap = maps.get(moment)
+    """Segments as rows (largest on top), blocks as boxes along each row, coloured by state.
+
+    The report's map (``segment_maps.peak`` / ``.oom``) gives per segment its size
+    and blocks as ``{offset, size, requested, state, count, stack}`` where ``stack``
+    is a group id named in the map's ``labels``; unmapped parts of expandable
+    segments are the gaps between blocks.
+    """
+    snap = (dev.get("segment_maps") or {}).get(moment)
     if not snap:
         return None
-    segments = snap.get("segments") if isinstance(snap, Mapping) else snap
+    segments = list(snap.get("segments") or []) if isinstance(snap, Mapping) else list(snap)
     if not segments:
         return None
-    segments = sorted(segments, key=lambda s: -_int(s, "total_size", "size"))
-    hidden = max(0, len(segments) - MAX_SEGMENT_ROWS)
+    labels = snap.get("labels") or {} if isinstance(snap, Mapping) else {}
+    segments.sort(key=lambda sg: -_int(sg, "size", "total_size"))
+    total = int(snap.get("segments_total") or len(segments)) if isinstance(snap, Mapping) else len(segments)
     segments = segments[:MAX_SEGMENT_ROWS]
-    total_blocks = sum(len(s.get("blocks") or []) for s in segments)
-    # Merge runs of same-state blocks when there are too many to draw.
-    per_segment_budget = max(8, MAX_SEGMENT_BLOCKS // max(1, len(segments)))
-    merge = total_blocks > MAX_SEGMENT_BLOCKS
+    hidden = max(0, total - len(segments))
+    # Too many blocks to draw: merge neighbours of one state, smallest first, per segment.
+    per_segment_budget = max(8, MAX_SEGMENT_BLOCKS // len(segments))
+    merge = sum(len(sg.get("blocks") or []) for sg in segments) > MAX_SEGMENT_BLOCKS
 
-    cols: dict[str, list[Any]] = {k: [] for k in ("x", "y", "w", "colour", "state", "size", "requested", "stack",
-                                                  "count", "segment")}
+    cols: dict[str, list[Any]] = {k: [] for k in ("x", "y", "w", "state", "size", "requested", "stack", "count",
+                                                  "segment")}
     row_labels: dict[int, str] = {}
     for row, seg in enumerate(segments):
-        seg_addr = _int(seg, "address")
-        seg_size = _int(seg, "total_size", "size")
-        row_labels[row] = f"{format_bytes(seg_size)} {seg.get('segment_type') or ''}".strip()
-        blocks = _block_rows(seg, seg_addr, seg_size)
+        seg_size = _int(seg, "size", "total_size")
+        kind = seg.get("type") or seg.get("segment_type") or ""
+        row_labels[row] = f"{format_bytes(seg_size)} {kind}{' exp.' if seg.get('expandable') else ''}".strip()
+        blocks = _block_rows(seg, seg_size, labels)
         if merge and len(blocks) > per_segment_budget:
             blocks = _merge_blocks(blocks, per_segment_budget)
-        for b in blocks:
-            cols["x"].append((b["offset"] + b["size"] / 2) / 2**20)
-            cols["w"].append(b["size"] / 2**20)
-            cols["y"].append(float(row))
-            cols["colour"].append(STATE_COLOURS.get(b["state"], "#cccccc"))
-            cols["state"].append(STATE_LABELS.get(b["state"], b["state"]))
-            cols["size"].append(float(b["size"]))
-            cols["requested"].append(float(b["requested"]))
-            cols["stack"].append(b["stack"])
-            cols["count"].append(float(b["count"]))
-            cols["segment"].append(f"0x{seg_addr:x} ({format_bytes(seg_size)})")
+        for blk in blocks:
+            cols["x"].append((blk["offset"] + blk["size"] / 2) / 2**20)
+            cols["w"].append(blk["size"] / 2**20)
+            cols["y"].append(row)
+            cols["state"].append(STATE_LABELS.get(blk["state"], blk["state"]))
+            cols["size"].append(blk["size"])
+            cols["requested"].append(blk["requested"])
+            # Labels repeat per block and JSON has no string sharing: keep them short.
+            label = blk["stack"]
+            cols["stack"].append(label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…")
+            cols["count"].append(blk["count"])
+            cols["segment"].append(seg_size)
 
     when = "peak" if moment == "peak" else "OOM"
     at = snap.get("event_index") if isinstance(snap, Mapping) else None
     title = f"Segments at the {when}" + (f" (event {at:,})" if isinstance(at, int) else "")
     if hidden:
-        title += f"; {hidden} smaller segments not drawn"
+        hidden_bytes = snap.get("hidden_bytes") if isinstance(snap, Mapping) else None
+        title += f"; {hidden} smaller segments not drawn" + (f" ({format_bytes(hidden_bytes)})" if hidden_bytes else "")
     rows = len(segments)
-    p = _figure(title, height=min(900, 70 + 18 * rows), y_range=Range1d(rows - 0.5, -0.5))
-    p.yaxis.ticker = list(range(rows))
-    p.yaxis.major_label_overrides = row_labels
-    p.yaxis.major_label_text_font_size = "9px" if rows > 30 else "11px"
+    widest = max(_int(sg, "size", "total_size") for sg in segments) / 2**20
+    dense = rows > 60  # rows too thin for a label each: hover names the segment instead
+    p = _figure(title, height=min(1500, 90 + (8 if dense else 15) * rows), y_range=Range1d(rows - 0.5, -0.5),
+                x_range=Range1d(0, widest * 1.01, bounds=(0, widest * 1.01)))
+    if dense:
+        p.yaxis.axis_label = f"{rows} segments, largest on top"
+        p.yaxis.major_label_text_font_size = "0px"
+        p.yaxis.major_tick_line_color = None
+        p.yaxis.minor_tick_line_color = None
+    else:
+        p.yaxis.ticker = list(range(rows))
+        p.yaxis.major_label_overrides = row_labels
+        p.yaxis.major_label_text_font_size = "11px"
     p.xaxis.axis_label = "offset in segment (MiB)"
     p.ygrid.visible = False
-    src = ColumnDataSource({k: np.asarray(v, dtype=np.float64) if k in ("x", "y", "w", "size", "requested", "count")
-                            else v for k, v in cols.items()})
-    # One renderer per state gives a legend that can hide states; all share one source via filters
-    from bokeh.models import CDSView, GroupFilter
-
+    # Sizes stay float64 (exact bytes in hover); positions only draw, float32 is plenty.
+    src = ColumnDataSource({
+        "x": np.asarray(cols["x"], np.float32),
+        "w": np.asarray(cols["w"], np.float32),
+        "y": np.asarray(cols["y"], np.int32),
+        "size": np.asarray(cols["size"], np.float64),
+        "requested": np.asarray(cols["requested"], np.float64),
+        "count": np.asarray(cols["count"], np.int32),
+        "segment": np.asarray(cols["segment"], np.float64),
+        "state": cols["state"],
+        "stack": cols["stack"],
+    })
+    # One renderer per state (a filtered view of the one source): the legend can hide a state.
     renderers = []
-    for state in ("active_allocated", "active_pending_free", "inactive", "unmapped"):
+    for state in ("active_allocated", "active_pending_free", "inactive", "mixed", "unmapped"):
         label = STATE_LABELS[state]
         if label not in cols["state"]:
             continue
         view = CDSView(filter=GroupFilter(column_name="state", group=label))
-        renderers.append(p.rect(x="x", y="y", width="w", height=0.8, source=src, view=view, fill_color="colour",
-                                line_color="#555555", line_width=0.4, legend_label=label))
+        renderers.append(p.rect(x="x", y="y", width="w", height=0.8, source=src, view=view,
+                                fill_color=STATE_COLOURS[state], line_color="#555555", line_width=0.4,
+                                legend_label=label))
     p.add_tools(HoverTool(renderers=renderers, tooltips=[
-        ("segment", "@segment"),
+        ("segment", "@segment{0.00 b} (row @y)"),
         ("state", "@state"),
         ("size", "@size{0.00 b} (@size{0,0} B)"),
         ("requested", "@requested{0.00 b} (@requested{0,0} B)"),
@@ -533,27 +567,23 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     return p
 
 
-def _block_rows(seg: Mapping[str, Any], seg_addr: int, seg_size: int) -> list[dict[str, Any]]:
-    """Blocks of one segment as offsets, with the unmapped gaps of an expandable segment filled in."""
+def _block_rows(seg: Mapping[str, Any], seg_size: int, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Blocks of one segment by offset, with the unmapped gaps (expandable segments) filled in."""
     rows: list[dict[str, Any]] = []
     cursor = 0
-    for b in seg.get("blocks") or []:
-        size = _int(b, "size")
-        if "offset" in b:
-            offset = _int(b, "offset")
-        elif "address" in b:
-            offset = _int(b, "address") - seg_addr
-        else:
-            offset = cursor
+    seg_addr = _int(seg, "address")
+    for blk in sorted(seg.get("blocks") or [], key=lambda b: _int(b, "offset")):
+        size = _int(blk, "size")
+        offset = _int(blk, "offset") if "offset" in blk else (_int(blk, "address") - seg_addr if seg_addr else cursor)
         if offset > cursor:
             rows.append(_gap(cursor, offset - cursor))
         rows.append({
             "offset": offset,
             "size": size,
-            "requested": _int(b, "requested_size", "requested"),
-            "state": str(b.get("state") or "inactive"),
-            "stack": _stack_label(b),
-            "count": 1,
+            "requested": _int(blk, "requested", "requested_size"),
+            "state": str(blk.get("state") or "inactive"),
+            "stack": _stack_label(blk, labels),
+            "count": max(1, _int(blk, "count")),
         })
         cursor = max(cursor, offset + size)
     if seg_size > cursor and rows:
@@ -566,25 +596,27 @@ def _gap(offset: int, size: int) -> dict[str, Any]:
 
 
 def _merge_blocks(blocks: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    """Merge neighbouring blocks of one state, smallest runs first, until ``budget`` remain."""
+    """Merge neighbouring blocks of one state, smallest first, until about ``budget`` remain."""
+    threshold = sorted(b["size"] for b in blocks)[max(0, len(blocks) - budget)]
     merged: list[dict[str, Any]] = []
-    smallest = sorted(b["size"] for b in blocks)
-    threshold = smallest[max(0, len(blocks) - budget)] if len(blocks) > budget else 0
-    for b in blocks:
+    for blk in blocks:
         last = merged[-1] if merged else None
-        if (last is not None and last["state"] == b["state"] and b["size"] <= threshold
-                and last["offset"] + last["size"] == b["offset"]):
-            last["size"] += b["size"]
-            last["requested"] += b["requested"]
-            last["count"] += b["count"]
-            if last["stack"] != b["stack"]:
+        if (last is not None and last["state"] == blk["state"] and blk["size"] <= threshold
+                and last["offset"] + last["size"] == blk["offset"]):
+            last["size"] += blk["size"]
+            last["requested"] += blk["requested"]
+            last["count"] += blk["count"]
+            if last["stack"] != blk["stack"]:
                 last["stack"] = "several stacks"
         else:
-            merged.append(dict(b))
+            merged.append(dict(blk))
     return merged
 
 
-def _stack_label(block: Mapping[str, Any]) -> str:
+def _stack_label(block: Mapping[str, Any], labels: Mapping[str, str]) -> str:
+    stack = block.get("stack")
+    if isinstance(stack, int) and not isinstance(stack, bool):
+        return str(labels.get(str(stack), "")) if stack >= 0 else ""
     for key in ("stack_label", "label", "site", "stack"):
         value = block.get(key)
         if isinstance(value, str):
@@ -619,7 +651,7 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
     nodes: dict[tuple[str, ...], list[float]] = {}
     order: list[tuple[str, ...]] = []
     for s in chosen:
-        path = [_frame_label(f) for f in reversed(s.get("frames") or [])] or ["(no frames)"]
+        path = [_frame_label(f) for f in reversed(s.get("frames") or [])] or [str(s.get("label") or "(no frames)")]
         if len(path) > MAX_ICICLE_DEPTH:
             path = path[: MAX_ICICLE_DEPTH - 1] + [f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
         for depth in range(1, len(path) + 1):
@@ -657,7 +689,7 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
             cols["bytes"].append(size)
             cols["count"].append(count)
             cols["share"].append(width)
-            cols["colour"].append(palette[hash(key[-1].split(" (")[0]) % len(palette)] if depth else "#c9d6ea")
+            cols["colour"].append(palette[zlib.crc32(key[-1].split(" (")[0].encode()) % len(palette)] if depth else "#c9d6ea")
             queue.append((key, x0))
             x0 += width
             drawn += 1
@@ -704,14 +736,13 @@ def _whatif_chart(dev: Mapping[str, Any]) -> Any:
     p = _figure("Peak reserved memory per allocator setting (replayed)", height=60 + 36 * len(names),
                 y_range=list(reversed(names)), tools="save,reset")
     p.hbar(y="config", right="peak", height=0.6, source=source, fill_color="colour", line_color=None)
-    p.xaxis.formatter = _bytes_axis()
+    _bytes_ticks(p.xaxis)
     p.x_range.start = 0
     limit = oom.get("limit_bytes")
     if limit:
         p.add_layout(Span(location=float(limit), dimension="height", line_color=LIMIT_COLOUR, line_dash="dashed",
                           line_width=1.5))
-        p.add_layout(Label(x=float(limit), y=5, y_units="screen", text=f"limit {format_bytes(limit)}",
-                           text_font_size="11px", x_offset=-4, text_align="right", text_color=LIMIT_COLOUR))
+        p.title.text += f"; dashed line: the limit, {format_bytes(limit)}"
     p.add_tools(HoverTool(tooltips=[("config", "@config"), ("peak reserved", "@peak{0.00 b} (@peak{0,0} B)"),
                                     ("", "@verdict")]))
     return p
@@ -723,7 +754,7 @@ def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
     if not steps or not whatif:
         return None
     p = _figure("Reserved memory at each step's end: recorded vs replayed settings", height=320)
-    p.yaxis.formatter = _bytes_axis()
+    _bytes_ticks(p.yaxis)
     p.xaxis.axis_label = "step"
     series = [("recorded run", [(s.get("index"), s.get("reserved_end_bytes")) for s in steps], RESERVED, "solid")]
     for i, w in enumerate(whatif):
@@ -744,7 +775,7 @@ def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
         p.add_layout(Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed"))
     p.add_tools(HoverTool(renderers=hover, tooltips=[("config", "@config"), ("step", "@step{0}"),
                                                      ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")]))
-    _legend(p)
+    _legend(p, location="bottom_right")
     return p
 
 
@@ -763,13 +794,25 @@ def _figure(title: str, *, height: int, tools: str = TOOLS, **kwargs: Any) -> An
 
 def _bytes_axis() -> NumeralTickFormatter:
     # A new model each time: a Bokeh model belongs to one document only.
-    return NumeralTickFormatter(format="0.0 b")
+    return NumeralTickFormatter(format="0.[0] b")
 
 
-def _legend(p: Any, location: str = "top_left") -> None:
+def _bytes_ticks(axis: Any) -> None:
+    """Ticks at binary steps (256 MiB, 1 GiB, 1.5 GiB ...) labelled in binary units."""
+    axis.ticker = AdaptiveTicker(base=2, mantissas=[1, 1.5], min_interval=1, num_minor_ticks=2)
+    axis.formatter = _bytes_axis()
+
+
+def _legend(p: Any, location: str = "top_left", outside: bool = False) -> None:
+    """Clickable legend (hides a series); ``outside`` puts it right of the plot, off the data."""
     if not p.legend:
         return
-    p.legend.location = location
+    if outside:
+        legend = p.legend[0]
+        p.center.remove(legend)  # figure() put it inside; move it to the right panel
+        p.add_layout(legend, "right")
+    else:
+        p.legend.location = location
     p.legend.click_policy = "hide"
     p.legend.label_text_font_size = "11px"
     p.legend.background_fill_alpha = 0.75
@@ -784,10 +827,16 @@ def _floats(values: Iterable[Any]) -> np.ndarray:
 
 
 def _int(d: Mapping[str, Any], *keys: str) -> int:
+    """The first of ``keys`` holding a number (addresses may come as "0x..." strings); else 0."""
     for key in keys:
         value = d.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value)
+        if isinstance(value, str) and value.startswith("0x"):
+            try:
+                return int(value, 16)
+            except ValueError:
+                continue
     return 0
 
 

@@ -8,6 +8,7 @@ dict. ``{% chart charts "timeline" device %}`` places one chart (a slot plus its
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from django import template
@@ -70,6 +71,29 @@ def seconds(time_us: Any) -> str:
         return f"{int(time_us) / 1e6:,.3f} s"
     except (TypeError, ValueError):
         return "n/a"
+
+
+@register.filter
+def clock(time_us: Any) -> str:
+    """A trace timestamp as a UTC time of day (``14:02:31.128``).
+
+    torch stamps events in microseconds since the Unix epoch; a small value is a
+    relative clock, shown as seconds.
+    """
+    try:
+        us = int(time_us)
+    except (TypeError, ValueError):
+        return "n/a"
+    if us < 10**12:  # before 1970-01-12: not an epoch time
+        return f"{us / 1e6:,.3f} s"
+    moment = datetime.fromtimestamp(us / 1e6, tz=timezone.utc)
+    return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+@register.filter
+def words(name: Any) -> str:
+    """``optimizer_state`` -> ``optimizer state``."""
+    return str(name).replace("_", " ")
 
 
 @register.filter
