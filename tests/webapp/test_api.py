@@ -23,7 +23,9 @@ def post_snapshot(client: Any, token: str, path: Any = GPT_OOM, **fields: Any) -
         return client.post("/api/v1/snapshots", {"file": fh, **fields}, **bearer(token))
 
 
-def test_round_trip_upload_report_share_revoke(client: Any, alice_token: str, django_capture_on_commit_callbacks: Any) -> None:
+def test_round_trip_upload_report_share_revoke(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
     with django_capture_on_commit_callbacks() as published:
         response = post_snapshot(client, alice_token, run="job-17", tags="gpt,varlen")
     assert response.status_code == 202, response.content

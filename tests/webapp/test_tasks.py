@@ -1,0 +1,186 @@
+"""The analysis task, called directly: claim, stages, refusals, limits, bugs, attempts, sweep."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from tests.webapp.helpers import FIXTURES, GPT_OOM, make_upload
+from webapp.snapshots import services, tasks
+from webapp.snapshots.models import Report, Upload
+
+pytestmark = pytest.mark.django_db
+
+
+class Canary:
+    """Unpickling this runs ``touch <path>``: what a hostile upload would do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.path}",))
+
+
+def hostile_pickle(tmp_path: Path, protocol: int, gz: bool) -> tuple[Path, Path]:
+    canary = tmp_path / f"canary-{protocol}-{gz}"
+    payload = pickle.dumps({"segments": [], "device_traces": [[Canary(canary)]]}, protocol=protocol)
+    assert b"system" in payload  # a GLOBAL/STACK_GLOBAL + REDUCE pickle
+    path = tmp_path / f"hostile-{protocol}.pickle{'.gz' if gz else ''}"
+    path.write_bytes(gzip.compress(payload) if gz else payload)
+    return path, canary
+
+
+@pytest.mark.parametrize(("protocol", "gz"), [(2, False), (4, False), (4, True)])
+def test_hostile_pickle_fails_with_its_code_and_runs_nothing(
+    alice: Any, alpha: Any, tmp_path: Path, protocol: int, gz: bool
+) -> None:
+    path, canary = hostile_pickle(tmp_path, protocol, gz)
+    upload = make_upload(alpha, alice, path)
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == "failed"
+    assert upload.error_code.startswith("snapshot:unsafe:"), upload.error_code
+    assert "run code" in upload.error_message
+    assert not canary.exists()
+    # The same worker process goes on to the next upload.
+    good = make_upload(alpha, alice, FIXTURES / "frag_oom.pickle.gz")
+    tasks.analyse_upload(good.id)
+    good.refresh_from_db()
+    assert good.status == "done"
+    assert not canary.exists()
+
+
+def test_done_upload_records_stages_and_stores_report_and_charts(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+    original = services.upload_set_progress
+
+    def record(upload_id: int, stage: str | None, progress: int | None) -> None:
+        if stage and (not seen or seen[-1] != stage):
+            seen.append(stage)
+        original(upload_id, stage, progress)
+
+    monkeypatch.setattr(services, "upload_set_progress", record)
+    upload = make_upload(alpha, alice)
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == "done" and upload.progress == 100 and upload.attempts == 1
+    assert seen[0] == "reading" and "replaying" in seen and "analysing" in seen and seen[-1] == "charting"
+    report = Report.objects.get(upload=upload)
+    assert report.data["source"]["sha256"] == upload.sha256
+    assert report.charts, "charts are computed by the worker and stored beside the report"
+    assert all("doc" in item or "target_id" in item for item in report.charts.values())
+
+
+def test_claim_is_exclusive(alice: Any, alpha: Any) -> None:
+    upload = make_upload(alpha, alice)
+    assert services.upload_claim(upload.id) is not None
+    assert services.upload_claim(upload.id) is None  # a duplicate delivery does nothing
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == "running" and upload.attempts == 1  # untouched by the second task
+    tasks.analyse_upload(999_999)  # a row that is gone: returns quietly
+
+
+def test_upload_killed_repeatedly_fails_instead_of_looping(alice: Any, alpha: Any, settings: Any) -> None:
+    upload = make_upload(alpha, alice, attempts=settings.ANALYSIS_MAX_ATTEMPTS)
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == "failed"
+    assert upload.error_code == "worker:killed-repeatedly"
+    assert "killed worker repeatedly" in upload.error_message
+
+
+def test_bug_is_internal_error_with_traceback_in_log(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(tasks.runner, "run_analysis", broken)
+    upload = make_upload(alpha, alice)
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == "failed" and upload.error_code == "worker:internal"
+    assert "a bug" not in upload.error_message  # users get the generic sentence
+    assert any(r.exc_info and "a bug" in str(r.exc_info[1]) for r in caplog.records)
+
+
+def test_wall_timeout_fails_with_limit_code(alice: Any, alpha: Any, settings: Any) -> None:
+    settings.ANALYSIS_WALL_SECONDS = 0.3
+    upload = make_upload(alpha, alice, FIXTURES / "big_all_stacks.pickle.gz")
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert (upload.status, upload.error_code) == ("failed", "snapshot:limit:time")
+
+
+def test_memory_cap_fails_with_limit_code(alice: Any, alpha: Any, settings: Any) -> None:
+    # Enough to start Python and numpy, too little for this file (30 MB unpacked; ~300 MB needed).
+    settings.ANALYSIS_MEMORY_MIN_BYTES = 200 * 1024**2
+    settings.ANALYSIS_MEMORY_PER_BYTE = 0
+    settings.ANALYSIS_MEMORY_MAX_BYTES = 200 * 1024**2
+    upload = make_upload(alpha, alice, FIXTURES / "big_all_stacks.pickle.gz")
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert (upload.status, upload.error_code) == ("failed", "snapshot:limit:memory"), upload.error_message
+
+
+def test_limits_scale_with_unpacked_size(tmp_path: Path) -> None:
+    from webapp.snapshots.runner import limits_for, unpacked_size
+
+    unpacked = len(gzip.decompress(GPT_OOM.read_bytes()))
+    assert unpacked_size(GPT_OOM) == unpacked
+    limits = limits_for(GPT_OOM, per_byte=6, minimum=1 << 30, maximum=16 << 30, cpu=60, wall=90)
+    assert limits.memory_bytes == (1 << 30) + 6 * unpacked
+    capped = limits_for(GPT_OOM, per_byte=6, minimum=1 << 30, maximum=1 << 30, cpu=60, wall=90)
+    assert capped.memory_bytes == 1 << 30
+
+
+def test_sweep_requeues_stale_rows(alice: Any, alpha: Any, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    published: list[int] = []
+    monkeypatch.setattr(tasks.analyse_upload_task, "delay", lambda upload_id: published.append(upload_id))
+    old = timezone.now() - timedelta(hours=1)
+    stale_running = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=old)
+    dead_running = make_upload(
+        alpha, alice, status="running", attempts=settings.ANALYSIS_MAX_ATTEMPTS, heartbeat_at=old
+    )
+    lost_queued = make_upload(alpha, alice, queued_at=old)
+    fresh_running = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=timezone.now())
+    fresh_queued = make_upload(alpha, alice, queued_at=timezone.now())
+
+    assert tasks.sweep_uploads() == 2
+    assert sorted(published) == sorted([stale_running.id, lost_queued.id])
+    states = {u.id: (u.status, u.error_code) for u in Upload.objects.all()}
+    assert states[stale_running.id] == ("queued", "")
+    assert states[dead_running.id] == ("failed", "worker:killed-repeatedly")
+    assert states[fresh_running.id][0] == "running" and states[fresh_queued.id][0] == "queued"
+
+    # The re-queued row is then analysed normally, as attempt 2.
+    tasks.analyse_upload(stale_running.id)
+    stale_running.refresh_from_db()
+    assert (stale_running.status, stale_running.attempts) == ("done", 2)
+
+
+def test_task_options_match_the_reliability_plan() -> None:
+    from django.conf import settings
+
+    from webapp.celery import app
+
+    task = app.tasks["snapshots.analyse_upload"]
+    assert task.acks_late and task.reject_on_worker_lost
+    assert app.conf.task_serializer == "json" and app.conf.accept_content == ["json"]
+    assert app.conf.worker_prefetch_multiplier == 1
+    assert app.conf.task_soft_time_limit < app.conf.task_time_limit
+    assert app.conf.task_time_limit * 2 <= app.conf.broker_transport_options["visibility_timeout"]
+    assert app.conf.task_soft_time_limit > settings.ANALYSIS_WALL_SECONDS
+    assert "snapshots.sweep_uploads" in {e["task"] for e in app.conf.beat_schedule.values()}
+    assert hasattr(task, "delay_on_commit")

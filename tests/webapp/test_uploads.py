@@ -1,0 +1,158 @@
+"""Upload intake: size caps answer 413 (API and page), obvious non-snapshots are refused at once."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from typing import Any
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from tests.webapp.helpers import GPT_OOM, bearer
+from webapp.snapshots.models import Upload
+
+pytestmark = pytest.mark.django_db
+
+CAP = 64 * 1024
+
+
+@pytest.fixture
+def small_cap(settings: Any) -> int:
+    settings.UPLOAD_MAX_BYTES = CAP
+    return CAP
+
+
+def big_file(size: int) -> SimpleUploadedFile:
+    return SimpleUploadedFile("big.pickle", b"\x80\x04" + b"x" * (size - 2))
+
+
+def test_api_oversize_is_413_json(client: Any, alice_token: str, small_cap: int) -> None:
+    response = client.post("/api/v1/snapshots", {"file": big_file(small_cap * 3)}, **bearer(alice_token))
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "upload:too-large"
+    assert not Upload.objects.exists()
+
+
+def test_file_dropped_mid_stream_is_413_not_200(client: Any, alice_token: str, small_cap: int) -> None:
+    """The declared length passes the first check; the handler stops at the cap while streaming.
+
+    A multipart body whose fields pad the Content-Length below cap+overhead while the
+    file alone is over the cap reaches the handler, which drops the file.
+    """
+    response = client.post("/api/v1/snapshots", {"file": big_file(small_cap + 1)}, **bearer(alice_token))
+    assert response.status_code == 413, response.content
+    assert response.json()["error"]["code"] == "upload:too-large"
+    assert not Upload.objects.exists()
+
+
+def test_page_oversize_is_413(alice_client: Any, small_cap: int) -> None:
+    response = alice_client.post("/upload/", {"file": big_file(small_cap * 3), "project": "alpha"})
+    assert response.status_code == 413
+    assert response["X-Error-Code"] == "upload:too-large"
+    assert not Upload.objects.exists()
+
+
+def test_page_oversize_is_413_even_without_csrf_token(alice: Any, alpha: Any, small_cap: int) -> None:
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(alice)
+    response = strict.post("/upload/", {"file": big_file(small_cap * 3), "project": "alpha"})
+    assert response.status_code == 413
+
+
+def test_page_upload_without_csrf_is_403(alice: Any, alpha: Any) -> None:
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(alice)
+    with open(GPT_OOM, "rb") as fh:
+        response = strict.post("/upload/", {"file": fh, "project": "alpha"})
+    assert response.status_code == 403
+    assert not Upload.objects.exists()
+
+
+def test_page_upload_redirects_to_status(alice_client: Any, django_capture_on_commit_callbacks: Any) -> None:
+    with open(GPT_OOM, "rb") as fh, django_capture_on_commit_callbacks() as published:
+        response = alice_client.post("/upload/", {"file": fh, "project": "alpha", "run": "r1", "tags": "a, b"})
+    upload = Upload.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/s/{upload.code}/"
+    assert len(published) == 1
+    assert (upload.run, upload.tags, upload.status) == ("r1", ["a", "b"], "queued")
+    status = alice_client.get(response["Location"])
+    assert status.status_code == 200
+    assert "snapshots/status.html" in [t.name for t in status.templates]
+
+
+def test_page_xhr_upload_gets_json(alice_client: Any) -> None:
+    with open(GPT_OOM, "rb") as fh:
+        response = alice_client.post(
+            "/upload/", {"file": fh, "project": "alpha"}, headers={"Accept": "application/json"}
+        )
+    assert response.status_code == 202
+    assert response.json()["status"] == "queued"
+
+
+def test_upload_page_context(alice_client: Any, settings: Any) -> None:
+    response = alice_client.get("/upload/")
+    assert response.status_code == 200
+    assert response.context["max_upload_bytes"] == settings.UPLOAD_MAX_BYTES
+    assert response.context["projects"] == [{"slug": "alpha", "name": "Alpha", "team": "Team A"}]
+    assert set(response.context["form"].fields) == {"file", "project", "run", "tags", "note"}
+
+
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [
+        (b"", "snapshot:format:empty"),
+        (b"<!doctype html><html><body>Sign in</body></html>", "snapshot:format:html"),
+        (b"PK\x05\x06" + b"\0" * 18, "snapshot:format:not-a-snapshot"),
+        (b"just some text\n", "snapshot:format:not-a-snapshot"),
+        (gzip.compress(b"<html></html>"), "snapshot:format:not-a-snapshot"),
+    ],
+)
+def test_obvious_non_snapshots_refused_at_once(
+    client: Any, alice_token: str, content: bytes, code: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks() as published:
+        response = client.post(
+            "/api/v1/snapshots", {"file": SimpleUploadedFile("x.pickle", content)}, **bearer(alice_token)
+        )
+    assert response.status_code == 422, response.content
+    assert response.json()["error"]["code"] == code
+    assert response.json()["error"]["message"]
+    assert not Upload.objects.exists() and not published  # nothing is queued for unpickling
+
+
+def test_missing_file_is_400(client: Any, alice_token: str) -> None:
+    response = client.post("/api/v1/snapshots", {"run": "x"}, **bearer(alice_token))
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "upload:no-file"
+
+
+def test_hostile_filename_is_display_only(client: Any, alice_token: str, settings: Any) -> None:
+    data = GPT_OOM.read_bytes()
+    name = "../../etc/\u202epasswd<script>.pickle.gz"
+    response = client.post(
+        "/api/v1/snapshots", {"file": SimpleUploadedFile(name, data)}, **bearer(alice_token)
+    )
+    assert response.status_code == 202
+    upload = Upload.objects.get()
+    assert upload.blob_name.startswith("sha256/") and ".." not in upload.blob_name
+    stored = list((settings.MEDIA_ROOT / "sha256").rglob("*"))
+    assert [p.name for p in stored if p.is_file()] == [upload.sha256]
+
+
+def test_upload_is_streamed_to_a_temp_file() -> None:
+    """Our handler never keeps an upload in memory, whatever its size."""
+    from webapp.snapshots.uploads import CappedHashingUploadHandler
+
+    handler = CappedHashingUploadHandler()
+    handler.new_file("file", "a.pickle", "application/octet-stream", 10)
+    handler.receive_data_chunk(b"\x80\x04" + b"a" * 8, 0)
+    uploaded = handler.file_complete(10)
+    assert hasattr(uploaded, "temporary_file_path")
+    assert uploaded.sha256 == hashlib.sha256(b"\x80\x04" + b"a" * 8).hexdigest()
+    assert uploaded.head.startswith(b"\x80\x04")
+    uploaded.close()
