@@ -19,7 +19,10 @@ Rules, first match wins (docs/report.md lists them with examples):
    left the autograd thread's allocations without any - frame-less allocations
    inside a training step before its optimizer step. They are ``gradients`` when
    they survive until the optimizer step starts (``.grad`` tensors live until
-   ``zero_grad``), else ``temporaries``.
+   ``zero_grad``), else ``temporaries``; those made before the last optimizer
+   step and alive after it are ``unknown`` (a library workspace; gradients kept
+   by ``zero_grad(set_to_none=False)`` land here too unless an
+   ``AccumulateGrad`` frame names them).
 4. Forward allocations (any other allocation with frames): ``unknown`` when
    they outlive every optimizer step (a workspace or cache, e.g. cuBLAS's);
    ``activations`` when
@@ -35,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.stacks import (
+    TRAIT_ACCUMULATE_GRAD,
     TRAIT_BACKWARD,
     TRAIT_MODULE_APPLY,
     TRAIT_MODULE_FORWARD,
@@ -152,6 +156,12 @@ def classify(
             prev_is_backward = (j >= 0) & backward_trait[framed[np.maximum(j, 0)]]
             backward |= ~has_frames & prev_is_backward
     backward &= ~decided
+    if opt_start.size:
+        # Made before the last optimizer step and alive after it: not a gradient
+        # of zero_grad(set_to_none=True) (the default) but a workspace (cuBLAS's),
+        # unless the autograd node says it accumulates a .grad.
+        persistent = (start < opt_start[-1]) & (end > opt_end[-1])
+        assign(backward & persistent & ((traits & TRAIT_ACCUMULATE_GRAD) == 0), UNKNOWN)
     assign(backward & (end >= next_opt_start) & (next_opt_start < n), GRADIENTS)
     assign(backward, TEMPORARIES)
 
