@@ -54,6 +54,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
 import numpy as np
@@ -120,7 +121,6 @@ class PolicyResult:
     limit_bytes: int | None
     events: int
     peak_reserved: int
-    peak_allocated: int
     final_reserved: int
     oom: int | None
     ooms: list[int]
@@ -164,17 +164,26 @@ class LimitEstimate:
     lower: int
     upper: int | None
     device_full: int | None
-    evidence: int  # how many refusals bound ``upper``
+    evidence: int  # how many refusals (and GC runs) bound the limit
+    gc_upper: int | None = None  # largest limit under which every recorded GC run starts
 
     @property
     def binding(self) -> bool:
-        return self.upper is not None or self.device_full is not None
+        return self.upper is not None or self.device_full is not None or self.gc_upper is not None
 
     @property
     def value(self) -> int | None:
-        """The limit to replay under: None when nothing shows one was reached."""
+        """The limit to replay under: None when nothing shows one was reached.
+
+        With GC runs recorded it is the largest limit that starts every one of
+        them (the GC's target depends on it); otherwise the least limit the trace
+        allows, which a flush or an OOM already shows was binding.
+        """
         if self.device_full is not None:
             return max(self.device_full, self.lower)
+        if self.gc_upper is not None:
+            bound = self.gc_upper if self.upper is None else min(self.gc_upper, self.upper)
+            return max(bound, self.lower)
         if self.upper is None:
             return None
         return self.lower
@@ -183,14 +192,20 @@ class LimitEstimate:
 # --------------------------------------------------------------------------- the model
 
 
+# A block is a small list, so the hot path follows neighbours without hashing:
+# [size, address, prev | None, next | None, state]; state is True for a block in
+# a free list, None for an unmapped range of an expandable reservation, False for
+# an allocated block or a pending free (so "is free" is one truth test).
+_SIZE, _ADDR, _PREV, _NEXT, _STATE = 0, 1, 2, 3, 4
+
+
 class _Model:
     """State of one simulated ``DeviceCachingAllocator``.
 
-    Blocks are keyed by their simulated address: ``sz``/``pv``/``nx`` hold size
-    and the previous/next block of the same segment (0: none). ``fr`` holds the
-    free mapped blocks (those in a free list), ``ump`` the unmapped ranges of
-    expandable reservations. A free-list index ``lk`` is
-    ``(pool * 2 + large) * n_streams + stream``.
+    Free lists hold packed keys; ``blocks`` maps an address back to the block
+    most recently put in a free or unmapped list at that address (stale entries
+    are harmless: lookups only start from keys that are in a list). A free-list
+    index ``lk`` is ``(pool * 2 + large) * n_streams + stream``.
     """
 
     def __init__(
@@ -211,18 +226,14 @@ class _Model:
         self.ns = len(streams) or 1
         n_lists = n_pools * 2 * self.ns
         self.lists: list[list[int]] = [[] for _ in range(n_lists)]
-        self.ulists: list[list[int]] = [[] for _ in range(n_lists)]
+        self.ulists: list[list[int]] = [[] for _ in range(n_lists)]  # unmapped, by address
         # Free lists of one BlockPool in the C++ set's order: by raw stream value.
         order = sorted(range(self.ns), key=lambda s: streams[s] if s < len(streams) else 0)
         self.bp_lists = [[bp * self.ns + s for s in order] for bp in range(n_pools * 2)]
         self.freeable_from = freeable_from
-        self.sz: dict[int, int] = {}
-        self.pv: dict[int, int] = {}
-        self.nx: dict[int, int] = {}
-        self.fr: set[int] = set()
-        self.ump: set[int] = set()
-        self.pend: dict[int, int] = {}  # pending frees: address -> lk, in request order
-        self.pmap: dict[int, int] = {}  # recorded address -> simulated, for pending frees
+        self.blocks: dict[int, list[Any]] = {}
+        self.pend: dict[int, tuple[list[Any], int]] = {}  # pending frees by address, in order
+        self.pmap: dict[int, list[Any]] = {}  # recorded address -> pending block
         self.reserved = 0
         self.peak = 0
         self.seg_act: list[int] = []
@@ -232,7 +243,7 @@ class _Model:
         self.next_seg = _SEG_BASE
         self.next_resv = _RESV_STRIDE
         self.gcc = 0  # get_free_block calls on the default large pool (GC ages)
-        self.gcb: dict[int, int] = {}  # block -> gcc when it entered a free list
+        self.gcb: dict[int, int] = {}  # address -> gcc when that block entered a free list
         self.cur = 0  # event index being served
 
     # -- bookkeeping ------------------------------------------------------------
@@ -241,41 +252,38 @@ class _Model:
         self.seg_size.append(size)
         self.seg_idx.append(self.cur)
 
-    def _insert(self, lk: int, a: int) -> None:
-        insort(self.lists[lk], (self.sz[a] << _SH) | a)
-        self.fr.add(a)
+    def _insert(self, lk: int, b: list[Any]) -> None:
+        insort(self.lists[lk], (b[_SIZE] << _SH) | b[_ADDR])
+        b[_STATE] = True
+        self.blocks[b[_ADDR]] = b
         if self.gc_on:
-            self.gcb[a] = self.gcc
+            self.gcb[b[_ADDR]] = self.gcc
 
-    def _remove(self, lk: int, a: int) -> None:
+    def _remove(self, lk: int, b: list[Any]) -> None:
         lst = self.lists[lk]
-        del lst[bisect_left(lst, (self.sz[a] << _SH) | a)]
-        self.fr.discard(a)
-
-    def _forget(self, a: int) -> None:
-        del self.sz[a], self.pv[a], self.nx[a]
+        del lst[bisect_left(lst, (b[_SIZE] << _SH) | b[_ADDR])]
+        b[_STATE] = False
 
     def _page(self, lk: int) -> int:
         return self.large_page if (lk // self.ns) & 1 else K_SMALL_BUFFER
 
     # -- malloc -------------------------------------------------------------------
-    def get_free_block(self, lk: int, size: int) -> int:
-        """Best fit on the request's (pool, stream); removes and returns the block or 0."""
+    def get_free_block(self, lk: int, size: int) -> list[Any] | None:
+        """Best fit on the request's (pool, stream); removes and returns the block."""
         if self.gc_on and lk // self.ns == 1:
             self.gcc += 1
         lst = self.lists[lk]
         i = bisect_left(lst, size << _SH)
         n = len(lst)
         if i >= n:
-            return 0
+            return None
+        blocks = self.blocks
         if self.exp:
             # Best fit by "free block + the unmapped range after it": walk on while
             # the next candidate can grow to less than the current one.
-            sz, nx, ump = self.sz, self.nx, self.ump
-
             def grown(key: int) -> int:
-                nb = nx[key & _MASK]
-                return (key >> _SH) + (sz[nb] if nb and nb in ump else 0)
+                nb = blocks[key & _MASK][_NEXT]
+                return (key >> _SH) + (nb[_SIZE] if nb and nb[_STATE] is None else 0)
 
             cur = grown(lst[i])
             while i + 1 < n:
@@ -288,97 +296,85 @@ class _Model:
         bs = key >> _SH
         mss = self.mss
         if size < mss and bs >= mss:
-            return 0  # never hand out an oversize block for a small request
+            return None  # never hand out an oversize block for a small request
         if size >= mss and bs >= size + self.nsr:
-            return 0  # oversize blocks serve only requests within the rounding limit
-        a = key & _MASK
+            return None  # oversize blocks serve only requests within the rounding limit
         del lst[i]
-        self.fr.discard(a)
-        return a
+        b = blocks[key & _MASK]
+        b[_STATE] = False
+        return b
 
-    def miss(self, lk: int, size: int, alloc_size: int) -> int:
-        """``malloc`` after ``get_free_block`` missed: GC, new segment, flushes. 0 = OOM."""
+    def miss(self, lk: int, size: int, alloc_size: int) -> list[Any] | None:
+        """``malloc`` after ``get_free_block`` missed: GC, new segment, flushes. None = OOM."""
         if self.gc_on:
             self.garbage_collect()
-        a = self.alloc_block(lk, size, alloc_size)
-        if not a and self.mss != UNLIMITED and self.release_available(lk, size):
-            a = self.alloc_block(lk, size, alloc_size)
+        b = self.alloc_block(lk, size, alloc_size)
+        if b is None and self.mss != UNLIMITED and self.release_available(lk, size):
+            b = self.alloc_block(lk, size, alloc_size)
         # A request into a private pool means a capture is underway: no flush then.
-        if not a and lk // self.ns < 2:
+        if b is None and lk // self.ns < 2:
             self.release_cached(self.cur)
-            a = self.alloc_block(lk, size, alloc_size)
-        return a
+            b = self.alloc_block(lk, size, alloc_size)
+        return b
 
-    def split(self, lk: int, a: int, size: int) -> int:
+    def split(self, lk: int, b: list[Any], size: int) -> int:
         """``should_split`` + ``alloc_found_block``: returns the handed-out size."""
-        sz = self.sz
-        rem = sz[a] - size
+        rem = b[_SIZE] - size
         if size <= K_SMALL_SIZE or self.exp:
             do = rem >= 512
         else:
             do = size < self.mss and rem > K_SMALL_SIZE
         if not do:
-            return sz[a]
-        r = a + size
-        sz[r] = rem
-        sz[a] = size
-        n = self.nx[a]
-        self.nx[r] = n
-        self.pv[r] = a
-        self.nx[a] = r
+            return int(b[_SIZE])
+        n = b[_NEXT]
+        r = [rem, b[_ADDR] + size, b, n, True]
         if n:
-            self.pv[n] = r
+            n[_PREV] = r
+        b[_NEXT] = r
+        b[_SIZE] = size
         self._insert(lk, r)
         return size
 
-    def free_block(self, lk: int, a: int) -> None:
+    def free_block(self, lk: int, b: list[Any]) -> None:
         """``free_block``: merge with free neighbours, back into the free list."""
-        sz, pv, nx, fr = self.sz, self.pv, self.nx, self.fr
-        p = pv[a]
-        if p and p in fr:
+        p = b[_PREV]
+        if p and p[_STATE]:
             self._remove(lk, p)
-            n = nx[a]
-            nx[p] = n
+            n = b[_NEXT]
+            p[_NEXT] = n
             if n:
-                pv[n] = p
-            sz[p] += sz[a]
-            self._forget(a)
-            a = p
-        n = nx[a]
-        if n and n in fr:
+                n[_PREV] = p
+            p[_SIZE] += b[_SIZE]
+            b = p
+        n = b[_NEXT]
+        if n and n[_STATE]:
             self._remove(lk, n)
-            nn = nx[n]
-            nx[a] = nn
+            nn = n[_NEXT]
+            b[_NEXT] = nn
             if nn:
-                pv[nn] = a
-            sz[a] += sz[n]
-            self._forget(n)
-        self._insert(lk, a)
+                nn[_PREV] = b
+            b[_SIZE] += n[_SIZE]
+        self._insert(lk, b)
 
-    def alloc_block(self, lk: int, size: int, alloc_size: int) -> int:
-        """A new segment (or mapped pages) for the request; 0 when the limit refuses it."""
+    def alloc_block(self, lk: int, size: int, alloc_size: int) -> list[Any] | None:
+        """A new segment (or mapped pages) for the request; None when the limit refuses."""
         if self.limit is not None and self.reserved + alloc_size > self.limit:
-            return 0
+            return None
         if self.exp:
             return self._alloc_expandable(lk, size)
-        a = self.next_seg
+        b = [alloc_size, self.next_seg, None, None, False]
         self.next_seg += alloc_size
-        self.sz[a] = alloc_size
-        self.pv[a] = 0
-        self.nx[a] = 0
         self.reserved += alloc_size
         if self.reserved > self.peak:
             self.peak = self.reserved
         self._record(SEGMENT_ALLOC, alloc_size)
-        return a
+        return b
 
-    def _release_block(self, lk: int, a: int) -> None:
+    def _release_block(self, lk: int, b: list[Any]) -> None:
         """``release_block``: cudaFree a whole free segment."""
-        self._remove(lk, a)
-        s = self.sz[a]
-        self._forget(a)
-        self.reserved -= s
-        self._record(SEGMENT_FREE, s)
+        self._remove(lk, b)
+        self.reserved -= b[_SIZE]
+        self._record(SEGMENT_FREE, b[_SIZE])
 
     def release_available(self, lk: int, size: int) -> bool:
         """``release_available_cached_blocks``: free oversize segments, just enough."""
@@ -387,7 +383,7 @@ class _Model:
         want = max(size, mss)
         i = bisect_left(lst, want << _SH)
         if i < len(lst) and not self.exp:
-            self._release_block(lk, lst[i] & _MASK)
+            self._release_block(lk, self.blocks[lst[i] & _MASK])
             return True
         released = 0
         j = i - 1
@@ -396,7 +392,7 @@ class _Model:
             if key >> _SH < mss:
                 break
             if not self.exp:  # expandable blocks are never cudaFree'd here
-                self._release_block(lk, key & _MASK)
+                self._release_block(lk, self.blocks[key & _MASK])
                 released += key >> _SH
             j -= 1
         return released >= want
@@ -405,8 +401,8 @@ class _Model:
         """``release_cached_blocks`` (``empty_cache``): sync pending frees, free every
         unsplit segment, unmap free pages; private pools once the trace released them."""
         self.flushes.append(self.cur)
-        for a, lk in list(self.pend.items()):
-            self.free_block(lk, a)
+        for b, lk in list(self.pend.values()):
+            self.free_block(lk, b)
         self.pend.clear()
         self.pmap.clear()
         self._release_pool(1)  # default large pool, then small
@@ -418,29 +414,27 @@ class _Model:
 
     def _release_pool(self, bp: int) -> None:
         """``release_blocks`` of one BlockPool, in its (stream, size, address) order."""
-        pv, nx, sz = self.pv, self.nx, self.sz
-        to_unmap: list[tuple[int, int]] = []
+        blocks = self.blocks
+        to_unmap: list[tuple[int, list[Any]]] = []
         for lk in self.bp_lists[bp]:
             lst = self.lists[lk]
             if not lst:
                 continue
             if self.exp:
-                to_unmap.extend((lk, key & _MASK) for key in lst)
+                to_unmap.extend((lk, blocks[key & _MASK]) for key in lst)
                 continue
             keep = []
             for key in lst:
-                a = key & _MASK
-                if pv[a] or nx[a]:
+                b = blocks[key & _MASK]
+                if b[_PREV] or b[_NEXT]:
                     keep.append(key)
                     continue
-                s = sz[a]
-                self.fr.discard(a)
-                self._forget(a)
-                self.reserved -= s
-                self._record(SEGMENT_FREE, s)
+                b[_STATE] = False
+                self.reserved -= b[_SIZE]
+                self._record(SEGMENT_FREE, b[_SIZE])
             lst[:] = keep
-        for lk, a in to_unmap:
-            self._unmap(lk, a)
+        for lk, b in to_unmap:
+            self._unmap(lk, b)
 
     def garbage_collect(self) -> None:
         """``garbage_collect_cached_blocks``: free old unsplit segments of the default
@@ -450,15 +444,15 @@ class _Model:
         if self.reserved <= threshold:
             return
         target = self.reserved - threshold
-        pv, nx, sz, gcb = self.pv, self.nx, self.sz, self.gcb
         lks = self.bp_lists[1]
+        blocks = self.blocks
         total_age = 0
         count = 0
         for lk in lks:
             for key in self.lists[lk]:
-                a = key & _MASK
-                if not pv[a] and not nx[a]:
-                    total_age += self.gcc - gcb.get(a, 0)
+                b = blocks[key & _MASK]
+                if not b[_PREV] and not b[_NEXT]:
+                    total_age += self.gcc - self.gcb.get(b[_ADDR], 0)
                     count += 1
         if count == 0:
             return
@@ -469,302 +463,275 @@ class _Model:
             freed = False
             for lk in lks:
                 for key in list(self.lists[lk]):
-                    a = key & _MASK
-                    if pv[a] or nx[a] or self.exp:
+                    b = blocks[key & _MASK]
+                    if b[_PREV] or b[_NEXT] or self.exp:
                         continue
-                    age = self.gcc - gcb.get(a, 0)
+                    age = self.gcc - self.gcb.get(b[_ADDR], 0)
                     if age >= age_threshold:
                         freed = True
-                        reclaimed += sz[a]
+                        reclaimed += b[_SIZE]
                         total_age -= age
                         count -= 1
-                        self._release_block(lk, a)
+                        self._release_block(lk, b)
 
     # -- expandable segments ----------------------------------------------------------
-    def _alloc_expandable(self, lk: int, size: int) -> int:
+    def _alloc_expandable(self, lk: int, size: int) -> list[Any]:
         """``try_allocate_expandable_block``: map pages until a free block of ``size``."""
         c = self._find_expandable(lk, size)
-        sz = self.sz
-        if c in self.ump:
-            c = self._map(lk, c, min(sz[c], size))
-        while sz[c] < size:
-            n = self.nx[c]
-            c = self._map(lk, n, min(size - sz[c], sz[n]))
+        if c[_STATE] is None:
+            c = self._map(lk, c, min(c[_SIZE], size))
+        while c[_SIZE] < size:
+            n = c[_NEXT]
+            c = self._map(lk, n, min(size - c[_SIZE], n[_SIZE]))
         self._remove(lk, c)
         return c
 
-    def _find_expandable(self, lk: int, size: int) -> int:
+    def _find_expandable(self, lk: int, size: int) -> list[Any]:
         """``find_expandable_block``: lowest address where free + unmapped space fits."""
-        sz, pv, nx, fr, ump = self.sz, self.pv, self.nx, self.fr, self.ump
+        blocks = self.blocks
         for u in self.ulists[lk]:
-            c = u
-            p = pv[u]
-            if p and p in fr:
+            c = blocks[u]
+            p = c[_PREV]
+            if p and p[_STATE]:
                 c = p
             total = 0
             b = c
-            while total < size and b and (b in fr or b in ump):
-                total += sz[b]
-                b = nx[b]
+            while total < size and b and b[_STATE] is not False:
+                total += b[_SIZE]
+                b = b[_NEXT]
             if total >= size:
                 return c
         page = self._page(lk)
         base = self.next_resv
         self.next_resv += _RESV_STRIDE
-        sz[base] = -(-_RESV_BYTES // page) * page
-        pv[base] = 0
-        nx[base] = 0
-        self.ump.add(base)
+        r = [-(-_RESV_BYTES // page) * page, base, None, None, None]
+        blocks[base] = r
         insort(self.ulists[lk], base)
-        return base
+        return r
 
-    def _map(self, lk: int, u: int, size: int) -> int:
+    def _map(self, lk: int, u: list[Any], size: int) -> list[Any]:
         """``map_block``: map whole pages at the start of unmapped range ``u``; merge."""
-        sz, pv, nx, fr = self.sz, self.pv, self.nx, self.fr
         page = self._page(lk)
         mapped = -(-size // page) * page
         ul = self.ulists[lk]
-        del ul[bisect_left(ul, u)]
-        self.ump.discard(u)
-        if mapped < sz[u]:
-            r = u + mapped
-            sz[r] = sz[u] - mapped
-            n = nx[u]
-            pv[r] = u
-            nx[r] = n
+        del ul[bisect_left(ul, u[_ADDR])]
+        if mapped < u[_SIZE]:
+            n = u[_NEXT]
+            r = [u[_SIZE] - mapped, u[_ADDR] + mapped, u, n, None]
             if n:
-                pv[n] = r
-            nx[u] = r
-            sz[u] = mapped
-            self.ump.add(r)
-            insort(ul, r)
-        a = u
-        p = pv[a]
-        if p and p in fr:
+                n[_PREV] = r
+            u[_NEXT] = r
+            u[_SIZE] = mapped
+            self.blocks[r[_ADDR]] = r
+            insort(ul, r[_ADDR])
+        b = u
+        b[_STATE] = False
+        p = b[_PREV]
+        if p and p[_STATE]:
             self._remove(lk, p)
-            n = nx[a]
-            nx[p] = n
+            n = b[_NEXT]
+            p[_NEXT] = n
             if n:
-                pv[n] = p
-            sz[p] += sz[a]
-            self._forget(a)
-            a = p
-        n = nx[a]
-        if n and n in fr:
+                n[_PREV] = p
+            p[_SIZE] += b[_SIZE]
+            b = p
+        n = b[_NEXT]
+        if n and n[_STATE]:
             self._remove(lk, n)
-            nn = nx[n]
-            nx[a] = nn
+            nn = n[_NEXT]
+            b[_NEXT] = nn
             if nn:
-                pv[nn] = a
-            sz[a] += sz[n]
-            self._forget(n)
-        self._insert(lk, a)
+                nn[_PREV] = b
+            b[_SIZE] += n[_SIZE]
+        self._insert(lk, b)
         self.reserved += mapped
         if self.reserved > self.peak:
             self.peak = self.reserved
         self._record(SEGMENT_MAP, mapped)
-        return a
+        return b
 
-    def _unmap(self, lk: int, a: int) -> None:
-        """``unmap_block``: unmap the whole pages strictly inside free block ``a``."""
-        sz, pv, nx, ump = self.sz, self.pv, self.nx, self.ump
+    def _unmap(self, lk: int, b: list[Any]) -> None:
+        """``unmap_block``: unmap the whole pages strictly inside free block ``b``."""
         page = self._page(lk)
+        a = b[_ADDR]
         base = a - a % _RESV_STRIDE
         start = a - base
-        end = start + sz[a]
+        end = start + b[_SIZE]
         first = -(-start // page)
         last = end // page
         if first >= last:
             return
-        self._remove(lk, a)
-        prev, nxt = pv[a], nx[a]
-        u = base + first * page
+        self._remove(lk, b)
+        prev, nxt = b[_PREV], b[_NEXT]
+        ustart = base + first * page
         usize = (last - first) * page
-        before = u - a
         after = end - last * page
-        left = prev
-        if before > 0:
-            sz[a] = before
-            nx[a] = u
-            self._insert(lk, a)
-            left = a
+        if ustart > a:  # a free mapped piece stays before the unmapped range
+            b[_SIZE] = ustart - a
+            u = [usize, ustart, b, None, None]
+            b[_NEXT] = u
+            self._insert(lk, b)
         else:
-            self._forget(a)
-        sz[u] = usize
-        pv[u] = left
-        if left:
-            nx[left] = u
+            u = b
+            u[_SIZE] = usize
+            u[_STATE] = None
         if after > 0:
-            w = u + usize
-            sz[w] = after
-            pv[w] = u
-            nx[w] = nxt
+            w = [after, ustart + usize, u, nxt, True]
             if nxt:
-                pv[nxt] = w
-            nx[u] = w
+                nxt[_PREV] = w
+            u[_NEXT] = w
             self._insert(lk, w)
         else:
-            nx[u] = nxt
+            u[_NEXT] = nxt
             if nxt:
-                pv[nxt] = u
+                nxt[_PREV] = u
         ul = self.ulists[lk]
-        p = pv[u]
-        if p and p in ump:  # merge into the unmapped range before
-            n = nx[u]
-            nx[p] = n
+        p = u[_PREV]
+        if p and p[_STATE] is None:  # merge into the unmapped range before
+            n = u[_NEXT]
+            p[_NEXT] = n
             if n:
-                pv[n] = p
-            sz[p] += usize
-            self._forget(u)
+                n[_PREV] = p
+            p[_SIZE] += usize
             u = p
         else:
-            ump.add(u)
-            insort(ul, u)
-        n = nx[u]
-        if n and n in ump:
-            nn = nx[n]
-            nx[u] = nn
+            self.blocks[ustart] = u
+            insort(ul, ustart)
+        n = u[_NEXT]
+        if n and n[_STATE] is None:
+            nn = n[_NEXT]
+            u[_NEXT] = nn
             if nn:
-                pv[nn] = u
-            sz[u] += sz[n]
-            ump.discard(n)
-            del ul[bisect_left(ul, n)]
-            self._forget(n)
+                nn[_PREV] = u
+            u[_SIZE] += n[_SIZE]
+            del ul[bisect_left(ul, n[_ADDR])]
         self.reserved -= usize
         self._record(SEGMENT_UNMAP, usize)
-        if not pv[u] and not nx[u]:  # the whole reservation is unmapped: give it back
-            ump.discard(u)
-            del ul[bisect_left(ul, u)]
-            self._forget(u)
+        if not u[_PREV] and not u[_NEXT]:  # the whole reservation is unmapped: give it back
+            del ul[bisect_left(ul, u[_ADDR])]
 
     # -- the request stream --------------------------------------------------------------
-    def run(
-        self,
-        ops: list[int],
-        idxs: list[int],
-        raddrs: list[int],
-        sizes: list[int],
-        lks: list[int],
-        alloc_sizes: list[int],
-    ) -> tuple[list[int], int]:
-        """Serve every request; returns the event indices the model failed, and the
-        peak of allocated (block) bytes."""
-        lists, sz, pv, nx, fr = self.lists, self.sz, self.pv, self.nx, self.fr
+    def run(self, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int]) -> list[int]:
+        """Serve every request; returns the event indices the model failed.
+        ``events[k]`` is the trace index of request k."""
+        lists, blocks, gcb = self.lists, self.blocks, self.gcb
         pend, pmap = self.pend, self.pmap
-        amap: dict[int, int] = {}
+        amap: dict[int, list[Any]] = {}
         failed: list[int] = []
         gc_on = self.gc_on
-        exp = self.exp
-        fast = not exp and not gc_on
+        fast = not self.exp and not gc_on
         mss, nsr = self.mss, self.nsr
+        mss_on = mss != UNLIMITED
         sh, mask = _SH, _MASK
-        small = K_SMALL_SIZE
-        allocated = 0
-        peak_alloc = 0
-        for op, idx, ra, rs, lk, asz in zip(ops, idxs, raddrs, sizes, lks, alloc_sizes, strict=True):
-            if op == _OP_FREE:
-                a = amap.pop(ra, 0)
-                if not a:
+        bisect, put = bisect_left, insort
+        # should_split: small pool or expandable: remainder >= 512; large: > 1 MiB
+        # (and, with max_split_size, only for requests below it).
+        per_pool = (511, 511 if self.exp else K_SMALL_SIZE)
+        split_over = [per_pool[(lk // self.ns) & 1] for lk in range(len(lists))]
+        allocation_size = self.cfg.allocation_size
+        for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
+            if op == 1:  # _OP_FREE: free_requested + free_completed
+                b = amap.pop(ra, None)
+                if b is None:
                     continue  # the model never served this request
-                s = sz[a]
-                allocated -= s
+                s = b[0]
                 lst = lists[lk]
-                p = pv[a]
-                if p and p in fr:
-                    ps = sz[p]
-                    del lst[bisect_left(lst, (ps << sh) | p)]
-                    fr.remove(p)
-                    n = nx[a]
-                    nx[p] = n
+                p = b[2]
+                if p and p[4]:  # merge into the free block before
+                    ps = p[0]
+                    del lst[bisect(lst, (ps << sh) | p[1])]
+                    n = b[3]
+                    p[3] = n
                     if n:
-                        pv[n] = p
-                    del sz[a], pv[a], nx[a]
+                        n[2] = p
                     s += ps
-                    a = p
-                n = nx[a]
-                if n and n in fr:
-                    ns = sz[n]
-                    del lst[bisect_left(lst, (ns << sh) | n)]
-                    fr.remove(n)
-                    nn = nx[n]
-                    nx[a] = nn
+                    b = p
+                n = b[3]
+                if n and n[4]:  # absorb the free block after
+                    ns = n[0]
+                    del lst[bisect(lst, (ns << sh) | n[1])]
+                    nn = n[3]
+                    b[3] = nn
                     if nn:
-                        pv[nn] = a
-                    del sz[n], pv[n], nx[n]
+                        nn[2] = b
                     s += ns
-                sz[a] = s
-                insort(lst, (s << sh) | a)
-                fr.add(a)
+                b[0] = s
+                b[4] = True
+                a = b[1]
+                put(lst, (s << sh) | a)
+                blocks[a] = b
                 if gc_on:
-                    self.gcb[a] = self.gcc
-            elif op == _OP_ALLOC:
+                    gcb[a] = self.gcc
+            elif op == 0:  # _OP_ALLOC
                 lst = lists[lk]
-                a = 0
+                b = None
                 if fast:
-                    i = bisect_left(lst, rs << sh)
+                    i = bisect(lst, rs << sh)
                     if i < len(lst):
                         key = lst[i]
-                        bs = key >> sh
-                        if not ((rs < mss and bs >= mss) or (rs >= mss and bs >= rs + nsr)):
-                            a = key & mask
+                        if not mss_on or not (
+                            (rs < mss and key >> sh >= mss) or (rs >= mss and key >> sh >= rs + nsr)
+                        ):
                             del lst[i]
-                            fr.remove(a)
+                            b = blocks[key & mask]
+                            b[4] = False
                 else:
-                    a = self.get_free_block(lk, rs)
-                if not a:
-                    self.cur = idx
-                    a = self.miss(lk, rs, asz)
-                    if not a:
-                        failed.append(idx)
+                    b = self.get_free_block(lk, rs)
+                if b is None:
+                    self.cur = events[k]
+                    b = self.miss(lk, rs, allocation_size(rs))
+                    if b is None:
+                        failed.append(events[k])
                         continue
-                bs = sz[a]
-                rem = bs - rs
-                if (rem >= 512) if (rs <= small or exp) else (rs < mss and rem > small):
-                    r = a + rs
-                    sz[r] = rem
-                    sz[a] = rs
-                    n = nx[a]
-                    nx[r] = n
-                    pv[r] = a
-                    nx[a] = r
+                rem = b[0] - rs
+                if rem > split_over[lk] and rs < mss:
+                    n = b[3]
+                    a = b[1] + rs
+                    r = [rem, a, b, n, True]
                     if n:
-                        pv[n] = r
-                    insort(lst, (rem << sh) | r)
-                    fr.add(r)
+                        n[2] = r
+                    b[3] = r
+                    b[0] = rs
+                    put(lst, (rem << sh) | a)
+                    blocks[a] = r
                     if gc_on:
-                        self.gcb[r] = self.gcc
-                    bs = rs
-                allocated += bs
-                if allocated > peak_alloc:
-                    peak_alloc = allocated
-                amap[ra] = a
+                        gcb[a] = self.gcc
+                amap[ra] = b
             elif op == _OP_FREE_REQ:  # freed, but in use on another stream until completed
-                a = amap.pop(ra, 0)
-                if a:
-                    allocated -= sz[a]
-                    pend[a] = lk
-                    pmap[ra] = a
+                b = amap.pop(ra, None)
+                if b is not None:
+                    pend[b[1]] = (b, lk)
+                    pmap[ra] = b
             elif op == _OP_FREE_DONE:
-                a = pmap.pop(ra, 0)
-                if a and a in pend:
-                    del pend[a]
-                    self.free_block(lk, a)
+                b = pmap.pop(ra, None)
+                if b is not None and pend.pop(b[1], None) is not None:
+                    self.free_block(lk, b)
             elif op == _OP_OOM:
-                self.cur = idx
-                a = self.get_free_block(lk, rs) or self.miss(lk, rs, asz)
-                if not a:
-                    failed.append(idx)
+                self.cur = events[k]
+                b = self.get_free_block(lk, rs) or self.miss(lk, rs, allocation_size(rs))
+                if b is None:
+                    failed.append(events[k])
                     continue
-                allocated += self.split(lk, a, rs)  # kept: the program never freed it
-                if allocated > peak_alloc:
-                    peak_alloc = allocated
+                self.split(lk, b, rs)  # kept to the end: the program never freed it
             elif op == _OP_FLUSH:
-                self.cur = idx
+                self.cur = events[k]
                 self.release_cached(ra)
-        return failed, peak_alloc
+        return failed
 
 
 # --------------------------------------------------------------------------- trace analysis
+
+
+class _LazyList:
+    """Index access to a numpy column as Python ints, without converting it all."""
+
+    __slots__ = ("_a",)
+
+    def __init__(self, a: npt.NDArray[Any]) -> None:
+        self._a = a
+
+    def __getitem__(self, i: int) -> int:
+        return int(self._a[i])
 
 
 def _device(snapshot: Snapshot, device: DeviceData | int) -> DeviceData:
@@ -793,7 +760,7 @@ def _recorded_reserved(device: DeviceData) -> I64:
 class _Burst:
     start: int  # first segment_free/segment_unmap of the run
     end: int  # last one
-    kind: str  # "user" (empty_cache), "retry" (flush before a new segment), "oom"
+    kind: str  # "user" (empty_cache), "retry" (flush before a new segment), "gc", "oom"
     request: int  # event index of the request that followed (-1: none)
 
 
@@ -834,15 +801,27 @@ def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int
     return floor
 
 
-def _bursts(device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
+def _empty_cache_stacks(snapshot: Snapshot, stack_ids: set[int]) -> dict[int, bool]:
+    """Which of these stacks pass through ``torch.cuda.empty_cache`` (Python frame
+    ``empty_cache``, or the C++ ``emptyCache`` with ``stacks="all"``)."""
+    out = {}
+    for sid in stack_ids:
+        frames = snapshot.stacks.frames_of(sid)
+        out[sid] = any(f.name == "empty_cache" or "emptyCache" in f.name for f in frames)
+    return out
+
+
+def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
     """Classify each run of segment_free/segment_unmap events.
 
-    Before an ``oom`` it is the malloc's flush. Before a new segment it is a
-    malloc's flush-and-retry only if the limit could have refused that segment,
-    i.e. ``reserved + alloc_size`` exceeds the least limit the trace allows
-    (``_limit_floor``); otherwise it is ``empty_cache()`` called by user code
-    just before an allocation. With ``garbage_collection_threshold`` recorded, a
-    run without small-pool segments before a new segment may also be the GC.
+    A segment event carries the stack of the call that released it: where the
+    stacks were recorded, a run released by user code has ``empty_cache`` on its
+    stack and any other run was released inside a malloc. Without stacks:
+    before an ``oom`` it is the malloc's flush; before a new segment it is the
+    GC when the recorded settings have a threshold (unless it released small-pool
+    segments, which the GC never does), else a flush-and-retry if the limit
+    could have refused that segment (``reserved + alloc_size`` above the least
+    limit the trace allows, ``_limit_floor``); otherwise ``empty_cache()``.
     """
     t = device.trace
     act = t.action
@@ -858,18 +837,31 @@ def _bursts(device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
     ends = np.r_[rel[breaks], rel[-1]]
     reqs = _request_of(act, ends + 1)
     gc_recorded = cfg.garbage_collection_threshold > 0.0
+    stack_ids = {int(x) for x in t.stack[rel].tolist() if x >= 0}
+    via_empty_cache = _empty_cache_stacks(snapshot, stack_ids)
     out = []
     for s, e, req in zip(starts.tolist(), ends.tolist(), reqs.tolist(), strict=True):
         k = e + 1
         nxt = int(act[k]) if k < n else -1
-        if nxt == OOM:
+        stacks = [int(x) for x in t.stack[s : e + 1].tolist() if x >= 0]
+        if stacks:
+            user = any(via_empty_cache[x] for x in stacks)
+            if user:
+                kind = "user"
+            elif nxt == OOM:
+                kind = "oom"
+            elif gc_recorded and not (t.size[s : e + 1] == K_SMALL_BUFFER).any():
+                kind = "gc"
+            else:
+                kind = "retry"
+        elif nxt == OOM:
             kind = "oom"
         elif nxt in (SEGMENT_ALLOC, SEGMENT_MAP) and req >= 0:
             before = int(reserved[s - 1]) if s > 0 else 0
-            if before + _request_alloc_size(device, cfg, req) > floor:
+            if gc_recorded and not (t.size[s : e + 1] == K_SMALL_BUFFER).any():
+                kind = "gc"
+            elif before + _request_alloc_size(device, cfg, req) > floor:
                 kind = "retry"
-            elif gc_recorded and not (t.size[s : e + 1] == K_SMALL_BUFFER).any():
-                kind = "retry"  # garbage collection before a new segment
             else:
                 kind = "user"
         else:
@@ -887,7 +879,9 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
     largest of these. Each time the allocator refused a segment, reserved plus that
     segment's ``alloc_size`` exceeded the limit: at the flush before a
     flush-and-retry (``reserved`` before the flush) and at an OOM (``reserved``
-    after the flush). ``upper`` is one less than the smallest such sum.
+    after the flush). ``upper`` is one less than the smallest such sum. A GC run
+    (``garbage_collection_threshold``) starts only above threshold x limit, which
+    bounds the limit too (``gc_upper``).
     """
     dev = _device(snapshot, device)
     cfg = config or AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
@@ -898,15 +892,23 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
     reserved = _recorded_reserved(dev)
     lower = _limit_floor(dev, cfg, reserved)
     upper: int | None = None
+    gc_upper: int | None = None
     device_full: int | None = None
     evidence = 0
-    for b in _bursts(dev, cfg):
-        if b.kind != "retry" or b.request < 0:
-            continue
+    threshold = cfg.garbage_collection_threshold
+    for b in _bursts(snapshot, dev, cfg):
         before = int(reserved[b.start - 1]) if b.start > 0 else 0
-        bound = before + _request_alloc_size(dev, cfg, b.request) - 1
-        upper = bound if upper is None else min(upper, bound)
-        evidence += 1
+        if b.kind == "retry" and b.request >= 0:
+            bound = before + _request_alloc_size(dev, cfg, b.request) - 1
+            upper = bound if upper is None else min(upper, bound)
+            evidence += 1
+        elif b.kind == "gc" and threshold > 0:
+            # GC ran: before > int(threshold * limit); the largest such limit.
+            bound = int(before / threshold)
+            while bound > 0 and int(threshold * bound) >= before:
+                bound -= 1
+            gc_upper = bound if gc_upper is None else min(gc_upper, bound)
+            evidence += 1
     for i in np.flatnonzero(t.action == OOM).tolist():
         need = cfg.allocation_size(int(t.size[i]))
         bound = int(reserved[i]) + need - 1
@@ -916,7 +918,7 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
         if device_free < need:
             full = int(reserved[i]) + device_free
             device_full = full if device_full is None else min(device_full, full)
-    return LimitEstimate(lower, upper, device_full, evidence)
+    return LimitEstimate(lower, upper, device_full, evidence, gc_upper)
 
 
 def step_end_indices(snapshot: Snapshot, device: DeviceData | int) -> list[int]:
@@ -937,8 +939,9 @@ def step_end_indices(snapshot: Snapshot, device: DeviceData | int) -> list[int]:
 
 def _prepare(
     snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, bursts: list[_Burst]
-) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
-    """Filter the trace down to the requests, as plain lists for the hot loop."""
+) -> tuple[npt.NDArray[np.intp], list[int], list[int], list[int], list[int]]:
+    """Filter the trace down to the requests: their event indices, and plain lists
+    (op, recorded address, rounded size, free-list index) for the hot loop."""
     t = dev.trace
     n = len(t)
     act = t.action
@@ -955,29 +958,27 @@ def _prepare(
     op[is_fr & ~paired] = _OP_FREE_REQ
     op[(act == FREE_COMPLETED) & ~completes] = _OP_FREE_DONE
     op[act == OOM] = _OP_OOM
-    raddr = addr.copy()
-    for b in bursts:
-        if b.kind == "user":
-            op[b.start] = _OP_FLUSH
-            raddr[b.start] = b.end
+    user = [b for b in bursts if b.kind == "user"]
+    for b in user:
+        op[b.start] = _OP_FLUSH
     sel = np.flatnonzero(op >= 0)
     ops = op[sel]
+    raddr = addr[sel]
+    if user:  # a flush carries the end of its burst instead of an address
+        pos = np.searchsorted(sel, [b.start for b in user])
+        raddr[pos] = [b.end for b in user]
     sizes = t.size[sel]
     rounded = cfg.round_sizes(sizes)
-    # An oom entry's size is already the rounded request.
-    rounded = np.where(ops == _OP_OOM, sizes, rounded)
-    large = (rounded > K_SMALL_SIZE).astype(np.int64)
+    is_oom = ops == _OP_OOM
+    if is_oom.any():  # an oom entry's size is already the rounded request
+        rounded[is_oom] = sizes[is_oom]
+    large = rounded > K_SMALL_SIZE
     ns = max(len(dev.streams), 1)
-    lks = (t.pool[sel].astype(np.int64) * 2 + large) * ns + t.stream[sel].astype(np.int64)
-    alloc_sizes = cfg.allocation_sizes(rounded)
-    return (
-        ops.tolist(),
-        sel.tolist(),
-        raddr[sel].tolist(),
-        rounded.tolist(),
-        lks.tolist(),
-        alloc_sizes.tolist(),
-    )
+    if ns == 1 and len(snapshot.pools) == 1:
+        lks = large.view(np.int8)
+    else:
+        lks = (t.pool[sel].astype(np.int32) * 2 + large) * ns + t.stream[sel]
+    return sel, ops.tolist(), raddr.tolist(), rounded.tolist(), lks.tolist()
 
 
 def _freeable_from(dev: DeviceData) -> dict[int, int]:
@@ -1005,10 +1006,10 @@ def simulate(
     """
     dev = _device(snapshot, device)
     recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-    bursts = _bursts(dev, recorded_cfg)
-    columns = _prepare(snapshot, dev, config, bursts)
+    bursts = _bursts(snapshot, dev, recorded_cfg)
+    events, ops, raddrs, sizes, lks = _prepare(snapshot, dev, config, bursts)
     model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev))
-    failed, peak_alloc = model.run(*columns)
+    failed = model.run(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
     t = dev.trace
     n = len(t)
     recorded_ooms = np.flatnonzero(t.action == OOM)
@@ -1034,7 +1035,6 @@ def simulate(
         limit_bytes=limit_bytes,
         events=n,
         peak_reserved=model.peak,
-        peak_allocated=peak_alloc,
         final_reserved=model.reserved,
         oom=failed[0] if failed else None,
         ooms=failed,
