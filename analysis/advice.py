@@ -280,7 +280,10 @@ def _capture_suggest(ctx: AdviceContext) -> dict[str, Any]:
     evidence: list[str] = []
     if not cap["has_trace"]:
         changes.append("enabled='all'")
-        evidence.append("the snapshot holds no allocation history (enabled='state' or history off)")
+        evidence.append(
+            f"the snapshot holds {ctx.events} trace event{'s' if ctx.events != 1 else ''}, no allocation history "
+            "(enabled='state' or history off)"
+        )
     elif not cap["trace_complete"]:
         changes.append("max_entries=<more than one step's events>")
         evidence.append(
@@ -290,7 +293,7 @@ def _capture_suggest(ctx: AdviceContext) -> dict[str, Any]:
         )
     if not cap["has_frames"]:
         changes.append("context='all'")
-        evidence.append("no allocation has a stack, so no code can be named")
+        evidence.append(f"none of the {ctx.events:,} events carries a stack, so no code can be named")
     if cap["stacks"] == "all" and ctx.source_bytes >= HUGE_SNAPSHOT_BYTES:
         changes.append("stacks='python'")
         evidence.append(

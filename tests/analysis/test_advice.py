@@ -1,0 +1,128 @@
+"""The advisor on the real fixtures: the right suggestion, with the measured figure behind it."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.advice import RULES, AdviceContext, WhatIf, advise
+from analysis.config import AllocatorConfig
+from analysis.report import build_report
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GiB = 2**30
+DOCUMENTED_IDS = {"expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
+                  "roundup_power2_divisions", "amp", "activation_checkpointing", "optimizer_state",
+                  "shape_bucketing", "capture_settings"}
+ALLOCATOR_IDS = {"expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
+                 "roundup_power2_divisions"}
+
+
+@cache
+def device(case: str) -> dict[str, Any]:
+    return build_report(FIXTURES / f"{case}.pickle.gz")["devices"][0]
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def test_infer_varbatch_top_suggestion_is_the_cache_bloat_with_its_replay_figure() -> None:
+    dev = device("infer_varbatch")
+    top = dev["suggestions"][0]
+    assert top["id"] in ALLOCATOR_IDS
+    w = next(x for x in dev["whatif"] if x["setting"] == top["id"])
+    recorded = dev["summary"]["peak_reserved_bytes"]
+    # 31.4 GiB reserved for 10.7 GiB allocated (the fixture's description).
+    assert gib(recorded) == "31.44 GiB" and gib(dev["summary"]["peak_allocated_bytes"]) == "10.74 GiB"
+    assert top["estimated_saving_bytes"] == recorded - w["peak_reserved_bytes"] > 10 * GiB
+    assert gib(w["peak_reserved_bytes"]) in top["evidence"] and gib(recorded) in top["evidence"]
+    assert top["config"] == f"PYTORCH_CUDA_ALLOC_CONF={w['config']}"
+
+
+def test_gpt_varlen_oom_suggests_expandable_segments_with_the_replay_evidence() -> None:
+    dev = device("gpt_varlen_oom")
+    sugg = {s["id"]: s for s in dev["suggestions"]}
+    exp = sugg["expandable_segments"]
+    w = next(x for x in dev["whatif"] if x["config"] == "expandable_segments:True")
+    assert w["oom_avoided"] is True and exp["avoids_oom"] is True
+    assert "the OOM is avoided" in exp["evidence"]
+    assert gib(w["peak_reserved_bytes"]) in exp["evidence"]
+    assert f"{dev['oom']['event_index']:,}" in exp["evidence"]
+    # What avoids the recorded OOM comes first.
+    assert dev["suggestions"][0]["avoids_oom"] is True
+
+
+@pytest.mark.parametrize(("case", "setting"), [("gpt_varlen_expandable", "expandable_segments"),
+                                               ("gpt_varlen_maxsplit256", "max_split_size_mb")])
+def test_never_suggests_a_setting_the_snapshot_already_has(case: str, setting: str) -> None:
+    dev = device(case)
+    assert setting not in {s["id"] for s in dev["suggestions"]}
+    assert all(w["setting"] != setting for w in dev["whatif"] if w["origin"] == "auto")
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "infer_varbatch", "frag_oom", "no_context", "wrapped_ring",
+                                  "compiled_train", "state_only"])
+def test_suggestions_use_documented_ids_and_are_ordered(case: str) -> None:
+    sugg = device(case)["suggestions"]
+    assert {s["id"] for s in sugg} <= DOCUMENTED_IDS
+    keys = [(s["avoids_oom"] is not True, -s["estimated_saving_bytes"]) for s in sugg]
+    assert keys == sorted(keys)
+    for s in sugg:
+        assert s["evidence"].endswith(".") and any(ch.isdigit() for ch in s["evidence"])
+
+
+def test_capture_advice_names_what_was_missing() -> None:
+    no_ctx = {s["id"]: s for s in device("no_context")["suggestions"]}["capture_settings"]
+    assert "context='all'" in no_ctx["config"]
+    ring = {s["id"]: s for s in device("wrapped_ring")["suggestions"]}["capture_settings"]
+    assert "max_entries" in ring["config"] and "5,000 events" in ring["evidence"]
+    state = {s["id"]: s for s in device("state_only")["suggestions"]}["capture_settings"]
+    assert "enabled='all'" in state["config"]
+    assert "capture_settings" not in {s["id"] for s in device("gpt_varlen_oom")["suggestions"]}
+
+
+def test_workload_rules_measure_activations_and_optimizer_state() -> None:
+    dev = device("gpt_varlen_oom")
+    sugg = {s["id"]: s for s in dev["suggestions"]}
+    act = dev["categories"]["bytes"]["activations"]
+    assert sugg["amp"]["estimated_saving_bytes"] == act // 2
+    assert gib(act) in sugg["activation_checkpointing"]["evidence"]
+    assert "capture.py" in sugg["activation_checkpointing"]["evidence"]
+
+
+def base_context(**changes: Any) -> AdviceContext:
+    ctx = AdviceContext(
+        device=0, recorded=AllocatorConfig(), events=1000, peak_reserved=10 * GiB, peak_allocated=8 * GiB,
+        peak_requested=8 * GiB, reserved_at_peak_alloc=10 * GiB, oom=None, whatifs=[],
+        categories={"parameters": GiB, "gradients": 0, "optimizer_state": 2 * GiB, "activations": 4 * GiB,
+                    "temporaries": GiB, "unknown": 0},
+        activations_by_site=[("model.py:10", 3 * GiB), ("model.py:20", GiB)], has_backward=True,
+        autocast_seen=False, optimizer_state_bytes=2 * GiB, optimizer_labels=["adam.py:1 _init_group"],
+        distinct_large_sizes=3, large_requests=10,
+        capture={"has_trace": True, "trace_complete": True, "has_frames": True, "stacks": "python"},
+        source_bytes=1000, steps=5,
+    )
+    return dataclasses.replace(ctx, **changes)
+
+
+def test_rules_respect_their_preconditions() -> None:
+    ids = [s["id"] for s in advise(base_context())]
+    # Savings: AMP half the activations (2 GiB), 8-bit state 3/4 of 2 GiB, checkpointing all but the largest site (1 GiB).
+    assert ids == ["amp", "optimizer_state", "activation_checkpointing"]
+    assert "amp" not in {s["id"] for s in advise(base_context(autocast_seen=True))}
+    assert not {s["id"] for s in advise(base_context(has_backward=False))} & {"amp", "activation_checkpointing"}
+    # A what-if that saves too little is not advice; one that saves enough is.
+    small = [WhatIf("expandable_segments", "expandable_segments:True", 10 * GiB - 2**20, None)]
+    assert "expandable_segments" not in {s["id"] for s in advise(base_context(whatifs=small))}
+    big = [WhatIf("expandable_segments", "expandable_segments:True", 7 * GiB, None)]
+    top = advise(base_context(whatifs=big))[0]
+    assert top["id"] == "expandable_segments" and top["estimated_saving_bytes"] == 3 * GiB
+    already = dataclasses.replace(AllocatorConfig(), expandable_segments=True)
+    assert "expandable_segments" not in {s["id"] for s in advise(base_context(whatifs=big, recorded=already))}
+    assert [r.id for r in RULES][:4] == ["expandable_segments", "max_split_size_mb", "roundup_power2_divisions",
+                                         "garbage_collection_threshold"]
