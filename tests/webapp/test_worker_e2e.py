@@ -1,0 +1,79 @@
+"""End to end through a real ``celery worker`` process, real Redis and the test database.
+
+A hostile upload and the real gpt_varlen_oom fixture go through the HTTP API; the
+worker refuses the first with its code (no canary file appears), stays up, and
+analyses the second; then the report is shared, read anonymously, and revoked.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from tests.webapp.helpers import FIXTURES, GPT_OOM, bearer
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+TRUTH = json.loads((FIXTURES / "gpt_varlen_oom.truth.json").read_text())
+
+
+class Canary:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.system, (f"touch {self.path}",))
+
+
+def wait_for(client: Any, token: str, code: str, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        body: dict[str, Any] = client.get(f"/api/v1/snapshots/{code}", **bearer(token)).json()
+        if body["status"] in ("done", "failed") or time.monotonic() > deadline:
+            return body
+        time.sleep(0.2)
+
+
+def test_worker_process_round_trip(client: Any, alice_token: str, celery_worker_process: Any, tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    hostile = pickle.dumps({"segments": [], "device_traces": [[Canary(canary)]]}, protocol=4)
+    bad = client.post(
+        "/api/v1/snapshots", {"file": SimpleUploadedFile("evil.pickle", hostile)}, **bearer(alice_token)
+    )
+    assert bad.status_code == 202, bad.content
+    started = time.monotonic()
+    with open(GPT_OOM, "rb") as fh:
+        good = client.post("/api/v1/snapshots", {"file": fh, "run": "e2e"}, **bearer(alice_token))
+    assert good.status_code == 202, good.content
+
+    bad_status = wait_for(client, alice_token, bad.json()["id"])
+    good_status = wait_for(client, alice_token, good.json()["id"])
+    elapsed = time.monotonic() - started
+    log = celery_worker_process.log_path.read_text()
+    assert bad_status["status"] == "failed", log[-3000:]
+    assert bad_status["error"]["code"].startswith("snapshot:unsafe:")
+    assert not canary.exists()
+    assert celery_worker_process.poll() is None, "the worker stays up"
+    assert good_status["status"] == "done", (good_status, log[-3000:])
+    assert elapsed < 30, f"report took {elapsed:.1f} s"
+
+    stats = TRUTH["memory_stats"]
+    report = client.get(f"/api/v1/snapshots/{good.json()['id']}/report", **bearer(alice_token)).json()
+    summary = report["devices"][0]["summary"]
+    assert summary["peak_reserved_bytes"] == stats["reserved_bytes.all.peak"]
+    assert summary["peak_allocated_bytes"] == stats["allocated_bytes.all.peak"]
+    assert summary["peak_requested_bytes"] == stats["requested_bytes.all.peak"]
+    assert "snapshots.analyse_upload" in log
+
+    share_url = client.post(f"/api/v1/snapshots/{good.json()['id']}/share", **bearer(alice_token)).json()["share_url"]
+    assert client.get(share_url).status_code == 200
+    client.delete(f"/api/v1/snapshots/{good.json()['id']}/share", **bearer(alice_token))
+    assert client.get(share_url).status_code == 404
