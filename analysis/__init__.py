@@ -8,5 +8,15 @@ from __future__ import annotations
 from analysis.config import AllocatorConfig
 from analysis.errors import ConfigError, SnapshotError
 from analysis.model import Snapshot
+from analysis.report import build_report, build_whatif
+from analysis.timeline import timeline_window
 
-__all__ = ["AllocatorConfig", "ConfigError", "Snapshot", "SnapshotError"]
+__all__ = [
+    "AllocatorConfig",
+    "ConfigError",
+    "Snapshot",
+    "SnapshotError",
+    "build_report",
+    "build_whatif",
+    "timeline_window",
+]
