@@ -85,6 +85,7 @@ __all__ = [
     "replay_check",
     "simulate",
     "step_end_indices",
+    "trace_is_complete",
     "whatif",
 ]
 
@@ -153,7 +154,7 @@ class LimitEstimate:
     """The interval the memory limit must lie in, from the trace alone.
 
     ``lower`` is the largest ``reserved + alloc_size`` the limit let through
-    (at least the peak reserved memory); ``upper``
+    (the peak reserved memory, without expandable segments); ``upper``
     (None: no evidence of any limit) is one less than the smallest
     ``reserved + alloc_size`` that the allocator refused: at a flush-and-retry
     before a new segment, and at an OOM. ``device_full`` is
@@ -781,13 +782,15 @@ def _request_alloc_size(device: DeviceData, cfg: AllocatorConfig, req: int) -> i
 def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int:
     """The least limit the trace is consistent with.
 
-    Every level reached was allowed, and every new segment was allowed *before*
-    it was made: ``alloc_block`` checks ``reserved + alloc_size``, and with
-    expandable segments ``alloc_size`` can exceed the pages actually mapped.
+    Every new segment was allowed *before* it was made: ``alloc_block`` checks
+    ``reserved + alloc_size``. That is the level reached for a cudaMalloc'd
+    segment; with expandable segments the whole pages mapped can end above it
+    (a 12 MiB request checks 12 MiB and maps a 20 MiB page), so the peak
+    reserved memory may exceed the limit there and is not itself a bound.
     """
     t = device.trace
     act = t.action
-    floor = int(reserved.max()) if reserved.size else 0
+    floor = 0
     grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
     if grow.size == 0:
         return floor
@@ -874,9 +877,8 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
     """The interval the process's memory limit must lie in, from the trace alone.
 
     The snapshot does not record a per-process cap (``set_per_process_memory_fraction``).
-    Every reserved level the trace reached was allowed, and so was every
-    ``reserved + alloc_size`` checked before a new segment: ``lower`` is the
-    largest of these. Each time the allocator refused a segment, reserved plus that
+    Every ``reserved + alloc_size`` checked before a new segment was allowed:
+    ``lower`` is the largest of these. Each time the allocator refused a segment, reserved plus that
     segment's ``alloc_size`` exceeded the limit: at the flush before a
     flush-and-retry (``reserved`` before the flush) and at an OOM (``reserved``
     after the flush). ``upper`` is one less than the smallest such sum. A GC run
@@ -938,7 +940,7 @@ def step_end_indices(snapshot: Snapshot, device: DeviceData | int) -> list[int]:
 
 
 def _prepare(
-    snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, bursts: list[_Burst]
+    snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, bursts: list[_Burst], pools: npt.NDArray[np.int32]
 ) -> tuple[npt.NDArray[np.intp], list[int], list[int], list[int], list[int]]:
     """Filter the trace down to the requests: their event indices, and plain lists
     (op, recorded address, rounded size, free-list index) for the hot loop."""
@@ -977,17 +979,91 @@ def _prepare(
     if ns == 1 and len(snapshot.pools) == 1:
         lks = large.view(np.int8)
     else:
-        lks = (t.pool[sel].astype(np.int32) * 2 + large) * ns + t.stream[sel]
+        lks = (pools[sel].astype(np.int32) * 2 + large) * ns + t.stream[sel]
     return sel, ops.tolist(), raddr.tolist(), rounded.tolist(), lks.tolist()
 
 
-def _freeable_from(dev: DeviceData) -> dict[int, int]:
+def _event_pools(dev: DeviceData) -> npt.NDArray[np.int32]:
+    """Pool of every event, recovering what torch 2.11 traces leave out.
+
+    Before ``pool_id`` was recorded on trace entries (2.12), every event reads as
+    the default pool even while a CUDA graph captured into a private one. The
+    final ``segments`` do name each live segment's pool, and every block lies in
+    a segment, so an event's pool is that of the recorded segment holding its
+    address at the time. Segments released before the dump (a deleted graph's
+    pool, or default-pool segments freed by a flush) read as the default pool.
+    """
+    t = dev.trace
+    if (t.pool != 0).any() or not any(seg.pool != 0 for seg in dev.segments):
+        return t.pool
+    act = t.action
+    final = sorted((seg.address, seg.address + seg.total_size, seg.pool) for seg in dev.segments)
+    final_starts = [f[0] for f in final]
+
+    def final_pool(addr: int) -> int:
+        i = bisect_left(final_starts, addr + 1) - 1
+        return final[i][2] if i >= 0 and addr < final[i][1] else 0
+
+    seg_events = np.flatnonzero(np.isin(act, _SEGMENT_ACTIONS))
+    # A segment_alloc's segment lives to the end unless a later segment_free has its address.
+    survives = {}
+    freed_later: set[int] = set()
+    for i in seg_events[::-1].tolist():
+        a = int(t.addr[i])
+        if act[i] == SEGMENT_FREE:
+            freed_later.add(a)
+        elif act[i] == SEGMENT_ALLOC:
+            survives[i] = a not in freed_later
+            freed_later.discard(a)
+    pools = np.zeros(len(t), np.int32)
+    live: dict[int, tuple[int, int]] = {}  # start -> (end, pool)
+    has_addr = (act == ALLOC) | (act == FREE_REQUESTED) | (act == FREE_COMPLETED)
+    bounds = [*seg_events.tolist(), len(t)]
+    prev = -1
+    for i in bounds:
+        lo, hi = prev + 1, i
+        if hi > lo and live:
+            idx = lo + np.flatnonzero(has_addr[lo:hi])
+            if idx.size:
+                starts = sorted(live)
+                sa = np.asarray(starts, np.int64)
+                ends = np.asarray([live[x][0] for x in starts], np.int64)
+                pl = np.asarray([live[x][1] for x in starts], np.int32)
+                addr = t.addr[idx]
+                pos = np.searchsorted(sa, addr, side="right") - 1
+                ok = (pos >= 0) & (addr < ends[np.maximum(pos, 0)])
+                pools[idx] = np.where(ok, pl[np.maximum(pos, 0)], 0)
+        if i < len(t):
+            a, size, kind = int(t.addr[i]), int(t.size[i]), int(act[i])
+            if kind == SEGMENT_ALLOC:
+                live[a] = (a + size, final_pool(a) if survives.get(i) else 0)
+                pools[i] = live[a][1]
+            elif kind == SEGMENT_MAP:
+                live[a] = (a + size, final_pool(a))
+                pools[i] = live[a][1]
+            elif kind == SEGMENT_FREE:
+                pools[i] = live.pop(a, (0, 0))[1]
+            else:  # SEGMENT_UNMAP: cut [a, a + size) out of the mapped ranges
+                for start, (end, pool) in list(live.items()):
+                    if end <= a or start >= a + size:
+                        continue
+                    pools[i] = pool
+                    del live[start]
+                    if start < a:
+                        live[start] = (a, pool)
+                    if end > a + size:
+                        live[a + size] = (end, pool)
+        prev = i
+    return pools
+
+
+def _freeable_from(dev: DeviceData, pools: npt.NDArray[np.int32]) -> dict[int, int]:
     """Private pool -> first event index where the trace shows it being released."""
     t = dev.trace
-    rel = np.flatnonzero(((t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)) & (t.pool != 0))
+    rel = np.flatnonzero(((t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)) & (pools != 0))
     out: dict[int, int] = {}
     for i in rel.tolist():
-        out.setdefault(int(t.pool[i]), i)
+        out.setdefault(int(pools[i]), i)
     return out
 
 
@@ -1007,8 +1083,9 @@ def simulate(
     dev = _device(snapshot, device)
     recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     bursts = _bursts(snapshot, dev, recorded_cfg)
-    events, ops, raddrs, sizes, lks = _prepare(snapshot, dev, config, bursts)
-    model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev))
+    pools = _event_pools(dev)
+    events, ops, raddrs, sizes, lks = _prepare(snapshot, dev, config, bursts, pools)
+    model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev, pools))
     failed = model.run(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
     t = dev.trace
     n = len(t)
@@ -1050,12 +1127,40 @@ def simulate(
     return result
 
 
+def trace_is_complete(device: DeviceData) -> bool:
+    """Whether the trace can be the whole history of the device's allocator.
+
+    Replaying the recorded segment events must end at the final segments' total,
+    and, address by address, blocks must be allocated before they are freed.
+    A wrapped ring buffer or history started late fails one of the two.
+    """
+    t = device.trace
+    final_total = sum(seg.total_size for seg in device.segments)
+    if len(t) == 0:
+        return final_total == 0
+    if int(_recorded_reserved(device)[-1]) != final_total:
+        return False
+    sel = np.flatnonzero((t.action == ALLOC) | (t.action == FREE_REQUESTED))
+    if sel.size == 0:
+        return not (t.action == FREE_COMPLETED).any()
+    addr = t.addr[sel]
+    order = np.lexsort((sel, addr))
+    a = addr[order]
+    k = t.action[sel][order]
+    first = np.r_[True, a[1:] != a[:-1]]
+    repeated = (k[1:] == k[:-1]) & (a[1:] == a[:-1])
+    return bool((k[first] == ALLOC).all() and not repeated.any())
+
+
 def replay_check(snapshot: Snapshot, device: DeviceData | int) -> dict[str, Any]:
     """Contract ``replay``: does the model, under the recorded settings, reproduce
     every recorded segment event (same action, same size, same order)?
 
     The limit is inferred from the trace (``infer_limit``) so that the recorded
-    flush-and-retry bursts and OOMs happen at the same requests.
+    flush-and-retry bursts and OOMs happen at the same requests. Besides the
+    contract keys: ``trace_complete``, the ``limit_bytes`` used, whether the
+    recorded OOMs failed in the model too, the model's peak and final reserved
+    memory, and the first mismatch.
     """
     dev = _device(snapshot, device)
     cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
@@ -1076,15 +1181,19 @@ def replay_check(snapshot: Snapshot, device: DeviceData | int) -> dict[str, Any]
             "reproduced": list(reproduced[same]) if same < len(reproduced) else None,
         }
     recorded_ooms = [int(i) for i in np.flatnonzero(dev.trace.action == OOM).tolist()]
+    complete = trace_is_complete(dev)
     return {
         "recorded_config": cfg.to_conf(),
         "segment_events_recorded": len(recorded),
         "segment_events_reproduced": same,
-        "exact": same == len(recorded) == len(reproduced),
+        # A partial trace has no starting state to replay from: never called exact.
+        "exact": complete and same == len(recorded) == len(reproduced),
+        "trace_complete": complete,
         "limit_bytes": estimate.value,
         "ooms_recorded": recorded_ooms,
         "ooms_reproduced": result.ooms == recorded_ooms,
         "peak_reserved_bytes": result.peak_reserved,
+        "final_reserved_bytes": result.final_reserved,
         "first_mismatch": mismatch,
     }
 

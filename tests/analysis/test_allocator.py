@@ -1,0 +1,255 @@
+"""The policy replay (analysis.allocator) against the real runs' own figures.
+
+Every complete-trace fixture must be reproduced segment event by segment event
+from its requests alone, and the what-if replays must agree with the real runs
+that used those settings.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis.allocator import (
+    infer_limit,
+    recorded_segment_events,
+    replay_check,
+    simulate,
+    step_end_indices,
+    trace_is_complete,
+    whatif,
+)
+from analysis.config import AllocatorConfig
+from analysis.model import OOM, Snapshot
+from analysis.reader import read_snapshot
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GIB = 1 << 30
+CASES = sorted(p.name.removesuffix(".truth.json") for p in FIXTURES.glob("*.truth.json"))
+
+
+@cache
+def snap(case: str) -> Snapshot:
+    return read_snapshot(FIXTURES / f"{case}.pickle.gz")
+
+
+@cache
+def truth(case: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{case}.truth.json").read_text())
+    return data
+
+
+# Recorded with enabled="state" (one event kept); capture.py does not keep that in the truth.
+STATE_ONLY = {"state_only"}
+
+
+def complete(case: str) -> bool:
+    """Recorded from process start, with a ring buffer that never wrapped."""
+    t = truth(case)
+    return case not in STATE_ONLY and all(n < t["max_entries"] for n in t["n_trace_events"])
+
+
+def device_stats(case: str, device: int) -> dict[str, Any]:
+    t = truth(case)
+    per = t.get("memory_stats_per_device") or [t["memory_stats"]]
+    stats: dict[str, Any] = per[device]
+    return stats
+
+
+def cap_of(case: str) -> int:
+    return int(truth(case)["kwargs"].get("cap_gib", 7.0) * GIB)
+
+
+COMPLETE = [(c, d.device) for c in CASES if complete(c) for d in snap(c).devices if len(d.trace)]
+PARTIAL = [c for c in CASES if not complete(c)]
+
+
+def test_the_fixture_set_is_the_expected_one() -> None:
+    # Guards the parametrisation: a renamed fixture must not silently drop out.
+    names = {c for c, _ in COMPLETE}
+    assert {"frag_oom", "gpt_varlen_oom", "gpt_varlen_expandable", "gpt_varlen_maxsplit256", "infer_varbatch",
+            "two_gpu_pipeline", "compiled_train", "no_context", "big_all_stacks"} <= names
+    assert ("two_gpu_pipeline", 1) in COMPLETE
+    assert set(PARTIAL) >= {"wrapped_ring", "state_only"}
+
+
+@pytest.mark.parametrize(("case", "device"), COMPLETE)
+def test_replay_reproduces_every_recorded_segment_event(case: str, device: int) -> None:
+    s = snap(case)
+    dev = s.device(device)
+    check = replay_check(s, dev)
+    recorded = recorded_segment_events(dev)
+    assert check["trace_complete"] is True
+    assert check["segment_events_recorded"] == len(recorded)
+    assert check["first_mismatch"] is None, check["first_mismatch"]
+    assert check["segment_events_reproduced"] == len(recorded)
+    assert check["exact"] is True
+    # The recorded OOMs (frag_oom has two) fail in the model at the same requests.
+    assert check["ooms_reproduced"] is True
+    assert check["ooms_recorded"] == np.flatnonzero(dev.trace.action == OOM).tolist()
+
+
+@pytest.mark.parametrize(("case", "device"), COMPLETE)
+def test_replayed_peak_and_final_reserved_equal_the_process_stats(case: str, device: int) -> None:
+    check = replay_check(snap(case), device)
+    stats = device_stats(case, device)
+    assert check["peak_reserved_bytes"] == stats["reserved_bytes.all.peak"]
+    if case != "gpu_client_oom":  # its stats were read inside the failing allocation, before the flush
+        assert check["final_reserved_bytes"] == stats["reserved_bytes.all.current"]
+
+
+@pytest.mark.parametrize("case", PARTIAL)
+def test_partial_traces_are_never_called_exact(case: str) -> None:
+    s = snap(case)
+    dev = s.devices[0]
+    assert trace_is_complete(dev) is False
+    check = replay_check(s, dev)
+    assert check["trace_complete"] is False
+    assert check["exact"] is False
+
+
+def test_recorded_settings_are_what_the_runs_used() -> None:
+    assert replay_check(snap("gpt_varlen_expandable"), 0)["recorded_config"] == "expandable_segments:True"
+    assert replay_check(snap("gpt_varlen_maxsplit256"), 0)["recorded_config"] == "max_split_size_mb:256"
+    assert replay_check(snap("gpt_varlen_oom"), 0)["recorded_config"] == ""
+
+
+# --------------------------------------------------------------------------- the what-if
+
+
+WHATIF_PAIRS = [
+    # (run that hit the OOM, setting, the real run with that setting)
+    ("gpt_varlen_oom", "expandable_segments:True", "gpt_varlen_expandable"),
+    ("gpt_varlen_oom", "max_split_size_mb:256", "gpt_varlen_maxsplit256"),
+    ("gpu_grow_oom", "expandable_segments:True", "gpu_expandable_oom"),
+    ("gpu_grow_oom", "max_split_size_mb:64", "gpu_maxsplit_oom"),
+]
+
+
+@pytest.mark.parametrize(("case", "conf", "real"), WHATIF_PAIRS)
+def test_whatif_avoids_the_oom_and_predicts_each_steps_reserved_memory(case: str, conf: str, real: str) -> None:
+    s = snap(case)
+    result = whatif(s, 0, conf, cap_of(case), step_end_indices(s, 0))
+    assert result["config"] == conf
+    assert result["oom_avoided"] is True
+    # The runs share a seed: the same requests up to the original OOM, so every
+    # step the original run completed can be compared with the real run's log.
+    done = len(truth(case)["workload_log"])
+    assert len(result["steps"]) == done
+    real_log = truth(real)["workload_log"]
+    predicted = [row["reserved_end_bytes"] for row in result["steps"]]
+    measured = [row["reserved"] for row in real_log[:done]]
+    worst = max(abs(p - m) / m for p, m in zip(predicted, measured, strict=True))
+    assert worst <= 0.05
+    assert predicted == measured  # in fact exact at every step
+    assert [row["index"] for row in result["steps"]] == list(range(done))
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "gpu_grow_oom"])
+def test_whatif_of_the_recorded_settings_is_the_run_itself(case: str) -> None:
+    s = snap(case)
+    ends = step_end_indices(s, 0)
+    result = whatif(s, 0, "", cap_of(case), ends)
+    assert result["oom_avoided"] is False
+    assert result["oom_event_index"] == int(np.flatnonzero(s.devices[0].trace.action == OOM)[-1])
+    assert [r["reserved_end_bytes"] for r in result["steps"]] == [r["reserved"] for r in truth(case)["workload_log"]]
+    assert result["peak_reserved_bytes"] == truth(case)["memory_stats"]["reserved_bytes.all.peak"]
+
+
+def test_whatif_keeps_the_recorded_settings_under_the_new_one() -> None:
+    # max_split_size_mb:256 was recorded; adding expandable segments keeps it.
+    s = snap("gpt_varlen_maxsplit256")
+    both = AllocatorConfig.parse("expandable_segments:True,max_split_size_mb:256")
+    direct = simulate(s, 0, both, 7 * GIB)
+    via = whatif(s, 0, "expandable_segments:True", 7 * GIB, [])
+    assert via["peak_reserved_bytes"] == direct.peak_reserved
+    assert via["oom_avoided"] is direct.oom_avoided
+
+
+def test_whatif_without_a_limit_infers_one_and_without_steps_reads_the_annotations() -> None:
+    s = snap("gpt_varlen_oom")
+    result = whatif(s, 0, "expandable_segments:True")
+    assert result["limit_bytes"] == infer_limit(s, 0).value
+    assert len(result["steps"]) == 23
+    assert result["oom_avoided"] is True
+
+
+def test_a_trace_without_an_oom_has_no_oom_avoided() -> None:
+    result = whatif(snap("compiled_train"), 0, "expandable_segments:True")
+    assert result["oom_avoided"] is None
+    assert result["limit_bytes"] is None
+    assert len(result["steps"]) == len(truth("compiled_train")["workload_log"])
+
+
+def test_a_tighter_limit_fails_earlier_and_the_replay_goes_on() -> None:
+    s = snap("gpt_varlen_oom")
+    cfg = AllocatorConfig()
+    result = simulate(s, 0, cfg, 5 * GIB)
+    assert result.oom is not None
+    assert result.oom < int(np.flatnonzero(s.devices[0].trace.action == OOM)[0])
+    assert result.oom_avoided is False
+    assert len(result.ooms) > 1  # it continued past the first failure
+    assert result.peak_reserved <= 5 * GIB
+
+
+def test_reserved_column_follows_the_segment_events() -> None:
+    s = snap("gpt_varlen_expandable")
+    dev = s.devices[0]
+    check = replay_check(s, dev)
+    result = simulate(s, dev, AllocatorConfig.parse("expandable_segments:True"), check["limit_bytes"])
+    column = result.reserved_per_event()
+    assert column.shape == (len(dev.trace),)
+    assert int(column.max()) == result.peak_reserved
+    assert int(column[-1]) == result.final_reserved
+    ends = step_end_indices(s, dev)
+    assert result.reserved_at(ends) == [int(column[i]) for i in ends]
+    assert result.reserved_at([-1]) == [0]
+
+
+# --------------------------------------------------------------------------- the limit
+
+
+@pytest.mark.parametrize("case", ["frag_oom", "gpt_varlen_oom", "gpt_varlen_expandable", "gpt_varlen_maxsplit256",
+                                  "gpu_grow_oom", "gpu_expandable_oom", "gpu_maxsplit_oom"])
+def test_inferred_limit_interval_holds_the_real_cap(case: str) -> None:
+    est = infer_limit(snap(case), 0)
+    cap = int(truth(case)["kwargs"].get("cap_gib", 4.0 if case == "frag_oom" else 7.0) * GIB)
+    assert est.upper is not None
+    assert est.lower <= cap <= est.upper
+    assert est.device_full is None  # the cap bound, not the 140 GB device
+    assert est.binding
+
+
+def test_gc_runs_bound_the_limit_from_above() -> None:
+    est = infer_limit(snap("gpu_gc_threshold"), 0)
+    cap = cap_of("gpu_gc_threshold")
+    assert est.upper is None  # no refusal: only the GC says a cap was set
+    assert est.gc_upper is not None
+    assert est.lower <= cap <= est.gc_upper
+    assert est.gc_upper - cap < 8 * (1 << 20)
+
+
+def test_a_run_that_never_met_its_limit_replays_unlimited() -> None:
+    est = infer_limit(snap("infer_varbatch"), 0)
+    assert est.upper is None and est.gc_upper is None
+    assert est.value is None
+    assert est.lower == truth("infer_varbatch")["memory_stats"]["reserved_bytes.all.peak"]
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def test_step_ends_are_the_last_event_of_each_optimizer_step() -> None:
+    s = snap("gpt_varlen_oom")
+    ends = step_end_indices(s, 0)
+    assert len(ends) == 23
+    times = s.devices[0].trace.time_us
+    step_end_times = sorted(a.time_us for a in s.annotations if a.stage == "END" and a.name.startswith("Optimizer.step#"))
+    for i, t_end in zip(ends, step_end_times, strict=True):
+        assert times[i] <= t_end
+        assert i + 1 == len(times) or times[i + 1] > t_end
