@@ -46,8 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="the full report (JSON with --json, else a short summary)")
     rep.add_argument("snapshot", type=Path)
     rep.add_argument("--json", dest="json_out", metavar="OUT|-", help="write the report JSON here ('-': stdout)")
-    rep.add_argument("--whatif", action="append", default=[], metavar="CONFIG",
-                     help="a PYTORCH_CUDA_ALLOC_CONF string to replay (repeatable)")
+    rep.add_argument(
+        "--whatif",
+        action="append",
+        default=[],
+        metavar="CONFIG",
+        help="a PYTORCH_CUDA_ALLOC_CONF string to replay (repeatable)",
+    )
     rep.add_argument("--limit", type=_bytes_arg, metavar="BYTES", help="memory the process was allowed")
     wi = sub.add_parser("whatif", help="replay the trace under one allocator configuration")
     wi.add_argument("snapshot", type=Path)

@@ -182,12 +182,7 @@ def _allocator_rule(setting: str) -> Rule:
 
 def _amp_applies(ctx: AdviceContext) -> bool:
     act = ctx.categories.get("activations", 0)
-    return (
-        ctx.has_backward
-        and not ctx.autocast_seen
-        and act >= 256 * MiB
-        and act >= 0.25 * max(1, ctx.peak_allocated)
-    )
+    return ctx.has_backward and not ctx.autocast_seen and act >= 256 * MiB and act >= 0.25 * max(1, ctx.peak_allocated)
 
 
 def _amp_suggest(ctx: AdviceContext) -> dict[str, Any]:

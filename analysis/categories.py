@@ -61,9 +61,7 @@ PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, UNKNOWN = rang
 I64 = npt.NDArray[np.int64]
 
 
-def optimizer_windows(
-    annotations: list[tuple[str, str, int]], time_us: I64
-) -> tuple[I64, I64]:
+def optimizer_windows(annotations: list[tuple[str, str, int]], time_us: I64) -> tuple[I64, I64]:
     """Event-index windows ``[start, end]`` of ``Optimizer.step`` annotations.
 
     ``annotations`` are ``(name, stage, time_us)`` of one device.

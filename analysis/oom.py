@@ -98,8 +98,9 @@ def explain_oom(
         "headroom_bytes": int(max(0, limit_bytes - reserved)),
         "flush": flush,
         "ooms_in_trace": int(all_ooms),
-        "explanation": _explain(kind, requested, allocated, cached_free, largest_free, limit_bytes, limit_source,
-                                reserved),
+        "explanation": _explain(
+            kind, requested, allocated, cached_free, largest_free, limit_bytes, limit_source, reserved
+        ),
     }
     return out
 
@@ -108,8 +109,16 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _explain(kind: str, requested: int, allocated: int, cached_free: int, largest_free: int, limit: int,
-             limit_source: str, reserved: int) -> str:
+def _explain(
+    kind: str,
+    requested: int,
+    allocated: int,
+    cached_free: int,
+    largest_free: int,
+    limit: int,
+    limit_source: str,
+    reserved: int,
+) -> str:
     limit_text = {
         "given": "the given limit",
         "device-full": "the device's memory",

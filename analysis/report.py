@@ -38,7 +38,7 @@ from analysis.errors import ConfigError
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.oom import explain_oom, oom_indices
 from analysis.reader import read_snapshot
-from analysis.replay import AllocatorState, RecordedReplay, recorded_replay
+from analysis.replay import AllocatorState, recorded_replay
 from analysis.stacks import (
     TRAIT_AUTOCAST,
     TRAIT_BACKWARD,
@@ -103,6 +103,7 @@ def build_report(
     complete = True
     has_trace = False
     for k, dev in enumerate(devices):
+
         def dev_progress(stage: str, f: float, k: int = k) -> None:
             report_progress(stage, (k + f) / max(1, len(devices)))
 
@@ -281,7 +282,11 @@ class _DeviceAnalysis:
         whatif_items, advice_whatifs = self._whatifs(user_whatifs, limit, oom, steps)
         if oom is not None:
             oom["whatif"] = [
-                {"config": w["config"], "oom_avoided": w["oom_avoided"], "peak_reserved_bytes": w["peak_reserved_bytes"]}
+                {
+                    "config": w["config"],
+                    "oom_avoided": w["oom_avoided"],
+                    "peak_reserved_bytes": w["peak_reserved_bytes"],
+                }
                 for w in whatif_items
             ]
         progress("analysing", 0.8)
@@ -326,8 +331,10 @@ class _DeviceAnalysis:
             return [], []
         recorded = AllocatorConfig.from_settings(self.snapshot.settings.raw, self.snapshot.settings.conf)
         wlimit = oom["limit_bytes"] if oom is not None else limit
-        cap_exists = limit is not None or (oom is not None and oom["limit_source"] == "cap-lower-bound") or (
-            recorded.per_process_memory_fraction is not None
+        cap_exists = (
+            limit is not None
+            or (oom is not None and oom["limit_source"] == "cap-lower-bound")
+            or (recorded.per_process_memory_fraction is not None)
         )
         ends = steps.last_event.tolist()
         auto = _auto_candidates(recorded, cap_exists, self.n)
@@ -351,7 +358,11 @@ class _DeviceAnalysis:
             items.append(item)
         if best_split is not None:
             best_split["tried"] = [
-                {"config": t["config"], "peak_reserved_bytes": t["peak_reserved_bytes"], "oom_avoided": t["oom_avoided"]}
+                {
+                    "config": t["config"],
+                    "peak_reserved_bytes": t["peak_reserved_bytes"],
+                    "oom_avoided": t["oom_avoided"],
+                }
                 for t in tried_split
             ]
             items.append(best_split)
@@ -362,9 +373,7 @@ class _DeviceAnalysis:
         return items, advice_items
 
     # -- leak suspects -----------------------------------------------------------
-    def _leaks(
-        self, end_live: tuple[I64, I64, I64], lifetimes: Lifetimes, steps: Steps
-    ) -> list[dict[str, Any]]:
+    def _leaks(self, end_live: tuple[I64, I64, I64], lifetimes: Lifetimes, steps: Steps) -> list[dict[str, Any]]:
         """Groups holding memory at the end, with their live bytes at each step's end."""
         stacks, sizes, _ = end_live
         totals = totals_by_group(self.catalog, stacks, sizes)[:TOP_STACKS]
@@ -387,7 +396,7 @@ class _DeviceAnalysis:
         pick = _even_indices(len(ends), LEAK_SERIES_MAX_POINTS)
         for row, series in zip(rows, per_step, strict=False):
             first, last = int(series[0]), int(series[-1])
-            row["steps"] = int(len(ends))
+            row["steps"] = len(ends)
             row["requested_at_first_step_end"] = first
             row["requested_at_last_step_end"] = last
             row["growth_per_step_bytes"] = int((last - first) // max(1, len(ends) - 1))
@@ -416,7 +425,9 @@ class _DeviceAnalysis:
             label = info.label if info.site is None else f"{info.site.filename.rsplit('/', 1)[-1]}:{info.site.line}"
             by_site[label] = by_site.get(label, 0) + t.bytes
         opt_mask = peak_codes == OPTIMIZER_STATE
-        opt_labels = [catalog.groups[t.group].label for t in totals_by_group(catalog, stacks[opt_mask], sizes[opt_mask])]
+        opt_labels = [
+            catalog.groups[t.group].label for t in totals_by_group(catalog, stacks[opt_mask], sizes[opt_mask])
+        ]
         traits = catalog.stack_traits(lifetimes.stack)
         alloc_sizes = trace.size[trace.action == ALLOC]
         large = alloc_sizes[alloc_sizes >= (1 << 20)]
@@ -482,7 +493,10 @@ def _setting_of(conf: str) -> str:
 
 
 def _better(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return (a["oom_avoided"] is not True, a["peak_reserved_bytes"]) < (b["oom_avoided"] is not True, b["peak_reserved_bytes"])
+    return (a["oom_avoided"] is not True, a["peak_reserved_bytes"]) < (
+        b["oom_avoided"] is not True,
+        b["peak_reserved_bytes"],
+    )
 
 
 def _requested_peak_guess(lifetimes: Lifetimes, n: int) -> int | None:
@@ -595,32 +609,16 @@ def segment_map(state: AllocatorState, catalog: StackCatalog) -> dict[str, Any]:
 def _merge_blocks(seg: Any, catalog: StackCatalog, labels: dict[int, str]) -> list[dict[str, Any]]:
     tiny = max(seg.total_size // 64, 1)
     blocks = list(seg.blocks)
-    out: list[dict[str, Any]] = []
     while True:
-        out = []
+        out: list[dict[str, Any]] = []
         run: list[Any] = []
-
-        def flush(run: list[Any]) -> None:
-            if not run:
-                return
-            states = {b.state for b in run}
-            out.append(
-                {
-                    "offset": int(run[0].address - seg.address),
-                    "size": int(sum(b.size for b in run)),
-                    "state": states.pop() if len(states) == 1 else "mixed",
-                    "requested": int(sum(b.requested_size for b in run)),
-                    "count": len(run),
-                    "stack": -1,
-                }
-            )
-
         for b in blocks:
             if b.size < tiny:
                 run.append(b)
                 continue
-            flush(run)
-            run = []
+            if run:
+                out.append(_merged_entry(seg, run))
+                run = []
             group = int(catalog.group_of[b.stack + 1]) if b.state != INACTIVE else -1
             if group >= 0:
                 labels.setdefault(group, catalog.groups[group].label)
@@ -634,10 +632,24 @@ def _merge_blocks(seg: Any, catalog: StackCatalog, labels: dict[int, str]) -> li
                     "stack": group,
                 }
             )
-        flush(run)
+        if run:
+            out.append(_merged_entry(seg, run))
         if len(out) <= SEGMENT_MAP_MAX_BLOCKS:
             return out
         tiny *= 4
+
+
+def _merged_entry(seg: Any, run: list[Any]) -> dict[str, Any]:
+    """One entry standing for a run of small neighbouring blocks."""
+    states = {b.state for b in run}
+    return {
+        "offset": int(run[0].address - seg.address),
+        "size": int(sum(b.size for b in run)),
+        "state": states.pop() if len(states) == 1 else "mixed",
+        "requested": int(sum(b.requested_size for b in run)),
+        "count": len(run),
+        "stack": -1,
+    }
 
 
 def _even_indices(n: int, k: int) -> I64:
@@ -657,8 +669,12 @@ def _reserved_from_segments_events(dev: DeviceData) -> I64:
 
 def _empty_replay_check(snapshot: Snapshot) -> dict[str, Any]:
     cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-    return {"recorded_config": cfg.to_conf(), "segment_events_recorded": 0, "segment_events_reproduced": 0,
-            "exact": True}
+    return {
+        "recorded_config": cfg.to_conf(),
+        "segment_events_recorded": 0,
+        "segment_events_reproduced": 0,
+        "exact": True,
+    }
 
 
 def _stacks_kind(snapshot: Snapshot) -> str:

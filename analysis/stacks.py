@@ -36,9 +36,7 @@ _MODULE_WRAPPERS = frozenset({"_call_impl", "_wrapped_call_impl", "__call__"})
 _AUTOGRAD_NODE = re.compile(r"torch::autograd::generated::(\w+)::apply\b")
 _ATEN_OP = re.compile(r"\bat::_ops::(\w+)::call\b")
 # Paths that are library or interpreter code, never the user's.
-_LIBRARY_PATH = re.compile(
-    r"(/site-packages/|/dist-packages/|/lib/python\d+(\.\d+)?/|/torch/|torchinductor_|^<)"
-)
+_LIBRARY_PATH = re.compile(r"(/site-packages/|/dist-packages/|/lib/python\d+(\.\d+)?/|/torch/|torchinductor_|^<)")
 
 # Bits of GroupInfo.traits: what kind of code a stack went through. Categories
 # and the advisor read these instead of re-parsing frames.
@@ -154,9 +152,7 @@ def totals_by_group(
     return [GroupTotal(int(found[i]), int(byte_sums[i]), int(counts[i])) for i in rank]
 
 
-def top_entries(
-    catalog: StackCatalog, totals: list[GroupTotal], when: str, limit: int = 10
-) -> list[dict[str, object]]:
+def top_entries(catalog: StackCatalog, totals: list[GroupTotal], when: str, limit: int = 10) -> list[dict[str, object]]:
     """Report rows for the largest groups, with the rest folded into one "other" row.
 
     The rows always add up to the total given, so a reader can trust the table.
@@ -281,8 +277,9 @@ class Lifetimes:
         return (self.start <= index) & (self.end > index)
 
 
-def alloc_lifetimes(action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], size: npt.NDArray[np.int64],
-                    stack: npt.NDArray[np.int32]) -> Lifetimes:
+def alloc_lifetimes(
+    action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], size: npt.NDArray[np.int64], stack: npt.NDArray[np.int32]
+) -> Lifetimes:
     from analysis.model import ALLOC, FREE_REQUESTED
 
     n = int(action.shape[0])

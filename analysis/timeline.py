@@ -66,9 +66,7 @@ def extreme_indices(values: I64, lo: int, hi: int, buckets: int) -> I64:
     return np.minimum(picks, n - 1) + lo
 
 
-def select_points(
-    columns: Mapping[str, I64], lo: int, hi: int, buckets: int, keep: Iterable[int] = ()
-) -> I64:
+def select_points(columns: Mapping[str, I64], lo: int, hi: int, buckets: int, keep: Iterable[int] = ()) -> I64:
     """Event indices to plot for [lo, hi): per-bucket extremes of the primary series plus ``keep``."""
     parts = [extreme_indices(columns[name], lo, hi, buckets) for name in PRIMARY if name in columns]
     forced = np.fromiter((k for k in keep if lo <= k < hi), np.int64)
@@ -152,5 +150,10 @@ def timeline_window(
         # Each bucket yields up to two points per primary series.
         buckets = max(1, max_points // (2 * len(PRIMARY)))
         points = select_points(columns, lo, hi, buckets)
-    return {"start": lo, "end": hi, "points": int(points.size), "full_detail": bool(points.size == hi - lo),
-            **series_at(columns, times, points)}
+    return {
+        "start": lo,
+        "end": hi,
+        "points": int(points.size),
+        "full_detail": bool(points.size == hi - lo),
+        **series_at(columns, times, points),
+    }

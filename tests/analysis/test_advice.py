@@ -15,11 +15,18 @@ from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GiB = 2**30
-DOCUMENTED_IDS = {"expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
-                  "roundup_power2_divisions", "amp", "activation_checkpointing", "optimizer_state",
-                  "shape_bucketing", "capture_settings"}
-ALLOCATOR_IDS = {"expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
-                 "roundup_power2_divisions"}
+DOCUMENTED_IDS = {
+    "expandable_segments",
+    "max_split_size_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "amp",
+    "activation_checkpointing",
+    "optimizer_state",
+    "shape_bucketing",
+    "capture_settings",
+}
+ALLOCATOR_IDS = {"expandable_segments", "max_split_size_mb", "garbage_collection_threshold", "roundup_power2_divisions"}
 
 
 @cache
@@ -57,16 +64,20 @@ def test_gpt_varlen_oom_suggests_expandable_segments_with_the_replay_evidence() 
     assert dev["suggestions"][0]["avoids_oom"] is True
 
 
-@pytest.mark.parametrize(("case", "setting"), [("gpt_varlen_expandable", "expandable_segments"),
-                                               ("gpt_varlen_maxsplit256", "max_split_size_mb")])
+@pytest.mark.parametrize(
+    ("case", "setting"),
+    [("gpt_varlen_expandable", "expandable_segments"), ("gpt_varlen_maxsplit256", "max_split_size_mb")],
+)
 def test_never_suggests_a_setting_the_snapshot_already_has(case: str, setting: str) -> None:
     dev = device(case)
     assert setting not in {s["id"] for s in dev["suggestions"]}
     assert all(w["setting"] != setting for w in dev["whatif"] if w["origin"] == "auto")
 
 
-@pytest.mark.parametrize("case", ["gpt_varlen_oom", "infer_varbatch", "frag_oom", "no_context", "wrapped_ring",
-                                  "compiled_train", "state_only"])
+@pytest.mark.parametrize(
+    "case",
+    ["gpt_varlen_oom", "infer_varbatch", "frag_oom", "no_context", "wrapped_ring", "compiled_train", "state_only"],
+)
 def test_suggestions_use_documented_ids_and_are_ordered(case: str) -> None:
     sugg = device(case)["suggestions"]
     assert {s["id"] for s in sugg} <= DOCUMENTED_IDS
@@ -97,22 +108,41 @@ def test_workload_rules_measure_activations_and_optimizer_state() -> None:
 
 def base_context(**changes: Any) -> AdviceContext:
     ctx = AdviceContext(
-        device=0, recorded=AllocatorConfig(), events=1000, peak_reserved=10 * GiB, peak_allocated=8 * GiB,
-        peak_requested=8 * GiB, reserved_at_peak_alloc=10 * GiB, oom=None, whatifs=[],
-        categories={"parameters": GiB, "gradients": 0, "optimizer_state": 2 * GiB, "activations": 4 * GiB,
-                    "temporaries": GiB, "unknown": 0},
-        activations_by_site=[("model.py:10", 3 * GiB), ("model.py:20", GiB)], has_backward=True,
-        autocast_seen=False, optimizer_state_bytes=2 * GiB, optimizer_labels=["adam.py:1 _init_group"],
-        distinct_large_sizes=3, large_requests=10,
+        device=0,
+        recorded=AllocatorConfig(),
+        events=1000,
+        peak_reserved=10 * GiB,
+        peak_allocated=8 * GiB,
+        peak_requested=8 * GiB,
+        reserved_at_peak_alloc=10 * GiB,
+        oom=None,
+        whatifs=[],
+        categories={
+            "parameters": GiB,
+            "gradients": 0,
+            "optimizer_state": 2 * GiB,
+            "activations": 4 * GiB,
+            "temporaries": GiB,
+            "unknown": 0,
+        },
+        activations_by_site=[("model.py:10", 3 * GiB), ("model.py:20", GiB)],
+        has_backward=True,
+        autocast_seen=False,
+        optimizer_state_bytes=2 * GiB,
+        optimizer_labels=["adam.py:1 _init_group"],
+        distinct_large_sizes=3,
+        large_requests=10,
         capture={"has_trace": True, "trace_complete": True, "has_frames": True, "stacks": "python"},
-        source_bytes=1000, steps=5,
+        source_bytes=1000,
+        steps=5,
     )
     return dataclasses.replace(ctx, **changes)
 
 
 def test_rules_respect_their_preconditions() -> None:
     ids = [s["id"] for s in advise(base_context())]
-    # Savings: AMP half the activations (2 GiB), 8-bit state 3/4 of 2 GiB, checkpointing all but the largest site (1 GiB).
+    # Savings: AMP half the activations (2 GiB), 8-bit state 3/4 of 2 GiB,
+    # checkpointing all but the largest site (1 GiB).
     assert ids == ["amp", "optimizer_state", "activation_checkpointing"]
     assert "amp" not in {s["id"] for s in advise(base_context(autocast_seen=True))}
     assert not {s["id"] for s in advise(base_context(has_backward=False))} & {"amp", "activation_checkpointing"}
@@ -124,5 +154,9 @@ def test_rules_respect_their_preconditions() -> None:
     assert top["id"] == "expandable_segments" and top["estimated_saving_bytes"] == 3 * GiB
     already = dataclasses.replace(AllocatorConfig(), expandable_segments=True)
     assert "expandable_segments" not in {s["id"] for s in advise(base_context(whatifs=big, recorded=already))}
-    assert [r.id for r in RULES][:4] == ["expandable_segments", "max_split_size_mb", "roundup_power2_divisions",
-                                         "garbage_collection_threshold"]
+    assert [r.id for r in RULES][:4] == [
+        "expandable_segments",
+        "max_split_size_mb",
+        "roundup_power2_divisions",
+        "garbage_collection_threshold",
+    ]

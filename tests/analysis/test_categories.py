@@ -45,8 +45,10 @@ def categories(case: str) -> dict[str, Any]:
     return {"bytes": dev["categories"]["bytes"], "peak": dev["summary"]["peak_allocated_bytes"]}
 
 
-@pytest.mark.parametrize("case", ["gpt_varlen_oom", "gpt_varlen_expandable", "infer_varbatch", "compiled_train",
-                                  "no_context", "wrapped_ring"])
+@pytest.mark.parametrize(
+    "case",
+    ["gpt_varlen_oom", "gpt_varlen_expandable", "infer_varbatch", "compiled_train", "no_context", "wrapped_ring"],
+)
 def test_categories_add_up_to_the_peak(case: str) -> None:
     cat = categories(case)
     assert set(cat["bytes"]) == set(CATEGORIES)

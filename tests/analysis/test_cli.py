@@ -22,15 +22,26 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_report_json_to_stdout_parses_and_has_every_contract_key() -> None:
-    proc = run_cli("report", str(FIXTURES / "frag_oom.pickle.gz"), "--json", "-", "--whatif",
-                   "expandable_segments:True")
+    proc = run_cli(
+        "report", str(FIXTURES / "frag_oom.pickle.gz"), "--json", "-", "--whatif", "expandable_segments:True"
+    )
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
     assert rep["schema"] == "oomscope.report/1"
     assert set(rep) >= {"schema", "source", "capture", "devices"}
     dev = rep["devices"][0]
-    assert set(dev) >= {"device", "events", "summary", "oom", "steps", "timeline", "top_stacks", "whatif", "replay",
-                        "suggestions"}
+    assert set(dev) >= {
+        "device",
+        "events",
+        "summary",
+        "oom",
+        "steps",
+        "timeline",
+        "top_stacks",
+        "whatif",
+        "replay",
+        "suggestions",
+    }
     assert dev["oom"]["verdict"] == "fragmentation"
     assert rep["source"]["filename"] == "frag_oom.pickle.gz"
 
@@ -57,8 +68,19 @@ def test_bad_whatif_config_exits_2_with_config_code() -> None:
 
 def test_whatif_command_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "w.json"
-    assert main(["whatif", str(FIXTURES / "gpt_varlen_oom.pickle.gz"), "--config", "expandable_segments:True",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "whatif",
+                str(FIXTURES / "gpt_varlen_oom.pickle.gz"),
+                "--config",
+                "expandable_segments:True",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     item = result["devices"][0]["whatif"]
     assert item["config"] == "expandable_segments:True"

@@ -15,16 +15,49 @@ from analysis.errors import ConfigError
 from analysis.report import SEGMENT_MAP_MAX_BLOCKS, SEGMENT_MAP_MAX_SEGMENTS, build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-COMPLETE = ["gpt_varlen_oom", "frag_oom", "infer_varbatch", "gpt_varlen_expandable", "no_context",
-            "two_gpu_pipeline", "compiled_train"]
+COMPLETE = [
+    "gpt_varlen_oom",
+    "frag_oom",
+    "infer_varbatch",
+    "gpt_varlen_expandable",
+    "no_context",
+    "two_gpu_pipeline",
+    "compiled_train",
+]
 INCOMPLETE = ["wrapped_ring", "state_only"]
 
-CONTRACT_DEVICE_KEYS = {"device", "events", "summary", "oom", "steps", "timeline", "top_stacks", "whatif", "replay",
-                        "suggestions"}
-SUMMARY_KEYS = {"peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes", "final_reserved_bytes",
-                "final_allocated_bytes", "peak_is_lower_bound"}
-OOM_KEYS = {"event_index", "time_us", "requested_bytes", "device_free_bytes", "reserved_bytes", "allocated_bytes",
-            "cached_free_bytes", "largest_free_block_bytes", "limit_bytes", "verdict"}
+CONTRACT_DEVICE_KEYS = {
+    "device",
+    "events",
+    "summary",
+    "oom",
+    "steps",
+    "timeline",
+    "top_stacks",
+    "whatif",
+    "replay",
+    "suggestions",
+}
+SUMMARY_KEYS = {
+    "peak_reserved_bytes",
+    "peak_allocated_bytes",
+    "peak_requested_bytes",
+    "final_reserved_bytes",
+    "final_allocated_bytes",
+    "peak_is_lower_bound",
+}
+OOM_KEYS = {
+    "event_index",
+    "time_us",
+    "requested_bytes",
+    "device_free_bytes",
+    "reserved_bytes",
+    "allocated_bytes",
+    "cached_free_bytes",
+    "largest_free_block_bytes",
+    "limit_bytes",
+    "verdict",
+}
 
 
 @cache
@@ -47,23 +80,39 @@ def test_report_has_every_contract_key_and_is_plain_json(case: str) -> None:
     assert rep["schema"] == "oomscope.report/1"
     assert set(rep["source"]) >= {"filename", "bytes", "sha256", "format"}
     assert rep["source"]["format"] == "pickle.gz"
-    assert set(rep["capture"]) >= {"has_trace", "trace_complete", "has_frames", "stacks", "allocator_settings",
-                                   "warnings"}
+    assert set(rep["capture"]) >= {
+        "has_trace",
+        "trace_complete",
+        "has_frames",
+        "stacks",
+        "allocator_settings",
+        "warnings",
+    }
     for dev in rep["devices"]:
         assert set(dev) >= CONTRACT_DEVICE_KEYS
         assert set(dev["summary"]) >= SUMMARY_KEYS
         if dev["oom"] is not None:
             assert set(dev["oom"]) >= OOM_KEYS
         for row in dev["steps"]:
-            assert set(row) >= {"index", "start_us", "end_us", "peak_allocated_bytes", "peak_reserved_bytes",
-                                "reserved_end_bytes"}
+            assert set(row) >= {
+                "index",
+                "start_us",
+                "end_us",
+                "peak_allocated_bytes",
+                "peak_reserved_bytes",
+                "reserved_end_bytes",
+            }
         for row in dev["top_stacks"]:
             assert set(row) >= {"when", "bytes", "count", "frames"}
             assert row["when"] in ("peak", "oom", "end")
         for item in dev["whatif"]:
             assert set(item) >= {"config", "peak_reserved_bytes", "oom_avoided", "steps"}
-        assert set(dev["replay"]) >= {"recorded_config", "segment_events_recorded", "segment_events_reproduced",
-                                      "exact"}
+        assert set(dev["replay"]) >= {
+            "recorded_config",
+            "segment_events_recorded",
+            "segment_events_reproduced",
+            "exact",
+        }
         for s in dev["suggestions"]:
             assert set(s) >= {"id", "title", "config", "evidence", "estimated_saving_bytes"}
     # Strict JSON: no NaN, no tuples or numpy scalars sneaking through.
@@ -127,8 +176,12 @@ def test_report_from_bytes_matches_report_from_path() -> None:
     path = FIXTURES / "frag_oom.pickle.gz"
     data = path.read_bytes()
     rep = build_report(data, filename="x.pickle.gz")
-    assert rep["source"] == {"filename": "x.pickle.gz", "bytes": len(data),
-                             "sha256": hashlib.sha256(data).hexdigest(), "format": "pickle.gz"}
+    assert rep["source"] == {
+        "filename": "x.pickle.gz",
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "format": "pickle.gz",
+    }
     raw = build_report(gzip.decompress(data))
     assert raw["source"]["format"] == "pickle"
     assert raw["devices"][0]["summary"] == report("frag_oom")["devices"][0]["summary"]
@@ -159,8 +212,9 @@ def test_whatif_candidates_never_repeat_a_recorded_setting_and_include_user_conf
     assert "garbage_collection_threshold" in settings
     split = next(w for w in auto if w["setting"] == "max_split_size_mb")
     assert len(split["tried"]) >= 2
-    assert split["peak_reserved_bytes"] == min(t["peak_reserved_bytes"] for t in split["tried"]
-                                               if t["oom_avoided"] == split["oom_avoided"])
+    assert split["peak_reserved_bytes"] == min(
+        t["peak_reserved_bytes"] for t in split["tried"] if t["oom_avoided"] == split["oom_avoided"]
+    )
 
 
 def test_gc_threshold_is_not_tried_without_a_cap() -> None:

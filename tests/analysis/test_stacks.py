@@ -37,8 +37,9 @@ def report(case: str) -> dict[str, Any]:
     return build_report(FIXTURES / f"{case}.pickle.gz")
 
 
-@pytest.mark.parametrize("case", ["gpt_varlen_oom", "frag_oom", "gpt_varlen_expandable", "wrapped_ring",
-                                  "no_context", "two_gpu_pipeline"])
+@pytest.mark.parametrize(
+    "case", ["gpt_varlen_oom", "frag_oom", "gpt_varlen_expandable", "wrapped_ring", "no_context", "two_gpu_pipeline"]
+)
 def test_groups_add_up_to_the_live_bytes_at_each_moment(case: str) -> None:
     for dev in report(case)["devices"]:
         rows: dict[str, int] = {}
@@ -58,8 +59,14 @@ def test_big_all_stacks_filters_interpreter_and_dispatcher_frames() -> None:
     catalog = StackCatalog(s.stacks)
     assert len(catalog.groups) < len(s.stacks.stacks)
     names = [f.name for g in catalog.groups for f in g.frames]
-    for noise in ("_PyEval_EvalFrameDefault", "c10::impl::wrap_kernel_functor", "torch::unwind::unwind",
-                  "DeviceCachingAllocator::malloc", "__libc_start_main", "_call_impl"):
+    for noise in (
+        "_PyEval_EvalFrameDefault",
+        "c10::impl::wrap_kernel_functor",
+        "torch::unwind::unwind",
+        "DeviceCachingAllocator::malloc",
+        "__libc_start_main",
+        "_call_impl",
+    ):
         assert not any(noise in n for n in names), noise
     # C++-only backward stacks are named by the autograd node that allocated.
     labels = [g.label for g in catalog.groups]
@@ -112,7 +119,9 @@ def test_lifetimes_pair_each_alloc_with_its_free() -> None:
     assert (t.addr[life.end[freed]] == life.addr[freed]).all()
     # Blocks never freed are the live blocks at the end of the trace.
     final_live = sum(
-        b.requested_size for seg in snap("gpt_varlen_oom").devices[0].segments for b in seg.blocks
+        b.requested_size
+        for seg in snap("gpt_varlen_oom").devices[0].segments
+        for b in seg.blocks
         if b.state == "active_allocated"
     )
     assert int(life.size[~freed].sum()) == final_live

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from functools import cache
 from pathlib import Path
@@ -31,15 +32,24 @@ def rows_of(case: str) -> tuple[list[dict[str, Any]], Any]:
     return per_step_figures(steps, rep.allocated, rep.reserved), rep
 
 
-@pytest.mark.parametrize("case", ["gpt_varlen_oom", "gpt_varlen_expandable", "gpt_varlen_maxsplit256", "no_context",
-                                  "compiled_train", "wrapped_ring"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "gpt_varlen_oom",
+        "gpt_varlen_expandable",
+        "gpt_varlen_maxsplit256",
+        "no_context",
+        "compiled_train",
+        "wrapped_ring",
+    ],
+)
 def test_reserved_at_each_step_end_matches_the_run_log(case: str) -> None:
     rows, rep = rows_of(case)
     log = truth(case)["workload_log"]
     # zero_grad frees blocks but never segments: reserved right after it equals
     # reserved at the end of the optimizer step.
     got = [r["reserved_end_bytes"] for r in rows]
-    assert got == [row["reserved"] for row in log][-len(got):]
+    assert got == [row["reserved"] for row in log][-len(got) :]
     if case != "wrapped_ring":
         assert len(rows) == len(log)
     for r in rows:
@@ -63,7 +73,7 @@ def test_step_peaks_are_maxima_over_their_events() -> None:
         assert r["peak_reserved_bytes"] == int(rep.reserved[lo : hi + 1].max())
     # Steps tile the trace up to the last step end.
     assert rows[0]["first_event"] == 0
-    assert all(b["first_event"] == a["last_event"] + 1 for a, b in zip(rows, rows[1:], strict=False))
+    assert all(b["first_event"] == a["last_event"] + 1 for a, b in itertools.pairwise(rows))
 
 
 def test_first_growth_step_matches_the_log_when_reserved_only_grows() -> None:
