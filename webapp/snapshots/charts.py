@@ -282,13 +282,12 @@ def timeline_columns(timeline: Mapping[str, Any] | None) -> dict[str, np.ndarray
     return out
 
 
-def _timeline_x(cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, str, float]:
-    """x values, axis label, and the time origin (us) when x is time."""
+def _seconds(cols: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """Seconds since the trace's first event, for hover; None when the trace has no usable clock."""
     t = cols.get("time_us")
-    if t is not None and t.shape[0] > 1 and np.all(np.diff(t) >= 0) and t[-1] > t[0]:
-        t0 = float(t[0])
-        return (t - t0) / 1e6, "time since the trace's first event (s)", t0
-    return cols["event_index"], "trace event", math.nan
+    if t is None or t.shape[0] < 2 or t[-1] <= t[0]:
+        return None
+    return ((t - t[0]) / 1e6).astype(np.float32)
 
 
 def _fragmentation(cols: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -328,13 +327,20 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
         return None
     summary = dev.get("summary") or {}
     oom = dev.get("oom") or None
-    x, x_label, t0 = _timeline_x(cols)
+    # x is the event index, not time: a run spends seconds loading before its first step and
+    # milliseconds per allocation burst after; by events, the steps get the width.
+    x = cols["event_index"]
+    x_label = "trace event (allocator calls, in order)"
+    t0 = math.nan
     keep: list[int] = [int(np.argmax(cols["reserved"]))]
     if "allocated" in cols:
         keep.append(int(np.argmax(cols["allocated"])))
     idx = _minmax_indices(cols["reserved"], keep, MAX_TIMELINE_POINTS)
-    # Event numbers fit int32 and the index needs no float precision: a third of the bytes.
-    data: dict[str, Any] = {"x": x[idx], "event": cols["event_index"][idx].astype(np.int32)}
+    # Event numbers fit int32: half the bytes of float64.
+    data: dict[str, Any] = {"x": x[idx].astype(np.int32)}
+    seconds = _seconds(cols)
+    if seconds is not None:
+        data["t"] = seconds[idx]
     for key in ("reserved", "allocated", "requested", "largest_free"):
         if key in cols:
             data[key] = cols[key][idx]
@@ -369,7 +375,9 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
                           line_width=1.2))
         p.add_layout(Label(x=5, y=float(limit), x_units="screen", text=f"limit {format_bytes(limit)}",
                            text_font_size="11px", text_color=LIMIT_COLOUR, y_offset=3))
-    tooltips = [("event", "@event{0,0}"), ("x", "@x{0,0.000}")]
+    tooltips = [("event", "@x{0,0}")]
+    if "t" in data:
+        tooltips.append(("time", "@t{0,0.000} s after the first event"))
     for key, label in (("reserved", "reserved"), ("allocated", "allocated"), ("requested", "requested"),
                        ("largest_free", "largest free block")):
         if key in data:
@@ -393,7 +401,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     q.varea(x="x", y1=0, y2="fragmentation", source=source, color=FRAGMENTATION, alpha=0.15)
     if oom:
         _mark_oom(q, oom, t0, x, cols, label=False)
-    q.add_tools(HoverTool(renderers=[fr], mode="vline", tooltips=[("event", "@event{0,0}"),
+    q.add_tools(HoverTool(renderers=[fr], mode="vline", tooltips=[("event", "@x{0,0}"),
                                                                   ("fragmentation", "@fragmentation{0.0%}")]))
     p.xaxis.visible = False
     return column(p, q, sizing_mode="stretch_width")
@@ -733,7 +741,7 @@ def _whatif_chart(dev: Mapping[str, Any]) -> Any:
     colours = [RESERVED] + ["#55a868" if v == "OOM avoided" else "#c44e52" if v == "still OOM" else "#8c8c8c"
                             for v in verdicts[1:]]
     source = ColumnDataSource({"config": names, "peak": _floats(peaks), "verdict": verdicts, "colour": colours})
-    p = _figure("Peak reserved memory per allocator setting (replayed)", height=60 + 36 * len(names),
+    p = _figure("Peak reserved per setting", height=max(320, 60 + 36 * len(names)),
                 y_range=list(reversed(names)), tools="save,reset")
     p.hbar(y="config", right="peak", height=0.6, source=source, fill_color="colour", line_color=None)
     _bytes_ticks(p.xaxis)
@@ -742,7 +750,7 @@ def _whatif_chart(dev: Mapping[str, Any]) -> Any:
     if limit:
         p.add_layout(Span(location=float(limit), dimension="height", line_color=LIMIT_COLOUR, line_dash="dashed",
                           line_width=1.5))
-        p.title.text += f"; dashed line: the limit, {format_bytes(limit)}"
+        p.title.text += f" (dashed: the limit, {format_bytes(limit)})"
     p.add_tools(HoverTool(tooltips=[("config", "@config"), ("peak reserved", "@peak{0.00 b} (@peak{0,0} B)"),
                                     ("", "@verdict")]))
     return p
@@ -753,7 +761,7 @@ def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
     whatif = [w for w in dev.get("whatif") or [] if w.get("steps")]
     if not steps or not whatif:
         return None
-    p = _figure("Reserved memory at each step's end: recorded vs replayed settings", height=320)
+    p = _figure("Reserved at each step's end", height=320)
     _bytes_ticks(p.yaxis)
     p.xaxis.axis_label = "step"
     series = [("recorded run", [(s.get("index"), s.get("reserved_end_bytes")) for s in steps], RESERVED, "solid")]
@@ -775,7 +783,7 @@ def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
         p.add_layout(Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed"))
     p.add_tools(HoverTool(renderers=hover, tooltips=[("config", "@config"), ("step", "@step{0}"),
                                                      ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")]))
-    _legend(p, location="bottom_right")
+    _legend(p, outside=True)
     return p
 
 

@@ -91,6 +91,18 @@ def clock(time_us: Any) -> str:
 
 
 @register.filter
+def isotime(value: Any) -> str:
+    """An ISO timestamp (``2026-11-29T19:28:03.1+00:00``) as ``2026-11-29 19:28 UTC``."""
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return str(value or "")
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M") + " UTC"
+
+
+@register.filter
 def words(name: Any) -> str:
     """``optimizer_state`` -> ``optimizer state``."""
     return str(name).replace("_", " ")

@@ -1,0 +1,190 @@
+"""A real browser on a finished report: every chart drawn, no console error, no CSP violation, no request off-site.
+
+Debian's chromium (``/usr/bin/chromium``, ``apt-get install -y chromium``) driven by the
+playwright package (its own browser downloads are not used). The report comes from the real
+``gpt_varlen_oom`` fixture through the worker's task function, served by ``live_server`` with
+the site's real middleware (django-csp nonces, WhiteNoise for BokehJS). Screenshots go to
+``docs/screenshots/``: look at them after changing a template or a chart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.webapp import chartdata
+from tests.webapp.helpers import make_upload
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+# Collects CSP violations from inside the page (init scripts run outside the page's CSP).
+WATCH_CSP = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__cspViolations.push(e.violatedDirective + " " + e.blockedURI);
+});
+"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("no Debian chromium at /usr/bin/chromium (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt")
+    # Playwright's sync API keeps an asyncio loop running in this thread; Django's ORM refuses to run
+    # while one is, although these tests never use it concurrently (the documented pytest-django +
+    # playwright setting).
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_api.sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            yield b
+            b.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def finished(transactional_db: Any, alice: Any, alpha: Any) -> Any:
+    """A done upload of gpt_varlen_oom, analysed by the task function itself."""
+    from webapp.snapshots.models import Upload
+    from webapp.snapshots.tasks import analyse_upload
+
+    upload = make_upload(alpha, alice, run="nightly-1234", tags=["gpt", "7GiB-cap"], note="Batch 6, seq jitter.")
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE, (upload.error_code, upload.error_message)
+    return upload
+
+
+class Visit:
+    """One page load with everything the browser saw recorded."""
+
+    def __init__(self, browser: Any, url: str, cookies: list[dict[str, Any]] | None = None) -> None:
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        if cookies:
+            self.context.add_cookies(cookies)
+        self.context.add_init_script(WATCH_CSP)
+        self.page = self.context.new_page()
+        self.console: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
+        self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.response = self.page.goto(url)
+        # charts.js sets this once every chart has been handled (drawn or failed).
+        self.page.wait_for_function("document.body.dataset.chartsDrawn !== undefined", timeout=60_000)
+        self.page.wait_for_timeout(300)
+
+    def errors(self) -> list[str]:
+        return [line for line in self.console if line.startswith(("error", "pageerror"))]
+
+    def csp_violations(self) -> list[str]:
+        return list(self.page.evaluate("window.__cspViolations"))
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def _expected_figures(charts: dict[str, dict[str, Any]]) -> int:
+    return sum(chartdata.figure_count(item) for item in charts.values())
+
+
+def _check_page(visit: Visit, charts: dict[str, dict[str, Any]], host: str | None) -> None:
+    assert visit.errors() == []
+    assert visit.csp_violations() == []
+    assert visit.page.evaluate("document.body.dataset.chartsDrawn") == str(len(charts))
+    assert visit.page.locator("[data-chart][data-rendered=error]").count() == 0
+    # Playwright's CSS selectors pierce Bokeh's open shadow roots.
+    assert visit.page.locator(".bk-Figure").count() == _expected_figures(charts)
+    for name in charts:
+        assert visit.page.locator(f'[data-chart="{name}"] canvas').count() > 0, name
+    for url in visit.requests:
+        parts = urlsplit(url)
+        if parts.scheme in ("data", "blob"):
+            continue
+        if host is None:
+            assert parts.scheme == "file", url
+        else:
+            assert parts.netloc == host, url
+
+
+def test_shared_report_renders_under_the_csp(browser: Any, finished: Any, live_server: Any) -> None:
+    from django.urls import reverse
+
+    from webapp.snapshots import services
+
+    charts = services.report_for(finished).charts
+    assert {"timeline-0", "segments-peak-0", "segments-oom-0", "stacks-0", "whatif-0", "whatif-steps-0"} <= set(charts)
+    token = services.share_create(finished, finished.uploaded_by)
+    visit = Visit(browser, live_server.url + reverse("snapshots:share_view", args=[token]))
+    try:
+        assert visit.response.status == 200
+        csp = visit.response.headers["content-security-policy"]
+        assert "'nonce-" in csp and "unsafe-eval" not in csp
+        _check_page(visit, charts, urlsplit(live_server.url).netloc)
+        # BokehJS came from our static files, pinned to the installed version.
+        from importlib.metadata import version
+
+        assert any(f"/static/bokeh/{version('bokeh')}/bokeh.min.js" in u for u in visit.requests)
+        # Hover works without CustomJS: moving over the timeline shows the exact bytes of a point.
+        timeline = visit.page.locator('[data-chart="timeline-0"] canvas').first
+        box = timeline.bounding_box()
+        visit.page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] * 0.5)
+        visit.page.wait_for_timeout(300)
+        assert visit.page.get_by_text("reserved").count() > 0
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        visit.page.mouse.move(0, 0)
+        visit.page.screenshot(path=str(SCREENSHOTS / "report.png"), full_page=True)
+    finally:
+        visit.close()
+
+
+def test_members_report_page_renders(browser: Any, finished: Any, live_server: Any, client: Any) -> None:
+    from django.urls import reverse
+
+    from webapp.snapshots import services
+
+    client.force_login(finished.uploaded_by)
+    cookie = {"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}
+    visit = Visit(browser, live_server.url + reverse("snapshots:detail", args=[finished.code]), [cookie])
+    try:
+        assert visit.response.status == 200
+        _check_page(visit, services.report_for(finished).charts, urlsplit(live_server.url).netloc)
+        assert visit.page.get_by_role("button", name="Create a share link").count() == 1
+    finally:
+        visit.close()
+
+
+def test_standalone_page_renders_from_disk(browser: Any, finished: Any, tmp_path: Path) -> None:
+    from webapp.snapshots import services
+    from webapp.snapshots.management.commands.report import render_standalone
+
+    stored = services.report_for(finished)
+    page = tmp_path / "report.html"
+    page.write_text(render_standalone(stored.data, stored.charts), encoding="utf-8")
+    visit = Visit(browser, page.as_uri())
+    try:
+        _check_page(visit, stored.charts, host=None)
+        assert visit.requests == [page.as_uri()]  # the file itself and nothing else
+        visit.page.screenshot(path=str(SCREENSHOTS / "report-standalone.png"), full_page=False)
+    finally:
+        visit.close()
+    sizes = {"html": len(page.read_bytes()), "charts": len(json.dumps(stored.charts))}
+    assert sizes["html"] < 5_000_000, sizes
