@@ -54,6 +54,8 @@ def database_from_url(url: str) -> dict[str, object]:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": name if Path(name).is_absolute() else str(BASE_DIR / name),
             "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
+            # web and worker processes write at once; wait for the lock instead of failing
+            "OPTIONS": {"timeout": 20},
         }
     if parts.scheme in {"postgres", "postgresql", "pgsql"}:
         return {

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_process_init
 from django.conf import settings
 from django.core.files.storage import default_storage
 
@@ -115,6 +116,15 @@ def analyse_upload(upload_id: int, **_future_kwargs: Any) -> None:
 
 
 analyse_upload_task = analyse_upload
+
+
+@worker_process_init.connect
+def _preload_charts(**_kwargs: Any) -> None:
+    """Import bokeh once per pool process at start, not inside the first upload's time."""
+    try:
+        import webapp.snapshots.charts  # noqa: F401
+    except ImportError:
+        log.warning("charts module unavailable")
 
 
 @app.task(name="snapshots.sweep_uploads", ignore_result=True)

@@ -1,0 +1,42 @@
+# oomscope: `make help` lists the targets. Everything runs from ./.venv, created on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+export PORT
+
+.DEFAULT_GOAL := help
+.PHONY: help install static migrate run test lint bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+install: $(VENV)/.installed ## create .venv and install the pinned requirements
+
+static: install ## copy BokehJS into static/bokeh/<version>/ and collect static files under var/
+	$(PY) scripts/copy_bokehjs.py
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+
+migrate: install ## apply database migrations (SQLite var/db.sqlite3 unless DATABASE_URL is set)
+	$(PY) manage.py migrate --noinput
+
+run: migrate static ## Redis + Celery worker (with beat) + the site on http://127.0.0.1:$(PORT); Ctrl-C stops all
+	@bash scripts/run.sh
+
+test: install ## the whole suite (tests/); PostgreSQL when DATABASE_URL is set, a private Redis unless REDIS_URL is
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install ## ruff lint
+	$(VENV)/bin/ruff check .
+
+bench: install ## reader/analysis benchmark on ../shared/snapshots/huge_all_stacks.pickle.gz
+	$(PY) scripts/bench.py
+
+clean: ## remove .venv and var/ (database, uploads, logs)
+	rm -rf $(VENV) var
