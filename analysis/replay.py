@@ -34,10 +34,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from analysis.config import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig
 from analysis.errors import ConfigError
 from analysis.model import (
+    ACTIONS,
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
     ALLOC,
@@ -56,6 +58,8 @@ from analysis.model import (
 
 # Upper bound on how far to look for the alloc that a new segment was made for.
 _LOOKAHEAD = 64
+# Distinct free-block sizes tracked for largest_free before the set is rebuilt.
+_TRACK_LIMIT = 8
 
 
 # ----------------------------------------------------------------------------------
@@ -219,15 +223,19 @@ class _Replayer:
       free (requested, not completed) is stored as ``~ref``. ``bs[ref]`` is the
       block's size, so a block costs one dict entry;
     - ``seg_size``/``seg_meta``: segments; ``seg_end`` maps expandable ranges' ends.
-    ``fcount`` counts free blocks per size and ``dist`` keeps the distinct sizes
-    sorted (after a 0 sentinel), so the largest free block is ``dist[-1]``.
+    ``fcount`` counts the free blocks of each size of at least ``tmin`` and ``dist``
+    keeps those sizes sorted (after a 0 sentinel), so the largest free block is
+    ``dist[-1]``. Tracking only the big blocks (``tmin`` is a quarter of the largest
+    when the set is rebuilt) spares most events the bookkeeping: the churn of a
+    training step is in blocks far smaller than the largest free one.
     """
 
     def __init__(self, device: DeviceData, cfg: AllocatorConfig) -> None:
         tr = device.trace
         self.n = len(tr)
         self.action = tr.action
-        self.act: list[int] = tr.action.tolist()
+        # bytes iterate to small ints faster than a list of them is built
+        self.act: bytes = tr.action.astype(np.uint8).tobytes()
         self.addr: list[int] = tr.addr.tolist()
         self.size: list[int] = tr.size.tolist()
         self.stream = tr.stream
@@ -253,6 +261,8 @@ class _Replayer:
         self._starts: list[int] | None = []
         self.fcount: dict[int, int] = {}
         self.dist: list[int] = [0]
+        self.tmin = 0
+        self.tlimit = _TRACK_LIMIT
         self.isplit = 0
         # Outputs of a pass (lists written by index, turned into numpy once).
         self.bs: list[int] = [0] * self.n
@@ -323,27 +333,46 @@ class _Replayer:
         """Add a free block without merging (slow paths and seeding)."""
         self.free_sz[start] = size
         self.free_end[start + size] = start
-        c = self.fcount.get(size)
-        if c:
-            self.fcount[size] = c + 1
-        else:
-            self.fcount[size] = 1
-            bisect.insort(self.dist, size)
+        if size >= self.tmin:
+            c = self.fcount.get(size)
+            if c:
+                self.fcount[size] = c + 1
+            else:
+                self.fcount[size] = 1
+                bisect.insort(self.dist, size)
+                if len(self.dist) > self.tlimit:
+                    self._retrack()
         if self.seg_size.get(start) != size and self._counts_split(start):
             self.isplit += size
 
     def _remove_free(self, start: int) -> int:
         size = self.free_sz.pop(start)
         del self.free_end[start + size]
-        c = self.fcount[size]
-        if c > 1:
-            self.fcount[size] = c - 1
-        else:
-            del self.fcount[size]
-            del self.dist[bisect.bisect_left(self.dist, size)]
+        if size >= self.tmin:
+            c = self.fcount[size]
+            if c > 1:
+                self.fcount[size] = c - 1
+            else:
+                del self.fcount[size]
+                del self.dist[bisect.bisect_left(self.dist, size)]
+                if len(self.dist) == 1:
+                    self._retrack()
         if self.seg_size.get(start) != size and self._counts_split(start):
             self.isplit -= size
         return size
+
+    def _retrack(self) -> None:
+        """Rebuild the tracked sizes: those at least a quarter of the largest free block."""
+        largest = max(self.free_sz.values(), default=0)
+        self.tmin = largest >> 2
+        fcount: dict[int, int] = {}
+        for size in self.free_sz.values():
+            if size >= self.tmin:
+                fcount[size] = fcount.get(size, 0) + 1
+        self.fcount.clear()
+        self.fcount.update(fcount)
+        self.dist[:] = [0, *sorted(fcount)]
+        self.tlimit = max(_TRACK_LIMIT, 2 * len(self.dist))
 
     def _free_containing(self, addr: int) -> int | None:
         for start, size in self.free_sz.items():
@@ -378,6 +407,7 @@ class _Replayer:
         free_sz, free_end, used = self.free_sz, self.free_end, self.used
         seg_size = self.seg_size
         fcount, dist = self.fcount, self.dist
+        tmin, tlimit = self.tmin, self.tlimit
         insort, bisect_left = bisect.insort, bisect.bisect_left
         isplit, cmode = self.isplit, self.cmode
         plain = self.plain_round
@@ -392,20 +422,26 @@ class _Replayer:
                 f = free_sz.pop(ad, None)
                 if f is None:
                     self.isplit = isplit
+                    self.tmin, self.tlimit = tmin, tlimit
                     self._alloc_slow(i, ad, sz)
                     isplit, cmode = self.isplit, self.cmode
+                    tmin, tlimit = self.tmin, self.tlimit
                 else:
                     if plain:
                         r = 512 if sz < 512 else (sz + 511) & -512
                     else:
                         r = round_size(sz)
                     rem = f - r
-                    c = fcount[f]
-                    if c > 1:
-                        fcount[f] = c - 1
-                    else:
-                        del fcount[f]
-                        del dist[bisect_left(dist, f)]
+                    if f >= tmin:
+                        c = fcount[f]
+                        if c > 1:
+                            fcount[f] = c - 1
+                        else:
+                            del fcount[f]
+                            del dist[bisect_left(dist, f)]
+                            if len(dist) == 1:
+                                self._retrack()
+                                tmin, tlimit = self.tmin, self.tlimit
                     cnt = cmode == 0 or (cmode == 2 and counts_split(ad))
                     if cnt and seg_size.get(ad) != f:
                         isplit -= f
@@ -416,12 +452,16 @@ class _Replayer:
                         nf = ad + r
                         free_sz[nf] = rem
                         free_end[ad + f] = nf
-                        c = fcount.get(rem)
-                        if c:
-                            fcount[rem] = c + 1
-                        else:
-                            fcount[rem] = 1
-                            insort(dist, rem)
+                        if rem >= tmin:
+                            c = fcount.get(rem)
+                            if c:
+                                fcount[rem] = c + 1
+                            else:
+                                fcount[rem] = 1
+                                insort(dist, rem)
+                                if len(dist) > tlimit:
+                                    self._retrack()
+                                    tmin, tlimit = self.tmin, self.tlimit
                         if cnt:
                             isplit += rem
                         bs[i] = r
@@ -437,6 +477,8 @@ class _Replayer:
                 else:
                     used[ad] = ~ref
                     bs[i] = bs[ref]
+                # Nothing a column shows changes here: filled from the event before.
+                continue
             elif a == 2:  # free_completed
                 ref = used.pop(ad, None)
                 if ref is None:
@@ -456,45 +498,59 @@ class _Replayer:
                     cnt = cmode == 0 or (cmode == 2 and counts_split(ad))
                     start = ad
                     end = ad + b
-                    if end not in seg_size:
-                        ns = free_sz.pop(end, None)
-                        if ns is not None:
+                    # Merge with free neighbours of the same segment. The neighbour
+                    # is looked up first: a segment boundary matters only if it is free.
+                    ns = free_sz.pop(end, None)
+                    if ns is not None:
+                        if end in seg_size:
+                            free_sz[end] = ns
+                        else:
                             del free_end[end + ns]
-                            c = fcount[ns]
-                            if c > 1:
-                                fcount[ns] = c - 1
-                            else:
-                                del fcount[ns]
-                                del dist[bisect_left(dist, ns)]
+                            if ns >= tmin:
+                                c = fcount[ns]
+                                if c > 1:
+                                    fcount[ns] = c - 1
+                                else:
+                                    del fcount[ns]
+                                    del dist[bisect_left(dist, ns)]
                             if cnt:
                                 isplit -= ns
                             end += ns
-                    if ad not in seg_size:
-                        ps = free_end.pop(ad, None)
-                        if ps is not None:
+                    ps = free_end.pop(ad, None)
+                    if ps is not None:
+                        if ad in seg_size:
+                            free_end[ad] = ps
+                        else:
                             psz = free_sz.pop(ps)
-                            c = fcount[psz]
-                            if c > 1:
-                                fcount[psz] = c - 1
-                            else:
-                                del fcount[psz]
-                                del dist[bisect_left(dist, psz)]
+                            if psz >= tmin:
+                                c = fcount[psz]
+                                if c > 1:
+                                    fcount[psz] = c - 1
+                                else:
+                                    del fcount[psz]
+                                    del dist[bisect_left(dist, psz)]
                             if cnt:
                                 isplit -= psz
                             start = ps
                     m = end - start
                     free_sz[start] = m
                     free_end[end] = start
-                    c = fcount.get(m)
-                    if c:
-                        fcount[m] = c + 1
-                    else:
-                        fcount[m] = 1
-                        insort(dist, m)
+                    # m is at least each block it absorbed: adding it keeps the set whole
+                    if m >= tmin:
+                        c = fcount.get(m)
+                        if c:
+                            fcount[m] = c + 1
+                        else:
+                            fcount[m] = 1
+                            insort(dist, m)
+                            if len(dist) > tlimit:
+                                self._retrack()
+                                tmin, tlimit = self.tmin, self.tlimit
                     if cnt and seg_size.get(start) != m:
                         isplit += m
             elif 3 <= a <= 6:
                 self.isplit = isplit
+                self.tmin, self.tlimit = tmin, tlimit
                 if a == 3:
                     self._segment_alloc(i, ad, sz)
                 elif a == 4:
@@ -504,9 +560,11 @@ class _Replayer:
                 else:
                     self._segment_unmap(i, ad, sz)
                 isplit, cmode = self.isplit, self.cmode
+                tmin, tlimit = self.tmin, self.tlimit
             isp_out[i] = isplit
             lf_out[i] = dist[-1]
         self.isplit = isplit
+        self.tmin, self.tlimit = tmin, tlimit
 
     # -- slow paths (rare events, or repairs on an incomplete trace) ----------------
     def _alloc_slow(self, i: int, ad: int, req: int) -> None:
@@ -913,6 +971,64 @@ def _run_keeping(rep: _Replayer, keep: list[int], states: dict[int, AllocatorSta
     rep.run(lo, rep.n)
 
 
+# Sign of each action's effect on a running total (indexed by action code).
+def _signs(plus: tuple[int, ...], minus: tuple[int, ...]) -> npt.NDArray[np.int8]:
+    table = np.zeros(len(ACTIONS), dtype=np.int8)
+    table[list(plus)] = 1
+    table[list(minus)] = -1
+    return table
+
+
+_ALLOCATED_SIGN = _signs((ALLOC,), (FREE_REQUESTED,))
+_ACTIVE_SIGN = _signs((ALLOC,), (FREE_COMPLETED,))  # also requested_bytes
+_RESERVED_SIGN = _signs((SEGMENT_ALLOC, SEGMENT_MAP), (SEGMENT_FREE, SEGMENT_UNMAP))
+
+
+def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str, I64]:
+    """The per-event columns from one pass's outputs.
+
+    Totals that move by a known amount per event are cumulative sums: block sizes
+    (``bs``) for allocated/active, the recorded sizes for requested/reserved.
+    """
+    n = rep.n
+    act = rep.action
+    bs = np.array(rep.bs[:n], dtype=np.int64)
+    sizes = device.trace.size
+    d_alloc = bs * _ALLOCATED_SIGN[act]
+    d_active = bs * _ACTIVE_SIGN[act]
+    d_req = sizes * _ACTIVE_SIGN[act]
+    d_res = sizes * _RESERVED_SIGN[act]
+    if rep.ignored:
+        ignored = np.array(rep.ignored, dtype=np.int64)
+        d_req[ignored] = 0
+        d_res[ignored] = 0
+    for i, v in rep.adj_alloc.items():
+        d_alloc[i] += v
+    for i, v in rep.adj_active.items():
+        d_active[i] += v
+    # The pass leaves free_requested events unwritten: nothing shown changes there.
+    skip = act == FREE_REQUESTED
+    return {
+        "allocated": np.cumsum(d_alloc, dtype=np.int64) + init.allocated,
+        "active": np.cumsum(d_active, dtype=np.int64) + init.active,
+        "requested": np.cumsum(d_req, dtype=np.int64) + init.requested,
+        "reserved": np.cumsum(d_res, dtype=np.int64) + init.reserved,
+        "inactive_split": _fill_forward(rep.isp, skip, init.inactive_split),
+        "largest_free": _fill_forward(rep.lf, skip, init.largest_free),
+    }
+
+
+def _fill_forward(values: list[int], skip: npt.NDArray[np.bool_], initial: int) -> I64:
+    """values with each skipped entry replaced by the last kept one (or ``initial``)."""
+    col = np.empty(len(values) + 1, dtype=np.int64)
+    col[0] = initial
+    col[1:] = values
+    pos = np.arange(1, len(values) + 1)
+    pos[skip] = 0
+    np.maximum.accumulate(pos, out=pos)
+    return col[pos]
+
+
 def recorded_replay(
     snapshot: Snapshot, device: DeviceData, keep_at: Iterable[int] = ()
 ) -> RecordedReplay:
@@ -938,14 +1054,17 @@ def recorded_replay(
         except _Inconsistent as exc:
             failure = exc
         else:
-            end_diffs = _end_differences(rep.export(n - 1), final)
+            states[n - 1] = rep.export(n - 1)
+            end_diffs = _end_differences(states[n - 1], final)
     rebuilt: _Rebuilt | None = None
     if n <= 1 or failure is not None or end_diffs:
         rebuilt = _rebuild_initial(device, cfg, final)
         states.clear()
         rep.seed(rebuilt.state, strict=False)
         _run_keeping(rep, keep, states)
-        end_diffs = _end_differences(rep.export(n - 1), final) if n else []
+        if n:
+            states[n - 1] = rep.export(n - 1)
+            end_diffs = _end_differences(states[n - 1], final)
         initial_figures = rebuilt.state.figures()
         before = initial_figures.reserved or initial_figures.active or rebuilt.orphans
         if n <= 1:
@@ -1005,31 +1124,11 @@ def recorded_replay(
 
     initial_state = rep.initial
     init = initial_state.figures()
-    act = rep.action
-    bs = np.array(rep.bs[:n], dtype=np.int64)
-    sizes = device.trace.size
-    is_alloc = act == ALLOC
-    is_fc = act == FREE_COMPLETED
-    d_alloc = np.where(is_alloc, bs, 0) - np.where(act == FREE_REQUESTED, bs, 0)
-    d_active = np.where(is_alloc, bs, 0) - np.where(is_fc, bs, 0)
-    d_req = np.where(is_alloc, sizes, 0) - np.where(is_fc, sizes, 0)
-    d_res = np.where((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP), sizes, 0) - np.where(
-        (act == SEGMENT_FREE) | (act == SEGMENT_UNMAP), sizes, 0
+    cols = _columns(rep, device, init)
+    allocated, requested, reserved, active = (
+        cols["allocated"], cols["requested"], cols["reserved"], cols["active"]
     )
-    if rep.ignored:
-        ignored = np.array(rep.ignored, dtype=np.int64)
-        d_req[ignored] = 0
-        d_res[ignored] = 0
-    for i, v in rep.adj_alloc.items():
-        d_alloc[i] += v
-    for i, v in rep.adj_active.items():
-        d_active[i] += v
-    allocated = init.allocated + np.cumsum(d_alloc, dtype=np.int64)
-    active = init.active + np.cumsum(d_active, dtype=np.int64)
-    requested = init.requested + np.cumsum(d_req, dtype=np.int64)
-    reserved = init.reserved + np.cumsum(d_res, dtype=np.int64)
-    inactive_split = np.array(rep.isp, dtype=np.int64)
-    largest_free = np.array(rep.lf, dtype=np.int64)
+    inactive_split, largest_free = cols["inactive_split"], cols["largest_free"]
     cached_free = reserved - active
 
     if n:
@@ -1037,7 +1136,6 @@ def recorded_replay(
             int(allocated[-1]), int(requested[-1]), int(reserved[-1]), int(active[-1]),
             int(cached_free[-1]), int(inactive_split[-1]), int(largest_free[-1]),
         )
-        states[n - 1] = rep.export(n - 1)
     else:
         final_figures = init
     states[-1] = initial_state
