@@ -29,8 +29,10 @@ GiB = 1 << 30
 # much (both a share and an absolute floor, so tiny traces do not get advice).
 MIN_SAVING_SHARE = 0.05
 MIN_SAVING_BYTES = 64 * MiB
-# A capture counts as "huge" past this many bytes of snapshot.
-HUGE_SNAPSHOT_BYTES = 200 * 1000 * 1000
+# C++ stacks are worth their cost only on small captures: past either figure
+# (file bytes, trace events) the advisor suggests stacks="python".
+HUGE_SNAPSHOT_BYTES = 100 * 1000 * 1000
+HUGE_TRACE_EVENTS = 500_000
 
 
 @dataclass
@@ -66,6 +68,7 @@ class AdviceContext:
     capture: dict[str, Any]
     source_bytes: int
     steps: int
+    mean_stack_frames: float = 0.0
     notes: list[str] = field(default_factory=list)
 
 
@@ -148,28 +151,28 @@ def _allocator_rule(setting: str) -> Rule:
         if best is None:
             return None
         saving = ctx.peak_reserved - best.peak_reserved_bytes
+        same = _gib(best.peak_reserved_bytes) == _gib(ctx.peak_reserved)
+        compared = ", about the same as" if same else " instead of"
         replay = (
             f"Replaying the {ctx.events:,} recorded events under {best.config}, peak reserved memory is "
-            f"{_gib(best.peak_reserved_bytes)} instead of the recorded {_gib(ctx.peak_reserved)}"
+            f"{_gib(best.peak_reserved_bytes)}{compared} the recorded {_gib(ctx.peak_reserved)}"
         )
         if ctx.oom is not None:
             oom = ctx.oom
             replay += (
                 f", and the {_gib(oom['requested_bytes'])} request that failed at event {oom['event_index']:,} "
-                f"fits within {_gib(oom['limit_bytes'])}: the OOM is avoided"
+                f"fits within {_gib(oom['limit_bytes'])}, so the OOM is avoided"
             )
             # When the run died early, its recorded peak is lower than a full run's:
             # the saving is the stranded cache at the OOM that the setting recovers.
             saving = max(saving, oom["reserved_bytes"] - oom["allocated_bytes"])
         else:
-            stranded = ctx.peak_reserved - ctx.reserved_at_peak_alloc
-            replay += f" ({_gib(ctx.peak_reserved - ctx.peak_allocated)} of the recorded peak held no live block"
-            replay += ")" if stranded <= 0 else f"; {_gib(stranded)} more was reserved after the allocation peak)"
+            replay += f"; {_gib(ctx.peak_reserved - ctx.peak_allocated)} of the recorded peak held no live block"
         return _suggestion(
             setting,
             _SETTING_TITLES[setting],
             f"PYTORCH_CUDA_ALLOC_CONF={best.config}",
-            replay + f": {_SETTING_WHY[setting]}.",
+            replay + f" ({_SETTING_WHY[setting]}).",
             saving,
             avoids_oom=best.oom_avoided,
         )
@@ -221,7 +224,7 @@ def _checkpoint_suggest(ctx: AdviceContext) -> dict[str, Any]:
 
 def _optimizer_applies(ctx: AdviceContext) -> bool:
     state = ctx.optimizer_state_bytes
-    return state >= 256 * MiB and state >= 0.15 * max(1, ctx.peak_allocated)
+    return state >= 256 * MiB and state >= 0.10 * max(1, ctx.peak_allocated)
 
 
 def _optimizer_suggest(ctx: AdviceContext) -> dict[str, Any]:
@@ -262,10 +265,12 @@ def _bucketing_suggest(ctx: AdviceContext) -> dict[str, Any]:
 
 def _capture_applies(ctx: AdviceContext) -> bool:
     cap = ctx.capture
-    return (
-        not cap["trace_complete"]
-        or not cap["has_frames"]
-        or (cap["stacks"] == "all" and ctx.source_bytes >= HUGE_SNAPSHOT_BYTES)
+    return not cap["trace_complete"] or not cap["has_frames"] or _cpp_stacks_too_costly(ctx)
+
+
+def _cpp_stacks_too_costly(ctx: AdviceContext) -> bool:
+    return ctx.capture["stacks"] == "all" and (
+        ctx.source_bytes >= HUGE_SNAPSHOT_BYTES or ctx.events >= HUGE_TRACE_EVENTS
     )
 
 
@@ -283,17 +288,18 @@ def _capture_suggest(ctx: AdviceContext) -> dict[str, Any]:
         changes.append("max_entries=<more than one step's events>")
         evidence.append(
             f"the trace holds only {ctx.events:,} events and does not reach back to the start of the process"
-            + (f" ({ctx.steps} steps covered)" if ctx.steps else "")
+            + (f" ({ctx.steps} steps covered)" if ctx.steps else " (not one whole step fits in it)")
             + ", so peaks are lower bounds; record from the start with a ring buffer larger than a step"
         )
     if not cap["has_frames"]:
         changes.append("context='all'")
         evidence.append(f"none of the {ctx.events:,} events carries a stack, so no code can be named")
-    if cap["stacks"] == "all" and ctx.source_bytes >= HUGE_SNAPSHOT_BYTES:
+    if _cpp_stacks_too_costly(ctx):
         changes.append("stacks='python'")
         evidence.append(
-            f"C++ stacks made the dump {ctx.source_bytes / 1e6:,.0f} MB; Python stacks name the same user code "
-            "at a fraction of the size and dump time"
+            f"C++ stacks ({ctx.mean_stack_frames:.0f} frames per stack on average) on {ctx.events:,} events made a "
+            f"{ctx.source_bytes / 1e6:,.1f} MB file that is slow to dump and to read; Python stacks name the same "
+            "user code"
         )
     return _suggestion(
         "capture_settings",

@@ -455,6 +455,9 @@ class _DeviceAnalysis:
             capture={},
             source_bytes=source_bytes,
             steps=n_steps,
+            mean_stack_frames=float(np.mean([len(st) for st in self.snapshot.stacks.stacks]))
+            if self.snapshot.stacks.stacks
+            else 0.0,
         )
 
 

@@ -57,7 +57,7 @@ def test_gpt_varlen_oom_suggests_expandable_segments_with_the_replay_evidence() 
     exp = sugg["expandable_segments"]
     w = next(x for x in dev["whatif"] if x["config"] == "expandable_segments:True")
     assert w["oom_avoided"] is True and exp["avoids_oom"] is True
-    assert "the OOM is avoided" in exp["evidence"]
+    assert "so the OOM is avoided" in exp["evidence"]
     assert gib(w["peak_reserved_bytes"]) in exp["evidence"]
     assert f"{dev['oom']['event_index']:,}" in exp["evidence"]
     # What avoids the recorded OOM comes first.
