@@ -51,7 +51,7 @@ integers searched with ``bisect``; everything else is a method call.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import count
@@ -92,7 +92,6 @@ __all__ = [
 # Free-list keys pack a block as (size << _SH) | address, so one bisect on
 # plain ints orders by (size, address) as the C++ comparator does per stream.
 _SH = 57
-_MASK = (1 << _SH) - 1
 
 # Simulated virtual addresses (all below 2**_SH).
 _SEG_BASE = 1 << 52  # cudaMalloc'd segments: a bump pointer from here
@@ -203,10 +202,11 @@ _SIZE, _ADDR, _PREV, _NEXT, _STATE = 0, 1, 2, 3, 4
 class _Model:
     """State of one simulated ``DeviceCachingAllocator``.
 
-    Free lists hold packed keys; ``blocks`` maps an address back to the block
-    most recently put in a free or unmapped list at that address (stale entries
-    are harmless: lookups only start from keys that are in a list). A free-list
-    index ``lk`` is ``(pool * 2 + large) * n_streams + stream``.
+    A free list is two parallel Python lists: sorted packed keys (searched with
+    ``bisect``) and the blocks they stand for, kept in step by inserting and
+    deleting at the same position (cheaper than a dict from address to block).
+    Unmapped ranges of expandable reservations are kept the same way, by address.
+    A free-list index ``lk`` is ``(pool * 2 + large) * n_streams + stream``.
     """
 
     def __init__(
@@ -226,13 +226,14 @@ class _Model:
         self.large_page = cfg.large_segment_size
         self.ns = len(streams) or 1
         n_lists = n_pools * 2 * self.ns
-        self.lists: list[list[int]] = [[] for _ in range(n_lists)]
-        self.ulists: list[list[int]] = [[] for _ in range(n_lists)]  # unmapped, by address
+        self.keys: list[list[int]] = [[] for _ in range(n_lists)]
+        self.blks: list[list[list[Any]]] = [[] for _ in range(n_lists)]
+        self.ukeys: list[list[int]] = [[] for _ in range(n_lists)]  # unmapped ranges, by address
+        self.ublks: list[list[list[Any]]] = [[] for _ in range(n_lists)]
         # Free lists of one BlockPool in the C++ set's order: by raw stream value.
         order = sorted(range(self.ns), key=lambda s: streams[s] if s < len(streams) else 0)
         self.bp_lists = [[bp * self.ns + s for s in order] for bp in range(n_pools * 2)]
         self.freeable_from = freeable_from
-        self.blocks: dict[int, list[Any]] = {}
         self.pend: dict[int, tuple[list[Any], int]] = {}  # pending frees by address, in order
         self.pmap: dict[int, list[Any]] = {}  # recorded address -> pending block
         self.reserved = 0
@@ -254,16 +255,34 @@ class _Model:
         self.seg_idx.append(self.cur)
 
     def _insert(self, lk: int, b: list[Any]) -> None:
-        insort(self.lists[lk], (b[_SIZE] << _SH) | b[_ADDR])
+        kl = self.keys[lk]
+        key = (b[_SIZE] << _SH) | b[_ADDR]
+        j = bisect_left(kl, key)
+        kl.insert(j, key)
+        self.blks[lk].insert(j, b)
         b[_STATE] = True
-        self.blocks[b[_ADDR]] = b
         if self.gc_on:
             self.gcb[b[_ADDR]] = self.gcc
 
     def _remove(self, lk: int, b: list[Any]) -> None:
-        lst = self.lists[lk]
-        del lst[bisect_left(lst, (b[_SIZE] << _SH) | b[_ADDR])]
+        kl = self.keys[lk]
+        j = bisect_left(kl, (b[_SIZE] << _SH) | b[_ADDR])
+        del kl[j]
+        del self.blks[lk][j]
         b[_STATE] = False
+
+    def _uinsert(self, lk: int, b: list[Any]) -> None:
+        ul = self.ukeys[lk]
+        j = bisect_left(ul, b[_ADDR])
+        ul.insert(j, b[_ADDR])
+        self.ublks[lk].insert(j, b)
+        b[_STATE] = None
+
+    def _uremove(self, lk: int, b: list[Any]) -> None:
+        ul = self.ukeys[lk]
+        j = bisect_left(ul, b[_ADDR])
+        del ul[j]
+        del self.ublks[lk][j]
 
     def _page(self, lk: int) -> int:
         return self.large_page if (lk // self.ns) & 1 else K_SMALL_BUFFER
@@ -273,35 +292,35 @@ class _Model:
         """Best fit on the request's (pool, stream); removes and returns the block."""
         if self.gc_on and lk // self.ns == 1:
             self.gcc += 1
-        lst = self.lists[lk]
-        i = bisect_left(lst, size << _SH)
-        n = len(lst)
+        kl = self.keys[lk]
+        bl = self.blks[lk]
+        i = bisect_left(kl, size << _SH)
+        n = len(kl)
         if i >= n:
             return None
-        blocks = self.blocks
         if self.exp:
             # Best fit by "free block + the unmapped range after it": walk on while
             # the next candidate can grow to less than the current one.
-            def grown(key: int) -> int:
-                nb = blocks[key & _MASK][_NEXT]
-                return (key >> _SH) + (nb[_SIZE] if nb and nb[_STATE] is None else 0)
+            def grown(b: list[Any]) -> int:
+                nb = b[_NEXT]
+                return int(b[_SIZE]) + (nb[_SIZE] if nb and nb[_STATE] is None else 0)
 
-            cur = grown(lst[i])
+            cur = grown(bl[i])
             while i + 1 < n:
-                nxt = grown(lst[i + 1])
+                nxt = grown(bl[i + 1])
                 if nxt >= cur:
                     break
                 i += 1
                 cur = nxt
-        key = lst[i]
+        key = kl[i]
         bs = key >> _SH
         mss = self.mss
         if size < mss and bs >= mss:
             return None  # never hand out an oversize block for a small request
         if size >= mss and bs >= size + self.nsr:
             return None  # oversize blocks serve only requests within the rounding limit
-        del lst[i]
-        b = blocks[key & _MASK]
+        del kl[i]
+        b = bl.pop(i)
         b[_STATE] = False
         return b
 
@@ -380,20 +399,20 @@ class _Model:
     def release_available(self, lk: int, size: int) -> bool:
         """``release_available_cached_blocks``: free oversize segments, just enough."""
         mss = self.mss
-        lst = self.lists[lk]
+        kl, bl = self.keys[lk], self.blks[lk]
         want = max(size, mss)
-        i = bisect_left(lst, want << _SH)
-        if i < len(lst) and not self.exp:
-            self._release_block(lk, self.blocks[lst[i] & _MASK])
+        i = bisect_left(kl, want << _SH)
+        if i < len(kl) and not self.exp:
+            self._release_block(lk, bl[i])
             return True
         released = 0
         j = i - 1
         while released < want and j >= 0:
-            key = lst[j]
+            key = kl[j]
             if key >> _SH < mss:
                 break
             if not self.exp:  # expandable blocks are never cudaFree'd here
-                self._release_block(lk, self.blocks[key & _MASK])
+                self._release_block(lk, bl[j])
                 released += key >> _SH
             j -= 1
         return released >= want
@@ -415,25 +434,25 @@ class _Model:
 
     def _release_pool(self, bp: int) -> None:
         """``release_blocks`` of one BlockPool, in its (stream, size, address) order."""
-        blocks = self.blocks
         to_unmap: list[tuple[int, list[Any]]] = []
         for lk in self.bp_lists[bp]:
-            lst = self.lists[lk]
-            if not lst:
+            kl, bl = self.keys[lk], self.blks[lk]
+            if not kl:
                 continue
             if self.exp:
-                to_unmap.extend((lk, blocks[key & _MASK]) for key in lst)
+                to_unmap.extend((lk, b) for b in bl)
                 continue
-            keep = []
-            for key in lst:
-                b = blocks[key & _MASK]
+            keep_keys, keep_blocks = [], []
+            for key, b in zip(kl, bl, strict=True):
                 if b[_PREV] or b[_NEXT]:
-                    keep.append(key)
+                    keep_keys.append(key)
+                    keep_blocks.append(b)
                     continue
                 b[_STATE] = False
                 self.reserved -= b[_SIZE]
                 self._record(SEGMENT_FREE, b[_SIZE])
-            lst[:] = keep
+            kl[:] = keep_keys
+            bl[:] = keep_blocks
         for lk, b in to_unmap:
             self._unmap(lk, b)
 
@@ -446,12 +465,10 @@ class _Model:
             return
         target = self.reserved - threshold
         lks = self.bp_lists[1]
-        blocks = self.blocks
         total_age = 0
         count = 0
         for lk in lks:
-            for key in self.lists[lk]:
-                b = blocks[key & _MASK]
+            for b in self.blks[lk]:
                 if not b[_PREV] and not b[_NEXT]:
                     total_age += self.gcc - self.gcb.get(b[_ADDR], 0)
                     count += 1
@@ -463,8 +480,7 @@ class _Model:
             age_threshold = total_age / count
             freed = False
             for lk in lks:
-                for key in list(self.lists[lk]):
-                    b = blocks[key & _MASK]
+                for b in list(self.blks[lk]):
                     if b[_PREV] or b[_NEXT] or self.exp:
                         continue
                     age = self.gcc - self.gcb.get(b[_ADDR], 0)
@@ -489,9 +505,8 @@ class _Model:
 
     def _find_expandable(self, lk: int, size: int) -> list[Any]:
         """``find_expandable_block``: lowest address where free + unmapped space fits."""
-        blocks = self.blocks
-        for u in self.ulists[lk]:
-            c = blocks[u]
+        for u in self.ublks[lk]:
+            c = u
             p = c[_PREV]
             if p and p[_STATE]:
                 c = p
@@ -506,16 +521,14 @@ class _Model:
         base = self.next_resv
         self.next_resv += _RESV_STRIDE
         r = [-(-_RESV_BYTES // page) * page, base, None, None, None]
-        blocks[base] = r
-        insort(self.ulists[lk], base)
+        self._uinsert(lk, r)
         return r
 
     def _map(self, lk: int, u: list[Any], size: int) -> list[Any]:
         """``map_block``: map whole pages at the start of unmapped range ``u``; merge."""
         page = self._page(lk)
         mapped = -(-size // page) * page
-        ul = self.ulists[lk]
-        del ul[bisect_left(ul, u[_ADDR])]
+        self._uremove(lk, u)
         if mapped < u[_SIZE]:
             n = u[_NEXT]
             r = [u[_SIZE] - mapped, u[_ADDR] + mapped, u, n, None]
@@ -523,8 +536,7 @@ class _Model:
                 n[_PREV] = r
             u[_NEXT] = r
             u[_SIZE] = mapped
-            self.blocks[r[_ADDR]] = r
-            insort(ul, r[_ADDR])
+            self._uinsert(lk, r)
         b = u
         b[_STATE] = False
         p = b[_PREV]
@@ -586,7 +598,6 @@ class _Model:
             u[_NEXT] = nxt
             if nxt:
                 nxt[_PREV] = u
-        ul = self.ulists[lk]
         p = u[_PREV]
         if p and p[_STATE] is None:  # merge into the unmapped range before
             n = u[_NEXT]
@@ -596,26 +607,25 @@ class _Model:
             p[_SIZE] += usize
             u = p
         else:
-            self.blocks[ustart] = u
-            insort(ul, ustart)
+            self._uinsert(lk, u)
         n = u[_NEXT]
         if n and n[_STATE] is None:
+            self._uremove(lk, n)
             nn = n[_NEXT]
             u[_NEXT] = nn
             if nn:
                 nn[_PREV] = u
             u[_SIZE] += n[_SIZE]
-            del ul[bisect_left(ul, n[_ADDR])]
         self.reserved -= usize
         self._record(SEGMENT_UNMAP, usize)
         if not u[_PREV] and not u[_NEXT]:  # the whole reservation is unmapped: give it back
-            del ul[bisect_left(ul, u[_ADDR])]
+            self._uremove(lk, u)
 
     # -- the request stream --------------------------------------------------------------
     def run(self, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int]) -> list[int]:
         """Serve every request; returns the event indices the model failed.
         ``events[k]`` is the trace index of request k."""
-        lists, blocks, gcb = self.lists, self.blocks, self.gcb
+        keys, blks, gcb = self.keys, self.blks, self.gcb
         pend, pmap = self.pend, self.pmap
         amap: dict[int, list[Any]] = {}
         failed: list[int] = []
@@ -623,12 +633,12 @@ class _Model:
         fast = not self.exp and not gc_on
         mss, nsr = self.mss, self.nsr
         mss_on = mss != UNLIMITED
-        sh, mask = _SH, _MASK
-        bisect, put = bisect_left, insort
+        sh = _SH
+        bisect = bisect_left
         # should_split: small pool or expandable: remainder >= 512; large: > 1 MiB
         # (and, with max_split_size, only for requests below it).
         per_pool = (511, 511 if self.exp else K_SMALL_SIZE)
-        split_over = [per_pool[(lk // self.ns) & 1] for lk in range(len(lists))]
+        split_over = [per_pool[(lk // self.ns) & 1] for lk in range(len(keys))]
         allocation_size = self.cfg.allocation_size
         for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
             if op == 1:  # _OP_FREE: free_requested + free_completed
@@ -636,11 +646,14 @@ class _Model:
                 if b is None:
                     continue  # the model never served this request
                 s = b[0]
-                lst = lists[lk]
+                kl = keys[lk]
+                bl = blks[lk]
                 p = b[2]
                 if p and p[4]:  # merge into the free block before
                     ps = p[0]
-                    del lst[bisect(lst, (ps << sh) | p[1])]
+                    j = bisect(kl, (ps << sh) | p[1])
+                    del kl[j]
+                    del bl[j]
                     n = b[3]
                     p[3] = n
                     if n:
@@ -650,7 +663,9 @@ class _Model:
                 n = b[3]
                 if n and n[4]:  # absorb the free block after
                     ns = n[0]
-                    del lst[bisect(lst, (ns << sh) | n[1])]
+                    j = bisect(kl, (ns << sh) | n[1])
+                    del kl[j]
+                    del bl[j]
                     nn = n[3]
                     b[3] = nn
                     if nn:
@@ -658,23 +673,24 @@ class _Model:
                     s += ns
                 b[0] = s
                 b[4] = True
-                a = b[1]
-                put(lst, (s << sh) | a)
-                blocks[a] = b
+                key = (s << sh) | b[1]
+                j = bisect(kl, key)
+                kl.insert(j, key)
+                bl.insert(j, b)
                 if gc_on:
-                    gcb[a] = self.gcc
+                    gcb[b[1]] = self.gcc
             elif op == 0:  # _OP_ALLOC
-                lst = lists[lk]
+                kl = keys[lk]
                 b = None
                 if fast:
-                    i = bisect(lst, rs << sh)
-                    if i < len(lst):
-                        key = lst[i]
+                    i = bisect(kl, rs << sh)
+                    if i < len(kl):
+                        key = kl[i]
                         if not mss_on or not (
                             (rs < mss and key >> sh >= mss) or (rs >= mss and key >> sh >= rs + nsr)
                         ):
-                            del lst[i]
-                            b = blocks[key & mask]
+                            del kl[i]
+                            b = blks[lk].pop(i)
                             b[4] = False
                 else:
                     b = self.get_free_block(lk, rs)
@@ -693,8 +709,10 @@ class _Model:
                         n[2] = r
                     b[3] = r
                     b[0] = rs
-                    put(lst, (rem << sh) | a)
-                    blocks[a] = r
+                    key = (rem << sh) | a
+                    j = bisect(kl, key)
+                    kl.insert(j, key)
+                    blks[lk].insert(j, r)
                     if gc_on:
                         gcb[a] = self.gcc
                 amap[ra] = b
