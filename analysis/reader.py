@@ -227,16 +227,28 @@ _MESSAGE_CODES: tuple[tuple[type[BaseException], str, type[SnapshotError], str],
 )
 
 
-def _unpickle(data: bytes | memoryview) -> Any:
-    """Load one pickle from memory; refuse trailing bytes after STOP.
+class _BoundedFile:
+    """A file for the C unpickler whose reads never ask for more than the file holds.
 
-    Reading from an in-memory buffer (never a file object) keeps lying length
-    fields harmless: a BINUNICODE claiming 2 GiB reads what is there and fails
-    as truncated instead of preallocating.
+    A lying length field (BINUNICODE, LONG4, FRAME claiming 2 GiB) then reads
+    what is there and fails as truncated instead of preallocating the claim.
+    ``peek`` lets the unpickler prefetch in 128 KiB steps at C speed.
     """
-    stream = io.BytesIO(data)
+
+    def __init__(self, f: io.BufferedReader, size: int) -> None:
+        self._f = f
+        self._size = size
+        self.peek = f.peek
+        self.readinto = f.readinto
+        self.readline = f.readline  # protocol-0 text opcodes; bounded by the file itself
+
+    def read(self, n: int = -1) -> bytes:
+        return self._f.read(self._size if n < 0 or n > self._size else n)
+
+
+def _load(stream: io.BytesIO | _BoundedFile) -> Any:
     try:
-        obj = _NoGlobals(stream).load()
+        return _NoGlobals(stream).load()
     except SnapshotError:
         raise
     except MemoryError:
@@ -251,10 +263,30 @@ def _unpickle(data: bytes | memoryview) -> Any:
             if isinstance(exc, kind) and needle in text:
                 raise error(reason, f"refused: {text[:200]}") from None
         raise FormatError("corrupt-pickle", f"the pickle is damaged ({type(exc).__name__}: {text[:200]})") from None
-    end = stream.tell()
-    if end != len(data) or data[len(data) - 1] != 0x2E:  # STOP must be the very last byte
-        raise FormatError("trailing-bytes", f"{len(data) - end} bytes follow the pickle's STOP opcode")
+
+
+def _unpickle(data: bytes | memoryview) -> Any:
+    """Load one pickle from memory; refuse trailing bytes after STOP."""
+    stream = io.BytesIO(data)
+    obj = _load(stream)
+    _check_end(stream.tell(), len(data), data[len(data) - 1])
     return obj
+
+
+def _unpickle_file(f: io.BufferedReader, size: int) -> Any:
+    """Load one pickle straight from a file (no copy of its bytes in memory)."""
+    obj = _load(_BoundedFile(f, size))
+    end = f.tell()
+    f.seek(size - 1)
+    _check_end(end, size, f.read(1)[0])
+    return obj
+
+
+def _check_end(end: int, size: int, last_byte: int) -> None:
+    # Bytes after STOP are never read by us but may be by other tools: refuse them.
+    # STOP must also be the very last byte (catches leftovers inside a final frame).
+    if end != size or last_byte != 0x2E:
+        raise FormatError("trailing-bytes", f"{max(size - end, 1)} bytes follow the pickle's STOP opcode")
 
 
 def _parse_json(data: bytes) -> Any:
@@ -290,49 +322,59 @@ def _gc_paused() -> Iterator[None]:
 # ---------------------------------------------------------------------------
 
 
-def read_snapshot(source: str | os.PathLike[str] | bytes | bytearray | memoryview, *, limits: ReadLimits = ReadLimits()) -> Snapshot:
+def read_snapshot(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview, *, limits: ReadLimits = ReadLimits()
+) -> Snapshot:
     """Read a snapshot file (path) or its bytes into the columnar model.
 
     Raises ``SnapshotError`` (with a stable ``.code``) for anything that is not a
     usable snapshot; nothing in the file is ever executed.
     """
-    raw = _read_source(source, limits)
-    container = sniff_format(bytes(raw[:16]))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = source if isinstance(source, bytes) else bytes(source)
+        if len(data) > limits.max_input_bytes:
+            raise LimitError("file-size", f"the input exceeds {limits.max_input_bytes} bytes")
+        return _read_buffer(data, limits)
+    with Path(source).open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limits.max_input_bytes:
+            raise LimitError("file-size", f"the file is {size} bytes, over the {limits.max_input_bytes} byte limit")
+        if sniff_format(f.peek(16)[:16]) == "pickle":
+            # The common large case: unpickle from the file, never holding its bytes.
+            with _gc_paused():
+                obj = _unpickle_file(f, size)
+                snapshot = _Converter("pickle", _budget(size, limits), limits).run(obj)
+                del obj  # free the graph while collections are still off
+            return snapshot
+        data = f.read(limits.max_input_bytes + 1)
+    return _read_buffer(data, limits)
+
+
+def _budget(size: int, limits: ReadLimits) -> int:
+    return max(limits.min_nodes, limits.nodes_per_byte * size)
+
+
+def _read_buffer(raw: bytes, limits: ReadLimits) -> Snapshot:
+    container = sniff_format(raw[:16])
     fmt = {"pickle": "pickle", "gzip": "pickle.gz", "zip": "torch-zip", "json": "json"}[container]
     if container == "gzip":
         raw = _gunzip(raw, limits)
-        inner = sniff_format(bytes(raw[:16]))
+        inner = sniff_format(raw[:16])
         if inner == "json":
             fmt = "json"
         elif inner != "pickle":
             raise FormatError("not-a-snapshot", f"the gzip holds a {inner}, not a pickle")
     elif container == "zip":
-        raw = _unzip(bytes(raw), limits)
-        if sniff_format(bytes(raw[:16])) != "pickle":
+        raw = _unzip(raw, limits)
+        if sniff_format(raw[:16]) != "pickle":
             raise FormatError("not-a-snapshot", "the archive's data.pkl is not a pickle")
-    size = len(raw)
-    budget = max(limits.min_nodes, limits.nodes_per_byte * size)
+    budget = _budget(len(raw), limits)
     with _gc_paused():
-        obj = _parse_json(bytes(raw)) if fmt == "json" else _unpickle(raw)
+        obj = _parse_json(raw) if fmt == "json" else _unpickle(raw)
         del raw  # the bytes and the graph together are the peak; keep only the graph
-        return _Converter(obj, fmt, budget, limits).run()
-
-
-def _read_source(source: str | os.PathLike[str] | bytes | bytearray | memoryview, limits: ReadLimits) -> bytes | memoryview:
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        data: bytes | memoryview = source if isinstance(source, bytes) else memoryview(source)
-        if len(data) > limits.max_input_bytes:
-            raise LimitError("file-size", f"the input exceeds {limits.max_input_bytes} bytes")
-        return data
-    path = Path(source)
-    with path.open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > limits.max_input_bytes:
-            raise LimitError("file-size", f"the file is {size} bytes, over the {limits.max_input_bytes} byte limit")
-        data = f.read(limits.max_input_bytes + 1)
-    if len(data) > limits.max_input_bytes:
-        raise LimitError("file-size", f"the file exceeds {limits.max_input_bytes} bytes")
-    return data
+        snapshot = _Converter(fmt, budget, limits).run(obj)
+        del obj
+    return snapshot
 
 
 # ---------------------------------------------------------------------------
@@ -348,8 +390,7 @@ def _kind(value: Any) -> str:
 
 
 class _Converter:
-    def __init__(self, root: Any, fmt: str, budget: int, limits: ReadLimits) -> None:
-        self.root = root
+    def __init__(self, fmt: str, budget: int, limits: ReadLimits) -> None:
         self.fmt = fmt
         self.budget = budget
         self.used = 0
@@ -431,8 +472,7 @@ class _Converter:
         return None
 
     # -- driver ---------------------------------------------------------------
-    def run(self) -> Snapshot:
-        root = self.root
+    def run(self, root: Any) -> Snapshot:
         if isinstance(root, list):
             layout = "segments-only"
             segments_raw: Any = root
@@ -524,49 +564,54 @@ class _Converter:
         """Stack ids of one trace's frames lists, fast.
 
         Real files share frame dicts but not lists (1.6M distinct lists for 124
-        stacks in the 460 MB file), so each list is matched against a
-        representative of its bucket (length, ids of first/middle/last frame)
-        with one C-level ``==``, which short-circuits on identical elements.
-        Lists that differ from their representative get another round; what
-        is left after a few rounds is interned one by one.
+        stacks in the 460 MB file). Lists are bucketed by (length, id of the
+        middle frame) and each is matched against its bucket's representative
+        with one C-level ``==``, which short-circuits on identical elements;
+        lists that differ from their representative form the next round. A
+        representative is always checked and interned by ``stack_of`` first, so
+        anything accepted equals a validated list of frame dicts (a list never
+        equals a non-list). What is left after a few rounds is interned one by one.
         """
         n = len(frames)
         out = np.full(n, -1, np.int32)
-        types = set(map(type, frames))
-        if not types <= {list}:
-            bad = next(f for f in frames if type(f) is not list)
-            i = next(k for k, f in enumerate(frames) if f is bad)
-            raise self.bad(f"{where}[{i}].frames", bad, "a list of frames")
-        lens = np.fromiter(map(len, frames), np.int64, n)
+        try:
+            lens = np.fromiter(map(len, frames), np.int64, n)
+        except TypeError:
+            i = next(k for k, f in enumerate(frames) if type(f) is not list)
+            raise self.bad(f"{where}[{i}].frames", frames[i], "a list of frames") from None
         self.charge(int(lens.sum()))  # before any comparison: the work below is bounded by it
         idx = np.flatnonzero(lens)
+        if n - idx.size != frames.count(_NO_FRAMES):
+            # Some zero-length value is not an (absent or empty) list: a str, dict or tuple.
+            i = next(k for k, f in enumerate(frames) if type(f) is not list and not f)
+            raise self.bad(f"{where}[{i}].frames", frames[i], "a list of frames")
         if idx.size == 0:
             return out
         self.saw_event_frames = self.saw_any_frames = True
         lists = frames if idx.size == n else list(map(frames.__getitem__, idx.tolist()))
+        m = len(lists)
         sub_lens = lens[idx]
-        mids = (sub_lens // 2).tolist()
-        first = np.fromiter(map(id, map(operator.itemgetter(0), lists)), np.int64, len(lists))
-        middle = np.fromiter(map(id, map(operator.getitem, lists, mids)), np.int64, len(lists))
-        last = np.fromiter(map(id, map(operator.itemgetter(-1), lists)), np.int64, len(lists))
-        # One int64 per list; a collision only merges buckets, which the == below splits again.
+        try:
+            middle = np.fromiter(map(id, map(operator.getitem, lists, (sub_lens // 2).tolist())), np.int64, m)
+        except (TypeError, KeyError, IndexError):
+            middle = np.zeros(m, np.int64)  # a non-list somewhere: the rounds below refuse it
         with np.errstate(over="ignore"):
-            keys = (sub_lens * np.int64(0x9E3779B1)) ^ (first * np.int64(0x85EBCA77)) ^ (
-                middle * np.int64(0xC2B2AE3D)) ^ last
-        del first, middle, last
-        pending = np.arange(len(lists))
-        sids = np.full(len(lists), -1, np.int64)
+            # One int64 per list; a collision only merges buckets, which == splits again.
+            keys = (sub_lens * np.int64(0x9E3779B1)) ^ middle
+        del middle
+        pending = np.arange(m)
+        sids = np.full(m, -1, np.int64)
         for _round in range(8):
             if pending.size == 0:
                 break
             _, rep_pos, inverse = np.unique(keys[pending], return_index=True, return_inverse=True)
             inverse = inverse.reshape(-1)
+            reps = [lists[int(pending[p])] for p in rep_pos]
             rep_sid = np.array(
-                [self.stack_of(lists[int(pending[p])], f"{where}[{int(idx[pending[p]])}].frames") for p in rep_pos],
+                [self.stack_of(r, f"{where}[{int(idx[pending[p]])}].frames") for r, p in zip(reps, rep_pos)],
                 np.int64,
             )
-            reps = [lists[int(pending[p])] for p in rep_pos]
-            members = [lists[i] for i in pending.tolist()] if pending.size != len(lists) else lists
+            members = lists if pending.size == m else list(map(lists.__getitem__, pending.tolist()))
             same = np.fromiter(
                 map(operator.eq, members, map(reps.__getitem__, inverse.tolist())), np.bool_, pending.size
             )
@@ -626,18 +671,20 @@ class _Converter:
 
     # -- trace ---------------------------------------------------------------------
     def convert_trace(self, dev: int, events: list[Any]) -> tuple[Trace, list[int], dict[int, str], dict[int, str]]:
+        """One device's events to columns: one C-level pass per key, checks on the columns."""
         where = f"device_traces[{dev}]"
         n = len(events)
+        # One node per event: the work below is a fixed number of look-ups per
+        # event (keys are never iterated), plus the frames charged on interning.
         self.charge(n)
         if n == 0:
             return Trace.empty(), [], {}, {}
-        if not set(map(type, events)) <= {dict}:
-            i = next(k for k, e in enumerate(events) if type(e) is not dict)
-            raise self.bad(f"{where}[{i}]", events[i], "an event dict")
-        self.charge(sum(map(len, events)))
         get = dict.get
-
-        actions = list(map(get, events, repeat("action")))
+        try:
+            actions = list(map(get, events, repeat("action")))
+        except TypeError:  # dict.get on a non-dict
+            i = next(k for k, e in enumerate(events) if type(e) is not dict)
+            raise self.bad(f"{where}[{i}]", events[i], "an event dict") from None
         try:
             action = np.fromiter(map(ACTION_CODE.__getitem__, actions), np.int8, n)
         except (KeyError, TypeError):
@@ -658,56 +705,63 @@ class _Converter:
         addr = self.int_column(addrs, where, "addr", nonneg=True)
         del addrs
         size = self.int_column(list(map(get, events, repeat("size"))), where, "size", nonneg=True)
-        stream_raw = self.int_column(list(map(get, events, repeat("stream"))), where, "stream")
+        stream_values = list(map(get, events, repeat("stream")))
+        self.int_column(stream_values, where, "stream")  # checks only; ordinals below
 
         times = list(map(get, events, repeat("time_us")))
-        time_types = set(map(type, times))
-        if time_types == {type(None)}:
+        absent = times.count(None)
+        if absent == n:
             time_us = np.zeros(n, np.int64)
             self.no_time = True
         else:
-            if type(None) in time_types:
+            if absent:
                 times = [0 if t is None else t for t in times]
             time_us = self.int_column(times, where, "time_us")
         del times
 
         stack = self.intern_event_stacks(list(map(get, events, repeat("frames"), repeat(_NO_FRAMES))), where)
-        self.charge(int(np.asarray(self.stack_nodes, np.int64)[stack[stack >= 0]].sum()) if self.stack_nodes else 0)
+        if self.stack_nodes:
+            counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
+            self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
 
-        pool = np.zeros(n, np.int32)
         pool_values = list(map(get, events, repeat("pool_id")))
-        if set(map(type, pool_values)) != {type(None)}:
-            memo: dict[Any, int] = {}
-            for i, p in enumerate(pool_values):
-                if p is None:
-                    continue
-                key = p if type(p) is tuple else id(p)
-                pid = memo.get(key)
-                if pid is None:
-                    pid = memo[key] = self.pool_of(p, f"{where}[{i}].pool_id")
-                pool[i] = pid
+        if pool_values.count(None) == n:
+            pool = np.zeros(n, np.int32)
+        else:
+            pool = self.pool_column(pool_values, where)
         del pool_values
 
         cc = self.sparse_text(events, "compile_context", "N/A", where)
         um = self.sparse_text(events, "user_metadata", "", where)
 
-        # Stream ordinals in order of first appearance.
-        uniq, first, inverse = np.unique(stream_raw, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")
-        rank = np.empty(len(order), np.int32)
-        rank[order] = np.arange(len(order), dtype=np.int32)
-        stream = rank[inverse.reshape(-1)]
-        streams = [int(s) for s in uniq[order].tolist()]
+        # Stream ordinals in order of first appearance (dict keeps insertion order).
+        order = dict.fromkeys(stream_values)
+        streams = list(order)
+        if len(streams) == 1:
+            stream = np.zeros(n, np.int32)
+        else:
+            rank = {s: k for k, s in enumerate(streams)}
+            stream = np.fromiter(map(rank.__getitem__, stream_values), np.int32, n)
         trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
         return trace, streams, cc, um
 
+    def pool_column(self, values: list[Any], where: str) -> np.ndarray:
+        if list in set(map(type, values)):
+            values = [tuple(v) if type(v) is list else v for v in values]  # JSON has no tuples
+        try:
+            distinct = dict.fromkeys(values)
+        except TypeError:
+            i = next(k for k, v in enumerate(values) if not _hashable(v))
+            raise self.bad(f"{where}[{i}].pool_id", values[i], "a pool id (a pair of ints)", "bad-pool-id") from None
+        ordinal = {}
+        for v in distinct:
+            i = values.index(v)
+            ordinal[v] = self.pool_of(v, f"{where}[{i}].pool_id")
+        return np.fromiter(map(ordinal.__getitem__, values), np.int32, len(values))
+
     def sparse_text(self, events: list[dict[str, Any]], key: str, default: str, where: str) -> dict[int, str]:
         values = list(map(dict.get, events, repeat(key), repeat(default)))
-        try:
-            distinct = set(values)
-        except TypeError:
-            distinct = {None}  # unhashable: a wrong type, found below
-        if distinct == {default}:
+        if values.count(default) == len(values):
             return {}
         out: dict[int, str] = {}
         for i, v in enumerate(values):
@@ -894,6 +948,14 @@ class _Converter:
             self.warn_once("no-requested-size", "blocks lack requested_size (torch < 2.0): block sizes stand in")
         if layout != "modern":
             self.warn_once("legacy-layout", f"legacy snapshot layout '{layout}'")
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _is_scalar(v: Any) -> bool:

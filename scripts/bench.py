@@ -1,0 +1,250 @@
+"""Benchmark the reader (and later stages) against a plain ``pickle.load``.
+
+    python3 scripts/bench.py [FILE] [--repeat N] [--stage NAME ...]
+
+FILE defaults to the 460 MB ``huge_all_stacks`` snapshot. A gzipped file is
+decompressed once into ``var/bench/`` so every stage reads the same raw pickle.
+Each stage runs in its own child process (a fresh heap, so peak RSS is the
+stage's own): the child reports wall time and its high-water RSS (VmHWM).
+With ``--repeat N`` each stage runs N times and the fastest run is kept (this
+machine's timings vary by a factor of two from run to run; peaks do not).
+
+Stages are a list of named functions below; a stage whose import fails prints
+"not available", so stages owned by other modules can be listed before they
+exist. The reader's requirement is checked against the ``pickle.load`` stage:
+read_snapshot time <= 2.5x and peak RSS <= 1.5x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_FILE = Path("/work/shared/snapshots/huge_all_stacks.pickle.gz")
+CACHE = ROOT / "var" / "bench"
+TIME_RATIO_MAX = 2.5
+PEAK_RATIO_MAX = 1.5
+WHATIFS = ("expandable_segments:True", "max_split_size_mb:256")
+
+
+class NotAvailable(Exception):
+    """A stage whose code does not exist (yet)."""
+
+
+# ---------------------------------------------------------------------------
+# Stages: each takes the raw pickle's path and returns sub-timings (seconds).
+# They run in a child process; import inside the function.
+# ---------------------------------------------------------------------------
+
+
+def stage_pickle_load(path: Path) -> dict[str, float]:
+    import pickle
+
+    gc.disable()
+    with path.open("rb") as f:
+        obj = pickle.load(f)
+    _keep.append(obj)  # freeing it is not part of a plain load
+    return {}
+
+
+def stage_read_snapshot(path: Path) -> dict[str, float]:
+    read_snapshot = _import("analysis.reader", "read_snapshot")
+    snap = read_snapshot(path)
+    _keep.append(snap)
+    return {}
+
+
+def stage_recorded_replay(path: Path) -> dict[str, float]:
+    read_snapshot = _import("analysis.reader", "read_snapshot")
+    recorded_replay = _import("analysis.replay", "recorded_replay")
+    t0 = time.perf_counter()
+    snap = read_snapshot(path)
+    t1 = time.perf_counter()
+    for dev in snap.devices:
+        _keep.append(recorded_replay(snap, dev))
+    return {"read": t1 - t0, "replay": time.perf_counter() - t1}
+
+
+def stage_simulate(path: Path) -> dict[str, float]:
+    read_snapshot = _import("analysis.reader", "read_snapshot")
+    simulate = _import("analysis.allocator", "simulate")
+    config_cls = _import("analysis.config", "AllocatorConfig")
+    t0 = time.perf_counter()
+    snap = read_snapshot(path)
+    t1 = time.perf_counter()
+    config = config_cls.from_settings(snap.settings.raw, snap.settings.conf)
+    for dev in snap.devices:
+        _keep.append(simulate(snap, dev, config))
+    return {"read": t1 - t0, "simulate": time.perf_counter() - t1}
+
+
+def stage_build_report(path: Path) -> dict[str, float]:
+    build_report = _import("analysis.report", "build_report")
+    report = build_report(path, whatif=WHATIFS)
+    _keep.append(report)
+    return {}
+
+
+STAGES: list[tuple[str, Callable[[Path], dict[str, float]]]] = [
+    ("pickle.load", stage_pickle_load),
+    ("read_snapshot", stage_read_snapshot),
+    ("recorded_replay", stage_recorded_replay),
+    ("allocator.simulate", stage_simulate),
+    ("build_report+2 whatif", stage_build_report),
+]
+
+_keep: list[Any] = []
+
+
+def _import(module: str, name: str) -> Any:
+    try:
+        mod = __import__(module, fromlist=[name])
+        return getattr(mod, name)
+    except (ImportError, AttributeError) as exc:
+        raise NotAvailable(f"{module}.{name}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------
+# Child side
+# ---------------------------------------------------------------------------
+
+
+def _vm_hwm_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _run_child(name: str, path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    fn = dict(STAGES)[name]
+    try:
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        parts = fn(path)
+        seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+        result: dict[str, Any] = {"seconds": seconds, "cpu": cpu, "peak_kib": _vm_hwm_kib(), "parts": parts}
+    except NotAvailable as exc:
+        result = {"unavailable": str(exc)}
+    print("BENCH " + json.dumps(result), flush=True)
+    os._exit(0)  # skip freeing the graph at exit: not part of any stage
+
+
+# ---------------------------------------------------------------------------
+# Parent side
+# ---------------------------------------------------------------------------
+
+
+def raw_pickle(source: Path) -> Path:
+    """The raw pickle for ``source``: itself, or a one-time gunzip into var/bench."""
+    with source.open("rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    if not gzipped:
+        return source
+    CACHE.mkdir(parents=True, exist_ok=True)
+    target = CACHE / source.name.removesuffix(".gz")
+    if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+        return target
+    tmp = target.with_suffix(".tmp")
+    with gzip.open(source, "rb") as src, tmp.open("wb") as dst:
+        shutil.copyfileobj(src, dst, 16 << 20)
+    tmp.replace(target)
+    return target
+
+
+def run_stage(name: str, path: Path, repeat: int) -> dict[str, Any] | None:
+    best: dict[str, Any] | None = None
+    for _ in range(repeat):
+        proc = subprocess.run(
+            [sys.executable, __file__, str(path), "--child", name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
+        if line is None:
+            print(f"  {name}: failed (exit {proc.returncode})\n{proc.stderr[-2000:]}")
+            return None
+        result = json.loads(line[6:])
+        if "unavailable" in result:
+            return result
+        result.setdefault("runs", [])
+        if best is None or result["seconds"] < best["seconds"]:
+            runs = best["runs"] if best else []
+            best_cpu = min(best["cpu"], result["cpu"]) if best else result["cpu"]
+            best = result
+            best["runs"] = runs
+            best["cpu"] = best_cpu
+        best["cpu"] = min(best["cpu"], result["cpu"])
+        best["runs"].append(round(result["seconds"], 2))
+        best["peak_kib"] = max(best["peak_kib"], result["peak_kib"])
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", nargs="?", type=Path, default=DEFAULT_FILE)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per stage; the fastest is kept (default 3)")
+    parser.add_argument("--stage", action="append", help="run only these stages (repeatable)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _run_child(args.child, args.file)
+        return 0
+
+    path = raw_pickle(args.file)
+    print(f"file: {args.file}")
+    print(f"raw pickle: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    print(f"{'stage':24s} {'wall s':>7s} {'cpu s':>7s} {'peak MB':>8s} {'x wall':>7s} {'x cpu':>6s} {'x peak':>7s}  wall runs / parts")
+    base: dict[str, Any] | None = None
+    failed = False
+    for name, _fn in STAGES:
+        if args.stage and name not in args.stage and name != "pickle.load":
+            continue
+        result = run_stage(name, path, max(1, args.repeat))
+        if result is None:
+            failed = True
+            continue
+        if "unavailable" in result:
+            print(f"{name:24s} not available ({result['unavailable']})")
+            continue
+        peak_mb = result["peak_kib"] / 1024
+        if name == "pickle.load":
+            base = result
+        t_ratio = result["seconds"] / base["seconds"] if base else float("nan")
+        c_ratio = result["cpu"] / base["cpu"] if base else float("nan")
+        m_ratio = result["peak_kib"] / base["peak_kib"] if base else float("nan")
+        parts = " ".join(f"{k}={v:.2f}s" for k, v in result.get("parts", {}).items())
+        print(
+            f"{name:24s} {result['seconds']:7.2f} {result['cpu']:7.2f} {peak_mb:8.0f} {t_ratio:7.2f} {c_ratio:6.2f}"
+            f" {m_ratio:7.2f}  {result['runs']} {parts}"
+        )
+        if name == "read_snapshot":
+            # CPU time is the verdict: on a shared 2-core box wall time also
+            # measures the neighbours (both are printed).
+            ok = c_ratio <= TIME_RATIO_MAX and m_ratio <= PEAK_RATIO_MAX
+            failed |= not ok
+            verdict = "meets" if ok else "MISSES"
+            print(
+                f"  -> read_snapshot {verdict} the target (time <= {TIME_RATIO_MAX}x, peak <= {PEAK_RATIO_MAX}x load)"
+            )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
