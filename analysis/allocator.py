@@ -1225,15 +1225,20 @@ def whatif(
 ) -> dict[str, Any]:
     """Contract ``whatif`` item: the recorded settings with ``conf`` applied on top.
 
-    Without ``limit_bytes`` the limit is inferred (``infer_limit(...).value``: the
-    peak reserved memory when the trace shows a limit binding, else unlimited).
+    Without ``limit_bytes`` the limit is inferred: ``infer_limit(...).value`` when
+    the trace shows a limit binding, else ``infer_limit(...).lower`` (the recorded
+    peak: the least memory the device had). Pass the device's size for more room.
     Without ``step_ends`` the steps come from the annotations.
     """
     dev = _device(snapshot, device)
     base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     cfg = AllocatorConfig.parse(conf, base=base)
     if limit_bytes is None:
-        limit_bytes = infer_limit(snapshot, dev, base).value
+        # The cap the trace shows, else the least memory the device must have had
+        # (the recorded peak): without any limit a what-if would never flush, and
+        # e.g. max_split_size_mb would pile up segments far past any real GPU.
+        estimate = infer_limit(snapshot, dev, base)
+        limit_bytes = estimate.value if estimate.value is not None else (estimate.lower or None)
     ends = step_end_indices(snapshot, dev) if step_ends is None else list(step_ends)
     result = simulate(snapshot, dev, cfg, limit_bytes, ends)
     return {

@@ -182,8 +182,21 @@ def test_whatif_without_a_limit_infers_one_and_without_steps_reads_the_annotatio
 def test_a_trace_without_an_oom_has_no_oom_avoided() -> None:
     result = whatif(snap("compiled_train"), 0, "expandable_segments:True")
     assert result["oom_avoided"] is None
-    assert result["limit_bytes"] is None
+    # No cap shown: the what-if runs in the memory the recorded run reached.
+    assert result["limit_bytes"] == truth("compiled_train")["memory_stats"]["reserved_bytes.all.peak"]
+    assert result["peak_reserved_bytes"] <= result["limit_bytes"]
     assert len(result["steps"]) == len(truth("compiled_train")["workload_log"])
+
+
+def test_max_split_whatif_without_a_cap_stays_within_the_recorded_memory() -> None:
+    # Unlimited, oversize segments would only pile up; the default limit makes the model flush.
+    s = snap("infer_varbatch")
+    peak = truth("infer_varbatch")["memory_stats"]["reserved_bytes.all.peak"]
+    unlimited = simulate(s, 0, AllocatorConfig.parse("max_split_size_mb:256"), None)
+    assert unlimited.peak_reserved > peak
+    result = whatif(s, 0, "max_split_size_mb:256")
+    assert result["limit_bytes"] == peak
+    assert result["peak_reserved_bytes"] <= peak
 
 
 def test_a_tighter_limit_fails_earlier_and_the_replay_goes_on() -> None:
