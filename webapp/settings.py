@@ -53,7 +53,9 @@ def database_from_url(url: str) -> dict[str, object]:
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": name if Path(name).is_absolute() else str(BASE_DIR / name),
-            "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
+            # A file (not :memory:) so the end-to-end test's worker process can open it; one per
+            # test run, so concurrent runs in one checkout do not share it.
+            "TEST": {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")},
             # web and worker processes write at once; wait for the lock instead of failing
             "OPTIONS": {"timeout": 20},
         }
@@ -67,6 +69,8 @@ def database_from_url(url: str) -> dict[str, object]:
             "PORT": str(parts.port or ""),
             # Short-lived connections: gunicorn and celery prefork processes fork.
             "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 0),
+            # One test database per test run, so concurrent runs against one server do not collide.
+            "TEST": {"NAME": f"test_{unquote(parts.path.lstrip('/'))}_{os.getpid()}"},
         }
     raise ValueError(f"DATABASE_URL scheme {parts.scheme!r} is not supported (postgres or sqlite)")
 

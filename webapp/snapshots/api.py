@@ -167,10 +167,11 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
     project = services.project_for_user(request.user, slug)
     if project is None:
         return _not_found()
-    uploads = project.uploads.select_related("project", "project__team")[:1000]
+    uploads = list(project.uploads.select_related("project", "project__team")[:1000])
+    shared = services.shared_upload_ids(uploads)
     return JsonResponse(
         {
             "project": services.project_dict(project),
-            "runs": [services.upload_api_dict(u, request) for u in uploads],
+            "runs": [services.upload_api_dict(u, request, shared=u.id in shared) for u in uploads],
         }
     )

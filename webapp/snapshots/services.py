@@ -380,8 +380,16 @@ def markdown_snippet(upload: Upload, link: str | None) -> str:
     return f"{line} — [memory report]({link})" if link else line
 
 
-def upload_api_dict(upload: Upload, request: HttpRequest) -> dict[str, Any]:
-    active = share_active(upload)
+def shared_upload_ids(uploads: list[Upload]) -> set[int]:
+    """Ids among ``uploads`` with a live share link, in one query (for lists)."""
+    return set(
+        ShareLink.objects.filter(upload__in=uploads, revoked_at__isnull=True).values_list("upload_id", flat=True)
+    )
+
+
+def upload_api_dict(upload: Upload, request: HttpRequest, *, shared: bool | None = None) -> dict[str, Any]:
+    if shared is None:
+        shared = share_active(upload) is not None
     return {
         "id": upload.code,
         "status": upload.status,
@@ -393,7 +401,7 @@ def upload_api_dict(upload: Upload, request: HttpRequest) -> dict[str, Any]:
         # Only the hash of a share token is stored, so an existing link cannot be shown again;
         # POST .../share returns a fresh one.
         "share_url": None,
-        "shared": active is not None,
+        "shared": shared,
         "project": upload.project.slug,
         "run": upload.run,
         "tags": list(upload.tags or []),
