@@ -156,3 +156,15 @@ def test_upload_is_streamed_to_a_temp_file() -> None:
     assert uploaded.sha256 == hashlib.sha256(b"\x80\x04" + b"a" * 8).hexdigest()
     assert uploaded.head.startswith(b"\x80\x04")
     uploaded.close()
+
+
+def test_page_xhr_invalid_form_gets_json_error(alice_client: Any) -> None:
+    with open(GPT_OOM, "rb") as fh:
+        response = alice_client.post(
+            "/upload/", {"file": fh, "project": "nope"}, headers={"X-Requested-With": "XMLHttpRequest"}
+        )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "upload:invalid"
+    assert isinstance(error["message"], str) and "project" in error["message"]
+    assert not Upload.objects.exists()
