@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,7 +77,8 @@ def finished(transactional_db: Any, alice: Any, alpha: Any) -> Any:
 class Visit:
     """One page load with everything the browser saw recorded."""
 
-    def __init__(self, browser: Any, url: str, cookies: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, browser: Any, url: str, cookies: list[dict[str, Any]] | None = None, *,
+                 charts: bool = True) -> None:
         self.context = browser.new_context(viewport={"width": 1280, "height": 900})
         if cookies:
             self.context.add_cookies(cookies)
@@ -88,8 +90,9 @@ class Visit:
         self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.response = self.page.goto(url)
-        # charts.js sets this once every chart has been handled (drawn or failed).
-        self.page.wait_for_function("document.body.dataset.chartsDrawn !== undefined", timeout=60_000)
+        if charts:
+            # charts.js sets this once every chart has been handled (drawn or failed).
+            self.page.wait_for_function("document.body.dataset.chartsDrawn !== undefined", timeout=60_000)
         self.page.wait_for_timeout(300)
 
     def errors(self) -> list[str]:
@@ -143,12 +146,15 @@ def test_shared_report_renders_under_the_csp(browser: Any, finished: Any, live_s
         from importlib.metadata import version
 
         assert any(f"/static/bokeh/{version('bokeh')}/bokeh.min.js" in u for u in visit.requests)
-        # Hover works without CustomJS: moving over the timeline shows the exact bytes of a point.
-        timeline = visit.page.locator('[data-chart="timeline-0"] canvas').first
+        # Hover works without CustomJS: over the timeline, a tooltip gives a point's bytes in binary
+        # units and exactly (BokehJS's numbro formats).
+        timeline = visit.page.locator('[data-chart="timeline-0"] .bk-Figure').first
+        timeline.scroll_into_view_if_needed()
         box = timeline.bounding_box()
-        visit.page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] * 0.5)
-        visit.page.wait_for_timeout(300)
-        assert visit.page.get_by_text("reserved").count() > 0
+        visit.page.mouse.move(box["x"] + box["width"] * 0.4, box["y"] + box["height"] * 0.5, steps=5)
+        figures = visit.page.get_by_text(re.compile(r"^[0-9.]+ [KMG]iB \([0-9,]+ B\)$"))
+        figures.first.wait_for(timeout=5_000)
+        assert figures.count() >= 3  # reserved, allocated, requested at that event
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         visit.page.mouse.move(0, 0)
         visit.page.screenshot(path=str(SCREENSHOTS / "report.png"), full_page=True)
@@ -188,3 +194,77 @@ def test_standalone_page_renders_from_disk(browser: Any, finished: Any, tmp_path
         visit.close()
     sizes = {"html": len(page.read_bytes()), "charts": len(json.dumps(stored.charts))}
     assert sizes["html"] < 5_000_000, sizes
+
+
+def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_server: Any, client: Any) -> None:
+    """The project's other pages under the same CSP: the history chart, a comparison, the upload form."""
+    from django.urls import reverse
+
+    from tests.webapp.helpers import FIXTURES
+    from webapp.snapshots import services
+    from webapp.snapshots.charts import build_compare_charts
+    from webapp.snapshots.models import Upload
+    from webapp.snapshots.tasks import analyse_upload
+
+    other = make_upload(finished.project, finished.uploaded_by, FIXTURES / "gpt_varlen_expandable.pickle.gz",
+                        run="nightly-1235", tags=["expandable"])
+    analyse_upload(other.id)
+    other.refresh_from_db()
+    assert other.status == Upload.Status.DONE
+    queued = make_upload(finished.project, finished.uploaded_by, run="waiting")  # never analysed: live status page
+
+    client.force_login(finished.uploaded_by)
+    cookies = [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
+    host = urlsplit(live_server.url).netloc
+
+    history = Visit(browser, live_server.url + reverse("snapshots:history", args=[finished.project.slug]), cookies)
+    try:
+        assert history.errors() == [] and history.csp_violations() == []
+        assert history.page.evaluate("document.body.dataset.chartsDrawn") == "1"
+        assert history.page.locator('[data-chart="history"] .bk-Figure').count() == 1
+        assert history.page.locator("table.history tbody tr").count() == 3
+        history.page.screenshot(path=str(SCREENSHOTS / "history.png"), full_page=True)
+        # The A/B radios open the comparison of the two finished runs.
+        history.page.locator(f'input[name=a][value="{finished.code}"]').check()
+        history.page.locator(f'input[name=b][value="{other.code}"]').check()
+        history.page.get_by_role("button", name="Compare A with B").click()
+        history.page.wait_for_url(f"**/compare/{finished.code}/{other.code}/")
+    finally:
+        history.close()
+
+    compare = Visit(browser, live_server.url + reverse("snapshots:compare", args=[finished.code, other.code]), cookies)
+    try:
+        a, b = services.report_for(finished).data, services.report_for(other).data
+        _check_page(compare, build_compare_charts(a, b), host)
+        text = compare.page.locator(".compare-grid").inner_text()
+        assert "6.93 GiB" in text  # gpt_varlen_oom's peak reserved
+        compare.page.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=True)
+    finally:
+        compare.close()
+
+    for name, url in (
+        ("upload", reverse("snapshots:upload")),
+        ("status", reverse("snapshots:detail", args=[queued.code])),
+        ("home", reverse("snapshots:home")),
+    ):
+        page = Visit(browser, live_server.url + url, cookies, charts=False)
+        try:
+            assert page.response.status == 200, name
+            assert page.errors() == [] and page.csp_violations() == [], name
+            assert all(urlsplit(u).netloc == host for u in page.requests if urlsplit(u).scheme.startswith("http"))
+            if name == "status":
+                # status.js polls status.json from the page's own site.
+                page.page.wait_for_timeout(1500)
+                assert any(u.endswith("/status.json") for u in page.requests)
+            page.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+            if name == "upload":
+                # upload.js posts the form by XHR (progress bar) and follows the JSON answer to the new page.
+                page.page.set_input_files("input[type=file]", str(FIXTURES / "frag_oom.pickle.gz"))
+                page.page.fill("input[name=run]", "from-the-browser")
+                page.page.get_by_role("button", name="Upload and analyse").click()
+                page.page.wait_for_url("**/s/*/", timeout=30_000)
+                made = Upload.objects.get(run="from-the-browser")
+                assert made.filename == "frag_oom.pickle.gz" and made.project == finished.project
+                assert page.errors() == [] and page.csp_violations() == []
+        finally:
+            page.close()

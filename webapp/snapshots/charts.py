@@ -154,6 +154,7 @@ def build_history_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
     p.xaxis.major_label_overrides = {i: label for i, label in enumerate(labels)}
     p.xaxis.major_label_orientation = 0.6 if len(points) > 6 else 0
     _bytes_ticks(p.yaxis)
+    p.y_range.start = 0  # a trend from zero: small changes must not look like doubling
     r1 = p.line("x", "reserved", source=source, color=RESERVED, line_width=2, legend_label="peak reserved")
     p.scatter("x", "reserved", source=source, color=RESERVED, size=7, legend_label="peak reserved")
     p.line("x", "allocated", source=source, color=ALLOCATED, line_width=2, legend_label="peak allocated")
@@ -210,7 +211,7 @@ def build_compare_charts(
         p.add_tools(HoverTool(tooltips=[("", "@kind"), (labels[0], "@a{0.00 b} (@a{0,0} B)"),
                                         (labels[1], "@b{0.00 b} (@b{0,0} B)")]))
         p.x_range.start = 0
-        _legend(p)
+        _legend(p, outside=True)
         charts["compare-peaks"] = json_item(p)
 
     steps_a, steps_b = dev_a.get("steps") or [], dev_b.get("steps") or []
