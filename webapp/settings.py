@@ -252,6 +252,13 @@ SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG and env_bool("HTTPS
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# Waived deploy checks, each for a reason:
+SILENCED_SYSTEM_CHECKS = [
+    "security.W005",  # HSTS for subdomains depends on the domain, not the app: SECURE_HSTS_INCLUDE_SUBDOMAINS
+    "security.W021",  # HSTS preload is a commitment for the whole domain: SECURE_HSTS_PRELOAD
+]
 if env_bool("BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
