@@ -340,11 +340,8 @@ class _Model:
     def split(self, lk: int, b: list[Any], size: int) -> int:
         """``should_split`` + ``alloc_found_block``: returns the handed-out size."""
         rem = b[_SIZE] - size
-        if size <= K_SMALL_SIZE or self.exp:
-            do = rem >= 512
-        else:
-            do = size < self.mss and rem > K_SMALL_SIZE
-        if not do:
+        small_rule = size <= K_SMALL_SIZE or self.exp
+        if not (rem >= 512 if small_rule else size < self.mss and rem > K_SMALL_SIZE):
             return int(b[_SIZE])
         n = b[_NEXT]
         r = [rem, b[_ADDR] + size, b, n, True]
@@ -575,7 +572,7 @@ class _Model:
         if first >= last:
             return
         self._remove(lk, b)
-        prev, nxt = b[_PREV], b[_NEXT]
+        nxt = b[_NEXT]
         ustart = base + first * page
         usize = (last - first) * page
         after = end - last * page
@@ -686,9 +683,7 @@ class _Model:
                     i = bisect(kl, rs << sh)
                     if i < len(kl):
                         key = kl[i]
-                        if not mss_on or not (
-                            (rs < mss and key >> sh >= mss) or (rs >= mss and key >> sh >= rs + nsr)
-                        ):
+                        if not mss_on or not ((rs < mss and key >> sh >= mss) or (rs >= mss and key >> sh >= rs + nsr)):
                             del kl[i]
                             b = blks[lk].pop(i)
                             b[4] = False
@@ -786,8 +781,10 @@ class _Burst:
 def _request_of(act: npt.NDArray[np.int8], idx: I64) -> I64:
     """For each event index, the next request (alloc or oom) at or after it; -1 if none."""
     requests = np.flatnonzero((act == ALLOC) | (act == OOM))
+    if requests.size == 0:
+        return np.full(idx.shape, -1, np.int64)
     pos = np.searchsorted(requests, idx)
-    return np.where(pos < requests.shape[0], requests[np.minimum(pos, max(requests.shape[0] - 1, 0))], -1) if requests.size else np.full(idx.shape, -1, np.int64)
+    return np.where(pos < requests.shape[0], requests[np.minimum(pos, requests.shape[0] - 1)], -1)
 
 
 def _request_alloc_size(device: DeviceData, cfg: AllocatorConfig, req: int) -> int:

@@ -144,10 +144,7 @@ class AllocatorConfig:
         """The ``max_split_size`` filter of ``get_free_block`` (size already fits)."""
         if size < self.max_split_size and block_size >= self.max_split_size:
             return False
-        return not (
-            size >= self.max_split_size and block_size >= size + self.max_non_split_rounding_size
-        )
-
+        return not (size >= self.max_split_size and block_size >= size + self.max_non_split_rounding_size)
 
     # -- the same rules over whole columns (numpy) ------------------------------
     def round_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -210,7 +207,7 @@ def _split_conf(conf: str) -> list[tuple[str, str]]:
     while pos < len(conf):
         m = _TOKEN.match(conf, pos)
         if m is None or m.end() == pos:
-            raise ConfigError(f"cannot parse allocator setting near {conf[pos:pos + 40]!r}")
+            raise ConfigError(f"cannot parse allocator setting near {conf[pos : pos + 40]!r}")
         out.append((m.group(1), m.group(2)))
         pos = m.end()
     return out

@@ -72,8 +72,17 @@ PARTIAL = [c for c in CASES if not complete(c)]
 def test_the_fixture_set_is_the_expected_one() -> None:
     # Guards the parametrisation: a renamed fixture must not silently drop out.
     names = {c for c, _ in COMPLETE}
-    assert {"frag_oom", "gpt_varlen_oom", "gpt_varlen_expandable", "gpt_varlen_maxsplit256", "infer_varbatch",
-            "two_gpu_pipeline", "compiled_train", "no_context", "big_all_stacks"} <= names
+    assert {
+        "frag_oom",
+        "gpt_varlen_oom",
+        "gpt_varlen_expandable",
+        "gpt_varlen_maxsplit256",
+        "infer_varbatch",
+        "two_gpu_pipeline",
+        "compiled_train",
+        "no_context",
+        "big_all_stacks",
+    } <= names
     assert ("two_gpu_pipeline", 1) in COMPLETE
     assert set(PARTIAL) >= {"wrapped_ring", "state_only"}
 
@@ -227,8 +236,18 @@ def test_reserved_column_follows_the_segment_events() -> None:
 # --------------------------------------------------------------------------- the limit
 
 
-@pytest.mark.parametrize("case", ["frag_oom", "gpt_varlen_oom", "gpt_varlen_expandable", "gpt_varlen_maxsplit256",
-                                  "gpu_grow_oom", "gpu_expandable_oom", "gpu_maxsplit_oom"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "frag_oom",
+        "gpt_varlen_oom",
+        "gpt_varlen_expandable",
+        "gpt_varlen_maxsplit256",
+        "gpu_grow_oom",
+        "gpu_expandable_oom",
+        "gpu_maxsplit_oom",
+    ],
+)
 def test_inferred_limit_interval_holds_the_real_cap(case: str) -> None:
     est = infer_limit(snap(case), 0)
     cap = int(truth(case)["kwargs"].get("cap_gib", 4.0 if case == "frag_oom" else 7.0) * GIB)
@@ -262,7 +281,9 @@ def test_step_ends_are_the_last_event_of_each_optimizer_step() -> None:
     ends = step_end_indices(s, 0)
     assert len(ends) == 23
     times = s.devices[0].trace.time_us
-    step_end_times = sorted(a.time_us for a in s.annotations if a.stage == "END" and a.name.startswith("Optimizer.step#"))
+    step_end_times = sorted(
+        a.time_us for a in s.annotations if a.stage == "END" and a.name.startswith("Optimizer.step#")
+    )
     for i, t_end in zip(ends, step_end_times, strict=True):
         assert times[i] <= t_end
         assert i + 1 == len(times) or times[i + 1] > t_end

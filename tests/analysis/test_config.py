@@ -33,7 +33,8 @@ def test_division_list_as_recorded_by_a_real_run() -> None:
     conf = json.loads((FIXTURES / "gpu_roundup_list.truth.json").read_text())["alloc_conf"]
     s = read_snapshot(FIXTURES / "gpu_roundup_list.pickle.gz")
     assert AllocatorConfig.parse(conf).roundup_power2_divisions == tuple(
-        s.settings.raw["roundup_power2_divisions"][k] for k in sorted(s.settings.raw["roundup_power2_divisions"], key=int)
+        s.settings.raw["roundup_power2_divisions"][k]
+        for k in sorted(s.settings.raw["roundup_power2_divisions"], key=int)
     )
     assert AllocatorConfig.from_settings(s.settings.raw, s.settings.conf) == AllocatorConfig.parse(conf)
 
@@ -46,10 +47,19 @@ def test_single_division_value_applies_everywhere() -> None:
     assert cfg.round_size(1000) == 1024  # 1000 > 512 * 4 is false: plain 512 rounding
 
 
-@pytest.mark.parametrize("bad", ["roundup_power2_divisions:3", "roundup_power2_divisions:[100:4]",
-                                 "roundup_power2_divisions:[128:3]", "max_split_size_mb:19",
-                                 "max_non_split_rounding_mb:10", "expandable_segments:yes",
-                                 "garbage_collection_threshold:1.5", "backend:cudaMallocAsync"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "roundup_power2_divisions:3",
+        "roundup_power2_divisions:[100:4]",
+        "roundup_power2_divisions:[128:3]",
+        "max_split_size_mb:19",
+        "max_non_split_rounding_mb:10",
+        "expandable_segments:yes",
+        "garbage_collection_threshold:1.5",
+        "backend:cudaMallocAsync",
+    ],
+)
 def test_rejects_settings_torch_rejects(bad: str) -> None:
     with pytest.raises(ConfigError):
         AllocatorConfig.parse(bad)
@@ -70,13 +80,23 @@ def test_parse_on_a_base_keeps_the_base() -> None:
     assert both.to_conf() == "expandable_segments:True,max_split_size_mb:256"
 
 
-@pytest.mark.parametrize("conf", ["", "roundup_power2_divisions:4", "roundup_power2_divisions:[1:2,64:8,>:16]",
-                                  "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]", "large_segment_size_mb:64"])
+@pytest.mark.parametrize(
+    "conf",
+    [
+        "",
+        "roundup_power2_divisions:4",
+        "roundup_power2_divisions:[1:2,64:8,>:16]",
+        "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+        "large_segment_size_mb:64",
+    ],
+)
 def test_column_rules_equal_the_scalar_rules(conf: str) -> None:
     cfg = AllocatorConfig.parse(conf)
     rng = np.random.default_rng(7)
-    sizes = np.r_[rng.integers(1, 1 << rng.integers(2, 38, 5000), dtype=np.int64),
-                  [1, 511, 512, 513, MB, MB + 1, 10 * MB - 1, 10 * MB, 3 * GB + 1]].astype(np.int64)
+    sizes = np.r_[
+        rng.integers(1, 1 << rng.integers(2, 38, 5000), dtype=np.int64),
+        [1, 511, 512, 513, MB, MB + 1, 10 * MB - 1, 10 * MB, 3 * GB + 1],
+    ].astype(np.int64)
     rounded = cfg.round_sizes(sizes)
     assert rounded.tolist() == [cfg.round_size(int(x)) for x in sizes]
     assert cfg.allocation_sizes(rounded).tolist() == [cfg.allocation_size(int(x)) for x in rounded]
