@@ -13,6 +13,7 @@ only per-event Python loops are inside the replays themselves.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -86,6 +87,25 @@ def build_report(
     filename: str | None = None,
 ) -> dict[str, Any]:
     """The contract report for a snapshot file (path or bytes)."""
+    # The replays allocate millions of short-lived objects and create no cycles
+    # worth collecting; the cyclic GC's passes over them are pure overhead.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_report(source, whatif=whatif, limit=limit, progress=progress, filename=filename)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _build_report(
+    source: str | Path | bytes,
+    *,
+    whatif: Iterable[str],
+    limit: int | None,
+    progress: Progress | None,
+    filename: str | None,
+) -> dict[str, Any]:
     report_progress = progress or _noop
     user_whatifs = list(whatif)
     for conf in user_whatifs:
@@ -389,10 +409,11 @@ class _DeviceAnalysis:
         # Alive at step end e when start <= e < end: a range of steps per allocation.
         k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
         k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")
-        diff = np.zeros((len(wanted), len(ends) + 1), np.int64)
-        np.add.at(diff, (g_sel, k_lo), lifetimes.size[sel])
-        np.add.at(diff, (g_sel, k_hi), -lifetimes.size[sel])
-        per_step = np.cumsum(diff, axis=1)[:, : len(ends)]
+        width = len(ends) + 1
+        cells = len(wanted) * width
+        sizes = lifetimes.size[sel].astype(np.float64)  # per-cell sums stay far below 2**53
+        diff = np.bincount(g_sel * width + k_lo, sizes, cells) - np.bincount(g_sel * width + k_hi, sizes, cells)
+        per_step = np.cumsum(np.rint(diff).astype(np.int64).reshape(len(wanted), width), axis=1)[:, : len(ends)]
         pick = _even_indices(len(ends), LEAK_SERIES_MAX_POINTS)
         for row, series in zip(rows, per_step, strict=False):
             first, last = int(series[0]), int(series[-1])
@@ -507,10 +528,10 @@ def _requested_peak_guess(lifetimes: Lifetimes, n: int) -> int | None:
     so the replay keeps that state in its one pass."""
     if n == 0 or lifetimes.start.size == 0:
         return None
-    delta = np.zeros(n + 1, np.int64)
-    np.add.at(delta, lifetimes.start, lifetimes.size)
-    np.add.at(delta, lifetimes.end, -lifetimes.size)
-    return int(np.cumsum(delta[:n]).argmax())
+    # bincount sums in float64: exact while totals stay below 2**53 bytes.
+    sizes = lifetimes.size.astype(np.float64)
+    delta = np.bincount(lifetimes.start, sizes, n + 1) - np.bincount(lifetimes.end, sizes, n + 1)
+    return int(np.cumsum(np.rint(delta[:n]).astype(np.int64)).argmax())
 
 
 def _frees_record_free_sites(trace: Any, lifetimes: Lifetimes) -> bool:
