@@ -58,6 +58,8 @@ from analysis.model import (
 
 # Upper bound on how far to look for the alloc that a new segment was made for.
 _LOOKAHEAD = 64
+# Loop-only action code: a free_requested fused with the free_completed after it.
+_FUSED_FREE = 9
 # Distinct free-block sizes tracked for largest_free before the set is rebuilt.
 _TRACK_LIMIT = 8
 
@@ -238,6 +240,11 @@ class _Replayer:
         self.act: bytes = tr.action.astype(np.uint8).tobytes()
         self.addr: list[int] = tr.addr.tolist()
         self.size: list[int] = tr.size.tolist()
+        self.trace_addr = tr.addr
+        self.trace_size = tr.size
+        # Trace entries of torch <= 2.11 carry no pool_id: a segment that lives to
+        # the end takes its pool and kind from the final snapshot.
+        self.final_meta = {s.address: (s.total_size, s.pool, s.segment_type) for s in device.segments}
         self.stream = tr.stream
         self.pool = tr.pool
         self.stack = tr.stack
@@ -274,11 +281,16 @@ class _Replayer:
         self.issues: dict[str, int] = {}
         self.first_issue: tuple[int, str] | None = None
 
-    def seed(self, state: AllocatorState, *, strict: bool) -> None:
-        """Start from ``state`` (the empty allocator for a complete trace)."""
+    def seed(self, state: AllocatorState, *, strict: bool, stops: Iterable[int] = ()) -> None:
+        """Start from ``state`` (the empty allocator for a complete trace).
+
+        ``stops``: indices the pass will stop after (kept states); a free is never
+        fused across one, so the state after it is exact.
+        """
         self._reset()
         self.strict = strict
         self.initial = state
+        self._plan(fuse=strict, stops=stops)
         for seg in state.segments:
             meta = (seg.stream, seg.pool, seg.segment_type, seg.is_expandable, seg.stack)
             self._add_segment(seg.address, seg.total_size, meta)
@@ -396,13 +408,47 @@ class _Replayer:
             self.first_issue = (index, reason)
 
     # -- the pass -----------------------------------------------------------------
+    def _plan(self, *, fuse: bool, stops: Iterable[int]) -> None:
+        """The events the loop visits.
+
+        Almost every ``free_requested`` is followed at once by the ``free_completed``
+        of the same block. In strict mode (the fast path for complete traces) such
+        a pair is visited once, as code ``_FUSED_FREE`` at the first index; the loop
+        writes the second event's figures itself. Lenient passes visit every event.
+        """
+        act = self.action
+        n = self.n
+        if not fuse or n < 2:
+            self.p_idx: list[int] = list(range(n))
+            self.p_act: bytes = self.act
+            self.p_addr: list[int] = self.addr
+            self.p_size: list[int] = self.size
+            return
+        addr = self.trace_addr
+        first = np.zeros(n, dtype=bool)
+        first[:-1] = (act[:-1] == FREE_REQUESTED) & (act[1:] == FREE_COMPLETED) & (addr[:-1] == addr[1:])
+        for k in stops:
+            if 0 <= k < n:
+                first[k] = False
+        visit = np.ones(n, dtype=bool)
+        visit[1:] = ~first[:-1]
+        idx = np.nonzero(visit)[0]
+        codes = act.astype(np.uint8)
+        codes[first] = _FUSED_FREE
+        self.p_idx = idx.tolist()
+        self.p_act = codes[idx].tobytes()
+        self.p_addr = addr[idx].tolist()
+        self.p_size = self.trace_size[idx].tolist()
+
     def run(self, lo: int, hi: int) -> None:
         """Apply events [lo, hi). Raises _Inconsistent in strict mode.
 
         Action codes are literals here (model.ALLOC == 0, ...): this loop runs once
         per event, and a global lookup per test costs more than the rest of a free.
         """
-        act, addr, size = self.act, self.addr, self.size
+        plo = bisect.bisect_left(self.p_idx, lo)
+        phi = bisect.bisect_left(self.p_idx, hi)
+        p_idx, act, addr, size = self.p_idx, self.p_act, self.p_addr, self.p_size
         bs, isp_out, lf_out = self.bs, self.isp, self.lf
         free_sz, free_end, used = self.free_sz, self.free_end, self.used
         seg_size = self.seg_size
@@ -417,7 +463,9 @@ class _Replayer:
         strict = self.strict
         counts_split = self._counts_split
         small = K_SMALL_SIZE
-        for i, a, ad, sz in zip(range(lo, hi), act[lo:hi], addr[lo:hi], size[lo:hi], strict=True):
+        for i, a, ad, sz in zip(
+            p_idx[plo:phi], act[plo:phi], addr[plo:phi], size[plo:phi], strict=True
+        ):
             if a == 0:  # alloc
                 f = free_sz.pop(ad, None)
                 if f is None:
@@ -469,6 +517,88 @@ class _Replayer:
                         del free_end[ad + f]
                         bs[i] = f
                     used[ad] = i
+            elif a == 9 or a == 2:  # _FUSED_FREE (free_requested + free_completed), or free_completed
+                ref = used.pop(ad, None)
+                if a == 9:
+                    j = i + 1
+                    if ref is None or ref < 0:
+                        raise _Inconsistent(i, "free of an address with no allocated block")
+                    b = bs[ref]
+                    bs[i] = b
+                else:
+                    j = i
+                    if ref is None:
+                        self._issue(i, "unknown-free", "free of an address with no active block")
+                        self.ignored.append(i)
+                        isp_out[i] = isplit
+                        lf_out[i] = dist[-1]
+                        continue
+                    if ref < 0:
+                        b = bs[~ref]
+                    else:
+                        b = bs[ref]
+                        if strict:
+                            used[ad] = ref
+                            raise _Inconsistent(i, "free_completed without free_requested")
+                        self._issue(i, "unrequested-free", "free_completed without free_requested")
+                        self.adj_alloc[i] = -b
+                bs[j] = b
+                cnt = cmode == 0 or (cmode == 2 and counts_split(ad))
+                start = ad
+                end = ad + b
+                # Merge with free neighbours of the same segment. The neighbour
+                # is looked up first: a segment boundary matters only if it is free.
+                ns = free_sz.pop(end, None)
+                if ns is not None:
+                    if end in seg_size:
+                        free_sz[end] = ns
+                    else:
+                        del free_end[end + ns]
+                        if ns >= tmin:
+                            c = fcount[ns]
+                            if c > 1:
+                                fcount[ns] = c - 1
+                            else:
+                                del fcount[ns]
+                                del dist[bisect_left(dist, ns)]
+                        if cnt:
+                            isplit -= ns
+                        end += ns
+                ps = free_end.pop(ad, None)
+                if ps is not None:
+                    if ad in seg_size:
+                        free_end[ad] = ps
+                    else:
+                        psz = free_sz.pop(ps)
+                        if psz >= tmin:
+                            c = fcount[psz]
+                            if c > 1:
+                                fcount[psz] = c - 1
+                            else:
+                                del fcount[psz]
+                                del dist[bisect_left(dist, psz)]
+                        if cnt:
+                            isplit -= psz
+                        start = ps
+                m = end - start
+                free_sz[start] = m
+                free_end[end] = start
+                # m is at least each block it absorbed: adding it keeps the set whole
+                if m >= tmin:
+                    c = fcount.get(m)
+                    if c:
+                        fcount[m] = c + 1
+                    else:
+                        fcount[m] = 1
+                        insort(dist, m)
+                        if len(dist) > tlimit:
+                            self._retrack()
+                            tmin, tlimit = self.tmin, self.tlimit
+                if cnt and seg_size.get(start) != m:
+                    isplit += m
+                isp_out[j] = isplit
+                lf_out[j] = dist[-1]
+                continue
             elif a == 1:  # free_requested
                 ref = used.get(ad, -1)
                 if ref < 0:
@@ -479,75 +609,6 @@ class _Replayer:
                     bs[i] = bs[ref]
                 # Nothing a column shows changes here: filled from the event before.
                 continue
-            elif a == 2:  # free_completed
-                ref = used.pop(ad, None)
-                if ref is None:
-                    self._issue(i, "unknown-free", "free of an address with no active block")
-                    self.ignored.append(i)
-                else:
-                    if ref < 0:
-                        b = bs[~ref]
-                    else:
-                        b = bs[ref]
-                        if strict:
-                            used[ad] = ref
-                            raise _Inconsistent(i, "free_completed without free_requested")
-                        self._issue(i, "unrequested-free", "free_completed without free_requested")
-                        self.adj_alloc[i] = -b
-                    bs[i] = b
-                    cnt = cmode == 0 or (cmode == 2 and counts_split(ad))
-                    start = ad
-                    end = ad + b
-                    # Merge with free neighbours of the same segment. The neighbour
-                    # is looked up first: a segment boundary matters only if it is free.
-                    ns = free_sz.pop(end, None)
-                    if ns is not None:
-                        if end in seg_size:
-                            free_sz[end] = ns
-                        else:
-                            del free_end[end + ns]
-                            if ns >= tmin:
-                                c = fcount[ns]
-                                if c > 1:
-                                    fcount[ns] = c - 1
-                                else:
-                                    del fcount[ns]
-                                    del dist[bisect_left(dist, ns)]
-                            if cnt:
-                                isplit -= ns
-                            end += ns
-                    ps = free_end.pop(ad, None)
-                    if ps is not None:
-                        if ad in seg_size:
-                            free_end[ad] = ps
-                        else:
-                            psz = free_sz.pop(ps)
-                            if psz >= tmin:
-                                c = fcount[psz]
-                                if c > 1:
-                                    fcount[psz] = c - 1
-                                else:
-                                    del fcount[psz]
-                                    del dist[bisect_left(dist, psz)]
-                            if cnt:
-                                isplit -= psz
-                            start = ps
-                    m = end - start
-                    free_sz[start] = m
-                    free_end[end] = start
-                    # m is at least each block it absorbed: adding it keeps the set whole
-                    if m >= tmin:
-                        c = fcount.get(m)
-                        if c:
-                            fcount[m] = c + 1
-                        else:
-                            fcount[m] = 1
-                            insort(dist, m)
-                            if len(dist) > tlimit:
-                                self._retrack()
-                                tmin, tlimit = self.tmin, self.tlimit
-                    if cnt and seg_size.get(start) != m:
-                        isplit += m
             elif 3 <= a <= 6:
                 self.isplit = isplit
                 self.tmin, self.tlimit = tmin, tlimit
@@ -619,10 +680,11 @@ class _Replayer:
         return "small" if size == K_SMALL_BUFFER else "large"
 
     def _meta_of_event(self, i: int, size: int, expandable: bool) -> _Meta:
-        return (
-            int(self.stream[i]), int(self.pool[i]), self._segment_type(i, size),
-            expandable, int(self.stack[i]),
-        )
+        pool = int(self.pool[i])
+        final = self.final_meta.get(self.addr[i])
+        if final is not None and (final[0] == size or expandable):
+            return int(self.stream[i]), pool or final[1], final[2], expandable, int(self.stack[i])
+        return int(self.stream[i]), pool, self._segment_type(i, size), expandable, int(self.stack[i])
 
     def _segment_alloc(self, i: int, ad: int, sz: int) -> None:
         if self._overlaps(ad, sz):
@@ -1048,7 +1110,7 @@ def recorded_replay(
     failure: _Inconsistent | None = None
     end_diffs: list[str] = []
     if complete:
-        rep.seed(AllocatorState(-1, ()), strict=True)
+        rep.seed(AllocatorState(-1, ()), strict=True, stops=keep)
         try:
             _run_keeping(rep, keep, states)
         except _Inconsistent as exc:

@@ -1,0 +1,294 @@
+"""The recorded replay against what the processes reported about themselves.
+
+Every fixture with a truth file is covered: its ``memory_stats()`` at dump time
+are the oracle for the replay's peaks and final figures, and its ``segments`` for
+the replay's end state, block by block.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis.model import ACTIVE_PENDING_FREE, FREE_COMPLETED, FREE_REQUESTED, INACTIVE, DeviceData, Snapshot, Trace
+from analysis.reader import read_snapshot
+from analysis.replay import AllocatorState, RecordedReplay, recorded_replay
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CASES = sorted(
+    p.name.removesuffix(".pickle.gz")
+    for p in FIXTURES.glob("*.pickle.gz")
+    if (FIXTURES / p.name.replace(".pickle.gz", ".truth.json")).exists()
+)
+INCOMPLETE_CODES = {"trace-truncated", "history-started-late", "state-only"}
+
+
+@cache
+def _snapshot(case: str) -> Snapshot:
+    return read_snapshot(FIXTURES / f"{case}.pickle.gz")
+
+
+@cache
+def _truth(case: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / f"{case}.truth.json").read_text())
+
+
+@cache
+def _replay(case: str, device: int) -> RecordedReplay:
+    snap = _snapshot(case)
+    return recorded_replay(snap, snap.device(device))
+
+
+def _stats(case: str, device: int) -> dict[str, int]:
+    truth = _truth(case)
+    per_device = truth.get("memory_stats_per_device")
+    return per_device[device] if per_device else truth["memory_stats"]
+
+
+def _is_complete(case: str) -> bool:
+    """History recorded from process start and the ring never filled (capture.py's facts)."""
+    truth = _truth(case)
+    counts = truth["n_trace_events"]
+    counts = counts if isinstance(counts, list) else [counts]
+    max_entries = truth.get("kwargs", {}).get("max_entries") or truth.get("max_entries")
+    enabled = truth.get("kwargs", {}).get("enabled", "all")
+    return enabled == "all" and all(1 < c < max_entries for c in counts)
+
+
+def _device_cases(complete: bool) -> list[tuple[str, int]]:
+    out = []
+    for case in CASES:
+        if _is_complete(case) != complete:
+            continue
+        out.extend((case, d.device) for d in _snapshot(case).devices)
+    return out
+
+
+COMPLETE = _device_cases(complete=True)
+INCOMPLETE = _device_cases(complete=False)
+
+
+def _shape(state: AllocatorState) -> list[tuple[int, int, list[tuple[int, int, str]]]]:
+    return [
+        (s.address, s.total_size, [(b.address, b.size, b.state) for b in s.blocks])
+        for s in state.segments
+    ]
+
+
+def _final_shape(device: DeviceData) -> list[tuple[int, int, list[tuple[int, int, str]]]]:
+    return [
+        (s.address, s.total_size, [(b.address, b.size, b.state) for b in s.blocks])
+        for s in sorted(device.segments, key=lambda s: s.address)
+    ]
+
+
+def test_fixture_sets_are_what_the_snapshots_readme_says() -> None:
+    incomplete = {case for case, _ in INCOMPLETE}
+    assert incomplete == {"wrapped_ring", "state_only"}
+    assert len({case for case, _ in COMPLETE}) >= 9
+
+
+# -- complete traces: every figure to the byte --------------------------------------
+
+
+@pytest.mark.parametrize(("case", "device"), COMPLETE)
+def test_peaks_and_finals_equal_memory_stats(case: str, device: int) -> None:
+    r = _replay(case, device)
+    ms = _stats(case, device)
+    assert r.trace_complete
+    assert r.warnings == []
+    assert r.peak_allocated == ms["allocated_bytes.all.peak"]
+    assert r.peak_requested == ms["requested_bytes.all.peak"]
+    assert r.peak_reserved == ms["reserved_bytes.all.peak"]
+    assert r.final.allocated == ms["allocated_bytes.all.current"]
+    assert r.final.requested == ms["requested_bytes.all.current"]
+    assert r.final.reserved == ms["reserved_bytes.all.current"]
+
+
+@pytest.mark.parametrize(("case", "device"), COMPLETE)
+def test_active_and_inactive_split_equal_memory_stats(case: str, device: int) -> None:
+    # active_bytes falls at free_completed, allocated_bytes at free_requested: the
+    # two differ only where record_stream deferred frees (gpu_side_stream).
+    r = _replay(case, device)
+    ms = _stats(case, device)
+    assert int(r.active.max()) == ms["active_bytes.all.peak"]
+    assert r.final.active == ms["active_bytes.all.current"]
+    assert int(r.inactive_split.max()) == ms["inactive_split_bytes.all.peak"]
+    assert r.final.inactive_split == ms["inactive_split_bytes.all.current"]
+
+
+@pytest.mark.parametrize(("case", "device"), COMPLETE)
+def test_end_state_equals_final_segments(case: str, device: int) -> None:
+    r = _replay(case, device)
+    dev = _snapshot(case).device(device)
+    assert _shape(r.blocks_at(r.events - 1)) == _final_shape(dev)
+
+
+@pytest.mark.parametrize(("case", "device"), COMPLETE)
+def test_peak_indices_hold_the_peaks(case: str, device: int) -> None:
+    r = _replay(case, device)
+    assert r.allocated[r.peak_allocated_index] == r.peak_allocated
+    assert r.reserved[r.peak_reserved_index] == r.peak_reserved
+    assert r.requested[r.peak_requested_index] == r.peak_requested
+    assert r.initial.reserved == r.initial.allocated == 0
+    assert r.blocks_at(-1).segments == ()
+
+
+# -- incomplete traces: lower bounds, and said so ----------------------------------------
+
+
+@pytest.mark.parametrize(("case", "device"), INCOMPLETE)
+def test_incomplete_trace_is_flagged_with_a_reason(case: str, device: int) -> None:
+    r = _replay(case, device)
+    assert not r.trace_complete
+    codes = {w.code for w in r.warnings}
+    assert codes & INCOMPLETE_CODES
+    if case == "wrapped_ring":
+        assert "trace-truncated" in codes
+    if case == "state_only":
+        assert "state-only" in codes
+
+
+@pytest.mark.parametrize(("case", "device"), INCOMPLETE)
+def test_incomplete_trace_peaks_are_lower_bounds_and_finals_exact(case: str, device: int) -> None:
+    r = _replay(case, device)
+    ms = _stats(case, device)
+    assert r.peak_allocated <= ms["allocated_bytes.all.peak"]
+    assert r.peak_requested <= ms["requested_bytes.all.peak"]
+    assert r.peak_reserved <= ms["reserved_bytes.all.peak"]
+    assert r.final.allocated == ms["allocated_bytes.all.current"]
+    assert r.final.requested == ms["requested_bytes.all.current"]
+    assert r.final.reserved == ms["reserved_bytes.all.current"]
+    assert _shape(r.blocks_at(r.events - 1)) == _final_shape(_snapshot(case).device(device))
+
+
+def test_wrapped_ring_starts_from_a_rebuilt_state() -> None:
+    r = _replay("wrapped_ring", 0)
+    start = r.blocks_at(-1)
+    # The ring kept the last 5000 events of a 20-step run: the cache was full then.
+    assert r.initial.reserved > 0 and r.initial.allocated > 0
+    assert start.figures() == r.initial
+    assert r.peak_allocated >= r.initial.allocated
+    assert not any(w.code == "replay-end-mismatch" for w in r.warnings)
+
+
+def _cut(device: DeviceData, start: int) -> DeviceData:
+    t = device.trace
+    trace = Trace(*(getattr(t, f)[start:] for f in ("action", "addr", "size", "stream", "time_us", "stack", "pool")))
+    return replace(device, trace=trace)
+
+
+@pytest.mark.parametrize(
+    ("case", "fraction"),
+    [("gpt_varlen_oom", 0.37), ("gpt_varlen_expandable", 0.61), ("gpu_side_stream", 0.5), ("infer_varbatch", 0.8)],
+)
+def test_history_started_late_is_rebuilt_from_the_final_segments(case: str, fraction: float) -> None:
+    """Dropping the head of a complete trace looks like a late start; the end still fits."""
+    snap = _snapshot(case)
+    if case not in CASES:
+        pytest.skip(f"{case} is not among the fixtures")
+    full = _replay(case, 0)
+    start = int(full.events * fraction)
+    r = recorded_replay(snap, _cut(snap.device(0), start))
+    assert not r.trace_complete
+    assert {w.code for w in r.warnings} & {"history-started-late", "trace-truncated"}
+    assert r.final.allocated == full.final.allocated
+    assert r.final.requested == full.final.requested
+    assert r.final.reserved == full.final.reserved
+    # Reserved memory needs no block sizes: the rebuilt start is exact there.
+    assert r.initial.reserved == full.reserved[start - 1]
+    assert r.initial.requested == full.requested[start - 1]
+    np.testing.assert_array_equal(r.reserved, full.reserved[start:])
+    assert r.peak_allocated <= full.peak_allocated
+    assert _shape(r.blocks_at(r.events - 1)) == _final_shape(snap.device(0))
+
+
+# -- the columns agree with the block-level state ---------------------------------------
+
+
+def _check_figures(r: RecordedReplay, index: int) -> None:
+    f = r.blocks_at(index).figures()
+    got = (
+        r.allocated[index], r.requested[index], r.reserved[index], r.active[index],
+        r.cached_free[index], r.inactive_split[index], r.largest_free[index],
+    )
+    want = (f.allocated, f.requested, f.reserved, f.active, f.cached_free, f.inactive_split, f.largest_free)
+    assert tuple(int(x) for x in got) == want, index
+
+
+@pytest.mark.parametrize(
+    "case", ["gpt_varlen_expandable", "gpu_side_stream", "gpu_cuda_graph", "frag_oom", "wrapped_ring", "gpu_roundup"]
+)
+def test_columns_match_the_blocks_kept_at_sampled_events(case: str) -> None:
+    if case not in CASES:
+        pytest.skip(f"{case} is not among the fixtures")
+    snap = _snapshot(case)
+    dev = snap.device(0)
+    n = len(dev.trace)
+    rng = np.random.default_rng(7)
+    picks = sorted({*rng.integers(0, n, 12).tolist(), int(np.argmax(_replay(case, 0).allocated))})
+    r = recorded_replay(snap, dev, keep_at=picks)
+    for k in picks:
+        assert k in r._states  # kept during the pass, no replay again
+        _check_figures(r, k)
+    # An index not kept is replayed on demand and agrees with the pass.
+    other = (picks[0] + 1) % n
+    _check_figures(r, other)
+
+
+def test_kept_state_equals_state_replayed_on_demand() -> None:
+    snap = _snapshot("gpt_varlen_oom")
+    dev = snap.device(0)
+    k = 12345
+    kept = recorded_replay(snap, dev, keep_at=[k]).blocks_at(k)
+    again = recorded_replay(snap, dev).blocks_at(k)
+    assert kept == again
+    assert kept.index == k
+
+
+def test_pending_frees_stay_active_until_completed() -> None:
+    """record_stream on a side stream: the block is pending between the two events."""
+    snap = _snapshot("gpu_side_stream")
+    dev = snap.device(0)
+    t = dev.trace
+    fr = np.nonzero(t.action == FREE_REQUESTED)[0]
+    late = [int(i) for i in fr if not (t.action[i + 1] == FREE_COMPLETED and t.addr[i + 1] == t.addr[i])]
+    assert late, "the fixture defers frees"
+    i = late[0]
+    r = recorded_replay(snap, dev, keep_at=[i])
+    blocks = {b.address: b for _, b in r.blocks_at(i).live_blocks()}
+    block = blocks[int(t.addr[i])]
+    assert block.state == ACTIVE_PENDING_FREE
+    assert r.allocated[i] == r.allocated[i - 1] - block.size
+    assert r.active[i] == r.active[i - 1]
+    assert r.requested[i] == r.requested[i - 1]
+
+
+@pytest.mark.parametrize(("case", "device"), COMPLETE)
+def test_live_blocks_carry_the_stack_of_their_alloc(case: str, device: int) -> None:
+    r = _replay(case, device)
+    dev = _snapshot(case).device(device)
+    final = {b.address: b.stack for s in dev.segments for b in s.blocks if b.state != INACTIVE}
+    live = list(r.blocks_at(r.events - 1).live_blocks())
+    assert len(live) == len(final)
+    for _, block in live:
+        assert block.stack == final[block.address]
+        assert block.alloc_index >= 0
+        assert dev.trace.addr[block.alloc_index] == block.address
+
+
+def test_private_pool_segments_keep_their_pool() -> None:
+    if "gpu_cuda_graph" not in CASES:
+        pytest.skip("gpu_cuda_graph is not among the fixtures")
+    snap = _snapshot("gpu_cuda_graph")
+    r = _replay("gpu_cuda_graph", 0)
+    got = sorted((s.address, s.pool, s.segment_type) for s in r.blocks_at(r.events - 1).segments)
+    want = sorted((s.address, s.pool, s.segment_type) for s in snap.device(0).segments)
+    assert got == want
+    assert any(pool != 0 for _, pool, _ in got)
