@@ -8,6 +8,7 @@ that used those settings.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -287,3 +288,29 @@ def test_step_ends_are_the_last_event_of_each_optimizer_step() -> None:
     for i, t_end in zip(ends, step_end_times, strict=True):
         assert times[i] <= t_end
         assert i + 1 == len(times) or times[i + 1] > t_end
+
+
+def test_both_devices_of_one_process_replay_every_step() -> None:
+    s = snap("two_gpu_pipeline")
+    log = truth("two_gpu_pipeline")["workload_log"]
+    for device in (0, 1):
+        result = whatif(s, device, "", None, step_end_indices(s, device))
+        assert [r["reserved_end_bytes"] for r in result["steps"]] == [row["reserved"][device] for row in log]
+
+
+def test_user_empty_cache_calls_are_replayed_where_they_happened() -> None:
+    s = snap("gpu_empty_cache")
+    dev = s.devices[0]
+    log = truth("gpu_empty_cache")["workload_log"]
+    emptied = [row for row in log if row.get("empty_cache")]
+    assert len(emptied) == 4
+    ends = step_end_indices(s, dev)
+    for cfg in (AllocatorConfig(), AllocatorConfig.parse("expandable_segments:True")):
+        result = simulate(s, dev, cfg, None, ends)
+        # One flush per call, right after the step it followed (none of the model's own).
+        assert len(result.flushes) == 4
+        assert [bisect_right(ends, f) for f in result.flushes] == [row["step"] + 1 for row in emptied]
+    recorded = simulate(s, dev, AllocatorConfig(), None, ends)
+    after = recorded.reserved_at(recorded.flushes)
+    assert after == [row["reserved_after_empty_cache"] for row in emptied]
+    assert recorded.step_reserved == [row["reserved"] for row in log]
