@@ -314,3 +314,17 @@ def test_user_empty_cache_calls_are_replayed_where_they_happened() -> None:
     after = recorded.reserved_at(recorded.flushes)
     assert after == [row["reserved_after_empty_cache"] for row in emptied]
     assert recorded.step_reserved == [row["reserved"] for row in log]
+
+
+def test_gc_threshold_replays_exactly_under_the_real_cap() -> None:
+    # The GC only runs with a cap; at the run's real 4.5 GiB it frees the same segments.
+    s = snap("gpu_gc_threshold")
+    dev = s.devices[0]
+    cfg = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
+    assert cfg.garbage_collection_threshold == pytest.approx(0.6)
+    result = simulate(s, dev, cfg, cap_of("gpu_gc_threshold"), step_end_indices(s, dev))
+    assert result.segment_events == recorded_segment_events(dev)
+    assert result.step_reserved == [row["reserved"] for row in truth("gpu_gc_threshold")["workload_log"]]
+    # Without a cap the threshold does nothing: no segment is ever freed.
+    unlimited = simulate(s, dev, cfg, None)
+    assert not any(action == "segment_free" for action, _ in unlimited.segment_events)
