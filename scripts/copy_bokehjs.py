@@ -30,7 +30,9 @@ def bokeh_js_dir() -> tuple[str, Path]:
     """The installed bokeh's version and its BokehJS folder, found without importing bokeh."""
     spec = importlib.util.find_spec("bokeh")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("bokeh is not installed in this Python; run `make install` (or pip install -r requirements.txt)")
+        raise SystemExit(
+            "bokeh is not installed in this Python; run `make install` (or pip install -r requirements.txt)"
+        )
     package = Path(next(iter(spec.submodule_search_locations)))
     return importlib.metadata.version("bokeh"), package / "server" / "static" / "js"
 
@@ -44,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     version, source = bokeh_js_dir()
     target = args.dest / version
     stale = [
-        name for name in FILES if not (target / name).is_file() or not filecmp.cmp(source / name, target / name, shallow=False)
+        name
+        for name in FILES
+        if not (target / name).is_file() or not filecmp.cmp(source / name, target / name, shallow=False)
     ]
     if args.check:
         if stale:

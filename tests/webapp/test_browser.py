@@ -26,8 +26,14 @@ from tests.webapp.helpers import make_upload
 pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 # Collects CSP violations from inside the page (init scripts run outside the page's CSP).
@@ -77,8 +83,9 @@ def finished(transactional_db: Any, alice: Any, alpha: Any) -> Any:
 class Visit:
     """One page load with everything the browser saw recorded."""
 
-    def __init__(self, browser: Any, url: str, cookies: list[dict[str, Any]] | None = None, *,
-                 charts: bool = True) -> None:
+    def __init__(
+        self, browser: Any, url: str, cookies: list[dict[str, Any]] | None = None, *, charts: bool = True
+    ) -> None:
         self.context = browser.new_context(viewport={"width": 1280, "height": 900})
         if cookies:
             self.context.add_cookies(cookies)
@@ -206,8 +213,13 @@ def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_serv
     from webapp.snapshots.models import Upload
     from webapp.snapshots.tasks import analyse_upload
 
-    other = make_upload(finished.project, finished.uploaded_by, FIXTURES / "gpt_varlen_expandable.pickle.gz",
-                        run="nightly-1235", tags=["expandable"])
+    other = make_upload(
+        finished.project,
+        finished.uploaded_by,
+        FIXTURES / "gpt_varlen_expandable.pickle.gz",
+        run="nightly-1235",
+        tags=["expandable"],
+    )
     analyse_upload(other.id)
     other.refresh_from_db()
     assert other.status == Upload.Status.DONE

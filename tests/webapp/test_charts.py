@@ -62,13 +62,19 @@ def test_timeline_marks_the_oom_where_the_report_puts_it(reports: dict, charts: 
     assert list(marker["largest"]) == [oom["largest_free_block_bytes"]]
     # The OOM line sits at the OOM's x, which is also an x of the timeline (its event is kept).
     data = _timeline(item)
-    spans = [o["attributes"]["location"] for o in chartdata.objects(item, "Span")
-             if o["attributes"].get("dimension") == "height"]
+    spans = [
+        o["attributes"]["location"]
+        for o in chartdata.objects(item, "Span")
+        if o["attributes"].get("dimension") == "height"
+    ]
     assert oom["event_index"] in set(data["x"].tolist())
     assert oom["event_index"] in spans
     # And the limit line at the report's limit.
-    widths = [o["attributes"]["location"] for o in chartdata.objects(item, "Span")
-              if o["attributes"].get("dimension", "width") == "width"]  # the default is not serialised
+    widths = [
+        o["attributes"]["location"]
+        for o in chartdata.objects(item, "Span")
+        if o["attributes"].get("dimension", "width") == "width"
+    ]  # the default is not serialised
     assert oom["limit_bytes"] in widths
 
 
@@ -141,9 +147,11 @@ def test_whatif_bars_are_the_replayed_peaks(reports: dict, charts: dict) -> None
     assert dev["whatif"], "gpt_varlen_oom must be replayed under other settings"
     data = chartdata.source_with(charts["gpt_varlen_oom"]["whatif-0"], "config", "peak")
     assert list(data["config"])[1:] == [w["config"] for w in dev["whatif"]]
-    assert list(data["peak"]) == [dev["summary"]["peak_reserved_bytes"]] + [w["peak_reserved_bytes"] for w in dev["whatif"]]
+    assert list(data["peak"]) == [dev["summary"]["peak_reserved_bytes"]] + [
+        w["peak_reserved_bytes"] for w in dev["whatif"]
+    ]
     steps_item = charts["gpt_varlen_oom"]["whatif-steps-0"]
-    recorded = [d for d in chartdata.sources(steps_item) if "config" in d and d["config"][0] == "recorded run"][0]
+    recorded = next(d for d in chartdata.sources(steps_item) if "config" in d and d["config"][0] == "recorded run")
     assert list(recorded["reserved"]) == [s["reserved_end_bytes"] for s in dev["steps"]]
 
 
@@ -173,24 +181,52 @@ def test_caps_hold_on_an_oversized_report() -> None:
     n = 200_000
     reserved = np.cumsum(rng.integers(-(2**21), 2**21 + 4096, n)).clip(0) + 2**30
     peak = int(reserved.max())
-    blocks = [{"size": 2**20, "requested_size": 2**20 - 512, "state": s,
-               "frames": [{"filename": "/x/train.py", "line": 1, "name": "f"}]}
-              for s in ("active_allocated", "inactive") * 40]
-    report = {"devices": [{
-        "device": 0,
-        "summary": {"peak_reserved_bytes": peak},
-        "timeline": {"index": list(range(n)), "time_us": list(range(0, 10 * n, 10)),
-                     "reserved_bytes": reserved.tolist(), "allocated_bytes": (reserved // 2).tolist(),
-                     "requested_bytes": (reserved // 3).tolist(), "largest_free_bytes": (reserved // 9).tolist(),
-                     "cached_free_bytes": (reserved // 2).tolist()},
-        "steps": [{"index": i, "start_us": i * 1000, "end_us": i * 1000 + 999, "reserved_end_bytes": 1}
-                  for i in range(3000)],
-        "segment_maps": {"peak": {"segments": [{"address": i << 32, "total_size": 80 * 2**20, "blocks": blocks}
-                                               for i in range(2000)]}},
-        "top_stacks": [{"when": "peak", "bytes": 2**20 * (i + 1), "count": 1,
-                        "frames": [{"filename": f"/x/m{i % 7}.py", "line": j, "name": f"fn{j}"} for j in range(60)]}
-                       for i in range(400)],
-    }]}
+    blocks = [
+        {
+            "size": 2**20,
+            "requested_size": 2**20 - 512,
+            "state": s,
+            "frames": [{"filename": "/x/train.py", "line": 1, "name": "f"}],
+        }
+        for s in ("active_allocated", "inactive") * 40
+    ]
+    report = {
+        "devices": [
+            {
+                "device": 0,
+                "summary": {"peak_reserved_bytes": peak},
+                "timeline": {
+                    "index": list(range(n)),
+                    "time_us": list(range(0, 10 * n, 10)),
+                    "reserved_bytes": reserved.tolist(),
+                    "allocated_bytes": (reserved // 2).tolist(),
+                    "requested_bytes": (reserved // 3).tolist(),
+                    "largest_free_bytes": (reserved // 9).tolist(),
+                    "cached_free_bytes": (reserved // 2).tolist(),
+                },
+                "steps": [
+                    {"index": i, "start_us": i * 1000, "end_us": i * 1000 + 999, "reserved_end_bytes": 1}
+                    for i in range(3000)
+                ],
+                "segment_maps": {
+                    "peak": {
+                        "segments": [
+                            {"address": i << 32, "total_size": 80 * 2**20, "blocks": blocks} for i in range(2000)
+                        ]
+                    }
+                },
+                "top_stacks": [
+                    {
+                        "when": "peak",
+                        "bytes": 2**20 * (i + 1),
+                        "count": 1,
+                        "frames": [{"filename": f"/x/m{i % 7}.py", "line": j, "name": f"fn{j}"} for j in range(60)],
+                    }
+                    for i in range(400)
+                ],
+            }
+        ]
+    }
     charts = build_charts(report)
     assert int(_timeline(charts["timeline-0"])["reserved"].max()) == peak
     total = sum(chartdata.size(item) for item in charts.values())

@@ -90,8 +90,14 @@ def test_the_site_page_template_escapes_the_same_way(gpt_report: dict, rf: Any) 
     request.user = type("Anon", (), {"is_authenticated": False})()
     page = render_to_string(
         "snapshots/report.html",
-        {"report": report, "charts": build_charts(report), "shared": True, "share_url": "https://x/r/t/",
-         "markdown_snippet": HOSTILE, "upload": {"filename": "f.pickle.gz", "code": "c"}},
+        {
+            "report": report,
+            "charts": build_charts(report),
+            "shared": True,
+            "share_url": "https://x/r/t/",
+            "markdown_snippet": HOSTILE,
+            "upload": {"filename": "f.pickle.gz", "code": "c"},
+        },
         request=request,
     )
     assert "<img src=x" not in page

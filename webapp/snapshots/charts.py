@@ -45,6 +45,7 @@ from bokeh.models import (
     Span,
 )
 from bokeh.plotting import figure
+from bokeh.transform import dodge
 
 __all__ = [
     "CHART_KINDS",
@@ -151,7 +152,7 @@ def build_history_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
     )
     p = _figure("Peak memory per run", height=300, x_range=(-0.5, len(points) - 0.5))
     p.xaxis.ticker = list(range(len(points)))
-    p.xaxis.major_label_overrides = {i: label for i, label in enumerate(labels)}
+    p.xaxis.major_label_overrides = dict(enumerate(labels))
     p.xaxis.major_label_orientation = 0.6 if len(points) > 6 else 0
     _bytes_ticks(p.yaxis)
     p.y_range.start = 0  # a trend from zero: small changes must not look like doubling
@@ -190,7 +191,9 @@ def build_compare_charts(
         ("final reserved", "final_reserved_bytes"),
     ]
     sa, sb = dev_a.get("summary") or {}, dev_b.get("summary") or {}
-    rows = [(name, sa.get(key), sb.get(key)) for name, key in kinds if sa.get(key) is not None or sb.get(key) is not None]
+    rows = [
+        (name, sa.get(key), sb.get(key)) for name, key in kinds if sa.get(key) is not None or sb.get(key) is not None
+    ]
     if rows:
         y = [name for name, _, _ in rows]
         source = ColumnDataSource(
@@ -202,14 +205,27 @@ def build_compare_charts(
         )
         p = _figure("Peaks: " + " vs ".join(labels), height=260, y_range=list(reversed(y)), tools="save,reset")
         _bytes_ticks(p.xaxis)
-        from bokeh.transform import dodge
-
-        p.hbar(y=dodge("kind", 0.18, range=p.y_range), right="a", height=0.34, source=source, color=RESERVED,
-               legend_label=labels[0])
-        p.hbar(y=dodge("kind", -0.18, range=p.y_range), right="b", height=0.34, source=source, color=ALLOCATED,
-               legend_label=labels[1])
-        p.add_tools(HoverTool(tooltips=[("", "@kind"), (labels[0], "@a{0.00 b} (@a{0,0} B)"),
-                                        (labels[1], "@b{0.00 b} (@b{0,0} B)")]))
+        p.hbar(
+            y=dodge("kind", 0.18, range=p.y_range),
+            right="a",
+            height=0.34,
+            source=source,
+            color=RESERVED,
+            legend_label=labels[0],
+        )
+        p.hbar(
+            y=dodge("kind", -0.18, range=p.y_range),
+            right="b",
+            height=0.34,
+            source=source,
+            color=ALLOCATED,
+            legend_label=labels[1],
+        )
+        p.add_tools(
+            HoverTool(
+                tooltips=[("", "@kind"), (labels[0], "@a{0.00 b} (@a{0,0} B)"), (labels[1], "@b{0.00 b} (@b{0,0} B)")]
+            )
+        )
         p.x_range.start = 0
         _legend(p, outside=True)
         charts["compare-peaks"] = json_item(p)
@@ -230,10 +246,16 @@ def build_compare_charts(
                     "run": [label] * len(steps),
                 }
             )
-            hover_renderers.append(p.line("step", "reserved", source=src, color=colour, line_width=2, legend_label=label))
+            hover_renderers.append(
+                p.line("step", "reserved", source=src, color=colour, line_width=2, legend_label=label)
+            )
             p.scatter("step", "reserved", source=src, color=colour, size=5, legend_label=label)
-        p.add_tools(HoverTool(renderers=hover_renderers, tooltips=[("run", "@run"), ("step", "@step{0}"),
-                                                                   ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")]))
+        p.add_tools(
+            HoverTool(
+                renderers=hover_renderers,
+                tooltips=[("run", "@run"), ("step", "@step{0}"), ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")],
+            )
+        )
         _legend(p)
         charts["compare-steps"] = json_item(p)
     return charts
@@ -372,15 +394,29 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
         _mark_oom(p, oom, t0, x, cols)
     limit = (oom or {}).get("limit_bytes")
     if limit:
-        p.add_layout(Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed",
-                          line_width=1.2))
-        p.add_layout(Label(x=5, y=float(limit), x_units="screen", text=f"limit {format_bytes(limit)}",
-                           text_font_size="11px", text_color=LIMIT_COLOUR, y_offset=3))
+        p.add_layout(
+            Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed", line_width=1.2)
+        )
+        p.add_layout(
+            Label(
+                x=5,
+                y=float(limit),
+                x_units="screen",
+                text=f"limit {format_bytes(limit)}",
+                text_font_size="11px",
+                text_color=LIMIT_COLOUR,
+                y_offset=3,
+            )
+        )
     tooltips = [("event", "@x{0,0}")]
     if "t" in data:
         tooltips.append(("time", "@t{0,0.000} s after the first event"))
-    for key, label in (("reserved", "reserved"), ("allocated", "allocated"), ("requested", "requested"),
-                       ("largest_free", "largest free block")):
+    for key, label in (
+        ("reserved", "reserved"),
+        ("allocated", "allocated"),
+        ("requested", "requested"),
+        ("largest_free", "largest free block"),
+    ):
         if key in data:
             tooltips.append((label, f"@{key}{{0.00 b}} (@{key}{{0,0}} B)"))
     if "fragmentation" in data:
@@ -393,8 +429,9 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     if "fragmentation" not in data:
         p.xaxis.axis_label = x_label
         return p
-    q = _figure("Fragmentation index: share of cached free memory outside the largest free block", height=170,
-                x_range=p.x_range)
+    q = _figure(
+        "Fragmentation index: share of cached free memory outside the largest free block", height=170, x_range=p.x_range
+    )
     q.y_range = Range1d(0, 1.02)
     q.yaxis.formatter = NumeralTickFormatter(format="0%")
     q.xaxis.axis_label = x_label
@@ -402,8 +439,11 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     q.varea(x="x", y1=0, y2="fragmentation", source=source, color=FRAGMENTATION, alpha=0.15)
     if oom:
         _mark_oom(q, oom, t0, x, cols, label=False)
-    q.add_tools(HoverTool(renderers=[fr], mode="vline", tooltips=[("event", "@x{0,0}"),
-                                                                  ("fragmentation", "@fragmentation{0.0%}")]))
+    q.add_tools(
+        HoverTool(
+            renderers=[fr], mode="vline", tooltips=[("event", "@x{0,0}"), ("fragmentation", "@fragmentation{0.0%}")]
+        )
+    )
     p.xaxis.visible = False
     return column(p, q, sizing_mode="stretch_width")
 
@@ -422,36 +462,56 @@ def _x_of(time_us: Any, event_index: Any, t0: float, x: np.ndarray, cols: Mappin
     return None
 
 
-def _mark_oom(p: Any, oom: Mapping[str, Any], t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray],
-              label: bool = True) -> None:
+def _mark_oom(
+    p: Any, oom: Mapping[str, Any], t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray], label: bool = True
+) -> None:
     at = _x_of(oom.get("time_us"), oom.get("event_index"), t0, x, cols)
     if at is None:
         return
     p.add_layout(Span(location=at, dimension="height", line_color=OOM_COLOUR, line_width=2, line_dash="dotted"))
     if not label:
         return
-    src = ColumnDataSource({
-        "x": [at],
-        "y": [float(oom.get("reserved_bytes") or 0)],
-        "requested": [float(oom.get("requested_bytes") or 0)],
-        "reserved": [float(oom.get("reserved_bytes") or 0)],
-        "allocated": [float(oom.get("allocated_bytes") or 0)],
-        "largest": [float(oom.get("largest_free_block_bytes") or 0)],
-    })
+    src = ColumnDataSource(
+        {
+            "x": [at],
+            "y": [float(oom.get("reserved_bytes") or 0)],
+            "requested": [float(oom.get("requested_bytes") or 0)],
+            "reserved": [float(oom.get("reserved_bytes") or 0)],
+            "allocated": [float(oom.get("allocated_bytes") or 0)],
+            "largest": [float(oom.get("largest_free_block_bytes") or 0)],
+        }
+    )
     r = p.scatter("x", "y", source=src, marker="x", size=14, line_width=3, color=OOM_COLOUR)
-    p.add_tools(HoverTool(renderers=[r], tooltips=[
-        ("OOM", "asked @requested{0.00 b} (@requested{0,0} B)"),
-        ("reserved", "@reserved{0.00 b}"),
-        ("allocated", "@allocated{0.00 b}"),
-        ("largest free block", "@largest{0.00 b}"),
-    ]))
-    p.add_layout(Label(x=at, y=float(oom.get("reserved_bytes") or 0), text=f"OOM: asked {format_bytes(oom.get('requested_bytes'))}",
-                       text_color=OOM_COLOUR, text_font_size="12px", text_font_style="bold", x_offset=-10,
-                       y_offset=-6, text_align="right", text_baseline="top"))
+    p.add_tools(
+        HoverTool(
+            renderers=[r],
+            tooltips=[
+                ("OOM", "asked @requested{0.00 b} (@requested{0,0} B)"),
+                ("reserved", "@reserved{0.00 b}"),
+                ("allocated", "@allocated{0.00 b}"),
+                ("largest free block", "@largest{0.00 b}"),
+            ],
+        )
+    )
+    p.add_layout(
+        Label(
+            x=at,
+            y=float(oom.get("reserved_bytes") or 0),
+            text=f"OOM: asked {format_bytes(oom.get('requested_bytes'))}",
+            text_color=OOM_COLOUR,
+            text_font_size="12px",
+            text_font_style="bold",
+            x_offset=-10,
+            y_offset=-6,
+            text_align="right",
+            text_baseline="top",
+        )
+    )
 
 
-def _step_bands(p: Any, steps: Sequence[Mapping[str, Any]], t0: float, x: np.ndarray,
-                cols: Mapping[str, np.ndarray], top: float) -> None:
+def _step_bands(
+    p: Any, steps: Sequence[Mapping[str, Any]], t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray], top: float
+) -> None:
     """Every other step shaded, so steps read as bands behind the lines."""
     if not steps:
         return
@@ -467,8 +527,17 @@ def _step_bands(p: Any, steps: Sequence[Mapping[str, Any]], t0: float, x: np.nda
     if not left:
         return
     src = ColumnDataSource({"left": left, "right": right, "step": index})
-    p.quad(left="left", right="right", bottom=0, top=top, source=src, color=STEP_BAND, alpha=0.8, line_alpha=0,
-           legend_label="steps (every other shaded)")
+    p.quad(
+        left="left",
+        right="right",
+        bottom=0,
+        top=top,
+        source=src,
+        color=STEP_BAND,
+        alpha=0.8,
+        line_alpha=0,
+        legend_label="steps (every other shaded)",
+    )
 
 
 # ---------------------------------------------------------------- segment maps
@@ -497,8 +566,9 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     per_segment_budget = max(8, MAX_SEGMENT_BLOCKS // len(segments))
     merge = sum(len(sg.get("blocks") or []) for sg in segments) > MAX_SEGMENT_BLOCKS
 
-    cols: dict[str, list[Any]] = {k: [] for k in ("x", "y", "w", "state", "size", "requested", "stack", "count",
-                                                  "segment")}
+    cols: dict[str, list[Any]] = {
+        k: [] for k in ("x", "y", "w", "state", "size", "requested", "stack", "count", "segment")
+    }
     row_labels: dict[int, str] = {}
     for row, seg in enumerate(segments):
         seg_size = _int(seg, "size", "total_size")
@@ -529,8 +599,12 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     rows = len(segments)
     widest = max(_int(sg, "size", "total_size") for sg in segments) / 2**20
     dense = rows > 60  # rows too thin for a label each: hover names the segment instead
-    p = _figure(title, height=min(1500, 90 + (8 if dense else 15) * rows), y_range=Range1d(rows - 0.5, -0.5),
-                x_range=Range1d(0, widest * 1.01, bounds=(0, widest * 1.01)))
+    p = _figure(
+        title,
+        height=min(1500, 90 + (8 if dense else 15) * rows),
+        y_range=Range1d(rows - 0.5, -0.5),
+        x_range=Range1d(0, widest * 1.01, bounds=(0, widest * 1.01)),
+    )
     if dense:
         p.yaxis.axis_label = f"{rows} segments, largest on top"
         p.yaxis.major_label_text_font_size = "0px"
@@ -543,17 +617,19 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     p.xaxis.axis_label = "offset in segment (MiB)"
     p.ygrid.visible = False
     # Sizes stay float64 (exact bytes in hover); positions only draw, float32 is plenty.
-    src = ColumnDataSource({
-        "x": np.asarray(cols["x"], np.float32),
-        "w": np.asarray(cols["w"], np.float32),
-        "y": np.asarray(cols["y"], np.int32),
-        "size": np.asarray(cols["size"], np.float64),
-        "requested": np.asarray(cols["requested"], np.float64),
-        "count": np.asarray(cols["count"], np.int32),
-        "segment": np.asarray(cols["segment"], np.float64),
-        "state": cols["state"],
-        "stack": cols["stack"],
-    })
+    src = ColumnDataSource(
+        {
+            "x": np.asarray(cols["x"], np.float32),
+            "w": np.asarray(cols["w"], np.float32),
+            "y": np.asarray(cols["y"], np.int32),
+            "size": np.asarray(cols["size"], np.float64),
+            "requested": np.asarray(cols["requested"], np.float64),
+            "count": np.asarray(cols["count"], np.int32),
+            "segment": np.asarray(cols["segment"], np.float64),
+            "state": cols["state"],
+            "stack": cols["stack"],
+        }
+    )
     # One renderer per state (a filtered view of the one source): the legend can hide a state.
     renderers = []
     for state in ("active_allocated", "active_pending_free", "inactive", "mixed", "unmapped"):
@@ -561,17 +637,33 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
         if label not in cols["state"]:
             continue
         view = CDSView(filter=GroupFilter(column_name="state", group=label))
-        renderers.append(p.rect(x="x", y="y", width="w", height=0.8, source=src, view=view,
-                                fill_color=STATE_COLOURS[state], line_color="#555555", line_width=0.4,
-                                legend_label=label))
-    p.add_tools(HoverTool(renderers=renderers, tooltips=[
-        ("segment", "@segment{0.00 b} (row @y)"),
-        ("state", "@state"),
-        ("size", "@size{0.00 b} (@size{0,0} B)"),
-        ("requested", "@requested{0.00 b} (@requested{0,0} B)"),
-        ("blocks", "@count{0,0}"),
-        ("stack", "@stack"),
-    ]))
+        renderers.append(
+            p.rect(
+                x="x",
+                y="y",
+                width="w",
+                height=0.8,
+                source=src,
+                view=view,
+                fill_color=STATE_COLOURS[state],
+                line_color="#555555",
+                line_width=0.4,
+                legend_label=label,
+            )
+        )
+    p.add_tools(
+        HoverTool(
+            renderers=renderers,
+            tooltips=[
+                ("segment", "@segment{0.00 b} (row @y)"),
+                ("state", "@state"),
+                ("size", "@size{0.00 b} (@size{0,0} B)"),
+                ("requested", "@requested{0.00 b} (@requested{0,0} B)"),
+                ("blocks", "@count{0,0}"),
+                ("stack", "@stack"),
+            ],
+        )
+    )
     _legend(p, location="bottom_right")
     return p
 
@@ -586,14 +678,16 @@ def _block_rows(seg: Mapping[str, Any], seg_size: int, labels: Mapping[str, str]
         offset = _int(blk, "offset") if "offset" in blk else (_int(blk, "address") - seg_addr if seg_addr else cursor)
         if offset > cursor:
             rows.append(_gap(cursor, offset - cursor))
-        rows.append({
-            "offset": offset,
-            "size": size,
-            "requested": _int(blk, "requested", "requested_size"),
-            "state": str(blk.get("state") or "inactive"),
-            "stack": _stack_label(blk, labels),
-            "count": max(1, _int(blk, "count")),
-        })
+        rows.append(
+            {
+                "offset": offset,
+                "size": size,
+                "requested": _int(blk, "requested", "requested_size"),
+                "state": str(blk.get("state") or "inactive"),
+                "stack": _stack_label(blk, labels),
+                "count": max(1, _int(blk, "count")),
+            }
+        )
         cursor = max(cursor, offset + size)
     if seg_size > cursor and rows:
         rows.append(_gap(cursor, seg_size - cursor))
@@ -610,8 +704,12 @@ def _merge_blocks(blocks: list[dict[str, Any]], budget: int) -> list[dict[str, A
     merged: list[dict[str, Any]] = []
     for blk in blocks:
         last = merged[-1] if merged else None
-        if (last is not None and last["state"] == blk["state"] and blk["size"] <= threshold
-                and last["offset"] + last["size"] == blk["offset"]):
+        if (
+            last is not None
+            and last["state"] == blk["state"]
+            and blk["size"] <= threshold
+            and last["offset"] + last["size"] == blk["offset"]
+        ):
             last["size"] += blk["size"]
             last["requested"] += blk["requested"]
             last["count"] += blk["count"]
@@ -662,7 +760,7 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
     for s in chosen:
         path = [_frame_label(f) for f in reversed(s.get("frames") or [])] or [str(s.get("label") or "(no frames)")]
         if len(path) > MAX_ICICLE_DEPTH:
-            path = path[: MAX_ICICLE_DEPTH - 1] + [f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
+            path = [*path[:MAX_ICICLE_DEPTH - 1], f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
         for depth in range(1, len(path) + 1):
             key = tuple(path[:depth])
             if key not in nodes:
@@ -675,8 +773,9 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for key in order:
         children.setdefault(key[:-1], []).append(key)
-    cols: dict[str, list[Any]] = {k: [] for k in ("left", "right", "bottom", "top", "label", "text", "bytes", "count",
-                                                  "share", "colour", "tx")}
+    cols: dict[str, list[Any]] = {
+        k: [] for k in ("left", "right", "bottom", "top", "label", "text", "bytes", "count", "share", "colour", "tx")
+    }
     palette = ("#f2c18d", "#f5a65b", "#e8894a", "#f3d28e", "#e9b872", "#d9a05b")
     queue: list[tuple[tuple[str, ...], float]] = [((), 0.0)]
     drawn = 0
@@ -698,29 +797,57 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
             cols["bytes"].append(size)
             cols["count"].append(count)
             cols["share"].append(width)
-            cols["colour"].append(palette[zlib.crc32(key[-1].split(" (")[0].encode()) % len(palette)] if depth else "#c9d6ea")
+            cols["colour"].append(
+                palette[zlib.crc32(key[-1].split(" (")[0].encode()) % len(palette)] if depth else "#c9d6ea"
+            )
             queue.append((key, x0))
             x0 += width
             drawn += 1
     levels = int(max(len(k) for k in nodes))
     when = "the OOM" if moment == "oom" else "the peak"
-    p = _figure(f"Who holds memory at {when}: top stacks by bytes (outermost frame on top)",
-                height=min(700, 60 + 30 * min(levels, MAX_ICICLE_DEPTH)), tools="pan,wheel_zoom,box_zoom,reset,save",
-                x_range=Range1d(0, 1, bounds=(0, 1)), y_range=Range1d(-float(levels), 0.05))
+    p = _figure(
+        f"Who holds memory at {when}: top stacks by bytes (outermost frame on top)",
+        height=min(700, 60 + 30 * min(levels, MAX_ICICLE_DEPTH)),
+        tools="pan,wheel_zoom,box_zoom,reset,save",
+        x_range=Range1d(0, 1, bounds=(0, 1)),
+        y_range=Range1d(-float(levels), 0.05),
+    )
     p.axis.visible = False
     p.grid.visible = False
-    src = ColumnDataSource({k: np.asarray(v, dtype=np.float64) if k not in ("label", "text", "colour") else v
-                            for k, v in cols.items()})
-    r = p.quad(left="left", right="right", bottom="bottom", top="top", source=src, fill_color="colour",
-               line_color="white", line_width=1)
-    p.text(x="tx", y="top", text="text", source=src, text_font_size="10px", text_baseline="top", y_offset=3,
-           text_color="#222222")
-    p.add_tools(HoverTool(renderers=[r], tooltips=[
-        ("frame", "@label"),
-        ("bytes", "@bytes{0.00 b} (@bytes{0,0} B)"),
-        ("share of top stacks", "@share{0.0%}"),
-        ("allocations", "@count{0,0}"),
-    ]))
+    src = ColumnDataSource(
+        {k: np.asarray(v, dtype=np.float64) if k not in ("label", "text", "colour") else v for k, v in cols.items()}
+    )
+    r = p.quad(
+        left="left",
+        right="right",
+        bottom="bottom",
+        top="top",
+        source=src,
+        fill_color="colour",
+        line_color="white",
+        line_width=1,
+    )
+    p.text(
+        x="tx",
+        y="top",
+        text="text",
+        source=src,
+        text_font_size="10px",
+        text_baseline="top",
+        y_offset=3,
+        text_color="#222222",
+    )
+    p.add_tools(
+        HoverTool(
+            renderers=[r],
+            tooltips=[
+                ("frame", "@label"),
+                ("bytes", "@bytes{0.00 b} (@bytes{0,0} B)"),
+                ("share of top stacks", "@share{0.0%}"),
+                ("allocations", "@count{0,0}"),
+            ],
+        )
+    )
     return p
 
 
@@ -736,24 +863,35 @@ def _whatif_chart(dev: Mapping[str, Any]) -> Any:
     names = ["recorded run"] + [str(w.get("config") or "(defaults)") for w in whatif]
     peaks = [summary.get("peak_reserved_bytes")] + [w.get("peak_reserved_bytes") for w in whatif]
     verdicts = ["recorded"] + [
-        "OOM avoided" if w.get("oom_avoided") is True else "still OOM" if w.get("oom_avoided") is False else "no OOM to avoid"
+        "OOM avoided"
+        if w.get("oom_avoided") is True
+        else "still OOM"
+        if w.get("oom_avoided") is False
+        else "no OOM to avoid"
         for w in whatif
     ]
-    colours = [RESERVED] + ["#55a868" if v == "OOM avoided" else "#c44e52" if v == "still OOM" else "#8c8c8c"
-                            for v in verdicts[1:]]
+    colours = [RESERVED] + [
+        "#55a868" if v == "OOM avoided" else "#c44e52" if v == "still OOM" else "#8c8c8c" for v in verdicts[1:]
+    ]
     source = ColumnDataSource({"config": names, "peak": _floats(peaks), "verdict": verdicts, "colour": colours})
-    p = _figure("Peak reserved per setting", height=max(320, 60 + 36 * len(names)),
-                y_range=list(reversed(names)), tools="save,reset")
+    p = _figure(
+        "Peak reserved per setting",
+        height=max(320, 60 + 36 * len(names)),
+        y_range=list(reversed(names)),
+        tools="save,reset",
+    )
     p.hbar(y="config", right="peak", height=0.6, source=source, fill_color="colour", line_color=None)
     _bytes_ticks(p.xaxis)
     p.x_range.start = 0
     limit = oom.get("limit_bytes")
     if limit:
-        p.add_layout(Span(location=float(limit), dimension="height", line_color=LIMIT_COLOUR, line_dash="dashed",
-                          line_width=1.5))
+        p.add_layout(
+            Span(location=float(limit), dimension="height", line_color=LIMIT_COLOUR, line_dash="dashed", line_width=1.5)
+        )
         p.title.text += f" (dashed: the limit, {format_bytes(limit)})"
-    p.add_tools(HoverTool(tooltips=[("config", "@config"), ("peak reserved", "@peak{0.00 b} (@peak{0,0} B)"),
-                                    ("", "@verdict")]))
+    p.add_tools(
+        HoverTool(tooltips=[("config", "@config"), ("peak reserved", "@peak{0.00 b} (@peak{0,0} B)"), ("", "@verdict")])
+    )
     return p
 
 
@@ -774,16 +912,30 @@ def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
         pairs = [(k, v) for k, v in pairs if k is not None and v is not None]
         if not pairs:
             continue
-        src = ColumnDataSource({"step": _floats(k for k, _ in pairs), "reserved": _floats(v for _, v in pairs),
-                                "config": [name] * len(pairs)})
-        hover.append(p.line("step", "reserved", source=src, color=colour, line_width=2, line_dash=dash,
-                            legend_label=name))
+        src = ColumnDataSource(
+            {
+                "step": _floats(k for k, _ in pairs),
+                "reserved": _floats(v for _, v in pairs),
+                "config": [name] * len(pairs),
+            }
+        )
+        hover.append(
+            p.line("step", "reserved", source=src, color=colour, line_width=2, line_dash=dash, legend_label=name)
+        )
         p.scatter("step", "reserved", source=src, color=colour, size=4, legend_label=name)
     limit = (dev.get("oom") or {}).get("limit_bytes")
     if limit:
         p.add_layout(Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed"))
-    p.add_tools(HoverTool(renderers=hover, tooltips=[("config", "@config"), ("step", "@step{0}"),
-                                                     ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")]))
+    p.add_tools(
+        HoverTool(
+            renderers=hover,
+            tooltips=[
+                ("config", "@config"),
+                ("step", "@step{0}"),
+                ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)"),
+            ],
+        )
+    )
     _legend(p, outside=True)
     return p
 
@@ -792,8 +944,7 @@ def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
 
 
 def _figure(title: str, *, height: int, tools: str = TOOLS, **kwargs: Any) -> Any:
-    p = figure(title=title, height=height, sizing_mode="stretch_width", tools=tools, toolbar_location="above",
-               **kwargs)
+    p = figure(title=title, height=height, sizing_mode="stretch_width", tools=tools, toolbar_location="above", **kwargs)
     p.title.text_font_size = "13px"
     p.toolbar.logo = None
     p.outline_line_color = None

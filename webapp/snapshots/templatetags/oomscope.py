@@ -8,7 +8,7 @@ dict. ``{% chart charts "timeline" device %}`` places one chart (a slot plus its
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django import template
@@ -86,7 +86,7 @@ def clock(time_us: Any) -> str:
         return "n/a"
     if us < 10**12:  # before 1970-01-12: not an epoch time
         return f"{us / 1e6:,.3f} s"
-    moment = datetime.fromtimestamp(us / 1e6, tz=timezone.utc)
+    moment = datetime.fromtimestamp(us / 1e6, tz=UTC)
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
 
 
@@ -98,7 +98,7 @@ def isotime(value: Any) -> str:
     except ValueError:
         return str(value or "")
     if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc)
+        moment = moment.astimezone(UTC)
     return moment.strftime("%Y-%m-%d %H:%M") + " UTC"
 
 

@@ -55,12 +55,26 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("snapshot", help="a torch.cuda.memory._dump_snapshot file (pickle, .gz, zip or JSON)")
         parser.add_argument("--html", required=True, metavar="OUT.html", help="where to write the page")
-        parser.add_argument("--whatif", action="append", default=[], metavar="CONFIG",
-                            help="an extra PYTORCH_CUDA_ALLOC_CONF to replay (repeatable)")
-        parser.add_argument("--limit", type=int, default=None, metavar="BYTES",
-                            help="the memory the process was allowed (default: inferred)")
-        parser.add_argument("--report-json", default=None, metavar="REPORT.json",
-                            help="render this already computed report instead of analysing SNAPSHOT again")
+        parser.add_argument(
+            "--whatif",
+            action="append",
+            default=[],
+            metavar="CONFIG",
+            help="an extra PYTORCH_CUDA_ALLOC_CONF to replay (repeatable)",
+        )
+        parser.add_argument(
+            "--limit",
+            type=int,
+            default=None,
+            metavar="BYTES",
+            help="the memory the process was allowed (default: inferred)",
+        )
+        parser.add_argument(
+            "--report-json",
+            default=None,
+            metavar="REPORT.json",
+            help="render this already computed report instead of analysing SNAPSHOT again",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from analysis.errors import SnapshotError
