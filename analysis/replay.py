@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from analysis.config import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig
+from analysis.config import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig
 from analysis.errors import ConfigError
 from analysis.model import (
     ACTIONS,
@@ -146,9 +146,7 @@ class AllocatorState:
                 requested += b.requested_size
                 if b.state == ACTIVE_ALLOCATED:
                     allocated += b.size
-        return StateFigures(
-            allocated, requested, reserved, active, reserved - active, inactive_split, largest
-        )
+        return StateFigures(allocated, requested, reserved, active, reserved - active, inactive_split, largest)
 
 
 @dataclass(slots=True)
@@ -346,7 +344,7 @@ class _Replayer:
         self.free_sz[start] = size
         self.free_end[start + size] = start
         if size >= self.tmin:
-            c = self.fcount.get(size)
+            c = self.fcount.get(size, 0)
             if c:
                 self.fcount[size] = c + 1
             else:
@@ -463,9 +461,7 @@ class _Replayer:
         strict = self.strict
         counts_split = self._counts_split
         small = K_SMALL_SIZE
-        for i, a, ad, sz in zip(
-            p_idx[plo:phi], act[plo:phi], addr[plo:phi], size[plo:phi], strict=True
-        ):
+        for i, a, ad, sz in zip(p_idx[plo:phi], act[plo:phi], addr[plo:phi], size[plo:phi], strict=True):
             if a == 0:  # alloc
                 f = free_sz.pop(ad, None)
                 if f is None:
@@ -475,10 +471,7 @@ class _Replayer:
                     isplit, cmode = self.isplit, self.cmode
                     tmin, tlimit = self.tmin, self.tlimit
                 else:
-                    if plain:
-                        r = 512 if sz < 512 else (sz + 511) & -512
-                    else:
-                        r = round_size(sz)
+                    r = ((sz + 511) & -512 if sz >= 512 else 512) if plain else round_size(sz)
                     rem = f - r
                     if f >= tmin:
                         c = fcount[f]
@@ -501,7 +494,7 @@ class _Replayer:
                         free_sz[nf] = rem
                         free_end[ad + f] = nf
                         if rem >= tmin:
-                            c = fcount.get(rem)
+                            c = fcount.get(rem, 0)
                             if c:
                                 fcount[rem] = c + 1
                             else:
@@ -585,7 +578,7 @@ class _Replayer:
                 free_end[end] = start
                 # m is at least each block it absorbed: adding it keeps the set whole
                 if m >= tmin:
-                    c = fcount.get(m)
+                    c = fcount.get(m, 0)
                     if c:
                         fcount[m] = c + 1
                     else:
@@ -792,9 +785,7 @@ class _Replayer:
                     p = self.pre[r - n]
                     out.append(BlockState(a, s, p.requested_size, state, p.stack))
             segments.append(
-                SegmentState(
-                    start, stop - start, stream, pool, seg_type, expandable, tuple(out), seg_stack
-                )
+                SegmentState(start, stop - start, stream, pool, seg_type, expandable, tuple(out), seg_stack)
             )
         return AllocatorState(index, tuple(segments))
 
@@ -816,15 +807,19 @@ def _final_state(device: DeviceData, index: int) -> AllocatorState:
     segments = []
     for s in sorted(device.segments, key=lambda s: s.address):
         blocks = tuple(
-            BlockState(
-                b.address, b.size, b.requested_size if b.state != INACTIVE else 0, b.state, b.stack
-            )
+            BlockState(b.address, b.size, b.requested_size if b.state != INACTIVE else 0, b.state, b.stack)
             for b in s.blocks
         )
         segments.append(
             SegmentState(
-                s.address, s.total_size, s.stream, s.pool, s.segment_type, s.is_expandable,
-                blocks, s.stack,
+                s.address,
+                s.total_size,
+                s.stream,
+                s.pool,
+                s.segment_type,
+                s.is_expandable,
+                blocks,
+                s.stack,
             )
         )
     return AllocatorState(index, tuple(segments))
@@ -851,10 +846,8 @@ def _rebuild_initial(device: DeviceData, cfg: AllocatorConfig, final: AllocatorS
     tr = device.trace
     act = tr.action
     addr, size = tr.addr, tr.size
-    # [size, stream, pool, type, expandable, stack]
-    segs: dict[int, list[object]] = {
-        s.address: [s.total_size, s.stream, s.pool, s.segment_type, s.is_expandable, s.stack]
-        for s in final.segments
+    segs: dict[int, tuple[int, _Meta]] = {
+        s.address: (s.total_size, (s.stream, s.pool, s.segment_type, s.is_expandable, s.stack)) for s in final.segments
     }
     seg_events = np.nonzero((act >= SEGMENT_ALLOC) & (act <= SEGMENT_UNMAP))[0][::-1]
     for i in seg_events.tolist():
@@ -863,19 +856,18 @@ def _rebuild_initial(device: DeviceData, cfg: AllocatorConfig, final: AllocatorS
         if a == SEGMENT_ALLOC:
             segs.pop(ad, None)
         elif a == SEGMENT_FREE:
-            segs[ad] = [sz, stream, pool, "small" if sz == K_SMALL_BUFFER else "large", False, stack]
+            kind = "small" if sz == K_SMALL_BUFFER else "large"
+            segs[ad] = (sz, (stream, pool, kind, False, stack))
         elif a == SEGMENT_MAP:
             _unmap_range(segs, ad, sz)
         else:
-            _map_range(segs, ad, sz, stream, pool, stack)
+            _map_range(segs, ad, sz, (stream, pool, "", True, stack))
 
     live: dict[int, int] = {}
     pre: dict[int, BlockState] = {}
     idx = np.nonzero(act <= FREE_COMPLETED)[0]
     stacks = tr.stack[idx].tolist()
-    for a, ad, sz, st in zip(
-        act[idx].tolist(), addr[idx].tolist(), size[idx].tolist(), stacks, strict=True
-    ):
+    for a, ad, sz, st in zip(act[idx].tolist(), addr[idx].tolist(), size[idx].tolist(), stacks, strict=True):
         if a == ALLOC:
             live[ad] = 1
         elif a == FREE_REQUESTED:
@@ -894,7 +886,7 @@ def _rebuild_initial(device: DeviceData, cfg: AllocatorConfig, final: AllocatorS
     orphans = 0
     for b in list(pre.values()) + list(exact.values()):
         j = bisect.bisect_right(starts, b.address) - 1
-        if j < 0 or b.address >= starts[j] + int(segs[starts[j]][0]):  # type: ignore[call-overload]
+        if j < 0 or b.address >= starts[j] + segs[starts[j]][0]:
             orphans += 1
             continue
         per_seg[starts[j]].append(b)
@@ -902,8 +894,8 @@ def _rebuild_initial(device: DeviceData, cfg: AllocatorConfig, final: AllocatorS
     conflicts = 0
     segments = []
     for start in starts:
-        total, stream, pool, seg_type, expandable, stack = segs[start]
-        stop = start + int(total)  # type: ignore[call-overload]
+        total, (stream, pool, seg_type, expandable, stack) = segs[start]
+        stop = start + total
         held = sorted(per_seg[start], key=lambda b: b.address)
         out: list[BlockState] = []
         cursor = start
@@ -922,7 +914,7 @@ def _rebuild_initial(device: DeviceData, cfg: AllocatorConfig, final: AllocatorS
                 if gap < 0:
                     conflicts += 1
                     bsize = max(nxt - b.address, K_MIN_BLOCK_SIZE)
-                elif gap and not (cfg.should_split(r + gap, r, r <= K_SMALL_SIZE) or expandable):
+                elif gap and not (expandable or cfg.should_split(r + gap, r, r <= K_SMALL_SIZE)):
                     bsize = r + gap
                 else:
                     bsize = r
@@ -930,45 +922,38 @@ def _rebuild_initial(device: DeviceData, cfg: AllocatorConfig, final: AllocatorS
             cursor = b.address + bsize
         if cursor < stop:
             out.append(BlockState(cursor, stop - cursor, 0, INACTIVE))
-        segments.append(
-            SegmentState(
-                start, stop - start, int(stream), int(pool), str(seg_type),  # type: ignore[call-overload]
-                bool(expandable), tuple(out), int(stack),  # type: ignore[call-overload]
-            )
-        )
+        if not seg_type:  # a range put back by undoing an unmap, next to no other
+            seg_type = "large" if total % K_LARGE_BUFFER == 0 else "small"
+        segments.append(SegmentState(start, total, stream, pool, seg_type, expandable, tuple(out), stack))
     return _Rebuilt(AllocatorState(-1, tuple(segments)), orphans, conflicts)
 
 
-def _unmap_range(segs: dict[int, list[object]], ad: int, sz: int) -> None:
+def _unmap_range(segs: dict[int, tuple[int, _Meta]], ad: int, sz: int) -> None:
     """Undo a segment_map: cut [ad, ad+sz) out of the mapped range holding it."""
     end = ad + sz
-    for start, meta in list(segs.items()):
-        stop = start + int(meta[0])  # type: ignore[call-overload]
-        if meta[4] and start <= ad and end <= stop:
+    for start, (total, meta) in list(segs.items()):
+        stop = start + total
+        if meta[3] and start <= ad and end <= stop:
             del segs[start]
             if start < ad:
-                segs[start] = [ad - start, *meta[1:]]
+                segs[start] = (ad - start, meta)
             if end < stop:
-                segs[end] = [stop - end, *meta[1:]]
+                segs[end] = (stop - end, meta)
             return
 
 
-def _map_range(segs: dict[int, list[object]], ad: int, sz: int, stream: int, pool: int, stack: int) -> None:
+def _map_range(segs: dict[int, tuple[int, _Meta]], ad: int, sz: int, meta: _Meta) -> None:
     """Undo a segment_unmap: put [ad, ad+sz) back, joined to touching ranges."""
     start, stop = ad, ad + sz
-    meta: list[object] | None = None
-    for s, m in list(segs.items()):
-        if not m[4] or m[1] != stream or m[2] != pool:
+    for s, (total, m) in list(segs.items()):
+        if not m[3] or m[:2] != meta[:2]:
             continue
-        e = s + int(m[0])  # type: ignore[call-overload]
-        if e == ad or s == ad + sz:
+        e = s + total
+        if e == ad or s == stop:
             del segs[s]
             start, stop = min(start, s), max(stop, e)
-            meta = meta or m
-    if meta is None:
-        seg_type = "small" if sz % (20 * K_SMALL_SIZE) else "large"
-        meta = [0, stream, pool, seg_type, True, stack]
-    segs[start] = [stop - start, *meta[1:]]
+            meta = m
+    segs[start] = (stop - start, meta)
 
 
 # ----------------------------------------------------------------------------------
@@ -998,10 +983,10 @@ def _looks_like_ring_capacity(n: int) -> bool:
 
 def _end_differences(got: AllocatorState, want: AllocatorState) -> list[str]:
     """What differs between two states, segment by segment (empty when equal)."""
+
     def shape(s: AllocatorState) -> dict[int, tuple[int, tuple[tuple[int, int, str], ...]]]:
         return {
-            seg.address: (seg.total_size, tuple((b.address, b.size, b.state) for b in seg.blocks))
-            for seg in s.segments
+            seg.address: (seg.total_size, tuple((b.address, b.size, b.state) for b in seg.blocks)) for seg in s.segments
         }
 
     a, b = shape(got), shape(want)
@@ -1091,9 +1076,7 @@ def _fill_forward(values: list[int], skip: npt.NDArray[np.bool_], initial: int) 
     return col[pos]
 
 
-def recorded_replay(
-    snapshot: Snapshot, device: DeviceData, keep_at: Iterable[int] = ()
-) -> RecordedReplay:
+def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[int] = ()) -> RecordedReplay:
     """Replay one device's trace along its recorded addresses.
 
     ``keep_at``: event indices whose full state (``blocks_at``) should be kept
@@ -1131,12 +1114,14 @@ def recorded_replay(
         before = initial_figures.reserved or initial_figures.active or rebuilt.orphans
         if n <= 1:
             complete = False
-            warnings.append(Warning_(
-                "state-only",
-                f"the trace holds {n} event{'s' if n != 1 else ''}: history was not recorded "
-                '(enabled="state", or recording off), so only the final state is known and '
-                "the peaks are the final figures, lower bounds of the real ones",
-            ))
+            warnings.append(
+                Warning_(
+                    "state-only",
+                    f"the trace holds {n} event{'s' if n != 1 else ''}: history was not recorded "
+                    '(enabled="state", or recording off), so only the final state is known and '
+                    "the peaks are the final figures, lower bounds of the real ones",
+                )
+            )
         elif before:
             complete = False
             held = (
@@ -1145,58 +1130,73 @@ def recorded_replay(
                 f"({initial_figures.active} bytes) existed before the first recorded event"
             )
             if _looks_like_ring_capacity(n):
-                warnings.append(Warning_(
-                    "trace-truncated",
-                    f"the trace holds exactly {n} events and {held}: the ring buffer "
-                    "(max_entries) most likely wrapped and dropped the oldest events; "
-                    "peaks are lower bounds",
-                ))
+                warnings.append(
+                    Warning_(
+                        "trace-truncated",
+                        f"the trace holds exactly {n} events and {held}: the ring buffer "
+                        "(max_entries) most likely wrapped and dropped the oldest events; "
+                        "peaks are lower bounds",
+                    )
+                )
             else:
-                warnings.append(Warning_(
-                    "history-started-late",
-                    f"{held}: history recording started after allocations existed (or the "
-                    "ring buffer wrapped); peaks are lower bounds",
-                ))
+                warnings.append(
+                    Warning_(
+                        "history-started-late",
+                        f"{held}: history recording started after allocations existed (or the "
+                        "ring buffer wrapped); peaks are lower bounds",
+                    )
+                )
         elif failure is not None:
-            warnings.append(Warning_(
-                "replay-inexact",
-                f"the trace starts from an empty allocator but the replay could not follow it "
-                f"at {failure}; block sizes after that point are approximate",
-            ))
+            warnings.append(
+                Warning_(
+                    "replay-inexact",
+                    f"the trace starts from an empty allocator but the replay could not follow it "
+                    f"at {failure}; block sizes after that point are approximate",
+                )
+            )
         if rebuilt.orphans or rebuilt.conflicts:
-            warnings.append(Warning_(
-                "replay-rebuilt-approximately",
-                f"rebuilding the state before the trace left {rebuilt.orphans} blocks outside "
-                f"any segment and {rebuilt.conflicts} overlapping blocks",
-            ))
+            warnings.append(
+                Warning_(
+                    "replay-rebuilt-approximately",
+                    f"rebuilding the state before the trace left {rebuilt.orphans} blocks outside "
+                    f"any segment and {rebuilt.conflicts} overlapping blocks",
+                )
+            )
     if rep.issues:
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(rep.issues.items()))
         first = rep.first_issue
-        warnings.append(Warning_(
-            "replay-inconsistent",
-            f"{sum(rep.issues.values())} events did not fit the rebuilt state ({detail}); "
-            f"first at event {first[0] if first else '?'}",
-        ))
+        warnings.append(
+            Warning_(
+                "replay-inconsistent",
+                f"{sum(rep.issues.values())} events did not fit the rebuilt state ({detail}); "
+                f"first at event {first[0] if first else '?'}",
+            )
+        )
     if end_diffs:
-        warnings.append(Warning_(
-            "replay-end-mismatch",
-            f"the replay's end state differs from the snapshot's segments in "
-            f"{len(end_diffs)} segments (e.g. {end_diffs[0]})",
-        ))
+        warnings.append(
+            Warning_(
+                "replay-end-mismatch",
+                f"the replay's end state differs from the snapshot's segments in "
+                f"{len(end_diffs)} segments (e.g. {end_diffs[0]})",
+            )
+        )
 
     initial_state = rep.initial
     init = initial_state.figures()
     cols = _columns(rep, device, init)
-    allocated, requested, reserved, active = (
-        cols["allocated"], cols["requested"], cols["reserved"], cols["active"]
-    )
+    allocated, requested, reserved, active = (cols["allocated"], cols["requested"], cols["reserved"], cols["active"])
     inactive_split, largest_free = cols["inactive_split"], cols["largest_free"]
     cached_free = reserved - active
 
     if n:
         final_figures = StateFigures(
-            int(allocated[-1]), int(requested[-1]), int(reserved[-1]), int(active[-1]),
-            int(cached_free[-1]), int(inactive_split[-1]), int(largest_free[-1]),
+            int(allocated[-1]),
+            int(requested[-1]),
+            int(reserved[-1]),
+            int(active[-1]),
+            int(cached_free[-1]),
+            int(inactive_split[-1]),
+            int(largest_free[-1]),
         )
     else:
         final_figures = init

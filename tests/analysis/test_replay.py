@@ -75,10 +75,7 @@ INCOMPLETE = _device_cases(complete=False)
 
 
 def _shape(state: AllocatorState) -> list[tuple[int, int, list[tuple[int, int, str]]]]:
-    return [
-        (s.address, s.total_size, [(b.address, b.size, b.state) for b in s.blocks])
-        for s in state.segments
-    ]
+    return [(s.address, s.total_size, [(b.address, b.size, b.state) for b in s.blocks]) for s in state.segments]
 
 
 def _final_shape(device: DeviceData) -> list[tuple[int, int, list[tuple[int, int, str]]]]:
@@ -215,8 +212,13 @@ def test_history_started_late_is_rebuilt_from_the_final_segments(case: str, frac
 def _check_figures(r: RecordedReplay, index: int) -> None:
     f = r.blocks_at(index).figures()
     got = (
-        r.allocated[index], r.requested[index], r.reserved[index], r.active[index],
-        r.cached_free[index], r.inactive_split[index], r.largest_free[index],
+        r.allocated[index],
+        r.requested[index],
+        r.reserved[index],
+        r.active[index],
+        r.cached_free[index],
+        r.inactive_split[index],
+        r.largest_free[index],
     )
     want = (f.allocated, f.requested, f.reserved, f.active, f.cached_free, f.inactive_split, f.largest_free)
     assert tuple(int(x) for x in got) == want, index
