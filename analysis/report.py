@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,6 @@ from analysis.categories import (
     optimizer_windows,
 )
 from analysis.config import UNLIMITED, AllocatorConfig
-from analysis.errors import ConfigError
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.oom import explain_oom, oom_indices
 from analysis.reader import read_snapshot
@@ -358,26 +358,24 @@ class _DeviceAnalysis:
         )
         ends = steps.last_event.tolist()
         auto = _auto_candidates(recorded, cap_exists, self.n)
+        results: dict[str, dict[str, Any]] = {}  # config -> result, each config replayed once
+
+        def run(setting: str, conf: str, origin: str) -> dict[str, Any]:
+            if conf not in results:
+                results[conf] = whatif(self.snapshot, self.dev, conf, wlimit, ends)
+            return {**results[conf], "origin": origin, "setting": setting}
+
         items: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        best_split: dict[str, Any] | None = None
         tried_split: list[dict[str, Any]] = []
-        for setting, conf in auto + [(_setting_of(c), c) for c in user]:
-            if conf in seen:
-                continue
-            seen.add(conf)
-            origin = "user" if conf in user and (setting, conf) not in auto else "auto"
-            item = whatif(self.snapshot, self.dev, conf, wlimit, ends)
-            item["origin"] = origin
-            item["setting"] = setting
-            if setting == "max_split_size_mb" and origin == "auto":
-                tried_split.append(item)
-                if best_split is None or _better(item, best_split):
-                    best_split = item
-                continue
-            items.append(item)
-        if best_split is not None:
-            best_split["tried"] = [
+        for setting, conf in auto:
+            if conf in user:
+                continue  # listed once, as the user's
+            item = run(setting, conf, "auto")
+            (tried_split if setting == "max_split_size_mb" else items).append(item)
+        if tried_split:
+            # Several max_split_size_mb values are tried; the best one is listed.
+            best = min(tried_split, key=_whatif_rank)
+            best["tried"] = [
                 {
                     "config": t["config"],
                     "peak_reserved_bytes": t["peak_reserved_bytes"],
@@ -385,7 +383,9 @@ class _DeviceAnalysis:
                 }
                 for t in tried_split
             ]
-            items.append(best_split)
+            items.append(best)
+        for conf in dict.fromkeys(user):
+            items.append(run(_setting_of(conf), conf, "user"))
         advice_items = [
             advice_mod.WhatIf(w["setting"], w["config"], int(w["peak_reserved_bytes"]), w["oom_avoided"], w["origin"])
             for w in items
@@ -506,21 +506,25 @@ def _auto_candidates(recorded: AllocatorConfig, cap_exists: bool, events: int) -
     return out[:budget]
 
 
+_SETTING_KEY = re.compile(r"(?:^|,)\s*([A-Za-z_][A-Za-z0-9_]*)\s*:")
+_ALLOCATOR_SETTINGS = frozenset(
+    {"expandable_segments", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold"}
+)
+
+
 def _setting_of(conf: str) -> str:
-    """The suggestion id a user's --whatif string tries, if it sets exactly one known setting."""
-    try:
-        keys = {k.split(":", 1)[0].strip() for k in conf.split(",") if k.strip() and "[" not in k.split(":", 1)[0]}
-    except ConfigError:
-        return ""
-    known = {"expandable_segments", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold"}
-    return next(iter(keys)) if len(keys) == 1 and keys <= known else ""
+    """The suggestion id a --whatif string tries, if it sets exactly one known setting.
+
+    Keys inside a ``[...]`` list are interval sizes (digits or ``>``), so only the
+    top-level names match.
+    """
+    keys = set(_SETTING_KEY.findall(conf))
+    return next(iter(keys)) if len(keys) == 1 and keys <= _ALLOCATOR_SETTINGS else ""
 
 
-def _better(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return (a["oom_avoided"] is not True, a["peak_reserved_bytes"]) < (
-        b["oom_avoided"] is not True,
-        b["peak_reserved_bytes"],
-    )
+def _whatif_rank(item: dict[str, Any]) -> tuple[bool, int]:
+    """Avoiding the OOM first, then the lowest peak reserved memory."""
+    return (item["oom_avoided"] is not True, int(item["peak_reserved_bytes"]))
 
 
 def _requested_peak_guess(lifetimes: Lifetimes, n: int) -> int | None:

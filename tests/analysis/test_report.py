@@ -277,3 +277,19 @@ def test_leaks_are_the_end_state_with_a_series_per_step() -> None:
     for row in leaks:
         assert row["steps"] == len(dev["steps"]) == 23
         assert len(row["series_requested_bytes"]) == 23
+
+
+def test_a_user_whatif_equal_to_a_candidate_is_listed_once_as_the_users() -> None:
+    rep = build_report(
+        FIXTURES / "gpt_varlen_oom.pickle.gz", whatif=("max_split_size_mb:256", "expandable_segments:True")
+    )
+    items = rep["devices"][0]["whatif"]
+    configs = [w["config"] for w in items]
+    assert len(configs) == len(set(configs))
+    by_config = {w["config"]: w for w in items}
+    assert by_config["max_split_size_mb:256"]["origin"] == "user"
+    assert by_config["expandable_segments:True"]["origin"] == "user"
+    # The report's own max_split_size_mb candidates still compete without the user's value.
+    auto_split = [w for w in items if w["setting"] == "max_split_size_mb" and w["origin"] == "auto"]
+    assert len(auto_split) == 1
+    assert "max_split_size_mb:256" not in [t["config"] for t in auto_split[0]["tried"]]
