@@ -109,3 +109,27 @@ def test_unreadable_file_is_a_command_error(tmp_path: Path) -> None:
     bad.write_bytes(b"<html>not a snapshot</html>")
     with pytest.raises(CommandError, match="snapshot:"):
         call_command("report", str(bad), "--html", str(tmp_path / "out.html"))
+
+
+@pytest.mark.parametrize("case", ["state_only", "no_context", "wrapped_ring"])
+def test_odd_captures_render_with_what_they_have(case: str) -> None:
+    """No history, no frames, a wrapped ring buffer: the page says so and draws what exists."""
+    from analysis.report import build_report
+    from webapp.snapshots.charts import build_charts
+    from webapp.snapshots.management.commands.report import render_standalone
+
+    report = json.loads(json.dumps(build_report(FIXTURES / f"{case}.pickle.gz")))
+    charts = build_charts(report)
+    page = render_standalone(report, charts)
+    dev = report["devices"][0]
+    assert f"{dev['summary']['peak_reserved_bytes']:,} B" in page
+    assert "segments-peak-0" in charts  # the final state is always there to map
+    for warning in report["capture"]["warnings"]:
+        assert str(warning["message"]).split("(")[0][:40] in page.replace("&#x27;", "'")
+    if case == "state_only":
+        assert "timeline-0" not in charts  # one event is not a timeline
+        assert "Memory over time" not in page
+    else:
+        assert "timeline-0" in charts
+    if dev["summary"]["peak_is_lower_bound"]:
+        assert "peaks are lower bounds" in page

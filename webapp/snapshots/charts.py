@@ -346,8 +346,8 @@ def _minmax_indices(key: np.ndarray, keep: Iterable[int], budget: int) -> np.nda
 
 def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     cols = timeline_columns(dev.get("timeline"))
-    if cols is None:
-        return None
+    if cols is None or cols["reserved"].shape[0] < 2:
+        return None  # no history (enabled="state"): one point is not a timeline
     summary = dev.get("summary") or {}
     oom = dev.get("oom") or None
     # x is the event index, not time: a run spends seconds loading before its first step and

@@ -130,11 +130,11 @@ def get(mapping: Any, key: Any) -> Any:
 
 
 @register.inclusion_tag("snapshots/_chart.html")
-def chart(charts: Any, kind: str, device: Any = None, caption: str = "") -> dict[str, Any]:
-    """One chart slot, or nothing when the page has no chart of that name."""
+def chart(charts: Any, kind: str, device: Any = None, caption: str = "", heading: str = "") -> dict[str, Any]:
+    """One chart slot (after its ``heading``, if any), or nothing when the page has no chart of that name."""
     name = kind if device is None else f"{kind}-{device}"
     item = charts.get(name) if isinstance(charts, Mapping) else None
-    return {"name": name, "item": item, "data_id": f"chart-data-{name}", "caption": caption}
+    return {"name": name, "item": item, "data_id": f"chart-data-{name}", "caption": caption, "heading": heading}
 
 
 @register.simple_tag
