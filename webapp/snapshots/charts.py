@@ -760,7 +760,7 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
     for s in chosen:
         path = [_frame_label(f) for f in reversed(s.get("frames") or [])] or [str(s.get("label") or "(no frames)")]
         if len(path) > MAX_ICICLE_DEPTH:
-            path = [*path[:MAX_ICICLE_DEPTH - 1], f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
+            path = [*path[: MAX_ICICLE_DEPTH - 1], f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
         for depth in range(1, len(path) + 1):
             key = tuple(path[:depth])
             if key not in nodes:
