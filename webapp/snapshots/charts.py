@@ -428,6 +428,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
 
     if "fragmentation" not in data:
         p.xaxis.axis_label = x_label
+        p.xaxis.formatter = NumeralTickFormatter(format="0,0")
         return p
     q = _figure(
         "Fragmentation index: share of cached free memory outside the largest free block", height=170, x_range=p.x_range
@@ -435,6 +436,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     q.y_range = Range1d(0, 1.02)
     q.yaxis.formatter = NumeralTickFormatter(format="0%")
     q.xaxis.axis_label = x_label
+    q.xaxis.formatter = NumeralTickFormatter(format="0,0")  # 2,500,000 rather than 2.500e+6
     fr = q.line("x", "fragmentation", source=source, color=FRAGMENTATION, line_width=1.4)
     q.varea(x="x", y1=0, y2="fragmentation", source=source, color=FRAGMENTATION, alpha=0.15)
     if oom:
