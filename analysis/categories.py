@@ -148,11 +148,7 @@ def classify(
     # backward's own (Tensor.backward -> _make_grads) belongs to the backward.
     backward = backward_trait.copy()
     if trace_has_frames:
-        framed = np.flatnonzero(has_frames)
-        if framed.size:
-            j = np.searchsorted(start[framed], start, side="right") - 1
-            prev_is_backward = (j >= 0) & backward_trait[framed[np.maximum(j, 0)]]
-            backward |= ~has_frames & prev_is_backward
+        backward |= frameless_backward(lifetimes, catalog)
     backward &= ~decided
     if opt_start.size:
         # Made before the last optimizer step and alive after it: not a gradient
@@ -178,6 +174,25 @@ def classify(
     else:
         assign(forward, ACTIVATIONS)
     return out
+
+
+def frameless_backward(lifetimes: Lifetimes, catalog: StackCatalog) -> npt.NDArray[np.bool_]:
+    """Frame-less allocations that belong to a backward pass.
+
+    With stacks="python" the autograd thread records no frames. Such an
+    allocation whose nearest earlier framed allocation is the backward's own
+    (``Tensor.backward`` -> ``_make_grads``, or an autograd-engine frame) is
+    taken to be part of that backward.
+    """
+    gids = catalog.groups_of(lifetimes.stack)
+    has_frames = gids != 0
+    backward_trait = (catalog.traits[gids] & TRAIT_BACKWARD) != 0
+    framed = np.flatnonzero(has_frames)
+    if framed.size == 0:
+        return np.zeros(gids.shape[0], bool)
+    j = np.searchsorted(lifetimes.start[framed], lifetimes.start, side="right") - 1
+    prev_is_backward = (j >= 0) & backward_trait[framed[np.maximum(j, 0)]]
+    return ~has_frames & prev_is_backward
 
 
 def bytes_by_category(codes: npt.NDArray[np.int8], sizes: I64) -> dict[str, int]:

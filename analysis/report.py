@@ -33,6 +33,7 @@ from analysis.categories import (
     OPTIMIZER_STATE,
     bytes_by_category,
     classify,
+    frameless_backward,
     optimizer_windows,
 )
 from analysis.config import UNLIMITED, AllocatorConfig
@@ -66,6 +67,8 @@ GC_CANDIDATE = "garbage_collection_threshold:0.6"
 # (expandable_segments is always tried).
 AUTO_WHATIF_EVENT_BUDGET = 4_000_000
 TOP_STACKS = 10
+BACKWARD_NO_FRAMES = "backward pass (no frames: stacks='python' records none on the autograd thread)"
+BEFORE_TRACE = "allocated before the trace began (stack unknown)"
 SEGMENT_MAP_MAX_SEGMENTS = 200
 SEGMENT_MAP_MAX_BLOCKS = 48
 LEAK_SERIES_MAX_POINTS = 200
@@ -269,12 +272,22 @@ class _DeviceAnalysis:
         trusted_pre: set[int] | None = None
         if _frees_record_free_sites(trace, lifetimes):
             trusted_pre = {b.address for _, b in moments[-1].state.live_blocks() if b.alloc_index < 0}
+        # Split "no frames" into what is known: blocks from before the trace, and
+        # (stacks="python") the backward pass, whose thread records no frames.
+        backward_alloc = (
+            lifetimes.start[frameless_backward(lifetimes, catalog)] if trace_has_frames else np.zeros(0, np.int64)
+        )
         top_stacks: list[dict[str, Any]] = []
         live_by_moment: dict[str, tuple[I64, I64, I64]] = {}
         for m in moments:
             stacks, sizes, alloc_idx = _live_blocks(m.state, trusted_pre)
             live_by_moment[m.name] = (stacks, sizes, alloc_idx)
-            totals = totals_by_group(catalog, stacks, sizes)
+            gids = catalog.groups_of(stacks).astype(np.int64)
+            frameless = gids == 0
+            if frameless.any():
+                gids[frameless & np.isin(alloc_idx, backward_alloc)] = catalog.pseudo_group(BACKWARD_NO_FRAMES)
+                gids[frameless & (alloc_idx < 0)] = catalog.pseudo_group(BEFORE_TRACE)
+            totals = totals_by_group(catalog, stacks, sizes, gids)
             top_stacks.extend(top_entries(catalog, totals, m.name, TOP_STACKS))
 
         peak_stacks, peak_sizes, peak_alloc_idx = live_by_moment["peak"]

@@ -116,6 +116,19 @@ class StackCatalog:
         self.group_of = group_of
         self.traits = np.array([g.traits for g in self.groups], np.int64)
 
+    def pseudo_group(self, label: str) -> int:
+        """A group for blocks known without frames for a stated reason (by label, made once).
+
+        No stack maps to it: callers assign it to blocks themselves, so the
+        "unknown / no frames" group can be split into what is actually known.
+        """
+        for gid, g in enumerate(self.groups):
+            if not g.frames and g.label == label:
+                return gid
+        self.groups.append(GroupInfo((), None, label, TRAIT_NO_USER_FRAME))
+        self.traits = np.append(self.traits, TRAIT_NO_USER_FRAME)
+        return len(self.groups) - 1
+
     def groups_of(self, stacks: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:
         """Group id per element of an array of stack ids (-1 allowed)."""
         return self.group_of[np.asarray(stacks, np.int64) + 1]
@@ -132,10 +145,16 @@ class GroupTotal:
 
 
 def totals_by_group(
-    catalog: StackCatalog, stacks: npt.NDArray[np.integer], sizes: npt.NDArray[np.integer]
+    catalog: StackCatalog,
+    stacks: npt.NDArray[np.integer],
+    sizes: npt.NDArray[np.integer],
+    groups: npt.NDArray[np.integer] | None = None,
 ) -> list[GroupTotal]:
-    """Bytes and counts per group, largest first; sums to ``sizes.sum()`` exactly."""
-    gids = catalog.groups_of(stacks)
+    """Bytes and counts per group, largest first; sums to ``sizes.sum()`` exactly.
+
+    ``groups`` (one group id per element) overrides the stacks' own groups.
+    """
+    gids = catalog.groups_of(stacks) if groups is None else np.asarray(groups, np.int64)
     n = len(catalog.groups)
     # int64 sums via bincount on float64 would lose bytes past 2**53: sort and reduce instead.
     order = np.argsort(gids, kind="stable")

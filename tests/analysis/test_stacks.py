@@ -151,3 +151,18 @@ def test_python_module_wrappers_are_dropped_but_user_frames_kept() -> None:
     assert [f.name for f in g2.frames] == ["MmBackward0"] and g2.site is None
     assert g2.traits & TRAIT_BACKWARD
     assert catalog.groups_of(np.array([-1, 0, 1])).tolist() == [0, catalog.group_of[1], catalog.group_of[2]]
+
+
+def test_frameless_blocks_are_split_into_what_is_known() -> None:
+    from analysis.report import BACKWARD_NO_FRAMES, BEFORE_TRACE
+
+    # stacks="python": the peak (in the backward of the failing step) holds the
+    # autograd thread's frame-less blocks, named as such.
+    peak = [r for r in report("gpt_varlen_oom")["devices"][0]["top_stacks"] if r["when"] == "peak"]
+    assert peak[0]["label"] == BACKWARD_NO_FRAMES
+    assert UNKNOWN_LABEL not in [r["label"] for r in peak]
+    # A wrapped ring: blocks from before the first recorded event get their own row.
+    ring = report("wrapped_ring")["devices"][0]
+    rows = {r["label"]: r["bytes"] for r in ring["top_stacks"] if r["when"] == "peak"}
+    assert rows[BEFORE_TRACE] > 0
+    assert sum(rows.values()) == ring["summary"]["peak_allocated_bytes"]
