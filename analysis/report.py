@@ -456,7 +456,8 @@ class _DeviceAnalysis:
         by_site: dict[str, int] = {}
         for t in totals_by_group(catalog, stacks[act_mask], sizes[act_mask]):
             info = catalog.groups[t.group]
-            label = info.label if info.site is None else f"{info.site.filename.rsplit('/', 1)[-1]}:{info.site.line}"
+            site = info.site
+            label = info.label if site is None else f"{site.filename.rsplit('/', 1)[-1]}:{site.line} {site.name}"
             by_site[label] = by_site.get(label, 0) + t.bytes
         opt_mask = peak_codes == OPTIMIZER_STATE
         opt_labels = [
