@@ -23,7 +23,8 @@ PUBLIC = {
     "login": "the way in",
     "logout": "ends a session; names no object",
     "signup": "the way in",
-    "snapshots:share_view": "the capability URL itself; tested in test_share_links",
+    "snapshots:share_view": "the capability URL itself; tested in test_pages and test_api",
+    "snapshots:share_status_json": "the capability URL's status poll; tested in test_pages",
     "admin": "Django admin has its own staff-only login",
 }
 

@@ -148,3 +148,21 @@ def test_login_page_renders(client: Any) -> None:
     response = client.get("/accounts/login/")
     assert response.status_code == 200
     assert "form" in response.context
+
+
+def test_share_link_to_unfinished_upload_polls_through_the_link(client: Any, alice: Any, alpha: Any) -> None:
+    from webapp.snapshots import services
+
+    upload = make_upload(alpha, alice, FRAG)
+    token = services.share_create(upload, alice)
+    page = client.get(f"/r/{token}/")
+    assert page.status_code == 200
+    assert "snapshots/status.html" in [t.name for t in page.templates]
+    assert page.context["status_url"] == f"/r/{token}/status.json"
+    poll = client.get(page.context["status_url"])
+    assert poll.json()["status"] == "queued"
+    assert poll["Referrer-Policy"] == "no-referrer"
+    analyse_upload(upload.id)
+    assert client.get(f"/r/{token}/status.json").json()["status"] == "done"
+    services.share_revoke(upload)
+    assert client.get(f"/r/{token}/status.json").status_code == 404

@@ -66,8 +66,8 @@ def project_for_user(user: AnyUser, slug: str) -> Project | None:
     return visible_projects(user).filter(slug=slug).first()
 
 
-def upload_for_share_token(token: str) -> Upload | None:
-    """The upload behind a live share link, counting the use; None for unknown or revoked links."""
+def upload_for_share_token(token: str, *, count_use: bool = True) -> Upload | None:
+    """The upload behind a live share link (counting the use); None for unknown or revoked links."""
     link = (
         ShareLink.objects.filter(token_hash=token_hash(token), revoked_at__isnull=True)
         .select_related("upload", "upload__project", "upload__project__team")
@@ -75,7 +75,8 @@ def upload_for_share_token(token: str) -> Upload | None:
     )
     if link is None:
         return None
-    ShareLink.objects.filter(pk=link.pk).update(use_count=F("use_count") + 1, last_used_at=timezone.now())
+    if count_use:
+        ShareLink.objects.filter(pk=link.pk).update(use_count=F("use_count") + 1, last_used_at=timezone.now())
     return link.upload
 
 

@@ -17,6 +17,7 @@ from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -57,6 +58,8 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "share_url": share_link,
         "share_active": (services.share_active(upload) is not None) if not shared else True,
         "markdown_snippet": services.markdown_snippet(upload, share_link),
+        # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
+        "status_url": reverse("snapshots:status_json", args=[upload.code]),
     }
 
 
@@ -167,21 +170,31 @@ def detail(request: HttpRequest, code: str) -> HttpResponse:
     return render(request, template, context)
 
 
+def _status_payload(upload_row: Upload) -> dict[str, Any]:
+    return {
+        "status": upload_row.status,
+        "progress": upload_row.progress,
+        "stage": upload_row.stage,
+        "error": {"code": upload_row.error_code, "message": upload_row.error_message}
+        if upload_row.error_code
+        else None,
+    }
+
+
 @login_required
 @require_GET
 @never_cache
 def status_json(request: HttpRequest, code: str) -> HttpResponse:
-    upload_row = _upload_or_404(request, code)
-    return JsonResponse(
-        {
-            "status": upload_row.status,
-            "progress": upload_row.progress,
-            "stage": upload_row.stage,
-            "error": {"code": upload_row.error_code, "message": upload_row.error_message}
-            if upload_row.error_code
-            else None,
-        }
-    )
+    return JsonResponse(_status_payload(_upload_or_404(request, code)))
+
+
+@require_GET
+def share_status_json(request: HttpRequest, token: str) -> HttpResponse:
+    """The live status page's poll for a report reached through a share link."""
+    upload_row = services.upload_for_share_token(token, count_use=False)
+    if upload_row is None:
+        return _capability_headers(JsonResponse({"error": {"code": "not-found", "message": "Not found."}}, status=404))
+    return _capability_headers(JsonResponse(_status_payload(upload_row)))
 
 
 @login_required
@@ -219,6 +232,7 @@ def share_view(request: HttpRequest, token: str) -> HttpResponse:
     context = _report_context(request, upload_row, shared=True)
     context["share_url"] = request.build_absolute_uri()
     context["markdown_snippet"] = services.markdown_snippet(upload_row, context["share_url"])
+    context["status_url"] = reverse("snapshots:share_status_json", args=[token])
     template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
     return _capability_headers(render(request, template, context))
 
