@@ -88,6 +88,7 @@ _GZIP = b"\x1f\x8b"
 _ZIP = (b"PK\x03\x04", b"PK\x05\x06")
 _PICKLE_PROTOCOLS = frozenset({2, 3, 4, 5})
 _CHUNK = 16 << 20
+_PEEK = 256 << 10  # read buffer: the C unpickler prefetches 128 KiB through peek()
 
 
 def sniff_format(head: bytes) -> str:
@@ -235,7 +236,7 @@ class _BoundedFile:
     ``peek`` lets the unpickler prefetch in 128 KiB steps at C speed.
     """
 
-    def __init__(self, f: io.BufferedReader, size: int) -> None:
+    def __init__(self, f: io.BufferedReader | io.BufferedRandom, size: int) -> None:
         self._f = f
         self._size = size
         self.peek = f.peek
@@ -246,7 +247,7 @@ class _BoundedFile:
         return self._f.read(self._size if n < 0 or n > self._size else n)
 
 
-def _load(stream: io.BytesIO | _BoundedFile) -> Any:
+def _load(stream: _BoundedFile) -> Any:
     try:
         return _NoGlobals(stream).load()
     except SnapshotError:
@@ -265,12 +266,13 @@ def _load(stream: io.BytesIO | _BoundedFile) -> Any:
         raise FormatError("corrupt-pickle", f"the pickle is damaged ({type(exc).__name__}: {text[:200]})") from None
 
 
-def _unpickle(data: bytes | memoryview) -> Any:
-    """Load one pickle from memory; refuse trailing bytes after STOP."""
-    stream = io.BytesIO(data)
-    obj = _load(stream)
-    _check_end(stream.tell(), len(data), data[len(data) - 1])
-    return obj
+def _unpickle(data: bytes) -> Any:
+    """Load one pickle from memory; refuse trailing bytes after STOP.
+
+    The buffer is read through a BufferedReader like a file, so the unpickler
+    consumes only up to STOP (``peek``) and leftovers inside a final frame show.
+    """
+    return _unpickle_file(io.BufferedReader(io.BytesIO(data), _PEEK), len(data))
 
 
 def _unpickle_file(f: io.BufferedReader, size: int) -> Any:
@@ -335,7 +337,7 @@ def read_snapshot(
         if len(data) > limits.max_input_bytes:
             raise LimitError("file-size", f"the input exceeds {limits.max_input_bytes} bytes")
         return _read_buffer(data, limits)
-    with Path(source).open("rb") as f:
+    with Path(source).open("rb", buffering=_PEEK) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limits.max_input_bytes:
             raise LimitError("file-size", f"the file is {size} bytes, over the {limits.max_input_bytes} byte limit")
@@ -346,7 +348,7 @@ def read_snapshot(
                 snapshot = _Converter("pickle", _budget(size, limits), limits).run(obj)
                 del obj  # free the graph while collections are still off
             return snapshot
-        data = f.read(limits.max_input_bytes + 1)
+        data = f.read(size)  # never read(cap): a buffered read preallocates what it is asked for
     return _read_buffer(data, limits)
 
 
