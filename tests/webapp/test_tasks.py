@@ -184,3 +184,33 @@ def test_task_options_match_the_reliability_plan() -> None:
     assert app.conf.task_soft_time_limit > settings.ANALYSIS_WALL_SECONDS
     assert "snapshots.sweep_uploads" in {e["task"] for e in app.conf.beat_schedule.values()}
     assert hasattr(task, "delay_on_commit")
+
+
+def test_rolled_back_upload_publishes_nothing(
+    alice: Any, alpha: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.db import transaction
+
+    sent: list[Any] = []
+    monkeypatch.setattr(tasks.analyse_upload_task, "apply_async", lambda *a, **k: sent.append(a))
+    data = GPT_OOM.read_bytes()
+
+    def request_that_fails_after_writing() -> None:
+        with transaction.atomic():
+            services.upload_create(
+                user=alice, project=alpha, uploaded=SimpleUploadedFile("a.gz", data), sha256="0" * 64, fmt="pickle.gz"
+            )
+            raise RuntimeError("the request failed after the row was written")
+
+    with django_capture_on_commit_callbacks() as published, pytest.raises(RuntimeError):
+        request_that_fails_after_writing()
+    assert published == [] and sent == []
+    assert not Upload.objects.exists()
+    # Committed, the same call publishes exactly once, and only at commit.
+    with django_capture_on_commit_callbacks(execute=True):
+        upload = services.upload_create(
+            user=alice, project=alpha, uploaded=SimpleUploadedFile("a.gz", data), sha256="0" * 64, fmt="pickle.gz"
+        )
+        assert sent == []
+    assert [call[0] for call in sent] == [(upload.id,)]
