@@ -25,7 +25,7 @@ from analysis.allocator import (
     trace_is_complete,
     whatif,
 )
-from analysis.config import AllocatorConfig
+from analysis.config import AllocatorConfig, ConfigError
 from analysis.model import OOM, Snapshot
 from analysis.reader import read_snapshot
 
@@ -328,3 +328,27 @@ def test_gc_threshold_replays_exactly_under_the_real_cap() -> None:
     # Without a cap the threshold does nothing: no segment is ever freed.
     unlimited = simulate(s, dev, cfg, None)
     assert not any(action == "segment_free" for action, _ in unlimited.segment_events)
+
+
+def test_an_oom_on_a_full_device_sets_the_limit_to_what_was_free() -> None:
+    # Same trace, but as if the GPU itself had run out: cudaMemGetInfo's free memory
+    # (the oom entry's device_free) below the segment the request needed.
+    s = snap("gpt_varlen_oom")
+    dev = s.devices[0]
+    t = dev.trace
+    i = int(np.flatnonzero(t.action == OOM)[-1])
+    saved = int(t.addr[i])
+    reserved_at_oom = replay_check(s, dev)["final_reserved_bytes"]
+    try:
+        t.addr[i] = 300 << 20
+        est = infer_limit(s, dev)
+        assert est.device_full == reserved_at_oom + (300 << 20)
+        assert est.value == max(est.device_full, est.lower)
+    finally:
+        t.addr[i] = saved
+    assert infer_limit(s, dev).device_full is None
+
+
+def test_whatif_refuses_a_setting_torch_would_refuse() -> None:
+    with pytest.raises(ConfigError):
+        whatif(snap("gpt_varlen_oom"), 0, "max_split_size_mb:10", 7 * GIB, [])
