@@ -192,7 +192,8 @@ def frameless_backward(lifetimes: Lifetimes, catalog: StackCatalog) -> npt.NDArr
         return np.zeros(gids.shape[0], bool)
     j = np.searchsorted(lifetimes.start[framed], lifetimes.start, side="right") - 1
     prev_is_backward = (j >= 0) & backward_trait[framed[np.maximum(j, 0)]]
-    return ~has_frames & prev_is_backward
+    out: npt.NDArray[np.bool_] = ~has_frames & prev_is_backward
+    return out
 
 
 def bytes_by_category(codes: npt.NDArray[np.int8], sizes: I64) -> dict[str, int]:

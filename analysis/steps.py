@@ -13,6 +13,7 @@ Everything here works on event-index arrays; per-step maxima are one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -141,7 +142,7 @@ def per_step_figures(
     return rows
 
 
-def first_growth_step(rows: list[dict[str, object]]) -> int | None:
+def first_growth_step(rows: list[dict[str, Any]]) -> int | None:
     """The first step after the first whose peak reserved memory exceeds every earlier step's.
 
     Step 0 always "grows" (it warms the cache up and creates optimizer state), so
@@ -149,8 +150,8 @@ def first_growth_step(rows: list[dict[str, object]]) -> int | None:
     """
     best = -1
     for k, row in enumerate(rows):
-        peak = int(row["peak_reserved_bytes"])  # type: ignore[call-overload]
+        peak = int(row["peak_reserved_bytes"])
         if k > 0 and peak > best:
-            return int(row["index"])  # type: ignore[call-overload]
+            return int(row["index"])
         best = max(best, peak)
     return None

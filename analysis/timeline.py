@@ -63,7 +63,8 @@ def extreme_indices(values: I64, lo: int, hi: int, buckets: int) -> I64:
     grid = padded.reshape(rows, width)
     base = np.arange(rows, dtype=np.int64) * width
     picks = np.concatenate((base + grid.argmin(axis=1), base + grid.argmax(axis=1)))
-    return np.minimum(picks, n - 1) + lo
+    out: I64 = (np.minimum(picks, n - 1) + lo).astype(np.int64)
+    return out
 
 
 def select_points(columns: Mapping[str, I64], lo: int, hi: int, buckets: int, keep: Iterable[int] = ()) -> I64:
