@@ -376,6 +376,9 @@ class _DeviceAnalysis:
         def run(setting: str, conf: str, origin: str) -> dict[str, Any]:
             if conf not in results:
                 results[conf] = whatif(self.snapshot, self.dev, conf, wlimit, ends)
+                # Without any limit the model never has to flush its cache, so a
+                # setting that fragments can reserve more than a real GPU holds.
+                results[conf]["unbounded"] = results[conf].get("limit_bytes") is None
             return {**results[conf], "origin": origin, "setting": setting}
 
         items: list[dict[str, Any]] = []
