@@ -145,47 +145,58 @@ def bob_token(bob: Any, beta: Any) -> str:
 
 
 @pytest.fixture
-def celery_worker_process(redis_url: str, settings: Any, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A real ``celery worker`` (prefork, one child) against the test database and Redis."""
+def start_worker(redis_url: str, settings: Any, tmp_path: Path) -> Iterator[Any]:
+    """Start real ``celery worker`` processes (prefork, one child) on the test database and Redis."""
     from webapp.celery import app
 
-    log_path = tmp_path / "worker.log"
-    env = dict(os.environ)
-    env.update(
-        {
-            "DATABASE_URL": database_url_of_test_db(),
-            "REDIS_URL": redis_url,
-            "MEDIA_ROOT": str(settings.MEDIA_ROOT),
-            "DJANGO_SETTINGS_MODULE": "webapp.settings",
-            "PYTHONPATH": str(ROOT),
-            "CELERY_QUEUE": app.conf.task_default_queue,
-        }
-    )
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "celery", "-A", "webapp.celery:app", "worker",
-                "--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO",
-                "--without-gossip", "--without-mingle", "--without-heartbeat",
-                "-Q", app.conf.task_default_queue,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(extra_env: dict[str, str] | None = None, beat: bool = False) -> subprocess.Popen[bytes]:
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        env = dict(os.environ)
+        env.update(
+            {
+                "DATABASE_URL": database_url_of_test_db(),
+                "REDIS_URL": redis_url,
+                "MEDIA_ROOT": str(settings.MEDIA_ROOT),
+                "DJANGO_SETTINGS_MODULE": "webapp.settings",
+                "PYTHONPATH": str(ROOT),
+                "CELERY_QUEUE": app.conf.task_default_queue,
+                **(extra_env or {}),
+            }
         )
-    proc.log_path = log_path  # type: ignore[attr-defined]
-    try:
+        argv = [
+            sys.executable, "-m", "celery", "-A", "webapp.celery:app", "worker",
+            "--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-Q", app.conf.task_default_queue,
+        ]
+        if beat:
+            argv += ["-B", "--schedule", str(tmp_path / "beat-schedule")]
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc.log_path = log_path  # type: ignore[attr-defined]
+        started.append(proc)
         deadline = time.monotonic() + 30
         while b"ready." not in log_path.read_bytes():
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"celery worker did not start:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.1)
-        yield proc
+        return proc
+
+    try:
+        yield start
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for proc in started:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def celery_worker_process(start_worker: Any) -> Any:
+    """One real worker with the default settings."""
+    return start_worker()

@@ -77,3 +77,44 @@ def test_worker_process_round_trip(client: Any, alice_token: str, celery_worker_
     assert client.get(share_url).status_code == 200
     client.delete(f"/api/v1/snapshots/{good.json()['id']}/share", **bearer(alice_token))
     assert client.get(share_url).status_code == 404
+
+
+def test_killed_pool_process_is_recovered_by_the_sweep(
+    client: Any, alice_token: str, start_worker: Any
+) -> None:
+    """SIGKILL of the pool process mid-analysis: its child dies with it, the heartbeat stops,
+    beat's sweep re-queues the row, and the next attempt finishes the report."""
+    import psutil
+
+    worker = start_worker(
+        {"SWEEP_INTERVAL_SECONDS": "1", "SWEEP_STALE_RUNNING_SECONDS": "8"}, beat=True
+    )
+    with open(FIXTURES / "big_all_stacks.pickle.gz", "rb") as fh:
+        code = client.post("/api/v1/snapshots", {"file": fh}, **bearer(alice_token)).json()["id"]
+    deadline = time.monotonic() + 30
+    while client.get(f"/api/v1/snapshots/{code}", **bearer(alice_token)).json()["status"] != "running":
+        assert time.monotonic() < deadline, "never started"
+        time.sleep(0.05)
+    # The pool process running the task is the analysis child's parent (the embedded beat
+    # is another child of the worker with the same command line: leave it alone).
+    analysis: list[Any] = []
+    while not analysis:
+        assert time.monotonic() < deadline, "no analysis child"
+        analysis = [
+            c for c in psutil.Process(worker.pid).children(recursive=True)
+            if "webapp.snapshots.child" in " ".join(c.cmdline())
+        ]
+    pool = analysis[0].parent()
+    assert pool is not None and pool.pid != worker.pid
+    pool.kill()
+    psutil.wait_procs(analysis, timeout=10)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in analysis), "orphaned analysis"
+
+    final = wait_for(client, alice_token, code, timeout=90)
+    log = worker.log_path.read_text()
+    assert final["status"] == "done", (final, log[-3000:])
+    from webapp.snapshots.models import Upload
+
+    assert Upload.objects.get(code=code).attempts == 2
+    assert "re-queued" in log
+    assert worker.poll() is None

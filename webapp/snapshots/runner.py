@@ -72,9 +72,26 @@ def limits_for(path: Path, *, per_byte: int, minimum: int, maximum: int, cpu: in
     return Limits(memory_bytes=memory, cpu_seconds=cpu, wall_seconds=wall)
 
 
+def _load_prctl() -> Callable[[int, int], int] | None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _load_prctl()  # looked up once, before any fork
+_PR_SET_PDEATHSIG = 1
+
+
 def _set_limits(limits: Limits) -> Callable[[], None]:
     def apply() -> None:  # runs in the child between fork and exec
         os.setsid()
+        if _PRCTL is not None:
+            # A killed worker takes its analysis with it instead of leaving an orphan running.
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
