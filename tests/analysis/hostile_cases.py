@@ -138,9 +138,9 @@ def build_cases(canary: Path) -> dict[str, Case]:
     cases["shared_frames_bomb"] = Case(
         pickle.dumps({"segments": [], "device_traces": [[event] * 100_000]}, protocol=4), "snapshot:limit:expansion"
     )
-    trace = [event | {"frames": [F]}] * 200_000
+    trace = [event | {"frames": [F]}] * 10_000
     cases["shared_trace_bomb"] = Case(
-        pickle.dumps({"segments": [], "device_traces": [trace] * 50_000}, protocol=4), "snapshot:limit:expansion"
+        pickle.dumps({"segments": [], "device_traces": [trace] * 20_000}, protocol=4), "snapshot:limit:expansion"
     )
     cases["nested_lists_root"] = Case(b"\x80\x04" + b"]" * 200_000 + b"a" * 199_999 + b".", "snapshot:limit:too-deep")
     cases["nested_in_segments"] = Case(
@@ -151,13 +151,13 @@ def build_cases(canary: Path) -> dict[str, Case]:
         "snapshot:limit:too-deep",
     )
     cases["cycle_in_segments"] = Case(b"\x80\x02}\x8c\x08segments]\x94h\x00as.", "snapshot:schema:cycle")
-    cases["gzip_bomb"] = Case(_gzip_zeros(256), "snapshot:limit:compression-ratio")
+    cases["gzip_bomb"] = Case(_gzip_zeros(64), "snapshot:limit:compression-ratio")
     cases["gzip_over_size_cap"] = Case(
         gzip.compress(pickle.dumps(snapshot_dict(20_000), protocol=4)),
         "snapshot:limit:decompressed-size",
         {"max_decompressed_bytes": 100_000},
     )
-    cases["zip_bomb_member"] = Case(_deflated_zip_bomb(256), "snapshot:limit:compression-ratio")
+    cases["zip_bomb_member"] = Case(_deflated_zip_bomb(64), "snapshot:limit:compression-ratio")
     cases["file_over_input_cap"] = Case(pickle.dumps(snapshot_dict(), protocol=4), "snapshot:limit:file-size",
                                         {"max_input_bytes": 1000})
 

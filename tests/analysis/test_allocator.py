@@ -352,3 +352,18 @@ def test_an_oom_on_a_full_device_sets_the_limit_to_what_was_free() -> None:
 def test_whatif_refuses_a_setting_torch_would_refuse() -> None:
     with pytest.raises(ConfigError):
         whatif(snap("gpt_varlen_oom"), 0, "max_split_size_mb:10", 7 * GIB, [])
+
+
+@pytest.mark.parametrize("case", PARTIAL)
+def test_partial_traces_start_from_the_recorded_state_before_the_window(case: str) -> None:
+    # Seeded from replay's reconstruction of the state before the first event,
+    # the replay ends where the process was, instead of from an empty cache.
+    s = snap(case)
+    result = simulate(s, 0, AllocatorConfig(), None, step_end_indices(s, 0))
+    stats = device_stats(case, 0)
+    assert result.final_reserved == stats["reserved_bytes.all.current"]
+    assert result.reserved_at([-1]) == [stats["reserved_bytes.all.current"]]  # no segment event in the window
+    assert result.segment_events == []
+    log = truth(case)["workload_log"]
+    assert result.step_reserved == [row["reserved"] for row in log[len(log) - len(result.step_reserved) :]]
+    assert whatif(s, 0, "expandable_segments:True")["limit_bytes"] == stats["reserved_bytes.all.current"]
