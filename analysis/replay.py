@@ -236,8 +236,6 @@ class _Replayer:
         self.action = tr.action
         # bytes iterate to small ints faster than a list of them is built
         self.act: bytes = tr.action.astype(np.uint8).tobytes()
-        self.addr: list[int] = tr.addr.tolist()
-        self.size: list[int] = tr.size.tolist()
         self.trace_addr = tr.addr
         self.trace_size = tr.size
         # Trace entries of torch <= 2.11 carry no pool_id: a segment that lives to
@@ -272,7 +270,10 @@ class _Replayer:
         # Outputs of a pass (lists written by index, turned into numpy once).
         self.bs: list[int] = [0] * self.n
         self.isp: list[int] = [0] * self.n
-        self.lf: list[int] = [0] * self.n
+        # largest_free changes only where the tracked sizes do: (event, value) pairs.
+        self.lf_i: list[int] = []
+        self.lf_v: list[int] = []
+        self.cur = -1  # event being applied, for the slow paths' records
         self.adj_alloc: dict[int, int] = {}
         self.adj_active: dict[int, int] = {}
         self.ignored: list[int] = []
@@ -352,6 +353,8 @@ class _Replayer:
                 bisect.insort(self.dist, size)
                 if len(self.dist) > self.tlimit:
                     self._retrack()
+                self.lf_i.append(self.cur)
+                self.lf_v.append(self.dist[-1])
         if self.seg_size.get(start) != size and self._counts_split(start):
             self.isplit += size
 
@@ -367,6 +370,8 @@ class _Replayer:
                 del self.dist[bisect.bisect_left(self.dist, size)]
                 if len(self.dist) == 1:
                     self._retrack()
+                self.lf_i.append(self.cur)
+                self.lf_v.append(self.dist[-1])
         if self.seg_size.get(start) != size and self._counts_split(start):
             self.isplit -= size
         return size
@@ -419,8 +424,8 @@ class _Replayer:
         if not fuse or n < 2:
             self.p_idx: list[int] = list(range(n))
             self.p_act: bytes = self.act
-            self.p_addr: list[int] = self.addr
-            self.p_size: list[int] = self.size
+            self.p_addr: list[int] = self.trace_addr.tolist()
+            self.p_size: list[int] = self.trace_size.tolist()
             return
         addr = self.trace_addr
         first = np.zeros(n, dtype=bool)
@@ -447,7 +452,8 @@ class _Replayer:
         plo = bisect.bisect_left(self.p_idx, lo)
         phi = bisect.bisect_left(self.p_idx, hi)
         p_idx, act, addr, size = self.p_idx, self.p_act, self.p_addr, self.p_size
-        bs, isp_out, lf_out = self.bs, self.isp, self.lf
+        bs, isp_out = self.bs, self.isp
+        lf_i, lf_v = self.lf_i, self.lf_v
         free_sz, free_end, used = self.free_sz, self.free_end, self.used
         seg_size = self.seg_size
         fcount, dist = self.fcount, self.dist
@@ -467,6 +473,7 @@ class _Replayer:
                 if f is None:
                     self.isplit = isplit
                     self.tmin, self.tlimit = tmin, tlimit
+                    self.cur = i
                     self._alloc_slow(i, ad, sz)
                     isplit, cmode = self.isplit, self.cmode
                     tmin, tlimit = self.tmin, self.tlimit
@@ -483,6 +490,8 @@ class _Replayer:
                             if len(dist) == 1:
                                 self._retrack()
                                 tmin, tlimit = self.tmin, self.tlimit
+                            lf_i.append(i)
+                            lf_v.append(dist[-1])
                     cnt = cmode == 0 or (cmode == 2 and counts_split(ad))
                     if cnt and seg_size.get(ad) != f:
                         isplit -= f
@@ -503,6 +512,8 @@ class _Replayer:
                                 if len(dist) > tlimit:
                                     self._retrack()
                                     tmin, tlimit = self.tmin, self.tlimit
+                                lf_i.append(i)
+                                lf_v.append(dist[-1])
                         if cnt:
                             isplit += rem
                         bs[i] = r
@@ -524,7 +535,6 @@ class _Replayer:
                         self._issue(i, "unknown-free", "free of an address with no active block")
                         self.ignored.append(i)
                         isp_out[i] = isplit
-                        lf_out[i] = dist[-1]
                         continue
                     if ref < 0:
                         b = bs[~ref]
@@ -576,7 +586,8 @@ class _Replayer:
                 m = end - start
                 free_sz[start] = m
                 free_end[end] = start
-                # m is at least each block it absorbed: adding it keeps the set whole
+                # m exceeds each block it absorbed: if one was tracked, m is too, and
+                # if that one was the largest, m is a new size, recorded here.
                 if m >= tmin:
                     c = fcount.get(m, 0)
                     if c:
@@ -587,10 +598,11 @@ class _Replayer:
                         if len(dist) > tlimit:
                             self._retrack()
                             tmin, tlimit = self.tmin, self.tlimit
+                        lf_i.append(j)
+                        lf_v.append(dist[-1])
                 if cnt and seg_size.get(start) != m:
                     isplit += m
                 isp_out[j] = isplit
-                lf_out[j] = dist[-1]
                 continue
             elif a == 1:  # free_requested
                 ref = used.get(ad, -1)
@@ -605,6 +617,7 @@ class _Replayer:
             elif 3 <= a <= 6:
                 self.isplit = isplit
                 self.tmin, self.tlimit = tmin, tlimit
+                self.cur = i
                 if a == 3:
                     self._segment_alloc(i, ad, sz)
                 elif a == 4:
@@ -616,7 +629,6 @@ class _Replayer:
                 isplit, cmode = self.isplit, self.cmode
                 tmin, tlimit = self.tmin, self.tlimit
             isp_out[i] = isplit
-            lf_out[i] = dist[-1]
         self.isplit = isplit
         self.tmin, self.tlimit = tmin, tlimit
 
@@ -666,15 +678,15 @@ class _Replayer:
 
     def _segment_type(self, i: int, size: int) -> str:
         """Small or large pool: from the request the segment was made for."""
-        act, sizes = self.act, self.size
+        act, sizes = self.act, self.trace_size
         for j in range(i + 1, min(self.n, i + _LOOKAHEAD)):
             if act[j] == ALLOC:
-                return "small" if self.cfg.round_size(sizes[j]) <= K_SMALL_SIZE else "large"
+                return "small" if self.cfg.round_size(int(sizes[j])) <= K_SMALL_SIZE else "large"
         return "small" if size == K_SMALL_BUFFER else "large"
 
     def _meta_of_event(self, i: int, size: int, expandable: bool) -> _Meta:
         pool = int(self.pool[i])
-        final = self.final_meta.get(self.addr[i])
+        final = self.final_meta.get(int(self.trace_addr[i]))
         if final is not None and (final[0] == size or expandable):
             return int(self.stream[i]), pool or final[1], final[2], expandable, int(self.stack[i])
         return int(self.stream[i]), pool, self._segment_type(i, size), expandable, int(self.stack[i])
@@ -759,7 +771,7 @@ class _Replayer:
     # -- views --------------------------------------------------------------------
     def export(self, index: int) -> AllocatorState:
         """The current state as segments and blocks."""
-        n, size, stack, bs = self.n, self.size, self.stack, self.bs
+        n, size, stack, bs = self.n, self.trace_size, self.stack, self.bs
         blocks: list[tuple[int, int, bool, int]] = []  # (address, size, free, ref)
         blocks.extend((a, s, True, 0) for a, s in self.free_sz.items())
         for a, ref in self.used.items():
@@ -780,7 +792,7 @@ class _Replayer:
                 state = ACTIVE_PENDING_FREE if ref < 0 else ACTIVE_ALLOCATED
                 r = ref if ref >= 0 else ~ref
                 if r < n:
-                    out.append(BlockState(a, s, size[r], state, int(stack[r]), r))
+                    out.append(BlockState(a, s, int(size[r]), state, int(stack[r]), r))
                 else:
                     p = self.pre[r - n]
                     out.append(BlockState(a, s, p.requested_size, state, p.stack))
@@ -1061,8 +1073,17 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
         "requested": np.cumsum(d_req, dtype=np.int64) + init.requested,
         "reserved": np.cumsum(d_res, dtype=np.int64) + init.reserved,
         "inactive_split": _fill_forward(rep.isp, skip, init.inactive_split),
-        "largest_free": _fill_forward(rep.lf, skip, init.largest_free),
+        "largest_free": _step_column(rep.lf_i, rep.lf_v, n, init.largest_free),
     }
+
+
+def _step_column(index: list[int], value: list[int], n: int, initial: int) -> I64:
+    """A column that takes ``value[k]`` from event ``index[k]`` on (the last wins)."""
+    if not index:
+        return np.full(n, initial, dtype=np.int64)
+    at = np.searchsorted(np.array(index, dtype=np.int64), np.arange(n), side="right") - 1
+    values = np.array(value, dtype=np.int64)
+    return np.where(at >= 0, values[np.maximum(at, 0)], initial)
 
 
 def _fill_forward(values: list[int], skip: npt.NDArray[np.bool_], initial: int) -> I64:
@@ -1205,7 +1226,7 @@ def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[in
     pq, pqi = _peak(requested, init.requested)
     pr, pri = _peak(reserved, init.reserved)
     # The per-pass lists are only needed again by blocks_at's replays.
-    rep.bs = rep.isp = rep.lf = []
+    rep.bs = rep.isp = []
     return RecordedReplay(
         device=device.device,
         events=n,
