@@ -63,9 +63,11 @@ import numpy.typing as npt
 from analysis.config import K_SMALL_BUFFER, K_SMALL_SIZE, UNLIMITED, AllocatorConfig
 from analysis.model import (
     ACTIONS,
+    ACTIVE_PENDING_FREE,
     ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
+    INACTIVE,
     OOM,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
@@ -236,6 +238,7 @@ class _Model:
         self.freeable_from = freeable_from
         self.pend: dict[int, tuple[list[Any], int]] = {}  # pending frees by address, in order
         self.pmap: dict[int, list[Any]] = {}  # recorded address -> pending block
+        self.amap: dict[int, list[Any]] = {}  # recorded address -> allocated block
         self.reserved = 0
         self.peak = 0
         self.seg_act: list[int] = []
@@ -618,13 +621,42 @@ class _Model:
         if not u[_PREV] and not u[_NEXT]:  # the whole reservation is unmapped: give it back
             self._uremove(lk, u)
 
+    # -- a trace that starts mid-run -------------------------------------------------------
+    def seed(self, state: Any) -> None:
+        """Start from the recorded state before the first event (``replay.AllocatorState``).
+
+        For a trace that does not start at the allocator's birth (a wrapped ring
+        buffer, history enabled late): its cudaMalloc'd segments and their blocks,
+        at their recorded addresses (below the simulated ones), allocated blocks
+        ready for their recorded frees. Expandable ranges are left out: their
+        reservations cannot be rebuilt from mapped ranges alone.
+        """
+        for seg in state.segments:
+            if seg.is_expandable:
+                continue
+            lk = (seg.pool * 2 + (0 if seg.segment_type == "small" else 1)) * self.ns + seg.stream
+            prev: list[Any] | None = None
+            for block in seg.blocks:
+                b = [block.size, block.address, prev, None, False]
+                if prev:
+                    prev[_NEXT] = b
+                prev = b
+                if block.state == INACTIVE:
+                    self._insert(lk, b)
+                elif block.state == ACTIVE_PENDING_FREE:
+                    self.pend[block.address] = (b, lk)
+                    self.pmap[block.address] = b
+                else:
+                    self.amap[block.address] = b
+            self.reserved += seg.total_size
+        self.peak = self.reserved
+
     # -- the request stream --------------------------------------------------------------
     def run(self, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int]) -> list[int]:
         """Serve every request; returns the event indices the model failed.
         ``events[k]`` is the trace index of request k."""
         keys, blks, gcb = self.keys, self.blks, self.gcb
-        pend, pmap = self.pend, self.pmap
-        amap: dict[int, list[Any]] = {}
+        pend, pmap, amap = self.pend, self.pmap, self.amap
         failed: list[int] = []
         gc_on = self.gc_on
         fast = not self.exp and not gc_on
@@ -805,7 +837,8 @@ def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int
     """
     t = device.trace
     act = t.action
-    floor = 0
+    # The cudaMalloc'd segments at the dump were allowed too (all that a partial trace may show).
+    floor = sum(seg.total_size for seg in device.segments if not seg.is_expandable)
     grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
     if grow.size == 0:
         return floor
@@ -1101,6 +1134,11 @@ def simulate(
     pools = _event_pools(dev)
     events, ops, raddrs, sizes, lks = _prepare(snapshot, dev, config, bursts, pools)
     model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev, pools))
+    if not _segments_complete(dev):
+        from analysis.replay import recorded_replay  # local: only partial traces need it
+
+        model.seed(recorded_replay(snapshot, dev).blocks_at(-1))
+    initial = model.reserved
     failed = model.run(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
     t = dev.trace
     n = len(t)
@@ -1115,13 +1153,16 @@ def simulate(
     seg_act = np.asarray(model.seg_act, np.int64)
     seg_size = np.asarray(model.seg_size, np.int64)
     sign = np.where((seg_act == SEGMENT_ALLOC) | (seg_act == SEGMENT_MAP), 1, -1)
-    running = np.cumsum(sign * seg_size) if seg_size.size else np.zeros(0, np.int64)
-    # Keep the last change of each event index.
+    running = initial + np.cumsum(sign * seg_size) if seg_size.size else np.zeros(0, np.int64)
+    # Keep the last change of each event index; a seeded start counts from event -1.
     if seg_idx.size:
         last = np.r_[seg_idx[1:] != seg_idx[:-1], True]
         change_index, change_reserved = seg_idx[last], running[last]
     else:
         change_index, change_reserved = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if initial:
+        change_index = np.r_[-1, change_index]
+        change_reserved = np.r_[initial, change_reserved]
     result = PolicyResult(
         config=config,
         limit_bytes=limit_bytes,
@@ -1140,6 +1181,17 @@ def simulate(
     result.step_ends = [int(i) for i in step_ends]
     result.step_reserved = result.reserved_at(result.step_ends)
     return result
+
+
+def _segments_complete(device: DeviceData) -> bool:
+    """The segment history is whole: replayed from zero, reserved memory never goes
+    negative and ends at the final segments' total (cheap; see ``trace_is_complete``)."""
+    t = device.trace
+    final_total = sum(seg.total_size for seg in device.segments)
+    if len(t) == 0:
+        return final_total == 0
+    reserved = _recorded_reserved(device)
+    return int(reserved[-1]) == final_total and int(reserved.min()) >= 0
 
 
 def trace_is_complete(device: DeviceData) -> bool:
