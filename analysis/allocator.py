@@ -33,6 +33,9 @@ What is modelled (the names are those of the C++ source):
 - Private pools (CUDA graphs, ``MemPool``) keep their own free lists; a flush
   releases one only from the moment the trace shows it being released.
 
+A trace that starts mid-run (wrapped ring buffer) starts from the state before
+its first event as ``analysis.replay`` reconstructs it.
+
 Addresses are simulated: cudaMalloc'd segments come from a bump pointer and
 expandable reservations sit at fixed strides. Only sizes, order and fit matter;
 ties between equal-sized free blocks are broken by these simulated addresses.
