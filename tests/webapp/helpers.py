@@ -54,5 +54,3 @@ def database_url_of_test_db() -> str:
     host = s.get("HOST") or ""
     port = f":{s['PORT']}" if s.get("PORT") else ""
     return f"postgres://{auth}{host}{port}/{s['NAME']}"
-
-

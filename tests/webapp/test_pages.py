@@ -15,8 +15,21 @@ pytestmark = pytest.mark.django_db
 
 FRAG = FIXTURES / "frag_oom.pickle.gz"
 UPLOAD_KEYS = {
-    "code", "filename", "bytes", "project", "project_slug", "run", "tags", "note", "status", "progress",
-    "stage", "error", "created_at", "summary", "url",
+    "code",
+    "filename",
+    "bytes",
+    "project",
+    "project_slug",
+    "run",
+    "tags",
+    "note",
+    "status",
+    "progress",
+    "stage",
+    "error",
+    "created_at",
+    "summary",
+    "url",
 }
 
 

@@ -11,9 +11,7 @@ from tests.webapp.helpers import ROOT
 
 
 def test_check_deploy_clean_with_production_environment(tmp_path: object) -> None:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SECURE_", "DEBUG", "ALLOWED_HOSTS"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SECURE_", "DEBUG", "ALLOWED_HOSTS"))}
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "webapp.settings",
@@ -28,7 +26,12 @@ def test_check_deploy_clean_with_production_environment(tmp_path: object) -> Non
     )
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -134,9 +134,7 @@ def test_missing_file_is_400(client: Any, alice_token: str) -> None:
 def test_hostile_filename_is_display_only(client: Any, alice_token: str, settings: Any) -> None:
     data = GPT_OOM.read_bytes()
     name = "../../etc/\u202epasswd<script>.pickle.gz"
-    response = client.post(
-        "/api/v1/snapshots", {"file": SimpleUploadedFile(name, data)}, **bearer(alice_token)
-    )
+    response = client.post("/api/v1/snapshots", {"file": SimpleUploadedFile(name, data)}, **bearer(alice_token))
     assert response.status_code == 202
     upload = Upload.objects.get()
     assert upload.blob_name.startswith("sha256/") and ".." not in upload.blob_name

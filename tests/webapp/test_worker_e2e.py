@@ -45,9 +45,7 @@ def wait_for(client: Any, token: str, code: str, timeout: float = 60.0) -> dict[
 def test_worker_process_round_trip(client: Any, alice_token: str, celery_worker_process: Any, tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     hostile = pickle.dumps({"segments": [], "device_traces": [[Canary(canary)]]}, protocol=4)
-    bad = client.post(
-        "/api/v1/snapshots", {"file": SimpleUploadedFile("evil.pickle", hostile)}, **bearer(alice_token)
-    )
+    bad = client.post("/api/v1/snapshots", {"file": SimpleUploadedFile("evil.pickle", hostile)}, **bearer(alice_token))
     assert bad.status_code == 202, bad.content
     started = time.monotonic()
     with open(GPT_OOM, "rb") as fh:
@@ -79,16 +77,12 @@ def test_worker_process_round_trip(client: Any, alice_token: str, celery_worker_
     assert client.get(share_url).status_code == 404
 
 
-def test_killed_pool_process_is_recovered_by_the_sweep(
-    client: Any, alice_token: str, start_worker: Any
-) -> None:
+def test_killed_pool_process_is_recovered_by_the_sweep(client: Any, alice_token: str, start_worker: Any) -> None:
     """SIGKILL of the pool process mid-analysis: its child dies with it, the heartbeat stops,
     beat's sweep re-queues the row, and the next attempt finishes the report."""
     import psutil
 
-    worker = start_worker(
-        {"SWEEP_INTERVAL_SECONDS": "1", "SWEEP_STALE_RUNNING_SECONDS": "8"}, beat=True
-    )
+    worker = start_worker({"SWEEP_INTERVAL_SECONDS": "1", "SWEEP_STALE_RUNNING_SECONDS": "8"}, beat=True)
     with open(FIXTURES / "big_all_stacks.pickle.gz", "rb") as fh:
         code = client.post("/api/v1/snapshots", {"file": fh}, **bearer(alice_token)).json()["id"]
     deadline = time.monotonic() + 30
@@ -101,7 +95,8 @@ def test_killed_pool_process_is_recovered_by_the_sweep(
     while not analysis:
         assert time.monotonic() < deadline, "no analysis child"
         analysis = [
-            c for c in psutil.Process(worker.pid).children(recursive=True)
+            c
+            for c in psutil.Process(worker.pid).children(recursive=True)
             if "webapp.snapshots.child" in " ".join(c.cmdline())
         ]
     pool = analysis[0].parent()

@@ -69,7 +69,9 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
             else:
                 return _unauthorized()
             if request.method not in methods:
-                response = _error(405, "method-not-allowed", f"Use {', '.join(methods)}.")
+                response = _error(
+                    405, "method-not-allowed", messages.METHOD_NOT_ALLOWED.format(methods=", ".join(methods))
+                )
                 response["Allow"] = ", ".join(methods)
                 return response
             return view(request, *args, **kwargs)

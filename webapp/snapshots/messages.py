@@ -36,6 +36,9 @@ AUTH_REQUIRED = "Authentication required: send 'Authorization: Bearer <token>'."
 NOT_FOUND = "Not found."
 REPORT_NOT_READY = "The report is not ready (status: {status})."
 CSRF_FAILED = "CSRF check failed; reload the page and try again."
+METHOD_NOT_ALLOWED = "Use {methods}."
+SHARE_CREATED = "Share link created. Anyone with the link can read this report."
+SHARE_REVOKED = "Share link revoked."
 
 
 def error_message(code: str, detail: str = "") -> str:

@@ -213,4 +213,3 @@ def _pump(
                     last_beat = time.monotonic()
     finally:
         sel.close()
-

@@ -207,6 +207,7 @@ def summary_from_report(report: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {"devices": len(devices)}
     if not devices:
         return summary
+
     # The device that came closest to its limit: the OOM device, else the largest peak.
     def weight(d: dict[str, Any]) -> tuple[int, int]:
         s = d.get("summary") or {}
@@ -317,16 +318,16 @@ def share_active(upload: Upload) -> ShareLink | None:
 
 def api_token_create(user: AbstractBaseUser, default_project: Project | None = None) -> str:
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(
-        user=user, token_hash=token_hash(token), prefix=token[:10], default_project=default_project
-    )
+    ApiToken.objects.create(user=user, token_hash=token_hash(token), prefix=token[:10], default_project=default_project)
     return token
 
 
 def api_token_user(raw: str) -> tuple[AbstractBaseUser, ApiToken] | None:
-    token = ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True).select_related(
-        "user", "default_project"
-    ).first()
+    token = (
+        ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True)
+        .select_related("user", "default_project")
+        .first()
+    )
     if token is None or not token.user.is_active:
         return None
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())

@@ -22,7 +22,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from webapp.snapshots import services
+from webapp.snapshots import messages, services
 from webapp.snapshots.forms import SignupForm, UploadForm
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
@@ -193,7 +193,9 @@ def share_status_json(request: HttpRequest, token: str) -> HttpResponse:
     """The live status page's poll for a report reached through a share link."""
     upload_row = services.upload_for_share_token(token, count_use=False)
     if upload_row is None:
-        return _capability_headers(JsonResponse({"error": {"code": "not-found", "message": "Not found."}}, status=404))
+        return _capability_headers(
+            JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
+        )
     return _capability_headers(JsonResponse(_status_payload(upload_row)))
 
 
@@ -206,11 +208,11 @@ def share(request: HttpRequest, code: str) -> HttpResponse:
     if request.POST.get("action") == "revoke":
         services.share_revoke(upload_row)
         request.session.pop(key, None)
-        flash.info(request, "Share link revoked.")
+        flash.info(request, messages.SHARE_REVOKED)
     else:
         token = services.share_create(upload_row, request.user)  # type: ignore[arg-type]
         request.session[key] = services.share_url(request, token)
-        flash.success(request, "Share link created. Anyone with the link can read this report.")
+        flash.success(request, messages.SHARE_CREATED)
     return redirect("snapshots:detail", code=code)
 
 
@@ -226,9 +228,11 @@ def _capability_headers(response: HttpResponse) -> HttpResponse:
 def share_view(request: HttpRequest, token: str) -> HttpResponse:
     upload_row = services.upload_for_share_token(token)
     if upload_row is None:
-        return _capability_headers(render(request, "404.html", status=404) if _has_404() else HttpResponse(
-            "Not found.", status=404, content_type="text/plain"
-        ))
+        return _capability_headers(
+            render(request, "404.html", status=404)
+            if _has_404()
+            else HttpResponse(messages.NOT_FOUND, status=404, content_type="text/plain")
+        )
     context = _report_context(request, upload_row, shared=True)
     context["share_url"] = request.build_absolute_uri()
     context["markdown_snippet"] = services.markdown_snippet(upload_row, context["share_url"])
