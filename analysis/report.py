@@ -135,7 +135,13 @@ def _build_report(
         complete &= analysis.replay.trace_complete
         has_trace |= len(dev.trace) > 1
         prefix = f"device {dev.device}: " if len(devices) > 1 else ""
-        warnings.extend({"code": w.code, "message": prefix + w.message} for w in analysis.replay.warnings)
+        # The reader and the replay can both notice the same thing (e.g. state-only): say it once.
+        known = {w["code"] for w in warnings}
+        warnings.extend(
+            {"code": w.code, "message": prefix + w.message}
+            for w in analysis.replay.warnings
+            if len(devices) > 1 or w.code not in known
+        )
 
     capture = {
         "has_trace": has_trace,
