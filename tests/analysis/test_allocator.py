@@ -367,3 +367,29 @@ def test_partial_traces_start_from_the_recorded_state_before_the_window(case: st
     log = truth(case)["workload_log"]
     assert result.step_reserved == [row["reserved"] for row in log[len(log) - len(result.step_reserved) :]]
     assert whatif(s, 0, "expandable_segments:True")["limit_bytes"] == stats["reserved_bytes.all.current"]
+
+
+@pytest.mark.parametrize("case", ["frag_oom", "gpu_side_stream", "gpu_cuda_graph", "gpu_empty_cache", "wrapped_ring"])
+@pytest.mark.parametrize(
+    "conf",
+    [
+        "expandable_segments:True,max_split_size_mb:64",
+        "expandable_segments:True,garbage_collection_threshold:0.7",
+        "max_split_size_mb:20,max_non_split_rounding_mb:40,garbage_collection_threshold:0.5",
+        "roundup_power2_divisions:[1:2,64:8,>:4],large_segment_size_mb:64",
+    ],
+)
+def test_any_setting_stays_within_the_limit(case: str, conf: str) -> None:
+    # Paths the real runs do not combine: the model must keep its books and its limit.
+    s = snap(case)
+    cfg = AllocatorConfig.parse(conf)
+    peak = infer_limit(s, 0).lower
+    for limit in (peak // 2, int(peak * 0.8), peak):
+        result = simulate(s, 0, cfg, limit)
+        column = result.reserved_per_event()
+        assert int(column.min()) >= 0
+        assert int(column.max()) <= result.peak_reserved
+        # Only whole expandable pages may end above the limit (alloc_size is what is checked).
+        slack = cfg.large_segment_size if cfg.expandable_segments else 0
+        assert result.peak_reserved <= max(limit + slack, result.reserved_at([-1])[0])
+        assert all(size > 0 for _, size in result.segment_events)
