@@ -683,20 +683,18 @@ class _Converter:
             return Trace.empty(), [], {}, {}
         get = dict.get
         try:
-            actions = list(map(get, events, repeat("action")))
-        except TypeError:  # dict.get on a non-dict
-            i = next(k for k, e in enumerate(events) if type(e) is not dict)
-            raise self.bad(f"{where}[{i}]", events[i], "an event dict") from None
-        try:
-            action = np.fromiter(map(ACTION_CODE.__getitem__, actions), np.int8, n)
+            action = np.fromiter(map(ACTION_CODE.__getitem__, map(get, events, repeat("action"))), np.int8, n)
         except (KeyError, TypeError):
+            if not all(type(e) is dict for e in events):  # dict.get on a non-dict
+                i = next(k for k, e in enumerate(events) if type(e) is not dict)
+                raise self.bad(f"{where}[{i}]", events[i], "an event dict") from None
+            actions = list(map(get, events, repeat("action")))
             i = next(k for k, a in enumerate(actions) if type(a) is not str or a not in ACTION_CODE)
             if actions[i] is None:
                 raise SchemaError("missing-key", f"{where}[{i}]: missing 'action'") from None
             if type(actions[i]) is not str:
                 raise self.bad(f"{where}[{i}].action", actions[i], "a str") from None
             raise SchemaError("unknown-action", f"{where}[{i}].action: unknown action {_short(actions[i])}") from None
-        del actions
 
         addrs = list(map(get, events, repeat("addr")))
         for i in np.flatnonzero(action == OOM).tolist():
@@ -708,7 +706,9 @@ class _Converter:
         del addrs
         size = self.int_column(list(map(get, events, repeat("size"))), where, "size", nonneg=True)
         stream_values = list(map(get, events, repeat("stream")))
-        self.int_column(stream_values, where, "stream")  # checks only; ordinals below
+        order = dict.fromkeys(stream_values)  # a few distinct streams, in order of first appearance
+        if not set(map(type, order)) <= {int}:
+            self.int_column(stream_values, where, "stream")  # raises with the event's index
 
         times = list(map(get, events, repeat("time_us")))
         absent = times.count(None)
@@ -726,19 +726,18 @@ class _Converter:
             counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
             self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
 
-        pool_values = list(map(get, events, repeat("pool_id")))
-        if pool_values.count(None) == n:
+        if _all_default(events, "pool_id", None):
             pool = np.zeros(n, np.int32)
         else:
-            pool = self.pool_column(pool_values, where)
-        del pool_values
+            pool = self.pool_column(list(map(get, events, repeat("pool_id"))), where)
 
         cc = self.sparse_text(events, "compile_context", "N/A", where)
         um = self.sparse_text(events, "user_metadata", "", where)
 
         # Stream ordinals in order of first appearance (dict keeps insertion order).
-        order = dict.fromkeys(stream_values)
         streams = list(order)
+        if not all(I64_MIN <= v <= I64_MAX for v in streams):
+            self.int_column(stream_values, where, "stream")
         if len(streams) == 1:
             stream = np.zeros(n, np.int32)
         else:
@@ -762,9 +761,9 @@ class _Converter:
         return np.fromiter(map(ordinal.__getitem__, values), np.int32, len(values))
 
     def sparse_text(self, events: list[dict[str, Any]], key: str, default: str, where: str) -> dict[int, str]:
-        values = list(map(dict.get, events, repeat(key), repeat(default)))
-        if values.count(default) == len(values):
+        if _all_default(events, key, default):
             return {}
+        values = list(map(dict.get, events, repeat(key), repeat(default)))
         out: dict[int, str] = {}
         for i, v in enumerate(values):
             if type(v) is not str:
@@ -950,6 +949,15 @@ class _Converter:
             self.warn_once("no-requested-size", "blocks lack requested_size (torch < 2.0): block sizes stand in")
         if layout != "modern":
             self.warn_once("legacy-layout", f"legacy snapshot layout '{layout}'")
+
+
+def _all_default(events: list[dict[str, Any]], key: str, default: Any) -> bool:
+    """Whether every event lacks ``key`` or holds ``default`` there (one pass, no list)."""
+    try:
+        distinct = set(map(dict.get, events, repeat(key), repeat(default)))
+    except TypeError:  # unhashable values: not all default
+        return False
+    return len(distinct) == 1 and default in distinct and type(next(iter(distinct))) is type(default)
 
 
 def _hashable(v: Any) -> bool:
