@@ -5,6 +5,58 @@
 (function () {
   "use strict";
 
+  function isDefinition(node) {
+    return node.type === "object" && typeof node.id === "string" && typeof node.name === "string";
+  }
+
+  function isReference(node) {
+    return typeof node.id === "string" && node.type === undefined && Object.keys(node).length === 1;
+  }
+
+  // BokehJS decodes a document in text order and needs each model's definition before any bare
+  // reference {"id": ...} to it. Bokeh writes them so, but a store that reorders object keys
+  // (PostgreSQL's jsonb sorts them, shorter first) can put a reference first. Walk the document in
+  // BokehJS's order (defs, config, roots, callbacks; keys in order) and move each definition to
+  // its first use, leaving a reference where it was.
+  function definitionsFirst(doc) {
+    var definitions = Object.create(null);
+    var seen = Object.create(null);
+    (function collect(node) {
+      if (Array.isArray(node)) {
+        node.forEach(collect);
+      } else if (node !== null && typeof node === "object") {
+        if (isDefinition(node)) definitions[node.id] = node;
+        for (var key in node) collect(node[key]);
+      }
+    })(doc);
+
+    function visit(holder, key) {
+      var node = holder[key];
+      if (Array.isArray(node)) {
+        for (var i = 0; i < node.length; i++) visit(node, i);
+        return;
+      }
+      if (node === null || typeof node !== "object") return;
+      if (isReference(node)) {
+        if (seen[node.id] || !definitions[node.id]) return;
+        node = holder[key] = definitions[node.id];
+      }
+      if (isDefinition(node)) {
+        if (seen[node.id]) {
+          holder[key] = { id: node.id };
+          return;
+        }
+        seen[node.id] = true;
+      }
+      for (var k in node) visit(node, k);
+    }
+
+    ["defs", "config", "roots", "callbacks"].forEach(function (part) {
+      if (doc[part] != null) visit(doc, part);
+    });
+    return doc;
+  }
+
   function fail(slot, error) {
     slot.dataset.rendered = "error";
     slot.textContent = "This chart could not be drawn.";
@@ -27,6 +79,7 @@
       var item;
       try {
         item = JSON.parse(data.textContent);
+        definitionsFirst(item.doc);
       } catch (error) {
         fail(slot, error);
         return;
