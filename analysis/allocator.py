@@ -868,14 +868,17 @@ def _empty_cache_stacks(snapshot: Snapshot, stack_ids: set[int]) -> dict[int, bo
 def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
     """Classify each run of segment_free/segment_unmap events.
 
-    A segment event carries the stack of the call that released it: where the
-    stacks were recorded, a run released by user code has ``empty_cache`` on its
-    stack and any other run was released inside a malloc. Without stacks:
-    before an ``oom`` it is the malloc's flush; before a new segment it is the
-    GC when the recorded settings have a threshold (unless it released small-pool
-    segments, which the GC never does), else a flush-and-retry if the limit
-    could have refused that segment (``reserved + alloc_size`` above the least
-    limit the trace allows, ``_limit_floor``); otherwise ``empty_cache()``.
+    A released segment's event carries the stack of the call that released it
+    (with ``context="all"``), else the stack that created the segment. So: a run
+    with ``empty_cache`` on a stack is user code; before an ``oom`` it is the
+    malloc's flush; a run whose stacks differ from the segments' creation stacks
+    was released inside a malloc (the GC when a threshold is recorded and no
+    small-pool segment went, which the GC never frees; else a flush-and-retry).
+    Otherwise (no stacks, or only creation stacks): before a new segment it is
+    the GC (as above) or a flush-and-retry, if the limit could have refused that
+    segment (``reserved + alloc_size`` above the least limit the trace allows,
+    ``_limit_floor``) and the cache held no block for the request (a malloc
+    flushes only after missing); anything else is ``empty_cache()`` by user code.
     """
     t = device.trace
     act = t.action
@@ -893,35 +896,77 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
     gc_recorded = cfg.garbage_collection_threshold > 0.0
     stack_ids = {int(x) for x in t.stack[rel].tolist() if x >= 0}
     via_empty_cache = _empty_cache_stacks(snapshot, stack_ids)
+    ambiguous = _CacheProbe(snapshot, device, cfg)
+    # Stack of the segment_alloc that created the segment each segment_free releases.
+    created: dict[int, int] = {}
+    last_alloc: dict[int, int] = {}
+    for i in np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_FREE)).tolist():
+        a = int(t.addr[i])
+        if act[i] == SEGMENT_ALLOC:
+            last_alloc[a] = int(t.stack[i])
+        elif a in last_alloc:
+            created[i] = last_alloc.pop(a)
     out = []
     for s, e, req in zip(starts.tolist(), ends.tolist(), reqs.tolist(), strict=True):
         k = e + 1
         nxt = int(act[k]) if k < n else -1
-        stacks = [int(x) for x in t.stack[s : e + 1].tolist() if x >= 0]
-        if stacks:
-            user = any(via_empty_cache[x] for x in stacks)
-            if user:
-                kind = "user"
-            elif nxt == OOM:
-                kind = "oom"
-            elif gc_recorded and not (t.size[s : e + 1] == K_SMALL_BUFFER).any():
-                kind = "gc"
-            else:
-                kind = "retry"
+        stacks = t.stack[s : e + 1].tolist()
+        no_small = not (t.size[s : e + 1] == K_SMALL_BUFFER).any()
+        in_malloc = any(x >= 0 and i in created and created[i] != x for i, x in enumerate(stacks, start=s))
+        if any(x >= 0 and via_empty_cache[x] for x in stacks):
+            kind = "user"
         elif nxt == OOM:
             kind = "oom"
+        elif in_malloc:
+            kind = "gc" if gc_recorded and no_small else "retry"
         elif nxt in (SEGMENT_ALLOC, SEGMENT_MAP) and req >= 0:
             before = int(reserved[s - 1]) if s > 0 else 0
-            if gc_recorded and not (t.size[s : e + 1] == K_SMALL_BUFFER).any():
-                kind = "gc"
-            elif before + _request_alloc_size(device, cfg, req) > floor:
-                kind = "retry"
+            if before + _request_alloc_size(device, cfg, req) <= floor and not (gc_recorded and no_small):
+                kind = "user"  # the limit could not have refused that segment
+            elif ambiguous.served(s - 1, req):
+                kind = "user"  # the cache held a block for the request: a malloc would not have flushed
             else:
-                kind = "user"
+                kind = "gc" if gc_recorded and no_small else "retry"
         else:
             kind = "user"
         out.append(_Burst(s, e, kind, req))
     return out
+
+
+class _CacheProbe:
+    """Whether the recorded cache could serve a request, checked on the recorded
+    replay's state (built only if a burst needs it: a malloc flushes only after
+    ``get_free_block`` missed)."""
+
+    def __init__(self, snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> None:
+        self.snapshot, self.device, self.cfg = snapshot, device, cfg
+        self._replay: Any = None
+        self._pools: npt.NDArray[np.int32] | None = None
+
+    def served(self, index: int, req: int) -> bool:
+        if index < 0:
+            return False
+        if self._replay is None:
+            from analysis.replay import recorded_replay  # local: needed for rare traces only
+
+            self._replay = recorded_replay(self.snapshot, self.device)
+            self._pools = _event_pools(self.device)
+        assert self._pools is not None
+        t, cfg = self.device.trace, self.cfg
+        size = int(t.size[req]) if t.action[req] == OOM else cfg.round_size(int(t.size[req]))
+        small = size <= K_SMALL_SIZE
+        stream, pool = int(t.stream[req]), int(self._pools[req])
+        mss = cfg.max_split_size
+        for seg in self._replay.blocks_at(index).segments:
+            if seg.stream != stream or seg.pool != pool or (seg.segment_type == "small") != small:
+                continue
+            for b in seg.blocks:
+                if b.state != INACTIVE or b.size < size:
+                    continue
+                if (size < mss and b.size >= mss) or (size >= mss and b.size >= size + cfg.max_non_split_rounding_size):
+                    continue
+                return True
+        return False
 
 
 def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorConfig | None = None) -> LimitEstimate:

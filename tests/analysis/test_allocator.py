@@ -26,7 +26,7 @@ from analysis.allocator import (
     whatif,
 )
 from analysis.config import AllocatorConfig, ConfigError
-from analysis.model import OOM, Snapshot
+from analysis.model import OOM, SEGMENT_ALLOC, SEGMENT_FREE, Snapshot
 from analysis.reader import read_snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -393,3 +393,25 @@ def test_any_setting_stays_within_the_limit(case: str, conf: str) -> None:
         slack = cfg.large_segment_size if cfg.expandable_segments else 0
         assert result.peak_reserved <= max(limit + slack, result.reserved_at([-1])[0])
         assert all(size > 0 for _, size in result.segment_events)
+
+
+@pytest.mark.parametrize("case", ["gpu_empty_cache", "gpu_cuda_graph", "gpt_varlen_oom", "gpu_gc_threshold"])
+@pytest.mark.parametrize("context", ["alloc", "none"])
+def test_flushes_are_told_apart_without_the_empty_cache_frame(case: str, context: str) -> None:
+    # With context="alloc" a released segment carries the stack that created it, and
+    # without context none at all: user flushes must still be found from the cache
+    # state (a malloc flushes only after missing), and the replay stays exact.
+    s = read_snapshot(FIXTURES / f"{case}.pickle.gz")  # a private copy: its stacks get rewritten
+    t = s.devices[0].trace
+    if context == "none":
+        t.stack[:] = -1
+    else:
+        creator: dict[int, int] = {}
+        for i in np.flatnonzero(np.isin(t.action, [SEGMENT_ALLOC, SEGMENT_FREE])).tolist():
+            if t.action[i] == SEGMENT_ALLOC:
+                creator[int(t.addr[i])] = int(t.stack[i])
+            else:
+                t.stack[i] = creator.pop(int(t.addr[i]), -1)
+    check = replay_check(s, 0)
+    assert check["exact"] is True
+    assert check["peak_reserved_bytes"] == truth(case)["memory_stats"]["reserved_bytes.all.peak"]
