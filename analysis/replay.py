@@ -266,10 +266,13 @@ class _Replayer:
         self.dist: list[int] = [0]
         self.tmin = 0
         self.tlimit = _TRACK_LIMIT
-        self.isplit = 0
         # Outputs of a pass (lists written by index, turned into numpy once).
         self.bs: list[int] = [0] * self.n
-        self.isp: list[int] = [0] * self.n
+        # inactive_split = cached_free - "nonsplit": free bytes of whole segments and of
+        # expandable ones. Without expandable segments that changes only when a segment
+        # turns wholly free or stops being so: (event, change) pairs, not a column.
+        self.ns_i: list[int] = []
+        self.ns_v: list[int] = []
         # largest_free changes only where the tracked sizes do: (event, value) pairs.
         self.lf_i: list[int] = []
         self.lf_v: list[int] = []
@@ -355,8 +358,9 @@ class _Replayer:
                     self._retrack()
                 self.lf_i.append(self.cur)
                 self.lf_v.append(self.dist[-1])
-        if self.seg_size.get(start) != size and self._counts_split(start):
-            self.isplit += size
+        if (self.seg_size.get(start) == size or not self._counts_split(start)) and self.cur >= 0:
+            self.ns_i.append(self.cur)
+            self.ns_v.append(size)
 
     def _remove_free(self, start: int) -> int:
         size = self.free_sz.pop(start)
@@ -372,8 +376,9 @@ class _Replayer:
                     self._retrack()
                 self.lf_i.append(self.cur)
                 self.lf_v.append(self.dist[-1])
-        if self.seg_size.get(start) != size and self._counts_split(start):
-            self.isplit -= size
+        if (self.seg_size.get(start) == size or not self._counts_split(start)) and self.cur >= 0:
+            self.ns_i.append(self.cur)
+            self.ns_v.append(-size)
         return size
 
     def _retrack(self) -> None:
@@ -452,14 +457,15 @@ class _Replayer:
         plo = bisect.bisect_left(self.p_idx, lo)
         phi = bisect.bisect_left(self.p_idx, hi)
         p_idx, act, addr, size = self.p_idx, self.p_act, self.p_addr, self.p_size
-        bs, isp_out = self.bs, self.isp
+        bs = self.bs
+        ns_i, ns_v = self.ns_i, self.ns_v
         lf_i, lf_v = self.lf_i, self.lf_v
         free_sz, free_end, used = self.free_sz, self.free_end, self.used
         seg_size = self.seg_size
         fcount, dist = self.fcount, self.dist
         tmin, tlimit = self.tmin, self.tlimit
         insort, bisect_left = bisect.insort, bisect.bisect_left
-        isplit, cmode = self.isplit, self.cmode
+        cmode = self.cmode
         plain = self.plain_round
         round_size = self.cfg.round_size
         mss = self.cfg.max_split_size
@@ -471,11 +477,10 @@ class _Replayer:
             if a == 0:  # alloc
                 f = free_sz.pop(ad, None)
                 if f is None:
-                    self.isplit = isplit
                     self.tmin, self.tlimit = tmin, tlimit
                     self.cur = i
                     self._alloc_slow(i, ad, sz)
-                    isplit, cmode = self.isplit, self.cmode
+                    cmode = self.cmode
                     tmin, tlimit = self.tmin, self.tlimit
                 else:
                     r = ((sz + 511) & -512 if sz >= 512 else 512) if plain else round_size(sz)
@@ -493,8 +498,13 @@ class _Replayer:
                             lf_i.append(i)
                             lf_v.append(dist[-1])
                     cnt = cmode == 0 or (cmode == 2 and counts_split(ad))
-                    if cnt and seg_size.get(ad) != f:
-                        isplit -= f
+                    if cnt:
+                        if seg_size.get(ad) == f:  # a whole segment's block is taken
+                            ns_i.append(i)
+                            ns_v.append(-f)
+                    else:
+                        ns_i.append(i)
+                        ns_v.append(-f)
                     if rem < 0:
                         self._issue(i, "block-too-small", "alloc larger than the free block")
                         rem = 0
@@ -514,8 +524,9 @@ class _Replayer:
                                     tmin, tlimit = self.tmin, self.tlimit
                                 lf_i.append(i)
                                 lf_v.append(dist[-1])
-                        if cnt:
-                            isplit += rem
+                        if not cnt:
+                            ns_i.append(i)
+                            ns_v.append(rem)
                         bs[i] = r
                     else:
                         del free_end[ad + f]
@@ -534,7 +545,6 @@ class _Replayer:
                     if ref is None:
                         self._issue(i, "unknown-free", "free of an address with no active block")
                         self.ignored.append(i)
-                        isp_out[i] = isplit
                         continue
                     if ref < 0:
                         b = bs[~ref]
@@ -564,8 +574,6 @@ class _Replayer:
                             else:
                                 del fcount[ns]
                                 del dist[bisect_left(dist, ns)]
-                        if cnt:
-                            isplit -= ns
                         end += ns
                 ps = free_end.pop(ad, None)
                 if ps is not None:
@@ -580,8 +588,6 @@ class _Replayer:
                             else:
                                 del fcount[psz]
                                 del dist[bisect_left(dist, psz)]
-                        if cnt:
-                            isplit -= psz
                         start = ps
                 m = end - start
                 free_sz[start] = m
@@ -600,9 +606,14 @@ class _Replayer:
                             tmin, tlimit = self.tmin, self.tlimit
                         lf_i.append(j)
                         lf_v.append(dist[-1])
-                if cnt and seg_size.get(start) != m:
-                    isplit += m
-                isp_out[j] = isplit
+                # Blocks merged into m were split ones: only m itself may change
+                # the nonsplit bytes (a whole segment again, or expandable).
+                if not cnt:
+                    ns_i.append(j)
+                    ns_v.append(b)
+                elif seg_size.get(start) == m:
+                    ns_i.append(j)
+                    ns_v.append(m)
                 continue
             elif a == 1:  # free_requested
                 ref = used.get(ad, -1)
@@ -615,7 +626,6 @@ class _Replayer:
                 # Nothing a column shows changes here: filled from the event before.
                 continue
             elif 3 <= a <= 6:
-                self.isplit = isplit
                 self.tmin, self.tlimit = tmin, tlimit
                 self.cur = i
                 if a == 3:
@@ -626,10 +636,8 @@ class _Replayer:
                     self._segment_map(i, ad, sz)
                 else:
                     self._segment_unmap(i, ad, sz)
-                isplit, cmode = self.isplit, self.cmode
+                cmode = self.cmode
                 tmin, tlimit = self.tmin, self.tlimit
-            isp_out[i] = isplit
-        self.isplit = isplit
         self.tmin, self.tlimit = tmin, tlimit
 
     # -- slow paths (rare events, or repairs on an incomplete trace) ----------------
@@ -1065,14 +1073,12 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
         d_alloc[i] += v
     for i, v in rep.adj_active.items():
         d_active[i] += v
-    # The pass leaves free_requested events unwritten: nothing shown changes there.
-    skip = act == FREE_REQUESTED
     return {
         "allocated": np.cumsum(d_alloc, dtype=np.int64) + init.allocated,
         "active": np.cumsum(d_active, dtype=np.int64) + init.active,
         "requested": np.cumsum(d_req, dtype=np.int64) + init.requested,
         "reserved": np.cumsum(d_res, dtype=np.int64) + init.reserved,
-        "inactive_split": _fill_forward(rep.isp, skip, init.inactive_split),
+        "nonsplit": _step_sum(rep.ns_i, rep.ns_v, n, init.cached_free - init.inactive_split),
         "largest_free": _step_column(rep.lf_i, rep.lf_v, n, init.largest_free),
     }
 
@@ -1086,15 +1092,12 @@ def _step_column(index: list[int], value: list[int], n: int, initial: int) -> I6
     return np.where(at >= 0, values[np.maximum(at, 0)], initial)
 
 
-def _fill_forward(values: list[int], skip: npt.NDArray[np.bool_], initial: int) -> I64:
-    """values with each skipped entry replaced by the last kept one (or ``initial``)."""
-    col = np.empty(len(values) + 1, dtype=np.int64)
-    col[0] = initial
-    col[1:] = values
-    pos = np.arange(1, len(values) + 1)
-    pos[skip] = 0
-    np.maximum.accumulate(pos, out=pos)
-    return col[pos]
+def _step_sum(index: list[int], delta: list[int], n: int, initial: int) -> I64:
+    """A column that starts at ``initial`` and moves by ``delta[k]`` at event ``index[k]``."""
+    moves = np.zeros(n, dtype=np.int64)
+    if index:
+        np.add.at(moves, np.array(index, dtype=np.int64), np.array(delta, dtype=np.int64))
+    return np.cumsum(moves, dtype=np.int64) + initial
 
 
 def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[int] = ()) -> RecordedReplay:
@@ -1206,8 +1209,9 @@ def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[in
     init = initial_state.figures()
     cols = _columns(rep, device, init)
     allocated, requested, reserved, active = (cols["allocated"], cols["requested"], cols["reserved"], cols["active"])
-    inactive_split, largest_free = cols["inactive_split"], cols["largest_free"]
+    largest_free = cols["largest_free"]
     cached_free = reserved - active
+    inactive_split = cached_free - cols["nonsplit"]
 
     if n:
         final_figures = StateFigures(
@@ -1226,7 +1230,7 @@ def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[in
     pq, pqi = _peak(requested, init.requested)
     pr, pri = _peak(reserved, init.reserved)
     # The per-pass lists are only needed again by blocks_at's replays.
-    rep.bs = rep.isp = []
+    rep.bs = []
     return RecordedReplay(
         device=device.device,
         events=n,
