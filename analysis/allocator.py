@@ -933,6 +933,25 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
     return out
 
 
+_BURSTS: dict[tuple[int, AllocatorConfig], tuple[npt.NDArray[np.int8], list[_Burst]]] = {}
+
+
+def _bursts_of(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
+    """``_bursts``, remembered for the last few traces: a report replays one trace
+    several times (the check and each what-if), and telling flushes apart may
+    need a recorded replay."""
+    action = device.trace.action
+    key = (id(action), cfg)
+    hit = _BURSTS.get(key)
+    if hit is not None and hit[0] is action:
+        return hit[1]
+    found = _bursts(snapshot, device, cfg)
+    if len(_BURSTS) >= 8:
+        del _BURSTS[next(iter(_BURSTS))]
+    _BURSTS[key] = (action, found)
+    return found
+
+
 class _CacheProbe:
     """Whether the recorded cache could serve a request, checked on the recorded
     replay's state (built only if a burst needs it: a malloc flushes only after
@@ -994,7 +1013,7 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
     device_full: int | None = None
     evidence = 0
     threshold = cfg.garbage_collection_threshold
-    for b in _bursts(snapshot, dev, cfg):
+    for b in _bursts_of(snapshot, dev, cfg):
         before = int(reserved[b.start - 1]) if b.start > 0 else 0
         if b.kind == "retry" and b.request >= 0:
             bound = before + _request_alloc_size(dev, cfg, b.request) - 1
@@ -1178,7 +1197,7 @@ def simulate(
     """
     dev = _device(snapshot, device)
     recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-    bursts = _bursts(snapshot, dev, recorded_cfg)
+    bursts = _bursts_of(snapshot, dev, recorded_cfg)
     pools = _event_pools(dev)
     events, ops, raddrs, sizes, lks = _prepare(snapshot, dev, config, bursts, pools)
     model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev, pools))
