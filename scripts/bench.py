@@ -5,7 +5,9 @@
 FILE defaults to the 460 MB ``huge_all_stacks`` snapshot. A gzipped file is
 decompressed once into ``var/bench/`` so every stage reads the same raw pickle.
 Each stage runs in its own child process (a fresh heap, so peak RSS is the
-stage's own): the child reports wall time and its high-water RSS (VmHWM).
+stage's own): the child does the stage's imports, then reports the wall and
+CPU time of the work alone and its high-water RSS (VmHWM, which includes the
+interpreter and numpy, ~30-40 MB).
 With ``--repeat N`` each stage runs N times and the fastest run is kept (this
 machine's timings vary by a factor of two from run to run; peaks do not).
 
@@ -36,6 +38,8 @@ CACHE = ROOT / "var" / "bench"
 TIME_RATIO_MAX = 2.5
 PEAK_RATIO_MAX = 1.5
 WHATIFS = ("expandable_segments:True", "max_split_size_mb:256")
+# Nothing here uses BLAS: one OpenBLAS thread keeps idle spinning threads out of the CPU figures.
+CHILD_ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
 class NotAvailable(Exception):
@@ -43,60 +47,69 @@ class NotAvailable(Exception):
 
 
 # ---------------------------------------------------------------------------
-# Stages: each takes the raw pickle's path and returns sub-timings (seconds).
-# They run in a child process; import inside the function.
+# Stages: each takes the raw pickle's path, does its imports (not timed) and
+# returns the timed work: a callable returning sub-timings in seconds (or {}).
+# They run in a child process.
 # ---------------------------------------------------------------------------
 
+Timed = Callable[[], dict[str, float]]
 
-def stage_pickle_load(path: Path) -> dict[str, float]:
+
+def stage_pickle_load(path: Path) -> Timed:
     import pickle
 
-    gc.disable()
-    with path.open("rb") as f:
-        obj = pickle.load(f)
-    _keep.append(obj)  # freeing it is not part of a plain load
-    return {}
+    def run() -> dict[str, float]:
+        gc.disable()
+        with path.open("rb") as f:
+            _keep.append(pickle.load(f))  # freeing it is not part of a plain load
+        return {}
+
+    return run
 
 
-def stage_read_snapshot(path: Path) -> dict[str, float]:
+def stage_read_snapshot(path: Path) -> Timed:
     read_snapshot = _import("analysis.reader", "read_snapshot")
-    snap = read_snapshot(path)
-    _keep.append(snap)
-    return {}
+    return lambda: _keep.append(read_snapshot(path)) or {}
 
 
-def stage_recorded_replay(path: Path) -> dict[str, float]:
+def stage_recorded_replay(path: Path) -> Timed:
     read_snapshot = _import("analysis.reader", "read_snapshot")
     recorded_replay = _import("analysis.replay", "recorded_replay")
-    t0 = time.perf_counter()
-    snap = read_snapshot(path)
-    t1 = time.perf_counter()
-    for dev in snap.devices:
-        _keep.append(recorded_replay(snap, dev))
-    return {"read": t1 - t0, "replay": time.perf_counter() - t1}
+
+    def run() -> dict[str, float]:
+        t0 = time.perf_counter()
+        snap = read_snapshot(path)
+        t1 = time.perf_counter()
+        for dev in snap.devices:
+            _keep.append(recorded_replay(snap, dev))
+        return {"read": t1 - t0, "replay": time.perf_counter() - t1}
+
+    return run
 
 
-def stage_simulate(path: Path) -> dict[str, float]:
+def stage_simulate(path: Path) -> Timed:
     read_snapshot = _import("analysis.reader", "read_snapshot")
     simulate = _import("analysis.allocator", "simulate")
     config_cls = _import("analysis.config", "AllocatorConfig")
-    t0 = time.perf_counter()
-    snap = read_snapshot(path)
-    t1 = time.perf_counter()
-    config = config_cls.from_settings(snap.settings.raw, snap.settings.conf)
-    for dev in snap.devices:
-        _keep.append(simulate(snap, dev, config))
-    return {"read": t1 - t0, "simulate": time.perf_counter() - t1}
+
+    def run() -> dict[str, float]:
+        t0 = time.perf_counter()
+        snap = read_snapshot(path)
+        t1 = time.perf_counter()
+        config = config_cls.from_settings(snap.settings.raw, snap.settings.conf)
+        for dev in snap.devices:
+            _keep.append(simulate(snap, dev, config))
+        return {"read": t1 - t0, "simulate": time.perf_counter() - t1}
+
+    return run
 
 
-def stage_build_report(path: Path) -> dict[str, float]:
+def stage_build_report(path: Path) -> Timed:
     build_report = _import("analysis.report", "build_report")
-    report = build_report(path, whatif=WHATIFS)
-    _keep.append(report)
-    return {}
+    return lambda: _keep.append(build_report(path, whatif=WHATIFS)) or {}
 
 
-STAGES: list[tuple[str, Callable[[Path], dict[str, float]]]] = [
+STAGES: list[tuple[str, Callable[[Path], Timed]]] = [
     ("pickle.load", stage_pickle_load),
     ("read_snapshot", stage_read_snapshot),
     ("recorded_replay", stage_recorded_replay),
@@ -133,9 +146,10 @@ def _run_child(name: str, path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     fn = dict(STAGES)[name]
     try:
+        work = fn(path)  # imports happen here, outside the timing
         t0 = time.perf_counter()
         c0 = time.process_time()
-        parts = fn(path)
+        parts = work()
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - c0
         result: dict[str, Any] = {"seconds": seconds, "cpu": cpu, "peak_kib": _vm_hwm_kib(), "parts": parts}
@@ -175,6 +189,7 @@ def run_stage(name: str, path: Path, repeat: int) -> dict[str, Any] | None:
             capture_output=True,
             text=True,
             check=False,
+            env=CHILD_ENV,
         )
         line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
         if line is None:
