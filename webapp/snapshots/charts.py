@@ -15,6 +15,10 @@ Rules that shape this module:
 - Data is bounded whatever the snapshot's size: the report's timeline is
   already downsampled; here every series, map and tree is capped again so a
   page stays well under a few MB.
+- Items are stored in a JSON column: on PostgreSQL (jsonb) object keys come
+  back reordered, so a model's bare reference ``{"id": ...}`` may precede its
+  definition. ``static/js/charts.js`` restores definition-first order before
+  ``embed_item``; tests render jsonb-ordered items in a browser.
 
 Chart names (the page template places them by name; ``<d>`` is the device):
 ``timeline-<d>`` (timeline + fragmentation index, linked x), ``segments-peak-<d>``,
