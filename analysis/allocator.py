@@ -1003,9 +1003,6 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
     dev = _device(snapshot, device)
     cfg = config or AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     t = dev.trace
-    n = len(t)
-    if n == 0:
-        return LimitEstimate(0, None, None, 0)
     reserved = _recorded_reserved(dev)
     lower = _limit_floor(dev, cfg, reserved)
     upper: int | None = None
