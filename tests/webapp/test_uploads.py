@@ -166,3 +166,37 @@ def test_page_xhr_invalid_form_gets_json_error(alice_client: Any) -> None:
     assert error["code"] == "upload:invalid"
     assert isinstance(error["message"], str) and "project" in error["message"]
     assert not Upload.objects.exists()
+
+
+@pytest.mark.parametrize("size_over_cap", [False, True])
+def test_temp_files_are_removed_after_the_request(
+    client: Any,
+    alice_token: str,
+    settings: Any,
+    tmp_path: Any,
+    size_over_cap: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from webapp.snapshots import services
+
+    temp_dir = tmp_path / "upload-tmp"
+    temp_dir.mkdir()
+    settings.FILE_UPLOAD_TEMP_DIR = str(temp_dir)
+    seen: list[str] = []
+    store = services._store_blob
+    monkeypatch.setattr(
+        services,
+        "_store_blob",
+        lambda uploaded, sha: (seen.append(uploaded.temporary_file_path()), store(uploaded, sha))[1],
+    )
+    if size_over_cap:
+        settings.UPLOAD_MAX_BYTES = CAP
+        response = client.post("/api/v1/snapshots", {"file": big_file(CAP + 1)}, **bearer(alice_token))
+        assert response.status_code == 413
+    else:
+        with open(GPT_OOM, "rb") as fh:
+            response = client.post("/api/v1/snapshots", {"file": fh}, **bearer(alice_token))
+        assert response.status_code == 202
+        assert len(seen) == 1 and seen[0].startswith(str(temp_dir))  # it was streamed there
+    response.close()
+    assert list(temp_dir.iterdir()) == []
