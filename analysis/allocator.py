@@ -1062,15 +1062,21 @@ def _prepare(
     addr = t.addr
     op = np.full(n, -1, np.int8)
     is_fr = act == FREE_REQUESTED
+    is_fc = act == FREE_COMPLETED
     paired = np.zeros(n, bool)
     if n > 1:
-        paired[:-1] = is_fr[:-1] & (act[1:] == FREE_COMPLETED) & (addr[1:] == addr[:-1])
+        paired[:-1] = is_fr[:-1] & is_fc[1:] & (addr[1:] == addr[:-1])
     completes = np.zeros(n, bool)
     completes[1:] = paired[:-1]
+    # skip_actions (torch 2.10+) may drop one of the two: the other is then the free.
+    if not is_fc.any():
+        paired = is_fr
+    elif not is_fr.any():
+        paired, completes = is_fc, np.zeros(n, bool)
     op[act == ALLOC] = _OP_ALLOC
     op[paired] = _OP_FREE
     op[is_fr & ~paired] = _OP_FREE_REQ
-    op[(act == FREE_COMPLETED) & ~completes] = _OP_FREE_DONE
+    op[is_fc & ~completes & ~paired] = _OP_FREE_DONE
     op[act == OOM] = _OP_OOM
     user = [b for b in bursts if b.kind == "user"]
     for b in user:
@@ -1271,9 +1277,11 @@ def trace_is_complete(device: DeviceData) -> bool:
         return final_total == 0
     if int(_recorded_reserved(device)[-1]) != final_total:
         return False
-    sel = np.flatnonzero((t.action == ALLOC) | (t.action == FREE_REQUESTED))
+    # The free of a block is its free_requested; with skip_actions dropping those, its free_completed.
+    free = FREE_REQUESTED if (t.action == FREE_REQUESTED).any() else FREE_COMPLETED
+    sel = np.flatnonzero((t.action == ALLOC) | (t.action == free))
     if sel.size == 0:
-        return not (t.action == FREE_COMPLETED).any()
+        return True
     addr = t.addr[sel]
     order = np.lexsort((sel, addr))
     a = addr[order]

@@ -26,7 +26,16 @@ from analysis.allocator import (
     whatif,
 )
 from analysis.config import AllocatorConfig, ConfigError
-from analysis.model import OOM, SEGMENT_ALLOC, SEGMENT_FREE, Snapshot
+from analysis.model import (
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    DeviceData,
+    Snapshot,
+    Trace,
+)
 from analysis.reader import read_snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -415,3 +424,18 @@ def test_flushes_are_told_apart_without_the_empty_cache_frame(case: str, context
     check = replay_check(s, 0)
     assert check["exact"] is True
     assert check["peak_reserved_bytes"] == truth(case)["memory_stats"]["reserved_bytes.all.peak"]
+
+
+@pytest.mark.parametrize("dropped", [FREE_COMPLETED, FREE_REQUESTED])
+def test_a_trace_recorded_with_skip_actions_on_one_free_kind_still_replays(dropped: int) -> None:
+    # torch 2.10+ skip_actions can leave out free_completed (or free_requested) entirely.
+    s = snap("gpt_varlen_oom")
+    dev = s.devices[0]
+    t = dev.trace
+    keep = t.action != dropped
+    columns = (t.action, t.addr, t.size, t.stream, t.time_us, t.stack, t.pool)
+    thinned = DeviceData(dev.device, Trace(*(c[keep] for c in columns)), dev.segments, dev.streams)
+    check = replay_check(s, thinned)
+    assert check["trace_complete"] is True
+    assert check["exact"] is True
+    assert check["peak_reserved_bytes"] == truth("gpt_varlen_oom")["memory_stats"]["reserved_bytes.all.peak"]
