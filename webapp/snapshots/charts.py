@@ -607,7 +607,7 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     dense = rows > 60  # rows too thin for a label each: hover names the segment instead
     p = _figure(
         title,
-        height=min(1500, 90 + (8 if dense else 15) * rows),
+        height=min(1500, 90 + (6 if dense else 15) * rows),
         y_range=Range1d(rows - 0.5, -0.5),
         x_range=Range1d(0, widest * 1.01, bounds=(0, widest * 1.01)),
     )
