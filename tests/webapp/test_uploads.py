@@ -200,3 +200,17 @@ def test_temp_files_are_removed_after_the_request(
         assert len(seen) == 1 and seen[0].startswith(str(temp_dir))  # it was streamed there
     response.close()
     assert list(temp_dir.iterdir()) == []
+
+
+def test_chunked_body_without_length_is_411(client: Any, alice_token: str) -> None:
+    response = client.generic(
+        "POST",
+        "/api/v1/snapshots",
+        b"",
+        content_type="multipart/form-data; boundary=x",
+        HTTP_TRANSFER_ENCODING="chunked",
+        CONTENT_LENGTH="",
+        **bearer(alice_token),
+    )
+    assert response.status_code == 411
+    assert response.json()["error"]["code"] == "upload:length-required"

@@ -35,6 +35,9 @@ def too_large() -> IntakeError:
 
 
 def check_declared_size(request: Any) -> None:
+    if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower() and not request.META.get("CONTENT_LENGTH"):
+        # WSGI gives Django no body without a length; say so instead of "no file".
+        raise IntakeError(411, "upload:length-required", messages.UPLOAD_LENGTH_REQUIRED)
     if content_length_over_cap(request):
         raise too_large()
 

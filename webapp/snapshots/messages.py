@@ -29,6 +29,7 @@ BY_CODE = {
 }
 
 UPLOAD_TOO_LARGE = "The file is larger than the {limit} upload limit."
+UPLOAD_LENGTH_REQUIRED = "Send the upload with a Content-Length header (chunked request bodies are not read)."
 UPLOAD_MISSING_FILE = "No file was sent. Attach the snapshot as the multipart field 'file'."
 UPLOAD_UNKNOWN_PROJECT = "No project '{slug}' that you can upload to."
 UPLOAD_NO_PROJECT = "Choose a project to upload to."
