@@ -97,14 +97,14 @@ def _own_sniff(head: bytes) -> str:
             inner = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 64)
         except zlib.error as exc:
             raise Refusal("snapshot:format:not-a-snapshot", "corrupt gzip stream") from exc
-        if inner[:1] not in (b"\x80", b"{", b"") and inner.lstrip()[:1] != b"{":
+        if inner[:1] not in (b"\x80", b"") and inner.lstrip()[:1] not in (b"{", b"["):
             raise Refusal("snapshot:format:not-a-snapshot", "the gzip holds neither a pickle nor JSON")
         return "pickle.gz"
     if head[:1] == b"\x80":
         return "pickle"
     if head[:4] == b"PK\x03\x04":
         return "torch-zip"
-    if stripped[:1] == b"{":
+    if stripped[:1] in (b"{", b"["):
         return "json"
     raise Refusal("snapshot:format:not-a-snapshot")
 
