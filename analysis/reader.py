@@ -211,7 +211,9 @@ class _NoGlobals(pickle.Unpickler):
         raise UnsafeError("global", f"the pickle asks for {module[:80]}.{name[:80]}; snapshots never do")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise UnsafeError("persistent-id", "the pickle uses a persistent id (a tensor or object store); snapshots never do")
+        raise UnsafeError(
+            "persistent-id", "the pickle uses a persistent id (a tensor or object store); snapshots never do"
+        )
 
 
 # Messages of the C unpickler (CPython 3.11) that name what was attempted, so the
@@ -493,8 +495,11 @@ class _Converter:
             layout = "modern"
         else:
             raise self.bad("top level", root, "a dict or a list of segments", "root-type")
-        for where, value in (("segments", segments_raw), ("device_traces", traces_raw),
-                             ("external_annotations", annotations_raw)):
+        for where, value in (
+            ("segments", segments_raw),
+            ("device_traces", traces_raw),
+            ("external_annotations", annotations_raw),
+        ):
             if type(value) is not list:
                 raise self.bad(where, value, "a list")
         self.charge(len(segments_raw) + len(traces_raw) + len(annotations_raw))
@@ -610,7 +615,10 @@ class _Converter:
             inverse = inverse.reshape(-1)
             reps = [lists[int(pending[p])] for p in rep_pos]
             rep_sid = np.array(
-                [self.stack_of(r, f"{where}[{int(idx[pending[p]])}].frames") for r, p in zip(reps, rep_pos)],
+                [
+                    self.stack_of(r, f"{where}[{int(idx[pending[p]])}].frames")
+                    for r, p in zip(reps, rep_pos, strict=True)
+                ],
                 np.int64,
             )
             members = lists if pending.size == m else list(map(lists.__getitem__, pending.tolist()))
@@ -637,7 +645,9 @@ class _Converter:
             self.pools.append(key)
         return pid
 
-    def int_field(self, d: dict[str, Any], key: str, where: str, *, default: Any = _MISSING, nonneg: bool = False) -> int:
+    def int_field(
+        self, d: dict[str, Any], key: str, where: str, *, default: Any = _MISSING, nonneg: bool = False
+    ) -> int:
         value = d.get(key, default)
         if value is _MISSING:
             raise SchemaError("missing-key", f"{where}: missing '{key}'")
@@ -824,8 +834,20 @@ class _Converter:
                 requested = requested_sum
             else:
                 requested = self.int_field(s, "requested_size", where, nonneg=True)
-            record = (device, address, total, allocated, active, requested, stream, seg_type, pool, expandable,
-                      tuple(blocks), seg_stack)
+            record = (
+                device,
+                address,
+                total,
+                allocated,
+                active,
+                requested,
+                stream,
+                seg_type,
+                pool,
+                expandable,
+                tuple(blocks),
+                seg_stack,
+            )
             by_device.setdefault(device, []).append(record)
         return by_device
 
@@ -874,8 +896,9 @@ class _Converter:
         except ValueError:
             ordinal = len(streams)
             streams.append(stream)
-        return Segment(device, address, total, allocated, active, requested, ordinal, seg_type, pool, expandable,
-                       blocks, stack)
+        return Segment(
+            device, address, total, allocated, active, requested, ordinal, seg_type, pool, expandable, blocks, stack
+        )
 
     # -- annotations and settings -------------------------------------------------------
     def convert_annotations(self, raw: list[Any]) -> list[Annotation]:
@@ -934,9 +957,7 @@ class _Converter:
                 "the snapshot holds no trace events (history was not recorded): only the final state can be shown",
             )
         elif all(len(d.trace) <= 1 for d in devices):
-            self.warn_once(
-                "state-only", "the trace holds at most one event per device (recorded with enabled='state')"
-            )
+            self.warn_once("state-only", "the trace holds at most one event per device (recorded with enabled='state')")
         if n_events and not self.saw_event_frames:
             self.warn_once("no-frames", "trace events carry no stacks (recorded with context=None or 'state')")
         if not self.saw_any_frames and not (n_events and self.saw_event_frames):
@@ -979,4 +1000,3 @@ def _short(value: Any) -> str:
         return f"(a {type(value).__name__} of {len(value)})"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-

@@ -43,15 +43,30 @@ def snapshot_dict(n_events: int = 50) -> dict[str, Any]:
     """A small, valid modern snapshot (shared frame dicts, like real files)."""
     frames = [F, {"filename": "model.py", "line": 7, "name": "forward"}]
     events = [
-        {"action": "alloc" if i % 2 == 0 else "free_completed", "addr": 4096 * (i // 2 + 1), "size": 512,
-         "stream": 0, "time_us": i, "frames": frames}
+        {
+            "action": "alloc" if i % 2 == 0 else "free_completed",
+            "addr": 4096 * (i // 2 + 1),
+            "size": 512,
+            "stream": 0,
+            "time_us": i,
+            "frames": frames,
+        }
         for i in range(n_events)
     ]
-    segment = {"device": 0, "address": 4096, "total_size": 2 << 20, "allocated_size": 0, "active_size": 0,
-               "requested_size": 0, "stream": 0, "segment_type": "small", "segment_pool_id": (0, 0),
-               "is_expandable": False, "frames": [], "blocks": [{"address": 4096, "size": 2 << 20,
-                                                                  "requested_size": 0, "state": "inactive",
-                                                                  "frames": []}]}
+    segment = {
+        "device": 0,
+        "address": 4096,
+        "total_size": 2 << 20,
+        "allocated_size": 0,
+        "active_size": 0,
+        "requested_size": 0,
+        "stream": 0,
+        "segment_type": "small",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": [{"address": 4096, "size": 2 << 20, "requested_size": 0, "state": "inactive", "frames": []}],
+    }
     return {"segments": [segment], "device_traces": [events], "allocator_settings": {}, "external_annotations": []}
 
 
@@ -120,18 +135,21 @@ def build_cases(canary: Path) -> dict[str, Case]:
     laughs: Any = ["lol"] * 10
     for _ in range(9):
         laughs = [laughs] * 10
-    cases["billion_laughs"] = Case(pickle.dumps({"segments": laughs, "device_traces": []}, protocol=4),
-                                   "snapshot:limit:expansion")
+    cases["billion_laughs"] = Case(
+        pickle.dumps({"segments": laughs, "device_traces": []}, protocol=4), "snapshot:limit:expansion"
+    )
     deep_laughs: Any = [F] * 8
     for _ in range(60):
         deep_laughs = [deep_laughs, deep_laughs]  # 2**60 leaves in a few hundred bytes
-    cases["memo_dag_2_60"] = Case(pickle.dumps({"segments": [], "device_traces": [deep_laughs]}, protocol=4),
-                                  "snapshot:limit:too-deep")
+    cases["memo_dag_2_60"] = Case(
+        pickle.dumps({"segments": [], "device_traces": [deep_laughs]}, protocol=4), "snapshot:limit:too-deep"
+    )
     wide_laughs: Any = [F] * 8
     for _ in range(28):
         wide_laughs = [wide_laughs, wide_laughs]  # 2**31 leaves, 30 levels: under the depth cap
-    cases["memo_dag_2_31"] = Case(pickle.dumps({"segments": [], "device_traces": [wide_laughs]}, protocol=4),
-                                  "snapshot:limit:expansion")
+    cases["memo_dag_2_31"] = Case(
+        pickle.dumps({"segments": [], "device_traces": [wide_laughs]}, protocol=4), "snapshot:limit:expansion"
+    )
     # Schema-shaped: 100k events share one dict whose frames list holds 100k frames.
     shared_frames = [F] * 100_000
     event = {"action": "alloc", "addr": 0, "size": 1, "stream": 0, "frames": shared_frames}
@@ -158,8 +176,9 @@ def build_cases(canary: Path) -> dict[str, Case]:
         {"max_decompressed_bytes": 100_000},
     )
     cases["zip_bomb_member"] = Case(_deflated_zip_bomb(64), "snapshot:limit:compression-ratio")
-    cases["file_over_input_cap"] = Case(pickle.dumps(snapshot_dict(), protocol=4), "snapshot:limit:file-size",
-                                        {"max_input_bytes": 1000})
+    cases["file_over_input_cap"] = Case(
+        pickle.dumps(snapshot_dict(), protocol=4), "snapshot:limit:file-size", {"max_input_bytes": 1000}
+    )
 
     # --- truncation and lying lengths -------------------------------------------------
     valid = pickle.dumps(snapshot_dict(), protocol=4)
@@ -172,10 +191,13 @@ def build_cases(canary: Path) -> dict[str, Case]:
     cases["frame_2gib"] = Case(b"\x80\x04\x95" + struct.pack("<Q", 1 << 31) + b"N.", "snapshot:format:truncated")
     # The C unpickler (CPython < 3.12) sizes its memo / bytes from the claim: the
     # process's RLIMIT_AS turns that into a clean refusal.
-    cases["long_binput_0xfffffff0"] = Case(b"\x80\x04Nr" + struct.pack("<I", 0xFFFFFFF0) + b".",
-                                           "snapshot:limit:memory")
+    cases["long_binput_0xfffffff0"] = Case(
+        b"\x80\x04Nr" + struct.pack("<I", 0xFFFFFFF0) + b".", "snapshot:limit:memory"
+    )
     cases["binbytes8_1tib"] = Case(b"\x80\x04\x8e" + struct.pack("<Q", 1 << 40) + b"abc", "snapshot:limit:memory")
-    cases["trailing_pickle"] = Case(valid + b"\x80\x02cos\nsystem\n(S'" + b + b"'\ntR.", "snapshot:format:trailing-bytes")
+    cases["trailing_pickle"] = Case(
+        valid + b"\x80\x02cos\nsystem\n(S'" + b + b"'\ntR.", "snapshot:format:trailing-bytes"
+    )
     cases["trailing_inside_frame"] = Case(_garbage_in_last_frame(), "snapshot:format:trailing-bytes")
     cases["trailing_after_gzip"] = Case(gzip.compress(valid) + b"junk", "snapshot:format:trailing-bytes")
     cases["duplicate_proto"] = Case(b"\x80\x04\x80\x02N.", "snapshot:schema:root-type")
@@ -190,13 +212,16 @@ def build_cases(canary: Path) -> dict[str, Case]:
     cases["whitespace"] = Case(b"   \n", "snapshot:format:empty")
     cases["bad_json"] = Case(b'{"segments": [1, 2,', "snapshot:format:bad-json")
     cases["deep_json"] = Case(b"[" * 200_000 + b"]" * 200_000, "snapshot:limit:too-deep")
-    cases["json_nan"] = Case(b'{"segments": [], "allocator_settings": {"garbage_collection_threshold": NaN}}',
-                             "snapshot:schema:non-finite")
+    cases["json_nan"] = Case(
+        b'{"segments": [], "allocator_settings": {"garbage_collection_threshold": NaN}}', "snapshot:schema:non-finite"
+    )
     cases["zip_without_data_pkl"] = Case(_zip("archive/other.txt", b"hi"), "snapshot:format:zip-without-pickle")
-    cases["zip_hostile_data_pkl"] = Case(_zip("archive/data.pkl", pickle.dumps(_Evil(cmd), protocol=2)),
-                                         "snapshot:unsafe:global")
-    cases["zip_tensor_persistent_id"] = Case(_zip("archive/data.pkl", b"\x80\x02X\x01\x00\x00\x001Q."),
-                                             "snapshot:unsafe:persistent-id")
+    cases["zip_hostile_data_pkl"] = Case(
+        _zip("archive/data.pkl", pickle.dumps(_Evil(cmd), protocol=2)), "snapshot:unsafe:global"
+    )
+    cases["zip_tensor_persistent_id"] = Case(
+        _zip("archive/data.pkl", b"\x80\x02X\x01\x00\x00\x001Q."), "snapshot:unsafe:persistent-id"
+    )
     cases["gzip_of_html"] = Case(gzip.compress(b"<html></html>"), "snapshot:format:not-a-snapshot")
 
     # --- wrong shapes ------------------------------------------------------------------------
@@ -209,42 +234,59 @@ def build_cases(canary: Path) -> dict[str, Case]:
     cases["no_segments_key"] = Case(pickle.dumps({"data": b"\x80\x02."}, protocol=4), "snapshot:schema:missing-key")
     cases["segments_is_str"] = Case(shaped(lambda s: s.update(segments="oops")), "snapshot:schema:wrong-type")
     cases["segments_is_bytes"] = Case(shaped(lambda s: s.update(segments=b"\x80\x02.")), "snapshot:schema:wrong-type")
-    cases["negative_size"] = Case(shaped(lambda s: s["device_traces"][0][3].update(size=-1)),
-                                  "snapshot:schema:negative-size")
-    cases["negative_block_size"] = Case(shaped(lambda s: s["segments"][0]["blocks"][0].update(size=-5)),
-                                        "snapshot:schema:negative-size")
-    cases["unknown_action"] = Case(shaped(lambda s: s["device_traces"][0][7].update(action="rm -rf")),
-                                   "snapshot:schema:unknown-action")
-    cases["unknown_block_state"] = Case(shaped(lambda s: s["segments"][0]["blocks"][0].update(state="x")),
-                                        "snapshot:schema:unknown-state")
-    cases["address_over_int64"] = Case(shaped(lambda s: s["device_traces"][0][2].update(addr=1 << 64)),
-                                       "snapshot:schema:address-range")
-    cases["segment_address_over_int64"] = Case(shaped(lambda s: s["segments"][0].update(address=1 << 63)),
-                                               "snapshot:schema:address-range")
-    cases["size_is_str"] = Case(shaped(lambda s: s["device_traces"][0][1].update(size="12")),
-                                "snapshot:schema:wrong-type")
-    cases["missing_action"] = Case(shaped(lambda s: s["device_traces"][0][4].pop("action")),
-                                   "snapshot:schema:missing-key")
-    cases["event_is_list"] = Case(shaped(lambda s: s["device_traces"][0].__setitem__(5, [1, 2])),
-                                  "snapshot:schema:wrong-type")
+    cases["negative_size"] = Case(
+        shaped(lambda s: s["device_traces"][0][3].update(size=-1)), "snapshot:schema:negative-size"
+    )
+    cases["negative_block_size"] = Case(
+        shaped(lambda s: s["segments"][0]["blocks"][0].update(size=-5)), "snapshot:schema:negative-size"
+    )
+    cases["unknown_action"] = Case(
+        shaped(lambda s: s["device_traces"][0][7].update(action="rm -rf")), "snapshot:schema:unknown-action"
+    )
+    cases["unknown_block_state"] = Case(
+        shaped(lambda s: s["segments"][0]["blocks"][0].update(state="x")), "snapshot:schema:unknown-state"
+    )
+    cases["address_over_int64"] = Case(
+        shaped(lambda s: s["device_traces"][0][2].update(addr=1 << 64)), "snapshot:schema:address-range"
+    )
+    cases["segment_address_over_int64"] = Case(
+        shaped(lambda s: s["segments"][0].update(address=1 << 63)), "snapshot:schema:address-range"
+    )
+    cases["size_is_str"] = Case(
+        shaped(lambda s: s["device_traces"][0][1].update(size="12")), "snapshot:schema:wrong-type"
+    )
+    cases["missing_action"] = Case(
+        shaped(lambda s: s["device_traces"][0][4].pop("action")), "snapshot:schema:missing-key"
+    )
+    cases["event_is_list"] = Case(
+        shaped(lambda s: s["device_traces"][0].__setitem__(5, [1, 2])), "snapshot:schema:wrong-type"
+    )
     cases["frame_name_bytes"] = Case(
         shaped(lambda s: s["device_traces"][0][9].update(frames=[{"filename": "a", "line": 1, "name": b"x"}])),
-        "snapshot:schema:wrong-type")
-    cases["frames_is_str"] = Case(shaped(lambda s: s["device_traces"][0][9].update(frames="abc")),
-                                  "snapshot:schema:wrong-type")
-    cases["frames_is_empty_dict"] = Case(shaped(lambda s: s["device_traces"][0][9].update(frames={})),
-                                         "snapshot:schema:wrong-type")
-    cases["nan_time"] = Case(shaped(lambda s: s["device_traces"][0][0].update(time_us=float("nan"))),
-                             "snapshot:schema:non-finite")
+        "snapshot:schema:wrong-type",
+    )
+    cases["frames_is_str"] = Case(
+        shaped(lambda s: s["device_traces"][0][9].update(frames="abc")), "snapshot:schema:wrong-type"
+    )
+    cases["frames_is_empty_dict"] = Case(
+        shaped(lambda s: s["device_traces"][0][9].update(frames={})), "snapshot:schema:wrong-type"
+    )
+    cases["nan_time"] = Case(
+        shaped(lambda s: s["device_traces"][0][0].update(time_us=float("nan"))), "snapshot:schema:non-finite"
+    )
     cases["nan_gc_threshold"] = Case(
         shaped(lambda s: s.update(allocator_settings={"garbage_collection_threshold": float("inf")})),
-        "snapshot:schema:non-finite")
-    cases["bad_pool_id"] = Case(shaped(lambda s: s["segments"][0].update(segment_pool_id=(1, 2, 3))),
-                                "snapshot:schema:bad-pool-id")
-    cases["settings_nested_list"] = Case(shaped(lambda s: s.update(allocator_settings={"x": [[1]]})),
-                                         "snapshot:schema:wrong-type")
-    cases["json_shape"] = Case(json.dumps({"segments": [], "device_traces": [[{"action": 3}]]}).encode(),
-                               "snapshot:schema:wrong-type")
+        "snapshot:schema:non-finite",
+    )
+    cases["bad_pool_id"] = Case(
+        shaped(lambda s: s["segments"][0].update(segment_pool_id=(1, 2, 3))), "snapshot:schema:bad-pool-id"
+    )
+    cases["settings_nested_list"] = Case(
+        shaped(lambda s: s.update(allocator_settings={"x": [[1]]})), "snapshot:schema:wrong-type"
+    )
+    cases["json_shape"] = Case(
+        json.dumps({"segments": [], "device_traces": [[{"action": 3}]]}).encode(), "snapshot:schema:wrong-type"
+    )
     return cases
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.analysis.hostile_cases import F, Case, _Evil, build_cases, snapshot_dict
+from tests.analysis.hostile_cases import Case, F, _Evil, build_cases, snapshot_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADROOM = 1 << 30  # address space a case may add to the runner's
@@ -95,8 +95,13 @@ def hostile() -> tuple[dict[str, Case], dict[str, dict[str, Any]], Path]:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     script = RUNNER.format(root=str(ROOT), headroom=HEADROOM, alarm=ALARM_S)
     proc = subprocess.run(
-        [sys.executable, "-c", script], input="\n".join(lines) + "\n", capture_output=True, text=True,
-        env=env, timeout=ALARM_S * 4 + 60, check=False,
+        [sys.executable, "-c", script],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=ALARM_S * 4 + 60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = dict(json.loads(line) for line in proc.stdout.splitlines())
@@ -125,13 +130,21 @@ def test_canary_payload_is_live(tmp_path: Path) -> None:
     """The payloads are real: plain pickle.loads runs them (in a child process)."""
     canary = tmp_path / "canary"
     payload = pickle.dumps(_Evil(f"touch {canary}"), protocol=4)
-    subprocess.run([sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
-                   input=payload, check=True, timeout=30)
+    subprocess.run(
+        [sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
+        input=payload,
+        check=True,
+        timeout=30,
+    )
     assert canary.exists()
     snap = snapshot_dict(200)
     snap["device_traces"][0][150]["frames"] = [F, {"filename": "x.py", "line": 2, "name": _Evil(f"touch {canary}")}]
     nested = pickle.dumps(snap, protocol=2)
     canary.unlink()
-    subprocess.run([sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
-                   input=nested, check=True, timeout=30)
+    subprocess.run(
+        [sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
+        input=nested,
+        check=True,
+        timeout=30,
+    )
     assert canary.exists()

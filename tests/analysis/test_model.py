@@ -24,8 +24,15 @@ def test_columns_have_model_dtypes_and_lengths() -> None:
     for dev in snap.devices:
         t = dev.trace
         dtypes = {k: getattr(t, k).dtype for k in ("action", "addr", "size", "stream", "time_us", "stack", "pool")}
-        assert dtypes == {"action": np.int8, "addr": np.int64, "size": np.int64, "stream": np.int32,
-                          "time_us": np.int64, "stack": np.int32, "pool": np.int32}
+        assert dtypes == {
+            "action": np.int8,
+            "addr": np.int64,
+            "size": np.int64,
+            "stream": np.int32,
+            "time_us": np.int64,
+            "stack": np.int32,
+            "pool": np.int32,
+        }
         assert {getattr(t, k).shape for k in dtypes} == {(len(t),)}
         assert t.stream.max() < len(dev.streams)
         assert t.stack.min() >= -1 and t.stack.max() < len(snap.stacks.stacks)
@@ -44,8 +51,9 @@ def test_every_reader_code_is_documented() -> None:
     source = (ROOT / "analysis" / "reader.py").read_text()
     doc = (ROOT / "docs" / "reader.md").read_text()
     areas = {"FormatError": "format", "UnsafeError": "unsafe", "LimitError": "limit", "SchemaError": "schema"}
-    codes = {f"snapshot:{areas[k]}:{r}" for k, r in re.findall(r"(\w+Error)\(\s*\"([a-z0-9-]+)\"", source)
-             if k in areas}
+    codes = {
+        f"snapshot:{areas[k]}:{r}" for k, r in re.findall(r"(\w+Error)\(\s*\"([a-z0-9-]+)\"", source) if k in areas
+    }
     codes |= {f"snapshot:{areas[k]}:{r}" for k, r in re.findall(r", (\w+Error), \"([a-z0-9-]+)\"\)", source)}
     reasons = re.findall(r"reason = \"([a-z-]+)\"", source) + re.findall(r"\"([a-z-]+)\" if key in", source)
     reasons += re.findall(r"else \"([a-z-]+)\"", source)

@@ -80,7 +80,11 @@ def test_real_fixture_matches_truth_and_reference(case: str) -> None:
         assert len(dev.segments) == len(raw_segs)
         for seg, rs in zip(dev.segments, raw_segs, strict=True):
             assert (seg.address, seg.total_size, seg.allocated_size, seg.active_size, seg.requested_size) == (
-                rs["address"], rs["total_size"], rs["allocated_size"], rs["active_size"], rs["requested_size"]
+                rs["address"],
+                rs["total_size"],
+                rs["allocated_size"],
+                rs["active_size"],
+                rs["requested_size"],
             )
             assert dev.streams[seg.stream] == rs["stream"]
             assert snap.pools[seg.pool] == tuple(rs["segment_pool_id"])
@@ -89,7 +93,9 @@ def test_real_fixture_matches_truth_and_reference(case: str) -> None:
             assert [(b.address, b.size, b.requested_size, b.state) for b in seg.blocks] == [
                 (b["address"], b["size"], b["requested_size"], b["state"]) for b in rs["blocks"]
             ]
-            assert [snap.stacks.frames_of(b.stack) for b in seg.blocks] == [_frames(b.get("frames")) for b in rs["blocks"]]
+            assert [snap.stacks.frames_of(b.stack) for b in seg.blocks] == [
+                _frames(b.get("frames")) for b in rs["blocks"]
+            ]
 
     # The process's own figures for the final state (device 0 / per device).
     stats = truth.get("memory_stats_per_device") or [truth["memory_stats"]]
@@ -97,9 +103,10 @@ def test_real_fixture_matches_truth_and_reference(case: str) -> None:
         segs = snap.device(ordinal).segments if any(d.device == ordinal for d in snap.devices) else []
         assert sum(s.total_size for s in segs) == st["reserved_bytes.all.current"]
         assert sum(s.allocated_size for s in segs) == st["allocated_bytes.all.current"]
-        assert sum(b.size for s in segs for b in s.blocks if b.state == "active_allocated") == st[
-            "allocated_bytes.all.current"
-        ]
+        assert (
+            sum(b.size for s in segs for b in s.blocks if b.state == "active_allocated")
+            == st["allocated_bytes.all.current"]
+        )
 
     assert snap.settings.recorded
     assert snap.settings.conf == truth["alloc_conf"]
@@ -171,10 +178,21 @@ def _model_key(snap: Snapshot) -> Any:
                 [c.tolist() for c in (t.action, t.addr, t.size, t.stream, t.time_us, t.pool)],
                 [snap.stacks.frames_of(int(s)) for s in t.stack],
                 d.streams,
-                [(s.address, s.total_size, s.requested_size, d.streams[s.stream], snap.pools[s.pool],
-                  snap.stacks.frames_of(s.stack),
-                  [(b.address, b.size, b.requested_size, b.state, snap.stacks.frames_of(b.stack)) for b in s.blocks])
-                 for s in d.segments],
+                [
+                    (
+                        s.address,
+                        s.total_size,
+                        s.requested_size,
+                        d.streams[s.stream],
+                        snap.pools[s.pool],
+                        snap.stacks.frames_of(s.stack),
+                        [
+                            (b.address, b.size, b.requested_size, b.state, snap.stacks.frames_of(b.stack))
+                            for b in s.blocks
+                        ],
+                    )
+                    for s in d.segments
+                ],
                 d.compile_context,
                 d.user_metadata,
             )
@@ -226,9 +244,12 @@ def test_sniff_format() -> None:
     assert sniff_format(b"\x1f\x8b\x08") == "gzip"
     assert sniff_format(b"PK\x03\x04") == "zip"
     assert sniff_format(b'  {"segments"') == "json"
-    for bad, code in ((b"", "snapshot:format:empty"), (b"<!DOCTYPE html>", "snapshot:format:not-a-snapshot"),
-                      (b"hello world", "snapshot:format:not-a-snapshot"),
-                      (b"\x80\x06", "snapshot:format:unsupported-protocol")):
+    for bad, code in (
+        (b"", "snapshot:format:empty"),
+        (b"<!DOCTYPE html>", "snapshot:format:not-a-snapshot"),
+        (b"hello world", "snapshot:format:not-a-snapshot"),
+        (b"\x80\x06", "snapshot:format:unsupported-protocol"),
+    ):
         with pytest.raises(SnapshotError) as err:
             sniff_format(bad)
         assert err.value.code == code
@@ -246,11 +267,19 @@ def test_legacy_segment_list_with_history_blocks() -> None:
     # torch 1.13: memory_snapshot() is a bare list; blocks carry history, no address.
     legacy = [
         {
-            "device": 0, "address": 1 << 20, "total_size": 2 << 20, "allocated_size": 512, "active_size": 512,
-            "stream": 0, "segment_type": "small",
+            "device": 0,
+            "address": 1 << 20,
+            "total_size": 2 << 20,
+            "allocated_size": 512,
+            "active_size": 512,
+            "stream": 0,
+            "segment_type": "small",
             "blocks": [
-                {"size": 512, "state": "active_allocated",
-                 "history": [{"addr": 1 << 20, "real_size": 500, "frames": [F2, F1]}]},
+                {
+                    "size": 512,
+                    "state": "active_allocated",
+                    "history": [{"addr": 1 << 20, "real_size": 500, "frames": [F2, F1]}],
+                },
                 {"size": (2 << 20) - 512, "state": "inactive", "history": []},
             ],
         }
@@ -260,9 +289,14 @@ def test_legacy_segment_list_with_history_blocks() -> None:
     (dev,) = snap.devices
     assert len(dev.trace) == 0
     (seg,) = dev.segments
-    assert [(b.address, b.size, b.requested_size) for b in seg.blocks] == [(1 << 20, 512, 500),
-                                                                         ((1 << 20) + 512, (2 << 20) - 512, 0)]
-    assert snap.stacks.frames_of(seg.blocks[0].stack) == [Frame("model.py", 3, "linear"), Frame("train.py", 10, "forward")]
+    assert [(b.address, b.size, b.requested_size) for b in seg.blocks] == [
+        (1 << 20, 512, 500),
+        ((1 << 20) + 512, (2 << 20) - 512, 0),
+    ]
+    assert snap.stacks.frames_of(seg.blocks[0].stack) == [
+        Frame("model.py", 3, "linear"),
+        Frame("train.py", 10, "forward"),
+    ]
     assert seg.requested_size == 500
     codes = {w.code for w in snap.warnings}
     assert {"no-history", "legacy-layout", "no-allocator-settings"} <= codes
@@ -271,16 +305,32 @@ def test_legacy_segment_list_with_history_blocks() -> None:
 def test_torch_2_0_history_layout() -> None:
     snap_2_0 = {
         "segments": [
-            {"device": 0, "address": 4096, "total_size": 2 << 20, "allocated_size": 1024, "active_size": 1024,
-             "requested_size": 1000, "stream": 0, "segment_type": "small",
-             "blocks": [{"size": 1024, "requested_size": 1000, "state": "active_allocated",
-                         "history": [{"addr": 4096, "real_size": 1000, "frames": [F1]}]},
-                        {"size": (2 << 20) - 1024, "requested_size": 0, "state": "inactive"}]}
+            {
+                "device": 0,
+                "address": 4096,
+                "total_size": 2 << 20,
+                "allocated_size": 1024,
+                "active_size": 1024,
+                "requested_size": 1000,
+                "stream": 0,
+                "segment_type": "small",
+                "blocks": [
+                    {
+                        "size": 1024,
+                        "requested_size": 1000,
+                        "state": "active_allocated",
+                        "history": [{"addr": 4096, "real_size": 1000, "frames": [F1]}],
+                    },
+                    {"size": (2 << 20) - 1024, "requested_size": 0, "state": "inactive"},
+                ],
+            }
         ],
-        "device_traces": [[
-            {"action": "segment_alloc", "addr": 4096, "size": 2 << 20, "stream": 0, "frames": [F1]},
-            {"action": "alloc", "addr": 4096, "size": 1000, "stream": 0, "frames": [F1]},
-        ]],
+        "device_traces": [
+            [
+                {"action": "segment_alloc", "addr": 4096, "size": 2 << 20, "stream": 0, "frames": [F1]},
+                {"action": "alloc", "addr": 4096, "size": 1000, "stream": 0, "frames": [F1]},
+            ]
+        ],
     }
     snap = read_snapshot(pickle.dumps(snap_2_0, protocol=2))
     assert snap.layout == "history"
@@ -293,24 +343,59 @@ def test_torch_2_0_history_layout() -> None:
 
 
 def test_all_optional_keys_of_recent_versions() -> None:
-    seg = {"device": 1, "address": 1 << 30, "total_size": 1 << 21, "allocated_size": 1 << 21,
-           "active_size": 1 << 21, "requested_size": 1 << 21, "stream": 77, "segment_type": "large",
-           "segment_pool_id": (3, 0), "is_expandable": True, "frames": [F1],
-           "blocks": [{"address": 1 << 30, "size": 1 << 21, "requested_size": 1 << 21, "state": "active_allocated",
-                       "frames": [F2, F1], "forward_frames": ["fwd\n"]}]}
+    seg = {
+        "device": 1,
+        "address": 1 << 30,
+        "total_size": 1 << 21,
+        "allocated_size": 1 << 21,
+        "active_size": 1 << 21,
+        "requested_size": 1 << 21,
+        "stream": 77,
+        "segment_type": "large",
+        "segment_pool_id": (3, 0),
+        "is_expandable": True,
+        "frames": [F1],
+        "blocks": [
+            {
+                "address": 1 << 30,
+                "size": 1 << 21,
+                "requested_size": 1 << 21,
+                "state": "active_allocated",
+                "frames": [F2, F1],
+                "forward_frames": ["fwd\n"],
+            }
+        ],
+    }
     base = {"stream": 77, "time_us": 5, "compile_context": "N/A", "user_metadata": "", "pool_id": (3, 0)}
     events = [
         {"action": "segment_map", "addr": 1 << 30, "size": 1 << 21, **base},
-        {"action": "alloc", "addr": 1 << 30, "size": 1 << 21, "frames": [F2, F1], **base,
-         "compile_context": "Torch-Compiled Region: 0/0", "user_metadata": "step=3"},
+        {
+            "action": "alloc",
+            "addr": 1 << 30,
+            "size": 1 << 21,
+            "frames": [F2, F1],
+            **base,
+            "compile_context": "Torch-Compiled Region: 0/0",
+            "user_metadata": "step=3",
+        },
         {"action": "oom", "device_free": 123, "size": 1 << 22, "frames": [F2, F1], "forward_frames": ["x"], **base},
     ]
-    snap = read_snapshot(pickle.dumps({
-        "segments": [seg], "device_traces": [[], events],
-        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "expandable_segments": True,
-                               "garbage_collection_threshold": 0.5, "roundup_power2_divisions": {"1": 0, "2": 4}},
-        "external_annotations": [{"name": "ProfilerStep#1", "stage": "START", "device": 1, "time_us": 4}],
-    }, protocol=5))
+    snap = read_snapshot(
+        pickle.dumps(
+            {
+                "segments": [seg],
+                "device_traces": [[], events],
+                "allocator_settings": {
+                    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                    "expandable_segments": True,
+                    "garbage_collection_threshold": 0.5,
+                    "roundup_power2_divisions": {"1": 0, "2": 4},
+                },
+                "external_annotations": [{"name": "ProfilerStep#1", "stage": "START", "device": 1, "time_us": 4}],
+            },
+            protocol=5,
+        )
+    )
     assert [d.device for d in snap.devices] == [0, 1]
     dev = snap.device(1)
     assert dev.streams == [77]
