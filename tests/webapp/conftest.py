@@ -36,7 +36,7 @@ def redis_server_binary() -> str:
 
 
 def _ping(url: str) -> bool:
-    from webapp.snapshots.views import broker_ping
+    from webapp.snapshots.broker import broker_ping
 
     try:
         broker_ping(url, timeout=0.5)

@@ -42,3 +42,17 @@ def test_healthz_503_when_database_is_down(client: Any, monkeypatch: pytest.Monk
     response = client.get("/healthz")
     assert response.status_code == 503
     assert response.json()["failing"] == "database"
+
+
+def test_eviction_policy_is_read_and_warned_about(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    from webapp.snapshots import broker
+
+    assert broker.eviction_policy(redis_url) == "noeviction"  # the test Redis is started that way
+    client = broker.redis_client(redis_url)
+    try:
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        broker.warn_unless_noeviction(redis_url)
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+    assert any("noeviction" in r.getMessage() for r in caplog.records)

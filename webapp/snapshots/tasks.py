@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 from django.conf import settings
 from django.core.files.storage import default_storage
 
@@ -116,6 +116,13 @@ def analyse_upload(upload_id: int, **_future_kwargs: Any) -> None:
 
 
 analyse_upload_task = analyse_upload
+
+
+@worker_ready.connect
+def _check_broker(sender: Any = None, **_kwargs: Any) -> None:
+    from webapp.snapshots.broker import warn_unless_noeviction
+
+    warn_unless_noeviction(str(app.conf.broker_url))
 
 
 @worker_process_init.connect

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib import messages as flash
@@ -23,6 +22,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from webapp.snapshots import messages, services
+from webapp.snapshots.broker import broker_ping
 from webapp.snapshots.forms import SignupForm, UploadForm
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
@@ -325,21 +325,6 @@ def signup(request: HttpRequest) -> HttpResponse:
 
 
 # --- health ------------------------------------------------------------------------------
-
-
-def broker_ping(url: str, timeout: float = 2.0) -> None:
-    """Raise unless the Redis broker at ``url`` answers PING."""
-    import redis
-
-    parts = urlsplit(url)
-    if parts.scheme in {"redis+socket", "socket", "unix"}:
-        client = redis.Redis(unix_socket_path=parts.path, socket_timeout=timeout, socket_connect_timeout=timeout)
-    else:
-        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-    try:
-        client.ping()
-    finally:
-        client.close()
 
 
 @never_cache
