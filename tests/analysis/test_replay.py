@@ -294,3 +294,33 @@ def test_private_pool_segments_keep_their_pool() -> None:
     want = sorted((s.address, s.pool, s.segment_type) for s in snap.device(0).segments)
     assert got == want
     assert any(pool != 0 for _, pool, _ in got)
+
+
+def test_state_between_a_free_request_and_its_completion_is_kept_exactly() -> None:
+    """The fast pass visits most request/complete pairs once, but never across a kept index."""
+    snap = _snapshot("gpt_varlen_oom")
+    dev = snap.device(0)
+    t = dev.trace
+    picks = np.nonzero(t.action == FREE_REQUESTED)[0][100:104].tolist()
+    r = recorded_replay(snap, dev, keep_at=picks)
+    for i in picks:
+        assert t.action[i + 1] == FREE_COMPLETED and t.addr[i + 1] == t.addr[i]
+        block = {b.address: b for _, b in r.blocks_at(i).live_blocks()}[int(t.addr[i])]
+        assert block.state == ACTIVE_PENDING_FREE
+        assert r.allocated[i] == r.allocated[i - 1] - block.size
+        assert r.active[i] == r.active[i - 1] == r.active[i + 1] + block.size
+        assert r.blocks_at(i) == r._replayer.state_after(i)
+
+
+def test_no_events_gives_the_final_state() -> None:
+    snap = _snapshot("no_context")
+    dev = snap.device(0)
+    r = recorded_replay(snap, _cut(dev, len(dev.trace)))
+    ms = _stats("no_context", 0)
+    assert r.events == 0
+    assert not r.trace_complete
+    assert [w.code for w in r.warnings] == ["state-only"]
+    assert r.final.allocated == r.peak_allocated == ms["allocated_bytes.all.current"]
+    assert r.final.reserved == r.peak_reserved == ms["reserved_bytes.all.current"]
+    assert r.peak_reserved_index == -1
+    assert _shape(r.blocks_at(-1)) == _final_shape(dev)
