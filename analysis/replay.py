@@ -248,6 +248,7 @@ class _Replayer:
         self.plain_round = not any(d > 1 for d in cfg.roundup_power2_divisions)
         self.strict = True
         self.initial: AllocatorState = AllocatorState(-1, ())
+        self.demand_pos: int | None = None  # next event of the on-demand pass, if one runs
         self._reset()
 
     # -- state --------------------------------------------------------------------
@@ -810,11 +811,18 @@ class _Replayer:
         return AllocatorState(index, tuple(segments))
 
     def state_after(self, index: int) -> AllocatorState:
-        """Replay again from the initial state up to ``index`` (a fresh pass)."""
+        """The state after ``index``, by a lenient pass from the initial state.
+
+        The pass is resumed, not restarted, when calls come in increasing order, so
+        a caller walking forward through many indices pays for one pass in all.
+        """
         if index < 0:
             return self.initial
-        self.seed(self.initial, strict=False)
-        self.run(0, index + 1)
+        if self.demand_pos is None or index + 1 < self.demand_pos:
+            self.seed(self.initial, strict=False)
+            self.demand_pos = 0
+        self.run(self.demand_pos, index + 1)
+        self.demand_pos = index + 1
         return self.export(index)
 
 
