@@ -1190,7 +1190,7 @@ def simulate(
     device: DeviceData | int,
     config: AllocatorConfig,
     limit_bytes: int | None = None,
-    step_ends: Sequence[int] = (),
+    step_ends: Sequence[int] | None = (),
 ) -> PolicyResult:
     """Replay one device's requests through the allocator model under ``config``.
 
@@ -1248,7 +1248,7 @@ def simulate(
         change_index=change_index.astype(np.int64),
         change_reserved=change_reserved.astype(np.int64),
     )
-    result.step_ends = [int(i) for i in step_ends]
+    result.step_ends = [int(i) for i in step_ends or ()]
     result.step_reserved = result.reserved_at(result.step_ends)
     return result
 
