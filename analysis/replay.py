@@ -9,13 +9,15 @@ block that starts at that address, ``round_size`` of the request, and
 ../shared/docs/snapshot-format.md §1.5, §3).
 
 Where each statistic of ``torch.cuda.memory_stats()`` moves (CUDACachingAllocator.cpp):
-- ``allocated_bytes``: + block size in ``alloc_found_block`` (event ``alloc``),
-  - block size in ``free()`` (event ``free_requested``).
-- ``active_bytes`` and ``requested_bytes``: + at ``alloc``, - in ``free_block()``
-  (event ``free_completed``), so a pending free (``record_stream``) still counts.
-- ``reserved_bytes``: + at ``segment_alloc`` / ``segment_map``, - at
-  ``segment_free`` / ``segment_unmap``.
-- ``inactive_split_bytes``: free blocks of split segments, expandable ones excluded.
+- ``allocated_bytes`` rises by the block size in ``alloc_found_block`` (event
+  ``alloc``) and falls by it in ``free()`` (event ``free_requested``);
+- ``active_bytes`` and ``requested_bytes`` rise at ``alloc`` and fall in
+  ``free_block()`` (event ``free_completed``): a pending free (``record_stream``)
+  still counts;
+- ``reserved_bytes`` rises at ``segment_alloc`` / ``segment_map`` and falls at
+  ``segment_free`` / ``segment_unmap``;
+- ``inactive_split_bytes`` holds the free blocks of split segments, expandable
+  ones excluded.
 
 A trace that does not start from an empty allocator (ring buffer wrapped, history
 enabled late, ``enabled="state"``) is detected by the symptoms of §1.9; the state
@@ -1100,20 +1102,16 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
 
 def _step_column(index: list[int], value: list[int], n: int, initial: int) -> I64:
     """A column that takes ``value[k]`` from event ``index[k]`` on (the last wins)."""
-    if not index:
-        return np.full(n, initial, dtype=np.int64)
     at = np.array(index, dtype=np.int64)
-    values = np.array(value, dtype=np.int64)
+    values = np.array([initial, *value], dtype=np.int64)  # values[0]: before any record
     last = np.ones(len(at), dtype=bool)  # index is sorted: keep the last record per event
     last[:-1] = at[1:] != at[:-1]
-    keep = last & (at >= 0)
-    at, values = at[keep], values[keep]
-    if at.shape[0] == 0:
-        return np.full(n, initial, dtype=np.int64)
-    source = np.full(n, -1, dtype=np.int64)
-    source[at] = np.arange(at.shape[0])
+    keep = np.nonzero(last & (at >= 0))[0]
+    source = np.zeros(n, dtype=np.int32 if len(values) < 2**31 else np.int64)
+    source[at[keep]] = keep + 1
     np.maximum.accumulate(source, out=source)
-    return np.where(source >= 0, values[source], initial)
+    out: I64 = values[source]
+    return out
 
 
 def _step_sum(index: list[int], delta: list[int], n: int, initial: int) -> I64:
@@ -1237,7 +1235,7 @@ def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[in
     allocated, requested, reserved, active = (cols["allocated"], cols["requested"], cols["reserved"], cols["active"])
     largest_free = cols["largest_free"]
     cached_free = reserved - active
-    inactive_split = cached_free - cols["nonsplit"]
+    inactive_split = np.subtract(cached_free, cols["nonsplit"], out=cols["nonsplit"])
 
     if n:
         final_figures = StateFigures(
