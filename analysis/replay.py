@@ -264,7 +264,7 @@ class _Replayer:
         self.seg_meta: dict[int, _Meta] = {}
         self.n_exp = 0
         self.cmode = 0  # inactive_split counts: 0 every segment, 1 none, 2 look up
-        self._starts: list[int] | None = []
+        self.starts: list[int] = []  # segment starts, sorted
         self.fcount: dict[int, int] = {}
         self.dist: list[int] = [0]
         self.tmin = 0
@@ -309,6 +309,7 @@ class _Replayer:
                 self.used[b.address] = ~ref if b.state == ACTIVE_PENDING_FREE else ref
 
     def _add_segment(self, start: int, size: int, meta: _Meta) -> None:
+        bisect.insort(self.starts, start)
         self.seg_size[start] = size
         self.seg_meta[start] = meta
         if meta[3]:
@@ -317,6 +318,7 @@ class _Replayer:
         self._segments_changed()
 
     def _drop_segment(self, start: int) -> _Meta:
+        del self.starts[bisect.bisect_left(self.starts, start)]
         size = self.seg_size.pop(start)
         meta = self.seg_meta.pop(start)
         if meta[3]:
@@ -326,17 +328,14 @@ class _Replayer:
         return meta
 
     def _segments_changed(self) -> None:
-        self._starts = None
         n_seg = len(self.seg_size)
         self.cmode = 0 if self.n_exp == 0 else (1 if self.n_exp == n_seg else 2)
 
     def _segment_of(self, addr: int) -> int | None:
-        if self._starts is None:
-            self._starts = sorted(self.seg_size)
-        j = bisect.bisect_right(self._starts, addr) - 1
+        j = bisect.bisect_right(self.starts, addr) - 1
         if j < 0:
             return None
-        start = self._starts[j]
+        start = self.starts[j]
         return start if addr < start + self.seg_size[start] else None
 
     def _counts_split(self, addr: int) -> bool:
@@ -680,12 +679,11 @@ class _Replayer:
         self.bs[i] = b
 
     def _overlaps(self, start: int, size: int) -> bool:
-        if self._starts is None:
-            self._starts = sorted(self.seg_size)
-        j = bisect.bisect_right(self._starts, start) - 1
-        if j >= 0 and self._starts[j] + self.seg_size[self._starts[j]] > start:
+        starts = self.starts
+        j = bisect.bisect_right(starts, start) - 1
+        if j >= 0 and starts[j] + self.seg_size[starts[j]] > start:
             return True
-        return j + 1 < len(self._starts) and self._starts[j + 1] < start + size
+        return j + 1 < len(starts) and starts[j + 1] < start + size
 
     def _segment_type(self, i: int, size: int) -> str:
         """Small or large pool: from the request the segment was made for."""
