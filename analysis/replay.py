@@ -725,16 +725,21 @@ class _Replayer:
         stream, pool = int(self.stream[i]), int(self.pool[i])
         start, stop = ad, end
         meta: _Meta | None = None
+
         # Mapped ranges of one reservation that touch become one segment (the
         # snapshot reports contiguous mapped ranges), and the allocator merges
         # their free blocks across the old boundary.
+        # Pool 0 on the event may only mean "not recorded" (torch <= 2.11).
+        def same_reservation(meta: _Meta) -> bool:
+            return meta[3] and meta[0] == stream and (pool == 0 or meta[1] == pool)
+
         prev = self.seg_end.get(ad)
-        if prev is not None and self.seg_meta[prev][:2] == (stream, pool):
+        if prev is not None and same_reservation(self.seg_meta[prev]):
             meta = self._drop_segment(prev)
             start = prev
         if end in self.seg_size:
             nmeta = self.seg_meta[end]
-            if nmeta[3] and nmeta[:2] == (stream, pool):
+            if same_reservation(nmeta):
                 stop = end + self.seg_size[end]
                 self._drop_segment(end)
                 meta = meta or nmeta
@@ -974,7 +979,7 @@ def _map_range(segs: dict[int, tuple[int, _Meta]], ad: int, sz: int, meta: _Meta
     """Undo a segment_unmap: put [ad, ad+sz) back, joined to touching ranges."""
     start, stop = ad, ad + sz
     for s, (total, m) in list(segs.items()):
-        if not m[3] or m[:2] != meta[:2]:
+        if not m[3] or m[0] != meta[0] or (meta[1] and m[1] != meta[1]):
             continue
         e = s + total
         if e == ad or s == stop:
