@@ -428,6 +428,7 @@ class _Replayer:
         """
         act = self.action
         n = self.n
+        self.fused: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
         if not fuse or n < 2:
             self.p_idx: list[int] = list(range(n))
             self.p_act: bytes = self.act
@@ -445,6 +446,7 @@ class _Replayer:
         idx = np.nonzero(visit)[0]
         codes = act.astype(np.uint8)
         codes[first] = _FUSED_FREE
+        self.fused = np.nonzero(first)[0]
         self.p_idx = idx.tolist()
         self.p_act = codes[idx].tobytes()
         self.p_addr = addr[idx].tolist()
@@ -459,6 +461,8 @@ class _Replayer:
         plo = bisect.bisect_left(self.p_idx, lo)
         phi = bisect.bisect_left(self.p_idx, hi)
         p_idx, act, addr, size = self.p_idx, self.p_act, self.p_addr, self.p_size
+        if plo or phi < len(p_idx):  # a part of the pass: slice (copies) only then
+            p_idx, act, addr, size = p_idx[plo:phi], act[plo:phi], addr[plo:phi], size[plo:phi]
         bs = self.bs
         ns_i, ns_v = self.ns_i, self.ns_v
         lf_i, lf_v = self.lf_i, self.lf_v
@@ -475,7 +479,7 @@ class _Replayer:
         strict = self.strict
         counts_split = self._counts_split
         small = K_SMALL_SIZE
-        for i, a, ad, sz in zip(p_idx[plo:phi], act[plo:phi], addr[plo:phi], size[plo:phi], strict=True):
+        for i, a, ad, sz in zip(p_idx, act, addr, size, strict=True):
             if a == 0:  # alloc
                 f = free_sz.pop(ad, None)
                 if f is None:
@@ -540,8 +544,7 @@ class _Replayer:
                     j = i + 1
                     if ref is None or ref < 0:
                         raise _Inconsistent(i, "free of an address with no allocated block")
-                    b = bs[ref]
-                    bs[i] = b
+                    b = bs[ref]  # bs[i] (the request's) is copied from bs[j] after the pass
                 else:
                     j = i
                     if ref is None:
@@ -1074,6 +1077,7 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
     n = rep.n
     act = rep.action
     bs = np.array(rep.bs, dtype=np.int64)[:n]
+    bs[rep.fused] = bs[rep.fused + 1]  # a fused free wrote its block size once, at the completion
     sizes = device.trace.size
     moves = {
         "allocated": bs * _ALLOCATED_SIGN[act],
