@@ -325,3 +325,31 @@ def test_no_events_gives_the_final_state() -> None:
     assert r.final.reserved == r.peak_reserved == ms["reserved_bytes.all.current"]
     assert r.peak_reserved_index == -1
     assert _shape(r.blocks_at(-1)) == _final_shape(dev)
+
+
+@pytest.mark.parametrize(
+    "case", ["gpu_side_stream", "gpu_expandable_oom", "gpu_cuda_graph", "frag_oom", "gpu_gc_threshold"]
+)
+def test_every_column_matches_the_block_state_at_every_event(case: str) -> None:
+    """largest_free and inactive_split are tracked sparsely: check them everywhere."""
+    if case not in CASES:
+        pytest.skip(f"{case} is not among the fixtures")
+    snap = _snapshot(case)
+    dev = snap.device(0)
+    n = len(dev.trace)
+    # Keeping every state stops the fast pass from fusing frees: the columns checked
+    # are those of the ordinary (fused) pass.
+    kept = recorded_replay(snap, dev, keep_at=range(n))
+    r = _replay(case, 0)
+    want = np.array(
+        [
+            (f.allocated, f.requested, f.reserved, f.active, f.cached_free, f.inactive_split, f.largest_free)
+            for f in (kept.blocks_at(k).figures() for k in range(n))
+        ],
+        dtype=np.int64,
+    )
+    got = np.stack(
+        [r.allocated, r.requested, r.reserved, r.active, r.cached_free, r.inactive_split, r.largest_free], axis=1
+    )
+    bad = np.nonzero((got != want).any(axis=1))[0]
+    assert bad.size == 0, f"first differing event {bad[:1]}"
