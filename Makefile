@@ -7,7 +7,7 @@ PORT ?= 8000
 export PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install static migrate run test lint bench clean
+.PHONY: help install static migrate run test lint typecheck bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ test: install ## the whole suite (tests/); PostgreSQL when DATABASE_URL is set, 
 
 lint: install ## ruff lint
 	$(VENV)/bin/ruff check .
+
+typecheck: install ## mypy --strict on analysis/ and webapp/ (django-stubs)
+	$(VENV)/bin/mypy
 
 bench: install ## reader/analysis benchmark on ../shared/snapshots/huge_all_stacks.pickle.gz
 	$(PY) scripts/bench.py

@@ -53,7 +53,7 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                 found = services.api_token_user(raw.strip()) if scheme.lower() == "bearer" and raw.strip() else None
                 if found is None:
                     return _unauthorized()
-                request.user, request.api_token = found  # type: ignore[assignment,attr-defined]
+                request.user, request.api_token = found  # type: ignore[attr-defined]
             elif request.user.is_authenticated:
                 request.api_token = None  # type: ignore[attr-defined]
                 # A cookie-authenticated change needs the CSRF token (X-CSRFToken header). An

@@ -24,7 +24,9 @@ class UploadForm(forms.Form):
 
     def __init__(self, *args: Any, project_choices: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["project"].choices = project_choices
+        project = self.fields["project"]
+        assert isinstance(project, forms.ChoiceField)
+        project.choices = project_choices
         if len(project_choices) == 1:
             self.fields["project"].initial = project_choices[0][0]
 

@@ -77,7 +77,7 @@ def _load_prctl() -> Callable[[int, int], int] | None:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl  # type: ignore[no-any-return]
+        return libc.prctl  # type: ignore[no-any-return,unused-ignore]
     except (OSError, AttributeError):  # not Linux
         return None
 

@@ -24,11 +24,11 @@ from webapp.snapshots import messages
 from webapp.snapshots.models import ApiToken, Membership, Project, Report, ShareLink, Team, Upload
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+    from django.contrib.auth.models import AnonymousUser, User
     from django.core.files.uploadedfile import UploadedFile
     from django.http import HttpRequest
 
-    AnyUser = AbstractBaseUser | AnonymousUser
+    AnyUser = User | AnonymousUser
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +90,13 @@ def report_for(upload: Upload) -> Report | None:
 
 
 @transaction.atomic
-def team_create(*, name: str, slug: str, owner: AbstractBaseUser) -> Team:
+def team_create(*, name: str, slug: str, owner: User) -> Team:
     team = Team.objects.create(name=name, slug=slug)
     Membership.objects.create(team=team, user=owner, role=Membership.Role.OWNER)
     return team
 
 
-def membership_add(*, team: Team, user: AbstractBaseUser, role: str = Membership.Role.MEMBER) -> Membership:
+def membership_add(*, team: Team, user: User, role: str = Membership.Role.MEMBER) -> Membership:
     membership, _ = Membership.objects.get_or_create(team=team, user=user, defaults={"role": role})
     return membership
 
@@ -106,7 +106,7 @@ def project_create(*, team: Team, name: str, slug: str) -> Project:
 
 
 @transaction.atomic
-def personal_team_create(user: AbstractBaseUser) -> Project:
+def personal_team_create(user: User) -> Project:
     """Sign-up gives each user a team and a first project, so uploading works at once."""
     base = f"{user.get_username()}".lower().replace("_", "-")[:40] or "user"
     slug = base
@@ -125,7 +125,7 @@ def blob_name_for(sha256: str) -> str:
     return f"sha256/{sha256[:2]}/{sha256}"
 
 
-def _store_blob(uploaded: UploadedFile, sha256: str) -> str:
+def _store_blob(uploaded: UploadedFile[Any], sha256: str) -> str:
     """Content-addressed storage: identical bytes are stored once."""
     name = blob_name_for(sha256)
     if not default_storage.exists(name):
@@ -138,9 +138,9 @@ def _store_blob(uploaded: UploadedFile, sha256: str) -> str:
 
 def upload_create(
     *,
-    user: AbstractBaseUser | None,
+    user: User | None,
     project: Project,
-    uploaded: UploadedFile,
+    uploaded: UploadedFile[Any],
     sha256: str,
     fmt: str,
     run: str = "",
@@ -297,7 +297,7 @@ def upload_delete_blob_if_unused(upload: Upload) -> None:
 
 
 @transaction.atomic
-def share_create(upload: Upload, user: AbstractBaseUser | None) -> str:
+def share_create(upload: Upload, user: User | None) -> str:
     """A new read-only link (older live links of the upload are revoked); returns the token."""
     share_revoke(upload)
     token = secrets.token_urlsafe(32)
@@ -316,13 +316,13 @@ def share_active(upload: Upload) -> ShareLink | None:
 # --- API tokens ---------------------------------------------------------------------------
 
 
-def api_token_create(user: AbstractBaseUser, default_project: Project | None = None) -> str:
+def api_token_create(user: User, default_project: Project | None = None) -> str:
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
     ApiToken.objects.create(user=user, token_hash=token_hash(token), prefix=token[:10], default_project=default_project)
     return token
 
 
-def api_token_user(raw: str) -> tuple[AbstractBaseUser, ApiToken] | None:
+def api_token_user(raw: str) -> tuple[User, ApiToken] | None:
     token = (
         ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True)
         .select_related("user", "default_project")

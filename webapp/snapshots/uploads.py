@@ -72,8 +72,9 @@ class CappedHashingUploadHandler(TemporaryFileUploadHandler):
     def file_complete(self, file_size: int) -> Any:
         uploaded = super().file_complete(file_size)
         if uploaded is not None:
-            uploaded.sha256 = self._sha256.hexdigest()
-            uploaded.head = self._head
+            # Read back by intake.received_file: the digest and the first bytes for sniffing.
+            uploaded.sha256 = self._sha256.hexdigest()  # type: ignore[attr-defined]
+            uploaded.head = self._head  # type: ignore[attr-defined]
         return uploaded
 
 

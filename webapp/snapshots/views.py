@@ -126,7 +126,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
     form = UploadForm(request.POST, request.FILES, project_choices=choices)
     if not form.is_valid():
         if _wants_json(request):
-            text = " ".join(f"{field}: {' '.join(errs)}" for field, errs in form.errors.items())
+            text = " ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
             return JsonResponse({"error": {"code": "upload:invalid", "message": text}}, status=400)
         return _render_upload_page(request, form, status=400)
     project = services.project_for_user(request.user, form.cleaned_data["project"])
