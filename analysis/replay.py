@@ -628,7 +628,7 @@ class _Replayer:
                 else:
                     used[ad] = ~ref
                     bs[i] = bs[ref]
-                # Nothing a column shows changes here: filled from the event before.
+                # Only allocated moves here (by bs[i]); no block changes place.
                 continue
             elif 3 <= a <= 6:
                 self.tmin, self.tlimit = tmin, tlimit
