@@ -179,3 +179,28 @@ def test_share_link_to_unfinished_upload_polls_through_the_link(client: Any, ali
     assert client.get(f"/r/{token}/status.json").json()["status"] == "done"
     services.share_revoke(upload)
     assert client.get(f"/r/{token}/status.json").status_code == 404
+
+
+def test_page_shows_a_share_url_only_while_it_is_the_live_link(
+    client: Any, alice: Any, django_user_model: Any, done_upload: Upload
+) -> None:
+    from django.contrib.sessions.models import Session
+    from django.test import Client
+
+    from webapp.snapshots import services
+
+    client.force_login(alice)
+    client.post(f"/s/{done_upload.code}/share/", {"action": "create"})
+    shown = client.get(f"/s/{done_upload.code}/").context["share_url"]
+    token = shown.rstrip("/").rsplit("/", 1)[-1]
+    # The raw token is in no database row (sessions included), only its hash.
+    assert all(token not in str(s.get_decoded()) for s in Session.objects.all())
+    # A teammate replaces the link: the old URL is not offered any more.
+    carol = django_user_model.objects.create_user("carol")
+    services.membership_add(team=done_upload.project.team, user=carol)
+    teammate = Client()
+    teammate.force_login(carol)
+    assert teammate.get(f"/s/{done_upload.code}/").context["share_url"] is None  # never shown to others
+    teammate.post(f"/s/{done_upload.code}/share/", {"action": "create"})
+    assert client.get(f"/s/{done_upload.code}/").context["share_url"] is None
+    assert client.get(shown).status_code == 404

@@ -29,7 +29,11 @@ from webapp.snapshots.models import Upload
 
 log = logging.getLogger(__name__)
 
-SHARE_SESSION_KEY = "share_url:{code}"
+# A new share token is shown to its creator only: it travels back in a signed, HttpOnly cookie
+# scoped to the report's path (the database keeps only its hash), for SHARE_COOKIE_AGE seconds.
+SHARE_COOKIE = "share-{code}"
+SHARE_COOKIE_SALT = "oomscope.share"
+SHARE_COOKIE_AGE = 3600
 
 
 def _wants_json(request: HttpRequest) -> bool:
@@ -47,16 +51,22 @@ def _upload_or_404(request: HttpRequest, code: str) -> Upload:
 
 def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> dict[str, Any]:
     report = services.report_for(upload)
-    share_link = None if shared else request.session.get(SHARE_SESSION_KEY.format(code=upload.code))
-    if share_link and services.share_active(upload) is None:
-        share_link = None  # revoked since it was shown
+    active = services.share_active(upload)
+    share_link = None
+    if not shared and active is not None:
+        token = request.get_signed_cookie(
+            SHARE_COOKIE.format(code=upload.code), default=None, salt=SHARE_COOKIE_SALT, max_age=SHARE_COOKIE_AGE
+        )
+        # Shown only while it is still the live link (not revoked or replaced since).
+        if token and services.token_hash(token) == active.token_hash:
+            share_link = services.share_url(request, token)
     return {
         "upload": services.upload_dict(upload, request),
         "report": report.data if report else None,
         "charts": report.charts if report else {},
         "shared": shared,
         "share_url": share_link,
-        "share_active": (services.share_active(upload) is not None) if not shared else True,
+        "share_active": active is not None,
         "markdown_snippet": services.markdown_snippet(upload, share_link),
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
@@ -204,16 +214,27 @@ def share_status_json(request: HttpRequest, token: str) -> HttpResponse:
 def share(request: HttpRequest, code: str) -> HttpResponse:
     """Page action: POST ``action=create`` makes a new link, ``action=revoke`` revokes it."""
     upload_row = _upload_or_404(request, code)
-    key = SHARE_SESSION_KEY.format(code=code)
+    response = redirect("snapshots:detail", code=code)
+    cookie = SHARE_COOKIE.format(code=code)
+    path = reverse("snapshots:detail", args=[code])
     if request.POST.get("action") == "revoke":
         services.share_revoke(upload_row)
-        request.session.pop(key, None)
+        response.delete_cookie(cookie, path=path)
         flash.info(request, messages.SHARE_REVOKED)
     else:
         token = services.share_create(upload_row, request.user)  # type: ignore[arg-type]
-        request.session[key] = services.share_url(request, token)
+        response.set_signed_cookie(
+            cookie,
+            token,
+            salt=SHARE_COOKIE_SALT,
+            max_age=SHARE_COOKIE_AGE,
+            path=path,
+            httponly=True,
+            samesite="Strict",
+            secure=settings.SESSION_COOKIE_SECURE,
+        )
         flash.success(request, messages.SHARE_CREATED)
-    return redirect("snapshots:detail", code=code)
+    return response
 
 
 def _capability_headers(response: HttpResponse) -> HttpResponse:
