@@ -11,7 +11,7 @@ avoided a recorded OOM, then by estimated saving.
 Suggestion ids (docs/report.md documents each): ``expandable_segments``,
 ``max_split_size_mb``, ``roundup_power2_divisions``,
 ``garbage_collection_threshold``, ``amp``, ``activation_checkpointing``,
-``optimizer_state``, ``shape_bucketing``, ``capture_settings``.
+``optimizer_state``, ``shape_bucketing``, ``allocation_order``, ``capture_settings``.
 """
 
 from __future__ import annotations
@@ -161,8 +161,17 @@ def _allocator_rule(setting: str) -> Rule:
             oom = ctx.oom
             replay += (
                 f", and the {_gib(oom['requested_bytes'])} request that failed at event {oom['event_index']:,} "
-                f"fits within {_gib(oom['limit_bytes'])}, so the OOM is avoided"
+                f"fits within {_gib(oom['limit_bytes'])}, so this request no longer fails"
             )
+            # The trace stops at the OOM: what the program would have asked for next is
+            # unknown. Little headroom left means a later, larger request may fail anyway
+            # (seen in real runs: the OOM moved a few allocations or steps later).
+            headroom = oom["limit_bytes"] - best.peak_reserved_bytes
+            if headroom < oom["requested_bytes"]:
+                replay += (
+                    f"; but it leaves {_gib(max(0, headroom))} below the limit, less than the failing request, "
+                    "so a later, larger request may still run out of memory"
+                )
             # When the run died early, its recorded peak is lower than a full run's:
             # the saving is the stranded cache at the OOM that the setting recovers.
             saving = max(saving, oom["reserved_bytes"] - oom["allocated_bytes"])
@@ -263,6 +272,30 @@ def _bucketing_suggest(ctx: AdviceContext) -> dict[str, Any]:
     )
 
 
+def _allocation_order_applies(ctx: AdviceContext) -> bool:
+    # The textbook fragmentation OOM that no allocator setting fixes: long-lived
+    # blocks pin holes between them, and only the program's order can change that.
+    oom = ctx.oom
+    if oom is None or oom.get("verdict") != "fragmentation" or not ctx.capture.get("trace_complete", False):
+        return False
+    return bool(ctx.whatifs) and not any(w.oom_avoided is True for w in ctx.whatifs)
+
+
+def _allocation_order_suggest(ctx: AdviceContext) -> dict[str, Any]:
+    oom = ctx.oom or {}
+    tried = ", ".join(sorted({w.config for w in ctx.whatifs}))
+    return _suggestion(
+        "allocation_order",
+        "Change the allocation order: make big, long-lived tensors first",
+        "allocate (or preallocate and reuse) the large buffer before the many small long-lived tensors",
+        f"At the OOM the cache held {_gib(oom.get('cached_free_bytes', 0))} free but its largest free block was "
+        f"{_gib(oom.get('largest_free_block_bytes', 0))}, too small for the {_gib(oom.get('requested_bytes', 0))} "
+        f"request, and the replays under {tried} fail at the same point: the free memory sits in holes between "
+        "blocks that stay alive, which no allocator setting can move.",
+        int(oom.get("cached_free_bytes", 0)),
+    )
+
+
 def _capture_applies(ctx: AdviceContext) -> bool:
     cap = ctx.capture
     return not cap["trace_complete"] or not cap["has_frames"] or _cpp_stacks_too_costly(ctx)
@@ -321,6 +354,7 @@ RULES: tuple[Rule, ...] = (
     Rule("activation_checkpointing", _checkpoint_applies, _checkpoint_suggest),
     Rule("optimizer_state", _optimizer_applies, _optimizer_suggest),
     Rule("shape_bucketing", _bucketing_applies, _bucketing_suggest),
+    Rule("allocation_order", _allocation_order_applies, _allocation_order_suggest),
     Rule("capture_settings", _capture_applies, _capture_suggest),
 )
 

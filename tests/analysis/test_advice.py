@@ -24,6 +24,7 @@ DOCUMENTED_IDS = {
     "activation_checkpointing",
     "optimizer_state",
     "shape_bucketing",
+    "allocation_order",
     "capture_settings",
 }
 ALLOCATOR_IDS = {"expandable_segments", "max_split_size_mb", "garbage_collection_threshold", "roundup_power2_divisions"}
@@ -57,11 +58,31 @@ def test_gpt_varlen_oom_suggests_expandable_segments_with_the_replay_evidence() 
     exp = sugg["expandable_segments"]
     w = next(x for x in dev["whatif"] if x["config"] == "expandable_segments:True")
     assert w["oom_avoided"] is True and exp["avoids_oom"] is True
-    assert "so the OOM is avoided" in exp["evidence"]
+    assert "so this request no longer fails" in exp["evidence"]
     assert gib(w["peak_reserved_bytes"]) in exp["evidence"]
     assert f"{dev['oom']['event_index']:,}" in exp["evidence"]
     # What avoids the recorded OOM comes first.
     assert dev["suggestions"][0]["avoids_oom"] is True
+
+
+def test_frag_oom_no_setting_saves_it_so_the_advice_is_the_allocation_order() -> None:
+    dev = device("frag_oom")
+    assert all(w["oom_avoided"] is False for w in dev["whatif"])
+    top = dev["suggestions"][0]
+    assert top["id"] == "allocation_order"
+    oom = dev["oom"]
+    assert top["estimated_saving_bytes"] == oom["cached_free_bytes"]
+    for figure in (oom["cached_free_bytes"], oom["largest_free_block_bytes"], oom["requested_bytes"]):
+        assert gib(figure) in top["evidence"]
+
+
+def test_a_setting_that_only_just_fits_the_failing_request_says_a_later_one_may_fail() -> None:
+    # gpu_grow_oom: the real expandable_segments run (gpu_expandable_oom) got past this
+    # request and failed four allocations later; the replay leaves no headroom.
+    dev = device("gpu_grow_oom")
+    exp = next(s for s in dev["suggestions"] if s["id"] == "expandable_segments")
+    assert exp["avoids_oom"] is True
+    assert "a later, larger request may still run out of memory" in exp["evidence"]
 
 
 @pytest.mark.parametrize(
