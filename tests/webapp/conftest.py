@@ -94,6 +94,8 @@ def _celery_uses_test_redis(redis_url: str) -> None:
 
     settings.CELERY_BROKER_URL = redis_url
     app.conf.broker_url = redis_url
+    # A queue of this run's own, so a worker of `make run` on a shared Redis never takes its messages.
+    app.conf.task_default_queue = f"oomscope-test-{os.getpid()}"
 
 
 @pytest.fixture(autouse=True)

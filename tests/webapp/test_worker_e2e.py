@@ -113,3 +113,22 @@ def test_killed_pool_process_is_recovered_by_the_sweep(client: Any, alice_token:
     assert Upload.objects.get(code=code).attempts == 2
     assert "re-queued" in log
     assert worker.poll() is None
+
+
+def test_messages_go_to_this_runs_own_queue(redis_url: str) -> None:
+    import os
+
+    from webapp.celery import app
+    from webapp.snapshots.broker import redis_client
+    from webapp.snapshots.tasks import analyse_upload_task
+
+    queue = f"oomscope-test-{os.getpid()}"
+    assert app.conf.task_default_queue == queue
+    client = redis_client(redis_url)
+    try:
+        before = client.llen(queue)
+        analyse_upload_task.delay(987_654_321)
+        assert client.llen(queue) == before + 1
+        client.lpop(queue)  # kombu pushes on the left: drop the message just sent
+    finally:
+        client.close()
