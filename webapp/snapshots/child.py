@@ -62,10 +62,8 @@ def analyse(path: Path, filename: str | None) -> dict[str, Any]:
     progress("reading")
     from analysis.report import build_report
 
-    # Bytes, not the path: the file is read whole either way, and reading it here sizes
-    # the buffer by the file rather than by the reader's input cap (which RLIMIT_AS refuses).
-    data = path.read_bytes()
-    report: dict[str, Any] = build_report(data, progress=progress, filename=filename or path.name)
+    # The path, not its bytes: the reader unpickles a raw file straight from disk.
+    report: dict[str, Any] = build_report(path, progress=progress, filename=filename or path.name)
     return report
 
 
