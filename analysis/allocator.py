@@ -54,6 +54,7 @@ integers searched with ``bisect``; everything else is a method call.
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -204,6 +205,12 @@ class LimitEstimate:
 _SIZE, _ADDR, _PREV, _NEXT, _STATE = 0, 1, 2, 3, 4
 
 
+def _grown(b: list[Any]) -> int:
+    """A free block's size plus the unmapped range right after it (expandable segments)."""
+    nb = b[_NEXT]
+    return int(b[_SIZE]) + (nb[_SIZE] if nb and nb[_STATE] is None else 0)
+
+
 class _Model:
     """State of one simulated ``DeviceCachingAllocator``.
 
@@ -307,13 +314,9 @@ class _Model:
         if self.exp:
             # Best fit by "free block + the unmapped range after it": walk on while
             # the next candidate can grow to less than the current one.
-            def grown(b: list[Any]) -> int:
-                nb = b[_NEXT]
-                return int(b[_SIZE]) + (nb[_SIZE] if nb and nb[_STATE] is None else 0)
-
-            cur = grown(bl[i])
+            cur = _grown(bl[i])
             while i + 1 < n:
-                nxt = grown(bl[i + 1])
+                nxt = _grown(bl[i + 1])
                 if nxt >= cur:
                     break
                 i += 1
@@ -663,6 +666,7 @@ class _Model:
         failed: list[int] = []
         gc_on = self.gc_on
         fast = not self.exp and not gc_on
+        exp_hit = self.exp and not gc_on
         mss, nsr = self.mss, self.nsr
         mss_on = mss != UNLIMITED
         sh = _SH
@@ -721,6 +725,29 @@ class _Model:
                         if not mss_on or not ((rs < mss and key >> sh >= mss) or (rs >= mss and key >> sh >= rs + nsr)):
                             del kl[i]
                             b = blks[lk].pop(i)
+                            b[4] = False
+                elif exp_hit:
+                    # get_free_block's expandable walk, inline: best fit by "free block
+                    # + the unmapped range after it" (state None marks unmapped).
+                    i = bisect(kl, rs << sh)
+                    nk = len(kl)
+                    if i < nk:
+                        bl = blks[lk]
+                        c = bl[i]
+                        nb = c[3]
+                        cur = c[0] + nb[0] if nb and nb[4] is None else c[0]
+                        while i + 1 < nk:
+                            c = bl[i + 1]
+                            nb = c[3]
+                            nxt = c[0] + nb[0] if nb and nb[4] is None else c[0]
+                            if nxt >= cur:
+                                break
+                            i += 1
+                            cur = nxt
+                        key = kl[i]
+                        if not mss_on or not ((rs < mss and key >> sh >= mss) or (rs >= mss and key >> sh >= rs + nsr)):
+                            del kl[i]
+                            b = bl.pop(i)
                             b[4] = False
                 else:
                     b = self.get_free_block(lk, rs)
@@ -1051,12 +1078,37 @@ def step_end_indices(snapshot: Snapshot, device: DeviceData | int) -> list[int]:
 # --------------------------------------------------------------------------- entry points
 
 
-def _prepare(
-    snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, bursts: list[_Burst], pools: npt.NDArray[np.int32]
-) -> tuple[npt.NDArray[np.intp], list[int], list[int], list[int], list[int]]:
-    """Filter the trace down to the requests: their event indices, and plain lists
-    (op, recorded address, rounded size, free-list index) for the hot loop."""
+@dataclass
+class _Requests:
+    """The request stream of one trace, config-free: computed once per trace and
+    reused by every ``simulate`` of it (a report runs the check and each what-if;
+    turning 1.6M requests into lists costs about a quarter of a second each)."""
+
+    key: tuple[Any, ...]
+    sel: npt.NDArray[np.intp]
+    ops: list[int]
+    raddrs: list[int]
+    sizes: I64
+    is_oom: npt.NDArray[np.bool_]
+    lane: I64 | None  # (pool * 2) * streams + stream per request; None: one pool, one stream
+    rounded: I64 | None = None  # the last config's rounded sizes and their lists
+    rounded_list: list[int] = field(default_factory=list)
+    lks_list: list[int] = field(default_factory=list)
+
+
+# id(trace.action) -> requests; an entry goes when its trace's action column is freed.
+_REQUESTS: dict[int, _Requests] = {}
+
+
+def _requests_of(
+    snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: npt.NDArray[np.int32]
+) -> _Requests:
     t = dev.trace
+    user = [(b.start, b.end) for b in bursts if b.kind == "user"]
+    key = (len(t), len(dev.streams), len(snapshot.pools), tuple(user))
+    hit = _REQUESTS.get(id(t.action))
+    if hit is not None and hit.key == key:
+        return hit
     n = len(t)
     act = t.action
     addr = t.addr
@@ -1078,27 +1130,46 @@ def _prepare(
     op[is_fr & ~paired] = _OP_FREE_REQ
     op[is_fc & ~completes & ~paired] = _OP_FREE_DONE
     op[act == OOM] = _OP_OOM
-    user = [b for b in bursts if b.kind == "user"]
-    for b in user:
-        op[b.start] = _OP_FLUSH
+    for start, _end in user:
+        op[start] = _OP_FLUSH
     sel = np.flatnonzero(op >= 0)
     ops = op[sel]
     raddr = addr[sel]
     if user:  # a flush carries the end of its burst instead of an address
-        pos = np.searchsorted(sel, [b.start for b in user])
-        raddr[pos] = [b.end for b in user]
-    sizes = t.size[sel]
-    rounded = cfg.round_sizes(sizes)
-    is_oom = ops == _OP_OOM
-    if is_oom.any():  # an oom entry's size is already the rounded request
-        rounded[is_oom] = sizes[is_oom]
-    large = rounded > K_SMALL_SIZE
+        pos = np.searchsorted(sel, [start for start, _end in user])
+        raddr[pos] = [end for _start, end in user]
     ns = max(len(dev.streams), 1)
-    if ns == 1 and len(snapshot.pools) == 1:
-        lks = large.view(np.int8)
-    else:
-        lks = (pools[sel].astype(np.int32) * 2 + large) * ns + t.stream[sel]
-    return sel, ops.tolist(), raddr.tolist(), rounded.tolist(), lks.tolist()
+    lane = None
+    if not (ns == 1 and len(snapshot.pools) == 1):
+        lane = pools[sel].astype(np.int64) * 2 * ns + t.stream[sel]
+    req = _Requests(key, sel, ops.tolist(), raddr.tolist(), t.size[sel], ops == _OP_OOM, lane)
+    if len(_REQUESTS) >= 8:
+        del _REQUESTS[next(iter(_REQUESTS))]
+    _REQUESTS[id(act)] = req
+    weakref.finalize(act, _REQUESTS.pop, id(act), None)
+    return req
+
+
+def _prepare(
+    snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, bursts: list[_Burst], pools: npt.NDArray[np.int32]
+) -> tuple[npt.NDArray[np.intp], list[int], list[int], list[int], list[int]]:
+    """Filter the trace down to the requests: their event indices, and plain lists
+    (op, recorded address, rounded size, free-list index) for the hot loop.
+    Only the rounding depends on ``cfg``; configs that round alike share the lists."""
+    req = _requests_of(snapshot, dev, bursts, pools)
+    sizes = req.sizes
+    rounded = cfg.round_sizes(sizes)
+    if req.is_oom.any():  # an oom entry's size is already the rounded request
+        rounded[req.is_oom] = sizes[req.is_oom]
+    if req.rounded is None or not np.array_equal(rounded, req.rounded):
+        large = rounded > K_SMALL_SIZE
+        if req.lane is None:
+            lks = large.view(np.int8)
+        else:
+            ns = max(len(dev.streams), 1)
+            lks = req.lane + large * ns
+        req.rounded, req.rounded_list, req.lks_list = rounded, rounded.tolist(), lks.tolist()
+    return req.sel, req.ops, req.raddrs, req.rounded_list, req.lks_list
 
 
 def _event_pools(dev: DeviceData) -> npt.NDArray[np.int32]:
