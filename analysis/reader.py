@@ -692,8 +692,18 @@ class _Converter:
         if n == 0:
             return Trace.empty(), [], {}, {}
         get = dict.get
+        cols = _event_columns(events)
+
+        def column(k: int, default: Any = None) -> list[Any]:
+            """One key's values; a column from the one-pass extraction is handed over (and freed with it)."""
+            if cols is None:
+                return list(map(get, events, repeat(_EVENT_KEYS[k]), repeat(default)))
+            values = cols[k]
+            cols[k] = []
+            return values
+
         try:
-            action = np.fromiter(map(ACTION_CODE.__getitem__, map(get, events, repeat("action"))), np.int8, n)
+            action = np.fromiter(map(ACTION_CODE.__getitem__, column(0)), np.int8, n)
         except (KeyError, TypeError):
             if not all(type(e) is dict for e in events):  # dict.get on a non-dict
                 i = next(k for k, e in enumerate(events) if type(e) is not dict)
@@ -706,7 +716,7 @@ class _Converter:
                 raise self.bad(f"{where}[{i}].action", actions[i], "a str") from None
             raise SchemaError("unknown-action", f"{where}[{i}].action: unknown action {_short(actions[i])}") from None
 
-        addrs = list(map(get, events, repeat("addr")))
+        addrs = column(1)
         for i in np.flatnonzero(action == OOM).tolist():
             # The oom entry has no address; the model keeps its device_free there.
             addrs[i] = events[i].get("device_free")
@@ -714,13 +724,13 @@ class _Converter:
                 raise SchemaError("missing-key", f"{where}[{i}]: an oom event needs 'device_free'")
         addr = self.int_column(addrs, where, "addr", nonneg=True)
         del addrs
-        size = self.int_column(list(map(get, events, repeat("size"))), where, "size", nonneg=True)
-        stream_values = list(map(get, events, repeat("stream")))
+        size = self.int_column(column(2), where, "size", nonneg=True)
+        stream_values = column(3)
         order = dict.fromkeys(stream_values)  # a few distinct streams, in order of first appearance
         if not set(map(type, order)) <= {int}:
             self.int_column(stream_values, where, "stream")  # raises with the event's index
 
-        times = list(map(get, events, repeat("time_us")))
+        times = column(4)
         absent = times.count(None)
         if absent == n:
             time_us = np.zeros(n, np.int64)
@@ -731,7 +741,7 @@ class _Converter:
             time_us = self.int_column(times, where, "time_us")
         del times
 
-        stack = self.intern_event_stacks(list(map(get, events, repeat("frames"), repeat(_NO_FRAMES))), where)
+        stack = self.intern_event_stacks(column(5, _NO_FRAMES), where)
         if self.stack_nodes:
             counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
             self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
@@ -741,8 +751,8 @@ class _Converter:
         else:
             pool = self.pool_column(list(map(get, events, repeat("pool_id"))), where)
 
-        cc = self.sparse_text(events, "compile_context", "N/A", where)
-        um = self.sparse_text(events, "user_metadata", "", where)
+        cc = self.sparse_text(events, "compile_context", "N/A", where, None if cols is None else column(6))
+        um = self.sparse_text(events, "user_metadata", "", where, None if cols is None else column(7))
 
         # Stream ordinals in order of first appearance (dict keeps insertion order).
         streams = list(order)
@@ -770,10 +780,16 @@ class _Converter:
             ordinal[v] = self.pool_of(v, f"{where}[{i}].pool_id")
         return np.fromiter(map(ordinal.__getitem__, values), np.int32, len(values))
 
-    def sparse_text(self, events: list[dict[str, Any]], key: str, default: str, where: str) -> dict[int, str]:
-        if _all_default(events, key, default):
+    def sparse_text(
+        self, events: list[dict[str, Any]], key: str, default: str, where: str, values: list[Any] | None = None
+    ) -> dict[int, str]:
+        """``{event index: text}`` where ``key`` is not ``default`` (``values``: the column, if already read)."""
+        if values is None:
+            if _all_default(events, key, default):
+                return {}
+            values = list(map(dict.get, events, repeat(key), repeat(default)))
+        elif _all_default_values(values, default):
             return {}
-        values = list(map(dict.get, events, repeat(key), repeat(default)))
         out: dict[int, str] = {}
         for i, v in enumerate(values):
             if type(v) is not str:
@@ -970,6 +986,41 @@ class _Converter:
             self.warn_once("no-requested-size", "blocks lack requested_size (torch < 2.0): block sizes stand in")
         if layout != "modern":
             self.warn_once("legacy-layout", f"legacy snapshot layout '{layout}'")
+
+
+# The keys of a torch >= 2.3 trace event, read in one pass by ``_event_columns``.
+_EVENT_KEYS = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
+_COLUMN_CHUNK = 4096  # events per step: the step's tuples stay in cache while they are split into columns
+
+
+def _event_columns(events: list[Any]) -> list[list[Any]] | None:
+    """The values of every ``_EVENT_KEYS`` key of every event, one list per key, or
+    None when some event is not a dict or lacks one of the keys (older torch, a
+    damaged file: the per-key path then reads it and says what is wrong).
+
+    Each event dict is visited once rather than once per key: the dicts are
+    scattered over the whole loaded graph, so visiting them is what costs (about
+    0.6 s less on 2.4M events than eight passes with ``dict.get``).
+    """
+    pick = operator.itemgetter(*_EVENT_KEYS)
+    cols: list[list[Any]] = [[] for _ in _EVENT_KEYS]
+    try:
+        for lo in range(0, len(events), _COLUMN_CHUNK):
+            # Only a dict can be indexed by a str key among what the unpickler builds.
+            for col, values in zip(cols, zip(*map(pick, events[lo : lo + _COLUMN_CHUNK])), strict=True):
+                col.extend(values)
+    except (KeyError, TypeError):
+        return None
+    return cols
+
+
+def _all_default_values(values: list[Any], default: Any) -> bool:
+    """``_all_default`` on a column already read."""
+    try:
+        distinct = set(values)
+    except TypeError:  # unhashable values: not all default
+        return False
+    return len(distinct) == 1 and default in distinct and type(next(iter(distinct))) is type(default)
 
 
 def _all_default(events: list[dict[str, Any]], key: str, default: Any) -> bool:
