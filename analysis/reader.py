@@ -709,7 +709,7 @@ class _Converter:
         if n == 0:
             return Trace.empty(), [], {}, {}
         get = dict.get
-        cols = _event_columns(events)
+        cols, only_event_keys = _event_columns(events)
 
         def column(k: int, default: Any = None) -> list[Any]:
             """One key's values; a column from the one-pass extraction is handed over (and freed with it)."""
@@ -763,7 +763,7 @@ class _Converter:
             counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
             self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
 
-        if _all_default(events, "pool_id", None):
+        if only_event_keys or _all_default(events, "pool_id", None):
             pool = np.zeros(n, np.int32)
         else:
             pool = self.pool_column(list(map(get, events, repeat("pool_id"))), where)
@@ -1010,10 +1010,11 @@ _EVENT_KEYS = ("action", "addr", "size", "stream", "time_us", "frames", "compile
 _COLUMN_CHUNK = 4096  # events per step: the step's tuples stay in cache while they are split into columns
 
 
-def _event_columns(events: list[Any]) -> list[list[Any]] | None:
+def _event_columns(events: list[Any]) -> tuple[list[list[Any]] | None, bool]:
     """The values of every ``_EVENT_KEYS`` key of every event, one list per key, or
     None when some event is not a dict or lacks one of the keys (older torch, a
-    damaged file: the per-key path then reads it and says what is wrong).
+    damaged file: the per-key path then reads it and says what is wrong); and
+    whether no event has any other key (no ``pool_id`` to look for then).
 
     Each event dict is visited once rather than once per key: the dicts are
     scattered over the whole loaded graph, so visiting them is what costs (about
@@ -1021,23 +1022,24 @@ def _event_columns(events: list[Any]) -> list[list[Any]] | None:
     """
     pick = operator.itemgetter(*_EVENT_KEYS)
     cols: list[list[Any]] = [[] for _ in _EVENT_KEYS]
+    widest = 0
     try:
         for lo in range(0, len(events), _COLUMN_CHUNK):
+            chunk = events[lo : lo + _COLUMN_CHUNK]
             # Only a dict can be indexed by a str key among what the unpickler builds.
-            for col, values in zip(cols, zip(*map(pick, events[lo : lo + _COLUMN_CHUNK])), strict=True):
+            for col, values in zip(cols, zip(*map(pick, chunk)), strict=True):
                 col.extend(values)
+            widest = max(widest, *map(len, chunk))  # the dicts are in cache now: cheap
     except (KeyError, TypeError):
-        return None
-    return cols
+        return None, False
+    return cols, widest == len(_EVENT_KEYS)
 
 
 def _all_default_values(values: list[Any], default: Any) -> bool:
-    """``_all_default`` on a column already read."""
-    try:
-        distinct = set(values)
-    except TypeError:  # unhashable values: not all default
-        return False
-    return len(distinct) == 1 and default in distinct and type(next(iter(distinct))) is type(default)
+    """``_all_default`` on a column already read (a str default: only a str equals it,
+    and ``count`` compares by identity first, so no value is hashed)."""
+    assert type(default) is str
+    return values.count(default) == len(values)
 
 
 def _all_default(events: list[dict[str, Any]], key: str, default: Any) -> bool:
