@@ -588,7 +588,7 @@ class _Converter:
             raise self.bad(f"{where}[{i}].frames", frames[i], "a list of frames") from None
         self.charge(int(lens.sum()))  # before any comparison: the work below is bounded by it
         idx = np.flatnonzero(lens)
-        if n - idx.size != frames.count(_NO_FRAMES):
+        if idx.size < n and n - idx.size != frames.count(_NO_FRAMES):
             # Some zero-length value is not an (absent or empty) list: a str, dict or tuple.
             i = next(k for k, f in enumerate(frames) if type(f) is not list and not f)
             raise self.bad(f"{where}[{i}].frames", frames[i], "a list of frames")
