@@ -361,8 +361,9 @@ class _Model:
         self._insert(lk, r)
         return size
 
-    def free_block(self, lk: int, b: list[Any]) -> None:
-        """``free_block``: merge with free neighbours, back into the free list."""
+    def free_block(self, lk: int, b: list[Any]) -> list[Any]:
+        """``free_block``: merge with free neighbours, back into the free list; returns
+        the merged block."""
         p = b[_PREV]
         if p and p[_STATE]:
             self._remove(lk, p)
@@ -381,6 +382,7 @@ class _Model:
                 nn[_PREV] = b
             b[_SIZE] += n[_SIZE]
         self._insert(lk, b)
+        return b
 
     def alloc_block(self, lk: int, size: int, alloc_size: int) -> list[Any] | None:
         """A new segment (or mapped pages) for the request; None when the limit refuses."""
@@ -543,26 +545,9 @@ class _Model:
             u[_NEXT] = r
             u[_SIZE] = mapped
             self._uinsert(lk, r)
-        b = u
-        b[_STATE] = False
-        p = b[_PREV]
-        if p and p[_STATE]:
-            self._remove(lk, p)
-            n = b[_NEXT]
-            p[_NEXT] = n
-            if n:
-                n[_PREV] = p
-            p[_SIZE] += b[_SIZE]
-            b = p
-        n = b[_NEXT]
-        if n and n[_STATE]:
-            self._remove(lk, n)
-            nn = n[_NEXT]
-            b[_NEXT] = nn
-            if nn:
-                nn[_PREV] = b
-            b[_SIZE] += n[_SIZE]
-        self._insert(lk, b)
+        # The newly mapped pages are a free block like any other: merge as a free does.
+        u[_STATE] = False
+        b = self.free_block(lk, u)
         self.reserved += mapped
         if self.reserved > self.peak:
             self.peak = self.reserved
@@ -1100,9 +1085,7 @@ class _Requests:
 _REQUESTS: dict[int, _Requests] = {}
 
 
-def _requests_of(
-    snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: npt.NDArray[np.int32]
-) -> _Requests:
+def _requests_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: npt.NDArray[np.int32]) -> _Requests:
     t = dev.trace
     user = [(b.start, b.end) for b in bursts if b.kind == "user"]
     key = (len(t), len(dev.streams), len(snapshot.pools), tuple(user))
