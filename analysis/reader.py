@@ -24,6 +24,7 @@ refusal is a ``SnapshotError`` with a stable code (docs/reader.md lists them).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import json
@@ -607,10 +608,9 @@ class _Converter:
         # bucket; every other list equals its head, which is checked below.
         run_head = np.ones(len(lists), np.bool_)
         if len(lists) > 1:
-            try:
+            # Deeply nested values, not frames, raise RecursionError: the checks below name the first one.
+            with contextlib.suppress(RecursionError):
                 run_head[1:] = ~np.fromiter(map(operator.eq, lists[1:], lists[:-1]), np.bool_, len(lists) - 1)
-            except RecursionError:
-                pass  # deeply nested values, not frames: the checks below name the first one
         heads = np.flatnonzero(run_head)
         run_of = np.cumsum(run_head) - 1
         del run_head
@@ -1031,7 +1031,7 @@ def _event_columns(events: list[Any]) -> tuple[list[list[Any]] | None, bool]:
         for lo in range(0, len(events), _COLUMN_CHUNK):
             chunk = events[lo : lo + _COLUMN_CHUNK]
             # Only a dict can be indexed by a str key among what the unpickler builds.
-            for col, values in zip(cols, zip(*map(pick, chunk)), strict=True):
+            for col, values in zip(cols, zip(*map(pick, chunk), strict=False), strict=True):
                 col.extend(values)
             widest = max(widest, *map(len, chunk))  # the dicts are in cache now: cheap
     except (KeyError, TypeError):
