@@ -51,6 +51,8 @@ from bokeh.models import (
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
+from webapp.snapshots.formatting import format_bytes, frame_label
+
 __all__ = [
     "CHART_KINDS",
     "build_charts",
@@ -96,25 +98,6 @@ STATE_LABELS = {
 WHATIF_COLOURS = ("#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def format_bytes(n: float | int | None) -> str:
-    """Binary units with two decimals past KiB ("1.04 GiB"): the wording of torch's own OOM message."""
-    if n is None:
-        return "n/a"
-    value = float(n)
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    unit = 0
-    while value >= 1024 and unit < len(_UNITS) - 1:
-        value /= 1024
-        unit += 1
-    if unit == 0:
-        return f"{sign}{int(value)} B"
-    return f"{sign}{value:.2f} {_UNITS[unit]}"
-
 
 # ---------------------------------------------------------------- entry points
 
@@ -736,22 +719,11 @@ def _stack_label(block: Mapping[str, Any], labels: Mapping[str, str]) -> str:
             return value
     frames = block.get("frames")
     if isinstance(frames, list) and frames:
-        return _frame_label(frames[0])
+        return frame_label(frames[0])
     return ""
 
 
 # ---------------------------------------------------------------- top stacks (icicle)
-
-
-def _frame_label(frame: Mapping[str, Any] | str) -> str:
-    if isinstance(frame, str):
-        return frame
-    name = str(frame.get("name") or "?")
-    filename = str(frame.get("filename") or "")
-    if not filename or not (filename.endswith(".py") or filename.startswith("<")):
-        return name
-    short = "/".join(filename.replace("\\", "/").rsplit("/", 2)[-2:])
-    return f"{name} ({short}:{frame.get('line', '?')})"
 
 
 def _icicle_chart(dev: Mapping[str, Any]) -> Any:
@@ -764,7 +736,7 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
     nodes: dict[tuple[str, ...], list[float]] = {}
     order: list[tuple[str, ...]] = []
     for s in chosen:
-        path = [_frame_label(f) for f in reversed(s.get("frames") or [])] or [str(s.get("label") or "(no frames)")]
+        path = [frame_label(f) for f in reversed(s.get("frames") or [])] or [str(s.get("label") or "(no frames)")]
         if len(path) > MAX_ICICLE_DEPTH:
             path = [*path[: MAX_ICICLE_DEPTH - 1], f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
         for depth in range(1, len(path) + 1):

@@ -13,13 +13,13 @@ from typing import Any
 
 from django import template
 
-register = template.Library()
+from webapp.snapshots.formatting import format_bytes, frame_label
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+register = template.Library()
 
 
 @register.filter(name="bytes")
-def format_bytes(value: Any) -> str:
+def bytes_filter(value: Any) -> str:
     """``1117782016`` -> ``1.04 GiB`` (binary units, as torch's own messages print them)."""
     if value is None or value == "":
         return "n/a"
@@ -27,15 +27,7 @@ def format_bytes(value: Any) -> str:
         n = float(value)
     except (TypeError, ValueError):
         return str(value)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    unit = 0
-    while n >= 1024 and unit < len(_UNITS) - 1:
-        n /= 1024
-        unit += 1
-    if unit == 0:
-        return f"{sign}{int(n)} B"
-    return f"{sign}{n:.2f} {_UNITS[unit]}"
+    return format_bytes(n)
 
 
 @register.filter
@@ -108,17 +100,7 @@ def words(name: Any) -> str:
     return str(name).replace("_", " ")
 
 
-@register.filter
-def frame_label(frame: Any) -> str:
-    """``name (dir/file.py:12)`` for a frame dict; C++ frames are their name alone."""
-    if not isinstance(frame, Mapping):
-        return str(frame)
-    name = str(frame.get("name") or "?")
-    filename = str(frame.get("filename") or "")
-    if not filename or not (filename.endswith(".py") or filename.startswith("<")):
-        return name
-    short = "/".join(filename.replace("\\", "/").rsplit("/", 2)[-2:])
-    return f"{name} ({short}:{frame.get('line', '?')})"
+register.filter("frame_label", frame_label)
 
 
 @register.filter
