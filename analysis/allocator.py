@@ -660,6 +660,7 @@ class _Model:
         # (and, with max_split_size, only for requests below it).
         per_pool = (511, 511 if self.exp else K_SMALL_SIZE)
         split_over = [per_pool[(lk // self.ns) & 1] for lk in range(len(keys))]
+        split_below = UNLIMITED if self.exp else mss  # expandable: a block of any size splits
         allocation_size = self.cfg.allocation_size
         for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
             if op == 1:  # _OP_FREE: free_requested + free_completed
@@ -743,7 +744,7 @@ class _Model:
                         failed.append(events[k])
                         continue
                 rem = b[0] - rs
-                if rem > split_over[lk] and rs < mss:
+                if rem > split_over[lk] and rs < split_below:
                     n = b[3]
                     a = b[1] + rs
                     r = [rem, a, b, n, True]

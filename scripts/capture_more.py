@@ -65,6 +65,13 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
         {"steps": 12, "tokens": (2048, 32768), "scratch": 4},
         "the list form of roundup_power2_divisions on the same workload as gpu_roundup",
     ),
+    "gpu_expandable_maxsplit": (
+        "expandable_segments:True,max_split_size_mb:64",
+        "varshape",
+        {"steps": 12, "tokens": (2048, 32768), "scratch": 4},
+        "expandable_segments with max_split_size_mb:64 on gpu_roundup's workload: requests above 64 MiB "
+        "still split their block (should_split's expandable rule ignores max_split_size)",
+    ),
     "gpu_gc_threshold": (
         "garbage_collection_threshold:0.6",
         "varshape",

@@ -92,6 +92,8 @@ def test_the_fixture_set_is_the_expected_one() -> None:
         "compiled_train",
         "no_context",
         "big_all_stacks",
+        # expandable_segments with max_split_size: requests above max_split_size still split
+        "gpu_expandable_maxsplit",
     } <= names
     assert ("two_gpu_pipeline", 1) in COMPLETE
     assert set(PARTIAL) >= {"wrapped_ring", "state_only"}
