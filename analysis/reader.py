@@ -38,7 +38,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import repeat
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -282,7 +281,7 @@ def _unpickle(data: bytes) -> Any:
     return _unpickle_file(io.BufferedReader(io.BytesIO(data), _PEEK), len(data))
 
 
-def _unpickle_file(f: io.BufferedReader, size: int) -> Any:
+def _unpickle_file(f: io.BufferedReader[Any], size: int) -> Any:
     """Load one pickle straight from a file (no copy of its bytes in memory)."""
     obj = _load(_BoundedFile(f, size))
     end = f.tell()
@@ -344,7 +343,8 @@ def read_snapshot(
         if len(data) > limits.max_input_bytes:
             raise LimitError("file-size", f"the input exceeds {limits.max_input_bytes} bytes")
         return _read_buffer(data, limits)
-    with Path(source).open("rb", buffering=_PEEK) as f:
+    # A BufferedReader of our buffer size, spelled out (what open(..., buffering=_PEEK) builds).
+    with io.BufferedReader(io.FileIO(os.fspath(source), "r"), _PEEK) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limits.max_input_bytes:
             raise LimitError("file-size", f"the file is {size} bytes, over the {limits.max_input_bytes} byte limit")
@@ -623,9 +623,11 @@ class _Converter:
             middle = np.fromiter(map(id, map(operator.getitem, lists, (sub_lens // 2).tolist())), np.int64, m)
         except (TypeError, KeyError, IndexError):
             middle = np.zeros(m, np.int64)  # a non-list somewhere: the rounds below refuse it
-        with np.errstate(over="ignore"):
-            # One int64 per list; a collision only merges buckets, which == splits again.
-            keys = (sub_lens * np.int64(0x9E3779B1)) ^ middle
+        # One int64 per (middle frame, length) pair: object addresses are below
+        # 2**48, so no two pairs share a key unless both lengths pass 255 (that
+        # only merges buckets, which == splits again). Buckets are thus made by
+        # the file's content, not by where objects happen to sit in memory.
+        keys = (middle << 8) | np.minimum(sub_lens, 255)
         del middle
         pending = np.arange(m)
         sids = np.full(m, -1, np.int64)
@@ -635,13 +637,11 @@ class _Converter:
             _, rep_pos, inverse = np.unique(keys[pending], return_index=True, return_inverse=True)
             inverse = inverse.reshape(-1)
             reps = [lists[int(pending[p])] for p in rep_pos]
-            rep_sid = np.array(
-                [
-                    self.stack_of(r, f"{where}[{int(idx[pending[p]])}].frames")
-                    for r, p in zip(reps, rep_pos, strict=True)
-                ],
-                np.int64,
-            )
+            # Interned in the order the trace first uses them (np.unique orders by
+            # key, i.e. by address): stack and frame ids are then the same on every read.
+            rep_sid = np.zeros(len(reps), np.int64)
+            for k in np.argsort(rep_pos, kind="stable").tolist():
+                rep_sid[k] = self.stack_of(reps[k], f"{where}[{int(idx[pending[rep_pos[k]]])}].frames")
             members = lists if pending.size == m else list(map(lists.__getitem__, pending.tolist()))
             same = np.fromiter(
                 map(operator.eq, members, map(reps.__getitem__, inverse.tolist())), np.bool_, pending.size
