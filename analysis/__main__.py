@@ -16,6 +16,7 @@ from typing import Any
 
 from analysis.config import AllocatorConfig
 from analysis.errors import ConfigError, SnapshotError
+from analysis.parallel import available_cpus
 
 EXIT_USER_ERROR = 2
 
@@ -54,12 +55,29 @@ def _parser() -> argparse.ArgumentParser:
         help="a PYTORCH_CUDA_ALLOC_CONF string to replay (repeatable)",
     )
     rep.add_argument("--limit", type=_bytes_arg, metavar="BYTES", help="memory the process was allowed")
+    rep.add_argument(
+        "--jobs",
+        type=_jobs_arg,
+        default=available_cpus() + 1,
+        metavar="N",
+        help="child processes for the policy replays, beside the rest of the report (default: CPUs + 1; 1: none)",
+    )
     wi = sub.add_parser("whatif", help="replay the trace under one allocator configuration")
     wi.add_argument("snapshot", type=Path)
     wi.add_argument("--config", required=True, metavar="CONFIG")
     wi.add_argument("--limit", type=_bytes_arg, metavar="BYTES")
     wi.add_argument("--json", dest="json_out", metavar="OUT|-")
     return parser
+
+
+def _jobs_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of processes, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("--jobs must be at least 1")
+    return value
 
 
 def _bytes_arg(text: str) -> int:
@@ -75,7 +93,9 @@ def _bytes_arg(text: str) -> int:
 def _report(args: argparse.Namespace) -> int:
     from analysis.report import build_report
 
-    report = build_report(args.snapshot, whatif=tuple(args.whatif), limit=args.limit, filename=args.snapshot.name)
+    report = build_report(
+        args.snapshot, whatif=tuple(args.whatif), limit=args.limit, filename=args.snapshot.name, jobs=args.jobs
+    )
     if args.json_out:
         _write_json(report, args.json_out)
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from analysis.categories import (
 from analysis.config import UNLIMITED, AllocatorConfig
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.oom import explain_oom, oom_indices
+from analysis.parallel import Pending, Pool
 from analysis.reader import read_snapshot
 from analysis.replay import AllocatorState, recorded_replay
 from analysis.stacks import (
@@ -88,15 +90,23 @@ def build_report(
     limit: int | None = None,
     progress: Progress | None = None,
     filename: str | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """The contract report for a snapshot file (path or bytes)."""
+    """The contract report for a snapshot file (path or bytes).
+
+    With ``jobs`` > 1 the policy replays (the check and the what-ifs) run in up
+    to that many forked child processes beside the rest (``analysis.parallel``);
+    the report is the same.
+    """
     # The replays allocate millions of short-lived objects and create no cycles
     # worth collecting; the cyclic GC's passes over them are pure overhead.
     was_enabled = gc.isenabled()
     gc.disable()
+    pool = Pool(jobs)
     try:
-        return _build_report(source, whatif=whatif, limit=limit, progress=progress, filename=filename)
+        return _build_report(source, whatif=whatif, limit=limit, progress=progress, filename=filename, pool=pool)
     finally:
+        pool.close()
         if was_enabled:
             gc.enable()
 
@@ -108,14 +118,26 @@ def _build_report(
     limit: int | None,
     progress: Progress | None,
     filename: str | None,
+    pool: Pool,
 ) -> dict[str, Any]:
     report_progress = progress or _noop
     user_whatifs = list(whatif)
     for conf in user_whatifs:
         AllocatorConfig.parse(conf)  # ConfigError before any heavy work
     report_progress("reading", 0.0)
-    src = _source_info(source, filename)
-    snapshot = read_snapshot(source if isinstance(source, bytes) else Path(source))
+    # The file's sha256 is taken on a thread beside the read: hashlib and file
+    # reads release the GIL, so on a second CPU it costs no time. It is joined
+    # before anything forks.
+    hashed: list[dict[str, Any] | BaseException] = []
+    hasher = threading.Thread(target=_source_info_into, args=(hashed, source, filename), daemon=True)
+    hasher.start()
+    try:
+        snapshot = read_snapshot(source if isinstance(source, bytes) else Path(source))
+    finally:
+        hasher.join()
+    if isinstance(hashed[0], BaseException):
+        raise hashed[0]
+    src = hashed[0]
     src["format"] = snapshot.format
     report_progress("reading", 1.0)
 
@@ -130,7 +152,7 @@ def _build_report(
         def dev_progress(stage: str, f: float, k: int = k) -> None:
             report_progress(stage, (k + f) / max(1, len(devices)))
 
-        analysis = _DeviceAnalysis(snapshot, dev, catalog, src["bytes"], limit, user_whatifs, dev_progress)
+        analysis = _DeviceAnalysis(snapshot, dev, catalog, src["bytes"], limit, user_whatifs, dev_progress, pool)
         device_reports.append(analysis.report)
         complete &= analysis.replay.trace_complete
         has_trace |= len(dev.trace) > 1
@@ -217,6 +239,7 @@ class _DeviceAnalysis:
         limit: int | None,
         user_whatifs: list[str],
         progress: Progress,
+        pool: Pool,
     ) -> None:
         self.snapshot, self.dev, self.catalog = snapshot, dev, catalog
         trace = dev.trace
@@ -226,6 +249,14 @@ class _DeviceAnalysis:
         self.oom_index = int(ooms[-1]) if ooms.size else None
 
         progress("replaying", 0.0)
+        steps = find_steps(snapshot.annotations, dev.device, trace.time_us)
+        # The policy replays start first when nothing they need comes from the
+        # recorded replay: always the check; the what-ifs unless their limit is
+        # the one an OOM shows (then they start right after the OOM is explained).
+        check_pending = pool.submit(lambda: replay_check(snapshot, dev) if n else _empty_replay_check(snapshot))
+        planned = None
+        if self.oom_index is None or limit is not None:
+            planned = self._submit_whatifs(pool, user_whatifs, limit, None, steps)
         lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
         guess = _requested_peak_guess(lifetimes, n)
         keep = [i for i in (guess, self.oom_index) if i is not None and i >= 0]
@@ -234,7 +265,6 @@ class _DeviceAnalysis:
         progress("replaying", 0.5)
         cols = columns_of(replay)
 
-        steps = find_steps(snapshot.annotations, dev.device, trace.time_us)
         step_rows = per_step_figures(steps, cols["allocated"], cols["reserved"])
         summary = {
             "peak_reserved_bytes": int(replay.peak_reserved),
@@ -249,6 +279,23 @@ class _DeviceAnalysis:
             "first_time_us": int(trace.time_us[0]) if n else 0,
             "last_time_us": int(trace.time_us[-1]) if n else 0,
         }
+        oom = None
+        if self.oom_index is not None:
+            i = self.oom_index
+            oom = explain_oom(
+                trace,
+                i,
+                allocated=int(cols["allocated"][i]),
+                reserved=int(cols["reserved"][i]),
+                cached_free=int(cols["cached_free"][i]),
+                largest_free=int(cols["largest_free"][i]),
+                peak_reserved=int(replay.peak_reserved),
+                limit=limit,
+                all_ooms=int(ooms.size),
+            )
+        if planned is None:
+            planned = self._submit_whatifs(pool, user_whatifs, limit, oom, steps)
+
         timeline = (
             build_timeline(cols, trace.time_us, oom_index=self.oom_index, step_ends=steps.last_event.tolist())
             if n
@@ -300,25 +347,12 @@ class _DeviceAnalysis:
         peak_codes = _codes_of_blocks(lifetimes, codes, peak_alloc_idx, peak_stacks, catalog)
         categories = bytes_by_category(peak_codes, peak_sizes)
 
-        oom = None
-        if self.oom_index is not None:
-            i = self.oom_index
-            oom = explain_oom(
-                trace,
-                i,
-                allocated=int(cols["allocated"][i]),
-                reserved=int(cols["reserved"][i]),
-                cached_free=int(cols["cached_free"][i]),
-                largest_free=int(cols["largest_free"][i]),
-                peak_reserved=int(replay.peak_reserved),
-                limit=limit,
-                all_ooms=int(ooms.size),
-            )
+        if oom is not None:
             oom_rows = [r for r in top_stacks if r["when"] == "oom"]
             oom["top_stacks"] = oom_rows[:3]
         progress("analysing", 0.3)
 
-        whatif_items, advice_whatifs = self._whatifs(user_whatifs, limit, oom, steps)
+        whatif_items, advice_whatifs = self._whatif_items(planned)
         if oom is not None:
             oom["whatif"] = [
                 {
@@ -329,7 +363,7 @@ class _DeviceAnalysis:
                 for w in whatif_items
             ]
         progress("analysing", 0.8)
-        check = replay_check(snapshot, dev) if n else _empty_replay_check(snapshot)
+        check = check_pending.result()
 
         report: dict[str, Any] = {
             "device": dev.device,
@@ -363,12 +397,15 @@ class _DeviceAnalysis:
         progress("analysing", 1.0)
 
     # -- what-if replays ---------------------------------------------------------
-    def _whatifs(
-        self, user: list[str], limit: int | None, oom: dict[str, Any] | None, steps: Steps
-    ) -> tuple[list[dict[str, Any]], list[advice_mod.WhatIf]]:
+    def _submit_whatifs(
+        self, pool: Pool, user: list[str], limit: int | None, oom: dict[str, Any] | None, steps: Steps
+    ) -> list[tuple[str, str, str, Pending]]:
+        """Start every what-if replay: (setting, config, origin, its pending result),
+        the report's own candidates first, then the user's; each config replayed once."""
         if self.n == 0:
-            return [], []
-        recorded = AllocatorConfig.from_settings(self.snapshot.settings.raw, self.snapshot.settings.conf)
+            return []
+        snapshot, dev = self.snapshot, self.dev
+        recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
         wlimit = oom["limit_bytes"] if oom is not None else limit
         cap_exists = (
             limit is not None
@@ -376,24 +413,36 @@ class _DeviceAnalysis:
             or (recorded.per_process_memory_fraction is not None)
         )
         ends = steps.last_event.tolist()
-        auto = _auto_candidates(recorded, cap_exists, self.n)
-        results: dict[str, dict[str, Any]] = {}  # config -> result, each config replayed once
+        started: dict[str, Pending] = {}
 
-        def run(setting: str, conf: str, origin: str) -> dict[str, Any]:
-            if conf not in results:
-                results[conf] = whatif(self.snapshot, self.dev, conf, wlimit, ends)
-                # Without any limit the model never has to flush its cache, so a
-                # setting that fragments can reserve more than a real GPU holds.
-                results[conf]["unbounded"] = results[conf].get("limit_bytes") is None
-            return {**results[conf], "origin": origin, "setting": setting}
+        def start(conf: str) -> Pending:
+            if conf not in started:
+                started[conf] = pool.submit(lambda: whatif(snapshot, dev, conf, wlimit, ends))
+            return started[conf]
 
+        # A candidate the user also asked for is listed once, as the user's.
+        auto = [(setting, conf) for setting, conf in _auto_candidates(recorded, cap_exists, self.n) if conf not in user]
+        planned = [(setting, conf, "auto", start(conf)) for setting, conf in auto]
+        planned += [(_setting_of(conf), conf, "user", start(conf)) for conf in dict.fromkeys(user)]
+        return planned
+
+    def _whatif_items(
+        self, planned: list[tuple[str, str, str, Pending]]
+    ) -> tuple[list[dict[str, Any]], list[advice_mod.WhatIf]]:
+        """The contract's what-if items (the report's own, the best max_split_size_mb
+        of those tried, then the user's) and the advisor's view of them."""
         items: list[dict[str, Any]] = []
         tried_split: list[dict[str, Any]] = []
-        for setting, conf in auto:
-            if conf in user:
-                continue  # listed once, as the user's
-            item = run(setting, conf, "auto")
-            (tried_split if setting == "max_split_size_mb" else items).append(item)
+        user_items: list[dict[str, Any]] = []
+        for setting, _conf, origin, pending in planned:
+            result = pending.result()
+            # Without any limit the model never has to flush its cache, so a
+            # setting that fragments can reserve more than a real GPU holds.
+            item = {**result, "unbounded": result.get("limit_bytes") is None, "origin": origin, "setting": setting}
+            if origin == "user":
+                user_items.append(item)
+            else:
+                (tried_split if setting == "max_split_size_mb" else items).append(item)
         if tried_split:
             # Several max_split_size_mb values are tried; the best one is listed.
             best = min(tried_split, key=_whatif_rank)
@@ -406,8 +455,7 @@ class _DeviceAnalysis:
                 for t in tried_split
             ]
             items.append(best)
-        for conf in dict.fromkeys(user):
-            items.append(run(_setting_of(conf), conf, "user"))
+        items += user_items
         advice_items = [
             advice_mod.WhatIf(w["setting"], w["config"], int(w["peak_reserved_bytes"]), w["oom_avoided"], w["origin"])
             for w in items
@@ -736,6 +784,15 @@ def _stacks_kind(snapshot: Snapshot) -> str:
     return "all" if any(not is_python_frame(f) for f in frames) else "python"
 
 
+def _source_info_into(
+    out: list[dict[str, Any] | BaseException], source: str | Path | bytes, filename: str | None
+) -> None:
+    try:
+        out.append(_source_info(source, filename))
+    except BaseException as exc:  # handed to the reading thread, which raises it
+        out.append(exc)
+
+
 def _source_info(source: str | Path | bytes, filename: str | None) -> dict[str, Any]:
     digest = hashlib.sha256()
     if isinstance(source, bytes):
@@ -746,7 +803,8 @@ def _source_info(source: str | Path | bytes, filename: str | None) -> dict[str, 
         path = Path(source)
         size = 0
         with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
+            # Large chunks: the thread needs the GIL once per chunk (see build_report).
+            for chunk in iter(lambda: fh.read(4 << 20), b""):
                 digest.update(chunk)
                 size += len(chunk)
         name = filename or path.name

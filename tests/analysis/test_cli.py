@@ -102,3 +102,15 @@ def test_limit_flag_sets_the_oom_limit(tmp_path: Path) -> None:
     assert oom["limit_bytes"] == 7 * 2**30
     assert oom["limit_source"] == "given"
     assert oom["verdict"] == "fragmentation"
+
+
+def test_jobs_flag_changes_processes_not_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = str(FIXTURES / "two_gpu_pipeline.pickle.gz")
+    one, three = tmp_path / "1.json", tmp_path / "3.json"
+    assert main(["report", snapshot, "--jobs", "1", "--json", str(one), "--whatif", "max_split_size_mb:64"]) == 0
+    assert main(["report", snapshot, "--jobs", "3", "--json", str(three), "--whatif", "max_split_size_mb:64"]) == 0
+    assert json.loads(three.read_text()) == json.loads(one.read_text())
+    with pytest.raises(SystemExit) as refused:
+        main(["report", snapshot, "--jobs", "0"])
+    assert refused.value.code == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err

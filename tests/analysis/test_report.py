@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from analysis import parallel
+from analysis import report as report_mod
 from analysis.errors import ConfigError
 from analysis.report import SEGMENT_MAP_MAX_BLOCKS, SEGMENT_MAP_MAX_SEGMENTS, build_report
 
@@ -185,6 +187,42 @@ def test_report_from_bytes_matches_report_from_path() -> None:
     raw = build_report(gzip.decompress(data))
     assert raw["source"]["format"] == "pickle"
     assert raw["devices"][0]["summary"] == report("frag_oom")["devices"][0]["summary"]
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "gpu_side_stream", "wrapped_ring"])
+def test_the_same_file_always_gives_the_same_report(case: str) -> None:
+    # Stack and group ids once followed object addresses; a second read (other addresses) differed.
+    keep = [bytearray(4096) for _ in range(1000)]  # move the next read's objects elsewhere
+    again = build_report(FIXTURES / f"{case}.pickle.gz")
+    del keep
+    assert json.dumps(again, sort_keys=True) == json.dumps(report(case), sort_keys=True)
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "two_gpu_pipeline", "gpu_empty_cache"])
+def test_policy_replays_in_child_processes_give_the_serial_report(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pools: list[parallel.Pool] = []
+
+    class Recording(parallel.Pool):
+        def __init__(self, jobs: int) -> None:
+            super().__init__(jobs)
+            self.tasks: list[parallel.Pending] = []
+            pools.append(self)
+
+        def submit(self, fn: Any) -> parallel.Pending:
+            self.tasks.append(super().submit(fn))
+            return self.tasks[-1]
+
+    monkeypatch.setattr(report_mod, "Pool", Recording)
+    whatifs = ("expandable_segments:True", "max_split_size_mb:256")
+    serial = build_report(FIXTURES / f"{case}.pickle.gz", whatif=whatifs)
+    assert pools and not any(t.forked for p in pools for t in p.tasks)
+    pools.clear()
+    forked = build_report(FIXTURES / f"{case}.pickle.gz", whatif=whatifs, jobs=3)
+    tasks = [t for p in pools for t in p.tasks]
+    # One check per device plus each distinct what-if config, every one from a child.
+    assert len(tasks) >= 3 and all(t.forked for t in tasks)
+    assert json.dumps(forked, sort_keys=True) == json.dumps(serial, sort_keys=True)
+    assert serial["devices"][0]["whatif"], "the comparison covers what-if items"
 
 
 def test_progress_reports_stages_in_order_with_fractions_in_range() -> None:
