@@ -210,6 +210,9 @@ ANALYSIS_MEMORY_MAX_BYTES = env_int("ANALYSIS_MEMORY_MAX_BYTES", 8 * 1024**3)  #
 ANALYSIS_CPU_SECONDS = env_int("ANALYSIS_CPU_SECONDS", 1200)
 ANALYSIS_WALL_SECONDS = env_int("ANALYSIS_WALL_SECONDS", 1500)
 ANALYSIS_MAX_ATTEMPTS = env_int("ANALYSIS_MAX_ATTEMPTS", 3)
+# Processes per analysis for its policy replays: 1 keeps one analysis to one CPU, as the
+# worker's concurrency already spreads uploads over the CPUs; each process gets the rlimits.
+ANALYSIS_JOBS = env_int("ANALYSIS_JOBS", 1)
 # The sweep re-queues running rows whose heartbeat is older than this, and re-publishes
 # queued rows nobody picked up (lost between commit and publish, or lost by the broker).
 SWEEP_STALE_RUNNING_SECONDS = env_int("SWEEP_STALE_RUNNING_SECONDS", 180)

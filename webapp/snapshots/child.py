@@ -14,6 +14,7 @@ Anything else (a bug) prints a traceback to stderr and exits 1.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,8 @@ def analyse(path: Path, filename: str | None) -> dict[str, Any]:
     from analysis.report import build_report
 
     # The path, not its bytes: the reader unpickles a raw file straight from disk.
-    report: dict[str, Any] = build_report(path, progress=progress, filename=filename or path.name)
+    jobs = int(os.environ.get("OOMSCOPE_ANALYSIS_JOBS", "1"))  # set by runner.py from ANALYSIS_JOBS
+    report: dict[str, Any] = build_report(path, progress=progress, filename=filename or path.name, jobs=jobs)
     return report
 
 

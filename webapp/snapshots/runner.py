@@ -53,6 +53,8 @@ class Limits:
     memory_bytes: int
     cpu_seconds: int
     wall_seconds: float
+    # Processes for the policy replays (analysis.parallel); each gets the same rlimits.
+    jobs: int = 1
 
 
 def unpacked_size(path: Path) -> int:
@@ -67,9 +69,11 @@ def unpacked_size(path: Path) -> int:
     return max(isize, size)
 
 
-def limits_for(path: Path, *, per_byte: int, minimum: int, maximum: int, cpu: int, wall: float) -> Limits:
+def limits_for(
+    path: Path, *, per_byte: int, minimum: int, maximum: int, cpu: int, wall: float, jobs: int = 1
+) -> Limits:
     memory = min(maximum, minimum + per_byte * unpacked_size(path))
-    return Limits(memory_bytes=memory, cpu_seconds=cpu, wall_seconds=wall)
+    return Limits(memory_bytes=memory, cpu_seconds=cpu, wall_seconds=wall, jobs=jobs)
 
 
 def _load_prctl() -> Callable[[int, int], int] | None:
@@ -99,8 +103,9 @@ def _set_limits(limits: Limits) -> Callable[[], None]:
     return apply
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(jobs: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_", "SECRET_", "STORAGE_"))}
+    env["OOMSCOPE_ANALYSIS_JOBS"] = str(jobs)
     env["PYTHONPATH"] = str(REPO_ROOT)
     # One BLAS thread: thread stacks count against RLIMIT_AS and the work is not BLAS-bound.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -134,7 +139,7 @@ def run_analysis(
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 cwd=REPO_ROOT,
-                env=_child_env(),
+                env=_child_env(limits.jobs),
                 preexec_fn=_set_limits(limits),
             )
             try:

@@ -91,6 +91,7 @@ def analyse_upload(upload_id: int, **_future_kwargs: Any) -> None:
                 maximum=settings.ANALYSIS_MEMORY_MAX_BYTES,
                 cpu=settings.ANALYSIS_CPU_SECONDS,
                 wall=settings.ANALYSIS_WALL_SECONDS,
+                jobs=settings.ANALYSIS_JOBS,
             )
             report = runner.run_analysis(path, limits, filename=upload.filename, on_progress=on_progress)
         analysed = time.monotonic()
