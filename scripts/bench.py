@@ -13,11 +13,17 @@ machine's timings vary by a factor of two from run to run; peaks do not).
 
 Stages are a list of named functions below; a stage whose import fails prints
 "not available", so stages owned by other modules can be listed before they
-exist. The requirements are checked against the ``pickle.load`` stage (CPU
-time, which on a shared box measures the neighbours less than wall time):
-read_snapshot time <= 2.5x and peak RSS <= 1.5x; the recorded replay and one
-policy replay alone (wall, the stage's ``parts``) <= 1x; the whole report with
-two what-ifs <= 4x and peak RSS <= 1.5x.
+exist. The requirements are checked against the ``pickle.load`` stage:
+read_snapshot CPU time <= 2.5x (one process: CPU time is its wall time minus
+what the neighbours on a shared box took) and peak RSS <= 1.5x; the recorded
+replay and one policy replay alone (wall, the stage's ``parts``) <= 1x; the
+whole report with two what-ifs, as the CLI runs it (``jobs`` = the CPUs this
+process may use + 1: its policy replays in forked children), wall time <= 4x and
+peak memory <= 1.5x. Its CPU time is printed summed over the children too, and
+its peak memory is the larger of the process's own VmHWM and the peak of the
+process tree's PSS (proportional set size: pages the children share with the
+parent counted once), sampled every 50 ms from this parent process while
+there are children.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,7 +118,8 @@ def stage_simulate(path: Path) -> Timed:
 
 def stage_build_report(path: Path) -> Timed:
     build_report = _import("analysis.report", "build_report")
-    return lambda: _keep.append(build_report(path, whatif=WHATIFS)) or {}
+    jobs = _import("analysis.parallel", "available_cpus")() + 1  # what `python -m analysis report` uses
+    return lambda: _keep.append(build_report(path, whatif=WHATIFS, jobs=jobs)) or {"jobs": jobs}
 
 
 STAGES: list[tuple[str, Callable[[Path], Timed]]] = [
@@ -153,10 +161,12 @@ def _run_child(name: str, path: Path) -> None:
     try:
         work = fn(path)  # imports happen here, outside the timing
         t0 = time.perf_counter()
-        c0 = time.process_time()
+        c0 = os.times()
         parts = work()
         seconds = time.perf_counter() - t0
-        cpu = time.process_time() - c0
+        c1 = os.times()
+        # Ours and our reaped children's (the report's forked policy replays).
+        cpu = sum(c1[:4]) - sum(c0[:4])
         result: dict[str, Any] = {"seconds": seconds, "cpu": cpu, "peak_kib": _vm_hwm_kib(), "parts": parts}
     except NotAvailable as exc:
         result = {"unavailable": str(exc)}
@@ -186,23 +196,55 @@ def raw_pickle(source: Path) -> Path:
     return target
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+        return []
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+        pass
+    return 0
+
+
+def _run_sampled(cmd: list[str]) -> tuple[str, str, int, int]:
+    """Run ``cmd``; (stdout, stderr, exit status, peak PSS of its process tree in KiB).
+
+    The tree is sampled only while the process has children: reading a process's
+    smaps walks its page tables and slows its page faults, so a single process is
+    left alone (its VmHWM is exact).
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=CHILD_ENV)  # noqa: S603 (fixed argv)
+        peak = 0
+        while proc.poll() is None:
+            kids = _children(proc.pid)
+            if kids:
+                peak = max(peak, _pss_kib(proc.pid) + sum(_pss_kib(k) for k in kids))
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        return out.read(), err.read(), proc.returncode, peak
+
+
 def run_stage(name: str, path: Path, repeat: int) -> dict[str, Any] | None:
     best: dict[str, Any] | None = None
     for _ in range(repeat):
-        proc = subprocess.run(  # noqa: S603 (this script, fixed argv)
-            [sys.executable, __file__, str(path), "--child", name],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=CHILD_ENV,
-        )
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
+        stdout, stderr, status, tree_peak = _run_sampled([sys.executable, __file__, str(path), "--child", name])
+        line = next((x for x in stdout.splitlines() if x.startswith("BENCH ")), None)
         if line is None:
-            print(f"  {name}: failed (exit {proc.returncode})\n{proc.stderr[-2000:]}")
+            print(f"  {name}: failed (exit {status})\n{stderr[-2000:]}")
             return None
         result = json.loads(line[6:])
         if "unavailable" in result:
             return result
+        result["peak_kib"] = max(result["peak_kib"], tree_peak)
         result.setdefault("runs", [])
         if best is None or result["seconds"] < best["seconds"]:
             runs = best["runs"] if best else []
@@ -252,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         t_ratio = result["seconds"] / base["seconds"] if base else float("nan")
         c_ratio = result["cpu"] / base["cpu"] if base else float("nan")
         m_ratio = result["peak_kib"] / base["peak_kib"] if base else float("nan")
-        parts = " ".join(f"{k}={v:.2f}s" for k, v in result.get("parts", {}).items())
+        parts = " ".join(
+            f"{k}={v:.2f}s" if isinstance(v, float) else f"{k}={v}" for k, v in result.get("parts", {}).items()
+        )
         print(
             f"{name:24s} {result['seconds']:7.2f} {result['cpu']:7.2f} {peak_mb:8.0f} {t_ratio:7.2f} {c_ratio:6.2f}"
             f" {m_ratio:7.2f}  {result['runs']} {parts}"
@@ -264,10 +308,14 @@ def main(argv: list[str] | None = None) -> int:
                 failed |= not ok
                 print(f"  -> {part} alone {ratio:.2f}x the load wall time: {'meets' if ok else 'MISSES'} <= {limit}x")
         if name.startswith("build_report"):
-            ok = c_ratio <= REPORT_RATIO_MAX and m_ratio <= PEAK_RATIO_MAX
+            # Wall time: what the user waits for, with the policy replays in parallel.
+            ok = t_ratio <= REPORT_RATIO_MAX and m_ratio <= PEAK_RATIO_MAX
             failed |= not ok
             verdict = "meets" if ok else "MISSES"
-            print(f"  -> the report {verdict} the target (time <= {REPORT_RATIO_MAX}x, peak <= {PEAK_RATIO_MAX}x load)")
+            print(
+                f"  -> the report {verdict} the target (wall time <= {REPORT_RATIO_MAX}x, peak <= {PEAK_RATIO_MAX}x"
+                f" load); CPU time over all its processes {c_ratio:.2f}x"
+            )
         if name == "read_snapshot":
             # CPU time is the verdict: on a shared 2-core box wall time also
             # measures the neighbours (both are printed).
