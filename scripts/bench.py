@@ -122,12 +122,18 @@ def stage_build_report(path: Path) -> Timed:
     return lambda: _keep.append(build_report(path, whatif=WHATIFS, jobs=jobs)) or {"jobs": jobs}
 
 
+def stage_build_report_serial(path: Path) -> Timed:
+    build_report = _import("analysis.report", "build_report")
+    return lambda: _keep.append(build_report(path, whatif=WHATIFS, jobs=1)) or {"jobs": 1}
+
+
 STAGES: list[tuple[str, Callable[[Path], Timed]]] = [
     ("pickle.load", stage_pickle_load),
     ("read_snapshot", stage_read_snapshot),
     ("recorded_replay", stage_recorded_replay),
     ("allocator.simulate", stage_simulate),
     ("build_report+2 whatif", stage_build_report),
+    ("  same, one process", stage_build_report_serial),  # for reference: no verdict
 ]
 
 _keep: list[Any] = []
