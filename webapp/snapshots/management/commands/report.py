@@ -70,6 +70,13 @@ class Command(BaseCommand):
             help="the memory the process was allowed (default: inferred)",
         )
         parser.add_argument(
+            "--jobs",
+            type=int,
+            default=None,
+            metavar="N",
+            help="child processes for the policy replays (default: CPUs + 1, as python -m analysis report)",
+        )
+        parser.add_argument(
             "--report-json",
             default=None,
             metavar="REPORT.json",
@@ -83,10 +90,14 @@ class Command(BaseCommand):
         if options["report_json"]:
             report = json.loads(Path(options["report_json"]).read_text(encoding="utf-8"))
         else:
+            from analysis.parallel import available_cpus
             from analysis.report import build_report
 
+            jobs = options["jobs"] if options["jobs"] is not None else available_cpus() + 1
             try:
-                report = build_report(options["snapshot"], whatif=tuple(options["whatif"]), limit=options["limit"])
+                report = build_report(
+                    options["snapshot"], whatif=tuple(options["whatif"]), limit=options["limit"], jobs=max(1, jobs)
+                )
             except SnapshotError as error:
                 raise CommandError(f"{error.code}: {error}") from error
         page = render_standalone(report, build_charts(report))
