@@ -60,11 +60,13 @@ def test_a_result_json_cannot_carry_is_computed_here() -> None:
 
 def test_close_reaps_every_child() -> None:
     pool = Pool(3)
-    for _ in range(5):
-        pool.submit(lambda: 1)
+    tasks = [pool.submit(lambda: 1) for _ in range(5)]
+    started = [t._pid for t in tasks if t._pid]  # three ran; two were still queued
     pool.close()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)  # no child left, not even a zombie
+    assert len(started) == 3
+    for pid in started:  # each one waited for: not even a zombie is left
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def test_available_cpus_is_at_least_one() -> None:
