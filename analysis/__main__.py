@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from analysis.config import AllocatorConfig
 from analysis.errors import ConfigError, SnapshotError
-from analysis.parallel import available_cpus
+from analysis.parallel import default_jobs
 
 EXIT_USER_ERROR = 2
 
@@ -57,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--limit", type=_bytes_arg, metavar="BYTES", help="memory the process was allowed")
     rep.add_argument(
         "--jobs",
-        type=_jobs_arg,
-        default=available_cpus() + 1,
+        type=_positive_int("a number of processes", "--jobs must be at least 1"),
+        default=default_jobs(),
         metavar="N",
         help="child processes for the policy replays, beside the rest of the report (default: CPUs + 1; 1: none)",
     )
@@ -70,24 +71,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _jobs_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of processes, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("--jobs must be at least 1")
-    return value
+def _positive_int(what: str, refusal: str) -> Callable[[str], int]:
+    """An argparse type: an int above zero, else ``expected <what>`` or ``refusal``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(refusal)
+        return value
+
+    return parse
 
 
-def _bytes_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("the limit must be positive")
-    return value
+_bytes_arg = _positive_int("a number of bytes", "the limit must be positive")
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Pending", "Pool", "available_cpus"]
+__all__ = ["Pending", "Pool", "available_cpus", "default_jobs"]
 
 
 def available_cpus() -> int:
@@ -38,6 +38,12 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def default_jobs() -> int:
+    """Children for a command-line report: one per CPU, plus one since the parent
+    works beside them (the recorded replay) rather than only waiting."""
+    return available_cpus() + 1
 
 
 class Pending:

@@ -29,6 +29,7 @@ there are children.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import gzip
 import json
@@ -116,15 +117,12 @@ def stage_simulate(path: Path) -> Timed:
     return run
 
 
-def stage_build_report(path: Path) -> Timed:
+def stage_build_report(path: Path, jobs: int | None = None) -> Timed:
+    """The report with the two what-ifs; ``jobs`` None: what `python -m analysis report` uses."""
     build_report = _import("analysis.report", "build_report")
-    jobs = _import("analysis.parallel", "available_cpus")() + 1  # what `python -m analysis report` uses
+    if jobs is None:
+        jobs = _import("analysis.parallel", "default_jobs")()
     return lambda: _keep.append(build_report(path, whatif=WHATIFS, jobs=jobs)) or {"jobs": jobs}
-
-
-def stage_build_report_serial(path: Path) -> Timed:
-    build_report = _import("analysis.report", "build_report")
-    return lambda: _keep.append(build_report(path, whatif=WHATIFS, jobs=1)) or {"jobs": 1}
 
 
 STAGES: list[tuple[str, Callable[[Path], Timed]]] = [
@@ -133,7 +131,7 @@ STAGES: list[tuple[str, Callable[[Path], Timed]]] = [
     ("recorded_replay", stage_recorded_replay),
     ("allocator.simulate", stage_simulate),
     ("build_report+2 whatif", stage_build_report),
-    ("  same, one process", stage_build_report_serial),  # for reference: no verdict
+    ("  same, one process", functools.partial(stage_build_report, jobs=1)),  # for reference: no verdict
 ]
 
 _keep: list[Any] = []

@@ -90,10 +90,10 @@ class Command(BaseCommand):
         if options["report_json"]:
             report = json.loads(Path(options["report_json"]).read_text(encoding="utf-8"))
         else:
-            from analysis.parallel import available_cpus
+            from analysis.parallel import default_jobs
             from analysis.report import build_report
 
-            jobs = options["jobs"] if options["jobs"] is not None else available_cpus() + 1
+            jobs = options["jobs"] if options["jobs"] is not None else default_jobs()
             try:
                 report = build_report(
                     options["snapshot"], whatif=tuple(options["whatif"]), limit=options["limit"], jobs=max(1, jobs)
