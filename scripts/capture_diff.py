@@ -1,0 +1,466 @@
+"""The differential bench's captures: real runs of one workload under many allocator settings.
+
+Run on a GPU machine:  python3 scripts/capture_diff.py OUTDIR [--only PREFIX] [--jobs N]
+
+A *family* is one workload with one seed under one memory cap; its members differ only in
+PYTORCH_CUDA_ALLOC_CONF. Because the workload draws every shape from its own seeded generator, the members
+ask for the same requests in the same order until one of them dies, so the model's what-if from the default
+member can be checked against the real member of each other setting: does it die, and at which request?
+
+Two phases, each case in its own process (allocator settings are read once per process), several at once:
+  A. random families (fixed caps), uncapped calibration runs of the model workloads, AMP / checkpointing
+     reruns, growing-batch runs, generate() with a KV cache;
+  B. the model workloads under caps derived from their uncapped peak (phase A), under every setting.
+
+Each case writes OUTDIR/NAME.pickle (raw snapshot, compressed later as one archive: the stacks repeat across a
+family, so one xz stream is far smaller than per-file gzip) and NAME.truth.json (memory_stats at the dump,
+OOM message, the step it died in, per-step reserved, the family and settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+# Settings every random family runs under. The list form of roundup_power2_divisions and combinations are in
+# on purpose: the model must apply each rule where torch does, also beside another one.
+RANDOM_SETTINGS = {
+    "default": "",
+    "expandable": "expandable_segments:True",
+    "maxsplit128": "max_split_size_mb:128",
+    "gc07": "garbage_collection_threshold:0.7",
+    "roundup4": "roundup_power2_divisions:4",
+    "rounduplist": "roundup_power2_divisions:[256:1,512:2,>:8]",
+    "exp_roundup": "expandable_segments:True,roundup_power2_divisions:4",
+    "maxsplit_gc": "max_split_size_mb:128,garbage_collection_threshold:0.6",
+}
+MODEL_SETTINGS = {
+    "default": "",
+    "expandable": "expandable_segments:True",
+    "maxsplit256": "max_split_size_mb:256",
+    "gc07": "garbage_collection_threshold:0.7",
+    "roundup4": "roundup_power2_divisions:4",
+}
+
+STATE: dict = {"step": None, "log": []}
+
+
+def _cap(torch, cap_bytes):
+    if cap_bytes:
+        torch.cuda.set_per_process_memory_fraction(cap_bytes / torch.cuda.get_device_properties(0).total_memory)
+
+
+def _row(torch, step, **facts):
+    STATE["log"].append(
+        {"step": step, **facts, "reserved": torch.cuda.memory_reserved(), "allocated": torch.cuda.memory_allocated()}
+    )
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+def random_ops(torch, seed=0, steps=10, ops=100, drift=0.15, side_frac=0.15, empty_cache_p=0.1, **_):
+    """Seeded random requests from 1 B to 768 MiB with random lifetimes, a side stream with record_stream,
+    occasional empty_cache(); a one-parameter optimizer step ends each step (its annotation marks steps)."""
+    rng = random.Random(seed)  # noqa: S311 (workload shapes, not secrets)
+    p = torch.zeros(1, device="cuda", requires_grad=True)
+    opt = torch.optim.SGD([p], lr=0.1)
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+
+    def draw(scale, big=True):
+        r = rng.random() * (1.0 if big else 0.8)
+        if r < 0.35:
+            return max(1, int(math.exp(rng.uniform(0, math.log(MIB)))))
+        if r < 0.8:
+            return int(math.exp(rng.uniform(math.log(MIB), math.log(64 * MIB))) * scale)
+        return int(math.exp(rng.uniform(math.log(64 * MIB), math.log(768 * MIB))) * scale)
+
+    # long-lived buffers ("weights"): small and medium only, so the run gets past its first step
+    persistent = [torch.empty(draw(1.0, big=False), dtype=torch.uint8, device="cuda") for _ in range(12)]
+    carried: list = []
+    for step in range(steps):
+        STATE["step"] = step
+        scale = 1.0 + drift * step
+        live: list = []  # (expires_at_op, tensor)
+        for i in range(ops):
+            n = draw(scale)
+            if rng.random() < side_frac:
+                with torch.cuda.stream(side):
+                    t = torch.empty(n, dtype=torch.uint8, device="cuda")
+                main.wait_stream(side)
+                t.record_stream(main)
+            else:
+                t = torch.empty(n, dtype=torch.uint8, device="cuda")
+            if rng.random() < 0.05:
+                torch.cuda._sleep(2_000_000)  # keep the main stream busy: record_stream frees stay pending
+            live.append((i + 1 + int(rng.expovariate(1 / 8)), t))
+            live = [(exp, x) for exp, x in live if exp > i]  # the rest die here, in random order
+        rng.shuffle(live)
+        carried_now = [x for _, x in live[: len(live) // 10]]  # some outlive the step
+        del live
+        carried = carried_now
+        p.grad = torch.ones_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _row(torch, step, live_carried=len(carried))
+        if rng.random() < empty_cache_p:
+            torch.cuda.empty_cache()
+    del persistent, carried
+
+
+def _train(torch, model, make_batch, steps, amp=False, opt="adamw", seed=0, batches=None):
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+    optim = (
+        torch.optim.AdamW(model.parameters(), lr=1e-4)
+        if opt == "adamw"
+        else torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    )
+    g = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        STATE["step"] = step
+        inputs, target, facts = make_batch(step, g)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+            if hasattr(out, "loss") and out.loss is not None:
+                loss = out.loss
+            else:
+                logits = out.logits if hasattr(out, "logits") else out
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1))
+        loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        _row(torch, step, **facts)
+        del inputs, target, out, loss
+
+
+def _pick(g, lo, hi, torch):
+    return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+
+def resnet(torch, seed=0, steps=6, batch=(24, 96), grow=0, amp=False, depth=50, **_):
+    """torchvision ResNet (cuDNN convolutions, SGD momentum) on random batch sizes; grow: batch += grow per step."""
+    import torchvision
+
+    model = getattr(torchvision.models, f"resnet{depth}")().cuda()
+
+    def make(step, g):
+        b = batch[0] + grow * step if grow else _pick(g, batch[0], batch[1], torch)
+        x = torch.randn(b, 3, 224, 224, generator=g).cuda()
+        y = torch.randint(0, 1000, (b,), generator=g).cuda()
+        return x, y, {"batch": b}
+
+    _train(torch, model, make, steps, amp=amp, opt="sgd", seed=seed)
+
+
+def vit(torch, seed=0, steps=6, batch=(16, 64), amp=True, ckpt=False, **_):
+    """timm ViT-B/16 trained under bf16 autocast on random batch sizes."""
+    import timm
+
+    model = timm.create_model("vit_base_patch16_224", pretrained=False).cuda()
+    if ckpt:
+        model.set_grad_checkpointing(True)
+
+    def make(step, g):
+        b = _pick(g, batch[0], batch[1], torch) if batch[0] != batch[1] else batch[0]
+        x = torch.randn(b, 3, 224, 224, generator=g).cuda()
+        y = torch.randint(0, 1000, (b,), generator=g).cuda()
+        return x, y, {"batch": b}
+
+    _train(torch, model, make, steps, amp=amp, seed=seed)
+
+
+def bert_mlm(torch, seed=0, steps=8, batch=16, seq=(64, 512), **_):
+    """Hugging Face BERT masked-LM (random weights) on variable sequence lengths."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    model = BertForMaskedLM(BertConfig()).cuda()
+
+    def make(step, g):
+        t = _pick(g, seq[0], seq[1], torch)
+        idx = torch.randint(0, 30522, (batch, t), generator=g)
+        labels = torch.where(torch.rand(batch, t, generator=g) < 0.15, idx, torch.full_like(idx, -100))
+        return {"input_ids": idx.cuda(), "labels": labels.cuda()}, None, {"batch": batch, "seq": t}
+
+    _train(torch, model, make, steps, seed=seed)
+
+
+def hf_gpt2(torch, seed=0, steps=8, batch=(2, 8), seq=(128, 1024), amp=True, ckpt=False, grow=0, **_):
+    """Hugging Face GPT-2 (random weights) trained on variable batch x length, bf16 autocast by default."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=2048)).cuda()
+    if ckpt:
+        # non-reentrant checkpointing: the reentrant form fails under memory history on torch 2.11
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def make(step, g):
+        if grow:
+            b, t = batch[0] + grow * step, seq[1]
+        else:
+            b = _pick(g, batch[0], batch[1], torch) if batch[0] != batch[1] else batch[0]
+            t = _pick(g, seq[0], seq[1], torch) if seq[0] != seq[1] else seq[0]
+        idx = torch.randint(0, 50257, (b, t), generator=g).cuda()
+        return {"input_ids": idx, "labels": idx}, None, {"batch": b, "seq": t}
+
+    _train(torch, model, make, steps, amp=amp, seed=seed)
+
+
+def gpt2_generate(torch, seed=0, rounds=4, batch=(4, 32), prompt=(32, 256), new_tokens=256, **_):
+    """generate() with growing KV caches on a Hugging Face GPT-2 (random weights), batches of varying size."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=2048)).cuda().eval()
+    g = torch.Generator().manual_seed(seed)
+    for r in range(rounds):
+        STATE["step"] = r
+        b = _pick(g, batch[0], batch[1], torch)
+        t = _pick(g, prompt[0], prompt[1], torch)
+        idx = torch.randint(0, 50257, (b, t), generator=g).cuda()
+        with torch.no_grad():
+            out = model.generate(
+                idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                do_sample=False, use_cache=True, pad_token_id=0,
+            )
+        _row(torch, r, batch=b, prompt=t, generated=int(out.shape[1]))
+        del idx, out
+
+
+def gpt_autocast(torch, seed=0, steps=10, batch=(2, 6), seq=(256, 1536), amp=True, **_):
+    """A GPT-style decoder of our own (SDPA attention) trained under bf16 autocast on jittery lengths."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self, d=768, h=12):
+            super().__init__()
+            self.h, self.ln1, self.ln2 = h, nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, 2))
+            x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab=32000, d=768, layers=8):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(2048, d)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.ln(x))
+
+    model = GPT().cuda()
+
+    def make(step, g):
+        b, t = _pick(g, batch[0], batch[1], torch), _pick(g, seq[0], seq[1], torch)
+        idx = torch.randint(0, 32000, (b, t), generator=g).cuda()
+        return idx, idx, {"batch": b, "seq": t}
+
+    _train(torch, model, make, steps, amp=amp, seed=seed)
+
+
+WORKLOADS = {
+    "gpt_autocast": gpt_autocast,
+    "random_ops": random_ops,
+    "resnet": resnet,
+    "vit": vit,
+    "bert_mlm": bert_mlm,
+    "hf_gpt2": hf_gpt2,
+    "gpt2_generate": gpt2_generate,
+}
+
+
+# ----------------------------------------------------------------------------- one case, in its own process
+
+
+def run_case(spec: dict, outdir: Path) -> None:
+    import torch
+
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=400_000)
+    _cap(torch, spec.get("cap_bytes"))
+    t0 = time.time()
+    oom = None
+    try:
+        WORKLOADS[spec["workload"]](torch, **spec["kwargs"])
+    except torch.cuda.OutOfMemoryError as e:
+        oom = str(e)
+    snap = torch.cuda.memory._snapshot()
+    raw = pickle.dumps(snap)
+    (outdir / f"{spec['name']}.pickle").write_bytes(raw)
+    truth = dict(spec)
+    truth.update(
+        {
+            "alloc_conf": spec["conf"],
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(0),
+            "total_memory": torch.cuda.get_device_properties(0).total_memory,
+            "oom_message": oom,
+            # -1: died before the first step began (setup allocations)
+            "died_step": (-1 if STATE["step"] is None else STATE["step"]) if oom else None,
+            "steps_completed": len(STATE["log"]),
+            "workload_log": STATE["log"],
+            "seconds": time.time() - t0,
+            "memory_stats": dict(torch.cuda.memory_stats()),
+            "memory_summary": torch.cuda.memory_summary(),
+            "stacks": "python",
+            "max_entries": 400_000,
+            "pickle_bytes": len(raw),
+            "n_trace_events": [len(t) for t in snap.get("device_traces", [])],
+            "trace_complete": all(len(t) < 400_000 for t in snap.get("device_traces", [])),
+        }
+    )
+    (outdir / f"{spec['name']}.truth.json").write_text(json.dumps(truth, indent=1, default=str))
+
+
+def launch(spec: dict, outdir: Path) -> str:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CAPTURE_SPEC=json.dumps(spec))
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    if spec["conf"]:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = spec["conf"]
+    else:
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    t0 = time.time()
+    try:
+        r = subprocess.run(  # noqa: S603
+            [sys.executable, __file__, str(outdir), "--child"], env=env, timeout=300, capture_output=True, text=True
+        )
+        rc, err = r.returncode, r.stderr.strip()[-400:]
+    except subprocess.TimeoutExpired:
+        rc, err = "timeout", ""
+    ok = (outdir / f"{spec['name']}.truth.json").exists()
+    line = f"[{spec['name']}] rc={rc} {time.time() - t0:.1f}s {'ok' if ok else 'NO FILES'}"
+    if ok:
+        t = json.loads((outdir / f"{spec['name']}.truth.json").read_text())
+        ms = t["memory_stats"]
+        line += (
+            f" peak_reserved={ms.get('reserved_bytes.all.peak')} died_step={t['died_step']}"
+            f" steps={t['steps_completed']} events={t['n_trace_events']}"
+        )
+    elif err:
+        line += " stderr: " + err.replace("\n", " | ")
+    print(line, flush=True)
+    return line
+
+
+def spec(name, workload, conf, family, cap_bytes=None, **kwargs):
+    return {"name": name, "workload": workload, "conf": conf, "family": family, "cap_bytes": cap_bytes, "kwargs": kwargs}
+
+
+def phase_a(round_: int = 1) -> list[dict]:
+    out = []
+    if round_ == 2:
+        # gentler random families (new seeds), the checkpointing reruns that failed in round 1, and the
+        # GPT-style autocast calibration run
+        for seed in range(16, 32):
+            for cap_name, cap in (("c25", int(2.5 * GIB)), ("c40", 4 * GIB)):
+                fam = f"rand_s{seed}_{cap_name}"
+                for sname, conf in RANDOM_SETTINGS.items():
+                    out.append(spec(f"{fam}_{sname}", "random_ops", conf, fam, cap, seed=seed, drift=0.1))
+        out.append(spec("est_gpt2_ckpt", "hf_gpt2", "", "est_gpt2", None, amp=False, ckpt=True, batch=(8, 8), seq=(1024, 1024), steps=3))
+        out.append(spec("est_gptc_fp32", "gpt_autocast", "", "est_gptc", None, amp=False, batch=(4, 4), seq=(1024, 1024), steps=3))
+        out.append(spec("est_gptc_amp", "gpt_autocast", "", "est_gptc", None, amp=True, batch=(4, 4), seq=(1024, 1024), steps=3))
+        out.append(spec("gpt_autocast_nocap_default", "gpt_autocast", "", "gpt_autocast_nocap", None, seed=1))
+        return out
+    # random families: 12 seeds x 2 caps x every setting, plus 4 seeds uncapped under three settings
+    for seed in range(12):
+        for cap_name, cap in (("c25", int(2.5 * GIB)), ("c40", 4 * GIB)):
+            fam = f"rand_s{seed}_{cap_name}"
+            for sname, conf in RANDOM_SETTINGS.items():
+                out.append(spec(f"{fam}_{sname}", "random_ops", conf, fam, cap, seed=seed))
+    for seed in range(12, 16):
+        fam = f"rand_s{seed}_nocap"
+        for sname in ("default", "expandable", "roundup4", "rounduplist"):
+            out.append(spec(f"{fam}_{sname}", "random_ops", RANDOM_SETTINGS[sname], fam, None, seed=seed))
+    # uncapped calibration runs of the model workloads (also the "GPU it needs" truth)
+    for w in ("resnet", "vit", "bert_mlm", "hf_gpt2"):
+        out.append(spec(f"{w}_nocap_default", w, "", f"{w}_nocap", None, seed=1))
+    # AMP and checkpointing reruns of one fixed shape (estimate checks): fp32 base, bf16 autocast, ckpt per block
+    out.append(spec("est_gpt2_fp32", "hf_gpt2", "", "est_gpt2", None, amp=False, batch=(8, 8), seq=(1024, 1024), steps=3))
+    out.append(spec("est_gpt2_amp", "hf_gpt2", "", "est_gpt2", None, amp=True, batch=(8, 8), seq=(1024, 1024), steps=3))
+    out.append(spec("est_gpt2_ckpt", "hf_gpt2", "", "est_gpt2", None, amp=False, ckpt=True, batch=(8, 8), seq=(1024, 1024), steps=3))
+    out.append(spec("est_vit_fp32", "vit", "", "est_vit", None, amp=False, batch=(64, 64), steps=3))
+    out.append(spec("est_vit_amp", "vit", "", "est_vit", None, amp=True, batch=(64, 64), steps=3))
+    out.append(spec("est_vit_ckpt", "vit", "", "est_vit", None, amp=False, ckpt=True, batch=(64, 64), steps=3))
+    # batch that grows step by step until an OOM (the batch-fit advice)
+    for sname in ("default", "expandable"):
+        conf = MODEL_SETTINGS[sname]
+        out.append(spec(f"grow_resnet_{sname}", "resnet", conf, "grow_resnet", 8 * GIB, batch=(16, 0), grow=16, steps=40))
+        out.append(spec(f"grow_gpt2_{sname}", "hf_gpt2", conf, "grow_gpt2", 6 * GIB, batch=(1, 0), seq=(512, 512), grow=1, amp=False, steps=40))
+    # generate() with a KV cache: uncapped, and under a cap with two settings
+    out.append(spec("gen_gpt2_nocap_default", "gpt2_generate", "", "gen_gpt2_nocap", None, seed=3))
+    return out
+
+
+def phase_b(outdir: Path, round_: int = 1) -> list[dict]:
+    out = []
+    for w in ("resnet", "vit", "bert_mlm", "hf_gpt2") if round_ == 1 else ("gpt_autocast",):
+        tj = outdir / f"{w}_nocap_default.truth.json"
+        if not tj.exists():
+            continue
+        peak = json.loads(tj.read_text())["memory_stats"]["reserved_bytes.all.peak"]
+        for frac in (0.7, 0.85) if round_ == 1 else (0.75, 0.9):
+            cap = int(peak * frac)
+            fam = f"{w}_c{int(frac * 100)}"
+            for sname, conf in MODEL_SETTINGS.items():
+                out.append(spec(f"{fam}_{sname}", w, conf, fam, cap, seed=1))
+    tj = outdir / "gen_gpt2_nocap_default.truth.json"
+    if tj.exists() and round_ == 1:
+        peak = json.loads(tj.read_text())["memory_stats"]["reserved_bytes.all.peak"]
+        for sname in ("default", "expandable", "maxsplit256"):
+            out.append(spec(f"gen_gpt2_c80_{sname}", "gpt2_generate", MODEL_SETTINGS[sname], "gen_gpt2_c80", int(peak * 0.8), seed=3))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir", type=Path)
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--jobs", type=int, default=10)
+    ap.add_argument("--phase", default="ab")
+    ap.add_argument("--round", type=int, default=1, dest="round_")
+    args = ap.parse_args()
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        run_case(json.loads(os.environ["CAPTURE_SPEC"]), args.outdir)
+        return 0
+    t0 = time.time()
+    lines = []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        if "a" in args.phase:
+            specs = [s for s in phase_a(args.round_) if s["name"].startswith(args.only)]
+            # the slow model cases first, so the random ones fill the gaps
+            specs.sort(key=lambda s: s["workload"] == "random_ops")
+            lines += list(pool.map(lambda s: launch(s, args.outdir), specs))
+        if "b" in args.phase:
+            specs = [s for s in phase_b(args.outdir, args.round_) if s["name"].startswith(args.only)]
+            lines += list(pool.map(lambda s: launch(s, args.outdir), specs))
+    (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
+    print(f"{len(lines)} cases in {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
