@@ -44,6 +44,15 @@ class WhatIf:
     peak_reserved_bytes: int
     oom_avoided: bool | None
     origin: str = "auto"  # "auto" (the report's own candidate) | "user" (--whatif)
+    # Step level (analysis.projection): does the failing step run to its end; None without steps.
+    step_completes: bool | None = None
+    step_shortfall_bytes: int | None = None
+    oom_projected: dict[str, Any] | None = None  # where in the projected tail the replay failed
+
+    @property
+    def avoids_oom(self) -> bool | None:
+        """Step level where known: a request that fits helps nobody if the step dies later."""
+        return self.step_completes if self.step_completes is not None else self.oom_avoided
 
 
 @dataclass
@@ -113,8 +122,8 @@ def _best_whatif(ctx: AdviceContext, setting: str) -> WhatIf | None:
     tried = [w for w in ctx.whatifs if w.setting == setting]
     if not tried:
         return None
-    # Avoiding the OOM beats everything; then the lowest peak reserved memory.
-    return min(tried, key=lambda w: (w.oom_avoided is not True, w.peak_reserved_bytes))
+    # Avoiding the OOM beats everything (the whole step, then the request); then the lowest peak.
+    return min(tried, key=lambda w: (w.avoids_oom is not True, w.oom_avoided is not True, w.peak_reserved_bytes))
 
 
 def _improves(ctx: AdviceContext, w: WhatIf) -> bool:
@@ -159,22 +168,42 @@ def _allocator_rule(setting: str) -> Rule:
         )
         if ctx.oom is not None:
             oom = ctx.oom
+            at_least = "at least " if oom.get("limit_is_lower_bound") else ""
             replay += (
                 f", and the {_gib(oom['requested_bytes'])} request that failed at event {oom['event_index']:,} "
-                f"fits within {_gib(oom['limit_bytes'])}, so this request no longer fails"
+                f"fits within {at_least}{_gib(oom['limit_bytes'])}, so this request no longer fails"
             )
-            # The trace stops at the OOM: what the program would have asked for next is
-            # unknown. Little headroom left means a later, larger request may fail anyway
-            # (seen in real runs: the OOM moved a few allocations or steps later).
-            headroom = oom["limit_bytes"] - best.peak_reserved_bytes
-            if headroom < oom["requested_bytes"]:
+            proj = oom.get("projection") or {}
+            if best.step_completes is True:
                 replay += (
-                    f"; but it leaves {_gib(max(0, headroom))} below the limit, less than the failing request, "
-                    "so a later, larger request may still run out of memory"
+                    f"; replaying the rest of step {proj.get('step')} as projected from step "
+                    f"{proj.get('template_step')}, the whole step runs"
                 )
-            # When the run died early, its recorded peak is lower than a full run's:
-            # the saving is the stranded cache at the OOM that the setting recovers.
-            saving = max(saving, oom["reserved_bytes"] - oom["allocated_bytes"])
+            elif best.step_completes is False:
+                where = best.oom_projected
+                if where is not None:
+                    replay += (
+                        f"; but replaying the rest of step {proj.get('step')} as projected from step "
+                        f"{proj.get('template_step')}, it still runs out of memory {where['allocations_later']} "
+                        f"allocations later (allocation {where['allocation']} of the step's "
+                        f"{where['allocations_in_step']}, asking {_gib(where['requested_bytes'])})"
+                    )
+                else:
+                    replay += f"; but step {proj.get('step')} still runs out of memory"
+                lacks = best.step_shortfall_bytes or 0
+                if lacks > 0:
+                    replay += f", so the step lacks at least {_gib(lacks)}"
+            else:
+                # No steps to project from: what the program would have asked for next is
+                # unknown. Little headroom left means a later, larger request may fail anyway
+                # (real runs gpu_grow_oom -> gpu_expandable_oom: the OOM moved four allocations on).
+                headroom = oom["limit_bytes"] - best.peak_reserved_bytes
+                if headroom < oom["requested_bytes"]:
+                    replay += (
+                        f"; but it leaves {_gib(max(0, headroom))} below the limit, less than the failing request, "
+                        "so a later, larger request may still run out of memory"
+                    )
+            # The saving is what the replay shows, never more: the recorded peak minus the what-if's.
         else:
             replay += f"; {_gib(ctx.peak_reserved - ctx.peak_allocated)} of the recorded peak held no live block"
         return _suggestion(
@@ -183,7 +212,7 @@ def _allocator_rule(setting: str) -> Rule:
             f"PYTORCH_CUDA_ALLOC_CONF={best.config}",
             replay + f" ({_SETTING_WHY[setting]}).",
             saving,
-            avoids_oom=best.oom_avoided,
+            avoids_oom=best.avoids_oom,
         )
 
     return Rule(setting, applies, suggest)
@@ -278,7 +307,7 @@ def _allocation_order_applies(ctx: AdviceContext) -> bool:
     oom = ctx.oom
     if oom is None or oom.get("verdict") != "fragmentation" or not ctx.capture.get("trace_complete", False):
         return False
-    return bool(ctx.whatifs) and not any(w.oom_avoided is True for w in ctx.whatifs)
+    return bool(ctx.whatifs) and not any(w.avoids_oom is True for w in ctx.whatifs)
 
 
 def _allocation_order_suggest(ctx: AdviceContext) -> dict[str, Any]:
