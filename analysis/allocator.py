@@ -1352,6 +1352,8 @@ def _with_tail(
     n, t = len(dev.trace), dev.trace
     like = np.asarray(tail.like, np.int64)
     rounded = cfg.round_sizes(np.asarray(tail.size, np.int64))
+    if len(rounded):  # request 0 is the oom entry: its size is already rounded, as in _prepare
+        rounded[0] = tail.size[0]
     large = (rounded > K_SMALL_SIZE).astype(np.int64)
     ns = max(len(dev.streams), 1)
     # The free-list index, as _prepare computes it: (pool * 2 + large) * streams + stream.
