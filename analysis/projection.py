@@ -11,7 +11,11 @@ step ("the template"), scaled by what grew:
    in order, by stack with each earlier complete step's first allocations; the
    latest step whose allocation stacks start exactly like the failing step's is
    the template (without frames every stack is -1 and only the counts align).
-   The OOM request stands for the template's allocation of the same ordinal.
+   Failing that, the stack sequences are aligned with ``difflib`` (a step 0 with
+   warm-up allocations, a data-dependent branch) and the best-aligned step is
+   taken if it pairs at least ``MIN_ALIGNMENT`` of the failing step's
+   allocations. The OOM request stands for the template's allocation as many
+   places after the last paired one as it came after its own.
 2. **Sizes.** The allocations before the OOM pair each template size with the
    failing step's size. A tail allocation keeps its template size when that size
    did not change since the nearest earlier step of another shape (weights'
@@ -51,6 +55,28 @@ I64 = npt.NDArray[np.int64]
 # Steps looked at, newest first, when searching for a template (and for steps of
 # other shapes that tell constant sizes from growing ones).
 MAX_TEMPLATE_STEPS = 16
+# Without an exact match, the allocation stacks are aligned as sequences (difflib, quadratic
+# at worst: only for steps up to this many allocations) and the best-aligned step is taken
+# if it pairs at least this share of the failing step's allocations.
+FUZZY_MAX_ALLOCS = 5000
+MIN_ALIGNMENT = 0.75
+
+
+def _fuzzy_alignment(prefix: list[int], template: list[int]) -> tuple[dict[int, int], int, float] | None:
+    """(template ordinal -> prefix ordinal, the template ordinal of the OOM request, share paired)."""
+    import difflib
+
+    m = len(prefix)
+    if m == 0:
+        return {}, 0, 1.0
+    blocks = difflib.SequenceMatcher(None, prefix, template, autojunk=False).get_matching_blocks()
+    pairing = {b + j: a + j for a, b, size in blocks for j in range(size)}
+    if not pairing:
+        return None
+    last_t = max(pairing)
+    # The OOM request comes as many allocations after the last paired one as in the prefix.
+    pos = last_t + (m - pairing[last_t])
+    return pairing, pos, len(pairing) / m
 
 
 @dataclass
@@ -66,6 +92,7 @@ class Projection:
     matched_allocs: int = 0  # allocations of the failing step before the OOM request
     template_allocs: int = 0  # allocations of the whole template step
     ratio: float = 1.0  # size-weighted growth of the paired sizes that changed
+    alignment: float = 1.0  # share of the failing step's allocations paired with the template's
     sizes_kept: int = 0
     sizes_paired: int = 0
     sizes_scaled: int = 0
@@ -88,6 +115,7 @@ class Projection:
                     "allocations_in_step": self.template_allocs,
                     "projected_requests": len(self.tail.alloc) if self.tail else 0,
                     "growth_ratio": round(self.ratio, 4),
+                    "alignment": self.alignment,
                     "sizes_kept": self.sizes_kept,
                     "sizes_paired": self.sizes_paired,
                     "sizes_scaled": self.sizes_scaled,
@@ -135,16 +163,27 @@ def project_failing_step(
     # Candidate templates: complete steps, newest first, with more allocations than the prefix.
     step_allocs: dict[int, I64] = {}
     template = -1
+    pairing: dict[int, int] = {}  # template ordinal -> prefix ordinal
+    pos = m  # the template ordinal the OOM request stands for
+    best_score = 0.0
     for k in range(len(steps) - 1, max(-1, len(steps) - 1 - MAX_TEMPLATE_STEPS), -1):
         if not steps.complete[k]:
             continue
         ak = allocs(int(steps.first_event[k]), int(steps.last_event[k]) + 1)
         step_allocs[k] = ak
-        if template < 0 and ak.size > m and np.array_equal(trace.stack[ak[:m]], prefix_stacks):
-            template = k
-    if template < 0:
+        if best_score < 1.0 and ak.size > m and np.array_equal(trace.stack[ak[:m]], prefix_stacks):
+            template, pos, best_score = k, m, 1.0
+            pairing = {j: j for j in range(m)}
+        elif best_score < 1.0 and ak.size > m and m <= FUZZY_MAX_ALLOCS and ak.size <= 4 * FUZZY_MAX_ALLOCS:
+            fuzzy = _fuzzy_alignment(prefix_stacks.tolist(), trace.stack[ak].tolist())
+            if fuzzy is not None and fuzzy[2] > best_score:
+                template, pos, best_score = k, fuzzy[1], fuzzy[2]
+                pairing = fuzzy[0]
+    if template < 0 or best_score < MIN_ALIGNMENT:
         return _unavailable("no earlier step starts with the same allocations as the failing one")
     tmpl = step_allocs[template]
+    if pos >= tmpl.size:
+        return _unavailable("the failing step has already made more allocations than the steps before it")
     t_first, t_last = int(steps.first_event[template]), int(steps.last_event[template])
 
     # -- sizes ---------------------------------------------------------------------------
@@ -152,12 +191,14 @@ def project_failing_step(
     t_sizes = size[tmpl].astype(np.int64)
     f_sizes = size[prefix].astype(np.int64)
     pairs: dict[int, dict[int, int]] = {}
-    for ts, fs in zip(t_sizes[:m].tolist(), f_sizes.tolist(), strict=True):
+    t_paired = np.asarray([int(t_sizes[j]) for j in pairing], np.int64)
+    f_paired = np.asarray([int(f_sizes[i]) for i in pairing.values()], np.int64)
+    for ts, fs in zip(t_paired.tolist(), f_paired.tolist(), strict=True):
         pairs.setdefault(ts, {}).setdefault(fs, 0)
         pairs[ts][fs] += 1
     size_map = {ts: max(c.items(), key=lambda kv: kv[1])[0] for ts, c in pairs.items()}
-    changed = t_sizes[:m] != f_sizes
-    ratio = float(f_sizes[changed].sum() / t_sizes[:m][changed].sum()) if changed.any() else 1.0
+    changed = t_paired != f_paired
+    ratio = float(f_paired[changed].sum() / t_paired[changed].sum()) if changed.any() else 1.0
     # Steps of the template's pattern but another shape tell sizes that never change.
     others = [
         ak
@@ -188,7 +229,8 @@ def project_failing_step(
         """The failing run's allocation event standing for template allocation ``a``."""
         if t_first <= a <= t_last:
             j = pos_of_alloc.get(a)
-            return int(prefix[j]) if j is not None and j < m else None
+            i = pairing.get(j) if j is not None else None
+            return int(prefix[i]) if i is not None else None
         # An allocation d steps before the template stands for one d steps before the failing step.
         k = int(np.searchsorted(steps.last_event, a, side="left"))
         d = template - k
@@ -225,13 +267,13 @@ def project_failing_step(
     t_alloc = [True]
     t_addr = [-1]  # synthetic addresses are negative: recorded ones never are
     t_size = [oom_request]
-    t_like = [int(tmpl[m])]
-    t_event = [int(tmpl[m])]
-    t_ord = [m]
-    block_of: dict[int, int] = {int(tmpl[m]): -1}  # template alloc event -> tail address
+    t_like = [int(tmpl[pos])]
+    t_event = [int(tmpl[pos])]
+    t_ord = [pos]
+    block_of: dict[int, int] = {int(tmpl[pos]): -1}  # template alloc event -> tail address
     size_of: dict[int, int] = {-1: oom_request}  # tail address -> requested bytes
     freed_real: dict[int, int] = {}  # recorded address -> rounded bytes, for the need
-    for e in range(int(tmpl[m]) + 1, t_last + 1):
+    for e in range(int(tmpl[pos]) + 1, t_last + 1):
         kind = int(act[e])
         if kind == ALLOC:
             j = pos_of_alloc[e]
@@ -277,7 +319,8 @@ def project_failing_step(
         first_event=first,
         oom_event=oom_index,
         template_step=template,
-        matched_allocs=m,
+        matched_allocs=pos,
+        alignment=round(best_score, 4),
         template_allocs=int(tmpl.size),
         ratio=ratio,
         sizes_kept=kept,
