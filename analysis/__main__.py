@@ -64,8 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--limit", type=_bytes_arg, metavar="BYTES", help="memory the process was allowed")
     msg = rep.add_mutually_exclusive_group()
-    msg.add_argument("--oom-message", metavar="TEXT", help="torch's 'CUDA out of memory' message (gives the real limit)")
-    msg.add_argument("--oom-message-file", type=Path, metavar="FILE", help="a file holding that message (a log is fine)")
+    msg.add_argument(
+        "--oom-message", metavar="TEXT", help="torch's 'CUDA out of memory' message (gives the real limit)"
+    )
+    msg.add_argument(
+        "--oom-message-file", type=Path, metavar="FILE", help="a file holding that message (a log is fine)"
+    )
     rep.add_argument("--sidecar", dest="sidecar_file", type=Path, metavar="FILE", help="the client's sidecar JSON")
     rep.add_argument(
         "--jobs",
@@ -192,7 +196,11 @@ def summary_text(report: dict[str, Any]) -> str:
                 f"{gib(oom['allocated_bytes'])} allocated, {gib(oom['cached_free_bytes'])} cached free "
                 f"(largest block {gib(oom['largest_free_block_bytes'])}), limit {at_least}{gib(oom['limit_bytes'])} "
                 f"({oom.get('limit_source')}): {oom['verdict'].upper()}"
-                + (f" (step {oom['projection']['step']} needs {gib(oom['step_need_bytes'])})" if oom.get("step_need_bytes") else "")
+                + (
+                    f" (step {oom['projection']['step']} needs {gib(oom['step_need_bytes'])})"
+                    if oom.get("step_need_bytes")
+                    else ""
+                )
             )
         if dev.get("limit"):
             lines.append(f"  {dev['limit']['note']}")

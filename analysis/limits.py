@@ -72,7 +72,9 @@ class Figure:
         return self.low == self.high
 
     def __add__(self, other: Figure) -> Figure:
-        return Figure(f"{self.text} + {other.text}", self.value + other.value, self.low + other.low, self.high + other.high)
+        return Figure(
+            f"{self.text} + {other.text}", self.value + other.value, self.low + other.low, self.high + other.high
+        )
 
     def __sub__(self, other: Figure) -> Figure:
         return Figure(

@@ -136,9 +136,7 @@ def _explain(
     limit = chosen.bytes
     if chosen.source == INFERRED:
         limit_text = (
-            "the per-process cap, at least the peak reserved memory"
-            if chosen.is_lower_bound
-            else "the device's memory"
+            "the per-process cap, at least the peak reserved memory" if chosen.is_lower_bound else "the device's memory"
         )
     else:
         what = "the device's memory" if chosen.kind == "device-full" else "the limit"

@@ -60,6 +60,9 @@ MAX_TEMPLATE_STEPS = 16
 # if it pairs at least this share of the failing step's allocations.
 FUZZY_MAX_ALLOCS = 5000
 MIN_ALIGNMENT = 0.75
+# The backtest (the last complete step projected the same way) must get that step's need
+# within this share, else the steps do not repeat and no step-level answer is given.
+MAX_BACKTEST_ERROR = 0.05
 
 
 def _fuzzy_alignment(prefix: list[int], template: list[int]) -> tuple[dict[int, int], int, float] | None:
@@ -93,6 +96,8 @@ class Projection:
     template_allocs: int = 0  # allocations of the whole template step
     ratio: float = 1.0  # size-weighted growth of the paired sizes that changed
     alignment: float = 1.0  # share of the failing step's allocations paired with the template's
+    backtest_step: int | None = None
+    backtest_error: float | None = None  # (projected - real) / real need of the backtest step
     sizes_kept: int = 0
     sizes_paired: int = 0
     sizes_scaled: int = 0
@@ -119,6 +124,8 @@ class Projection:
                     "sizes_kept": self.sizes_kept,
                     "sizes_paired": self.sizes_paired,
                     "sizes_scaled": self.sizes_scaled,
+                    "backtest_step": self.backtest_step,
+                    "backtest_error": None if self.backtest_error is None else round(self.backtest_error, 4),
                 }
             )
         return out
@@ -138,7 +145,6 @@ def project_failing_step(
     lifetimes: Lifetimes | None = None,
 ) -> Projection:
     """Project the rest of the step the OOM at ``oom_index`` ended (see the module docstring)."""
-    n = len(trace)
     if len(steps) == 0:
         return _unavailable("the trace has no steps (no ProfilerStep or Optimizer.step annotations)")
     if not trace_complete:
@@ -154,6 +160,59 @@ def project_failing_step(
         a = act if has_fr else np.where(act == FREE_COMPLETED, FREE_REQUESTED, act).astype(act.dtype)
         lifetimes = alloc_lifetimes(a, trace.addr, trace.size, trace.stack)
 
+    projection = _project(trace, steps, lifetimes, free_action, recorded, len(steps), first, oom_index)
+    if not projection.available or len(steps) < 2:
+        return projection
+    # Backtest: the same method on the last complete step, cut at the same allocation, against
+    # what that step really needed. Steps that do not repeat (random workloads) fail it.
+    last = len(steps) - 1
+    lo, hi = int(steps.first_event[last]), int(steps.last_event[last])
+    own = lo + np.flatnonzero(act[lo : hi + 1] == ALLOC)
+    if own.size > projection.matched_allocs:
+        cut = int(own[projection.matched_allocs])
+        test = _project(trace, steps, lifetimes, free_action, recorded, last, lo, cut)
+        if test.available:
+            real = _live_peak(lifetimes, lo, hi + 1, recorded)
+            projection.backtest_error = (test.step_need_bytes - real) / max(1, real)
+            projection.backtest_step = last
+            if abs(projection.backtest_error) > MAX_BACKTEST_ERROR:
+                projection.available = False
+                projection.reason = (
+                    f"the steps do not repeat closely enough: projected the same way from the step before it, "
+                    f"step {last} would need {test.step_need_bytes:,} bytes, it needed {real:,} "
+                    f"({projection.backtest_error:+.1%})"
+                )
+    return projection
+
+
+def _live_peak(lifetimes: Lifetimes, lo: int, hi: int, recorded: AllocatorConfig) -> int:
+    """Peak live bytes (rounded requests) over events [lo, hi)."""
+    start, end = lifetimes.start, lifetimes.end
+    rounded = recorded.round_sizes(lifetimes.size.astype(np.int64))
+    live0 = int(rounded[(start < lo) & (end >= lo)].sum())
+    delta = np.zeros(hi - lo + 1, np.int64)
+    a_in = (start >= lo) & (start < hi)
+    np.add.at(delta, start[a_in] - lo, rounded[a_in])
+    f_in = (end >= lo) & (end < hi)
+    np.add.at(delta, end[f_in] - lo, -rounded[f_in])
+    running = live0 + np.cumsum(delta[: hi - lo])
+    return max(live0, int(running.max()) if running.size else live0)
+
+
+def _project(
+    trace: Trace,
+    steps: Steps,
+    lifetimes: Lifetimes,
+    free_action: int,
+    recorded: AllocatorConfig,
+    step_index: int,
+    first: int,
+    oom_index: int,
+) -> Projection:
+    """Project step ``step_index`` (events from ``first``) past event ``oom_index`` from the steps before it."""
+    n = len(trace)
+    act = trace.action
+
     def allocs(lo: int, hi: int) -> I64:
         return (lo + np.flatnonzero(act[lo:hi] == ALLOC)).astype(np.int64)
 
@@ -166,7 +225,7 @@ def project_failing_step(
     pairing: dict[int, int] = {}  # template ordinal -> prefix ordinal
     pos = m  # the template ordinal the OOM request stands for
     best_score = 0.0
-    for k in range(len(steps) - 1, max(-1, len(steps) - 1 - MAX_TEMPLATE_STEPS), -1):
+    for k in range(step_index - 1, max(-1, step_index - 1 - MAX_TEMPLATE_STEPS), -1):
         if not steps.complete[k]:
             continue
         ak = allocs(int(steps.first_event[k]), int(steps.last_event[k]) + 1)
@@ -208,13 +267,10 @@ def project_failing_step(
         and np.array_equal(trace.stack[ak], trace.stack[tmpl])
         and not np.array_equal(size[ak], t_sizes)
     ]
-    if others:
-        # The nearest step of another shape decides: a size that grew early and then
-        # saturated (a buffer capped at some size) stayed put between recent steps.
-        constant = size[others[0]] == t_sizes
-    else:
-        # No step of another shape: if the failing step grew, nothing is known to be constant.
-        constant = np.full(tmpl.size, not changed.any())
+    # The nearest step of another shape decides: a size that grew early and then saturated
+    # (a buffer capped at some size) stayed put between recent steps. With no step of another
+    # shape, nothing is known to be constant if the failing step grew.
+    constant = size[others[0]] == t_sizes if others else np.full(tmpl.size, not changed.any())
 
     # -- the tail ------------------------------------------------------------------------
     pos_of_alloc = {int(e): j for j, e in enumerate(tmpl.tolist())}
@@ -234,7 +290,7 @@ def project_failing_step(
         # An allocation d steps before the template stands for one d steps before the failing step.
         k = int(np.searchsorted(steps.last_event, a, side="left"))
         d = template - k
-        if k >= len(steps) or d <= 0 or len(steps) - d < 0:
+        if k >= step_index or d <= 0 or step_index - d < 0:
             return None
         ak = step_allocs.get(k)
         if ak is None:
@@ -242,7 +298,7 @@ def project_failing_step(
         j = int(np.searchsorted(ak, a))
         if j >= ak.size or int(ak[j]) != a:
             return None
-        fk = len(steps) - d
+        fk = step_index - d
         fa = step_allocs.get(fk)
         if fa is None:
             fa = allocs(int(steps.first_event[fk]), int(steps.last_event[fk]) + 1)
@@ -261,7 +317,7 @@ def project_failing_step(
             paired += 1
             return size_map[ts]
         scaled += 1
-        return max(1, int(round(ts * ratio)))
+        return max(1, round(ts * ratio))
 
     oom_request = int(size[oom_index])
     t_alloc = [True]
@@ -315,7 +371,7 @@ def project_failing_step(
     return Projection(
         True,
         "",
-        step=len(steps),
+        step=step_index,
         first_event=first,
         oom_event=oom_index,
         template_step=template,
@@ -444,9 +500,7 @@ def step_whatif(
         "oom_avoided": result.oom_avoided,
         "steps": [{"index": k, "reserved_end_bytes": v} for k, v in enumerate(result.step_reserved)],
         "limit_bytes": limit_bytes,
-        "oom_event_index": None
-        if completes
-        else (at_event if at_event is not None else n + int(at_request or 0)),
+        "oom_event_index": None if completes else (at_event if at_event is not None else n + int(at_request or 0)),
         "step_completes": completes,
         "step_shortfall_bytes": int(shortfall),
         "step_peak_reserved_bytes": int(result.peak_reserved),

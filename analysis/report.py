@@ -42,8 +42,8 @@ from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, 
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.model import OOM as OOM_ACTION
 from analysis.oom import explain_oom, infer_limit, oom_indices, verdict
-from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.parallel import Pending, Pool
+from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.reader import read_snapshot
 from analysis.replay import AllocatorState, recorded_replay
 from analysis.stacks import (
@@ -494,9 +494,8 @@ class _DeviceAnalysis:
         snapshot, dev = self.snapshot, self.dev
         recorded = self.recorded_cfg
         # A cap, not the device's size, was binding: the GC setting can act under it.
-        cap_exists = (
-            (chosen is not None and (chosen.source == "given" or chosen.kind == "per-process-cap"))
-            or (recorded.per_process_memory_fraction is not None)
+        cap_exists = (chosen is not None and (chosen.source == "given" or chosen.kind == "per-process-cap")) or (
+            recorded.per_process_memory_fraction is not None
         )
         ends = steps.last_event.tolist()
         started: dict[str, Pending] = {}
@@ -636,7 +635,10 @@ class _DeviceAnalysis:
                 )
             else:
                 tail = f"more than the limit of {_gib(limit)}: no allocator setting saves this step."
-            text = f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} even packed without fragmentation, {tail}"
+            text = (
+                f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} even packed "
+                f"without fragmentation, {tail}"
+            )
         elif finishing:
             text = (
                 f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} packed without "

@@ -97,7 +97,10 @@ def test_not_a_message_is_refused_with_a_code(text: str) -> None:
 
 def test_source_priority_and_the_floor() -> None:
     msg = parse_oom_message(truth("gpt_varlen_oom")["oom_message"])
-    assert choose_limit(given=123, sidecar=(5, "per-process-cap"), message=msg, inferred=(1, "cap-lower-bound")).source == "given"
+    assert (
+        choose_limit(given=123, sidecar=(5, "per-process-cap"), message=msg, inferred=(1, "cap-lower-bound")).source
+        == "given"
+    )
     assert choose_limit(given=None, sidecar=(5, "per-process-cap"), message=msg, inferred=None).source == "sidecar"
     lim = choose_limit(given=None, sidecar=None, message=msg, inferred=None, floor=7515000000)
     assert lim is not None and lim.source == "oom_message" and not lim.is_lower_bound

@@ -25,7 +25,7 @@ class UploadForm(forms.Form):
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=65536,
-        help_text="Optional: torch's 'CUDA out of memory. Tried to allocate ...' message; it gives the real memory limit.",
+        help_text="Optional: torch's 'CUDA out of memory. Tried to allocate ...' message (the real memory limit).",
     )
 
     def __init__(self, *args: Any, project_choices: list[tuple[str, str]], **kwargs: Any) -> None:
