@@ -79,6 +79,11 @@ class AdviceContext:
     steps: int
     mean_stack_frames: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # bf16 autocast's saving on the peak of live memory, as a range (report._amp_saving_range).
+    amp_saving_low: int | None = None
+    amp_saving_high: int | None = None
+    # Checkpointing repeated blocks (report._checkpoint_estimate): blocks, block_input_bytes, ...
+    checkpoint: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,13 +233,27 @@ def _amp_applies(ctx: AdviceContext) -> bool:
 
 def _amp_suggest(ctx: AdviceContext) -> dict[str, Any]:
     act = ctx.categories.get("activations", 0)
+    evidence = (
+        f"At the allocation peak, {_gib(act)} of the {_gib(ctx.peak_allocated)} allocated were activations "
+        "and no autocast frame appears in the stacks; activations in bfloat16 take half the bytes of float32."
+    )
+    saving = act // 2
+    if ctx.amp_saving_low is not None and ctx.amp_saving_high is not None:
+        # The midpoint of what the trace bounds (dtypes are not recorded): replayed with the
+        # activations of torch.nn's ops halved, and with every activation but float32 ops' halved.
+        saving = (ctx.amp_saving_low + ctx.amp_saving_high) // 2
+        evidence = (
+            f"At the allocation peak, {_gib(act)} of the {_gib(ctx.peak_allocated)} allocated were activations "
+            "and no autocast frame appears in the stacks. Replayed with bfloat16 activations, the peak falls by "
+            f"{_gib(ctx.amp_saving_low)} (only outputs of torch.nn's ops halved) to {_gib(ctx.amp_saving_high)} "
+            "(every activation but the float32 ops' halved: losses, softmax); the estimate is the middle."
+        )
     return _suggestion(
         "amp",
         "Run the forward pass in bfloat16 (torch.autocast)",
         "with torch.autocast('cuda', dtype=torch.bfloat16): ...",
-        f"At the allocation peak, {_gib(act)} of the {_gib(ctx.peak_allocated)} allocated were activations "
-        "and no autocast frame appears in the stacks; activations in bfloat16 take half the bytes of float32.",
-        act // 2,
+        evidence,
+        saving,
     )
 
 
@@ -248,15 +267,27 @@ def _checkpoint_suggest(ctx: AdviceContext) -> dict[str, Any]:
     sites = ctx.activations_by_site[:3]
     largest = sites[0][1] if sites else 0
     where = "; ".join(f"{label} {_gib(b)}" for label, b in sites)
+    evidence = (
+        f"At the allocation peak, {_gib(act)} of activations were held from the forward pass for the backward"
+        + (f"; the largest holders: {where}" if where else "")
+        + ". Checkpointing keeps only module inputs and recomputes the rest in the backward pass."
+    )
+    # Recomputation still needs one module's activations at a time.
+    saving = act - largest
+    ck = ctx.checkpoint
+    if ck is not None:
+        saving = ck["saving"]
+        evidence += (
+            f" {_gib(ck['repeated_bytes'])} of them come from {ck['blocks']} repeated blocks (the same stacks "
+            f"{ck['blocks']} times); checkpointed per block they keep one {_gib(ck['block_input_bytes'])} input "
+            "each plus one block's activations while it is recomputed."
+        )
     return _suggestion(
         "activation_checkpointing",
         "Checkpoint activations of the largest modules",
         "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
-        f"At the allocation peak, {_gib(act)} of activations were held from the forward pass for the backward"
-        + (f"; the largest holders: {where}" if where else "")
-        + ". Checkpointing keeps only module inputs and recomputes the rest in the backward pass.",
-        # Recomputation still needs one module's activations at a time.
-        act - largest,
+        evidence,
+        saving,
     )
 
 

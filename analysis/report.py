@@ -738,6 +738,8 @@ class _DeviceAnalysis:
         summary = report["summary"]
         peak_idx = int(summary["peak_allocated_event_index"])
         reserved = self.replay.reserved
+        amp_low, amp_high = _amp_saving_range(catalog, lifetimes, codes)
+        ckpt = _checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask])
         return advice_mod.AdviceContext(
             device=self.dev.device,
             recorded=AllocatorConfig.from_settings(self.snapshot.settings.raw, self.snapshot.settings.conf),
@@ -762,6 +764,9 @@ class _DeviceAnalysis:
             mean_stack_frames=float(np.mean([len(st) for st in self.snapshot.stacks.stacks]))
             if self.snapshot.stacks.stacks
             else 0.0,
+            amp_saving_low=amp_low,
+            amp_saving_high=amp_high,
+            checkpoint=ckpt,
         )
 
 
@@ -770,6 +775,96 @@ class _DeviceAnalysis:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+# Ops autocast runs in float32 whatever their input (autocast_mode.cpp's fp32 lists): their
+# outputs do not shrink under bf16 autocast. Matched against the names of Python frames.
+_AUTOCAST_FP32_FRAMES = frozenset(
+    {
+        "cross_entropy",
+        "nll_loss",
+        "log_softmax",
+        "softmax",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "kl_div",
+        "binary_cross_entropy_with_logits",
+        "logsumexp",
+        "cosine_similarity",
+    }
+)
+
+
+def _peak_of_live(lifetimes: Lifetimes, sizes: npt.NDArray[np.int64]) -> int:
+    """Peak over the trace of the live requested bytes, with ``sizes`` for each allocation."""
+    n = lifetimes.n_events
+    if n == 0 or sizes.size == 0:
+        return 0
+    # bincount sums in float64: exact while totals stay below 2**53 bytes.
+    w = sizes.astype(np.float64)
+    delta = np.bincount(lifetimes.start, w, n + 1) - np.bincount(lifetimes.end, w, n + 1)
+    return int(np.rint(np.cumsum(delta[:n])).max())
+
+
+def _amp_saving_range(catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.NDArray[np.int8]) -> tuple[int, int]:
+    """What bf16 autocast would take off the peak of live memory, as a range.
+
+    The trace records no dtypes, so each activation is halved or kept by where it was made:
+    the upper bound halves every activation except outputs of autocast's float32 ops (losses,
+    softmax); the lower bound halves only those made inside ``torch.nn`` (linear and conv
+    outputs, and what torch.nn computes from them: activations, norms whose output is cast
+    for the next matmul), keeping elementwise code of the model's own (a residual add of a
+    float32 stream stays float32; HF GPT-2's NewGELU calls ``pow``, a float32 op). Both are
+    replayed over the whole trace, so a peak that moves elsewhere is found. Real reruns:
+    ViT-B/16 and HF GPT-2 (est_* on the H200 bench, docs/report.md).
+    """
+    act = codes == ACTIVATIONS
+    if not act.any():
+        return 0, 0
+    groups = catalog.groups
+    fp32 = np.array([any(f.name in _AUTOCAST_FP32_FRAMES for f in g.frames) for g in groups], bool)
+    in_nn = np.array([bool(g.frames) and "torch/nn/" in g.frames[0].filename for g in groups], bool)
+    gids = catalog.groups_of(lifetimes.stack)
+    sizes = lifetimes.size.astype(np.int64)
+    base = _peak_of_live(lifetimes, sizes)
+    upper = act & ~fp32[gids]
+    lower = upper & in_nn[gids]
+    high = base - _peak_of_live(lifetimes, np.where(upper, sizes // 2, sizes))
+    low = base - _peak_of_live(lifetimes, np.where(lower, sizes // 2, sizes))
+    return max(0, low), max(0, high)
+
+
+def _checkpoint_estimate(catalog: StackCatalog, stacks: I64, sizes: I64) -> dict[str, int] | None:
+    """Checkpointing each repeated block, from the activations live at the peak.
+
+    A model's blocks run the same code, so their activations share stacks: each such stack
+    holds one tensor per block. The block count is the most common multiplicity of those
+    stacks; a block's input is the most common size among them (the residual stream).
+    Checkpointed, the blocks keep one input each, and the backward recomputes one block at
+    a time: ``repeated - blocks * input - repeated / blocks`` comes off the peak.
+    """
+    if stacks.size == 0:
+        return None
+    gids = catalog.groups_of(stacks)
+    uniq, counts = np.unique(gids, return_counts=True)
+    repeated_groups = uniq[counts >= 2]
+    if repeated_groups.size == 0:
+        return None
+    mult, freq = np.unique(counts[counts >= 2], return_counts=True)
+    blocks = int(mult[np.argmax(freq)])
+    if blocks < 2:
+        return None
+    rep = np.isin(gids, uniq[(counts >= 2) & (counts % blocks == 0)])
+    repeated = int(sizes[rep].sum())
+    big = sizes[rep][sizes[rep] >= (1 << 20)]
+    if big.size == 0:
+        return None
+    values, freq_s = np.unique(big, return_counts=True)
+    block_input = int(values[np.argmax(freq_s)])
+    saving = repeated - blocks * block_input - repeated // blocks
+    return {"blocks": blocks, "block_input_bytes": block_input, "repeated_bytes": repeated, "saving": max(0, saving)}
 
 
 def _auto_candidates(recorded: AllocatorConfig, cap_exists: bool, events: int) -> list[tuple[str, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -141,9 +142,37 @@ def test_workload_rules_measure_activations_and_optimizer_state() -> None:
     dev = device("gpt_varlen_oom")
     sugg = {s["id"]: s for s in dev["suggestions"]}
     act = dev["categories"]["bytes"]["activations"]
-    assert sugg["amp"]["estimated_saving_bytes"] == act // 2
+    # The AMP estimate lies between the two replays it names, below halving every activation.
+    assert 0 < sugg["amp"]["estimated_saving_bytes"] <= act // 2
     assert gib(act) in sugg["activation_checkpointing"]["evidence"]
     assert "capture.py" in sugg["activation_checkpointing"]["evidence"]
+
+
+RERUNS = FIXTURES / "reruns"
+
+
+def peak_allocated(name: str) -> int:
+    truth = json.loads((RERUNS / f"{name}.truth.json").read_text())
+    return int(truth["memory_stats"]["allocated_bytes.all.peak"])
+
+
+@pytest.mark.parametrize(
+    ("base", "rule", "rerun"),
+    [
+        # H200 bench, same workload and seed: fp32 vs torch.autocast(bfloat16) vs checkpoint per block.
+        ("est_vit_fp32", "amp", "est_vit_amp"),  # timm ViT-B/16, estimate +8%
+        ("est_gpt2_fp32", "amp", "est_gpt2_amp"),  # HF GPT-2 (NewGELU's pow stays fp32), -21%
+        ("est_gptc_fp32", "amp", "est_gptc_amp"),  # the fixtures' GPT, -21%
+        ("est_vit_fp32", "activation_checkpointing", "est_vit_ckpt"),  # -8%
+    ],
+)
+def test_workload_estimates_within_a_quarter_of_real_reruns(base: str, rule: str, rerun: str) -> None:
+    dev = build_report(RERUNS / f"{base}.pickle.gz")["devices"][0]
+    # The report's own peak is the process's (exact replay), the rerun's from its memory_stats.
+    assert dev["summary"]["peak_allocated_bytes"] == peak_allocated(base)
+    real = peak_allocated(base) - peak_allocated(rerun)
+    estimate = next(s for s in dev["suggestions"] if s["id"] == rule)["estimated_saving_bytes"]
+    assert abs(estimate - real) <= 0.25 * real
 
 
 def base_context(**changes: Any) -> AdviceContext:

@@ -4,7 +4,7 @@ against real reruns of the same workload (same seed, same requests) under each s
 Pairs: gpt_varlen_oom (default, died in step 23) vs gpt_varlen_expandable and
 gpt_varlen_maxsplit256 (both died in step 27, so step 23 completed); gpu_grow_oom (died in
 step 13) vs gpu_expandable_oom and gpu_maxsplit_oom (both died in step 13 too, four
-allocations later). tests/fixtures/steps/ holds three more from the H200 bench (the real
+allocations later). tests/fixtures/reruns/ holds three more from the H200 bench (the real
 reruns' truth files only): ViT-B/16, ResNet-50 (cuDNN) and BERT masked-LM.
 """
 
@@ -27,7 +27,7 @@ from analysis.report import build_report
 from analysis.steps import find_steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-STEPS = FIXTURES / "steps"
+STEPS = FIXTURES / "reruns"
 GiB, MiB = 2**30, 2**20
 
 
