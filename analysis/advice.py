@@ -33,6 +33,8 @@ MIN_SAVING_BYTES = 64 * MiB
 # (file bytes, trace events) the advisor suggests stacks="python".
 HUGE_SNAPSHOT_BYTES = 100 * 1000 * 1000
 HUGE_TRACE_EVENTS = 500_000
+# The AMP and checkpointing rules look at activations from this size on.
+WORKLOAD_MIN_BYTES = 256 * MiB
 
 
 @dataclass
@@ -228,7 +230,12 @@ def _allocator_rule(setting: str) -> Rule:
 
 def _amp_applies(ctx: AdviceContext) -> bool:
     act = ctx.categories.get("activations", 0)
-    return ctx.has_backward and not ctx.autocast_seen and act >= 256 * MiB and act >= 0.25 * max(1, ctx.peak_allocated)
+    return (
+        ctx.has_backward
+        and not ctx.autocast_seen
+        and act >= WORKLOAD_MIN_BYTES
+        and act >= 0.25 * max(1, ctx.peak_allocated)
+    )
 
 
 def _amp_suggest(ctx: AdviceContext) -> dict[str, Any]:
@@ -259,7 +266,7 @@ def _amp_suggest(ctx: AdviceContext) -> dict[str, Any]:
 
 def _checkpoint_applies(ctx: AdviceContext) -> bool:
     act = ctx.categories.get("activations", 0)
-    return ctx.has_backward and act >= 256 * MiB and act >= 0.3 * max(1, ctx.peak_allocated)
+    return ctx.has_backward and act >= WORKLOAD_MIN_BYTES and act >= 0.3 * max(1, ctx.peak_allocated)
 
 
 def _checkpoint_suggest(ctx: AdviceContext) -> dict[str, Any]:

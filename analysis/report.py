@@ -738,8 +738,14 @@ class _DeviceAnalysis:
         summary = report["summary"]
         peak_idx = int(summary["peak_allocated_event_index"])
         reserved = self.replay.reserved
-        amp_low, amp_high = _amp_saving_range(catalog, lifetimes, codes)
-        ckpt = _checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask])
+        has_backward = bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any())
+        autocast_seen = bool(((traits & TRAIT_AUTOCAST) != 0).any())
+        # The workload estimates cost passes over every allocation: only where a rule can use them.
+        worth = has_backward and int(report["categories"]["bytes"]["activations"]) >= advice_mod.WORKLOAD_MIN_BYTES
+        amp_low, amp_high = (
+            _amp_saving_range(catalog, lifetimes, codes) if worth and not autocast_seen else (None, None)
+        )
+        ckpt = _checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask]) if worth else None
         return advice_mod.AdviceContext(
             device=self.dev.device,
             recorded=AllocatorConfig.from_settings(self.snapshot.settings.raw, self.snapshot.settings.conf),
@@ -752,8 +758,8 @@ class _DeviceAnalysis:
             whatifs=whatifs,
             categories=report["categories"]["bytes"],
             activations_by_site=sorted(by_site.items(), key=lambda kv: -kv[1]),
-            has_backward=bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any()),
-            autocast_seen=bool(((traits & TRAIT_AUTOCAST) != 0).any()),
+            has_backward=has_backward,
+            autocast_seen=autocast_seen,
             optimizer_state_bytes=int(report["categories"]["bytes"]["optimizer_state"]),
             optimizer_labels=opt_labels[:3],
             distinct_large_sizes=int(np.unique(large).size),
