@@ -162,7 +162,7 @@ def peak_allocated(name: str) -> int:
         # H200 bench, same workload and seed: fp32 vs torch.autocast(bfloat16) vs checkpoint per block.
         ("est_vit_fp32", "amp", "est_vit_amp"),  # timm ViT-B/16, estimate +8%
         ("est_gpt2_fp32", "amp", "est_gpt2_amp"),  # HF GPT-2 (NewGELU's pow stays fp32), -21%
-        ("est_gptc_fp32", "amp", "est_gptc_amp"),  # the fixtures' GPT, -21%
+        ("est_gptc_fp32", "amp", "est_gptc_amp"),  # the bench's gpt_autocast workload in fp32, -21%
         ("est_vit_fp32", "activation_checkpointing", "est_vit_ckpt"),  # -8%
     ],
 )
