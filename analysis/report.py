@@ -831,7 +831,11 @@ def _amp_saving_range(catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.ND
         return 0, 0
     groups = catalog.groups
     fp32 = np.array([any(f.name in _AUTOCAST_FP32_FRAMES for f in g.frames) for g in groups], bool)
-    in_nn = np.array([bool(g.frames) and "torch/nn/" in g.frames[0].filename for g in groups], bool)
+    # The innermost Python frame (C++ frames of stacks="all" come before it) decides.
+    in_nn = np.array(
+        ["torch/nn/" in next((f.filename for f in g.frames if f.filename.endswith(".py")), "") for g in groups],
+        bool,
+    )
     gids = catalog.groups_of(lifetimes.stack)
     sizes = lifetimes.size.astype(np.int64)
     base = _peak_of_live(lifetimes, sizes)
