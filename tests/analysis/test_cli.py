@@ -120,7 +120,9 @@ def test_oom_message_flags_give_the_real_limit(tmp_path: Path, capsys: pytest.Ca
     truth = json.loads((FIXTURES / "gpt_varlen_oom.truth.json").read_text())
     snapshot = str(FIXTURES / "gpt_varlen_oom.pickle.gz")
     msg_file = tmp_path / "log.txt"
-    msg_file.write_text("step 23 ...\nTraceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: " + truth["oom_message"])
+    msg_file.write_text(
+        "step 23 ...\nTraceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: " + truth["oom_message"]
+    )
     out = tmp_path / "r.json"
     assert main(["report", snapshot, "--oom-message-file", str(msg_file), "--json", str(out)]) == 0
     dev = json.loads(out.read_text())["devices"][0]
