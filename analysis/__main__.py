@@ -106,7 +106,7 @@ _bytes_arg = _positive_int("a number of bytes", "the limit must be positive")
 
 def _oom_message(args: argparse.Namespace) -> str | None:
     """The message text, checked before the analysis starts."""
-    text = args.oom_message
+    text: str | None = args.oom_message
     if args.oom_message_file is not None:
         with args.oom_message_file.open("rb") as fh:
             raw = fh.read(MAX_MESSAGE_CHARS * 4 + 1)

@@ -166,6 +166,7 @@ def _build_report(
     catalog = StackCatalog(snapshot.stacks)
     devices = [d for d in snapshot.devices if len(d.trace) or d.segments]
     device_reports = []
+    advice_contexts: list[advice_mod.AdviceContext] = []
     warnings = [{"code": w.code, "message": w.message} for w in snapshot.warnings]
     complete = True
     has_trace = False
@@ -190,6 +191,7 @@ def _build_report(
             sidecar=sidecar,
         )
         device_reports.append(analysis.report)
+        advice_contexts.append(analysis.advice_context)
         complete &= analysis.replay.trace_complete
         has_trace |= len(dev.trace) > 1
         prefix = f"device {dev.device}: " if len(devices) > 1 else ""
@@ -225,8 +227,7 @@ def _build_report(
     if not has_trace and not any(w["code"] == "state-only" for w in warnings):
         warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
     # The advisor's capture rule needs the capture section, known only now.
-    for dev_report in device_reports:
-        ctx: advice_mod.AdviceContext = dev_report.pop("_advice_context")
+    for dev_report, ctx in zip(device_reports, advice_contexts, strict=True):
         ctx.capture = capture
         dev_report["suggestions"] = advice_mod.advise(ctx)
     report_progress("analysing", 1.0)
@@ -476,7 +477,8 @@ class _DeviceAnalysis:
             ),
             "leaks": self._leaks(live_by_moment["end"], lifetimes, steps),
         }
-        report["_advice_context"] = self._advice_context(
+        # The advisor's input travels beside the report, typed, not inside it.
+        self.advice_context: advice_mod.AdviceContext = self._advice_context(
             report, lifetimes, codes, peak_codes, live_by_moment["peak"], advice_whatifs, source_bytes, len(steps)
         )
         self.report = report
