@@ -334,7 +334,8 @@ class _DeviceAnalysis:
             planned = self._submit_whatifs(
                 pool, user_whatifs, known_limit.bytes if known_limit else None, known_limit, steps
             )
-        guess = _requested_peak_guess(lifetimes, n)
+        self.live_requested: I64 | None = _live_requested(lifetimes, n)
+        guess = int(self.live_requested.argmax()) if self.live_requested is not None else None
         keep = [i for i in (guess, self.oom_index) if i is not None and i >= 0]
         replay = recorded_replay(snapshot, dev, keep_at=keep)
         self.replay = replay
@@ -481,6 +482,7 @@ class _DeviceAnalysis:
         self.advice_context: advice_mod.AdviceContext = self._advice_context(
             report, lifetimes, codes, peak_codes, live_by_moment["peak"], advice_whatifs, source_bytes, len(steps)
         )
+        self.live_requested = None  # its last use: an int64 per event need not outlive the device
         self.report = report
         progress("analysing", 1.0)
 
@@ -745,7 +747,9 @@ class _DeviceAnalysis:
         # The workload estimates cost passes over every allocation: only where a rule can use them.
         worth = has_backward and int(report["categories"]["bytes"]["activations"]) >= advice_mod.WORKLOAD_MIN_BYTES
         amp_low, amp_high = (
-            _amp_saving_range(catalog, lifetimes, codes) if worth and not autocast_seen else (None, None)
+            _amp_saving_range(catalog, lifetimes, codes, self.live_requested)
+            if worth and not autocast_seen
+            else (None, None)
         )
         ckpt = _checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask]) if worth else None
         return advice_mod.AdviceContext(
@@ -805,18 +809,20 @@ _AUTOCAST_FP32_FRAMES = frozenset(
 )
 
 
-def _peak_of_live(lifetimes: Lifetimes, sizes: npt.NDArray[np.int64]) -> int:
-    """Peak over the trace of the live requested bytes, with ``sizes`` for each allocation."""
+def _peak_without(live: I64, lifetimes: Lifetimes, cut: npt.NDArray[np.bool_]) -> int:
+    """Peak of ``live`` (live requested bytes per event) with half of each ``cut`` allocation gone."""
     n = lifetimes.n_events
-    if n == 0 or sizes.size == 0:
-        return 0
-    # bincount sums in float64: exact while totals stay below 2**53 bytes.
-    w = sizes.astype(np.float64)
-    delta = np.bincount(lifetimes.start, w, n + 1) - np.bincount(lifetimes.end, w, n + 1)
-    return int(np.rint(np.cumsum(delta[:n])).max())
+    if not cut.any():
+        return int(live.max())
+    # Only the cut allocations are summed again (bincount in float64: exact below 2**53 bytes).
+    half = (lifetimes.size[cut] // 2).astype(np.float64)
+    delta = np.bincount(lifetimes.start[cut], half, n + 1) - np.bincount(lifetimes.end[cut], half, n + 1)
+    return int((live - np.cumsum(np.rint(delta[:n]).astype(np.int64))).max())
 
 
-def _amp_saving_range(catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.NDArray[np.int8]) -> tuple[int, int]:
+def _amp_saving_range(
+    catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.NDArray[np.int8], live: I64 | None
+) -> tuple[int, int]:
     """What bf16 autocast would take off the peak of live memory, as a range.
 
     The trace records no dtypes, so each activation is halved or kept by where it was made:
@@ -829,7 +835,7 @@ def _amp_saving_range(catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.ND
     ViT-B/16 and HF GPT-2 (est_* on the H200 bench, docs/report.md).
     """
     act = codes == ACTIVATIONS
-    if not act.any():
+    if not act.any() or live is None:
         return 0, 0
     groups = catalog.groups
     fp32 = np.array([any(f.name in _AUTOCAST_FP32_FRAMES for f in g.frames) for g in groups], bool)
@@ -839,12 +845,11 @@ def _amp_saving_range(catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.ND
         bool,
     )
     gids = catalog.groups_of(lifetimes.stack)
-    sizes = lifetimes.size.astype(np.int64)
-    base = _peak_of_live(lifetimes, sizes)
+    base = int(live.max())
     upper = act & ~fp32[gids]
     lower = upper & in_nn[gids]
-    high = base - _peak_of_live(lifetimes, np.where(upper, sizes // 2, sizes))
-    low = base - _peak_of_live(lifetimes, np.where(lower, sizes // 2, sizes))
+    high = base - _peak_without(live, lifetimes, upper)
+    low = base - _peak_without(live, lifetimes, lower)
     return max(0, low), max(0, high)
 
 
@@ -921,15 +926,16 @@ def _whatif_rank(item: dict[str, Any]) -> tuple[bool, int]:
     return (item["oom_avoided"] is not True, int(item["peak_reserved_bytes"]))
 
 
-def _requested_peak_guess(lifetimes: Lifetimes, n: int) -> int | None:
-    """Where live requested bytes peak (numpy, before the replay): usually the allocated peak too,
-    so the replay keeps that state in its one pass."""
+def _live_requested(lifetimes: Lifetimes, n: int) -> I64 | None:
+    """Live requested bytes after every event (numpy, before the replay). Where it peaks is
+    usually the allocated peak too, so the replay keeps that state in its one pass; the AMP
+    estimate replays it with smaller activations."""
     if n == 0 or lifetimes.start.size == 0:
         return None
     # bincount sums in float64: exact while totals stay below 2**53 bytes.
     sizes = lifetimes.size.astype(np.float64)
     delta = np.bincount(lifetimes.start, sizes, n + 1) - np.bincount(lifetimes.end, sizes, n + 1)
-    return int(np.cumsum(np.rint(delta[:n]).astype(np.int64)).argmax())
+    return np.cumsum(np.rint(delta[:n]).astype(np.int64))
 
 
 def _frees_record_free_sites(trace: Any, lifetimes: Lifetimes) -> bool:
