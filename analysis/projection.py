@@ -134,6 +134,9 @@ class Projection:
                     "backtest_sizes_exact": None
                     if self.backtest_sizes_exact is None
                     else round(self.backtest_sizes_exact, 4),
+                    "backtest_bytes_error": None
+                    if self.backtest_bytes_error is None
+                    else round(self.backtest_bytes_error, 4),
                 }
             )
         return out
@@ -198,12 +201,13 @@ def project_failing_step(
         same = float((guessed[:k] == made[:k]).sum()) / max(1, max(guessed.size, made.size))
         projection.backtest_sizes_exact = same
         projection.backtest_bytes_error = (int(guessed.sum()) - int(made.sum())) / max(1, int(made.sum()))
-        if abs(projection.backtest_bytes_error) > MAX_BACKTEST_BYTES_ERROR:
+        off = projection.backtest_bytes_error
+        if abs(off) > MAX_BACKTEST_BYTES_ERROR:
             projection.available = False
             projection.reason = (
                 f"the steps do not repeat closely enough: projected the same way from the step before it, "
-                f"the rest of step {last} would allocate {projection.backtest_bytes_error:+.0%} of the bytes "
-                "it really allocated"
+                f"the rest of step {last} would allocate {abs(off):.0%} {'more' if off > 0 else 'fewer'} bytes "
+                "than it really did"
             )
         elif abs(projection.backtest_error) > MAX_BACKTEST_ERROR:
             projection.available = False

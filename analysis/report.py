@@ -554,6 +554,7 @@ class _DeviceAnalysis:
             # Without a projected step (no steps, no OOM) nothing is known at step level.
             w.setdefault("step_completes", None)
             w.setdefault("step_shortfall_bytes", None)
+            w.setdefault("oom_projected", None)
         advice_items = [
             advice_mod.WhatIf(
                 w["setting"],
@@ -622,6 +623,7 @@ class _DeviceAnalysis:
         oom["projection"] = proj.to_json() if proj is not None else {"available": False, "reason": "no OOM"}
         if proj is None or not proj.available:
             oom["step_need_bytes"] = None
+            oom["step_shortfall_bytes"] = None
             return
         limit = int(oom["limit_bytes"])
         need = proj.step_need_bytes
