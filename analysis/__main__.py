@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         # Validate allocator strings before the (possibly long) analysis.
         for conf in [*getattr(args, "whatif", []), *([args.config] if args.command == "whatif" else [])]:
             AllocatorConfig.parse(conf)
+        args.oom_message = _oom_message(args)
         if args.command == "report":
-            args.oom_message = _oom_message(args)
             args.sidecar = _sidecar(args.sidecar_file)
             return _report(args)
         return _whatif(args)
@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     wi.add_argument("snapshot", type=Path)
     wi.add_argument("--config", required=True, metavar="CONFIG")
     wi.add_argument("--limit", type=_bytes_arg, metavar="BYTES")
+    wmsg = wi.add_mutually_exclusive_group()
+    wmsg.add_argument("--oom-message", metavar="TEXT", help="torch's 'CUDA out of memory' message")
+    wmsg.add_argument("--oom-message-file", type=Path, metavar="FILE", help="a file holding that message")
     wi.add_argument("--json", dest="json_out", metavar="OUT|-")
     return parser
 
@@ -151,7 +154,9 @@ def _report(args: argparse.Namespace) -> int:
 def _whatif(args: argparse.Namespace) -> int:
     from analysis.report import build_whatif
 
-    result = build_whatif(args.snapshot, args.config, limit=args.limit, filename=args.snapshot.name)
+    result = build_whatif(
+        args.snapshot, args.config, limit=args.limit, filename=args.snapshot.name, oom_message=args.oom_message
+    )
     if args.json_out:
         _write_json(result, args.json_out)
     else:
@@ -216,6 +221,13 @@ def whatif_text(result: dict[str, Any]) -> str:
     for dev in result["devices"]:
         w = dev["whatif"]
         avoided = {True: "OOM avoided", False: "still OOMs", None: "no OOM recorded"}[w["oom_avoided"]]
+        step = w.get("step_completes")
+        if step is True:
+            avoided = "OOM avoided: the failing step runs to its end"
+        elif step is False:
+            avoided = (
+                "the failing request fits, but " if w["oom_avoided"] else ""
+            ) + "the step still runs out of memory"
         lines.append(
             f"device {dev['device']}: peak reserved {gib(w['peak_reserved_bytes'])} "
             f"(recorded {gib(dev['recorded_peak_reserved_bytes'])}); {avoided}"

@@ -248,10 +248,17 @@ def _message_applies(message: OomMessage, device: int, oom_devices: list[int]) -
 
 
 def build_whatif(
-    source: str | Path | bytes, config: str, *, limit: int | None = None, filename: str | None = None
+    source: str | Path | bytes,
+    config: str,
+    *,
+    limit: int | None = None,
+    filename: str | None = None,
+    oom_message: str | None = None,
 ) -> dict[str, Any]:
-    """``python -m analysis whatif``: one configuration replayed on every device."""
+    """``python -m analysis whatif``: one configuration replayed on every device; with an OOM
+    inside a step, the rest of that step is projected and replayed too (``step_completes``)."""
     AllocatorConfig.parse(config)
+    message = parse_oom_message(oom_message) if oom_message else None
     src = _source_info(source, filename)
     snapshot = read_snapshot(source if isinstance(source, bytes) else Path(source))
     src["format"] = snapshot.format
@@ -263,12 +270,35 @@ def build_whatif(
         peak = int(reserved.max()) if reserved.size else 0
         ooms = oom_indices(dev.trace)
         wlimit = limit
+        recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+        if ooms.size and wlimit is None and message is not None and message.device in (None, dev.device):
+            chosen = choose_limit(
+                given=None,
+                sidecar=None,
+                message=message,
+                inferred=None,
+                floor=0 if recorded.expandable_segments else peak,
+            )
+            wlimit = chosen.bytes if chosen is not None else None
         if ooms.size and wlimit is None:
             i = int(ooms[-1])
             need, free = int(dev.trace.size[i]), int(dev.trace.addr[i])
             wlimit = int(reserved[i]) + free if free < need else peak
         steps = find_steps(snapshot.annotations, dev.device, dev.trace.time_us)
-        item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
+        projection = None
+        if ooms.size:
+            projection = project_failing_step(
+                dev.trace,
+                steps,
+                int(ooms[-1]),
+                recorded,
+                trace_complete=len(steps) > 0 and trace_is_complete(dev),
+            )
+        if projection is not None and projection.available:
+            item = step_whatif(snapshot, dev, config, wlimit, steps.last_event.tolist(), projection)
+        else:
+            item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
+            item["step_completes"] = None
         out.append({"device": dev.device, "recorded_peak_reserved_bytes": peak, "whatif": item})
     return {"schema": SCHEMA, "source": src, "config": config, "devices": out}
 

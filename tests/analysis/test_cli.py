@@ -143,3 +143,12 @@ def test_inferred_limit_is_shown_as_a_lower_bound(capsys: pytest.CaptureFixture[
     assert main(["report", str(FIXTURES / "gpt_varlen_expandable.pickle.gz")]) == 0
     text = capsys.readouterr().out
     assert "limit at least 6.72 GiB (inferred)" in text
+
+
+def test_whatif_command_answers_at_step_level(capsys: pytest.CaptureFixture[str]) -> None:
+    # gpu_grow_oom's real expandable_segments run died in the same step (gpu_expandable_oom).
+    snapshot = str(FIXTURES / "gpu_grow_oom.pickle.gz")
+    assert main(["whatif", snapshot, "--config", "expandable_segments:True", "--json", "-"]) == 0
+    item = json.loads(capsys.readouterr().out)["devices"][0]["whatif"]
+    assert item["oom_avoided"] is True and item["step_completes"] is False
+    assert item["oom_projected"]["allocation"] == 22
