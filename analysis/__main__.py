@@ -201,6 +201,7 @@ def summary_text(report: dict[str, Any]) -> str:
                 f"{gib(oom['allocated_bytes'])} allocated, {gib(oom['cached_free_bytes'])} cached free "
                 f"(largest block {gib(oom['largest_free_block_bytes'])}), limit {at_least}{gib(oom['limit_bytes'])} "
                 f"({oom.get('limit_source')}): {oom['verdict'].upper()}"
+                + ("" if oom.get("verdict_certain", True) else " (not certain: the limit is a lower bound)")
                 + (
                     f" (step {oom['projection']['step']} needs {gib(oom['step_need_bytes'])})"
                     if oom.get("step_need_bytes")

@@ -111,6 +111,8 @@ def explain_oom(
         "verdict": kind,
         "request_verdict": kind,
         "verdict_level": "request",
+        # Only "capacity" can be wrong from a lower bound: the real cap may hold the request.
+        "verdict_certain": not (kind == "capacity" and chosen.is_lower_bound),
         "shortfall_bytes": int(max(0, allocated + requested - limit_bytes)),
         "headroom_bytes": int(max(0, limit_bytes - reserved)),
         "flush": flush,

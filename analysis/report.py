@@ -662,6 +662,7 @@ class _DeviceAnalysis:
         finishing = [w["config"] for w in items if w.get("step_completes") is True]
         oom["verdict"] = verdict(need, 0, limit)
         oom["verdict_level"] = "step"
+        oom["verdict_certain"] = not (oom["verdict"] == "capacity" and oom["limit_is_lower_bound"])
         bound = "at least " if oom["limit_is_lower_bound"] else ""
         if need > limit:
             if oom["limit_is_lower_bound"]:

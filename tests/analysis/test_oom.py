@@ -58,6 +58,8 @@ def test_no_capacity_conclusion_from_a_lower_bound() -> None:
     oom = oom_of("gpt_varlen_expandable")
     assert oom["limit_is_lower_bound"] is True
     assert "no allocator setting can make" not in oom["explanation"]
+    assert "no allocator setting saves" not in oom["explanation"]
+    assert oom["verdict"] == "capacity" and oom["verdict_certain"] is False
     assert "at least" in oom["explanation"] or "may be higher" in oom["explanation"]
 
 
