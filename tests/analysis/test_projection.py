@@ -119,6 +119,14 @@ def test_projected_sizes_follow_the_real_continuation() -> None:
         ("resnet_c70", "max_split_size_mb:256", "resnet_c70_maxsplit256"),
         ("bert_mlm_c85", "expandable_segments:True", "bert_mlm_c85_expandable"),
         ("bert_mlm_c85", "roundup_power2_divisions:4", "bert_mlm_c85_roundup4"),
+        # HF GPT-2 under a cap: it died in step 3 whatever the setting.
+        ("hf_gpt2_c85", "expandable_segments:True", "hf_gpt2_c85_expandable"),
+        ("hf_gpt2_c85", "max_split_size_mb:256", "hf_gpt2_c85_maxsplit256"),
+        # BERT died in step 1: only step 0 (warm-up) to project from, no backtest.
+        ("bert_mlm_c70", "expandable_segments:True", "bert_mlm_c70_expandable"),
+        ("bert_mlm_c70", "roundup_power2_divisions:4", "bert_mlm_c70_roundup4"),
+        # ResNet-50 with growing images: died in step 5, and so did the expandable rerun.
+        ("grow_resnet", "expandable_segments:True", "grow_resnet_expandable"),
     ],
 )
 def test_model_workloads_against_their_reruns(family: str, conf: str, sibling: str) -> None:
@@ -129,3 +137,16 @@ def test_model_workloads_against_their_reruns(family: str, conf: str, sibling: s
     dev = next(d for d in report(STEPS / f"{family}_default.pickle.gz", (conf,))["devices"] if d["oom"])
     assert dev["oom"]["projection"]["step"] == base["died_step"]
     assert whatif_of(dev, conf)["step_completes"] is completes
+
+
+def test_random_request_streams_get_no_step_level_answer() -> None:
+    # rand_s9_c40: random sizes and lifetimes, steps that do not repeat. Its expandable rerun
+    # finished, the request-level answer says "avoided"; the projection must not guess.
+    dev = next(
+        d for d in report(STEPS / "rand_s9_c40_default.pickle.gz", ("expandable_segments:True",))["devices"] if d["oom"]
+    )
+    proj = dev["oom"]["projection"]
+    assert proj["available"] is False and "do not repeat" in proj["reason"]
+    assert dev["oom"]["step_need_bytes"] is None and dev["oom"]["verdict_level"] == "request"
+    w = whatif_of(dev, "expandable_segments:True")
+    assert w["step_completes"] is None and w["oom_avoided"] is True
