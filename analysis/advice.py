@@ -33,6 +33,8 @@ MIN_SAVING_BYTES = 64 * MiB
 # (file bytes, trace events) the advisor suggests stacks="python".
 HUGE_SNAPSHOT_BYTES = 100 * 1000 * 1000
 HUGE_TRACE_EVENTS = 500_000
+# The AMP and checkpointing rules look at activations from this size on.
+WORKLOAD_MIN_BYTES = 256 * MiB
 
 
 @dataclass
@@ -44,6 +46,15 @@ class WhatIf:
     peak_reserved_bytes: int
     oom_avoided: bool | None
     origin: str = "auto"  # "auto" (the report's own candidate) | "user" (--whatif)
+    # Step level (analysis.projection): does the failing step run to its end; None without steps.
+    step_completes: bool | None = None
+    step_shortfall_bytes: int | None = None
+    oom_projected: dict[str, Any] | None = None  # where in the projected tail the replay failed
+
+    @property
+    def avoids_oom(self) -> bool | None:
+        """Step level where known: a request that fits helps nobody if the step dies later."""
+        return self.step_completes if self.step_completes is not None else self.oom_avoided
 
 
 @dataclass
@@ -70,6 +81,11 @@ class AdviceContext:
     steps: int
     mean_stack_frames: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # bf16 autocast's saving on the peak of live memory, as a range (report._amp_saving_range).
+    amp_saving_low: int | None = None
+    amp_saving_high: int | None = None
+    # Checkpointing repeated blocks (report._checkpoint_estimate): blocks, block_input_bytes, ...
+    checkpoint: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +129,8 @@ def _best_whatif(ctx: AdviceContext, setting: str) -> WhatIf | None:
     tried = [w for w in ctx.whatifs if w.setting == setting]
     if not tried:
         return None
-    # Avoiding the OOM beats everything; then the lowest peak reserved memory.
-    return min(tried, key=lambda w: (w.oom_avoided is not True, w.peak_reserved_bytes))
+    # Avoiding the OOM beats everything (the whole step, then the request); then the lowest peak.
+    return min(tried, key=lambda w: (w.avoids_oom is not True, w.oom_avoided is not True, w.peak_reserved_bytes))
 
 
 def _improves(ctx: AdviceContext, w: WhatIf) -> bool:
@@ -159,22 +175,42 @@ def _allocator_rule(setting: str) -> Rule:
         )
         if ctx.oom is not None:
             oom = ctx.oom
+            at_least = "at least " if oom.get("limit_is_lower_bound") else ""
             replay += (
                 f", and the {_gib(oom['requested_bytes'])} request that failed at event {oom['event_index']:,} "
-                f"fits within {_gib(oom['limit_bytes'])}, so this request no longer fails"
+                f"fits within {at_least}{_gib(oom['limit_bytes'])}, so this request no longer fails"
             )
-            # The trace stops at the OOM: what the program would have asked for next is
-            # unknown. Little headroom left means a later, larger request may fail anyway
-            # (seen in real runs: the OOM moved a few allocations or steps later).
-            headroom = oom["limit_bytes"] - best.peak_reserved_bytes
-            if headroom < oom["requested_bytes"]:
+            proj = oom.get("projection") or {}
+            if best.step_completes is True:
                 replay += (
-                    f"; but it leaves {_gib(max(0, headroom))} below the limit, less than the failing request, "
-                    "so a later, larger request may still run out of memory"
+                    f"; replaying the rest of step {proj.get('step')} as projected from step "
+                    f"{proj.get('template_step')}, the whole step runs"
                 )
-            # When the run died early, its recorded peak is lower than a full run's:
-            # the saving is the stranded cache at the OOM that the setting recovers.
-            saving = max(saving, oom["reserved_bytes"] - oom["allocated_bytes"])
+            elif best.step_completes is False:
+                where = best.oom_projected
+                if where is not None:
+                    replay += (
+                        f"; but replaying the rest of step {proj.get('step')} as projected from step "
+                        f"{proj.get('template_step')}, it still runs out of memory {where['allocations_later']} "
+                        f"allocations later (allocation {where['allocation']} of the step's "
+                        f"{where['allocations_in_step']}, asking {_gib(where['requested_bytes'])})"
+                    )
+                else:
+                    replay += f"; but step {proj.get('step')} still runs out of memory"
+                lacks = best.step_shortfall_bytes or 0
+                if lacks > 0:
+                    replay += f", so the step lacks at least {_gib(lacks)}"
+            else:
+                # No steps to project from: what the program would have asked for next is
+                # unknown. Little headroom left means a later, larger request may fail anyway
+                # (real runs gpu_grow_oom -> gpu_expandable_oom: the OOM moved four allocations on).
+                headroom = oom["limit_bytes"] - best.peak_reserved_bytes
+                if headroom < oom["requested_bytes"]:
+                    replay += (
+                        f"; but it leaves {_gib(max(0, headroom))} below the limit, less than the failing request, "
+                        "so a later, larger request may still run out of memory"
+                    )
+            # The saving is what the replay shows, never more: the recorded peak minus the what-if's.
         else:
             replay += f"; {_gib(ctx.peak_reserved - ctx.peak_allocated)} of the recorded peak held no live block"
         return _suggestion(
@@ -183,7 +219,7 @@ def _allocator_rule(setting: str) -> Rule:
             f"PYTORCH_CUDA_ALLOC_CONF={best.config}",
             replay + f" ({_SETTING_WHY[setting]}).",
             saving,
-            avoids_oom=best.oom_avoided,
+            avoids_oom=best.avoids_oom,
         )
 
     return Rule(setting, applies, suggest)
@@ -194,24 +230,43 @@ def _allocator_rule(setting: str) -> Rule:
 
 def _amp_applies(ctx: AdviceContext) -> bool:
     act = ctx.categories.get("activations", 0)
-    return ctx.has_backward and not ctx.autocast_seen and act >= 256 * MiB and act >= 0.25 * max(1, ctx.peak_allocated)
+    return (
+        ctx.has_backward
+        and not ctx.autocast_seen
+        and act >= WORKLOAD_MIN_BYTES
+        and act >= 0.25 * max(1, ctx.peak_allocated)
+    )
 
 
 def _amp_suggest(ctx: AdviceContext) -> dict[str, Any]:
     act = ctx.categories.get("activations", 0)
+    evidence = (
+        f"At the allocation peak, {_gib(act)} of the {_gib(ctx.peak_allocated)} allocated were activations "
+        "and no autocast frame appears in the stacks; activations in bfloat16 take half the bytes of float32."
+    )
+    saving = act // 2
+    if ctx.amp_saving_low is not None and ctx.amp_saving_high is not None:
+        # The midpoint of what the trace bounds (dtypes are not recorded): replayed with the
+        # activations of torch.nn's ops halved, and with every activation but float32 ops' halved.
+        saving = (ctx.amp_saving_low + ctx.amp_saving_high) // 2
+        evidence = (
+            f"At the allocation peak, {_gib(act)} of the {_gib(ctx.peak_allocated)} allocated were activations "
+            "and no autocast frame appears in the stacks. Replayed with bfloat16 activations, the peak falls by "
+            f"{_gib(ctx.amp_saving_low)} (only outputs of torch.nn's ops halved) to {_gib(ctx.amp_saving_high)} "
+            "(every activation but the float32 ops' halved: losses, softmax); the estimate is the middle."
+        )
     return _suggestion(
         "amp",
         "Run the forward pass in bfloat16 (torch.autocast)",
         "with torch.autocast('cuda', dtype=torch.bfloat16): ...",
-        f"At the allocation peak, {_gib(act)} of the {_gib(ctx.peak_allocated)} allocated were activations "
-        "and no autocast frame appears in the stacks; activations in bfloat16 take half the bytes of float32.",
-        act // 2,
+        evidence,
+        saving,
     )
 
 
 def _checkpoint_applies(ctx: AdviceContext) -> bool:
     act = ctx.categories.get("activations", 0)
-    return ctx.has_backward and act >= 256 * MiB and act >= 0.3 * max(1, ctx.peak_allocated)
+    return ctx.has_backward and act >= WORKLOAD_MIN_BYTES and act >= 0.3 * max(1, ctx.peak_allocated)
 
 
 def _checkpoint_suggest(ctx: AdviceContext) -> dict[str, Any]:
@@ -219,15 +274,27 @@ def _checkpoint_suggest(ctx: AdviceContext) -> dict[str, Any]:
     sites = ctx.activations_by_site[:3]
     largest = sites[0][1] if sites else 0
     where = "; ".join(f"{label} {_gib(b)}" for label, b in sites)
+    evidence = (
+        f"At the allocation peak, {_gib(act)} of activations were held from the forward pass for the backward"
+        + (f"; the largest holders: {where}" if where else "")
+        + ". Checkpointing keeps only module inputs and recomputes the rest in the backward pass."
+    )
+    # Recomputation still needs one module's activations at a time.
+    saving = act - largest
+    ck = ctx.checkpoint
+    if ck is not None:
+        saving = ck["saving"]
+        evidence += (
+            f" {_gib(ck['repeated_bytes'])} of them come from {ck['blocks']} repeated blocks (the same stacks "
+            f"{ck['blocks']} times); checkpointed per block they keep one {_gib(ck['block_input_bytes'])} input "
+            "each plus one block's activations while it is recomputed."
+        )
     return _suggestion(
         "activation_checkpointing",
         "Checkpoint activations of the largest modules",
         "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
-        f"At the allocation peak, {_gib(act)} of activations were held from the forward pass for the backward"
-        + (f"; the largest holders: {where}" if where else "")
-        + ". Checkpointing keeps only module inputs and recomputes the rest in the backward pass.",
-        # Recomputation still needs one module's activations at a time.
-        act - largest,
+        evidence,
+        saving,
     )
 
 
@@ -278,7 +345,7 @@ def _allocation_order_applies(ctx: AdviceContext) -> bool:
     oom = ctx.oom
     if oom is None or oom.get("verdict") != "fragmentation" or not ctx.capture.get("trace_complete", False):
         return False
-    return bool(ctx.whatifs) and not any(w.oom_avoided is True for w in ctx.whatifs)
+    return bool(ctx.whatifs) and not any(w.avoids_oom is True for w in ctx.whatifs)
 
 
 def _allocation_order_suggest(ctx: AdviceContext) -> dict[str, Any]:

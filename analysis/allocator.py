@@ -86,6 +86,7 @@ I64 = npt.NDArray[np.int64]
 __all__ = [
     "LimitEstimate",
     "PolicyResult",
+    "ProjectedTail",
     "infer_limit",
     "recorded_segment_events",
     "replay_check",
@@ -111,6 +112,27 @@ _SEGMENT_ACTIONS = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 
 
 # --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectedTail:
+    """Requests standing in for the part of a step the trace does not hold (built by
+    ``analysis.projection``): the recorded requests stop before event ``cut`` (the
+    OOM: what follows it is the exception unwinding), then these run in order.
+
+    ``alloc[j]`` True: allocate ``size[j]`` bytes (requested, rounded here) under
+    the address ``addr[j]``; False: free the block held under ``addr[j]`` (a
+    recorded address, or one an earlier tail request allocated). ``like[j]`` is a
+    recorded event whose stream and pool the request takes. Request 0 is the
+    recorded OOM request and keeps the event index ``cut``; request ``j`` > 0 has
+    the synthetic index ``len(trace) + j``.
+    """
+
+    cut: int
+    alloc: list[bool]
+    addr: list[int]
+    size: list[int]
+    like: list[int]
 
 
 @dataclass(slots=True)
@@ -1246,18 +1268,23 @@ def simulate(
     config: AllocatorConfig,
     limit_bytes: int | None = None,
     step_ends: Sequence[int] | None = (),
+    tail: ProjectedTail | None = None,
 ) -> PolicyResult:
     """Replay one device's requests through the allocator model under ``config``.
 
     ``limit_bytes`` is the memory the process may reserve (a per-process cap or
     the device's size); None means unlimited. The replay continues past requests
     it cannot serve (see the module docstring); ``oom`` is the first of them.
+    With ``tail`` the recorded requests stop at ``tail.cut`` and the tail's run
+    instead (``ProjectedTail``); ``ooms`` may then hold indices past the trace.
     """
     dev = _device(snapshot, device)
     recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     bursts = _bursts_of(snapshot, dev, recorded_cfg)
     pools = _event_pools(dev)
     events, ops, raddrs, sizes, lks = _prepare(snapshot, dev, config, bursts, pools)
+    if tail is not None:
+        events, ops, raddrs, sizes, lks = _with_tail(dev, config, pools, tail, events, ops, raddrs, sizes, lks)
     model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev, pools))
     if not _segments_complete(dev):
         from analysis.replay import recorded_replay  # local: only partial traces need it
@@ -1306,6 +1333,40 @@ def simulate(
     result.step_ends = [int(i) for i in step_ends or ()]
     result.step_reserved = result.reserved_at(result.step_ends)
     return result
+
+
+def _with_tail(
+    dev: DeviceData,
+    cfg: AllocatorConfig,
+    pools: npt.NDArray[np.int32],
+    tail: ProjectedTail,
+    events: npt.NDArray[np.intp],
+    ops: list[int],
+    raddrs: list[int],
+    sizes: list[int],
+    lks: list[int],
+) -> tuple[npt.NDArray[np.intp], list[int], list[int], list[int], list[int]]:
+    """The request lists cut before ``tail.cut``, with the tail's requests after them
+    (new lists: the cut ones are shared by every config that rounds alike)."""
+    keep = int(np.searchsorted(events, tail.cut, side="left"))
+    n, t = len(dev.trace), dev.trace
+    like = np.asarray(tail.like, np.int64)
+    rounded = cfg.round_sizes(np.asarray(tail.size, np.int64))
+    if len(rounded):  # request 0 is the oom entry: its size is already rounded, as in _prepare
+        rounded[0] = tail.size[0]
+    large = (rounded > K_SMALL_SIZE).astype(np.int64)
+    ns = max(len(dev.streams), 1)
+    # The free-list index, as _prepare computes it: (pool * 2 + large) * streams + stream.
+    lane = pools[like].astype(np.int64) * 2 * ns + t.stream[like] if len(like) else np.zeros(0, np.int64)
+    tail_lks = lane + large * ns
+    tail_events = np.r_[tail.cut, n + np.arange(1, len(tail.alloc))].astype(events.dtype)
+    return (
+        np.r_[events[:keep], tail_events] if len(tail.alloc) else events[:keep],
+        ops[:keep] + [_OP_ALLOC if a else _OP_FREE for a in tail.alloc],
+        raddrs[:keep] + list(tail.addr),
+        sizes[:keep] + rounded.tolist(),
+        lks[:keep] + tail_lks.tolist(),
+    )
 
 
 def _segments_complete(device: DeviceData) -> bool:

@@ -3,12 +3,14 @@
 Verdict rule (contract): ``fragmentation`` when ``allocated + requested <=
 limit`` - the memory existed but not in one piece - else ``capacity``.
 
-The limit is ``--limit`` when given. Otherwise: where the device's free memory
-at the OOM (``device_free``, measured after the allocator's flush) is smaller
-than the request, the device itself was full and the limit is ``reserved +
-device_free``; else a per-process cap was binding (the snapshot does not record
-it) and the limit is the peak reserved memory seen in the trace, a lower bound
-of that cap.
+The limit is chosen by ``analysis.limits.choose_limit``: ``--limit`` when
+given, the client's sidecar, the pasted OOM message, and only then inferred
+here: where the device's free memory at the OOM (``device_free``, measured
+after the allocator's flush) is smaller than the request, the device itself
+was full and the limit is ``reserved + device_free``; else a per-process cap
+was binding (the snapshot does not record it) and the limit is the peak
+reserved memory seen in the trace, a lower bound of that cap (labelled so in
+``limit_is_lower_bound`` and in the explanation).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analysis.limits import GIVEN, INFERRED, OOM_MESSAGE, SIDECAR, Limit, choose_limit
 from analysis.model import FREE_COMPLETED, OOM, SEGMENT_FREE, SEGMENT_UNMAP, Trace
 
 I64 = npt.NDArray[np.int64]
@@ -75,11 +78,20 @@ def explain_oom(
     peak_reserved: int,
     limit: int | None,
     all_ooms: int = 1,
+    chosen: Limit | None = None,
 ) -> dict[str, Any]:
-    """The contract ``oom`` object (plus explanation keys) for the OOM at event ``index``."""
+    """The contract ``oom`` object (plus explanation keys) for the OOM at event ``index``.
+
+    ``chosen`` is the limit from a better source than the trace (the OOM message,
+    the sidecar); without it the limit is ``limit`` if given, else inferred.
+    """
     requested = int(trace.size[index])
     device_free = int(trace.addr[index])  # the model stores device_free in addr for oom events
-    limit_bytes, limit_source = infer_limit(requested, device_free, reserved, peak_reserved, limit)
+    if chosen is None:
+        inferred = infer_limit(requested, device_free, reserved, peak_reserved, None)
+        chosen = choose_limit(given=limit, sidecar=None, message=None, inferred=inferred)
+    assert chosen is not None  # an inferred limit always exists
+    limit_bytes, limit_source = chosen.bytes, chosen.source
     kind = verdict(allocated, requested, limit_bytes)
     flush = flush_before(trace, index)
     out: dict[str, Any] = {
@@ -93,14 +105,19 @@ def explain_oom(
         "largest_free_block_bytes": int(largest_free),
         "limit_bytes": limit_bytes,
         "limit_source": limit_source,
+        "limit_is_lower_bound": chosen.is_lower_bound,
+        "limit_inference": chosen.inference,
+        "limit_kind": chosen.kind,
         "verdict": kind,
+        "request_verdict": kind,
+        "verdict_level": "request",
+        # Only "capacity" can be wrong from a lower bound: the real cap may hold the request.
+        "verdict_certain": not (kind == "capacity" and chosen.is_lower_bound),
         "shortfall_bytes": int(max(0, allocated + requested - limit_bytes)),
         "headroom_bytes": int(max(0, limit_bytes - reserved)),
         "flush": flush,
         "ooms_in_trace": int(all_ooms),
-        "explanation": _explain(
-            kind, requested, allocated, cached_free, largest_free, limit_bytes, limit_source, reserved
-        ),
+        "explanation": _explain(kind, requested, allocated, cached_free, largest_free, chosen, reserved),
     }
     return out
 
@@ -115,23 +132,37 @@ def _explain(
     allocated: int,
     cached_free: int,
     largest_free: int,
-    limit: int,
-    limit_source: str,
+    chosen: Limit,
     reserved: int,
 ) -> str:
-    limit_text = {
-        "given": "the given limit",
-        "device-full": "the device's memory",
-        "cap-lower-bound": "the per-process cap (at least the peak reserved memory)",
-    }[limit_source]
+    limit = chosen.bytes
+    if chosen.source == INFERRED:
+        limit_text = (
+            "the per-process cap, at least the peak reserved memory" if chosen.is_lower_bound else "the device's memory"
+        )
+    else:
+        what = "the device's memory" if chosen.kind == "device-full" else "the limit"
+        limit_text = {
+            GIVEN: "the given limit",
+            SIDECAR: f"{what} the client read",
+            OOM_MESSAGE: f"{'the per-process cap' if chosen.kind == 'per-process-cap' else what} of the OOM message",
+        }[chosen.source]
+    of = f"of at least {_gib(limit)}" if chosen.is_lower_bound else f"of {_gib(limit)}"
     if kind == "fragmentation":
         return (
             f"The request for {_gib(requested)} would have fit: {_gib(allocated)} allocated plus the request is "
-            f"within {limit_text} of {_gib(limit)}, and the cache held {_gib(cached_free)} free, but its largest "
+            f"within {limit_text} {of}, and the cache held {_gib(cached_free)} free, but its largest "
             f"free block was {_gib(largest_free)} and {_gib(max(0, limit - reserved))} was left to reserve. "
             "The memory existed, not in one piece."
         )
+    if chosen.is_lower_bound:
+        # A lower bound proves nothing about capacity: the real cap may be higher.
+        return (
+            f"The request for {_gib(requested)} on top of {_gib(allocated)} allocated exceeds {_gib(limit)}, "
+            "the most this run ever reserved; the real per-process cap is not in the snapshot and may be higher, "
+            "so whether an allocator setting can make it fit is unknown: paste the OOM message or give --limit."
+        )
     return (
-        f"The request for {_gib(requested)} on top of {_gib(allocated)} allocated exceeds {limit_text} of "
-        f"{_gib(limit)}: no allocator setting can make it fit; the workload needs less memory."
+        f"The request for {_gib(requested)} on top of {_gib(allocated)} allocated exceeds {limit_text} "
+        f"{of}: no allocator setting can make it fit; the workload needs less memory."
     )

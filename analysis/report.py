@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import advice as advice_mod
-from analysis.allocator import replay_check, whatif
+from analysis.allocator import replay_check, trace_is_complete, whatif
 from analysis.categories import (
     ACTIVATIONS,
     CATEGORIES,
@@ -38,9 +38,12 @@ from analysis.categories import (
     optimizer_windows,
 )
 from analysis.config import UNLIMITED, AllocatorConfig
+from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
-from analysis.oom import explain_oom, oom_indices
+from analysis.model import OOM as OOM_ACTION
+from analysis.oom import explain_oom, infer_limit, oom_indices, verdict
 from analysis.parallel import Pending, Pool
+from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.reader import read_snapshot
 from analysis.replay import AllocatorState, recorded_replay
 from analysis.stacks import (
@@ -91,12 +94,17 @@ def build_report(
     progress: Progress | None = None,
     filename: str | None = None,
     jobs: int = 1,
+    oom_message: str | None = None,
+    sidecar: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The contract report for a snapshot file (path or bytes).
 
     With ``jobs`` > 1 the policy replays (the check and the what-ifs) run in up
     to that many forked child processes beside the rest (``analysis.parallel``);
-    the report is the same.
+    the report is the same. ``oom_message`` is torch's OOM message as the user
+    has it, ``sidecar`` the client's sidecar JSON (``oomscope_client``): both give
+    the real limit (``analysis.limits``); a text that is not an OOM message
+    raises ``OomMessageError`` before any heavy work.
     """
     # The replays allocate millions of short-lived objects and create no cycles
     # worth collecting; the cyclic GC's passes over them are pure overhead.
@@ -104,7 +112,16 @@ def build_report(
     gc.disable()
     pool = Pool(jobs)
     try:
-        return _build_report(source, whatif=whatif, limit=limit, progress=progress, filename=filename, pool=pool)
+        return _build_report(
+            source,
+            whatif=whatif,
+            limit=limit,
+            progress=progress,
+            filename=filename,
+            pool=pool,
+            oom_message=oom_message,
+            sidecar=sidecar,
+        )
     finally:
         pool.close()
         if was_enabled:
@@ -119,11 +136,16 @@ def _build_report(
     progress: Progress | None,
     filename: str | None,
     pool: Pool,
+    oom_message: str | None = None,
+    sidecar: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     report_progress = progress or _noop
     user_whatifs = list(whatif)
     for conf in user_whatifs:
         AllocatorConfig.parse(conf)  # ConfigError before any heavy work
+    if not oom_message and isinstance(sidecar, dict) and isinstance(sidecar.get("oom_message"), str):
+        oom_message = sidecar["oom_message"]
+    message = parse_oom_message(oom_message) if oom_message else None  # OomMessageError before heavy work
     report_progress("reading", 0.0)
     # The file's sha256 is taken on a thread beside the read: hashlib and file
     # reads release the GIL, so on a second CPU it costs no time. It is joined
@@ -144,16 +166,32 @@ def _build_report(
     catalog = StackCatalog(snapshot.stacks)
     devices = [d for d in snapshot.devices if len(d.trace) or d.segments]
     device_reports = []
+    advice_contexts: list[advice_mod.AdviceContext] = []
     warnings = [{"code": w.code, "message": w.message} for w in snapshot.warnings]
     complete = True
     has_trace = False
+    # The message names its GPU; without a number it is the one device that ran out of memory.
+    oom_devices = [d.device for d in devices if (d.trace.action == OOM_ACTION).any()]
     for k, dev in enumerate(devices):
 
         def dev_progress(stage: str, f: float, k: int = k) -> None:
             report_progress(stage, (k + f) / max(1, len(devices)))
 
-        analysis = _DeviceAnalysis(snapshot, dev, catalog, src["bytes"], limit, user_whatifs, dev_progress, pool)
+        dev_message = message if message is not None and _message_applies(message, dev.device, oom_devices) else None
+        analysis = _DeviceAnalysis(
+            snapshot,
+            dev,
+            catalog,
+            src["bytes"],
+            limit,
+            user_whatifs,
+            dev_progress,
+            pool,
+            message=dev_message,
+            sidecar=sidecar,
+        )
         device_reports.append(analysis.report)
+        advice_contexts.append(analysis.advice_context)
         complete &= analysis.replay.trace_complete
         has_trace |= len(dev.trace) > 1
         prefix = f"device {dev.device}: " if len(devices) > 1 else ""
@@ -163,6 +201,19 @@ def _build_report(
             {"code": w.code, "message": prefix + w.message}
             for w in analysis.replay.warnings
             if len(devices) > 1 or w.code not in known
+        )
+        warnings.extend({"code": code, "message": prefix + text} for code, text in analysis.warnings)
+    if message is not None and not any(_message_applies(message, d.device, oom_devices) for d in devices):
+        warnings.append(
+            {
+                "code": "oom-message-unused",
+                "message": (
+                    f"the OOM message names GPU {message.device}, but no device of the snapshot with that number "
+                    "ran out of memory; its limit was not used"
+                    if message.device is not None
+                    else "the OOM message names no GPU and several devices ran out of memory; its limit was not used"
+                ),
+            }
         )
 
     capture = {
@@ -176,8 +227,7 @@ def _build_report(
     if not has_trace and not any(w["code"] == "state-only" for w in warnings):
         warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
     # The advisor's capture rule needs the capture section, known only now.
-    for dev_report in device_reports:
-        ctx: advice_mod.AdviceContext = dev_report.pop("_advice_context")
+    for dev_report, ctx in zip(device_reports, advice_contexts, strict=True):
         ctx.capture = capture
         dev_report["suggestions"] = advice_mod.advise(ctx)
     report_progress("analysing", 1.0)
@@ -191,11 +241,24 @@ def _build_report(
     }
 
 
+def _message_applies(message: OomMessage, device: int, oom_devices: list[int]) -> bool:
+    if device not in oom_devices:
+        return False
+    return message.device == device or (message.device is None and len(oom_devices) == 1)
+
+
 def build_whatif(
-    source: str | Path | bytes, config: str, *, limit: int | None = None, filename: str | None = None
+    source: str | Path | bytes,
+    config: str,
+    *,
+    limit: int | None = None,
+    filename: str | None = None,
+    oom_message: str | None = None,
 ) -> dict[str, Any]:
-    """``python -m analysis whatif``: one configuration replayed on every device."""
+    """``python -m analysis whatif``: one configuration replayed on every device; with an OOM
+    inside a step, the rest of that step is projected and replayed too (``step_completes``)."""
     AllocatorConfig.parse(config)
+    message = parse_oom_message(oom_message) if oom_message else None
     src = _source_info(source, filename)
     snapshot = read_snapshot(source if isinstance(source, bytes) else Path(source))
     src["format"] = snapshot.format
@@ -207,12 +270,35 @@ def build_whatif(
         peak = int(reserved.max()) if reserved.size else 0
         ooms = oom_indices(dev.trace)
         wlimit = limit
+        recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+        if ooms.size and wlimit is None and message is not None and message.device in (None, dev.device):
+            chosen = choose_limit(
+                given=None,
+                sidecar=None,
+                message=message,
+                inferred=None,
+                floor=0 if recorded.expandable_segments else peak,
+            )
+            wlimit = chosen.bytes if chosen is not None else None
         if ooms.size and wlimit is None:
             i = int(ooms[-1])
             need, free = int(dev.trace.size[i]), int(dev.trace.addr[i])
             wlimit = int(reserved[i]) + free if free < need else peak
         steps = find_steps(snapshot.annotations, dev.device, dev.trace.time_us)
-        item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
+        projection = None
+        if ooms.size:
+            projection = project_failing_step(
+                dev.trace,
+                steps,
+                int(ooms[-1]),
+                recorded,
+                trace_complete=len(steps) > 0 and trace_is_complete(dev),
+            )
+        if projection is not None and projection.available:
+            item = step_whatif(snapshot, dev, config, wlimit, steps.last_event.tolist(), projection)
+        else:
+            item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
+            item["step_completes"] = None
         out.append({"device": dev.device, "recorded_peak_reserved_bytes": peak, "whatif": item})
     return {"schema": SCHEMA, "source": src, "config": config, "devices": out}
 
@@ -240,6 +326,9 @@ class _DeviceAnalysis:
         user_whatifs: list[str],
         progress: Progress,
         pool: Pool,
+        *,
+        message: OomMessage | None = None,
+        sidecar: dict[str, Any] | None = None,
     ) -> None:
         self.snapshot, self.dev, self.catalog = snapshot, dev, catalog
         trace = dev.trace
@@ -247,18 +336,36 @@ class _DeviceAnalysis:
         self.n = n
         ooms = oom_indices(trace)
         self.oom_index = int(ooms[-1]) if ooms.size else None
+        self.warnings: list[tuple[str, str]] = []
+        recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+        self.recorded_cfg = recorded_cfg
 
         progress("replaying", 0.0)
         steps = find_steps(snapshot.annotations, dev.device, trace.time_us)
+        # The limit from what the user has (given, sidecar, OOM message), before any replay.
+        known_limit = self._known_limit(limit, message, sidecar, recorded_cfg)
+        lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
+        self.projection: Projection | None = None
+        if self.oom_index is not None:
+            self.projection = project_failing_step(
+                trace,
+                steps,
+                self.oom_index,
+                recorded_cfg,
+                trace_complete=len(steps) > 0 and trace_is_complete(dev),
+                lifetimes=lifetimes,
+            )
         # The policy replays start first when nothing they need comes from the
         # recorded replay: always the check; the what-ifs unless their limit is
         # the one an OOM shows (then they start right after the OOM is explained).
         check_pending = pool.submit(lambda: replay_check(snapshot, dev) if n else _empty_replay_check(snapshot))
         planned = None
-        if self.oom_index is None or limit is not None:
-            planned = self._submit_whatifs(pool, user_whatifs, limit, None, steps)
-        lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
-        guess = _requested_peak_guess(lifetimes, n)
+        if self.oom_index is None or known_limit is not None:
+            planned = self._submit_whatifs(
+                pool, user_whatifs, known_limit.bytes if known_limit else None, known_limit, steps
+            )
+        self.live_requested: I64 | None = _live_requested(lifetimes, n)
+        guess = int(self.live_requested.argmax()) if self.live_requested is not None else None
         keep = [i for i in (guess, self.oom_index) if i is not None and i >= 0]
         replay = recorded_replay(snapshot, dev, keep_at=keep)
         self.replay = replay
@@ -292,9 +399,16 @@ class _DeviceAnalysis:
                 peak_reserved=int(replay.peak_reserved),
                 limit=limit,
                 all_ooms=int(ooms.size),
+                chosen=known_limit,
             )
+            if message is not None:
+                self._check_message(message, oom, recorded_cfg)
+        device_limit = known_limit
+        if oom is not None and device_limit is None:
+            device_limit = self._inferred_limit(oom, int(replay.peak_reserved))
         if planned is None:
-            planned = self._submit_whatifs(pool, user_whatifs, limit, oom, steps)
+            assert device_limit is not None
+            planned = self._submit_whatifs(pool, user_whatifs, device_limit.bytes, device_limit, steps)
 
         timeline = (
             build_timeline(cols, trace.time_us, oom_index=self.oom_index, step_ends=steps.last_event.tolist())
@@ -359,9 +473,11 @@ class _DeviceAnalysis:
                     "config": w["config"],
                     "oom_avoided": w["oom_avoided"],
                     "peak_reserved_bytes": w["peak_reserved_bytes"],
+                    "step_completes": w.get("step_completes"),
                 }
                 for w in whatif_items
             ]
+            self._step_verdict(oom, whatif_items)
         progress("analysing", 0.8)
         check = check_pending.result()
 
@@ -369,7 +485,9 @@ class _DeviceAnalysis:
             "device": dev.device,
             "events": n,
             "summary": summary,
+            "limit": device_limit.to_json() if device_limit is not None else None,
             "oom": oom,
+            "ooms": self._all_ooms(ooms, cols, steps),
             "steps": step_rows,
             "step_source": steps.source,
             "first_growth_step": first_growth_step(step_rows),
@@ -390,34 +508,39 @@ class _DeviceAnalysis:
             ),
             "leaks": self._leaks(live_by_moment["end"], lifetimes, steps),
         }
-        report["_advice_context"] = self._advice_context(
+        # The advisor's input travels beside the report, typed, not inside it.
+        self.advice_context: advice_mod.AdviceContext = self._advice_context(
             report, lifetimes, codes, peak_codes, live_by_moment["peak"], advice_whatifs, source_bytes, len(steps)
         )
+        self.live_requested = None  # its last use: an int64 per event need not outlive the device
         self.report = report
         progress("analysing", 1.0)
 
     # -- what-if replays ---------------------------------------------------------
     def _submit_whatifs(
-        self, pool: Pool, user: list[str], limit: int | None, oom: dict[str, Any] | None, steps: Steps
+        self, pool: Pool, user: list[str], wlimit: int | None, chosen: Limit | None, steps: Steps
     ) -> list[tuple[str, str, str, Pending]]:
         """Start every what-if replay: (setting, config, origin, its pending result),
-        the report's own candidates first, then the user's; each config replayed once."""
+        the report's own candidates first, then the user's; each config replayed once.
+        With a projected tail (an OOM inside a step) each replay runs it too."""
         if self.n == 0:
             return []
         snapshot, dev = self.snapshot, self.dev
-        recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-        wlimit = oom["limit_bytes"] if oom is not None else limit
-        cap_exists = (
-            limit is not None
-            or (oom is not None and oom["limit_source"] == "cap-lower-bound")
-            or (recorded.per_process_memory_fraction is not None)
+        recorded = self.recorded_cfg
+        # A cap, not the device's size, was binding: the GC setting can act under it.
+        cap_exists = (chosen is not None and (chosen.source == "given" or chosen.kind == "per-process-cap")) or (
+            recorded.per_process_memory_fraction is not None
         )
         ends = steps.last_event.tolist()
         started: dict[str, Pending] = {}
+        projection = self.projection if self.projection is not None and self.projection.available else None
 
         def start(conf: str) -> Pending:
             if conf not in started:
-                started[conf] = pool.submit(lambda: whatif(snapshot, dev, conf, wlimit, ends))
+                if projection is not None:
+                    started[conf] = pool.submit(lambda: step_whatif(snapshot, dev, conf, wlimit, ends, projection))
+                else:
+                    started[conf] = pool.submit(lambda: whatif(snapshot, dev, conf, wlimit, ends))
             return started[conf]
 
         # A candidate the user also asked for is listed once, as the user's.
@@ -451,16 +574,142 @@ class _DeviceAnalysis:
                     "config": t["config"],
                     "peak_reserved_bytes": t["peak_reserved_bytes"],
                     "oom_avoided": t["oom_avoided"],
+                    "step_completes": t.get("step_completes"),
                 }
                 for t in tried_split
             ]
             items.append(best)
         items += user_items
+        for w in items:
+            # Without a projected step (no steps, no OOM) nothing is known at step level.
+            w.setdefault("step_completes", None)
+            w.setdefault("step_shortfall_bytes", None)
+            w.setdefault("oom_projected", None)
         advice_items = [
-            advice_mod.WhatIf(w["setting"], w["config"], int(w["peak_reserved_bytes"]), w["oom_avoided"], w["origin"])
+            advice_mod.WhatIf(
+                w["setting"],
+                w["config"],
+                int(w["peak_reserved_bytes"]),
+                w["oom_avoided"],
+                w["origin"],
+                step_completes=w["step_completes"],
+                step_shortfall_bytes=w["step_shortfall_bytes"],
+                oom_projected=w.get("oom_projected"),
+            )
             for w in items
         ]
         return items, advice_items
+
+    # -- the limit -----------------------------------------------------------------
+    def _known_limit(
+        self, limit: int | None, message: OomMessage | None, sidecar: dict[str, Any] | None, cfg: AllocatorConfig
+    ) -> Limit | None:
+        """The limit from what the user has (None: only the trace can tell)."""
+        side = sidecar_limit(sidecar, self.dev.device) if self.oom_index is not None else None
+        if limit is None and side is None and message is None:
+            return None
+        floor = 0
+        if not cfg.expandable_segments and self.n:
+            # Every cudaMalloc'd segment was allowed, so the limit is at least the most reserved
+            # (expandable segments map whole pages and may end above the cap).
+            floor = max(0, int(_reserved_from_segments_events(self.dev).max()))
+        return choose_limit(given=limit, sidecar=side, message=message, inferred=None, floor=floor)
+
+    def _inferred_limit(self, oom: dict[str, Any], peak_reserved: int) -> Limit:
+        value, how = infer_limit(
+            oom["requested_bytes"], oom["device_free_bytes"], oom["reserved_bytes"], peak_reserved, None
+        )
+        chosen = choose_limit(given=None, sidecar=None, message=None, inferred=(value, how))
+        assert chosen is not None
+        return chosen
+
+    def _check_message(self, message: OomMessage, oom: dict[str, Any], cfg: AllocatorConfig) -> None:
+        """Warn when the pasted message cannot be this trace's last OOM."""
+        wanted = cfg.allocation_size(int(oom["requested_bytes"]))
+        problems = []
+        if not message.tried.low <= wanted <= message.tried.high and not (
+            message.tried.low <= int(oom["requested_bytes"]) <= message.tried.high
+        ):
+            problems.append(f"it tried to allocate {message.tried.text}, the trace's last OOM {wanted:,} bytes")
+        if message.allocated is not None and not (
+            message.allocated.low <= int(oom["allocated_bytes"]) <= message.allocated.high
+        ):
+            problems.append(
+                f"it shows {message.allocated.text} allocated, the trace {int(oom['allocated_bytes']):,} bytes"
+            )
+        if problems:
+            self.warnings.append(
+                (
+                    "oom-message-mismatch",
+                    "the OOM message does not match the trace's last OOM (" + "; ".join(problems) + "): it may come "
+                    "from another run or another OOM; its limit is used all the same",
+                )
+            )
+
+    # -- step level ----------------------------------------------------------------
+    def _step_verdict(self, oom: dict[str, Any], items: list[dict[str, Any]]) -> None:
+        """The step-level keys of ``oom`` and, where the step was projected, the verdict."""
+        proj = self.projection
+        oom["projection"] = proj.to_json() if proj is not None else {"available": False, "reason": "no OOM"}
+        if proj is None or not proj.available:
+            oom["step_need_bytes"] = None
+            oom["step_shortfall_bytes"] = None
+            return
+        limit = int(oom["limit_bytes"])
+        need = proj.step_need_bytes
+        oom["step_need_bytes"] = need
+        oom["step_shortfall_bytes"] = max(0, need - limit)
+        finishing = [w["config"] for w in items if w.get("step_completes") is True]
+        oom["verdict"] = verdict(need, 0, limit)
+        oom["verdict_level"] = "step"
+        oom["verdict_certain"] = not (oom["verdict"] == "capacity" and oom["limit_is_lower_bound"])
+        bound = "at least " if oom["limit_is_lower_bound"] else ""
+        if need > limit:
+            if oom["limit_is_lower_bound"]:
+                tail = (
+                    f"more than {_gib(limit)}, the most this run reserved; the real cap is not in the snapshot, so "
+                    "whether it fits is unknown: paste the OOM message or give --limit."
+                )
+            else:
+                tail = f"more than the limit of {_gib(limit)}: no allocator setting saves this step."
+            text = (
+                f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} even packed "
+                f"without fragmentation, {tail}"
+            )
+        elif finishing:
+            text = (
+                f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} packed without "
+                f"fragmentation, within the limit of {bound}{_gib(limit)}; under {', '.join(finishing)} the replay "
+                "runs the whole step."
+            )
+        else:
+            text = (
+                f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} packed without "
+                f"fragmentation, within the limit of {bound}{_gib(limit)}, but none of the settings replayed lets "
+                "the whole step run."
+            )
+        oom["explanation"] = f"{oom['explanation']} {text}"
+
+    def _all_ooms(self, ooms: I64, cols: dict[str, I64], steps: Steps) -> list[dict[str, Any]]:
+        """Every OOM event of the trace (the report explains the last one)."""
+        trace = self.dev.trace
+        out = []
+        for i in ooms.tolist():
+            k = int(np.searchsorted(steps.last_event, i, side="left")) if len(steps) else None
+            out.append(
+                {
+                    "event_index": int(i),
+                    "time_us": int(trace.time_us[i]),
+                    "requested_bytes": int(trace.size[i]),
+                    "device_free_bytes": int(trace.addr[i]),
+                    "reserved_bytes": int(cols["reserved"][i]),
+                    "allocated_bytes": int(cols["allocated"][i]),
+                    "cached_free_bytes": int(cols["cached_free"][i]),
+                    "largest_free_block_bytes": int(cols["largest_free"][i]),
+                    "step": k,
+                }
+            )
+        return out
 
     # -- leak suspects -----------------------------------------------------------
     def _leaks(self, end_live: tuple[I64, I64, I64], lifetimes: Lifetimes, steps: Steps) -> list[dict[str, Any]]:
@@ -526,6 +775,16 @@ class _DeviceAnalysis:
         summary = report["summary"]
         peak_idx = int(summary["peak_allocated_event_index"])
         reserved = self.replay.reserved
+        has_backward = bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any())
+        autocast_seen = bool(((traits & TRAIT_AUTOCAST) != 0).any())
+        # The workload estimates cost passes over every allocation: only where a rule can use them.
+        worth = has_backward and int(report["categories"]["bytes"]["activations"]) >= advice_mod.WORKLOAD_MIN_BYTES
+        amp_low, amp_high = (
+            _amp_saving_range(catalog, lifetimes, codes, self.live_requested)
+            if worth and not autocast_seen
+            else (None, None)
+        )
+        ckpt = _checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask]) if worth else None
         return advice_mod.AdviceContext(
             device=self.dev.device,
             recorded=AllocatorConfig.from_settings(self.snapshot.settings.raw, self.snapshot.settings.conf),
@@ -538,8 +797,8 @@ class _DeviceAnalysis:
             whatifs=whatifs,
             categories=report["categories"]["bytes"],
             activations_by_site=sorted(by_site.items(), key=lambda kv: -kv[1]),
-            has_backward=bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any()),
-            autocast_seen=bool(((traits & TRAIT_AUTOCAST) != 0).any()),
+            has_backward=has_backward,
+            autocast_seen=autocast_seen,
             optimizer_state_bytes=int(report["categories"]["bytes"]["optimizer_state"]),
             optimizer_labels=opt_labels[:3],
             distinct_large_sizes=int(np.unique(large).size),
@@ -550,10 +809,112 @@ class _DeviceAnalysis:
             mean_stack_frames=float(np.mean([len(st) for st in self.snapshot.stacks.stacks]))
             if self.snapshot.stacks.stacks
             else 0.0,
+            amp_saving_low=amp_low,
+            amp_saving_high=amp_high,
+            checkpoint=ckpt,
         )
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+# Ops autocast runs in float32 whatever their input (autocast_mode.cpp's fp32 lists): their
+# outputs do not shrink under bf16 autocast. Matched against the names of Python frames.
+_AUTOCAST_FP32_FRAMES = frozenset(
+    {
+        "cross_entropy",
+        "nll_loss",
+        "log_softmax",
+        "softmax",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "kl_div",
+        "binary_cross_entropy_with_logits",
+        "logsumexp",
+        "cosine_similarity",
+    }
+)
+
+
+def _peak_without(live: I64, lifetimes: Lifetimes, cut: npt.NDArray[np.bool_]) -> int:
+    """Peak of ``live`` (live requested bytes per event) with half of each ``cut`` allocation gone."""
+    n = lifetimes.n_events
+    if not cut.any():
+        return int(live.max())
+    # Only the cut allocations are summed again (bincount in float64: exact below 2**53 bytes).
+    half = (lifetimes.size[cut] // 2).astype(np.float64)
+    delta = np.bincount(lifetimes.start[cut], half, n + 1) - np.bincount(lifetimes.end[cut], half, n + 1)
+    return int((live - np.cumsum(np.rint(delta[:n]).astype(np.int64))).max())
+
+
+def _amp_saving_range(
+    catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.NDArray[np.int8], live: I64 | None
+) -> tuple[int, int]:
+    """What bf16 autocast would take off the peak of live memory, as a range.
+
+    The trace records no dtypes, so each activation is halved or kept by where it was made:
+    the upper bound halves every activation except outputs of autocast's float32 ops (losses,
+    softmax); the lower bound halves only those made inside ``torch.nn`` (linear and conv
+    outputs, and what torch.nn computes from them: activations, norms whose output is cast
+    for the next matmul), keeping elementwise code of the model's own (a residual add of a
+    float32 stream stays float32; HF GPT-2's NewGELU calls ``pow``, a float32 op). Both are
+    replayed over the whole trace, so a peak that moves elsewhere is found. Real reruns:
+    ViT-B/16 and HF GPT-2 (est_* on the H200 bench, docs/report.md).
+    """
+    act = codes == ACTIVATIONS
+    if not act.any() or live is None:
+        return 0, 0
+    groups = catalog.groups
+    fp32 = np.array([any(f.name in _AUTOCAST_FP32_FRAMES for f in g.frames) for g in groups], bool)
+    # The innermost Python frame (C++ frames of stacks="all" come before it) decides.
+    in_nn = np.array(
+        ["torch/nn/" in next((f.filename for f in g.frames if f.filename.endswith(".py")), "") for g in groups],
+        bool,
+    )
+    gids = catalog.groups_of(lifetimes.stack)
+    base = int(live.max())
+    upper = act & ~fp32[gids]
+    lower = upper & in_nn[gids]
+    high = base - _peak_without(live, lifetimes, upper)
+    low = base - _peak_without(live, lifetimes, lower)
+    return max(0, low), max(0, high)
+
+
+def _checkpoint_estimate(catalog: StackCatalog, stacks: I64, sizes: I64) -> dict[str, int] | None:
+    """Checkpointing each repeated block, from the activations live at the peak.
+
+    A model's blocks run the same code, so their activations share stacks: each such stack
+    holds one tensor per block. The block count is the most common multiplicity of those
+    stacks; a block's input is the most common size among them (the residual stream).
+    Checkpointed, the blocks keep one input each, and the backward recomputes one block at
+    a time: ``repeated - blocks * input - repeated / blocks`` comes off the peak.
+    """
+    if stacks.size == 0:
+        return None
+    gids = catalog.groups_of(stacks)
+    uniq, counts = np.unique(gids, return_counts=True)
+    repeated_groups = uniq[counts >= 2]
+    if repeated_groups.size == 0:
+        return None
+    mult, freq = np.unique(counts[counts >= 2], return_counts=True)
+    blocks = int(mult[np.argmax(freq)])
+    if blocks < 2:
+        return None
+    rep = np.isin(gids, uniq[(counts >= 2) & (counts % blocks == 0)])
+    repeated = int(sizes[rep].sum())
+    big = sizes[rep][sizes[rep] >= (1 << 20)]
+    if big.size == 0:
+        return None
+    values, freq_s = np.unique(big, return_counts=True)
+    block_input = int(values[np.argmax(freq_s)])
+    saving = repeated - blocks * block_input - repeated // blocks
+    return {"blocks": blocks, "block_input_bytes": block_input, "repeated_bytes": repeated, "saving": max(0, saving)}
 
 
 def _auto_candidates(recorded: AllocatorConfig, cap_exists: bool, events: int) -> list[tuple[str, str]]:
@@ -598,15 +959,16 @@ def _whatif_rank(item: dict[str, Any]) -> tuple[bool, int]:
     return (item["oom_avoided"] is not True, int(item["peak_reserved_bytes"]))
 
 
-def _requested_peak_guess(lifetimes: Lifetimes, n: int) -> int | None:
-    """Where live requested bytes peak (numpy, before the replay): usually the allocated peak too,
-    so the replay keeps that state in its one pass."""
+def _live_requested(lifetimes: Lifetimes, n: int) -> I64 | None:
+    """Live requested bytes after every event (numpy, before the replay). Where it peaks is
+    usually the allocated peak too, so the replay keeps that state in its one pass; the AMP
+    estimate replays it with smaller activations."""
     if n == 0 or lifetimes.start.size == 0:
         return None
     # bincount sums in float64: exact while totals stay below 2**53 bytes.
     sizes = lifetimes.size.astype(np.float64)
     delta = np.bincount(lifetimes.start, sizes, n + 1) - np.bincount(lifetimes.end, sizes, n + 1)
-    return int(np.cumsum(np.rint(delta[:n]).astype(np.int64)).argmax())
+    return np.cumsum(np.rint(delta[:n]).astype(np.int64))
 
 
 def _frees_record_free_sites(trace: Any, lifetimes: Lifetimes) -> bool:

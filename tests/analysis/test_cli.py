@@ -114,3 +114,41 @@ def test_jobs_flag_changes_processes_not_the_report(tmp_path: Path, capsys: pyte
         main(["report", snapshot, "--jobs", "0"])
     assert refused.value.code == 2
     assert "--jobs must be at least 1" in capsys.readouterr().err
+
+
+def test_oom_message_flags_give_the_real_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    truth = json.loads((FIXTURES / "gpt_varlen_oom.truth.json").read_text())
+    snapshot = str(FIXTURES / "gpt_varlen_oom.pickle.gz")
+    msg_file = tmp_path / "log.txt"
+    msg_file.write_text(
+        "step 23 ...\nTraceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: " + truth["oom_message"]
+    )
+    out = tmp_path / "r.json"
+    assert main(["report", snapshot, "--oom-message-file", str(msg_file), "--json", str(out)]) == 0
+    dev = json.loads(out.read_text())["devices"][0]
+    assert dev["oom"]["limit_source"] == "oom_message" and dev["oom"]["limit_bytes"] == 7 * 2**30
+    assert main(["report", snapshot, "--oom-message", truth["oom_message"]]) == 0
+    text = capsys.readouterr().out
+    assert "limit 7.00 GiB (oom_message)" in text and "two decimals" in text
+
+
+def test_a_text_that_is_no_oom_message_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = str(FIXTURES / "gpt_varlen_oom.pickle.gz")
+    assert main(["report", snapshot, "--oom-message", "RuntimeError: CUDA error: an illegal memory access"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: oom_message:unrecognised: ") and len(err.strip().splitlines()) == 1
+
+
+def test_inferred_limit_is_shown_as_a_lower_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(FIXTURES / "gpt_varlen_expandable.pickle.gz")]) == 0
+    text = capsys.readouterr().out
+    assert "limit at least 6.72 GiB (inferred)" in text
+
+
+def test_whatif_command_answers_at_step_level(capsys: pytest.CaptureFixture[str]) -> None:
+    # gpu_grow_oom's real expandable_segments run died in the same step (gpu_expandable_oom).
+    snapshot = str(FIXTURES / "gpu_grow_oom.pickle.gz")
+    assert main(["whatif", snapshot, "--config", "expandable_segments:True", "--json", "-"]) == 0
+    item = json.loads(capsys.readouterr().out)["devices"][0]["whatif"]
+    assert item["oom_avoided"] is True and item["step_completes"] is False
+    assert item["oom_projected"]["allocation"] == 22

@@ -44,11 +44,23 @@ def figure(text: str, pattern: str) -> float:
     ("case", "expected"),
     [("frag_oom", "fragmentation"), ("gpt_varlen_oom", "fragmentation"), ("gpt_varlen_expandable", "capacity")],
 )
-def test_verdicts_on_real_ooms(case: str, expected: str) -> None:
+def test_request_verdicts_on_real_ooms(case: str, expected: str) -> None:
+    # Without the OOM message the limit is the inferred lower bound (the peak reserved).
     oom = oom_of(case)
-    assert oom["verdict"] == expected
+    assert oom["request_verdict"] == expected
     fits = oom["allocated_bytes"] + oom["requested_bytes"] <= oom["limit_bytes"]
     assert fits == (expected == "fragmentation")
+
+
+def test_no_capacity_conclusion_from_a_lower_bound() -> None:
+    # gpt_varlen_expandable: 6.72 GiB reserved, torch said "7.00 GiB allowed". Issue 9: the report
+    # concluded "no allocator setting can make that fit" from the 6.72 GiB lower bound.
+    oom = oom_of("gpt_varlen_expandable")
+    assert oom["limit_is_lower_bound"] is True
+    assert "no allocator setting can make" not in oom["explanation"]
+    assert "no allocator setting saves" not in oom["explanation"]
+    assert oom["verdict"] == "capacity" and oom["verdict_certain"] is False
+    assert "at least" in oom["explanation"] or "may be higher" in oom["explanation"]
 
 
 @pytest.mark.parametrize("case", ["gpt_varlen_oom", "gpt_varlen_expandable"])
@@ -68,7 +80,8 @@ def test_per_process_cap_gives_the_peak_reserved_as_a_lower_bound(case: str) -> 
     oom = oom_of(case)
     # Each run had a per-process cap: the device had far more free memory than the request.
     assert oom["device_free_bytes"] > oom["requested_bytes"]
-    assert oom["limit_source"] == "cap-lower-bound"
+    assert oom["limit_source"] == "inferred" and oom["limit_inference"] == "cap-lower-bound"
+    assert oom["limit_is_lower_bound"] is True
     rep_peak = build_report(FIXTURES / f"{case}.pickle.gz")["devices"][0]["summary"]["peak_reserved_bytes"]
     assert oom["limit_bytes"] == rep_peak
     cap = figure(message(case), r"([\d.]+) (GiB) allowed") if "allowed" in message(case) else None

@@ -331,3 +331,29 @@ def test_a_user_whatif_equal_to_a_candidate_is_listed_once_as_the_users() -> Non
     auto_split = [w for w in items if w["setting"] == "max_split_size_mb" and w["origin"] == "auto"]
     assert len(auto_split) == 1
     assert "max_split_size_mb:256" not in [t["config"] for t in auto_split[0]["tried"]]
+
+
+def test_every_oom_of_the_trace_is_listed() -> None:
+    # frag_oom fills its 4 GiB cap until the first OOM (caught by the program), then hits a second.
+    dev = report("frag_oom")["devices"][0]
+    ooms = dev["ooms"]
+    assert [o["event_index"] for o in ooms] == [745, 1311]
+    assert ooms[-1]["event_index"] == dev["oom"]["event_index"]
+    assert ooms[-1]["requested_bytes"] == dev["oom"]["requested_bytes"]
+    assert dev["oom"]["ooms_in_trace"] == len(ooms)
+    # The memory_stats of the process count both.
+    assert truth("frag_oom")["memory_stats"]["num_ooms"] == 2
+    for o in ooms:
+        assert o["allocated_bytes"] <= o["reserved_bytes"]
+        assert o["step"] is None  # frag_oom has no step annotations
+    # A run that died inside step 13 lists its OOM in step 13.
+    assert [o["step"] for o in report("gpu_grow_oom")["devices"][0]["ooms"]] == [13]
+
+
+def test_without_a_message_the_limit_is_labelled_a_lower_bound() -> None:
+    dev = report("gpt_varlen_oom")["devices"][0]
+    assert dev["limit"]["source"] == "inferred" and dev["limit"]["is_lower_bound"] is True
+    assert dev["limit"]["bytes"] == dev["summary"]["peak_reserved_bytes"] == dev["oom"]["limit_bytes"]
+    assert "at least" in dev["oom"]["explanation"]
+    # Devices without an OOM and without a given limit have none to show.
+    assert report("infer_varbatch")["devices"][0]["limit"] is None

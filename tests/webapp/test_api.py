@@ -132,3 +132,25 @@ def test_create_api_token_command(db: Any, capsys: Any) -> None:
     assert row.user.username == "carol"
     assert row.default_project.slug == "llama" and row.default_project.team.slug == "ml"
     assert row.user.memberships.filter(team__slug="ml").exists()
+
+
+def test_oom_message_field_gives_the_report_the_real_limit(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    # gpt_varlen_oom ran under a 7 GiB cap; the snapshot alone only shows its 6.93 GiB peak.
+    with django_capture_on_commit_callbacks():
+        response = post_snapshot(client, alice_token, oom_message=TRUTH["oom_message"])
+    assert response.status_code == 202, response.content
+    upload = Upload.objects.get(code=response.json()["id"])
+    assert upload.oom_message == TRUTH["oom_message"]
+    analyse_upload(upload.id)
+    report = client.get(f"/api/v1/snapshots/{upload.code}/report", **bearer(alice_token)).json()
+    oom = report["devices"][0]["oom"]
+    assert oom["limit_source"] == "oom_message" and oom["limit_bytes"] == 7 * 2**30
+
+
+def test_a_field_that_is_no_oom_message_is_refused(client: Any, alice_token: str) -> None:
+    response = post_snapshot(client, alice_token, oom_message="Segmentation fault (core dumped)")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "upload:invalid-oom-message"
+    assert not Upload.objects.exists()

@@ -10,13 +10,14 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
 from webapp.snapshots import messages, services
-from webapp.snapshots.forms import split_tags
+from webapp.snapshots.forms import clean_oom_message, split_tags
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
 
@@ -111,6 +112,10 @@ def snapshots(request: HttpRequest) -> HttpResponse:
             return _error(400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
     if project is None:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
+    try:
+        oom_message = clean_oom_message(request.POST.get("oom_message") or "")
+    except ValidationError as exc:
+        return _error(400, "upload:invalid-oom-message", " ".join(exc.messages))
     upload = services.upload_create(
         user=request.user,  # type: ignore[arg-type]
         project=project,
@@ -120,6 +125,7 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         run=(request.POST.get("run") or "").strip(),
         tags=split_tags(request.POST.get("tags") or ""),
         note=request.POST.get("note") or "",
+        oom_message=oom_message,
     )
     body = services.upload_api_dict(upload, request)
     return JsonResponse(

@@ -840,13 +840,11 @@ def _whatif_chart(dev: Mapping[str, Any]) -> Any:
     oom = dev.get("oom") or {}
     names = ["recorded run"] + [str(w.get("config") or "(defaults)") for w in whatif]
     peaks = [summary.get("peak_reserved_bytes")] + [w.get("peak_reserved_bytes") for w in whatif]
+    # Step level where the report projected the failing step: a request that fits helps
+    # nobody if the step dies a few allocations later (analysis/projection.py).
+    avoided = [w.get("step_completes") if w.get("step_completes") is not None else w.get("oom_avoided") for w in whatif]
     verdicts = ["recorded"] + [
-        "OOM avoided"
-        if w.get("oom_avoided") is True
-        else "still OOM"
-        if w.get("oom_avoided") is False
-        else "no OOM to avoid"
-        for w in whatif
+        "OOM avoided" if a is True else "still OOM" if a is False else "no OOM to avoid" for a in avoided
     ]
     colours = [RESERVED] + [
         "#55a868" if v == "OOM avoided" else "#c44e52" if v == "still OOM" else "#8c8c8c" for v in verdicts[1:]

@@ -65,12 +65,17 @@ def analyse(path: Path, filename: str | None) -> dict[str, Any]:
 
     # The path, not its bytes: the reader unpickles a raw file straight from disk.
     jobs = int(os.environ.get("OOMSCOPE_ANALYSIS_JOBS", "1"))  # set by runner.py from ANALYSIS_JOBS
-    report: dict[str, Any] = build_report(path, progress=progress, filename=filename or path.name, jobs=jobs)
+    message_file = os.environ.get("OOMSCOPE_OOM_MESSAGE_FILE")  # set by runner.py from Upload.oom_message
+    oom_message = Path(message_file).read_text(encoding="utf-8") if message_file else None
+    report: dict[str, Any] = build_report(
+        path, progress=progress, filename=filename or path.name, jobs=jobs, oom_message=oom_message
+    )
     return report
 
 
 def main(argv: list[str]) -> int:
     from analysis.errors import SnapshotError
+    from analysis.limits import OomMessageError
 
     source, out = Path(argv[0]), Path(argv[1])
     filename = argv[2] if len(argv) > 2 else None
@@ -78,6 +83,9 @@ def main(argv: list[str]) -> int:
         report = analyse(source, filename)
     except SnapshotError as exc:
         _emit({"event": "error", "code": exc.code, "message": str(getattr(exc, "message", exc))})
+        return 2
+    except OomMessageError as exc:  # the form and the API check it first; an old row may not have been
+        _emit({"event": "error", "code": exc.code, "message": exc.message})
         return 2
     except MemoryError:
         _emit({"event": "error", "code": "snapshot:limit:memory", "message": "memory limit reached"})

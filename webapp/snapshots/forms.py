@@ -21,6 +21,12 @@ class UploadForm(forms.Form):
     run = forms.CharField(max_length=200, required=False, help_text="A name for this run, e.g. a job id.")
     tags = forms.CharField(max_length=500, required=False, help_text="Comma-separated.")
     note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), max_length=5000)
+    oom_message = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=65536,
+        help_text="Optional: torch's 'CUDA out of memory. Tried to allocate ...' message (the real memory limit).",
+    )
 
     def __init__(self, *args: Any, project_choices: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -32,6 +38,22 @@ class UploadForm(forms.Form):
 
     def clean_tags(self) -> list[str]:
         return split_tags(self.cleaned_data.get("tags") or "")
+
+    def clean_oom_message(self) -> str:
+        return clean_oom_message(self.cleaned_data.get("oom_message") or "")
+
+
+def clean_oom_message(text: str) -> str:
+    """The pasted OOM message, refused here (not in the worker) when it is not one."""
+    from analysis.limits import OomMessageError, parse_oom_message
+
+    if not text.strip():
+        return ""
+    try:
+        parse_oom_message(text)
+    except OomMessageError as exc:
+        raise forms.ValidationError(exc.message, code=exc.code) from None
+    return text
 
 
 class SignupForm(UserCreationForm):  # type: ignore[type-arg]

@@ -65,6 +65,7 @@ class Upload(models.Model):
     run = models.CharField(max_length=200, blank=True)
     tags = models.JSONField(default=list, blank=True)
     note = models.TextField(blank=True)
+    oom_message = models.TextField(blank=True)  # torch's OOM message as pasted/sent: the real limit
 
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     stage = models.CharField(max_length=20, blank=True)

@@ -119,6 +119,7 @@ def run_analysis(
     *,
     filename: str | None = None,
     on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
+    oom_message: str = "",
 ) -> dict[str, Any]:
     """Report dict for the snapshot at ``path``; ``ChildRefused`` for a refused file.
 
@@ -131,6 +132,12 @@ def run_analysis(
         cmd = [sys.executable, "-m", "webapp.snapshots.child", str(path), str(out)]
         if filename:
             cmd.append(filename)
+        env = _child_env(limits.jobs)
+        if oom_message:
+            # A file, not argv or the environment: the text is the user's and may be long.
+            message_path = Path(tmp) / "oom_message.txt"
+            message_path.write_text(oom_message, encoding="utf-8")
+            env["OOMSCOPE_OOM_MESSAGE_FILE"] = str(message_path)
         started = time.monotonic()
         with err_path.open("wb") as err:
             proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
@@ -139,7 +146,7 @@ def run_analysis(
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 cwd=REPO_ROOT,
-                env=_child_env(limits.jobs),
+                env=env,
                 preexec_fn=_set_limits(limits),
             )
             try:

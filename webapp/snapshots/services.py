@@ -146,6 +146,7 @@ def upload_create(
     run: str = "",
     tags: list[str] | None = None,
     note: str = "",
+    oom_message: str = "",
 ) -> Upload:
     """Store the bytes, create the row and queue the analysis once the row is committed."""
     from webapp.snapshots.tasks import analyse_upload_task
@@ -164,6 +165,7 @@ def upload_create(
             run=run[:200],
             tags=[t for t in (tags or []) if t][:20],
             note=note,
+            oom_message=oom_message,
             queued_at=timezone.now(),
         )
         analyse_upload_task.delay_on_commit(upload.id)

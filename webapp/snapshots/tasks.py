@@ -93,7 +93,9 @@ def analyse_upload(upload_id: int, **_future_kwargs: Any) -> None:
                 wall=settings.ANALYSIS_WALL_SECONDS,
                 jobs=settings.ANALYSIS_JOBS,
             )
-            report = runner.run_analysis(path, limits, filename=upload.filename, on_progress=on_progress)
+            report = runner.run_analysis(
+                path, limits, filename=upload.filename, on_progress=on_progress, oom_message=upload.oom_message
+            )
         analysed = time.monotonic()
         services.upload_set_progress(upload_id, "charting", 90)
         charts = _build_charts(report)

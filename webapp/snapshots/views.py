@@ -151,6 +151,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
         run=form.cleaned_data["run"],
         tags=form.cleaned_data["tags"],
         note=form.cleaned_data["note"],
+        oom_message=form.cleaned_data["oom_message"],
     )
     if _wants_json(request):
         return JsonResponse(services.upload_api_dict(created, request), status=202)

@@ -1,0 +1,562 @@
+"""The rest of the failing step, projected from the steps before it.
+
+A trace that ends in an OOM stops at the failing request: what the step would
+have asked for next is not recorded. A what-if that only asks "does the failing
+request fit" answers the wrong question (real runs: ``gpu_grow_oom`` under
+``expandable_segments`` got four allocations further and died in the same step).
+Training steps repeat, so the rest of the failing step is taken from an earlier
+step ("the template"), scaled by what grew:
+
+1. **Alignment.** The failing step's allocations before the OOM are compared,
+   in order, by stack with each earlier complete step's first allocations; the
+   latest step whose allocation stacks start exactly like the failing step's is
+   the template (without frames every stack is -1 and only the counts align).
+   Failing that, the stack sequences are aligned with ``difflib`` (a step 0 with
+   warm-up allocations, a data-dependent branch) and the best-aligned step is
+   taken if it pairs at least ``MIN_ALIGNMENT`` of the failing step's
+   allocations. The OOM request stands for the template's allocation as many
+   places after the last paired one as it came after its own.
+2. **Sizes.** The allocations before the OOM pair each template size with the
+   failing step's size. A tail allocation keeps its template size when that size
+   did not change since the nearest earlier step of another shape (weights'
+   gradients, workspaces, buffers that stopped growing at a cap); else a template size seen among the pairs takes the
+   paired size (backward buffers have the shapes of forward ones); else it is
+   scaled by the size-weighted ratio of the pairs that changed.
+3. **Frees.** A free in the template's tail frees the projected block it
+   allocated, or the failing run's counterpart (same ordinal in the same step,
+   or in the step as many steps back) if that block is still live at the OOM.
+   Deferred frees (``record_stream``) are taken as freed at ``free_requested``.
+
+``step_need_bytes`` is the peak of live memory over the failing step with no
+fragmentation at all: blocks at their rounded request sizes (the recorded
+settings' ``round_size``), over the real part and the projected tail.
+
+The projection needs steps, an OOM inside the step after the last complete one,
+a complete trace, and an earlier step that aligns; otherwise ``reason`` says
+which was missing and no what-if reports ``step_completes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.allocator import ProjectedTail, simulate
+from analysis.config import AllocatorConfig
+from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
+from analysis.stacks import Lifetimes, alloc_lifetimes
+from analysis.steps import Steps
+
+I64 = npt.NDArray[np.int64]
+
+# Steps looked at, newest first, when searching for a template (and for steps of
+# other shapes that tell constant sizes from growing ones).
+MAX_TEMPLATE_STEPS = 16
+# Without an exact match, the allocation stacks are aligned as sequences (difflib, quadratic
+# at worst: only for steps up to this many allocations) and the best-aligned step is taken
+# if it pairs at least this share of the failing step's allocations.
+FUZZY_MAX_ALLOCS = 5000
+MIN_ALIGNMENT = 0.75
+# The backtest (the last complete step projected the same way) must get that step's need
+# within this share, else the steps do not repeat and no step-level answer is given.
+MAX_BACKTEST_ERROR = 0.05
+# ... and the bytes the rest of that step allocates within this share (on the H200 bench: at
+# most 9% on real models, BERT's varying lengths; 25% and more on random request streams).
+MAX_BACKTEST_BYTES_ERROR = 0.15
+# With a single complete step there is no backtest; its allocations of REPEAT_MIN_BYTES or more must
+# then mostly repeat a size within the step (bench: 96-100% on BERT, HF GPT-2, ResNet-50; 0% on random).
+REPEAT_MIN_BYTES = 1 << 20
+MIN_REPEATED_SHARE = 0.5
+
+
+def _fuzzy_alignment(prefix: list[int], template: list[int]) -> tuple[dict[int, int], int, float] | None:
+    """(template ordinal -> prefix ordinal, the template ordinal of the OOM request, share paired)."""
+    import difflib
+
+    m = len(prefix)
+    if m == 0:
+        return {}, 0, 1.0
+    blocks = difflib.SequenceMatcher(None, prefix, template, autojunk=False).get_matching_blocks()
+    pairing = {b + j: a + j for a, b, size in blocks for j in range(size)}
+    if not pairing:
+        return None
+    last_t = max(pairing)
+    # The OOM request comes as many allocations after the last paired one as in the prefix.
+    pos = last_t + (m - pairing[last_t])
+    return pairing, pos, len(pairing) / m
+
+
+@dataclass
+class Projection:
+    """The failing step: its real part, the projected tail, and what it needs."""
+
+    available: bool
+    reason: str = ""
+    step: int = -1  # index of the failing step (the one after the last complete step)
+    first_event: int = -1
+    oom_event: int = -1
+    template_step: int = -1
+    matched_allocs: int = 0  # allocations of the failing step before the OOM request
+    template_allocs: int = 0  # allocations of the whole template step
+    ratio: float = 1.0  # size-weighted growth of the paired sizes that changed
+    alignment: float = 1.0  # share of the failing step's allocations paired with the template's
+    backtest_step: int | None = None
+    backtest_error: float | None = None  # (projected - real) / real need of the backtest step
+    backtest_sizes_exact: float | None = None  # share of the backtest's allocation sizes projected exactly
+    backtest_bytes_error: float | None = None  # (projected - real) / real bytes the rest of that step allocated
+    sizes_kept: int = 0
+    sizes_paired: int = 0
+    sizes_scaled: int = 0
+    step_need_bytes: int = 0
+    tail: ProjectedTail | None = None
+    # For request j of the tail: the template event it copies (request 0: the OOM's counterpart).
+    template_event: list[int] = field(default_factory=list)
+    # For request j of the tail: its allocation ordinal in the step (-1 for frees).
+    ordinal: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"available": self.available, "reason": self.reason}
+        if self.available:
+            out.update(
+                {
+                    "step": self.step,
+                    "first_event": self.first_event,
+                    "template_step": self.template_step,
+                    "allocations_before_oom": self.matched_allocs,
+                    "allocations_in_step": self.template_allocs,
+                    "projected_requests": len(self.tail.alloc) if self.tail else 0,
+                    "growth_ratio": round(self.ratio, 4),
+                    "alignment": self.alignment,
+                    "sizes_kept": self.sizes_kept,
+                    "sizes_paired": self.sizes_paired,
+                    "sizes_scaled": self.sizes_scaled,
+                    "backtest_step": self.backtest_step,
+                    "backtest_error": None if self.backtest_error is None else round(self.backtest_error, 4),
+                    "backtest_sizes_exact": None
+                    if self.backtest_sizes_exact is None
+                    else round(self.backtest_sizes_exact, 4),
+                    "backtest_bytes_error": None
+                    if self.backtest_bytes_error is None
+                    else round(self.backtest_bytes_error, 4),
+                }
+            )
+        return out
+
+
+def _unavailable(reason: str) -> Projection:
+    return Projection(False, reason)
+
+
+def project_failing_step(
+    trace: Trace,
+    steps: Steps,
+    oom_index: int,
+    recorded: AllocatorConfig,
+    *,
+    trace_complete: bool,
+    lifetimes: Lifetimes | None = None,
+) -> Projection:
+    """Project the rest of the step the OOM at ``oom_index`` ended (see the module docstring)."""
+    if len(steps) == 0:
+        return _unavailable("the trace has no steps (no ProfilerStep or Optimizer.step annotations)")
+    if not trace_complete:
+        return _unavailable("the trace does not start from an empty allocator, so the failing step's state is unknown")
+    first = int(steps.last_event[-1]) + 1
+    if oom_index < first:
+        return _unavailable("the OOM is not in the step after the last complete one")
+    act = trace.action
+    has_fr = bool((act == FREE_REQUESTED).any())
+    free_action = FREE_REQUESTED if has_fr else FREE_COMPLETED
+    if lifetimes is None or not has_fr:
+        # Without free_requested events (skip_actions) the free of a block is its free_completed.
+        a = act if has_fr else np.where(act == FREE_COMPLETED, FREE_REQUESTED, act).astype(act.dtype)
+        lifetimes = alloc_lifetimes(a, trace.addr, trace.size, trace.stack)
+
+    projection = _project(trace, steps, lifetimes, free_action, recorded, len(steps), first, oom_index)
+    if not projection.available:
+        return projection
+    if len(steps) < 2:
+        # One step before: nothing to backtest on. A model's step repeats its own shapes (layers,
+        # forward and backward); a stream whose sizes never repeat cannot be projected.
+        k = projection.template_step
+        lo, hi = int(steps.first_event[k]), int(steps.last_event[k])
+        sizes = trace.size[lo + np.flatnonzero(act[lo : hi + 1] == ALLOC)]
+        big = sizes[sizes >= REPEAT_MIN_BYTES]
+        _, counts = np.unique(big, return_counts=True)
+        share = float(counts[counts >= 2].sum()) / max(1, big.size)
+        if share < MIN_REPEATED_SHARE:
+            projection.available = False
+            projection.reason = (
+                f"only one step before the failing one, and it does not repeat its own shapes ({share:.0%} of its "
+                "allocations of 1 MiB or more share a size with another): nothing to project the rest from"
+            )
+        return projection
+    # Backtest: the same method on the last complete step, cut at the same allocation, against
+    # what that step really needed. Steps that do not repeat (random workloads) fail it.
+    last = len(steps) - 1
+    lo, hi = int(steps.first_event[last]), int(steps.last_event[last])
+    own = lo + np.flatnonzero(act[lo : hi + 1] == ALLOC)
+    test = None
+    if own.size > projection.matched_allocs:
+        cut = int(own[projection.matched_allocs])
+        test = _project(trace, steps, lifetimes, free_action, recorded, last, lo, cut)
+    if test is None or not test.available or test.tail is None:
+        # Two complete steps that cannot be projected one from the other do not repeat.
+        projection.available = False
+        projection.reason = (
+            f"the steps do not repeat: step {last} cannot be projected from the steps before it "
+            f"({test.reason if test is not None else 'it made fewer allocations than the failing step'})"
+        )
+    else:
+        real = _live_peak(lifetimes, lo, hi + 1, recorded)
+        projection.backtest_error = (test.step_need_bytes - real) / max(1, real)
+        projection.backtest_step = last
+        # The projected allocation sizes against the ones the step really made, in order.
+        guessed = np.asarray([z for a, z in zip(test.tail.alloc, test.tail.size, strict=True) if a], np.int64)
+        made = trace.size[own[projection.matched_allocs :]]
+        k = min(guessed.size, made.size)
+        same = float((guessed[:k] == made[:k]).sum()) / max(1, max(guessed.size, made.size))
+        projection.backtest_sizes_exact = same
+        projection.backtest_bytes_error = (int(guessed.sum()) - int(made.sum())) / max(1, int(made.sum()))
+        off = projection.backtest_bytes_error
+        if abs(off) > MAX_BACKTEST_BYTES_ERROR:
+            projection.available = False
+            projection.reason = (
+                f"the steps do not repeat closely enough: projected the same way from the step before it, "
+                f"the rest of step {last} would allocate {abs(off):.0%} {'more' if off > 0 else 'fewer'} bytes "
+                "than it really did"
+            )
+        elif abs(projection.backtest_error) > MAX_BACKTEST_ERROR:
+            projection.available = False
+            projection.reason = (
+                f"the steps do not repeat closely enough: projected the same way from the step before it, "
+                f"step {last} would need {test.step_need_bytes:,} bytes, it needed {real:,} "
+                f"({projection.backtest_error:+.1%})"
+            )
+    return projection
+
+
+def _live_peak(lifetimes: Lifetimes, lo: int, hi: int, recorded: AllocatorConfig) -> int:
+    """Peak live bytes (rounded requests) over events [lo, hi)."""
+    start, end = lifetimes.start, lifetimes.end
+    rounded = recorded.round_sizes(lifetimes.size.astype(np.int64))
+    live0 = int(rounded[(start < lo) & (end >= lo)].sum())
+    delta = np.zeros(hi - lo + 1, np.int64)
+    a_in = (start >= lo) & (start < hi)
+    np.add.at(delta, start[a_in] - lo, rounded[a_in])
+    f_in = (end >= lo) & (end < hi)
+    np.add.at(delta, end[f_in] - lo, -rounded[f_in])
+    running = live0 + np.cumsum(delta[: hi - lo])
+    return max(live0, int(running.max()) if running.size else live0)
+
+
+def _project(
+    trace: Trace,
+    steps: Steps,
+    lifetimes: Lifetimes,
+    free_action: int,
+    recorded: AllocatorConfig,
+    step_index: int,
+    first: int,
+    oom_index: int,
+) -> Projection:
+    """Project step ``step_index`` (events from ``first``) past event ``oom_index`` from the steps before it."""
+    n = len(trace)
+    act = trace.action
+
+    def allocs(lo: int, hi: int) -> I64:
+        return (lo + np.flatnonzero(act[lo:hi] == ALLOC)).astype(np.int64)
+
+    prefix = allocs(first, oom_index)
+    m = int(prefix.size)
+    prefix_stacks = trace.stack[prefix]
+    # Candidate templates: complete steps, newest first, with more allocations than the prefix.
+    step_allocs: dict[int, I64] = {}
+    template = -1
+    pairing: dict[int, int] = {}  # template ordinal -> prefix ordinal
+    pos = m  # the template ordinal the OOM request stands for
+    best_score = 0.0
+    for k in range(step_index - 1, max(-1, step_index - 1 - MAX_TEMPLATE_STEPS), -1):
+        if not steps.complete[k]:
+            continue
+        ak = allocs(int(steps.first_event[k]), int(steps.last_event[k]) + 1)
+        step_allocs[k] = ak
+        if best_score < 1.0 and ak.size > m and np.array_equal(trace.stack[ak[:m]], prefix_stacks):
+            template, pos, best_score = k, m, 1.0
+            pairing = {j: j for j in range(m)}
+        elif best_score < 1.0 and ak.size > m and m <= FUZZY_MAX_ALLOCS and ak.size <= 4 * FUZZY_MAX_ALLOCS:
+            fuzzy = _fuzzy_alignment(prefix_stacks.tolist(), trace.stack[ak].tolist())
+            if fuzzy is not None and fuzzy[2] > best_score:
+                template, pos, best_score = k, fuzzy[1], fuzzy[2]
+                pairing = fuzzy[0]
+    if template < 0 or best_score < MIN_ALIGNMENT:
+        return _unavailable("no earlier step starts with the same allocations as the failing one")
+    tmpl = step_allocs[template]
+    if pos >= tmpl.size:
+        return _unavailable("the failing step has already made more allocations than the steps before it")
+    t_first, t_last = int(steps.first_event[template]), int(steps.last_event[template])
+
+    # -- sizes ---------------------------------------------------------------------------
+    size = trace.size
+    t_sizes = size[tmpl].astype(np.int64)
+    f_sizes = size[prefix].astype(np.int64)
+    pairs: dict[int, dict[int, int]] = {}
+    t_paired = np.asarray([int(t_sizes[j]) for j in pairing], np.int64)
+    f_paired = np.asarray([int(f_sizes[i]) for i in pairing.values()], np.int64)
+    for ts, fs in zip(t_paired.tolist(), f_paired.tolist(), strict=True):
+        pairs.setdefault(ts, {}).setdefault(fs, 0)
+        pairs[ts][fs] += 1
+    size_map = {ts: max(c.items(), key=lambda kv: kv[1])[0] for ts, c in pairs.items()}
+    changed = t_paired != f_paired
+    ratio = float(f_paired[changed].sum() / t_paired[changed].sum()) if changed.any() else 1.0
+    # Steps of the template's pattern but another shape tell sizes that never change.
+    others = [
+        ak
+        for k, ak in step_allocs.items()
+        if k != template
+        and ak.size == tmpl.size
+        and np.array_equal(trace.stack[ak], trace.stack[tmpl])
+        and not np.array_equal(size[ak], t_sizes)
+    ]
+    # The nearest step of another shape decides: a size that grew early and then saturated
+    # (a buffer capped at some size) stayed put between recent steps. With no step of another
+    # shape, nothing is known to be constant if the failing step grew.
+    constant = size[others[0]] == t_sizes if others else np.full(tmpl.size, not changed.any())
+
+    # -- the tail ------------------------------------------------------------------------
+    pos_of_alloc = {int(e): j for j, e in enumerate(tmpl.tolist())}
+    alloc_of_free = dict(zip(lifetimes.end.tolist(), lifetimes.start.tolist(), strict=True))
+    starts = lifetimes.start
+
+    def live_at_oom(x: int) -> bool:
+        i = int(np.searchsorted(starts, x))
+        return i < starts.size and int(starts[i]) == x and int(lifetimes.end[i]) > oom_index
+
+    def counterpart(a: int) -> int | None:
+        """The failing run's allocation event standing for template allocation ``a``."""
+        if t_first <= a <= t_last:
+            j = pos_of_alloc.get(a)
+            i = pairing.get(j) if j is not None else None
+            return int(prefix[i]) if i is not None else None
+        # An allocation d steps before the template stands for one d steps before the failing step.
+        k = int(np.searchsorted(steps.last_event, a, side="left"))
+        d = template - k
+        if k >= step_index or d <= 0 or step_index - d < 0:
+            return None
+        ak = step_allocs.get(k)
+        if ak is None:
+            ak = allocs(int(steps.first_event[k]), int(steps.last_event[k]) + 1)
+        j = int(np.searchsorted(ak, a))
+        if j >= ak.size or int(ak[j]) != a:
+            return None
+        fk = step_index - d
+        fa = step_allocs.get(fk)
+        if fa is None:
+            fa = allocs(int(steps.first_event[fk]), int(steps.last_event[fk]) + 1)
+        return int(fa[j]) if j < fa.size and trace.stack[fa[j]] == trace.stack[a] else None
+
+    round_sizes = recorded.round_sizes
+    kept = paired = scaled = 0
+
+    def projected_size(j: int) -> int:
+        nonlocal kept, paired, scaled
+        ts = int(t_sizes[j])
+        if constant[j]:
+            kept += 1
+            return ts
+        if ts in size_map:
+            paired += 1
+            return size_map[ts]
+        scaled += 1
+        return max(1, round(ts * ratio))
+
+    oom_request = int(size[oom_index])
+    t_alloc = [True]
+    t_addr = [-1]  # synthetic addresses are negative: recorded ones never are
+    t_size = [oom_request]
+    t_like = [int(tmpl[pos])]
+    t_event = [int(tmpl[pos])]
+    t_ord = [pos]
+    block_of: dict[int, int] = {int(tmpl[pos]): -1}  # template alloc event -> tail address
+    size_of: dict[int, int] = {-1: oom_request}  # tail address -> requested bytes
+    freed_real: dict[int, int] = {}  # recorded address -> rounded bytes, for the need
+    for e in range(int(tmpl[pos]) + 1, t_last + 1):
+        kind = int(act[e])
+        if kind == ALLOC:
+            j = pos_of_alloc[e]
+            addr = -1 - len(t_alloc)
+            block_of[e] = addr
+            t_alloc.append(True)
+            t_addr.append(addr)
+            t_size.append(projected_size(j))
+            size_of[addr] = t_size[-1]
+            t_like.append(e)
+            t_event.append(e)
+            t_ord.append(j)
+        elif kind == free_action:
+            a = alloc_of_free.get(e)
+            if a is None:
+                continue
+            if a in block_of:
+                addr = block_of.pop(a)
+                freed = size_of[addr]
+            else:
+                x = counterpart(a)
+                if x is None or not live_at_oom(x):
+                    continue
+                addr = int(trace.addr[x])
+                if addr in freed_real:
+                    continue
+                freed = int(size[x])
+                freed_real[addr] = int(round_sizes(np.asarray([freed], np.int64))[0])
+            t_alloc.append(False)
+            t_addr.append(addr)
+            # A free carries its block's size: the allocator finds the free list by it.
+            t_size.append(freed)
+            t_like.append(e)
+            t_event.append(e)
+            t_ord.append(-1)
+
+    tail = ProjectedTail(oom_index, t_alloc, t_addr, t_size, t_like)
+    need = _step_need(lifetimes, first, oom_index, n, recorded, tail, freed_real)
+    return Projection(
+        True,
+        "",
+        step=step_index,
+        first_event=first,
+        oom_event=oom_index,
+        template_step=template,
+        matched_allocs=pos,
+        alignment=round(best_score, 4),
+        template_allocs=int(tmpl.size),
+        ratio=ratio,
+        sizes_kept=kept,
+        sizes_paired=paired,
+        sizes_scaled=scaled,
+        step_need_bytes=need,
+        tail=tail,
+        template_event=t_event,
+        ordinal=t_ord,
+    )
+
+
+def _step_need(
+    lifetimes: Lifetimes,
+    first: int,
+    oom_index: int,
+    n: int,
+    recorded: AllocatorConfig,
+    tail: ProjectedTail,
+    freed_real: dict[int, int],
+) -> int:
+    """Peak live bytes (rounded requests) over the failing step: its real part, then the tail."""
+    start, end = lifetimes.start, lifetimes.end
+    rounded = recorded.round_sizes(lifetimes.size.astype(np.int64))
+    live0 = int(rounded[(start < first) & (end >= first)].sum())
+    # Within [first, oom): + at an alloc, - at its free (allocated_bytes drops at free_requested).
+    window = oom_index - first
+    delta = np.zeros(window + 1, np.int64)
+    a_in = (start >= first) & (start < oom_index)
+    np.add.at(delta, start[a_in] - first, rounded[a_in])
+    f_in = (end >= first) & (end < oom_index)
+    np.add.at(delta, end[f_in] - first, -rounded[f_in])
+    running = live0 + np.cumsum(delta[:window])
+    peak = max(live0, int(running.max()) if running.size else live0)
+    live = int(running[-1]) if running.size else live0
+    rounded_tail = recorded.round_sizes(np.asarray(tail.size, np.int64)).tolist()
+    sizes = {a: s for a, s, is_alloc in zip(tail.addr, rounded_tail, tail.alloc, strict=True) if is_alloc}
+    for is_alloc, addr in zip(tail.alloc, tail.addr, strict=True):
+        if is_alloc:
+            live += sizes[addr]
+            peak = max(peak, live)
+        else:
+            live -= sizes[addr] if addr < 0 else freed_real.get(addr, 0)
+    return peak
+
+
+def first_failure(
+    ooms: list[int], projection: Projection, n: int, caught: frozenset[int] = frozenset()
+) -> tuple[int | None, int | None]:
+    """Where a what-if first fails, as (event index, None) in the recorded part or
+    (None, j) at tail request ``j`` (request 0, the OOM request, also gives its
+    event index); (None, None) when every request up to the step's end was served.
+
+    ``ooms`` is ``PolicyResult.ooms`` of a replay with ``projection.tail``, in
+    replay order. ``caught`` are earlier recorded OOMs the program survived
+    (``frag_oom`` catches one): failing them again is no death.
+    """
+    for i in ooms:
+        if i == projection.oom_event:
+            return i, 0
+        if i >= n:
+            return None, i - n
+        if i not in caught:
+            return i, None
+    return None, None
+
+
+def step_whatif(
+    snapshot: Snapshot,
+    dev: DeviceData,
+    conf: str,
+    limit_bytes: int | None,
+    step_ends: list[int],
+    projection: Projection,
+) -> dict[str, Any]:
+    """``allocator.whatif``'s item for ``conf``, replayed with the projected tail, plus the
+    step-level keys (``step_completes``, ``step_shortfall_bytes``, ``oom_projected``).
+
+    One replay per configuration, as before: the recorded requests up to the OOM,
+    then the tail (the exception's unwinding after the OOM is not replayed; it only
+    frees). ``peak_reserved_bytes`` is over the recorded part, comparable with the
+    recorded run; ``step_peak_reserved_bytes`` includes the tail.
+    """
+    assert projection.tail is not None
+    base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+    cfg = AllocatorConfig.parse(conf, base=base)
+    result = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail)
+    n = len(dev.trace)
+    real = result.change_index < n
+    peak_real = int(result.change_reserved[real].max()) if real.any() else 0
+    caught = frozenset(int(i) for i in np.flatnonzero(dev.trace.action == OOM).tolist()) - {projection.oom_event}
+    at_event, at_request = first_failure(result.ooms, projection, n, caught)
+    completes = at_event is None and at_request is None
+    shortfall = 0
+    projected: dict[str, Any] | None = None
+    if not completes:
+        index = at_event if at_request in (None, 0) else n + int(at_request or 0)
+        assert index is not None
+        asked = int(dev.trace.size[index]) if index < n else int(projection.tail.size[int(at_request or 0)])
+        rounded = cfg.round_size(asked)
+        reserved = result.reserved_at([index])[0]
+        # What that request lacked: a segment of alloc_size on top of what was reserved
+        # after the model's own flush (a lower bound: later requests may need more).
+        if limit_bytes is not None:
+            shortfall = max(0, reserved + cfg.allocation_size(rounded) - limit_bytes)
+        if at_request is not None:
+            ordinal = projection.ordinal[at_request]
+            projected = {
+                "request": int(at_request),
+                "allocation": int(ordinal),
+                "allocations_later": int(ordinal - projection.matched_allocs),
+                "allocations_in_step": projection.template_allocs,
+                "template_event_index": int(projection.template_event[at_request]),
+                "requested_bytes": asked,
+            }
+    if limit_bytes is not None:
+        shortfall = max(shortfall, projection.step_need_bytes - limit_bytes)
+    return {
+        "config": conf,
+        "peak_reserved_bytes": peak_real,
+        "oom_avoided": result.oom_avoided,
+        "steps": [{"index": k, "reserved_end_bytes": v} for k, v in enumerate(result.step_reserved)],
+        "limit_bytes": limit_bytes,
+        "oom_event_index": None if completes else (at_event if at_event is not None else n + int(at_request or 0)),
+        "step_completes": completes,
+        "step_shortfall_bytes": int(shortfall),
+        "step_peak_reserved_bytes": int(result.peak_reserved),
+        "oom_projected": projected,
+    }
