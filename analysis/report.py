@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import advice as advice_mod
+from analysis import sizing
 from analysis.allocator import replay_check, whatif
 from analysis.categories import (
     ACTIVATIONS,
@@ -91,8 +92,12 @@ def build_report(
     progress: Progress | None = None,
     filename: str | None = None,
     jobs: int = 1,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     """The contract report for a snapshot file (path or bytes).
+
+    ``batch_size`` (the failing step's batch, where the user knows it) turns the batch-fit
+    fraction into a number of samples (``analysis.sizing``).
 
     With ``jobs`` > 1 the policy replays (the check and the what-ifs) run in up
     to that many forked child processes beside the rest (``analysis.parallel``);
@@ -104,7 +109,9 @@ def build_report(
     gc.disable()
     pool = Pool(jobs)
     try:
-        return _build_report(source, whatif=whatif, limit=limit, progress=progress, filename=filename, pool=pool)
+        return _build_report(
+            source, whatif=whatif, limit=limit, progress=progress, filename=filename, pool=pool, batch_size=batch_size
+        )
     finally:
         pool.close()
         if was_enabled:
@@ -119,6 +126,7 @@ def _build_report(
     progress: Progress | None,
     filename: str | None,
     pool: Pool,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     report_progress = progress or _noop
     user_whatifs = list(whatif)
@@ -180,6 +188,7 @@ def _build_report(
         ctx: advice_mod.AdviceContext = dev_report.pop("_advice_context")
         ctx.capture = capture
         dev_report["suggestions"] = advice_mod.advise(ctx)
+        _size_into(dev_report, batch_size)
     report_progress("analysing", 1.0)
     return {
         "schema": SCHEMA,
@@ -189,6 +198,17 @@ def _build_report(
         "annotations": len(snapshot.annotations),
         "pools": [list(p) for p in snapshot.pools],
     }
+
+
+def _size_into(dev_report: dict[str, Any], batch_size: int | None) -> None:
+    """Batch fit, GPU fit and the ranked table, read off the finished device report (analysis.sizing)."""
+    fit = sizing.batch_fit(dev_report, batch_size)
+    dev_report["batch_fit"] = fit
+    smaller = sizing.batch_suggestion(fit)
+    if smaller is not None:
+        dev_report["suggestions"].append(smaller)
+    dev_report["gpu_fit"] = sizing.gpu_fit(dev_report)
+    dev_report["ranked"] = sizing.ranked(dev_report)
 
 
 def build_whatif(
