@@ -99,7 +99,11 @@ def _report(args: argparse.Namespace) -> int:
     from analysis.report import build_report
 
     report = build_report(
-        args.snapshot, whatif=tuple(args.whatif), limit=args.limit, filename=args.snapshot.name, jobs=args.jobs,
+        args.snapshot,
+        whatif=tuple(args.whatif),
+        limit=args.limit,
+        filename=args.snapshot.name,
+        jobs=args.jobs,
         batch_size=args.batch_size,
     )
     if args.json_out:

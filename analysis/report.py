@@ -152,6 +152,7 @@ def _build_report(
     catalog = StackCatalog(snapshot.stacks)
     devices = [d for d in snapshot.devices if len(d.trace) or d.segments]
     device_reports = []
+    metadata_batches: list[int | None] = []  # batch sizes the training script set with _set_memory_metadata
     warnings = [{"code": w.code, "message": w.message} for w in snapshot.warnings]
     complete = True
     has_trace = False
@@ -162,6 +163,7 @@ def _build_report(
 
         analysis = _DeviceAnalysis(snapshot, dev, catalog, src["bytes"], limit, user_whatifs, dev_progress, pool)
         device_reports.append(analysis.report)
+        metadata_batches.append(sizing.batch_from_metadata(dev.user_metadata, analysis.oom_index))
         complete &= analysis.replay.trace_complete
         has_trace |= len(dev.trace) > 1
         prefix = f"device {dev.device}: " if len(devices) > 1 else ""
@@ -184,11 +186,11 @@ def _build_report(
     if not has_trace and not any(w["code"] == "state-only" for w in warnings):
         warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
     # The advisor's capture rule needs the capture section, known only now.
-    for dev_report in device_reports:
+    for dev_report, metadata_batch in zip(device_reports, metadata_batches, strict=True):
         ctx: advice_mod.AdviceContext = dev_report.pop("_advice_context")
         ctx.capture = capture
         dev_report["suggestions"] = advice_mod.advise(ctx)
-        _size_into(dev_report, batch_size)
+        _size_into(dev_report, batch_size if batch_size is not None else metadata_batch)
     report_progress("analysing", 1.0)
     return {
         "schema": SCHEMA,

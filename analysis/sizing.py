@@ -29,6 +29,7 @@ cost in words; the cheapest that lets the step finish comes first (cost order ``
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 MiB = 1 << 20
@@ -77,6 +78,10 @@ COST_OF_SUGGESTION: dict[str, str] = {
     "capture_settings": "capture",
 }
 
+# A training script can name its batch in the trace: torch.cuda.memory._set_memory_metadata("batch_size=96")
+# (torch 2.10+) tags every later trace event with that string.
+_BATCH_IN_METADATA = re.compile(r"\bbatch(?:_size)?\s*[=:]\s*(\d{1,9})\b")
+
 FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state", "unknown")
 SCALING_CATEGORIES = ("activations", "temporaries")
 
@@ -104,6 +109,20 @@ def step_need(oom: dict[str, Any]) -> tuple[int, bool]:
     if projected is not None:
         return int(projected), False
     return int(oom["allocated_bytes"]) + int(oom["requested_bytes"]), True
+
+
+def batch_from_metadata(user_metadata: dict[int, str], oom_index: int | None) -> int | None:
+    """The batch size named in the ``user_metadata`` current at the OOM (at the end without one).
+
+    The mapping is sparse (event index -> text, events with the default "" left out), so the text current at
+    an event is the entry of the latest event at or before it; a string cleared with "" in between is not
+    seen, and the older one counts (documented in docs/report.md).
+    """
+    upto = [i for i in user_metadata if oom_index is None or i <= oom_index]
+    if not upto:
+        return None
+    match = _BATCH_IN_METADATA.search(user_metadata[max(upto)])
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
 
 
 def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, Any] | None:
@@ -134,6 +153,7 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
         "fraction_no_fragmentation": None,
         "batch_size": batch_size,
         "fitting_batch": None,
+        "micro_batch": None,
         "accumulation_steps": None,
         "snippet": None,
         "feasible": False,

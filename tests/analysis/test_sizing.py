@@ -117,3 +117,14 @@ def test_ranked_puts_the_cheapest_change_that_finishes_the_step_first():
     order = [r["id"] for r in sizing.ranked(dev)]
     # finishes the step first (cheapest cost first: none < precision < speed), then what does not
     assert order == ["max_split_size_mb", "amp", "activation_checkpointing", "expandable_segments"]
+
+
+def test_batch_size_from_the_trace_metadata():
+    # user_metadata is sparse: event index -> the string _set_memory_metadata set (it holds until changed)
+    meta = {10: "phase=warmup", 200: "batch_size=64", 900: "batch=96 seq=512", 5000: "batch_size=128"}
+    assert sizing.batch_from_metadata(meta, 950) == 96
+    assert sizing.batch_from_metadata(meta, 300) == 64
+    assert sizing.batch_from_metadata(meta, 100) is None  # "phase=warmup" names no batch
+    assert sizing.batch_from_metadata(meta, None) == 128
+    assert sizing.batch_from_metadata({}, 5) is None
+    assert sizing.batch_from_metadata({0: "batch_size=0"}, 5) is None
