@@ -78,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="child processes for the policy replays, beside the rest of the report (default: CPUs + 1; 1: none)",
     )
+    rep.add_argument(
+        "--batch-size",
+        type=_positive_int("a batch size", "--batch-size must be at least 1"),
+        metavar="N",
+        help="the failing step's batch size: the batch-fit advice then names a batch, not a fraction",
+    )
     wi = sub.add_parser("whatif", help="replay the trace under one allocator configuration")
     wi.add_argument("snapshot", type=Path)
     wi.add_argument("--config", required=True, metavar="CONFIG")
@@ -143,6 +149,7 @@ def _report(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         oom_message=args.oom_message,
         sidecar=args.sidecar,
+        batch_size=args.batch_size,
     )
     if args.json_out:
         _write_json(report, args.json_out)

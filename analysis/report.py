@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import advice as advice_mod
+from analysis import sizing
 from analysis.allocator import replay_check, trace_is_complete, whatif
 from analysis.categories import (
     ACTIVATIONS,
@@ -96,8 +97,12 @@ def build_report(
     jobs: int = 1,
     oom_message: str | None = None,
     sidecar: dict[str, Any] | None = None,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     """The contract report for a snapshot file (path or bytes).
+
+    ``batch_size`` (the failing step's batch, where the user knows it) turns the batch-fit
+    fraction into a number of samples (``analysis.sizing``).
 
     With ``jobs`` > 1 the policy replays (the check and the what-ifs) run in up
     to that many forked child processes beside the rest (``analysis.parallel``);
@@ -121,6 +126,7 @@ def build_report(
             pool=pool,
             oom_message=oom_message,
             sidecar=sidecar,
+            batch_size=batch_size,
         )
     finally:
         pool.close()
@@ -138,6 +144,7 @@ def _build_report(
     pool: Pool,
     oom_message: str | None = None,
     sidecar: dict[str, Any] | None = None,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     report_progress = progress or _noop
     user_whatifs = list(whatif)
@@ -167,6 +174,7 @@ def _build_report(
     devices = [d for d in snapshot.devices if len(d.trace) or d.segments]
     device_reports = []
     advice_contexts: list[advice_mod.AdviceContext] = []
+    metadata_batches: list[int | None] = []  # batch sizes the training script set with _set_memory_metadata
     warnings = [{"code": w.code, "message": w.message} for w in snapshot.warnings]
     complete = True
     has_trace = False
@@ -192,6 +200,7 @@ def _build_report(
         )
         device_reports.append(analysis.report)
         advice_contexts.append(analysis.advice_context)
+        metadata_batches.append(sizing.batch_from_metadata(dev.user_metadata, analysis.oom_index))
         complete &= analysis.replay.trace_complete
         has_trace |= len(dev.trace) > 1
         prefix = f"device {dev.device}: " if len(devices) > 1 else ""
@@ -227,9 +236,10 @@ def _build_report(
     if not has_trace and not any(w["code"] == "state-only" for w in warnings):
         warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
     # The advisor's capture rule needs the capture section, known only now.
-    for dev_report, ctx in zip(device_reports, advice_contexts, strict=True):
+    for dev_report, ctx, metadata_batch in zip(device_reports, advice_contexts, metadata_batches, strict=True):
         ctx.capture = capture
         dev_report["suggestions"] = advice_mod.advise(ctx)
+        _size_into(dev_report, batch_size if batch_size is not None else metadata_batch)
     report_progress("analysing", 1.0)
     return {
         "schema": SCHEMA,
@@ -245,6 +255,17 @@ def _message_applies(message: OomMessage, device: int, oom_devices: list[int]) -
     if device not in oom_devices:
         return False
     return message.device == device or (message.device is None and len(oom_devices) == 1)
+
+
+def _size_into(dev_report: dict[str, Any], batch_size: int | None) -> None:
+    """Batch fit, GPU fit and the ranked table, read off the finished device report (analysis.sizing)."""
+    fit = sizing.batch_fit(dev_report, batch_size)
+    dev_report["batch_fit"] = fit
+    smaller = sizing.batch_suggestion(fit)
+    if smaller is not None:
+        dev_report["suggestions"].append(smaller)
+    dev_report["gpu_fit"] = sizing.gpu_fit(dev_report)
+    dev_report["ranked"] = sizing.ranked(dev_report)
 
 
 def build_whatif(
@@ -400,6 +421,10 @@ class _DeviceAnalysis:
                 limit=limit,
                 all_ooms=int(ooms.size),
                 chosen=known_limit,
+            )
+            # The process's memory outside PyTorch's cache, as the message printed it (sizing's GPU fit).
+            oom["non_pytorch_bytes"] = (
+                message.non_pytorch.value if message is not None and message.non_pytorch is not None else None
             )
             if message is not None:
                 self._check_message(message, oom, recorded_cfg)

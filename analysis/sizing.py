@@ -1,0 +1,334 @@
+"""Sizing advice: the batch that fits, the GPU a run needs, and every suggestion ranked by what it buys.
+
+Pure functions of one device's report dict (``analysis.report`` calls them last, once the what-ifs and the
+suggestions exist), so the rules read the same figures the report shows.
+
+The batch that fits (``batch_fit``). A training step's memory is a part that does not depend on the batch
+(parameters, gradients and optimizer state, from ``analysis.categories`` at the peak) and a part that grows with
+it (everything else: activations, temporaries, and the workspaces the classifier calls ``unknown``, which
+cuDNN and cuBLAS size by the batch). The failing step needed ``need`` (``oom.step_need_bytes`` where the step
+projection gave it, else the lower bound the OOM itself shows: allocated plus the request). A step fits for
+sure when it needs no more than the largest step that completed under the same settings allocated at its
+peak (``fit``: that step's cache did the rest), so with the batch-dependent part linear in the batch
+
+    f = (fit - fixed) / (need - fixed)          (no completed step: fit = the limit)
+
+and never more than ``(limit - fixed) / (need - fixed)`` (no fragmentation at all). The batch that fits is
+``floor(f * batch)``; gradient accumulation over ``ceil(batch / fitting_batch)`` micro-steps keeps the effective
+batch. Without the user's batch size the answer is the fraction ``f``.
+
+The GPU it needs (``gpu_fit``). Memory to finish = the reserved memory the run needs (the failing step's need
+times the overhead for an OOM run, the recorded peak reserved otherwise) plus the process's memory outside
+PyTorch's cache (CUDA context, cuBLAS/cuDNN handles: from the OOM message where it says so, else
+``ASSUMED_CONTEXT_BYTES``), per setting tried; then which common GPU sizes hold it.
+
+Ranking (``ranked``). Every suggestion with its saving, whether it lets the failing step finish, and its
+cost in words; the cheapest that lets the step finish comes first (cost order ``COSTS``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# The memory a process holds outside PyTorch's cache when nothing says how much: a CUDA context with cuBLAS
+# and cuDNN loaded. Measured from our own H200 OOM messages ("this process has X memory in use" minus what
+# PyTorch reserved): 0.56-0.65 GiB; 0.6 GiB is used when the message is absent.
+ASSUMED_CONTEXT_BYTES = 600 * MiB
+
+# Common GPU memory sizes and the capacity torch reports on such a card (``total_memory``). The H200 figure is
+# measured (every truth file here: 150,109,880,320 B = 139.80 GiB for "141 GB"); the others are the vendors'
+# nominal sizes less the ~1% that torch reports below them on the cards we know (an approximation, said so).
+GPU_SIZES: tuple[tuple[str, int], ...] = (
+    ("16 GB", int(16 * GiB * 0.99)),
+    ("24 GB", int(24 * GiB * 0.99)),
+    ("40 GB", int(40 * GiB * 0.99)),
+    ("48 GB", int(48 * GiB * 0.99)),
+    ("80 GB", int(80 * GiB * 0.99)),
+    ("94 GB", int(94 * GiB * 0.99)),
+    ("141 GB", 150_109_880_320),
+)
+
+# Cost of a change, cheapest first, with the words the table shows.
+COSTS: dict[str, tuple[int, str]] = {
+    "none": (0, "none: an allocator setting, same numerics and speed"),
+    "precision": (1, "precision: bf16/fp16 numerics (AMP)"),
+    "speed": (2, "speed: recomputes activations in backward (about a third more compute)"),
+    "batch": (3, "speed: more, smaller micro-steps (same optimisation with gradient accumulation)"),
+    "shapes": (2, "speed: padding to fixed shapes wastes some compute"),
+    "memory": (1, "state: a lighter optimizer changes the optimisation"),
+    "code": (1, "code: reorder or free allocations"),
+    "capture": (0, "none: how the snapshot is recorded"),
+}
+COST_OF_SUGGESTION: dict[str, str] = {
+    "expandable_segments": "none",
+    "max_split_size_mb": "none",
+    "garbage_collection_threshold": "none",
+    "roundup_power2_divisions": "none",
+    "amp": "precision",
+    "activation_checkpointing": "speed",
+    "smaller_batch": "batch",
+    "shape_bucketing": "shapes",
+    "optimizer_state": "memory",
+    "allocation_order": "code",
+    "capture_settings": "capture",
+}
+
+# A training script can name its batch in the trace: torch.cuda.memory._set_memory_metadata("batch_size=96")
+# (torch 2.10+) tags every later trace event with that string.
+_BATCH_IN_METADATA = re.compile(r"\bbatch(?:_size)?\s*[=:]\s*(\d{1,9})\b")
+
+FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state")
+SCALING_CATEGORIES = ("activations", "temporaries", "unknown")
+
+
+def _completed_steps(dev: dict[str, Any]) -> list[dict[str, Any]]:
+    """Steps that ended before the OOM (all of them without one)."""
+    steps = [s for s in dev.get("steps") or [] if s.get("complete", True)]
+    oom = dev.get("oom")
+    if oom is None:
+        return steps
+    return [s for s in steps if int(s["last_event"]) < int(oom["event_index"])]
+
+
+def _overhead(steps: list[dict[str, Any]]) -> tuple[float, int | None]:
+    """Reserved / allocated at the peak of the largest completed step, and that step's index."""
+    best = max(steps, key=lambda s: int(s["peak_allocated_bytes"]), default=None)
+    if best is None or int(best["peak_allocated_bytes"]) <= 0:
+        return 1.0, None
+    return max(1.0, int(best["peak_reserved_bytes"]) / int(best["peak_allocated_bytes"])), int(best["index"])
+
+
+def step_need(oom: dict[str, Any]) -> tuple[int, bool]:
+    """What the failing step needs, and whether that figure is only a lower bound."""
+    projected = oom.get("step_need_bytes")
+    if projected is not None:
+        return int(projected), False
+    return int(oom["allocated_bytes"]) + int(oom["requested_bytes"]), True
+
+
+def batch_from_metadata(user_metadata: dict[int, str], oom_index: int | None) -> int | None:
+    """The batch size named in the ``user_metadata`` current at the OOM (at the end without one).
+
+    The mapping is sparse (event index -> text, events with the default "" left out), so the text current at
+    an event is the entry of the latest event at or before it; a string cleared with "" in between is not
+    seen, and the older one counts (documented in docs/report.md).
+    """
+    upto = [i for i in user_metadata if oom_index is None or i <= oom_index]
+    if not upto:
+        return None
+    match = _BATCH_IN_METADATA.search(user_metadata[max(upto)])
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+
+
+def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, Any] | None:
+    """``devices[].batch_fit``: null without an OOM or without training steps."""
+    oom = dev.get("oom")
+    cats = (dev.get("categories") or {}).get("bytes") or {}
+    if oom is None or not dev.get("steps"):
+        return None
+    limit = int(oom["limit_bytes"])
+    need, need_lower = step_need(oom)
+    fixed = sum(int(cats.get(c, 0)) for c in FIXED_CATEGORIES)
+    scaling = sum(int(cats.get(c, 0)) for c in SCALING_CATEGORIES)
+    done = _completed_steps(dev)
+    overhead, overhead_step = _overhead(done)
+    largest = max(done, key=lambda s: int(s["peak_allocated_bytes"]), default=None)
+    out: dict[str, Any] = {
+        "need_bytes": need,
+        "need_is_lower_bound": need_lower,
+        "fixed_bytes": fixed,
+        "scaling_bytes_at_peak": scaling,
+        "limit_bytes": limit,
+        "overhead": round(overhead, 4),
+        "overhead_step": overhead_step,
+        "fit_bytes": None,
+        "largest_fitting_step": None if largest is None else int(largest["index"]),
+        "largest_fitting_step_peak_allocated_bytes": None if largest is None else int(largest["peak_allocated_bytes"]),
+        "excess_over_largest_fitting": None,
+        "fraction": None,
+        "fraction_no_fragmentation": None,
+        "batch_size": batch_size,
+        "fitting_batch": None,
+        "micro_batch": None,
+        "accumulation_steps": None,
+        "snippet": None,
+        "feasible": False,
+        "explanation": "",
+    }
+    if largest is not None and int(largest["peak_allocated_bytes"]) > 0:
+        out["excess_over_largest_fitting"] = round(need / int(largest["peak_allocated_bytes"]) - 1.0, 4)
+    variable = need - fixed
+    if variable <= 0 or scaling <= 0:
+        out["explanation"] = (
+            "The failing step's memory is all parameters, gradients and optimizer state: a smaller batch does "
+            "not reduce it."
+        )
+        return out
+    fit_bytes = limit if largest is None else min(limit, int(largest["peak_allocated_bytes"]))
+    frac = (fit_bytes - fixed) / variable
+    frac_nofrag = (limit - fixed) / variable
+    out["fit_bytes"] = fit_bytes
+    out["fraction"] = round(min(1.0, max(0.0, frac)), 4)
+    out["fraction_no_fragmentation"] = round(min(1.0, max(0.0, frac_nofrag)), 4)
+    if frac <= 0:
+        out["explanation"] = (
+            f"The part that does not depend on the batch ({_gib(fixed)}) alone is more than the largest step "
+            f"that fit allocated ({_gib(fit_bytes)}): no batch size is known to fit."
+        )
+        return out
+    out["feasible"] = True
+    basis = (
+        f"no more than step {int(largest['index'])}, the largest that completed, allocated ({_gib(fit_bytes)})"
+        if largest is not None
+        else f"no more than the limit ({_gib(limit)})"
+    )
+    ahead = ""
+    if largest is not None:
+        ahead = (
+            f" The failing step needs {_gib(need)}{' at least' if need_lower else ''}, "
+            f"{out['excess_over_largest_fitting'] * 100:.0f}% more than step {int(largest['index'])}."
+        )
+    if batch_size:
+        fitting = max(1, math.floor(frac * batch_size)) if frac < 1 else batch_size
+        micro = math.ceil(batch_size / fitting)
+        micro_batch = math.ceil(batch_size / micro)
+        out.update(
+            fitting_batch=fitting,
+            accumulation_steps=micro,
+            micro_batch=micro_batch,
+            snippet=_accumulation_snippet(batch_size, micro, micro_batch),
+        )
+        out["explanation"] = (
+            f"The failing step needed {_gib(need)}{' or more' if need_lower else ''}: {_gib(fixed)} that does "
+            f"not depend on the batch and {_gib(variable)} that does. To need {basis}, that part must "
+            f"shrink to {frac * 100:.0f}%, so a batch of at most {fitting} (of {batch_size}) fits; {micro} micro-steps of {micro_batch} with gradient "
+            f"accumulation keep the effective batch of {batch_size}." + ahead
+        )
+    else:
+        out["explanation"] = (
+            f"The failing step needed {_gib(need)}{' or more' if need_lower else ''}: {_gib(fixed)} that does "
+            f"not depend on the batch and {_gib(variable)} that does. To need {basis}, that part must "
+            f"shrink to {frac * 100:.0f}%: run at most "
+            f"{frac * 100:.0f}% of the failing step's batch (give the batch size for a number)." + ahead
+        )
+    return out
+
+
+def _accumulation_snippet(batch: int, micro: int, micro_batch: int) -> str:
+    return (
+        f"# effective batch {batch} = {micro} micro-steps x {micro_batch}\n"
+        f"accum = {micro}\n"
+        "for i, (x, y) in enumerate(loader):            # loader yields batches of "
+        f"{micro_batch}\n"
+        "    loss = loss_fn(model(x), y) / accum\n"
+        "    loss.backward()\n"
+        "    if (i + 1) % accum == 0:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad(set_to_none=True)\n"
+    )
+
+
+def gpu_fit(dev: dict[str, Any]) -> dict[str, Any]:
+    """``devices[].gpu_fit``: the memory the run needs under each setting tried, and the GPU sizes that hold it."""
+    summary = dev["summary"]
+    oom = dev.get("oom")
+    non_pytorch = oom.get("non_pytorch_bytes") if oom else None
+    context = int(non_pytorch) if non_pytorch is not None else ASSUMED_CONTEXT_BYTES
+    rows: list[dict[str, Any]] = []
+    if oom is None:
+        rows.append({"config": "recorded", "reserved_bytes": int(summary["peak_reserved_bytes"]), "basis": "peak"})
+        for w in dev.get("whatif") or []:
+            rows.append({"config": w["config"], "reserved_bytes": int(w["peak_reserved_bytes"]), "basis": "replay"})
+    else:
+        need, lower = step_need(oom)
+        overhead, _ = _overhead(_completed_steps(dev))
+        rows.append(
+            {
+                "config": "recorded",
+                "reserved_bytes": max(int(need * overhead), int(summary["peak_reserved_bytes"])),
+                "basis": "failing step x overhead" + (" (lower bound)" if lower else ""),
+            }
+        )
+        # Under a setting that leaves no stranded cache the step needs what it asks for.
+        for w in dev.get("whatif") or []:
+            if w.get("step_completes") is True or w.get("oom_avoided") is True:
+                rows.append(
+                    {
+                        "config": w["config"],
+                        "reserved_bytes": max(int(w["peak_reserved_bytes"]), need),
+                        "basis": "replay",
+                    }
+                )
+    for r in rows:
+        r["needs_bytes"] = r["reserved_bytes"] + context
+        r["fits"] = [name for name, cap in GPU_SIZES if cap >= r["needs_bytes"]]
+    best = min(rows, key=lambda r: r["needs_bytes"])
+    return {
+        "non_pytorch_bytes": context,
+        "non_pytorch_source": "oom_message" if non_pytorch is not None else "assumed",
+        "settings": rows,
+        "needs_bytes": rows[0]["needs_bytes"],
+        "best_config": best["config"],
+        "best_needs_bytes": best["needs_bytes"],
+        "fits_default": rows[0]["fits"],
+        "fits_best": best["fits"],
+        "sizes": [{"name": n, "capacity_bytes": c} for n, c in GPU_SIZES],
+        "beyond_failing_step": oom is not None,
+    }
+
+
+def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A ``smaller_batch`` suggestion from a feasible batch fit whose batch must shrink."""
+    if not fit or not fit["feasible"] or fit["fraction"] is None or fit["fraction"] >= 1.0:
+        return None
+    saving = round((1.0 - fit["fraction"]) * (fit["need_bytes"] - fit["fixed_bytes"]))
+    if fit["fitting_batch"] is not None:
+        title = f"Run micro-batches of {fit['micro_batch']} with {fit['accumulation_steps']}-step gradient accumulation"
+    else:
+        title = f"Run at most {fit['fraction'] * 100:.0f}% of the batch, with gradient accumulation"
+    return {
+        "id": "smaller_batch",
+        "title": title,
+        "config": None,
+        "evidence": fit["explanation"],
+        "estimated_saving_bytes": saving,
+        "avoids_oom": True,
+        "step_completes": True,
+        "snippet": fit["snippet"],
+    }
+
+
+def ranked(dev: dict[str, Any]) -> list[dict[str, Any]]:
+    """``devices[].ranked``: every suggestion, those that let the failing step finish first, cheapest first."""
+    rows = []
+    for s in dev.get("suggestions") or []:
+        completes = s.get("step_completes")
+        if completes is None:
+            completes = s.get("avoids_oom")
+        cost = COST_OF_SUGGESTION.get(s["id"], "code")
+        rank, words = COSTS[cost]
+        rows.append(
+            {
+                "id": s["id"],
+                "title": s["title"],
+                "config": s.get("config"),
+                "estimated_saving_bytes": s.get("estimated_saving_bytes"),
+                "step_completes": completes,
+                "cost": cost,
+                "cost_words": words,
+                "_key": (completes is not True, rank, -(s.get("estimated_saving_bytes") or 0)),
+            }
+        )
+    rows.sort(key=lambda r: r["_key"])
+    for r in rows:
+        del r["_key"]
+    return rows
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
