@@ -206,8 +206,9 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
         out["explanation"] = (
             f"The failing step needed {_gib(need)}{' or more' if need_lower else ''}: {_gib(fixed)} that does "
             f"not depend on the batch and {_gib(variable)} that does. To need {basis}, that part must "
-            f"shrink to {frac * 100:.0f}%, so a batch of at most {fitting} (of {batch_size}) fits; {micro} micro-steps of {micro_batch} with gradient "
-            f"accumulation keep the effective batch of {batch_size}." + ahead
+            f"shrink to {frac * 100:.0f}%, so a batch of at most {fitting} (of {batch_size}) fits; "
+            f"{micro} micro-steps of {micro_batch} with gradient accumulation keep the effective batch of "
+            f"{batch_size}." + ahead
         )
     else:
         out["explanation"] = (

@@ -233,8 +233,13 @@ def gpt2_generate(torch, seed=0, rounds=4, batch=(4, 32), prompt=(32, 256), new_
         idx = torch.randint(0, 50257, (b, t), generator=g).cuda()
         with torch.no_grad():
             out = model.generate(
-                idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                do_sample=False, use_cache=True, pad_token_id=0,
+                idx,
+                attention_mask=torch.ones_like(idx),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=0,
             )
         _row(torch, r, batch=b, prompt=t, generated=int(out.shape[1]))
         del idx, out
@@ -365,7 +370,14 @@ def launch(spec: dict, outdir: Path) -> str:
 
 
 def spec(name, workload, conf, family, cap_bytes=None, **kwargs):
-    return {"name": name, "workload": workload, "conf": conf, "family": family, "cap_bytes": cap_bytes, "kwargs": kwargs}
+    return {
+        "name": name,
+        "workload": workload,
+        "conf": conf,
+        "family": family,
+        "cap_bytes": cap_bytes,
+        "kwargs": kwargs,
+    }
 
 
 def phase_a(round_: int = 1) -> list[dict]:
@@ -378,9 +390,38 @@ def phase_a(round_: int = 1) -> list[dict]:
                 fam = f"rand_s{seed}_{cap_name}"
                 for sname, conf in RANDOM_SETTINGS.items():
                     out.append(spec(f"{fam}_{sname}", "random_ops", conf, fam, cap, seed=seed, drift=0.1))
-        out.append(spec("est_gpt2_ckpt", "hf_gpt2", "", "est_gpt2", None, amp=False, ckpt=True, batch=(8, 8), seq=(1024, 1024), steps=3))
-        out.append(spec("est_gptc_fp32", "gpt_autocast", "", "est_gptc", None, amp=False, batch=(4, 4), seq=(1024, 1024), steps=3))
-        out.append(spec("est_gptc_amp", "gpt_autocast", "", "est_gptc", None, amp=True, batch=(4, 4), seq=(1024, 1024), steps=3))
+        out.append(
+            spec(
+                "est_gpt2_ckpt",
+                "hf_gpt2",
+                "",
+                "est_gpt2",
+                None,
+                amp=False,
+                ckpt=True,
+                batch=(8, 8),
+                seq=(1024, 1024),
+                steps=3,
+            )
+        )
+        out.append(
+            spec(
+                "est_gptc_fp32",
+                "gpt_autocast",
+                "",
+                "est_gptc",
+                None,
+                amp=False,
+                batch=(4, 4),
+                seq=(1024, 1024),
+                steps=3,
+            )
+        )
+        out.append(
+            spec(
+                "est_gptc_amp", "gpt_autocast", "", "est_gptc", None, amp=True, batch=(4, 4), seq=(1024, 1024), steps=3
+            )
+        )
         out.append(spec("gpt_autocast_nocap_default", "gpt_autocast", "", "gpt_autocast_nocap", None, seed=1))
         return out
     # random families: 12 seeds x 2 caps x every setting, plus 4 seeds uncapped under three settings
@@ -397,17 +438,47 @@ def phase_a(round_: int = 1) -> list[dict]:
     for w in ("resnet", "vit", "bert_mlm", "hf_gpt2"):
         out.append(spec(f"{w}_nocap_default", w, "", f"{w}_nocap", None, seed=1))
     # AMP and checkpointing reruns of one fixed shape (estimate checks): fp32 base, bf16 autocast, ckpt per block
-    out.append(spec("est_gpt2_fp32", "hf_gpt2", "", "est_gpt2", None, amp=False, batch=(8, 8), seq=(1024, 1024), steps=3))
+    out.append(
+        spec("est_gpt2_fp32", "hf_gpt2", "", "est_gpt2", None, amp=False, batch=(8, 8), seq=(1024, 1024), steps=3)
+    )
     out.append(spec("est_gpt2_amp", "hf_gpt2", "", "est_gpt2", None, amp=True, batch=(8, 8), seq=(1024, 1024), steps=3))
-    out.append(spec("est_gpt2_ckpt", "hf_gpt2", "", "est_gpt2", None, amp=False, ckpt=True, batch=(8, 8), seq=(1024, 1024), steps=3))
+    out.append(
+        spec(
+            "est_gpt2_ckpt",
+            "hf_gpt2",
+            "",
+            "est_gpt2",
+            None,
+            amp=False,
+            ckpt=True,
+            batch=(8, 8),
+            seq=(1024, 1024),
+            steps=3,
+        )
+    )
     out.append(spec("est_vit_fp32", "vit", "", "est_vit", None, amp=False, batch=(64, 64), steps=3))
     out.append(spec("est_vit_amp", "vit", "", "est_vit", None, amp=True, batch=(64, 64), steps=3))
     out.append(spec("est_vit_ckpt", "vit", "", "est_vit", None, amp=False, ckpt=True, batch=(64, 64), steps=3))
     # batch that grows step by step until an OOM (the batch-fit advice)
     for sname in ("default", "expandable"):
         conf = MODEL_SETTINGS[sname]
-        out.append(spec(f"grow_resnet_{sname}", "resnet", conf, "grow_resnet", 8 * GIB, batch=(16, 0), grow=16, steps=40))
-        out.append(spec(f"grow_gpt2_{sname}", "hf_gpt2", conf, "grow_gpt2", 6 * GIB, batch=(1, 0), seq=(512, 512), grow=1, amp=False, steps=40))
+        out.append(
+            spec(f"grow_resnet_{sname}", "resnet", conf, "grow_resnet", 8 * GIB, batch=(16, 0), grow=16, steps=40)
+        )
+        out.append(
+            spec(
+                f"grow_gpt2_{sname}",
+                "hf_gpt2",
+                conf,
+                "grow_gpt2",
+                6 * GIB,
+                batch=(1, 0),
+                seq=(512, 512),
+                grow=1,
+                amp=False,
+                steps=40,
+            )
+        )
     # generate() with a KV cache: uncapped, and under a cap with two settings
     out.append(spec("gen_gpt2_nocap_default", "gpt2_generate", "", "gen_gpt2_nocap", None, seed=3))
     return out
@@ -429,7 +500,16 @@ def phase_b(outdir: Path, round_: int = 1) -> list[dict]:
     if tj.exists() and round_ == 1:
         peak = json.loads(tj.read_text())["memory_stats"]["reserved_bytes.all.peak"]
         for sname in ("default", "expandable", "maxsplit256"):
-            out.append(spec(f"gen_gpt2_c80_{sname}", "gpt2_generate", MODEL_SETTINGS[sname], "gen_gpt2_c80", int(peak * 0.8), seed=3))
+            out.append(
+                spec(
+                    f"gen_gpt2_c80_{sname}",
+                    "gpt2_generate",
+                    MODEL_SETTINGS[sname],
+                    "gen_gpt2_c80",
+                    int(peak * 0.8),
+                    seed=3,
+                )
+            )
     return out
 
 
