@@ -11,7 +11,8 @@ avoided a recorded OOM, then by estimated saving.
 Suggestion ids (docs/report.md documents each): ``expandable_segments``,
 ``max_split_size_mb``, ``roundup_power2_divisions``,
 ``garbage_collection_threshold``, ``amp``, ``activation_checkpointing``,
-``optimizer_state``, ``shape_bucketing``, ``allocation_order``, ``capture_settings``.
+``optimizer_state``, ``shape_bucketing``, ``allocation_order``, ``capture_settings``, and
+``smaller_batch`` (added by ``analysis.sizing`` once the report is finished).
 """
 
 from __future__ import annotations
@@ -435,7 +436,19 @@ def advise(ctx: AdviceContext, rules: tuple[Rule, ...] = RULES) -> list[dict[str
         suggestion = rule.suggest(ctx)
         if suggestion is not None:
             out.append({**suggestion, "_order": position})
-    out.sort(key=lambda s: (s["avoids_oom"] is not True, -s["estimated_saving_bytes"], s["_order"]))
+    return ordered(out)
+
+
+def ordered(suggestions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The suggestions' one order: what avoids the OOM first, then by saving, ties in rule order.
+
+    ``analysis.report`` re-sorts with it after ``analysis.sizing`` adds ``smaller_batch`` (which has no
+    rule here: it needs the finished report).
+    """
+    out = sorted(
+        suggestions,
+        key=lambda s: (s["avoids_oom"] is not True, -s["estimated_saving_bytes"], s.get("_order", len(RULES))),
+    )
     for s in out:
-        del s["_order"]
+        s.pop("_order", None)
     return out

@@ -263,7 +263,7 @@ def _size_into(dev_report: dict[str, Any], batch_size: int | None) -> None:
     dev_report["batch_fit"] = fit
     smaller = sizing.batch_suggestion(fit)
     if smaller is not None:
-        dev_report["suggestions"].append(smaller)
+        dev_report["suggestions"] = advice_mod.ordered([*dev_report["suggestions"], smaller])
     dev_report["gpu_fit"] = sizing.gpu_fit(dev_report)
     dev_report["ranked"] = sizing.ranked(dev_report)
 

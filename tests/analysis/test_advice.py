@@ -17,6 +17,7 @@ from analysis.report import build_report
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GiB = 2**30
 DOCUMENTED_IDS = {
+    "smaller_batch",
     "expandable_segments",
     "max_split_size_mb",
     "garbage_collection_threshold",
