@@ -52,7 +52,7 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                 scheme, _, raw = header.partition(" ")
                 found = services.api_token_user(raw.strip()) if scheme.lower() == "bearer" and raw.strip() else None
                 if found is None:
-                    return _unauthorized()
+                    return _unauthorized("auth-invalid-token", messages.BAD_API_KEY)
                 request.user, request.api_token = found  # type: ignore[attr-defined]
             elif request.user.is_authenticated:
                 request.api_token = None  # type: ignore[attr-defined]
@@ -81,8 +81,8 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
     return decorate
 
 
-def _unauthorized() -> JsonResponse:
-    response = _error(401, "auth-required", messages.AUTH_REQUIRED)
+def _unauthorized(code: str = "auth-required", message: str = messages.AUTH_REQUIRED) -> JsonResponse:
+    response = _error(401, code, message)
     response["WWW-Authenticate"] = 'Bearer realm="oomscope"'
     return response
 
@@ -105,12 +105,19 @@ def snapshots(request: HttpRequest) -> HttpResponse:
     elif token is not None and token.default_project_id:
         project = services.project_for_user(request.user, token.default_project.slug)
     else:
-        candidates = list(services.visible_projects(request.user)[:2])
+        # Without a slug: the one project the caller may upload to (a viewer's projects do not count).
+        candidates = list(services.projects_for_action(request.user, services.UPLOAD)[:2])
         project = candidates[0] if len(candidates) == 1 else None
+        if project is None and not candidates and services.visible_projects(request.user).exists():
+            project = services.visible_projects(request.user).first()  # seen but read-only: 403 below
         if project is None:
             return _error(400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
     if project is None:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
+    try:
+        services.require(request.user, project, services.UPLOAD)
+    except services.RoleDenied as denied:
+        return _error(403, denied.code, denied.message)
     upload = services.upload_create(
         user=request.user,  # type: ignore[arg-type]
         project=project,
@@ -153,6 +160,10 @@ def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
+    try:
+        services.require(request.user, upload.project, services.SHARE)
+    except services.RoleDenied as denied:
+        return _error(403, denied.code, denied.message)
     if request.method == "DELETE":
         revoked = services.share_revoke(upload)
         return JsonResponse({"share_url": None, "revoked": revoked})

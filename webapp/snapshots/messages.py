@@ -34,6 +34,11 @@ UPLOAD_MISSING_FILE = "No file was sent. Attach the snapshot as the multipart fi
 UPLOAD_UNKNOWN_PROJECT = "No project '{slug}' that you can upload to."
 UPLOAD_NO_PROJECT = "Choose a project to upload to."
 AUTH_REQUIRED = "Authentication required: send 'Authorization: Bearer <token>'."
+BAD_API_KEY = (
+    "This API token is not valid: it is unknown, revoked or expired, or its user is inactive. "
+    "Make a new one (python manage.py create_api_token USER)."
+)
+ROLE_DENIED = "Your role in {team} is {role}, which may not {action}. Ask an admin of the team for the member role."
 NOT_FOUND = "Not found."
 REPORT_NOT_READY = "The report is not ready (status: {status})."
 CSRF_FAILED = "CSRF check failed; reload the page and try again."

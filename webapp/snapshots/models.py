@@ -21,9 +21,12 @@ class Team(models.Model):
 
 
 class Membership(models.Model):
+    # What each role may do is one table, ``services.ROLE_ACTIONS``.
     class Role(models.TextChoices):
         OWNER = "owner"
+        ADMIN = "admin"
         MEMBER = "member"
+        VIEWER = "viewer"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
@@ -123,6 +126,7 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # None: until revoked
 
     def __str__(self) -> str:
         return f"token {self.prefix}…"

@@ -3,6 +3,8 @@
 Access rule, in one place: a user sees a project, and the uploads in it, when the user
 is a member of the project's team (``visible_projects`` / ``visible_uploads``). Every
 lookup by id for a user goes through them, so another team's id is simply "not found".
+What a member may do beyond reading depends on the role (``ROLE_ACTIONS``, asked
+through ``may`` / ``require``): a viewer reads, a member also uploads and shares.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -64,6 +66,64 @@ def upload_for_user(user: AnyUser, code: str) -> Upload | None:
 
 def project_for_user(user: AnyUser, slug: str) -> Project | None:
     return visible_projects(user).filter(slug=slug).first()
+
+
+# --- roles: what a member of the team may do, in one table -------------------------------
+
+READ, UPLOAD, SHARE, DELETE, MANAGE = "read", "upload", "share", "delete", "manage"
+_MEMBER_ACTIONS = frozenset({READ, UPLOAD, SHARE, DELETE})
+ROLE_ACTIONS: dict[str, frozenset[str]] = {
+    Membership.Role.VIEWER: frozenset({READ}),
+    Membership.Role.MEMBER: _MEMBER_ACTIONS,
+    Membership.Role.ADMIN: _MEMBER_ACTIONS | {MANAGE},
+    Membership.Role.OWNER: _MEMBER_ACTIONS | {MANAGE},
+}
+_ACTION_WORDS = {
+    UPLOAD: "upload snapshots",
+    SHARE: "create or revoke share links",
+    DELETE: "delete snapshots",
+    MANAGE: "manage the team",
+}
+
+
+class RoleDenied(Exception):
+    """A member of the team whose role does not allow the action (403: the object is theirs to see)."""
+
+    code = "forbidden:role"
+
+    def __init__(self, role: str, action: str, team: str) -> None:
+        self.role, self.action = role, action
+        self.message = messages.ROLE_DENIED.format(role=role, team=team, action=_ACTION_WORDS.get(action, action))
+        super().__init__(self.message)
+
+
+def role_in(user: AnyUser, project: Project) -> str | None:
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(team_id=project.team_id, user=user).values_list("role", flat=True).first()
+
+
+def may(user: AnyUser, project: Project, action: str) -> bool:
+    role = role_in(user, project)
+    return role is not None and action in ROLE_ACTIONS.get(role, frozenset())
+
+
+def require(user: AnyUser, project: Project, action: str) -> None:
+    """``RoleDenied`` unless the user's role in the project's team allows ``action``.
+
+    Call it after the object was found through ``visible_*``: a non-member never gets here.
+    """
+    if not may(user, project, action):
+        raise RoleDenied(role_in(user, project) or "none", action, project.team.name)
+
+
+def projects_for_action(user: AnyUser, action: str) -> QuerySet[Project]:
+    roles = [role for role, actions in ROLE_ACTIONS.items() if action in actions]
+    if not user.is_authenticated:
+        return Project.objects.none()
+    return Project.objects.filter(team__memberships__user=user, team__memberships__role__in=roles).select_related(
+        "team"
+    )
 
 
 def upload_for_share_token(token: str, *, count_use: bool = True) -> Upload | None:
@@ -316,15 +376,23 @@ def share_active(upload: Upload) -> ShareLink | None:
 # --- API tokens ---------------------------------------------------------------------------
 
 
-def api_token_create(user: User, default_project: Project | None = None) -> str:
+def api_token_create(user: User, default_project: Project | None = None, *, expires_at: datetime | None = None) -> str:
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(user=user, token_hash=token_hash(token), prefix=token[:10], default_project=default_project)
+    ApiToken.objects.create(
+        user=user,
+        token_hash=token_hash(token),
+        prefix=token[:10],
+        default_project=default_project,
+        expires_at=expires_at,
+    )
     return token
 
 
 def api_token_user(raw: str) -> tuple[User, ApiToken] | None:
+    """The live token's user: None for an unknown, revoked or expired token or an inactive user."""
     token = (
         ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
         .select_related("user", "default_project")
         .first()
     )
