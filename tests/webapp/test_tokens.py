@@ -82,12 +82,14 @@ def test_live_tokens_work_and_record_their_use(client: Any, alice: Any, alpha: A
     assert ApiToken.objects.get(token_hash=services.token_hash(token)).last_used_at is not None
 
 
-def test_a_token_expires_at_its_time(client: Any, alice: Any, alpha: Any, upload: Upload) -> None:
-    token = services.api_token_create(alice, expires_at=timezone.now() + timedelta(hours=1))
-    url = f"/api/v1/snapshots/{upload.code}"
-    assert client.get(url, **bearer(token)).status_code == 200
-    ApiToken.objects.update(expires_at=timezone.now())  # expires_at is exclusive: at that instant it is dead
-    assert client.get(url, **bearer(token)).status_code == 401
+def test_a_token_expires_at_its_time(alice: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``expires_at`` is exclusive: a microsecond before, the token works; at that instant it is dead."""
+    expires = timezone.now() + timedelta(hours=1)
+    token = services.api_token_create(alice, expires_at=expires)
+    monkeypatch.setattr(services.timezone, "now", lambda: expires - timedelta(microseconds=1))
+    assert services.api_token_user(token) is not None
+    monkeypatch.setattr(services.timezone, "now", lambda: expires)
+    assert services.api_token_user(token) is None
 
 
 def test_revoking_one_token_leaves_the_others(client: Any, alice: Any, alpha: Any, upload: Upload) -> None:

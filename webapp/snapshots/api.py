@@ -16,7 +16,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
 from webapp.snapshots import messages, services
-from webapp.snapshots.forms import split_tags
+from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
 
@@ -98,7 +98,11 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         uploaded, sha256, fmt = received_file(request)
     except IntakeError as err:
         return JsonResponse(err.as_json(), status=err.status)
-    slug = (request.POST.get("project") or "").strip()
+    fields = ApiUploadFieldsForm(request.POST)
+    if not fields.is_valid():
+        field, detail = first_error(fields)
+        return _error(400, "upload:invalid", messages.UPLOAD_INVALID_FIELD.format(field=field, detail=detail))
+    slug = fields.cleaned_data["project"].strip()
     token = getattr(request, "api_token", None)
     if slug:
         project = services.project_for_user(request.user, slug)
@@ -124,9 +128,9 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         uploaded=uploaded,
         sha256=sha256,
         fmt=fmt,
-        run=(request.POST.get("run") or "").strip(),
-        tags=split_tags(request.POST.get("tags") or ""),
-        note=request.POST.get("note") or "",
+        run=fields.cleaned_data["run"].strip(),
+        tags=fields.cleaned_data["tags"],
+        note=fields.cleaned_data["note"],
     )
     body = services.upload_api_dict(upload, request)
     return JsonResponse(

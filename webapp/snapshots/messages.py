@@ -33,6 +33,7 @@ UPLOAD_LENGTH_REQUIRED = "Send the upload with a Content-Length header (chunked 
 UPLOAD_MISSING_FILE = "No file was sent. Attach the snapshot as the multipart field 'file'."
 UPLOAD_UNKNOWN_PROJECT = "No project '{slug}' that you can upload to."
 UPLOAD_NO_PROJECT = "Choose a project to upload to."
+UPLOAD_INVALID_FIELD = "{field}: {detail}"
 AUTH_REQUIRED = "Authentication required: send 'Authorization: Bearer <token>'."
 BAD_API_KEY = (
     "This API token is not valid: it is unknown, revoked or expired, or its user is inactive. "
