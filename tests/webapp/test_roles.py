@@ -42,18 +42,9 @@ def test_the_role_table() -> None:
     """The rules as the site states them; a change here is a change of policy, on purpose."""
     assert set(services.ROLE_ACTIONS) == set(Membership.Role.values) == set(ROLES)
     assert services.ROLE_ACTIONS["viewer"] == {"read"}
-    assert services.ROLE_ACTIONS["member"] == {"read", "upload", "share", "delete"}
-    assert (
-        services.ROLE_ACTIONS["admin"]
-        == services.ROLE_ACTIONS["owner"]
-        == {
-            "read",
-            "upload",
-            "share",
-            "delete",
-            "manage",
-        }
-    )
+    assert services.ROLE_ACTIONS["member"] == {"read", "upload", "share", "delete_own"}
+    every = {"read", "upload", "share", "delete_own", "delete_any", "manage"}
+    assert services.ROLE_ACTIONS["admin"] == services.ROLE_ACTIONS["owner"] == every
 
 
 def test_roles_are_stored_as_given(team: dict[str, Any]) -> None:
@@ -188,7 +179,7 @@ def test_a_role_change_takes_effect_on_the_next_request(client: Any, team: dict[
 def test_may_and_require_for_a_stranger(team: dict[str, Any], bob: Any) -> None:
     """Someone outside the team has no role: every action is refused (the views answer 404 before)."""
     assert services.role_in(bob, team["project"]) is None
-    for action in ("read", "upload", "share", "delete", "manage"):
+    for action in ("read", "upload", "share", "delete_own", "delete_any", "manage"):
         assert not services.may(bob, team["project"], action)
     with pytest.raises(services.RoleDenied):
         services.require(bob, team["project"], "read")

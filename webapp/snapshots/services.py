@@ -70,18 +70,20 @@ def project_for_user(user: AnyUser, slug: str) -> Project | None:
 
 # --- roles: what a member of the team may do, in one table -------------------------------
 
-READ, UPLOAD, SHARE, DELETE, MANAGE = "read", "upload", "share", "delete", "manage"
-_MEMBER_ACTIONS = frozenset({READ, UPLOAD, SHARE, DELETE})
+READ, UPLOAD, SHARE, MANAGE = "read", "upload", "share", "manage"
+DELETE_OWN, DELETE_ANY = "delete_own", "delete_any"  # a snapshot one uploaded oneself / anyone's
+_MEMBER_ACTIONS = frozenset({READ, UPLOAD, SHARE, DELETE_OWN})
 ROLE_ACTIONS: dict[str, frozenset[str]] = {
     Membership.Role.VIEWER: frozenset({READ}),
     Membership.Role.MEMBER: _MEMBER_ACTIONS,
-    Membership.Role.ADMIN: _MEMBER_ACTIONS | {MANAGE},
-    Membership.Role.OWNER: _MEMBER_ACTIONS | {MANAGE},
+    Membership.Role.ADMIN: _MEMBER_ACTIONS | {DELETE_ANY, MANAGE},
+    Membership.Role.OWNER: _MEMBER_ACTIONS | {DELETE_ANY, MANAGE},
 }
 _ACTION_WORDS = {
     UPLOAD: "upload snapshots",
     SHARE: "create or revoke share links",
-    DELETE: "delete snapshots",
+    DELETE_OWN: "delete snapshots",
+    DELETE_ANY: "delete other members' snapshots",
     MANAGE: "manage the team",
 }
 
