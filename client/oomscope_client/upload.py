@@ -30,7 +30,7 @@ HINTS = {
     "auth-required": "send an API token (--token or $OOMSCOPE_TOKEN)",
     "auth-invalid-token": "the token is unknown, revoked or expired, or its user was deactivated; "
     "make a new one (python manage.py create_api_token USER)",
-    "forbidden:role": "your role in that team may only read; ask an admin of the team for the member role",
+    "upload:read-only": "your role in that team (viewer) may only read; ask an admin of the team for the member role",
     "upload:unknown-project": "no project with that slug in your teams; check --project",
     "upload:no-project": "you may upload to several projects; choose one with --project",
     "upload:too-large": "the file is over the site's upload limit; gzip it, or record fewer events "

@@ -146,14 +146,12 @@ def test_no_project_with_several_is_400_no_project(live_site: Site, people: dict
     assert_refusal(error, 400, "upload:no-project", "Choose a project to upload to.")
 
 
-def test_a_viewer_is_403_forbidden_role(live_site: Site, people: dict[str, Any]) -> None:
+def test_a_viewer_is_403_read_only(live_site: Site, people: dict[str, Any]) -> None:
     error = refused(live_site, GPT_OOM, token_of(people["vera"]), project="alpha")
     assert_refusal(
-        error,
-        403,
-        "forbidden:role",
-        "Your role in Team A is viewer, which may not upload snapshots. Ask an admin of the team for the member role.",
+        error, 403, "upload:read-only", "You can read this project but not upload to it (your role is viewer)."
     )
+    assert "ask an admin of the team" in error.hint
 
 
 def test_a_field_over_its_limit_is_400_invalid(live_site: Site, people: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ PUBLIC = {
 # What each URL keyword names; a route with a keyword missing here fails test_every_keyword_is_known.
 UPLOAD_KEYS = {"code", "code_a", "code_b"}
 PROJECT_KEYS = {"slug"}
+TEAM_KEYS = {"team"}  # a team's slug (the team pages)
 
 
 def walk(patterns: list[Any], namespace: str = "") -> list[tuple[str, URLPattern]]:
@@ -79,7 +80,7 @@ def test_every_route_is_protected_or_listed_public() -> None:
 def test_every_keyword_is_known() -> None:
     for name in OBJECT_ROUTES:
         for key in dict(ROUTES)[name].pattern.converters:
-            assert key in UPLOAD_KEYS | PROJECT_KEYS, f"{name}: URL keyword {key!r} names an unknown kind of object"
+            assert key in UPLOAD_KEYS | PROJECT_KEYS | TEAM_KEYS, f"{name}: URL keyword {key!r} names an unknown kind"
 
 
 def url_for(name: str, owner: dict[str, str], foreign: dict[str, str] | None = None, key: str | None = None) -> str:
@@ -87,7 +88,7 @@ def url_for(name: str, owner: dict[str, str], foreign: dict[str, str] | None = N
     kwargs = {}
     for k in dict(ROUTES)[name].pattern.converters:
         source = foreign if (foreign is not None and k == key) else owner
-        kwargs[k] = source["slug"] if k in PROJECT_KEYS else source[k]
+        kwargs[k] = source["slug"] if k in PROJECT_KEYS else source["team"] if k in TEAM_KEYS else source[k]
     return reverse(name, kwargs=kwargs)
 
 
@@ -101,7 +102,7 @@ def team_objects(project: Any, user: Any) -> dict[str, str]:
     b = Upload.objects.create(
         code=services.new_upload_code(), project=project, uploaded_by=user, filename=f"{project.slug}-b", bytes=1
     )
-    return {"code": a.code, "code_a": a.code, "code_b": b.code, "slug": project.slug}
+    return {"code": a.code, "code_a": a.code, "code_b": b.code, "slug": project.slug, "team": project.team.slug}
 
 
 @pytest.fixture

@@ -109,19 +109,14 @@ def snapshots(request: HttpRequest) -> HttpResponse:
     elif token is not None and token.default_project_id:
         project = services.project_for_user(request.user, token.default_project.slug)
     else:
-        # Without a slug: the one project the caller may upload to (a viewer's projects do not count).
-        candidates = list(services.projects_for_action(request.user, services.UPLOAD)[:2])
+        candidates = list(services.visible_projects(request.user)[:2])
         project = candidates[0] if len(candidates) == 1 else None
-        if project is None and not candidates and services.visible_projects(request.user).exists():
-            project = services.visible_projects(request.user).first()  # seen but read-only: 403 below
         if project is None:
             return _error(400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
     if project is None:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
-    try:
-        services.require(request.user, project, services.UPLOAD)
-    except services.RoleDenied as denied:
-        return _error(403, denied.code, denied.message)
+    if not services.can(request.user, project.team, "write"):
+        return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
     upload = services.upload_create(
         user=request.user,  # type: ignore[arg-type]
         project=project,
@@ -164,10 +159,9 @@ def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
-    try:
-        services.require(request.user, upload.project, services.SHARE)
-    except services.RoleDenied as denied:
-        return _error(403, denied.code, denied.message)
+    # Viewers read the report but hand out no access: links are for members and above.
+    if not services.can(request.user, upload.project.team, "write"):
+        return _error(403, "share:read-only", messages.SHARE_READ_ONLY)
     if request.method == "DELETE":
         revoked = services.share_revoke(upload)
         return JsonResponse({"share_url": None, "revoked": revoked})

@@ -39,7 +39,8 @@ BAD_API_KEY = (
     "This API token is not valid: it is unknown, revoked or expired, or its user is inactive. "
     "Make a new one (python manage.py create_api_token USER)."
 )
-ROLE_DENIED = "Your role in {team} is {role}, which may not {action}. Ask an admin of the team for the member role."
+UPLOAD_READ_ONLY = "You can read this project but not upload to it (your role is viewer)."
+SHARE_READ_ONLY = "Viewers can read this report but not make or revoke its share links."
 NOT_FOUND = "Not found."
 REPORT_NOT_READY = "The report is not ready (status: {status})."
 CSRF_FAILED = "CSRF check failed; reload the page and try again."

@@ -21,8 +21,10 @@ class Team(models.Model):
 
 
 class Membership(models.Model):
-    # What each role may do is one table, ``services.ROLE_ACTIONS``.
     class Role(models.TextChoices):
+        """What a member may do (services.ROLE_RIGHTS): viewers read; members also upload and
+        share; admins (and the team's creator, its owner) also manage members, projects and roles."""
+
         OWNER = "owner"
         ADMIN = "admin"
         MEMBER = "member"

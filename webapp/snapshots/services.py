@@ -3,8 +3,8 @@
 Access rule, in one place: a user sees a project, and the uploads in it, when the user
 is a member of the project's team (``visible_projects`` / ``visible_uploads``). Every
 lookup by id for a user goes through them, so another team's id is simply "not found".
-What a member may do beyond reading depends on the role (``ROLE_ACTIONS``, asked
-through ``may`` / ``require``): a viewer reads, a member also uploads and shares.
+What a member may do beyond reading depends on the role (``ROLE_RIGHTS``, asked through
+``can``): a viewer reads, a member also uploads and shares.
 """
 
 from __future__ import annotations
@@ -68,66 +68,6 @@ def project_for_user(user: AnyUser, slug: str) -> Project | None:
     return visible_projects(user).filter(slug=slug).first()
 
 
-# --- roles: what a member of the team may do, in one table -------------------------------
-
-READ, UPLOAD, SHARE, MANAGE = "read", "upload", "share", "manage"
-DELETE_OWN, DELETE_ANY = "delete_own", "delete_any"  # a snapshot one uploaded oneself / anyone's
-_MEMBER_ACTIONS = frozenset({READ, UPLOAD, SHARE, DELETE_OWN})
-ROLE_ACTIONS: dict[str, frozenset[str]] = {
-    Membership.Role.VIEWER: frozenset({READ}),
-    Membership.Role.MEMBER: _MEMBER_ACTIONS,
-    Membership.Role.ADMIN: _MEMBER_ACTIONS | {DELETE_ANY, MANAGE},
-    Membership.Role.OWNER: _MEMBER_ACTIONS | {DELETE_ANY, MANAGE},
-}
-_ACTION_WORDS = {
-    UPLOAD: "upload snapshots",
-    SHARE: "create or revoke share links",
-    DELETE_OWN: "delete snapshots",
-    DELETE_ANY: "delete other members' snapshots",
-    MANAGE: "manage the team",
-}
-
-
-class RoleDenied(Exception):
-    """A member of the team whose role does not allow the action (403: the object is theirs to see)."""
-
-    code = "forbidden:role"
-
-    def __init__(self, role: str, action: str, team: str) -> None:
-        self.role, self.action = role, action
-        self.message = messages.ROLE_DENIED.format(role=role, team=team, action=_ACTION_WORDS.get(action, action))
-        super().__init__(self.message)
-
-
-def role_in(user: AnyUser, project: Project) -> str | None:
-    if not user.is_authenticated:
-        return None
-    return Membership.objects.filter(team_id=project.team_id, user=user).values_list("role", flat=True).first()
-
-
-def may(user: AnyUser, project: Project, action: str) -> bool:
-    role = role_in(user, project)
-    return role is not None and action in ROLE_ACTIONS.get(role, frozenset())
-
-
-def require(user: AnyUser, project: Project, action: str) -> None:
-    """``RoleDenied`` unless the user's role in the project's team allows ``action``.
-
-    Call it after the object was found through ``visible_*``: a non-member never gets here.
-    """
-    if not may(user, project, action):
-        raise RoleDenied(role_in(user, project) or "none", action, project.team.name)
-
-
-def projects_for_action(user: AnyUser, action: str) -> QuerySet[Project]:
-    roles = [role for role, actions in ROLE_ACTIONS.items() if action in actions]
-    if not user.is_authenticated:
-        return Project.objects.none()
-    return Project.objects.filter(team__memberships__user=user, team__memberships__role__in=roles).select_related(
-        "team"
-    )
-
-
 def upload_for_share_token(token: str, *, count_use: bool = True) -> Upload | None:
     """The upload behind a live share link (counting the use); None for unknown or revoked links."""
     link = (
@@ -165,6 +105,33 @@ def membership_add(*, team: Team, user: User, role: str = Membership.Role.MEMBER
 
 def project_create(*, team: Team, name: str, slug: str) -> Project:
     return Project.objects.create(team=team, name=name, slug=slug)
+
+
+# What each role may do, in one place. Viewers read; members also upload and share; admins and
+# owners also manage the team (members, roles, projects).
+ROLE_RIGHTS: dict[str, frozenset[str]] = {
+    Membership.Role.VIEWER: frozenset({"read"}),
+    Membership.Role.MEMBER: frozenset({"read", "write"}),
+    Membership.Role.ADMIN: frozenset({"read", "write", "manage"}),
+    Membership.Role.OWNER: frozenset({"read", "write", "manage"}),
+}
+
+
+def role_of(user: AnyUser, team: Team) -> str | None:
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+
+
+def can(user: AnyUser, team: Team, right: str) -> bool:
+    role = role_of(user, team)
+    return role is not None and right in ROLE_RIGHTS.get(role, frozenset())
+
+
+def writable_projects(user: AnyUser) -> QuerySet[Project]:
+    """Projects the user may upload into (member or above)."""
+    roles = [role for role, rights in ROLE_RIGHTS.items() if "write" in rights]
+    return visible_projects(user).filter(team__memberships__user=user, team__memberships__role__in=roles).distinct()
 
 
 @transaction.atomic

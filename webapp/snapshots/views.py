@@ -14,7 +14,7 @@ from django.contrib import messages as flash
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.db import connection
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -74,7 +74,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
 
 
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
-    projects = services.visible_projects(request.user).order_by("team__name", "name")
+    projects = services.writable_projects(request.user).order_by("team__name", "name")
     return render(
         request,
         "snapshots/upload.html",
@@ -88,20 +88,11 @@ def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 20
 
 
 def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
-    # Only projects the user's role lets them upload to (a viewer's are left out).
+    # Only projects the user may upload into: a viewer's projects are not offered.
     return [
         (p.slug, f"{p.team.name} / {p.name}")
-        for p in services.projects_for_action(request.user, services.UPLOAD).order_by("team__name", "name")
+        for p in services.writable_projects(request.user).order_by("team__name", "name")
     ]
-
-
-def _role_denied(request: HttpRequest, denied: services.RoleDenied) -> HttpResponse:
-    if _wants_json(request):
-        response: HttpResponse = JsonResponse({"error": {"code": denied.code, "message": denied.message}}, status=403)
-    else:
-        response = HttpResponseForbidden(denied.message, content_type="text/plain; charset=utf-8")
-    response["X-Error-Code"] = denied.code
-    return response
 
 
 # --- pages -------------------------------------------------------------------------------
@@ -143,19 +134,13 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
         uploaded, sha256, fmt = received_file(request)
     except IntakeError as err:
         return _upload_refused(request, err)
-    seen = services.project_for_user(request.user, (request.POST.get("project") or "").strip())
-    if seen is not None:  # a project of the user's team, though perhaps not one they may upload to
-        try:
-            services.require(request.user, seen, services.UPLOAD)
-        except services.RoleDenied as denied:
-            return _role_denied(request, denied)
     form = UploadForm(request.POST, request.FILES, project_choices=choices)
     if not form.is_valid():
         if _wants_json(request):
             text = " ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
             return JsonResponse({"error": {"code": "upload:invalid", "message": text}}, status=400)
         return _render_upload_page(request, form, status=400)
-    project = services.project_for_user(request.user, form.cleaned_data["project"])
+    project = services.writable_projects(request.user).filter(slug=form.cleaned_data["project"]).first()
     if project is None:  # the choice list already limits this; belt and braces
         raise Http404
     created = services.upload_create(
@@ -230,11 +215,10 @@ def share_status_json(request: HttpRequest, token: str) -> HttpResponse:
 def share(request: HttpRequest, code: str) -> HttpResponse:
     """Page action: POST ``action=create`` makes a new link, ``action=revoke`` revokes it."""
     upload_row = _upload_or_404(request, code)
-    try:
-        services.require(request.user, upload_row.project, services.SHARE)
-    except services.RoleDenied as denied:
-        return _role_denied(request, denied)
     response = redirect("snapshots:detail", code=code)
+    if not services.can(request.user, upload_row.project.team, "write"):
+        flash.error(request, messages.SHARE_READ_ONLY)
+        return response
     cookie = SHARE_COOKIE.format(code=code)
     path = reverse("snapshots:detail", args=[code])
     if request.POST.get("action") == "revoke":
