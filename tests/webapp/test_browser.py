@@ -4,8 +4,8 @@ Debian's chromium (``/usr/bin/chromium``, ``apt-get install -y chromium``) drive
 playwright package (its own browser downloads are not used). The report comes from the real
 ``gpt_varlen_oom`` fixture through the worker's task function, served by ``live_server`` with
 the site's real middleware (django-csp nonces, WhiteNoise for BokehJS). Screenshots go to
-``test-results/screenshots/`` (ignored by git), so a test run never changes tracked files; to
-refresh the README's ``docs/screenshots/`` on purpose, run with ``OOMSCOPE_UPDATE_SCREENSHOTS=1``
+``test-results/`` (ignored by git), so a test run never changes tracked files; to refresh the
+README's ``docs/screenshots/`` on purpose, run with ``OOMSCOPE_SCREENSHOTS=docs/screenshots``
 (then look at them, and commit the ones that changed for a reason).
 """
 
@@ -36,13 +36,10 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# Screenshots go to test-results/ (ignored); OOMSCOPE_SCREENSHOTS=docs/screenshots refreshes the
+# committed ones on purpose.
 _ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOTS = (
-    _ROOT / "docs" / "screenshots"
-    if os.environ.get("OOMSCOPE_UPDATE_SCREENSHOTS") == "1"
-    else _ROOT / "test-results" / "screenshots"
-)
-
+SCREENSHOTS = Path(os.environ.get("OOMSCOPE_SCREENSHOTS") or _ROOT / "test-results")
 DOCS_SCREENSHOTS = _ROOT / "docs" / "screenshots"
 
 
@@ -55,7 +52,7 @@ def _docs_screenshots_untouched() -> Iterator[None]:
     """Unless asked to, the run leaves the tracked screenshots as they were (issue 13, item 7)."""
     before = _docs_screenshots_state()
     yield
-    if SCREENSHOTS != DOCS_SCREENSHOTS:
+    if SCREENSHOTS.resolve() != DOCS_SCREENSHOTS.resolve():
         assert _docs_screenshots_state() == before, "a test wrote into docs/screenshots/"
 
 
