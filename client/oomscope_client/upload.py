@@ -7,9 +7,11 @@ Django development server and some proxies reject chunked request bodies).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import secrets
+import select
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,17 +23,50 @@ API_PATH = "/api/v1/snapshots"
 CHUNK_BYTES = 1 << 16
 
 
+# What to do about each error code the site's API answers (webapp/snapshots/api.py and
+# intake.py); tests/client/test_upload_site.py provokes each on a real running site. A code
+# not listed here is still shown with the site's own message.
+HINTS = {
+    "auth-required": "send an API token (--token or $OOMSCOPE_TOKEN)",
+    "auth-invalid-token": "the token is unknown, revoked or expired, or its user was deactivated; "
+    "make a new one (python manage.py create_api_token USER)",
+    "upload:read-only": "your role in that team (viewer) may only read; ask an admin of the team for the member role",
+    "upload:unknown-project": "no project with that slug in your teams; check --project",
+    "upload:no-project": "you may upload to several projects; choose one with --project",
+    "upload:too-large": "the file is over the site's upload limit; gzip it, or record fewer events "
+    "(torch.cuda.memory._record_memory_history(max_entries=...))",
+    "upload:invalid": "shorten the field named (--run, --tags or --note)",
+}
+# Codes by family: the reader's refusals of files that are not snapshots (analysis/errors.py).
+HINT_PREFIXES = {
+    "snapshot:format:": "upload the file torch.cuda.memory._dump_snapshot() wrote (.pickle or .pickle.gz)",
+}
+
+
+def hint_for(code: str | None) -> str | None:
+    if not code:
+        return None
+    if code in HINTS:
+        return HINTS[code]
+    return next((hint for prefix, hint in HINT_PREFIXES.items() if code.startswith(prefix)), None)
+
+
 class UploadError(RuntimeError):
     """The site refused the upload or could not be reached.
 
-    ``status`` is the HTTP status (None when no response came back) and ``payload`` the parsed
-    JSON error body when there was one.
+    ``status`` is the HTTP status (None when no response came back), ``payload`` the parsed
+    JSON error body when there was one, ``code`` the site's error code from it (for example
+    ``auth-invalid-token``, ``upload:too-large``) and ``hint`` what to do about it.
     """
 
-    def __init__(self, message: str, *, status: int | None = None, payload: Any = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, payload: Any = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.payload = payload
+        self.code = code
+        self.hint = hint_for(code)
 
 
 def _header_value(text: str) -> str:
@@ -103,6 +138,48 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         raise UploadError(f"the server redirected the upload to {newurl}; pass that URL instead", status=code)
 
 
+class _EarlyAnswer:
+    """Stop sending the body once the site has answered (or hung up), and read its answer.
+
+    A site refuses an oversize upload from its Content-Length, before reading the body, and
+    closes the connection: the rest of the body then fails with a broken pipe, and urllib
+    would report "cannot reach" instead of the site's 413. Like curl, this checks for an
+    answer between chunks and stops writing when there is one, so ``getresponse`` reads it.
+    """
+
+    _answered = False
+
+    def send(self, data: Any) -> None:
+        sock = getattr(self, "sock", None)
+        if self._answered:
+            return
+        if sock is not None and select.select([sock], [], [], 0)[0]:
+            self._answered = True  # the site spoke before the body ended: its answer decides
+            return
+        try:
+            super().send(data)  # type: ignore[misc]
+        except (BrokenPipeError, ConnectionResetError):
+            self._answered = True  # it hung up mid-body; an answer may still be waiting
+
+
+class _HTTPConnection(_EarlyAnswer, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_EarlyAnswer, http.client.HTTPSConnection):
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: Any) -> Any:
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: Any) -> Any:
+        return self.do_open(_HTTPSConnection, req, context=self._context)  # type: ignore[attr-defined]
+
+
 def api_url(url: str) -> str:
     """The upload endpoint for a site URL (``https://host``) or the endpoint itself.
 
@@ -158,7 +235,7 @@ def upload(
             "User-Agent": "oomscope-client/0.1",
         },
     )
-    opener = urllib.request.build_opener(_NoRedirect())
+    opener = urllib.request.build_opener(_NoRedirect(), _HTTPHandler(), _HTTPSHandler())
     try:
         with opener.open(request, timeout=timeout) as response:
             raw = response.read()
@@ -166,8 +243,11 @@ def upload(
     except urllib.error.HTTPError as e:
         raw = e.read()
         payload = _json_or_none(raw)
+        code = _error_code(payload)
         detail = _error_text(payload) or raw[:300].decode("utf-8", "replace")
-        raise UploadError(f"upload refused: HTTP {e.code}: {detail}", status=e.code, payload=payload) from None
+        hint = hint_for(code)
+        text = f"upload refused: HTTP {e.code}: {detail}" + (f" ({hint})" if hint else "")
+        raise UploadError(text, status=e.code, payload=payload, code=code) from None
     except urllib.error.URLError as e:
         raise UploadError(f"cannot reach {api_url(url)}: {e.reason}") from None
     payload = _json_or_none(raw)
@@ -181,6 +261,12 @@ def _json_or_none(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
+
+
+def _error_code(payload: Any) -> str | None:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _error_text(payload: Any) -> str | None:

@@ -1,17 +1,66 @@
-"""Client tests run without torch and without Django: put client/ on the path."""
+"""Client tests: put client/ on the path; a torch stand-in; and a real running site to upload to.
+
+The client itself imports neither torch nor Django. ``live_site`` is the site as ``make run``
+starts it, on the test database: gunicorn on a loopback port, a real Celery worker, the
+session's private Redis (``redis_url`` from tests/webapp/conftest.py).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 import types
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.webapp.conftest import redis_url  # noqa: F401 - the session's private Redis, as a fixture here
+
 CLIENT_DIR = Path(__file__).resolve().parents[2] / "client"
 if str(CLIENT_DIR) not in sys.path:
     sys.path.insert(0, str(CLIENT_DIR))
+
+# The site's upload cap in these tests: above the real fixtures uploaded (gpt_varlen_oom is
+# 257,016 bytes), small enough that a file one byte over it is cheap to make.
+SITE_CAP = 1 << 20
+
+
+@dataclass
+class Site:
+    url: str
+    web: Any
+    worker: Any
+    directory: Path
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text()[-3000:] for p in (self.web.log_path, self.worker.log_path))
+
+
+@pytest.fixture(scope="module")
+def live_site(django_db_setup: Any, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:  # noqa: F811
+    from tests.webapp import processes
+
+    directory = tmp_path_factory.mktemp("site")
+    queue = f"oomscope-client-test-{os.getpid()}"
+    env = processes.process_env(
+        redis_url=redis_url, media_root=directory / "media", queue=queue, extra={"UPLOAD_MAX_BYTES": str(SITE_CAP)}
+    )
+    worker = processes.start_logged(processes.celery_worker_argv(queue), env, directory / "worker.log")
+    try:
+        processes.wait_for_log(worker, b"ready.", "celery worker")
+        web, url = processes.start_gunicorn(env, directory / "web.log")
+    except BaseException:
+        processes.stop(worker)
+        raise
+    try:
+        yield Site(url, web, worker, directory)
+    finally:
+        processes.stop(web)
+        processes.stop(worker)
+
 
 # --------------------------------------------------------------------------- a torch stand-in
 # OomDumper's own logic (lazy attach, one dump per OOM, sidecar) is tested here on a stand-in

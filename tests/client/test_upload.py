@@ -1,4 +1,9 @@
-"""The uploader against a real HTTP server on 127.0.0.1: headers, multipart body, streaming, errors, CLI."""
+"""The uploader's transport against a recording HTTP server on 127.0.0.1: headers, multipart body, streaming.
+
+This server only records the bytes it receives (which the real site cannot show) and answers
+what no oomscope site answers: redirects and a proxy's HTML error page. Every refusal the real
+API gives is tested against the running site in test_upload_site.py.
+"""
 
 from __future__ import annotations
 
@@ -53,9 +58,9 @@ class _Recorder(BaseHTTPRequestHandler):
             self.send_header("Location", "https://example.invalid/api/v1/snapshots")
             self.end_headers()
             return
-        raw = json.dumps(payload).encode()
+        raw = self.server.reply_raw or json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/html" if self.server.reply_raw else "application/json")
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         self.wfile.write(raw)
@@ -67,6 +72,7 @@ class _Recorder(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     requests: list[dict]
     reply: tuple[int, object]
+    reply_raw: bytes | None
     keep_body: bool
 
 
@@ -75,6 +81,7 @@ def server():
     srv = _Server(("127.0.0.1", 0), _Recorder)
     srv.requests = []
     srv.keep_body = True
+    srv.reply_raw = None
     srv.reply = (
         202,
         {"id": "k3J9x", "status": "queued", "url": "/s/k3J9x/", "api_url": "/api/v1/snapshots/k3J9x"},
@@ -171,13 +178,14 @@ def test_large_upload_does_not_hold_the_file_in_memory(server, tmp_path):
     assert peak < 4 << 20, f"peak Python allocation {peak} bytes for a {size}-byte file"
 
 
-def test_http_error_raises_with_status_and_json_detail(server, snapshot_file):
-    server.reply = (401, {"error": {"code": "auth:token-expired", "message": "token expired"}})
+def test_a_non_json_error_page_is_reported_with_its_text(server, snapshot_file):
+    """A proxy in front of the site (nginx, a load balancer) answers HTML: no code, its text shown."""
+    server.reply = (502, None)
+    server.reply_raw = b"<html><body>502 Bad Gateway</body></html>"
     with pytest.raises(UploadError) as info:
-        upload(snapshot_file, _base(server), "bad")
-    assert info.value.status == 401
-    assert info.value.payload == server.reply[1]
-    assert "auth:token-expired: token expired" in str(info.value)
+        upload(snapshot_file, _base(server), TOKEN)
+    assert (info.value.status, info.value.code, info.value.payload, info.value.hint) == (502, None, None, None)
+    assert str(info.value) == "upload refused: HTTP 502: <html><body>502 Bad Gateway</body></html>"
 
 
 def test_redirect_is_an_error_not_a_silent_get(server, snapshot_file):
@@ -217,11 +225,9 @@ def test_cli_upload_prints_the_json(server, snapshot_file):
     assert parts["run"] == (None, b"r1")
 
 
-def test_cli_takes_token_from_environment_and_reports_refusal(server, snapshot_file):
-    server.reply = (403, {"error": {"code": "auth:forbidden", "message": "not your project"}})
-    r = _cli("upload", str(snapshot_file), "--url", _base(server), env={"OOMSCOPE_TOKEN": "envtok"})
-    assert r.returncode == 1
-    assert "HTTP 403" in r.stderr
+def test_cli_takes_token_and_site_from_environment(server, snapshot_file):
+    r = _cli("upload", str(snapshot_file), env={"OOMSCOPE_TOKEN": "envtok", "OOMSCOPE_URL": _base(server)})
+    assert r.returncode == 0, r.stderr
     assert server.requests[0]["headers"]["Authorization"] == "Bearer envtok"
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import ROOT, database_url_of_test_db
+from tests.webapp import processes
 
 
 def redis_server_binary() -> str:
@@ -161,61 +160,19 @@ def start_worker(redis_url: str, settings: Any, tmp_path: Path) -> Iterator[Any]
     started: list[subprocess.Popen[bytes]] = []
 
     def start(extra_env: dict[str, str] | None = None, beat: bool = False) -> subprocess.Popen[bytes]:
-        log_path = tmp_path / f"worker-{len(started)}.log"
-        env = dict(os.environ)
-        env.update(
-            {
-                "DATABASE_URL": database_url_of_test_db(),
-                "REDIS_URL": redis_url,
-                "MEDIA_ROOT": str(settings.MEDIA_ROOT),
-                "DJANGO_SETTINGS_MODULE": "webapp.settings",
-                "PYTHONPATH": str(ROOT),
-                "CELERY_QUEUE": app.conf.task_default_queue,
-                **(extra_env or {}),
-            }
-        )
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "webapp.celery:app",
-            "worker",
-            "--pool",
-            "prefork",
-            "--concurrency",
-            "1",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-Q",
-            app.conf.task_default_queue,
-        ]
-        if beat:
-            argv += ["-B", "--schedule", str(tmp_path / "beat-schedule")]
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        proc.log_path = log_path  # type: ignore[attr-defined]
+        queue = app.conf.task_default_queue
+        env = processes.process_env(redis_url=redis_url, media_root=settings.MEDIA_ROOT, queue=queue, extra=extra_env)
+        argv = processes.celery_worker_argv(queue, tmp_path / "beat-schedule" if beat else None)
+        proc = processes.start_logged(argv, env, tmp_path / f"worker-{len(started)}.log")
         started.append(proc)
-        deadline = time.monotonic() + 30
-        while b"ready." not in log_path.read_bytes():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"celery worker did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
+        processes.wait_for_log(proc, b"ready.", "celery worker")
         return proc
 
     try:
         yield start
     finally:
         for proc in started:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            processes.stop(proc)
 
 
 @pytest.fixture

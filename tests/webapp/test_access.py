@@ -1,9 +1,13 @@
 """Who may reach what. The matrix is generated from the URLconf, so a new view cannot be skipped.
 
-Every route in the ``snapshots`` and ``api`` namespaces is tried by an anonymous
-visitor (pages: redirect to login; API: 401) and by a signed-in user of another team
-(404 for anything that names an object). Routes outside those namespaces must be in
-``PUBLIC`` with a reason, or this test fails.
+Every route in the ``snapshots`` and ``api`` namespaces is tried by an anonymous visitor
+(pages: redirect to login; API: 401). Every route that names objects is tried by Bob
+(team B) with **each** object of its URL in turn taken from Alice's team A and the rest his
+own: compare's ``code_a`` and its ``code_b`` are each tried as another team's. Bob gets 404
+(or the same 405 his own objects get), and the same URL with only his own objects is not a
+404, so the 404 comes from the foreign object and not from a broken URL. API routes are
+tried with Bob's token and with Bob's browser session. Routes outside those namespaces must
+be in ``PUBLIC`` with a reason, or this test fails.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from tests.webapp.helpers import bearer
-from webapp.snapshots.models import Upload
-from webapp.snapshots.services import new_upload_code
+from webapp.snapshots import services
+from webapp.snapshots.models import Report, ShareLink, Upload
 
 pytestmark = pytest.mark.django_db
 
@@ -25,10 +29,15 @@ PUBLIC = {
     "login": "the way in",
     "logout": "ends a session; names no object",
     "signup": "the way in",
-    "snapshots:share_view": "the capability URL itself; tested in test_pages and test_api",
-    "snapshots:share_status_json": "the capability URL's status poll; tested in test_pages",
-    "admin": "Django admin has its own staff-only login",
+    "snapshots:share_view": "the capability URL itself; test_share_links.py",
+    "snapshots:share_status_json": "the capability URL's status poll; test_share_links.py",
+    "admin": "Django admin has its own staff-only login; test_admin_refuses_non_staff below",
 }
+
+# What each URL keyword names; a route with a keyword missing here fails test_every_keyword_is_known.
+UPLOAD_KEYS = {"code", "code_a", "code_b"}
+PROJECT_KEYS = {"slug"}
+TEAM_KEYS = {"team"}  # a team's slug (the team pages)
 
 
 def walk(patterns: list[Any], namespace: str = "") -> list[tuple[str, URLPattern]]:
@@ -49,6 +58,14 @@ ROUTES = walk(get_resolver().url_patterns)
 PROTECTED = sorted(name for name, _ in ROUTES if name not in PUBLIC)
 # Routes whose URL names an object (upload code, project slug): another team must get 404.
 OBJECT_ROUTES = [name for name in PROTECTED if dict(ROUTES)[name].pattern.converters]
+# (route, the one keyword whose object is another team's), for every keyword of every route.
+FOREIGN_CASES = [(name, key) for name in OBJECT_ROUTES for key in sorted(dict(ROUTES)[name].pattern.converters)]
+# ... each through every way in: pages by session; the API by token and by session.
+FOREIGN_MATRIX = [
+    (name, key, via)
+    for name, key in FOREIGN_CASES
+    for via in (("token", "session") if name[:4] == "api:" else ("session",))
+]
 
 
 def test_every_route_is_protected_or_listed_public() -> None:
@@ -56,19 +73,46 @@ def test_every_route_is_protected_or_listed_public() -> None:
         assert name in PUBLIC or name.split(":")[0] in {"snapshots", "api"}, f"{name}: not classified"
     # The matrix below really covers the pages and the API.
     assert {"snapshots:detail", "snapshots:history", "api:snapshot", "api:snapshot_report"} <= set(PROTECTED)
+    # compare is tried twice, once per code: the case the issue's security mutant hid in.
+    assert ("snapshots:compare", "code_a") in FOREIGN_CASES and ("snapshots:compare", "code_b") in FOREIGN_CASES
 
 
-def kwargs_for(name: str, objects: dict[str, str]) -> dict[str, str]:
-    pattern = dict(ROUTES)[name]
-    return {key: objects[key] for key in pattern.pattern.converters}
+def test_every_keyword_is_known() -> None:
+    for name in OBJECT_ROUTES:
+        for key in dict(ROUTES)[name].pattern.converters:
+            assert key in UPLOAD_KEYS | PROJECT_KEYS | TEAM_KEYS, f"{name}: URL keyword {key!r} names an unknown kind"
+
+
+def url_for(name: str, owner: dict[str, str], foreign: dict[str, str] | None = None, key: str | None = None) -> str:
+    """The route's URL with every object ``owner``'s, except ``key``'s, which is ``foreign``'s."""
+    kwargs = {}
+    for k in dict(ROUTES)[name].pattern.converters:
+        source = foreign if (foreign is not None and k == key) else owner
+        kwargs[k] = source["slug"] if k in PROJECT_KEYS else source["team"] if k in TEAM_KEYS else source[k]
+    return reverse(name, kwargs=kwargs)
+
+
+def team_objects(project: Any, user: Any) -> dict[str, str]:
+    # Rows only: who may see a row does not depend on its file. Two uploads, so compare can
+    # name two different ones; queued, so the report route answers "report-not-ready" to a
+    # member and "not-found" to anyone else (the two 404s are told apart by their codes).
+    a = Upload.objects.create(
+        code=services.new_upload_code(), project=project, uploaded_by=user, filename=f"{project.slug}-a", bytes=1
+    )
+    b = Upload.objects.create(
+        code=services.new_upload_code(), project=project, uploaded_by=user, filename=f"{project.slug}-b", bytes=1
+    )
+    return {"code": a.code, "code_a": a.code, "code_b": b.code, "slug": project.slug, "team": project.team.slug}
 
 
 @pytest.fixture
 def objects(alice: Any, alpha: Any) -> dict[str, str]:
-    # Rows only: who may see a row does not depend on its file.
-    a = Upload.objects.create(code=new_upload_code(), project=alpha, uploaded_by=alice, filename="a", bytes=1)
-    b = Upload.objects.create(code=new_upload_code(), project=alpha, uploaded_by=alice, filename="b", bytes=1)
-    return {"code": a.code, "code_a": a.code, "code_b": b.code, "slug": alpha.slug}
+    return team_objects(alpha, alice)
+
+
+@pytest.fixture
+def bobs(bob: Any, beta: Any) -> dict[str, str]:
+    return team_objects(beta, bob)
 
 
 def is_login_redirect(response: Any) -> bool:
@@ -78,29 +122,55 @@ def is_login_redirect(response: Any) -> bool:
 @pytest.mark.parametrize("name", PROTECTED)
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
 def test_anonymous_is_refused(client: Any, objects: dict[str, str], name: str, method: str) -> None:
-    url = reverse(name, kwargs=kwargs_for(name, objects))
+    url = url_for(name, objects)
     response = getattr(client, method)(url)
     if name.startswith("api:"):
         assert response.status_code == 401, (url, response.status_code)
+        assert response.json()["error"]["code"] == "auth-required"
     else:
         assert is_login_redirect(response), (url, response.status_code)
 
 
-@pytest.mark.parametrize("name", OBJECT_ROUTES)
+def _request(client: Any, method: str, url: str, via: str, token: str) -> Any:
+    if via == "token":
+        return getattr(client, method)(url, **bearer(token))
+    return getattr(client, method)(url)
+
+
+@pytest.mark.parametrize(("name", "key", "via"), FOREIGN_MATRIX)
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
-def test_other_team_gets_404(
-    client: Any, objects: dict[str, str], bob: Any, beta: Any, bob_token: str, name: str, method: str
+def test_each_object_of_another_team_is_404(
+    client: Any,
+    objects: dict[str, str],
+    bobs: dict[str, str],
+    bob: Any,
+    bob_token: str,
+    name: str,
+    key: str,
+    method: str,
+    via: str,
 ) -> None:
-    url = reverse(name, kwargs=kwargs_for(name, objects))
-    if name.startswith("api:"):
-        response = getattr(client, method)(url, **bearer(bob_token))
-        assert response.status_code in (404, 405), (url, response.status_code)
-        if response.status_code == 405:  # a method the route does not take: still nothing shown
-            assert objects["code"] not in response.content.decode()
-    else:
+    if via == "session":
         client.force_login(bob)
-        response = getattr(client, method)(url)
-        assert response.status_code in (404, 405), (url, response.status_code)
+    foreign_url = url_for(name, bobs, objects, key)
+    own_url = url_for(name, bobs)
+    shares_before = ShareLink.objects.count()
+    foreign = _request(client, method, foreign_url, via, bob_token)
+    own = _request(client, method, own_url, via, bob_token)
+    assert own.status_code != 404 or own.json()["error"]["code"] == "report-not-ready", (own_url, own.status_code)
+    if foreign.status_code == 405:  # a method the route does not take: the same answer as for his own
+        assert own.status_code == 405, (own_url, own.status_code)
+    else:
+        assert foreign.status_code == 404, (foreign_url, foreign.status_code)
+        if name.startswith("api:"):
+            assert foreign.json()["error"]["code"] == "not-found"
+    body = foreign.content.decode()
+    for secret in (objects["code_a"], objects["code_b"], "alpha-a", "alpha-b", "Team A"):
+        assert secret not in body, (foreign_url, secret)
+    # Nothing was written for Alice's uploads by Bob's requests (a share link, say).
+    alice_codes = [objects["code_a"], objects["code_b"]]
+    assert not ShareLink.objects.filter(upload__code__in=alice_codes).exists()
+    assert ShareLink.objects.count() - shares_before <= 1  # at most Bob's own request made one
 
 
 def test_other_team_sees_nothing_of_alpha(client: Any, objects: dict[str, str], bob: Any, beta: Any) -> None:
@@ -110,10 +180,100 @@ def test_other_team_sees_nothing_of_alpha(client: Any, objects: dict[str, str], 
         assert objects["code"] not in body and "Alpha" not in body
 
 
+def test_api_upload_into_another_teams_project_is_404(
+    client: Any, objects: dict[str, str], bob_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    from tests.webapp.helpers import GPT_OOM
+
+    with open(GPT_OOM, "rb") as fh, django_capture_on_commit_callbacks() as published:
+        response = client.post("/api/v1/snapshots", {"file": fh, "project": "alpha"}, **bearer(bob_token))
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "upload:unknown-project"
+    assert Upload.objects.filter(project__slug="alpha").count() == 2 and not published
+
+
+def test_page_upload_into_another_teams_project_is_refused(client: Any, bob: Any, beta: Any) -> None:
+    from tests.webapp.helpers import GPT_OOM
+
+    client.force_login(bob)
+    with open(GPT_OOM, "rb") as fh:
+        response = client.post("/upload/", {"file": fh, "project": "alpha"}, headers={"Accept": "application/json"})
+    assert response.status_code == 400  # not among his choices
+    assert response.json()["error"]["code"] == "upload:invalid"
+    assert not Upload.objects.exists()
+
+
 @pytest.mark.parametrize("name", PROTECTED)
 def test_member_reaches_every_route(alice_client: Any, objects: dict[str, str], name: str) -> None:
-    url = reverse(name, kwargs=kwargs_for(name, objects))
+    url = url_for(name, objects)
     response = alice_client.get(url)
     # 405 for POST-only routes; 404 only for a report that is not ready yet.
-    assert response.status_code in (200, 405) or (name == "api:snapshot_report" and response.status_code == 404)
+    assert response.status_code in (200, 405) or (
+        name == "api:snapshot_report" and response.json()["error"]["code"] == "report-not-ready"
+    ), (url, response.status_code)
     assert not is_login_redirect(response)
+
+
+def test_leaving_the_team_ends_access_at_once(client: Any, alice: Any, objects: dict[str, str], bob: Any) -> None:
+    from webapp.snapshots.models import Membership, Team
+
+    team = Team.objects.get(slug="team-a")
+    services.membership_add(team=team, user=bob, role="member")
+    token = services.api_token_create(bob)
+    client.force_login(bob)
+    assert client.get(f"/s/{objects['code']}/").status_code == 200
+    assert client.get(f"/api/v1/snapshots/{objects['code']}", **bearer(token)).status_code == 200
+    Membership.objects.filter(team=team, user=bob).delete()
+    assert client.get(f"/s/{objects['code']}/").status_code == 404
+    assert client.get(f"/api/v1/snapshots/{objects['code']}", **bearer(token)).status_code == 404
+
+
+def test_report_rows_of_another_team_never_leak_through_compare(
+    client: Any, objects: dict[str, str], bobs: dict[str, str], bob: Any
+) -> None:
+    """With finished reports on both sides, compare of Bob's report with Alice's is still 404 both ways."""
+    for code in (objects["code_a"], bobs["code_a"]):
+        upload = Upload.objects.get(code=code)
+        Report.objects.create(upload=upload, data={"schema": "oomscope.report/1", "devices": []}, charts={})
+        Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.DONE)
+    client.force_login(bob)
+    assert client.get(f"/compare/{bobs['code_a']}/{objects['code_a']}/").status_code == 404
+    assert client.get(f"/compare/{objects['code_a']}/{bobs['code_a']}/").status_code == 404
+    assert client.get(f"/compare/{bobs['code_a']}/{bobs['code_b']}/").status_code == 200
+
+
+# --- the Django admin -------------------------------------------------------------------------
+
+ADMIN_PAGES = ["/admin/", "/admin/snapshots/upload/", "/admin/snapshots/apitoken/", "/admin/auth/user/"]
+
+
+def test_admin_refuses_non_staff_users(client: Any, alice: Any, objects: dict[str, str]) -> None:
+    for url in ADMIN_PAGES:
+        anonymous = client.get(url)
+        assert anonymous.status_code == 302 and anonymous["Location"].startswith("/admin/login/"), url
+    client.force_login(alice)  # a signed-in team owner, not staff
+    for url in ADMIN_PAGES:
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/admin/login/"), url
+    client.logout()
+    # Her right password does not open the admin either.
+    login = client.post("/admin/login/", {"username": "alice", "password": "pw-alice-123", "next": "/admin/"})
+    assert login.status_code == 200
+    assert "for a staff account" in login.content.decode()
+    assert client.get("/admin/").status_code == 302
+
+
+def test_admin_staff_without_permissions_sees_no_model(client: Any, django_user_model: Any) -> None:
+    staff = django_user_model.objects.create_user("ops", password="pw-ops-123", is_staff=True)
+    client.force_login(staff)
+    assert client.get("/admin/").status_code == 200  # the index, listing nothing
+    for url in ADMIN_PAGES[1:]:
+        assert client.get(url).status_code == 403, url
+
+
+def test_admin_opens_for_a_superuser(client: Any, django_user_model: Any, objects: dict[str, str]) -> None:
+    root = django_user_model.objects.create_superuser("root", password="pw-root-123")
+    client.force_login(root)
+    for url in ADMIN_PAGES:
+        assert client.get(url).status_code == 200, url
+    assert objects["code"] in client.get("/admin/snapshots/upload/").content.decode()

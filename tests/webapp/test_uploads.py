@@ -214,3 +214,110 @@ def test_chunked_body_without_length_is_411(client: Any, alice_token: str) -> No
     )
     assert response.status_code == 411
     assert response.json()["error"]["code"] == "upload:length-required"
+
+
+# --- limits at their boundaries: the cap, and the run / tags / note fields ------------------
+
+
+@pytest.mark.parametrize("how", ["api", "page"])
+def test_a_file_of_exactly_the_cap_is_accepted_and_one_byte_more_refused(
+    client: Any, alice: Any, alice_token: str, small_cap: int, how: str
+) -> None:
+    def post(size: int) -> Any:
+        data = {"file": big_file(size), "project": "alpha"}
+        if how == "api":
+            return client.post("/api/v1/snapshots", data, **bearer(alice_token))
+        client.force_login(alice)
+        return client.post("/upload/", data, headers={"Accept": "application/json"})
+
+    at_cap = post(small_cap)
+    assert at_cap.status_code == 202, at_cap.content
+    assert Upload.objects.get().bytes == small_cap == 64 * 1024
+    over = post(small_cap + 1)
+    assert over.status_code == 413, over.content
+    assert over.json()["error"]["code"] == "upload:too-large"
+    assert over.json()["error"]["message"] == "The file is larger than the 64.0 KiB upload limit."
+    assert Upload.objects.count() == 1
+
+
+def test_the_declared_length_check_allows_the_cap_plus_the_multipart_overhead(small_cap: int) -> None:
+    """Before reading a byte, a body up to cap + MULTIPART_OVERHEAD passes; one byte more is refused."""
+    from django.test import RequestFactory
+
+    from webapp.snapshots.uploads import MULTIPART_OVERHEAD, content_length_over_cap
+
+    limit = small_cap + MULTIPART_OVERHEAD  # 64 KiB + 64 KiB = 131072 bytes
+    factory = RequestFactory()
+    assert not content_length_over_cap(factory.post("/", CONTENT_LENGTH=str(limit)))
+    assert content_length_over_cap(factory.post("/", CONTENT_LENGTH=str(limit + 1)))
+    assert not content_length_over_cap(factory.post("/", CONTENT_LENGTH="not-a-number"))
+
+
+def test_a_declared_body_one_byte_over_is_refused_unread(client: Any, alice_token: str, small_cap: int) -> None:
+    from webapp.snapshots.uploads import MULTIPART_OVERHEAD
+
+    response = client.generic(
+        "POST",
+        "/api/v1/snapshots",
+        b"",
+        content_type="multipart/form-data; boundary=x",
+        CONTENT_LENGTH=str(small_cap + MULTIPART_OVERHEAD + 1),
+        **bearer(alice_token),
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "upload:too-large"
+
+
+# (field, the longest accepted value). The limits are forms.py's, shared by the page and the API.
+FIELD_LIMITS = [("run", 200), ("tags", 500), ("note", 5000)]
+
+
+def test_the_field_limits_are_one_definition() -> None:
+    from webapp.snapshots.forms import ApiUploadFieldsForm, UploadForm
+
+    page = UploadForm(project_choices=[])
+    api = ApiUploadFieldsForm()
+    for field, limit in FIELD_LIMITS:
+        assert page.fields[field].max_length == api.fields[field].max_length == limit, field
+
+
+def _text(field: str, length: int) -> str:
+    # Tags: comma-separated short tags, so the raw length is what is measured.
+    return ("ab," * length)[:length] if field == "tags" else "x" * length
+
+
+@pytest.mark.parametrize(("field", "limit"), FIELD_LIMITS)
+@pytest.mark.parametrize("how", ["api", "page"])
+def test_text_fields_at_their_limit_are_kept_and_one_more_is_refused(
+    client: Any, alice: Any, alice_token: str, field: str, limit: int, how: str
+) -> None:
+    def post(value: str) -> Any:
+        with open(GPT_OOM, "rb") as fh:
+            data = {"file": fh, "project": "alpha", field: value}
+            if how == "api":
+                return client.post("/api/v1/snapshots", data, **bearer(alice_token))
+            client.force_login(alice)
+            return client.post("/upload/", data, headers={"Accept": "application/json"})
+
+    at_limit = post(_text(field, limit))
+    assert at_limit.status_code == 202, at_limit.content
+    stored = Upload.objects.get()
+    if field == "tags":
+        # 500 characters of "ab," hold 167 tags ("ab" x 166, then "ab"); the row keeps the first 20.
+        assert stored.tags == ["ab"] * 20
+    else:
+        assert getattr(stored, field) == "x" * limit
+    over = post(_text(field, limit + 1))
+    assert over.status_code == 400, over.content
+    error = over.json()["error"]
+    assert error["code"] == "upload:invalid"
+    assert error["message"].startswith(f"{field}:") and str(limit) in error["message"]
+    assert Upload.objects.count() == 1
+
+
+def test_tags_are_split_trimmed_and_cut_at_50_characters(client: Any, alice_token: str) -> None:
+    tags = " a ; b,," + "t" * 51 + ", " + "u" * 50
+    with open(GPT_OOM, "rb") as fh:
+        response = client.post("/api/v1/snapshots", {"file": fh, "tags": tags}, **bearer(alice_token))
+    assert response.status_code == 202
+    assert Upload.objects.get().tags == ["a", "b", "t" * 50, "u" * 50]

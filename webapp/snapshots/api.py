@@ -10,14 +10,13 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
 from webapp.snapshots import messages, services
-from webapp.snapshots.forms import clean_oom_message, split_tags
+from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
 
@@ -53,7 +52,7 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                 scheme, _, raw = header.partition(" ")
                 found = services.api_token_user(raw.strip()) if scheme.lower() == "bearer" and raw.strip() else None
                 if found is None:
-                    return _unauthorized()
+                    return _unauthorized("auth-invalid-token", messages.BAD_API_KEY)
                 request.user, request.api_token = found  # type: ignore[attr-defined]
             elif request.user.is_authenticated:
                 request.api_token = None  # type: ignore[attr-defined]
@@ -82,8 +81,8 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
     return decorate
 
 
-def _unauthorized() -> JsonResponse:
-    response = _error(401, "auth-required", messages.AUTH_REQUIRED)
+def _unauthorized(code: str = "auth-required", message: str = messages.AUTH_REQUIRED) -> JsonResponse:
+    response = _error(401, code, message)
     response["WWW-Authenticate"] = 'Bearer realm="oomscope"'
     return response
 
@@ -99,7 +98,13 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         uploaded, sha256, fmt = received_file(request)
     except IntakeError as err:
         return JsonResponse(err.as_json(), status=err.status)
-    slug = (request.POST.get("project") or "").strip()
+    fields = ApiUploadFieldsForm(request.POST)
+    if not fields.is_valid():
+        field, detail = first_error(fields)
+        if field == "oom_message":
+            return _error(400, "upload:invalid-oom-message", detail)
+        return _error(400, "upload:invalid", messages.UPLOAD_INVALID_FIELD.format(field=field, detail=detail))
+    slug = fields.cleaned_data["project"].strip()
     token = getattr(request, "api_token", None)
     if slug:
         project = services.project_for_user(request.user, slug)
@@ -112,20 +117,18 @@ def snapshots(request: HttpRequest) -> HttpResponse:
             return _error(400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
     if project is None:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
-    try:
-        oom_message = clean_oom_message(request.POST.get("oom_message") or "")
-    except ValidationError as exc:
-        return _error(400, "upload:invalid-oom-message", " ".join(exc.messages))
+    if not services.can(request.user, project.team, "write"):
+        return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
     upload = services.upload_create(
         user=request.user,  # type: ignore[arg-type]
         project=project,
         uploaded=uploaded,
         sha256=sha256,
         fmt=fmt,
-        run=(request.POST.get("run") or "").strip(),
-        tags=split_tags(request.POST.get("tags") or ""),
-        note=request.POST.get("note") or "",
-        oom_message=oom_message,
+        run=fields.cleaned_data["run"].strip(),
+        tags=fields.cleaned_data["tags"],
+        note=fields.cleaned_data["note"],
+        oom_message=fields.cleaned_data["oom_message"],
     )
     body = services.upload_api_dict(upload, request)
     return JsonResponse(
@@ -159,6 +162,9 @@ def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
+    # Viewers read the report but hand out no access: links are for members and above.
+    if not services.can(request.user, upload.project.team, "write"):
+        return _error(403, "share:read-only", messages.SHARE_READ_ONLY)
     if request.method == "DELETE":
         revoked = services.share_revoke(upload)
         return JsonResponse({"share_url": None, "revoked": revoked})

@@ -33,7 +33,14 @@ UPLOAD_LENGTH_REQUIRED = "Send the upload with a Content-Length header (chunked 
 UPLOAD_MISSING_FILE = "No file was sent. Attach the snapshot as the multipart field 'file'."
 UPLOAD_UNKNOWN_PROJECT = "No project '{slug}' that you can upload to."
 UPLOAD_NO_PROJECT = "Choose a project to upload to."
+UPLOAD_INVALID_FIELD = "{field}: {detail}"
 AUTH_REQUIRED = "Authentication required: send 'Authorization: Bearer <token>'."
+BAD_API_KEY = (
+    "This API token is not valid: it is unknown, revoked or expired, or its user is inactive. "
+    "Make a new one (python manage.py create_api_token USER)."
+)
+UPLOAD_READ_ONLY = "You can read this project but not upload to it (your role is viewer)."
+SHARE_READ_ONLY = "Viewers can read this report but not make or revoke its share links."
 NOT_FOUND = "Not found."
 REPORT_NOT_READY = "The report is not ready (status: {status})."
 CSRF_FAILED = "CSRF check failed; reload the page and try again."

@@ -22,8 +22,13 @@ class Team(models.Model):
 
 class Membership(models.Model):
     class Role(models.TextChoices):
+        """What a member may do (services.ROLE_RIGHTS): viewers read; members also upload and
+        share; admins (and the team's creator, its owner) also manage members, projects and roles."""
+
         OWNER = "owner"
+        ADMIN = "admin"
         MEMBER = "member"
+        VIEWER = "viewer"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
@@ -124,6 +129,7 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # None: until revoked
 
     def __str__(self) -> str:
         return f"token {self.prefix}…"

@@ -3,6 +3,8 @@
 Access rule, in one place: a user sees a project, and the uploads in it, when the user
 is a member of the project's team (``visible_projects`` / ``visible_uploads``). Every
 lookup by id for a user goes through them, so another team's id is simply "not found".
+What a member may do beyond reading depends on the role (``ROLE_RIGHTS``, asked through
+``can``): a viewer reads, a member also uploads and shares.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -103,6 +105,33 @@ def membership_add(*, team: Team, user: User, role: str = Membership.Role.MEMBER
 
 def project_create(*, team: Team, name: str, slug: str) -> Project:
     return Project.objects.create(team=team, name=name, slug=slug)
+
+
+# What each role may do, in one place. Viewers read; members also upload and share; admins and
+# owners also manage the team (members, roles, projects).
+ROLE_RIGHTS: dict[str, frozenset[str]] = {
+    Membership.Role.VIEWER: frozenset({"read"}),
+    Membership.Role.MEMBER: frozenset({"read", "write"}),
+    Membership.Role.ADMIN: frozenset({"read", "write", "manage"}),
+    Membership.Role.OWNER: frozenset({"read", "write", "manage"}),
+}
+
+
+def role_of(user: AnyUser, team: Team) -> str | None:
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+
+
+def can(user: AnyUser, team: Team, right: str) -> bool:
+    role = role_of(user, team)
+    return role is not None and right in ROLE_RIGHTS.get(role, frozenset())
+
+
+def writable_projects(user: AnyUser) -> QuerySet[Project]:
+    """Projects the user may upload into (member or above)."""
+    roles = [role for role, rights in ROLE_RIGHTS.items() if "write" in rights]
+    return visible_projects(user).filter(team__memberships__user=user, team__memberships__role__in=roles).distinct()
 
 
 @transaction.atomic
@@ -318,15 +347,23 @@ def share_active(upload: Upload) -> ShareLink | None:
 # --- API tokens ---------------------------------------------------------------------------
 
 
-def api_token_create(user: User, default_project: Project | None = None) -> str:
+def api_token_create(user: User, default_project: Project | None = None, *, expires_at: datetime | None = None) -> str:
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(user=user, token_hash=token_hash(token), prefix=token[:10], default_project=default_project)
+    ApiToken.objects.create(
+        user=user,
+        token_hash=token_hash(token),
+        prefix=token[:10],
+        default_project=default_project,
+        expires_at=expires_at,
+    )
     return token
 
 
 def api_token_user(raw: str) -> tuple[User, ApiToken] | None:
+    """The live token's user: None for an unknown, revoked or expired token or an inactive user."""
     token = (
         ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
         .select_related("user", "default_project")
         .first()
     )

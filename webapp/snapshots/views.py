@@ -74,7 +74,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
 
 
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
-    projects = services.visible_projects(request.user).order_by("team__name", "name")
+    projects = services.writable_projects(request.user).order_by("team__name", "name")
     return render(
         request,
         "snapshots/upload.html",
@@ -88,9 +88,10 @@ def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 20
 
 
 def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
+    # Only projects the user may upload into: a viewer's projects are not offered.
     return [
         (p.slug, f"{p.team.name} / {p.name}")
-        for p in services.visible_projects(request.user).order_by("team__name", "name")
+        for p in services.writable_projects(request.user).order_by("team__name", "name")
     ]
 
 
@@ -139,7 +140,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
             text = " ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
             return JsonResponse({"error": {"code": "upload:invalid", "message": text}}, status=400)
         return _render_upload_page(request, form, status=400)
-    project = services.project_for_user(request.user, form.cleaned_data["project"])
+    project = services.writable_projects(request.user).filter(slug=form.cleaned_data["project"]).first()
     if project is None:  # the choice list already limits this; belt and braces
         raise Http404
     created = services.upload_create(
@@ -216,6 +217,9 @@ def share(request: HttpRequest, code: str) -> HttpResponse:
     """Page action: POST ``action=create`` makes a new link, ``action=revoke`` revokes it."""
     upload_row = _upload_or_404(request, code)
     response = redirect("snapshots:detail", code=code)
+    if not services.can(request.user, upload_row.project.team, "write"):
+        flash.error(request, messages.SHARE_READ_ONLY)
+        return response
     cookie = SHARE_COOKIE.format(code=code)
     path = reverse("snapshots:detail", args=[code])
     if request.POST.get("action") == "revoke":

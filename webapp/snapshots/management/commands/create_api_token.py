@@ -1,17 +1,20 @@
-"""``manage.py create_api_token USER [--create-user] [--team T --project P]``: print a new API token.
+"""``manage.py create_api_token USER [--create-user] [--team T --project P] [--days N]``: print a new API token.
 
 Only the token's sha256 and a prefix are stored; the printed token cannot be shown again.
 With ``--team``/``--project`` the user joins the team (created if missing) and the
-project (created if missing) becomes the token's default upload target.
+project (created if missing) becomes the token's default upload target. With ``--days`` the
+token stops working N days from now (401 ``auth-invalid-token``); without it, when revoked.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
+from django.utils import timezone
 from django.utils.text import slugify
 
 from webapp.snapshots import services
@@ -26,6 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--create-user", action="store_true", help="create the user if missing")
         parser.add_argument("--team", help="team slug or name; created if missing, USER joins it")
         parser.add_argument("--project", help="project slug inside --team; created if missing")
+        parser.add_argument("--days", type=float, help="the token expires this many days from now")
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
@@ -53,4 +57,9 @@ class Command(BaseCommand):
                     project = services.project_create(team=team, name=options["project"], slug=project_slug)
                 elif project.team_id != team.id:
                     raise CommandError(f"project {project_slug!r} belongs to another team")
-        self.stdout.write(services.api_token_create(user, default_project=project))
+        expires_at = None
+        if options["days"] is not None:
+            if options["days"] <= 0:
+                raise CommandError("--days must be positive")
+            expires_at = timezone.now() + timedelta(days=options["days"])
+        self.stdout.write(services.api_token_create(user, default_project=project, expires_at=expires_at))

@@ -1,11 +1,11 @@
-# The lead renumbers this migration when merging (issue 9 item 4: the pasted OOM message).
+# The pasted OOM message (issue 9 item 4: the real limit).
 
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("snapshots", "0001_initial"),
+        ("snapshots", "0002_roles_and_token_expiry"),
     ]
 
     operations = [

@@ -1,0 +1,141 @@
+"""Hand-written one-line mutants of the access checks and upload limits, each run against their tests.
+
+``.venv/bin/python scripts/access_mutants.py [N ...]``: applies each mutant (or only mutants N),
+runs the access, role, token, share-link and upload tests with ``-x``, restores the file, and
+prints killed / SURVIVED per mutant. Mutant 0 is issue 13's security mutant (compare's second
+snapshot looked up without the access check). About 15 minutes on the 2-core box.
+"""
+
+# ruff: noqa: E501 - each mutant is the exact source text it replaces
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTS = [
+    "tests/webapp/test_access.py",
+    "tests/webapp/test_roles.py",
+    "tests/webapp/test_tokens.py",
+    "tests/webapp/test_share_links.py",
+    "tests/webapp/test_uploads.py",
+]
+M = [
+    ("webapp/snapshots/views.py", "    b = _upload_or_404(request, code_b)", "    b = Upload.objects.get(code=code_b)"),
+    ("webapp/snapshots/views.py", "    a = _upload_or_404(request, code_a)", "    a = Upload.objects.get(code=code_a)"),
+    (
+        "webapp/snapshots/views.py",
+        "    project = services.project_for_user(request.user, slug)\n    if project is None:\n        raise Http404\n    rows",
+        "    from webapp.snapshots.models import Project\n    project = Project.objects.filter(slug=slug).first()\n    if project is None:\n        raise Http404\n    rows",
+    ),
+    (
+        "webapp/snapshots/views.py",
+        "    upload = services.upload_for_user(request.user, code)\n    if upload is None:\n        raise Http404",
+        "    upload = Upload.objects.filter(code=code).first()\n    if upload is None:\n        raise Http404",
+    ),
+    (
+        "webapp/snapshots/api.py",
+        "    return services.upload_for_user(request.user, code)",
+        "    return Upload.objects.filter(code=code).first()",
+    ),
+    (
+        "webapp/snapshots/api.py",
+        "    project = services.project_for_user(request.user, slug)\n    if project is None:\n        return _not_found()",
+        "    from webapp.snapshots.models import Project\n    project = Project.objects.filter(slug=slug).first()\n    if project is None:\n        return _not_found()",
+    ),
+    (
+        "webapp/snapshots/api.py",
+        "    if slug:\n        project = services.project_for_user(request.user, slug)",
+        "    if slug:\n        from webapp.snapshots.models import Project\n        project = Project.objects.filter(slug=slug).first()",
+    ),
+    (
+        "webapp/snapshots/services.py",
+        'return Upload.objects.filter(project__team__memberships__user=user).select_related("project", "project__team")',
+        'return Upload.objects.all().select_related("project", "project__team")',
+    ),
+    (
+        "webapp/snapshots/services.py",
+        "ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True)",
+        "ApiToken.objects.filter(token_hash=token_hash(raw))",
+    ),
+    (
+        "webapp/snapshots/services.py",
+        "Q(expires_at__gt=timezone.now())",
+        "Q(expires_at__lt=timezone.now()) | Q(expires_at__gt=timezone.now())",
+    ),
+    ("webapp/snapshots/services.py", "Q(expires_at__gt=timezone.now())", "Q(expires_at__gte=timezone.now())"),
+    ("webapp/snapshots/services.py", "if token is None or not token.user.is_active:", "if token is None:"),
+    (
+        "webapp/snapshots/services.py",
+        "ShareLink.objects.filter(token_hash=token_hash(token), revoked_at__isnull=True)",
+        "ShareLink.objects.filter(token_hash=token_hash(token))",
+    ),
+    ("webapp/snapshots/services.py", 'update(use_count=F("use_count") + 1,', 'update(use_count=F("use_count") + 2,'),
+    ("webapp/snapshots/services.py", "    if count_use:\n", "    if True:\n"),
+    (
+        "webapp/snapshots/services.py",
+        'Membership.Role.VIEWER: frozenset({"read"}),',
+        'Membership.Role.VIEWER: frozenset({"read", "write"}),',
+    ),
+    ("webapp/snapshots/api.py", 'if not services.can(request.user, project.team, "write"):', "if False:"),
+    ("webapp/snapshots/api.py", 'if not services.can(request.user, upload.project.team, "write"):', "if False:"),
+    ("webapp/snapshots/views.py", 'if not services.can(request.user, upload_row.project.team, "write"):', "if False:"),
+    (
+        "webapp/snapshots/views.py",
+        'for p in services.writable_projects(request.user).order_by("team__name", "name")\n    ]',
+        'for p in services.visible_projects(request.user).order_by("team__name", "name")\n    ]',
+    ),
+    (
+        "webapp/snapshots/services.py",
+        "team__memberships__user=user, team__memberships__role__in=roles",
+        "team__memberships__user=user",
+    ),
+    (
+        "webapp/snapshots/uploads.py",
+        "if self._received > settings.UPLOAD_MAX_BYTES:",
+        "if self._received >= settings.UPLOAD_MAX_BYTES:",
+    ),
+    (
+        "webapp/snapshots/uploads.py",
+        "return length > settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD",
+        "return length >= settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD",
+    ),
+    (
+        "webapp/snapshots/intake.py",
+        "if uploaded.size is not None and uploaded.size > settings.UPLOAD_MAX_BYTES:",
+        "if uploaded.size is not None and uploaded.size >= settings.UPLOAD_MAX_BYTES:",
+    ),
+    ("webapp/snapshots/forms.py", "RUN_MAX_CHARS = 200", "RUN_MAX_CHARS = 201"),
+    ("webapp/snapshots/forms.py", "NOTE_MAX_CHARS = 5000", "NOTE_MAX_CHARS = 4999"),
+    ("webapp/snapshots/forms.py", "TAGS_MAX_CHARS = 500", "TAGS_MAX_CHARS = 501"),
+    (
+        "webapp/snapshots/services.py",
+        "tags=[t for t in (tags or []) if t][:20],",
+        "tags=[t for t in (tags or []) if t][:21],",
+    ),
+    ("webapp/snapshots/forms.py", "t.strip()[:50]", "t.strip()[:51]"),
+]
+only = {int(a) for a in sys.argv[1:]}
+killed = 0
+for i, (path, old, new) in enumerate(M):
+    if only and i not in only:
+        continue
+    f = ROOT / path
+    text = f.read_text()
+    assert text.count(old) == 1, (i, path, old, text.count(old))
+    f.write_text(text.replace(old, new))
+    try:
+        r = subprocess.run(  # noqa: S603 - fixed argv
+            [".venv/bin/python", "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TESTS],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        f.write_text(text)
+    fail = [line for line in r.stdout.splitlines() if line.startswith("FAILED")]
+    status = "killed" if r.returncode != 0 else "SURVIVED"
+    killed += r.returncode != 0
+    print(f"{i:2d} {status:8s} {path}: {new.strip()[:70]!r}  <- {fail[:1]}", flush=True)
+print(f"killed {killed}/{len(M) if not only else len(only)}")

@@ -1,0 +1,117 @@
+"""Real processes for end-to-end tests: a Celery worker and the gunicorn site of ``make run``.
+
+Used by ``tests/webapp/conftest.py`` (the worker tests) and ``tests/client/conftest.py`` (the
+client uploads to a running site). Both run on the test database and the test Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.webapp.helpers import ROOT, database_url_of_test_db
+
+
+def process_env(*, redis_url: str, media_root: Path, queue: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": database_url_of_test_db(),
+            "REDIS_URL": redis_url,
+            "MEDIA_ROOT": str(media_root),
+            "DJANGO_SETTINGS_MODULE": "webapp.settings",
+            "PYTHONPATH": str(ROOT),
+            "CELERY_QUEUE": queue,
+            **(extra or {}),
+        }
+    )
+    return env
+
+
+def celery_worker_argv(queue: str, beat_schedule: Path | None = None) -> list[str]:
+    """The worker of ``make run`` (prefork), one child, on ``queue`` only."""
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "webapp.celery:app",
+        "worker",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        "1",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-Q",
+        queue,
+    ]
+    if beat_schedule is not None:
+        argv += ["-B", "--schedule", str(beat_schedule)]
+    return argv
+
+
+def start_logged(argv: list[str], env: dict[str, str], log_path: Path, **popen: object) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, **popen)  # type: ignore[call-overload]
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    return proc  # type: ignore[no-any-return]
+
+
+def wait_for_log(proc: subprocess.Popen[bytes], marker: bytes, what: str, timeout: float = 30.0) -> None:
+    log_path: Path = proc.log_path  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while marker not in log_path.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{what} did not start:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def start_gunicorn(env: dict[str, str], log_path: Path, workers: int = 2) -> tuple[subprocess.Popen[bytes], str]:
+    """gunicorn on a loopback port of its own, as ``make run`` starts it; returns (process, base URL).
+
+    The listening socket is made here and handed over by file descriptor, so no other process
+    can take the port between choosing and binding it.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    fd = sock.fileno()
+    argv = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "webapp.wsgi:application",
+        "--bind",
+        f"fd://{fd}",
+        "--workers",
+        str(workers),
+        "--timeout",
+        "120",
+        "--access-logfile",
+        "-",
+    ]
+    proc = start_logged(argv, env, log_path, pass_fds=(fd,))
+    sock.close()  # gunicorn holds its own copy
+    wait_for_log(proc, b"Booting worker", "gunicorn")
+    return proc, f"http://127.0.0.1:{port}"
