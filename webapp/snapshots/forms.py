@@ -12,15 +12,41 @@ def split_tags(raw: str) -> list[str]:
     return [t.strip()[:50] for t in raw.replace(";", ",").split(",") if t.strip()]
 
 
-class UploadForm(forms.Form):
+# The upload's text fields and their limits, for the page form and the API alike (one definition).
+RUN_MAX_CHARS = 200
+TAGS_MAX_CHARS = 500
+NOTE_MAX_CHARS = 5000
+PROJECT_MAX_CHARS = 60
+
+
+class UploadFieldsForm(forms.Form):
+    """The fields an upload carries besides the file; the API validates with this form."""
+
+    run = forms.CharField(max_length=RUN_MAX_CHARS, required=False, help_text="A name for this run, e.g. a job id.")
+    tags = forms.CharField(max_length=TAGS_MAX_CHARS, required=False, help_text="Comma-separated.")
+    note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), max_length=NOTE_MAX_CHARS)
+
+    def clean_tags(self) -> list[str]:
+        return split_tags(self.cleaned_data.get("tags") or "")
+
+
+class ApiUploadFieldsForm(UploadFieldsForm):
+    project = forms.CharField(max_length=PROJECT_MAX_CHARS, required=False)
+
+
+def first_error(form: forms.Form) -> tuple[str, str]:
+    """(field, message) of a form's first error, for a JSON error body."""
+    field, errors = next(iter(form.errors.items()))
+    return field, " ".join(str(e) for e in errors)
+
+
+class UploadForm(UploadFieldsForm):
     file = forms.FileField(
         help_text="A torch.cuda.memory._dump_snapshot() pickle: raw, gzipped, torch.save'd or JSON.",
         widget=forms.ClearableFileInput(attrs={"accept": ".pickle,.pkl,.gz,.pt,.zip,.json,application/octet-stream"}),
     )
     project = forms.ChoiceField(choices=())
-    run = forms.CharField(max_length=200, required=False, help_text="A name for this run, e.g. a job id.")
-    tags = forms.CharField(max_length=500, required=False, help_text="Comma-separated.")
-    note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), max_length=5000)
+    field_order = ["file", "project", "run", "tags", "note"]
 
     def __init__(self, *args: Any, project_choices: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -29,9 +55,6 @@ class UploadForm(forms.Form):
         project.choices = project_choices
         if len(project_choices) == 1:
             self.fields["project"].initial = project_choices[0][0]
-
-    def clean_tags(self) -> list[str]:
-        return split_tags(self.cleaned_data.get("tags") or "")
 
 
 class SignupForm(UserCreationForm):  # type: ignore[type-arg]
