@@ -49,12 +49,14 @@ def _hit(request: Any, group: str, key: str, rate: str) -> int | None:
 
 def check_upload_rate(request: Any, user: Any, token: Any) -> None:
     """Per-token (API) and per-user (API and page) upload rates."""
+    # Keys name one token / one account even where database ids are reused (SQLite reuses the
+    # highest id after a rollback): the token's hash, the account's id with its creation time.
     checks = []
     if token is not None:
-        checks.append(
-            ("upload-token", f"token:{token.pk}", settings.UPLOAD_RATE_PER_TOKEN, "upload:rate-limited:token")
-        )
-    checks.append(("upload-user", f"user:{user.pk}", settings.UPLOAD_RATE_PER_USER, "upload:rate-limited:user"))
+        key = f"token:{token.token_hash[:32]}"
+        checks.append(("upload-token", key, settings.UPLOAD_RATE_PER_TOKEN, "upload:rate-limited:token"))
+    account = f"user:{user.pk}:{user.date_joined.timestamp():.6f}"
+    checks.append(("upload-user", account, settings.UPLOAD_RATE_PER_USER, "upload:rate-limited:user"))
     for group, key, rate, code in checks:
         wait = _hit(request, group, key, rate)
         if wait is not None:
