@@ -300,10 +300,16 @@ SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG and env_bool("HTTPS", False))
+# Behind a TLS proxy (BEHIND_TLS_PROXY=1, or HTTPS=1) the site is HTTPS-only, so the secure
+# defaults follow from it: secure cookies, HTTP -> HTTPS redirects and one year of HSTS.
+# Each can still be set on its own. /healthz is exempt from the redirect: load balancers
+# probe it over plain HTTP inside the network.
+HTTPS_ONLY = not DEBUG and (env_bool("BEHIND_TLS_PROXY", False) or env_bool("HTTPS", False))
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", HTTPS_ONLY)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", HTTPS_ONLY)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if HTTPS_ONLY else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
 # Waived deploy checks, each for a reason:
