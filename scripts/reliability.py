@@ -392,6 +392,120 @@ def slow_clients(site: Site, n: int) -> dict[str, Any]:
     }
 
 
+class PrivatePostgres:
+    """A throw-away PostgreSQL cluster of our own (the shared server is never restarted)."""
+
+    def __init__(self) -> None:
+        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+        if not bins or os.geteuid() != 0:
+            raise RuntimeError("needs Debian's PostgreSQL binaries and root (to run them as user postgres)")
+        self.bin = bins[-1].parent
+        self.dir = Path(f"/tmp/oomscope-rel-pg-{os.getpid()}")  # noqa: S108 - owned by postgres, removed after
+        self.port = free_port()
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/rel"
+
+    def _as_postgres(self, *argv: str) -> None:
+        # No pipes: pg_ctl start leaves the server running with our stdout, and a pipe would
+        # keep subprocess.run waiting for an EOF that never comes.
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *argv],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir()
+        shutil.chown(self.dir, "postgres", "postgres")
+        data = str(self.dir / "data")
+        self._as_postgres(str(self.bin / "initdb"), "-D", data, "-A", "trust", "-U", "postgres")
+        self._as_postgres(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            data,
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "start",
+            "-o",
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1",
+        )
+        self._as_postgres(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "rel")
+
+    def restart(self) -> float:
+        started = time.monotonic()
+        self._as_postgres(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.dir / "data"),
+            "-m",
+            "fast",
+            "-w",
+            "restart",
+            "-o",
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1",
+        )
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        try:
+            self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pg_restart(site: Site, token: str, pg: PrivatePostgres, n: int) -> dict[str, Any]:
+    """n uploads in flight, PostgreSQL restarted (fast mode) meanwhile: every upload must end done.
+    A client whose POST fails retries it with the same Idempotency-Key, as the client library allows."""
+    files = [FIXTURES[i % len(FIXTURES)] for i in range(n)]
+    retried = 0
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            statuses.append(site.get(token, "/api/v1/projects/rel/runs")[0])
+            time.sleep(0.1)
+
+    def send(path: Path) -> str:
+        nonlocal retried
+        key = new_idempotency_key()
+        for attempt in range(20):
+            try:
+                return str(post(site, token, path, idempotency_key=key)[0]["id"])
+            except UploadError:
+                retried += 1 if attempt == 0 else 0
+                time.sleep(1)
+        raise RuntimeError("upload never accepted")
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(send, f) for f in files]
+        time.sleep(3)  # uploads arriving and analyses running
+        restart_s = pg.restart()
+        codes = [f.result() for f in futures]
+    outcomes = [site.wait_done(token, c, 600) for c in codes]
+    stop.set()
+    sampler.join(timeout=30)
+    from collections import Counter
+
+    done = sum(1 for o in outcomes if o["status"] == "done")
+    return {
+        "uploads": n,
+        "restart_s": round(restart_s, 1),
+        "done": done,
+        "not_done": [(o.get("error") or {}).get("code") or o["status"] for o in outcomes if o["status"] != "done"],
+        "uploads_retried_by_client": retried,
+        "distinct_uploads": len(set(codes)),
+        "api_statuses_during": dict(Counter(statuses)),
+        "pass": done == n and len(set(codes)) == n,
+    }
+
+
 def slow_clients_each(site: Site, counts: list[int]) -> dict[str, Any]:
     runs = {f"with_{n}": slow_clients(site, n) for n in counts}
     return {**runs, "pass": all(r["pass"] for r in runs.values())}
@@ -429,6 +543,30 @@ def run_site(name: str, database_url: str | None, args: argparse.Namespace) -> d
     return results
 
 
+def run_pg_restart(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        pg = PrivatePostgres()
+    except RuntimeError as exc:
+        print(json.dumps({"database": "postgres-private", "scenario": "pg-restart", "skipped": str(exc)}))
+        return {}
+    pg.start()
+    site = Site("postgres-private", pg.url, 20)
+    try:
+        site.start()
+        token = site.manage("create_api_token", "rel", "--create-user", "--team", "rel", "--project", "rel")
+        started = time.monotonic()
+        try:
+            result = pg_restart(site, token, pg, args.pg_restart_uploads)
+        except Exception as exc:
+            result = {"pass": False, "error": f"{type(exc).__name__}: {exc}"}
+        result["scenario_s"] = round(time.monotonic() - started, 1)
+        print(json.dumps({"database": "postgres-private", "scenario": "pg-restart", **result}), flush=True)
+        return {"pg-restart": result}
+    finally:
+        site.stop()
+        pg.stop()
+
+
 def reset_postgres(url: str) -> None:
     from urllib.parse import urlsplit
 
@@ -449,6 +587,7 @@ def main() -> int:
     parser.add_argument("--postgres", default=os.environ.get("DATABASE_URL_POSTGRES"), help="postgres:// URL")
     parser.add_argument("--only", nargs="*", choices=SCENARIOS)
     parser.add_argument("--skip-sqlite", action="store_true")
+    parser.add_argument("--pg-restart-uploads", type=int, default=12, help="0 skips the PostgreSQL restart run")
     args = parser.parse_args()
 
     all_results: dict[str, Any] = {}
@@ -457,6 +596,8 @@ def main() -> int:
     if args.postgres:
         reset_postgres(args.postgres)
         all_results["postgres"] = run_site("postgres", args.postgres, args)
+    if args.pg_restart_uploads and not args.only:
+        all_results["postgres-private"] = run_pg_restart(args)
     out = ROOT / "var" / "reliability" / "results.json"
     out.write_text(json.dumps(all_results, indent=2))
     failed = [f"{db}:{name}" for db, rs in all_results.items() for name, r in rs.items() if not r.get("pass")]

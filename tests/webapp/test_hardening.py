@@ -383,3 +383,17 @@ def test_share_view_survives_a_locked_counter(
 
     monkeypatch.setattr("django.db.models.query.QuerySet.update", locked)
     assert client.get(f"/r/{token}/").status_code == 200  # the page, without the count
+
+
+def test_api_answers_json_503_while_the_database_is_unreachable(
+    client: Any, alice_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("connection to server at 127.0.0.1, port 5432 failed: Connection refused")
+
+    monkeypatch.setattr(services, "api_token_user", down)
+    response = client.get("/api/v1/projects/alpha/runs", **bearer(alice_token))
+    assert response.status_code == 503 and error_of(response) == "service:database-unavailable"
+    assert response["Retry-After"] == "5"

@@ -6,10 +6,12 @@ carry no cookie and so need no CSRF token; session calls that change state do.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
@@ -28,6 +30,7 @@ from webapp.snapshots.intake import (
 from webapp.snapshots.models import Upload
 
 View = Callable[..., HttpResponse]
+log = logging.getLogger(__name__)
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
@@ -64,6 +67,13 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                 return _intake_error(err)
             except PARSE_ERRORS as exc:  # a body Django could not parse: JSON, not its HTML 400
                 return _intake_error(parse_error(exc))
+            except (OperationalError, InterfaceError) as exc:
+                # The database is unreachable (restarting, failing over): a JSON 503 a client can
+                # retry (with the same Idempotency-Key), not Django's HTML 500.
+                log.warning("api: database unavailable: %s", exc)
+                response = _error(503, "service:database-unavailable", messages.DATABASE_UNAVAILABLE)
+                response["Retry-After"] = "5"
+                return response
 
         def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             header = request.headers.get("Authorization", "")

@@ -55,6 +55,7 @@ PUBLISH_PENDING = (
     "automatically when the queue is back (within {seconds} s)."
 )
 SNAPSHOT_DELETED = "Snapshot deleted."
+DATABASE_UNAVAILABLE = "The database is unavailable for a moment; retry shortly (with the same Idempotency-Key)."
 DELETE_FORBIDDEN = "Only the person who uploaded a snapshot, or an owner of its team, may delete it."
 
 
