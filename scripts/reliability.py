@@ -255,14 +255,26 @@ def kill_pool(site: Site, token: str) -> dict[str, Any]:
         children = site.analysis_children()
         time.sleep(0.05)
     time.sleep(normal_s / 3)
+    before = site.get(token, f"/api/v1/snapshots/{body['id']}")[1]
     pool = children[0].parent()
     pool.kill()
-    killed_at = time.monotonic() - started
+    killed = time.monotonic()
+    killed_at = killed - started
+    # The redelivered message's claim resets the row to stage "reading", progress 0.
+    reclaimed = None
+    while time.monotonic() - killed < 120:
+        now = site.get(token, f"/api/v1/snapshots/{body['id']}")[1]
+        if now["status"] == "done" or (now["stage"] == "reading" and now["progress"] == 0):
+            reclaimed = time.monotonic() - killed
+            break
+        time.sleep(0.05)
     final = site.wait_done(token, body["id"], 300)
     total = time.monotonic() - started
     return {
         "normal_s": round(normal_s, 1),
         "killed_after_s": round(killed_at, 1),
+        "stage_when_killed": f"{before['stage']} {before['progress']}%",
+        "rerun_started_after_kill_s": round(reclaimed, 2) if reclaimed is not None else None,
         "total_with_kill_s": round(total, 1),
         "ratio": round(total / normal_s, 2),
         "status": final["status"],
