@@ -198,7 +198,7 @@ def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     if upload is None:
         return _not_found()
     if request.method == "DELETE":
-        if not services.upload_can_delete(request.user, upload):  # type: ignore[arg-type]
+        if not services.upload_can_delete(request.user, upload):
             return _error(403, "forbidden", messages.DELETE_FORBIDDEN)
         services.upload_delete(upload)
         return JsonResponse({"id": code, "deleted": True})

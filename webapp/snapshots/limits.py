@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Sum
-from django_ratelimit.core import _split_rate, get_usage
+from django_ratelimit.core import _split_rate, get_usage  # type: ignore[import-untyped]  # ships no types
 
 from webapp.snapshots import messages
 
