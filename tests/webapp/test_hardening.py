@@ -397,3 +397,44 @@ def test_api_answers_json_503_while_the_database_is_unreachable(
     response = client.get("/api/v1/projects/alpha/runs", **bearer(alice_token))
     assert response.status_code == 503 and error_of(response) == "service:database-unavailable"
     assert response["Retry-After"] == "5"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_client_library_retry_with_its_key_makes_no_duplicate(
+    live_server: Any, alice_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real client against the real site: every call sends an Idempotency-Key; the same key again
+    (a retry after a timeout) returns the first upload."""
+    import sys
+
+    from tests.webapp.helpers import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "client"))
+    sys.modules.pop("oomscope_client.upload", None)
+    from oomscope_client.upload import upload
+
+    monkeypatch.setattr(tasks.analyse_upload_task, "apply_async", lambda *a, **k: None)  # no worker here
+    first = upload(GPT_OOM, live_server.url, alice_token, idempotency_key="job-17-attempt")
+    again = upload(GPT_OOM, live_server.url, alice_token, idempotency_key="job-17-attempt")
+    assert again["id"] == first["id"] and Upload.objects.count() == 1
+    fresh = upload(GPT_OOM, live_server.url, alice_token)  # no key given: the client makes one
+    row = Upload.objects.get(code=fresh["id"])
+    assert row.idempotency_key.startswith("oomscope-") and len(row.idempotency_key) > 20
+    assert Upload.objects.count() == 2
+
+
+def test_2kb_pickle_with_a_4300_digit_int_is_refused_with_its_code(alice: Any, alpha: Any, tmp_path: Path) -> None:
+    """The issue's case: repr() of an int past 4,300 digits raises, and the reader's message used it."""
+    import pickle
+    import sys
+
+    huge = int.from_bytes(b"\xff" * 1800, "little")  # 2**14400 - 1: 4,335 decimal digits, built without str()
+    assert huge.bit_length() * 0.30103 > sys.get_int_max_str_digits()
+    path = tmp_path / "bigint.pickle"
+    path.write_bytes(pickle.dumps({"segments": [{"device": huge}], "device_traces": []}, protocol=4))
+    assert path.stat().st_size < 2048
+    upload = make_upload(alpha, alice, path)
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert (upload.status, upload.error_code) == ("failed", "snapshot:schema:int-range"), upload.error_message
+    assert "an int of 14400 bits" in upload.error_message
