@@ -438,3 +438,11 @@ def test_2kb_pickle_with_a_4300_digit_int_is_refused_with_its_code(alice: Any, a
     upload.refresh_from_db()
     assert (upload.status, upload.error_code) == ("failed", "snapshot:schema:int-range"), upload.error_message
     assert "an int of 14400 bits" in upload.error_message
+
+
+def test_upload_deleted_during_its_analysis_keeps_no_report(alice: Any, alpha: Any) -> None:
+    upload = make_upload(alpha, alice, status="running")
+    upload_id = upload.id
+    services.upload_delete(upload)
+    services.upload_finish(upload_id, report={"devices": []}, charts={})  # the worker finishing late
+    assert not Report.objects.exists() and not Upload.objects.filter(pk=upload_id).exists()

@@ -330,6 +330,11 @@ db_write_retry = retry(
 @db_write_retry
 def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, Any]) -> None:
     with transaction.atomic():
+        # Locked (PostgreSQL) / under the IMMEDIATE write lock (SQLite), so a DELETE cannot slip
+        # in between: an upload deleted while it was analysed keeps no orphan report.
+        if not Upload.objects.select_for_update().filter(pk=upload_id).exists():
+            log.info("upload %s: deleted during its analysis; report dropped", upload_id)
+            return
         Report.objects.update_or_create(upload_id=upload_id, defaults={"data": report, "charts": charts})
         source = report.get("source") or {}
         Upload.objects.filter(pk=upload_id).update(
