@@ -601,6 +601,9 @@ def main() -> int:
     parser.add_argument("--skip-sqlite", action="store_true")
     parser.add_argument("--pg-restart-uploads", type=int, default=12, help="0 skips the PostgreSQL restart run")
     args = parser.parse_args()
+    # A TERM (timeout, Ctrl-C from make) unwinds through the finally blocks that stop the sites
+    # and the private PostgreSQL; they run in their own sessions and would outlive us otherwise.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     all_results: dict[str, Any] = {}
     if not args.skip_sqlite:
