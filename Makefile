@@ -7,7 +7,7 @@ PORT ?= 8000
 export PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install static migrate run test lint typecheck bench clean
+.PHONY: help install static migrate run test lint typecheck bench reliability clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -26,7 +26,7 @@ static: install ## copy BokehJS into static/bokeh/<version>/ and collect static 
 migrate: install ## apply database migrations (SQLite var/db.sqlite3 unless DATABASE_URL is set)
 	$(PY) manage.py migrate --noinput
 
-run: migrate static ## Redis + Celery worker (with beat) + the site on http://127.0.0.1:$(PORT); Ctrl-C stops all
+run: migrate static ## Redis + Celery worker (with beat) + the site on http://127.0.0.1:$(PORT), supervised; Ctrl-C stops all
 	@bash scripts/run.sh
 
 test: install ## the whole suite (tests/); PostgreSQL when DATABASE_URL is set, a private Redis unless REDIS_URL is
@@ -40,6 +40,11 @@ typecheck: install ## mypy --strict on analysis/ and webapp/ (django-stubs)
 
 bench: install ## reader/analysis benchmark on ../shared/snapshots/huge_all_stacks.pickle.gz
 	$(PY) scripts/bench.py
+
+RELIABILITY_PG ?= postgres://postgres@127.0.0.1:5432/harden_rel
+reliability: static ## load and fault runs against real sites (SQLite, then $(RELIABILITY_PG)) + the long reader fuzz; minutes
+	$(PY) scripts/reliability.py --postgres "$(RELIABILITY_PG)"
+	OOMSCOPE_FUZZ_SECONDS=$${OOMSCOPE_FUZZ_SECONDS:-300} $(PY) -m pytest tests/webapp/test_hardening_fuzz.py -q -p no:cacheprovider
 
 clean: ## remove .venv and var/ (database, uploads, logs)
 	rm -rf $(VENV) var

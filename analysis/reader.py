@@ -676,7 +676,7 @@ class _Converter:
             raise self.bad(f"{where}.{key}", value, "an int")
         if not I64_MIN <= value <= I64_MAX:
             reason = "address-range" if key in ("address", "addr") else "int-range"
-            raise SchemaError(reason, f"{where}.{key}: {value} does not fit in int64")
+            raise SchemaError(reason, f"{where}.{key}: {_short(value)} does not fit in int64")
         if nonneg and value < 0:
             reason = "address-range" if key in ("address", "addr") else "negative-size"
             raise SchemaError(reason, f"{where}.{key}: {value} is negative")
@@ -695,7 +695,7 @@ class _Converter:
         except OverflowError:
             i = next(k for k, v in enumerate(values) if not I64_MIN <= v <= I64_MAX)
             reason = "address-range" if key in ("address", "addr") else "int-range"
-            raise SchemaError(reason, f"{where}[{i}].{key}: {values[i]} does not fit in int64") from None
+            raise SchemaError(reason, f"{where}[{i}].{key}: {_short(values[i])} does not fit in int64") from None
         if nonneg and n and int(arr.min()) < 0:
             i = int(np.flatnonzero(arr < 0)[0])
             reason = "address-range" if key in ("address", "addr") else "negative-size"
@@ -1070,7 +1070,18 @@ def _is_scalar(v: Any) -> bool:
 
 
 def _short(value: Any) -> str:
+    """A bounded, never-raising rendering of a hostile value for an error message.
+
+    ``repr`` of an int past ``sys.get_int_max_str_digits()`` (4300 digits) raises ValueError,
+    and a 2 KB pickle can hold one; such ints are described by their size instead, and any
+    other repr failure falls back to the type name, so a message never turns into a crash.
+    """
     if isinstance(value, (list, tuple, dict)):
         return f"(a {type(value).__name__} of {len(value)})"
-    text = repr(value)
+    if type(value) is int and value.bit_length() > 200:  # ~60 digits: more would be cut anyway
+        return f"(an int of {value.bit_length()} bits)"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"(a {type(value).__name__})"
     return text if len(text) <= 60 else text[:57] + "..."

@@ -56,8 +56,17 @@ def database_from_url(url: str) -> dict[str, object]:
             # A file (not :memory:) so the end-to-end test's worker process can open it; one per
             # test run, so concurrent runs in one checkout do not share it.
             "TEST": {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")},
-            # web and worker processes write at once; wait for the lock instead of failing
-            "OPTIONS": {"timeout": 20},
+            # Web and worker processes write at once. WAL lets readers go on while one process
+            # writes; IMMEDIATE takes the write lock when a transaction starts, so two writers
+            # queue on the busy timeout instead of one failing with "database is locked" when it
+            # upgrades a read lock (busy_timeout does not apply to that upgrade). synchronous=NORMAL
+            # is the documented safe pairing with WAL (no corruption; a power cut may lose the
+            # last commits, not the file).
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
         }
     if parts.scheme in {"postgres", "postgresql", "pgsql"}:
         return {
@@ -69,6 +78,8 @@ def database_from_url(url: str) -> dict[str, object]:
             "PORT": str(parts.port or ""),
             # Short-lived connections: gunicorn and celery prefork processes fork.
             "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 0),
+            # A connection that died (PostgreSQL restarted) is replaced, not reused and failed.
+            "CONN_HEALTH_CHECKS": True,
             # One test database per test run, so concurrent runs against one server do not collide.
             "TEST": {"NAME": f"test_{unquote(parts.path.lstrip('/'))}_{os.getpid()}"},
         }
@@ -188,6 +199,17 @@ UPLOAD_MAX_BYTES = env_int("UPLOAD_MAX_BYTES", 1024**3)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)  # non-file fields only
 DATA_UPLOAD_MAX_NUMBER_FILES = 1
 
+# --- quotas and rate limits (applied in webapp/snapshots/limits.py; each defined only here).
+# Rates are django-ratelimit's "<count>/<period>" (s, m, h, d, with a multiplier: "60/10m").
+TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 20 * 1024**3)
+UPLOAD_RATE_PER_TOKEN = os.environ.get("UPLOAD_RATE_PER_TOKEN", "60/10m")
+UPLOAD_RATE_PER_USER = os.environ.get("UPLOAD_RATE_PER_USER", "120/h")
+LOGIN_RATE_PER_IP = os.environ.get("LOGIN_RATE_PER_IP", "20/m")
+LOGIN_RATE_PER_USERNAME = os.environ.get("LOGIN_RATE_PER_USERNAME", "5/m")
+# A failed upload keeps its file this long (to look at it), then the beat purge removes it.
+FAILED_UPLOAD_RETENTION_SECONDS = env_int("FAILED_UPLOAD_RETENTION_SECONDS", 24 * 3600)
+PURGE_INTERVAL_SECONDS = env_int("PURGE_INTERVAL_SECONDS", 3600)
+
 if os.environ.get("STORAGE_S3_BUCKET"):
     STORAGES["default"] = {
         "BACKEND": "storages.backends.s3.S3Storage",
@@ -243,7 +265,34 @@ CELERY_BEAT_SCHEDULE = {
         "task": "snapshots.sweep_uploads",
         "schedule": float(SWEEP_INTERVAL_SECONDS),
     },
+    "purge-failed-uploads": {
+        "task": "snapshots.purge_failed_uploads",
+        "schedule": float(PURGE_INTERVAL_SECONDS),
+    },
 }
+# Publishing from a web request must not hang on a dead broker: a short connect timeout and two
+# quick retries, then the upload answers "queued, publish pending" and the sweep publishes it.
+CELERY_BROKER_CONNECTION_TIMEOUT = float(os.environ.get("BROKER_CONNECTION_TIMEOUT", "2"))
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+# /healthz waits this long for a worker to answer a Celery ping.
+HEALTHZ_WORKER_TIMEOUT = float(os.environ.get("HEALTHZ_WORKER_TIMEOUT", "1.0"))
+
+
+def _cache_location(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme in {"redis+socket", "socket", "unix"}:
+        return f"unix://{parts.path}"
+    return url
+
+
+# The rate limits' counters must be shared by every gunicorn process: the broker's Redis when
+# REDIS_URL is set (make run, the container, production). Without it (tests, a bare laptop)
+# a per-process memory cache, so limits count per process there.
+CACHES = (
+    {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_location(REDIS_URL)}}
+    if os.environ.get("REDIS_URL")
+    else {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+)
 
 # --- security headers.
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -251,10 +300,16 @@ SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG and env_bool("HTTPS", False))
+# Behind a TLS proxy (BEHIND_TLS_PROXY=1, or HTTPS=1) the site is HTTPS-only, so the secure
+# defaults follow from it: secure cookies, HTTP -> HTTPS redirects and one year of HSTS.
+# Each can still be set on its own. /healthz is exempt from the redirect: load balancers
+# probe it over plain HTTP inside the network.
+HTTPS_ONLY = not DEBUG and (env_bool("BEHIND_TLS_PROXY", False) or env_bool("HTTPS", False))
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", HTTPS_ONLY)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", HTTPS_ONLY)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if HTTPS_ONLY else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
 # Waived deploy checks, each for a reason:

@@ -6,11 +6,12 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from webapp import accounts, health
 from webapp.snapshots import views
 
 urlpatterns = [
-    path("healthz", views.healthz, name="healthz"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("healthz", health.healthz, name="healthz"),
+    path("accounts/login/", accounts.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/signup/", views.signup, name="signup"),
     path("admin/", admin.site.urls),

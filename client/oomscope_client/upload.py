@@ -206,12 +206,17 @@ def upload(
     note: str | None = None,
     filename: str | None = None,
     timeout: float = 600.0,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     """Post one snapshot file; return the site's JSON (``id``, ``status``, ``url``, ``api_url``).
 
     ``tags`` may be a comma-separated string or a list of tags (sent joined by commas).
+    Every call sends an ``Idempotency-Key`` header (a fresh random one unless given): calling
+    again with the same key after a timeout or a broken connection returns the first upload
+    instead of making a duplicate.
     Raises ``UploadError`` on any HTTP error, redirect or unreachable site.
     """
+    key = idempotency_key or new_idempotency_key()
     path = Path(path)
     fields: list[tuple[str, str]] = []
     if project is not None:
@@ -233,6 +238,7 @@ def upload(
             "Content-Length": str(len(body)),
             "Accept": "application/json",
             "User-Agent": "oomscope-client/0.1",
+            "Idempotency-Key": key,
         },
     )
     opener = urllib.request.build_opener(_NoRedirect(), _HTTPHandler(), _HTTPSHandler())
@@ -254,6 +260,11 @@ def upload(
     if not isinstance(payload, dict):
         raise UploadError(f"HTTP {status} but the reply is not a JSON object: {raw[:200]!r}", status=status)
     return payload
+
+
+def new_idempotency_key() -> str:
+    """A random key for one logical upload (the site keeps up to 100 visible ASCII characters)."""
+    return "oomscope-" + secrets.token_urlsafe(24)
 
 
 def _json_or_none(raw: bytes) -> Any:

@@ -1,4 +1,4 @@
-"""/healthz: 200 naming each part ok; 503 naming the part that fails."""
+"""/healthz: 200 naming each part ok; 503 naming a failing database or broker; a silent worker is named."""
 
 from __future__ import annotations
 
@@ -9,11 +9,28 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 
-def test_healthz_ok_with_real_database_and_redis(client: Any) -> None:
+@pytest.mark.worker
+def test_healthz_ok_with_real_database_redis_and_worker(client: Any, celery_worker_process: Any) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200, response.content
-    assert response.json() == {"database": "ok", "broker": "ok"}
+    assert response.json() == {"database": "ok", "broker": "ok", "worker": "ok"}
     assert "no-cache" in response["Cache-Control"] or "max-age=0" in response["Cache-Control"]
+
+
+def test_healthz_names_a_silent_worker_without_failing(client: Any, settings: Any) -> None:
+    """No worker is running in this test: the site still serves (200) but says the worker is silent."""
+    import time
+
+    settings.HEALTHZ_WORKER_TIMEOUT = 0.3
+    started = time.monotonic()
+    response = client.get("/healthz")
+    took = time.monotonic() - started
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["database"], body["broker"], body["degraded"]) == ("ok", "ok", "worker")
+    assert body["worker"] == "error: no worker answered within 0.3 s"
+    assert "failing" not in body
+    assert took < 0.3 + 1.0  # the ping waits its timeout, not more
 
 
 def test_healthz_503_when_broker_is_down(client: Any, tmp_path: Any) -> None:
@@ -30,6 +47,7 @@ def test_healthz_503_when_broker_is_down(client: Any, tmp_path: Any) -> None:
     assert body["database"] == "ok"
     assert body["broker"].startswith("error")
     assert body["failing"] == "broker"
+    assert body["worker"] == "error: broker unreachable"  # not pinged through a dead broker
 
 
 def test_healthz_503_when_database_is_down(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:

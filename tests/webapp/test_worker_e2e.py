@@ -77,20 +77,31 @@ def test_worker_process_round_trip(client: Any, alice_token: str, celery_worker_
     assert client.get(share_url).status_code == 404
 
 
-def test_killed_pool_process_is_recovered_by_the_sweep(client: Any, alice_token: str, start_worker: Any) -> None:
-    """SIGKILL of the pool process mid-analysis: its child dies with it, the heartbeat stops,
-    beat's sweep re-queues the row, and the next attempt finishes the report."""
+def test_killed_pool_process_is_rerun_at_once_by_redelivery(client: Any, alice_token: str, start_worker: Any) -> None:
+    """SIGKILL of the pool process mid-analysis: its child dies with it, Celery requeues the same
+    message (reject_on_worker_lost) and its redelivery claims the RUNNING row again at once.
+    No beat runs here, so the sweep cannot be what recovers it; the whole upload, killed run
+    included, is done within twice the time of an undisturbed run of the same file."""
     import psutil
 
-    worker = start_worker({"SWEEP_INTERVAL_SECONDS": "1", "SWEEP_STALE_RUNNING_SECONDS": "8"}, beat=True)
-    with open(FIXTURES / "big_all_stacks.pickle.gz", "rb") as fh:
-        code = client.post("/api/v1/snapshots", {"file": fh}, **bearer(alice_token)).json()["id"]
+    worker = start_worker()
+    big = FIXTURES / "big_all_stacks.pickle.gz"
+
+    def post() -> str:
+        with open(big, "rb") as fh:
+            code: str = client.post("/api/v1/snapshots", {"file": fh}, **bearer(alice_token)).json()["id"]
+        return code
+
+    started = time.monotonic()
+    normal = wait_for(client, alice_token, post(), timeout=90)
+    normal_seconds = time.monotonic() - started
+    assert normal["status"] == "done", normal
+
+    started = time.monotonic()
+    code = post()
     deadline = time.monotonic() + 30
-    while client.get(f"/api/v1/snapshots/{code}", **bearer(alice_token)).json()["status"] != "running":
-        assert time.monotonic() < deadline, "never started"
-        time.sleep(0.05)
-    # The pool process running the task is the analysis child's parent (the embedded beat
-    # is another child of the worker with the same command line: leave it alone).
+    # The pool process running the task is the analysis child's parent; kill it once the
+    # analysis has gone on for a third of its normal time (mid-analysis, not at its start).
     analysis: list[Any] = []
     while not analysis:
         assert time.monotonic() < deadline, "no analysis child"
@@ -99,6 +110,7 @@ def test_killed_pool_process_is_recovered_by_the_sweep(client: Any, alice_token:
             for c in psutil.Process(worker.pid).children(recursive=True)
             if "webapp.snapshots.child" in " ".join(c.cmdline())
         ]
+    time.sleep(normal_seconds / 3)
     pool = analysis[0].parent()
     assert pool is not None and pool.pid != worker.pid
     pool.kill()
@@ -106,12 +118,15 @@ def test_killed_pool_process_is_recovered_by_the_sweep(client: Any, alice_token:
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in analysis), "orphaned analysis"
 
     final = wait_for(client, alice_token, code, timeout=90)
+    recovered_seconds = time.monotonic() - started
     log = worker.log_path.read_text()
     assert final["status"] == "done", (final, log[-3000:])
     from webapp.snapshots.models import Upload
 
     assert Upload.objects.get(code=code).attempts == 2
-    assert "re-queued" in log
+    assert "attempt 2 (message" in log  # the same message, claimed again
+    assert "re-queued" not in log  # no sweep ran
+    assert recovered_seconds <= 2 * normal_seconds + 3, (recovered_seconds, normal_seconds)
     assert worker.poll() is None
 
 

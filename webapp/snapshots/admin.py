@@ -28,7 +28,7 @@ class UploadAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("code", "filename", "project", "status", "stage", "attempts", "error_code", "created_at")
     list_filter = ("status",)
     search_fields = ("code", "filename", "sha256", "run")
-    readonly_fields = ("code", "sha256", "blob_name", "bytes", "attempts", "summary")
+    readonly_fields = ("code", "sha256", "blob_name", "bytes", "attempts", "task_id", "idempotency_key", "summary")
 
 
 @admin.register(ShareLink)

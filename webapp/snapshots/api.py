@@ -6,10 +6,12 @@ carry no cookie and so need no CSRF token; session calls that change state do.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
@@ -17,14 +19,26 @@ from django.views.decorators.csrf import csrf_exempt
 
 from webapp.snapshots import messages, services
 from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
-from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
+from webapp.snapshots.intake import (
+    PARSE_ERRORS,
+    IntakeError,
+    check_declared_size,
+    check_quota,
+    parse_error,
+    received_file,
+)
 from webapp.snapshots.models import Upload
 
 View = Callable[..., HttpResponse]
+log = logging.getLogger(__name__)
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+
+
+def _intake_error(err: IntakeError) -> JsonResponse:
+    return JsonResponse(err.as_json(), status=err.status, headers=err.headers())
 
 
 def _not_found() -> JsonResponse:
@@ -47,6 +61,21 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
         @never_cache
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                return checked(request, *args, **kwargs)
+            except IntakeError as err:
+                return _intake_error(err)
+            except PARSE_ERRORS as exc:  # a body Django could not parse: JSON, not its HTML 400
+                return _intake_error(parse_error(exc))
+            except (OperationalError, InterfaceError) as exc:
+                # The database is unreachable (restarting, failing over): a JSON 503 a client can
+                # retry (with the same Idempotency-Key), not Django's HTML 500.
+                log.warning("api: database unavailable: %s", exc)
+                response = _error(503, "service:database-unavailable", messages.DATABASE_UNAVAILABLE)
+                response["Retry-After"] = "5"
+                return response
+
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             header = request.headers.get("Authorization", "")
             if header:
                 scheme, _, raw = header.partition(" ")
@@ -60,10 +89,7 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                 # oversize upload is refused first: its body, and any token in it, is never read.
                 if request.method not in ("GET", "HEAD", "OPTIONS"):
                     if request.method == "POST":
-                        try:
-                            check_declared_size(request)
-                        except IntakeError as err:
-                            return JsonResponse(err.as_json(), status=err.status)
+                        check_declared_size(request)
                     if not _csrf_ok(request):
                         return _error(403, "csrf", messages.CSRF_FAILED)
             else:
@@ -91,13 +117,44 @@ def _upload_or_none(request: HttpRequest, code: str) -> Upload | None:
     return services.upload_for_user(request.user, code)
 
 
+IDEMPOTENCY_KEY_MAX = 100  # Upload.idempotency_key's max_length
+
+
+def _idempotency_key(request: HttpRequest) -> str:
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if len(key) > IDEMPOTENCY_KEY_MAX or not all(33 <= ord(c) <= 126 for c in key):
+        raise IntakeError(
+            400, "upload:bad-idempotency-key", messages.IDEMPOTENCY_BAD_KEY.format(limit=IDEMPOTENCY_KEY_MAX)
+        )
+    return key
+
+
+def _accepted(request: HttpRequest, upload: Upload) -> JsonResponse:
+    """202 for a new upload, 200 for a replay; the body says what the row holds."""
+    body = services.upload_api_dict(upload, request)
+    answer = {k: body[k] for k in ("id", "status", "url", "api_url")} | {"progress": upload.progress}
+    headers = {"Location": body["api_url"]}
+    if upload.publish_pending:
+        answer["publish"] = "pending"
+        answer["note"] = messages.PUBLISH_PENDING.format(seconds=_sweep_within())
+    if upload.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JsonResponse(answer, status=200 if upload.replayed else 202, headers=headers)
+
+
+def _sweep_within() -> int:
+    from django.conf import settings
+
+    return int(settings.SWEEP_INTERVAL_SECONDS)
+
+
 @api_view(("POST",))
 def snapshots(request: HttpRequest) -> HttpResponse:
-    try:
-        check_declared_size(request)
-        uploaded, sha256, fmt = received_file(request)
-    except IntakeError as err:
-        return JsonResponse(err.as_json(), status=err.status)
+    check_declared_size(request)
+    key = _idempotency_key(request)
+    # A retry of an upload that already went through is answered without counting it again.
+    replay = services.upload_by_idempotency_key(request.user, key) is not None  # type: ignore[arg-type]
+    uploaded, sha256, fmt = received_file(request, enforce_limits=not replay)
     fields = ApiUploadFieldsForm(request.POST)
     if not fields.is_valid():
         field, detail = first_error(fields)
@@ -119,30 +176,37 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
     if not services.can(request.user, project.team, "write"):
         return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
-    upload = services.upload_create(
-        user=request.user,  # type: ignore[arg-type]
-        project=project,
-        uploaded=uploaded,
-        sha256=sha256,
-        fmt=fmt,
-        run=fields.cleaned_data["run"].strip(),
-        tags=fields.cleaned_data["tags"],
-        note=fields.cleaned_data["note"],
-        oom_message=fields.cleaned_data["oom_message"],
-    )
-    body = services.upload_api_dict(upload, request)
-    return JsonResponse(
-        {k: body[k] for k in ("id", "status", "url", "api_url")} | {"progress": upload.progress},
-        status=202,
-        headers={"Location": body["api_url"]},
-    )
+    if not replay:
+        check_quota(project, uploaded.size or 0)
+    try:
+        upload = services.upload_create(
+            user=request.user,  # type: ignore[arg-type]
+            project=project,
+            uploaded=uploaded,
+            sha256=sha256,
+            fmt=fmt,
+            run=fields.cleaned_data["run"].strip(),
+            tags=fields.cleaned_data["tags"],
+            note=fields.cleaned_data["note"],
+            oom_message=fields.cleaned_data["oom_message"],
+            idempotency_key=key,
+        )
+    except services.IdempotencyConflict as conflict:
+        message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
+        return _error(409, "upload:idempotency-conflict", message)
+    return _accepted(request, upload)
 
 
-@api_view(("GET",))
+@api_view(("GET", "DELETE"))
 def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
+    if request.method == "DELETE":
+        if not services.upload_can_delete(request.user, upload):
+            return _error(403, "forbidden", messages.DELETE_FORBIDDEN)
+        services.upload_delete(upload)
+        return JsonResponse({"id": code, "deleted": True})
     return JsonResponse(services.upload_api_dict(upload, request))
 
 

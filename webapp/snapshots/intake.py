@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import BadRequest, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.http import UnreadablePostError
+from django.http.multipartparser import MultiPartParserError
 
-from webapp.snapshots import messages
+from webapp.snapshots import limits, messages
 from webapp.snapshots.uploads import Refusal, content_length_over_cap, is_too_large, sniff
 
 
@@ -21,9 +24,47 @@ class IntakeError(Exception):
     status: int
     code: str
     message: str
+    retry_after: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message}}
+
+    def headers(self) -> dict[str, str]:
+        headers = {"X-Error-Code": self.code}
+        if self.retry_after:
+            headers["Retry-After"] = str(self.retry_after)
+        return headers
+
+
+def from_limit(err: limits.LimitExceeded) -> IntakeError:
+    return IntakeError(err.status, err.code, err.message, retry_after=err.retry_after)
+
+
+def parse_error(exc: Exception) -> IntakeError:
+    """The error for a request body Django could not parse (it would otherwise answer HTML 400)."""
+    if isinstance(exc, TooManyFilesSent):
+        return IntakeError(400, "upload:too-many-files", messages.UPLOAD_BAD_REQUEST.format(detail="send one file"))
+    if isinstance(exc, RequestDataTooBig):
+        limit = messages.human_bytes(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+        return IntakeError(
+            413, "upload:fields-too-large", messages.UPLOAD_BAD_REQUEST.format(detail=f"text fields over {limit}")
+        )
+    if isinstance(exc, TooManyFieldsSent):
+        return IntakeError(400, "upload:too-many-fields", messages.UPLOAD_BAD_REQUEST.format(detail="too many fields"))
+    if isinstance(exc, UnreadablePostError):
+        return IntakeError(400, "upload:incomplete", messages.UPLOAD_BAD_REQUEST.format(detail="the body ended early"))
+    return IntakeError(400, "upload:bad-multipart", messages.UPLOAD_BAD_REQUEST.format(detail=str(exc)[:200]))
+
+
+# What parsing a request body can raise on bad input; each becomes a parse_error.
+PARSE_ERRORS = (
+    MultiPartParserError,
+    TooManyFilesSent,
+    RequestDataTooBig,
+    TooManyFieldsSent,
+    UnreadablePostError,
+    BadRequest,
+)
 
 
 def too_large() -> IntakeError:
@@ -42,16 +83,57 @@ def check_declared_size(request: Any) -> None:
         raise too_large()
 
 
-def received_file(request: Any) -> tuple[Any, str, str]:
-    """(uploaded file, sha256, format) from a parsed request, or ``IntakeError``."""
-    files = request.FILES  # parses the body if nothing has yet
+def check_rate(request: Any) -> None:
+    """Per-user and per-token upload rates, before the body is read."""
+    if not getattr(request.user, "is_authenticated", False):
+        return
+    try:
+        limits.check_upload_rate(request, request.user, getattr(request, "api_token", None))
+    except limits.LimitExceeded as err:
+        raise from_limit(err) from err
+
+
+def check_quota(project: Any, size: int) -> None:
+    try:
+        limits.check_team_quota(project.team_id, size)
+    except limits.LimitExceeded as err:
+        raise from_limit(err) from err
+
+
+def parsed_files(request: Any) -> Any:
+    """``request.FILES``, with Django's parse failures as ``IntakeError`` (JSON-able, with a code)."""
+    try:
+        return request.FILES  # parses the body if nothing has yet
+    except PARSE_ERRORS as exc:
+        raise parse_error(exc) from exc
+
+
+def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, str, str]:
+    """(uploaded file, sha256, format) from a parsed request, or ``IntakeError``.
+
+    With ``enforce_limits`` the upload rates are counted before the body is read, and the
+    team quota is checked when the form names its project (the API checks the project it
+    picked itself, see ``api.snapshots``).
+    """
+    if enforce_limits:
+        check_rate(request)
+    files = parsed_files(request)
     if is_too_large(request):
         raise too_large()
+    if len(files.getlist("file")) > 1 or len(files) > 1:
+        raise IntakeError(400, "upload:too-many-files", messages.UPLOAD_BAD_REQUEST.format(detail="send one file"))
     uploaded = files.get("file")
     if uploaded is None:
         raise IntakeError(400, "upload:no-file", messages.UPLOAD_MISSING_FILE)
     if uploaded.size is not None and uploaded.size > settings.UPLOAD_MAX_BYTES:
         raise too_large()
+    slug = request.POST.get("project")
+    if enforce_limits and slug:
+        from webapp.snapshots.services import project_for_user
+
+        project = project_for_user(request.user, str(slug))
+        if project is not None:
+            check_quota(project, uploaded.size or 0)
     head = getattr(uploaded, "head", None)
     if head is None:  # a handler other than ours (tests may swap handlers)
         uploaded.seek(0)

@@ -47,6 +47,23 @@ CSRF_FAILED = "CSRF check failed; reload the page and try again."
 METHOD_NOT_ALLOWED = "Use {methods}."
 SHARE_CREATED = "Share link created. Anyone with the link can read this report."
 SHARE_REVOKED = "Share link revoked."
+# Quotas, rate limits, input limits, broker outages (issue 11).
+RATE_LIMITED = "Too many {what}: at most {count} per {seconds} s. Try again in {wait} s."
+QUOTA_EXCEEDED = (
+    "Your team's storage quota is full: {used} of {quota} used, and this file is {size}. "
+    "Delete old snapshots to make room."
+)
+UPLOAD_BAD_REQUEST = "The upload request could not be read: {detail}."
+UPLOAD_INVALID_FIELD = "{field}: {detail}"
+IDEMPOTENCY_CONFLICT = "This Idempotency-Key was already used for a different file ({code})."
+IDEMPOTENCY_BAD_KEY = "An Idempotency-Key is 1 to {limit} visible ASCII characters."
+PUBLISH_PENDING = (
+    "Stored, but the job queue is unreachable; the upload stays queued and is sent to a worker "
+    "automatically when the queue is back (within {seconds} s)."
+)
+SNAPSHOT_DELETED = "Snapshot deleted."
+DATABASE_UNAVAILABLE = "The database is unavailable for a moment; retry shortly (with the same Idempotency-Key)."
+DELETE_FORBIDDEN = "Only the person who uploaded a snapshot, or an owner of its team, may delete it."
 
 
 def error_message(code: str, detail: str = "") -> str:

@@ -7,8 +7,12 @@ are stored as sha256 hex digests plus a short prefix to recognise them by.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 
 
 class Team(models.Model):
@@ -65,17 +69,24 @@ class Upload(models.Model):
     filename = models.CharField(max_length=255)  # display only; the stored name is the hash
     bytes = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)
-    blob_name = models.CharField(max_length=200)  # storage key: sha256/<aa>/<hash>
+    # storage key: sha256/<aa>/<hash>; empty once the file was purged (failed upload past retention)
+    blob_name = models.CharField(max_length=200, blank=True)
     format = models.CharField(max_length=20, blank=True)
     run = models.CharField(max_length=200, blank=True)
     tags = models.JSONField(default=list, blank=True)
     note = models.TextField(blank=True)
     oom_message = models.TextField(blank=True)  # torch's OOM message as pasted/sent: the real limit
+    # The client's Idempotency-Key header: a retried POST with the same key (same user) gets the
+    # same upload back instead of a duplicate. Empty when the client sent none.
+    idempotency_key = models.CharField(max_length=100, blank=True, default="")
 
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     stage = models.CharField(max_length=20, blank=True)
     progress = models.PositiveSmallIntegerField(default=0)  # percent
     attempts = models.PositiveSmallIntegerField(default=0)
+    # The Celery message id that claimed the row: a redelivery of that same message (its worker
+    # died) may claim the RUNNING row again at once; any other message may not.
+    task_id = models.CharField(max_length=64, blank=True, default="")
     error_code = models.CharField(max_length=80, blank=True)
     error_message = models.TextField(blank=True)
     summary = models.JSONField(null=True, blank=True)  # small figures for lists and history
@@ -86,9 +97,21 @@ class Upload(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    # Set by services.upload_create on the returned object only (not columns): the request was a
+    # replay of an earlier one with the same Idempotency-Key; the publish to the broker failed.
+    replayed: bool = False
+    publish_pending: bool = False
+
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["project", "-created_at"], name="upload_project_recent")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["uploaded_by", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="upload_idempotency_key_unique",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.code} ({self.status})"
@@ -133,3 +156,11 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"token {self.prefix}…"
+
+
+@receiver(post_delete, sender=Upload, dispatch_uid="upload-delete-blob")
+def _delete_blob_after_row(sender: Any, instance: Upload, **_kwargs: Any) -> None:
+    """Every way a row goes (API, page, admin, a project's cascade) takes its file, after commit."""
+    from webapp.snapshots.services import upload_delete_blob_if_unused
+
+    transaction.on_commit(lambda: upload_delete_blob_if_unused(instance))

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import secrets
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files.storage import default_storage
-from django.db import transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import F, Q, QuerySet
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.text import slugify
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from webapp.snapshots import messages
 from webapp.snapshots.models import ApiToken, Membership, Project, Report, ShareLink, Team, Upload
@@ -78,8 +81,21 @@ def upload_for_share_token(token: str, *, count_use: bool = True) -> Upload | No
     if link is None:
         return None
     if count_use:
-        ShareLink.objects.filter(pk=link.pk).update(use_count=F("use_count") + 1, last_used_at=timezone.now())
+        _count_share_use(link.pk)
     return link.upload
+
+
+# The read paths' bookkeeping (share-link use count, token last use) is a single UPDATE by primary
+# key: atomic with F(), no row read or lock first, and in WAL mode it blocks no reader. It is
+# best effort: a write that cannot get the lock in time is logged and skipped, never a failed page.
+USAGE_WRITE_INTERVAL = timedelta(minutes=1)
+
+
+def _count_share_use(link_id: int) -> None:
+    try:
+        ShareLink.objects.filter(pk=link_id).update(use_count=F("use_count") + 1, last_used_at=timezone.now())
+    except OperationalError as exc:
+        log.warning("share link %s: use not counted: %s", link_id, exc)
 
 
 def report_for(upload: Upload) -> Report | None:
@@ -137,7 +153,9 @@ def writable_projects(user: AnyUser) -> QuerySet[Project]:
 @transaction.atomic
 def personal_team_create(user: User) -> Project:
     """Sign-up gives each user a team and a first project, so uploading works at once."""
-    base = f"{user.get_username()}".lower().replace("_", "-")[:40] or "user"
+    # Any valid username ("dot.user@x", "a+b") becomes a URL slug ([-a-z0-9]); slugify drops
+    # the rest, so separators become hyphens first.
+    base = slugify(re.sub(r"[._@+\s]+", "-", user.get_username()))[:40].strip("-") or "user"
     slug = base
     n = 1
     while Team.objects.filter(slug=slug).exists() or Project.objects.filter(slug=slug).exists():
@@ -165,6 +183,27 @@ def _store_blob(uploaded: UploadedFile[Any], sha256: str) -> str:
     return name
 
 
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before, by the same user, for different bytes."""
+
+    def __init__(self, upload: Upload) -> None:
+        super().__init__(upload.code)
+        self.upload = upload
+
+
+def upload_by_idempotency_key(user: User | None, key: str) -> Upload | None:
+    if not key or user is None:
+        return None
+    return Upload.objects.filter(uploaded_by=user, idempotency_key=key).select_related("project").first()
+
+
+def _replay(existing: Upload, sha256: str) -> Upload:
+    if existing.sha256 != sha256:
+        raise IdempotencyConflict(existing)
+    existing.replayed = True
+    return existing
+
+
 def upload_create(
     *,
     user: User | None,
@@ -176,40 +215,75 @@ def upload_create(
     tags: list[str] | None = None,
     note: str = "",
     oom_message: str = "",
+    idempotency_key: str = "",
 ) -> Upload:
-    """Store the bytes, create the row and queue the analysis once the row is committed."""
-    from webapp.snapshots.tasks import analyse_upload_task
+    """Store the bytes, create the row and queue the analysis once the row is committed.
 
+    With an ``idempotency_key``, a second call by the same user with the same key returns the
+    first upload (``replayed`` set) instead of a duplicate, or ``IdempotencyConflict`` when the
+    bytes differ. A failed publish leaves the row queued with ``queued_at`` empty (the sweep
+    publishes it) and sets ``publish_pending`` on the returned object.
+    """
+    existing = upload_by_idempotency_key(user, idempotency_key)
+    if existing is not None:
+        return _replay(existing, sha256)
     blob = _store_blob(uploaded, sha256)
-    with transaction.atomic():
-        upload = Upload.objects.create(
-            code=new_upload_code(),
-            project=project,
-            uploaded_by=user,
-            filename=(uploaded.name or "snapshot")[:255],
-            bytes=uploaded.size or 0,
-            sha256=sha256,
-            blob_name=blob,
-            format=fmt,
-            run=run[:200],
-            tags=[t for t in (tags or []) if t][:20],
-            note=note,
-            oom_message=oom_message,
-            queued_at=timezone.now(),
-        )
-        analyse_upload_task.delay_on_commit(upload.id)
+    try:
+        with transaction.atomic():
+            upload = Upload.objects.create(
+                code=new_upload_code(),
+                project=project,
+                uploaded_by=user,
+                filename=(uploaded.name or "snapshot")[:255],
+                bytes=uploaded.size or 0,
+                sha256=sha256,
+                blob_name=blob,
+                format=fmt,
+                run=run[:200],
+                tags=[t for t in (tags or []) if t][:20],
+                note=note,
+                oom_message=oom_message,
+                idempotency_key=idempotency_key if user is not None else "",
+                queued_at=timezone.now(),
+            )
+            transaction.on_commit(lambda: _publish(upload))
+    except IntegrityError:
+        # Two requests with one key raced; the other one's row is the upload.
+        existing = upload_by_idempotency_key(user, idempotency_key)
+        if existing is None:
+            raise
+        return _replay(existing, sha256)
     return upload
 
 
-def upload_claim(upload_id: int) -> Upload | None:
+def _publish(upload: Upload) -> None:
+    """Send the analysis message; on a broker outage mark the row for the sweep instead of failing."""
+    from webapp.snapshots.tasks import analyse_upload_task
+
+    try:
+        analyse_upload_task.apply_async((upload.id,), retry_policy=settings.CELERY_TASK_PUBLISH_RETRY_POLICY)
+    except Exception as exc:
+        log.warning("upload %s: publish failed (%s); the sweep will publish it", upload.id, exc)
+        upload.publish_pending = True
+        Upload.objects.filter(pk=upload.pk, status=Upload.Status.QUEUED).update(queued_at=None)
+
+
+def upload_claim(upload_id: int, task_id: str | None = None) -> Upload | None:
     """QUEUED -> RUNNING with one conditional UPDATE; None when another worker owns the row.
 
     The attempt is counted and committed before any work, so a file that kills its
     worker is stopped after ``ANALYSIS_MAX_ATTEMPTS`` tries instead of looping.
+    A RUNNING row is claimed again only by the message that claimed it (same ``task_id``):
+    that message comes back only when its worker died (``reject_on_worker_lost``) or after
+    the visibility timeout, far past the task's hard limit, so the first run is gone.
     """
     now = timezone.now()
+    claimable = Q(status=Upload.Status.QUEUED)
+    if task_id:
+        claimable |= Q(status=Upload.Status.RUNNING, task_id=task_id)
     with transaction.atomic():
-        claimed = Upload.objects.filter(pk=upload_id, status=Upload.Status.QUEUED).update(
+        claimed = Upload.objects.filter(claimable, pk=upload_id).update(
+            task_id=task_id or "",
             status=Upload.Status.RUNNING,
             attempts=F("attempts") + 1,
             started_at=now,
@@ -267,8 +341,31 @@ def summary_from_report(report: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+# The finish step writes megabytes of report JSON once per upload; losing the analysis to a
+# transient lock (SQLite's "database is locked", PostgreSQL's deadlock/serialization or a
+# dropped connection, all OperationalError) would throw minutes of work away. Bounded: 5 tries over about 15 s, then the
+# error propagates (worker:internal). The transaction is whole or absent, so retrying is safe.
+db_write_retry = retry(
+    retry=retry_if_exception_type(OperationalError),
+    stop=stop_after_attempt(5),
+    wait=wait_random_exponential(multiplier=0.5, max=8),
+    reraise=True,
+    before_sleep=lambda state: log.warning(
+        "database write retried (attempt %d): %s",
+        state.attempt_number,
+        state.outcome.exception() if state.outcome else "",
+    ),
+)
+
+
+@db_write_retry
 def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, Any]) -> None:
     with transaction.atomic():
+        # Locked (PostgreSQL) / under the IMMEDIATE write lock (SQLite), so a DELETE cannot slip
+        # in between: an upload deleted while it was analysed keeps no orphan report.
+        if not Upload.objects.select_for_update().filter(pk=upload_id).exists():
+            log.info("upload %s: deleted during its analysis; report dropped", upload_id)
+            return
         Report.objects.update_or_create(upload_id=upload_id, defaults={"data": report, "charts": charts})
         source = report.get("source") or {}
         Upload.objects.filter(pk=upload_id).update(
@@ -283,6 +380,7 @@ def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, A
         )
 
 
+@db_write_retry
 def upload_fail(upload_id: int, code: str, detail: str = "") -> None:
     Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
         status=Upload.Status.FAILED,
@@ -307,6 +405,8 @@ def uploads_requeue_stale() -> list[int]:
     for upload in Upload.objects.filter(
         Q(status=Upload.Status.RUNNING, heartbeat_at__lt=stale_running)
         | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
+        # publish failed at upload time (broker down): send it at the next sweep
+        | Q(status=Upload.Status.QUEUED, queued_at__isnull=True)
     ).only("id", "status", "attempts"):
         if upload.status == Upload.Status.RUNNING and upload.attempts >= settings.ANALYSIS_MAX_ATTEMPTS:
             upload_fail(upload.id, "worker:killed-repeatedly")
@@ -319,9 +419,52 @@ def uploads_requeue_stale() -> list[int]:
     return ids
 
 
-def upload_delete_blob_if_unused(upload: Upload) -> None:
-    if not Upload.objects.filter(blob_name=upload.blob_name).exclude(pk=upload.pk).exists():
-        default_storage.delete(upload.blob_name)
+def upload_delete_blob_if_unused(upload: Upload) -> bool:
+    """Remove the stored file unless another upload row still holds the same bytes."""
+    if not upload.blob_name:
+        return False
+    if Upload.objects.filter(blob_name=upload.blob_name).exclude(pk=upload.pk).exists():
+        return False
+    default_storage.delete(upload.blob_name)
+    return True
+
+
+def upload_can_delete(user: AnyUser, upload: Upload) -> bool:
+    """The uploader while their role may still write, or anyone who manages the team (ROLE_RIGHTS).
+
+    A viewer who uploaded something before being made a viewer may no longer delete it.
+    """
+    team = upload.project.team
+    if can(user, team, "manage"):
+        return True
+    return upload.uploaded_by_id == user.pk and can(user, team, "write")
+
+
+def upload_delete(upload: Upload) -> None:
+    """Delete the upload, its report and share links (cascade) and, after commit, its file.
+
+    The file goes through the ``post_delete`` receiver in ``models.py``, so the admin and a
+    project's cascade remove files the same way.
+    """
+    upload.delete()
+
+
+def uploads_purge_failed() -> int:
+    """Remove the files of uploads that failed more than ``FAILED_UPLOAD_RETENTION_SECONDS`` ago.
+
+    The rows stay (history shows the failure and its reason); ``blob_name`` becomes empty so
+    the quota no longer counts them. Returns the number of rows whose file was let go.
+    """
+    cutoff = timezone.now() - timedelta(seconds=settings.FAILED_UPLOAD_RETENTION_SECONDS)
+    purged = 0
+    for upload in Upload.objects.filter(status=Upload.Status.FAILED, finished_at__lt=cutoff).exclude(blob_name=""):
+        with transaction.atomic():
+            if Upload.objects.filter(pk=upload.pk, blob_name=upload.blob_name).update(blob_name="") != 1:
+                continue
+            holder = Upload(pk=upload.pk, blob_name=upload.blob_name)
+            transaction.on_commit(lambda holder=holder: upload_delete_blob_if_unused(holder))  # type: ignore[misc]
+        purged += 1
+    return purged
 
 
 # --- share links --------------------------------------------------------------------------
@@ -369,7 +512,13 @@ def api_token_user(raw: str) -> tuple[User, ApiToken] | None:
     )
     if token is None or not token.user.is_active:
         return None
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    now = timezone.now()
+    # At most one write a minute per token: every API call would otherwise write the database.
+    if token.last_used_at is None or now - token.last_used_at > USAGE_WRITE_INTERVAL:
+        try:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        except OperationalError as exc:
+            log.warning("api token %s: last use not recorded: %s", token.prefix, exc)
     return token.user, token
 
 

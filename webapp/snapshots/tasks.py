@@ -60,18 +60,27 @@ def _build_charts(report: dict[str, Any]) -> dict[str, Any]:
 
 
 @app.task(
+    bind=True,
     name="snapshots.analyse_upload",
     acks_late=True,
     reject_on_worker_lost=True,
     throws=(SnapshotError,),
     ignore_result=True,
 )
-def analyse_upload(upload_id: int, **_future_kwargs: Any) -> None:
-    """Analyse upload ``upload_id`` in a resource-limited child process and store the report."""
-    upload = services.upload_claim(upload_id)
+def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
+    """Analyse upload ``upload_id`` in a resource-limited child process and store the report.
+
+    The message id goes with the claim: when the pool process running this is killed, Celery
+    requeues the same message (``reject_on_worker_lost``) and its redelivery re-runs the upload
+    at once, as the next attempt, instead of waiting for the sweep.
+    """
+    task_id = getattr(self.request, "id", None)
+    upload = services.upload_claim(upload_id, task_id=task_id)
     if upload is None:
         log.info("upload %s: not queued (gone, done or owned by another worker)", upload_id)
         return
+    if upload.attempts > 1:
+        log.warning("upload %s: attempt %d (message %s)", upload_id, upload.attempts, task_id)
     if upload.attempts > settings.ANALYSIS_MAX_ATTEMPTS:
         services.upload_fail(upload_id, "worker:killed-repeatedly")
         log.error("upload %s: failed after %d attempts", upload_id, upload.attempts - 1)
@@ -146,3 +155,12 @@ def sweep_uploads(**_future_kwargs: Any) -> int:
     if ids:
         log.warning("sweep: re-queued %d stale uploads: %s", len(ids), ids)
     return len(ids)
+
+
+@app.task(name="snapshots.purge_failed_uploads", ignore_result=True)
+def purge_failed_uploads(**_future_kwargs: Any) -> int:
+    """Remove the files of failed uploads past their retention (beat, every ``PURGE_INTERVAL_SECONDS``)."""
+    purged = services.uploads_purge_failed()
+    if purged:
+        log.info("purge: removed the files of %d failed uploads", purged)
+    return purged

@@ -14,6 +14,7 @@ urlpatterns = [
     path("s/<str:code>/", views.detail, name="detail"),
     path("s/<str:code>/status.json", views.status_json, name="status_json"),
     path("s/<str:code>/share/", views.share, name="share"),
+    path("s/<str:code>/delete/", views.delete, name="delete"),
     path("r/<str:token>/", views.share_view, name="share_view"),
     path("r/<str:token>/status.json", views.share_status_json, name="share_status_json"),
     path("p/<slug:slug>/", views.history, name="history"),

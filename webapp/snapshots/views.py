@@ -1,4 +1,4 @@
-"""Pages (see the table in docs/architecture.md), sign-up and /healthz.
+"""Pages (see the table in docs/architecture.md) and sign-up; /healthz is webapp/health.py.
 
 Each view: login required -> look the object up through services (another team's
 object is a 404) -> form -> one service call -> redirect or render plain dicts.
@@ -13,7 +13,6 @@ from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
-from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -22,7 +21,6 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from webapp.snapshots import messages, services
-from webapp.snapshots.broker import broker_ping
 from webapp.snapshots.forms import SignupForm, UploadForm
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
@@ -242,6 +240,19 @@ def share(request: HttpRequest, code: str) -> HttpResponse:
     return response
 
 
+@login_required
+@require_POST
+def delete(request: HttpRequest, code: str) -> HttpResponse:
+    """Page action: delete the snapshot, its report, share links and (after commit) its file."""
+    upload_row = _upload_or_404(request, code)
+    if not services.upload_can_delete(request.user, upload_row):
+        return HttpResponse(messages.DELETE_FORBIDDEN, status=403, content_type="text/plain")
+    slug = upload_row.project.slug
+    services.upload_delete(upload_row)
+    flash.success(request, messages.SNAPSHOT_DELETED)
+    return redirect("snapshots:history", slug=slug)
+
+
 def _capability_headers(response: HttpResponse) -> HttpResponse:
     """Pages reached by a secret URL must not leak it (W3C capability URLs; reliability.md §4)."""
     response["Referrer-Policy"] = "no-referrer"
@@ -348,32 +359,3 @@ def signup(request: HttpRequest) -> HttpResponse:
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("snapshots:home")
     return render(request, "registration/signup.html", {"form": form})
-
-
-# --- health ------------------------------------------------------------------------------
-
-
-@never_cache
-@require_GET
-def healthz(request: HttpRequest) -> HttpResponse:
-    from webapp.celery import app
-
-    result: dict[str, str] = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            cursor.fetchone()
-        result["database"] = "ok"
-    except Exception as exc:
-        log.warning("healthz: database: %s", exc)
-        result["database"] = f"error: {type(exc).__name__}"
-    try:
-        broker_ping(str(app.conf.broker_url))
-        result["broker"] = "ok"
-    except Exception as exc:
-        log.warning("healthz: broker: %s", exc)
-        result["broker"] = f"error: {type(exc).__name__}"
-    failing = [name for name, state in result.items() if state != "ok"]
-    if failing:
-        result["failing"] = ", ".join(failing)
-    return JsonResponse(result, status=503 if failing else 200)

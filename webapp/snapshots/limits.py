@@ -1,0 +1,117 @@
+"""Rate limits and the team storage quota: each limit is defined once, in settings, and applied here.
+
+Counting is django-ratelimit's (fixed windows in the Django cache, ``CACHES`` in settings).
+Every refusal is a ``LimitExceeded`` with a stable code, the HTTP status and, for rates,
+the seconds until the window ends (sent as ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Sum
+from django_ratelimit.core import _split_rate, get_usage  # type: ignore[import-untyped]  # ships no types
+
+from webapp.snapshots import messages
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LimitExceeded(Exception):
+    status: int
+    code: str
+    message: str
+    retry_after: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+def _hit(request: Any, group: str, key: str, rate: str) -> int | None:
+    """Count one use of ``group`` for ``key``; seconds to wait when over ``rate``, else None.
+
+    A cache that cannot be reached lets the request through (logged): the limits protect
+    the disk and the CPU, and an outage of the counter store must not stop the site.
+    """
+    try:
+        usage = get_usage(request, group=group, key=lambda _group, _request: key, rate=rate, increment=True)
+    except Exception as exc:
+        log.warning("rate limit %s not checked: %s", group, exc)
+        return None
+    if usage is None or not usage["should_limit"]:
+        return None
+    return max(1, int(usage["time_left"]))
+
+
+def check_upload_rate(request: Any, user: Any, token: Any) -> None:
+    """Per-token (API) and per-user (API and page) upload rates."""
+    # Keys name one token / one account even where database ids are reused (SQLite reuses the
+    # highest id after a rollback): the token's hash, the account's id with its creation time.
+    checks = []
+    if token is not None:
+        key = f"token:{token.token_hash[:32]}"
+        checks.append(("upload-token", key, settings.UPLOAD_RATE_PER_TOKEN, "upload:rate-limited:token"))
+    account = f"user:{user.pk}:{user.date_joined.timestamp():.6f}"
+    checks.append(("upload-user", account, settings.UPLOAD_RATE_PER_USER, "upload:rate-limited:user"))
+    for group, key, rate, code in checks:
+        wait = _hit(request, group, key, rate)
+        if wait is not None:
+            count, seconds = _split_rate(rate)
+            raise LimitExceeded(
+                429,
+                code,
+                messages.RATE_LIMITED.format(what="uploads", count=count, seconds=seconds, wait=wait),
+                retry_after=wait,
+            )
+
+
+def check_login_rate(request: Any) -> None:
+    """Login attempts (POST) per client address and per username tried."""
+    ip = request.META.get("REMOTE_ADDR", "")
+    username = (request.POST.get("username") or "").strip().lower()[:150]
+    for group, key, rate in (
+        ("login-ip", f"ip:{ip}", settings.LOGIN_RATE_PER_IP),
+        ("login-user", f"user:{username}", settings.LOGIN_RATE_PER_USERNAME),
+    ):
+        if group == "login-user" and not username:
+            continue
+        wait = _hit(request, group, key, rate)
+        if wait is not None:
+            count, seconds = _split_rate(rate)
+            raise LimitExceeded(
+                429,
+                "login:rate-limited",
+                messages.RATE_LIMITED.format(what="sign-in attempts", count=count, seconds=seconds, wait=wait),
+                retry_after=wait,
+            )
+
+
+def team_usage_bytes(team_id: int) -> int:
+    """Bytes of the team's uploads whose file is still stored (a purged or deleted one no longer counts)."""
+    from webapp.snapshots.models import Upload
+
+    total = Upload.objects.filter(project__team_id=team_id).exclude(blob_name="").aggregate(n=Sum("bytes"))["n"]
+    return int(total or 0)
+
+
+def check_team_quota(team_id: int, incoming_bytes: int) -> None:
+    quota = settings.TEAM_STORAGE_QUOTA_BYTES
+    used = team_usage_bytes(team_id)
+    if used + incoming_bytes > quota:
+        raise LimitExceeded(
+            413,
+            "upload:quota-exceeded",
+            messages.QUOTA_EXCEEDED.format(
+                used=messages.human_bytes(used),
+                quota=messages.human_bytes(quota),
+                size=messages.human_bytes(incoming_bytes),
+            ),
+        )
+
+
+def retry_after_header(err: LimitExceeded) -> dict[str, str]:
+    return {"Retry-After": str(err.retry_after)} if err.retry_after else {}
