@@ -747,7 +747,10 @@ class _Converter:
         del addrs
         size = self.int_column(column(2), where, "size", nonneg=True)
         stream_values = column(3)
-        order = dict.fromkeys(stream_values)  # a few distinct streams, in order of first appearance
+        try:
+            order = dict.fromkeys(stream_values)  # a few distinct streams, in order of first appearance
+        except TypeError:  # an unhashable value (a list, a dict): not a stream id
+            order = {None: None}
         if not set(map(type, order)) <= {int}:
             self.int_column(stream_values, where, "stream")  # raises with the event's index
 

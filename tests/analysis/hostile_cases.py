@@ -255,6 +255,13 @@ def build_cases(canary: Path) -> dict[str, Case]:
     cases["size_is_str"] = Case(
         shaped(lambda s: s["device_traces"][0][1].update(size="12")), "snapshot:schema:wrong-type"
     )
+    # found by the hardening fuzzer: an unhashable stream broke the reader's stream interning (worker:internal)
+    cases["stream_is_list"] = Case(
+        shaped(lambda s: s["device_traces"][0][3].update(stream=[1, 2])), "snapshot:schema:wrong-type"
+    )
+    cases["stream_is_dict"] = Case(
+        shaped(lambda s: s["device_traces"][0][3].update(stream={"a": 1})), "snapshot:schema:wrong-type"
+    )
     cases["missing_action"] = Case(
         shaped(lambda s: s["device_traces"][0][4].pop("action")), "snapshot:schema:missing-key"
     )
