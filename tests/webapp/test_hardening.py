@@ -311,15 +311,33 @@ def test_broker_down_answers_queued_publish_pending_and_sweep_sends_it(
 # --- concurrency on the default database ------------------------------------------------------
 
 
-def test_sqlite_runs_wal_with_immediate_transactions() -> None:
-    from django.db import connection
+def test_sqlite_runs_wal_with_immediate_transactions(tmp_path: Path) -> None:
+    """The site's SQLite settings, opened for real (also when this run's own database is PostgreSQL)."""
+    from django.db.backends.sqlite3.base import DatabaseWrapper
 
-    if connection.vendor != "sqlite":
-        pytest.skip("SQLite settings")
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA journal_mode")
-        assert cursor.fetchone()[0] == "wal"
-    assert connection.settings_dict["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
+    from webapp.settings import database_from_url
+
+    db = database_from_url(f"sqlite:///{tmp_path / 'wal.sqlite3'}")
+    assert db["OPTIONS"]["transaction_mode"] == "IMMEDIATE"  # type: ignore[index]
+    wrapper = DatabaseWrapper(
+        {
+            **db,
+            "TIME_ZONE": None,
+            "CONN_HEALTH_CHECKS": False,
+            "CONN_MAX_AGE": 0,
+            "AUTOCOMMIT": True,
+            "ATOMIC_REQUESTS": False,
+        },
+        alias="wal-check",
+    )
+    try:
+        with wrapper.cursor() as cursor:
+            cursor.execute("PRAGMA journal_mode")
+            assert cursor.fetchone()[0] == "wal"
+            cursor.execute("PRAGMA synchronous")
+            assert cursor.fetchone()[0] == 1  # NORMAL
+    finally:
+        wrapper.close()
 
 
 def test_finish_is_retried_on_a_transient_lock(alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:
