@@ -64,9 +64,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analysis.config import K_SMALL_BUFFER, K_SMALL_SIZE, UNLIMITED, AllocatorConfig
+from analysis.config import K_SMALL_BUFFER, UNLIMITED, AllocatorConfig, is_small, limit_refuses, small_pool
 from analysis.model import (
     ACTIONS,
+    ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
     ALLOC,
     FREE_COMPLETED,
@@ -86,10 +87,14 @@ I64 = npt.NDArray[np.int64]
 __all__ = [
     "LimitEstimate",
     "PolicyResult",
+    "SegmentLayout",
     "infer_limit",
+    "recorded_layout",
     "recorded_segment_events",
     "replay_check",
+    "same_layout",
     "simulate",
+    "simulate_layout",
     "step_end_indices",
     "trace_is_complete",
     "whatif",
@@ -228,14 +233,20 @@ class _Model:
         n_pools: int,
         streams: list[int],
         freeable_from: dict[int, int],
+        recorded: tuple[list[int], list[int], list[int]] = ([], [], []),
     ) -> None:
         self.cfg = cfg
+        # The recorded segment events (action, size, address). While the model's own
+        # segment events equal them one for one (``lockstep``), a new cudaMalloc'd
+        # segment takes the address the driver really returned: free blocks of equal
+        # size are chosen by address, and the driver's placement is not a bump pointer.
+        self.rec_act, self.rec_size, self.rec_addr = recorded
+        self.lockstep = True
         self.limit = limit
         self.mss = cfg.max_split_size
         self.nsr = cfg.max_non_split_rounding_size
         self.exp = cfg.expandable_segments
         self.gc_on = cfg.garbage_collection_threshold > 0.0 and limit is not None
-        self.large_page = cfg.large_segment_size
         self.ns = len(streams) or 1
         n_lists = n_pools * 2 * self.ns
         self.keys: list[list[int]] = [[] for _ in range(n_lists)]
@@ -260,9 +271,17 @@ class _Model:
         self.gcc = 0  # get_free_block calls on the default large pool (GC ages)
         self.gcb: dict[int, int] = {}  # address -> gcc when that block entered a free list
         self.cur = 0  # event index being served
+        # Segment heads (first block of a cudaMalloc'd segment or of an expandable
+        # reservation), by simulated address, with their free-list index: the final
+        # layout walks them.
+        self.heads: dict[int, tuple[list[Any], int]] = {}
 
     # -- bookkeeping ------------------------------------------------------------
     def _record(self, action: int, size: int) -> None:
+        if self.lockstep:
+            j = len(self.seg_act)
+            if j >= len(self.rec_act) or self.rec_act[j] != action or self.rec_size[j] != size:
+                self.lockstep = False
         self.seg_act.append(action)
         self.seg_size.append(size)
         self.seg_idx.append(self.cur)
@@ -298,7 +317,7 @@ class _Model:
         del self.ublks[lk][j]
 
     def _page(self, lk: int) -> int:
-        return self.large_page if (lk // self.ns) & 1 else K_SMALL_BUFFER
+        return self.cfg.page_size(not (lk // self.ns) & 1)
 
     # -- malloc -------------------------------------------------------------------
     def get_free_block(self, lk: int, size: int) -> list[Any] | None:
@@ -321,13 +340,8 @@ class _Model:
                     break
                 i += 1
                 cur = nxt
-        key = kl[i]
-        bs = key >> _SH
-        mss = self.mss
-        if size < mss and bs >= mss:
-            return None  # never hand out an oversize block for a small request
-        if size >= mss and bs >= size + self.nsr:
-            return None  # oversize blocks serve only requests within the rounding limit
+        if kl[i] >> _SH >= self.cfg.fit_limit(size):
+            return None  # the max_split_size filter (config.block_fits)
         del kl[i]
         b = bl.pop(i)
         b[_STATE] = False
@@ -349,8 +363,7 @@ class _Model:
     def split(self, lk: int, b: list[Any], size: int) -> int:
         """``should_split`` + ``alloc_found_block``: returns the handed-out size."""
         rem = b[_SIZE] - size
-        small_rule = size <= K_SMALL_SIZE or self.exp
-        if not (rem >= 512 if small_rule else size < self.mss and rem > K_SMALL_SIZE):
+        if not self.cfg.should_split(b[_SIZE], size, is_small(size)):
             return int(b[_SIZE])
         n = b[_NEXT]
         r = [rem, b[_ADDR] + size, b, n, True]
@@ -386,12 +399,19 @@ class _Model:
 
     def alloc_block(self, lk: int, size: int, alloc_size: int) -> list[Any] | None:
         """A new segment (or mapped pages) for the request; None when the limit refuses."""
-        if self.limit is not None and self.reserved + alloc_size > self.limit:
+        if limit_refuses(self.reserved, alloc_size, self.limit):
             return None
         if self.exp:
             return self._alloc_expandable(lk, size)
-        b = [alloc_size, self.next_seg, None, None, False]
-        self.next_seg += alloc_size
+        j = len(self.seg_act)
+        rec_act, rec_size = self.rec_act, self.rec_size
+        if self.lockstep and j < len(rec_act) and rec_act[j] == SEGMENT_ALLOC and rec_size[j] == alloc_size:
+            address = self.rec_addr[j]
+        else:
+            address = self.next_seg
+            self.next_seg += alloc_size
+        b = [alloc_size, address, None, None, False]
+        self.heads[address] = (b, lk)
         self.reserved += alloc_size
         if self.reserved > self.peak:
             self.peak = self.reserved
@@ -401,16 +421,27 @@ class _Model:
     def _release_block(self, lk: int, b: list[Any]) -> None:
         """``release_block``: cudaFree a whole free segment."""
         self._remove(lk, b)
+        del self.heads[b[_ADDR]]
         self.reserved -= b[_SIZE]
         self._record(SEGMENT_FREE, b[_SIZE])
 
     def release_available(self, lk: int, size: int) -> bool:
-        """``release_available_cached_blocks``: free oversize segments, just enough."""
+        """``release_available_cached_blocks``: free oversize segments, just enough.
+
+        The smallest free block of at least ``max(size, max_split_size)`` on the
+        request's stream, else the largest oversize ones, walking down, until that
+        much is released. Expandable blocks are never cudaFree'd here (torch skips
+        them too). torch releases the block it finds without asking whether it is
+        split: under a fixed ``max_split_size`` an oversize free block is always a
+        whole segment. A split one only exists in a state torch itself cannot reach
+        (settings changed mid-run, or a seeded start recorded under other settings),
+        and is skipped like an expandable one instead of freeing part of a segment.
+        """
         mss = self.mss
         kl, bl = self.keys[lk], self.blks[lk]
         want = max(size, mss)
         i = bisect_left(kl, want << _SH)
-        if i < len(kl) and not self.exp:
+        if i < len(kl) and not self.exp and not (bl[i][_PREV] or bl[i][_NEXT]):
             self._release_block(lk, bl[i])
             return True
         released = 0
@@ -419,8 +450,9 @@ class _Model:
             key = kl[j]
             if key >> _SH < mss:
                 break
-            if not self.exp:  # expandable blocks are never cudaFree'd here
-                self._release_block(lk, bl[j])
+            b = bl[j]
+            if not self.exp and not (b[_PREV] or b[_NEXT]):
+                self._release_block(lk, b)
                 released += key >> _SH
             j -= 1
         return released >= want
@@ -457,6 +489,7 @@ class _Model:
                     keep_blocks.append(b)
                     continue
                 b[_STATE] = False
+                del self.heads[b[_ADDR]]
                 self.reserved -= b[_SIZE]
                 self._record(SEGMENT_FREE, b[_SIZE])
             kl[:] = keep_keys
@@ -468,7 +501,7 @@ class _Model:
         """``garbage_collect_cached_blocks``: free old unsplit segments of the default
         large pool once reserved memory passes threshold x limit."""
         assert self.limit is not None
-        threshold = int(self.cfg.garbage_collection_threshold * self.limit)
+        threshold = self.cfg.gc_threshold_bytes(self.limit)
         if self.reserved <= threshold:
             return
         target = self.reserved - threshold
@@ -530,6 +563,7 @@ class _Model:
         self.next_resv += _RESV_STRIDE
         r = [-(-_RESV_BYTES // page) * page, base, None, None, None]
         self._uinsert(lk, r)
+        self.heads[base] = (r, lk)
         return r
 
     def _map(self, lk: int, u: list[Any], size: int) -> list[Any]:
@@ -611,6 +645,7 @@ class _Model:
         self._record(SEGMENT_UNMAP, usize)
         if not u[_PREV] and not u[_NEXT]:  # the whole reservation is unmapped: give it back
             self._uremove(lk, u)
+            del self.heads[u[_ADDR]]
 
     # -- a trace that starts mid-run -------------------------------------------------------
     def seed(self, state: Any) -> None:
@@ -631,6 +666,8 @@ class _Model:
                 b = [block.size, block.address, prev, None, False]
                 if prev:
                     prev[_NEXT] = b
+                else:
+                    self.heads[block.address] = (b, lk)
                 prev = b
                 if block.state == INACTIVE:
                     self._insert(lk, b)
@@ -652,16 +689,23 @@ class _Model:
         gc_on = self.gc_on
         fast = not self.exp and not gc_on
         exp_hit = self.exp and not gc_on
-        mss, nsr = self.mss, self.nsr
-        mss_on = mss != UNLIMITED
         sh = _SH
         bisect = bisect_left
-        # should_split: small pool or expandable: remainder >= 512; large: > 1 MiB
-        # (and, with max_split_size, only for requests below it).
-        per_pool = (511, 511 if self.exp else K_SMALL_SIZE)
-        split_over = [per_pool[(lk // self.ns) & 1] for lk in range(len(keys))]
-        split_below = UNLIMITED if self.exp else mss  # expandable: a block of any size splits
-        allocation_size = self.cfg.allocation_size
+        cfg = self.cfg
+        # The rules inlined below, as numbers taken from their one definition in
+        # analysis.config (test_allocator checks this loop against run_reference,
+        # which calls the methods):
+        # - get_free_block's max_split_size filter (AllocatorConfig.fit_limit): a
+        #   block fits if smaller than mss (request below mss) or than request + nsr;
+        #   unset (UNLIMITED), every block fits.
+        mss, nsr = cfg.max_split_size, cfg.max_non_split_rounding_size
+        mss_on = mss != UNLIMITED
+        # - should_split (AllocatorConfig.split_rule): split iff remainder > over and
+        #   request < below, per pool kind (the free-list index's small|large bit).
+        rules = (cfg.split_rule(True), cfg.split_rule(False))
+        split_over = [rules[(lk // self.ns) & 1][0] for lk in range(len(keys))]
+        split_below = [rules[(lk // self.ns) & 1][1] for lk in range(len(keys))]
+        allocation_size = cfg.allocation_size
         for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
             if op == 1:  # _OP_FREE: free_requested + free_completed
                 b = amap.pop(ra, None)
@@ -708,7 +752,7 @@ class _Model:
                     i = bisect(kl, rs << sh)
                     if i < len(kl):
                         key = kl[i]
-                        if not mss_on or not ((rs < mss and key >> sh >= mss) or (rs >= mss and key >> sh >= rs + nsr)):
+                        if not mss_on or key >> sh < (mss if rs < mss else rs + nsr):
                             del kl[i]
                             b = blks[lk].pop(i)
                             b[4] = False
@@ -731,7 +775,7 @@ class _Model:
                             i += 1
                             cur = nxt
                         key = kl[i]
-                        if not mss_on or not ((rs < mss and key >> sh >= mss) or (rs >= mss and key >> sh >= rs + nsr)):
+                        if not mss_on or key >> sh < (mss if rs < mss else rs + nsr):
                             del kl[i]
                             b = bl.pop(i)
                             b[4] = False
@@ -744,7 +788,7 @@ class _Model:
                         failed.append(events[k])
                         continue
                 rem = b[0] - rs
-                if rem > split_over[lk] and rs < split_below:
+                if rem > split_over[lk] and rs < split_below[lk]:
                     n = b[3]
                     a = b[1] + rs
                     r = [rem, a, b, n, True]
@@ -779,6 +823,101 @@ class _Model:
                 self.cur = events[k]
                 self.release_cached(ra)
         return failed
+
+    def run_reference(
+        self, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int]
+    ) -> list[int]:
+        """``run`` written with the methods only (``get_free_block``, ``split``,
+        ``free_block``): no inlined rule. Slower; the tests check that ``run``, whose
+        hot path inlines those rules for speed, does exactly the same."""
+        pend, pmap, amap = self.pend, self.pmap, self.amap
+        failed: list[int] = []
+        allocation_size = self.cfg.allocation_size
+        for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
+            if op == _OP_FREE:
+                b = amap.pop(ra, None)
+                if b is not None:
+                    self.free_block(lk, b)
+            elif op in (_OP_ALLOC, _OP_OOM):
+                self.cur = events[k]
+                b = self.get_free_block(lk, rs) or self.miss(lk, rs, allocation_size(rs))
+                if b is None:
+                    failed.append(events[k])
+                    continue
+                self.split(lk, b, rs)
+                if op == _OP_ALLOC:
+                    amap[ra] = b
+            elif op == _OP_FREE_REQ:
+                b = amap.pop(ra, None)
+                if b is not None:
+                    pend[b[_ADDR]] = (b, lk)
+                    pmap[ra] = b
+            elif op == _OP_FREE_DONE:
+                b = pmap.pop(ra, None)
+                if b is not None and pend.pop(b[_ADDR], None) is not None:
+                    self.free_block(lk, b)
+            elif op == _OP_FLUSH:
+                self.cur = events[k]
+                self.release_cached(ra)
+        return failed
+
+    def layout(self) -> list[SegmentLayout]:
+        """The final segments as the snapshot would list them: one per cudaMalloc'd
+        segment and one per contiguous mapped range of an expandable reservation."""
+        out: list[SegmentLayout] = []
+        pending = {b[_ADDR] for b, _lk in self.pend.values()}
+        for _addr, (head, lk) in sorted(self.heads.items()):
+            bp, stream = divmod(lk, self.ns)
+            pool, large = divmod(bp, 2)
+            kind = "large" if large else "small"
+            expandable = head[_STATE] is None or self.exp
+            run: list[tuple[int, str]] = []
+            b: list[Any] | None = head
+            while b is not None:
+                if b[_STATE] is None:  # unmapped: ends a mapped range
+                    if run:
+                        out.append(SegmentLayout(pool, kind, stream, True, tuple(run)))
+                        run = []
+                else:
+                    state = INACTIVE if b[_STATE] else ACTIVE_PENDING_FREE if b[_ADDR] in pending else ACTIVE_ALLOCATED
+                    run.append((int(b[_SIZE]), state))
+                b = b[_NEXT]
+            if run:
+                out.append(SegmentLayout(pool, kind, stream, expandable, tuple(run)))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentLayout:
+    """One segment's shape, comparable between the model and a snapshot (whose
+    addresses the model does not reproduce): its pool, kind, stream, whether it
+    is an expandable range, and its blocks' (size, state) in address order."""
+
+    pool: int
+    segment_type: str
+    stream: int
+    is_expandable: bool
+    blocks: tuple[tuple[int, str], ...]
+
+    @property
+    def total_size(self) -> int:
+        return sum(size for size, _state in self.blocks)
+
+
+def recorded_layout(device: DeviceData) -> list[SegmentLayout]:
+    """The snapshot's final segments as ``SegmentLayout`` s (address order)."""
+    return [
+        SegmentLayout(
+            seg.pool, seg.segment_type, seg.stream, seg.is_expandable, tuple((b.size, b.state) for b in seg.blocks)
+        )
+        for seg in sorted(device.segments, key=lambda x: x.address)
+    ]
+
+
+def same_layout(a: Sequence[SegmentLayout], b: Sequence[SegmentLayout]) -> bool:
+    """Equal as multisets: the model places segments at simulated addresses."""
+    key = lambda x: (x.pool, x.segment_type, x.stream, x.is_expandable, x.blocks)  # noqa: E731
+    return sorted(a, key=key) == sorted(b, key=key)
 
 
 # --------------------------------------------------------------------------- trace analysis
@@ -934,7 +1073,8 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
             kind = "gc" if gc_recorded and no_small else "retry"
         elif nxt in (SEGMENT_ALLOC, SEGMENT_MAP) and req >= 0:
             before = int(reserved[s - 1]) if s > 0 else 0
-            if before + _request_alloc_size(device, cfg, req) <= floor and not (gc_recorded and no_small):
+            refusable = limit_refuses(before, _request_alloc_size(device, cfg, req), floor)
+            if not refusable and not (gc_recorded and no_small):
                 kind = "user"  # the limit could not have refused that segment
             elif ambiguous.served(s - 1, req):
                 kind = "user"  # the cache held a block for the request: a malloc would not have flushed
@@ -986,17 +1126,12 @@ class _CacheProbe:
         assert self._pools is not None
         t, cfg = self.device.trace, self.cfg
         size = int(t.size[req]) if t.action[req] == OOM else cfg.round_size(int(t.size[req]))
-        small = size <= K_SMALL_SIZE
+        small = is_small(size)
         stream, pool = int(t.stream[req]), int(self._pools[req])
-        mss = cfg.max_split_size
         for seg in self._replay.blocks_at(index).segments:
             if seg.stream != stream or seg.pool != pool or (seg.segment_type == "small") != small:
                 continue
-            for b in seg.blocks:
-                if b.state != INACTIVE or b.size < size:
-                    continue
-                if (size < mss and b.size >= mss) or (size >= mss and b.size >= size + cfg.max_non_split_rounding_size):
-                    continue
+            if any(b.state == INACTIVE and cfg.block_fits(b.size, size) for b in seg.blocks):
                 return True
         return False
 
@@ -1032,7 +1167,7 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
         elif b.kind == "gc" and threshold > 0:
             # GC ran: before > int(threshold * limit); the largest such limit.
             bound = int(before / threshold)
-            while bound > 0 and int(threshold * bound) >= before:
+            while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
                 bound -= 1
             gc_upper = bound if gc_upper is None else min(gc_upper, bound)
             evidence += 1
@@ -1146,7 +1281,7 @@ def _prepare(
     if req.is_oom.any():  # an oom entry's size is already the rounded request
         rounded[req.is_oom] = sizes[req.is_oom]
     if req.rounded is None or not np.array_equal(rounded, req.rounded):
-        large = rounded > K_SMALL_SIZE
+        large = ~small_pool(rounded)
         if req.lane is None:
             lks = large.view(np.int8)
         else:
@@ -1253,18 +1388,49 @@ def simulate(
     the device's size); None means unlimited. The replay continues past requests
     it cannot serve (see the module docstring); ``oom`` is the first of them.
     """
+    return _simulate(snapshot, device, config, limit_bytes, step_ends)[0]
+
+
+def simulate_layout(
+    snapshot: Snapshot,
+    device: DeviceData | int,
+    config: AllocatorConfig,
+    limit_bytes: int | None = None,
+    *,
+    reference: bool = False,
+) -> tuple[PolicyResult, list[SegmentLayout]]:
+    """``simulate``, plus the model's final segments (``SegmentLayout``, comparable
+    with ``recorded_layout``). ``reference``: serve the requests with
+    ``_Model.run_reference`` (every rule through its method) instead of the fast loop."""
+    result, model = _simulate(snapshot, device, config, limit_bytes, (), reference=reference)
+    return result, model.layout()
+
+
+def _simulate(
+    snapshot: Snapshot,
+    device: DeviceData | int,
+    config: AllocatorConfig,
+    limit_bytes: int | None,
+    step_ends: Sequence[int] | None,
+    *,
+    reference: bool = False,
+) -> tuple[PolicyResult, _Model]:
     dev = _device(snapshot, device)
     recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     bursts = _bursts_of(snapshot, dev, recorded_cfg)
     pools = _event_pools(dev)
     events, ops, raddrs, sizes, lks = _prepare(snapshot, dev, config, bursts, pools)
-    model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev, pools))
+    t = dev.trace
+    seg = np.flatnonzero(np.isin(t.action, _SEGMENT_ACTIONS))
+    recorded = (t.action[seg].tolist(), t.size[seg].tolist(), t.addr[seg].tolist())
+    model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev, pools), recorded)
     if not _segments_complete(dev):
         from analysis.replay import recorded_replay  # local: only partial traces need it
 
         model.seed(recorded_replay(snapshot, dev).blocks_at(-1))
     initial = model.reserved
-    failed = model.run(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
+    serve = model.run_reference if reference else model.run
+    failed = serve(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
     t = dev.trace
     n = len(t)
     recorded_ooms = np.flatnonzero(t.action == OOM)
@@ -1305,7 +1471,7 @@ def simulate(
     )
     result.step_ends = [int(i) for i in step_ends or ()]
     result.step_reserved = result.reserved_at(result.step_ends)
-    return result
+    return result, model
 
 
 def _segments_complete(device: DeviceData) -> bool:

@@ -27,6 +27,7 @@ K_MIN_LARGE_ALLOC = 10 * MB  # below this, large requests get a large_segment_si
 K_ROUND_LARGE = 2 * MB  # large cudaMalloc rounding
 K_LARGE_BUFFER = 20 * MB  # default large_segment_size
 UNLIMITED = (1 << 64) - 1  # SIZE_MAX: max_split_size when unset
+NO_SIZE_LIMIT = 1 << 64  # above every size_t: "no bound" in split_rule
 
 # roundup_power2_divisions has one entry per power-of-two interval from 1 MiB to 32 GiB.
 N_ROUNDUP_INTERVALS = 16
@@ -117,6 +118,13 @@ class AllocatorConfig:
         index = max(log_size - 20, 0)
         return self.roundup_power2_divisions[min(index, N_ROUNDUP_INTERVALS - 1)]
 
+    @property
+    def rounds_plainly(self) -> bool:
+        """``round_size`` is the plain ``kMinBlockSize`` rounding at every size
+        (no interval has more than one division): hot loops then inline
+        ``(size + 511) & -512`` (at least 512) instead of calling ``round_size``."""
+        return not any(d > 1 for d in self.roundup_power2_divisions)
+
     def round_size(self, size: int) -> int:
         """``round_size``: the block size a request of ``size`` bytes needs."""
         if size < K_MIN_BLOCK_SIZE:
@@ -134,17 +142,49 @@ class AllocatorConfig:
             return self.large_segment_size
         return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
-    def should_split(self, block_size: int, size: int, small_pool: bool) -> bool:
-        remaining = block_size - size
+    def split_rule(self, small_pool: bool) -> tuple[int, int]:
+        """``should_split`` as two numbers, for the hot loops that inline it:
+        a free block of ``block_size`` is split for a request of ``size`` iff
+        ``block_size - size > over`` and ``size < below``; returns ``(over, below)``.
+
+        Small pool, or expandable segments on: the remainder must be at least
+        ``kMinBlockSize`` (512 B), whatever the size. Large pool: the remainder
+        must exceed ``kSmallSize`` (1 MiB) and the request be below ``max_split_size``.
+        """
         if small_pool or self.expandable_segments:
-            return remaining >= K_MIN_BLOCK_SIZE
-        return size < self.max_split_size and remaining > K_SMALL_SIZE
+            return K_MIN_BLOCK_SIZE - 1, NO_SIZE_LIMIT
+        return K_SMALL_SIZE, self.max_split_size
+
+    def should_split(self, block_size: int, size: int, small_pool: bool) -> bool:
+        """``should_split``: does serving ``size`` from a free block of ``block_size`` split it?"""
+        over, below = self.split_rule(small_pool)
+        return block_size - size > over and size < below
+
+    def fit_limit(self, size: int) -> int:
+        """The ``max_split_size`` filter of ``get_free_block`` as one bound: the best-fit
+        block for a request of ``size`` is used only if it is smaller than this.
+
+        A request below ``max_split_size`` never takes an oversize block (one of at
+        least ``max_split_size``); a request of at least ``max_split_size`` takes a
+        block only within ``max_non_split_rounding_size`` of itself. Unset
+        (``UNLIMITED``), every block fits.
+        """
+        mss = self.max_split_size
+        return mss if size < mss else size + self.max_non_split_rounding_size
 
     def block_fits(self, block_size: int, size: int) -> bool:
-        """The ``max_split_size`` filter of ``get_free_block`` (size already fits)."""
-        if size < self.max_split_size and block_size >= self.max_split_size:
-            return False
-        return not (size >= self.max_split_size and block_size >= size + self.max_non_split_rounding_size)
+        """``get_free_block``: may a free block of ``block_size`` serve a (rounded) ``size``?"""
+        return size <= block_size < self.fit_limit(size)
+
+    def page_size(self, small_pool: bool) -> int:
+        """The physical page an expandable segment maps at a time (``ExpandableSegment``'s
+        ``segment_size``): ``kSmallBuffer`` for the small pool, ``large_segment_size`` else."""
+        return K_SMALL_BUFFER if small_pool else self.large_segment_size
+
+    def gc_threshold_bytes(self, limit: int) -> int:
+        """``garbage_collect_cached_blocks`` starts only once reserved memory exceeds this
+        (``threshold * allowed_memory_maximum``, truncated as the C++ cast does)."""
+        return int(self.garbage_collection_threshold * limit)
 
     # -- the same rules over whole columns (numpy) ------------------------------
     def round_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -152,7 +192,7 @@ class AllocatorConfig:
         s = np.asarray(sizes, dtype=np.int64)
         out = ((s + (K_MIN_BLOCK_SIZE - 1)) // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
         out[s < K_MIN_BLOCK_SIZE] = K_MIN_BLOCK_SIZE
-        if not any(d > 1 for d in self.roundup_power2_divisions):
+        if self.rounds_plainly:
             return out
         big = s >= K_MIN_BLOCK_SIZE
         # frexp is exact for integers below 2**53: s = m * 2**e with 0.5 <= m < 1.
@@ -182,8 +222,20 @@ class AllocatorConfig:
 
 
 def is_small(size: int) -> bool:
-    """Whether a rounded size is served from the small pool."""
+    """``get_pool``: whether a rounded size is served from the small pool (<= 1 MiB)."""
     return size <= K_SMALL_SIZE
+
+
+def small_pool(sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """``is_small`` of every (rounded) element."""
+    return np.asarray(sizes) <= K_SMALL_SIZE
+
+
+def limit_refuses(reserved: int, alloc_size: int, limit: int | None) -> bool:
+    """``alloc_block``: with a per-process cap, a new segment (or pages) of
+    ``alloc_size`` is refused without calling the driver when ``reserved +
+    alloc_size`` exceeds it. None: no cap."""
+    return limit is not None and reserved + alloc_size > limit
 
 
 def _roundup_power2_next_division(size: int, divisions: int) -> int:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from analysis.config import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig
+from analysis.config import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig, is_small
 from analysis.errors import ConfigError
 from analysis.model import (
     ACTIONS,
@@ -247,7 +247,7 @@ class _Replayer:
         self.pool = tr.pool
         self.stack = tr.stack
         self.cfg = cfg
-        self.plain_round = not any(d > 1 for d in cfg.roundup_power2_divisions)
+        self.plain_round = cfg.rounds_plainly  # the loop inlines plain rounding then
         self.strict = True
         self.initial: AllocatorState = AllocatorState(-1, ())
         self.demand_pos: int | None = None  # next event of the on-demand pass, if one runs
@@ -474,8 +474,10 @@ class _Replayer:
         cmode = self.cmode
         plain = self.plain_round
         round_size = self.cfg.round_size
-        mss = self.cfg.max_split_size
-        exp_active = self.cfg.expandable_segments
+        # should_split, inlined below as numbers from its one definition
+        # (AllocatorConfig.split_rule): split iff remainder > over and size < below,
+        # small pool (rounded size <= 1 MiB, config.is_small) or large.
+        (over_s, below_s), (over_l, below_l) = self.cfg.split_rule(True), self.cfg.split_rule(False)
         strict = self.strict
         counts_split = self._counts_split
         small = K_SMALL_SIZE
@@ -514,7 +516,7 @@ class _Replayer:
                     if rem < 0:
                         self._issue(i, "block-too-small", "alloc larger than the free block")
                         rem = 0
-                    if (rem >= 512) if (r <= small or exp_active) else (r < mss and rem > small):
+                    if (rem > over_s and r < below_s) if r <= small else (rem > over_l and r < below_l):
                         nf = ad + r
                         free_sz[nf] = rem
                         free_end[ad + f] = nf
@@ -675,7 +677,7 @@ class _Replayer:
             self._add_free(ad, fs + total - ad)
         f = self._remove_free(ad)
         b = f
-        if f > r and self.cfg.should_split(f, r, r <= K_SMALL_SIZE):
+        if f > r and self.cfg.should_split(f, r, is_small(r)):
             self._add_free(ad + r, f - r)
             b = r
         self.used[ad] = i
@@ -693,7 +695,7 @@ class _Replayer:
         act, sizes = self.act, self.trace_size
         for j in range(i + 1, min(self.n, i + _LOOKAHEAD)):
             if act[j] == ALLOC:
-                return "small" if self.cfg.round_size(int(sizes[j])) <= K_SMALL_SIZE else "large"
+                return "small" if is_small(self.cfg.round_size(int(sizes[j]))) else "large"
         return "small" if size == K_SMALL_BUFFER else "large"
 
     def _meta_of_event(self, i: int, size: int, expandable: bool) -> _Meta:
@@ -950,7 +952,7 @@ def _rebuild_initial(device: DeviceData, cfg: AllocatorConfig, final: AllocatorS
                 if gap < 0:
                     conflicts += 1
                     bsize = max(nxt - b.address, K_MIN_BLOCK_SIZE)
-                elif gap and not (expandable or cfg.should_split(r + gap, r, r <= K_SMALL_SIZE)):
+                elif gap and not (expandable or cfg.should_split(r + gap, r, is_small(r))):
                     bsize = r + gap
                 else:
                     bsize = r

@@ -117,3 +117,66 @@ def test_size_rules() -> None:
     assert not capped.block_fits(300 * MB, 100 * MB)  # oversize block, small request
     assert capped.block_fits(300 * MB, 290 * MB)  # within max_non_split_rounding (20 MiB)
     assert not capped.block_fits(320 * MB, 290 * MB)
+
+
+def _random_sizes(seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    out = rng.integers(1, 1 << rng.integers(2, 36, 3000), dtype=np.int64).tolist()
+    return [int(x) for x in out] + [1, 511, 512, 513, MB, MB + 1, 20 * MB, 64 * MB, 256 * MB, 3 * GB]
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        "",
+        "max_split_size_mb:64",
+        "max_split_size_mb:256,max_non_split_rounding_mb:40",
+        "expandable_segments:True",
+        "expandable_segments:True,max_split_size_mb:64",
+    ],
+)
+def test_split_and_fit_rules_are_torchs_should_split_and_get_free_block(conf: str) -> None:
+    # torch, c10/cuda/CUDACachingAllocator.cpp, spelled out here as the source has them:
+    #   should_split: small pool or expandable -> remaining >= kMinBlockSize (512);
+    #                 else size < max_split_size && remaining > kSmallSize (1 MiB)
+    #   get_free_block: reject if size < mss && block >= mss,
+    #                   or if size >= mss && block >= size + max_non_split_rounding_size
+    cfg = AllocatorConfig.parse(conf)
+    mss, nsr = cfg.max_split_size, cfg.max_non_split_rounding_size
+    sizes = _random_sizes(3)
+    rng = np.random.default_rng(4)
+    for size in sizes:
+        for extra in (0, 1, 511, 512, MB, MB + 1, 20 * MB - 1, 20 * MB, int(rng.integers(0, 1 << 32))):
+            block = size + extra
+            small = size <= MB
+            remaining = block - size
+            torch_split = remaining >= 512 if small or cfg.expandable_segments else size < mss and remaining > MB
+            assert cfg.should_split(block, size, small) is torch_split
+            over, below = cfg.split_rule(small)
+            assert (remaining > over and size < below) is torch_split
+            torch_fits = not (size < mss and block >= mss) and not (size >= mss and block >= size + nsr)
+            assert cfg.block_fits(block, size) is torch_fits
+            assert (block < cfg.fit_limit(size)) is torch_fits
+        assert not cfg.block_fits(size - 1, size)
+
+
+def test_gc_threshold_truncates_like_the_cpp_cast() -> None:
+    # static_cast<size_t>(0.6 * 4.5 GiB) = 2899102924.8 -> 2899102924
+    cfg = AllocatorConfig.parse("garbage_collection_threshold:0.6")
+    assert cfg.gc_threshold_bytes(int(4.5 * GB)) == 2899102924
+
+
+def test_expandable_pages_are_2_mib_small_and_the_large_segment_size_large() -> None:
+    assert AllocatorConfig().page_size(True) == 2 * MB
+    assert AllocatorConfig().page_size(False) == 20 * MB
+    assert AllocatorConfig.parse("large_segment_size_mb:64").page_size(False) == 64 * MB
+
+
+@pytest.mark.parametrize("conf", ["", "roundup_power2_divisions:1", "roundup_power2_divisions:4"])
+def test_plain_rounding_flag_means_round_size_is_512_rounding(conf: str) -> None:
+    cfg = AllocatorConfig.parse(conf)
+    plain = [max(512, (s + 511) & -512) for s in _random_sizes(5)]
+    rounded = [cfg.round_size(s) for s in _random_sizes(5)]
+    # divisions of 1 round nothing (torch issue #161139): still plain
+    assert cfg.rounds_plainly is (plain == rounded)
+    assert cfg.rounds_plainly is (conf != "roundup_power2_divisions:4")
