@@ -1224,7 +1224,8 @@ _REQUESTS: dict[int, _Requests] = {}
 def _requests_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: npt.NDArray[np.int32]) -> _Requests:
     t = dev.trace
     user = [(b.start, b.end) for b in bursts if b.kind == "user"]
-    key = (len(t), len(dev.streams), len(snapshot.pools), tuple(user))
+    malloc_flushes = tuple((b.start, b.request) for b in bursts if b.kind in ("retry", "oom") and b.request >= 0)
+    key = (len(t), len(dev.streams), len(snapshot.pools), tuple(user), malloc_flushes)
     hit = _REQUESTS.get(id(t.action))
     if hit is not None and hit.key == key:
         return hit
@@ -1257,6 +1258,24 @@ def _requests_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pool
     if user:  # a flush carries the end of its burst instead of an address
         pos = np.searchsorted(sel, [start for start, _end in user])
         raddr[pos] = [end for _start, end in user]
+    # A flush inside malloc (release_cached_blocks, after get_free_block missed and
+    # the limit refused a segment) first runs synchronize_and_free_events: the
+    # free_completed entries right before its segment_free run are its own doing,
+    # not frees the request could have used. The model makes that flush itself, so
+    # those completions move to just after the request: under the recorded settings
+    # the model's flush has synced them already; under others, a block whose
+    # stream work was only forced to finish by the flush finishes then.
+    late: list[tuple[int, int]] = []
+    for start, request in malloc_flushes:
+        j = start - 1
+        while j >= 0 and op[j] == _OP_FREE_DONE:
+            late.append((j, request))
+            j -= 1
+    if late:
+        order_key = sel.astype(np.float64)
+        order_key[np.searchsorted(sel, [j for j, _r in late])] = [r + 0.5 for _j, r in late]
+        order = np.argsort(order_key, kind="stable")
+        sel, ops, raddr = sel[order], ops[order], raddr[order]
     ns = max(len(dev.streams), 1)
     lane = None
     if not (ns == 1 and len(snapshot.pools) == 1):

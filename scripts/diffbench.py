@@ -1,0 +1,370 @@
+"""The differential bench: the allocator model against real runs of the real allocator.
+
+    python3 scripts/diffbench.py [DIR ...] [--only SUBSTRING] [--json FILE] [-v]
+
+DIRs default to /work/captures (when it exists) and tests/fixtures. Every
+``NAME.pickle.gz`` with a ``NAME.truth.json`` beside it is one capture: a real
+snapshot and what the same process said about itself (``memory_stats``, the
+settings, the cap, the OOM message, ``died_step``). For each capture, under its
+recorded settings:
+
+- ``replay``: the policy replay (``analysis.allocator.replay_check``) reproduces
+  every recorded segment event, n/n; only complete traces count (a wrapped ring
+  buffer is never called exact);
+- ``layout``: the model's final segments and blocks (size and state, in address
+  order) equal the snapshot's final ``segments``;
+- ``peak``: the replay's peak reserved memory against ``reserved_bytes.all.peak``.
+
+Captures come in families (truth key ``family``, else the same workload, kwargs
+and cap): the same program under different ``PYTORCH_CUDA_ALLOC_CONF``. From the
+family's default run (empty conf), the what-if of each other member's setting,
+under the real cap (``cap_bytes``; the device's memory without one), is compared
+with that member's real run:
+
+- ``oom``: the what-if fails at the same request as the real run did (requests
+  are counted in order, ``alloc`` and ``oom`` entries; the programs are seeded
+  alike), or fails nowhere where the real run never died. When the real run died
+  at a request the default run never reached (it died first), the default
+  trace cannot show it: ``beyond`` (a step-level projection is needed; not
+  counted as a pass or a fail);
+- ``peak``: where neither run died, the what-if's peak reserved memory within 1 %
+  of the real run's.
+
+Prints one row per capture, one per what-if, then totals; exits 1 if anything
+failed. ``make diffbench`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.allocator import (  # noqa: E402
+    recorded_layout,
+    replay_check,
+    same_layout,
+    simulate,
+    simulate_layout,
+)
+from analysis.config import AllocatorConfig  # noqa: E402
+from analysis.model import ALLOC, OOM, DeviceData, Snapshot  # noqa: E402
+from analysis.reader import read_snapshot  # noqa: E402
+
+DEFAULT_DIRS = [Path("/work/captures"), ROOT / "tests" / "fixtures"]
+PEAK_TOLERANCE = 0.01  # what-if peak reserved vs the real run's, where neither died
+
+
+@dataclass
+class Capture:
+    name: str
+    path: Path
+    truth: dict[str, Any]
+
+    @property
+    def conf(self) -> str:
+        return str(self.truth.get("alloc_conf", self.truth.get("conf", "")) or "")
+
+    @property
+    def family(self) -> str:
+        fam = self.truth.get("family")
+        if fam:
+            return str(fam)
+        kwargs = json.dumps(self.truth.get("kwargs") or {}, sort_keys=True)
+        return f"{self.truth.get('workload')}:{kwargs}:{self.cap}"
+
+    @property
+    def cap(self) -> int | None:
+        """The per-process cap the run had (bytes), None without one."""
+        if self.truth.get("cap_bytes"):
+            return int(self.truth["cap_bytes"])
+        kwargs = self.truth.get("kwargs") or {}
+        if isinstance(kwargs, dict) and kwargs.get("cap_gib"):
+            return int(float(kwargs["cap_gib"]) * (1 << 30))
+        return None
+
+    @property
+    def died(self) -> bool:
+        return self.truth.get("oom_message") is not None
+
+
+@dataclass
+class Row:
+    name: str
+    device: int
+    events: int
+    complete: bool
+    recorded: int = 0
+    reproduced: int = 0
+    exact: bool = False
+    layout: bool | None = None
+    peak_model: int = 0
+    peak_truth: int | None = None
+    first_mismatch: Any = None
+    seconds: float = 0.0
+
+    @property
+    def peak_error(self) -> float | None:
+        if not self.peak_truth:
+            return None
+        return abs(self.peak_model - self.peak_truth) / self.peak_truth
+
+
+@dataclass
+class WhatIfRow:
+    family: str
+    base: str
+    member: str
+    conf: str
+    limit: int | None
+    real_oom: int | None  # request ordinal of the member's first OOM
+    model_oom: int | None  # request ordinal of the what-if's first failure
+    base_requests: int  # requests in the default run's trace
+    diverges_at: int | None  # first request whose size differs between the two runs
+    real_peak: int | None
+    model_peak: int
+    status: str = ""  # same | differ | beyond
+    peak_ok: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def find_captures(dirs: list[Path], only: str | None) -> list[Capture]:
+    seen: dict[str, Capture] = {}
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        for truth_path in sorted(d.glob("*.truth.json")):
+            name = truth_path.name.removesuffix(".truth.json")
+            pkl = d / f"{name}.pickle.gz"
+            if not pkl.exists() or name in seen or (only and only not in name):
+                continue
+            seen[name] = Capture(name, pkl, json.loads(truth_path.read_text()))
+    return list(seen.values())
+
+
+def device_truth(truth: dict[str, Any], device: int) -> dict[str, Any]:
+    per = truth.get("memory_stats_per_device") or [truth.get("memory_stats") or {}]
+    return per[device] if device < len(per) else {}
+
+
+def is_complete(cap: Capture, snap: Snapshot) -> bool:
+    if "trace_complete" in cap.truth:
+        return bool(cap.truth["trace_complete"])
+    if cap.name == "state_only":  # enabled="state": one event; the truth does not say so
+        return False
+    counts = cap.truth.get("n_trace_events") or [len(d.trace) for d in snap.devices]
+    counts = counts if isinstance(counts, list) else [counts]
+    max_entries = cap.truth.get("max_entries") or 0
+    return not max_entries or all(n < max_entries for n in counts)
+
+
+def check_capture(cap: Capture, snap: Snapshot) -> list[Row]:
+    rows = []
+    complete = is_complete(cap, snap)
+    cfg = AllocatorConfig.from_settings(snap.settings.raw, snap.settings.conf)
+    for dev in snap.devices:
+        if not len(dev.trace):
+            continue
+        t0 = time.perf_counter()
+        rc = replay_check(snap, dev)
+        row = Row(cap.name, dev.device, len(dev.trace), complete and rc["trace_complete"])
+        row.recorded, row.reproduced = rc["segment_events_recorded"], rc["segment_events_reproduced"]
+        row.exact = bool(rc["exact"])
+        row.first_mismatch = rc["first_mismatch"]
+        row.peak_model = int(rc["peak_reserved_bytes"])
+        stats = device_truth(cap.truth, dev.device)
+        row.peak_truth = stats.get("reserved_bytes.all.peak")
+        if row.complete:
+            _res, layout = simulate_layout(snap, dev, cfg, rc["limit_bytes"])
+            row.layout = same_layout(layout, recorded_layout(dev))
+        row.seconds = time.perf_counter() - t0
+        rows.append(row)
+    return rows
+
+
+def request_ordinals(dev: DeviceData) -> tuple[np.ndarray, np.ndarray]:
+    """Event indices of the requests (alloc and oom entries, in order) and their sizes."""
+    act = dev.trace.action
+    idx = np.flatnonzero((act == ALLOC) | (act == OOM))
+    return idx, dev.trace.size[idx]
+
+
+def first_oom_ordinal(dev: DeviceData) -> int | None:
+    idx, _sizes = request_ordinals(dev)
+    ooms = np.flatnonzero(dev.trace.action[idx] == OOM)
+    return int(ooms[0]) if ooms.size else None
+
+
+def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfRow]:
+    families: dict[str, list[Capture]] = defaultdict(list)
+    for cap in caps:
+        families[cap.family].append(cap)
+    out: list[WhatIfRow] = []
+    for fam, members in sorted(families.items()):
+        bases = [m for m in members if m.conf == ""]
+        if not bases or len(members) < 2:
+            continue
+        base = bases[0]
+        bsnap = snaps[base.name]
+        bdev = bsnap.devices[0]
+        bidx, bsizes = request_ordinals(bdev)
+        recorded = AllocatorConfig.from_settings(bsnap.settings.raw, bsnap.settings.conf)
+        limit = base.cap or int(base.truth.get("total_memory") or 0) or None
+        for m in members:
+            if m is base:
+                continue
+            msnap = snaps[m.name]
+            mdev = msnap.devices[0]
+            midx, msizes = request_ordinals(mdev)
+            cfg = AllocatorConfig.parse(m.conf, base=recorded)
+            res = simulate(bsnap, bdev, cfg, limit)
+            model_oom = int(np.searchsorted(bidx, res.oom)) if res.oom is not None else None
+            real_oom = first_oom_ordinal(mdev)
+            n = min(len(bsizes), len(msizes))
+            # The same program asks for the same sizes; an oom entry holds its run's
+            # rounded size, so only positions where both runs logged an alloc compare.
+            both = (bdev.trace.action[bidx[:n]] == ALLOC) & (mdev.trace.action[midx[:n]] == ALLOC)
+            diff = np.flatnonzero(both & (bsizes[:n] != msizes[:n]))
+            diverges = int(diff[0]) if diff.size else None
+            row = WhatIfRow(
+                fam,
+                base.name,
+                m.name,
+                m.conf,
+                limit,
+                real_oom,
+                model_oom,
+                len(bidx),
+                diverges,
+                device_truth(m.truth, 0).get("reserved_bytes.all.peak"),
+                res.peak_reserved,
+            )
+            if model_oom == real_oom:
+                row.status = "same"
+            elif model_oom is None and real_oom is not None and real_oom >= len(bidx):
+                row.status = "beyond"  # the default run died before the request the real run failed at
+            elif model_oom is None and real_oom is None:
+                row.status = "same"
+            else:
+                row.status = "differ"
+            if diverges is not None and diverges < min(x for x in (real_oom, model_oom, n) if x is not None):
+                row.notes.append(f"requests differ from #{diverges}")
+            if not base.died and not m.died and row.real_peak:
+                row.peak_ok = abs(row.model_peak - row.real_peak) <= PEAK_TOLERANCE * row.real_peak
+            out.append(row)
+    return out
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 20):,.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dirs", nargs="*", type=Path)
+    ap.add_argument("--only", help="only captures whose name contains this")
+    ap.add_argument("--json", type=Path, help="write every row here")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print the first mismatch of inexact replays")
+    args = ap.parse_args(argv)
+    dirs = args.dirs or [d for d in DEFAULT_DIRS if d.is_dir()]
+    caps = find_captures(dirs, args.only)
+    t0 = time.perf_counter()
+    snaps: dict[str, Snapshot] = {}
+    rows: list[Row] = []
+    print(f"{'capture':34} {'dev':>3} {'events':>7} {'replay':>11} {'layout':>6} {'peak MiB':>10} {'err':>7}  s")
+    for cap in caps:
+        snap = read_snapshot(cap.path)
+        snaps[cap.name] = snap
+        for row in check_capture(cap, snap):
+            rows.append(row)
+            rep = f"{row.reproduced}/{row.recorded}" + ("" if row.complete else "*")
+            mark = "" if not row.complete or row.exact else " X"
+            layout = "-" if row.layout is None else ("ok" if row.layout else "DIFF")
+            err = "-" if row.peak_error is None else f"{row.peak_error:.2%}"
+            print(
+                f"{row.name:34} {row.device:>3} {row.events:>7} {rep:>11} {layout:>6} "
+                f"{_mib(row.peak_model):>10} {err:>7} {row.seconds:5.2f}{mark}"
+            )
+            if args.verbose and row.complete and not row.exact:
+                print(f"    first mismatch: {row.first_mismatch}")
+    wrows = whatif_rows(caps, snaps)
+    if wrows:
+        print()
+        print(
+            f"{'what-if (from the default run)':34} {'conf':38} {'real oom':>8} {'model':>6} {'reqs':>6} status  peak"
+        )
+        for w in wrows:
+            peak = (
+                "-"
+                if w.peak_ok is None
+                else (
+                    f"{'ok' if w.peak_ok else 'OFF'} {abs(w.model_peak - (w.real_peak or 0)) / (w.real_peak or 1):.2%}"
+                )
+            )
+            ro = "-" if w.real_oom is None else str(w.real_oom)
+            mo = "-" if w.model_oom is None else str(w.model_oom)
+            notes = ("  " + "; ".join(w.notes)) if w.notes else ""
+            print(f"{w.member:34} {w.conf[:38]:38} {ro:>8} {mo:>6} {w.base_requests:>6} {w.status:6}  {peak}{notes}")
+    complete = [r for r in rows if r.complete]
+    exact = sum(r.exact for r in complete)
+    layouts = [r for r in complete if r.layout is not None]
+    peaks = [r for r in complete if r.peak_error is not None]
+    worst = max(peaks, key=lambda r: r.peak_error or 0.0, default=None)
+    print()
+    print(
+        f"captures: {len(caps)} ({len(rows)} device traces, {len(complete)} complete), "
+        f"families with a default run: {len({w.family for w in wrows})}, what-ifs: {len(wrows)}"
+    )
+    print(f"exact replays (every segment event, complete traces): {exact}/{len(complete)}")
+    print(f"final layout equal to the snapshot's segments: {sum(bool(r.layout) for r in layouts)}/{len(layouts)}")
+    if worst is not None:
+        print(
+            f"replayed peak reserved equal to memory_stats: {sum(r.peak_error == 0 for r in peaks)}/{len(peaks)}; "
+            f"worst {worst.peak_error:.3%} ({worst.name})"
+        )
+    counted = [w for w in wrows if w.status != "beyond"]
+    print(
+        f"what-if OOM at the real run's request (or none where it had none): "
+        f"{sum(w.status == 'same' for w in counted)}/{len(counted)}; "
+        f"{sum(w.status == 'beyond' for w in wrows)} beyond the default trace (real run died later)"
+    )
+    pk = [w for w in wrows if w.peak_ok is not None]
+    if pk:
+        worst_w = max(pk, key=lambda w: abs(w.model_peak - (w.real_peak or 0)) / (w.real_peak or 1))
+        err_w = abs(worst_w.model_peak - (worst_w.real_peak or 0)) / (worst_w.real_peak or 1)
+        print(
+            f"what-if peak reserved within 1% where neither died: {sum(bool(w.peak_ok) for w in pk)}/{len(pk)}; "
+            f"worst {err_w:.2%} ({worst_w.member})"
+        )
+    print(f"{time.perf_counter() - t0:.1f} s")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "captures": [r.__dict__ | {"peak_error": r.peak_error} for r in rows],
+                    "whatifs": [w.__dict__ for w in wrows],
+                },
+                indent=1,
+                default=str,
+            )
+        )
+    failed = (
+        (exact < len(complete))
+        or any(r.layout is False for r in layouts)
+        or any(w.status == "differ" or w.peak_ok is False for w in wrows)
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
