@@ -961,7 +961,7 @@ def _recorded_reserved(device: DeviceData) -> I64:
 class _Burst:
     start: int  # first segment_free/segment_unmap of the run
     end: int  # last one
-    kind: str  # "user" (empty_cache), "retry" (flush before a new segment), "gc", "oom"
+    kind: str  # "user" (empty_cache), "retry" (flush before a new segment), "avail" (release_available_cached_blocks), "gc", "oom"
     request: int  # event index of the request that followed (-1: none)
 
 
@@ -1059,7 +1059,16 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
         elif a in last_alloc:
             created[i] = last_alloc.pop(a)
     out = []
+    later_burst = set(starts.tolist())
+    follows_chained = False  # the run before this one was chained to it (same malloc)
     for s, e, req in zip(starts.tolist(), ends.tolist(), reqs.tolist(), strict=True):
+        k = e + 1
+        while k < n and act[k] == FREE_COMPLETED:
+            k += 1
+        # Only free_completed entries between this run and the next: the next is the
+        # same malloc's release_cached_blocks (it syncs pending frees first), so this
+        # one ran inside that malloc before it: the GC, or release_available_cached_blocks.
+        chained = k < n and k in later_burst and k > e + 1
         k = e + 1
         nxt = int(act[k]) if k < n else -1
         stacks = t.stack[s : e + 1].tolist()
@@ -1069,6 +1078,10 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
             kind = "user"
         elif nxt == OOM:
             kind = "oom"
+        elif chained:
+            kind = "gc" if gc_recorded and no_small else "avail"
+        elif follows_chained:
+            kind = "retry"  # release_cached_blocks after the GC or release_available did not make room
         elif in_malloc:
             kind = "gc" if gc_recorded and no_small else "retry"
         elif nxt in (SEGMENT_ALLOC, SEGMENT_MAP) and req >= 0:
@@ -1082,6 +1095,7 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
                 kind = "gc" if gc_recorded and no_small else "retry"
         else:
             kind = "user"
+        follows_chained = chained and kind != "user"
         out.append(_Burst(s, e, kind, req))
     return out
 
@@ -1160,7 +1174,7 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
     threshold = cfg.garbage_collection_threshold
     for b in _bursts_of(snapshot, dev, cfg):
         before = int(reserved[b.start - 1]) if b.start > 0 else 0
-        if b.kind == "retry" and b.request >= 0:
+        if b.kind in ("retry", "avail") and b.request >= 0:
             bound = before + _request_alloc_size(dev, cfg, b.request) - 1
             upper = bound if upper is None else min(upper, bound)
             evidence += 1
