@@ -963,6 +963,9 @@ class _Burst:
     end: int  # last one
     kind: str  # "user" (empty_cache), "retry" (flush before a new segment), "avail" (release_available_cached_blocks), "gc", "oom"
     request: int  # event index of the request that followed (-1: none)
+    # The free_completed entries right before the run are its own flush's
+    # synchronize_and_free_events (retry and oom runs only; see _synced_before).
+    synced: bool = False
 
 
 def _request_of(act: npt.NDArray[np.int8], idx: I64) -> I64:
@@ -1096,8 +1099,38 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
         else:
             kind = "user"
         follows_chained = chained and kind != "user"
-        out.append(_Burst(s, e, kind, req))
+        synced = kind in ("retry", "oom") and req >= 0 and _synced_before(device, s, e)
+        out.append(_Burst(s, e, kind, req, synced))
     return out
+
+
+def _synced_before(device: DeviceData, s: int, e: int) -> bool:
+    """Whether the free_completed entries right before the segment_free run [s, e]
+    (a malloc's flush) were emitted by that flush's synchronize_and_free_events.
+
+    In one malloc, ``process_events`` completes finished cross-stream frees first
+    (before ``get_free_block``); ``release_cached_blocks`` syncs the rest later,
+    after ``release_available_cached_blocks`` (with ``max_split_size``) may have
+    freed oversize segments, which does not sync. When that step freed nothing the
+    run is one ``release_blocks`` pass, in the pool's order (large pool, then small;
+    by stream, size, address), and the completions before it are the flush's own,
+    or ``process_events``' right before them: treating all as the flush's is then
+    harmless (the request missed either way, and the flush syncs everything). A
+    run out of that order starts with release_available's frees: the completions
+    came before those, from ``process_events``.
+    """
+    t = device.trace
+    act, addr = t.action, t.addr
+    j = s - 1
+    if j < 0 or act[j] != FREE_COMPLETED or (j > 0 and act[j - 1] == FREE_REQUESTED and addr[j - 1] == addr[j]):
+        return False
+    streams = device.streams
+    order = [
+        (int(t.size[i]) == K_SMALL_BUFFER, streams[int(t.stream[i])] if streams else 0, int(t.size[i]), int(addr[i]))
+        for i in range(s, e + 1)
+        if act[i] == SEGMENT_FREE
+    ]
+    return order == sorted(order)
 
 
 _BURSTS: dict[tuple[int, AllocatorConfig], tuple[npt.NDArray[np.int8], list[_Burst]]] = {}
@@ -1238,7 +1271,7 @@ _REQUESTS: dict[int, _Requests] = {}
 def _requests_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: npt.NDArray[np.int32]) -> _Requests:
     t = dev.trace
     user = [(b.start, b.end) for b in bursts if b.kind == "user"]
-    malloc_flushes = tuple((b.start, b.request) for b in bursts if b.kind in ("retry", "oom") and b.request >= 0)
+    malloc_flushes = tuple((b.start, b.request) for b in bursts if b.synced)
     key = (len(t), len(dev.streams), len(snapshot.pools), tuple(user), malloc_flushes)
     hit = _REQUESTS.get(id(t.action))
     if hit is not None and hit.key == key:
