@@ -177,6 +177,7 @@ class LimitEstimate:
     device_full: int | None
     evidence: int  # how many refusals (and GC runs) bound the limit
     gc_upper: int | None = None  # largest limit under which every recorded GC run starts
+    gc_lower: int | None = None  # least limit under which every miss without a GC run skips it
 
     @property
     def binding(self) -> bool:
@@ -194,7 +195,11 @@ class LimitEstimate:
             return max(self.device_full, self.lower)
         if self.gc_upper is not None:
             bound = self.gc_upper if self.upper is None else min(self.gc_upper, self.upper)
-            return max(bound, self.lower)
+            floor = max(self.lower, self.gc_lower or 0)
+            # Every limit in [floor, bound] starts and skips the GC where the trace
+            # did; the middle keeps the GC's target (reserved - threshold x limit)
+            # nearest to the real one whichever end the real cap lies at.
+            return max(bound, floor) if floor >= bound else (floor + bound) // 2
         if self.upper is None:
             return None
         return self.lower
@@ -961,11 +966,16 @@ def _recorded_reserved(device: DeviceData) -> I64:
 class _Burst:
     start: int  # first segment_free/segment_unmap of the run
     end: int  # last one
-    kind: str  # "user" (empty_cache), "retry" (flush before a new segment), "avail" (release_available_cached_blocks), "gc", "oom"
+    # "user" (empty_cache), "retry" (flush before a new segment), "avail" (release_available_cached_blocks),
+    # "gc", "oom"
+    kind: str
     request: int  # event index of the request that followed (-1: none)
     # The free_completed entries right before the run are its own flush's
     # synchronize_and_free_events (retry and oom runs only; see _synced_before).
     synced: bool = False
+    # The run right before it, in the same malloc, was the GC or release_available
+    # (the refusal that bounds the limit was seen there).
+    second: bool = False
 
 
 def _request_of(act: npt.NDArray[np.int8], idx: I64) -> I64:
@@ -1077,31 +1087,64 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
         stacks = t.stack[s : e + 1].tolist()
         no_small = not (t.size[s : e + 1] == K_SMALL_BUFFER).any()
         in_malloc = any(x >= 0 and i in created and created[i] != x for i, x in enumerate(stacks, start=s))
+        # With max_split_size too, a run of oversize segments of the request's stream
+        # is release_available's when the GC could not have started: it needs
+        # reserved > threshold x limit, and the limit is at least the floor.
+        gc_like = gc_recorded and no_small
+        if gc_like and s > 0 and int(reserved[s - 1]) <= cfg.gc_threshold_bytes(floor):
+            gc_like = not _looks_like_release_available(device, cfg, s, e, req)
         if any(x >= 0 and via_empty_cache[x] for x in stacks):
             kind = "user"
         elif nxt == OOM:
             kind = "oom"
         elif chained:
-            kind = "gc" if gc_recorded and no_small else "avail"
+            kind = "gc" if gc_like else "avail"
         elif follows_chained:
             kind = "retry"  # release_cached_blocks after the GC or release_available did not make room
         elif in_malloc:
-            kind = "gc" if gc_recorded and no_small else "retry"
+            kind = "gc" if gc_like else "retry"
         elif nxt in (SEGMENT_ALLOC, SEGMENT_MAP) and req >= 0:
             before = int(reserved[s - 1]) if s > 0 else 0
             refusable = limit_refuses(before, _request_alloc_size(device, cfg, req), floor)
-            if not refusable and not (gc_recorded and no_small):
+            if not refusable and not gc_like:
                 kind = "user"  # the limit could not have refused that segment
-            elif ambiguous.served(s - 1, req):
-                kind = "user"  # the cache held a block for the request: a malloc would not have flushed
+            elif ambiguous.served(_before_completions(act, s) - 1, req):
+                # The cache held a block for the request: a malloc would not have
+                # flushed. (Checked before the free_completed entries right before the
+                # run: a flush syncs pending frees first, so they may be its own.)
+                kind = "user"
             else:
-                kind = "gc" if gc_recorded and no_small else "retry"
+                kind = "gc" if gc_like else "retry"
         else:
             kind = "user"
-        follows_chained = chained and kind != "user"
         synced = kind in ("retry", "oom") and req >= 0 and _synced_before(device, s, e)
-        out.append(_Burst(s, e, kind, req, synced))
+        out.append(_Burst(s, e, kind, req, synced, follows_chained))
+        follows_chained = chained and kind != "user"
     return out
+
+
+def _looks_like_release_available(device: DeviceData, cfg: AllocatorConfig, s: int, e: int, req: int) -> bool:
+    """Whether the segment_free run [s, e] can be release_available_cached_blocks
+    for request ``req`` (only with ``max_split_size``): oversize segments of the
+    request's stream, one (the smallest that fits) or several from the largest down.
+    The GC instead frees old segments of any size and stream, in the pool's order."""
+    mss = cfg.max_split_size
+    if mss == UNLIMITED or req < 0:
+        return False
+    t = device.trace
+    stream = int(t.stream[req])
+    sizes = t.size[s : e + 1]
+    if (t.action[s : e + 1] != SEGMENT_FREE).any() or (sizes < mss).any() or (t.stream[s : e + 1] != stream).any():
+        return False
+    return bool((np.diff(sizes) <= 0).all())
+
+
+def _before_completions(act: npt.NDArray[np.int8], s: int) -> int:
+    """The start of the run of free_completed entries that ends right before ``s``."""
+    j = s
+    while j > 0 and act[j - 1] == FREE_COMPLETED:
+        j -= 1
+    return j
 
 
 def _synced_before(device: DeviceData, s: int, e: int) -> bool:
@@ -1207,7 +1250,7 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
     threshold = cfg.garbage_collection_threshold
     for b in _bursts_of(snapshot, dev, cfg):
         before = int(reserved[b.start - 1]) if b.start > 0 else 0
-        if b.kind in ("retry", "avail") and b.request >= 0:
+        if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
             bound = before + _request_alloc_size(dev, cfg, b.request) - 1
             upper = bound if upper is None else min(upper, bound)
             evidence += 1
@@ -1218,6 +1261,7 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
                 bound -= 1
             gc_upper = bound if gc_upper is None else min(gc_upper, bound)
             evidence += 1
+    gc_lower = _gc_lower(snapshot, dev, cfg, reserved) if gc_upper is not None else None
     for i in np.flatnonzero(t.action == OOM).tolist():
         need = cfg.allocation_size(int(t.size[i]))
         bound = int(reserved[i]) + need - 1
@@ -1227,7 +1271,71 @@ def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorC
         if device_free < need:
             full = int(reserved[i]) + device_free
             device_full = full if device_full is None else min(device_full, full)
-    return LimitEstimate(lower, upper, device_full, evidence, gc_upper)
+    return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
+
+
+def _gc_lower(snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int | None:
+    """A lower bound of the limit from where ``garbage_collect_cached_blocks`` did
+    not run, or stopped (checked on the recorded replay's state).
+
+    With a threshold and a cap, every malloc that misses calls the GC. It frees
+    nothing only when reserved memory is at most ``threshold x limit`` or no
+    whole free segment of the default large pool exists; and once it runs, it
+    stops with such segments left only after reclaiming ``reserved - threshold x
+    limit``. So a miss with no GC frees while a freeable segment existed, and a
+    GC run that left one, each put ``threshold x limit`` at or above what was
+    reserved (minus what that run freed).
+    """
+    from analysis.replay import recorded_replay  # local: only GC traces need it
+
+    t = dev.trace
+    act = t.action
+    bursts = _bursts_of(snapshot, dev, cfg)
+    first_burst: dict[int, _Burst] = {}
+    for b in bursts:
+        if b.request >= 0 and b.kind != "user":
+            first_burst.setdefault(b.request, b)
+    grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
+    if grow.size == 0:
+        return None
+    reqs = _request_of(act, grow)
+    replay = recorded_replay(snapshot, dev)
+
+    def freeable(index: int) -> bool:
+        state = replay.blocks_at(index)
+        return any(
+            seg.pool == 0
+            and seg.segment_type == "large"
+            and not seg.is_expandable
+            and len(seg.blocks) == 1
+            and seg.blocks[0].state == INACTIVE
+            for seg in state.segments
+        )
+
+    need = 0
+    seen: set[int] = set()
+    for i, r in zip(grow.tolist(), reqs.tolist(), strict=True):
+        if r < 0 or r in seen:
+            continue
+        seen.add(r)
+        b = first_burst.get(r)
+        if b is not None and b.kind == "gc":
+            before = int(reserved[b.start - 1]) if b.start > 0 else 0
+            freed = before - int(reserved[b.end])
+            if freeable(b.end):
+                need = max(need, before - freed)
+        else:
+            # The GC ran after process_events and before the flush's own sync.
+            at = (i if b is None else _before_completions(act, b.start) if b.synced else b.start) - 1
+            if at >= 0 and freeable(at):
+                need = max(need, int(reserved[at]))
+    if need == 0:
+        return None
+    threshold = cfg.garbage_collection_threshold
+    bound = int(need / threshold)
+    while cfg.gc_threshold_bytes(bound) < need:
+        bound += 1
+    return bound
 
 
 def step_end_indices(snapshot: Snapshot, device: DeviceData | int) -> list[int]:
