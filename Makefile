@@ -7,7 +7,7 @@ PORT ?= 8000
 export PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install static migrate run test lint typecheck bench clean
+.PHONY: help install static migrate run test lint typecheck bench diffbench clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ typecheck: install ## mypy --strict on analysis/ and webapp/ (django-stubs)
 
 bench: install ## reader/analysis benchmark on ../shared/snapshots/huge_all_stacks.pickle.gz
 	$(PY) scripts/bench.py
+
+diffbench: install ## the allocator model against real runs (/work/captures and tests/fixtures): table and totals
+	$(PY) scripts/diffbench.py
 
 clean: ## remove .venv and var/ (database, uploads, logs)
 	rm -rf $(VENV) var

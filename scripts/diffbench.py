@@ -58,7 +58,7 @@ from analysis.allocator import (  # noqa: E402
     simulate_layout,
 )
 from analysis.config import AllocatorConfig  # noqa: E402
-from analysis.model import ALLOC, OOM, DeviceData, Snapshot  # noqa: E402
+from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot  # noqa: E402
 from analysis.reader import read_snapshot  # noqa: E402
 
 DEFAULT_DIRS = [Path("/work/captures"), ROOT / "tests" / "fixtures"]
@@ -217,25 +217,20 @@ def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfR
         base = bases[0]
         bsnap = snaps[base.name]
         bdev = bsnap.devices[0]
-        bidx, bsizes = request_ordinals(bdev)
+        bidx, _bsizes = request_ordinals(bdev)
         recorded = AllocatorConfig.from_settings(bsnap.settings.raw, bsnap.settings.conf)
         limit = base.cap or int(base.truth.get("total_memory") or 0) or None
         for m in members:
-            if m is base:
+            if m is base or m.conf == base.conf:  # the same settings: a workload variant, not a what-if
                 continue
             msnap = snaps[m.name]
             mdev = msnap.devices[0]
-            midx, msizes = request_ordinals(mdev)
+            midx, _msizes = request_ordinals(mdev)
             cfg = AllocatorConfig.parse(m.conf, base=recorded)
             res = simulate(bsnap, bdev, cfg, limit)
             model_oom = int(np.searchsorted(bidx, res.oom)) if res.oom is not None else None
             real_oom = first_oom_ordinal(mdev)
-            n = min(len(bsizes), len(msizes))
-            # The same program asks for the same sizes; an oom entry holds its run's
-            # rounded size, so only positions where both runs logged an alloc compare.
-            both = (bdev.trace.action[bidx[:n]] == ALLOC) & (mdev.trace.action[midx[:n]] == ALLOC)
-            diff = np.flatnonzero(both & (bsizes[:n] != msizes[:n]))
-            diverges = int(diff[0]) if diff.size else None
+            diverges = _diverges(bdev, bidx, mdev, midx)
             row = WhatIfRow(
                 fam,
                 base.name,
@@ -249,7 +244,13 @@ def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfR
                 device_truth(m.truth, 0).get("reserved_bytes.all.peak"),
                 res.peak_reserved,
             )
-            if model_oom == real_oom:
+            upto = min(x for x in (real_oom, model_oom, len(bidx)) if x is not None)
+            if not is_complete(base, bsnap):
+                row.status = "partial"  # a what-if of a trace that starts mid-run
+            elif diverges is not None and diverges < upto:
+                row.status = "diverged"  # the program asked for other things from there on
+                row.notes.append(f"requests differ from #{diverges}")
+            elif model_oom == real_oom:
                 row.status = "same"
             elif model_oom is None and real_oom is not None and real_oom >= len(bidx):
                 row.status = "beyond"  # the default run died before the request the real run failed at
@@ -257,12 +258,68 @@ def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfR
                 row.status = "same"
             else:
                 row.status = "differ"
-            if diverges is not None and diverges < min(x for x in (real_oom, model_oom, n) if x is not None):
-                row.notes.append(f"requests differ from #{diverges}")
-            if not base.died and not m.died and row.real_peak:
+            late = _completions_differ(bdev, mdev) if row.status == "differ" or not (base.died or m.died) else None
+            if row.status == "differ" and late is not None and late < upto:
+                # A cross-stream free (record_stream) completes when the allocator sees its
+                # event done: GPU timing, not the program. The two real runs saw the same
+                # free complete at different requests; the what-if has the default run's.
+                row.status = "timing"
+                row.notes.append(f"deferred frees complete elsewhere from request #{late}")
+            if row.status in ("same", "differ") and not base.died and not m.died and row.real_peak:
                 row.peak_ok = abs(row.model_peak - row.real_peak) <= PEAK_TOLERANCE * row.real_peak
+                if not row.peak_ok and late is not None:
+                    row.peak_ok = None  # the same timing caveat: the peak cannot be compared
+                    row.notes.append(f"peak not compared: deferred frees complete elsewhere from request #{late}")
             out.append(row)
     return out
+
+
+def _diverges(bdev: DeviceData, bidx: np.ndarray, mdev: DeviceData, midx: np.ndarray) -> int | None:
+    """The first request after which the two runs' request streams stop being the same
+    program's (None: the same as far as both go).
+
+    Both are alloc entries of different sizes; or one run failed a request (an oom
+    entry) where the other served it, and the next requests differ too: the program
+    caught the OOM and took another path (cuDNN trying a smaller workspace).
+    """
+    n = min(len(bidx), len(midx))
+    ba, ma = bdev.trace.action[bidx[:n]], mdev.trace.action[midx[:n]]
+    bs, ms = bdev.trace.size[bidx[:n]], mdev.trace.size[midx[:n]]
+    both = (ba == ALLOC) & (ma == ALLOC)
+    differ = np.flatnonzero(both & (bs != ms))
+    first = int(differ[0]) if differ.size else None
+    kinds = np.flatnonzero(ba != ma)
+    for k in kinds.tolist():
+        if first is not None and k >= first:
+            break
+        if k + 1 < n and (ba[k + 1] != ma[k + 1] or bs[k + 1] != ms[k + 1]):
+            return k
+    return first
+
+
+def _completions_differ(bdev: DeviceData, mdev: DeviceData) -> int | None:
+    """The first request at which the two runs' deferred frees (free_completed
+    entries not right after their free_requested) stop completing alike: the
+    request count at each completion, and the size freed, compared in order."""
+
+    def completions(dev: DeviceData) -> list[tuple[int, int]]:
+        t = dev.trace
+        act = t.action
+        req = np.cumsum((act == ALLOC) | (act == OOM))
+        fr, fc = act == FREE_REQUESTED, act == FREE_COMPLETED
+        paired = np.zeros(len(t), bool)
+        paired[1:] = fr[:-1] & fc[1:] & (t.addr[1:] == t.addr[:-1])
+        late = np.flatnonzero(fc & ~paired)
+        return list(zip(req[late].tolist(), t.size[late].tolist(), strict=True))
+
+    a, b = completions(bdev), completions(mdev)
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            return min(x[0], y[0])
+    if len(a) != len(b):
+        longer = a if len(a) > len(b) else b
+        return longer[min(len(a), len(b))][0]
+    return None
 
 
 def _mib(n: int | None) -> str:
@@ -332,11 +389,14 @@ def main(argv: list[str] | None = None) -> int:
             f"replayed peak reserved equal to memory_stats: {sum(r.peak_error == 0 for r in peaks)}/{len(peaks)}; "
             f"worst {worst.peak_error:.3%} ({worst.name})"
         )
-    counted = [w for w in wrows if w.status != "beyond"]
+    counted = [w for w in wrows if w.status in ("same", "differ")]
     print(
         f"what-if OOM at the real run's request (or none where it had none): "
-        f"{sum(w.status == 'same' for w in counted)}/{len(counted)}; "
-        f"{sum(w.status == 'beyond' for w in wrows)} beyond the default trace (real run died later)"
+        f"{sum(w.status == 'same' for w in counted)}/{len(counted)}; not comparable: "
+        f"{sum(w.status == 'beyond' for w in wrows)} beyond the default trace (the real run died later), "
+        f"{sum(w.status == 'diverged' for w in wrows)} diverged (the program asked for other sizes first), "
+        f"{sum(w.status == 'timing' for w in wrows)} with deferred frees completing at other requests in the real run, "
+        f"{sum(w.status == 'partial' for w in wrows)} of a partial trace"
     )
     pk = [w for w in wrows if w.peak_ok is not None]
     if pk:
