@@ -59,33 +59,9 @@ class AllocatorConfig:
 
     @classmethod
     def from_settings(cls, raw: dict[str, Any], conf: str = "") -> AllocatorConfig:
-        """Effective config from a snapshot's ``allocator_settings`` dict.
-
-        The dict holds the effective values of the keys it knows; keys it lacks
-        (``max_non_split_rounding_mb``, ``large_segment_size_mb``,
-        ``per_process_memory_fraction``) are recovered from the raw string.
-        """
-        cfg = cls.parse(conf) if conf else cls()
-        if not raw:
-            return cfg
-        mss = raw.get("max_split_size")
-        if isinstance(mss, int) and not isinstance(mss, bool):
-            cfg = replace(cfg, max_split_size=UNLIMITED if mss < 0 else mss)
-        gct = raw.get("garbage_collection_threshold")
-        if isinstance(gct, (int, float)) and not isinstance(gct, bool):
-            cfg = replace(cfg, garbage_collection_threshold=float(gct))
-        exp = raw.get("expandable_segments")
-        if isinstance(exp, bool):
-            cfg = replace(cfg, expandable_segments=exp)
-        rpd = raw.get("roundup_power2_divisions")
-        if isinstance(rpd, dict):
-            values = list(cfg.roundup_power2_divisions)
-            for i, key in enumerate(ROUNDUP_KEYS):
-                v = rpd.get(key)
-                if isinstance(v, int) and not isinstance(v, bool):
-                    values[i] = v
-            cfg = replace(cfg, roundup_power2_divisions=tuple(values))
-        return cfg
+        """Effective config from a snapshot's ``allocator_settings`` dict (never raises:
+        what cannot be read is left at its default; ``recorded_settings`` says what)."""
+        return recorded_settings(raw, conf)[0]
 
     # -- description --------------------------------------------------------
     def to_conf(self) -> str:
@@ -219,6 +195,71 @@ class AllocatorConfig:
         large = ((s + (K_ROUND_LARGE - 1)) // K_ROUND_LARGE) * K_ROUND_LARGE
         out = np.where(s < K_MIN_LARGE_ALLOC, np.int64(self.large_segment_size), large)
         return np.where(s <= K_SMALL_SIZE, np.int64(K_SMALL_BUFFER), out)
+
+
+def recorded_settings(raw: dict[str, Any], conf: str = "") -> tuple[AllocatorConfig, list[str]]:
+    """The effective config a snapshot recorded, and what in it could not be read.
+
+    The dict holds the effective values of the keys it knows; keys it lacks
+    (``max_non_split_rounding_mb``, ``large_segment_size_mb``,
+    ``per_process_memory_fraction``) are recovered from the raw string. Unlike
+    ``AllocatorConfig.parse`` (a setting the user asks for, refused with a
+    ``ConfigError``) this reads what a file says: a key torch would refuse, or a
+    value of the wrong type or range, is skipped and named in the returned
+    problems, so a report can warn about it and go on under the defaults.
+    """
+    problems: list[str] = []
+    cfg = AllocatorConfig()
+    if conf:
+        try:
+            pairs = _split_conf(conf)
+        except ConfigError as exc:
+            problems.append(f"PYTORCH_CUDA_ALLOC_CONF {conf[:80]!r}: {exc}")
+            pairs = []
+        for key, value in pairs:
+            try:
+                cfg = _apply(cfg, key, value)
+            except ConfigError as exc:
+                problems.append(str(exc))
+    if not raw:
+        return cfg, problems
+
+    def bad(key: str, value: Any) -> None:
+        problems.append(f"allocator_settings.{key} = {str(value)[:40]!r} is not a value torch accepts")
+
+    mss = raw.get("max_split_size")
+    if mss is not None:
+        if isinstance(mss, int) and not isinstance(mss, bool) and (mss < 0 or mss >= K_LARGE_BUFFER):
+            cfg = replace(cfg, max_split_size=UNLIMITED if mss < 0 else mss)
+        else:
+            bad("max_split_size", mss)
+    gct = raw.get("garbage_collection_threshold")
+    if gct is not None:
+        if isinstance(gct, (int, float)) and not isinstance(gct, bool) and 0.0 <= gct < 1.0:
+            cfg = replace(cfg, garbage_collection_threshold=float(gct))
+        else:
+            bad("garbage_collection_threshold", gct)
+    exp = raw.get("expandable_segments")
+    if exp is not None:
+        if isinstance(exp, bool):
+            cfg = replace(cfg, expandable_segments=exp)
+        else:
+            bad("expandable_segments", exp)
+    rpd = raw.get("roundup_power2_divisions")
+    if isinstance(rpd, dict):
+        values = list(cfg.roundup_power2_divisions)
+        for i, key in enumerate(ROUNDUP_KEYS):
+            v = rpd.get(key)
+            if v is None:
+                continue
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0 and not v & (v - 1):
+                values[i] = v
+            else:
+                bad(f"roundup_power2_divisions.{key}", v)
+        cfg = replace(cfg, roundup_power2_divisions=tuple(values))
+    elif rpd is not None:
+        bad("roundup_power2_divisions", rpd)
+    return cfg, problems
 
 
 def is_small(size: int) -> bool:

@@ -38,8 +38,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from analysis.config import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig, is_small
-from analysis.errors import ConfigError
+from analysis.config import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    AllocatorConfig,
+    is_small,
+    recorded_settings,
+)
 from analysis.model import (
     ACTIONS,
     ACTIVE_ALLOCATED,
@@ -1000,15 +1007,15 @@ def _map_range(segs: dict[int, tuple[int, _Meta]], ad: int, sz: int, meta: _Meta
 
 
 def _config_of(snapshot: Snapshot) -> tuple[AllocatorConfig, list[Warning_]]:
-    try:
-        return AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf), []
-    except ConfigError as exc:
-        warning = Warning_(
-            "allocator-settings-unreadable",
-            f"the recorded allocator settings could not be read ({exc}); "
-            "block sizes are inferred under the default settings",
-        )
-        return AllocatorConfig.from_settings(snapshot.settings.raw), [warning]
+    cfg, problems = recorded_settings(snapshot.settings.raw, snapshot.settings.conf)
+    if not problems:
+        return cfg, []
+    warning = Warning_(
+        "allocator-settings-unreadable",
+        f"the recorded allocator settings could not all be read ({'; '.join(problems)[:300]}); "
+        "those are taken at their defaults",
+    )
+    return cfg, [warning]
 
 
 def _looks_like_ring_capacity(n: int) -> bool:

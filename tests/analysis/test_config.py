@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.config import GB, MB, UNLIMITED, AllocatorConfig, ConfigError
+from analysis.config import GB, MB, UNLIMITED, AllocatorConfig, ConfigError, recorded_settings
 from analysis.reader import read_snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -180,3 +180,46 @@ def test_plain_rounding_flag_means_round_size_is_512_rounding(conf: str) -> None
     # divisions of 1 round nothing (torch issue #161139): still plain
     assert cfg.rounds_plainly is (plain == rounded)
     assert cfg.rounds_plainly is (conf != "roundup_power2_divisions:4")
+
+
+def _with_settings(settings: object, tmp_path: Path) -> Path:
+    import gzip
+    import pickle
+
+    raw = pickle.loads(gzip.decompress((FIXTURES / "gpu_grow_oom.pickle.gz").read_bytes()))  # noqa: S301 (our fixture)
+    raw["allocator_settings"] = settings
+    out = tmp_path / "garbage_settings.pickle.gz"
+    out.write_bytes(gzip.compress(pickle.dumps(raw)))
+    return out
+
+
+GARBAGE = {
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:maybe,max_split_size_mb:3,roundup_power2_divisions:[x:y]",
+    "max_split_size": "lots",
+    "garbage_collection_threshold": 7.5,
+    "expandable_segments": "yes",
+    "roundup_power2_divisions": {"1": "x", "2": 3},
+}
+
+
+def test_recorded_settings_torch_would_refuse_are_named_and_left_at_defaults() -> None:
+    cfg, problems = recorded_settings(GARBAGE, GARBAGE["PYTORCH_CUDA_ALLOC_CONF"])
+    assert cfg == AllocatorConfig()
+    assert len(problems) == 8  # 3 in the string, max_split_size, the threshold, expandable, two divisions
+    assert any("expandable_segments expects True or False" in p for p in problems)
+    # What can be read still is: a valid string key beside a bad one.
+    cfg, problems = recorded_settings({}, "max_split_size_mb:3,expandable_segments:True")
+    assert cfg.expandable_segments
+    assert problems == ["max_split_size_mb must be >= 20, got 3"]
+
+
+def test_a_snapshot_with_garbage_allocator_settings_is_analysed_with_a_warning(tmp_path: Path) -> None:
+    from analysis.allocator import replay_check
+    from analysis.report import build_report
+
+    path = _with_settings(GARBAGE, tmp_path)
+    report = build_report(path, jobs=1)  # no ConfigError escapes (the worker would call it internal)
+    codes = [w["code"] for w in report["capture"]["warnings"]]
+    assert "allocator-settings-unreadable" in codes
+    # Under the defaults the real run (default settings) is still reproduced event for event.
+    assert replay_check(read_snapshot(path), 0)["exact"]
