@@ -186,7 +186,7 @@ def _with_settings(settings: object, tmp_path: Path) -> Path:
     import gzip
     import pickle
 
-    raw = pickle.loads(gzip.decompress((FIXTURES / "gpu_grow_oom.pickle.gz").read_bytes()))  # noqa: S301 (our fixture)
+    raw = pickle.loads(gzip.decompress((FIXTURES / "gpu_grow_oom.pickle.gz").read_bytes()))
     raw["allocator_settings"] = settings
     out = tmp_path / "garbage_settings.pickle.gz"
     out.write_bytes(gzip.compress(pickle.dumps(raw)))
