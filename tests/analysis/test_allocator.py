@@ -491,3 +491,20 @@ def test_the_fast_loop_does_what_the_rule_methods_do(case: str, conf: str) -> No
     assert fast.ooms == ref.ooms
     assert fast.peak_reserved == ref.peak_reserved
     assert fast_layout == ref_layout
+
+
+def test_requests_are_built_once_and_passed() -> None:
+    from analysis.allocator import build_requests, requests_for
+
+    s = snap("gpu_grow_oom")
+    req = build_requests(s, 0)
+    cfg = AllocatorConfig.parse("expandable_segments:True")
+    passed = simulate(s, 0, cfg, cap_of("gpu_grow_oom"), requests=req)
+    built = simulate(s, 0, cfg, cap_of("gpu_grow_oom"))
+    assert passed.segment_events == built.segment_events
+    assert replay_check(s, 0, requests=req) == replay_check(s, 0)
+    # The memo matches the live trace itself: a re-read of the same file is another
+    # trace and gets its own requests (an id() reused after a free cannot alias).
+    again = read_snapshot(FIXTURES / "gpu_grow_oom.pickle.gz")
+    assert requests_for(again, 0) is not requests_for(s, 0)
+    assert requests_for(s, 0) is requests_for(s, 0)

@@ -54,7 +54,6 @@ integers searched with ``bisect``; everything else is a method call.
 
 from __future__ import annotations
 
-import weakref
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,7 +63,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analysis.config import K_SMALL_BUFFER, UNLIMITED, AllocatorConfig, is_small, limit_refuses, small_pool
+from analysis.allocator.config import UNLIMITED, AllocatorConfig, is_small, limit_refuses
+from analysis.allocator.limits import LimitEstimate, infer_limit
+from analysis.allocator.requests import (
+    _OP_ALLOC,
+    _OP_FLUSH,
+    _OP_FREE,
+    _OP_FREE_DONE,
+    _OP_FREE_REQ,
+    _OP_OOM,
+    _SEGMENT_ACTIONS,
+    Requests,
+    _device,
+    _recorded_reserved,
+    requests_for,
+)
 from analysis.model import (
     ACTIONS,
     ACTIVE_ALLOCATED,
@@ -109,11 +122,6 @@ _SEG_BASE = 1 << 52  # cudaMalloc'd segments: a bump pointer from here
 _RESV_STRIDE = 1 << 41  # expandable reservations at multiples of this (below _SEG_BASE)
 _RESV_BYTES = 1 << 40  # VA of one reservation (torch: 1.125 x the GPU's memory)
 
-# Operation codes of the pre-filtered request stream.
-_OP_ALLOC, _OP_FREE, _OP_FREE_REQ, _OP_FREE_DONE, _OP_OOM, _OP_FLUSH = 0, 1, 2, 3, 4, 5
-
-_SEGMENT_ACTIONS = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
-
 
 # --------------------------------------------------------------------------- results
 
@@ -157,52 +165,6 @@ class PolicyResult:
         """Reserved bytes after every event, one int64 per trace event."""
         pos = np.searchsorted(self.change_index, np.arange(self.events), side="right") - 1
         return np.where(pos >= 0, self.change_reserved[np.maximum(pos, 0)], 0).astype(np.int64)
-
-
-@dataclass(frozen=True, slots=True)
-class LimitEstimate:
-    """The interval the memory limit must lie in, from the trace alone.
-
-    ``lower`` is the largest ``reserved + alloc_size`` the limit let through
-    (the peak reserved memory, without expandable segments); ``upper``
-    (None: no evidence of any limit) is one less than the smallest
-    ``reserved + alloc_size`` that the allocator refused: at a flush-and-retry
-    before a new segment, and at an OOM. ``device_full`` is
-    ``reserved + device_free`` at an OOM where the device itself had less free
-    memory than the segment needed (no per-process cap was binding).
-    """
-
-    lower: int
-    upper: int | None
-    device_full: int | None
-    evidence: int  # how many refusals (and GC runs) bound the limit
-    gc_upper: int | None = None  # largest limit under which every recorded GC run starts
-    gc_lower: int | None = None  # least limit under which every miss without a GC run skips it
-
-    @property
-    def binding(self) -> bool:
-        return self.upper is not None or self.device_full is not None or self.gc_upper is not None
-
-    @property
-    def value(self) -> int | None:
-        """The limit to replay under: None when nothing shows one was reached.
-
-        With GC runs recorded it is the largest limit that starts every one of
-        them (the GC's target depends on it); otherwise the least limit the trace
-        allows, which a flush or an OOM already shows was binding.
-        """
-        if self.device_full is not None:
-            return max(self.device_full, self.lower)
-        if self.gc_upper is not None:
-            bound = self.gc_upper if self.upper is None else min(self.gc_upper, self.upper)
-            floor = max(self.lower, self.gc_lower or 0)
-            # Every limit in [floor, bound] starts and skips the GC where the trace
-            # did; the middle keeps the GC's target (reserved - threshold x limit)
-            # nearest to the real one whichever end the real cap lies at.
-            return max(bound, floor) if floor >= bound else (floor + bound) // 2
-        if self.upper is None:
-            return None
-        return self.lower
 
 
 # --------------------------------------------------------------------------- the model
@@ -698,7 +660,7 @@ class _Model:
         bisect = bisect_left
         cfg = self.cfg
         # The rules inlined below, as numbers taken from their one definition in
-        # analysis.config (test_allocator checks this loop against run_reference,
+        # analysis.allocator.config (test_allocator checks this loop against run_reference,
         # which calls the methods):
         # - get_free_block's max_split_size filter (AllocatorConfig.fit_limit): a
         #   block fits if smaller than mss (request below mss) or than request + nsr;
@@ -940,402 +902,11 @@ class _LazyList:
         return int(self._a[i])
 
 
-def _device(snapshot: Snapshot, device: DeviceData | int) -> DeviceData:
-    return device if isinstance(device, DeviceData) else snapshot.device(device)
-
-
 def recorded_segment_events(device: DeviceData) -> list[tuple[str, int]]:
     """The recorded segment_alloc/free/map/unmap events, as (action, size), in order."""
     act = device.trace.action
     sel = np.isin(act, _SEGMENT_ACTIONS)
     return [(ACTIONS[a], int(s)) for a, s in zip(act[sel].tolist(), device.trace.size[sel].tolist(), strict=True)]
-
-
-def _recorded_reserved(device: DeviceData) -> I64:
-    """Reserved bytes after every event, from the recorded segment events."""
-    t = device.trace
-    delta = np.zeros(len(t), np.int64)
-    grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
-    shrink = (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)
-    delta[grow] = t.size[grow]
-    delta[shrink] = -t.size[shrink]
-    return np.cumsum(delta)
-
-
-@dataclass(frozen=True, slots=True)
-class _Burst:
-    start: int  # first segment_free/segment_unmap of the run
-    end: int  # last one
-    # "user" (empty_cache), "retry" (flush before a new segment), "avail" (release_available_cached_blocks),
-    # "gc", "oom"
-    kind: str
-    request: int  # event index of the request that followed (-1: none)
-    # The free_completed entries right before the run are its own flush's
-    # synchronize_and_free_events (retry and oom runs only; see _synced_before).
-    synced: bool = False
-    # The run right before it, in the same malloc, was the GC or release_available
-    # (the refusal that bounds the limit was seen there).
-    second: bool = False
-
-
-def _request_of(act: npt.NDArray[np.int8], idx: I64) -> I64:
-    """For each event index, the next request (alloc or oom) at or after it; -1 if none."""
-    requests = np.flatnonzero((act == ALLOC) | (act == OOM))
-    if requests.size == 0:
-        return np.full(idx.shape, -1, np.int64)
-    pos = np.searchsorted(requests, idx)
-    return np.where(pos < requests.shape[0], requests[np.minimum(pos, requests.shape[0] - 1)], -1)
-
-
-def _request_alloc_size(device: DeviceData, cfg: AllocatorConfig, req: int) -> int:
-    """``alloc_size`` of the request at event ``req`` (an oom entry's size is already rounded)."""
-    t = device.trace
-    size = int(t.size[req]) if t.action[req] == OOM else cfg.round_size(int(t.size[req]))
-    return cfg.allocation_size(size)
-
-
-def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int:
-    """The least limit the trace is consistent with.
-
-    Every new segment was allowed *before* it was made: ``alloc_block`` checks
-    ``reserved + alloc_size``. That is the level reached for a cudaMalloc'd
-    segment; with expandable segments the whole pages mapped can end above it
-    (a 12 MiB request checks 12 MiB and maps a 20 MiB page), so the peak
-    reserved memory may exceed the limit there and is not itself a bound.
-    """
-    t = device.trace
-    act = t.action
-    # The cudaMalloc'd segments at the dump were allowed too (all that a partial trace may show).
-    floor = sum(seg.total_size for seg in device.segments if not seg.is_expandable)
-    grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
-    if grow.size == 0:
-        return floor
-    req = _request_of(act, grow)
-    first = np.r_[True, req[1:] != req[:-1]]  # a request may map several ranges
-    for i, r in zip(grow[first].tolist(), req[first].tolist(), strict=True):
-        if r < 0:
-            continue
-        before = int(reserved[i - 1]) if i > 0 else 0
-        floor = max(floor, before + _request_alloc_size(device, cfg, r))
-    return floor
-
-
-def _empty_cache_stacks(snapshot: Snapshot, stack_ids: set[int]) -> dict[int, bool]:
-    """Which of these stacks pass through ``torch.cuda.empty_cache`` (Python frame
-    ``empty_cache``, or the C++ ``emptyCache`` with ``stacks="all"``)."""
-    out = {}
-    for sid in stack_ids:
-        frames = snapshot.stacks.frames_of(sid)
-        out[sid] = any(f.name == "empty_cache" or "emptyCache" in f.name for f in frames)
-    return out
-
-
-def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
-    """Classify each run of segment_free/segment_unmap events.
-
-    A released segment's event carries the stack of the call that released it
-    (with ``context="all"``), else the stack that created the segment. So: a run
-    with ``empty_cache`` on a stack is user code; before an ``oom`` it is the
-    malloc's flush; a run whose stacks differ from the segments' creation stacks
-    was released inside a malloc (the GC when a threshold is recorded and no
-    small-pool segment went, which the GC never frees; else a flush-and-retry).
-    Otherwise (no stacks, or only creation stacks): before a new segment it is
-    the GC (as above) or a flush-and-retry, if the limit could have refused that
-    segment (``reserved + alloc_size`` above the least limit the trace allows,
-    ``_limit_floor``) and the cache held no block for the request (a malloc
-    flushes only after missing); anything else is ``empty_cache()`` by user code.
-    """
-    t = device.trace
-    act = t.action
-    n = len(t)
-    is_rel = (act == SEGMENT_FREE) | (act == SEGMENT_UNMAP)
-    if not is_rel.any():
-        return []
-    reserved = _recorded_reserved(device)
-    floor = _limit_floor(device, cfg, reserved)
-    rel = np.flatnonzero(is_rel)
-    breaks = np.flatnonzero(np.diff(rel) != 1)
-    starts = np.r_[rel[0], rel[breaks + 1]]
-    ends = np.r_[rel[breaks], rel[-1]]
-    reqs = _request_of(act, ends + 1)
-    gc_recorded = cfg.garbage_collection_threshold > 0.0
-    stack_ids = {int(x) for x in t.stack[rel].tolist() if x >= 0}
-    via_empty_cache = _empty_cache_stacks(snapshot, stack_ids)
-    ambiguous = _CacheProbe(snapshot, device, cfg)
-    # Stack of the segment_alloc that created the segment each segment_free releases.
-    created: dict[int, int] = {}
-    last_alloc: dict[int, int] = {}
-    for i in np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_FREE)).tolist():
-        a = int(t.addr[i])
-        if act[i] == SEGMENT_ALLOC:
-            last_alloc[a] = int(t.stack[i])
-        elif a in last_alloc:
-            created[i] = last_alloc.pop(a)
-    out = []
-    later_burst = set(starts.tolist())
-    follows_chained = False  # the run before this one was chained to it (same malloc)
-    for s, e, req in zip(starts.tolist(), ends.tolist(), reqs.tolist(), strict=True):
-        k = e + 1
-        while k < n and act[k] == FREE_COMPLETED:
-            k += 1
-        # Only free_completed entries between this run and the next: the next is the
-        # same malloc's release_cached_blocks (it syncs pending frees first), so this
-        # one ran inside that malloc before it: the GC, or release_available_cached_blocks.
-        chained = k < n and k in later_burst and k > e + 1
-        k = e + 1
-        nxt = int(act[k]) if k < n else -1
-        stacks = t.stack[s : e + 1].tolist()
-        no_small = not (t.size[s : e + 1] == K_SMALL_BUFFER).any()
-        in_malloc = any(x >= 0 and i in created and created[i] != x for i, x in enumerate(stacks, start=s))
-        # With max_split_size too, a run of oversize segments of the request's stream
-        # is release_available's when the GC could not have started: it needs
-        # reserved > threshold x limit, and the limit is at least the floor.
-        gc_like = gc_recorded and no_small
-        if gc_like and s > 0 and int(reserved[s - 1]) <= cfg.gc_threshold_bytes(floor):
-            gc_like = not _looks_like_release_available(device, cfg, s, e, req)
-        if any(x >= 0 and via_empty_cache[x] for x in stacks):
-            kind = "user"
-        elif nxt == OOM:
-            kind = "oom"
-        elif chained:
-            kind = "gc" if gc_like else "avail"
-        elif follows_chained:
-            kind = "retry"  # release_cached_blocks after the GC or release_available did not make room
-        elif in_malloc:
-            kind = "gc" if gc_like else "retry"
-        elif nxt in (SEGMENT_ALLOC, SEGMENT_MAP) and req >= 0:
-            before = int(reserved[s - 1]) if s > 0 else 0
-            refusable = limit_refuses(before, _request_alloc_size(device, cfg, req), floor)
-            if not refusable and not gc_like:
-                kind = "user"  # the limit could not have refused that segment
-            elif ambiguous.served(_before_completions(act, s) - 1, req):
-                # The cache held a block for the request: a malloc would not have
-                # flushed. (Checked before the free_completed entries right before the
-                # run: a flush syncs pending frees first, so they may be its own.)
-                kind = "user"
-            else:
-                kind = "gc" if gc_like else "retry"
-        else:
-            kind = "user"
-        synced = kind in ("retry", "oom") and req >= 0 and _synced_before(device, s, e)
-        out.append(_Burst(s, e, kind, req, synced, follows_chained))
-        follows_chained = chained and kind != "user"
-    return out
-
-
-def _looks_like_release_available(device: DeviceData, cfg: AllocatorConfig, s: int, e: int, req: int) -> bool:
-    """Whether the segment_free run [s, e] can be release_available_cached_blocks
-    for request ``req`` (only with ``max_split_size``): oversize segments of the
-    request's stream, one (the smallest that fits) or several from the largest down.
-    The GC instead frees old segments of any size and stream, in the pool's order."""
-    mss = cfg.max_split_size
-    if mss == UNLIMITED or req < 0:
-        return False
-    t = device.trace
-    stream = int(t.stream[req])
-    sizes = t.size[s : e + 1]
-    if (t.action[s : e + 1] != SEGMENT_FREE).any() or (sizes < mss).any() or (t.stream[s : e + 1] != stream).any():
-        return False
-    return bool((np.diff(sizes) <= 0).all())
-
-
-def _before_completions(act: npt.NDArray[np.int8], s: int) -> int:
-    """The start of the run of free_completed entries that ends right before ``s``."""
-    j = s
-    while j > 0 and act[j - 1] == FREE_COMPLETED:
-        j -= 1
-    return j
-
-
-def _synced_before(device: DeviceData, s: int, e: int) -> bool:
-    """Whether the free_completed entries right before the segment_free run [s, e]
-    (a malloc's flush) were emitted by that flush's synchronize_and_free_events.
-
-    In one malloc, ``process_events`` completes finished cross-stream frees first
-    (before ``get_free_block``); ``release_cached_blocks`` syncs the rest later,
-    after ``release_available_cached_blocks`` (with ``max_split_size``) may have
-    freed oversize segments, which does not sync. When that step freed nothing the
-    run is one ``release_blocks`` pass, in the pool's order (large pool, then small;
-    by stream, size, address), and the completions before it are the flush's own,
-    or ``process_events``' right before them: treating all as the flush's is then
-    harmless (the request missed either way, and the flush syncs everything). A
-    run out of that order starts with release_available's frees: the completions
-    came before those, from ``process_events``.
-    """
-    t = device.trace
-    act, addr = t.action, t.addr
-    j = s - 1
-    if j < 0 or act[j] != FREE_COMPLETED or (j > 0 and act[j - 1] == FREE_REQUESTED and addr[j - 1] == addr[j]):
-        return False
-    streams = device.streams
-    order = [
-        (int(t.size[i]) == K_SMALL_BUFFER, streams[int(t.stream[i])] if streams else 0, int(t.size[i]), int(addr[i]))
-        for i in range(s, e + 1)
-        if act[i] == SEGMENT_FREE
-    ]
-    return order == sorted(order)
-
-
-_BURSTS: dict[tuple[int, AllocatorConfig], tuple[npt.NDArray[np.int8], list[_Burst]]] = {}
-
-
-def _bursts_of(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
-    """``_bursts``, remembered for the last few traces: a report replays one trace
-    several times (the check and each what-if), and telling flushes apart may
-    need a recorded replay."""
-    action = device.trace.action
-    key = (id(action), cfg)
-    hit = _BURSTS.get(key)
-    if hit is not None and hit[0] is action:
-        return hit[1]
-    found = _bursts(snapshot, device, cfg)
-    if len(_BURSTS) >= 8:
-        del _BURSTS[next(iter(_BURSTS))]
-    _BURSTS[key] = (action, found)
-    return found
-
-
-class _CacheProbe:
-    """Whether the recorded cache could serve a request, checked on the recorded
-    replay's state (built only if a burst needs it: a malloc flushes only after
-    ``get_free_block`` missed)."""
-
-    def __init__(self, snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> None:
-        self.snapshot, self.device, self.cfg = snapshot, device, cfg
-        self._replay: Any = None
-        self._pools: npt.NDArray[np.int32] | None = None
-
-    def served(self, index: int, req: int) -> bool:
-        if index < 0:
-            return False
-        if self._replay is None:
-            from analysis.replay import recorded_replay  # local: needed for rare traces only
-
-            self._replay = recorded_replay(self.snapshot, self.device)
-            self._pools = _event_pools(self.device)
-        assert self._pools is not None
-        t, cfg = self.device.trace, self.cfg
-        size = int(t.size[req]) if t.action[req] == OOM else cfg.round_size(int(t.size[req]))
-        small = is_small(size)
-        stream, pool = int(t.stream[req]), int(self._pools[req])
-        for seg in self._replay.blocks_at(index).segments:
-            if seg.stream != stream or seg.pool != pool or (seg.segment_type == "small") != small:
-                continue
-            if any(b.state == INACTIVE and cfg.block_fits(b.size, size) for b in seg.blocks):
-                return True
-        return False
-
-
-def infer_limit(snapshot: Snapshot, device: DeviceData | int, config: AllocatorConfig | None = None) -> LimitEstimate:
-    """The interval the process's memory limit must lie in, from the trace alone.
-
-    The snapshot does not record a per-process cap (``set_per_process_memory_fraction``).
-    Every ``reserved + alloc_size`` checked before a new segment was allowed:
-    ``lower`` is the largest of these. Each time the allocator refused a segment, reserved plus that
-    segment's ``alloc_size`` exceeded the limit: at the flush before a
-    flush-and-retry (``reserved`` before the flush) and at an OOM (``reserved``
-    after the flush). ``upper`` is one less than the smallest such sum. A GC run
-    (``garbage_collection_threshold``) starts only above threshold x limit, which
-    bounds the limit too (``gc_upper``).
-    """
-    dev = _device(snapshot, device)
-    cfg = config or AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-    t = dev.trace
-    reserved = _recorded_reserved(dev)
-    lower = _limit_floor(dev, cfg, reserved)
-    upper: int | None = None
-    gc_upper: int | None = None
-    device_full: int | None = None
-    evidence = 0
-    threshold = cfg.garbage_collection_threshold
-    for b in _bursts_of(snapshot, dev, cfg):
-        before = int(reserved[b.start - 1]) if b.start > 0 else 0
-        if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
-            bound = before + _request_alloc_size(dev, cfg, b.request) - 1
-            upper = bound if upper is None else min(upper, bound)
-            evidence += 1
-        elif b.kind == "gc" and threshold > 0:
-            # GC ran: before > int(threshold * limit); the largest such limit.
-            bound = int(before / threshold)
-            while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
-                bound -= 1
-            gc_upper = bound if gc_upper is None else min(gc_upper, bound)
-            evidence += 1
-    gc_lower = _gc_lower(snapshot, dev, cfg, reserved) if gc_upper is not None else None
-    for i in np.flatnonzero(t.action == OOM).tolist():
-        need = cfg.allocation_size(int(t.size[i]))
-        bound = int(reserved[i]) + need - 1
-        upper = bound if upper is None else min(upper, bound)
-        evidence += 1
-        device_free = int(t.addr[i])
-        if device_free < need:
-            full = int(reserved[i]) + device_free
-            device_full = full if device_full is None else min(device_full, full)
-    return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
-
-
-def _gc_lower(snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int | None:
-    """A lower bound of the limit from where ``garbage_collect_cached_blocks`` did
-    not run, or stopped (checked on the recorded replay's state).
-
-    With a threshold and a cap, every malloc that misses calls the GC. It frees
-    nothing only when reserved memory is at most ``threshold x limit`` or no
-    whole free segment of the default large pool exists; and once it runs, it
-    stops with such segments left only after reclaiming ``reserved - threshold x
-    limit``. So a miss with no GC frees while a freeable segment existed, and a
-    GC run that left one, each put ``threshold x limit`` at or above what was
-    reserved (minus what that run freed).
-    """
-    from analysis.replay import recorded_replay  # local: only GC traces need it
-
-    t = dev.trace
-    act = t.action
-    bursts = _bursts_of(snapshot, dev, cfg)
-    first_burst: dict[int, _Burst] = {}
-    for b in bursts:
-        if b.request >= 0 and b.kind != "user":
-            first_burst.setdefault(b.request, b)
-    grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
-    if grow.size == 0:
-        return None
-    reqs = _request_of(act, grow)
-    replay = recorded_replay(snapshot, dev)
-
-    def freeable(index: int) -> bool:
-        state = replay.blocks_at(index)
-        return any(
-            seg.pool == 0
-            and seg.segment_type == "large"
-            and not seg.is_expandable
-            and len(seg.blocks) == 1
-            and seg.blocks[0].state == INACTIVE
-            for seg in state.segments
-        )
-
-    need = 0
-    seen: set[int] = set()
-    for i, r in zip(grow.tolist(), reqs.tolist(), strict=True):
-        if r < 0 or r in seen:
-            continue
-        seen.add(r)
-        b = first_burst.get(r)
-        if b is not None and b.kind == "gc":
-            before = int(reserved[b.start - 1]) if b.start > 0 else 0
-            freed = before - int(reserved[b.end])
-            if freeable(b.end):
-                need = max(need, before - freed)
-        else:
-            # The GC ran after process_events and before the flush's own sync.
-            at = (i if b is None else _before_completions(act, b.start) if b.synced else b.start) - 1
-            if at >= 0 and freeable(at):
-                need = max(need, int(reserved[at]))
-    if need == 0:
-        return None
-    threshold = cfg.garbage_collection_threshold
-    bound = int(need / threshold)
-    while cfg.gc_threshold_bytes(bound) < need:
-        bound += 1
-    return bound
 
 
 def step_end_indices(snapshot: Snapshot, device: DeviceData | int) -> list[int]:
@@ -1354,199 +925,7 @@ def step_end_indices(snapshot: Snapshot, device: DeviceData | int) -> list[int]:
 # --------------------------------------------------------------------------- entry points
 
 
-@dataclass
-class _Requests:
-    """The request stream of one trace, config-free: computed once per trace and
-    reused by every ``simulate`` of it (a report runs the check and each what-if;
-    turning 1.6M requests into lists costs about a quarter of a second each)."""
-
-    key: tuple[Any, ...]
-    sel: npt.NDArray[np.intp]
-    ops: list[int]
-    raddrs: list[int]
-    sizes: I64
-    is_oom: npt.NDArray[np.bool_]
-    lane: I64 | None  # (pool * 2) * streams + stream per request; None: one pool, one stream
-    rounded: I64 | None = None  # the last config's rounded sizes and their lists
-    rounded_list: list[int] = field(default_factory=list)
-    lks_list: list[int] = field(default_factory=list)
-
-
 # id(trace.action) -> requests; an entry goes when its trace's action column is freed.
-_REQUESTS: dict[int, _Requests] = {}
-
-
-def _requests_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: npt.NDArray[np.int32]) -> _Requests:
-    t = dev.trace
-    user = [(b.start, b.end) for b in bursts if b.kind == "user"]
-    malloc_flushes = tuple((b.start, b.request) for b in bursts if b.synced)
-    key = (len(t), len(dev.streams), len(snapshot.pools), tuple(user), malloc_flushes)
-    hit = _REQUESTS.get(id(t.action))
-    if hit is not None and hit.key == key:
-        return hit
-    n = len(t)
-    act = t.action
-    addr = t.addr
-    op = np.full(n, -1, np.int8)
-    is_fr = act == FREE_REQUESTED
-    is_fc = act == FREE_COMPLETED
-    paired = np.zeros(n, bool)
-    if n > 1:
-        paired[:-1] = is_fr[:-1] & is_fc[1:] & (addr[1:] == addr[:-1])
-    completes = np.zeros(n, bool)
-    completes[1:] = paired[:-1]
-    # skip_actions (torch 2.10+) may drop one of the two: the other is then the free.
-    if not is_fc.any():
-        paired = is_fr
-    elif not is_fr.any():
-        paired, completes = is_fc, np.zeros(n, bool)
-    op[act == ALLOC] = _OP_ALLOC
-    op[paired] = _OP_FREE
-    op[is_fr & ~paired] = _OP_FREE_REQ
-    op[is_fc & ~completes & ~paired] = _OP_FREE_DONE
-    op[act == OOM] = _OP_OOM
-    for start, _end in user:
-        op[start] = _OP_FLUSH
-    sel = np.flatnonzero(op >= 0)
-    ops = op[sel]
-    raddr = addr[sel]
-    if user:  # a flush carries the end of its burst instead of an address
-        pos = np.searchsorted(sel, [start for start, _end in user])
-        raddr[pos] = [end for _start, end in user]
-    # A flush inside malloc (release_cached_blocks, after get_free_block missed and
-    # the limit refused a segment) first runs synchronize_and_free_events: the
-    # free_completed entries right before its segment_free run are its own doing,
-    # not frees the request could have used. The model makes that flush itself, so
-    # those completions move to just after the request: under the recorded settings
-    # the model's flush has synced them already; under others, a block whose
-    # stream work was only forced to finish by the flush finishes then.
-    late: list[tuple[int, int]] = []
-    for start, request in malloc_flushes:
-        j = start - 1
-        while j >= 0 and op[j] == _OP_FREE_DONE:
-            late.append((j, request))
-            j -= 1
-    if late:
-        order_key = sel.astype(np.float64)
-        order_key[np.searchsorted(sel, [j for j, _r in late])] = [r + 0.5 for _j, r in late]
-        order = np.argsort(order_key, kind="stable")
-        sel, ops, raddr = sel[order], ops[order], raddr[order]
-    ns = max(len(dev.streams), 1)
-    lane = None
-    if not (ns == 1 and len(snapshot.pools) == 1):
-        lane = pools[sel].astype(np.int64) * 2 * ns + t.stream[sel]
-    req = _Requests(key, sel, ops.tolist(), raddr.tolist(), t.size[sel], ops == _OP_OOM, lane)
-    if len(_REQUESTS) >= 8:
-        del _REQUESTS[next(iter(_REQUESTS))]
-    _REQUESTS[id(act)] = req
-    weakref.finalize(act, _REQUESTS.pop, id(act), None)
-    return req
-
-
-def _prepare(
-    snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, bursts: list[_Burst], pools: npt.NDArray[np.int32]
-) -> tuple[npt.NDArray[np.intp], list[int], list[int], list[int], list[int]]:
-    """Filter the trace down to the requests: their event indices, and plain lists
-    (op, recorded address, rounded size, free-list index) for the hot loop.
-    Only the rounding depends on ``cfg``; configs that round alike share the lists."""
-    req = _requests_of(snapshot, dev, bursts, pools)
-    sizes = req.sizes
-    rounded = cfg.round_sizes(sizes)
-    if req.is_oom.any():  # an oom entry's size is already the rounded request
-        rounded[req.is_oom] = sizes[req.is_oom]
-    if req.rounded is None or not np.array_equal(rounded, req.rounded):
-        large = ~small_pool(rounded)
-        if req.lane is None:
-            lks = large.view(np.int8)
-        else:
-            ns = max(len(dev.streams), 1)
-            lks = req.lane + large * ns
-        req.rounded, req.rounded_list, req.lks_list = rounded, rounded.tolist(), lks.tolist()
-    return req.sel, req.ops, req.raddrs, req.rounded_list, req.lks_list
-
-
-def _event_pools(dev: DeviceData) -> npt.NDArray[np.int32]:
-    """Pool of every event, recovering what torch 2.11 traces leave out.
-
-    Before ``pool_id`` was recorded on trace entries (2.12), every event reads as
-    the default pool even while a CUDA graph captured into a private one. The
-    final ``segments`` do name each live segment's pool, and every block lies in
-    a segment, so an event's pool is that of the recorded segment holding its
-    address at the time. Segments released before the dump (a deleted graph's
-    pool, or default-pool segments freed by a flush) read as the default pool.
-    """
-    t = dev.trace
-    if (t.pool != 0).any() or not any(seg.pool != 0 for seg in dev.segments):
-        return t.pool
-    act = t.action
-    final = sorted((seg.address, seg.address + seg.total_size, seg.pool) for seg in dev.segments)
-    final_starts = [f[0] for f in final]
-
-    def final_pool(addr: int) -> int:
-        i = bisect_left(final_starts, addr + 1) - 1
-        return final[i][2] if i >= 0 and addr < final[i][1] else 0
-
-    seg_events = np.flatnonzero(np.isin(act, _SEGMENT_ACTIONS))
-    # A segment_alloc's segment lives to the end unless a later segment_free has its address.
-    survives = {}
-    freed_later: set[int] = set()
-    for i in seg_events[::-1].tolist():
-        a = int(t.addr[i])
-        if act[i] == SEGMENT_FREE:
-            freed_later.add(a)
-        elif act[i] == SEGMENT_ALLOC:
-            survives[i] = a not in freed_later
-            freed_later.discard(a)
-    pools = np.zeros(len(t), np.int32)
-    live: dict[int, tuple[int, int]] = {}  # start -> (end, pool)
-    has_addr = (act == ALLOC) | (act == FREE_REQUESTED) | (act == FREE_COMPLETED)
-    bounds = [*seg_events.tolist(), len(t)]
-    prev = -1
-    for i in bounds:
-        lo, hi = prev + 1, i
-        if hi > lo and live:
-            idx = lo + np.flatnonzero(has_addr[lo:hi])
-            if idx.size:
-                starts = sorted(live)
-                sa = np.asarray(starts, np.int64)
-                ends = np.asarray([live[x][0] for x in starts], np.int64)
-                pl = np.asarray([live[x][1] for x in starts], np.int32)
-                addr = t.addr[idx]
-                pos = np.searchsorted(sa, addr, side="right") - 1
-                ok = (pos >= 0) & (addr < ends[np.maximum(pos, 0)])
-                pools[idx] = np.where(ok, pl[np.maximum(pos, 0)], 0)
-        if i < len(t):
-            a, size, kind = int(t.addr[i]), int(t.size[i]), int(act[i])
-            if kind == SEGMENT_ALLOC:
-                live[a] = (a + size, final_pool(a) if survives.get(i) else 0)
-                pools[i] = live[a][1]
-            elif kind == SEGMENT_MAP:
-                live[a] = (a + size, final_pool(a))
-                pools[i] = live[a][1]
-            elif kind == SEGMENT_FREE:
-                pools[i] = live.pop(a, (0, 0))[1]
-            else:  # SEGMENT_UNMAP: cut [a, a + size) out of the mapped ranges
-                for start, (end, pool) in list(live.items()):
-                    if end <= a or start >= a + size:
-                        continue
-                    pools[i] = pool
-                    del live[start]
-                    if start < a:
-                        live[start] = (a, pool)
-                    if end > a + size:
-                        live[a + size] = (end, pool)
-        prev = i
-    return pools
-
-
-def _freeable_from(dev: DeviceData, pools: npt.NDArray[np.int32]) -> dict[int, int]:
-    """Private pool -> first event index where the trace shows it being released."""
-    t = dev.trace
-    rel = np.flatnonzero(((t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)) & (pools != 0))
-    out: dict[int, int] = {}
-    for i in rel.tolist():
-        out.setdefault(int(pools[i]), i)
-    return out
 
 
 def simulate(
@@ -1555,14 +934,18 @@ def simulate(
     config: AllocatorConfig,
     limit_bytes: int | None = None,
     step_ends: Sequence[int] | None = (),
+    *,
+    requests: Requests | None = None,
 ) -> PolicyResult:
     """Replay one device's requests through the allocator model under ``config``.
 
     ``limit_bytes`` is the memory the process may reserve (a per-process cap or
     the device's size); None means unlimited. The replay continues past requests
     it cannot serve (see the module docstring); ``oom`` is the first of them.
+    ``requests``: the trace's ``requests.Requests`` when the caller built them
+    (``build_requests``), else they are built (and remembered, ``requests_for``).
     """
-    return _simulate(snapshot, device, config, limit_bytes, step_ends)[0]
+    return _simulate(snapshot, device, config, limit_bytes, step_ends, requests=requests)[0]
 
 
 def simulate_layout(
@@ -1572,11 +955,12 @@ def simulate_layout(
     limit_bytes: int | None = None,
     *,
     reference: bool = False,
+    requests: Requests | None = None,
 ) -> tuple[PolicyResult, list[SegmentLayout]]:
     """``simulate``, plus the model's final segments (``SegmentLayout``, comparable
     with ``recorded_layout``). ``reference``: serve the requests with
     ``_Model.run_reference`` (every rule through its method) instead of the fast loop."""
-    result, model = _simulate(snapshot, device, config, limit_bytes, (), reference=reference)
+    result, model = _simulate(snapshot, device, config, limit_bytes, (), reference=reference, requests=requests)
     return result, model.layout()
 
 
@@ -1588,18 +972,16 @@ def _simulate(
     step_ends: Sequence[int] | None,
     *,
     reference: bool = False,
+    requests: Requests | None = None,
 ) -> tuple[PolicyResult, _Model]:
     dev = _device(snapshot, device)
-    recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-    bursts = _bursts_of(snapshot, dev, recorded_cfg)
-    pools = _event_pools(dev)
-    events, ops, raddrs, sizes, lks = _prepare(snapshot, dev, config, bursts, pools)
-    t = dev.trace
-    seg = np.flatnonzero(np.isin(t.action, _SEGMENT_ACTIONS))
-    recorded = (t.action[seg].tolist(), t.size[seg].tolist(), t.addr[seg].tolist())
-    model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, _freeable_from(dev, pools), recorded)
+    req = requests if requests is not None else requests_for(snapshot, dev)
+    events = req.events
+    ops, raddrs = req.ops, req.raddrs
+    sizes, lks = req.lists(config)
+    model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, req.freeable_from, req.recorded_segments)
     if not _segments_complete(dev):
-        from analysis.replay import recorded_replay  # local: only partial traces need it
+        from analysis.allocator.recorded import recorded_replay  # local: only partial traces need it
 
         model.seed(recorded_replay(snapshot, dev).blocks_at(-1))
     initial = model.reserved
@@ -1686,7 +1068,7 @@ def trace_is_complete(device: DeviceData) -> bool:
     return bool((k[first] == ALLOC).all() and not repeated.any())
 
 
-def replay_check(snapshot: Snapshot, device: DeviceData | int) -> dict[str, Any]:
+def replay_check(snapshot: Snapshot, device: DeviceData | int, *, requests: Requests | None = None) -> dict[str, Any]:
     """Contract ``replay``: does the model, under the recorded settings, reproduce
     every recorded segment event (same action, same size, same order)?
 
@@ -1697,9 +1079,10 @@ def replay_check(snapshot: Snapshot, device: DeviceData | int) -> dict[str, Any]
     memory, and the first mismatch.
     """
     dev = _device(snapshot, device)
-    cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-    estimate = infer_limit(snapshot, dev, cfg)
-    result = simulate(snapshot, dev, cfg, estimate.value)
+    req = requests if requests is not None else requests_for(snapshot, dev)
+    cfg = req.recorded_config
+    estimate = infer_limit(snapshot, dev, cfg, req)
+    result = simulate(snapshot, dev, cfg, estimate.value, requests=req)
     recorded = recorded_segment_events(dev)
     reproduced = result.segment_events
     same = 0
@@ -1738,6 +1121,8 @@ def whatif(
     conf: str,
     limit_bytes: int | None = None,
     step_ends: Sequence[int] | None = None,
+    *,
+    requests: Requests | None = None,
 ) -> dict[str, Any]:
     """Contract ``whatif`` item: the recorded settings with ``conf`` applied on top.
 
@@ -1747,16 +1132,17 @@ def whatif(
     Without ``step_ends`` the steps come from the annotations.
     """
     dev = _device(snapshot, device)
-    base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+    req = requests if requests is not None else requests_for(snapshot, dev)
+    base = req.recorded_config
     cfg = AllocatorConfig.parse(conf, base=base)
     if limit_bytes is None:
         # The cap the trace shows, else the least memory the device must have had
         # (the recorded peak): without any limit a what-if would never flush, and
         # e.g. max_split_size_mb would pile up segments far past any real GPU.
-        estimate = infer_limit(snapshot, dev, base)
+        estimate = infer_limit(snapshot, dev, base, req)
         limit_bytes = estimate.value if estimate.value is not None else (estimate.lower or None)
     ends = step_end_indices(snapshot, dev) if step_ends is None else list(step_ends)
-    result = simulate(snapshot, dev, cfg, limit_bytes, ends)
+    result = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req)
     return {
         "config": conf,
         "peak_reserved_bytes": result.peak_reserved,
