@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.allocator import (  # noqa: E402
     recorded_layout,
+    recorded_segment_events,
     replay_check,
     same_layout,
     simulate,
@@ -111,6 +112,7 @@ class Row:
     peak_model: int = 0
     peak_truth: int | None = None
     first_mismatch: Any = None
+    exact_under_cap: bool | None = None  # inexact replays: exact given the real cap instead of the inferred limit?
     seconds: float = 0.0
 
     @property
@@ -187,6 +189,10 @@ def check_capture(cap: Capture, snap: Snapshot) -> list[Row]:
         if row.complete:
             _res, layout = simulate_layout(snap, dev, cfg, rc["limit_bytes"])
             row.layout = same_layout(layout, recorded_layout(dev))
+        if row.complete and not row.exact and cap.cap is not None:
+            # The allocator rules alone: the same replay under the cap the process really had.
+            res = simulate(snap, dev, cfg, cap.cap)
+            row.exact_under_cap = res.segment_events == recorded_segment_events(dev)
         row.seconds = time.perf_counter() - t0
         rows.append(row)
     return rows
@@ -383,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
         f"families with a default run: {len({w.family for w in wrows})}, what-ifs: {len(wrows)}"
     )
     print(f"exact replays (every segment event, complete traces): {exact}/{len(complete)}")
+    under_cap = [r for r in complete if r.exact_under_cap is not None]
+    if under_cap:
+        print(
+            f"  of the inexact ones, exact under the real cap (the limit inferred from the trace is what is off): "
+            f"{sum(bool(r.exact_under_cap) for r in under_cap)}/{len(complete) - exact}"
+        )
     print(f"final layout equal to the snapshot's segments: {sum(bool(r.layout) for r in layouts)}/{len(layouts)}")
     if worst is not None:
         print(

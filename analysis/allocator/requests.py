@@ -228,7 +228,14 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
                 kind = "gc" if gc_like else "retry"
         else:
             kind = "user"
-        synced = kind in ("retry", "oom") and req >= 0 and _synced_before(device, s, e)
+        # A run release_available could have made on its own (with max_split_size) is
+        # taken for it: it does not sync, so the completions before it are process_events'.
+        synced = (
+            kind in ("retry", "oom")
+            and req >= 0
+            and _synced_before(device, s, e)
+            and not _looks_like_release_available(device, cfg, s, e, req)
+        )
         out.append(_Burst(s, e, kind, req, synced, follows_chained))
         follows_chained = chained and kind != "user"
     return out

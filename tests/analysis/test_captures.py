@@ -44,8 +44,6 @@ LIMIT_INFERENCE = {
     "rand_s9_c40_maxsplit_gc",
     "rand_s11_c40_maxsplit_gc",
 }
-# - inexact even under the real cap (max_split_size_mb with a side stream);
-RULES = {"rand_s7_c40_maxsplit128", "rand_s27_c40_maxsplit128"}
 # - every segment event reproduced, the final blocks of one segment placed elsewhere;
 LAYOUT = {"rand_s24_c40_roundup4"}
 # - the inferred interval misses the real cap (a GC run told for release_available's).
@@ -78,7 +76,7 @@ def _known(names: list[str], failing: set[str]) -> list[Any]:
     return [pytest.param(n, marks=mark) if n in failing else n for n in names]
 
 
-@pytest.mark.parametrize("name", _known(NAMES, LIMIT_INFERENCE | RULES | LAYOUT))
+@pytest.mark.parametrize("name", _known(NAMES, LIMIT_INFERENCE | LAYOUT))
 def test_capture_replays_exactly(name: str) -> None:
     t = truth(name)
     if not t.get("trace_complete", True):
