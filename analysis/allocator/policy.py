@@ -1068,6 +1068,48 @@ def trace_is_complete(device: DeviceData) -> bool:
     return bool((k[first] == ALLOC).all() and not repeated.any())
 
 
+# Limits tried inside the GC's interval (fitted_limit); each is one replay, so the
+# fit is skipped on traces with more requests than _GC_FIT_MAX_REQUESTS (~0.1 s per
+# 100k requests and replay).
+_GC_FIT_POINTS = 9
+_GC_FIT_MAX_REQUESTS = 500_000
+
+
+def fitted_limit(
+    snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig, estimate: LimitEstimate, requests: Requests
+) -> int | None:
+    """``estimate.value``, except under ``garbage_collection_threshold``: there every
+    limit in the interval starts and skips the GC where the trace did, but how much a
+    run frees (until ``reserved - threshold x limit`` is reclaimed) depends on where in
+    it the limit lies. Then a few limits across the interval are replayed under the
+    recorded settings and the one reproducing the longest prefix of the recorded
+    segment events is taken (ties: nearest ``value``). Like the interval itself, an
+    estimate from the trace alone; a known cap (``--limit``) replaces it.
+    """
+    value = estimate.value
+    if value is None or estimate.gc_upper is None or estimate.device_full is not None:
+        return value
+    if len(requests.ops) > _GC_FIT_MAX_REQUESTS:
+        return value
+    hi = estimate.gc_upper if estimate.upper is None else min(estimate.gc_upper, estimate.upper)
+    lo = max(estimate.lower, estimate.gc_lower or 0)
+    if hi <= lo:
+        return value
+    recorded = recorded_segment_events(device)
+    step = (hi - lo) / (_GC_FIT_POINTS - 1)
+    candidates = sorted({value, *(int(lo + k * step) for k in range(_GC_FIT_POINTS))}, key=lambda x: abs(x - value))
+    best, best_len = value, -1
+    for limit in candidates:
+        events = simulate(snapshot, device, cfg, limit, requests=requests).segment_events
+        same = next((k for k, (a, b) in enumerate(zip(recorded, events, strict=False)) if a != b), None)
+        length = min(len(recorded), len(events)) if same is None else same
+        if same is None and len(recorded) == len(events):
+            return limit
+        if length > best_len:
+            best, best_len = limit, length
+    return best
+
+
 def replay_check(snapshot: Snapshot, device: DeviceData | int, *, requests: Requests | None = None) -> dict[str, Any]:
     """Contract ``replay``: does the model, under the recorded settings, reproduce
     every recorded segment event (same action, same size, same order)?
@@ -1082,7 +1124,8 @@ def replay_check(snapshot: Snapshot, device: DeviceData | int, *, requests: Requ
     req = requests if requests is not None else requests_for(snapshot, dev)
     cfg = req.recorded_config
     estimate = infer_limit(snapshot, dev, cfg, req)
-    result = simulate(snapshot, dev, cfg, estimate.value, requests=req)
+    limit = fitted_limit(snapshot, dev, cfg, estimate, req)
+    result = simulate(snapshot, dev, cfg, limit, requests=req)
     recorded = recorded_segment_events(dev)
     reproduced = result.segment_events
     same = 0
@@ -1106,7 +1149,7 @@ def replay_check(snapshot: Snapshot, device: DeviceData | int, *, requests: Requ
         # A partial trace has no starting state to replay from: never called exact.
         "exact": complete and same == len(recorded) == len(reproduced),
         "trace_complete": complete,
-        "limit_bytes": estimate.value,
+        "limit_bytes": limit,
         "ooms_recorded": recorded_ooms,
         "ooms_reproduced": result.ooms == recorded_ooms,
         "peak_reserved_bytes": result.peak_reserved,
@@ -1140,7 +1183,8 @@ def whatif(
         # (the recorded peak): without any limit a what-if would never flush, and
         # e.g. max_split_size_mb would pile up segments far past any real GPU.
         estimate = infer_limit(snapshot, dev, base, req)
-        limit_bytes = estimate.value if estimate.value is not None else (estimate.lower or None)
+        fitted = fitted_limit(snapshot, dev, base, estimate, req)
+        limit_bytes = fitted if fitted is not None else (estimate.lower or None)
     ends = step_end_indices(snapshot, dev) if step_ends is None else list(step_ends)
     result = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req)
     return {
