@@ -265,7 +265,13 @@ def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfR
             else:
                 row.status = "differ"
             late = _completions_differ(bdev, mdev) if row.status == "differ" or not (base.died or m.died) else None
-            if row.status == "differ" and late is not None and late < upto:
+            freed = _frees_diverge(bdev, mdev) if row.status == "differ" else None
+            if freed is not None and freed <= upto:
+                # The program freed in another order (autograd's, Python's): not the same
+                # request stream any more, so the what-if cannot be held to the real run.
+                row.status = "diverged"
+                row.notes.append(f"frees in another order from request #{freed}")
+            elif row.status == "differ" and late is not None and late <= upto:
                 # A cross-stream free (record_stream) completes when the allocator sees its
                 # event done: GPU timing, not the program. The two real runs saw the same
                 # free complete at different requests; the what-if has the default run's.
@@ -301,6 +307,24 @@ def _diverges(bdev: DeviceData, bidx: np.ndarray, mdev: DeviceData, midx: np.nda
         if k + 1 < n and (ba[k + 1] != ma[k + 1] or bs[k + 1] != ms[k + 1]):
             return k
     return first
+
+
+def _frees_diverge(bdev: DeviceData, mdev: DeviceData) -> int | None:
+    """The request count at which the two runs first free different sizes (the
+    program's frees in another order: autograd's or Python's, not the allocator's),
+    None if they never do before one trace ends. oom entries are skipped."""
+
+    def frees(dev: DeviceData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        t = dev.trace
+        sel = np.flatnonzero((t.action == ALLOC) | (t.action == FREE_REQUESTED))
+        req = np.cumsum((t.action == ALLOC) | (t.action == OOM))
+        return t.action[sel], t.size[sel], req[sel]
+
+    ba, bs, br = frees(bdev)
+    ma, ms, _mr = frees(mdev)
+    n = min(len(ba), len(ma))
+    bad = np.flatnonzero((ba[:n] != ma[:n]) | (bs[:n] != ms[:n]))
+    return int(br[bad[0]]) if bad.size else None
 
 
 def _completions_differ(bdev: DeviceData, mdev: DeviceData) -> int | None:
