@@ -7,7 +7,7 @@ PORT ?= 8000
 export PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install static migrate run test lint typecheck bench reliability clean
+.PHONY: help install static migrate run test lint typecheck bench reliability diffbench clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ RELIABILITY_PG ?= postgres://postgres@127.0.0.1:5432/harden_rel
 reliability: static ## load and fault runs against real sites (SQLite, then $(RELIABILITY_PG)) + the long reader fuzz; minutes
 	$(PY) scripts/reliability.py --postgres "$(RELIABILITY_PG)"
 	OOMSCOPE_FUZZ_SECONDS=$${OOMSCOPE_FUZZ_SECONDS:-300} $(PY) -m pytest tests/webapp/test_hardening_fuzz.py -q -p no:cacheprovider
+
+diffbench: install ## the allocator model against real runs (/work/captures and tests/fixtures): table and totals
+	$(PY) scripts/diffbench.py
 
 clean: ## remove .venv and var/ (database, uploads, logs)
 	rm -rf $(VENV) var

@@ -18,9 +18,12 @@ import pytest
 
 from analysis.allocator import (
     infer_limit,
+    recorded_layout,
     recorded_segment_events,
     replay_check,
+    same_layout,
     simulate,
+    simulate_layout,
     step_end_indices,
     trace_is_complete,
     whatif,
@@ -441,3 +444,67 @@ def test_a_trace_recorded_with_skip_actions_on_one_free_kind_still_replays(dropp
     assert check["trace_complete"] is True
     assert check["exact"] is True
     assert check["peak_reserved_bytes"] == truth("gpt_varlen_oom")["memory_stats"]["reserved_bytes.all.peak"]
+
+
+# --------------------------------------------------------------------------- one home for the rules
+
+
+@pytest.mark.parametrize(("case", "device"), COMPLETE)
+def test_final_block_layout_equals_the_snapshots_segments(case: str, device: int) -> None:
+    # Under the recorded settings every segment ends with the recorded blocks, in
+    # order, with their states (allocated / pending free / free): not only the
+    # segment events but where each request went.
+    s = snap(case)
+    cfg = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
+    dev = s.device(device)
+    _result, layout = simulate_layout(s, dev, cfg, infer_limit(s, dev, cfg).value)
+    recorded = recorded_layout(dev)
+    assert same_layout(layout, recorded)
+    assert sum(seg.total_size for seg in recorded) == device_stats(case, device)["reserved_bytes.all.current"]
+
+
+REFERENCE_CONFIGS = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:64",
+    "garbage_collection_threshold:0.5",
+    "roundup_power2_divisions:[256:1,512:2,>:8]",
+    "expandable_segments:True,max_split_size_mb:64",
+]
+
+
+@pytest.mark.parametrize("conf", REFERENCE_CONFIGS)
+@pytest.mark.parametrize(
+    "case", ["frag_oom", "gpu_side_stream", "gpu_cuda_graph", "gpu_gc_threshold", "gpu_grow_oom", "wrapped_ring"]
+)
+def test_the_fast_loop_does_what_the_rule_methods_do(case: str, conf: str) -> None:
+    # _Model.run inlines get_free_block's filter, should_split and free_block's
+    # merge for speed; run_reference calls the methods built on analysis.config.
+    # Same segment events, same OOMs, same final layout, under a limit that bites.
+    s = snap(case)
+    base = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
+    cfg = AllocatorConfig.parse(conf, base=base)
+    limit = int(infer_limit(s, 0, base).lower * 0.9)
+    fast, fast_layout = simulate_layout(s, 0, cfg, limit)
+    ref, ref_layout = simulate_layout(s, 0, cfg, limit, reference=True)
+    assert fast.segment_events == ref.segment_events
+    assert fast.ooms == ref.ooms
+    assert fast.peak_reserved == ref.peak_reserved
+    assert fast_layout == ref_layout
+
+
+def test_requests_are_built_once_and_passed() -> None:
+    from analysis.allocator import build_requests, requests_for
+
+    s = snap("gpu_grow_oom")
+    req = build_requests(s, 0)
+    cfg = AllocatorConfig.parse("expandable_segments:True")
+    passed = simulate(s, 0, cfg, cap_of("gpu_grow_oom"), requests=req)
+    built = simulate(s, 0, cfg, cap_of("gpu_grow_oom"))
+    assert passed.segment_events == built.segment_events
+    assert replay_check(s, 0, requests=req) == replay_check(s, 0)
+    # The memo matches the live trace itself: a re-read of the same file is another
+    # trace and gets its own requests (an id() reused after a free cannot alias).
+    again = read_snapshot(FIXTURES / "gpu_grow_oom.pickle.gz")
+    assert requests_for(again, 0) is not requests_for(s, 0)
+    assert requests_for(s, 0) is requests_for(s, 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.config import GB, MB, UNLIMITED, AllocatorConfig, ConfigError
+from analysis.config import GB, MB, UNLIMITED, AllocatorConfig, ConfigError, recorded_settings
 from analysis.reader import read_snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -117,3 +117,109 @@ def test_size_rules() -> None:
     assert not capped.block_fits(300 * MB, 100 * MB)  # oversize block, small request
     assert capped.block_fits(300 * MB, 290 * MB)  # within max_non_split_rounding (20 MiB)
     assert not capped.block_fits(320 * MB, 290 * MB)
+
+
+def _random_sizes(seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    out = rng.integers(1, 1 << rng.integers(2, 36, 3000), dtype=np.int64).tolist()
+    return [int(x) for x in out] + [1, 511, 512, 513, MB, MB + 1, 20 * MB, 64 * MB, 256 * MB, 3 * GB]
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        "",
+        "max_split_size_mb:64",
+        "max_split_size_mb:256,max_non_split_rounding_mb:40",
+        "expandable_segments:True",
+        "expandable_segments:True,max_split_size_mb:64",
+    ],
+)
+def test_split_and_fit_rules_are_torchs_should_split_and_get_free_block(conf: str) -> None:
+    # torch, c10/cuda/CUDACachingAllocator.cpp, spelled out here as the source has them:
+    #   should_split: small pool or expandable -> remaining >= kMinBlockSize (512);
+    #                 else size < max_split_size && remaining > kSmallSize (1 MiB)
+    #   get_free_block: reject if size < mss && block >= mss,
+    #                   or if size >= mss && block >= size + max_non_split_rounding_size
+    cfg = AllocatorConfig.parse(conf)
+    mss, nsr = cfg.max_split_size, cfg.max_non_split_rounding_size
+    sizes = _random_sizes(3)
+    rng = np.random.default_rng(4)
+    for size in sizes:
+        for extra in (0, 1, 511, 512, MB, MB + 1, 20 * MB - 1, 20 * MB, int(rng.integers(0, 1 << 32))):
+            block = size + extra
+            small = size <= MB
+            remaining = block - size
+            torch_split = remaining >= 512 if small or cfg.expandable_segments else size < mss and remaining > MB
+            assert cfg.should_split(block, size, small) is torch_split
+            over, below = cfg.split_rule(small)
+            assert (remaining > over and size < below) is torch_split
+            torch_fits = not (size < mss and block >= mss) and not (size >= mss and block >= size + nsr)
+            assert cfg.block_fits(block, size) is torch_fits
+            assert (block < cfg.fit_limit(size)) is torch_fits
+        assert not cfg.block_fits(size - 1, size)
+
+
+def test_gc_threshold_truncates_like_the_cpp_cast() -> None:
+    # static_cast<size_t>(0.6 * 4.5 GiB) = 2899102924.8 -> 2899102924
+    cfg = AllocatorConfig.parse("garbage_collection_threshold:0.6")
+    assert cfg.gc_threshold_bytes(int(4.5 * GB)) == 2899102924
+
+
+def test_expandable_pages_are_2_mib_small_and_the_large_segment_size_large() -> None:
+    assert AllocatorConfig().page_size(True) == 2 * MB
+    assert AllocatorConfig().page_size(False) == 20 * MB
+    assert AllocatorConfig.parse("large_segment_size_mb:64").page_size(False) == 64 * MB
+
+
+@pytest.mark.parametrize("conf", ["", "roundup_power2_divisions:1", "roundup_power2_divisions:4"])
+def test_plain_rounding_flag_means_round_size_is_512_rounding(conf: str) -> None:
+    cfg = AllocatorConfig.parse(conf)
+    plain = [max(512, (s + 511) & -512) for s in _random_sizes(5)]
+    rounded = [cfg.round_size(s) for s in _random_sizes(5)]
+    # divisions of 1 round nothing (torch issue #161139): still plain
+    assert cfg.rounds_plainly is (plain == rounded)
+    assert cfg.rounds_plainly is (conf != "roundup_power2_divisions:4")
+
+
+def _with_settings(settings: object, tmp_path: Path) -> Path:
+    import gzip
+    import pickle
+
+    raw = pickle.loads(gzip.decompress((FIXTURES / "gpu_grow_oom.pickle.gz").read_bytes()))
+    raw["allocator_settings"] = settings
+    out = tmp_path / "garbage_settings.pickle.gz"
+    out.write_bytes(gzip.compress(pickle.dumps(raw)))
+    return out
+
+
+GARBAGE = {
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:maybe,max_split_size_mb:3,roundup_power2_divisions:[x:y]",
+    "max_split_size": "lots",
+    "garbage_collection_threshold": 7.5,
+    "expandable_segments": "yes",
+    "roundup_power2_divisions": {"1": "x", "2": 3},
+}
+
+
+def test_recorded_settings_torch_would_refuse_are_named_and_left_at_defaults() -> None:
+    cfg, problems = recorded_settings(GARBAGE, GARBAGE["PYTORCH_CUDA_ALLOC_CONF"])
+    assert cfg == AllocatorConfig()
+    assert len(problems) == 8  # 3 in the string, max_split_size, the threshold, expandable, two divisions
+    assert any("expandable_segments expects True or False" in p for p in problems)
+    # What can be read still is: a valid string key beside a bad one.
+    cfg, problems = recorded_settings({}, "max_split_size_mb:3,expandable_segments:True")
+    assert cfg.expandable_segments
+    assert problems == ["max_split_size_mb must be >= 20, got 3"]
+
+
+def test_a_snapshot_with_garbage_allocator_settings_is_analysed_with_a_warning(tmp_path: Path) -> None:
+    from analysis.allocator import replay_check
+    from analysis.report import build_report
+
+    path = _with_settings(GARBAGE, tmp_path)
+    report = build_report(path, jobs=1)  # no ConfigError escapes (the worker would call it internal)
+    codes = [w["code"] for w in report["capture"]["warnings"]]
+    assert "allocator-settings-unreadable" in codes
+    # Under the defaults the real run (default settings) is still reproduced event for event.
+    assert replay_check(read_snapshot(path), 0)["exact"]

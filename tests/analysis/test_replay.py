@@ -354,3 +354,18 @@ def test_every_column_matches_the_block_state_at_every_event(case: str) -> None:
     got = np.stack([c[events.start : events.stop : events.step] for c in cols], axis=1)
     bad = np.nonzero((got != want).any(axis=1))[0]
     assert bad.size == 0, f"first differing event {bad[:1]}"
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "gpu_side_stream", "gpu_cuda_graph", "wrapped_ring"])
+def test_the_inlined_plain_rounding_is_round_size(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The replay loop inlines round_size when the settings round plainly; with
+    # the inline switched off it calls AllocatorConfig.round_size for every alloc.
+    # Both must give every block the same size.
+    from analysis.config import AllocatorConfig
+
+    snap = _snapshot(case)
+    fast = recorded_replay(snap, snap.devices[0])
+    monkeypatch.setattr(AllocatorConfig, "rounds_plainly", property(lambda self: False))
+    slow = recorded_replay(snap, snap.devices[0])
+    for column in ("allocated", "active", "inactive_split", "largest_free"):
+        assert np.array_equal(getattr(fast, column), getattr(slow, column)), column

@@ -1,0 +1,53 @@
+"""The model of PyTorch's native CUDA caching allocator, in one package.
+
+- ``config``: the settings and every rule of the allocator that the model
+  uses (sizes, splitting, the fit filter, pages, the GC threshold, the limit
+  check): the only copy; hot loops take their numbers from it.
+- ``requests``: trace -> requests (what the policy replay is fed), built once
+  per device trace and passed (``build_requests``, ``Requests``).
+- ``limits``: the memory limit bounded from the trace alone (``infer_limit``).
+- ``recorded``: the recorded replay, state at every event along the recorded
+  addresses (``recorded_replay``; ``analysis.replay`` re-exports it).
+- ``policy``: the policy replay, the model choosing blocks and segments itself
+  (``simulate``, ``replay_check``, ``whatif``).
+
+``from analysis.allocator import simulate, replay_check, ...`` keeps working as
+before the package existed; so do ``analysis.config`` and ``analysis.replay``.
+"""
+
+from analysis.allocator.limits import LimitEstimate, infer_limit
+from analysis.allocator.policy import (
+    PolicyResult,
+    ProjectedTail,
+    SegmentLayout,
+    recorded_layout,
+    recorded_segment_events,
+    replay_check,
+    same_layout,
+    simulate,
+    simulate_layout,
+    step_end_indices,
+    trace_is_complete,
+    whatif,
+)
+from analysis.allocator.requests import Requests, build_requests, requests_for
+
+__all__ = [
+    "LimitEstimate",
+    "PolicyResult",
+    "ProjectedTail",
+    "Requests",
+    "SegmentLayout",
+    "build_requests",
+    "infer_limit",
+    "recorded_layout",
+    "recorded_segment_events",
+    "replay_check",
+    "requests_for",
+    "same_layout",
+    "simulate",
+    "simulate_layout",
+    "step_end_indices",
+    "trace_is_complete",
+    "whatif",
+]

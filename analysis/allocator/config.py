@@ -1,0 +1,410 @@
+"""Allocator configuration and the size rules of the CUDA caching allocator.
+
+Mirrors ``c10/cuda/CUDAAllocatorConfig`` and the size helpers of
+``CUDACachingAllocator.cpp`` (see ../shared/docs/snapshot-format.md §3).
+Everything here is a pure function of sizes and an ``AllocatorConfig``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.errors import ConfigError
+
+KB = 1024
+MB = 1024 * 1024
+GB = 1024 * MB
+
+K_MIN_BLOCK_SIZE = 512  # every block is a multiple of this
+K_SMALL_SIZE = 1 * MB  # requests up to this go to the small pool
+K_SMALL_BUFFER = 2 * MB  # small-pool segment size (and small expandable page)
+K_MIN_LARGE_ALLOC = 10 * MB  # below this, large requests get a large_segment_size segment
+K_ROUND_LARGE = 2 * MB  # large cudaMalloc rounding
+K_LARGE_BUFFER = 20 * MB  # default large_segment_size
+UNLIMITED = (1 << 64) - 1  # SIZE_MAX: max_split_size when unset
+NO_SIZE_LIMIT = 1 << 64  # above every size_t: "no bound" in split_rule
+
+# roundup_power2_divisions has one entry per power-of-two interval from 1 MiB to 32 GiB.
+N_ROUNDUP_INTERVALS = 16
+ROUNDUP_KEYS: tuple[str, ...] = tuple(str(1 << i) for i in range(N_ROUNDUP_INTERVALS))
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorConfig:
+    """The effective settings of the native caching allocator."""
+
+    max_split_size: int = UNLIMITED
+    max_non_split_rounding_size: int = K_LARGE_BUFFER
+    roundup_power2_divisions: tuple[int, ...] = (0,) * N_ROUNDUP_INTERVALS
+    garbage_collection_threshold: float = 0.0
+    expandable_segments: bool = False
+    large_segment_size: int = K_LARGE_BUFFER
+    per_process_memory_fraction: float | None = None
+    # Keys that were set but do not change block placement (kept for display).
+    other: tuple[tuple[str, str], ...] = field(default=())
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def parse(cls, conf: str, base: AllocatorConfig | None = None) -> AllocatorConfig:
+        """Parse a PYTORCH_CUDA_ALLOC_CONF string (``key:value,key:[a:b,c:d]``)."""
+        cfg = base if base is not None else cls()
+        for key, value in _split_conf(conf):
+            cfg = _apply(cfg, key, value)
+        return cfg
+
+    @classmethod
+    def from_settings(cls, raw: dict[str, Any], conf: str = "") -> AllocatorConfig:
+        """Effective config from a snapshot's ``allocator_settings`` dict (never raises:
+        what cannot be read is left at its default; ``recorded_settings`` says what)."""
+        return recorded_settings(raw, conf)[0]
+
+    # -- description --------------------------------------------------------
+    def to_conf(self) -> str:
+        """A PYTORCH_CUDA_ALLOC_CONF string that reproduces the non-default values."""
+        parts: list[str] = []
+        if self.expandable_segments:
+            parts.append("expandable_segments:True")
+        if self.max_split_size != UNLIMITED:
+            parts.append(f"max_split_size_mb:{self.max_split_size // MB}")
+        if self.max_non_split_rounding_size != K_LARGE_BUFFER:
+            parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding_size // MB}")
+        if any(self.roundup_power2_divisions):
+            divs = self.roundup_power2_divisions
+            if len(set(divs)) == 1:
+                parts.append(f"roundup_power2_divisions:{divs[0]}")
+            else:
+                inner = ",".join(f"{k}:{v}" for k, v in zip(ROUNDUP_KEYS, divs, strict=True))
+                parts.append(f"roundup_power2_divisions:[{inner}]")
+        if self.garbage_collection_threshold > 0:
+            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
+        if self.large_segment_size != K_LARGE_BUFFER:
+            parts.append(f"large_segment_size_mb:{self.large_segment_size // MB}")
+        if self.per_process_memory_fraction is not None:
+            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction:g}")
+        return ",".join(parts)
+
+    # -- size rules -----------------------------------------------------------
+    def divisions_for(self, size: int) -> int:
+        log_size = size.bit_length() - 1
+        index = max(log_size - 20, 0)
+        return self.roundup_power2_divisions[min(index, N_ROUNDUP_INTERVALS - 1)]
+
+    @property
+    def rounds_plainly(self) -> bool:
+        """``round_size`` is the plain ``kMinBlockSize`` rounding at every size
+        (no interval has more than one division): hot loops then inline
+        ``(size + 511) & -512`` (at least 512) instead of calling ``round_size``."""
+        return not any(d > 1 for d in self.roundup_power2_divisions)
+
+    def round_size(self, size: int) -> int:
+        """``round_size``: the block size a request of ``size`` bytes needs."""
+        if size < K_MIN_BLOCK_SIZE:
+            return K_MIN_BLOCK_SIZE
+        divisions = self.divisions_for(size)
+        if divisions > 1 and size > K_MIN_BLOCK_SIZE * divisions:
+            return _roundup_power2_next_division(size, divisions)
+        return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+
+    def allocation_size(self, size: int) -> int:
+        """``get_allocation_size``: the segment a cache miss for a rounded size creates."""
+        if size <= K_SMALL_SIZE:
+            return K_SMALL_BUFFER
+        if size < K_MIN_LARGE_ALLOC:
+            return self.large_segment_size
+        return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+
+    def split_rule(self, small_pool: bool) -> tuple[int, int]:
+        """``should_split`` as two numbers, for the hot loops that inline it:
+        a free block of ``block_size`` is split for a request of ``size`` iff
+        ``block_size - size > over`` and ``size < below``; returns ``(over, below)``.
+
+        Small pool, or expandable segments on: the remainder must be at least
+        ``kMinBlockSize`` (512 B), whatever the size. Large pool: the remainder
+        must exceed ``kSmallSize`` (1 MiB) and the request be below ``max_split_size``.
+        """
+        if small_pool or self.expandable_segments:
+            return K_MIN_BLOCK_SIZE - 1, NO_SIZE_LIMIT
+        return K_SMALL_SIZE, self.max_split_size
+
+    def should_split(self, block_size: int, size: int, small_pool: bool) -> bool:
+        """``should_split``: does serving ``size`` from a free block of ``block_size`` split it?"""
+        over, below = self.split_rule(small_pool)
+        return block_size - size > over and size < below
+
+    def fit_limit(self, size: int) -> int:
+        """The ``max_split_size`` filter of ``get_free_block`` as one bound: the best-fit
+        block for a request of ``size`` is used only if it is smaller than this.
+
+        A request below ``max_split_size`` never takes an oversize block (one of at
+        least ``max_split_size``); a request of at least ``max_split_size`` takes a
+        block only within ``max_non_split_rounding_size`` of itself. Unset
+        (``UNLIMITED``), every block fits.
+        """
+        mss = self.max_split_size
+        return mss if size < mss else size + self.max_non_split_rounding_size
+
+    def block_fits(self, block_size: int, size: int) -> bool:
+        """``get_free_block``: may a free block of ``block_size`` serve a (rounded) ``size``?"""
+        return size <= block_size < self.fit_limit(size)
+
+    def page_size(self, small_pool: bool) -> int:
+        """The physical page an expandable segment maps at a time (``ExpandableSegment``'s
+        ``segment_size``): ``kSmallBuffer`` for the small pool, ``large_segment_size`` else."""
+        return K_SMALL_BUFFER if small_pool else self.large_segment_size
+
+    def gc_threshold_bytes(self, limit: int) -> int:
+        """``garbage_collect_cached_blocks`` starts only once reserved memory exceeds this
+        (``threshold * allowed_memory_maximum``, truncated as the C++ cast does)."""
+        return int(self.garbage_collection_threshold * limit)
+
+    # -- the same rules over whole columns (numpy) ------------------------------
+    def round_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``round_size`` of every element (what ``round_size`` does, vectorised)."""
+        s = np.asarray(sizes, dtype=np.int64)
+        out = ((s + (K_MIN_BLOCK_SIZE - 1)) // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+        out[s < K_MIN_BLOCK_SIZE] = K_MIN_BLOCK_SIZE
+        if self.rounds_plainly:
+            return out
+        big = s >= K_MIN_BLOCK_SIZE
+        # frexp is exact for integers below 2**53: s = m * 2**e with 0.5 <= m < 1.
+        bits = np.frexp(np.maximum(s, 1).astype(np.float64))[1].astype(np.int64)
+        index = np.clip(bits - 1 - 20, 0, N_ROUNDUP_INTERVALS - 1)
+        divs = np.asarray(self.roundup_power2_divisions, dtype=np.int64)[index]
+        use = big & (divs > 1) & (s > K_MIN_BLOCK_SIZE * divs)
+        if not use.any():
+            return out
+        su, du, bu = s[use], divs[use], bits[use]
+        power2_floor = np.left_shift(np.int64(1), bu - 1)
+        dbits = np.frexp(du.astype(np.float64))[1].astype(np.int64)  # bit_length(d)
+        step = np.right_shift(power2_floor, dbits - 1)
+        floor = su & ~(np.maximum(step, 1) - 1)
+        rounded = np.where(floor == su, su, floor + step)
+        rounded = np.where(step == 0, power2_floor << 1, rounded)
+        rounded = np.where(su & (su - 1) == 0, su, rounded)
+        out[use] = rounded
+        return out
+
+    def allocation_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``allocation_size`` of every (already rounded) element."""
+        s = np.asarray(sizes, dtype=np.int64)
+        large = ((s + (K_ROUND_LARGE - 1)) // K_ROUND_LARGE) * K_ROUND_LARGE
+        out = np.where(s < K_MIN_LARGE_ALLOC, np.int64(self.large_segment_size), large)
+        return np.where(s <= K_SMALL_SIZE, np.int64(K_SMALL_BUFFER), out)
+
+
+def recorded_settings(raw: dict[str, Any], conf: str = "") -> tuple[AllocatorConfig, list[str]]:
+    """The effective config a snapshot recorded, and what in it could not be read.
+
+    The dict holds the effective values of the keys it knows; keys it lacks
+    (``max_non_split_rounding_mb``, ``large_segment_size_mb``,
+    ``per_process_memory_fraction``) are recovered from the raw string. Unlike
+    ``AllocatorConfig.parse`` (a setting the user asks for, refused with a
+    ``ConfigError``) this reads what a file says: a key torch would refuse, or a
+    value of the wrong type or range, is skipped and named in the returned
+    problems, so a report can warn about it and go on under the defaults.
+    """
+    problems: list[str] = []
+    cfg = AllocatorConfig()
+    if conf:
+        try:
+            pairs = _split_conf(conf)
+        except ConfigError as exc:
+            problems.append(f"PYTORCH_CUDA_ALLOC_CONF {conf[:80]!r}: {exc}")
+            pairs = []
+        for key, value in pairs:
+            try:
+                cfg = _apply(cfg, key, value)
+            except ConfigError as exc:
+                problems.append(str(exc))
+    if not raw:
+        return cfg, problems
+
+    def bad(key: str, value: Any) -> None:
+        problems.append(f"allocator_settings.{key} = {str(value)[:40]!r} is not a value torch accepts")
+
+    mss = raw.get("max_split_size")
+    if mss is not None:
+        if isinstance(mss, int) and not isinstance(mss, bool) and (mss < 0 or mss >= K_LARGE_BUFFER):
+            cfg = replace(cfg, max_split_size=UNLIMITED if mss < 0 else mss)
+        else:
+            bad("max_split_size", mss)
+    gct = raw.get("garbage_collection_threshold")
+    if gct is not None:
+        if isinstance(gct, (int, float)) and not isinstance(gct, bool) and 0.0 <= gct < 1.0:
+            cfg = replace(cfg, garbage_collection_threshold=float(gct))
+        else:
+            bad("garbage_collection_threshold", gct)
+    exp = raw.get("expandable_segments")
+    if exp is not None:
+        if isinstance(exp, bool):
+            cfg = replace(cfg, expandable_segments=exp)
+        else:
+            bad("expandable_segments", exp)
+    rpd = raw.get("roundup_power2_divisions")
+    if isinstance(rpd, dict):
+        values = list(cfg.roundup_power2_divisions)
+        for i, key in enumerate(ROUNDUP_KEYS):
+            v = rpd.get(key)
+            if v is None:
+                continue
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0 and not v & (v - 1):
+                values[i] = v
+            else:
+                bad(f"roundup_power2_divisions.{key}", v)
+        cfg = replace(cfg, roundup_power2_divisions=tuple(values))
+    elif rpd is not None:
+        bad("roundup_power2_divisions", rpd)
+    return cfg, problems
+
+
+def is_small(size: int) -> bool:
+    """``get_pool``: whether a rounded size is served from the small pool (<= 1 MiB)."""
+    return size <= K_SMALL_SIZE
+
+
+def small_pool(sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """``is_small`` of every (rounded) element."""
+    return np.asarray(sizes) <= K_SMALL_SIZE
+
+
+def limit_refuses(reserved: int, alloc_size: int, limit: int | None) -> bool:
+    """``alloc_block``: with a per-process cap, a new segment (or pages) of
+    ``alloc_size`` is refused without calling the driver when ``reserved +
+    alloc_size`` exceeds it. None: no cap."""
+    return limit is not None and reserved + alloc_size > limit
+
+
+def _roundup_power2_next_division(size: int, divisions: int) -> int:
+    if size & (size - 1) == 0:
+        return size
+    power2_floor = 1 << (size.bit_length() - 1)
+    step = power2_floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return power2_floor << 1
+    floor = size & ~(step - 1)
+    return size if floor == size else floor + step
+
+
+_TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")
+
+
+def _split_conf(conf: str) -> list[tuple[str, str]]:
+    conf = conf.strip()
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(conf):
+        m = _TOKEN.match(conf, pos)
+        if m is None or m.end() == pos:
+            raise ConfigError(f"cannot parse allocator setting near {conf[pos : pos + 40]!r}")
+        out.append((m.group(1), m.group(2)))
+        pos = m.end()
+    return out
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    if value in ("True", "true", "1"):
+        return True
+    if value in ("False", "false", "0"):
+        return False
+    raise ConfigError(f"{key} expects True or False, got {value!r}")
+
+
+def _parse_int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{key} expects an integer, got {value!r}") from None
+
+
+def _parse_divisions(value: str) -> tuple[int, ...]:
+    """``roundup_power2_divisions``: one value for every interval, or a ``[MB:d,...]`` list.
+
+    Mirrors ``parseRoundUpPower2Divisions`` (c10/core/AllocatorConfig.cpp,
+    torch 2.9+): the FIRST listed key also covers every interval below it; a
+    later key sets only its own interval, so intervals between two listed keys
+    keep 0 (no rounding); ``>`` fills every interval after the last listed key.
+    A key is a power of two in MiB and names the interval starting there.
+    """
+    if not value.startswith("["):
+        d = _parse_int("roundup_power2_divisions", value)
+        if d <= 0 or d & (d - 1):
+            raise ConfigError(f"roundup_power2_divisions value {d} is not a power of 2")
+        return (d,) * N_ROUNDUP_INTERVALS
+    values = [0] * N_ROUNDUP_INTERVALS
+    last = 0
+    first = True
+    for item in filter(None, (p.strip() for p in value[1:-1].split(","))):
+        key, sep, v = item.partition(":")
+        if not sep:
+            raise ConfigError(f"roundup_power2_divisions entry {item!r} is not KEY:VALUE")
+        d = _parse_int("roundup_power2_divisions", v.strip())
+        _check_division(d)
+        key = key.strip()
+        if key == ">":
+            for i in range(last + 1, N_ROUNDUP_INTERVALS):
+                values[i] = d
+            continue
+        mb = _parse_int("roundup_power2_divisions", key)
+        if mb <= 0 or mb & (mb - 1):
+            raise ConfigError(f"roundup_power2_divisions interval {key} is not a power of 2")
+        index = min(mb.bit_length() - 1, N_ROUNDUP_INTERVALS - 1)
+        if first:
+            for i in range(index):
+                values[i] = d
+            first = False
+        values[index] = d
+        last = index
+    return tuple(values)
+
+
+def _check_division(d: int) -> None:
+    if d != 0 and d & (d - 1):
+        raise ConfigError(f"roundup_power2_divisions value {d} is not a power of 2")
+
+
+def _apply(cfg: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
+    if key == "expandable_segments":
+        return replace(cfg, expandable_segments=_parse_bool(key, value))
+    if key == "max_split_size_mb":
+        mb = _parse_int(key, value)
+        # torch accepts values >= kLargeBuffer (20 MiB) and caps them at SIZE_MAX / 1 MiB.
+        if mb < K_LARGE_BUFFER // MB:
+            raise ConfigError(f"max_split_size_mb must be >= {K_LARGE_BUFFER // MB}, got {mb}")
+        return replace(cfg, max_split_size=min(mb, UNLIMITED // MB) * MB)
+    if key == "max_non_split_rounding_mb":
+        mb = _parse_int(key, value)
+        if mb < K_LARGE_BUFFER // MB:
+            raise ConfigError(f"{key} must be >= {K_LARGE_BUFFER // MB}, got {mb}")
+        return replace(cfg, max_non_split_rounding_size=min(mb, UNLIMITED // MB) * MB)
+    if key == "garbage_collection_threshold":
+        try:
+            t = float(value)
+        except ValueError:
+            raise ConfigError(f"{key} expects a number, got {value!r}") from None
+        if not 0.0 < t < 1.0:
+            raise ConfigError(f"{key} must be in (0, 1), got {value}")
+        return replace(cfg, garbage_collection_threshold=t)
+    if key == "roundup_power2_divisions":
+        return replace(cfg, roundup_power2_divisions=_parse_divisions(value))
+    if key == "large_segment_size_mb":
+        mb = _parse_int(key, value)
+        if mb <= 0:
+            raise ConfigError(f"{key} must be positive, got {mb}")
+        return replace(cfg, large_segment_size=mb * MB)
+    if key == "per_process_memory_fraction":
+        try:
+            f = float(value)
+        except ValueError:
+            raise ConfigError(f"{key} expects a number, got {value!r}") from None
+        if not 0.0 < f <= 1.0:
+            raise ConfigError(f"{key} must be in (0, 1], got {value}")
+        return replace(cfg, per_process_memory_fraction=f)
+    if key == "backend" and value not in ("native",):
+        raise ConfigError(f"backend {value!r} keeps no history and cannot be replayed")
+    # Keys that do not change where blocks go (pinned_*, release_lock_on_cudamalloc, ...).
+    return replace(cfg, other=(*cfg.other, (key, value)))

@@ -1,0 +1,194 @@
+"""The memory limit a trace was recorded under, bounded from the trace alone.
+
+A snapshot does not record ``set_per_process_memory_fraction``; ``infer_limit``
+bounds it from what the allocator did (docs/allocator.md, "The limit").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis.allocator.config import AllocatorConfig
+from analysis.allocator.requests import (
+    I64,
+    Requests,
+    _before_completions,
+    _Burst,
+    _bursts,
+    _device,
+    _limit_floor,
+    _recorded_reserved,
+    _request_alloc_size,
+    _request_of,
+    requests_for,
+)
+from analysis.model import INACTIVE, OOM, SEGMENT_ALLOC, SEGMENT_MAP, DeviceData, Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class LimitEstimate:
+    """The interval the memory limit must lie in, from the trace alone.
+
+    ``lower`` is the largest ``reserved + alloc_size`` the limit let through
+    (the peak reserved memory, without expandable segments); ``upper``
+    (None: no evidence of any limit) is one less than the smallest
+    ``reserved + alloc_size`` that the allocator refused: at a flush-and-retry
+    before a new segment, and at an OOM. ``device_full`` is
+    ``reserved + device_free`` at an OOM where the device itself had less free
+    memory than the segment needed (no per-process cap was binding).
+    """
+
+    lower: int
+    upper: int | None
+    device_full: int | None
+    evidence: int  # how many refusals (and GC runs) bound the limit
+    gc_upper: int | None = None  # largest limit under which every recorded GC run starts
+    gc_lower: int | None = None  # least limit under which every miss without a GC run skips it
+
+    @property
+    def binding(self) -> bool:
+        return self.upper is not None or self.device_full is not None or self.gc_upper is not None
+
+    @property
+    def value(self) -> int | None:
+        """The limit to replay under: None when nothing shows one was reached.
+
+        With GC runs recorded it is the largest limit that starts every one of
+        them (the GC's target depends on it); otherwise the least limit the trace
+        allows, which a flush or an OOM already shows was binding.
+        """
+        if self.device_full is not None:
+            return max(self.device_full, self.lower)
+        if self.gc_upper is not None:
+            bound = self.gc_upper if self.upper is None else min(self.gc_upper, self.upper)
+            floor = max(self.lower, self.gc_lower or 0)
+            # Every limit in [floor, bound] starts and skips the GC where the trace
+            # did; the middle keeps the GC's target (reserved - threshold x limit)
+            # nearest to the real one whichever end the real cap lies at.
+            return max(bound, floor) if floor >= bound else (floor + bound) // 2
+        if self.upper is None:
+            return None
+        return self.lower
+
+
+def infer_limit(
+    snapshot: Snapshot,
+    device: DeviceData | int,
+    config: AllocatorConfig | None = None,
+    requests: Requests | None = None,
+) -> LimitEstimate:
+    """The interval the process's memory limit must lie in, from the trace alone.
+
+    The snapshot does not record a per-process cap (``set_per_process_memory_fraction``).
+    Every ``reserved + alloc_size`` checked before a new segment was allowed:
+    ``lower`` is the largest of these. Each time the allocator refused a segment, reserved plus that
+    segment's ``alloc_size`` exceeded the limit: at the flush before a
+    flush-and-retry (``reserved`` before the flush) and at an OOM (``reserved``
+    after the flush). ``upper`` is one less than the smallest such sum. A GC run
+    (``garbage_collection_threshold``) starts only above threshold x limit, which
+    bounds the limit too (``gc_upper``), and so does a miss where it did not run
+    (``gc_lower``). ``requests``: the trace's ``Requests`` if built already.
+    """
+    dev = _device(snapshot, device)
+    req = requests if requests is not None else requests_for(snapshot, dev)
+    cfg = config or req.recorded_config
+    bursts = req.bursts if cfg == req.recorded_config else _bursts(snapshot, dev, cfg)
+    t = dev.trace
+    reserved = _recorded_reserved(dev)
+    lower = _limit_floor(dev, cfg, reserved)
+    upper: int | None = None
+    gc_upper: int | None = None
+    device_full: int | None = None
+    evidence = 0
+    threshold = cfg.garbage_collection_threshold
+    for b in bursts:
+        before = int(reserved[b.start - 1]) if b.start > 0 else 0
+        if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
+            bound = before + _request_alloc_size(dev, cfg, b.request) - 1
+            upper = bound if upper is None else min(upper, bound)
+            evidence += 1
+        elif b.kind == "gc" and threshold > 0:
+            # GC ran: before > int(threshold * limit); the largest such limit.
+            bound = int(before / threshold)
+            while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
+                bound -= 1
+            gc_upper = bound if gc_upper is None else min(gc_upper, bound)
+            evidence += 1
+    gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts) if gc_upper is not None else None
+    for i in np.flatnonzero(t.action == OOM).tolist():
+        need = cfg.allocation_size(int(t.size[i]))
+        bound = int(reserved[i]) + need - 1
+        upper = bound if upper is None else min(upper, bound)
+        evidence += 1
+        device_free = int(t.addr[i])
+        if device_free < need:
+            full = int(reserved[i]) + device_free
+            device_full = full if device_full is None else min(device_full, full)
+    return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
+
+
+def _gc_lower(
+    snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, reserved: I64, bursts: list[_Burst]
+) -> int | None:
+    """A lower bound of the limit from where ``garbage_collect_cached_blocks`` did
+    not run, or stopped (checked on the recorded replay's state).
+
+    With a threshold and a cap, every malloc that misses calls the GC. It frees
+    nothing only when reserved memory is at most ``threshold x limit`` or no
+    whole free segment of the default large pool exists; and once it runs, it
+    stops with such segments left only after reclaiming ``reserved - threshold x
+    limit``. So a miss with no GC frees while a freeable segment existed, and a
+    GC run that left one, each put ``threshold x limit`` at or above what was
+    reserved (minus what that run freed).
+    """
+    from analysis.allocator.recorded import recorded_replay  # local: only GC traces need it
+
+    t = dev.trace
+    act = t.action
+    first_burst: dict[int, _Burst] = {}
+    for b in bursts:
+        if b.request >= 0 and b.kind != "user":
+            first_burst.setdefault(b.request, b)
+    grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
+    if grow.size == 0:
+        return None
+    reqs = _request_of(act, grow)
+    replay = recorded_replay(snapshot, dev)
+
+    def freeable(index: int) -> bool:
+        state = replay.blocks_at(index)
+        return any(
+            seg.pool == 0
+            and seg.segment_type == "large"
+            and not seg.is_expandable
+            and len(seg.blocks) == 1
+            and seg.blocks[0].state == INACTIVE
+            for seg in state.segments
+        )
+
+    need = 0
+    seen: set[int] = set()
+    for i, r in zip(grow.tolist(), reqs.tolist(), strict=True):
+        if r < 0 or r in seen:
+            continue
+        seen.add(r)
+        fb = first_burst.get(r)
+        if fb is not None and fb.kind == "gc":
+            before = int(reserved[fb.start - 1]) if fb.start > 0 else 0
+            freed = before - int(reserved[fb.end])
+            if freeable(fb.end):
+                need = max(need, before - freed)
+        else:
+            # The GC ran after process_events and before the flush's own sync.
+            at = (i if fb is None else _before_completions(act, fb.start) if fb.synced else fb.start) - 1
+            if at >= 0 and freeable(at):
+                need = max(need, int(reserved[at]))
+    if need == 0:
+        return None
+    threshold = cfg.garbage_collection_threshold
+    bound = int(need / threshold)
+    while cfg.gc_threshold_bytes(bound) < need:
+        bound += 1
+    return bound

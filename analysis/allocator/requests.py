@@ -1,0 +1,585 @@
+"""Trace -> requests: what the policy replay is fed, built once per device trace.
+
+The policy replay (``policy.simulate``) forgets every decision the allocator
+made and keeps the *requests*: the ``alloc`` sizes with their stream and pool,
+the order of the frees, cross-stream frees that complete later, ``oom``
+requests, and the ``empty_cache()`` calls made by user code. Telling those
+calls apart from the flushes a malloc makes itself (the GC,
+``release_available_cached_blocks``, ``release_cached_blocks``) is the work of
+``_bursts``. ``build_requests`` does it all once and returns a ``Requests``,
+which every ``simulate`` / ``replay_check`` / ``whatif`` / ``infer_limit`` of the
+same trace takes (``requests=``); only the rounding depends on the settings
+replayed, and ``Requests.lists`` keeps one rounding per distinct
+``roundup_power2_divisions``.
+
+``requests_for`` remembers the last few built, by the identity of the trace's
+action column held through a weak reference (an entry dies with its trace),
+for callers that do not pass them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.allocator.config import (
+    K_SMALL_BUFFER,
+    UNLIMITED,
+    AllocatorConfig,
+    is_small,
+    limit_refuses,
+    small_pool,
+)
+from analysis.model import (
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    INACTIVE,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    DeviceData,
+    Snapshot,
+)
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+
+# Operation codes of the request stream.
+_OP_ALLOC, _OP_FREE, _OP_FREE_REQ, _OP_FREE_DONE, _OP_OOM, _OP_FLUSH = 0, 1, 2, 3, 4, 5
+
+_SEGMENT_ACTIONS = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
+
+
+def _device(snapshot: Snapshot, device: DeviceData | int) -> DeviceData:
+    return device if isinstance(device, DeviceData) else snapshot.device(device)
+
+
+def _recorded_reserved(device: DeviceData) -> I64:
+    """Reserved bytes after every event, from the recorded segment events."""
+    t = device.trace
+    delta = np.zeros(len(t), np.int64)
+    grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
+    shrink = (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)
+    delta[grow] = t.size[grow]
+    delta[shrink] = -t.size[shrink]
+    return np.cumsum(delta)
+
+
+@dataclass(frozen=True, slots=True)
+class _Burst:
+    start: int  # first segment_free/segment_unmap of the run
+    end: int  # last one
+    # "user" (empty_cache), "retry" (flush before a new segment), "avail" (release_available_cached_blocks),
+    # "gc", "oom"
+    kind: str
+    request: int  # event index of the request that followed (-1: none)
+    # The free_completed entries right before the run are its own flush's
+    # synchronize_and_free_events (retry and oom runs only; see _synced_before).
+    synced: bool = False
+    # The run right before it, in the same malloc, was the GC or release_available
+    # (the refusal that bounds the limit was seen there).
+    second: bool = False
+
+
+def _request_of(act: npt.NDArray[np.int8], idx: I64) -> I64:
+    """For each event index, the next request (alloc or oom) at or after it; -1 if none."""
+    requests = np.flatnonzero((act == ALLOC) | (act == OOM))
+    if requests.size == 0:
+        return np.full(idx.shape, -1, np.int64)
+    pos = np.searchsorted(requests, idx)
+    return np.where(pos < requests.shape[0], requests[np.minimum(pos, requests.shape[0] - 1)], -1)
+
+
+def _request_alloc_size(device: DeviceData, cfg: AllocatorConfig, req: int) -> int:
+    """``alloc_size`` of the request at event ``req`` (an oom entry's size is already rounded)."""
+    t = device.trace
+    size = int(t.size[req]) if t.action[req] == OOM else cfg.round_size(int(t.size[req]))
+    return cfg.allocation_size(size)
+
+
+def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int:
+    """The least limit the trace is consistent with.
+
+    Every new segment was allowed *before* it was made: ``alloc_block`` checks
+    ``reserved + alloc_size``. That is the level reached for a cudaMalloc'd
+    segment; with expandable segments the whole pages mapped can end above it
+    (a 12 MiB request checks 12 MiB and maps a 20 MiB page), so the peak
+    reserved memory may exceed the limit there and is not itself a bound.
+    """
+    t = device.trace
+    act = t.action
+    # The cudaMalloc'd segments at the dump were allowed too (all that a partial trace may show).
+    floor = sum(seg.total_size for seg in device.segments if not seg.is_expandable)
+    grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
+    if grow.size == 0:
+        return floor
+    req = _request_of(act, grow)
+    first = np.r_[True, req[1:] != req[:-1]]  # a request may map several ranges
+    for i, r in zip(grow[first].tolist(), req[first].tolist(), strict=True):
+        if r < 0:
+            continue
+        before = int(reserved[i - 1]) if i > 0 else 0
+        floor = max(floor, before + _request_alloc_size(device, cfg, r))
+    return floor
+
+
+def _empty_cache_stacks(snapshot: Snapshot, stack_ids: set[int]) -> dict[int, bool]:
+    """Which of these stacks pass through ``torch.cuda.empty_cache`` (Python frame
+    ``empty_cache``, or the C++ ``emptyCache`` with ``stacks="all"``)."""
+    out = {}
+    for sid in stack_ids:
+        frames = snapshot.stacks.frames_of(sid)
+        out[sid] = any(f.name == "empty_cache" or "emptyCache" in f.name for f in frames)
+    return out
+
+
+def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
+    """Classify each run of segment_free/segment_unmap events.
+
+    A released segment's event carries the stack of the call that released it
+    (with ``context="all"``), else the stack that created the segment. So: a run
+    with ``empty_cache`` on a stack is user code; before an ``oom`` it is the
+    malloc's flush; a run whose stacks differ from the segments' creation stacks
+    was released inside a malloc (the GC when a threshold is recorded and no
+    small-pool segment went, which the GC never frees; else a flush-and-retry).
+    Otherwise (no stacks, or only creation stacks): before a new segment it is
+    the GC (as above) or a flush-and-retry, if the limit could have refused that
+    segment (``reserved + alloc_size`` above the least limit the trace allows,
+    ``_limit_floor``) and the cache held no block for the request (a malloc
+    flushes only after missing); anything else is ``empty_cache()`` by user code.
+    """
+    t = device.trace
+    act = t.action
+    n = len(t)
+    is_rel = (act == SEGMENT_FREE) | (act == SEGMENT_UNMAP)
+    if not is_rel.any():
+        return []
+    reserved = _recorded_reserved(device)
+    floor = _limit_floor(device, cfg, reserved)
+    rel = np.flatnonzero(is_rel)
+    breaks = np.flatnonzero(np.diff(rel) != 1)
+    starts = np.r_[rel[0], rel[breaks + 1]]
+    ends = np.r_[rel[breaks], rel[-1]]
+    reqs = _request_of(act, ends + 1)
+    gc_recorded = cfg.garbage_collection_threshold > 0.0
+    stack_ids = {int(x) for x in t.stack[rel].tolist() if x >= 0}
+    via_empty_cache = _empty_cache_stacks(snapshot, stack_ids)
+    ambiguous = _CacheProbe(snapshot, device, cfg)
+    # Stack of the segment_alloc that created the segment each segment_free releases.
+    created: dict[int, int] = {}
+    last_alloc: dict[int, int] = {}
+    for i in np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_FREE)).tolist():
+        a = int(t.addr[i])
+        if act[i] == SEGMENT_ALLOC:
+            last_alloc[a] = int(t.stack[i])
+        elif a in last_alloc:
+            created[i] = last_alloc.pop(a)
+    out = []
+    later_burst = set(starts.tolist())
+    follows_chained = False  # the run before this one was chained to it (same malloc)
+    for s, e, req in zip(starts.tolist(), ends.tolist(), reqs.tolist(), strict=True):
+        k = e + 1
+        while k < n and act[k] == FREE_COMPLETED:
+            k += 1
+        # Only free_completed entries between this run and the next: the next is the
+        # same malloc's release_cached_blocks (it syncs pending frees first), so this
+        # one ran inside that malloc before it: the GC, or release_available_cached_blocks.
+        chained = k < n and k in later_burst and k > e + 1
+        k = e + 1
+        nxt = int(act[k]) if k < n else -1
+        stacks = t.stack[s : e + 1].tolist()
+        no_small = not (t.size[s : e + 1] == K_SMALL_BUFFER).any()
+        in_malloc = any(x >= 0 and i in created and created[i] != x for i, x in enumerate(stacks, start=s))
+        # With max_split_size too, a run of oversize segments of the request's stream
+        # is release_available's when the GC could not have started: it needs
+        # reserved > threshold x limit, and the limit is at least the floor.
+        gc_like = gc_recorded and no_small
+        if gc_like and s > 0 and int(reserved[s - 1]) <= cfg.gc_threshold_bytes(floor):
+            gc_like = not _looks_like_release_available(device, cfg, s, e, req)
+        if any(x >= 0 and via_empty_cache[x] for x in stacks):
+            kind = "user"
+        elif nxt == OOM:
+            kind = "oom"
+        elif chained:
+            kind = "gc" if gc_like else "avail"
+        elif follows_chained:
+            kind = "retry"  # release_cached_blocks after the GC or release_available did not make room
+        elif in_malloc:
+            kind = "gc" if gc_like else "retry"
+        elif nxt in (SEGMENT_ALLOC, SEGMENT_MAP) and req >= 0:
+            before = int(reserved[s - 1]) if s > 0 else 0
+            refusable = limit_refuses(before, _request_alloc_size(device, cfg, req), floor)
+            if not refusable and not gc_like:
+                kind = "user"  # the limit could not have refused that segment
+            elif ambiguous.served(_before_completions(act, s) - 1, req):
+                # The cache held a block for the request: a malloc would not have
+                # flushed. (Checked before the free_completed entries right before the
+                # run: a flush syncs pending frees first, so they may be its own.)
+                kind = "user"
+            else:
+                kind = "gc" if gc_like else "retry"
+        else:
+            kind = "user"
+        # A run release_available could have made on its own (with max_split_size) is
+        # taken for it: it does not sync, so the completions before it are process_events'.
+        synced = (
+            kind in ("retry", "oom")
+            and req >= 0
+            and _synced_before(device, s, e)
+            and not _looks_like_release_available(device, cfg, s, e, req)
+        )
+        out.append(_Burst(s, e, kind, req, synced, follows_chained))
+        follows_chained = chained and kind != "user"
+    return out
+
+
+def _looks_like_release_available(device: DeviceData, cfg: AllocatorConfig, s: int, e: int, req: int) -> bool:
+    """Whether the segment_free run [s, e] can be release_available_cached_blocks
+    for request ``req`` (only with ``max_split_size``): oversize segments of the
+    request's stream, one (the smallest that fits) or several from the largest down.
+    The GC instead frees old segments of any size and stream, in the pool's order."""
+    mss = cfg.max_split_size
+    if mss == UNLIMITED or req < 0:
+        return False
+    t = device.trace
+    stream = int(t.stream[req])
+    sizes = t.size[s : e + 1]
+    if (t.action[s : e + 1] != SEGMENT_FREE).any() or (sizes < mss).any() or (t.stream[s : e + 1] != stream).any():
+        return False
+    return bool((np.diff(sizes) <= 0).all())
+
+
+def _before_completions(act: npt.NDArray[np.int8], s: int) -> int:
+    """The start of the run of free_completed entries that ends right before ``s``."""
+    j = s
+    while j > 0 and act[j - 1] == FREE_COMPLETED:
+        j -= 1
+    return j
+
+
+def _synced_before(device: DeviceData, s: int, e: int) -> bool:
+    """Whether the free_completed entries right before the segment_free run [s, e]
+    (a malloc's flush) were emitted by that flush's synchronize_and_free_events.
+
+    In one malloc, ``process_events`` completes finished cross-stream frees first
+    (before ``get_free_block``); ``release_cached_blocks`` syncs the rest later,
+    after ``release_available_cached_blocks`` (with ``max_split_size``) may have
+    freed oversize segments, which does not sync. When that step freed nothing the
+    run is one ``release_blocks`` pass, in the pool's order (large pool, then small;
+    by stream, size, address), and the completions before it are the flush's own,
+    or ``process_events``' right before them: treating all as the flush's is then
+    harmless (the request missed either way, and the flush syncs everything). A
+    run out of that order starts with release_available's frees: the completions
+    came before those, from ``process_events``.
+    """
+    t = device.trace
+    act, addr = t.action, t.addr
+    j = s - 1
+    if j < 0 or act[j] != FREE_COMPLETED or (j > 0 and act[j - 1] == FREE_REQUESTED and addr[j - 1] == addr[j]):
+        return False
+    streams = device.streams
+    order = [
+        (int(t.size[i]) == K_SMALL_BUFFER, streams[int(t.stream[i])] if streams else 0, int(t.size[i]), int(addr[i]))
+        for i in range(s, e + 1)
+        if act[i] == SEGMENT_FREE
+    ]
+    return order == sorted(order)
+
+
+class _CacheProbe:
+    """Whether the recorded cache could serve a request, checked on the recorded
+    replay's state (built only if a burst needs it: a malloc flushes only after
+    ``get_free_block`` missed)."""
+
+    def __init__(self, snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> None:
+        self.snapshot, self.device, self.cfg = snapshot, device, cfg
+        self._replay: Any = None
+        self._pools: npt.NDArray[np.int32] | None = None
+
+    def served(self, index: int, req: int) -> bool:
+        if index < 0:
+            return False
+        if self._replay is None:
+            from analysis.allocator.recorded import recorded_replay  # local: needed for rare traces only
+
+            self._replay = recorded_replay(self.snapshot, self.device)
+            self._pools = _event_pools(self.device)
+        assert self._pools is not None
+        t, cfg = self.device.trace, self.cfg
+        size = int(t.size[req]) if t.action[req] == OOM else cfg.round_size(int(t.size[req]))
+        small = is_small(size)
+        stream, pool = int(t.stream[req]), int(self._pools[req])
+        for seg in self._replay.blocks_at(index).segments:
+            if seg.stream != stream or seg.pool != pool or (seg.segment_type == "small") != small:
+                continue
+            if any(b.state == INACTIVE and cfg.block_fits(b.size, size) for b in seg.blocks):
+                return True
+        return False
+
+
+def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: I32) -> tuple[Any, ...]:
+    """The request stream (config-free): event indices, op codes, recorded addresses,
+    sizes, which are oom entries, and the (pool, stream) lane of each."""
+    t = dev.trace
+    user = [(b.start, b.end) for b in bursts if b.kind == "user"]
+    malloc_flushes = tuple((b.start, b.request) for b in bursts if b.synced)
+    n = len(t)
+    act = t.action
+    addr = t.addr
+    op = np.full(n, -1, np.int8)
+    is_fr = act == FREE_REQUESTED
+    is_fc = act == FREE_COMPLETED
+    paired = np.zeros(n, bool)
+    if n > 1:
+        paired[:-1] = is_fr[:-1] & is_fc[1:] & (addr[1:] == addr[:-1])
+    completes = np.zeros(n, bool)
+    completes[1:] = paired[:-1]
+    # skip_actions (torch 2.10+) may drop one of the two: the other is then the free.
+    if not is_fc.any():
+        paired = is_fr
+    elif not is_fr.any():
+        paired, completes = is_fc, np.zeros(n, bool)
+    op[act == ALLOC] = _OP_ALLOC
+    op[paired] = _OP_FREE
+    op[is_fr & ~paired] = _OP_FREE_REQ
+    op[is_fc & ~completes & ~paired] = _OP_FREE_DONE
+    op[act == OOM] = _OP_OOM
+    for start, _end in user:
+        op[start] = _OP_FLUSH
+    sel = np.flatnonzero(op >= 0)
+    ops = op[sel]
+    raddr = addr[sel]
+    if user:  # a flush carries the end of its burst instead of an address
+        pos = np.searchsorted(sel, [start for start, _end in user])
+        raddr[pos] = [end for _start, end in user]
+    # A flush inside malloc (release_cached_blocks, after get_free_block missed and
+    # the limit refused a segment) first runs synchronize_and_free_events: the
+    # free_completed entries right before its segment_free run are its own doing,
+    # not frees the request could have used. The model makes that flush itself, so
+    # those completions move to just after the request: under the recorded settings
+    # the model's flush has synced them already; under others, a block whose
+    # stream work was only forced to finish by the flush finishes then.
+    late: list[tuple[int, int]] = []
+    for start, request in malloc_flushes:
+        j = start - 1
+        while j >= 0 and op[j] == _OP_FREE_DONE:
+            late.append((j, request))
+            j -= 1
+    if late:
+        order_key = sel.astype(np.float64)
+        order_key[np.searchsorted(sel, [j for j, _r in late])] = [r + 0.5 for _j, r in late]
+        order = np.argsort(order_key, kind="stable")
+        sel, ops, raddr = sel[order], ops[order], raddr[order]
+    ns = max(len(dev.streams), 1)
+    lane = None
+    if not (ns == 1 and len(snapshot.pools) == 1):
+        lane = _lanes(pools, t.stream, sel, ns)
+    return sel, ops.tolist(), raddr.tolist(), t.size[sel], ops == _OP_OOM, lane
+
+
+def _lanes(pools: I32, stream: npt.NDArray[Any], events: npt.ArrayLike, n_streams: int) -> I64:
+    """The (pool, stream) lane of requests at trace ``events``: ``pool * 2 * streams + stream``; the
+    free-list index adds ``large * streams`` (``_free_lists``). The model's only spelling of it."""
+    idx = np.asarray(events, np.int64)
+    return pools[idx].astype(np.int64) * 2 * n_streams + stream[idx]
+
+
+def _free_lists(rounded: I64, lane: I64 | None, n_streams: int) -> npt.NDArray[Any]:
+    """Free-list index of requests of ``rounded`` sizes in their lanes (small pool 0, large 1, per lane)."""
+    large = ~small_pool(rounded)
+    return large.view(np.int8) if lane is None else lane + large * n_streams
+
+
+def _event_pools(dev: DeviceData) -> npt.NDArray[np.int32]:
+    """Pool of every event, recovering what torch 2.11 traces leave out.
+
+    Before ``pool_id`` was recorded on trace entries (2.12), every event reads as
+    the default pool even while a CUDA graph captured into a private one. The
+    final ``segments`` do name each live segment's pool, and every block lies in
+    a segment, so an event's pool is that of the recorded segment holding its
+    address at the time. Segments released before the dump (a deleted graph's
+    pool, or default-pool segments freed by a flush) read as the default pool.
+    """
+    t = dev.trace
+    if (t.pool != 0).any() or not any(seg.pool != 0 for seg in dev.segments):
+        return t.pool
+    act = t.action
+    final = sorted((seg.address, seg.address + seg.total_size, seg.pool) for seg in dev.segments)
+    final_starts = [f[0] for f in final]
+
+    def final_pool(addr: int) -> int:
+        i = bisect_left(final_starts, addr + 1) - 1
+        return final[i][2] if i >= 0 and addr < final[i][1] else 0
+
+    seg_events = np.flatnonzero(np.isin(act, _SEGMENT_ACTIONS))
+    # A segment_alloc's segment lives to the end unless a later segment_free has its address.
+    survives = {}
+    freed_later: set[int] = set()
+    for i in seg_events[::-1].tolist():
+        a = int(t.addr[i])
+        if act[i] == SEGMENT_FREE:
+            freed_later.add(a)
+        elif act[i] == SEGMENT_ALLOC:
+            survives[i] = a not in freed_later
+            freed_later.discard(a)
+    pools = np.zeros(len(t), np.int32)
+    live: dict[int, tuple[int, int]] = {}  # start -> (end, pool)
+    has_addr = (act == ALLOC) | (act == FREE_REQUESTED) | (act == FREE_COMPLETED)
+    bounds = [*seg_events.tolist(), len(t)]
+    prev = -1
+    for i in bounds:
+        lo, hi = prev + 1, i
+        if hi > lo and live:
+            idx = lo + np.flatnonzero(has_addr[lo:hi])
+            if idx.size:
+                starts = sorted(live)
+                sa = np.asarray(starts, np.int64)
+                ends = np.asarray([live[x][0] for x in starts], np.int64)
+                pl = np.asarray([live[x][1] for x in starts], np.int32)
+                addr = t.addr[idx]
+                pos = np.searchsorted(sa, addr, side="right") - 1
+                ok = (pos >= 0) & (addr < ends[np.maximum(pos, 0)])
+                pools[idx] = np.where(ok, pl[np.maximum(pos, 0)], 0)
+        if i < len(t):
+            a, size, kind = int(t.addr[i]), int(t.size[i]), int(act[i])
+            if kind == SEGMENT_ALLOC:
+                live[a] = (a + size, final_pool(a) if survives.get(i) else 0)
+                pools[i] = live[a][1]
+            elif kind == SEGMENT_MAP:
+                live[a] = (a + size, final_pool(a))
+                pools[i] = live[a][1]
+            elif kind == SEGMENT_FREE:
+                pools[i] = live.pop(a, (0, 0))[1]
+            else:  # SEGMENT_UNMAP: cut [a, a + size) out of the mapped ranges
+                for start, (end, pool) in list(live.items()):
+                    if end <= a or start >= a + size:
+                        continue
+                    pools[i] = pool
+                    del live[start]
+                    if start < a:
+                        live[start] = (a, pool)
+                    if end > a + size:
+                        live[a + size] = (end, pool)
+        prev = i
+    return pools
+
+
+def _freeable_from(dev: DeviceData, pools: npt.NDArray[np.int32]) -> dict[int, int]:
+    """Private pool -> first event index where the trace shows it being released."""
+    t = dev.trace
+    rel = np.flatnonzero(((t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)) & (pools != 0))
+    out: dict[int, int] = {}
+    for i in rel.tolist():
+        out.setdefault(int(pools[i]), i)
+    return out
+
+
+@dataclass
+class Requests:
+    """One device trace as the policy replay's input (see the module docstring)."""
+
+    recorded_config: AllocatorConfig
+    bursts: list[_Burst]
+    pools: I32  # the pool of every event (torch 2.11 traces recover it from the segments)
+    freeable_from: dict[int, int]  # private pool -> first event showing it released
+    recorded_segments: tuple[list[int], list[int], list[int]]  # (action, size, address) of each segment event
+    events: npt.NDArray[np.intp]  # trace index of each request
+    ops: list[int]
+    raddrs: list[int]
+    sizes: I64
+    is_oom: npt.NDArray[np.bool_]
+    lane: I64 | None  # (pool * 2) * streams + stream per request; None: one pool, one stream
+    n_streams: int
+    _rounded: dict[tuple[int, ...], tuple[list[int], list[int]]] = field(default_factory=dict)
+
+    def lists(self, cfg: AllocatorConfig) -> tuple[list[int], list[int]]:
+        """Rounded size and free-list index of every request under ``cfg``'s rounding."""
+        key = cfg.roundup_power2_divisions
+        hit = self._rounded.get(key)
+        if hit is not None:
+            return hit
+        rounded = cfg.round_sizes(self.sizes)
+        if self.is_oom.any():  # an oom entry's size is already the rounded request
+            rounded[self.is_oom] = self.sizes[self.is_oom]
+        out = (rounded.tolist(), _free_lists(rounded, self.lane, self.n_streams).tolist())
+        if len(self._rounded) >= 4:
+            del self._rounded[next(iter(self._rounded))]
+        self._rounded[key] = out
+        return out
+
+    def with_tail(
+        self, dev: DeviceData, cfg: AllocatorConfig, tail: Any
+    ) -> tuple[npt.NDArray[np.intp], list[int], list[int], list[int], list[int]]:
+        """(events, ops, raddrs, sizes, free lists) cut before ``tail.cut`` with the projected tail's
+        requests after them (``ProjectedTail``, ``analysis.projection``); new lists, since the cut
+        ones are shared by every config that rounds alike."""
+        sizes, lks = self.lists(cfg)
+        keep = int(np.searchsorted(self.events, tail.cut, side="left"))
+        if not len(tail.alloc):
+            return self.events[:keep], self.ops[:keep], self.raddrs[:keep], sizes[:keep], lks[:keep]
+        n = len(dev.trace)
+        rounded = cfg.round_sizes(np.asarray(tail.size, np.int64))
+        rounded[0] = tail.size[0]  # request 0 is the oom entry: its size is already rounded
+        lane = None if self.lane is None else _lanes(self.pools, dev.trace.stream, tail.like, self.n_streams)
+        tail_events = np.r_[tail.cut, n + np.arange(1, len(tail.alloc))].astype(self.events.dtype)
+        return (
+            np.r_[self.events[:keep], tail_events],
+            self.ops[:keep] + [_OP_ALLOC if a else _OP_FREE for a in tail.alloc],
+            self.raddrs[:keep] + list(tail.addr),
+            sizes[:keep] + rounded.tolist(),
+            lks[:keep] + _free_lists(rounded, lane, self.n_streams).tolist(),
+        )
+
+
+def build_requests(snapshot: Snapshot, device: DeviceData | int) -> Requests:
+    """The ``Requests`` of one device trace (see the module docstring)."""
+    dev = _device(snapshot, device)
+    recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+    bursts = _bursts(snapshot, dev, recorded)
+    pools = _event_pools(dev)
+    events, ops, raddrs, sizes, is_oom, lane = _stream_of(snapshot, dev, bursts, pools)
+    t = dev.trace
+    seg = np.flatnonzero(np.isin(t.action, _SEGMENT_ACTIONS))
+    segments = (t.action[seg].tolist(), t.size[seg].tolist(), t.addr[seg].tolist())
+    return Requests(
+        recorded,
+        bursts,
+        pools,
+        _freeable_from(dev, pools),
+        segments,
+        events,
+        ops,
+        raddrs,
+        sizes,
+        is_oom,
+        lane,
+        max(len(dev.streams), 1),
+    )
+
+
+# (weak reference to a trace's action column, its Requests), newest last.
+_MEMO: list[tuple[weakref.ref[Any], Requests]] = []
+
+
+def requests_for(snapshot: Snapshot, device: DeviceData | int) -> Requests:
+    """``build_requests``, remembered for the last few traces: a report replays one
+    trace several times (the check and each what-if). Matched by the identity of
+    the live trace (a weak reference), never by an ``id()`` that a freed trace
+    could pass on to a new one."""
+    dev = _device(snapshot, device)
+    action = dev.trace.action
+    for ref, req in _MEMO:
+        if ref() is action:
+            return req
+    req = build_requests(snapshot, dev)
+    _MEMO[:] = [(r, q) for r, q in _MEMO if r() is not None][-3:]
+    _MEMO.append((weakref.ref(action), req))
+    return req
