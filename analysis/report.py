@@ -38,8 +38,10 @@ from analysis.categories import (
     optimizer_windows,
 )
 from analysis.config import UNLIMITED, AllocatorConfig
+from analysis.decision import decide
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.oom import explain_oom, oom_indices
+from analysis.ooms import list_ooms
 from analysis.parallel import Pending, Pool
 from analysis.reader import read_snapshot
 from analysis.replay import AllocatorState, recorded_replay
@@ -54,7 +56,7 @@ from analysis.stacks import (
     totals_by_group,
 )
 from analysis.steps import Steps, find_steps, first_growth_step, per_step_figures
-from analysis.timeline import build_timeline, columns_of
+from analysis.timeline import build_timeline, columns_of, settle_fused_frees
 
 SCHEMA = "oomscope.report/1"
 Progress = Callable[[str, float], None]
@@ -180,6 +182,7 @@ def _build_report(
         ctx: advice_mod.AdviceContext = dev_report.pop("_advice_context")
         ctx.capture = capture
         dev_report["suggestions"] = advice_mod.advise(ctx)
+        dev_report["decision"] = decide(dev_report, capture)
     report_progress("analysing", 1.0)
     return {
         "schema": SCHEMA,
@@ -259,7 +262,8 @@ class _DeviceAnalysis:
             planned = self._submit_whatifs(pool, user_whatifs, limit, None, steps)
         lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
         guess = _requested_peak_guess(lifetimes, n)
-        keep = [i for i in (guess, self.oom_index) if i is not None and i >= 0]
+        reserved_peak = int(_reserved_from_segments_events(dev).argmax()) if n else None  # its segment map
+        keep = [i for i in (guess, self.oom_index, reserved_peak) if i is not None and i >= 0]
         replay = recorded_replay(snapshot, dev, keep_at=keep)
         self.replay = replay
         progress("replaying", 0.5)
@@ -301,6 +305,7 @@ class _DeviceAnalysis:
             if n
             else None
         )
+        timeline = settle_fused_frees(timeline, cols, trace)
 
         # Moments whose live blocks are attributed to stacks.
         moments = [_Moment("peak", replay.peak_allocated_index, replay.blocks_at(replay.peak_allocated_index))]
@@ -370,6 +375,7 @@ class _DeviceAnalysis:
             "events": n,
             "summary": summary,
             "oom": oom,
+            "ooms": list_ooms(trace, cols, peak_reserved=replay.peak_reserved, limit=limit, settings=snapshot.settings),
             "steps": step_rows,
             "step_source": steps.source,
             "first_growth_step": first_growth_step(step_rows),
@@ -379,7 +385,8 @@ class _DeviceAnalysis:
             "replay": check,
             "suggestions": [],
             "moments": {m.name: m.index for m in moments},
-            "segment_maps": {m.name: segment_map(m.state, catalog) for m in moments if m.name in ("peak", "oom")},
+            "segment_maps": {m.name: segment_map(m.state, catalog) for m in moments if m.name in ("peak", "oom")}
+            | ({"reserved_peak": segment_map(replay.blocks_at(replay.peak_reserved_index), catalog)} if n else {}),
             "categories": {
                 "event_index": int(replay.peak_allocated_index),
                 "bytes": categories,

@@ -158,3 +158,44 @@ def timeline_window(
         "full_detail": bool(points.size == hi - lo),
         **series_at(columns, times, points),
     }
+
+
+def settle_fused_frees(
+    timeline: dict[str, Any] | None, columns: Mapping[str, I64], trace: Any
+) -> dict[str, Any] | None:
+    """Move each plotted ``free_requested`` point that its ``free_completed`` follows at once onto that next event.
+
+    Between the two, torch's own counters disagree for one event: ``allocated``
+    has dropped (in ``free()``) while ``requested`` (and ``active``) drop only when
+    the block is really freed. A plot that lands on that instant shows requested
+    above allocated; the next event has the same allocated and reserved bytes (a
+    completed free changes neither), so the extremes stay exact. Genuinely
+    pending frees (``record_stream``: the completion comes later) are kept.
+    """
+    if not timeline:
+        return timeline
+    from analysis.model import FREE_COMPLETED, FREE_REQUESTED
+
+    action = np.asarray(trace.action)
+    addr = np.asarray(trace.addr)
+    points = np.asarray(timeline["index"], np.int64)
+    n = action.shape[0]
+    if points.size == 0 or n < 2:
+        return timeline
+    nxt = np.minimum(points + 1, n - 1)
+    fused = (
+        (action[points] == FREE_REQUESTED)
+        & (points + 1 < n)
+        & (action[nxt] == FREE_COMPLETED)
+        & (addr[nxt] == addr[points])
+    )
+    if not fused.any():
+        return timeline
+    settled = np.unique(np.where(fused, nxt, points))
+    out = dict(timeline)
+    out.update(series_at(columns, np.asarray(trace.time_us, np.int64), settled))
+    out["points"] = int(settled.size)
+    # A full-detail timeline loses those instants: it is then a (lossless for
+    # reserved and allocated) selection of the events.
+    out["downsampled"] = bool(settled.size < action.shape[0])
+    return out
