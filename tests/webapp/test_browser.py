@@ -34,7 +34,9 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+# Screenshots go to test-results/ (ignored); OOMSCOPE_SCREENSHOTS=docs/screenshots refreshes the
+# committed ones on purpose.
+SCREENSHOTS = Path(os.environ.get("OOMSCOPE_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "test-results")
 
 # Collects CSP violations from inside the page (init scripts run outside the page's CSP).
 WATCH_CSP = """
@@ -50,6 +52,7 @@ def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip("no Debian chromium at /usr/bin/chromium (apt-get install -y chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     # Playwright's sync API keeps an asyncio loop running in this thread; Django's ORM refuses to run
     # while one is, although these tests never use it concurrently (the documented pytest-django +
     # playwright setting).
@@ -102,6 +105,24 @@ class Visit:
             self.page.wait_for_function("document.body.dataset.chartsDrawn !== undefined", timeout=60_000)
         self.page.wait_for_timeout(300)
 
+    def open_folds(self) -> None:
+        """Open every folded section; charts.js draws the charts inside as each opens."""
+        self.page.evaluate("document.querySelectorAll('details').forEach((d) => { d.open = true; })")
+        self.wait_for(
+            "() => document.body.dataset.chartsDrawn === document.body.dataset.chartsTotal"
+            " || document.querySelector('[data-rendered=error]') !== null"
+        )
+        self.page.wait_for_timeout(200)
+
+    def wait_for(self, predicate: str, timeout_s: float = 60) -> None:
+        """Poll a JS predicate with ``evaluate`` (``wait_for_function`` evals a string, which the CSP forbids)."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not self.page.evaluate(predicate):
+            assert time.monotonic() < deadline, f"timed out waiting for {predicate}"
+            self.page.wait_for_timeout(50)
+
     def errors(self) -> list[str]:
         return [line for line in self.console if line.startswith(("error", "pageerror"))]
 
@@ -117,6 +138,7 @@ def _expected_figures(charts: dict[str, dict[str, Any]]) -> int:
 
 
 def _check_page(visit: Visit, charts: dict[str, dict[str, Any]], host: str | None) -> None:
+    visit.open_folds()
     assert visit.errors() == []
     assert visit.csp_violations() == []
     assert visit.page.evaluate("document.body.dataset.chartsDrawn") == str(len(charts))
@@ -293,3 +315,84 @@ def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_serv
                 assert page.errors() == [] and page.csp_violations() == []
         finally:
             page.close()
+
+
+def _analysed(project: Any, user: Any, case: str) -> Any:
+    from tests.webapp.helpers import FIXTURES
+    from webapp.snapshots.models import Upload
+    from webapp.snapshots.tasks import analyse_upload
+
+    upload = make_upload(project, user, FIXTURES / f"{case}.pickle.gz", run=case)
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE, (upload.error_code, upload.error_message)
+    return upload
+
+
+def _truth(case: str) -> dict[str, Any]:
+    from tests.webapp.helpers import FIXTURES
+
+    return json.loads((FIXTURES / f"{case}.truth.json").read_text())
+
+
+def _session_cookie(client: Any, user: Any, live_server: Any) -> list[dict[str, Any]]:
+    client.force_login(user)
+    return [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "frag_oom", "infer_varbatch"])
+def test_decision_screen_comes_first(
+    case: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    """The first screen answers: the verdict, the change to copy, what the replay says it buys."""
+    from django.urls import reverse
+
+    from analysis.decision import format_size
+
+    upload = _analysed(alpha, alice, case)
+    truth = _truth(case)
+    visit = Visit(
+        browser,
+        live_server.url + reverse("snapshots:detail", args=[upload.code]),
+        _session_cookie(client, alice, live_server),
+    )
+    visit.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
+    try:
+        page = visit.page
+        box = page.locator("section.decision").first
+        # On the first screen (1280x900), above everything else of the report.
+        bounds = box.bounding_box()
+        assert bounds is not None and bounds["y"] + bounds["height"] < 900, bounds
+        headline = box.locator(".headline").inner_text()
+        buys = box.locator(".buys").inner_text()
+        stats = truth["memory_stats"]
+        if truth["oom_message"]:
+            # torch's own wording of the failed request, as its message printed it.
+            tried = re.search(r"Tried to allocate ([0-9.]+ [KMG]iB)", truth["oom_message"]).group(1)
+            assert f"the {tried} request" in headline
+            assert headline.startswith(("Out of memory from fragmentation", "The last of"))
+        if case == "gpt_varlen_oom":
+            line = box.locator("code").first.inner_text()
+            assert line == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+            assert "the OOM is gone" in buys
+            assert f"peak reserved {format_size(stats['reserved_bytes.all.peak'])} →" in buys
+            # The copy button copies the line exactly (our copy.js, no inline handler).
+            box.get_by_role("button", name="Copy").click()
+            visit.wait_for("() => document.querySelector('section.decision button').textContent === 'Copied'")
+            assert page.evaluate("navigator.clipboard.readText()") == line
+        elif case == "frag_oom":
+            assert headline.startswith("The last of 2 OOMs in the trace.")
+            assert box.locator("[data-kind=code]").count() == 1
+            assert page.locator("table.ooms tbody tr").count() == 2  # both OOMs listed
+        else:
+            assert box.locator(".badge").inner_text() == "no OOM"
+            idle_end = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
+            assert f"of the {format_size(stats['reserved_bytes.all.peak'])} reserved held no live block" in headline
+            assert f"at the end {format_size(idle_end)} is idle" in headline
+            assert box.locator("code").first.inner_text() == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        # Everything else folds: the sections below are <details>.
+        assert page.locator("details.fold").count() >= 5
+        assert visit.errors() == [] and visit.csp_violations() == []
+        page.screenshot(path=str(SCREENSHOTS / f"decision-{case}.png"), full_page=False)
+    finally:
+        visit.close()

@@ -47,6 +47,7 @@ from bokeh.models import (
     NumeralTickFormatter,
     Range1d,
     Span,
+    WheelZoomTool,
 )
 from bokeh.plotting import figure
 from bokeh.transform import dodge
@@ -109,7 +110,8 @@ def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         d = dev.get("device", 0)
         builders = (
             ("timeline", _timeline_chart),
-            ("segments-peak", lambda dv: _segment_map_chart(dv, "peak")),
+            # The reserved peak's map where the report has one: the moment the cache was largest.
+            ("segments-peak", lambda dv: _segment_map_chart(dv, _peak_map_key(dv))),
             ("segments-oom", lambda dv: _segment_map_chart(dv, "oom")),
             ("stacks", _icicle_chart),
             ("whatif", _whatif_chart),
@@ -360,7 +362,9 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     source = ColumnDataSource(data)
 
     top = max(float(np.max(data["reserved"])), float((oom or {}).get("limit_bytes") or 0))
-    p = _figure("Memory over time", height=330)
+    # The wheel zooms the time axis (as in memory_viz); the y axis stays from zero to the limit.
+    p = _figure("Memory over time", height=330, tools="pan,xwheel_zoom,box_zoom,reset,save")
+    p.toolbar.active_scroll = p.select_one({"type": WheelZoomTool})
     p.y_range = Range1d(0, top * 1.08 if top > 0 else 1)
     _bytes_ticks(p.yaxis)
     p.yaxis.axis_label = "bytes"
@@ -532,6 +536,10 @@ def _step_bands(
 # ---------------------------------------------------------------- segment maps
 
 
+def _peak_map_key(dev: Mapping[str, Any]) -> str:
+    return "reserved_peak" if (dev.get("segment_maps") or {}).get("reserved_peak") else "peak"
+
+
 def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     """Segments as rows (largest on top), blocks as boxes along each row, coloured by state.
 
@@ -579,7 +587,7 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
             cols["count"].append(blk["count"])
             cols["segment"].append(seg_size)
 
-    when = "peak" if moment == "peak" else "OOM"
+    when = {"peak": "allocated peak", "reserved_peak": "reserved peak"}.get(moment, "OOM")
     at = snap.get("event_index") if isinstance(snap, Mapping) else None
     title = f"Segments at the {when}" + (f" (event {at:,})" if isinstance(at, int) else "")
     if hidden:
@@ -782,7 +790,7 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
             x0 += width
             drawn += 1
     levels = int(max(len(k) for k in nodes))
-    when = "the OOM" if moment == "oom" else "the peak"
+    when = "the OOM" if moment == "oom" else "the allocated peak"
     p = _figure(
         f"Who holds memory at {when}: top stacks by bytes (outermost frame on top)",
         height=min(700, 60 + 30 * min(levels, MAX_ICICLE_DEPTH)),

@@ -62,7 +62,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
             share_link = services.share_url(request, token)
     return {
         "upload": services.upload_dict(upload, request),
-        "report": report.data if report else None,
+        "report": with_decisions(report.data) if report else None,
         "charts": report.charts if report else {},
         "shared": shared,
         "share_url": share_link,
@@ -71,6 +71,17 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
     }
+
+
+def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
+    """Reports stored before ``decision`` existed get it here (a pure function of the report's own keys)."""
+    from analysis.decision import decide
+
+    capture = report.get("capture") or {}
+    for dev in report.get("devices") or []:
+        if isinstance(dev, dict) and "decision" not in dev:
+            dev["decision"] = decide(dev, capture)
+    return report
 
 
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:

@@ -126,3 +126,10 @@ def bokeh_js_url() -> str:
     from django.templatetags.static import static
 
     return static(f"bokeh/{settings.BOKEH_VERSION}/bokeh.min.js")
+
+
+@register.simple_tag
+def chart_item(charts: Any, kind: str, device: Any = None) -> Any:
+    """``{% chart_item charts "timeline" dev.device as tl %}``: the chart's item or None (a section shown only with it)."""
+    name = kind if device is None else f"{kind}-{device}"
+    return charts.get(name) if isinstance(charts, Mapping) else None
