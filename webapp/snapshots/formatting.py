@@ -8,7 +8,6 @@ from typing import Any
 from analysis.decision import format_size
 
 
-
 def format_bytes(n: float | None) -> str:
     """Sizes worded as torch's own messages word them (``format_size``: "710.00 MiB", "1.04 GiB",
     "512 bytes"); the one rule lives in ``analysis.decision.format_size``."""

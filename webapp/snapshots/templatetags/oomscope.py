@@ -130,6 +130,6 @@ def bokeh_js_url() -> str:
 
 @register.simple_tag
 def chart_item(charts: Any, kind: str, device: Any = None) -> Any:
-    """``{% chart_item charts "timeline" dev.device as tl %}``: the chart's item or None (a section shown only with it)."""
+    """``{% chart_item charts "timeline" dev.device as tl %}``: the chart's item or None."""
     name = kind if device is None else f"{kind}-{device}"
     return charts.get(name) if isinstance(charts, Mapping) else None
