@@ -148,18 +148,26 @@ def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
     return JsonResponse(report.data)
 
 
-@api_view(("POST", "DELETE"))
+@api_view(("GET", "POST", "DELETE"))
 def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
+    """GET lists the links; POST (optional ``name``) adds one; DELETE revokes one (``?key=``) or all."""
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
+    if request.method == "GET":
+        links = services.share_links(upload, request)
+        return JsonResponse({"share_url": services.share_url_of(upload, request), "links": links})
     if request.method == "DELETE":
-        revoked = services.share_revoke(upload)
-        return JsonResponse({"share_url": None, "revoked": revoked})
-    token = services.share_create(upload, request.user)  # type: ignore[arg-type]
+        key = request.GET.get("key") or None
+        revoked = services.share_revoke(upload, key)
+        if key is not None and revoked == 0:
+            return _error(404, "share:unknown-link", messages.SHARE_UNKNOWN)
+        return JsonResponse({"share_url": services.share_url_of(upload, request), "revoked": revoked})
+    token = services.share_create(upload, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
     link = services.share_url(request, token)
+    made = next(item for item in services.share_links(upload, request) if item["url"] == link)
     return JsonResponse(
-        {"share_url": link, "markdown": services.markdown_snippet(upload, link)},
+        {"share_url": link, "markdown": services.markdown_snippet(upload, link), "link": made},
         status=201,
     )
 

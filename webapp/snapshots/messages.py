@@ -40,6 +40,7 @@ CSRF_FAILED = "CSRF check failed; reload the page and try again."
 METHOD_NOT_ALLOWED = "Use {methods}."
 SHARE_CREATED = "Share link created. Anyone with the link can read this report."
 SHARE_REVOKED = "Share link revoked."
+SHARE_UNKNOWN = "No live share link with that key: it was revoked already, or belongs to another report."
 
 
 def error_message(code: str, detail: str = "") -> str:

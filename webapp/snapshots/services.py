@@ -295,22 +295,85 @@ def upload_delete_blob_if_unused(upload: Upload) -> None:
 
 # --- share links --------------------------------------------------------------------------
 
+SHARE_TOKEN_SALT = "oomscope.share-link"
+
+
+def share_token(nonce: str) -> str:
+    """A link's token: HMAC(SECRET_KEY, nonce), URL-safe. Stored nowhere; recomputed to show the URL."""
+    import base64
+
+    from django.utils.crypto import salted_hmac
+
+    digest = salted_hmac(SHARE_TOKEN_SALT, nonce, algorithm="sha256").digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
 
 @transaction.atomic
-def share_create(upload: Upload, user: User | None) -> str:
-    """A new read-only link (older live links of the upload are revoked); returns the token."""
-    share_revoke(upload)
-    token = secrets.token_urlsafe(32)
-    ShareLink.objects.create(upload=upload, token_hash=token_hash(token), prefix=token[:6], created_by=user)
+def share_create(upload: Upload, user: User | None, name: str = "") -> str:
+    """A new read-only link (the upload's other links stay live); returns the token."""
+    nonce = secrets.token_urlsafe(24)
+    token = share_token(nonce)
+    ShareLink.objects.create(
+        upload=upload,
+        token_hash=token_hash(token),
+        prefix=token[:6],
+        key=secrets.token_urlsafe(9)[:12],
+        name=(name or "").strip()[:100],
+        nonce=nonce,
+        created_by=user,
+    )
     return token
 
 
-def share_revoke(upload: Upload) -> int:
-    return ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).update(revoked_at=timezone.now())
+def share_revoke(upload: Upload, key: str | None = None) -> int:
+    """Revoke one live link (by ``key``) or, without a key, every live link of the upload."""
+    links = ShareLink.objects.filter(upload=upload, revoked_at__isnull=True)
+    if key is not None:
+        links = links.filter(key=key)
+    return links.update(revoked_at=timezone.now())
 
 
 def share_active(upload: Upload) -> ShareLink | None:
-    return ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).first()
+    """The newest live link, if any."""
+    return ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).order_by("-created_at", "-id").first()
+
+
+def share_link_url(request: HttpRequest | None, link: ShareLink) -> str | None:
+    """The link's URL, recomputed from its nonce; None for a link made before nonces existed."""
+    if not link.nonce:
+        return None
+    path = reverse("snapshots:share_view", args=[share_token(link.nonce)])
+    return request.build_absolute_uri(path) if request is not None else path
+
+
+def share_links(upload: Upload, request: HttpRequest | None, *, revoked: bool = True) -> list[dict[str, Any]]:
+    """The upload's links, newest first: what the page lists and ``GET .../share`` returns."""
+    links = ShareLink.objects.filter(upload=upload).select_related("created_by").order_by("-created_at", "-id")
+    if not revoked:
+        links = links.filter(revoked_at__isnull=True)
+    return [
+        {
+            "key": link.key,
+            "name": link.name,
+            "url": share_link_url(request, link) if link.revoked_at is None else None,
+            "active": link.revoked_at is None,
+            "created_at": link.created_at.isoformat(),
+            "created_by": link.created_by.get_username() if link.created_by else None,
+            "use_count": link.use_count,
+            "last_used_at": link.last_used_at.isoformat() if link.last_used_at else None,
+            "revoked_at": link.revoked_at.isoformat() if link.revoked_at else None,
+        }
+        for link in links
+    ]
+
+
+def share_url_of(upload: Upload, request: HttpRequest | None) -> str | None:
+    """The newest live link's URL that can be shown (None when nothing is shared)."""
+    for link in ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).order_by("-created_at", "-id"):
+        url = share_link_url(request, link)
+        if url:
+            return url
+    return None
 
 
 # --- API tokens ---------------------------------------------------------------------------
@@ -400,9 +463,8 @@ def upload_api_dict(upload: Upload, request: HttpRequest, *, shared: bool | None
         "error": {"code": upload.error_code, "message": upload.error_message} if upload.error_code else None,
         "url": request.build_absolute_uri(reverse("snapshots:detail", args=[upload.code])),
         "api_url": request.build_absolute_uri(reverse("api:snapshot", args=[upload.code])),
-        # Only the hash of a share token is stored, so an existing link cannot be shown again;
-        # POST .../share returns a fresh one.
-        "share_url": None,
+        # The newest live link (its URL is recomputed from its nonce); GET .../share lists them all.
+        "share_url": share_url_of(upload, request) if shared else None,
         "shared": shared,
         "project": upload.project.slug,
         "run": upload.run,

@@ -29,13 +29,6 @@ from webapp.snapshots.models import Upload
 
 log = logging.getLogger(__name__)
 
-# A new share token is shown to its creator only: it travels back in a signed, HttpOnly cookie
-# scoped to the report's path (the database keeps only its hash), for SHARE_COOKIE_AGE seconds.
-SHARE_COOKIE = "share-{code}"
-SHARE_COOKIE_SALT = "oomscope.share"
-SHARE_COOKIE_AGE = 3600
-
-
 def _wants_json(request: HttpRequest) -> bool:
     return "application/json" in request.headers.get("Accept", "") or (
         request.headers.get("X-Requested-With") == "XMLHttpRequest"
@@ -51,22 +44,18 @@ def _upload_or_404(request: HttpRequest, code: str) -> Upload:
 
 def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> dict[str, Any]:
     report = services.report_for(upload)
-    active = services.share_active(upload)
-    share_link = None
-    if not shared and active is not None:
-        token = request.get_signed_cookie(
-            SHARE_COOKIE.format(code=upload.code), default=None, salt=SHARE_COOKIE_SALT, max_age=SHARE_COOKIE_AGE
-        )
-        # Shown only while it is still the live link (not revoked or replaced since).
-        if token and services.token_hash(token) == active.token_hash:
-            share_link = services.share_url(request, token)
+    # Members see every link of the upload (any of them may have made it); a share-link reader none.
+    links = [] if shared else services.share_links(upload, request)
+    live = [link for link in links if link["active"]]
+    share_link = next((link["url"] for link in live if link["url"]), None)
     return {
         "upload": services.upload_dict(upload, request),
         "report": with_decisions(report.data) if report else None,
         "charts": report.charts if report else {},
         "shared": shared,
         "share_url": share_link,
-        "share_active": active is not None,
+        "share_active": bool(live),
+        "share_links": links,
         "markdown_snippet": services.markdown_snippet(upload, share_link),
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
@@ -223,27 +212,18 @@ def share_status_json(request: HttpRequest, token: str) -> HttpResponse:
 @login_required
 @require_POST
 def share(request: HttpRequest, code: str) -> HttpResponse:
-    """Page action: POST ``action=create`` makes a new link, ``action=revoke`` revokes it."""
+    """Page action: POST ``action=create`` (optional ``name``) adds a link; ``action=revoke`` with
+    ``key`` revokes that link, without a key every live link."""
     upload_row = _upload_or_404(request, code)
-    response = redirect("snapshots:detail", code=code)
-    cookie = SHARE_COOKIE.format(code=code)
-    path = reverse("snapshots:detail", args=[code])
+    response = redirect(reverse("snapshots:detail", args=[code]) + "#share")
     if request.POST.get("action") == "revoke":
-        services.share_revoke(upload_row)
-        response.delete_cookie(cookie, path=path)
-        flash.info(request, messages.SHARE_REVOKED)
+        key = request.POST.get("key") or None
+        if services.share_revoke(upload_row, key) == 0 and key is not None:
+            flash.error(request, messages.SHARE_UNKNOWN)
+        else:
+            flash.info(request, messages.SHARE_REVOKED)
     else:
-        token = services.share_create(upload_row, request.user)  # type: ignore[arg-type]
-        response.set_signed_cookie(
-            cookie,
-            token,
-            salt=SHARE_COOKIE_SALT,
-            max_age=SHARE_COOKIE_AGE,
-            path=path,
-            httponly=True,
-            samesite="Strict",
-            secure=settings.SESSION_COOKIE_SECURE,
-        )
+        services.share_create(upload_row, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
         flash.success(request, messages.SHARE_CREATED)
     return response
 
