@@ -68,7 +68,7 @@ def objects(alice: Any, alpha: Any) -> dict[str, str]:
     # Rows only: who may see a row does not depend on its file.
     a = Upload.objects.create(code=new_upload_code(), project=alpha, uploaded_by=alice, filename="a", bytes=1)
     b = Upload.objects.create(code=new_upload_code(), project=alpha, uploaded_by=alice, filename="b", bytes=1)
-    return {"code": a.code, "code_a": a.code, "code_b": b.code, "slug": alpha.slug}
+    return {"code": a.code, "code_a": a.code, "code_b": b.code, "slug": alpha.slug, "team": alpha.team.slug}
 
 
 def is_login_redirect(response: Any) -> bool:

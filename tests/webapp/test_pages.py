@@ -140,7 +140,7 @@ def test_history_and_compare(alice_client: Any, alice: Any, alpha: Any, done_upl
 def test_home_lists_teams_and_recent(alice_client: Any, done_upload: Upload) -> None:
     response = alice_client.get("/")
     assert response.context["teams"] == [
-        {"name": "Team A", "projects": [{"slug": "alpha", "name": "Alpha", "team": "Team A"}]}
+        {"name": "Team A", "slug": "team-a", "projects": [{"slug": "alpha", "name": "Alpha", "team": "Team A"}]}
     ]
     assert [u["code"] for u in response.context["recent"]] == [done_upload.code]
 

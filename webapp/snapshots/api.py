@@ -18,7 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 from webapp.snapshots import messages, services
 from webapp.snapshots.forms import split_tags
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
-from webapp.snapshots.models import Upload
+from webapp.snapshots.models import Project, Upload
 
 View = Callable[..., HttpResponse]
 
@@ -88,7 +88,18 @@ def _unauthorized() -> JsonResponse:
 
 
 def _upload_or_none(request: HttpRequest, code: str) -> Upload | None:
-    return services.upload_for_user(request.user, code)
+    upload = services.upload_for_user(request.user, code)
+    # A token limited to one project reaches nothing else.
+    if upload is not None and not services.token_allows(getattr(request, "api_token", None), upload.project):
+        return None
+    return upload
+
+
+def _project_or_none(request: HttpRequest, slug: str) -> Project | None:
+    project = services.project_for_user(request.user, slug)
+    if project is not None and not services.token_allows(getattr(request, "api_token", None), project):
+        return None
+    return project
 
 
 @api_view(("POST",))
@@ -101,9 +112,9 @@ def snapshots(request: HttpRequest) -> HttpResponse:
     slug = (request.POST.get("project") or "").strip()
     token = getattr(request, "api_token", None)
     if slug:
-        project = services.project_for_user(request.user, slug)
+        project = _project_or_none(request, slug)
     elif token is not None and token.default_project_id:
-        project = services.project_for_user(request.user, token.default_project.slug)
+        project = _project_or_none(request, token.default_project.slug)
     else:
         candidates = list(services.visible_projects(request.user)[:2])
         project = candidates[0] if len(candidates) == 1 else None
@@ -111,6 +122,8 @@ def snapshots(request: HttpRequest) -> HttpResponse:
             return _error(400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
     if project is None:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
+    if not services.can(request.user, project.team, "write"):
+        return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
     upload = services.upload_create(
         user=request.user,  # type: ignore[arg-type]
         project=project,
@@ -154,6 +167,9 @@ def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
+    # Viewers read the report but hand out no access: links are for members and above.
+    if not services.can(request.user, upload.project.team, "write"):
+        return _error(403, "share:read-only", messages.SHARE_READ_ONLY)
     if request.method == "GET":
         links = services.share_links(upload, request)
         return JsonResponse({"share_url": services.share_url_of(upload, request), "links": links})
@@ -173,8 +189,18 @@ def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
 
 
 @api_view(("GET",))
+def projects(request: HttpRequest) -> HttpResponse:
+    """The projects the caller reaches: the web user's own list, or the token's one project."""
+    token = getattr(request, "api_token", None)
+    rows = services.visible_projects(request.user).order_by("team__name", "name")
+    return JsonResponse(
+        {"projects": [services.project_dict(p) for p in rows if services.token_allows(token, p)]}
+    )
+
+
+@api_view(("GET",))
 def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
-    project = services.project_for_user(request.user, slug)
+    project = _project_or_none(request, slug)
     if project is None:
         return _not_found()
     uploads = list(project.uploads.select_related("project", "project__team")[:1000])

@@ -22,8 +22,13 @@ class Team(models.Model):
 
 class Membership(models.Model):
     class Role(models.TextChoices):
+        """What a member may do (services.ROLE_RIGHTS): viewers read; members also upload and
+        share; admins (and the team's creator, its owner) also manage members, projects and roles."""
+
         OWNER = "owner"
+        ADMIN = "admin"
         MEMBER = "member"
+        VIEWER = "viewer"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
@@ -130,8 +135,14 @@ class ApiToken(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     token_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
+    name = models.CharField(max_length=100, blank=True)
     # Uploads without an explicit project go here.
     default_project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True)
+    # When set, the token reaches this project only (reads and uploads); its user's other projects
+    # stay out of reach. Deleting the project deletes the token rather than widening it.
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, null=True, blank=True, related_name="scoped_tokens"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -105,6 +105,138 @@ def project_create(*, team: Team, name: str, slug: str) -> Project:
     return Project.objects.create(team=team, name=name, slug=slug)
 
 
+# What each role may do, in one place. Viewers read; members also upload and share; admins and
+# owners also manage the team (members, roles, projects).
+ROLE_RIGHTS: dict[str, frozenset[str]] = {
+    Membership.Role.VIEWER: frozenset({"read"}),
+    Membership.Role.MEMBER: frozenset({"read", "write"}),
+    Membership.Role.ADMIN: frozenset({"read", "write", "manage"}),
+    Membership.Role.OWNER: frozenset({"read", "write", "manage"}),
+}
+INVITABLE_ROLES = (Membership.Role.VIEWER, Membership.Role.MEMBER, Membership.Role.ADMIN)
+
+
+class TeamError(Exception):
+    """A refused team change; ``code`` is stable (``team:<reason>``), ``message`` says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def role_of(user: AnyUser, team: Team) -> str | None:
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+
+
+def can(user: AnyUser, team: Team, right: str) -> bool:
+    role = role_of(user, team)
+    return role is not None and right in ROLE_RIGHTS.get(role, frozenset())
+
+
+def visible_teams(user: AnyUser) -> QuerySet[Team]:
+    if not user.is_authenticated:
+        return Team.objects.none()
+    return Team.objects.filter(memberships__user=user).order_by("name")
+
+
+def team_for_user(user: AnyUser, slug: str) -> Team | None:
+    return visible_teams(user).filter(slug=slug).first()
+
+
+def writable_projects(user: AnyUser) -> QuerySet[Project]:
+    """Projects the user may upload into (member or above)."""
+    roles = [role for role, rights in ROLE_RIGHTS.items() if "write" in rights]
+    return visible_projects(user).filter(team__memberships__user=user, team__memberships__role__in=roles).distinct()
+
+
+def _free_slug(model: Any, wanted: str) -> str:
+    from django.utils.text import slugify
+
+    base = slugify(wanted)[:50] or "project"
+    slug, n = base, 1
+    while model.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+def team_create_for_user(user: User, name: str) -> Team:
+    name = name.strip()[:100]
+    if not name:
+        raise TeamError("team:name-required", messages.TEAM_NAME_REQUIRED)
+    return team_create(name=name, slug=_free_slug(Team, name), owner=user)
+
+
+def project_create_for_user(user: User, team: Team, name: str) -> Project:
+    """A new project in ``team`` (admins and owners); its slug is made from the name, unique site-wide."""
+    if not can(user, team, "manage"):
+        raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
+    name = name.strip()[:100]
+    if not name:
+        raise TeamError("team:name-required", messages.PROJECT_NAME_REQUIRED)
+    return project_create(team=team, name=name, slug=_free_slug(Project, name))
+
+
+def member_invite(by: User, team: Team, who: str, role: str) -> Membership:
+    """Add an existing user, named by username or email, with ``role``; or change a member's role."""
+    from django.contrib.auth import get_user_model
+
+    if not can(by, team, "manage"):
+        raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
+    if role not in INVITABLE_ROLES:
+        raise TeamError("team:bad-role", messages.TEAM_BAD_ROLE.format(role=role))
+    who = who.strip()
+    users = get_user_model().objects.filter(is_active=True)
+    found = users.filter(username__iexact=who).first() if who else None
+    if found is None and "@" in who:
+        matches = list(users.filter(email__iexact=who)[:2])
+        found = matches[0] if len(matches) == 1 else None
+    if found is None:
+        raise TeamError("team:no-such-user", messages.TEAM_NO_SUCH_USER.format(who=who))
+    membership = Membership.objects.filter(team=team, user=found).first()
+    if membership is None:
+        return Membership.objects.create(team=team, user=found, role=role)
+    if membership.role == Membership.Role.OWNER:
+        raise TeamError("team:owner", messages.TEAM_OWNER_FIXED)
+    membership.role = role
+    membership.save(update_fields=["role"])
+    return membership
+
+
+def member_remove(by: User, team: Team, username: str) -> None:
+    """Remove a member (admins and owners; anyone may leave). The owner stays."""
+    membership = Membership.objects.filter(team=team, user__username=username).select_related("user").first()
+    if membership is None:
+        raise TeamError("team:no-such-member", messages.TEAM_NO_SUCH_USER.format(who=username))
+    if membership.user_id != by.pk and not can(by, team, "manage"):
+        raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
+    if membership.role == Membership.Role.OWNER:
+        raise TeamError("team:owner", messages.TEAM_OWNER_FIXED)
+    membership.delete()
+    # A token limited to one of this team's projects is of no use to its user any more.
+    ApiToken.objects.filter(user_id=membership.user_id, project__team=team, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+
+
+def team_dict(team: Team, user: AnyUser) -> dict[str, Any]:
+    members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+    role = role_of(user, team)
+    return {
+        "name": team.name,
+        "slug": team.slug,
+        "role": role,
+        "can_manage": can(user, team, "manage"),
+        "members": [
+            {"username": m.user.get_username(), "email": m.user.email, "role": m.role} for m in members
+        ],
+        "projects": [project_dict(p) for p in team.projects.order_by("name")],
+    }
+
+
 @transaction.atomic
 def personal_team_create(user: User) -> Project:
     """Sign-up gives each user a team and a first project, so uploading works at once."""
@@ -295,7 +427,7 @@ def upload_delete_blob_if_unused(upload: Upload) -> None:
 
 # --- share links --------------------------------------------------------------------------
 
-SHARE_TOKEN_SALT = "oomscope.share-link"
+SHARE_TOKEN_SALT = "oomscope.share-link"  # noqa: S105 - an HMAC salt name, not a secret
 
 
 def share_token(nonce: str) -> str:
@@ -379,22 +511,62 @@ def share_url_of(upload: Upload, request: HttpRequest | None) -> str | None:
 # --- API tokens ---------------------------------------------------------------------------
 
 
-def api_token_create(user: User, default_project: Project | None = None) -> str:
+def api_token_create(
+    user: User, default_project: Project | None = None, *, project: Project | None = None, name: str = ""
+) -> str:
+    """A new token for ``user`` (shown once: only its hash is kept). With ``project`` it reaches
+    that project only, and uploads go there by default."""
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(user=user, token_hash=token_hash(token), prefix=token[:10], default_project=default_project)
+    ApiToken.objects.create(
+        user=user,
+        token_hash=token_hash(token),
+        prefix=token[:10],
+        default_project=project or default_project,
+        project=project,
+        name=name.strip()[:100],
+    )
     return token
 
 
 def api_token_user(raw: str) -> tuple[User, ApiToken] | None:
     token = (
         ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True)
-        .select_related("user", "default_project")
+        .select_related("user", "default_project", "project")
         .first()
     )
     if token is None or not token.user.is_active:
         return None
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
     return token.user, token
+
+
+def token_allows(token: ApiToken | None, project: Project | None) -> bool:
+    """Whether a request's token may reach ``project`` (a token without a project reaches all its user's)."""
+    if project is None:
+        return False
+    return token is None or token.project_id is None or token.project_id == project.pk
+
+
+def api_tokens_of(user: User) -> list[dict[str, Any]]:
+    rows = ApiToken.objects.filter(user=user).select_related("project").order_by("-created_at", "-id")
+    return [
+        {
+            "prefix": t.prefix,
+            "name": t.name,
+            "project": t.project.slug if t.project else None,
+            "created_at": t.created_at.isoformat(),
+            "last_used_at": t.last_used_at.isoformat() if t.last_used_at else None,
+            "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+            "active": t.revoked_at is None,
+        }
+        for t in rows
+    ]
+
+
+def api_token_revoke(user: User, prefix: str) -> int:
+    return ApiToken.objects.filter(user=user, prefix=prefix, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
 
 
 # --- plain dicts for templates and the API ------------------------------------------------

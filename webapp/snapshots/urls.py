@@ -18,4 +18,7 @@ urlpatterns = [
     path("r/<str:token>/status.json", views.share_status_json, name="share_status_json"),
     path("p/<slug:slug>/", views.history, name="history"),
     path("compare/<str:code_a>/<str:code_b>/", views.compare, name="compare"),
+    path("teams/", views.teams, name="teams"),
+    path("t/<slug:team>/", views.team, name="team"),
+    path("tokens/", views.tokens, name="tokens"),
 ]

@@ -45,7 +45,8 @@ def _upload_or_404(request: HttpRequest, code: str) -> Upload:
 def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> dict[str, Any]:
     report = services.report_for(upload)
     # Members see every link of the upload (any of them may have made it); a share-link reader none.
-    links = [] if shared else services.share_links(upload, request)
+    can_write = not shared and services.can(request.user, upload.project.team, "write")
+    links = services.share_links(upload, request) if can_write else []
     live = [link for link in links if link["active"]]
     share_link = next((link["url"] for link in live if link["url"]), None)
     return {
@@ -56,6 +57,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "share_url": share_link,
         "share_active": bool(live),
         "share_links": links,
+        "can_write": can_write,
         "markdown_snippet": services.markdown_snippet(upload, share_link),
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
@@ -74,7 +76,7 @@ def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
-    projects = services.visible_projects(request.user).order_by("team__name", "name")
+    projects = services.writable_projects(request.user).order_by("team__name", "name")
     return render(
         request,
         "snapshots/upload.html",
@@ -88,9 +90,10 @@ def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 20
 
 
 def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
+    # Only projects the user may upload into: a viewer's projects are not offered.
     return [
         (p.slug, f"{p.team.name} / {p.name}")
-        for p in services.visible_projects(request.user).order_by("team__name", "name")
+        for p in services.writable_projects(request.user).order_by("team__name", "name")
     ]
 
 
@@ -102,7 +105,9 @@ def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
 def home(request: HttpRequest) -> HttpResponse:
     teams: dict[int, dict[str, Any]] = {}
     for project in services.visible_projects(request.user).order_by("team__name", "name"):
-        entry = teams.setdefault(project.team_id, {"name": project.team.name, "projects": []})
+        entry = teams.setdefault(
+            project.team_id, {"name": project.team.name, "slug": project.team.slug, "projects": []}
+        )
         entry["projects"].append(services.project_dict(project))
     recent = services.visible_uploads(request.user)[:20]
     return render(
@@ -139,7 +144,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
             text = " ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
             return JsonResponse({"error": {"code": "upload:invalid", "message": text}}, status=400)
         return _render_upload_page(request, form, status=400)
-    project = services.project_for_user(request.user, form.cleaned_data["project"])
+    project = services.writable_projects(request.user).filter(slug=form.cleaned_data["project"]).first()
     if project is None:  # the choice list already limits this; belt and braces
         raise Http404
     created = services.upload_create(
@@ -216,6 +221,9 @@ def share(request: HttpRequest, code: str) -> HttpResponse:
     ``key`` revokes that link, without a key every live link."""
     upload_row = _upload_or_404(request, code)
     response = redirect(reverse("snapshots:detail", args=[code]) + "#share")
+    if not services.can(request.user, upload_row.project.team, "write"):
+        flash.error(request, messages.SHARE_READ_ONLY)
+        return response
     if request.POST.get("action") == "revoke":
         key = request.POST.get("key") or None
         if services.share_revoke(upload_row, key) == 0 and key is not None:
@@ -321,6 +329,103 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
             "charts": charts,
         },
     )
+
+
+# --- teams, projects, API tokens ----------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def teams(request: HttpRequest) -> HttpResponse:
+    """The user's teams; POST ``name`` creates a team (its creator is the owner)."""
+    if request.method == "POST":
+        try:
+            team = services.team_create_for_user(request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
+        except services.TeamError as err:
+            flash.error(request, err.message)
+            return redirect("snapshots:teams")
+        flash.success(request, f"Team {team.name} created.")
+        return redirect("snapshots:team", team=team.slug)
+    rows = [services.team_dict(t, request.user) for t in services.visible_teams(request.user)]
+    return render(request, "snapshots/teams.html", {"teams": rows})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def team(request: HttpRequest, team: str) -> HttpResponse:
+    """A team's members and projects. POST ``action``: ``invite`` (``who``: username or email,
+    ``role``), ``remove`` (``username``), ``create_project`` (``name``)."""
+    slug = team
+    team_row = services.team_for_user(request.user, slug)
+    if team_row is None:
+        raise Http404
+    if request.method == "POST":
+        action = request.POST.get("action")
+        user = request.user
+        try:
+            if action == "invite":
+                m = services.member_invite(
+                    user,  # type: ignore[arg-type]
+                    team_row,
+                    request.POST.get("who") or "",
+                    request.POST.get("role") or "member",
+                )
+                flash.success(request, f"{m.user.get_username()} is now {m.role} of {team_row.name}.")
+            elif action == "remove":
+                services.member_remove(user, team_row, request.POST.get("username") or "")  # type: ignore[arg-type]
+                flash.info(request, "Member removed.")
+                if services.team_for_user(user, slug) is None:  # they left
+                    return redirect("snapshots:teams")
+            elif action == "create_project":
+                p = services.project_create_for_user(user, team_row, request.POST.get("name") or "")  # type: ignore[arg-type]
+                flash.success(request, f"Project {p.name} created ({p.slug}).")
+            else:
+                flash.error(request, "Unknown action.")
+        except services.TeamError as err:
+            flash.error(request, err.message)
+        return redirect("snapshots:team", team=slug)
+    return render(
+        request,
+        "snapshots/team.html",
+        {"team": services.team_dict(team_row, request.user), "roles": list(services.INVITABLE_ROLES)},
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens(request: HttpRequest) -> HttpResponse:
+    """The user's API tokens. POST ``action=create`` (``name``, optional ``project`` slug) shows the
+    new token once, on this response; ``action=revoke`` with ``prefix`` revokes one."""
+    user = request.user
+    new_token = None
+    status = 200
+    if request.method == "POST":
+        if request.POST.get("action") == "revoke":
+            services.api_token_revoke(user, request.POST.get("prefix") or "")  # type: ignore[arg-type]
+            flash.info(request, "Token revoked.")
+            return redirect("snapshots:tokens")
+        slug = (request.POST.get("project") or "").strip()
+        project = services.project_for_user(user, slug) if slug else None
+        if slug and project is None:
+            flash.error(request, messages.TOKEN_PROJECT_UNKNOWN.format(slug=slug))
+            status = 400
+        else:
+            new_token = services.api_token_create(user, project=project, name=request.POST.get("name") or "")  # type: ignore[arg-type]
+    projects = services.visible_projects(user).order_by("team__name", "name")
+    response = render(
+        request,
+        "snapshots/tokens.html",
+        {
+            "tokens": services.api_tokens_of(user),  # type: ignore[arg-type]
+            "projects": [services.project_dict(p) for p in projects],
+            "new_token": new_token,
+            "api_base": request.build_absolute_uri("/"),
+        },
+        status=status,
+    )
+    if new_token:
+        response["Cache-Control"] = "no-store"  # the page holds a secret shown once
+    return response
 
 
 @require_http_methods(["GET", "POST"])
