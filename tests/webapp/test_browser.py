@@ -396,3 +396,53 @@ def test_decision_screen_comes_first(
         page.screenshot(path=str(SCREENSHOTS / f"decision-{case}.png"), full_page=False)
     finally:
         visit.close()
+
+
+def test_invite_roles_and_project_tokens_in_the_browser(
+    browser: Any, transactional_db: Any, alice: Any, alpha: Any, bob: Any, live_server: Any, client: Any
+) -> None:
+    from webapp.snapshots.models import Membership, Project
+
+    bob.email = "bob@example.com"
+    bob.save()
+    cookies = _session_cookie(client, alice, live_server)
+    visit = Visit(browser, live_server.url + f"/t/{alpha.team.slug}/", cookies, charts=False)
+    try:
+        page = visit.page
+        page.get_by_label("Project name").fill("Gamma")
+        page.get_by_role("button", name="Create the project").click()
+        page.wait_for_load_state()
+        assert Project.objects.filter(team=alpha.team, slug="gamma").exists()
+        page.get_by_label("Username or email").fill("bob@example.com")
+        page.get_by_label("Role").select_option("viewer")
+        page.get_by_role("button", name="Invite").click()
+        page.wait_for_load_state()
+        assert page.locator('tr[data-user="bob"] td.role').inner_text() == "viewer"
+        assert Membership.objects.get(team=alpha.team, user=bob).role == "viewer"
+        # Promote to admin through the same form.
+        page.get_by_label("Username or email").fill("bob")
+        page.get_by_label("Role").select_option("admin")
+        page.get_by_role("button", name="Invite").click()
+        page.wait_for_load_state()
+        assert page.locator('tr[data-user="bob"] td.role').inner_text() == "admin"
+        page.screenshot(path=str(SCREENSHOTS / "team.png"), full_page=True)
+        page.locator('tr[data-user="bob"]').get_by_role("button", name="Remove").click()
+        page.wait_for_load_state()
+        assert page.locator('tr[data-user="bob"]').count() == 0
+        assert not Membership.objects.filter(team=alpha.team, user=bob).exists()
+
+        # A token limited to Gamma, made in the UI, reaches Gamma only.
+        page.goto(live_server.url + "/tokens/")
+        page.get_by_label("Name").fill("cluster")
+        page.get_by_label("Limit to one project").select_option("gamma")
+        page.get_by_role("button", name="Make the token").click()
+        page.wait_for_load_state()
+        token = page.locator("#new-token").input_value()
+        assert token.startswith("oom_")
+        page.screenshot(path=str(SCREENSHOTS / "tokens.png"), full_page=True)
+        seen = client.get("/api/v1/projects", HTTP_AUTHORIZATION=f"Bearer {token}").json()["projects"]
+        assert [p["slug"] for p in seen] == ["gamma"]
+        assert page.locator("table.tokens").inner_text().count("project gamma only") == 1
+        assert visit.errors() == [] and visit.csp_violations() == []
+    finally:
+        visit.close()
