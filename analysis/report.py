@@ -39,6 +39,7 @@ from analysis.categories import (
 )
 from analysis.config import UNLIMITED, AllocatorConfig
 from analysis.decision import decide
+from analysis.explore import finish_timeline
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.oom import explain_oom, oom_indices
 from analysis.ooms import list_ooms
@@ -56,7 +57,7 @@ from analysis.stacks import (
     totals_by_group,
 )
 from analysis.steps import Steps, find_steps, first_growth_step, per_step_figures
-from analysis.timeline import build_timeline, columns_of, settle_fused_frees
+from analysis.timeline import build_timeline, columns_of
 
 SCHEMA = "oomscope.report/1"
 Progress = Callable[[str, float], None]
@@ -305,7 +306,7 @@ class _DeviceAnalysis:
             if n
             else None
         )
-        timeline = settle_fused_frees(timeline, cols, trace)
+        timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
 
         # Moments whose live blocks are attributed to stacks.
         moments = [_Moment("peak", replay.peak_allocated_index, replay.blocks_at(replay.peak_allocated_index))]

@@ -27,6 +27,9 @@ PUBLIC = {
     "signup": "the way in",
     "snapshots:share_view": "the capability URL itself; tested in test_pages and test_api",
     "snapshots:share_status_json": "the capability URL's status poll; tested in test_pages",
+    "snapshots:share_timeline_json": "the capability URL's zoom detail; tested in test_ux_explore",
+    "snapshots:share_state_json": "the capability URL's state at an event; tested in test_ux_explore",
+    "snapshots:share_block_json": "the capability URL's block stacks; tested in test_ux_explore",
     "admin": "Django admin has its own staff-only login",
 }
 

@@ -52,7 +52,7 @@ from bokeh.models import (
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
-from webapp.snapshots.formatting import format_bytes, frame_label
+from webapp.snapshots.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
     "CHART_KINDS",
@@ -359,7 +359,11 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     frag = _fragmentation(cols)
     if frag is not None:
         data["fragmentation"] = frag[idx].astype(np.float32)
-    source = ColumnDataSource(data)
+    what = _event_texts(dev.get("timeline") or {}, idx)
+    if what is not None:
+        data["what"] = what
+    # Named so static/js/explore.js finds them (zoom detail replaces the data; a tap asks for the state).
+    source = ColumnDataSource(data, name="timeline-source")
 
     top = max(float(np.max(data["reserved"])), float((oom or {}).get("limit_bytes") or 0))
     # The wheel zooms the time axis (as in memory_viz); the y axis stays from zero to the limit.
@@ -400,6 +404,8 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
             )
         )
     tooltips = [("event", "@x{0,0}")]
+    if "what" in data:
+        tooltips.append(("what", "@what"))
     if "t" in data:
         tooltips.append(("time", "@t{0,0.000} s after the first event"))
     for key, label in (
@@ -413,6 +419,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     if "fragmentation" in data:
         tooltips.append(("fragmentation", "@fragmentation{0.0%}"))
     p.add_tools(HoverTool(renderers=lines[:1], mode="vline", tooltips=tooltips))
+    p.name = "timeline-figure"
     _legend(p, outside=True)
     if summary.get("peak_is_lower_bound"):
         p.title.text += " (trace incomplete: peaks are lower bounds)"
@@ -439,6 +446,20 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     )
     p.xaxis.visible = False
     return column(p, q, sizing_mode="stretch_width")
+
+
+def _event_texts(timeline: Mapping[str, Any], idx: np.ndarray) -> list[str] | None:
+    """Per plotted point, what the event was and where (the report's ``event_*`` series)."""
+    actions, sizes, groups = (timeline.get(k) for k in ("event_action", "event_size", "event_group"))
+    if not (isinstance(actions, list) and isinstance(sizes, list) and isinstance(groups, list)):
+        return None
+    if not len(actions) == len(sizes) == len(groups) or (len(actions) and int(idx.max()) >= len(actions)):
+        return None
+    labels = timeline.get("stack_labels") or {}
+    return [
+        event_text(str(actions[i]), int(sizes[i]), str(labels.get(str(groups[i]), "")) if groups[i] >= 0 else "")
+        for i in idx.tolist()
+    ]
 
 
 def _x_of(time_us: Any, event_index: Any, t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray]) -> float | None:

@@ -16,6 +16,12 @@ def format_bytes(n: float | None) -> str:
     return format_size(n)
 
 
+def event_text(action: str, size: int, label: str) -> str:
+    """What happened at a point, for hover: ``alloc 12.00 MiB · linear.py:134 forward ← …``."""
+    text = f"{action.replace('_', ' ')} {format_bytes(size)}" if action != "snapshot" else action
+    return f"{text} · {label}" if label else text
+
+
 def frame_label(frame: Any) -> str:
     """``name (dir/file.py:12)`` for a frame dict; C++ frames are their name alone."""
     if not isinstance(frame, Mapping):

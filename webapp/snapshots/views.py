@@ -21,13 +21,14 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from webapp.snapshots import messages, services
+from webapp.snapshots import explore, messages, services
 from webapp.snapshots.broker import broker_ping
 from webapp.snapshots.forms import SignupForm, UploadForm
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
 
 log = logging.getLogger(__name__)
+
 
 def _wants_json(request: HttpRequest) -> bool:
     return "application/json" in request.headers.get("Accept", "") or (
@@ -61,6 +62,8 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "markdown_snippet": services.markdown_snippet(upload, share_link),
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
+        # Where the timeline fetches zoom detail and states (share_view points it at the link).
+        "explore_base": reverse("snapshots:detail", args=[upload.code]),
     }
 
 
@@ -257,6 +260,7 @@ def share_view(request: HttpRequest, token: str) -> HttpResponse:
     context["share_url"] = request.build_absolute_uri()
     context["markdown_snippet"] = services.markdown_snippet(upload_row, context["share_url"])
     context["status_url"] = reverse("snapshots:share_status_json", args=[token])
+    context["explore_base"] = reverse("snapshots:share_view", args=[token])
     template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
     return _capability_headers(render(request, template, context))
 
@@ -329,6 +333,62 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
             "charts": charts,
         },
     )
+
+
+# --- digging: zoom detail, the state at an event, one block ---------------------------------
+
+
+def _int_param(request: HttpRequest, name: str, default: int | None = None) -> int:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise explore.ExploreError(400, "explore:missing-param", f"the query needs {name}=")
+        return default
+    try:
+        return int(float(raw))
+    except ValueError as err:
+        raise explore.ExploreError(400, "explore:bad-param", f"{name}={raw!r} is not a number") from err
+
+
+def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
+    if upload_row.status != Upload.Status.DONE:
+        return JsonResponse({"error": {"code": "report-not-ready", "message": messages.NOT_FOUND}}, status=404)
+    try:
+        device = _int_param(request, "device", 0)
+        if kind == "timeline":
+            t0 = _int_param(request, "t0", 0)
+            t1 = _int_param(request, "t1", 2**62)
+            px = min(4000, max(16, _int_param(request, "px", 1000)))
+            body = explore.timeline_payload(upload_row, device, t0, t1, px)
+        elif kind == "state":
+            body = explore.state_payload(upload_row, device, _int_param(request, "i"))
+        else:
+            body = explore.block_payload(upload_row, device, _int_param(request, "alloc"))
+    except explore.ExploreError as err:
+        return JsonResponse({"error": {"code": err.code, "message": err.message}}, status=err.status)
+    response = JsonResponse(body)
+    response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
+    return response
+
+
+@login_required
+@require_GET
+def explore_json(request: HttpRequest, code: str, kind: str) -> HttpResponse:
+    """``/s/<code>/{timeline,state,block}.json``: see webapp/snapshots/explore.py."""
+    return _explore_answer(_upload_or_404(request, code), request, kind)
+
+
+@require_GET
+def share_explore_json(request: HttpRequest, token: str, kind: str) -> HttpResponse:
+    """The same through a share link (counted once per page view, not per zoom)."""
+    upload_row = services.upload_for_share_token(token, count_use=False)
+    if upload_row is None:
+        return _capability_headers(
+            JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
+        )
+    response = _explore_answer(upload_row, request, kind)
+    _capability_headers(response)
+    return response
 
 
 # --- teams, projects, API tokens ----------------------------------------------------------
