@@ -446,3 +446,75 @@ def test_invite_roles_and_project_tokens_in_the_browser(
         assert visit.errors() == [] and visit.csp_violations() == []
     finally:
         visit.close()
+
+
+def test_timeline_hover_click_state_and_zoom(browser: Any, finished: Any, live_server: Any, client: Any) -> None:
+    """Hover names the event's stack; a click shows the replay's state there; zoom fetches single events."""
+    from django.urls import reverse
+
+    from analysis.reader import read_snapshot
+    from analysis.replay import recorded_replay
+    from tests.webapp.helpers import GPT_OOM
+
+    snap = read_snapshot(GPT_OOM)
+    rep = recorded_replay(snap, snap.devices[0])
+    visit = Visit(
+        browser,
+        live_server.url + reverse("snapshots:detail", args=[finished.code]),
+        _session_cookie(client, finished.uploaded_by, live_server),
+    )
+    try:
+        page = visit.page
+        visit.wait_for("() => document.querySelector('[data-chart=\"timeline-0\"]').dataset.exploreReady === '1'")
+        slot = page.locator('[data-chart="timeline-0"]')
+        canvas = slot.locator(".bk-Figure").first
+        canvas.scroll_into_view_if_needed()
+        box = canvas.bounding_box()
+        # Hover: the tooltip says what the event was and under which code (a stack label has " ← ").
+        # (Frees of the backward pass carry no frames with stacks="python": move until a framed event.)
+        what = page.get_by_text(re.compile(r"^[a-z ]+ [0-9.]+ (bytes|KiB|MiB|GiB) · .+"))
+        labels = []
+        for k in range(40):
+            page.mouse.move(box["x"] + box["width"] * (0.1 + 0.021 * k), box["y"] + box["height"] * 0.55, steps=2)
+            page.wait_for_timeout(150)
+            if what.count():
+                labels.append(what.first.inner_text())
+                if ".py:" in labels[-1]:
+                    break
+        assert labels and ".py:" in labels[-1], labels
+        # Click: the panel shows the state after that event, equal to the replay's.
+        page.mouse.click(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.55)
+        visit.wait_for("() => /^[0-9]+$/.test(document.getElementById('state-0').dataset.state || '')")
+        index = int(page.locator("#state-0").get_attribute("data-state"))
+        for figure, column in (("allocated", rep.allocated), ("reserved", rep.reserved), ("requested", rep.requested)):
+            shown = page.locator(f'#state-0 dd[data-figure="{figure}"]').get_attribute("data-bytes")
+            assert int(shown) == int(column[index]), figure
+        drawn = page.locator("#state-0 .block.active_allocated")
+        assert drawn.count() > 0
+        sizes = page.locator("#state-0 .block.active_allocated").evaluate_all("els => els.map(e => +e.dataset.size)")
+        assert sum(sizes) == int(rep.allocated[index])
+        # Click a block made by user code: its allocation stack, every frame.
+        page.locator('#state-0 .block.active_allocated[title*=".py:"]').first.click()
+        visit.wait_for("() => document.querySelector('#state-0 .block-detail').dataset.alloc !== undefined")
+        alloc = int(page.locator("#state-0 .block-detail").get_attribute("data-alloc"))
+        frames = page.locator("#state-0 .block-detail ol").first.locator("li").count()
+        assert frames == len(snap.stacks.frames_of(int(snap.devices[0].trace.stack[alloc]))) > 0
+        page.screenshot(path=str(SCREENSHOTS / "report-state.png"), full_page=False)
+        # Zoom with the wheel over the chart until the server sends single events.
+        canvas.scroll_into_view_if_needed()
+        box = canvas.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 0.45, box["y"] + box["height"] * 0.5)  # the plot, not its legend
+        for _ in range(40):
+            page.mouse.wheel(0, -300)
+            page.wait_for_timeout(250)
+            if slot.get_attribute("data-zoom-full-detail") == "true":
+                break
+        visit.wait_for("() => document.querySelector('[data-chart=\"timeline-0\"]').dataset.zoom === '1'")
+        visit.wait_for(
+            "() => document.querySelector('[data-chart=\"timeline-0\"]').dataset.zoomFullDetail === 'true'", 20
+        )
+        lo, hi = (int(v) for v in slot.get_attribute("data-zoom-range").split("-"))
+        assert int(slot.get_attribute("data-zoom-points")) == hi - lo  # every event of the range
+        assert visit.errors() == [] and visit.csp_violations() == []
+    finally:
+        visit.close()
