@@ -285,6 +285,23 @@ def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_serv
         _check_page(compare, build_compare_charts(a, b), host)
         text = compare.page.locator(".compare-grid").inner_text()
         assert "6.93 GiB" in text  # gpt_varlen_oom's peak reserved
+        # What changed: the delta of peak reserved, the setting that differs, the stack diff by site.
+        from analysis.decision import format_size
+
+        delta = b["devices"][0]["summary"]["peak_reserved_bytes"] - a["devices"][0]["summary"]["peak_reserved_bytes"]
+        row = compare.page.locator('table.deltas tr[data-name="peak reserved"] td.delta').inner_text()
+        assert row == ("+" if delta > 0 else "") + format_size(delta)
+        settings = compare.page.locator("table.settings-diff").inner_text()
+        assert "expandable_segments\tFalse\tTrue" in settings
+        diff_rows = compare.page.locator("table.stack-diff").first.locator("tbody tr")
+        assert diff_rows.count() >= 5
+        changes = set(
+            compare.page.locator("table.stack-diff")
+            .first.locator("tbody tr")
+            .evaluate_all("rows => rows.map(r => r.dataset.change)")
+        )
+        assert changes <= {"grew", "shrank", "new", "gone", "same"} and changes & {"grew", "shrank"}
+        assert "capture.py:" in compare.page.locator("table.stack-diff").first.inner_text()
         compare.page.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=True)
     finally:
         compare.close()

@@ -219,6 +219,10 @@ def build_compare_charts(
         _legend(p, outside=True)
         charts["compare-peaks"] = json_item(p)
 
+    overlay = _compare_timeline(dev_a, dev_b, labels)
+    if overlay is not None:
+        charts["compare-timeline"] = json_item(overlay)
+
     steps_a, steps_b = dev_a.get("steps") or [], dev_b.get("steps") or []
     if steps_a or steps_b:
         p = _figure("Reserved at each step's end", height=300)
@@ -248,6 +252,54 @@ def build_compare_charts(
         _legend(p)
         charts["compare-steps"] = json_item(p)
     return charts
+
+
+def _compare_timeline(dev_a: Mapping[str, Any], dev_b: Mapping[str, Any], labels: tuple[str, str]) -> Any:
+    """Both runs' reserved and allocated memory, aligned by step (analysis.compare.aligned_timeline)."""
+    from analysis.compare import aligned_timeline
+
+    series = [(labels[0], aligned_timeline(dev_a), RESERVED), (labels[1], aligned_timeline(dev_b), ALLOCATED)]
+    if not any(s for _, s, _ in series):
+        return None
+    p = _figure("Memory by step, both runs (x: step number + how far into the step, by events)", height=320)
+    _bytes_ticks(p.yaxis)
+    p.xaxis.axis_label = "step"
+    hover = []
+    for label, data, colour in series:
+        if not data or not data["x"]:
+            continue
+        idx = _minmax_indices(np.asarray(data["reserved"]), [], MAX_TIMELINE_POINTS // 2)
+        src = ColumnDataSource(
+            {
+                "x": np.asarray(data["x"])[idx],
+                "reserved": np.asarray(data["reserved"])[idx],
+                "allocated": np.asarray(data["allocated"])[idx],
+                "run": [label] * int(idx.size),
+            }
+        )
+        hover.append(p.line("x", "reserved", source=src, color=colour, line_width=2, legend_label=f"{label} reserved"))
+        p.line(
+            "x",
+            "allocated",
+            source=src,
+            color=colour,
+            line_width=1.2,
+            line_dash="dashed",
+            legend_label=f"{label} allocated",
+        )
+    p.add_tools(
+        HoverTool(
+            renderers=hover,
+            tooltips=[
+                ("run", "@run"),
+                ("step", "@x{0.00}"),
+                ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)"),
+                ("allocated", "@allocated{0.00 b}"),
+            ],
+        )
+    )
+    _legend(p, outside=True)
+    return p
 
 
 # ---------------------------------------------------------------- timeline

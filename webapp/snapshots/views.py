@@ -324,6 +324,9 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
             pass
         except Exception:
             log.exception("compare charts failed")
+    from analysis.compare import compare as compare_reports
+
+    diff = compare_reports(report_a.data, report_b.data) if report_a and report_b else None
     return render(
         request,
         "snapshots/compare.html",
@@ -331,6 +334,7 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
             "a": {"upload": services.upload_dict(a, request), "report": report_a.data if report_a else None},
             "b": {"upload": services.upload_dict(b, request), "report": report_b.data if report_b else None},
             "charts": charts,
+            "diff": diff,
         },
     )
 
