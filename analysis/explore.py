@@ -101,6 +101,81 @@ def finish_timeline(
     return timeline
 
 
+ACTIVE_SAMPLES = 400
+ACTIVE_BANDS = 300
+
+
+def active_bands(
+    columns: Mapping[str, np.ndarray], lo: int, hi: int, *, samples: int = ACTIVE_SAMPLES, bands: int = ACTIVE_BANDS
+) -> dict[str, Any]:
+    """memory_viz's active-memory view of events ``[lo, hi)``: each live allocation a band.
+
+    Allocations are stacked in the order they were made: at each sampled event an allocation sits
+    on top of every older allocation still alive, so a free lets the ones above it drop. The
+    ``bands`` largest allocations alive at some sample are drawn as polygons (vertices only where
+    their offset changes); the rest stay as the gaps between them. Samples are the events
+    themselves when the range holds no more than ``samples`` of them, so a narrow zoom is exact.
+    """
+    start, end, size = columns["alloc_start"], columns["alloc_end"], columns["alloc_size"]
+    n = int(columns["reserved"].shape[0])
+    lo, hi = max(0, int(lo)), min(n, int(hi))
+    if hi <= lo:
+        return {"start": lo, "end": hi, "bands": [], "samples": 0, "allocations": 0}
+    xs = np.unique(np.linspace(lo, hi - 1, min(samples, hi - lo)).astype(np.int64))
+    # Alive at some sample: a sample lies in [start, end).
+    sel = np.flatnonzero(np.searchsorted(xs, start, "left") < np.searchsorted(xs, end, "left"))
+    s_start, s_end, s_size = start[sel], end[sel], size[sel]
+    keep = np.sort(np.argsort(-s_size, kind="stable")[:bands])
+    row_of = np.full(sel.size, -1, np.int64)
+    row_of[keep] = np.arange(keep.size)
+    offsets = np.full((keep.size, xs.size), -1, np.int64)  # -1: not alive at that sample
+    totals = np.zeros(xs.size, np.int64)
+    # One pass per sample over the allocations made by then (they are in start order): the
+    # memory stays O(allocations), whatever the number of samples.
+    made_by = np.searchsorted(s_start, xs, "right")
+    for j, s_ev in enumerate(xs.tolist()):
+        idx = np.flatnonzero(s_end[: made_by[j]] > s_ev)
+        if idx.size == 0:
+            continue
+        sizes = s_size[idx]
+        below = np.cumsum(sizes) - sizes
+        totals[j] = int(sizes.sum())
+        rows = row_of[idx]
+        drawn = rows >= 0
+        offsets[rows[drawn], j] = below[drawn]
+    out_bands = []
+    for r, k in enumerate(keep.tolist()):
+        cols = np.flatnonzero(offsets[r] >= 0)
+        if cols.size == 0:
+            continue
+        off = offsets[r, cols]
+        # Keep a sample where the offset changes, and its neighbour, so steps stay steps.
+        change = np.r_[True, off[1:] != off[:-1]] | np.r_[off[1:] != off[:-1], True]
+        xk, ok = xs[cols][change], off[change]
+        top = ok + int(s_size[k])
+        out_bands.append(
+            {
+                "xs": np.r_[xk, xk[::-1]].tolist(),
+                "ys": np.r_[top, ok[::-1]].tolist(),
+                "size": int(s_size[k]),
+                "alloc_event": int(s_start[k]),
+                "free_event": int(s_end[k]) if s_end[k] < n else None,
+                "group": int(columns["alloc_group"][sel[k]]),
+            }
+        )
+    return {
+        "start": lo,
+        "end": hi,
+        "samples": int(xs.size),
+        "allocations": int(sel.size),
+        "bands": out_bands,
+        "peak_bytes": int(totals.max()) if totals.size else 0,
+        # The stack's height at each sample: the live allocations' bytes.
+        "sample_events": xs.tolist(),
+        "sample_bytes": totals.tolist(),
+    }
+
+
 class Explorer:
     """One device of a snapshot, replayed once: the allocator's state at any event."""
 
@@ -120,7 +195,12 @@ class Explorer:
         )
 
     def columns(self) -> dict[str, np.ndarray]:
-        return event_columns(self.replay, self.dev, self.catalog)
+        out = event_columns(self.replay, self.dev, self.catalog)
+        # One row per allocation, for the active-memory bands (alloc event, free request, size, group).
+        lt = self.lifetimes
+        out["alloc_start"], out["alloc_end"], out["alloc_size"] = lt.start, lt.end, lt.size
+        out["alloc_group"] = self.catalog.groups_of(np.asarray(lt.stack)).astype(np.int32)
+        return out
 
     def labels(self) -> dict[str, str]:
         return group_labels(self.catalog, self.catalog.groups_of(np.asarray(self.dev.trace.stack)))

@@ -52,14 +52,52 @@
     return data;
   }
 
+  var actives = {}; // device -> {doc, source, figure, slot}
+  var timelines = {}; // device -> function(t0, t1, px) asking for the bands of a range
+
+  function docOf(views) {
+    var found = null;
+    (Bokeh.documents || []).forEach(function (d) { if (d.views_manager === views) found = d; });
+    return found;
+  }
+
+  function setupActive(slot, views) {
+    var device = slot.dataset.chart.slice("active-".length);
+    var doc = docOf(views);
+    if (!doc) return;
+    actives[device] = {
+      doc: doc,
+      slot: slot,
+      source: doc.get_model_by_name("active-source"),
+      figure: doc.get_model_by_name("active-figure"),
+    };
+    if (timelines[device]) timelines[device]();
+  }
+
+  function fillActive(base, device, t0, t1, px) {
+    var active = actives[device];
+    if (!active) return;
+    active.slot.dataset.active = "loading";
+    getJSON(base + "active.json?device=" + device + "&t0=" + t0 + "&t1=" + t1 + "&px=" + px).then(function (body) {
+      active.source.data = body.data;
+      active.figure.x_range.start = t0;
+      active.figure.x_range.end = t1;
+      active.slot.dataset.active = "1";
+      active.slot.dataset.activeBands = String(body.bands);
+      active.slot.dataset.activeRange = body.start + "-" + body.end;
+    }, function (error) {
+      active.slot.dataset.active = "error";
+      console.warn("active memory:", error.message);
+    });
+  }
+
   function setup(slot, views) {
     var fold = slot.closest("[data-explore-base]");
     if (!fold || !views || typeof Bokeh === "undefined") return;
     var base = fold.dataset.exploreBase;
     var device = fold.dataset.device || "0";
     // embed_item resolves to the ViewManager of the Document it made.
-    var doc = null;
-    (Bokeh.documents || []).forEach(function (d) { if (d.views_manager === views) doc = d; });
+    var doc = docOf(views);
     if (doc == null) return;
     var source = doc.get_model_by_name("timeline-source");
     var figure = doc.get_model_by_name("timeline-figure");
@@ -70,10 +108,21 @@
     var asked = 0;
     var panel = document.getElementById("state-" + device);
 
+    function visible() {
+      return [Math.max(0, Math.floor(xr.start)), Math.ceil(xr.end), Math.max(100, Math.round(slot.getBoundingClientRect().width))];
+    }
+    timelines[device] = function () {
+      var v = visible();
+      fillActive(base, device, v[0], v[1], v[2]);
+    };
+    if (actives[device]) timelines[device]();
+
     function fetchWindow() {
-      var t0 = Math.floor(xr.start);
-      var t1 = Math.ceil(xr.end);
-      var px = Math.max(100, Math.round(slot.getBoundingClientRect().width));
+      var v = visible();
+      var t0 = v[0];
+      var t1 = v[1];
+      var px = v[2];
+      fillActive(base, device, t0, t1, px);
       var ticket = ++asked;
       slot.dataset.zoom = "loading";
       getJSON(base + "timeline.json?device=" + device + "&t0=" + t0 + "&t1=" + t1 + "&px=" + px).then(
@@ -199,9 +248,12 @@
 
   document.addEventListener("oomscope:chart", function (event) {
     var slot = event.target;
-    if (!slot.dataset || !/^timeline-/.test(slot.dataset.chart || "")) return;
+    if (!slot.dataset) return;
+    var name = slot.dataset.chart || "";
+    if (!/^(timeline|active)-/.test(name)) return;
     try {
-      setup(slot, event.detail && event.detail.views);
+      if (/^active-/.test(name)) setupActive(slot, event.detail && event.detail.views);
+      else setup(slot, event.detail && event.detail.views);
     } catch (error) {
       console.warn("timeline digging unavailable:", error);
     }

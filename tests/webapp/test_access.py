@@ -30,6 +30,7 @@ PUBLIC = {
     "snapshots:share_timeline_json": "the capability URL's zoom detail; tested in test_ux_explore",
     "snapshots:share_state_json": "the capability URL's state at an event; tested in test_ux_explore",
     "snapshots:share_block_json": "the capability URL's block stacks; tested in test_ux_explore",
+    "snapshots:share_active_json": "the capability URL's active-memory bands; tested in test_ux_explore",
     "admin": "Django admin has its own staff-only login",
 }
 

@@ -141,10 +141,14 @@ def _check_page(visit: Visit, charts: dict[str, dict[str, Any]], host: str | Non
     visit.open_folds()
     assert visit.errors() == []
     assert visit.csp_violations() == []
-    assert visit.page.evaluate("document.body.dataset.chartsDrawn") == str(len(charts))
+    # Pages with a server add an (initially empty) active-memory chart per device to the stored ones.
+    names = visit.page.evaluate("Array.from(document.querySelectorAll('[data-chart]')).map((e) => e.dataset.chart)")
+    extra = [n for n in names if n not in charts]
+    assert all(n.startswith("active-") for n in extra), extra
+    assert visit.page.evaluate("document.body.dataset.chartsDrawn") == str(len(charts) + len(extra))
     assert visit.page.locator("[data-chart][data-rendered=error]").count() == 0
     # Playwright's CSS selectors pierce Bokeh's open shadow roots.
-    assert visit.page.locator(".bk-Figure").count() == _expected_figures(charts)
+    assert visit.page.locator(".bk-Figure").count() == _expected_figures(charts) + len(extra)
     for name in charts:
         assert visit.page.locator(f'[data-chart="{name}"] canvas').count() > 0, name
     for url in visit.requests:
@@ -499,6 +503,17 @@ def test_timeline_hover_click_state_and_zoom(browser: Any, finished: Any, live_s
                 if ".py:" in labels[-1]:
                     break
         assert labels and ".py:" in labels[-1], labels
+        # The active-memory chart got its bands for the whole range from the server.
+        visit.wait_for("() => document.querySelector('[data-chart=\"active-0\"]').dataset.active === '1'")
+        assert int(page.locator('[data-chart="active-0"]').get_attribute("data-active-bands")) > 50
+        active = page.locator('[data-chart="active-0"] .bk-Figure').first
+        active.scroll_into_view_if_needed()
+        ab = active.bounding_box()
+        page.mouse.move(ab["x"] + ab["width"] * 0.5, ab["y"] + ab["height"] * 0.8, steps=3)
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(SCREENSHOTS / "report-active.png"), full_page=False)
+        canvas.scroll_into_view_if_needed()
+        box = canvas.bounding_box()
         # Click: the panel shows the state after that event, equal to the replay's.
         page.mouse.click(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.55)
         visit.wait_for("() => /^[0-9]+$/.test(document.getElementById('state-0').dataset.state || '')")

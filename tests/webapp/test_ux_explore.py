@@ -3,6 +3,7 @@ event from the recorded replay, one block's stacks; checked against a replay run
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -112,3 +113,34 @@ def test_through_a_share_link_and_not_after_revoking(done: Upload, alice: Any) -
     assert anon.get(f"/r/{token}/timeline.json?t0=0&t1=50").json()["full_detail"] is True
     services.share_revoke(done)
     assert anon.get(f"/r/{token}/state.json?i=100").status_code == 404
+
+
+def test_active_memory_bands_stack_the_replays_live_blocks(alice_client: Any, done: Upload, replay: Any) -> None:
+    """Each band is a live allocation; at each sample the stack's height is the requested bytes of the
+    replay's allocated blocks there (blocks_at), and bands never overlap."""
+    rep, _ = replay
+    body = alice_client.get(f"/s/{done.code}/active.json?t0=35000&t1=35300&px=1200").json()
+    assert body["samples"] == 301  # a narrow range: every event is a sample
+    for event, height in list(zip(body["sample_events"], body["sample_bytes"], strict=True))[::50]:
+        state = rep.blocks_at(event)
+        live = sum(b.requested_size for s in state.segments for b in s.blocks if b.state == "active_allocated")
+        assert height == live, event
+    data = body["data"]
+    assert len(data["xs"]) == body["bands"] > 0
+    assert all(label == "" or isinstance(label, str) for label in data["label"])
+    assert any(".py:" in label for label in data["label"])
+    # Bands at one sample do not overlap: their [bottom, top) intervals are disjoint.
+    at = 35150
+    spans = []
+    for xs, ys, size in zip(data["xs"], data["ys"], data["size"], strict=True):
+        half = len(xs) // 2
+        top_x, top_y = xs[:half], ys[:half]
+        if not top_x[0] <= at <= top_x[-1]:
+            continue  # not alive at that sample
+        for k in range(half):
+            if top_x[k] <= at and (k + 1 == half or top_x[k + 1] > at):
+                spans.append((top_y[k] - size, top_y[k]))
+                break
+    spans.sort()
+    assert len(spans) > 10
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))

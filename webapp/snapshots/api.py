@@ -193,9 +193,7 @@ def projects(request: HttpRequest) -> HttpResponse:
     """The projects the caller reaches: the web user's own list, or the token's one project."""
     token = getattr(request, "api_token", None)
     rows = services.visible_projects(request.user).order_by("team__name", "name")
-    return JsonResponse(
-        {"projects": [services.project_dict(p) for p in rows if services.token_allows(token, p)]}
-    )
+    return JsonResponse({"projects": [services.project_dict(p) for p in rows if services.token_allows(token, p)]})
 
 
 @api_view(("GET",))

@@ -28,6 +28,8 @@ Chart names (the page template places them by name; ``<d>`` is the device):
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -498,6 +500,43 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     )
     p.xaxis.visible = False
     return column(p, q, sizing_mode="stretch_width")
+
+
+@functools.lru_cache(maxsize=16)
+def _active_chart_json(device: int) -> str:
+    source = ColumnDataSource(
+        {k: [] for k in ("xs", "ys", "size", "size_text", "label", "alloc_event", "free_event", "colour")},
+        name="active-source",
+    )
+    p = _figure(
+        "Active memory: each live allocation a band, stacked in the order they were made (click the timeline)",
+        height=300,
+        tools="pan,xwheel_zoom,box_zoom,reset,save",
+    )
+    p.name = "active-figure"
+    _bytes_ticks(p.yaxis)
+    p.y_range.start = 0
+    p.xaxis.axis_label = "trace event (follows the timeline's range)"
+    p.xaxis.formatter = NumeralTickFormatter(format="0,0")
+    r = p.patches("xs", "ys", source=source, fill_color="colour", line_color="white", line_width=0.3, fill_alpha=0.85)
+    p.add_tools(
+        HoverTool(
+            renderers=[r],
+            tooltips=[
+                ("size", "@size_text (@size{0,0} B)"),
+                ("stack", "@label"),
+                ("allocated at event", "@alloc_event{0,0}"),
+                ("freed at event", "@free_event"),
+            ],
+        )
+    )
+    return json.dumps(json_item(p))
+
+
+def active_chart_item(device: int) -> dict[str, Any]:
+    """The active-memory chart of a device, empty: static/js/explore.js fills it from active.json."""
+    item: dict[str, Any] = json.loads(_active_chart_json(device))
+    return item
 
 
 def _event_texts(timeline: Mapping[str, Any], idx: np.ndarray) -> list[str] | None:

@@ -21,7 +21,7 @@ import numpy as np
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from analysis.explore import Explorer, window
+from analysis.explore import Explorer, active_bands, window
 from analysis.reader import read_snapshot
 from webapp.snapshots.formatting import event_text, format_bytes
 from webapp.snapshots.models import Upload
@@ -100,6 +100,44 @@ def timeline_payload(upload: Upload, device: int, t0: float, t1: float, px: int)
         event_text(a, s, out["labels"].get(str(g), "") if g >= 0 else "")
         for a, s, g in zip(out["event_action"], out["event_size"], out["event_group"], strict=True)
     ]
+    return out
+
+
+BAND_COLOURS = (
+    "#4c72b0",
+    "#dd8452",
+    "#55a868",
+    "#c44e52",
+    "#8172b3",
+    "#937860",
+    "#da8bc3",
+    "#8c8c8c",
+    "#ccb974",
+    "#64b5cd",
+)
+
+
+def active_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -> dict[str, Any]:
+    """The active-memory bands of events ``[t0, t1]``, ready for the chart's source."""
+    cols, labels = columns_for(upload, device)
+    if "alloc_start" not in cols:  # columns stored before the bands existed: store them again
+        default_storage.delete(_columns_name(upload, device))
+        with _lock:
+            _columns.pop((upload.sha256, device), None)
+        cols, labels = columns_for(upload, device)
+    out = active_bands(cols, int(t0), int(t1) + 1, samples=max(16, min(600, px // 2)))
+    bands = out.pop("bands")
+    out["data"] = {
+        "xs": [b["xs"] for b in bands],
+        "ys": [b["ys"] for b in bands],
+        "size": [b["size"] for b in bands],
+        "size_text": [format_bytes(b["size"]) for b in bands],
+        "label": [labels.get(str(b["group"]), "") for b in bands],
+        "alloc_event": [b["alloc_event"] for b in bands],
+        "free_event": ["never" if b["free_event"] is None else f"{b['free_event']:,}" for b in bands],
+        "colour": [BAND_COLOURS[b["group"] % len(BAND_COLOURS)] if b["group"] >= 0 else "#999999" for b in bands],
+    }
+    out["bands"] = len(bands)
     return out
 
 

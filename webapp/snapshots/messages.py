@@ -63,6 +63,7 @@ def human_bytes(n: int) -> str:
         value /= 1024
     return f"{n} bytes"
 
+
 # Teams, projects and tokens (services.TeamError codes team:<reason>).
 TEAM_FORBIDDEN = "Only the team's admins can do that."
 TEAM_NAME_REQUIRED = "A team needs a name."

@@ -140,9 +140,7 @@ class ApiToken(models.Model):
     default_project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True)
     # When set, the token reaches this project only (reads and uploads); its user's other projects
     # stay out of reach. Deleting the project deletes the token rather than widening it.
-    project = models.ForeignKey(
-        Project, on_delete=models.CASCADE, null=True, blank=True, related_name="scoped_tokens"
-    )
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, null=True, blank=True, related_name="scoped_tokens")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -230,9 +230,7 @@ def team_dict(team: Team, user: AnyUser) -> dict[str, Any]:
         "slug": team.slug,
         "role": role,
         "can_manage": can(user, team, "manage"),
-        "members": [
-            {"username": m.user.get_username(), "email": m.user.email, "role": m.role} for m in members
-        ],
+        "members": [{"username": m.user.get_username(), "email": m.user.email, "role": m.role} for m in members],
         "projects": [project_dict(p) for p in team.projects.order_by("name")],
     }
 
@@ -564,9 +562,7 @@ def api_tokens_of(user: User) -> list[dict[str, Any]]:
 
 
 def api_token_revoke(user: User, prefix: str) -> int:
-    return ApiToken.objects.filter(user=user, prefix=prefix, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
+    return ApiToken.objects.filter(user=user, prefix=prefix, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
 # --- plain dicts for templates and the API ------------------------------------------------
