@@ -114,14 +114,15 @@
     );
   }
 
+  // One chart after another, in page order: the first one on screen is drawn without waiting for
+  // the work of the others (BokehJS builds views on the one main thread).
   function drawSome(slots) {
-    var jobs = [];
-    slots.forEach(function (slot) {
-      var job = draw(slot);
-      if (job) jobs.push(job);
-    });
     pending += 1;
-    Promise.all(jobs).then(function () {
+    var chain = Promise.resolve();
+    slots.forEach(function (slot) {
+      chain = chain.then(function () { return draw(slot); });
+    });
+    chain.then(function () {
       pending -= 1;
       if (pending === 0) mark();
     });

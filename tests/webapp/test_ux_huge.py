@@ -53,6 +53,11 @@ def test_huge_page_weight_first_chart_and_zoom_to_single_events(
         )
         first_ms = int(page.evaluate("document.body.dataset.firstChartMs"))
         html = len(page.content().encode())
+        nav = page.evaluate(
+            "() => { const n = performance.getEntriesByType('navigation')[0];"
+            " return [n.responseStart, n.responseEnd, n.domContentLoadedEventEnd].map(Math.round); }"
+        )
+        print(f"\nserver answered at {nav[0]} ms, HTML received {nav[1]} ms, DOMContentLoaded {nav[2]} ms")
         print(f"\nhuge_all_stacks: page {weight:,} bytes decoded (HTML {html:,}), first chart at {first_ms} ms")
         assert weight <= PAGE_LIMIT, weight
         assert first_ms < FIRST_CHART_MS, first_ms

@@ -73,7 +73,7 @@ MAX_ICICLE_DEPTH = 14
 MAX_ICICLE_NODES = 800
 MAX_STEP_BANDS = 2000
 
-CHART_KINDS = ("timeline", "segments-peak", "segments-oom", "stacks", "whatif", "whatif-steps")
+CHART_KINDS = ("timeline", "segments-peak", "segments-oom", "stacks", "whatif", "whatif-steps", "active")
 
 # One palette for the whole site; static/css/oomscope.css uses the same hues.
 RESERVED = "#4c72b0"
@@ -123,6 +123,9 @@ def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             model = build(dev)
             if model is not None:
                 charts[f"{kind}-{d}"] = json_item(model)
+        if f"timeline-{d}" in charts:
+            # Empty here; static/js/explore.js fills it from active.json (site pages only).
+            charts[f"active-{d}"] = active_chart_item(int(d))
     return charts
 
 

@@ -53,7 +53,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
     return {
         "upload": services.upload_dict(upload, request),
         "report": with_decisions(report.data) if report else None,
-        "charts": _with_active_charts(report.charts, report.data) if report else {},
+        "charts": report.charts if report else {},
         "shared": shared,
         "share_url": share_link,
         "share_active": bool(live),
@@ -65,19 +65,6 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         # Where the timeline fetches zoom detail and states (share_view points it at the link).
         "explore_base": reverse("snapshots:detail", args=[upload.code]),
     }
-
-
-def _with_active_charts(stored: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-    """The stored charts plus, per device with a timeline, the (empty) active-memory chart that
-    explore.js fills from active.json; only pages with a server get it."""
-    from webapp.snapshots.charts import active_chart_item
-
-    out = dict(stored)
-    for dev in report.get("devices") or []:
-        d = dev.get("device", 0)
-        if f"timeline-{d}" in stored:
-            out[f"active-{d}"] = active_chart_item(int(d))
-    return out
 
 
 def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
