@@ -26,7 +26,7 @@ import numpy.typing as npt
 from analysis.model import ACTIONS, ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.replay import RecordedReplay, recorded_replay
 from analysis.stacks import StackCatalog, alloc_lifetimes
-from analysis.timeline import SERIES, settle_fused_frees, timeline_window
+from analysis.timeline import SERIES, series_at, settle_fused_frees, settled_points, timeline_window
 
 I64 = npt.NDArray[np.int64]
 MAX_LABEL = 90
@@ -54,6 +54,10 @@ def group_labels(catalog: StackCatalog, groups: np.ndarray) -> dict[str, str]:
     return {str(int(g)): _short(catalog.groups[int(g)].label) for g in np.unique(groups) if int(g) >= 0}
 
 
+def replay_like_columns(columns: Mapping[str, np.ndarray]) -> dict[str, I64]:
+    return {name: np.asarray(columns[name], np.int64) for name, _ in SERIES}
+
+
 def _event_info(columns: Mapping[str, np.ndarray], points: I64) -> dict[str, Any]:
     actions = columns["action"][points]
     return {
@@ -68,8 +72,10 @@ def window(
 ) -> dict[str, Any]:
     """The events ``[t0, t1]`` (event indices, clipped) at about ``px`` pixels of width.
 
-    Narrow ranges come back event by event (``full_detail`` true); wider ones keep,
-    per pixel, the events where reserved and allocated reach their min and max.
+    Narrow ranges come back event by event (``full_detail`` true; ``elided`` counts the
+    ``free_requested`` instants left out because their ``free_completed`` follows at once, see
+    ``timeline.settled_points``); wider ones keep, per pixel, the events where reserved and
+    allocated reach their min and max.
     """
     n = int(columns["reserved"].shape[0])
     lo = max(0, int(np.floor(t0)))
@@ -78,6 +84,13 @@ def window(
     replay_like = SimpleNamespace(**{name: columns[name] for name, _ in SERIES})
     out = timeline_window(replay_like, lo, hi, max_points=budget, time_us=np.asarray(columns["time_us"]))
     points = np.asarray(out["index"], np.int64)
+    # As in the report's timeline: no point at the instant between a free's request and its completion.
+    settled = settled_points(points, columns["action"])
+    out["elided"] = int(points.size - settled.size)  # free requests whose completion follows at once
+    if out["elided"] or not np.array_equal(settled, points):
+        points = settled
+        out.update(series_at(replay_like_columns(columns), np.asarray(columns["time_us"]), points))
+        out["points"] = int(points.size)
     out.update(_event_info(columns, points))
     out["labels"] = {str(g): labels.get(str(g), "") for g in sorted(set(out["event_group"])) if g >= 0}
     out["events"] = n

@@ -160,6 +160,26 @@ def timeline_window(
     }
 
 
+def settled_points(points: I64, action: npt.NDArray[np.int8], addr: I64 | None = None) -> I64:
+    """``points`` with each ``free_requested`` that a ``free_completed`` follows at once (of the same
+    address, when ``addr`` is given) moved onto that next event; sorted, unique.
+
+    Lossless for reserved and allocated: a completed free changes neither.
+    """
+    from analysis.model import FREE_COMPLETED, FREE_REQUESTED
+
+    n = int(action.shape[0])
+    if points.size == 0 or n < 2:
+        return points
+    nxt = np.minimum(points + 1, n - 1)
+    fused = (action[points] == FREE_REQUESTED) & (points + 1 < n) & (action[nxt] == FREE_COMPLETED)
+    if addr is not None:
+        fused &= addr[nxt] == addr[points]
+    if not fused.any():
+        return points
+    return np.unique(np.where(fused, nxt, points))
+
+
 def settle_fused_frees(
     timeline: dict[str, Any] | None, columns: Mapping[str, I64], trace: Any
 ) -> dict[str, Any] | None:
@@ -174,24 +194,11 @@ def settle_fused_frees(
     """
     if not timeline:
         return timeline
-    from analysis.model import FREE_COMPLETED, FREE_REQUESTED
-
     action = np.asarray(trace.action)
-    addr = np.asarray(trace.addr)
     points = np.asarray(timeline["index"], np.int64)
-    n = action.shape[0]
-    if points.size == 0 or n < 2:
+    settled = settled_points(points, action, np.asarray(trace.addr))
+    if settled.size == points.size and np.array_equal(settled, points):
         return timeline
-    nxt = np.minimum(points + 1, n - 1)
-    fused = (
-        (action[points] == FREE_REQUESTED)
-        & (points + 1 < n)
-        & (action[nxt] == FREE_COMPLETED)
-        & (addr[nxt] == addr[points])
-    )
-    if not fused.any():
-        return timeline
-    settled = np.unique(np.where(fused, nxt, points))
     out = dict(timeline)
     out.update(series_at(columns, np.asarray(trace.time_us, np.int64), settled))
     out["points"] = int(settled.size)

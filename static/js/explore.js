@@ -133,6 +133,7 @@
           source.data = seriesOf(body);
           slot.dataset.zoom = "1";
           slot.dataset.zoomPoints = String(body.points);
+          slot.dataset.zoomElided = String(body.elided || 0);
           slot.dataset.zoomFullDetail = String(body.full_detail);
           slot.dataset.zoomRange = body.start + "-" + body.end;
         },

@@ -77,18 +77,25 @@ def test_block_stacks(alice_client: Any, done: Upload, replay: Any) -> None:
 
 
 def test_zoom_reads_stored_columns_down_to_single_events(alice_client: Any, done: Upload, replay: Any) -> None:
-    rep, _ = replay
+    rep, snap = replay
     name = f"columns/{done.sha256}/0.npz"
     wide = alice_client.get(f"/s/{done.code}/timeline.json?t0=0&t1={rep.events}&px=100").json()
     assert default_storage.exists(name)  # stored once, read by every later zoom
     assert wide["full_detail"] is False and wide["points"] <= 4 * 100 + 4
     assert max(wide["reserved_bytes"]) == int(rep.peak_reserved)  # min/max per pixel: the peak survives
     narrow = alice_client.get(f"/s/{done.code}/timeline.json?t0=35400&t1=35500&px=1200").json()
-    assert narrow["full_detail"] is True and narrow["index"] == list(range(35400, 35501))
-    assert narrow["allocated_bytes"] == rep.allocated[35400:35501].tolist()
+    # Every event but the free requests completed at the next event (drawn there, with the same
+    # reserved and allocated bytes; in between torch's requested counter lags for one event).
+    action = snap.devices[0].trace.action
+    fused = {i for i in range(35400, 35501) if action[i] == 1 and action[i + 1] == 2}  # 1, 2: free req/completed
+    expected = sorted({i + 1 if i in fused else i for i in range(35400, 35501)})
+    assert narrow["full_detail"] is True and narrow["index"] == expected
+    assert narrow["elided"] == 101 - len(expected) > 0
+    assert narrow["allocated_bytes"] == rep.allocated[expected].tolist()
+    assert all(r <= a for r, a in zip(narrow["requested_bytes"], narrow["allocated_bytes"], strict=True))
     assert narrow["what"][narrow["index"].index(35479)].startswith("oom 708.62 MiB")
     assert len(narrow["what"]) == narrow["points"]
-    np.testing.assert_array_equal(narrow["requested_bytes"], rep.requested[35400:35501])
+    np.testing.assert_array_equal(narrow["requested_bytes"], rep.requested[expected])
 
 
 def test_bad_parameters_are_clear_errors(alice_client: Any, done: Upload) -> None:

@@ -426,6 +426,9 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     # The wheel zooms the time axis (as in memory_viz); the y axis stays from zero to the limit.
     p = _figure("Memory over time", height=330, tools="pan,xwheel_zoom,box_zoom,reset,save")
     p.toolbar.active_scroll = p.select_one({"type": WheelZoomTool})
+    # A fixed range, not a DataRange1d: when explore.js swaps in a zoomed window's data, an automatic
+    # range would spring back to the step bands' full extent.
+    p.x_range = Range1d(float(x[0]), float(x[-1]), bounds=(float(x[0]), float(x[-1])))
     p.y_range = Range1d(0, top * 1.08 if top > 0 else 1)
     _bytes_ticks(p.yaxis)
     p.yaxis.axis_label = "bytes"
