@@ -192,7 +192,9 @@ def test_shared_report_renders_under_the_csp(browser: Any, finished: Any, live_s
         assert figures.count() >= 3  # reserved, allocated, requested at that event
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         visit.page.mouse.move(0, 0)
-        visit.page.screenshot(path=str(SCREENSHOTS / "report.png"), full_page=True)
+        visit.page.screenshot(path=str(SCREENSHOTS / "report-full.png"), full_page=True)
+        visit.page.evaluate("window.scrollTo(0, 0)")
+        visit.page.screenshot(path=str(SCREENSHOTS / "report.png"), full_page=False)  # the first screen
     finally:
         visit.close()
 
