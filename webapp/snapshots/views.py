@@ -356,7 +356,8 @@ def _int_param(request: HttpRequest, name: str, default: int | None = None) -> i
 
 def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
     if upload_row.status != Upload.Status.DONE:
-        return JsonResponse({"error": {"code": "report-not-ready", "message": messages.NOT_FOUND}}, status=404)
+        message = messages.REPORT_NOT_READY.format(status=upload_row.status)
+        return JsonResponse({"error": {"code": "report-not-ready", "message": message}}, status=404)
     try:
         device = _int_param(request, "device", 0)
         if kind == "timeline":
