@@ -35,7 +35,8 @@ def main_device(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
     def weight(d: Mapping[str, Any]) -> tuple[int, int]:
         return (1 if d.get("oom") else 0, int((d.get("summary") or {}).get("peak_reserved_bytes") or 0))
 
-    return max(devices, key=weight)
+    main: Mapping[str, Any] = max(devices, key=weight)
+    return main
 
 
 def _delta(a: float | None, b: float | None) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def _by_site(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 def stack_diff(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows ``{site, a_bytes, b_bytes, delta, change}``, the largest change first; "other stacks" last."""
     a, b = _by_site(rows_a), _by_site(rows_b)
-    out = []
+    out: list[dict[str, Any]] = []
     for key in set(a) | set(b):
         va, vb = a.get(key), b.get(key)
         if va is None:
@@ -82,7 +83,7 @@ def stack_diff(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str
         else:
             change = "same"
         out.append({"site": key, "a_bytes": va, "b_bytes": vb, "delta": (vb or 0) - (va or 0), "change": change})
-    out.sort(key=lambda r: (r["site"] == OTHER, -abs(r["delta"]), r["site"]))
+    out.sort(key=lambda r: (r["site"] == OTHER, -abs(int(r["delta"])), str(r["site"])))
     return out
 
 

@@ -190,7 +190,9 @@ def _merged_line(config: str, recorded_conf: str) -> str:
 
 def _top_level_parts(conf: str) -> list[str]:
     """Split on commas outside ``[...]`` (roundup_power2_divisions lists hold commas)."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in conf:
         if ch == "[":
             depth += 1

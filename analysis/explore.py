@@ -107,7 +107,11 @@ def finish_timeline(
     points = np.asarray(timeline["index"], np.int64)
     trace = dev.trace
     groups = catalog.groups_of(np.asarray(trace.stack)[points]).astype(np.int32)
-    cols = {"action": np.asarray(trace.action)[points], "size": np.asarray(trace.size)[points], "group": groups}
+    cols: dict[str, np.ndarray] = {
+        "action": np.asarray(trace.action)[points],
+        "size": np.asarray(trace.size)[points],
+        "group": groups,
+    }
     info = _event_info(cols, np.arange(points.size))
     timeline.update(info)
     timeline["stack_labels"] = group_labels(catalog, groups)

@@ -85,7 +85,8 @@ def columns_for(upload: Upload, device: int) -> tuple[dict[str, np.ndarray], dic
         explorer = explorer_for(upload, device)
         cols, labels = explorer.columns(), explorer.labels()
         buf = io.BytesIO()
-        np.savez(buf, labels=np.frombuffer(json.dumps(labels).encode(), np.uint8), **cols)
+        arrays = {"labels": np.frombuffer(json.dumps(labels).encode(), np.uint8), **cols}
+        np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types the first keyword
         if not default_storage.exists(name):
             default_storage.save(name, ContentFile(buf.getvalue()))
     with _lock:

@@ -148,6 +148,8 @@ def team_for_user(user: AnyUser, slug: str) -> Team | None:
 
 def writable_projects(user: AnyUser) -> QuerySet[Project]:
     """Projects the user may upload into (member or above)."""
+    if not user.is_authenticated:
+        return Project.objects.none()
     roles = [role for role, rights in ROLE_RIGHTS.items() if "write" in rights]
     return visible_projects(user).filter(team__memberships__user=user, team__memberships__role__in=roles).distinct()
 
