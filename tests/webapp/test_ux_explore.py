@@ -151,3 +151,29 @@ def test_active_memory_bands_stack_the_replays_live_blocks(alice_client: Any, do
     spans.sort()
     assert len(spans) > 10
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_block_free_stack_with_cpp_frames(alice_client: Any, alice: Any, alpha: Any) -> None:
+    """stacks="all", context="all" (big_all_stacks): a block's free stack is its own, C++ frames included."""
+    from webapp.snapshots.tasks import analyse_upload
+
+    upload = make_upload(alpha, alice, FIXTURES / "big_all_stacks.pickle.gz")
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    snap = read_snapshot(FIXTURES / "big_all_stacks.pickle.gz")
+    rep = recorded_replay(snap, snap.devices[0])
+    at = int(rep.peak_allocated_index)
+    state = alice_client.get(f"/s/{upload.code}/state.json?i={at}").json()
+    assert state["free_records_stack"] is True
+    block = next(
+        b for s in state["segments"] for b in s["blocks"] if b.get("alloc_event") is not None and b.get("free_event")
+    )
+    info = alice_client.get(f"/s/{upload.code}/block.json?alloc={block['alloc_event']}").json()
+    trace = snap.devices[0].trace
+    names = [f["name"] for f in info["alloc_frames"]]
+    free_names = [f["name"] for f in info["free_frames"]]
+    # Every frame of each event's own recorded stack, C++ ones too (the allocator's malloc and free).
+    assert names == [f.name for f in snap.stacks.frames_of(int(trace.stack[info["alloc_event"]]))]
+    assert free_names == [f.name for f in snap.stacks.frames_of(int(trace.stack[info["free_event"]]))]
+    assert any("DeviceCachingAllocator::malloc" in n for n in names)
+    assert any("DeviceCachingAllocator::free" in n for n in free_names)
