@@ -39,10 +39,13 @@ from analysis.categories import (
     optimizer_windows,
 )
 from analysis.config import UNLIMITED, AllocatorConfig
+from analysis.decision import decide
+from analysis.explore import finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.model import OOM as OOM_ACTION
 from analysis.oom import explain_oom, infer_limit, oom_indices, verdict
+from analysis.ooms import list_ooms
 from analysis.parallel import Pending, Pool
 from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.reader import read_snapshot
@@ -240,6 +243,7 @@ def _build_report(
         ctx.capture = capture
         dev_report["suggestions"] = advice_mod.advise(ctx)
         _size_into(dev_report, batch_size if batch_size is not None else metadata_batch)
+        dev_report["decision"] = decide(dev_report, capture)
     report_progress("analysing", 1.0)
     return {
         "schema": SCHEMA,
@@ -387,7 +391,8 @@ class _DeviceAnalysis:
             )
         self.live_requested: I64 | None = _live_requested(lifetimes, n)
         guess = int(self.live_requested.argmax()) if self.live_requested is not None else None
-        keep = [i for i in (guess, self.oom_index) if i is not None and i >= 0]
+        reserved_peak = int(_reserved_from_segments_events(dev).argmax()) if n else None  # its segment map
+        keep = [i for i in (guess, self.oom_index, reserved_peak) if i is not None and i >= 0]
         replay = recorded_replay(snapshot, dev, keep_at=keep)
         self.replay = replay
         progress("replaying", 0.5)
@@ -440,6 +445,7 @@ class _DeviceAnalysis:
             if n
             else None
         )
+        timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
 
         # Moments whose live blocks are attributed to stacks.
         moments = [_Moment("peak", replay.peak_allocated_index, replay.blocks_at(replay.peak_allocated_index))]
@@ -512,7 +518,15 @@ class _DeviceAnalysis:
             "summary": summary,
             "limit": device_limit.to_json() if device_limit is not None else None,
             "oom": oom,
-            "ooms": self._all_ooms(ooms, cols, steps),
+            "ooms": list_ooms(
+                trace,
+                cols,
+                peak_reserved=int(replay.peak_reserved),
+                limit=limit,
+                config=recorded_cfg,
+                chosen=known_limit,
+                step_last_events=steps.last_event if len(steps) else None,
+            ),
             "steps": step_rows,
             "step_source": steps.source,
             "first_growth_step": first_growth_step(step_rows),
@@ -522,7 +536,8 @@ class _DeviceAnalysis:
             "replay": check,
             "suggestions": [],
             "moments": {m.name: m.index for m in moments},
-            "segment_maps": {m.name: segment_map(m.state, catalog) for m in moments if m.name in ("peak", "oom")},
+            "segment_maps": {m.name: segment_map(m.state, catalog) for m in moments if m.name in ("peak", "oom")}
+            | ({"reserved_peak": segment_map(replay.blocks_at(replay.peak_reserved_index), catalog)} if n else {}),
             "categories": {
                 "event_index": int(replay.peak_allocated_index),
                 "bytes": categories,
@@ -714,27 +729,6 @@ class _DeviceAnalysis:
                 "the whole step run."
             )
         oom["explanation"] = f"{oom['explanation']} {text}"
-
-    def _all_ooms(self, ooms: I64, cols: dict[str, I64], steps: Steps) -> list[dict[str, Any]]:
-        """Every OOM event of the trace (the report explains the last one)."""
-        trace = self.dev.trace
-        out = []
-        for i in ooms.tolist():
-            k = int(np.searchsorted(steps.last_event, i, side="left")) if len(steps) else None
-            out.append(
-                {
-                    "event_index": int(i),
-                    "time_us": int(trace.time_us[i]),
-                    "requested_bytes": int(trace.size[i]),
-                    "device_free_bytes": int(trace.addr[i]),
-                    "reserved_bytes": int(cols["reserved"][i]),
-                    "allocated_bytes": int(cols["allocated"][i]),
-                    "cached_free_bytes": int(cols["cached_free"][i]),
-                    "largest_free_block_bytes": int(cols["largest_free"][i]),
-                    "step": k,
-                }
-            )
-        return out
 
     # -- leak suspects -----------------------------------------------------------
     def _leaks(self, end_live: tuple[I64, I64, I64], lifetimes: Lifetimes, steps: Steps) -> list[dict[str, Any]]:

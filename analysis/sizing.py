@@ -290,12 +290,20 @@ def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
     saving = round((1.0 - fit["fraction"]) * (fit["need_bytes"] - fit["fixed_bytes"]))
     if fit["fitting_batch"] is not None:
         title = f"Run micro-batches of {fit['micro_batch']} with {fit['accumulation_steps']}-step gradient accumulation"
+        batch = fit["batch_size"]
+        last = batch - (fit["accumulation_steps"] - 1) * fit["micro_batch"]
+        config = (
+            f"batch_size = {fit['micro_batch']}; accumulation_steps = {fit['accumulation_steps']}"
+            f"  # effective batch {batch}" + (f" (the last micro-batch {last})" if last != fit["micro_batch"] else "")
+        )
     else:
+        accum = math.ceil(1 / fit["fraction"]) if fit["fraction"] > 0 else 1
         title = f"Run at most {fit['fraction'] * 100:.0f}% of the batch, with gradient accumulation"
+        config = f"batch_size = batch_size // {accum}; accumulation_steps = {accum}  # same effective batch"
     return {
         "id": "smaller_batch",
         "title": title,
-        "config": None,
+        "config": config,
         "evidence": fit["explanation"],
         "estimated_saving_bytes": saving,
         "avoids_oom": True,

@@ -158,3 +158,51 @@ def timeline_window(
         "full_detail": bool(points.size == hi - lo),
         **series_at(columns, times, points),
     }
+
+
+def settled_points(points: I64, action: npt.NDArray[np.int8], addr: I64 | None = None) -> I64:
+    """``points`` with each ``free_requested`` that a ``free_completed`` follows at once (of the same
+    address, when ``addr`` is given) moved onto that next event; sorted, unique.
+
+    Lossless for reserved and allocated: a completed free changes neither.
+    """
+    from analysis.model import FREE_COMPLETED, FREE_REQUESTED
+
+    n = int(action.shape[0])
+    if points.size == 0 or n < 2:
+        return points
+    nxt = np.minimum(points + 1, n - 1)
+    fused = (action[points] == FREE_REQUESTED) & (points + 1 < n) & (action[nxt] == FREE_COMPLETED)
+    if addr is not None:
+        fused &= addr[nxt] == addr[points]
+    if not fused.any():
+        return points
+    return np.unique(np.where(fused, nxt, points))
+
+
+def settle_fused_frees(
+    timeline: dict[str, Any] | None, columns: Mapping[str, I64], trace: Any
+) -> dict[str, Any] | None:
+    """Move each plotted ``free_requested`` point that its ``free_completed`` follows at once onto that next event.
+
+    Between the two, torch's own counters disagree for one event: ``allocated``
+    has dropped (in ``free()``) while ``requested`` (and ``active``) drop only when
+    the block is really freed. A plot that lands on that instant shows requested
+    above allocated; the next event has the same allocated and reserved bytes (a
+    completed free changes neither), so the extremes stay exact. Genuinely
+    pending frees (``record_stream``: the completion comes later) are kept.
+    """
+    if not timeline:
+        return timeline
+    action = np.asarray(trace.action)
+    points = np.asarray(timeline["index"], np.int64)
+    settled = settled_points(points, action, np.asarray(trace.addr))
+    if settled.size == points.size and np.array_equal(settled, points):
+        return timeline
+    out = dict(timeline)
+    out.update(series_at(columns, np.asarray(trace.time_us, np.int64), settled))
+    out["points"] = int(settled.size)
+    # A full-detail timeline loses those instants: it is then a (lossless for
+    # reserved and allocated) selection of the events.
+    out["downsampled"] = bool(settled.size < action.shape[0])
+    return out

@@ -183,7 +183,8 @@ if _bokeh_js is not None:
     STATICFILES_DIRS.append((f"bokeh/{BOKEH_VERSION}", str(_bokeh_js)))
 STORAGES: dict[str, dict[str, object]] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # Hashed names, gzip/brotli copies, one-year cache after collectstatic (staticstorage.py says how).
+    "staticfiles": {"BACKEND": "webapp.snapshots.staticstorage.StaticStorage"},
 }
 # In DEBUG (tests, laptops) WhiteNoise serves straight from the finders; no collectstatic needed.
 WHITENOISE_USE_FINDERS = True

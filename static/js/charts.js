@@ -63,37 +63,82 @@
     if (error) console.error("chart " + slot.dataset.chart + ":", error);
   }
 
-  function drawAll() {
-    var slots = document.querySelectorAll("[data-chart]");
-    var jobs = [];
+  // Charts inside a closed <details> fold are drawn when it first opens: a page shows its first
+  // chart without waiting for the ones nobody has looked at yet.
+  function hidden(slot) {
+    var fold = slot.closest("details");
+    while (fold) {
+      if (!fold.open) return true;
+      fold = fold.parentElement ? fold.parentElement.closest("details") : null;
+    }
+    return false;
+  }
+
+  var pending = 0;
+
+  function mark() {
+    // A marker for tests and for anyone scripting the page: how many charts are drawn so far, set
+    // once every chart asked for has been handled; chartsTotal is how many the page holds.
+    document.body.dataset.chartsDrawn = String(document.querySelectorAll('[data-rendered="1"]').length);
+  }
+
+  function draw(slot) {
+    if (slot.dataset.rendered) return null;
+    slot.dataset.rendered = "drawing";
+    var data = document.getElementById("chart-data-" + slot.dataset.chart);
+    if (!data) {
+      fail(slot, "no data");
+      return null;
+    }
+    if (typeof Bokeh === "undefined") {
+      fail(slot, "BokehJS did not load");
+      return null;
+    }
+    var item;
+    try {
+      item = JSON.parse(data.textContent);
+      definitionsFirst(item.doc);
+    } catch (error) {
+      fail(slot, error);
+      return null;
+    }
+    return Bokeh.embed.embed_item(item, slot).then(
+      function (views) {
+        slot.dataset.rendered = "1";
+        if (!document.body.dataset.firstChartMs) {
+          document.body.dataset.firstChartMs = String(Math.round(performance.now()));
+        }
+        slot.dispatchEvent(new CustomEvent("oomscope:chart", { bubbles: true, detail: { views: views, item: item } }));
+      },
+      function (error) { fail(slot, error); }
+    );
+  }
+
+  // One chart after another, in page order: the first one on screen is drawn without waiting for
+  // the work of the others (BokehJS builds views on the one main thread).
+  function drawSome(slots) {
+    pending += 1;
+    var chain = Promise.resolve();
     slots.forEach(function (slot) {
-      var data = document.getElementById("chart-data-" + slot.dataset.chart);
-      if (!data) {
-        fail(slot, "no data");
-        return;
-      }
-      if (typeof Bokeh === "undefined") {
-        fail(slot, "BokehJS did not load");
-        return;
-      }
-      var item;
-      try {
-        item = JSON.parse(data.textContent);
-        definitionsFirst(item.doc);
-      } catch (error) {
-        fail(slot, error);
-        return;
-      }
-      jobs.push(
-        Bokeh.embed.embed_item(item, slot).then(
-          function () { slot.dataset.rendered = "1"; },
-          function (error) { fail(slot, error); }
-        )
-      );
+      chain = chain.then(function () { return draw(slot); });
     });
-    // A marker for tests and for anyone scripting the page: every chart has been handled.
-    Promise.all(jobs).then(function () {
-      document.body.dataset.chartsDrawn = String(document.querySelectorAll('[data-rendered="1"]').length);
+    chain.then(function () {
+      pending -= 1;
+      if (pending === 0) mark();
+    });
+  }
+
+  function drawAll() {
+    var slots = Array.prototype.slice.call(document.querySelectorAll("[data-chart]"));
+    document.body.dataset.chartsTotal = String(slots.length);
+    drawSome(slots.filter(function (slot) { return !hidden(slot); }));
+    document.querySelectorAll("details").forEach(function (fold) {
+      fold.addEventListener("toggle", function () {
+        if (!fold.open) return;
+        drawSome(Array.prototype.slice.call(fold.querySelectorAll("[data-chart]")).filter(function (slot) {
+          return !hidden(slot);
+        }));
+      });
     });
   }
 

@@ -20,8 +20,16 @@
 
   // Fallback for plain-http deployments, where navigator.clipboard is absent.
   function selectAndCopy(source) {
-    if (typeof source.select !== "function") return false;
-    source.select();
+    if (typeof source.select === "function") {
+      source.select();
+    } else {
+      // A <code> box: select its text as a range.
+      var range = document.createRange();
+      range.selectNodeContents(source);
+      var selection = window.getSelection();
+      selection.removeAllRanges();
+      selection.addRange(range);
+    }
     try {
       return document.execCommand("copy");
     } catch (error) {

@@ -123,6 +123,24 @@ class Visit:
             self.page.wait_for_function("document.body.dataset.chartsDrawn !== undefined", timeout=60_000)
         self.page.wait_for_timeout(300)
 
+    def open_folds(self) -> None:
+        """Open every folded section; charts.js draws the charts inside as each opens."""
+        self.page.evaluate("document.querySelectorAll('details').forEach((d) => { d.open = true; })")
+        self.wait_for(
+            "() => document.body.dataset.chartsDrawn === document.body.dataset.chartsTotal"
+            " || document.querySelector('[data-rendered=error]') !== null"
+        )
+        self.page.wait_for_timeout(200)
+
+    def wait_for(self, predicate: str, timeout_s: float = 60) -> None:
+        """Poll a JS predicate with ``evaluate`` (``wait_for_function`` evals a string, which the CSP forbids)."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not self.page.evaluate(predicate):
+            assert time.monotonic() < deadline, f"timed out waiting for {predicate}"
+            self.page.wait_for_timeout(50)
+
     def errors(self) -> list[str]:
         return [line for line in self.console if line.startswith(("error", "pageerror"))]
 
@@ -138,8 +156,15 @@ def _expected_figures(charts: dict[str, dict[str, Any]]) -> int:
 
 
 def _check_page(visit: Visit, charts: dict[str, dict[str, Any]], host: str | None) -> None:
+    visit.open_folds()
     assert visit.errors() == []
     assert visit.csp_violations() == []
+    # Pages with a server add an (initially empty) active-memory chart per device to the stored ones.
+    # The active-memory chart needs the server's data: a page without one (the standalone file) leaves it out.
+    names = visit.page.evaluate("Array.from(document.querySelectorAll('[data-chart]')).map((e) => e.dataset.chart)")
+    left_out = [n for n in charts if n not in names]
+    assert all(n.startswith("active-") for n in left_out) and (host is None) == bool(left_out), left_out
+    charts = {n: item for n, item in charts.items() if n in names}
     assert visit.page.evaluate("document.body.dataset.chartsDrawn") == str(len(charts))
     assert visit.page.locator("[data-chart][data-rendered=error]").count() == 0
     # Playwright's CSS selectors pierce Bokeh's open shadow roots.
@@ -185,7 +210,9 @@ def test_shared_report_renders_under_the_csp(browser: Any, finished: Any, live_s
         assert figures.count() >= 3  # reserved, allocated, requested at that event
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         visit.page.mouse.move(0, 0)
-        visit.page.screenshot(path=str(SCREENSHOTS / "report.png"), full_page=True)
+        visit.page.screenshot(path=str(SCREENSHOTS / "report-full.png"), full_page=True)
+        visit.page.evaluate("window.scrollTo(0, 0)")
+        visit.page.screenshot(path=str(SCREENSHOTS / "report.png"), full_page=False)  # the first screen
     finally:
         visit.close()
 
@@ -284,6 +311,23 @@ def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_serv
         _check_page(compare, build_compare_charts(a, b), host)
         text = compare.page.locator(".compare-grid").inner_text()
         assert "6.93 GiB" in text  # gpt_varlen_oom's peak reserved
+        # What changed: the delta of peak reserved, the setting that differs, the stack diff by site.
+        from analysis.decision import format_size
+
+        delta = b["devices"][0]["summary"]["peak_reserved_bytes"] - a["devices"][0]["summary"]["peak_reserved_bytes"]
+        row = compare.page.locator('table.deltas tr[data-name="peak reserved"] td.delta').inner_text()
+        assert row == ("+" if delta > 0 else "") + format_size(delta)
+        settings = compare.page.locator("table.settings-diff").inner_text()
+        assert "expandable_segments\tFalse\tTrue" in settings
+        diff_rows = compare.page.locator("table.stack-diff").first.locator("tbody tr")
+        assert diff_rows.count() >= 5
+        changes = set(
+            compare.page.locator("table.stack-diff")
+            .first.locator("tbody tr")
+            .evaluate_all("rows => rows.map(r => r.dataset.change)")
+        )
+        assert changes <= {"grew", "shrank", "new", "gone", "same"} and changes & {"grew", "shrank"}
+        assert "capture.py:" in compare.page.locator("table.stack-diff").first.inner_text()
         compare.page.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=True)
     finally:
         compare.close()
@@ -314,3 +358,233 @@ def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_serv
                 assert page.errors() == [] and page.csp_violations() == []
         finally:
             page.close()
+
+
+def _analysed(project: Any, user: Any, case: str) -> Any:
+    from tests.webapp.helpers import FIXTURES
+    from webapp.snapshots.models import Upload
+    from webapp.snapshots.tasks import analyse_upload
+
+    upload = make_upload(project, user, FIXTURES / f"{case}.pickle.gz", run=case)
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE, (upload.error_code, upload.error_message)
+    return upload
+
+
+def _truth(case: str) -> dict[str, Any]:
+    from tests.webapp.helpers import FIXTURES
+
+    return json.loads((FIXTURES / f"{case}.truth.json").read_text())
+
+
+def _session_cookie(client: Any, user: Any, live_server: Any) -> list[dict[str, Any]]:
+    client.force_login(user)
+    return [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "frag_oom", "infer_varbatch"])
+def test_decision_screen_comes_first(
+    case: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    """The first screen answers: the verdict, the change to copy, what the replay says it buys."""
+    from django.urls import reverse
+
+    from analysis.decision import format_size
+
+    upload = _analysed(alpha, alice, case)
+    truth = _truth(case)
+    visit = Visit(
+        browser,
+        live_server.url + reverse("snapshots:detail", args=[upload.code]),
+        _session_cookie(client, alice, live_server),
+    )
+    visit.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
+    try:
+        page = visit.page
+        box = page.locator("section.decision").first
+        # On the first screen (1280x900), above everything else of the report.
+        bounds = box.bounding_box()
+        assert bounds is not None and bounds["y"] + bounds["height"] < 900, bounds
+        headline = box.locator(".headline").inner_text()
+        buys = box.locator(".buys").inner_text()
+        stats = truth["memory_stats"]
+        if truth["oom_message"]:
+            # torch's own wording of the failed request, as its message printed it.
+            tried = re.search(r"Tried to allocate ([0-9.]+ [KMG]iB)", truth["oom_message"]).group(1)
+            assert f"the {tried} request" in headline
+            assert headline.startswith(("Out of memory from fragmentation", "The last of"))
+        if case == "gpt_varlen_oom":
+            line = box.locator("code").first.inner_text()
+            assert line == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+            assert "the OOM is gone" in buys
+            assert f"peak reserved {format_size(stats['reserved_bytes.all.peak'])} →" in buys
+            # The copy button copies the line exactly (our copy.js, no inline handler).
+            box.get_by_role("button", name="Copy").click()
+            visit.wait_for("() => document.querySelector('section.decision button').textContent === 'Copied'")
+            assert page.evaluate("navigator.clipboard.readText()") == line
+        elif case == "frag_oom":
+            assert headline.startswith("The last of 2 OOMs in the trace.")
+            assert box.locator("[data-kind=code]").count() == 1
+            assert page.locator("table.ooms tbody tr").count() == 2  # both OOMs listed
+        else:
+            assert box.locator(".badge").inner_text() == "no OOM"
+            idle_end = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
+            assert f"of the {format_size(stats['reserved_bytes.all.peak'])} reserved held no live block" in headline
+            assert f"at the end {format_size(idle_end)} is idle" in headline
+            assert box.locator("code").first.inner_text() == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        # Everything else folds: the sections below are <details>.
+        assert page.locator("details.fold").count() >= 5
+        assert visit.errors() == [] and visit.csp_violations() == []
+        page.screenshot(path=str(SCREENSHOTS / f"decision-{case}.png"), full_page=False)
+    finally:
+        visit.close()
+
+
+def test_invite_roles_and_project_tokens_in_the_browser(
+    browser: Any, transactional_db: Any, alice: Any, alpha: Any, bob: Any, live_server: Any, client: Any
+) -> None:
+    from webapp.snapshots.models import Membership, Project
+
+    bob.email = "bob@example.com"
+    bob.save()
+    cookies = _session_cookie(client, alice, live_server)
+    visit = Visit(browser, live_server.url + f"/t/{alpha.team.slug}/", cookies, charts=False)
+    try:
+        page = visit.page
+        page.get_by_label("Project name").fill("Gamma")
+        page.get_by_role("button", name="Create the project").click()
+        page.wait_for_load_state()
+        assert Project.objects.filter(team=alpha.team, slug="gamma").exists()
+        page.get_by_label("Username or email").fill("bob@example.com")
+        page.get_by_label("Role").select_option("viewer")
+        page.get_by_role("button", name="Invite").click()
+        page.wait_for_load_state()
+        assert page.locator('tr[data-user="bob"] td.role').inner_text() == "viewer"
+        assert Membership.objects.get(team=alpha.team, user=bob).role == "viewer"
+        # Promote to admin through the same form.
+        page.get_by_label("Username or email").fill("bob")
+        page.get_by_label("Role").select_option("admin")
+        page.get_by_role("button", name="Invite").click()
+        page.wait_for_load_state()
+        assert page.locator('tr[data-user="bob"] td.role').inner_text() == "admin"
+        page.screenshot(path=str(SCREENSHOTS / "team.png"), full_page=True)
+        page.locator('tr[data-user="bob"]').get_by_role("button", name="Remove").click()
+        page.wait_for_load_state()
+        assert page.locator('tr[data-user="bob"]').count() == 0
+        assert not Membership.objects.filter(team=alpha.team, user=bob).exists()
+
+        # A token limited to Gamma, made in the UI, reaches Gamma only.
+        page.goto(live_server.url + "/tokens/")
+        page.get_by_label("Name").fill("cluster")
+        page.get_by_label("Limit to one project").select_option("gamma")
+        page.get_by_role("button", name="Make the token").click()
+        page.wait_for_load_state()
+        token = page.locator("#new-token").input_value()
+        assert token.startswith("oom_")
+        page.screenshot(path=str(SCREENSHOTS / "tokens.png"), full_page=True)
+        seen = client.get("/api/v1/projects", HTTP_AUTHORIZATION=f"Bearer {token}").json()["projects"]
+        assert [p["slug"] for p in seen] == ["gamma"]
+        assert page.locator("table.tokens").inner_text().count("project gamma only") == 1
+        assert visit.errors() == [] and visit.csp_violations() == []
+    finally:
+        visit.close()
+
+
+def test_timeline_hover_click_state_and_zoom(browser: Any, finished: Any, live_server: Any, client: Any) -> None:
+    """Hover names the event's stack; a click shows the replay's state there; zoom fetches single events."""
+    from django.urls import reverse
+
+    from analysis.reader import read_snapshot
+    from analysis.replay import recorded_replay
+    from tests.webapp.helpers import GPT_OOM
+
+    snap = read_snapshot(GPT_OOM)
+    rep = recorded_replay(snap, snap.devices[0])
+    visit = Visit(
+        browser,
+        live_server.url + reverse("snapshots:detail", args=[finished.code]),
+        _session_cookie(client, finished.uploaded_by, live_server),
+    )
+    try:
+        page = visit.page
+        visit.wait_for("() => document.querySelector('[data-chart=\"timeline-0\"]').dataset.exploreReady === '1'")
+        slot = page.locator('[data-chart="timeline-0"]')
+        canvas = slot.locator(".bk-Figure").first
+        canvas.scroll_into_view_if_needed()
+        box = canvas.bounding_box()
+        # Hover: the tooltip says what the event was and under which code (a stack label has " ← ").
+        # (Frees of the backward pass carry no frames with stacks="python": move until a framed event.)
+        what = page.get_by_text(re.compile(r"^[a-z ]+ [0-9.]+ (bytes|KiB|MiB|GiB) · .+"))
+        labels = []
+        for k in range(40):
+            page.mouse.move(box["x"] + box["width"] * (0.1 + 0.021 * k), box["y"] + box["height"] * 0.55, steps=2)
+            page.wait_for_timeout(150)
+            if what.count():
+                labels.append(what.first.inner_text())
+                if ".py:" in labels[-1]:
+                    break
+        assert labels and ".py:" in labels[-1], labels
+        # The active-memory chart got its bands for the whole range from the server.
+        visit.wait_for("() => document.querySelector('[data-chart=\"active-0\"]').dataset.active === '1'")
+        assert int(page.locator('[data-chart="active-0"]').get_attribute("data-active-bands")) > 50
+        active = page.locator('[data-chart="active-0"] .bk-Figure').first
+        active.scroll_into_view_if_needed()
+        ab = active.bounding_box()
+        page.mouse.move(ab["x"] + ab["width"] * 0.5, ab["y"] + ab["height"] * 0.8, steps=3)
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(SCREENSHOTS / "report-active.png"), full_page=False)
+        canvas.scroll_into_view_if_needed()
+        box = canvas.bounding_box()
+        # Click: the panel shows the state after that event, equal to the replay's.
+        page.mouse.click(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.55)
+        visit.wait_for("() => /^[0-9]+$/.test(document.getElementById('state-0').dataset.state || '')")
+        index = int(page.locator("#state-0").get_attribute("data-state"))
+        for figure, column in (("allocated", rep.allocated), ("reserved", rep.reserved), ("requested", rep.requested)):
+            shown = page.locator(f'#state-0 dd[data-figure="{figure}"]').get_attribute("data-bytes")
+            assert int(shown) == int(column[index]), figure
+        drawn = page.locator("#state-0 .block.active_allocated")
+        assert drawn.count() > 0
+        sizes = page.locator("#state-0 .block.active_allocated").evaluate_all("els => els.map(e => +e.dataset.size)")
+        assert sum(sizes) == int(rep.allocated[index])
+        # Click a block made by user code: its allocation stack, every frame.
+        page.locator('#state-0 .block.active_allocated[title*=".py:"]').first.click()
+        visit.wait_for("() => document.querySelector('#state-0 .block-detail').dataset.alloc !== undefined")
+        alloc = int(page.locator("#state-0 .block-detail").get_attribute("data-alloc"))
+        frames = page.locator("#state-0 .block-detail ol").first.locator("li").count()
+        assert frames == len(snap.stacks.frames_of(int(snap.devices[0].trace.stack[alloc]))) > 0
+        page.screenshot(path=str(SCREENSHOTS / "report-state.png"), full_page=False)
+        # Zoom with the wheel over the chart until the server sends single events.
+        canvas.scroll_into_view_if_needed()
+        box = canvas.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 0.45, box["y"] + box["height"] * 0.5)  # the plot, not its legend
+        for _ in range(40):
+            page.mouse.wheel(0, -300)
+            page.wait_for_timeout(250)
+            if slot.get_attribute("data-zoom-full-detail") == "true":
+                break
+        visit.wait_for("() => document.querySelector('[data-chart=\"timeline-0\"]').dataset.zoom === '1'")
+        visit.wait_for(
+            "() => document.querySelector('[data-chart=\"timeline-0\"]').dataset.zoomFullDetail === 'true'", 20
+        )
+        lo, hi = (int(v) for v in slot.get_attribute("data-zoom-range").split("-"))
+        # Every event of the range, but the free requests whose completion follows at once.
+        points, elided = int(slot.get_attribute("data-zoom-points")), int(slot.get_attribute("data-zoom-elided"))
+        trace = snap.devices[0].trace
+        fused = sum(
+            1
+            for i in range(lo, hi)
+            if int(trace.action[i]) == 1 and i + 1 < len(trace) and int(trace.action[i + 1]) == 2
+        )
+        assert points + elided == hi - lo and fused - 1 <= elided <= fused  # the last one may move past hi
+        # The chart shows that range (it does not spring back to the whole trace once the data arrives).
+        page.wait_for_timeout(400)
+        shown = page.evaluate(
+            "() => { for (const d of Bokeh.documents) { const f = d.get_model_by_name('timeline-figure');"
+            " if (f) return [f.x_range.start, f.x_range.end]; } }"
+        )
+        assert lo - 1 <= shown[0] and shown[1] <= hi + 1, (shown, lo, hi)
+        page.screenshot(path=str(SCREENSHOTS / "report-zoomed.png"), full_page=False)
+        assert visit.errors() == [] and visit.csp_violations() == []
+    finally:
+        visit.close()

@@ -140,7 +140,7 @@ def test_history_and_compare(alice_client: Any, alice: Any, alpha: Any, done_upl
 def test_home_lists_teams_and_recent(alice_client: Any, done_upload: Upload) -> None:
     response = alice_client.get("/")
     assert response.context["teams"] == [
-        {"name": "Team A", "projects": [{"slug": "alpha", "name": "Alpha", "team": "Team A"}]}
+        {"name": "Team A", "slug": "team-a", "projects": [{"slug": "alpha", "name": "Alpha", "team": "Team A"}]}
     ]
     assert [u["code"] for u in response.context["recent"]] == [done_upload.code]
 
@@ -181,26 +181,49 @@ def test_share_link_to_unfinished_upload_polls_through_the_link(client: Any, ali
     assert client.get(f"/r/{token}/status.json").status_code == 404
 
 
-def test_page_shows_a_share_url_only_while_it_is_the_live_link(
+def test_several_named_share_links_each_revocable(
     client: Any, alice: Any, django_user_model: Any, done_upload: Upload
 ) -> None:
+    """Issue 10: a second link no longer kills the first; the team sees every link, with its uses."""
     from django.contrib.sessions.models import Session
     from django.test import Client
 
     from webapp.snapshots import services
+    from webapp.snapshots.models import ShareLink
 
     client.force_login(alice)
-    client.post(f"/s/{done_upload.code}/share/", {"action": "create"})
-    shown = client.get(f"/s/{done_upload.code}/").context["share_url"]
-    token = shown.rstrip("/").rsplit("/", 1)[-1]
-    # The raw token is in no database row (sessions included), only its hash.
+    client.post(f"/s/{done_upload.code}/share/", {"action": "create", "name": "ticket ML-1"})
+    first = client.get(f"/s/{done_upload.code}/").context["share_url"]
+    token = first.rstrip("/").rsplit("/", 1)[-1]
+    # The raw token is in no database row (sessions and links included), only its hash.
     assert all(token not in str(s.get_decoded()) for s in Session.objects.all())
-    # A teammate replaces the link: the old URL is not offered any more.
+    assert not ShareLink.objects.filter(nonce=token).exists() and not ShareLink.objects.filter(key=token).exists()
+    # A teammate sees the link and makes a second one: both stay live.
     carol = django_user_model.objects.create_user("carol")
     services.membership_add(team=done_upload.project.team, user=carol)
     teammate = Client()
     teammate.force_login(carol)
-    assert teammate.get(f"/s/{done_upload.code}/").context["share_url"] is None  # never shown to others
-    teammate.post(f"/s/{done_upload.code}/share/", {"action": "create"})
-    assert client.get(f"/s/{done_upload.code}/").context["share_url"] is None
-    assert client.get(shown).status_code == 404
+    assert teammate.get(f"/s/{done_upload.code}/").context["share_url"] == first
+    teammate.post(f"/s/{done_upload.code}/share/", {"action": "create", "name": "slack #infra"})
+    links = client.get(f"/s/{done_upload.code}/").context["share_links"]
+    assert [(link["name"], link["created_by"], link["active"]) for link in links] == [
+        ("slack #infra", "carol", True),
+        ("ticket ML-1", "alice", True),
+    ]
+    second = links[0]["url"]
+    assert links[1]["url"] == first and second != first
+    # Each use is counted on its own link.
+    for _ in range(3):
+        assert Client().get(first).status_code == 200
+    assert Client().get(second).status_code == 200
+    links = client.get(f"/s/{done_upload.code}/").context["share_links"]
+    assert [link["use_count"] for link in links] == [1, 3]
+    # Revoking one leaves the other working.
+    client.post(f"/s/{done_upload.code}/share/", {"action": "revoke", "key": links[1]["key"]})
+    assert Client().get(first).status_code == 404
+    assert Client().get(second).status_code == 200
+    page = client.get(f"/s/{done_upload.code}/")
+    assert [link["active"] for link in page.context["share_links"]] == [True, False]
+    assert page.context["share_url"] == second
+    body = page.content.decode()
+    assert "ticket ML-1" in body and "slack #infra" in body and "revoked" in body

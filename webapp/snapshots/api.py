@@ -27,7 +27,7 @@ from webapp.snapshots.intake import (
     parse_error,
     received_file,
 )
-from webapp.snapshots.models import Upload
+from webapp.snapshots.models import Project, Upload
 
 View = Callable[..., HttpResponse]
 log = logging.getLogger(__name__)
@@ -114,7 +114,18 @@ def _unauthorized(code: str = "auth-required", message: str = messages.AUTH_REQU
 
 
 def _upload_or_none(request: HttpRequest, code: str) -> Upload | None:
-    return services.upload_for_user(request.user, code)
+    upload = services.upload_for_user(request.user, code)
+    # A token limited to one project reaches nothing else.
+    if upload is not None and not services.token_allows(getattr(request, "api_token", None), upload.project):
+        return None
+    return upload
+
+
+def _project_or_none(request: HttpRequest, slug: str) -> Project | None:
+    project = services.project_for_user(request.user, slug)
+    if project is not None and not services.token_allows(getattr(request, "api_token", None), project):
+        return None
+    return project
 
 
 IDEMPOTENCY_KEY_MAX = 100  # Upload.idempotency_key's max_length
@@ -164,9 +175,9 @@ def snapshots(request: HttpRequest) -> HttpResponse:
     slug = fields.cleaned_data["project"].strip()
     token = getattr(request, "api_token", None)
     if slug:
-        project = services.project_for_user(request.user, slug)
+        project = _project_or_none(request, slug)
     elif token is not None and token.default_project_id:
-        project = services.project_for_user(request.user, token.default_project.slug)
+        project = _project_or_none(request, token.default_project.slug)
     else:
         candidates = list(services.visible_projects(request.user)[:2])
         project = candidates[0] if len(candidates) == 1 else None
@@ -221,28 +232,44 @@ def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
     return JsonResponse(report.data)
 
 
-@api_view(("POST", "DELETE"))
+@api_view(("GET", "POST", "DELETE"))
 def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
+    """GET lists the links; POST (optional ``name``) adds one; DELETE revokes one (``?key=``) or all."""
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
     # Viewers read the report but hand out no access: links are for members and above.
     if not services.can(request.user, upload.project.team, "write"):
         return _error(403, "share:read-only", messages.SHARE_READ_ONLY)
+    if request.method == "GET":
+        links = services.share_links(upload, request)
+        return JsonResponse({"share_url": services.share_url_of(upload, request), "links": links})
     if request.method == "DELETE":
-        revoked = services.share_revoke(upload)
-        return JsonResponse({"share_url": None, "revoked": revoked})
-    token = services.share_create(upload, request.user)  # type: ignore[arg-type]
+        key = request.GET.get("key") or None
+        revoked = services.share_revoke(upload, key)
+        if key is not None and revoked == 0:
+            return _error(404, "share:unknown-link", messages.SHARE_UNKNOWN)
+        return JsonResponse({"share_url": services.share_url_of(upload, request), "revoked": revoked})
+    token = services.share_create(upload, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
     link = services.share_url(request, token)
+    made = next(item for item in services.share_links(upload, request) if item["url"] == link)
     return JsonResponse(
-        {"share_url": link, "markdown": services.markdown_snippet(upload, link)},
+        {"share_url": link, "markdown": services.markdown_snippet(upload, link), "link": made},
         status=201,
     )
 
 
 @api_view(("GET",))
+def projects(request: HttpRequest) -> HttpResponse:
+    """The projects the caller reaches: the web user's own list, or the token's one project."""
+    token = getattr(request, "api_token", None)
+    rows = services.visible_projects(request.user).order_by("team__name", "name")
+    return JsonResponse({"projects": [services.project_dict(p) for p in rows if services.token_allows(token, p)]})
+
+
+@api_view(("GET",))
 def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
-    project = services.project_for_user(request.user, slug)
+    project = _project_or_none(request, slug)
     if project is None:
         return _not_found()
     uploads = list(project.uploads.select_related("project", "project__team")[:1000])

@@ -13,5 +13,6 @@ urlpatterns = [
     path("snapshots/<str:code>", api.snapshot, name="snapshot"),
     path("snapshots/<str:code>/report", api.snapshot_report, name="snapshot_report"),
     path("snapshots/<str:code>/share", api.snapshot_share, name="snapshot_share"),
+    path("projects", api.projects, name="projects"),
     path("projects/<slug:slug>/runs", api.project_runs, name="project_runs"),
 ]

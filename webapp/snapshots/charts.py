@@ -28,6 +28,8 @@ Chart names (the page template places them by name; ``<d>`` is the device):
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,11 +49,12 @@ from bokeh.models import (
     NumeralTickFormatter,
     Range1d,
     Span,
+    WheelZoomTool,
 )
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
-from webapp.snapshots.formatting import format_bytes, frame_label
+from webapp.snapshots.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
     "CHART_KINDS",
@@ -70,7 +73,7 @@ MAX_ICICLE_DEPTH = 14
 MAX_ICICLE_NODES = 800
 MAX_STEP_BANDS = 2000
 
-CHART_KINDS = ("timeline", "segments-peak", "segments-oom", "stacks", "whatif", "whatif-steps")
+CHART_KINDS = ("timeline", "segments-peak", "segments-oom", "stacks", "whatif", "whatif-steps", "active")
 
 # One palette for the whole site; static/css/oomscope.css uses the same hues.
 RESERVED = "#4c72b0"
@@ -109,7 +112,8 @@ def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         d = dev.get("device", 0)
         builders = (
             ("timeline", _timeline_chart),
-            ("segments-peak", lambda dv: _segment_map_chart(dv, "peak")),
+            # The reserved peak's map where the report has one: the moment the cache was largest.
+            ("segments-peak", lambda dv: _segment_map_chart(dv, _peak_map_key(dv))),
             ("segments-oom", lambda dv: _segment_map_chart(dv, "oom")),
             ("stacks", _icicle_chart),
             ("whatif", _whatif_chart),
@@ -119,6 +123,9 @@ def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             model = build(dev)
             if model is not None:
                 charts[f"{kind}-{d}"] = json_item(model)
+        if f"timeline-{d}" in charts:
+            # Empty here; static/js/explore.js fills it from active.json (site pages only).
+            charts[f"active-{d}"] = active_chart_item(int(d))
     return charts
 
 
@@ -217,6 +224,10 @@ def build_compare_charts(
         _legend(p, outside=True)
         charts["compare-peaks"] = json_item(p)
 
+    overlay = _compare_timeline(dev_a, dev_b, labels)
+    if overlay is not None:
+        charts["compare-timeline"] = json_item(overlay)
+
     steps_a, steps_b = dev_a.get("steps") or [], dev_b.get("steps") or []
     if steps_a or steps_b:
         p = _figure("Reserved at each step's end", height=300)
@@ -246,6 +257,54 @@ def build_compare_charts(
         _legend(p)
         charts["compare-steps"] = json_item(p)
     return charts
+
+
+def _compare_timeline(dev_a: Mapping[str, Any], dev_b: Mapping[str, Any], labels: tuple[str, str]) -> Any:
+    """Both runs' reserved and allocated memory, aligned by step (analysis.compare.aligned_timeline)."""
+    from analysis.compare import aligned_timeline
+
+    series = [(labels[0], aligned_timeline(dev_a), RESERVED), (labels[1], aligned_timeline(dev_b), ALLOCATED)]
+    if not any(s for _, s, _ in series):
+        return None
+    p = _figure("Memory by step, both runs (x: step number + how far into the step, by events)", height=320)
+    _bytes_ticks(p.yaxis)
+    p.xaxis.axis_label = "step"
+    hover = []
+    for label, data, colour in series:
+        if not data or not data["x"]:
+            continue
+        idx = _minmax_indices(np.asarray(data["reserved"]), [], MAX_TIMELINE_POINTS // 2)
+        src = ColumnDataSource(
+            {
+                "x": np.asarray(data["x"])[idx],
+                "reserved": np.asarray(data["reserved"])[idx],
+                "allocated": np.asarray(data["allocated"])[idx],
+                "run": [label] * int(idx.size),
+            }
+        )
+        hover.append(p.line("x", "reserved", source=src, color=colour, line_width=2, legend_label=f"{label} reserved"))
+        p.line(
+            "x",
+            "allocated",
+            source=src,
+            color=colour,
+            line_width=1.2,
+            line_dash="dashed",
+            legend_label=f"{label} allocated",
+        )
+    p.add_tools(
+        HoverTool(
+            renderers=hover,
+            tooltips=[
+                ("run", "@run"),
+                ("step", "@x{0.00}"),
+                ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)"),
+                ("allocated", "@allocated{0.00 b}"),
+            ],
+        )
+    )
+    _legend(p, outside=True)
+    return p
 
 
 # ---------------------------------------------------------------- timeline
@@ -357,10 +416,19 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     frag = _fragmentation(cols)
     if frag is not None:
         data["fragmentation"] = frag[idx].astype(np.float32)
-    source = ColumnDataSource(data)
+    what = _event_texts(dev.get("timeline") or {}, idx)
+    if what is not None:
+        data["what"] = what
+    # Named so static/js/explore.js finds them (zoom detail replaces the data; a tap asks for the state).
+    source = ColumnDataSource(data, name="timeline-source")
 
     top = max(float(np.max(data["reserved"])), float((oom or {}).get("limit_bytes") or 0))
-    p = _figure("Memory over time", height=330)
+    # The wheel zooms the time axis (as in memory_viz); the y axis stays from zero to the limit.
+    p = _figure("Memory over time", height=330, tools="pan,xwheel_zoom,box_zoom,reset,save")
+    p.toolbar.active_scroll = p.select_one({"type": WheelZoomTool})
+    # A fixed range, not a DataRange1d: when explore.js swaps in a zoomed window's data, an automatic
+    # range would spring back to the step bands' full extent.
+    p.x_range = Range1d(float(x[0]), float(x[-1]), bounds=(float(x[0]), float(x[-1])))
     p.y_range = Range1d(0, top * 1.08 if top > 0 else 1)
     _bytes_ticks(p.yaxis)
     p.yaxis.axis_label = "bytes"
@@ -396,6 +464,8 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
             )
         )
     tooltips = [("event", "@x{0,0}")]
+    if "what" in data:
+        tooltips.append(("what", "@what"))
     if "t" in data:
         tooltips.append(("time", "@t{0,0.000} s after the first event"))
     for key, label in (
@@ -409,6 +479,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     if "fragmentation" in data:
         tooltips.append(("fragmentation", "@fragmentation{0.0%}"))
     p.add_tools(HoverTool(renderers=lines[:1], mode="vline", tooltips=tooltips))
+    p.name = "timeline-figure"
     _legend(p, outside=True)
     if summary.get("peak_is_lower_bound"):
         p.title.text += " (trace incomplete: peaks are lower bounds)"
@@ -435,6 +506,57 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     )
     p.xaxis.visible = False
     return column(p, q, sizing_mode="stretch_width")
+
+
+@functools.lru_cache(maxsize=16)
+def _active_chart_json(device: int) -> str:
+    source = ColumnDataSource(
+        {k: [] for k in ("xs", "ys", "size", "size_text", "label", "alloc_event", "free_event", "colour")},
+        name="active-source",
+    )
+    p = _figure(
+        "Active memory: each live allocation a band, stacked in the order they were made (click the timeline)",
+        height=300,
+        tools="pan,xwheel_zoom,box_zoom,reset,save",
+    )
+    p.name = "active-figure"
+    _bytes_ticks(p.yaxis)
+    p.y_range.start = 0
+    p.xaxis.axis_label = "trace event (follows the timeline's range)"
+    p.xaxis.formatter = NumeralTickFormatter(format="0,0")
+    r = p.patches("xs", "ys", source=source, fill_color="colour", line_color="white", line_width=0.3, fill_alpha=0.85)
+    p.add_tools(
+        HoverTool(
+            renderers=[r],
+            tooltips=[
+                ("size", "@size_text (@size{0,0} B)"),
+                ("stack", "@label"),
+                ("allocated at event", "@alloc_event{0,0}"),
+                ("freed at event", "@free_event"),
+            ],
+        )
+    )
+    return json.dumps(json_item(p))
+
+
+def active_chart_item(device: int) -> dict[str, Any]:
+    """The active-memory chart of a device, empty: static/js/explore.js fills it from active.json."""
+    item: dict[str, Any] = json.loads(_active_chart_json(device))
+    return item
+
+
+def _event_texts(timeline: Mapping[str, Any], idx: np.ndarray) -> list[str] | None:
+    """Per plotted point, what the event was and where (the report's ``event_*`` series)."""
+    actions, sizes, groups = (timeline.get(k) for k in ("event_action", "event_size", "event_group"))
+    if not (isinstance(actions, list) and isinstance(sizes, list) and isinstance(groups, list)):
+        return None
+    if not len(actions) == len(sizes) == len(groups) or (len(actions) and int(idx.max()) >= len(actions)):
+        return None
+    labels = timeline.get("stack_labels") or {}
+    return [
+        event_text(str(actions[i]), int(sizes[i]), str(labels.get(str(groups[i]), "")) if groups[i] >= 0 else "")
+        for i in idx.tolist()
+    ]
 
 
 def _x_of(time_us: Any, event_index: Any, t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray]) -> float | None:
@@ -532,6 +654,10 @@ def _step_bands(
 # ---------------------------------------------------------------- segment maps
 
 
+def _peak_map_key(dev: Mapping[str, Any]) -> str:
+    return "reserved_peak" if (dev.get("segment_maps") or {}).get("reserved_peak") else "peak"
+
+
 def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     """Segments as rows (largest on top), blocks as boxes along each row, coloured by state.
 
@@ -579,7 +705,7 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
             cols["count"].append(blk["count"])
             cols["segment"].append(seg_size)
 
-    when = "peak" if moment == "peak" else "OOM"
+    when = {"peak": "allocated peak", "reserved_peak": "reserved peak"}.get(moment, "OOM")
     at = snap.get("event_index") if isinstance(snap, Mapping) else None
     title = f"Segments at the {when}" + (f" (event {at:,})" if isinstance(at, int) else "")
     if hidden:
@@ -782,7 +908,7 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
             x0 += width
             drawn += 1
     levels = int(max(len(k) for k in nodes))
-    when = "the OOM" if moment == "oom" else "the peak"
+    when = "the OOM" if moment == "oom" else "the allocated peak"
     p = _figure(
         f"Who holds memory at {when}: top stacks by bytes (outermost frame on top)",
         height=min(700, 60 + 30 * min(levels, MAX_ICICLE_DEPTH)),

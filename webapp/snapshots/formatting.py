@@ -5,23 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+from analysis.decision import format_size
 
 
 def format_bytes(n: float | None) -> str:
-    """Binary units with two decimals past KiB ("1.04 GiB"): the wording of torch's own OOM message."""
+    """Sizes worded as torch's own messages word them (``format_size``: "710.00 MiB", "1.04 GiB",
+    "512 bytes"); the one rule lives in ``analysis.decision.format_size``."""
     if n is None:
         return "n/a"
-    value = float(n)
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    unit = 0
-    while value >= 1024 and unit < len(_UNITS) - 1:
-        value /= 1024
-        unit += 1
-    if unit == 0:
-        return f"{sign}{int(value)} B"
-    return f"{sign}{value:.2f} {_UNITS[unit]}"
+    return format_size(n)
+
+
+def event_text(action: str, size: int, label: str) -> str:
+    """What happened at a point, for hover: ``alloc 12.00 MiB · linear.py:134 forward ← …``."""
+    text = f"{action.replace('_', ' ')} {format_bytes(size)}" if action != "snapshot" else action
+    return f"{text} · {label}" if label else text
 
 
 def frame_label(frame: Any) -> str:

@@ -63,7 +63,10 @@ PUBLISH_PENDING = (
 )
 SNAPSHOT_DELETED = "Snapshot deleted."
 DATABASE_UNAVAILABLE = "The database is unavailable for a moment; retry shortly (with the same Idempotency-Key)."
-DELETE_FORBIDDEN = "Only the person who uploaded a snapshot, or an owner of its team, may delete it."
+DELETE_FORBIDDEN = (
+    "Only the person who uploaded a snapshot (while they may upload), or an admin of its team, may delete it."
+)
+SHARE_UNKNOWN = "No live share link with that key: it was revoked already, or belongs to another report."
 
 
 def error_message(code: str, detail: str = "") -> str:
@@ -85,3 +88,15 @@ def human_bytes(n: int) -> str:
             return f"{int(value)} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} bytes"
+
+
+# Teams, projects and tokens (services.TeamError codes team:<reason>).
+TEAM_FORBIDDEN = "Only the team's admins can do that."
+TEAM_NAME_REQUIRED = "A team needs a name."
+PROJECT_NAME_REQUIRED = "A project needs a name."
+TEAM_BAD_ROLE = "Unknown role {role!r}: choose viewer, member or admin."
+TEAM_NO_SUCH_USER = "No user {who!r}: give the username or email of someone who has signed up."
+TEAM_OWNER_FIXED = "The team's owner keeps their role and cannot be removed."
+TOKEN_PROJECT_UNKNOWN = "No project {slug!r} among yours."  # noqa: S105 - a message, not a secret
+UPLOAD_READ_ONLY = "You can read this project but not upload to it (your role is viewer)."
+SHARE_READ_ONLY = "Viewers can read this report but not make or revoke its share links."

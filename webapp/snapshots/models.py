@@ -130,9 +130,21 @@ class Report(models.Model):
 
 
 class ShareLink(models.Model):
+    """A read-only link to one upload's report; an upload may have several, each revocable.
+
+    The token is never stored: it is ``HMAC(SECRET_KEY, nonce)`` (services.share_token), so the
+    site can show a live link's URL again to the team, while a copy of the database alone can
+    neither read nor forge one. ``token_hash`` finds the link from a URL. Links made before
+    ``nonce`` existed have an empty one: they work, but their URL cannot be shown again.
+    """
+
     upload = models.ForeignKey(Upload, on_delete=models.CASCADE, related_name="share_links")
     token_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=8)
+    # Public handle for listing and revoking one link (never the token, never the row id).
+    key = models.CharField(max_length=16, unique=True, null=True, blank=True)
+    name = models.CharField(max_length=100, blank=True)
+    nonce = models.CharField(max_length=64, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -147,8 +159,12 @@ class ApiToken(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     token_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
+    name = models.CharField(max_length=100, blank=True)
     # Uploads without an explicit project go here.
     default_project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True)
+    # When set, the token reaches this project only (reads and uploads); its user's other projects
+    # stay out of reach. Deleting the project deletes the token rather than widening it.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, null=True, blank=True, related_name="scoped_tokens")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -131,6 +131,16 @@ ROLE_RIGHTS: dict[str, frozenset[str]] = {
     Membership.Role.ADMIN: frozenset({"read", "write", "manage"}),
     Membership.Role.OWNER: frozenset({"read", "write", "manage"}),
 }
+INVITABLE_ROLES = (Membership.Role.VIEWER, Membership.Role.MEMBER, Membership.Role.ADMIN)
+
+
+class TeamError(Exception):
+    """A refused team change; ``code`` is stable (``team:<reason>``), ``message`` says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 def role_of(user: AnyUser, team: Team) -> str | None:
@@ -144,10 +154,105 @@ def can(user: AnyUser, team: Team, right: str) -> bool:
     return role is not None and right in ROLE_RIGHTS.get(role, frozenset())
 
 
+def visible_teams(user: AnyUser) -> QuerySet[Team]:
+    if not user.is_authenticated:
+        return Team.objects.none()
+    return Team.objects.filter(memberships__user=user).order_by("name")
+
+
+def team_for_user(user: AnyUser, slug: str) -> Team | None:
+    return visible_teams(user).filter(slug=slug).first()
+
+
 def writable_projects(user: AnyUser) -> QuerySet[Project]:
     """Projects the user may upload into (member or above)."""
+    if not user.is_authenticated:
+        return Project.objects.none()
     roles = [role for role, rights in ROLE_RIGHTS.items() if "write" in rights]
     return visible_projects(user).filter(team__memberships__user=user, team__memberships__role__in=roles).distinct()
+
+
+def _free_slug(model: Any, wanted: str) -> str:
+    from django.utils.text import slugify
+
+    base = slugify(wanted)[:50] or "project"
+    slug, n = base, 1
+    while model.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+def team_create_for_user(user: User, name: str) -> Team:
+    name = name.strip()[:100]
+    if not name:
+        raise TeamError("team:name-required", messages.TEAM_NAME_REQUIRED)
+    return team_create(name=name, slug=_free_slug(Team, name), owner=user)
+
+
+def project_create_for_user(user: User, team: Team, name: str) -> Project:
+    """A new project in ``team`` (admins and owners); its slug is made from the name, unique site-wide."""
+    if not can(user, team, "manage"):
+        raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
+    name = name.strip()[:100]
+    if not name:
+        raise TeamError("team:name-required", messages.PROJECT_NAME_REQUIRED)
+    return project_create(team=team, name=name, slug=_free_slug(Project, name))
+
+
+def member_invite(by: User, team: Team, who: str, role: str) -> Membership:
+    """Add an existing user, named by username or email, with ``role``; or change a member's role."""
+    from django.contrib.auth import get_user_model
+
+    if not can(by, team, "manage"):
+        raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
+    if role not in INVITABLE_ROLES:
+        raise TeamError("team:bad-role", messages.TEAM_BAD_ROLE.format(role=role))
+    who = who.strip()
+    users = get_user_model().objects.filter(is_active=True)
+    found = users.filter(username__iexact=who).first() if who else None
+    if found is None and "@" in who:
+        matches = list(users.filter(email__iexact=who)[:2])
+        found = matches[0] if len(matches) == 1 else None
+    if found is None:
+        raise TeamError("team:no-such-user", messages.TEAM_NO_SUCH_USER.format(who=who))
+    membership = Membership.objects.filter(team=team, user=found).first()
+    if membership is None:
+        return Membership.objects.create(team=team, user=found, role=role)
+    if membership.role == Membership.Role.OWNER:
+        raise TeamError("team:owner", messages.TEAM_OWNER_FIXED)
+    membership.role = role
+    membership.save(update_fields=["role"])
+    return membership
+
+
+def member_remove(by: User, team: Team, username: str) -> None:
+    """Remove a member (admins and owners; anyone may leave). The owner stays."""
+    membership = Membership.objects.filter(team=team, user__username=username).select_related("user").first()
+    if membership is None:
+        raise TeamError("team:no-such-member", messages.TEAM_NO_SUCH_USER.format(who=username))
+    if membership.user_id != by.pk and not can(by, team, "manage"):
+        raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
+    if membership.role == Membership.Role.OWNER:
+        raise TeamError("team:owner", messages.TEAM_OWNER_FIXED)
+    membership.delete()
+    # A token limited to one of this team's projects is of no use to its user any more.
+    ApiToken.objects.filter(user_id=membership.user_id, project__team=team, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+
+
+def team_dict(team: Team, user: AnyUser) -> dict[str, Any]:
+    members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+    role = role_of(user, team)
+    return {
+        "name": team.name,
+        "slug": team.slug,
+        "role": role,
+        "can_manage": can(user, team, "manage"),
+        "members": [{"username": m.user.get_username(), "email": m.user.email, "role": m.role} for m in members],
+        "projects": [project_dict(p) for p in team.projects.order_by("name")],
+    }
 
 
 @transaction.atomic
@@ -469,34 +574,108 @@ def uploads_purge_failed() -> int:
 
 # --- share links --------------------------------------------------------------------------
 
+SHARE_TOKEN_SALT = "oomscope.share-link"  # noqa: S105 - an HMAC salt name, not a secret
+
+
+def share_token(nonce: str) -> str:
+    """A link's token: HMAC(SECRET_KEY, nonce), URL-safe. Stored nowhere; recomputed to show the URL."""
+    import base64
+
+    from django.utils.crypto import salted_hmac
+
+    digest = salted_hmac(SHARE_TOKEN_SALT, nonce, algorithm="sha256").digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
 
 @transaction.atomic
-def share_create(upload: Upload, user: User | None) -> str:
-    """A new read-only link (older live links of the upload are revoked); returns the token."""
-    share_revoke(upload)
-    token = secrets.token_urlsafe(32)
-    ShareLink.objects.create(upload=upload, token_hash=token_hash(token), prefix=token[:6], created_by=user)
+def share_create(upload: Upload, user: User | None, name: str = "") -> str:
+    """A new read-only link (the upload's other links stay live); returns the token."""
+    nonce = secrets.token_urlsafe(24)
+    token = share_token(nonce)
+    ShareLink.objects.create(
+        upload=upload,
+        token_hash=token_hash(token),
+        prefix=token[:6],
+        key=secrets.token_urlsafe(9)[:12],
+        name=(name or "").strip()[:100],
+        nonce=nonce,
+        created_by=user,
+    )
     return token
 
 
-def share_revoke(upload: Upload) -> int:
-    return ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).update(revoked_at=timezone.now())
+def share_revoke(upload: Upload, key: str | None = None) -> int:
+    """Revoke one live link (by ``key``) or, without a key, every live link of the upload."""
+    links = ShareLink.objects.filter(upload=upload, revoked_at__isnull=True)
+    if key is not None:
+        links = links.filter(key=key)
+    return links.update(revoked_at=timezone.now())
 
 
 def share_active(upload: Upload) -> ShareLink | None:
-    return ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).first()
+    """The newest live link, if any."""
+    return ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).order_by("-created_at", "-id").first()
+
+
+def share_link_url(request: HttpRequest | None, link: ShareLink) -> str | None:
+    """The link's URL, recomputed from its nonce; None for a link made before nonces existed."""
+    if not link.nonce:
+        return None
+    path = reverse("snapshots:share_view", args=[share_token(link.nonce)])
+    return request.build_absolute_uri(path) if request is not None else path
+
+
+def share_links(upload: Upload, request: HttpRequest | None, *, revoked: bool = True) -> list[dict[str, Any]]:
+    """The upload's links, newest first: what the page lists and ``GET .../share`` returns."""
+    links = ShareLink.objects.filter(upload=upload).select_related("created_by").order_by("-created_at", "-id")
+    if not revoked:
+        links = links.filter(revoked_at__isnull=True)
+    return [
+        {
+            "key": link.key,
+            "name": link.name,
+            "url": share_link_url(request, link) if link.revoked_at is None else None,
+            "active": link.revoked_at is None,
+            "created_at": link.created_at.isoformat(),
+            "created_by": link.created_by.get_username() if link.created_by else None,
+            "use_count": link.use_count,
+            "last_used_at": link.last_used_at.isoformat() if link.last_used_at else None,
+            "revoked_at": link.revoked_at.isoformat() if link.revoked_at else None,
+        }
+        for link in links
+    ]
+
+
+def share_url_of(upload: Upload, request: HttpRequest | None) -> str | None:
+    """The newest live link's URL that can be shown (None when nothing is shared)."""
+    for link in ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).order_by("-created_at", "-id"):
+        url = share_link_url(request, link)
+        if url:
+            return url
+    return None
 
 
 # --- API tokens ---------------------------------------------------------------------------
 
 
-def api_token_create(user: User, default_project: Project | None = None, *, expires_at: datetime | None = None) -> str:
+def api_token_create(
+    user: User,
+    default_project: Project | None = None,
+    *,
+    project: Project | None = None,
+    name: str = "",
+    expires_at: datetime | None = None,
+) -> str:
+    """A new token for ``user`` (shown once: only its hash is kept). With ``project`` it reaches
+    that project only, and uploads go there by default; with ``expires_at`` it stops working then."""
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
     ApiToken.objects.create(
         user=user,
         token_hash=token_hash(token),
         prefix=token[:10],
-        default_project=default_project,
+        default_project=project or default_project,
+        project=project,
+        name=name.strip()[:100],
         expires_at=expires_at,
     )
     return token
@@ -507,7 +686,7 @@ def api_token_user(raw: str) -> tuple[User, ApiToken] | None:
     token = (
         ApiToken.objects.filter(token_hash=token_hash(raw), revoked_at__isnull=True)
         .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
-        .select_related("user", "default_project")
+        .select_related("user", "default_project", "project")
         .first()
     )
     if token is None or not token.user.is_active:
@@ -520,6 +699,33 @@ def api_token_user(raw: str) -> tuple[User, ApiToken] | None:
         except OperationalError as exc:
             log.warning("api token %s: last use not recorded: %s", token.prefix, exc)
     return token.user, token
+
+
+def token_allows(token: ApiToken | None, project: Project | None) -> bool:
+    """Whether a request's token may reach ``project`` (a token without a project reaches all its user's)."""
+    if project is None:
+        return False
+    return token is None or token.project_id is None or token.project_id == project.pk
+
+
+def api_tokens_of(user: User) -> list[dict[str, Any]]:
+    rows = ApiToken.objects.filter(user=user).select_related("project").order_by("-created_at", "-id")
+    return [
+        {
+            "prefix": t.prefix,
+            "name": t.name,
+            "project": t.project.slug if t.project else None,
+            "created_at": t.created_at.isoformat(),
+            "last_used_at": t.last_used_at.isoformat() if t.last_used_at else None,
+            "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+            "active": t.revoked_at is None,
+        }
+        for t in rows
+    ]
+
+
+def api_token_revoke(user: User, prefix: str) -> int:
+    return ApiToken.objects.filter(user=user, prefix=prefix, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
 # --- plain dicts for templates and the API ------------------------------------------------
@@ -588,9 +794,8 @@ def upload_api_dict(upload: Upload, request: HttpRequest, *, shared: bool | None
         "error": {"code": upload.error_code, "message": upload.error_message} if upload.error_code else None,
         "url": request.build_absolute_uri(reverse("snapshots:detail", args=[upload.code])),
         "api_url": request.build_absolute_uri(reverse("api:snapshot", args=[upload.code])),
-        # Only the hash of a share token is stored, so an existing link cannot be shown again;
-        # POST .../share returns a fresh one.
-        "share_url": None,
+        # The newest live link (its URL is recomputed from its nonce); GET .../share lists them all.
+        "share_url": share_url_of(upload, request) if shared else None,
         "shared": shared,
         "project": upload.project.slug,
         "run": upload.run,

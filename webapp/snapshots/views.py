@@ -20,18 +20,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from webapp.snapshots import messages, services
+from webapp.snapshots import explore, messages, services
 from webapp.snapshots.forms import SignupForm, UploadForm
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
 
 log = logging.getLogger(__name__)
-
-# A new share token is shown to its creator only: it travels back in a signed, HttpOnly cookie
-# scoped to the report's path (the database keeps only its hash), for SHARE_COOKIE_AGE seconds.
-SHARE_COOKIE = "share-{code}"
-SHARE_COOKIE_SALT = "oomscope.share"
-SHARE_COOKIE_AGE = 3600
 
 
 def _wants_json(request: HttpRequest) -> bool:
@@ -49,26 +43,37 @@ def _upload_or_404(request: HttpRequest, code: str) -> Upload:
 
 def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> dict[str, Any]:
     report = services.report_for(upload)
-    active = services.share_active(upload)
-    share_link = None
-    if not shared and active is not None:
-        token = request.get_signed_cookie(
-            SHARE_COOKIE.format(code=upload.code), default=None, salt=SHARE_COOKIE_SALT, max_age=SHARE_COOKIE_AGE
-        )
-        # Shown only while it is still the live link (not revoked or replaced since).
-        if token and services.token_hash(token) == active.token_hash:
-            share_link = services.share_url(request, token)
+    # Members see every link of the upload (any of them may have made it); a share-link reader none.
+    can_write = not shared and services.can(request.user, upload.project.team, "write")
+    links = services.share_links(upload, request) if can_write else []
+    live = [link for link in links if link["active"]]
+    share_link = next((link["url"] for link in live if link["url"]), None)
     return {
         "upload": services.upload_dict(upload, request),
-        "report": report.data if report else None,
+        "report": with_decisions(report.data) if report else None,
         "charts": report.charts if report else {},
         "shared": shared,
         "share_url": share_link,
-        "share_active": active is not None,
+        "share_active": bool(live),
+        "share_links": links,
+        "can_write": can_write,
         "markdown_snippet": services.markdown_snippet(upload, share_link),
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
+        # Where the timeline fetches zoom detail and states (share_view points it at the link).
+        "explore_base": reverse("snapshots:detail", args=[upload.code]),
     }
+
+
+def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
+    """Reports stored before ``decision`` existed get it here (a pure function of the report's own keys)."""
+    from analysis.decision import decide
+
+    capture = report.get("capture") or {}
+    for dev in report.get("devices") or []:
+        if isinstance(dev, dict) and "decision" not in dev:
+            dev["decision"] = decide(dev, capture)
+    return report
 
 
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
@@ -101,7 +106,9 @@ def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
 def home(request: HttpRequest) -> HttpResponse:
     teams: dict[int, dict[str, Any]] = {}
     for project in services.visible_projects(request.user).order_by("team__name", "name"):
-        entry = teams.setdefault(project.team_id, {"name": project.team.name, "projects": []})
+        entry = teams.setdefault(
+            project.team_id, {"name": project.team.name, "slug": project.team.slug, "projects": []}
+        )
         entry["projects"].append(services.project_dict(project))
     recent = services.visible_uploads(request.user)[:20]
     return render(
@@ -212,30 +219,21 @@ def share_status_json(request: HttpRequest, token: str) -> HttpResponse:
 @login_required
 @require_POST
 def share(request: HttpRequest, code: str) -> HttpResponse:
-    """Page action: POST ``action=create`` makes a new link, ``action=revoke`` revokes it."""
+    """Page action: POST ``action=create`` (optional ``name``) adds a link; ``action=revoke`` with
+    ``key`` revokes that link, without a key every live link."""
     upload_row = _upload_or_404(request, code)
-    response = redirect("snapshots:detail", code=code)
+    response = redirect(reverse("snapshots:detail", args=[code]) + "#share")
     if not services.can(request.user, upload_row.project.team, "write"):
         flash.error(request, messages.SHARE_READ_ONLY)
         return response
-    cookie = SHARE_COOKIE.format(code=code)
-    path = reverse("snapshots:detail", args=[code])
     if request.POST.get("action") == "revoke":
-        services.share_revoke(upload_row)
-        response.delete_cookie(cookie, path=path)
-        flash.info(request, messages.SHARE_REVOKED)
+        key = request.POST.get("key") or None
+        if services.share_revoke(upload_row, key) == 0 and key is not None:
+            flash.error(request, messages.SHARE_UNKNOWN)
+        else:
+            flash.info(request, messages.SHARE_REVOKED)
     else:
-        token = services.share_create(upload_row, request.user)  # type: ignore[arg-type]
-        response.set_signed_cookie(
-            cookie,
-            token,
-            salt=SHARE_COOKIE_SALT,
-            max_age=SHARE_COOKIE_AGE,
-            path=path,
-            httponly=True,
-            samesite="Strict",
-            secure=settings.SESSION_COOKIE_SECURE,
-        )
+        services.share_create(upload_row, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
         flash.success(request, messages.SHARE_CREATED)
     return response
 
@@ -274,6 +272,7 @@ def share_view(request: HttpRequest, token: str) -> HttpResponse:
     context["share_url"] = request.build_absolute_uri()
     context["markdown_snippet"] = services.markdown_snippet(upload_row, context["share_url"])
     context["status_url"] = reverse("snapshots:share_status_json", args=[token])
+    context["explore_base"] = reverse("snapshots:share_view", args=[token])
     template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
     return _capability_headers(render(request, template, context))
 
@@ -337,6 +336,9 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
             pass
         except Exception:
             log.exception("compare charts failed")
+    from analysis.compare import compare as compare_reports
+
+    diff = compare_reports(report_a.data, report_b.data) if report_a and report_b else None
     return render(
         request,
         "snapshots/compare.html",
@@ -344,8 +346,168 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
             "a": {"upload": services.upload_dict(a, request), "report": report_a.data if report_a else None},
             "b": {"upload": services.upload_dict(b, request), "report": report_b.data if report_b else None},
             "charts": charts,
+            "diff": diff,
         },
     )
+
+
+# --- digging: zoom detail, the state at an event, one block ---------------------------------
+
+
+def _int_param(request: HttpRequest, name: str, default: int | None = None) -> int:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise explore.ExploreError(400, "explore:missing-param", f"the query needs {name}=")
+        return default
+    try:
+        return int(float(raw))
+    except ValueError as err:
+        raise explore.ExploreError(400, "explore:bad-param", f"{name}={raw!r} is not a number") from err
+
+
+def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
+    if upload_row.status != Upload.Status.DONE:
+        message = messages.REPORT_NOT_READY.format(status=upload_row.status)
+        return JsonResponse({"error": {"code": "report-not-ready", "message": message}}, status=404)
+    try:
+        device = _int_param(request, "device", 0)
+        if kind == "timeline":
+            t0 = _int_param(request, "t0", 0)
+            t1 = _int_param(request, "t1", 2**62)
+            px = min(4000, max(16, _int_param(request, "px", 1000)))
+            body = explore.timeline_payload(upload_row, device, t0, t1, px)
+        elif kind == "active":
+            t0 = _int_param(request, "t0", 0)
+            t1 = _int_param(request, "t1", 2**62)
+            px = min(4000, max(16, _int_param(request, "px", 1000)))
+            body = explore.active_payload(upload_row, device, t0, t1, px)
+        elif kind == "state":
+            body = explore.state_payload(upload_row, device, _int_param(request, "i"))
+        else:
+            body = explore.block_payload(upload_row, device, _int_param(request, "alloc"))
+    except explore.ExploreError as err:
+        return JsonResponse({"error": {"code": err.code, "message": err.message}}, status=err.status)
+    response = JsonResponse(body)
+    response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
+    return response
+
+
+@login_required
+@require_GET
+def explore_json(request: HttpRequest, code: str, kind: str) -> HttpResponse:
+    """``/s/<code>/{timeline,state,block}.json``: see webapp/snapshots/explore.py."""
+    return _explore_answer(_upload_or_404(request, code), request, kind)
+
+
+@require_GET
+def share_explore_json(request: HttpRequest, token: str, kind: str) -> HttpResponse:
+    """The same through a share link (counted once per page view, not per zoom)."""
+    upload_row = services.upload_for_share_token(token, count_use=False)
+    if upload_row is None:
+        return _capability_headers(
+            JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
+        )
+    response = _explore_answer(upload_row, request, kind)
+    _capability_headers(response)
+    return response
+
+
+# --- teams, projects, API tokens ----------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def teams(request: HttpRequest) -> HttpResponse:
+    """The user's teams; POST ``name`` creates a team (its creator is the owner)."""
+    if request.method == "POST":
+        try:
+            team = services.team_create_for_user(request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
+        except services.TeamError as err:
+            flash.error(request, err.message)
+            return redirect("snapshots:teams")
+        flash.success(request, f"Team {team.name} created.")
+        return redirect("snapshots:team", team=team.slug)
+    rows = [services.team_dict(t, request.user) for t in services.visible_teams(request.user)]
+    return render(request, "snapshots/teams.html", {"teams": rows})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def team(request: HttpRequest, team: str) -> HttpResponse:
+    """A team's members and projects. POST ``action``: ``invite`` (``who``: username or email,
+    ``role``), ``remove`` (``username``), ``create_project`` (``name``)."""
+    slug = team
+    team_row = services.team_for_user(request.user, slug)
+    if team_row is None:
+        raise Http404
+    if request.method == "POST":
+        action = request.POST.get("action")
+        user = request.user
+        try:
+            if action == "invite":
+                m = services.member_invite(
+                    user,  # type: ignore[arg-type]
+                    team_row,
+                    request.POST.get("who") or "",
+                    request.POST.get("role") or "member",
+                )
+                flash.success(request, f"{m.user.get_username()} is now {m.role} of {team_row.name}.")
+            elif action == "remove":
+                services.member_remove(user, team_row, request.POST.get("username") or "")  # type: ignore[arg-type]
+                flash.info(request, "Member removed.")
+                if services.team_for_user(user, slug) is None:  # they left
+                    return redirect("snapshots:teams")
+            elif action == "create_project":
+                p = services.project_create_for_user(user, team_row, request.POST.get("name") or "")  # type: ignore[arg-type]
+                flash.success(request, f"Project {p.name} created ({p.slug}).")
+            else:
+                flash.error(request, "Unknown action.")
+        except services.TeamError as err:
+            flash.error(request, err.message)
+        return redirect("snapshots:team", team=slug)
+    return render(
+        request,
+        "snapshots/team.html",
+        {"team": services.team_dict(team_row, request.user), "roles": list(services.INVITABLE_ROLES)},
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens(request: HttpRequest) -> HttpResponse:
+    """The user's API tokens. POST ``action=create`` (``name``, optional ``project`` slug) shows the
+    new token once, on this response; ``action=revoke`` with ``prefix`` revokes one."""
+    user = request.user
+    new_token = None
+    status = 200
+    if request.method == "POST":
+        if request.POST.get("action") == "revoke":
+            services.api_token_revoke(user, request.POST.get("prefix") or "")  # type: ignore[arg-type]
+            flash.info(request, "Token revoked.")
+            return redirect("snapshots:tokens")
+        slug = (request.POST.get("project") or "").strip()
+        project = services.project_for_user(user, slug) if slug else None
+        if slug and project is None:
+            flash.error(request, messages.TOKEN_PROJECT_UNKNOWN.format(slug=slug))
+            status = 400
+        else:
+            new_token = services.api_token_create(user, project=project, name=request.POST.get("name") or "")  # type: ignore[arg-type]
+    projects = services.visible_projects(user).order_by("team__name", "name")
+    response = render(
+        request,
+        "snapshots/tokens.html",
+        {
+            "tokens": services.api_tokens_of(user),  # type: ignore[arg-type]
+            "projects": [services.project_dict(p) for p in projects],
+            "new_token": new_token,
+            "api_base": request.build_absolute_uri("/"),
+        },
+        status=status,
+    )
+    if new_token:
+        response["Cache-Control"] = "no-store"  # the page holds a secret shown once
+    return response
 
 
 @require_http_methods(["GET", "POST"])

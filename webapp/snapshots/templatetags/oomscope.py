@@ -126,3 +126,20 @@ def bokeh_js_url() -> str:
     from django.templatetags.static import static
 
     return static(f"bokeh/{settings.BOKEH_VERSION}/bokeh.min.js")
+
+
+@register.simple_tag
+def chart_item(charts: Any, kind: str, device: Any = None) -> Any:
+    """``{% chart_item charts "timeline" dev.device as tl %}``: the chart's item or None."""
+    name = kind if device is None else f"{kind}-{device}"
+    return charts.get(name) if isinstance(charts, Mapping) else None
+
+
+@register.filter
+def signed_bytes(value: Any) -> str:
+    """A change in bytes with its sign: ``+1.04 GiB``, ``-512 bytes``, ``0 bytes``."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    return ("+" if n > 0 else "") + format_bytes(n)

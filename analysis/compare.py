@@ -1,0 +1,152 @@
+"""What changed between two reports: summary deltas, a stack diff by user-code site, the settings
+that differ, and timelines aligned by step. A pure function of two report dicts (no replay).
+
+- Deltas are B - A of the main device of each report (the device that ran out of memory, else the
+  largest), with the share of A.
+- The stack diff groups each report's listed stacks (``top_stacks`` at the allocated peak, and
+  ``churn``) by their site, the first frame of user code (``file.py:line name``; rows without one keep
+  their label, e.g. the frame-less backward pass). A site listed in one run only is ``new``/``gone``:
+  not among the other run's listed rows (its largest ten), so its bytes there are at most that run's
+  "other stacks" row.
+- Timelines are aligned by step: an event inside step k at fraction f of its events plots at k + f,
+  so two runs whose steps took different numbers of events line up step for step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+SUMMARY_KEYS = (
+    ("peak reserved", "peak_reserved_bytes"),
+    ("peak allocated", "peak_allocated_bytes"),
+    ("peak requested", "peak_requested_bytes"),
+    ("reserved at the end", "final_reserved_bytes"),
+    ("allocated at the end", "final_allocated_bytes"),
+)
+OTHER = "other stacks"
+
+
+def main_device(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    devices = list(report.get("devices") or [])
+    if not devices:
+        return None
+
+    def weight(d: Mapping[str, Any]) -> tuple[int, int]:
+        return (1 if d.get("oom") else 0, int((d.get("summary") or {}).get("peak_reserved_bytes") or 0))
+
+    main: Mapping[str, Any] = max(devices, key=weight)
+    return main
+
+
+def _delta(a: float | None, b: float | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"a": a, "b": b, "delta": None, "share": None}
+    if a is not None and b is not None:
+        out["delta"] = b - a
+        out["share"] = round((b - a) / a, 4) if a else None
+    return out
+
+
+def site_key(row: Mapping[str, Any]) -> str:
+    site = row.get("site")
+    if isinstance(site, Mapping) and site.get("filename"):
+        short = "/".join(str(site["filename"]).replace("\\", "/").rsplit("/", 2)[-2:])
+        return f"{short}:{site.get('line')} {site.get('name')}"
+    if isinstance(site, str) and site:
+        return site  # the report's own wording: "workspace/capture.py:94 forward"
+    label = str(row.get("label") or "")
+    return OTHER if label.startswith(OTHER) else label or "unknown"
+
+
+def _by_site(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in rows:
+        key = site_key(row)
+        out[key] = out.get(key, 0) + int(row.get("bytes") or 0)
+    return out
+
+
+def stack_diff(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows ``{site, a_bytes, b_bytes, delta, change}``, the largest change first; "other stacks" last."""
+    a, b = _by_site(rows_a), _by_site(rows_b)
+    out: list[dict[str, Any]] = []
+    for key in set(a) | set(b):
+        va, vb = a.get(key), b.get(key)
+        if va is None:
+            change = "new"
+        elif vb is None:
+            change = "gone"
+        elif vb > va:
+            change = "grew"
+        elif vb < va:
+            change = "shrank"
+        else:
+            change = "same"
+        out.append({"site": key, "a_bytes": va, "b_bytes": vb, "delta": (vb or 0) - (va or 0), "change": change})
+    out.sort(key=lambda r: (r["site"] == OTHER, -abs(int(r["delta"])), str(r["site"])))
+    return out
+
+
+def _flat(settings: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(settings, Mapping):
+        out: dict[str, str] = {}
+        for k, v in settings.items():
+            out.update(_flat(v, f"{prefix}{k}." if isinstance(v, Mapping) else f"{prefix}{k}"))
+        return out
+    return {prefix.rstrip("."): str(settings)}
+
+
+def settings_diff(capture_a: Mapping[str, Any], capture_b: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Allocator settings and capture options whose values differ, ``{name, a, b}``."""
+    flat_a = {"capture " + k: str(capture_a.get(k)) for k in ("stacks", "has_trace", "trace_complete")}
+    flat_b = {"capture " + k: str(capture_b.get(k)) for k in ("stacks", "has_trace", "trace_complete")}
+    flat_a |= _flat(capture_a.get("allocator_settings") or {})
+    flat_b |= _flat(capture_b.get("allocator_settings") or {})
+    return [
+        {"name": k, "a": flat_a.get(k, "(absent)"), "b": flat_b.get(k, "(absent)")}
+        for k in sorted(set(flat_a) | set(flat_b))
+        if flat_a.get(k) != flat_b.get(k)
+    ]
+
+
+def aligned_timeline(dev: Mapping[str, Any]) -> dict[str, list[float]] | None:
+    """The device's timeline points that fall inside a step, at x = step + fraction of its events."""
+    timeline = dev.get("timeline") or None
+    steps = [s for s in dev.get("steps") or [] if "first_event" in s and "last_event" in s]
+    if not timeline or not steps:
+        return None
+    out: dict[str, list[float]] = {"x": [], "reserved": [], "allocated": []}
+    k = 0
+    for e, r, a in zip(timeline["index"], timeline["reserved_bytes"], timeline["allocated_bytes"], strict=True):
+        while k < len(steps) and e > steps[k]["last_event"]:
+            k += 1
+        if k == len(steps):
+            break
+        first, last = int(steps[k]["first_event"]), int(steps[k]["last_event"])
+        if e < first:
+            continue
+        out["x"].append(k + (e - first) / max(1, last - first + 1))
+        out["reserved"].append(float(r))
+        out["allocated"].append(float(a))
+    return out
+
+
+def compare(report_a: Mapping[str, Any], report_b: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything the compare page shows that is not a chart."""
+    dev_a, dev_b = main_device(report_a), main_device(report_b)
+    if dev_a is None or dev_b is None:
+        return {"deltas": [], "stacks_at_peak": [], "churn": [], "settings": []}
+    sa, sb = dev_a.get("summary") or {}, dev_b.get("summary") or {}
+    deltas = [{"name": name, **_delta(sa.get(key), sb.get(key))} for name, key in SUMMARY_KEYS]
+    deltas.append({"name": "steps", **_delta(len(dev_a.get("steps") or []), len(dev_b.get("steps") or []))})
+    deltas.append({"name": "trace events", **_delta(dev_a.get("events"), dev_b.get("events"))})
+    return {
+        "deltas": deltas,
+        "oom": {"a": (dev_a.get("oom") or {}).get("verdict"), "b": (dev_b.get("oom") or {}).get("verdict")},
+        "stacks_at_peak": stack_diff(
+            [r for r in dev_a.get("top_stacks") or [] if r.get("when") == "peak"],
+            [r for r in dev_b.get("top_stacks") or [] if r.get("when") == "peak"],
+        ),
+        "churn": stack_diff(dev_a.get("churn") or [], dev_b.get("churn") or []),
+        "settings": settings_diff(report_a.get("capture") or {}, report_b.get("capture") or {}),
+    }

@@ -1,0 +1,375 @@
+"""The decision: what to change first, read off a finished device report.
+
+``decide(device_report, capture)`` is a pure function of the report's own keys
+(no replay is run here): it picks the verdict, the one change to make, what the
+replay says it buys, how sure that is, and the runner-up. The report stores the
+result as ``devices[].decision``; the page shows it first. Rules (docs/report.md,
+"The decision"):
+
+- With an OOM the change is the first allocator setting whose replay avoids the
+  OOM, preferring one whose step is known to complete (``whatif.step_completes``
+  true, then unknown, then false); the advisor's order breaks ties. Without such
+  a setting, the first suggestion that is not about the capture (a code change).
+- Without an OOM the headline is the idle cache: reserved minus allocated at the
+  reserved peak's event (the timeline keeps that event exactly). The change is the
+  allocator setting whose replay lowers peak reserved memory the most, when it
+  lowers it at all.
+- What the change buys is always the replay's figures (never an estimate) for a
+  setting; a code change carries the advisor's estimate, said to be one.
+
+Keys another part of the report may add (``whatif[].step_completes``,
+``suggestions[].step_completes``, ``oom.step_need_bytes``, ``oom.limit_source``
+values ``given|oom_message|sidecar|inferred``, ``oom.limit_is_lower_bound``)
+are read with ``.get`` and fall back to ``oom_avoided`` and the older
+``limit_source`` values.
+
+Sizes are worded as torch's ``format_size`` prints them (``710.00 MiB``), so a
+figure here reads the same as the OOM message the user already has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
+# Idle cache worth a headline (the advisor's improvement floor: both a share and bytes).
+IDLE_MIN_SHARE = 0.05
+IDLE_MIN_BYTES = 64 << 20
+# Suggestions that are not a change to the workload or its settings.
+_NOT_A_CHANGE = frozenset({"capture_settings"})
+_LOWER_BOUND_SOURCES = frozenset({"cap-lower-bound"})
+# How each ``oom.limit_source`` is said (older and newer values).
+_LIMIT_WORDS = {
+    "oom_message": "read from the OOM message",
+    "sidecar": "read from the client's sidecar",
+    "inferred": "inferred from the trace",
+    "device-full": "the device's memory (inferred: reserved plus the device's free memory)",
+    "cap-lower-bound": "the peak reserved memory (inferred: a per-process cap the snapshot does not record)",
+}
+
+
+def format_size(size: int | float) -> str:
+    """torch's ``format_size`` (c10/cuda/CUDACachingAllocator.cpp): bytes up to 1 KiB, then KiB,
+    MiB up to 1 GiB inclusive, GiB above, two decimals (``743040000`` -> ``708.62 MiB``)."""
+    n = float(size)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    if n <= 1024:
+        return f"{sign}{int(n)} bytes"
+    if n <= 1 << 20:
+        return f"{sign}{n / 1024:.2f} KiB"
+    if n <= 1 << 30:
+        return f"{sign}{n / (1 << 20):.2f} MiB"
+    return f"{sign}{n / (1 << 30):.2f} GiB"
+
+
+def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict[str, Any]:
+    """``devices[].decision``: ``{headline, change, buys, confidence, runner_up}``."""
+    dev = device_report
+    oom = dev.get("oom") or None
+    summary = dev.get("summary") or {}
+    suggestions = [s for s in dev.get("suggestions") or [] if s.get("id") not in _NOT_A_CHANGE]
+    whatifs = list(dev.get("whatif") or [])
+    recorded_conf = _recorded_conf(capture)
+
+    if oom and "tried_to_allocate_bytes" not in oom:
+        # The size torch's message names lives on the OOM's entry of ``ooms``.
+        same = [o for o in dev.get("ooms") or [] if o.get("event_index") == oom.get("event_index")]
+        if same and same[0].get("tried_to_allocate_bytes"):
+            oom = {**oom, "tried_to_allocate_bytes": same[0]["tried_to_allocate_bytes"]}
+    if oom:
+        ranked = _ranked_for_oom(suggestions, whatifs, [str(r["id"]) for r in dev.get("ranked") or []])
+        headline = _oom_headline(oom)
+        count = len(dev.get("ooms") or []) or int(oom.get("ooms_in_trace") or 1)
+        if count > 1:
+            headline = f"The last of {count} OOMs in the trace. {headline}"
+
+    else:
+        ranked = _ranked_without_oom(suggestions, whatifs, int(summary.get("peak_reserved_bytes") or 0))
+        headline = _idle_headline(dev)
+    choice = ranked[0] if ranked else None
+    runner = ranked[1] if len(ranked) > 1 else None
+    change = _change(choice, recorded_conf) if choice else None
+    buys = _buys(choice, oom, summary) if choice else _nothing_buys(oom)
+    return {
+        "headline": headline,
+        "change": change,
+        "buys": buys,
+        "confidence": _confidence(dev, capture, choice),
+        "runner_up": _change(runner, recorded_conf, short=True) if runner else None,
+    }
+
+
+# ------------------------------------------------------------------ choosing
+
+
+class _Choice:
+    """A suggestion and the what-if replay of its setting (None for a code change)."""
+
+    def __init__(self, suggestion: Mapping[str, Any], whatif: Mapping[str, Any] | None) -> None:
+        self.suggestion = suggestion
+        self.whatif = whatif
+
+    @property
+    def is_setting(self) -> bool:
+        return str(self.suggestion.get("config") or "").startswith(ENV_PREFIX)
+
+    @property
+    def step_completes(self) -> bool | None:
+        for source in (self.whatif or {}, self.suggestion):
+            value = source.get("step_completes")
+            if value is not None:
+                return bool(value)
+        return None
+
+    @property
+    def avoids_oom(self) -> bool | None:
+        value = self.suggestion.get("avoids_oom")
+        if value is None and self.whatif is not None:
+            value = self.whatif.get("oom_avoided")
+        return None if value is None else bool(value)
+
+
+def _whatif_of(suggestion: Mapping[str, Any], whatifs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The replay behind a setting's suggestion: same config string, else same setting id."""
+    config = str(suggestion.get("config") or "")
+    if not config.startswith(ENV_PREFIX):
+        return None
+    conf = config[len(ENV_PREFIX) :]
+    for w in whatifs:
+        if w.get("config") == conf:
+            return w
+    for w in whatifs:
+        if w.get("setting") == suggestion.get("id"):
+            return w
+    return None
+
+
+def _ranked_for_oom(
+    suggestions: list[Mapping[str, Any]], whatifs: list[Mapping[str, Any]], ranked_ids: Sequence[str] = ()
+) -> list[_Choice]:
+    """Settings whose replay gets past the OOM, and every code change; in ``analysis.sizing``'s ranked
+    order where the report has one (what lets the failing step finish first, cheapest first: issue 12),
+    else settings first, those whose step completes ahead."""
+    choices = [_Choice(s, _whatif_of(s, whatifs)) for s in suggestions]
+    settings = [c for c in choices if c.is_setting and c.avoids_oom is True]
+    order = {True: 0, None: 1, False: 2}
+    # sorted() is stable: the advisor's order breaks ties.
+    settings.sort(key=lambda c: order[c.step_completes])
+    others = [c for c in choices if not c.is_setting]
+    kept = settings + others
+    if ranked_ids:
+        position = {sid: k for k, sid in enumerate(ranked_ids)}
+        kept.sort(key=lambda c: position.get(str(c.suggestion.get("id")), len(position)))
+    return kept
+
+
+def _ranked_without_oom(
+    suggestions: list[Mapping[str, Any]], whatifs: list[Mapping[str, Any]], recorded_peak: int
+) -> list[_Choice]:
+    choices = [_Choice(s, _whatif_of(s, whatifs)) for s in suggestions]
+    settings = [
+        c
+        for c in choices
+        if c.is_setting and c.whatif is not None and int(c.whatif.get("peak_reserved_bytes") or 0) < recorded_peak
+    ]
+    settings.sort(key=lambda c: int(c.whatif.get("peak_reserved_bytes") or 0) if c.whatif else 0)
+    others = [c for c in choices if not c.is_setting]
+    return settings + others
+
+
+def _recorded_conf(capture: Mapping[str, Any]) -> str:
+    settings = capture.get("allocator_settings") or {}
+    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF") if isinstance(settings, Mapping) else None
+    return str(conf or "").strip()
+
+
+def _merged_line(config: str, recorded_conf: str) -> str:
+    """The env line to copy: the recorded settings kept, the new one added (the replay ran so)."""
+    new = config[len(ENV_PREFIX) :]
+    new_keys = {part.split(":", 1)[0].strip() for part in new.split(",") if part.strip()}
+    kept = [
+        part.strip()
+        for part in _top_level_parts(recorded_conf)
+        if part.strip() and part.split(":", 1)[0].strip() not in new_keys
+    ]
+    return ENV_PREFIX + ",".join([*kept, new])
+
+
+def _top_level_parts(conf: str) -> list[str]:
+    """Split on commas outside ``[...]`` (roundup_power2_divisions lists hold commas)."""
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in conf:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def _change(choice: _Choice, recorded_conf: str, *, short: bool = False) -> dict[str, Any]:
+    s = choice.suggestion
+    config = str(s.get("config") or "")
+    if choice.is_setting:
+        out: dict[str, Any] = {"id": s.get("id"), "line": _merged_line(config, recorded_conf)}
+        kind = "env"
+    else:
+        out = {"id": s.get("id"), "line": config or str(s.get("title") or "")}
+        kind = "code"
+    if not short:
+        out["kind"] = kind
+        out["title"] = s.get("title")
+    return out
+
+
+# ------------------------------------------------------------------ wording
+
+
+def _oom_headline(oom: Mapping[str, Any]) -> str:
+    tried = format_size(int(oom.get("tried_to_allocate_bytes") or oom.get("requested_bytes") or 0))
+    allocated = format_size(int(oom.get("allocated_bytes") or 0))
+    limit = int(oom.get("limit_bytes") or 0)
+    lower = _limit_is_lower_bound(oom)
+    limit_text = f"{'at least ' if lower else ''}{format_size(limit)}"
+    if oom.get("verdict") == "fragmentation":
+        return (
+            f"Out of memory from fragmentation, not capacity: the {tried} request would have fit beside the "
+            f"{allocated} allocated within the limit of {limit_text}, and the cache held "
+            f"{format_size(int(oom.get('cached_free_bytes') or 0))} free, but its largest free block was "
+            f"{format_size(int(oom.get('largest_free_block_bytes') or 0))}."
+        )
+    return (
+        f"Out of memory from capacity: the {tried} request on top of the {allocated} allocated is more than the "
+        f"limit of {limit_text}; no allocator setting makes it fit, the workload must hold less at that point."
+    )
+
+
+def idle_at_reserved_peak(dev: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """(event index, reserved, idle = reserved - allocated) at the reserved peak, from the timeline,
+    which keeps the peak events exactly; None without a timeline."""
+    timeline = dev.get("timeline") or None
+    summary = dev.get("summary") or {}
+    if not timeline:
+        return None
+    index = list(timeline.get("index") or [])
+    at = int(summary.get("peak_reserved_event_index", -2))
+    if at not in index:
+        return None
+    k = index.index(at)
+    reserved = int(timeline["reserved_bytes"][k])
+    allocated = int(timeline["allocated_bytes"][k])
+    return at, reserved, reserved - allocated
+
+
+def _idle_headline(dev: Mapping[str, Any]) -> str:
+    summary = dev.get("summary") or {}
+    at_peak = idle_at_reserved_peak(dev)
+    final_idle = int(summary.get("final_reserved_bytes") or 0) - int(summary.get("final_allocated_bytes") or 0)
+    if at_peak is None:
+        reserved = int(summary.get("final_reserved_bytes") or 0)
+        return (
+            f"No out-of-memory error; at the dump {format_size(final_idle)} of the {format_size(reserved)} reserved "
+            "held no live block (idle cache)."
+        )
+    at, reserved, idle = at_peak
+    share = idle / reserved if reserved else 0.0
+    if idle >= IDLE_MIN_BYTES and share >= IDLE_MIN_SHARE:
+        return (
+            f"No out-of-memory error, but memory is wasted: at the reserved peak (event {at:,}) "
+            f"{format_size(idle)} of the {format_size(reserved)} reserved held no live block ({share:.0%} idle "
+            f"cache); at the end {format_size(final_idle)} is idle."
+        )
+    return (
+        f"No out-of-memory error and little waste: at the reserved peak (event {at:,}) {format_size(idle)} of the "
+        f"{format_size(reserved)} reserved was idle cache ({share:.0%})."
+    )
+
+
+def _buys(choice: _Choice, oom: Mapping[str, Any] | None, summary: Mapping[str, Any]) -> str:
+    s, w = choice.suggestion, choice.whatif
+    recorded_peak = int(summary.get("peak_reserved_bytes") or 0)
+    if choice.is_setting and w is not None:
+        conf = str(w.get("config"))
+        peak = int(w.get("peak_reserved_bytes") or 0)
+        peak_text = f"peak reserved {format_size(recorded_peak)} → {format_size(peak)}"
+        if oom:
+            tried = format_size(int(oom.get("tried_to_allocate_bytes") or oom.get("requested_bytes") or 0))
+            at = int(oom.get("event_index") or 0)
+            if choice.avoids_oom:
+                text = f"In the replay under {conf} the {tried} request at event {at:,} fits: the OOM is gone"
+            else:
+                text = f"In the replay under {conf} the {tried} request at event {at:,} still fails"
+            completes = choice.step_completes
+            if completes is True:
+                text += ", and the step completes"
+            elif completes is False:
+                need = oom.get("step_need_bytes")
+                more = f" (it needs {format_size(int(need))})" if need else ""
+                text += f", but the rest of the step still runs out of memory{more}"
+            elif choice.avoids_oom:
+                text += "; whether the rest of the step fits is not known (the trace ends at the OOM)"
+            return f"{text}; {peak_text}."
+        saved = recorded_peak - peak
+        return f"In the replay under {conf}: {peak_text} ({format_size(saved)} less)."
+    saving = int(s.get("estimated_saving_bytes") or 0)
+    if saving > 0:
+        return (
+            f"An estimate, not a replay (the workload itself changes): about {format_size(saving)} less memory "
+            "at that point."
+        )
+    return "Not measured: the workload itself changes, so no replay can say."
+
+
+def _nothing_buys(oom: Mapping[str, Any] | None) -> str:
+    if oom:
+        return "No allocator setting avoided the OOM in the replay, and no rule found a change the figures support."
+    return "Nothing to change: no setting lowered peak reserved memory in the replay."
+
+
+def _limit_is_lower_bound(oom: Mapping[str, Any]) -> bool:
+    value = oom.get("limit_is_lower_bound")
+    if value is not None:
+        return bool(value)
+    return oom.get("limit_source") in _LOWER_BOUND_SOURCES
+
+
+def _confidence(dev: Mapping[str, Any], capture: Mapping[str, Any], choice: _Choice | None) -> dict[str, Any]:
+    oom = dev.get("oom") or None
+    replay = dev.get("replay") or {}
+    exact = replay.get("exact")
+    completes = choice.step_completes if choice is not None and choice.whatif is not None else None
+    out: dict[str, Any] = {
+        "replay_exact": None if exact is None else bool(exact),
+        "trace_complete": bool(capture.get("trace_complete")),
+        # Whether the replay followed the step past the recorded OOM (the trace ends there).
+        "step_projected": completes is not None,
+        "limit_source": oom.get("limit_source") if oom else None,
+        "limit_is_lower_bound": _limit_is_lower_bound(oom) if oom else None,
+    }
+    parts = []
+    if exact is True:
+        parts.append(
+            f"the model replays the recorded run exactly ({replay.get('segment_events_reproduced', 0):,} of "
+            f"{replay.get('segment_events_recorded', 0):,} segment events)"
+        )
+    elif exact is False:
+        parts.append("the model does not replay the recorded run exactly, so its what-ifs are approximate")
+    if not out["trace_complete"]:
+        parts.append("the trace is incomplete, so peaks are lower bounds")
+    if oom:
+        parts.append("the step was projected past the OOM" if out["step_projected"] else "the step was not projected")
+        src = out["limit_source"]
+        where = _LIMIT_WORDS.get(str(src), f"inferred ({src})")
+        lower = "at least " if out["limit_is_lower_bound"] else ""
+        parts.append(f"the limit is {lower}{where}" if src != "given" else "the limit was given (--limit)")
+    out["text"] = ("Confidence: " + "; ".join(parts) + ".") if parts else ""
+    return out

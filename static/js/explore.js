@@ -1,0 +1,262 @@
+// Digging into the timeline, with BokehJS's own API and no CustomJS (the CSP forbids eval):
+// - zoom: when the timeline's x range changes (a Document change event), fetch the events of the
+//   visible range at screen resolution from <base>timeline.json and put them in the chart's source;
+// - tap: fetch the allocator's state after that event from <base>state.json and draw its segments
+//   and blocks below the chart; clicking a block fetches its allocation and free stacks.
+// Every text from the server goes in with textContent: frame names are data, never markup.
+(function () {
+  "use strict";
+
+  var ZOOM_DELAY_MS = 150;
+
+  function el(tag, attrs, text) {
+    var node = document.createElement(tag);
+    if (attrs) {
+      Object.keys(attrs).forEach(function (key) {
+        if (key === "class") node.className = attrs[key];
+        else if (key === "style") node.style.cssText = attrs[key];
+        else node.setAttribute(key, attrs[key]);
+      });
+    }
+    if (text != null) node.textContent = String(text);
+    return node;
+  }
+
+  function thousands(n) {
+    return Number(n).toLocaleString("en-US");
+  }
+
+  function getJSON(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
+      return r.json().then(function (body) {
+        if (!r.ok) throw new Error((body.error && body.error.message) || "HTTP " + r.status);
+        return body;
+      });
+    });
+  }
+
+  function seriesOf(body) {
+    var data = {
+      x: body.index,
+      reserved: body.reserved_bytes,
+      allocated: body.allocated_bytes,
+      requested: body.requested_bytes,
+      largest_free: body.largest_free_bytes,
+      fragmentation: body.external_fragmentation,
+      what: body.what,
+    };
+    if (body.time_us && body.time_us.length) {
+      var first = body.first_time_us;
+      data.t = body.time_us.map(function (t) { return (t - first) / 1e6; });
+    }
+    return data;
+  }
+
+  var actives = {}; // device -> {doc, source, figure, slot}
+  var timelines = {}; // device -> function(t0, t1, px) asking for the bands of a range
+
+  function docOf(views) {
+    var found = null;
+    (Bokeh.documents || []).forEach(function (d) { if (d.views_manager === views) found = d; });
+    return found;
+  }
+
+  function setupActive(slot, views) {
+    var device = slot.dataset.chart.slice("active-".length);
+    var doc = docOf(views);
+    if (!doc) return;
+    actives[device] = {
+      doc: doc,
+      slot: slot,
+      source: doc.get_model_by_name("active-source"),
+      figure: doc.get_model_by_name("active-figure"),
+    };
+    if (timelines[device]) timelines[device]();
+  }
+
+  function fillActive(base, device, t0, t1, px) {
+    var active = actives[device];
+    if (!active) return;
+    active.slot.dataset.active = "loading";
+    getJSON(base + "active.json?device=" + device + "&t0=" + t0 + "&t1=" + t1 + "&px=" + px).then(function (body) {
+      active.source.data = body.data;
+      active.figure.x_range.start = t0;
+      active.figure.x_range.end = t1;
+      active.slot.dataset.active = "1";
+      active.slot.dataset.activeBands = String(body.bands);
+      active.slot.dataset.activeRange = body.start + "-" + body.end;
+    }, function (error) {
+      active.slot.dataset.active = "error";
+      console.warn("active memory:", error.message);
+    });
+  }
+
+  function setup(slot, views) {
+    var fold = slot.closest("[data-explore-base]");
+    if (!fold || !views || typeof Bokeh === "undefined") return;
+    var base = fold.dataset.exploreBase;
+    var device = fold.dataset.device || "0";
+    // embed_item resolves to the ViewManager of the Document it made.
+    var doc = docOf(views);
+    if (doc == null) return;
+    var source = doc.get_model_by_name("timeline-source");
+    var figure = doc.get_model_by_name("timeline-figure");
+    if (!source || !figure) return;
+    var xr = figure.x_range;
+    var original = null;
+    var timer = null;
+    var asked = 0;
+    var panel = document.getElementById("state-" + device);
+
+    function visible() {
+      return [Math.max(0, Math.floor(xr.start)), Math.ceil(xr.end), Math.max(100, Math.round(slot.getBoundingClientRect().width))];
+    }
+    timelines[device] = function () {
+      var v = visible();
+      fillActive(base, device, v[0], v[1], v[2]);
+    };
+    if (actives[device]) timelines[device]();
+
+    function fetchWindow() {
+      var v = visible();
+      var t0 = v[0];
+      var t1 = v[1];
+      var px = v[2];
+      fillActive(base, device, t0, t1, px);
+      var ticket = ++asked;
+      slot.dataset.zoom = "loading";
+      getJSON(base + "timeline.json?device=" + device + "&t0=" + t0 + "&t1=" + t1 + "&px=" + px).then(
+        function (body) {
+          if (ticket !== asked) return; // a newer range was asked for meanwhile
+          if (original === null) original = source.data;
+          body.first_time_us = firstTimeUs;
+          source.data = seriesOf(body);
+          slot.dataset.zoom = "1";
+          slot.dataset.zoomPoints = String(body.points);
+          slot.dataset.zoomElided = String(body.elided || 0);
+          slot.dataset.zoomFullDetail = String(body.full_detail);
+          slot.dataset.zoomRange = body.start + "-" + body.end;
+        },
+        function (error) {
+          slot.dataset.zoom = "error";
+          console.warn("zoom detail:", error.message);
+        }
+      );
+    }
+
+    // The trace's first timestamp, so fetched points show seconds after it as the page's do.
+    var firstTimeUs = null;
+    getJSON(base + "timeline.json?device=" + device + "&t0=0&t1=1&px=16").then(function (body) {
+      firstTimeUs = body.time_us && body.time_us.length ? body.time_us[0] : 0;
+      slot.dataset.exploreReady = "1";
+    }, function () { slot.dataset.exploreReady = "error"; });
+
+    doc.on_change(function (event) {
+      if (event.model !== xr || (event.attr !== "start" && event.attr !== "end")) return;
+      clearTimeout(timer);
+      timer = setTimeout(fetchWindow, ZOOM_DELAY_MS);
+    });
+
+    figure.on_event("tap", function (event) {
+      showState(Math.round(event.x));
+    });
+    figure._update_event_callbacks(); // subscribe the figure to its UI events (on_event alone does not)
+
+    function showState(index) {
+      if (!panel) return;
+      panel.dataset.state = "loading";
+      panel.textContent = "Replaying to event " + thousands(index) + "…";
+      getJSON(base + "state.json?device=" + device + "&i=" + index).then(function (state) {
+        drawState(panel, state, base, device);
+        panel.dataset.state = String(index);
+      }, function (error) {
+        panel.dataset.state = "error";
+        panel.textContent = "The state could not be read: " + error.message;
+      });
+    }
+  }
+
+  function drawState(panel, state, base, device) {
+    panel.textContent = "";
+    var ev = state.event;
+    panel.appendChild(el("h3", null, ev ? "After event " + thousands(ev.index) + " (" + ev.text + ")" : "Before the first event"));
+    var dl = el("dl", { class: "state-figures" });
+    [
+      ["allocated", state.allocated_bytes, state.allocated_text],
+      ["requested", state.requested_bytes, state.requested_text],
+      ["reserved", state.reserved_bytes, state.reserved_text],
+      ["free in the cache", state.cached_free_bytes, state.cached_free_text],
+      ["largest free block", state.largest_free_bytes, state.largest_free_text],
+    ].forEach(function (row) {
+      dl.appendChild(el("dt", null, row[0]));
+      dl.appendChild(el("dd", { "data-figure": row[0], "data-bytes": String(row[1]) }, row[2] + " (" + thousands(row[1]) + " B)"));
+    });
+    panel.appendChild(dl);
+    var widest = state.segments.reduce(function (m, s) { return Math.max(m, s.size); }, 1);
+    var list = el("div", { class: "state-segments" });
+    panel.appendChild(el("p", { class: "meta" }, state.segments.length + " segments, in address order; a box per block (orange: allocated, yellow: pending free, green: free). Click a block."));
+    var detail = el("div", { class: "block-detail" });
+    state.segments.forEach(function (seg) {
+      var row = el("div", { class: "segment", "data-address": seg.address });
+      row.appendChild(el("span", { class: "segment-label mono" }, seg.address + " " + seg.size_text));
+      var bar = el("span", { class: "segment-bar", style: "width:" + Math.max(2, (100 * seg.size) / widest) + "%" });
+      seg.blocks.forEach(function (b) {
+        var box = el("span", {
+          class: "block " + b.state,
+          style: "width:" + (100 * b.size) / seg.size + "%",
+          title: b.size_text + " " + b.state.replace(/_/g, " ") + (b.label ? " · " + b.label : ""),
+          "data-size": String(b.size),
+        });
+        if (b.alloc_event != null) {
+          box.dataset.alloc = String(b.alloc_event);
+          box.addEventListener("click", function () { showBlock(detail, b, base, device); });
+        }
+        bar.appendChild(box);
+      });
+      row.appendChild(bar);
+      list.appendChild(row);
+    });
+    panel.appendChild(list);
+    panel.appendChild(detail);
+  }
+
+  function frameList(frames) {
+    var ol = el("ol", { class: "frames-list" });
+    frames.forEach(function (f) {
+      var li = el("li", null, f.name + " ");
+      if (f.filename) li.appendChild(el("span", { class: "file" }, f.filename + ":" + f.line));
+      ol.appendChild(li);
+    });
+    return ol;
+  }
+
+  function showBlock(detail, block, base, device) {
+    detail.textContent = "Reading the block's stacks…";
+    getJSON(base + "block.json?device=" + device + "&alloc=" + block.alloc_event).then(function (info) {
+      detail.textContent = "";
+      detail.dataset.alloc = String(info.alloc_event);
+      detail.appendChild(el("h4", null, "Block " + info.address + ", " + info.size_text + ": allocated at event " + thousands(info.alloc_event)));
+      detail.appendChild(frameList(info.alloc_frames));
+      if (info.free_event == null) {
+        detail.appendChild(el("p", { class: "meta" }, "Never freed in the trace."));
+      } else {
+        detail.appendChild(el("h4", null, "Freed at event " + thousands(info.free_event)));
+        if (info.free_frames) detail.appendChild(frameList(info.free_frames));
+        else detail.appendChild(el("p", { class: "meta" }, "The trace records no free stacks (context=\"all\" does)."));
+      }
+    }, function (error) { detail.textContent = "The block could not be read: " + error.message; });
+  }
+
+  document.addEventListener("oomscope:chart", function (event) {
+    var slot = event.target;
+    if (!slot.dataset) return;
+    var name = slot.dataset.chart || "";
+    if (!/^(timeline|active)-/.test(name)) return;
+    try {
+      if (/^active-/.test(name)) setupActive(slot, event.detail && event.detail.views);
+      else setup(slot, event.detail && event.detail.views);
+    } catch (error) {
+      console.warn("timeline digging unavailable:", error);
+    }
+  });
+})();

@@ -1,0 +1,223 @@
+"""The decision (analysis/decision.py) and the OOM list (analysis/ooms.py) on the real fixtures.
+
+Figures come from the truth files (torch's own OOM message and memory_stats) or from the
+recorded replay computed here independently of the report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis.decision import decide, format_size
+from analysis.reader import read_snapshot
+from analysis.replay import recorded_replay
+from analysis.report import build_report
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@cache
+def report(case: str) -> dict[str, Any]:
+    return build_report(FIXTURES / f"{case}.pickle.gz")
+
+
+def truth(case: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / f"{case}.truth.json").read_text())
+
+
+def tried_in_message(case: str) -> str:
+    """'710.00 MiB' out of torch's 'Tried to allocate 710.00 MiB.'"""
+    found = re.search(r"Tried to allocate ([0-9.]+ [KMG]iB)", truth(case)["oom_message"])
+    assert found
+    return found.group(1)
+
+
+def test_format_size_is_torchs() -> None:
+    # torch's format_size: "bytes" up to and including 1024, KiB up to 1 MiB, MiB up to 1 GiB, then GiB.
+    assert format_size(1024) == "1024 bytes"
+    assert format_size(1025) == "1.00 KiB"
+    assert format_size(1 << 20) == "1024.00 KiB"
+    assert format_size((1 << 20) + 1) == "1.00 MiB"
+    assert format_size(1 << 30) == "1024.00 MiB"
+    assert format_size(743040000) == "708.62 MiB"  # 743040000 / 2**20 = 708.618...
+    assert format_size(1288490496) == "1.20 GiB"
+
+
+def test_gpt_varlen_oom_decision() -> None:
+    dev = report("gpt_varlen_oom")["devices"][0]
+    decision = dev["decision"]
+    # The size named is the one torch's message named (the request rounded to its 2 MiB allocation).
+    assert dev["ooms"][-1]["tried_to_allocate_bytes"] == 744488960  # ceil(743040000 / 2 MiB) * 2 MiB
+    assert f"the {tried_in_message('gpt_varlen_oom')} request" in decision["headline"]
+    assert decision["headline"].startswith("Out of memory from fragmentation")
+    assert decision["change"] == {
+        "id": "expandable_segments",
+        "line": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        "kind": "env",
+        "title": "Turn on expandable segments",
+    }
+    # What it buys is the replay's: the what-if of that config, against the recorded peak (truth).
+    replayed = next(w for w in dev["whatif"] if w["config"] == "expandable_segments:True")
+    recorded_peak = truth("gpt_varlen_oom")["memory_stats"]["reserved_bytes.all.peak"]
+    assert (
+        f"peak reserved {format_size(recorded_peak)} → {format_size(replayed['peak_reserved_bytes'])}"
+        in (decision["buys"])
+    )
+    assert "the OOM is gone" in decision["buys"]
+    assert decision["confidence"]["replay_exact"] is True
+    assert decision["runner_up"] is not None and decision["runner_up"]["id"] != "expandable_segments"
+
+
+def test_frag_oom_lists_both_ooms_and_changes_code() -> None:
+    dev = report("frag_oom")["devices"][0]
+    ooms = dev["ooms"]
+    assert [o["ordinal"] for o in ooms] == [1, 2]
+    # The last one is the report's own oom, and is what torch's message described.
+    assert ooms[-1]["event_index"] == dev["oom"]["event_index"]
+    assert format_size(ooms[-1]["tried_to_allocate_bytes"]) == tried_in_message("frag_oom")
+    assert ooms[0]["event_index"] < ooms[1]["event_index"]
+    decision = dev["decision"]
+    assert decision["headline"].startswith("The last of 2 OOMs in the trace.")
+    # No allocator setting avoids this OOM in any replay: the change is a code change.
+    assert not any(w["oom_avoided"] for w in dev["whatif"])
+    assert decision["change"]["kind"] == "code" and decision["change"]["id"] == "allocation_order"
+    assert decision["buys"].startswith("An estimate, not a replay")
+
+
+def test_infer_varbatch_headline_is_the_idle_cache() -> None:
+    dev = report("infer_varbatch")["devices"][0]
+    decision = dev["decision"]
+    stats = truth("infer_varbatch")["memory_stats"]
+    # Idle at the reserved peak, from a replay run here (not from the report).
+    snap = read_snapshot(FIXTURES / "infer_varbatch.pickle.gz")
+    rep = recorded_replay(snap, snap.devices[0])
+    at = int(np.argmax(rep.reserved))
+    assert int(rep.reserved[at]) == stats["reserved_bytes.all.peak"]
+    idle = int(rep.reserved[at] - rep.allocated[at])
+    peak = format_size(stats["reserved_bytes.all.peak"])
+    assert f"at the reserved peak (event {at:,}) {format_size(idle)} of the {peak}" in decision["headline"]
+    final_idle = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
+    assert f"at the end {format_size(final_idle)} is idle" in decision["headline"]
+    assert decision["change"]["line"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    replayed = next(w for w in dev["whatif"] if w["config"] == "expandable_segments:True")
+    saved = stats["reserved_bytes.all.peak"] - replayed["peak_reserved_bytes"]
+    assert f"({format_size(saved)} less)" in decision["buys"]
+    assert dev["ooms"] == []
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "frag_oom", "infer_varbatch"])
+def test_timeline_never_shows_requested_above_allocated_at_a_fused_free(case: str) -> None:
+    dev = report(case)["devices"][0]
+    tl = dev["timeline"]
+    # These three traces have no stream uses: every free completes at once, so at each plotted
+    # point the requested bytes of live blocks cannot exceed their (rounded) block bytes.
+    assert all(r <= a for r, a in zip(tl["requested_bytes"], tl["allocated_bytes"], strict=True))
+    # Moving those points kept the extremes exact.
+    assert max(tl["reserved_bytes"]) == dev["summary"]["peak_reserved_bytes"]
+    assert max(tl["allocated_bytes"]) == dev["summary"]["peak_allocated_bytes"]
+
+
+def test_segment_map_at_the_reserved_peak() -> None:
+    dev = report("gpt_varlen_oom")["devices"][0]
+    smap = dev["segment_maps"]["reserved_peak"]
+    assert smap["event_index"] == dev["summary"]["peak_reserved_event_index"]
+    assert smap["segments_shown"] == smap["segments_total"]
+    peak = truth("gpt_varlen_oom")["memory_stats"]["reserved_bytes.all.peak"]
+    assert sum(s["size"] for s in smap["segments"]) == peak
+
+
+def _device(**extra: Any) -> dict[str, Any]:
+    """A hand-made device report: an OOM asking 100 MiB, two settings that both avoid it."""
+    base: dict[str, Any] = {
+        "summary": {"peak_reserved_bytes": 8 << 30, "final_reserved_bytes": 0, "final_allocated_bytes": 0},
+        "oom": {
+            "event_index": 10,
+            "requested_bytes": 100 << 20,
+            "allocated_bytes": 6 << 30,
+            "limit_bytes": 8 << 30,
+            "limit_source": "oom_message",
+            "limit_is_lower_bound": False,
+            "verdict": "fragmentation",
+            "cached_free_bytes": 1 << 30,
+            "largest_free_block_bytes": 50 << 20,
+            "step_need_bytes": 9 << 30,
+        },
+        "whatif": [
+            {
+                "config": "expandable_segments:True",
+                "setting": "expandable_segments",
+                "peak_reserved_bytes": 7 << 30,
+                "oom_avoided": True,
+                "step_completes": False,
+            },
+            {
+                "config": "max_split_size_mb:128",
+                "setting": "max_split_size_mb",
+                "peak_reserved_bytes": 8 << 30,
+                "oom_avoided": True,
+                "step_completes": True,
+            },
+        ],
+        "suggestions": [
+            {
+                "id": "expandable_segments",
+                "config": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                "avoids_oom": True,
+                "title": "t1",
+            },
+            {
+                "id": "max_split_size_mb",
+                "config": "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128",
+                "avoids_oom": True,
+                "title": "t2",
+            },
+        ],
+        "replay": {"exact": False},
+    }
+    base.update(extra)
+    return base
+
+
+def test_a_setting_whose_step_completes_wins() -> None:
+    d = decide(_device(), {"allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:[256:1,>:4]"}})
+    # max_split_size_mb's step completes, expandable_segments' does not: the advisor's order is overruled.
+    assert d["change"]["id"] == "max_split_size_mb"
+    # The recorded settings stay in the line (the replay ran with them), the list's commas intact.
+    assert d["change"]["line"] == "PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:[256:1,>:4],max_split_size_mb:128"
+    assert d["runner_up"] == {
+        "id": "expandable_segments",
+        "line": "PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:[256:1,>:4],expandable_segments:True",
+    }
+    assert "and the step completes" in d["buys"]
+    assert d["confidence"]["step_projected"] is True
+    assert d["confidence"]["limit_source"] == "oom_message"
+    assert "read from the OOM message" in d["confidence"]["text"]
+    assert "not replay the recorded run exactly" in d["confidence"]["text"]
+
+
+def test_a_step_that_still_fails_says_what_it_needs() -> None:
+    dev = _device()
+    dev["suggestions"] = dev["suggestions"][:1]
+    d = decide(dev, {})
+    assert d["change"]["id"] == "expandable_segments" and d["runner_up"] is None
+    assert "but the rest of the step still runs out of memory (it needs 9.00 GiB)" in d["buys"]
+
+
+def test_without_new_keys_falls_back_to_oom_avoided() -> None:
+    dev = _device()
+    for w in dev["whatif"]:
+        del w["step_completes"]
+    for s in dev["suggestions"]:
+        del s["avoids_oom"]
+    dev["whatif"][0]["oom_avoided"] = False  # expandable_segments no longer avoids it
+    d = decide(dev, {})
+    assert d["change"]["id"] == "max_split_size_mb"
+    assert "whether the rest of the step fits is not known" in d["buys"]
+    assert d["confidence"]["step_projected"] is False
