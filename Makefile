@@ -47,7 +47,7 @@ reliability: static ## load and fault runs against real sites (SQLite, then $(RE
 	$(PY) scripts/reliability.py --postgres "$(RELIABILITY_PG)"
 	OOMSCOPE_FUZZ_SECONDS=$${OOMSCOPE_FUZZ_SECONDS:-300} $(PY) -m pytest tests/webapp/test_hardening_fuzz.py -q -p no:cacheprovider
 
-diffbench: install ## the allocator model against real runs (/work/captures and tests/fixtures): table and totals
+diffbench: install ## the allocator model against real runs (tests/fixtures/captures and tests/fixtures): table and totals
 	$(PY) scripts/diffbench.py
 
 clean: ## remove .venv and var/ (database, uploads, logs)

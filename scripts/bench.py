@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_FILE = Path("/work/shared/snapshots/huge_all_stacks.pickle.gz")
+DEFAULT_FILE = ROOT.parent / "shared" / "snapshots" / "huge_all_stacks.pickle.gz"  # ../shared beside the checkout
 CACHE = ROOT / "var" / "bench"
 TIME_RATIO_MAX = 2.5
 PEAK_RATIO_MAX = 1.5

@@ -2,7 +2,7 @@
 
     python3 scripts/diffbench.py [DIR ...] [--only SUBSTRING] [--json FILE] [-v]
 
-DIRs default to /work/captures (when it exists) and tests/fixtures. Every
+DIRs default to tests/fixtures/captures (the bench's captures under 400 KB) and tests/fixtures. Every
 ``NAME.pickle.gz`` with a ``NAME.truth.json`` beside it is one capture: a real
 snapshot and what the same process said about itself (``memory_stats``, the
 settings, the cap, the OOM message, ``died_step``). For each capture, under its
@@ -62,7 +62,7 @@ from analysis.config import AllocatorConfig  # noqa: E402
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot  # noqa: E402
 from analysis.reader import read_snapshot  # noqa: E402
 
-DEFAULT_DIRS = [Path("/work/captures"), ROOT / "tests" / "fixtures"]
+DEFAULT_DIRS = [ROOT / "tests" / "fixtures" / "captures", ROOT / "tests" / "fixtures"]
 PEAK_TOLERANCE = 0.01  # what-if peak reserved vs the real run's, where neither died
 
 

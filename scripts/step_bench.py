@@ -2,7 +2,7 @@
 
     python3 scripts/step_bench.py [CAPTURES_DIR] [FAMILY_PREFIX ...]
 
-CAPTURES_DIR (default /work/captures) holds NAME.pickle.gz + NAME.truth.json pairs as the lead's
+CAPTURES_DIR (default tests/fixtures/captures) holds NAME.pickle.gz + NAME.truth.json pairs as the lead's
 scripts/capture_diff.py writes them: a family is one workload, seed and cap; its members differ only
 in PYTORCH_CUDA_ALLOC_CONF (`conf`), and `died_step` says in which step each real run died (null: it
 did not). From each family's `_default` run that died, the report (with the run's own OOM message)
@@ -25,7 +25,7 @@ from analysis.report import build_report
 
 
 def main(argv: list[str]) -> int:
-    root = Path(argv[0]) if argv else Path("/work/captures")
+    root = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "captures"
     only = argv[1:]
     families: dict[str, dict[str, dict]] = collections.defaultdict(dict)
     for p in sorted(root.glob("*.truth.json")):
