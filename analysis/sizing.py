@@ -211,12 +211,16 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
             f"{batch_size}." + ahead
         )
     else:
+        accum = math.ceil(1 / frac) if frac < 1 else 1
         out["explanation"] = (
             f"The failing step needed {_gib(need)}{' or more' if need_lower else ''}: {_gib(fixed)} that does "
             f"not depend on the batch and {_gib(variable)} that does. To need {basis}, that part must "
             f"shrink to {frac * 100:.0f}%: run at most "
-            f"{frac * 100:.0f}% of the failing step's batch (give the batch size for a number)." + ahead
+            f"{frac * 100:.0f}% of the failing step's batch, and keep the effective batch with gradient "
+            f"accumulation over {accum} micro-steps (give the batch size for a number)." + ahead
         )
+        out["accumulation_steps"] = accum
+        out["snippet"] = _accumulation_snippet_fraction(accum)
     return out
 
 
@@ -226,6 +230,19 @@ def _accumulation_snippet(batch: int, micro: int, micro_batch: int) -> str:
         f"accum = {micro}\n"
         "for i, (x, y) in enumerate(loader):            # loader yields batches of "
         f"{micro_batch}\n"
+        "    loss = loss_fn(model(x), y) / accum\n"
+        "    loss.backward()\n"
+        "    if (i + 1) % accum == 0:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad(set_to_none=True)\n"
+    )
+
+
+def _accumulation_snippet_fraction(micro: int) -> str:
+    return (
+        f"# the same effective batch in {micro} micro-steps of batch_size // {micro}\n"
+        f"accum = {micro}\n"
+        "for i, (x, y) in enumerate(loader):            # loader yields batches of batch_size // accum\n"
         "    loss = loss_fn(model(x), y) / accum\n"
         "    loss.backward()\n"
         "    if (i + 1) % accum == 0:\n"
@@ -297,7 +314,7 @@ def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
             f"  # effective batch {batch}" + (f" (the last micro-batch {last})" if last != fit["micro_batch"] else "")
         )
     else:
-        accum = math.ceil(1 / fit["fraction"]) if fit["fraction"] > 0 else 1
+        accum = fit["accumulation_steps"] or 1
         title = f"Run at most {fit['fraction'] * 100:.0f}% of the batch, with gradient accumulation"
         config = f"batch_size = batch_size // {accum}; accumulation_steps = {accum}  # same effective batch"
     return {

@@ -441,6 +441,42 @@ def test_decision_screen_comes_first(
         visit.close()
 
 
+def test_ranked_table_and_batch_advice(
+    browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    """Issue 12 on a real growing-batch run (GPT-2, batch 4 ran, 5 died): the ranked table puts the change that
+    lets the failing step finish first, and the batch advice and GPU sizes are on the page."""
+    from django.urls import reverse
+
+    from webapp.snapshots.models import Report
+
+    upload = _analysed(alpha, alice, "grow_gpt2_default")
+    dev = Report.objects.get(upload=upload).data["devices"][0]
+    visit = Visit(
+        browser,
+        live_server.url + reverse("snapshots:detail", args=[upload.code]),
+        _session_cookie(client, alice, live_server),
+    )
+    try:
+        page = visit.page
+        rows = page.locator("table.ranked tbody tr")
+        assert rows.count() == len(dev["ranked"]) >= 2
+        first = rows.first
+        assert first.get_attribute("data-id") == dev["ranked"][0]["id"] == "smaller_batch"
+        assert first.locator("td").nth(2).inner_text() == "yes"
+        # expandable_segments: the real rerun with it died in the same step, and the table says so
+        exp = page.locator("table.ranked tr[data-id=expandable_segments] td").nth(2)
+        assert exp.inner_text() == "no"
+        batch = page.locator(".batch-fit p").inner_text()
+        assert f"{dev['batch_fit']['fraction'] * 100:.0f}%" in batch and "gradient accumulation" in batch
+        gpu = page.locator(".gpu-fit p").inner_text()
+        assert ", ".join(dev["gpu_fit"]["fits_default"]) in gpu
+        assert visit.errors() == [] and visit.csp_violations() == []
+        page.screenshot(path=str(SCREENSHOTS / "ranked-grow_gpt2.png"), full_page=False)
+    finally:
+        visit.close()
+
+
 def test_invite_roles_and_project_tokens_in_the_browser(
     browser: Any, transactional_db: Any, alice: Any, alpha: Any, bob: Any, live_server: Any, client: Any
 ) -> None:
