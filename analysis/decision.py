@@ -347,11 +347,12 @@ def _confidence(dev: Mapping[str, Any], capture: Mapping[str, Any], choice: _Cho
     replay = dev.get("replay") or {}
     exact = replay.get("exact")
     completes = choice.step_completes if choice is not None and choice.whatif is not None else None
+    projection = (oom or {}).get("projection") or {}
     out: dict[str, Any] = {
         "replay_exact": None if exact is None else bool(exact),
         "trace_complete": bool(capture.get("trace_complete")),
         # Whether the replay followed the step past the recorded OOM (the trace ends there).
-        "step_projected": completes is not None,
+        "step_projected": completes is not None or bool(projection.get("available")),
         "limit_source": oom.get("limit_source") if oom else None,
         "limit_is_lower_bound": _limit_is_lower_bound(oom) if oom else None,
     }
