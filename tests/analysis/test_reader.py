@@ -157,10 +157,17 @@ def test_oom_event_keeps_device_free_in_addr() -> None:
 
 
 def test_expansion_stays_far_under_budget_on_real_files() -> None:
-    # The expansion cap is 8 nodes per byte; real files must sit well below 1.
+    # The expansion cap is 8 nodes per byte; real files must sit well below 1: read under a budget of
+    # one node per byte, each file still gives every event its truth counts.
     for case in ("big_all_stacks", "gpt_varlen_oom", "two_gpu_pipeline"):
         raw = _raw(case)
-        read_snapshot(raw, limits=ReadLimits(nodes_per_byte=1, min_nodes=0))
+        snap = read_snapshot(raw, limits=ReadLimits(nodes_per_byte=1, min_nodes=0))
+        truth = json.loads((FIXTURES / f"{case}.truth.json").read_text())
+        assert [len(d.trace) for d in snap.devices] == truth["n_trace_events"]
+        # ... and the budget is live on these files: 1,000 nodes in all is refused, by that cap.
+        with pytest.raises(SnapshotError) as err:
+            read_snapshot(raw, limits=ReadLimits(nodes_per_byte=0, min_nodes=1000))
+        assert err.value.code == "snapshot:limit:expansion"
 
 
 # ---------------------------------------------------------------------------
