@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left
 from collections.abc import Iterator
 from functools import cache
 from itertools import pairwise
@@ -319,8 +320,9 @@ def _reference_run(
 ) -> list[int]:
     """``_Model.run`` with every inlined rule replaced by the method that holds it.
 
-    Each split decision is also checked against ``AllocatorConfig.should_split`` (the rule as
-    written once); ``log`` gets (block size, request size, small pool) per decision.
+    Each split decision is also checked against ``AllocatorConfig.should_split`` and each best fit
+    against ``AllocatorConfig.block_fits`` (the rules as written once); ``log`` gets (block size,
+    request size, small pool) per split decision.
     """
     failed: list[int] = []
     cfg = m.cfg
@@ -331,7 +333,13 @@ def _reference_run(
                 m.free_block(lk, b)
         elif op in (allocator._OP_ALLOC, allocator._OP_OOM):
             m.cur = events[k]
+            kl = m.keys[lk]
+            i = bisect_left(kl, rs << allocator._SH)
+            best = kl[i] >> allocator._SH if i < len(kl) else None  # the best fit by size
             b = m.get_free_block(lk, rs)
+            if best is not None and not m.exp:  # (the expandable walk may pick a later block)
+                # get_free_block's max_split_size filter is the rule AllocatorConfig.block_fits.
+                assert (b is not None) == cfg.block_fits(best, rs), (best, rs)
             if b is None:
                 b = m.miss(lk, rs, cfg.allocation_size(rs))
             if b is None:
