@@ -25,12 +25,27 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from analysis import allocator
 from analysis.allocator import _Model, infer_limit, simulate, trace_is_complete
 from analysis.config import K_SMALL_SIZE, MB, AllocatorConfig
-from analysis.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE, OOM, DeviceData, Snapshot
+from analysis.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    INACTIVE,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    DeviceData,
+    Snapshot,
+)
 from analysis.reader import read_snapshot
 from analysis.replay import recorded_replay
 from analysis.report import build_report
@@ -304,6 +319,97 @@ def test_oom_free_blocks_named_by_the_report_are_those_of_the_rebuilt_state(case
     unallocated = _gib(text, rf"([\d.]+) {unit} is reserved by PyTorch but unallocated")
     # Reserved but unallocated is every free byte of the cache (pending frees count as allocated).
     assert reserved - sum(live) == pytest.approx(unallocated, abs=0.005 * (GiB if unallocated >= GiB else MiB))
+
+
+def reference_replay(dev: DeviceData, cfg: AllocatorConfig, keep: set[int]) -> dict[int, list[Any]]:
+    """The recorded replay written plainly, with the rules called where replay.py inlines them:
+    ``round_size`` and ``should_split`` on each alloc, merging with free neighbours of the same
+    segment on each completed free. cudaMalloc'd segments only (no map/unmap). Returns the state
+    (segment address, size, blocks) after each event index in ``keep``."""
+    t = dev.trace
+    segs: dict[int, int] = {}  # segment start -> size
+    free: dict[int, int] = {}  # free block start -> size
+    free_end: dict[int, int] = {}  # free block end -> start
+    used: dict[int, list[Any]] = {}  # block start -> [size, pending]
+    out: dict[int, list[Any]] = {}
+
+    def add_free(start: int, size: int) -> None:
+        free[start] = size
+        free_end[start + size] = start
+
+    def take_free(start: int) -> int:
+        size = free.pop(start)
+        del free_end[start + size]
+        return size
+
+    for i, (a, ad, sz) in enumerate(zip(t.action.tolist(), t.addr.tolist(), t.size.tolist(), strict=True)):
+        if a == ALLOC:
+            f = take_free(ad)
+            r = cfg.round_size(sz)
+            if cfg.should_split(f, r, r <= K_SMALL_SIZE):
+                add_free(ad + r, f - r)
+                used[ad] = [r, False]
+            else:
+                used[ad] = [f, False]
+        elif a == FREE_REQUESTED:
+            used[ad][1] = True
+        elif a == FREE_COMPLETED:
+            start, end = ad, ad + used.pop(ad)[0]
+            if end in free and end not in segs:  # the free block after, in the same segment
+                end += take_free(end)
+            if ad in free_end and ad not in segs:  # the free block before
+                start = free_end[ad]
+                take_free(start)
+            add_free(start, end - start)
+        elif a == SEGMENT_ALLOC:
+            segs[ad] = sz
+            add_free(ad, sz)
+        elif a == SEGMENT_FREE:
+            del segs[ad]
+            take_free(ad)
+        if i in keep:
+            rows = []
+            for start, size in segs.items():
+                blocks = []
+                b = start
+                while b < start + size:
+                    if b in free:
+                        blocks.append((b, free[b], INACTIVE))
+                        b += free[b]
+                    else:
+                        bs, pending = used[b]
+                        blocks.append((b, bs, ACTIVE_PENDING_FREE if pending else ACTIVE_ALLOCATED))
+                        b += bs
+                rows.append((start, size, tuple(blocks)))
+            out[i] = sorted(rows)
+    return out
+
+
+def replay_rows(state: Any) -> list[Any]:
+    return sorted(
+        (seg.address, seg.total_size, tuple((b.address, b.size, b.state) for b in seg.blocks)) for seg in state.segments
+    )
+
+
+# Complete traces of cudaMalloc'd segments (the reference does not map or unmap).
+PLAIN = [
+    (c, d)
+    for c, d in COMPLETE
+    if not recorded_config(snap(c)).expandable_segments
+    and not np.isin(snap(c).device(d).trace.action, [SEGMENT_MAP, SEGMENT_UNMAP]).any()
+]
+
+
+@pytest.mark.parametrize(("case", "device"), PLAIN)
+def test_recorded_replay_inlined_split_and_merge_equal_the_called_rules(case: str, device: int) -> None:
+    s = snap(case)
+    dev = s.device(device)
+    n = len(dev.trace)
+    keep = {n * k // 16 for k in range(1, 16)} | {n - 1}
+    rep = recorded_replay(s, dev, keep_at=keep)
+    want = reference_replay(dev, recorded_config(s), keep)
+    for k in sorted(keep):
+        assert replay_rows(rep.blocks_at(k)) == want[k], f"state after event {k}"
 
 
 # --------------------------------------------------------------------------- inlined vs called
