@@ -189,16 +189,24 @@ def mutant_glob(target: Target, function: str) -> str:
 
 def copy_tree(dest: Path, rev: str | None) -> None:
     """The working tree as it is, or (``rev``) the tree of one commit, e.g. the one before new tests."""
+    if rev and rev.endswith(".tar"):  # a `git archive` made earlier (a machine without the git history)
+        shutil.unpack_archive(rev, dest, "tar")
+        return
     if rev:
         archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout  # noqa: S603, S607
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)  # noqa: S603, S607
         return
-    files = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],  # noqa: S607 - git from PATH
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
+    try:
+        files = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],  # noqa: S607 - git from PATH
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.split(b"\0")
+    except (OSError, subprocess.CalledProcessError):  # a plain copy of the tree: all but the bulky folders
+        skip = shutil.ignore_patterns(".venv", "var", ".whl", "mutants", "__pycache__", ".git")
+        shutil.copytree(ROOT, dest, ignore=skip, dirs_exist_ok=True)
+        return
     for raw in files:
         if not raw:
             continue
@@ -350,7 +358,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary copies (for `mutmut browse`)")
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
-    parser.add_argument("--rev", help="test the tree of this commit instead of the working tree")
+    parser.add_argument("--rev", help="test the tree of this commit (or of this `git archive` .tar) instead")
     parser.add_argument("--label", default="latest", help="name of the summary file under var/mutation/")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops mutmut too
