@@ -172,6 +172,99 @@ TARGETS = (
 )
 
 
+@dataclass(frozen=True)
+class HandMutant:
+    """A mutant written by hand (issue 13's examples): one exact text replacement, which the named
+    tests must kill. ``make mutation`` tries each in its own copy of the tree."""
+
+    name: str
+    source: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+HAND_MUTANTS = (
+    HandMutant(
+        "compare-second-snapshot-unchecked",  # the security mutant: compare reads b without the access check
+        "webapp/snapshots/views.py",
+        "b = _upload_or_404(request, code_b)",
+        "b = Upload.objects.get(code=code_b)",
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py"),
+    ),
+    HandMutant(
+        "inline-large-split-boundary",  # _Model.run's inlined should_split: > 1 MiB becomes >= 1 MiB
+        "analysis/allocator.py",
+        "if rem > split_over[lk] and rs < split_below:",
+        "if rem >= split_over[lk] and rs < split_below:",
+        ("tests/analysis/test_blocks.py",),
+    ),
+    HandMutant(
+        "method-large-split-boundary",  # _Model.split (the OOM path's copy)
+        "analysis/allocator.py",
+        "size < self.mss and rem > K_SMALL_SIZE",
+        "size < self.mss and rem >= K_SMALL_SIZE",
+        ("tests/analysis/test_blocks.py",),
+    ),
+    HandMutant(
+        "should-split-small-pool-boundary",  # AllocatorConfig.should_split: >= 512 becomes > 512
+        "analysis/config.py",
+        "return remaining >= K_MIN_BLOCK_SIZE",
+        "return remaining > K_MIN_BLOCK_SIZE",
+        ("tests/analysis/test_size_rules.py", "tests/analysis/test_blocks.py"),
+    ),
+    HandMutant(
+        "upload-cap-boundary",  # a file of exactly the cap refused
+        "webapp/snapshots/uploads.py",
+        "if self._received > settings.UPLOAD_MAX_BYTES:",
+        "if self._received >= settings.UPLOAD_MAX_BYTES:",
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_uploads.py"),
+    ),
+    HandMutant(
+        "token-of-inactive-user",  # an inactive user's API token still works
+        "webapp/snapshots/services.py",
+        "if token is None or not token.user.is_active:",
+        "if token is None:",
+        ("tests/webapp/test_access_rules.py",),
+    ),
+    HandMutant(
+        "revoked-share-link",  # a revoked share link still works
+        "webapp/snapshots/services.py",
+        "ShareLink.objects.filter(token_hash=token_hash(token), revoked_at__isnull=True)",
+        "ShareLink.objects.filter(token_hash=token_hash(token))",
+        ("tests/webapp/test_access_rules.py",),
+    ),
+)
+
+
+def run_hand_mutant(m: HandMutant, rev: str | None) -> dict[str, object]:
+    dest = Path(tempfile.mkdtemp(prefix=f"oomscope-hand-{m.name}-"))
+    try:
+        copy_tree(dest, rev)
+        path = dest / m.source
+        text = path.read_text()
+        if text.count(m.old) != 1:
+            return {"name": m.name, "status": "not applicable", "detail": f"{m.old!r} not found once in {m.source}"}
+        path.write_text(text.replace(m.old, m.new))
+        tests = [t for t in m.tests if (dest / t).exists()]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        done = subprocess.run(argv, cwd=dest, capture_output=True, text=True, env=env, timeout=900)  # noqa: S603
+        failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+        return {
+            "name": m.name,
+            "source": m.source,
+            "mutation": f"{m.old}  ->  {m.new}",
+            "tests": tests,
+            "status": "killed"
+            if done.returncode == 1
+            else ("survived" if done.returncode == 0 else f"rc {done.returncode}"),
+            "killed_by": failed[:3],
+        }
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
 def module_of(source: str) -> str:
     return source.removesuffix(".py").replace("/", ".")
 
@@ -243,6 +336,24 @@ def restrict_lines(dest: Path, target: Target) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+# mutmut runs each mutant in a child forked from the process that ran the tests once already, so
+# the test modules' @cache'd results (a report, a replay, built by unmutated code) would answer
+# for the mutant. This plugin, written into the copy, empties every functools cache of the test
+# modules at the start of each run.
+FRESH_CACHES = """\"\"\"Written by scripts/mutation.py: no cached result outlives a mutant (see there).\"\"\"
+import sys
+
+
+def pytest_sessionstart(session):
+    for name, module in list(sys.modules.items()):
+        if not (name.startswith("tests") or "/tests/" in (getattr(module, "__file__", None) or "")):
+            continue
+        for value in list(vars(module).values()):
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
+"""
+
+
 def configure(dest: Path, target: Target, tests: list[str]) -> None:
     pyproject = dest / "pyproject.toml"
     text = pyproject.read_text()
@@ -252,10 +363,12 @@ def configure(dest: Path, target: Target, tests: list[str]) -> None:
         'source_paths = ["analysis/", "webapp/"]\n'
         f"only_mutate = [{json.dumps(target.source)}]\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
-        'pytest_add_cli_args = ["-o", "django_find_project=false", "-p", "no:cacheprovider", "-q"]\n'
+        'pytest_add_cli_args = ["-o", "django_find_project=false", "-p", "no:cacheprovider", "-q",'
+        ' "-p", "tests._mutation_fresh_caches"]\n'
         "use_git_change_detection = false\n"
     )
     pyproject.write_text(text)
+    (dest / "tests" / "_mutation_fresh_caches.py").write_text(FRESH_CACHES)
 
 
 def results(dest: Path, target: Target, globs: list[str]) -> dict[str, int]:
@@ -367,12 +480,18 @@ def main() -> int:
         for t in TARGETS:
             print(f"{t.name:14} {t.source:32} {t.budget_s:4d}s  {', '.join(t.tests)}")
         return 0
-    unknown = [n for n in args.targets if n not in by_name]
+    unknown = [n for n in args.targets if n not in by_name and n != "hand"]
     if unknown:
         parser.error(f"unknown target(s) {', '.join(unknown)}; --list names them")
-    chosen = [by_name[n] for n in args.targets] if args.targets else list(TARGETS)
+    names = [n for n in args.targets if n != "hand"]
+    chosen = [by_name[n] for n in names] if args.targets else list(TARGETS)
     OUT.mkdir(parents=True, exist_ok=True)
-    summary = []
+    summary: list[dict[str, object]] = []
+    if not args.targets or "hand" in args.targets:
+        for m in HAND_MUTANTS:
+            res = run_hand_mutant(m, args.rev)
+            print(f"hand mutant {m.name}: {res['status']} {' '.join(res.get('killed_by', []))}", flush=True)  # type: ignore[arg-type]
+            summary.append({"target": "hand", **res})
     for target in chosen:
         print(f"{target.name}: {target.source}", flush=True)
         res = run_target(target, budget=args.budget, jobs=args.jobs, keep=args.keep, rev=args.rev)

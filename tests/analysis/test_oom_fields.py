@@ -28,7 +28,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     Trace,
 )
-from analysis.oom import explain_oom, flush_before, infer_limit, verdict
+from analysis.oom import explain_oom, flush_before, infer_limit, oom_indices, verdict
 from analysis.reader import read_snapshot
 from analysis.report import build_report
 
@@ -271,6 +271,15 @@ FLUSHED = _trace(
         (OOM, 8 * GiB, 3 * GiB // 2),
     ]
 )
+
+
+def test_oom_indices_are_the_oom_events_as_int64() -> None:
+    assert oom_indices(FLUSHED).tolist() == [6]
+    assert oom_indices(FLUSHED).dtype == np.int64
+    t = trace_of("frag_oom")
+    # frag_oom: memory_stats counted 2 OOMs; both are in the trace, the last one is explained.
+    assert len(oom_indices(t)) == stats("frag_oom")["num_ooms"] == 2
+    assert int(oom_indices(t)[-1]) == oom_of("frag_oom")["event_index"]
 
 
 def test_flush_before_hand_computed() -> None:

@@ -106,3 +106,12 @@ def test_is_small_is_the_small_pool_boundary() -> None:
 def test_block_fits_boundaries(block: int, size: int, fits: bool) -> None:
     cfg = AllocatorConfig.parse("max_split_size_mb:256")
     assert cfg.block_fits(block, size) is fits
+
+
+def test_column_rules_answer_int64_whatever_integer_column_they_get() -> None:
+    # A column read as int32 (the reader's stream and pool columns are int32) must not come back
+    # as int32: sizes past 2 GiB would wrap. 1,363,149 B with 2 divisions -> 1,572,864 B.
+    cfg = AllocatorConfig.parse("roundup_power2_divisions:2")
+    got = cfg.round_sizes(np.asarray([1000, 1_363_149], np.int32))
+    assert got.dtype == np.int64
+    assert got.tolist() == [1024, 1_572_864]
