@@ -336,21 +336,33 @@ def restrict_lines(dest: Path, target: Target) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-# mutmut runs each mutant in a child forked from the process that ran the tests once already, so
-# the test modules' @cache'd results (a report, a replay, built by unmutated code) would answer
-# for the mutant. This plugin, written into the copy, empties every functools cache of the test
-# modules at the start of each run.
+# mutmut runs each mutant in a child forked from the process that ran the tests once already (the
+# "stats" run, which also records which tests reach which function). Test modules @cache results
+# (a report, a replay): in the stats run only the first test to ask would reach the code and be
+# recorded, and in a child the cached result of the unmutated code would answer for the mutant.
+# This plugin, written into the copy, empties every functools cache of the test modules before
+# each test of the stats run and at the start of each mutant's run.
 FRESH_CACHES = """\"\"\"Written by scripts/mutation.py: no cached result outlives a mutant (see there).\"\"\"
+import os
 import sys
 
 
-def pytest_sessionstart(session):
+def _clear():
     for name, module in list(sys.modules.items()):
         if not (name.startswith("tests") or "/tests/" in (getattr(module, "__file__", None) or "")):
             continue
         for value in list(vars(module).values()):
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
+
+
+def pytest_sessionstart(session):
+    _clear()
+
+
+def pytest_runtest_setup(item):
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        _clear()
 """
 
 
