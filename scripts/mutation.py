@@ -373,6 +373,7 @@ def configure(dest: Path, target: Target, tests: list[str]) -> None:
     text += (
         "\n[tool.mutmut]\n"
         'source_paths = ["analysis/", "webapp/"]\n'
+        'also_copy = ["templates/", "static/"]\n'
         f"only_mutate = [{json.dumps(target.source)}]\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
         'pytest_add_cli_args = ["-o", "django_find_project=false", "-p", "no:cacheprovider", "-q",'
@@ -406,7 +407,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def run_target(target: Target, *, budget: int | None, jobs: int, keep: bool, rev: str | None) -> dict[str, object]:
+def run_target(
+    target: Target, *, budget: int | None, jobs: int, keep: bool, rev: str | None, label: str
+) -> dict[str, object]:
     globs = [mutant_glob(target, f) for f in target.functions]
     mutmut = str(Path(sys.executable).parent / "mutmut")
     limit = budget or target.budget_s
@@ -422,7 +425,7 @@ def run_target(target: Target, *, budget: int | None, jobs: int, keep: bool, rev
         restrict_lines(dest, target)
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PYTHONPATH", None)
-        log = (OUT / f"{target.name}.log").open("w")
+        log = (OUT / f"{label}-{target.name}.log").open("w")
         proc = subprocess.Popen(  # noqa: S603 - fixed argv, mutant globs built here
             [mutmut, "run", "--max-children", str(jobs), *globs],
             cwd=dest,
@@ -506,7 +509,7 @@ def main() -> int:
             summary.append({"target": "hand", **res})
     for target in chosen:
         print(f"{target.name}: {target.source}", flush=True)
-        res = run_target(target, budget=args.budget, jobs=args.jobs, keep=args.keep, rev=args.rev)
+        res = run_target(target, budget=args.budget, jobs=args.jobs, keep=args.keep, rev=args.rev, label=args.label)
         summary.append(res)
         rate = res["kill_rate"]
         print(f"  tests: {', '.join(res['tests'])}")  # type: ignore[arg-type]
