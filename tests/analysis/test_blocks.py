@@ -545,9 +545,9 @@ def test_fixture_requests_meet_the_large_pool_split_boundary() -> None:
     assert any(not small and block - size == K_SMALL_SIZE for block, size, small in log)
 
 
-def _synthetic(requests: list[tuple[str, int, int]], conf: str = "") -> _Spy:
+def _synthetic(requests: list[tuple[str, int, int]], conf: str = "", limit: int | None = None) -> _Spy:
     """A model fed a hand-written request stream of ("alloc" | "free", handle, size), one pool and
-    one stream, no limit: the model's own request encoding (rounded sizes, free-list index)."""
+    one stream: the model's own request encoding (rounded sizes, free-list index)."""
     cfg = AllocatorConfig.parse(conf)
     events, ops, raddrs, sizes, lks = [], [], [], [], []
     lane: dict[int, int] = {}
@@ -563,7 +563,7 @@ def _synthetic(requests: list[tuple[str, int, int]], conf: str = "") -> _Spy:
             ops.append(allocator._OP_FREE)
             sizes.append(0)
         lks.append(lane[handle])
-    m = _Spy(cfg, None, 1, [0], {})
+    m = _Spy(cfg, limit, 1, [0], {})
     m.requests = (events, ops, raddrs, sizes, lks)
     return m
 
@@ -571,7 +571,7 @@ def _synthetic(requests: list[tuple[str, int, int]], conf: str = "") -> _Spy:
 A, F = ACTIVE_ALLOCATED, INACTIVE
 # Each stream puts one split decision exactly on a boundary. Expected: the final segments as
 # (pool, stream, kind, expandable, ((offset, size, state), ...)), hand-computed in the comment.
-BOUNDARY_STREAMS: dict[str, tuple[list[tuple[str, int, int]], str, list[SegmentKey]]] = {
+BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected segments[, limit]
     # Small pool (<= 1 MiB), 2 MiB segments. 1 MiB leaves 1 MiB: split. 1 MiB - 512 takes that
     # free 1 MiB and leaves exactly 512 B: split (>= 512). The last 512 B request takes it: still
     # one segment. (Splitting only on > 512 would need a second segment for it.)
@@ -615,13 +615,64 @@ BOUNDARY_STREAMS: dict[str, tuple[list[tuple[str, int, int]], str, list[SegmentK
         "expandable_segments:True",
         [(0, 0, "large", True, ((0, 20 * MiB - 512, A), (20 * MiB - 512, 512, F)))],
     ),
+    # max_split_size 256 MiB under a 1000 MiB limit: segments of 300, 300 and 280 MiB, all freed
+    # (880 MiB cached). 600 MiB fits no block; a new segment would reach 1480 > 1000, so
+    # release_available_cached_blocks frees the largest oversize blocks until 600 MiB: the two of
+    # 300 MiB, exactly enough, and keeps the 280 MiB one. 280 + 600 = 880 <= 1000: a 600 MiB segment.
+    "release-available-exactly-enough": (
+        [
+            ("alloc", 1, 300 * MiB),
+            ("alloc", 2, 300 * MiB),
+            ("alloc", 3, 280 * MiB),
+            ("free", 1, 0),
+            ("free", 2, 0),
+            ("free", 3, 0),
+            ("alloc", 4, 600 * MiB),
+        ],
+        "max_split_size_mb:256",
+        sorted([(0, 0, "large", False, ((0, 280 * MiB, F),)), (0, 0, "large", False, ((0, 600 * MiB, A),))]),
+        1000 * MiB,
+    ),
+    # garbage_collection_threshold 0.5 under a 100 MiB limit: the GC starts above 50 MiB. Ages count
+    # get_free_block calls (one per request here). Segments S1, S2 of 14 MiB (requests 1, 2), freed
+    # at age-clock 2; S3 16 MiB and S4 24 MiB (clock 3, 4), freed at 4; request 9 (14 MiB) reuses
+    # S1, freed again at 5; request 11 (20 MiB) splits S4 (20 + 4 free). Request 12 (20 MiB, clock
+    # 7) fits nothing: reserved 68 MiB > 50, target 18 MiB. Unsplit free segments: S1 age 2, S2
+    # age 5, S3 age 3 (S4 is split: not a candidate). Round 1: mean 10/3 = 3.33 frees S2 (14 MiB,
+    # short of 18). Round 2: mean of the two left, 5/2 = 2.5, frees S3 (age 3) and keeps S1 (age 2):
+    # 30 MiB reclaimed. Then 38 + 20 <= 100: a 20 MiB segment.
+    "gc-second-round-uses-the-remaining-mean": (
+        [
+            ("alloc", 1, 14 * MiB),
+            ("alloc", 2, 14 * MiB),
+            ("free", 1, 0),
+            ("free", 2, 0),
+            ("alloc", 3, 16 * MiB),
+            ("alloc", 4, 24 * MiB),
+            ("free", 4, 0),
+            ("free", 3, 0),
+            ("alloc", 5, 14 * MiB),
+            ("free", 5, 0),
+            ("alloc", 6, 20 * MiB),
+            ("alloc", 7, 20 * MiB),
+        ],
+        "garbage_collection_threshold:0.5",
+        sorted(
+            [
+                (0, 0, "large", False, ((0, 14 * MiB, F),)),
+                (0, 0, "large", False, ((0, 20 * MiB, A), (20 * MiB, 4 * MiB, F))),
+                (0, 0, "large", False, ((0, 20 * MiB, A),)),
+            ]
+        ),
+        100 * MiB,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_STREAMS))
 def test_boundary_requests_give_the_hand_computed_blocks_inlined_and_called(name: str) -> None:
-    requests, conf, expected = BOUNDARY_STREAMS[name]
-    m = _synthetic(requests, conf)
+    requests, conf, expected, *limit = BOUNDARY_STREAMS[name]
+    m = _synthetic(requests, conf, *limit)
     compare_inline_and_called(m, checkpoints=1)
     m.run(*m.requests)
     assert model_segments(m, m.segment_lk) == expected
