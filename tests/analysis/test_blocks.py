@@ -545,25 +545,39 @@ def test_fixture_requests_meet_the_large_pool_split_boundary() -> None:
     assert any(not small and block - size == K_SMALL_SIZE for block, size, small in log)
 
 
-def _synthetic(requests: list[tuple[str, int, int]], conf: str = "", limit: int | None = None) -> _Spy:
-    """A model fed a hand-written request stream of ("alloc" | "free", handle, size), one pool and
-    one stream: the model's own request encoding (rounded sizes, free-list index)."""
+def _synthetic(
+    requests: list[tuple[Any, ...]],
+    conf: str = "",
+    limit: int | None = None,
+    pools: int = 1,
+    freeable: dict[int, int] | None = None,
+) -> _Spy:
+    """A model fed a hand-written request stream, in the model's own encoding (rounded sizes,
+    free-list index ``(pool * 2 + large) * streams + stream``), one stream. A request is
+    ("alloc", handle, size[, pool]), ("free", handle, 0) or ("flush", upto, 0): a user
+    ``empty_cache()`` that may release private pools the trace released by event ``upto``;
+    ``freeable`` maps a private pool to the first event showing it released."""
     cfg = AllocatorConfig.parse(conf)
     events, ops, raddrs, sizes, lks = [], [], [], [], []
     lane: dict[int, int] = {}
-    for k, (op, handle, size) in enumerate(requests):
+    for k, (op, handle, size, *pool) in enumerate(requests):
         events.append(k)
         raddrs.append(handle)
         if op == "alloc":
             rounded = cfg.round_size(size)
-            lane[handle] = int(rounded > K_SMALL_SIZE)
+            lane[handle] = (pool[0] if pool else 0) * 2 + int(rounded > K_SMALL_SIZE)
             ops.append(allocator._OP_ALLOC)
             sizes.append(rounded)
-        else:
+            lks.append(lane[handle])
+        elif op == "free":
             ops.append(allocator._OP_FREE)
             sizes.append(0)
-        lks.append(lane[handle])
-    m = _Spy(cfg, limit, 1, [0], {})
+            lks.append(lane[handle])
+        else:
+            ops.append(allocator._OP_FLUSH)
+            sizes.append(0)
+            lks.append(0)
+    m = _Spy(cfg, limit, pools, [0], dict(freeable or {}))
     m.requests = (events, ops, raddrs, sizes, lks)
     return m
 
@@ -571,7 +585,7 @@ def _synthetic(requests: list[tuple[str, int, int]], conf: str = "", limit: int 
 A, F = ACTIVE_ALLOCATED, INACTIVE
 # Each stream puts one split decision exactly on a boundary. Expected: the final segments as
 # (pool, stream, kind, expandable, ((offset, size, state), ...)), hand-computed in the comment.
-BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected segments[, limit]
+BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected segments[, options]
     # Small pool (<= 1 MiB), 2 MiB segments. 1 MiB leaves 1 MiB: split. 1 MiB - 512 takes that
     # free 1 MiB and leaves exactly 512 B: split (>= 512). The last 512 B request takes it: still
     # one segment. (Splitting only on > 512 would need a second segment for it.)
@@ -631,7 +645,48 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
         ],
         "max_split_size_mb:256",
         sorted([(0, 0, "large", False, ((0, 280 * MiB, F),)), (0, 0, "large", False, ((0, 600 * MiB, A),))]),
-        1000 * MiB,
+        {"limit": 1000 * MiB, "flushes": 0},
+    ),
+    # The same with 850 MiB and a 256 MiB third segment: 300 + 300 is not enough, so the walk goes
+    # on to the smallest oversize block, 256 MiB (exactly max_split_size still counts): 856 >= 850,
+    # all three go, and no full flush (release_cached_blocks) is needed.
+    "release-available-down-to-the-smallest": (
+        [
+            ("alloc", 1, 300 * MiB),
+            ("alloc", 2, 300 * MiB),
+            ("alloc", 3, 256 * MiB),
+            ("free", 1, 0),
+            ("free", 2, 0),
+            ("free", 3, 0),
+            ("alloc", 4, 850 * MiB),
+        ],
+        "max_split_size_mb:256",
+        [(0, 0, "large", False, ((0, 850 * MiB, A),))],
+        {"limit": 1000 * MiB, "flushes": 0},
+    ),
+    # A flush releases the small pool too: under a 30 MiB limit, a cached 2 MiB small segment and
+    # a cached 20 MiB large one (22 MiB); 28 MiB fits neither, 22 + 28 > 30: flush both, then the
+    # 28 MiB segment alone. (Keeping the small one would also fit, 2 + 28 = 30: the layout tells.)
+    "flush-releases-small-and-large": (
+        [("alloc", 1, 512 * 1024), ("free", 1, 0), ("alloc", 2, 20 * MiB), ("free", 2, 0), ("alloc", 3, 28 * MiB)],
+        "",
+        [(0, 0, "large", False, ((0, 28 * MiB, A),))],
+        {"limit": 30 * MiB, "flushes": 1},
+    ),
+    # Private pool 1 (a CUDA graph's): a cached 20 MiB segment in it and one in the default pool.
+    # A user empty_cache at request 4 releases the default pool's, and pool 1's only if the trace
+    # showed pool 1 released by then: at event 4 (<= 4) yes, at event 10 not yet.
+    "flush-releases-a-private-pool-from-its-release-on": (
+        [("alloc", 1, 20 * MiB, 1), ("free", 1, 0), ("alloc", 2, 20 * MiB), ("free", 2, 0), ("flush", 4, 0)],
+        "",
+        [],
+        {"pools": 2, "freeable": {1: 4}, "flushes": 1},
+    ),
+    "flush-keeps-a-private-pool-not-yet-released": (
+        [("alloc", 1, 20 * MiB, 1), ("free", 1, 0), ("alloc", 2, 20 * MiB), ("free", 2, 0), ("flush", 4, 0)],
+        "",
+        [(1, 0, "large", False, ((0, 20 * MiB, F),))],
+        {"pools": 2, "freeable": {1: 10}, "flushes": 1},
     ),
     # garbage_collection_threshold 0.5 under a 100 MiB limit: the GC starts above 50 MiB. Ages count
     # get_free_block calls (one per request here). Segments S1, S2 of 14 MiB (requests 1, 2), freed
@@ -664,18 +719,22 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
                 (0, 0, "large", False, ((0, 20 * MiB, A),)),
             ]
         ),
-        100 * MiB,
+        {"limit": 100 * MiB},
     ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_STREAMS))
 def test_boundary_requests_give_the_hand_computed_blocks_inlined_and_called(name: str) -> None:
-    requests, conf, expected, *limit = BOUNDARY_STREAMS[name]
-    m = _synthetic(requests, conf, *limit)
+    requests, conf, expected, *more = BOUNDARY_STREAMS[name]
+    options = dict(more[0]) if more else {}
+    flushes = options.pop("flushes", None)
+    m = _synthetic(requests, conf, **options)
     compare_inline_and_called(m, checkpoints=1)
     m.run(*m.requests)
     assert model_segments(m, m.segment_lk) == expected
+    if flushes is not None:  # how many times the whole cache was flushed (release_cached_blocks)
+        assert len(m.flushes) == flushes
 
 
 # --------------------------------------------------------------------------- the rule itself
