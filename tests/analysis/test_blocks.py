@@ -721,6 +721,35 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
         ),
         {"limit": 100 * MiB},
     ),
+    # The same with S4 of 20 MiB: request 11 takes S4 whole, reserved is 64 MiB, the target 14 MiB.
+    # Round 1 (mean 3.33) frees S2, exactly 14 MiB: the target is met and the GC stops there,
+    # keeping S1 and S3. 50 + 20 <= 100: a new 20 MiB segment.
+    "gc-stops-at-exactly-the-target": (
+        [
+            ("alloc", 1, 14 * MiB),
+            ("alloc", 2, 14 * MiB),
+            ("free", 1, 0),
+            ("free", 2, 0),
+            ("alloc", 3, 16 * MiB),
+            ("alloc", 4, 20 * MiB),
+            ("free", 4, 0),
+            ("free", 3, 0),
+            ("alloc", 5, 14 * MiB),
+            ("free", 5, 0),
+            ("alloc", 6, 20 * MiB),
+            ("alloc", 7, 20 * MiB),
+        ],
+        "garbage_collection_threshold:0.5",
+        sorted(
+            [
+                (0, 0, "large", False, ((0, 14 * MiB, F),)),
+                (0, 0, "large", False, ((0, 16 * MiB, F),)),
+                (0, 0, "large", False, ((0, 20 * MiB, A),)),
+                (0, 0, "large", False, ((0, 20 * MiB, A),)),
+            ]
+        ),
+        {"limit": 100 * MiB},
+    ),
 }
 
 
