@@ -190,49 +190,49 @@ HAND_MUTANTS = (
         "webapp/snapshots/views.py",
         "b = _upload_or_404(request, code_b)",
         "b = Upload.objects.get(code=code_b)",
-        ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py"),
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py", "tests/webapp/test_pages.py"),
     ),
     HandMutant(
         "inline-large-split-boundary",  # _Model.run's inlined should_split: > 1 MiB becomes >= 1 MiB
         "analysis/allocator.py",
         "if rem > split_over[lk] and rs < split_below:",
         "if rem >= split_over[lk] and rs < split_below:",
-        ("tests/analysis/test_blocks.py",),
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
     ),
     HandMutant(
         "method-large-split-boundary",  # _Model.split (the OOM path's copy)
         "analysis/allocator.py",
         "size < self.mss and rem > K_SMALL_SIZE",
         "size < self.mss and rem >= K_SMALL_SIZE",
-        ("tests/analysis/test_blocks.py",),
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
     ),
     HandMutant(
         "should-split-small-pool-boundary",  # AllocatorConfig.should_split: >= 512 becomes > 512
         "analysis/config.py",
         "return remaining >= K_MIN_BLOCK_SIZE",
         "return remaining > K_MIN_BLOCK_SIZE",
-        ("tests/analysis/test_size_rules.py", "tests/analysis/test_blocks.py"),
+        ("tests/analysis/test_size_rules.py", "tests/analysis/test_blocks.py", "tests/analysis/test_config.py"),
     ),
     HandMutant(
         "upload-cap-boundary",  # a file of exactly the cap refused
         "webapp/snapshots/uploads.py",
         "if self._received > settings.UPLOAD_MAX_BYTES:",
         "if self._received >= settings.UPLOAD_MAX_BYTES:",
-        ("tests/webapp/test_access_rules.py", "tests/webapp/test_uploads.py"),
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_uploads.py", "tests/webapp/test_api.py"),
     ),
     HandMutant(
         "token-of-inactive-user",  # an inactive user's API token still works
         "webapp/snapshots/services.py",
         "if token is None or not token.user.is_active:",
         "if token is None:",
-        ("tests/webapp/test_access_rules.py",),
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py"),
     ),
     HandMutant(
         "revoked-share-link",  # a revoked share link still works
         "webapp/snapshots/services.py",
         "ShareLink.objects.filter(token_hash=token_hash(token), revoked_at__isnull=True)",
         "ShareLink.objects.filter(token_hash=token_hash(token))",
-        ("tests/webapp/test_access_rules.py",),
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py", "tests/webapp/test_pages.py"),
     ),
 )
 
@@ -247,6 +247,8 @@ def run_hand_mutant(m: HandMutant, rev: str | None) -> dict[str, object]:
             return {"name": m.name, "status": "not applicable", "detail": f"{m.old!r} not found once in {m.source}"}
         path.write_text(text.replace(m.old, m.new))
         tests = [t for t in m.tests if (dest / t).exists()]
+        if not tests:  # an empty selection would be the whole suite
+            return {"name": m.name, "status": "no tests", "detail": f"none of {', '.join(m.tests)} exists"}
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
         done = subprocess.run(argv, cwd=dest, capture_output=True, text=True, env=env, timeout=900)  # noqa: S603
