@@ -73,7 +73,7 @@ TARGETS = (
             "_roundup_power2_next_division",
         ),
         ("tests/analysis/test_config.py", "tests/analysis/test_size_rules.py", "tests/analysis/test_blocks.py"),
-        120,
+        150,
     ),
     Target(
         "allocator",  # the policy model's block rules: best fit, split, merge, segments, flushes, GC
@@ -92,7 +92,7 @@ TARGETS = (
             "_Model.run",
         ),
         ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py"),
-        540,
+        480,
         (
             (
                 "_Model.run",
@@ -108,7 +108,7 @@ TARGETS = (
         "analysis/replay.py",
         ("_Replayer.run", "_Replayer._alloc_slow"),
         ("tests/analysis/test_blocks.py", "tests/analysis/test_replay.py"),
-        300,
+        240,
         (
             (
                 "_Replayer.run",
@@ -130,14 +130,14 @@ TARGETS = (
         "webapp/snapshots/services.py",
         ("upload_create",),
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py"),
-        90,
+        60,
     ),
     Target(
         "reader-limits",
         "analysis/reader.py",
         ("_gunzip", "_check_expansion", "_unzip", "_budget", "_check_end", "_BoundedFile.*", "_Converter.charge"),
         ("tests/analysis/test_reader.py", "tests/analysis/test_hostile.py"),
-        150,
+        120,
     ),
     Target(
         "access",  # the services' access checks
@@ -160,14 +160,14 @@ TARGETS = (
         "webapp/snapshots/uploads.py",
         ("content_length_over_cap", "CappedHashingUploadHandler.*"),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
-        150,
+        120,
     ),
     Target(
         "upload-form",
         "webapp/snapshots/forms.py",
         ("split_tags", "UploadForm.*"),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
-        90,
+        60,
     ),
 )
 
@@ -500,6 +500,7 @@ def main() -> int:
     unknown = [n for n in args.targets if n not in by_name and n != "hand"]
     if unknown:
         parser.error(f"unknown target(s) {', '.join(unknown)}; --list names them")
+    started = time.monotonic()
     names = [n for n in args.targets if n != "hand"]
     chosen = [by_name[n] for n in names] if args.targets else list(TARGETS)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -524,6 +525,7 @@ def main() -> int:
         )
         for name, diff in dict(res["survivors"]).items():  # type: ignore[call-overload]
             print(f"    survived: {name}\n      " + "\n      ".join(diff.splitlines()[-6:]))
+    print(f"total {round(time.monotonic() - started)} s")
     (OUT / f"{args.label}.json").write_text(json.dumps(summary, indent=1))
     print(f"written {OUT / (args.label + '.json')}")
     return 0
