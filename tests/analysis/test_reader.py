@@ -423,3 +423,16 @@ def test_empty_snapshot_of_an_uninitialised_allocator() -> None:
     snap = read_snapshot(pickle.dumps({"segments": [], "device_traces": []}))
     assert snap.devices == []
     assert "no-history" in {w.code for w in snap.warnings}
+
+
+def test_a_zip_without_exactly_one_data_pkl_is_refused_by_name() -> None:
+    # A torch.save archive holds one */data.pkl; none, or two, is not a snapshot.
+    for members in ((("archive/other.txt", b"hi"),), (("a/data.pkl", b"\x80\x04N."), ("b/data.pkl", b"\x80\x04N."))):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, data in members:
+                z.writestr(name, data)
+        with pytest.raises(SnapshotError) as err:
+            read_snapshot(buf.getvalue())
+        assert err.value.code == "snapshot:format:zip-without-pickle"
+        assert "exactly one */data.pkl" in str(err.value)
