@@ -551,21 +551,23 @@ def _synthetic(
     limit: int | None = None,
     pools: int = 1,
     freeable: dict[int, int] | None = None,
+    streams: int = 1,
 ) -> _Spy:
     """A model fed a hand-written request stream, in the model's own encoding (rounded sizes,
     free-list index ``(pool * 2 + large) * streams + stream``), one stream. A request is
-    ("alloc", handle, size[, pool]), ("free", handle, 0) or ("flush", upto, 0): a user
+    ("alloc", handle, size[, pool[, stream]]), ("free", handle, 0) or ("flush", upto, 0): a user
     ``empty_cache()`` that may release private pools the trace released by event ``upto``;
     ``freeable`` maps a private pool to the first event showing it released."""
     cfg = AllocatorConfig.parse(conf)
     events, ops, raddrs, sizes, lks = [], [], [], [], []
     lane: dict[int, int] = {}
-    for k, (op, handle, size, *pool) in enumerate(requests):
+    for k, (op, handle, size, *where) in enumerate(requests):
         events.append(k)
         raddrs.append(handle)
         if op == "alloc":
             rounded = cfg.round_size(size)
-            lane[handle] = (pool[0] if pool else 0) * 2 + int(rounded > K_SMALL_SIZE)
+            pool, stream = (*where, 0, 0)[:2]
+            lane[handle] = (pool * 2 + int(rounded > K_SMALL_SIZE)) * streams + stream
             ops.append(allocator._OP_ALLOC)
             sizes.append(rounded)
             lks.append(lane[handle])
@@ -577,7 +579,7 @@ def _synthetic(
             ops.append(allocator._OP_FLUSH)
             sizes.append(0)
             lks.append(0)
-    m = _Spy(cfg, limit, pools, [0], dict(freeable or {}))
+    m = _Spy(cfg, limit, pools, list(range(streams)), dict(freeable or {}))
     m.requests = (events, ops, raddrs, sizes, lks)
     return m
 
@@ -676,11 +678,28 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
     # Private pool 1 (a CUDA graph's): a cached 20 MiB segment in it and one in the default pool.
     # A user empty_cache at request 4 releases the default pool's, and pool 1's only if the trace
     # showed pool 1 released by then: at event 4 (<= 4) yes, at event 10 not yet.
+    # (Both of pool 1's free lists go: a small 2 MiB segment too.)
     "flush-releases-a-private-pool-from-its-release-on": (
-        [("alloc", 1, 20 * MiB, 1), ("free", 1, 0), ("alloc", 2, 20 * MiB), ("free", 2, 0), ("flush", 4, 0)],
+        [
+            ("alloc", 1, 20 * MiB, 1),
+            ("free", 1, 0),
+            ("alloc", 2, 20 * MiB),
+            ("free", 2, 0),
+            ("alloc", 3, 512 * 1024, 1),
+            ("free", 3, 0),
+            ("flush", 4, 0),
+        ],
         "",
         [],
         {"pools": 2, "freeable": {1: 4}, "flushes": 1},
+    ),
+    # Two streams: stream 0 has no cached block, stream 1 a 20 MiB segment; the flush walks every
+    # stream's free list of the pool and releases it.
+    "flush-releases-every-stream": (
+        [("alloc", 1, 20 * MiB, 0, 1), ("free", 1, 0), ("flush", 2, 0)],
+        "",
+        [],
+        {"streams": 2, "flushes": 1},
     ),
     "flush-keeps-a-private-pool-not-yet-released": (
         [("alloc", 1, 20 * MiB, 1), ("free", 1, 0), ("alloc", 2, 20 * MiB), ("free", 2, 0), ("flush", 4, 0)],
