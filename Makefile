@@ -7,7 +7,7 @@ PORT ?= 8000
 export PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install static migrate run test lint typecheck bench reliability diffbench clean
+.PHONY: help install static migrate run test lint typecheck bench reliability diffbench mutation clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ lint: install ## ruff lint
 
 typecheck: install ## mypy --strict on analysis/ and webapp/ (django-stubs)
 	$(VENV)/bin/mypy
+
+mutation: install ## mutmut on the core rules, each module against its own tests (< 30 min; not part of `make test`)
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 bench: install ## reader/analysis benchmark on ../shared/snapshots/huge_all_stacks.pickle.gz
 	$(PY) scripts/bench.py

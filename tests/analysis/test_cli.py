@@ -76,7 +76,8 @@ def test_whatif_command_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixt
     assert item["config"] == "expandable_segments:True"
     # The real run with expandable_segments got past the recorded OOM (gpt_varlen_expandable).
     assert item["oom_avoided"] is True
-    assert result["devices"][0]["recorded_peak_reserved_bytes"] == 7440695296
+    truth = json.loads((FIXTURES / "gpt_varlen_oom.truth.json").read_text())
+    assert result["devices"][0]["recorded_peak_reserved_bytes"] == truth["memory_stats"]["reserved_bytes.all.peak"]
     assert main(["whatif", str(FIXTURES / "gpt_varlen_oom.pickle.gz"), "--config", "expandable_segments:True"]) == 0
     assert "OOM avoided" in capsys.readouterr().out
 
@@ -96,12 +97,19 @@ def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_limit_flag_sets_the_oom_limit(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
+    # The cap PyTorch's OOM message names: "7.00 GiB allowed".
+    assert "7.00 GiB allowed" in json.loads((FIXTURES / "gpt_varlen_oom.truth.json").read_text())["oom_message"]
     seven_gib = str(7 * 2**30)
     assert main(["report", str(FIXTURES / "gpt_varlen_oom.pickle.gz"), "--limit", seven_gib, "--json", str(out)]) == 0
     oom = json.loads(out.read_text())["devices"][0]["oom"]
     assert oom["limit_bytes"] == 7 * 2**30
     assert oom["limit_source"] == "given"
+    # From the message: 5.51 GiB allocated + 710 MiB (0.69 GiB) requested = 6.20 GiB <= 7.00 GiB.
     assert oom["verdict"] == "fragmentation"
+    assert oom["shortfall_bytes"] == 0
+    # headroom = 7 GiB - reserved at the OOM (memory_stats' current: no segment changed after it).
+    stats = json.loads((FIXTURES / "gpt_varlen_oom.truth.json").read_text())["memory_stats"]
+    assert oom["headroom_bytes"] == 7 * 2**30 - stats["reserved_bytes.all.current"]
 
 
 def test_jobs_flag_changes_processes_not_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -157,10 +157,17 @@ def test_oom_event_keeps_device_free_in_addr() -> None:
 
 
 def test_expansion_stays_far_under_budget_on_real_files() -> None:
-    # The expansion cap is 8 nodes per byte; real files must sit well below 1.
+    # The expansion cap is 8 nodes per byte; real files must sit well below 1: read under a budget of
+    # one node per byte, each file still gives every event its truth counts.
     for case in ("big_all_stacks", "gpt_varlen_oom", "two_gpu_pipeline"):
         raw = _raw(case)
-        read_snapshot(raw, limits=ReadLimits(nodes_per_byte=1, min_nodes=0))
+        snap = read_snapshot(raw, limits=ReadLimits(nodes_per_byte=1, min_nodes=0))
+        truth = json.loads((FIXTURES / f"{case}.truth.json").read_text())
+        assert [len(d.trace) for d in snap.devices] == truth["n_trace_events"]
+        # ... and the budget is live on these files: 1,000 nodes in all is refused, by that cap.
+        with pytest.raises(SnapshotError) as err:
+            read_snapshot(raw, limits=ReadLimits(nodes_per_byte=0, min_nodes=1000))
+        assert err.value.code == "snapshot:limit:expansion"
 
 
 # ---------------------------------------------------------------------------
@@ -416,3 +423,16 @@ def test_empty_snapshot_of_an_uninitialised_allocator() -> None:
     snap = read_snapshot(pickle.dumps({"segments": [], "device_traces": []}))
     assert snap.devices == []
     assert "no-history" in {w.code for w in snap.warnings}
+
+
+def test_a_zip_without_exactly_one_data_pkl_is_refused_by_name() -> None:
+    # A torch.save archive holds one */data.pkl; none, or two, is not a snapshot.
+    for members in ((("archive/other.txt", b"hi"),), (("a/data.pkl", b"\x80\x04N."), ("b/data.pkl", b"\x80\x04N."))):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, data in members:
+                z.writestr(name, data)
+        with pytest.raises(SnapshotError) as err:
+            read_snapshot(buf.getvalue())
+        assert err.value.code == "snapshot:format:zip-without-pickle"
+        assert "exactly one */data.pkl" in str(err.value)

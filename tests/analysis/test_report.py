@@ -241,8 +241,9 @@ def test_whatif_candidates_never_repeat_a_recorded_setting_and_include_user_conf
     assert "max_split_size_mb:300" in configs
     user = next(w for w in rep["devices"][0]["whatif"] if w["config"] == "max_split_size_mb:300")
     assert user["origin"] == "user"
-    # The recorded run got to step 27 (its last) and then failed: every step row is predicted.
-    assert len(user["steps"]) == len(rep["devices"][0]["steps"]) == 27
+    # The recorded run logged 27 steps (its truth's workload_log) and then failed: every step is predicted.
+    logged = len(truth("gpt_varlen_expandable")["workload_log"])
+    assert len(user["steps"]) == len(rep["devices"][0]["steps"]) == logged == 27
     auto = report("gpt_varlen_oom")["devices"][0]["whatif"]
     settings = {w["setting"] for w in auto if w["origin"] == "auto"}
     assert {"expandable_segments", "max_split_size_mb", "roundup_power2_divisions"} <= settings
@@ -269,7 +270,10 @@ def test_bad_whatif_config_is_a_config_error() -> None:
 def test_replay_check_reproduces_the_recorded_segments() -> None:
     check = report("gpt_varlen_oom")["devices"][0]["replay"]
     assert check["exact"] is True
-    assert check["segment_events_recorded"] == check["segment_events_reproduced"] == 105 + 24
+    # The process's own counters: num_device_alloc cudaMallocs + num_device_free cudaFrees (105 + 24).
+    stats = truth("gpt_varlen_oom")["memory_stats"]
+    recorded = stats["num_device_alloc"] + stats["num_device_free"]
+    assert check["segment_events_recorded"] == check["segment_events_reproduced"] == recorded
 
 
 @pytest.mark.parametrize("case", ["gpt_varlen_oom", "frag_oom", "infer_varbatch"])
@@ -313,9 +317,10 @@ def test_leaks_are_the_end_state_with_a_series_per_step() -> None:
     dev = report("gpt_varlen_oom")["devices"][0]
     leaks = dev["leaks"]
     assert sum(r["bytes"] for r in leaks) == dev["summary"]["final_allocated_bytes"]
+    logged = len(truth("gpt_varlen_oom")["workload_log"])  # 23 steps
     for row in leaks:
-        assert row["steps"] == len(dev["steps"]) == 23
-        assert len(row["series_requested_bytes"]) == 23
+        assert row["steps"] == len(dev["steps"]) == logged
+        assert len(row["series_requested_bytes"]) == logged
 
 
 def test_a_user_whatif_equal_to_a_candidate_is_listed_once_as_the_users() -> None:

@@ -1,0 +1,536 @@
+"""Mutation testing of the core rules with mutmut (`make mutation`), each module against its own tests.
+
+For every target below: copy the working tree (tracked and untracked-but-not-ignored files) to a
+temporary folder, point mutmut at one source file, mutate only the functions that hold the rules
+(mutant-name globs), run only that target's tests, within a time budget. Then print, and write to
+``var/mutation/``, the kill rate per target and every surviving mutant's diff.
+
+Why a fresh copy per target: mutmut reads its settings from ``pyproject.toml`` and keeps its
+state in ``mutants/`` of the current folder, and a test subset is a setting, so each target
+needs its own. Two changes to the copy make mutmut's mutated tree the one the tests import:
+``pythonpath = ["."]`` goes (it would put the original sources first on ``sys.path``) and
+pytest-django's ``django_find_project`` is off (it would add the folder holding
+``manage.py``, the original tree, too).
+
+Usage: ``python scripts/mutation.py [TARGET ...] [--budget SECONDS] [--jobs N] [--keep]``
+(``--list`` names the targets). Kill rate = (killed + timeout) / (all mutants tried); a mutant
+without tests (no selected test reaches its function) counts as not killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fnmatch
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "var" / "mutation"
+
+# mutmut's exit-code classes (mutmut.stats.status_by_exit_code, 3.8).
+KILLED = {1, 3}
+TIMEOUT = {24, -24, 36, 152, 255}
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    source: str  # one file
+    functions: tuple[str, ...]  # function or Class.method names (fnmatch patterns)
+    tests: tuple[str, ...]  # test files; missing ones are left out (the "before" run)
+    budget_s: int  # wall-clock cap for this target
+    # Function -> regex: in that (long) function only the lines matching it are mutated; the rest
+    # get mutmut's "# pragma: no mutate" in the temporary copy. Used for the hot loops, where most
+    # lines are bookkeeping and the rules sit in a few.
+    rule_lines: tuple[tuple[str, str], ...] = ()
+
+
+TARGETS = (
+    Target(
+        "config",  # the size and split rules of the allocator
+        "analysis/config.py",
+        (
+            "AllocatorConfig.divisions_for",
+            "AllocatorConfig.round_size",
+            "AllocatorConfig.allocation_size",
+            "AllocatorConfig.should_split",
+            "AllocatorConfig.block_fits",
+            "AllocatorConfig.round_sizes",
+            "AllocatorConfig.allocation_sizes",
+            "is_small",
+            "_roundup_power2_next_division",
+        ),
+        ("tests/analysis/test_config.py", "tests/analysis/test_size_rules.py", "tests/analysis/test_blocks.py"),
+        150,
+    ),
+    Target(
+        "allocator",  # the policy model's block rules: best fit, split, merge, segments, flushes, GC
+        "analysis/allocator.py",
+        (
+            "_Model.get_free_block",
+            "_Model.miss",
+            "_Model.split",
+            "_Model.free_block",
+            "_Model.alloc_block",
+            "_Model._release_block",
+            "_Model.release_available",
+            "_Model.release_cached",
+            "_Model._release_pool",
+            "_Model.garbage_collect",
+            "_Model.run",
+        ),
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py"),
+        480,
+        (
+            (
+                "_Model.run",
+                # best fit and its max_split_size filter, the expandable walk, the split rule and
+                # the split itself, the merges of a free
+                r"split_|per_pool|mss|nsr|\brem\b|bisect\(kl|i < |i \+ 1|cur\b|nxt|p\[4\]|n\[4\]|nb\[4\]"
+                r"|s \+=|b\[0\] =|b\[4\] =|\ba = b|r = \[|key = |fast =|exp_hit =",
+            ),
+        ),
+    ),
+    Target(
+        "replay",  # the recorded replay's split and merge (its inline loop and the slow path)
+        "analysis/replay.py",
+        ("_Replayer.run", "_Replayer._alloc_slow"),
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_replay.py"),
+        210,
+        (
+            (
+                "_Replayer.run",
+                # rounding, the split rule and the split, the merges with free neighbours
+                r"\br = |\brem\b|mss|exp_active|small|\bnf\b|\bns = |\bps = |psz|\bend\b|\bstart\b|\bm = "
+                r"|seg_size|free_sz|free_end|bs\[",
+            ),
+        ),
+    ),
+    Target(
+        "oom",
+        "analysis/oom.py",
+        ("*",),
+        ("tests/analysis/test_oom_fields.py", "tests/analysis/test_oom.py"),
+        150,
+    ),
+    Target(
+        "upload-fields",  # what an upload keeps of run and tags
+        "webapp/snapshots/services.py",
+        ("upload_create",),
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py"),
+        60,
+    ),
+    Target(
+        "reader-limits",
+        "analysis/reader.py",
+        ("_gunzip", "_check_expansion", "_unzip", "_budget", "_check_end", "_BoundedFile.*", "_Converter.charge"),
+        # test_hostile.py's bombs alone take the budget's stats run; the limits are test_reader.py's
+        ("tests/analysis/test_reader.py",),
+        150,
+    ),
+    Target(
+        "access",  # the services' access checks
+        "webapp/snapshots/services.py",
+        (
+            "visible_projects",
+            "visible_uploads",
+            "upload_for_user",
+            "project_for_user",
+            "upload_for_share_token",
+            "api_token_user",
+            "share_revoke",
+            "share_active",
+        ),
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py"),
+        200,
+    ),
+    Target(
+        "upload-limits",
+        "webapp/snapshots/uploads.py",
+        ("content_length_over_cap", "CappedHashingUploadHandler.*"),
+        ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
+        120,
+    ),
+    Target(
+        "upload-form",
+        "webapp/snapshots/forms.py",
+        ("split_tags", "UploadForm.*"),
+        ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
+        60,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class HandMutant:
+    """A mutant written by hand (issue 13's examples): one exact text replacement, which the named
+    tests must kill. ``make mutation`` tries each in its own copy of the tree."""
+
+    name: str
+    source: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+HAND_MUTANTS = (
+    HandMutant(
+        "compare-second-snapshot-unchecked",  # the security mutant: compare reads b without the access check
+        "webapp/snapshots/views.py",
+        "b = _upload_or_404(request, code_b)",
+        "b = Upload.objects.get(code=code_b)",
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py", "tests/webapp/test_pages.py"),
+    ),
+    HandMutant(
+        "inline-large-split-boundary",  # _Model.run's inlined should_split: > 1 MiB becomes >= 1 MiB
+        "analysis/allocator.py",
+        "if rem > split_over[lk] and rs < split_below:",
+        "if rem >= split_over[lk] and rs < split_below:",
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
+    ),
+    HandMutant(
+        "method-large-split-boundary",  # _Model.split (the OOM path's copy)
+        "analysis/allocator.py",
+        "size < self.mss and rem > K_SMALL_SIZE",
+        "size < self.mss and rem >= K_SMALL_SIZE",
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
+    ),
+    HandMutant(
+        "should-split-small-pool-boundary",  # AllocatorConfig.should_split: >= 512 becomes > 512
+        "analysis/config.py",
+        "return remaining >= K_MIN_BLOCK_SIZE",
+        "return remaining > K_MIN_BLOCK_SIZE",
+        ("tests/analysis/test_size_rules.py", "tests/analysis/test_blocks.py", "tests/analysis/test_config.py"),
+    ),
+    HandMutant(
+        "upload-cap-boundary",  # a file of exactly the cap refused
+        "webapp/snapshots/uploads.py",
+        "if self._received > settings.UPLOAD_MAX_BYTES:",
+        "if self._received >= settings.UPLOAD_MAX_BYTES:",
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_uploads.py", "tests/webapp/test_api.py"),
+    ),
+    HandMutant(
+        "token-of-inactive-user",  # an inactive user's API token still works
+        "webapp/snapshots/services.py",
+        "if token is None or not token.user.is_active:",
+        "if token is None:",
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py"),
+    ),
+    HandMutant(
+        "revoked-share-link",  # a revoked share link still works
+        "webapp/snapshots/services.py",
+        "ShareLink.objects.filter(token_hash=token_hash(token), revoked_at__isnull=True)",
+        "ShareLink.objects.filter(token_hash=token_hash(token))",
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py", "tests/webapp/test_pages.py"),
+    ),
+)
+
+
+def run_hand_mutant(m: HandMutant, rev: str | None) -> dict[str, object]:
+    dest = Path(tempfile.mkdtemp(prefix=f"oomscope-hand-{m.name}-"))
+    try:
+        copy_tree(dest, rev)
+        path = dest / m.source
+        text = path.read_text()
+        if text.count(m.old) != 1:
+            return {"name": m.name, "status": "not applicable", "detail": f"{m.old!r} not found once in {m.source}"}
+        path.write_text(text.replace(m.old, m.new))
+        tests = [t for t in m.tests if (dest / t).exists()]
+        if not tests:  # an empty selection would be the whole suite
+            return {"name": m.name, "status": "no tests", "detail": f"none of {', '.join(m.tests)} exists"}
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        done = subprocess.run(argv, cwd=dest, capture_output=True, text=True, env=env, timeout=900)  # noqa: S603
+        failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+        return {
+            "name": m.name,
+            "source": m.source,
+            "mutation": f"{m.old}  ->  {m.new}",
+            "tests": tests,
+            "status": "killed"
+            if done.returncode == 1
+            else ("survived" if done.returncode == 0 else f"rc {done.returncode}"),
+            "killed_by": failed[:3],
+        }
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+def module_of(source: str) -> str:
+    return source.removesuffix(".py").replace("/", ".")
+
+
+def mutant_glob(target: Target, function: str) -> str:
+    """mutmut's mutant names: ``pkg.mod.x_func__mutmut_N``, ``pkg.mod.xǁClassǁmethod__mutmut_N``."""
+    mod = module_of(target.source)
+    if function == "*":
+        return f"{mod}.*"
+    if "." in function:
+        cls, meth = function.split(".", 1)
+        return f"{mod}.xǁ{cls}ǁ{meth}__mutmut_*"
+    return f"{mod}.x_{function}__mutmut_*"
+
+
+def copy_tree(dest: Path, rev: str | None) -> None:
+    """The working tree as it is, or (``rev``) the tree of one commit, e.g. the one before new tests."""
+    if rev and rev.endswith(".tar"):  # a `git archive` made earlier (a machine without the git history)
+        shutil.unpack_archive(rev, dest, "tar")
+        return
+    if rev:
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout  # noqa: S603, S607
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)  # noqa: S603, S607
+        return
+    try:
+        files = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],  # noqa: S607 - git from PATH
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.split(b"\0")
+    except (OSError, subprocess.CalledProcessError):  # a plain copy of the tree: all but the bulky folders
+        skip = shutil.ignore_patterns(".venv", "var", ".whl", "mutants", "__pycache__", ".git")
+        shutil.copytree(ROOT, dest, ignore=skip, dirs_exist_ok=True)
+        return
+    for raw in files:
+        if not raw:
+            continue
+        rel = Path(os.fsdecode(raw))
+        src = ROOT / rel
+        if not src.is_file() or rel.parts[0] in (".venv", "var"):
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel)
+
+
+def restrict_lines(dest: Path, target: Target) -> None:
+    """Mark every line of each ``rule_lines`` function that does not match its regex ``no mutate``."""
+    if not target.rule_lines:
+        return
+    path = dest / target.source
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines))
+    spans: dict[str, tuple[int, int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    spans[f"{node.name}.{item.name}"] = (item.body[0].lineno, item.end_lineno or item.lineno)
+        elif isinstance(node, ast.FunctionDef):
+            spans.setdefault(node.name, (node.body[0].lineno, node.end_lineno or node.lineno))
+    for function, pattern in target.rule_lines:
+        lo, hi = spans[function]
+        rule = re.compile(pattern)
+        for i in range(lo - 1, hi):
+            text = lines[i]
+            if text.strip() and not rule.search(text) and not text.rstrip().endswith("\\"):
+                lines[i] = text + "  # pragma: no mutate"
+    path.write_text("\n".join(lines) + "\n")
+
+
+# mutmut runs each mutant in a child forked from the process that ran the tests once already (the
+# "stats" run, which also records which tests reach which function). Test modules @cache results
+# (a report, a replay): in the stats run only the first test to ask would reach the code and be
+# recorded, and in a child the cached result of the unmutated code would answer for the mutant.
+# This plugin, written into the copy, empties every functools cache of the test modules before
+# each test of the stats run and at the start of each mutant's run.
+FRESH_CACHES = """\"\"\"Written by scripts/mutation.py: no cached result outlives a mutant (see there).\"\"\"
+import os
+import sys
+
+
+def _clear():
+    for name, module in list(sys.modules.items()):
+        if not (name.startswith("tests") or "/tests/" in (getattr(module, "__file__", None) or "")):
+            continue
+        for value in list(vars(module).values()):
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
+
+
+def pytest_sessionstart(session):
+    _clear()
+
+
+def pytest_runtest_setup(item):
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        _clear()
+"""
+
+
+def configure(dest: Path, target: Target, tests: list[str]) -> None:
+    pyproject = dest / "pyproject.toml"
+    text = pyproject.read_text()
+    text = re.sub(r'(?m)^pythonpath = \["\."\]\n', "", text)
+    text += (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["analysis/", "webapp/"]\n'
+        'also_copy = ["templates/", "static/"]\n'
+        f"only_mutate = [{json.dumps(target.source)}]\n"
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
+        'pytest_add_cli_args = ["-o", "django_find_project=false", "-p", "no:cacheprovider", "-q",'
+        ' "-p", "tests._mutation_fresh_caches"]\n'
+        "use_git_change_detection = false\n"
+    )
+    pyproject.write_text(text)
+    (dest / "tests" / "_mutation_fresh_caches.py").write_text(FRESH_CACHES)
+
+
+def results(dest: Path, target: Target, globs: list[str]) -> dict[str, int]:
+    meta = dest / "mutants" / (target.source + ".meta")
+    if not meta.exists():
+        return {}
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return {k: v for k, v in codes.items() if any(fnmatch.fnmatchcase(k, g) for g in globs)}
+
+
+def show(dest: Path, mutmut: str, name: str) -> str:
+    argv = [mutmut, "show", name]
+    done = subprocess.run(argv, cwd=dest, capture_output=True, text=True, timeout=60)  # noqa: S603 - fixed argv
+    return "\n".join(line for line in done.stdout.splitlines() if not line.startswith(("#", "---", "+++")))
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_target(
+    target: Target, *, budget: int | None, jobs: int, keep: bool, rev: str | None, label: str
+) -> dict[str, object]:
+    globs = [mutant_glob(target, f) for f in target.functions]
+    mutmut = str(Path(sys.executable).parent / "mutmut")
+    limit = budget or target.budget_s
+    dest = Path(tempfile.mkdtemp(prefix=f"oomscope-mutation-{target.name}-"))
+    started = time.monotonic()
+    timed_out = False
+    try:
+        copy_tree(dest, rev)
+        tests = [t for t in target.tests if (dest / t).exists()]
+        if not tests:  # an empty selection would be the whole suite
+            raise SystemExit(f"{target.name}: none of {', '.join(target.tests)} exists")
+        configure(dest, target, tests)
+        restrict_lines(dest, target)
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        env.pop("PYTHONPATH", None)
+        log = (OUT / f"{label}-{target.name}.log").open("w")
+        proc = subprocess.Popen(  # noqa: S603 - fixed argv, mutant globs built here
+            [mutmut, "run", "--max-children", str(jobs), *globs],
+            cwd=dest,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop(proc)
+        except BaseException:  # Ctrl-C or SIGTERM: mutmut runs in its own session, stop it too
+            _stop(proc)
+            raise
+        log.close()
+        codes = results(dest, target, globs)
+        killed = sorted(k for k, v in codes.items() if v in KILLED)
+        timeout = sorted(k for k, v in codes.items() if v in TIMEOUT)
+        survived = sorted(k for k, v in codes.items() if v in SURVIVED)
+        no_tests = sorted(k for k, v in codes.items() if v in NO_TESTS)
+        other = sorted(
+            k for k, v in codes.items() if v is not None and k not in {*killed, *timeout, *survived, *no_tests}
+        )
+        tried = len(killed) + len(timeout) + len(survived) + len(no_tests) + len(other)
+        out: dict[str, object] = {
+            "target": target.name,
+            "source": target.source,
+            "functions": list(target.functions),
+            "rule_lines": dict(target.rule_lines),
+            "tests": tests,
+            "mutants": len(codes),
+            "tried": tried,
+            "killed": len(killed),
+            "timeout": len(timeout),
+            "survived": len(survived),
+            "no_tests": len(no_tests),
+            "other": len(other),
+            "kill_rate": round((len(killed) + len(timeout)) / tried, 4) if tried else None,
+            "seconds": round(time.monotonic() - started),
+            "budget_s": limit,
+            "stopped_at_budget": timed_out,
+            "survivors": {name: show(dest, mutmut, name) for name in [*survived, *no_tests, *other]},
+        }
+        return out
+    finally:
+        if keep:
+            print(f"  kept {dest}")
+        else:
+            shutil.rmtree(dest, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", help="target names (default: all)")
+    parser.add_argument("--budget", type=int, help="seconds per target (default: the target's own)")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default 2)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary copies (for `mutmut browse`)")
+    parser.add_argument("--list", action="store_true", help="list the targets and exit")
+    parser.add_argument("--rev", help="test the tree of this commit (or of this `git archive` .tar) instead")
+    parser.add_argument("--label", default="latest", help="name of the summary file under var/mutation/")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops mutmut too
+    by_name = {t.name: t for t in TARGETS}
+    if args.list:
+        for t in TARGETS:
+            print(f"{t.name:14} {t.source:32} {t.budget_s:4d}s  {', '.join(t.tests)}")
+        return 0
+    unknown = [n for n in args.targets if n not in by_name and n != "hand"]
+    if unknown:
+        parser.error(f"unknown target(s) {', '.join(unknown)}; --list names them")
+    started = time.monotonic()
+    names = [n for n in args.targets if n != "hand"]
+    chosen = [by_name[n] for n in names] if args.targets else list(TARGETS)
+    OUT.mkdir(parents=True, exist_ok=True)
+    summary: list[dict[str, object]] = []
+    if not args.targets or "hand" in args.targets:
+        for m in HAND_MUTANTS:
+            res = run_hand_mutant(m, args.rev)
+            print(f"hand mutant {m.name}: {res['status']} {' '.join(res.get('killed_by', []))}", flush=True)  # type: ignore[arg-type]
+            summary.append({"target": "hand", **res})
+    for target in chosen:
+        print(f"{target.name}: {target.source}", flush=True)
+        res = run_target(target, budget=args.budget, jobs=args.jobs, keep=args.keep, rev=args.rev, label=args.label)
+        summary.append(res)
+        rate = res["kill_rate"]
+        print(f"  tests: {', '.join(res['tests'])}")  # type: ignore[arg-type]
+        print(
+            f"  {res['killed']} killed + {res['timeout']} timeout / {res['tried']} tried of {res['mutants']}"
+            f" ({'n/a' if rate is None else f'{100 * float(rate):.1f} %'}), {res['survived']} survived,"
+            f" {res['no_tests']} without tests, {res['seconds']} s"
+            + (" (stopped at the budget)" if res["stopped_at_budget"] else ""),
+            flush=True,
+        )
+        for name, diff in dict(res["survivors"]).items():  # type: ignore[call-overload]
+            print(f"    survived: {name}\n      " + "\n      ".join(diff.splitlines()[-6:]))
+    print(f"total {round(time.monotonic() - started)} s")
+    (OUT / f"{args.label}.json").write_text(json.dumps(summary, indent=1))
+    print(f"written {OUT / (args.label + '.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

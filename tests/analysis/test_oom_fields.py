@@ -1,0 +1,420 @@
+"""Every field of the report's ``oom`` object, each against a source that does not come from oom.py.
+
+Sources: the process's own ``torch.cuda.memory_stats()`` at the dump (``.truth.json``), the text
+of PyTorch's OOM message (figures with two decimals, so +-0.005 of their unit), the trace's own
+columns, and hand-computed cases whose arithmetic is in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis.config import AllocatorConfig
+from analysis.model import (
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    Trace,
+)
+from analysis.oom import explain_oom, flush_before, infer_limit, oom_indices, verdict
+from analysis.reader import read_snapshot
+from analysis.report import build_report
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
+UNITS = {"GiB": GiB, "MiB": MiB, "KiB": KiB}
+OOM_CASES = [
+    "frag_oom",
+    "gpt_varlen_expandable",
+    "gpt_varlen_maxsplit256",
+    "gpt_varlen_oom",
+    "gpu_client_oom",
+    "gpu_expandable_oom",
+    "gpu_grow_oom",
+    "gpu_maxsplit_oom",
+]
+
+
+@cache
+def truth(case: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{case}.truth.json").read_text())
+    return data
+
+
+@cache
+def oom_of(case: str, limit: int | None = None) -> dict[str, Any]:
+    oom: dict[str, Any] | None = build_report(FIXTURES / f"{case}.pickle.gz", limit=limit, jobs=1)["devices"][0]["oom"]
+    assert oom is not None
+    return oom
+
+
+@cache
+def trace_of(case: str) -> Trace:
+    return read_snapshot(FIXTURES / f"{case}.pickle.gz").devices[0].trace
+
+
+def figure(case: str, pattern: str) -> tuple[float, float]:
+    """A figure of the OOM message in bytes, and its rounding (half a unit of the last decimal)."""
+    m = re.search(pattern.replace("SIZE", r"([\d.]+) (GiB|MiB|KiB)"), truth(case)["oom_message"])
+    assert m, pattern
+    unit = UNITS[m.group(2)]
+    return float(m.group(1)) * unit, 0.005 * unit
+
+
+def stats(case: str) -> dict[str, Any]:
+    s: dict[str, Any] = truth(case)["memory_stats"]
+    return s
+
+
+def test_every_oom_fixture_is_listed() -> None:
+    assert (
+        sorted(
+            c
+            for c in (p.name.removesuffix(".truth.json") for p in FIXTURES.glob("*.truth.json"))
+            if truth(c).get("oom_message")
+        )
+        == OOM_CASES
+    )
+
+
+# Reserved memory above the real cap at the OOM: gpu_expandable_oom peaked at 3,231,711,232 B
+# against its 3,221,225,472 B (3 GiB) cap (the expandable allocator checks reserved + request, then
+# maps a whole 20 MiB page).
+EXPANDABLE_OVER_CAP = {"gpu_expandable_oom"}
+
+
+@pytest.mark.xfail(
+    strict=True, reason="contract: limit = peak reserved is no lower bound of the cap under expandable segments"
+)
+def test_inferred_limit_is_a_lower_bound_of_the_cap_with_expandable_segments() -> None:
+    # docs/contract.md: without --limit, "the limit is the peak reserved memory seen in the trace,
+    # a lower bound of that cap". gpu_expandable_oom: limit_bytes = 3,231,711,232 > the message's
+    # "3.00 GiB allowed" (3,221,225,472), 10 MiB above the real cap. analysis.allocator.infer_limit's
+    # `lower` (the largest reserved + alloc_size the cap let through) is 3,214,934,016, below it.
+    oom = oom_of("gpu_expandable_oom")
+    cap, _ = figure("gpu_expandable_oom", r"SIZE allowed")
+    assert oom["limit_bytes"] <= cap
+
+
+def no_segment_event_after(case: str, index: int) -> bool:
+    """Reserved memory at the dump is reserved memory at the OOM when no segment changed after it."""
+    after = trace_of(case).action[index + 1 :]
+    return not np.isin(after, [SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP]).any()
+
+
+# --------------------------------------------------------------------------- the real OOMs
+
+
+@pytest.mark.parametrize("case", OOM_CASES)
+def test_where_and_what_was_requested(case: str) -> None:
+    oom, t = oom_of(case), trace_of(case)
+    # The report explains the last OOM of the trace; memory_stats counts every one (frag_oom: 2).
+    assert oom["event_index"] == int(np.flatnonzero(t.action == OOM)[-1])
+    assert oom["ooms_in_trace"] == stats(case)["num_ooms"]
+    assert oom["time_us"] == int(t.time_us[oom["event_index"]])
+    # "Tried to allocate X" is the segment the allocator wanted for the (rounded) request.
+    tried, tol = figure(case, r"Tried to allocate SIZE")
+    assert AllocatorConfig().allocation_size(oom["requested_bytes"]) == pytest.approx(tried, abs=tol)
+    assert oom["requested_bytes"] % 512 == 0  # a rounded block size
+
+
+@pytest.mark.parametrize("case", OOM_CASES)
+def test_memory_at_the_oom_against_the_message_and_memory_stats(case: str) -> None:
+    oom = oom_of(case)
+    free, tol = figure(case, r"of which SIZE is free")
+    assert oom["device_free_bytes"] == pytest.approx(free, abs=tol)
+    allocated, tol_a = figure(case, r"SIZE is allocated by PyTorch")
+    assert oom["allocated_bytes"] == pytest.approx(allocated, abs=tol_a)
+    unallocated, tol_u = figure(case, r"SIZE is reserved by PyTorch but unallocated")
+    # The cache's free bytes are what torch calls "reserved but unallocated".
+    assert oom["cached_free_bytes"] == pytest.approx(unallocated, abs=tol_u)
+    assert oom["reserved_bytes"] == pytest.approx(allocated + unallocated, abs=tol_a + tol_u)
+    # Exact: no segment was made or released after the OOM, so memory_stats' current reserved
+    # memory at the dump is the reserved memory at the OOM, to the byte.
+    assert no_segment_event_after(case, oom["event_index"])
+    assert oom["reserved_bytes"] == stats(case)["reserved_bytes.all.current"]
+    assert oom["largest_free_block_bytes"] <= oom["cached_free_bytes"]
+
+
+@pytest.mark.parametrize("case", OOM_CASES)
+def test_inferred_limit_headroom_shortfall_and_verdict(case: str) -> None:
+    oom = oom_of(case)
+    peak, current = stats(case)["reserved_bytes.all.peak"], stats(case)["reserved_bytes.all.current"]
+    free, _ = figure(case, r"of which SIZE is free")
+    # The device had far more free memory than the request: a per-process cap refused it, and the
+    # peak reserved memory (memory_stats' own peak) is the lower bound the report uses.
+    assert free > oom["requested_bytes"]
+    assert oom["limit_source"] == "cap-lower-bound"
+    assert oom["limit_bytes"] == peak
+    cap, _ = figure(case, r"SIZE allowed")
+    if case in EXPANDABLE_OVER_CAP:
+        # Expandable segments map whole pages after a check of the request alone, so reserved
+        # memory can end above the cap: the peak is then no lower bound of it (see below).
+        assert peak > cap
+    else:
+        assert oom["limit_bytes"] <= cap
+    # headroom = limit - reserved = peak - current (reserved did not move after the OOM).
+    assert oom["headroom_bytes"] == peak - current
+    # shortfall = allocated + requested - limit, with allocated from the message (+-rounding).
+    allocated, tol = figure(case, r"SIZE is allocated by PyTorch")
+    over = allocated + oom["requested_bytes"] - peak
+    assert oom["shortfall_bytes"] == pytest.approx(max(0.0, over), abs=tol)
+    if abs(over) > tol:  # the message's rounding cannot flip the side: the verdict follows
+        assert oom["verdict"] == ("capacity" if over > 0 else "fragmentation")
+        assert (oom["shortfall_bytes"] == 0) == (over < 0)
+
+
+@pytest.mark.parametrize("case", OOM_CASES)
+def test_with_the_real_cap_given(case: str) -> None:
+    # The message names the real cap ("4.00 GiB allowed"): given as --limit, it is the limit.
+    cap_f, _ = figure(case, r"SIZE allowed")
+    cap = round(cap_f)
+    oom = oom_of(case, cap)
+    assert (oom["limit_bytes"], oom["limit_source"]) == (cap, "given")
+    current = stats(case)["reserved_bytes.all.current"]
+    # headroom = cap - reserved, hand-computed: e.g. frag_oom 4,294,967,296 - 3,156,213,760
+    # = 1,138,753,536 B (1.06 GiB).
+    # gpu_expandable_oom reserved 3,231,711,232 B, 10 MiB over its 3 GiB cap: headroom 0, not negative.
+    assert oom["headroom_bytes"] == max(0, cap - current)
+    if case == "frag_oom":
+        assert oom["headroom_bytes"] == 1_138_753_536
+    # That headroom is why the allocator refused: less than the segment it needed.
+    tried, tol = figure(case, r"Tried to allocate SIZE")
+    assert oom["headroom_bytes"] < tried + tol
+    allocated, tol_a = figure(case, r"SIZE is allocated by PyTorch")
+    over = allocated + oom["requested_bytes"] - cap
+    assert oom["shortfall_bytes"] == pytest.approx(max(0.0, over), abs=tol_a)
+    if abs(over) > tol_a:
+        assert oom["verdict"] == ("capacity" if over > 0 else "fragmentation")
+    # gpt_varlen_expandable: 6.18 GiB allocated + 824 MiB fit in 7.00 GiB (6.985 GiB, 0.015 GiB
+    # clear of the message's rounding): under the real cap the memory existed, not in one piece.
+    if case == "gpt_varlen_expandable":
+        assert oom["verdict"] == "fragmentation"
+        assert oom["shortfall_bytes"] == 0
+
+
+def test_frag_oom_flush_against_memory_stats() -> None:
+    # frag_oom's only cudaFree calls were the flush before its last OOM, so memory_stats' totals
+    # over the whole run are that flush: num_device_free = 81 segments, reserved_bytes.all.freed
+    # = 1,119,879,168 B, which is also peak - current = 4,276,092,928 - 3,156,213,760.
+    flush = oom_of("frag_oom")["flush"]
+    s = stats("frag_oom")
+    assert flush["segments_released"] == s["num_device_free"] == 81
+    assert flush["released_bytes"] == s["reserved_bytes.all.freed"] == 1_119_879_168
+    assert flush["released_bytes"] == s["reserved_bytes.all.peak"] - s["reserved_bytes.all.current"]
+    # The burst is contiguous and ends right before the OOM: 81 segment_free + the frees it completed.
+    assert flush["first_event"] + flush["events"] == oom_of("frag_oom")["event_index"]
+    assert flush["events"] == flush["segments_released"] + flush["frees_completed"]
+    t = trace_of("frag_oom")
+    window = t.action[flush["first_event"] : oom_of("frag_oom")["event_index"]]
+    assert int((window == FREE_COMPLETED).sum()) == flush["frees_completed"] >= 1
+    assert int(t.action[flush["first_event"] - 1]) not in (FREE_COMPLETED, SEGMENT_FREE, SEGMENT_UNMAP)
+
+
+@pytest.mark.parametrize("case", OOM_CASES)
+def test_explanation_names_the_figures_of_the_message(case: str) -> None:
+    oom = oom_of(case)
+    text = oom["explanation"]
+    tried, _ = figure(case, r"Tried to allocate SIZE")
+    allocated, _ = figure(case, r"SIZE is allocated by PyTorch")
+    # The explanation rounds the exact figures to 0.01 GiB; the message's are within 0.005 GiB.
+    named = [float(x) for x in re.findall(r"([\d.]+) GiB", text)]
+    assert any(abs(x * GiB - oom["requested_bytes"]) <= 0.005 * GiB for x in named)
+    assert any(abs(x * GiB - allocated) <= 0.01 * GiB for x in named)
+    assert abs(tried - oom["requested_bytes"]) <= 2 * MiB + 0.005 * GiB
+    if oom["verdict"] == "fragmentation":
+        assert "would have fit" in text and "not in one piece" in text
+    else:
+        assert "exceeds" in text and "needs less memory" in text
+
+
+# --------------------------------------------------------------------------- hand-computed
+
+
+def _trace(events: list[tuple[int, int, int]]) -> Trace:
+    """A trace from (action, addr, size) rows; time_us = 1000 + index."""
+    n = len(events)
+    return Trace(
+        action=np.asarray([e[0] for e in events], np.int8),
+        addr=np.asarray([e[1] for e in events], np.int64),
+        size=np.asarray([e[2] for e in events], np.int64),
+        stream=np.zeros(n, np.int32),
+        time_us=np.arange(1000, 1000 + n, dtype=np.int64),
+        stack=np.full(n, -1, np.int32),
+        pool=np.zeros(n, np.int32),
+    )
+
+
+# An alloc, its free_requested (not part of a flush), then the flush: a completed pending free,
+# a 20 MiB segment_free, a 2 MiB segment_unmap, another completed free, and the OOM asking for
+# 1.5 GiB with 8 GiB free on the device (an oom event stores device_free in addr).
+FLUSHED = _trace(
+    [
+        (ALLOC, 0x1000, GiB),
+        (FREE_REQUESTED, 0x1000, GiB),
+        (FREE_COMPLETED, 0x1000, GiB),
+        (SEGMENT_FREE, 0x9000, 20 * MiB),
+        (SEGMENT_UNMAP, 0xA000, 2 * MiB),
+        (FREE_COMPLETED, 0x2000, MiB),
+        (OOM, 8 * GiB, 3 * GiB // 2),
+    ]
+)
+
+
+def test_oom_indices_are_the_oom_events_as_int64() -> None:
+    assert oom_indices(FLUSHED).tolist() == [6]
+    assert oom_indices(FLUSHED).dtype == np.int64
+    t = trace_of("frag_oom")
+    # frag_oom: memory_stats counted 2 OOMs; both are in the trace, the last one is explained.
+    assert len(oom_indices(t)) == stats("frag_oom")["num_ooms"] == 2
+    assert int(oom_indices(t)[-1]) == oom_of("frag_oom")["event_index"]
+
+
+def test_flush_before_hand_computed() -> None:
+    # Events 2..5 are the burst (event 1, a free_requested, is not a flush action): 4 events,
+    # 2 segments released, 20 MiB + 2 MiB = 23,068,672 B, 2 frees completed.
+    assert flush_before(FLUSHED, 6) == {
+        "first_event": 2,
+        "events": 4,
+        "segments_released": 2,
+        "released_bytes": 22 * MiB,
+        "frees_completed": 2,
+    }
+    # No burst: the event before the OOM is an alloc.
+    assert flush_before(FLUSHED, 1) == {
+        "first_event": 1,
+        "events": 0,
+        "segments_released": 0,
+        "released_bytes": 0,
+        "frees_completed": 0,
+    }
+
+
+def test_flush_before_stops_at_the_first_event() -> None:
+    # The burst starts at event 0; the walk must stop there and not wrap around to the trailing
+    # segment_free at the end (index -1).
+    t = _trace([(SEGMENT_FREE, 0x9000, 2 * MiB), (OOM, GiB, MiB), (SEGMENT_FREE, 0xA000, 4 * MiB)])
+    assert flush_before(t, 1) == {
+        "first_event": 0,
+        "events": 1,
+        "segments_released": 1,
+        "released_bytes": 2 * MiB,
+        "frees_completed": 0,
+    }
+
+
+def test_explain_oom_fragmentation_hand_computed() -> None:
+    oom = explain_oom(
+        FLUSHED,
+        6,
+        allocated=2 * GiB,
+        reserved=7 * GiB // 2,
+        cached_free=3 * GiB // 2,
+        largest_free=256 * MiB,
+        peak_reserved=15 * GiB // 4,
+        limit=4 * GiB,
+        all_ooms=3,
+    )
+    # allocated 2 GiB + requested 1.5 GiB = 3.5 GiB <= 4 GiB given: fragmentation, no shortfall;
+    # headroom = 4 GiB - 3.5 GiB reserved = 0.5 GiB = 536,870,912 B.
+    assert oom["event_index"] == 6
+    assert oom["time_us"] == 1006
+    assert oom["requested_bytes"] == 1_610_612_736
+    assert oom["device_free_bytes"] == 8 * GiB
+    assert (oom["reserved_bytes"], oom["allocated_bytes"]) == (3_758_096_384, 2_147_483_648)
+    assert (oom["cached_free_bytes"], oom["largest_free_block_bytes"]) == (1_610_612_736, 268_435_456)
+    assert (oom["limit_bytes"], oom["limit_source"], oom["verdict"]) == (4 * GiB, "given", "fragmentation")
+    assert oom["shortfall_bytes"] == 0
+    assert oom["headroom_bytes"] == 536_870_912
+    assert oom["ooms_in_trace"] == 3
+    assert oom["flush"]["released_bytes"] == 22 * MiB
+    assert oom["flush"]["frees_completed"] == 2
+    assert oom["explanation"] == (
+        "The request for 1.50 GiB would have fit: 2.00 GiB allocated plus the request is within the given "
+        "limit of 4.00 GiB, and the cache held 1.50 GiB free, but its largest free block was 0.25 GiB and "
+        "0.50 GiB was left to reserve. The memory existed, not in one piece."
+    )
+
+
+def test_explain_oom_capacity_on_a_full_device_hand_computed() -> None:
+    # 3 GiB requested with 1 GiB free on the device: the device itself was full, the limit is
+    # reserved + device_free = 3.5 + 1 = 4.5 GiB. allocated 2 + 3 = 5 GiB > 4.5: capacity,
+    # shortfall 0.5 GiB = 536,870,912 B; headroom 4.5 - 3.5 = 1 GiB.
+    t = _trace([(ALLOC, 0x1000, GiB), (OOM, GiB, 3 * GiB)])
+    oom = explain_oom(
+        t,
+        1,
+        allocated=2 * GiB,
+        reserved=7 * GiB // 2,
+        cached_free=3 * GiB // 2,
+        largest_free=GiB,
+        peak_reserved=4 * GiB,
+        limit=None,
+    )
+    assert (oom["limit_bytes"], oom["limit_source"]) == (9 * GiB // 2, "device-full")
+    assert oom["verdict"] == "capacity"
+    assert oom["shortfall_bytes"] == 536_870_912
+    assert oom["headroom_bytes"] == GiB
+    assert oom["ooms_in_trace"] == 1
+    assert oom["flush"]["events"] == 0
+    assert oom["explanation"] == (
+        "The request for 3.00 GiB on top of 2.00 GiB allocated exceeds the device's memory of 4.50 GiB: "
+        "no allocator setting can make it fit; the workload needs less memory."
+    )
+
+
+def test_explain_oom_cap_lower_bound_wording() -> None:
+    t = _trace([(OOM, 64 * GiB, GiB)])
+    oom = explain_oom(
+        t, 0, allocated=GiB, reserved=GiB, cached_free=0, largest_free=0, peak_reserved=3 * GiB, limit=None
+    )
+    # 1 + 1 = 2 GiB <= 3 GiB peak: fragmentation under the cap's lower bound; 2 GiB left to reserve.
+    assert (oom["limit_bytes"], oom["limit_source"], oom["verdict"]) == (3 * GiB, "cap-lower-bound", "fragmentation")
+    assert oom["headroom_bytes"] == 2 * GiB
+    assert "within the per-process cap (at least the peak reserved memory) of 3.00 GiB" in oom["explanation"]
+    assert "2.00 GiB was left to reserve" in oom["explanation"]
+
+
+def test_boundaries_hand_computed() -> None:
+    # infer_limit: device_free equal to the request means the device could hold it, so a cap
+    # refused it (cap-lower-bound = peak 200); one byte less free and the device was full
+    # (reserved 100 + free 9 = 109).
+    assert infer_limit(10, 10, 100, 200, None) == (200, "cap-lower-bound")
+    assert infer_limit(10, 9, 100, 200, None) == (109, "device-full")
+    assert infer_limit(10, 9, 100, 200, 0) == (0, "given")  # a given limit of 0 is still given
+    # verdict: allocated + requested exactly at the limit still fits.
+    assert verdict(90, 10, 100) == "fragmentation"
+    assert verdict(90, 11, 100) == "capacity"
+    t = _trace([(OOM, 64 * GiB, 512)])
+
+    def fields(allocated: int, reserved: int, limit: int) -> tuple[int, int, str]:
+        o = explain_oom(
+            t,
+            0,
+            allocated=allocated,
+            reserved=reserved,
+            cached_free=0,
+            largest_free=0,
+            peak_reserved=limit,
+            limit=limit,
+        )
+        return o["shortfall_bytes"], o["headroom_bytes"], o["verdict"]
+
+    # shortfall = max(0, allocated + 512 - limit): 0 at exactly the limit, 512 past it by 512.
+    assert fields(1024, 1024, 1536) == (0, 512, "fragmentation")
+    assert fields(1536, 1536, 1536) == (512, 0, "capacity")
+    # headroom = max(0, limit - reserved): expandable pages may end above the limit, never negative.
+    assert fields(1024, 2048, 1536) == (0, 0, "fragmentation")
+    assert fields(1024, 1535, 1536) == (0, 1, "fragmentation")

@@ -1,0 +1,285 @@
+"""The rules behind access and uploads, one by one, at their edges.
+
+services.py's lookups (membership, share links, API tokens), the upload caps (the declared
+length, the streamed bytes, exactly at the cap and one byte over) and the field limits (run,
+tags, note). Each test names the figure it expects and why; they are written to fail when a
+comparison or a filter of the rule changes (see docs/testing.md, mutation testing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import RequestFactory
+from django.utils import timezone
+
+from tests.webapp.helpers import bearer, make_upload
+from webapp.snapshots import services
+from webapp.snapshots.forms import UploadForm, split_tags
+from webapp.snapshots.models import ApiToken, Membership, ShareLink, Upload
+from webapp.snapshots.uploads import (
+    MULTIPART_OVERHEAD,
+    SNIFF_BYTES,
+    CappedHashingUploadHandler,
+    content_length_over_cap,
+    is_too_large,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+# --------------------------------------------------------------------------- membership
+
+
+def test_anonymous_sees_no_project_and_no_upload(alice: Any, alpha: Any) -> None:
+    from django.contrib.auth.models import AnonymousUser
+
+    make_upload(alpha, alice)
+    anon = AnonymousUser()
+    assert list(services.visible_projects(anon)) == []
+    assert list(services.visible_uploads(anon)) == []
+    assert services.project_for_user(anon, "alpha") is None
+
+
+def test_a_user_sees_exactly_the_projects_and_uploads_of_their_teams(
+    alice: Any, bob: Any, alpha: Any, beta: Any
+) -> None:
+    mine = make_upload(alpha, alice)
+    theirs = make_upload(beta, bob)
+    assert [p.slug for p in services.visible_projects(alice)] == ["alpha"]
+    assert [u.code for u in services.visible_uploads(alice)] == [mine.code]
+    assert services.upload_for_user(alice, mine.code) == mine
+    assert services.upload_for_user(alice, theirs.code) is None  # another team's code: not found
+    assert services.project_for_user(alice, "alpha") == alpha
+    assert services.project_for_user(alice, "beta") is None
+    # Joining team B (as a plain member) makes its project and uploads visible; nothing else changes.
+    services.membership_add(team=beta.team, user=alice, role=Membership.Role.MEMBER)
+    assert sorted(p.slug for p in services.visible_projects(alice)) == ["alpha", "beta"]
+    assert services.upload_for_user(alice, theirs.code) == theirs
+    assert services.project_for_user(alice, "beta") == beta
+    assert [u.code for u in services.visible_uploads(bob)] == [theirs.code]
+
+
+def test_compare_refuses_a_second_snapshot_of_another_team(
+    alice_client: Any, alice: Any, bob: Any, alpha: Any, beta: Any
+) -> None:
+    # The first code is Alice's; the second is Bob's: the page must answer 404, not show Bob's.
+    mine, other = make_upload(alpha, alice), make_upload(beta, bob)
+    assert alice_client.get(f"/compare/{mine.code}/{other.code}/").status_code == 404
+    assert alice_client.get(f"/compare/{other.code}/{mine.code}/").status_code == 404
+    assert alice_client.get(f"/compare/{mine.code}/{mine.code}/").status_code == 200
+
+
+# --------------------------------------------------------------------------- share links
+
+
+def test_share_link_counts_each_use_and_dies_when_revoked(alice: Any, alpha: Any) -> None:
+    upload = make_upload(alpha, alice)
+    token = services.share_create(upload, alice)
+    link = ShareLink.objects.get(upload=upload)
+    assert services.share_active(upload) == link
+    assert services.upload_for_share_token(token) == upload
+    assert services.upload_for_share_token(token) == upload
+    link.refresh_from_db()
+    assert link.use_count == 2  # two uses, one each
+    assert link.last_used_at is not None
+    # A status poll does not count as a use.
+    assert services.upload_for_share_token(token, count_use=False) == upload
+    link.refresh_from_db()
+    assert link.use_count == 2
+    assert services.upload_for_share_token("not-" + token) is None
+    # Revoking answers how many live links went (1), and the token is dead from then on.
+    assert services.share_revoke(upload) == 1
+    assert services.share_revoke(upload) == 0
+    assert services.upload_for_share_token(token) is None
+    assert services.share_active(upload) is None
+
+
+def test_a_new_share_link_revokes_the_old_one(alice: Any, alpha: Any) -> None:
+    upload = make_upload(alpha, alice)
+    first = services.share_create(upload, alice)
+    second = services.share_create(upload, alice)
+    assert services.upload_for_share_token(first) is None
+    assert services.upload_for_share_token(second) == upload
+    assert ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).count() == 1
+
+
+def test_a_share_link_reaches_only_its_own_upload(alice: Any, alpha: Any) -> None:
+    one, two = make_upload(alpha, alice), make_upload(alpha, alice)
+    token = services.share_create(one, alice)
+    assert services.upload_for_share_token(token) == one
+    assert services.share_active(two) is None
+
+
+# --------------------------------------------------------------------------- API tokens
+
+
+def test_api_token_live_revoked_and_inactive_user(alice: Any, alpha: Any) -> None:
+    raw = services.api_token_create(alice, default_project=alpha)
+    found = services.api_token_user(raw)
+    assert found is not None
+    user, token = found
+    assert user == alice and token.default_project == alpha
+    token.refresh_from_db()
+    assert token.last_used_at is not None
+    assert services.api_token_user(raw + "x") is None
+    # An inactive user's token stops working, and works again once the user is active.
+    alice.is_active = False
+    alice.save()
+    assert services.api_token_user(raw) is None
+    alice.is_active = True
+    alice.save()
+    assert services.api_token_user(raw) is not None
+    # A revoked token is dead.
+    ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now() - timedelta(seconds=1))
+    assert services.api_token_user(raw) is None
+
+
+def test_api_refuses_revoked_tokens_and_inactive_users(client: Any, alice: Any, alpha: Any) -> None:
+    raw = services.api_token_create(alice, default_project=alpha)
+    upload = make_upload(alpha, alice)
+    assert client.get(f"/api/v1/snapshots/{upload.code}", **bearer(raw)).status_code == 200
+    alice.is_active = False
+    alice.save()
+    assert client.get(f"/api/v1/snapshots/{upload.code}", **bearer(raw)).status_code == 401
+    alice.is_active = True
+    alice.save()
+    ApiToken.objects.update(revoked_at=timezone.now())
+    assert client.get(f"/api/v1/snapshots/{upload.code}", **bearer(raw)).status_code == 401
+
+
+# --------------------------------------------------------------------------- upload caps
+
+CAP = 200 * 1024  # bytes; several 64 KiB chunks of Django's upload handlers
+
+
+@pytest.fixture
+def cap(settings: Any) -> int:
+    settings.UPLOAD_MAX_BYTES = CAP
+    return CAP
+
+
+def pickle_bytes(size: int) -> bytes:
+    """A file that sniffs as a pickle (protocol 4 header), of exactly ``size`` bytes."""
+    return b"\x80\x04" + (bytes(range(256)) * (size // 256 + 1))[: size - 2]
+
+
+def test_pickle_bytes_has_the_size_asked() -> None:
+    assert len(pickle_bytes(CAP)) == CAP == 204_800
+
+
+def test_declared_length_at_and_over_the_cap(cap: int) -> None:
+    rf = RequestFactory()
+    at = rf.post("/", CONTENT_LENGTH=str(cap + MULTIPART_OVERHEAD))
+    over = rf.post("/", CONTENT_LENGTH=str(cap + MULTIPART_OVERHEAD + 1))
+    assert content_length_over_cap(at) is False  # exactly cap + the multipart allowance: allowed
+    assert content_length_over_cap(over) is True
+    assert content_length_over_cap(rf.post("/", CONTENT_LENGTH="twelve")) is False  # unreadable: let the parser decide
+    assert content_length_over_cap(rf.get("/")) is False
+
+
+def test_handler_refuses_a_declared_body_over_the_cap_before_reading(cap: int) -> None:
+    request = RequestFactory().post("/")
+    handler = CappedHashingUploadHandler(request)
+    assert handler.handle_raw_input(io.BytesIO(), {}, cap + MULTIPART_OVERHEAD, b"x") is None
+    assert not is_too_large(request)
+    result = handler.handle_raw_input(io.BytesIO(), {}, cap + MULTIPART_OVERHEAD + 1, b"x")
+    assert result is not None
+    post, files = result
+    assert len(post) == 0 and len(files) == 0
+    assert is_too_large(request)
+
+
+def stream(handler: CappedHashingUploadHandler, data: bytes, chunk: int = 64 * 1024) -> Any:
+    handler.new_file("file", "x.pickle", "application/octet-stream", len(data))
+    for start in range(0, len(data), chunk):
+        handler.receive_data_chunk(data[start : start + chunk], start)
+    return handler.file_complete(len(data))
+
+
+def test_handler_keeps_a_file_of_exactly_the_cap_with_its_hash_and_head(cap: int) -> None:
+    from django.core.files.uploadhandler import StopUpload
+
+    data = pickle_bytes(cap)
+    request = RequestFactory().post("/")
+    uploaded = stream(CappedHashingUploadHandler(request), data)
+    assert not is_too_large(request)
+    assert uploaded.size == cap
+    assert uploaded.sha256 == hashlib.sha256(data).hexdigest()
+    assert uploaded.head == data[:SNIFF_BYTES]  # the first 4,096 bytes, for sniffing
+    uploaded.seek(0)
+    assert uploaded.read() == data
+    # One byte more is over the cap: the stream stops and the request is marked.
+    request = RequestFactory().post("/")
+    with pytest.raises(StopUpload):
+        stream(CappedHashingUploadHandler(request), data + b"\x00")
+    assert is_too_large(request)
+
+
+def test_api_accepts_a_file_of_exactly_the_cap_and_refuses_one_byte_more(
+    client: Any, alice_token: str, cap: int
+) -> None:
+    data = pickle_bytes(cap)
+    ok = client.post("/api/v1/snapshots", {"file": SimpleUploadedFile("x.pickle", data)}, **bearer(alice_token))
+    assert ok.status_code == 202, ok.content
+    upload = Upload.objects.get()
+    assert upload.bytes == cap
+    assert upload.sha256 == hashlib.sha256(data).hexdigest()
+    over = client.post(
+        "/api/v1/snapshots", {"file": SimpleUploadedFile("y.pickle", data + b"\x00")}, **bearer(alice_token)
+    )
+    assert over.status_code == 413
+    assert over.json()["error"]["code"] == "upload:too-large"
+    assert Upload.objects.count() == 1
+
+
+# --------------------------------------------------------------------------- run, tags, note
+
+
+def test_split_tags() -> None:
+    assert split_tags("a, b;c,, ;") == ["a", "b", "c"]
+    assert split_tags("") == []
+    assert split_tags("x" * 60) == ["x" * 50]  # a tag keeps its first 50 characters
+
+
+def form(**fields: str) -> UploadForm:
+    files = {"file": SimpleUploadedFile("x.pickle", b"\x80\x04.")}
+    return UploadForm({"project": "alpha", **fields}, files, project_choices=[("alpha", "Alpha")])
+
+
+def test_page_form_limits_at_and_over() -> None:
+    assert form(run="r" * 200, tags="t" * 500, note="n" * 5000).is_valid()
+    assert set(form(run="r" * 201).errors) == {"run"}
+    assert set(form(tags="t" * 501).errors) == {"tags"}
+    assert set(form(note="n" * 5001).errors) == {"note"}
+    ok = form(tags="gpu, nightly;  a100")
+    assert ok.is_valid()
+    assert ok.cleaned_data["tags"] == ["gpu", "nightly", "a100"]
+
+
+def test_page_form_preselects_the_only_project() -> None:
+    one = UploadForm(project_choices=[("alpha", "Alpha")])
+    assert one.fields["project"].initial == "alpha"
+    two = UploadForm(project_choices=[("alpha", "Alpha"), ("beta", "Beta")])
+    assert two.fields["project"].initial is None
+    assert list(two.fields["project"].choices) == [("alpha", "Alpha"), ("beta", "Beta")]  # type: ignore[attr-defined]
+
+
+def test_api_fields_are_capped(client: Any, alice_token: str) -> None:
+    data = pickle_bytes(4096)
+    tags = ",".join(f"t{i}" for i in range(25)) + "," + "y" * 70
+    response = client.post(
+        "/api/v1/snapshots",
+        {"file": SimpleUploadedFile("x.pickle", data), "run": "  " + "r" * 250 + " ", "tags": tags, "note": "hello"},
+        **bearer(alice_token),
+    )
+    assert response.status_code == 202, response.content
+    upload = Upload.objects.get()
+    assert upload.run == "r" * 200  # stripped, then its first 200 characters
+    assert upload.tags == [f"t{i}" for i in range(20)]  # the first 20 tags
+    assert upload.note == "hello"
