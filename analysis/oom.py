@@ -138,7 +138,9 @@ def _explain(
     limit = chosen.bytes
     if chosen.source == INFERRED:
         limit_text = (
-            "the per-process cap, at least the peak reserved memory" if chosen.is_lower_bound else "the device's memory"
+            "the per-process cap (at least the peak reserved memory)"
+            if chosen.is_lower_bound
+            else "the device's memory"
         )
     else:
         what = "the device's memory" if chosen.kind == "device-full" else "the limit"
@@ -147,7 +149,9 @@ def _explain(
             SIDECAR: f"{what} the client read",
             OOM_MESSAGE: f"{'the per-process cap' if chosen.kind == 'per-process-cap' else what} of the OOM message",
         }[chosen.source]
-    of = f"of at least {_gib(limit)}" if chosen.is_lower_bound else f"of {_gib(limit)}"
+    # "at least" once: an inferred cap's text already says it is a lower bound
+    lower_said = chosen.source == INFERRED
+    of = f"of at least {_gib(limit)}" if chosen.is_lower_bound and not lower_said else f"of {_gib(limit)}"
     if kind == "fragmentation":
         return (
             f"The request for {_gib(requested)} would have fit: {_gib(allocated)} allocated plus the request is "

@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis import allocator
-from analysis.allocator import _Model, infer_limit, simulate, trace_is_complete
+from analysis.allocator import infer_limit, simulate, trace_is_complete
+from analysis.allocator import policy as allocator
+from analysis.allocator.policy import _Model
 from analysis.config import K_SMALL_SIZE, MB, AllocatorConfig
 from analysis.model import (
     ACTIVE_ALLOCATED,

@@ -44,6 +44,8 @@ OOM_CASES = [
     "gpu_expandable_oom",
     "gpu_grow_oom",
     "gpu_maxsplit_oom",
+    "grow_gpt2_default",
+    "grow_resnet_default",
 ]
 
 
@@ -156,7 +158,8 @@ def test_inferred_limit_headroom_shortfall_and_verdict(case: str) -> None:
     # The device had far more free memory than the request: a per-process cap refused it, and the
     # peak reserved memory (memory_stats' own peak) is the lower bound the report uses.
     assert free > oom["requested_bytes"]
-    assert oom["limit_source"] == "cap-lower-bound"
+    assert (oom["limit_source"], oom["limit_inference"]) == ("inferred", "cap-lower-bound")
+    assert oom["limit_is_lower_bound"] is True
     assert oom["limit_bytes"] == peak
     cap, _ = figure(case, r"SIZE allowed")
     if case in EXPANDABLE_OVER_CAP:
@@ -171,8 +174,8 @@ def test_inferred_limit_headroom_shortfall_and_verdict(case: str) -> None:
     allocated, tol = figure(case, r"SIZE is allocated by PyTorch")
     over = allocated + oom["requested_bytes"] - peak
     assert oom["shortfall_bytes"] == pytest.approx(max(0.0, over), abs=tol)
-    if abs(over) > tol:  # the message's rounding cannot flip the side: the verdict follows
-        assert oom["verdict"] == ("capacity" if over > 0 else "fragmentation")
+    if abs(over) > tol:  # the message's rounding cannot flip the side: the request-level verdict follows
+        assert oom["request_verdict"] == ("capacity" if over > 0 else "fragmentation")
         assert (oom["shortfall_bytes"] == 0) == (over < 0)
 
 
@@ -197,11 +200,11 @@ def test_with_the_real_cap_given(case: str) -> None:
     over = allocated + oom["requested_bytes"] - cap
     assert oom["shortfall_bytes"] == pytest.approx(max(0.0, over), abs=tol_a)
     if abs(over) > tol_a:
-        assert oom["verdict"] == ("capacity" if over > 0 else "fragmentation")
+        assert oom["request_verdict"] == ("capacity" if over > 0 else "fragmentation")
     # gpt_varlen_expandable: 6.18 GiB allocated + 824 MiB fit in 7.00 GiB (6.985 GiB, 0.015 GiB
     # clear of the message's rounding): under the real cap the memory existed, not in one piece.
     if case == "gpt_varlen_expandable":
-        assert oom["verdict"] == "fragmentation"
+        assert oom["request_verdict"] == "fragmentation"
         assert oom["shortfall_bytes"] == 0
 
 
@@ -234,10 +237,11 @@ def test_explanation_names_the_figures_of_the_message(case: str) -> None:
     assert any(abs(x * GiB - oom["requested_bytes"]) <= 0.005 * GiB for x in named)
     assert any(abs(x * GiB - allocated) <= 0.01 * GiB for x in named)
     assert abs(tried - oom["requested_bytes"]) <= 2 * MiB + 0.005 * GiB
-    if oom["verdict"] == "fragmentation":
-        assert "would have fit" in text and "not in one piece" in text
+    # The explanation's first sentence is the request-level rule (the step-level verdict follows it).
+    if oom["request_verdict"] == "fragmentation":
+        assert "would have fit" in text
     else:
-        assert "exceeds" in text and "needs less memory" in text
+        assert "exceeds" in text
 
 
 # --------------------------------------------------------------------------- hand-computed
@@ -363,7 +367,11 @@ def test_explain_oom_capacity_on_a_full_device_hand_computed() -> None:
         peak_reserved=4 * GiB,
         limit=None,
     )
-    assert (oom["limit_bytes"], oom["limit_source"]) == (9 * GiB // 2, "device-full")
+    assert (oom["limit_bytes"], oom["limit_source"], oom["limit_inference"]) == (
+        9 * GiB // 2,
+        "inferred",
+        "device-full",
+    )
     assert oom["verdict"] == "capacity"
     assert oom["shortfall_bytes"] == 536_870_912
     assert oom["headroom_bytes"] == GiB
@@ -381,7 +389,7 @@ def test_explain_oom_cap_lower_bound_wording() -> None:
         t, 0, allocated=GiB, reserved=GiB, cached_free=0, largest_free=0, peak_reserved=3 * GiB, limit=None
     )
     # 1 + 1 = 2 GiB <= 3 GiB peak: fragmentation under the cap's lower bound; 2 GiB left to reserve.
-    assert (oom["limit_bytes"], oom["limit_source"], oom["verdict"]) == (3 * GiB, "cap-lower-bound", "fragmentation")
+    assert (oom["limit_bytes"], oom["limit_inference"], oom["verdict"]) == (3 * GiB, "cap-lower-bound", "fragmentation")
     assert oom["headroom_bytes"] == 2 * GiB
     assert "within the per-process cap (at least the peak reserved memory) of 3.00 GiB" in oom["explanation"]
     assert "2.00 GiB was left to reserve" in oom["explanation"]
