@@ -204,17 +204,12 @@ def simulate_recorded(case: str, device: int) -> tuple[_Spy, Any]:
     return model, result
 
 
-# A real discrepancy, kept failing on purpose (xfail strict: it turns red once the model gets it
-# right). gpu_side_stream, event 609: a 25,763,840 B request on stream 0 finds three free
-# 35,651,584 B (34 MiB) blocks of equal size (at 0x7f551e000000 inside a 66 MiB segment,
-# 0x7f5538000000 and 0x7f55a8a00000, whole segments). The C++ best fit breaks the (size) tie by
-# address and takes 0x7f551e000000; the model breaks it by its own bump-pointer addresses and takes
-# another one. Reserved memory and every segment event still match; the end layout does not: the
-# model holds [24.57 MiB pending + 9.43 MiB free] in a 34 MiB segment and [32 MiB free + 34 MiB
-# pending] in the 66 MiB one, where the snapshot has [32 MiB free, 24.57 MiB pending, 9.43 MiB free]
-# and a wholly pending 34 MiB segment. Fixing it means ordering the model's segments by the
-# recorded addresses (allocator fidelity, outside this test's scope).
-ADDRESS_TIES = {("gpu_side_stream", 0)}
+# Equal-size best-fit ties: gpu_side_stream, event 609, a 25,763,840 B request found three free
+# 35,651,584 B blocks; the C++ best fit breaks the tie by address. The model used to break it by its own
+# bump-pointer addresses (this test caught it, xfail strict); since the model takes the recorded
+# cudaMalloc addresses while its segment events match the trace's, it breaks the tie as torch does and
+# the layout matches. A trace that needs a tie listed here is marked xfail(strict) again.
+ADDRESS_TIES: set[tuple[str, int]] = set()
 LAYOUT_CASES = [
     pytest.param(
         c,
@@ -286,7 +281,7 @@ def _gib(text: str, pattern: str) -> float:
 OOM_CASES = sorted(c for c in CASES if truth(c).get("oom_message") and c not in PARTIAL)
 
 
-def test_oom_cases_are_the_eight_recorded_ooms() -> None:
+def test_oom_cases_are_the_recorded_ooms() -> None:
     assert OOM_CASES == [
         "frag_oom",
         "gpt_varlen_expandable",
@@ -296,6 +291,8 @@ def test_oom_cases_are_the_eight_recorded_ooms() -> None:
         "gpu_expandable_oom",
         "gpu_grow_oom",
         "gpu_maxsplit_oom",
+        "grow_gpt2_default",
+        "grow_resnet_default",
     ]
 
 
