@@ -100,13 +100,21 @@ def test_share_link_counts_each_use_and_dies_when_revoked(alice: Any, alpha: Any
     assert services.share_active(upload) is None
 
 
-def test_a_new_share_link_revokes_the_old_one(alice: Any, alpha: Any) -> None:
+def test_a_new_share_link_leaves_the_old_one_and_each_is_revoked_alone(alice: Any, alpha: Any) -> None:
+    # Several named links per report (issue 10): a second link does not kill the first; revoking one by
+    # its key leaves the other live.
     upload = make_upload(alpha, alice)
     first = services.share_create(upload, alice)
     second = services.share_create(upload, alice)
+    assert services.upload_for_share_token(first) == upload
+    assert services.upload_for_share_token(second) == upload
+    live = ShareLink.objects.filter(upload=upload, revoked_at__isnull=True)
+    assert live.count() == 2
+    oldest = live.order_by("created_at", "id").first()
+    assert oldest is not None
+    assert services.share_revoke(upload, oldest.key) == 1
     assert services.upload_for_share_token(first) is None
     assert services.upload_for_share_token(second) == upload
-    assert ShareLink.objects.filter(upload=upload, revoked_at__isnull=True).count() == 1
 
 
 def test_a_share_link_reaches_only_its_own_upload(alice: Any, alpha: Any) -> None:
@@ -273,13 +281,22 @@ def test_page_form_preselects_the_only_project() -> None:
 def test_api_fields_are_capped(client: Any, alice_token: str) -> None:
     data = pickle_bytes(4096)
     tags = ",".join(f"t{i}" for i in range(25)) + "," + "y" * 70
+    # Over its limit a field is refused, as on the page form (one definition: forms.UploadFieldsForm) ...
+    over = client.post(
+        "/api/v1/snapshots",
+        {"file": SimpleUploadedFile("x.pickle", data), "run": "r" * 201, "tags": tags, "note": "hello"},
+        **bearer(alice_token),
+    )
+    assert over.status_code == 400 and over.json()["error"]["code"] == "upload:invalid"
+    assert not Upload.objects.exists()
+    # ... at it, accepted once stripped; the tags are cut to the first 20, each to 50 characters.
     response = client.post(
         "/api/v1/snapshots",
-        {"file": SimpleUploadedFile("x.pickle", data), "run": "  " + "r" * 250 + " ", "tags": tags, "note": "hello"},
+        {"file": SimpleUploadedFile("x.pickle", data), "run": "  " + "r" * 200 + " ", "tags": tags, "note": "hello"},
         **bearer(alice_token),
     )
     assert response.status_code == 202, response.content
     upload = Upload.objects.get()
-    assert upload.run == "r" * 200  # stripped, then its first 200 characters
+    assert upload.run == "r" * 200
     assert upload.tags == [f"t{i}" for i in range(20)]  # the first 20 tags
     assert upload.note == "hello"
