@@ -389,7 +389,8 @@ def _lanes(pools: I32, stream: npt.NDArray[Any], events: npt.ArrayLike, n_stream
     """The (pool, stream) lane of requests at trace ``events``: ``pool * 2 * streams + stream``; the
     free-list index adds ``large * streams`` (``_free_lists``). The model's only spelling of it."""
     idx = np.asarray(events, np.int64)
-    return pools[idx].astype(np.int64) * 2 * n_streams + stream[idx]
+    lane: I64 = pools[idx].astype(np.int64) * 2 * n_streams + stream[idx].astype(np.int64)
+    return lane
 
 
 def _free_lists(rounded: I64, lane: I64 | None, n_streams: int) -> npt.NDArray[Any]:
