@@ -154,3 +154,32 @@ def test_a_field_that_is_no_oom_message_is_refused(client: Any, alice_token: str
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "upload:invalid-oom-message"
     assert not Upload.objects.exists()
+
+
+def test_batch_size_field_turns_the_batch_fit_into_a_batch(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    # grow_gpt2_default: batch 4 ran (step 3), batch 5 died (step 4); sent with the upload, the batch size
+    # goes through the worker's child to the report, which names the batch that fits and the accumulation.
+    truth = json.loads((FIXTURES / "grow_gpt2_default.truth.json").read_text())
+    last_ran, failing = truth["workload_log"][-1]["batch"], truth["kwargs"]["batch"][0] + truth["died_step"]
+    with django_capture_on_commit_callbacks():
+        response = post_snapshot(client, alice_token, FIXTURES / "grow_gpt2_default.pickle.gz", batch_size=failing)
+    assert response.status_code == 202, response.content
+    upload = Upload.objects.get(code=response.json()["id"])
+    assert upload.batch_size == failing == 5
+    analyse_upload(upload.id)
+    report = client.get(f"/api/v1/snapshots/{upload.code}/report", **bearer(alice_token)).json()
+    fit = report["devices"][0]["batch_fit"]
+    assert fit["batch_size"] == failing
+    assert last_ran <= fit["fitting_batch"] < failing
+    assert fit["accumulation_steps"] * fit["micro_batch"] >= failing
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "four", "1000000001"])
+def test_a_batch_size_that_is_no_positive_count_is_refused(client: Any, alice_token: str, value: str) -> None:
+    response = post_snapshot(client, alice_token, batch_size=value)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "upload:invalid"
+    assert "batch_size" in response.json()["error"]["message"]
+    assert not Upload.objects.exists()

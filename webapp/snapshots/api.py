@@ -200,6 +200,7 @@ def snapshots(request: HttpRequest) -> HttpResponse:
             tags=fields.cleaned_data["tags"],
             note=fields.cleaned_data["note"],
             oom_message=fields.cleaned_data["oom_message"],
+            batch_size=fields.cleaned_data["batch_size"],
             idempotency_key=key,
         )
     except services.IdempotencyConflict as conflict:

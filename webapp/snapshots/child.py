@@ -67,8 +67,14 @@ def analyse(path: Path, filename: str | None) -> dict[str, Any]:
     jobs = int(os.environ.get("OOMSCOPE_ANALYSIS_JOBS", "1"))  # set by runner.py from ANALYSIS_JOBS
     message_file = os.environ.get("OOMSCOPE_OOM_MESSAGE_FILE")  # set by runner.py from Upload.oom_message
     oom_message = Path(message_file).read_text(encoding="utf-8") if message_file else None
+    batch_size = int(os.environ.get("OOMSCOPE_BATCH_SIZE") or 0) or None  # set by runner.py from Upload.batch_size
     report: dict[str, Any] = build_report(
-        path, progress=progress, filename=filename or path.name, jobs=jobs, oom_message=oom_message
+        path,
+        progress=progress,
+        filename=filename or path.name,
+        jobs=jobs,
+        oom_message=oom_message,
+        batch_size=batch_size,
     )
     return report
 

@@ -18,6 +18,7 @@ TAGS_MAX_CHARS = 500
 NOTE_MAX_CHARS = 5000
 PROJECT_MAX_CHARS = 60
 OOM_MESSAGE_MAX_CHARS = 65536
+BATCH_SIZE_MAX = 1_000_000_000
 
 
 class UploadFieldsForm(forms.Form):
@@ -31,6 +32,13 @@ class UploadFieldsForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=OOM_MESSAGE_MAX_CHARS,
         help_text="Optional: torch's 'CUDA out of memory. Tried to allocate ...' message (the real memory limit).",
+    )
+
+    batch_size = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=BATCH_SIZE_MAX,
+        help_text="Optional: the failing step's batch size, so the advice names the batch that fits.",
     )
 
     def clean_tags(self) -> list[str]:
@@ -69,7 +77,7 @@ class UploadForm(UploadFieldsForm):
         widget=forms.ClearableFileInput(attrs={"accept": ".pickle,.pkl,.gz,.pt,.zip,.json,application/octet-stream"}),
     )
     project = forms.ChoiceField(choices=())
-    field_order = ["file", "project", "run", "tags", "note", "oom_message"]
+    field_order = ["file", "project", "run", "tags", "note", "oom_message", "batch_size"]
 
     def __init__(self, *args: Any, project_choices: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

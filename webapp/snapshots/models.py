@@ -76,6 +76,7 @@ class Upload(models.Model):
     tags = models.JSONField(default=list, blank=True)
     note = models.TextField(blank=True)
     oom_message = models.TextField(blank=True)  # torch's OOM message as pasted/sent: the real limit
+    batch_size = models.PositiveIntegerField(null=True, blank=True)  # the failing step's batch (batch-fit advice)
     # The client's Idempotency-Key header: a retried POST with the same key (same user) gets the
     # same upload back instead of a duplicate. Empty when the client sent none.
     idempotency_key = models.CharField(max_length=100, blank=True, default="")

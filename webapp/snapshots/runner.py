@@ -120,6 +120,7 @@ def run_analysis(
     filename: str | None = None,
     on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
     oom_message: str = "",
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     """Report dict for the snapshot at ``path``; ``ChildRefused`` for a refused file.
 
@@ -138,6 +139,8 @@ def run_analysis(
             message_path = Path(tmp) / "oom_message.txt"
             message_path.write_text(oom_message, encoding="utf-8")
             env["OOMSCOPE_OOM_MESSAGE_FILE"] = str(message_path)
+        if batch_size:
+            env["OOMSCOPE_BATCH_SIZE"] = str(int(batch_size))
         started = time.monotonic()
         with err_path.open("wb") as err:
             proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell

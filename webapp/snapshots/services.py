@@ -321,6 +321,7 @@ def upload_create(
     note: str = "",
     oom_message: str = "",
     idempotency_key: str = "",
+    batch_size: int | None = None,
 ) -> Upload:
     """Store the bytes, create the row and queue the analysis once the row is committed.
 
@@ -348,6 +349,7 @@ def upload_create(
                 tags=[t for t in (tags or []) if t][:20],
                 note=note,
                 oom_message=oom_message,
+                batch_size=batch_size,
                 idempotency_key=idempotency_key if user is not None else "",
                 queued_at=timezone.now(),
             )

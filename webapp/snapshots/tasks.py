@@ -103,7 +103,12 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
                 jobs=settings.ANALYSIS_JOBS,
             )
             report = runner.run_analysis(
-                path, limits, filename=upload.filename, on_progress=on_progress, oom_message=upload.oom_message
+                path,
+                limits,
+                filename=upload.filename,
+                on_progress=on_progress,
+                oom_message=upload.oom_message,
+                batch_size=upload.batch_size,
             )
         analysed = time.monotonic()
         services.upload_set_progress(upload_id, "charting", 90)

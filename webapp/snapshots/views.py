@@ -158,6 +158,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
         tags=form.cleaned_data["tags"],
         note=form.cleaned_data["note"],
         oom_message=form.cleaned_data["oom_message"],
+        batch_size=form.cleaned_data["batch_size"],
     )
     if _wants_json(request):
         return JsonResponse(services.upload_api_dict(created, request), status=202)
