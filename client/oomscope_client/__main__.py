@@ -26,7 +26,25 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--tags", help="comma-separated tags")
     up.add_argument("--note", help="free text shown with the report")
     up.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+    up.add_argument(
+        "--batch-size", type=int, help="the failing step's batch size (the report names the batch that fits)"
+    )
+    up.add_argument(
+        "--oom-message-file",
+        help="a file with torch's OOM message (default: the message in the dump's sidecar .json, where there is one)",
+    )
     return parser
+
+
+def sidecar_oom_message(snapshot: str) -> str | None:
+    """The OOM message ``dump_on_oom`` wrote beside a dump (NAME.json next to NAME.pickle.gz), if any."""
+    base = snapshot.removesuffix(".gz").removesuffix(".pickle")
+    try:
+        with open(base + ".json", encoding="utf-8") as fh:
+            message = json.load(fh).get("oom_message")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return message if isinstance(message, str) and message.strip() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--url and --token are required (or set OOMSCOPE_URL and OOMSCOPE_TOKEN)")
     if not os.path.isfile(args.file):
         parser.error(f"no such file: {args.file}")
+    if args.oom_message_file:
+        with open(args.oom_message_file, encoding="utf-8") as fh:
+            oom_message = fh.read()
+    else:
+        oom_message = sidecar_oom_message(args.file)
     try:
         result = upload(
             args.file,
@@ -46,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             tags=args.tags,
             note=args.note,
             timeout=args.timeout,
+            oom_message=oom_message,
+            batch_size=args.batch_size,
         )
     except UploadError as e:
         print(f"oomscope upload failed: {e}", file=sys.stderr)

@@ -207,10 +207,14 @@ def upload(
     filename: str | None = None,
     timeout: float = 600.0,
     idempotency_key: str | None = None,
+    oom_message: str | None = None,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     """Post one snapshot file; return the site's JSON (``id``, ``status``, ``url``, ``api_url``).
 
     ``tags`` may be a comma-separated string or a list of tags (sent joined by commas).
+    ``oom_message`` (torch's OOM message: the report's real limit) and ``batch_size`` (the failing step's
+    batch: the report names the batch that fits) are sent when given.
     Every call sends an ``Idempotency-Key`` header (a fresh random one unless given): calling
     again with the same key after a timeout or a broken connection returns the first upload
     instead of making a duplicate.
@@ -227,6 +231,10 @@ def upload(
         fields.append(("tags", tags if isinstance(tags, str) else ",".join(tags)))
     if note is not None:
         fields.append(("note", note))
+    if oom_message:
+        fields.append(("oom_message", oom_message))
+    if batch_size is not None:
+        fields.append(("batch_size", str(int(batch_size))))
     body = MultipartBody(fields, "file", path, filename=filename, content_type=_content_type_for(path))
     request = urllib.request.Request(  # noqa: S310 (api_url allows http and https only)
         api_url(url),

@@ -256,3 +256,27 @@ def test_package_imports_without_torch():
     )
     assert r.returncode == 0, r.stderr
     assert "needs torch: oomscope_client: this function needs PyTorch" in r.stdout
+
+
+def test_oom_message_and_batch_size_are_sent(server, snapshot_file):
+    upload(
+        snapshot_file,
+        _base(server),
+        TOKEN,
+        oom_message="CUDA out of memory. Tried to allocate 2.00 MiB.",
+        batch_size=96,
+    )
+    parts = _parts(server.requests[0]["headers"], server.requests[0]["body"])
+    assert parts["oom_message"] == (None, b"CUDA out of memory. Tried to allocate 2.00 MiB.")
+    assert parts["batch_size"] == (None, b"96")
+
+
+def test_cli_sends_the_sidecars_oom_message_and_the_batch_size(server, snapshot_file):
+    # dump_on_oom writes NAME.json beside NAME.pickle.gz; its oom_message is torch's text
+    sidecar = snapshot_file.with_name(snapshot_file.name.removesuffix(".pickle.gz") + ".json")
+    sidecar.write_text(json.dumps({"oom_message": "CUDA out of memory. Tried to allocate 84.00 MiB."}))
+    r = _cli("upload", str(snapshot_file), "--url", _base(server), "--token", TOKEN, "--batch-size", "32")
+    assert r.returncode == 0, r.stderr
+    parts = _parts(server.requests[0]["headers"], server.requests[0]["body"])
+    assert parts["oom_message"] == (None, b"CUDA out of memory. Tried to allocate 84.00 MiB.")
+    assert parts["batch_size"] == (None, b"32")

@@ -99,7 +99,15 @@ def test_upload_page_context(alice_client: Any, settings: Any) -> None:
     assert response.status_code == 200
     assert response.context["max_upload_bytes"] == settings.UPLOAD_MAX_BYTES
     assert response.context["projects"] == [{"slug": "alpha", "name": "Alpha", "team": "Team A"}]
-    assert set(response.context["form"].fields) == {"file", "project", "run", "tags", "note", "oom_message", "batch_size"}
+    assert set(response.context["form"].fields) == {
+        "file",
+        "project",
+        "run",
+        "tags",
+        "note",
+        "oom_message",
+        "batch_size",
+    }
 
 
 @pytest.mark.parametrize(
