@@ -286,6 +286,77 @@ def gpt_autocast(torch, seed=0, steps=10, batch=(2, 6), seq=(256, 1536), amp=Tru
     _train(torch, model, make, steps, amp=amp, seed=seed)
 
 
+def densenet(torch, seed=0, steps=6, batch=(16, 64), **_):
+    """torchvision DenseNet-121 (concatenation-heavy cuDNN net, SGD momentum) on random batch sizes."""
+    import torchvision
+
+    model = torchvision.models.densenet121().cuda()
+
+    def make(step, g):
+        b = _pick(g, batch[0], batch[1], torch)
+        x = torch.randn(b, 3, 224, 224, generator=g).cuda()
+        y = torch.randint(0, 1000, (b,), generator=g).cuda()
+        return x, y, {"batch": b}
+
+    _train(torch, model, make, steps, opt="sgd", seed=seed)
+
+
+def swin(torch, seed=0, steps=6, batch=(16, 64), amp=True, **_):
+    """torchvision Swin-T (windowed attention) trained under bf16 autocast on random batch sizes."""
+    import torchvision
+
+    model = torchvision.models.swin_t().cuda()
+
+    def make(step, g):
+        b = _pick(g, batch[0], batch[1], torch)
+        x = torch.randn(b, 3, 224, 224, generator=g).cuda()
+        y = torch.randint(0, 1000, (b,), generator=g).cuda()
+        return x, y, {"batch": b}
+
+    _train(torch, model, make, steps, amp=amp, seed=seed)
+
+
+def llama(torch, seed=0, steps=8, batch=(1, 4), seq=(256, 2048), amp=True, **_):
+    """Hugging Face Llama (random weights, grouped-query attention, SDPA) under bf16 autocast, jittery lengths."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    )
+    model = LlamaForCausalLM(cfg).cuda()
+
+    def make(step, g):
+        b, t = _pick(g, batch[0], batch[1], torch), _pick(g, seq[0], seq[1], torch)
+        idx = torch.randint(0, 32000, (b, t), generator=g).cuda()
+        return {"input_ids": idx, "labels": idx}, None, {"batch": b, "seq": t}
+
+    _train(torch, model, make, steps, amp=amp, seed=seed)
+
+
+def t5(torch, seed=0, steps=8, batch=(4, 16), src=(64, 512), tgt=(16, 192), **_):
+    """Hugging Face T5 encoder-decoder (random weights, fp32) on variable source and target lengths."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(
+        T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, decoder_start_token_id=0, pad_token_id=0)
+    ).cuda()
+
+    def make(step, g):
+        b = _pick(g, batch[0], batch[1], torch)
+        s, t = _pick(g, src[0], src[1], torch), _pick(g, tgt[0], tgt[1], torch)
+        x = torch.randint(0, 32000, (b, s), generator=g).cuda()
+        y = torch.randint(0, 32000, (b, t), generator=g).cuda()
+        return {"input_ids": x, "labels": y}, None, {"batch": b, "src": s, "tgt": t}
+
+    _train(torch, model, make, steps, seed=seed)
+
+
 WORKLOADS = {
     "gpt_autocast": gpt_autocast,
     "random_ops": random_ops,
@@ -294,6 +365,10 @@ WORKLOADS = {
     "bert_mlm": bert_mlm,
     "hf_gpt2": hf_gpt2,
     "gpt2_generate": gpt2_generate,
+    "densenet": densenet,
+    "swin": swin,
+    "llama": llama,
+    "t5": t5,
 }
 
 
@@ -398,8 +473,21 @@ def _gpt2_ckpt_rerun() -> dict:
     )
 
 
+# Round 3 is held out: workloads and seeds the model was never run against while its rules were written,
+# captured after them, to measure what a new user's snapshot would meet.
+HELD_OUT_MODELS = ("densenet", "swin", "llama", "t5")
+
+
 def phase_a(round_: int = 1) -> list[dict]:
     out = []
+    if round_ == 3:
+        for seed in range(32, 40):
+            fam = f"rand_s{seed}_c30"
+            for sname, conf in RANDOM_SETTINGS.items():
+                out.append(spec(f"{fam}_{sname}", "random_ops", conf, fam, 3 * GIB, seed=seed, drift=0.12))
+        for w in HELD_OUT_MODELS:
+            out.append(spec(f"{w}_nocap_default", w, "", f"{w}_nocap", None, seed=2))
+        return out
     if round_ == 2:
         # gentler random families (new seeds), the checkpointing reruns that failed in round 1, and the
         # GPT-style autocast calibration run
@@ -470,7 +558,8 @@ def phase_a(round_: int = 1) -> list[dict]:
 
 def phase_b(outdir: Path, round_: int = 1) -> list[dict]:
     out = []
-    for w in ("resnet", "vit", "bert_mlm", "hf_gpt2") if round_ == 1 else ("gpt_autocast",):
+    models = {1: ("resnet", "vit", "bert_mlm", "hf_gpt2"), 2: ("gpt_autocast",), 3: HELD_OUT_MODELS}[round_]
+    for w in models:
         tj = outdir / f"{w}_nocap_default.truth.json"
         if not tj.exists():
             continue
@@ -479,7 +568,7 @@ def phase_b(outdir: Path, round_: int = 1) -> list[dict]:
             cap = int(peak * frac)
             fam = f"{w}_c{int(frac * 100)}"
             for sname, conf in MODEL_SETTINGS.items():
-                out.append(spec(f"{fam}_{sname}", w, conf, fam, cap, seed=1))
+                out.append(spec(f"{fam}_{sname}", w, conf, fam, cap, seed=2 if round_ == 3 else 1))
     tj = outdir / "gen_gpt2_nocap_default.truth.json"
     if tj.exists() and round_ == 1:
         peak = json.loads(tj.read_text())["memory_stats"]["reserved_bytes.all.peak"]

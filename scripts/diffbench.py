@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.allocator import (  # noqa: E402
+    allowed_for_fraction,
     recorded_layout,
     recorded_segment_events,
     replay_check,
@@ -64,6 +65,12 @@ from analysis.reader import read_snapshot  # noqa: E402
 
 DEFAULT_DIRS = [ROOT / "tests" / "fixtures" / "captures", ROOT / "tests" / "fixtures"]
 PEAK_TOLERANCE = 0.01  # what-if peak reserved vs the real run's, where neither died
+
+
+def real_cap(truth: dict[str, Any]) -> int:
+    """The cap the allocator really had: capture_diff set the fraction ``cap_bytes / total_memory``."""
+    cap, total = int(truth["cap_bytes"]), truth.get("total_memory")
+    return allowed_for_fraction(cap / total, int(total)) if total else cap
 
 
 @dataclass
@@ -88,7 +95,7 @@ class Capture:
     def cap(self) -> int | None:
         """The per-process cap the run had (bytes), None without one."""
         if self.truth.get("cap_bytes"):
-            return int(self.truth["cap_bytes"])
+            return real_cap(self.truth)
         kwargs = self.truth.get("kwargs") or {}
         if isinstance(kwargs, dict) and kwargs.get("cap_gib"):
             return int(float(kwargs["cap_gib"]) * (1 << 30))

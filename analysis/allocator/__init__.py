@@ -15,7 +15,7 @@
 before the package existed; so do ``analysis.config`` and ``analysis.replay``.
 """
 
-from analysis.allocator.limits import LimitEstimate, infer_limit
+from analysis.allocator.limits import LimitEstimate, allowed_for_fraction, infer_limit
 from analysis.allocator.policy import (
     PolicyResult,
     ProjectedTail,
@@ -38,6 +38,7 @@ __all__ = [
     "ProjectedTail",
     "Requests",
     "SegmentLayout",
+    "allowed_for_fraction",
     "build_requests",
     "infer_limit",
     "recorded_layout",

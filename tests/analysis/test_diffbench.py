@@ -52,3 +52,25 @@ def test_the_bench_on_the_gpu_fixtures(tmp_path: Path) -> None:
         assert w["real_oom"] == _first_oom_request(member) > base_oom
         assert w["model_oom"] is None
         assert w["base_requests"] == base_oom + 1  # the trace ends at its OOM request
+
+
+def test_every_whatif_of_the_captures_meets_its_real_run() -> None:
+    """The bench's what-if comparison, over every family in tests/fixtures/captures: from each
+    default run, the model's OOM (or none) under another setting is where that setting's real run
+    had it, wherever the two runs are comparable at all."""
+    bench = _bench()
+    caps = bench.find_captures([FIXTURES / "captures"], None)
+    snaps = {c.name: read_snapshot(c.path) for c in caps}
+    rows = bench.whatif_rows(caps, snaps)
+    differ = [(w.member, w.real_oom, w.model_oom) for w in rows if w.status == "differ"]
+    assert differ == []
+    same = [w for w in rows if w.status == "same"]
+    assert len(same) >= 340  # 340 on the captures of rounds 1-3 (docs/captures.md)
+    assert all(w.peak_ok is not False for w in rows)
+    # densenet_c75 (held-out round 3): max_split_size_mb:256 died at the very request the default
+    # run died at. The what-if finds it only under the cap torch really had (fraction x total,
+    # truncated: a byte under the bytes asked for), not under cap_bytes.
+    dense = next(w for w in rows if w.member == "densenet_c75_maxsplit256")
+    assert dense.status == "same" and dense.model_oom == dense.real_oom == dense.base_requests - 1
+    t = json.loads((FIXTURES / "captures" / "densenet_c75_default.truth.json").read_text())
+    assert bench.real_cap(t) == t["cap_bytes"] - 1
