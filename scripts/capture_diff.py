@@ -54,6 +54,19 @@ MODEL_SETTINGS = {
     "roundup4": "roundup_power2_divisions:4",
 }
 
+# Round 4 (held out too): settings no earlier round used, alone and combined, on new seeds and on two of
+# round 3's models (their caps from round 3's uncapped peaks, ROUND4_PEAKS).
+ROUND4_SETTINGS = {
+    "default": "",
+    "exp_gc": "expandable_segments:True,garbage_collection_threshold:0.8",
+    "maxsplit24": "max_split_size_mb:24",  # torch refuses 20 or less (must exceed kLargeBuffer)
+    "gc09": "garbage_collection_threshold:0.9",
+    "rounduplist2": "roundup_power2_divisions:[64:8,256:4,1024:2,>:1]",
+    "maxsplit_roundup": "max_split_size_mb:64,roundup_power2_divisions:2",
+    "exp_maxsplit": "expandable_segments:True,max_split_size_mb:128",
+}
+ROUND4_PEAKS = {"llama": 9598664704, "densenet": 11416895488}  # round 3's *_nocap_default peak reserved
+
 STATE: dict = {"step": None, "log": []}
 
 
@@ -480,6 +493,16 @@ HELD_OUT_MODELS = ("densenet", "swin", "llama", "t5")
 
 def phase_a(round_: int = 1) -> list[dict]:
     out = []
+    if round_ == 4:
+        for seed in range(40, 48):
+            fam = f"rand_s{seed}_c20"
+            for sname, conf in ROUND4_SETTINGS.items():
+                out.append(spec(f"{fam}_{sname}", "random_ops", conf, fam, 2 * GIB, seed=seed, drift=0.12))
+        for w, peak in ROUND4_PEAKS.items():
+            fam = f"{w}_c80"
+            for sname, conf in ROUND4_SETTINGS.items():
+                out.append(spec(f"{fam}_{sname}", w, conf, fam, int(peak * 0.8), seed=4))
+        return out
     if round_ == 3:
         for seed in range(32, 40):
             fam = f"rand_s{seed}_c30"
@@ -558,7 +581,7 @@ def phase_a(round_: int = 1) -> list[dict]:
 
 def phase_b(outdir: Path, round_: int = 1) -> list[dict]:
     out = []
-    models = {1: ("resnet", "vit", "bert_mlm", "hf_gpt2"), 2: ("gpt_autocast",), 3: HELD_OUT_MODELS}[round_]
+    models = {1: ("resnet", "vit", "bert_mlm", "hf_gpt2"), 2: ("gpt_autocast",), 3: HELD_OUT_MODELS, 4: ()}[round_]
     for w in models:
         tj = outdir / f"{w}_nocap_default.truth.json"
         if not tj.exists():

@@ -14,7 +14,6 @@ from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.requests import (
     I64,
     Requests,
-    _before_completions,
     _Burst,
     _bursts,
     _device,
@@ -182,9 +181,11 @@ def _gc_lower(
             freed = before - int(reserved[fb.end])
             if freeable(fb.end):
                 need = max(need, before - freed)
-        else:
-            # The GC ran after process_events and before the flush's own sync.
-            at = (i if fb is None else _before_completions(act, fb.start) if fb.synced else fb.start) - 1
+        elif fb is None:
+            # A new segment with nothing released first: the GC ran (after process_events)
+            # and freed nothing. A flush's run is no such evidence: a GC that freed some
+            # segments in the pool's order right before it leaves no mark in that run.
+            at = i - 1
             if at >= 0 and freeable(at):
                 need = max(need, int(reserved[at]))
     if need == 0:

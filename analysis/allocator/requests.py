@@ -198,12 +198,13 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
         stacks = t.stack[s : e + 1].tolist()
         no_small = not (t.size[s : e + 1] == K_SMALL_BUFFER).any()
         in_malloc = any(x >= 0 and i in created and created[i] != x for i, x in enumerate(stacks, start=s))
-        # With max_split_size too, a run of oversize segments of the request's stream
-        # is release_available's when the GC could not have started: it needs
-        # reserved > threshold x limit, and the limit is at least the floor.
-        gc_like = gc_recorded and no_small
-        if gc_like and s > 0 and int(reserved[s - 1]) <= cfg.gc_threshold_bytes(floor):
-            gc_like = not _looks_like_release_available(device, cfg, s, e, req)
+        # The GC starts only above threshold x limit, and the limit is at least the
+        # floor: at or below threshold x floor the run is not the GC, whatever else it is
+        # (release_available's oversize segments with max_split_size, a flush, user code).
+        gc_possible = gc_recorded and not (s > 0 and int(reserved[s - 1]) <= cfg.gc_threshold_bytes(floor))
+        # ... and it frees whole cudaMalloc'd segments only: never a small-pool one, never
+        # pages of an expandable segment (it skips those), so never a segment_unmap.
+        gc_like = gc_possible and no_small and bool((act[s : e + 1] == SEGMENT_FREE).all())
         if any(x >= 0 and via_empty_cache[x] for x in stacks):
             kind = "user"
         elif nxt == OOM:
@@ -236,9 +237,52 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
             and _synced_before(device, s, e)
             and not _looks_like_release_available(device, cfg, s, e, req)
         )
-        out.append(_Burst(s, e, kind, req, synced, follows_chained))
+        split = None
+        if kind in ("retry", "oom") and gc_possible and not chained and not follows_chained:
+            split = _gc_then_flush(device, s, e)
+            if split is not None and _looks_like_release_available(device, cfg, s, split - 1, req):
+                split = None  # with max_split_size: release_available's oversize segments, then the flush
+        if split is not None:
+            # One malloc's GC, then (no pending frees to sync between them) its flush: two runs.
+            out.append(_Burst(s, split - 1, "gc", req, False, False))
+            out.append(_Burst(split, e, kind, req, False, False))
+        else:
+            out.append(_Burst(s, e, kind, req, synced, follows_chained))
         follows_chained = chained and kind != "user"
     return out
+
+
+def _gc_then_flush(device: DeviceData, s: int, e: int) -> int | None:
+    """Where a flush's run [s, e] began, when the same malloc's GC ran right before it.
+
+    ``garbage_collect_cached_blocks`` releases whole large-pool segments in the pool's
+    order (stream, size, address) and stops once it reclaimed enough; the flush
+    (``release_cached_blocks``) then releases every whole free segment from the start of
+    that order again, the large pool before the small one. With no pending frees to sync
+    in between the two are one run; a step back in the order within its large-pool part
+    is where the flush began (None: no step back, one run).
+    """
+    t = device.trace
+    prev: tuple[bool, int, int, int] | None = None
+    for i in range(s, e + 1):
+        if t.action[i] != SEGMENT_FREE:
+            return None
+        key = _pool_order(device, i)
+        if key[0]:
+            return None  # a small-pool segment before any step back: the GC never frees those
+        if prev is not None and key < prev:
+            return i
+        prev = key
+    return None
+
+
+def _pool_order(device: DeviceData, i: int) -> tuple[bool, int, int, int]:
+    """Where the segment that event ``i`` releases stands in the order a flush releases them:
+    large pool before small, then by stream, size, address (the pools' ``BlockComparatorSize``)."""
+    t = device.trace
+    streams = device.streams
+    stream = streams[int(t.stream[i])] if streams else 0
+    return (int(t.size[i]) == K_SMALL_BUFFER, stream, int(t.size[i]), int(t.addr[i]))
 
 
 def _looks_like_release_available(device: DeviceData, cfg: AllocatorConfig, s: int, e: int, req: int) -> bool:
@@ -285,12 +329,7 @@ def _synced_before(device: DeviceData, s: int, e: int) -> bool:
     j = s - 1
     if j < 0 or act[j] != FREE_COMPLETED or (j > 0 and act[j - 1] == FREE_REQUESTED and addr[j - 1] == addr[j]):
         return False
-    streams = device.streams
-    order = [
-        (int(t.size[i]) == K_SMALL_BUFFER, streams[int(t.stream[i])] if streams else 0, int(t.size[i]), int(addr[i]))
-        for i in range(s, e + 1)
-        if act[i] == SEGMENT_FREE
-    ]
+    order = [_pool_order(device, i) for i in range(s, e + 1) if act[i] == SEGMENT_FREE]
     return order == sorted(order)
 
 
