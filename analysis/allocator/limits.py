@@ -6,7 +6,7 @@ bounds it from what the allocator did (docs/allocator.md, "The limit").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from analysis.allocator.requests import (
     _bursts,
     _device,
     _limit_floor,
+    _looks_like_release_available,
     _recorded_reserved,
     _request_alloc_size,
     _request_of,
@@ -99,25 +100,26 @@ def infer_limit(
     t = dev.trace
     reserved = _recorded_reserved(dev)
     lower = _limit_floor(dev, cfg, reserved)
-    upper: int | None = None
-    gc_upper: int | None = None
-    device_full: int | None = None
-    evidence = 0
     threshold = cfg.garbage_collection_threshold
-    for b in bursts:
-        before = int(reserved[b.start - 1]) if b.start > 0 else 0
-        if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
-            bound = before + _request_alloc_size(dev, cfg, b.request) - 1
-            upper = bound if upper is None else min(upper, bound)
-            evidence += 1
-        elif b.kind == "gc" and threshold > 0:
-            # GC ran: before > int(threshold * limit); the largest such limit.
-            bound = int(before / threshold)
-            while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
-                bound -= 1
-            gc_upper = bound if gc_upper is None else min(gc_upper, bound)
-            evidence += 1
+    upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
     gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts) if threshold > 0 else None
+    if gc_upper is not None and gc_upper < max(lower, gc_lower or 0):
+        # The GC runs contradict the rest. One oversize segment of the request's stream
+        # released before a new segment is the GC's or release_available's (with
+        # max_split_size) alike; read those as release_available's, the reading the trace allows.
+        floor = max(lower, gc_lower or 0)
+        either = {
+            b.start
+            for b in bursts
+            if b.kind == "gc"
+            and _gc_start_bound(cfg, int(reserved[b.start - 1]) if b.start > 0 else 0) < floor
+            and _looks_like_release_available(dev, cfg, b.start, b.end, b.request)
+        }
+        if either:
+            bursts = [replace(b, kind="avail") if b.start in either else b for b in bursts]
+            upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
+            gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts)
+    device_full: int | None = None
     for i in np.flatnonzero(t.action == OOM).tolist():
         need = cfg.allocation_size(int(t.size[i]))
         bound = int(reserved[i]) + need - 1
@@ -128,6 +130,37 @@ def infer_limit(
             full = int(reserved[i]) + device_free
             device_full = full if device_full is None else min(device_full, full)
     return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
+
+
+def _burst_bounds(
+    dev: DeviceData, cfg: AllocatorConfig, reserved: I64, bursts: list[_Burst]
+) -> tuple[int | None, int | None, int]:
+    """``(upper, gc_upper, evidence)`` from the runs of released segments: a refusal before
+    each flush or release_available, and each GC run's start above threshold x limit."""
+    upper: int | None = None
+    gc_upper: int | None = None
+    evidence = 0
+    threshold = cfg.garbage_collection_threshold
+    for b in bursts:
+        before = int(reserved[b.start - 1]) if b.start > 0 else 0
+        if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
+            bound = before + _request_alloc_size(dev, cfg, b.request) - 1
+            upper = bound if upper is None else min(upper, bound)
+            evidence += 1
+        elif b.kind == "gc" and threshold > 0:
+            bound = _gc_start_bound(cfg, before)
+            gc_upper = bound if gc_upper is None else min(gc_upper, bound)
+            evidence += 1
+    return upper, gc_upper, evidence
+
+
+def _gc_start_bound(cfg: AllocatorConfig, before: int) -> int:
+    """The largest limit under which a GC run starts with ``before`` bytes reserved
+    (it starts when ``before > int(threshold x limit)``)."""
+    bound = int(before / cfg.garbage_collection_threshold)
+    while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
+        bound -= 1
+    return bound
 
 
 def _gc_lower(
