@@ -299,11 +299,8 @@ def gpt_autocast(torch, seed=0, steps=10, batch=(2, 6), seq=(256, 1536), amp=Tru
     _train(torch, model, make, steps, amp=amp, seed=seed)
 
 
-def densenet(torch, seed=0, steps=6, batch=(16, 64), **_):
-    """torchvision DenseNet-121 (concatenation-heavy cuDNN net, SGD momentum) on random batch sizes."""
-    import torchvision
-
-    model = torchvision.models.densenet121().cuda()
+def _random_images(torch, batch):
+    """Batches of 224 x 224 images with ImageNet labels, of a random size in ``batch``, per step."""
 
     def make(step, g):
         b = _pick(g, batch[0], batch[1], torch)
@@ -311,22 +308,21 @@ def densenet(torch, seed=0, steps=6, batch=(16, 64), **_):
         y = torch.randint(0, 1000, (b,), generator=g).cuda()
         return x, y, {"batch": b}
 
-    _train(torch, model, make, steps, opt="sgd", seed=seed)
+    return make
+
+
+def densenet(torch, seed=0, steps=6, batch=(16, 64), **_):
+    """torchvision DenseNet-121 (concatenation-heavy cuDNN net, SGD momentum) on random batch sizes."""
+    import torchvision
+
+    _train(torch, torchvision.models.densenet121().cuda(), _random_images(torch, batch), steps, opt="sgd", seed=seed)
 
 
 def swin(torch, seed=0, steps=6, batch=(16, 64), amp=True, **_):
     """torchvision Swin-T (windowed attention) trained under bf16 autocast on random batch sizes."""
     import torchvision
 
-    model = torchvision.models.swin_t().cuda()
-
-    def make(step, g):
-        b = _pick(g, batch[0], batch[1], torch)
-        x = torch.randn(b, 3, 224, 224, generator=g).cuda()
-        y = torch.randint(0, 1000, (b,), generator=g).cuda()
-        return x, y, {"batch": b}
-
-    _train(torch, model, make, steps, amp=amp, seed=seed)
+    _train(torch, torchvision.models.swin_t().cuda(), _random_images(torch, batch), steps, amp=amp, seed=seed)
 
 
 def llama(torch, seed=0, steps=8, batch=(1, 4), seq=(256, 2048), amp=True, **_):
