@@ -72,6 +72,22 @@ class LimitEstimate:
             return None
         return self.lower
 
+    def stated(self) -> tuple[int, str]:
+        """The limit a report states from the trace alone, and how it was found.
+
+        ``device-full`` where an OOM found the device with less free memory than
+        the segment it needed (reserved plus that free memory, at least
+        ``lower``); else ``cap-lower-bound``: ``lower``, the most that the
+        limit check let through, so a true lower bound of the per-process cap.
+        The peak reserved memory is that too without expandable segments, but
+        not with them: whole pages are mapped after the check of the request
+        alone, and reserved memory can end above the cap (gpu_expandable_oom:
+        3,231,711,232 B reserved under a 3 GiB cap; ``lower`` 3,214,934,016 B).
+        """
+        if self.device_full is not None:
+            return max(self.device_full, self.lower), "device-full"
+        return self.lower, "cap-lower-bound"
+
 
 def infer_limit(
     snapshot: Snapshot,

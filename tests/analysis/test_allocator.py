@@ -358,6 +358,14 @@ def test_an_oom_on_a_full_device_sets_the_limit_to_what_was_free() -> None:
         est = infer_limit(s, dev)
         assert est.device_full == reserved_at_oom + (300 << 20)
         assert est.value == max(est.device_full, est.lower)
+        assert est.stated() == (est.value, "device-full")
+        # The boundary: cudaMalloc of the segment (the request's allocation size) fails only when the
+        # device has less free than that segment; exactly enough free means a cap refused it.
+        need = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf).allocation_size(int(t.size[i]))
+        t.addr[i] = need
+        assert infer_limit(s, dev).device_full is None
+        t.addr[i] = need - 1
+        assert infer_limit(s, dev).device_full == reserved_at_oom + need - 1
     finally:
         t.addr[i] = saved
     assert infer_limit(s, dev).device_full is None
