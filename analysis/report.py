@@ -301,6 +301,9 @@ def build_whatif(
         if estimate is not None and message is not None and message.device in (None, dev.device):
             chosen = choose_limit(given=None, sidecar=None, message=message, inferred=None, floor=estimate.lower)
             wlimit = chosen.bytes if chosen is not None else None
+            span = _limit_range(chosen)
+        else:
+            span = None
         if estimate is not None and wlimit is None:
             wlimit = estimate.stated()[0]
         steps = find_steps(snapshot.annotations, dev.device, dev.trace.time_us)
@@ -314,7 +317,7 @@ def build_whatif(
                 trace_complete=len(steps) > 0 and trace_is_complete(dev),
             )
         if projection is not None and projection.available:
-            item = step_whatif(snapshot, dev, config, wlimit, steps.last_event.tolist(), projection)
+            item = step_whatif(snapshot, dev, config, wlimit, steps.last_event.tolist(), projection, limit_range=span)
         else:
             item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
             item["step_completes"] = None
@@ -566,11 +569,14 @@ class _DeviceAnalysis:
         ends = steps.last_event.tolist()
         started: dict[str, Pending] = {}
         projection = self.projection if self.projection is not None and self.projection.available else None
+        span = _limit_range(chosen)
 
         def start(conf: str) -> Pending:
             if conf not in started:
                 if projection is not None:
-                    started[conf] = pool.submit(lambda: step_whatif(snapshot, dev, conf, wlimit, ends, projection))
+                    started[conf] = pool.submit(
+                        lambda: step_whatif(snapshot, dev, conf, wlimit, ends, projection, limit_range=span)
+                    )
                 else:
                     started[conf] = pool.submit(lambda: whatif(snapshot, dev, conf, wlimit, ends))
             return started[conf]
@@ -615,6 +621,7 @@ class _DeviceAnalysis:
         for w in items:
             # Without a projected step (no steps, no OOM) nothing is known at step level.
             w.setdefault("step_completes", None)
+            w.setdefault("step_completes_range", None)
             w.setdefault("step_shortfall_bytes", None)
             w.setdefault("oom_projected", None)
         advice_items = [
@@ -961,6 +968,14 @@ def _setting_of(conf: str) -> str:
     """
     keys = set(_SETTING_KEY.findall(conf))
     return next(iter(keys)) if len(keys) == 1 and keys <= _ALLOCATOR_SETTINGS else ""
+
+
+def _limit_range(chosen: Limit | None) -> tuple[int, int] | None:
+    """Where the real limit may lie when the source gives a range (an OOM message's two
+    decimals); None for an exact limit, or an inferred one (a lower bound: open above)."""
+    if chosen is None or chosen.high is None or chosen.low >= chosen.high or chosen.is_lower_bound:
+        return None
+    return chosen.low, chosen.high
 
 
 def _whatif_rank(item: dict[str, Any]) -> tuple[bool, int]:
