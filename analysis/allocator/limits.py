@@ -6,11 +6,11 @@ bounds it from what the allocator did (docs/allocator.md, "The limit").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from analysis.allocator.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig, limit_refuses
 from analysis.allocator.requests import (
     I64,
     Requests,
@@ -24,7 +24,7 @@ from analysis.allocator.requests import (
     _request_of,
     requests_for,
 )
-from analysis.model import INACTIVE, OOM, SEGMENT_ALLOC, SEGMENT_MAP, DeviceData, Snapshot
+from analysis.model import FREE_COMPLETED, INACTIVE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, DeviceData, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,25 +114,21 @@ def infer_limit(
     t = dev.trace
     reserved = _recorded_reserved(dev)
     lower = _limit_floor(dev, cfg, reserved)
-    upper: int | None = None
-    gc_upper: int | None = None
     device_full: int | None = None
-    evidence = 0
-    threshold = cfg.garbage_collection_threshold
-    for b in bursts:
-        before = int(reserved[b.start - 1]) if b.start > 0 else 0
-        if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
-            bound = before + _request_alloc_size(dev, cfg, b.request) - 1
-            upper = bound if upper is None else min(upper, bound)
-            evidence += 1
-        elif b.kind == "gc" and threshold > 0:
-            # GC ran: before > int(threshold * limit); the largest such limit.
-            bound = int(before / threshold)
-            while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
-                bound -= 1
-            gc_upper = bound if gc_upper is None else min(gc_upper, bound)
-            evidence += 1
+    upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
     gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts) if gc_upper is not None else None
+    if gc_upper is not None:
+        # A run taken for the GC whose bound contradicts the rest of the trace (the GC
+        # could not have started under any limit it allows) and that frees exactly what
+        # release_available_cached_blocks frees for its request: it was that.
+        floor = max(lower, gc_lower or 0)
+        redo = [b for b in bursts if b.kind == "gc" and _gc_bound(cfg, reserved, b) < floor]
+        redo = [b for b in redo if _release_available_run(dev, cfg, reserved, b, floor)]
+        if redo:
+            again = {b.start for b in redo}
+            bursts = [replace(b, kind="avail") if b.start in again else b for b in bursts]
+            upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
+            gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts) if gc_upper is not None else None
     for i in np.flatnonzero(t.action == OOM).tolist():
         need = cfg.allocation_size(int(t.size[i]))
         bound = int(reserved[i]) + need - 1
@@ -143,6 +139,58 @@ def infer_limit(
             full = int(reserved[i]) + device_free
             device_full = full if device_full is None else min(device_full, full)
     return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
+
+
+def _gc_bound(cfg: AllocatorConfig, reserved: I64, b: _Burst) -> int:
+    """The largest limit under which a GC run at ``b`` starts: before > int(threshold x limit)."""
+    before = int(reserved[b.start - 1]) if b.start > 0 else 0
+    bound = int(before / cfg.garbage_collection_threshold)
+    while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
+        bound -= 1
+    return bound
+
+
+def _burst_bounds(
+    dev: DeviceData, cfg: AllocatorConfig, reserved: I64, bursts: list[_Burst]
+) -> tuple[int | None, int | None, int]:
+    """``upper`` from the refusals before a flush, ``gc_upper`` from the GC runs, and how many bound it."""
+    upper: int | None = None
+    gc_upper: int | None = None
+    evidence = 0
+    for b in bursts:
+        before = int(reserved[b.start - 1]) if b.start > 0 else 0
+        if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
+            bound = before + _request_alloc_size(dev, cfg, b.request) - 1
+            upper = bound if upper is None else min(upper, bound)
+            evidence += 1
+        elif b.kind == "gc" and cfg.garbage_collection_threshold > 0:
+            bound = _gc_bound(cfg, reserved, b)
+            gc_upper = bound if gc_upper is None else min(gc_upper, bound)
+            evidence += 1
+    return upper, gc_upper, evidence
+
+
+def _release_available_run(dev: DeviceData, cfg: AllocatorConfig, reserved: I64, b: _Burst, floor: int) -> bool:
+    """Whether the run ``b`` can be release_available_cached_blocks' for its request under a
+    limit of at least ``floor``: it runs only after the limit refused the request's segment,
+    and frees exactly its segments (``AllocatorConfig.release_available_frees``), of the
+    request's stream; when they fall short the malloc goes on to flush (``b``'s next run)."""
+    t = dev.trace
+    r = b.request
+    if r < 0 or b.start == 0:
+        return False
+    if not limit_refuses(int(reserved[b.start - 1]), _request_alloc_size(dev, cfg, r), floor):
+        return False
+    run = slice(b.start, b.end + 1)
+    if (t.action[run] != SEGMENT_FREE).any() or (t.stream[run] != t.stream[r]).any():
+        return False
+    k = b.end + 1
+    while k < len(t) and t.action[k] == FREE_COMPLETED:
+        k += 1
+    flush_follows = k < len(t) and int(t.action[k]) in (SEGMENT_FREE, OOM)
+    return cfg.release_available_frees(
+        t.size[run].tolist(), cfg.round_size(int(t.size[r])), flush_follows=flush_follows
+    )
 
 
 def _gc_lower(
