@@ -6,7 +6,8 @@ limit`` - the memory existed but not in one piece - else ``capacity``.
 The limit is the report's (``analysis.limits.choose_limit``): ``--limit`` when
 given, the client's sidecar, the pasted OOM message, and only then inferred
 from the trace by the allocator package's one rule
-(``analysis.allocator.infer_limit(...).stated()``): the device itself was full
+(``analysis.allocator.floor_estimate(...).stated()``, ``infer_limit``'s bounds from
+below): the device itself was full
 (``reserved + device_free``), else a per-process cap was binding and the limit
 is the most the trace shows the cap let through, a lower bound of that cap
 (labelled so in ``limit_is_lower_bound`` and in the explanation).

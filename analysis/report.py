@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from analysis import advice as advice_mod
 from analysis import sizing
-from analysis.allocator import infer_limit, replay_check, trace_is_complete, whatif
+from analysis.allocator import floor_estimate, replay_check, trace_is_complete, whatif
 from analysis.categories import (
     ACTIVATIONS,
     CATEGORIES,
@@ -296,8 +296,8 @@ def build_whatif(
         ooms = oom_indices(dev.trace)
         wlimit = limit
         recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-        # The limit from the trace alone: the report's rule (infer_limit, one home).
-        estimate = infer_limit(snapshot, dev, recorded) if ooms.size and wlimit is None else None
+        # The limit from the trace alone: the report's rule (infer_limit's bounds from below, one home).
+        estimate = floor_estimate(snapshot, dev, recorded) if ooms.size and wlimit is None else None
         if estimate is not None and message is not None and message.device in (None, dev.device):
             chosen = choose_limit(given=None, sidecar=None, message=message, inferred=None, floor=estimate.lower)
             wlimit = chosen.bytes if chosen is not None else None
@@ -649,13 +649,13 @@ class _DeviceAnalysis:
             return None
         # Every segment the limit check let through was allowed, so the limit is at least the most
         # of those (infer_limit's lower; only the message's range needs it).
-        floor = infer_limit(self.snapshot, self.dev, cfg).lower if message is not None and self.n else 0
+        floor = floor_estimate(self.snapshot, self.dev, cfg).lower if message is not None and self.n else 0
         return choose_limit(given=limit, sidecar=side, message=message, inferred=None, floor=floor)
 
     def _inferred_limit(self, cfg: AllocatorConfig) -> Limit:
         """The limit from the trace alone: the allocator package's one rule (``LimitEstimate.stated``)."""
         chosen = choose_limit(
-            given=None, sidecar=None, message=None, inferred=infer_limit(self.snapshot, self.dev, cfg).stated()
+            given=None, sidecar=None, message=None, inferred=floor_estimate(self.snapshot, self.dev, cfg).stated()
         )
         assert chosen is not None
         return chosen

@@ -114,7 +114,6 @@ def infer_limit(
     t = dev.trace
     reserved = _recorded_reserved(dev)
     lower = _limit_floor(dev, cfg, reserved)
-    device_full: int | None = None
     upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
     gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts) if gc_upper is not None else None
     if gc_upper is not None:
@@ -134,11 +133,34 @@ def infer_limit(
         bound = int(reserved[i]) + need - 1
         upper = bound if upper is None else min(upper, bound)
         evidence += 1
+    device_full = _device_full(dev, cfg, reserved)
+    return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
+
+
+def floor_estimate(snapshot: Snapshot, device: DeviceData | int, config: AllocatorConfig) -> LimitEstimate:
+    """``infer_limit``'s bounds from below alone: the same ``lower`` and ``device_full``,
+    no bound from above (``upper`` None, no evidence counted).
+
+    They need no request stream (no bursts, no recorded replay), so a report states its
+    limit from them (``.stated()``) and floors a message's limit with ``.lower`` at the
+    cost of one pass over the segment events.
+    """
+    dev = _device(snapshot, device)
+    reserved = _recorded_reserved(dev)
+    return LimitEstimate(_limit_floor(dev, config, reserved), None, _device_full(dev, config, reserved), 0)
+
+
+def _device_full(dev: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int | None:
+    """The least ``reserved + device_free`` at an OOM where the device had less free
+    memory than the segment the request needed (cudaMalloc itself failed)."""
+    t = dev.trace
+    device_full: int | None = None
+    for i in np.flatnonzero(t.action == OOM).tolist():
         device_free = int(t.addr[i])
-        if device_free < need:
+        if device_free < cfg.allocation_size(int(t.size[i])):
             full = int(reserved[i]) + device_free
             device_full = full if device_full is None else min(device_full, full)
-    return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
+    return device_full
 
 
 def _gc_bound(cfg: AllocatorConfig, reserved: I64, b: _Burst) -> int:
