@@ -45,7 +45,8 @@ _LIMIT_WORDS = {
     "sidecar": "read from the client's sidecar",
     "inferred": "inferred from the trace",
     "device-full": "the device's memory (inferred: reserved plus the device's free memory)",
-    "cap-lower-bound": "the peak reserved memory (inferred: a per-process cap the snapshot does not record)",
+    "cap-lower-bound": "the most the trace shows the cap allowed (inferred: a per-process cap the snapshot does not "
+    "record)",
 }
 
 

@@ -272,8 +272,9 @@ class Limit:
                 "free memory); paste the OOM message or give --limit to be sure."
             )
         return (
-            f"Limit at least {gib:.2f} GiB: inferred from the trace (the most it reserved); the real per-process cap "
-            "is not in the snapshot and may be higher. Paste the OOM message or give --limit for the real figure."
+            f"Limit at least {gib:.2f} GiB: inferred from the trace (the most it shows the cap allowed); the real "
+            "per-process cap is not in the snapshot and may be higher. Paste the OOM message or give --limit for "
+            "the real figure."
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -3,14 +3,14 @@
 Verdict rule (contract): ``fragmentation`` when ``allocated + requested <=
 limit`` - the memory existed but not in one piece - else ``capacity``.
 
-The limit is chosen by ``analysis.limits.choose_limit``: ``--limit`` when
+The limit is the report's (``analysis.limits.choose_limit``): ``--limit`` when
 given, the client's sidecar, the pasted OOM message, and only then inferred
-here: where the device's free memory at the OOM (``device_free``, measured
-after the allocator's flush) is smaller than the request, the device itself
-was full and the limit is ``reserved + device_free``; else a per-process cap
-was binding (the snapshot does not record it) and the limit is the peak
-reserved memory seen in the trace, a lower bound of that cap (labelled so in
-``limit_is_lower_bound`` and in the explanation).
+from the trace by the allocator package's one rule
+(``analysis.allocator.floor_estimate(...).stated()``, ``infer_limit``'s bounds from
+below): the device itself was full
+(``reserved + device_free``), else a per-process cap was binding and the limit
+is the most the trace shows the cap let through, a lower bound of that cap
+(labelled so in ``limit_is_lower_bound`` and in the explanation).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analysis.limits import GIVEN, INFERRED, OOM_MESSAGE, SIDECAR, Limit, choose_limit
+from analysis.limits import GIVEN, INFERRED, OOM_MESSAGE, SIDECAR, Limit
 from analysis.model import FREE_COMPLETED, OOM, SEGMENT_FREE, SEGMENT_UNMAP, Trace
 
 I64 = npt.NDArray[np.int64]
@@ -32,17 +32,6 @@ _FLUSH_ACTIONS = (FREE_COMPLETED, SEGMENT_FREE, SEGMENT_UNMAP)
 
 def oom_indices(trace: Trace) -> I64:
     return np.flatnonzero(trace.action == OOM).astype(np.int64)
-
-
-def infer_limit(
-    requested: int, device_free: int, reserved: int, peak_reserved: int, limit: int | None
-) -> tuple[int, str]:
-    """The limit at the OOM and how it was found (``given``, ``device-full``, ``cap-lower-bound``)."""
-    if limit is not None:
-        return int(limit), "given"
-    if device_free < requested:
-        return int(reserved + device_free), "device-full"
-    return int(peak_reserved), "cap-lower-bound"
 
 
 def verdict(allocated: int, requested: int, limit: int) -> str:
@@ -75,22 +64,13 @@ def explain_oom(
     reserved: int,
     cached_free: int,
     largest_free: int,
-    peak_reserved: int,
-    limit: int | None,
+    chosen: Limit,
     all_ooms: int = 1,
-    chosen: Limit | None = None,
 ) -> dict[str, Any]:
-    """The contract ``oom`` object (plus explanation keys) for the OOM at event ``index``.
-
-    ``chosen`` is the limit from a better source than the trace (the OOM message,
-    the sidecar); without it the limit is ``limit`` if given, else inferred.
-    """
+    """The contract ``oom`` object (plus explanation keys) for the OOM at event ``index``,
+    under ``chosen``, the device's limit (given, sidecar, OOM message or inferred)."""
     requested = int(trace.size[index])
     device_free = int(trace.addr[index])  # the model stores device_free in addr for oom events
-    if chosen is None:
-        inferred = infer_limit(requested, device_free, reserved, peak_reserved, None)
-        chosen = choose_limit(given=limit, sidecar=None, message=None, inferred=inferred)
-    assert chosen is not None  # an inferred limit always exists
     limit_bytes, limit_source = chosen.bytes, chosen.source
     kind = verdict(allocated, requested, limit_bytes)
     flush = flush_before(trace, index)
@@ -138,7 +118,7 @@ def _explain(
     limit = chosen.bytes
     if chosen.source == INFERRED:
         limit_text = (
-            "the per-process cap (at least the peak reserved memory)"
+            "the per-process cap (at least what the trace shows it allowed)"
             if chosen.is_lower_bound
             else "the device's memory"
         )
@@ -163,8 +143,8 @@ def _explain(
         # A lower bound proves nothing about capacity: the real cap may be higher.
         return (
             f"The request for {_gib(requested)} on top of {_gib(allocated)} allocated exceeds {_gib(limit)}, "
-            "the most this run ever reserved; the real per-process cap is not in the snapshot and may be higher, "
-            "so whether an allocator setting can make it fit is unknown: paste the OOM message or give --limit."
+            "the most the trace shows the cap allowed; the real per-process cap is not in the snapshot and may be "
+            "higher, so whether an allocator setting can make it fit is unknown: paste the OOM message or give --limit."
         )
     return (
         f"The request for {_gib(requested)} on top of {_gib(allocated)} allocated exceeds {limit_text} "

@@ -33,16 +33,14 @@ def list_ooms(
     trace: Trace,
     columns: Mapping[str, I64],
     *,
-    peak_reserved: int,
-    limit: int | None,
     config: AllocatorConfig,
-    chosen: Limit | None = None,
+    chosen: Limit,
     step_last_events: I64 | None = None,
 ) -> list[dict[str, Any]]:
     """``devices[].ooms``: one explained OOM per OOM event, oldest first.
 
-    ``config`` is the recorded allocator settings (for the size torch names), ``chosen`` the limit from a
-    better source than the trace (as for the report's ``oom``), ``step_last_events`` the steps' last events
+    ``config`` is the recorded allocator settings (for the size torch names), ``chosen`` the device's limit
+    (the report's ``oom`` uses the same), ``step_last_events`` the steps' last events
     (each OOM's ``step``; None without steps).
     """
     cfg = config
@@ -56,8 +54,6 @@ def list_ooms(
             reserved=int(columns["reserved"][i]),
             cached_free=int(columns["cached_free"][i]),
             largest_free=int(columns["largest_free"][i]),
-            peak_reserved=int(peak_reserved),
-            limit=limit,
             all_ooms=int(found.size),
             chosen=chosen,
         )

@@ -505,14 +505,23 @@ def step_whatif(
     limit_bytes: int | None,
     step_ends: list[int],
     projection: Projection,
+    limit_range: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """``allocator.whatif``'s item for ``conf``, replayed with the projected tail, plus the
-    step-level keys (``step_completes``, ``step_shortfall_bytes``, ``oom_projected``).
+    step-level keys (``step_completes``, ``step_shortfall_bytes``, ``oom_projected``,
+    ``step_completes_range``).
 
     One replay per configuration, as before: the recorded requests up to the OOM,
     then the tail (the exception's unwinding after the OOM is not replayed; it only
     frees). ``peak_reserved_bytes`` is over the recorded part, comparable with the
     recorded run; ``step_peak_reserved_bytes`` includes the tail.
+
+    ``limit_range`` (low, high): where the real limit may lie (an OOM message's two
+    decimals). When the answer at ``limit_bytes`` is near an end of it (the step's
+    peak reserved memory above ``low``, or the failing request short by less than
+    ``high - limit_bytes``), the step is replayed once more at that end; if the two
+    answers differ, the trace cannot tell which holds: ``step_completes`` is None
+    and ``step_completes_range`` gives both.
     """
     assert projection.tail is not None
     base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
@@ -525,6 +534,7 @@ def step_whatif(
     at_event, at_request = first_failure(result.ooms, projection, n, caught)
     completes = at_event is None and at_request is None
     shortfall = 0
+    request_shortfall = 0
     projected: dict[str, Any] | None = None
     if not completes:
         index = at_event if at_request in (None, 0) else n + int(at_request or 0)
@@ -535,7 +545,7 @@ def step_whatif(
         # What that request lacked: a segment of alloc_size on top of what was reserved
         # after the model's own flush (a lower bound: later requests may need more).
         if limit_bytes is not None:
-            shortfall = max(0, reserved + cfg.allocation_size(rounded) - limit_bytes)
+            shortfall = request_shortfall = max(0, reserved + cfg.allocation_size(rounded) - limit_bytes)
         if at_request is not None:
             ordinal = projection.ordinal[at_request]
             projected = {
@@ -548,6 +558,30 @@ def step_whatif(
             }
     if limit_bytes is not None:
         shortfall = max(shortfall, projection.step_need_bytes - limit_bytes)
+    across: dict[str, Any] | None = None
+    if limit_range is not None and limit_bytes is not None:
+        low, high = limit_range
+        probe = None
+        if completes and low < limit_bytes and result.peak_reserved > low:
+            probe = low  # a cap at the range's low end may refuse a segment the step needs
+        elif (
+            not completes
+            and high > limit_bytes
+            and projection.step_need_bytes <= high
+            and request_shortfall <= high - limit_bytes
+        ):
+            probe = high  # a cap at the high end may hold the request that failed
+        if probe is not None:
+            other = simulate(snapshot, dev, cfg, probe, step_ends, tail=projection.tail)
+            other_completes = first_failure(other.ooms, projection, n, caught) == (None, None)
+            if other_completes != completes:
+                across = {
+                    "low_bytes": low,
+                    "high_bytes": high,
+                    "completes_at_limit": completes,
+                    "probed_bytes": probe,
+                    "completes_at_probe": other_completes,
+                }
     return {
         "config": conf,
         "peak_reserved_bytes": peak_real,
@@ -555,7 +589,9 @@ def step_whatif(
         "steps": [{"index": k, "reserved_end_bytes": v} for k, v in enumerate(result.step_reserved)],
         "limit_bytes": limit_bytes,
         "oom_event_index": None if completes else (at_event if at_event is not None else n + int(at_request or 0)),
-        "step_completes": completes,
+        # None where the answer flips inside the limit's range: the trace cannot say which end holds.
+        "step_completes": None if across is not None else completes,
+        "step_completes_range": across,
         "step_shortfall_bytes": int(shortfall),
         "step_peak_reserved_bytes": int(result.peak_reserved),
         "oom_projected": projected,

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from analysis import advice as advice_mod
 from analysis import sizing
-from analysis.allocator import replay_check, trace_is_complete, whatif
+from analysis.allocator import floor_estimate, replay_check, trace_is_complete, whatif
 from analysis.categories import (
     ACTIVATIONS,
     CATEGORIES,
@@ -44,7 +44,7 @@ from analysis.explore import finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.model import OOM as OOM_ACTION
-from analysis.oom import explain_oom, infer_limit, oom_indices, verdict
+from analysis.oom import explain_oom, oom_indices, verdict
 from analysis.ooms import list_ooms
 from analysis.parallel import Pending, Pool
 from analysis.projection import Projection, project_failing_step, step_whatif
@@ -296,19 +296,16 @@ def build_whatif(
         ooms = oom_indices(dev.trace)
         wlimit = limit
         recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-        if ooms.size and wlimit is None and message is not None and message.device in (None, dev.device):
-            chosen = choose_limit(
-                given=None,
-                sidecar=None,
-                message=message,
-                inferred=None,
-                floor=0 if recorded.expandable_segments else peak,
-            )
+        # The limit from the trace alone: the report's rule (infer_limit's bounds from below, one home).
+        estimate = floor_estimate(snapshot, dev, recorded) if ooms.size and wlimit is None else None
+        if estimate is not None and message is not None and message.device in (None, dev.device):
+            chosen = choose_limit(given=None, sidecar=None, message=message, inferred=None, floor=estimate.lower)
             wlimit = chosen.bytes if chosen is not None else None
-        if ooms.size and wlimit is None:
-            i = int(ooms[-1])
-            need, free = int(dev.trace.size[i]), int(dev.trace.addr[i])
-            wlimit = int(reserved[i]) + free if free < need else peak
+            span = _limit_range(chosen)
+        else:
+            span = None
+        if estimate is not None and wlimit is None:
+            wlimit = estimate.stated()[0]
         steps = find_steps(snapshot.annotations, dev.device, dev.trace.time_us)
         projection = None
         if ooms.size:
@@ -320,7 +317,7 @@ def build_whatif(
                 trace_complete=len(steps) > 0 and trace_is_complete(dev),
             )
         if projection is not None and projection.available:
-            item = step_whatif(snapshot, dev, config, wlimit, steps.last_event.tolist(), projection)
+            item = step_whatif(snapshot, dev, config, wlimit, steps.last_event.tolist(), projection, limit_range=span)
         else:
             item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
             item["step_completes"] = None
@@ -413,8 +410,11 @@ class _DeviceAnalysis:
             "last_time_us": int(trace.time_us[-1]) if n else 0,
         }
         oom = None
+        device_limit = known_limit
         if self.oom_index is not None:
             i = self.oom_index
+            if device_limit is None:
+                device_limit = self._inferred_limit(recorded_cfg)
             oom = explain_oom(
                 trace,
                 i,
@@ -422,10 +422,8 @@ class _DeviceAnalysis:
                 reserved=int(cols["reserved"][i]),
                 cached_free=int(cols["cached_free"][i]),
                 largest_free=int(cols["largest_free"][i]),
-                peak_reserved=int(replay.peak_reserved),
-                limit=limit,
+                chosen=device_limit,
                 all_ooms=int(ooms.size),
-                chosen=known_limit,
             )
             # The process's memory outside PyTorch's cache, as the message printed it (sizing's GPU fit).
             oom["non_pytorch_bytes"] = (
@@ -433,9 +431,6 @@ class _DeviceAnalysis:
             )
             if message is not None:
                 self._check_message(message, oom, recorded_cfg)
-        device_limit = known_limit
-        if oom is not None and device_limit is None:
-            device_limit = self._inferred_limit(oom, int(replay.peak_reserved))
         if planned is None:
             assert device_limit is not None
             planned = self._submit_whatifs(pool, user_whatifs, device_limit.bytes, device_limit, steps)
@@ -521,12 +516,12 @@ class _DeviceAnalysis:
             "ooms": list_ooms(
                 trace,
                 cols,
-                peak_reserved=int(replay.peak_reserved),
-                limit=limit,
                 config=recorded_cfg,
-                chosen=known_limit,
+                chosen=device_limit,
                 step_last_events=steps.last_event if len(steps) else None,
-            ),
+            )
+            if device_limit is not None
+            else [],
             "steps": step_rows,
             "step_source": steps.source,
             "first_growth_step": first_growth_step(step_rows),
@@ -574,11 +569,14 @@ class _DeviceAnalysis:
         ends = steps.last_event.tolist()
         started: dict[str, Pending] = {}
         projection = self.projection if self.projection is not None and self.projection.available else None
+        span = _limit_range(chosen)
 
         def start(conf: str) -> Pending:
             if conf not in started:
                 if projection is not None:
-                    started[conf] = pool.submit(lambda: step_whatif(snapshot, dev, conf, wlimit, ends, projection))
+                    started[conf] = pool.submit(
+                        lambda: step_whatif(snapshot, dev, conf, wlimit, ends, projection, limit_range=span)
+                    )
                 else:
                     started[conf] = pool.submit(lambda: whatif(snapshot, dev, conf, wlimit, ends))
             return started[conf]
@@ -623,6 +621,7 @@ class _DeviceAnalysis:
         for w in items:
             # Without a projected step (no steps, no OOM) nothing is known at step level.
             w.setdefault("step_completes", None)
+            w.setdefault("step_completes_range", None)
             w.setdefault("step_shortfall_bytes", None)
             w.setdefault("oom_projected", None)
         advice_items = [
@@ -648,18 +647,16 @@ class _DeviceAnalysis:
         side = sidecar_limit(sidecar, self.dev.device) if self.oom_index is not None else None
         if limit is None and side is None and message is None:
             return None
-        floor = 0
-        if not cfg.expandable_segments and self.n:
-            # Every cudaMalloc'd segment was allowed, so the limit is at least the most reserved
-            # (expandable segments map whole pages and may end above the cap).
-            floor = max(0, int(_reserved_from_segments_events(self.dev).max()))
+        # Every segment the limit check let through was allowed, so the limit is at least the most
+        # of those (infer_limit's lower; only the message's range needs it).
+        floor = floor_estimate(self.snapshot, self.dev, cfg).lower if message is not None and self.n else 0
         return choose_limit(given=limit, sidecar=side, message=message, inferred=None, floor=floor)
 
-    def _inferred_limit(self, oom: dict[str, Any], peak_reserved: int) -> Limit:
-        value, how = infer_limit(
-            oom["requested_bytes"], oom["device_free_bytes"], oom["reserved_bytes"], peak_reserved, None
+    def _inferred_limit(self, cfg: AllocatorConfig) -> Limit:
+        """The limit from the trace alone: the allocator package's one rule (``LimitEstimate.stated``)."""
+        chosen = choose_limit(
+            given=None, sidecar=None, message=None, inferred=floor_estimate(self.snapshot, self.dev, cfg).stated()
         )
-        chosen = choose_limit(given=None, sidecar=None, message=None, inferred=(value, how))
         assert chosen is not None
         return chosen
 
@@ -971,6 +968,14 @@ def _setting_of(conf: str) -> str:
     """
     keys = set(_SETTING_KEY.findall(conf))
     return next(iter(keys)) if len(keys) == 1 and keys <= _ALLOCATOR_SETTINGS else ""
+
+
+def _limit_range(chosen: Limit | None) -> tuple[int, int] | None:
+    """Where the real limit may lie when the source gives a range (an OOM message's two
+    decimals); None for an exact limit, or an inferred one (a lower bound: open above)."""
+    if chosen is None or chosen.high is None or chosen.low >= chosen.high or chosen.is_lower_bound:
+        return None
+    return chosen.low, chosen.high
 
 
 def _whatif_rank(item: dict[str, Any]) -> tuple[bool, int]:

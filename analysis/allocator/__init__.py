@@ -5,7 +5,8 @@
   check): the only copy; hot loops take their numbers from it.
 - ``requests``: trace -> requests (what the policy replay is fed), built once
   per device trace and passed (``build_requests``, ``Requests``).
-- ``limits``: the memory limit bounded from the trace alone (``infer_limit``).
+- ``limits``: the memory limit bounded from the trace alone (``infer_limit``;
+  ``floor_estimate``: its bounds from below alone, what a report states).
 - ``recorded``: the recorded replay, state at every event along the recorded
   addresses (``recorded_replay``; ``analysis.replay`` re-exports it).
 - ``policy``: the policy replay, the model choosing blocks and segments itself
@@ -15,7 +16,7 @@
 before the package existed; so do ``analysis.config`` and ``analysis.replay``.
 """
 
-from analysis.allocator.limits import LimitEstimate, allowed_for_fraction, infer_limit
+from analysis.allocator.limits import LimitEstimate, allowed_for_fraction, floor_estimate, infer_limit
 from analysis.allocator.policy import (
     PolicyResult,
     ProjectedTail,
@@ -40,6 +41,7 @@ __all__ = [
     "SegmentLayout",
     "allowed_for_fraction",
     "build_requests",
+    "floor_estimate",
     "infer_limit",
     "recorded_layout",
     "recorded_segment_events",

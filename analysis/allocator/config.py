@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -135,6 +136,29 @@ class AllocatorConfig:
         """``should_split``: does serving ``size`` from a free block of ``block_size`` split it?"""
         over, below = self.split_rule(small_pool)
         return block_size - size > over and size < below
+
+    def release_available_frees(self, freed: list[int], size: int, *, flush_follows: bool) -> bool:
+        """Whether ``release_available_cached_blocks`` for a rounded request of ``size``
+        bytes frees exactly the segments ``freed`` (sizes, in the order freed).
+
+        torch (``c10/cuda/CUDACachingAllocator.cpp``): only with ``max_split_size``; the
+        key is ``max(size, max_split_size)`` on the request's stream. The smallest free
+        block of at least the key is released alone; if none, the oversize blocks from
+        the largest down until what was released reaches the key (so every block but the
+        last leaves it short), and when they run out first it returns false and the
+        malloc goes on to ``release_cached_blocks`` (``flush_follows``). The GC frees in
+        the pool's ascending order instead, with no relation to the request's size.
+        """
+        mss = self.max_split_size
+        if mss == UNLIMITED or not freed or any(b < mss for b in freed):
+            return False
+        key = max(size, mss)
+        if len(freed) == 1 and freed[0] >= key:
+            return True
+        if any(b >= key for b in freed) or any(a < b for a, b in pairwise(freed)):
+            return False
+        total = sum(freed)
+        return total - freed[-1] < key and (total >= key or flush_follows)
 
     def fit_limit(self, size: int) -> int:
         """The ``max_split_size`` filter of ``get_free_block`` as one bound: the best-fit

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from analysis.allocator.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig, limit_refuses
 from analysis.allocator.requests import (
     I64,
     Requests,
@@ -18,13 +18,12 @@ from analysis.allocator.requests import (
     _bursts,
     _device,
     _limit_floor,
-    _looks_like_release_available,
     _recorded_reserved,
     _request_alloc_size,
     _request_of,
     requests_for,
 )
-from analysis.model import INACTIVE, OOM, SEGMENT_ALLOC, SEGMENT_MAP, DeviceData, Snapshot
+from analysis.model import FREE_COMPLETED, INACTIVE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, DeviceData, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +73,22 @@ class LimitEstimate:
         # limit from below too: under the least limit alone the GC would have freed it.
         return min(max(self.lower, self.gc_lower or 0), self.upper)
 
+    def stated(self) -> tuple[int, str]:
+        """The limit a report states from the trace alone, and how it was found.
+
+        ``device-full`` where an OOM found the device with less free memory than
+        the segment it needed (reserved plus that free memory, at least
+        ``lower``); else ``cap-lower-bound``: ``lower``, the most that the
+        limit check let through, so a true lower bound of the per-process cap.
+        The peak reserved memory is that too without expandable segments, but
+        not with them: whole pages are mapped after the check of the request
+        alone, and reserved memory can end above the cap (gpu_expandable_oom:
+        3,231,711,232 B reserved under a 3 GiB cap; ``lower`` 3,214,934,016 B).
+        """
+        if self.device_full is not None:
+            return max(self.device_full, self.lower), "device-full"
+        return self.lower, "cap-lower-bound"
+
 
 def infer_limit(
     snapshot: Snapshot,
@@ -100,67 +115,107 @@ def infer_limit(
     t = dev.trace
     reserved = _recorded_reserved(dev)
     lower = _limit_floor(dev, cfg, reserved)
-    threshold = cfg.garbage_collection_threshold
     upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
-    gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts) if threshold > 0 else None
-    if gc_upper is not None and gc_upper < max(lower, gc_lower or 0):
-        # The GC runs contradict the rest. One oversize segment of the request's stream
-        # released before a new segment is the GC's or release_available's (with
-        # max_split_size) alike; read those as release_available's, the reading the trace allows.
+    # Also without a GC run: a miss that made a new segment with nothing released bounds it.
+    has_gc = cfg.garbage_collection_threshold > 0
+    gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts) if has_gc else None
+    if gc_upper is not None:
+        # A run taken for the GC whose bound contradicts the rest of the trace (the GC
+        # could not have started under any limit it allows) and that frees exactly what
+        # release_available_cached_blocks frees for its request: it was that.
         floor = max(lower, gc_lower or 0)
-        either = {
-            b.start
-            for b in bursts
-            if b.kind == "gc"
-            and _gc_start_bound(cfg, int(reserved[b.start - 1]) if b.start > 0 else 0) < floor
-            and _looks_like_release_available(dev, cfg, b.start, b.end, b.request)
-        }
-        if either:
-            bursts = [replace(b, kind="avail") if b.start in either else b for b in bursts]
+        redo = [b for b in bursts if b.kind == "gc" and _gc_bound(cfg, reserved, b) < floor]
+        redo = [b for b in redo if _release_available_run(dev, cfg, reserved, b, floor)]
+        if redo:
+            again = {b.start for b in redo}
+            bursts = [replace(b, kind="avail") if b.start in again else b for b in bursts]
             upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
             gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts)
-    device_full: int | None = None
     for i in np.flatnonzero(t.action == OOM).tolist():
         need = cfg.allocation_size(int(t.size[i]))
         bound = int(reserved[i]) + need - 1
         upper = bound if upper is None else min(upper, bound)
         evidence += 1
+    device_full = _device_full(dev, cfg, reserved)
+    return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
+
+
+def floor_estimate(snapshot: Snapshot, device: DeviceData | int, config: AllocatorConfig) -> LimitEstimate:
+    """``infer_limit``'s bounds from below alone: the same ``lower`` and ``device_full``,
+    no bound from above (``upper`` None, no evidence counted).
+
+    They need no request stream (no bursts, no recorded replay), so a report states its
+    limit from them (``.stated()``) and floors a message's limit with ``.lower`` at the
+    cost of one pass over the segment events.
+    """
+    dev = _device(snapshot, device)
+    reserved = _recorded_reserved(dev)
+    return LimitEstimate(_limit_floor(dev, config, reserved), None, _device_full(dev, config, reserved), 0)
+
+
+def _device_full(dev: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int | None:
+    """The least ``reserved + device_free`` at an OOM where the device had less free
+    memory than the segment the request needed (cudaMalloc itself failed)."""
+    t = dev.trace
+    device_full: int | None = None
+    for i in np.flatnonzero(t.action == OOM).tolist():
         device_free = int(t.addr[i])
-        if device_free < need:
+        if device_free < cfg.allocation_size(int(t.size[i])):
             full = int(reserved[i]) + device_free
             device_full = full if device_full is None else min(device_full, full)
-    return LimitEstimate(lower, upper, device_full, evidence, gc_upper, gc_lower)
+    return device_full
+
+
+def _gc_bound(cfg: AllocatorConfig, reserved: I64, b: _Burst) -> int:
+    """The largest limit under which a GC run at ``b`` starts: before > int(threshold x limit)."""
+    before = int(reserved[b.start - 1]) if b.start > 0 else 0
+    bound = int(before / cfg.garbage_collection_threshold)
+    while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
+        bound -= 1
+    return bound
 
 
 def _burst_bounds(
     dev: DeviceData, cfg: AllocatorConfig, reserved: I64, bursts: list[_Burst]
 ) -> tuple[int | None, int | None, int]:
-    """``(upper, gc_upper, evidence)`` from the runs of released segments: a refusal before
-    each flush or release_available, and each GC run's start above threshold x limit."""
+    """``upper`` from the refusals before a flush, ``gc_upper`` from the GC runs, and how many bound it."""
     upper: int | None = None
     gc_upper: int | None = None
     evidence = 0
-    threshold = cfg.garbage_collection_threshold
     for b in bursts:
         before = int(reserved[b.start - 1]) if b.start > 0 else 0
         if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
             bound = before + _request_alloc_size(dev, cfg, b.request) - 1
             upper = bound if upper is None else min(upper, bound)
             evidence += 1
-        elif b.kind == "gc" and threshold > 0:
-            bound = _gc_start_bound(cfg, before)
+        elif b.kind == "gc" and cfg.garbage_collection_threshold > 0:
+            bound = _gc_bound(cfg, reserved, b)
             gc_upper = bound if gc_upper is None else min(gc_upper, bound)
             evidence += 1
     return upper, gc_upper, evidence
 
 
-def _gc_start_bound(cfg: AllocatorConfig, before: int) -> int:
-    """The largest limit under which a GC run starts with ``before`` bytes reserved
-    (it starts when ``before > int(threshold x limit)``)."""
-    bound = int(before / cfg.garbage_collection_threshold)
-    while bound > 0 and cfg.gc_threshold_bytes(bound) >= before:
-        bound -= 1
-    return bound
+def _release_available_run(dev: DeviceData, cfg: AllocatorConfig, reserved: I64, b: _Burst, floor: int) -> bool:
+    """Whether the run ``b`` can be release_available_cached_blocks' for its request under a
+    limit of at least ``floor``: it runs only after the limit refused the request's segment,
+    and frees exactly its segments (``AllocatorConfig.release_available_frees``), of the
+    request's stream; when they fall short the malloc goes on to flush (``b``'s next run)."""
+    t = dev.trace
+    r = b.request
+    if r < 0 or b.start == 0:
+        return False
+    if not limit_refuses(int(reserved[b.start - 1]), _request_alloc_size(dev, cfg, r), floor):
+        return False
+    run = slice(b.start, b.end + 1)
+    if (t.action[run] != SEGMENT_FREE).any() or (t.stream[run] != t.stream[r]).any():
+        return False
+    k = b.end + 1
+    while k < len(t) and t.action[k] == FREE_COMPLETED:
+        k += 1
+    flush_follows = k < len(t) and int(t.action[k]) in (SEGMENT_FREE, OOM)
+    return cfg.release_available_frees(
+        t.size[run].tolist(), cfg.round_size(int(t.size[r])), flush_follows=flush_follows
+    )
 
 
 def _gc_lower(

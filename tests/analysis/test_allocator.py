@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from analysis.allocator import (
+    floor_estimate,
     infer_limit,
     recorded_layout,
     recorded_segment_events,
@@ -265,6 +266,9 @@ def test_reserved_column_follows_the_segment_events() -> None:
 )
 def test_inferred_limit_interval_holds_the_real_cap(case: str) -> None:
     est = infer_limit(snap(case), 0)
+    s = snap(case)
+    floor = floor_estimate(s, 0, AllocatorConfig.from_settings(s.settings.raw, s.settings.conf))
+    assert (floor.lower, floor.device_full) == (est.lower, est.device_full)
     cap = int(truth(case)["kwargs"].get("cap_gib", 4.0 if case == "frag_oom" else 7.0) * GIB)
     assert est.upper is not None
     assert est.lower <= cap <= est.upper
@@ -358,6 +362,17 @@ def test_an_oom_on_a_full_device_sets_the_limit_to_what_was_free() -> None:
         est = infer_limit(s, dev)
         assert est.device_full == reserved_at_oom + (300 << 20)
         assert est.value == max(est.device_full, est.lower)
+        assert est.stated() == (est.value, "device-full")
+        # What the report states comes from infer_limit's bounds from below alone: the same figures.
+        floor = floor_estimate(s, dev, AllocatorConfig.from_settings(s.settings.raw, s.settings.conf))
+        assert (floor.lower, floor.device_full, floor.stated()) == (est.lower, est.device_full, est.stated())
+        # The boundary: cudaMalloc of the segment (the request's allocation size) fails only when the
+        # device has less free than that segment; exactly enough free means a cap refused it.
+        need = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf).allocation_size(int(t.size[i]))
+        t.addr[i] = need
+        assert infer_limit(s, dev).device_full is None
+        t.addr[i] = need - 1
+        assert infer_limit(s, dev).device_full == reserved_at_oom + need - 1
     finally:
         t.addr[i] = saved
     assert infer_limit(s, dev).device_full is None

@@ -223,3 +223,26 @@ def test_a_snapshot_with_garbage_allocator_settings_is_analysed_with_a_warning(t
     assert "allocator-settings-unreadable" in codes
     # Under the defaults the real run (default settings) is still reproduced event for event.
     assert replay_check(read_snapshot(path), 0)["exact"]
+
+
+def test_release_available_frees_exactly_what_torch_frees() -> None:
+    # release_available_cached_blocks (max_split_size 128 MB): key = max(request, 128 MB).
+    cfg = AllocatorConfig.parse("max_split_size_mb:128")
+    # rand_s19_c25_maxsplit_gc, event 2120, for a 1,255,586,816 B request: no single block reaches
+    # the key, so the largest go first until the total does: 767.6 + 205.5 + 188.7 = 1,161.8 MB
+    # < 1,255.6 MB, + 153.1 = 1,314.9 MB >= it, and it stops there.
+    freed = [767_557_632, 205_520_896, 188_743_680, 153_092_096]
+    assert cfg.release_available_frees(freed, 1_255_586_816, flush_follows=False)
+    # One more block would be past the stop; ascending order is the GC's (the pool's order).
+    assert not cfg.release_available_frees([*freed, 140 * MB], 1_255_586_816, flush_follows=False)
+    assert not cfg.release_available_frees(freed[::-1], 1_255_586_816, flush_follows=False)
+    # Short of the key: only when it ran out of oversize blocks and the malloc went on to flush
+    # (rand_s20_c25_maxsplit_gc, event 1870: 627 MB freed for a 1,186,276,864 B request).
+    assert cfg.release_available_frees([627_048_448], 1_186_276_864, flush_follows=True)
+    assert not cfg.release_available_frees([627_048_448], 1_186_276_864, flush_follows=False)
+    # A single block of at least the key is released alone; a block under 128 MB never is.
+    assert cfg.release_available_frees([300 * MB], 200 * MB, flush_follows=False)
+    assert not cfg.release_available_frees([300 * MB, 200 * MB], 200 * MB, flush_follows=False)
+    assert not cfg.release_available_frees([100 * MB], 50 * MB, flush_follows=True)
+    # Without max_split_size there is no release_available at all.
+    assert not AllocatorConfig().release_available_frees([300 * MB], 200 * MB, flush_follows=False)

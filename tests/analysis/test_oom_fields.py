@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from analysis.allocator import LimitEstimate, whatif
 from analysis.config import AllocatorConfig
+from analysis.limits import Limit, choose_limit
 from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -28,7 +30,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     Trace,
 )
-from analysis.oom import explain_oom, flush_before, infer_limit, oom_indices, verdict
+from analysis.oom import explain_oom, flush_before, oom_indices, verdict
 from analysis.reader import read_snapshot
 from analysis.report import build_report
 
@@ -91,23 +93,35 @@ def test_every_oom_fixture_is_listed() -> None:
     )
 
 
-# Reserved memory above the real cap at the OOM: gpu_expandable_oom peaked at 3,231,711,232 B
-# against its 3,221,225,472 B (3 GiB) cap (the expandable allocator checks reserved + request, then
-# maps a whole 20 MiB page).
+# Recorded under expandable segments: the allocator checks reserved + the request's allocation
+# size, then maps whole pages (20 MiB in the large pool), so reserved memory can end above what any
+# check let through, and above the cap: gpu_expandable_oom peaked at 3,231,711,232 B against its
+# 3,221,225,472 B (3 GiB) cap.
+EXPANDABLE = {"gpt_varlen_expandable", "gpu_expandable_oom"}
 EXPANDABLE_OVER_CAP = {"gpu_expandable_oom"}
+PAGE = 20 * MiB
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract: limit = peak reserved is no lower bound of the cap under expandable segments"
-)
 def test_inferred_limit_is_a_lower_bound_of_the_cap_with_expandable_segments() -> None:
-    # docs/contract.md: without --limit, "the limit is the peak reserved memory seen in the trace,
-    # a lower bound of that cap". gpu_expandable_oom: limit_bytes = 3,231,711,232 > the message's
-    # "3.00 GiB allowed" (3,221,225,472), 10 MiB above the real cap. analysis.allocator.infer_limit's
-    # `lower` (the largest reserved + alloc_size the cap let through) is 3,214,934,016, below it.
+    # docs/contract.md: an inferred per-process cap is labelled a lower bound, so it must be one.
+    # gpu_expandable_oom: the peak reserved 3,231,711,232 B is 10 MiB above the message's "3.00 GiB
+    # allowed" (3,221,225,472); the limit is the most a check let through (3,214,934,016 B), below it.
     oom = oom_of("gpu_expandable_oom")
     cap, _ = figure("gpu_expandable_oom", r"SIZE allowed")
+    assert oom["limit_is_lower_bound"] is True
+    assert stats("gpu_expandable_oom")["reserved_bytes.all.peak"] > cap
     assert oom["limit_bytes"] <= cap
+
+
+@pytest.mark.parametrize("case", sorted(EXPANDABLE))
+def test_what_uses_the_inferred_limit_still_reproduces_the_recorded_oom(case: str) -> None:
+    # The what-ifs run under the report's limit: under the recorded settings the replay must fail at
+    # the request where the real run failed (the trace's last OOM event), and nowhere before it.
+    # Every check the run passed let through at most the limit (so none is refused earlier), and the
+    # failing one needed more than the real cap, itself at least the limit.
+    oom = oom_of(case)
+    result = whatif(read_snapshot(FIXTURES / f"{case}.pickle.gz"), 0, "", oom["limit_bytes"])
+    assert result["oom_event_index"] == oom["event_index"] == int(np.flatnonzero(trace_of(case).action == OOM)[-1])
 
 
 def no_segment_event_after(case: str, index: int) -> bool:
@@ -160,19 +174,23 @@ def test_inferred_limit_headroom_shortfall_and_verdict(case: str) -> None:
     assert free > oom["requested_bytes"]
     assert (oom["limit_source"], oom["limit_inference"]) == ("inferred", "cap-lower-bound")
     assert oom["limit_is_lower_bound"] is True
-    assert oom["limit_bytes"] == peak
+    limit = oom["limit_bytes"]
     cap, _ = figure(case, r"SIZE allowed")
-    if case in EXPANDABLE_OVER_CAP:
-        # Expandable segments map whole pages after a check of the request alone, so reserved
-        # memory can end above the cap: the peak is then no lower bound of it (see below).
-        assert peak > cap
+    assert limit <= cap  # a lower bound of the real cap, with or without expandable segments
+    assert (peak > cap) == (case in EXPANDABLE_OVER_CAP)
+    if case in EXPANDABLE:
+        # The most a check let through (reserved + allocation size) is the peak less at most one
+        # page's rounding: peak = before + mapped, mapped <= allocation size + PAGE - 1.
+        assert peak - PAGE < limit
     else:
-        assert oom["limit_bytes"] <= cap
-    # headroom = limit - reserved = peak - current (reserved did not move after the OOM).
-    assert oom["headroom_bytes"] == peak - current
+        # cudaMalloc'd segments: reserved memory only grows by what a check let through, so the
+        # peak (memory_stats' own) is the limit.
+        assert limit == peak
+    # headroom = max(0, limit - reserved), reserved = memory_stats' current (it did not move after the OOM).
+    assert oom["headroom_bytes"] == max(0, limit - current)
     # shortfall = allocated + requested - limit, with allocated from the message (+-rounding).
     allocated, tol = figure(case, r"SIZE is allocated by PyTorch")
-    over = allocated + oom["requested_bytes"] - peak
+    over = allocated + oom["requested_bytes"] - limit
     assert oom["shortfall_bytes"] == pytest.approx(max(0.0, over), abs=tol)
     if abs(over) > tol:  # the message's rounding cannot flip the side: the request-level verdict follows
         assert oom["request_verdict"] == ("capacity" if over > 0 else "fragmentation")
@@ -319,6 +337,18 @@ def test_flush_before_stops_at_the_first_event() -> None:
     }
 
 
+def _given(limit: int) -> Limit:
+    chosen = choose_limit(given=limit, sidecar=None, message=None, inferred=None)
+    assert chosen is not None
+    return chosen
+
+
+def _inferred(estimate: LimitEstimate) -> Limit:
+    chosen = choose_limit(given=None, sidecar=None, message=None, inferred=estimate.stated())
+    assert chosen is not None
+    return chosen
+
+
 def test_explain_oom_fragmentation_hand_computed() -> None:
     oom = explain_oom(
         FLUSHED,
@@ -327,8 +357,7 @@ def test_explain_oom_fragmentation_hand_computed() -> None:
         reserved=7 * GiB // 2,
         cached_free=3 * GiB // 2,
         largest_free=256 * MiB,
-        peak_reserved=15 * GiB // 4,
-        limit=4 * GiB,
+        chosen=_given(4 * GiB),
         all_ooms=3,
     )
     # allocated 2 GiB + requested 1.5 GiB = 3.5 GiB <= 4 GiB given: fragmentation, no shortfall;
@@ -354,8 +383,9 @@ def test_explain_oom_fragmentation_hand_computed() -> None:
 
 def test_explain_oom_capacity_on_a_full_device_hand_computed() -> None:
     # 3 GiB requested with 1 GiB free on the device: the device itself was full, the limit is
-    # reserved + device_free = 3.5 + 1 = 4.5 GiB. allocated 2 + 3 = 5 GiB > 4.5: capacity,
-    # shortfall 0.5 GiB = 536,870,912 B; headroom 4.5 - 3.5 = 1 GiB.
+    # reserved + device_free = 3.5 + 1 = 4.5 GiB (LimitEstimate.device_full; its own rule is tested
+    # in test_allocator). allocated 2 + 3 = 5 GiB > 4.5: capacity, shortfall 0.5 GiB = 536,870,912 B;
+    # headroom 4.5 - 3.5 = 1 GiB.
     t = _trace([(ALLOC, 0x1000, GiB), (OOM, GiB, 3 * GiB)])
     oom = explain_oom(
         t,
@@ -364,8 +394,7 @@ def test_explain_oom_capacity_on_a_full_device_hand_computed() -> None:
         reserved=7 * GiB // 2,
         cached_free=3 * GiB // 2,
         largest_free=GiB,
-        peak_reserved=4 * GiB,
-        limit=None,
+        chosen=_inferred(LimitEstimate(lower=4 * GiB, upper=None, device_full=9 * GiB // 2, evidence=1)),
     )
     assert (oom["limit_bytes"], oom["limit_source"], oom["limit_inference"]) == (
         9 * GiB // 2,
@@ -385,23 +414,25 @@ def test_explain_oom_capacity_on_a_full_device_hand_computed() -> None:
 
 def test_explain_oom_cap_lower_bound_wording() -> None:
     t = _trace([(OOM, 64 * GiB, GiB)])
-    oom = explain_oom(
-        t, 0, allocated=GiB, reserved=GiB, cached_free=0, largest_free=0, peak_reserved=3 * GiB, limit=None
-    )
-    # 1 + 1 = 2 GiB <= 3 GiB peak: fragmentation under the cap's lower bound; 2 GiB left to reserve.
+    # The device had 64 GiB free (no device_full): a cap refused it, at least the 3 GiB the trace let through.
+    est = LimitEstimate(lower=3 * GiB, upper=4 * GiB, device_full=None, evidence=1)
+    oom = explain_oom(t, 0, allocated=GiB, reserved=GiB, cached_free=0, largest_free=0, chosen=_inferred(est))
+    # 1 + 1 = 2 GiB <= 3 GiB: fragmentation under the cap's lower bound; 2 GiB left to reserve.
     assert (oom["limit_bytes"], oom["limit_inference"], oom["verdict"]) == (3 * GiB, "cap-lower-bound", "fragmentation")
+    assert oom["limit_is_lower_bound"] is True
     assert oom["headroom_bytes"] == 2 * GiB
-    assert "within the per-process cap (at least the peak reserved memory) of 3.00 GiB" in oom["explanation"]
+    assert "within the per-process cap (at least what the trace shows it allowed) of 3.00 GiB" in oom["explanation"]
     assert "2.00 GiB was left to reserve" in oom["explanation"]
 
 
 def test_boundaries_hand_computed() -> None:
-    # infer_limit: device_free equal to the request means the device could hold it, so a cap
-    # refused it (cap-lower-bound = peak 200); one byte less free and the device was full
-    # (reserved 100 + free 9 = 109).
-    assert infer_limit(10, 10, 100, 200, None) == (200, "cap-lower-bound")
-    assert infer_limit(10, 9, 100, 200, None) == (109, "device-full")
-    assert infer_limit(10, 9, 100, 200, 0) == (0, "given")  # a given limit of 0 is still given
+    # LimitEstimate.stated: no full device, the cap's lower bound (200); a full device
+    # (reserved 100 + free 9 = 109 at the OOM) is the limit, but never below what the trace
+    # proves was allowed (max(109, 200) = 200; with lower 100, 109).
+    assert LimitEstimate(200, 300, None, 1).stated() == (200, "cap-lower-bound")
+    assert LimitEstimate(200, 300, 109, 1).stated() == (200, "device-full")
+    assert LimitEstimate(100, 300, 109, 1).stated() == (109, "device-full")
+    assert _given(0).bytes == 0  # a given limit of 0 is still given
     # verdict: allocated + requested exactly at the limit still fits.
     assert verdict(90, 10, 100) == "fragmentation"
     assert verdict(90, 11, 100) == "capacity"
@@ -415,8 +446,7 @@ def test_boundaries_hand_computed() -> None:
             reserved=reserved,
             cached_free=0,
             largest_free=0,
-            peak_reserved=limit,
-            limit=limit,
+            chosen=_given(limit),
         )
         return o["shortfall_bytes"], o["headroom_bytes"], o["verdict"]
 

@@ -21,7 +21,7 @@ import pytest
 from analysis.allocator import trace_is_complete
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, OOM
-from analysis.projection import project_failing_step
+from analysis.projection import project_failing_step, step_whatif
 from analysis.reader import read_snapshot
 from analysis.report import build_report
 from analysis.steps import find_steps
@@ -150,3 +150,36 @@ def test_random_request_streams_get_no_step_level_answer() -> None:
     assert dev["oom"]["step_need_bytes"] is None and dev["oom"]["verdict_level"] == "request"
     w = whatif_of(dev, "expandable_segments:True")
     assert w["step_completes"] is None and w["oom_avoided"] is True
+
+
+def test_an_answer_that_flips_inside_the_messages_range_is_no_answer() -> None:
+    # gpt_autocast_c75 died in step 3 under a 5,478,285,312 B cap (truth cap_bytes); its message says
+    # "5.10 GiB allowed", any cap in [5,470,714,594, 5,481,452,011] B. The real
+    # garbage_collection_threshold:0.7 rerun finished all 10 steps. The model's GC what-if needs
+    # 5,477,761,024 B reserved: under the real cap (512 KiB to spare) the step completes, under the
+    # message's figure (5,476,083,302 B) it fails. The trace cannot tell which, so no answer.
+    caps = FIXTURES / "captures"
+    base = json.loads((caps / "gpt_autocast_c75_default.truth.json").read_text())
+    rerun = json.loads((caps / "gpt_autocast_c75_gc07.truth.json").read_text())
+    conf = "garbage_collection_threshold:0.7"
+    assert rerun["conf"] == conf and rerun["died_step"] is None and base["died_step"] == 3
+    dev = report(caps / "gpt_autocast_c75_default.pickle.gz", (conf, "expandable_segments:True"))["devices"][0]
+    w = whatif_of(dev, conf)
+    assert w["step_completes"] is None
+    span = w["step_completes_range"]
+    assert span["low_bytes"] <= base["cap_bytes"] <= span["high_bytes"]
+    assert span["probed_bytes"] in (span["low_bytes"], span["high_bytes"])
+    assert {span["completes_at_limit"], span["completes_at_probe"]} == {True, False}
+    # Under the exact cap the step completes, as the rerun did.
+    s = read_snapshot(caps / "gpt_autocast_c75_default.pickle.gz")
+    d = s.devices[0]
+    steps = find_steps(s.annotations, d.device, d.trace.time_us)
+    oom = int(np.flatnonzero(d.trace.action == OOM)[-1])
+    proj = project_failing_step(d.trace, steps, oom, AllocatorConfig(), trace_complete=trace_is_complete(d))
+    exact = step_whatif(s, d, conf, base["cap_bytes"], steps.last_event.tolist(), proj)
+    assert exact["step_completes"] is True
+    # An answer that holds across the range is kept: the expandable rerun finished (died_step None).
+    expandable = json.loads((caps / "gpt_autocast_c75_expandable.truth.json").read_text())
+    assert expandable["died_step"] is None
+    assert whatif_of(dev, "expandable_segments:True")["step_completes"] is True
+    assert whatif_of(dev, "expandable_segments:True")["step_completes_range"] is None

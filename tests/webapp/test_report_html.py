@@ -136,3 +136,24 @@ def test_odd_captures_render_with_what_they_have(case: str) -> None:
         assert "timeline-0" in charts
     if dev["summary"]["peak_is_lower_bound"]:
         assert "peaks are lower bounds" in page
+
+
+def test_a_step_answer_that_depends_on_the_exact_cap_is_shown_as_not_known() -> None:
+    # gpt_autocast_c75 with its OOM message: the GC what-if completes at one end of the message's
+    # "5.10 GiB allowed" range and not at the other (docs/report.md), so the page says so.
+    from analysis.report import build_report
+    from webapp.snapshots.charts import build_charts
+    from webapp.snapshots.management.commands.report import render_standalone
+
+    caps = FIXTURES / "captures"
+    truth = json.loads((caps / "gpt_autocast_c75_default.truth.json").read_text())
+    conf = "garbage_collection_threshold:0.7"
+    report = json.loads(
+        json.dumps(
+            build_report(caps / "gpt_autocast_c75_default.pickle.gz", whatif=(conf,), oom_message=truth["oom_message"])
+        )
+    )
+    w = next(x for x in report["devices"][0]["whatif"] if x["config"] == conf)
+    assert w["step_completes"] is None and w["step_completes_range"] is not None
+    page = render_standalone(report, build_charts(report))
+    assert "not known: it completes at one end of the OOM message's rounding of the cap and not at the other" in page
