@@ -78,9 +78,9 @@ def test_block_stacks(alice_client: Any, done: Upload, replay: Any) -> None:
 
 def test_zoom_reads_stored_columns_down_to_single_events(alice_client: Any, done: Upload, replay: Any) -> None:
     rep, snap = replay
-    name = f"columns/{done.sha256}/0.npz"
+    name = f"explore/{done.sha256}/0.npz"
+    assert default_storage.exists(name)  # stored by the worker at analysis time, before any request
     wide = alice_client.get(f"/s/{done.code}/timeline.json?t0=0&t1={rep.events}&px=100").json()
-    assert default_storage.exists(name)  # stored once, read by every later zoom
     assert wide["full_detail"] is False and wide["points"] <= 4 * 100 + 4
     assert max(wide["reserved_bytes"]) == int(rep.peak_reserved)  # min/max per pixel: the peak survives
     narrow = alice_client.get(f"/s/{done.code}/timeline.json?t0=35400&t1=35500&px=1200").json()
@@ -177,3 +177,55 @@ def test_block_free_stack_with_cpp_frames(alice_client: Any, alice: Any, alpha: 
     assert free_names == [f.name for f in snap.stacks.frames_of(int(trace.stack[info["free_event"]]))]
     assert any("DeviceCachingAllocator::malloc" in n for n in names)
     assert any("DeviceCachingAllocator::free" in n for n in free_names)
+
+
+def test_answers_come_from_the_workers_store_without_reading_the_snapshot(
+    alice_client: Any, done: Upload, replay: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10: the web process only reads the store the worker made; it never reads or replays the
+    snapshot. States on both sides of a checkpoint (the store keeps one after every 16,384 events:
+    after events 16,383 and 32,767 here) are the replay's, block by block."""
+    from analysis.explore import CHECKPOINT_EVERY
+    from webapp.snapshots import explore
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the web process read the snapshot")
+
+    monkeypatch.setattr(explore, "read_snapshot", refuse)
+    monkeypatch.setattr(explore, "store_of_snapshot", refuse)
+    explore._stores.clear()
+    rep, _ = replay
+    for i in (-1, CHECKPOINT_EVERY - 1, CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY - 2, rep.events - 1):
+        body = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
+        want = rep.blocks_at(i)
+        got = [(s["address"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]]) for s in body["segments"]]
+        assert got == [
+            (hex(s.address), [(hex(b.address), b.size, b.state) for b in s.blocks])
+            for s in sorted(want.segments, key=lambda s: s.address)
+        ]
+        assert body["allocated_bytes"] == want.figures().allocated
+    assert alice_client.get(f"/s/{done.code}/timeline.json?t0=0&t1=100&px=100").status_code == 200
+    assert alice_client.get(f"/s/{done.code}/active.json?t0=0&t1=1000&px=100").status_code == 200
+
+
+def test_an_upload_analysed_before_stores_gets_one_made_once(
+    alice_client: Any, done: Upload, replay: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webapp.snapshots import explore
+
+    name = f"explore/{done.sha256}/0.npz"
+    default_storage.delete(name)  # as an upload analysed before the worker stored them
+    explore._stores.clear()
+    rep, _ = replay
+    i = int(rep.peak_reserved_index)
+    first = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
+    assert first["reserved_bytes"] == int(rep.reserved[i])
+    assert default_storage.exists(name)  # made from the blob once, stored where the worker puts it
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("made twice")
+
+    monkeypatch.setattr(explore, "store_of_snapshot", refuse)
+    explore._stores.clear()
+    again = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
+    assert again == first
