@@ -118,8 +118,48 @@ def test_through_a_share_link_and_not_after_revoking(done: Upload, alice: Any) -
     r = anon.get(f"/r/{token}/state.json?i=100")
     assert r.status_code == 200 and r["Referrer-Policy"] == "no-referrer"
     assert anon.get(f"/r/{token}/timeline.json?t0=0&t1=50").json()["full_detail"] is True
+    assert set(anon.get(f"/r/{token}/charts.json").json()["charts"]) >= {"stacks-0", "whatif-0"}
     services.share_revoke(done)
     assert anon.get(f"/r/{token}/state.json?i=100").status_code == 404
+    assert anon.get(f"/r/{token}/charts.json").status_code == 404
+
+
+def test_page_embeds_the_first_chart_and_charts_json_the_rest(alice_client: Any, done: Upload) -> None:
+    """Issue 10: the report page's HTML holds the timeline (without its hover text) and the empty
+    active-memory chart; every other chart and the hover text come from charts.json, whole."""
+    import json
+    import re
+
+    from webapp.snapshots import services
+
+    stored = services.report_for(done).charts
+    page = alice_client.get(f"/s/{done.code}/").content.decode()
+    embedded = dict(re.findall(r'<script id="chart-data-([^"]+)" type="application/json">(.*?)</script>', page, re.S))
+    assert sorted(embedded) == ["active-0", "timeline-0"]
+    later = [n for n in stored if n not in embedded]
+    assert later and all(f'data-chart="{n}" data-later="1"' in page for n in later)
+    body = alice_client.get(f"/s/{done.code}/charts.json").json()
+    assert body["charts"] == {n: stored[n] for n in later}
+    # The hover text: one entry per plotted point, the chart's own ("alloc 12.00 MiB · ..."), blank in the page.
+    timeline = json.loads(embedded["timeline-0"])
+    source = next(
+        n for n in _walk(stored["timeline-0"]["doc"]) if n.get("attributes", {}).get("name") == "timeline-source"
+    )
+    columns = dict(source["attributes"]["data"]["entries"])
+    assert body["hover"]["timeline-0"] == columns["what"] and len(columns["what"]) > 100
+    blank = next(n for n in _walk(timeline["doc"]) if n.get("attributes", {}).get("name") == "timeline-source")
+    assert dict(blank["attributes"]["data"]["entries"])["what"] == [""] * len(columns["what"])
+    assert len(json.dumps(timeline)) < len(json.dumps(stored["timeline-0"]))
+
+
+def _walk(node: Any) -> Any:
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
 
 
 def test_active_memory_bands_stack_the_replays_live_blocks(alice_client: Any, done: Upload, replay: Any) -> None:
