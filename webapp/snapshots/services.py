@@ -104,6 +104,12 @@ def report_for(upload: Upload) -> Report | None:
     return Report.objects.filter(upload=upload).first()
 
 
+def report_charts(upload: Upload) -> dict[str, Any]:
+    """The stored charts of a finished upload, without decoding its report (megabytes on a large trace)."""
+    charts = Report.objects.filter(upload=upload).values_list("charts", flat=True).first()
+    return charts if isinstance(charts, dict) else {}
+
+
 # --- teams and projects ------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from webapp.snapshots import chartpage, explore, messages, services
 from webapp.snapshots.forms import SignupForm, UploadForm
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
-from webapp.snapshots.models import Report, Upload
+from webapp.snapshots.models import Upload
 
 log = logging.getLogger(__name__)
 
@@ -421,9 +421,7 @@ def _later_charts(upload_row: Upload) -> HttpResponse:
     if upload_row.status != Upload.Status.DONE:
         message = messages.REPORT_NOT_READY.format(status=upload_row.status)
         return JsonResponse({"error": {"code": "report-not-ready", "message": message}}, status=404)
-    # Only the charts column: the report itself (megabytes on a large trace) is not decoded.
-    charts = Report.objects.filter(upload=upload_row).values_list("charts", flat=True).first() or {}
-    response = JsonResponse(chartpage.later(charts))
+    response = JsonResponse(chartpage.later(services.report_charts(upload_row)))
     response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
     return response
 
