@@ -269,3 +269,13 @@ def test_an_upload_analysed_before_stores_gets_one_made_once(
     explore._stores.clear()
     again = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
     assert again == first
+
+
+def test_a_report_without_a_timeline_embeds_its_charts_whole() -> None:
+    """A snapshot without history has no timeline to draw first: its charts stay in the page."""
+    from webapp.snapshots import chartpage
+
+    charts = {"segments-peak-0": {"doc": {"roots": []}}, "stacks-0": {"doc": {"roots": []}}}
+    assert chartpage.first(charts) == charts
+    with_timeline = {**charts, "timeline-0": {"doc": {"roots": []}}}
+    assert chartpage.first(with_timeline)["stacks-0"] == chartpage.LATER

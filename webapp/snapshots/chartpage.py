@@ -62,7 +62,12 @@ def without_hover_text(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def first(charts: Mapping[str, Any]) -> dict[str, Any]:
-    """The page's charts: the first ones' items (the timeline's without hover text), ``LATER`` for the rest."""
+    """The page's charts: the first ones' items (the timeline's without hover text), ``LATER`` for the rest.
+
+    A report without a timeline (a snapshot without history) embeds its few charts whole.
+    """
+    if not any(name.startswith("timeline-") for name in charts):
+        return dict(charts)
     out: dict[str, Any] = {}
     for name, item in charts.items():
         if name.startswith("timeline-"):
