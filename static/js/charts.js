@@ -126,7 +126,7 @@
   function draw(slot) {
     if (slot.dataset.rendered) return null;
     var later = slot.dataset.later === "1";
-    if (later && laterItems === null) return null; // drawn when charts.json comes (drawLater)
+    if (later && laterItems === null) return null; // drawSome draws it once charts.json has come
     slot.dataset.rendered = "drawing";
     var data = later ? null : document.getElementById("chart-data-" + slot.dataset.chart);
     if (later ? !laterItems[slot.dataset.chart] : !data) {
