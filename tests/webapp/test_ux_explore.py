@@ -279,3 +279,42 @@ def test_a_report_without_a_timeline_embeds_its_charts_whole() -> None:
     assert chartpage.first(charts) == charts
     with_timeline = {**charts, "timeline-0": {"doc": {"roots": []}}}
     assert chartpage.first(with_timeline)["stacks-0"] == chartpage.LATER
+
+
+def test_concurrent_first_requests_of_an_old_upload_make_its_store_once(
+    done: Upload, replay: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page asks for zoom detail and active bands at once: for an upload without a store, one of
+    them makes it (one read of the blob), the other waits and reads the same; a device the
+    snapshot lacks is then 404 without reading the blob again."""
+    import threading
+
+    from analysis.explore import store_of_snapshot
+    from webapp.snapshots import explore
+
+    default_storage.delete(f"explore/{done.sha256}/0.npz")
+    explore._stores.clear()
+    made: list[int] = []
+
+    def counting(snapshot: Any, device: int) -> Any:
+        made.append(device)
+        return store_of_snapshot(snapshot, device)
+
+    monkeypatch.setattr(explore, "store_of_snapshot", counting)
+    rep, _ = replay
+    answers: list[int] = []
+    threads = [threading.Thread(target=lambda: answers.append(explore.explorer_for(done, 0).events)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [rep.events] * 3 and made == [0]
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the blob was read")
+
+    monkeypatch.setattr(explore, "read_snapshot", refuse)
+    explore._stores.clear()
+    with pytest.raises(explore.ExploreError) as err:
+        explore.explorer_for(done, 3)
+    assert err.value.code == "explore:no-device"

@@ -7,9 +7,11 @@ task keeps it as ``explore/<sha256>/<device>.npz`` beside the upload's blob (unc
 window reads fast). A zoom slices the columns; the state at an event is the checkpoint before it
 moved on by at most ``CHECKPOINT_EVERY - 1`` events of the same replay; a block's stacks are read
 from the stack table. Nothing here reads or replays the snapshot, with one exception: an upload
-analysed before stores existed (or whose store is of an older version) gets its store made once,
-here, by the first request (``analysis.explore.store_of_snapshot``), saved at the same name, and
-read from then on. The last few stores asked for stay in this process (``STORES_KEPT``).
+analysed before stores existed (or whose store is of an older version) gets the stores of all its
+devices made once, here, by its first request (``analysis.explore.store_of_snapshot``, one read of
+the blob), saved at the same names, and read from then on. A device without a store where other
+devices have one is answered 404 at once. One thread per process reads a given store; the last few
+read stay in this process (``STORES_KEPT``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 STORES_KEPT = 3
 _lock = threading.Lock()
 _stores: OrderedDict[tuple[str, int], StoredExplorer] = OrderedDict()
+_loading: dict[tuple[str, int], threading.Lock] = {}
 
 
 class ExploreError(Exception):
@@ -46,9 +49,14 @@ def store_name(sha256: str, device: int) -> str:
     return f"explore/{sha256}/{int(device)}.npz"
 
 
-def _report_devices(upload: Upload) -> set[int]:
-    report = upload.report if isinstance(upload.report, dict) else {}
-    return {int(d["device"]) for d in report.get("devices", []) if isinstance(d, dict) and "device" in d}
+def _stored_devices(sha256: str) -> set[int] | None:
+    """The devices with a store for these bytes; None when there is none (analysed before stores)."""
+    try:
+        _dirs, files = default_storage.listdir(f"explore/{sha256}")
+    except (FileNotFoundError, NotImplementedError):
+        return None
+    devices = {int(f[: -len(".npz")]) for f in files if f.endswith(".npz") and f[: -len(".npz")].isdigit()}
+    return devices or None
 
 
 def _read(name: str) -> StoredExplorer | None:
@@ -66,21 +74,31 @@ def _read(name: str) -> StoredExplorer | None:
         return None
 
 
-def _make_once(upload: Upload, device: int, name: str) -> StoredExplorer:
-    """An upload analysed before the worker stored explore data: make it from the blob, store it."""
-    log.warning("upload %s: no explore store for device %s; making it in the web process", upload.code, device)
+def _make_once(upload: Upload, device: int) -> StoredExplorer:
+    """An upload analysed before the worker stored explore data: make every device's store from the
+    blob (one read), store them, and answer for ``device``."""
+    log.warning("upload %s: no explore store; making them in the web process", upload.code)
     with default_storage.open(upload.blob_name, "rb") as fh:
         snapshot = read_snapshot(fh.read())
-    try:
-        store = store_of_snapshot(snapshot, device)
-    except KeyError as err:
-        raise ExploreError(404, "explore:no-device", f"the snapshot has no device {device}") from err
-    buf = io.BytesIO()
-    np.savez(buf, **store)  # type: ignore[arg-type]  # numpy's stub types the first keyword
-    if default_storage.exists(name):
-        default_storage.delete(name)  # another version's
-    default_storage.save(name, ContentFile(buf.getvalue()))
-    return StoredExplorer(store)
+    wanted: StoredExplorer | None = None
+    for dev in snapshot.devices:
+        if not (len(dev.trace) or dev.segments):  # as the report: devices it analysed
+            continue
+        name = store_name(upload.sha256, dev.device)
+        made = _read(name)  # another process may have stored it meanwhile
+        if made is None:
+            store = store_of_snapshot(snapshot, dev.device)
+            buf = io.BytesIO()
+            np.savez(buf, **store)  # type: ignore[arg-type]  # numpy's stub types the first keyword
+            if default_storage.exists(name):
+                default_storage.delete(name)  # another version's
+            default_storage.save(name, ContentFile(buf.getvalue()))
+            made = StoredExplorer(store)
+        if dev.device == device:
+            wanted = made
+    if wanted is None:
+        raise ExploreError(404, "explore:no-device", f"the snapshot has no device {device}")
+    return wanted
 
 
 def explorer_for(upload: Upload, device: int) -> StoredExplorer:
@@ -90,16 +108,26 @@ def explorer_for(upload: Upload, device: int) -> StoredExplorer:
         if found is not None:
             _stores.move_to_end(key)
             return found
-    devices = _report_devices(upload)
-    if devices and device not in devices:
+    devices = _stored_devices(upload.sha256)
+    if devices is not None and device not in devices:  # the worker stored every device it analysed
         raise ExploreError(404, "explore:no-device", f"the snapshot has no device {device}")
     name = store_name(upload.sha256, device)
-    made = _read(name) or _make_once(upload, device, name)
+    # One reader per store in this process: a page's first requests (zoom detail and active bands
+    # at once) wait for one read, and an old upload's store is made once, not once per request.
     with _lock:
-        _stores[key] = made
-        _stores.move_to_end(key)
-        while len(_stores) > STORES_KEPT:
-            _stores.popitem(last=False)
+        key_lock = _loading.setdefault(key, threading.Lock())
+    with key_lock:
+        with _lock:
+            found = _stores.get(key)
+        if found is not None:
+            return found
+        made = _read(name) or _make_once(upload, device)
+        with _lock:
+            _stores[key] = made
+            _stores.move_to_end(key)
+            while len(_stores) > STORES_KEPT:
+                _stores.popitem(last=False)
+            _loading.pop(key, None)
     return made
 
 
