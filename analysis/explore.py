@@ -6,29 +6,57 @@
 - ``window`` answers a zoom: the events ``[t0, t1)`` at screen resolution
   (``analysis.timeline``'s min/max selection, so every extreme is exact), down to
   single events when the range is narrow, each point with what happened there.
-- ``Explorer.state_at`` is the allocator's state after one event from the
+- ``StoredExplorer.state_at`` is the allocator's state after one event from the
   recorded replay (``RecordedReplay.blocks_at``): every segment and block, with
   the block's allocation and free events and their full stacks (C++ frames too
   when recorded).
 - ``finish_timeline`` prepares the report's own timeline: fused frees settled
   (``timeline.settle_fused_frees``) and the same per-point event info.
+- ``explore_store`` is everything the site's digging endpoints read, made by the worker at
+  analysis time from the report's own recorded replay: the columns above, the trace columns
+  the replay needs, the stack table, and *checkpoints* (the replay's full state every
+  ``CHECKPOINT_EVERY`` events). ``StoredExplorer`` answers from it without the snapshot: the
+  state at an event is the checkpoint before it moved on by at most ``CHECKPOINT_EVERY - 1``
+  events (``allocator.recorded.resume_state``, the replay's own lenient pass).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from analysis.model import ACTIONS, ALLOC, INACTIVE, DeviceData, Snapshot
+from analysis.allocator.config import AllocatorConfig
+from analysis.allocator.recorded import (
+    AllocatorState,
+    BlockState,
+    SegmentState,
+    recorded_config,
+    resume_state,
+)
+from analysis.model import (
+    ACTIONS,
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ALLOC,
+    INACTIVE,
+    DeviceData,
+    Segment,
+    Snapshot,
+    Trace,
+)
 from analysis.replay import RecordedReplay, recorded_replay
-from analysis.stacks import StackCatalog, alloc_lifetimes
+from analysis.stacks import Lifetimes, StackCatalog, alloc_lifetimes
 from analysis.timeline import SERIES, series_at, settle_fused_frees, settled_points, timeline_window
 
 I64 = npt.NDArray[np.int64]
+# build_report(explore=...): called with (device, explore_store(...)) once per device.
+ExploreSink = Callable[[int, dict[str, np.ndarray]], None]
 MAX_LABEL = 90
 # A zoom asks for about this many points per screen pixel (a min and a max of two series).
 POINTS_PER_PIXEL = 4
@@ -193,51 +221,225 @@ def active_bands(
     }
 
 
-class Explorer:
-    """One device of a snapshot, replayed once: the allocator's state at any event."""
+# The state at an event is the nearest earlier checkpoint moved on by the replay: at most this
+# many events are replayed per click (about 0.1 s on the 2-core box; docs/report.md).
+CHECKPOINT_EVERY = 16_384
+STORE_VERSION = 1
+_STATE_CODES = {INACTIVE: 0, ACTIVE_ALLOCATED: 1, ACTIVE_PENDING_FREE: 2}
+_STATE_NAMES = {v: k for k, v in _STATE_CODES.items()}
+_SEGMENT_TYPES = ("small", "large")
 
-    def __init__(self, snapshot: Snapshot, device: int) -> None:
-        dev = next((d for d in snapshot.devices if d.device == device), None)
-        if dev is None:
-            raise KeyError(f"no device {device} in the snapshot")
-        self.snapshot, self.dev = snapshot, dev
-        self.catalog = StackCatalog(snapshot.stacks)
-        self.replay = recorded_replay(snapshot, dev)
-        t = dev.trace
-        self.lifetimes = alloc_lifetimes(t.action, t.addr, t.size, t.stack)
-        # Does a free record its own stack (context="all")? Then the free event's stack is the free site.
-        freed = self.lifetimes.end < self.lifetimes.n_events
-        self.free_stacks = bool(
-            freed.any() and (t.stack[self.lifetimes.end[freed]] != self.lifetimes.stack[freed]).mean() > 0.5
-        )
+
+def checkpoint_events(n: int, every: int = CHECKPOINT_EVERY) -> list[int]:
+    """The events after which the store keeps the replay's full state (besides -1 and the last)."""
+    return list(range(every - 1, n - 1, every))
+
+
+def _json_bytes(value: Any) -> np.ndarray:
+    return np.frombuffer(json.dumps(value, separators=(",", ":")).encode(), np.uint8)
+
+
+def _json_of(array: np.ndarray) -> Any:
+    return json.loads(bytes(np.asarray(array, np.uint8)).decode())
+
+
+def _csr(lists: list[list[int]], dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    off = np.zeros(len(lists) + 1, np.int64)
+    off[1:] = np.cumsum([len(x) for x in lists])
+    flat: np.ndarray = np.fromiter((v for x in lists for v in x), dtype, int(off[-1]))
+    return off, flat
+
+
+def _states_arrays(states: list[AllocatorState]) -> dict[str, np.ndarray]:
+    seg_rows: list[tuple[int, int, int, int, int, int, int]] = []
+    blk_rows: list[tuple[int, int, int, int, int, int]] = []
+    seg_off, blk_off = [0], [0]
+    for st in states:
+        for seg in st.segments:
+            seg_rows.append(
+                (
+                    seg.address,
+                    seg.total_size,
+                    seg.stream,
+                    seg.pool,
+                    _SEGMENT_TYPES.index(seg.segment_type),
+                    int(seg.is_expandable),
+                    seg.stack,
+                )
+            )
+            blk_rows.extend(
+                (b.address, b.size, b.requested_size, _STATE_CODES[b.state], b.stack, b.alloc_index) for b in seg.blocks
+            )
+            blk_off.append(len(blk_rows))
+        seg_off.append(len(seg_rows))
+    sg = np.array(seg_rows, np.int64).reshape(-1, 7)
+    bk = np.array(blk_rows, np.int64).reshape(-1, 6)
+    out = {"ck_index": np.array([st.index for st in states], np.int64), "ck_seg_off": np.array(seg_off, np.int64)}
+    for j, name in enumerate(("address", "size", "stream", "pool", "type", "expandable", "stack")):
+        out[f"sg_{name}"] = sg[:, j].copy()
+    out["sg_blk_off"] = np.array(blk_off, np.int64)
+    for j, name in enumerate(("address", "size", "requested", "state", "stack", "alloc")):
+        out[f"bk_{name}"] = bk[:, j].copy()
+    return out
+
+
+def explore_store(
+    snapshot: Snapshot,
+    dev: DeviceData,
+    catalog: StackCatalog,
+    replay: RecordedReplay,
+    lifetimes: Lifetimes | None = None,
+    *,
+    every: int = CHECKPOINT_EVERY,
+) -> dict[str, np.ndarray]:
+    """Every array the site's digging endpoints read for one device (``StoredExplorer``).
+
+    ``replay`` should have been run with ``keep_at=checkpoint_events(n, every)`` (the report does
+    when asked for a store): its kept states are the checkpoints; any other is replayed here.
+    """
+    trace = dev.trace
+    n = len(trace)
+    lt = lifetimes if lifetimes is not None else alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
+    out = event_columns(replay, dev, catalog)
+    out["alloc_start"], out["alloc_end"], out["alloc_size"] = lt.start, lt.end, lt.size
+    out["alloc_group"] = catalog.groups_of(np.asarray(lt.stack)).astype(np.int32)
+    out["addr"] = np.asarray(trace.addr, np.int64)
+    out["stream"] = np.asarray(trace.stream, np.int32)
+    out["pool"] = np.asarray(trace.pool, np.int32)
+    out["stack"] = np.asarray(trace.stack, np.int32)
+    out["group_of"] = np.asarray(catalog.group_of, np.int32)
+    segs = dev.segments
+    out["fs_address"] = np.array([s.address for s in segs], np.int64)
+    out["fs_size"] = np.array([s.total_size for s in segs], np.int64)
+    out["fs_pool"] = np.array([s.pool for s in segs], np.int64)
+    out["fs_type"] = np.array([_SEGMENT_TYPES.index(s.segment_type) for s in segs], np.int8)
+    marks = [-1, *checkpoint_events(n, every), *([n - 1] if n else [])]
+    out.update(_states_arrays([replay.blocks_at(k) for k in sorted(set(marks))]))
+    table = snapshot.stacks
+    out["frame_off"], out["frame_ids"] = _csr([list(st) for st in table.stacks], np.int32)
+    out["frames"] = _json_bytes([[f.filename, f.line, f.name] for f in table.frames])
+    out["labels"] = _json_bytes({str(g): _short(grp.label) for g, grp in enumerate(catalog.groups)})
+    freed = lt.end < lt.n_events
+    # Does a free record its own stack (context="all")? Then the free event's stack is the free site.
+    free_stacks = bool(freed.any() and (trace.stack[lt.end[freed]] != lt.stack[freed]).mean() > 0.5)
+    cfg = asdict(recorded_config(snapshot))
+    out["meta"] = _json_bytes(
+        {"version": STORE_VERSION, "device": dev.device, "events": n, "free_stacks": free_stacks, "config": cfg}
+    )
+    return out
+
+
+def _config_from(d: Mapping[str, Any]) -> AllocatorConfig:
+    fields = dict(d)
+    fields["roundup_power2_divisions"] = tuple(fields["roundup_power2_divisions"])
+    fields["other"] = tuple(tuple(kv) for kv in fields["other"])
+    return AllocatorConfig(**fields)
+
+
+class StoredExplorer:
+    """One device's digging answers from its ``explore_store``: no snapshot, no full replay."""
+
+    def __init__(self, store: Mapping[str, np.ndarray]) -> None:
+        self.store = store
+        meta = _json_of(store["meta"])
+        if meta.get("version") != STORE_VERSION:
+            raise ValueError(f"explore store version {meta.get('version')}, expected {STORE_VERSION}")
+        self.device = int(meta["device"])
+        self.events = int(meta["events"])
+        self.free_stacks = bool(meta["free_stacks"])
+        self.cfg = _config_from(meta["config"])
+        self.label_of: dict[str, str] = _json_of(store["labels"])
+        self._frames: list[list[Any]] | None = None
+        self._dev: DeviceData | None = None
+        self.ck_index = np.asarray(store["ck_index"], np.int64)
 
     def columns(self) -> dict[str, np.ndarray]:
-        out = event_columns(self.replay, self.dev, self.catalog)
-        # One row per allocation, for the active-memory bands (alloc event, free request, size, group).
-        lt = self.lifetimes
-        out["alloc_start"], out["alloc_end"], out["alloc_size"] = lt.start, lt.end, lt.size
-        out["alloc_group"] = self.catalog.groups_of(np.asarray(lt.stack)).astype(np.int32)
-        return out
+        names = [name for name, _ in SERIES]
+        names += ["time_us", "action", "size", "group", "alloc_start", "alloc_end", "alloc_size", "alloc_group"]
+        return {k: self.store[k] for k in names}
 
     def labels(self) -> dict[str, str]:
-        return group_labels(self.catalog, self.catalog.groups_of(np.asarray(self.dev.trace.stack)))
+        return self.label_of
+
+    def _device(self) -> DeviceData:
+        """A ``DeviceData`` holding what the replay reads (the trace and the final segments' kinds)."""
+        if self._dev is None:
+            st = self.store
+            trace = Trace(
+                action=np.asarray(st["action"], np.int8),
+                addr=np.asarray(st["addr"], np.int64),
+                size=np.asarray(st["size"], np.int64),
+                stream=np.asarray(st["stream"], np.int32),
+                time_us=np.asarray(st["time_us"], np.int64),
+                stack=np.asarray(st["stack"], np.int32),
+                pool=np.asarray(st["pool"], np.int32),
+            )
+            segments = [
+                Segment(self.device, int(a), int(z), 0, 0, 0, 0, _SEGMENT_TYPES[int(t)], int(p), False, ())
+                for a, z, p, t in zip(st["fs_address"], st["fs_size"], st["fs_pool"], st["fs_type"], strict=True)
+            ]
+            self._dev = DeviceData(self.device, trace, segments, [])
+        return self._dev
+
+    def checkpoint(self, k: int) -> AllocatorState:
+        """The ``k``-th stored state."""
+        st = self.store
+        so = st["ck_seg_off"]
+        segments = []
+        for r in range(int(so[k]), int(so[k + 1])):
+            b0, b1 = int(st["sg_blk_off"][r]), int(st["sg_blk_off"][r + 1])
+            cols = [st[f"bk_{c}"][b0:b1].tolist() for c in ("address", "size", "requested", "state", "stack", "alloc")]
+            blocks = tuple(
+                BlockState(a, z, q, _STATE_NAMES[c], sk, al) for a, z, q, c, sk, al in zip(*cols, strict=True)
+            )
+            segments.append(
+                SegmentState(
+                    int(st["sg_address"][r]),
+                    int(st["sg_size"][r]),
+                    int(st["sg_stream"][r]),
+                    int(st["sg_pool"][r]),
+                    _SEGMENT_TYPES[int(st["sg_type"][r])],
+                    bool(st["sg_expandable"][r]),
+                    blocks,
+                    int(st["sg_stack"][r]),
+                )
+            )
+        return AllocatorState(int(self.ck_index[k]), tuple(segments))
+
+    def blocks_at(self, index: int) -> AllocatorState:
+        """The replay's state after ``index``: the checkpoint before it, moved on to it."""
+        if not -1 <= index < self.events:
+            raise IndexError(f"event index {index} outside [-1, {self.events})")
+        k = int(np.searchsorted(self.ck_index, index, "right")) - 1
+        start = self.checkpoint(k)
+        return start if start.index == index else resume_state(self._device(), self.cfg, start, index)
 
     def _free_of(self, alloc_event: int) -> int | None:
         """The free request of the allocation made at ``alloc_event`` (None: still live at the end)."""
-        lt = self.lifetimes
-        k = int(np.searchsorted(lt.start, alloc_event))
-        if k < lt.start.size and lt.start[k] == alloc_event and lt.end[k] < lt.n_events:
-            return int(lt.end[k])
+        start, end = self.store["alloc_start"], self.store["alloc_end"]
+        k = int(np.searchsorted(start, alloc_event))
+        if k < start.size and start[k] == alloc_event and end[k] < self.events:
+            return int(end[k])
         return None
 
-    def _frames(self, stack: int) -> list[dict[str, Any]]:
-        return [{"filename": f.filename, "line": f.line, "name": f.name} for f in self.snapshot.stacks.frames_of(stack)]
+    def _label(self, stack: int) -> str:
+        group = int(self.store["group_of"][stack + 1]) if stack >= -1 else 0
+        return self.label_of.get(str(group), "") if group >= 0 else ""
+
+    def _frames_of(self, stack: int) -> list[dict[str, Any]]:
+        if stack < 0:
+            return []
+        if self._frames is None:
+            self._frames = _json_of(self.store["frames"])
+        off = self.store["frame_off"]
+        ids = self.store["frame_ids"][int(off[stack]) : int(off[stack + 1])].tolist()
+        return [{"filename": f[0], "line": f[1], "name": f[2]} for f in (self._frames[i] for i in ids)]
 
     def state_at(self, index: int) -> dict[str, Any]:
         """Segments and blocks after event ``index`` (-1: before the first event), with the totals."""
-        state = self.replay.blocks_at(index)
+        state = self.blocks_at(index)
         figures = state.figures()
-        trace = self.dev.trace
+        st = self.store
         segments = []
         for seg in sorted(state.segments, key=lambda s: s.address):
             blocks = []
@@ -251,8 +453,7 @@ class Explorer:
                 }
                 if b.state != INACTIVE:
                     entry["alloc_event"] = int(b.alloc_index) if b.alloc_index >= 0 else None
-                    group = int(self.catalog.group_of[b.stack + 1]) if b.stack >= -1 else 0
-                    entry["label"] = _short(self.catalog.groups[group].label) if group >= 0 else ""
+                    entry["label"] = self._label(int(b.stack))
                     entry["stack"] = int(b.stack)
                     entry["free_event"] = self._free_of(b.alloc_index) if b.alloc_index >= 0 else None
                 blocks.append(entry)
@@ -268,12 +469,12 @@ class Explorer:
                 }
             )
         event = None
-        if 0 <= index < len(trace):
+        if 0 <= index < self.events:
             event = {
                 "index": int(index),
-                "action": ACTIONS[int(trace.action[index])],
-                "size": int(trace.size[index]),
-                "time_us": int(trace.time_us[index]),
+                "action": ACTIONS[int(st["action"][index])],
+                "size": int(st["size"][index]),
+                "time_us": int(st["time_us"][index]),
             }
         return {
             "event": event,
@@ -289,21 +490,31 @@ class Explorer:
 
     def block(self, alloc_event: int) -> dict[str, Any]:
         """One allocation's full story: its alloc and free events and both stacks, every frame."""
-        trace = self.dev.trace
-        if not (0 <= alloc_event < len(trace)) or int(trace.action[alloc_event]) != ALLOC:
+        st = self.store
+        if not (0 <= alloc_event < self.events) or int(st["action"][alloc_event]) != ALLOC:
             raise KeyError(f"event {alloc_event} is not an allocation")
         free_event = self._free_of(alloc_event)
         out: dict[str, Any] = {
             "alloc_event": int(alloc_event),
-            "address": hex(int(trace.addr[alloc_event])),
-            "size": int(trace.size[alloc_event]),
-            "alloc_time_us": int(trace.time_us[alloc_event]),
-            "alloc_frames": self._frames(int(trace.stack[alloc_event])),
+            "address": hex(int(st["addr"][alloc_event])),
+            "size": int(st["size"][alloc_event]),
+            "alloc_time_us": int(st["time_us"][alloc_event]),
+            "alloc_frames": self._frames_of(int(st["stack"][alloc_event])),
             "free_event": free_event,
             "free_frames": None,
         }
         if free_event is not None:
-            out["free_time_us"] = int(trace.time_us[free_event])
+            out["free_time_us"] = int(st["time_us"][free_event])
             # Without context="all" a free records the allocation's stack again: say so rather than repeat it.
-            out["free_frames"] = self._frames(int(trace.stack[free_event])) if self.free_stacks else None
+            out["free_frames"] = self._frames_of(int(st["stack"][free_event])) if self.free_stacks else None
         return out
+
+
+def store_of_snapshot(snapshot: Snapshot, device: int, *, every: int = CHECKPOINT_EVERY) -> dict[str, np.ndarray]:
+    """The store of one device made from the snapshot alone (what the worker makes inside the report)."""
+    dev = next((d for d in snapshot.devices if d.device == device), None)
+    if dev is None:
+        raise KeyError(f"no device {device} in the snapshot")
+    catalog = StackCatalog(snapshot.stacks)
+    replay = recorded_replay(snapshot, dev, keep_at=checkpoint_events(len(dev.trace), every))
+    return explore_store(snapshot, dev, catalog, replay, every=every)

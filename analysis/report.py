@@ -40,7 +40,7 @@ from analysis.categories import (
 )
 from analysis.config import UNLIMITED, AllocatorConfig
 from analysis.decision import decide
-from analysis.explore import finish_timeline
+from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.model import OOM as OOM_ACTION
@@ -101,8 +101,13 @@ def build_report(
     oom_message: str | None = None,
     sidecar: dict[str, Any] | None = None,
     batch_size: int | None = None,
+    explore: ExploreSink | None = None,
 ) -> dict[str, Any]:
     """The contract report for a snapshot file (path or bytes).
+
+    ``explore``, when given, is called once per analysed device with ``(device, store)``:
+    ``analysis.explore.explore_store`` made from this report's own recorded replay (its
+    checkpoints kept by the same pass), what the site's digging endpoints read.
 
     ``batch_size`` (the failing step's batch, where the user knows it) turns the batch-fit
     fraction into a number of samples (``analysis.sizing``).
@@ -130,6 +135,7 @@ def build_report(
             oom_message=oom_message,
             sidecar=sidecar,
             batch_size=batch_size,
+            explore=explore,
         )
     finally:
         pool.close()
@@ -148,6 +154,7 @@ def _build_report(
     oom_message: str | None = None,
     sidecar: dict[str, Any] | None = None,
     batch_size: int | None = None,
+    explore: ExploreSink | None = None,
 ) -> dict[str, Any]:
     report_progress = progress or _noop
     user_whatifs = list(whatif)
@@ -200,8 +207,11 @@ def _build_report(
             pool,
             message=dev_message,
             sidecar=sidecar,
+            checkpoints=explore is not None,
         )
         device_reports.append(analysis.report)
+        if explore is not None:
+            explore(dev.device, explore_store(snapshot, dev, catalog, analysis.replay, analysis.lifetimes))
         advice_contexts.append(analysis.advice_context)
         metadata_batches.append(sizing.batch_from_metadata(dev.user_metadata, analysis.oom_index))
         complete &= analysis.replay.trace_complete
@@ -351,6 +361,7 @@ class _DeviceAnalysis:
         *,
         message: OomMessage | None = None,
         sidecar: dict[str, Any] | None = None,
+        checkpoints: bool = False,
     ) -> None:
         self.snapshot, self.dev, self.catalog = snapshot, dev, catalog
         trace = dev.trace
@@ -367,6 +378,7 @@ class _DeviceAnalysis:
         # The limit from what the user has (given, sidecar, OOM message), before any replay.
         known_limit = self._known_limit(limit, message, sidecar, recorded_cfg)
         lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
+        self.lifetimes = lifetimes
         self.projection: Projection | None = None
         if self.oom_index is not None:
             self.projection = project_failing_step(
@@ -390,6 +402,8 @@ class _DeviceAnalysis:
         guess = int(self.live_requested.argmax()) if self.live_requested is not None else None
         reserved_peak = int(_reserved_from_segments_events(dev).argmax()) if n else None  # its segment map
         keep = [i for i in (guess, self.oom_index, reserved_peak) if i is not None and i >= 0]
+        if checkpoints:  # the explore store's states come from this same pass
+            keep += checkpoint_events(n)
         replay = recorded_replay(snapshot, dev, keep_at=keep)
         self.replay = replay
         progress("replaying", 0.5)

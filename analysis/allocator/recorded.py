@@ -293,16 +293,19 @@ class _Replayer:
         self.issues: dict[str, int] = {}
         self.first_issue: tuple[int, str] | None = None
 
-    def seed(self, state: AllocatorState, *, strict: bool, stops: Iterable[int] = ()) -> None:
+    def seed(
+        self, state: AllocatorState, *, strict: bool, stops: Iterable[int] = (), window: tuple[int, int] | None = None
+    ) -> None:
         """Start from ``state`` (the empty allocator for a complete trace).
 
         ``stops``: indices the pass will stop after (kept states); a free is never
-        fused across one, so the state after it is exact.
+        fused across one, so the state after it is exact. ``window``: a lenient
+        pass that will only run events ``[lo, hi)`` (from a checkpoint) plans those.
         """
         self._reset()
         self.strict = strict
         self.initial = state
-        self._plan(fuse=strict, stops=stops)
+        self._plan(fuse=strict, stops=stops, window=window)
         for seg in state.segments:
             meta = (seg.stream, seg.pool, seg.segment_type, seg.is_expandable, seg.stack)
             self._add_segment(seg.address, seg.total_size, meta)
@@ -425,7 +428,7 @@ class _Replayer:
             self.first_issue = (index, reason)
 
     # -- the pass -----------------------------------------------------------------
-    def _plan(self, *, fuse: bool, stops: Iterable[int]) -> None:
+    def _plan(self, *, fuse: bool, stops: Iterable[int], window: tuple[int, int] | None = None) -> None:
         """The events the loop visits.
 
         Almost every ``free_requested`` is followed at once by the ``free_completed``
@@ -437,10 +440,11 @@ class _Replayer:
         n = self.n
         self.fused: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
         if not fuse or n < 2:
-            self.p_idx: list[int] = list(range(n))
-            self.p_act: bytes = self.act
-            self.p_addr: list[int] = self.trace_addr.tolist()
-            self.p_size: list[int] = self.trace_size.tolist()
+            lo, hi = (0, n) if window is None else (max(0, window[0]), min(n, window[1]))
+            self.p_idx: list[int] = list(range(lo, hi))
+            self.p_act: bytes = self.act[lo:hi]
+            self.p_addr: list[int] = self.trace_addr[lo:hi].tolist()
+            self.p_size: list[int] = self.trace_size[lo:hi].tolist()
             return
         addr = self.trace_addr
         first = np.zeros(n, dtype=bool)
@@ -820,8 +824,8 @@ class _Replayer:
                 if r < n:
                     out.append(BlockState(a, s, int(size[r]), state, int(stack[r]), r))
                 else:
-                    p = self.pre[r - n]
-                    out.append(BlockState(a, s, p.requested_size, state, p.stack))
+                    p = self.pre[r - n]  # alloc_index: -1, or the event of a block seeded from a checkpoint
+                    out.append(BlockState(a, s, p.requested_size, state, p.stack, p.alloc_index))
             segments.append(
                 SegmentState(start, stop - start, stream, pool, seg_type, expandable, tuple(out), seg_stack)
             )
@@ -841,6 +845,28 @@ class _Replayer:
         self.run(self.demand_pos, index + 1)
         self.demand_pos = index + 1
         return self.export(index)
+
+
+def resume_state(device: DeviceData, cfg: AllocatorConfig, start: AllocatorState, index: int) -> AllocatorState:
+    """The state after event ``index``, moved on from ``start`` (a state of the same replay, taken
+    after event ``start.index <= index``) by the lenient pass that ``RecordedReplay.blocks_at`` runs.
+
+    This is how a site answers a click from stored checkpoints: only the events between the
+    checkpoint and ``index`` are replayed. ``cfg`` is the recorded config (``recorded_config``).
+    """
+    if index < start.index:
+        raise ValueError(f"event {index} is before the checkpoint after event {start.index}")
+    if index == start.index:
+        return start
+    rep = _Replayer(device, cfg)
+    rep.seed(start, strict=False, window=(start.index + 1, index + 1))
+    rep.run(start.index + 1, index + 1)
+    return rep.export(index)
+
+
+def recorded_config(snapshot: Snapshot) -> AllocatorConfig:
+    """The config the recorded replay of ``snapshot`` runs under."""
+    return _config_of(snapshot)[0]
 
 
 # ----------------------------------------------------------------------------------

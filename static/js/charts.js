@@ -2,8 +2,16 @@
 // json_item in <script type="application/json" id="chart-data-NAME"> (Django's json_script, which
 // escapes "<", ">" and "&", so frame names holding "</script>" stay data). No inline script and no
 // CustomJS: the page's CSP allows only our own scripts and BokehJS.
+// A site page embeds only its first charts (the timeline, without its hover text): slots marked
+// data-later="1" get their items from the JSON at [data-charts-src] (charts.json), asked for once
+// the first charts are drawn, with the timeline's hover text ("oomscope:hover", for explore.js).
+// webapp/snapshots/chartpage.py says which charts are which.
 (function () {
   "use strict";
+
+  // Marks for the page-speed test (tests/webapp/test_ux_huge.py): when this script ran, when the
+  // first chart's embedding started and ended (performance.getEntriesByType("mark")).
+  if (window.performance && performance.mark) performance.mark("oomscope:charts-js");
 
   function isDefinition(node) {
     return node.type === "object" && typeof node.id === "string" && typeof node.name === "string";
@@ -75,6 +83,39 @@
   }
 
   var pending = 0;
+  var laterItems = null; // name -> json_item, once charts.json has come
+  var hoverText = {}; // timeline name -> per-point hover text, once charts.json has come
+  var laterAsked = null; // the promise of charts.json
+
+  function sendHover(slot) {
+    var text = hoverText[slot.dataset.chart];
+    if (text && slot.dataset.rendered === "1") {
+      slot.dispatchEvent(new CustomEvent("oomscope:hover", { bubbles: true, detail: { what: text } }));
+    }
+  }
+
+  function askLater() {
+    if (laterAsked) return laterAsked;
+    var holder = document.querySelector("[data-charts-src]");
+    if (!holder) {
+      laterAsked = Promise.resolve();
+      return laterAsked;
+    }
+    laterAsked = fetch(holder.dataset.chartsSrc, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) {
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        return r.json();
+      })
+      .then(function (body) {
+        laterItems = body.charts || {};
+        hoverText = body.hover || {};
+        document.querySelectorAll("[data-chart]").forEach(sendHover);
+      }, function (error) {
+        laterItems = {};
+        console.error("charts.json:", error);
+      });
+    return laterAsked;
+  }
 
   function mark() {
     // A marker for tests and for anyone scripting the page: how many charts are drawn so far, set
@@ -84,9 +125,11 @@
 
   function draw(slot) {
     if (slot.dataset.rendered) return null;
+    var later = slot.dataset.later === "1";
+    if (later && laterItems === null) return null; // drawSome draws it once charts.json has come
     slot.dataset.rendered = "drawing";
-    var data = document.getElementById("chart-data-" + slot.dataset.chart);
-    if (!data) {
+    var data = later ? null : document.getElementById("chart-data-" + slot.dataset.chart);
+    if (later ? !laterItems[slot.dataset.chart] : !data) {
       fail(slot, "no data");
       return null;
     }
@@ -96,19 +139,22 @@
     }
     var item;
     try {
-      item = JSON.parse(data.textContent);
+      item = later ? laterItems[slot.dataset.chart] : JSON.parse(data.textContent);
       definitionsFirst(item.doc);
     } catch (error) {
       fail(slot, error);
       return null;
     }
+    if (!document.body.dataset.firstChartMs && performance.mark) performance.mark("oomscope:first-chart-start");
     return Bokeh.embed.embed_item(item, slot).then(
       function (views) {
         slot.dataset.rendered = "1";
         if (!document.body.dataset.firstChartMs) {
+          if (performance.mark) performance.mark("oomscope:first-chart");
           document.body.dataset.firstChartMs = String(Math.round(performance.now()));
         }
         slot.dispatchEvent(new CustomEvent("oomscope:chart", { bubbles: true, detail: { views: views, item: item } }));
+        sendHover(slot);
       },
       function (error) { fail(slot, error); }
     );
@@ -116,16 +162,29 @@
 
   // One chart after another, in page order: the first one on screen is drawn without waiting for
   // the work of the others (BokehJS builds views on the one main thread).
+  // Then charts.json, and the later charts that are in view.
   function drawSome(slots) {
     pending += 1;
     var chain = Promise.resolve();
     slots.forEach(function (slot) {
       chain = chain.then(function () { return draw(slot); });
     });
-    chain.then(function () {
-      pending -= 1;
-      if (pending === 0) mark();
-    });
+    chain
+      .then(function () {
+        return askLater(); // once per page; resolves at once on a page without [data-charts-src]
+      })
+      .then(function () {
+        var waiting = Array.prototype.slice.call(document.querySelectorAll('[data-later="1"]:not([data-rendered])'));
+        var inner = Promise.resolve();
+        waiting.filter(function (slot) { return !hidden(slot); }).forEach(function (slot) {
+          inner = inner.then(function () { return draw(slot); });
+        });
+        return inner;
+      })
+      .then(function () {
+        pending -= 1;
+        if (pending === 0) mark();
+      });
   }
 
   function drawAll() {

@@ -103,7 +103,7 @@
     var figure = doc.get_model_by_name("timeline-figure");
     if (!source || !figure) return;
     var xr = figure.x_range;
-    var original = null;
+    var zoomed = false; // the source holds a zoom answer (with its own hover text), not the page's points
     var timer = null;
     var asked = 0;
     var panel = document.getElementById("state-" + device);
@@ -128,7 +128,7 @@
       getJSON(base + "timeline.json?device=" + device + "&t0=" + t0 + "&t1=" + t1 + "&px=" + px).then(
         function (body) {
           if (ticket !== asked) return; // a newer range was asked for meanwhile
-          if (original === null) original = source.data;
+          zoomed = true;
           body.first_time_us = firstTimeUs;
           source.data = seriesOf(body);
           slot.dataset.zoom = "1";
@@ -157,6 +157,15 @@
       timer = setTimeout(fetchWindow, ZOOM_DELAY_MS);
     });
 
+    // The page's points come without their hover text; charts.js brings it from charts.json.
+    slot.addEventListener("oomscope:hover", function (event) {
+      var what = event.detail && event.detail.what;
+      var now = source.data.what;
+      if (zoomed || !what || !now || now.length !== what.length) return;
+      source.data = Object.assign({}, source.data, { what: what });
+      slot.dataset.hover = "1";
+    });
+
     figure.on_event("tap", function (event) {
       showState(Math.round(event.x));
     });
@@ -165,7 +174,7 @@
     function showState(index) {
       if (!panel) return;
       panel.dataset.state = "loading";
-      panel.textContent = "Replaying to event " + thousands(index) + "…";
+      panel.textContent = "Reading the state after event " + thousands(index) + "…";
       getJSON(base + "state.json?device=" + device + "&i=" + index).then(function (state) {
         drawState(panel, state, base, device);
         panel.dataset.state = String(index);

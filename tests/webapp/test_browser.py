@@ -119,8 +119,8 @@ class Visit:
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.response = self.page.goto(url)
         if charts:
-            # charts.js sets this once every chart has been handled (drawn or failed).
-            self.page.wait_for_function("document.body.dataset.chartsDrawn !== undefined", timeout=60_000)
+            # charts.js sets this once every chart has been handled (drawn or failed), after charts.json came.
+            self.wait_for("() => document.body.dataset.chartsDrawn !== undefined")
         self.page.wait_for_timeout(300)
 
     def open_folds(self) -> None:
@@ -195,6 +195,9 @@ def test_shared_report_renders_under_the_csp(browser: Any, finished: Any, live_s
         csp = visit.response.headers["content-security-policy"]
         assert "'nonce-" in csp and "unsafe-eval" not in csp
         _check_page(visit, charts, urlsplit(live_server.url).netloc)
+        # The timeline came without its hover text; charts.json brought it (explore.js put it in).
+        assert any(u.endswith(f"/r/{token}/charts.json") for u in visit.requests)
+        assert visit.page.locator('[data-chart="timeline-0"]').get_attribute("data-hover") == "1"
         # BokehJS came from our static files, pinned to the installed version.
         from importlib.metadata import version
 

@@ -110,12 +110,15 @@ def test_api_delete_removes_row_report_links_and_file(
     tasks.analyse_upload(upload.id)
     services.share_create(upload, alice)
     assert default_storage.exists(upload.blob_name) and Report.objects.filter(upload=upload).exists()
+    store = f"explore/{upload.sha256}/0.npz"  # the worker's explore store (webapp/snapshots/explore.py)
+    assert default_storage.exists(store)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.delete(f"/api/v1/snapshots/{upload.code}", **bearer(alice_token))
     assert response.status_code == 200 and response.json() == {"id": upload.code, "deleted": True}
     assert not Upload.objects.filter(pk=upload.pk).exists()
     assert not Report.objects.exists() and not ShareLink.objects.exists()
     assert not default_storage.exists(upload.blob_name)
+    assert not default_storage.exists(store)
     again = client.delete(f"/api/v1/snapshots/{upload.code}", **bearer(alice_token))
     assert again.status_code == 404 and error_of(again) == "not-found"
 

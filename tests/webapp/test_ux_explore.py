@@ -78,9 +78,9 @@ def test_block_stacks(alice_client: Any, done: Upload, replay: Any) -> None:
 
 def test_zoom_reads_stored_columns_down_to_single_events(alice_client: Any, done: Upload, replay: Any) -> None:
     rep, snap = replay
-    name = f"columns/{done.sha256}/0.npz"
+    name = f"explore/{done.sha256}/0.npz"
+    assert default_storage.exists(name)  # stored by the worker at analysis time, before any request
     wide = alice_client.get(f"/s/{done.code}/timeline.json?t0=0&t1={rep.events}&px=100").json()
-    assert default_storage.exists(name)  # stored once, read by every later zoom
     assert wide["full_detail"] is False and wide["points"] <= 4 * 100 + 4
     assert max(wide["reserved_bytes"]) == int(rep.peak_reserved)  # min/max per pixel: the peak survives
     narrow = alice_client.get(f"/s/{done.code}/timeline.json?t0=35400&t1=35500&px=1200").json()
@@ -118,8 +118,48 @@ def test_through_a_share_link_and_not_after_revoking(done: Upload, alice: Any) -
     r = anon.get(f"/r/{token}/state.json?i=100")
     assert r.status_code == 200 and r["Referrer-Policy"] == "no-referrer"
     assert anon.get(f"/r/{token}/timeline.json?t0=0&t1=50").json()["full_detail"] is True
+    assert set(anon.get(f"/r/{token}/charts.json").json()["charts"]) >= {"stacks-0", "whatif-0"}
     services.share_revoke(done)
     assert anon.get(f"/r/{token}/state.json?i=100").status_code == 404
+    assert anon.get(f"/r/{token}/charts.json").status_code == 404
+
+
+def test_page_embeds_the_first_chart_and_charts_json_the_rest(alice_client: Any, done: Upload) -> None:
+    """Issue 10: the report page's HTML holds the timeline (without its hover text) and the empty
+    active-memory chart; every other chart and the hover text come from charts.json, whole."""
+    import json
+    import re
+
+    from webapp.snapshots import services
+
+    stored = services.report_for(done).charts
+    page = alice_client.get(f"/s/{done.code}/").content.decode()
+    embedded = dict(re.findall(r'<script id="chart-data-([^"]+)" type="application/json">(.*?)</script>', page, re.S))
+    assert sorted(embedded) == ["active-0", "timeline-0"]
+    later = [n for n in stored if n not in embedded]
+    assert later and all(f'data-chart="{n}" data-later="1"' in page for n in later)
+    body = alice_client.get(f"/s/{done.code}/charts.json").json()
+    assert body["charts"] == {n: stored[n] for n in later}
+    # The hover text: one entry per plotted point, the chart's own ("alloc 12.00 MiB · ..."), blank in the page.
+    timeline = json.loads(embedded["timeline-0"])
+    source = next(
+        n for n in _walk(stored["timeline-0"]["doc"]) if n.get("attributes", {}).get("name") == "timeline-source"
+    )
+    columns = dict(source["attributes"]["data"]["entries"])
+    assert body["hover"]["timeline-0"] == columns["what"] and len(columns["what"]) > 100
+    blank = next(n for n in _walk(timeline["doc"]) if n.get("attributes", {}).get("name") == "timeline-source")
+    assert dict(blank["attributes"]["data"]["entries"])["what"] == [""] * len(columns["what"])
+    assert len(json.dumps(timeline)) < len(json.dumps(stored["timeline-0"]))
+
+
+def _walk(node: Any) -> Any:
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
 
 
 def test_active_memory_bands_stack_the_replays_live_blocks(alice_client: Any, done: Upload, replay: Any) -> None:
@@ -177,3 +217,104 @@ def test_block_free_stack_with_cpp_frames(alice_client: Any, alice: Any, alpha: 
     assert free_names == [f.name for f in snap.stacks.frames_of(int(trace.stack[info["free_event"]]))]
     assert any("DeviceCachingAllocator::malloc" in n for n in names)
     assert any("DeviceCachingAllocator::free" in n for n in free_names)
+
+
+def test_answers_come_from_the_workers_store_without_reading_the_snapshot(
+    alice_client: Any, done: Upload, replay: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10: the web process only reads the store the worker made; it never reads or replays the
+    snapshot. States on both sides of a checkpoint (the store keeps one after every 16,384 events:
+    after events 16,383 and 32,767 here) are the replay's, block by block."""
+    from analysis.explore import CHECKPOINT_EVERY
+    from webapp.snapshots import explore
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the web process read the snapshot")
+
+    monkeypatch.setattr(explore, "read_snapshot", refuse)
+    monkeypatch.setattr(explore, "store_of_snapshot", refuse)
+    explore._stores.clear()
+    rep, _ = replay
+    for i in (-1, CHECKPOINT_EVERY - 1, CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY - 2, rep.events - 1):
+        body = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
+        want = rep.blocks_at(i)
+        got = [(s["address"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]]) for s in body["segments"]]
+        assert got == [
+            (hex(s.address), [(hex(b.address), b.size, b.state) for b in s.blocks])
+            for s in sorted(want.segments, key=lambda s: s.address)
+        ]
+        assert body["allocated_bytes"] == want.figures().allocated
+    assert alice_client.get(f"/s/{done.code}/timeline.json?t0=0&t1=100&px=100").status_code == 200
+    assert alice_client.get(f"/s/{done.code}/active.json?t0=0&t1=1000&px=100").status_code == 200
+
+
+def test_an_upload_analysed_before_stores_gets_one_made_once(
+    alice_client: Any, done: Upload, replay: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webapp.snapshots import explore
+
+    name = f"explore/{done.sha256}/0.npz"
+    default_storage.delete(name)  # as an upload analysed before the worker stored them
+    explore._stores.clear()
+    rep, _ = replay
+    i = int(rep.peak_reserved_index)
+    first = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
+    assert first["reserved_bytes"] == int(rep.reserved[i])
+    assert default_storage.exists(name)  # made from the blob once, stored where the worker puts it
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("made twice")
+
+    monkeypatch.setattr(explore, "store_of_snapshot", refuse)
+    explore._stores.clear()
+    again = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
+    assert again == first
+
+
+def test_a_report_without_a_timeline_embeds_its_charts_whole() -> None:
+    """A snapshot without history has no timeline to draw first: its charts stay in the page."""
+    from webapp.snapshots import chartpage
+
+    charts = {"segments-peak-0": {"doc": {"roots": []}}, "stacks-0": {"doc": {"roots": []}}}
+    assert chartpage.first(charts) == charts
+    with_timeline = {**charts, "timeline-0": {"doc": {"roots": []}}}
+    assert chartpage.first(with_timeline)["stacks-0"] == chartpage.LATER
+
+
+def test_concurrent_first_requests_of_an_old_upload_make_its_store_once(
+    done: Upload, replay: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page asks for zoom detail and active bands at once: for an upload without a store, one of
+    them makes it (one read of the blob), the other waits and reads the same; a device the
+    snapshot lacks is then 404 without reading the blob again."""
+    import threading
+
+    from analysis.explore import store_of_snapshot
+    from webapp.snapshots import explore
+
+    default_storage.delete(f"explore/{done.sha256}/0.npz")
+    explore._stores.clear()
+    made: list[int] = []
+
+    def counting(snapshot: Any, device: int) -> Any:
+        made.append(device)
+        return store_of_snapshot(snapshot, device)
+
+    monkeypatch.setattr(explore, "store_of_snapshot", counting)
+    rep, _ = replay
+    answers: list[int] = []
+    threads = [threading.Thread(target=lambda: answers.append(explore.explorer_for(done, 0).events)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [rep.events] * 3 and made == [0]
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the blob was read")
+
+    monkeypatch.setattr(explore, "read_snapshot", refuse)
+    explore._stores.clear()
+    with pytest.raises(explore.ExploreError) as err:
+        explore.explorer_for(done, 3)
+    assert err.value.code == "explore:no-device"

@@ -33,7 +33,7 @@ import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from bokeh.embed import json_item
@@ -44,13 +44,11 @@ from bokeh.models import (
     ColumnDataSource,
     GroupFilter,
     HoverTool,
-    Label,
-    Legend,
     NumeralTickFormatter,
     Range1d,
-    Span,
     WheelZoomTool,
 )
+from bokeh.models.annotations import Label, Legend, Span, Title  # typed here; bokeh.models re-exports them untyped
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
@@ -122,7 +120,7 @@ def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         for kind, build in builders:
             model = build(dev)
             if model is not None:
-                charts[f"{kind}-{d}"] = json_item(model)
+                charts[f"{kind}-{d}"] = _item(model)
         if f"timeline-{d}" in charts:
             # Empty here; static/js/explore.js fills it from active.json (site pages only).
             charts[f"active-{d}"] = active_chart_item(int(d))
@@ -167,7 +165,7 @@ def build_history_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
         )
     )
     _legend(p)
-    return json_item(p)
+    return _item(p)
 
 
 def build_compare_charts(
@@ -222,11 +220,11 @@ def build_compare_charts(
         )
         p.x_range.start = 0
         _legend(p, outside=True)
-        charts["compare-peaks"] = json_item(p)
+        charts["compare-peaks"] = _item(p)
 
     overlay = _compare_timeline(dev_a, dev_b, labels)
     if overlay is not None:
-        charts["compare-timeline"] = json_item(overlay)
+        charts["compare-timeline"] = _item(overlay)
 
     steps_a, steps_b = dev_a.get("steps") or [], dev_b.get("steps") or []
     if steps_a or steps_b:
@@ -255,7 +253,7 @@ def build_compare_charts(
             )
         )
         _legend(p)
-        charts["compare-steps"] = json_item(p)
+        charts["compare-steps"] = _item(p)
     return charts
 
 
@@ -319,7 +317,8 @@ def timeline_columns(timeline: Mapping[str, Any] | None) -> dict[str, np.ndarray
     """
     if not timeline:
         return None
-    series = timeline.get("series") if isinstance(timeline.get("series"), Mapping) else timeline
+    nested = timeline.get("series")
+    series: Mapping[str, Any] = nested if isinstance(nested, Mapping) else timeline
 
     def column_of(*names: str) -> np.ndarray | None:
         for name in names:
@@ -356,7 +355,8 @@ def _seconds(cols: Mapping[str, np.ndarray]) -> np.ndarray | None:
     t = cols.get("time_us")
     if t is None or t.shape[0] < 2 or t[-1] <= t[0]:
         return None
-    return ((t - t[0]) / 1e6).astype(np.float32)
+    seconds: np.ndarray = ((t - t[0]) / 1e6).astype(np.float32)
+    return seconds
 
 
 def _fragmentation(cols: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -428,8 +428,8 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     p.toolbar.active_scroll = p.select_one({"type": WheelZoomTool})
     # A fixed range, not a DataRange1d: when explore.js swaps in a zoomed window's data, an automatic
     # range would spring back to the step bands' full extent.
-    p.x_range = Range1d(float(x[0]), float(x[-1]), bounds=(float(x[0]), float(x[-1])))
-    p.y_range = Range1d(0, top * 1.08 if top > 0 else 1)
+    p.x_range = Range1d(start=float(x[0]), end=float(x[-1]), bounds=(float(x[0]), float(x[-1])))
+    p.y_range = Range1d(start=0, end=top * 1.08 if top > 0 else 1)
     _bytes_ticks(p.yaxis)
     p.yaxis.axis_label = "bytes"
 
@@ -491,7 +491,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     q = _figure(
         "Fragmentation index: share of cached free memory outside the largest free block", height=170, x_range=p.x_range
     )
-    q.y_range = Range1d(0, 1.02)
+    q.y_range = Range1d(start=0, end=1.02)
     q.yaxis.formatter = NumeralTickFormatter(format="0%")
     q.xaxis.axis_label = x_label
     q.xaxis.formatter = NumeralTickFormatter(format="0,0")  # 2,500,000 rather than 2.500e+6
@@ -717,8 +717,8 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     p = _figure(
         title,
         height=min(1500, 90 + (6 if dense else 15) * rows),
-        y_range=Range1d(rows - 0.5, -0.5),
-        x_range=Range1d(0, widest * 1.01, bounds=(0, widest * 1.01)),
+        y_range=Range1d(start=rows - 0.5, end=-0.5),
+        x_range=Range1d(start=0, end=widest * 1.01, bounds=(0, widest * 1.01)),
     )
     if dense:
         p.yaxis.axis_label = f"{rows} segments, largest on top"
@@ -913,8 +913,8 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
         f"Who holds memory at {when}: top stacks by bytes (outermost frame on top)",
         height=min(700, 60 + 30 * min(levels, MAX_ICICLE_DEPTH)),
         tools="pan,wheel_zoom,box_zoom,reset,save",
-        x_range=Range1d(0, 1, bounds=(0, 1)),
-        y_range=Range1d(-float(levels), 0.05),
+        x_range=Range1d(start=0, end=1, bounds=(0, 1)),
+        y_range=Range1d(start=-float(levels), end=0.05),
     )
     p.axis.visible = False
     p.grid.visible = False
@@ -1047,7 +1047,7 @@ def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
 
 def _figure(title: str, *, height: int, tools: str = TOOLS, **kwargs: Any) -> Any:
     p = figure(title=title, height=height, sizing_mode="stretch_width", tools=tools, toolbar_location="above", **kwargs)
-    p.title.text_font_size = "13px"
+    cast(Title, p.title).text_font_size = "13px"
     p.toolbar.logo = None
     p.outline_line_color = None
     p.min_border_left = 60
@@ -1117,3 +1117,8 @@ def inline_bokehjs() -> str:
     from bokeh.resources import Resources
 
     return "\n".join(Resources(mode="inline", components=["bokeh"]).js_raw)
+
+
+def _item(model: Any) -> dict[str, Any]:
+    """``json_item`` as the plain dict the pages and the database store (bokeh types it as a TypedDict)."""
+    return cast(dict[str, Any], json_item(model))

@@ -5,7 +5,8 @@ numpy): no Django, no Celery, no database connection, so a hostile or giant file
 take down only this process. Progress goes to stdout as one JSON object per line:
 
     {"event": "progress", "stage": "replaying", "progress": 40}
-    {"event": "done"}                                   report written to OUT.json
+    {"event": "done"}                                   report written to OUT.json (and, with
+                                                        OOMSCOPE_EXPLORE_DIR, one explore store per device)
     {"event": "error", "code": "snapshot:...", "message": "..."}   exit status 2
 
 Anything else (a bug) prints a traceback to stderr and exits 1.
@@ -68,6 +69,7 @@ def analyse(path: Path, filename: str | None) -> dict[str, Any]:
     message_file = os.environ.get("OOMSCOPE_OOM_MESSAGE_FILE")  # set by runner.py from Upload.oom_message
     oom_message = Path(message_file).read_text(encoding="utf-8") if message_file else None
     batch_size = int(os.environ.get("OOMSCOPE_BATCH_SIZE") or 0) or None  # set by runner.py from Upload.batch_size
+    explore_dir = os.environ.get("OOMSCOPE_EXPLORE_DIR")  # set by runner.py: the digging endpoints' stores go there
     report: dict[str, Any] = build_report(
         path,
         progress=progress,
@@ -75,8 +77,24 @@ def analyse(path: Path, filename: str | None) -> dict[str, Any]:
         jobs=jobs,
         oom_message=oom_message,
         batch_size=batch_size,
+        explore=_store_writer(Path(explore_dir)) if explore_dir else None,
     )
     return report
+
+
+def _store_writer(folder: Path) -> Any:
+    """``build_report``'s explore sink: one uncompressed ``<device>.npz`` per device (a zoom reads a
+    window of it fast; the worker moves the files into the upload's storage)."""
+    import numpy as np
+
+    def write(device: int, store: dict[str, Any]) -> None:
+        target = folder / f"{int(device)}.npz"
+        partial = target.with_suffix(".part")
+        with partial.open("wb") as fh:
+            np.savez(fh, **store)
+        partial.rename(target)
+
+    return write
 
 
 def main(argv: list[str]) -> int:

@@ -1,18 +1,23 @@
 """The report's interactive endpoints: zoom detail, the allocator's state at an event, one block's story.
 
-Zooming reads stored columns: the first request for a device replays its snapshot once
-(``analysis.explore.Explorer``) and stores ``event_columns`` as one ``.npz`` beside the upload's
-blob (``columns/<sha256>/<device>.npz``, uncompressed so a window reads fast); every later zoom
-slices those arrays. The state at an event needs the replay itself (``blocks_at``): the replayed
-snapshot of the last few uploads asked for stays in this process (``EXPLORERS``), so clicks after
-the first answer in milliseconds on small traces; ``blocks_at`` replays up to the event, so on the
-2.4M-event benchmark a click costs about one replay (docs/report.md gives the figures).
+Everything here reads data the worker computed at analysis time: the analysis child writes one
+store per device (``analysis.explore.explore_store``: the recorded replay's columns, the trace
+columns, the stack table and the replay's full state every ``CHECKPOINT_EVERY`` events) and the
+task keeps it as ``explore/<sha256>/<device>.npz`` beside the upload's blob (uncompressed, so a
+window reads fast). A zoom slices the columns; the state at an event is the checkpoint before it
+moved on by at most ``CHECKPOINT_EVERY - 1`` events of the same replay; a block's stacks are read
+from the stack table. Nothing here reads or replays the snapshot, with one exception: an upload
+analysed before stores existed (or whose store is of an older version) gets the stores of all its
+devices made once, here, by its first request (``analysis.explore.store_of_snapshot``, one read of
+the blob), saved at the same names, and read from then on. A device without a store where other
+devices have one is answered 404 at once. One thread per process reads a given store; the last few
+read stay in this process (``STORES_KEPT``).
 """
 
 from __future__ import annotations
 
 import io
-import json
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -21,16 +26,17 @@ import numpy as np
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from analysis.explore import Explorer, active_bands, window
+from analysis.explore import StoredExplorer, active_bands, store_of_snapshot, window
 from analysis.reader import read_snapshot
 from webapp.snapshots.formatting import event_text, format_bytes
 from webapp.snapshots.models import Upload
 
-EXPLORERS_KEPT = 2
-COLUMNS_KEPT = 4
+log = logging.getLogger(__name__)
+
+STORES_KEPT = 3
 _lock = threading.Lock()
-_explorers: OrderedDict[tuple[str, int], Explorer] = OrderedDict()
-_columns: OrderedDict[tuple[str, int], tuple[dict[str, np.ndarray], dict[str, str]]] = OrderedDict()
+_stores: OrderedDict[tuple[str, int], StoredExplorer] = OrderedDict()
+_loading: dict[tuple[str, int], threading.Lock] = {}
 
 
 class ExploreError(Exception):
@@ -39,59 +45,95 @@ class ExploreError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any, kept: int) -> None:
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > kept:
-        cache.popitem(last=False)
+def store_name(sha256: str, device: int) -> str:
+    return f"explore/{sha256}/{int(device)}.npz"
 
 
-def explorer_for(upload: Upload, device: int) -> Explorer:
+def _stored_devices(sha256: str) -> set[int] | None:
+    """The devices with a store for these bytes; None when there is none (analysed before stores)."""
+    try:
+        _dirs, files = default_storage.listdir(f"explore/{sha256}")
+    except (FileNotFoundError, NotImplementedError):
+        return None
+    devices = {int(f[: -len(".npz")]) for f in files if f.endswith(".npz") and f[: -len(".npz")].isdigit()}
+    return devices or None
+
+
+def _read(name: str) -> StoredExplorer | None:
+    """The stored explorer at ``name``; None when it is missing or of another store version."""
+    if not default_storage.exists(name):
+        return None
+    with default_storage.open(name, "rb") as fh:
+        data = fh.read()
+    arrays = np.load(io.BytesIO(data), allow_pickle=False)
+    store = {k: arrays[k] for k in arrays.files}
+    try:
+        return StoredExplorer(store)
+    except ValueError:  # another version: made again below
+        log.info("explore store %s is of another version; making it again", name)
+        return None
+
+
+def _make_once(upload: Upload, device: int) -> StoredExplorer:
+    """An upload analysed before the worker stored explore data: make every device's store from the
+    blob (one read), store them, and answer for ``device``."""
+    log.warning("upload %s: no explore store; making them in the web process", upload.code)
+    with default_storage.open(upload.blob_name, "rb") as fh:
+        snapshot = read_snapshot(fh.read())
+    wanted: StoredExplorer | None = None
+    for dev in snapshot.devices:
+        if not (len(dev.trace) or dev.segments):  # as the report: devices it analysed
+            continue
+        name = store_name(upload.sha256, dev.device)
+        made = _read(name)  # another process may have stored it meanwhile
+        if made is None:
+            store = store_of_snapshot(snapshot, dev.device)
+            buf = io.BytesIO()
+            np.savez(buf, **store)  # type: ignore[arg-type]  # numpy's stub types the first keyword
+            if default_storage.exists(name):
+                default_storage.delete(name)  # another version's
+            default_storage.save(name, ContentFile(buf.getvalue()))
+            made = StoredExplorer(store)
+        if dev.device == device:
+            wanted = made
+    if wanted is None:
+        raise ExploreError(404, "explore:no-device", f"the snapshot has no device {device}")
+    return wanted
+
+
+def explorer_for(upload: Upload, device: int) -> StoredExplorer:
     key = (upload.sha256, device)
     with _lock:
-        found = _explorers.get(key)
+        found = _stores.get(key)
         if found is not None:
-            _explorers.move_to_end(key)
+            _stores.move_to_end(key)
             return found
-    with default_storage.open(upload.blob_name, "rb") as fh:
-        data = fh.read()
-    snapshot = read_snapshot(data)
-    try:
-        made = Explorer(snapshot, device)
-    except KeyError as err:
-        raise ExploreError(404, "explore:no-device", f"the snapshot has no device {device}") from err
+    devices = _stored_devices(upload.sha256)
+    if devices is not None and device not in devices:  # the worker stored every device it analysed
+        raise ExploreError(404, "explore:no-device", f"the snapshot has no device {device}")
+    name = store_name(upload.sha256, device)
+    # One reader per store in this process: a page's first requests (zoom detail and active bands
+    # at once) wait for one read, and an old upload's store is made once, not once per request.
     with _lock:
-        _remember(_explorers, key, made, EXPLORERS_KEPT)
+        key_lock = _loading.setdefault(key, threading.Lock())
+    with key_lock:
+        with _lock:
+            found = _stores.get(key)
+        if found is not None:
+            return found
+        made = _read(name) or _make_once(upload, device)
+        with _lock:
+            _stores[key] = made
+            _stores.move_to_end(key)
+            while len(_stores) > STORES_KEPT:
+                _stores.popitem(last=False)
+            _loading.pop(key, None)
     return made
 
 
-def _columns_name(upload: Upload, device: int) -> str:
-    return f"columns/{upload.sha256}/{device}.npz"
-
-
 def columns_for(upload: Upload, device: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    key = (upload.sha256, device)
-    with _lock:
-        found = _columns.get(key)
-        if found is not None:
-            return found
-    name = _columns_name(upload, device)
-    if default_storage.exists(name):
-        with default_storage.open(name, "rb") as fh:
-            stored = np.load(io.BytesIO(fh.read()), allow_pickle=False)
-            cols = {k: stored[k] for k in stored.files if k != "labels"}
-            labels = json.loads(bytes(stored["labels"]).decode())
-    else:
-        explorer = explorer_for(upload, device)
-        cols, labels = explorer.columns(), explorer.labels()
-        buf = io.BytesIO()
-        arrays = {"labels": np.frombuffer(json.dumps(labels).encode(), np.uint8), **cols}
-        np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types the first keyword
-        if not default_storage.exists(name):
-            default_storage.save(name, ContentFile(buf.getvalue()))
-    with _lock:
-        _remember(_columns, key, (cols, labels), COLUMNS_KEPT)
-    return cols, labels
+    explorer = explorer_for(upload, device)
+    return explorer.columns(), explorer.labels()
 
 
 def timeline_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -> dict[str, Any]:
@@ -121,11 +163,6 @@ BAND_COLOURS = (
 def active_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -> dict[str, Any]:
     """The active-memory bands of events ``[t0, t1]``, ready for the chart's source."""
     cols, labels = columns_for(upload, device)
-    if "alloc_start" not in cols:  # columns stored before the bands existed: store them again
-        default_storage.delete(_columns_name(upload, device))
-        with _lock:
-            _columns.pop((upload.sha256, device), None)
-        cols, labels = columns_for(upload, device)
     out = active_bands(cols, int(t0), int(t1) + 1, samples=max(16, min(600, px // 2)))
     bands = out.pop("bands")
     out["data"] = {
@@ -144,8 +181,8 @@ def active_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -
 
 def state_payload(upload: Upload, device: int, index: int) -> dict[str, Any]:
     explorer = explorer_for(upload, device)
-    if not -1 <= index < explorer.replay.events:
-        raise ExploreError(400, "explore:bad-event", f"event {index} is outside 0..{explorer.replay.events - 1}")
+    if not -1 <= index < explorer.events:
+        raise ExploreError(400, "explore:bad-event", f"event {index} is outside 0..{explorer.events - 1}")
     out = explorer.state_at(index)
     for key in (
         "allocated_bytes",

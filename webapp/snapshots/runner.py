@@ -121,8 +121,12 @@ def run_analysis(
     on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
     oom_message: str = "",
     batch_size: int | None = None,
+    explore_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Report dict for the snapshot at ``path``; ``ChildRefused`` for a refused file.
+
+    With ``explore_dir`` the child also writes there one ``<device>.npz`` per device: the stored
+    replay data the site's digging endpoints read (``analysis.explore.explore_store``).
 
     ``on_progress(stage, percent)`` is called for every progress line and at least every
     few seconds with ``(None, None)`` as a heartbeat.
@@ -141,6 +145,8 @@ def run_analysis(
             env["OOMSCOPE_OOM_MESSAGE_FILE"] = str(message_path)
         if batch_size:
             env["OOMSCOPE_BATCH_SIZE"] = str(int(batch_size))
+        if explore_dir is not None:
+            env["OOMSCOPE_EXPLORE_DIR"] = str(explore_dir)
         started = time.monotonic()
         with err_path.open("wb") as err:
             proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell

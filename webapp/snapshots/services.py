@@ -104,6 +104,12 @@ def report_for(upload: Upload) -> Report | None:
     return Report.objects.filter(upload=upload).first()
 
 
+def report_charts(upload: Upload) -> dict[str, Any]:
+    """The stored charts of a finished upload, without decoding its report (megabytes on a large trace)."""
+    charts = Report.objects.filter(upload=upload).values_list("charts", flat=True).first()
+    return charts if isinstance(charts, dict) else {}
+
+
 # --- teams and projects ------------------------------------------------------------------
 
 
@@ -533,7 +539,20 @@ def upload_delete_blob_if_unused(upload: Upload) -> bool:
     if Upload.objects.filter(blob_name=upload.blob_name).exclude(pk=upload.pk).exists():
         return False
     default_storage.delete(upload.blob_name)
+    if upload.sha256 and not Upload.objects.filter(sha256=upload.sha256).exclude(pk=upload.pk).exists():
+        _delete_explore_stores(upload.sha256)
     return True
+
+
+def _delete_explore_stores(sha256: str) -> None:
+    """The worker's explore stores of these bytes (``explore/<sha256>/<device>.npz``)."""
+    folder = f"explore/{sha256}"
+    try:
+        _dirs, files = default_storage.listdir(folder)
+    except (FileNotFoundError, NotImplementedError):
+        return
+    for name in files:
+        default_storage.delete(f"{folder}/{name}")
 
 
 def upload_can_delete(user: AnyUser, upload: Upload) -> bool:

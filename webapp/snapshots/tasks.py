@@ -17,6 +17,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready
 from django.conf import settings
+from django.core.files import File
 from django.core.files.storage import default_storage
 
 from analysis.errors import SnapshotError
@@ -41,6 +42,19 @@ def _local_path(blob_name: str) -> Any:
         with default_storage.open(blob_name, "rb") as src, target.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1024 * 1024)
         yield target
+
+
+def _keep_stores(sha256: str, folder: Path) -> None:
+    """Move the child's explore stores into the upload's storage (``webapp/snapshots/explore.py``
+    reads them); a store already there (the same file uploaded before) is kept."""
+    from webapp.snapshots.explore import store_name
+
+    for path in sorted(folder.glob("*.npz")):
+        name = store_name(sha256, int(path.stem))
+        if default_storage.exists(name):
+            continue
+        with path.open("rb") as fh:
+            default_storage.save(name, File(fh))
 
 
 def _build_charts(report: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +106,7 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
         services.upload_set_progress(upload_id, stage, percent)
 
     try:
-        with _local_path(upload.blob_name) as path:
+        with _local_path(upload.blob_name) as path, tempfile.TemporaryDirectory(prefix="oomscope-explore-") as stores:
             limits = runner.limits_for(
                 path,
                 per_byte=settings.ANALYSIS_MEMORY_PER_BYTE,
@@ -109,7 +123,9 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
                 on_progress=on_progress,
                 oom_message=upload.oom_message,
                 batch_size=upload.batch_size,
+                explore_dir=Path(stores),
             )
+            _keep_stores(upload.sha256, Path(stores))
         analysed = time.monotonic()
         services.upload_set_progress(upload_id, "charting", 90)
         charts = _build_charts(report)

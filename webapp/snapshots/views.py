@@ -20,7 +20,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from webapp.snapshots import explore, messages, services
+from webapp.snapshots import chartpage, explore, messages, services
 from webapp.snapshots.forms import SignupForm, UploadForm
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
@@ -51,7 +51,9 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
     return {
         "upload": services.upload_dict(upload, request),
         "report": with_decisions(report.data) if report else None,
-        "charts": report.charts if report else {},
+        # The first chart in the HTML, the others from charts.json once it is drawn (chartpage.py).
+        "charts": chartpage.first(report.charts) if report else {},
+        "charts_src": reverse("snapshots:charts_json", args=[upload.code]),
         "shared": shared,
         "share_url": share_link,
         "share_active": bool(live),
@@ -274,6 +276,7 @@ def share_view(request: HttpRequest, token: str) -> HttpResponse:
     context["markdown_snippet"] = services.markdown_snippet(upload_row, context["share_url"])
     context["status_url"] = reverse("snapshots:share_status_json", args=[token])
     context["explore_base"] = reverse("snapshots:share_view", args=[token])
+    context["charts_src"] = reverse("snapshots:share_charts_json", args=[token])
     template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
     return _capability_headers(render(request, template, context))
 
@@ -412,6 +415,33 @@ def share_explore_json(request: HttpRequest, token: str, kind: str) -> HttpRespo
     response = _explore_answer(upload_row, request, kind)
     _capability_headers(response)
     return response
+
+
+def _later_charts(upload_row: Upload) -> HttpResponse:
+    if upload_row.status != Upload.Status.DONE:
+        message = messages.REPORT_NOT_READY.format(status=upload_row.status)
+        return JsonResponse({"error": {"code": "report-not-ready", "message": message}}, status=404)
+    response = JsonResponse(chartpage.later(services.report_charts(upload_row)))
+    response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
+    return response
+
+
+@login_required
+@require_GET
+def charts_json(request: HttpRequest, code: str) -> HttpResponse:
+    """``/s/<code>/charts.json``: the charts the page did not embed (webapp/snapshots/chartpage.py)."""
+    return _later_charts(_upload_or_404(request, code))
+
+
+@require_GET
+def share_charts_json(request: HttpRequest, token: str) -> HttpResponse:
+    """The same through a share link (not counted as a use: the page view was)."""
+    upload_row = services.upload_for_share_token(token, count_use=False)
+    if upload_row is None:
+        return _capability_headers(
+            JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
+        )
+    return _capability_headers(_later_charts(upload_row))
 
 
 # --- teams, projects, API tokens ----------------------------------------------------------
