@@ -226,6 +226,68 @@ def test_killed_worker_main_process_reruns_its_upload_when_the_worker_restarts(
     assert restarted.poll() is None
 
 
+def test_redis_killed_mid_analysis_the_worker_stays_and_every_upload_ends_done(
+    alice: Any, alpha: Any, start_worker: Any, tmp_path: Path
+) -> None:
+    """SIGKILL of redis-server while an upload is analysed, then a restart on the same AOF
+    directory (what supervisord does): the worker must not exit (kombu's close of the dead
+    channel raised AttributeError and the worker exited 1 before broker.patch_kombu_redis_closed_transport),
+    the analysis in flight finishes once (attempt 1), and an upload sent after the restart is
+    consumed by the same worker process. Two pool processes, as in ``make run``: one stays free,
+    so the consumer has a BRPOP in flight when Redis dies."""
+    import kombu
+    from django.utils import timezone
+
+    from tests.webapp.conftest import redis_server_binary
+    from tests.webapp.helpers import make_upload
+    from tests.webapp.processes import start_redis_server
+    from webapp.snapshots.models import Upload
+    from webapp.snapshots.tasks import analyse_upload_task
+
+    directory = tmp_path / "own-redis"
+    directory.mkdir()
+    redis_proc, url = start_redis_server(redis_server_binary(), directory, appendonly=True)
+
+    def publish(path: Path) -> Any:
+        upload = make_upload(alpha, alice, path, queued_at=timezone.now())
+        with kombu.Connection(url) as connection:
+            analyse_upload_task.apply_async((upload.id,), connection=connection)
+        return upload
+
+    def wait_done(upload: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            upload.refresh_from_db()
+            if upload.status in (Upload.Status.DONE, Upload.Status.FAILED) or time.monotonic() > deadline:
+                return upload
+            time.sleep(0.2)
+
+    try:
+        worker = start_worker({"REDIS_URL": url}, concurrency=2)
+        in_flight = publish(FIXTURES / "big_all_stacks.pickle.gz")
+        _analysis_children(worker.pid)
+        redis_proc.kill()
+        redis_proc.wait()
+        redis_proc, _ = start_redis_server(redis_server_binary(), directory, appendonly=True)
+
+        in_flight = wait_done(in_flight, 120)
+        log = worker.log_path.read_text()
+        assert in_flight.status == "done", (in_flight.status, log[-3000:])
+        assert in_flight.attempts == 1, "the analysis in flight finished; nothing ran it twice"
+        assert "Connection to broker lost" in log
+        deadline = time.monotonic() + 30
+        while worker.log_path.read_text().count("Connected to redis") < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the consumer's reconnect (the first line is its start)
+        after = wait_done(publish(GPT_OOM), 120)
+        log = worker.log_path.read_text()
+        assert after.status == "done", (after.status, log[-3000:])
+        assert worker.poll() is None, "the worker survived the broker's restart: " + log[-3000:]
+        assert "AttributeError" not in log
+    finally:
+        redis_proc.kill()
+        redis_proc.wait()
+
+
 def test_messages_go_to_this_runs_own_queue(redis_url: str) -> None:
     import os
 
