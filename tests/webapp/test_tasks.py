@@ -203,7 +203,15 @@ def test_claim_strings_tell_live_dead_and_unknown_processes() -> None:
 def test_redelivered_message_does_not_take_a_row_its_live_first_run_holds(alice: Any, alpha: Any) -> None:
     # kombu restores unacked messages on a broker connection loss while the analysis goes on in
     # its pool process: the same message comes back, but that process (here: this one) is alive.
-    live = make_upload(alpha, alice, status="running", attempts=1, task_id="msg-1", claimed_by=liveness.identity())
+    live = make_upload(
+        alpha,
+        alice,
+        status="running",
+        attempts=1,
+        task_id="msg-1",
+        started_at=timezone.now(),
+        claimed_by=liveness.identity(),
+    )
     assert services.upload_claim(live.id, task_id="msg-1", claimant="new") is None
     live.refresh_from_db()
     assert (live.status, live.attempts, live.claimed_by) == ("running", 1, liveness.identity())
@@ -247,14 +255,36 @@ def test_worker_start_requeues_only_claims_of_dead_processes(alice: Any, alpha: 
     assert (dead.status, dead.attempts, dead.claimed_by) == ("done", 2, liveness.identity())
 
 
-def test_sweep_never_takes_a_row_whose_claimant_runs(alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sweep_never_takes_a_row_whose_claimant_runs(
+    alice: Any, alpha: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     published: list[int] = []
     monkeypatch.setattr(tasks.analyse_upload_task, "delay", lambda upload_id: published.append(upload_id))
     old = timezone.now() - timedelta(hours=1)
-    quiet = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=old, claimed_by=liveness.identity())
+    quiet = make_upload(
+        alpha,
+        alice,
+        status="running",
+        attempts=1,
+        heartbeat_at=old,
+        started_at=timezone.now() - timedelta(minutes=5),
+        claimed_by=liveness.identity(),
+    )
     gone = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=old, claimed_by=_dead_process_claim())
-    assert tasks.sweep_uploads() == 1
-    assert published == [gone.id]
+    # The same live process, but the row was claimed past the task's hard time limit: that
+    # process has surely left this upload (it was killed there, or the row's last write failed).
+    past_limit = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT + 60)
+    left = make_upload(
+        alpha,
+        alice,
+        status="running",
+        attempts=1,
+        heartbeat_at=old,
+        started_at=past_limit,
+        claimed_by=liveness.identity(),
+    )
+    assert tasks.sweep_uploads() == 2
+    assert sorted(published) == sorted([gone.id, left.id])
     quiet.refresh_from_db()
     assert quiet.status == "running"
 

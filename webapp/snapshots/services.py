@@ -375,6 +375,19 @@ def _publish(upload: Upload) -> None:
         Upload.objects.filter(pk=upload.pk, status=Upload.Status.QUEUED).update(queued_at=None)
 
 
+def _runs_it_still(claimed_by: str, started_at: datetime | None) -> bool:
+    """The claiming process provably lives and may still be on this upload.
+
+    A pool process outlives its task and takes the next one, so a live claimant alone does not
+    prove it: past the task's hard time limit (Celery kills the process there) it is surely
+    done with this upload, whatever the row says (e.g. its final write failed).
+    """
+    if liveness.alive(claimed_by) is not True:
+        return False
+    limit = timedelta(seconds=float(settings.CELERY_TASK_TIME_LIMIT))
+    return started_at is not None and started_at > timezone.now() - limit
+
+
 def upload_claim(upload_id: int, task_id: str | None = None, claimant: str = "") -> Upload | None:
     """QUEUED -> RUNNING with one conditional UPDATE; None when another worker owns the row.
 
@@ -392,16 +405,16 @@ def upload_claim(upload_id: int, task_id: str | None = None, claimant: str = "")
     if task_id:
         previous = (
             Upload.objects.filter(pk=upload_id, status=Upload.Status.RUNNING, task_id=task_id)
-            .values_list("claimed_by", flat=True)
+            .values_list("claimed_by", "started_at")
             .first()
         )
         if previous is not None:
-            if liveness.alive(previous) is True:
+            if _runs_it_still(*previous):
                 log.warning(
                     "upload %s: message %s redelivered while its first run is alive; left to it", upload_id, task_id
                 )
             else:
-                claimable |= Q(status=Upload.Status.RUNNING, task_id=task_id, claimed_by=previous)
+                claimable |= Q(status=Upload.Status.RUNNING, task_id=task_id, claimed_by=previous[0])
     with transaction.atomic():
         claimed = Upload.objects.filter(claimable, pk=upload_id).update(
             task_id=task_id or "",
@@ -519,7 +532,7 @@ def uploads_requeue_stale() -> list[int]:
     Covers a worker killed mid-analysis (its heartbeat stops), a message lost between
     commit and publish, and a broker that lost its queue. Rows past the attempt limit are
     failed here instead of looping. A RUNNING row whose claiming process provably still runs
-    (``liveness``) is left to it, however old its heartbeat.
+    (``liveness``), within the task's hard time limit, is left to it however old its heartbeat.
     """
     now = timezone.now()
     stale_running = now - timedelta(seconds=settings.SWEEP_STALE_RUNNING_SECONDS)
@@ -530,9 +543,9 @@ def uploads_requeue_stale() -> list[int]:
         | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
         # publish failed at upload time (broker down): send it at the next sweep
         | Q(status=Upload.Status.QUEUED, queued_at__isnull=True)
-    ).only("id", "status", "attempts", "claimed_by"):
-        if upload.status == Upload.Status.RUNNING and liveness.alive(upload.claimed_by) is True:
-            continue  # a quiet heartbeat, but its process runs: never run it twice
+    ).only("id", "status", "attempts", "claimed_by", "started_at"):
+        if upload.status == Upload.Status.RUNNING and _runs_it_still(upload.claimed_by, upload.started_at):
+            continue  # a quiet heartbeat, but its process runs it: never run it twice
         if upload.status == Upload.Status.RUNNING and upload.attempts >= settings.ANALYSIS_MAX_ATTEMPTS:
             upload_fail(upload.id, "worker:killed-repeatedly")
             continue
