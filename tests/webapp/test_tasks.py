@@ -305,6 +305,25 @@ def test_task_options_match_the_reliability_plan() -> None:
     assert hasattr(task, "delay_on_commit")
 
 
+def test_worker_reaps_dead_pool_processes_twice_a_second() -> None:
+    """Celery's prefork pool can miss a killed pool process's sentinel and see the death only at
+    its 5 s maintain_pool timer; the worker step adds the same call every 0.5 s."""
+    from types import SimpleNamespace
+
+    from webapp.celery import POOL_REAP_SECONDS, PoolReaper, app
+
+    assert PoolReaper in app.steps["worker"]
+    assert POOL_REAP_SECONDS < 5.0  # Celery's own interval (AsynPool.timers)
+    scheduled: list[tuple[float, Any]] = []
+    hub = SimpleNamespace(call_repeatedly=lambda interval, fun: scheduled.append((interval, fun)))
+    pool = SimpleNamespace(maintain_pool=lambda: None)
+    step = PoolReaper(SimpleNamespace())
+    step.start(SimpleNamespace(hub=hub, pool=pool))
+    assert scheduled == [(POOL_REAP_SECONDS, pool.maintain_pool)]
+    step.start(SimpleNamespace(hub=None, pool=pool))  # solo / threads pools: no event loop, nothing
+    assert len(scheduled) == 1
+
+
 def test_rolled_back_upload_publishes_nothing(
     alice: Any, alpha: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
