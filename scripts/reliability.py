@@ -14,9 +14,10 @@ Scenarios (docs/reliability.md has the table of figures):
   kill-pool     SIGKILL of the pool process mid-analysis: the redelivered message re-runs the
                 upload at once; total time vs an undisturbed run of the same file.
   kill-main     SIGKILL of the Celery main process: supervisord restarts it alone; the site keeps
-                answering; the upload in flight is finished (by the sweep).
-  kill-redis    SIGKILL of redis-server: restarted alone; uploads during the outage and after it
-                all end done.
+                answering; the upload in flight is re-run as soon as the worker is back (its
+                start re-queues the claims of dead processes), not by the sweep.
+  kill-redis    SIGKILL of redis-server: restarted alone (the worker keeps its pid); uploads during
+                the outage and after it all end done.
   broker-down   Redis stopped: an upload answers 202 queued with publish pending; a retry with the
                 same Idempotency-Key returns the same upload; Redis back: it ends done.
   slow-clients  S sockets trickling half a request: /healthz latency meanwhile.
@@ -297,13 +298,36 @@ def kill_program(site: Site, token: str, program: str, sweep_running: int) -> di
     deadline = time.monotonic() + 60
     while not site.analysis_children() and time.monotonic() < deadline:
         time.sleep(0.05)
+    # Mid-analysis, past the claim's "reading 0%", so that a reset to it shows a re-run.
+    while time.monotonic() < deadline:
+        now = site.get(token, f"/api/v1/snapshots/{code}")[1]
+        if now["status"] != "running" or (now["stage"], now["progress"]) != ("reading", 0):
+            break
+        time.sleep(0.05)
     samples: list[tuple[float, int, str]] = []
     stop = threading.Event()
     watcher = threading.Thread(target=watch_site, args=(site, stop, samples), daemon=True)
     watcher.start()
+    before = site.get(token, f"/api/v1/snapshots/{code}")[1]
+    # When the in-flight upload is taken up again: back to queued, or its claim reset to
+    # "reading 0%" (a re-run), or done (its first run finished: nothing had to be re-run).
+    rerun: dict[str, Any] = {}
+
+    def watch_upload() -> None:
+        while not stop.is_set() and not rerun:
+            now = site.get(token, f"/api/v1/snapshots/{code}")[1]
+            if now["status"] == "queued" or (now["stage"] == "reading" and now["progress"] == 0):
+                rerun.update(after_s=time.monotonic() - killed, how="re-run")
+            elif now["status"] in ("done", "failed"):
+                rerun.update(after_s=time.monotonic() - killed, how=f"first run {now['status']}")
+            time.sleep(0.1)
+
+    log_size = (site.var / "log" / "worker.log").stat().st_size
     victim = site.pid(program)
     killed = time.monotonic()
     os.kill(victim, signal.SIGKILL)
+    upload_watcher = threading.Thread(target=watch_upload, daemon=True)
+    upload_watcher.start()
     # Uploads while it is down (for Redis: published after its restart or by the sweep).
     during: list[str] = []
     for f in FIXTURES[:3]:
@@ -320,18 +344,32 @@ def kill_program(site: Site, token: str, program: str, sweep_running: int) -> di
         time.sleep(0.1)
     site.wait_healthy(120)
     healthy_again = time.monotonic() - killed
-    outcomes = [site.wait_done(token, c, sweep_running + 300) for c in [code, *[d for d in during if " " not in d]]]
+    outcomes = [site.wait_done(token, code, sweep_running + 300)]
+    in_flight_done = time.monotonic() - killed
+    outcomes += [site.wait_done(token, c, sweep_running + 300) for c in during if " " not in c]
     finished = time.monotonic() - killed
     stop.set()
     watcher.join(timeout=10)
+    upload_watcher.join(timeout=10)
     unanswered = sum(1 for _, status, _ in samples if status == 0)
     kept = {p: site.pid(p) == pid for p, pid in others.items()}
-    # The site (web) must never restart. The worker restarts too when Redis dies: kombu's redis
-    # transport fails while restoring unacked messages on the dead connection (kombu#970 family)
-    # and the worker exits 1; supervisord restarts it. Reported, not hidden.
-    others_same = kept["web"] if program == "redis" else all(kept.values())
+    with (site.var / "log" / "worker.log").open("rb") as fh:
+        fh.seek(log_size)
+        log = fh.read().decode(errors="replace")
+    recovered_by = [
+        what
+        for what, marker in (("worker start", "worker start: re-queued"), ("sweep", "sweep: re-queued"))
+        if marker in log
+    ]
     return {
+        "stage_when_killed": f"{before['stage']} {before['progress']}%",
         "restarted_after_s": round(restarted, 1) if restarted is not None else None,
+        "in_flight_taken_up_after_s": round(rerun["after_s"], 2) if rerun else None,
+        "in_flight_how": rerun.get("how"),
+        "in_flight_done_after_s": round(in_flight_done, 1),
+        "requeued_by": recovered_by,
+        "worker_tracebacks": log.count("Traceback"),
+        "couldnt_ack": log.count("Couldn't ack"),
         "healthy_again_s": round(healthy_again, 1),
         "healthz_polls": len(samples),
         "healthz_unanswered": unanswered,
@@ -339,9 +377,12 @@ def kill_program(site: Site, token: str, program: str, sweep_running: int) -> di
         "uploads_during": len(during),
         "all_done": [o["status"] for o in outcomes],
         "all_done_after_s": round(finished, 1),
+        # Only the killed program restarts: the web and (for Redis) the worker keep their pid.
+        # A killed worker's upload is re-run by its restart, long before the sweep's stale limit.
         "pass": restarted is not None
-        and others_same
+        and all(kept.values())
         and all(o["status"] == "done" for o in outcomes)
+        and (program != "worker" or "sweep" not in recovered_by)
         and (program == "web" or unanswered == 0),
     }
 

@@ -7,11 +7,43 @@ Configuration lives in ``webapp/settings.py`` under the ``CELERY_`` prefix. Task
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
+
+from webapp.snapshots.broker import patch_kombu_redis_closed_transport
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+# A Redis restart must not take the worker down with it (docs/reliability.md, kill-redis).
+patch_kombu_redis_closed_transport()
 
 app = Celery("webapp", task_cls="celery.contrib.django.task:DjangoTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["webapp.snapshots"])
+
+# How often the worker's main process looks for pool processes that exited (Celery: every 5 s).
+POOL_REAP_SECONDS = 0.5
+
+
+class PoolReaper(bootsteps.StartStopStep):
+    """Notice a killed pool process within ``POOL_REAP_SECONDS``, not up to 5 s later.
+
+    Celery's prefork pool learns of a pool process's death from its sentinel pipe, stops watching
+    it, and reaps with ``waitpid(WNOHANG)``. As we read it, the pipe closes while the kernel is
+    still tearing the process down, so on a busy host that reap can come too early and find
+    nothing; the death is then seen by the pool's own 5-second ``maintain_pool`` timer (kill-pool
+    measured 4.4-5.8 s before the redelivery in 4 of 16 runs; with this step, under 1 s in 6 of 6).
+    Calling the same ``maintain_pool`` twice a second bounds that; it only polls each pool
+    process's status.
+    """
+
+    requires = ("celery.worker.components:Pool",)
+
+    def start(self, worker: Any) -> None:
+        hub = getattr(worker, "hub", None)
+        maintain = getattr(getattr(worker, "pool", None), "maintain_pool", None)
+        if hub is not None and maintain is not None:  # prefork with an event loop
+            hub.call_repeatedly(POOL_REAP_SECONDS, maintain)
+
+
+app.steps["worker"].add(PoolReaper)

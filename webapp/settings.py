@@ -260,6 +260,11 @@ CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 30.0
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("WORKER_MAX_MEMORY_KIB", 2_000_000)  # backstop only
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_RETRY = True  # a lost broker connection is re-established, the worker stays
+# On a broker connection loss the running analyses go on and store their outcome (the row is the
+# truth, not the ack); cancelling them would throw the work away. A redelivery of their message
+# while they run is refused by the claim (the claiming process is alive: services.upload_claim).
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "oomscope")
 CELERY_BEAT_SCHEDULE = {
     "sweep-stale-uploads": {

@@ -159,10 +159,12 @@ def start_worker(redis_url: str, settings: Any, tmp_path: Path) -> Iterator[Any]
 
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(extra_env: dict[str, str] | None = None, beat: bool = False) -> subprocess.Popen[bytes]:
+    def start(
+        extra_env: dict[str, str] | None = None, beat: bool = False, concurrency: int = 1
+    ) -> subprocess.Popen[bytes]:
         queue = app.conf.task_default_queue
         env = processes.process_env(redis_url=redis_url, media_root=settings.MEDIA_ROOT, queue=queue, extra=extra_env)
-        argv = processes.celery_worker_argv(queue, tmp_path / "beat-schedule" if beat else None)
+        argv = processes.celery_worker_argv(queue, tmp_path / "beat-schedule" if beat else None, concurrency)
         proc = processes.start_logged(argv, env, tmp_path / f"worker-{len(started)}.log")
         started.append(proc)
         processes.wait_for_log(proc, b"ready.", "celery worker")

@@ -34,8 +34,8 @@ def process_env(*, redis_url: str, media_root: Path, queue: str, extra: dict[str
     return env
 
 
-def celery_worker_argv(queue: str, beat_schedule: Path | None = None) -> list[str]:
-    """The worker of ``make run`` (prefork), one child, on ``queue`` only."""
+def celery_worker_argv(queue: str, beat_schedule: Path | None = None, concurrency: int = 1) -> list[str]:
+    """The worker of ``make run`` (prefork), ``concurrency`` children, on ``queue`` only."""
     argv = [
         sys.executable,
         "-m",
@@ -46,7 +46,7 @@ def celery_worker_argv(queue: str, beat_schedule: Path | None = None) -> list[st
         "--pool",
         "prefork",
         "--concurrency",
-        "1",
+        str(concurrency),
         "--loglevel",
         "INFO",
         "--without-gossip",
@@ -115,3 +115,24 @@ def start_gunicorn(env: dict[str, str], log_path: Path, workers: int = 2) -> tup
     sock.close()  # gunicorn holds its own copy
     wait_for_log(proc, b"Booting worker", "gunicorn")
     return proc, f"http://127.0.0.1:{port}"
+
+
+def start_redis_server(
+    binary: str, directory: Path, *, appendonly: bool = False
+) -> tuple[subprocess.Popen[bytes], str]:
+    """redis-server on a unix socket in ``directory`` (no TCP port); returns (process, broker URL).
+
+    With ``appendonly`` its data survives a SIGKILL and a restart on the same directory, as
+    ``make run``'s Redis does."""
+    sock = directory / "redis.sock"
+    sock.unlink(missing_ok=True)  # left by a killed server: wait for the new one's
+    argv = [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--dir", str(directory)]
+    argv += ["--save", "", "--appendonly", "yes" if appendonly else "no", "--maxmemory-policy", "noeviction"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("redis-server did not start")
+        time.sleep(0.05)
+    return proc, f"redis+socket://{sock}"

@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from tests.webapp.helpers import FIXTURES, GPT_OOM, make_upload
-from webapp.snapshots import services, tasks
+from webapp.snapshots import liveness, services, tasks
 from webapp.snapshots.models import Report, Upload
 
 pytestmark = pytest.mark.django_db
@@ -170,6 +170,125 @@ def test_sweep_requeues_stale_rows(alice: Any, alpha: Any, settings: Any, monkey
     assert (stale_running.status, stale_running.attempts) == ("done", 2)
 
 
+def _dead_process_claim() -> str:
+    """The claim string of a real process that has exited and been reaped."""
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "30"])
+    claim = liveness.identity(proc.pid)
+    proc.kill()
+    proc.wait()
+    assert claim and liveness.alive(claim) is False
+    return claim
+
+
+def _foreign_claim() -> str:
+    """A claim made on another machine (another boot id): nothing can be told about it here."""
+    _host, _boot, namespace, pid, start = liveness.identity().split("|")
+    return "|".join(("other-host", "00000000-0000-0000-0000-000000000000", namespace, pid, start))
+
+
+def test_claim_strings_tell_live_dead_and_unknown_processes() -> None:
+    me = liveness.identity()
+    assert me.split("|")[3] == str(os.getpid())
+    assert liveness.alive(me) is True
+    assert liveness.alive(_dead_process_claim()) is False
+    assert liveness.alive(_foreign_claim()) is None
+    assert liveness.alive("") is None and liveness.alive("a|b|c|x|y") is None
+    # A reused pid is another process: the same pid with another start time is not the claimant.
+    host, boot, namespace, pid, start = me.split("|")
+    assert liveness.alive("|".join((host, boot, namespace, pid, str(int(start) + 1)))) is False
+
+
+def test_redelivered_message_does_not_take_a_row_its_live_first_run_holds(alice: Any, alpha: Any) -> None:
+    # kombu restores unacked messages on a broker connection loss while the analysis goes on in
+    # its pool process: the same message comes back, but that process (here: this one) is alive.
+    live = make_upload(
+        alpha,
+        alice,
+        status="running",
+        attempts=1,
+        task_id="msg-1",
+        started_at=timezone.now(),
+        claimed_by=liveness.identity(),
+    )
+    assert services.upload_claim(live.id, task_id="msg-1", claimant="new") is None
+    live.refresh_from_db()
+    assert (live.status, live.attempts, live.claimed_by) == ("running", 1, liveness.identity())
+
+    # Its pool process was killed (reject_on_worker_lost): the same message claims it again.
+    dead = make_upload(alpha, alice, status="running", attempts=1, task_id="msg-2", claimed_by=_dead_process_claim())
+    again = services.upload_claim(dead.id, task_id="msg-2", claimant="new")
+    assert again is not None and (again.attempts, again.claimed_by) == (2, "new")
+
+    # Claimed on another host: not judged from here, the same message may claim it (as before).
+    foreign = make_upload(alpha, alice, status="running", attempts=1, task_id="msg-3", claimed_by=_foreign_claim())
+    assert services.upload_claim(foreign.id, task_id="msg-3", claimant="new") is not None
+    # Another message never takes a RUNNING row, whoever claimed it.
+    other = make_upload(alpha, alice, status="running", attempts=1, task_id="msg-4", claimed_by=_dead_process_claim())
+    assert services.upload_claim(other.id, task_id="msg-5", claimant="new") is None
+
+
+def test_worker_start_requeues_only_claims_of_dead_processes(alice: Any, alpha: Any, settings: Any) -> None:
+    fresh = timezone.now()  # every heartbeat is fresh: the sweep would take none of these
+    dead = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=fresh, claimed_by=_dead_process_claim())
+    limit = make_upload(
+        alpha,
+        alice,
+        status="running",
+        attempts=settings.ANALYSIS_MAX_ATTEMPTS,
+        heartbeat_at=fresh,
+        claimed_by=_dead_process_claim(),
+    )
+    live = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=fresh, claimed_by=liveness.identity())
+    foreign = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=fresh, claimed_by=_foreign_claim())
+    unclaimed = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=fresh)
+
+    assert services.uploads_requeue_dead_claims() == [dead.id]
+    states = {u.id: (u.status, u.error_code) for u in Upload.objects.all()}
+    assert states[dead.id] == ("queued", "")
+    assert states[limit.id] == ("failed", "worker:killed-repeatedly")
+    assert states[live.id] == states[foreign.id] == states[unclaimed.id] == ("running", "")
+    # The re-queued row is analysed as the next attempt, claimed by the process that runs it.
+    tasks.analyse_upload(dead.id)
+    dead.refresh_from_db()
+    assert (dead.status, dead.attempts, dead.claimed_by) == ("done", 2, liveness.identity())
+
+
+def test_sweep_never_takes_a_row_whose_claimant_runs(
+    alice: Any, alpha: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    published: list[int] = []
+    monkeypatch.setattr(tasks.analyse_upload_task, "delay", lambda upload_id: published.append(upload_id))
+    old = timezone.now() - timedelta(hours=1)
+    quiet = make_upload(
+        alpha,
+        alice,
+        status="running",
+        attempts=1,
+        heartbeat_at=old,
+        started_at=timezone.now() - timedelta(minutes=5),
+        claimed_by=liveness.identity(),
+    )
+    gone = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=old, claimed_by=_dead_process_claim())
+    # The same live process, but the row was claimed past the task's hard time limit: that
+    # process has surely left this upload (it was killed there, or the row's last write failed).
+    past_limit = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT + 60)
+    left = make_upload(
+        alpha,
+        alice,
+        status="running",
+        attempts=1,
+        heartbeat_at=old,
+        started_at=past_limit,
+        claimed_by=liveness.identity(),
+    )
+    assert tasks.sweep_uploads() == 2
+    assert sorted(published) == sorted([gone.id, left.id])
+    quiet.refresh_from_db()
+    assert quiet.status == "running"
+
+
 def test_task_options_match_the_reliability_plan() -> None:
     from django.conf import settings
 
@@ -184,6 +303,25 @@ def test_task_options_match_the_reliability_plan() -> None:
     assert app.conf.task_soft_time_limit > settings.ANALYSIS_WALL_SECONDS
     assert "snapshots.sweep_uploads" in {e["task"] for e in app.conf.beat_schedule.values()}
     assert hasattr(task, "delay_on_commit")
+
+
+def test_worker_reaps_dead_pool_processes_twice_a_second() -> None:
+    """Celery's prefork pool can miss a killed pool process's sentinel and see the death only at
+    its 5 s maintain_pool timer; the worker step adds the same call every 0.5 s."""
+    from types import SimpleNamespace
+
+    from webapp.celery import POOL_REAP_SECONDS, PoolReaper, app
+
+    assert PoolReaper in app.steps["worker"]
+    assert POOL_REAP_SECONDS < 5.0  # Celery's own interval (AsynPool.timers)
+    scheduled: list[tuple[float, Any]] = []
+    hub = SimpleNamespace(call_repeatedly=lambda interval, fun: scheduled.append((interval, fun)))
+    pool = SimpleNamespace(maintain_pool=lambda: None)
+    step = PoolReaper(SimpleNamespace())
+    step.start(SimpleNamespace(hub=hub, pool=pool))
+    assert scheduled == [(POOL_REAP_SECONDS, pool.maintain_pool)]
+    step.start(SimpleNamespace(hub=None, pool=pool))  # solo / threads pools: no event loop, nothing
+    assert len(scheduled) == 1
 
 
 def test_rolled_back_upload_publishes_nothing(

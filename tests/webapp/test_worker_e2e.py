@@ -140,6 +140,154 @@ def test_killed_pool_process_is_rerun_at_once_by_redelivery(client: Any, alice_t
     assert worker.poll() is None
 
 
+def _analysis_children(worker_pid: int, timeout: float = 30.0) -> list[Any]:
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [
+            c
+            for c in psutil.Process(worker_pid).children(recursive=True)
+            if "webapp.snapshots.child" in " ".join(c.cmdline())
+        ]
+        if found:
+            return found
+        assert time.monotonic() < deadline, "no analysis child"
+        time.sleep(0.05)
+
+
+def _wait_in_log(proc: Any, marker: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        log: str = proc.log_path.read_text()
+        if marker in log or time.monotonic() > deadline:
+            return log
+        time.sleep(0.2)
+
+
+def test_killed_worker_main_process_reruns_its_upload_when_the_worker_restarts(
+    client: Any, alice_token: str, start_worker: Any, redis_url: str
+) -> None:
+    """SIGKILL of the Celery main process mid-analysis (supervisord then starts a new one): the
+    pool process and its analysis die with it (PDEATHSIG), the message stays unacked in Redis, and
+    the new worker's start re-queues the upload because its claimant is provably gone. No beat runs
+    here, so the sweep cannot be what re-runs it. Then the old message comes back, as kombu's
+    visibility timeout would bring it: it finds the upload done and runs nothing."""
+    import psutil
+
+    from webapp.celery import app
+    from webapp.snapshots import liveness
+    from webapp.snapshots.broker import redis_client
+    from webapp.snapshots.models import Upload
+
+    worker = start_worker()
+    with open(FIXTURES / "big_all_stacks.pickle.gz", "rb") as fh:
+        code = client.post("/api/v1/snapshots", {"file": fh}, **bearer(alice_token)).json()["id"]
+    analysis = _analysis_children(worker.pid)
+    row = Upload.objects.get(code=code)
+    first_message = row.task_id
+    assert row.status == "running" and liveness.alive(row.claimed_by) is True
+    pool = psutil.Process(int(row.claimed_by.split("|")[3]))
+    assert pool.ppid() == worker.pid  # the claim names the pool process that runs the analysis
+
+    worker.kill()
+    worker.wait()
+    _gone, alive = psutil.wait_procs([pool, *analysis], timeout=15)
+    assert not alive, "the pool process and its analysis die with the main process"
+    assert liveness.alive(row.claimed_by) is False
+
+    broker = redis_client(redis_url)
+    try:
+        unacked = {tag: json.loads(raw) for tag, raw in broker.hgetall("unacked").items()}
+        mine = [tag for tag, (payload, _exchange, _key) in unacked.items() if payload["headers"]["id"] == first_message]
+        assert len(mine) == 1, "the killed worker's message waits unacked in Redis"
+
+        restarted = start_worker()
+        final = wait_for(client, alice_token, code, timeout=120)
+        log = restarted.log_path.read_text()
+        assert final["status"] == "done", (final, log[-3000:])
+        assert f"re-queued 1 uploads whose worker process is gone: [{row.id}]" in log
+        row.refresh_from_db()
+        assert row.attempts == 2 and row.task_id not in ("", first_message)
+        assert "re-queued" not in log.replace("worker start: re-queued", "")  # no sweep ran
+
+        # The visibility timeout's restore, done by hand: the old message goes back to its queue.
+        payload = unacked[mine[0]][0]
+        broker.hdel("unacked", mine[0])
+        broker.zrem("unacked_index", mine[0])
+        broker.rpush(app.conf.task_default_queue, json.dumps(payload))
+        log = _wait_in_log(restarted, f"snapshots.analyse_upload[{first_message}] succeeded", 60)
+        assert f"snapshots.analyse_upload[{first_message}] succeeded" in log, log[-3000:]
+        assert f"upload {row.id}: not queued" in log
+        row.refresh_from_db()
+        assert (row.status, row.attempts) == ("done", 2), "no second run of a finished upload"
+    finally:
+        broker.close()
+    assert restarted.poll() is None
+
+
+def test_redis_killed_mid_analysis_the_worker_stays_and_every_upload_ends_done(
+    alice: Any, alpha: Any, start_worker: Any, tmp_path: Path
+) -> None:
+    """SIGKILL of redis-server while an upload is analysed, then a restart on the same AOF
+    directory (what supervisord does): the worker must not exit (kombu's close of the dead
+    channel raised AttributeError and the worker exited 1 before broker.patch_kombu_redis_closed_transport),
+    the analysis in flight finishes once (attempt 1), and an upload sent after the restart is
+    consumed by the same worker process. Two pool processes, as in ``make run``: one stays free,
+    so the consumer has a BRPOP in flight when Redis dies."""
+    import kombu
+    from django.utils import timezone
+
+    from tests.webapp.conftest import redis_server_binary
+    from tests.webapp.helpers import make_upload
+    from tests.webapp.processes import start_redis_server
+    from webapp.snapshots.models import Upload
+    from webapp.snapshots.tasks import analyse_upload_task
+
+    directory = tmp_path / "own-redis"
+    directory.mkdir()
+    redis_proc, url = start_redis_server(redis_server_binary(), directory, appendonly=True)
+
+    def publish(path: Path) -> Any:
+        upload = make_upload(alpha, alice, path, queued_at=timezone.now())
+        with kombu.Connection(url) as connection:
+            analyse_upload_task.apply_async((upload.id,), connection=connection)
+        return upload
+
+    def wait_done(upload: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            upload.refresh_from_db()
+            if upload.status in (Upload.Status.DONE, Upload.Status.FAILED) or time.monotonic() > deadline:
+                return upload
+            time.sleep(0.2)
+
+    try:
+        worker = start_worker({"REDIS_URL": url}, concurrency=2)
+        in_flight = publish(FIXTURES / "big_all_stacks.pickle.gz")
+        _analysis_children(worker.pid)
+        redis_proc.kill()
+        redis_proc.wait()
+        redis_proc, _ = start_redis_server(redis_server_binary(), directory, appendonly=True)
+
+        in_flight = wait_done(in_flight, 120)
+        log = worker.log_path.read_text()
+        assert in_flight.status == "done", (in_flight.status, log[-3000:])
+        assert in_flight.attempts == 1, "the analysis in flight finished; nothing ran it twice"
+        assert "Connection to broker lost" in log
+        deadline = time.monotonic() + 30
+        while worker.log_path.read_text().count("Connected to redis") < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the consumer's reconnect (the first line is its start)
+        after = wait_done(publish(GPT_OOM), 120)
+        log = worker.log_path.read_text()
+        assert after.status == "done", (after.status, log[-3000:])
+        assert worker.poll() is None, "the worker survived the broker's restart: " + log[-3000:]
+        assert "AttributeError" not in log
+    finally:
+        redis_proc.kill()
+        redis_proc.wait()
+
+
 def test_messages_go_to_this_runs_own_queue(redis_url: str) -> None:
     import os
 

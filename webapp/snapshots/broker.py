@@ -43,3 +43,36 @@ def warn_unless_noeviction(url: str) -> None:
     policy = eviction_policy(url)
     if policy is not None and policy != "noeviction":
         log.warning("Redis maxmemory-policy is %r: set it to 'noeviction' or queued uploads may be lost", policy)
+
+
+def patch_kombu_redis_closed_transport() -> None:
+    """Make kombu's Redis channel treat a detached transport as a lost connection (idempotent).
+
+    kombu 5.7.0 (the latest release; no setting changes this path), when Redis dies while a
+    message is unacked (our acks_late analysis is running): Celery's consumer calls
+    ``Connection.collect()``, whose channel close fails half-way on the dead socket (so the
+    channel is not marked closed) and which then detaches the transport
+    (``transport.client = None``); the ``Connection.close()`` that follows closes the channel again,
+    its ``restore_unacked`` asks for a new Redis pool and ``Channel._connparams`` reads
+    ``None.hostname``: ``AttributeError``, which is not a connection error, so the consumer dies and
+    the worker exits 1 (kombu#582 / #970 family). Raising redis' ``ConnectionError`` there instead
+    lets Celery's own error handling go on and reconnect. Nothing is restored on that dead
+    channel: the running analysis finishes and stores its outcome, and its message, left unacked
+    in Redis, comes back after the visibility timeout to a finished row and does nothing.
+    Remove once kombu no longer closes a channel after detaching its transport.
+    """
+    from kombu.transport import redis as kombu_redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    channel: Any = kombu_redis.Channel
+    original = channel._connparams
+    if getattr(original, "oomscope_patched", False):
+        return
+
+    def _connparams(self: Any, asynchronous: bool = False) -> Any:
+        if self.connection.client is None:
+            raise RedisConnectionError("broker connection closed")
+        return original(self, asynchronous=asynchronous)
+
+    _connparams.oomscope_patched = True  # type: ignore[attr-defined]
+    channel._connparams = _connparams

@@ -88,6 +88,9 @@ class Upload(models.Model):
     # The Celery message id that claimed the row: a redelivery of that same message (its worker
     # died) may claim the RUNNING row again at once; any other message may not.
     task_id = models.CharField(max_length=64, blank=True, default="")
+    # The pool process that claimed the row (webapp.snapshots.liveness): a claim whose process
+    # is provably gone is re-queued when a worker starts, and a live one is never taken over.
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
     error_code = models.CharField(max_length=80, blank=True)
     error_message = models.TextField(blank=True)
     summary = models.JSONField(null=True, blank=True)  # small figures for lists and history

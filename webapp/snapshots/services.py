@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from webapp.snapshots import messages
+from webapp.snapshots import liveness, messages
 from webapp.snapshots.models import ApiToken, Membership, Project, Report, ShareLink, Team, Upload
 
 if TYPE_CHECKING:
@@ -381,22 +381,50 @@ def _publish(upload: Upload) -> None:
         Upload.objects.filter(pk=upload.pk, status=Upload.Status.QUEUED).update(queued_at=None)
 
 
-def upload_claim(upload_id: int, task_id: str | None = None) -> Upload | None:
+def _runs_it_still(claimed_by: str, started_at: datetime | None) -> bool:
+    """The claiming process provably lives and may still be on this upload.
+
+    A pool process outlives its task and takes the next one, so a live claimant alone does not
+    prove it: past the task's hard time limit (Celery kills the process there) it is surely
+    done with this upload, whatever the row says (e.g. its final write failed).
+    """
+    if liveness.alive(claimed_by) is not True:
+        return False
+    limit = timedelta(seconds=float(settings.CELERY_TASK_TIME_LIMIT))
+    return started_at is not None and started_at > timezone.now() - limit
+
+
+def upload_claim(upload_id: int, task_id: str | None = None, claimant: str = "") -> Upload | None:
     """QUEUED -> RUNNING with one conditional UPDATE; None when another worker owns the row.
 
     The attempt is counted and committed before any work, so a file that kills its
     worker is stopped after ``ANALYSIS_MAX_ATTEMPTS`` tries instead of looping.
-    A RUNNING row is claimed again only by the message that claimed it (same ``task_id``):
-    that message comes back only when its worker died (``reject_on_worker_lost``) or after
-    the visibility timeout, far past the task's hard limit, so the first run is gone.
+    ``claimant`` is the claiming process (``liveness.identity()``), kept in ``claimed_by``.
+    A RUNNING row is claimed again only by the message that claimed it (same ``task_id``),
+    and only when the process that claimed it is not provably alive: that message comes back
+    when its pool process died (``reject_on_worker_lost``), after the visibility timeout, or
+    when kombu restored it on a broker connection loss while the first run still goes on (that
+    run is left to finish; a second one would only repeat it).
     """
     now = timezone.now()
     claimable = Q(status=Upload.Status.QUEUED)
     if task_id:
-        claimable |= Q(status=Upload.Status.RUNNING, task_id=task_id)
+        previous = (
+            Upload.objects.filter(pk=upload_id, status=Upload.Status.RUNNING, task_id=task_id)
+            .values_list("claimed_by", "started_at")
+            .first()
+        )
+        if previous is not None:
+            if _runs_it_still(*previous):
+                log.warning(
+                    "upload %s: message %s redelivered while its first run is alive; left to it", upload_id, task_id
+                )
+            else:
+                claimable |= Q(status=Upload.Status.RUNNING, task_id=task_id, claimed_by=previous[0])
     with transaction.atomic():
         claimed = Upload.objects.filter(claimable, pk=upload_id).update(
             task_id=task_id or "",
+            claimed_by=claimant[:200],
             status=Upload.Status.RUNNING,
             attempts=F("attempts") + 1,
             started_at=now,
@@ -509,7 +537,8 @@ def uploads_requeue_stale() -> list[int]:
 
     Covers a worker killed mid-analysis (its heartbeat stops), a message lost between
     commit and publish, and a broker that lost its queue. Rows past the attempt limit are
-    failed here instead of looping.
+    failed here instead of looping. A RUNNING row whose claiming process provably still runs
+    (``liveness``), within the task's hard time limit, is left to it however old its heartbeat.
     """
     now = timezone.now()
     stale_running = now - timedelta(seconds=settings.SWEEP_STALE_RUNNING_SECONDS)
@@ -520,11 +549,38 @@ def uploads_requeue_stale() -> list[int]:
         | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
         # publish failed at upload time (broker down): send it at the next sweep
         | Q(status=Upload.Status.QUEUED, queued_at__isnull=True)
-    ).only("id", "status", "attempts"):
+    ).only("id", "status", "attempts", "claimed_by", "started_at"):
+        if upload.status == Upload.Status.RUNNING and _runs_it_still(upload.claimed_by, upload.started_at):
+            continue  # a quiet heartbeat, but its process runs it: never run it twice
         if upload.status == Upload.Status.RUNNING and upload.attempts >= settings.ANALYSIS_MAX_ATTEMPTS:
             upload_fail(upload.id, "worker:killed-repeatedly")
             continue
         moved = Upload.objects.filter(pk=upload.pk, status=upload.status).update(
+            status=Upload.Status.QUEUED, queued_at=now, stage="", progress=0
+        )
+        if moved == 1:
+            ids.append(upload.id)
+    return ids
+
+
+def uploads_requeue_dead_claims() -> list[int]:
+    """RUNNING uploads whose claiming process is provably gone: back to QUEUED now, to publish.
+
+    Run when a worker starts (``worker_ready``): after its main process was killed, the upload it
+    was analysing would otherwise wait for the sweep's stale heartbeat. Only claims judged dead
+    by ``liveness.alive`` (this machine, this pid namespace) are taken; a live one, or one made
+    elsewhere, is left alone. The next claim counts as an attempt; at the limit the row fails.
+    """
+    now = timezone.now()
+    ids: list[int] = []
+    running = Upload.objects.filter(status=Upload.Status.RUNNING).exclude(claimed_by="")
+    for upload in running.only("id", "attempts", "claimed_by"):
+        if liveness.alive(upload.claimed_by) is not False:
+            continue
+        if upload.attempts >= settings.ANALYSIS_MAX_ATTEMPTS:
+            upload_fail(upload.id, "worker:killed-repeatedly")
+            continue
+        moved = Upload.objects.filter(pk=upload.pk, status=Upload.Status.RUNNING, claimed_by=upload.claimed_by).update(
             status=Upload.Status.QUEUED, queued_at=now, stage="", progress=0
         )
         if moved == 1:

@@ -22,7 +22,7 @@ from django.core.files.storage import default_storage
 
 from analysis.errors import SnapshotError
 from webapp.celery import app
-from webapp.snapshots import runner, services
+from webapp.snapshots import liveness, runner, services
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +84,13 @@ def _build_charts(report: dict[str, Any]) -> dict[str, Any]:
 def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
     """Analyse upload ``upload_id`` in a resource-limited child process and store the report.
 
-    The message id goes with the claim: when the pool process running this is killed, Celery
-    requeues the same message (``reject_on_worker_lost``) and its redelivery re-runs the upload
-    at once, as the next attempt, instead of waiting for the sweep.
+    The message id and this pool process go with the claim: when the pool process running this
+    is killed, Celery requeues the same message (``reject_on_worker_lost``) and its redelivery
+    re-runs the upload at once, as the next attempt, instead of waiting for the sweep; when the
+    whole worker is killed, the next worker start re-queues it (``_requeue_dead_claims``).
     """
     task_id = getattr(self.request, "id", None)
-    upload = services.upload_claim(upload_id, task_id=task_id)
+    upload = services.upload_claim(upload_id, task_id=task_id, claimant=liveness.identity())
     if upload is None:
         log.info("upload %s: not queued (gone, done or owned by another worker)", upload_id)
         return
@@ -156,6 +157,31 @@ def _check_broker(sender: Any = None, **_kwargs: Any) -> None:
     from webapp.snapshots.broker import warn_unless_noeviction
 
     warn_unless_noeviction(str(app.conf.broker_url))
+
+
+@worker_ready.connect
+def _requeue_dead_claims(sender: Any = None, **_kwargs: Any) -> None:
+    """Re-run at once the uploads whose worker died with them (its main process SIGKILLed).
+
+    Their message stays unacked in Redis until the visibility timeout (hours) and their heartbeat
+    looks fresh to the sweep for ``SWEEP_STALE_RUNNING_SECONDS``. A claim whose pool process is
+    provably gone (``liveness``: same machine and pid namespace) goes back to QUEUED and is
+    published again; a claim of a live process, or of another host, is never touched. When the
+    old message comes back after the visibility timeout, its claim finds the row done (or
+    claimed by the new message) and does nothing.
+    """
+    from django.db import connections
+
+    try:
+        ids = services.uploads_requeue_dead_claims()
+        for upload_id in ids:
+            analyse_upload_task.delay(upload_id)
+        if ids:
+            log.warning("worker start: re-queued %d uploads whose worker process is gone: %s", len(ids), ids)
+    except Exception:
+        log.exception("worker start: re-queueing the uploads of a dead worker failed; the sweep will")
+    finally:
+        connections.close_all()  # the main process keeps no connection for the pool to inherit
 
 
 @worker_process_init.connect
