@@ -60,7 +60,7 @@ class Target:
 TARGETS = (
     Target(
         "config",  # the size and split rules of the allocator
-        "analysis/config.py",
+        "analysis/allocator/config.py",
         (
             "AllocatorConfig.divisions_for",
             "AllocatorConfig.round_size",
@@ -77,7 +77,7 @@ TARGETS = (
     ),
     Target(
         "allocator",  # the policy model's block rules: best fit, split, merge, segments, flushes, GC
-        "analysis/allocator.py",
+        "analysis/allocator/policy.py",
         (
             "_Model.get_free_block",
             "_Model.miss",
@@ -105,7 +105,7 @@ TARGETS = (
     ),
     Target(
         "replay",  # the recorded replay's split and merge (its inline loop and the slow path)
-        "analysis/replay.py",
+        "analysis/allocator/recorded.py",
         ("_Replayer.run", "_Replayer._alloc_slow"),
         ("tests/analysis/test_blocks.py", "tests/analysis/test_replay.py"),
         210,
@@ -195,21 +195,21 @@ HAND_MUTANTS = (
     ),
     HandMutant(
         "inline-large-split-boundary",  # _Model.run's inlined should_split: > 1 MiB becomes >= 1 MiB
-        "analysis/allocator.py",
+        "analysis/allocator/policy.py",
         "if rem > split_over[lk] and rs < split_below:",
         "if rem >= split_over[lk] and rs < split_below:",
         ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
     ),
     HandMutant(
         "method-large-split-boundary",  # _Model.split (the OOM path's copy)
-        "analysis/allocator.py",
+        "analysis/allocator/policy.py",
         "size < self.mss and rem > K_SMALL_SIZE",
         "size < self.mss and rem >= K_SMALL_SIZE",
         ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
     ),
     HandMutant(
         "should-split-small-pool-boundary",  # AllocatorConfig.should_split: >= 512 becomes > 512
-        "analysis/config.py",
+        "analysis/allocator/config.py",
         "return remaining >= K_MIN_BLOCK_SIZE",
         "return remaining > K_MIN_BLOCK_SIZE",
         ("tests/analysis/test_size_rules.py", "tests/analysis/test_blocks.py", "tests/analysis/test_config.py"),
