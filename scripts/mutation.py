@@ -107,7 +107,14 @@ TARGETS = (
         "replay",  # the recorded replay's split and merge (its inline loop and the slow path)
         "analysis/allocator/recorded.py",
         ("_Replayer.run", "_Replayer._alloc_slow"),
-        ("tests/analysis/test_blocks.py", "tests/analysis/test_replay.py"),
+        # test_blocks.py's recorded-replay tests, not the whole file: its policy-model tests
+        # reach the replay too (through build_report) and would run for every mutant.
+        (
+            "tests/analysis/test_replay.py",
+            "tests/analysis/test_blocks.py::test_recorded_replay_end_state_equals_the_final_segments_with_addresses",
+            "tests/analysis/test_blocks.py::test_recorded_replay_inlined_split_and_merge_equal_the_called_rules",
+            "tests/analysis/test_blocks.py::test_oom_free_blocks_named_by_the_report_are_those_of_the_rebuilt_state",
+        ),
         210,
         (
             (
@@ -136,8 +143,9 @@ TARGETS = (
         "reader-limits",
         "analysis/reader.py",
         ("_gunzip", "_check_expansion", "_unzip", "_budget", "_check_end", "_BoundedFile.*", "_Converter.charge"),
-        # test_hostile.py's bombs alone take the budget's stats run; the limits are test_reader.py's
-        ("tests/analysis/test_reader.py",),
+        # The caps at their edges on small built inputs (under a second); test_reader.py re-reads
+        # the real files in every test, and test_hostile.py's bombs alone took the budget.
+        ("tests/analysis/test_reader_limits.py",),
         150,
     ),
     Target(
@@ -196,23 +204,30 @@ HAND_MUTANTS = (
     HandMutant(
         "inline-large-split-boundary",  # _Model.run's inlined should_split: > 1 MiB becomes >= 1 MiB
         "analysis/allocator/policy.py",
-        "if rem > split_over[lk] and rs < split_below:",
-        "if rem >= split_over[lk] and rs < split_below:",
+        "if rem > split_over[lk] and rs < split_below[lk]:",
+        "if rem >= split_over[lk] and rs < split_below[lk]:",
         ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
     ),
     HandMutant(
-        "method-large-split-boundary",  # _Model.split (the OOM path's copy)
-        "analysis/allocator/policy.py",
-        "size < self.mss and rem > K_SMALL_SIZE",
-        "size < self.mss and rem >= K_SMALL_SIZE",
-        ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
-    ),
-    HandMutant(
-        "should-split-small-pool-boundary",  # AllocatorConfig.should_split: >= 512 becomes > 512
+        "split-rule-large-pool-boundary",  # AllocatorConfig.split_rule (_Model.split calls it): > 1 MiB -> >= 1 MiB
         "analysis/allocator/config.py",
-        "return remaining >= K_MIN_BLOCK_SIZE",
-        "return remaining > K_MIN_BLOCK_SIZE",
+        "return K_SMALL_SIZE, self.max_split_size",
+        "return K_SMALL_SIZE - 1, self.max_split_size",
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
+    ),
+    HandMutant(
+        "split-rule-small-pool-boundary",  # AllocatorConfig.split_rule: remainder >= 512 becomes > 512
+        "analysis/allocator/config.py",
+        "return K_MIN_BLOCK_SIZE - 1, NO_SIZE_LIMIT",
+        "return K_MIN_BLOCK_SIZE, NO_SIZE_LIMIT",
         ("tests/analysis/test_size_rules.py", "tests/analysis/test_blocks.py", "tests/analysis/test_config.py"),
+    ),
+    HandMutant(
+        "replay-inline-large-split-boundary",  # _Replayer.run's inlined should_split: > 1 MiB becomes >= 1 MiB
+        "analysis/allocator/recorded.py",
+        "else (rem > over_l and r < below_l):",
+        "else (rem >= over_l and r < below_l):",
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_replay.py"),
     ),
     HandMutant(
         "upload-cap-boundary",  # a file of exactly the cap refused
@@ -247,7 +262,7 @@ def run_hand_mutant(m: HandMutant, rev: str | None) -> dict[str, object]:
         if text.count(m.old) != 1:
             return {"name": m.name, "status": "not applicable", "detail": f"{m.old!r} not found once in {m.source}"}
         path.write_text(text.replace(m.old, m.new))
-        tests = [t for t in m.tests if (dest / t).exists()]
+        tests = [t for t in m.tests if (dest / t.split("::")[0]).exists()]  # a file or a test id
         if not tests:  # an empty selection would be the whole suite
             return {"name": m.name, "status": "no tests", "detail": f"none of {', '.join(m.tests)} exists"}
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -421,7 +436,7 @@ def run_target(
     timed_out = False
     try:
         copy_tree(dest, rev)
-        tests = [t for t in target.tests if (dest / t).exists()]
+        tests = [t for t in target.tests if (dest / t.split("::")[0]).exists()]  # a file or a test id
         if not tests:  # an empty selection would be the whole suite
             raise SystemExit(f"{target.name}: none of {', '.join(target.tests)} exists")
         configure(dest, target, tests)
