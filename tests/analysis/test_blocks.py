@@ -767,6 +767,35 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
         ),
         {"limit": 100 * MiB},
     ),
+    # The same under a limit of 100 MiB - 2 B: the threshold is int(0.5 x (100 MiB - 2)) = 50 MiB - 1,
+    # the target 64 MiB - (50 MiB - 1) = 14 MiB + 1 B. Round 1 frees S2, 14 MiB: one byte short, so
+    # round 2 runs (mean 5/2 = 2.5) and frees S3 (age 3), keeping S1 (age 2): 30 MiB reclaimed.
+    # 34 + 20 <= the limit: a new 20 MiB segment.
+    "gc-target-one-byte-past-the-first-round": (
+        [
+            ("alloc", 1, 14 * MiB),
+            ("alloc", 2, 14 * MiB),
+            ("free", 1, 0),
+            ("free", 2, 0),
+            ("alloc", 3, 16 * MiB),
+            ("alloc", 4, 20 * MiB),
+            ("free", 4, 0),
+            ("free", 3, 0),
+            ("alloc", 5, 14 * MiB),
+            ("free", 5, 0),
+            ("alloc", 6, 20 * MiB),
+            ("alloc", 7, 20 * MiB),
+        ],
+        "garbage_collection_threshold:0.5",
+        sorted(
+            [
+                (0, 0, "large", False, ((0, 14 * MiB, F),)),
+                (0, 0, "large", False, ((0, 20 * MiB, A),)),
+                (0, 0, "large", False, ((0, 20 * MiB, A),)),
+            ]
+        ),
+        {"limit": 100 * MiB - 2},
+    ),
     # The GC's age clock counts get_free_block calls on the default large pool, whatever the stream
     # (torch: ``++pool.get_free_blocks_call_count`` on large_blocks, one BlockPool for every stream).
     # "gc-second-round-uses-the-remaining-mean" with every request on stream 1 of two: the same
