@@ -34,6 +34,13 @@ def code_of(data: bytes, limits: ReadLimits | None = None) -> str:
     return "ok"
 
 
+def refusal(data: bytes, limits: ReadLimits | None = None) -> str:
+    """The refusal as the user reads it: "code: message"."""
+    with pytest.raises(SnapshotError) as err:
+        read_snapshot(data, limits=limits or ReadLimits())
+    return str(err.value)
+
+
 def padded(n: int) -> bytes:
     """A valid snapshot pickle made bigger (and very compressible) by an n-byte setting."""
     return pickle.dumps({**EMPTY, "allocator_settings": {"pad": "a" * n}}, protocol=4)
@@ -67,8 +74,8 @@ def test_gzip_decompressed_size_cap_at_its_edge() -> None:
     limits = {"ratio_grace_bytes": len(raw)}  # the ratio check out of the way
     # The cap is on the bytes after gunzip: exactly len(raw) is allowed, one byte less is not.
     assert code_of(gz, ReadLimits(max_decompressed_bytes=len(raw), **limits)) == "ok"
-    got = code_of(gz, ReadLimits(max_decompressed_bytes=len(raw) - 1, **limits))
-    assert got == "snapshot:limit:decompressed-size"
+    got = refusal(gz, ReadLimits(max_decompressed_bytes=len(raw) - 1, **limits))
+    assert got == f"snapshot:limit:decompressed-size: the content exceeds {len(raw) - 1} bytes once decompressed"
 
 
 def test_gzip_ratio_cap_and_its_grace_at_their_edges() -> None:
@@ -76,7 +83,11 @@ def test_gzip_ratio_cap_and_its_grace_at_their_edges() -> None:
     # len(raw) == ratio x len(gz) exactly: a max_ratio of `ratio` allows it (not more than
     # ratio:1), `ratio - 1` refuses it, once past the grace (0 here).
     assert code_of(gz, ReadLimits(max_ratio=ratio, ratio_grace_bytes=0)) == "ok"
-    assert code_of(gz, ReadLimits(max_ratio=ratio - 1, ratio_grace_bytes=0)) == "snapshot:limit:compression-ratio"
+    got = refusal(gz, ReadLimits(max_ratio=ratio - 1, ratio_grace_bytes=0))
+    assert got == (
+        f"snapshot:limit:compression-ratio: the content expands more than {ratio - 1}:1"
+        " (a decompression bomb, not a snapshot)"
+    )
     # The grace: up to len(raw) decompressed bytes no ratio is enforced (max_ratio 1 here).
     assert code_of(gz, ReadLimits(max_ratio=1, ratio_grace_bytes=len(raw))) == "ok"
     got = code_of(gz, ReadLimits(max_ratio=1, ratio_grace_bytes=len(raw) - 1))
@@ -89,11 +100,14 @@ def test_gzip_members_trailing_bytes_truncation_and_damage() -> None:
     # Two gzip members are one stream: the pickle split across them reads as the pickle.
     two = gzip.compress(raw[:1000], mtime=0) + gzip.compress(raw[1000:], mtime=0)
     assert read_snapshot(two).settings.raw == read_snapshot(whole).settings.raw == {"pad": "a" * 3000}
-    assert code_of(whole + b"junk") == "snapshot:format:trailing-bytes"
-    assert code_of(whole[:-12]) == "snapshot:format:truncated"  # the stream cut before its end
+    assert refusal(whole + b"junk") == "snapshot:format:trailing-bytes: 4 bytes follow the gzip stream"
+    # Cut inside the deflate data (the 8-byte trailer and 4 bytes more gone): the input runs out
+    # before the stream's end; the gzip is refused, not the part of a pickle it held.
+    assert refusal(whole[:-12]) == "snapshot:format:truncated: the gzip stream ends early"
     damaged = bytearray(whole)
     damaged[20] ^= 0xFF  # inside the deflate data
-    assert code_of(bytes(damaged)) in {"snapshot:format:corrupt-gzip", "snapshot:format:truncated"}
+    got = refusal(bytes(damaged))
+    assert got.startswith(("snapshot:format:corrupt-gzip: the gzip stream is damaged (", "snapshot:format:truncated"))
     assert code_of(gzip.compress(b"plain text, not a pickle", mtime=0)) == "snapshot:format:not-a-snapshot"
 
 
@@ -106,6 +120,20 @@ def test_gzip_member_with_the_size_cap_crossed_in_the_second_member() -> None:
     assert code_of(two, ReadLimits(max_decompressed_bytes=len(raw), **limits)) == "ok"
     got = code_of(two, ReadLimits(max_decompressed_bytes=len(raw) - 1, **limits))
     assert got == "snapshot:limit:decompressed-size"
+
+
+def test_a_gzip_bomb_is_refused_after_one_chunk_of_output() -> None:
+    # 64 MiB of zeros (a gzip of about 64 KiB) under a 1 MiB cap: the cap is checked after each
+    # 16 MiB chunk of output, so the reader holds about one chunk, never the 64 MiB.
+    bomb = gzip.compress(bytes(64 << 20), mtime=0)
+    tracemalloc.start()
+    try:
+        got = code_of(bomb, ReadLimits(max_decompressed_bytes=1 << 20))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == "snapshot:limit:decompressed-size"
+    assert peak < 40 << 20
 
 
 # ---------------------------------------------------------------------------- torch.save zip
@@ -133,11 +161,29 @@ def test_zip_member_ratio_cap_at_its_edge() -> None:
     assert got == "snapshot:limit:compression-ratio"
 
 
-def test_damaged_zip_is_refused_as_corrupt() -> None:
+def test_a_zip_member_past_one_read_chunk_reads_whole() -> None:
+    # The member is read 16 MiB at a time: a 17 MiB setting comes back whole, in one piece.
+    raw = padded(17 << 20)
+    snap = read_snapshot(torch_zip(raw), limits=ReadLimits(max_ratio=1))
+    assert snap.settings.raw == {"pad": "a" * (17 << 20)}
+
+
+def test_damaged_or_encrypted_zip_is_refused_as_corrupt() -> None:
     archive = bytearray(torch_zip(padded(100), zipfile.ZIP_DEFLATED))
     archive[40] ^= 0xFF  # inside the member's deflate data: its CRC no longer matches
-    assert code_of(bytes(archive)) == "snapshot:format:corrupt-zip"
+    got = refusal(bytes(archive))
+    assert got.startswith("snapshot:format:corrupt-zip: the zip archive is damaged or unsupported (")
     assert code_of(torch_zip(b"not a pickle")) == "snapshot:format:not-a-snapshot"
+    # The "encrypted" flag (bit 0 of the general purpose flags) set on data.pkl, in its local
+    # header (offset 6) and its central directory entry (offset 8): zipfile asks for a password.
+    plain = torch_zip(padded(100))
+    locked = bytearray(plain)
+    locked[6] |= 1
+    central = plain.index(b"PK\x01\x02")
+    locked[central + 8] |= 1
+    got = refusal(bytes(locked))
+    assert got.startswith("snapshot:format:corrupt-zip: the zip archive cannot be read (")
+    assert "encrypted" in got
 
 
 # ---------------------------------------------------------------------------- pickle end, reads
@@ -166,6 +212,20 @@ def test_a_lying_length_field_reads_only_what_the_file_holds() -> None:
     assert peak < 16 << 20
 
 
+def test_text_opcodes_and_large_reads_past_the_prefetch_window() -> None:
+    # A protocol-2 pickle may still hold protocol-0 text opcodes: a 100,000-character STRING
+    # ("S'...'\n") is longer than the unpickler's prefetched window (64 KiB), so it is read by
+    # readline; a 300,000-byte BINBYTES by readinto. Both read (the bytes are then refused by the
+    # schema: a setting is a scalar), neither as a failing call.
+    s = "y" * 100_000
+    p = pickle.dumps({**EMPTY, "allocator_settings": {"s": s}}, protocol=2)
+    binunicode = b"X" + struct.pack("<I", len(s)) + s.encode()
+    assert p.count(binunicode) == 1
+    assert read_snapshot(p.replace(binunicode, b"S'" + s.encode() + b"'\n")).settings.raw == {"s": s}
+    big = pickle.dumps({**EMPTY, "allocator_settings": {"b": b"x" * 300_000}}, protocol=4)
+    assert code_of(big) == "snapshot:schema:wrong-type"
+
+
 # ---------------------------------------------------------------------------- the node budget
 
 
@@ -176,7 +236,9 @@ def test_node_budget_at_its_edge_counted_by_hand() -> None:
     # charges add up).
     data = pickle.dumps({"segments": [], "device_traces": [[], []]}, protocol=4)
     assert code_of(data, ReadLimits(nodes_per_byte=0, min_nodes=5)) == "ok"
-    assert code_of(data, ReadLimits(nodes_per_byte=0, min_nodes=4)) == "snapshot:limit:expansion"
+    assert refusal(data, ReadLimits(nodes_per_byte=0, min_nodes=4)) == (
+        "snapshot:limit:expansion: the object graph expands past 4 nodes (0 per file byte): a memo bomb, not a snapshot"
+    )
     # The budget is max(min_nodes, nodes_per_byte x file size): with min_nodes 0 the size
     # term alone must cover the 5 nodes. len(data) bytes x 1 >= 5; x 0 is 0.
     assert code_of(data, ReadLimits(nodes_per_byte=1, min_nodes=0)) == "ok"
