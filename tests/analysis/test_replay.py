@@ -16,7 +16,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.model import ACTIVE_PENDING_FREE, FREE_COMPLETED, FREE_REQUESTED, INACTIVE, DeviceData, Snapshot, Trace
+from analysis.allocator.config import AllocatorConfig
+from analysis.allocator.recorded import BlockState, SegmentState, _Replayer
+from analysis.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    INACTIVE,
+    DeviceData,
+    Snapshot,
+    Trace,
+)
 from analysis.reader import read_snapshot
 from analysis.replay import AllocatorState, RecordedReplay, recorded_replay
 
@@ -369,3 +380,87 @@ def test_the_inlined_plain_rounding_is_round_size(case: str, monkeypatch: pytest
     slow = recorded_replay(snap, snap.devices[0])
     for column in ("allocated", "active", "inactive_split", "largest_free"):
         assert np.array_equal(getattr(fast, column), getattr(slow, column)), column
+
+
+# -- repairs of an incomplete trace (_Replayer._alloc_slow), hand-built ------------------------
+
+SEG = 1 << 32  # a segment's address in the hand-built states
+MiB = 1 << 20
+
+
+def _repair(blocks: list[tuple[int, int, str]], alloc: tuple[int, int], seg_size: int = 20 * MiB) -> Any:
+    """Seed one large segment at SEG with ``blocks`` (offset, size, state; from before the trace),
+    replay a single ``alloc`` (offset, size) leniently, and return the replayer."""
+    base = _snapshot("gpt_varlen_oom").device(0)
+    trace = Trace(
+        np.zeros(1, np.int8),  # model.ALLOC
+        np.asarray([SEG + alloc[0]], np.int64),
+        np.asarray([alloc[1]], np.int64),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int64),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int32),
+    )
+    dev = replace(base, trace=trace, segments=())
+    seeded = tuple(BlockState(SEG + o, s, 0 if st == INACTIVE else s, st) for o, s, st in blocks)
+    state = AllocatorState(-1, (SegmentState(SEG, seg_size, 0, 0, "large", False, seeded),))
+    rep = _Replayer(dev, AllocatorConfig())
+    rep.seed(state, strict=False)
+    rep.run(0, 1)
+    return rep
+
+
+def _blocks(rep: Any) -> list[tuple[int, int, str]]:
+    (seg,) = rep.export(0).segments
+    return [(b.address - SEG, b.size, b.state) for b in seg.blocks]
+
+
+def test_an_alloc_inside_a_free_block_cuts_it_there_and_splits_by_the_rule() -> None:
+    # A free 16 MiB block at 4 MiB; the trace allocates 2 MiB at 8 MiB (the state was guessed, the
+    # address is the driver's): the free block is cut at 8 MiB (4 MiB stay free before it), and
+    # the 12 MiB from 8 MiB serves the 2 MiB: remainder 10 MiB > 1 MiB, split: 2 MiB + 10 MiB free.
+    rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (8 * MiB, 2 * MiB))
+    assert _blocks(rep) == [
+        (0, 4 * MiB, ACTIVE_ALLOCATED),
+        (4 * MiB, 4 * MiB, INACTIVE),
+        (8 * MiB, 2 * MiB, ACTIVE_ALLOCATED),
+        (10 * MiB, 10 * MiB, INACTIVE),
+    ]
+    assert rep.issues == {"alloc-outside-free": 1}
+    # 11.5 MiB at 8 MiB: the remainder, 512 KiB, is not above 1 MiB: the whole 12 MiB is taken.
+    rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (8 * MiB, 23 * MiB // 2))
+    assert _blocks(rep)[2:] == [(8 * MiB, 12 * MiB, ACTIVE_ALLOCATED)]
+    # 700 KiB (small pool: the remainder need only be >= 512 B) at 19 MiB: 1 MiB left from there,
+    # 324 KiB remainder: split.
+    rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (19 * MiB, 700 * 1024))
+    assert _blocks(rep)[2:] == [(19 * MiB, 700 * 1024, ACTIVE_ALLOCATED), (19 * MiB + 700 * 1024, 324 * 1024, INACTIVE)]
+
+
+def test_an_alloc_inside_a_live_block_cuts_that_block_and_corrects_the_figures() -> None:
+    # A block from before the trace, 8 MiB at 0, but the trace allocates 1.5 MiB at 6 MiB: its size
+    # was guessed too large. It is cut to 6 MiB; the 2 MiB from 6 MiB serve the request (remainder
+    # 512 KiB: no split). The initial figures counted the 8 MiB: active and allocated drop by 2 MiB
+    # at this event.
+    rep = _repair([(0, 8 * MiB, ACTIVE_ALLOCATED), (8 * MiB, 12 * MiB, INACTIVE)], (6 * MiB, 3 * MiB // 2))
+    assert _blocks(rep) == [
+        (0, 6 * MiB, ACTIVE_ALLOCATED),
+        (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED),
+        (8 * MiB, 12 * MiB, INACTIVE),
+    ]
+    assert rep.adj_active == {0: -2 * MiB}
+    assert rep.adj_alloc == {0: -2 * MiB}
+    # The same block pending its free (freed on another stream, not yet completed): it is active
+    # but no longer allocated, so only active drops.
+    rep = _repair([(0, 8 * MiB, ACTIVE_PENDING_FREE), (8 * MiB, 12 * MiB, INACTIVE)], (6 * MiB, 3 * MiB // 2))
+    assert _blocks(rep)[:2] == [(0, 6 * MiB, ACTIVE_PENDING_FREE), (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED)]
+    assert rep.adj_active == {0: -2 * MiB}
+    assert rep.adj_alloc == {}
+
+
+def test_an_alloc_outside_every_segment_is_kept_attached_to_nothing() -> None:
+    # 3 MiB + 1 B at 64 MiB past a 20 MiB segment: no segment holds it; the block is kept (its
+    # free will come) with its rounded size, 3 MiB + 512 B, and the segment is unchanged.
+    rep = _repair([(0, 20 * MiB, INACTIVE)], (64 * MiB, 3 * MiB + 1))
+    assert rep.used == {SEG + 64 * MiB: 0}
+    assert rep.bs[0] == 3 * MiB + 512
+    assert _blocks(rep) == [(0, 20 * MiB, INACTIVE)]
