@@ -388,30 +388,31 @@ SEG = 1 << 32  # a segment's address in the hand-built states
 MiB = 1 << 20
 
 
-def _repair(blocks: list[tuple[int, int, str]], alloc: tuple[int, int], seg_size: int = 20 * MiB) -> Any:
+def _repair(blocks: list[tuple[int, int, str]], *allocs: tuple[int, int], seg_size: int = 20 * MiB) -> Any:
     """Seed one large segment at SEG with ``blocks`` (offset, size, state; from before the trace),
-    replay a single ``alloc`` (offset, size) leniently, and return the replayer."""
+    replay ``alloc`` events (offset, size) leniently, and return the replayer."""
     base = _snapshot("gpt_varlen_oom").device(0)
+    n = len(allocs)
     trace = Trace(
-        np.zeros(1, np.int8),  # model.ALLOC
-        np.asarray([SEG + alloc[0]], np.int64),
-        np.asarray([alloc[1]], np.int64),
-        np.zeros(1, np.int32),
-        np.zeros(1, np.int64),
-        np.zeros(1, np.int32),
-        np.zeros(1, np.int32),
+        np.zeros(n, np.int8),  # model.ALLOC
+        np.asarray([SEG + offset for offset, _ in allocs], np.int64),
+        np.asarray([size for _, size in allocs], np.int64),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.int32),
     )
     dev = replace(base, trace=trace, segments=())
     seeded = tuple(BlockState(SEG + o, s, 0 if st == INACTIVE else s, st) for o, s, st in blocks)
     state = AllocatorState(-1, (SegmentState(SEG, seg_size, 0, 0, "large", False, seeded),))
     rep = _Replayer(dev, AllocatorConfig())
     rep.seed(state, strict=False)
-    rep.run(0, 1)
+    rep.run(0, n)
     return rep
 
 
 def _blocks(rep: Any) -> list[tuple[int, int, str]]:
-    (seg,) = rep.export(0).segments
+    (seg,) = rep.export(rep.n - 1).segments
     return [(b.address - SEG, b.size, b.state) for b in seg.blocks]
 
 
@@ -427,6 +428,7 @@ def test_an_alloc_inside_a_free_block_cuts_it_there_and_splits_by_the_rule() -> 
         (10 * MiB, 10 * MiB, INACTIVE),
     ]
     assert rep.issues == {"alloc-outside-free": 1}
+    assert rep.first_issue == (0, "alloc at an address where no free block starts")
     # 11.5 MiB at 8 MiB: the remainder, 512 KiB, is not above 1 MiB: the whole 12 MiB is taken.
     rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (8 * MiB, 23 * MiB // 2))
     assert _blocks(rep)[2:] == [(8 * MiB, 12 * MiB, ACTIVE_ALLOCATED)]
@@ -455,6 +457,22 @@ def test_an_alloc_inside_a_live_block_cuts_that_block_and_corrects_the_figures()
     assert _blocks(rep)[:2] == [(0, 6 * MiB, ACTIVE_PENDING_FREE), (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED)]
     assert rep.adj_active == {0: -2 * MiB}
     assert rep.adj_alloc == {}
+
+
+def test_an_alloc_inside_a_block_the_trace_allocated_cuts_it_without_correcting_figures() -> None:
+    # Event 0 allocates 8 MiB at 0 from the free 20 MiB (split: 12 MiB free after it); event 1
+    # allocates 1.5 MiB at 6 MiB, inside it: event 0's block is cut to 6 MiB and event 1 gets the
+    # 2 MiB from 6 MiB (remainder 512 KiB: no split). Event 0's size is the trace's own, counted as
+    # the replay goes: no initial figure to correct.
+    rep = _repair([(0, 20 * MiB, INACTIVE)], (0, 8 * MiB), (6 * MiB, 3 * MiB // 2))
+    assert _blocks(rep) == [
+        (0, 6 * MiB, ACTIVE_ALLOCATED),
+        (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED),
+        (8 * MiB, 12 * MiB, INACTIVE),
+    ]
+    assert rep.bs[:2] == [6 * MiB, 2 * MiB]
+    assert rep.adj_active == rep.adj_alloc == {}
+    assert rep.first_issue == (1, "alloc at an address where no free block starts")
 
 
 def test_an_alloc_outside_every_segment_is_kept_attached_to_nothing() -> None:
