@@ -12,7 +12,7 @@ needs its own. Two changes to the copy make mutmut's mutated tree the one the te
 pytest-django's ``django_find_project`` is off (it would add the folder holding
 ``manage.py``, the original tree, too).
 
-Usage: ``python scripts/mutation.py [TARGET ...] [--budget SECONDS] [--jobs N] [--keep]``
+Usage: ``python scripts/mutation.py [TARGET ...] [--budget SECONDS] [--jobs N] [--keep] [--only MUTANT ...]``
 (``--list`` names the targets). Kill rate = (killed + timeout) / (all mutants tried); a mutant
 without tests (no selected test reaches its function) counts as not killed.
 """
@@ -429,9 +429,20 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_target(
-    target: Target, *, budget: int | None, jobs: int, keep: bool, rev: str | None, label: str
+    target: Target,
+    *,
+    budget: int | None,
+    jobs: int,
+    keep: bool,
+    rev: str | None,
+    label: str,
+    only: tuple[str, ...] = (),
 ) -> dict[str, object]:
     globs = [mutant_glob(target, f) for f in target.functions]
+    if only:  # some of the target's mutants again (e.g. a run's survivors, against tests added since)
+        globs = [name for name in only if any(fnmatch.fnmatchcase(name, g) for g in globs)]
+        if not globs:
+            raise SystemExit(f"{target.name}: none of --only names one of its mutants")
     mutmut = str(Path(sys.executable).parent / "mutmut")
     limit = budget or target.budget_s
     dest = Path(tempfile.mkdtemp(prefix=f"oomscope-mutation-{target.name}-"))
@@ -509,6 +520,9 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
     parser.add_argument("--rev", help="test the tree of this commit (or of this `git archive` .tar) instead")
     parser.add_argument("--label", default="latest", help="name of the summary file under var/mutation/")
+    parser.add_argument(
+        "--only", nargs="+", default=(), metavar="MUTANT", help="only these mutants (full names) of the targets"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops mutmut too
     by_name = {t.name: t for t in TARGETS}
@@ -531,7 +545,15 @@ def main() -> int:
             summary.append({"target": "hand", **res})
     for target in chosen:
         print(f"{target.name}: {target.source}", flush=True)
-        res = run_target(target, budget=args.budget, jobs=args.jobs, keep=args.keep, rev=args.rev, label=args.label)
+        res = run_target(
+            target,
+            budget=args.budget,
+            jobs=args.jobs,
+            keep=args.keep,
+            rev=args.rev,
+            label=args.label,
+            only=tuple(args.only),
+        )
         summary.append(res)
         rate = res["kill_rate"]
         print(f"  tests: {', '.join(res['tests'])}")  # type: ignore[arg-type]
