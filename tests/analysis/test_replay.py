@@ -475,6 +475,16 @@ def test_an_alloc_inside_a_block_the_trace_allocated_cuts_it_without_correcting_
     assert rep.first_issue == (1, "alloc at an address where no free block starts")
 
 
+def test_an_alloc_larger_than_the_free_block_at_its_address_takes_the_block_as_it_is() -> None:
+    # A free 4 MiB block at 0 (a live 16 MiB after it), and the trace allocates 6 MiB at 0: the
+    # guessed state is wrong; the alloc takes the 4 MiB block whole (nothing to split off) and the
+    # issue is counted, with its event and reason.
+    rep = _repair([(0, 4 * MiB, INACTIVE), (4 * MiB, 16 * MiB, ACTIVE_ALLOCATED)], (0, 6 * MiB))
+    assert _blocks(rep) == [(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, ACTIVE_ALLOCATED)]
+    assert rep.issues == {"block-too-small": 1}
+    assert rep.first_issue == (0, "alloc larger than the free block")
+
+
 def test_an_alloc_outside_every_segment_is_kept_attached_to_nothing() -> None:
     # 3 MiB + 1 B at 64 MiB past a 20 MiB segment: no segment holds it; the block is kept (its
     # free will come) with its rounded size, 3 MiB + 512 B, and the segment is unchanged.
