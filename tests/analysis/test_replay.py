@@ -21,6 +21,7 @@ from analysis.allocator.recorded import BlockState, SegmentState, _Replayer
 from analysis.model import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
+    ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
     INACTIVE,
@@ -388,13 +389,19 @@ SEG = 1 << 32  # a segment's address in the hand-built states
 MiB = 1 << 20
 
 
-def _repair(blocks: list[tuple[int, int, str]], *allocs: tuple[int, int], seg_size: int = 20 * MiB) -> Any:
+def _repair(
+    blocks: list[tuple[int, int, str]],
+    *allocs: tuple[int, int],
+    seg_size: int = 20 * MiB,
+    conf: str = "",
+    action: int = ALLOC,
+) -> Any:
     """Seed one large segment at SEG with ``blocks`` (offset, size, state; from before the trace),
-    replay ``alloc`` events (offset, size) leniently, and return the replayer."""
+    replay events (offset, size) of ``action`` (alloc unless told) leniently, and return the replayer."""
     base = _snapshot("gpt_varlen_oom").device(0)
     n = len(allocs)
     trace = Trace(
-        np.zeros(n, np.int8),  # model.ALLOC
+        np.full(n, action, np.int8),
         np.asarray([SEG + offset for offset, _ in allocs], np.int64),
         np.asarray([size for _, size in allocs], np.int64),
         np.zeros(n, np.int32),
@@ -405,7 +412,7 @@ def _repair(blocks: list[tuple[int, int, str]], *allocs: tuple[int, int], seg_si
     dev = replace(base, trace=trace, segments=())
     seeded = tuple(BlockState(SEG + o, s, 0 if st == INACTIVE else s, st) for o, s, st in blocks)
     state = AllocatorState(-1, (SegmentState(SEG, seg_size, 0, 0, "large", False, seeded),))
-    rep = _Replayer(dev, AllocatorConfig())
+    rep = _Replayer(dev, AllocatorConfig.parse(conf))
     rep.seed(state, strict=False)
     rep.run(0, n)
     return rep
@@ -483,6 +490,27 @@ def test_an_alloc_larger_than_the_free_block_at_its_address_takes_the_block_as_i
     assert _blocks(rep) == [(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, ACTIVE_ALLOCATED)]
     assert rep.issues == {"block-too-small": 1}
     assert rep.first_issue == (0, "alloc larger than the free block")
+
+
+def test_an_alloc_of_exactly_max_split_size_takes_its_free_block_whole() -> None:
+    # max_split_size 256 MiB: a request of 256 MiB is not below it, so the 270 MiB free block it
+    # lands on is not split (remainder 14 MiB > 1 MiB would split a smaller request's block).
+    blocks = [(0, 270 * MiB, INACTIVE)]
+    rep = _repair(blocks, (0, 256 * MiB), seg_size=270 * MiB, conf="max_split_size_mb:256")
+    assert _blocks(rep) == [(0, 270 * MiB, ACTIVE_ALLOCATED)]
+    rep = _repair(blocks, (0, 256 * MiB - 512), seg_size=270 * MiB, conf="max_split_size_mb:256")
+    assert _blocks(rep) == [(0, 256 * MiB - 512, ACTIVE_ALLOCATED), (256 * MiB - 512, 14 * MiB + 512, INACTIVE)]
+
+
+def test_a_free_completed_without_its_request_frees_and_corrects_allocated() -> None:
+    # A live 4 MiB block from before the trace at 0 (a free 16 MiB after it); the trace's first
+    # event completes its free without a free_requested (the ring lost it): lenient, the block is
+    # freed and merged (20 MiB free, the whole segment) and allocated, which counted the block as
+    # allocated, not pending, drops by its 4 MiB at that event.
+    rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (0, 4 * MiB), action=FREE_COMPLETED)
+    assert _blocks(rep) == [(0, 20 * MiB, INACTIVE)]
+    assert rep.issues == {"unrequested-free": 1}
+    assert rep.adj_alloc == {0: -4 * MiB}
 
 
 def test_an_alloc_outside_every_segment_is_kept_attached_to_nothing() -> None:
