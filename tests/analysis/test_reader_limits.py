@@ -168,6 +168,15 @@ def test_a_zip_member_past_one_read_chunk_reads_whole() -> None:
     assert snap.settings.raw == {"pad": "a" * (17 << 20)}
 
 
+def test_a_zip_without_a_data_pkl_is_refused_with_what_it_lacks() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("archive/version", "3\n")
+    assert refusal(buf.getvalue()) == (
+        "snapshot:format:zip-without-pickle: a zip must be a torch.save archive holding exactly one */data.pkl"
+    )
+
+
 def test_damaged_or_encrypted_zip_is_refused_as_corrupt() -> None:
     archive = bytearray(torch_zip(padded(100), zipfile.ZIP_DEFLATED))
     archive[40] ^= 0xFF  # inside the member's deflate data: its CRC no longer matches
