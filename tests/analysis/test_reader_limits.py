@@ -111,6 +111,15 @@ def test_gzip_members_trailing_bytes_truncation_and_damage() -> None:
     assert code_of(gzip.compress(b"plain text, not a pickle", mtime=0)) == "snapshot:format:not-a-snapshot"
 
 
+def test_a_truncated_gzip_past_the_ratio_grace_is_refused_as_truncated() -> None:
+    # 9 MiB decompressed (past the 8 MiB grace, the ratio check then runs on every count), cut
+    # inside its deflate data: refused as a truncated gzip (max_ratio raised out of the way).
+    raw = padded(9 << 20)
+    cut = gzip.compress(raw, mtime=0)[:-12]
+    got = refusal(cut, ReadLimits(max_ratio=1 << 20))
+    assert got == "snapshot:format:truncated: the gzip stream ends early"
+
+
 def test_gzip_member_with_the_size_cap_crossed_in_the_second_member() -> None:
     # The size counts over members: 1,000 + the rest; a cap of len(raw) - 1 is crossed only
     # by the last byte of the second member.
