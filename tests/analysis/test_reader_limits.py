@@ -143,6 +143,17 @@ def test_a_gzip_bomb_is_refused_after_one_chunk_of_output() -> None:
         tracemalloc.stop()
     assert got == "snapshot:limit:decompressed-size"
     assert peak < 40 << 20
+    # 128 MiB of zeros under a 20 MiB cap (the ratio check off): crossed by the second chunk (32 MiB
+    # read), refused there; the rest of the input is never decompressed.
+    bomb = gzip.compress(bytes(128 << 20), mtime=0)
+    tracemalloc.start()
+    try:
+        got = code_of(bomb, ReadLimits(max_decompressed_bytes=20 << 20, max_ratio=1 << 30))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == "snapshot:limit:decompressed-size"
+    assert peak < 64 << 20
 
 
 # ---------------------------------------------------------------------------- torch.save zip
