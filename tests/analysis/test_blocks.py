@@ -691,6 +691,23 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
         [],
         {"pools": 2, "freeable": {1: 4}, "flushes": 1},
     ),
+    # The flush of a cache miss releases a private pool too once the trace showed it released by the
+    # failing request: pool 1's cached 20 MiB (released from event 0 on), then 20 MiB of the default
+    # pool under a 30 MiB limit at event 2: 20 + 20 > 30, flush; 0 <= 2, so pool 1's segment goes and
+    # the new one fits.
+    "miss-flush-releases-a-private-pool-released-by-then": (
+        [("alloc", 1, 20 * MiB, 1), ("free", 1, 0), ("alloc", 2, 20 * MiB)],
+        "",
+        [(0, 0, "large", False, ((0, 20 * MiB, A),))],
+        {"limit": 30 * MiB, "pools": 2, "freeable": {1: 0}, "flushes": 1},
+    ),
+    # The same with pool 1 released only from event 5 on: at event 2 it is kept, and the request fails.
+    "miss-flush-keeps-a-private-pool-released-later": (
+        [("alloc", 1, 20 * MiB, 1), ("free", 1, 0), ("alloc", 2, 20 * MiB)],
+        "",
+        [(1, 0, "large", False, ((0, 20 * MiB, F),))],
+        {"limit": 30 * MiB, "pools": 2, "freeable": {1: 5}, "flushes": 1, "failed": [2]},
+    ),
     # Two streams: stream 0 has no cached block, stream 1 a 20 MiB segment; the flush walks every
     # stream's free list of the pool and releases it.
     "flush-releases-every-stream": (
