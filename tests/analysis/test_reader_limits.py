@@ -1,10 +1,11 @@
-"""The reader's caps at their exact edges, on small hand-built inputs.
+"""The reader's caps at their exact edges, on hand-built inputs.
 
 Each cap is tried at the value that must pass and one below it, so an off-by-one (``>`` for
 ``>=``) in the check fails a case. The sizes are those of the inputs built here (``len`` of the
-bytes); the node counts are computed by hand from the converter's charges (in the comments).
-These run in well under a second, so ``make mutation``'s reader-limits target uses them alone;
-the real files' limits are test_reader.py's and test_hostile.py's.
+bytes); the node counts are computed by hand from the converter's charges (in the comments);
+memory bounds are measured with tracemalloc. These run in a few seconds, so ``make mutation``'s
+reader-limits target uses them (and one zip test of test_reader.py); the real files' limits are
+test_reader.py's and test_hostile.py's.
 """
 
 from __future__ import annotations
