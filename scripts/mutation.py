@@ -115,7 +115,7 @@ TARGETS = (
             "tests/analysis/test_blocks.py::test_recorded_replay_inlined_split_and_merge_equal_the_called_rules",
             "tests/analysis/test_blocks.py::test_oom_free_blocks_named_by_the_report_are_those_of_the_rebuilt_state",
         ),
-        360,  # 750 s for all 202 at load 3-7: this budget keeps `make mutation` near 30 min idle
+        360,  # all 202 in 216 s at load 2-3.6 (750 s at load 3-7)
         (
             (
                 "_Replayer.run",
