@@ -103,13 +103,13 @@ class AllocatorConfig:
         return not any(d > 1 for d in self.roundup_power2_divisions)
 
     def round_size(self, size: int) -> int:
-        """``round_size``: the block size a request of ``size`` bytes needs."""
-        if size < K_MIN_BLOCK_SIZE:
-            return K_MIN_BLOCK_SIZE
+        """``round_size``: the block size a request of ``size`` bytes needs: a multiple of
+        512 B and at least 512 B (torch's ``size < kMinBlockSize`` branch is the ``max``),
+        or, past ``512 x divisions``, the next of the interval's divisions."""
         divisions = self.divisions_for(size)
         if divisions > 1 and size > K_MIN_BLOCK_SIZE * divisions:
             return _roundup_power2_next_division(size, divisions)
-        return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+        return max(-(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE, K_MIN_BLOCK_SIZE)
 
     def allocation_size(self, size: int) -> int:
         """``get_allocation_size``: the segment a cache miss for a rounded size creates."""
@@ -190,35 +190,30 @@ class AllocatorConfig:
     def round_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """``round_size`` of every element (what ``round_size`` does, vectorised)."""
         s = np.asarray(sizes, dtype=np.int64)
-        out = ((s + (K_MIN_BLOCK_SIZE - 1)) // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
-        out[s < K_MIN_BLOCK_SIZE] = K_MIN_BLOCK_SIZE
+        out = np.maximum(-(-s // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE, K_MIN_BLOCK_SIZE)
         if self.rounds_plainly:
             return out
-        big = s >= K_MIN_BLOCK_SIZE
-        # frexp is exact for integers below 2**53: s = m * 2**e with 0.5 <= m < 1.
-        bits = np.frexp(np.maximum(s, 1).astype(np.float64))[1].astype(np.int64)
+        # frexp (of the int64 column cast to float64, exact below 2**53) gives
+        # s = m * 2**e with 0.5 <= m < 1: e is s.bit_length() (0 for 0).
+        bits = np.frexp(s)[1]
         index = np.clip(bits - 1 - 20, 0, N_ROUNDUP_INTERVALS - 1)
-        divs = np.asarray(self.roundup_power2_divisions, dtype=np.int64)[index]
-        use = big & (divs > 1) & (s > K_MIN_BLOCK_SIZE * divs)
+        divs = np.array(self.roundup_power2_divisions)[index]  # Python ints: int64
+        use = (divs > 1) & (s > K_MIN_BLOCK_SIZE * divs)
         if not use.any():
             return out
         su, du, bu = s[use], divs[use], bits[use]
-        power2_floor = np.left_shift(np.int64(1), bu - 1)
-        dbits = np.frexp(du.astype(np.float64))[1].astype(np.int64)  # bit_length(d)
-        step = np.right_shift(power2_floor, dbits - 1)
-        floor = su & ~(np.maximum(step, 1) - 1)
-        rounded = np.where(floor == su, su, floor + step)
-        rounded = np.where(step == 0, power2_floor << 1, rounded)
-        rounded = np.where(su & (su - 1) == 0, su, rounded)
-        out[use] = rounded
+        # _roundup_power2_next_division, column-wise: steps of 2**(e - 1) >> (bit_length(d) - 1).
+        step = np.left_shift(np.int64(1), bu - 1) >> (np.frexp(du)[1] - 1)
+        out[use] = -(-su // step) * step
         return out
 
     def allocation_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """``allocation_size`` of every (already rounded) element."""
         s = np.asarray(sizes, dtype=np.int64)
-        large = ((s + (K_ROUND_LARGE - 1)) // K_ROUND_LARGE) * K_ROUND_LARGE
-        out = np.where(s < K_MIN_LARGE_ALLOC, np.int64(self.large_segment_size), large)
-        return np.where(s <= K_SMALL_SIZE, np.int64(K_SMALL_BUFFER), out)
+        large = -(-s // K_ROUND_LARGE) * K_ROUND_LARGE
+        # Python int scalars take the int64 column's type (NEP 50, numpy >= 2).
+        out = np.where(s < K_MIN_LARGE_ALLOC, self.large_segment_size, large)
+        return np.where(s <= K_SMALL_SIZE, K_SMALL_BUFFER, out)
 
 
 def recorded_settings(raw: dict[str, Any], conf: str = "") -> tuple[AllocatorConfig, list[str]]:
@@ -304,14 +299,17 @@ def limit_refuses(reserved: int, alloc_size: int, limit: int | None) -> bool:
 
 
 def _roundup_power2_next_division(size: int, divisions: int) -> int:
-    if size & (size - 1) == 0:
-        return size
-    power2_floor = 1 << (size.bit_length() - 1)
-    step = power2_floor >> (divisions.bit_length() - 1)
-    if step == 0:
-        return power2_floor << 1
-    floor = size & ~(step - 1)
-    return size if floor == size else floor + step
+    """``roundup_power2_next_division``: ``size`` rounded up to the next of ``divisions``
+    equal steps of the power-of-two interval that holds it.
+
+    ``round_size`` calls it only for ``divisions >= 2`` and ``size > 512 x divisions``,
+    so the interval starts at ``2**(size.bit_length() - 1) >= 512 x 2**(divisions.bit_length() - 1)``
+    and a step is at least 512 B: torch's ``power2_divison == 0`` branch cannot be taken, and its
+    power-of-two early return is what rounding up to a step gives anyway (a power of two
+    is a multiple of every step of the interval it starts).
+    """
+    step = (1 << (size.bit_length() - 1)) >> (divisions.bit_length() - 1)
+    return -(-size // step) * step
 
 
 _TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")

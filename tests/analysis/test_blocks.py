@@ -691,6 +691,23 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
         [],
         {"pools": 2, "freeable": {1: 4}, "flushes": 1},
     ),
+    # The flush of a cache miss releases a private pool too once the trace showed it released by the
+    # failing request: pool 1's cached 20 MiB (released from event 0 on), then 20 MiB of the default
+    # pool under a 30 MiB limit at event 2: 20 + 20 > 30, flush; 0 <= 2, so pool 1's segment goes and
+    # the new one fits.
+    "miss-flush-releases-a-private-pool-released-by-then": (
+        [("alloc", 1, 20 * MiB, 1), ("free", 1, 0), ("alloc", 2, 20 * MiB)],
+        "",
+        [(0, 0, "large", False, ((0, 20 * MiB, A),))],
+        {"limit": 30 * MiB, "pools": 2, "freeable": {1: 0}, "flushes": 1},
+    ),
+    # The same with pool 1 released only from event 5 on: at event 2 it is kept, and the request fails.
+    "miss-flush-keeps-a-private-pool-released-later": (
+        [("alloc", 1, 20 * MiB, 1), ("free", 1, 0), ("alloc", 2, 20 * MiB)],
+        "",
+        [(1, 0, "large", False, ((0, 20 * MiB, F),))],
+        {"limit": 30 * MiB, "pools": 2, "freeable": {1: 5}, "flushes": 1, "failed": [2]},
+    ),
     # Two streams: stream 0 has no cached block, stream 1 a 20 MiB segment; the flush walks every
     # stream's free list of the pool and releases it.
     "flush-releases-every-stream": (
@@ -767,7 +784,183 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
         ),
         {"limit": 100 * MiB},
     ),
+    # The same under a limit of 100 MiB - 2 B: the threshold is int(0.5 x (100 MiB - 2)) = 50 MiB - 1,
+    # the target 64 MiB - (50 MiB - 1) = 14 MiB + 1 B. Round 1 frees S2, 14 MiB: one byte short, so
+    # round 2 runs (mean 5/2 = 2.5) and frees S3 (age 3), keeping S1 (age 2): 30 MiB reclaimed.
+    # 34 + 20 <= the limit: a new 20 MiB segment.
+    "gc-target-one-byte-past-the-first-round": (
+        [
+            ("alloc", 1, 14 * MiB),
+            ("alloc", 2, 14 * MiB),
+            ("free", 1, 0),
+            ("free", 2, 0),
+            ("alloc", 3, 16 * MiB),
+            ("alloc", 4, 20 * MiB),
+            ("free", 4, 0),
+            ("free", 3, 0),
+            ("alloc", 5, 14 * MiB),
+            ("free", 5, 0),
+            ("alloc", 6, 20 * MiB),
+            ("alloc", 7, 20 * MiB),
+        ],
+        "garbage_collection_threshold:0.5",
+        sorted(
+            [
+                (0, 0, "large", False, ((0, 14 * MiB, F),)),
+                (0, 0, "large", False, ((0, 20 * MiB, A),)),
+                (0, 0, "large", False, ((0, 20 * MiB, A),)),
+            ]
+        ),
+        {"limit": 100 * MiB - 2},
+    ),
+    # Two free blocks of one size: the best fit breaks the tie by address (torch's BlockComparatorSize:
+    # stream, size, address), and the model's own addresses rise in segment order (a bump pointer),
+    # so the block of the earlier segment wins. 5 MiB gets a 20 MiB segment S1 (5 A + 15 F), 15 MiB
+    # takes the 15 F whole; 2 MiB a second 20 MiB segment S2 (2 A + 18 F), 3 MiB splits the 18 F
+    # (3 A + 15 F); freeing the first 15 MiB leaves a free 15 MiB in each segment. The last 15 MiB
+    # takes S1's: S1 full again, S2 keeps its 15 F. (S2's would leave S1 with the 15 F instead.)
+    "equal-size-tie-goes-to-the-earlier-segment": (
+        [
+            ("alloc", 1, 5 * MiB),
+            ("alloc", 2, 15 * MiB),
+            ("alloc", 3, 2 * MiB),
+            ("alloc", 4, 3 * MiB),
+            ("free", 2, 0),
+            ("alloc", 5, 15 * MiB),
+        ],
+        "",
+        [
+            (0, 0, "large", False, ((0, 2 * MiB, A), (2 * MiB, 3 * MiB, A), (5 * MiB, 15 * MiB, F))),
+            (0, 0, "large", False, ((0, 5 * MiB, A), (5 * MiB, 15 * MiB, A))),
+        ],
+    ),
+    # The GC's age clock counts get_free_block calls on the default large pool, whatever the stream
+    # (torch: ``++pool.get_free_blocks_call_count`` on large_blocks, one BlockPool for every stream).
+    # "gc-second-round-uses-the-remaining-mean" with every request on stream 1 of two: the same
+    # ages, the same two rounds, the same blocks (on stream 1). A clock that counted stream 0 only
+    # would leave every age 0: round 1 (mean 0) would free S1, S2 and S3 alike.
+    "gc-ages-count-large-requests-on-a-second-stream": (
+        [
+            ("alloc", 1, 14 * MiB, 0, 1),
+            ("alloc", 2, 14 * MiB, 0, 1),
+            ("free", 1, 0),
+            ("free", 2, 0),
+            ("alloc", 3, 16 * MiB, 0, 1),
+            ("alloc", 4, 24 * MiB, 0, 1),
+            ("free", 4, 0),
+            ("free", 3, 0),
+            ("alloc", 5, 14 * MiB, 0, 1),
+            ("free", 5, 0),
+            ("alloc", 6, 20 * MiB, 0, 1),
+            ("alloc", 7, 20 * MiB, 0, 1),
+        ],
+        "garbage_collection_threshold:0.5",
+        sorted(
+            [
+                (0, 1, "large", False, ((0, 14 * MiB, F),)),
+                (0, 1, "large", False, ((0, 20 * MiB, A), (20 * MiB, 4 * MiB, F))),
+                (0, 1, "large", False, ((0, 20 * MiB, A),)),
+            ]
+        ),
+        {"limit": 100 * MiB, "streams": 2},
+    ),
+    # A request into a private pool (a graph capture is underway) never flushes the cache: under a
+    # 21 MiB limit a cached 20 MiB segment of the default pool, then 512 KiB in pool 1 (its small
+    # list: free-list index 2, the first past the default pool's two) needs a 2 MiB segment:
+    # 20 + 2 = 22 > 21, refused, and no release_cached_blocks: the request fails, the 20 MiB stays.
+    # (Flushing would release it and fit the 2 MiB segment.)
+    "private-pool-small-request-does-not-flush": (
+        [("alloc", 1, 20 * MiB), ("free", 1, 0), ("alloc", 2, 512 * 1024, 1)],
+        "",
+        [(0, 0, "large", False, ((0, 20 * MiB, F),))],
+        {"limit": 21 * MiB, "pools": 2, "flushes": 0, "failed": [2]},
+    ),
+    # The same on stream 1 of two (a cached 20 MiB segment of the default pool on stream 1): pool
+    # 1's small list on stream 1 is free-list index (1 x 2 + 0) x 2 + 1 = 5, a private pool: the
+    # request fails, no flush. Then 512 KiB of the default pool on stream 1 (index 1): 20 + 2 > 21,
+    # refused, and this one flushes: the 20 MiB goes, the 2 MiB small segment fits.
+    "private-pool-request-on-a-second-stream-does-not-flush": (
+        [("alloc", 1, 20 * MiB, 0, 1), ("free", 1, 0), ("alloc", 2, 512 * 1024, 1, 1), ("alloc", 3, 512 * 1024, 0, 1)],
+        "",
+        [(0, 1, "small", False, ((0, 512 * 1024, A), (512 * 1024, 2 * MiB - 512 * 1024, F)))],
+        {"limit": 21 * MiB, "pools": 2, "streams": 2, "flushes": 1, "failed": [2]},
+    ),
+    # Expandable segments, two streams, each with a free 20 MiB page of its own reservation: a flush
+    # unmaps the free pages of every stream's list and gives both reservations back.
+    "expandable-flush-unmaps-every-stream": (
+        [("alloc", 1, 20 * MiB, 0, 0), ("alloc", 2, 20 * MiB, 0, 1), ("free", 1, 0), ("free", 2, 0), ("flush", 4, 0)],
+        "expandable_segments:True",
+        [],
+        {"streams": 2, "flushes": 1},
+    ),
 }
+
+# get_free_block's max_split_size filter (AllocatorConfig.fit_limit) at its exact edges. The model
+# has it three times: _Model.run's inline best fit (no GC, no expandable segments), run's inline
+# expandable walk, and get_free_block (the path taken with a GC threshold set). Each stream below is
+# served on its inline path, and again with a GC that never starts, through get_free_block.
+FIT_EDGE_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected segments[, options]
+    # max_split_size 256 MiB: a 256 MiB segment (>= 10 MiB: rounded to 2 MiB, itself), freed. For
+    # 100 MiB (< 256) a block of exactly max_split_size is oversize (not below 256 MiB): refused,
+    # and 100 MiB gets its own segment. (Taking it would split it: 100 A + 156 F.)
+    "max-split-block-refused-to-a-smaller-request": (
+        [("alloc", 1, 256 * MiB), ("free", 1, 0), ("alloc", 2, 100 * MiB)],
+        "max_split_size_mb:256",
+        sorted([(0, 0, "large", False, ((0, 256 * MiB, F),)), (0, 0, "large", False, ((0, 100 * MiB, A),))]),
+    ),
+    # A request of exactly max_split_size (256 MiB) may take a block below 256 + 20 MiB: the cached
+    # 270 MiB one, unsplit (256 is not below max_split_size); 40 MiB then needs its own segment.
+    "request-equal-to-max-split": BOUNDARY_STREAMS["request-equal-to-max-split"],
+    # A block of exactly request + max_non_split_rounding (256 + 20 = 276 MiB) is past the bound:
+    # 256 MiB gets its own segment and the 276 MiB one stays cached. (Taking it: 276 A, unsplit.)
+    "block-of-request-plus-rounding-refused": (
+        [("alloc", 1, 276 * MiB), ("free", 1, 0), ("alloc", 2, 256 * MiB)],
+        "max_split_size_mb:256",
+        sorted([(0, 0, "large", False, ((0, 276 * MiB, F),)), (0, 0, "large", False, ((0, 256 * MiB, A),))]),
+    ),
+    # Expandable segments (20 MiB pages), max_split_size 240 MiB, a 300 MiB cap. 240 MiB maps 12
+    # pages exactly, freed: a free block of exactly max_split_size, refused to 100 MiB. A new
+    # mapping would reach 240 + 100 > 300: refused; release_available frees nothing (expandable);
+    # the flush unmaps the 240 MiB and gives the reservation back; then 5 pages for 100 MiB.
+    # (Taking the block: 100 A + 140 F split off, no flush.)
+    "expandable-max-split-block-refused-to-a-smaller-request": (
+        [("alloc", 1, 240 * MiB), ("free", 1, 0), ("alloc", 2, 100 * MiB)],
+        "expandable_segments:True,max_split_size_mb:240",
+        [(0, 0, "large", True, ((0, 100 * MiB, A),))],
+        {"limit": 300 * MiB, "flushes": 1},
+    ),
+    # 250 MiB maps 13 pages (260 MiB) and splits off 10 MiB, which 10 MiB then takes whole; 250 MiB
+    # freed (its neighbour held). 240 MiB (= max_split_size) may take a block below 240 + 20: the
+    # 250 MiB one, split (expandable: any remainder >= 512 B): 240 A + 10 F, no flush. (Refusing it:
+    # 260 + 240 > 300, a flush unmapping 12 pages and mapping them again, the same blocks.)
+    "expandable-request-equal-to-max-split": (
+        [("alloc", 1, 250 * MiB), ("alloc", 2, 10 * MiB), ("free", 1, 0), ("alloc", 3, 240 * MiB)],
+        "expandable_segments:True,max_split_size_mb:240",
+        [(0, 0, "large", True, ((0, 240 * MiB, A), (240 * MiB, 10 * MiB, F), (250 * MiB, 10 * MiB, A)))],
+        {"limit": 300 * MiB, "flushes": 0},
+    ),
+    # 260 MiB (13 pages) freed; for 240 MiB it is exactly request + 20 MiB: refused. 260 + 240 > 300:
+    # flush (all 13 pages unmapped), then 12 pages: 240 A alone. (Taking it: 240 A + 20 F, no flush.)
+    "expandable-block-of-request-plus-rounding-refused": (
+        [("alloc", 1, 260 * MiB), ("free", 1, 0), ("alloc", 2, 240 * MiB)],
+        "expandable_segments:True,max_split_size_mb:240",
+        [(0, 0, "large", True, ((0, 240 * MiB, A),))],
+        {"limit": 300 * MiB, "flushes": 1},
+    ),
+}
+
+
+def _with_gc(stream: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The same stream with a GC threshold whose start is never reached (reserved memory stays
+    below 0.9 x the cap; 10 GiB where the stream has none): run serves it by get_free_block."""
+    requests, conf, expected, *more = stream
+    options = dict(more[0]) if more else {}
+    options.setdefault("limit", 10 * GiB)
+    return (requests, f"{conf},garbage_collection_threshold:0.9", expected, options)
+
+
+BOUNDARY_STREAMS |= FIT_EDGE_STREAMS
+BOUNDARY_STREAMS |= {f"{name}+gc": _with_gc(stream) for name, stream in FIT_EDGE_STREAMS.items()}
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_STREAMS))
@@ -775,12 +968,15 @@ def test_boundary_requests_give_the_hand_computed_blocks_inlined_and_called(name
     requests, conf, expected, *more = BOUNDARY_STREAMS[name]
     options = dict(more[0]) if more else {}
     flushes = options.pop("flushes", None)
+    failed = options.pop("failed", None)
     m = _synthetic(requests, conf, **options)
     compare_inline_and_called(m, checkpoints=1)
-    m.run(*m.requests)
+    failed_here = m.run(*m.requests)
     assert model_segments(m, m.segment_lk) == expected
     if flushes is not None:  # how many times the whole cache was flushed (release_cached_blocks)
         assert len(m.flushes) == flushes
+    if failed is not None:  # the requests (indices in the stream) the model could not serve
+        assert failed_here == failed
 
 
 # --------------------------------------------------------------------------- the rule itself

@@ -16,7 +16,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.model import ACTIVE_PENDING_FREE, FREE_COMPLETED, FREE_REQUESTED, INACTIVE, DeviceData, Snapshot, Trace
+from analysis.allocator.config import AllocatorConfig
+from analysis.allocator.recorded import BlockState, SegmentState, _Replayer
+from analysis.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    INACTIVE,
+    DeviceData,
+    Snapshot,
+    Trace,
+)
 from analysis.reader import read_snapshot
 from analysis.replay import AllocatorState, RecordedReplay, recorded_replay
 
@@ -369,3 +381,142 @@ def test_the_inlined_plain_rounding_is_round_size(case: str, monkeypatch: pytest
     slow = recorded_replay(snap, snap.devices[0])
     for column in ("allocated", "active", "inactive_split", "largest_free"):
         assert np.array_equal(getattr(fast, column), getattr(slow, column)), column
+
+
+# -- repairs of an incomplete trace (_Replayer._alloc_slow), hand-built ------------------------
+
+SEG = 1 << 32  # a segment's address in the hand-built states
+MiB = 1 << 20
+
+
+def _repair(
+    blocks: list[tuple[int, int, str]],
+    *allocs: tuple[int, int],
+    seg_size: int = 20 * MiB,
+    conf: str = "",
+    action: int = ALLOC,
+) -> Any:
+    """Seed one large segment at SEG with ``blocks`` (offset, size, state; from before the trace),
+    replay events (offset, size) of ``action`` (alloc unless told) leniently, and return the replayer."""
+    base = _snapshot("gpt_varlen_oom").device(0)
+    n = len(allocs)
+    trace = Trace(
+        np.full(n, action, np.int8),
+        np.asarray([SEG + offset for offset, _ in allocs], np.int64),
+        np.asarray([size for _, size in allocs], np.int64),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.int32),
+    )
+    dev = replace(base, trace=trace, segments=())
+    seeded = tuple(BlockState(SEG + o, s, 0 if st == INACTIVE else s, st) for o, s, st in blocks)
+    state = AllocatorState(-1, (SegmentState(SEG, seg_size, 0, 0, "large", False, seeded),))
+    rep = _Replayer(dev, AllocatorConfig.parse(conf))
+    rep.seed(state, strict=False)
+    rep.run(0, n)
+    return rep
+
+
+def _blocks(rep: Any) -> list[tuple[int, int, str]]:
+    (seg,) = rep.export(rep.n - 1).segments
+    return [(b.address - SEG, b.size, b.state) for b in seg.blocks]
+
+
+def test_an_alloc_inside_a_free_block_cuts_it_there_and_splits_by_the_rule() -> None:
+    # A free 16 MiB block at 4 MiB; the trace allocates 2 MiB at 8 MiB (the state was guessed, the
+    # address is the driver's): the free block is cut at 8 MiB (4 MiB stay free before it), and
+    # the 12 MiB from 8 MiB serves the 2 MiB: remainder 10 MiB > 1 MiB, split: 2 MiB + 10 MiB free.
+    rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (8 * MiB, 2 * MiB))
+    assert _blocks(rep) == [
+        (0, 4 * MiB, ACTIVE_ALLOCATED),
+        (4 * MiB, 4 * MiB, INACTIVE),
+        (8 * MiB, 2 * MiB, ACTIVE_ALLOCATED),
+        (10 * MiB, 10 * MiB, INACTIVE),
+    ]
+    assert rep.issues == {"alloc-outside-free": 1}
+    assert rep.first_issue == (0, "alloc at an address where no free block starts")
+    # 11.5 MiB at 8 MiB: the remainder, 512 KiB, is not above 1 MiB: the whole 12 MiB is taken.
+    rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (8 * MiB, 23 * MiB // 2))
+    assert _blocks(rep)[2:] == [(8 * MiB, 12 * MiB, ACTIVE_ALLOCATED)]
+    # 700 KiB (small pool: the remainder need only be >= 512 B) at 19 MiB: 1 MiB left from there,
+    # 324 KiB remainder: split.
+    rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (19 * MiB, 700 * 1024))
+    assert _blocks(rep)[2:] == [(19 * MiB, 700 * 1024, ACTIVE_ALLOCATED), (19 * MiB + 700 * 1024, 324 * 1024, INACTIVE)]
+
+
+def test_an_alloc_inside_a_live_block_cuts_that_block_and_corrects_the_figures() -> None:
+    # A block from before the trace, 8 MiB at 0, but the trace allocates 1.5 MiB at 6 MiB: its size
+    # was guessed too large. It is cut to 6 MiB; the 2 MiB from 6 MiB serve the request (remainder
+    # 512 KiB: no split). The initial figures counted the 8 MiB: active and allocated drop by 2 MiB
+    # at this event.
+    rep = _repair([(0, 8 * MiB, ACTIVE_ALLOCATED), (8 * MiB, 12 * MiB, INACTIVE)], (6 * MiB, 3 * MiB // 2))
+    assert _blocks(rep) == [
+        (0, 6 * MiB, ACTIVE_ALLOCATED),
+        (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED),
+        (8 * MiB, 12 * MiB, INACTIVE),
+    ]
+    assert rep.adj_active == {0: -2 * MiB}
+    assert rep.adj_alloc == {0: -2 * MiB}
+    # The same block pending its free (freed on another stream, not yet completed): it is active
+    # but no longer allocated, so only active drops.
+    rep = _repair([(0, 8 * MiB, ACTIVE_PENDING_FREE), (8 * MiB, 12 * MiB, INACTIVE)], (6 * MiB, 3 * MiB // 2))
+    assert _blocks(rep)[:2] == [(0, 6 * MiB, ACTIVE_PENDING_FREE), (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED)]
+    assert rep.adj_active == {0: -2 * MiB}
+    assert rep.adj_alloc == {}
+
+
+def test_an_alloc_inside_a_block_the_trace_allocated_cuts_it_without_correcting_figures() -> None:
+    # Event 0 allocates 8 MiB at 0 from the free 20 MiB (split: 12 MiB free after it); event 1
+    # allocates 1.5 MiB at 6 MiB, inside it: event 0's block is cut to 6 MiB and event 1 gets the
+    # 2 MiB from 6 MiB (remainder 512 KiB: no split). Event 0's size is the trace's own, counted as
+    # the replay goes: no initial figure to correct.
+    rep = _repair([(0, 20 * MiB, INACTIVE)], (0, 8 * MiB), (6 * MiB, 3 * MiB // 2))
+    assert _blocks(rep) == [
+        (0, 6 * MiB, ACTIVE_ALLOCATED),
+        (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED),
+        (8 * MiB, 12 * MiB, INACTIVE),
+    ]
+    assert rep.bs[:2] == [6 * MiB, 2 * MiB]
+    assert rep.adj_active == rep.adj_alloc == {}
+    assert rep.first_issue == (1, "alloc at an address where no free block starts")
+
+
+def test_an_alloc_larger_than_the_free_block_at_its_address_takes_the_block_as_it_is() -> None:
+    # A free 4 MiB block at 0 (a live 16 MiB after it), and the trace allocates 6 MiB at 0: the
+    # guessed state is wrong; the alloc takes the 4 MiB block whole (nothing to split off) and the
+    # issue is counted, with its event and reason.
+    rep = _repair([(0, 4 * MiB, INACTIVE), (4 * MiB, 16 * MiB, ACTIVE_ALLOCATED)], (0, 6 * MiB))
+    assert _blocks(rep) == [(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, ACTIVE_ALLOCATED)]
+    assert rep.issues == {"block-too-small": 1}
+    assert rep.first_issue == (0, "alloc larger than the free block")
+
+
+def test_an_alloc_of_exactly_max_split_size_takes_its_free_block_whole() -> None:
+    # max_split_size 256 MiB: a request of 256 MiB is not below it, so the 270 MiB free block it
+    # lands on is not split (remainder 14 MiB > 1 MiB would split a smaller request's block).
+    blocks = [(0, 270 * MiB, INACTIVE)]
+    rep = _repair(blocks, (0, 256 * MiB), seg_size=270 * MiB, conf="max_split_size_mb:256")
+    assert _blocks(rep) == [(0, 270 * MiB, ACTIVE_ALLOCATED)]
+    rep = _repair(blocks, (0, 256 * MiB - 512), seg_size=270 * MiB, conf="max_split_size_mb:256")
+    assert _blocks(rep) == [(0, 256 * MiB - 512, ACTIVE_ALLOCATED), (256 * MiB - 512, 14 * MiB + 512, INACTIVE)]
+
+
+def test_a_free_completed_without_its_request_frees_and_corrects_allocated() -> None:
+    # A live 4 MiB block from before the trace at 0 (a free 16 MiB after it); the trace's first
+    # event completes its free without a free_requested (the ring lost it): lenient, the block is
+    # freed and merged (20 MiB free, the whole segment) and allocated, which counted the block as
+    # allocated, not pending, drops by its 4 MiB at that event.
+    rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (0, 4 * MiB), action=FREE_COMPLETED)
+    assert _blocks(rep) == [(0, 20 * MiB, INACTIVE)]
+    assert rep.issues == {"unrequested-free": 1}
+    assert rep.adj_alloc == {0: -4 * MiB}
+
+
+def test_an_alloc_outside_every_segment_is_kept_attached_to_nothing() -> None:
+    # 3 MiB + 1 B at 64 MiB past a 20 MiB segment: no segment holds it; the block is kept (its
+    # free will come) with its rounded size, 3 MiB + 512 B, and the segment is unchanged.
+    rep = _repair([(0, 20 * MiB, INACTIVE)], (64 * MiB, 3 * MiB + 1))
+    assert rep.used == {SEG + 64 * MiB: 0}
+    assert rep.bs[0] == 3 * MiB + 512
+    assert _blocks(rep) == [(0, 20 * MiB, INACTIVE)]

@@ -115,3 +115,8 @@ def test_column_rules_answer_int64_whatever_integer_column_they_get() -> None:
     got = cfg.round_sizes(np.asarray([1000, 1_363_149], np.int32))
     assert got.dtype == np.int64
     assert got.tolist() == [1024, 1_572_864]
+    # allocation_size of 2 GiB - 512 (2,147,483,136 B, the largest multiple of 512 an int32 holds)
+    # is 2 GiB, rounded up to 2 MiB: 2,147,483,648 B, one past int32's maximum.
+    segments = cfg.allocation_sizes(np.asarray([2 * GB - 512], np.int32))
+    assert segments.dtype == np.int64
+    assert segments.tolist() == [2 * GB]
