@@ -564,6 +564,7 @@ def main() -> int:
         )
         summary.append(res)
         rate = res["kill_rate"]
+        assert rate is None or isinstance(rate, float)  # run_target's round(...) or None
         print(f"  tests: {', '.join(res['tests'])}")  # type: ignore[arg-type]
         print(
             f"  {res['killed']} killed + {res['timeout']} timeout / {res['tried']} tried of {res['mutants']}"
