@@ -78,6 +78,32 @@ def test_compare_refuses_a_second_snapshot_of_another_team(
     assert alice_client.get(f"/compare/{mine.code}/{mine.code}/").status_code == 200
 
 
+def test_lists_read_their_project_and_team_in_one_query(alice: Any, alpha: Any, django_assert_num_queries: Any) -> None:
+    # The home page and the API list uploads with their project and team, and projects with their team:
+    # each list is one query, not one more per row (two uploads here).
+    make_upload(alpha, alice)
+    make_upload(alpha, alice)
+    with django_assert_num_queries(1):
+        assert [(u.project.slug, u.project.team.pk) for u in services.visible_uploads(alice)] == [
+            ("alpha", alpha.team.pk)
+        ] * 2
+    with django_assert_num_queries(1):
+        assert [(p.slug, p.team.pk) for p in services.visible_projects(alice)] == [("alpha", alpha.team.pk)]
+
+
+def test_a_share_link_reads_its_upload_project_and_team_in_one_query(
+    alice: Any, alpha: Any, django_assert_num_queries: Any
+) -> None:
+    # A status poll (count_use=False: no UPDATE) is the link's one lookup, its upload's project and
+    # team with it.
+    upload = make_upload(alpha, alice)
+    token = services.share_create(upload, alice)
+    with django_assert_num_queries(1):
+        found = services.upload_for_share_token(token, count_use=False)
+        assert found is not None
+        assert (found.code, found.project.slug, found.project.team.pk) == (upload.code, "alpha", alpha.team.pk)
+
+
 # --------------------------------------------------------------------------- share links
 
 
