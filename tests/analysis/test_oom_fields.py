@@ -18,7 +18,7 @@ import pytest
 
 from analysis.allocator import LimitEstimate, whatif
 from analysis.config import AllocatorConfig
-from analysis.limits import Limit, choose_limit
+from analysis.limits import Limit, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -456,3 +456,144 @@ def test_boundaries_hand_computed() -> None:
     # headroom = max(0, limit - reserved): expandable pages may end above the limit, never negative.
     assert fields(1024, 2048, 1536) == (0, 0, "fragmentation")
     assert fields(1024, 1535, 1536) == (0, 1, "fragmentation")
+
+
+# --------------------------------------------------------------------------- limit_kind, verdict_level,
+# verdict_certain and the limit's wording (docs/contract.md, docs/report.md: "oom.limit_kind"
+# per-process-cap | device-full | "" when unknown; "oom.verdict_level" request unless the report projected
+# the step; "oom.verdict_certain" false only for "capacity" from a lower-bound limit).
+
+
+def _explained(case: str, chosen: Limit) -> dict[str, Any]:
+    """explain_oom for the case's last OOM, with the report's memory figures (checked against the message
+    above) and ``chosen`` as the limit."""
+    oom = oom_of(case)
+    return explain_oom(
+        trace_of(case),
+        oom["event_index"],
+        allocated=oom["allocated_bytes"],
+        reserved=oom["reserved_bytes"],
+        cached_free=oom["cached_free_bytes"],
+        largest_free=oom["largest_free_block_bytes"],
+        chosen=chosen,
+    )
+
+
+@pytest.mark.parametrize("case", OOM_CASES)
+def test_limit_of_the_oom_message_is_the_per_process_cap_and_certain(case: str) -> None:
+    # Every one of these messages names its cap ("4.00 GiB allowed"): the limit is that cap, a
+    # per-process one, read from the message (not a lower bound), so whatever the verdict it is certain.
+    text = truth(case)["oom_message"]
+    cap, tol = figure(case, r"SIZE allowed")
+    chosen = choose_limit(given=None, sidecar=None, message=parse_oom_message(text), inferred=None)
+    assert chosen is not None
+    oom = _explained(case, chosen)
+    assert oom["limit_bytes"] == pytest.approx(cap, abs=tol)
+    assert (oom["limit_source"], oom["limit_kind"], oom["limit_is_lower_bound"]) == (
+        "oom_message",
+        "per-process-cap",
+        False,
+    )
+    assert oom["verdict_level"] == "request"
+    assert oom["verdict_certain"] is True
+    # The wording names that cap and where it came from, with the cap as the message prints it
+    # ("4.00 GiB allowed" -> "of 4.00 GiB").
+    printed = re.search(r"([\d.]+ GiB) allowed", text)
+    assert printed is not None
+    named = f"the per-process cap of the OOM message of {printed.group(1)}"
+    if oom["verdict"] == "fragmentation":
+        assert f"within {named}, and the cache held" in oom["explanation"]
+    else:
+        assert f"exceeds {named}: no allocator setting can make it fit" in oom["explanation"]
+
+
+def test_limit_the_client_read_from_its_sidecar() -> None:
+    # gpu_client_oom's client observer read torch's allowed_bytes: 3 GiB (3,221,225,472 B), the
+    # message's "3.00 GiB allowed". 2.87 GiB allocated + the 84 MiB request (0.08 GiB) = 2.95 GiB
+    # <= 3.00 GiB: the request-level rule says fragmentation, with an exact limit, so certain.
+    t = truth("gpu_client_oom")
+    read = sidecar_limit(t["client"]["sidecar"], 0)
+    chosen = choose_limit(given=None, sidecar=read, message=None, inferred=None)
+    assert chosen is not None
+    oom = _explained("gpu_client_oom", chosen)
+    assert (oom["limit_bytes"], oom["limit_source"], oom["limit_kind"]) == (3 * GiB, "sidecar", "per-process-cap")
+    assert oom["verdict"] == "fragmentation"
+    assert (oom["verdict_level"], oom["verdict_certain"]) == ("request", True)
+    assert "within the limit the client read of 3.00 GiB, and the cache held" in oom["explanation"]
+
+
+# torch's message on a full device without a cap (test_limits' "other layouts" case): 42 MiB asked,
+# 9.38 MiB free, 2.92 GiB allocated and 34.62 MiB reserved but unallocated.
+DEVICE_FULL_MESSAGE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 42.00 MiB. GPU 0 has a total capacity of "
+    "47.27 GiB of which 9.38 MiB is free. Including non-PyTorch memory, this process has 3.14 GiB memory in use. "
+    "Of the allocated memory 2.92 GiB is allocated by PyTorch, and 34.62 MiB is reserved by PyTorch but unallocated."
+)
+
+
+def test_limit_of_a_device_full_message_is_the_device_memory() -> None:
+    # No "allowed": the limit is reserved + free = 2.92 GiB + 34.62 MiB + 9.38 MiB
+    # = 2.92 + 44/1024 = 2.96297 GiB ("2.96 GiB"), of kind device-full, from the message, not a bound.
+    msg = parse_oom_message(DEVICE_FULL_MESSAGE)
+    chosen = choose_limit(given=None, sidecar=None, message=msg, inferred=None)
+    assert chosen is not None
+    allocated = round(2.92 * GiB)
+    cached = round(34.62 * MiB)
+    # A 512 MiB request on top: 2.92 GiB + 0.50 GiB = 3.42 GiB > 2.96 GiB, capacity.
+    t = _trace([(OOM, round(9.38 * MiB), 512 * MiB)])
+    oom = explain_oom(
+        t, 0, allocated=allocated, reserved=allocated + cached, cached_free=cached, largest_free=cached, chosen=chosen
+    )
+    assert oom["limit_bytes"] == pytest.approx(2.92 * GiB + 44 * MiB, abs=0.005 * GiB + 0.01 * MiB)
+    assert (oom["limit_source"], oom["limit_kind"], oom["limit_is_lower_bound"]) == (
+        "oom_message",
+        "device-full",
+        False,
+    )
+    assert (oom["verdict"], oom["verdict_level"], oom["verdict_certain"]) == ("capacity", "request", True)
+    assert oom["explanation"] == (
+        "The request for 0.50 GiB on top of 2.92 GiB allocated exceeds the device's memory of the OOM message "
+        "of 2.96 GiB: no allocator setting can make it fit; the workload needs less memory."
+    )
+
+
+def test_verdict_certain_is_false_only_for_capacity_from_a_lower_bound() -> None:
+    # The four corners of the rule, each hand-computed: allocated 1 GiB, reserved 1 GiB.
+    t = _trace([(OOM, 64 * GiB, 2 * GiB)])  # 2 GiB asked, 64 GiB free on the device (a cap refused it)
+    lower = _inferred(LimitEstimate(lower=2 * GiB, upper=None, device_full=None, evidence=1))
+    full = _inferred(LimitEstimate(lower=2 * GiB, upper=None, device_full=4 * GiB, evidence=1))
+
+    def fields(chosen: Limit) -> tuple[str, bool, str, str]:
+        o = explain_oom(t, 0, allocated=GiB, reserved=GiB, cached_free=0, largest_free=0, chosen=chosen)
+        return o["verdict"], o["verdict_certain"], o["verdict_level"], o["limit_kind"]
+
+    # 1 + 2 = 3 GiB > 2 GiB, the most the trace shows the cap allowed: capacity, but the real cap may be
+    # higher, so not certain. An inferred cap is a per-process cap.
+    assert fields(lower) == ("capacity", False, "request", "per-process-cap")
+    # ...and the explanation says so instead of "no allocator setting can make it fit".
+    uncertain = explain_oom(t, 0, allocated=GiB, reserved=GiB, cached_free=0, largest_free=0, chosen=lower)
+    assert uncertain["explanation"] == (
+        "The request for 2.00 GiB on top of 1.00 GiB allocated exceeds 2.00 GiB, the most the trace shows the cap "
+        "allowed; the real per-process cap is not in the snapshot and may be higher, so whether an allocator "
+        "setting can make it fit is unknown: paste the OOM message or give --limit."
+    )
+    # 3 GiB > 2 GiB given: capacity, certain (a given limit is exact); a given limit names no kind.
+    assert fields(_given(2 * GiB)) == ("capacity", True, "request", "")
+    # 3 GiB <= 4 GiB, the full device (reserved + free): fragmentation, certain.
+    assert fields(full) == ("fragmentation", True, "request", "device-full")
+    # 3 GiB <= 3 GiB under the cap's lower bound: fragmentation; a larger real cap only makes it fit
+    # more, so it is certain even from a lower bound.
+    lower3 = _inferred(LimitEstimate(lower=3 * GiB, upper=None, device_full=None, evidence=1))
+    assert fields(lower3) == ("fragmentation", True, "request", "per-process-cap")
+
+
+@pytest.mark.parametrize("case", OOM_CASES)
+def test_report_limit_kind_and_verdict_certain_of_the_real_ooms(case: str) -> None:
+    # Inferred from the trace, the limit is the cap's lower bound: a per-process cap (the message
+    # names one: "... allowed"), and a capacity verdict from it is not certain.
+    oom = oom_of(case)
+    assert re.search(r"[\d.]+ (GiB|MiB) allowed", truth(case)["oom_message"])
+    assert oom["limit_kind"] == "per-process-cap"
+    assert oom["verdict_certain"] is (oom["verdict"] != "capacity")
+    # The level is "step" exactly where the report projected the failing step.
+    assert oom["verdict_level"] == ("step" if oom["projection"]["available"] else "request")

@@ -12,9 +12,12 @@ import hashlib
 import io
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import OperationalError
+from django.db.models import QuerySet
 from django.test import RequestFactory
 from django.utils import timezone
 
@@ -75,6 +78,32 @@ def test_compare_refuses_a_second_snapshot_of_another_team(
     assert alice_client.get(f"/compare/{mine.code}/{mine.code}/").status_code == 200
 
 
+def test_lists_read_their_project_and_team_in_one_query(alice: Any, alpha: Any, django_assert_num_queries: Any) -> None:
+    # The home page and the API list uploads with their project and team, and projects with their team:
+    # each list is one query, not one more per row (two uploads here).
+    make_upload(alpha, alice)
+    make_upload(alpha, alice)
+    with django_assert_num_queries(1):
+        assert [(u.project.slug, u.project.team.pk) for u in services.visible_uploads(alice)] == [
+            ("alpha", alpha.team.pk)
+        ] * 2
+    with django_assert_num_queries(1):
+        assert [(p.slug, p.team.pk) for p in services.visible_projects(alice)] == [("alpha", alpha.team.pk)]
+
+
+def test_a_share_link_reads_its_upload_project_and_team_in_one_query(
+    alice: Any, alpha: Any, django_assert_num_queries: Any
+) -> None:
+    # A status poll (count_use=False: no UPDATE) is the link's one lookup, its upload's project and
+    # team with it.
+    upload = make_upload(alpha, alice)
+    token = services.share_create(upload, alice)
+    with django_assert_num_queries(1):
+        found = services.upload_for_share_token(token, count_use=False)
+        assert found is not None
+        assert (found.code, found.project.slug, found.project.team.pk) == (upload.code, "alpha", alpha.team.pk)
+
+
 # --------------------------------------------------------------------------- share links
 
 
@@ -124,6 +153,37 @@ def test_a_share_link_reaches_only_its_own_upload(alice: Any, alpha: Any) -> Non
     assert services.share_active(two) is None
 
 
+def test_revoking_one_upload_links_leaves_every_other_upload_links_live(alice: Any, alpha: Any) -> None:
+    # share_revoke works on its own upload's links only: revoking all of one's (1 link) or one key of
+    # another upload's through it (0 links: the key is not this upload's) leaves the other link live.
+    one, two = make_upload(alpha, alice), make_upload(alpha, alice)
+    token_one, token_two = services.share_create(one, alice), services.share_create(two, alice)
+    key_two = ShareLink.objects.get(upload=two).key
+    assert services.share_revoke(one, key_two) == 0
+    assert services.upload_for_share_token(token_two) == two
+    assert services.share_revoke(one) == 1
+    assert services.upload_for_share_token(token_one) is None
+    assert services.upload_for_share_token(token_two) == two
+    assert services.share_active(two) == ShareLink.objects.get(upload=two)
+
+
+def test_the_active_link_is_the_newest_by_creation_time(alice: Any, alpha: Any) -> None:
+    # "The newest live link" is the one created last, as the page's list orders them (created_at, then
+    # id): a link whose row id is lower but whose creation time is later (a clock set back between the
+    # two, here written by hand) is the newest, and share_links lists it first.
+    upload = make_upload(alpha, alice)
+    services.share_create(upload, alice, name="first row")
+    services.share_create(upload, alice, name="second row")
+    first, second = ShareLink.objects.filter(upload=upload).order_by("id")
+    ShareLink.objects.filter(pk=first.pk).update(created_at=second.created_at + timedelta(seconds=1))
+    assert services.share_active(upload) == first
+    assert services.share_links(upload, None)[0]["key"] == first.key
+    # Made in the same instant (the same created_at, to the microsecond), the later row is the newer.
+    ShareLink.objects.filter(pk=first.pk).update(created_at=second.created_at)
+    assert services.share_active(upload) == second
+    assert services.share_links(upload, None)[0]["key"] == second.key
+
+
 # --------------------------------------------------------------------------- API tokens
 
 
@@ -159,6 +219,45 @@ def test_api_refuses_revoked_tokens_and_inactive_users(client: Any, alice: Any, 
     alice.save()
     ApiToken.objects.update(revoked_at=timezone.now())
     assert client.get(f"/api/v1/snapshots/{upload.code}", **bearer(raw)).status_code == 401
+
+
+def test_api_token_use_is_written_at_most_once_a_minute(alice: Any, alpha: Any) -> None:
+    # USAGE_WRITE_INTERVAL is 1 minute: a use exactly 60 s after the recorded one writes nothing, one
+    # 1 microsecond later writes the new time.
+    raw = services.api_token_create(alice, default_project=alpha)
+    t0 = timezone.now()
+    ApiToken.objects.update(last_used_at=t0)
+    for now, recorded in ((t0 + timedelta(minutes=1), t0), (t0 + timedelta(minutes=1, microseconds=1), None)):
+        with mock.patch("django.utils.timezone.now", return_value=now):
+            assert services.api_token_user(raw) is not None
+        assert ApiToken.objects.get().last_used_at == (recorded or now)
+
+
+def test_api_token_reads_its_projects_and_user_in_its_one_query(
+    alice: Any, alpha: Any, django_assert_num_queries: Any
+) -> None:
+    # Every API call reads the token's user, its default project and its project: they come with the
+    # lookup, not one query each (the use was just written, so no UPDATE either: 1 query).
+    raw = services.api_token_create(alice, project=alpha)
+    assert services.api_token_user(raw) is not None
+    with django_assert_num_queries(1):
+        found = services.api_token_user(raw)
+        assert found is not None
+        user, token = found
+        assert (user, token.user, token.default_project, token.project) == (alice, alice, alpha, alpha)
+
+
+def test_api_token_use_not_written_is_logged_with_the_token_prefix(
+    alice: Any, alpha: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A locked database skips the last-use write (best effort) and logs which token it was.
+    raw = services.api_token_create(alice, default_project=alpha)
+    locked = OperationalError("database is locked")
+    with mock.patch.object(QuerySet, "update", side_effect=locked), caplog.at_level("WARNING"):
+        assert services.api_token_user(raw) is not None
+    assert [r.getMessage() for r in caplog.records if r.name == services.log.name] == [
+        f"api token {raw[:10]}: last use not recorded: database is locked"
+    ]
 
 
 # --------------------------------------------------------------------------- upload caps
