@@ -329,3 +329,45 @@ def test_tags_are_split_trimmed_and_cut_at_50_characters(client: Any, alice_toke
         response = client.post("/api/v1/snapshots", {"file": fh, "tags": tags}, **bearer(alice_token))
     assert response.status_code == 202
     assert Upload.objects.get().tags == ["a", "b", "t" * 50, "u" * 50]
+
+
+def _handler() -> Any:
+    """The upload handler as Django drives it, on a bare request, one file begun."""
+    from django.test import RequestFactory
+
+    from webapp.snapshots.uploads import CappedHashingUploadHandler
+
+    handler = CappedHashingUploadHandler(RequestFactory().post("/"))
+    handler.new_file("file", "x.pickle", "application/octet-stream", None, None)
+    return handler
+
+
+def test_the_sniffed_head_is_the_files_first_bytes_whatever_the_chunks() -> None:
+    # Chunks of 10, 4,000 and 200 bytes: the head is the first SNIFF_BYTES (4,096) bytes of their
+    # concatenation, 10 + 4,000 + 86 of the third, not the last chunk's slice nor more than 4,096.
+    from webapp.snapshots.uploads import SNIFF_BYTES
+
+    chunks = [b"a" * 10, b"b" * 4000, bytes(range(200))]
+    handler = _handler()
+    for c in chunks:
+        handler.receive_data_chunk(c, 0)
+    uploaded = handler.file_complete(sum(map(len, chunks)))
+    whole = b"".join(chunks)
+    assert uploaded.head == whole[:SNIFF_BYTES] and len(uploaded.head) == 4096
+    assert uploaded.sha256 == hashlib.sha256(whole).hexdigest()
+
+
+def test_a_body_past_the_cap_stops_reading_at_once() -> None:
+    # The chunk that passes the cap raises StopUpload(connection_reset=True): Django then stops
+    # reading the body instead of draining the rest of a many-GB upload (connection_reset=False would
+    # read it all to the end first).
+    from django.core.files.uploadhandler import StopUpload
+    from django.test import override_settings
+
+    with override_settings(UPLOAD_MAX_BYTES=100):
+        handler = _handler()
+        handler.receive_data_chunk(b"x" * 100, 0)  # exactly the cap: kept
+        with pytest.raises(StopUpload) as stop:
+            handler.receive_data_chunk(b"x", 100)
+    assert stop.value.connection_reset is True
+    assert handler.request.upload_too_large is True
