@@ -7,6 +7,7 @@ object is a 404) -> form -> one service call -> redirect or render plain dicts.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -211,12 +212,18 @@ def status_json(request: HttpRequest, code: str) -> HttpResponse:
 @require_GET
 def share_status_json(request: HttpRequest, token: str) -> HttpResponse:
     """The live status page's poll for a report reached through a share link."""
+    return _shared_json(token, lambda row: JsonResponse(_status_payload(row)))
+
+
+def _shared_json(token: str, answer: Callable[[Upload], HttpResponse]) -> HttpResponse:
+    """``answer`` for the report a share link names, not counted as a use (its page view was);
+    a JSON 404 for a dead or unknown link. Capability headers either way."""
     upload_row = services.upload_for_share_token(token, count_use=False)
     if upload_row is None:
         return _capability_headers(
             JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
         )
-    return _capability_headers(JsonResponse(_status_payload(upload_row)))
+    return _capability_headers(answer(upload_row))
 
 
 @login_required
@@ -407,14 +414,7 @@ def explore_json(request: HttpRequest, code: str, kind: str) -> HttpResponse:
 @require_GET
 def share_explore_json(request: HttpRequest, token: str, kind: str) -> HttpResponse:
     """The same through a share link (counted once per page view, not per zoom)."""
-    upload_row = services.upload_for_share_token(token, count_use=False)
-    if upload_row is None:
-        return _capability_headers(
-            JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
-        )
-    response = _explore_answer(upload_row, request, kind)
-    _capability_headers(response)
-    return response
+    return _shared_json(token, lambda row: _explore_answer(row, request, kind))
 
 
 def _later_charts(upload_row: Upload) -> HttpResponse:
@@ -436,12 +436,7 @@ def charts_json(request: HttpRequest, code: str) -> HttpResponse:
 @require_GET
 def share_charts_json(request: HttpRequest, token: str) -> HttpResponse:
     """The same through a share link (not counted as a use: the page view was)."""
-    upload_row = services.upload_for_share_token(token, count_use=False)
-    if upload_row is None:
-        return _capability_headers(
-            JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
-        )
-    return _capability_headers(_later_charts(upload_row))
+    return _shared_json(token, _later_charts)
 
 
 # --- teams, projects, API tokens ----------------------------------------------------------
