@@ -520,3 +520,48 @@ def test_an_alloc_outside_every_segment_is_kept_attached_to_nothing() -> None:
     assert rep.used == {SEG + 64 * MiB: 0}
     assert rep.bs[0] == 3 * MiB + 512
     assert _blocks(rep) == [(0, 20 * MiB, INACTIVE)]
+
+
+def test_a_merged_free_block_of_exactly_the_tracking_threshold_leaves_the_tracked_sizes() -> None:
+    # The replay tracks only free blocks of at least tmin (a quarter of the largest free block when
+    # the tracked set was last rebuilt) to answer largest_free cheaply. A 64 MiB segment: P free at
+    # 0 (4 MiB), Q live at 4 MiB (4 MiB), R live at 8 MiB (16 MiB), L free at 24 MiB (16 MiB), the rest
+    # live. Rebuilt, tmin = 16 MiB / 4 = 4 MiB: P, exactly tmin, is tracked. Freeing Q merges P into
+    # one 8 MiB block, so P's 4 MiB must leave the tracked sizes; after L and the 8 MiB block are taken
+    # again nothing is free, and the largest free block is 0 (not a 4 MiB block no one has).
+    base = _snapshot("gpt_varlen_oom").device(0)
+    events = [
+        (FREE_REQUESTED, 4 * MiB, 4 * MiB),
+        (FREE_COMPLETED, 4 * MiB, 4 * MiB),
+        (ALLOC, 24 * MiB, 16 * MiB),
+        (ALLOC, 0, 8 * MiB),
+    ]
+    n = len(events)
+    trace = Trace(
+        np.asarray([a for a, _, _ in events], np.int8),
+        np.asarray([SEG + o for _, o, _ in events], np.int64),
+        np.asarray([s for _, _, s in events], np.int64),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.int32),
+    )
+    dev = replace(base, trace=trace, segments=())
+    layout = [
+        (0, 4 * MiB, INACTIVE),
+        (4 * MiB, 4 * MiB, ACTIVE_ALLOCATED),
+        (8 * MiB, 16 * MiB, ACTIVE_ALLOCATED),
+        (24 * MiB, 16 * MiB, INACTIVE),
+        (40 * MiB, 24 * MiB, ACTIVE_ALLOCATED),
+    ]
+    seeded = tuple(BlockState(SEG + o, s, 0 if st == INACTIVE else s, st) for o, s, st in layout)
+    state = AllocatorState(-1, (SegmentState(SEG, 64 * MiB, 0, 0, "large", False, seeded),))
+    rep = _Replayer(dev, AllocatorConfig.parse(""))
+    rep.seed(state, strict=False)
+    rep._retrack()
+    assert rep.tmin == 4 * MiB and rep.fcount == {4 * MiB: 1, 16 * MiB: 1}
+    rep.run(0, 2)  # Q freed: P + Q is one 8 MiB free block
+    assert rep.free_sz == {SEG: 8 * MiB, SEG + 24 * MiB: 16 * MiB}
+    assert rep.fcount == {8 * MiB: 1, 16 * MiB: 1}
+    rep.run(2, n)
+    assert rep.free_sz == {} and rep.dist[-1] == 0
