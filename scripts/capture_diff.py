@@ -59,7 +59,7 @@ MODEL_SETTINGS = {
 ROUND4_SETTINGS = {
     "default": "",
     "exp_gc": "expandable_segments:True,garbage_collection_threshold:0.8",
-    "maxsplit24": "max_split_size_mb:24",  # torch refuses 20 or less (must exceed kLargeBuffer)
+    "maxsplit24": "max_split_size_mb:24",  # just above kLargeBuffer (20 MiB), the least torch allows
     "gc09": "garbage_collection_threshold:0.9",
     "rounduplist2": "roundup_power2_divisions:[64:8,256:4,1024:2,>:1]",
     "maxsplit_roundup": "max_split_size_mb:64,roundup_power2_divisions:2",
