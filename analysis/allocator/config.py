@@ -54,8 +54,16 @@ class AllocatorConfig:
     def parse(cls, conf: str, base: AllocatorConfig | None = None) -> AllocatorConfig:
         """Parse a PYTORCH_CUDA_ALLOC_CONF string (``key:value,key:[a:b,c:d]``)."""
         cfg = base if base is not None else cls()
-        for key, value in _split_conf(conf):
-            cfg = _apply(cfg, key, value)
+        items = _split_conf(conf)
+        # torch reads large_segment_size_mb first: max_split_size_mb and
+        # max_non_split_rounding_mb may not be below it, and the rounding defaults to it.
+        for key, value in items:
+            if key == "large_segment_size_mb":
+                cfg = _apply(cfg, key, value)
+                cfg = replace(cfg, max_non_split_rounding_size=cfg.large_segment_size)
+        for key, value in items:
+            if key != "large_segment_size_mb":
+                cfg = _apply(cfg, key, value)
         return cfg
 
     @classmethod
@@ -392,17 +400,17 @@ def _check_division(d: int) -> None:
 def _apply(cfg: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
     if key == "expandable_segments":
         return replace(cfg, expandable_segments=_parse_bool(key, value))
-    if key == "max_split_size_mb":
+    if key in ("max_split_size_mb", "max_non_split_rounding_mb"):
         mb = _parse_int(key, value)
-        # torch accepts values >= kLargeBuffer (20 MiB) and caps them at SIZE_MAX / 1 MiB.
-        if mb < K_LARGE_BUFFER // MB:
-            raise ConfigError(f"max_split_size_mb must be >= {K_LARGE_BUFFER // MB}, got {mb}")
-        return replace(cfg, max_split_size=min(mb, UNLIMITED // MB) * MB)
-    if key == "max_non_split_rounding_mb":
-        mb = _parse_int(key, value)
-        if mb < K_LARGE_BUFFER // MB:
-            raise ConfigError(f"{key} must be >= {K_LARGE_BUFFER // MB}, got {mb}")
-        return replace(cfg, max_non_split_rounding_size=min(mb, UNLIMITED // MB) * MB)
+        # torch accepts values >= large_segment_size_mb (kLargeBuffer, 20 MiB, unless set) and
+        # caps them at SIZE_MAX / 1 MiB.
+        least = cfg.large_segment_size // MB
+        if mb < least:
+            raise ConfigError(f"{key} must be >= {least}, got {mb}")
+        size = min(mb, UNLIMITED // MB) * MB
+        if key == "max_split_size_mb":
+            return replace(cfg, max_split_size=size)
+        return replace(cfg, max_non_split_rounding_size=size)
     if key == "garbage_collection_threshold":
         try:
             t = float(value)
@@ -415,8 +423,8 @@ def _apply(cfg: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
         return replace(cfg, roundup_power2_divisions=_parse_divisions(value))
     if key == "large_segment_size_mb":
         mb = _parse_int(key, value)
-        if mb <= 0:
-            raise ConfigError(f"{key} must be positive, got {mb}")
+        if mb <= K_MIN_LARGE_ALLOC // MB:  # torch: > kMinLargeAlloc (10 MiB)
+            raise ConfigError(f"{key} must be > {K_MIN_LARGE_ALLOC // MB}, got {mb}")
         return replace(cfg, large_segment_size=mb * MB)
     if key == "per_process_memory_fraction":
         try:

@@ -246,3 +246,22 @@ def test_release_available_frees_exactly_what_torch_frees() -> None:
     assert not cfg.release_available_frees([100 * MB], 50 * MB, flush_follows=True)
     # Without max_split_size there is no release_available at all.
     assert not AllocatorConfig().release_available_frees([300 * MB], 200 * MB, flush_follows=False)
+
+
+def test_large_segment_size_is_read_first_and_bounds_the_split_settings() -> None:
+    # torch's AllocatorConfig::parseArgs reads large_segment_size_mb before the other keys, wherever
+    # it stands: it must exceed kMinLargeAlloc (10 MiB); max_split_size_mb and
+    # max_non_split_rounding_mb may not be below it; and the rounding defaults to it.
+    cfg = AllocatorConfig.parse("max_split_size_mb:64,large_segment_size_mb:32")
+    assert (cfg.large_segment_size, cfg.max_split_size, cfg.max_non_split_rounding_size) == (32 * MB, 64 * MB, 32 * MB)
+    explicit = AllocatorConfig.parse("max_non_split_rounding_mb:40,large_segment_size_mb:32")
+    assert explicit.max_non_split_rounding_size == 40 * MB
+    for bad in (
+        "large_segment_size_mb:64,max_split_size_mb:32",  # a split size below the segment size
+        "max_non_split_rounding_mb:24,large_segment_size_mb:32",
+        "large_segment_size_mb:10",  # not above 10 MiB
+        "max_split_size_mb:19",  # below the default 20 MiB segment
+    ):
+        with pytest.raises(ConfigError):
+            AllocatorConfig.parse(bad)
+    assert AllocatorConfig.parse("max_split_size_mb:20").max_split_size == 20 * MB  # >=, not >
