@@ -7,7 +7,6 @@ handler dropped mid-stream answers 413, never 200), then the head is sniffed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -19,21 +18,9 @@ from webapp.snapshots import limits, messages
 from webapp.snapshots.uploads import Refusal, content_length_over_cap, is_too_large, sniff
 
 
-@dataclass
-class IntakeError(Exception):
-    status: int
-    code: str
-    message: str
-    retry_after: int | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message}}
-
-    def headers(self) -> dict[str, str]:
-        headers = {"X-Error-Code": self.code}
-        if self.retry_after:
-            headers["Retry-After"] = str(self.retry_after)
-        return headers
+class IntakeError(limits.LimitExceeded):
+    """An upload refused before it is stored: the same status, code, message and headers as a
+    limit's refusal (``LimitExceeded``), raised for the body and the file as well."""
 
 
 def from_limit(err: limits.LimitExceeded) -> IntakeError:

@@ -30,6 +30,12 @@ class LimitExceeded(Exception):
     def as_json(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message}}
 
+    def headers(self) -> dict[str, str]:
+        headers = {"X-Error-Code": self.code}
+        if self.retry_after:
+            headers["Retry-After"] = str(self.retry_after)
+        return headers
+
 
 def _hit(request: Any, group: str, key: str, rate: str) -> int | None:
     """Count one use of ``group`` for ``key``; seconds to wait when over ``rate``, else None.
@@ -111,7 +117,3 @@ def check_team_quota(team_id: int, incoming_bytes: int) -> None:
                 size=messages.human_bytes(incoming_bytes),
             ),
         )
-
-
-def retry_after_header(err: LimitExceeded) -> dict[str, str]:
-    return {"Retry-After": str(err.retry_after)} if err.retry_after else {}
