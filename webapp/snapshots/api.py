@@ -196,11 +196,7 @@ def snapshots(request: HttpRequest) -> HttpResponse:
             uploaded=uploaded,
             sha256=sha256,
             fmt=fmt,
-            run=fields.cleaned_data["run"].strip(),
-            tags=fields.cleaned_data["tags"],
-            note=fields.cleaned_data["note"],
-            oom_message=fields.cleaned_data["oom_message"],
-            batch_size=fields.cleaned_data["batch_size"],
+            **fields.upload_fields(),
             idempotency_key=key,
         )
     except services.IdempotencyConflict as conflict:

@@ -47,6 +47,11 @@ class UploadFieldsForm(forms.Form):
     def clean_oom_message(self) -> str:
         return clean_oom_message(self.cleaned_data.get("oom_message") or "")
 
+    def upload_fields(self) -> dict[str, Any]:
+        """The cleaned fields as ``services.upload_create`` takes them (page and API alike)."""
+        data = self.cleaned_data
+        return {name: data[name] for name in ("run", "tags", "note", "oom_message", "batch_size")}
+
 
 def clean_oom_message(text: str) -> str:
     """The pasted OOM message, refused here (not in the worker) when it is not one."""

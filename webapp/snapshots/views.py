@@ -157,11 +157,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
         uploaded=uploaded,
         sha256=sha256,
         fmt=fmt,
-        run=form.cleaned_data["run"],
-        tags=form.cleaned_data["tags"],
-        note=form.cleaned_data["note"],
-        oom_message=form.cleaned_data["oom_message"],
-        batch_size=form.cleaned_data["batch_size"],
+        **form.upload_fields(),
     )
     if _wants_json(request):
         return JsonResponse(services.upload_api_dict(created, request), status=202)
