@@ -582,6 +582,26 @@ def _synthetic(
     return m
 
 
+def _gc_round_requests(s4: int) -> list[tuple[str, int, int]]:
+    """The requests of the GC-round streams below: segments S1, S2 of 14 MiB, S3 of 16 MiB and S4
+    of ``s4`` made and freed, S1 reused, then two 20 MiB requests (each stream's arithmetic is
+    in its comment)."""
+    return [
+        ("alloc", 1, 14 * MiB),
+        ("alloc", 2, 14 * MiB),
+        ("free", 1, 0),
+        ("free", 2, 0),
+        ("alloc", 3, 16 * MiB),
+        ("alloc", 4, s4),
+        ("free", 4, 0),
+        ("free", 3, 0),
+        ("alloc", 5, 14 * MiB),
+        ("free", 5, 0),
+        ("alloc", 6, 20 * MiB),
+        ("alloc", 7, 20 * MiB),
+    ]
+
+
 A, F = ACTIVE_ALLOCATED, INACTIVE
 # Each stream puts one split decision exactly on a boundary. Expected: the final segments as
 # (pool, stream, kind, expandable, ((offset, size, state), ...)), hand-computed in the comment.
@@ -731,20 +751,7 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
     # short of 18). Round 2: mean of the two left, 5/2 = 2.5, frees S3 (age 3) and keeps S1 (age 2):
     # 30 MiB reclaimed. Then 38 + 20 <= 100: a 20 MiB segment.
     "gc-second-round-uses-the-remaining-mean": (
-        [
-            ("alloc", 1, 14 * MiB),
-            ("alloc", 2, 14 * MiB),
-            ("free", 1, 0),
-            ("free", 2, 0),
-            ("alloc", 3, 16 * MiB),
-            ("alloc", 4, 24 * MiB),
-            ("free", 4, 0),
-            ("free", 3, 0),
-            ("alloc", 5, 14 * MiB),
-            ("free", 5, 0),
-            ("alloc", 6, 20 * MiB),
-            ("alloc", 7, 20 * MiB),
-        ],
+        _gc_round_requests(24 * MiB),
         "garbage_collection_threshold:0.5",
         sorted(
             [
@@ -759,20 +766,7 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
     # Round 1 (mean 3.33) frees S2, exactly 14 MiB: the target is met and the GC stops there,
     # keeping S1 and S3. 50 + 20 <= 100: a new 20 MiB segment.
     "gc-stops-at-exactly-the-target": (
-        [
-            ("alloc", 1, 14 * MiB),
-            ("alloc", 2, 14 * MiB),
-            ("free", 1, 0),
-            ("free", 2, 0),
-            ("alloc", 3, 16 * MiB),
-            ("alloc", 4, 20 * MiB),
-            ("free", 4, 0),
-            ("free", 3, 0),
-            ("alloc", 5, 14 * MiB),
-            ("free", 5, 0),
-            ("alloc", 6, 20 * MiB),
-            ("alloc", 7, 20 * MiB),
-        ],
+        _gc_round_requests(20 * MiB),
         "garbage_collection_threshold:0.5",
         sorted(
             [
@@ -789,20 +783,7 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
     # round 2 runs (mean 5/2 = 2.5) and frees S3 (age 3), keeping S1 (age 2): 30 MiB reclaimed.
     # 34 + 20 <= the limit: a new 20 MiB segment.
     "gc-target-one-byte-past-the-first-round": (
-        [
-            ("alloc", 1, 14 * MiB),
-            ("alloc", 2, 14 * MiB),
-            ("free", 1, 0),
-            ("free", 2, 0),
-            ("alloc", 3, 16 * MiB),
-            ("alloc", 4, 20 * MiB),
-            ("free", 4, 0),
-            ("free", 3, 0),
-            ("alloc", 5, 14 * MiB),
-            ("free", 5, 0),
-            ("alloc", 6, 20 * MiB),
-            ("alloc", 7, 20 * MiB),
-        ],
+        _gc_round_requests(20 * MiB),
         "garbage_collection_threshold:0.5",
         sorted(
             [
