@@ -67,12 +67,53 @@ ROUND4_SETTINGS = {
 }
 ROUND4_PEAKS = {"llama": 9598664704, "densenet": 11416895488}  # round 3's *_nocap_default peak reserved
 
+# Round 5 (held out): settings no earlier round used (max_non_split_rounding_mb, 16 divisions, the list form
+# beside expandable segments, three rules at once), new workloads (cuDNN LSTM, a UNet, a mixture of experts,
+# timm ConvNeXt), and the commonest cap of all: the device itself full (another allocation outside PyTorch
+# holds the rest of the GPU, the OOM message has no "allowed"), not a per-process fraction.
+ROUND5_SETTINGS = {
+    "default": "",
+    "expandable": "expandable_segments:True",
+    "maxsplit_nsr": "max_split_size_mb:128,max_non_split_rounding_mb:512",
+    "roundup16": "roundup_power2_divisions:16",
+    "exp_rounduplist": "expandable_segments:True,roundup_power2_divisions:[256:2,>:4]",
+    "gc05_maxsplit512": "garbage_collection_threshold:0.5,max_split_size_mb:512",
+    "exp_maxsplit_gc": "expandable_segments:True,max_split_size_mb:40,garbage_collection_threshold:0.6",
+}
+ROUND5_MODELS = ("lstm", "unet", "moe", "convnext")
+
 STATE: dict = {"step": None, "log": []}
 
 
 def _cap(torch, cap_bytes):
     if cap_bytes:
         torch.cuda.set_per_process_memory_fraction(cap_bytes / torch.cuda.get_device_properties(0).total_memory)
+
+
+def _fill_device(torch, free_bytes):
+    """Leave ``free_bytes`` of the GPU free, by a raw cudaMalloc outside PyTorch's allocator (what another
+    process or library holding memory looks like to it): the cap is then the device itself, no fraction."""
+    free, total = torch.cuda.mem_get_info()
+    n = free - free_bytes
+    try:
+        import cupy
+
+        keep = cupy.cuda.runtime.malloc(n)
+        how = "cupy"
+    except ImportError:
+        import ctypes
+
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+            try:
+                rt = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        ptr = ctypes.c_void_p()
+        assert rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(n)) == 0
+        keep, how = ptr, "ctypes"
+    after = torch.cuda.mem_get_info()[0]
+    return {"keep": keep, "how": how, "hog_bytes": n, "free_before": free, "free_after": after, "total": total}
 
 
 def _row(torch, step, **facts):
@@ -366,7 +407,155 @@ def t5(torch, seed=0, steps=8, batch=(4, 16), src=(64, 512), tgt=(16, 192), **_)
     _train(torch, model, make, steps, seed=seed)
 
 
+def lstm(torch, seed=0, steps=8, batch=(8, 32), seq=(64, 512), **_):
+    """A 2-layer cuDNN LSTM language model (fp32, AdamW) on variable batch x length: cuDNN's RNN workspace and
+    reserve space change size with every shape."""
+    import torch.nn as nn
+
+    class LM(nn.Module):
+        def __init__(self, vocab=32000, d=512, hidden=1024):
+            super().__init__()
+            self.emb, self.rnn = nn.Embedding(vocab, d), nn.LSTM(d, hidden, num_layers=2, batch_first=True)
+            self.head = nn.Linear(hidden, vocab)
+
+        def forward(self, idx):
+            return self.head(self.rnn(self.emb(idx))[0])
+
+    def make(step, g):
+        b, t = _pick(g, batch[0], batch[1], torch), _pick(g, seq[0], seq[1], torch)
+        idx = torch.randint(0, 32000, (b, t), generator=g).cuda()
+        return idx, idx, {"batch": b, "seq": t}
+
+    _train(torch, LM().cuda(), make, steps, seed=seed)
+
+
+def unet(torch, seed=0, steps=8, batch=(8, 24), size=(64, 128), amp=True, **_):
+    """A small diffusion-style UNet (convolutions, GroupNorm, self-attention at the lowest resolution, skip
+    concatenations) trained under bf16 autocast on random batch sizes and image sizes (multiples of 16)."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    def block(cin, cout):
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU(),
+            nn.Conv2d(cout, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU(),
+        )  # fmt: skip
+
+    class UNet(nn.Module):
+        def __init__(self, ch=(64, 128, 256, 512)):
+            super().__init__()
+            self.down = nn.ModuleList(block(a, b) for a, b in zip((3, *ch[:-1]), ch, strict=True))
+            self.attn = nn.MultiheadAttention(ch[-1], 8, batch_first=True)
+            self.up = nn.ModuleList(block(a + b, b) for a, b in zip(ch[:0:-1], ch[-2::-1], strict=True))
+            self.out = nn.Conv2d(ch[0], 3, 1)
+
+        def forward(self, x):
+            skips = []
+            for i, blk in enumerate(self.down):
+                x = blk(x if i == 0 else F.max_pool2d(x, 2))
+                skips.append(x)
+            b, c, h, w = x.shape
+            seq = x.flatten(2).transpose(1, 2)
+            x = x + self.attn(seq, seq, seq, need_weights=False)[0].transpose(1, 2).reshape(b, c, h, w)
+            for blk, skip in zip(self.up, skips[-2::-1], strict=True):
+                x = blk(torch.cat([F.interpolate(x, scale_factor=2), skip], 1))
+            return self.out(x)
+
+    model = UNet().cuda()
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        STATE["step"] = step
+        b, hw = _pick(g, batch[0], batch[1], torch), 16 * _pick(g, size[0] // 16, size[1] // 16, torch)
+        x = torch.randn(b, 3, hw, hw, generator=g).cuda()
+        noise = torch.randn(b, 3, hw, hw, generator=g).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = F.mse_loss(model(x + noise).float(), noise)
+        loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        _row(torch, step, batch=b, size=hw)
+        del x, noise, loss
+
+
+def moe(torch, seed=0, steps=8, batch=(2, 8), seq=(256, 1024), experts=8, amp=True, **_):
+    """A decoder with mixture-of-experts MLPs (8 experts, top-2 routing) under bf16 autocast: each expert's
+    batch is as big as the router makes it, so the request sizes change with the data, not only the shape."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class MoE(nn.Module):
+        def __init__(self, d=512, hidden=2048):
+            super().__init__()
+            self.router = nn.Linear(d, experts)
+            self.w1 = nn.ModuleList(nn.Linear(d, hidden) for _ in range(experts))
+            self.w2 = nn.ModuleList(nn.Linear(hidden, d) for _ in range(experts))
+
+        def forward(self, x):
+            flat = x.reshape(-1, x.shape[-1])
+            weight, chosen = F.softmax(self.router(flat).float(), -1).topk(2, -1)
+            out = torch.zeros_like(flat)
+            for e in range(experts):
+                rows, k = (chosen == e).nonzero(as_tuple=True)
+                if rows.numel():
+                    y = self.w2[e](F.gelu(self.w1[e](flat[rows]))) * weight[rows, k, None].to(flat.dtype)
+                    out = out.index_add(0, rows, y.to(out.dtype))
+            return out.reshape(x.shape)
+
+    class Block(nn.Module):
+        def __init__(self, d=512, h=8):
+            super().__init__()
+            self.h, self.ln1, self.ln2 = h, nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj, self.moe = nn.Linear(d, 3 * d), nn.Linear(d, d), MoE(d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, 2))
+            x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d))
+            return x + self.moe(self.ln2(x))
+
+    class Net(nn.Module):
+        def __init__(self, vocab=32000, d=512, layers=4):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(2048, d)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+            self.head = nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(x)
+
+    def make(step, g):
+        b, t = _pick(g, batch[0], batch[1], torch), _pick(g, seq[0], seq[1], torch)
+        idx = torch.randint(0, 32000, (b, t), generator=g).cuda()
+        return idx, idx, {"batch": b, "seq": t}
+
+    _train(torch, Net().cuda(), make, steps, amp=amp, seed=seed)
+
+
+def convnext(torch, seed=0, steps=6, batch=(16, 64), amp=True, **_):
+    """timm ConvNeXt-T in channels_last under bf16 autocast (depthwise 7x7 convolutions, LayerNorm) on random
+    batch sizes."""
+    import timm
+
+    model = timm.create_model("convnext_tiny", pretrained=False).cuda().to(memory_format=torch.channels_last)
+    images = _random_images(torch, batch)
+
+    def make(step, g):
+        x, y, facts = images(step, g)
+        return x.contiguous(memory_format=torch.channels_last), y, facts
+
+    _train(torch, model, make, steps, amp=amp, seed=seed)
+
+
 WORKLOADS = {
+    "lstm": lstm,
+    "unet": unet,
+    "moe": moe,
+    "convnext": convnext,
     "gpt_autocast": gpt_autocast,
     "random_ops": random_ops,
     "resnet": resnet,
@@ -389,6 +578,7 @@ def run_case(spec: dict, outdir: Path) -> None:
 
     torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=400_000)
     _cap(torch, spec.get("cap_bytes"))
+    hog = _fill_device(torch, spec["free_bytes"]) if spec.get("free_bytes") else None
     t0 = time.time()
     oom = None
     try:
@@ -413,6 +603,8 @@ def run_case(spec: dict, outdir: Path) -> None:
             "seconds": time.time() - t0,
             "memory_stats": dict(torch.cuda.memory_stats()),
             "memory_summary": torch.cuda.memory_summary(),
+            "device_fill": hog and {k: v for k, v in hog.items() if k != "keep"},
+            "mem_get_info_at_dump": list(torch.cuda.mem_get_info()),
             "stacks": "python",
             "max_entries": 400_000,
             "pickle_bytes": len(raw),
@@ -453,13 +645,16 @@ def launch(spec: dict, outdir: Path) -> str:
     return line
 
 
-def spec(name, workload, conf, family, cap_bytes=None, **kwargs):
+def spec(name, workload, conf, family, cap_bytes=None, free_bytes=None, **kwargs):
+    """One case; ``cap_bytes``: a per-process fraction cap; ``free_bytes``: the device left with that much free
+    (such cases must run alone on the GPU: another process's allocations would move their cap)."""
     return {
         "name": name,
         "workload": workload,
         "conf": conf,
         "family": family,
         "cap_bytes": cap_bytes,
+        "free_bytes": free_bytes,
         "kwargs": kwargs,
     }
 
@@ -489,6 +684,14 @@ HELD_OUT_MODELS = ("densenet", "swin", "llama", "t5")
 
 def phase_a(round_: int = 1) -> list[dict]:
     out = []
+    if round_ == 5:
+        for seed in range(48, 56):
+            fam = f"rand_s{seed}_c35"
+            for sname, conf in ROUND5_SETTINGS.items():
+                out.append(spec(f"{fam}_{sname}", "random_ops", conf, fam, int(3.5 * GIB), seed=seed, drift=0.12))
+        for w in ROUND5_MODELS:
+            out.append(spec(f"{w}_nocap_default", w, "", f"{w}_nocap", None, seed=5))
+        return out
     if round_ == 4:
         for seed in range(40, 48):
             fam = f"rand_s{seed}_c20"
@@ -577,6 +780,14 @@ def phase_a(round_: int = 1) -> list[dict]:
 
 def phase_b(outdir: Path, round_: int = 1) -> list[dict]:
     out = []
+    if round_ == 5:
+        for w in ROUND5_MODELS:
+            tj = outdir / f"{w}_nocap_default.truth.json"
+            if tj.exists():
+                cap = int(json.loads(tj.read_text())["memory_stats"]["reserved_bytes.all.peak"] * 0.8)
+                for sname, conf in ROUND5_SETTINGS.items():
+                    out.append(spec(f"{w}_c80_{sname}", w, conf, f"{w}_c80", cap, seed=5))
+        return out
     models = {1: ("resnet", "vit", "bert_mlm", "hf_gpt2"), 2: ("gpt_autocast",), 3: HELD_OUT_MODELS, 4: ()}[round_]
     for w in models:
         tj = outdir / f"{w}_nocap_default.truth.json"
@@ -605,13 +816,34 @@ def phase_b(outdir: Path, round_: int = 1) -> list[dict]:
     return out
 
 
+def phase_c(outdir: Path, round_: int) -> list[dict]:
+    """Device-full families (round 5): each case alone on the GPU, after the others."""
+    if round_ != 5:
+        return []
+    out = []
+    for seed in (56, 57):
+        fam = f"rand_s{seed}_full25"
+        for sname, conf in ROUND5_SETTINGS.items():
+            out.append(
+                spec(f"{fam}_{sname}", "random_ops", conf, fam, free_bytes=int(2.5 * GIB), seed=seed, drift=0.12)
+            )
+    tj = outdir / "unet_nocap_default.truth.json"
+    if tj.exists():
+        free = int(json.loads(tj.read_text())["memory_stats"]["reserved_bytes.all.peak"] * 0.85)
+        for sname in ("default", "expandable", "maxsplit_nsr", "gc05_maxsplit512"):
+            out.append(
+                spec(f"unet_full85_{sname}", "unet", ROUND5_SETTINGS[sname], "unet_full85", free_bytes=free, seed=5)
+            )
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--jobs", type=int, default=10)
-    ap.add_argument("--phase", default="ab")
+    ap.add_argument("--phase", default="abc")
     ap.add_argument("--round", type=int, default=1, dest="round_")
     args = ap.parse_args()
     args.outdir.mkdir(parents=True, exist_ok=True)
@@ -629,6 +861,8 @@ def main() -> int:
         if "b" in args.phase:
             specs = [s for s in phase_b(args.outdir, args.round_) if s["name"].startswith(args.only)]
             lines += list(pool.map(lambda s: launch(s, args.outdir), specs))
+    if "c" in args.phase:  # one at a time: a device-full cap is what the other processes leave free
+        lines += [launch(s, args.outdir) for s in phase_c(args.outdir, args.round_) if s["name"].startswith(args.only)]
     (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} cases in {time.time() - t0:.0f}s", flush=True)
     return 0
