@@ -9,8 +9,9 @@ settings, the cap, the OOM message, ``died_step``). For each capture, under its
 recorded settings:
 
 - ``replay``: the policy replay (``analysis.allocator.replay_check``) reproduces
-  every recorded segment event, n/n; only complete traces count (a wrapped ring
-  buffer is never called exact);
+  every recorded segment event and fails exactly the recorded OOM requests, n/n;
+  only complete traces count (a wrapped ring buffer is never called exact);
+- ``ooms``: of those with OOMs, the recorded OOMs failed in the replay too;
 - ``layout``: the model's final segments and blocks (size and state, in address
   order) equal the snapshot's final ``segments``;
 - ``peak``: the replay's peak reserved memory against ``reserved_bytes.all.peak``.
@@ -115,6 +116,8 @@ class Row:
     recorded: int = 0
     reproduced: int = 0
     exact: bool = False
+    ooms: int = 0  # recorded OOM entries
+    ooms_ok: bool = True  # the replay failed exactly those requests
     layout: bool | None = None
     peak_model: int = 0
     peak_truth: int | None = None
@@ -189,6 +192,7 @@ def check_capture(cap: Capture, snap: Snapshot) -> list[Row]:
         row = Row(cap.name, dev.device, len(dev.trace), complete and rc["trace_complete"])
         row.recorded, row.reproduced = rc["segment_events_recorded"], rc["segment_events_reproduced"]
         row.exact = bool(rc["exact"])
+        row.ooms, row.ooms_ok = len(rc["ooms_recorded"]), bool(rc["ooms_reproduced"])
         row.first_mismatch = rc["first_mismatch"]
         row.peak_model = int(rc["peak_reserved_bytes"])
         stats = device_truth(cap.truth, dev.device)
@@ -382,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in check_capture(cap, snap):
             rows.append(row)
             rep = f"{row.reproduced}/{row.recorded}" + ("" if row.complete else "*")
-            mark = "" if not row.complete or row.exact else " X"
+            mark = "" if not row.complete or row.exact else (" X" if row.ooms_ok else " X (OOMs not reproduced)")
             layout = "-" if row.layout is None else ("ok" if row.layout else "DIFF")
             err = "-" if row.peak_error is None else f"{row.peak_error:.2%}"
             print(
@@ -419,7 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         f"captures: {len(caps)} ({len(rows)} device traces, {len(complete)} complete), "
         f"families with a default run: {len({w.family for w in wrows})}, what-ifs: {len(wrows)}"
     )
-    print(f"exact replays (every segment event, complete traces): {exact}/{len(complete)}")
+    print(f"exact replays (every segment event and OOM, complete traces): {exact}/{len(complete)}")
+    with_ooms = [r for r in complete if r.ooms]
+    print(
+        f"  recorded OOMs failed in the replay too: {sum(r.ooms_ok for r in with_ooms)}/{len(with_ooms)} traces "
+        f"with OOMs ({sum(r.ooms for r in with_ooms)} OOM entries)"
+    )
     under_cap = [r for r in complete if r.exact_under_cap is not None]
     if under_cap:
         print(

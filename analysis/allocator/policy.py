@@ -1141,7 +1141,8 @@ def fitted_limit(
 
 def replay_check(snapshot: Snapshot, device: DeviceData | int, *, requests: Requests | None = None) -> dict[str, Any]:
     """Contract ``replay``: does the model, under the recorded settings, reproduce
-    every recorded segment event (same action, same size, same order)?
+    every recorded segment event (same action, same size, same order) and fail
+    exactly the requests that the recorded OOM entries failed?
 
     The limit is inferred from the trace (``infer_limit``) so that the recorded
     flush-and-retry bursts and OOMs happen at the same requests. Besides the
@@ -1170,17 +1171,20 @@ def replay_check(snapshot: Snapshot, device: DeviceData | int, *, requests: Requ
             "reproduced": list(reproduced[same]) if same < len(reproduced) else None,
         }
     recorded_ooms = [int(i) for i in np.flatnonzero(dev.trace.action == OOM).tolist()]
+    ooms_reproduced = result.ooms == recorded_ooms
     complete = trace_is_complete(dev)
     return {
         "recorded_config": cfg.to_conf(),
         "segment_events_recorded": len(recorded),
         "segment_events_reproduced": same,
-        # A partial trace has no starting state to replay from: never called exact.
-        "exact": complete and same == len(recorded) == len(reproduced),
+        # A partial trace has no starting state to replay from: never called exact. An
+        # OOM the model served (or one it made up) is no exact replay either, even
+        # when no segment event differs: the failed request reserves nothing.
+        "exact": complete and same == len(recorded) == len(reproduced) and ooms_reproduced,
         "trace_complete": complete,
         "limit_bytes": limit,
         "ooms_recorded": recorded_ooms,
-        "ooms_reproduced": result.ooms == recorded_ooms,
+        "ooms_reproduced": ooms_reproduced,
         "peak_reserved_bytes": result.peak_reserved,
         "final_reserved_bytes": result.final_reserved,
         "first_mismatch": mismatch,

@@ -406,8 +406,13 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools:
     # those completions move to just after the request: under the recorded settings
     # the model's flush has synced them already; under others, a block whose
     # stream work was only forced to finish by the flush finishes then.
+    # An OOM's malloc flushed too, and after that flush torch retries only
+    # alloc_block, never get_free_block: the completions its sync emitted, right
+    # before the OOM entry (with no segment released, no run above marks them),
+    # came too late for the request. Had some been process_events' at the
+    # malloc's start instead, the request missed with them all the same.
     late: list[tuple[int, int]] = []
-    for start, request in malloc_flushes:
+    for start, request in (*malloc_flushes, *((int(o), int(o)) for o in np.flatnonzero(act == OOM))):
         j = start - 1
         while j >= 0 and op[j] == _OP_FREE_DONE:
             late.append((j, request))
