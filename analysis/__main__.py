@@ -206,7 +206,8 @@ def summary_text(report: dict[str, Any]) -> str:
             lines.append(
                 f"  OOM at event {oom['event_index']}: asked {gib(oom['requested_bytes'])} with "
                 f"{gib(oom['allocated_bytes'])} allocated, {gib(oom['cached_free_bytes'])} cached free "
-                f"(largest block {gib(oom['largest_free_block_bytes'])}), limit {at_least}{gib(oom['limit_bytes'])} "
+                f"(largest usable block {gib(oom.get('largest_usable_free_block_bytes') or 0)}, of all "
+                f"{gib(oom['largest_free_block_bytes'])}), limit {at_least}{gib(oom['limit_bytes'])} "
                 f"({oom.get('limit_source')}): {oom['verdict'].upper()}"
                 + ("" if oom.get("verdict_certain", True) else " (not certain: the limit is a lower bound)")
                 + (

@@ -245,8 +245,7 @@ def _oom_headline(oom: Mapping[str, Any]) -> str:
         return (
             f"Out of memory from fragmentation, not capacity: the {tried} request would have fit beside the "
             f"{allocated} allocated within the limit of {limit_text}, and the cache held "
-            f"{format_size(int(oom.get('cached_free_bytes') or 0))} free, but its largest free block was "
-            f"{format_size(int(oom.get('largest_free_block_bytes') or 0))}."
+            f"{format_size(int(oom.get('cached_free_bytes') or 0))} free, but {_largest_block_text(oom)}."
         )
     return (
         f"Out of memory from capacity: the {tried} request on top of the {allocated} allocated is more than the "
@@ -334,6 +333,15 @@ def _nothing_buys(oom: Mapping[str, Any] | None) -> str:
     if oom:
         return "No allocator setting avoided the OOM in the replay, and no rule found a change the figures support."
     return "Nothing to change: no setting lowered peak reserved memory in the replay."
+
+
+def _largest_block_text(oom: Mapping[str, Any]) -> str:
+    """The largest free block the request could use (its stream and pool, before its own flush), else the
+    largest free block of all (reports from before ``largest_usable_free_block_bytes``)."""
+    usable = oom.get("largest_usable_free_block_bytes")
+    if usable is None:
+        return f"its largest free block was {format_size(int(oom.get('largest_free_block_bytes') or 0))}"
+    return f"the largest free block the request could use was {format_size(int(usable))}"
 
 
 def _limit_is_lower_bound(oom: Mapping[str, Any]) -> bool:

@@ -20,10 +20,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analysis.allocator.config import AllocatorConfig, is_small
+from analysis.allocator.recorded import AllocatorState
 from analysis.limits import GIVEN, INFERRED, OOM_MESSAGE, SIDECAR, Limit
-from analysis.model import FREE_COMPLETED, OOM, SEGMENT_FREE, SEGMENT_UNMAP, Trace
+from analysis.model import FREE_COMPLETED, INACTIVE, OOM, SEGMENT_FREE, SEGMENT_UNMAP, Trace
 
 I64 = npt.NDArray[np.int64]
+
+# OOMs per device whose usable free block is worked out (each keeps two replay states).
+MAX_OOMS_EXPLAINED = 32
 
 # Events the flush-and-retry before an OOM emits: pending frees retired, then
 # cached segments released.
@@ -40,9 +45,7 @@ def verdict(allocated: int, requested: int, limit: int) -> str:
 
 def flush_before(trace: Trace, index: int) -> dict[str, int]:
     """The burst of free_completed/segment_free/segment_unmap right before event ``index``."""
-    lo = index
-    while lo > 0 and int(trace.action[lo - 1]) in _FLUSH_ACTIONS:
-        lo -= 1
+    lo = flush_window_start(trace, index)
     window = slice(lo, index)
     actions = trace.action[window]
     sizes = trace.size[window]
@@ -56,6 +59,64 @@ def flush_before(trace: Trace, index: int) -> dict[str, int]:
     }
 
 
+def flush_window_start(trace: Trace, index: int) -> int:
+    """The first event of the run of completions and segment releases right before the OOM
+    entry ``index``: the failing malloc's own work (its process_events, GC, flushes)."""
+    lo = index
+    while lo > 0 and int(trace.action[lo - 1]) in _FLUSH_ACTIONS:
+        lo -= 1
+    return lo
+
+
+class UsableFree:
+    """What the failing request could have used, read off the recorded replay's states.
+
+    ``largest`` is the largest free block ``get_free_block`` could hand this request
+    when it searched: before the malloc's own flush, on the request's stream, in its
+    pool (private pools apart, small or large), allowed by ``max_split_size``.
+    ``why_not`` (None when no free block at the failure was as big as the request)
+    says why a block that was free when the request failed did not serve it.
+    """
+
+    __slots__ = ("largest", "why_not")
+
+    def __init__(
+        self, trace: Trace, index: int, before: AllocatorState, at_oom: AllocatorState, cfg: AllocatorConfig
+    ) -> None:
+        size, stream, pool = int(trace.size[index]), int(trace.stream[index]), int(trace.pool[index])
+        small = is_small(size)
+
+        def usable(seg: Any, size_of_block: int) -> bool:  # of any size up to max_split_size's bound
+            return (
+                seg.stream == stream
+                and seg.pool == pool
+                and (seg.segment_type == "small") == small
+                and size_of_block < cfg.fit_limit(size)
+            )
+
+        self.largest = max(
+            (b.size for seg in before.segments for b in seg.blocks if b.state == INACTIVE and usable(seg, b.size)),
+            default=0,
+        )
+        big = [(b.size, seg) for seg in at_oom.segments for b in seg.blocks if b.state == INACTIVE and b.size >= size]
+        self.why_not: str | None = None
+        if big:
+            block, seg = max(big, key=lambda x: x[0])
+            if seg.stream != stream:
+                self.why_not = "it belonged to another stream's blocks, which a request never takes"
+            elif seg.pool != pool:
+                self.why_not = "it was in another memory pool (a CUDA graph's or a MemPool's)"
+            elif (seg.segment_type == "small") != small:
+                self.why_not = "it was in the small-block pool"
+            elif not cfg.block_fits(block, size):
+                self.why_not = "max_split_size_mb keeps blocks that big whole, for requests of their own size"
+            else:
+                self.why_not = (
+                    "it became free only in the allocator's own flush, after its search, and torch does not "
+                    "search the cache again after flushing"
+                )
+
+
 def explain_oom(
     trace: Trace,
     index: int,
@@ -66,9 +127,11 @@ def explain_oom(
     largest_free: int,
     chosen: Limit,
     all_ooms: int = 1,
+    usable: UsableFree | None = None,
 ) -> dict[str, Any]:
     """The contract ``oom`` object (plus explanation keys) for the OOM at event ``index``,
-    under ``chosen``, the device's limit (given, sidecar, OOM message or inferred)."""
+    under ``chosen``, the device's limit (given, sidecar, OOM message or inferred);
+    ``usable``: what the request could have used (None: not worked out)."""
     requested = int(trace.size[index])
     device_free = int(trace.addr[index])  # the model stores device_free in addr for oom events
     limit_bytes, limit_source = chosen.bytes, chosen.source
@@ -83,6 +146,7 @@ def explain_oom(
         "allocated_bytes": int(allocated),
         "cached_free_bytes": int(cached_free),
         "largest_free_block_bytes": int(largest_free),
+        "largest_usable_free_block_bytes": None if usable is None else int(usable.largest),
         "limit_bytes": limit_bytes,
         "limit_source": limit_source,
         "limit_is_lower_bound": chosen.is_lower_bound,
@@ -97,7 +161,7 @@ def explain_oom(
         "headroom_bytes": int(max(0, limit_bytes - reserved)),
         "flush": flush,
         "ooms_in_trace": int(all_ooms),
-        "explanation": _explain(kind, requested, allocated, cached_free, largest_free, chosen, reserved),
+        "explanation": _explain(kind, requested, allocated, cached_free, largest_free, chosen, reserved, usable),
     }
     return out
 
@@ -114,6 +178,7 @@ def _explain(
     largest_free: int,
     chosen: Limit,
     reserved: int,
+    usable: UsableFree | None = None,
 ) -> str:
     limit = chosen.bytes
     if chosen.source == INFERRED:
@@ -133,12 +198,22 @@ def _explain(
     lower_said = chosen.source == INFERRED
     of = f"of at least {_gib(limit)}" if chosen.is_lower_bound and not lower_said else f"of {_gib(limit)}"
     if kind == "fragmentation":
-        return (
+        if usable is None:
+            return (
+                f"The request for {_gib(requested)} would have fit: {_gib(allocated)} allocated plus the request "
+                f"is within {limit_text} {of}, and the cache held {_gib(cached_free)} free, but its largest "
+                f"free block was {_gib(largest_free)} and {_gib(max(0, limit - reserved))} was left to reserve. "
+                "The memory existed, not in one piece."
+            )
+        text = (
             f"The request for {_gib(requested)} would have fit: {_gib(allocated)} allocated plus the request is "
-            f"within {limit_text} {of}, and the cache held {_gib(cached_free)} free, but its largest "
-            f"free block was {_gib(largest_free)} and {_gib(max(0, limit - reserved))} was left to reserve. "
-            "The memory existed, not in one piece."
+            f"within {limit_text} {of}, and the cache held {_gib(cached_free)} free, but the largest free block "
+            f"the request could use was {_gib(usable.largest)} and {_gib(max(0, limit - reserved))} was left to "
+            "reserve. The memory existed, not in one piece."
         )
+        if usable.why_not is not None:
+            text += f" A free block of {_gib(largest_free)} was there when it failed, but {usable.why_not}."
+        return text
     if chosen.is_lower_bound:
         # A lower bound proves nothing about capacity: the real cap may be higher.
         return (

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from analysis.config import AllocatorConfig
 from analysis.limits import Limit
 from analysis.model import Trace
-from analysis.oom import explain_oom, oom_indices
+from analysis.oom import UsableFree, explain_oom, oom_indices
 
 I64 = npt.NDArray[np.int64]
 
@@ -36,12 +36,14 @@ def list_ooms(
     config: AllocatorConfig,
     chosen: Limit,
     step_last_events: I64 | None = None,
+    usable: Mapping[int, UsableFree] | None = None,
 ) -> list[dict[str, Any]]:
     """``devices[].ooms``: one explained OOM per OOM event, oldest first.
 
     ``config`` is the recorded allocator settings (for the size torch names), ``chosen`` the device's limit
     (the report's ``oom`` uses the same), ``step_last_events`` the steps' last events
-    (each OOM's ``step``; None without steps).
+    (each OOM's ``step``; None without steps), ``usable`` what each OOM's request could have used, by event
+    index (``oom.UsableFree``; an OOM without one keeps ``largest_usable_free_block_bytes`` null).
     """
     cfg = config
     found = oom_indices(trace)
@@ -56,6 +58,7 @@ def list_ooms(
             largest_free=int(columns["largest_free"][i]),
             all_ooms=int(found.size),
             chosen=chosen,
+            usable=None if usable is None else usable.get(int(i)),
         )
         item["ordinal"] = k + 1
         item["step"] = (

@@ -44,7 +44,7 @@ from analysis.explore import ExploreSink, checkpoint_events, explore_store, fini
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
 from analysis.model import OOM as OOM_ACTION
-from analysis.oom import explain_oom, oom_indices, verdict
+from analysis.oom import MAX_OOMS_EXPLAINED, UsableFree, explain_oom, flush_window_start, oom_indices, verdict
 from analysis.ooms import list_ooms
 from analysis.parallel import Pending, Pool
 from analysis.projection import Projection, project_failing_step, step_whatif
@@ -402,6 +402,9 @@ class _DeviceAnalysis:
         guess = int(self.live_requested.argmax()) if self.live_requested is not None else None
         reserved_peak = int(_reserved_from_segments_events(dev).argmax()) if n else None  # its segment map
         keep = [i for i in (guess, self.oom_index, reserved_peak) if i is not None and i >= 0]
+        # Each OOM's state and the one before its malloc's own flush: what the request could use.
+        explained = ooms[-MAX_OOMS_EXPLAINED:].tolist()
+        keep += explained + [flush_window_start(trace, i) - 1 for i in explained]
         if checkpoints:  # the explore store's states come from this same pass
             keep += checkpoint_events(n)
         replay = recorded_replay(snapshot, dev, keep_at=keep)
@@ -425,6 +428,7 @@ class _DeviceAnalysis:
         }
         oom = None
         device_limit = known_limit
+        usable = {k: self._usable_free(k) for k in explained}
         if self.oom_index is not None:
             i = self.oom_index
             if device_limit is None:
@@ -438,6 +442,7 @@ class _DeviceAnalysis:
                 largest_free=int(cols["largest_free"][i]),
                 chosen=device_limit,
                 all_ooms=int(ooms.size),
+                usable=usable.get(i),
             )
             # The process's memory outside PyTorch's cache, as the message printed it (sizing's GPU fit).
             oom["non_pytorch_bytes"] = (
@@ -533,6 +538,7 @@ class _DeviceAnalysis:
                 config=recorded_cfg,
                 chosen=device_limit,
                 step_last_events=steps.last_event if len(steps) else None,
+                usable=usable,
             )
             if device_limit is not None
             else [],
@@ -665,6 +671,11 @@ class _DeviceAnalysis:
         # of those (infer_limit's lower; only the message's range needs it).
         floor = floor_estimate(self.snapshot, self.dev, cfg).lower if message is not None and self.n else 0
         return choose_limit(given=limit, sidecar=side, message=message, inferred=None, floor=floor)
+
+    def _usable_free(self, index: int) -> UsableFree:
+        """What the OOM request at ``index`` could have used (``oom.UsableFree``)."""
+        before = self.replay.blocks_at(flush_window_start(self.dev.trace, index) - 1)
+        return UsableFree(self.dev.trace, index, before, self.replay.blocks_at(index), self.recorded_cfg)
 
     def _inferred_limit(self, cfg: AllocatorConfig) -> Limit:
         """The limit from the trace alone: the allocator package's one rule (``LimitEstimate.stated``)."""

@@ -79,7 +79,7 @@ def test_frag_oom_no_setting_saves_it_so_the_advice_is_the_allocation_order() ->
     assert top["id"] == "allocation_order"
     oom = dev["oom"]
     assert top["estimated_saving_bytes"] == oom["cached_free_bytes"]
-    for figure in (oom["cached_free_bytes"], oom["largest_free_block_bytes"], oom["requested_bytes"]):
+    for figure in (oom["cached_free_bytes"], oom["largest_usable_free_block_bytes"], oom["requested_bytes"]):
         assert gib(figure) in top["evidence"]
 
 

@@ -597,3 +597,52 @@ def test_report_limit_kind_and_verdict_certain_of_the_real_ooms(case: str) -> No
     assert oom["verdict_certain"] is (oom["verdict"] != "capacity")
     # The level is "step" exactly where the report projected the failing step.
     assert oom["verdict_level"] == ("step" if oom["projection"]["available"] else "request")
+
+
+# --------------------------------------------------------------------------- the block the request could use
+
+
+def _capture_ooms(name: str) -> list[dict[str, Any]]:
+    ooms: list[dict[str, Any]] = build_report(FIXTURES / "captures" / f"{name}.pickle.gz", jobs=1)["devices"][0]["ooms"]
+    return ooms
+
+
+def test_usable_free_block_when_the_oom_flush_freed_the_big_one() -> None:
+    # rand_s24_c40_roundup4, event 1835 (test_captures: the model's side of it). Before the malloc's own flush
+    # (it starts at event 1832), the side stream's 768 MiB segment held 20 MiB allocated, 95,420,416 B free,
+    # two pending frees (234,881,024 and 335,544,320 B) and 118,489,088 B free at its end: the largest block
+    # the 384 MiB request could use. The flush completed the pending frees, which merged into one 784,334,848 B
+    # free block: free when it failed, but too late for its search.
+    [oom] = _capture_ooms("rand_s24_c40_roundup4")
+    assert oom["event_index"] == 1835 and oom["flush"]["first_event"] == 1832
+    assert (oom["largest_usable_free_block_bytes"], oom["largest_free_block_bytes"]) == (118_489_088, 784_334_848)
+    assert oom["explanation"].endswith(
+        "the largest free block the request could use was 0.11 GiB and 0.05 GiB was left to reserve. The memory "
+        "existed, not in one piece. A free block of 0.73 GiB was there when it failed, but it became free only in "
+        "the allocator's own flush, after its search, and torch does not search the cache again after flushing."
+    )
+
+
+def test_usable_free_block_is_on_the_requests_stream() -> None:
+    # rand_s24_c40_default, event 2464: 386,839,040 B asked on the side stream (stream 1) while the main
+    # stream's cache held a 732,509,184 B free block: a request only takes blocks of its own stream.
+    ooms = _capture_ooms("rand_s24_c40_default")
+    oom = next(o for o in ooms if o["event_index"] == 2464)
+    snap = read_snapshot(FIXTURES / "captures" / "rand_s24_c40_default.pickle.gz")
+    assert int(snap.devices[0].trace.stream[2464]) == 1
+    assert oom["largest_free_block_bytes"] == 732_509_184 > oom["requested_bytes"] == 386_839_040
+    assert oom["largest_usable_free_block_bytes"] < oom["requested_bytes"]
+    assert "it belonged to another stream's blocks, which a request never takes." in oom["explanation"]
+    assert "the largest free block the request could use was" in oom["explanation"]
+
+
+@pytest.mark.parametrize("case", OOM_CASES)
+def test_usable_free_block_is_below_the_request_and_named_in_the_explanation(case: str) -> None:
+    # By construction of the rule (get_free_block found nothing), on every OOM fixture.
+    for oom in build_report(FIXTURES / f"{case}.pickle.gz", jobs=1)["devices"][0]["ooms"]:
+        usable = oom["largest_usable_free_block_bytes"]
+        assert usable is not None and 0 <= usable < oom["requested_bytes"]
+        if oom["verdict"] == "fragmentation":
+            assert f"could use was {usable / GiB:.2f} GiB" in oom["explanation"]
+        if oom["largest_free_block_bytes"] < oom["requested_bytes"]:
+            assert " was there when it failed" not in oom["explanation"]

@@ -57,6 +57,7 @@ OOM_KEYS = {
     "allocated_bytes",
     "cached_free_bytes",
     "largest_free_block_bytes",
+    "largest_usable_free_block_bytes",
     "limit_bytes",
     "verdict",
 }
