@@ -269,7 +269,9 @@ class Limit:
         if self.inference == "device-full":
             return (
                 f"Limit {gib:.2f} GiB inferred: the device itself was full at the OOM (reserved plus the device's "
-                "free memory); paste the OOM message or give --limit to be sure."
+                "free memory). Memory outside PyTorch's cache (CUDA's lazily loaded kernels, library handles, other "
+                "processes) can grow during a run, so earlier the limit may have been higher; paste the OOM message "
+                "or give --limit to be sure."
             )
         return (
             f"Limit at least {gib:.2f} GiB: inferred from the trace (the most it shows the cap allowed); the real "
