@@ -182,6 +182,17 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
         )
         return out
     out["feasible"] = True
+    if frac >= 1 and largest is not None:
+        # The failing step needed no more than a step that ran: a smaller batch is not what it lacks.
+        out.update(fitting_batch=batch_size, accumulation_steps=1, micro_batch=batch_size)
+        step = f"step {int(largest['index'])} allocated ({_gib(fit_bytes)}), and that step completed"
+        out["explanation"] = (
+            f"The failing step needed at least {_gib(need)} (the rest of it is not known), no more than {step}: "
+            "nothing shows the batch is too big."
+            if need_lower
+            else f"The failing step needed {_gib(need)}, no more than {step}: the batch is not what failed it."
+        ) + " The memory was there, not in one piece: see the allocator settings above."
+        return out
     basis = (
         f"no more than step {int(largest['index'])}, the largest that completed, allocated ({_gib(fit_bytes)})"
         if largest is not None

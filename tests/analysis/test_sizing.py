@@ -128,3 +128,17 @@ def test_batch_size_from_the_trace_metadata():
     assert sizing.batch_from_metadata(meta, None) == 128
     assert sizing.batch_from_metadata({}, 5) is None
     assert sizing.batch_from_metadata({0: "batch_size=0"}, 5) is None
+
+
+def test_a_failing_step_below_a_completed_one_is_not_told_to_shrink_its_batch():
+    # rand_s24_c40_roundup4 died in step 4 having allocated 2.68 GiB of it (its steps do not repeat, so the
+    # rest is unknown: a lower bound), while step 3 allocated 3.55 GiB and completed. The old text told it to
+    # "shrink to 135%" of its batch and called 2.68 GiB "-25% more" than 3.55 GiB.
+    dev = build_report(FIXTURES / "captures" / "rand_s24_c40_roundup4.pickle.gz", batch_size=32)["devices"][0]
+    fit = dev["batch_fit"]
+    assert fit["need_is_lower_bound"] and fit["need_bytes"] < fit["largest_fitting_step_peak_allocated_bytes"]
+    assert fit["fraction"] == 1.0 and fit["excess_over_largest_fitting"] < 0
+    assert (fit["fitting_batch"], fit["accumulation_steps"], fit["snippet"]) == (32, 1, None)
+    assert fit["explanation"].startswith("The failing step needed at least 2.68 GiB (the rest of it is not known)")
+    assert "nothing shows the batch is too big" in fit["explanation"] and "shrink" not in fit["explanation"]
+    assert sizing.batch_suggestion(fit) is None
