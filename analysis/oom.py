@@ -107,7 +107,7 @@ class UsableFree:
             elif seg.pool != pool:
                 self.why_not = "it was in another memory pool (a CUDA graph's or a MemPool's)"
             elif (seg.segment_type == "small") != small:
-                self.why_not = "it was in the small-block pool"
+                self.why_not = f"it was in the {seg.segment_type}-block pool, and this request is served from the other"
             elif not cfg.block_fits(block, size):
                 self.why_not = "max_split_size_mb keeps blocks that big whole, for requests of their own size"
             else:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from analysis.allocator import LimitEstimate, whatif
+from analysis.allocator.recorded import AllocatorState, BlockState, SegmentState
 from analysis.config import AllocatorConfig
 from analysis.limits import Limit, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import (
@@ -30,7 +31,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     Trace,
 )
-from analysis.oom import explain_oom, flush_before, oom_indices, verdict
+from analysis.oom import UsableFree, explain_oom, flush_before, oom_indices, verdict
 from analysis.reader import read_snapshot
 from analysis.report import build_report
 
@@ -646,3 +647,58 @@ def test_usable_free_block_is_below_the_request_and_named_in_the_explanation(cas
             assert f"could use was {usable / GiB:.2f} GiB" in oom["explanation"]
         if oom["largest_free_block_bytes"] < oom["requested_bytes"]:
             assert " was there when it failed" not in oom["explanation"]
+
+
+def _seg(free: int, *, stream: int = 0, pool: int = 0, kind: str = "large", addr: int = 0) -> SegmentState:
+    """A segment of one used 2 MiB block and one free block of ``free`` bytes."""
+    blocks = (BlockState(addr, 2 * MiB, 2 * MiB, "active_allocated"), BlockState(addr + 2 * MiB, free, 0, "inactive"))
+    return SegmentState(addr, 2 * MiB + free, stream, pool, kind, False, blocks)
+
+
+def _usable(
+    size: int, before: list[SegmentState], at_oom: list[SegmentState], conf: str = "", stream: int = 0
+) -> UsableFree:
+    t = _trace([(OOM, GiB, size)])
+    t.stream[0] = stream
+    cfg = AllocatorConfig.parse(conf)
+    return UsableFree(t, 0, AllocatorState(-1, tuple(before)), AllocatorState(0, tuple(at_oom)), cfg)
+
+
+def test_usable_free_block_rules_by_hand() -> None:
+    # Nothing free before the flush: 0; a block of exactly the request's size at the failure counts as big.
+    u = _usable(100 * MiB, [], [_seg(100 * MiB)])
+    assert u.largest == 0 and u.why_not is not None and "own flush" in u.why_not
+    # Only the request's stream, pool and kind count before the flush; the largest of those is taken.
+    before = [
+        _seg(90 * MiB, stream=1),
+        _seg(80 * MiB, pool=1),
+        _seg(70 * MiB),
+        _seg(60 * MiB, addr=1 << 40),
+        _seg(1 * MiB, kind="small"),
+    ]
+    assert _usable(100 * MiB, before, []).largest == 70 * MiB
+    assert _usable(512 * KiB, before, []).largest == 1 * MiB  # a small request: the small pool only
+    # Why a free block as big as the request did not serve, by its largest one.
+    assert "another stream" in str(_usable(100 * MiB, [], [_seg(300 * MiB, stream=1), _seg(200 * MiB)]).why_not)
+    assert _usable(100 * MiB, [], [_seg(300 * MiB, pool=1)]).why_not == (
+        "it was in another memory pool (a CUDA graph's or a MemPool's)"
+    )
+    # A 1.5 MiB request is a large-pool one; a whole free 2 MiB small segment does not serve it.
+    small_free = SegmentState(0, 2 * MiB, 0, 0, "small", False, (BlockState(0, 2 * MiB, 0, "inactive"),))
+    assert _usable(3 * MiB // 2, [small_free], [small_free]).largest == 0
+    assert _usable(3 * MiB // 2, [], [small_free]).why_not == (
+        "it was in the small-block pool, and this request is served from the other"
+    )
+    assert _usable(512 * KiB, [], [_seg(300 * MiB)]).why_not == (
+        "it was in the large-block pool, and this request is served from the other"
+    )
+    assert "own flush" in str(_usable(100 * MiB, [], [_seg(300 * MiB, stream=1)], stream=1).why_not)
+    # Under max_split_size_mb:128 a 100 MiB request never takes a block of 128 MiB or more.
+    cap = "max_split_size_mb:128"
+    u = _usable(100 * MiB, [_seg(128 * MiB), _seg(127 * MiB, addr=1 << 40)], [_seg(128 * MiB)], cap)
+    assert u.largest == 127 * MiB
+    assert u.why_not == "max_split_size_mb keeps blocks that big whole, for requests of their own size"
+    # Two free blocks of the same size: the first of them names the reason (no order among segments needed).
+    assert "another stream" in str(_usable(100 * MiB, [], [_seg(300 * MiB, stream=1), _seg(300 * MiB)]).why_not)
+    # Smaller than the request at the failure: nothing to explain.
+    assert _usable(100 * MiB, [], [_seg(99 * MiB)]).why_not is None
