@@ -178,6 +178,8 @@ class PolicyResult:
         """Reserved bytes right after each event index (-1: before the first event)."""
         if len(indices) == 0:
             return []
+        if not self.change_index.size:  # no segment ever: nothing reserved
+            return [0] * len(indices)
         idx = np.asarray(indices, dtype=np.int64)
         pos = np.searchsorted(self.change_index, idx, side="right") - 1
         vals = np.where(pos >= 0, self.change_reserved[np.maximum(pos, 0)], 0)
@@ -185,6 +187,8 @@ class PolicyResult:
 
     def reserved_per_event(self) -> I64:
         """Reserved bytes after every event, one int64 per trace event."""
+        if not self.change_index.size:
+            return np.zeros(self.events, np.int64)
         pos = np.searchsorted(self.change_index, np.arange(self.events), side="right") - 1
         return np.where(pos >= 0, self.change_reserved[np.maximum(pos, 0)], 0).astype(np.int64)
 

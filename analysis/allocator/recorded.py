@@ -47,6 +47,7 @@ from analysis.allocator.config import (
     is_small,
     recorded_settings,
 )
+from analysis.errors import SchemaError
 from analysis.model import (
     ACTIONS,
     ACTIVE_ALLOCATED,
@@ -1196,7 +1197,16 @@ def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[in
         rebuilt = _rebuild_initial(device, cfg, final)
         states.clear()
         rep.seed(rebuilt.state, strict=False)
-        _run_keeping(rep, keep, states)
+        try:
+            _run_keeping(rep, keep, states)
+        except (KeyError, IndexError) as exc:
+            # Past what the lenient pass absorbs (frees of unknown blocks, completions without a
+            # request): events torch never writes, e.g. a trace with entries cut out of its middle.
+            raise SchemaError(
+                "inconsistent-trace",
+                f"device {device.device}'s trace contradicts itself (its blocks and segments cannot be followed "
+                "from one event to the next: entries are missing or were changed), so it cannot be replayed",
+            ) from exc
         if n:
             states[n - 1] = rep.export(n - 1)
             end_diffs = _end_differences(states[n - 1], final)

@@ -476,7 +476,14 @@ def _event_pools(dev: DeviceData) -> npt.NDArray[np.int32]:
             survives[i] = a not in freed_later
             freed_later.discard(a)
     pools = np.zeros(len(t), np.int32)
-    live: dict[int, tuple[int, int]] = {}  # start -> (end, pool)
+    # A final segment that no segment_alloc or segment_map of the trace made existed
+    # before its first event (a wrapped ring buffer): its pool holds from the start.
+    made = {int(a) for a in t.addr[(act == SEGMENT_ALLOC) | (act == SEGMENT_MAP)].tolist()}
+    live: dict[int, tuple[int, int]] = {  # start -> (end, pool)
+        seg.address: (seg.address + seg.total_size, seg.pool)
+        for seg in dev.segments
+        if seg.address not in made and not seg.is_expandable
+    }
     has_addr = (act == ALLOC) | (act == FREE_REQUESTED) | (act == FREE_COMPLETED)
     bounds = [*seg_events.tolist(), len(t)]
     prev = -1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_right
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,10 @@ from analysis.allocator import (
     trace_is_complete,
     whatif,
 )
+from analysis.allocator.requests import requests_for
 from analysis.config import AllocatorConfig, ConfigError
 from analysis.model import (
+    ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
     OOM,
@@ -523,3 +526,44 @@ def test_requests_are_built_once_and_passed() -> None:
     again = read_snapshot(FIXTURES / "gpu_grow_oom.pickle.gz")
     assert requests_for(again, 0) is not requests_for(s, 0)
     assert requests_for(s, 0) is requests_for(s, 0)
+
+
+def _from(snapshot: Snapshot, start: int) -> Snapshot:
+    """The snapshot as a wrapped ring buffer would hold it: device 0's trace from event ``start`` on."""
+    dev = snapshot.devices[0]
+    t = dev.trace
+    trace = replace(t, **{f: getattr(t, f)[start:] for f in t.__dataclass_fields__})
+    return replace(snapshot, devices=[replace(dev, trace=trace), *snapshot.devices[1:]])
+
+
+def test_a_wrapped_cuda_graph_trace_keeps_its_private_pool_from_the_first_event() -> None:
+    # gpu_cuda_graph from event 99 on: the graph's private-pool segments (pool 1 in the final segments)
+    # were made before the first kept event. Read as the default pool, a free of a block in one of them
+    # looked for its free neighbour in the default pool's free list and the replay failed (IndexError),
+    # from 223 of 244 such cuts. The pool of a segment the trace never makes holds from its start.
+    full = read_snapshot(FIXTURES / "gpu_cuda_graph.pickle.gz")
+    graph_segments = [seg for seg in full.devices[0].segments if seg.pool != 0]
+    assert graph_segments
+    for start in (99, 500, 1000):
+        s = _from(full, start)
+        dev = s.devices[0]
+        req = requests_for(s, dev)
+        t = dev.trace
+        inside = np.zeros(len(t), bool)
+        for seg in graph_segments:
+            inside |= (t.addr >= seg.address) & (t.addr < seg.address + seg.total_size)
+        blocks = inside & np.isin(t.action, (ALLOC, FREE_REQUESTED, FREE_COMPLETED))
+        assert blocks.any() and (req.pools[blocks] != 0).all()
+        check = replay_check(s, dev)
+        assert not check["exact"] and not check["trace_complete"]  # a cut trace is never called exact
+        for conf in ("expandable_segments:True", "max_split_size_mb:256"):
+            assert whatif(s, dev, conf)["peak_reserved_bytes"] > 0
+
+
+def test_reserved_at_without_any_segment_event_is_zero() -> None:
+    # A replay whose model made and seeded no segment (no change recorded): nothing is reserved at any event.
+    s = read_snapshot(FIXTURES / "frag_oom.pickle.gz")
+    result = simulate(s, 0, AllocatorConfig())
+    empty = replace(result, change_index=np.zeros(0, np.int64), change_reserved=np.zeros(0, np.int64))
+    assert empty.reserved_at([-1, 0, 5]) == [0, 0, 0]
+    assert empty.reserved_per_event().tolist() == [0] * result.events

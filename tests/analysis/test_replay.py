@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+import analysis.report as report_module
 from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.recorded import BlockState, SegmentState, _Replayer
+from analysis.errors import SnapshotError
 from analysis.model import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
@@ -565,3 +567,26 @@ def test_a_merged_free_block_of_exactly_the_tracking_threshold_leaves_the_tracke
     assert rep.fcount == {8 * MiB: 1, 16 * MiB: 1}
     rep.run(2, n)
     assert rep.free_sz == {} and rep.dist[-1] == 0
+
+
+def _without(snapshot: Any, keep: Any) -> Any:
+    """The snapshot with device 0's trace cut down to the events ``keep`` (indices, in order)."""
+    dev = snapshot.devices[0]
+    t = dev.trace
+    trace = replace(t, **{f: getattr(t, f)[keep] for f in t.__dataclass_fields__})
+    return replace(snapshot, devices=[replace(dev, trace=trace), *snapshot.devices[1:]])
+
+
+def test_a_trace_with_entries_cut_out_of_its_middle_is_refused_with_a_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    # rand_s24_c40_roundup4 without event 201 (a free_completed of a record_stream free): the block is
+    # never freed, a later allocation lands on it, and no state explains the rest. torch never writes
+    # such a trace; the report refuses it with a code instead of failing inside the replay.
+    s = read_snapshot(FIXTURES / "captures" / "rand_s24_c40_roundup4.pickle.gz")
+    assert s.devices[0].trace.action[201] == FREE_COMPLETED
+    cut = _without(s, np.delete(np.arange(len(s.devices[0].trace)), 201))
+    with pytest.raises(SnapshotError) as refused:
+        recorded_replay(cut, cut.devices[0])
+    assert refused.value.code == "snapshot:schema:inconsistent-trace"
+    monkeypatch.setattr(report_module, "read_snapshot", lambda *_a, **_k: cut)  # "the file" holds this trace
+    with pytest.raises(SnapshotError, match="contradicts itself"):
+        report_module.build_report(FIXTURES / "captures" / "rand_s24_c40_roundup4.pickle.gz", jobs=1)

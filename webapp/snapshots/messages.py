@@ -21,6 +21,8 @@ BY_CODE = {
     "torch.cuda.memory._dump_snapshot().",
     "snapshot:format:not-a-snapshot": "This is not a snapshot file. Upload the pickle written by "
     "torch.cuda.memory._dump_snapshot() (raw, gzipped, torch.save'd or JSON).",
+    "snapshot:schema:inconsistent-trace": "This snapshot's trace contradicts itself (entries are missing or were "
+    "changed), so it cannot be replayed. Dump a fresh one with torch.cuda.memory._dump_snapshot().",
     "snapshot:limit:memory": "Analysing this file needed more memory than one analysis may use.",
     "snapshot:limit:time": "Analysing this file took longer than one analysis may take.",
     "worker:killed-repeatedly": "The analysis was interrupted repeatedly (killed worker repeatedly); "
