@@ -506,6 +506,7 @@ def step_whatif(
     step_ends: list[int],
     projection: Projection,
     limit_range: tuple[int, int] | None = None,
+    capped: bool = True,
 ) -> dict[str, Any]:
     """``allocator.whatif``'s item for ``conf``, replayed with the projected tail, plus the
     step-level keys (``step_completes``, ``step_shortfall_bytes``, ``oom_projected``,
@@ -521,11 +522,11 @@ def step_whatif(
     peak reserved memory above ``low``, or the failing request short by less than
     ``high - limit_bytes``), the step is replayed once more at that end; if the two
     answers differ, the trace cannot tell which holds: ``step_completes`` is None
-    and ``step_completes_range`` gives both.
+    and ``step_completes_range`` gives both. ``capped`` as in ``allocator.whatif``.
     """
     assert projection.tail is not None
     base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-    cfg = AllocatorConfig.parse(conf, base=base)
+    cfg = AllocatorConfig.parse(conf, base=base).acting(capped)
     result = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail)
     n = len(dev.trace)
     real = result.change_index < n

@@ -586,6 +586,16 @@ class _DeviceAnalysis:
         cap_exists = (chosen is not None and (chosen.source == "given" or chosen.kind == "per-process-cap")) or (
             recorded.per_process_memory_fraction is not None
         )
+        if chosen is not None and not cap_exists and recorded.garbage_collection_threshold > 0:
+            self.warnings.append(
+                (
+                    "gc-without-cap",
+                    f"garbage_collection_threshold:{recorded.garbage_collection_threshold:g} is set, but this run had "
+                    "no per-process memory cap (the device itself was full): torch runs that garbage collection only "
+                    "under torch.cuda.set_per_process_memory_fraction, so it did nothing here, and the replays leave "
+                    "it out",
+                )
+            )
         ends = steps.last_event.tolist()
         started: dict[str, Pending] = {}
         projection = self.projection if self.projection is not None and self.projection.available else None
@@ -595,10 +605,12 @@ class _DeviceAnalysis:
             if conf not in started:
                 if projection is not None:
                     started[conf] = pool.submit(
-                        lambda: step_whatif(snapshot, dev, conf, wlimit, ends, projection, limit_range=span)
+                        lambda: step_whatif(
+                            snapshot, dev, conf, wlimit, ends, projection, limit_range=span, capped=cap_exists
+                        )
                     )
                 else:
-                    started[conf] = pool.submit(lambda: whatif(snapshot, dev, conf, wlimit, ends))
+                    started[conf] = pool.submit(lambda: whatif(snapshot, dev, conf, wlimit, ends, capped=cap_exists))
             return started[conf]
 
         # A candidate the user also asked for is listed once, as the user's.

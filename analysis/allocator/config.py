@@ -189,6 +189,16 @@ class AllocatorConfig:
         ``segment_size``): ``kSmallBuffer`` for the small pool, ``large_segment_size`` else."""
         return K_SMALL_BUFFER if small_pool else self.large_segment_size
 
+    def acting(self, capped: bool) -> AllocatorConfig:
+        """The settings as the allocator acts on them. ``malloc`` runs
+        ``garbage_collect_cached_blocks`` only when ``set_fraction`` is set
+        (``torch.cuda.set_per_process_memory_fraction`` was called): without a
+        per-process cap (``capped`` false; the device itself fills up) the
+        threshold is read but never acts."""
+        if capped or self.garbage_collection_threshold == 0.0:
+            return self
+        return replace(self, garbage_collection_threshold=0.0)
+
     def gc_threshold_bytes(self, limit: int) -> int:
         """``garbage_collect_cached_blocks`` starts only once reserved memory exceeds this
         (``threshold * allowed_memory_maximum``, truncated as the C++ cast does)."""

@@ -1203,18 +1203,21 @@ def whatif(
     step_ends: Sequence[int] | None = None,
     *,
     requests: Requests | None = None,
+    capped: bool = True,
 ) -> dict[str, Any]:
     """Contract ``whatif`` item: the recorded settings with ``conf`` applied on top.
 
     Without ``limit_bytes`` the limit is inferred: ``infer_limit(...).value`` when
     the trace shows a limit binding, else ``infer_limit(...).lower`` (the recorded
     peak: the least memory the device had). Pass the device's size for more room.
-    Without ``step_ends`` the steps come from the annotations.
+    Without ``step_ends`` the steps come from the annotations. ``capped`` false:
+    the limit is the device's own memory, no per-process fraction, so no GC runs
+    (``AllocatorConfig.acting``).
     """
     dev = _device(snapshot, device)
     req = requests if requests is not None else requests_for(snapshot, dev)
     base = req.recorded_config
-    cfg = AllocatorConfig.parse(conf, base=base)
+    cfg = AllocatorConfig.parse(conf, base=base).acting(capped)
     if limit_bytes is None:
         # The cap the trace shows, else the least memory the device must have had
         # (the recorded peak): without any limit a what-if would never flush, and

@@ -567,3 +567,28 @@ def test_reserved_at_without_any_segment_event_is_zero() -> None:
     empty = replace(result, change_index=np.zeros(0, np.int64), change_reserved=np.zeros(0, np.int64))
     assert empty.reserved_at([-1, 0, 5]) == [0, 0, 0]
     assert empty.reserved_per_event().tolist() == [0] * result.events
+
+
+def test_without_a_per_process_cap_the_gc_threshold_never_acts() -> None:
+    # torch runs garbage_collect_cached_blocks only when set_fraction is set
+    # (set_per_process_memory_fraction was called); on a device that fills up by itself the
+    # threshold is read and ignored. gpu_gc_threshold ran under a 4.5 GiB fraction, GC 0.6.
+    s = read_snapshot(FIXTURES / "gpu_gc_threshold.pickle.gz")
+    cfg = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
+    assert cfg.garbage_collection_threshold == 0.6
+    assert cfg.acting(True) is cfg and cfg.acting(False).garbage_collection_threshold == 0.0
+    assert AllocatorConfig().acting(False) == AllocatorConfig()
+    cap = int(4.5 * (1 << 30))
+    gc = simulate(s, 0, cfg, cap)
+    no_gc = simulate(s, 0, cfg.acting(False), cap)
+    assert gc.segment_events == recorded_segment_events(s.devices[0])  # the GC's releases, as recorded
+    assert no_gc.segment_events != gc.segment_events
+    ends = step_end_indices(s, 0)
+    plain = simulate(s, 0, AllocatorConfig.parse("max_split_size_mb:64", base=cfg.acting(False)), cap, ends)
+    with_gc = simulate(s, 0, AllocatorConfig.parse("max_split_size_mb:64", base=cfg), cap, ends)
+    uncapped = whatif(s, 0, "max_split_size_mb:64", cap, ends, capped=False)
+    assert uncapped["config"] == "max_split_size_mb:64" and uncapped["peak_reserved_bytes"] == plain.peak_reserved
+    assert [x["reserved_end_bytes"] for x in uncapped["steps"]] == plain.step_reserved != with_gc.step_reserved
+    assert [x["reserved_end_bytes"] for x in whatif(s, 0, "max_split_size_mb:64", cap, ends)["steps"]] == (
+        with_gc.step_reserved
+    )

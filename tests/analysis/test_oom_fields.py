@@ -702,3 +702,23 @@ def test_usable_free_block_rules_by_hand() -> None:
     assert "another stream" in str(_usable(100 * MiB, [], [_seg(300 * MiB, stream=1), _seg(300 * MiB)]).why_not)
     # Smaller than the request at the failure: nothing to explain.
     assert _usable(100 * MiB, [], [_seg(99 * MiB)]).why_not is None
+
+
+def test_a_gc_threshold_on_a_full_device_is_said_to_do_nothing_and_left_out_of_the_replays() -> None:
+    # rand_s11_c40_gc07 ran with garbage_collection_threshold:0.7 under a 4 GiB fraction. Its real message with
+    # the fraction taken out (no "allowed"; the device had 235.52 MiB free) is what torch prints when the
+    # device itself fills up: set_fraction is false, and torch never runs that GC.
+    real = json.loads((FIXTURES / "captures" / "rand_s11_c40_gc07.truth.json").read_text())["oom_message"]
+    full = real.replace("4.00 GiB allowed; ", "").replace("of which 127.76 GiB is free", "of which 235.52 MiB is free")
+    assert "allowed" not in full and parse_oom_message(full).limit_kind == "device-full"
+    path = FIXTURES / "captures" / "rand_s11_c40_gc07.pickle.gz"
+    report = build_report(path, oom_message=full, whatif=("max_split_size_mb:128",), jobs=1)
+    dev = report["devices"][0]
+    assert dev["limit"]["kind"] == "device-full"
+    assert [w["code"] for w in report["capture"]["warnings"]].count("gc-without-cap") == 1
+    item = next(w for w in dev["whatif"] if w["config"] == "max_split_size_mb:128")
+    direct = whatif(read_snapshot(path), 0, "max_split_size_mb:128", dev["limit"]["bytes"], capped=False)
+    assert item["peak_reserved_bytes"] == direct["peak_reserved_bytes"]
+    # Under the fraction (the real message) the GC acts and nothing is said.
+    capped = build_report(path, oom_message=real, jobs=1)
+    assert "gc-without-cap" not in [w["code"] for w in capped["capture"]["warnings"]]
