@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.config import UNLIMITED, AllocatorConfig
+from analysis.oom import named_free_block
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -349,23 +350,19 @@ def _allocation_order_applies(ctx: AdviceContext) -> bool:
     return bool(ctx.whatifs) and not any(w.avoids_oom is True for w in ctx.whatifs)
 
 
-def _usable_block(oom: dict[str, Any]) -> int:
-    """``largest_usable_free_block_bytes``, or the largest free block where a report has none."""
-    usable = oom.get("largest_usable_free_block_bytes")
-    return int(oom.get("largest_free_block_bytes", 0) if usable is None else usable)
-
-
 def _allocation_order_suggest(ctx: AdviceContext) -> dict[str, Any]:
     oom = ctx.oom or {}
     tried = ", ".join(sorted({w.config for w in ctx.whatifs}))
+    block, usable = named_free_block(oom)
+    named = "the largest free block the request could use" if usable else "its largest free block"
     return _suggestion(
         "allocation_order",
         "Change the allocation order: make big, long-lived tensors first",
         "allocate (or preallocate and reuse) the large buffer before the many small long-lived tensors",
-        f"At the OOM the cache held {_gib(oom.get('cached_free_bytes', 0))} free but the largest free block the "
-        f"request could use was {_gib(_usable_block(oom))}, too small for the {_gib(oom.get('requested_bytes', 0))} "
-        f"request, and the replays under {tried} fail at the same point: the free memory sits in holes between "
-        "blocks that stay alive, which no allocator setting can move.",
+        f"At the OOM the cache held {_gib(oom.get('cached_free_bytes', 0))} free but {named} was {_gib(block)}, "
+        f"too small for the {_gib(oom.get('requested_bytes', 0))} request, and the replays under {tried} fail at "
+        "the same point: the free memory sits in holes between blocks that stay alive, which no allocator setting "
+        "can move.",
         int(oom.get("cached_free_bytes", 0)),
     )
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from analysis.oom import named_free_block
+
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
 # Idle cache worth a headline (the advisor's improvement floor: both a share and bytes).
 IDLE_MIN_SHARE = 0.05
@@ -336,12 +338,11 @@ def _nothing_buys(oom: Mapping[str, Any] | None) -> str:
 
 
 def _largest_block_text(oom: Mapping[str, Any]) -> str:
-    """The largest free block the request could use (its stream and pool, before its own flush), else the
-    largest free block of all (reports from before ``largest_usable_free_block_bytes``)."""
-    usable = oom.get("largest_usable_free_block_bytes")
-    if usable is None:
-        return f"its largest free block was {format_size(int(oom.get('largest_free_block_bytes') or 0))}"
-    return f"the largest free block the request could use was {format_size(int(usable))}"
+    """The free block the headline names (``oom.named_free_block``)."""
+    size, usable = named_free_block(oom)
+    if not usable:
+        return f"its largest free block was {format_size(size)}"
+    return f"the largest free block the request could use was {format_size(size)}"
 
 
 def _limit_is_lower_bound(oom: Mapping[str, Any]) -> bool:

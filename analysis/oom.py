@@ -15,6 +15,7 @@ is the most the trace shows the cap let through, a lower bound of that cap
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,15 @@ class UsableFree:
                     "it became free only in the allocator's own flush, after its search, and torch does not "
                     "search the cache again after flushing"
                 )
+
+
+def named_free_block(oom: Mapping[str, Any]) -> tuple[int, bool]:
+    """The free block an OOM's text names: ``largest_usable_free_block_bytes`` (True), or the
+    largest free block of all (False) in reports from before that key or past the OOMs explained."""
+    usable = oom.get("largest_usable_free_block_bytes")
+    if usable is None:
+        return int(oom.get("largest_free_block_bytes") or 0), False
+    return int(usable), True
 
 
 def explain_oom(
