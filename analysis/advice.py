@@ -353,8 +353,7 @@ def _allocation_order_applies(ctx: AdviceContext) -> bool:
 def _allocation_order_suggest(ctx: AdviceContext) -> dict[str, Any]:
     oom = ctx.oom or {}
     tried = ", ".join(sorted({w.config for w in ctx.whatifs}))
-    block, usable = named_free_block(oom)
-    named = "the largest free block the request could use" if usable else "its largest free block"
+    block, named = named_free_block(oom)
     return _suggestion(
         "allocation_order",
         "Change the allocation order: make big, long-lived tensors first",

@@ -244,10 +244,11 @@ def _oom_headline(oom: Mapping[str, Any]) -> str:
     lower = _limit_is_lower_bound(oom)
     limit_text = f"{'at least ' if lower else ''}{format_size(limit)}"
     if oom.get("verdict") == "fragmentation":
+        block, named = named_free_block(oom)
         return (
             f"Out of memory from fragmentation, not capacity: the {tried} request would have fit beside the "
             f"{allocated} allocated within the limit of {limit_text}, and the cache held "
-            f"{format_size(int(oom.get('cached_free_bytes') or 0))} free, but {_largest_block_text(oom)}."
+            f"{format_size(int(oom.get('cached_free_bytes') or 0))} free, but {named} was {format_size(block)}."
         )
     return (
         f"Out of memory from capacity: the {tried} request on top of the {allocated} allocated is more than the "
@@ -335,14 +336,6 @@ def _nothing_buys(oom: Mapping[str, Any] | None) -> str:
     if oom:
         return "No allocator setting avoided the OOM in the replay, and no rule found a change the figures support."
     return "Nothing to change: no setting lowered peak reserved memory in the replay."
-
-
-def _largest_block_text(oom: Mapping[str, Any]) -> str:
-    """The free block the headline names (``oom.named_free_block``)."""
-    size, usable = named_free_block(oom)
-    if not usable:
-        return f"its largest free block was {format_size(size)}"
-    return f"the largest free block the request could use was {format_size(size)}"
 
 
 def _limit_is_lower_bound(oom: Mapping[str, Any]) -> bool:

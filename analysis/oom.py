@@ -118,13 +118,19 @@ class UsableFree:
                 )
 
 
-def named_free_block(oom: Mapping[str, Any]) -> tuple[int, bool]:
-    """The free block an OOM's text names: ``largest_usable_free_block_bytes`` (True), or the
-    largest free block of all (False) in reports from before that key or past the OOMs explained."""
+# How an OOM's texts name the free block they give: the one the request could use, or (not
+# worked out: old reports, OOMs past MAX_OOMS_EXPLAINED) the largest of all.
+USABLE_BLOCK = "the largest free block the request could use"
+ANY_BLOCK = "its largest free block"
+
+
+def named_free_block(oom: Mapping[str, Any]) -> tuple[int, str]:
+    """The free block an OOM's text names and the words for it: ``largest_usable_free_block_bytes``
+    (``USABLE_BLOCK``), else the largest free block of all (``ANY_BLOCK``)."""
     usable = oom.get("largest_usable_free_block_bytes")
     if usable is None:
-        return int(oom.get("largest_free_block_bytes") or 0), False
-    return int(usable), True
+        return int(oom.get("largest_free_block_bytes") or 0), ANY_BLOCK
+    return int(usable), USABLE_BLOCK
 
 
 def explain_oom(
@@ -208,20 +214,13 @@ def _explain(
     lower_said = chosen.source == INFERRED
     of = f"of at least {_gib(limit)}" if chosen.is_lower_bound and not lower_said else f"of {_gib(limit)}"
     if kind == "fragmentation":
-        if usable is None:
-            return (
-                f"The request for {_gib(requested)} would have fit: {_gib(allocated)} allocated plus the request "
-                f"is within {limit_text} {of}, and the cache held {_gib(cached_free)} free, but its largest "
-                f"free block was {_gib(largest_free)} and {_gib(max(0, limit - reserved))} was left to reserve. "
-                "The memory existed, not in one piece."
-            )
+        block, named = (largest_free, ANY_BLOCK) if usable is None else (usable.largest, USABLE_BLOCK)
         text = (
             f"The request for {_gib(requested)} would have fit: {_gib(allocated)} allocated plus the request is "
-            f"within {limit_text} {of}, and the cache held {_gib(cached_free)} free, but the largest free block "
-            f"the request could use was {_gib(usable.largest)} and {_gib(max(0, limit - reserved))} was left to "
-            "reserve. The memory existed, not in one piece."
+            f"within {limit_text} {of}, and the cache held {_gib(cached_free)} free, but {named} was {_gib(block)} "
+            f"and {_gib(max(0, limit - reserved))} was left to reserve. The memory existed, not in one piece."
         )
-        if usable.why_not is not None:
+        if usable is not None and usable.why_not is not None:
             text += f" A free block of {_gib(largest_free)} was there when it failed, but {usable.why_not}."
         return text
     if chosen.is_lower_bound:
