@@ -93,6 +93,32 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
         headline = _idle_headline(dev)
     choice = ranked[0] if ranked else None
     runner = ranked[1] if len(ranked) > 1 else None
+    cause = primary_cause(dev)
+    if cause is not None:
+        # The program's mistake (analysis.causes) comes first: the allocator's view of the failing
+        # request stays beside it, and its best setting becomes the runner-up, worded by the cause.
+        return {
+            "headline": str(cause["headline"]),
+            "allocator_headline": headline,
+            "cause": cause["id"],
+            "change": {"id": cause["id"], "line": cause["fix"]["line"], "kind": "code", "title": cause["fix"]["title"]},
+            "buys": _cause_buys(cause, oom),
+            "confidence": _confidence(dev, capture, None, cause=cause),
+            "runner_up": _change(choice, recorded_conf, short=True) if choice else None,
+        }
+    if oom and choice is not None and _device_full_unexplained(oom) and choice.step_completes is not True:
+        # The GPU itself was full and nothing says who held the rest of it: a setting that only gets past
+        # the request is not the first thing to try (round 3's device-full runs died under every setting).
+        return {
+            "headline": f"{headline} {_device_full_sentence(oom)}",
+            "change": dict(CHECK_THE_DEVICE),
+            "buys": (
+                "Not measured: the snapshot does not record the GPU's size or who else held it. The OOM message does "
+                "(its 'Process N has ...' and 'Including non-PyTorch memory' lines): give it with the snapshot."
+            ),
+            "confidence": _confidence(dev, capture, choice),
+            "runner_up": _change(choice, recorded_conf, short=True),
+        }
     change = _change(choice, recorded_conf) if choice else None
     buys = _buys(choice, oom, summary) if choice else _nothing_buys(oom)
     return {
@@ -102,6 +128,56 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
         "confidence": _confidence(dev, capture, choice),
         "runner_up": _change(runner, recorded_conf, short=True) if runner else None,
     }
+
+
+CHECK_THE_DEVICE = {
+    "id": "check_device",
+    "line": "nvidia-smi --query-compute-apps=pid,used_memory --format=csv",
+    "kind": "check",
+    "title": "First see what else holds the GPU",
+}
+
+
+def _device_full_unexplained(oom: Mapping[str, Any]) -> bool:
+    """The device itself ran out (no per-process cap) and no OOM message says what held the rest."""
+    return oom.get("limit_kind") == "device-full" and oom.get("limit_source") == "inferred"
+
+
+def _device_full_sentence(oom: Mapping[str, Any]) -> str:
+    free = format_size(int(oom.get("device_free_bytes") or 0))
+    reserved = format_size(int(oom.get("reserved_bytes") or 0))
+    return (
+        f"But the GPU itself was full ({free} free on it) while PyTorch held {reserved}: if the GPU has more memory "
+        "than that, the rest was held outside this process's cache (another process, or a library in this one), "
+        "and no allocator setting gives that back."
+    )
+
+
+def primary_cause(dev: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The cause the diagnosis names first (``devices[].diagnosis.primary``), or None."""
+    diagnosis = dev.get("diagnosis") or {}
+    primary = diagnosis.get("primary")
+    for c in diagnosis.get("causes") or []:
+        if c.get("id") == primary:
+            return c  # type: ignore[no-any-return]
+    return None
+
+
+def _cause_buys(cause: Mapping[str, Any], oom: Mapping[str, Any] | None) -> str:
+    """What the cause's fix is worth, from its own arithmetic (never a replay: the program changes)."""
+    saving = cause.get("saving_bytes")
+    fits = cause.get("fits_after_fix")
+    if saving is None:
+        text = "Not measured from the trace: the program itself changes."
+    else:
+        text = f"About {format_size(int(saving))} less at the failing point (arithmetic on the trace, not a replay)"
+        if fits is True and oom:
+            text += ": the failing request then fits within the limit."
+        elif fits is False and oom:
+            text += ": not enough alone; the failing request would still not fit."
+        else:
+            text += "."
+    return f"{text} Allocator settings: {cause.get('settings')}."
 
 
 # ------------------------------------------------------------------ choosing
@@ -345,7 +421,13 @@ def _limit_is_lower_bound(oom: Mapping[str, Any]) -> bool:
     return oom.get("limit_source") in _LOWER_BOUND_SOURCES
 
 
-def _confidence(dev: Mapping[str, Any], capture: Mapping[str, Any], choice: _Choice | None) -> dict[str, Any]:
+def _confidence(
+    dev: Mapping[str, Any],
+    capture: Mapping[str, Any],
+    choice: _Choice | None,
+    *,
+    cause: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     oom = dev.get("oom") or None
     replay = dev.get("replay") or {}
     exact = replay.get("exact")
@@ -360,6 +442,12 @@ def _confidence(dev: Mapping[str, Any], capture: Mapping[str, Any], choice: _Cho
         "limit_is_lower_bound": _limit_is_lower_bound(oom) if oom else None,
     }
     parts = []
+    if cause is not None:
+        parts.append(
+            "the cause is read from the trace (its stack frames, phases and step ends"
+            + (", and the OOM message" if cause.get("id") == "outside_memory" else "")
+            + "); its saving is arithmetic, not a replay"
+        )
     if exact is True:
         parts.append(
             f"the model replays the recorded run exactly ({replay.get('segment_events_reproduced', 0):,} of "
