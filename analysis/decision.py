@@ -90,7 +90,7 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
 
     else:
         ranked = _ranked_without_oom(suggestions, whatifs, int(summary.get("peak_reserved_bytes") or 0))
-        headline = _idle_headline(dev)
+        headline = _idle_headline(dev, capture)
     choice = ranked[0] if ranked else None
     runner = ranked[1] if len(ranked) > 1 else None
     cause = primary_cause(dev)
@@ -341,6 +341,10 @@ def idle_at_reserved_peak(dev: Mapping[str, Any]) -> tuple[int, int, int] | None
         return None
     index = list(timeline.get("index") or [])
     at = int(summary.get("peak_reserved_event_index", -2))
+    if at == -1 and "initial_reserved_bytes" in summary and at not in index:
+        # The peak is the state before the first recorded event (stored reports without that point).
+        reserved = int(summary["initial_reserved_bytes"])
+        return at, reserved, reserved - int(summary.get("initial_allocated_bytes") or 0)
     if at not in index:
         return None
     k = index.index(at)
@@ -349,7 +353,20 @@ def idle_at_reserved_peak(dev: Mapping[str, Any]) -> tuple[int, int, int] | None
     return at, reserved, reserved - allocated
 
 
-def _idle_headline(dev: Mapping[str, Any]) -> str:
+def _idle_headline(dev: Mapping[str, Any], capture: Mapping[str, Any]) -> str:
+    text = _idle_sentence(dev)
+    if capture.get("has_trace") and capture.get("trace_complete"):
+        return text
+    # A state-only dump or a wrapped trace cannot show an OOM that happened before what it holds.
+    why = "the trace is incomplete" if capture.get("has_trace") else "the snapshot holds no allocation history"
+    return text.replace("No out-of-memory error", f"No OOM recorded ({why}, so an earlier one would not show)", 1)
+
+
+def _where(at: int) -> str:
+    return "before the first recorded event" if at < 0 else f"event {at:,}"
+
+
+def _idle_sentence(dev: Mapping[str, Any]) -> str:
     summary = dev.get("summary") or {}
     at_peak = idle_at_reserved_peak(dev)
     final_idle = int(summary.get("final_reserved_bytes") or 0) - int(summary.get("final_allocated_bytes") or 0)
@@ -363,12 +380,12 @@ def _idle_headline(dev: Mapping[str, Any]) -> str:
     share = idle / reserved if reserved else 0.0
     if idle >= IDLE_MIN_BYTES and share >= IDLE_MIN_SHARE:
         return (
-            f"No out-of-memory error, but memory is wasted: at the reserved peak (event {at:,}) "
+            f"No out-of-memory error, but memory is wasted: at the reserved peak ({_where(at)}) "
             f"{format_size(idle)} of the {format_size(reserved)} reserved held no live block ({share:.0%} idle "
             f"cache); at the end {format_size(final_idle)} is idle."
         )
     return (
-        f"No out-of-memory error and little waste: at the reserved peak (event {at:,}) {format_size(idle)} of the "
+        f"No out-of-memory error and little waste: at the reserved peak ({_where(at)}) {format_size(idle)} of the "
         f"{format_size(reserved)} reserved was idle cache ({share:.0%})."
     )
 
@@ -431,6 +448,8 @@ def _confidence(
     oom = dev.get("oom") or None
     replay = dev.get("replay") or {}
     exact = replay.get("exact")
+    if not replay.get("segment_events_recorded"):
+        exact = None  # "0 of 0 segment events": nothing to check the model against
     completes = choice.step_completes if choice is not None and choice.whatif is not None else None
     projection = (oom or {}).get("projection") or {}
     out: dict[str, Any] = {
@@ -455,6 +474,8 @@ def _confidence(
         )
     elif exact is False:
         parts.append("the model does not replay the recorded run exactly, so its what-ifs are approximate")
+    elif replay:
+        parts.append("the trace has no segment events to check the model against, so its what-ifs are unchecked")
     if not out["trace_complete"]:
         parts.append("the trace is incomplete, so peaks are lower bounds")
     if oom:

@@ -63,7 +63,7 @@ from analysis.stacks import (
     totals_by_group,
 )
 from analysis.steps import Steps, find_steps, first_growth_step, per_step_figures
-from analysis.timeline import build_timeline, columns_of
+from analysis.timeline import build_timeline, columns_of, with_initial_state
 
 SCHEMA = "oomscope.report/1"
 Progress = Callable[[str, float], None]
@@ -434,6 +434,9 @@ class _DeviceAnalysis:
             "peak_reserved_event_index": int(replay.peak_reserved_index),
             "peak_allocated_event_index": int(replay.peak_allocated_index),
             "peak_requested_event_index": int(replay.peak_requested_index),
+            # The state before the first event (a trace that starts mid-run can peak there: index -1).
+            "initial_reserved_bytes": int(replay.initial.reserved),
+            "initial_allocated_bytes": int(replay.initial.allocated),
             "first_time_us": int(trace.time_us[0]) if n else 0,
             "last_time_us": int(trace.time_us[-1]) if n else 0,
         }
@@ -471,6 +474,19 @@ class _DeviceAnalysis:
             else None
         )
         timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
+        if timeline is not None:
+            init = replay.initial
+            timeline = with_initial_state(
+                timeline,
+                {
+                    "reserved": init.reserved,
+                    "allocated": init.allocated,
+                    "requested": init.requested,
+                    "cached_free": init.cached_free,
+                    "inactive_split": init.inactive_split,
+                    "largest_free": init.largest_free,
+                },
+            )
 
         # Moments whose live blocks are attributed to stacks.
         moments = [_Moment("peak", replay.peak_allocated_index, replay.blocks_at(replay.peak_allocated_index))]
