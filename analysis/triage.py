@@ -439,7 +439,7 @@ def triage(message_text: str, summary_text: str | None = None) -> Triage:
         large = summary.get("inactive_split_bytes.large_pool.current")
         # Small-pool pieces (2 MiB segments for requests up to 1 MiB) never serve a larger request.
         if large is not None and tried.low > SMALL_REQUEST_MAX:
-            usable = large
+            usable = _derived(large.value, large.low, large.high)
     others = _sum([f for _, f in message.other_processes])
     non_pytorch = message.non_pytorch
     if non_pytorch is not None:
@@ -531,10 +531,14 @@ def _verdict(
     """(headline, the one change, alternatives) for a cause."""
     tried = message.tried
     limit = message.limit
-    limit_text = f"the {message.allowed.text} cap" if binding == "per-process-cap" and message.allowed else "the device"
+    limit_text = (
+        f"under the {message.allowed.text} cap"
+        if binding == "per-process-cap" and message.allowed
+        else "on the full device"
+    )
     if cause == UNEXPLAINED:
         return (
-            f"The message's own figures leave {room.text} of room under {limit_text} for a {tried.text} request: "
+            f"The message's own figures leave {room.text} of room {limit_text} for a {tried.text} request: "
             "the text does not say why it failed (another process may have freed memory in between, or the "
             "request was in a CUDA graph's private pool).",
             "Record a snapshot (below): only the trace can show what failed.",
@@ -569,7 +573,7 @@ def _verdict(
     if cause == FRAGMENTATION:
         return (
             f"Fragmentation at this request: {usable.text} was reserved but unallocated, which covers the "
-            f"{shortfall.text} the {tried.text} request lacked under {limit_text}, but not in one piece.",
+            f"{shortfall.text} the {tried.text} request lacked {limit_text}, but not in one piece.",
             "Try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: segments then grow in place and the free "
             "pieces stop being stranded, which gets past this request. If the step needs more than the limit, "
             "or memory grows from step to step, it only postpones the OOM; record a snapshot to know.",
@@ -585,7 +589,7 @@ def _verdict(
             f"{message.device_free.text} free, the cap is {limit.text}."
         ]
     return (
-        f"Capacity: the {tried.text} request lacked {shortfall.text} under {limit_text}, and only {usable.text} "
+        f"Capacity: the {tried.text} request lacked {shortfall.text} {limit_text}, and only {usable.text} "
         "was reserved but unallocated; even in one piece the memory was not there.",
         "The program must need less at that moment: a smaller batch or sequence, torch.no_grad() for evaluation, "
         "mixed precision, activation checkpointing, a fused or foreach=False optimizer step. An allocator setting "
@@ -627,14 +631,15 @@ def _findings(
             f"The request for {tried.text} (the segment size the allocator wanted) lacked {shortfall.text}.",
         )
     )
-    out.append(
-        Finding(
-            "unallocated",
-            f"{unallocated.text} was reserved by PyTorch but unallocated, "
-            f"{_share(unallocated, shortfall)}; the allocator had already released every "
-            "cached segment it could, so this memory lies in pieces inside segments that hold live tensors.",
+    if unallocated.high == 0:
+        text = "Nothing was reserved but unallocated: every byte PyTorch had reserved held a live tensor."
+    else:
+        text = (
+            f"{unallocated.text} was reserved by PyTorch but unallocated, {_share(unallocated, shortfall)}; the "
+            "allocator had already released every cached segment it could, so this memory lies in pieces inside "
+            "segments that hold live tensors."
         )
-    )
+    out.append(Finding("unallocated", text))
     if others is not None:
         listed = ", ".join(f"{pid} ({f.text})" for pid, f in message.other_processes[:8])
         more = f" and {len(message.other_processes) - 8} more" if len(message.other_processes) > 8 else ""
@@ -687,14 +692,14 @@ def _summary_findings(
         out.append(
             Finding("summary-timing", "The memory summary was printed at the OOM: its figures match the message's.")
         )
-        if usable is not unallocated and tried.low > SMALL_REQUEST_MAX:
+        if usable is not unallocated and tried.low > SMALL_REQUEST_MAX and unallocated.high > 0:
             small = summary.get("inactive_split_bytes.small_pool.current")
             out.append(
                 Finding(
                     "pools",
                     f"Of the memory reserved but unallocated, {usable.text} is in the large pool, the only one a "
                     f"{tried.text} request can use"
-                    + (f"; {small.text} is small-pool pieces (for requests up to 1 MiB)." if small else "."),
+                    + (f"; {_size(small.value)} is small-pool pieces (for requests up to 1 MiB)." if small else "."),
                 )
             )
         if pieces is not None:
@@ -708,9 +713,9 @@ def _summary_findings(
             out.append(
                 Finding(
                     "free-pieces",
-                    f"The free pieces ({pieces.pool} pool): {pieces.count.text.strip()} of them, {pieces.total.text} "
-                    f"in all, so the largest is between {_size(pieces.largest_at_least)} and "
-                    f"{_size(pieces.largest_at_most)}; {fits}.",
+                    f"The free pieces ({pieces.pool} pool): {pieces.count.text.strip()} of them, "
+                    f"{_size(pieces.total.value)} in all, so the largest is between "
+                    f"{_size(pieces.largest_at_least)} and {_size(pieces.largest_at_most)}; {fits}.",
                 )
             )
         segments = summary.get("segment.all.current")
@@ -745,8 +750,8 @@ def _summary_findings(
         out.append(
             Finding(
                 "peaks",
-                f"Peaks since the process started (or the last reset): {peak_allocated.text} allocated, "
-                f"{peak_reserved.text} reserved.",
+                f"Peaks since the process started (or the last reset): {_size(peak_allocated.value)} allocated, "
+                f"{_size(peak_reserved.value)} reserved.",
             )
         )
     if summary.num_ooms is not None and summary.num_ooms > 1:
@@ -757,13 +762,15 @@ def _summary_findings(
                 "(a retry with a smaller batch, or a skipped step).",
             )
         )
-    if summary.num_alloc_retries:
+    # Every OOM comes after one release-and-retry of its own; retries beyond those were earlier
+    # requests that fitted only once the cache was emptied.
+    extra = (summary.num_alloc_retries or 0) - (summary.num_ooms or 0)
+    if extra > 0:
         out.append(
             Finding(
                 "retries",
-                f"The allocator released its cache and retried cudaMalloc {summary.num_alloc_retries} "
-                f"time{'s' if summary.num_alloc_retries > 1 else ''} in this process: memory was tight before "
-                "this OOM too.",
+                f"{extra} earlier request{'s' if extra > 1 else ''} fitted only after the allocator released its "
+                "cache and retried cudaMalloc: memory was tight before this OOM too.",
             )
         )
     oversize = summary.get("oversize_allocations.allocated")

@@ -5,10 +5,12 @@ Run on a GPU machine:  python3 scripts/capture_triage.py OUTDIR [case ...]
 Every capture in tests/fixtures/ ran under a per-process cap ("... allowed;" in its message). Users
 mostly run without one, and the device fills: these cases write what such a run prints. Each case runs in
 its own process and writes CASE.truth.json with the capture truth keys the triage reads (`oom_message`,
-`memory_summary` and `memory_stats` taken in the except block, while the failing frame's tensors are
-still alive, `cap_bytes`, `total_memory`, `torch`), plus `holder` (the other process, where one
-held memory: its pid and what it reserved) and `pid` (this process's own). No snapshot is written: the
-triage reads text only.
+`memory_summary`, `memory_summary_abbreviated` and `memory_stats`, taken in the except block while the
+failing frame's tensors are still alive; `cap_bytes`, `total_memory`, `torch`), plus `holder` (the other
+process, where one held memory: its pid and what it reserved), `pid` (this process's own), `kept_tensors`
+and `large_free_blocks` (count, bytes and largest of the large pool's free blocks, from
+`torch.cuda.memory_snapshot()`: what the text cannot give, for the tests' bounds). No snapshot is written:
+the triage reads text only.
 
 Cases:
   triage_device_full        no cap, alone on the device; every 1 GiB segment is split by a 600 MiB
@@ -79,6 +81,16 @@ def _run_case(case: str, outdir: str) -> None:
         truth["oom_message"] = str(e)
         truth["memory_stats"] = dict(torch.cuda.memory_stats())
         truth["memory_summary"] = torch.cuda.memory_summary()
+        truth["memory_summary_abbreviated"] = torch.cuda.memory_summary(abbreviated=True)
+        # What the text cannot give, for the tests' bounds: the free blocks themselves.
+        free = [
+            b["size"]
+            for seg in torch.cuda.memory_snapshot()
+            if seg["segment_type"] == "large"
+            for b in seg["blocks"]
+            if b["state"] == "inactive"
+        ]
+        truth["large_free_blocks"] = {"count": len(free), "bytes": sum(free), "largest": max(free, default=0)}
     truth.update(
         case=case,
         pid=os.getpid(),
