@@ -631,7 +631,7 @@ def _findings(
             f"The request for {tried.text} (the segment size the allocator wanted) lacked {shortfall.text}.",
         )
     )
-    if unallocated.high == 0:
+    if unallocated.value == 0:
         text = "Nothing was reserved but unallocated: every byte PyTorch had reserved held a live tensor."
     else:
         text = (
@@ -692,7 +692,7 @@ def _summary_findings(
         out.append(
             Finding("summary-timing", "The memory summary was printed at the OOM: its figures match the message's.")
         )
-        if usable is not unallocated and tried.low > SMALL_REQUEST_MAX and unallocated.high > 0:
+        if usable is not unallocated and tried.low > SMALL_REQUEST_MAX and unallocated.value > 0:
             small = summary.get("inactive_split_bytes.small_pool.current")
             out.append(
                 Finding(

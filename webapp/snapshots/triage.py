@@ -23,6 +23,7 @@ from django.views.decorators.http import require_http_methods
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError
 from analysis.triage import MAX_SUMMARY_CHARS, Triage, TriageError, triage
 from webapp.snapshots.api import api_view
+from webapp.snapshots.formatting import format_bytes
 
 # The largest JSON body the API reads: both texts at their caps, escaped (a character can take six).
 MAX_BODY_BYTES = 6 * (MAX_MESSAGE_CHARS + MAX_SUMMARY_CHARS) + 1024
@@ -42,7 +43,8 @@ class TriageForm(forms.Form):
         required=False,
         max_length=MAX_SUMMARY_CHARS,
         strip=False,
-        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}),
+        # Unwrapped and monospaced, so the pasted table keeps its columns.
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "wrap": "off", "class": "mono"}),
         label="torch.cuda.memory_summary() (optional)",
         help_text="Printed in the except block, before the tensors are freed, it shows where the free memory lies.",
     )
@@ -56,12 +58,18 @@ def _figure_rows(result: Triage) -> list[dict[str, str]]:
         if fig is None:
             return None
         exact = f"{fig.value:,} bytes" if fig.exact else f"{fig.low:,} to {fig.high:,} bytes"
-        return {"label": label, "text": fig.text, "exact": exact, "note": note}
+        # A figure the message printed keeps its text; one summed from several is worded afresh.
+        text = fig.text if fig.text[:1].isdigit() and " + " not in fig.text else format_bytes(fig.value)
+        return {"label": label, "text": text, "exact": exact, "note": note}
 
     rows = [
         row("tried to allocate", msg.tried, "the segment size the allocator wanted"),
         row("limit", msg.limit, "the per-process cap" if msg.allowed is not None else "reserved + free on the device"),
-        row("room under the binding limit", result.room, result.binding),
+        row(
+            "room under the binding limit",
+            result.room,
+            "the cap minus reserved" if result.binding == "per-process-cap" else "free on the device",
+        ),
         row("shortfall", result.shortfall, "the request minus the room"),
         row("reserved but unallocated", result.unallocated),
         row(
