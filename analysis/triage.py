@@ -49,7 +49,7 @@ MAX_SUMMARY_CHARS = 64 * 1024
 # The largest request the small pool serves (kSmallSize in CUDACachingAllocator.cpp).
 SMALL_REQUEST_MAX = 1 * MiB
 # This process's memory outside PyTorch's cache is named as the cause only above this: a CUDA
-# context with its lazily loaded kernels is 0.3-1 GiB by itself (0.7 GiB on the H200 captures here)
+# context with its lazily loaded kernels is 0.3-1 GiB by itself (0.51-0.75 GiB in the H200 messages here)
 # and cannot be given back; more than that is a library's own pool (NCCL, cuDNN workspaces, CuPy, JAX).
 NON_PYTORCH_NOTABLE = 1 * GiB
 
