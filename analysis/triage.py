@@ -278,6 +278,7 @@ class Triage:
     usable_unallocated: Figure | None  # of that, what a request of this size can use (large pool, at the OOM)
     other_processes: Figure | None  # every other process on the device, together
     non_pytorch: Figure | None  # this process's memory outside PyTorch's cache
+    unaccounted: Figure | None  # in use on the device by no process the message lists
     free_pieces: FreePieces | None
     cause: str
     certain: bool
@@ -315,6 +316,7 @@ class Triage:
                 "usable_unallocated": fig(self.usable_unallocated),
                 "other_processes": fig(self.other_processes),
                 "non_pytorch": fig(self.non_pytorch),
+                "unaccounted": fig(self.unaccounted),
                 "free_pieces": None if self.free_pieces is None else self.free_pieces.to_json(),
             },
             "message": self.message.to_json(),
@@ -406,14 +408,49 @@ def _free_pieces(summary: MemorySummary) -> FreePieces | None:
     return FreePieces(pool, total, count, least, total.high)
 
 
-def triage(message_text: str, summary_text: str | None = None) -> Triage:
-    """Triage one OOM from its message and, optionally, ``torch.cuda.memory_summary()``'s output.
+@dataclass(frozen=True, slots=True)
+class _Arithmetic:
+    """The figures the rules read, worked out once from the texts (``_findings`` and ``_verdict`` share them)."""
 
-    ``OomMessageError`` (from ``parse_oom_message``) for a message that is not torch's; ``TriageError``
-    for a summary that is not one, or a message without the figures a triage needs.
-    """
-    message = parse_oom_message(message_text)
-    summary = parse_memory_summary(summary_text) if summary_text and summary_text.strip() else None
+    message: OomMessage
+    summary: MemorySummary | None
+    timing: str | None  # the summary's: at-oom | after-oom | other | None
+    binding: str  # per-process-cap | device
+    binding_certain: bool  # the rounding cannot swap the two limits
+    room: Figure
+    shortfall: Figure
+    unallocated: Figure
+    usable: Figure  # of the unallocated memory, what a request of this size can use
+    others: Figure | None  # every listed other process, together
+    non_pytorch: Figure | None  # this process's memory outside PyTorch's cache
+    unaccounted: Figure | None  # used on the device, by no process the message lists
+    pieces: FreePieces | None
+
+    def outside(self) -> list[tuple[str, Figure]]:
+        """The memory outside this process's PyTorch cache that counts against a full device, worded.
+
+        This process's non-PyTorch memory, and memory no listed process accounts for, count only above
+        ``NON_PYTORCH_NOTABLE``: below it they are a CUDA context, which no change gives back.
+        """
+        held: list[tuple[str, Figure]] = []
+        if self.others is not None:
+            count = len(self.message.other_processes)
+            held.append(("another process" if count == 1 else f"{count} other processes", self.others))
+        if self.non_pytorch is not None and self.non_pytorch.low > NON_PYTORCH_NOTABLE:
+            held.append(("this process outside PyTorch's cache", self.non_pytorch))
+        if self.unaccounted is not None and self.unaccounted.low > NON_PYTORCH_NOTABLE:
+            held.append(
+                (
+                    "memory no listed process accounts for"
+                    if self.message.process_in_use is not None
+                    else "memory held outside PyTorch's cache by processes this older message layout does not name",
+                    self.unaccounted,
+                )
+            )
+        return held
+
+
+def _arithmetic(message: OomMessage, summary: MemorySummary | None) -> _Arithmetic:
     if message.reserved is None or message.allocated is None or message.device_free is None:
         raise TriageError(
             "oom_message:incomplete",
@@ -444,42 +481,74 @@ def triage(message_text: str, summary_text: str | None = None) -> Triage:
     non_pytorch = message.non_pytorch
     if non_pytorch is not None:
         non_pytorch = _derived(non_pytorch.value, non_pytorch.low, non_pytorch.high)
-
-    findings = _findings(message, summary, timing, binding, room, shortfall, unallocated, usable, others, pieces)
-    outside_notable = non_pytorch if non_pytorch is not None and non_pytorch.low > NON_PYTORCH_NOTABLE else None
-    outside = _sum([f for f in (others, outside_notable) if f is not None])
-
-    if shortfall.high == 0 or tried.high <= room.low:
-        cause, certain = UNEXPLAINED, False
-    elif binding == "device" and _covers(outside, shortfall) is not False:
-        cause, certain = OUTSIDE, bool(_covers(outside, shortfall)) and binding_certain
-    elif _covers(usable, shortfall) is not False:
-        cause, certain = FRAGMENTATION, bool(_covers(usable, shortfall))
-    else:
-        cause, certain = CAPACITY, _covers(usable, shortfall) is False and shortfall.low > 0
-    confidence, confidence_reason = _confidence(cause, certain)
-    headline, change, alternatives = _verdict(
-        cause, message, binding, room, shortfall, usable, others, non_pytorch, outside_notable
-    )
-    return Triage(
+    # The device's capacity minus its free memory is what every process uses: whatever this process and
+    # the listed ones do not account for (the old layout lists none, and names no non-PyTorch memory;
+    # NVML may not list another container's processes) is held by someone else.
+    unaccounted = None
+    if message.total_capacity is not None:
+        used = _minus(message.total_capacity, free)
+        unaccounted = _minus(used, message.process_in_use or reserved)
+        if others is not None:
+            unaccounted = _minus(unaccounted, others)
+    return _Arithmetic(
         message=message,
         summary=summary,
-        summary_timing=timing,
+        timing=timing,
         binding=binding,
+        binding_certain=binding_certain,
         room=room,
         shortfall=shortfall,
         unallocated=unallocated,
-        usable_unallocated=usable,
-        other_processes=others,
+        usable=usable,
+        others=others,
         non_pytorch=non_pytorch,
-        free_pieces=pieces,
+        unaccounted=unaccounted,
+        pieces=pieces,
+    )
+
+
+def triage(message_text: str, summary_text: str | None = None) -> Triage:
+    """Triage one OOM from its message and, optionally, ``torch.cuda.memory_summary()``'s output.
+
+    ``OomMessageError`` (from ``parse_oom_message``) for a message that is not torch's; ``TriageError``
+    for a summary that is not one, or a message without the figures a triage needs.
+    """
+    message = parse_oom_message(message_text)
+    summary = parse_memory_summary(summary_text) if summary_text and summary_text.strip() else None
+    a = _arithmetic(message, summary)
+    outside = _sum([f for _, f in a.outside()])
+    # The rules in order: memory outside the process first (when the device bound, no setting of this
+    # process's allocator can win it back, whatever its cache looks like), then the cache's own pieces.
+    if a.shortfall.high == 0 or message.tried.high <= a.room.low:
+        cause, certain = UNEXPLAINED, False
+    elif a.binding == "device" and _covers(outside, a.shortfall) is not False:
+        cause, certain = OUTSIDE, bool(_covers(outside, a.shortfall)) and a.binding_certain
+    elif _covers(a.usable, a.shortfall) is not False:
+        cause, certain = FRAGMENTATION, bool(_covers(a.usable, a.shortfall))
+    else:
+        cause, certain = CAPACITY, a.shortfall.low > 0
+    confidence, confidence_reason = _confidence(cause, certain)
+    headline, change, alternatives = _verdict(cause, a)
+    return Triage(
+        message=message,
+        summary=summary,
+        summary_timing=a.timing,
+        binding=a.binding,
+        room=a.room,
+        shortfall=a.shortfall,
+        unallocated=a.unallocated,
+        usable_unallocated=a.usable,
+        other_processes=a.others,
+        non_pytorch=a.non_pytorch,
+        unaccounted=a.unaccounted,
+        free_pieces=a.pieces,
         cause=cause,
         certain=certain,
         confidence=confidence,
         confidence_reason=confidence_reason,
         headline=headline,
         change=change,
-        findings=tuple(findings),
+        findings=tuple(_findings(a)),
         alternatives=tuple(alternatives),
     )
 
@@ -517,41 +586,24 @@ def _confidence(cause: str, certain: bool) -> tuple[str, str]:
     return "high", "Even with every free piece joined, the request did not fit: no allocator setting helps."
 
 
-def _verdict(
-    cause: str,
-    message: OomMessage,
-    binding: str,
-    room: Figure,
-    shortfall: Figure,
-    usable: Figure,
-    others: Figure | None,
-    non_pytorch: Figure | None,
-    outside_notable: Figure | None,
-) -> tuple[str, str, list[str]]:
+def _verdict(cause: str, a: _Arithmetic) -> tuple[str, str, list[str]]:
     """(headline, the one change, alternatives) for a cause."""
-    tried = message.tried
-    limit = message.limit
+    message, tried, shortfall, usable = a.message, a.message.tried, a.shortfall, a.usable
     limit_text = (
         f"under the {message.allowed.text} cap"
-        if binding == "per-process-cap" and message.allowed
+        if a.binding == "per-process-cap" and message.allowed
         else "on the full device"
     )
     if cause == UNEXPLAINED:
         return (
-            f"The message's own figures leave {room.text} of room {limit_text} for a {tried.text} request: "
+            f"The message's own figures leave {a.room.text} of room {limit_text} for a {tried.text} request: "
             "the text does not say why it failed (another process may have freed memory in between, or the "
             "request was in a CUDA graph's private pool).",
             "Record a snapshot (below): only the trace can show what failed.",
             [],
         )
     if cause == OUTSIDE:
-        holders = []
-        if others is not None:
-            count = len(message.other_processes)
-            holders.append(f"{'another process' if count == 1 else f'{count} other processes'} ({others.text})")
-        if outside_notable is not None:
-            holders.append(f"this process outside PyTorch's cache ({outside_notable.text})")
-        held = " and ".join(holders)
+        held = " and ".join(f"{label} ({fig.text})" for label, fig in a.outside())
         return (
             f"The device was full, and the memory is held outside this process's PyTorch cache: {held}. "
             f"The request for {tried.text} was {shortfall.text} short.",
@@ -582,38 +634,37 @@ def _verdict(
                 "Or make the program need less at that moment (below): that works whatever the layout.",
             ],
         )
-    raise_cap = []
-    if binding == "per-process-cap" and message.device_free is not None and limit is not None:
-        raise_cap = [
-            f"Raise the cap (torch.cuda.set_per_process_memory_fraction): the device still had "
-            f"{message.device_free.text} free, the cap is {limit.text}."
-        ]
+    alternatives: list[str] = []
+    free = message.device_free
+    # A higher cap helps only where the device has the shortfall free.
+    if a.binding == "per-process-cap" and free is not None and message.allowed is not None and _covers(free, shortfall):
+        alternatives.append(
+            f"Raise the cap (torch.cuda.set_per_process_memory_fraction): the device still had {free.text} "
+            f"free, the cap is {message.allowed.text}."
+        )
+    outside = a.outside() if a.binding == "device" else []
+    if outside:
+        total = _sum([f for _, f in outside])
+        assert total is not None
+        alternatives.append(
+            f"Memory held outside this process's cache ({total.text}) covers {_share(total, shortfall)}: freeing "
+            "it would help, but not enough alone."
+        )
     return (
         f"Capacity: the {tried.text} request lacked {shortfall.text} {limit_text}, and only {usable.text} "
         "was reserved but unallocated; even in one piece the memory was not there.",
         "The program must need less at that moment: a smaller batch or sequence, torch.no_grad() for evaluation, "
         "mixed precision, activation checkpointing, a fused or foreach=False optimizer step. An allocator setting "
         "does not help.",
-        raise_cap,
+        alternatives,
     )
 
 
-def _findings(
-    message: OomMessage,
-    summary: MemorySummary | None,
-    timing: str | None,
-    binding: str,
-    room: Figure,
-    shortfall: Figure,
-    unallocated: Figure,
-    usable: Figure,
-    others: Figure | None,
-    pieces: FreePieces | None,
-) -> list[Finding]:
+def _findings(a: _Arithmetic) -> list[Finding]:
     """The sentences behind the verdict, each with its figures, in the order a reader checks them."""
-    tried = message.tried
+    message, tried, room, shortfall, unallocated = a.message, a.message.tried, a.room, a.shortfall, a.unallocated
     out: list[Finding] = []
-    if binding == "per-process-cap" and message.allowed is not None and message.reserved is not None:
+    if a.binding == "per-process-cap" and message.allowed is not None and message.reserved is not None:
         out.append(
             Finding(
                 "limit",
@@ -628,11 +679,16 @@ def _findings(
     out.append(
         Finding(
             "request",
-            f"The request for {tried.text} (the segment size the allocator wanted) lacked {shortfall.text}.",
+            f"The request for {tried.text} (the segment size the allocator wanted) lacked {shortfall.text}."
+            if shortfall.value > 0
+            else f"The request for {tried.text} (the segment size the allocator wanted) fits in that room, by the "
+            "message's own figures.",
         )
     )
     if unallocated.value == 0:
         text = "Nothing was reserved but unallocated: every byte PyTorch had reserved held a live tensor."
+    elif shortfall.value == 0:
+        text = f"{unallocated.text} was reserved by PyTorch but unallocated."
     else:
         text = (
             f"{unallocated.text} was reserved by PyTorch but unallocated, {_share(unallocated, shortfall)}; the "
@@ -640,33 +696,40 @@ def _findings(
             "segments that hold live tensors."
         )
     out.append(Finding("unallocated", text))
-    if others is not None:
+    if a.others is not None:
         listed = ", ".join(f"{pid} ({f.text})" for pid, f in message.other_processes[:8])
         more = f" and {len(message.other_processes) - 8} more" if len(message.other_processes) > 8 else ""
         where = (
             "they do not count against this process's cap, which is what bound"
-            if binding == "per-process-cap"
-            else _share(others, shortfall)
+            if a.binding == "per-process-cap"
+            else _share(a.others, shortfall)
         )
         out.append(
-            Finding("other-processes", f"Other processes on the device hold {others.text}: {listed}{more}; {where}.")
+            Finding("other-processes", f"Other processes on the device hold {a.others.text}: {listed}{more}; {where}.")
         )
-    non_pytorch = message.non_pytorch
-    if non_pytorch is not None and message.process_in_use is not None:
+    if a.non_pytorch is not None and message.process_in_use is not None:
         out.append(
             Finding(
                 "non-pytorch",
-                f"This process uses {message.process_in_use.text} in all, {_size(non_pytorch.value)} of it outside "
+                f"This process uses {message.process_in_use.text} in all, {a.non_pytorch.text} of it outside "
                 "PyTorch's cache (the CUDA context and its kernels, cuBLAS/cuDNN/NCCL workspaces, other libraries); "
                 + (
                     "the cap does not count it."
-                    if binding == "per-process-cap"
+                    if a.binding == "per-process-cap"
                     else "it is part of what filled the device."
                 ),
             )
         )
-    if summary is not None:
-        out.extend(_summary_findings(message, summary, timing, unallocated, usable, pieces))
+    if a.unaccounted is not None and a.unaccounted.low > NON_PYTORCH_NOTABLE:
+        whose = (
+            "by no process the message lists (NVML may not list processes of other containers or users)"
+            if message.process_in_use is not None
+            else "outside PyTorch's cache, by this process's CUDA context or by other processes (this message's "
+            "layout does not say which)"
+        )
+        out.append(Finding("unaccounted", f"{a.unaccounted.text} of the device is in use {whose}."))
+    if a.summary is not None:
+        out.extend(_summary_findings(message, a.summary, a.timing, unallocated, a.usable, a.pieces))
     return out
 
 
