@@ -190,9 +190,11 @@ def parse_memory_summary(text: str) -> MemorySummary:
             word = line.partition("device ID")[2].split()[:1]
             device = int(word[0]) if word and word[0].isdigit() else None
             continue
-        if not line.startswith("|") or tables == 0:
+        # Logs put a prefix before each line ("[rank0]: ", a timestamp): the table starts at its first bar.
+        bar = line.find("|")
+        if bar < 0 or tables == 0:
             continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
+        cells = [c.strip() for c in line[bar:].strip("|").split("|")]
         if len(cells) == 2 and "CUDA OOMs:" in cells[0]:
             num_ooms = _header_count(cells[0], "CUDA OOMs:")
             retries = _header_count(cells[1], "cudaMalloc retries:")

@@ -107,6 +107,12 @@ def test_a_summary_inside_a_log_is_found_and_the_first_table_read() -> None:
     assert summary == parse_memory_summary(t["memory_summary"])
 
 
+def test_a_summary_logged_by_every_rank_with_a_prefix_reads_the_same() -> None:
+    t = load(TRIAGE_CAPTURES / "triage_device_full.truth.json")
+    logged = "\n".join(f"[rank0]:[W1202 05:11:02] {line}" for line in t["memory_summary"].splitlines())
+    assert parse_memory_summary(logged) == parse_memory_summary(t["memory_summary"])
+
+
 @pytest.mark.parametrize(
     ("text", "code"),
     [
