@@ -578,8 +578,8 @@ def _confidence(cause: str, certain: bool) -> tuple[str, str]:
     if cause == FRAGMENTATION:
         r = FRAGMENTATION_RERUNS
         return "low", (
-            "The message shows one request, not the step or the steps after it. In "
-            f"{r['runs']} real runs whose message read like this one, expandable_segments finished "
+            "The message shows one request, not the step or the steps after it. Of "
+            f"{r['runs']} real runs whose message showed fragmentation like this, expandable_segments finished "
             f"{r['finished']}, died at a later step in {r['died_later']} and at the same step in "
             f"{r['died_same_step']}: a snapshot's replay tells which this run is."
         )
