@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from webapp.snapshots import api
+from webapp.snapshots import api, triage
 
 app_name = "api"
 
@@ -15,4 +15,5 @@ urlpatterns = [
     path("snapshots/<str:code>/share", api.snapshot_share, name="snapshot_share"),
     path("projects", api.projects, name="projects"),
     path("projects/<slug:slug>/runs", api.project_runs, name="project_runs"),
+    path("triage", triage.api, name="triage"),
 ]
