@@ -91,6 +91,8 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
     else:
         ranked = _ranked_without_oom(suggestions, whatifs, int(summary.get("peak_reserved_bytes") or 0))
         headline = _idle_headline(dev, capture)
+    if oom:
+        headline = f"{headline}{_phase_sentence(dev)}"
     choice = ranked[0] if ranked else None
     runner = ranked[1] if len(ranked) > 1 else None
     cause = primary_cause(dev)
@@ -98,7 +100,7 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
         # The program's mistake (analysis.causes) comes first: the allocator's view of the failing
         # request stays beside it, and its best setting becomes the runner-up, worded by the cause.
         return {
-            "headline": str(cause["headline"]),
+            "headline": f"{cause['headline']}{_phase_sentence(dev)}",
             "allocator_headline": headline,
             "cause": cause["id"],
             "change": {"id": cause["id"], "line": cause["fix"]["line"], "kind": "code", "title": cause["fix"]["title"]},
@@ -151,6 +153,30 @@ def _device_full_sentence(oom: Mapping[str, Any]) -> str:
         "than that, the rest was held outside this process's cache (another process, or a library in this one), "
         "and no allocator setting gives that back."
     )
+
+
+def _phase_sentence(dev: Mapping[str, Any]) -> str:
+    """" The OOM came in the backward pass; live then, ...": where the OOM came and what each phase held
+    (``diagnosis``; empty where the trace has no frames to tell phases by)."""
+    diagnosis = dev.get("diagnosis") or {}
+    words = diagnosis.get("oom_phase_words")
+    if not diagnosis.get("phases_known") or not words:
+        return ""
+    live = sorted((diagnosis.get("live_by_phase_at_oom") or {}).items(), key=lambda kv: -int(kv[1]))
+    held = ", ".join(f"{PHASE_NAMES.get(k, k)} {format_size(int(v))}" for k, v in live[:4] if int(v) > 0)
+    return f" The OOM came in {words}" + (f"; live then, by phase: {held}." if held else ".")
+
+
+# Short names of analysis.phases.PHASES for the headline's list.
+PHASE_NAMES = {
+    "other": "other code",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "forward_no_backward": "forward without backward",
+    "decode": "decoding",
+    "graph_capture": "graph capture",
+}
 
 
 def primary_cause(dev: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -448,7 +474,7 @@ def _confidence(
     oom = dev.get("oom") or None
     replay = dev.get("replay") or {}
     exact = replay.get("exact")
-    if not replay.get("segment_events_recorded"):
+    if replay.get("segment_events_recorded") == 0:
         exact = None  # "0 of 0 segment events": nothing to check the model against
     completes = choice.step_completes if choice is not None and choice.whatif is not None else None
     projection = (oom or {}).get("projection") or {}
