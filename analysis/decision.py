@@ -156,7 +156,7 @@ def _device_full_sentence(oom: Mapping[str, Any]) -> str:
 
 
 def _phase_sentence(dev: Mapping[str, Any]) -> str:
-    """" The OOM came in the backward pass; live then, ...": where the OOM came and what each phase held
+    """The sentence "The OOM came in the backward pass; live then, ...": where the OOM came and what each phase held
     (``diagnosis``; empty where the trace has no frames to tell phases by)."""
     diagnosis = dev.get("diagnosis") or {}
     words = diagnosis.get("oom_phase_words")
