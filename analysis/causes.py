@@ -320,8 +320,9 @@ def optimizer_step(inp: CauseInput) -> Cause | None:
     temp_bytes = int(lt.size[temps].sum())
     state_bytes = int(lt.size[state].sum())
     impl, opt_name = _optimizer_kind(inp, first, pos)
-    saving = temp_bytes + (inp.requested_bytes if impl == "foreach" else 0)
-    fits = _fits(inp, saving - inp.requested_bytes) if impl == "foreach" else _fits(inp, saving)
+    saving: int | None = temp_bytes + (inp.requested_bytes if impl == "foreach" else 0)
+    # Conservative: the fused step's own (small) request is counted as if it were still made.
+    fits = _fits(inp, temp_bytes)
     if impl == "fused":
         fix_title = "Shrink the optimizer's state: 8-bit or sharded"
         fix_line = "bitsandbytes.optim.AdamW8bit(model.parameters(), ...)  # or shard it: FSDP / ZeRO"
