@@ -474,7 +474,7 @@ class _DeviceAnalysis:
             else None
         )
         timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
-        if timeline is not None:
+        if timeline is not None and n > 1:  # one event (a state-only dump) is no timeline to extend
             init = replay.initial
             timeline = with_initial_state(
                 timeline,
