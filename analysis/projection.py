@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import ProjectedTail, simulate
+from analysis.allocator.policy import placement_for, placement_report
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
 from analysis.stacks import Lifetimes, alloc_lifetimes
@@ -527,7 +528,8 @@ def step_whatif(
     assert projection.tail is not None
     base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     cfg = AllocatorConfig.parse(conf, base=base).acting(capped)
-    result = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail)
+    order = placement_for(cfg, base)
+    result = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement=order)
     n = len(dev.trace)
     real = result.change_index < n
     peak_real = int(result.change_reserved[real].max()) if real.any() else 0
@@ -573,7 +575,7 @@ def step_whatif(
         ):
             probe = high  # a cap at the high end may hold the request that failed
         if probe is not None:
-            other = simulate(snapshot, dev, cfg, probe, step_ends, tail=projection.tail)
+            other = simulate(snapshot, dev, cfg, probe, step_ends, tail=projection.tail, placement=order)
             other_completes = first_failure(other.ooms, projection, n, caught) == (None, None)
             if other_completes != completes:
                 across = {
@@ -583,6 +585,18 @@ def step_whatif(
                     "probed_bytes": probe,
                     "completes_at_probe": other_completes,
                 }
+    # The opposite order of new segments (equal free blocks tied the other way): where the step's
+    # answer flips, it hangs on where the driver puts segments, which the trace cannot show.
+    placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
+    if order != "recorded":
+        mirror = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement="mirror")
+        mirror_completes = first_failure(mirror.ooms, projection, n, caught) == (None, None)
+        if mirror_completes != completes:
+            placement["certain"] = False
+            placement["outcomes"] = [
+                {"order": order, "step_completes": completes, "oom_event_index": result.oom},
+                {"order": "mirror", "step_completes": mirror_completes, "oom_event_index": mirror.oom},
+            ]
     return {
         "config": conf,
         "peak_reserved_bytes": peak_real,
@@ -590,10 +604,12 @@ def step_whatif(
         "steps": [{"index": k, "reserved_end_bytes": v} for k, v in enumerate(result.step_reserved)],
         "limit_bytes": limit_bytes,
         "oom_event_index": None if completes else (at_event if at_event is not None else n + int(at_request or 0)),
-        # None where the answer flips inside the limit's range: the trace cannot say which end holds.
-        "step_completes": None if across is not None else completes,
+        # None where the answer flips inside the limit's range, or with the order of new segments:
+        # the trace cannot say which holds (step_completes_range, placement give both).
+        "step_completes": None if across is not None or not placement["certain"] else completes,
         "step_completes_range": across,
         "step_shortfall_bytes": int(shortfall),
         "step_peak_reserved_bytes": int(result.peak_reserved),
         "oom_projected": projected,
+        "placement": placement,
     }
