@@ -174,6 +174,11 @@ class PolicyResult:
     step_reserved: list[int] = field(default_factory=list)
     change_index: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
     change_reserved: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Where the replay started (``start_state``): "empty" (a complete trace), "recorded" (the
+    # recorded state before the first event, under the settings that made it), "live-blocks"
+    # (an expandable what-if of a partial trace: its live blocks alone), "recorded-other-settings"
+    # (a partial trace under other settings: the recorded segments, which they would not have made).
+    start: str = "empty"
 
     def reserved_at(self, indices: Sequence[int]) -> list[int]:
         """Reserved bytes right after each event index (-1: before the first event)."""
@@ -697,6 +702,51 @@ class _Model:
             self.reserved += seg.total_size
         self.peak = self.reserved
 
+    def seed_live(self, state: Any) -> None:
+        """Start an expandable-segments what-if of a trace that starts mid-run (recorded without
+        them) from the blocks live before the first event alone, packed into the reservation
+        of their (pool, stream) in address order, on whole mapped pages: the state
+        expandable segments reach with those tensors, holding no cache of the recorded
+        settings' cudaMalloc'd segments (what they would have cached instead is not in the
+        trace, so reserved memory at the start is a lower bound).
+        """
+        groups: dict[int, list[Any]] = {}
+        for seg in sorted(state.segments, key=lambda x: x.address):
+            lk = (seg.pool * 2 + (0 if seg.segment_type == "small" else 1)) * self.ns + seg.stream
+            groups.setdefault(lk, []).extend(b for b in seg.blocks if b.state != INACTIVE)
+        for lk, blocks in groups.items():
+            if not blocks:
+                continue
+            c = self._alloc_expandable(lk, sum(block.size for block in blocks))
+            end, after = c[_ADDR] + c[_SIZE], c[_NEXT]
+            prev, addr = c[_PREV], c[_ADDR]
+            for block in blocks:
+                b = [block.size, addr, prev, None, False]
+                if prev:
+                    prev[_NEXT] = b
+                prev, addr = b, addr + block.size
+                if block.state == ACTIVE_PENDING_FREE:
+                    self.pend[b[_ADDR]] = (b, lk)
+                    self.pmap[block.address] = b
+                else:
+                    self.amap[block.address] = b
+            if c[_ADDR] in self.heads:  # the reservation's head block was c: now the first live block
+                self.heads[c[_ADDR]] = (self.amap.get(blocks[0].address) or self.pmap[blocks[0].address], lk)
+            last = prev
+            if addr < end:  # the rest of the last mapped page stays free
+                rest = [end - addr, addr, last, after, True]
+                last[_NEXT] = rest
+                last = rest
+                self._insert(lk, rest)
+            last[_NEXT] = after
+            if after:
+                after[_PREV] = last
+        # Mapping them is no segment event of the run: the replay starts from here.
+        self.seg_act.clear()
+        self.seg_size.clear()
+        self.seg_idx.clear()
+        self.peak = self.reserved
+
     # -- the request stream --------------------------------------------------------------
     def run(self, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int]) -> list[int]:
         """Serve every request; returns the event indices the model failed.
@@ -1052,10 +1102,16 @@ def _simulate(
     model = _Model(
         config, limit_bytes, len(snapshot.pools), dev.streams, req.freeable_from, req.recorded_segments, placement
     )
+    start = "empty"
     if not _segments_complete(dev):
         from analysis.allocator.recorded import recorded_replay  # local: only partial traces need it
 
-        model.seed(recorded_replay(snapshot, dev).blocks_at(-1))
+        state = recorded_replay(snapshot, dev).blocks_at(-1)
+        start = start_state(config, req.recorded_config)
+        if start == "live-blocks":
+            model.seed_live(state)
+        else:
+            model.seed(state)
     initial = model.reserved
     serve = model.run_reference if reference else model.run
     failed = serve(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
@@ -1096,10 +1152,46 @@ def _simulate(
         flushes=model.flushes,
         change_index=change_index.astype(np.int64),
         change_reserved=change_reserved.astype(np.int64),
+        start=start,
     )
     result.step_ends = [int(i) for i in step_ends or ()]
     result.step_reserved = result.reserved_at(result.step_ends)
     return result, model
+
+
+def start_state(config: AllocatorConfig, recorded: AllocatorConfig) -> str:
+    """How a replay under ``config`` of a trace that starts mid-run (recorded under ``recorded``)
+    begins (``PolicyResult.start``). The recorded state before the first event is what the
+    recorded settings made: it is the start only under them. Expandable segments (recorded
+    without) start from the live blocks alone: they hold no cache of cudaMalloc'd segments.
+    Any other change keeps the recorded segments, a state those settings would not have made,
+    and says so ("recorded-other-settings")."""
+    if config == recorded:
+        return "recorded"
+    if config.expandable_segments and not recorded.expandable_segments:
+        return "live-blocks"
+    return "recorded-other-settings"
+
+
+_START_NOTES = {
+    "empty": None,
+    "recorded": None,
+    "live-blocks": (
+        "the trace starts mid-run: the what-if starts from the blocks live before its first event, packed into "
+        "expandable segments; what they would have cached before is not in the trace, so reserved memory is a "
+        "lower bound early on"
+    ),
+    "recorded-other-settings": (
+        "the trace starts mid-run: its state before the first event was made by the recorded settings, and "
+        "these settings would have made another one, which the trace cannot show; the answer may not hold"
+    ),
+}
+
+
+def start_report(start: str) -> dict[str, Any]:
+    """The ``start`` item of a what-if: where the replay began, whether the answer can be held to
+    these settings (``holds``), and why not."""
+    return {"state": start, "holds": start != "recorded-other-settings", "note": _START_NOTES[start]}
 
 
 def _segments_complete(device: DeviceData) -> bool:
@@ -1278,6 +1370,7 @@ def whatif(
         "limit_bytes": limit_bytes,
         "oom_event_index": result.oom,
         "placement": placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, other),
+        "start": start_report(result.start),
     }
 
 
