@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             mo = "-" if w.model_oom is None else str(w.model_oom)
             notes = ("  " + "; ".join(w.notes)) if w.notes else ""
             if not w.placement_certain:
-                notes += f"  uncertain: the other tie order fails at {w.mirror_oom}"
+                notes += f"  the other tie order fails at {w.mirror_oom}"
             print(f"{w.member:34} {w.conf[:38]:38} {ro:>8} {mo:>6} {w.base_requests:>6} {w.status:6}  {peak}{notes}")
         print_consistency(wrows)
     complete = [r for r in rows if r.complete]
@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{sum(w.consistent_events for w in wrows if w.consistent)} segment events compared; "
         f"against the exact replay of the member's trace (its real addresses): "
         f"{sum(w.agrees_with_real for w in wrows)}/{len(wrows)}; "
-        f"answers that flip with the tie order (reported uncertain): {sum(not w.placement_certain for w in wrows)}"
+        f"what-ifs whose first failing request moves with the tie order: {sum(not w.placement_certain for w in wrows)}"
     )
     if not args.dirs and SHARED_REPRODUCERS.is_dir():
         shared = find_captures([SHARED_REPRODUCERS], args.only)

@@ -426,7 +426,7 @@ class _Model:
     def _segment_spans(self) -> list[tuple[int, int]]:
         """(address, size) of every live cudaMalloc'd segment: where the placement model starts.
         Only asked for without expandable segments, so every head is a cudaMalloc'd segment."""
-        spans = []
+        spans: list[tuple[int, int]] = []
         for addr, (head, _lk) in self.heads.items():
             size, b = 0, head
             while b is not None:
@@ -1386,13 +1386,16 @@ def placement_report(
 ) -> dict[str, Any]:
     """The ``placement`` item of a what-if: which order gave the answer, and whether the
     opposite order of new segments (``MirrorPlacement``: equal free blocks tied the other
-    way) gives the same one. ``certain`` false: the answer hangs on where the driver puts
-    segments, which no trace of another run shows; both outcomes are given."""
+    way) gives the same one. ``certain`` false: whether the run dies hangs on where the
+    driver puts segments, which no trace of another run shows. ``outcomes`` (both orders'
+    failing event, ``oom_avoided`` and peak) whenever the two differ at all."""
     out: dict[str, Any] = {"order": order, "certain": True, "outcomes": None}
     if other is None:
         return out
-    if (other.oom, other.oom_avoided) != (oom, avoided):
-        out["certain"] = False
+    # The answer is whether the run dies (and, with a recorded OOM, whether it is avoided);
+    # where only the request it dies at moves, the answer holds and both outcomes are given.
+    out["certain"] = ((other.oom is None), other.oom_avoided) == ((oom is None), avoided)
+    if other.oom != oom or not out["certain"]:
         out["outcomes"] = [
             {"order": order, "oom_event_index": oom, "oom_avoided": avoided, "peak_reserved_bytes": peak},
             {
