@@ -31,8 +31,17 @@ with that member's real run:
 - ``peak``: where neither run died, the what-if's peak reserved memory within 1 %
   of the real run's.
 
-Prints one row per capture, one per what-if, then totals; exits 1 if anything
-failed. ``make diffbench`` runs it.
+- self-consistency (issue 23): the what-if's segment events against those of the
+  member's own trace replayed under its own settings and the same cap, over the
+  requests before the first one where the two traces differ; once with the
+  placement model (must agree: one answer from either trace) and once with the
+  member's recorded addresses (how often the model's placement is the driver's);
+- the what-if again with new segments in the opposite order: where its first
+  failing request moves, the answer hangs on placement.
+
+Prints one row per capture, one per what-if, a self-consistency table per family,
+then totals; the held-out reproducer pair in ../shared/snapshots/reproducers apart
+when present. Exits 1 if anything failed. ``make diffbench`` runs it.
 """
 
 from __future__ import annotations
