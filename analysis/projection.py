@@ -76,8 +76,10 @@ MIN_REPEATED_SHARE = 0.5
 # (bench: 0.93-1.0 on every model family whose steps repeat, 0.0 on T5's independent lengths).
 RATIO_TOLERANCE = 0.1
 MIN_COHERENT = 0.8
-# Complete steps backtested, newest first, each projected from the steps before it.
-BACKTEST_STEPS = 3
+# Complete steps backtested, newest first, each projected from the steps before it. Three (the
+# newest and two older, from step 1 on) refused two right answers of the bench (llama_c80 from its
+# roundup run) and no wrong one: the newest alone, with the likeness check on it.
+BACKTEST_STEPS = 1
 
 
 def _fuzzy_alignment(prefix: list[int], template: list[int]) -> tuple[dict[int, int], int, float] | None:
