@@ -24,6 +24,7 @@ import collections
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,7 +59,7 @@ def main(argv: list[str]) -> int:
     argv = [a for a in argv if a != "--all-bases"]
     root = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "captures"
     only = argv[1:]
-    families: dict[str, dict[str, dict]] = collections.defaultdict(dict)
+    families: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
     for p in sorted(root.glob("*.truth.json")):
         truth = json.loads(p.read_text())
         if "family" in truth:
