@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import ProjectedTail, simulate
-from analysis.allocator.policy import placement_for, placement_report
+from analysis.allocator.policy import placement_for, placement_report, tie_order_matters
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
 from analysis.stacks import Lifetimes, alloc_lifetimes
@@ -654,7 +654,7 @@ def step_whatif(
     # The opposite order of new segments (equal free blocks tied the other way): where the step's
     # answer flips, it hangs on where the driver puts segments, which the trace cannot show.
     placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
-    if order != "recorded":
+    if tie_order_matters(order, cfg):
         mirror = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement="mirror")
         mirror_completes = first_failure(mirror.ooms, projection, n, caught) == (None, None)
         if mirror_completes != completes:

@@ -1360,7 +1360,7 @@ def whatif(
     order = placement_for(cfg, base)
     result = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req, placement=order)
     other = None
-    if order != "recorded":
+    if tie_order_matters(order, cfg):
         other = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req, placement="mirror")
     return {
         "config": conf,
@@ -1379,6 +1379,13 @@ def placement_for(cfg: AllocatorConfig, recorded: AllocatorConfig) -> str:
     ``cfg`` is the recorded settings (the replay is then that run), else the driver's rule
     from the start, so that the what-if does not depend on which run's trace it replays."""
     return "recorded" if cfg == recorded else "driver"
+
+
+def tie_order_matters(order: str, cfg: AllocatorConfig) -> bool:
+    """Whether a what-if is replayed again with new segments in the opposite order: not for the
+    recorded settings (the run's own addresses), nor under expandable segments (no cudaMalloc'd
+    segment is placed: reservations sit at fixed strides, one per pool and stream)."""
+    return order != "recorded" and not cfg.expandable_segments
 
 
 def placement_report(
