@@ -479,7 +479,12 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
     group = oom_group if oom_group != 0 else int(gids[pos])
     if group == 0:
         return None
-    mine = np.flatnonzero(gids[: pos + 1] == group)
+    # Token by token within one pass: a batch or sequence that grows step after step (one new size per
+    # training step, a backward between each) is no cache (the DDP capture's growing batch).
+    codes = inp.phases.of_alloc[: pos + 1]
+    trained = np.flatnonzero((codes == BACKWARD) | (codes == OPTIMIZER))
+    since = int(trained[-1]) + 1 if trained.size else 0
+    mine = since + np.flatnonzero(gids[since : pos + 1] == group)
     sizes = lt.size[mine]
     distinct = np.unique(sizes)
     if distinct.size < GROWTH_MIN_SIZES:
