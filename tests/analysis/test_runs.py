@@ -1,0 +1,165 @@
+"""Many ranks as one run (``analysis/runs.py``, ``python -m analysis report R0 R1 --json``).
+
+The rank files are stand-ins built from real H200 captures of one workload (the GPT of
+``docs/captures.md`` under a 75% cap): ``gpt_autocast_c75_default`` died of an OOM at step 3,
+``gpt_autocast_c75_expandable`` ran the same steps to the end. They were two single-process runs,
+not a two-rank DDP job; real per-rank captures are to be added from a GPU batch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.runs import RankInput, failure_kind, rank_from_name, summarise
+
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
+REPO = Path(__file__).resolve().parents[2]
+DIED = CAPTURES / "gpt_autocast_c75_default.pickle.gz"
+LIVED = CAPTURES / "gpt_autocast_c75_expandable.pickle.gz"
+ALSO_DIED = CAPTURES / "gpt_autocast_c75_roundup4.pickle.gz"
+GLOO_PEER_GONE = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+)
+
+
+def truth(path: Path) -> dict[str, int]:
+    stats: dict[str, int] = json.loads(path.with_name(path.name.replace(".pickle.gz", ".truth.json")).read_text())[
+        "memory_stats"
+    ]
+    return stats
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "analysis", "report", *args, "--jobs", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ranks")
+    shutil.copy(DIED, folder / "rank0.pickle.gz")
+    shutil.copy(LIVED, folder / "rank1.pickle.gz")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run_json(two_ranks: Path) -> dict[str, object]:
+    out = two_ranks / "run.json"
+    proc = cli(str(two_ranks / "rank0.pickle.gz"), str(two_ranks / "rank1.pickle.gz"), "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data: dict[str, object] = json.loads(out.read_text())
+    return data
+
+
+def test_cli_run_report_has_each_rank_peaks_equal_to_the_processes_own(run_json: dict) -> None:
+    assert run_json["schema"] == "oomscope.run/1"
+    ranks = run_json["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for row, source in zip(ranks, (DIED, LIVED), strict=True):
+        stats = truth(source)
+        assert row["peak_reserved_bytes"] == stats["reserved_bytes.all.peak"]
+        assert row["peak_allocated_bytes"] == stats["allocated_bytes.all.peak"]
+        # The per-rank report rides along whole, as a one-file report would be.
+        assert row["report"]["schema"] == "oomscope.report/1"
+        assert row["report"]["source"]["filename"] == f"rank{row['rank']}.pickle.gz"
+    assert [r["failure"] for r in ranks] == ["oom", "none"]
+
+
+def test_cli_run_names_the_first_oom_rank_and_the_imbalance(run_json: dict) -> None:
+    run = run_json["run"]
+    assert run["first_oom_rank"] == 0
+    assert run["first_oom_reason"].startswith("Out of memory from fragmentation")
+    peaks = [truth(DIED)["reserved_bytes.all.peak"], truth(LIVED)["reserved_bytes.all.peak"]]
+    assert peaks == [5_341_446_144, 5_249_171_456]
+    assert run["imbalance"]["peak_reserved"] == round(max(peaks) / (sum(peaks) / 2), 4) == 1.0087
+    assert run["world_size"] == 2 and run["missing_ranks"] == []
+    assert run["peak_reserved_bytes"] == max(peaks)
+
+
+def test_stacks_that_differ_between_ranks_are_listed(run_json: dict) -> None:
+    spreads = {s["site"]: s for s in run_json["run"]["differing_stacks"]}
+    # The rank that died held two 622 MiB cross-entropy buffers at its peak; the other, one.
+    train = spreads["scripts/capture_diff.py:143 _train"]
+    assert train["bytes_by_rank"] == {"0": 1_304_577_024, "1": 652_288_512}
+    # The backward pass is at the living rank's peak only (the dead one peaked in its forward).
+    backward = next(s for site, s in spreads.items() if site.startswith("backward pass"))
+    assert backward["absent_on"] == [0]
+    # Sites within 10% on both ranks are not differences.
+    assert "scripts/capture_diff.py:259 forward" not in spreads
+
+
+def test_a_rank_whose_collective_failed_is_a_peer_failure(two_ranks: Path, tmp_path: Path) -> None:
+    for name in ("rank0.pickle.gz", "rank1.pickle.gz"):
+        shutil.copy(two_ranks / name, tmp_path / name)
+    (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1, "world_size": 2, "error": GLOO_PEER_GONE}))
+    proc = cli(str(tmp_path / "rank1.pickle.gz"), str(tmp_path / "rank0.pickle.gz"), "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["run"]["peer_failed_ranks"] == [1]
+    assert data["run"]["first_oom_rank"] == 0
+    assert data["ranks"][1]["error"] == GLOO_PEER_GONE
+    assert data["run"]["notes"] == []
+
+
+def test_the_first_oom_follows_the_clock_not_the_rank_number() -> None:
+    from analysis.report import build_report
+
+    a, b = build_report(DIED), build_report(ALSO_DIED)
+    time_a, time_b = a["devices"][0]["oom"]["time_us"], b["devices"][0]["oom"]["time_us"]
+    assert time_a != time_b
+    earlier_is_a = time_a < time_b
+    # Give the earlier file the higher rank: the summary must still name it.
+    run = summarise(
+        [RankInput(rank=7 if earlier_is_a else 2, report=a), RankInput(rank=2 if earlier_is_a else 7, report=b)]
+    )
+    assert run.first_oom_rank == 7
+    assert run.to_dict()["run"]["oom_ranks"] == [2, 7]
+
+
+def test_missing_ranks_are_named(run_json: dict) -> None:
+    ranks = [RankInput(rank=r["rank"], report=r["report"]) for r in run_json["ranks"]]
+    assert summarise(ranks, world_size=4).missing_ranks == [2, 3]
+
+
+def test_a_rank_given_twice_exits_2(two_ranks: Path) -> None:
+    proc = cli(str(two_ranks / "rank0.pickle.gz"), str(two_ranks / "rank0.pickle.gz"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: run:duplicate-rank:")
+
+
+@pytest.mark.parametrize(
+    ("oom", "error", "kind"),
+    [
+        (True, None, "oom"),
+        (False, None, "none"),
+        (False, GLOO_PEER_GONE, "peer"),
+        (
+            False,
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited",
+            "peer",
+        ),
+        (False, "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE)", "peer"),
+        (False, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 624.00 MiB", "oom"),
+        (False, "ValueError: bad batch", "error"),
+    ],
+)
+def test_failure_kinds(oom: bool, error: str | None, kind: str) -> None:
+    assert failure_kind(oom=oom, error=error) == kind
+
+
+def test_rank_from_name() -> None:
+    assert rank_from_name("oom-host-rank3.pickle.gz") == 3
+    assert rank_from_name("job_rank_12.pickle") == 12
+    assert rank_from_name("snapshot.pickle") is None
