@@ -117,6 +117,8 @@ class RankFigures:
     error: str | None
     first_time_us: int | None
     last_time_us: int | None
+    top_site: str | None = None  # the user-code site holding the most at the peak
+    causes: tuple[str, ...] = ()  # the advisor's suggestion ids (its rules that fired), in its order
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,6 +137,8 @@ class RankFigures:
             "error": self.error,
             "first_time_us": self.first_time_us,
             "last_time_us": self.last_time_us,
+            "top_site": self.top_site,
+            "causes": list(self.causes),
         }
 
 
@@ -204,6 +208,7 @@ class RunSummary:
 
 def _figures(item: RankInput) -> RankFigures:
     dev = main_device(item.report) or {}
+    sites = _peak_sites(item.report)
     summary = dev.get("summary") or {}
     oom = dev.get("oom") if isinstance(dev.get("oom"), Mapping) else None
     decision = dev.get("decision") if isinstance(dev.get("decision"), Mapping) else None
@@ -223,6 +228,8 @@ def _figures(item: RankInput) -> RankFigures:
         error=item.error or None,
         first_time_us=summary.get("first_time_us"),
         last_time_us=summary.get("last_time_us"),
+        top_site=max(sites, key=lambda k: (sites[k], k)) if sites else None,
+        causes=tuple(str(row.get("id")) for row in dev.get("suggestions") or [] if row.get("id")),
     )
 
 

@@ -226,6 +226,10 @@ if os.environ.get("STORAGE_S3_BUCKET"):
         },
     }
 
+# Where the site is reached from outside (https://oomscope.example): the links in regression
+# webhooks, which are sent by a worker with no request to take the host from. Empty: paths only.
+SITE_URL = os.environ.get("SITE_URL", "")
+
 # --- analysis worker limits (the child process that parses an upload).
 ANALYSIS_MEMORY_MIN_BYTES = env_int("ANALYSIS_MEMORY_MIN_BYTES", 1024**3)
 ANALYSIS_MEMORY_PER_BYTE = env_int("ANALYSIS_MEMORY_PER_BYTE", 6)
@@ -249,6 +253,10 @@ CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]  # never pickle on the broker
 CELERY_TASK_IGNORE_RESULT = True  # state lives in the Upload row
+# A run's ranks are one chord (webapp/snapshots/runtasks.py), which counts its finished parts in a
+# result backend: the broker's Redis. Only the chord's parts store a result (an upload id).
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or REDIS_URL
+CELERY_RESULT_EXPIRES = 24 * 3600
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True  # loops are stopped by Upload.attempts
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -273,6 +281,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "purge-failed-uploads": {
         "task": "snapshots.purge_failed_uploads",
+        "schedule": float(PURGE_INTERVAL_SECONDS),
+    },
+    "purge-old-runs": {  # each project's run retention (RunPolicy.retention_days)
+        "task": "snapshots.purge_old_runs",
         "schedule": float(PURGE_INTERVAL_SECONDS),
     },
 }

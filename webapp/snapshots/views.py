@@ -158,6 +158,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
         sha256=sha256,
         fmt=fmt,
         **form.upload_fields(),
+        run_meta=form.run_meta(),
     )
     if _wants_json(request):
         return JsonResponse(services.upload_api_dict(created, request), status=202)
