@@ -3,8 +3,12 @@
 ``run_chord`` is the run's analysis: one ``analyse_rank`` per rank (each is the ordinary
 per-upload analysis, with its claim, limits and outcome in the Upload row) in parallel on
 whatever workers take them, then ``summarise_run`` once all have returned. A chord needs a
-result backend (``CELERY_RESULT_BACKEND``: the broker's Redis) to count its finished parts; the
-parts return only their upload id. Imported by ``tasks.py`` so the worker registers them.
+result backend (``CELERY_RESULT_BACKEND``: the broker's Redis) to count its finished parts.
+The parts store no result of their own (``ignore_result``): the Redis backend counts a part
+when it returns, in the chord's own join key, whether or not its result is stored, and a part
+that stores none spares the publisher (a web process) a subscription to each part's result
+channel. The outcome of each part is in its Upload row anyway. Imported by ``tasks.py`` so the
+worker registers them.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def _summary_retries() -> int:
     return int(settings.CELERY_TASK_TIME_LIMIT) // SUMMARY_RETRY_SECONDS + 12
 
 
-@app.task(bind=True, name="snapshots.analyse_rank", acks_late=True, reject_on_worker_lost=True, ignore_result=False)
+@app.task(bind=True, name="snapshots.analyse_rank", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def analyse_rank(self: Any, upload_id: int, **_future_kwargs: Any) -> int:
     """One rank of a run: the per-upload analysis (a no-op when another message claimed it)."""
     from webapp.snapshots.tasks import analyse_upload
