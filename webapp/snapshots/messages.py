@@ -106,6 +106,7 @@ SHARE_READ_ONLY = "Viewers can read this report but not make or revoke its share
 # Runs, baselines and regressions (issue 19; webapp/snapshots/runs.py, runapi.py, runviews.py).
 RUN_FORBIDDEN = "Your role in this team does not allow that (viewers read; admins manage webhooks and retention)."
 RUN_NONE = "This project has no run yet (an upload with a run name makes one)."
+RUN_UNKNOWN = "No run named {name!r} in this project."
 RUN_PENDING = "The run is not summarised yet: its ranks are still being analysed."
 RUN_NO_BASELINE = "No baseline to compare with yet: pin one, or finish a run on the project's main branch."
 RUN_DELETED = "Run deleted, with its snapshots and reports."

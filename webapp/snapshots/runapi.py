@@ -122,7 +122,8 @@ def project_regression(request: HttpRequest, slug: str) -> HttpResponse:
     name = request.GET.get("run", "")
     found = (runs.runs_of(project).filter(name=name) if name else runs.runs_of(project)).first()
     if found is None:
-        return JsonResponse({"status": "no-run", "run": None, "regressed": None, "reason": messages.RUN_NONE})
+        reason = messages.RUN_UNKNOWN.format(name=name) if name else messages.RUN_NONE
+        return JsonResponse({"status": "no-run", "run": None, "regressed": None, "reason": reason})
     threshold = request.GET.get("max_regression")
     try:
         pct = float(threshold.rstrip("%")) if threshold else None
