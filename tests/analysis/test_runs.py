@@ -163,3 +163,36 @@ def test_rank_from_name() -> None:
     assert rank_from_name("oom-host-rank3.pickle.gz") == 3
     assert rank_from_name("job_rank_12.pickle") == 12
     assert rank_from_name("snapshot.pickle") is None
+
+
+# --- a real two-rank DDP job (scripts/ddp_oom_plain.py on an H200, docs/runs.md) ---------------
+
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+REAL = [RUNS / "ddp_gloo_rank0.pickle.gz", RUNS / "ddp_gloo_rank1.pickle.gz"]
+
+
+def sidecar(rank: int) -> dict:
+    data: dict = json.loads((RUNS / f"ddp_gloo_rank{rank}.json").read_text())
+    return data
+
+
+def test_a_real_ddp_run_names_the_oom_rank_and_the_rank_its_death_broke() -> None:
+    proc = cli(*map(str, REAL), "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    ranks = {r["rank"]: r for r in data["ranks"]}
+    for rank in (0, 1):
+        stats = sidecar(rank)["memory_stats"]
+        assert ranks[rank]["peak_reserved_bytes"] == stats["reserved_bytes.all.peak"]
+        assert ranks[rank]["peak_allocated_bytes"] == stats["allocated_bytes.all.peak"]
+    assert (ranks[0]["failure"], ranks[1]["failure"]) == ("oom", "peer")
+    assert ranks[1]["error"] == sidecar(1)["error"]  # gloo's own words, as rank 1 raised them
+    assert "Connection closed by peer" in ranks[1]["error"]
+    run = data["run"]
+    assert run["first_oom_rank"] == 0 and run["peer_failed_ranks"] == [1] and run["notes"] == []
+    assert run["first_oom_reason"].startswith("Out of memory from fragmentation")
+    peaks = [2_136_997_888, 899_678_208]  # the two processes' own reserved peaks
+    assert run["imbalance"]["peak_reserved"] == round(max(peaks) / (sum(peaks) / 2), 4) == 1.4075
+    # Rank 0's limit is its sidecar's OOM message ("2.00 GiB allowed"), read beside the snapshot.
+    oom = ranks[0]["report"]["devices"][0]["oom"]
+    assert (oom["limit_source"], oom["limit_bytes"]) == ("oom_message", 2 * 2**30)
