@@ -2,9 +2,10 @@
 webhook delivered to a real HTTP receiver on loopback, the gate's endpoint, retention.
 
 The tasks run in this process as the worker would run them (``analyse_rank`` per rank, then the
-summary); ``test_runs_chord.py`` runs the real chord on two worker processes. The rank files are
-stand-ins made from real H200 captures of one workload (``tests/analysis/test_runs.py`` says which):
-rank 0 died of an OOM at step 3, rank 1 ran its steps; rank 1's error text is gloo's own wording.
+summary); ``test_runs_chord.py`` runs the real chord on two worker processes. The two-rank run is
+the real DDP job of ``tests/fixtures/runs`` (rank 0 died of an OOM, rank 1's all-reduce then lost
+its peer); the one-process runs compared with baselines are two real H200 captures of one GPT
+workload (``tests/analysis/test_runs.py`` says which): DIED ran out of memory at step 3, LIVED ran.
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ pytestmark = pytest.mark.django_db
 CAPTURES = FIXTURES / "captures"
 DIED = CAPTURES / "gpt_autocast_c75_default.pickle.gz"
 LIVED = CAPTURES / "gpt_autocast_c75_expandable.pickle.gz"
-GLOO_PEER_GONE = (
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
-)
+RUNS = FIXTURES / "runs"
+RANK_FILES = [RUNS / "ddp_gloo_rank0.pickle.gz", RUNS / "ddp_gloo_rank1.pickle.gz"]
+
+
+def sidecar(rank: int) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RUNS / f"ddp_gloo_rank{rank}.json").read_text())
+    return data
 
 
 def peak(path: Path) -> int:
@@ -49,14 +54,23 @@ def post(client: Any, token: str, path: Path, **fields: Any) -> Any:
 
 
 def two_rank_run(client: Any, token: str, capture: Any, name: str = "ddp-16", **meta: Any) -> Run:
-    """Post rank 0 (died) and rank 1 (its collective failed) of one run; return the Run."""
+    """Post rank 0 (died) and rank 1 (its collective failed) of the real DDP run; return the Run."""
     common = {"run": name, "world_size": 2, "commit": "a1b2c3d4", "branch": "main", "host": "gpu-7", **meta}
     with capture() as first:
-        r0 = post(client, token, DIED, rank=0, torch_version="2.11.0", job_id="slurm-991", **common)
+        r0 = post(
+            client,
+            token,
+            RANK_FILES[0],
+            rank=0,
+            torch_version="2.11.0",
+            job_id="slurm-991",
+            oom_message=sidecar(0)["oom_message"],
+            **common,
+        )
     assert r0.status_code == 202, r0.content
     assert first == [], "a rank of an incomplete run is not published alone"
     with capture() as second:
-        r1 = post(client, token, LIVED, rank=1, error=GLOO_PEER_GONE, **common)
+        r1 = post(client, token, RANK_FILES[1], rank=1, error=sidecar(1)["error"], **common)
     assert r1.status_code == 202, r1.content
     assert len(second) == 1, "the last rank publishes the run's chord, once"
     return Run.objects.get(name=name)
@@ -83,7 +97,7 @@ def test_two_ranks_become_one_run_with_its_metadata(
     assert run.status == Run.Status.ANALYSING
     ranks = {u.rank: u for u in run.uploads.all()}
     assert set(ranks) == {0, 1} and all(u.status == Upload.Status.QUEUED for u in ranks.values())
-    assert ranks[1].meta["error"] == GLOO_PEER_GONE and ranks[0].meta["world_size"] == 2
+    assert ranks[1].meta["error"] == sidecar(1)["error"] and ranks[0].meta["world_size"] == 2
     # The chord that was published: one analyse_rank per rank, then the summary.
     sig = runtasks.run_chord(run.id, [ranks[0].id, ranks[1].id])
     assert [t.task for t in sig.tasks] == ["snapshots.analyse_rank"] * 2
@@ -94,14 +108,14 @@ def test_two_ranks_become_one_run_with_its_metadata(
     head = body["summary"]["run"]
     assert body["status"] == "done"
     assert head["first_oom_rank"] == 0 and head["peer_failed_ranks"] == [1]
-    assert head["imbalance"]["peak_reserved"] == round(
-        max(peak(DIED), peak(LIVED)) / ((peak(DIED) + peak(LIVED)) / 2), 4
-    )
-    assert [r["peak_reserved_bytes"] for r in body["summary"]["ranks"]] == [peak(DIED), peak(LIVED)]
+    peaks = [sidecar(r)["memory_stats"]["reserved_bytes.all.peak"] for r in (0, 1)]
+    assert head["imbalance"]["peak_reserved"] == round(max(peaks) / (sum(peaks) / 2), 4) == 1.4075
+    assert [r["peak_reserved_bytes"] for r in body["summary"]["ranks"]] == peaks
     assert [u["rank"] for u in body["uploads"]] == [0, 1]
     # The per-rank reports keep working on their own.
     report = client.get(f"/api/v1/snapshots/{ranks[0].code}/report", **bearer(alice_token)).json()
-    assert report["devices"][0]["summary"]["peak_reserved_bytes"] == peak(DIED)
+    assert report["devices"][0]["summary"]["peak_reserved_bytes"] == peaks[0]
+    assert report["devices"][0]["oom"]["limit_bytes"] == 2 * 2**30  # from rank 0's OOM message
 
 
 def test_the_run_page_says_which_rank_died_first_and_which_failed_for_a_peer(
@@ -115,7 +129,7 @@ def test_the_run_page_says_which_rank_died_first_and_which_failed_for_a_peer(
     assert "Out of memory from fragmentation" in page
     assert "Rank 1 failed because a peer died" in page
     assert "Connection closed by peer" in page
-    assert "scripts/capture_diff.py:143 _train" in page  # a stack that differs between the ranks
+    assert "tmp/d.py:31 &lt;module&gt;" in page  # the stack that differs most between the ranks
 
 
 def test_a_rank_above_the_world_size_is_refused(client: Any, alice_token: str) -> None:

@@ -21,18 +21,19 @@ from tests.webapp.helpers import FIXTURES, bearer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
-CAPTURES = FIXTURES / "captures"
-DIED = CAPTURES / "gpt_autocast_c75_default.pickle.gz"
-LIVED = CAPTURES / "gpt_autocast_c75_expandable.pickle.gz"
-GLOO_PEER_GONE = (
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
-)
+# The real two-rank DDP job of tests/fixtures/runs (docs/runs.md): rank 0 died of an OOM, rank 1's
+# all-reduce then failed with gloo's "Connection closed by peer".
+RUNS = FIXTURES / "runs"
+RANK_FILES = [RUNS / "ddp_gloo_rank0.pickle.gz", RUNS / "ddp_gloo_rank1.pickle.gz"]
 
 
-def peak(path: Path) -> int:
-    truth = json.loads(path.with_name(path.name.replace(".pickle.gz", ".truth.json")).read_text())
-    value: int = truth["memory_stats"]["reserved_bytes.all.peak"]
-    return value
+def sidecar(rank: int) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RUNS / f"ddp_gloo_rank{rank}.json").read_text())
+    return data
+
+
+def peaks() -> list[int]:
+    return [sidecar(rank)["memory_stats"]["reserved_bytes.all.peak"] for rank in (0, 1)]
 
 
 @pytest.fixture
@@ -83,8 +84,8 @@ def wait_for_run(client: Any, token: str, code: str, timeout: float = 120.0) -> 
 def run_the_chord(client: Any, token: str, workers: list[Any]) -> dict[str, Any]:
     from webapp.snapshots.models import Run
 
-    post_rank(client, token, DIED, 0)
-    post_rank(client, token, LIVED, 1, error=GLOO_PEER_GONE)
+    post_rank(client, token, RANK_FILES[0], 0, oom_message=sidecar(0)["oom_message"])
+    post_rank(client, token, RANK_FILES[1], 1, error=sidecar(1)["error"])
     run = Run.objects.get(name="ddp-chord")
     body = wait_for_run(client, token, run.code)
     logs = [w.log_path.read_text() for w in workers]
@@ -104,5 +105,5 @@ def test_two_ranks_run_as_one_chord_on_two_workers(
     body = run_the_chord(client, alice_token, workers)
     head = body["summary"]["run"]
     assert head["first_oom_rank"] == 0 and head["peer_failed_ranks"] == [1]
-    assert [r["peak_reserved_bytes"] for r in body["summary"]["ranks"]] == [peak(DIED), peak(LIVED)]
+    assert [r["peak_reserved_bytes"] for r in body["summary"]["ranks"]] == peaks() == [2_136_997_888, 899_678_208]
     assert all(u["status"] == "done" for u in body["uploads"])

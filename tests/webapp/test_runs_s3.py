@@ -21,10 +21,8 @@ import pytest
 
 from tests.webapp.helpers import bearer
 from tests.webapp.test_runs_chord import (  # chord_backend: the fixture, used by name
-    DIED,
-    LIVED,
     chord_backend,  # noqa: F401
-    peak,
+    peaks,
     run_the_chord,
 )
 
@@ -126,7 +124,7 @@ def test_the_chord_on_two_workers_reads_and_writes_only_the_shared_bucket(
 
     head = body["summary"]["run"]
     assert head["first_oom_rank"] == 0 and head["peer_failed_ranks"] == [1]
-    assert [r["peak_reserved_bytes"] for r in body["summary"]["ranks"]] == [peak(DIED), peak(LIVED)]
+    assert [r["peak_reserved_bytes"] for r in body["summary"]["ranks"]] == peaks()
     stored = keys(s3_storage)
     blobs = [k for k in stored if k.startswith("sha256/")]
     assert len(blobs) == 2  # the two ranks' files, put there by the site
