@@ -341,3 +341,20 @@ def test_retention_deletes_old_runs_but_keeps_the_pinned_baseline(
     assert set(Run.objects.values_list("name", flat=True)) == {"pinned", "new"}
     assert not old_blob.exists()  # DIED's bytes were that run's alone
     assert new.uploads.get().status == Upload.Status.DONE
+
+
+def test_the_upload_form_takes_the_jobs_fields(alice_client: Any, django_capture_on_commit_callbacks: Any) -> None:
+    page = alice_client.get("/upload/").content.decode()
+    for name in ("rank", "world_size", "commit", "branch", "job_id", "error"):
+        assert f'name="{name}"' in page
+    with RANK_FILES[0].open("rb") as fh, django_capture_on_commit_callbacks() as published:
+        response = alice_client.post(
+            "/upload/",
+            {"file": fh, "project": "alpha", "run": "form-run", "rank": "0", "world_size": "2", "commit": "f00d"},
+        )
+    assert response.status_code == 302 and published == []  # rank 0 of 2 waits for rank 1
+    run = Run.objects.get(name="form-run")
+    assert (run.world_size, run.commit, run.status) == (2, "f00d", Run.Status.COLLECTING)
+    assert run.uploads.get().rank == 0
+    history = alice_client.get("/p/alpha/").content.decode()
+    assert 'href="/p/alpha/runs/"' in history

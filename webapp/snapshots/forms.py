@@ -20,6 +20,8 @@ PROJECT_MAX_CHARS = 60
 OOM_MESSAGE_MAX_CHARS = 65536
 BATCH_SIZE_MAX = 1_000_000_000
 RANK_MAX = 1_000_000
+# The job's metadata fields (runs.RUN_META_KEYS plus the rank), in the order the page shows them.
+JOB_FIELDS = ("rank", "world_size", "local_rank", "commit", "branch", "host", "torch_version", "job_id", "error")
 ERROR_MAX_CHARS = 5000
 
 
@@ -70,8 +72,11 @@ class UploadFieldsForm(forms.Form):
 
     def run_meta(self) -> dict[str, Any]:
         """The job's metadata as ``services.upload_create(run_meta=...)`` takes it (empty ones left out)."""
-        keys = ("rank", "world_size", "local_rank", "commit", "branch", "host", "torch_version", "job_id", "error")
-        return {key: self.cleaned_data[key] for key in keys if self.cleaned_data.get(key) not in (None, "")}
+        return {key: self.cleaned_data[key] for key in JOB_FIELDS if self.cleaned_data.get(key) not in (None, "")}
+
+    def job_fields(self) -> list[forms.BoundField]:
+        """The job's fields, for the upload page's "The job" section."""
+        return [self[name] for name in JOB_FIELDS]
 
     def clean_tags(self) -> list[str]:
         return split_tags(self.cleaned_data.get("tags") or "")
