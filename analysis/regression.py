@@ -58,6 +58,19 @@ class Regression:
     new_causes: tuple[str, ...]
     reason: str
 
+    @property
+    def headline(self) -> str:
+        """A few words for a table cell: the peak's change and what is new."""
+        share = self.peak[0].share if self.peak else None
+        parts = [f"peak {share * 100:+.2f}%" if share is not None else "peak not comparable"]
+        if self.new_oom:
+            parts.append("new OOM")
+        if self.new_top_stack:
+            parts.append("new top stack")
+        if self.new_causes:
+            parts.append(f"{len(self.new_causes)} new finding{'s' if len(self.new_causes) > 1 else ''}")
+        return ", ".join(parts)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
@@ -69,6 +82,7 @@ class Regression:
             "new_top_stack": self.new_top_stack,
             "new_causes": list(self.new_causes),
             "reason": self.reason,
+            "headline": self.headline,
         }
 
 

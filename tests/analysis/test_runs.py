@@ -196,3 +196,39 @@ def test_a_real_ddp_run_names_the_oom_rank_and_the_rank_its_death_broke() -> Non
     # Rank 0's limit is its sidecar's OOM message ("2.00 GiB allowed"), read beside the snapshot.
     oom = ranks[0]["report"]["devices"][0]["oom"]
     assert (oom["limit_source"], oom["limit_bytes"]) == ("oom_message", 2 * 2**30)
+
+
+# --- a run against its baseline (analysis/regression.py) -----------------------------------------
+
+
+def one_rank(path: Path) -> dict:
+    from analysis.report import build_report
+
+    return summarise([RankInput(rank=0, report=build_report(path))]).to_dict()
+
+
+def test_regression_by_peak_growth_alone_follows_the_threshold() -> None:
+    from analysis.regression import compare_runs
+
+    # Two runs that both died: no new OOM, so only the peak's growth can make a regression.
+    died, also_died = one_rank(DIED), one_rank(ALSO_DIED)
+    share = (truth(ALSO_DIED)["reserved_bytes.all.peak"] - truth(DIED)["reserved_bytes.all.peak"]) / truth(DIED)[
+        "reserved_bytes.all.peak"
+    ]
+    assert round(share, 4) == 0.0141  # roundup4 reserved 75,497,472 B more
+    strict = compare_runs(died, also_died, max_regression_pct=1.0)
+    loose = compare_runs(died, also_died, max_regression_pct=5.0)
+    assert (strict.regressed, loose.regressed) == (True, False)
+    assert not strict.new_oom and strict.peak[0].delta_bytes == 75_497_472
+    assert strict.reason.startswith("Memory regression. Peak reserved memory grew from 4.97 GiB")
+    assert loose.reason.startswith("No memory regression.") and "(+1.41%, threshold 5%)" in loose.reason
+    assert loose.headline == "peak +1.41%"
+
+
+def test_a_new_oom_is_a_regression_whatever_the_threshold() -> None:
+    from analysis.regression import compare_runs
+
+    result = compare_runs(one_rank(LIVED), one_rank(DIED), max_regression_pct=50.0, baseline_name="base", run_name="x")
+    assert result.regressed and result.new_oom
+    assert "X ran out of memory (first on rank 0: Out of memory from fragmentation" in result.reason
+    assert result.to_dict()["schema"] == "oomscope.regression/1"

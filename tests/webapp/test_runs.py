@@ -179,6 +179,7 @@ def test_a_new_oom_against_the_latest_run_on_main_is_a_regression(
     assert grew["share"] == round((peak(DIED) - peak(LIVED)) / peak(LIVED), 4) == 0.0176
     assert reg["reason"].startswith("Memory regression. Peak reserved memory grew from 4.89 GiB in baseline base")
     assert "ran out of memory (first on rank 0" in reg["reason"]
+    assert reg["headline"].startswith("peak +1.76%, new OOM")
 
     # The gate's question, at the project's 5% and at a stricter 1%: the new OOM fails both.
     gate = client.get("/api/v1/projects/alpha/regression?run=worse&max_regression=1%", **bearer(alice_token)).json()
