@@ -229,6 +229,9 @@ if os.environ.get("STORAGE_S3_BUCKET"):
 # Where the site is reached from outside (https://oomscope.example): the links in regression
 # webhooks, which are sent by a worker with no request to take the host from. Empty: paths only.
 SITE_URL = os.environ.get("SITE_URL", "")
+# Regression webhooks go only to public addresses unless this is set (a receiver inside the network):
+# the URL is a project admin's choice and the worker sends to it (webapp/snapshots/webhooks.py).
+WEBHOOK_ALLOW_PRIVATE_HOSTS = env_bool("WEBHOOK_ALLOW_PRIVATE_HOSTS", False)
 
 # --- analysis worker limits (the child process that parses an upload).
 ANALYSIS_MEMORY_MIN_BYTES = env_int("ANALYSIS_MEMORY_MIN_BYTES", 1024**3)

@@ -223,7 +223,8 @@ class Receiver(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def receiver() -> Iterator[tuple[str, type[Receiver]]]:
+def receiver(settings: Any) -> Iterator[tuple[str, type[Receiver]]]:
+    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True  # the receiver is on loopback
     handler = type("R", (Receiver,), {"statuses": [], "seen": []})
     server = HTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -282,6 +283,25 @@ def test_a_receiver_that_refuses_for_good_is_not_retried(
     assert len(handler.seen) == 1
 
 
+def test_a_webhook_into_the_network_is_refused_unless_allowed(
+    client: Any,
+    alice_token: str,
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+    receiver: tuple[str, type[Receiver]],
+) -> None:
+    url, handler = receiver
+    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = False  # the default: loopback is the site's own network
+    single(client, alice_token, LIVED, django_capture_on_commit_callbacks, "base", "main")
+    runs.policy_update(Run.objects.get().project, webhook_url=url)
+    single(client, alice_token, DIED, django_capture_on_commit_callbacks, "worse", "main")
+    delivery = WebhookDelivery.objects.get()
+    assert runtasks.deliver_webhook.apply(args=[delivery.id]).get() is False  # refused, not retried
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and "127.0.0.1, inside the network" in delivery.error
+    assert handler.seen == []
+
+
 def test_a_viewer_may_not_set_the_webhook(client: Any, alice: Any, alpha: Any, django_user_model: Any) -> None:
     from webapp.snapshots import services
 
@@ -306,6 +326,9 @@ def test_trend_chart_marks_ooms_and_filters_by_branch_and_tag(
     assert page.count('class="trend-point') == 2
     assert page.count('class="trend-point oom regressed"') == 1
     assert "worse (feature): 4.97 GiB, out of memory, regression" in page
+    # The snapshots' history links each upload to its run and flags the run that regressed.
+    history = client.get("/p/alpha/").content.decode()
+    assert history.count('<span class="badge regression">regression</span>') == 1
     main_only = client.get("/p/alpha/runs/?branch=main").content.decode()
     assert main_only.count('class="trend-point') == 1 and "base (main)" in main_only
     tagged = client.get("/p/alpha/runs/?tag=h200").content.decode()

@@ -277,7 +277,8 @@ def webhook_attempt(delivery_id: int) -> bool:
     WebhookDelivery.objects.filter(pk=delivery_id).update(attempts=delivery.attempts + 1)
     body = webhooks.payload(delivery.run, delivery.run.regression or {}, run_url(delivery.run))
     try:
-        status = webhooks.post(delivery.url, policy.webhook_secret, body)
+        allow_private = bool(getattr(settings, "WEBHOOK_ALLOW_PRIVATE_HOSTS", False))
+        status = webhooks.post(delivery.url, policy.webhook_secret, body, allow_private=allow_private)
     except webhooks.WebhookError as err:
         WebhookDelivery.objects.filter(pk=delivery_id).update(status_code=err.status, error=str(err)[:300])
         raise

@@ -832,6 +832,13 @@ def upload_dict(upload: Upload, request: HttpRequest | None = None) -> dict[str,
         "created_at": upload.created_at.isoformat(),
         "summary": upload.summary,
         "url": request.build_absolute_uri(url) if request is not None else url,
+        # The run it belongs to (issue 19): its page, and whether it regressed against the baseline.
+        "run_url": reverse("snapshots:run", args=[upload.run_ref.code])
+        if upload.run_ref_id and upload.run_ref
+        else None,
+        "run_regressed": bool(
+            upload.run_ref_id and upload.run_ref and (upload.run_ref.regression or {}).get("regressed")
+        ),
     }
 
 

@@ -302,7 +302,8 @@ def history(request: HttpRequest, slug: str) -> HttpResponse:
     project = services.project_for_user(request.user, slug)
     if project is None:
         raise Http404
-    rows = [services.upload_dict(u, request) for u in project.uploads.select_related("project", "project__team")[:500]]
+    uploads = project.uploads.select_related("project", "project__team", "run_ref")[:500]
+    rows = [services.upload_dict(u, request) for u in uploads]
     return render(
         request,
         "snapshots/history.html",

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
+import socket
 import time
 import urllib.error
 import urllib.parse
@@ -60,10 +62,36 @@ def payload(run: Run, regression: dict[str, Any], url: str) -> dict[str, Any]:
     }
 
 
-def post(url: str, secret: str, body: dict[str, Any], *, timeout: float = TIMEOUT_SECONDS) -> int:
-    """POST ``body`` as signed JSON; the status on 2xx, else ``WebhookError``."""
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+def check_destination(url: str, *, allow_private: bool) -> None:
+    """Refuse a URL whose host resolves to a loopback, private, link-local or reserved address.
+
+    A project admin chooses the URL and the worker sends to it: without this check, a webhook could
+    be pointed at the site's own Redis, database or a cloud metadata endpoint (server-side request
+    forgery). ``WEBHOOK_ALLOW_PRIVATE_HOSTS`` turns it off for receivers inside the network (and tests).
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise WebhookError(f"not an http(s) URL: {url!r}", retry=False)
+    if allow_private:
+        return
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    except OSError as err:
+        raise WebhookError(f"cannot resolve {parts.hostname}: {err}") from None
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
+            raise WebhookError(
+                f"{parts.hostname} is {address}, inside the network; set WEBHOOK_ALLOW_PRIVATE_HOSTS to send there",
+                retry=False,
+            )
+
+
+def post(
+    url: str, secret: str, body: dict[str, Any], *, timeout: float = TIMEOUT_SECONDS, allow_private: bool = False
+) -> int:
+    """POST ``body`` as signed JSON; the status on 2xx, else ``WebhookError``."""
+    check_destination(url, allow_private=allow_private)
     raw = json.dumps(body, separators=(",", ":")).encode()
     stamp = str(int(time.time()))
     request = urllib.request.Request(  # noqa: S310 (the scheme is checked above)
