@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from oomscope_client.jobmeta import job_metadata
 
+from tests.client.test_upload import TOKEN, _base, _parts, server  # noqa: F401 (the recording server fixture)
+
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "ddp-42"}
 SLURM = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "SLURM_JOB_ID": "991"}
 
@@ -97,3 +99,27 @@ def test_a_single_process_does_not_dump_on_other_errors(torch: Any, tmp_path: Pa
     torch.fake_init()
     assert dumper.handle_exception(ValueError("bad batch")) is None
     assert not list(tmp_path.iterdir())
+
+
+def test_the_dumpers_upload_carries_the_job_and_the_error(
+    torch: Any,
+    tmp_path: Path,
+    monkeypatch: Any,
+    server: Any,  # noqa: F811
+) -> None:
+    """What a rank of a torchrun job sends by itself: its run (the job id), rank, world size, error."""
+    import oomscope_client as oc
+
+    for key, value in TORCHRUN.items():
+        monkeypatch.setenv(key, value)
+    spec = {"url": _base(server), "token": TOKEN, "project": "llm"}
+    dumper = oc.dump_on_oom(tmp_path, upload=spec, observer=False, excepthook=False)
+    torch.fake_init()
+    dumper.handle_exception(RuntimeError("[gloo/transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:1"))
+    dumper.wait(30)
+    (req,) = server.requests
+    parts = {name: value for name, (_file, value) in _parts(req["headers"], req["body"]).items() if name != "file"}
+    assert parts["run"] == b"ddp-42" and parts["project"] == b"llm"
+    assert (parts["rank"], parts["world_size"], parts["local_rank"], parts["job_id"]) == (b"1", b"2", b"1", b"ddp-42")
+    assert parts["error"].startswith(b"RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer")
+    assert json.loads(dumper.sidecars[-1].read_text())["upload"] == server.reply[1]
