@@ -130,6 +130,9 @@ def test_the_run_page_says_which_rank_died_first_and_which_failed_for_a_peer(
     assert "Rank 1 failed because a peer died" in page
     assert "Connection closed by peer" in page
     assert "tmp/d.py:31 &lt;module&gt;" in page  # the stack that differs most between the ranks
+    # Each rank's own report names its run and links to it.
+    rank0 = run.uploads.get(rank=0)
+    assert f'href="/run/{run.code}/"' in client.get(f"/s/{rank0.code}/").content.decode()
 
 
 def test_a_rank_above_the_world_size_is_refused(client: Any, alice_token: str) -> None:
