@@ -385,3 +385,22 @@ def test_the_upload_form_takes_the_jobs_fields(alice_client: Any, django_capture
     assert run.uploads.get().rank == 0
     history = alice_client.get("/p/alpha/").content.decode()
     assert 'href="/p/alpha/runs/"' in history
+
+
+def test_a_rank_whose_analysis_raises_does_not_stop_the_chord(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    from webapp.snapshots import tasks
+
+    run = two_rank_run(client, alice_token, django_capture_on_commit_callbacks)
+    rank0 = run.uploads.get(rank=0)
+
+    def database_gone(upload_id: int, **_: Any) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(tasks, "analyse_upload", database_gone)
+    assert runtasks.analyse_rank(rank0.id) == rank0.id  # the part returns; the chord goes on
+    # The row is still queued, so the summary waits (and retries) rather than summarising a hole.
+    assert runs.run_summarise(run.id) == "pending"

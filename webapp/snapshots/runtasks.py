@@ -37,10 +37,19 @@ def _summary_retries() -> int:
 
 @app.task(bind=True, name="snapshots.analyse_rank", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def analyse_rank(self: Any, upload_id: int, **_future_kwargs: Any) -> int:
-    """One rank of a run: the per-upload analysis (a no-op when another message claimed it)."""
+    """One rank of a run: the per-upload analysis (a no-op when another message claimed it).
+
+    It never fails the chord: a part that raised would keep the summary from ever running, while
+    the rank's outcome is in its Upload row anyway (an error there is the row's FAILED state, or,
+    for a failure before the claim, a row still QUEUED that the sweep publishes again and the
+    summary waits for).
+    """
     from webapp.snapshots.tasks import analyse_upload
 
-    analyse_upload(upload_id)
+    try:
+        analyse_upload(upload_id)
+    except Exception:
+        log.exception("run rank %s: analysis raised; the summary waits for its row", upload_id)
     return upload_id
 
 
