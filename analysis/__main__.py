@@ -1,7 +1,7 @@
 """Command line: ``python -m analysis report|whatif``.
 
 ``report`` takes one snapshot, or several (one per rank of a distributed job: the run's
-report, ``analysis/runs.py``).
+report, ``analysis/runs.py``), or a tar or zip of them (``analysis/rankfiles.py``).
 
 Exit status 0 on success; 2 with one line ``error: <code>: <message>`` on
 standard error when the file is not a usable snapshot (``SnapshotError``) or a
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from analysis.config import AllocatorConfig
 from analysis.errors import ConfigError, SnapshotError
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError, parse_oom_message
 from analysis.parallel import default_jobs
+from analysis.rankfiles import rank_paths
 from analysis.runs import RunInputError
 
 EXIT_USER_ERROR = 2
@@ -37,13 +39,15 @@ def main(argv: list[str] | None = None) -> int:
             AllocatorConfig.parse(conf)
         args.oom_message = _oom_message(args)
         if args.command == "report":
-            if len(args.snapshots) > 1:
-                if args.sidecar_file is not None:
-                    raise RunInputError(
-                        "sidecar-per-rank",
-                        "--sidecar names one file; with several ranks the NAME.json beside each snapshot is read",
-                    )
-                return _run_report(args)
+            with tempfile.TemporaryDirectory(prefix="oomscope-ranks-") as scratch:
+                args.snapshots, unpacked = rank_paths(args.snapshots, Path(scratch))
+                if len(args.snapshots) > 1 or unpacked:
+                    if args.sidecar_file is not None:
+                        raise RunInputError(
+                            "sidecar-per-rank",
+                            "--sidecar names one file; with several ranks the NAME.json beside each snapshot is read",
+                        )
+                    return _run_report(args)
             args.snapshot = args.snapshots[0]
             args.sidecar = _sidecar(args.sidecar_file)
             return _report(args)

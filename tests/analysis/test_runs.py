@@ -8,10 +8,13 @@ not a two-rank DDP job; real per-rank captures are to be added from a GPU batch.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -232,3 +235,66 @@ def test_a_new_oom_is_a_regression_whatever_the_threshold() -> None:
     assert result.regressed and result.new_oom
     assert "X ran out of memory (first on rank 0: Out of memory from fragmentation" in result.reason
     assert result.to_dict()["schema"] == "oomscope.regression/1"
+
+
+# --- the ranks as one archive (analysis/rankfiles.py) -------------------------------------------
+
+
+def pack_tar(target: Path, extra: list[tarfile.TarInfo] | None = None) -> Path:
+    with tarfile.open(target, "w:gz") as archive:
+        for path in [*REAL, RUNS / "ddp_gloo_rank0.json", RUNS / "ddp_gloo_rank1.json"]:
+            archive.add(path, arcname=f"job-991/{path.name}")
+        for info in extra or []:
+            archive.addfile(info, io.BytesIO(b"x" * info.size) if info.isfile() else None)
+    return target
+
+
+def test_a_tar_or_zip_of_the_ranks_is_the_same_run(tmp_path: Path) -> None:
+    separate = json.loads(cli(*map(str, REAL), "--json", "-").stdout)
+    tar = pack_tar(tmp_path / "job.tar.gz")
+    with zipfile.ZipFile(tmp_path / "job.zip", "w") as archive:
+        for path in [*REAL, RUNS / "ddp_gloo_rank0.json", RUNS / "ddp_gloo_rank1.json"]:
+            archive.write(path, arcname=path.name)
+    for packed in (tar, tmp_path / "job.zip"):
+        proc = cli(str(packed), "--json", "-")
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        assert data["run"] == separate["run"]  # sidecars inside the archive were read too
+        assert [r["peak_reserved_bytes"] for r in data["ranks"]] == [
+            r["peak_reserved_bytes"] for r in separate["ranks"]
+        ]
+
+
+def test_an_archive_member_cannot_write_outside_and_links_are_skipped(tmp_path: Path) -> None:
+    from analysis.rankfiles import unpack_ranks
+
+    escape = tarfile.TarInfo("../../escaped.pickle")
+    escape.size = 10
+    link = tarfile.TarInfo("rank9.pickle.gz")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "/etc/passwd"
+    tar = pack_tar(tmp_path / "job.tar.gz", [escape, link])
+    into = tmp_path / "scratch" / "0"
+    members = unpack_ranks(tar, into)
+    assert members is not None
+    assert sorted(p.name for p in members) == sorted(
+        [
+            "escaped.pickle",
+            "ddp_gloo_rank0.pickle.gz",
+            "ddp_gloo_rank1.pickle.gz",
+            "ddp_gloo_rank0.json",
+            "ddp_gloo_rank1.json",
+        ]
+    )
+    assert all(p.parent == into for p in members)
+    assert not (tmp_path / "escaped.pickle").exists() and not (tmp_path.parent / "escaped.pickle").exists()
+
+
+def test_a_torch_save_zip_is_a_snapshot_not_an_archive(tmp_path: Path) -> None:
+    from analysis.rankfiles import unpack_ranks
+
+    with zipfile.ZipFile(tmp_path / "snap.pt", "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        archive.writestr("archive/version", "3\n")
+    assert unpack_ranks(tmp_path / "snap.pt", tmp_path / "scratch") is None
+    assert unpack_ranks(DIED, tmp_path / "scratch") is None  # a gzipped pickle: no archive either
