@@ -248,6 +248,9 @@ ANALYSIS_JOBS = env_int("ANALYSIS_JOBS", 1)
 SWEEP_STALE_RUNNING_SECONDS = env_int("SWEEP_STALE_RUNNING_SECONDS", 180)
 SWEEP_STALE_QUEUED_SECONDS = env_int("SWEEP_STALE_QUEUED_SECONDS", 300)
 SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 60)
+# A run of several ranks whose ranks have not all come this long after its first is analysed with
+# those it has (webapp/snapshots/runs.py); its queued ranks are analysed alone by the sweep before.
+RUN_COLLECT_SECONDS = env_int("RUN_COLLECT_SECONDS", 600)
 
 # --- Celery (read by webapp/celery.py with namespace CELERY_).
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -285,6 +288,10 @@ CELERY_BEAT_SCHEDULE = {
     "purge-failed-uploads": {
         "task": "snapshots.purge_failed_uploads",
         "schedule": float(PURGE_INTERVAL_SECONDS),
+    },
+    "close-stale-runs": {  # runs whose missing ranks never came (RUN_COLLECT_SECONDS)
+        "task": "snapshots.close_stale_runs",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
     },
     "purge-old-runs": {  # each project's run retention (RunPolicy.retention_days)
         "task": "snapshots.purge_old_runs",

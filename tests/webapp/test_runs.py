@@ -404,3 +404,24 @@ def test_a_rank_whose_analysis_raises_does_not_stop_the_chord(
     assert runtasks.analyse_rank(rank0.id) == rank0.id  # the part returns; the chord goes on
     # The row is still queued, so the summary waits (and retries) rather than summarising a hole.
     assert runs.run_summarise(run.id) == "pending"
+
+
+def test_a_run_whose_last_rank_never_comes_is_closed_by_the_beat(
+    client: Any,
+    alice_token: str,
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with django_capture_on_commit_callbacks():
+        post(client, alice_token, RANK_FILES[0], run="lost-rank", rank=0, world_size=2)
+    run = Run.objects.get(name="lost-rank")
+    published: list[int] = []
+    monkeypatch.setattr(runs, "publish_run", published.append)
+    settings.RUN_COLLECT_SECONDS = 600
+    assert runtasks.close_stale_runs() == 0  # still within its time
+    Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(seconds=601))
+    assert runtasks.close_stale_runs() == 1 and published == [run.pk]
+    assert runtasks.close_stale_runs() == 0  # once
+    assert analyse_as_the_chord_would(run) == "done"
+    assert Run.objects.get(pk=run.pk).summary["run"]["missing_ranks"] == [1]

@@ -8,14 +8,15 @@ The life of a run:
 1. each upload that names a ``run`` joins the project's Run of that name (``run_attach``, inside
    the upload's transaction). Its metadata (commit, branch, host, torch version, world size, rank,
    job id) comes from the API's or the form's fields, which the client fills from the launcher's
-   environment and ``git``. A rank's upload is not analysed alone;
-2. once the run holds as many ranks as its world size (1 when none is given), its analysis is
-   published as one Celery chord (``runtasks.run_chord``): one ``analyse_rank`` per rank, which
-   runs the ordinary per-upload analysis, then ``summarise_run``. A one-process run (world size 1
-   or none given) is published as any upload and summarised when its analysis ends
-   (``upload_settled``, called by ``services.upload_finish``/``upload_fail``). A run that never fills (a rank
-   that never uploaded) is analysed when asked (``POST /api/v1/runs/<id>/analyse``), and its
-   ranks alone by the sweep after ``SWEEP_STALE_QUEUED_SECONDS``, as any queued upload;
+   environment and ``git``. A rank of a run of several ranks is not published alone;
+2. once the run holds as many ranks as its world size, its analysis is published as one Celery
+   chord (``runtasks.run_chord``): one ``analyse_rank`` per rank, which runs the ordinary
+   per-upload analysis, then ``summarise_run``. A one-process run (world size 1 or none given) is
+   published as any upload and summarised when its analysis ends (``upload_settled``, called by
+   ``services.upload_finish``/``upload_fail``). A run that never fills (a rank that never
+   uploaded) is analysed with the ranks it has ``RUN_COLLECT_SECONDS`` after it began
+   (``runs_close_stale``, beat), or at once when asked (``POST /api/v1/runs/<id>/analyse``); its
+   ranks are analysed alone before that by the sweep, as any queued upload;
 3. ``run_summarise`` stores ``analysis.runs``' summary, then compares the run with the project's
    baseline (``analysis.regression``) and, past the threshold, queues the webhook.
 """
@@ -144,6 +145,17 @@ def run_analyse_now(run: Run) -> None:
     Run.objects.filter(pk=run.pk).update(status=Run.Status.ANALYSING)
     run_id = run.pk
     transaction.on_commit(lambda: publish_run(run_id))
+
+
+def runs_close_stale() -> list[int]:
+    """Runs still waiting for ranks ``RUN_COLLECT_SECONDS`` after they began: analysed with the
+    ranks they have (a rank that never uploads must not keep the run from its summary)."""
+    cutoff = timezone.now() - timedelta(seconds=int(getattr(settings, "RUN_COLLECT_SECONDS", 600)))
+    closed = []
+    for run in Run.objects.filter(status=Run.Status.COLLECTING, created_at__lt=cutoff):
+        if Run.objects.filter(pk=run.pk, status=Run.Status.COLLECTING).update(status=Run.Status.ANALYSING) == 1:
+            closed.append(run.pk)
+    return closed
 
 
 # --- the summary, the baseline, the regression -------------------------------------------------

@@ -94,6 +94,19 @@ def deliver_webhook(self: Any, delivery_id: int, **_future_kwargs: Any) -> bool:
         raise
 
 
+@app.task(name="snapshots.close_stale_runs", ignore_result=True)
+def close_stale_runs(**_future_kwargs: Any) -> int:
+    """Publish the chord of runs whose missing ranks never came (beat, with the sweep)."""
+    from webapp.snapshots.runs import publish_run, runs_close_stale
+
+    closed = runs_close_stale()
+    for run_id in closed:
+        publish_run(run_id)
+    if closed:
+        log.warning("runs %s: ranks missing after RUN_COLLECT_SECONDS; analysed with those present", closed)
+    return len(closed)
+
+
 @app.task(name="snapshots.purge_old_runs", ignore_result=True)
 def purge_old_runs(**_future_kwargs: Any) -> int:
     """Delete runs past their project's retention (beat, with the failed-upload purge)."""

@@ -60,7 +60,9 @@ def visible_projects(user: AnyUser) -> QuerySet[Project]:
 def visible_uploads(user: AnyUser) -> QuerySet[Upload]:
     if not user.is_authenticated:
         return Upload.objects.none()
-    return Upload.objects.filter(project__team__memberships__user=user).select_related("project", "project__team")
+    return Upload.objects.filter(project__team__memberships__user=user).select_related(
+        "project", "project__team", "run_ref"
+    )
 
 
 def upload_for_user(user: AnyUser, code: str) -> Upload | None:
