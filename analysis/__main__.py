@@ -1,4 +1,4 @@
-"""Command line: ``python -m analysis report|whatif``.
+"""Command line: ``python -m analysis report|whatif|triage``.
 
 ``report`` takes one snapshot, or several (one per rank of a distributed job: the run's
 report, ``analysis/runs.py``), or a tar or zip of them (``analysis/rankfiles.py``).
@@ -7,8 +7,9 @@ Exit status 0 on success; 2 with one line ``error: <code>: <message>`` on
 standard error when the file is not a usable snapshot (``SnapshotError``) or a
 ``--whatif``/``--config`` string cannot be parsed (``ConfigError``), an
 ``--oom-message`` is not torch's OOM message (``OomMessageError``) or a
-``--sidecar`` is not JSON, or rank files cannot make one run (``RunInputError``).
-Anything else is a bug and keeps its traceback.
+``--sidecar`` is not JSON, rank files cannot make one run (``RunInputError``), or, for
+``triage``, its summary is not ``memory_summary()``'s (``TriageError``). Anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ EXIT_USER_ERROR = 2
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "triage":
+        return _triage(args)
     try:
         # Validate allocator strings before the (possibly long) analysis.
         for conf in [*getattr(args, "whatif", []), *([args.config] if args.command == "whatif" else [])]:
@@ -115,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     wmsg.add_argument("--oom-message", metavar="TEXT", help="torch's 'CUDA out of memory' message")
     wmsg.add_argument("--oom-message-file", type=Path, metavar="FILE", help="a file holding that message")
     wi.add_argument("--json", dest="json_out", metavar="OUT|-")
+    tri = sub.add_parser("triage", help="what the OOM message (and memory_summary()) alone say, without a snapshot")
+    tri.add_argument(
+        "--message-file", type=Path, required=True, metavar="FILE", help="torch's OOM message (a log is fine)"
+    )
+    tri.add_argument(
+        "--summary-file", type=Path, metavar="FILE", help="the output of torch.cuda.memory_summary() (optional)"
+    )
+    tri.add_argument("--json", dest="json_out", metavar="OUT|-", help="write the triage JSON here ('-': stdout)")
     return parser
 
 
@@ -147,6 +158,49 @@ def _oom_message(args: argparse.Namespace) -> str | None:
         return None
     parse_oom_message(text)  # OomMessageError now rather than after the reading
     return text
+
+
+def _bounded_text(path: Path, max_chars: int) -> str:
+    """A file's text, read no further than a parser would accept (it refuses what is longer)."""
+    with path.open("rb") as fh:
+        raw = fh.read(max_chars * 4 + 1)
+    return raw.decode("utf-8", errors="replace")
+
+
+def _triage(args: argparse.Namespace) -> int:
+    from analysis.triage import MAX_SUMMARY_CHARS, TriageError, triage
+
+    try:
+        message = _bounded_text(args.message_file, MAX_MESSAGE_CHARS)
+        summary = _bounded_text(args.summary_file, MAX_SUMMARY_CHARS) if args.summary_file else None
+        result = triage(message, summary)
+    except (OomMessageError, TriageError) as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:
+        print(f"error: file:unreadable: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    if args.json_out:
+        _write_json(result.to_json(), args.json_out)
+    else:
+        print(triage_text(result.to_json()))
+    return 0
+
+
+def triage_text(data: dict[str, Any]) -> str:
+    """The triage for a terminal: the verdict, the change, the evidence, what a snapshot adds."""
+    lines = [
+        data["headline"],
+        f"change: {data['change']}",
+        f"confidence: {data['confidence']}: {data['confidence_reason']}",
+    ]
+    lines += [f"  also: {alt}" for alt in data["alternatives"]]
+    lines += [f"  - {f['text']}" for f in data["findings"]]
+    lines.append("a snapshot would add:")
+    lines += [f"  - {item}" for item in data["snapshot_adds"]]
+    lines.append("record one:")
+    lines += [f"    {line}" if line else "" for line in data["record_snapshot"].splitlines()]
+    return "\n".join(lines)
 
 
 def _sidecar(path: Path | None) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from webapp.snapshots import api, runapi
+from webapp.snapshots import api, runapi, triage
 
 app_name = "api"
 
@@ -15,6 +15,7 @@ urlpatterns = [
     path("snapshots/<str:code>/share", api.snapshot_share, name="snapshot_share"),
     path("projects", api.projects, name="projects"),
     path("projects/<slug:slug>/runs", api.project_runs, name="project_runs"),
+    path("triage", triage.api, name="triage"),
     # Runs of many ranks, baselines and regressions (issue 19; runapi.py).
     path("runs/<str:run_code>", runapi.run, name="run"),
     path("runs/<str:run_code>/analyse", runapi.run_analyse, name="run_analyse"),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from django.urls import path
 
-from webapp.snapshots import runviews, views
+from webapp.snapshots import runviews, triage, views
 
 app_name = "snapshots"
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("upload/", views.upload, name="upload"),
+    path("triage/", triage.page, name="triage"),
     path("s/<str:code>/", views.detail, name="detail"),
     path("s/<str:code>/status.json", views.status_json, name="status_json"),
     path("s/<str:code>/share/", views.share, name="share"),
