@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from webapp.snapshots import triage, views
+from webapp.snapshots import runviews, triage, views
 
 app_name = "snapshots"
 
@@ -33,4 +33,7 @@ urlpatterns = [
     path("teams/", views.teams, name="teams"),
     path("t/<slug:team>/", views.team, name="team"),
     path("tokens/", views.tokens, name="tokens"),
+    # Runs of many ranks, baselines and regressions (issue 19; runviews.py).
+    path("p/<slug:slug>/runs/", runviews.project_runs, name="project_runs"),
+    path("run/<str:run_code>/", runviews.run, name="run"),
 ]
