@@ -273,3 +273,12 @@ def test_timeline_maxima_are_the_summarys_peaks(name: str) -> None:
 def test_the_headline_says_where_the_oom_came(name: str) -> None:
     words = {"leak_metric": "the backward pass", "optim_mlp": "the optimizer step"}[name]
     assert f"The OOM came in {words}; live then, by phase:" in _device(name)["decision"]["headline"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_no_cause_on_the_ddp_ranks_growing_batch(rank: int) -> None:
+    """Rank 0's batch grows by 512 rows a step until it dies: one new size per training step is no KV cache."""
+    runs = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
+    side = json.loads((runs / f"ddp_gloo_rank{rank}.json").read_text())
+    report = build_report(runs / f"ddp_gloo_rank{rank}.pickle.gz", sidecar=side)
+    assert report["devices"][0]["diagnosis"]["causes"] == []
