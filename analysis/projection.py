@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import ProjectedTail, simulate
-from analysis.allocator.policy import placement_for, placement_report, tie_order_matters
+from analysis.allocator.policy import placement_for, placement_report, start_report, tie_order_matters
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
 from analysis.stacks import Lifetimes, alloc_lifetimes
@@ -678,4 +678,5 @@ def step_whatif(
         "step_peak_reserved_bytes": int(result.peak_reserved),
         "oom_projected": projected,
         "placement": placement,
+        "start": start_report(result.start),  # always "empty": a projection needs a complete trace
     }

@@ -27,7 +27,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 
-CHUNK = 32 << 20  # the driver's granule for a new range (25,627 of 32,537 segments >= 32 MiB lay on it)
+CHUNK = 32 << 20  # the driver's granule for a new range (25,362 of 32,537 segments >= 32 MiB start on it)
 TOP = 1 << 52  # simulated addresses start below this
 
 

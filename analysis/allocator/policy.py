@@ -36,9 +36,12 @@ What is modelled (the names are those of the C++ source):
 A trace that starts mid-run (wrapped ring buffer) starts from the state before
 its first event as ``analysis.replay`` reconstructs it.
 
-Addresses are simulated: cudaMalloc'd segments come from a bump pointer and
-expandable reservations sit at fixed strides. Only sizes, order and fit matter;
-ties between equal-sized free blocks are broken by these simulated addresses.
+Addresses: ties between equal-sized free blocks go to the lower address, so
+where new segments go matters. Replaying the recorded settings, a new segment
+takes the driver's recorded address while the model's segment events match the
+recording; otherwise (and for every what-if of other settings, from the start)
+the driver's placement as learned from the captures gives it
+(``analysis.allocator.placement``). Expandable reservations sit at fixed strides.
 
 Requests come from the trace as recorded, so after a request that the model
 fails (an OOM the real run did not hit) the replay continues: the failed block
