@@ -108,7 +108,7 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
             "confidence": _confidence(dev, capture, None, cause=cause),
             "runner_up": _change(choice, recorded_conf, short=True) if choice else None,
         }
-    if oom and choice is not None and _device_full_unexplained(oom) and choice.step_completes is not True:
+    if oom and choice is not None and device_full_unexplained(oom) and choice.step_completes is not True:
         # The GPU itself was full and nothing says who held the rest of it: a setting that only gets past
         # the request is not the first thing to try (round 3's device-full runs died under every setting).
         return {
@@ -140,7 +140,7 @@ CHECK_THE_DEVICE = {
 }
 
 
-def _device_full_unexplained(oom: Mapping[str, Any]) -> bool:
+def device_full_unexplained(oom: Mapping[str, Any]) -> bool:
     """The device itself ran out (no per-process cap) and no OOM message says what held the rest."""
     return oom.get("limit_kind") == "device-full" and oom.get("limit_source") == "inferred"
 

@@ -40,7 +40,7 @@ from analysis.categories import (
 )
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
 from analysis.config import UNLIMITED, AllocatorConfig
-from analysis.decision import decide, primary_cause
+from analysis.decision import decide, device_full_unexplained, primary_cause
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
@@ -81,8 +81,11 @@ TOP_STACKS = 10
 BACKWARD_NO_FRAMES = "backward pass (no frames: stacks='python' records none on the autograd thread)"
 BEFORE_TRACE = "allocated before the trace began (stack unknown)"
 SEGMENT_MAP_MAX_SEGMENTS = 200
-# Causes whose memory does not scale with the batch: no smaller-batch advice beside them.
-CAUSES_NOT_OF_THE_BATCH = frozenset({"optimizer_step", "outside_memory", "cuda_graph_pools"})
+# Causes that a smaller training batch does not fix (the real half-batch reruns of the optimizer and
+# evaluation families died in the same step; a leak's growth goes on): no smaller-batch advice beside them.
+CAUSES_NOT_OF_THE_BATCH = frozenset(
+    {"optimizer_step", "outside_memory", "cuda_graph_pools", "leak", "forward_without_no_grad"}
+)
 SEGMENT_MAP_MAX_BLOCKS = 48
 LEAK_SERIES_MAX_POINTS = 200
 
@@ -281,6 +284,15 @@ def _size_into(dev_report: dict[str, Any], batch_size: int | None) -> None:
     dev_report["batch_fit"] = fit
     smaller = sizing.batch_suggestion(fit)
     cause = primary_cause(dev_report)
+    oom = dev_report.get("oom")
+    if cause is not None or (oom is not None and device_full_unexplained(oom)):
+        for s in dev_report["suggestions"]:
+            if not str(s.get("config") or "").startswith("PYTORCH_CUDA_ALLOC_CONF="):
+                continue
+            if cause is not None and cause["id"] == "leak":
+                s["avoids_oom"] = False  # the failing step may pass; the growth kills a later one
+            elif s.get("step_completes") is not True:
+                s["avoids_oom"] = None  # past the request says nothing of the rest of a step the cause fills
     if smaller is not None and not (cause is not None and cause["id"] in CAUSES_NOT_OF_THE_BATCH):
         dev_report["suggestions"] = advice_mod.ordered([*dev_report["suggestions"], smaller])
     dev_report["gpu_fit"] = sizing.gpu_fit(dev_report)

@@ -14,8 +14,9 @@ with the OOM message (what the client's sidecar sends) and without it (a snapsho
 - **unanswered**: no cause named (the allocator's own answer stands), when that answer is not a setting whose
   rerun died.
 
-Also counted: rows of the ranked table that say a setting finishes the step or the run where that setting's
-real rerun died in the same step (overclaims).
+Also counted (overclaims): rows of the ranked table that say a setting finishes the step or the run where that
+setting's real rerun died in the same step, and suggestions that say a setting avoids the OOM where its real
+rerun died.
 """
 
 from __future__ import annotations
@@ -46,9 +47,15 @@ def judge(report: dict[str, Any], family: dict[str, Any]) -> tuple[str, str, lis
     for row in dev.get("ranked") or []:
         for member, setting in SETTING_MEMBERS.items():
             rerun = members.get(member)
-            if row["id"] == setting and rerun and rerun["died"] and rerun["died_step"] == members["default"]["died_step"]:
-                if row.get("step_completes") is True or row.get("run_completes") is True:
-                    overclaims.append(f"{setting}: says the step finishes, its rerun died in step {rerun['died_step']}")
+            died_there = bool(rerun) and rerun["died"] and rerun["died_step"] == members["default"]["died_step"]
+            claims = row.get("step_completes") is True or row.get("run_completes") is True
+            if row["id"] == setting and died_there and claims:
+                overclaims.append(f"{setting}: says the step finishes, its rerun died in step {rerun['died_step']}")
+    for s in dev.get("suggestions") or []:
+        for member, setting in SETTING_MEMBERS.items():
+            rerun = members.get(member)
+            if s["id"] == setting and rerun and rerun["died"] and s.get("avoids_oom") is True:
+                overclaims.append(f"{setting}: a suggestion says it avoids the OOM, its rerun died")
     if change.get("kind") == "env":
         for member, setting in SETTING_MEMBERS.items():
             if change.get("id") == setting and members.get(member, {}).get("died"):
@@ -97,7 +104,7 @@ def main() -> int:
     for mode in ("message", "snapshot"):
         r, w, u = (totals[(mode, v)] for v in ("right", "wrong", "unanswered"))
         print(f"{mode:9s}: {r} right, {w} wrong, {u} unanswered of {r + w + u}")
-    print(f"ranked-table overclaims (a setting said to finish the step its rerun died in): {overclaim_count}")
+    print(f"overclaims (a setting said to finish the step or avoid the OOM, its rerun died): {overclaim_count}")
     return 0
 
 
