@@ -35,6 +35,7 @@ from analysis.phases import (
     PHASE_WORDS,
     PHASES,
     Phases,
+    live_bytes_by_phase,
     phase_of_event,
 )
 from analysis.stacks import TRAIT_OPTIMIZER_STATE_INIT, Lifetimes, StackCatalog
@@ -626,8 +627,6 @@ class Diagnosis:
 
 
 def diagnose(inp: CauseInput, rules: Sequence[Rule] = RULES) -> Diagnosis:
-    from analysis.phases import live_bytes_by_phase
-
     causes = tuple(c for c in (rule(inp) for rule in rules) if c is not None)
     oom_phase = _oom_phase(inp) if inp.oom_index is not None else None
     live = live_bytes_by_phase(inp.phases, inp.lifetimes, inp.oom_index) if inp.oom_index is not None else {}

@@ -98,6 +98,7 @@ from analysis.model import (
     DeviceData,
     Snapshot,
 )
+from analysis.steps import find_steps
 
 I64 = npt.NDArray[np.int64]
 
@@ -1017,10 +1018,9 @@ def step_end_indices(snapshot: Snapshot, device: DeviceData | int) -> list[int]:
     """Event index at the end of each step: the last event with ``time_us`` at or
     before the END of a ``ProfilerStep#N`` (else ``Optimizer.step#...``) annotation.
 
-    Delegates to ``analysis.steps`` so the report's steps and the what-if's agree.
+    Delegates to ``analysis.steps`` (a base module, like ``analysis.model``) so the report's steps and the
+    what-if's agree.
     """
-    from analysis.steps import find_steps  # local: steps is a sibling analysis
-
     dev = _device(snapshot, device)
     steps = find_steps(snapshot.annotations, dev.device, dev.trace.time_us)
     return [int(i) for i in steps.last_event.tolist()]
