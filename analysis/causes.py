@@ -53,6 +53,10 @@ HOLD_MIN_SHARE = 0.5
 OUTSIDE_MIN_SHARE = 0.2
 # Private pools worth a headline, as a share of reserved memory.
 POOLS_MIN_SHARE = 0.25
+# A workload that grows: at least this many completed steps, the last third's peaks this share of the limit
+# above the first third's.
+GROWTH_MIN_STEPS = 6
+GROWTH_MIN_SHARE_OF_LIMIT = 0.15
 # A cache grown by concatenation: at least this many distinct sizes, this regular.
 GROWTH_MIN_SIZES = 16
 GROWTH_REGULAR_SHARE = 0.8
@@ -298,6 +302,75 @@ def leak(inp: CauseInput) -> Cause | None:
         cost="none: the kept tensors are a bug (keep numbers or host copies instead)",
         stacks=stacks,
         figures=figures,
+    )
+
+
+def growing_workload(inp: CauseInput) -> Cause | None:
+    """The steps need more and more (a growing batch or sequence length): the step that failed is
+    not the last that would, and a setting that gets past it only postpones the OOM."""
+    if inp.oom_index is None or inp.limit_bytes is None:
+        return None
+    ends = inp.steps.last_event
+    firsts = inp.steps.first_event
+    done = ends < inp.oom_index
+    k = int(done.sum())
+    if k < GROWTH_MIN_STEPS:
+        return None
+    peaks = np.array(
+        [
+            int(inp.allocated[int(a) : int(b) + 1].max()) if b >= a else 0
+            for a, b in zip(firsts[:k], ends[:k], strict=True)
+        ],
+        np.int64,
+    )
+    third = max(1, k // 3)
+    early, late = float(peaks[:third].mean()), float(peaks[-third:].mean())
+    slope = float(np.polyfit(np.arange(k, dtype=np.float64), peaks.astype(np.float64), 1)[0])
+    if slope <= 0 or late - early < GROWTH_MIN_SHARE_OF_LIMIT * inp.limit_bytes:
+        return None
+    rate = int(slope)
+    best = int(peaks.max())
+    best_step = int(np.argmax(peaks))
+    packed_room = inp.limit_bytes - _allocated_at(inp, inp.oom_index) - inp.requested_bytes
+    more = math.ceil(max(0, packed_room) / max(1, rate))
+    need = _allocated_at(inp, inp.oom_index) + inp.requested_bytes
+    return Cause(
+        id="growing_workload",
+        title="The workload grows step after step (batch or sequence length)",
+        phase=_oom_phase(inp),
+        explains_oom=True,
+        headline=(
+            f"The steps need more and more: peak allocated memory grew from {format_size(int(early))} in the first "
+            f"steps to {format_size(int(late))} in the last (about {format_size(rate)} a step: a growing batch or "
+            f"sequence length), and step {k} needed more than the limit. No allocator setting saves such a run: "
+            f"one that gets past step {k} dies a few steps later."
+        ),
+        evidence=(
+            f"Peak allocated per completed step, by a line through the {k} steps: +{format_size(rate)} a step; the "
+            f"largest completed step (step {best_step}) peaked at {format_size(best)}; the failing one needed at least "
+            f"{format_size(need)}."
+        ),
+        fix_title="Cap what grows: the batch or sequence length at what the largest completed step used",
+        fix_line=(
+            f"max_len = ...  # cap the batch / sequence length at step {best_step}'s ({format_size(best)} peak), or "
+            "bucket lengths so the largest bucket fits"
+        ),
+        saving_bytes=max(0, need - best),
+        fits_after_fix=best <= inp.limit_bytes,
+        settings=(
+            f"no setting saves the run while the steps keep growing: even a perfectly packed cache (what "
+            f"expandable_segments approaches) only postpones the OOM, by about {more} step{'s' if more != 1 else ''} "
+            f"(to step {k + more})"
+        ),
+        cost="the longest batches or sequences are cut or split (or padded to buckets)",
+        figures={
+            "steps": k,
+            "growth_per_step_bytes": rate,
+            "largest_completed_step": best_step,
+            "largest_completed_peak_bytes": best,
+            "died_in_step": k,
+            "postpone_packed_steps": int(more),
+        },
     )
 
 
@@ -593,6 +666,7 @@ RULES: tuple[Rule, ...] = (
     forward_without_no_grad,
     cuda_graph_pools,
     kv_cache_growth,
+    growing_workload,
 )
 
 

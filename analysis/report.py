@@ -81,6 +81,8 @@ TOP_STACKS = 10
 BACKWARD_NO_FRAMES = "backward pass (no frames: stacks='python' records none on the autograd thread)"
 BEFORE_TRACE = "allocated before the trace began (stack unknown)"
 SEGMENT_MAP_MAX_SEGMENTS = 200
+# Memory that grows step after step: settings postpone the OOM, they never avoid it.
+CAUSES_THAT_GROW = frozenset({"leak", "growing_workload"})
 # Causes that a smaller training batch does not fix (the real half-batch reruns of the optimizer and
 # evaluation families died in the same step; a leak's growth goes on): no smaller-batch advice beside them.
 CAUSES_NOT_OF_THE_BATCH = frozenset(
@@ -289,7 +291,9 @@ def _size_into(dev_report: dict[str, Any], batch_size: int | None) -> None:
         for s in dev_report["suggestions"]:
             if not str(s.get("config") or "").startswith("PYTORCH_CUDA_ALLOC_CONF="):
                 continue
-            if cause is not None and cause["id"] == "leak":
+            if s.get("avoids_oom") is not True:
+                continue  # only a claim is taken back, never made
+            if cause is not None and cause["id"] in CAUSES_THAT_GROW:
                 s["avoids_oom"] = False  # the failing step may pass; the growth kills a later one
             elif s.get("step_completes") is not True:
                 s["avoids_oom"] = None  # past the request says nothing of the rest of a step the cause fills
@@ -297,12 +301,13 @@ def _size_into(dev_report: dict[str, Any], batch_size: int | None) -> None:
         dev_report["suggestions"] = advice_mod.ordered([*dev_report["suggestions"], smaller])
     dev_report["gpu_fit"] = sizing.gpu_fit(dev_report)
     dev_report["ranked"] = sizing.ranked(dev_report)
-    if cause is not None and cause["id"] == "leak":
+    if cause is not None and cause["id"] in CAUSES_THAT_GROW:
         # Growth across steps: a setting that gets past the failing step still dies a few steps on.
         for row in dev_report["ranked"]:
             if row["cost"] == "none":
                 row["run_completes"] = False
                 row["run_note"] = cause["settings"]
+        dev_report["ranked"].sort(key=lambda r: r.get("run_completes") is False)  # stable: the rest keep order
 
 
 def build_whatif(

@@ -61,15 +61,14 @@ def test_gpt_varlen_oom_suggests_expandable_segments_with_the_replay_evidence() 
     sugg = {s["id"]: s for s in dev["suggestions"]}
     exp = sugg["expandable_segments"]
     w = next(x for x in dev["whatif"] if x["config"] == "expandable_segments:True")
-    assert w["oom_avoided"] is True and exp["avoids_oom"] is True
-    # The real expandable_segments run of this workload (gpt_varlen_expandable) finished step 23.
-    assert w["step_completes"] is True
+    # The real expandable_segments run of this workload (gpt_varlen_expandable) finished step 23 and died
+    # in step 27: the step completes, the run does not (the diagnosis: its steps keep growing).
+    assert w["oom_avoided"] is True and w["step_completes"] is True
+    assert exp["avoids_oom"] is False
     assert "so this request no longer fails" in exp["evidence"]
     assert "the whole step runs" in exp["evidence"]
     assert gib(w["peak_reserved_bytes"]) in exp["evidence"]
     assert f"{dev['oom']['event_index']:,}" in exp["evidence"]
-    # What avoids the recorded OOM comes first.
-    assert dev["suggestions"][0]["avoids_oom"] is True
 
 
 def test_frag_oom_no_setting_saves_it_so_the_advice_is_the_allocation_order() -> None:
