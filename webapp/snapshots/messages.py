@@ -102,3 +102,8 @@ TEAM_OWNER_FIXED = "The team's owner keeps their role and cannot be removed."
 TOKEN_PROJECT_UNKNOWN = "No project {slug!r} among yours."  # noqa: S105 - a message, not a secret
 UPLOAD_READ_ONLY = "You can read this project but not upload to it (your role is viewer)."
 SHARE_READ_ONLY = "Viewers can read this report but not make or revoke its share links."
+
+# The report page's "paste the OOM message" form (issue 20).
+REANALYSE_QUEUED = "Analysing the same file again with the OOM message: this report stays as it was, in the history."
+REANALYSE_READ_ONLY = "Viewers can read this report but not analyse it again; ask a member of the team."
+REANALYSE_EMPTY = "Paste torch's message, the lines from 'CUDA out of memory. Tried to allocate ...' on."

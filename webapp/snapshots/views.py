@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -21,8 +22,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from webapp.snapshots import chartpage, explore, messages, services
-from webapp.snapshots.forms import SignupForm, UploadForm
+from analysis import readout
+from webapp.snapshots import chartpage, explore, formatting, messages, services
+from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
 
@@ -51,7 +53,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
     share_link = next((link["url"] for link in live if link["url"]), None)
     return {
         "upload": services.upload_dict(upload, request),
-        "report": with_decisions(report.data) if report else None,
+        "report": formatting.report_for_page(report.data) if report else None,
         # The first chart in the HTML, the others from charts.json once it is drawn (chartpage.py).
         "charts": chartpage.first(report.charts) if report else {},
         "charts_src": reverse("snapshots:charts_json", args=[upload.code]),
@@ -68,15 +70,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
     }
 
 
-def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
-    """Reports stored before ``decision`` existed get it here (a pure function of the report's own keys)."""
-    from analysis.decision import decide
-
-    capture = report.get("capture") or {}
-    for dev in report.get("devices") or []:
-        if isinstance(dev, dict) and "decision" not in dev:
-            dev["decision"] = decide(dev, capture)
-    return report
+with_decisions = formatting.with_decisions  # the name older callers import
 
 
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
@@ -257,6 +251,29 @@ def delete(request: HttpRequest, code: str) -> HttpResponse:
     return redirect("snapshots:history", slug=slug)
 
 
+@login_required
+@require_POST
+def reanalyse_with_message(request: HttpRequest, code: str) -> HttpResponse:
+    """Page action: the report's "paste the OOM message" form. A new analysis of the same file with
+    the message (its real limit); the page then follows that one."""
+    upload_row = _upload_or_404(request, code)
+    back = redirect(reverse("snapshots:detail", args=[code]) + "#basis")
+    if not services.can(request.user, upload_row.project.team, "write"):
+        flash.error(request, messages.REANALYSE_READ_ONLY)
+        return back
+    try:
+        text = clean_oom_message(request.POST.get("oom_message") or "")
+    except ValidationError as err:
+        flash.error(request, " ".join(err.messages))
+        return back
+    if not text:
+        flash.error(request, messages.REANALYSE_EMPTY)
+        return back
+    again = services.upload_reanalyse(upload_row, request.user, oom_message=text)  # type: ignore[arg-type]
+    flash.info(request, messages.REANALYSE_QUEUED)
+    return redirect("snapshots:detail", code=again.code)
+
+
 def _capability_headers(response: HttpResponse) -> HttpResponse:
     """Pages reached by a secret URL must not leak it (W3C capability URLs; reliability.md §4)."""
     response["Referrer-Policy"] = "no-referrer"
@@ -350,12 +367,26 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
         request,
         "snapshots/compare.html",
         {
-            "a": {"upload": services.upload_dict(a, request), "report": report_a.data if report_a else None},
-            "b": {"upload": services.upload_dict(b, request), "report": report_b.data if report_b else None},
+            "a": _compare_side(a, report_a, request),
+            "b": _compare_side(b, report_b, request),
             "charts": charts,
             "diff": diff,
         },
     )
+
+
+def _compare_side(upload_row: Upload, report: Any, request: HttpRequest) -> dict[str, Any]:
+    """One run of the compare page: its report's main device (the OOM one, else the largest) with
+    what its verdict rests on and its decision, as the report page words them."""
+    data = formatting.report_for_page(report.data) if report else None
+    device = readout.main_device((data or {}).get("devices") or [])
+    return {
+        "upload": services.upload_dict(upload_row, request),
+        "report": data,
+        "device": device,
+        "basis": (device or {}).get("readout", {}).get("basis"),
+        "decision": (device or {}).get("decision"),
+    }
 
 
 # --- digging: zoom detail, the state at an event, one block ---------------------------------
