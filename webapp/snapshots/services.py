@@ -880,11 +880,12 @@ def markdown_snippet(upload: Upload, link: str | None) -> str:
     if upload.run:
         parts.append(f"run `{upload.run}`")
     if "peak_reserved_bytes" in s:
-        parts.append(f"peak reserved {messages.human_bytes(int(s['peak_reserved_bytes']))}")
+        parts.append(f"peak reserved {readout.size(int(s['peak_reserved_bytes']))}")
     if "peak_allocated_bytes" in s:
-        parts.append(f"peak allocated {messages.human_bytes(int(s['peak_allocated_bytes']))}")
+        parts.append(f"peak allocated {readout.size(int(s['peak_allocated_bytes']))}")
     if s.get("oom"):
-        parts.append(f"OOM ({s.get('verdict') or 'unknown'})")
+        limit = f", limit {s['limit_text']} ({s['limit_source_short']})" if s.get("limit_text") else ""
+        parts.append(f"OOM ({s.get('verdict') or 'unknown'}{limit})")
     line = " · ".join(parts)
     return f"{line} — [memory report]({link})" if link else line
 
