@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from analysis.readout import size, size_range
+from tests.webapp import test_browser
 from tests.webapp.helpers import FIXTURES
 from tests.webapp.test_browser import SCREENSHOTS, Visit, _analysed, _session_cookie
-from tests.webapp.test_browser import browser as chromium_fixture  # noqa: F401 (pytest finds the fixture "browser")
 
 pytestmark = pytest.mark.browser
+browser = test_browser.browser  # the module's Chromium, a pytest fixture shared with test_browser.py
 
 WIDTHS = {"desktop": (1440, 900), "phone": (390, 844)}
 

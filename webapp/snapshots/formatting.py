@@ -36,6 +36,31 @@ def report_for_page(report: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+# How long an analysis takes, from the file's size: the worker analysed the small fixtures (100-250 KB
+# gzipped) in about 2 s with their charts, and huge_all_stacks (21.8 MB gzipped, 460 MB raw) in about
+# 35 s (docs/performance.md, test_ux_huge.py; this project's 2-core box). A raw pickle is about 21 times
+# its gzipped size.
+ESTIMATE_BASE_S = 2.0
+ESTIMATE_S_PER_GZ_MB = 1.5
+RAW_PER_GZ = 21.0
+
+
+def analysis_estimate_s(file_bytes: int | None, fmt: str = "") -> int:
+    """A rough wait for an upload of this size, in seconds (rounded up to 5 s above 10 s)."""
+    mb = float(file_bytes or 0) / 1e6
+    gz_mb = mb if fmt.endswith("gz") or fmt in ("torch-zip", "") else mb / RAW_PER_GZ
+    seconds = ESTIMATE_BASE_S + ESTIMATE_S_PER_GZ_MB * gz_mb
+    return int(seconds) + 1 if seconds <= 10 else int(-(-seconds // 5) * 5)
+
+
+def duration(seconds: float | None) -> str:
+    """``75`` -> ``1 min 15 s``; ``8`` -> ``8 s``."""
+    if seconds is None:
+        return ""
+    whole = max(0, int(seconds))
+    return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
+
+
 def event_text(action: str, size: int, label: str) -> str:
     """What happened at a point, for hover: ``alloc 12.00 MiB · linear.py:134 forward ← …``."""
     text = f"{action.replace('_', ' ')} {format_bytes(size)}" if action != "snapshot" else action

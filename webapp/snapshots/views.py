@@ -62,6 +62,8 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "share_active": bool(live),
         "share_links": links,
         "can_write": can_write,
+        # Delete is offered only to who may do it (services.upload_can_delete), never to a viewer.
+        "can_delete": not shared and services.upload_can_delete(request.user, upload),
         "markdown_snippet": services.markdown_snippet(upload, share_link),
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
@@ -177,15 +179,34 @@ def _upload_refused(request: HttpRequest, err: IntakeError) -> HttpResponse:
 def detail(request: HttpRequest, code: str) -> HttpResponse:
     upload_row = _upload_or_404(request, code)
     context = _report_context(request, upload_row, shared=False)
-    template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
-    return render(request, template, context)
+    if context["report"] is None:
+        return render(request, "snapshots/status.html", {**context, "progress": _progress(upload_row)})
+    return render(request, "snapshots/report.html", context)
+
+
+def _progress(upload_row: Upload) -> dict[str, Any]:
+    """The status page's figures: elapsed time and the estimate, worded."""
+    payload = _status_payload(upload_row)
+    return {
+        **payload,
+        "elapsed_text": formatting.duration(payload["elapsed_s"]),
+        "estimate_text": formatting.duration(payload["estimate_s"]),
+        # The stage names what runs ("reading", "replaying"); the badge already says queued/failed/done.
+        "stage_text": "" if upload_row.stage in ("", upload_row.status) else upload_row.stage,
+    }
 
 
 def _status_payload(upload_row: Upload) -> dict[str, Any]:
+    from django.utils import timezone
+
+    end = upload_row.finished_at or timezone.now()
     return {
         "status": upload_row.status,
         "progress": upload_row.progress,
         "stage": upload_row.stage,
+        # Seconds since the upload, and a rough estimate of the whole wait from the file's size.
+        "elapsed_s": round((end - upload_row.created_at).total_seconds(), 1),
+        "estimate_s": formatting.analysis_estimate_s(upload_row.bytes, upload_row.format),
         "error": {"code": upload_row.error_code, "message": upload_row.error_message}
         if upload_row.error_code
         else None,
@@ -244,7 +265,7 @@ def delete(request: HttpRequest, code: str) -> HttpResponse:
     """Page action: delete the snapshot, its report, share links and (after commit) its file."""
     upload_row = _upload_or_404(request, code)
     if not services.upload_can_delete(request.user, upload_row):
-        return HttpResponse(messages.DELETE_FORBIDDEN, status=403, content_type="text/plain")
+        return render(request, "403.html", {"reason": messages.DELETE_FORBIDDEN}, status=403)
     slug = upload_row.project.slug
     services.upload_delete(upload_row)
     flash.success(request, messages.SNAPSHOT_DELETED)
@@ -297,6 +318,8 @@ def share_view(request: HttpRequest, token: str) -> HttpResponse:
     context["status_url"] = reverse("snapshots:share_status_json", args=[token])
     context["explore_base"] = reverse("snapshots:share_view", args=[token])
     context["charts_src"] = reverse("snapshots:share_charts_json", args=[token])
+    if context["report"] is None:
+        context["progress"] = _progress(upload_row)
     template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
     return _capability_headers(render(request, template, context))
 
@@ -533,6 +556,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
     new token once, on this response; ``action=revoke`` with ``prefix`` revokes one."""
     user = request.user
     new_token = None
+    project = None
     status = 200
     if request.method == "POST":
         if request.POST.get("action") == "revoke":
@@ -547,6 +571,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
         else:
             new_token = services.api_token_create(user, project=project, name=request.POST.get("name") or "")  # type: ignore[arg-type]
     projects = services.visible_projects(user).order_by("team__name", "name")
+    writable = [p.slug for p in services.writable_projects(user).order_by("team__name", "name")]
     response = render(
         request,
         "snapshots/tokens.html",
@@ -554,7 +579,11 @@ def tokens(request: HttpRequest) -> HttpResponse:
             "tokens": services.api_tokens_of(user),  # type: ignore[arg-type]
             "projects": [services.project_dict(p) for p in projects],
             "new_token": new_token,
-            "api_base": request.build_absolute_uri("/"),
+            "api_base": request.build_absolute_uri("/").rstrip("/"),
+            # The command names a project, so it works for anyone with several (upload:no-project):
+            # the token's own, else the first one the user may upload to; the others are listed.
+            "command_project": project.slug if new_token and project else (writable[0] if writable else "PROJECT"),
+            "other_projects": [] if new_token and project else writable[1:],
         },
         status=status,
     )
