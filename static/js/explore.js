@@ -82,6 +82,11 @@
       active.source.data = body.data;
       active.figure.x_range.start = t0;
       active.figure.x_range.end = t1;
+      // The y range is fixed (no automatic range over an empty source): the stack's top, with room.
+      var top = 0;
+      (body.data.ys || []).forEach(function (ys) { ys.forEach(function (y) { if (y > top) top = y; }); });
+      active.figure.y_range.start = 0;
+      active.figure.y_range.end = top > 0 ? top * 1.05 : 1;
       active.slot.dataset.active = "1";
       active.slot.dataset.activeBands = String(body.bands);
       active.slot.dataset.activeRange = body.start + "-" + body.end;
@@ -107,6 +112,8 @@
     var timer = null;
     var asked = 0;
     var panel = document.getElementById("state-" + device);
+    var full = [xr.start, xr.end]; // the whole trace, as the page drew it
+    var fullTop = figure.y_range.end; // up to the limit, as the page drew it
 
     function visible() {
       return [Math.max(0, Math.floor(xr.start)), Math.ceil(xr.end), Math.max(100, Math.round(slot.getBoundingClientRect().width))];
@@ -131,6 +138,13 @@
           zoomed = true;
           body.first_time_us = firstTimeUs;
           source.data = seriesOf(body);
+          // The y axis follows the window: its highest reserved point, with room (issue 20: it stayed
+          // at the whole trace's scale, so a zoomed detail was a flat line at the bottom).
+          var top = 0;
+          (body.reserved_bytes || []).forEach(function (y) { if (y > top) top = y; });
+          var whole = t0 <= full[0] && t1 >= full[1];
+          if (whole) figure.y_range.setv({ start: 0, end: fullTop });
+          else if (top > 0) figure.y_range.setv({ start: 0, end: top * 1.08 });
           slot.dataset.zoom = "1";
           slot.dataset.zoomPoints = String(body.points);
           slot.dataset.zoomElided = String(body.elided || 0);
@@ -168,6 +182,36 @@
 
     figure.on_event("tap", function (event) {
       showState(Math.round(event.x));
+    });
+
+    // The keyboard drives the timeline where its slot has focus (charts.js makes it one tab stop):
+    // arrows pan a tenth of the view, + and - zoom by two around the middle, Home shows the whole
+    // trace, Enter shows the allocator's state at the middle event.
+    slot.addEventListener("keydown", function (event) {
+      var start = xr.start;
+      var end = xr.end;
+      var width = end - start;
+      var middle = (start + end) / 2;
+      var lo = full[0];
+      var hi = full[1];
+      if (event.key === "ArrowLeft" || event.key === "ArrowRight") {
+        var step = (event.key === "ArrowLeft" ? -1 : 1) * Math.max(1, width / 10);
+        step = Math.max(lo - start, Math.min(hi - end, step));
+        xr.setv({ start: start + step, end: end + step });
+      } else if (event.key === "+" || event.key === "=") {
+        var half = Math.max(2, width / 4);
+        xr.setv({ start: Math.max(lo, middle - half), end: Math.min(hi, middle + half) });
+      } else if (event.key === "-" || event.key === "_") {
+        var wide = width;
+        xr.setv({ start: Math.max(lo, middle - wide), end: Math.min(hi, middle + wide) });
+      } else if (event.key === "Home") {
+        xr.setv({ start: lo, end: hi });
+      } else if (event.key === "Enter") {
+        showState(Math.round(middle));
+      } else {
+        return;
+      }
+      event.preventDefault();
     });
     figure._update_event_callbacks(); // subscribe the figure to its UI events (on_event alone does not)
 

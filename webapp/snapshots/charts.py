@@ -520,8 +520,11 @@ def _active_chart_json(device: int) -> str:
         tools="pan,xwheel_zoom,box_zoom,reset,save",
     )
     p.name = "active-figure"
+    # Fixed ranges, set by static/js/explore.js from each answer: an automatic range over the empty
+    # source would make BokehJS warn "could not set initial ranges" on every page.
+    p.x_range = Range1d(start=0, end=1)
+    p.y_range = Range1d(start=0, end=1)
     _bytes_ticks(p.yaxis)
-    p.y_range.start = 0
     p.xaxis.axis_label = "trace event (follows the timeline's range)"
     p.xaxis.formatter = NumeralTickFormatter(format="0,0")
     r = p.patches("xs", "ys", source=source, fill_color="colour", line_color="white", line_width=0.3, fill_alpha=0.85)
