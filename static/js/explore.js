@@ -75,6 +75,7 @@
   }
 
   function fillActive(base, device, t0, t1, px) {
+    fillBands(segtimes[device], "segments", base, device, t0, t1, px);
     var active = actives[device];
     if (!active) return;
     active.slot.dataset.active = "loading";
@@ -93,6 +94,41 @@
     }, function (error) {
       active.slot.dataset.active = "error";
       console.warn("active memory:", error.message);
+    });
+  }
+
+  // The segment timeline (memory_viz's "active cached segment timeline"): bands from segments.json,
+  // following the timeline's range as the active-memory chart does.
+  var segtimes = {}; // device -> {doc, source, figure, slot}
+
+  function setupSegtime(slot, views) {
+    var device = slot.dataset.chart.slice("segtime-".length);
+    var doc = docOf(views);
+    if (!doc) return;
+    segtimes[device] = {
+      doc: doc,
+      slot: slot,
+      source: doc.get_model_by_name("segtime-source"),
+      figure: doc.get_model_by_name("segtime-figure"),
+    };
+    if (timelines[device]) timelines[device]();
+  }
+
+  function fillBands(chart, kind, base, device, t0, t1, px) {
+    if (!chart) return;
+    chart.slot.dataset.bands = "loading";
+    getJSON(base + kind + ".json?device=" + device + "&t0=" + t0 + "&t1=" + t1 + "&px=" + px).then(function (body) {
+      chart.source.data = body.data;
+      var top = 0;
+      (body.data.ys || []).forEach(function (ys) { ys.forEach(function (y) { if (y > top) top = y; }); });
+      chart.figure.x_range.setv({ start: t0, end: t1 });
+      chart.figure.y_range.setv({ start: 0, end: top > 0 ? top * 1.05 : 1 });
+      chart.slot.dataset.bands = String(body.bands);
+      chart.slot.dataset.segments = String(body.segments);
+      chart.slot.dataset.bandsRange = body.start + "-" + body.end;
+    }, function (error) {
+      chart.slot.dataset.bands = "error";
+      console.warn(kind + ":", error.message);
     });
   }
 
@@ -449,9 +485,10 @@
     var slot = event.target;
     if (!slot.dataset) return;
     var name = slot.dataset.chart || "";
-    if (!/^(timeline|active)-/.test(name)) return;
+    if (!/^(timeline|active|segtime)-/.test(name)) return;
     try {
       if (/^active-/.test(name)) setupActive(slot, event.detail && event.detail.views);
+      else if (/^segtime-/.test(name)) setupSegtime(slot, event.detail && event.detail.views);
       else setup(slot, event.detail && event.detail.views);
     } catch (error) {
       console.warn("timeline digging unavailable:", error);

@@ -174,10 +174,11 @@ def _check_page(visit: Visit, charts: dict[str, dict[str, Any]], host: str | Non
     assert visit.errors() == []
     assert visit.csp_violations() == []
     # Pages with a server add an (initially empty) active-memory chart per device to the stored ones.
-    # The active-memory chart needs the server's data: a page without one (the standalone file) leaves it out.
+    # The active-memory and segment-timeline charts need the server's data: a page without one (the
+    # standalone file) leaves them out.
     names = visit.page.evaluate("Array.from(document.querySelectorAll('[data-chart]')).map((e) => e.dataset.chart)")
     left_out = [n for n in charts if n not in names]
-    assert all(n.startswith("active-") for n in left_out) and (host is None) == bool(left_out), left_out
+    assert all(n.startswith(("active-", "segtime-")) for n in left_out) and (host is None) == bool(left_out), left_out
     charts = {n: item for n, item in charts.items() if n in names}
     assert visit.page.evaluate("document.body.dataset.chartsDrawn") == str(len(charts))
     assert visit.page.locator("[data-chart][data-rendered=error]").count() == 0

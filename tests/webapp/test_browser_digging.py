@@ -49,6 +49,15 @@ def test_event_list_steps_with_the_keys_and_the_state_follows(
     try:
         page = visit.page
         visit.wait_for("() => document.querySelector('[data-chart=\"timeline-0\"]').dataset.exploreReady === '1'")
+        # The segment timeline got its bands for the whole trace from segments.json.
+        visit.wait_for(
+            "() => /^[0-9]+$/.test(document.querySelector('[data-chart=\"segtime-0\"]').dataset.bands || '')"
+        )
+        segtime = page.locator('[data-chart="segtime-0"]')
+        assert int(segtime.get_attribute("data-bands")) > 10 and int(segtime.get_attribute("data-segments")) > 10
+        if form == "desktop":
+            segtime.scroll_into_view_if_needed()
+            page.screenshot(path=str(SCREENSHOTS / "segment-timeline.png"), full_page=False)
         opener = page.get_by_role("button", name="Step through the events from the OOM")
         opener.click()
         oom_event = int(opener.get_attribute("data-event"))

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-FIRST = ("timeline-", "active-")
+FIRST = ("timeline-", "active-", "segtime-")
 TIMELINE_SOURCE = "timeline-source"  # the ColumnDataSource's name in charts._timeline_chart
 HOVER_COLUMN = "what"
 # What a later chart's name maps to in the page's charts (templates/snapshots/_chart.html).

@@ -124,6 +124,8 @@ def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if f"timeline-{d}" in charts:
             # Empty here; static/js/explore.js fills it from active.json (site pages only).
             charts[f"active-{d}"] = active_chart_item(int(d))
+            # memory_viz's segment timeline, empty too: explore.js fills it from segments.json.
+            charts[f"segtime-{d}"] = segment_time_chart_item(int(d))
     return charts
 
 
@@ -545,6 +547,43 @@ def _active_chart_json(device: int) -> str:
 def active_chart_item(device: int) -> dict[str, Any]:
     """The active-memory chart of a device, empty: static/js/explore.js fills it from active.json."""
     item: dict[str, Any] = json.loads(_active_chart_json(device))
+    return item
+
+
+@functools.lru_cache(maxsize=16)
+def _segment_time_chart_json(device: int) -> str:
+    source = ColumnDataSource(
+        {k: [] for k in ("xs", "ys", "size", "size_text", "address", "alloc_event", "free_event", "colour")},
+        name="segtime-source",
+    )
+    p = _figure(
+        "Segments over time: each cached segment a band while it exists, stacked in the order they were made",
+        height=260,
+        tools="pan,xwheel_zoom,box_zoom,reset,save",
+    )
+    p.name = "segtime-figure"
+    p.x_range = Range1d(start=0, end=1)  # set by explore.js from each answer (see _active_chart_json)
+    p.y_range = Range1d(start=0, end=1)
+    _bytes_ticks(p.yaxis)
+    p.xaxis.axis_label = "trace event (follows the timeline's range)"
+    p.xaxis.formatter = NumeralTickFormatter(format="0,0")
+    r = p.patches("xs", "ys", source=source, fill_color="colour", line_color="white", line_width=0.5, fill_alpha=0.8)
+    p.add_tools(
+        HoverTool(
+            renderers=[r],
+            tooltips=[
+                ("segment", "@address, @size_text (@size{0,0} B)"),
+                ("made at event", "@alloc_event{0,0}"),
+                ("released at event", "@free_event"),
+            ],
+        )
+    )
+    return json.dumps(json_item(p))
+
+
+def segment_time_chart_item(device: int) -> dict[str, Any]:
+    """The segment timeline of a device, empty: static/js/explore.js fills it from segments.json."""
+    item: dict[str, Any] = json.loads(_segment_time_chart_json(device))
     return item
 
 

@@ -443,6 +443,11 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
             t1 = _int_param(request, "t1", 2**62)
             px = min(4000, max(16, _int_param(request, "px", 1000)))
             body = explore.active_payload(upload_row, device, t0, t1, px)
+        elif kind == "segments":
+            t0 = _int_param(request, "t0", 0)
+            t1 = _int_param(request, "t1", 2**62)
+            px = min(4000, max(16, _int_param(request, "px", 1000)))
+            body = explore.segments_payload(upload_row, device, t0, t1, px)
         elif kind == "state":
             body = explore.state_payload(upload_row, device, _int_param(request, "i"))
         else:
