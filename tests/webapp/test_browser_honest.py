@@ -95,6 +95,13 @@ def test_screen_one_says_what_the_verdict_rests_on_and_asks_for_the_message(
         prompt = box.locator(".paste-message.prominent")
         assert prompt.count() == 1 and prompt.get_attribute("data-prompt") == "verdict"
         assert "This verdict could change with torch's OOM message." in prompt.inner_text()
+        # The OOM's own section says the same: a step-level capacity from a lower bound, not "no setting
+        # can make that fit" (the failing request alone would have fit).
+        oom_text = page.locator(".oom p.verdict-text[data-level=step]").inner_text()
+        assert f"step 4 needs {size(dev['oom']['step_need_bytes'])}" in oom_text
+        assert "the failing request alone" in oom_text and "would have fit" in oom_text
+        assert "only a lower bound" in oom_text
+        assert "No allocator setting can make" not in page.locator(".oom").inner_text()
         # The prompt is on the first screen, even on a phone, as far as its first line.
         top = prompt.bounding_box()
         assert top is not None and top["y"] < (height if form == "desktop" else 2.5 * height), top
