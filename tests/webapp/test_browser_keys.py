@@ -144,13 +144,18 @@ def test_the_keyboard_reaches_the_report_and_drives_the_timeline(
                 break
         assert stops[-1] == "timeline-0", stops
         assert len(stops) <= 12, stops
-        # Each chart is one stop: the next Tab leaves the timeline for the active-memory chart, then on.
+        # Each chart is one stop: the next Tab leaves the timeline for the event list's button, then the
+        # active-memory chart, the segment timeline, and on.
+        page.keyboard.press("Tab")
+        assert active().endswith("Step through the events from the OOM"), active()
         page.keyboard.press("Tab")
         assert active() == "active-0"
         page.keyboard.press("Tab")
-        assert not active().startswith(("timeline", "active")), active()
-        page.keyboard.press("Shift+Tab")
-        page.keyboard.press("Shift+Tab")
+        assert active() == "segtime-0"
+        page.keyboard.press("Tab")
+        assert not active().startswith(("timeline", "active", "segtime")), active()
+        for _ in range(4):
+            page.keyboard.press("Shift+Tab")
         assert active() == "timeline-0"
         slot = page.locator('[data-chart="timeline-0"]')
         before = page.evaluate(
