@@ -128,10 +128,16 @@ def test_the_keyboard_reaches_the_report_and_drives_the_timeline(
         assert page.evaluate("document.activeElement.id") == "main"
 
         def active() -> str:
+            """The focused element: a chart slot by its name, else its tag, class, chart and text."""
             return str(
                 page.evaluate(
-                    "(() => { const e = document.activeElement; return (e.dataset && e.dataset.chart) ||"
-                    " e.tagName + '.' + e.className + ' in ' + (e.closest('[data-chart]') ? e.closest('[data-chart]').dataset.chart : '') + ' ' + (e.textContent || '').trim().slice(0, 40); })()"
+                    """(() => {
+                      const e = document.activeElement;
+                      if (e.dataset && e.dataset.chart) return e.dataset.chart;
+                      const chart = e.closest('[data-chart]');
+                      return `${e.tagName}.${e.className} in ${chart ? chart.dataset.chart : ''} `
+                        + (e.textContent || '').trim().slice(0, 40);
+                    })()"""
                 )
             )
 

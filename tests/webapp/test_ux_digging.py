@@ -15,7 +15,9 @@ from tests.webapp.helpers import FIXTURES, make_upload
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.parametrize("case", ["gpt_varlen_oom", "frag_oom", "gpu_empty_cache", "gpt_varlen_expandable", "wrapped_ring"])
+@pytest.mark.parametrize(
+    "case", ["gpt_varlen_oom", "frag_oom", "gpu_empty_cache", "gpt_varlen_expandable", "wrapped_ring"]
+)
 def test_segments_alive_add_up_to_reserved_memory(case: str, alice_client: Any, alice: Any, alpha: Any) -> None:
     from webapp.snapshots.tasks import analyse_upload
 
