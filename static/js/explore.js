@@ -334,6 +334,9 @@
         option.scrollIntoView({ block: "nearest" });
       }
       listBox.dataset.selected = String(index);
+      // The same event on the timeline: a vertical line (reports analysed before it have none).
+      var cursor = doc.get_model_by_name("timeline-cursor");
+      if (cursor) cursor.setv({ location: index, visible: true });
       clearTimeout(stateTimer);
       stateTimer = setTimeout(function () { showState(index); }, 80); // holding a key asks once it rests
     }

@@ -79,6 +79,12 @@ def test_event_list_steps_with_the_keys_and_the_state_follows(
         at = listed.index(first)
         assert seen[1:5] == [listed[at + 1], listed[at + 2], listed[at + 1], listed[at]]
         assert seen[5] == listed[at - 1] and first - 45 <= seen[6] <= first - 35
+        # The timeline marks the selected event.
+        cursor = page.evaluate(
+            "(() => { for (const d of Bokeh.documents) { const c = d.get_model_by_name('timeline-cursor');"
+            " if (c) return [c.location, c.visible]; } })()"
+        )
+        assert cursor == [seen[-1], True]
         # The state shown is the recorded replay's after that event.
         index = seen[-1]
         for figure, column in (("allocated", rep.allocated), ("reserved", rep.reserved), ("requested", rep.requested)):

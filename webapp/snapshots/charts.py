@@ -99,6 +99,7 @@ STATE_LABELS = {
 WHATIF_COLOURS = ("#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+CURSOR_COLOUR = "#1f2328"  # the event list's selected event on the timeline
 
 # ---------------------------------------------------------------- entry points
 
@@ -482,6 +483,17 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
         tooltips.append(("fragmentation", "@fragmentation{0.0%}"))
     p.add_tools(HoverTool(renderers=lines[:1], mode="vline", tooltips=tooltips))
     p.name = "timeline-figure"
+    # The event selected in the page's event list (static/js/explore.js moves it and shows it).
+    p.add_layout(
+        Span(
+            location=float(x[0]),
+            dimension="height",
+            line_color=CURSOR_COLOUR,
+            line_width=1.5,
+            visible=False,
+            name="timeline-cursor",
+        )
+    )
     _legend(p, outside=True)
     if summary.get("peak_is_lower_bound"):
         p.title.text += " (trace incomplete: peaks are lower bounds)"
