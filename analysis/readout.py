@@ -263,7 +263,8 @@ def _state(row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str
 
 def ranked_rows(dev: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``dev["ranked"]`` as the page shows it: each change with its saving (replayed or estimated)
-    and its state (``finishes-step``, ``runs-out``, ``estimate``, ``not-known``, ``no-oom``)."""
+    and its state (``finishes-step``, ``runs-out``, ``postpones`` (the step, not the run: ``ranked[].
+    run_completes`` false), ``estimate``, ``not-known``, ``no-oom``)."""
     whatifs = dev.get("whatif") or []
     recorded_peak = int((dev.get("summary") or {}).get("peak_reserved_bytes") or 0)
     oom = dev.get("oom") or None
@@ -272,6 +273,12 @@ def ranked_rows(dev: Mapping[str, Any]) -> list[dict[str, Any]]:
         w = whatif_for(row.get("config"), whatifs)
         saving_text, saving_kind, saving_title = _saving(row, w, recorded_peak)
         state, state_text, why = _state(row, w, oom)
+        if row.get("run_completes") is False and oom:
+            # The run's memory grows step after step (the report's cause): getting past the failing step
+            # only postpones the OOM; the report says by how much in ``run_note``.
+            state = "postpones"
+            state_text = f"{state_text}, not the run" if state_text.startswith("finishes") else state_text
+            why = str(row.get("run_note") or "the run's memory grows step after step: the OOM comes back later")
         rows.append(
             {
                 "id": row.get("id"),

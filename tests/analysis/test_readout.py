@@ -89,3 +89,18 @@ def test_thin_headroom_is_the_limit_minus_the_projected_step_peak(case: str) -> 
     w = next(w for w in dev["whatif"] if w["config"] == "expandable_segments:True")
     assert h is not None and h["bytes"] == dev["oom"]["limit_bytes"] - w["step_peak_reserved_bytes"]
     assert h["thin"] and "less than the 710.00 MiB request that failed" in h["sentence"]
+
+
+def test_a_setting_that_gets_past_the_step_of_a_growing_run_postpones_it() -> None:
+    """leak_conv2 (main's diagnosis fixtures): memory grows every step; expandable_segments finishes the failing
+    step in the replay, and its real rerun died a few steps later all the same."""
+    case = FIXTURES / "diagnosis" / "leak_conv2_default.pickle.gz"
+    if not case.exists():
+        pytest.skip("the diagnosis fixtures come with the diagnosis issue's branch")
+    reruns = json.loads((FIXTURES / "diagnosis" / "leak_conv2.reruns.json").read_text())["members"]
+    dev = build_report(case, jobs=1)["devices"][0]
+    rows = {r["id"]: r for r in ranked_rows(dev)}
+    assert reruns["expandable"]["died"] and reruns["expandable"]["died_step"] > reruns["default"]["died_step"]
+    assert rows["expandable_segments"]["state"] == "postpones"
+    assert rows["expandable_segments"]["state_text"].endswith(", not the run")
+    assert "postpones the OOM" in rows["expandable_segments"]["why"]
