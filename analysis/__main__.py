@@ -1,10 +1,15 @@
-"""Command line: ``python -m analysis report|whatif``.
+"""Command line: ``python -m analysis report|whatif|triage``.
+
+``report`` takes one snapshot, or several (one per rank of a distributed job: the run's
+report, ``analysis/runs.py``), or a tar or zip of them (``analysis/rankfiles.py``).
 
 Exit status 0 on success; 2 with one line ``error: <code>: <message>`` on
 standard error when the file is not a usable snapshot (``SnapshotError``) or a
 ``--whatif``/``--config`` string cannot be parsed (``ConfigError``), an
 ``--oom-message`` is not torch's OOM message (``OomMessageError``) or a
-``--sidecar`` is not JSON. Anything else is a bug and keeps its traceback.
+``--sidecar`` is not JSON, rank files cannot make one run (``RunInputError``), or, for
+``triage``, its summary is not ``memory_summary()``'s (``TriageError``). Anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,18 +26,32 @@ from analysis.config import AllocatorConfig
 from analysis.errors import ConfigError, SnapshotError
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError, parse_oom_message
 from analysis.parallel import default_jobs
+from analysis.rankfiles import rank_paths
+from analysis.runs import RunInputError
 
 EXIT_USER_ERROR = 2
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "triage":
+        return _triage(args)
     try:
         # Validate allocator strings before the (possibly long) analysis.
         for conf in [*getattr(args, "whatif", []), *([args.config] if args.command == "whatif" else [])]:
             AllocatorConfig.parse(conf)
         args.oom_message = _oom_message(args)
         if args.command == "report":
+            with tempfile.TemporaryDirectory(prefix="oomscope-ranks-") as scratch:
+                args.snapshots, unpacked = rank_paths(args.snapshots, Path(scratch))
+                if len(args.snapshots) > 1 or unpacked:
+                    if args.sidecar_file is not None:
+                        raise RunInputError(
+                            "sidecar-per-rank",
+                            "--sidecar names one file; with several ranks the NAME.json beside each snapshot is read",
+                        )
+                    return _run_report(args)
+            args.snapshot = args.snapshots[0]
             args.sidecar = _sidecar(args.sidecar_file)
             return _report(args)
         return _whatif(args)
@@ -41,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {ConfigError.code}: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except OomMessageError as exc:
+    except (OomMessageError, RunInputError) as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_USER_ERROR
     except OSError as exc:
@@ -53,7 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis", description="Explain a CUDA memory snapshot.")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="the full report (JSON with --json, else a short summary)")
-    rep.add_argument("snapshot", type=Path)
+    rep.add_argument(
+        "snapshots",
+        type=Path,
+        nargs="+",
+        metavar="SNAPSHOT",
+        help="a snapshot; several (one per rank) give the run's report (ranks[] and run)",
+    )
     rep.add_argument("--json", dest="json_out", metavar="OUT|-", help="write the report JSON here ('-': stdout)")
     rep.add_argument(
         "--whatif",
@@ -92,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     wmsg.add_argument("--oom-message", metavar="TEXT", help="torch's 'CUDA out of memory' message")
     wmsg.add_argument("--oom-message-file", type=Path, metavar="FILE", help="a file holding that message")
     wi.add_argument("--json", dest="json_out", metavar="OUT|-")
+    tri = sub.add_parser("triage", help="what the OOM message (and memory_summary()) alone say, without a snapshot")
+    tri.add_argument(
+        "--message-file", type=Path, required=True, metavar="FILE", help="torch's OOM message (a log is fine)"
+    )
+    tri.add_argument(
+        "--summary-file", type=Path, metavar="FILE", help="the output of torch.cuda.memory_summary() (optional)"
+    )
+    tri.add_argument("--json", dest="json_out", metavar="OUT|-", help="write the triage JSON here ('-': stdout)")
     return parser
 
 
@@ -126,6 +160,49 @@ def _oom_message(args: argparse.Namespace) -> str | None:
     return text
 
 
+def _bounded_text(path: Path, max_chars: int) -> str:
+    """A file's text, read no further than a parser would accept (it refuses what is longer)."""
+    with path.open("rb") as fh:
+        raw = fh.read(max_chars * 4 + 1)
+    return raw.decode("utf-8", errors="replace")
+
+
+def _triage(args: argparse.Namespace) -> int:
+    from analysis.triage import MAX_SUMMARY_CHARS, TriageError, triage
+
+    try:
+        message = _bounded_text(args.message_file, MAX_MESSAGE_CHARS)
+        summary = _bounded_text(args.summary_file, MAX_SUMMARY_CHARS) if args.summary_file else None
+        result = triage(message, summary)
+    except (OomMessageError, TriageError) as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:
+        print(f"error: file:unreadable: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    if args.json_out:
+        _write_json(result.to_json(), args.json_out)
+    else:
+        print(triage_text(result.to_json()))
+    return 0
+
+
+def triage_text(data: dict[str, Any]) -> str:
+    """The triage for a terminal: the verdict, the change, the evidence, what a snapshot adds."""
+    lines = [
+        data["headline"],
+        f"change: {data['change']}",
+        f"confidence: {data['confidence']}: {data['confidence_reason']}",
+    ]
+    lines += [f"  also: {alt}" for alt in data["alternatives"]]
+    lines += [f"  - {f['text']}" for f in data["findings"]]
+    lines.append("a snapshot would add:")
+    lines += [f"  - {item}" for item in data["snapshot_adds"]]
+    lines.append("record one:")
+    lines += [f"    {line}" if line else "" for line in data["record_snapshot"].splitlines()]
+    return "\n".join(lines)
+
+
 def _sidecar(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
@@ -156,6 +233,79 @@ def _report(args: argparse.Namespace) -> int:
     else:
         print(summary_text(report))
     return 0
+
+
+def sidecar_beside(snapshot: Path) -> dict[str, Any] | None:
+    """The client's sidecar written beside a dump (``NAME.json`` next to ``NAME.pickle.gz``), if any."""
+    name = snapshot.name.removesuffix(".gz").removesuffix(".pickle")
+    path = snapshot.with_name(name + ".json")
+    return _sidecar(path) if path.is_file() and path != snapshot else None
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    """One report per rank, then the run's summary; written as ``oomscope.run/1``."""
+    from analysis.report import build_report
+    from analysis.runs import RankInput, rank_from_name, summarise
+
+    items: list[RankInput] = []
+    reports: dict[int, dict[str, Any]] = {}
+    world_size: int | None = None
+    for position, snapshot in enumerate(args.snapshots):
+        sidecar = sidecar_beside(snapshot)
+        rank = _sidecar_int(sidecar, "rank")
+        rank = rank if rank is not None else rank_from_name(snapshot.name)
+        rank = rank if rank is not None else position
+        if rank in reports:
+            raise RunInputError("duplicate-rank", f"{snapshot}: rank {rank} is given twice")
+        world_size = world_size or _sidecar_int(sidecar, "world_size")
+        report = build_report(
+            snapshot,
+            whatif=tuple(args.whatif),
+            limit=args.limit,
+            filename=snapshot.name,
+            jobs=args.jobs,
+            oom_message=args.oom_message,
+            sidecar=sidecar,
+            batch_size=args.batch_size,
+        )
+        error = (sidecar or {}).get("error") or (sidecar or {}).get("oom_message")
+        items.append(RankInput(rank=rank, report=report, error=error if isinstance(error, str) else None))
+        reports[rank] = report
+    run = summarise(items, world_size=world_size or len(items)).to_dict()
+    for row in run["ranks"]:
+        row["report"] = reports[row["rank"]]
+    if args.json_out:
+        _write_json(run, args.json_out)
+    else:
+        print(run_text(run))
+    return 0
+
+
+def _sidecar_int(sidecar: dict[str, Any] | None, key: str) -> int | None:
+    value = (sidecar or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def run_text(run: dict[str, Any]) -> str:
+    """The run in a few lines: each rank's peak and fate, the first OOM, the imbalance."""
+    head = run["run"]
+    lines = [f"run of {head['ranks_reported']} ranks (world size {head['world_size']})"]
+    for row in run["ranks"]:
+        fate = {"oom": "OUT OF MEMORY", "peer": "failed: a peer died", "error": "failed", "none": "no error"}
+        lines.append(
+            f"  rank {row['rank']}: peak reserved {gib(row['peak_reserved_bytes'])}, "
+            f"allocated {gib(row['peak_allocated_bytes'])}; {fate[row['failure']]}"
+            + (f" ({row['error'][:120]})" if row["error"] and row["failure"] != "oom" else "")
+        )
+    if head["first_oom_rank"] is not None:
+        lines.append(f"first OOM: rank {head['first_oom_rank']}: {head['first_oom_reason']}")
+    imbalance = head["imbalance"]["peak_reserved"]
+    if imbalance is not None:
+        lines.append(f"imbalance (max / mean peak reserved): {imbalance:.3f}")
+    for spread in head["differing_stacks"][:5]:
+        lines.append(f"  differs: {spread['site']} {spread['bytes_by_rank']}")
+    lines.extend(f"note: {note}" for note in head["notes"])
+    return "\n".join(lines)
 
 
 def _whatif(args: argparse.Namespace) -> int:

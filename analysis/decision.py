@@ -90,9 +90,37 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
 
     else:
         ranked = _ranked_without_oom(suggestions, whatifs, int(summary.get("peak_reserved_bytes") or 0))
-        headline = _idle_headline(dev)
+        headline = _idle_headline(dev, capture)
+    if oom:
+        headline = f"{headline}{_phase_sentence(dev)}"
     choice = ranked[0] if ranked else None
     runner = ranked[1] if len(ranked) > 1 else None
+    cause = primary_cause(dev)
+    if cause is not None:
+        # The program's mistake (analysis.causes) comes first: the allocator's view of the failing
+        # request stays beside it, and its best setting becomes the runner-up, worded by the cause.
+        return {
+            "headline": f"{cause['headline']}{_phase_sentence(dev)}",
+            "allocator_headline": headline,
+            "cause": cause["id"],
+            "change": {"id": cause["id"], "line": cause["fix"]["line"], "kind": "code", "title": cause["fix"]["title"]},
+            "buys": _cause_buys(cause, oom),
+            "confidence": _confidence(dev, capture, None, cause=cause),
+            "runner_up": _change(choice, recorded_conf, short=True) if choice else None,
+        }
+    if oom and choice is not None and _device_full_unexplained(oom) and choice.step_completes is not True:
+        # The GPU itself was full and nothing says who held the rest of it: a setting that only gets past
+        # the request is not the first thing to try (round 3's device-full runs died under every setting).
+        return {
+            "headline": f"{headline} {_device_full_sentence(oom)}",
+            "change": dict(CHECK_THE_DEVICE),
+            "buys": (
+                "Not measured: the snapshot does not record the GPU's size or who else held it. The OOM message does "
+                "(its 'Process N has ...' and 'Including non-PyTorch memory' lines): give it with the snapshot."
+            ),
+            "confidence": _confidence(dev, capture, choice),
+            "runner_up": _change(choice, recorded_conf, short=True),
+        }
     change = _change(choice, recorded_conf) if choice else None
     buys = _buys(choice, oom, summary) if choice else _nothing_buys(oom)
     return {
@@ -102,6 +130,80 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
         "confidence": _confidence(dev, capture, choice),
         "runner_up": _change(runner, recorded_conf, short=True) if runner else None,
     }
+
+
+CHECK_THE_DEVICE = {
+    "id": "check_device",
+    "line": "nvidia-smi --query-compute-apps=pid,used_memory --format=csv",
+    "kind": "check",
+    "title": "First see what else holds the GPU",
+}
+
+
+def _device_full_unexplained(oom: Mapping[str, Any]) -> bool:
+    """The device itself ran out (no per-process cap) and no OOM message says what held the rest."""
+    return oom.get("limit_kind") == "device-full" and oom.get("limit_source") == "inferred"
+
+
+def _device_full_sentence(oom: Mapping[str, Any]) -> str:
+    free = format_size(int(oom.get("device_free_bytes") or 0))
+    reserved = format_size(int(oom.get("reserved_bytes") or 0))
+    return (
+        f"But the GPU itself was full ({free} free on it) while PyTorch held {reserved}: if the GPU has more memory "
+        "than that, the rest was held outside this process's cache (another process, or a library in this one), "
+        "and no allocator setting gives that back."
+    )
+
+
+def _phase_sentence(dev: Mapping[str, Any]) -> str:
+    """The sentence "The OOM came in the backward pass; live then, ...": where the OOM came and what each phase held
+    (``diagnosis``; empty where the trace has no frames to tell phases by)."""
+    diagnosis = dev.get("diagnosis") or {}
+    words = diagnosis.get("oom_phase_words")
+    if not diagnosis.get("phases_known") or not words:
+        return ""
+    live = sorted((diagnosis.get("live_by_phase_at_oom") or {}).items(), key=lambda kv: -int(kv[1]))
+    held = ", ".join(f"{PHASE_NAMES.get(k, k)} {format_size(int(v))}" for k, v in live[:4] if int(v) > 0)
+    return f" The OOM came in {words}" + (f"; live then, by phase: {held}." if held else ".")
+
+
+# Short names of analysis.phases.PHASES for the headline's list.
+PHASE_NAMES = {
+    "other": "other code",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "forward_no_backward": "forward without backward",
+    "decode": "decoding",
+    "graph_capture": "graph capture",
+}
+
+
+def primary_cause(dev: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The cause the diagnosis names first (``devices[].diagnosis.primary``), or None."""
+    diagnosis = dev.get("diagnosis") or {}
+    primary = diagnosis.get("primary")
+    for c in diagnosis.get("causes") or []:
+        if c.get("id") == primary:
+            return c  # type: ignore[no-any-return]
+    return None
+
+
+def _cause_buys(cause: Mapping[str, Any], oom: Mapping[str, Any] | None) -> str:
+    """What the cause's fix is worth, from its own arithmetic (never a replay: the program changes)."""
+    saving = cause.get("saving_bytes")
+    fits = cause.get("fits_after_fix")
+    if saving is None:
+        text = "Not measured from the trace: the program itself changes."
+    else:
+        text = f"About {format_size(int(saving))} less at the failing point (arithmetic on the trace, not a replay)"
+        if fits is True and oom:
+            text += ": the failing request then fits within the limit."
+        elif fits is False and oom:
+            text += ": not enough alone; the failing request would still not fit."
+        else:
+            text += "."
+    return f"{text} Allocator settings: {cause.get('settings')}."
 
 
 # ------------------------------------------------------------------ choosing
@@ -265,6 +367,10 @@ def idle_at_reserved_peak(dev: Mapping[str, Any]) -> tuple[int, int, int] | None
         return None
     index = list(timeline.get("index") or [])
     at = int(summary.get("peak_reserved_event_index", -2))
+    if at == -1 and "initial_reserved_bytes" in summary and at not in index:
+        # The peak is the state before the first recorded event (stored reports without that point).
+        reserved = int(summary["initial_reserved_bytes"])
+        return at, reserved, reserved - int(summary.get("initial_allocated_bytes") or 0)
     if at not in index:
         return None
     k = index.index(at)
@@ -273,7 +379,20 @@ def idle_at_reserved_peak(dev: Mapping[str, Any]) -> tuple[int, int, int] | None
     return at, reserved, reserved - allocated
 
 
-def _idle_headline(dev: Mapping[str, Any]) -> str:
+def _idle_headline(dev: Mapping[str, Any], capture: Mapping[str, Any]) -> str:
+    text = _idle_sentence(dev)
+    if capture.get("has_trace") and capture.get("trace_complete"):
+        return text
+    # A state-only dump or a wrapped trace cannot show an OOM that happened before what it holds.
+    why = "the trace is incomplete" if capture.get("has_trace") else "the snapshot holds no allocation history"
+    return text.replace("No out-of-memory error", f"No OOM recorded ({why}, so an earlier one would not show)", 1)
+
+
+def _where(at: int) -> str:
+    return "before the first recorded event" if at < 0 else f"event {at:,}"
+
+
+def _idle_sentence(dev: Mapping[str, Any]) -> str:
     summary = dev.get("summary") or {}
     at_peak = idle_at_reserved_peak(dev)
     final_idle = int(summary.get("final_reserved_bytes") or 0) - int(summary.get("final_allocated_bytes") or 0)
@@ -287,12 +406,12 @@ def _idle_headline(dev: Mapping[str, Any]) -> str:
     share = idle / reserved if reserved else 0.0
     if idle >= IDLE_MIN_BYTES and share >= IDLE_MIN_SHARE:
         return (
-            f"No out-of-memory error, but memory is wasted: at the reserved peak (event {at:,}) "
+            f"No out-of-memory error, but memory is wasted: at the reserved peak ({_where(at)}) "
             f"{format_size(idle)} of the {format_size(reserved)} reserved held no live block ({share:.0%} idle "
             f"cache); at the end {format_size(final_idle)} is idle."
         )
     return (
-        f"No out-of-memory error and little waste: at the reserved peak (event {at:,}) {format_size(idle)} of the "
+        f"No out-of-memory error and little waste: at the reserved peak ({_where(at)}) {format_size(idle)} of the "
         f"{format_size(reserved)} reserved was idle cache ({share:.0%})."
     )
 
@@ -345,10 +464,18 @@ def _limit_is_lower_bound(oom: Mapping[str, Any]) -> bool:
     return oom.get("limit_source") in _LOWER_BOUND_SOURCES
 
 
-def _confidence(dev: Mapping[str, Any], capture: Mapping[str, Any], choice: _Choice | None) -> dict[str, Any]:
+def _confidence(
+    dev: Mapping[str, Any],
+    capture: Mapping[str, Any],
+    choice: _Choice | None,
+    *,
+    cause: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     oom = dev.get("oom") or None
     replay = dev.get("replay") or {}
     exact = replay.get("exact")
+    if replay.get("segment_events_recorded") == 0:
+        exact = None  # "0 of 0 segment events": nothing to check the model against
     completes = choice.step_completes if choice is not None and choice.whatif is not None else None
     projection = (oom or {}).get("projection") or {}
     out: dict[str, Any] = {
@@ -360,6 +487,12 @@ def _confidence(dev: Mapping[str, Any], capture: Mapping[str, Any], choice: _Cho
         "limit_is_lower_bound": _limit_is_lower_bound(oom) if oom else None,
     }
     parts = []
+    if cause is not None:
+        parts.append(
+            "the cause is read from the trace (its stack frames, phases and step ends"
+            + (", and the OOM message" if cause.get("id") == "outside_memory" else "")
+            + "); its saving is arithmetic, not a replay"
+        )
     if exact is True:
         parts.append(
             f"the model replays the recorded run exactly ({replay.get('segment_events_reproduced', 0):,} of "
@@ -367,6 +500,8 @@ def _confidence(dev: Mapping[str, Any], capture: Mapping[str, Any], choice: _Cho
         )
     elif exact is False:
         parts.append("the model does not replay the recorded run exactly, so its what-ifs are approximate")
+    elif replay:
+        parts.append("the trace has no segment events to check the model against, so its what-ifs are unchecked")
     if not out["trace_complete"]:
         parts.append("the trace is incomplete, so peaks are lower bounds")
     if oom:

@@ -38,8 +38,9 @@ from analysis.categories import (
     frameless_backward,
     optimizer_windows,
 )
+from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
 from analysis.config import UNLIMITED, AllocatorConfig
-from analysis.decision import decide
+from analysis.decision import decide, primary_cause
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
@@ -47,6 +48,7 @@ from analysis.model import OOM as OOM_ACTION
 from analysis.oom import MAX_OOMS_EXPLAINED, UsableFree, explain_oom, flush_window_start, oom_indices, verdict
 from analysis.ooms import list_ooms
 from analysis.parallel import Pending, Pool
+from analysis.phases import tag_phases
 from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.reader import read_snapshot
 from analysis.replay import AllocatorState, recorded_replay
@@ -61,7 +63,7 @@ from analysis.stacks import (
     totals_by_group,
 )
 from analysis.steps import Steps, find_steps, first_growth_step, per_step_figures
-from analysis.timeline import build_timeline, columns_of
+from analysis.timeline import build_timeline, columns_of, with_initial_state
 
 SCHEMA = "oomscope.report/1"
 Progress = Callable[[str, float], None]
@@ -79,6 +81,8 @@ TOP_STACKS = 10
 BACKWARD_NO_FRAMES = "backward pass (no frames: stacks='python' records none on the autograd thread)"
 BEFORE_TRACE = "allocated before the trace began (stack unknown)"
 SEGMENT_MAP_MAX_SEGMENTS = 200
+# Causes whose memory does not scale with the batch: no smaller-batch advice beside them.
+CAUSES_NOT_OF_THE_BATCH = frozenset({"optimizer_step", "outside_memory", "cuda_graph_pools"})
 SEGMENT_MAP_MAX_BLOCKS = 48
 LEAK_SERIES_MAX_POINTS = 200
 
@@ -276,10 +280,17 @@ def _size_into(dev_report: dict[str, Any], batch_size: int | None) -> None:
     fit = sizing.batch_fit(dev_report, batch_size)
     dev_report["batch_fit"] = fit
     smaller = sizing.batch_suggestion(fit)
-    if smaller is not None:
+    cause = primary_cause(dev_report)
+    if smaller is not None and not (cause is not None and cause["id"] in CAUSES_NOT_OF_THE_BATCH):
         dev_report["suggestions"] = advice_mod.ordered([*dev_report["suggestions"], smaller])
     dev_report["gpu_fit"] = sizing.gpu_fit(dev_report)
     dev_report["ranked"] = sizing.ranked(dev_report)
+    if cause is not None and cause["id"] == "leak":
+        # Growth across steps: a setting that gets past the failing step still dies a few steps on.
+        for row in dev_report["ranked"]:
+            if row["cost"] == "none":
+                row["run_completes"] = False
+                row["run_note"] = cause["settings"]
 
 
 def build_whatif(
@@ -423,6 +434,9 @@ class _DeviceAnalysis:
             "peak_reserved_event_index": int(replay.peak_reserved_index),
             "peak_allocated_event_index": int(replay.peak_allocated_index),
             "peak_requested_event_index": int(replay.peak_requested_index),
+            # The state before the first event (a trace that starts mid-run can peak there: index -1).
+            "initial_reserved_bytes": int(replay.initial.reserved),
+            "initial_allocated_bytes": int(replay.initial.allocated),
             "first_time_us": int(trace.time_us[0]) if n else 0,
             "last_time_us": int(trace.time_us[-1]) if n else 0,
         }
@@ -460,6 +474,19 @@ class _DeviceAnalysis:
             else None
         )
         timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
+        if timeline is not None and n > 1:  # one event (a state-only dump) is no timeline to extend
+            init = replay.initial
+            timeline = with_initial_state(
+                timeline,
+                {
+                    "reserved": init.reserved,
+                    "allocated": init.allocated,
+                    "requested": init.requested,
+                    "cached_free": init.cached_free,
+                    "inactive_split": init.inactive_split,
+                    "largest_free": init.largest_free,
+                },
+            )
 
         # Moments whose live blocks are attributed to stacks.
         moments = [_Moment("peak", replay.peak_allocated_index, replay.blocks_at(replay.peak_allocated_index))]
@@ -525,6 +552,7 @@ class _DeviceAnalysis:
             self._step_verdict(oom, whatif_items)
         progress("analysing", 0.8)
         check = check_pending.result()
+        diagnosis = self._diagnose(lifetimes, steps, cols, opt_start, opt_end, oom, device_limit, message)
 
         report: dict[str, Any] = {
             "device": dev.device,
@@ -562,6 +590,7 @@ class _DeviceAnalysis:
                 catalog, totals_by_group(catalog, lifetimes.stack, lifetimes.size), "churn", TOP_STACKS
             ),
             "leaks": self._leaks(live_by_moment["end"], lifetimes, steps),
+            "diagnosis": diagnosis.to_json(),
         }
         # The advisor's input travels beside the report, typed, not inside it.
         self.advice_context: advice_mod.AdviceContext = self._advice_context(
@@ -796,6 +825,55 @@ class _DeviceAnalysis:
             row["series_step_index"] = pick.tolist()
             row["series_requested_bytes"] = series[pick].tolist()
         return rows
+
+    # -- the program's causes (analysis.causes) ------------------------------------
+    def _diagnose(
+        self,
+        lifetimes: Lifetimes,
+        steps: Steps,
+        cols: dict[str, I64],
+        opt_start: I64,
+        opt_end: I64,
+        oom: dict[str, Any] | None,
+        limit: Limit | None,
+        message: OomMessage | None,
+    ) -> Diagnosis:
+        trace, replay = self.dev.trace, self.replay
+        phases = tag_phases(trace, lifetimes, self.catalog, self.snapshot.stacks, opt_start, opt_end)
+        at = self.oom_index if self.oom_index is not None else (int(replay.peak_reserved_index) if self.n else None)
+        pools: tuple[PoolUse, ...] = ()
+        reserved_at = 0
+        if at is not None:
+            by_pool: dict[int, int] = {}
+            for seg in replay.blocks_at(at).segments:
+                by_pool[int(seg.pool)] = by_pool.get(int(seg.pool), 0) + int(seg.total_size)
+            pools = tuple(PoolUse(k, v) for k, v in sorted(by_pool.items()))
+            reserved_at = int(cols["reserved"][at])
+        private = trace.pool[lifetimes.start] != 0 if self.n else np.zeros(0, bool)
+        inp = CauseInput(
+            trace=trace,
+            lifetimes=lifetimes,
+            catalog=self.catalog,
+            phases=phases,
+            steps=steps,
+            allocated=cols["allocated"],
+            oom_index=self.oom_index,
+            requested_bytes=int(oom["requested_bytes"]) if oom is not None else 0,
+            limit_bytes=limit.bytes if limit is not None else None,
+            message=message,
+            pools_at_oom=pools,
+            reserved_at_oom=reserved_at,
+            pool_origin=pool_origin(self.catalog, lifetimes.stack[private]) if private.any() else "",
+            optimizer_class=next(
+                (
+                    a.name.split("#", 1)[1].split(".", 1)[0]
+                    for a in self.snapshot.annotations
+                    if a.name.startswith("Optimizer.step#") and "#" in a.name
+                ),
+                "",
+            ),
+        )
+        return diagnose(inp)
 
     # -- the advisor's inputs ----------------------------------------------------
     def _advice_context(

@@ -343,10 +343,13 @@ def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
 def ranked(dev: dict[str, Any]) -> list[dict[str, Any]]:
     """``devices[].ranked``: every suggestion, those that let the failing step finish first, cheapest first."""
     rows = []
+    projected = {f"PYTORCH_CUDA_ALLOC_CONF={w.get('config')}": w.get("step_completes") for w in dev.get("whatif") or []}
     for s in dev.get("suggestions") or []:
+        # Only what a projection computed: getting past the failing request says nothing of the rest of
+        # the step (the diagnosis bench's eval and graph runs died in that same step under such settings).
         completes = s.get("step_completes")
         if completes is None:
-            completes = s.get("avoids_oom")
+            completes = projected.get(str(s.get("config") or ""))
         cost = COST_OF_SUGGESTION.get(s["id"], "code")
         rank, words = COSTS[cost]
         rows.append(

@@ -131,6 +131,34 @@ def build_timeline(
     return out
 
 
+def with_initial_state(timeline: dict[str, Any], initial: Mapping[str, int]) -> dict[str, Any]:
+    """The timeline with the state before its first event as a point at index -1, where that state
+    holds a series' maximum: a trace that starts mid-run (a wrapped ring buffer, a late
+    ``_record_memory_history``) can begin at its peak, and the chart's maxima must equal the
+    summary's peaks (which count the initial state)."""
+    if not timeline.get("index"):
+        return timeline
+    above = any(int(initial[name]) > max(timeline[key]) for name, key in SERIES if name in PRIMARY)
+    above |= int(initial["requested"]) > max(timeline["requested_bytes"])
+    if not above:
+        return timeline
+    out = dict(timeline)
+    out["index"] = [-1, *timeline["index"]]
+    out["time_us"] = [timeline["time_us"][0], *timeline["time_us"]]
+    for name, key in SERIES:
+        out[key] = [int(initial[name]), *timeline[key]]
+    reserved, allocated = int(initial["reserved"]), int(initial["allocated"])
+    cached, largest = int(initial["cached_free"]), int(initial["largest_free"])
+    out["stranded"] = [round((reserved - allocated) / reserved, 4) if reserved else 0.0, *timeline["stranded"]]
+    external = min(1.0, max(0.0, 1.0 - largest / cached)) if cached else 0.0
+    out["external_fragmentation"] = [round(external, 4), *timeline["external_fragmentation"]]
+    out["points"] = int(timeline["points"]) + 1
+    for name in ("reserved", "allocated", "requested"):
+        if int(initial[name]) >= int(out["peaks"][name]["bytes"]):
+            out["peaks"] = {**out["peaks"], name: {"event_index": -1, "bytes": int(initial[name])}}
+    return out
+
+
 def timeline_window(
     replay: Any, start: int, end: int, max_points: int = 4000, *, time_us: I64 | None = None
 ) -> dict[str, Any]:

@@ -31,8 +31,17 @@ with that member's real run:
 - ``peak``: where neither run died, the what-if's peak reserved memory within 1 %
   of the real run's.
 
-Prints one row per capture, one per what-if, then totals; exits 1 if anything
-failed. ``make diffbench`` runs it.
+- self-consistency (issue 23): the what-if's segment events against those of the
+  member's own trace replayed under its own settings and the same cap, over the
+  requests before the first one where the two traces differ; once with the
+  placement model (must agree: one answer from either trace) and once with the
+  member's recorded addresses (how often the model's placement is the driver's);
+- the what-if again with new segments in the opposite order: where its first
+  failing request moves, the answer hangs on placement.
+
+Prints one row per capture, one per what-if, a self-consistency table per family,
+then totals; the held-out reproducer pair in ../shared/snapshots/reproducers apart
+when present. Exits 1 if anything failed. ``make diffbench`` runs it.
 """
 
 from __future__ import annotations
@@ -60,11 +69,15 @@ from analysis.allocator import (  # noqa: E402
     simulate,
     simulate_layout,
 )
+from analysis.allocator.policy import placement_for  # noqa: E402
+from analysis.allocator.requests import requests_for  # noqa: E402
 from analysis.config import AllocatorConfig  # noqa: E402
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot  # noqa: E402
 from analysis.reader import read_snapshot  # noqa: E402
 
 DEFAULT_DIRS = [ROOT / "tests" / "fixtures" / "captures", ROOT / "tests" / "fixtures"]
+# Held-out pairs kept outside the repository (never copied in); checked apart when present.
+SHARED_REPRODUCERS = ROOT.parent / "shared" / "snapshots" / "reproducers"
 PEAK_TOLERANCE = 0.01  # what-if peak reserved vs the real run's, where neither died
 
 
@@ -148,6 +161,22 @@ class WhatIfRow:
     status: str = ""  # same | differ | beyond
     peak_ok: bool | None = None
     notes: list[str] = field(default_factory=list)
+    # Self-consistency (no GPU): the what-if from the default trace against the replay of the
+    # member's own trace under its own settings and the real cap, segment event for segment
+    # event, up to the first request where the two traces differ.
+    same_requests: int = 0  # requests the two traces share from the start
+    consistent_events: int = 0  # segment events compared (the member's replay, before that request)
+    # One answer from either trace: the member's own trace replayed as a what-if of its own
+    # settings (the placement model, not its recorded addresses) gives the same segment events.
+    consistent: bool = True
+    first_disagreement: str | None = None
+    # The same against the exact replay of the member's trace (the driver's real addresses): where
+    # it differs, the placement model put a segment on the other side of an equal free block.
+    agrees_with_real: bool = True
+    first_real_disagreement: str | None = None
+    # The opposite order of new segments (placement.MirrorPlacement): the what-if's answer again.
+    mirror_oom: int | None = None
+    placement_certain: bool = True
 
 
 def find_captures(dirs: list[Path], only: str | None) -> list[Capture]:
@@ -244,8 +273,10 @@ def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfR
             mdev = msnap.devices[0]
             midx, _msizes = request_ordinals(mdev)
             cfg = AllocatorConfig.parse(m.conf, base=recorded)
-            res = simulate(bsnap, bdev, cfg, limit)
+            res = simulate(bsnap, bdev, cfg, limit, placement=placement_for(cfg, recorded))
             model_oom = int(np.searchsorted(bidx, res.oom)) if res.oom is not None else None
+            mirror = simulate(bsnap, bdev, cfg, limit, placement="mirror")
+            mirror_oom = int(np.searchsorted(bidx, mirror.oom)) if mirror.oom is not None else None
             real_oom = first_oom_ordinal(mdev)
             diverges = _diverges(bdev, bidx, mdev, midx)
             row = WhatIfRow(
@@ -261,6 +292,9 @@ def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfR
                 device_truth(m.truth, 0).get("reserved_bytes.all.peak"),
                 res.peak_reserved,
             )
+            row.mirror_oom = mirror_oom
+            row.placement_certain = mirror_oom == model_oom
+            _self_consistency(row, bsnap, bdev, res, msnap, mdev, m.cap or limit)
             upto = min(x for x in (real_oom, model_oom, len(bidx)) if x is not None)
             if not is_complete(base, bsnap):
                 row.status = "partial"  # a what-if of a trace that starts mid-run
@@ -295,6 +329,41 @@ def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfR
                     row.notes.append(f"peak not compared: deferred frees complete elsewhere from request #{late}")
             out.append(row)
     return out
+
+
+def _self_consistency(
+    row: WhatIfRow, bsnap: Snapshot, bdev: DeviceData, res: Any, msnap: Snapshot, mdev: DeviceData, cap: int | None
+) -> None:
+    """Fill ``row``'s self-consistency fields: the what-if ``res`` (the member's settings replayed
+    on the default trace) against the replay of the member's own trace under its recorded
+    settings (its own addresses: the exact replay) and the same cap, segment event for segment
+    event, over the requests before the first one where the two traces differ."""
+    breq, mreq = requests_for(bsnap, bdev), requests_for(msnap, mdev)
+    bkeys, mkeys = breq.stream_keys(), mreq.stream_keys()
+    n = min(len(bkeys), len(mkeys))
+    d = next((k for k in range(n) if bkeys[k] != mkeys[k]), n)
+    modelled = simulate(msnap, mdev, mreq.recorded_config, cap, requests=mreq, placement="driver")
+    real = simulate(msnap, mdev, mreq.recorded_config, cap, requests=mreq)
+
+    def before(result: Any, req: Any) -> list[tuple[str, int]]:
+        # A segment event happens while serving a request (its event index is the request's);
+        # req.events is not sorted where a malloc flush's completions moved after its request.
+        position = {int(e): k for k, e in enumerate(req.events.tolist())}
+        return [e for e, i in zip(result.segment_events, result.segment_event_index, strict=True) if position[i] < d]
+
+    def first_difference(a: list[tuple[str, int]], b: list[tuple[str, int]]) -> str:
+        k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        return f"segment event {k}: what-if {a[k] if k < len(a) else None}, own trace {b[k] if k < len(b) else None}"
+
+    a, b, c = before(res, breq), before(modelled, mreq), before(real, mreq)
+    row.same_requests = d
+    row.consistent_events = len(b)
+    row.consistent = a == b
+    if not row.consistent:
+        row.first_disagreement = first_difference(a, b)
+    row.agrees_with_real = a == c
+    if not row.agrees_with_real:
+        row.first_real_disagreement = first_difference(a, c)
 
 
 def _diverges(bdev: DeviceData, bidx: np.ndarray, mdev: DeviceData, midx: np.ndarray) -> int | None:
@@ -363,6 +432,26 @@ def _completions_differ(bdev: DeviceData, mdev: DeviceData) -> int | None:
     return None
 
 
+def print_consistency(wrows: list[WhatIfRow]) -> None:
+    """Per family: what-ifs whose answer from the default trace equals the replay of the member's
+    own trace (segment events, before the first request where the traces differ), and the first
+    disagreement."""
+    fams: dict[str, list[WhatIfRow]] = defaultdict(list)
+    for w in wrows:
+        fams[w.family].append(w)
+    print()
+    print(f"{'self-consistency (family)':32} {'agree':>6} {'events':>7} {'real':>6}  first disagreement")
+    for fam, rows in sorted(fams.items()):
+        bad = next((w for w in rows if not w.consistent), None)
+        off = next((w for w in rows if not w.agrees_with_real), None)
+        first = "-" if bad is None else f"{bad.member}: {bad.first_disagreement}"
+        if off is not None:
+            first += f"; with the real addresses: {off.member}: {off.first_real_disagreement}"
+        agree = f"{sum(w.consistent for w in rows)}/{len(rows)}"
+        real = f"{sum(w.agrees_with_real for w in rows)}/{len(rows)}"
+        print(f"{fam[:32]:32} {agree:>6} {sum(w.consistent_events for w in rows):>7} {real:>6}  {first}")
+
+
 def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / (1 << 20):,.1f}"
 
@@ -412,7 +501,10 @@ def main(argv: list[str] | None = None) -> int:
             ro = "-" if w.real_oom is None else str(w.real_oom)
             mo = "-" if w.model_oom is None else str(w.model_oom)
             notes = ("  " + "; ".join(w.notes)) if w.notes else ""
+            if not w.placement_certain:
+                notes += f"  the other tie order fails at {w.mirror_oom}"
             print(f"{w.member:34} {w.conf[:38]:38} {ro:>8} {mo:>6} {w.base_requests:>6} {w.status:6}  {peak}{notes}")
+        print_consistency(wrows)
     complete = [r for r in rows if r.complete]
     exact = sum(r.exact for r in complete)
     layouts = [r for r in complete if r.layout is not None]
@@ -458,6 +550,29 @@ def main(argv: list[str] | None = None) -> int:
             f"what-if peak reserved within 1% where neither died: {sum(bool(w.peak_ok) for w in pk)}/{len(pk)}; "
             f"worst {err_w:.2%} ({worst_w.member})"
         )
+    print(
+        f"self-consistency (what-if from the default trace = replay of the member's own trace, up to the first "
+        f"request that differs): {sum(w.consistent for w in wrows)}/{len(wrows)} what-ifs, "
+        f"{sum(w.consistent_events for w in wrows if w.consistent)} segment events compared; "
+        f"against the exact replay of the member's trace (its real addresses): "
+        f"{sum(w.agrees_with_real for w in wrows)}/{len(wrows)}; "
+        f"what-ifs whose first failing request moves with the tie order: {sum(not w.placement_certain for w in wrows)}"
+    )
+    if not args.dirs and SHARED_REPRODUCERS.is_dir():
+        shared = find_captures([SHARED_REPRODUCERS], args.only)
+        shared_snaps = {c.name: read_snapshot(c.path) for c in shared}
+        srows = whatif_rows(shared, shared_snaps)
+        print(f"reproducers ({SHARED_REPRODUCERS}, not in the repository):")
+        for w in srows:
+            print(
+                f"  {w.member}: {w.conf}: real oom at request {w.real_oom}, what-if {w.model_oom} ({w.status}); "
+                f"other tie order {w.mirror_oom}; self-consistent {w.consistent} over {w.consistent_events} "
+                f"segment events ({w.same_requests} requests alike), with the real addresses {w.agrees_with_real}"
+                + (f"; first disagreement {w.first_disagreement}" if w.first_disagreement else "")
+            )
+        wrows_failed = any(w.status == "differ" or not w.consistent for w in srows)
+    else:
+        wrows_failed = False
     print(f"{time.perf_counter() - t0:.1f} s")
     if args.json:
         args.json.write_text(
@@ -473,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = (
         (exact < len(complete))
         or any(r.layout is False for r in layouts)
-        or any(w.status == "differ" or w.peak_ok is False for w in wrows)
+        or any(w.status == "differ" or w.peak_ok is False or not w.consistent for w in wrows)
+        or wrows_failed
     )
     return 1 if failed else 0
 

@@ -226,6 +226,13 @@ if os.environ.get("STORAGE_S3_BUCKET"):
         },
     }
 
+# Where the site is reached from outside (https://oomscope.example): the links in regression
+# webhooks, which are sent by a worker with no request to take the host from. Empty: paths only.
+SITE_URL = os.environ.get("SITE_URL", "")
+# Regression webhooks go only to public addresses unless this is set (a receiver inside the network):
+# the URL is a project admin's choice and the worker sends to it (webapp/snapshots/webhooks.py).
+WEBHOOK_ALLOW_PRIVATE_HOSTS = env_bool("WEBHOOK_ALLOW_PRIVATE_HOSTS", False)
+
 # --- analysis worker limits (the child process that parses an upload).
 ANALYSIS_MEMORY_MIN_BYTES = env_int("ANALYSIS_MEMORY_MIN_BYTES", 1024**3)
 ANALYSIS_MEMORY_PER_BYTE = env_int("ANALYSIS_MEMORY_PER_BYTE", 6)
@@ -241,6 +248,9 @@ ANALYSIS_JOBS = env_int("ANALYSIS_JOBS", 1)
 SWEEP_STALE_RUNNING_SECONDS = env_int("SWEEP_STALE_RUNNING_SECONDS", 180)
 SWEEP_STALE_QUEUED_SECONDS = env_int("SWEEP_STALE_QUEUED_SECONDS", 300)
 SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 60)
+# A run of several ranks whose ranks have not all come this long after its first is analysed with
+# those it has (webapp/snapshots/runs.py); its queued ranks are analysed alone by the sweep before.
+RUN_COLLECT_SECONDS = env_int("RUN_COLLECT_SECONDS", 600)
 
 # --- Celery (read by webapp/celery.py with namespace CELERY_).
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -249,6 +259,10 @@ CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]  # never pickle on the broker
 CELERY_TASK_IGNORE_RESULT = True  # state lives in the Upload row
+# A run's ranks are one chord (webapp/snapshots/runtasks.py), which counts its finished parts in a
+# result backend: the broker's Redis. Only the chord's parts store a result (an upload id).
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or REDIS_URL
+CELERY_RESULT_EXPIRES = 24 * 3600
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True  # loops are stopped by Upload.attempts
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -273,6 +287,14 @@ CELERY_BEAT_SCHEDULE = {
     },
     "purge-failed-uploads": {
         "task": "snapshots.purge_failed_uploads",
+        "schedule": float(PURGE_INTERVAL_SECONDS),
+    },
+    "close-stale-runs": {  # runs whose missing ranks never came (RUN_COLLECT_SECONDS)
+        "task": "snapshots.close_stale_runs",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
+    "purge-old-runs": {  # each project's run retention (RunPolicy.retention_days)
+        "task": "snapshots.purge_old_runs",
         "schedule": float(PURGE_INTERVAL_SECONDS),
     },
 }

@@ -36,9 +36,12 @@ What is modelled (the names are those of the C++ source):
 A trace that starts mid-run (wrapped ring buffer) starts from the state before
 its first event as ``analysis.replay`` reconstructs it.
 
-Addresses are simulated: cudaMalloc'd segments come from a bump pointer and
-expandable reservations sit at fixed strides. Only sizes, order and fit matter;
-ties between equal-sized free blocks are broken by these simulated addresses.
+Addresses: ties between equal-sized free blocks go to the lower address, so
+where new segments go matters. Replaying the recorded settings, a new segment
+takes the driver's recorded address while the model's segment events match the
+recording; otherwise (and for every what-if of other settings, from the start)
+the driver's placement as learned from the captures gives it
+(``analysis.allocator.placement``). Expandable reservations sit at fixed strides.
 
 Requests come from the trace as recorded, so after a request that the model
 fails (an OOM the real run did not hit) the replay continues: the failed block
@@ -65,6 +68,7 @@ import numpy.typing as npt
 
 from analysis.allocator.config import UNLIMITED, AllocatorConfig, is_small, limit_refuses
 from analysis.allocator.limits import LimitEstimate, infer_limit
+from analysis.allocator.placement import PLACEMENTS, Placement
 from analysis.allocator.requests import (
     _OP_ALLOC,
     _OP_FLUSH,
@@ -118,9 +122,9 @@ __all__ = [
 # plain ints orders by (size, address) as the C++ comparator does per stream.
 _SH = 57
 
-# Simulated virtual addresses (all below 2**_SH).
-_SEG_BASE = 1 << 52  # cudaMalloc'd segments: a bump pointer from here
-_RESV_STRIDE = 1 << 41  # expandable reservations at multiples of this (below _SEG_BASE)
+# Simulated virtual addresses (all below 2**_SH). cudaMalloc'd segments: placement.TOP and down
+# (``placement.DriverPlacement``), or up from it (``MirrorPlacement``).
+_RESV_STRIDE = 1 << 41  # expandable reservations at multiples of this (below placement.TOP)
 _RESV_BYTES = 1 << 40  # VA of one reservation (torch: 1.125 x the GPU's memory)
 
 
@@ -173,6 +177,11 @@ class PolicyResult:
     step_reserved: list[int] = field(default_factory=list)
     change_index: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
     change_reserved: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Where the replay started (``start_state``): "empty" (a complete trace), "recorded" (the
+    # recorded state before the first event, under the settings that made it), "live-blocks"
+    # (an expandable what-if of a partial trace: its live blocks alone), "recorded-other-settings"
+    # (a partial trace under other settings: the recorded segments, which they would not have made).
+    start: str = "empty"
 
     def reserved_at(self, indices: Sequence[int]) -> list[int]:
         """Reserved bytes right after each event index (-1: before the first event)."""
@@ -227,14 +236,20 @@ class _Model:
         streams: list[int],
         freeable_from: dict[int, int],
         recorded: tuple[list[int], list[int], list[int]] = ([], [], []),
+        placement: str = "recorded",
     ) -> None:
         self.cfg = cfg
-        # The recorded segment events (action, size, address). While the model's own
-        # segment events equal them one for one (``lockstep``), a new cudaMalloc'd
-        # segment takes the address the driver really returned: free blocks of equal
-        # size are chosen by address, and the driver's placement is not a bump pointer.
+        # The recorded segment events (action, size, address). With ``placement``
+        # "recorded", while the model's own segment events equal them one for one
+        # (``lockstep``), a new cudaMalloc'd segment takes the address the driver really
+        # returned: free blocks of equal size are chosen by address. After that, and
+        # from the start under "driver" or "mirror" (what-ifs: an answer must not hang
+        # on which run's trace it starts from), the placement model gives it
+        # (``analysis.allocator.placement``), continuing from the segments live then.
         self.rec_act, self.rec_size, self.rec_addr = recorded
-        self.lockstep = True
+        self.lockstep = placement == "recorded"
+        self.placement_kind = "driver" if placement == "recorded" else placement
+        self.va: Placement | None = None
         self.limit = limit
         self.mss = cfg.max_split_size
         self.nsr = cfg.max_non_split_rounding_size
@@ -259,7 +274,6 @@ class _Model:
         self.seg_size: list[int] = []
         self.seg_idx: list[int] = []
         self.flushes: list[int] = []
-        self.next_seg = _SEG_BASE
         self.next_resv = _RESV_STRIDE
         self.gcc = 0  # get_free_block calls on the default large pool (GC ages)
         self.gcb: dict[int, int] = {}  # address -> gcc when that block entered a free list
@@ -401,8 +415,9 @@ class _Model:
         if self.lockstep and j < len(rec_act) and rec_act[j] == SEGMENT_ALLOC and rec_size[j] == alloc_size:
             address = self.rec_addr[j]
         else:
-            address = self.next_seg
-            self.next_seg += alloc_size
+            if self.va is None:
+                self.va = PLACEMENTS[self.placement_kind](self._segment_spans())
+            address = self.va.place(alloc_size)
         b = [alloc_size, address, None, None, False]
         self.heads[address] = (b, lk)
         self.reserved += alloc_size
@@ -411,10 +426,28 @@ class _Model:
         self._record(SEGMENT_ALLOC, alloc_size)
         return b
 
+    def _segment_spans(self) -> list[tuple[int, int]]:
+        """(address, size) of every live cudaMalloc'd segment: where the placement model starts.
+        Only asked for without expandable segments, so every head is a cudaMalloc'd segment."""
+        spans: list[tuple[int, int]] = []
+        for addr, (head, _lk) in self.heads.items():
+            size, b = 0, head
+            while b is not None:
+                size += b[_SIZE]
+                b = b[_NEXT]
+            spans.append((addr, size))
+        return spans
+
+    def _freed(self, b: list[Any]) -> None:
+        """A cudaMalloc'd segment goes back to the driver."""
+        del self.heads[b[_ADDR]]
+        if self.va is not None:
+            self.va.release(b[_ADDR], b[_SIZE])
+
     def _release_block(self, lk: int, b: list[Any]) -> None:
         """``release_block``: cudaFree a whole free segment."""
         self._remove(lk, b)
-        del self.heads[b[_ADDR]]
+        self._freed(b)
         self.reserved -= b[_SIZE]
         self._record(SEGMENT_FREE, b[_SIZE])
 
@@ -482,7 +515,7 @@ class _Model:
                     keep_blocks.append(b)
                     continue
                 b[_STATE] = False
-                del self.heads[b[_ADDR]]
+                self._freed(b)
                 self.reserved -= b[_SIZE]
                 self._record(SEGMENT_FREE, b[_SIZE])
             kl[:] = keep_keys
@@ -670,6 +703,51 @@ class _Model:
                 else:
                     self.amap[block.address] = b
             self.reserved += seg.total_size
+        self.peak = self.reserved
+
+    def seed_live(self, state: Any) -> None:
+        """Start an expandable-segments what-if of a trace that starts mid-run (recorded without
+        them) from the blocks live before the first event alone, packed into the reservation
+        of their (pool, stream) in address order, on whole mapped pages: the state
+        expandable segments reach with those tensors, holding no cache of the recorded
+        settings' cudaMalloc'd segments (what they would have cached instead is not in the
+        trace, so reserved memory at the start is a lower bound).
+        """
+        groups: dict[int, list[Any]] = {}
+        for seg in sorted(state.segments, key=lambda x: x.address):
+            lk = (seg.pool * 2 + (0 if seg.segment_type == "small" else 1)) * self.ns + seg.stream
+            groups.setdefault(lk, []).extend(b for b in seg.blocks if b.state != INACTIVE)
+        for lk, blocks in groups.items():
+            if not blocks:
+                continue
+            c = self._alloc_expandable(lk, sum(block.size for block in blocks))
+            end, after = c[_ADDR] + c[_SIZE], c[_NEXT]
+            prev, addr = c[_PREV], c[_ADDR]
+            for block in blocks:
+                b = [block.size, addr, prev, None, False]
+                if prev:
+                    prev[_NEXT] = b
+                prev, addr = b, addr + block.size
+                if block.state == ACTIVE_PENDING_FREE:
+                    self.pend[b[_ADDR]] = (b, lk)
+                    self.pmap[block.address] = b
+                else:
+                    self.amap[block.address] = b
+            if c[_ADDR] in self.heads:  # the reservation's head block was c: now the first live block
+                self.heads[c[_ADDR]] = (self.amap.get(blocks[0].address) or self.pmap[blocks[0].address], lk)
+            last = prev
+            if addr < end:  # the rest of the last mapped page stays free
+                rest = [end - addr, addr, last, after, True]
+                last[_NEXT] = rest
+                last = rest
+                self._insert(lk, rest)
+            last[_NEXT] = after
+            if after:
+                after[_PREV] = last
+        # Mapping them is no segment event of the run: the replay starts from here.
+        self.seg_act.clear()
+        self.seg_size.clear()
+        self.seg_idx.clear()
         self.peak = self.reserved
 
     # -- the request stream --------------------------------------------------------------
@@ -963,6 +1041,7 @@ def simulate(
     tail: ProjectedTail | None = None,
     *,
     requests: Requests | None = None,
+    placement: str = "recorded",
 ) -> PolicyResult:
     """Replay one device's requests through the allocator model under ``config``.
 
@@ -973,8 +1052,15 @@ def simulate(
     instead (``ProjectedTail``); ``ooms`` may then hold indices past the trace.
     ``requests``: the trace's ``requests.Requests`` when the caller built them
     (``build_requests``), else they are built (and remembered, ``requests_for``).
+    ``placement``: where new cudaMalloc'd segments go. "recorded" (a replay of the
+    recorded run): the driver's own addresses while the model's segment events match
+    the recorded ones, the placement model after; "driver": the placement model from
+    the start (what-ifs: the answer then does not depend on which run's trace is
+    replayed); "mirror": the opposite order (``analysis.allocator.placement``).
     """
-    return _simulate(snapshot, device, config, limit_bytes, step_ends, requests=requests, tail=tail)[0]
+    return _simulate(
+        snapshot, device, config, limit_bytes, step_ends, requests=requests, tail=tail, placement=placement
+    )[0]
 
 
 def simulate_layout(
@@ -985,11 +1071,14 @@ def simulate_layout(
     *,
     reference: bool = False,
     requests: Requests | None = None,
+    placement: str = "recorded",
 ) -> tuple[PolicyResult, list[SegmentLayout]]:
     """``simulate``, plus the model's final segments (``SegmentLayout``, comparable
     with ``recorded_layout``). ``reference``: serve the requests with
     ``_Model.run_reference`` (every rule through its method) instead of the fast loop."""
-    result, model = _simulate(snapshot, device, config, limit_bytes, (), reference=reference, requests=requests)
+    result, model = _simulate(
+        snapshot, device, config, limit_bytes, (), reference=reference, requests=requests, placement=placement
+    )
     return result, model.layout()
 
 
@@ -1003,6 +1092,7 @@ def _simulate(
     reference: bool = False,
     requests: Requests | None = None,
     tail: ProjectedTail | None = None,
+    placement: str = "recorded",
 ) -> tuple[PolicyResult, _Model]:
     dev = _device(snapshot, device)
     req = requests if requests is not None else requests_for(snapshot, dev)
@@ -1012,11 +1102,19 @@ def _simulate(
         sizes, lks = req.lists(config)
     else:
         events, ops, raddrs, sizes, lks = req.with_tail(dev, config, tail)
-    model = _Model(config, limit_bytes, len(snapshot.pools), dev.streams, req.freeable_from, req.recorded_segments)
+    model = _Model(
+        config, limit_bytes, len(snapshot.pools), dev.streams, req.freeable_from, req.recorded_segments, placement
+    )
+    start = "empty"
     if not _segments_complete(dev):
         from analysis.allocator.recorded import recorded_replay  # local: only partial traces need it
 
-        model.seed(recorded_replay(snapshot, dev).blocks_at(-1))
+        state = recorded_replay(snapshot, dev).blocks_at(-1)
+        start = start_state(config, req.recorded_config)
+        if start == "live-blocks":
+            model.seed_live(state)
+        else:
+            model.seed(state)
     initial = model.reserved
     serve = model.run_reference if reference else model.run
     failed = serve(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
@@ -1057,10 +1155,46 @@ def _simulate(
         flushes=model.flushes,
         change_index=change_index.astype(np.int64),
         change_reserved=change_reserved.astype(np.int64),
+        start=start,
     )
     result.step_ends = [int(i) for i in step_ends or ()]
     result.step_reserved = result.reserved_at(result.step_ends)
     return result, model
+
+
+def start_state(config: AllocatorConfig, recorded: AllocatorConfig) -> str:
+    """How a replay under ``config`` of a trace that starts mid-run (recorded under ``recorded``)
+    begins (``PolicyResult.start``). The recorded state before the first event is what the
+    recorded settings made: it is the start only under them. Expandable segments (recorded
+    without) start from the live blocks alone: they hold no cache of cudaMalloc'd segments.
+    Any other change keeps the recorded segments, a state those settings would not have made,
+    and says so ("recorded-other-settings")."""
+    if config == recorded:
+        return "recorded"
+    if config.expandable_segments and not recorded.expandable_segments:
+        return "live-blocks"
+    return "recorded-other-settings"
+
+
+_START_NOTES = {
+    "empty": None,
+    "recorded": None,
+    "live-blocks": (
+        "the trace starts mid-run: the what-if starts from the blocks live before its first event, packed into "
+        "expandable segments; what they would have cached before is not in the trace, so reserved memory is a "
+        "lower bound early on"
+    ),
+    "recorded-other-settings": (
+        "the trace starts mid-run: its state before the first event was made by the recorded settings, and "
+        "these settings would have made another one, which the trace cannot show; the answer may not hold"
+    ),
+}
+
+
+def start_report(start: str) -> dict[str, Any]:
+    """The ``start`` item of a what-if: where the replay began, whether the answer can be held to
+    these settings (``holds``), and why not."""
+    return {"state": start, "holds": start != "recorded-other-settings", "note": _START_NOTES[start]}
 
 
 def _segments_complete(device: DeviceData) -> bool:
@@ -1226,7 +1360,11 @@ def whatif(
         fitted = fitted_limit(snapshot, dev, base, estimate, req)
         limit_bytes = fitted if fitted is not None else (estimate.lower or None)
     ends = step_end_indices(snapshot, dev) if step_ends is None else list(step_ends)
-    result = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req)
+    order = placement_for(cfg, base)
+    result = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req, placement=order)
+    other = None
+    if tie_order_matters(order, cfg):
+        other = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req, placement="mirror")
     return {
         "config": conf,
         "peak_reserved_bytes": result.peak_reserved,
@@ -1234,4 +1372,47 @@ def whatif(
         "steps": [{"index": k, "reserved_end_bytes": v} for k, v in enumerate(result.step_reserved)],
         "limit_bytes": limit_bytes,
         "oom_event_index": result.oom,
+        "placement": placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, other),
+        "start": start_report(result.start),
     }
+
+
+def placement_for(cfg: AllocatorConfig, recorded: AllocatorConfig) -> str:
+    """The ``placement`` a replay under ``cfg`` takes: the recorded run's own addresses when
+    ``cfg`` is the recorded settings (the replay is then that run), else the driver's rule
+    from the start, so that the what-if does not depend on which run's trace it replays."""
+    return "recorded" if cfg == recorded else "driver"
+
+
+def tie_order_matters(order: str, cfg: AllocatorConfig) -> bool:
+    """Whether a what-if is replayed again with new segments in the opposite order: not for the
+    recorded settings (the run's own addresses), nor under expandable segments (no cudaMalloc'd
+    segment is placed: reservations sit at fixed strides, one per pool and stream)."""
+    return order != "recorded" and not cfg.expandable_segments
+
+
+def placement_report(
+    order: str, oom: int | None, avoided: bool | None, peak: int, other: PolicyResult | None
+) -> dict[str, Any]:
+    """The ``placement`` item of a what-if: which order gave the answer, and whether the
+    opposite order of new segments (``MirrorPlacement``: equal free blocks tied the other
+    way) gives the same one. ``certain`` false: whether the run dies hangs on where the
+    driver puts segments, which no trace of another run shows. ``outcomes`` (both orders'
+    failing event, ``oom_avoided`` and peak) whenever the two differ at all."""
+    out: dict[str, Any] = {"order": order, "certain": True, "outcomes": None}
+    if other is None:
+        return out
+    # The answer is whether the run dies (and, with a recorded OOM, whether it is avoided);
+    # where only the request it dies at moves, the answer holds and both outcomes are given.
+    out["certain"] = ((other.oom is None), other.oom_avoided) == ((oom is None), avoided)
+    if other.oom != oom or not out["certain"]:
+        out["outcomes"] = [
+            {"order": order, "oom_event_index": oom, "oom_avoided": avoided, "peak_reserved_bytes": peak},
+            {
+                "order": "mirror",
+                "oom_event_index": other.oom,
+                "oom_avoided": other.oom_avoided,
+                "peak_reserved_bytes": other.peak_reserved,
+            },
+        ]
+    return out

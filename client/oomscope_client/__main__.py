@@ -1,4 +1,5 @@
-"""Command line: ``python -m oomscope_client upload FILE --project P --run R [--wait]``.
+"""Command line: ``python -m oomscope_client upload FILE --project P --run R [--wait]``,
+and the CI gate ``python -m oomscope_client check --project P [--run R] --max-regression 5%``.
 
 The site comes from ``--url`` or ``OOMSCOPE_URL``; the token from ``OOMSCOPE_TOKEN``, or a file named by
 ``--token-file`` or ``OOMSCOPE_TOKEN_FILE`` (``--token`` still works, but puts the secret in shell history
@@ -45,23 +46,113 @@ def _parser() -> argparse.ArgumentParser:
         "--oom-message-file",
         help="a file with torch's OOM message (default: the message in the dump's sidecar .json, where there is one)",
     )
+    job = up.add_argument_group(
+        "the job (default: read from torchrun's, Slurm's or MPI's environment, git and the dump's sidecar)"
+    )
+    job.add_argument("--rank", type=int, help="this process's rank ($RANK, $SLURM_PROCID)")
+    job.add_argument("--world-size", type=int, help="the run's number of ranks ($WORLD_SIZE, $SLURM_NTASKS)")
+    job.add_argument("--commit", help="the git commit (default: $GITHUB_SHA, $CI_COMMIT_SHA, git rev-parse HEAD)")
+    job.add_argument("--branch", help="the git branch")
+    job.add_argument("--job-id", help="the launcher's job id ($TORCHELASTIC_RUN_ID, $SLURM_JOB_ID); the default run")
+    job.add_argument("--error-file", help="a file with the error this rank died of, when it was not an OOM")
+    job.add_argument("--no-job-meta", action="store_true", help="send only what is given here")
+
+    gate = commands.add_parser("check", help="CI gate: exit 1 when the run regressed against the project's baseline")
+    gate.add_argument("--url", default=os.environ.get("OOMSCOPE_URL"), help="site URL (or $OOMSCOPE_URL)")
+    gate.add_argument("--token", help="API token (better: $OOMSCOPE_TOKEN or --token-file; a flag shows in `ps`)")
+    gate.add_argument(
+        "--token-file",
+        default=os.environ.get("OOMSCOPE_TOKEN_FILE"),
+        help="a file holding the API token (or $OOMSCOPE_TOKEN_FILE)",
+    )
+    gate.add_argument("--project", required=True, help="project slug")
+    gate.add_argument("--run", help="run name (default: the project's newest run)")
+    gate.add_argument(
+        "--max-regression",
+        type=_percent,
+        help="the peak growth allowed, e.g. 5%% (default: the project's threshold)",
+    )
+    gate.add_argument("--wait", type=float, default=900.0, help="seconds to wait for the run's analysis (default 900)")
+    gate.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    gate.add_argument("--json", action="store_true", help="print the exit code and reason as JSON")
     return parser
 
 
-def sidecar_oom_message(snapshot: str) -> str | None:
-    """The OOM message ``dump_on_oom`` wrote beside a dump (NAME.json next to NAME.pickle.gz), if any."""
+def _percent(text: str) -> float:
+    from oomscope_client.gate import parse_percent
+
+    try:
+        return parse_percent(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 5%, got {text!r}") from None
+
+
+def sidecar_of(snapshot: str) -> dict[str, object]:
+    """The sidecar ``dump_on_oom`` wrote beside a dump (NAME.json next to NAME.pickle.gz); {} if none."""
     base = snapshot.removesuffix(".gz").removesuffix(".pickle")
     try:
         with open(base + ".json", encoding="utf-8") as fh:
-            message = json.load(fh).get("oom_message")
-    except (OSError, ValueError, AttributeError):
-        return None
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def sidecar_oom_message(snapshot: str) -> str | None:
+    """The OOM message ``dump_on_oom`` wrote beside a dump, if any."""
+    message = sidecar_of(snapshot).get("oom_message")
     return message if isinstance(message, str) and message.strip() else None
+
+
+def job_meta(args: argparse.Namespace) -> dict[str, object]:
+    """The job's metadata: the environment and git (unless --no-job-meta), then the dump's sidecar,
+    then the flags, each over the one before."""
+    from oomscope_client.jobmeta import job_metadata
+
+    meta: dict[str, object] = {} if args.no_job_meta else job_metadata()
+    sidecar = sidecar_of(args.file)
+    if not args.no_job_meta:
+        recorded = sidecar.get("job")
+        meta.update(recorded if isinstance(recorded, dict) else {})
+        meta.update({k: sidecar[k] for k in ("rank", "world_size", "error") if sidecar.get(k) is not None})
+    flags = {
+        "rank": args.rank,
+        "world_size": args.world_size,
+        "commit": args.commit,
+        "branch": args.branch,
+        "job_id": args.job_id,
+    }
+    meta.update({k: v for k, v in flags.items() if v is not None})
+    if args.error_file:
+        with open(args.error_file, encoding="utf-8") as fh:
+            meta["error"] = fh.read()
+    return meta
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from oomscope_client.gate import check, result_json
+
+    token = _token(args, parser)
+    if not args.url or not token:
+        parser.error("--url and a token are required ($OOMSCOPE_URL; $OOMSCOPE_TOKEN or $OOMSCOPE_TOKEN_FILE)")
+    result = check(
+        args.url,
+        token,
+        args.project,
+        run=args.run,
+        max_regression=args.max_regression,
+        wait=args.wait,
+        poll=args.poll,
+    )
+    print(result_json(result) if args.json else result.reason, file=sys.stdout if result.exit_code == 0 else sys.stderr)
+    return result.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "check":
+        return _check(parser, args)
     token = _token(args, parser)
     if not args.url or not token:
         parser.error(
@@ -76,18 +167,21 @@ def main(argv: list[str] | None = None) -> int:
             oom_message = fh.read()
     else:
         oom_message = sidecar_oom_message(args.file)  # None when the dump has no sidecar
+    meta = job_meta(args)
+    run = args.run or meta.get("job_id")
     try:
         result = upload(
             args.file,
             args.url,
             token,
             project=args.project,
-            run=args.run,
+            run=str(run) if run else None,
             tags=args.tags,
             note=args.note,
             timeout=args.timeout,
             oom_message=oom_message,
             batch_size=args.batch_size,
+            meta=meta,
         )
     except UploadError as e:
         print(f"oomscope upload failed: {e}", file=sys.stderr)

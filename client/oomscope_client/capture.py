@@ -164,8 +164,14 @@ class OomDumper:
         compress: bool = True,
         prefix: str = "oom",
         max_dumps: int = 1,
+        dump_errors: bool | None = None,
     ) -> None:
         self.path_dir = Path(path_dir)
+        # The job this process is a rank of (launcher environment, git): read once, not at the OOM.
+        self.job: dict[str, Any] = {}
+        # Dump on any uncaught error too, not only an OOM: in a job of several ranks, the ranks
+        # whose collective failed when a peer died are half of the story (None: when world_size > 1).
+        self.dump_errors = dump_errors
         self.upload_spec = upload
         self.compress = compress
         self.prefix = prefix
@@ -183,8 +189,13 @@ class OomDumper:
     # -- installation
 
     def install(self, *, observer: bool = True, excepthook: bool = True) -> OomDumper:
+        from oomscope_client.jobmeta import job_metadata
+
         torch = _torch()
         self.path_dir.mkdir(parents=True, exist_ok=True)
+        self.job = job_metadata()
+        if self.dump_errors is None:
+            self.dump_errors = int(self.job.get("world_size") or 1) > 1
         self.enabled = True
         attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
         if observer and attach is not None:
@@ -240,6 +251,9 @@ class OomDumper:
             return None
         torch = _torch()
         if not isinstance(exc, torch.cuda.OutOfMemoryError):
+            if self.dump_errors and isinstance(exc, Exception):
+                with self._lock:
+                    return self._dump("error", error=f"{type(exc).__name__}: {exc}")
             return None
         with self._lock:
             if self._dumped_at_ooms is not None and self._dumped_at_ooms == _num_ooms(torch) and self.sidecars:
@@ -269,7 +283,14 @@ class OomDumper:
 
     # -- writing
 
-    def _dump(self, trigger: str, *, observed: dict[str, Any] | None = None, message: str | None = None) -> Path | None:
+    def _dump(
+        self,
+        trigger: str,
+        *,
+        observed: dict[str, Any] | None = None,
+        message: str | None = None,
+        error: str | None = None,
+    ) -> Path | None:
         torch = _torch()
         with self._lock:
             if not self.enabled or len(self.paths) >= self.max_dumps:
@@ -282,13 +303,17 @@ class OomDumper:
             snapshot = torch.cuda.memory._snapshot()
             raw = pickle.dumps(snapshot, protocol=4)
             _write_atomically(path, lambda f: f.write(raw), compress=self.compress)
-            sidecar = {
+            sidecar: dict[str, Any] = {
                 "format": SIDECAR_FORMAT,
                 "snapshot": path.name,
                 "trigger": trigger,
                 "created_at": datetime.now(timezone.utc).isoformat(),  # noqa: UP017
                 "oom_message": message,
+                "error": error,
                 "observer": observed,
+                # The rank, world size and job (analysis reads rank/world_size/error from here).
+                **{key: self.job[key] for key in ("rank", "world_size", "local_rank") if key in self.job},
+                "job": self.job,
                 **state_facts(torch, device),
                 "pickle_bytes": len(raw),
                 **_describe_snapshot(snapshot),
@@ -301,7 +326,8 @@ class OomDumper:
             # torch counts the OOM (num_ooms) before calling observers, so the observer and the
             # exception of one OOM see the same count: that is how one OOM gives one dump.
             self._dumped_at_ooms = _num_ooms(torch)
-        print(f"oomscope_client: CUDA OOM snapshot written to {path}", file=sys.stderr, flush=True)
+        what = "CUDA OOM" if error is None else "error"
+        print(f"oomscope_client: {what} snapshot written to {path}", file=sys.stderr, flush=True)
         if self.upload_spec is not None:
             self._start_upload(path, sidecar_path)
         return path
@@ -323,7 +349,7 @@ class OomDumper:
                 else:
                     from oomscope_client.upload import upload
 
-                    result = upload(path, **dict(spec))  # type: ignore[arg-type]
+                    result = upload(path, **self._upload_arguments(spec or {}, sidecar_path))
                 self.uploads.append(result)
                 self._update_sidecar(sidecar_path, {"upload": result})
             except Exception as e:
@@ -334,6 +360,19 @@ class OomDumper:
         thread = threading.Thread(target=run, name="oomscope-upload", daemon=False)
         self._threads.append(thread)
         thread.start()
+
+    def _upload_arguments(self, spec: Mapping[str, Any], sidecar_path: Path) -> dict[str, Any]:
+        """The spec's arguments, plus the job's metadata and this dump's error (the spec's own win);
+        the run defaults to the job id, so every rank of one job lands in one run."""
+        arguments = dict(spec)
+        sidecar = json.loads(sidecar_path.read_text())
+        meta = {**self.job, **({"error": sidecar["error"]} if sidecar.get("error") else {})}
+        arguments["meta"] = {**meta, **dict(arguments.get("meta") or {})}
+        if not arguments.get("run") and self.job.get("job_id"):
+            arguments["run"] = self.job["job_id"]
+        if not arguments.get("oom_message") and sidecar.get("oom_message"):
+            arguments["oom_message"] = sidecar["oom_message"]
+        return arguments
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for uploads started by dumps."""
@@ -350,6 +389,7 @@ def dump_on_oom(
     max_dumps: int = 1,
     observer: bool = True,
     excepthook: bool = True,
+    dump_errors: bool | None = None,
 ) -> OomDumper:
     """Dump a snapshot into ``path_dir`` when a CUDA allocation fails.
 
@@ -362,6 +402,12 @@ def dump_on_oom(
     ``upload`` is either a callable taking the snapshot path or the keyword arguments of
     ``oomscope_client.upload`` (``url``, ``token``, ``project``, ``run``, ...); uploads run in a
     background thread. Start history with ``record()`` first, or the snapshot has no trace.
+
+    In a job of several ranks (``WORLD_SIZE`` > 1, or ``dump_errors=True``) an uncaught error
+    that is not an OOM dumps too, with its text as the sidecar's ``error``: the rank whose
+    all-reduce failed because a peer died of an OOM then joins the run's report as "a peer died".
+    The job's rank, world size, id, host, torch version, commit and branch (``jobmeta``) go into
+    the sidecar and with the upload, whose run defaults to the job id.
     """
-    dumper = OomDumper(path_dir, upload, compress=compress, prefix=prefix, max_dumps=max_dumps)
+    dumper = OomDumper(path_dir, upload, compress=compress, prefix=prefix, max_dumps=max_dumps, dump_errors=dump_errors)
     return dumper.install(observer=observer, excepthook=excepthook)

@@ -15,11 +15,13 @@ import select
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 API_PATH = "/api/v1/snapshots"
+# The job's metadata the site takes as fields of an upload (docs/contract.md §3).
+META_FIELDS = ("rank", "world_size", "local_rank", "commit", "branch", "host", "torch_version", "job_id", "error")
 CHUNK_BYTES = 1 << 16
 
 
@@ -209,12 +211,17 @@ def upload(
     idempotency_key: str | None = None,
     oom_message: str | None = None,
     batch_size: int | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Post one snapshot file; return the site's JSON (``id``, ``status``, ``url``, ``api_url``).
 
     ``tags`` may be a comma-separated string or a list of tags (sent joined by commas).
     ``oom_message`` (torch's OOM message: the report's real limit) and ``batch_size`` (the failing step's
     batch: the report names the batch that fits) are sent when given.
+    ``meta`` is the job's metadata (``rank``, ``world_size``, ``local_rank``, ``commit``, ``branch``,
+    ``host``, ``torch_version``, ``job_id``, and ``error``: what a rank died of when it was not an OOM),
+    as ``oomscope_client.jobmeta.job_metadata()`` reads it; the uploads of one ``run`` with a
+    ``world_size`` above 1 are analysed together as one run of several ranks.
     Every call sends an ``Idempotency-Key`` header (a fresh random one unless given): calling
     again with the same key after a timeout or a broken connection returns the first upload
     instead of making a duplicate.
@@ -235,6 +242,10 @@ def upload(
         fields.append(("oom_message", oom_message))
     if batch_size is not None:
         fields.append(("batch_size", str(int(batch_size))))
+    for name in META_FIELDS:
+        value = (meta or {}).get(name)
+        if value is not None and value != "":
+            fields.append((name, str(value)))
     body = MultipartBody(fields, "file", path, filename=filename, content_type=_content_type_for(path))
     request = urllib.request.Request(  # noqa: S310 (api_url allows http and https only)
         api_url(url),

@@ -584,8 +584,11 @@ def test_without_a_per_process_cap_the_gc_threshold_never_acts() -> None:
     assert gc.segment_events == recorded_segment_events(s.devices[0])  # the GC's releases, as recorded
     assert no_gc.segment_events != gc.segment_events
     ends = step_end_indices(s, 0)
-    plain = simulate(s, 0, AllocatorConfig.parse("max_split_size_mb:64", base=cfg.acting(False)), cap, ends)
-    with_gc = simulate(s, 0, AllocatorConfig.parse("max_split_size_mb:64", base=cfg), cap, ends)
+    # A what-if of other settings places new segments by the driver's rule from the start (issue 23).
+    plain = simulate(
+        s, 0, AllocatorConfig.parse("max_split_size_mb:64", base=cfg.acting(False)), cap, ends, placement="driver"
+    )
+    with_gc = simulate(s, 0, AllocatorConfig.parse("max_split_size_mb:64", base=cfg), cap, ends, placement="driver")
     uncapped = whatif(s, 0, "max_split_size_mb:64", cap, ends, capped=False)
     assert uncapped["config"] == "max_split_size_mb:64" and uncapped["peak_reserved_bytes"] == plain.peak_reserved
     assert [x["reserved_end_bytes"] for x in uncapped["steps"]] == plain.step_reserved != with_gc.step_reserved

@@ -76,8 +76,10 @@ def truth(name: str) -> dict[str, Any]:
 def test_the_capture_set_is_there() -> None:
     # Guards the parametrisation: the families of the bench, each with its default run.
     families = {truth(n)["family"] for n in NAMES}
-    assert len(NAMES) >= 400
+    assert len(NAMES) >= 745
     held_out = ("densenet_c75", "swin_c90", "llama_c75", "t5_c90", "rand_s32_c30", "rand_s40_c20", "llama_c80")
+    # Issue 23's batch: random streams under roundup, random resolutions, random UNet sizes.
+    held_out += ("rand_s60_c50", "rand_s65_c50", "randres_c80", "unetrand_c80")
     for fam in ("resnet_c70", "vit_c85", "hf_gpt2_c85", "bert_mlm_c85", "rand_s0_c25", *held_out):
         assert fam in families
         assert f"{fam}_default" in NAMES

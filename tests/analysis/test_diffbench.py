@@ -13,6 +13,22 @@ from analysis.model import ALLOC, OOM
 from analysis.reader import read_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
+# What-ifs whose segment events differ from the exact replay of the member's own trace before
+# the traces part: the placement model's order of two segments is not the driver's there.
+PLACED_OTHERWISE = [
+    "densenet_c75_gc07",
+    "densenet_c90_gc07",
+    "densenet_c90_roundup4",
+    "llama_c75_roundup4",
+    "llama_c80_maxsplit_roundup",
+    "llama_c90_roundup4",
+    "rand_s62_c50_roundup4",
+    "rand_s62_c50_rounduplist",
+    "randres_c80_roundup2",
+    "randres_c80_rounduplist",
+    "resnet_c85_gc07",
+    "resnet_c85_roundup4",
+]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
@@ -64,6 +80,17 @@ def test_every_whatif_of_the_captures_meets_its_real_run() -> None:
     rows = bench.whatif_rows(caps, snaps)
     differ = [(w.member, w.real_oom, w.model_oom) for w in rows if w.status == "differ"]
     assert differ == []
+    # One answer from either trace (issue 23): the what-if of each member's setting from the default
+    # trace makes the very segment events that the member's own trace, replayed under the same
+    # setting, makes, up to the first request where the two traces differ. Both take new segments'
+    # addresses from the placement model, never from the run replayed.
+    assert [(w.member, w.first_disagreement) for w in rows if not w.consistent] == []
+    assert sum(w.consistent_events for w in rows) >= 27_000
+    # Against the exact replay of the member's trace (the driver's real addresses), the placement
+    # model put a new segment on the other side of an equal free block in these twelve (docs/allocator.md,
+    # "cudaMalloc placement"); their answers (the OOM's request, the peak) still meet the real runs.
+    off = sorted(w.member for w in rows if not w.agrees_with_real)
+    assert off == PLACED_OTHERWISE, off
     same = [w for w in rows if w.status == "same"]
     assert len(same) >= 340  # 340 on the captures of rounds 1-3 (docs/captures.md)
     assert all(w.peak_ok is not False for w in rows)

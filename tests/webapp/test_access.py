@@ -19,7 +19,8 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from tests.webapp.helpers import bearer
 from webapp.snapshots import services
-from webapp.snapshots.models import Report, ShareLink, Upload
+from webapp.snapshots.models import Report, Run, ShareLink, Upload
+from webapp.snapshots.runs import new_run_code
 
 pytestmark = pytest.mark.django_db
 
@@ -44,6 +45,7 @@ PUBLIC = {
 UPLOAD_KEYS = {"code", "code_a", "code_b"}
 PROJECT_KEYS = {"slug"}
 TEAM_KEYS = {"team"}  # a team's slug (the team pages)
+RUN_KEYS = {"run_code"}  # a run's public code (the run pages and API)
 
 
 def walk(patterns: list[Any], namespace: str = "") -> list[tuple[str, URLPattern]]:
@@ -86,7 +88,9 @@ def test_every_route_is_protected_or_listed_public() -> None:
 def test_every_keyword_is_known() -> None:
     for name in OBJECT_ROUTES:
         for key in dict(ROUTES)[name].pattern.converters:
-            assert key in UPLOAD_KEYS | PROJECT_KEYS | TEAM_KEYS, f"{name}: URL keyword {key!r} names an unknown kind"
+            assert key in UPLOAD_KEYS | PROJECT_KEYS | TEAM_KEYS | RUN_KEYS, (
+                f"{name}: URL keyword {key!r} names an unknown kind"
+            )
 
 
 def url_for(name: str, owner: dict[str, str], foreign: dict[str, str] | None = None, key: str | None = None) -> str:
@@ -108,7 +112,15 @@ def team_objects(project: Any, user: Any) -> dict[str, str]:
     b = Upload.objects.create(
         code=services.new_upload_code(), project=project, uploaded_by=user, filename=f"{project.slug}-b", bytes=1
     )
-    return {"code": a.code, "code_a": a.code, "code_b": b.code, "slug": project.slug, "team": project.team.slug}
+    run = Run.objects.create(code=new_run_code(), project=project, name=f"{project.slug}-run")
+    return {
+        "code": a.code,
+        "code_a": a.code,
+        "code_b": b.code,
+        "slug": project.slug,
+        "team": project.team.slug,
+        "run_code": run.code,
+    }
 
 
 @pytest.fixture

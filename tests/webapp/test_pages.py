@@ -30,6 +30,8 @@ UPLOAD_KEYS = {
     "created_at",
     "summary",
     "url",
+    "run_url",  # the upload's run page, or None (issue 19)
+    "run_regressed",
 }
 
 

@@ -107,6 +107,16 @@ def test_upload_page_context(alice_client: Any, settings: Any) -> None:
         "note",
         "oom_message",
         "batch_size",
+        # the job (issue 19; forms.JOB_FIELDS)
+        "rank",
+        "world_size",
+        "local_rank",
+        "commit",
+        "branch",
+        "host",
+        "torch_version",
+        "job_id",
+        "error",
     }
 
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from webapp.snapshots.models import ApiToken, Membership, Project, ShareLink, Team, Upload
+from webapp.snapshots.models import (
+    ApiToken,
+    Membership,
+    Project,
+    Run,
+    RunPolicy,
+    ShareLink,
+    Team,
+    Upload,
+    WebhookDelivery,
+)
 
 
 class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -41,3 +51,22 @@ class ShareLinkAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class ApiTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("prefix", "user", "default_project", "created_at", "last_used_at", "revoked_at")
     exclude = ("token_hash",)
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("name", "project", "branch", "commit", "world_size", "status", "created_at")
+    list_filter = ("status",)
+    search_fields = ("name", "commit", "job_id")
+    readonly_fields = ("code", "summary", "regression")
+
+
+@admin.register(RunPolicy)
+class RunPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("project", "baseline", "main_branch", "max_regression_pct", "retention_days")
+    exclude = ("webhook_secret",)
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("run", "url", "attempts", "status_code", "delivered_at")

@@ -198,6 +198,7 @@ def snapshots(request: HttpRequest) -> HttpResponse:
             fmt=fmt,
             **fields.upload_fields(),
             idempotency_key=key,
+            run_meta=fields.run_meta(),
         )
     except services.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)

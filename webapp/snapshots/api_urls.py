@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from webapp.snapshots import api
+from webapp.snapshots import api, runapi, triage
 
 app_name = "api"
 
@@ -15,4 +15,12 @@ urlpatterns = [
     path("snapshots/<str:code>/share", api.snapshot_share, name="snapshot_share"),
     path("projects", api.projects, name="projects"),
     path("projects/<slug:slug>/runs", api.project_runs, name="project_runs"),
+    path("triage", triage.api, name="triage"),
+    # Runs of many ranks, baselines and regressions (issue 19; runapi.py).
+    path("runs/<str:run_code>", runapi.run, name="run"),
+    path("runs/<str:run_code>/analyse", runapi.run_analyse, name="run_analyse"),
+    path("runs/<str:run_code>/baseline", runapi.run_baseline, name="run_baseline"),
+    path("projects/<slug:slug>/run-list", runapi.project_run_list, name="project_run_list"),
+    path("projects/<slug:slug>/policy", runapi.project_policy, name="project_policy"),
+    path("projects/<slug:slug>/regression", runapi.project_regression, name="project_regression"),
 ]

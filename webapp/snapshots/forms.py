@@ -19,6 +19,10 @@ NOTE_MAX_CHARS = 5000
 PROJECT_MAX_CHARS = 60
 OOM_MESSAGE_MAX_CHARS = 65536
 BATCH_SIZE_MAX = 1_000_000_000
+RANK_MAX = 1_000_000
+# The job's metadata fields (runs.RUN_META_KEYS plus the rank), in the order the page shows them.
+JOB_FIELDS = ("rank", "world_size", "local_rank", "commit", "branch", "host", "torch_version", "job_id", "error")
+ERROR_MAX_CHARS = 5000
 
 
 class UploadFieldsForm(forms.Form):
@@ -40,6 +44,39 @@ class UploadFieldsForm(forms.Form):
         max_value=BATCH_SIZE_MAX,
         help_text="Optional: the failing step's batch size, so the advice names the batch that fits.",
     )
+
+    # The job's metadata (issue 19; the client fills these from torchrun's/Slurm's environment and git).
+    rank = forms.IntegerField(required=False, min_value=0, max_value=RANK_MAX, help_text="This process's rank.")
+    world_size = forms.IntegerField(
+        required=False, min_value=1, max_value=RANK_MAX + 1, help_text="How many ranks the run has."
+    )
+    local_rank = forms.IntegerField(required=False, min_value=0, max_value=RANK_MAX)
+    commit = forms.CharField(max_length=64, required=False, help_text="The git commit the job ran.")
+    branch = forms.CharField(max_length=200, required=False)
+    host = forms.CharField(max_length=200, required=False)
+    torch_version = forms.CharField(max_length=50, required=False)
+    job_id = forms.CharField(max_length=200, required=False, help_text="The launcher's job id.")
+    error = forms.CharField(
+        max_length=ERROR_MAX_CHARS,
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="The error this rank died with, when it was not an out-of-memory error (a peer's failure).",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        rank, world_size = data.get("rank"), data.get("world_size")
+        if rank is not None and world_size is not None and rank >= world_size:
+            self.add_error("rank", f"rank {rank} is not below the world size {world_size}")
+        return data
+
+    def run_meta(self) -> dict[str, Any]:
+        """The job's metadata as ``services.upload_create(run_meta=...)`` takes it (empty ones left out)."""
+        return {key: self.cleaned_data[key] for key in JOB_FIELDS if self.cleaned_data.get(key) not in (None, "")}
+
+    def job_fields(self) -> list[forms.BoundField]:
+        """The job's fields, for the upload page's "The job" section."""
+        return [self[name] for name in JOB_FIELDS]
 
     def clean_tags(self) -> list[str]:
         return split_tags(self.cleaned_data.get("tags") or "")
@@ -95,3 +132,24 @@ class UploadForm(UploadFieldsForm):
 
 class SignupForm(UserCreationForm):  # type: ignore[type-arg]
     pass
+
+
+class RunPolicyForm(forms.Form):
+    """A project's regression settings (the runs page; ``PATCH /api/v1/projects/<slug>/policy``)."""
+
+    max_regression_pct = forms.FloatField(required=False, min_value=0, max_value=1000)
+    main_branch = forms.CharField(max_length=200, required=False)
+    webhook_url = forms.URLField(max_length=500, required=False, assume_scheme="https")
+    retention_days = forms.IntegerField(required=False, min_value=1, max_value=36500)
+
+    def changes(self) -> dict[str, Any]:
+        """The fields the request carried (an empty ``webhook_url`` turns the webhook off)."""
+        data = self.cleaned_data
+        out = {k: data[k] for k in ("max_regression_pct", "main_branch", "retention_days") if data.get(k) is not None}
+        if "main_branch" in out and not out["main_branch"]:
+            del out["main_branch"]
+        if "webhook_url" in self.data:
+            out["webhook_url"] = data.get("webhook_url") or ""
+        if self.data.get("retention_days") == "":
+            out["retention_days"] = None
+        return out

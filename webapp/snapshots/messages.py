@@ -103,6 +103,17 @@ TOKEN_PROJECT_UNKNOWN = "No project {slug!r} among yours."  # noqa: S105 - a mes
 UPLOAD_READ_ONLY = "You can read this project but not upload to it (your role is viewer)."
 SHARE_READ_ONLY = "Viewers can read this report but not make or revoke its share links."
 
+# Runs, baselines and regressions (issue 19; webapp/snapshots/runs.py, runapi.py, runviews.py).
+RUN_FORBIDDEN = "Your role in this team does not allow that (viewers read; admins manage webhooks and retention)."
+RUN_NONE = "This project has no run yet (an upload with a run name makes one)."
+RUN_UNKNOWN = "No run named {name!r} in this project."
+RUN_PENDING = "The run is not summarised yet: its ranks are still being analysed."
+RUN_NO_BASELINE = "No baseline to compare with yet: pin one, or finish a run on the project's main branch."
+RUN_DELETED = "Run deleted, with its snapshots and reports."
+RUN_BASELINE_PINNED = "This run is now the project's baseline."
+RUN_BASELINE_UNPINNED = "The baseline is the latest run on the main branch again."
+RUN_POLICY_SAVED = "Regression settings saved."
+
 # The report page's "paste the OOM message" form (issue 20).
 REANALYSE_QUEUED = "Analysing the same file again with the OOM message: this report stays as it was, in the history."
 REANALYSE_READ_ONLY = "Viewers can read this report but not analyse it again; ask a member of the team."

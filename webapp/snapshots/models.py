@@ -77,6 +77,11 @@ class Upload(models.Model):
     note = models.TextField(blank=True)
     oom_message = models.TextField(blank=True)  # torch's OOM message as pasted/sent: the real limit
     batch_size = models.PositiveIntegerField(null=True, blank=True)  # the failing step's batch (batch-fit advice)
+    # Many ranks as one run (issue 19): the Run this upload belongs to (by ``run`` name in its
+    # project), its rank there, and what the client or the form said of the job (RUN_META_KEYS).
+    run_ref = models.ForeignKey("Run", on_delete=models.CASCADE, null=True, blank=True, related_name="uploads")
+    rank = models.PositiveIntegerField(null=True, blank=True)
+    meta = models.JSONField(default=dict, blank=True)
     # The client's Idempotency-Key header: a retried POST with the same key (same user) gets the
     # same upload back instead of a duplicate. Empty when the client sent none.
     idempotency_key = models.CharField(max_length=100, blank=True, default="")
@@ -176,6 +181,80 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"token {self.prefix}…"
+
+
+class Run(models.Model):
+    """One training run of a project: the uploads (one per rank) that carry the same ``run`` name.
+
+    Its ranks are analysed together (``runtasks``: a Celery chord, one task per rank, then the
+    summary); ``summary`` is ``analysis.runs``' ``oomscope.run/1`` without the per-rank reports
+    and ``regression`` the comparison with the project's baseline (``analysis.regression``).
+    Deleting a run deletes its uploads, and with them their reports and files.
+    """
+
+    class Status(models.TextChoices):
+        COLLECTING = "collecting"  # fewer ranks than its world size so far
+        ANALYSING = "analysing"
+        DONE = "done"
+
+    code = models.CharField(max_length=40, unique=True)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=200)
+    commit = models.CharField(max_length=64, blank=True)
+    branch = models.CharField(max_length=200, blank=True)
+    host = models.CharField(max_length=200, blank=True)
+    torch_version = models.CharField(max_length=50, blank=True)
+    job_id = models.CharField(max_length=200, blank=True)
+    world_size = models.PositiveIntegerField(null=True, blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.COLLECTING)
+    summary = models.JSONField(null=True, blank=True)
+    regression = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="run_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.project.slug}/{self.name}"
+
+
+class RunPolicy(models.Model):
+    """A project's baseline, regression threshold, webhook and retention (one row per project)."""
+
+    class Baseline(models.TextChoices):
+        PINNED = "pinned"  # baseline_run, chosen by a member
+        LATEST_MAIN = "latest-main"  # the newest finished run on main_branch before the run compared
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="run_policy")
+    baseline = models.CharField(max_length=12, choices=Baseline.choices, default=Baseline.LATEST_MAIN)
+    baseline_run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    main_branch = models.CharField(max_length=200, default="main")
+    max_regression_pct = models.FloatField(default=5.0)
+    webhook_url = models.URLField(max_length=500, blank=True)
+    # Signs each webhook body (HMAC-SHA256, header X-Oomscope-Signature); shown to the project's admins.
+    webhook_secret = models.CharField(max_length=64, blank=True)
+    retention_days = models.PositiveIntegerField(null=True, blank=True)  # None: keep runs for ever
+
+    def __str__(self) -> str:
+        return f"run policy of {self.project.slug}"
+
+
+class WebhookDelivery(models.Model):
+    """One regression alert's delivery: every attempt updates the same row."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    url = models.URLField(max_length=500)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"webhook for {self.run_id} ({self.status_code})"
 
 
 @receiver(post_delete, sender=Upload, dispatch_uid="upload-delete-blob")

@@ -26,7 +26,7 @@ from django.utils.text import slugify
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from analysis import readout
-from webapp.snapshots import liveness, messages
+from webapp.snapshots import liveness, messages, runs
 from webapp.snapshots.models import ApiToken, Membership, Project, Report, ShareLink, Team, Upload
 
 if TYPE_CHECKING:
@@ -61,7 +61,9 @@ def visible_projects(user: AnyUser) -> QuerySet[Project]:
 def visible_uploads(user: AnyUser) -> QuerySet[Upload]:
     if not user.is_authenticated:
         return Upload.objects.none()
-    return Upload.objects.filter(project__team__memberships__user=user).select_related("project", "project__team")
+    return Upload.objects.filter(project__team__memberships__user=user).select_related(
+        "project", "project__team", "run_ref"
+    )
 
 
 def upload_for_user(user: AnyUser, code: str) -> Upload | None:
@@ -329,13 +331,16 @@ def upload_create(
     oom_message: str = "",
     idempotency_key: str = "",
     batch_size: int | None = None,
+    run_meta: dict[str, Any] | None = None,
 ) -> Upload:
     """Store the bytes, create the row and queue the analysis once the row is committed.
 
     With an ``idempotency_key``, a second call by the same user with the same key returns the
     first upload (``replayed`` set) instead of a duplicate, or ``IdempotencyConflict`` when the
     bytes differ. A failed publish leaves the row queued with ``queued_at`` empty (the sweep
-    publishes it) and sets ``publish_pending`` on the returned object.
+    publishes it) and sets ``publish_pending`` on the returned object. ``run_meta`` (rank, world
+    size, commit, ...: ``runs.RUN_META_KEYS``) puts the upload into its run (``runs.run_attach``);
+    the rank of a run of several ranks is published with the others, as one chord.
     """
     existing = upload_by_idempotency_key(user, idempotency_key)
     if existing is not None:
@@ -360,7 +365,8 @@ def upload_create(
                 idempotency_key=idempotency_key if user is not None else "",
                 queued_at=timezone.now(),
             )
-            transaction.on_commit(lambda: _publish(upload))
+            if not runs.run_attach(upload, run_meta or {}):
+                transaction.on_commit(lambda: _publish(upload))
     except IntegrityError:
         # Two requests with one key raced; the other one's row is the upload.
         existing = upload_by_idempotency_key(user, idempotency_key)
@@ -555,6 +561,7 @@ def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, A
             error_message="",
             finished_at=timezone.now(),
         )
+    runs.upload_settled(upload_id)
 
 
 @db_write_retry
@@ -566,6 +573,7 @@ def upload_fail(upload_id: int, code: str, detail: str = "") -> None:
         error_message=messages.error_message(code, detail),
         finished_at=timezone.now(),
     )
+    runs.upload_settled(upload_id)
 
 
 def uploads_requeue_stale() -> list[int]:
@@ -862,6 +870,13 @@ def upload_dict(upload: Upload, request: HttpRequest | None = None) -> dict[str,
         "created_at": upload.created_at.isoformat(),
         "summary": upload.summary,
         "url": request.build_absolute_uri(url) if request is not None else url,
+        # The run it belongs to (issue 19): its page, and whether it regressed against the baseline.
+        "run_url": reverse("snapshots:run", args=[upload.run_ref.code])
+        if upload.run_ref_id and upload.run_ref
+        else None,
+        "run_regressed": bool(
+            upload.run_ref_id and upload.run_ref and (upload.run_ref.regression or {}).get("regressed")
+        ),
     }
 
 

@@ -211,3 +211,8 @@ def purge_failed_uploads(**_future_kwargs: Any) -> int:
     if purged:
         log.info("purge: removed the files of %d failed uploads", purged)
     return purged
+
+
+# The run tasks (a run's chord, its webhook, retention) live apart; importing them here registers
+# them with the worker, which autodiscovers this module only.
+from webapp.snapshots import runtasks  # noqa: E402, F401

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from django.urls import path
 
-from webapp.snapshots import views
+from webapp.snapshots import runviews, triage, views
 
 app_name = "snapshots"
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("upload/", views.upload, name="upload"),
+    path("triage/", triage.page, name="triage"),
     path("s/<str:code>/", views.detail, name="detail"),
     path("s/<str:code>/status.json", views.status_json, name="status_json"),
     path("s/<str:code>/share/", views.share, name="share"),
@@ -35,4 +36,7 @@ urlpatterns = [
     path("teams/", views.teams, name="teams"),
     path("t/<slug:team>/", views.team, name="team"),
     path("tokens/", views.tokens, name="tokens"),
+    # Runs of many ranks, baselines and regressions (issue 19; runviews.py).
+    path("p/<slug:slug>/runs/", runviews.project_runs, name="project_runs"),
+    path("run/<str:run_code>/", runviews.run, name="run"),
 ]

@@ -154,6 +154,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
         sha256=sha256,
         fmt=fmt,
         **form.upload_fields(),
+        run_meta=form.run_meta(),
     )
     if _wants_json(request):
         return JsonResponse(services.upload_api_dict(created, request), status=202)
@@ -341,7 +342,8 @@ def history(request: HttpRequest, slug: str) -> HttpResponse:
     project = services.project_for_user(request.user, slug)
     if project is None:
         raise Http404
-    rows = [services.upload_dict(u, request) for u in project.uploads.select_related("project", "project__team")[:500]]
+    uploads = project.uploads.select_related("project", "project__team", "run_ref")[:500]
+    rows = [services.upload_dict(u, request) for u in uploads]
     return render(
         request,
         "snapshots/history.html",

@@ -1,0 +1,644 @@
+"""Causes: the program's mistake behind an OOM, each one rule with its evidence, fix and cost.
+
+The allocator model says whether the failing request could have fitted (capacity
+or fragmentation); most real OOMs are fixed in the program instead: a tensor kept
+every step, the optimizer's temporaries, an evaluation without ``no_grad``, CUDA
+graph pools, another process on the GPU, a KV cache grown by ``torch.cat``. Each
+rule below reads the typed ``CauseInput`` (the trace, its phases, the OOM and the
+limit) and returns a ``Cause`` or None. ``RULES`` is the one list, in priority
+order: the first cause that explains the OOM is the decision's answer
+(``analysis.decision``). Documented in docs/report.md, "Causes".
+
+Every figure is arithmetic on the trace (or the OOM message), never a guess: a
+rule that cannot measure its saving says so (``saving_bytes`` None) and the
+decision then does not claim that its fix fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.decision import format_size
+from analysis.limits import OomMessage
+from analysis.model import Trace
+from analysis.phases import (
+    BACKWARD,
+    DECODE,
+    FORWARD_NO_BACKWARD,
+    OPTIMIZER,
+    PHASE_WORDS,
+    PHASES,
+    Phases,
+    phase_of_event,
+)
+from analysis.stacks import TRAIT_OPTIMIZER_STATE_INIT, Lifetimes, StackCatalog
+from analysis.steps import Steps
+
+I64 = npt.NDArray[np.int64]
+
+# A leak worth naming: at least this much piles up, in at least this share of the steps.
+LEAK_MIN_BYTES = 64 << 20
+LEAK_MIN_STEP_SHARE = 0.6
+LEAK_MIN_STEPS = 4
+# A forward pass that holds what it allocated (saved tensors) rather than freeing it as it goes.
+HOLD_MIN_SHARE = 0.5
+# Memory outside the cache worth a headline, as a share of the device.
+OUTSIDE_MIN_SHARE = 0.2
+# Private pools worth a headline, as a share of reserved memory.
+POOLS_MIN_SHARE = 0.25
+# A cache grown by concatenation: at least this many distinct sizes, this regular.
+GROWTH_MIN_SIZES = 16
+GROWTH_REGULAR_SHARE = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class PoolUse:
+    """A memory pool's reserved bytes at the OOM (or the peak): 0 is the default pool."""
+
+    pool: int
+    reserved_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CauseInput:
+    """What the rules read: one device's trace and what the report already knows of it."""
+
+    trace: Trace
+    lifetimes: Lifetimes
+    catalog: StackCatalog
+    phases: Phases
+    steps: Steps
+    allocated: I64  # allocated bytes after each event
+    oom_index: int | None
+    requested_bytes: int  # the failing request (0 without an OOM)
+    limit_bytes: int | None
+    message: OomMessage | None
+    pools_at_oom: tuple[PoolUse, ...]
+    reserved_at_oom: int
+    pool_origin: str  # "compile" | "manual" | "" (how the private pools were made, from their frames)
+    optimizer_class: str = ""  # from the "Optimizer.step#AdamW.step" annotations, where the run has them
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """One cause with its evidence, its fix and what the fix is worth."""
+
+    id: str
+    title: str
+    phase: str
+    explains_oom: bool  # without it, the failing request would have fitted
+    headline: str  # one sentence for the decision screen
+    evidence: str
+    fix_title: str
+    fix_line: str  # what to copy
+    saving_bytes: int | None  # what the fix frees at the failing point (None: not measurable)
+    fits_after_fix: bool | None  # arithmetic: the failing point fits once the fix is made
+    settings: str  # what allocator settings can do about it
+    cost: str
+    stacks: tuple[str, ...] = ()
+    figures: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "phase": self.phase,
+            "explains_oom": self.explains_oom,
+            "headline": self.headline,
+            "evidence": self.evidence,
+            "fix": {"title": self.fix_title, "line": self.fix_line},
+            "saving_bytes": self.saving_bytes,
+            "fits_after_fix": self.fits_after_fix,
+            "settings": self.settings,
+            "cost": self.cost,
+            "stacks": list(self.stacks),
+            "figures": dict(self.figures),
+        }
+
+
+# ------------------------------------------------------------------ shared measurements
+
+
+def _oom_position(inp: CauseInput) -> int:
+    """Position in the lifetimes of the last allocation before the OOM (-1 when none)."""
+    assert inp.oom_index is not None
+    return int(np.searchsorted(inp.lifetimes.start, inp.oom_index, side="right")) - 1
+
+
+def _allocated_at(inp: CauseInput, index: int) -> int:
+    return int(inp.allocated[index]) if 0 <= index < inp.allocated.shape[0] else 0
+
+
+def _fits(inp: CauseInput, saving: int) -> bool | None:
+    """Whether the failing request fits once ``saving`` bytes are not allocated (packed, no
+    fragmentation: the rule's saving is in allocated bytes)."""
+    if inp.oom_index is None or inp.limit_bytes is None:
+        return None
+    return _allocated_at(inp, inp.oom_index) - saving + inp.requested_bytes <= inp.limit_bytes
+
+
+def _top_labels(inp: CauseInput, mask: npt.NDArray[np.bool_], limit: int = 3) -> tuple[str, ...]:
+    """The stack groups holding the most bytes among the allocations in ``mask``."""
+    if not mask.any():
+        return ()
+    gids = inp.catalog.groups_of(inp.lifetimes.stack[mask]).astype(np.int64)
+    sums = np.bincount(gids, inp.lifetimes.size[mask])
+    order = np.argsort(-sums)[:limit]
+    return tuple(inp.catalog.groups[int(g)].label for g in order if sums[g] > 0)
+
+
+def _oom_phase(inp: CauseInput) -> str:
+    """The OOM's phase: its own frames where they name a graph capture (its request is not in the
+    allocations), else the phase of the allocations right before it."""
+    assert inp.oom_index is not None
+    sid = int(inp.trace.stack[inp.oom_index])
+    if sid >= 0:
+        frames = inp.catalog.groups[int(inp.catalog.groups_of(np.array([sid]))[0])].frames
+        if any(f.filename.endswith("torch/cuda/graphs.py") or "cudagraph_trees" in f.filename for f in frames):
+            return "graph_capture"
+    return phase_of_event(inp.phases, inp.lifetimes, inp.oom_index)
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def outside_memory(inp: CauseInput) -> Cause | None:
+    """The device was full of memory this process's cache does not hold (another process, or
+    this process's own memory outside PyTorch), as the OOM message says."""
+    m = inp.message
+    if m is None or m.allowed is not None or inp.oom_index is None:
+        return None  # under a per-process cap only PyTorch's reserved memory counts
+    if m.total_capacity is None or m.device_free is None or m.reserved is None:
+        return None
+    total, free, reserved = m.total_capacity.value, m.device_free.value, m.reserved.value
+    outside = total - free - reserved
+    others = sum(f.value for _, f in m.other_processes)
+    in_process = m.non_pytorch.value if m.non_pytorch is not None else max(0, outside - others)
+    if outside < OUTSIDE_MIN_SHARE * total or outside < inp.requested_bytes:
+        return None
+    biggest = max(m.other_processes, key=lambda p: p[1].value, default=None)
+    if biggest is not None and others >= in_process:
+        pid, fig = biggest
+        who = f"another process (PID {pid}) held {format_size(fig.value)}"
+        if len(m.other_processes) > 1:
+            who = f"{len(m.other_processes)} other processes held {format_size(others)} (PID {pid}: {fig.text})"
+        fix_title = "Give this job the GPU: stop the other process or run on a free GPU"
+        fix_line = (
+            f"nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # stop PID {pid}, "
+            "or CUDA_VISIBLE_DEVICES=<a free GPU>"
+        )
+    else:
+        who = f"this process held {format_size(in_process)} outside PyTorch's cache"
+        fix_title = "Free the memory this process holds outside PyTorch's cache"
+        fix_line = (
+            "# a library's own cudaMalloc (CuPy/Numba pools, NCCL buffers, a raw buffer): free it before training, "
+            "e.g. cupy.get_default_memory_pool().free_all_blocks()"
+        )
+    return Cause(
+        id="outside_memory",
+        title="Memory outside this process's cache",
+        phase=_oom_phase(inp),
+        explains_oom=outside + free >= inp.requested_bytes,
+        headline=(
+            f"The GPU was full, but not of this run's tensors: {who}, and PyTorch had reserved only "
+            f"{format_size(reserved)} of the {format_size(total)} device when the {format_size(inp.requested_bytes)} "
+            "request failed."
+        ),
+        evidence=(
+            f"The OOM message: {format_size(free)} free of {format_size(total)}; PyTorch reserved "
+            f"{format_size(reserved)}; {format_size(outside)} was memory outside this process's cache "
+            f"({format_size(others)} in other processes, {format_size(in_process)} in this one outside PyTorch)."
+        ),
+        fix_title=fix_title,
+        fix_line=fix_line,
+        saving_bytes=outside,
+        fits_after_fix=True,
+        settings="no PYTORCH_CUDA_ALLOC_CONF setting gives back memory PyTorch does not hold",
+        cost="none to the run: the memory belongs elsewhere",
+        figures={"outside_bytes": outside, "other_processes_bytes": others, "in_process_outside_bytes": in_process},
+    )
+
+
+def leak(inp: CauseInput) -> Cause | None:
+    """Memory live at step ends grows: allocations made in one step outlive it and pile up."""
+    ends = inp.steps.last_event
+    if inp.oom_index is not None:
+        ends = ends[ends < inp.oom_index]
+    k_steps = int(ends.shape[0])
+    if k_steps < LEAK_MIN_STEPS:
+        return None
+    lt = inp.lifetimes
+    at = inp.oom_index if inp.oom_index is not None else int(ends[-1])
+    # Made after the first step (state and caches are made there) and still live at the end.
+    survivor = (lt.start > ends[0]) & (lt.start <= ends[-1]) & (lt.end > at)
+    if not survivor.any():
+        return None
+    step_of = np.searchsorted(ends, lt.start[survivor], side="left")
+    per_step = np.bincount(step_of, lt.size[survivor], k_steps)[1:]
+    piled = int(lt.size[survivor].sum())
+    share = float((per_step > 0).mean()) if per_step.size else 0.0
+    floor = max(LEAK_MIN_BYTES, int(0.05 * inp.limit_bytes)) if inp.limit_bytes else LEAK_MIN_BYTES
+    if piled < floor or share < LEAK_MIN_STEP_SHARE:
+        return None
+    rate = piled // max(1, k_steps - 1)
+    stacks = _top_labels(inp, survivor)
+    phase_counts = np.bincount(inp.phases.of_alloc[survivor].astype(np.int64), lt.size[survivor])
+    held_phase = int(np.argmax(phase_counts))
+    graph_note = ""
+    if held_phase == FORWARD_NO_BACKWARD:
+        graph_note = (
+            " They were made by a forward pass that no backward used: each kept result holds its whole autograd "
+            "graph (compute it under torch.no_grad(), keep .detach())."
+        )
+    fix_line = "keep a number or a host copy, not the GPU tensor: x.item() / x.detach().cpu(); clear what you append"
+    if held_phase == FORWARD_NO_BACKWARD:
+        fix_line = "with torch.no_grad(): kept.append(model(...).detach().cpu())   # not the GPU tensor with its graph"
+    figures: dict[str, Any] = {"steps": k_steps, "piled_bytes": piled, "growth_per_step_bytes": rate}
+    settings = "a setting cannot stop memory from growing; at best it postpones the OOM"
+    headline_tail = ""
+    if inp.limit_bytes is not None and inp.oom_index is not None:
+        # A perfectly packed cache (no fragmentation at all) is the most any setting can reach.
+        packed_room = inp.limit_bytes - _allocated_at(inp, inp.oom_index) - inp.requested_bytes
+        more = math.ceil(max(0, packed_room) / max(1, rate))
+        figures["died_in_step"] = k_steps
+        figures["postpone_packed_steps"] = int(more)
+        settings = (
+            f"no setting saves the run: with the growth going on, even a perfectly packed cache (what "
+            f"expandable_segments approaches) only postpones the OOM, by about {more} step{'s' if more != 1 else ''} "
+            f"(to step {k_steps + more})"
+        )
+        headline_tail = f"; the run died in step {k_steps} and would die again a few steps later under any setting"
+    saving = piled
+    return Cause(
+        id="leak",
+        title="Memory grows step after step (a leak)",
+        phase=PHASES_OF[held_phase],
+        explains_oom=inp.oom_index is not None,
+        headline=(
+            f"Memory grows every step: allocations that outlive their step pile up by about "
+            f"{format_size(rate)} a step ({format_size(piled)} over {k_steps} steps){headline_tail}."
+        ),
+        evidence=(
+            f"Of the allocations made after step 0, {format_size(piled)} were still live at the "
+            f"{'OOM' if inp.oom_index is not None else 'end'}, made in {share:.0%} of the steps, most by "
+            f"{stacks[0] if stacks else 'code without frames'}.{graph_note}"
+        ),
+        fix_title="Stop keeping every step's tensors on the GPU",
+        fix_line=fix_line,
+        saving_bytes=saving,
+        fits_after_fix=_fits(inp, saving),
+        settings=settings,
+        cost="none: the kept tensors are a bug (keep numbers or host copies instead)",
+        stacks=stacks,
+        figures=figures,
+    )
+
+
+def optimizer_step(inp: CauseInput) -> Cause | None:
+    """The OOM is inside optimizer.step(): its state and its foreach temporaries, not the batch."""
+    if inp.oom_index is None or _oom_phase(inp) != "optimizer":
+        return None
+    lt, pos = inp.lifetimes, _oom_position(inp)
+    # The step's own allocations: the run of optimizer allocations before the OOM (other code inside
+    # the step, a closure's forward, ends it).
+    codes = inp.phases.of_alloc[: pos + 1]
+    marked = np.flatnonzero(codes != 0)
+    not_opt = marked[codes[marked] != OPTIMIZER]
+    first = int(not_opt[-1]) + 1 if not_opt.size else 0
+    in_step = np.zeros(lt.start.shape[0], bool)
+    in_step[first : pos + 1] = True
+    live = in_step & (lt.end > inp.oom_index)
+    traits = inp.catalog.traits[inp.catalog.groups_of(lt.stack)]
+    state = live & ((traits & TRAIT_OPTIMIZER_STATE_INIT) != 0)
+    temps = live & ~state
+    temp_bytes = int(lt.size[temps].sum())
+    state_bytes = int(lt.size[state].sum())
+    impl, opt_name = _optimizer_kind(inp, first, pos)
+    saving: int | None = temp_bytes + (inp.requested_bytes if impl == "foreach" else 0)
+    # Conservative: the fused step's own (small) request is counted as if it were still made.
+    fits = _fits(inp, temp_bytes)
+    if impl == "fused":
+        fix_title = "Shrink the optimizer's state: 8-bit or sharded"
+        fix_line = "bitsandbytes.optim.AdamW8bit(model.parameters(), ...)  # or shard it: FSDP / ZeRO"
+        saving, fits = None, None
+    else:
+        fix_title = f"Use the fused {opt_name} step (no whole-model temporaries)"
+        fix_line = f"torch.optim.{opt_name}(model.parameters(), ..., fused=True)"
+    what = {
+        "foreach": "the foreach implementation's whole-model temporaries",
+        "loop": "per-parameter temporaries",
+        "fused": "the fused step",
+    }.get(impl, "its temporaries")
+    return Cause(
+        id="optimizer_step",
+        title="The optimizer step",
+        phase="optimizer",
+        explains_oom=True,
+        headline=(
+            f"Out of memory inside optimizer.step() ({opt_name}, {impl}), not in the forward or backward pass: "
+            f"the batch is not what failed it. The step held {format_size(temp_bytes)} of temporaries and "
+            f"{format_size(state_bytes)} of new state when the {format_size(inp.requested_bytes)} request failed."
+        ),
+        evidence=(
+            f"The failing request and the {format_size(temp_bytes + state_bytes)} live from this step come from "
+            f"torch/optim ({what})."
+        ),
+        fix_title=fix_title,
+        fix_line=fix_line,
+        saving_bytes=saving,
+        fits_after_fix=fits,
+        settings="no setting shrinks the step's temporaries, and a smaller batch does not either",
+        cost="none for fused (same numerics); 8-bit state changes the optimisation",
+        stacks=_top_labels(inp, live),
+        figures={"temporaries_bytes": temp_bytes, "new_state_bytes": state_bytes, "implementation": impl},
+    )
+
+
+def forward_without_no_grad(inp: CauseInput) -> Cause | None:
+    """The OOM is in a forward pass that no backward uses, holding its activations for autograd."""
+    if inp.oom_index is None or _oom_phase(inp) not in ("forward", "forward_no_backward"):
+        return None
+    pos = _oom_position(inp)
+    p = inp.phases.pass_at(pos)
+    if p is None or p.training_site or p.followed_by_backward:
+        return None
+    codes = inp.phases.of_alloc
+    has_training = any(q.training_site for q in inp.phases.passes)
+    if not has_training:
+        # Without a training pass to compare with, only an earlier finished pass from the same line that no
+        # backward followed says this is inference, not the first forward of a training run.
+        if bool(((codes[: p.first] == BACKWARD) | (codes[: p.first] == OPTIMIZER)).any()):
+            return None
+        if not any(q.site == p.site and q.followed_by and q.last < p.first for q in inp.phases.passes):
+            return None
+    lt = inp.lifetimes
+    made = slice(p.first, pos + 1)
+    sizes = lt.size[made]
+    held_mask = lt.end[made] > inp.oom_index
+    made_bytes = int(sizes.sum())
+    held = int(sizes[held_mask].sum())
+    if made_bytes == 0 or held < HOLD_MIN_SHARE * made_bytes:
+        return None
+    # Under no_grad a layer's input dies once its output exists: about the two largest tensors live.
+    largest = np.sort(sizes)[-2:]
+    saving = max(0, held - int(largest.sum()))
+    if saving < inp.requested_bytes:
+        return None
+    where = p.site or "the evaluation"
+    return Cause(
+        id="forward_without_no_grad",
+        title="A forward pass without torch.no_grad()",
+        phase="forward_no_backward",
+        explains_oom=True,
+        headline=(
+            f"Out of memory in a forward pass that no backward uses ({where}): it kept "
+            f"{format_size(held)} of activations for a backward that never comes. Under torch.no_grad() about "
+            f"{format_size(saving)} of it would not be held."
+        ),
+        evidence=(
+            f"Of the {format_size(made_bytes)} this pass allocated before the OOM, {format_size(held)} "
+            f"({held / made_bytes:.0%}) was still live: autograd saves each layer's input. "
+            + (
+                "The training passes of this run come from other lines."
+                if has_training
+                else "No backward runs anywhere in this trace."
+            )
+        ),
+        fix_title="Run the evaluation under torch.no_grad()",
+        fix_line=f"with torch.no_grad():   # or torch.inference_mode(), around {where}",
+        saving_bytes=saving,
+        fits_after_fix=_fits(inp, saving),
+        settings="a setting cannot give back what the pass holds for autograd",
+        cost="none: no gradients are needed there",
+        stacks=_top_labels(inp, np.isin(np.arange(lt.start.shape[0]), np.arange(p.first, pos + 1)[held_mask])),
+        figures={"held_bytes": held, "allocated_in_pass_bytes": made_bytes, "site": where},
+    )
+
+
+def cuda_graph_pools(inp: CauseInput) -> Cause | None:
+    """Private pools of CUDA graphs (one per captured shape) hold much of the reserved memory."""
+    private = [p for p in inp.pools_at_oom if p.pool != 0 and p.reserved_bytes > 0]
+    if len(private) < 2:
+        return None
+    held = sum(p.reserved_bytes for p in private)
+    in_capture = inp.oom_index is not None and _oom_phase(inp) == "graph_capture"
+    if held < POOLS_MIN_SHARE * max(1, inp.reserved_at_oom) and not in_capture:
+        return None
+    largest = max(p.reserved_bytes for p in private)
+    saving = held - largest
+    if inp.pool_origin == "compile":
+        fix_title = "Fewer captured shapes: pad to a few buckets, or compile with dynamic shapes"
+        fix_line = "torch.compile(model, mode='reduce-overhead', dynamic=True)   # or pad inputs to a few bucket sizes"
+    else:
+        fix_title = "Capture every graph into one shared pool, largest first"
+        fix_line = (
+            "pool = torch.cuda.graph_pool_handle()   # torch.cuda.graph(g, pool=pool) for each size, largest first"
+        )
+    fits = None
+    if inp.oom_index is not None and inp.limit_bytes is not None:
+        fits = inp.reserved_at_oom - saving + inp.requested_bytes <= inp.limit_bytes
+    return Cause(
+        id="cuda_graph_pools",
+        title="CUDA graph pools, one per captured shape",
+        phase="graph_capture" if in_capture else (_oom_phase(inp) if inp.oom_index is not None else "other"),
+        explains_oom=inp.oom_index is not None and saving >= inp.requested_bytes,
+        headline=(
+            f"{len(private)} CUDA graph pools held {format_size(held)} of the {format_size(inp.reserved_at_oom)} "
+            f"reserved, each kept for its own captured shape (the largest {format_size(largest)}); one shared "
+            f"pool would hold about {format_size(largest)}."
+        ),
+        evidence=(
+            f"Segments in private pools: {len(private)} pools, {format_size(held)}; memory a pool reserves serves "
+            "only that pool's graphs."
+        ),
+        fix_title=fix_title,
+        fix_line=fix_line,
+        saving_bytes=saving,
+        fits_after_fix=fits,
+        settings="each setting acts inside every pool; none merges pools",
+        cost="none for a shared pool (replay graphs in capture order); padding wastes some compute",
+        figures={"pools": len(private), "private_pool_bytes": held, "largest_pool_bytes": largest},
+    )
+
+
+def kv_cache_growth(inp: CauseInput) -> Cause | None:
+    """A cache grown by concatenation, token by token: each step copies it into a larger block."""
+    if inp.oom_index is None:
+        return None
+    lt, pos = inp.lifetimes, _oom_position(inp)
+    if pos < 0:
+        return None
+    gids = inp.catalog.groups_of(lt.stack)
+    oom_group = int(inp.catalog.groups_of(np.array([inp.trace.stack[inp.oom_index]]))[0])
+    group = oom_group if oom_group != 0 else int(gids[pos])
+    if group == 0:
+        return None
+    # Token by token within one pass: a batch or sequence that grows step after step (one new size per
+    # training step, a backward between each) is no cache (the DDP capture's growing batch).
+    codes = inp.phases.of_alloc[: pos + 1]
+    trained = np.flatnonzero((codes == BACKWARD) | (codes == OPTIMIZER))
+    since = int(trained[-1]) + 1 if trained.size else 0
+    mine = since + np.flatnonzero(gids[since : pos + 1] == group)
+    sizes = lt.size[mine]
+    distinct = np.unique(sizes)
+    if distinct.size < GROWTH_MIN_SIZES:
+        return None
+    steps = np.diff(distinct[-GROWTH_MIN_SIZES * 4 :])
+    delta = int(np.median(steps))
+    if delta <= 0 or float((np.abs(steps - delta) <= max(1, delta // 100)).mean()) < GROWTH_REGULAR_SHARE:
+        return None
+    if float((np.diff(sizes[-256:]) >= 0).mean()) < 0.5:
+        return None  # sizes that come and go (variable batches), not a growing cache
+    live = mine[lt.end[mine] > inp.oom_index]
+    cache_bytes = int(lt.size[live].sum())
+    tensors = max(1, int(live.size))
+    tokens_now = int(distinct[-1]) // delta
+    other = _allocated_at(inp, inp.oom_index) - cache_bytes
+    per_token = tensors * delta
+    fits_tokens = (inp.limit_bytes - other) // per_token if inp.limit_bytes is not None else None
+    label = inp.catalog.groups[group].label
+    hf = (
+        any(f.filename.endswith("/cache_utils.py") for f in inp.catalog.groups[group].frames)
+        or inp.phases.of_alloc[pos] == DECODE
+    )
+    if hf:
+        fix_line = 'model.generate(..., cache_implementation="static")   # the cache allocated once, for max_length'
+    else:
+        fix_line = "k_cache = torch.empty(batch, heads, max_len, head_dim)  # once; then k_cache[:, :, pos] = k"
+    helps = fits_tokens is not None and fits_tokens > tokens_now + 1
+    if helps:
+        headline = (
+            f"A cache grows by concatenation token by token ({tensors} tensors, {format_size(delta)} each per "
+            f"token, {tokens_now:,} tokens at the OOM): every token copies it into a larger block, so the old and "
+            f"the new copy live together and the freed ones do not fit the next size. Preallocated once, about "
+            f"{fits_tokens:,} tokens fit within the limit."
+        )
+        fix_title = "Preallocate the cache for the full length (a static cache)"
+    else:
+        headline = (
+            f"A cache grows by concatenation token by token ({tensors} tensors, {tokens_now:,} tokens at the OOM), "
+            "and even preallocated it would not fit much further: the outputs are too long for this batch."
+        )
+        fix_title = "Shorter outputs or a smaller batch: a preallocated cache does not fit either"
+        fix_line = "model.generate(..., max_new_tokens=<fewer>)   # or generate in smaller batches"
+    return Cause(
+        id="kv_cache_growth",
+        title="A cache grown by concatenation (KV cache)",
+        phase=PHASES_OF[int(inp.phases.of_alloc[pos])],
+        explains_oom=helps,
+        headline=headline,
+        evidence=(
+            f"{mine.size:,} allocations from {label} grew by {format_size(delta)} at a time to "
+            f"{format_size(int(distinct[-1]))}; {tensors} of them ({format_size(cache_bytes)}) were live at the OOM."
+        ),
+        fix_title=fix_title,
+        fix_line=fix_line,
+        saving_bytes=inp.requested_bytes if helps else None,
+        fits_after_fix=helps if fits_tokens is not None else None,
+        settings="expandable_segments can map the growing blocks in place, but each token still copies the cache",
+        cost="none for a preallocated cache of the length you generate; more if max_len is far above it",
+        stacks=(label,),
+        figures={
+            "tensors": tensors,
+            "bytes_per_token_per_tensor": delta,
+            "tokens_at_oom": tokens_now,
+            "tokens_that_fit_preallocated": fits_tokens,
+            "cache_bytes": cache_bytes,
+        },
+    )
+
+
+PHASES_OF = dict(enumerate(PHASES))
+
+
+def _optimizer_kind(inp: CauseInput, first: int, pos: int) -> tuple[str, str]:
+    """(implementation, optimizer class) from the step's frames: ``_multi_tensor_*`` is foreach,
+    ``_fused_*`` fused, ``_single_tensor_*`` the per-parameter loop."""
+    names = {
+        "adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad",
+        "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam", "adadelta": "Adadelta", "lion": "Lion",
+    }  # fmt: skip
+    impl, opt = "", ""
+    stacks = [int(inp.trace.stack[inp.oom_index])] if inp.oom_index is not None else []
+    stacks += inp.lifetimes.stack[first : pos + 1][-64:].tolist()
+    for sid in stacks:
+        for f in inp.catalog.groups[int(inp.catalog.groups_of(np.array([sid]))[0])].frames:
+            if "/torch/optim/" not in f.filename:
+                continue
+            opt = opt or names.get(f.filename.rsplit("/", 1)[-1].removesuffix(".py"), "")
+            if not impl:
+                impl = (
+                    "foreach" if "_multi_tensor" in f.name
+                    else "fused" if "_fused" in f.name
+                    else "loop" if "_single_tensor" in f.name
+                    else ""
+                )  # fmt: skip
+    return impl or "foreach", inp.optimizer_class or opt or "AdamW"
+
+
+# ------------------------------------------------------------------ the diagnosis
+
+Rule = Callable[[CauseInput], "Cause | None"]
+RULES: tuple[Rule, ...] = (
+    outside_memory,
+    leak,
+    optimizer_step,
+    forward_without_no_grad,
+    cuda_graph_pools,
+    kv_cache_growth,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Every cause found, in rule order, and the phase of the OOM."""
+
+    oom_phase: str | None
+    live_by_phase: Mapping[str, int]
+    causes: tuple[Cause, ...]
+    phases_known: bool
+
+    @property
+    def primary(self) -> Cause | None:
+        """The cause the decision names: the first that explains the OOM (or, without an OOM,
+        the first found)."""
+        for c in self.causes:
+            if c.explains_oom:
+                return c
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        primary = self.primary
+        return {
+            "oom_phase": self.oom_phase,
+            "oom_phase_words": PHASE_WORDS.get(self.oom_phase or "", None),
+            "live_by_phase_at_oom": dict(self.live_by_phase),
+            "phases_known": self.phases_known,
+            "primary": primary.id if primary is not None else None,
+            "causes": [c.to_json() for c in self.causes],
+        }
+
+
+def diagnose(inp: CauseInput, rules: Sequence[Rule] = RULES) -> Diagnosis:
+    from analysis.phases import live_bytes_by_phase
+
+    causes = tuple(c for c in (rule(inp) for rule in rules) if c is not None)
+    oom_phase = _oom_phase(inp) if inp.oom_index is not None else None
+    live = live_bytes_by_phase(inp.phases, inp.lifetimes, inp.oom_index) if inp.oom_index is not None else {}
+    return Diagnosis(oom_phase, live, causes, inp.phases.has_frames)
+
+
+def pool_origin(catalog: StackCatalog, stacks: npt.NDArray[np.integer]) -> str:
+    """How private-pool allocations were made: torch.compile's CUDA graph trees or a manual capture."""
+    seen = set(catalog.groups_of(stacks).tolist())
+    for gid in seen:
+        for f in catalog.groups[int(gid)].frames:
+            if "cudagraph_trees" in f.filename or "/_inductor/" in f.filename:
+                return "compile"
+    return "manual" if seen else ""

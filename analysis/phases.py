@@ -1,0 +1,245 @@
+"""Phases: which part of the program each allocation belongs to.
+
+A training step is a forward pass, a backward pass and an optimizer step; an
+evaluation is a forward pass that no backward follows; ``generate()`` decodes
+token by token; a CUDA graph capture allocates in a private pool. The OOM's
+phase is the first thing a user needs to know (an OOM inside ``optimizer.step()``
+is not fixed by a smaller batch), and the causes (``analysis.causes``) read the
+phases to tell a leak, an evaluation without ``no_grad`` or the optimizer's
+temporaries apart.
+
+Rules, from what the trace shows (docs/report.md, "Phases"):
+- *optimizer*: a frame under ``torch/optim/``, or an allocation without frames
+  inside an ``Optimizer.step`` annotation window;
+- *backward*: a frame of the autograd engine or ``Tensor.backward``, or (with
+  ``stacks="python"``, whose autograd thread records no frames) a frame-less
+  allocation right after one (``categories.frameless_backward``);
+- *graph capture*: an allocation in a private memory pool (CUDA graphs);
+- *decode*: a frame of Hugging Face ``generate()`` (``generation/utils.py``);
+- *forward*: inside an ``nn.Module`` call. Forward allocations form *passes*: a
+  pass ends where a backward or optimizer allocation comes, or where the user
+  line that called the outermost module changes. A pass that a backward
+  follows is a training forward; a pass from a call site that never was is
+  *forward without backward* (an evaluation, a metric, inference);
+- *other*: the rest (data, the loss, user code outside modules).
+
+Everything is vectorised over the allocations; the per-stack work runs once per
+distinct stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from analysis.categories import frameless_backward
+from analysis.model import Frame, StackTable, Trace
+from analysis.stacks import (
+    TRAIT_BACKWARD,
+    TRAIT_MODULE_FORWARD,
+    TRAIT_OPTIMIZER,
+    Lifetimes,
+    StackCatalog,
+    frame_label,
+    is_user_frame,
+)
+
+I64 = npt.NDArray[np.int64]
+I8 = npt.NDArray[np.int8]
+
+PHASES: tuple[str, ...] = (
+    "other",
+    "forward",
+    "backward",
+    "optimizer",
+    "forward_no_backward",
+    "decode",
+    "graph_capture",
+)
+OTHER, FORWARD, BACKWARD, OPTIMIZER, FORWARD_NO_BACKWARD, DECODE, GRAPH_CAPTURE = range(len(PHASES))
+# How each phase is said on the page and in the headline.
+PHASE_WORDS = {
+    "other": "outside the model's passes",
+    "forward": "the forward pass",
+    "backward": "the backward pass",
+    "optimizer": "the optimizer step",
+    "forward_no_backward": "a forward pass that no backward followed (evaluation or inference)",
+    "decode": "generate()'s decoding loop",
+    "graph_capture": "a CUDA graph capture (a private memory pool)",
+}
+_MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})
+_GENERATE_PATH = "/generation/utils.py"
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardPass:
+    """One run of forward allocations from one call site."""
+
+    first: int  # position in the lifetimes of its first allocation
+    last: int  # position of its last allocation
+    site: str  # the user line that called the outermost module ("" when unknown)
+    followed_by_backward: bool
+    followed_by: str  # the phase of the next marked allocation ("" at the end of the trace)
+    training_site: bool  # some pass from this site was followed by a backward
+
+
+@dataclass(frozen=True, slots=True)
+class Phases:
+    """A phase code per allocation (``Lifetimes`` order) and the forward passes."""
+
+    of_alloc: I8
+    passes: tuple[ForwardPass, ...]
+    has_frames: bool
+
+    def pass_at(self, position: int) -> ForwardPass | None:
+        """The forward pass holding the allocation at ``position`` (None outside passes)."""
+        lo, hi = 0, len(self.passes)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.passes[mid].last < position:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(self.passes) and self.passes[lo].first <= position:
+            return self.passes[lo]
+        return None
+
+
+def tag_phases(
+    trace: Trace,
+    lifetimes: Lifetimes,
+    catalog: StackCatalog,
+    table: StackTable,
+    opt_start: I64,
+    opt_end: I64,
+) -> Phases:
+    """The phase of every allocation of ``lifetimes``."""
+    n = lifetimes.start.shape[0]
+    gids = catalog.groups_of(lifetimes.stack)
+    traits = catalog.traits[gids]
+    has_frames = gids != 0
+    out = np.full(n, OTHER, np.int8)
+    if n == 0:
+        return Phases(out, (), False)
+    kind, site_of_stack = _stack_kinds(table)
+    stack_kind = np.where(lifetimes.stack >= 0, kind[np.maximum(lifetimes.stack, 0)], 0)
+    in_window = _in_windows(lifetimes.start, opt_start, opt_end)
+
+    # Assigned in order of precedence: a later rule never overrides an earlier one.
+    decided = np.zeros(n, bool)
+
+    def assign(mask: npt.NDArray[np.bool_], code: int) -> None:
+        nonlocal decided
+        m = mask & ~decided
+        out[m] = code
+        decided |= m
+
+    assign(trace.pool[lifetimes.start] != 0, GRAPH_CAPTURE)
+    assign(((traits & TRAIT_OPTIMIZER) != 0) | (~has_frames & in_window), OPTIMIZER)
+    assign(((traits & TRAIT_BACKWARD) != 0) | frameless_backward(lifetimes, catalog), BACKWARD)
+    assign(stack_kind == _KIND_GENERATE, DECODE)
+    assign((traits & TRAIT_MODULE_FORWARD) != 0, FORWARD)
+    sites = np.where(lifetimes.stack >= 0, site_of_stack[np.maximum(lifetimes.stack, 0)], -1)
+    passes = _forward_passes(out, sites, _site_names(table, site_of_stack))
+    for p in passes:
+        # The trace's last pass has nothing after it: an OOM inside it says nothing about a backward.
+        if p.followed_by and not p.followed_by_backward and not p.training_site:
+            out[p.first : p.last + 1][out[p.first : p.last + 1] == FORWARD] = FORWARD_NO_BACKWARD
+    return Phases(out, tuple(passes), bool(has_frames.any()))
+
+
+def phase_of_event(phases: Phases, lifetimes: Lifetimes, index: int) -> str:
+    """The phase of any event: that of the last allocation at or before it (an OOM's own
+    request is made by the code that made the allocations just before it)."""
+    k = int(np.searchsorted(lifetimes.start, index, side="right")) - 1
+    if k < 0:
+        return PHASES[OTHER]
+    return PHASES[int(phases.of_alloc[k])]
+
+
+def live_bytes_by_phase(phases: Phases, lifetimes: Lifetimes, index: int) -> dict[str, int]:
+    """Requested bytes live at event ``index``, by the phase that allocated them."""
+    live = lifetimes.live_at(index)
+    sums = np.bincount(phases.of_alloc[live].astype(np.int64), lifetimes.size[live], len(PHASES))
+    return {name: int(sums[k]) for k, name in enumerate(PHASES) if sums[k]}
+
+
+# ------------------------------------------------------------------ per stack
+
+_KIND_NONE, _KIND_GENERATE = 0, 1
+
+
+def _stack_kinds(table: StackTable) -> tuple[npt.NDArray[np.int8], I64]:
+    """Per stack: whether it runs inside generate(), and the id of its *entry site*: the
+    user frame that called the outermost module (-1 when it has none)."""
+    kinds = np.zeros(max(1, len(table.stacks)), np.int8)
+    sites = np.full(max(1, len(table.stacks)), -1, np.int64)
+    for sid, frame_ids in enumerate(table.stacks):
+        frames = [table.frames[i] for i in frame_ids]
+        if any(f.filename.endswith(_GENERATE_PATH) and f.name == "generate" for f in frames):
+            kinds[sid] = _KIND_GENERATE
+        site = _entry_site(frame_ids, frames)
+        if site is not None:
+            sites[sid] = site
+    return kinds, sites
+
+
+def _entry_site(frame_ids: tuple[int, ...], frames: list[Frame]) -> int | None:
+    """The frame id of the first user frame outside the outermost module call (frames are
+    innermost first, so the outermost call is the last module wrapper)."""
+    outer = -1
+    for k, f in enumerate(frames):
+        if f.name in _MODULE_CALL and f.filename.endswith("torch/nn/modules/module.py"):
+            outer = k
+    if outer < 0:
+        return None
+    for k in range(outer + 1, len(frames)):
+        if is_user_frame(frames[k]):
+            return frame_ids[k]
+    return None
+
+
+def _site_names(table: StackTable, site_of_stack: I64) -> dict[int, str]:
+    return {int(fid): frame_label(table.frames[int(fid)]) for fid in np.unique(site_of_stack) if fid >= 0}
+
+
+def _in_windows(start: I64, opt_start: I64, opt_end: I64) -> npt.NDArray[np.bool_]:
+    if opt_start.size == 0:
+        return np.zeros(start.shape[0], bool)
+    k = np.searchsorted(opt_start, start, side="right") - 1
+    inside: npt.NDArray[np.bool_] = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
+    return inside
+
+
+def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[ForwardPass]:
+    """Runs of forward allocations, broken by backward/optimizer allocations and by a change of
+    entry site; each with whether a backward comes next."""
+    marked = np.flatnonzero((codes == FORWARD) | (codes == BACKWARD) | (codes == OPTIMIZER) | (codes == DECODE))
+    if marked.size == 0:
+        return []
+    mc = codes[marked]
+    ms = sites[marked]
+    fwd = mc == FORWARD
+    prev_differs = np.r_[True, (mc[1:] != mc[:-1]) | (ms[1:] != ms[:-1])]
+    starts = np.flatnonzero(fwd & prev_differs)
+    if starts.size == 0:
+        return []
+    # A run ends before the next marked allocation that is not the same forward site.
+    next_differs = np.r_[(mc[1:] != mc[:-1]) | (ms[1:] != ms[:-1]), True]
+    ends = np.flatnonzero(fwd & next_differs)
+    after = np.where(ends + 1 < mc.size, mc[np.minimum(ends + 1, mc.size - 1)], -1)
+    followed = after == BACKWARD
+    training = {int(ms[s]) for s, f in zip(starts.tolist(), followed.tolist(), strict=True) if f}
+    return [
+        ForwardPass(
+            first=int(marked[s]),
+            last=int(marked[e]),
+            site=names.get(int(ms[s]), ""),
+            followed_by_backward=bool(f),
+            followed_by=PHASES[a] if a >= 0 else "",
+            training_site=int(ms[s]) in training,
+        )
+        for s, e, f, a in zip(starts.tolist(), ends.tolist(), followed.tolist(), after.tolist(), strict=True)
+    ]

@@ -1,0 +1,113 @@
+"""A run's rank files as one archive: a tar (plain, gzip, bzip2 or xz) or a zip holding one snapshot
+per rank and, where the client wrote them, their sidecars (``NAME.json``).
+
+``unpack_ranks`` copies the members into a folder of the caller's and returns their paths, or
+None when the file is no such archive (a snapshot itself: a zip that ``torch.save`` wrote holds a
+``data.pkl`` and is a snapshot, not an archive of ranks). Only regular files whose names end as
+snapshots or sidecars do are taken, by their base name (a member's folders, ``..`` and absolute
+paths are dropped, links are skipped), each up to the reader's own input cap, and at most
+``MAX_MEMBERS`` of them; what each snapshot holds is then checked by the reader as any file is.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from analysis.reader import ReadLimits
+from analysis.runs import RunInputError
+
+MAX_MEMBERS = 4096
+SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pkl", ".pkl.gz", ".pt")
+SIDECAR_SUFFIX = ".json"
+CHUNK = 1 << 20
+
+
+def _wanted(name: str) -> str | None:
+    base = PurePosixPath(name.replace("\\", "/")).name
+    if not base or base.startswith("."):
+        return None
+    return base if base.endswith((*SNAPSHOT_SUFFIXES, SIDECAR_SUFFIX)) else None
+
+
+def _copy(source: IO[bytes], target: Path, limit: int) -> None:
+    copied = 0
+    with target.open("wb") as out:
+        while chunk := source.read(CHUNK):
+            copied += len(chunk)
+            if copied > limit:
+                raise RunInputError("member-too-large", f"{target.name}: over {limit:,} bytes")
+            out.write(chunk)
+
+
+def _is_torch_save_zip(names: list[str]) -> bool:
+    return any(PurePosixPath(n).name == "data.pkl" for n in names)
+
+
+def unpack_ranks(path: Path, into: Path, *, limits: ReadLimits | None = None) -> list[Path] | None:
+    """The archive's snapshot and sidecar files, copied into ``into``; None if ``path`` is no archive."""
+    cap = (limits or ReadLimits()).max_input_bytes
+    taken: list[Path] = []
+
+    def target_for(name: str) -> Path | None:
+        base = _wanted(name)
+        if base is None:
+            return None
+        if len(taken) >= MAX_MEMBERS:
+            raise RunInputError("too-many-members", f"{path}: more than {MAX_MEMBERS} files")
+        target = into / base
+        if target in taken:
+            raise RunInputError("duplicate-member", f"{path}: two members are named {base}")
+        taken.append(target)
+        return target
+
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zipped:
+            infos = zipped.infolist()
+            if _is_torch_save_zip([i.filename for i in infos]):
+                return None
+            into.mkdir(parents=True, exist_ok=True)
+            for info in infos:
+                target = None if info.is_dir() else target_for(info.filename)
+                if target is not None:
+                    with zipped.open(info) as member:
+                        _copy(member, target, cap)
+        return sorted(taken)
+    try:
+        is_tar = tarfile.is_tarfile(path)
+    except (OSError, EOFError):
+        is_tar = False
+    if not is_tar:
+        return None
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "r:*") as archive:
+        for entry in archive:
+            if not entry.isfile():
+                continue  # folders, links, devices: nothing of a rank
+            target = target_for(entry.name)
+            if target is None:
+                continue
+            source = archive.extractfile(entry)
+            if source is not None:
+                with source:
+                    _copy(source, target, cap)
+    return sorted(taken)
+
+
+def rank_paths(paths: list[Path], scratch: Path) -> tuple[list[Path], bool]:
+    """The snapshots among ``paths`` with every archive unpacked under ``scratch``; and whether
+    there was an archive (then the files are a run's ranks, however many)."""
+    out: list[Path] = []
+    unpacked = False
+    for index, path in enumerate(paths):
+        members = unpack_ranks(path, scratch / str(index))
+        if members is None:
+            out.append(path)
+            continue
+        unpacked = True
+        out.extend(m for m in members if not m.name.endswith(SIDECAR_SUFFIX))
+    if unpacked and not out:
+        raise RunInputError("empty-archive", "no snapshot (.pickle, .pickle.gz, .pkl, .pt) in the archive")
+    return out, unpacked

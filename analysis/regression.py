@@ -1,0 +1,170 @@
+"""Did this run make memory worse than the baseline? Two run summaries (``oomscope.run/1``,
+``analysis/runs.py``) in, one verdict out.
+
+What counts as a regression, in order of weight:
+- a new OOM: the run has an OOM rank and the baseline had none;
+- the run's peak reserved memory (the largest over its ranks) grew by more than the threshold
+  (a share of the baseline's: ``max_regression_pct``);
+What is reported beside it, without failing the gate on its own (a stack that moved up may be a
+refactor, a new suggestion may follow a new setting): a new top stack at the peak (the site
+holding the most on the run's largest rank differs from the baseline's), new causes (advisor
+rules that fired now and not on the baseline), and the per-rank peak deltas.
+
+A pure function of two dicts; the verdict is a frozen dataclass with one ``to_dict`` and a
+one-paragraph ``reason`` that a CI log or a chat message can carry as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA = "oomscope.regression/1"
+
+
+@dataclass(frozen=True)
+class PeakDelta:
+    name: str
+    baseline_bytes: int
+    run_bytes: int
+
+    @property
+    def delta_bytes(self) -> int:
+        return self.run_bytes - self.baseline_bytes
+
+    @property
+    def share(self) -> float | None:
+        return round(self.delta_bytes / self.baseline_bytes, 4) if self.baseline_bytes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "baseline_bytes": self.baseline_bytes,
+            "run_bytes": self.run_bytes,
+            "delta_bytes": self.delta_bytes,
+            "share": self.share,
+        }
+
+
+@dataclass(frozen=True)
+class Regression:
+    regressed: bool
+    max_regression_pct: float
+    peak: tuple[PeakDelta, ...]  # run-level: peak reserved, peak allocated
+    ranks: tuple[PeakDelta, ...]  # peak reserved of each rank present in both
+    new_oom: bool
+    new_top_stack: dict[str, str | None] | None  # {baseline, run} when the top site changed
+    new_causes: tuple[str, ...]
+    reason: str
+
+    @property
+    def headline(self) -> str:
+        """A few words for a table cell: the peak's change and what is new."""
+        share = self.peak[0].share if self.peak else None
+        parts = [f"peak {share * 100:+.2f}%" if share is not None else "peak not comparable"]
+        if self.new_oom:
+            parts.append("new OOM")
+        if self.new_top_stack:
+            parts.append("new top stack")
+        if self.new_causes:
+            parts.append(f"{len(self.new_causes)} new finding{'s' if len(self.new_causes) > 1 else ''}")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "regressed": self.regressed,
+            "max_regression_pct": self.max_regression_pct,
+            "peak": [d.to_dict() for d in self.peak],
+            "ranks": [d.to_dict() for d in self.ranks],
+            "new_oom": self.new_oom,
+            "new_top_stack": self.new_top_stack,
+            "new_causes": list(self.new_causes),
+            "reason": self.reason,
+            "headline": self.headline,
+        }
+
+
+def _largest_rank(summary: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    ranks = list(summary.get("ranks") or [])
+    return max(ranks, key=lambda r: (int(r.get("peak_reserved_bytes") or 0), -int(r["rank"]))) if ranks else None
+
+
+def _causes(summary: Mapping[str, Any]) -> list[str]:
+    seen: list[str] = []
+    for row in summary.get("ranks") or []:
+        for cause in row.get("causes") or []:
+            if cause not in seen:
+                seen.append(cause)
+    return seen
+
+
+def _size(n: int) -> str:
+    """Sizes as torch's ``format_size`` words them (MiB below a GiB, else GiB, two decimals)."""
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def compare_runs(
+    baseline: Mapping[str, Any],
+    run: Mapping[str, Any],
+    *,
+    max_regression_pct: float,
+    baseline_name: str = "the baseline",
+    run_name: str = "this run",
+) -> Regression:
+    """``run`` against ``baseline`` (both ``oomscope.run/1`` dicts) under a threshold in percent."""
+    head_b, head_r = baseline.get("run") or {}, run.get("run") or {}
+    peak = tuple(
+        PeakDelta(name, int(head_b.get(key) or 0), int(head_r.get(key) or 0))
+        for name, key in (("peak reserved", "peak_reserved_bytes"), ("peak allocated", "peak_allocated_bytes"))
+    )
+    base_ranks = {int(r["rank"]): r for r in baseline.get("ranks") or []}
+    ranks = tuple(
+        PeakDelta(
+            f"rank {r['rank']}",
+            int(base_ranks[int(r["rank"])]["peak_reserved_bytes"] or 0),
+            int(r["peak_reserved_bytes"] or 0),
+        )
+        for r in run.get("ranks") or []
+        if int(r["rank"]) in base_ranks
+    )
+    new_oom = bool(head_r.get("oom_ranks")) and not head_b.get("oom_ranks")
+    top_b, top_r = _largest_rank(baseline), _largest_rank(run)
+    site_b = top_b.get("top_site") if top_b else None
+    site_r = top_r.get("top_site") if top_r else None
+    new_top = {"baseline": site_b, "run": site_r} if site_r and site_r != site_b else None
+    new_causes = tuple(c for c in _causes(run) if c not in _causes(baseline))
+
+    reserved = peak[0]
+    grew = reserved.share is not None and reserved.share * 100 > max_regression_pct
+    regressed = grew or new_oom
+    sentences: list[str] = []
+    if reserved.share is not None:
+        verb = "grew" if reserved.delta_bytes > 0 else ("shrank" if reserved.delta_bytes < 0 else "did not change")
+        sentences.append(
+            f"Peak reserved memory {verb} from {_size(reserved.baseline_bytes)} in {baseline_name} to "
+            f"{_size(reserved.run_bytes)} in {run_name} ({reserved.share * 100:+.2f}%, threshold "
+            f"{max_regression_pct:g}%)."
+        )
+    if new_oom:
+        first = head_r.get("first_oom_rank")
+        sentences.append(
+            f"{run_name[:1].upper() + run_name[1:]} ran out of memory (first on rank {first}: "
+            f"{head_r.get('first_oom_reason') or 'no reason recorded'}) where {baseline_name} did not."
+        )
+    if new_top:
+        sentences.append(f"The largest stack at the peak is now {site_r} (was {site_b or 'none'}).")
+    if new_causes:
+        sentences.append("New findings: " + ", ".join(new_causes) + ".")
+    sentences.insert(0, "Memory regression." if regressed else "No memory regression.")
+    return Regression(
+        regressed=regressed,
+        max_regression_pct=max_regression_pct,
+        peak=peak,
+        ranks=ranks,
+        new_oom=new_oom,
+        new_top_stack=new_top,
+        new_causes=new_causes,
+        reason=" ".join(sentences),
+    )

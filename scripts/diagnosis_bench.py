@@ -1,0 +1,105 @@
+"""The diagnosis bench: does the report's first answer name the program's mistake, and does the real rerun of
+the change it names bear it out?
+
+    python3 scripts/diagnosis_bench.py [--dir tests/fixtures/diagnosis] [--jobs 1]
+
+Each family in ``--dir`` (``FAMILY.reruns.json`` beside ``FAMILY_default.pickle.gz`` and its truth) is one
+program that died of its own mistake under a memory cap, with the real reruns of its fix and of the allocator
+settings (``scripts/capture_diagnosis.py``, docs/captures.md). The report of the default run is judged twice,
+with the OOM message (what the client's sidecar sends) and without it (a snapshot alone):
+
+- **right**: the decision names the family's cause, and the fix's real rerun completed the run;
+- **wrong**: it names another cause, or its change is an allocator setting whose real rerun died, or the named
+  fix's rerun died;
+- **unanswered**: no cause named (the allocator's own answer stands), when that answer is not a setting whose
+  rerun died.
+
+Also counted: rows of the ranked table that say a setting finishes the step or the run where that setting's
+real rerun died in the same step (overclaims).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from analysis.report import build_report  # noqa: E402
+
+SETTING_MEMBERS = {"expandable": "expandable_segments", "maxsplit128": "max_split_size_mb"}
+
+
+def judge(report: dict[str, Any], family: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """(verdict, what the decision named, overclaims) for one family's default report."""
+    dev = next(d for d in report["devices"] if d.get("oom"))
+    decision = dev["decision"]
+    members = family["members"]
+    named = decision.get("cause")
+    change = decision.get("change") or {}
+    overclaims = []
+    for row in dev.get("ranked") or []:
+        for member, setting in SETTING_MEMBERS.items():
+            rerun = members.get(member)
+            if row["id"] == setting and rerun and rerun["died"] and rerun["died_step"] == members["default"]["died_step"]:
+                if row.get("step_completes") is True or row.get("run_completes") is True:
+                    overclaims.append(f"{setting}: says the step finishes, its rerun died in step {rerun['died_step']}")
+    if change.get("kind") == "env":
+        for member, setting in SETTING_MEMBERS.items():
+            if change.get("id") == setting and members.get(member, {}).get("died"):
+                return "wrong", f"setting {setting} (its rerun died)", overclaims
+    if named is None:
+        return "unanswered", f"no cause ({change.get('id')})", overclaims
+    if named != family["expected_cause"]:
+        return "wrong", f"{named} (expected {family['expected_cause']})", overclaims
+    if members["fix"]["died"]:
+        return "wrong", f"{named}, but the fix's rerun died", overclaims
+    return "right", named, overclaims
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", type=Path, default=REPO / "tests" / "fixtures" / "diagnosis")
+    ap.add_argument("--jobs", type=int, default=1)
+    args = ap.parse_args()
+    families = sorted(args.dir.glob("*.reruns.json"))
+    totals: Counter[tuple[str, str]] = Counter()
+    per_cause: dict[str, Counter[str]] = {}
+    overclaim_count = 0
+    print(f"{'family':16s} {'cause':26s} {'with the OOM message':44s} without it")
+    for fam_path in families:
+        family = json.loads(fam_path.read_text())
+        name = family["family"]
+        snap = args.dir / f"{name}_default.pickle.gz"
+        truth = json.loads((args.dir / f"{name}_default.truth.json").read_text())
+        cells = []
+        for mode, message in (("message", truth.get("oom_message")), ("snapshot", None)):
+            report = build_report(snap, jobs=args.jobs, oom_message=message)
+            verdict, what, overclaims = judge(report, family)
+            totals[(mode, verdict)] += 1
+            per_cause.setdefault(family["expected_cause"], Counter())[f"{mode}:{verdict}"] += 1
+            overclaim_count += len(overclaims)
+            cells.append(f"{verdict}: {what}"[:44])
+            for o in overclaims:
+                print(f"    overclaim ({mode}): {o}")
+        print(f"{name:16s} {family['expected_cause']:26s} {cells[0]:44s} {cells[1]}")
+    print()
+    print(f"{'cause':26s} with the message (right/wrong/unanswered)   snapshot alone")
+    for cause, c in sorted(per_cause.items()):
+        a = "/".join(str(c[f"message:{v}"]) for v in ("right", "wrong", "unanswered"))
+        b = "/".join(str(c[f"snapshot:{v}"]) for v in ("right", "wrong", "unanswered"))
+        print(f"{cause:26s} {a:44s} {b}")
+    for mode in ("message", "snapshot"):
+        r, w, u = (totals[(mode, v)] for v in ("right", "wrong", "unanswered"))
+        print(f"{mode:9s}: {r} right, {w} wrong, {u} unanswered of {r + w + u}")
+    print(f"ranked-table overclaims (a setting said to finish the step its rerun died in): {overclaim_count}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Steps whose shapes vary (issue 23, item 3): the projection answers from a recorded step like the
+failing one and says which, or gives no step-level answer. Real H200 runs of the lead's issue-23 batch
+(tests/fixtures/captures, docs/captures.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from analysis.allocator import trace_is_complete
+from analysis.config import AllocatorConfig
+from analysis.model import OOM, DeviceData, Snapshot
+from analysis.projection import MIN_COHERENT, Projection, project_failing_step, step_whatif
+from analysis.reader import read_snapshot
+from analysis.steps import find_steps
+
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
+
+
+def _projection(name: str) -> tuple[Projection, Snapshot, DeviceData, list[int]]:
+    s = read_snapshot(CAPTURES / f"{name}.pickle.gz")
+    dev = s.devices[0]
+    t = dev.trace
+    steps = find_steps(s.annotations, 0, t.time_us)
+    recorded = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
+    oom = int(np.flatnonzero(t.action == OOM)[-1])
+    proj = project_failing_step(t, steps, oom, recorded, trace_complete=trace_is_complete(dev))
+    return proj, s, dev, steps.last_event.tolist()
+
+
+def test_gradient_accumulation_steps_are_optimizer_steps_and_unlike_one_another() -> None:
+    # accum_c80_roundup2: HF GPT-2 with four micro-batches of 128-1024 tokens per optimizer step
+    # (step 0: 469, 777, 976, 771; step 1: 253, 382, 666, 244), died in optimizer step 2. The
+    # step is the optimizer step with its micro-steps: two complete steps, the OOM in the third.
+    truth = json.loads((CAPTURES / "accum_c80_roundup2.truth.json").read_text())
+    assert truth["died_step"] == 2 and len(truth["workload_log"]) == 2
+    assert truth["workload_log"][0]["micro_lens"] == [469, 777, 976, 771]
+    proj, _s, _dev, ends = _projection("accum_c80_roundup2")
+    assert len(ends) == 2 and proj.step == 2
+    # Each micro-batch grew by its own factor against step 1's: of the bytes that changed, almost
+    # none changed by the common ratio. The rest of the step (its later micro-batches' lengths)
+    # is not in the trace: no step-level answer, rather than one built from step 1's lengths.
+    assert not proj.available
+    assert proj.coherent < 0.01 < MIN_COHERENT
+    assert "unlike" in proj.reason and "step 1" in proj.reason
+
+
+def test_random_sizes_that_scale_together_are_projected_from_the_step_they_are_like() -> None:
+    # unetrand_c80_default: a UNet on random image sizes and batches died in step 14 (the
+    # batch-and-size product more than doubled against step 13); every activation scaled by
+    # about the same factor, so step 13 is like it (95% of the changed bytes by one ratio), and
+    # the projected step does not complete under expandable segments, as the real rerun under
+    # them (unetrand_c80_expandable) died in step 14 too.
+    proj, s, dev, ends = _projection("unetrand_c80_default")
+    assert proj.available and (proj.step, proj.template_step) == (14, 13)
+    assert proj.to_json()["template_coherence"] >= 0.94 and round(proj.ratio, 2) == 2.14
+    rerun = json.loads((CAPTURES / "unetrand_c80_expandable.truth.json").read_text())
+    assert rerun["died_step"] == 14
+    cap = int(json.loads((CAPTURES / "unetrand_c80_default.truth.json").read_text())["cap_bytes"])
+    item = step_whatif(s, dev, "expandable_segments:True", cap, ends, proj)
+    assert item["step_completes"] is False and item["placement"]["certain"] is True

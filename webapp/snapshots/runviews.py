@@ -1,0 +1,112 @@
+"""Pages of runs (the table in docs/architecture.md): a project's runs with their trend, and one
+run's decision screen. Login required; another team's project or run is a 404; the changes
+(pin a baseline, the regression settings, delete, analyse now) are POSTs with the same rights
+as the API (``runapi``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages as flash
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from webapp.snapshots import messages, runs, services
+from webapp.snapshots.forms import RunPolicyForm, first_error
+from webapp.snapshots.runapi import run_can_delete
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
+    """The project's runs newest first, the trend of their peaks (``?branch=``, ``?tag=``), the
+    baseline and, for members, the regression settings (POST)."""
+    project = services.project_for_user(request.user, slug)
+    if project is None:
+        raise Http404
+    team = project.team
+    if request.method == "POST":
+        form = RunPolicyForm(request.POST)
+        if not form.is_valid():
+            field, detail = first_error(form)
+            flash.error(request, f"{field}: {detail}")
+        else:
+            changes = form.changes()
+            needs = "manage" if {"webhook_url", "retention_days"} & set(changes) else "write"
+            if services.can(request.user, team, needs):
+                runs.policy_update(project, **changes)
+                flash.success(request, messages.RUN_POLICY_SAVED)
+            else:
+                flash.error(request, messages.RUN_FORBIDDEN)
+        return redirect("snapshots:project_runs", slug=slug)
+    branch, tag = request.GET.get("branch", ""), request.GET.get("tag", "")
+    rows = list(runs.runs_of(project, branch=branch, tag=tag).select_related("project")[:500])
+    every = list(runs.runs_of(project).only("branch", "tags")[:1000])
+    policy = runs.policy_for(project)
+    manage = services.can(request.user, team, "manage")
+    return render(
+        request,
+        "snapshots/runs.html",
+        {
+            "project": services.project_dict(project),
+            "runs": [runs.run_dict(r, request, ranks=False) for r in rows],
+            "trend": runs.trend(rows),
+            "branch": branch,
+            "tag": tag,
+            "branches": sorted({r.branch for r in every if r.branch}),
+            "tags": sorted({t for r in every for t in (r.tags or [])}),
+            "policy": runs.policy_dict(policy, show_secret=manage),
+            "can_write": services.can(request.user, team, "write"),
+            "can_manage": manage,
+        },
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def run(request: HttpRequest, run_code: str) -> HttpResponse:
+    """One run: its ranks side by side, the first OOM and why, peer failures, the stacks that
+    differ, and the comparison with the baseline. POST ``action``: ``pin``, ``unpin``,
+    ``analyse`` (the ranks present now), ``delete``."""
+    found = runs.run_for_user(request.user, run_code)
+    if found is None:
+        raise Http404
+    team = found.project.team
+    if request.method == "POST":
+        return _run_action(request, found)
+    policy = runs.policy_for(found.project)
+    base = runs.baseline_for(found, policy)
+    context: dict[str, Any] = {
+        "run": runs.run_dict(found, request),
+        "baseline": runs.run_dict(base, request, ranks=False) if base else None,
+        "is_baseline": policy.baseline_run_id == found.pk,
+        "policy": runs.policy_dict(policy, show_secret=False),
+        "can_write": services.can(request.user, team, "write"),
+        "can_delete": run_can_delete(request, found),
+    }
+    return render(request, "snapshots/run.html", context)
+
+
+def _run_action(request: HttpRequest, found: Any) -> HttpResponse:
+    action = request.POST.get("action")
+    slug = found.project.slug
+    if action == "delete":
+        if not run_can_delete(request, found):
+            flash.error(request, messages.RUN_FORBIDDEN)
+            return redirect("snapshots:run", run_code=found.code)
+        runs.run_delete(found)
+        flash.success(request, messages.RUN_DELETED)
+        return redirect("snapshots:project_runs", slug=slug)
+    if not services.can(request.user, found.project.team, "write"):
+        flash.error(request, messages.RUN_FORBIDDEN)
+    elif action == "pin":
+        runs.baseline_pin(found.project, found)
+        flash.success(request, messages.RUN_BASELINE_PINNED)
+    elif action == "unpin":
+        runs.baseline_pin(found.project, None)
+        flash.info(request, messages.RUN_BASELINE_UNPINNED)
+    elif action == "analyse":
+        runs.run_analyse_now(found)
+    return redirect("snapshots:run", run_code=found.code)

@@ -1,0 +1,146 @@
+"""The triage from the error text alone: the page ``/triage/`` and ``POST /api/v1/triage``.
+
+Most people who hit a CUDA OOM have its message and no snapshot. Both ways in take the message
+and, optionally, ``torch.cuda.memory_summary()``'s output, and answer with ``analysis.triage``:
+nothing is stored, nothing queued. The page is a form (CSRF like every page); the API takes and
+returns JSON, authenticated like the rest of the API (``api.api_view``: a Bearer token, or the
+browser's session with its CSRF token).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_protect
+from django.views.decorators.http import require_http_methods
+
+from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError
+from analysis.triage import MAX_SUMMARY_CHARS, Triage, TriageError, triage
+from webapp.snapshots.api import api_view
+from webapp.snapshots.formatting import format_bytes
+
+# The largest JSON body the API reads: both texts at their caps, escaped (a character can take six).
+MAX_BODY_BYTES = 6 * (MAX_MESSAGE_CHARS + MAX_SUMMARY_CHARS) + 1024
+
+
+class TriageForm(forms.Form):
+    """The page's two text areas; their lengths are the parsers' own caps."""
+
+    oom_message = forms.CharField(
+        max_length=MAX_MESSAGE_CHARS,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+        label="OOM message",
+        help_text="torch's 'CUDA out of memory. Tried to allocate ...' message; a traceback or log around it is fine.",
+    )
+    memory_summary = forms.CharField(
+        required=False,
+        max_length=MAX_SUMMARY_CHARS,
+        strip=False,
+        # Unwrapped and monospaced, so the pasted table keeps its columns.
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "wrap": "off", "class": "mono"}),
+        label="torch.cuda.memory_summary() (optional)",
+        help_text="Printed in the except block, before the tensors are freed, it shows where the free memory lies.",
+    )
+
+
+def _figure_rows(result: Triage) -> list[dict[str, str]]:
+    """The figures the verdict rests on, worded for the page's table (templates do not compute)."""
+    msg = result.message
+
+    def row(label: str, fig: Any, note: str = "") -> dict[str, str] | None:
+        if fig is None:
+            return None
+        exact = f"{fig.value:,} bytes" if fig.exact else f"{fig.low:,} to {fig.high:,} bytes"
+        # A figure the message printed keeps its text; one summed from several is worded afresh.
+        text = fig.text if fig.text[:1].isdigit() and " + " not in fig.text else format_bytes(fig.value)
+        return {"label": label, "text": text, "exact": exact, "note": note}
+
+    rows = [
+        row("tried to allocate", msg.tried, "the segment size the allocator wanted"),
+        row("limit", msg.limit, "the per-process cap" if msg.allowed is not None else "reserved + free on the device"),
+        row(
+            "room under the binding limit",
+            result.room,
+            "the cap minus reserved" if result.binding == "per-process-cap" else "free on the device",
+        ),
+        row("shortfall", result.shortfall, "the request minus the room"),
+        row("reserved but unallocated", result.unallocated),
+        row(
+            "of it usable by this request",
+            result.usable_unallocated if result.usable_unallocated is not result.unallocated else None,
+            "large pool, at the OOM",
+        ),
+        row("other processes", result.other_processes, f"{len(msg.other_processes)} on the device"),
+        row("this process outside PyTorch", result.non_pytorch),
+        row("device capacity", msg.total_capacity),
+    ]
+    return [r for r in rows if r is not None]
+
+
+@login_required
+@csrf_protect
+@require_http_methods(["GET", "POST"])
+def page(request: HttpRequest) -> HttpResponse:
+    """GET: the form. POST: the form again, with the triage under it (or the text's error)."""
+    form = TriageForm(request.POST if request.method == "POST" else None)
+    result: Triage | None = None
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                result = triage(form.cleaned_data["oom_message"], form.cleaned_data["memory_summary"] or None)
+            except OomMessageError as exc:
+                form.add_error("oom_message", exc.message)
+            except TriageError as exc:
+                form.add_error(
+                    "memory_summary" if exc.code.startswith("memory_summary") else "oom_message", exc.message
+                )
+        if result is None:
+            status = 400
+    context = {
+        "form": form,
+        "result": result.to_json() if result else None,
+        "figure_rows": _figure_rows(result) if result else [],
+        "upload_url": reverse("snapshots:upload"),
+    }
+    return render(request, "snapshots/triage.html", context, status=status)
+
+
+def _bad(code: str, message: str, status: int = 400) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+
+
+@api_view(("POST",))
+def api(request: HttpRequest) -> HttpResponse:
+    """``POST /api/v1/triage``: ``{"oom_message": str, "memory_summary": str?}`` -> the triage JSON."""
+    if request.content_type != "application/json":
+        return _bad("triage:not-json", "Send a JSON body (Content-Type: application/json).", 415)
+    declared = request.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return _bad("triage:too-large", f"The body is larger than {MAX_BODY_BYTES:,} bytes.", 413)
+    body = request.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        return _bad("triage:too-large", f"The body is larger than {MAX_BODY_BYTES:,} bytes.", 413)
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return _bad("triage:not-json", "The body is not JSON.")
+    if not isinstance(data, dict):
+        return _bad("triage:not-json", 'The body is not a JSON object: send {"oom_message": "..."}.')
+    message, summary = data.get("oom_message"), data.get("memory_summary")
+    if not isinstance(message, str):
+        return _bad("oom_message:missing", "The field 'oom_message' (a string) is required.")
+    if summary is not None and not isinstance(summary, str):
+        return _bad("memory_summary:not-text", "The field 'memory_summary' is a string when given.")
+    try:
+        result = triage(message, summary or None)
+    except (OomMessageError, TriageError) as exc:
+        return _bad(exc.code, exc.message)
+    return JsonResponse(result.to_json())
