@@ -330,7 +330,10 @@ def _write_json(data: Any, out: str) -> None:
 
 
 def gib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+    """A size in the one wording the page and the API's summary use (``analysis.readout.size``)."""
+    from analysis.readout import size
+
+    return size(n)
 
 
 def summary_text(report: dict[str, Any]) -> str:
@@ -368,11 +371,35 @@ def summary_text(report: dict[str, Any]) -> str:
             )
         if dev.get("limit"):
             lines.append(f"  {dev['limit']['note']}")
+        lines.extend(_decision_lines(dev))
         for row in dev["top_stacks"][:3]:
             lines.append(f"  {row['when']:>4} {gib(row['bytes']):>11}  {row.get('label', '')}")
         for sug in dev["suggestions"][:3]:
             lines.append(f"  suggest [{sug['id']}] {sug['title']}: {sug['evidence']}")
     return "\n".join(lines)
+
+
+def _decision_lines(dev: dict[str, Any]) -> list[str]:
+    """The decision as the report page's first screen says it (analysis/readout.py)."""
+    from analysis.readout import basis, headroom
+
+    decision = dev.get("decision") or {}
+    if not decision:
+        return []
+    lines = [f"  verdict: {decision.get('headline')}"]
+    change = decision.get("change")
+    lines.append(f"  change: {change['line']}" if change else "  change: none")
+    lines.append(f"  buys: {decision.get('buys')}")
+    room = headroom(dev)
+    if room and room["thin"]:
+        lines.append(f"  thin headroom: {room['sentence']}")
+    b = basis(dev)
+    if b:
+        level = f" The verdict is {b['level_text']}." if b["level_text"] else ""
+        lines.append(f"  rests on: {b['sentence']}{level}")
+        if b["message_could_change_verdict"]:
+            lines.append("  this verdict could change with torch's OOM message: give it with --oom-message-file FILE")
+    return lines
 
 
 def whatif_text(result: dict[str, Any]) -> str:

@@ -1,8 +1,11 @@
-"""Command line: ``python -m oomscope_client upload FILE --url URL --token TOKEN --project P --run R``,
+"""Command line: ``python -m oomscope_client upload FILE --project P --run R [--wait]``,
 and the CI gate ``python -m oomscope_client check --project P [--run R] --max-regression 5%``.
 
-The token may come from ``OOMSCOPE_TOKEN`` and the site from ``OOMSCOPE_URL`` instead, which
-keeps the secret out of shell history and process listings.
+The site comes from ``--url`` or ``OOMSCOPE_URL``; the token from ``OOMSCOPE_TOKEN``, or a file named by
+``--token-file`` or ``OOMSCOPE_TOKEN_FILE`` (``--token`` still works, but puts the secret in shell history
+and process listings). ``--wait`` follows the analysis and prints the report's verdict and its change;
+exit status 0 when the report is done, 1 when the upload was refused, 3 when the analysis failed, 4 when
+it did not finish in time.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import os
 import sys
 
-from oomscope_client.upload import UploadError, upload
+from oomscope_client.upload import UploadError, upload, verdict_lines, wait_for_analysis
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,7 +24,16 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("upload", help="post a snapshot file to an oomscope site")
     up.add_argument("file", help="a torch.cuda.memory._dump_snapshot pickle (.pickle or .pickle.gz)")
     up.add_argument("--url", default=os.environ.get("OOMSCOPE_URL"), help="site URL (or $OOMSCOPE_URL)")
-    up.add_argument("--token", default=os.environ.get("OOMSCOPE_TOKEN"), help="API token (or $OOMSCOPE_TOKEN)")
+    up.add_argument("--token", help="API token (better: $OOMSCOPE_TOKEN or --token-file; a flag shows in `ps`)")
+    up.add_argument(
+        "--token-file",
+        default=os.environ.get("OOMSCOPE_TOKEN_FILE"),
+        help="a file holding the API token (or $OOMSCOPE_TOKEN_FILE)",
+    )
+    up.add_argument("--wait", action="store_true", help="follow the analysis and print the verdict and the change")
+    up.add_argument(
+        "--wait-timeout", type=float, default=1800.0, help="seconds to wait for the analysis (default 1800)"
+    )
     up.add_argument("--project", help="project slug")
     up.add_argument("--run", help="run name")
     up.add_argument("--tags", help="comma-separated tags")
@@ -47,7 +59,12 @@ def _parser() -> argparse.ArgumentParser:
 
     gate = commands.add_parser("check", help="CI gate: exit 1 when the run regressed against the project's baseline")
     gate.add_argument("--url", default=os.environ.get("OOMSCOPE_URL"), help="site URL (or $OOMSCOPE_URL)")
-    gate.add_argument("--token", default=os.environ.get("OOMSCOPE_TOKEN"), help="API token (or $OOMSCOPE_TOKEN)")
+    gate.add_argument("--token", help="API token (better: $OOMSCOPE_TOKEN or --token-file; a flag shows in `ps`)")
+    gate.add_argument(
+        "--token-file",
+        default=os.environ.get("OOMSCOPE_TOKEN_FILE"),
+        help="a file holding the API token (or $OOMSCOPE_TOKEN_FILE)",
+    )
     gate.add_argument("--project", required=True, help="project slug")
     gate.add_argument("--run", help="run name (default: the project's newest run)")
     gate.add_argument(
@@ -115,11 +132,12 @@ def job_meta(args: argparse.Namespace) -> dict[str, object]:
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from oomscope_client.gate import check, result_json
 
-    if not args.url or not args.token:
-        parser.error("--url and --token are required (or set OOMSCOPE_URL and OOMSCOPE_TOKEN)")
+    token = _token(args, parser)
+    if not args.url or not token:
+        parser.error("--url and a token are required ($OOMSCOPE_URL; $OOMSCOPE_TOKEN or $OOMSCOPE_TOKEN_FILE)")
     result = check(
         args.url,
-        args.token,
+        token,
         args.project,
         run=args.run,
         max_regression=args.max_regression,
@@ -135,22 +153,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return _check(parser, args)
-    if not args.url or not args.token:
-        parser.error("--url and --token are required (or set OOMSCOPE_URL and OOMSCOPE_TOKEN)")
+    token = _token(args, parser)
+    if not args.url or not token:
+        parser.error(
+            "the site and a token are required: --url or $OOMSCOPE_URL, and $OOMSCOPE_TOKEN, "
+            "--token-file or $OOMSCOPE_TOKEN_FILE"
+        )
     if not os.path.isfile(args.file):
         parser.error(f"no such file: {args.file}")
+    oom_message: str | None
     if args.oom_message_file:
         with open(args.oom_message_file, encoding="utf-8") as fh:
             oom_message = fh.read()
     else:
-        oom_message = sidecar_oom_message(args.file)
+        oom_message = sidecar_oom_message(args.file)  # None when the dump has no sidecar
     meta = job_meta(args)
     run = args.run or meta.get("job_id")
     try:
         result = upload(
             args.file,
             args.url,
-            args.token,
+            token,
             project=args.project,
             run=str(run) if run else None,
             tags=args.tags,
@@ -163,7 +186,44 @@ def main(argv: list[str] | None = None) -> int:
     except UploadError as e:
         print(f"oomscope upload failed: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=1))
+    if not args.wait:
+        print(json.dumps(result, indent=1))
+        return 0
+    return _wait(result, token, args.wait_timeout)
+
+
+def _token(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """--token, else the token file (--token-file, $OOMSCOPE_TOKEN_FILE), else $OOMSCOPE_TOKEN."""
+    if args.token:
+        return str(args.token)
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as fh:
+                text = fh.read().strip()
+        except OSError as e:
+            parser.error(f"cannot read the token file {args.token_file}: {e.strerror}")
+        if not text:
+            parser.error(f"the token file {args.token_file} is empty")
+        return text
+    return os.environ.get("OOMSCOPE_TOKEN") or None
+
+
+def _wait(result: dict[str, object], token: str, timeout: float) -> int:
+    """Follow the analysis; print the verdict and the change (or why it failed)."""
+    api_url = str(result.get("api_url") or "")
+    print(f"uploaded: {result.get('url')} (analysing…)", file=sys.stderr)
+    try:
+        body = wait_for_analysis(api_url, token, timeout=timeout)
+    except UploadError as e:
+        print(f"oomscope: {e}", file=sys.stderr)
+        return 4 if e.status is None else 1
+    if body.get("status") == "failed":
+        error = body.get("error") or {}
+        print(f"oomscope: the analysis failed: {error.get('code')}: {error.get('message')}", file=sys.stderr)
+        print(f"report: {body.get('url')}", file=sys.stderr)
+        return 3
+    for line in verdict_lines(body):
+        print(line)
     return 0
 
 

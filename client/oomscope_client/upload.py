@@ -307,3 +307,98 @@ def _error_text(payload: Any) -> str | None:
         code, message = error.get("code"), error.get("message")
         return f"{code}: {message}" if code else str(message)
     return None if error is None else str(error)
+
+
+# The states an upload ends in (the site's Upload.Status).
+FINAL_STATES = ("done", "failed")
+
+
+def snapshot_status(api_url_of_upload: str, token: str, *, timeout: float = 30.0) -> dict[str, Any]:
+    """``GET /api/v1/snapshots/<id>``: the upload's status, error and summary."""
+    if urllib.parse.urlsplit(api_url_of_upload).scheme not in ("http", "https"):
+        raise UploadError(f"the site URL must start with http:// or https://, not {api_url_of_upload!r}")
+    request = urllib.request.Request(  # noqa: S310 (http and https only, checked above)
+        api_url_of_upload,
+        headers={"Authorization": f"Bearer {token}", "Accept": "application/json", "User-Agent": "oomscope-client/0.1"},
+    )
+    opener = urllib.request.build_opener(_NoRedirect())
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as e:
+        payload = _json_or_none(e.read())
+        raise UploadError(
+            f"status refused: HTTP {e.code}: {_error_text(payload) or ''}",
+            status=e.code,
+            payload=payload,
+            code=_error_code(payload),
+        ) from None
+    except urllib.error.URLError as e:
+        raise UploadError(f"cannot reach {api_url_of_upload}: {e.reason}") from None
+    payload = _json_or_none(raw)
+    if not isinstance(payload, dict):
+        raise UploadError(f"the status reply is not a JSON object: {raw[:200]!r}")
+    return payload
+
+
+def wait_for_analysis(
+    api_url_of_upload: str,
+    token: str,
+    *,
+    timeout: float = 1800.0,
+    first_poll: float = 1.0,
+    longest_poll: float = 10.0,
+    clock: Any = None,
+    sleep: Any = None,
+) -> dict[str, Any]:
+    """Poll an upload until its analysis is done or failed; its last status JSON.
+
+    Polls start at ``first_poll`` seconds and double up to ``longest_poll``. A site that cannot be
+    reached for a moment (a restart) is polled again; ``UploadError`` when ``timeout`` passes first.
+    """
+    import time
+
+    now = clock or time.monotonic
+    pause = sleep or time.sleep
+    deadline = now() + timeout
+    delay = first_poll
+    last_error: UploadError | None = None
+    while True:
+        try:
+            body = snapshot_status(api_url_of_upload, token)
+            last_error = None
+            if body.get("status") in FINAL_STATES:
+                return body
+        except UploadError as e:
+            if e.status is not None and e.status < 500:
+                raise  # a refusal (a revoked token, a deleted upload) does not go away by waiting
+            last_error = e
+        if now() + delay > deadline:
+            why = f" (last: {last_error})" if last_error else ""
+            raise UploadError(f"the analysis did not finish within {timeout:.0f} s{why}")
+        pause(delay)
+        delay = min(delay * 2, longest_poll)
+
+
+def verdict_lines(body: dict[str, Any]) -> list[str]:
+    """What the report's first screen says, from a finished upload's summary (the site words it)."""
+    summary = body.get("summary") or {}
+    lines = []
+    if summary.get("headline"):
+        lines.append(str(summary["headline"]))
+    if summary.get("change_line"):
+        lines.append(f"change: {summary['change_line']}")
+    elif "change_line" in summary:
+        lines.append("change: none (no setting or rule found one the figures support)")
+    if summary.get("limit_text"):
+        lines.append(
+            f"limit: {summary['limit_text']} ({summary.get('limit_source_short') or summary.get('limit_source')})"
+        )
+    if summary.get("message_could_change_verdict"):
+        lines.append(
+            "this verdict could change with torch's OOM message: upload again with --oom-message-file FILE, "
+            "or paste it on the report's page"
+        )
+    if body.get("url"):
+        lines.append(f"report: {body['url']}")
+    return lines

@@ -117,6 +117,62 @@
     return laterAsked;
   }
 
+  // A chart is one tab stop, not one per toolbar button (a report had 21 before its first table):
+  // the toolbar's buttons, inside BokehJS's shadow roots, leave the tab order, and the slot itself
+  // takes focus with its caption as its name. The timeline is driven from the keyboard there
+  // (explore.js: arrows pan, + and - zoom, Enter shows the state) and the event list steps events.
+  function keyboardStop(slot) {
+    (function unfocus(root) {
+      root.querySelectorAll("*").forEach(function (node) {
+        if (node.tabIndex >= 0 && node !== slot) node.tabIndex = -1;
+        if (node.shadowRoot) unfocus(node.shadowRoot);
+      });
+    })(slot);
+    slot.tabIndex = 0;
+    var caption = slot.closest("figure") && slot.closest("figure").querySelector("figcaption");
+    slot.setAttribute("role", "group");
+    slot.setAttribute("aria-label", "Chart: " + (caption ? caption.textContent : slot.dataset.chart));
+    // BokehJS may build toolbar buttons after the pass above: focus that lands inside goes to the
+    // slot, and Tab from the slot moves past the chart, never into it.
+    slot.addEventListener("focusin", function (event) {
+      if (event.target !== slot) slot.focus({ preventScroll: true });
+    });
+    slot.addEventListener("keydown", function (event) {
+      if (event.key !== "Tab") return;
+      var stops = Array.prototype.filter.call(
+        document.querySelectorAll("a[href], button, input, select, textarea, summary, [tabindex]"),
+        function (node) {
+          return node.tabIndex >= 0 && !node.disabled && node.getClientRects().length > 0 &&
+            (node === slot || !slot.contains(node));
+        }
+      );
+      var at = stops.indexOf(slot);
+      var next = stops[at + (event.shiftKey ? -1 : 1)];
+      if (next) {
+        event.preventDefault();
+        next.focus();
+      }
+    });
+  }
+
+  // On a phone a legend beside the plot takes half its width: put it below, two columns wide.
+  function narrowLegends(views, slot) {
+    if (slot.clientWidth >= 640 || !Bokeh.documents) return;
+    Bokeh.documents.forEach(function (doc) {
+      if (doc.views_manager !== views) return;
+      doc.all_models.forEach(function (model) {
+        if (!Array.isArray(model.right) || !Array.isArray(model.below)) return;
+        var legends = model.right.filter(function (m) { return m.items !== undefined && m.orientation !== undefined; });
+        if (!legends.length) return;
+        legends.forEach(function (legend) { legend.setv({ orientation: "horizontal", ncols: 2 }); });
+        model.setv({
+          right: model.right.filter(function (m) { return legends.indexOf(m) < 0; }),
+          below: model.below.concat(legends),
+        });
+      });
+    });
+  }
+
   function mark() {
     // A marker for tests and for anyone scripting the page: how many charts are drawn so far, set
     // once every chart asked for has been handled; chartsTotal is how many the page holds.
@@ -149,6 +205,8 @@
     return Bokeh.embed.embed_item(item, slot).then(
       function (views) {
         slot.dataset.rendered = "1";
+        keyboardStop(slot);
+        narrowLegends(views, slot);
         if (!document.body.dataset.firstChartMs) {
           if (performance.mark) performance.mark("oomscope:first-chart");
           document.body.dataset.firstChartMs = String(Math.round(performance.now()));

@@ -75,6 +75,7 @@
   }
 
   function fillActive(base, device, t0, t1, px) {
+    fillBands(segtimes[device], "segments", base, device, t0, t1, px);
     var active = actives[device];
     if (!active) return;
     active.slot.dataset.active = "loading";
@@ -82,12 +83,52 @@
       active.source.data = body.data;
       active.figure.x_range.start = t0;
       active.figure.x_range.end = t1;
+      // The y range is fixed (no automatic range over an empty source): the stack's top, with room.
+      var top = 0;
+      (body.data.ys || []).forEach(function (ys) { ys.forEach(function (y) { if (y > top) top = y; }); });
+      active.figure.y_range.start = 0;
+      active.figure.y_range.end = top > 0 ? top * 1.05 : 1;
       active.slot.dataset.active = "1";
       active.slot.dataset.activeBands = String(body.bands);
       active.slot.dataset.activeRange = body.start + "-" + body.end;
     }, function (error) {
       active.slot.dataset.active = "error";
       console.warn("active memory:", error.message);
+    });
+  }
+
+  // The segment timeline (memory_viz's "active cached segment timeline"): bands from segments.json,
+  // following the timeline's range as the active-memory chart does.
+  var segtimes = {}; // device -> {doc, source, figure, slot}
+
+  function setupSegtime(slot, views) {
+    var device = slot.dataset.chart.slice("segtime-".length);
+    var doc = docOf(views);
+    if (!doc) return;
+    segtimes[device] = {
+      doc: doc,
+      slot: slot,
+      source: doc.get_model_by_name("segtime-source"),
+      figure: doc.get_model_by_name("segtime-figure"),
+    };
+    if (timelines[device]) timelines[device]();
+  }
+
+  function fillBands(chart, kind, base, device, t0, t1, px) {
+    if (!chart) return;
+    chart.slot.dataset.bands = "loading";
+    getJSON(base + kind + ".json?device=" + device + "&t0=" + t0 + "&t1=" + t1 + "&px=" + px).then(function (body) {
+      chart.source.data = body.data;
+      var top = 0;
+      (body.data.ys || []).forEach(function (ys) { ys.forEach(function (y) { if (y > top) top = y; }); });
+      chart.figure.x_range.setv({ start: t0, end: t1 });
+      chart.figure.y_range.setv({ start: 0, end: top > 0 ? top * 1.05 : 1 });
+      chart.slot.dataset.bands = String(body.bands);
+      chart.slot.dataset.segments = String(body.segments);
+      chart.slot.dataset.bandsRange = body.start + "-" + body.end;
+    }, function (error) {
+      chart.slot.dataset.bands = "error";
+      console.warn(kind + ":", error.message);
     });
   }
 
@@ -107,6 +148,8 @@
     var timer = null;
     var asked = 0;
     var panel = document.getElementById("state-" + device);
+    var full = [xr.start, xr.end]; // the whole trace, as the page drew it
+    var fullTop = figure.y_range.end; // up to the limit, as the page drew it
 
     function visible() {
       return [Math.max(0, Math.floor(xr.start)), Math.ceil(xr.end), Math.max(100, Math.round(slot.getBoundingClientRect().width))];
@@ -131,6 +174,13 @@
           zoomed = true;
           body.first_time_us = firstTimeUs;
           source.data = seriesOf(body);
+          // The y axis follows the window: its highest reserved point, with room (issue 20: it stayed
+          // at the whole trace's scale, so a zoomed detail was a flat line at the bottom).
+          var top = 0;
+          (body.reserved_bytes || []).forEach(function (y) { if (y > top) top = y; });
+          var whole = t0 <= full[0] && t1 >= full[1];
+          if (whole) figure.y_range.setv({ start: 0, end: fullTop });
+          else if (top > 0) figure.y_range.setv({ start: 0, end: top * 1.08 });
           slot.dataset.zoom = "1";
           slot.dataset.zoomPoints = String(body.points);
           slot.dataset.zoomElided = String(body.elided || 0);
@@ -167,28 +217,167 @@
     });
 
     figure.on_event("tap", function (event) {
-      showState(Math.round(event.x));
+      openEvents(Math.round(event.x));
+    });
+
+    // The keyboard drives the timeline where its slot has focus (charts.js makes it one tab stop):
+    // arrows pan a tenth of the view, + and - zoom by two around the middle, Home shows the whole
+    // trace, Enter shows the allocator's state at the middle event.
+    slot.addEventListener("keydown", function (event) {
+      var start = xr.start;
+      var end = xr.end;
+      var width = end - start;
+      var middle = (start + end) / 2;
+      var lo = full[0];
+      var hi = full[1];
+      if (event.key === "ArrowLeft" || event.key === "ArrowRight") {
+        var step = (event.key === "ArrowLeft" ? -1 : 1) * Math.max(1, width / 10);
+        step = Math.max(lo - start, Math.min(hi - end, step));
+        xr.setv({ start: start + step, end: end + step });
+      } else if (event.key === "+" || event.key === "=") {
+        var half = Math.max(2, width / 4);
+        xr.setv({ start: Math.max(lo, middle - half), end: Math.min(hi, middle + half) });
+      } else if (event.key === "-" || event.key === "_") {
+        var wide = width;
+        xr.setv({ start: Math.max(lo, middle - wide), end: Math.min(hi, middle + wide) });
+      } else if (event.key === "Home") {
+        xr.setv({ start: lo, end: hi });
+      } else if (event.key === "Enter") {
+        openEvents(Math.round(middle));
+      } else {
+        return;
+      }
+      event.preventDefault();
     });
     figure._update_event_callbacks(); // subscribe the figure to its UI events (on_event alone does not)
 
+    // The panel holds the event list (left) and the allocator's state after the selected event (right).
+    var listBox = null;
+    var stateView = null;
+    var rows = []; // event indices listed, in order
+    var selected = -1;
+    var stateTimer = null;
+    var stateTicket = 0;
+
+    function ensurePanel() {
+      if (listBox) return;
+      panel.textContent = "";
+      var events = el("div", { class: "events" });
+      events.appendChild(el("h3", { id: "events-title-" + device }, "Events"));
+      events.appendChild(el("p", { class: "meta" }, "↑/↓ one event, Page Up/Down forty, Home/End the ends of the list; the state follows."));
+      listBox = el("div", {
+        class: "event-list",
+        role: "listbox",
+        tabindex: "0",
+        "aria-labelledby": "events-title-" + device,
+      });
+      events.appendChild(listBox);
+      stateView = el("div", { class: "state-view", "aria-live": "polite" });
+      panel.appendChild(events);
+      panel.appendChild(stateView);
+      listBox.addEventListener("keydown", function (event) {
+        var at = rows.indexOf(selected);
+        var moves = { ArrowDown: 1, ArrowUp: -1, PageDown: 40, PageUp: -40 };
+        var target = null;
+        if (event.key in moves) target = selected + moves[event.key];
+        else if (event.key === "Home") target = rows[0];
+        else if (event.key === "End") target = rows[rows.length - 1];
+        else return;
+        event.preventDefault();
+        if (event.key === "ArrowDown" && at >= 0 && at + 1 < rows.length) target = rows[at + 1];
+        if (event.key === "ArrowUp" && at > 0) target = rows[at - 1];
+        target = Math.max(Math.floor(full[0]), Math.min(Math.ceil(full[1]), target));
+        openEvents(target);
+      });
+    }
+
+    // List the events around ``index`` (from timeline.json, event by event) and select it.
+    function openEvents(index) {
+      if (!panel) return;
+      ensurePanel();
+      var inList = rows.indexOf(index);
+      if (inList > 4 && inList < rows.length - 5) {
+        select(index);
+        return;
+      }
+      var lo = Math.max(Math.floor(full[0]), index - 60);
+      var hi = Math.min(Math.ceil(full[1]), index + 60);
+      listBox.dataset.loading = "1";
+      getJSON(base + "timeline.json?device=" + device + "&t0=" + lo + "&t1=" + hi + "&px=4000").then(function (body) {
+        listBox.textContent = "";
+        rows = [];
+        body.index.forEach(function (i, k) {
+          var option = el("div", { role: "option", id: "event-" + device + "-" + i, "data-event": String(i), "aria-selected": "false" });
+          option.appendChild(el("span", { class: "event-index mono" }, thousands(i)));
+          option.appendChild(el("span", { class: "event-what" }, body.what[k]));
+          option.addEventListener("click", function () { select(i); listBox.focus(); });
+          listBox.appendChild(option);
+          rows.push(i);
+        });
+        delete listBox.dataset.loading;
+        // A free that completes at once is drawn at its completion: step to the nearest listed event.
+        var nearest = rows.reduce(function (best, i) { return Math.abs(i - index) < Math.abs(best - index) ? i : best; }, rows[0]);
+        select(nearest);
+      }, function (error) {
+        listBox.textContent = "The events could not be read: " + error.message;
+      });
+    }
+
+    function select(index) {
+      var old = listBox.querySelector('[aria-selected="true"]');
+      if (old) old.setAttribute("aria-selected", "false");
+      var option = document.getElementById("event-" + device + "-" + index);
+      selected = index;
+      if (option) {
+        option.setAttribute("aria-selected", "true");
+        listBox.setAttribute("aria-activedescendant", option.id);
+        option.scrollIntoView({ block: "nearest" });
+      }
+      listBox.dataset.selected = String(index);
+      // The same event on the timeline: a vertical line (reports analysed before it have none).
+      var cursor = doc.get_model_by_name("timeline-cursor");
+      if (cursor) cursor.setv({ location: index, visible: true });
+      clearTimeout(stateTimer);
+      stateTimer = setTimeout(function () { showState(index); }, 80); // holding a key asks once it rests
+    }
+
     function showState(index) {
       if (!panel) return;
+      ensurePanel();
+      var ticket = ++stateTicket;
       panel.dataset.state = "loading";
-      panel.textContent = "Reading the state after event " + thousands(index) + "…";
       getJSON(base + "state.json?device=" + device + "&i=" + index).then(function (state) {
-        drawState(panel, state, base, device);
+        if (ticket !== stateTicket) return; // a later event was asked for meanwhile
+        drawState(stateView, state, base, device);
         panel.dataset.state = String(index);
       }, function (error) {
         panel.dataset.state = "error";
-        panel.textContent = "The state could not be read: " + error.message;
+        stateView.textContent = "The state could not be read: " + error.message;
+      });
+    }
+
+    var opener = document.querySelector('[data-open-events="' + device + '"]');
+    if (opener) {
+      opener.hidden = false;
+      opener.addEventListener("click", function () {
+        openEvents(parseInt(opener.dataset.event, 10));
+        listBox.focus();
       });
     }
   }
 
-  function drawState(panel, state, base, device) {
-    panel.textContent = "";
+  // A colour per stack (the label), so a block reads as "the same code" across segments and events.
+  var PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd", "#8c564b"];
+  function colourOf(label) {
+    var h = 0;
+    for (var i = 0; i < label.length; i++) h = (h * 31 + label.charCodeAt(i)) | 0;
+    return PALETTE[Math.abs(h) % PALETTE.length];
+  }
+
+  function drawState(view, state, base, device) {
+    view.textContent = "";
     var ev = state.event;
-    panel.appendChild(el("h3", null, ev ? "After event " + thousands(ev.index) + " (" + ev.text + ")" : "Before the first event"));
+    view.appendChild(el("h3", null, ev ? "After event " + thousands(ev.index) + " (" + ev.text + ")" : "Before the first event"));
     var dl = el("dl", { class: "state-figures" });
     [
       ["allocated", state.allocated_bytes, state.allocated_text],
@@ -200,22 +389,32 @@
       dl.appendChild(el("dt", null, row[0]));
       dl.appendChild(el("dd", { "data-figure": row[0], "data-bytes": String(row[1]) }, row[2] + " (" + thousands(row[1]) + " B)"));
     });
-    panel.appendChild(dl);
-    var widest = state.segments.reduce(function (m, s) { return Math.max(m, s.size); }, 1);
-    var list = el("div", { class: "state-segments" });
-    panel.appendChild(el("p", { class: "meta" }, state.segments.length + " segments, in address order; a box per block (orange: allocated, yellow: pending free, green: free). Click a block."));
+    view.appendChild(dl);
+    // Compact: every segment, in address order, as a box whose width is its share of reserved memory
+    // (about six rows for the whole cache), each block inside coloured by the code that allocated it;
+    // free blocks pale, pending frees hatched. Hover for the sizes and the stack; click a block.
+    var reserved = Math.max(1, state.reserved_bytes);
+    view.appendChild(el("p", { class: "meta" }, state.segments.length + " segments, in address order, each as wide as its share of the " + state.reserved_text + " reserved; a block's colour is the code that allocated it (pale: free, yellow: pending free). Click a block for its stacks."));
     var detail = el("div", { class: "block-detail" });
+    var list = el("div", { class: "state-segments compact" });
     state.segments.forEach(function (seg) {
-      var row = el("div", { class: "segment", "data-address": seg.address });
-      row.appendChild(el("span", { class: "segment-label mono" }, seg.address + " " + seg.size_text));
-      var bar = el("span", { class: "segment-bar", style: "width:" + Math.max(2, (100 * seg.size) / widest) + "%" });
+      var share = Math.min(100, (600 * seg.size) / reserved);
+      var row = el("span", {
+        class: "segment",
+        "data-address": seg.address,
+        title: seg.address + " " + seg.size_text,
+        style: "flex-basis:" + share + "%",
+      });
+      var bar = el("span", { class: "segment-bar" });
       seg.blocks.forEach(function (b) {
-        var box = el("span", {
+        var attrs = {
           class: "block " + b.state,
           style: "width:" + (100 * b.size) / seg.size + "%",
-          title: b.size_text + " " + b.state.replace(/_/g, " ") + (b.label ? " · " + b.label : ""),
+          title: b.size_text + " " + b.state.replace(/_/g, " ") + (b.label ? " · " + b.label : "") + " (segment " + seg.address + ")",
           "data-size": String(b.size),
-        });
+        };
+        if (b.state === "active_allocated" && b.label) attrs.style += ";background:" + colourOf(b.label);
+        var box = el("span", attrs);
         if (b.alloc_event != null) {
           box.dataset.alloc = String(b.alloc_event);
           box.addEventListener("click", function () { showBlock(detail, b, base, device); });
@@ -225,17 +424,46 @@
       row.appendChild(bar);
       list.appendChild(row);
     });
-    panel.appendChild(list);
-    panel.appendChild(detail);
+    view.appendChild(list);
+    view.appendChild(detail);
+  }
+
+  // C++ frames (no .py file: the unwinder's, the dispatcher's, autograd's) are folded by default, a run
+  // of them behind one "N C++ frames" line, as memory_viz filters them: the Python frames tell the story.
+  function isPython(f) {
+    return !!f.filename && /\.py$/.test(f.filename);
+  }
+
+  function frameItem(f) {
+    var li = el("li", null, f.name + " ");
+    if (f.filename) li.appendChild(el("span", { class: "file" }, f.filename + ":" + f.line));
+    return li;
   }
 
   function frameList(frames) {
     var ol = el("ol", { class: "frames-list" });
-    frames.forEach(function (f) {
-      var li = el("li", null, f.name + " ");
-      if (f.filename) li.appendChild(el("span", { class: "file" }, f.filename + ":" + f.line));
+    var run = [];
+    function flush() {
+      if (!run.length) return;
+      var li = el("li", { class: "cpp-run" });
+      var fold = el("details", { class: "cpp-frames" });
+      fold.appendChild(el("summary", null, run.length + " C++ frame" + (run.length === 1 ? "" : "s")));
+      var inner = el("ol", null);
+      run.forEach(function (f) { inner.appendChild(frameItem(f)); });
+      fold.appendChild(inner);
+      li.appendChild(fold);
       ol.appendChild(li);
+      run = [];
+    }
+    frames.forEach(function (f) {
+      if (isPython(f)) {
+        flush();
+        ol.appendChild(frameItem(f));
+      } else {
+        run.push(f);
+      }
     });
+    flush();
     return ol;
   }
 
@@ -260,9 +488,10 @@
     var slot = event.target;
     if (!slot.dataset) return;
     var name = slot.dataset.chart || "";
-    if (!/^(timeline|active)-/.test(name)) return;
+    if (!/^(timeline|active|segtime)-/.test(name)) return;
     try {
       if (/^active-/.test(name)) setupActive(slot, event.detail && event.detail.views);
+      else if (/^segtime-/.test(name)) setupSegtime(slot, event.detail && event.detail.views);
       else setup(slot, event.detail && event.detail.views);
     } catch (error) {
       console.warn("timeline digging unavailable:", error);

@@ -1,5 +1,6 @@
-// Live status of an analysis: polls the page's status.json and reloads into the report when done.
-// The element <div data-status-url="..."> holds the URL; nothing is inline.
+// Live status of an analysis: polls the page's status.json and reloads into the report when done
+// (or into the failure page, which says why and what next). Between polls the elapsed time ticks
+// every second from the server's figure. The element <div data-status-url="..."> holds the URL.
 (function () {
   "use strict";
 
@@ -9,8 +10,19 @@
   var bar = box.querySelector("progress");
   var stage = box.querySelector("[data-field=stage]");
   var state = box.querySelector("[data-field=status]");
-  var error = box.querySelector("[data-field=error]");
+  var elapsedField = box.querySelector("[data-field=elapsed]");
   var delay = 1000;
+  var elapsed = parseFloat(box.dataset.elapsed || "0");
+  var since = Date.now();
+
+  function duration(seconds) {
+    var whole = Math.max(0, Math.floor(seconds));
+    return whole >= 60 ? Math.floor(whole / 60) + " min " + (whole % 60) + " s" : whole + " s";
+  }
+
+  function tick() {
+    if (elapsedField) elapsedField.textContent = duration(elapsed + (Date.now() - since) / 1000);
+  }
 
   function show(data) {
     if (state) {
@@ -18,17 +30,15 @@
       state.className = "badge " + data.status;
     }
     if (bar && typeof data.progress === "number") bar.value = data.progress;
-    if (stage) stage.textContent = data.stage || "";
-    if (data.status === "done") {
-      window.location.reload();
-      return false;
+    // The badge says the status; the stage says what runs within it, and never repeats it.
+    if (stage) stage.textContent = data.stage && data.stage !== data.status ? data.stage : "";
+    if (typeof data.elapsed_s === "number") {
+      elapsed = data.elapsed_s;
+      since = Date.now();
+      tick();
     }
-    if (data.status === "failed") {
-      if (error) {
-        error.hidden = false;
-        error.textContent = (data.error && data.error.message) || "The analysis failed.";
-      }
-      if (bar) bar.hidden = true;
+    if (data.status === "done" || data.status === "failed") {
+      window.location.reload();
       return false;
     }
     return true;
@@ -51,5 +61,6 @@
       });
   }
 
+  setInterval(tick, 1000);
   setTimeout(poll, 500);
 })();

@@ -38,6 +38,7 @@ PUBLIC = {
     "snapshots:share_block_json": "the capability URL's block stacks; tested in test_ux_explore",
     "snapshots:share_active_json": "the capability URL's active-memory bands; tested in test_ux_explore",
     "snapshots:share_charts_json": "the capability URL's later charts; tested in test_ux_explore",
+    "snapshots:share_segments_json": "the capability URL's segment timeline; tested in test_ux_digging",
 }
 
 # What each URL keyword names; a route with a keyword missing here fails test_every_keyword_is_known.
@@ -225,7 +226,7 @@ def test_member_reaches_every_route(alice_client: Any, objects: dict[str, str], 
     url = url_for(name, objects)
     response = alice_client.get(url)
     # 405 for POST-only routes; 404 only for a report that is not ready yet (the rows here have no report).
-    explore = ("timeline", "state", "block", "active", "charts")
+    explore = ("timeline", "state", "block", "active", "segments", "charts")
     not_ready = {"api:snapshot_report"} | {f"snapshots:{k}_json" for k in explore}
     assert response.status_code in (200, 405) or (
         name in not_ready and response.json()["error"]["code"] == "report-not-ready"

@@ -109,7 +109,9 @@ def test_status_page_and_json_while_queued(alice_client: Any, alice: Any, alpha:
     assert "snapshots/status.html" in [t.name for t in page.templates]
     assert page.context["report"] is None
     status = alice_client.get(f"/s/{upload.code}/status.json").json()
-    assert status == {"status": "queued", "progress": 0, "stage": "", "error": None}
+    elapsed = status.pop("elapsed_s")
+    assert status == {"status": "queued", "progress": 0, "stage": "", "error": None, "estimate_s": 3}
+    assert 0 <= elapsed < 60  # seconds since the upload row was made, a moment ago
 
 
 def test_failed_upload_status_shows_code_and_message(alice_client: Any, alice: Any, alpha: Any, tmp_path: Any) -> None:

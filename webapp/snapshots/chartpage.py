@@ -2,7 +2,7 @@
 
 The page's first chart is the timeline: its ``json_item`` goes into the HTML, without the per-point
 hover text (``what``, about 70% of its bytes on a large trace), together with the small, empty
-active-memory chart that explore.js fills. Every other chart, and the timeline's hover text, come
+active-memory and segment-timeline charts that explore.js fills. Every other chart, and the timeline's hover text, come
 from ``<base>charts.json`` (``later``), which static/js/charts.js asks for after drawing the first
 chart; a chart in a closed fold is drawn when the fold opens. The standalone file (no server)
 embeds every chart whole. docs/report.md, "Page speed", has the figures.
@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-FIRST = ("timeline-", "active-")
+FIRST = ("timeline-", "active-", "segtime-")
 TIMELINE_SOURCE = "timeline-source"  # the ColumnDataSource's name in charts._timeline_chart
 HOVER_COLUMN = "what"
 # What a later chart's name maps to in the page's charts (templates/snapshots/_chart.html).

@@ -99,6 +99,7 @@ STATE_LABELS = {
 WHATIF_COLOURS = ("#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+CURSOR_COLOUR = "#1f2328"  # the event list's selected event on the timeline
 
 # ---------------------------------------------------------------- entry points
 
@@ -124,6 +125,8 @@ def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if f"timeline-{d}" in charts:
             # Empty here; static/js/explore.js fills it from active.json (site pages only).
             charts[f"active-{d}"] = active_chart_item(int(d))
+            # memory_viz's segment timeline, empty too: explore.js fills it from segments.json.
+            charts[f"segtime-{d}"] = segment_time_chart_item(int(d))
     return charts
 
 
@@ -480,6 +483,17 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
         tooltips.append(("fragmentation", "@fragmentation{0.0%}"))
     p.add_tools(HoverTool(renderers=lines[:1], mode="vline", tooltips=tooltips))
     p.name = "timeline-figure"
+    # The event selected in the page's event list (static/js/explore.js moves it and shows it).
+    p.add_layout(
+        Span(
+            location=float(x[0]),
+            dimension="height",
+            line_color=CURSOR_COLOUR,
+            line_width=1.5,
+            visible=False,
+            name="timeline-cursor",
+        )
+    )
     _legend(p, outside=True)
     if summary.get("peak_is_lower_bound"):
         p.title.text += " (trace incomplete: peaks are lower bounds)"
@@ -520,8 +534,11 @@ def _active_chart_json(device: int) -> str:
         tools="pan,xwheel_zoom,box_zoom,reset,save",
     )
     p.name = "active-figure"
+    # Fixed ranges, set by static/js/explore.js from each answer: an automatic range over the empty
+    # source would make BokehJS warn "could not set initial ranges" on every page.
+    p.x_range = Range1d(start=0, end=1)
+    p.y_range = Range1d(start=0, end=1)
     _bytes_ticks(p.yaxis)
-    p.y_range.start = 0
     p.xaxis.axis_label = "trace event (follows the timeline's range)"
     p.xaxis.formatter = NumeralTickFormatter(format="0,0")
     r = p.patches("xs", "ys", source=source, fill_color="colour", line_color="white", line_width=0.3, fill_alpha=0.85)
@@ -542,6 +559,43 @@ def _active_chart_json(device: int) -> str:
 def active_chart_item(device: int) -> dict[str, Any]:
     """The active-memory chart of a device, empty: static/js/explore.js fills it from active.json."""
     item: dict[str, Any] = json.loads(_active_chart_json(device))
+    return item
+
+
+@functools.lru_cache(maxsize=16)
+def _segment_time_chart_json(device: int) -> str:
+    source = ColumnDataSource(
+        {k: [] for k in ("xs", "ys", "size", "size_text", "address", "alloc_event", "free_event", "colour")},
+        name="segtime-source",
+    )
+    p = _figure(
+        "Segments over time: each cached segment a band while it exists, stacked in the order they were made",
+        height=260,
+        tools="pan,xwheel_zoom,box_zoom,reset,save",
+    )
+    p.name = "segtime-figure"
+    p.x_range = Range1d(start=0, end=1)  # set by explore.js from each answer (see _active_chart_json)
+    p.y_range = Range1d(start=0, end=1)
+    _bytes_ticks(p.yaxis)
+    p.xaxis.axis_label = "trace event (follows the timeline's range)"
+    p.xaxis.formatter = NumeralTickFormatter(format="0,0")
+    r = p.patches("xs", "ys", source=source, fill_color="colour", line_color="white", line_width=0.5, fill_alpha=0.8)
+    p.add_tools(
+        HoverTool(
+            renderers=[r],
+            tooltips=[
+                ("segment", "@address, @size_text (@size{0,0} B)"),
+                ("made at event", "@alloc_event{0,0}"),
+                ("released at event", "@free_event"),
+            ],
+        )
+    )
+    return json.dumps(json_item(p))
+
+
+def segment_time_chart_item(device: int) -> dict[str, Any]:
+    """The segment timeline of a device, empty: static/js/explore.js fills it from segments.json."""
+    item: dict[str, Any] = json.loads(_segment_time_chart_json(device))
     return item
 
 

@@ -27,6 +27,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
 from analysis.explore import StoredExplorer, active_bands, store_of_snapshot, window
+from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from analysis.reader import read_snapshot
 from webapp.snapshots.formatting import event_text, format_bytes
 from webapp.snapshots.models import Upload
@@ -176,6 +177,78 @@ def active_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -
         "colour": [BAND_COLOURS[b["group"] % len(BAND_COLOURS)] if b["group"] >= 0 else "#999999" for b in bands],
     }
     out["bands"] = len(bands)
+    return out
+
+
+def segment_lifetimes(
+    action: np.ndarray, addr: np.ndarray, size: np.ndarray, before: list[tuple[int, int]] | None = None
+) -> dict[str, np.ndarray]:
+    """Each segment's life in the trace: made at a ``segment_alloc``, gone at the ``segment_free`` of the
+    same address; one without its making in the trace (made before the recording) lives from event 0,
+    one never freed to the end. Expandable segments map and unmap page ranges that need not pair up: an
+    unmap ends every mapped range it overlaps and what is left of them lives on as new ranges from
+    there, so the ranges alive after any event add up to the mapped bytes. In order of making, as
+    ``active_bands`` reads allocations. ``before``: the (address, size) of the segments the allocator
+    held before the first event (a trace that starts late, or a wrapped ring buffer), alive from 0."""
+    n = int(action.shape[0])
+    events = np.flatnonzero(np.isin(action, (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)))
+    open_at: dict[tuple[int, int], int] = dict.fromkeys(before or [], 0)  # (address, size) -> event made
+    rows: list[tuple[int, int, int, int]] = []  # start, end, size, address
+    for i in events.tolist():
+        a, z, what = int(addr[i]), int(size[i]), int(action[i])
+        if what in (SEGMENT_ALLOC, SEGMENT_MAP):
+            open_at[(a, z)] = i
+        elif what == SEGMENT_FREE:
+            rows.append((open_at.pop((a, z), 0), i, z, a))
+        else:  # an unmap: end the ranges it overlaps, keep their parts outside it
+            for ra, rz in [k for k in open_at if k[0] < a + z and a < k[0] + k[1]]:
+                made = open_at.pop((ra, rz))
+                rows.append((made, i, rz, ra))
+                if ra < a:
+                    open_at[(ra, a - ra)] = i
+                if a + z < ra + rz:
+                    open_at[(a + z, ra + rz - a - z)] = i
+    rows.extend((start, n, key[1], key[0]) for key, start in open_at.items())
+    rows = [r for r in rows if r[0] < r[1] or r[0] == 0]
+    rows.sort()
+    table = np.array(rows, np.int64).reshape(-1, 4)
+    return {"start": table[:, 0], "end": table[:, 1], "size": table[:, 2], "address": table[:, 3]}
+
+
+def segments_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -> dict[str, Any]:
+    """memory_viz's "active cached segment timeline": each segment a band over the events it lived,
+    stacked in the order they were made (``active_bands`` over segments instead of blocks)."""
+    explorer = explorer_for(upload, device)
+    store = explorer.store
+    cols = explorer.columns()
+    # The state before the first event is the store's first checkpoint (empty for a complete trace).
+    first = explorer.checkpoint(0)
+    before = [(seg.address, seg.total_size) for seg in first.segments] if first.index < 0 else []
+    life = segment_lifetimes(
+        np.asarray(store["action"]), np.asarray(store["addr"], np.int64), np.asarray(store["size"], np.int64), before
+    )
+    as_blocks = {
+        "alloc_start": life["start"],
+        "alloc_end": life["end"],
+        "alloc_size": life["size"],
+        "alloc_group": np.full(life["start"].shape, -1, np.int64),
+        "reserved": cols["reserved"],
+    }
+    out = active_bands(as_blocks, int(t0), int(t1) + 1, samples=max(16, min(600, px // 2)))
+    bands = out.pop("bands")
+    address_of = dict(zip(life["start"].tolist(), life["address"].tolist(), strict=True))
+    out["data"] = {
+        "xs": [b["xs"] for b in bands],
+        "ys": [b["ys"] for b in bands],
+        "size": [b["size"] for b in bands],
+        "size_text": [format_bytes(b["size"]) for b in bands],
+        "address": [hex(address_of.get(b["alloc_event"], 0)) for b in bands],
+        "alloc_event": [b["alloc_event"] for b in bands],
+        "free_event": ["never" if b["free_event"] is None else f"{b['free_event']:,}" for b in bands],
+        "colour": [BAND_COLOURS[k % len(BAND_COLOURS)] for k in range(len(bands))],
+    }
+    out["bands"] = len(bands)
+    out["segments"] = int(life["start"].shape[0])
     return out
 
 

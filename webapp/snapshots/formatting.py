@@ -5,15 +5,60 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from analysis.decision import format_size
+from analysis import readout
 
 
 def format_bytes(n: float | None) -> str:
-    """Sizes worded as torch's own messages word them (``format_size``: "710.00 MiB", "1.04 GiB",
-    "512 bytes"); the one rule lives in ``analysis.decision.format_size``."""
-    if n is None:
-        return "n/a"
-    return format_size(n)
+    """Sizes worded as torch's own messages word them ("710.00 MiB", "1.04 GiB", "512 bytes"); the one
+    rule for the page, the API's summary and the CLI lives in ``analysis.readout.size``."""
+    return readout.size(n)
+
+
+def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
+    """Reports stored before ``decision`` existed get it here (a pure function of the report's own keys)."""
+    from analysis.decision import decide
+
+    capture = report.get("capture") or {}
+    for dev in report.get("devices") or []:
+        if isinstance(dev, dict) and "decision" not in dev:
+            dev["decision"] = decide(dev, capture)
+    return report
+
+
+def report_for_page(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as a page renders it: with its decisions and, per device, ``readout`` (what the
+    verdict rests on, each ranked change's state, the headroom: ``analysis.readout``). Templates
+    render these and compute nothing."""
+    with_decisions(report)
+    for dev in report.get("devices") or []:
+        if isinstance(dev, dict):
+            dev["readout"] = readout.device_readout(dev)
+    return report
+
+
+# How long an analysis takes, from the file's size: the worker analysed the small fixtures (100-250 KB
+# gzipped) in about 2 s with their charts, and huge_all_stacks (21.8 MB gzipped, 460 MB raw) in about
+# 35 s (docs/performance.md, test_ux_huge.py; this project's 2-core box). A raw pickle is about 21 times
+# its gzipped size.
+ESTIMATE_BASE_S = 2.0
+ESTIMATE_S_PER_GZ_MB = 1.5
+RAW_PER_GZ = 21.0
+
+
+def analysis_estimate_s(file_bytes: int | None, fmt: str = "") -> int:
+    """A rough wait for an upload of this size, in seconds (rounded up to 5 s above 10 s)."""
+    mb = float(file_bytes or 0) / 1e6
+    gz_mb = mb if fmt.endswith("gz") or fmt in ("torch-zip", "") else mb / RAW_PER_GZ
+    seconds = ESTIMATE_BASE_S + ESTIMATE_S_PER_GZ_MB * gz_mb
+    return int(seconds) + 1 if seconds <= 10 else int(-(-seconds // 5) * 5)
+
+
+def duration(seconds: float | None) -> str:
+    """``75`` -> ``1 min 15 s``; ``8`` -> ``8 s``."""
+    if seconds is None:
+        return ""
+    whole = max(0, int(seconds))
+    return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
 
 
 def event_text(action: str, size: int, label: str) -> str:

@@ -113,3 +113,8 @@ RUN_DELETED = "Run deleted, with its snapshots and reports."
 RUN_BASELINE_PINNED = "This run is now the project's baseline."
 RUN_BASELINE_UNPINNED = "The baseline is the latest run on the main branch again."
 RUN_POLICY_SAVED = "Regression settings saved."
+
+# The report page's "paste the OOM message" form (issue 20).
+REANALYSE_QUEUED = "Analysing the same file again with the OOM message: this report stays as it was, in the history."
+REANALYSE_READ_ONLY = "Viewers can read this report but not analyse it again; ask a member of the team."
+REANALYSE_EMPTY = "Paste torch's message, the lines from 'CUDA out of memory. Tried to allocate ...' on."

@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from analysis import readout
 from webapp.snapshots import liveness, messages, runs
 from webapp.snapshots.models import ApiToken, Membership, Project, Report, ShareLink, Team, Upload
 
@@ -375,6 +376,33 @@ def upload_create(
     return upload
 
 
+def upload_reanalyse(upload: Upload, user: User, *, oom_message: str) -> Upload:
+    """A new upload of the same stored bytes with torch's OOM message (the report's real limit).
+
+    The first one stays as it was (history keeps both, each with its limit's source); the file is
+    stored once (content-addressed), so this costs a row and an analysis, no upload.
+    """
+    with transaction.atomic():
+        again = Upload.objects.create(
+            code=new_upload_code(),
+            project=upload.project,
+            uploaded_by=user,
+            filename=upload.filename,
+            bytes=upload.bytes,
+            sha256=upload.sha256,
+            blob_name=upload.blob_name,
+            format=upload.format,
+            run=upload.run,
+            tags=list(upload.tags or []),
+            note=upload.note,
+            oom_message=oom_message,
+            batch_size=upload.batch_size,
+            queued_at=timezone.now(),
+        )
+        transaction.on_commit(lambda: _publish(again))
+    return again
+
+
 def _publish(upload: Upload) -> None:
     """Send the analysis message; on a broker outage mark the row for the sweep instead of failing."""
     from webapp.snapshots.tasks import analyse_upload_task
@@ -484,7 +512,15 @@ def summary_from_report(report: dict[str, Any]) -> dict[str, Any]:
     summary["verdict"] = oom.get("verdict") if isinstance(oom, dict) else None
     suggestions = main.get("suggestions") or []
     summary["suggestions"] = len(suggestions)
-    summary["top_suggestion"] = suggestions[0].get("title") if suggestions else None
+    # What the report's decision says (the page's first screen), so the API, history and compare say
+    # the same: the limit and its source, the verdict's level, the change (analysis.readout).
+    if "decision" not in main:  # a report stored before the decision existed
+        from analysis.decision import decide
+
+        main = {**main, "decision": decide(main, report.get("capture") or {})}
+    facts = readout.run_facts(main)
+    summary.update(facts)
+    summary["top_suggestion"] = facts["change_title"]
     return summary
 
 
@@ -859,11 +895,12 @@ def markdown_snippet(upload: Upload, link: str | None) -> str:
     if upload.run:
         parts.append(f"run `{upload.run}`")
     if "peak_reserved_bytes" in s:
-        parts.append(f"peak reserved {messages.human_bytes(int(s['peak_reserved_bytes']))}")
+        parts.append(f"peak reserved {readout.size(int(s['peak_reserved_bytes']))}")
     if "peak_allocated_bytes" in s:
-        parts.append(f"peak allocated {messages.human_bytes(int(s['peak_allocated_bytes']))}")
+        parts.append(f"peak allocated {readout.size(int(s['peak_allocated_bytes']))}")
     if s.get("oom"):
-        parts.append(f"OOM ({s.get('verdict') or 'unknown'})")
+        limit = f", limit {s['limit_text']} ({s['limit_source_short']})" if s.get("limit_text") else ""
+        parts.append(f"OOM ({s.get('verdict') or 'unknown'}{limit})")
     line = " · ".join(parts)
     return f"{line} — [memory report]({link})" if link else line
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -21,8 +22,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from webapp.snapshots import chartpage, explore, messages, services
-from webapp.snapshots.forms import SignupForm, UploadForm
+from analysis import readout
+from webapp.snapshots import chartpage, explore, formatting, messages, services
+from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
 from webapp.snapshots.models import Upload
 
@@ -51,7 +53,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
     share_link = next((link["url"] for link in live if link["url"]), None)
     return {
         "upload": services.upload_dict(upload, request),
-        "report": with_decisions(report.data) if report else None,
+        "report": formatting.report_for_page(report.data) if report else None,
         # The first chart in the HTML, the others from charts.json once it is drawn (chartpage.py).
         "charts": chartpage.first(report.charts) if report else {},
         "charts_src": reverse("snapshots:charts_json", args=[upload.code]),
@@ -60,6 +62,8 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "share_active": bool(live),
         "share_links": links,
         "can_write": can_write,
+        # Delete is offered only to who may do it (services.upload_can_delete), never to a viewer.
+        "can_delete": not shared and services.upload_can_delete(request.user, upload),
         "markdown_snippet": services.markdown_snippet(upload, share_link),
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
@@ -68,15 +72,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
     }
 
 
-def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
-    """Reports stored before ``decision`` existed get it here (a pure function of the report's own keys)."""
-    from analysis.decision import decide
-
-    capture = report.get("capture") or {}
-    for dev in report.get("devices") or []:
-        if isinstance(dev, dict) and "decision" not in dev:
-            dev["decision"] = decide(dev, capture)
-    return report
+with_decisions = formatting.with_decisions  # the name older callers import
 
 
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
@@ -184,15 +180,34 @@ def _upload_refused(request: HttpRequest, err: IntakeError) -> HttpResponse:
 def detail(request: HttpRequest, code: str) -> HttpResponse:
     upload_row = _upload_or_404(request, code)
     context = _report_context(request, upload_row, shared=False)
-    template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
-    return render(request, template, context)
+    if context["report"] is None:
+        return render(request, "snapshots/status.html", {**context, "progress": _progress(upload_row)})
+    return render(request, "snapshots/report.html", context)
+
+
+def _progress(upload_row: Upload) -> dict[str, Any]:
+    """The status page's figures: elapsed time and the estimate, worded."""
+    payload = _status_payload(upload_row)
+    return {
+        **payload,
+        "elapsed_text": formatting.duration(payload["elapsed_s"]),
+        "estimate_text": formatting.duration(payload["estimate_s"]),
+        # The stage names what runs ("reading", "replaying"); the badge already says queued/failed/done.
+        "stage_text": "" if upload_row.stage in ("", upload_row.status) else upload_row.stage,
+    }
 
 
 def _status_payload(upload_row: Upload) -> dict[str, Any]:
+    from django.utils import timezone
+
+    end = upload_row.finished_at or timezone.now()
     return {
         "status": upload_row.status,
         "progress": upload_row.progress,
         "stage": upload_row.stage,
+        # Seconds since the upload, and a rough estimate of the whole wait from the file's size.
+        "elapsed_s": round((end - upload_row.created_at).total_seconds(), 1),
+        "estimate_s": formatting.analysis_estimate_s(upload_row.bytes, upload_row.format),
         "error": {"code": upload_row.error_code, "message": upload_row.error_message}
         if upload_row.error_code
         else None,
@@ -251,11 +266,34 @@ def delete(request: HttpRequest, code: str) -> HttpResponse:
     """Page action: delete the snapshot, its report, share links and (after commit) its file."""
     upload_row = _upload_or_404(request, code)
     if not services.upload_can_delete(request.user, upload_row):
-        return HttpResponse(messages.DELETE_FORBIDDEN, status=403, content_type="text/plain")
+        return render(request, "403.html", {"reason": messages.DELETE_FORBIDDEN}, status=403)
     slug = upload_row.project.slug
     services.upload_delete(upload_row)
     flash.success(request, messages.SNAPSHOT_DELETED)
     return redirect("snapshots:history", slug=slug)
+
+
+@login_required
+@require_POST
+def reanalyse_with_message(request: HttpRequest, code: str) -> HttpResponse:
+    """Page action: the report's "paste the OOM message" form. A new analysis of the same file with
+    the message (its real limit); the page then follows that one."""
+    upload_row = _upload_or_404(request, code)
+    back = redirect(reverse("snapshots:detail", args=[code]) + "#basis")
+    if not services.can(request.user, upload_row.project.team, "write"):
+        flash.error(request, messages.REANALYSE_READ_ONLY)
+        return back
+    try:
+        text = clean_oom_message(request.POST.get("oom_message") or "")
+    except ValidationError as err:
+        flash.error(request, " ".join(err.messages))
+        return back
+    if not text:
+        flash.error(request, messages.REANALYSE_EMPTY)
+        return back
+    again = services.upload_reanalyse(upload_row, request.user, oom_message=text)  # type: ignore[arg-type]
+    flash.info(request, messages.REANALYSE_QUEUED)
+    return redirect("snapshots:detail", code=again.code)
 
 
 def _capability_headers(response: HttpResponse) -> HttpResponse:
@@ -281,6 +319,8 @@ def share_view(request: HttpRequest, token: str) -> HttpResponse:
     context["status_url"] = reverse("snapshots:share_status_json", args=[token])
     context["explore_base"] = reverse("snapshots:share_view", args=[token])
     context["charts_src"] = reverse("snapshots:share_charts_json", args=[token])
+    if context["report"] is None:
+        context["progress"] = _progress(upload_row)
     template = "snapshots/report.html" if context["report"] is not None else "snapshots/status.html"
     return _capability_headers(render(request, template, context))
 
@@ -352,12 +392,26 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
         request,
         "snapshots/compare.html",
         {
-            "a": {"upload": services.upload_dict(a, request), "report": report_a.data if report_a else None},
-            "b": {"upload": services.upload_dict(b, request), "report": report_b.data if report_b else None},
+            "a": _compare_side(a, report_a, request),
+            "b": _compare_side(b, report_b, request),
             "charts": charts,
             "diff": diff,
         },
     )
+
+
+def _compare_side(upload_row: Upload, report: Any, request: HttpRequest) -> dict[str, Any]:
+    """One run of the compare page: its report's main device (the OOM one, else the largest) with
+    what its verdict rests on and its decision, as the report page words them."""
+    data = formatting.report_for_page(report.data) if report else None
+    device = readout.main_device((data or {}).get("devices") or [])
+    return {
+        "upload": services.upload_dict(upload_row, request),
+        "report": data,
+        "device": device,
+        "basis": (device or {}).get("readout", {}).get("basis"),
+        "decision": (device or {}).get("decision"),
+    }
 
 
 # --- digging: zoom detail, the state at an event, one block ---------------------------------
@@ -391,6 +445,11 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
             t1 = _int_param(request, "t1", 2**62)
             px = min(4000, max(16, _int_param(request, "px", 1000)))
             body = explore.active_payload(upload_row, device, t0, t1, px)
+        elif kind == "segments":
+            t0 = _int_param(request, "t0", 0)
+            t1 = _int_param(request, "t1", 2**62)
+            px = min(4000, max(16, _int_param(request, "px", 1000)))
+            body = explore.segments_payload(upload_row, device, t0, t1, px)
         elif kind == "state":
             body = explore.state_payload(upload_row, device, _int_param(request, "i"))
         else:
@@ -504,6 +563,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
     new token once, on this response; ``action=revoke`` with ``prefix`` revokes one."""
     user = request.user
     new_token = None
+    project = None
     status = 200
     if request.method == "POST":
         if request.POST.get("action") == "revoke":
@@ -518,6 +578,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
         else:
             new_token = services.api_token_create(user, project=project, name=request.POST.get("name") or "")  # type: ignore[arg-type]
     projects = services.visible_projects(user).order_by("team__name", "name")
+    writable = [p.slug for p in services.writable_projects(user).order_by("team__name", "name")]
     response = render(
         request,
         "snapshots/tokens.html",
@@ -525,7 +586,11 @@ def tokens(request: HttpRequest) -> HttpResponse:
             "tokens": services.api_tokens_of(user),  # type: ignore[arg-type]
             "projects": [services.project_dict(p) for p in projects],
             "new_token": new_token,
-            "api_base": request.build_absolute_uri("/"),
+            "api_base": request.build_absolute_uri("/").rstrip("/"),
+            # The command names a project, so it works for anyone with several (upload:no-project):
+            # the token's own, else the first one the user may upload to; the others are listed.
+            "command_project": project.slug if new_token and project else (writable[0] if writable else "PROJECT"),
+            "other_projects": [] if new_token and project else writable[1:],
         },
         status=status,
     )

@@ -137,9 +137,12 @@ def chart_item(charts: Any, kind: str, device: Any = None) -> Any:
 
 @register.filter
 def signed_bytes(value: Any) -> str:
-    """A change in bytes with its sign: ``+1.04 GiB``, ``-512 bytes``, ``0 bytes``."""
+    """A change in bytes with its sign: ``+1.04 GiB``, ``-512 bytes``, ``no change``
+    (``analysis.readout.size_change``, the one wording of changes)."""
+    from analysis.readout import size_change
+
     try:
         n = int(value)
     except (TypeError, ValueError):
         return "n/a"
-    return ("+" if n > 0 else "") + format_bytes(n)
+    return size_change(n)

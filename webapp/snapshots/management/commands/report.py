@@ -32,10 +32,11 @@ def _script_safe(source: str) -> str:
 def render_standalone(report: dict[str, Any], charts: dict[str, dict[str, Any]]) -> str:
     """The standalone HTML page of a report and its charts."""
     from webapp.snapshots.charts import inline_bokehjs
+    from webapp.snapshots.formatting import report_for_page
 
     source = report.get("source") or {}
     context = {
-        "report": report,
+        "report": report_for_page(report),
         "charts": charts,
         "standalone": True,
         "shared": True,  # read-only: no links into the site

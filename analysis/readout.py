@@ -1,0 +1,374 @@
+"""The report read for people: what the answer rests on, what each change is known to do.
+
+Pure functions of a finished report's own keys (no replay, no new figure): the site's pages, the
+API's summary and the CLI's summary all word a report through this module, so they say the same
+thing in the same units. Three questions a reader of the first screen asks, and where the answer
+comes from:
+
+- **What does the verdict rest on?** (``basis``) The limit and its source: given with the upload,
+  read exactly by the client's observer, read from torch's OOM message (two decimals: a range), or
+  inferred from the trace (the device was full, or a lower bound of a per-process cap the snapshot
+  does not record). From a lower bound a ``capacity`` verdict may be wrong, and the OOM message
+  would settle it: ``message_could_change_verdict``.
+- **What does each change do?** (``ranked_rows``) Only what was computed: "finishes the step" where
+  the failing step's rest was projected and replayed (``whatif.step_completes`` true), "runs out"
+  where the replay failed, "not known" with the reason otherwise. A code change is never replayed:
+  its figure is an estimate and says so. The ranked list's own ``step_completes`` is not read for
+  settings: it falls back to ``avoids_oom``, a request-level answer (issue 20).
+- **How close to the limit does the change leave the run?** (``headroom``) The limit minus the
+  replay's peak (over the projected step where there is one); thin when less than the request that
+  failed or 5% of the limit.
+
+Sizes are worded by ``size`` (torch's ``format_size``: "710.00 MiB", exact bytes below 1 KiB,
+never "0.00 GiB"), changes by ``size_change``, shares by ``share``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
+# A change leaves thin headroom below this share of the limit (or below the request that failed).
+THIN_HEADROOM_SHARE = 0.05
+
+# Short names of a limit's source, for tables (history, compare) and the CLI.
+SOURCE_SHORT = {
+    "given": "cap given",
+    "sidecar": "client observer",
+    "oom_message": "OOM message",
+    "device-full": "inferred: device full",
+    "cap-lower-bound": "inferred lower bound",
+}
+# Sentences saying where the limit came from, after "Limit X, ...".
+SOURCE_SENTENCE = {
+    "given": "given with the upload",
+    "sidecar": "read exactly by the client's OOM observer (its sidecar)",
+    "oom_message": "read from torch's OOM message",
+    "device-full": "inferred from the trace: the device itself was full (reserved plus the device's free memory)",
+    "cap-lower-bound": (
+        "inferred from the trace: the most it shows the per-process cap let through; the snapshot does not record "
+        "the cap, so the real one may be higher"
+    ),
+}
+
+
+# --- sizes and shares ---------------------------------------------------------------------
+
+
+def size(n: float | None) -> str:
+    """A size as torch's ``format_size`` words it: bytes up to 1 KiB, then KiB, MiB up to 1 GiB
+    inclusive, GiB above, two decimals ("743040000" -> "708.62 MiB"); "n/a" for None."""
+    if n is None:
+        return "n/a"
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    if value <= 1024:
+        return f"{sign}{int(value)} bytes"
+    if value <= 1 << 20:
+        return f"{sign}{value / 1024:.2f} KiB"
+    if value <= 1 << 30:
+        return f"{sign}{value / (1 << 20):.2f} MiB"
+    return f"{sign}{value / (1 << 30):.2f} GiB"
+
+
+def size_change(delta: float | None) -> str:
+    """A change with its sign: "+16.00 MiB", "-210.00 MiB", "no change"."""
+    if delta is None:
+        return "n/a"
+    if delta == 0:
+        return "no change"
+    return ("+" if delta > 0 else "-") + size(abs(delta))
+
+
+def size_range(low: float, high: float) -> str:
+    """Two ends of a range with three decimals or as many as it takes to tell them apart ("5.995 GiB to 6.005 GiB"),
+    both in the unit of the larger end."""
+    unit, scale = next(
+        ((u, s) for u, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)) if high > s), ("bytes", 1)
+    )
+    if scale == 1:
+        return f"{int(low):,} to {int(high):,} bytes"
+    for decimals in range(3, 7):  # two decimals are what torch printed: one more tells the ends apart
+        a, b = f"{low / scale:.{decimals}f}", f"{high / scale:.{decimals}f}"
+        if a != b:
+            break
+    return f"{a} {unit} to {b} {unit}"
+
+
+def share(fraction: float | None) -> str:
+    """A fraction in [0, 1] as a percentage that never rounds to a contradiction: "97%", and one
+    decimal near the ends ("99.6%", "0.4%") so a share short of all never reads "100%"."""
+    if fraction is None:
+        return "n/a"
+    pct = float(fraction) * 100
+    if 0 < pct < 1 or 99 < pct < 100:
+        return f"{pct:.1f}%"
+    return f"{pct:.0f}%"
+
+
+# --- what the answer rests on -------------------------------------------------------------
+
+
+def _source_key(dev: Mapping[str, Any]) -> str | None:
+    """``given|sidecar|oom_message|device-full|cap-lower-bound``, from the newer and older keys."""
+    limit = dev.get("limit") or {}
+    oom = dev.get("oom") or {}
+    source = limit.get("source") or oom.get("limit_source")
+    if source is None:
+        return None
+    if source == "inferred":
+        inference = limit.get("inference") or oom.get("limit_inference")
+        lower = limit.get("is_lower_bound", oom.get("limit_is_lower_bound"))
+        if inference in ("device-full", "cap-lower-bound"):
+            return str(inference)
+        return "cap-lower-bound" if lower else "device-full"
+    return str(source)
+
+
+def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a device's verdict rests on, or None where no limit was used (a run without an OOM and
+    no limit given).
+
+    ``{limit_bytes, limit_text ("at least 6.93 GiB"), source, source_short, sentence,
+    is_lower_bound, range_text, verdict, verdict_level, level_text, verdict_certain,
+    message_could_change_verdict, message_would_sharpen}``.
+    """
+    limit = dev.get("limit") or {}
+    oom = dev.get("oom") or {}
+    source = _source_key(dev)
+    limit_bytes = limit.get("bytes", oom.get("limit_bytes"))
+    if source is None or limit_bytes is None:
+        return None
+    lower = bool(limit.get("is_lower_bound", oom.get("limit_is_lower_bound", source == "cap-lower-bound")))
+    limit_text = f"{'at least ' if lower else ''}{size(limit_bytes)}"
+    low, high = limit.get("low_bytes"), limit.get("high_bytes")
+    range_text = ""
+    if source == "oom_message" and low is not None and high is not None and low < high:
+        range_text = f"torch prints two decimals, so the cap is anywhere from {size_range(low, high)}"
+    sentence = f"Limit {limit_text}, {SOURCE_SENTENCE.get(source, source)}"
+    sentence += f" ({range_text})." if range_text else "."
+    verdict = oom.get("verdict") if oom else None
+    level = oom.get("verdict_level") if oom else None
+    projection = oom.get("projection") or {}
+    if not oom:
+        level_text = ""
+    elif level == "step":
+        step = projection.get("step")
+        need = oom.get("step_need_bytes")
+        level_text = (
+            f"for the whole failing step{f' (step {step})' if step is not None else ''}: the rest of the step was "
+            f"projected from the steps before it"
+            + (f", and it needs {size(need)} with no fragmentation at all" if need else "")
+        )
+    else:
+        reason = projection.get("reason") or "the trace ends at the OOM"
+        level_text = f"for the failing request alone; the rest of its step was not projected: {reason}"
+    certain = oom.get("verdict_certain") if oom else None
+    # From a lower bound only "capacity" can be wrong (a higher real cap can only make room); the
+    # message names the real cap. An exact or device-full limit leaves nothing for it to change.
+    could_change = bool(oom) and lower and (certain is False or verdict == "capacity")
+    return {
+        "limit_bytes": int(limit_bytes),
+        "limit_text": limit_text,
+        "source": source,
+        "source_short": SOURCE_SHORT.get(source, source),
+        "sentence": sentence,
+        "is_lower_bound": lower,
+        "range_text": range_text,
+        "verdict": verdict,
+        "verdict_level": level,
+        "level_text": level_text,
+        "verdict_certain": certain,
+        "message_could_change_verdict": could_change,
+        # A lower bound that cannot flip the verdict still makes every what-if replay at too low a limit.
+        "message_would_sharpen": bool(oom) and lower and not could_change,
+    }
+
+
+# --- what each change is known to do ------------------------------------------------------
+
+
+def whatif_for(config: str | None, whatifs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The what-if a suggestion's ``PYTORCH_CUDA_ALLOC_CONF=...`` line replayed, or None."""
+    if not config or not config.startswith(ENV_PREFIX):
+        return None
+    setting = config[len(ENV_PREFIX) :]
+    return next((w for w in whatifs if w.get("config") == setting), None)
+
+
+def _saving(row: Mapping[str, Any], w: Mapping[str, Any] | None, recorded_peak: int) -> tuple[str, str, str]:
+    """(text, kind, exact title) of what a change saves at the peak: replayed or estimated."""
+    if w is not None:
+        delta = recorded_peak - int(w.get("peak_reserved_bytes") or 0)
+        title = f"peak reserved {recorded_peak:,} B recorded, {int(w.get('peak_reserved_bytes') or 0):,} B replayed"
+        if delta > 0:
+            return f"{size(delta)} less (replayed)", "replayed", title
+        if delta < 0:
+            return f"none: the peak rises by {size(-delta)} (replayed)", "raises", title
+        return "none: the same peak (replayed)", "same", title
+    estimate = row.get("estimated_saving_bytes")
+    if estimate:
+        return f"about {size(estimate)} (estimate)", "estimate", f"{int(estimate):,} B, estimated"
+    return "not measured", "unknown", ""
+
+
+def _state(row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str, Any] | None) -> tuple[str, str, str]:
+    """(state, short text, why) of what a change does to the failing step; only what was computed."""
+    if not oom:
+        return "no-oom", "no OOM to avoid", "the run had no out-of-memory error"
+    projection = oom.get("projection") or {}
+    step = projection.get("step")
+    in_step = f"step {step}" if step is not None else "the failing step"
+    if w is None:
+        if row.get("id") == "smaller_batch" and row.get("step_completes") is True:
+            return (
+                "estimate",
+                "should fit, by the batch estimate",
+                "the batch that fits is estimated from the failing step's memory by category; no replay ran it",
+            )
+        return "not-known", "not known", "a change to the workload: nothing replays it, its saving is an estimate"
+    completes = w.get("step_completes")
+    if completes is True:
+        return "finishes-step", f"finishes {in_step}", "the replay ran the failing step to its end, its rest projected"
+    if completes is False:
+        projected = w.get("oom_projected") or {}
+        later = projected.get("allocations_later")
+        if w.get("oom_avoided") and later is not None:
+            return (
+                "runs-out",
+                f"runs out later in {in_step}",
+                f"the failing request fits, but the replay runs out {later:,} allocation{'s' if later != 1 else ''} "
+                "later in the projected rest of the step",
+            )
+        return "runs-out", f"runs out in {in_step}", "the replay fails in the same step"
+    if w.get("step_completes_range"):
+        return (
+            "not-known",
+            "not known",
+            "it finishes the step at one end of the OOM message's rounding of the cap and not at the other",
+        )
+    reason = projection.get("reason") or "the trace ends at the OOM"
+    if w.get("oom_avoided") is False:
+        return "runs-out", "runs out at the same request", f"the replay fails at the request that failed; {reason}"
+    if w.get("oom_avoided") is True:
+        return (
+            "not-known",
+            "gets past the failing request; the rest of the step is not known",
+            f"the step was not projected: {reason}",
+        )
+    return "not-known", "not known", f"the step was not projected: {reason}"
+
+
+def ranked_rows(dev: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``dev["ranked"]`` as the page shows it: each change with its saving (replayed or estimated)
+    and its state (``finishes-step``, ``runs-out``, ``postpones`` (the step, not the run: ``ranked[].
+    run_completes`` false), ``estimate``, ``not-known``, ``no-oom``)."""
+    whatifs = dev.get("whatif") or []
+    recorded_peak = int((dev.get("summary") or {}).get("peak_reserved_bytes") or 0)
+    oom = dev.get("oom") or None
+    rows = []
+    for row in dev.get("ranked") or []:
+        w = whatif_for(row.get("config"), whatifs)
+        saving_text, saving_kind, saving_title = _saving(row, w, recorded_peak)
+        state, state_text, why = _state(row, w, oom)
+        if row.get("run_completes") is False and oom:
+            # The run's memory grows step after step (the report's cause): getting past the failing step
+            # only postpones the OOM; the report says by how much in ``run_note``.
+            state = "postpones"
+            state_text = f"{state_text}, not the run" if state_text.startswith("finishes") else state_text
+            why = str(row.get("run_note") or "the run's memory grows step after step: the OOM comes back later")
+        rows.append(
+            {
+                "id": row.get("id"),
+                "title": row.get("title"),
+                "config": row.get("config"),
+                "cost_words": row.get("cost_words"),
+                "saving_text": saving_text,
+                "saving_kind": saving_kind,
+                "saving_title": saving_title,
+                "state": state,
+                "state_text": state_text,
+                "why": why,
+            }
+        )
+    return rows
+
+
+def headroom(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """How far below the limit the decision's change leaves the run, for a setting that was replayed
+    with an OOM: ``{bytes, text, thin, sentence}``; None otherwise."""
+    oom = dev.get("oom") or None
+    change = (dev.get("decision") or {}).get("change") or {}
+    if not oom or change.get("kind") != "env":
+        return None
+    suggestion = next((s for s in dev.get("suggestions") or [] if s.get("id") == change.get("id")), None)
+    w = whatif_for((suggestion or {}).get("config"), dev.get("whatif") or [])
+    if w is None:
+        return None
+    limit_bytes = int(w.get("limit_bytes") or oom.get("limit_bytes") or 0)
+    if not limit_bytes:
+        return None
+    peak = int(w.get("step_peak_reserved_bytes") or w.get("peak_reserved_bytes") or 0)
+    room = limit_bytes - peak
+    # The size torch's message names (the request rounded to its allocation), as the headline says it.
+    last = (dev.get("ooms") or [{}])[-1]
+    request = int(last.get("tried_to_allocate_bytes") or oom.get("requested_bytes") or 0)
+    thin = room < max(request, THIN_HEADROOM_SHARE * limit_bytes)
+    lower = bool(oom.get("limit_is_lower_bound"))
+    limit_text = f"{'at least ' if lower else ''}{size(limit_bytes)}"
+    over = "the projected step" if w.get("step_peak_reserved_bytes") else "the replay"
+    if room < 0:
+        sentence = (
+            f"Under {w.get('config')} {over} peaks at {size(peak)}, {size(-room)} above the limit of {limit_text}."
+        )
+    else:
+        sentence = (
+            f"Under {w.get('config')} {over} peaks at {size(peak)}: {size(room)} below the limit of {limit_text}"
+            + (
+                f", less than the {size(request)} request that failed; a longer sequence, a larger batch or a later "
+                "step can still run out."
+                if thin and room < request
+                else (", under 5% of it: little room for a step that asks for more." if thin else ".")
+            )
+        )
+    return {"bytes": room, "text": size(room), "thin": thin, "sentence": sentence}
+
+
+def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything above for one device: ``{basis, ranked, headroom}``."""
+    return {"basis": basis(dev), "ranked": ranked_rows(dev), "headroom": headroom(dev)}
+
+
+def main_device(devices: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The device a one-line summary speaks of: the OOM device, else the largest peak."""
+    if not devices:
+        return None
+
+    def weight(d: Mapping[str, Any]) -> tuple[int, int]:
+        return (1 if d.get("oom") else 0, int((d.get("summary") or {}).get("peak_reserved_bytes") or 0))
+
+    return max(devices, key=weight)
+
+
+def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
+    """The few keys a run's row carries (history, compare, the API's summary): the limit, its
+    source, the verdict and its level, and the decision's change."""
+    b = basis(dev)
+    decision = dev.get("decision") or {}
+    change = decision.get("change") or {}
+    return {
+        "limit_bytes": b["limit_bytes"] if b else None,
+        "limit_text": b["limit_text"] if b else None,
+        "limit_source": b["source"] if b else None,
+        "limit_source_short": b["source_short"] if b else None,
+        "limit_is_lower_bound": b["is_lower_bound"] if b else None,
+        "verdict_level": b["verdict_level"] if b else None,
+        "verdict_certain": b["verdict_certain"] if b else None,
+        "message_could_change_verdict": b["message_could_change_verdict"] if b else False,
+        "headline": decision.get("headline"),
+        "change_id": change.get("id"),
+        "change_title": change.get("title"),
+        "change_line": change.get("line"),
+    }
