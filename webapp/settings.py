@@ -205,6 +205,8 @@ DATA_UPLOAD_MAX_NUMBER_FILES = 1
 TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 20 * 1024**3)
 UPLOAD_RATE_PER_TOKEN = os.environ.get("UPLOAD_RATE_PER_TOKEN", "60/10m")
 UPLOAD_RATE_PER_USER = os.environ.get("UPLOAD_RATE_PER_USER", "120/h")
+# Idempotency-Key replays (a retry answered with the upload it repeats): their own bucket, per user.
+UPLOAD_REPLAY_RATE_PER_USER = os.environ.get("UPLOAD_REPLAY_RATE_PER_USER", "30/m")
 LOGIN_RATE_PER_IP = os.environ.get("LOGIN_RATE_PER_IP", "20/m")
 LOGIN_RATE_PER_USERNAME = os.environ.get("LOGIN_RATE_PER_USERNAME", "5/m")
 # A failed upload keeps its file this long (to look at it), then the beat purge removes it.

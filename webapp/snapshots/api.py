@@ -24,6 +24,7 @@ from webapp.snapshots.intake import (
     IntakeError,
     check_declared_size,
     check_quota,
+    check_replay_rate,
     parse_error,
     received_file,
 )
@@ -163,9 +164,10 @@ def _sweep_within() -> int:
 def snapshots(request: HttpRequest) -> HttpResponse:
     check_declared_size(request)
     key = _idempotency_key(request)
-    # A retry of an upload that already went through is answered without counting it again.
-    replay = services.upload_by_idempotency_key(request.user, key) is not None  # type: ignore[arg-type]
-    uploaded, sha256, fmt = received_file(request, enforce_limits=not replay)
+    earlier = services.upload_by_idempotency_key(request.user, key)  # type: ignore[arg-type]
+    if earlier is not None:
+        return _replayed(request, earlier)
+    uploaded, sha256, fmt = received_file(request)
     fields = ApiUploadFieldsForm(request.POST)
     if not fields.is_valid():
         field, detail = first_error(fields)
@@ -187,8 +189,7 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
     if not services.can(request.user, project.team, "write"):
         return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
-    if not replay:
-        check_quota(project, uploaded.size or 0)
+    check_quota(project, uploaded.size or 0)
     try:
         upload = services.upload_create(
             user=request.user,  # type: ignore[arg-type]
@@ -199,6 +200,24 @@ def snapshots(request: HttpRequest) -> HttpResponse:
             **fields.upload_fields(),
             idempotency_key=key,
         )
+    except services.IdempotencyConflict as conflict:
+        message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
+        return _error(409, "upload:idempotency-conflict", message)
+    return _accepted(request, upload)
+
+
+def _replayed(request: HttpRequest, earlier: Upload) -> HttpResponse:
+    """A retry under an Idempotency-Key already used: the earlier upload, or 409 for other bytes.
+
+    Counted by its own rate (not the upload rates, so a client retrying after a timeout gets its
+    answer); its text fields are not validated or parsed again (the earlier upload's stand).
+    """
+    check_replay_rate(request)
+    _uploaded, sha256, _fmt = received_file(request, enforce_limits=False)
+    if _upload_or_none(request, earlier.code) is None:  # its project is out of this caller's reach now
+        return _error(409, "upload:idempotency-conflict", messages.IDEMPOTENCY_CONFLICT.format(code="-"))
+    try:
+        upload = services.upload_replay(earlier, sha256)
     except services.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return _error(409, "upload:idempotency-conflict", message)

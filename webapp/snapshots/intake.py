@@ -80,6 +80,14 @@ def check_rate(request: Any) -> None:
         raise from_limit(err) from err
 
 
+def check_replay_rate(request: Any) -> None:
+    """The Idempotency-Key replays' own rate, before the body is read."""
+    try:
+        limits.check_replay_rate(request, request.user)
+    except limits.LimitExceeded as err:
+        raise from_limit(err) from err
+
+
 def check_quota(project: Any, size: int) -> None:
     try:
         limits.check_team_quota(project.team_id, size)

@@ -75,6 +75,25 @@ def check_upload_rate(request: Any, user: Any, token: Any) -> None:
             )
 
 
+def check_replay_rate(request: Any, user: Any) -> None:
+    """Idempotency-Key replays per user, in their own bucket.
+
+    A replay answers with the upload it repeats, so it is not held to the upload rates (a client
+    retrying after a timeout must get its answer); but each one still streams a body to disk, so
+    replays are counted and limited too (issue 22: replays were not counted at all).
+    """
+    account = f"user:{user.pk}:{user.date_joined.timestamp():.6f}"
+    wait = _hit(request, "upload-replay", account, settings.UPLOAD_REPLAY_RATE_PER_USER)
+    if wait is not None:
+        count, seconds = _split_rate(settings.UPLOAD_REPLAY_RATE_PER_USER)
+        raise LimitExceeded(
+            429,
+            "upload:rate-limited:replay",
+            messages.RATE_LIMITED.format(what="repeated uploads", count=count, seconds=seconds, wait=wait),
+            retry_after=wait,
+        )
+
+
 def check_login_rate(request: Any) -> None:
     """Login attempts (POST) per client address and per username tried."""
     ip = request.META.get("REMOTE_ADDR", "")

@@ -308,6 +308,11 @@ def upload_by_idempotency_key(user: User | None, key: str) -> Upload | None:
     return Upload.objects.filter(uploaded_by=user, idempotency_key=key).select_related("project").first()
 
 
+def upload_replay(existing: Upload, sha256: str) -> Upload:
+    """The earlier upload of an Idempotency-Key, marked ``replayed``; ``IdempotencyConflict`` for other bytes."""
+    return _replay(existing, sha256)
+
+
 def _replay(existing: Upload, sha256: str) -> Upload:
     if existing.sha256 != sha256:
         raise IdempotencyConflict(existing)

@@ -1,0 +1,121 @@
+"""Issue 22: one user must not be able to stall, starve or fill the service.
+
+Each test reproduces an attack of the red team's report (the hostile inputs are generated here,
+none checked in) and asserts the refusal or the bound that stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError, parse_oom_message
+from tests.webapp.helpers import GPT_OOM, bearer
+from webapp.snapshots.models import Upload
+
+pytestmark = pytest.mark.django_db
+
+PREFIX = (
+    "CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 7.00 GiB of which 1.00 GiB is free. "
+)
+
+
+def post(client: Any, token: str, path: Path = GPT_OOM, headers: dict[str, str] | None = None, **fields: Any) -> Any:
+    extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
+    with open(path, "rb") as fh:
+        return client.post("/api/v1/snapshots", {"file": fh, **fields}, **bearer(token), **extra)
+
+
+def error_of(response: Any) -> str:
+    assert response["Content-Type"].startswith("application/json"), response.content[:200]
+    code: str = response.json()["error"]["code"]
+    return code
+
+
+# --- (1) the OOM message parser is linear and capped ---------------------------------------------
+
+# The shapes that make a backtracking search re-scan: one long run of digits (the issue's "... allowed;"
+# pattern: 64 KB took 68 s), dotted digits, sizes without their "allowed;", and the message's phrases
+# repeated so that every pattern has many starts.
+HOSTILE_MESSAGES = {
+    "digits": "1" * MAX_MESSAGE_CHARS,
+    "dotted digits": "1." * (MAX_MESSAGE_CHARS // 2),
+    "sizes without allowed": "1 MiB " * (MAX_MESSAGE_CHARS // 6),
+    "repeated prefix": PREFIX * (MAX_MESSAGE_CHARS // len(PREFIX)),
+    "capacity word": "GPU 0 has a total capac" + "a" * (MAX_MESSAGE_CHARS - 40),
+    "processes": "Process 1 has " * (MAX_MESSAGE_CHARS // 14),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(HOSTILE_MESSAGES))
+def test_oom_message_parser_is_linear_at_the_length_cap(shape: str) -> None:
+    text = (PREFIX + HOSTILE_MESSAGES[shape])[:MAX_MESSAGE_CHARS]
+    started = time.process_time()
+    with contextlib.suppress(OomMessageError):
+        parse_oom_message(text)
+    spent = time.process_time() - started
+    # Quadratic, the digits took 1.6 s at 8 KB and 68 s at 64 KB; linear, milliseconds. One second
+    # leaves room for a loaded box and still fails any quadratic pattern at this length.
+    assert spent < 1.0, f"{shape}: {spent:.2f} s of CPU for {len(text):,} characters"
+
+
+def test_oom_message_over_the_cap_is_refused_unparsed() -> None:
+    with pytest.raises(OomMessageError) as caught:
+        parse_oom_message(PREFIX + "1" * MAX_MESSAGE_CHARS)
+    assert caught.value.code == "oom_message:too-long"
+
+
+def test_a_real_message_still_parses_after_the_linear_patterns() -> None:
+    message = parse_oom_message(
+        PREFIX + "Including non-PyTorch memory, this process has 6.50 GiB memory in use. 6.00 GiB allowed; "
+        "Of the allocated memory 5.51 GiB is allocated by PyTorch, and 1.04 GiB is reserved by PyTorch but unallocated."
+    )
+    assert message.allowed is not None and message.allowed.value == 6 * 1024**3
+    assert message.tried.value == 2 * 1024**2
+
+
+def test_the_upload_form_answers_a_hostile_message_at_once(client: Any, alice_token: str) -> None:
+    started = time.monotonic()
+    response = post(client, alice_token, oom_message=(PREFIX + "1" * MAX_MESSAGE_CHARS)[:MAX_MESSAGE_CHARS])
+    elapsed = time.monotonic() - started
+    # Not a message (no capacity after the digits): refused with its code, in well under a second.
+    assert response.status_code == 400 and error_of(response) == "upload:invalid-oom-message"
+    assert elapsed < 5.0, elapsed
+
+
+def test_idempotency_replays_are_counted_by_their_own_rate(client: Any, alice_token: str, settings: Any) -> None:
+    settings.UPLOAD_REPLAY_RATE_PER_USER = "2/m"
+    settings.UPLOAD_RATE_PER_TOKEN = "1/m"
+    key = {"Idempotency-Key": "retry-loop"}
+    first = post(client, alice_token, headers=key)
+    assert first.status_code == 202
+    # Retries after a timeout get their answer although the upload rate is spent...
+    assert [post(client, alice_token, headers=key).status_code for _ in range(2)] == [200, 200]
+    # ...but a replay loop is stopped: the third replay within the minute is refused.
+    looped = post(client, alice_token, headers=key)
+    assert looped.status_code == 429 and error_of(looped) == "upload:rate-limited:replay"
+    assert 1 <= int(looped["Retry-After"]) <= 60
+    assert Upload.objects.count() == 1
+
+
+def test_a_replay_does_not_parse_its_oom_message_again(
+    client: Any, alice_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = {"Idempotency-Key": "parse-once"}
+    good = PREFIX + "6.00 GiB allowed;"
+    assert post(client, alice_token, headers=key, oom_message=good).status_code == 202
+    import analysis.limits
+
+    calls: list[int] = []
+    real = analysis.limits.parse_oom_message
+    def counted(text: str) -> Any:
+        calls.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(analysis.limits, "parse_oom_message", counted)
+    assert post(client, alice_token, headers=key, oom_message=good).status_code == 200
+    assert calls == []
