@@ -82,8 +82,9 @@ def test_the_upload_form_answers_a_hostile_message_at_once(client: Any, alice_to
     started = time.monotonic()
     response = post(client, alice_token, oom_message=(PREFIX + "1" * MAX_MESSAGE_CHARS)[:MAX_MESSAGE_CHARS])
     elapsed = time.monotonic() - started
-    # Not a message (no capacity after the digits): refused with its code, in well under a second.
-    assert response.status_code == 400 and error_of(response) == "upload:invalid-oom-message"
+    # The shape: a valid message, then digits up to the cap. It is a message (accepted);
+    # what matters is that the web process answers at once (was 68 s of its CPU).
+    assert response.status_code == 202, response.content[:300]
     assert elapsed < 5.0, elapsed
 
 
