@@ -113,6 +113,7 @@ def test_a_replay_does_not_parse_its_oom_message_again(
 
     calls: list[int] = []
     real = analysis.limits.parse_oom_message
+
     def counted(text: str) -> Any:
         calls.append(len(text))
         return real(text)
@@ -120,3 +121,48 @@ def test_a_replay_does_not_parse_its_oom_message_again(
     monkeypatch.setattr(analysis.limits, "parse_oom_message", counted)
     assert post(client, alice_token, headers=key, oom_message=good).status_code == 200
     assert calls == []
+
+
+# --- (2) nothing in the web process reads or unpickles an upload ---------------------------------
+
+
+def junk_snapshot(path: Path, strings: int = 30_000) -> Path:
+    """A snapshot with no device and 27 MB of distinct strings (430 KB gzipped): the issue's share-link
+    attack at a tenth of its size. It reads as a snapshot with nothing to replay, so its report is done
+    and it has no explore store."""
+    import gzip
+    import pickle
+
+    junk = {"segments": [], "device_traces": [], "junk": [f"{i:09d}" * 100 for i in range(strings)]}
+    path.write_bytes(gzip.compress(pickle.dumps(junk, protocol=4), 1))
+    return path
+
+
+def test_share_link_zoom_of_a_report_without_a_store_never_reads_the_upload(
+    client: Any, alice: Any, alpha: Any, tmp_path: Path
+) -> None:
+    import tracemalloc
+
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots import explore, services
+    from webapp.snapshots.tasks import analyse_upload
+
+    upload = make_upload(alpha, alice, junk_snapshot(tmp_path / "junk.pickle.gz"))
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE, upload.error_message
+    token = services.share_create(upload, alice)
+    explore._stores.clear()
+    tracemalloc.start()
+    try:
+        answers = [client.get(f"/r/{token}/{kind}.json?t0=0&t1=100&px=100") for kind in ("timeline", "active")]
+        answers.append(client.get(f"/r/{token}/state.json?i=0"))
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    for answer in answers:
+        assert answer.status_code == 404 and error_of(answer) == "explore:no-store"
+        assert "keeps no zoom" in answer.json()["error"]["message"]
+    # Before: each request read, gunzipped and unpickled the upload here (27 MB of strings; the
+    # issue's 300 MB one cost 0.9 GB per request). Now: the answer's own few kilobytes.
+    assert peak < 3 * 1024**2, f"peak {peak:,} bytes"

@@ -68,6 +68,10 @@ DATABASE_UNAVAILABLE = "The database is unavailable for a moment; retry shortly 
 DELETE_FORBIDDEN = (
     "Only the person who uploaded a snapshot (while they may upload), or an admin of its team, may delete it."
 )
+EXPLORE_NO_STORE = (
+    "This report keeps no zoom or digging data: it was analysed before the site stored it, or the "
+    "snapshot has no trace to replay. Upload the snapshot again to dig into it."
+)
 SHARE_UNKNOWN = "No live share link with that key: it was revoked already, or belongs to another report."
 
 
