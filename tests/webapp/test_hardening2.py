@@ -166,3 +166,43 @@ def test_share_link_zoom_of_a_report_without_a_store_never_reads_the_upload(
     # Before: each request read, gunzipped and unpickled the upload here (27 MB of strings; the
     # issue's 300 MB one cost 0.9 GB per request). Now: the answer's own few kilobytes.
     assert peak < 3 * 1024**2, f"peak {peak:,} bytes"
+
+
+# --- (3) hostile schema values end in snapshot:* codes --------------------------------------------
+
+
+def test_a_nested_tuple_dict_key_crash_is_refused_with_the_depth_code(tmp_path: Path) -> None:
+    """The unpickler hashes a dict key a million tuples deep and CPython's C stack overflows before
+    any check can run; the runner reads the child's faulthandler stack and refuses the file."""
+    from tests.analysis.hostile_schema import build
+    from webapp.snapshots import runner
+
+    data, want = build()["dict_key_nested_tuple"]
+    path = tmp_path / "key.pickle"
+    path.write_bytes(data)
+    limits = runner.Limits(memory_bytes=2 * 1024**3, cpu_seconds=60, wall_seconds=60)
+    with pytest.raises(runner.ChildRefused) as refused:
+        runner.run_analysis(path, limits)
+    assert refused.value.code == want == "snapshot:limit:too-deep"
+
+
+@pytest.mark.parametrize(
+    ("case", "code"),
+    [("negative_stream", "snapshot:schema:inconsistent-trace"), ("stream_per_event", "snapshot:limit:streams")],
+)
+def test_hostile_streams_fail_the_upload_with_their_code(
+    alice: Any, alpha: Any, tmp_path: Path, case: str, code: str
+) -> None:
+    """Through the real task and analysis child: the issue saw worker:internal (IndexError in the model)."""
+    from tests.analysis.hostile_schema import build
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots.tasks import analyse_upload
+
+    data, want = build()[case]
+    assert want == code
+    path = tmp_path / f"{case}.pickle"
+    path.write_bytes(data)
+    upload = make_upload(alpha, alice, path)
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert (upload.status, upload.error_code) == (Upload.Status.FAILED, code)

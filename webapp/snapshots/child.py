@@ -98,8 +98,15 @@ def _store_writer(folder: Path) -> Any:
 
 
 def main(argv: list[str]) -> int:
+    import faulthandler
+
     from analysis.errors import SnapshotError
     from analysis.limits import OomMessageError
+
+    # A crash of the interpreter itself leaves its Python stack on stderr: the runner reads there
+    # whether the reader was unpickling (a tuple nested a million deep as a dict key overflows the
+    # C stack when the unpickler hashes it; no Python check runs before that hash).
+    faulthandler.enable()
 
     source, out = Path(argv[0]), Path(argv[1])
     filename = argv[2] if len(argv) > 2 else None

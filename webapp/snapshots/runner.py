@@ -176,11 +176,26 @@ def run_analysis(
             with out.open() as fh:
                 report: dict[str, Any] = json.load(fh)
             return report
+        if _reader_overflowed(stderr_tail, rc):
+            raise ChildRefused(
+                "snapshot:limit:too-deep",
+                "the file nests too deeply to be read (a value nested so deep that hashing it overflowed the stack)",
+            )
         if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed < limits.wall_seconds and _cpu_bound(stderr_tail, rc):
             raise ChildRefused("snapshot:limit:time", f"analysis used more than {limits.cpu_seconds} s of CPU")
         if "MemoryError" in stderr_tail or "Cannot allocate memory" in stderr_tail or "bad_alloc" in stderr_tail:
             raise ChildRefused("snapshot:limit:memory", f"analysis needed more than {limits.memory_bytes} bytes")
         raise ChildCrashed(f"analysis child exited with status {rc}; stderr tail:\n{stderr_tail}")
+
+
+def _reader_overflowed(stderr_tail: str, rc: int) -> bool:
+    """A segfault while ``analysis/reader.py`` unpickled (faulthandler's stack, see child.py).
+
+    CPython hashes a tuple recursively in C, with no depth check; the unpickler hashes every dict
+    key as it builds the dict, so a key nested a million deep crashes the child before any check
+    of ours can run. That is the file's shape, refused with the depth limit's code.
+    """
+    return rc == -signal.SIGSEGV and "Segmentation fault" in stderr_tail and 'reader.py", line' in stderr_tail
 
 
 def _cpu_bound(stderr_tail: str, rc: int) -> bool:
