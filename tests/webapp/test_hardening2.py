@@ -206,3 +206,50 @@ def test_hostile_streams_fail_the_upload_with_their_code(
     analyse_upload(upload.id)
     upload.refresh_from_db()
     assert (upload.status, upload.error_code) == (Upload.Status.FAILED, code)
+
+
+# --- (4) JSON answers for every API path and bad parameter; no bidi or line breaks in names ------
+
+
+@pytest.mark.parametrize("path", ["/api/v1/", "/api/v1/nope", "/api/v1/snapshots/x/y/z", "/api/v1/projects/a/b"])
+@pytest.mark.parametrize("method", ["get", "post", "delete"])
+def test_every_unknown_api_path_is_a_json_404(client: Any, alice_token: str, path: str, method: str) -> None:
+    for headers in ({}, bearer(alice_token)):
+        response = getattr(client, method)(path, **headers)
+        assert response.status_code == 404 and error_of(response) == "not-found", (path, response.content[:100])
+
+
+@pytest.mark.parametrize("query", ["t0=inf", "t0=-inf", "t1=1e400", "t0=nan", "px=inf", "device=inf"])
+def test_zoom_parameters_out_of_range_are_json_400_also_on_share_links(
+    alice_client: Any, alice: Any, alpha: Any, query: str
+) -> None:
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots import services
+
+    upload = make_upload(alpha, alice, status=Upload.Status.DONE)
+    token = services.share_create(upload, alice)
+    for url in (f"/s/{upload.code}/timeline.json?{query}", f"/r/{token}/active.json?{query}"):
+        response = alice_client.get(url)
+        assert response.status_code == 400 and error_of(response) == "explore:bad-param", (url, response.status_code)
+
+
+def test_run_names_and_notes_lose_bidi_overrides_and_line_breaks(client: Any, alice_token: str) -> None:
+    response = post(
+        client,
+        alice_token,
+        run="invoice\u202etxt.exe\r\nFAKE LOG LINE",
+        note="line one\r\nline two\u202e\x1b[31m",
+        tags="a\u2066b, c\nd",
+    )
+    assert response.status_code == 202
+    upload = Upload.objects.get()
+    assert upload.run == "invoicetxt.exeFAKE LOG LINE"
+    assert upload.note == "line one\nline two[31m"
+    assert upload.tags == ["ab", "cd"]
+
+
+def test_team_names_lose_bidi_overrides(alice_client: Any) -> None:
+    from webapp.snapshots.models import Team
+
+    alice_client.post("/teams/", {"name": "acme\u202eevil\r\n"})
+    assert Team.objects.filter(name="acmeevil").exists()

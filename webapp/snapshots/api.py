@@ -46,6 +46,13 @@ def _not_found() -> JsonResponse:
     return _error(404, "not-found", messages.NOT_FOUND)
 
 
+@csrf_exempt
+@never_cache
+def unknown_path(request: HttpRequest) -> HttpResponse:
+    """Every /api/v1/ path no route names: a JSON 404, whoever asks and with whatever method."""
+    return _not_found()
+
+
 def _csrf_ok(request: HttpRequest) -> bool:
     def accept(_request: HttpRequest) -> HttpResponse:
         return HttpResponse()

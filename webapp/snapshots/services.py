@@ -190,7 +190,9 @@ def _free_slug(model: Any, wanted: str) -> str:
 
 
 def team_create_for_user(user: User, name: str) -> Team:
-    name = name.strip()[:100]
+    from webapp.snapshots.forms import clean_line
+
+    name = clean_line(name)[:100]
     if not name:
         raise TeamError("team:name-required", messages.TEAM_NAME_REQUIRED)
     return team_create(name=name, slug=_free_slug(Team, name), owner=user)
@@ -200,7 +202,9 @@ def project_create_for_user(user: User, team: Team, name: str) -> Project:
     """A new project in ``team`` (admins and owners); its slug is made from the name, unique site-wide."""
     if not can(user, team, "manage"):
         raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
-    name = name.strip()[:100]
+    from webapp.snapshots.forms import clean_line
+
+    name = clean_line(name)[:100]
     if not name:
         raise TeamError("team:name-required", messages.PROJECT_NAME_REQUIRED)
     return project_create(team=team, name=name, slug=_free_slug(Project, name))

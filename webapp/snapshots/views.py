@@ -369,8 +369,8 @@ def _int_param(request: HttpRequest, name: str, default: int | None = None) -> i
         return default
     try:
         return int(float(raw))
-    except ValueError as err:
-        raise explore.ExploreError(400, "explore:bad-param", f"{name}={raw!r} is not a number") from err
+    except (ValueError, OverflowError) as err:  # "nan", "inf" (was an HTML 500, issue 22)
+        raise explore.ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
 
 
 def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
