@@ -82,12 +82,29 @@ def _plain(edit: Callable[[dict[str, Any]], None]) -> bytes:
     return pickle.dumps(snap, protocol=4)
 
 
+def _many_devices(n: int = 3000) -> bytes:
+    """The issue's 22 KB file: one segment on each of ``n`` devices."""
+    snap = snapshot_dict(0)
+    snap["segments"] = [dict(snap["segments"][0], device=d) for d in range(n)]
+    snap["device_traces"] = []
+    return pickle.dumps(snap, protocol=4)
+
+
+def _many_gzip_members(n: int = 400_000) -> bytes:
+    """The issue's 8 MB file: ``n`` empty gzip members, then the snapshot."""
+    import gzip
+
+    return gzip.compress(b"", 1) * n + gzip.compress(pickle.dumps(snapshot_dict(10), protocol=4))
+
+
 HUGE_INT = 7**6000  # 5,071 digits: str() and repr() of it raise ValueError
 
 
 def build() -> dict[str, tuple[bytes, str]]:
     """``{name: (pickle bytes, the code it must get)}``."""
     return {
+        "many_devices": (_many_devices(), "snapshot:limit:devices"),
+        "many_gzip_members": (_many_gzip_members(), "snapshot:limit:gzip-members"),
         "stream_nested_tuple": (_with_ops(_event("stream"), nested_tuple_ops()), "snapshot:limit:too-deep"),
         "action_nested_tuple": (_with_ops(_event("action"), nested_tuple_ops()), "snapshot:limit:too-deep"),
         "event_pool_nested_tuple": (_with_ops(_event("pool_id"), nested_tuple_ops()), "snapshot:limit:too-deep"),

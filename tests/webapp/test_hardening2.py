@@ -253,3 +253,87 @@ def test_team_names_lose_bidi_overrides(alice_client: Any) -> None:
 
     alice_client.post("/teams/", {"name": "acme\u202eevil\r\n"})
     assert Team.objects.filter(name="acmeevil").exists()
+
+
+# --- (5) charts under the child's limits; a child killed from outside is run once more ------------
+
+
+def test_charts_are_built_in_the_analysis_child_not_the_worker(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool process no longer builds charts (3,000 devices took 210 s there, outside every
+    limit): a build_charts that fails in this process changes nothing, the child's charts are stored."""
+    import webapp.snapshots.charts
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots.models import Report
+    from webapp.snapshots.tasks import analyse_upload
+
+    def refuse(_report: Any) -> Any:
+        raise AssertionError("charts built in the worker process")
+
+    monkeypatch.setattr(webapp.snapshots.charts, "build_charts", refuse)
+    upload = make_upload(alpha, alice)
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE, upload.error_message
+    charts = Report.objects.get(upload=upload).charts
+    assert "timeline-0" in charts and charts["timeline-0"]["doc"]["roots"]
+
+
+def _kill_the_child_when_it_reports(stage_seen: list[str]) -> Any:
+    import os
+    import signal
+
+    def on_progress(stage: str | None, _percent: int | None) -> None:
+        if stage and not stage_seen:
+            stage_seen.append(stage)
+            me = os.getpid()
+            for pid in Path(f"/proc/{me}/task/{me}/children").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)  # as the kernel's OOM killer would
+
+    return on_progress
+
+
+def test_a_child_killed_from_outside_is_not_called_a_cpu_limit() -> None:
+    from tests.webapp.helpers import FIXTURES
+    from webapp.snapshots import runner
+
+    seen: list[str] = []
+    limits = runner.Limits(memory_bytes=4 * 1024**3, cpu_seconds=600, wall_seconds=600)
+    with pytest.raises(runner.ChildKilled):
+        runner.run_child(
+            FIXTURES / "big_all_stacks.pickle.gz", limits, on_progress=_kill_the_child_when_it_reports(seen)
+        )
+    assert seen  # it was killed while it ran
+
+
+def test_a_child_killed_from_outside_is_run_once_more(alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots import runner, tasks
+
+    real = runner.run_child
+    runs: list[int] = []
+
+    def killed_first(*args: Any, **kwargs: Any) -> Any:
+        runs.append(1)
+        if len(runs) == 1:
+            seen: list[str] = []
+            kwargs = {**kwargs, "on_progress": _kill_the_child_when_it_reports(seen)}
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.runner, "run_child", killed_first)
+    upload = make_upload(alpha, alice)
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert len(runs) == 2 and upload.status == Upload.Status.DONE, (runs, upload.error_code)
+
+    # Killed twice: failed with its own code, not a CPU-time limit.
+    def always_killed(*args: Any, **kwargs: Any) -> Any:
+        seen: list[str] = []
+        return real(*args, **{**kwargs, "on_progress": _kill_the_child_when_it_reports(seen)})
+
+    monkeypatch.setattr(tasks.runner, "run_child", always_killed)
+    again = make_upload(alpha, alice)
+    tasks.analyse_upload(again.id)
+    again.refresh_from_db()
+    assert (again.status, again.error_code) == (Upload.Status.FAILED, "worker:analysis-killed")

@@ -27,6 +27,8 @@ BY_CODE = {
     "snapshot:limit:time": "Analysing this file took longer than one analysis may take.",
     "worker:killed-repeatedly": "The analysis was interrupted repeatedly (killed worker repeatedly); "
     "it will not be retried.",
+    "worker:analysis-killed": "The analysis was killed from outside twice (the server may be short of "
+    "memory); it will not be retried. Try again later.",
     "worker:internal": "Internal error while analysing this file. It has been logged.",
 }
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_ready
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
@@ -55,22 +55,6 @@ def _keep_stores(sha256: str, folder: Path) -> None:
             continue
         with path.open("rb") as fh:
             default_storage.save(name, File(fh))
-
-
-def _build_charts(report: dict[str, Any]) -> dict[str, Any]:
-    """Chart JSON for the report pages; an empty dict when charts are unavailable."""
-    try:
-        from webapp.snapshots.charts import build_charts
-    except ImportError:
-        log.warning("webapp.snapshots.charts.build_charts is not available; storing no charts")
-        return {}
-    try:
-        charts: dict[str, Any] = build_charts(report)
-    except Exception:
-        # A chart bug must not throw away a finished report; the pages show the tables.
-        log.exception("building charts failed")
-        return {}
-    return charts
 
 
 @app.task(
@@ -117,7 +101,8 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
                 wall=settings.ANALYSIS_WALL_SECONDS,
                 jobs=settings.ANALYSIS_JOBS,
             )
-            report = runner.run_analysis(
+            analysis = _run_child_retrying_once(
+                upload_id,
                 path,
                 limits,
                 filename=upload.filename,
@@ -125,22 +110,18 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
                 oom_message=upload.oom_message,
                 batch_size=upload.batch_size,
                 explore_dir=Path(stores),
+                charts=True,
             )
             _keep_stores(upload.sha256, Path(stores))
-        analysed = time.monotonic()
-        services.upload_set_progress(upload_id, "charting", 90)
-        charts = _build_charts(report)
-        services.upload_finish(upload_id, report=report, charts=charts)
-        log.info(
-            "upload %s: done (analysis %.1fs, charts %.1fs)",
-            upload_id,
-            analysed - started,
-            time.monotonic() - analysed,
-        )
+        services.upload_finish(upload_id, report=analysis.report, charts=analysis.charts or {})
+        log.info("upload %s: done (analysis and charts %.1fs)", upload_id, time.monotonic() - started)
     except SnapshotError as exc:
         services.upload_fail(upload_id, exc.code, str(getattr(exc, "message", exc)))
         log.info("upload %s: refused: %s", upload_id, exc)
         # The row holds the outcome; nothing to retry (throws= also marks it as expected).
+    except runner.ChildKilled as exc:
+        services.upload_fail(upload_id, "worker:analysis-killed", str(exc))
+        log.error("upload %s: analysis killed from outside twice: %s", upload_id, exc)
     except SoftTimeLimitExceeded:
         services.upload_fail(upload_id, "snapshot:limit:time", "the task's time limit was reached")
         log.warning("upload %s: soft time limit", upload_id)
@@ -150,6 +131,18 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
 
 
 analyse_upload_task = analyse_upload
+
+
+def _run_child_retrying_once(upload_id: int, path: Path, limits: runner.Limits, **kwargs: Any) -> runner.Analysis:
+    """The analysis child's run; once more when something outside killed it (the kernel's OOM
+    killer under pressure from elsewhere, an operator): that is neither the file's fault nor a
+    limit of ours, and was reported as a CPU-time limit before (issue 22). Killed twice, it fails."""
+    try:
+        return runner.run_child(path, limits, **kwargs)
+    except runner.ChildKilled as exc:
+        log.warning("upload %s: %s; running it once more", upload_id, exc)
+        services.upload_set_progress(upload_id, "reading", 0)
+        return runner.run_child(path, limits, **kwargs)
 
 
 @worker_ready.connect
@@ -182,15 +175,6 @@ def _requeue_dead_claims(sender: Any = None, **_kwargs: Any) -> None:
         log.exception("worker start: re-queueing the uploads of a dead worker failed; the sweep will")
     finally:
         connections.close_all()  # the main process keeps no connection for the pool to inherit
-
-
-@worker_process_init.connect
-def _preload_charts(**_kwargs: Any) -> None:
-    """Import bokeh once per pool process at start, not inside the first upload's time."""
-    try:
-        import webapp.snapshots.charts  # noqa: F401
-    except ImportError:
-        log.warning("charts module unavailable")
 
 
 @app.task(name="snapshots.sweep_uploads", ignore_result=True)
