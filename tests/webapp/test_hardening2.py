@@ -321,7 +321,7 @@ def test_a_child_killed_from_outside_is_run_once_more(alice: Any, alpha: Any, mo
             kwargs = {**kwargs, "on_progress": _kill_the_child_when_it_reports(seen)}
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tasks.runner, "run_child", killed_first)
+    monkeypatch.setattr(runner, "run_child", killed_first)
     upload = make_upload(alpha, alice)
     tasks.analyse_upload(upload.id)
     upload.refresh_from_db()
@@ -332,7 +332,7 @@ def test_a_child_killed_from_outside_is_run_once_more(alice: Any, alpha: Any, mo
         seen: list[str] = []
         return real(*args, **{**kwargs, "on_progress": _kill_the_child_when_it_reports(seen)})
 
-    monkeypatch.setattr(tasks.runner, "run_child", always_killed)
+    monkeypatch.setattr(runner, "run_child", always_killed)
     again = make_upload(alpha, alice)
     tasks.analyse_upload(again.id)
     again.refresh_from_db()
