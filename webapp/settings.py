@@ -203,6 +203,9 @@ DATA_UPLOAD_MAX_NUMBER_FILES = 1
 # --- quotas and rate limits (applied in webapp/snapshots/limits.py; each defined only here).
 # Rates are django-ratelimit's "<count>/<period>" (s, m, h, d, with a multiplier: "60/10m").
 TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 20 * 1024**3)
+# The disk guard (webapp/snapshots/disk.py): uploads are refused (507 upload:disk-full) before they
+# would leave less than this free where uploads are written, and /healthz says "disk": "low" below it.
+DISK_MIN_FREE_BYTES = env_int("DISK_MIN_FREE_BYTES", 1024**3)
 UPLOAD_RATE_PER_TOKEN = os.environ.get("UPLOAD_RATE_PER_TOKEN", "60/10m")
 UPLOAD_RATE_PER_USER = os.environ.get("UPLOAD_RATE_PER_USER", "120/h")
 # Idempotency-Key replays (a retry answered with the upload it repeats): their own bucket, per user.

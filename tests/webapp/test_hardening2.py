@@ -337,3 +337,148 @@ def test_a_child_killed_from_outside_is_run_once_more(alice: Any, alpha: Any, mo
     tasks.analyse_upload(again.id)
     again.refresh_from_db()
     assert (again.status, again.error_code) == (Upload.Status.FAILED, "worker:analysis-killed")
+
+
+# --- (6) the quota counts every byte; the disk guard; deletes mid-analysis --------------------------
+
+
+def _stores_of(sha256: str) -> list[str]:
+    from django.core.files.storage import default_storage
+
+    try:
+        return sorted(default_storage.listdir(f"explore/{sha256}")[1])
+    except FileNotFoundError:
+        return []
+
+
+def test_the_quota_counts_the_report_charts_and_explore_stores(
+    client: Any, alice: Any, alpha: Any, alice_token: str, settings: Any
+) -> None:
+    from django.core.files.storage import default_storage
+
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots.limits import team_usage_bytes
+    from webapp.snapshots.tasks import analyse_upload
+
+    upload = make_upload(alpha, alice)
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    stores = _stores_of(upload.sha256)
+    store_bytes = sum(default_storage.size(f"explore/{upload.sha256}/{name}") for name in stores)
+    assert stores and store_bytes > 10 * upload.bytes  # gpt_varlen_oom: 63 KB file, megabytes of store
+    # The report and charts as stored, and the stores: all counted, beside the file.
+    assert upload.stored_bytes > store_bytes
+    assert team_usage_bytes(alpha.team_id) == upload.bytes + upload.stored_bytes
+    settings.TEAM_STORAGE_QUOTA_BYTES = upload.bytes + upload.stored_bytes + GPT_OOM.stat().st_size - 1
+    refused = post(client, alice_token)
+    assert refused.status_code == 413 and error_of(refused) == "upload:quota-exceeded"
+
+
+def test_explore_stores_past_the_quota_are_not_kept(alice: Any, alpha: Any, settings: Any) -> None:
+    """A small file whose stores would pass the team's quota: the report is stored, the stores are not."""
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots.tasks import analyse_upload
+
+    settings.TEAM_STORAGE_QUOTA_BYTES = 4 * GPT_OOM.stat().st_size
+    upload = make_upload(alpha, alice)
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE
+    assert _stores_of(upload.sha256) == []
+    assert 0 < upload.stored_bytes < settings.TEAM_STORAGE_QUOTA_BYTES  # the report and charts only
+
+
+def test_a_delete_during_the_analysis_leaves_no_store_behind(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
+    from django.core.files.storage import default_storage
+
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots import services
+    from webapp.snapshots.models import Report
+    from webapp.snapshots.tasks import analyse_upload
+
+    upload = make_upload(alpha, alice)
+    real = services.upload_set_progress
+    deleted: list[int] = []
+
+    def delete_while_charting(upload_id: int, stage: str | None, progress: int | None) -> None:
+        real(upload_id, stage, progress)
+        if stage == "charting" and not deleted:  # the stores are written by now, not yet moved
+            with django_capture_on_commit_callbacks(execute=True):
+                services.upload_delete(Upload.objects.get(pk=upload_id))
+            deleted.append(upload_id)
+
+    monkeypatch.setattr(services, "upload_set_progress", delete_while_charting)
+    analyse_upload(upload.id)
+    assert deleted == [upload.id]
+    assert not Upload.objects.filter(pk=upload.id).exists() and not Report.objects.exists()
+    assert _stores_of(upload.sha256) == [] and not default_storage.exists(upload.blob_name)
+
+
+def test_the_disk_guard_refuses_uploads_with_json_507_and_healthz_says_so(
+    client: Any, alice_token: str, alice_client: Any, settings: Any
+) -> None:
+    from webapp.snapshots import disk
+
+    settings.DISK_MIN_FREE_BYTES = disk.free_bytes() + 1  # as if the disk were at its reserve
+    settings.HEALTHZ_WORKER_TIMEOUT = 0.1
+    for response in (
+        post(client, alice_token),
+        alice_client.post("/upload/", {"file": GPT_OOM.open("rb"), "project": "alpha"}, HTTP_ACCEPT="application/json"),
+    ):
+        assert response.status_code == 507 and error_of(response) == "upload:disk-full"
+        assert response["Retry-After"] == "300"
+    assert Upload.objects.count() == 0
+    health = client.get("/healthz").json()
+    assert health["disk"].startswith("low:") and "disk" in health["degraded"]
+
+
+def test_a_write_that_finds_no_space_is_json_507(
+    client: Any, alice_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from django.core.files.storage import default_storage
+
+    def no_space(*_args: Any, **_kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(default_storage, "save", no_space)
+    response = post(client, alice_token)
+    assert response.status_code == 507 and error_of(response) == "upload:disk-full"
+    assert Upload.objects.count() == 0
+
+
+def test_a_run_whose_final_write_failed_is_requeued_by_the_next_sweep(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """The database's disk full: neither the report nor the failure can be written. The row stays
+    RUNNING under this (live) process's claim; the sweep used to leave it for the task's time limit
+    (30 min). Now the run notes its release and the next sweep re-queues it."""
+    from datetime import timedelta
+
+    import tenacity
+    from django.db import OperationalError
+    from django.utils import timezone
+
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots import services
+    from webapp.snapshots.models import Report
+    from webapp.snapshots.tasks import analyse_upload
+
+    def disk_full(*_args: Any, **_kwargs: Any) -> Any:
+        raise OperationalError("database or disk is full")
+
+    monkeypatch.setattr(services.upload_finish.retry, "wait", tenacity.wait_none())
+    monkeypatch.setattr(Report.objects, "update_or_create", disk_full)  # the report's write
+    monkeypatch.setattr(services, "upload_fail", disk_full)  # and the failure's
+    upload = make_upload(alpha, alice)
+    analyse_upload.apply(args=(upload.id,), task_id="final-write-fails")
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.RUNNING and upload.claimed_by  # nothing could be written
+    stale = timezone.now() - timedelta(seconds=settings.SWEEP_STALE_RUNNING_SECONDS + 1)
+    Upload.objects.filter(pk=upload.pk).update(heartbeat_at=stale)
+    assert services.uploads_requeue_stale() == [upload.id]
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.QUEUED

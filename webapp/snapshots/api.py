@@ -17,7 +17,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.snapshots import messages, services
+from webapp.snapshots import disk, messages, services
 from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake import (
     PARSE_ERRORS,
@@ -25,6 +25,7 @@ from webapp.snapshots.intake import (
     check_declared_size,
     check_quota,
     check_replay_rate,
+    disk_full,
     parse_error,
     received_file,
 )
@@ -75,7 +76,17 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                 return _intake_error(err)
             except PARSE_ERRORS as exc:  # a body Django could not parse: JSON, not its HTML 400
                 return _intake_error(parse_error(exc))
+            except OSError as exc:
+                if not disk.is_full(exc):
+                    raise
+                # A write that failed for lack of space (the guard's reserve already used up):
+                # a JSON 507 with its code, not an HTML 500.
+                log.warning("api: disk full: %s", exc)
+                return _intake_error(disk_full())
             except (OperationalError, InterfaceError) as exc:
+                if disk.database_full(exc):
+                    log.warning("api: database disk full: %s", exc)
+                    return _intake_error(disk_full())
                 # The database is unreachable (restarting, failing over): a JSON 503 a client can
                 # retry (with the same Idempotency-Key), not Django's HTML 500.
                 log.warning("api: database unavailable: %s", exc)

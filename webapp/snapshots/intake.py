@@ -68,6 +68,27 @@ def check_declared_size(request: Any) -> None:
         raise IntakeError(411, "upload:length-required", messages.UPLOAD_LENGTH_REQUIRED)
     if content_length_over_cap(request):
         raise too_large()
+    check_disk(request)
+
+
+def check_disk(request: Any) -> None:
+    """The disk guard, before a byte of the body is read: the declared length must leave the reserve."""
+    from webapp.snapshots import disk
+
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    try:
+        disk.check_room(declared)
+    except limits.LimitExceeded as err:
+        raise from_limit(err) from err
+
+
+def disk_full() -> IntakeError:
+    from webapp.snapshots import disk
+
+    return from_limit(disk.full_error())
 
 
 def check_rate(request: Any) -> None:
@@ -97,10 +118,16 @@ def check_quota(project: Any, size: int) -> None:
 
 def parsed_files(request: Any) -> Any:
     """``request.FILES``, with Django's parse failures as ``IntakeError`` (JSON-able, with a code)."""
+    from webapp.snapshots import disk
+
     try:
         return request.FILES  # parses the body if nothing has yet
     except PARSE_ERRORS as exc:
         raise parse_error(exc) from exc
+    except OSError as exc:  # the temp file could not be written
+        if disk.is_full(exc):
+            raise disk_full() from exc
+        raise
 
 
 def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, str, str]:

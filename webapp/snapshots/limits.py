@@ -116,11 +116,17 @@ def check_login_rate(request: Any) -> None:
 
 
 def team_usage_bytes(team_id: int) -> int:
-    """Bytes of the team's uploads whose file is still stored (a purged or deleted one no longer counts)."""
+    """Bytes the team's uploads put on disk: each file and what its analysis stored (report, charts,
+    explore stores, ``Upload.stored_bytes``). A purged or deleted upload no longer counts. Issue 22:
+    only the files were counted, and a 10 KB trace wrote a 206 MB explore store."""
     from webapp.snapshots.models import Upload
 
-    total = Upload.objects.filter(project__team_id=team_id).exclude(blob_name="").aggregate(n=Sum("bytes"))["n"]
-    return int(total or 0)
+    totals = (
+        Upload.objects.filter(project__team_id=team_id)
+        .exclude(blob_name="")
+        .aggregate(files=Sum("bytes"), stored=Sum("stored_bytes"))
+    )
+    return int(totals["files"] or 0) + int(totals["stored"] or 0)
 
 
 def check_team_quota(team_id: int, incoming_bytes: int) -> None:

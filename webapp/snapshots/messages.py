@@ -65,6 +65,7 @@ PUBLISH_PENDING = (
     "Stored, but the job queue is unreachable; the upload stays queued and is sent to a worker "
     "automatically when the queue is back (within {seconds} s)."
 )
+DISK_FULL = "The server's disk is nearly full, so uploads are paused for now. Try again later; nothing was stored."
 SNAPSHOT_DELETED = "Snapshot deleted."
 DATABASE_UNAVAILABLE = "The database is unavailable for a moment; retry shortly (with the same Idempotency-Key)."
 DELETE_FORBIDDEN = (

@@ -60,6 +60,7 @@ class Analysis:
 
     report: dict[str, Any]
     charts: dict[str, Any] | None
+    json_bytes: int = 0  # the report's and the charts' JSON as the child wrote them (what the database keeps)
 
 
 @dataclass(frozen=True)
@@ -226,10 +227,12 @@ def run_child(
             if charts and not finished:
                 log.warning("analysis child stopped while charting (rc=%s); the report is kept without charts", rc)
             chart_data: dict[str, Any] | None = None
+            json_bytes = out.stat().st_size
             if charts and finished and charts_path.exists():
+                json_bytes += charts_path.stat().st_size
                 with charts_path.open() as fh:
                     chart_data = json.load(fh)
-            return Analysis(report, chart_data)
+            return Analysis(report, chart_data, json_bytes)
         if last_event.get("event") == "timeout":
             raise ChildRefused("snapshot:limit:time", f"analysis stopped after {limits.wall_seconds:.0f} s")
         if _reader_overflowed(stderr_tail, rc):

@@ -44,17 +44,40 @@ def _local_path(blob_name: str) -> Any:
         yield target
 
 
-def _keep_stores(sha256: str, folder: Path) -> None:
+def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
     """Move the child's explore stores into the upload's storage (``webapp/snapshots/explore.py``
-    reads them); a store already there (the same file uploaded before) is kept."""
-    from webapp.snapshots.explore import store_name
+    reads them); a store already there (the same file uploaded before) is kept. Returns the bytes
+    the upload now holds in stores, which its team's quota counts.
 
-    for path in sorted(folder.glob("*.npz")):
-        name = store_name(sha256, int(path.stem))
+    Stores are optional (the report stands without them; the page says the digging data is not
+    there), so they are kept only when they fit in what is left of the team's quota and above the
+    disk guard's reserve: a 10 KB trace wrote a 206 MB store, and such uploads filled a disk that
+    the quota was meant to protect (issue 22).
+    """
+    from webapp.snapshots import disk
+    from webapp.snapshots.explore import store_name
+    from webapp.snapshots.limits import team_usage_bytes
+
+    paths = sorted(folder.glob("*.npz"))
+    size = sum(p.stat().st_size for p in paths)
+    if not paths:
+        return 0
+    room = settings.TEAM_STORAGE_QUOTA_BYTES - team_usage_bytes(upload.project.team_id) - json_bytes
+    if size > room:
+        log.warning(
+            "upload %s: explore stores of %d bytes not kept: the team's quota has %d left", upload.id, size, room
+        )
+        return 0
+    if disk.free_bytes() - size < settings.DISK_MIN_FREE_BYTES:
+        log.warning("upload %s: explore stores of %d bytes not kept: the disk is below its reserve", upload.id, size)
+        return 0
+    for path in paths:
+        name = store_name(upload.sha256, int(path.stem))
         if default_storage.exists(name):
             continue
         with path.open("rb") as fh:
             default_storage.save(name, File(fh))
+    return size
 
 
 @app.task(
@@ -85,6 +108,20 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
         log.error("upload %s: failed after %d attempts", upload_id, upload.attempts - 1)
         return
 
+    try:
+        _analyse(upload)
+    except Exception:
+        # Even the outcome could not be written (the database's disk full, the database gone): the
+        # row still says RUNNING under this process's claim, which the sweep would leave alone for
+        # the task's whole time limit (30 min) while this process lives on. The release note tells
+        # it that this run is over, so it re-queues the upload once its writes work again (issue 22).
+        services.claim_release(upload_id, task_id or "")
+        log.exception("upload %s: its outcome could not be stored; released for the sweep", upload_id)
+
+
+def _analyse(upload: Any) -> None:
+    """Run the analysis child on the claimed ``upload`` and store the outcome, done or failed."""
+    upload_id = upload.id
     started = time.monotonic()
 
     def on_progress(stage: str | None, percent: int | None) -> None:
@@ -112,8 +149,12 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
                 explore_dir=Path(stores),
                 charts=True,
             )
-            _keep_stores(upload.sha256, Path(stores))
-        services.upload_finish(upload_id, report=analysis.report, charts=analysis.charts or {})
+            kept = _keep_stores(upload, Path(stores), analysis.json_bytes)
+        finished = services.upload_finish(
+            upload_id, report=analysis.report, charts=analysis.charts or {}, stored_bytes=analysis.json_bytes + kept
+        )
+        if not finished:  # deleted meanwhile: the stores just written must not outlive it
+            services.explore_stores_drop_if_unused(upload.sha256)
         log.info("upload %s: done (analysis and charts %.1fs)", upload_id, time.monotonic() - started)
     except SnapshotError as exc:
         services.upload_fail(upload_id, exc.code, str(getattr(exc, "message", exc)))

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from webapp.snapshots import chartpage, explore, messages, services
 from webapp.snapshots.forms import SignupForm, UploadForm
-from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
+from webapp.snapshots.intake import IntakeError, check_declared_size, disk_full, received_file
 from webapp.snapshots.models import Upload
 
 log = logging.getLogger(__name__)
@@ -151,14 +151,21 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
     project = services.writable_projects(request.user).filter(slug=form.cleaned_data["project"]).first()
     if project is None:  # the choice list already limits this; belt and braces
         raise Http404
-    created = services.upload_create(
-        user=request.user,  # type: ignore[arg-type]
-        project=project,
-        uploaded=uploaded,
-        sha256=sha256,
-        fmt=fmt,
-        **form.upload_fields(),
-    )
+    try:
+        created = services.upload_create(
+            user=request.user,  # type: ignore[arg-type]
+            project=project,
+            uploaded=uploaded,
+            sha256=sha256,
+            fmt=fmt,
+            **form.upload_fields(),
+        )
+    except OSError as exc:  # no space left for the blob: the form says so, with the code
+        from webapp.snapshots import disk
+
+        if not disk.is_full(exc):
+            raise
+        return _upload_refused(request, disk_full())
     if _wants_json(request):
         return JsonResponse(services.upload_api_dict(created, request), status=202)
     return redirect("snapshots:detail", code=created.code)
@@ -174,7 +181,8 @@ def _upload_refused(request: HttpRequest, err: IntakeError) -> HttpResponse:
         form.errors.clear()  # only the refusal matters; the other fields may not have been read
         form.add_error("file", err.message)
         response = _render_upload_page(request, form, status=err.status)
-    response["X-Error-Code"] = err.code
+    for name, value in err.headers().items():  # X-Error-Code, and Retry-After for rates and a full disk
+        response[name] = value
     return response
 
 
