@@ -212,6 +212,12 @@ UPLOAD_RATE_PER_USER = os.environ.get("UPLOAD_RATE_PER_USER", "120/h")
 UPLOAD_REPLAY_RATE_PER_USER = os.environ.get("UPLOAD_REPLAY_RATE_PER_USER", "30/m")
 LOGIN_RATE_PER_IP = os.environ.get("LOGIN_RATE_PER_IP", "20/m")
 LOGIN_RATE_PER_USERNAME = os.environ.get("LOGIN_RATE_PER_USERNAME", "5/m")
+SIGNUP_RATE_PER_IP = os.environ.get("SIGNUP_RATE_PER_IP", "5/h")
+# Teams a user may own (sign-up makes the first): each team has its own storage quota.
+TEAMS_PER_USER_MAX = env_int("TEAMS_PER_USER_MAX", 5)
+# Addresses of the proxies in front of the site (comma-separated): behind one of them the client's
+# address for the rate limits is read from X-Forwarded-For (limits.client_address), else REMOTE_ADDR.
+TRUSTED_PROXIES = frozenset(env_list("TRUSTED_PROXIES", ""))
 # A failed upload keeps its file this long (to look at it), then the beat purge removes it.
 FAILED_UPLOAD_RETENTION_SECONDS = env_int("FAILED_UPLOAD_RETENTION_SECONDS", 24 * 3600)
 PURGE_INTERVAL_SECONDS = env_int("PURGE_INTERVAL_SECONDS", 3600)

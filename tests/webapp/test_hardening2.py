@@ -214,9 +214,10 @@ def test_hostile_streams_fail_the_upload_with_their_code(
 @pytest.mark.parametrize("path", ["/api/v1/", "/api/v1/nope", "/api/v1/snapshots/x/y/z", "/api/v1/projects/a/b"])
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
 def test_every_unknown_api_path_is_a_json_404(client: Any, alice_token: str, path: str, method: str) -> None:
-    for headers in ({}, bearer(alice_token)):
-        response = getattr(client, method)(path, **headers)
-        assert response.status_code == 404 and error_of(response) == "not-found", (path, response.content[:100])
+    response = getattr(client, method)(path, **bearer(alice_token))
+    assert response.status_code == 404 and error_of(response) == "not-found", (path, response.content[:100])
+    anonymous = getattr(client, method)(path)  # authentication first, as on every API route
+    assert anonymous.status_code == 401 and error_of(anonymous) == "auth-required"
 
 
 @pytest.mark.parametrize("query", ["t0=inf", "t0=-inf", "t1=1e400", "t0=nan", "px=inf", "device=inf"])
@@ -482,3 +483,90 @@ def test_a_run_whose_final_write_failed_is_requeued_by_the_next_sweep(
     assert services.uploads_requeue_stale() == [upload.id]
     upload.refresh_from_db()
     assert upload.status == Upload.Status.QUEUED
+
+
+# --- (7) sign-in, sign-up and team limits ---------------------------------------------------------
+
+
+def test_wrong_guesses_from_elsewhere_do_not_lock_out_a_browser_that_signed_in_before(
+    django_user_model: Any, settings: Any
+) -> None:
+    from django.test import Client
+
+    settings.LOGIN_RATE_PER_USERNAME = "4/m"  # Dora's first sign-in (no cookie yet) is one of the four
+    django_user_model.objects.create_user("dora-lock", password="pw-dora-123")
+    right = {"username": "dora-lock", "password": "pw-dora-123"}
+    dora = Client()
+    assert dora.post("/accounts/login/", right, REMOTE_ADDR="10.1.0.1").status_code == 302
+    device = dora.cookies["oomscope_device"]
+    dora.logout()  # the test client forgets every cookie here; a browser keeps the device cookie
+    dora.cookies["oomscope_device"] = device.value
+    attacker = Client()
+    wrong = {"username": "dora-lock", "password": "guess"}
+    codes = [attacker.post("/accounts/login/", wrong, REMOTE_ADDR="10.1.0.66").status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]  # the attacker is limited...
+    assert attacker.post("/accounts/login/", right, REMOTE_ADDR="10.1.0.66").status_code == 429
+    # ...and Dora's own browser is not: it signs in at once.
+    assert dora.post("/accounts/login/", right, REMOTE_ADDR="10.1.0.1").status_code == 302
+    assert "_auth_user_id" in dora.session
+    # A forged or foreign device cookie counts as none.
+    attacker.cookies["oomscope_device"] = "forged"
+    assert attacker.post("/accounts/login/", right, REMOTE_ADDR="10.1.0.67").status_code == 429
+
+
+def test_admin_login_is_rate_limited(django_user_model: Any, settings: Any) -> None:
+    from django.test import Client
+
+    settings.LOGIN_RATE_PER_USERNAME = "5/m"
+    django_user_model.objects.create_superuser("root-rl", password="pw-root-123")
+    client = Client()
+    wrong = {"username": "root-rl", "password": "nope", "next": "/admin/"}
+    codes = [client.post("/admin/login/", wrong, REMOTE_ADDR="10.2.0.1").status_code for _ in range(30)]
+    assert codes[:5] == [200] * 5 and set(codes[5:]) == {429}
+    # The right password, now: refused unchecked (before: 30 wrong, then the right one signed in).
+    right = {"username": "root-rl", "password": "pw-root-123", "next": "/admin/"}
+    limited = client.post("/admin/login/", right, REMOTE_ADDR="10.2.0.1")
+    assert limited.status_code == 429 and limited["X-Error-Code"] == "login:rate-limited"
+    assert "_auth_user_id" not in client.session
+
+
+def test_the_client_address_behind_a_trusted_proxy_is_its_own_bucket(settings: Any) -> None:
+    from django.test import Client
+
+    settings.LOGIN_RATE_PER_IP = "2/m"
+    settings.TRUSTED_PROXIES = frozenset({"10.3.0.1"})
+    client = Client()
+
+    def attempt(forwarded: str, remote: str = "10.3.0.1") -> int:
+        data = {"username": "", "password": "x"}
+        return int(
+            client.post("/accounts/login/", data, REMOTE_ADDR=remote, HTTP_X_FORWARDED_FOR=forwarded).status_code
+        )
+
+    assert [attempt("198.51.100.7") for _ in range(3)] == [200, 200, 429]
+    assert attempt("198.51.100.8") == 200  # another client behind the same proxy: its own count
+    # What the client wrote itself (left of the proxy's entry) is not trusted.
+    assert attempt("203.0.113.9, 198.51.100.7") == 429
+    # Not from the proxy: X-Forwarded-For is ignored, REMOTE_ADDR counts.
+    assert [attempt("198.51.100.99", remote="192.0.2.5") for _ in range(3)] == [200, 200, 429]
+
+
+def test_sign_ups_per_address_are_limited(settings: Any, django_user_model: Any) -> None:
+    from django.test import Client
+
+    settings.SIGNUP_RATE_PER_IP = "2/h"
+    codes = []
+    for n in range(3):
+        form = {"username": f"spam-{n}", "password1": "Xy7-long-pass!", "password2": "Xy7-long-pass!"}
+        codes.append(Client().post("/accounts/signup/", form, REMOTE_ADDR="10.4.0.1").status_code)
+    assert codes == [302, 302, 429]
+    assert django_user_model.objects.filter(username__startswith="spam-").count() == 2
+
+
+def test_a_user_owns_a_bounded_number_of_teams(alice_client: Any, alice: Any, settings: Any) -> None:
+    from webapp.snapshots.models import Membership
+
+    settings.TEAMS_PER_USER_MAX = 2  # Team A is the first
+    alice_client.post("/teams/", {"name": "second"})
+    alice_client.post("/teams/", {"name": "third"})
+    assert Membership.objects.filter(user=alice, role="owner").count() == 2

@@ -47,13 +47,6 @@ def _not_found() -> JsonResponse:
     return _error(404, "not-found", messages.NOT_FOUND)
 
 
-@csrf_exempt
-@never_cache
-def unknown_path(request: HttpRequest) -> HttpResponse:
-    """Every /api/v1/ path no route names: a JSON 404, whoever asks and with whatever method."""
-    return _not_found()
-
-
 def _csrf_ok(request: HttpRequest) -> bool:
     def accept(_request: HttpRequest) -> HttpResponse:
         return HttpResponse()
@@ -314,3 +307,10 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
             "runs": [services.upload_api_dict(u, request, shared=u.id in shared) for u in uploads],
         }
     )
+
+
+@api_view(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+def unknown_path(request: HttpRequest) -> HttpResponse:
+    """Every /api/v1/ path no route names: JSON like every API answer (was Django's HTML 404), after
+    the same authentication as the others (401 without credentials, then 404)."""
+    return _not_found()

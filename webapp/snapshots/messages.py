@@ -101,6 +101,7 @@ def human_bytes(n: int) -> str:
 
 # Teams, projects and tokens (services.TeamError codes team:<reason>).
 TEAM_FORBIDDEN = "Only the team's admins can do that."
+TEAM_TOO_MANY = "You own {limit} teams already, the most one person may own (TEAMS_PER_USER_MAX)."
 TEAM_NAME_REQUIRED = "A team needs a name."
 PROJECT_NAME_REQUIRED = "A project needs a name."
 TEAM_BAD_ROLE = "Unknown role {role!r}: choose viewer, member or admin."

@@ -195,6 +195,10 @@ def team_create_for_user(user: User, name: str) -> Team:
     name = clean_line(name)[:100]
     if not name:
         raise TeamError("team:name-required", messages.TEAM_NAME_REQUIRED)
+    # Each team has its own storage quota: a user who could make teams without end had no quota.
+    owned = Membership.objects.filter(user=user, role=Membership.Role.OWNER).count()
+    if owned >= settings.TEAMS_PER_USER_MAX:
+        raise TeamError("team:too-many", messages.TEAM_TOO_MANY.format(limit=settings.TEAMS_PER_USER_MAX))
     return team_create(name=name, slug=_free_slug(Team, name), owner=user)
 
 

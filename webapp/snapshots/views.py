@@ -545,6 +545,18 @@ def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("snapshots:home")
     form = SignupForm(request.POST or None)
+    if request.method == "POST":
+        from webapp.snapshots.limits import LimitExceeded, check_signup_rate
+
+        try:
+            check_signup_rate(request)  # each account brings a team with its own quota
+        except LimitExceeded as err:
+            form.errors.clear()
+            form.add_error(None, err.message)
+            response = render(request, "registration/signup.html", {"form": form}, status=err.status)
+            for name, value in err.headers().items():
+                response[name] = value
+            return response
     if request.method == "POST" and form.is_valid():
         user = form.save()
         services.personal_team_create(user)
