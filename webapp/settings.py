@@ -244,6 +244,12 @@ ANALYSIS_MEMORY_MAX_BYTES = env_int("ANALYSIS_MEMORY_MAX_BYTES", 8 * 1024**3)  #
 ANALYSIS_CPU_SECONDS = env_int("ANALYSIS_CPU_SECONDS", 1200)
 ANALYSIS_WALL_SECONDS = env_int("ANALYSIS_WALL_SECONDS", 1500)
 ANALYSIS_MAX_ATTEMPTS = env_int("ANALYSIS_MAX_ATTEMPTS", 3)
+# Fairness between teams (tasks.analyse_upload): a team running this many analyses lets another
+# team's queued upload go first; a message is put back at most ANALYSIS_MAX_DEFERRALS times,
+# ANALYSIS_DEFER_SECONDS apart, then runs anyway.
+ANALYSIS_TEAM_CONCURRENCY = env_int("ANALYSIS_TEAM_CONCURRENCY", 1)
+ANALYSIS_MAX_DEFERRALS = env_int("ANALYSIS_MAX_DEFERRALS", 600)
+ANALYSIS_DEFER_SECONDS = float(os.environ.get("ANALYSIS_DEFER_SECONDS", "0.5"))
 # Processes per analysis for its policy replays: 1 keeps one analysis to one CPU, as the
 # worker's concurrency already spreads uploads over the CPUs; each process gets the rlimits.
 ANALYSIS_JOBS = env_int("ANALYSIS_JOBS", 1)

@@ -570,3 +570,53 @@ def test_a_user_owns_a_bounded_number_of_teams(alice_client: Any, alice: Any, se
     alice_client.post("/teams/", {"name": "second"})
     alice_client.post("/teams/", {"name": "third"})
     assert Membership.objects.filter(user=alice, role="owner").count() == 2
+
+
+# --- (8) fairness between teams in the analysis queue ----------------------------------------------
+
+
+def test_a_team_running_its_share_lets_another_teams_upload_go_first(
+    alice: Any, alpha: Any, bob: Any, beta: Any, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    from django.utils import timezone
+
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots import tasks
+
+    settings.ANALYSIS_DEFER_SECONDS = 0
+    published: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(
+        tasks.analyse_upload_task, "apply_async", lambda args, kwargs=None, **_: published.append((args, kwargs))
+    )
+    now = timezone.now()
+    make_upload(alpha, alice, status=Upload.Status.RUNNING)  # team A's first, in one slot
+    second = make_upload(alpha, alice, queued_at=now)  # team A's next, taken by the other slot
+    theirs = make_upload(beta, bob, queued_at=now)  # team B's, queued behind it
+    tasks.analyse_upload(second.id)
+    second.refresh_from_db()
+    assert second.status == Upload.Status.QUEUED and second.attempts == 0  # not claimed...
+    assert published == [((second.id,), {"deferred": 1})]  # ...but put back behind team B's
+    tasks.analyse_upload(theirs.id)  # the slot takes team B's upload
+    theirs.refresh_from_db()
+    assert theirs.status == Upload.Status.DONE
+    # Nobody else waiting: team A uses the slot, though its first still runs.
+    tasks.analyse_upload(second.id, deferred=1)
+    second.refresh_from_db()
+    assert second.status == Upload.Status.DONE and len(published) == 1
+
+
+def test_a_deferred_upload_runs_after_the_deferral_limit(
+    alice: Any, alpha: Any, bob: Any, beta: Any, settings: Any
+) -> None:
+    from django.utils import timezone
+
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots import tasks
+
+    settings.ANALYSIS_MAX_DEFERRALS = 3
+    make_upload(alpha, alice, status=Upload.Status.RUNNING)
+    second = make_upload(alpha, alice, queued_at=timezone.now())
+    make_upload(beta, bob, queued_at=timezone.now())  # its message lost, say: it never runs here
+    tasks.analyse_upload(second.id, deferred=3)
+    second.refresh_from_db()
+    assert second.status == Upload.Status.DONE

@@ -435,6 +435,33 @@ def _runs_it_still(claimed_by: str, started_at: datetime | None, upload_id: int 
     return started_at is not None and started_at > timezone.now() - limit
 
 
+def upload_should_yield(upload_id: int) -> bool:
+    """Whether this queued upload should let another team's go first.
+
+    True when its team already runs ``ANALYSIS_TEAM_CONCURRENCY`` analyses and an upload of
+    another team is queued (and published): a team's uploads then never hold every worker slot
+    while another team waits. Alone in the queue, a team uses every slot.
+    """
+    team_id = (
+        Upload.objects.filter(pk=upload_id, status=Upload.Status.QUEUED)
+        .values_list("project__team_id", flat=True)
+        .first()
+    )
+    if team_id is None:
+        return False  # gone, done or running: the claim says so
+    running = Upload.objects.filter(status=Upload.Status.RUNNING, project__team_id=team_id).count()
+    if running < settings.ANALYSIS_TEAM_CONCURRENCY:
+        return False
+    waiting = Upload.objects.filter(status=Upload.Status.QUEUED, queued_at__isnull=False).exclude(
+        project__team_id=team_id
+    )
+    if not waiting.exists():
+        return False
+    # Re-published now: the sweep's stale-queued clock starts again.
+    Upload.objects.filter(pk=upload_id, status=Upload.Status.QUEUED).update(queued_at=timezone.now())
+    return True
+
+
 def upload_claim(upload_id: int, task_id: str | None = None, claimant: str = "") -> Upload | None:
     """QUEUED -> RUNNING with one conditional UPDATE; None when another worker owns the row.
 

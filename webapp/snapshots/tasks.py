@@ -88,7 +88,7 @@ def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
     throws=(SnapshotError,),
     ignore_result=True,
 )
-def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
+def analyse_upload(self: Any, upload_id: int, deferred: int = 0, **_future_kwargs: Any) -> None:
     """Analyse upload ``upload_id`` in a resource-limited child process and store the report.
 
     The message id and this pool process go with the claim: when the pool process running this
@@ -96,6 +96,14 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
     re-runs the upload at once, as the next attempt, instead of waiting for the sweep; when the
     whole worker is killed, the next worker start re-queues it (``_requeue_dead_claims``).
     """
+    if deferred < settings.ANALYSIS_MAX_DEFERRALS and services.upload_should_yield(upload_id):
+        # Fairness between teams: this team already runs its share while another team's upload
+        # waits, so this message goes to the back of the queue and the slot takes the next one.
+        # (First come, first served let one team's slow uploads hold every slot: issue 22.)
+        time.sleep(settings.ANALYSIS_DEFER_SECONDS)  # no busy loop when the other one is not queued yet
+        analyse_upload_task.apply_async((upload_id,), {"deferred": deferred + 1})
+        log.info("upload %s: deferred (%d) behind another team's upload", upload_id, deferred + 1)
+        return
     task_id = getattr(self.request, "id", None)
     upload = services.upload_claim(upload_id, task_id=task_id, claimant=liveness.identity())
     if upload is None:
