@@ -418,7 +418,7 @@ def test_a_delete_during_the_analysis_leaves_no_store_behind(
 
 
 def test_the_disk_guard_refuses_uploads_with_json_507_and_healthz_says_so(
-    client: Any, alice_token: str, alice_client: Any, settings: Any
+    client: Any, alice_token: str, alice_client: Any, alice: Any, alpha: Any, settings: Any
 ) -> None:
     from webapp.snapshots import disk
 
@@ -433,6 +433,12 @@ def test_the_disk_guard_refuses_uploads_with_json_507_and_healthz_says_so(
     assert Upload.objects.count() == 0
     health = client.get("/healthz").json()
     assert health["disk"].startswith("low:") and "disk" in health["degraded"]
+    # Only uploads are held back: a share link (a row, no file) is still made through the session API.
+    from tests.webapp.helpers import make_upload
+
+    upload = make_upload(alpha, alice)
+    shared = alice_client.post(f"/api/v1/snapshots/{upload.code}/share")
+    assert shared.status_code == 201, shared.content[:200]
 
 
 def test_a_write_that_finds_no_space_is_json_507(

@@ -23,6 +23,7 @@ from webapp.snapshots.intake import (
     PARSE_ERRORS,
     IntakeError,
     check_declared_size,
+    check_disk,
     check_quota,
     check_replay_rate,
     disk_full,
@@ -174,6 +175,7 @@ def _sweep_within() -> int:
 @api_view(("POST",))
 def snapshots(request: HttpRequest) -> HttpResponse:
     check_declared_size(request)
+    check_disk(request)
     key = _idempotency_key(request)
     earlier = services.upload_by_idempotency_key(request.user, key)  # type: ignore[arg-type]
     if earlier is not None:

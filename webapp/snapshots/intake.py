@@ -68,7 +68,6 @@ def check_declared_size(request: Any) -> None:
         raise IntakeError(411, "upload:length-required", messages.UPLOAD_LENGTH_REQUIRED)
     if content_length_over_cap(request):
         raise too_large()
-    check_disk(request)
 
 
 def check_disk(request: Any) -> None:

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from webapp.snapshots import chartpage, explore, messages, services
 from webapp.snapshots.forms import SignupForm, UploadForm
-from webapp.snapshots.intake import IntakeError, check_declared_size, disk_full, received_file
+from webapp.snapshots.intake import IntakeError, check_declared_size, check_disk, disk_full, received_file
 from webapp.snapshots.models import Upload
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,7 @@ def upload(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         try:
             check_declared_size(request)
+            check_disk(request)
         except IntakeError as err:
             return _upload_refused(request, err)
     return _upload_checked(request)
