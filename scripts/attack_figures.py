@@ -98,10 +98,7 @@ def share_link_backfill(strings: int) -> None:
         f"read_snapshot(open({str(path)!r}, 'rb').read());"
         f"print({_HWM}); print(round(time.perf_counter() - t, 2))"
     )
-    baseline = (
-        "import sys; sys.path.insert(0, '.'); import analysis.reader;"
-        f"print({_HWM}); print(0)"
-    )
+    baseline = f"import sys; sys.path.insert(0, '.'); import analysis.reader;print({_HWM}); print(0)"
     rss, seconds = _peak_rss_of(before)
     base, _ = _peak_rss_of(baseline)
     emit(

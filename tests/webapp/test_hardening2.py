@@ -626,3 +626,25 @@ def test_a_deferred_upload_runs_after_the_deferral_limit(
     tasks.analyse_upload(second.id, deferred=3)
     second.refresh_from_db()
     assert second.status == Upload.Status.DONE
+
+
+def test_temp_files_left_by_killed_processes_are_purged(tmp_path: Path, settings: Any) -> None:
+    import os
+    import time
+
+    from webapp.snapshots import disk
+
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    old = time.time() - 10_000
+    upload_tmp = tmp_path / "tmpab12cd.upload.gz"  # what a gunicorn worker killed mid-upload leaves
+    child_dir = tmp_path / "oomscope-x1y2"  # what a pool process killed mid-analysis leaves
+    child_dir.mkdir()
+    (child_dir / "report.json").write_text("{}")
+    fresh = tmp_path / "tmpfresh.upload"  # an upload being received now
+    other = tmp_path / "someone-elses.tmp"
+    for path in (upload_tmp, fresh, other):
+        path.write_bytes(b"x")
+    for path in (upload_tmp, child_dir, other):
+        os.utime(path, (old, old))
+    assert disk.purge_stale_temp_files(older_than_seconds=3600) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["someone-elses.tmp", "tmpfresh.upload"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -68,3 +69,32 @@ def is_full(exc: BaseException) -> bool:
 def database_full(exc: BaseException) -> bool:
     """SQLite's answer when its disk is full ("database or disk is full", SQLITE_FULL)."""
     return "disk is full" in str(exc) or "No space left" in str(exc)
+
+
+# What a killed process leaves in the temp directory: Django's upload temp files (a gunicorn worker
+# killed mid-upload never closes them) and the worker's and analysis child's folders (a pool
+# process killed mid-analysis never leaves its ``with``). Removed once older than any live use.
+STALE_TEMP_PATTERNS = ("tmp*.upload*", "oomscope-*")
+
+
+def purge_stale_temp_files(older_than_seconds: float) -> int:
+    """Remove the temp files and folders above last changed more than ``older_than_seconds`` ago."""
+    import time
+
+    folder = Path(settings.FILE_UPLOAD_TEMP_DIR or tempfile.gettempdir())
+    cutoff = time.time() - older_than_seconds
+    removed = 0
+    for pattern in STALE_TEMP_PATTERNS:
+        for path in folder.glob(pattern):
+            try:
+                if path.is_symlink() or path.lstat().st_mtime > cutoff or path.stat().st_uid != os.getuid():
+                    continue
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("stale temp %s not removed: %s", path, exc)
+                continue
+            removed += 1
+    return removed

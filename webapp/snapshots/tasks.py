@@ -240,7 +240,13 @@ def sweep_uploads(**_future_kwargs: Any) -> int:
 @app.task(name="snapshots.purge_failed_uploads", ignore_result=True)
 def purge_failed_uploads(**_future_kwargs: Any) -> int:
     """Remove the files of failed uploads past their retention (beat, every ``PURGE_INTERVAL_SECONDS``)."""
+    from webapp.snapshots import disk
+
     purged = services.uploads_purge_failed()
     if purged:
         log.info("purge: removed the files of %d failed uploads", purged)
+    # Past the task's hard time limit and gunicorn's timeout no live request or analysis uses them.
+    stale = disk.purge_stale_temp_files(older_than_seconds=float(settings.CELERY_TASK_TIME_LIMIT) + 3600)
+    if stale:
+        log.info("purge: removed %d temp files and folders left by killed processes", stale)
     return purged
