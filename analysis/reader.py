@@ -544,15 +544,13 @@ class _Converter:
         segments_by_device = self.convert_segments(segments_raw)
         if layout == "modern" and self.saw_history:
             layout = "history"
-        if len(traces_raw) > self.limits.max_devices:
-            raise LimitError(
-                "devices", f"{len(traces_raw):,} device traces (at most {self.limits.max_devices} are read)"
-            )
         ordinals = sorted(set(segments_by_device) | set(range(len(traces_raw))))
-        if len(ordinals) > self.limits.max_devices:
-            raise LimitError("devices", f"{len(ordinals):,} devices (at most {self.limits.max_devices} are read)")
         devices = []
-        for dev in ordinals:
+        for k, dev in enumerate(ordinals):
+            # Checked device by device, so that a file whose traces share one huge list is refused
+            # for its expansion (what it is) before its count of devices.
+            if k == self.limits.max_devices:
+                raise LimitError("devices", f"{len(ordinals):,} devices (at most {self.limits.max_devices} are read)")
             events = traces_raw[dev] if dev < len(traces_raw) else []
             trace, streams, cc, um = self.convert_trace(dev, events)
             segs = segments_by_device.get(dev, [])
@@ -1115,12 +1113,11 @@ def _all_default_values(values: list[Any], default: Any) -> bool:
 
 
 def _all_default(events: list[dict[str, Any]], key: str, default: Any) -> bool:
-    """Whether every event lacks ``key`` or holds ``default`` there (one pass, no list)."""
-    try:
-        distinct = set(map(dict.get, events, repeat(key), repeat(default)))
-    except TypeError:  # unhashable values: not all default
-        return False
-    return len(distinct) == 1 and default in distinct and type(next(iter(distinct))) is type(default)
+    """Whether every event lacks ``key`` or holds ``default`` there. Nothing is hashed: ``count``
+    compares by identity, then ``==``, which a nested tuple answers at once against a str
+    (a set of the values hashed them, and a tuple nested a million deep crashed the hash)."""
+    values = list(map(dict.get, events, repeat(key), repeat(default)))
+    return values.count(default) == len(values) and set(map(type, values)) <= {type(default)}
 
 
 def _check_frees_match_their_blocks(
@@ -1157,14 +1154,6 @@ def _check_int_range(value: Any, where: str) -> None:
     """Ints a report prints must fit int64: past 4,300 digits ``str`` itself raises (issue 22)."""
     if type(value) is int and not I64_MIN <= value <= I64_MAX:
         raise SchemaError("int-range", f"{where}: {_short(value)} does not fit in int64")
-
-
-def _hashable(v: Any) -> bool:
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
 
 
 def _is_scalar(v: Any) -> bool:

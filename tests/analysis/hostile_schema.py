@@ -64,6 +64,17 @@ def _two_frames_with(key: str) -> Callable[[dict[str, Any], Any], None]:
     return edit
 
 
+def _old_layout_event(key: str) -> Callable[[dict[str, Any], Any], None]:
+    """An event of the older layout (no ``time_us``: the reader reads it key by key) with ``key`` set."""
+
+    def edit(snap: dict[str, Any], value: Any) -> None:
+        for e in snap["device_traces"][0]:
+            e.pop("time_us", None)
+        snap["device_traces"][0][3][key] = value
+
+    return edit
+
+
 def _dict_key(snap: dict[str, Any], value: Any) -> None:
     snap["device_traces"][0][3][value] = 1
 
@@ -110,6 +121,10 @@ def build() -> dict[str, tuple[bytes, str]]:
         "event_pool_nested_tuple": (_with_ops(_event("pool_id"), nested_tuple_ops()), "snapshot:limit:too-deep"),
         "segment_pool_nested_tuple": (
             _with_ops(lambda s, v: s["segments"][0].update(segment_pool_id=v), nested_tuple_ops()),
+            "snapshot:limit:too-deep",
+        ),
+        "old_layout_compile_context_nested_tuple": (
+            _with_ops(_old_layout_event("compile_context"), nested_tuple_ops()),
             "snapshot:limit:too-deep",
         ),
         "dict_key_nested_tuple": (_with_ops(_dict_key, nested_tuple_ops()), "snapshot:limit:too-deep"),
