@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError, parse_oom_message
-from tests.webapp.helpers import GPT_OOM, bearer
+from tests.webapp.helpers import FIXTURES, GPT_OOM, bearer
 from webapp.snapshots.models import Upload
 
 pytestmark = pytest.mark.django_db
+
+FIXTURES_TWO_DEVICES = FIXTURES / "two_gpu_pipeline.pickle.gz"
 
 PREFIX = (
     "CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 7.00 GiB of which 1.00 GiB is free. "
@@ -653,3 +655,31 @@ def test_temp_files_left_by_killed_processes_are_purged(tmp_path: Path, settings
         os.utime(path, (old, old))
     assert disk.purge_stale_temp_files(older_than_seconds=3600) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["someone-elses.tmp", "tmpfresh.upload"]
+
+
+def test_a_disk_that_fills_while_the_stores_are_kept_leaves_none_and_the_report_stands(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from django.core.files.storage import default_storage
+
+    from tests.webapp.helpers import make_upload
+    from webapp.snapshots.tasks import analyse_upload
+
+    real_save = default_storage.save
+    calls: list[str] = []
+
+    def fills_on_the_second(name: str, content: Any, *args: Any, **kwargs: Any) -> str:
+        if name.startswith("explore/"):
+            calls.append(name)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return str(real_save(name, content, *args, **kwargs))
+
+    monkeypatch.setattr(default_storage, "save", fills_on_the_second)
+    upload = make_upload(alpha, alice, FIXTURES_TWO_DEVICES)
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE and len(calls) == 2
+    assert _stores_of(upload.sha256) == []  # the first store, saved, was taken back

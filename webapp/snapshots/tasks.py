@@ -71,12 +71,22 @@ def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
     if disk.free_bytes() - size < settings.DISK_MIN_FREE_BYTES:
         log.warning("upload %s: explore stores of %d bytes not kept: the disk is below its reserve", upload.id, size)
         return 0
-    for path in paths:
-        name = store_name(upload.sha256, int(path.stem))
-        if default_storage.exists(name):
-            continue
-        with path.open("rb") as fh:
-            default_storage.save(name, File(fh))
+    saved: list[str] = []
+    try:
+        for path in paths:
+            name = store_name(upload.sha256, int(path.stem))
+            if default_storage.exists(name):
+                continue
+            with path.open("rb") as fh:
+                saved.append(default_storage.save(name, File(fh)))
+    except OSError as exc:
+        if not disk.is_full(exc):
+            raise
+        # The disk filled meanwhile: no stores rather than some (the report is still stored).
+        log.warning("upload %s: explore stores not kept: %s", upload.id, exc)
+        for name in saved:
+            default_storage.delete(name)
+        return 0
     return size
 
 
