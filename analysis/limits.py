@@ -111,7 +111,11 @@ def figure(number: str, unit: str) -> Figure:
     return Figure(text, value, low, high)
 
 
-_SIZE = r"(\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB|TiB)"
+# A printed size. Every pattern is linear in the text: a number cannot start inside another
+# (the look-behind) and has a bounded length, so a search for "<size> allowed;" over a long run
+# of digits tries each digit once instead of re-scanning the run from every digit (issue 22:
+# 64 KB of digits took 68 s of CPU with ``\d+``). torch prints at most 20 digits and 2 decimals.
+_SIZE = r"(?<![\d.])(\d{1,20}(?:\.\d{1,6})?) (bytes|KiB|MiB|GiB|TiB)"
 _TRIED = re.compile(r"Tried to allocate " + _SIZE)
 # torch >= 2.1 ("capacty" is the spelling of some releases).
 _CAPACITY = re.compile(r"GPU (\d*) has a total capac\w* of " + _SIZE + r" of which " + _SIZE + r" is free")

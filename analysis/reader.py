@@ -45,8 +45,12 @@ import numpy as np
 from analysis.errors import FormatError, LimitError, SchemaError, SnapshotError, UnsafeError
 from analysis.model import (
     ACTION_CODE,
+    ACTIONS,
+    ALLOC,
     BLOCK_STATES,
     DEFAULT_POOL,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
     OOM,
     SEGMENT_TYPES,
     AllocatorSettings,
@@ -78,6 +82,16 @@ class ReadLimits:
     max_depth: int = 32  # real snapshots are 7 deep
     nodes_per_byte: int = 8  # real files expand to 0.1-0.9 nodes per pickle byte
     min_nodes: int = 1 << 20  # floor of the expansion budget for tiny files
+    # Distinct streams of one device and memory pools of the file: real runs use a few streams and
+    # one pool per CUDA graph. The allocator models keep free lists per (pool, stream), so a stream
+    # per event made them index past their lists (issue 22).
+    max_streams: int = 1024
+    max_pools: int = 4096
+    max_stream_pools: int = 1 << 16  # streams of a device x pools: the models' free lists
+    max_gzip_members: int = 4096  # torch writes one; concatenated files a few
+    # Devices of one snapshot: a process sees its node's GPUs (8 on most, 72 on the largest NVLink
+    # domains). Every device is replayed and charted: 3,000 of them in a 22 KB file took 221 s.
+    max_devices: int = 128
 
 
 # ---------------------------------------------------------------------------
@@ -88,6 +102,7 @@ _GZIP = b"\x1f\x8b"
 _ZIP = (b"PK\x03\x04", b"PK\x05\x06")
 _PICKLE_PROTOCOLS = frozenset({2, 3, 4, 5})
 _CHUNK = 16 << 20
+_GZIP_PIECE = 1 << 20  # the most compressed input handed to zlib at once (see _gunzip)
 # Read buffer. The C unpickler asks peek() for 128 KiB and gets at most this
 # much: each answer is a fresh bytes object, and one of 128 KiB or more is
 # mmap'd and unmapped again by malloc (page faults: on the 460 MB file 125K more
@@ -124,39 +139,53 @@ def sniff_format(head: bytes) -> str:
 
 
 def _gunzip(data: bytes | memoryview, limits: ReadLimits) -> bytes:
-    """Decompress every gzip member with output, size and ratio caps."""
+    """Decompress every gzip member with output, size, ratio and member-count caps.
+
+    Linear in the input however many members it has: zlib copies the input left after a member
+    into ``unused_data``, so the input is handed over in pieces that start small after each member
+    and double up to ``_GZIP_PIECE``; a member's end copies at most its last piece (issue 22: the
+    whole rest per member made 400,000 empty members take ~150 s).
+    """
     out: list[bytes] = []
     total = 0
     view = memoryview(data)
+    size = len(view)
+    pos = members = 0
     while True:
+        members += 1
+        if members > limits.max_gzip_members:
+            raise LimitError(
+                "gzip-members", f"the gzip file has more than {limits.max_gzip_members:,} members (torch writes one)"
+            )
         dec = zlib.decompressobj(wbits=31)
-        pending: bytes | memoryview = view
+        piece_size = 64
         try:
             while True:
-                chunk = dec.decompress(pending, _CHUNK)
+                piece = view[pos : pos + piece_size]
+                piece_size = min(2 * piece_size, _GZIP_PIECE)
+                chunk = dec.decompress(piece, _CHUNK)
+                pos += len(piece) - len(dec.unconsumed_tail) - len(dec.unused_data)
                 total += len(chunk)
-                _check_expansion(total, len(data), limits)
+                _check_expansion(total, size, limits)
                 out.append(chunk)
-                pending = dec.unconsumed_tail
                 if dec.eof:
                     break
-                if not pending:
+                if pos >= size:
                     # Input exhausted: flush what zlib still holds, then it must be the end.
                     chunk = dec.flush()
                     total += len(chunk)
-                    _check_expansion(total, len(data), limits)
+                    _check_expansion(total, size, limits)
                     out.append(chunk)
                     if not dec.eof:
                         raise FormatError("truncated", "the gzip stream ends early")
                     break
         except zlib.error as exc:
             raise FormatError("corrupt-gzip", f"the gzip stream is damaged ({exc})") from None
-        rest = dec.unused_data
-        if not rest:
+        if pos >= size:
             break
-        if rest[:2] != _GZIP:
-            raise FormatError("trailing-bytes", f"{len(rest)} bytes follow the gzip stream")
-        view = memoryview(rest)  # concatenated gzip members are one stream
+        if view[pos : pos + 2] != _GZIP:
+            raise FormatError("trailing-bytes", f"{size - pos} bytes follow the gzip stream")
+        # concatenated gzip members are one stream
     return b"".join(out)
 
 
@@ -517,11 +546,21 @@ class _Converter:
             layout = "history"
         ordinals = sorted(set(segments_by_device) | set(range(len(traces_raw))))
         devices = []
-        for dev in ordinals:
+        for k, dev in enumerate(ordinals):
+            # Checked device by device, so that a file whose traces share one huge list is refused
+            # for its expansion (what it is) before its count of devices.
+            if k == self.limits.max_devices:
+                raise LimitError("devices", f"{len(ordinals):,} devices (at most {self.limits.max_devices} are read)")
             events = traces_raw[dev] if dev < len(traces_raw) else []
             trace, streams, cc, um = self.convert_trace(dev, events)
             segs = segments_by_device.get(dev, [])
             finished = [self.finish_segment(s, streams) for s in segs]
+            if len(streams) * len(self.pools) > self.limits.max_stream_pools:
+                raise LimitError(
+                    "streams",
+                    f"device {dev}: {len(streams):,} streams x {len(self.pools):,} memory pools (at most "
+                    f"{self.limits.max_stream_pools:,} pairs are read)",
+                )
             devices.append(DeviceData(dev, trace, finished, streams, cc, um))
         annotations = self.convert_annotations(annotations_raw)
         settings = self.convert_settings(settings_raw)
@@ -542,6 +581,9 @@ class _Converter:
             raise self.bad(where, filename if type(filename) is not str else name, "a str")
         if type(line) is not int:
             raise self.bad(f"{where}.line", line, "an int")
+        if line.bit_length() > 64:  # a 4,300-digit line cannot even be printed (issue 22)
+            # 64 bits, not int64: torch writes an unknown line as 2**64 - 1 (compiled_train).
+            raise SchemaError("int-range", f"{where}.line: {_short(line)} does not fit in 64 bits")
         key = (filename, line, name)
         fid = self.frame_by_value.get(key)
         if fid is None:
@@ -643,9 +685,15 @@ class _Converter:
             for k in np.argsort(rep_pos, kind="stable").tolist():
                 rep_sid[k] = self.stack_of(reps[k], f"{where}[{int(idx[pending[rep_pos[k]]])}].frames")
             members = lists if pending.size == m else list(map(lists.__getitem__, pending.tolist()))
-            same = np.fromiter(
-                map(operator.eq, members, map(reps.__getitem__, inverse.tolist())), np.bool_, pending.size
-            )
+            try:
+                same = np.fromiter(
+                    map(operator.eq, members, map(reps.__getitem__, inverse.tolist())), np.bool_, pending.size
+                )
+            except RecursionError:
+                # Frames that differ only in deeply nested extra values (a dict a million deep under
+                # a key the reader ignores): == recurses into them. Intern these one by one below,
+                # by their frames' filename, line and name only (issue 22: was RecursionError).
+                break
             sids[pending[same]] = rep_sid[inverse[same]]
             pending = pending[~same]
         for i in pending.tolist():
@@ -662,6 +710,8 @@ class _Converter:
         key = (int(value[0]), int(value[1]))
         pid = self.pool_ids.get(key)
         if pid is None:
+            if len(self.pools) >= self.limits.max_pools:
+                raise LimitError("pools", f"{where}: more than {self.limits.max_pools:,} memory pools")
             pid = self.pool_ids[key] = len(self.pools)
             self.pools.append(key)
         return pid
@@ -724,7 +774,12 @@ class _Converter:
             return values
 
         try:
-            action = np.fromiter(map(ACTION_CODE.__getitem__, column(0)), np.int8, n)
+            actions_read = column(0)
+            # Only strs are looked up: hashing a value hashes it whole, and a tuple nested a
+            # million deep crashes CPython's C stack (issue 22), where a type never does.
+            if not set(map(type, actions_read)) <= {str}:
+                raise TypeError
+            action = np.fromiter(map(ACTION_CODE.__getitem__, actions_read), np.int8, n)
         except (KeyError, TypeError):
             if not all(type(e) is dict for e in events):  # dict.get on a non-dict
                 i = next(k for k, e in enumerate(events) if type(e) is not dict)
@@ -747,12 +802,14 @@ class _Converter:
         del addrs
         size = self.int_column(column(2), where, "size", nonneg=True)
         stream_values = column(3)
-        try:
-            order = dict.fromkeys(stream_values)  # a few distinct streams, in order of first appearance
-        except TypeError:  # an unhashable value (a list, a dict): not a stream id
-            order = {None: None}
-        if not set(map(type, order)) <= {int}:
+        # Types first: only ints are hashed (a nested tuple would crash the hash, see above).
+        if not set(map(type, stream_values)) <= {int}:
             self.int_column(stream_values, where, "stream")  # raises with the event's index
+        order = dict.fromkeys(stream_values)  # a few distinct streams, in order of first appearance
+        if len(order) > self.limits.max_streams:
+            raise LimitError(
+                "streams", f"{where}: {len(order):,} distinct streams (at most {self.limits.max_streams:,} are read)"
+            )
 
         times = column(4)
         absent = times.count(None)
@@ -770,10 +827,12 @@ class _Converter:
             counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
             self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
 
-        if only_event_keys or _all_default(events, "pool_id", None):
+        pool_values = None if only_event_keys else list(map(get, events, repeat("pool_id")))
+        if pool_values is None or pool_values.count(None) == n:
             pool = np.zeros(n, np.int32)
         else:
-            pool = self.pool_column(list(map(get, events, repeat("pool_id"))), where)
+            pool = self.pool_column(pool_values, where)
+        del pool_values
 
         cc = self.sparse_text(events, "compile_context", "N/A", where, None if cols is None else column(6))
         um = self.sparse_text(events, "user_metadata", "", where, None if cols is None else column(7))
@@ -787,17 +846,19 @@ class _Converter:
         else:
             rank = {s: k for k, s in enumerate(streams)}
             stream = np.fromiter(map(rank.__getitem__, stream_values), np.int32, n)
+        if len(streams) > 1 or pool.any():
+            _check_frees_match_their_blocks(action, addr, stream, pool, streams, where)
         trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
         return trace, streams, cc, um
 
     def pool_column(self, values: list[Any], where: str) -> np.ndarray:
-        if list in set(map(type, values)):
-            values = [tuple(v) if type(v) is list else v for v in values]  # JSON has no tuples
-        try:
-            distinct = dict.fromkeys(values)
-        except TypeError:
-            i = next(k for k, v in enumerate(values) if not _hashable(v))
-            raise self.bad(f"{where}[{i}].pool_id", values[i], "a pool id (a pair of ints)", "bad-pool-id") from None
+        # Each value is checked to be None or a pair of ints before anything hashes it (a nested
+        # tuple would crash the hash); JSON has no tuples, so a list pair is read as one.
+        values = [tuple(v) if type(v) is list else v for v in values]
+        for i, v in enumerate(values):
+            if v is not None and not (type(v) is tuple and len(v) == 2 and type(v[0]) is int and type(v[1]) is int):
+                raise self.bad(f"{where}[{i}].pool_id", v, "a pool id (a pair of ints)", "bad-pool-id")
+        distinct = dict.fromkeys(values)
         ordinal = {}
         for v in distinct:
             i = values.index(v)
@@ -974,8 +1035,10 @@ class _Converter:
                 for k2, v2 in value.items():
                     if type(k2) is not str or not _is_scalar(v2):
                         raise self.bad(f"{where}.{_short(k2)}", v2, "a scalar")
+                    _check_int_range(v2, f"{where}.{_short(k2)}")
                 clean[key] = dict(value)
             elif _is_scalar(value):
+                _check_int_range(value, where)
                 clean[key] = value
             else:
                 raise self.bad(where, value, "a scalar or a dict of scalars")
@@ -1050,20 +1113,47 @@ def _all_default_values(values: list[Any], default: Any) -> bool:
 
 
 def _all_default(events: list[dict[str, Any]], key: str, default: Any) -> bool:
-    """Whether every event lacks ``key`` or holds ``default`` there (one pass, no list)."""
-    try:
-        distinct = set(map(dict.get, events, repeat(key), repeat(default)))
-    except TypeError:  # unhashable values: not all default
-        return False
-    return len(distinct) == 1 and default in distinct and type(next(iter(distinct))) is type(default)
+    """Whether every event lacks ``key`` or holds ``default`` there. Nothing is hashed: ``count``
+    compares by identity, then ``==``, which a nested tuple answers at once against a str
+    (a set of the values hashed them, and a tuple nested a million deep crashed the hash)."""
+    values = list(map(dict.get, events, repeat(key), repeat(default)))
+    return values.count(default) == len(values) and set(map(type, values)) <= {type(default)}
 
 
-def _hashable(v: Any) -> bool:
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
+def _check_frees_match_their_blocks(
+    action: np.ndarray, addr: np.ndarray, stream: np.ndarray, pool: np.ndarray, streams: list[int], where: str
+) -> None:
+    """A free names the stream and pool of the block it frees (torch writes the block's own).
+
+    The allocator models keep a free list per (pool, stream) and put a freed block back on the
+    list its free names: a free on another stream or pool than its allocation made them index
+    past their lists (issue 22: a negative stream, a stream per event, a list as pool id, all
+    ``IndexError``). Checked where the trace holds the allocation: each free against the event
+    before it at its address. Only traces with several streams or pools pay for the sort.
+    """
+    blocks = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED) | (action == FREE_COMPLETED))
+    if blocks.size < 2:
+        return
+    order = blocks[np.argsort(addr[blocks], kind="stable")]
+    prev, cur = order[:-1], order[1:]
+    follows = (addr[cur] == addr[prev]) & (action[cur] != ALLOC) & (action[prev] != FREE_COMPLETED)
+    wrong = follows & ((stream[cur] != stream[prev]) | (pool[cur] != pool[prev]))
+    if not wrong.any():
+        return
+    k = int(np.flatnonzero(wrong)[0])
+    i, j = int(cur[k]), int(prev[k])
+    raise SchemaError(
+        "inconsistent-trace",
+        f"{where}[{i}]: a {ACTIONS[int(action[i])]} of the block at {int(addr[i]):#x} names stream "
+        f"{_short(streams[int(stream[i])])}, pool #{int(pool[i])}, but event {j} that it follows names stream "
+        f"{_short(streams[int(stream[j])])}, pool #{int(pool[j])}",
+    )
+
+
+def _check_int_range(value: Any, where: str) -> None:
+    """Ints a report prints must fit int64: past 4,300 digits ``str`` itself raises (issue 22)."""
+    if type(value) is int and not I64_MIN <= value <= I64_MAX:
+        raise SchemaError("int-range", f"{where}: {_short(value)} does not fit in int64")
 
 
 def _is_scalar(v: Any) -> bool:

@@ -49,6 +49,7 @@ from oomscope_client.upload import UploadError, new_idempotency_key, upload  # n
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 FIXTURES = sorted((ROOT / "tests" / "fixtures").glob("*.pickle.gz"))
+FIXTURES_BY_NAME = {p.name: p for p in FIXTURES}
 BIG = ROOT / "tests" / "fixtures" / "big_all_stacks.pickle.gz"
 
 
@@ -114,7 +115,7 @@ class Site:
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)  # run.sh exec'd supervisord: it stops all programs
+        self.proc.send_signal(signal.SIGTERM)  # run.sh passes it to supervisord, then stops what is left
         try:
             self.proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
@@ -181,9 +182,9 @@ class Site:
         return [c for c in children if "webapp.snapshots.child" in " ".join(c.cmdline())]
 
 
-def post(site: Site, token: str, path: Path, **kw: Any) -> tuple[dict[str, Any], float]:
+def post(site: Site, token: str, path: Path, project: str = "rel", **kw: Any) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
-    body = upload(path, site.url, token, project="rel", timeout=120, **kw)
+    body = upload(path, site.url, token, project=project, timeout=120, **kw)
     return body, time.monotonic() - started
 
 
@@ -559,12 +560,140 @@ def pg_restart(site: Site, token: str, pg: PrivatePostgres, n: int) -> dict[str,
     }
 
 
+# --- issue 22: one user must not be able to stall, starve or fill the service ----------------------
+
+OOM_PREFIX = (
+    "CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 7.00 GiB of which 1.00 GiB is free. "
+)
+
+
+def oom_message_stall(site: Site, token: str) -> dict[str, Any]:
+    """Two uploads whose OOM message is a valid prefix and then digits up to the 64 K cap (the
+    quadratic "... allowed;" pattern: 68 s of web CPU each before), while /healthz is polled."""
+    message = (OOM_PREFIX + "1" * 65536)[:65536]
+    samples: list[tuple[float, int]] = []  # (seconds the call took, status)
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            status, _body = site.health(timeout=10)
+            samples.append((time.monotonic() - started, status))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    time.sleep(0.5)
+    small = FIXTURES_BY_NAME["frag_oom.pickle.gz"]
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _i: post(site, token, small, oom_message=message), range(2)))
+    time.sleep(1)
+    stop.set()
+    watcher.join()
+    health = [dt for dt, status in samples if status == 200]
+    answer_s = [round(dt, 2) for _body, dt in answers]
+    return {
+        "upload_answer_s": answer_s,
+        "healthz_polls": len(samples),
+        "healthz_failed": sum(1 for _dt, status in samples if status != 200),
+        "healthz_max_s": round(max(health), 3) if health else None,
+        "pass": max(answer_s) < 10 and bool(health) and max(health) < 2.0,
+    }
+
+
+def fair_queue(site: Site, token: str, other_token: str, heavy: int) -> dict[str, Any]:
+    """One team queues ``heavy`` big uploads, then another team one small upload: how long the
+    small one waits. First come, first served made it wait for the heavy ones (issue: 152 s)."""
+    big = FIXTURES_BY_NAME["big_all_stacks.pickle.gz"]
+    small = FIXTURES_BY_NAME["frag_oom.pickle.gz"]
+    alone_body, _ = post(site, other_token, small, project="rel2")
+    started = time.monotonic()
+    site.wait_done(other_token, alone_body["id"], 300)
+    alone_s = time.monotonic() - started
+    heavy_codes = [post(site, token, big)[0]["id"] for _ in range(heavy)]
+    time.sleep(1)  # the heavy team holds the slots
+    started = time.monotonic()
+    body, _ = post(site, other_token, small, project="rel2")
+    done = site.wait_done(other_token, body["id"], 600)
+    waited = time.monotonic() - started
+    heavy_done = [site.wait_done(token, code, 900)["status"] for code in heavy_codes]
+    all_done = time.monotonic() - started
+    return {
+        "other_team_alone_s": round(alone_s, 1),
+        "other_team_behind_heavy_s": round(waited, 1),
+        "heavy_uploads": heavy,
+        "heavy_all_done_s": round(all_done, 1),
+        "statuses": [done["status"], *heavy_done],
+        "pass": done["status"] == "done" and waited < all_done / 2,
+    }
+
+
+def share_link_junk(site: Site, token: str) -> dict[str, Any]:
+    """A done report without an explore store (no devices, 270 MB of strings, 4.4 MB gzipped),
+    its share link's timeline.json asked 4 times at once: gunicorn's memory before and after."""
+    import gzip
+    import pickle
+    import tempfile
+
+    import psutil
+
+    junk = {"segments": [], "device_traces": [], "junk": [f"{i:09d}" * 100 for i in range(300_000)]}
+    path = Path(tempfile.mkdtemp()) / "junk.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(junk, protocol=4), 1))
+    del junk
+    body, _ = post(site, token, path)
+    done = site.wait_done(token, body["id"], 300)
+    request = urllib.request.Request(  # noqa: S310
+        f"{site.url}/api/v1/snapshots/{body['id']}/share", method="POST", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310
+        share = json.loads(r.read())["share_url"]
+
+    def web_rss() -> int:
+        main = psutil.Process(site.pid("web"))
+        return sum(p.memory_info().rss for p in [main, *main.children(recursive=True)])
+
+    def zoom(_i: int) -> tuple[int, str, float]:
+        started = time.monotonic()
+        url = share.rstrip("/") + "/timeline.json?t0=0&t1=100&px=100"
+        try:
+            with urllib.request.urlopen(url, timeout=120) as r:  # noqa: S310
+                return r.status, "", time.monotonic() - started
+        except urllib.error.HTTPError as e:
+            code = json.loads(e.read() or b"{}").get("error", {}).get("code", "")
+            return e.code, code, time.monotonic() - started
+
+    before = web_rss()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(zoom, range(4)))
+    after = web_rss()
+    return {
+        "upload_bytes": path.stat().st_size,
+        "status": done["status"],
+        "answers": [f"{status} {code} {dt:.2f}s" for status, code, dt in answers],
+        "web_rss_before_mb": before >> 20,
+        "web_rss_after_mb": after >> 20,
+        "pass": all(status == 404 and code == "explore:no-store" for status, code, _ in answers)
+        and after - before < 100 << 20,
+    }
+
+
 def slow_clients_each(site: Site, counts: list[int]) -> dict[str, Any]:
     runs = {f"with_{n}": slow_clients(site, n) for n in counts}
     return {**runs, "pass": all(r["pass"] for r in runs.values())}
 
 
-SCENARIOS = ["concurrent", "kill-pool", "kill-main", "kill-redis", "broker-down", "slow-clients"]
+SCENARIOS = [
+    "concurrent",
+    "kill-pool",
+    "kill-main",
+    "kill-redis",
+    "broker-down",
+    "slow-clients",
+    "oom-message",
+    "fair-queue",
+    "share-link-junk",
+]
 
 
 def run_site(name: str, database_url: str | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -574,6 +703,7 @@ def run_site(name: str, database_url: str | None, args: argparse.Namespace) -> d
     try:
         site.start()
         token = site.manage("create_api_token", "rel", "--create-user", "--team", "rel", "--project", "rel")
+        other_token = site.manage("create_api_token", "rel2", "--create-user", "--team", "rel2", "--project", "rel2")
         plan: dict[str, Callable[[], dict[str, Any]]] = {
             "concurrent": lambda: concurrent(site, token, args.uploads),
             "kill-pool": lambda: kill_pool(site, token),
@@ -581,6 +711,9 @@ def run_site(name: str, database_url: str | None, args: argparse.Namespace) -> d
             "kill-redis": lambda: kill_program(site, token, "redis", sweep_running),
             "broker-down": lambda: broker_down(site, token),
             "slow-clients": lambda: slow_clients_each(site, args.slow_clients),
+            "oom-message": lambda: oom_message_stall(site, token),
+            "fair-queue": lambda: fair_queue(site, token, other_token, args.heavy_uploads),
+            "share-link-junk": lambda: share_link_junk(site, token),
         }
         for scenario in args.only or (SCENARIOS if name == "sqlite" else ["concurrent"]):
             started = time.monotonic()
@@ -636,6 +769,7 @@ def reset_postgres(url: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--uploads", type=int, default=50)
+    parser.add_argument("--heavy-uploads", type=int, default=6, help="fair-queue: the heavy team's uploads")
     parser.add_argument("--slow-clients", type=int, nargs="+", default=[2, 10])
     parser.add_argument("--postgres", default=os.environ.get("DATABASE_URL_POSTGRES"), help="postgres:// URL")
     parser.add_argument("--only", nargs="*", choices=SCENARIOS)

@@ -2,6 +2,10 @@
 # `make run`: Redis (unless REDIS_URL is set), a Celery worker with beat, and gunicorn on
 # 127.0.0.1:$PORT, supervised by supervisord in the foreground. A process that dies (killed,
 # crashed) is restarted alone; the others keep running. Ctrl-C stops all of them.
+# Every process started here carries OOMSCOPE_RUN_VAR (this var dir) and OOMSCOPE_RUN_ID (this
+# run) in its environment: a start refuses to run beside processes of an earlier run on the same
+# var dir (supervisord killed with -9 leaves its children serving), and when supervisord exits,
+# however it exits, this script stops whatever of its tree is left.
 # Logs: var/log/{redis,worker,web}.log, appended across restarts and rotated at 50 MB (5 kept);
 # var/log/supervisord.log says what was started and restarted. Follow one with
 #   .venv/bin/supervisorctl -c var/run/supervisord.conf tail -f worker
@@ -12,7 +16,45 @@ PY="$PWD/.venv/bin/python"
 PORT="${PORT:-8000}"
 VAR="${VAR_DIR:-$PWD/var}"
 mkdir -p "$VAR/run" "$VAR/log" "$VAR/redis"
+VAR="$(cd "$VAR" && pwd)"
 CONF="$VAR/run/supervisord.conf"
+
+# Pids of this var dir's processes (this user's; never this script's own): those whose environment
+# holds NAME=VALUE, or whose command line names "$VAR/run/" (redis' socket, beat's schedule,
+# supervisord's config, gunicorn's --name). Both: redis, celery and gunicorn rewrite their process
+# titles over the memory that /proc shows as the environment, so their marker cannot be read back.
+tagged() {
+  "$PY" - "$1" "$2" "$$" "$VAR/run/" <<'PYEOF'
+import os, sys
+name, value, mine, folder = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].encode()
+me = {os.getpid(), os.getppid(), mine}
+want = f"{name}={value}".encode()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+    except OSError:
+        continue
+    if (want in env or folder in cmdline) and int(pid) not in me:
+        print(pid)
+PYEOF
+}
+
+orphans="$(tagged OOMSCOPE_RUN_VAR "$VAR" | tr '\n' ' ')"
+if [[ -n "${orphans// /}" ]]; then
+  echo "make run: processes of an earlier run on $VAR are still running: $orphans" >&2
+  echo "stop them first:  kill $orphans" >&2
+  exit 1
+fi
+if "$PY" -c "import socket,sys; s=socket.socket(); s.settimeout(0.5); sys.exit(0 if s.connect_ex(('127.0.0.1', $PORT)) == 0 else 1)"; then
+  echo "make run: port $PORT is in use; free it or run with PORT=<another>  (ss -ltnp 'sport = :$PORT' names the process)" >&2
+  exit 1
+fi
+export OOMSCOPE_RUN_VAR="$VAR"
+OOMSCOPE_RUN_ID="$$-$(date +%s%N)"
+export OOMSCOPE_RUN_ID
 
 # Each program: restarted when it exits, whatever the cause; its whole process group is
 # signalled on stop, so no pool or analysis child is left behind; output appended to its log.
@@ -80,7 +122,7 @@ stdout_logfile=$VAR/log/worker.log
 ; process, so a few clients trickling a request in cannot starve /healthz or the pages.
 ; The timeout covers uploading a large snapshot over a slow link. WhiteNoise serves /static/.
 [program:web]
-command=$PY -m gunicorn webapp.wsgi:application --bind 127.0.0.1:$PORT --worker-class gthread --workers ${WEB_WORKERS:-2} --threads ${WEB_THREADS:-16} --timeout ${WEB_TIMEOUT:-300} --graceful-timeout 30 --access-logfile -
+command=$PY -m gunicorn webapp.wsgi:application --name oomscope:$VAR/run/web --bind 127.0.0.1:$PORT --worker-class gthread --workers ${WEB_WORKERS:-2} --threads ${WEB_THREADS:-16} --timeout ${WEB_TIMEOUT:-300} --graceful-timeout 30 --access-logfile -
 priority=30
 startsecs=2
 stopwaitsecs=35
@@ -90,4 +132,32 @@ EOF
 
 echo "oomscope on http://127.0.0.1:$PORT  (sign up at /accounts/signup/; Ctrl-C stops everything)"
 echo "logs in var/log/; status: .venv/bin/supervisorctl -c $CONF status"
-exec "$PWD/.venv/bin/supervisord" -c "$CONF"
+# Not exec'd: this script outlives supervisord, so that when it exits (Ctrl-C, a crash, kill -9)
+# nothing it started keeps serving. Its programs lead process groups of their own, so they are
+# found by the run id in their environment, sent SIGTERM, and SIGKILL 10 s later.
+reap() {
+  trap - EXIT INT TERM
+  if kill -0 "$SUPERVISORD" 2>/dev/null; then
+    kill -TERM "$SUPERVISORD" 2>/dev/null || true
+    wait "$SUPERVISORD" 2>/dev/null || true
+  fi
+  left="$(tagged OOMSCOPE_RUN_ID "$OOMSCOPE_RUN_ID" | tr '\n' ' ')"
+  if [[ -n "${left// /}" ]]; then
+    echo "make run: supervisord is gone; stopping what it left: $left" >&2
+    kill -TERM $left 2>/dev/null || true
+    for _ in $(seq 20); do
+      left="$(tagged OOMSCOPE_RUN_ID "$OOMSCOPE_RUN_ID" | tr '\n' ' ')"
+      [[ -z "${left// /}" ]] && break
+      sleep 0.5
+    done
+    [[ -n "${left// /}" ]] && kill -KILL $left 2>/dev/null || true
+  fi
+}
+"$PWD/.venv/bin/supervisord" -c "$CONF" &
+SUPERVISORD=$!
+trap reap EXIT
+trap 'kill -INT "$SUPERVISORD" 2>/dev/null || true' INT
+trap 'kill -TERM "$SUPERVISORD" 2>/dev/null || true' TERM
+while kill -0 "$SUPERVISORD" 2>/dev/null; do
+  wait "$SUPERVISORD" || true
+done

@@ -3,7 +3,9 @@
 The status is 503 when the database or the broker fails: this process cannot take an upload
 then, and a load balancer should stop sending it traffic. A silent worker does not make it
 503 (pages and uploads still work; analyses wait in the queue), so the body says
-``"worker": "error: ..."`` and ``"degraded": "worker"`` and the status stays 200.
+``"worker": "error: ..."`` and ``"degraded": "worker"`` and the status stays 200. Likewise a
+disk below the upload guard's reserve (``DISK_MIN_FREE_BYTES``, webapp/snapshots/disk.py):
+``"disk": "low: ..."`` and ``"degraded"`` names it; reads still work, uploads answer 507.
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ def _broker(url: str) -> str:
     return "ok"
 
 
+def _disk() -> str:
+    from webapp.snapshots import disk
+
+    try:
+        free = disk.free_bytes()
+    except OSError as exc:
+        return f"error: {type(exc).__name__}"
+    if free < settings.DISK_MIN_FREE_BYTES:
+        return f"low: {free} bytes free, uploads refused below {settings.DISK_MIN_FREE_BYTES}"
+    return "ok"
+
+
 def _worker(app: object, timeout: float) -> str:
     """A Celery ``ping`` broadcast; the first reply ends the wait (limit=1)."""
     try:
@@ -64,9 +78,11 @@ def healthz(request: HttpRequest) -> HttpResponse:
     result["worker"] = (
         _worker(app, settings.HEALTHZ_WORKER_TIMEOUT) if result["broker"] == "ok" else "error: broker unreachable"
     )
+    result["disk"] = _disk()
     failing = [name for name in ("database", "broker") if result[name] != "ok"]
     if failing:
         result["failing"] = ", ".join(failing)
-    if result["worker"] != "ok":
-        result["degraded"] = "worker"
+    degraded = [name for name in ("worker", "disk") if result[name] != "ok"]
+    if degraded:
+        result["degraded"] = ", ".join(degraded)
     return JsonResponse(result, status=503 if failing else 200)

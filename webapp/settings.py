@@ -203,10 +203,21 @@ DATA_UPLOAD_MAX_NUMBER_FILES = 1
 # --- quotas and rate limits (applied in webapp/snapshots/limits.py; each defined only here).
 # Rates are django-ratelimit's "<count>/<period>" (s, m, h, d, with a multiplier: "60/10m").
 TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 20 * 1024**3)
+# The disk guard (webapp/snapshots/disk.py): uploads are refused (507 upload:disk-full) before they
+# would leave less than this free where uploads are written, and /healthz says "disk": "low" below it.
+DISK_MIN_FREE_BYTES = env_int("DISK_MIN_FREE_BYTES", 1024**3)
 UPLOAD_RATE_PER_TOKEN = os.environ.get("UPLOAD_RATE_PER_TOKEN", "60/10m")
 UPLOAD_RATE_PER_USER = os.environ.get("UPLOAD_RATE_PER_USER", "120/h")
+# Idempotency-Key replays (a retry answered with the upload it repeats): their own bucket, per user.
+UPLOAD_REPLAY_RATE_PER_USER = os.environ.get("UPLOAD_REPLAY_RATE_PER_USER", "30/m")
 LOGIN_RATE_PER_IP = os.environ.get("LOGIN_RATE_PER_IP", "20/m")
 LOGIN_RATE_PER_USERNAME = os.environ.get("LOGIN_RATE_PER_USERNAME", "5/m")
+SIGNUP_RATE_PER_IP = os.environ.get("SIGNUP_RATE_PER_IP", "5/h")
+# Teams a user may own (sign-up makes the first): each team has its own storage quota.
+TEAMS_PER_USER_MAX = env_int("TEAMS_PER_USER_MAX", 5)
+# Addresses of the proxies in front of the site (comma-separated): behind one of them the client's
+# address for the rate limits is read from X-Forwarded-For (limits.client_address), else REMOTE_ADDR.
+TRUSTED_PROXIES = frozenset(env_list("TRUSTED_PROXIES", ""))
 # A failed upload keeps its file this long (to look at it), then the beat purge removes it.
 FAILED_UPLOAD_RETENTION_SECONDS = env_int("FAILED_UPLOAD_RETENTION_SECONDS", 24 * 3600)
 PURGE_INTERVAL_SECONDS = env_int("PURGE_INTERVAL_SECONDS", 3600)
@@ -240,6 +251,12 @@ ANALYSIS_MEMORY_MAX_BYTES = env_int("ANALYSIS_MEMORY_MAX_BYTES", 8 * 1024**3)  #
 ANALYSIS_CPU_SECONDS = env_int("ANALYSIS_CPU_SECONDS", 1200)
 ANALYSIS_WALL_SECONDS = env_int("ANALYSIS_WALL_SECONDS", 1500)
 ANALYSIS_MAX_ATTEMPTS = env_int("ANALYSIS_MAX_ATTEMPTS", 3)
+# Fairness between teams (tasks.analyse_upload): a team running this many analyses lets another
+# team's queued upload go first; a message is put back at most ANALYSIS_MAX_DEFERRALS times,
+# ANALYSIS_DEFER_SECONDS apart, then runs anyway.
+ANALYSIS_TEAM_CONCURRENCY = env_int("ANALYSIS_TEAM_CONCURRENCY", 1)
+ANALYSIS_MAX_DEFERRALS = env_int("ANALYSIS_MAX_DEFERRALS", 600)
+ANALYSIS_DEFER_SECONDS = float(os.environ.get("ANALYSIS_DEFER_SECONDS", "0.5"))
 # Processes per analysis for its policy replays: 1 keeps one analysis to one CPU, as the
 # worker's concurrency already spreads uploads over the CPUs; each process gets the rlimits.
 ANALYSIS_JOBS = env_int("ANALYSIS_JOBS", 1)

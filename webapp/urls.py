@@ -14,6 +14,7 @@ urlpatterns = [
     path("accounts/login/", accounts.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/signup/", views.signup, name="signup"),
+    path("admin/login/", accounts.admin_login, name="admin_login"),  # before the admin's own: rate-limited
     path("admin/", admin.site.urls),
     path("api/v1/", include("webapp.snapshots.api_urls")),
     path("", include("webapp.snapshots.urls")),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 def test_healthz_ok_with_real_database_redis_and_worker(client: Any, celery_worker_process: Any) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200, response.content
-    assert response.json() == {"database": "ok", "broker": "ok", "worker": "ok"}
+    assert response.json() == {"database": "ok", "broker": "ok", "worker": "ok", "disk": "ok"}
     assert "no-cache" in response["Cache-Control"] or "max-age=0" in response["Cache-Control"]
 
 

@@ -106,7 +106,7 @@ def test_bug_is_internal_error_with_traceback_in_log(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(tasks.runner, "run_analysis", broken)
+    monkeypatch.setattr(tasks.runner, "run_child", broken)
     upload = make_upload(alpha, alice)
     tasks.analyse_upload(upload.id)
     upload.refresh_from_db()

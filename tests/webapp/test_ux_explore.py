@@ -231,8 +231,9 @@ def test_answers_come_from_the_workers_store_without_reading_the_snapshot(
     def refuse(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("the web process read the snapshot")
 
-    monkeypatch.setattr(explore, "read_snapshot", refuse)
-    monkeypatch.setattr(explore, "store_of_snapshot", refuse)
+    import analysis.reader
+
+    monkeypatch.setattr(analysis.reader, "read_snapshot", refuse)
     explore._stores.clear()
     rep, _ = replay
     for i in (-1, CHECKPOINT_EVERY - 1, CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY - 2, rep.events - 1):
@@ -248,29 +249,6 @@ def test_answers_come_from_the_workers_store_without_reading_the_snapshot(
     assert alice_client.get(f"/s/{done.code}/active.json?t0=0&t1=1000&px=100").status_code == 200
 
 
-def test_an_upload_analysed_before_stores_gets_one_made_once(
-    alice_client: Any, done: Upload, replay: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from webapp.snapshots import explore
-
-    name = f"explore/{done.sha256}/0.npz"
-    default_storage.delete(name)  # as an upload analysed before the worker stored them
-    explore._stores.clear()
-    rep, _ = replay
-    i = int(rep.peak_reserved_index)
-    first = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
-    assert first["reserved_bytes"] == int(rep.reserved[i])
-    assert default_storage.exists(name)  # made from the blob once, stored where the worker puts it
-
-    def refuse(*_a: Any, **_k: Any) -> Any:
-        raise AssertionError("made twice")
-
-    monkeypatch.setattr(explore, "store_of_snapshot", refuse)
-    explore._stores.clear()
-    again = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()
-    assert again == first
-
-
 def test_a_report_without_a_timeline_embeds_its_charts_whole() -> None:
     """A snapshot without history has no timeline to draw first: its charts stay in the page."""
     from webapp.snapshots import chartpage
@@ -279,42 +257,3 @@ def test_a_report_without_a_timeline_embeds_its_charts_whole() -> None:
     assert chartpage.first(charts) == charts
     with_timeline = {**charts, "timeline-0": {"doc": {"roots": []}}}
     assert chartpage.first(with_timeline)["stacks-0"] == chartpage.LATER
-
-
-def test_concurrent_first_requests_of_an_old_upload_make_its_store_once(
-    done: Upload, replay: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A page asks for zoom detail and active bands at once: for an upload without a store, one of
-    them makes it (one read of the blob), the other waits and reads the same; a device the
-    snapshot lacks is then 404 without reading the blob again."""
-    import threading
-
-    from analysis.explore import store_of_snapshot
-    from webapp.snapshots import explore
-
-    default_storage.delete(f"explore/{done.sha256}/0.npz")
-    explore._stores.clear()
-    made: list[int] = []
-
-    def counting(snapshot: Any, device: int) -> Any:
-        made.append(device)
-        return store_of_snapshot(snapshot, device)
-
-    monkeypatch.setattr(explore, "store_of_snapshot", counting)
-    rep, _ = replay
-    answers: list[int] = []
-    threads = [threading.Thread(target=lambda: answers.append(explore.explorer_for(done, 0).events)) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert answers == [rep.events] * 3 and made == [0]
-
-    def refuse(*_a: Any, **_k: Any) -> Any:
-        raise AssertionError("the blob was read")
-
-    monkeypatch.setattr(explore, "read_snapshot", refuse)
-    explore._stores.clear()
-    with pytest.raises(explore.ExploreError) as err:
-        explore.explorer_for(done, 3)
-    assert err.value.code == "explore:no-device"

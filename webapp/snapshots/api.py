@@ -17,13 +17,16 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.snapshots import messages, services
+from webapp.snapshots import disk, messages, services
 from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake import (
     PARSE_ERRORS,
     IntakeError,
     check_declared_size,
+    check_disk,
     check_quota,
+    check_replay_rate,
+    disk_full,
     parse_error,
     received_file,
 )
@@ -67,7 +70,17 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                 return _intake_error(err)
             except PARSE_ERRORS as exc:  # a body Django could not parse: JSON, not its HTML 400
                 return _intake_error(parse_error(exc))
+            except OSError as exc:
+                if not disk.is_full(exc):
+                    raise
+                # A write that failed for lack of space (the guard's reserve already used up):
+                # a JSON 507 with its code, not an HTML 500.
+                log.warning("api: disk full: %s", exc)
+                return _intake_error(disk_full())
             except (OperationalError, InterfaceError) as exc:
+                if disk.database_full(exc):
+                    log.warning("api: database disk full: %s", exc)
+                    return _intake_error(disk_full())
                 # The database is unreachable (restarting, failing over): a JSON 503 a client can
                 # retry (with the same Idempotency-Key), not Django's HTML 500.
                 log.warning("api: database unavailable: %s", exc)
@@ -162,10 +175,12 @@ def _sweep_within() -> int:
 @api_view(("POST",))
 def snapshots(request: HttpRequest) -> HttpResponse:
     check_declared_size(request)
+    check_disk(request)
     key = _idempotency_key(request)
-    # A retry of an upload that already went through is answered without counting it again.
-    replay = services.upload_by_idempotency_key(request.user, key) is not None  # type: ignore[arg-type]
-    uploaded, sha256, fmt = received_file(request, enforce_limits=not replay)
+    earlier = services.upload_by_idempotency_key(request.user, key)  # type: ignore[arg-type]
+    if earlier is not None:
+        return _replayed(request, earlier)
+    uploaded, sha256, fmt = received_file(request)
     fields = ApiUploadFieldsForm(request.POST)
     if not fields.is_valid():
         field, detail = first_error(fields)
@@ -187,8 +202,7 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
     if not services.can(request.user, project.team, "write"):
         return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
-    if not replay:
-        check_quota(project, uploaded.size or 0)
+    check_quota(project, uploaded.size or 0)
     try:
         upload = services.upload_create(
             user=request.user,  # type: ignore[arg-type]
@@ -200,6 +214,24 @@ def snapshots(request: HttpRequest) -> HttpResponse:
             idempotency_key=key,
             run_meta=fields.run_meta(),
         )
+    except services.IdempotencyConflict as conflict:
+        message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
+        return _error(409, "upload:idempotency-conflict", message)
+    return _accepted(request, upload)
+
+
+def _replayed(request: HttpRequest, earlier: Upload) -> HttpResponse:
+    """A retry under an Idempotency-Key already used: the earlier upload, or 409 for other bytes.
+
+    Counted by its own rate (not the upload rates, so a client retrying after a timeout gets its
+    answer); its text fields are not validated or parsed again (the earlier upload's stand).
+    """
+    check_replay_rate(request)
+    _uploaded, sha256, _fmt = received_file(request, enforce_limits=False)
+    if _upload_or_none(request, earlier.code) is None:  # its project is out of this caller's reach now
+        return _error(409, "upload:idempotency-conflict", messages.IDEMPOTENCY_CONFLICT.format(code="-"))
+    try:
+        upload = services.upload_replay(earlier, sha256)
     except services.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return _error(409, "upload:idempotency-conflict", message)
@@ -278,3 +310,10 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
             "runs": [services.upload_api_dict(u, request, shared=u.id in shared) for u in uploads],
         }
     )
+
+
+@api_view(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+def unknown_path(request: HttpRequest) -> HttpResponse:
+    """Every /api/v1/ path no route names: JSON like every API answer (was Django's HTML 404), after
+    the same authentication as the others (401 without credentials, then 404)."""
+    return _not_found()

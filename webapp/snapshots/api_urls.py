@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, re_path
 
 from webapp.snapshots import api, runapi, triage
 
@@ -23,4 +23,6 @@ urlpatterns = [
     path("projects/<slug:slug>/run-list", runapi.project_run_list, name="project_run_list"),
     path("projects/<slug:slug>/policy", runapi.project_policy, name="project_policy"),
     path("projects/<slug:slug>/regression", runapi.project_regression, name="project_regression"),
+    # Anything else under /api/v1/ is a JSON 404, as every API answer (was Django's HTML page).
+    re_path(r"^.*$", api.unknown_path, name="unknown"),
 ]

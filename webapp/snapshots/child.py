@@ -1,12 +1,17 @@
 """The analysis child process: ``python -m webapp.snapshots.child SNAPSHOT OUT.json``.
 
 Runs under the rlimits set by ``runner.py`` and imports only ``analysis`` (stdlib +
-numpy): no Django, no Celery, no database connection, so a hostile or giant file can
-take down only this process. Progress goes to stdout as one JSON object per line:
+numpy) and, for the charts, ``webapp.snapshots.charts`` (bokeh): no Django, no Celery, no
+database connection, so a hostile or giant file can take down only this process. The charts
+are built here, under the same rlimits and wall-clock limit, not in the Celery pool process
+(issue 22: 3,000 devices took 210 s of charting there, outside every limit). Progress goes to
+stdout as one JSON object per line:
 
     {"event": "progress", "stage": "replaying", "progress": 40}
-    {"event": "done"}                                   report written to OUT.json (and, with
+    {"event": "report"}                                 report written to OUT.json (and, with
                                                         OOMSCOPE_EXPLORE_DIR, one explore store per device)
+    {"event": "done"}                                   with OOMSCOPE_CHARTS_FILE, the report's charts
+                                                        written there too (else at once after "report")
     {"event": "error", "code": "snapshot:...", "message": "..."}   exit status 2
 
 Anything else (a bug) prints a traceback to stderr and exits 1.
@@ -98,8 +103,15 @@ def _store_writer(folder: Path) -> Any:
 
 
 def main(argv: list[str]) -> int:
+    import faulthandler
+
     from analysis.errors import SnapshotError
     from analysis.limits import OomMessageError
+
+    # A crash of the interpreter itself leaves its Python stack on stderr: the runner reads there
+    # whether the reader was unpickling (a tuple nested a million deep as a dict key overflows the
+    # C stack when the unpickler hashes it; no Python check runs before that hash).
+    faulthandler.enable()
 
     source, out = Path(argv[0]), Path(argv[1])
     filename = argv[2] if len(argv) > 2 else None
@@ -116,8 +128,33 @@ def main(argv: list[str]) -> int:
         return 2
     with out.open("w") as fh:
         json.dump(report, fh, separators=(",", ":"), allow_nan=False)
+    _emit({"event": "report"})
+    charts_file = os.environ.get("OOMSCOPE_CHARTS_FILE")  # set by runner.py when the task wants charts
+    if charts_file:
+        _emit({"event": "progress", "stage": "charting", "progress": STAGES["charting"]})
+        charts = _charts(report)
+        with Path(charts_file).open("w") as fh:
+            json.dump(charts, fh, separators=(",", ":"))
     _emit({"event": "done"})
     return 0
+
+
+def _charts(report: dict[str, Any]) -> dict[str, Any]:
+    """The report's charts; none when building them fails (a chart bug, or this process's memory
+    cap reached while charting), so a finished report is never thrown away for its charts."""
+    try:
+        from webapp.snapshots.charts import build_charts
+
+        charts: dict[str, Any] = build_charts(report)
+    except MemoryError:
+        sys.stderr.write("charts: memory limit reached; the report is stored without charts\n")
+        return {}
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        return {}
+    return charts
 
 
 if __name__ == "__main__":

@@ -6,29 +6,29 @@ columns, the stack table and the replay's full state every ``CHECKPOINT_EVERY`` 
 task keeps it as ``explore/<sha256>/<device>.npz`` beside the upload's blob (uncompressed, so a
 window reads fast). A zoom slices the columns; the state at an event is the checkpoint before it
 moved on by at most ``CHECKPOINT_EVERY - 1`` events of the same replay; a block's stacks are read
-from the stack table. Nothing here reads or replays the snapshot, with one exception: an upload
-analysed before stores existed (or whose store is of an older version) gets the stores of all its
-devices made once, here, by its first request (``analysis.explore.store_of_snapshot``, one read of
-the blob), saved at the same names, and read from then on. A device without a store where other
-devices have one is answered 404 at once. One thread per process reads a given store; the last few
-read stay in this process (``STORES_KEPT``).
+from the stack table. Nothing here reads, unpickles or replays the snapshot: an upload without a
+store (analysed before stores existed, a store of an older version, or a snapshot with nothing to
+replay) is answered 404 ``explore:no-store`` at once. The web process once made such stores from
+the blob itself, and a share link to a 13 MB upload of 300 MB of strings then cost 0.9 GB of
+gunicorn's memory per request (issue 22); the analysis child, under its rlimits, is the only
+place an upload is read. A device without a store where other devices have one is answered 404
+``explore:no-device``. One thread per process reads a given store; the last few read stay in this
+process (``STORES_KEPT``).
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from analysis.explore import StoredExplorer, active_bands, store_of_snapshot, window
+from analysis.explore import StoredExplorer, active_bands, window
 from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
-from analysis.reader import read_snapshot
+from webapp.snapshots import messages
 from webapp.snapshots.formatting import event_text, format_bytes
 from webapp.snapshots.models import Upload
 
@@ -64,42 +64,18 @@ def _read(name: str) -> StoredExplorer | None:
     """The stored explorer at ``name``; None when it is missing or of another store version."""
     if not default_storage.exists(name):
         return None
-    with default_storage.open(name, "rb") as fh:
-        data = fh.read()
-    arrays = np.load(io.BytesIO(data), allow_pickle=False)
-    store = {k: arrays[k] for k in arrays.files}
+    # Each array straight from the open file: no copy of the whole store in memory first.
+    with default_storage.open(name, "rb") as fh, np.load(fh, allow_pickle=False) as arrays:
+        store = {k: arrays[k] for k in arrays.files}
     try:
         return StoredExplorer(store)
-    except ValueError:  # another version: made again below
-        log.info("explore store %s is of another version; making it again", name)
+    except ValueError:  # another version: the page says the data is not there
+        log.info("explore store %s is of another version", name)
         return None
 
 
-def _make_once(upload: Upload, device: int) -> StoredExplorer:
-    """An upload analysed before the worker stored explore data: make every device's store from the
-    blob (one read), store them, and answer for ``device``."""
-    log.warning("upload %s: no explore store; making them in the web process", upload.code)
-    with default_storage.open(upload.blob_name, "rb") as fh:
-        snapshot = read_snapshot(fh.read())
-    wanted: StoredExplorer | None = None
-    for dev in snapshot.devices:
-        if not (len(dev.trace) or dev.segments):  # as the report: devices it analysed
-            continue
-        name = store_name(upload.sha256, dev.device)
-        made = _read(name)  # another process may have stored it meanwhile
-        if made is None:
-            store = store_of_snapshot(snapshot, dev.device)
-            buf = io.BytesIO()
-            np.savez(buf, **store)  # type: ignore[arg-type]  # numpy's stub types the first keyword
-            if default_storage.exists(name):
-                default_storage.delete(name)  # another version's
-            default_storage.save(name, ContentFile(buf.getvalue()))
-            made = StoredExplorer(store)
-        if dev.device == device:
-            wanted = made
-    if wanted is None:
-        raise ExploreError(404, "explore:no-device", f"the snapshot has no device {device}")
-    return wanted
+def _no_store() -> ExploreError:
+    return ExploreError(404, "explore:no-store", messages.EXPLORE_NO_STORE)
 
 
 def explorer_for(upload: Upload, device: int) -> StoredExplorer:
@@ -110,11 +86,13 @@ def explorer_for(upload: Upload, device: int) -> StoredExplorer:
             _stores.move_to_end(key)
             return found
     devices = _stored_devices(upload.sha256)
-    if devices is not None and device not in devices:  # the worker stored every device it analysed
+    if devices is None:
+        raise _no_store()
+    if device not in devices:  # the worker stored every device it analysed
         raise ExploreError(404, "explore:no-device", f"the snapshot has no device {device}")
     name = store_name(upload.sha256, device)
     # One reader per store in this process: a page's first requests (zoom detail and active bands
-    # at once) wait for one read, and an old upload's store is made once, not once per request.
+    # at once) wait for one read.
     with _lock:
         key_lock = _loading.setdefault(key, threading.Lock())
     with key_lock:
@@ -122,7 +100,11 @@ def explorer_for(upload: Upload, device: int) -> StoredExplorer:
             found = _stores.get(key)
         if found is not None:
             return found
-        made = _read(name) or _make_once(upload, device)
+        made = _read(name)
+        if made is None:
+            with _lock:
+                _loading.pop(key, None)
+            raise _no_store()
         with _lock:
             _stores[key] = made
             _stores.move_to_end(key)

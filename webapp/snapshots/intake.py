@@ -70,12 +70,40 @@ def check_declared_size(request: Any) -> None:
         raise too_large()
 
 
+def check_disk(request: Any) -> None:
+    """The disk guard, before a byte of the body is read: the declared length must leave the reserve."""
+    from webapp.snapshots import disk
+
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    try:
+        disk.check_room(declared)
+    except limits.LimitExceeded as err:
+        raise from_limit(err) from err
+
+
+def disk_full() -> IntakeError:
+    from webapp.snapshots import disk
+
+    return from_limit(disk.full_error())
+
+
 def check_rate(request: Any) -> None:
     """Per-user and per-token upload rates, before the body is read."""
     if not getattr(request.user, "is_authenticated", False):
         return
     try:
         limits.check_upload_rate(request, request.user, getattr(request, "api_token", None))
+    except limits.LimitExceeded as err:
+        raise from_limit(err) from err
+
+
+def check_replay_rate(request: Any) -> None:
+    """The Idempotency-Key replays' own rate, before the body is read."""
+    try:
+        limits.check_replay_rate(request, request.user)
     except limits.LimitExceeded as err:
         raise from_limit(err) from err
 
@@ -89,10 +117,16 @@ def check_quota(project: Any, size: int) -> None:
 
 def parsed_files(request: Any) -> Any:
     """``request.FILES``, with Django's parse failures as ``IntakeError`` (JSON-able, with a code)."""
+    from webapp.snapshots import disk
+
     try:
         return request.FILES  # parses the body if nothing has yet
     except PARSE_ERRORS as exc:
         raise parse_error(exc) from exc
+    except OSError as exc:  # the temp file could not be written
+        if disk.is_full(exc):
+            raise disk_full() from exc
+        raise
 
 
 def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, str, str]:

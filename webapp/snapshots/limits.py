@@ -75,16 +75,92 @@ def check_upload_rate(request: Any, user: Any, token: Any) -> None:
             )
 
 
+def check_replay_rate(request: Any, user: Any) -> None:
+    """Idempotency-Key replays per user, in their own bucket.
+
+    A replay answers with the upload it repeats, so it is not held to the upload rates (a client
+    retrying after a timeout must get its answer); but each one still streams a body to disk, so
+    replays are counted and limited too (issue 22: replays were not counted at all).
+    """
+    account = f"user:{user.pk}:{user.date_joined.timestamp():.6f}"
+    wait = _hit(request, "upload-replay", account, settings.UPLOAD_REPLAY_RATE_PER_USER)
+    if wait is not None:
+        count, seconds = _split_rate(settings.UPLOAD_REPLAY_RATE_PER_USER)
+        raise LimitExceeded(
+            429,
+            "upload:rate-limited:replay",
+            messages.RATE_LIMITED.format(what="repeated uploads", count=count, seconds=seconds, wait=wait),
+            retry_after=wait,
+        )
+
+
+def client_address(request: Any) -> str:
+    """The client's address: ``REMOTE_ADDR``, or behind a trusted proxy the address that proxy saw.
+
+    A proxy in ``TRUSTED_PROXIES`` appends the address it received the request from to
+    ``X-Forwarded-For``; reading from the right, the first address that is not one of our
+    proxies is the client (anything left of it the client wrote itself and is not trusted).
+    Without trusted proxies every request behind one shares the proxy's address and so one
+    rate-limit bucket (issue 22).
+    """
+    remote = str(request.META.get("REMOTE_ADDR", ""))
+    trusted = settings.TRUSTED_PROXIES
+    if not trusted or remote not in trusted:
+        return remote
+    hops = [h.strip() for h in str(request.META.get("HTTP_X_FORWARDED_FOR", "")).split(",") if h.strip()]
+    for hop in reversed(hops):
+        if hop not in trusted:
+            return hop[:64]
+    return remote
+
+
+DEVICE_COOKIE = "oomscope_device"
+_DEVICE_SALT = "oomscope.login-device"
+
+
+def device_cookie_value(username: str) -> str:
+    """A signed note, kept by the browser after a successful sign-in, that it signed in as ``username``."""
+    import secrets
+
+    from django.core import signing
+
+    return signing.dumps({"u": username.strip().lower()[:150], "d": secrets.token_urlsafe(9)}, salt=_DEVICE_SALT)
+
+
+def _known_device(request: Any, username: str) -> str | None:
+    """The id of this browser's device cookie when it signed in as ``username`` before (a year at most)."""
+    from django.core import signing
+
+    raw = request.COOKIES.get(DEVICE_COOKIE)
+    if not raw or not username:
+        return None
+    try:
+        note = signing.loads(raw, salt=_DEVICE_SALT, max_age=365 * 24 * 3600)
+    except signing.BadSignature:
+        return None
+    if not isinstance(note, dict) or note.get("u") != username:
+        return None
+    return str(note.get("d") or "")[:20] or None
+
+
 def check_login_rate(request: Any) -> None:
-    """Login attempts (POST) per client address and per username tried."""
-    ip = request.META.get("REMOTE_ADDR", "")
+    """Sign-in attempts (POST) per client address, and per username tried.
+
+    The per-username count is what stops guessing one account's password from many addresses,
+    and it is also what let anyone lock a user out with a few wrong passwords (issue 22). So a
+    browser that signed in as that user before (it holds the signed device cookie set then,
+    ``device_cookie_value``) is counted on its own, at the same rate, and an attacker's wrong
+    guesses do not lock it out; a new browser shares the username's count (OWASP's device cookies).
+    """
     username = (request.POST.get("username") or "").strip().lower()[:150]
-    for group, key, rate in (
-        ("login-ip", f"ip:{ip}", settings.LOGIN_RATE_PER_IP),
-        ("login-user", f"user:{username}", settings.LOGIN_RATE_PER_USERNAME),
-    ):
-        if group == "login-user" and not username:
-            continue
+    checks = [("login-ip", f"ip:{client_address(request)}", settings.LOGIN_RATE_PER_IP)]
+    if username:
+        device = _known_device(request, username)
+        if device is not None:
+            checks.append(("login-device", f"device:{username}:{device}", settings.LOGIN_RATE_PER_USERNAME))
+        else:
+            checks.append(("login-user", f"user:{username}", settings.LOGIN_RATE_PER_USERNAME))
+    for group, key, rate in checks:
         wait = _hit(request, group, key, rate)
         if wait is not None:
             count, seconds = _split_rate(rate)
@@ -96,12 +172,31 @@ def check_login_rate(request: Any) -> None:
             )
 
 
+def check_signup_rate(request: Any) -> None:
+    """Sign-ups per client address: each account brings a team and its own quota (issue 22)."""
+    wait = _hit(request, "signup-ip", f"ip:{client_address(request)}", settings.SIGNUP_RATE_PER_IP)
+    if wait is not None:
+        count, seconds = _split_rate(settings.SIGNUP_RATE_PER_IP)
+        raise LimitExceeded(
+            429,
+            "signup:rate-limited",
+            messages.RATE_LIMITED.format(what="sign-ups from this address", count=count, seconds=seconds, wait=wait),
+            retry_after=wait,
+        )
+
+
 def team_usage_bytes(team_id: int) -> int:
-    """Bytes of the team's uploads whose file is still stored (a purged or deleted one no longer counts)."""
+    """Bytes the team's uploads put on disk: each file and what its analysis stored (report, charts,
+    explore stores, ``Upload.stored_bytes``). A purged or deleted upload no longer counts. Issue 22:
+    only the files were counted, and a 10 KB trace wrote a 206 MB explore store."""
     from webapp.snapshots.models import Upload
 
-    total = Upload.objects.filter(project__team_id=team_id).exclude(blob_name="").aggregate(n=Sum("bytes"))["n"]
-    return int(total or 0)
+    totals = (
+        Upload.objects.filter(project__team_id=team_id)
+        .exclude(blob_name="")
+        .aggregate(files=Sum("bytes"), stored=Sum("stored_bytes"))
+    )
+    return int(totals["files"] or 0) + int(totals["stored"] or 0)
 
 
 def check_team_quota(team_id: int, incoming_bytes: int) -> None:

@@ -27,6 +27,8 @@ BY_CODE = {
     "snapshot:limit:time": "Analysing this file took longer than one analysis may take.",
     "worker:killed-repeatedly": "The analysis was interrupted repeatedly (killed worker repeatedly); "
     "it will not be retried.",
+    "worker:analysis-killed": "The analysis was killed from outside twice (the server may be short of "
+    "memory); it will not be retried. Try again later.",
     "worker:internal": "Internal error while analysing this file. It has been logged.",
 }
 
@@ -63,10 +65,15 @@ PUBLISH_PENDING = (
     "Stored, but the job queue is unreachable; the upload stays queued and is sent to a worker "
     "automatically when the queue is back (within {seconds} s)."
 )
+DISK_FULL = "The server's disk is nearly full, so uploads are paused for now. Try again later; nothing was stored."
 SNAPSHOT_DELETED = "Snapshot deleted."
 DATABASE_UNAVAILABLE = "The database is unavailable for a moment; retry shortly (with the same Idempotency-Key)."
 DELETE_FORBIDDEN = (
     "Only the person who uploaded a snapshot (while they may upload), or an admin of its team, may delete it."
+)
+EXPLORE_NO_STORE = (
+    "This report keeps no zoom or digging data: it was analysed before the site stored it, or the "
+    "snapshot has no trace to replay. Upload the snapshot again to dig into it."
 )
 SHARE_UNKNOWN = "No live share link with that key: it was revoked already, or belongs to another report."
 
@@ -94,6 +101,7 @@ def human_bytes(n: int) -> str:
 
 # Teams, projects and tokens (services.TeamError codes team:<reason>).
 TEAM_FORBIDDEN = "Only the team's admins can do that."
+TEAM_TOO_MANY = "You own {limit} teams already, the most one person may own (TEAMS_PER_USER_MAX)."
 TEAM_NAME_REQUIRED = "A team needs a name."
 PROJECT_NAME_REQUIRED = "A project needs a name."
 TEAM_BAD_ROLE = "Unknown role {role!r}: choose viewer, member or admin."

@@ -68,6 +68,8 @@ class Upload(models.Model):
     uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     filename = models.CharField(max_length=255)  # display only; the stored name is the hash
     bytes = models.BigIntegerField()
+    # What its analysis added to the disk (report and charts JSON, explore stores); the quota counts it.
+    stored_bytes = models.BigIntegerField(default=0)
     sha256 = models.CharField(max_length=64)
     # storage key: sha256/<aa>/<hash>; empty once the file was purged (failed upload past retention)
     blob_name = models.CharField(max_length=200, blank=True)

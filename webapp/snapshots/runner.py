@@ -48,6 +48,21 @@ class ChildCrashed(RuntimeError):
     """The child failed in a way that is a bug (traceback in the log), not the file's fault."""
 
 
+class ChildKilled(RuntimeError):
+    """The child was killed from outside (SIGKILL before its CPU limit: the kernel's OOM killer, an
+    operator): neither the file's fault nor a limit of ours, so the task runs it once more."""
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What one child run produced: the report, and its charts when they were asked for (None when
+    the child was stopped while charting: the report stands without them)."""
+
+    report: dict[str, Any]
+    charts: dict[str, Any] | None
+    json_bytes: int = 0  # the report's and the charts' JSON as the child wrote them (what the database keeps)
+
+
 @dataclass(frozen=True)
 class Limits:
     memory_bytes: int
@@ -123,7 +138,31 @@ def run_analysis(
     batch_size: int | None = None,
     explore_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Report dict for the snapshot at ``path``; ``ChildRefused`` for a refused file.
+    """Report dict for the snapshot at ``path``; ``ChildRefused`` for a refused file."""
+    return run_child(
+        path,
+        limits,
+        filename=filename,
+        on_progress=on_progress,
+        oom_message=oom_message,
+        batch_size=batch_size,
+        explore_dir=explore_dir,
+    ).report
+
+
+def run_child(
+    path: Path,
+    limits: Limits,
+    *,
+    filename: str | None = None,
+    on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
+    oom_message: str = "",
+    batch_size: int | None = None,
+    explore_dir: Path | None = None,
+    charts: bool = False,
+) -> Analysis:
+    """The child's report (and with ``charts`` its charts, built in the child under its limits);
+    ``ChildRefused`` for a refused file, ``ChildKilled`` when something outside killed it.
 
     With ``explore_dir`` the child also writes there one ``<device>.npz`` per device: the stored
     replay data the site's digging endpoints read (``analysis.explore.explore_store``).
@@ -147,7 +186,11 @@ def run_analysis(
             env["OOMSCOPE_BATCH_SIZE"] = str(int(batch_size))
         if explore_dir is not None:
             env["OOMSCOPE_EXPLORE_DIR"] = str(explore_dir)
+        charts_path = Path(tmp) / "charts.json"
+        if charts:
+            env["OOMSCOPE_CHARTS_FILE"] = str(charts_path)
         started = time.monotonic()
+        cpu_before = _children_cpu()
         with err_path.open("wb") as err:
             proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
                 cmd,
@@ -159,28 +202,68 @@ def run_analysis(
                 preexec_fn=_set_limits(limits),
             )
             try:
-                last_event = _pump(proc, limits, started, on_progress)
+                last_event, reported = _pump(proc, limits, started, on_progress)
             finally:
                 if proc.poll() is None:
                     _kill(proc)
                 proc.wait()
         elapsed = time.monotonic() - started
+        cpu_used = _children_cpu() - cpu_before  # this child and its jobs: the pool process runs one at a time
         stderr_tail = err_path.read_bytes()[-4000:].decode("utf-8", "replace")
         rc = proc.returncode
-        log.info("analysis child exited rc=%s after %.1fs (memory cap %d bytes)", rc, elapsed, limits.memory_bytes)
-        if last_event.get("event") == "timeout":
-            raise ChildRefused("snapshot:limit:time", f"analysis stopped after {limits.wall_seconds:.0f} s")
+        log.info(
+            "analysis child exited rc=%s after %.1fs, %.1fs CPU (memory cap %d bytes)",
+            rc,
+            elapsed,
+            cpu_used,
+            limits.memory_bytes,
+        )
         if last_event.get("event") == "error":
             raise ChildRefused(str(last_event.get("code")), str(last_event.get("message", "")))
-        if rc == 0 and last_event.get("event") == "done":
+        if reported or (rc == 0 and last_event.get("event") == "done"):
             with out.open() as fh:
                 report: dict[str, Any] = json.load(fh)
-            return report
+            finished = rc == 0 and last_event.get("event") == "done"
+            if charts and not finished:
+                log.warning("analysis child stopped while charting (rc=%s); the report is kept without charts", rc)
+            chart_data: dict[str, Any] | None = None
+            json_bytes = out.stat().st_size
+            if charts and finished and charts_path.exists():
+                json_bytes += charts_path.stat().st_size
+                with charts_path.open() as fh:
+                    chart_data = json.load(fh)
+            return Analysis(report, chart_data, json_bytes)
+        if last_event.get("event") == "timeout":
+            raise ChildRefused("snapshot:limit:time", f"analysis stopped after {limits.wall_seconds:.0f} s")
+        if _reader_overflowed(stderr_tail, rc):
+            raise ChildRefused(
+                "snapshot:limit:too-deep",
+                "the file nests too deeply to be read (a value nested so deep that hashing it overflowed the stack)",
+            )
+        if rc == -signal.SIGKILL and cpu_used < limits.cpu_seconds - 1:
+            # RLIMIT_CPU sends SIGXCPU at the limit and SIGKILL only 5 s past it: a SIGKILL before the
+            # limit came from outside (the kernel's OOM killer, an operator), not from this file's CPU.
+            raise ChildKilled(f"analysis child killed from outside after {elapsed:.1f} s, {cpu_used:.1f} s CPU")
         if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed < limits.wall_seconds and _cpu_bound(stderr_tail, rc):
             raise ChildRefused("snapshot:limit:time", f"analysis used more than {limits.cpu_seconds} s of CPU")
         if "MemoryError" in stderr_tail or "Cannot allocate memory" in stderr_tail or "bad_alloc" in stderr_tail:
             raise ChildRefused("snapshot:limit:memory", f"analysis needed more than {limits.memory_bytes} bytes")
         raise ChildCrashed(f"analysis child exited with status {rc}; stderr tail:\n{stderr_tail}")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _reader_overflowed(stderr_tail: str, rc: int) -> bool:
+    """A segfault while ``analysis/reader.py`` unpickled (faulthandler's stack, see child.py).
+
+    CPython hashes a tuple recursively in C, with no depth check; the unpickler hashes every dict
+    key as it builds the dict, so a key nested a million deep crashes the child before any check
+    of ours can run. That is the file's shape, refused with the depth limit's code.
+    """
+    return rc == -signal.SIGSEGV and "Segmentation fault" in stderr_tail and 'reader.py", line' in stderr_tail
 
 
 def _cpu_bound(stderr_tail: str, rc: int) -> bool:
@@ -197,10 +280,12 @@ def _pump(
     limits: Limits,
     started: float,
     on_progress: Callable[[str | None, int | None], None],
-) -> dict[str, Any]:
-    """Read the child's event lines until it exits or the deadline passes; return the last event."""
+) -> tuple[dict[str, Any], bool]:
+    """Read the child's event lines until it exits or the deadline passes; return the last event
+    and whether the report was written (``report``), whatever happened after."""
     assert proc.stdout is not None
     last: dict[str, Any] = {}
+    reported = False
     buffer = b""
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -210,7 +295,7 @@ def _pump(
             now = time.monotonic()
             if now - started > limits.wall_seconds:
                 _kill(proc)
-                return {"event": "timeout"}
+                return {"event": "timeout"}, reported
             if now - last_beat >= HEARTBEAT_SECONDS:
                 on_progress(None, None)
                 last_beat = now
@@ -218,7 +303,7 @@ def _pump(
                 continue
             chunk = os.read(proc.stdout.fileno(), 65536)
             if not chunk:
-                return last
+                return last, reported
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
@@ -229,6 +314,7 @@ def _pump(
                 if not isinstance(event, dict):
                     continue
                 last = event
+                reported = reported or event.get("event") == "report"
                 if event.get("event") == "progress":
                     on_progress(event.get("stage") or None, event.get("progress"))
                     last_beat = time.monotonic()

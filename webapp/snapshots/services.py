@@ -193,9 +193,15 @@ def _free_slug(model: Any, wanted: str) -> str:
 
 
 def team_create_for_user(user: User, name: str) -> Team:
-    name = name.strip()[:100]
+    from webapp.snapshots.forms import clean_line
+
+    name = clean_line(name)[:100]
     if not name:
         raise TeamError("team:name-required", messages.TEAM_NAME_REQUIRED)
+    # Each team has its own storage quota: a user who could make teams without end had no quota.
+    owned = Membership.objects.filter(user=user, role=Membership.Role.OWNER).count()
+    if owned >= settings.TEAMS_PER_USER_MAX:
+        raise TeamError("team:too-many", messages.TEAM_TOO_MANY.format(limit=settings.TEAMS_PER_USER_MAX))
     return team_create(name=name, slug=_free_slug(Team, name), owner=user)
 
 
@@ -203,7 +209,9 @@ def project_create_for_user(user: User, team: Team, name: str) -> Project:
     """A new project in ``team`` (admins and owners); its slug is made from the name, unique site-wide."""
     if not can(user, team, "manage"):
         raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
-    name = name.strip()[:100]
+    from webapp.snapshots.forms import clean_line
+
+    name = clean_line(name)[:100]
     if not name:
         raise TeamError("team:name-required", messages.PROJECT_NAME_REQUIRED)
     return project_create(team=team, name=name, slug=_free_slug(Project, name))
@@ -311,6 +319,11 @@ def upload_by_idempotency_key(user: User | None, key: str) -> Upload | None:
     return Upload.objects.filter(uploaded_by=user, idempotency_key=key).select_related("project").first()
 
 
+def upload_replay(existing: Upload, sha256: str) -> Upload:
+    """The earlier upload of an Idempotency-Key, marked ``replayed``; ``IdempotencyConflict`` for other bytes."""
+    return _replay(existing, sha256)
+
+
 def _replay(existing: Upload, sha256: str) -> Upload:
     if existing.sha256 != sha256:
         raise IdempotencyConflict(existing)
@@ -415,17 +428,72 @@ def _publish(upload: Upload) -> None:
         Upload.objects.filter(pk=upload.pk, status=Upload.Status.QUEUED).update(queued_at=None)
 
 
-def _runs_it_still(claimed_by: str, started_at: datetime | None) -> bool:
+def _release_key(upload_id: int, task_id: str) -> str:
+    return f"oomscope:claim-released:{upload_id}:{task_id}"
+
+
+def claim_release(upload_id: int, task_id: str) -> None:
+    """Note that this run of the upload is over although its row could not say so (its final
+    write failed): ``_runs_it_still`` then no longer protects the claim. Best effort, in the cache
+    (Redis: every process sees it); without it the claim is protected for the task's time limit."""
+    from django.core.cache import cache
+
+    try:
+        cache.set(_release_key(upload_id, task_id), 1, timeout=int(settings.CELERY_TASK_TIME_LIMIT) + 60)
+    except Exception as exc:
+        log.warning("upload %s: claim release not noted: %s", upload_id, exc)
+
+
+def _released(upload_id: int, task_id: str) -> bool:
+    from django.core.cache import cache
+
+    try:
+        return bool(cache.get(_release_key(upload_id, task_id)))
+    except Exception:
+        return False
+
+
+def _runs_it_still(claimed_by: str, started_at: datetime | None, upload_id: int = 0, task_id: str = "") -> bool:
     """The claiming process provably lives and may still be on this upload.
 
     A pool process outlives its task and takes the next one, so a live claimant alone does not
     prove it: past the task's hard time limit (Celery kills the process there) it is surely
-    done with this upload, whatever the row says (e.g. its final write failed).
+    done with this upload, whatever the row says (e.g. its final write failed); and a run that
+    noted its release (``claim_release``: its final write failed) is over at once.
     """
     if liveness.alive(claimed_by) is not True:
         return False
+    if upload_id and _released(upload_id, task_id):
+        return False
     limit = timedelta(seconds=float(settings.CELERY_TASK_TIME_LIMIT))
     return started_at is not None and started_at > timezone.now() - limit
+
+
+def upload_should_yield(upload_id: int) -> bool:
+    """Whether this queued upload should let another team's go first.
+
+    True when its team already runs ``ANALYSIS_TEAM_CONCURRENCY`` analyses and an upload of
+    another team is queued (and published): a team's uploads then never hold every worker slot
+    while another team waits. Alone in the queue, a team uses every slot.
+    """
+    team_id = (
+        Upload.objects.filter(pk=upload_id, status=Upload.Status.QUEUED)
+        .values_list("project__team_id", flat=True)
+        .first()
+    )
+    if team_id is None:
+        return False  # gone, done or running: the claim says so
+    running = Upload.objects.filter(status=Upload.Status.RUNNING, project__team_id=team_id).count()
+    if running < settings.ANALYSIS_TEAM_CONCURRENCY:
+        return False
+    waiting = Upload.objects.filter(status=Upload.Status.QUEUED, queued_at__isnull=False).exclude(
+        project__team_id=team_id
+    )
+    if not waiting.exists():
+        return False
+    # Re-published now: the sweep's stale-queued clock starts again.
+    Upload.objects.filter(pk=upload_id, status=Upload.Status.QUEUED).update(queued_at=timezone.now())
+    return True
 
 
 def upload_claim(upload_id: int, task_id: str | None = None, claimant: str = "") -> Upload | None:
@@ -449,7 +517,7 @@ def upload_claim(upload_id: int, task_id: str | None = None, claimant: str = "")
             .first()
         )
         if previous is not None:
-            if _runs_it_still(*previous):
+            if _runs_it_still(*previous, upload_id=upload_id, task_id=task_id):
                 log.warning(
                     "upload %s: message %s redelivered while its first run is alive; left to it", upload_id, task_id
                 )
@@ -542,13 +610,18 @@ db_write_retry = retry(
 
 
 @db_write_retry
-def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, Any]) -> None:
+def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, Any], stored_bytes: int = 0) -> bool:
+    """Store the outcome; False when the upload was deleted during its analysis (nothing stored).
+
+    ``stored_bytes``: what the analysis added to the disk (report, charts, explore stores), which
+    the team's quota counts from now on.
+    """
     with transaction.atomic():
         # Locked (PostgreSQL) / under the IMMEDIATE write lock (SQLite), so a DELETE cannot slip
         # in between: an upload deleted while it was analysed keeps no orphan report.
         if not Upload.objects.select_for_update().filter(pk=upload_id).exists():
             log.info("upload %s: deleted during its analysis; report dropped", upload_id)
-            return
+            return False
         Report.objects.update_or_create(upload_id=upload_id, defaults={"data": report, "charts": charts})
         source = report.get("source") or {}
         Upload.objects.filter(pk=upload_id).update(
@@ -560,8 +633,10 @@ def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, A
             error_code="",
             error_message="",
             finished_at=timezone.now(),
+            stored_bytes=max(0, int(stored_bytes)),
         )
     runs.upload_settled(upload_id)
+    return True
 
 
 @db_write_retry
@@ -593,8 +668,10 @@ def uploads_requeue_stale() -> list[int]:
         | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
         # publish failed at upload time (broker down): send it at the next sweep
         | Q(status=Upload.Status.QUEUED, queued_at__isnull=True)
-    ).only("id", "status", "attempts", "claimed_by", "started_at"):
-        if upload.status == Upload.Status.RUNNING and _runs_it_still(upload.claimed_by, upload.started_at):
+    ).only("id", "status", "attempts", "claimed_by", "started_at", "task_id"):
+        if upload.status == Upload.Status.RUNNING and _runs_it_still(
+            upload.claimed_by, upload.started_at, upload.id, upload.task_id
+        ):
             continue  # a quiet heartbeat, but its process runs it: never run it twice
         if upload.status == Upload.Status.RUNNING and upload.attempts >= settings.ANALYSIS_MAX_ATTEMPTS:
             upload_fail(upload.id, "worker:killed-repeatedly")
@@ -642,6 +719,13 @@ def upload_delete_blob_if_unused(upload: Upload) -> bool:
     if upload.sha256 and not Upload.objects.filter(sha256=upload.sha256).exclude(pk=upload.pk).exists():
         _delete_explore_stores(upload.sha256)
     return True
+
+
+def explore_stores_drop_if_unused(sha256: str) -> None:
+    """The explore stores of these bytes, unless an upload row still holds them (a delete that came
+    while the worker was writing them: the row's receiver found nothing to remove then)."""
+    if not Upload.objects.filter(sha256=sha256).exists():
+        _delete_explore_stores(sha256)
 
 
 def _delete_explore_stores(sha256: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_ready
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
@@ -44,33 +44,50 @@ def _local_path(blob_name: str) -> Any:
         yield target
 
 
-def _keep_stores(sha256: str, folder: Path) -> None:
+def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
     """Move the child's explore stores into the upload's storage (``webapp/snapshots/explore.py``
-    reads them); a store already there (the same file uploaded before) is kept."""
+    reads them); a store already there (the same file uploaded before) is kept. Returns the bytes
+    the upload now holds in stores, which its team's quota counts.
+
+    Stores are optional (the report stands without them; the page says the digging data is not
+    there), so they are kept only when they fit in what is left of the team's quota and above the
+    disk guard's reserve: a 10 KB trace wrote a 206 MB store, and such uploads filled a disk that
+    the quota was meant to protect (issue 22).
+    """
+    from webapp.snapshots import disk
     from webapp.snapshots.explore import store_name
+    from webapp.snapshots.limits import team_usage_bytes
 
-    for path in sorted(folder.glob("*.npz")):
-        name = store_name(sha256, int(path.stem))
-        if default_storage.exists(name):
-            continue
-        with path.open("rb") as fh:
-            default_storage.save(name, File(fh))
-
-
-def _build_charts(report: dict[str, Any]) -> dict[str, Any]:
-    """Chart JSON for the report pages; an empty dict when charts are unavailable."""
+    paths = sorted(folder.glob("*.npz"))
+    size = sum(p.stat().st_size for p in paths)
+    if not paths:
+        return 0
+    room = settings.TEAM_STORAGE_QUOTA_BYTES - team_usage_bytes(upload.project.team_id) - json_bytes
+    if size > room:
+        log.warning(
+            "upload %s: explore stores of %d bytes not kept: the team's quota has %d left", upload.id, size, room
+        )
+        return 0
+    if disk.free_bytes() - size < settings.DISK_MIN_FREE_BYTES:
+        log.warning("upload %s: explore stores of %d bytes not kept: the disk is below its reserve", upload.id, size)
+        return 0
+    saved: list[str] = []
     try:
-        from webapp.snapshots.charts import build_charts
-    except ImportError:
-        log.warning("webapp.snapshots.charts.build_charts is not available; storing no charts")
-        return {}
-    try:
-        charts: dict[str, Any] = build_charts(report)
-    except Exception:
-        # A chart bug must not throw away a finished report; the pages show the tables.
-        log.exception("building charts failed")
-        return {}
-    return charts
+        for path in paths:
+            name = store_name(upload.sha256, int(path.stem))
+            if default_storage.exists(name):
+                continue
+            with path.open("rb") as fh:
+                saved.append(default_storage.save(name, File(fh)))
+    except OSError as exc:
+        if not disk.is_full(exc):
+            raise
+        # The disk filled meanwhile: no stores rather than some (the report is still stored).
+        log.warning("upload %s: explore stores not kept: %s", upload.id, exc)
+        for name in saved:
+            default_storage.delete(name)
+        return 0
+    return size
 
 
 @app.task(
@@ -81,7 +98,7 @@ def _build_charts(report: dict[str, Any]) -> dict[str, Any]:
     throws=(SnapshotError,),
     ignore_result=True,
 )
-def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
+def analyse_upload(self: Any, upload_id: int, deferred: int = 0, **_future_kwargs: Any) -> None:
     """Analyse upload ``upload_id`` in a resource-limited child process and store the report.
 
     The message id and this pool process go with the claim: when the pool process running this
@@ -89,6 +106,14 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
     re-runs the upload at once, as the next attempt, instead of waiting for the sweep; when the
     whole worker is killed, the next worker start re-queues it (``_requeue_dead_claims``).
     """
+    if deferred < settings.ANALYSIS_MAX_DEFERRALS and services.upload_should_yield(upload_id):
+        # Fairness between teams: this team already runs its share while another team's upload
+        # waits, so this message goes to the back of the queue and the slot takes the next one.
+        # (First come, first served let one team's slow uploads hold every slot: issue 22.)
+        time.sleep(settings.ANALYSIS_DEFER_SECONDS)  # no busy loop when the other one is not queued yet
+        analyse_upload_task.apply_async((upload_id,), {"deferred": deferred + 1})
+        log.info("upload %s: deferred (%d) behind another team's upload", upload_id, deferred + 1)
+        return
     task_id = getattr(self.request, "id", None)
     upload = services.upload_claim(upload_id, task_id=task_id, claimant=liveness.identity())
     if upload is None:
@@ -101,6 +126,20 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
         log.error("upload %s: failed after %d attempts", upload_id, upload.attempts - 1)
         return
 
+    try:
+        _analyse(upload)
+    except Exception:
+        # Even the outcome could not be written (the database's disk full, the database gone): the
+        # row still says RUNNING under this process's claim, which the sweep would leave alone for
+        # the task's whole time limit (30 min) while this process lives on. The release note tells
+        # it that this run is over, so it re-queues the upload once its writes work again (issue 22).
+        services.claim_release(upload_id, task_id or "")
+        log.exception("upload %s: its outcome could not be stored; released for the sweep", upload_id)
+
+
+def _analyse(upload: Any) -> None:
+    """Run the analysis child on the claimed ``upload`` and store the outcome, done or failed."""
+    upload_id = upload.id
     started = time.monotonic()
 
     def on_progress(stage: str | None, percent: int | None) -> None:
@@ -117,7 +156,8 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
                 wall=settings.ANALYSIS_WALL_SECONDS,
                 jobs=settings.ANALYSIS_JOBS,
             )
-            report = runner.run_analysis(
+            analysis = _run_child_retrying_once(
+                upload_id,
                 path,
                 limits,
                 filename=upload.filename,
@@ -125,22 +165,22 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
                 oom_message=upload.oom_message,
                 batch_size=upload.batch_size,
                 explore_dir=Path(stores),
+                charts=True,
             )
-            _keep_stores(upload.sha256, Path(stores))
-        analysed = time.monotonic()
-        services.upload_set_progress(upload_id, "charting", 90)
-        charts = _build_charts(report)
-        services.upload_finish(upload_id, report=report, charts=charts)
-        log.info(
-            "upload %s: done (analysis %.1fs, charts %.1fs)",
-            upload_id,
-            analysed - started,
-            time.monotonic() - analysed,
+            kept = _keep_stores(upload, Path(stores), analysis.json_bytes)
+        finished = services.upload_finish(
+            upload_id, report=analysis.report, charts=analysis.charts or {}, stored_bytes=analysis.json_bytes + kept
         )
+        if not finished:  # deleted meanwhile: the stores just written must not outlive it
+            services.explore_stores_drop_if_unused(upload.sha256)
+        log.info("upload %s: done (analysis and charts %.1fs)", upload_id, time.monotonic() - started)
     except SnapshotError as exc:
         services.upload_fail(upload_id, exc.code, str(getattr(exc, "message", exc)))
         log.info("upload %s: refused: %s", upload_id, exc)
         # The row holds the outcome; nothing to retry (throws= also marks it as expected).
+    except runner.ChildKilled as exc:
+        services.upload_fail(upload_id, "worker:analysis-killed", str(exc))
+        log.error("upload %s: analysis killed from outside twice: %s", upload_id, exc)
     except SoftTimeLimitExceeded:
         services.upload_fail(upload_id, "snapshot:limit:time", "the task's time limit was reached")
         log.warning("upload %s: soft time limit", upload_id)
@@ -150,6 +190,18 @@ def analyse_upload(self: Any, upload_id: int, **_future_kwargs: Any) -> None:
 
 
 analyse_upload_task = analyse_upload
+
+
+def _run_child_retrying_once(upload_id: int, path: Path, limits: runner.Limits, **kwargs: Any) -> runner.Analysis:
+    """The analysis child's run; once more when something outside killed it (the kernel's OOM
+    killer under pressure from elsewhere, an operator): that is neither the file's fault nor a
+    limit of ours, and was reported as a CPU-time limit before (issue 22). Killed twice, it fails."""
+    try:
+        return runner.run_child(path, limits, **kwargs)
+    except runner.ChildKilled as exc:
+        log.warning("upload %s: %s; running it once more", upload_id, exc)
+        services.upload_set_progress(upload_id, "reading", 0)
+        return runner.run_child(path, limits, **kwargs)
 
 
 @worker_ready.connect
@@ -184,15 +236,6 @@ def _requeue_dead_claims(sender: Any = None, **_kwargs: Any) -> None:
         connections.close_all()  # the main process keeps no connection for the pool to inherit
 
 
-@worker_process_init.connect
-def _preload_charts(**_kwargs: Any) -> None:
-    """Import bokeh once per pool process at start, not inside the first upload's time."""
-    try:
-        import webapp.snapshots.charts  # noqa: F401
-    except ImportError:
-        log.warning("charts module unavailable")
-
-
 @app.task(name="snapshots.sweep_uploads", ignore_result=True)
 def sweep_uploads(**_future_kwargs: Any) -> int:
     """Re-publish uploads that are stuck (run by beat every ``SWEEP_INTERVAL_SECONDS``)."""
@@ -207,9 +250,15 @@ def sweep_uploads(**_future_kwargs: Any) -> int:
 @app.task(name="snapshots.purge_failed_uploads", ignore_result=True)
 def purge_failed_uploads(**_future_kwargs: Any) -> int:
     """Remove the files of failed uploads past their retention (beat, every ``PURGE_INTERVAL_SECONDS``)."""
+    from webapp.snapshots import disk
+
     purged = services.uploads_purge_failed()
     if purged:
         log.info("purge: removed the files of %d failed uploads", purged)
+    # Past the task's hard time limit and gunicorn's timeout no live request or analysis uses them.
+    stale = disk.purge_stale_temp_files(older_than_seconds=float(settings.CELERY_TASK_TIME_LIMIT) + 3600)
+    if stale:
+        log.info("purge: removed %d temp files and folders left by killed processes", stale)
     return purged
 
 

@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from analysis import readout
 from webapp.snapshots import chartpage, explore, formatting, messages, services
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
-from webapp.snapshots.intake import IntakeError, check_declared_size, received_file
+from webapp.snapshots.intake import IntakeError, check_declared_size, check_disk, disk_full, received_file
 from webapp.snapshots.models import Upload
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ def upload(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         try:
             check_declared_size(request)
+            check_disk(request)
         except IntakeError as err:
             return _upload_refused(request, err)
     return _upload_checked(request)
@@ -147,15 +148,22 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
     project = services.writable_projects(request.user).filter(slug=form.cleaned_data["project"]).first()
     if project is None:  # the choice list already limits this; belt and braces
         raise Http404
-    created = services.upload_create(
-        user=request.user,  # type: ignore[arg-type]
-        project=project,
-        uploaded=uploaded,
-        sha256=sha256,
-        fmt=fmt,
-        **form.upload_fields(),
-        run_meta=form.run_meta(),
-    )
+    try:
+        created = services.upload_create(
+            user=request.user,  # type: ignore[arg-type]
+            project=project,
+            uploaded=uploaded,
+            sha256=sha256,
+            fmt=fmt,
+            **form.upload_fields(),
+            run_meta=form.run_meta(),
+        )
+    except OSError as exc:  # no space left for the blob: the form says so, with the code
+        from webapp.snapshots import disk
+
+        if not disk.is_full(exc):
+            raise
+        return _upload_refused(request, disk_full())
     if _wants_json(request):
         return JsonResponse(services.upload_api_dict(created, request), status=202)
     return redirect("snapshots:detail", code=created.code)
@@ -171,7 +179,8 @@ def _upload_refused(request: HttpRequest, err: IntakeError) -> HttpResponse:
         form.errors.clear()  # only the refusal matters; the other fields may not have been read
         form.add_error("file", err.message)
         response = _render_upload_page(request, form, status=err.status)
-    response["X-Error-Code"] = err.code
+    for name, value in err.headers().items():  # X-Error-Code, and Retry-After for rates and a full disk
+        response[name] = value
     return response
 
 
@@ -425,8 +434,8 @@ def _int_param(request: HttpRequest, name: str, default: int | None = None) -> i
         return default
     try:
         return int(float(raw))
-    except ValueError as err:
-        raise explore.ExploreError(400, "explore:bad-param", f"{name}={raw!r} is not a number") from err
+    except (ValueError, OverflowError) as err:  # "nan", "inf" (was an HTML 500, issue 22)
+        raise explore.ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
 
 
 def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
@@ -604,6 +613,18 @@ def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("snapshots:home")
     form = SignupForm(request.POST or None)
+    if request.method == "POST":
+        from webapp.snapshots.limits import LimitExceeded, check_signup_rate
+
+        try:
+            check_signup_rate(request)  # each account brings a team with its own quota
+        except LimitExceeded as err:
+            form.errors.clear()
+            form.add_error(None, err.message)
+            response = render(request, "registration/signup.html", {"form": form}, status=err.status)
+            for name, value in err.headers().items():
+                response[name] = value
+            return response
     if request.method == "POST" and form.is_valid():
         user = form.save()
         services.personal_team_create(user)
