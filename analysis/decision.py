@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from analysis import readout
 from analysis.oom import named_free_block
 
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
@@ -53,18 +54,9 @@ _LIMIT_WORDS = {
 
 
 def format_size(size: int | float) -> str:
-    """torch's ``format_size`` (c10/cuda/CUDACachingAllocator.cpp): bytes up to 1 KiB, then KiB,
-    MiB up to 1 GiB inclusive, GiB above, two decimals (``743040000`` -> ``708.62 MiB``)."""
-    n = float(size)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    if n <= 1024:
-        return f"{sign}{int(n)} bytes"
-    if n <= 1 << 20:
-        return f"{sign}{n / 1024:.2f} KiB"
-    if n <= 1 << 30:
-        return f"{sign}{n / (1 << 20):.2f} MiB"
-    return f"{sign}{n / (1 << 30):.2f} GiB"
+    """torch's ``format_size`` (c10/cuda/CUDACachingAllocator.cpp), one definition for the whole report:
+    ``analysis.readout.size`` (``743040000`` -> ``708.62 MiB``)."""
+    return readout.size(size)
 
 
 def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict[str, Any]:
@@ -351,6 +343,13 @@ def _oom_headline(oom: Mapping[str, Any]) -> str:
             f"Out of memory from fragmentation, not capacity: the {tried} request would have fit beside the "
             f"{allocated} allocated within the limit of {limit_text}, and the cache held "
             f"{format_size(int(oom.get('cached_free_bytes') or 0))} free, but {named} was {format_size(block)}."
+        )
+    if oom.get("verdict_certain") is False or lower:
+        # Against a lower bound of the cap: the real cap may be higher, so this is no proof of capacity.
+        return (
+            f"Out of memory from capacity, as far as the trace shows: the {tried} request on top of the {allocated} "
+            f"allocated is more than the limit of {limit_text} (a lower bound: the real cap may be higher, and the "
+            "OOM message says what it was); if it is not higher, no allocator setting makes it fit."
         )
     return (
         f"Out of memory from capacity: the {tried} request on top of the {allocated} allocated is more than the "

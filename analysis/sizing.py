@@ -326,7 +326,11 @@ def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
         )
     else:
         accum = fit["accumulation_steps"] or 1
-        title = f"Run at most {fit['fraction'] * 100:.0f}% of the batch, with gradient accumulation"
+        # The line halves (or splits further); the title must say the same, not the fraction alone.
+        title = (
+            f"Split the batch into {accum} micro-batches with gradient accumulation (at most "
+            f"{fit['fraction'] * 100:.0f}% of it fits)"
+        )
         config = f"batch_size = batch_size // {accum}; accumulation_steps = {accum}  # same effective batch"
     return {
         "id": "smaller_batch",
