@@ -373,6 +373,7 @@ static int try_seq_fwd(void *p, void *list, const void *items, size_t n);
 static int consume(P *p, Cont *parent, const Val *v) {
     if (v->kind != V_CONT) return 0;
     Cont *c = &p->conts[v->x];
+    if (c == parent) return GIVE_UP(-1); /* into itself: the one cycle an unsealed container allows */
     if (!c->sealed && c->kind == C_LIST && c->n >= PICKLER_BATCH) {
         if (try_seq_fwd(p, c, c->items, c->n) < 0) return GIVE_UP(-1);
         c = &p->conts[v->x];
@@ -829,10 +830,21 @@ static int pop_mark(P *p, size_t *x) {
     return 0;
 }
 
+/* Frames: the reference unpickles from a file, and the C unpickler then drops the rest of a
+ * frame when an opcode runs past its end (it reads the opcode's argument from after the frame),
+ * where unpickling the same bytes from memory would not. A pickler never writes such a file, so
+ * every opcode must lie inside its frame (or outside all frames), and a FRAME may only start
+ * where the previous one ended: then both ways of reading agree, and so does this one. */
 static int run(P *p) {
     if (p->size < 2 || p->buf[0] != 0x80 || p->buf[1] < 2 || p->buf[1] > 5) return GIVE_UP(-1);
     p->pos = 2;
+    size_t frame_end = 0;
+    int in_frame = 0;
     for (;;) {
+        if (in_frame) {
+            if (p->pos > frame_end) return GIVE_UP(-1); /* the last opcode crossed the frame's end */
+            if (p->pos == frame_end) in_frame = 0;
+        }
         NEED(1);
         unsigned char op = p->buf[p->pos++];
         Val v;
@@ -1005,20 +1017,23 @@ static int run(P *p) {
                 if (n > p->size || new_str(p, (size_t)n, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
             }
             break;
-        case 0x95: /* FRAME: only its length is checked (the C unpickler reads it whole) */
+        case 0x95: /* FRAME: where the previous one ended, and within the file */
             NEED(8);
+            if (in_frame) return GIVE_UP(-1);
             {
                 uint64_t n = rd64(p->buf + p->pos);
                 p->pos += 8;
                 if (n > p->size - p->pos) return GIVE_UP(-1);
+                frame_end = p->pos + (size_t)n;
+                in_frame = 1;
             }
             break;
         case '0': /* POP */
             if (p->sn <= fence(p)) return GIVE_UP(-1);
             p->sn--;
             break;
-        case '.': /* STOP: exactly one value, no open mark, and the last byte of the file */
-            if (p->sn != 1 || p->mn || p->pos != p->size) return GIVE_UP(-1);
+        case '.': /* STOP: exactly one value, no open mark, and the last byte of the file (and of its frame) */
+            if (p->sn != 1 || p->mn || p->pos != p->size || (in_frame && frame_end != p->size)) return GIVE_UP(-1);
             return 0;
         default:
             return GIVE_UP(-1); /* anything else (globals, reduce, bytes, protocol 0/1 text...) is the reference's */
@@ -1417,6 +1432,11 @@ static PyObject *export_root(P *p) {
 /* All gzip members, under the same caps as reader._gunzip; NULL to give up. */
 static unsigned char *gunzip(const unsigned char *in, size_t n, size_t max_out, size_t ratio, size_t grace,
                              size_t *out_n) {
+    /* Never more than the caps allow (+1 byte to see them passed): a bomb costs no more memory here. */
+    size_t allowed = ratio * (n ? n : 1);
+    if (allowed < grace) allowed = grace;
+    if (allowed > max_out) allowed = max_out;
+    max_out = allowed;
     size_t cap = n * 4 + (1 << 16), len = 0;
     if (cap > max_out + 1) cap = max_out + 1;
     unsigned char *out = malloc(cap);

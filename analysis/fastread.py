@@ -50,10 +50,10 @@ def wanted(compiled: bool | None) -> bool:
 def reader_in_use() -> str:
     """``compiled`` or ``python``, with the reason when it is the Python one."""
     if not available():
-        return "python (the compiled reader is not built: no C compiler at install time?)"
+        return "python (the compiled reader is not built)"
     if not wanted(None):
         return f"python ({ENV_VAR}=python)"
-    return "compiled (analysis._snapread; the Python reader is the reference and takes over on anything unusual)"
+    return "compiled (analysis._snapread)"
 
 
 def read_compiled(source: Any, limits: Any) -> Snapshot | None:
@@ -197,3 +197,8 @@ def _converter_class() -> type:
 
     _CLASS.append(ColumnsConverter)
     return ColumnsConverter
+
+
+def give_up_line() -> int:
+    """The line of ``_snapread.c`` where the last compiled read gave up (0: it did not), for tests and debugging."""
+    return int(_snapread.give_up_line()) if _snapread is not None else 0
