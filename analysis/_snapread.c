@@ -35,6 +35,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 /* Real snapshots nest 9 deep at most (root/segments/seg/blocks/block/history/h/frames/frame). */
 #define MAX_DEPTH 12
@@ -161,12 +165,25 @@ static int give_up_line;
 /* ------------------------------------------------------------------------- */
 /* small helpers                                                               */
 
+/* Large arrays ask for transparent huge pages: a 460 MB file touches ~500 MB of them, and 4 KiB
+ * page faults were a third of the parse. (A hint: without THP nothing changes.) */
+static void hint_huge(void *ptr, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+    if (bytes < (4u << 20)) return;
+    uintptr_t a = ((uintptr_t)ptr + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)ptr + bytes) & ~(uintptr_t)4095;
+    if (e > a) madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+    (void)ptr, (void)bytes;
+#endif
+}
+
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 0;
     size_t c = *cap ? *cap : 16;
     while (c < need) c *= 2;
     void *q = realloc(*p, c * elem);
     if (!q) return GIVE_UP(-1);
+    hint_huge(q, c * elem);
     *p = q;
     *cap = c;
     return 0;
@@ -181,10 +198,18 @@ static uint64_t mix(uint64_t h) {
     return h;
 }
 
+/* Four independent lanes: the multiply chain of one lane would bound the speed (a hash per frames list). */
 static uint64_t hash_i32(const int32_t *a, size_t n) {
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint32_t)a[i]) * 0x100000001b3ULL;
-    return mix(h);
+    uint64_t h0 = 0x9e3779b97f4a7c15ULL ^ n, h1 = 0xbf58476d1ce4e5b9ULL, h2 = 0x94d049bb133111ebULL, h3 = 0x2545f4914f6cdd1dULL;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h0 = (h0 ^ (uint32_t)a[i]) * 0x100000001b3ULL;
+        h1 = (h1 ^ (uint32_t)a[i + 1]) * 0x100000001b3ULL;
+        h2 = (h2 ^ (uint32_t)a[i + 2]) * 0x100000001b3ULL;
+        h3 = (h3 ^ (uint32_t)a[i + 3]) * 0x100000001b3ULL;
+    }
+    for (; i < n; i++) h0 = (h0 ^ (uint32_t)a[i]) * 0x100000001b3ULL;
+    return mix(h0 ^ mix(h1) ^ (mix(h2) << 1) ^ (mix(h3) << 2));
 }
 
 static int map_init(Map *m, size_t cap) {
@@ -331,8 +356,9 @@ static uint8_t key_of(const unsigned char *s, size_t n) {
 /* ------------------------------------------------------------------------- */
 /* the value stack and containers                                            */
 
-static int push(P *p, Val v) {
-    if (p->sn == p->scap && grow((void **)&p->stack, &p->scap, p->sn + 1, sizeof(Val)) < 0) return GIVE_UP(-1);
+static inline __attribute__((always_inline)) int push(P *p, Val v) {
+    if (__builtin_expect(p->sn == p->scap, 0) && grow((void **)&p->stack, &p->scap, p->sn + 1, sizeof(Val)) < 0)
+        return GIVE_UP(-1);
     p->stack[p->sn++] = v;
     return 0;
 }
@@ -464,77 +490,97 @@ done:
     return rc;
 }
 
-/* Intern a sequence of frame records (the frames list's items) -> seq id. */
-static int seq_of(P *p, const int32_t *recs, size_t n, int32_t *out) {
-    uint64_t h = hash_i32(recs, n) & 0x7fffffffffffffffULL;
+/* A frames list's items -> an interned sequence id: 1 interned, 0 not all valid frame dicts, -1 error.
+ * Sequences are keyed by the items' container ids (the frame dicts' identities), so the usual case
+ * (a list of frame dicts the file shares through its memo, seen before) is one hash and one compare;
+ * only a new sequence has its frames checked (and sealed: a checked frame dict never changes). */
+static int seq_intern_ids(P *p, const int32_t *ids, size_t n, int32_t *out);
+
+static int seq_intern(P *p, const Val *items, size_t n, int32_t *out) {
+    int32_t tmp[256];
+    int32_t *ids = n <= 256 ? tmp : malloc(n * sizeof(int32_t));
+    int rc = 0;
+    if (!ids) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].kind != V_CONT) goto done;
+        ids[i] = (int32_t)items[i].x;
+    }
+    rc = seq_intern_ids(p, ids, n, out);
+done:
+    if (ids != tmp) free(ids);
+    return rc;
+}
+
+/* The same, from the items' container ids. */
+static int seq_intern_ids(P *p, const int32_t *ids, size_t n, int32_t *out) {
+    int32_t tmp[256];
+    int32_t *recs = n <= 256 ? tmp : malloc(n * sizeof(int32_t));
+    int rc = 0;
+    if (!recs) return GIVE_UP(-1);
+    if (n == 0 || n > INT32_MAX) goto done;
+    uint64_t h = hash_i32(ids, n) & 0x7fffffffffffffffULL;
     for (;;) {
         int32_t s;
         if (!map_get(&p->seq_map, h, &s)) break;
-        if ((size_t)p->seq_len[s] == n && memcmp(p->seqpool + p->seq_off[s], recs, n * sizeof(int32_t)) == 0) {
+        if ((size_t)p->seq_len[s] == n && memcmp(p->seqpool + p->seq_off[s], ids, n * sizeof(int32_t)) == 0) {
             *out = s;
-            return 0;
+            rc = 1;
+            goto done;
         }
         h = (h + 1) & 0x7fffffffffffffffULL;
     }
-    if (n > INT32_MAX) return GIVE_UP(-1);
-    if (grow((void **)&p->seqpool, &p->sp_cap, p->sp_n + n, sizeof(int32_t)) < 0) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++) {
+        Cont *c = &p->conts[ids[i]];
+        if (c->kind != C_FRAME) goto done;
+        int ok = frame_valid(p, c->ref);
+        if (ok <= 0) {
+            rc = ok;
+            goto done;
+        }
+        recs[i] = c->ref;
+    }
+    for (size_t i = 0; i < n; i++) p->conts[ids[i]].sealed = 1;
+    rc = -1;
+    if (grow((void **)&p->seqpool, &p->sp_cap, p->sp_n + n, sizeof(int32_t)) < 0) goto done;
     size_t cap = p->seq_cap;
-    if (grow((void **)&p->seq_off, &cap, p->seq_n + 1, sizeof(int64_t)) < 0) return GIVE_UP(-1);
+    if (grow((void **)&p->seq_off, &cap, p->seq_n + 1, sizeof(int64_t)) < 0) goto done;
     if (cap != p->seq_cap) {
         int32_t *a = realloc(p->seq_len, cap * sizeof(int32_t));
-        if (!a) return GIVE_UP(-1);
+        if (!a) goto done;
         p->seq_len = a;
         int32_t *b = realloc(p->seq_cls, cap * sizeof(int32_t));
-        if (!b) return GIVE_UP(-1);
+        if (!b) goto done;
         p->seq_cls = b;
         p->seq_cap = cap;
     }
-    memcpy(p->seqpool + p->sp_n, recs, n * sizeof(int32_t));
     int32_t cls;
-    if (class_of(p, recs, n, &cls) < 0) return GIVE_UP(-1);
+    if (class_of(p, recs, n, &cls) < 0) goto done;
+    memcpy(p->seqpool + p->sp_n, ids, n * sizeof(int32_t));
     p->seq_off[p->seq_n] = (int64_t)p->sp_n;
     p->seq_len[p->seq_n] = (int32_t)n;
     p->seq_cls[p->seq_n] = cls;
     p->sp_n += n;
-    if (map_put(&p->seq_map, h, (int32_t)p->seq_n) < 0) return GIVE_UP(-1);
+    if (map_put(&p->seq_map, h, (int32_t)p->seq_n) < 0) goto done;
     *out = (int32_t)p->seq_n++;
-    return 0;
-}
-
-/* Items that are all valid frame records -> their record ids in `recs`; 0 if not all frames, -1 on error. */
-static int as_frame_recs(P *p, const Val *items, size_t n, int32_t *recs) {
-    for (size_t i = 0; i < n; i++) {
-        if (items[i].kind != V_CONT) return 0;
-        Cont *c = &p->conts[items[i].x];
-        if (c->kind != C_FRAME) return 0;
-        int ok = frame_valid(p, c->ref);
-        if (ok <= 0) return ok;
-        recs[i] = c->ref;
-    }
-    return 1;
+    rc = 1;
+done:
+    if (recs != tmp) free(recs);
+    return rc < 0 ? GIVE_UP(-1) : rc;
 }
 
 /* A list whose items are all frame dicts becomes an interned sequence. */
 static int try_seq(P *p, Cont *list, const Val *items, size_t n) {
-    if (n == 0) return 0;
-    int32_t tmp[256];
-    int32_t *recs = n <= 256 ? tmp : malloc(n * sizeof(int32_t));
-    if (!recs) return GIVE_UP(-1);
-    int rc = as_frame_recs(p, items, n, recs);
+    int32_t s;
+    int rc = seq_intern(p, items, n, &s);
     if (rc == 1) {
-        int32_t s;
-        if (seq_of(p, recs, n, &s) < 0)
-            rc = -1;
-        else {
-            free(list->items);
-            list->items = NULL;
-            list->cap = 0;
-            list->kind = C_SEQ;
-            list->ref = s;
-            list->n = (uint32_t)n;
-        }
+        free(list->items);
+        list->items = NULL;
+        list->cap = 0;
+        list->kind = C_SEQ;
+        list->ref = s;
+        list->n = (uint32_t)n;
+        if (list->depth < 2) list->depth = 2;
     }
-    if (recs != tmp) free(recs);
     return rc < 0 ? -1 : 0;
 }
 
@@ -669,9 +715,9 @@ static int frame_set(FrameRec *f, const Val *k, const Val *v) {
 static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     Cont *c = &p->conts[ci];
     if (c->sealed) return GIVE_UP(-1);
-    for (size_t i = 0; i < 2 * n; i++) {
-        if (i % 2 == 0 && pairs[i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if (consume(p, c, &pairs[i]) < 0) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++) {
+        if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
+        if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
     }
     if (c->kind == C_DICT && c->n == 0 && n > 0) {
         /* The first items decide what the dict is: an event (it has "action"), a frame, or anything else. */
@@ -729,15 +775,25 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
 
 static int list_extend(P *p, int64_t ci, const Val *items, size_t n) {
     Cont *c = &p->conts[ci];
-    if (c->sealed || (c->kind != C_LIST && c->kind != C_SEQ)) return GIVE_UP(-1);
+    if (c->sealed || c->kind != C_LIST) return GIVE_UP(-1); /* a C_SEQ is never added to by a pickler */
+    if (n == 0) return 0;
+    if (c->n == 0 && n < PICKLER_BATCH) {
+        /* The frames list of an event: frame dicts in, an interned sequence out (valid frames hold
+         * scalars only: depth 2). */
+        int32_t sid;
+        int rc = seq_intern(p, items, n, &sid);
+        if (rc < 0) return -1;
+        if (rc == 1) {
+            c = &p->conts[ci];
+            if (c->depth < 2) c->depth = 2;
+            c->kind = C_SEQ;
+            c->ref = sid;
+            c->n = (uint32_t)n;
+            return 0;
+        }
+    }
     for (size_t i = 0; i < n; i++)
         if (consume(p, c, &items[i]) < 0) return GIVE_UP(-1);
-    if (n == 0) return 0;
-    if (c->kind == C_SEQ) return GIVE_UP(-1);
-    if (c->n == 0 && n < PICKLER_BATCH) {
-        if (try_seq(p, c, items, n) < 0) return GIVE_UP(-1);
-        if (c->kind == C_SEQ) return 0;
-    }
     return cont_append(c, items, n);
 }
 
@@ -806,8 +862,8 @@ static int memo_put(P *p, size_t idx) {
     return 0;
 }
 
-static int memo_get(P *p, size_t idx) {
-    if (idx >= p->memo_cap || p->memo[idx].kind == V_EMPTY) return GIVE_UP(-1);
+static inline __attribute__((always_inline)) int memo_get(P *p, size_t idx) {
+    if (__builtin_expect(idx >= p->memo_cap || p->memo[idx].kind == V_EMPTY, 0)) return GIVE_UP(-1);
     return push(p, p->memo[idx]);
 }
 
@@ -835,21 +891,14 @@ static int pop_mark(P *p, size_t *x) {
  * where unpickling the same bytes from memory would not. A pickler never writes such a file, so
  * every opcode must lie inside its frame (or outside all frames), and a FRAME may only start
  * where the previous one ended: then both ways of reading agree, and so does this one. */
-static int run(P *p) {
-    if (p->size < 2 || p->buf[0] != 0x80 || p->buf[1] < 2 || p->buf[1] > 5) return GIVE_UP(-1);
-    p->pos = 2;
-    size_t frame_end = 0;
-    int in_frame = 0;
-    for (;;) {
-        if (in_frame) {
-            if (p->pos > frame_end) return GIVE_UP(-1); /* the last opcode crossed the frame's end */
-            if (p->pos == frame_end) in_frame = 0;
-        }
-        NEED(1);
-        unsigned char op = p->buf[p->pos++];
-        Val v;
-        memset(&v, 0, sizeof(v));
-        switch (op) {
+/* One opcode (read already, p->pos past it): -1 give up, 0 go on, 1 STOP. The frequent ones are
+ * handled inline in run(); this is everything else. */
+static int slow_op(P *p, unsigned char op, int *in_frame_, size_t *frame_end_) {
+    Val v;
+    memset(&v, 0, sizeof(v));
+    int in_frame = *in_frame_;
+    size_t frame_end = *frame_end_;
+    switch (op) {
         case 'j': /* LONG_BINGET */
             NEED(4);
             if (memo_get(p, rd32(p->buf + p->pos)) < 0) return GIVE_UP(-1);
@@ -1024,8 +1073,8 @@ static int run(P *p) {
                 uint64_t n = rd64(p->buf + p->pos);
                 p->pos += 8;
                 if (n > p->size - p->pos) return GIVE_UP(-1);
-                frame_end = p->pos + (size_t)n;
-                in_frame = 1;
+                *frame_end_ = p->pos + (size_t)n;
+                *in_frame_ = 1;
             }
             break;
         case '0': /* POP */
@@ -1034,11 +1083,239 @@ static int run(P *p) {
             break;
         case '.': /* STOP: exactly one value, no open mark, and the last byte of the file (and of its frame) */
             if (p->sn != 1 || p->mn || p->pos != p->size || (in_frame && frame_end != p->size)) return GIVE_UP(-1);
-            return 0;
+            return 1;
         default:
             return GIVE_UP(-1); /* anything else (globals, reduce, bytes, protocol 0/1 text...) is the reference's */
+    }
+    return 0;
+}
+
+static int run(P *p) {
+    if (p->size < 2 || p->buf[0] != 0x80 || p->buf[1] < 2 || p->buf[1] > 5) return GIVE_UP(-1);
+    /* The hot state in locals: stores of uint8_t fields alias everything, so fields of *p would be
+     * reloaded after each. Synced with *p around anything that is not inline here. Dispatch is
+     * threaded (one indirect jump per handler: the branch predictor learns each opcode's successor). */
+    const unsigned char *buf = p->buf;
+    const size_t size = p->size;
+    size_t pos = 2, frame_end = 0, stop_at = size;
+    int in_frame = 0;
+    Val *stack = p->stack, *memo = p->memo;
+    size_t sn = p->sn, scap = p->scap, memo_cap = p->memo_cap, memo_len = p->memo_len, idx;
+    Val v;
+    static const void *table[256] = {
+        [0 ... 255] = &&op_other, ['j'] = &&op_long_binget, ['h'] = &&op_binget, [0x94] = &&op_memoize,
+        ['('] = &&op_mark, ['}'] = &&op_empty_dict, [']'] = &&op_empty_list, ['K'] = &&op_binint1,
+        ['M'] = &&op_binint2, ['J'] = &&op_binint, [0x8a] = &&op_long1, [0x8c] = &&op_short_binunicode,
+        ['G'] = &&op_binfloat, ['N'] = &&op_none, [0x88] = &&op_true, [0x89] = &&op_false,
+        ['e'] = &&op_appends, ['u'] = &&op_setitems,
+    };
+#define SYNC_OUT() (p->pos = pos, p->sn = sn, p->memo_len = memo_len)
+#define SYNC_IN()                                                                                                 \
+    (pos = p->pos, sn = p->sn, stack = p->stack, scap = p->scap, memo = p->memo, memo_cap = p->memo_cap,          \
+     memo_len = p->memo_len)
+#define PUSH(val)                                                                                                 \
+    do {                                                                                                          \
+        if (__builtin_expect(sn == scap, 0)) {                                                                    \
+            SYNC_OUT();                                                                                           \
+            if (grow((void **)&p->stack, &p->scap, sn + 1, sizeof(Val)) < 0) return GIVE_UP(-1);                  \
+            SYNC_IN();                                                                                            \
+        }                                                                                                         \
+        stack[sn++] = (val);                                                                                      \
+    } while (0)
+#define ARG(k)                                                                                                    \
+    do {                                                                                                          \
+        if (__builtin_expect(size - pos < (size_t)(k), 0)) return GIVE_UP(-1);                                   \
+    } while (0)
+#define DISPATCH()                                                                                                \
+    do {                                                                                                          \
+        if (__builtin_expect(pos >= stop_at, 0)) goto boundary;                                                   \
+        goto *table[buf[pos++]];                                                                                  \
+    } while (0)
+#define SCALAR(K, X)                                                                                              \
+    do {                                                                                                          \
+        v.kind = (K), v.key = 0, v.pad = 0, v.len = 0, v.x = (X);                                                 \
+        PUSH(v);                                                                                                  \
+        DISPATCH();                                                                                               \
+    } while (0)
+
+    DISPATCH();
+boundary:
+    if (in_frame) {
+        if (pos > frame_end) return GIVE_UP(-1); /* the last opcode crossed its frame's end */
+        if (pos == frame_end) {
+            in_frame = 0;
+            stop_at = size;
+            DISPATCH();
         }
     }
+    return GIVE_UP(-1); /* the file ends without STOP */
+
+op_long_binget:
+    ARG(4);
+    idx = rd32(buf + pos);
+    pos += 4;
+    goto get;
+op_binget:
+    ARG(1);
+    idx = buf[pos++];
+get:
+    if (__builtin_expect(idx >= memo_cap || memo[idx].kind == V_EMPTY, 0)) return GIVE_UP(-1);
+    PUSH(memo[idx]);
+    DISPATCH();
+op_memoize:
+    if (sn <= (p->mn ? p->marks[p->mn - 1] : 0)) return GIVE_UP(-1);
+    if (__builtin_expect(memo_len >= memo_cap, 0)) {
+        SYNC_OUT();
+        if (memo_put(p, memo_len) < 0) return -1;
+        SYNC_IN();
+        DISPATCH();
+    }
+    if (memo[memo_len].kind == V_EMPTY) {
+        memo[memo_len] = stack[sn - 1];
+        memo_len++;
+    } else
+        memo[memo_len] = stack[sn - 1]; /* after a BINPUT past the count: the reference overwrites too */
+    DISPATCH();
+op_mark:
+    /* The shape of every event's frames list: EMPTY_LIST MEMOIZE MARK (BINGET | LONG_BINGET)... APPENDS.
+     * Read the GETs' container ids straight from the memo and intern them, without pushing anything;
+     * on any other shape (or a sequence that is not all frame dicts) nothing was done, and the MARK
+     * goes the general way. */
+    if (sn > (p->mn ? p->marks[p->mn - 1] : 0) && stack[sn - 1].kind == V_CONT) {
+        Cont *lc = &p->conts[stack[sn - 1].x];
+        if (lc->kind == C_LIST && lc->n == 0 && !lc->sealed) {
+            int32_t ids[PICKLER_BATCH];
+            size_t q = pos, n = 0, id;
+            for (;;) {
+                if (q >= stop_at) break;
+                if (buf[q] == 'j') {
+                    if (stop_at - q < 5) break;
+                    id = rd32(buf + q + 1);
+                    q += 5;
+                } else if (buf[q] == 'h') {
+                    if (stop_at - q < 2) break;
+                    id = buf[q + 1];
+                    q += 2;
+                } else
+                    break;
+                if (n == PICKLER_BATCH - 1 || id >= memo_cap || memo[id].kind != V_CONT) {
+                    n = 0;
+                    break;
+                }
+                ids[n++] = (int32_t)memo[id].x;
+            }
+            if (n > 0 && q < stop_at && buf[q] == 'e') {
+                int32_t sid;
+                SYNC_OUT();
+                int rc = seq_intern_ids(p, ids, n, &sid);
+                if (rc < 0) return -1;
+                if (rc == 1) {
+                    lc = &p->conts[stack[sn - 1].x];
+                    if (lc->depth < 2) lc->depth = 2;
+                    lc->kind = C_SEQ;
+                    lc->ref = sid;
+                    lc->n = (uint32_t)n;
+                    pos = q + 1;
+                    DISPATCH();
+                }
+            }
+        }
+    }
+    if (__builtin_expect(p->mn == p->mcap, 0) && grow((void **)&p->marks, &p->mcap, p->mn + 1, sizeof(size_t)) < 0)
+        return GIVE_UP(-1);
+    p->marks[p->mn++] = sn;
+    DISPATCH();
+op_empty_dict:
+    SYNC_OUT();
+    if (new_cont(p, C_DICT, &v) < 0) return -1;
+    PUSH(v);
+    DISPATCH();
+op_empty_list:
+    SYNC_OUT();
+    if (new_cont(p, C_LIST, &v) < 0) return -1;
+    PUSH(v);
+    DISPATCH();
+op_binint1:
+    ARG(1);
+    pos += 1;
+    SCALAR(V_INT, buf[pos - 1]);
+op_binint2:
+    ARG(2);
+    pos += 2;
+    SCALAR(V_INT, (int64_t)buf[pos - 2] | (int64_t)buf[pos - 1] << 8);
+op_binint:
+    ARG(4);
+    pos += 4;
+    SCALAR(V_INT, (int32_t)rd32(buf + pos - 4));
+op_none:
+    SCALAR(V_NONE, 0);
+op_true:
+    SCALAR(V_TRUE, 0);
+op_false:
+    SCALAR(V_FALSE, 0);
+op_binfloat: {
+    ARG(8);
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++) u = u << 8 | buf[pos + i];
+    pos += 8;
+    SCALAR(V_FLOAT, (int64_t)u);
+}
+op_long1:
+    ARG(1);
+    {
+        size_t n = buf[pos++];
+        SYNC_OUT();
+        if (new_long(p, n, &v) < 0) return -1;
+        pos = p->pos;
+        PUSH(v);
+    }
+    DISPATCH();
+op_short_binunicode:
+    ARG(1);
+    {
+        size_t n = buf[pos++];
+        SYNC_OUT();
+        if (new_str(p, n, &v) < 0) return -1;
+        pos = p->pos;
+        PUSH(v);
+    }
+    DISPATCH();
+op_appends: {
+    size_t x;
+    SYNC_OUT();
+    if (pop_mark(p, &x) < 0 || x < 1 || x - 1 < fence(p)) return GIVE_UP(-1);
+    Val list = p->stack[x - 1];
+    if (list.kind != V_CONT || list_extend(p, list.x, p->stack + x, p->sn - x) < 0) return GIVE_UP(-1);
+    p->sn = x;
+    SYNC_IN();
+    DISPATCH();
+}
+op_setitems: {
+    size_t x;
+    SYNC_OUT();
+    if (pop_mark(p, &x) < 0 || x < 1 || x - 1 < fence(p) || (p->sn - x) % 2) return GIVE_UP(-1);
+    Val d = p->stack[x - 1];
+    if (d.kind != V_CONT || dict_set(p, d.x, p->stack + x, (p->sn - x) / 2) < 0) return GIVE_UP(-1);
+    p->sn = x;
+    SYNC_IN();
+    DISPATCH();
+}
+op_other: {
+    SYNC_OUT();
+    int was = in_frame;
+    int rc = slow_op(p, buf[pos - 1], &in_frame, &frame_end);
+    if (rc < 0) return -1;
+    if (rc > 0) return 0;
+    SYNC_IN();
+    if (in_frame && !was) stop_at = frame_end < size ? frame_end : size;
+    DISPATCH();
+}
+#undef SCALAR
+#undef DISPATCH
+#undef ARG
+#undef PUSH
+#undef SYNC_IN
+#undef SYNC_OUT
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1107,7 +1384,7 @@ static PyObject *export_cont(P *p, int64_t ci) {
         o = PyList_New(c->n);
         if (!o) return NULL;
         for (uint32_t i = 0; i < c->n; i++) {
-            PyObject *x = frame_of_rec(p, p->seqpool[p->seq_off[c->ref] + i], p->fcache);
+            PyObject *x = frame_of_rec(p, p->conts[p->seqpool[p->seq_off[c->ref] + i]].ref, p->fcache);
             if (!x) {
                 Py_DECREF(o);
                 return NULL;
@@ -1546,8 +1823,15 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
     if (!is_gzip || raw) {
         p.buf = is_gzip ? raw : view.buf;
         p.size = raw_n;
+        /* Room for what real files hold per byte (one container per ~90 bytes, a memo entry per ~60, an
+         * event per ~190), so the arrays rarely move; pages never touched cost no memory. */
+        size_t sz = p.size;
         if (map_init(&p.seq_map, 1024) == 0 && map_init(&p.cls_map, 1024) == 0 && map_init(&p.fv_map, 1024) == 0 &&
-            map_init(&p.pool_map, 16) == 0)
+            map_init(&p.pool_map, 16) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
+            (p.memo = calloc(sz / 32 + 1024, sizeof(Val))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
+            (hint_huge(p.memo, p.memo_cap * sizeof(Val)), 1) &&
+            grow((void **)&p.events, &p.ecap, sz / 128 + 1024, sizeof(EvRec)) == 0 &&
+            grow((void **)&p.stack, &p.scap, 4096, sizeof(Val)) == 0)
             ok = run(&p) == 0;
     }
     Py_END_ALLOW_THREADS;

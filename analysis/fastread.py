@@ -19,6 +19,7 @@ caller passes ``compiled=False`` to ``read_snapshot`` or the environment sets
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any
 
@@ -64,36 +65,19 @@ def read_compiled(source: Any, limits: Any) -> Snapshot | None:
     from analysis import reader  # the reference; imported here (it imports this module lazily too)
 
     if isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source) if not isinstance(source, bytes) else source
-        if len(data) > limits.max_input_bytes:
-            return None
+        parsed, container = _parse(source, limits)
     else:
-        path = os.fspath(source)
         try:
-            if os.stat(path).st_size > limits.max_input_bytes:
-                return None
-            with open(path, "rb", buffering=0) as f:
-                data = f.read()
+            with open(os.fspath(source), "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0 or size > limits.max_input_bytes:
+                    return None
+                # The file's pages mapped, not copied: the parse reads each byte once, and the
+                # page cache's pages need no zeroing (a read() into a new bytes object does).
+                with mmap.mmap(f.fileno(), size, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
+                    parsed, container = _parse(mapped, limits)
         except OSError:
             return None  # the Python reader raises the same OSError for the caller
-    if len(data) > limits.max_input_bytes:
-        return None
-    try:
-        container = reader.sniff_format(data[:16])
-    except SnapshotError:
-        return None
-    if container not in ("pickle", "gzip"):
-        return None  # zip and JSON: the Python reader (small, rare)
-    parsed = _snapread.parse(
-        data,
-        container == "gzip",
-        limits.max_decompressed_bytes,
-        limits.max_ratio,
-        limits.ratio_grace_bytes,
-        limits.nodes_per_byte,
-        limits.min_nodes,
-    )
-    del data
     if parsed is None:
         return None
     raw_len, root, frame_values, classes = parsed
@@ -103,6 +87,33 @@ def read_compiled(source: Any, limits: Any) -> Snapshot | None:
         return converter.run(root)
     except SnapshotError:
         return None  # the reference refuses it: let it say so, from the file
+
+
+_MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _parse(data: Any, limits: Any) -> tuple[Any, str]:
+    """The C parse of a pickle or gzip in ``data`` (a buffer): its tuple or None, and the container."""
+    from analysis import reader
+
+    if len(data) > limits.max_input_bytes:
+        return None, ""
+    try:
+        container = reader.sniff_format(bytes(data[:16]))
+    except SnapshotError:
+        return None, ""
+    if container not in ("pickle", "gzip"):
+        return None, container  # zip and JSON: the Python reader (small, rare)
+    parsed = _snapread.parse(
+        data,
+        container == "gzip",
+        limits.max_decompressed_bytes,
+        limits.max_ratio,
+        limits.ratio_grace_bytes,
+        limits.nodes_per_byte,
+        limits.min_nodes,
+    )
+    return parsed, container
 
 
 class _ColumnsConverter:
