@@ -36,8 +36,6 @@
 #include <string.h>
 #include <zlib.h>
 #include <sys/mman.h>
-#include <time.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 /* Real snapshots nest 9 deep at most (root/segments/seg/blocks/block/history/h/frames/frame). */

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from analysis import reader  # the reference (it imports this module only inside read_snapshot)
 from analysis.errors import SnapshotError
 from analysis.model import Snapshot, Trace
 
@@ -57,13 +58,11 @@ def reader_in_use() -> str:
     return "compiled (analysis._snapread)"
 
 
-def read_compiled(source: Any, limits: Any) -> Snapshot | None:
+def read_compiled(source: Any, limits: reader.ReadLimits) -> Snapshot | None:
     """The snapshot through the compiled reader, or None to leave the file to the Python reader.
 
     ``source`` is a path or the file's bytes, ``limits`` a ``reader.ReadLimits``.
     """
-    from analysis import reader  # the reference; imported here (it imports this module lazily too)
-
     if isinstance(source, (bytes, bytearray, memoryview)):
         parsed, container = _parse(source, limits)
     else:
@@ -84,7 +83,8 @@ def read_compiled(source: Any, limits: Any) -> Snapshot | None:
     fmt = "pickle.gz" if container == "gzip" else "pickle"
     converter = _ColumnsConverter(fmt, reader._budget(raw_len, limits), limits, frame_values, classes)
     try:
-        return converter.run(root)
+        snapshot: Snapshot = converter.run(root)
+        return snapshot
     except SnapshotError:
         return None  # the reference refuses it: let it say so, from the file
 
@@ -92,10 +92,8 @@ def read_compiled(source: Any, limits: Any) -> Snapshot | None:
 _MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 
 
-def _parse(data: Any, limits: Any) -> tuple[Any, str]:
+def _parse(data: Any, limits: reader.ReadLimits) -> tuple[Any, str]:
     """The C parse of a pickle or gzip in ``data`` (a buffer): its tuple or None, and the container."""
-    from analysis import reader
-
     if len(data) > limits.max_input_bytes:
         return None, ""
     try:
@@ -116,98 +114,86 @@ def _parse(data: Any, limits: Any) -> tuple[Any, str]:
     return parsed, container
 
 
-class _ColumnsConverter:
-    """Placeholder replaced below by a subclass of ``reader._Converter`` (defined lazily: import order)."""
+class _ColumnsConverter(reader._Converter):
+    """The reference converter, with the trace read from the compiled reader's columns."""
 
-    def __new__(cls, *args: Any) -> Any:
-        return _converter_class()(*args)
+    def __init__(
+        self,
+        fmt: str,
+        budget: int,
+        limits: reader.ReadLimits,
+        frame_values: list[tuple[str, int, str]],
+        classes: list[Any],
+    ) -> None:
+        super().__init__(fmt, budget, limits)
+        self.frame_values = frame_values
+        self.classes = classes
+        self.proxies: dict[int, list[dict[str, Any]]] = {}
+        self.frame_dicts: dict[int, dict[str, Any]] = {}
 
+    def proxy(self, cls: int) -> list[dict[str, Any]]:
+        """One frames list of a content class, built from shared frame dicts (as the file shares them)."""
+        out = self.proxies.get(cls)
+        if out is None:
+            out = []
+            for fv in self.classes[cls]:
+                d = self.frame_dicts.get(fv)
+                if d is None:
+                    filename, line, name = self.frame_values[fv]
+                    d = self.frame_dicts[fv] = {"filename": filename, "line": line, "name": name}
+                out.append(d)
+            self.proxies[cls] = out
+        return out
 
-_CLASS: list[type] = []
-
-
-def _converter_class() -> type:
-    if _CLASS:
-        return _CLASS[0]
-    from analysis import reader
-
-    class ColumnsConverter(reader._Converter):
-        """The reference converter, with the trace read from the compiled reader's columns."""
-
-        def __init__(
-            self, fmt: str, budget: int, limits: Any, frame_values: list[tuple[str, int, str]], classes: list[Any]
-        ) -> None:
-            super().__init__(fmt, budget, limits)
-            self.frame_values = frame_values
-            self.classes = classes
-            self.proxies: dict[int, list[dict[str, Any]]] = {}
-            self.frame_dicts: dict[int, dict[str, Any]] = {}
-
-        def proxy(self, cls: int) -> list[dict[str, Any]]:
-            """One frames list of a content class, built from shared frame dicts (as the file shares them)."""
-            out = self.proxies.get(cls)
-            if out is None:
-                out = []
-                for fv in self.classes[cls]:
-                    d = self.frame_dicts.get(fv)
-                    if d is None:
-                        filename, line, name = self.frame_values[fv]
-                        d = self.frame_dicts[fv] = {"filename": filename, "line": line, "name": name}
-                    out.append(d)
-                self.proxies[cls] = out
-            return out
-
-        def convert_trace(
-            self, dev: int, events: list[Any]
-        ) -> tuple[Trace, list[int], dict[int, str], dict[int, str]]:
-            if not (len(events) == 1 and type(events[0]) is tuple):
-                return super().convert_trace(dev, events)  # an empty trace
-            (n, action_b, addr_b, size_b, stream_b, time_b, absent_time, cls_b, sum_lens, order, cc, um, pool_b, pools) = events[0]
-            where = f"device_traces[{dev}]"
-            # At least what the reference charges: the events, the frame references, and (bounded by
-            # the references again) the frames lists it would intern; the stacks' values are charged below.
-            self.charge(n + 2 * sum_lens)
-            action = np.frombuffer(action_b, np.int8)
-            addr = np.frombuffer(addr_b, np.int64)
-            size = np.frombuffer(size_b, np.int64)
-            raw_streams = np.frombuffer(stream_b, np.int64)
-            if absent_time == n:
-                time_us = np.zeros(n, np.int64)
-                self.no_time = True
-            else:
-                time_us = np.frombuffer(time_b, np.int64)
-            cls = np.frombuffer(cls_b, np.int32)
-            stack = np.full(n, -1, np.int32)
-            if order:
-                self.saw_event_frames = self.saw_any_frames = True
-                sid_of = np.full(len(self.classes), -1, np.int32)
-                for c in order:
-                    sid_of[c] = self.stack_of(self.proxy(c), where)
-                has = cls >= 0
-                stack[has] = sid_of[cls[has]]
-            if self.stack_nodes:
-                counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
-                self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
-            if pool_b is None:
-                pool = np.zeros(n, np.int32)
-            else:
-                ordinals = np.asarray([self.pool_of(k, where) for k in pools] + [0], np.int32)
-                pool = ordinals[np.frombuffer(pool_b, np.int32)]  # -1 (no pool id) takes the trailing 0
-            # Stream ordinals in order of first appearance.
-            distinct, first = np.unique(raw_streams, return_index=True)
-            by_first = np.argsort(first, kind="stable")
-            streams = [int(v) for v in distinct[by_first]]
-            if len(streams) == 1:
-                stream = np.zeros(n, np.int32)
-            else:
-                rank = np.empty(len(distinct), np.int32)
-                rank[by_first] = np.arange(len(distinct), dtype=np.int32)
-                stream = rank[np.searchsorted(distinct, raw_streams)]
-            trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
-            return trace, streams, dict(cc), dict(um)
-
-    _CLASS.append(ColumnsConverter)
-    return ColumnsConverter
+    def convert_trace(self, dev: int, events: list[Any]) -> tuple[Trace, list[int], dict[int, str], dict[int, str]]:
+        if not (len(events) == 1 and type(events[0]) is tuple):
+            return super().convert_trace(dev, events)  # an empty trace
+        n, action_b, addr_b, size_b, stream_b, time_b, absent_time, cls_b, sum_lens, order = events[0][:10]
+        cc, um, pool_b, pools = events[0][10:]
+        where = f"device_traces[{dev}]"
+        # At least what the reference charges: the events, the frame references, and (bounded by
+        # the references again) the frames lists it would intern; the stacks' values are charged below.
+        self.charge(n + 2 * sum_lens)
+        action = np.frombuffer(action_b, np.int8)
+        addr = np.frombuffer(addr_b, np.int64)
+        size = np.frombuffer(size_b, np.int64)
+        raw_streams = np.frombuffer(stream_b, np.int64)
+        if absent_time == n:
+            time_us = np.zeros(n, np.int64)
+            self.no_time = True
+        else:
+            time_us = np.frombuffer(time_b, np.int64)
+        cls = np.frombuffer(cls_b, np.int32)
+        stack = np.full(n, -1, np.int32)
+        if order:
+            # The reference's bucketing rounds ask stack_of for the classes in this order (the C side
+            # replays them); asking in the same order interns the same frame and stack ids.
+            self.saw_event_frames = self.saw_any_frames = True
+            sid_of = np.full(len(self.classes), -1, np.int32)
+            for c in order:
+                sid_of[c] = self.stack_of(self.proxy(c), where)
+            has = cls >= 0
+            stack[has] = sid_of[cls[has]]
+        if self.stack_nodes:
+            counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
+            self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
+        if pool_b is None:
+            pool = np.zeros(n, np.int32)
+        else:
+            ordinals = np.asarray([self.pool_of(k, where) for k in pools] + [0], np.int32)
+            pool = ordinals[np.frombuffer(pool_b, np.int32)]  # -1 (no pool id) takes the trailing 0
+        # Stream ordinals in order of first appearance.
+        distinct, first = np.unique(raw_streams, return_index=True)
+        by_first = np.argsort(first, kind="stable")
+        streams = [int(v) for v in distinct[by_first]]
+        if len(streams) == 1:
+            stream = np.zeros(n, np.int32)
+        else:
+            rank = np.empty(len(distinct), np.int32)
+            rank[by_first] = np.arange(len(distinct), dtype=np.int32)
+            stream = rank[np.searchsorted(distinct, raw_streams)]
+        trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
+        return trace, streams, dict(cc), dict(um)
 
 
 def give_up_line() -> int:
