@@ -153,6 +153,8 @@ typedef struct {
     Map pool_map;
     PyObject **cache;  /* exported Python object per container */
     PyObject **fcache; /* exported Python dict per frame record */
+    int32_t *owners;   /* containers that allocated items (freed at the end; most hold none) */
+    size_t on, ocap;
     int64_t budget, charged;
 } P;
 
@@ -378,11 +380,22 @@ static int new_cont(P *p, uint8_t kind, Val *out) {
     return 0;
 }
 
-static int cont_append(Cont *c, const Val *v, size_t k) {
+/* c->items of container ci grows to hold `need` values (recording ci as an owner the first time). */
+static int items_grow(P *p, int64_t ci, size_t need) {
+    Cont *c = &p->conts[ci];
     size_t cap = c->cap;
-    if ((size_t)c->n + k > UINT32_MAX / 2) return GIVE_UP(-1);
-    if (grow((void **)&c->items, &cap, c->n + k, sizeof(Val)) < 0) return GIVE_UP(-1);
+    if (!c->items) {
+        if (grow((void **)&p->owners, &p->ocap, p->on + 1, sizeof(int32_t)) < 0) return GIVE_UP(-1);
+        p->owners[p->on++] = (int32_t)ci;
+    }
+    if (need > UINT32_MAX / 2 || grow((void **)&c->items, &cap, need, sizeof(Val)) < 0) return GIVE_UP(-1);
     c->cap = (uint32_t)cap;
+    return 0;
+}
+
+static int cont_append(P *p, int64_t ci, const Val *v, size_t k) {
+    if (items_grow(p, ci, (size_t)p->conts[ci].n + k) < 0) return -1;
+    Cont *c = &p->conts[ci];
     memcpy(c->items + c->n, v, k * sizeof(Val));
     c->n += (uint32_t)k;
     return 0;
@@ -591,7 +604,7 @@ static int try_seq_fwd(void *p, void *list, const void *items, size_t n) {
 /* ------------------------------------------------------------------------- */
 /* dicts: generic pairs, event records, frame records                          */
 
-static int event_set(P *p, EvRec *e, const Val *k, const Val *v) {
+static inline __attribute__((always_inline)) int event_set(P *p, EvRec *e, const Val *k, const Val *v) {
     switch (k->key) {
     case K_ACTION:
         e->have |= H_ACTION;
@@ -763,9 +776,8 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     if (c->kind != C_DICT) return GIVE_UP(-1);
     for (size_t i = 0; i < n; i++)
         if (pairs[2 * i].key == K_ACTION) return GIVE_UP(-1); /* an event-like dict built oddly */
-    size_t cap = c->cap;
-    if (grow((void **)&c->items, &cap, 2 * ((size_t)c->n + n), sizeof(Val)) < 0) return GIVE_UP(-1);
-    c->cap = (uint32_t)cap;
+    if (items_grow(p, ci, 2 * ((size_t)c->n + n)) < 0) return -1;
+    c = &p->conts[ci];
     memcpy(c->items + 2 * (size_t)c->n, pairs, 2 * n * sizeof(Val));
     c->n += (uint32_t)n;
     return 0;
@@ -792,7 +804,7 @@ static int list_extend(P *p, int64_t ci, const Val *items, size_t n) {
     }
     for (size_t i = 0; i < n; i++)
         if (consume(p, c, &items[i]) < 0) return GIVE_UP(-1);
-    return cont_append(c, items, n);
+    return cont_append(p, ci, items, n);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -872,7 +884,7 @@ static int make_tuple(P *p, size_t from) {
     size_t k = p->sn - from;
     for (size_t i = from; i < p->sn; i++)
         if (consume(p, c, &p->stack[i]) < 0) return GIVE_UP(-1);
-    if (k && cont_append(c, p->stack + from, k) < 0) return GIVE_UP(-1);
+    if (k && cont_append(p, t.x, p->stack + from, k) < 0) return GIVE_UP(-1);
     c->sealed = 1;
     p->sn = from;
     return push(p, t);
@@ -1272,6 +1284,13 @@ op_short_binunicode:
     ARG(1);
     {
         size_t n = buf[pos++];
+        if (n == 3 && size - pos >= 3 && buf[pos] == 'N' && buf[pos + 1] == '/' && buf[pos + 2] == 'A') {
+            /* every event's compile_context: pickled afresh each time */
+            v.kind = V_STR, v.key = K_NA, v.pad = 0, v.len = 3, v.x = (int64_t)pos;
+            pos += 3;
+            PUSH(v);
+            DISPATCH();
+        }
         SYNC_OUT();
         if (new_str(p, n, &v) < 0) return -1;
         pos = p->pos;
@@ -1449,7 +1468,6 @@ static PyObject *export(P *p, const Val *v) {
     return NULL;
 }
 
-static PyObject *bytes_of(const void *data, size_t n) { return PyByteArray_FromStringAndSize(data, (Py_ssize_t)n); }
 
 /* The bucketing rounds of reader._Converter.intern_event_stacks, on content
  * classes: the order in which it first asks stack_of for each class. */
@@ -1520,10 +1538,28 @@ out:
 static PyObject *export_trace(P *p, Cont *t) {
     size_t n = t->n;
     if (t->kind != C_LIST) return NULL;
-    int8_t *action = malloc(n + 1);
-    int64_t *addr = malloc((n + 1) * 8), *size = malloc((n + 1) * 8), *stream = malloc((n + 1) * 8),
-            *time = malloc((n + 1) * 8);
-    int32_t *cls = malloc((n + 1) * 4), *pool = malloc((n + 1) * 4);
+    /* The columns are written straight into the bytearrays numpy will view (no copy). */
+    PyObject *ba_action = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n + 1),
+             *ba_addr = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
+             *ba_size = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
+             *ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
+             *ba_time = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
+             *ba_cls = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
+             *ba_pool = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4);
+    if (!ba_action || !ba_addr || !ba_size || !ba_stream || !ba_time || !ba_cls || !ba_pool) {
+        Py_XDECREF(ba_action);
+        Py_XDECREF(ba_addr);
+        Py_XDECREF(ba_size);
+        Py_XDECREF(ba_stream);
+        Py_XDECREF(ba_time);
+        Py_XDECREF(ba_cls);
+        Py_XDECREF(ba_pool);
+        return NULL;
+    }
+    int8_t *action = (int8_t *)PyByteArray_AS_STRING(ba_action);
+    int64_t *addr = (int64_t *)PyByteArray_AS_STRING(ba_addr), *size = (int64_t *)PyByteArray_AS_STRING(ba_size),
+            *stream = (int64_t *)PyByteArray_AS_STRING(ba_stream), *time = (int64_t *)PyByteArray_AS_STRING(ba_time);
+    int32_t *cls = (int32_t *)PyByteArray_AS_STRING(ba_cls), *pool = (int32_t *)PyByteArray_AS_STRING(ba_pool);
     int32_t *mcls = malloc((n + 1) * 4), *mmid = malloc((n + 1) * 4), *mlen = malloc((n + 1) * 4);
     PyObject *cc = PyList_New(0), *um = PyList_New(0), *order = PyList_New(0), *pools = PyList_New(0);
     PyObject *out = NULL;
@@ -1615,29 +1651,23 @@ static PyObject *export_trace(P *p, Cont *t) {
     p->charged += (int64_t)n + sum_lens;
     if (p->charged > p->budget) goto out;
     if (stack_order(p, mcls, mmid, mlen, m, order) < 0) goto out;
-    {
-        PyObject *a = bytes_of(action, n), *b = bytes_of(addr, n * 8), *c = bytes_of(size, n * 8),
-                 *d = bytes_of(stream, n * 8), *f = bytes_of(time, n * 8), *g = bytes_of(cls, n * 4),
-                 *h = any_pool ? bytes_of(pool, n * 4) : (Py_INCREF(Py_None), Py_None);
-        if (a && b && c && d && f && g && h)
-            out = Py_BuildValue("(nOOOOOnOLOOOOO)", (Py_ssize_t)n, a, b, c, d, f, (Py_ssize_t)absent_time, g,
-                                (long long)sum_lens, order, cc, um, h, pools);
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        Py_XDECREF(c);
-        Py_XDECREF(d);
-        Py_XDECREF(f);
-        Py_XDECREF(g);
-        Py_XDECREF(h);
-    }
+    /* exactly n items (the +1 only kept zero-length allocations apart) */
+    if (PyByteArray_Resize(ba_action, (Py_ssize_t)n) < 0 || PyByteArray_Resize(ba_addr, (Py_ssize_t)n * 8) < 0 ||
+        PyByteArray_Resize(ba_size, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_stream, (Py_ssize_t)n * 8) < 0 ||
+        PyByteArray_Resize(ba_time, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_cls, (Py_ssize_t)n * 4) < 0 ||
+        PyByteArray_Resize(ba_pool, (Py_ssize_t)n * 4) < 0)
+        goto out;
+    out = Py_BuildValue("(nOOOOOnOLOOOOO)", (Py_ssize_t)n, ba_action, ba_addr, ba_size, ba_stream, ba_time,
+                        (Py_ssize_t)absent_time, ba_cls, (long long)sum_lens, order, cc, um,
+                        any_pool ? ba_pool : Py_None, pools);
 out:
-    free(action);
-    free(addr);
-    free(size);
-    free(stream);
-    free(time);
-    free(cls);
-    free(pool);
+    Py_DECREF(ba_action);
+    Py_DECREF(ba_addr);
+    Py_DECREF(ba_size);
+    Py_DECREF(ba_stream);
+    Py_DECREF(ba_time);
+    Py_DECREF(ba_cls);
+    Py_DECREF(ba_pool);
     free(mcls);
     free(mmid);
     free(mlen);
@@ -1774,7 +1804,8 @@ fail:
 /* ------------------------------------------------------------------------- */
 
 static void p_free(P *p) {
-    for (size_t i = 0; i < p->cn; i++) free(p->conts[i].items);
+    for (size_t i = 0; i < p->on; i++) free(p->conts[p->owners[i]].items);
+    free(p->owners);
     free(p->conts);
     free(p->stack);
     free(p->marks);
