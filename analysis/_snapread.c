@@ -35,7 +35,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
-#include <sys/mman.h>
 #include <stdlib.h>
 
 /* Real snapshots nest 9 deep at most (root/segments/seg/blocks/block/history/h/frames/frame). */
@@ -165,25 +164,12 @@ static int give_up_line;
 /* ------------------------------------------------------------------------- */
 /* small helpers                                                               */
 
-/* Large arrays ask for transparent huge pages: a 460 MB file touches ~500 MB of them, and 4 KiB
- * page faults were a third of the parse. (A hint: without THP nothing changes.) */
-static void hint_huge(void *ptr, size_t bytes) {
-#ifdef MADV_HUGEPAGE
-    if (bytes < (4u << 20)) return;
-    uintptr_t a = ((uintptr_t)ptr + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)ptr + bytes) & ~(uintptr_t)4095;
-    if (e > a) madvise((void *)a, e - a, MADV_HUGEPAGE);
-#else
-    (void)ptr, (void)bytes;
-#endif
-}
-
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 0;
     size_t c = *cap ? *cap : 16;
     while (c < need) c *= 2;
     void *q = realloc(*p, c * elem);
     if (!q) return GIVE_UP(-1);
-    hint_huge(q, c * elem);
     *p = q;
     *cap = c;
     return 0;
@@ -1858,7 +1844,6 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
         if (map_init(&p.seq_map, 1024) == 0 && map_init(&p.cls_map, 1024) == 0 && map_init(&p.fv_map, 1024) == 0 &&
             map_init(&p.pool_map, 16) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
             (p.memo = calloc(sz / 32 + 1024, sizeof(Val))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
-            (hint_huge(p.memo, p.memo_cap * sizeof(Val)), 1) &&
             grow((void **)&p.events, &p.ecap, sz / 128 + 1024, sizeof(EvRec)) == 0 &&
             grow((void **)&p.stack, &p.scap, 4096, sizeof(Val)) == 0)
             ok = run(&p) == 0;
