@@ -87,6 +87,7 @@ def stage_pickle_load(path: Path) -> Timed:
 def stage_read_snapshot(path: Path, compiled: bool | None = None) -> Timed:
     """``compiled`` None: the default reader (the compiled one where it is built); False: the Python one."""
     read_snapshot = _import("analysis.reader", "read_snapshot")
+    _import("analysis.fastread", "read_compiled")  # read_snapshot imports it on first use: not timed
     if compiled is False:
         return lambda: _keep.append(read_snapshot(path, compiled=False)) or {}
     return lambda: _keep.append(read_snapshot(path)) or {}
@@ -95,6 +96,7 @@ def stage_read_snapshot(path: Path, compiled: bool | None = None) -> Timed:
 def stage_read_gz(path: Path) -> Timed:
     """read_snapshot of the original .gz (gunzip included), judged against the raw pickle's load."""
     read_snapshot = _import("analysis.reader", "read_snapshot")
+    _import("analysis.fastread", "read_compiled")
     source = os.environ.get(GZ_ENV)
     if not source:
         raise NotAvailable("the benchmark file is not gzipped")
