@@ -1520,6 +1520,47 @@ out:
     return rc;
 }
 
+/* Raw stream values -> ordinals in order of first appearance (torch has a few streams; a hostile
+ * file may have one per event: an open-addressing table with its own occupancy bytes, any int64 key). */
+typedef struct {
+    int64_t *keys;
+    int32_t *ords;
+    uint8_t *used;
+    size_t cap, n;
+} StreamTable;
+
+static int stream_ordinal(StreamTable *t, int64_t key, PyObject *streams, int32_t *out) {
+    if ((t->n + 1) * 2 > t->cap) {
+        size_t nc = t->cap ? t->cap * 2 : 16;
+        StreamTable g = {malloc(nc * 8), malloc(nc * 4), calloc(nc, 1), nc, t->n};
+        if (!g.keys || !g.ords || !g.used) {
+            free(g.keys), free(g.ords), free(g.used);
+            return -1;
+        }
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->used[i]) continue;
+            size_t j = mix((uint64_t)t->keys[i]) & (nc - 1);
+            while (g.used[j]) j = (j + 1) & (nc - 1);
+            g.used[j] = 1, g.keys[j] = t->keys[i], g.ords[j] = t->ords[i];
+        }
+        free(t->keys), free(t->ords), free(t->used);
+        *t = g;
+    }
+    size_t j = mix((uint64_t)key) & (t->cap - 1);
+    while (t->used[j] && t->keys[j] != key) j = (j + 1) & (t->cap - 1);
+    if (!t->used[j]) {
+        PyObject *o = PyLong_FromLongLong(key);
+        if (!o || PyList_Append(streams, o) < 0) {
+            Py_XDECREF(o);
+            return -1;
+        }
+        Py_DECREF(o);
+        t->used[j] = 1, t->keys[j] = key, t->ords[j] = (int32_t)t->n++;
+    }
+    *out = t->ords[j];
+    return 0;
+}
+
 /* One device's trace list -> a tuple of columns; NULL (no exception) to give up. */
 static PyObject *export_trace(P *p, Cont *t) {
     size_t n = t->n;
@@ -1528,7 +1569,7 @@ static PyObject *export_trace(P *p, Cont *t) {
     PyObject *ba_action = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n + 1),
              *ba_addr = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
              *ba_size = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
-             *ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
+             *ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
              *ba_time = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
              *ba_cls = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
              *ba_pool = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4);
@@ -1544,18 +1585,22 @@ static PyObject *export_trace(P *p, Cont *t) {
     }
     int8_t *action = (int8_t *)PyByteArray_AS_STRING(ba_action);
     int64_t *addr = (int64_t *)PyByteArray_AS_STRING(ba_addr), *size = (int64_t *)PyByteArray_AS_STRING(ba_size),
-            *stream = (int64_t *)PyByteArray_AS_STRING(ba_stream), *time = (int64_t *)PyByteArray_AS_STRING(ba_time);
+            *time = (int64_t *)PyByteArray_AS_STRING(ba_time);
+    int32_t *stream = (int32_t *)PyByteArray_AS_STRING(ba_stream);
+    StreamTable st = {0};
+    int64_t last_stream = 0;
+    int32_t last_ord = -1;
+    PyObject *streams = PyList_New(0);
     int32_t *cls = (int32_t *)PyByteArray_AS_STRING(ba_cls), *pool = (int32_t *)PyByteArray_AS_STRING(ba_pool);
     int32_t *mcls = malloc((n + 1) * 4), *mmid = malloc((n + 1) * 4), *mlen = malloc((n + 1) * 4);
     PyObject *cc = PyList_New(0), *um = PyList_New(0), *order = PyList_New(0), *pools = PyList_New(0);
     PyObject *out = NULL;
-    Map pool_local = {0};
     int32_t *pool_rank = NULL;
     size_t m = 0, absent_time = 0;
     int64_t sum_lens = 0;
     int any_pool = 0;
     if (!action || !addr || !size || !stream || !time || !cls || !pool || !mcls || !mmid || !mlen || !cc || !um ||
-        !order || !pools)
+        !order || !pools || !streams)
         goto out;
     pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
     if (!pool_rank) goto out;
@@ -1578,7 +1623,11 @@ static PyObject *export_trace(P *p, Cont *t) {
         size[i] = e->size;
         /* streams: any int64 (the place to mirror a refusal of negative streams) */
         if (!(e->have & H_STREAM) || (e->bad & H_STREAM)) goto out;
-        stream[i] = e->stream;
+        if (last_ord < 0 || e->stream != last_stream) {
+            if (stream_ordinal(&st, e->stream, streams, &last_ord) < 0) goto out;
+            last_stream = e->stream;
+        }
+        stream[i] = last_ord;
         if (e->bad & H_TIME) goto out;
         if (!(e->have & H_TIME) || e->time_none) {
             time[i] = 0;
@@ -1639,13 +1688,13 @@ static PyObject *export_trace(P *p, Cont *t) {
     if (stack_order(p, mcls, mmid, mlen, m, order) < 0) goto out;
     /* exactly n items (the +1 only kept zero-length allocations apart) */
     if (PyByteArray_Resize(ba_action, (Py_ssize_t)n) < 0 || PyByteArray_Resize(ba_addr, (Py_ssize_t)n * 8) < 0 ||
-        PyByteArray_Resize(ba_size, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_stream, (Py_ssize_t)n * 8) < 0 ||
+        PyByteArray_Resize(ba_size, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_stream, (Py_ssize_t)n * 4) < 0 ||
         PyByteArray_Resize(ba_time, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_cls, (Py_ssize_t)n * 4) < 0 ||
         PyByteArray_Resize(ba_pool, (Py_ssize_t)n * 4) < 0)
         goto out;
-    out = Py_BuildValue("(nOOOOOnOLOOOOO)", (Py_ssize_t)n, ba_action, ba_addr, ba_size, ba_stream, ba_time,
+    out = Py_BuildValue("(nOOOOOnOLOOOOOO)", (Py_ssize_t)n, ba_action, ba_addr, ba_size, ba_stream, ba_time,
                         (Py_ssize_t)absent_time, ba_cls, (long long)sum_lens, order, cc, um,
-                        any_pool ? ba_pool : Py_None, pools);
+                        any_pool ? ba_pool : Py_None, pools, streams);
 out:
     Py_DECREF(ba_action);
     Py_DECREF(ba_addr);
@@ -1658,7 +1707,8 @@ out:
     free(mmid);
     free(mlen);
     free(pool_rank);
-    map_free(&pool_local);
+    free(st.keys), free(st.ords), free(st.used);
+    Py_XDECREF(streams);
     Py_XDECREF(cc);
     Py_XDECREF(um);
     Py_XDECREF(order);

@@ -149,7 +149,7 @@ class _ColumnsConverter(reader._Converter):
         if not (len(events) == 1 and type(events[0]) is tuple):
             return super().convert_trace(dev, events)  # an empty trace
         n, action_b, addr_b, size_b, stream_b, time_b, absent_time, cls_b, sum_lens, order = events[0][:10]
-        cc, um, pool_b, pools = events[0][10:]
+        cc, um, pool_b, pools, streams = events[0][10:]
         where = f"device_traces[{dev}]"
         # At least what the reference charges: the events, the frame references, and (bounded by
         # the references again) the frames lists it would intern; the stacks' values are charged below.
@@ -157,7 +157,6 @@ class _ColumnsConverter(reader._Converter):
         action = np.frombuffer(action_b, np.int8)
         addr = np.frombuffer(addr_b, np.int64)
         size = np.frombuffer(size_b, np.int64)
-        raw_streams = np.frombuffer(stream_b, np.int64)
         if absent_time == n:
             time_us = np.zeros(n, np.int64)
             self.no_time = True
@@ -169,11 +168,10 @@ class _ColumnsConverter(reader._Converter):
             # The reference's bucketing rounds ask stack_of for the classes in this order (the C side
             # replays them); asking in the same order interns the same frame and stack ids.
             self.saw_event_frames = self.saw_any_frames = True
-            sid_of = np.full(len(self.classes), -1, np.int32)
+            sid_of = np.full(len(self.classes) + 1, -1, np.int32)  # the last one stands for "no frames"
             for c in order:
                 sid_of[c] = self.stack_of(self.proxy(c), where)
-            has = cls >= 0
-            stack[has] = sid_of[cls[has]]
+            stack = sid_of[cls]
         if self.stack_nodes:
             counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
             self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
@@ -182,16 +180,8 @@ class _ColumnsConverter(reader._Converter):
         else:
             ordinals = np.asarray([self.pool_of(k, where) for k in pools] + [0], np.int32)
             pool = ordinals[np.frombuffer(pool_b, np.int32)]  # -1 (no pool id) takes the trailing 0
-        # Stream ordinals in order of first appearance.
-        distinct, first = np.unique(raw_streams, return_index=True)
-        by_first = np.argsort(first, kind="stable")
-        streams = [int(v) for v in distinct[by_first]]
-        if len(streams) == 1:
-            stream = np.zeros(n, np.int32)
-        else:
-            rank = np.empty(len(distinct), np.int32)
-            rank[by_first] = np.arange(len(distinct), dtype=np.int32)
-            stream = rank[np.searchsorted(distinct, raw_streams)]
+        # Stream ordinals in order of first appearance (the C side numbered them as it met them).
+        stream = np.zeros(n, np.int32) if len(streams) == 1 else np.frombuffer(stream_b, np.int32)
         trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
         return trace, streams, dict(cc), dict(um)
 
