@@ -87,6 +87,22 @@ def test_the_compiled_reader_is_the_default_and_can_be_turned_off(monkeypatch: p
     assert len(calls) == 1  # the spy returned None: the Python reader read it after all
 
 
+def test_version_names_the_reader_in_use(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from analysis.__main__ import main
+
+    monkeypatch.delenv(fastread.ENV_VAR, raising=False)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "snapshot reader: compiled (analysis._snapread)" in " ".join(capsys.readouterr().out.split())
+    # Where the extension is not built (no compiler at install time), the Python reader reads everything.
+    monkeypatch.setattr(fastread, "_snapread", None)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "snapshot reader: python (the compiled reader is not built)" in " ".join(capsys.readouterr().out.split())
+    assert not fastread.wanted(True)
+    assert read_snapshot(FIXTURES / "state_only.pickle.gz").format == "pickle.gz"
+
+
 @pytest.mark.parametrize("path", TOP + CAPTURES, ids=lambda p: p.name.removesuffix(".pickle.gz"))
 def test_every_fixture_reads_identically_through_the_compiled_reader(path: Path) -> None:
     compiled = fastread.read_compiled(path, ReadLimits())
