@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import pickle
 import random
 import time
 from functools import cache
@@ -128,6 +129,63 @@ def test_the_big_fixture_has_the_stacks_the_reference_interns() -> None:
     assert len(snap.stacks.frames) == len(ref.stacks.frames)
     stack = snap.devices[0].trace.stack
     assert np.array_equal(stack, ref.devices[0].trace.stack) and (stack >= 0).sum() > 100_000
+
+
+def _variant(name: str) -> Any:
+    """Real snapshots edited into shapes other writers produce (no fixture has them all)."""
+    snap = pickle.loads(_raw("frag_oom"))  # our own fixture
+    events = snap["device_traces"][0]
+    if name == "pool-ids":  # CUDA-graph pools on events: tuples, lists, None, the default pool
+        for i, e in enumerate(events):
+            e["pool_id"] = [(1, 7), [2, 9], None, (0, 0)][i % 4]
+    elif name == "texts":  # compile contexts and user metadata that are not the defaults
+        for i, e in enumerate(events[::7]):
+            e["compile_context"] = f"graph {i % 3} ü"
+            e["user_metadata"] = f"step={i}"
+    elif name == "no-time":  # torch < 2.2: no time_us anywhere
+        for e in events:
+            e.pop("time_us")
+    elif name == "some-times-none":  # time_us None counts as absent (0)
+        for e in events[::3]:
+            e["time_us"] = None
+    elif name == "no-frames-some":  # absent and empty frames lists among real ones
+        for i, e in enumerate(events):
+            if i % 5 == 0:
+                e.pop("frames", None)
+            elif i % 5 == 1:
+                e["frames"] = []
+    elif name == "unknown-keys":  # a later torch's extra keys, never looked at
+        for e in events[::2]:
+            e["future"] = {"nested": [1, 2.5, None]}
+        snap["future_root"] = [1, 2, 3]
+    elif name == "many-streams":
+        for i, e in enumerate(events):
+            e["stream"] = [0, -1, 2**62, 7][i % 4]
+    return snap
+
+
+VARIANTS = ["pool-ids", "texts", "no-time", "some-times-none", "no-frames-some", "unknown-keys", "many-streams"]
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_other_shapes_and_protocols_read_identically_by_the_compiled_reader(name: str, protocol: int) -> None:
+    """What other writers and protocols produce: read by the compiled reader itself, identical to the reference."""
+    data = pickle.dumps(_variant(name), protocol=protocol)
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+    assert differences(compiled, read_snapshot(data, compiled=False)) == []
+    device = compiled.devices[0]
+    seen = {  # the edit is visible in the snapshot (so the comparison covered it)
+        "pool-ids": (1, 7) in compiled.pools and (2, 9) in compiled.pools and int(device.trace.pool.max()) > 0,
+        "texts": any(t.startswith("graph 1 ü") for t in device.compile_context.values()) and bool(device.user_metadata),
+        "no-time": any(w.code == "no-time" for w in compiled.warnings),
+        "some-times-none": int(device.trace.time_us[0]) == 0 and int(device.trace.time_us[1]) > 0,
+        "no-frames-some": int(device.trace.stack[0]) == -1 and int(device.trace.stack[1]) == -1,
+        "unknown-keys": len(device.trace) > 0,
+        "many-streams": device.streams == [0, -1, 2**62, 7],
+    }
+    assert seen[name]
 
 
 HOSTILE = build_cases(Path("/nonexistent/canary"))  # the payloads never run here: nothing is unpickled by pickle
