@@ -387,8 +387,7 @@ static int cont_append(P *p, int64_t ci, const Val *v, size_t k) {
     return 0;
 }
 
-struct P_;
-static int try_seq_fwd(void *p, void *list, const void *items, size_t n);
+static int try_seq(P *p, Cont *list, const Val *items, size_t n);
 
 /* A value goes into a container: it is sealed there (a pickler never changes a
  * container after writing it into another, so a later mutation means a hostile
@@ -398,7 +397,7 @@ static int consume(P *p, Cont *parent, const Val *v) {
     Cont *c = &p->conts[v->x];
     if (c == parent) return GIVE_UP(-1); /* into itself: the one cycle an unsealed container allows */
     if (!c->sealed && c->kind == C_LIST && c->n >= PICKLER_BATCH) {
-        if (try_seq_fwd(p, c, c->items, c->n) < 0) return GIVE_UP(-1);
+        if (try_seq(p, c, c->items, c->n) < 0) return GIVE_UP(-1);
         c = &p->conts[v->x];
     }
     c->sealed = 1;
@@ -581,9 +580,6 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n) {
     return rc < 0 ? -1 : 0;
 }
 
-static int try_seq_fwd(void *p, void *list, const void *items, size_t n) {
-    return try_seq((P *)p, (Cont *)list, (const Val *)items, n);
-}
 
 
 
@@ -858,10 +854,6 @@ static int memo_put(P *p, size_t idx) {
     return 0;
 }
 
-static inline __attribute__((always_inline)) int memo_get(P *p, size_t idx) {
-    if (__builtin_expect(idx >= p->memo_cap || p->memo[idx].kind == V_EMPTY, 0)) return GIVE_UP(-1);
-    return push(p, p->memo[idx]);
-}
 
 static int make_tuple(P *p, size_t from) {
     Val t;
@@ -895,19 +887,6 @@ static int slow_op(P *p, unsigned char op, int *in_frame_, size_t *frame_end_) {
     int in_frame = *in_frame_;
     size_t frame_end = *frame_end_;
     switch (op) {
-        case 'j': /* LONG_BINGET */
-            NEED(4);
-            if (memo_get(p, rd32(p->buf + p->pos)) < 0) return GIVE_UP(-1);
-            p->pos += 4;
-            break;
-        case 'h': /* BINGET */
-            NEED(1);
-            if (memo_get(p, p->buf[p->pos]) < 0) return GIVE_UP(-1);
-            p->pos += 1;
-            break;
-        case 0x94: /* MEMOIZE */
-            if (memo_put(p, p->memo_len) < 0) return GIVE_UP(-1);
-            break;
         case 'q': /* BINPUT */
             NEED(1);
             if (memo_put(p, p->buf[p->pos]) < 0) return GIVE_UP(-1);
@@ -917,16 +896,6 @@ static int slow_op(P *p, unsigned char op, int *in_frame_, size_t *frame_end_) {
             NEED(4);
             if (memo_put(p, rd32(p->buf + p->pos)) < 0) return GIVE_UP(-1);
             p->pos += 4;
-            break;
-        case '(': /* MARK */
-            if (grow((void **)&p->marks, &p->mcap, p->mn + 1, sizeof(size_t)) < 0) return GIVE_UP(-1);
-            p->marks[p->mn++] = p->sn;
-            break;
-        case '}': /* EMPTY_DICT */
-            if (new_cont(p, C_DICT, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
-            break;
-        case ']': /* EMPTY_LIST */
-            if (new_cont(p, C_LIST, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
             break;
         case ')': /* EMPTY_TUPLE */
             if (make_tuple(p, p->sn) < 0) return GIVE_UP(-1);
@@ -954,15 +923,6 @@ static int slow_op(P *p, unsigned char op, int *in_frame_, size_t *frame_end_) {
             p->sn -= 1;
             break;
         }
-        case 'e': /* APPENDS */
-        {
-            size_t x;
-            if (pop_mark(p, &x) < 0 || x < 1 || x - 1 < fence(p)) return GIVE_UP(-1);
-            Val list = p->stack[x - 1];
-            if (list.kind != V_CONT || list_extend(p, list.x, p->stack + x, p->sn - x) < 0) return GIVE_UP(-1);
-            p->sn = x;
-            break;
-        }
         case 's': /* SETITEM */
         {
             if (p->sn < fence(p) + 3) return GIVE_UP(-1);
@@ -971,79 +931,12 @@ static int slow_op(P *p, unsigned char op, int *in_frame_, size_t *frame_end_) {
             p->sn -= 2;
             break;
         }
-        case 'u': /* SETITEMS */
-        {
-            size_t x;
-            if (pop_mark(p, &x) < 0 || x < 1 || x - 1 < fence(p) || (p->sn - x) % 2) return GIVE_UP(-1);
-            Val d = p->stack[x - 1];
-            if (d.kind != V_CONT || dict_set(p, d.x, p->stack + x, (p->sn - x) / 2) < 0) return GIVE_UP(-1);
-            p->sn = x;
-            break;
-        }
-        case 'N':
-            v.kind = V_NONE;
-            if (push(p, v) < 0) return GIVE_UP(-1);
-            break;
-        case 0x88:
-            v.kind = V_TRUE;
-            if (push(p, v) < 0) return GIVE_UP(-1);
-            break;
-        case 0x89:
-            v.kind = V_FALSE;
-            if (push(p, v) < 0) return GIVE_UP(-1);
-            break;
-        case 'J': /* BININT */
-            NEED(4);
-            v.kind = V_INT;
-            v.x = (int32_t)rd32(p->buf + p->pos);
-            p->pos += 4;
-            if (push(p, v) < 0) return GIVE_UP(-1);
-            break;
-        case 'K': /* BININT1 */
-            NEED(1);
-            v.kind = V_INT;
-            v.x = p->buf[p->pos];
-            p->pos += 1;
-            if (push(p, v) < 0) return GIVE_UP(-1);
-            break;
-        case 'M': /* BININT2 */
-            NEED(2);
-            v.kind = V_INT;
-            v.x = (int64_t)p->buf[p->pos] | (int64_t)p->buf[p->pos + 1] << 8;
-            p->pos += 2;
-            if (push(p, v) < 0) return GIVE_UP(-1);
-            break;
-        case 0x8a: /* LONG1 */
-            NEED(1);
-            {
-                size_t n = p->buf[p->pos++];
-                if (new_long(p, n, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
-            }
-            break;
         case 0x8b: /* LONG4 */
             NEED(4);
             {
                 int32_t n = (int32_t)rd32(p->buf + p->pos);
                 p->pos += 4;
                 if (n < 0 || new_long(p, (size_t)n, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
-            }
-            break;
-        case 'G': /* BINFLOAT */
-        {
-            NEED(8);
-            uint64_t u = 0;
-            for (int i = 0; i < 8; i++) u = u << 8 | p->buf[p->pos + i];
-            p->pos += 8;
-            v.kind = V_FLOAT;
-            v.x = (int64_t)u;
-            if (push(p, v) < 0) return GIVE_UP(-1);
-            break;
-        }
-        case 0x8c: /* SHORT_BINUNICODE */
-            NEED(1);
-            {
-                size_t n = p->buf[p->pos++];
-                if (new_str(p, n, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
             }
             break;
         case 'X': /* BINUNICODE */
