@@ -157,8 +157,9 @@ typedef struct {
     int64_t budget, charged;
 } P;
 
-/* Where the last parse gave up (a source line: tests and debugging say why a file took the reference path). */
-static int give_up_line;
+/* Where the last parse of this thread gave up: a source line, so tests and debugging can say why a file
+ * took the reference path. Per thread: the parse runs without the GIL. */
+static _Thread_local int give_up_line;
 #define GIVE_UP(rc) (give_up_line = __LINE__, (rc))
 
 /* ------------------------------------------------------------------------- */
