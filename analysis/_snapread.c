@@ -1154,6 +1154,13 @@ op_long1:
     ARG(1);
     {
         size_t n = buf[pos++];
+        if (n >= 1 && n <= 8 && size - pos >= n) { /* the usual: an address or a time, sign-extended */
+            uint64_t u = 0;
+            for (size_t i = 0; i < n; i++) u |= (uint64_t)buf[pos + i] << (8 * i);
+            if (n < 8 && (buf[pos + n - 1] & 0x80)) u |= ~0ULL << (8 * n);
+            pos += n;
+            SCALAR(V_INT, (int64_t)u);
+        }
         SYNC_OUT();
         if (new_long(p, n, &v) < 0) return -1;
         pos = p->pos;
