@@ -861,8 +861,9 @@ static int make_tuple(P *p, size_t from) {
     if (new_cont(p, C_TUPLE, &t) < 0) return GIVE_UP(-1);
     Cont *c = &p->conts[t.x];
     size_t k = p->sn - from;
+    /* Snapshots hold flat tuples only (pool ids): a container in a tuple is the reference's to judge. */
     for (size_t i = from; i < p->sn; i++)
-        if (consume(p, c, &p->stack[i]) < 0) return GIVE_UP(-1);
+        if (p->stack[i].kind == V_CONT) return GIVE_UP(-1);
     if (k && cont_append(p, t.x, p->stack + from, k) < 0) return GIVE_UP(-1);
     c->sealed = 1;
     p->sn = from;
@@ -1298,7 +1299,7 @@ static PyObject *export_cont(P *p, int64_t ci) {
         break;
     case C_FRAME: {
         FrameRec *f = &p->frames[c->ref];
-        if (frame_valid(p, c->ref) <= 0) return NULL; /* an odd frame-like dict: the reference reads it */
+        if (frame_valid(p, c->ref) <= 0) return GIVE_UP(NULL); /* an odd frame-like dict: the reference reads it */
         o = frame_of_rec(p, c->ref, p->fcache);
         (void)f;
         break;
@@ -1320,7 +1321,7 @@ static PyObject *export_cont(P *p, int64_t ci) {
         }
         break;
     default:
-        return NULL; /* an event record outside a trace */
+        return GIVE_UP(NULL); /* an event record outside a trace */
     }
     if (o) {
         p->cache[ci] = o;
@@ -1502,40 +1503,40 @@ static PyObject *export_trace(P *p, Cont *t) {
     int any_pool = 0;
     if (!action || !addr || !size || !stream || !time || !cls || !pool || !mcls || !mmid || !mlen || !cc || !um ||
         !order || !pools || !streams)
-        goto out;
+        { give_up_line = __LINE__; goto out; }
     pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
-    if (!pool_rank) goto out;
+    if (!pool_rank) { give_up_line = __LINE__; goto out; }
     for (size_t i = 0; i < p->pool_n; i++) pool_rank[i] = -1;
     int32_t n_pools = 0;
     for (size_t i = 0; i < n; i++) {
         Val *it = &t->items[i];
-        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT) goto out;
+        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT) { give_up_line = __LINE__; goto out; }
         EvRec *e = &p->events[p->conts[it->x].ref];
-        if (!(e->have & H_ACTION) || (e->bad & H_ACTION)) goto out;
+        if (!(e->have & H_ACTION) || (e->bad & H_ACTION)) { give_up_line = __LINE__; goto out; }
         action[i] = e->action;
         if (e->action == ACT_OOM) {
-            if (!(e->have & H_DFREE) || (e->bad & H_DFREE)) goto out; /* the model keeps device_free there */
+            if (!(e->have & H_DFREE) || (e->bad & H_DFREE)) { give_up_line = __LINE__; goto out; } /* the model keeps device_free there */
             addr[i] = e->dfree;
         } else {
-            if (!(e->have & H_ADDR) || (e->bad & H_ADDR)) goto out;
+            if (!(e->have & H_ADDR) || (e->bad & H_ADDR)) { give_up_line = __LINE__; goto out; }
             addr[i] = e->addr;
         }
-        if (!(e->have & H_SIZE) || (e->bad & H_SIZE)) goto out;
+        if (!(e->have & H_SIZE) || (e->bad & H_SIZE)) { give_up_line = __LINE__; goto out; }
         size[i] = e->size;
-        /* streams: any int64 (the place to mirror a refusal of negative streams) */
-        if (!(e->have & H_STREAM) || (e->bad & H_STREAM)) goto out;
+        /* streams: a non-negative int64 (cudaStream_t values; a negative one is the reference's to judge) */
+        if (!(e->have & H_STREAM) || (e->bad & H_STREAM) || e->stream < 0) { give_up_line = __LINE__; goto out; }
         if (last_ord < 0 || e->stream != last_stream) {
-            if (stream_ordinal(&st, e->stream, streams, &last_ord) < 0) goto out;
+            if (stream_ordinal(&st, e->stream, streams, &last_ord) < 0) { give_up_line = __LINE__; goto out; }
             last_stream = e->stream;
         }
         stream[i] = last_ord;
-        if (e->bad & H_TIME) goto out;
+        if (e->bad & H_TIME) { give_up_line = __LINE__; goto out; }
         if (!(e->have & H_TIME) || e->time_none) {
             time[i] = 0;
             absent_time++;
         } else
             time[i] = e->time;
-        if (e->bad & (H_FRAMES | H_CC | H_UM | H_POOL)) goto out;
+        if (e->bad & (H_FRAMES | H_CC | H_UM | H_POOL)) { give_up_line = __LINE__; goto out; }
         cls[i] = -1;
         if (e->frames >= 0) {
             Cont *f = &p->conts[e->frames];
@@ -1548,14 +1549,14 @@ static PyObject *export_trace(P *p, Cont *t) {
                 m++;
                 sum_lens += p->seq_len[s];
             } else if (f->n != 0)
-                goto out; /* a list of something other than frame dicts */
+                { give_up_line = __LINE__; goto out; } /* a list of something other than frame dicts */
         }
         if (!e->cc_default) {
             PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + e->cc_off, e->cc_len, "surrogatepass");
             PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
             if (!pair || PyList_Append(cc, pair) < 0) {
                 Py_XDECREF(pair);
-                goto out;
+                { give_up_line = __LINE__; goto out; }
             }
             Py_DECREF(pair);
         }
@@ -1564,7 +1565,7 @@ static PyObject *export_trace(P *p, Cont *t) {
             PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
             if (!pair || PyList_Append(um, pair) < 0) {
                 Py_XDECREF(pair);
-                goto out;
+                { give_up_line = __LINE__; goto out; }
             }
             Py_DECREF(pair);
         }
@@ -1576,7 +1577,7 @@ static PyObject *export_trace(P *p, Cont *t) {
                 PyObject *pr = Py_BuildValue("(LL)", (long long)p->pool_a[e->pool], (long long)p->pool_b[e->pool]);
                 if (!pr || PyList_Append(pools, pr) < 0) {
                     Py_XDECREF(pr);
-                    goto out;
+                    { give_up_line = __LINE__; goto out; }
                 }
                 Py_DECREF(pr);
             }
@@ -1585,14 +1586,14 @@ static PyObject *export_trace(P *p, Cont *t) {
     }
     /* The budget: this trace costs at least its events and frame references in the reference reader. */
     p->charged += (int64_t)n + sum_lens;
-    if (p->charged > p->budget) goto out;
-    if (stack_order(p, mcls, mmid, mlen, m, order) < 0) goto out;
+    if (p->charged > p->budget) { give_up_line = __LINE__; goto out; }
+    if (stack_order(p, mcls, mmid, mlen, m, order) < 0) { give_up_line = __LINE__; goto out; }
     /* exactly n items (the +1 only kept zero-length allocations apart) */
     if (PyByteArray_Resize(ba_action, (Py_ssize_t)n) < 0 || PyByteArray_Resize(ba_addr, (Py_ssize_t)n * 8) < 0 ||
         PyByteArray_Resize(ba_size, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_stream, (Py_ssize_t)n * 4) < 0 ||
         PyByteArray_Resize(ba_time, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_cls, (Py_ssize_t)n * 4) < 0 ||
         PyByteArray_Resize(ba_pool, (Py_ssize_t)n * 4) < 0)
-        goto out;
+        { give_up_line = __LINE__; goto out; }
     out = Py_BuildValue("(nOOOOOnOLOOOOOO)", (Py_ssize_t)n, ba_action, ba_addr, ba_size, ba_stream, ba_time,
                         (Py_ssize_t)absent_time, ba_cls, (long long)sum_lens, order, cc, um,
                         any_pool ? ba_pool : Py_None, pools, streams);
