@@ -22,13 +22,16 @@
  * refuses, and to produce the same columns and stack table when it accepts.
  *
  * Where values are checked (what a new Python refusal must be mirrored in):
- *   - new_int / new_str / new_float:   every scalar as it is read (int64 range,
- *                                       UTF-8 validity);
- *   - consume():                        nesting depth (MAX_DEPTH) and sealing;
- *   - frame_valid():                    frame dicts (filename str, line int, name str);
- *   - event_set():                      event keys as they are stored;
- *   - export_trace():                   per-event rules (action, addr, size,
- *                                       stream, time_us, frames, texts, pool_id).
+ *   - new_long / new_str and the inline   every scalar as it is read (int64 range,
+ *     opcodes of run():                   UTF-8 validity);
+ *   - make_tuple():                       flat tuples only;
+ *   - consume() / dict_set():             nesting depth (MAX_DEPTH), sealing, str keys;
+ *   - frame_valid():                      frame dicts (filename str, line int, name str);
+ *   - event_set():                        event keys as they are stored;
+ *   - export_trace():                     per-event rules (action, addr, size,
+ *                                         stream >= 0, time_us, frames, texts, pool_id)
+ *                                         and the expansion budget.
+ * The rest of the file is checked by reader._Converter itself (fastread.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
