@@ -15,7 +15,9 @@ import gzip
 import os
 import pickle
 import random
+import resource
 import time
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -240,7 +242,23 @@ FUZZ_SEED = int(os.environ.get("OOMSCOPE_READER_FUZZ_SEED", "21"))
 FUZZ_MAX_CASES = 3000 if "OOMSCOPE_READER_FUZZ_SECONDS" not in os.environ else 10**9
 
 
-def test_fuzz_both_readers_agree_on_mutated_real_snapshots() -> None:
+@pytest.fixture
+def address_space_cap() -> Iterator[None]:
+    """RLIMIT_AS = this process's size + 2 GiB while the fuzz runs, as the hostile suite does: a mutant can
+    ask CPython's unpickler (the reference) for a memo of 2**32 entries, which it then fills. Under the cap
+    that is a MemoryError (``snapshot:limit:memory``) instead of the machine's OOM killer."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    status = Path("/proc/self/status").read_text().splitlines()
+    size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    cap = size + (2 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_fuzz_both_readers_agree_on_mutated_real_snapshots(address_space_cap: None) -> None:
     """Seeded: the same mutants each run; bounded by FUZZ_SECONDS (and 3000 cases unless it is set)."""
     from tests.webapp.test_hardening_fuzz import mutate, mutate_tree
 
