@@ -69,8 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
 
 
+def _version() -> str:
+    from analysis import fastread
+
+    return f"oomscope analysis 0.1.0; snapshot reader: {fastread.reader_in_use()}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis", description="Explain a CUDA memory snapshot.")
+    parser.add_argument("--version", action="version", version=_version(), help="the version and the reader in use")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="the full report (JSON with --json, else a short summary)")
     rep.add_argument(

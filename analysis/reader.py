@@ -360,13 +360,26 @@ def _gc_paused() -> Iterator[None]:
 
 
 def read_snapshot(
-    source: str | os.PathLike[str] | bytes | bytearray | memoryview, *, limits: ReadLimits = ReadLimits()
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+    *,
+    limits: ReadLimits = ReadLimits(),
+    compiled: bool | None = None,
 ) -> Snapshot:
     """Read a snapshot file (path) or its bytes into the columnar model.
 
     Raises ``SnapshotError`` (with a stable ``.code``) for anything that is not a
     usable snapshot; nothing in the file is ever executed.
+
+    ``compiled``: try the compiled reader first (``analysis.fastread``; None: unless
+    ``OOMSCOPE_READER=python``). It returns the same snapshot or hands the file to
+    the code below, which is the reference and gives every refusal.
     """
+    from analysis import fastread  # imports this module: not at the top
+
+    if fastread.wanted(compiled):
+        snapshot = fastread.read_compiled(source, limits)
+        if snapshot is not None:
+            return snapshot
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = source if isinstance(source, bytes) else bytes(source)
         if len(data) > limits.max_input_bytes:

@@ -3,7 +3,9 @@
 Every case runs in its own child process (forked from one runner that has
 already imported the reader, so a case costs milliseconds, not an interpreter
 start) under RLIMIT_AS = the runner's size + 1 GiB and an alarm. Each is read
-both from a path and from bytes (the two unpickling routes). Payloads try to
+both from a path and from bytes (the two unpickling routes), through the default
+reader (the compiled one where it is built) and the Python reader: same code,
+same message. Payloads try to
 create a canary file; it must never exist.
 """
 
@@ -43,16 +45,17 @@ def run(path, limits):
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     signal.alarm({alarm})
     out = {{}}
-    for how in ("path", "bytes"):
+    # The default reader (the compiled one where it is built) and the Python reader, its reference.
+    for how in ("path", "bytes", "path/python", "bytes/python"):
         t0 = time.perf_counter()
         try:
-            source = path if how == "path" else open(path, "rb").read()
-            read_snapshot(source, limits=ReadLimits(**limits))
-            out[how] = ["accepted", time.perf_counter() - t0]
+            source = path if how.startswith("path") else open(path, "rb").read()
+            read_snapshot(source, limits=ReadLimits(**limits), compiled=None if "/" not in how else False)
+            out[how] = ["accepted", time.perf_counter() - t0, ""]
         except SnapshotError as exc:
-            out[how] = [exc.code, time.perf_counter() - t0]
+            out[how] = [exc.code, time.perf_counter() - t0, exc.message]
         except BaseException as exc:
-            out[how] = ["escaped " + type(exc).__name__ + ": " + str(exc)[:200], time.perf_counter() - t0]
+            out[how] = ["escaped " + type(exc).__name__ + ": " + str(exc)[:200], time.perf_counter() - t0, ""]
     return out
 
 for line in sys.stdin:
@@ -114,10 +117,13 @@ def test_hostile_input_refused_with_its_code(name: str, hostile: Any) -> None:
     result = results[name]
     assert "crash" not in result, result.get("crash")
     expected = cases[name].code
-    for how in ("path", "bytes"):
-        code, seconds = result[how]
+    for how in ("path", "bytes", "path/python", "bytes/python"):
+        code, seconds, _message = result[how]
         assert code == expected, f"{how}: {code}"
         assert seconds < MAX_SECONDS, f"{how} took {seconds:.1f}s"
+    # The compiled reader refuses nothing itself: the refusal, message included, is the reference's.
+    assert result["path"][2] == result["path/python"][2]
+    assert result["bytes"][2] == result["bytes/python"][2]
     assert not canary.exists(), "a payload ran"
 
 

@@ -1,0 +1,1875 @@
+/* The compiled snapshot reader: pickle opcodes straight into trace columns.
+ *
+ * parse(data, gzip, max_decompressed, max_ratio, grace, nodes_per_byte, min_nodes)
+ *   -> None | (raw_len, root, frame_values, classes)
+ *
+ * It walks the opcodes of a `_dump_snapshot` pickle (optionally gunzipping it
+ * first with zlib) and never builds the Python object graph of the trace: event
+ * dicts become fixed records, frame dicts become (filename, line, name) records,
+ * and frames lists become interned sequences of frame records. Only the small
+ * rest of the file (the root dict, segments, blocks, annotations, settings) is
+ * handed back as Python objects, for the reference converter in
+ * analysis/reader.py to check and convert with its own code.
+ *
+ * The rule that makes it safe: this reader *never refuses*. It accepts only
+ * input it understands completely and whose result it can prove equal to the
+ * Python reader's; on anything else (a cap reached, an unknown or malformed
+ * opcode, a value of the wrong type, a mutated or shared container in an odd
+ * place, an int beyond int64, nesting deeper than real snapshots go) it returns
+ * None, and analysis/fastread.py hands the input to the Python reader, which
+ * gives the refusal with its code and message. So every refusal is the
+ * reference's own; this file only has to never accept what the reference
+ * refuses, and to produce the same columns and stack table when it accepts.
+ *
+ * Where values are checked (what a new Python refusal must be mirrored in):
+ *   - new_long / new_str and the inline   every scalar as it is read (int64 range,
+ *     opcodes of run():                   UTF-8 validity);
+ *   - make_tuple():                       flat tuples only;
+ *   - consume() / dict_set():             nesting depth (MAX_DEPTH), sealing, str keys;
+ *   - frame_valid():                      frame dicts (filename str, line int, name str);
+ *   - event_set():                        event keys as they are stored;
+ *   - export_trace():                     per-event rules (action, addr, size,
+ *                                         stream >= 0, time_us, frames, texts, pool_id)
+ *                                         and the expansion budget.
+ * The rest of the file is checked by reader._Converter itself (fastread.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+#include <stdlib.h>
+
+/* Real snapshots nest 9 deep at most (root/segments/seg/blocks/block/history/h/frames/frame). */
+#define MAX_DEPTH 12
+/* Lists of up to PICKLER_BATCH - 1 items arrive in one APPENDS from a pickler; longer ones are
+ * interned when they are sealed instead. More items for an interned list: a hand-made file. */
+#define PICKLER_BATCH 1000
+
+/* V_UINT: an int in [2**63, 2**64) (x holds its bits). Torch writes 2**64 - 1 as the line of frames
+ * without one; the Python reader takes any int there, and nowhere else an int past int64. */
+enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT };
+enum { C_LIST = 1, C_SEQ, C_DICT, C_TUPLE, C_FRAME, C_EVENT };
+
+/* Known strings: dict keys and values the schema looks at. */
+enum {
+    K_NONE = 0,
+    K_ACTION, K_ADDR, K_SIZE, K_STREAM, K_TIME, K_FRAMES, K_CC, K_UM, K_POOL, K_DFREE,
+    K_FILENAME, K_LINE, K_NAME, K_DEVICE_TRACES,
+    K_ACT0 = 20, /* 20..28: the nine actions in model order */
+    K_NA = 30, K_EMPTYSTR = 31
+};
+#define ACT_OOM 8
+
+typedef struct {
+    uint8_t kind;
+    uint8_t key; /* K_* for strings */
+    uint16_t pad;
+    uint32_t len; /* string length */
+    int64_t x;    /* int value, float bits, string offset, container index */
+} Val;
+
+typedef struct {
+    uint8_t kind;
+    uint8_t sealed;
+    uint8_t depth;
+    uint8_t pad;
+    uint32_t n;
+    uint32_t cap;
+    int32_t ref; /* C_SEQ: seq id; C_FRAME: frame record; C_EVENT: event record */
+    Val *items;  /* C_LIST/C_TUPLE: n values; C_DICT: n pairs (2n values) */
+} Cont;
+
+typedef struct {
+    Val filename, line, name;
+    int32_t fvid; /* frame value id once validated, -1 before */
+    uint8_t have, extra;
+    uint8_t order[3]; /* the keys in the order the file wrote them (torch: name, filename, line) */
+} FrameRec;
+
+/* presence bits of an event record */
+#define H_ACTION 1
+#define H_ADDR 2
+#define H_SIZE 4
+#define H_STREAM 8
+#define H_TIME 16
+#define H_FRAMES 32
+#define H_CC 64
+#define H_UM 128
+#define H_POOL 256
+#define H_DFREE 512
+/* "bad" bits: present but not of the shape the trace needs */
+typedef struct {
+    int64_t addr, size, stream, time, dfree;
+    int32_t frames; /* container index, -1 absent */
+    int32_t pool;   /* pool pair id, -1 None/absent */
+    int64_t cc_off, um_off;
+    uint32_t cc_len, um_len;
+    uint16_t have, bad;
+    int8_t action;
+    uint8_t cc_default, um_default, time_none;
+} EvRec;
+
+typedef struct {
+    uint64_t *keys;
+    int32_t *vals;
+    size_t cap, n;
+} Map; /* open addressing, key 0 reserved: keys are stored +1 */
+
+typedef struct {
+    const unsigned char *buf;
+    size_t size, pos;
+    Val *stack;
+    size_t sn, scap;
+    size_t *marks;
+    size_t mn, mcap;
+    Val *memo;
+    size_t memo_cap, memo_len;
+    Cont *conts;
+    size_t cn, ccap;
+    FrameRec *frames;
+    size_t fn, fcap;
+    EvRec *events;
+    size_t en, ecap;
+    /* frame-record sequences (frames lists) */
+    int32_t *seqpool;
+    size_t sp_n, sp_cap;
+    int64_t *seq_off; /* start in seqpool */
+    int32_t *seq_len, *seq_cls;
+    size_t seq_n, seq_cap;
+    Map seq_map; /* hash -> chain head is not kept: we probe on hash and compare */
+    /* content classes (sequences of frame value ids) */
+    int32_t *clspool;
+    size_t cp_n, cp_cap;
+    int64_t *cls_off;
+    int32_t *cls_len;
+    size_t cls_n, cls_cap;
+    Map cls_map;
+    /* frame values (filename, line, name) */
+    int32_t *fv_rec; /* a frame record holding the value */
+    size_t fv_n, fv_cap;
+    Map fv_map;
+    /* pool pairs */
+    int64_t *pool_a, *pool_b;
+    size_t pool_n, pool_cap;
+    Map pool_map;
+    PyObject **cache;  /* exported Python object per container */
+    PyObject **fcache; /* exported Python dict per frame record */
+    int32_t *owners;   /* containers that allocated items (freed at the end; most hold none) */
+    size_t on, ocap;
+    int64_t budget, charged;
+} P;
+
+/* Where the last parse of this thread gave up: a source line, so tests and debugging can say why a file
+ * took the reference path. Per thread: the parse runs without the GIL. */
+static _Thread_local int give_up_line;
+#define GIVE_UP(rc) (give_up_line = __LINE__, (rc))
+
+/* ------------------------------------------------------------------------- */
+/* small helpers                                                               */
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return GIVE_UP(-1);
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static uint64_t mix(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+/* Four independent lanes: the multiply chain of one lane would bound the speed (a hash per frames list). */
+static uint64_t hash_i32(const int32_t *a, size_t n) {
+    uint64_t h0 = 0x9e3779b97f4a7c15ULL ^ n, h1 = 0xbf58476d1ce4e5b9ULL, h2 = 0x94d049bb133111ebULL, h3 = 0x2545f4914f6cdd1dULL;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h0 = (h0 ^ (uint32_t)a[i]) * 0x100000001b3ULL;
+        h1 = (h1 ^ (uint32_t)a[i + 1]) * 0x100000001b3ULL;
+        h2 = (h2 ^ (uint32_t)a[i + 2]) * 0x100000001b3ULL;
+        h3 = (h3 ^ (uint32_t)a[i + 3]) * 0x100000001b3ULL;
+    }
+    for (; i < n; i++) h0 = (h0 ^ (uint32_t)a[i]) * 0x100000001b3ULL;
+    return mix(h0 ^ mix(h1) ^ (mix(h2) << 1) ^ (mix(h3) << 2));
+}
+
+static int map_init(Map *m, size_t cap) {
+    size_t c = 64;
+    while (c < cap * 2) c *= 2;
+    m->keys = calloc(c, sizeof(uint64_t));
+    m->vals = malloc(c * sizeof(int32_t));
+    m->cap = c;
+    m->n = 0;
+    return (m->keys && m->vals) ? 0 : -1;
+}
+static void map_free(Map *m) {
+    free(m->keys);
+    free(m->vals);
+    m->keys = NULL;
+    m->vals = NULL;
+}
+static int map_grow(Map *m) {
+    Map nm;
+    if (map_init(&nm, m->cap) < 0) return GIVE_UP(-1);
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->keys[i]) continue;
+        size_t j = mix(m->keys[i]) & (nm.cap - 1);
+        while (nm.keys[j]) j = (j + 1) & (nm.cap - 1);
+        nm.keys[j] = m->keys[i];
+        nm.vals[j] = m->vals[i];
+    }
+    nm.n = m->n;
+    map_free(m);
+    *m = nm;
+    return 0;
+}
+/* Slot of key k (found or empty): plain integer keys, no collision compare needed. */
+static size_t map_slot(Map *m, uint64_t k) {
+    uint64_t kk = k + 1;
+    size_t j = mix(kk) & (m->cap - 1);
+    while (m->keys[j] && m->keys[j] != kk) j = (j + 1) & (m->cap - 1);
+    return j;
+}
+static int map_get(Map *m, uint64_t k, int32_t *out) {
+    size_t j = map_slot(m, k);
+    if (!m->keys[j]) return 0;
+    *out = m->vals[j];
+    return 1;
+}
+static int map_put(Map *m, uint64_t k, int32_t v) {
+    if ((m->n + 1) * 2 > m->cap && map_grow(m) < 0) return GIVE_UP(-1);
+    size_t j = map_slot(m, k);
+    if (!m->keys[j]) m->n++;
+    m->keys[j] = k + 1;
+    m->vals[j] = v;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* scalars                                                                     */
+
+/* UTF-8 as CPython decodes it with errors="surrogatepass" (what the unpickler does). */
+static int utf8_ok(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        /* ASCII fast path, 8 bytes at a time */
+        while (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (w & 0x8080808080808080ULL) break;
+            i += 8;
+        }
+        if (i >= n) break;
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (i + 2 >= n) return 0;
+            unsigned char c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return 0;
+            if (c == 0xE0 && c1 < 0xA0) return 0; /* overlong */
+            i += 3;                                /* ED A0..BF: surrogates pass */
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (i + 3 >= n) return 0;
+            unsigned char c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80) return 0;
+            if (c == 0xF0 && c1 < 0x90) return 0;
+            if (c == 0xF4 && c1 > 0x8F) return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static uint8_t key_of(const unsigned char *s, size_t n) {
+#define IS(lit) (n == sizeof(lit) - 1 && memcmp(s, lit, n) == 0)
+    switch (n) {
+    case 0:
+        return K_EMPTYSTR;
+    case 3:
+        if (IS("N/A")) return K_NA;
+        break;
+    case 4:
+        if (IS("addr")) return K_ADDR;
+        if (IS("size")) return K_SIZE;
+        if (IS("line")) return K_LINE;
+        if (IS("name")) return K_NAME;
+        break;
+    case 5:
+        if (IS("alloc")) return K_ACT0 + 0;
+        break;
+    case 6:
+        if (IS("action")) return K_ACTION;
+        if (IS("stream")) return K_STREAM;
+        if (IS("frames")) return K_FRAMES;
+        break;
+    case 7:
+        if (IS("time_us")) return K_TIME;
+        if (IS("pool_id")) return K_POOL;
+        break;
+    case 8:
+        if (IS("filename")) return K_FILENAME;
+        if (IS("snapshot")) return K_ACT0 + 7;
+        break;
+    }
+    if (IS("oom")) return K_ACT0 + 8;
+    if (IS("device_free")) return K_DFREE;
+    if (IS("user_metadata")) return K_UM;
+    if (IS("compile_context")) return K_CC;
+    if (IS("device_traces")) return K_DEVICE_TRACES;
+    if (IS("free_requested")) return K_ACT0 + 1;
+    if (IS("free_completed")) return K_ACT0 + 2;
+    if (IS("segment_alloc")) return K_ACT0 + 3;
+    if (IS("segment_free")) return K_ACT0 + 4;
+    if (IS("segment_map")) return K_ACT0 + 5;
+    if (IS("segment_unmap")) return K_ACT0 + 6;
+    return K_NONE;
+#undef IS
+}
+
+/* ------------------------------------------------------------------------- */
+/* the value stack and containers                                            */
+
+static inline __attribute__((always_inline)) int push(P *p, Val v) {
+    if (__builtin_expect(p->sn == p->scap, 0) && grow((void **)&p->stack, &p->scap, p->sn + 1, sizeof(Val)) < 0)
+        return GIVE_UP(-1);
+    p->stack[p->sn++] = v;
+    return 0;
+}
+
+static size_t fence(P *p) { return p->mn ? p->marks[p->mn - 1] : 0; }
+
+static int new_cont(P *p, uint8_t kind, Val *out) {
+    if (p->cn == p->ccap && grow((void **)&p->conts, &p->ccap, p->cn + 1, sizeof(Cont)) < 0) return GIVE_UP(-1);
+    if (p->cn >= INT32_MAX) return GIVE_UP(-1);
+    Cont *c = &p->conts[p->cn];
+    memset(c, 0, sizeof(*c));
+    c->kind = kind;
+    c->depth = 1;
+    c->ref = -1;
+    out->kind = V_CONT;
+    out->key = 0;
+    out->len = 0;
+    out->x = (int64_t)p->cn++;
+    return 0;
+}
+
+/* c->items of container ci grows to hold `need` values (recording ci as an owner the first time). */
+static int items_grow(P *p, int64_t ci, size_t need) {
+    Cont *c = &p->conts[ci];
+    size_t cap = c->cap;
+    if (!c->items) {
+        if (grow((void **)&p->owners, &p->ocap, p->on + 1, sizeof(int32_t)) < 0) return GIVE_UP(-1);
+        p->owners[p->on++] = (int32_t)ci;
+    }
+    if (need > UINT32_MAX / 2 || grow((void **)&c->items, &cap, need, sizeof(Val)) < 0) return GIVE_UP(-1);
+    c->cap = (uint32_t)cap;
+    return 0;
+}
+
+static int cont_append(P *p, int64_t ci, const Val *v, size_t k) {
+    if (items_grow(p, ci, (size_t)p->conts[ci].n + k) < 0) return -1;
+    Cont *c = &p->conts[ci];
+    memcpy(c->items + c->n, v, k * sizeof(Val));
+    c->n += (uint32_t)k;
+    return 0;
+}
+
+static int try_seq(P *p, Cont *list, const Val *items, size_t n);
+
+/* A value goes into a container: it is sealed there (a pickler never changes a
+ * container after writing it into another, so a later mutation means a hostile
+ * or damaged file, and cycles cannot form without one); the parent's depth grows. */
+static int consume(P *p, Cont *parent, const Val *v) {
+    if (v->kind != V_CONT) return 0;
+    Cont *c = &p->conts[v->x];
+    if (c == parent) return GIVE_UP(-1); /* into itself: the one cycle an unsealed container allows */
+    if (!c->sealed && c->kind == C_LIST && c->n >= PICKLER_BATCH) {
+        if (try_seq(p, c, c->items, c->n) < 0) return GIVE_UP(-1);
+        c = &p->conts[v->x];
+    }
+    c->sealed = 1;
+    if (c->depth + 1 > parent->depth) {
+        parent->depth = c->depth + 1;
+        if (parent->depth > MAX_DEPTH) return GIVE_UP(-1);
+    }
+    return 0;
+}
+
+/* frame value ids: (filename, line, name) by content */
+static int frame_valid(P *p, int32_t rec) {
+    FrameRec *f = &p->frames[rec];
+    if (f->fvid >= 0) return 1;
+    if (f->have != 7 || f->extra) return 0;
+    if (f->filename.kind != V_STR || f->name.kind != V_STR || (f->line.kind != V_INT && f->line.kind != V_UINT)) return 0;
+    uint64_t h = 0x12345;
+    h = (h ^ mix((uint64_t)f->line.x + f->line.kind)) * 0x100000001b3ULL;
+    for (uint32_t i = 0; i < f->filename.len; i++) h = (h ^ p->buf[f->filename.x + i]) * 0x100000001b3ULL;
+    h = (h ^ 0xff) * 0x100000001b3ULL;
+    for (uint32_t i = 0; i < f->name.len; i++) h = (h ^ p->buf[f->name.x + i]) * 0x100000001b3ULL;
+    h = mix(h) & 0x7fffffffffffffffULL;
+    /* probe: the map holds hash -> fvid; collisions continue at hash+1 (compared by content) */
+    for (;;) {
+        int32_t fv;
+        if (!map_get(&p->fv_map, h, &fv)) break;
+        FrameRec *g = &p->frames[p->fv_rec[fv]];
+        if (g->line.x == f->line.x && g->line.kind == f->line.kind && g->filename.len == f->filename.len && g->name.len == f->name.len &&
+            memcmp(p->buf + g->filename.x, p->buf + f->filename.x, f->filename.len) == 0 &&
+            memcmp(p->buf + g->name.x, p->buf + f->name.x, f->name.len) == 0) {
+            f->fvid = fv;
+            return 1;
+        }
+        h = (h + 1) & 0x7fffffffffffffffULL;
+    }
+    if (grow((void **)&p->fv_rec, &p->fv_cap, p->fv_n + 1, sizeof(int32_t)) < 0) return GIVE_UP(-1);
+    p->fv_rec[p->fv_n] = rec;
+    if (map_put(&p->fv_map, h, (int32_t)p->fv_n) < 0) return GIVE_UP(-1);
+    f->fvid = (int32_t)p->fv_n++;
+    return 1;
+}
+
+/* The content class of a sequence of frame records (by frame values). */
+static int class_of(P *p, const int32_t *recs, size_t n, int32_t *out) {
+    int32_t tmp[64];
+    int32_t *fv = n <= 64 ? tmp : malloc(n * sizeof(int32_t));
+    if (!fv) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++) fv[i] = p->frames[recs[i]].fvid;
+    uint64_t h = hash_i32(fv, n) & 0x7fffffffffffffffULL;
+    int rc = 0;
+    for (;;) {
+        int32_t c;
+        if (!map_get(&p->cls_map, h, &c)) break;
+        if ((size_t)p->cls_len[c] == n && memcmp(p->clspool + p->cls_off[c], fv, n * sizeof(int32_t)) == 0) {
+            *out = c;
+            goto done;
+        }
+        h = (h + 1) & 0x7fffffffffffffffULL;
+    }
+    if (grow((void **)&p->clspool, &p->cp_cap, p->cp_n + n, sizeof(int32_t)) < 0 ||
+        grow((void **)&p->cls_off, &p->cls_cap, p->cls_n + 1, sizeof(int64_t)) < 0) {
+        rc = -1;
+        goto done;
+    }
+    {
+        size_t cap2 = p->cls_cap;
+        /* cls_len shares cls_cap: grow it to the same size */
+        int32_t *q = realloc(p->cls_len, cap2 * sizeof(int32_t));
+        if (!q) {
+            rc = -1;
+            goto done;
+        }
+        p->cls_len = q;
+    }
+    memcpy(p->clspool + p->cp_n, fv, n * sizeof(int32_t));
+    p->cls_off[p->cls_n] = (int64_t)p->cp_n;
+    p->cls_len[p->cls_n] = (int32_t)n;
+    p->cp_n += n;
+    if (map_put(&p->cls_map, h, (int32_t)p->cls_n) < 0) {
+        rc = -1;
+        goto done;
+    }
+    *out = (int32_t)p->cls_n++;
+done:
+    if (fv != tmp) free(fv);
+    return rc;
+}
+
+/* A frames list's items -> an interned sequence id: 1 interned, 0 not all valid frame dicts, -1 error.
+ * Sequences are keyed by the items' container ids (the frame dicts' identities), so the usual case
+ * (a list of frame dicts the file shares through its memo, seen before) is one hash and one compare;
+ * only a new sequence has its frames checked (and sealed: a checked frame dict never changes). */
+static int seq_intern_ids(P *p, const int32_t *ids, size_t n, int32_t *out);
+
+static int seq_intern(P *p, const Val *items, size_t n, int32_t *out) {
+    int32_t tmp[256];
+    int32_t *ids = n <= 256 ? tmp : malloc(n * sizeof(int32_t));
+    int rc = 0;
+    if (!ids) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].kind != V_CONT) goto done;
+        ids[i] = (int32_t)items[i].x;
+    }
+    rc = seq_intern_ids(p, ids, n, out);
+done:
+    if (ids != tmp) free(ids);
+    return rc;
+}
+
+/* The same, from the items' container ids. */
+static int seq_intern_ids(P *p, const int32_t *ids, size_t n, int32_t *out) {
+    int32_t tmp[256];
+    int32_t *recs = n <= 256 ? tmp : malloc(n * sizeof(int32_t));
+    int rc = 0;
+    if (!recs) return GIVE_UP(-1);
+    if (n == 0 || n > INT32_MAX) goto done;
+    uint64_t h = hash_i32(ids, n) & 0x7fffffffffffffffULL;
+    for (;;) {
+        int32_t s;
+        if (!map_get(&p->seq_map, h, &s)) break;
+        if ((size_t)p->seq_len[s] == n && memcmp(p->seqpool + p->seq_off[s], ids, n * sizeof(int32_t)) == 0) {
+            *out = s;
+            rc = 1;
+            goto done;
+        }
+        h = (h + 1) & 0x7fffffffffffffffULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        Cont *c = &p->conts[ids[i]];
+        if (c->kind != C_FRAME) goto done;
+        int ok = frame_valid(p, c->ref);
+        if (ok <= 0) {
+            rc = ok;
+            goto done;
+        }
+        recs[i] = c->ref;
+    }
+    for (size_t i = 0; i < n; i++) p->conts[ids[i]].sealed = 1;
+    rc = -1;
+    if (grow((void **)&p->seqpool, &p->sp_cap, p->sp_n + n, sizeof(int32_t)) < 0) goto done;
+    size_t cap = p->seq_cap;
+    if (grow((void **)&p->seq_off, &cap, p->seq_n + 1, sizeof(int64_t)) < 0) goto done;
+    if (cap != p->seq_cap) {
+        int32_t *a = realloc(p->seq_len, cap * sizeof(int32_t));
+        if (!a) goto done;
+        p->seq_len = a;
+        int32_t *b = realloc(p->seq_cls, cap * sizeof(int32_t));
+        if (!b) goto done;
+        p->seq_cls = b;
+        p->seq_cap = cap;
+    }
+    int32_t cls;
+    if (class_of(p, recs, n, &cls) < 0) goto done;
+    memcpy(p->seqpool + p->sp_n, ids, n * sizeof(int32_t));
+    p->seq_off[p->seq_n] = (int64_t)p->sp_n;
+    p->seq_len[p->seq_n] = (int32_t)n;
+    p->seq_cls[p->seq_n] = cls;
+    p->sp_n += n;
+    if (map_put(&p->seq_map, h, (int32_t)p->seq_n) < 0) goto done;
+    *out = (int32_t)p->seq_n++;
+    rc = 1;
+done:
+    if (recs != tmp) free(recs);
+    return rc < 0 ? GIVE_UP(-1) : rc;
+}
+
+/* A list whose items are all frame dicts becomes an interned sequence. */
+static int try_seq(P *p, Cont *list, const Val *items, size_t n) {
+    int32_t s;
+    int rc = seq_intern(p, items, n, &s);
+    if (rc == 1) {
+        free(list->items);
+        list->items = NULL;
+        list->cap = 0;
+        list->kind = C_SEQ;
+        list->ref = s;
+        list->n = (uint32_t)n;
+        if (list->depth < 2) list->depth = 2;
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+
+
+
+/* ------------------------------------------------------------------------- */
+/* dicts: generic pairs, event records, frame records                          */
+
+static inline __attribute__((always_inline)) int event_set(P *p, EvRec *e, const Val *k, const Val *v) {
+    switch (k->key) {
+    case K_ACTION:
+        e->have |= H_ACTION;
+        if (v->kind == V_STR && v->key >= K_ACT0 && v->key < K_ACT0 + 9) {
+            e->action = (int8_t)(v->key - K_ACT0);
+            e->bad &= ~H_ACTION;
+        } else
+            e->bad |= H_ACTION;
+        break;
+#define INTSLOT(KEY, BIT, FIELD, NONNEG)                                                                          \
+    case KEY:                                                                                                     \
+        e->have |= BIT;                                                                                           \
+        if (v->kind == V_INT && (!(NONNEG) || v->x >= 0)) {                                                       \
+            e->FIELD = v->x;                                                                                      \
+            e->bad &= ~BIT;                                                                                       \
+        } else                                                                                                    \
+            e->bad |= BIT;                                                                                        \
+        break;
+        INTSLOT(K_ADDR, H_ADDR, addr, 1)
+        INTSLOT(K_SIZE, H_SIZE, size, 1)
+        INTSLOT(K_STREAM, H_STREAM, stream, 0)
+        INTSLOT(K_DFREE, H_DFREE, dfree, 1)
+#undef INTSLOT
+    case K_TIME:
+        e->have |= H_TIME;
+        e->bad &= ~H_TIME;
+        e->time_none = 0;
+        if (v->kind == V_INT)
+            e->time = v->x;
+        else if (v->kind == V_NONE)
+            e->time_none = 1; /* None counts as absent, as in the Python reader */
+        else
+            e->bad |= H_TIME;
+        break;
+    case K_FRAMES:
+        e->have |= H_FRAMES;
+        e->bad &= ~H_FRAMES;
+        if (v->kind == V_CONT && (p->conts[v->x].kind == C_SEQ || p->conts[v->x].kind == C_LIST))
+            e->frames = (int32_t)v->x;
+        else
+            e->bad |= H_FRAMES;
+        break;
+    case K_CC:
+    case K_UM: {
+        uint16_t bit = k->key == K_CC ? H_CC : H_UM;
+        e->have |= bit;
+        e->bad &= ~bit;
+        if (v->kind != V_STR) {
+            e->bad |= bit;
+        } else if (bit == H_CC) {
+            e->cc_off = v->x, e->cc_len = v->len, e->cc_default = v->key == K_NA;
+        } else {
+            e->um_off = v->x, e->um_len = v->len, e->um_default = v->key == K_EMPTYSTR;
+        }
+        break;
+    }
+    case K_POOL:
+        e->have |= H_POOL;
+        e->bad &= ~H_POOL;
+        e->pool = -1;
+        if (v->kind == V_NONE) break;
+        if (v->kind == V_CONT) {
+            Cont *c = &p->conts[v->x];
+            if ((c->kind == C_TUPLE || c->kind == C_LIST) && c->n == 2 && c->items[0].kind == V_INT &&
+                c->items[1].kind == V_INT) {
+                int64_t a = c->items[0].x, b = c->items[1].x;
+                uint64_t h = mix((uint64_t)a * 31 + mix((uint64_t)b)) & 0x7fffffffffffffffULL;
+                for (;;) {
+                    int32_t id;
+                    if (!map_get(&p->pool_map, h, &id)) break;
+                    if (p->pool_a[id] == a && p->pool_b[id] == b) {
+                        e->pool = id;
+                        return 0;
+                    }
+                    h = (h + 1) & 0x7fffffffffffffffULL;
+                }
+                size_t cap = p->pool_cap;
+                if (grow((void **)&p->pool_a, &cap, p->pool_n + 1, sizeof(int64_t)) < 0) return GIVE_UP(-1);
+                if (cap != p->pool_cap) {
+                    int64_t *q = realloc(p->pool_b, cap * sizeof(int64_t));
+                    if (!q) return GIVE_UP(-1);
+                    p->pool_b = q;
+                    p->pool_cap = cap;
+                }
+                p->pool_a[p->pool_n] = a;
+                p->pool_b[p->pool_n] = b;
+                if (map_put(&p->pool_map, h, (int32_t)p->pool_n) < 0) return GIVE_UP(-1);
+                e->pool = (int32_t)p->pool_n++;
+                return 0;
+            }
+        }
+        e->bad |= H_POOL;
+        break;
+    default:
+        break; /* unknown keys are never looked at, as in the Python reader */
+    }
+    return 0;
+}
+
+static int frame_set(FrameRec *f, const Val *k, const Val *v) {
+    switch (k->key) {
+    case K_FILENAME:
+        f->filename = *v, f->have |= 1;
+        break;
+    case K_LINE:
+        f->line = *v, f->have |= 2;
+        break;
+    case K_NAME:
+        f->name = *v, f->have |= 4;
+        break;
+    default:
+        f->extra = 1;
+    }
+    f->fvid = -1;
+    return 0;
+}
+
+/* Set pairs[0..2n) into dict container ci. Returns -1 to give up. */
+static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
+    Cont *c = &p->conts[ci];
+    if (c->sealed) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++) {
+        if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
+        if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
+    }
+    if (c->kind == C_DICT && c->n == 0 && n > 0) {
+        /* The first items decide what the dict is: an event (it has "action"), a frame, or anything else. */
+        int has_action = 0, frame_keys = n == 3, seen = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint8_t k = pairs[2 * i].key;
+            if (k == K_ACTION) has_action = 1;
+            if (k != K_FILENAME && k != K_LINE && k != K_NAME) frame_keys = 0;
+            else seen |= 1 << (k - K_FILENAME);
+        }
+        if (seen != 7) frame_keys = 0;
+        if (has_action) {
+            if (grow((void **)&p->events, &p->ecap, p->en + 1, sizeof(EvRec)) < 0) return GIVE_UP(-1);
+            EvRec *e = &p->events[p->en];
+            memset(e, 0, sizeof(*e));
+            e->frames = -1;
+            e->pool = -1;
+            e->cc_default = 1;
+            e->um_default = 1;
+            c->kind = C_EVENT;
+            c->ref = (int32_t)p->en++;
+        } else if (frame_keys) {
+            if (grow((void **)&p->frames, &p->fcap, p->fn + 1, sizeof(FrameRec)) < 0) return GIVE_UP(-1);
+            FrameRec *f = &p->frames[p->fn];
+            memset(f, 0, sizeof(*f));
+            f->fvid = -1;
+            for (int i = 0; i < 3; i++) f->order[i] = pairs[2 * i].key;
+            c->kind = C_FRAME;
+            c->ref = (int32_t)p->fn++;
+        }
+    }
+    if (c->kind == C_EVENT) {
+        for (size_t i = 0; i < n; i++)
+            if (event_set(p, &p->events[c->ref], &pairs[2 * i], &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
+        c->n += (uint32_t)n;
+        return 0;
+    }
+    if (c->kind == C_FRAME) {
+        FrameRec *f = &p->frames[c->ref];
+        if (f->fvid >= 0) return GIVE_UP(-1);
+        for (size_t i = 0; i < n; i++) frame_set(f, &pairs[2 * i], &pairs[2 * i + 1]);
+        c->n += (uint32_t)n;
+        return 0;
+    }
+    if (c->kind != C_DICT) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++)
+        if (pairs[2 * i].key == K_ACTION) return GIVE_UP(-1); /* an event-like dict built oddly */
+    if (items_grow(p, ci, 2 * ((size_t)c->n + n)) < 0) return -1;
+    c = &p->conts[ci];
+    memcpy(c->items + 2 * (size_t)c->n, pairs, 2 * n * sizeof(Val));
+    c->n += (uint32_t)n;
+    return 0;
+}
+
+static int list_extend(P *p, int64_t ci, const Val *items, size_t n) {
+    Cont *c = &p->conts[ci];
+    if (c->sealed || c->kind != C_LIST) return GIVE_UP(-1); /* a C_SEQ is never added to by a pickler */
+    if (n == 0) return 0;
+    if (c->n == 0 && n < PICKLER_BATCH) {
+        /* The frames list of an event: frame dicts in, an interned sequence out (valid frames hold
+         * scalars only: depth 2). */
+        int32_t sid;
+        int rc = seq_intern(p, items, n, &sid);
+        if (rc < 0) return -1;
+        if (rc == 1) {
+            c = &p->conts[ci];
+            if (c->depth < 2) c->depth = 2;
+            c->kind = C_SEQ;
+            c->ref = sid;
+            c->n = (uint32_t)n;
+            return 0;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (consume(p, c, &items[i]) < 0) return GIVE_UP(-1);
+    return cont_append(p, ci, items, n);
+}
+
+/* ------------------------------------------------------------------------- */
+/* the opcode loop                                                            */
+
+#define NEED(k)                                                                                                   \
+    do {                                                                                                          \
+        if (p->size - p->pos < (size_t)(k)) return GIVE_UP(-1);                                                            \
+    } while (0)
+
+static int new_str(P *p, size_t n, Val *v) {
+    NEED(n);
+    if (n > UINT32_MAX) return GIVE_UP(-1);
+    const unsigned char *s = p->buf + p->pos;
+    if (!utf8_ok(s, n)) return GIVE_UP(-1);
+    v->kind = V_STR;
+    v->len = (uint32_t)n;
+    v->x = (int64_t)p->pos;
+    v->key = n <= 16 ? key_of(s, n) : K_NONE;
+    p->pos += n;
+    return 0;
+}
+
+/* LONG1/LONG4: little-endian two's complement; only values that fit int64 are taken. */
+static int new_long(P *p, size_t n, Val *v) {
+    NEED(n);
+    const unsigned char *s = p->buf + p->pos;
+    p->pos += n;
+    v->kind = V_INT;
+    if (n == 0) {
+        v->x = 0;
+        return 0;
+    }
+    if (n == 9 && s[8] == 0) { /* [0, 2**64): 2**64 - 1 is torch's "no line" */
+        uint64_t u = 0;
+        for (size_t i = 0; i < 8; i++) u |= (uint64_t)s[i] << (8 * i);
+        v->kind = u >> 63 ? V_UINT : V_INT;
+        v->x = (int64_t)u;
+        return 0;
+    }
+    if (n > 8) return GIVE_UP(-1); /* past int64 and uint64: only the reference reads such ints */
+    uint64_t u = 0;
+    for (size_t i = 0; i < n; i++) u |= (uint64_t)s[i] << (8 * i);
+    if (n < 8 && (s[n - 1] & 0x80)) u |= ~0ULL << (8 * n);
+    v->x = (int64_t)u;
+    return 0;
+}
+
+static uint32_t rd32(const unsigned char *s) {
+    return (uint32_t)s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24;
+}
+static uint64_t rd64(const unsigned char *s) { return (uint64_t)rd32(s) | (uint64_t)rd32(s + 4) << 32; }
+
+static int memo_put(P *p, size_t idx) {
+    if (p->sn <= fence(p)) return GIVE_UP(-1);
+    /* the pickler numbers its memo 0, 1, 2...: a far index is a hostile file */
+    if (idx > p->memo_len + 1024) return GIVE_UP(-1);
+    if (idx >= p->memo_cap) {
+        size_t old = p->memo_cap;
+        if (grow((void **)&p->memo, &p->memo_cap, idx + 1, sizeof(Val)) < 0) return GIVE_UP(-1);
+        memset(p->memo + old, 0, (p->memo_cap - old) * sizeof(Val));
+    }
+    if (p->memo[idx].kind == V_EMPTY) p->memo_len++;
+    p->memo[idx] = p->stack[p->sn - 1];
+    return 0;
+}
+
+
+static int make_tuple(P *p, size_t from) {
+    Val t;
+    if (new_cont(p, C_TUPLE, &t) < 0) return GIVE_UP(-1);
+    Cont *c = &p->conts[t.x];
+    size_t k = p->sn - from;
+    /* Snapshots hold flat tuples only (pool ids): a container in a tuple is the reference's to judge. */
+    for (size_t i = from; i < p->sn; i++)
+        if (p->stack[i].kind == V_CONT) return GIVE_UP(-1);
+    if (k && cont_append(p, t.x, p->stack + from, k) < 0) return GIVE_UP(-1);
+    c->sealed = 1;
+    p->sn = from;
+    return push(p, t);
+}
+
+static int pop_mark(P *p, size_t *x) {
+    if (!p->mn) return GIVE_UP(-1);
+    *x = p->marks[--p->mn];
+    return 0;
+}
+
+/* Frames: the reference unpickles from a file, and the C unpickler then drops the rest of a
+ * frame when an opcode runs past its end (it reads the opcode's argument from after the frame),
+ * where unpickling the same bytes from memory would not. A pickler never writes such a file, so
+ * every opcode must lie inside its frame (or outside all frames), and a FRAME may only start
+ * where the previous one ended: then both ways of reading agree, and so does this one. */
+/* One opcode (read already, p->pos past it): -1 give up, 0 go on, 1 STOP. The frequent ones are
+ * handled inline in run(); this is everything else. */
+static int slow_op(P *p, unsigned char op, int *in_frame_, size_t *frame_end_) {
+    Val v;
+    memset(&v, 0, sizeof(v));
+    int in_frame = *in_frame_;
+    size_t frame_end = *frame_end_;
+    switch (op) {
+        case 'q': /* BINPUT */
+            NEED(1);
+            if (memo_put(p, p->buf[p->pos]) < 0) return GIVE_UP(-1);
+            p->pos += 1;
+            break;
+        case 'r': /* LONG_BINPUT */
+            NEED(4);
+            if (memo_put(p, rd32(p->buf + p->pos)) < 0) return GIVE_UP(-1);
+            p->pos += 4;
+            break;
+        case ')': /* EMPTY_TUPLE */
+            if (make_tuple(p, p->sn) < 0) return GIVE_UP(-1);
+            break;
+        case 0x85: /* TUPLE1 */
+        case 0x86: /* TUPLE2 */
+        case 0x87: /* TUPLE3 */
+        {
+            size_t k = op - 0x84;
+            if (p->sn < fence(p) + k) return GIVE_UP(-1);
+            if (make_tuple(p, p->sn - k) < 0) return GIVE_UP(-1);
+            break;
+        }
+        case 't': /* TUPLE */
+        {
+            size_t x;
+            if (pop_mark(p, &x) < 0 || make_tuple(p, x) < 0) return GIVE_UP(-1);
+            break;
+        }
+        case 'a': /* APPEND */
+        {
+            if (p->sn < fence(p) + 2) return GIVE_UP(-1);
+            Val list = p->stack[p->sn - 2];
+            if (list.kind != V_CONT || list_extend(p, list.x, &p->stack[p->sn - 1], 1) < 0) return GIVE_UP(-1);
+            p->sn -= 1;
+            break;
+        }
+        case 's': /* SETITEM */
+        {
+            if (p->sn < fence(p) + 3) return GIVE_UP(-1);
+            Val d = p->stack[p->sn - 3];
+            if (d.kind != V_CONT || dict_set(p, d.x, &p->stack[p->sn - 2], 1) < 0) return GIVE_UP(-1);
+            p->sn -= 2;
+            break;
+        }
+        case 0x8b: /* LONG4 */
+            NEED(4);
+            {
+                int32_t n = (int32_t)rd32(p->buf + p->pos);
+                p->pos += 4;
+                if (n < 0 || new_long(p, (size_t)n, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
+            }
+            break;
+        case 'X': /* BINUNICODE */
+            NEED(4);
+            {
+                size_t n = rd32(p->buf + p->pos);
+                p->pos += 4;
+                if (new_str(p, n, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
+            }
+            break;
+        case 0x8d: /* BINUNICODE8 */
+            NEED(8);
+            {
+                uint64_t n = rd64(p->buf + p->pos);
+                p->pos += 8;
+                if (n > p->size || new_str(p, (size_t)n, &v) < 0 || push(p, v) < 0) return GIVE_UP(-1);
+            }
+            break;
+        case 0x95: /* FRAME: where the previous one ended, and within the file */
+            NEED(8);
+            if (in_frame) return GIVE_UP(-1);
+            {
+                uint64_t n = rd64(p->buf + p->pos);
+                p->pos += 8;
+                if (n > p->size - p->pos) return GIVE_UP(-1);
+                *frame_end_ = p->pos + (size_t)n;
+                *in_frame_ = 1;
+            }
+            break;
+        case '0': /* POP */
+            if (p->sn <= fence(p)) return GIVE_UP(-1);
+            p->sn--;
+            break;
+        case '.': /* STOP: exactly one value, no open mark, and the last byte of the file (and of its frame) */
+            if (p->sn != 1 || p->mn || p->pos != p->size || (in_frame && frame_end != p->size)) return GIVE_UP(-1);
+            return 1;
+        default:
+            return GIVE_UP(-1); /* anything else (globals, reduce, bytes, protocol 0/1 text...) is the reference's */
+    }
+    return 0;
+}
+
+static int run(P *p) {
+    if (p->size < 2 || p->buf[0] != 0x80 || p->buf[1] < 2 || p->buf[1] > 5) return GIVE_UP(-1);
+    /* The hot state in locals: stores of uint8_t fields alias everything, so fields of *p would be
+     * reloaded after each. Synced with *p around anything that is not inline here. Dispatch is
+     * threaded (one indirect jump per handler: the branch predictor learns each opcode's successor). */
+    const unsigned char *buf = p->buf;
+    const size_t size = p->size;
+    size_t pos = 2, frame_end = 0, stop_at = size;
+    int in_frame = 0;
+    Val *stack = p->stack, *memo = p->memo;
+    size_t sn = p->sn, scap = p->scap, memo_cap = p->memo_cap, memo_len = p->memo_len, idx;
+    Val v;
+    static const void *table[256] = {
+        [0 ... 255] = &&op_other, ['j'] = &&op_long_binget, ['h'] = &&op_binget, [0x94] = &&op_memoize,
+        ['('] = &&op_mark, ['}'] = &&op_empty_dict, [']'] = &&op_empty_list, ['K'] = &&op_binint1,
+        ['M'] = &&op_binint2, ['J'] = &&op_binint, [0x8a] = &&op_long1, [0x8c] = &&op_short_binunicode,
+        ['G'] = &&op_binfloat, ['N'] = &&op_none, [0x88] = &&op_true, [0x89] = &&op_false,
+        ['e'] = &&op_appends, ['u'] = &&op_setitems,
+    };
+#define SYNC_OUT() (p->pos = pos, p->sn = sn, p->memo_len = memo_len)
+#define SYNC_IN()                                                                                                 \
+    (pos = p->pos, sn = p->sn, stack = p->stack, scap = p->scap, memo = p->memo, memo_cap = p->memo_cap,          \
+     memo_len = p->memo_len)
+#define PUSH(val)                                                                                                 \
+    do {                                                                                                          \
+        if (__builtin_expect(sn == scap, 0)) {                                                                    \
+            SYNC_OUT();                                                                                           \
+            if (grow((void **)&p->stack, &p->scap, sn + 1, sizeof(Val)) < 0) return GIVE_UP(-1);                  \
+            SYNC_IN();                                                                                            \
+        }                                                                                                         \
+        stack[sn++] = (val);                                                                                      \
+    } while (0)
+#define ARG(k)                                                                                                    \
+    do {                                                                                                          \
+        if (__builtin_expect(size - pos < (size_t)(k), 0)) return GIVE_UP(-1);                                   \
+    } while (0)
+#define DISPATCH()                                                                                                \
+    do {                                                                                                          \
+        if (__builtin_expect(pos >= stop_at, 0)) goto boundary;                                                   \
+        goto *table[buf[pos++]];                                                                                  \
+    } while (0)
+#define SCALAR(K, X)                                                                                              \
+    do {                                                                                                          \
+        v.kind = (K), v.key = 0, v.pad = 0, v.len = 0, v.x = (X);                                                 \
+        PUSH(v);                                                                                                  \
+        DISPATCH();                                                                                               \
+    } while (0)
+
+    DISPATCH();
+boundary:
+    if (in_frame) {
+        if (pos > frame_end) return GIVE_UP(-1); /* the last opcode crossed its frame's end */
+        if (pos == frame_end) {
+            in_frame = 0;
+            stop_at = size;
+            DISPATCH();
+        }
+    }
+    return GIVE_UP(-1); /* the file ends without STOP */
+
+op_long_binget:
+    ARG(4);
+    idx = rd32(buf + pos);
+    pos += 4;
+    goto get;
+op_binget:
+    ARG(1);
+    idx = buf[pos++];
+get:
+    if (__builtin_expect(idx >= memo_cap || memo[idx].kind == V_EMPTY, 0)) return GIVE_UP(-1);
+    PUSH(memo[idx]);
+    DISPATCH();
+op_memoize:
+    if (sn <= (p->mn ? p->marks[p->mn - 1] : 0)) return GIVE_UP(-1);
+    if (__builtin_expect(memo_len >= memo_cap, 0)) {
+        SYNC_OUT();
+        if (memo_put(p, memo_len) < 0) return -1;
+        SYNC_IN();
+        DISPATCH();
+    }
+    if (memo[memo_len].kind == V_EMPTY) {
+        memo[memo_len] = stack[sn - 1];
+        memo_len++;
+    } else
+        memo[memo_len] = stack[sn - 1]; /* after a BINPUT past the count: the reference overwrites too */
+    DISPATCH();
+op_mark:
+    /* The shape of every event's frames list: EMPTY_LIST MEMOIZE MARK (BINGET | LONG_BINGET)... APPENDS.
+     * Read the GETs' container ids straight from the memo and intern them, without pushing anything;
+     * on any other shape (or a sequence that is not all frame dicts) nothing was done, and the MARK
+     * goes the general way. */
+    if (sn > (p->mn ? p->marks[p->mn - 1] : 0) && stack[sn - 1].kind == V_CONT) {
+        Cont *lc = &p->conts[stack[sn - 1].x];
+        if (lc->kind == C_LIST && lc->n == 0 && !lc->sealed) {
+            int32_t ids[PICKLER_BATCH];
+            size_t q = pos, n = 0, id;
+            for (;;) {
+                if (q >= stop_at) break;
+                if (buf[q] == 'j') {
+                    if (stop_at - q < 5) break;
+                    id = rd32(buf + q + 1);
+                    q += 5;
+                } else if (buf[q] == 'h') {
+                    if (stop_at - q < 2) break;
+                    id = buf[q + 1];
+                    q += 2;
+                } else
+                    break;
+                if (n == PICKLER_BATCH - 1 || id >= memo_cap || memo[id].kind != V_CONT) {
+                    n = 0;
+                    break;
+                }
+                ids[n++] = (int32_t)memo[id].x;
+            }
+            if (n > 0 && q < stop_at && buf[q] == 'e') {
+                int32_t sid;
+                SYNC_OUT();
+                int rc = seq_intern_ids(p, ids, n, &sid);
+                if (rc < 0) return -1;
+                if (rc == 1) {
+                    lc = &p->conts[stack[sn - 1].x];
+                    if (lc->depth < 2) lc->depth = 2;
+                    lc->kind = C_SEQ;
+                    lc->ref = sid;
+                    lc->n = (uint32_t)n;
+                    pos = q + 1;
+                    DISPATCH();
+                }
+            }
+        }
+    }
+    if (__builtin_expect(p->mn == p->mcap, 0) && grow((void **)&p->marks, &p->mcap, p->mn + 1, sizeof(size_t)) < 0)
+        return GIVE_UP(-1);
+    p->marks[p->mn++] = sn;
+    DISPATCH();
+op_empty_dict:
+    SYNC_OUT();
+    if (new_cont(p, C_DICT, &v) < 0) return -1;
+    PUSH(v);
+    DISPATCH();
+op_empty_list:
+    SYNC_OUT();
+    if (new_cont(p, C_LIST, &v) < 0) return -1;
+    PUSH(v);
+    DISPATCH();
+op_binint1:
+    ARG(1);
+    pos += 1;
+    SCALAR(V_INT, buf[pos - 1]);
+op_binint2:
+    ARG(2);
+    pos += 2;
+    SCALAR(V_INT, (int64_t)buf[pos - 2] | (int64_t)buf[pos - 1] << 8);
+op_binint:
+    ARG(4);
+    pos += 4;
+    SCALAR(V_INT, (int32_t)rd32(buf + pos - 4));
+op_none:
+    SCALAR(V_NONE, 0);
+op_true:
+    SCALAR(V_TRUE, 0);
+op_false:
+    SCALAR(V_FALSE, 0);
+op_binfloat: {
+    ARG(8);
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++) u = u << 8 | buf[pos + i];
+    pos += 8;
+    SCALAR(V_FLOAT, (int64_t)u);
+}
+op_long1:
+    ARG(1);
+    {
+        size_t n = buf[pos++];
+        if (n >= 1 && n <= 8 && size - pos >= n) { /* the usual: an address or a time, sign-extended */
+            uint64_t u = 0;
+            for (size_t i = 0; i < n; i++) u |= (uint64_t)buf[pos + i] << (8 * i);
+            if (n < 8 && (buf[pos + n - 1] & 0x80)) u |= ~0ULL << (8 * n);
+            pos += n;
+            SCALAR(V_INT, (int64_t)u);
+        }
+        SYNC_OUT();
+        if (new_long(p, n, &v) < 0) return -1;
+        pos = p->pos;
+        PUSH(v);
+    }
+    DISPATCH();
+op_short_binunicode:
+    ARG(1);
+    {
+        size_t n = buf[pos++];
+        if (n == 3 && size - pos >= 3 && buf[pos] == 'N' && buf[pos + 1] == '/' && buf[pos + 2] == 'A') {
+            /* every event's compile_context: pickled afresh each time */
+            v.kind = V_STR, v.key = K_NA, v.pad = 0, v.len = 3, v.x = (int64_t)pos;
+            pos += 3;
+            PUSH(v);
+            DISPATCH();
+        }
+        SYNC_OUT();
+        if (new_str(p, n, &v) < 0) return -1;
+        pos = p->pos;
+        PUSH(v);
+    }
+    DISPATCH();
+op_appends: {
+    size_t x;
+    SYNC_OUT();
+    if (pop_mark(p, &x) < 0 || x < 1 || x - 1 < fence(p)) return GIVE_UP(-1);
+    Val list = p->stack[x - 1];
+    if (list.kind != V_CONT || list_extend(p, list.x, p->stack + x, p->sn - x) < 0) return GIVE_UP(-1);
+    p->sn = x;
+    SYNC_IN();
+    DISPATCH();
+}
+op_setitems: {
+    size_t x;
+    SYNC_OUT();
+    if (pop_mark(p, &x) < 0 || x < 1 || x - 1 < fence(p) || (p->sn - x) % 2) return GIVE_UP(-1);
+    Val d = p->stack[x - 1];
+    if (d.kind != V_CONT || dict_set(p, d.x, p->stack + x, (p->sn - x) / 2) < 0) return GIVE_UP(-1);
+    p->sn = x;
+    SYNC_IN();
+    DISPATCH();
+}
+op_other: {
+    SYNC_OUT();
+    int was = in_frame;
+    int rc = slow_op(p, buf[pos - 1], &in_frame, &frame_end);
+    if (rc < 0) return -1;
+    if (rc > 0) return 0;
+    SYNC_IN();
+    if (in_frame && !was) stop_at = frame_end < size ? frame_end : size;
+    DISPATCH();
+}
+#undef SCALAR
+#undef DISPATCH
+#undef ARG
+#undef PUSH
+#undef SYNC_IN
+#undef SYNC_OUT
+}
+
+/* ------------------------------------------------------------------------- */
+/* export to Python                                                             */
+
+static PyObject *export(P *p, const Val *v);
+
+static PyObject *str_of(P *p, const Val *v) {
+    return PyUnicode_DecodeUTF8((const char *)p->buf + v->x, v->len, "surrogatepass");
+}
+
+static PyObject *line_obj(const Val *v) {
+    return v->kind == V_UINT ? PyLong_FromUnsignedLongLong((uint64_t)v->x) : PyLong_FromLongLong(v->x);
+}
+
+static PyObject *frame_dict(P *p, FrameRec *f) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int i = 0; i < 3; i++) {
+        PyObject *x = f->order[i] == K_LINE       ? line_obj(&f->line)
+                      : f->order[i] == K_FILENAME ? str_of(p, &f->filename)
+                                                  : str_of(p, &f->name);
+        const char *k = f->order[i] == K_LINE ? "line" : f->order[i] == K_FILENAME ? "filename" : "name";
+        if (!x || PyDict_SetItemString(d, k, x) < 0) {
+            Py_XDECREF(x);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    return d;
+}
+
+/* Python objects of the same container are the same object (the graph stays a DAG). */
+static PyObject *frame_of_rec(P *p, int32_t rec, PyObject **cache) {
+    if (!cache[rec]) cache[rec] = frame_dict(p, &p->frames[rec]);
+    Py_XINCREF(cache[rec]);
+    return cache[rec];
+}
+
+static PyObject *export_cont(P *p, int64_t ci) {
+    if (p->cache[ci]) {
+        Py_INCREF(p->cache[ci]);
+        return p->cache[ci];
+    }
+    Cont *c = &p->conts[ci];
+    PyObject *o = NULL;
+    switch (c->kind) {
+    case C_LIST:
+    case C_TUPLE:
+        o = c->kind == C_LIST ? PyList_New(c->n) : PyTuple_New(c->n);
+        if (!o) return NULL;
+        for (uint32_t i = 0; i < c->n; i++) {
+            PyObject *x = export(p, &c->items[i]);
+            if (!x) {
+                Py_DECREF(o);
+                return NULL;
+            }
+            if (c->kind == C_LIST)
+                PyList_SET_ITEM(o, i, x);
+            else
+                PyTuple_SET_ITEM(o, i, x);
+        }
+        break;
+    case C_SEQ:
+        o = PyList_New(c->n);
+        if (!o) return NULL;
+        for (uint32_t i = 0; i < c->n; i++) {
+            PyObject *x = frame_of_rec(p, p->conts[p->seqpool[p->seq_off[c->ref] + i]].ref, p->fcache);
+            if (!x) {
+                Py_DECREF(o);
+                return NULL;
+            }
+            PyList_SET_ITEM(o, i, x);
+        }
+        break;
+    case C_FRAME: {
+        FrameRec *f = &p->frames[c->ref];
+        if (frame_valid(p, c->ref) <= 0) return GIVE_UP(NULL); /* an odd frame-like dict: the reference reads it */
+        o = frame_of_rec(p, c->ref, p->fcache);
+        (void)f;
+        break;
+    }
+    case C_DICT:
+        o = PyDict_New();
+        if (!o) return NULL;
+        for (uint32_t i = 0; i < c->n; i++) {
+            PyObject *k = export(p, &c->items[2 * i]);
+            PyObject *x = k ? export(p, &c->items[2 * i + 1]) : NULL;
+            if (!x || PyDict_SetItem(o, k, x) < 0) {
+                Py_XDECREF(k);
+                Py_XDECREF(x);
+                Py_DECREF(o);
+                return NULL;
+            }
+            Py_DECREF(k);
+            Py_DECREF(x);
+        }
+        break;
+    default:
+        return GIVE_UP(NULL); /* an event record outside a trace */
+    }
+    if (o) {
+        p->cache[ci] = o;
+        Py_INCREF(o);
+    }
+    return o;
+}
+
+static PyObject *export(P *p, const Val *v) {
+    switch (v->kind) {
+    case V_NONE:
+        Py_RETURN_NONE;
+    case V_TRUE:
+        Py_RETURN_TRUE;
+    case V_FALSE:
+        Py_RETURN_FALSE;
+    case V_INT:
+        return PyLong_FromLongLong(v->x);
+    case V_UINT:
+        return PyLong_FromUnsignedLongLong((uint64_t)v->x);
+    case V_FLOAT: {
+        double d;
+        uint64_t u = (uint64_t)v->x;
+        memcpy(&d, &u, 8);
+        return PyFloat_FromDouble(d);
+    }
+    case V_STR:
+        return str_of(p, v);
+    case V_CONT:
+        return export_cont(p, v->x);
+    }
+    return NULL;
+}
+
+
+/* The bucketing rounds of reader._Converter.intern_event_stacks, on content
+ * classes: the order in which it first asks stack_of for each class. */
+static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32_t *len, size_t m, PyObject *order) {
+    int32_t *pending = malloc((m + 1) * sizeof(int32_t));
+    int32_t *next = malloc((m + 1) * sizeof(int32_t));
+    int32_t *rep_cls = malloc((m + 1) * sizeof(int32_t));
+    uint8_t *called = calloc(p->cls_n + 1, 1);
+    Map keys = {0};
+    int rc = -1;
+    if (!pending || !next || !rep_cls || !called) goto out;
+    size_t np_ = 0;
+    for (size_t j = 0; j < m; j++)
+        if (j == 0 || cls[j] != cls[j - 1]) pending[np_++] = (int32_t)j; /* run heads */
+#define CALL(c)                                                                                                   \
+    do {                                                                                                          \
+        if (!called[c]) {                                                                                         \
+            called[c] = 1;                                                                                        \
+            PyObject *o_ = PyLong_FromLong(c);                                                                    \
+            if (!o_ || PyList_Append(order, o_) < 0) {                                                            \
+                Py_XDECREF(o_);                                                                                   \
+                goto out;                                                                                         \
+            }                                                                                                     \
+            Py_DECREF(o_);                                                                                        \
+        }                                                                                                         \
+    } while (0)
+    for (int round = 0; round < 8 && np_; round++) {
+        if (map_init(&keys, np_) < 0) goto out;
+        size_t nreps = 0;
+        /* reps: the first pending element of each key, in order */
+        for (size_t i = 0; i < np_; i++) {
+            int32_t j = pending[i];
+            uint64_t k = ((uint64_t)(uint32_t)mid[j] << 8) | (uint64_t)(len[j] < 255 ? len[j] : 255);
+            int32_t r;
+            if (!map_get(&keys, k, &r)) {
+                if (map_put(&keys, k, (int32_t)nreps) < 0) goto out;
+                rep_cls[nreps++] = cls[j];
+                CALL(cls[j]);
+            }
+        }
+        size_t nn = 0;
+        for (size_t i = 0; i < np_; i++) {
+            int32_t j = pending[i];
+            uint64_t k = ((uint64_t)(uint32_t)mid[j] << 8) | (uint64_t)(len[j] < 255 ? len[j] : 255);
+            int32_t r = 0;
+            map_get(&keys, k, &r);
+            if (rep_cls[r] != cls[j]) next[nn++] = j;
+        }
+        map_free(&keys);
+        int32_t *t = pending;
+        pending = next;
+        next = t;
+        np_ = nn;
+    }
+    for (size_t i = 0; i < np_; i++) CALL(cls[pending[i]]);
+#undef CALL
+    rc = 0;
+out:
+    map_free(&keys);
+    free(pending);
+    free(next);
+    free(rep_cls);
+    free(called);
+    return rc;
+}
+
+/* Raw stream values -> ordinals in order of first appearance (torch has a few streams; a hostile
+ * file may have one per event: an open-addressing table with its own occupancy bytes, any int64 key). */
+typedef struct {
+    int64_t *keys;
+    int32_t *ords;
+    uint8_t *used;
+    size_t cap, n;
+} StreamTable;
+
+static int stream_ordinal(StreamTable *t, int64_t key, PyObject *streams, int32_t *out) {
+    if ((t->n + 1) * 2 > t->cap) {
+        size_t nc = t->cap ? t->cap * 2 : 16;
+        StreamTable g = {malloc(nc * 8), malloc(nc * 4), calloc(nc, 1), nc, t->n};
+        if (!g.keys || !g.ords || !g.used) {
+            free(g.keys), free(g.ords), free(g.used);
+            return -1;
+        }
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->used[i]) continue;
+            size_t j = mix((uint64_t)t->keys[i]) & (nc - 1);
+            while (g.used[j]) j = (j + 1) & (nc - 1);
+            g.used[j] = 1, g.keys[j] = t->keys[i], g.ords[j] = t->ords[i];
+        }
+        free(t->keys), free(t->ords), free(t->used);
+        *t = g;
+    }
+    size_t j = mix((uint64_t)key) & (t->cap - 1);
+    while (t->used[j] && t->keys[j] != key) j = (j + 1) & (t->cap - 1);
+    if (!t->used[j]) {
+        PyObject *o = PyLong_FromLongLong(key);
+        if (!o || PyList_Append(streams, o) < 0) {
+            Py_XDECREF(o);
+            return -1;
+        }
+        Py_DECREF(o);
+        t->used[j] = 1, t->keys[j] = key, t->ords[j] = (int32_t)t->n++;
+    }
+    *out = t->ords[j];
+    return 0;
+}
+
+/* One device's trace list -> a tuple of columns; NULL (no exception) to give up. */
+static PyObject *export_trace(P *p, Cont *t) {
+    size_t n = t->n;
+    if (t->kind != C_LIST) return NULL;
+    /* The columns are written straight into the bytearrays numpy will view (no copy). */
+    PyObject *ba_action = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n + 1),
+             *ba_addr = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
+             *ba_size = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
+             *ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
+             *ba_time = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
+             *ba_cls = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
+             *ba_pool = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4);
+    if (!ba_action || !ba_addr || !ba_size || !ba_stream || !ba_time || !ba_cls || !ba_pool) {
+        Py_XDECREF(ba_action);
+        Py_XDECREF(ba_addr);
+        Py_XDECREF(ba_size);
+        Py_XDECREF(ba_stream);
+        Py_XDECREF(ba_time);
+        Py_XDECREF(ba_cls);
+        Py_XDECREF(ba_pool);
+        return NULL;
+    }
+    int8_t *action = (int8_t *)PyByteArray_AS_STRING(ba_action);
+    int64_t *addr = (int64_t *)PyByteArray_AS_STRING(ba_addr), *size = (int64_t *)PyByteArray_AS_STRING(ba_size),
+            *time = (int64_t *)PyByteArray_AS_STRING(ba_time);
+    int32_t *stream = (int32_t *)PyByteArray_AS_STRING(ba_stream);
+    StreamTable st = {0};
+    int64_t last_stream = 0;
+    int32_t last_ord = -1;
+    PyObject *streams = PyList_New(0);
+    int32_t *cls = (int32_t *)PyByteArray_AS_STRING(ba_cls), *pool = (int32_t *)PyByteArray_AS_STRING(ba_pool);
+    int32_t *mcls = malloc((n + 1) * 4), *mmid = malloc((n + 1) * 4), *mlen = malloc((n + 1) * 4);
+    PyObject *cc = PyList_New(0), *um = PyList_New(0), *order = PyList_New(0), *pools = PyList_New(0);
+    PyObject *out = NULL;
+    int32_t *pool_rank = NULL;
+    size_t m = 0, absent_time = 0;
+    int64_t sum_lens = 0;
+    int any_pool = 0;
+    if (!action || !addr || !size || !stream || !time || !cls || !pool || !mcls || !mmid || !mlen || !cc || !um ||
+        !order || !pools || !streams)
+        { give_up_line = __LINE__; goto out; }
+    pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
+    if (!pool_rank) { give_up_line = __LINE__; goto out; }
+    for (size_t i = 0; i < p->pool_n; i++) pool_rank[i] = -1;
+    int32_t n_pools = 0;
+    for (size_t i = 0; i < n; i++) {
+        Val *it = &t->items[i];
+        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT) { give_up_line = __LINE__; goto out; }
+        EvRec *e = &p->events[p->conts[it->x].ref];
+        if (!(e->have & H_ACTION) || (e->bad & H_ACTION)) { give_up_line = __LINE__; goto out; }
+        action[i] = e->action;
+        if (e->action == ACT_OOM) {
+            if (!(e->have & H_DFREE) || (e->bad & H_DFREE)) { give_up_line = __LINE__; goto out; } /* the model keeps device_free there */
+            addr[i] = e->dfree;
+        } else {
+            if (!(e->have & H_ADDR) || (e->bad & H_ADDR)) { give_up_line = __LINE__; goto out; }
+            addr[i] = e->addr;
+        }
+        if (!(e->have & H_SIZE) || (e->bad & H_SIZE)) { give_up_line = __LINE__; goto out; }
+        size[i] = e->size;
+        /* streams: a non-negative int64 (cudaStream_t values; a negative one is the reference's to judge) */
+        if (!(e->have & H_STREAM) || (e->bad & H_STREAM) || e->stream < 0) { give_up_line = __LINE__; goto out; }
+        if (last_ord < 0 || e->stream != last_stream) {
+            if (stream_ordinal(&st, e->stream, streams, &last_ord) < 0) { give_up_line = __LINE__; goto out; }
+            last_stream = e->stream;
+        }
+        stream[i] = last_ord;
+        if (e->bad & H_TIME) { give_up_line = __LINE__; goto out; }
+        if (!(e->have & H_TIME) || e->time_none) {
+            time[i] = 0;
+            absent_time++;
+        } else
+            time[i] = e->time;
+        if (e->bad & (H_FRAMES | H_CC | H_UM | H_POOL)) { give_up_line = __LINE__; goto out; }
+        cls[i] = -1;
+        if (e->frames >= 0) {
+            Cont *f = &p->conts[e->frames];
+            if (f->kind == C_SEQ) {
+                int32_t s = f->ref;
+                cls[i] = p->seq_cls[s];
+                mcls[m] = cls[i];
+                mlen[m] = p->seq_len[s];
+                mmid[m] = p->seqpool[p->seq_off[s] + p->seq_len[s] / 2];
+                m++;
+                sum_lens += p->seq_len[s];
+            } else if (f->n != 0)
+                { give_up_line = __LINE__; goto out; } /* a list of something other than frame dicts */
+        }
+        if (!e->cc_default) {
+            PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + e->cc_off, e->cc_len, "surrogatepass");
+            PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
+            if (!pair || PyList_Append(cc, pair) < 0) {
+                Py_XDECREF(pair);
+                { give_up_line = __LINE__; goto out; }
+            }
+            Py_DECREF(pair);
+        }
+        if (!e->um_default) {
+            PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + e->um_off, e->um_len, "surrogatepass");
+            PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
+            if (!pair || PyList_Append(um, pair) < 0) {
+                Py_XDECREF(pair);
+                { give_up_line = __LINE__; goto out; }
+            }
+            Py_DECREF(pair);
+        }
+        pool[i] = -1;
+        if (e->pool >= 0) {
+            any_pool = 1;
+            if (pool_rank[e->pool] < 0) {
+                pool_rank[e->pool] = n_pools++;
+                PyObject *pr = Py_BuildValue("(LL)", (long long)p->pool_a[e->pool], (long long)p->pool_b[e->pool]);
+                if (!pr || PyList_Append(pools, pr) < 0) {
+                    Py_XDECREF(pr);
+                    { give_up_line = __LINE__; goto out; }
+                }
+                Py_DECREF(pr);
+            }
+            pool[i] = pool_rank[e->pool];
+        }
+    }
+    /* The budget: this trace costs at least its events and frame references in the reference reader. */
+    p->charged += (int64_t)n + sum_lens;
+    if (p->charged > p->budget) { give_up_line = __LINE__; goto out; }
+    if (stack_order(p, mcls, mmid, mlen, m, order) < 0) { give_up_line = __LINE__; goto out; }
+    /* exactly n items (the +1 only kept zero-length allocations apart) */
+    if (PyByteArray_Resize(ba_action, (Py_ssize_t)n) < 0 || PyByteArray_Resize(ba_addr, (Py_ssize_t)n * 8) < 0 ||
+        PyByteArray_Resize(ba_size, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_stream, (Py_ssize_t)n * 4) < 0 ||
+        PyByteArray_Resize(ba_time, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_cls, (Py_ssize_t)n * 4) < 0 ||
+        PyByteArray_Resize(ba_pool, (Py_ssize_t)n * 4) < 0)
+        { give_up_line = __LINE__; goto out; }
+    out = Py_BuildValue("(nOOOOOnOLOOOOOO)", (Py_ssize_t)n, ba_action, ba_addr, ba_size, ba_stream, ba_time,
+                        (Py_ssize_t)absent_time, ba_cls, (long long)sum_lens, order, cc, um,
+                        any_pool ? ba_pool : Py_None, pools, streams);
+out:
+    Py_DECREF(ba_action);
+    Py_DECREF(ba_addr);
+    Py_DECREF(ba_size);
+    Py_DECREF(ba_stream);
+    Py_DECREF(ba_time);
+    Py_DECREF(ba_cls);
+    Py_DECREF(ba_pool);
+    free(mcls);
+    free(mmid);
+    free(mlen);
+    free(pool_rank);
+    free(st.keys), free(st.ords), free(st.used);
+    Py_XDECREF(streams);
+    Py_XDECREF(cc);
+    Py_XDECREF(um);
+    Py_XDECREF(order);
+    Py_XDECREF(pools);
+    return out;
+}
+
+/* device_traces: each trace list becomes [columns] (or [] when empty). */
+static PyObject *export_traces(P *p, const Val *v) {
+    if (v->kind != V_CONT || p->conts[v->x].kind != C_LIST) return export(p, v);
+    Cont *dt = &p->conts[v->x];
+    PyObject *o = PyList_New(dt->n);
+    if (!o) return NULL;
+    for (uint32_t i = 0; i < dt->n; i++) {
+        Val *it = &dt->items[i];
+        PyObject *x;
+        if (it->kind == V_CONT && p->conts[it->x].kind == C_LIST && p->conts[it->x].n == 0)
+            x = PyList_New(0);
+        else if (it->kind == V_CONT && p->conts[it->x].kind == C_LIST) {
+            PyObject *cols = export_trace(p, &p->conts[it->x]);
+            x = cols ? PyList_New(1) : NULL;
+            if (x)
+                PyList_SET_ITEM(x, 0, cols);
+            else
+                Py_XDECREF(cols);
+        } else
+            x = export(p, it);
+        if (!x) {
+            Py_DECREF(o);
+            return NULL;
+        }
+        PyList_SET_ITEM(o, i, x);
+    }
+    return o;
+}
+
+static PyObject *export_root(P *p) {
+    Val *root = &p->stack[0];
+    if (root->kind != V_CONT || p->conts[root->x].kind != C_DICT) return export(p, root);
+    Cont *c = &p->conts[root->x];
+    PyObject *o = PyDict_New();
+    if (!o) return NULL;
+    for (uint32_t i = 0; i < c->n; i++) {
+        Val *k = &c->items[2 * i], *v = &c->items[2 * i + 1];
+        PyObject *ko = export(p, k);
+        PyObject *vo = ko ? (k->key == K_DEVICE_TRACES ? export_traces(p, v) : export(p, v)) : NULL;
+        if (!vo || PyDict_SetItem(o, ko, vo) < 0) {
+            Py_XDECREF(ko);
+            Py_XDECREF(vo);
+            Py_DECREF(o);
+            return NULL;
+        }
+        Py_DECREF(ko);
+        Py_DECREF(vo);
+    }
+    return o;
+}
+
+/* ------------------------------------------------------------------------- */
+/* gunzip                                                                      */
+
+/* All gzip members, under the same caps as reader._gunzip; NULL to give up. */
+static unsigned char *gunzip(const unsigned char *in, size_t n, size_t max_out, size_t ratio, size_t grace,
+                             size_t *out_n) {
+    /* Never more than the caps allow (+1 byte to see them passed): a bomb costs no more memory here. */
+    size_t allowed = ratio * (n ? n : 1);
+    if (allowed < grace) allowed = grace;
+    if (allowed > max_out) allowed = max_out;
+    max_out = allowed;
+    size_t cap = n * 4 + (1 << 16), len = 0;
+    if (cap > max_out + 1) cap = max_out + 1;
+    unsigned char *out = malloc(cap);
+    if (!out) return NULL;
+    size_t pos = 0;
+    for (;;) {
+        z_stream z;
+        memset(&z, 0, sizeof(z));
+        if (inflateInit2(&z, 31) != Z_OK) { give_up_line = __LINE__; goto fail; }
+        int ret = Z_OK;
+        while (ret != Z_STREAM_END) {
+            if (len == cap) {
+                if (cap > max_out) {
+                    inflateEnd(&z);
+                    { give_up_line = __LINE__; goto fail; }
+                }
+                size_t nc = cap * 2 > max_out + 1 ? max_out + 1 : cap * 2;
+                unsigned char *q = realloc(out, nc);
+                if (!q) {
+                    inflateEnd(&z);
+                    { give_up_line = __LINE__; goto fail; }
+                }
+                out = q;
+                cap = nc;
+            }
+            size_t in_left = n - pos, out_left = cap - len;
+            z.next_in = (Bytef *)(in + pos);
+            z.avail_in = in_left > UINT32_MAX ? UINT32_MAX : (uInt)in_left;
+            z.next_out = out + len;
+            z.avail_out = out_left > UINT32_MAX ? UINT32_MAX : (uInt)out_left;
+            uInt ai = z.avail_in, ao = z.avail_out;
+            ret = inflate(&z, Z_NO_FLUSH);
+            pos += ai - z.avail_in;
+            len += ao - z.avail_out;
+            if (len > max_out || (len > grace && len > ratio * (n ? n : 1))) {
+                inflateEnd(&z);
+                { give_up_line = __LINE__; goto fail; }
+            }
+            if (ret == Z_STREAM_END) break;
+            if (ret != Z_OK && ret != Z_BUF_ERROR) {
+                inflateEnd(&z);
+                { give_up_line = __LINE__; goto fail; }
+            }
+            if (ret == Z_BUF_ERROR && pos == n && z.avail_out) { /* truncated */
+                inflateEnd(&z);
+                { give_up_line = __LINE__; goto fail; }
+            }
+        }
+        inflateEnd(&z);
+        if (pos == n) break;
+        if (n - pos < 2 || in[pos] != 0x1f || in[pos + 1] != 0x8b) { give_up_line = __LINE__; goto fail; } /* trailing bytes */
+    }
+    *out_n = len;
+    return out;
+fail:
+    free(out);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------- */
+
+static void p_free(P *p) {
+    for (size_t i = 0; i < p->on; i++) free(p->conts[p->owners[i]].items);
+    free(p->owners);
+    free(p->conts);
+    free(p->stack);
+    free(p->marks);
+    free(p->memo);
+    free(p->frames);
+    free(p->events);
+    free(p->seqpool);
+    free(p->seq_off);
+    free(p->seq_len);
+    free(p->seq_cls);
+    free(p->clspool);
+    free(p->cls_off);
+    free(p->cls_len);
+    free(p->fv_rec);
+    free(p->pool_a);
+    free(p->pool_b);
+    map_free(&p->seq_map);
+    map_free(&p->cls_map);
+    map_free(&p->fv_map);
+    map_free(&p->pool_map);
+    if (p->cache) {
+        for (size_t i = 0; i < p->cn; i++) Py_XDECREF(p->cache[i]);
+        free(p->cache);
+    }
+}
+
+static PyObject *py_parse(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int is_gzip;
+    unsigned long long max_out, ratio, grace, npb, min_nodes;
+    if (!PyArg_ParseTuple(args, "y*pKKKKK", &view, &is_gzip, &max_out, &ratio, &grace, &npb, &min_nodes))
+        return NULL;
+    P p;
+    memset(&p, 0, sizeof(p));
+    give_up_line = 0;
+    unsigned char *raw = NULL;
+    size_t raw_n = (size_t)view.len;
+    PyObject *result = NULL, *root = NULL, *fvals = NULL, *classes = NULL;
+    int ok = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    if (is_gzip) {
+        raw = gunzip(view.buf, (size_t)view.len, (size_t)max_out, (size_t)ratio, (size_t)grace, &raw_n);
+    }
+    if (!is_gzip || raw) {
+        p.buf = is_gzip ? raw : view.buf;
+        p.size = raw_n;
+        /* Room for what real files hold per byte (one container per ~90 bytes, a memo entry per ~60, an
+         * event per ~190), so the arrays rarely move; pages never touched cost no memory. */
+        size_t sz = p.size;
+        if (map_init(&p.seq_map, 1024) == 0 && map_init(&p.cls_map, 1024) == 0 && map_init(&p.fv_map, 1024) == 0 &&
+            map_init(&p.pool_map, 16) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
+            (p.memo = calloc(sz / 32 + 1024, sizeof(Val))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
+            grow((void **)&p.events, &p.ecap, sz / 128 + 1024, sizeof(EvRec)) == 0 &&
+            grow((void **)&p.stack, &p.scap, 4096, sizeof(Val)) == 0)
+            ok = run(&p) == 0;
+    }
+    Py_END_ALLOW_THREADS;
+    if (!ok) goto done;
+    {
+        unsigned long long b = npb * (unsigned long long)raw_n;
+        p.budget = (int64_t)(b > min_nodes ? b : min_nodes);
+    }
+    p.cache = calloc(p.cn + 1, sizeof(PyObject *));
+    p.fcache = calloc(p.fn + 1, sizeof(PyObject *));
+    if (!p.cache || !p.fcache) goto done;
+    root = export_root(&p);
+    if (!root) goto done;
+    fvals = PyList_New((Py_ssize_t)p.fv_n);
+    classes = PyList_New((Py_ssize_t)p.cls_n);
+    if (!fvals || !classes) goto done;
+    for (size_t i = 0; i < p.fv_n; i++) {
+        FrameRec *f = &p.frames[p.fv_rec[i]];
+        PyObject *a = str_of(&p, &f->filename), *b = line_obj(&f->line), *c = str_of(&p, &f->name);
+        PyObject *t = (a && b && c) ? PyTuple_Pack(3, a, b, c) : NULL;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        Py_XDECREF(c);
+        if (!t) goto done;
+        PyList_SET_ITEM(fvals, i, t);
+    }
+    for (size_t i = 0; i < p.cls_n; i++) {
+        PyObject *t = PyTuple_New(p.cls_len[i]);
+        if (!t) goto done;
+        for (int32_t j = 0; j < p.cls_len[i]; j++) {
+            PyObject *x = PyLong_FromLong(p.clspool[p.cls_off[i] + j]);
+            if (!x) {
+                Py_DECREF(t);
+                goto done;
+            }
+            PyTuple_SET_ITEM(t, j, x);
+        }
+        PyList_SET_ITEM(classes, i, t);
+    }
+    result = Py_BuildValue("(nOOO)", (Py_ssize_t)raw_n, root, fvals, classes);
+done:
+    if (p.fcache) {
+        for (size_t i = 0; i < p.fn; i++) Py_XDECREF(p.fcache[i]);
+        free(p.fcache);
+    }
+    Py_XDECREF(root);
+    Py_XDECREF(fvals);
+    Py_XDECREF(classes);
+    p_free(&p);
+    free(raw);
+    PyBuffer_Release(&view);
+    if (!result) {
+        /* Giving up is never an error of ours: the reference reader decides. A MemoryError
+           from Python while exporting is dropped the same way (the reference reports it). */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
+static PyObject *py_give_up_line(PyObject *self, PyObject *args) { return PyLong_FromLong(give_up_line); }
+
+static PyMethodDef methods[] = {
+    {"give_up_line", py_give_up_line, METH_NOARGS, "the C source line where the last parse gave up (0: it did not)"},
+    {"parse", py_parse, METH_VARARGS,
+     "parse(data, gzip, max_decompressed, max_ratio, grace, nodes_per_byte, min_nodes) -> tuple | None"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_snapread",
+                                    "The compiled snapshot reader (see analysis/fastread.py).", -1, methods};
+
+PyMODINIT_FUNC PyInit__snapread(void) { return PyModule_Create(&module); }

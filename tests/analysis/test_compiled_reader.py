@@ -1,0 +1,289 @@
+"""The compiled reader (analysis/_snapread.c) against the Python reader, its reference.
+
+- every fixture and capture: the compiled reader reads it by itself (it does not hand it
+  over) and the snapshot is identical: every column (values and dtypes), the stack table,
+  segments, streams, texts, pools, settings, annotations, warnings;
+- every hostile case: the compiled reader gives up on it (it never accepts what the
+  reference refuses), so ``read_snapshot`` refuses it with the reference's code and message;
+- a seeded fuzz: random byte edits and value edits of real fixtures, each read both ways,
+  must give the same snapshot or the same refusal (code and message).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import random
+import resource
+import time
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis import fastread
+from analysis.errors import SnapshotError
+from analysis.model import Snapshot
+from analysis.reader import ReadLimits, read_snapshot
+from tests.analysis.hostile_cases import build_cases
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TOP = sorted(FIXTURES.glob("*.pickle.gz"))
+CAPTURES = sorted((FIXTURES / "captures").glob("*.pickle.gz"))
+COLUMNS = ("action", "addr", "size", "stream", "time_us", "stack", "pool")
+
+pytestmark = pytest.mark.skipif(
+    not fastread.available(), reason="the compiled reader is not built (make install builds it with a C compiler)"
+)
+
+
+def differences(a: Snapshot, b: Snapshot) -> list[str]:
+    """Where two snapshots differ (empty: identical, numpy dtypes included)."""
+    out = [
+        name
+        for name in ("format", "layout", "pools", "annotations", "settings", "warnings")
+        if getattr(a, name) != getattr(b, name)
+    ]
+    if a.stacks.frames != b.stacks.frames:
+        out.append("stacks.frames")
+    if a.stacks.stacks != b.stacks.stacks:
+        out.append("stacks.stacks")
+    if len(a.devices) != len(b.devices):
+        return [*out, "devices"]
+    for x, y in zip(a.devices, b.devices, strict=True):
+        for name in ("device", "segments", "streams", "compile_context", "user_metadata"):
+            if getattr(x, name) != getattr(y, name):
+                out.append(f"device {x.device}: {name}")
+        for col in COLUMNS:
+            u, v = getattr(x.trace, col), getattr(y.trace, col)
+            if u.dtype != v.dtype or not np.array_equal(u, v):
+                out.append(f"device {x.device}: trace.{col}")
+    return out
+
+
+def outcome(source: Any, compiled: bool) -> tuple[str, Any]:
+    """('ok', snapshot) or ('refused', 'code: message')."""
+    try:
+        return "ok", read_snapshot(source, compiled=compiled)
+    except SnapshotError as exc:
+        return "refused", str(exc)
+
+
+def test_the_compiled_reader_is_the_default_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(fastread.ENV_VAR, raising=False)
+    assert fastread.wanted(None)
+    assert fastread.reader_in_use().startswith("compiled")
+    assert not fastread.wanted(False)
+    monkeypatch.setenv(fastread.ENV_VAR, "python")
+    assert not fastread.wanted(None)
+    assert fastread.reader_in_use() == f"python ({fastread.ENV_VAR}=python)"
+    calls: list[Any] = []
+    monkeypatch.setattr(fastread, "read_compiled", lambda *a: calls.append(a))
+    snap = read_snapshot(FIXTURES / "state_only.pickle.gz")
+    assert calls == [] and snap.format == "pickle.gz"
+    monkeypatch.delenv(fastread.ENV_VAR)
+    read_snapshot(FIXTURES / "state_only.pickle.gz")
+    assert len(calls) == 1  # the spy returned None: the Python reader read it after all
+
+
+def test_version_names_the_reader_in_use(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from analysis.__main__ import main
+
+    monkeypatch.delenv(fastread.ENV_VAR, raising=False)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "snapshot reader: compiled (analysis._snapread)" in " ".join(capsys.readouterr().out.split())
+    # Where the extension is not built (no compiler at install time), the Python reader reads everything.
+    monkeypatch.setattr(fastread, "_snapread", None)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "snapshot reader: python (the compiled reader is not built)" in " ".join(capsys.readouterr().out.split())
+    assert not fastread.wanted(True)
+    assert read_snapshot(FIXTURES / "state_only.pickle.gz").format == "pickle.gz"
+
+
+@pytest.mark.parametrize("path", TOP + CAPTURES, ids=lambda p: p.name.removesuffix(".pickle.gz"))
+def test_every_fixture_reads_identically_through_the_compiled_reader(path: Path) -> None:
+    compiled = fastread.read_compiled(path, ReadLimits())
+    assert compiled is not None, f"the compiled reader gave up at _snapread.c:{fastread.give_up_line()}"
+    reference = read_snapshot(path, compiled=False)
+    assert differences(compiled, reference) == []
+    assert sum(len(d.trace) for d in compiled.devices) == sum(len(d.trace) for d in reference.devices)
+
+
+@pytest.mark.parametrize("path", TOP, ids=lambda p: p.name.removesuffix(".pickle.gz"))
+def test_the_raw_pickle_reads_identically_from_bytes(path: Path) -> None:
+    raw = gzip.decompress(path.read_bytes())
+    compiled = fastread.read_compiled(raw, ReadLimits())
+    assert compiled is not None and compiled.format == "pickle"
+    assert differences(compiled, read_snapshot(raw, compiled=False)) == []
+
+
+def test_the_big_fixture_has_the_stacks_the_reference_interns() -> None:
+    """A real figure: big_all_stacks' stack table, per-event stacks included, from the C bucketing rounds."""
+    snap = read_snapshot(FIXTURES / "big_all_stacks.pickle.gz", compiled=True)
+    ref = read_snapshot(FIXTURES / "big_all_stacks.pickle.gz", compiled=False)
+    assert len(snap.stacks.stacks) == len(ref.stacks.stacks) > 50
+    assert len(snap.stacks.frames) == len(ref.stacks.frames)
+    stack = snap.devices[0].trace.stack
+    assert np.array_equal(stack, ref.devices[0].trace.stack) and (stack >= 0).sum() > 100_000
+
+
+def _variant(name: str) -> Any:
+    """Real snapshots edited into shapes other writers produce (no fixture has them all)."""
+    snap = pickle.loads(_raw("frag_oom"))  # our own fixture
+    events = snap["device_traces"][0]
+    if name == "pool-ids":  # CUDA-graph pools on events: tuples, lists, None, the default pool
+        for i, e in enumerate(events):
+            e["pool_id"] = [(1, 7), [2, 9], None, (0, 0)][i % 4]
+    elif name == "texts":  # compile contexts and user metadata that are not the defaults
+        for i, e in enumerate(events[::7]):
+            e["compile_context"] = f"graph {i % 3} ü"
+            e["user_metadata"] = f"step={i}"
+    elif name == "no-time":  # torch < 2.2: no time_us anywhere
+        for e in events:
+            e.pop("time_us")
+    elif name == "some-times-none":  # time_us None counts as absent (0)
+        for e in events[::3]:
+            e["time_us"] = None
+    elif name == "no-frames-some":  # absent and empty frames lists among real ones
+        for i, e in enumerate(events):
+            if i % 5 == 0:
+                e.pop("frames", None)
+            elif i % 5 == 1:
+                e["frames"] = []
+    elif name == "unknown-keys":  # a later torch's extra keys, never looked at
+        for e in events[::2]:
+            e["future"] = {"nested": [1, 2.5, None]}
+        snap["future_root"] = [1, 2, 3]
+    elif name == "many-streams":
+        for i, e in enumerate(events):
+            e["stream"] = [0, 1, 2**62, 7][i % 4]
+    return snap
+
+
+VARIANTS = ["pool-ids", "texts", "no-time", "some-times-none", "no-frames-some", "unknown-keys", "many-streams"]
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_other_shapes_and_protocols_read_identically_by_the_compiled_reader(name: str, protocol: int) -> None:
+    """What other writers and protocols produce: read by the compiled reader itself, identical to the reference."""
+    data = pickle.dumps(_variant(name), protocol=protocol)
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+    assert differences(compiled, read_snapshot(data, compiled=False)) == []
+    device = compiled.devices[0]
+    seen = {  # the edit is visible in the snapshot (so the comparison covered it)
+        "pool-ids": (1, 7) in compiled.pools and (2, 9) in compiled.pools and int(device.trace.pool.max()) > 0,
+        "texts": any(t.startswith("graph 1 ü") for t in device.compile_context.values()) and bool(device.user_metadata),
+        "no-time": any(w.code == "no-time" for w in compiled.warnings),
+        "some-times-none": int(device.trace.time_us[0]) == 0 and int(device.trace.time_us[1]) > 0,
+        "no-frames-some": int(device.trace.stack[0]) == -1 and int(device.trace.stack[1]) == -1,
+        "unknown-keys": len(device.trace) > 0,
+        "many-streams": device.streams == [0, 1, 2**62, 7],
+    }
+    assert seen[name]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    ["negative-stream", "tuple-in-tuple", "deep-unknown-key", "int-past-uint64"],
+)
+def test_odd_but_readable_values_go_to_the_reference(edit: str) -> None:
+    """Values no torch writes, which the reference reads today (and may come to refuse): the compiled
+    reader leaves them to it, so a new refusal there needs no change here."""
+    snap = _variant("texts")
+    event = snap["device_traces"][0][3]
+    if edit == "negative-stream":
+        event["stream"] = -1
+    elif edit == "tuple-in-tuple":
+        snap["segments"][0]["future"] = ((1, 2), 3)
+    elif edit == "deep-unknown-key":
+        deep: Any = 1
+        for _ in range(14):
+            deep = {"d": deep}
+        event["future"] = deep
+    else:
+        event["future"] = 2**64
+    data = pickle.dumps(snap, protocol=4)
+    assert fastread.read_compiled(data, ReadLimits()) is None
+    assert fastread.give_up_line() > 0
+    (c_kind, c_value), (p_kind, p_value) = outcome(data, True), outcome(data, False)
+    assert c_kind == p_kind  # read today; whatever the reference comes to say, both say it
+    assert differences(c_value, p_value) == [] if c_kind == "ok" else c_value == p_value
+
+
+HOSTILE = build_cases(Path("/nonexistent/canary"))  # the payloads never run here: nothing is unpickled by pickle
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_the_compiled_reader_gives_every_hostile_case_to_the_reference(name: str) -> None:
+    """It never accepts what the reference refuses: it gives up (the reference then refuses,
+    with the code the hostile suite checks, tests/analysis/test_hostile.py)."""
+    case = HOSTILE[name]
+    limits = ReadLimits(**case.limits)
+    assert fastread.read_compiled(case.data, limits) is None
+
+
+@cache
+def _raw(name: str) -> bytes:
+    return gzip.decompress((FIXTURES / f"{name}.pickle.gz").read_bytes())
+
+
+FUZZ_SEEDS = ["state_only", "frag_oom", "gpu_cuda_graph", "gpu_side_stream", "gpu_roundup_list", "no_context"]
+# make test: 20 s of the same seeded cases; a longer hunt: OOMSCOPE_READER_FUZZ_SECONDS=600 OOMSCOPE_READER_FUZZ_SEED=7
+FUZZ_SECONDS = float(os.environ.get("OOMSCOPE_READER_FUZZ_SECONDS", "20"))
+FUZZ_SEED = int(os.environ.get("OOMSCOPE_READER_FUZZ_SEED", "21"))
+FUZZ_MAX_CASES = 3000 if "OOMSCOPE_READER_FUZZ_SECONDS" not in os.environ else 10**9
+
+
+@pytest.fixture
+def address_space_cap() -> Iterator[None]:
+    """RLIMIT_AS = this process's size + 2 GiB while the fuzz runs, as the hostile suite does: a mutant can
+    ask CPython's unpickler (the reference) for a memo of 2**32 entries, which it then fills. Under the cap
+    that is a MemoryError (``snapshot:limit:memory``) instead of the machine's OOM killer."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    status = Path("/proc/self/status").read_text().splitlines()
+    size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    cap = size + (2 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_fuzz_both_readers_agree_on_mutated_real_snapshots(address_space_cap: None) -> None:
+    """Seeded: the same mutants each run; bounded by FUZZ_SECONDS (and 3000 cases unless it is set)."""
+    from tests.webapp.test_hardening_fuzz import mutate, mutate_tree
+
+    rng = random.Random(FUZZ_SEED)  # noqa: S311 - reproducible mutations
+    started = time.monotonic()
+    seen = {"ok": 0, "refused": 0}
+    cases = 0
+    while time.monotonic() - started < FUZZ_SECONDS and cases < FUZZ_MAX_CASES:
+        name = rng.choice(FUZZ_SEEDS)
+        seed = rng.getrandbits(32)
+        steps = rng.randint(1, 6)
+        kind = rng.choice(("bytes", "gzip", "tree"))
+        mrng = random.Random(seed)  # noqa: S311
+        if kind == "tree":
+            data, done = mutate_tree(_raw(name), mrng, steps)
+        else:
+            data, done = mutate(gzip.compress(_raw(name), 1) if kind == "gzip" else _raw(name), mrng, steps)
+        (c_kind, c_value), (p_kind, p_value) = outcome(data, True), outcome(data, False)
+        where = f"{name} seed={seed} steps={steps} {kind}: {done}"
+        assert c_kind == p_kind, f"{where}: compiled {c_kind} {c_value if c_kind == 'refused' else ''}, python {p_kind}"
+        if c_kind == "ok":
+            assert differences(c_value, p_value) == [], where
+        else:
+            assert c_value == p_value, where
+        seen[c_kind] += 1
+        cases += 1
+    # Both outcomes were exercised (a fuzz that only ever refuses compares no columns).
+    assert seen["ok"] > 10 and seen["refused"] > 10, seen
