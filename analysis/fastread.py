@@ -182,6 +182,8 @@ class _ColumnsConverter(reader._Converter):
             pool = ordinals[np.frombuffer(pool_b, np.int32)]  # -1 (no pool id) takes the trailing 0
         # Stream ordinals in order of first appearance (the C side numbered them as it met them).
         stream = np.zeros(n, np.int32) if len(streams) == 1 else np.frombuffer(stream_b, np.int32)
+        # The reference's checks on the columns (issue 22), from their one definition in reader.py.
+        reader.check_trace_columns(self.limits, action, addr, stream, pool, streams, where)
         trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
         return trace, streams, dict(cc), dict(um)
 

@@ -819,10 +819,7 @@ class _Converter:
         if not set(map(type, stream_values)) <= {int}:
             self.int_column(stream_values, where, "stream")  # raises with the event's index
         order = dict.fromkeys(stream_values)  # a few distinct streams, in order of first appearance
-        if len(order) > self.limits.max_streams:
-            raise LimitError(
-                "streams", f"{where}: {len(order):,} distinct streams (at most {self.limits.max_streams:,} are read)"
-            )
+        _check_stream_count(self.limits, len(order), where)
 
         times = column(4)
         absent = times.count(None)
@@ -859,8 +856,7 @@ class _Converter:
         else:
             rank = {s: k for k, s in enumerate(streams)}
             stream = np.fromiter(map(rank.__getitem__, stream_values), np.int32, n)
-        if len(streams) > 1 or pool.any():
-            _check_frees_match_their_blocks(action, addr, stream, pool, streams, where)
+        check_trace_columns(self.limits, action, addr, stream, pool, streams, where)
         trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
         return trace, streams, cc, um
 
@@ -1131,6 +1127,27 @@ def _all_default(events: list[dict[str, Any]], key: str, default: Any) -> bool:
     (a set of the values hashed them, and a tuple nested a million deep crashed the hash)."""
     values = list(map(dict.get, events, repeat(key), repeat(default)))
     return values.count(default) == len(values) and set(map(type, values)) <= {type(default)}
+
+
+def _check_stream_count(limits: ReadLimits, count: int, where: str) -> None:
+    if count > limits.max_streams:
+        raise LimitError("streams", f"{where}: {count:,} distinct streams (at most {limits.max_streams:,} are read)")
+
+
+def check_trace_columns(
+    limits: ReadLimits,
+    action: np.ndarray,
+    addr: np.ndarray,
+    stream: np.ndarray,
+    pool: np.ndarray,
+    streams: list[int],
+    where: str,
+) -> None:
+    """The checks on a device's converted columns, for both readers (the compiled one reads the columns
+    itself and calls this): the count of streams, and every free naming its block's stream and pool."""
+    _check_stream_count(limits, len(streams), where)
+    if len(streams) > 1 or pool.any():
+        _check_frees_match_their_blocks(action, addr, stream, pool, streams, where)
 
 
 def _check_frees_match_their_blocks(

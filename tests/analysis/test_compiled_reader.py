@@ -137,9 +137,11 @@ def _variant(name: str) -> Any:
     """Real snapshots edited into shapes other writers produce (no fixture has them all)."""
     snap = pickle.loads(_raw("frag_oom"))  # our own fixture
     events = snap["device_traces"][0]
+    # Pools and streams are drawn per address: a free names its block's stream and pool (the readers
+    # refuse a trace whose free names another, issue 22).
     if name == "pool-ids":  # CUDA-graph pools on events: tuples, lists, None, the default pool
-        for i, e in enumerate(events):
-            e["pool_id"] = [(1, 7), [2, 9], None, (0, 0)][i % 4]
+        for e in events:
+            e["pool_id"] = [(1, 7), [2, 9], None, (0, 0)][(e.get("addr", 0) >> 9) % 4]
     elif name == "texts":  # compile contexts and user metadata that are not the defaults
         for i, e in enumerate(events[::7]):
             e["compile_context"] = f"graph {i % 3} ü"
@@ -161,8 +163,8 @@ def _variant(name: str) -> Any:
             e["future"] = {"nested": [1, 2.5, None]}
         snap["future_root"] = [1, 2, 3]
     elif name == "many-streams":
-        for i, e in enumerate(events):
-            e["stream"] = [0, 1, 2**62, 7][i % 4]
+        for e in events:
+            e["stream"] = [0, 1, 2**62, 7][(e.get("addr", 0) >> 9) % 4]
     return snap
 
 
