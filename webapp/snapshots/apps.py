@@ -1,3 +1,5 @@
+"""The snapshots app: uploads, reports, teams and runs (Django app config)."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
