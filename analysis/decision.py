@@ -168,6 +168,7 @@ PHASE_NAMES = {
     "forward_no_backward": "forward without backward",
     "decode": "decoding",
     "graph_capture": "graph capture",
+    "data_loading": "data loading",
 }
 
 

@@ -16,6 +16,7 @@ Rules, from what the trace shows (docs/report.md, "Phases"):
   allocation right after one (``categories.frameless_backward``);
 - *graph capture*: an allocation in a private memory pool (CUDA graphs);
 - *decode*: a frame of Hugging Face ``generate()`` (``generation/utils.py``);
+- *data loading*: a frame under ``torch/utils/data/`` (a DataLoader, its collate or pin-memory step);
 - *forward*: inside an ``nn.Module`` call. Forward allocations form *passes*: a
   pass ends where a backward or optimizer allocation comes, or where the user
   line that called the outermost module changes. A pass that a backward
@@ -57,8 +58,9 @@ PHASES: tuple[str, ...] = (
     "forward_no_backward",
     "decode",
     "graph_capture",
+    "data_loading",
 )
-OTHER, FORWARD, BACKWARD, OPTIMIZER, FORWARD_NO_BACKWARD, DECODE, GRAPH_CAPTURE = range(len(PHASES))
+OTHER, FORWARD, BACKWARD, OPTIMIZER, FORWARD_NO_BACKWARD, DECODE, GRAPH_CAPTURE, DATA_LOADING = range(len(PHASES))
 # How each phase is said on the page and in the headline.
 PHASE_WORDS = {
     "other": "outside the model's passes",
@@ -68,9 +70,11 @@ PHASE_WORDS = {
     "forward_no_backward": "a forward pass that no backward followed (evaluation or inference)",
     "decode": "generate()'s decoding loop",
     "graph_capture": "a CUDA graph capture (a private memory pool)",
+    "data_loading": "data loading (a DataLoader or its collate putting tensors on the GPU)",
 }
 _MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})
 _GENERATE_PATH = "/generation/utils.py"
+_DATA_PATH = "/torch/utils/data/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,7 @@ def tag_phases(
     assign(((traits & TRAIT_OPTIMIZER) != 0) | (~has_frames & in_window), OPTIMIZER)
     assign(((traits & TRAIT_BACKWARD) != 0) | frameless_backward(lifetimes, catalog), BACKWARD)
     assign(stack_kind == _KIND_GENERATE, DECODE)
+    assign(stack_kind == _KIND_DATA, DATA_LOADING)
     assign((traits & TRAIT_MODULE_FORWARD) != 0, FORWARD)
     sites = np.where(lifetimes.stack >= 0, site_of_stack[np.maximum(lifetimes.stack, 0)], -1)
     passes = _forward_passes(out, sites, _site_names(table, site_of_stack))
@@ -168,7 +173,7 @@ def live_bytes_by_phase(phases: Phases, lifetimes: Lifetimes, index: int) -> dic
 
 # ------------------------------------------------------------------ per stack
 
-_KIND_NONE, _KIND_GENERATE = 0, 1
+_KIND_NONE, _KIND_GENERATE, _KIND_DATA = 0, 1, 2
 
 
 def _stack_kinds(table: StackTable) -> tuple[npt.NDArray[np.int8], I64]:
@@ -180,6 +185,8 @@ def _stack_kinds(table: StackTable) -> tuple[npt.NDArray[np.int8], I64]:
         frames = [table.frames[i] for i in frame_ids]
         if any(f.filename.endswith(_GENERATE_PATH) and f.name == "generate" for f in frames):
             kinds[sid] = _KIND_GENERATE
+        elif any(_DATA_PATH in f.filename for f in frames):
+            kinds[sid] = _KIND_DATA
         site = _entry_site(frame_ids, frames)
         if site is not None:
             sites[sid] = site

@@ -302,3 +302,34 @@ def test_a_growing_workload_is_named_and_settings_only_postpone(fixture: str, re
     if rerun is not None:  # the setting's real rerun got past the failing step and died later
         died = len(json.loads(path.with_name(f"{rerun}.truth.json").read_text())["workload_log"])
         assert died > cause["figures"]["died_in_step"]
+
+
+def test_a_dataloader_frame_is_the_data_loading_phase() -> None:
+    """Two allocations, one made under torch/utils/data (a collate on the GPU), one by user code."""
+    import numpy as np
+
+    from analysis.model import ALLOC, Frame, StackTable, Trace
+    from analysis.phases import DATA_LOADING, OTHER, tag_phases
+    from analysis.stacks import StackCatalog, alloc_lifetimes
+
+    table = StackTable(
+        frames=[
+            Frame("/venv/lib/python3.12/site-packages/torch/utils/data/_utils/collate.py", 211, "default_collate"),
+            Frame("/work/train.py", 40, "main"),
+        ],
+        stacks=[(0, 1), (1,)],
+    )
+    n = 2
+    trace = Trace(
+        action=np.full(n, ALLOC, np.int8),
+        addr=np.array([1 << 20, 2 << 20], np.int64),
+        size=np.array([512, 1024], np.int64),
+        stream=np.zeros(n, np.int32),
+        time_us=np.arange(n, dtype=np.int64),
+        stack=np.array([0, 1], np.int32),
+        pool=np.zeros(n, np.int32),
+    )
+    lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
+    empty = np.zeros(0, np.int64)
+    phases = tag_phases(trace, lifetimes, StackCatalog(table), table, empty, empty)
+    assert phases.of_alloc.tolist() == [DATA_LOADING, OTHER]
