@@ -273,7 +273,8 @@ def ranked_rows(dev: Mapping[str, Any]) -> list[dict[str, Any]]:
         w = whatif_for(row.get("config"), whatifs)
         saving_text, saving_kind, saving_title = _saving(row, w, recorded_peak)
         state, state_text, why = _state(row, w, oom)
-        if row.get("run_completes") is False and oom:
+        if row.get("run_completes") is False and oom and state != "runs-out":
+            # (A replay that already runs out in the failing step says more than the run's growth.)
             # The run's memory grows step after step (the report's cause): getting past the failing step
             # only postpones the OOM; the report says by how much in ``run_note``.
             state = "postpones"

@@ -428,15 +428,21 @@ def test_decision_screen_comes_first(
         buys = box.locator(".buys").inner_text()
         stats = truth["memory_stats"]
         if truth["oom_message"]:
-            # torch's own wording of the failed request, as its message printed it.
+            # torch's own wording of the failed request, as its message printed it: the allocator's view,
+            # under the cause's headline where the diagnosis names one.
             tried = re.search(r"Tried to allocate ([0-9.]+ [KMG]iB)", truth["oom_message"]).group(1)
-            assert f"the {tried} request" in headline
-            assert headline.startswith(("Out of memory from fragmentation", "The last of"))
+            at_request = box.locator(".allocator-headline")
+            allocator_view = at_request.inner_text() if at_request.count() else headline
+            assert f"the {tried} request" in allocator_view
+            assert allocator_view.startswith(("Out of memory from fragmentation", "The last of"))
         if case == "gpt_varlen_oom":
+            # Its steps keep growing: the real expandable_segments rerun got past step 23 and died in step 27,
+            # so the change is to cap the growth, and the settings only postpone.
+            assert headline.startswith("The steps need more and more")
+            assert box.locator("[data-kind=code]").count() == 1
             line = box.locator("code").first.inner_text()
-            assert line == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-            assert "the OOM is gone" in buys
-            assert f"peak reserved {format_size(stats['reserved_bytes.all.peak'])} →" in buys
+            assert line.startswith("max_len = ")
+            assert "no setting saves the run" in buys
             # The copy button copies the line exactly (our copy.js, no inline handler).
             box.get_by_role("button", name="Copy").click()
             visit.wait_for("() => document.querySelector('section.decision button').textContent === 'Copied'")
