@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tarfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -46,6 +47,71 @@ def _is_torch_save_zip(names: list[str]) -> bool:
     return any(PurePosixPath(n).name == "data.pkl" for n in names)
 
 
+@dataclass(frozen=True)
+class Member:
+    """One entry of an archive as its listing states it, before any byte of it is read."""
+
+    name: str
+    kind: str  # "file", "dir", "link" (symbolic or hard) or "other" (a device, a FIFO)
+    size: int  # the uncompressed size the listing declares
+
+
+def _is_zip(path: Path) -> bool:
+    """A zip from its first bytes, not only its tail: ``zipfile.is_zipfile`` finds the directory of a
+    zip stored at the end of another file (a tar whose last member is a zip), and would read that."""
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    return head in (b"PK\x03\x04", b"PK\x05\x06") and zipfile.is_zipfile(path)
+
+
+def archive_kind(path: Path) -> str | None:
+    """``zip`` or ``tar`` when ``path`` is an archive of ranks; None for anything else (a snapshot,
+    including the zip ``torch.save`` writes)."""
+    if _is_zip(path):
+        with zipfile.ZipFile(path) as zipped:
+            return None if _is_torch_save_zip(zipped.namelist()) else "zip"
+    try:
+        return "tar" if tarfile.is_tarfile(path) else None
+    except (OSError, EOFError, tarfile.TarError):
+        return None
+
+
+_ZIP_LINK = 0o120000  # S_IFLNK in a zip entry's Unix mode (external_attr's high 16 bits)
+
+
+def list_members(path: Path, *, max_members: int = MAX_MEMBERS) -> list[Member]:
+    """The archive's entries, read from its listing only; ``too-many-members`` past ``max_members``
+    (a tar is read entry by entry, so a huge one stops at the cap)."""
+    kind = archive_kind(path)
+    out: list[Member] = []
+
+    def add(member: Member) -> None:
+        if len(out) >= max_members:
+            raise RunInputError("too-many-members", f"{path.name}: more than {max_members} entries")
+        out.append(member)
+
+    if kind == "zip":
+        with zipfile.ZipFile(path) as zipped:
+            for info in zipped.infolist():
+                mode = (info.external_attr >> 16) & 0o170000
+                entry = "dir" if info.is_dir() else "link" if mode == _ZIP_LINK else "file"
+                add(Member(info.filename, entry, info.file_size))
+    elif kind == "tar":
+        with tarfile.open(path, "r:*") as archive:
+            for tar_entry in archive:
+                tar_kind = (
+                    "file"
+                    if tar_entry.isfile()
+                    else "dir"
+                    if tar_entry.isdir()
+                    else "link"
+                    if tar_entry.issym() or tar_entry.islnk()
+                    else "other"
+                )
+                add(Member(tar_entry.name, tar_kind, tar_entry.size))
+    return out
+
+
 def unpack_ranks(path: Path, into: Path, *, limits: ReadLimits | None = None) -> list[Path] | None:
     """The archive's snapshot and sidecar files, copied into ``into``; None if ``path`` is no archive."""
     cap = (limits or ReadLimits()).max_input_bytes
@@ -63,7 +129,7 @@ def unpack_ranks(path: Path, into: Path, *, limits: ReadLimits | None = None) ->
         taken.append(target)
         return target
 
-    if zipfile.is_zipfile(path):
+    if _is_zip(path):
         with zipfile.ZipFile(path) as zipped:
             infos = zipped.infolist()
             if _is_torch_save_zip([i.filename for i in infos]):
