@@ -51,10 +51,11 @@ def zip_of(files: list[Path]) -> bytes:
     return out.getvalue()
 
 
-def post_api(client: Any, token: str, body: bytes, name: str, **fields: Any) -> Any:
+def post_api(client: Any, token: str, body: bytes, name: str, key: str = "", **fields: Any) -> Any:
     upload = io.BytesIO(body)
     upload.name = name
-    return client.post("/api/v1/snapshots", {"file": upload, **fields}, **bearer(token))
+    extra = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return client.post("/api/v1/snapshots", {"file": upload, **fields}, **bearer(token), **extra)
 
 
 def summarised(run: Run) -> dict[str, Any]:
@@ -195,3 +196,23 @@ def test_the_form_shows_an_archive_refusal(alice_client: Any) -> None:
     assert response.status_code == 422
     assert "holds a link" in response.content.decode()
     assert not Upload.objects.exists()
+
+
+def test_the_team_quota_counts_every_rank_of_the_archive(client: Any, alice_token: str, settings: Any) -> None:
+    settings.TEAM_STORAGE_QUOTA_BYTES = len(RANK0) + len(RANK1) - 1  # one rank fits, both do not
+    response = post_api(client, alice_token, tar_of(GLOO), "job.tar.gz")
+    assert response.status_code == 413 and response.json()["error"]["code"] == "upload:quota-exceeded"
+    assert not Upload.objects.exists() and not Run.objects.exists()
+
+
+def test_a_retried_archive_replays_its_ranks(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    body = zip_of(GLOO)
+    with django_capture_on_commit_callbacks():
+        first = post_api(client, alice_token, body, "job.zip", key="job-42")
+    with django_capture_on_commit_callbacks() as published:
+        again = post_api(client, alice_token, body, "job.zip", key="job-42")
+    assert first.status_code == again.status_code == 202
+    assert first.json()["run"]["id"] == again.json()["run"]["id"] and published == []
+    assert Upload.objects.count() == 2
