@@ -7,6 +7,11 @@ None when the file is no such archive (a snapshot itself: a zip that ``torch.sav
 snapshots or sidecars do are taken, by their base name (a member's folders, ``..`` and absolute
 paths are dropped, links are skipped), each up to the reader's own input cap, and at most
 ``MAX_MEMBERS`` of them; what each snapshot holds is then checked by the reader as any file is.
+
+``list_members`` reads the listing alone (names, kinds, declared sizes), for callers that refuse an
+archive before unpacking it (the site's ``webapp/snapshots/runarchive.py``); ``archive_kind`` says
+whether a file is such an archive. A zip is told by its first bytes as well as its directory: a tar
+whose last member is a zip would otherwise be read as that zip.
 """
 
 from __future__ import annotations
