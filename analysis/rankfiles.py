@@ -84,15 +84,22 @@ def archive_kind(path: Path) -> str | None:
 _ZIP_LINK = 0o120000  # S_IFLNK in a zip entry's Unix mode (external_attr's high 16 bits)
 
 
-def list_members(path: Path, *, max_members: int = MAX_MEMBERS) -> list[Member]:
-    """The archive's entries, read from its listing only; ``too-many-members`` past ``max_members``
-    (a tar is read entry by entry, so a huge one stops at the cap)."""
+def list_members(path: Path, *, max_members: int = MAX_MEMBERS, max_total_bytes: int | None = None) -> list[Member]:
+    """The archive's entries, read from its listing only; ``too-many-members`` past ``max_members``,
+    ``too-large`` once the files' declared sizes together pass ``max_total_bytes``. Both stop the
+    listing where they trip: a compressed tar is listed by decompressing it entry by entry, so a
+    bomb of one huge member is refused at its header, not after inflating it."""
     kind = archive_kind(path)
     out: list[Member] = []
+    total = 0
 
     def add(member: Member) -> None:
+        nonlocal total
         if len(out) >= max_members:
             raise RunInputError("too-many-members", f"{path.name}: more than {max_members} entries")
+        total += member.size if member.kind == "file" else 0
+        if max_total_bytes is not None and total > max_total_bytes:
+            raise RunInputError("too-large", f"{path.name}: its files are over {max_total_bytes:,} bytes together")
         out.append(member)
 
     if kind == "zip":

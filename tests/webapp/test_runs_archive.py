@@ -189,6 +189,15 @@ def test_the_unpacked_size_is_capped_by_the_upload_limit(client: Any, alice_toke
     assert not Upload.objects.exists()
 
 
+def test_a_tar_bomb_is_refused_at_its_header(client: Any, alice_token: str) -> None:
+    """A member whose header declares 64 GiB: refused from the listing, before a byte of it is read
+    (the gzip stream ends at the header: listing on would have to inflate the member to skip it)."""
+    info = tarfile.TarInfo("rank0.pickle")
+    info.size = 64 << 30
+    response = post_api(client, alice_token, gzip.compress(info.tobuf()), "bomb.tar.gz")
+    assert response.status_code == 422 and response.json()["error"]["code"] == "upload:archive-too-large"
+
+
 def test_the_form_shows_an_archive_refusal(alice_client: Any) -> None:
     upload = io.BytesIO(tar_with(member("rank0.pickle.gz", RANK0), link("rank1.pickle.gz", "rank0.pickle.gz")))
     upload.name = "ranks.tar"

@@ -87,9 +87,11 @@ def _check_listing(path: Path) -> None:
     """Refuse from the listing alone: too many entries, links, special files, escaping paths,
     archives inside, snapshots whose declared sizes together pass the upload cap."""
     try:
-        members = list_members(path, max_members=_max_members())
+        members = list_members(path, max_members=_max_members(), max_total_bytes=settings.UPLOAD_MAX_BYTES)
     except RunInputError as exc:
-        raise refusal("upload:archive-too-many-members", exc.message) from exc
+        too_many = exc.code.endswith("too-many-members")
+        code = "upload:archive-too-many-members" if too_many else "upload:archive-too-large"
+        raise refusal(code, exc.message) from exc
     declared = 0
     for member in members:
         name = member.name.replace("\\", "/")
