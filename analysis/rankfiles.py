@@ -63,10 +63,11 @@ class Member:
 
 def _is_zip(path: Path) -> bool:
     """A zip from its first bytes, not only its tail: ``zipfile.is_zipfile`` finds the directory of a
-    zip stored at the end of another file (a tar whose last member is a zip), and would read that."""
+    zip stored at the end of another file (a tar whose last member is a zip), and would read that.
+    An empty zip (no member, so no local header) is no archive of ranks; the reader refuses it."""
     with path.open("rb") as fh:
         head = fh.read(4)
-    return head in (b"PK\x03\x04", b"PK\x05\x06") and zipfile.is_zipfile(path)
+    return head == b"PK\x03\x04" and zipfile.is_zipfile(path)
 
 
 def archive_kind(path: Path) -> str | None:
