@@ -103,6 +103,8 @@ def test_an_archive_through_the_api_is_one_run_of_its_ranks(
 def test_an_archive_through_the_upload_form_redirects_to_its_run(
     alice_client: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
+    form = alice_client.get("/upload/").content.decode()
+    assert "one tar or zip of a run's per-rank snapshots" in form and ".tar,.tgz" in form
     upload = io.BytesIO(tar_of(CLIENT, folder="client_job"))
     upload.name = "client_job.tar.gz"
     with django_capture_on_commit_callbacks() as published:
