@@ -7,12 +7,18 @@ None when the file is no such archive (a snapshot itself: a zip that ``torch.sav
 snapshots or sidecars do are taken, by their base name (a member's folders, ``..`` and absolute
 paths are dropped, links are skipped), each up to the reader's own input cap, and at most
 ``MAX_MEMBERS`` of them; what each snapshot holds is then checked by the reader as any file is.
+
+``list_members`` reads the listing alone (names, kinds, declared sizes), for callers that refuse an
+archive before unpacking it (the site's ``webapp/snapshots/runarchive.py``); ``archive_kind`` says
+whether a file is such an archive. A zip is told by its first bytes as well as its directory: a tar
+whose last member is a zip would otherwise be read as that zip.
 """
 
 from __future__ import annotations
 
 import tarfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -46,6 +52,79 @@ def _is_torch_save_zip(names: list[str]) -> bool:
     return any(PurePosixPath(n).name == "data.pkl" for n in names)
 
 
+@dataclass(frozen=True)
+class Member:
+    """One entry of an archive as its listing states it, before any byte of it is read."""
+
+    name: str
+    kind: str  # "file", "dir", "link" (symbolic or hard) or "other" (a device, a FIFO)
+    size: int  # the uncompressed size the listing declares
+
+
+def _is_zip(path: Path) -> bool:
+    """A zip from its first bytes, not only its tail: ``zipfile.is_zipfile`` finds the directory of a
+    zip stored at the end of another file (a tar whose last member is a zip), and would read that.
+    An empty zip (no member, so no local header) is no archive of ranks; the reader refuses it."""
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    return head == b"PK\x03\x04" and zipfile.is_zipfile(path)
+
+
+def archive_kind(path: Path) -> str | None:
+    """``zip`` or ``tar`` when ``path`` is an archive of ranks; None for anything else (a snapshot,
+    including the zip ``torch.save`` writes)."""
+    if _is_zip(path):
+        with zipfile.ZipFile(path) as zipped:
+            return None if _is_torch_save_zip(zipped.namelist()) else "zip"
+    try:
+        return "tar" if tarfile.is_tarfile(path) else None
+    except (OSError, EOFError, tarfile.TarError):
+        return None
+
+
+_ZIP_LINK = 0o120000  # S_IFLNK in a zip entry's Unix mode (external_attr's high 16 bits)
+
+
+def list_members(path: Path, *, max_members: int = MAX_MEMBERS, max_total_bytes: int | None = None) -> list[Member]:
+    """The archive's entries, read from its listing only; ``too-many-members`` past ``max_members``,
+    ``too-large`` once the files' declared sizes together pass ``max_total_bytes``. Both stop the
+    listing where they trip: a compressed tar is listed by decompressing it entry by entry, so a
+    bomb of one huge member is refused at its header, not after inflating it."""
+    kind = archive_kind(path)
+    out: list[Member] = []
+    total = 0
+
+    def add(member: Member) -> None:
+        nonlocal total
+        if len(out) >= max_members:
+            raise RunInputError("too-many-members", f"{path.name}: more than {max_members} entries")
+        total += member.size if member.kind == "file" else 0
+        if max_total_bytes is not None and total > max_total_bytes:
+            raise RunInputError("too-large", f"{path.name}: its files are over {max_total_bytes:,} bytes together")
+        out.append(member)
+
+    if kind == "zip":
+        with zipfile.ZipFile(path) as zipped:
+            for info in zipped.infolist():
+                mode = (info.external_attr >> 16) & 0o170000
+                entry = "dir" if info.is_dir() else "link" if mode == _ZIP_LINK else "file"
+                add(Member(info.filename, entry, info.file_size))
+    elif kind == "tar":
+        with tarfile.open(path, "r:*") as archive:
+            for tar_entry in archive:
+                tar_kind = (
+                    "file"
+                    if tar_entry.isfile()
+                    else "dir"
+                    if tar_entry.isdir()
+                    else "link"
+                    if tar_entry.issym() or tar_entry.islnk()
+                    else "other"
+                )
+                add(Member(tar_entry.name, tar_kind, tar_entry.size))
+    return out
+
+
 def unpack_ranks(path: Path, into: Path, *, limits: ReadLimits | None = None) -> list[Path] | None:
     """The archive's snapshot and sidecar files, copied into ``into``; None if ``path`` is no archive."""
     cap = (limits or ReadLimits()).max_input_bytes
@@ -63,7 +142,7 @@ def unpack_ranks(path: Path, into: Path, *, limits: ReadLimits | None = None) ->
         taken.append(target)
         return target
 
-    if zipfile.is_zipfile(path):
+    if _is_zip(path):
         with zipfile.ZipFile(path) as zipped:
             infos = zipped.infolist()
             if _is_torch_save_zip([i.filename for i in infos]):

@@ -268,6 +268,9 @@ SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 60)
 # A run of several ranks whose ranks have not all come this long after its first is analysed with
 # those it has (webapp/snapshots/runs.py); its queued ranks are analysed alone by the sweep before.
 RUN_COLLECT_SECONDS = env_int("RUN_COLLECT_SECONDS", 600)
+# The most entries (files, folders, logs) one uploaded tar or zip of a run's ranks may list
+# (webapp/snapshots/runarchive.py); the CLI's own cap is analysis.rankfiles.MAX_MEMBERS.
+RUN_ARCHIVE_MAX_MEMBERS = env_int("RUN_ARCHIVE_MAX_MEMBERS", 1024)
 
 # --- Celery (read by webapp/celery.py with namespace CELERY_).
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -17,7 +17,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.snapshots import disk, messages, services
+from webapp.snapshots import disk, messages, runarchive, runs, services
 from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake import (
     PARSE_ERRORS,
@@ -202,8 +202,20 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
     if not services.can(request.user, project.team, "write"):
         return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
-    check_quota(project, uploaded.size or 0)
     try:
+        if fmt == runarchive.ARCHIVE:  # a run's ranks in one tar or zip: one upload per rank, one run
+            run = runarchive.create_run(
+                user=request.user,  # type: ignore[arg-type]
+                project=project,
+                archive=uploaded,
+                archive_sha256=sha256,
+                fields=fields.upload_fields(),
+                run_meta=fields.run_meta(),
+                idempotency_key=key,
+            )
+            body = {"run": runs.run_dict(run, request)}
+            return JsonResponse(body, status=202, headers={"Location": body["run"]["api_url"]})
+        check_quota(project, uploaded.size or 0)
         upload = services.upload_create(
             user=request.user,  # type: ignore[arg-type]
             project=project,

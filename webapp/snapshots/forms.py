@@ -140,8 +140,11 @@ def first_error(form: forms.Form) -> tuple[str, str]:
 
 class UploadForm(UploadFieldsForm):
     file = forms.FileField(
-        help_text="A torch.cuda.memory._dump_snapshot() pickle: raw, gzipped, torch.save'd or JSON.",
-        widget=forms.ClearableFileInput(attrs={"accept": ".pickle,.pkl,.gz,.pt,.zip,.json,application/octet-stream"}),
+        help_text="A torch.cuda.memory._dump_snapshot() pickle: raw, gzipped, torch.save'd or JSON; "
+        "or one tar or zip of a run's per-rank snapshots (and their .json sidecars), made into one run.",
+        widget=forms.ClearableFileInput(
+            attrs={"accept": ".pickle,.pkl,.gz,.pt,.zip,.json,.tar,.tgz,.bz2,.xz,application/octet-stream"}
+        ),
     )
     project = forms.ChoiceField(choices=())
     field_order = ["file", "project", "run", "tags", "note", "oom_message", "batch_size"]

@@ -130,7 +130,8 @@ def parsed_files(request: Any) -> Any:
 
 
 def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, str, str]:
-    """(uploaded file, sha256, format) from a parsed request, or ``IntakeError``.
+    """(uploaded file, sha256, format) from a parsed request, or ``IntakeError``. The format is
+    ``runarchive.ARCHIVE`` for a tar or zip of a run's ranks (checked member by member later).
 
     With ``enforce_limits`` the upload rates are counted before the body is read, and the
     team quota is checked when the form names its project (the API checks the project it
@@ -168,6 +169,10 @@ def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, st
         for chunk in uploaded.chunks():
             digest.update(chunk)
         sha256 = digest.hexdigest()
+    from webapp.snapshots import runarchive
+
+    if runarchive.is_archive(uploaded):  # a run's ranks in one tar or zip (runarchive.create_run)
+        return uploaded, sha256, runarchive.ARCHIVE
     try:
         fmt = sniff(head)
     except Refusal as refusal:

@@ -30,6 +30,20 @@ BY_CODE = {
     "worker:analysis-killed": "The analysis was killed from outside twice (the server may be short of "
     "memory); it will not be retried. Try again later.",
     "worker:internal": "Internal error while analysing this file. It has been logged.",
+    # A run's ranks in one tar or zip (runarchive.py): each refusal, before anything is stored.
+    "upload:archive-too-many-members": "This archive has more entries than a run's archive may have.",
+    "upload:archive-unsafe-path": "This archive names a file outside itself (an absolute path or '..'); "
+    "nothing was stored.",
+    "upload:archive-link": "This archive holds a link; a run's archive holds the rank files themselves.",
+    "upload:archive-special-file": "This archive holds a device or pipe; a run's archive holds only files.",
+    "upload:archive-nested": "This archive holds another archive; put the rank files in one tar or zip.",
+    "upload:archive-too-large": "This archive's rank files together are larger than the upload limit.",
+    "upload:archive-duplicate-member": "This archive holds two rank files of the same name.",
+    "upload:archive-duplicate-rank": "This archive holds two snapshots of the same rank.",
+    "upload:archive-empty": "This archive holds no snapshot (.pickle, .pickle.gz, .pkl, .pt).",
+    "upload:archive-not-a-snapshot": "A file in this archive is not a snapshot; nothing was stored.",
+    "upload:archive-bad-sidecar": "A sidecar (.json) in this archive is not the client's JSON.",
+    "upload:archive-unreadable": "This archive could not be read.",
 }
 
 UPLOAD_TOO_LARGE = "The file is larger than the {limit} upload limit."

@@ -23,7 +23,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from analysis import readout
-from webapp.snapshots import chartpage, explore, formatting, messages, services
+from webapp.snapshots import chartpage, explore, formatting, messages, runarchive, runs, services
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.intake import IntakeError, check_declared_size, check_disk, disk_full, received_file
 from webapp.snapshots.models import Upload
@@ -149,6 +149,18 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
     if project is None:  # the choice list already limits this; belt and braces
         raise Http404
     try:
+        if fmt == runarchive.ARCHIVE:  # a run's ranks in one tar or zip: one upload per rank
+            run = runarchive.create_run(
+                user=request.user,  # type: ignore[arg-type]
+                project=project,
+                archive=uploaded,
+                archive_sha256=sha256,
+                fields=form.upload_fields(),
+                run_meta=form.run_meta(),
+            )
+            if _wants_json(request):
+                return JsonResponse({"run": runs.run_dict(run, request)}, status=202)
+            return redirect("snapshots:run", run_code=run.code)
         created = services.upload_create(
             user=request.user,  # type: ignore[arg-type]
             project=project,
@@ -158,6 +170,8 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
             **form.upload_fields(),
             run_meta=form.run_meta(),
         )
+    except IntakeError as err:  # the archive refused, before anything was stored
+        return _upload_refused(request, err)
     except OSError as exc:  # no space left for the blob: the form says so, with the code
         from webapp.snapshots import disk
 
