@@ -183,3 +183,61 @@ def test_a_batch_size_that_is_no_positive_count_is_refused(client: Any, alice_to
     assert response.json()["error"]["code"] == "upload:invalid"
     assert "batch_size" in response.json()["error"]["message"]
     assert not Upload.objects.exists()
+
+
+@pytest.fixture
+def gamma(alice: Any, bob: Any) -> Any:
+    """Bob's team ``team-c`` with project ``gamma``, where Alice is a member: Alice has two projects."""
+    from webapp.snapshots import services
+
+    team = services.team_create(name="Team C", slug="team-c", owner=bob)
+    services.membership_add(team=team, user=alice, role="member")
+    return services.project_create(team=team, name="Gamma", slug="gamma")
+
+
+def test_a_user_of_two_projects_is_told_both_when_no_project_is_named(
+    client: Any, alice: Any, alpha: Any, gamma: Any, beta: Any
+) -> None:
+    from webapp.snapshots import services
+
+    token = services.api_token_create(alice)  # no default project: the upload must name one
+    response = post_snapshot(client, token)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "upload:no-project"
+    assert error["choices"] == ["alpha", "gamma"]  # beta is Bob's alone: not a choice
+    assert error["message"].startswith("Choose a project to upload to. Projects you can upload to: alpha, gamma")
+    unknown = post_snapshot(client, token, project="beta").json()["error"]
+    assert unknown["code"] == "upload:unknown-project" and unknown["choices"] == ["alpha", "gamma"]
+    assert "No project 'beta'" in unknown["message"] and "alpha, gamma" in unknown["message"]
+    assert not Upload.objects.exists()
+
+
+def test_a_token_limited_to_one_project_lists_that_project_only(
+    client: Any, alice: Any, alpha: Any, gamma: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    from webapp.snapshots import services
+
+    token = services.api_token_create(alice, project=gamma)
+    refused = post_snapshot(client, token, project="alpha")  # Alice's own project, out of this token's reach
+    assert refused.status_code == 404
+    error = refused.json()["error"]
+    assert error["code"] == "upload:unknown-project" and error["choices"] == ["gamma"]
+    assert "Projects you can upload to: gamma " in error["message"]
+    assert not Upload.objects.exists()
+    # Named nowhere, the upload goes to the token's one project rather than asking which.
+    with django_capture_on_commit_callbacks():
+        accepted = post_snapshot(client, token)
+    assert accepted.status_code == 202, accepted.content
+    assert Upload.objects.get(code=accepted.json()["id"]).project == gamma
+
+
+def test_a_viewer_is_told_there_is_no_project_to_upload_to(client: Any, bob: Any, alpha: Any) -> None:
+    from webapp.snapshots import services
+
+    services.membership_add(team=alpha.team, user=bob, role="viewer")
+    response = post_snapshot(client, services.api_token_create(bob), project="alpha")
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "upload:read-only" and error["choices"] == []
+    assert "You can upload to no project" in error["message"]
