@@ -38,6 +38,8 @@ HINTS = {
     "upload:too-large": "the file is over the site's upload limit; gzip it, or record fewer events "
     "(torch.cuda.memory._record_memory_history(max_entries=...))",
     "upload:invalid": "shorten the field named (--run, --tags or --note)",
+    "upload:not-a-snapshot-json": "that JSON is no memory snapshot (a profiler trace?); upload the file "
+    "torch.cuda.memory._dump_snapshot() wrote",
 }
 # Codes by family: the reader's refusals of files that are not snapshots (analysis/errors.py).
 HINT_PREFIXES = {

@@ -21,6 +21,8 @@ BY_CODE = {
     "torch.cuda.memory._dump_snapshot().",
     "snapshot:format:not-a-snapshot": "This is not a snapshot file. Upload the pickle written by "
     "torch.cuda.memory._dump_snapshot() (raw, gzipped, torch.save'd or JSON).",
+    "upload:not-a-snapshot-json": "This JSON is not a memory snapshot. Upload the file written by "
+    "torch.cuda.memory._dump_snapshot(), or its JSON form (an object with 'segments' and 'device_traces').",
     "snapshot:schema:inconsistent-trace": "This snapshot's trace contradicts itself (entries are missing or were "
     "changed), so it cannot be replayed. Dump a fresh one with torch.cuda.memory._dump_snapshot().",
     "snapshot:limit:memory": "Analysing this file needed more memory than one analysis may use.",
