@@ -336,6 +336,51 @@ def headroom(dev: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"bytes": room, "text": size(room), "thin": thin, "sentence": sentence}
 
 
+# A run without an OOM whose reserved peak came this close to its cap is one longer sequence, larger
+# batch or fragmented step from running out (issue 20: an MoE run at 99.9% of its cap read "no OOM").
+EDGE_OF_CAP_SHARE = 0.05
+
+
+def edge_of_cap(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A run that did not run out of memory but peaked within ``EDGE_OF_CAP_SHARE`` of a known cap (one
+    given with the upload, or read from an OOM message or the client's sidecar):
+    ``{limit_bytes, peak_reserved_bytes, headroom_bytes, share, source, sentence}``; None otherwise
+    (an OOM run, no cap known, or room to spare). A peak above the cap (headroom below zero) is kept:
+    the run did not run under the cap that was given."""
+    if dev.get("oom"):
+        return None
+    limit = dev.get("limit") or {}
+    source = _source_key(dev)
+    limit_bytes = int(limit.get("bytes") or 0)
+    peak = int((dev.get("summary") or {}).get("peak_reserved_bytes") or 0)
+    if source not in ("given", "sidecar", "oom_message") or limit_bytes <= 0 or not peak:
+        return None
+    room = limit_bytes - peak
+    if room > EDGE_OF_CAP_SHARE * limit_bytes:
+        return None
+    share_of_cap = peak / limit_bytes
+    cap_text = f"the cap of {size(limit_bytes)} ({SOURCE_SHORT.get(source, source)})"
+    if room < 0:
+        sentence = (
+            f"No OOM, yet reserved memory peaked at {size(peak)}, {size(-room)} above {cap_text}: "
+            "this run did not run under that cap."
+        )
+    else:
+        sentence = (
+            f"At the edge of the cap: no OOM, but reserved memory peaked at {size(peak)}, {share(share_of_cap)} of "
+            f"{cap_text}, {size(room)} to spare. A longer sequence, a larger batch or more fragmentation "
+            "can run out."
+        )
+    return {
+        "limit_bytes": limit_bytes,
+        "peak_reserved_bytes": peak,
+        "headroom_bytes": room,
+        "share": share_of_cap,
+        "source": source,
+        "sentence": sentence,
+    }
+
+
 def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
     """Everything above for one device: ``{basis, ranked, headroom}``."""
     return {"basis": basis(dev), "ranked": ranked_rows(dev), "headroom": headroom(dev)}
