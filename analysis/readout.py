@@ -25,6 +25,7 @@ never "0.00 GiB"), changes by ``size_change``, shares by ``share``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,6 +72,38 @@ def size(n: float | None) -> str:
     if value <= 1 << 30:
         return f"{sign}{value / (1 << 20):.2f} MiB"
     return f"{sign}{value / (1 << 30):.2f} GiB"
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE_TEXT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str) -> int:
+    """A size as people write it, in bytes: "7516192768", "7GiB", "7.5 GiB", "80GB" (KiB/MiB/GiB/TiB are
+    powers of 1024, KB/MB/GB/TB of 1000, case aside). ``ValueError`` for anything else or a size of 0."""
+    found = _SIZE_TEXT.fullmatch(text or "")
+    unit = found.group(2).lower() if found else ""
+    if found is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is no size: give bytes (7516192768) or a number and a unit (7GiB, 80GB)")
+    number = found.group(1)
+    whole, _, frac = number.partition(".")
+    scale = _SIZE_UNITS[unit]
+    # Integers throughout: "7.5GiB" is exact, and no float rounds a byte count.
+    value: int = (int(whole) * 10 ** len(frac) + int(frac or 0)) * scale // 10 ** len(frac)
+    if value <= 0:
+        raise ValueError(f"{text!r} is no size above zero")
+    return value
 
 
 def size_change(delta: float | None) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.readout import EDGE_OF_CAP_SHARE, edge_of_cap
+from analysis.readout import EDGE_OF_CAP_SHARE, edge_of_cap, parse_size
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -52,3 +52,23 @@ def test_an_oom_run_is_no_edge_finding() -> None:
     assert edge_of_cap({**dev, "oom": None})["share"] == pytest.approx(
         dev["summary"]["peak_reserved_bytes"] / (7 * 2**30)
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("7516192768", 7 * 2**30),
+        ("7GiB", 7 * 2**30),
+        (" 7.5 gib ", 15 * 2**29),
+        ("80GB", 80 * 10**9),
+        ("1.25MiB", 1310720),
+    ],
+)
+def test_parse_size_reads_what_people_write(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "0", "0GiB", "-1", "7XB", "1e9", "GiB", "7 GiB extra"])
+def test_parse_size_refuses_what_is_no_size(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)

@@ -241,3 +241,42 @@ def test_a_viewer_is_told_there_is_no_project_to_upload_to(client: Any, bob: Any
     error = response.json()["error"]
     assert error["code"] == "upload:read-only" and error["choices"] == []
     assert "You can upload to no project" in error["message"]
+
+
+def test_a_cap_given_for_a_run_without_an_oom_is_its_limit_and_the_page_says_it_was_at_the_edge(
+    client: Any, alice: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    # infer_varbatch never ran out: its own reserved peak (truth file) is 31.44 GiB; a 32 GiB cap is 1.7% above.
+    peak = json.loads((FIXTURES / "infer_varbatch.truth.json").read_text())["memory_stats"]["reserved_bytes.all.peak"]
+    with django_capture_on_commit_callbacks():
+        response = post_snapshot(client, alice_token, FIXTURES / "infer_varbatch.pickle.gz", cap="32GiB")
+    assert response.status_code == 202, response.content
+    upload = Upload.objects.get(code=response.json()["id"])
+    assert upload.cap_bytes == 32 * 2**30
+    analyse_upload(upload.id)  # the worker's path: runner -> child -> build_report(limit=...)
+    device = client.get(f"/api/v1/snapshots/{upload.code}/report", **bearer(alice_token)).json()["devices"][0]
+    assert device["oom"] is None
+    assert device["limit"]["source"] == "given" and device["limit"]["bytes"] == 32 * 2**30
+    edge = device["edge_of_cap"]
+    assert edge["peak_reserved_bytes"] == peak and edge["headroom_bytes"] == 32 * 2**30 - peak
+    client.force_login(alice)
+    page = client.get(f"/s/{upload.code}/").content.decode()
+    assert 'class="edge-of-cap notice"' in page
+    assert "At the edge of the cap: no OOM, but reserved memory peaked at 31.44 GiB, 98% of the cap of 32.00 GiB" in (
+        page
+    )
+    # Analysed again (with an OOM message, from the page), the new upload keeps the cap it was given.
+    from webapp.snapshots import services
+
+    with django_capture_on_commit_callbacks():
+        again = services.upload_reanalyse(upload, alice, oom_message=TRUTH["oom_message"])
+    assert again.pk != upload.pk and again.cap_bytes == 32 * 2**30
+
+
+@pytest.mark.parametrize("value", ["7XB", "0", "-1GiB", "2PiB", "2000TiB"])
+def test_a_cap_that_is_no_size_is_refused(client: Any, alice_token: str, value: str) -> None:
+    response = post_snapshot(client, alice_token, cap=value)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "upload:invalid" and error["message"].startswith("cap: ")
+    assert not Upload.objects.exists()
