@@ -70,5 +70,5 @@ def test_parse_size_reads_what_people_write(text: str, expected: int) -> None:
 
 @pytest.mark.parametrize("text", ["", "0", "0GiB", "-1", "7XB", "1e9", "GiB", "7 GiB extra"])
 def test_parse_size_refuses_what_is_no_size(text: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="is no size"):
         parse_size(text)
