@@ -449,4 +449,6 @@ def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
         "change_id": change.get("id"),
         "change_title": change.get("title"),
         "change_line": change.get("line"),
+        # A run without an OOM that peaked within 5% of its cap (edge_of_cap): the sentence, else None.
+        "edge_of_cap": (dev.get("edge_of_cap") or {}).get("sentence"),
     }

@@ -261,3 +261,33 @@ def test_every_code_the_client_explains_is_one_the_site_answers() -> None:
     )
     for code in [*HINTS, *HINT_PREFIXES]:
         assert f'"{code}' in source, code
+
+
+def test_the_cli_gives_a_cap_for_a_run_without_an_oom_and_prints_the_edge(
+    live_site: Site, people: dict[str, Any]
+) -> None:
+    """`--cap 32GiB` on infer_varbatch (no OOM; its own reserved peak 31.44 GiB, truth file): the worker's report
+    takes the cap as its limit (source given) and `--wait` prints the edge-of-cap finding."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OOMSCOPE_")}
+    env.update({"PYTHONPATH": str(ROOT / "client"), "OOMSCOPE_TOKEN": token_of(people["alice"])})
+    infer = FIXTURES / "infer_varbatch.pickle.gz"
+    argv = [sys.executable, "-m", "oomscope_client", "upload", str(infer), "--url", live_site.url, "--project", "alpha"]
+    refused = subprocess.run([*argv, "--cap", "7XB"], capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == 1
+    assert "HTTP 400: upload:invalid: cap: '7XB' is no size" in refused.stderr
+    done = subprocess.run(
+        [*argv, "--cap", "32GiB", "--wait", "--wait-timeout", "240"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(
+        line.startswith(
+            "At the edge of the cap: no OOM, but reserved memory peaked at 31.44 GiB, 98% of the cap of 32.00 GiB"
+        )
+        for line in lines
+    ), lines
+    assert "limit: 32.00 GiB (cap given)" in lines
