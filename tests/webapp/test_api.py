@@ -280,3 +280,14 @@ def test_a_cap_that_is_no_size_is_refused(client: Any, alice_token: str, value: 
     error = response.json()["error"]
     assert error["code"] == "upload:invalid" and error["message"].startswith("cap: ")
     assert not Upload.objects.exists()
+
+
+def test_the_upload_page_takes_a_cap_too(alice_client: Any, django_capture_on_commit_callbacks: Any) -> None:
+    with open(FIXTURES / "infer_varbatch.pickle.gz", "rb") as fh, django_capture_on_commit_callbacks():
+        response = alice_client.post(
+            "/upload/", {"file": fh, "project": "alpha", "cap": "7.5 GiB"}, headers={"Accept": "application/json"}
+        )
+    assert response.status_code in (200, 202), response.content
+    assert Upload.objects.get().cap_bytes == 15 * 2**29
+    page = alice_client.get("/upload/").content.decode()
+    assert 'name="cap"' in page and "Memory cap" in page
