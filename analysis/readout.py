@@ -25,6 +25,7 @@ never "0.00 GiB"), changes by ``size_change``, shares by ``share``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,6 +72,38 @@ def size(n: float | None) -> str:
     if value <= 1 << 30:
         return f"{sign}{value / (1 << 20):.2f} MiB"
     return f"{sign}{value / (1 << 30):.2f} GiB"
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE_TEXT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str) -> int:
+    """A size as people write it, in bytes: "7516192768", "7GiB", "7.5 GiB", "80GB" (KiB/MiB/GiB/TiB are
+    powers of 1024, KB/MB/GB/TB of 1000, case aside). ``ValueError`` for anything else or a size of 0."""
+    found = _SIZE_TEXT.fullmatch(text or "")
+    unit = found.group(2).lower() if found else ""
+    if found is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is no size: give bytes (7516192768) or a number and a unit (7GiB, 80GB)")
+    number = found.group(1)
+    whole, _, frac = number.partition(".")
+    scale = _SIZE_UNITS[unit]
+    # Integers throughout: "7.5GiB" is exact, and no float rounds a byte count.
+    value: int = (int(whole) * 10 ** len(frac) + int(frac or 0)) * scale // 10 ** len(frac)
+    if value <= 0:
+        raise ValueError(f"{text!r} is no size above zero")
+    return value
 
 
 def size_change(delta: float | None) -> str:
@@ -337,6 +370,51 @@ def headroom(dev: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"bytes": room, "text": size(room), "thin": thin, "sentence": sentence}
 
 
+# A run without an OOM whose reserved peak came this close to its cap is one longer sequence, larger
+# batch or fragmented step from running out (issue 20: an MoE run at 99.9% of its cap read "no OOM").
+EDGE_OF_CAP_SHARE = 0.05
+
+
+def edge_of_cap(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A run that did not run out of memory but peaked within ``EDGE_OF_CAP_SHARE`` of a known cap (one
+    given with the upload, or read from an OOM message or the client's sidecar):
+    ``{limit_bytes, peak_reserved_bytes, headroom_bytes, share, source, sentence}``; None otherwise
+    (an OOM run, no cap known, or room to spare). A peak above the cap (headroom below zero) is kept:
+    the run did not run under the cap that was given."""
+    if dev.get("oom"):
+        return None
+    limit = dev.get("limit") or {}
+    source = _source_key(dev)
+    limit_bytes = int(limit.get("bytes") or 0)
+    peak = int((dev.get("summary") or {}).get("peak_reserved_bytes") or 0)
+    if source not in ("given", "sidecar", "oom_message") or limit_bytes <= 0 or not peak:
+        return None
+    room = limit_bytes - peak
+    if room > EDGE_OF_CAP_SHARE * limit_bytes:
+        return None
+    share_of_cap = peak / limit_bytes
+    cap_text = f"the cap of {size(limit_bytes)} ({SOURCE_SHORT.get(source, source)})"
+    if room < 0:
+        sentence = (
+            f"No OOM, yet reserved memory peaked at {size(peak)}, {size(-room)} above {cap_text}: "
+            "this run did not run under that cap."
+        )
+    else:
+        sentence = (
+            f"At the edge of the cap: no OOM, but reserved memory peaked at {size(peak)}, {share(share_of_cap)} of "
+            f"{cap_text}, {size(room)} to spare. A longer sequence, a larger batch or more fragmentation "
+            "can run out."
+        )
+    return {
+        "limit_bytes": limit_bytes,
+        "peak_reserved_bytes": peak,
+        "headroom_bytes": room,
+        "share": share_of_cap,
+        "source": source,
+        "sentence": sentence,
+    }
+
+
 def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
     """Everything above for one device: ``{basis, ranked, headroom}``."""
     return {"basis": basis(dev), "ranked": ranked_rows(dev), "headroom": headroom(dev)}
@@ -372,4 +450,6 @@ def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
         "change_id": change.get("id"),
         "change_title": change.get("title"),
         "change_line": change.get("line"),
+        # A run without an OOM that peaked within 5% of its cap (edge_of_cap): the sentence, else None.
+        "edge_of_cap": (dev.get("edge_of_cap") or {}).get("sentence"),
     }

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import advice as advice_mod
-from analysis import sizing
+from analysis import readout, sizing
 from analysis.allocator import floor_estimate, replay_check, trace_is_complete, whatif
 from analysis.categories import (
     ACTIVATIONS,
@@ -609,6 +609,7 @@ class _DeviceAnalysis:
             "leaks": self._leaks(live_by_moment["end"], lifetimes, steps),
             "diagnosis": diagnosis.to_json(),
         }
+        report["edge_of_cap"] = readout.edge_of_cap(report)  # issue 20: no OOM, but within 5% of a known cap
         # The advisor's input travels beside the report, typed, not inside it.
         self.advice_context: advice_mod.AdviceContext = self._advice_context(
             report, lifetimes, codes, peak_codes, live_by_moment["peak"], advice_whatifs, source_bytes, len(steps)

@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, help="the failing step's batch size (the report names the batch that fits)"
     )
     up.add_argument(
+        "--cap",
+        metavar="BYTES",
+        help="the memory the run was allowed (7GiB, 80GB or bytes), for a run without an OOM too: the report's limit, "
+        "and it says when the peak came within 5%% of it",
+    )
+    up.add_argument(
         "--oom-message-file",
         help="a file with torch's OOM message (default: the message in the dump's sidecar .json, where there is one)",
     )
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout,
             oom_message=oom_message,
             batch_size=args.batch_size,
+            cap=args.cap,
             meta=meta,
         )
     except UploadError as e:

@@ -37,7 +37,9 @@ HINTS = {
     "upload:no-project": "you may upload to several projects; choose one with --project",
     "upload:too-large": "the file is over the site's upload limit; gzip it, or record fewer events "
     "(torch.cuda.memory._record_memory_history(max_entries=...))",
-    "upload:invalid": "shorten the field named (--run, --tags or --note)",
+    "upload:invalid": "fix the field named: --run, --tags or --note too long, or --cap not a size (7GiB, 80GB, bytes)",
+    "upload:not-a-snapshot-json": "that JSON is no memory snapshot (a profiler trace?); upload the file "
+    "torch.cuda.memory._dump_snapshot() wrote",
 }
 # Codes by family: the reader's refusals of files that are not snapshots (analysis/errors.py).
 HINT_PREFIXES = {
@@ -211,13 +213,16 @@ def upload(
     idempotency_key: str | None = None,
     oom_message: str | None = None,
     batch_size: int | None = None,
+    cap: str | int | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Post one snapshot file; return the site's JSON (``id``, ``status``, ``url``, ``api_url``).
 
     ``tags`` may be a comma-separated string or a list of tags (sent joined by commas).
     ``oom_message`` (torch's OOM message: the report's real limit) and ``batch_size`` (the failing step's
-    batch: the report names the batch that fits) are sent when given.
+    batch: the report names the batch that fits) are sent when given, and ``cap``: the memory the run was
+    allowed, bytes or a size such as "7GiB" (the site reads it; a run without an OOM is then told how close
+    it came).
     ``meta`` is the job's metadata (``rank``, ``world_size``, ``local_rank``, ``commit``, ``branch``,
     ``host``, ``torch_version``, ``job_id``, and ``error``: what a rank died of when it was not an OOM),
     as ``oomscope_client.jobmeta.job_metadata()`` reads it; the uploads of one ``run`` with a
@@ -242,6 +247,8 @@ def upload(
         fields.append(("oom_message", oom_message))
     if batch_size is not None:
         fields.append(("batch_size", str(int(batch_size))))
+    if cap is not None and str(cap).strip():
+        fields.append(("cap", str(cap).strip()))
     for name in META_FIELDS:
         value = (meta or {}).get(name)
         if value is not None and value != "":
@@ -390,6 +397,8 @@ def verdict_lines(body: dict[str, Any]) -> list[str]:
         lines.append(f"change: {summary['change_line']}")
     elif "change_line" in summary:
         lines.append("change: none (no setting or rule found one the figures support)")
+    if summary.get("edge_of_cap"):
+        lines.append(str(summary["edge_of_cap"]))
     if summary.get("limit_text"):
         lines.append(
             f"limit: {summary['limit_text']} ({summary.get('limit_source_short') or summary.get('limit_source')})"

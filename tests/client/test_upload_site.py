@@ -83,9 +83,12 @@ def refused(site: Site, path: Path, token: str, **fields: Any) -> UploadError:
     return info.value
 
 
-def assert_refusal(error: UploadError, status: int, code: str, message: str) -> None:
+def assert_refusal(error: UploadError, status: int, code: str, message: str, choices: list[str] | None = None) -> None:
     assert (error.status, error.code) == (status, code), (error.status, error.code, str(error))
-    assert error.payload == {"error": {"code": code, "message": message}}
+    expected: dict[str, Any] = {"code": code, "message": message}
+    if choices is not None:  # a refusal about the project lists the ones that would do
+        expected["choices"] = choices
+    assert error.payload == {"error": expected}
     assert f"HTTP {status}: {code}: {message}" in str(error)
     if error.hint:
         assert str(error).endswith(f"({error.hint})")
@@ -136,20 +139,25 @@ def test_a_dead_token_is_401_auth_invalid_token(live_site: Site, people: dict[st
 
 def test_another_teams_project_is_404_unknown_project(live_site: Site, people: dict[str, Any]) -> None:
     error = refused(live_site, GPT_OOM, token_of(people["alice"]), project="beta")
-    assert_refusal(error, 404, "upload:unknown-project", "No project 'beta' that you can upload to.")
+    choices = "Projects you can upload to: alpha, gamma (send one as the field 'project', or --project SLUG)."
+    message = f"No project 'beta' that you can upload to. {choices}"
+    assert_refusal(error, 404, "upload:unknown-project", message, ["alpha", "gamma"])
     assert "check --project" in error.hint
 
 
 def test_no_project_with_several_is_400_no_project(live_site: Site, people: dict[str, Any]) -> None:
     error = refused(live_site, GPT_OOM, token_of(people["alice"]))  # alpha and gamma
-    assert_refusal(error, 400, "upload:no-project", "Choose a project to upload to.")
+    choices = "Projects you can upload to: alpha, gamma (send one as the field 'project', or --project SLUG)."
+    assert_refusal(error, 400, "upload:no-project", f"Choose a project to upload to. {choices}", ["alpha", "gamma"])
 
 
 def test_a_viewer_is_403_read_only(live_site: Site, people: dict[str, Any]) -> None:
     error = refused(live_site, GPT_OOM, token_of(people["vera"]), project="alpha")
-    assert_refusal(
-        error, 403, "upload:read-only", "You can read this project but not upload to it (your role is viewer)."
+    message = (
+        "You can read this project but not upload to it (your role is viewer). You can upload to no project: "
+        "ask a team's admin to make you a member, or create a team."
     )
+    assert_refusal(error, 403, "upload:read-only", message, [])
     assert "ask an admin of the team" in error.hint
 
 
@@ -239,7 +247,8 @@ def test_the_cli_reports_the_sites_code_and_exits_1(live_site: Site, people: dic
     argv = [sys.executable, "-m", "oomscope_client", "upload", str(GPT_OOM), "--url", live_site.url]
     refused_cli = subprocess.run([*argv, "--project", "beta"], capture_output=True, text=True, env=env, timeout=60)
     assert refused_cli.returncode == 1
-    assert "HTTP 404: upload:unknown-project: No project 'beta' that you can upload to." in refused_cli.stderr
+    assert "HTTP 404: upload:unknown-project: No project 'beta' that you can upload to. " in refused_cli.stderr
+    assert "Projects you can upload to: alpha, gamma" in refused_cli.stderr
     ok = subprocess.run([*argv, "--project", "alpha"], capture_output=True, text=True, env=env, timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["status"] == "queued"
@@ -252,3 +261,33 @@ def test_every_code_the_client_explains_is_one_the_site_answers() -> None:
     )
     for code in [*HINTS, *HINT_PREFIXES]:
         assert f'"{code}' in source, code
+
+
+def test_the_cli_gives_a_cap_for_a_run_without_an_oom_and_prints_the_edge(
+    live_site: Site, people: dict[str, Any]
+) -> None:
+    """`--cap 32GiB` on infer_varbatch (no OOM; its own reserved peak 31.44 GiB, truth file): the worker's report
+    takes the cap as its limit (source given) and `--wait` prints the edge-of-cap finding."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OOMSCOPE_")}
+    env.update({"PYTHONPATH": str(ROOT / "client"), "OOMSCOPE_TOKEN": token_of(people["alice"])})
+    infer = FIXTURES / "infer_varbatch.pickle.gz"
+    argv = [sys.executable, "-m", "oomscope_client", "upload", str(infer), "--url", live_site.url, "--project", "alpha"]
+    refused = subprocess.run([*argv, "--cap", "7XB"], capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == 1
+    assert "HTTP 400: upload:invalid: cap: '7XB' is no size" in refused.stderr
+    done = subprocess.run(
+        [*argv, "--cap", "32GiB", "--wait", "--wait-timeout", "240"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(
+        line.startswith(
+            "At the edge of the cap: no OOM, but reserved memory peaked at 31.44 GiB, 98% of the cap of 32.00 GiB"
+        )
+        for line in lines
+    ), lines
+    assert "limit: 32.00 GiB (cap given)" in lines

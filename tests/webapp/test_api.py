@@ -183,3 +183,111 @@ def test_a_batch_size_that_is_no_positive_count_is_refused(client: Any, alice_to
     assert response.json()["error"]["code"] == "upload:invalid"
     assert "batch_size" in response.json()["error"]["message"]
     assert not Upload.objects.exists()
+
+
+@pytest.fixture
+def gamma(alice: Any, bob: Any) -> Any:
+    """Bob's team ``team-c`` with project ``gamma``, where Alice is a member: Alice has two projects."""
+    from webapp.snapshots import services
+
+    team = services.team_create(name="Team C", slug="team-c", owner=bob)
+    services.membership_add(team=team, user=alice, role="member")
+    return services.project_create(team=team, name="Gamma", slug="gamma")
+
+
+def test_a_user_of_two_projects_is_told_both_when_no_project_is_named(
+    client: Any, alice: Any, alpha: Any, gamma: Any, beta: Any
+) -> None:
+    from webapp.snapshots import services
+
+    token = services.api_token_create(alice)  # no default project: the upload must name one
+    response = post_snapshot(client, token)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "upload:no-project"
+    assert error["choices"] == ["alpha", "gamma"]  # beta is Bob's alone: not a choice
+    assert error["message"].startswith("Choose a project to upload to. Projects you can upload to: alpha, gamma")
+    unknown = post_snapshot(client, token, project="beta").json()["error"]
+    assert unknown["code"] == "upload:unknown-project" and unknown["choices"] == ["alpha", "gamma"]
+    assert "No project 'beta'" in unknown["message"] and "alpha, gamma" in unknown["message"]
+    assert not Upload.objects.exists()
+
+
+def test_a_token_limited_to_one_project_lists_that_project_only(
+    client: Any, alice: Any, alpha: Any, gamma: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    from webapp.snapshots import services
+
+    token = services.api_token_create(alice, project=gamma)
+    refused = post_snapshot(client, token, project="alpha")  # Alice's own project, out of this token's reach
+    assert refused.status_code == 404
+    error = refused.json()["error"]
+    assert error["code"] == "upload:unknown-project" and error["choices"] == ["gamma"]
+    assert "Projects you can upload to: gamma " in error["message"]
+    assert not Upload.objects.exists()
+    # Named nowhere, the upload goes to the token's one project rather than asking which.
+    with django_capture_on_commit_callbacks():
+        accepted = post_snapshot(client, token)
+    assert accepted.status_code == 202, accepted.content
+    assert Upload.objects.get(code=accepted.json()["id"]).project == gamma
+
+
+def test_a_viewer_is_told_there_is_no_project_to_upload_to(client: Any, bob: Any, alpha: Any) -> None:
+    from webapp.snapshots import services
+
+    services.membership_add(team=alpha.team, user=bob, role="viewer")
+    response = post_snapshot(client, services.api_token_create(bob), project="alpha")
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "upload:read-only" and error["choices"] == []
+    assert "You can upload to no project" in error["message"]
+
+
+def test_a_cap_given_for_a_run_without_an_oom_is_its_limit_and_the_page_says_it_was_at_the_edge(
+    client: Any, alice: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    # infer_varbatch never ran out: its own reserved peak (truth file) is 31.44 GiB; a 32 GiB cap is 1.7% above.
+    peak = json.loads((FIXTURES / "infer_varbatch.truth.json").read_text())["memory_stats"]["reserved_bytes.all.peak"]
+    with django_capture_on_commit_callbacks():
+        response = post_snapshot(client, alice_token, FIXTURES / "infer_varbatch.pickle.gz", cap="32GiB")
+    assert response.status_code == 202, response.content
+    upload = Upload.objects.get(code=response.json()["id"])
+    assert upload.cap_bytes == 32 * 2**30
+    analyse_upload(upload.id)  # the worker's path: runner -> child -> build_report(limit=...)
+    device = client.get(f"/api/v1/snapshots/{upload.code}/report", **bearer(alice_token)).json()["devices"][0]
+    assert device["oom"] is None
+    assert device["limit"]["source"] == "given" and device["limit"]["bytes"] == 32 * 2**30
+    edge = device["edge_of_cap"]
+    assert edge["peak_reserved_bytes"] == peak and edge["headroom_bytes"] == 32 * 2**30 - peak
+    client.force_login(alice)
+    page = client.get(f"/s/{upload.code}/").content.decode()
+    assert 'class="edge-of-cap notice"' in page
+    assert "At the edge of the cap: no OOM, but reserved memory peaked at 31.44 GiB, 98% of the cap of 32.00 GiB" in (
+        page
+    )
+    # Analysed again (with an OOM message, from the page), the new upload keeps the cap it was given.
+    from webapp.snapshots import services
+
+    with django_capture_on_commit_callbacks():
+        again = services.upload_reanalyse(upload, alice, oom_message=TRUTH["oom_message"])
+    assert again.pk != upload.pk and again.cap_bytes == 32 * 2**30
+
+
+@pytest.mark.parametrize("value", ["7XB", "0", "-1GiB", "2PiB", "2000TiB"])
+def test_a_cap_that_is_no_size_is_refused(client: Any, alice_token: str, value: str) -> None:
+    response = post_snapshot(client, alice_token, cap=value)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "upload:invalid" and error["message"].startswith("cap: ")
+    assert not Upload.objects.exists()
+
+
+def test_the_upload_page_takes_a_cap_too(alice_client: Any, django_capture_on_commit_callbacks: Any) -> None:
+    with open(FIXTURES / "infer_varbatch.pickle.gz", "rb") as fh, django_capture_on_commit_callbacks():
+        response = alice_client.post(
+            "/upload/", {"file": fh, "project": "alpha", "cap": "7.5 GiB"}, headers={"Accept": "application/json"}
+        )
+    assert response.status_code in (200, 202), response.content
+    assert Upload.objects.get().cap_bytes == 15 * 2**29
+    page = alice_client.get("/upload/").content.decode()
+    assert 'name="cap"' in page and "Memory cap" in page

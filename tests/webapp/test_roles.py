@@ -99,7 +99,9 @@ def test_only_a_viewer_is_refused_an_upload(
             assert response.status_code == 403, response.content
             assert response.json()["error"] == {
                 "code": "upload:read-only",
-                "message": "You can read this project but not upload to it (your role is viewer).",
+                "message": "You can read this project but not upload to it (your role is viewer). "
+                "You can upload to no project: ask a team's admin to make you a member, or create a team.",
+                "choices": [],  # the viewer may upload nowhere
             }
         assert Upload.objects.count() == before and not published
     else:

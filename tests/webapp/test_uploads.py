@@ -107,6 +107,7 @@ def test_upload_page_context(alice_client: Any, settings: Any) -> None:
         "note",
         "oom_message",
         "batch_size",
+        "cap",  # the memory the run was allowed (issue 20)
         # the job (issue 19; forms.JOB_FIELDS)
         "rank",
         "world_size",

@@ -36,8 +36,26 @@ View = Callable[..., HttpResponse]
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+def _error(status: int, code: str, message: str, *, choices: list[str] | None = None) -> JsonResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if choices is not None:
+        body["choices"] = choices
+    return JsonResponse({"error": body}, status=status)
+
+
+def _uploadable_slugs(request: HttpRequest) -> list[str]:
+    """The slugs of the projects this caller may upload to: the user's member-or-above projects,
+    narrowed to the token's one project when the token is limited to one."""
+    token = getattr(request, "api_token", None)
+    rows = services.writable_projects(request.user).order_by("slug")
+    return [p.slug for p in rows if services.token_allows(token, p)]
+
+
+def _project_refusal(request: HttpRequest, status: int, code: str, message: str) -> JsonResponse:
+    """A refusal about which project to upload to, answered with the projects that would do: a
+    ``choices`` list in the body and the same slugs in the sentence, so a person or a client can retry."""
+    slugs = _uploadable_slugs(request)
+    return _error(status, code, f"{message} {messages.upload_choices(slugs)}", choices=slugs)
 
 
 def _intake_error(err: IntakeError) -> JsonResponse:
@@ -194,14 +212,19 @@ def snapshots(request: HttpRequest) -> HttpResponse:
     elif token is not None and token.default_project_id:
         project = _project_or_none(request, token.default_project.slug)
     else:
-        candidates = list(services.visible_projects(request.user)[:2])
+        # A token limited to one project uploads there; otherwise the user's only project, if one.
+        reachable = services.visible_projects(request.user)
+        if token is not None and token.project_id is not None:
+            reachable = reachable.filter(pk=token.project_id)
+        candidates = list(reachable[:2])
         project = candidates[0] if len(candidates) == 1 else None
         if project is None:
-            return _error(400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
+            return _project_refusal(request, 400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
     if project is None:
-        return _error(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
+        message = messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug)
+        return _project_refusal(request, 404, "upload:unknown-project", message)
     if not services.can(request.user, project.team, "write"):
-        return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
+        return _project_refusal(request, 403, "upload:read-only", messages.UPLOAD_READ_ONLY)
     try:
         if fmt == runarchive.ARCHIVE:  # a run's ranks in one tar or zip: one upload per rank, one run
             run = runarchive.create_run(

@@ -74,6 +74,7 @@ def analyse(path: Path, filename: str | None) -> dict[str, Any]:
     message_file = os.environ.get("OOMSCOPE_OOM_MESSAGE_FILE")  # set by runner.py from Upload.oom_message
     oom_message = Path(message_file).read_text(encoding="utf-8") if message_file else None
     batch_size = int(os.environ.get("OOMSCOPE_BATCH_SIZE") or 0) or None  # set by runner.py from Upload.batch_size
+    cap_bytes = int(os.environ.get("OOMSCOPE_CAP_BYTES") or 0) or None  # set by runner.py from Upload.cap_bytes
     explore_dir = os.environ.get("OOMSCOPE_EXPLORE_DIR")  # set by runner.py: the digging endpoints' stores go there
     report: dict[str, Any] = build_report(
         path,
@@ -82,6 +83,7 @@ def analyse(path: Path, filename: str | None) -> dict[str, Any]:
         jobs=jobs,
         oom_message=oom_message,
         batch_size=batch_size,
+        limit=cap_bytes,
         explore=_store_writer(Path(explore_dir)) if explore_dir else None,
     )
     return report

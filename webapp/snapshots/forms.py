@@ -38,6 +38,8 @@ NOTE_MAX_CHARS = 5000
 PROJECT_MAX_CHARS = 60
 OOM_MESSAGE_MAX_CHARS = 65536
 BATCH_SIZE_MAX = 1_000_000_000
+CAP_MAX_CHARS = 40
+CAP_MAX_BYTES = 1 << 50  # 1 PiB: more than any GPU, so a typo in the unit is refused, not analysed
 RANK_MAX = 1_000_000
 # The job's metadata fields (runs.RUN_META_KEYS plus the rank), in the order the page shows them.
 JOB_FIELDS = ("rank", "world_size", "local_rank", "commit", "branch", "host", "torch_version", "job_id", "error")
@@ -62,6 +64,12 @@ class UploadFieldsForm(forms.Form):
         min_value=1,
         max_value=BATCH_SIZE_MAX,
         help_text="Optional: the failing step's batch size, so the advice names the batch that fits.",
+    )
+    cap = forms.CharField(
+        required=False,
+        max_length=CAP_MAX_CHARS,
+        help_text="Optional: the memory the run was allowed (7GiB, 80GB or bytes), for a run without an OOM too; "
+        "the report is then told how close it came.",
     )
 
     # The job's metadata (issue 19; the client fills these from torchrun's/Slurm's environment and git).
@@ -109,10 +117,25 @@ class UploadFieldsForm(forms.Form):
     def clean_oom_message(self) -> str:
         return clean_oom_message(self.cleaned_data.get("oom_message") or "")
 
+    def clean_cap(self) -> int | None:
+        from analysis.readout import parse_size
+
+        text = (self.cleaned_data.get("cap") or "").strip()
+        if not text:
+            return None
+        try:
+            value = parse_size(text)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None
+        if value > CAP_MAX_BYTES:
+            raise forms.ValidationError(f"{text!r} is more memory than any GPU has (at most 1 PiB)", code="max_value")
+        return value
+
     def upload_fields(self) -> dict[str, Any]:
         """The cleaned fields as ``services.upload_create`` takes them (page and API alike)."""
         data = self.cleaned_data
-        return {name: data[name] for name in ("run", "tags", "note", "oom_message", "batch_size")}
+        fields = {name: data[name] for name in ("run", "tags", "note", "oom_message", "batch_size")}
+        return fields | {"cap_bytes": data.get("cap")}
 
 
 def clean_oom_message(text: str) -> str:
@@ -147,7 +170,7 @@ class UploadForm(UploadFieldsForm):
         ),
     )
     project = forms.ChoiceField(choices=())
-    field_order = ["file", "project", "run", "tags", "note", "oom_message", "batch_size"]
+    field_order = ["file", "project", "run", "tags", "note", "oom_message", "batch_size", "cap"]
 
     def __init__(self, *args: Any, project_choices: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

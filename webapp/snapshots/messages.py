@@ -21,6 +21,8 @@ BY_CODE = {
     "torch.cuda.memory._dump_snapshot().",
     "snapshot:format:not-a-snapshot": "This is not a snapshot file. Upload the pickle written by "
     "torch.cuda.memory._dump_snapshot() (raw, gzipped, torch.save'd or JSON).",
+    "upload:not-a-snapshot-json": "This JSON is not a memory snapshot. Upload the file written by "
+    "torch.cuda.memory._dump_snapshot(), or its JSON form (an object with 'segments' and 'device_traces').",
     "snapshot:schema:inconsistent-trace": "This snapshot's trace contradicts itself (entries are missing or were "
     "changed), so it cannot be replayed. Dump a fresh one with torch.cuda.memory._dump_snapshot().",
     "snapshot:limit:memory": "Analysing this file needed more memory than one analysis may use.",
@@ -51,6 +53,15 @@ UPLOAD_LENGTH_REQUIRED = "Send the upload with a Content-Length header (chunked 
 UPLOAD_MISSING_FILE = "No file was sent. Attach the snapshot as the multipart field 'file'."
 UPLOAD_UNKNOWN_PROJECT = "No project '{slug}' that you can upload to."
 UPLOAD_NO_PROJECT = "Choose a project to upload to."
+UPLOAD_CHOICES = "Projects you can upload to: {slugs} (send one as the field 'project', or --project SLUG)."
+UPLOAD_NO_CHOICES = "You can upload to no project: ask a team's admin to make you a member, or create a team."
+
+
+def upload_choices(slugs: list[str]) -> str:
+    """The sentence listing the projects a refused upload could go to instead."""
+    return UPLOAD_CHOICES.format(slugs=", ".join(slugs)) if slugs else UPLOAD_NO_CHOICES
+
+
 UPLOAD_INVALID_FIELD = "{field}: {detail}"
 AUTH_REQUIRED = "Authentication required: send 'Authorization: Bearer <token>'."
 BAD_API_KEY = (

@@ -79,6 +79,9 @@ class Upload(models.Model):
     note = models.TextField(blank=True)
     oom_message = models.TextField(blank=True)  # torch's OOM message as pasted/sent: the real limit
     batch_size = models.PositiveIntegerField(null=True, blank=True)  # the failing step's batch (batch-fit advice)
+    # The memory cap the run ran under, as the user gave it (issue 20): the report's limit, source "given",
+    # for a run without an OOM too (its "at the edge of the cap" finding needs one).
+    cap_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     # Many ranks as one run (issue 19): the Run this upload belongs to (by ``run`` name in its
     # project), its rank there, and what the client or the form said of the job (RUN_META_KEYS).
     run_ref = models.ForeignKey("Run", on_delete=models.CASCADE, null=True, blank=True, related_name="uploads")

@@ -136,6 +136,7 @@ def run_analysis(
     on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
     oom_message: str = "",
     batch_size: int | None = None,
+    cap_bytes: int | None = None,
     explore_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Report dict for the snapshot at ``path``; ``ChildRefused`` for a refused file."""
@@ -146,6 +147,7 @@ def run_analysis(
         on_progress=on_progress,
         oom_message=oom_message,
         batch_size=batch_size,
+        cap_bytes=cap_bytes,
         explore_dir=explore_dir,
     ).report
 
@@ -158,6 +160,7 @@ def run_child(
     on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
     oom_message: str = "",
     batch_size: int | None = None,
+    cap_bytes: int | None = None,
     explore_dir: Path | None = None,
     charts: bool = False,
 ) -> Analysis:
@@ -184,6 +187,8 @@ def run_child(
             env["OOMSCOPE_OOM_MESSAGE_FILE"] = str(message_path)
         if batch_size:
             env["OOMSCOPE_BATCH_SIZE"] = str(int(batch_size))
+        if cap_bytes:
+            env["OOMSCOPE_CAP_BYTES"] = str(int(cap_bytes))
         if explore_dir is not None:
             env["OOMSCOPE_EXPLORE_DIR"] = str(explore_dir)
         charts_path = Path(tmp) / "charts.json"

@@ -344,6 +344,7 @@ def upload_create(
     oom_message: str = "",
     idempotency_key: str = "",
     batch_size: int | None = None,
+    cap_bytes: int | None = None,
     run_meta: dict[str, Any] | None = None,
 ) -> Upload:
     """Store the bytes, create the row and queue the analysis once the row is committed.
@@ -375,6 +376,7 @@ def upload_create(
                 note=note,
                 oom_message=oom_message,
                 batch_size=batch_size,
+                cap_bytes=cap_bytes,
                 idempotency_key=idempotency_key if user is not None else "",
                 queued_at=timezone.now(),
             )
@@ -410,6 +412,7 @@ def upload_reanalyse(upload: Upload, user: User, *, oom_message: str) -> Upload:
             note=upload.note,
             oom_message=oom_message,
             batch_size=upload.batch_size,
+            cap_bytes=upload.cap_bytes,
             queued_at=timezone.now(),
         )
         transaction.on_commit(lambda: _publish(again))

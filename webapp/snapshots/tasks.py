@@ -164,6 +164,7 @@ def _analyse(upload: Any) -> None:
                 on_progress=on_progress,
                 oom_message=upload.oom_message,
                 batch_size=upload.batch_size,
+                cap_bytes=upload.cap_bytes,
                 explore_dir=Path(stores),
                 charts=True,
             )

@@ -14,6 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
 
+from webapp.snapshots.jsonsniff import foreign_json
+
 # Multipart framing and the small text fields around the file.
 MULTIPART_OVERHEAD = 64 * 1024
 SNIFF_BYTES = 4096
@@ -100,14 +102,32 @@ def _own_sniff(head: bytes) -> str:
             raise Refusal("snapshot:format:not-a-snapshot", "corrupt gzip stream") from exc
         if inner[:1] not in (b"\x80", b"") and inner.lstrip()[:1] not in (b"{", b"["):
             raise Refusal("snapshot:format:not-a-snapshot", "the gzip holds neither a pickle nor JSON")
+        if inner[:1] != b"\x80":
+            _refuse_foreign_json(_gunzipped_head(head))
         return "pickle.gz"
     if head[:1] == b"\x80":
         return "pickle"
     if head[:4] == b"PK\x03\x04":
         return "torch-zip"
     if stripped[:1] in (b"{", b"["):
+        _refuse_foreign_json(head)
         return "json"
     raise Refusal("snapshot:format:not-a-snapshot")
+
+
+def _gunzipped_head(head: bytes) -> bytes:
+    """As much of a gzip's inside as its first bytes give (a truncated stream is expected here)."""
+    try:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 4 * SNIFF_BYTES)
+    except zlib.error:
+        return b""
+
+
+def _refuse_foreign_json(head: bytes) -> None:
+    """JSON that cannot be a memory snapshot is refused here, not stored, queued and failed later."""
+    reason = foreign_json(head)
+    if reason is not None:
+        raise Refusal("upload:not-a-snapshot-json", reason)
 
 
 READER_FORMATS = {"pickle": "pickle", "gzip": "pickle.gz", "zip": "torch-zip", "json": "json"}
