@@ -106,6 +106,7 @@ TEAM_NAME_REQUIRED = "A team needs a name."
 PROJECT_NAME_REQUIRED = "A project needs a name."
 TEAM_BAD_ROLE = "Unknown role {role!r}: choose viewer, member or admin."
 TEAM_NO_SUCH_USER = "No user {who!r}: give the username or email of someone who has signed up."
+TEAM_NO_SUCH_INVITATION = "That invitation is not there any more (answered, or withdrawn)."
 TEAM_OWNER_FIXED = "The team's owner keeps their role and cannot be removed."
 TOKEN_PROJECT_UNKNOWN = "No project {slug!r} among yours."  # noqa: S105 - a message, not a secret
 UPLOAD_READ_ONLY = "You can read this project but not upload to it (your role is viewer)."

@@ -45,6 +45,23 @@ class Membership(models.Model):
         return f"{self.user} in {self.team}"
 
 
+class Invitation(models.Model):
+    """A pending offer of a team role to one user. Adding someone to a team takes their consent:
+    until the invitee accepts, they are no member and see none of the team's projects (issue 22)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations_sent")
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="invitation_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} invited to {self.team}"
+
+
 class Project(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="projects")
     name = models.CharField(max_length=100)
