@@ -24,6 +24,7 @@ from webapp.snapshots.intake import (
     IntakeError,
     check_declared_size,
     check_disk,
+    check_queued_cost,
     check_quota,
     check_replay_rate,
     disk_full,
@@ -203,6 +204,7 @@ def snapshots(request: HttpRequest) -> HttpResponse:
     if not services.can(request.user, project.team, "write"):
         return _error(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
     check_quota(project, uploaded.size or 0)
+    check_queued_cost(project, uploaded)
     try:
         upload = services.upload_create(
             user=request.user,  # type: ignore[arg-type]

@@ -53,6 +53,14 @@ SHARE_CREATED = "Share link created. Anyone with the link can read this report."
 SHARE_REVOKED = "Share link revoked."
 # Quotas, rate limits, input limits, broker outages (issue 11).
 RATE_LIMITED = "Too many {what}: at most {count} per {seconds} s. Try again in {wait} s."
+ANALYSIS_TOO_COSTLY = (
+    "This file would take {cost} to analyse (its size, or the uncompressed size it declares), more than "
+    "a team may have queued ({limit}, ANALYSIS_MAX_QUEUED_COST_PER_TEAM)."
+)
+ANALYSIS_QUEUE_FULL = (
+    "Your team's queued analyses already cost {queued} of {limit}, and this file would add {cost}. "
+    "Try again when some of them have finished."
+)
 QUOTA_EXCEEDED = (
     "Your team's storage quota is full: {used} of {quota} used, and this file is {size}. "
     "Delete old snapshots to make room."

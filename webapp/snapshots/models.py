@@ -87,6 +87,8 @@ class Upload(models.Model):
     bytes = models.BigIntegerField()
     # What its analysis added to the disk (report and charts JSON, explore stores); the quota counts it.
     stored_bytes = models.BigIntegerField(default=0)
+    # Bytes its analysis parses, estimated at intake (cost.estimate_cost): what the team's queue holds.
+    estimated_cost = models.BigIntegerField(default=0)
     sha256 = models.CharField(max_length=64)
     # storage key: sha256/<aa>/<hash>; empty once the file was purged (failed upload past retention)
     blob_name = models.CharField(max_length=200, blank=True)

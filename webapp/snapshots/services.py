@@ -414,6 +414,9 @@ def upload_create(
     existing = upload_by_idempotency_key(user, idempotency_key)
     if existing is not None:
         return _replay(existing, sha256)
+    from webapp.snapshots.cost import estimate_cost
+
+    cost = estimate_cost(uploaded)
     blob = _store_blob(uploaded, sha256)
     try:
         with transaction.atomic():
@@ -423,6 +426,7 @@ def upload_create(
                 uploaded_by=user,
                 filename=(uploaded.name or "snapshot")[:255],
                 bytes=uploaded.size or 0,
+                estimated_cost=cost.cost_bytes,
                 sha256=sha256,
                 blob_name=blob,
                 format=fmt,
@@ -458,6 +462,7 @@ def upload_reanalyse(upload: Upload, user: User, *, oom_message: str) -> Upload:
             uploaded_by=user,
             filename=upload.filename,
             bytes=upload.bytes,
+            estimated_cost=upload.estimated_cost,
             sha256=upload.sha256,
             blob_name=upload.blob_name,
             format=upload.format,

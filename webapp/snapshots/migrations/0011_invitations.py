@@ -1,4 +1,5 @@
-# Issue 22: adding a member to a team is an invitation the invitee accepts or declines.
+# Issue 22: adding a member to a team is an invitation the invitee accepts or declines; an
+# upload's estimated analysis cost, counted against its team's queue.
 
 import django.db.models.deletion
 from django.conf import settings
@@ -12,6 +13,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name="upload",
+            name="estimated_cost",
+            field=models.BigIntegerField(default=0),
+        ),
         migrations.CreateModel(
             name="Invitation",
             fields=[
