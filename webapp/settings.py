@@ -257,6 +257,10 @@ ANALYSIS_MAX_ATTEMPTS = env_int("ANALYSIS_MAX_ATTEMPTS", 3)
 ANALYSIS_TEAM_CONCURRENCY = env_int("ANALYSIS_TEAM_CONCURRENCY", 1)
 ANALYSIS_MAX_DEFERRALS = env_int("ANALYSIS_MAX_DEFERRALS", 600)
 ANALYSIS_DEFER_SECONDS = float(os.environ.get("ANALYSIS_DEFER_SECONDS", "0.5"))
+# The estimated analysis cost (bytes to parse: the file, or the uncompressed size a gzip/zip
+# declares; webapp/snapshots/cost.py) a team may have queued and running at once. 16 GiB: two
+# analyses at the reader's 8 GiB decompression cap; one upload over it alone is refused.
+ANALYSIS_MAX_QUEUED_COST_PER_TEAM = env_int("ANALYSIS_MAX_QUEUED_COST_PER_TEAM", 16 * 1024**3)
 # Processes per analysis for its policy replays: 1 keeps one analysis to one CPU, as the
 # worker's concurrency already spreads uploads over the CPUs; each process gets the rlimits.
 ANALYSIS_JOBS = env_int("ANALYSIS_JOBS", 1)

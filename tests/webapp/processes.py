@@ -7,6 +7,7 @@ client uploads to a running site). Both run on the test database and the test Re
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -85,12 +86,24 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def start_gunicorn(env: dict[str, str], log_path: Path, workers: int = 2) -> tuple[subprocess.Popen[bytes], str]:
-    """gunicorn on a loopback port of its own, as ``make run`` starts it; returns (process, base URL).
+def make_run_web_options() -> dict[str, str]:
+    """The gunicorn options ``make run`` gives the web (``scripts/run.sh``), with each
+    ``${VAR:-default}`` at its default: the tests serve the way the site does."""
+    line = next(x for x in (ROOT / "scripts" / "run.sh").read_text().splitlines() if "-m gunicorn" in x)
+    found = re.findall(r"--(worker-class|workers|threads|timeout|keep-alive) (?:\$\{\w+:-)?([\w.]+)\}?", line)
+    return dict(found)
+
+
+def start_gunicorn(
+    env: dict[str, str], log_path: Path, workers: int = 2, threads: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """gunicorn on a loopback port of its own, as ``make run`` starts it (its worker class,
+    threads and keep-alive; ``threads`` overrides the count); returns (process, base URL).
 
     The listening socket is made here and handed over by file descriptor, so no other process
     can take the port between choosing and binding it.
     """
+    options = make_run_web_options()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -106,11 +119,17 @@ def start_gunicorn(env: dict[str, str], log_path: Path, workers: int = 2) -> tup
         f"fd://{fd}",
         "--workers",
         str(workers),
+        "--worker-class",
+        options["worker-class"],
+        "--threads",
+        str(threads if threads is not None else options["threads"]),
         "--timeout",
         "120",
         "--access-logfile",
         "-",
     ]
+    if "keep-alive" in options:
+        argv += ["--keep-alive", options["keep-alive"]]
     proc = start_logged(argv, env, log_path, pass_fds=(fd,))
     sock.close()  # gunicorn holds its own copy
     wait_for_log(proc, b"Booting worker", "gunicorn")

@@ -507,6 +507,8 @@ def test_ranked_table_and_batch_advice(
 def test_invite_roles_and_project_tokens_in_the_browser(
     browser: Any, transactional_db: Any, alice: Any, alpha: Any, bob: Any, live_server: Any, client: Any
 ) -> None:
+    from django.test import Client
+
     from webapp.snapshots.models import Membership, Project
 
     bob.email = "bob@example.com"
@@ -523,7 +525,21 @@ def test_invite_roles_and_project_tokens_in_the_browser(
         page.get_by_label("Role").select_option("viewer")
         page.get_by_role("button", name="Invite").click()
         page.wait_for_load_state()
+        # An invitation, not a membership: bob joins when he accepts (issue 22).
+        assert page.locator('tr[data-invited="bob"]').inner_text().split("\t")[:3] == ["bob", "viewer", "alice"]
+        assert not Membership.objects.filter(team=alpha.team, user=bob).exists()
+        invitee = Visit(browser, live_server.url + "/teams/", _session_cookie(Client(), bob, live_server), charts=False)
+        try:
+            row = invitee.page.locator("tr[data-invitation]")
+            assert alpha.team.slug in row.inner_text() and "alice" in row.inner_text()
+            row.get_by_role("button", name="Accept").click()
+            invitee.page.wait_for_load_state()
+            assert invitee.errors() == [] and invitee.csp_violations() == []
+        finally:
+            invitee.close()
+        page.reload()
         assert page.locator('tr[data-user="bob"] td.role').inner_text() == "viewer"
+        assert page.locator('tr[data-invited="bob"]').count() == 0
         assert Membership.objects.get(team=alpha.team, user=bob).role == "viewer"
         # Promote to admin through the same form.
         page.get_by_label("Username or email").fill("bob")

@@ -10,13 +10,23 @@ import pytest
 from django.test import Client
 
 from tests.webapp.helpers import GPT_OOM, bearer, make_upload
-from webapp.snapshots.models import Membership, Project, Upload
+from webapp.snapshots.models import Invitation, Membership, Project, Upload
 
 pytestmark = pytest.mark.django_db
 
 
 def role(team: Any, user: Any) -> str | None:
     return Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+
+
+def invited_and_accepted(admin: Client, team: Any, invitee: Any, who: str, role: str) -> None:
+    """An admin invites; the invitee accepts on their Teams page (nobody joins without consent)."""
+    admin.post(f"/t/{team.slug}/", {"action": "invite", "who": who, "role": role})
+    invitation = Invitation.objects.get(team=team, user=invitee)
+    own = Client()
+    own.force_login(invitee)
+    accepted = own.post("/teams/", {"action": "accept", "invitation": invitation.pk})
+    assert accepted.status_code == 302 and accepted["Location"] == f"/t/{team.slug}/"
 
 
 def upload_via_api(client: Any, token: str, **fields: Any) -> Any:
@@ -35,7 +45,7 @@ def test_admin_creates_a_project_and_invites_with_roles(alice_client: Any, alice
     bob.email = "bob@example.com"
     bob.save()
     # By email, as a viewer.
-    alice_client.post(f"/t/{team.slug}/", {"action": "invite", "who": "BOB@example.com", "role": "viewer"})
+    invited_and_accepted(alice_client, team, bob, "BOB@example.com", "viewer")
     assert role(team, bob) == "viewer"
     viewer = Client()
     viewer.force_login(bob)
@@ -56,12 +66,13 @@ def test_admin_creates_a_project_and_invites_with_roles(alice_client: Any, alice
     # A member cannot invite or remove others.
     carol = type(bob).objects.create_user("carol")
     viewer.post(f"/t/{team.slug}/", {"action": "invite", "who": "carol", "role": "admin"})
-    assert role(team, carol) is None
+    assert role(team, carol) is None and not Invitation.objects.filter(user=carol).exists()
     # Unknown people are refused with a reason; nothing changes.
     refused = alice_client.post(f"/t/{team.slug}/", {"action": "invite", "who": "nobody@x.org"}, follow=True)
     assert "No user &#x27;nobody@x.org&#x27;" in refused.content.decode()
     bad_role = alice_client.post(f"/t/{team.slug}/", {"action": "invite", "who": "carol", "role": "owner"}, follow=True)
     assert "Unknown role" in bad_role.content.decode() and role(team, carol) is None
+    assert not Invitation.objects.filter(user=carol).exists()
 
     # The owner cannot be removed; bob can.
     alice_client.post(f"/t/{team.slug}/", {"action": "remove", "username": "alice"})
@@ -74,7 +85,7 @@ def test_admin_creates_a_project_and_invites_with_roles(alice_client: Any, alice
 def test_viewer_token_cannot_upload(client: Any, alice_client: Any, alpha: Any, bob: Any) -> None:
     from webapp.snapshots import services
 
-    alice_client.post(f"/t/{alpha.team.slug}/", {"action": "invite", "who": "bob", "role": "viewer"})
+    invited_and_accepted(alice_client, alpha.team, bob, "bob", "viewer")
     token = services.api_token_create(bob)
     refused = upload_via_api(client, token, project=alpha.slug)
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "upload:read-only"
@@ -133,8 +144,83 @@ def token_rows(html: str) -> list[tuple[str, str]]:
 def test_removing_a_member_revokes_their_tokens_for_that_team(alice_client: Any, alpha: Any, bob: Any) -> None:
     from webapp.snapshots import services
 
-    alice_client.post(f"/t/{alpha.team.slug}/", {"action": "invite", "who": "bob", "role": "member"})
+    invited_and_accepted(alice_client, alpha.team, bob, "bob", "member")
     token = services.api_token_create(bob, project=alpha)
     assert Client().get("/api/v1/projects", **bearer(token)).status_code == 200
     alice_client.post(f"/t/{alpha.team.slug}/", {"action": "remove", "username": "bob"})
     assert Client().get("/api/v1/projects", **bearer(token)).status_code == 401
+
+
+def test_an_invitee_is_no_member_until_they_accept(alice_client: Any, alice: Any, alpha: Any, bob: Any) -> None:
+    """Issue 22: an admin added anyone to a team without their consent. Now an invitation waits;
+    until bob accepts he reads none of the team's projects; declining leaves him out."""
+    done = make_upload(alpha, alice)
+    invited = alice_client.post(
+        f"/t/{alpha.team.slug}/", {"action": "invite", "who": "bob", "role": "member"}, follow=True
+    )
+    assert "bob is invited as member" in invited.content.decode()
+    assert role(alpha.team, bob) is None
+    # The team's admins see the pending invitation.
+    assert re.search(r'<tr data-invited="bob"><td>bob</td><td>member</td><td>alice</td>', invited.content.decode())
+    bob_client = Client()
+    bob_client.force_login(bob)
+    assert bob_client.get(f"/p/{alpha.slug}/").status_code == 404
+    assert bob_client.get(f"/s/{done.code}/").status_code == 404
+    assert bob_client.get(f"/t/{alpha.team.slug}/").status_code == 404
+    assert [slug for slug, _ in bob_client.get("/upload/").context["form"].fields["project"].choices] == []
+    from webapp.snapshots import services
+
+    token = services.api_token_create(bob)
+    assert Client().get("/api/v1/projects", **bearer(token)).json()["projects"] == []
+
+    # Declined: gone, still no access, and the admin may invite again.
+    invitation = Invitation.objects.get(team=alpha.team, user=bob)
+    bob_client.post("/teams/", {"action": "decline", "invitation": invitation.pk})
+    assert not Invitation.objects.exists() and role(alpha.team, bob) is None
+    assert bob_client.get(f"/p/{alpha.slug}/").status_code == 404
+
+    # Invited again and accepted: a member with the invited role, who reads the report.
+    invited_and_accepted(alice_client, alpha.team, bob, "bob", "viewer")
+    assert role(alpha.team, bob) == "viewer" and not Invitation.objects.exists()
+    assert bob_client.get(f"/s/{done.code}/").status_code == 200
+
+
+def test_only_the_invitee_answers_an_invitation(alice_client: Any, alpha: Any, bob: Any) -> None:
+    alice_client.post(f"/t/{alpha.team.slug}/", {"action": "invite", "who": "bob", "role": "admin"})
+    invitation = Invitation.objects.get(team=alpha.team, user=bob)
+    mallory = type(bob).objects.create_user("mallory")
+    other = Client()
+    other.force_login(mallory)
+    refused = other.post("/teams/", {"action": "accept", "invitation": invitation.pk}, follow=True)
+    assert "That invitation is not there any more" in refused.content.decode()
+    assert role(alpha.team, mallory) is None and role(alpha.team, bob) is None
+    assert Invitation.objects.filter(pk=invitation.pk).exists()
+    # Nor does the inviter accept on bob's behalf.
+    alice_client.post("/teams/", {"action": "accept", "invitation": invitation.pk})
+    assert role(alpha.team, bob) is None
+    # An admin withdraws it; bob's accept then does nothing.
+    alice_client.post(f"/t/{alpha.team.slug}/", {"action": "cancel_invitation", "username": "bob"})
+    bob_client = Client()
+    bob_client.force_login(bob)
+    bob_client.post("/teams/", {"action": "accept", "invitation": invitation.pk})
+    assert role(alpha.team, bob) is None
+
+
+def test_a_look_alike_team_shows_its_address_and_inviter(alice_client: Any, alpha: Any, bob: Any) -> None:
+    """Issue 22: an invitation under a look-alike name. bob's Teams page shows, beside each
+    invited team's name, its unique slug and who invited him, so two 'Alpha' teams differ."""
+    mallory = type(bob).objects.create_user("mallory")
+    mallory_client = Client()
+    mallory_client.force_login(mallory)
+    mallory_client.post("/teams/", {"name": alpha.team.name})
+    fake = Membership.objects.get(user=mallory, role="owner").team
+    assert fake.name == alpha.team.name and fake.slug != alpha.team.slug
+    alice_client.post(f"/t/{alpha.team.slug}/", {"action": "invite", "who": "bob", "role": "member"})
+    mallory_client.post(f"/t/{fake.slug}/", {"action": "invite", "who": "bob", "role": "member"})
+    bob_client = Client()
+    bob_client.force_login(bob)
+    html = bob_client.get("/teams/").content.decode()
+    rows = re.findall(
+        r'<tr data-invitation="\d+"><td>([^<]*)</td><td class="mono">([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>', html
+    )
+    assert rows == [(alpha.team.name, alpha.team.slug, "alice", "member"), (fake.name, fake.slug, "mallory", "member")]

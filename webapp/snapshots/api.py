@@ -24,6 +24,7 @@ from webapp.snapshots.intake import (
     IntakeError,
     check_declared_size,
     check_disk,
+    check_queued_cost,
     check_quota,
     check_replay_rate,
     disk_full,
@@ -225,6 +226,7 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         return _project_refusal(request, 404, "upload:unknown-project", message)
     if not services.can(request.user, project.team, "write"):
         return _project_refusal(request, 403, "upload:read-only", messages.UPLOAD_READ_ONLY)
+    check_queued_cost(project, uploaded)
     try:
         if fmt == runarchive.ARCHIVE:  # a run's ranks in one tar or zip: one upload per rank, one run
             run = runarchive.create_run(

@@ -115,6 +115,16 @@ def check_quota(project: Any, size: int) -> None:
         raise from_limit(err) from err
 
 
+def check_queued_cost(project: Any, uploaded: Any) -> None:
+    """The upload's estimated analysis cost fits what its team may have queued, or ``IntakeError``."""
+    from webapp.snapshots.cost import estimate_cost
+
+    try:
+        limits.check_team_queued_cost(project.team_id, estimate_cost(uploaded).cost_bytes)
+    except limits.LimitExceeded as err:
+        raise from_limit(err) from err
+
+
 def parsed_files(request: Any) -> Any:
     """``request.FILES``, with Django's parse failures as ``IntakeError`` (JSON-able, with a code)."""
     from webapp.snapshots import disk
@@ -156,6 +166,7 @@ def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, st
         project = project_for_user(request.user, str(slug))
         if project is not None:
             check_quota(project, uploaded.size or 0)
+            check_queued_cost(project, uploaded)
     head = getattr(uploaded, "head", None)
     if head is None:  # a handler other than ours (tests may swap handlers)
         uploaded.seek(0)

@@ -185,6 +185,43 @@ def check_signup_rate(request: Any) -> None:
         )
 
 
+def team_queued_cost(team_id: int) -> int:
+    """The estimated cost (``cost.AnalysisCost.cost_bytes``) of the team's queued and running analyses."""
+    from webapp.snapshots.models import Upload
+
+    active = (Upload.Status.QUEUED, Upload.Status.RUNNING)
+    total = Upload.objects.filter(project__team_id=team_id, status__in=active).aggregate(cost=Sum("estimated_cost"))
+    return int(total["cost"] or 0)
+
+
+def check_team_queued_cost(team_id: int, incoming_cost: int) -> None:
+    """Refuse an upload whose estimated analysis cost, with what the team has queued, passes
+    ``ANALYSIS_MAX_QUEUED_COST_PER_TEAM`` (issue 22: one team filled the queue for everyone).
+    Too costly alone: 413 ``upload:too-costly``; with what is queued: 429 ``upload:queue-full``
+    (``Retry-After``: the queue drains as analyses end)."""
+    limit = settings.ANALYSIS_MAX_QUEUED_COST_PER_TEAM
+    if incoming_cost > limit:
+        raise LimitExceeded(
+            413,
+            "upload:too-costly",
+            messages.ANALYSIS_TOO_COSTLY.format(
+                cost=messages.human_bytes(incoming_cost), limit=messages.human_bytes(limit)
+            ),
+        )
+    queued = team_queued_cost(team_id)
+    if queued + incoming_cost > limit:
+        raise LimitExceeded(
+            429,
+            "upload:queue-full",
+            messages.ANALYSIS_QUEUE_FULL.format(
+                cost=messages.human_bytes(incoming_cost),
+                queued=messages.human_bytes(queued),
+                limit=messages.human_bytes(limit),
+            ),
+            retry_after=60,
+        )
+
+
 def team_usage_bytes(team_id: int) -> int:
     """Bytes the team's uploads put on disk: each file and what its analysis stored (report, charts,
     explore stores, ``Upload.stored_bytes``). A purged or deleted upload no longer counts. Issue 22:

@@ -78,6 +78,14 @@ SHARE_CREATED = "Share link created. Anyone with the link can read this report."
 SHARE_REVOKED = "Share link revoked."
 # Quotas, rate limits, input limits, broker outages (issue 11).
 RATE_LIMITED = "Too many {what}: at most {count} per {seconds} s. Try again in {wait} s."
+ANALYSIS_TOO_COSTLY = (
+    "This file would take {cost} to analyse (its size, or the uncompressed size it declares), more than "
+    "a team may have queued ({limit}, ANALYSIS_MAX_QUEUED_COST_PER_TEAM)."
+)
+ANALYSIS_QUEUE_FULL = (
+    "Your team's queued analyses already cost {queued} of {limit}, and this file would add {cost}. "
+    "Try again when some of them have finished."
+)
 QUOTA_EXCEEDED = (
     "Your team's storage quota is full: {used} of {quota} used, and this file is {size}. "
     "Delete old snapshots to make room."
@@ -131,6 +139,7 @@ TEAM_NAME_REQUIRED = "A team needs a name."
 PROJECT_NAME_REQUIRED = "A project needs a name."
 TEAM_BAD_ROLE = "Unknown role {role!r}: choose viewer, member or admin."
 TEAM_NO_SUCH_USER = "No user {who!r}: give the username or email of someone who has signed up."
+TEAM_NO_SUCH_INVITATION = "That invitation is not there any more (answered, or withdrawn)."
 TEAM_OWNER_FIXED = "The team's owner keeps their role and cannot be removed."
 TOKEN_PROJECT_UNKNOWN = "No project {slug!r} among yours."  # noqa: S105 - a message, not a secret
 UPLOAD_READ_ONLY = "You can read this project but not upload to it (your role is viewer)."

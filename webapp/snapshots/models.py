@@ -45,6 +45,23 @@ class Membership(models.Model):
         return f"{self.user} in {self.team}"
 
 
+class Invitation(models.Model):
+    """A pending offer of a team role to one user. Adding someone to a team takes their consent:
+    until the invitee accepts, they are no member and see none of the team's projects (issue 22)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations_sent")
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="invitation_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} invited to {self.team}"
+
+
 class Project(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="projects")
     name = models.CharField(max_length=100)
@@ -70,6 +87,8 @@ class Upload(models.Model):
     bytes = models.BigIntegerField()
     # What its analysis added to the disk (report and charts JSON, explore stores); the quota counts it.
     stored_bytes = models.BigIntegerField(default=0)
+    # Bytes its analysis parses, estimated at intake (cost.estimate_cost): what the team's queue holds.
+    estimated_cost = models.BigIntegerField(default=0)
     sha256 = models.CharField(max_length=64)
     # storage key: sha256/<aa>/<hash>; empty once the file was purged (failed upload past retention)
     blob_name = models.CharField(max_length=200, blank=True)

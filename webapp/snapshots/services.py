@@ -27,7 +27,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 
 from analysis import readout
 from webapp.snapshots import liveness, messages, runs
-from webapp.snapshots.models import ApiToken, Membership, Project, Report, ShareLink, Team, Upload
+from webapp.snapshots.models import ApiToken, Invitation, Membership, Project, Report, ShareLink, Team, Upload
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
@@ -217,8 +217,12 @@ def project_create_for_user(user: User, team: Team, name: str) -> Project:
     return project_create(team=team, name=name, slug=_free_slug(Project, name))
 
 
-def member_invite(by: User, team: Team, who: str, role: str) -> Membership:
-    """Add an existing user, named by username or email, with ``role``; or change a member's role."""
+def member_invite(by: User, team: Team, who: str, role: str) -> Membership | Invitation:
+    """Invite an existing user, named by username or email, with ``role``; or change a member's role.
+
+    Someone not yet in the team gets an ``Invitation`` they accept or decline (``invitation_answer``):
+    nobody is added to a team without their consent. A member's role changes at once (they consented
+    when they joined). Inviting again replaces the pending invitation's role."""
     from django.contrib.auth import get_user_model
 
     if not can(by, team, "manage"):
@@ -235,12 +239,57 @@ def member_invite(by: User, team: Team, who: str, role: str) -> Membership:
         raise TeamError("team:no-such-user", messages.TEAM_NO_SUCH_USER.format(who=who))
     membership = Membership.objects.filter(team=team, user=found).first()
     if membership is None:
-        return Membership.objects.create(team=team, user=found, role=role)
+        invitation, _ = Invitation.objects.update_or_create(
+            team=team, user=found, defaults={"role": role, "invited_by": by}
+        )
+        return invitation
     if membership.role == Membership.Role.OWNER:
         raise TeamError("team:owner", messages.TEAM_OWNER_FIXED)
     membership.role = role
     membership.save(update_fields=["role"])
     return membership
+
+
+@transaction.atomic
+def invitation_answer(user: User, invitation_id: int, accept: bool) -> Team:
+    """The invitee accepts (becomes a member with the invited role) or declines; only they can."""
+    invitation = (
+        Invitation.objects.select_for_update().filter(pk=invitation_id, user=user).select_related("team").first()
+    )
+    if invitation is None:
+        raise TeamError("team:no-such-invitation", messages.TEAM_NO_SUCH_INVITATION)
+    team = invitation.team
+    if accept:
+        Membership.objects.get_or_create(team=team, user=user, defaults={"role": invitation.role})
+    invitation.delete()
+    return team
+
+
+def invitation_cancel(by: User, team: Team, username: str) -> None:
+    """An admin withdraws a pending invitation."""
+    if not can(by, team, "manage"):
+        raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
+    deleted, _ = Invitation.objects.filter(team=team, user__username=username).delete()
+    if not deleted:
+        raise TeamError("team:no-such-invitation", messages.TEAM_NO_SUCH_INVITATION)
+
+
+def invitations_for(user: AnyUser) -> list[dict[str, Any]]:
+    """The invitations waiting for ``user``, with what tells look-alike teams apart: the team's
+    slug (unique site-wide) and who invited them, beside the team's name."""
+    if not user.is_authenticated:
+        return []
+    rows = Invitation.objects.filter(user_id=user.pk).select_related("team", "invited_by").order_by("created_at")
+    return [
+        {
+            "id": row.pk,
+            "team_name": row.team.name,
+            "team_slug": row.team.slug,
+            "invited_by": row.invited_by.get_username(),
+            "role": row.role,
+        }
+        for row in rows
+    ]
 
 
 def member_remove(by: User, team: Team, username: str) -> None:
@@ -268,6 +317,13 @@ def team_dict(team: Team, user: AnyUser) -> dict[str, Any]:
         "role": role,
         "can_manage": can(user, team, "manage"),
         "members": [{"username": m.user.get_username(), "email": m.user.email, "role": m.role} for m in members],
+        # Pending invitations are the admins' business only.
+        "invitations": [
+            {"username": i.user.get_username(), "role": i.role, "invited_by": i.invited_by.get_username()}
+            for i in team.invitations.select_related("user", "invited_by").order_by("user__username")
+        ]
+        if can(user, team, "manage")
+        else [],
         "projects": [project_dict(p) for p in team.projects.order_by("name")],
     }
 
@@ -359,6 +415,9 @@ def upload_create(
     existing = upload_by_idempotency_key(user, idempotency_key)
     if existing is not None:
         return _replay(existing, sha256)
+    from webapp.snapshots.cost import estimate_cost
+
+    cost = estimate_cost(uploaded)
     blob = _store_blob(uploaded, sha256)
     try:
         with transaction.atomic():
@@ -368,6 +427,7 @@ def upload_create(
                 uploaded_by=user,
                 filename=(uploaded.name or "snapshot")[:255],
                 bytes=uploaded.size or 0,
+                estimated_cost=cost.cost_bytes,
                 sha256=sha256,
                 blob_name=blob,
                 format=fmt,
@@ -404,6 +464,7 @@ def upload_reanalyse(upload: Upload, user: User, *, oom_message: str) -> Upload:
             uploaded_by=user,
             filename=upload.filename,
             bytes=upload.bytes,
+            estimated_cost=upload.estimated_cost,
             sha256=upload.sha256,
             blob_name=upload.blob_name,
             format=upload.format,

@@ -26,7 +26,7 @@ from analysis import readout
 from webapp.snapshots import chartpage, explore, formatting, messages, runarchive, runs, services
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.intake import IntakeError, check_declared_size, check_disk, disk_full, received_file
-from webapp.snapshots.models import Upload
+from webapp.snapshots.models import Invitation, Upload
 
 log = logging.getLogger(__name__)
 
@@ -525,7 +525,24 @@ def share_charts_json(request: HttpRequest, token: str) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def teams(request: HttpRequest) -> HttpResponse:
-    """The user's teams; POST ``name`` creates a team (its creator is the owner)."""
+    """The user's teams and the invitations waiting for them. POST ``action``: ``accept`` or
+    ``decline`` (``invitation``: its id); otherwise ``name`` creates a team (its creator is the owner)."""
+    if request.method == "POST" and request.POST.get("action") in ("accept", "decline"):
+        accept = request.POST["action"] == "accept"
+        try:
+            invitation_id = int(request.POST.get("invitation") or "")
+        except ValueError:
+            invitation_id = 0
+        try:
+            joined = services.invitation_answer(request.user, invitation_id, accept)  # type: ignore[arg-type]
+        except services.TeamError as err:
+            flash.error(request, err.message)
+            return redirect("snapshots:teams")
+        if accept:
+            flash.success(request, f"You joined {joined.name} ({joined.slug}).")
+            return redirect("snapshots:team", team=joined.slug)
+        flash.info(request, f"Invitation to {joined.name} ({joined.slug}) declined.")
+        return redirect("snapshots:teams")
     if request.method == "POST":
         try:
             team = services.team_create_for_user(request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
@@ -535,14 +552,17 @@ def teams(request: HttpRequest) -> HttpResponse:
         flash.success(request, f"Team {team.name} created.")
         return redirect("snapshots:team", team=team.slug)
     rows = [services.team_dict(t, request.user) for t in services.visible_teams(request.user)]
-    return render(request, "snapshots/teams.html", {"teams": rows})
+    return render(
+        request, "snapshots/teams.html", {"teams": rows, "invitations": services.invitations_for(request.user)}
+    )
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def team(request: HttpRequest, team: str) -> HttpResponse:
-    """A team's members and projects. POST ``action``: ``invite`` (``who``: username or email,
-    ``role``), ``remove`` (``username``), ``create_project`` (``name``)."""
+    """A team's members, pending invitations (to its admins) and projects. POST ``action``:
+    ``invite`` (``who``: username or email, ``role``: an invitation, or a member's new role),
+    ``cancel_invitation`` (``username``), ``remove`` (``username``), ``create_project`` (``name``)."""
     slug = team
     team_row = services.team_for_user(request.user, slug)
     if team_row is None:
@@ -558,7 +578,17 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
                     request.POST.get("who") or "",
                     request.POST.get("role") or "member",
                 )
-                flash.success(request, f"{m.user.get_username()} is now {m.role} of {team_row.name}.")
+                if isinstance(m, Invitation):
+                    flash.success(
+                        request,
+                        f"{m.user.get_username()} is invited as {m.role}; "
+                        "they join when they accept on their Teams page.",
+                    )
+                else:
+                    flash.success(request, f"{m.user.get_username()} is now {m.role} of {team_row.name}.")
+            elif action == "cancel_invitation":
+                services.invitation_cancel(user, team_row, request.POST.get("username") or "")  # type: ignore[arg-type]
+                flash.info(request, "Invitation withdrawn.")
             elif action == "remove":
                 services.member_remove(user, team_row, request.POST.get("username") or "")  # type: ignore[arg-type]
                 flash.info(request, "Member removed.")
