@@ -83,18 +83,20 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
     else:
         ranked = _ranked_without_oom(suggestions, whatifs, int(summary.get("peak_reserved_bytes") or 0))
         headline = _idle_headline(dev, capture)
-    if oom:
-        headline = f"{headline}{_phase_sentence(dev)}"
     choice = ranked[0] if ranked else None
     runner = ranked[1] if len(ranked) > 1 else None
     cause = primary_cause(dev)
+    allocator_headline = headline
+    if oom:
+        headline = f"{headline}{_phase_sentence(dev)}"
     if cause is not None:
         # The program's mistake (analysis.causes) comes first: the allocator's view of the failing
         # request stays beside it, and its best setting becomes the runner-up, worded by the cause.
         return {
             "headline": f"{cause['headline']}{_phase_sentence(dev)}",
-            "allocator_headline": headline,
+            "allocator_headline": allocator_headline,
             "cause": cause["id"],
+            "cause_label": str(cause["id"]).replace("_", " "),
             "change": {"id": cause["id"], "line": cause["fix"]["line"], "kind": "code", "title": cause["fix"]["title"]},
             "buys": _cause_buys(cause, oom),
             "confidence": _confidence(dev, capture, None, cause=cause),

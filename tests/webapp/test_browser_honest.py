@@ -228,3 +228,79 @@ def test_ranked_table_shows_only_what_was_computed(
         page.screenshot(path=str(SCREENSHOTS / f"decision-headroom-{form}.png"), full_page=False)
     finally:
         visit.close()
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_a_cap_given_without_an_oom_and_the_edge_of_it(
+    form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    """infer_varbatch ran with no OOM; given a 32 GiB cap (its peak reserved was 31.44 GiB), screen one says
+    the run sits at the edge of that cap, with the cap's source, and the limit is the one given."""
+    from django.urls import reverse
+
+    from tests.webapp.test_browser import make_upload
+    from webapp.snapshots.models import Upload
+    from webapp.snapshots.tasks import analyse_upload
+
+    cap = 32 << 30
+    upload = make_upload(alpha, alice, FIXTURES / "infer_varbatch.pickle.gz", run="infer_varbatch-capped")
+    Upload.objects.filter(pk=upload.pk).update(cap_bytes=cap)
+    analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE, (upload.error_code, upload.error_message)
+    dev = _report(upload)["devices"][0]
+    truth = json.loads((FIXTURES / "infer_varbatch.truth.json").read_text())
+    peak = truth["memory_stats"]["reserved_bytes.all.peak"]
+    assert dev["oom"] is None and dev["summary"]["peak_reserved_bytes"] == peak
+    assert dev["edge_of_cap"]["limit_bytes"] == cap and dev["edge_of_cap"]["headroom_bytes"] == cap - peak
+    width, height = WIDTHS[form]
+    cookies = _session_cookie(client, alice, live_server)
+    visit = Visit(
+        browser, live_server.url + reverse("snapshots:detail", args=[upload.code]), cookies, width=width, height=height
+    )
+    try:
+        page = visit.page
+        edge = page.locator("section.decision .edge-of-cap")
+        assert edge.is_visible()
+        assert int(edge.get_attribute("data-limit")) == cap
+        assert int(edge.get_attribute("data-headroom")) == cap - peak
+        assert edge.get_attribute("data-source") == "given"
+        assert size(cap - peak) in edge.inner_text() and size(peak) in edge.inner_text()
+        _fits_the_screen(visit, width)
+        _clean(visit)
+        page.screenshot(path=str(SCREENSHOTS / f"edge-of-cap-{form}.png"), full_page=False)
+    finally:
+        visit.close()
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_screen_one_names_the_programs_mistake(
+    form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    """leak_conv2 (a forward hook keeps every step's feature map; its real expandable_segments rerun died 10 steps
+    later, its fix ran the whole run): the cause's headline, its fix in the code, the allocator's view below, and
+    no setting's row saying it finishes the run."""
+    from django.urls import reverse
+
+    upload = _analysed(alpha, alice, "diagnosis/leak_conv2_default")
+    dev = _report(upload)["devices"][0]
+    assert dev["decision"]["cause"] == "leak"
+    width, height = WIDTHS[form]
+    cookies = _session_cookie(client, alice, live_server)
+    visit = Visit(
+        browser, live_server.url + reverse("snapshots:detail", args=[upload.code]), cookies, width=width, height=height
+    )
+    try:
+        page = visit.page
+        box = page.locator("section.decision").first
+        assert box.locator(".headline").inner_text().startswith("Memory grows every step")
+        assert box.locator("[data-kind=code]").count() == 1
+        assert box.locator(".allocator-headline").inner_text().startswith("Out of memory from")
+        assert "no setting saves the run" in box.locator(".buys").inner_text()
+        states = page.locator("table.ranked tbody tr").evaluate_all("rs => rs.map(r => r.dataset.state)")
+        assert "finishes-step" not in states
+        _fits_the_screen(visit, width)
+        _clean(visit)
+        page.screenshot(path=str(SCREENSHOTS / f"cause-leak-{form}.png"), full_page=False)
+    finally:
+        visit.close()
