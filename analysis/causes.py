@@ -54,9 +54,10 @@ OUTSIDE_MIN_SHARE = 0.2
 # Private pools worth a headline, as a share of reserved memory.
 POOLS_MIN_SHARE = 0.25
 # A workload that grows: at least this many completed steps, the last third's peaks this share of the limit
-# above the first third's.
-GROWTH_MIN_STEPS = 6
+# above the first third's, and the peaks' ranks correlated with the steps' order at least this much.
+GROWTH_MIN_STEPS = 8
 GROWTH_MIN_SHARE_OF_LIMIT = 0.15
+GROWTH_MIN_RANK_CORRELATION = 0.6
 # A cache grown by concatenation: at least this many distinct sizes, this regular.
 GROWTH_MIN_SIZES = 16
 GROWTH_REGULAR_SHARE = 0.8
@@ -328,6 +329,12 @@ def growing_workload(inp: CauseInput) -> Cause | None:
     slope = float(np.polyfit(np.arange(k, dtype=np.float64), peaks.astype(np.float64), 1)[0])
     if slope <= 0 or late - early < GROWTH_MIN_SHARE_OF_LIMIT * inp.limit_bytes:
         return None
+    # A trend, not shapes drawn at random: the steps' ranks by peak follow their order (Spearman's rho;
+    # gpt_varlen_oom's jittery lengths 0.8, random batch x length draws of 8 steps anything).
+    ranks = np.argsort(np.argsort(peaks, kind="stable"), kind="stable").astype(np.float64)
+    rho = float(np.corrcoef(np.arange(k, dtype=np.float64), ranks)[0, 1]) if k > 1 else 0.0
+    if rho < GROWTH_MIN_RANK_CORRELATION:
+        return None
     rate = int(slope)
     best = int(peaks.max())
     best_step = int(np.argmax(peaks))
@@ -365,6 +372,7 @@ def growing_workload(inp: CauseInput) -> Cause | None:
         cost="the longest batches or sequences are cut or split (or padded to buckets)",
         figures={
             "steps": k,
+            "rank_correlation": round(rho, 3),
             "growth_per_step_bytes": rate,
             "largest_completed_step": best_step,
             "largest_completed_peak_bytes": best,

@@ -227,7 +227,13 @@ def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[Forwar
     if marked.size == 0:
         return []
     mc = codes[marked]
-    ms = sites[marked]
+    ms = sites[marked].copy()
+    # A stack cut short (deep module nesting) loses the frames above the model's call: its site is unknown,
+    # and it continues the pass it is in (the last known site before it), rather than starting another.
+    known = np.flatnonzero(ms >= 0)
+    if known.size:
+        last_known = np.maximum.accumulate(np.where(ms >= 0, np.arange(ms.size), -1))
+        ms = np.where(last_known >= 0, ms[np.maximum(last_known, 0)], ms[known[0]])
     fwd = mc == FORWARD
     prev_differs = np.r_[True, (mc[1:] != mc[:-1]) | (ms[1:] != ms[:-1])]
     starts = np.flatnonzero(fwd & prev_differs)

@@ -202,12 +202,24 @@ def test_kv_cache_preallocated_fits_the_length_the_fix_ran(name: str) -> None:
     assert cause["explains_oom"] is True
 
 
-@pytest.mark.parametrize("fixture", ["frag_oom", "infer_varbatch", "gpu_cuda_graph", "grow_gpt2_default"])
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "frag_oom",
+        "infer_varbatch",
+        "gpu_cuda_graph",
+        "grow_gpt2_default",
+        # A training UNet whose deep module nesting cuts some stacks short (their sites unknown), and a Llama on
+        # random batch x length draws whose 8 step peaks happen to rise: neither is a mistake or a trend.
+        "captures/unetrand_c80_default",
+        "captures/llama_c75_default",
+    ],
+)
 def test_no_program_cause_where_the_program_made_no_mistake(fixture: str) -> None:
-    """Fixtures of fragmentation, varying shapes, one CUDA graph and a batch grown over too few steps to
-    tell a trend (4): nothing to blame."""
+    """Fixtures of fragmentation, varying shapes, one CUDA graph, a batch grown over too few steps to tell a
+    trend (4) and the two false alarms the captures showed: nothing to blame."""
     path = Path(__file__).resolve().parent.parent / "fixtures" / f"{fixture}.pickle.gz"
-    truth = json.loads(path.with_name(f"{fixture}.truth.json").read_text())
+    truth = json.loads(path.with_name(path.name.replace(".pickle.gz", ".truth.json")).read_text())
     report = build_report(path, oom_message=truth.get("oom_message"))
     for dev in report["devices"]:
         assert dev["diagnosis"]["causes"] == [], (fixture, [c["id"] for c in dev["diagnosis"]["causes"]])
