@@ -795,12 +795,13 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
         {"limit": 100 * MiB - 2},
     ),
     # Two free blocks of one size: the best fit breaks the tie by address (torch's BlockComparatorSize:
-    # stream, size, address), and the model's own addresses rise in segment order (a bump pointer),
-    # so the block of the earlier segment wins. 5 MiB gets a 20 MiB segment S1 (5 A + 15 F), 15 MiB
-    # takes the 15 F whole; 2 MiB a second 20 MiB segment S2 (2 A + 18 F), 3 MiB splits the 18 F
-    # (3 A + 15 F); freeing the first 15 MiB leaves a free 15 MiB in each segment. The last 15 MiB
-    # takes S1's: S1 full again, S2 keeps its 15 F. (S2's would leave S1 with the 15 F instead.)
-    "equal-size-tie-goes-to-the-earlier-segment": (
+    # stream, size, address), and the driver places a new segment below the earlier ones (the placement
+    # learned from the captures, docs/allocator.md), so the block of the *later* segment, at the lower
+    # address, wins. 5 MiB gets a 20 MiB segment S1 (5 A + 15 F), 15 MiB takes the 15 F whole; 2 MiB a
+    # second 20 MiB segment S2 below it (2 A + 18 F), 3 MiB splits the 18 F (3 A + 15 F); freeing the first
+    # 15 MiB leaves a free 15 MiB in each segment. The last 15 MiB takes S2's: S2 full, S1 keeps its 15 F.
+    # (Under the old bump pointer S1 had the lower address and its block won.)
+    "equal-size-tie-goes-to-the-lower-address": (
         [
             ("alloc", 1, 5 * MiB),
             ("alloc", 2, 15 * MiB),
@@ -811,8 +812,8 @@ BOUNDARY_STREAMS: dict[str, tuple[Any, ...]] = {  # requests, conf, expected seg
         ],
         "",
         [
-            (0, 0, "large", False, ((0, 2 * MiB, A), (2 * MiB, 3 * MiB, A), (5 * MiB, 15 * MiB, F))),
-            (0, 0, "large", False, ((0, 5 * MiB, A), (5 * MiB, 15 * MiB, A))),
+            (0, 0, "large", False, ((0, 2 * MiB, A), (2 * MiB, 3 * MiB, A), (5 * MiB, 15 * MiB, A))),
+            (0, 0, "large", False, ((0, 5 * MiB, A), (5 * MiB, 15 * MiB, F))),
         ],
     ),
     # The GC's age clock counts get_free_block calls on the default large pool, whatever the stream

@@ -90,9 +90,9 @@ def test_upload_wait_prints_the_verdict_and_the_change(
     out = run["out"].getvalue().splitlines()
     assert run["rc"] == 0, run["err"].getvalue()
     assert out[0] == decision["headline"]
-    assert (
-        out[1] == f"change: {decision['change']['line']}" == "change: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-    )
+    # gpt_varlen_oom's steps keep growing: the change is to cap the growth (its expandable rerun died later).
+    assert out[1] == f"change: {decision['change']['line']}"
+    assert decision["cause"] == "growing_workload" and out[1].startswith("change: max_len = ")
     assert out[2].startswith("limit: at least 6.93 GiB (inferred lower bound)")
     assert out[-1] == f"report: {live_server.url}/s/{upload.code}/"
 
