@@ -23,6 +23,8 @@ CAPTURES = FIXTURES / "captures"
 
 @pytest.fixture
 def project_runs(transactional_db: Any, alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    from django.db import transaction
+
     from webapp.snapshots import runs, runtasks
     from webapp.snapshots.models import Run
     from webapp.snapshots.tasks import analyse_upload
@@ -35,14 +37,18 @@ def project_runs(transactional_db: Any, alice: Any, alpha: Any, monkeypatch: pyt
         ("worse", CAPTURES / "gpt_autocast_c75_default.pickle.gz", "feature", ["h200"]),
     ):
         upload = make_upload(alpha, alice, path, run=name, tags=tags)
-        runs.run_attach(upload, {"branch": branch})
+        with transaction.atomic():  # as upload_create calls it (PostgreSQL locks the run's row)
+            runs.run_attach(upload, {"branch": branch})
         analyse_upload(upload.id)
         made[name] = Run.objects.get(name=name)
     ranks = []
     for rank in (0, 1):
         upload = make_upload(alpha, alice, RUNS / f"ddp_gloo_rank{rank}.pickle.gz", run="ddp-16")
         error = "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer"
-        runs.run_attach(upload, {"rank": rank, "world_size": 2, "branch": "main", **({"error": error} if rank else {})})
+        with transaction.atomic():
+            runs.run_attach(
+                upload, {"rank": rank, "world_size": 2, "branch": "main", **({"error": error} if rank else {})}
+            )
         ranks.append(upload.id)
     for upload_id in ranks:
         runtasks.analyse_rank(upload_id)
