@@ -185,8 +185,10 @@ def test_triage_figures_agree_with_the_runs_own_stats_and_cap(path: Path) -> Non
     assert result.binding in ("device", "per-process-cap")
     # The request failed, so it did not fit in the room under the binding limit.
     assert msg.tried.high > result.room.low
-    # Memory outside PyTorch's cache in these runs: the CUDA context and kernels, 0.3-1 GiB on the H200.
-    assert result.non_pytorch is not None and 0.3 * GiB < result.non_pytorch.value < GiB
+    # Memory outside PyTorch's cache in these runs: the CUDA context and kernels, 0.3-1 GiB on the H200, plus
+    # the raw buffer a diagnosis run held outside PyTorch on purpose (its truth's "outside").
+    held = int((t.get("outside") or {}).get("hog_bytes") or 0)
+    assert result.non_pytorch is not None and 0.3 * GiB < result.non_pytorch.value - held < GiB
     # The JSON is plain and complete.
     data = json.loads(json.dumps(result.to_json()))
     assert data["cause"] in (OUTSIDE, FRAGMENTATION, CAPACITY, "unexplained")
@@ -233,8 +235,8 @@ def test_capacity_verdicts_are_borne_out_by_every_real_rerun() -> None:
         default = runs.get("")
         if not default or not default.get("oom_message"):
             continue
-        if triage(default["oom_message"]).cause != CAPACITY:
-            continue
+        if triage(default["oom_message"]).cause != CAPACITY or len(runs) < 2:
+            continue  # (a family kept with its default run alone, as the diagnosis fixtures are, has no rerun here)
         judged += 1
         for conf, rerun in runs.items():
             assert rerun["died_step"] is not None, (default["family"], conf)
