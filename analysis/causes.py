@@ -284,7 +284,7 @@ def leak(inp: CauseInput) -> Cause | None:
     return Cause(
         id="leak",
         title="Memory grows step after step (a leak)",
-        phase=PHASES_OF[held_phase],
+        phase=PHASES[held_phase],
         explains_oom=inp.oom_index is not None,
         headline=(
             f"Memory grows every step: allocations that outlive their step pile up by about "
@@ -612,7 +612,7 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
     return Cause(
         id="kv_cache_growth",
         title="A cache grown by concatenation (KV cache)",
-        phase=PHASES_OF[int(inp.phases.of_alloc[pos])],
+        phase=PHASES[int(inp.phases.of_alloc[pos])],
         explains_oom=helps,
         headline=headline,
         evidence=(
@@ -634,9 +634,6 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
             "cache_bytes": cache_bytes,
         },
     )
-
-
-PHASES_OF = dict(enumerate(PHASES))
 
 
 def _optimizer_kind(inp: CauseInput, first: int, pos: int) -> tuple[str, str]:
