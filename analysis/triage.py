@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.limits import Figure, GiB, KiB, MiB, OomMessage, OomMessageError, parse_oom_message
+from analysis.readout import size  # torch's format_size, the report's one wording of sizes (stdlib only)
 
 SCHEMA = "oomscope.triage/1"
 # torch's summary is about 6,000 characters per device; a log around it is fine, megabytes are not.
@@ -329,24 +330,9 @@ class Triage:
         }
 
 
-def _size(n: int) -> str:
-    """A byte count as torch prints it (format_size: two decimals of KiB, MiB up to 1 GiB, then GiB).
-
-    The same rule as ``decision.format_size``, which this module cannot import: decision pulls numpy
-    in through ``oom``, and the triage is stdlib only.
-    """
-    if n <= 1024:
-        return f"{n} bytes"
-    if n <= MiB:
-        return f"{n / KiB:.2f} KiB"
-    if n <= GiB:
-        return f"{n / MiB:.2f} MiB"
-    return f"{n / GiB:.2f} GiB"
-
-
 def _derived(value: int, low: int, high: int) -> Figure:
     """A figure computed from printed ones: its own text, the range it inherits."""
-    return Figure(_size(max(0, value)), max(0, value), max(0, low), max(0, high))
+    return Figure(size(max(0, value)), max(0, value), max(0, low), max(0, high))
 
 
 def _minus(a: Figure, b: Figure) -> Figure:
@@ -671,7 +657,7 @@ def _findings(a: _Arithmetic) -> list[Finding]:
             Finding(
                 "limit",
                 f"A per-process cap of {message.allowed.text} was set, and it bound: PyTorch had reserved "
-                f"{_size(message.reserved.value)}, leaving {room.text} under the cap, "
+                f"{size(message.reserved.value)}, leaving {room.text} under the cap, "
                 f"while the device had {message.device_free.text if message.device_free else 'more'} free.",
             )
         )
@@ -764,7 +750,7 @@ def _summary_findings(
                     "pools",
                     f"Of the memory reserved but unallocated, {usable.text} is in the large pool, the only one a "
                     f"{tried.text} request can use"
-                    + (f"; {_size(small.value)} is small-pool pieces (for requests up to 1 MiB)." if small else "."),
+                    + (f"; {size(small.value)} is small-pool pieces (for requests up to 1 MiB)." if small else "."),
                 )
             )
         if pieces is not None:
@@ -779,8 +765,8 @@ def _summary_findings(
                 Finding(
                     "free-pieces",
                     f"The free pieces ({pieces.pool} pool): {pieces.count.text.strip()} of them, "
-                    f"{_size(pieces.total.value)} in all, so the largest is between "
-                    f"{_size(pieces.largest_at_least)} and {_size(pieces.largest_at_most)}; {fits}.",
+                    f"{size(pieces.total.value)} in all, so the largest is between "
+                    f"{size(pieces.largest_at_least)} and {size(pieces.largest_at_most)}; {fits}.",
                 )
             )
         segments = summary.get("segment.all.current")
@@ -789,7 +775,7 @@ def _summary_findings(
             out.append(
                 Finding(
                     "segments",
-                    f"{segments.value} segments reserved, {_size(reserved.value // segments.value)} each on average.",
+                    f"{segments.value} segments reserved, {size(reserved.value // segments.value)} each on average.",
                 )
             )
     elif timing == "after-oom":
@@ -815,8 +801,8 @@ def _summary_findings(
         out.append(
             Finding(
                 "peaks",
-                f"Peaks since the process started (or the last reset): {_size(peak_allocated.value)} allocated, "
-                f"{_size(peak_reserved.value)} reserved.",
+                f"Peaks since the process started (or the last reset): {size(peak_allocated.value)} allocated, "
+                f"{size(peak_reserved.value)} reserved.",
             )
         )
     if summary.num_ooms is not None and summary.num_ooms > 1:
