@@ -770,8 +770,10 @@ class Diagnosis:
         }
 
 
-def diagnose(inp: CauseInput, rules: Sequence[CauseRule] = RULES) -> Diagnosis:
-    causes = tuple(c for c in (_found(rule, inp) for rule in rules) if c is not None)
+def diagnose(inp: CauseInput, rules: Sequence[CauseRule] | None = None) -> Diagnosis:
+    """Every rule of ``rules`` (``RULES`` as it is when called) run on one device."""
+    found = (_found(rule, inp) for rule in (RULES if rules is None else rules))
+    causes = tuple(c for c in found if c is not None)
     oom_phase = _oom_phase(inp) if inp.oom_index is not None else None
     live = live_bytes_by_phase(inp.phases, inp.lifetimes, inp.oom_index) if inp.oom_index is not None else {}
     return Diagnosis(oom_phase, live, causes, inp.phases.has_frames)
