@@ -45,7 +45,13 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import ProjectedTail, simulate
-from analysis.allocator.policy import placement_for, placement_report, start_report, tie_order_matters
+from analysis.allocator.policy import (
+    caught_served,
+    placement_for,
+    placement_report,
+    start_report,
+    tie_order_matters,
+)
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
 from analysis.stacks import Lifetimes, alloc_lifetimes
@@ -651,6 +657,22 @@ def step_whatif(
                     "probed_bytes": probe,
                     "completes_at_probe": other_completes,
                 }
+    # An OOM the program survived (cuDNN's workspace probes) that this what-if serves: the program
+    # would have used that block and given it back, and skipped its fallback, which the trace cannot
+    # show. Kept to the end (above) and freed at once bound it; where the step's answer differs
+    # between the two, the trace cannot say which holds.
+    fallback: dict[str, Any] | None = None
+    if caught and caught_served(result, dev):
+        freed = simulate(
+            snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement=order, caught="free"
+        )
+        freed_completes = first_failure(freed.ooms, projection, n, caught) == (None, None)
+        fallback = {
+            "caught_served": True,
+            "completes_kept": completes,
+            "completes_freed": freed_completes,
+            "certain": freed_completes == completes,
+        }
     # The opposite order of new segments (equal free blocks tied the other way): where the step's
     # answer flips, it hangs on where the driver puts segments, which the trace cannot show.
     placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
@@ -672,8 +694,13 @@ def step_whatif(
         "oom_event_index": None if completes else (at_event if at_event is not None else n + int(at_request or 0)),
         # None where the answer flips inside the limit's range, or with the order of new segments:
         # the trace cannot say which holds (step_completes_range, placement give both).
-        "step_completes": None if across is not None or not placement["certain"] else completes,
+        "step_completes": (
+            None
+            if across is not None or not placement["certain"] or (fallback is not None and not fallback["certain"])
+            else completes
+        ),
         "step_completes_range": across,
+        "caught_ooms": fallback,
         "step_shortfall_bytes": int(shortfall),
         "step_peak_reserved_bytes": int(result.peak_reserved),
         "oom_projected": projected,

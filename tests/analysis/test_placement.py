@@ -163,3 +163,27 @@ def test_an_oom_entry_is_rounded_under_the_whatif_settings() -> None:
         assert item["oom_avoided"] is False
         assert request_ordinal(base, item["oom_event_index"]) == died_at
     assert died_at == 12_059  # divisions 2 die five requests earlier; divisions 4 at the default's own
+
+
+def test_a_wrapped_generate_trace_starts_expandable_segments_in_allocation_order() -> None:
+    # gen4l_c30: a generate() server (GPT-2, 4 layers, batch 16, outputs growing 256 -> 1408 tokens)
+    # under a 3 GiB cap, its history ring 40,000 entries (it wrapped). The default run kept
+    # 3,208,642,560 B reserved, nearly the whole cap, most of it cache; the real rerun under
+    # expandable segments peaked at 1,199,570,944 B. The what-if from the default trace starts from
+    # the blocks live before its first event, packed in the order they were allocated (the driver
+    # put each new segment below the earlier ones: highest address first): 1,178,599,424 B, 1.7%
+    # under. Packed in address order it was 1,451,229,184 B (21% over; the 9.2 GiB server
+    # was 18% over, and before expandable what-ifs dropped the recorded cache, 9.33 GB for 2.65 GB).
+    s = snap("gen4l_c30_default")
+    assert len(s.devices[0].trace) == 40_000
+    assert truth("gen4l_c30_default")["memory_stats"]["reserved_bytes.all.peak"] == 3_208_642_560
+    real = truth("gen4l_c30_expandable")["memory_stats"]["reserved_bytes.all.peak"]
+    assert real == 1_199_570_944
+    item = whatif(s, 0, "expandable_segments:True", cap_of("gen4l_c30_default"))
+    assert item["start"]["state"] == "live-blocks"
+    assert item["peak_reserved_bytes"] == 1_178_599_424
+    assert abs(item["peak_reserved_bytes"] - real) / real < 0.02
+    # Under a 2 GiB cap (the default run held all of it): 1,220,542,464 B, 1.7% over the real 1,199,570,944.
+    other = whatif(snap("gen4l_c20_default"), 0, "expandable_segments:True", cap_of("gen4l_c20_default"))
+    assert other["peak_reserved_bytes"] == 1_220_542_464
+    assert truth("gen4l_c20_expandable")["memory_stats"]["reserved_bytes.all.peak"] == real

@@ -62,3 +62,54 @@ def test_random_sizes_that_scale_together_are_projected_from_the_step_they_are_l
     cap = int(json.loads((CAPTURES / "unetrand_c80_default.truth.json").read_text())["cap_bytes"])
     item = step_whatif(s, dev, "expandable_segments:True", cap, ends, proj)
     assert item["step_completes"] is False and item["placement"]["certain"] is True
+
+
+def _cap(name: str) -> int:
+    return int(json.loads((CAPTURES / f"{name}.truth.json").read_text())["cap_bytes"])
+
+
+def _died(name: str) -> int | None:
+    died: int | None = json.loads((CAPTURES / f"{name}.truth.json").read_text())["died_step"]
+    return died
+
+
+def test_the_issue_example_divisions_do_not_save_gpt_varlen() -> None:
+    # gpt_varlen_c70 (the shared gpt_varlen_oom rerun): the report said roundup_power2_divisions:4
+    # lets step 23 complete; the real run under it died in step 23, as under divisions 2.
+    proj, s, dev, ends = _projection("gpt_varlen_c70_default")
+    assert proj.available and (proj.step, proj.template_step) == (23, 22)
+    for name, conf in (("roundup4", "roundup_power2_divisions:4"), ("roundup2", "roundup_power2_divisions:2")):
+        assert _died(f"gpt_varlen_c70_{name}") == 23
+        item = step_whatif(s, dev, conf, _cap("gpt_varlen_c70_default"), ends, proj)
+        assert item["step_completes"] is False and item["caught_ooms"] is None
+
+
+def test_a_whatif_that_serves_a_survived_oom_gives_no_step_answer_where_it_hangs_on_it() -> None:
+    # unetrr_c104_default: a UNet on random batches and resolutions under 1.04 x its peak
+    # allocated died in step 1; before the fatal OOM (254,803,968 B) cuDNN probed 32 algorithms'
+    # workspace of 254,878,208 B and each probe failed, caught: 33 oom entries. Under expandable
+    # segments the what-if serves the first probe. Kept to the end (the model's rule for the fatal
+    # entry), the step does not complete; freed at once (a workspace, used and given back), it
+    # does; the real rerun (unetrr_c104_expandable) ran all 30 steps. The trace cannot tell: no
+    # step-level answer, both given.
+    proj, s, dev, ends = _projection("unetrr_c104_default")
+    t = dev.trace
+    ooms = np.flatnonzero(t.action == OOM)
+    assert len(ooms) == 33 and set(t.size[ooms[:-1]].tolist()) == {254_878_208}
+    assert int(t.size[ooms[-1]]) == 254_803_968
+    assert proj.available and (proj.step, proj.template_step) == (1, 0)
+    cap = _cap("unetrr_c104_default")
+    item = step_whatif(s, dev, "expandable_segments:True", cap, ends, proj)
+    assert item["caught_ooms"] == {
+        "caught_served": True,
+        "completes_kept": False,
+        "completes_freed": True,
+        "certain": False,
+    }
+    assert item["step_completes"] is None
+    assert _died("unetrr_c104_expandable") is None
+    # Where the what-if fails the probes too (max_split_size_mb:128), the answer stands: the step
+    # does not complete, and the real rerun died in step 1.
+    other = step_whatif(s, dev, "max_split_size_mb:128", cap, ends, proj)
+    assert other["caught_ooms"] is None and other["step_completes"] is False
+    assert _died("unetrr_c104_maxsplit128") == 1
