@@ -45,7 +45,13 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import ProjectedTail, simulate
-from analysis.allocator.policy import placement_for, placement_report, start_report, tie_order_matters
+from analysis.allocator.policy import (
+    caught_served,
+    placement_for,
+    placement_report,
+    start_report,
+    tie_order_matters,
+)
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
 from analysis.stacks import Lifetimes, alloc_lifetimes
@@ -127,6 +133,10 @@ class Projection:
     template_event: list[int] = field(default_factory=list)
     # For request j of the tail: its allocation ordinal in the step (-1 for frees).
     ordinal: list[int] = field(default_factory=list)
+    # The least request the OOM entry (rounded under the recorded settings) may stand for, where the
+    # recorded rounding hides more than 512 B of it and no like request of the template told it; None
+    # where the entry is the request (``least_request``).
+    oom_request_low: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"available": self.available, "reason": self.reason}
@@ -440,6 +450,19 @@ def _project(
         return max(1, round(ts * ratio))
 
     oom_request = int(size[oom_index])
+    # An oom entry holds the request rounded under the recorded settings; under roundup divisions that
+    # hides up to a division of it (a 640 MiB entry may have asked for 513 MiB), and a what-if under
+    # finer rounding would ask for too much. The template's like request, projected, is the request
+    # where it rounds to the entry (issue 23: three what-ifs from divisions-4 runs said the step fails
+    # where the real reruns completed it).
+    guess = projected_size(pos)
+    kept = paired = scaled = 0
+    oom_low: int | None = None
+    if guess != oom_request and int(round_sizes(np.asarray([guess], np.int64))[0]) == oom_request:
+        oom_request = guess
+    else:
+        low = least_request(recorded, oom_request)
+        oom_low = low if oom_request - low >= 512 else None
     t_alloc = [True]
     t_addr = [-1]  # synthetic addresses are negative: recorded ones never are
     t_size = [oom_request]
@@ -507,7 +530,21 @@ def _project(
         tail=tail,
         template_event=t_event,
         ordinal=t_ord,
+        oom_request_low=oom_low,
     )
+
+
+def least_request(recorded: AllocatorConfig, entry: int) -> int:
+    """The least request that ``recorded``'s rounding makes ``entry`` (an oom entry's size): rounding
+    is monotonic and never halves, so a bisection over (entry / 2, entry]."""
+    lo, hi = max(1, entry // 2), entry
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if recorded.round_size(mid) >= entry:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _step_need(
@@ -630,14 +667,17 @@ def step_whatif(
     across: dict[str, Any] | None = None
     if limit_range is not None and limit_bytes is not None:
         low, high = limit_range
+        # The garbage collector's threshold is a share of the limit: which blocks it frees, and so
+        # the answer, moves with the limit in no order (gpt_autocast_c75: 18 MB short at the
+        # message's 5.10 GiB, complete at the real cap 2 MB above it).
+        gc = cfg.garbage_collection_threshold > 0.0
         probe = None
-        if completes and low < limit_bytes and result.peak_reserved > low:
+        if completes and low < limit_bytes and (result.peak_reserved > low or gc):
             probe = low  # a cap at the range's low end may refuse a segment the step needs
         elif (
             not completes
             and high > limit_bytes
-            and projection.step_need_bytes <= high
-            and request_shortfall <= high - limit_bytes
+            and ((projection.step_need_bytes <= high and request_shortfall <= high - limit_bytes) or gc)
         ):
             probe = high  # a cap at the high end may hold the request that failed
         if probe is not None:
@@ -651,6 +691,39 @@ def step_whatif(
                     "probed_bytes": probe,
                     "completes_at_probe": other_completes,
                 }
+    # An OOM the program survived (cuDNN's workspace probes) that this what-if serves: the program
+    # would have used that block and given it back, and skipped its fallback, which the trace cannot
+    # show. Kept to the end (above) and freed at once bound it; where the step's answer differs
+    # between the two, the trace cannot say which holds.
+    fallback: dict[str, Any] | None = None
+    if caught and caught_served(result, dev):
+        freed = simulate(
+            snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement=order, caught="free"
+        )
+        freed_completes = first_failure(freed.ooms, projection, n, caught) == (None, None)
+        fallback = {
+            "caught_served": True,
+            "completes_kept": completes,
+            "completes_freed": freed_completes,
+            "certain": freed_completes == completes,
+        }
+    # The failing request itself, where the recorded rounding hides part of it (a what-if from a run
+    # under roundup divisions, with finer rounding): replayed at the least request the entry may stand
+    # for too; where the step's answer differs, the trace cannot say which holds.
+    request_range: dict[str, Any] | None = None
+    least = projection.oom_request_low
+    if least is not None and cfg.round_size(least) != cfg.round_size(projection.tail.size[0]):
+        tail = projection.tail
+        low_tail = ProjectedTail(tail.cut, tail.alloc, tail.addr, [least, *tail.size[1:]], tail.like)
+        lowered = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=low_tail, placement=order)
+        low_completes = first_failure(lowered.ooms, projection, n, caught) == (None, None)
+        request_range = {
+            "low_bytes": least,
+            "high_bytes": int(tail.size[0]),
+            "completes_low": low_completes,
+            "completes_high": completes,
+            "certain": low_completes == completes,
+        }
     # The opposite order of new segments (equal free blocks tied the other way): where the step's
     # answer flips, it hangs on where the driver puts segments, which the trace cannot show.
     placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
@@ -672,8 +745,17 @@ def step_whatif(
         "oom_event_index": None if completes else (at_event if at_event is not None else n + int(at_request or 0)),
         # None where the answer flips inside the limit's range, or with the order of new segments:
         # the trace cannot say which holds (step_completes_range, placement give both).
-        "step_completes": None if across is not None or not placement["certain"] else completes,
+        "step_completes": (
+            None
+            if across is not None
+            or not placement["certain"]
+            or (fallback is not None and not fallback["certain"])
+            or (request_range is not None and not request_range["certain"])
+            else completes
+        ),
         "step_completes_range": across,
+        "caught_ooms": fallback,
+        "oom_request_range": request_range,
         "step_shortfall_bytes": int(shortfall),
         "step_peak_reserved_bytes": int(result.peak_reserved),
         "oom_projected": projected,
