@@ -365,7 +365,7 @@ def test_the_quota_counts_the_report_charts_and_explore_stores(
     from django.core.files.storage import default_storage
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots.limits import team_usage_bytes
+    from webapp.snapshots.quota import team_usage_bytes
     from webapp.snapshots.tasks import analyse_upload
 
     upload = make_upload(alpha, alice)

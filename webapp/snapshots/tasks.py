@@ -56,7 +56,7 @@ def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
     """
     from webapp.snapshots import disk
     from webapp.snapshots.explore import store_name
-    from webapp.snapshots.limits import team_usage_bytes
+    from webapp.snapshots.quota import team_usage_bytes
 
     paths = sorted(folder.glob("*.npz"))
     size = sum(p.stat().st_size for p in paths)
