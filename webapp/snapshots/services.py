@@ -777,6 +777,46 @@ def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, A
 
 
 @db_write_retry
+def uploads_without_stores(codes: list[str] | None = None) -> list[int]:
+    """Done uploads whose bytes have no explore store (analysed before stores existed, or their
+    stores not kept): one upload per distinct file, oldest first; ``codes`` narrows to those."""
+    from webapp.snapshots.explore import has_stores
+
+    rows = Upload.objects.filter(status=Upload.Status.DONE).exclude(blob_name="").order_by("id")
+    if codes is not None:
+        rows = rows.filter(code__in=codes)
+    seen: set[str] = set()
+    out: list[int] = []
+    for upload_id, sha256 in rows.values_list("id", "sha256"):
+        if sha256 in seen:
+            continue
+        seen.add(sha256)
+        if not has_stores(sha256):
+            out.append(upload_id)
+    return out
+
+
+def upload_for_stores(upload_id: int) -> Upload | None:
+    """The done upload ``upload_id`` while its bytes have no explore store yet, else None."""
+    from webapp.snapshots.explore import has_stores
+
+    upload = (
+        Upload.objects.filter(pk=upload_id, status=Upload.Status.DONE)
+        .exclude(blob_name="")
+        .select_related("project")
+        .first()
+    )
+    if upload is None or has_stores(upload.sha256):
+        return None
+    return upload
+
+
+def upload_add_stored_bytes(upload_id: int, size: int) -> None:
+    """Count ``size`` more bytes kept for the upload (its explore stores, made after its analysis)."""
+    if size > 0:
+        Upload.objects.filter(pk=upload_id).update(stored_bytes=F("stored_bytes") + int(size))
+
+
 def upload_fail(upload_id: int, code: str, detail: str = "") -> None:
     Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
         status=Upload.Status.FAILED,
