@@ -45,9 +45,9 @@ M = [
         "    from webapp.snapshots.models import Project\n    project = Project.objects.filter(slug=slug).first()\n    if project is None:\n        return _not_found()",
     ),
     (
-        "webapp/snapshots/api.py",
-        "    if slug:\n        project = services.project_for_user(request.user, slug)",
-        "    if slug:\n        from webapp.snapshots.models import Project\n        project = Project.objects.filter(slug=slug).first()",
+        "webapp/snapshots/services.py",
+        "    if slug:\n        project = project_for_user(user, slug)",
+        "    if slug:\n        project = Project.objects.filter(slug=slug).first()",
     ),
     (
         "webapp/snapshots/services.py",

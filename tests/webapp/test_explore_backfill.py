@@ -11,7 +11,7 @@ from django.core.files.storage import default_storage
 from django.core.management import call_command
 
 from tests.webapp.helpers import GPT_OOM, make_upload
-from webapp.snapshots import explore
+from webapp.snapshots import digging
 from webapp.snapshots.models import Upload
 from webapp.snapshots.tasks import analyse_upload, backfill_explore
 
@@ -30,7 +30,7 @@ def _analysed_without_stores(alice: Any, alpha: Any) -> tuple[Upload, int]:
     for name in files:
         default_storage.delete(f"explore/{upload.sha256}/{name}")
     Upload.objects.filter(pk=upload.pk).update(stored_bytes=upload.stored_bytes - size)
-    explore._stores.clear()
+    digging._stores.clear()
     return upload, size
 
 
@@ -77,7 +77,7 @@ def test_the_backfill_runs_under_the_analysis_limits_and_leaves_the_report_when_
     with caplog.at_level("WARNING", logger="webapp.snapshots.tasks"):
         backfill_explore(upload.id)
     assert "explore stores not made: snapshot:limit:time: analysis used more than 0 s of CPU" in caplog.text
-    assert not explore.has_stores(upload.sha256)
+    assert not digging.has_stores(upload.sha256)
     assert _zoom(alice_client, upload).status_code == 404
     after = Upload.objects.get(pk=upload.pk)
     assert after.status == Upload.Status.DONE and after.stored_bytes == counted and after.report.data

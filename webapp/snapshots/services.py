@@ -780,7 +780,7 @@ def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, A
 def uploads_without_stores(codes: list[str] | None = None) -> list[int]:
     """Done uploads whose bytes have no explore store (analysed before stores existed, or their
     stores not kept): one upload per distinct file, oldest first; ``codes`` narrows to those."""
-    from webapp.snapshots.explore import has_stores
+    from webapp.snapshots.digging import has_stores
 
     rows = Upload.objects.filter(status=Upload.Status.DONE).exclude(blob_name="").order_by("id")
     if codes is not None:
@@ -798,7 +798,7 @@ def uploads_without_stores(codes: list[str] | None = None) -> list[int]:
 
 def upload_for_stores(upload_id: int) -> Upload | None:
     """The done upload ``upload_id`` while its bytes have no explore store yet, else None."""
-    from webapp.snapshots.explore import has_stores
+    from webapp.snapshots.digging import has_stores
 
     upload = (
         Upload.objects.filter(pk=upload_id, status=Upload.Status.DONE)

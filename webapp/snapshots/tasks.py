@@ -45,7 +45,7 @@ def _local_path(blob_name: str) -> Any:
 
 
 def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
-    """Move the child's explore stores into the upload's storage (``webapp/snapshots/explore.py``
+    """Move the child's explore stores into the upload's storage (``webapp/snapshots/digging.py``
     reads them); a store already there (the same file uploaded before) is kept. Returns the bytes
     the upload now holds in stores, which its team's quota counts.
 
@@ -55,7 +55,7 @@ def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
     the quota was meant to protect (issue 22).
     """
     from webapp.snapshots import disk
-    from webapp.snapshots.explore import store_name
+    from webapp.snapshots.digging import store_name
     from webapp.snapshots.quota import team_usage_bytes
 
     paths = sorted(folder.glob("*.npz"))
@@ -201,7 +201,7 @@ def _child_limits(path: Path) -> runner.Limits:
 def backfill_explore(upload_id: int, **_future_kwargs: Any) -> None:
     """Make the explore stores of done upload ``upload_id``, analysed without them (before stores
     existed, or not kept then), in the analysis child under the analysis's rlimits: the web process
-    never reads an upload (``explore.py``). The stored report stands whatever happens here: the
+    never reads an upload (``digging.py``). The stored report stands whatever happens here: the
     child's new report is dropped, and a file refused now leaves the upload without stores.
     Queued by ``manage.py backfill_explore``."""
     upload = services.upload_for_stores(upload_id)

@@ -23,7 +23,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from analysis import readout
-from webapp.snapshots import chartpage, disk, explore, formatting, intake, messages, runs, services
+from webapp.snapshots import chartpage, digging, disk, formatting, intake, messages, runs, services
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
 from webapp.snapshots.ratelimits import LimitExceeded
@@ -414,12 +414,12 @@ def _int_param(request: HttpRequest, name: str, default: int | None = None) -> i
     raw = request.GET.get(name)
     if raw is None or raw == "":
         if default is None:
-            raise explore.ExploreError(400, "explore:missing-param", f"the query needs {name}=")
+            raise digging.ExploreError(400, "explore:missing-param", f"the query needs {name}=")
         return default
     try:
         return int(float(raw))
     except (ValueError, OverflowError) as err:  # "nan", "inf" (was an HTML 500, issue 22)
-        raise explore.ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
+        raise digging.ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
 
 
 def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
@@ -432,22 +432,22 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
             t0 = _int_param(request, "t0", 0)
             t1 = _int_param(request, "t1", 2**62)
             px = min(4000, max(16, _int_param(request, "px", 1000)))
-            body = explore.timeline_payload(upload_row, device, t0, t1, px)
+            body = digging.timeline_payload(upload_row, device, t0, t1, px)
         elif kind == "active":
             t0 = _int_param(request, "t0", 0)
             t1 = _int_param(request, "t1", 2**62)
             px = min(4000, max(16, _int_param(request, "px", 1000)))
-            body = explore.active_payload(upload_row, device, t0, t1, px)
+            body = digging.active_payload(upload_row, device, t0, t1, px)
         elif kind == "segments":
             t0 = _int_param(request, "t0", 0)
             t1 = _int_param(request, "t1", 2**62)
             px = min(4000, max(16, _int_param(request, "px", 1000)))
-            body = explore.segments_payload(upload_row, device, t0, t1, px)
+            body = digging.segments_payload(upload_row, device, t0, t1, px)
         elif kind == "state":
-            body = explore.state_payload(upload_row, device, _int_param(request, "i"))
+            body = digging.state_payload(upload_row, device, _int_param(request, "i"))
         else:
-            body = explore.block_payload(upload_row, device, _int_param(request, "alloc"))
-    except explore.ExploreError as err:
+            body = digging.block_payload(upload_row, device, _int_param(request, "alloc"))
+    except digging.ExploreError as err:
         return JsonResponse({"error": {"code": err.code, "message": err.message}}, status=err.status)
     response = JsonResponse(body)
     response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
@@ -457,7 +457,7 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
 @login_required
 @require_GET
 def explore_json(request: HttpRequest, code: str, kind: str) -> HttpResponse:
-    """``/s/<code>/{timeline,state,block}.json``: see webapp/snapshots/explore.py."""
+    """``/s/<code>/{timeline,state,block}.json``: see webapp/snapshots/digging.py."""
     return _explore_answer(_upload_or_404(request, code), request, kind)
 
 

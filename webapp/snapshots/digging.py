@@ -1,4 +1,4 @@
-"""The report's interactive endpoints: zoom detail, the allocator's state at an event, one block's story.
+"""Digging (the report's interactive endpoints): zoom detail, the allocator's state at an event, one block's story.
 
 Everything here reads data the worker computed at analysis time: the analysis child writes one
 store per device (``analysis.explore.explore_store``: the recorded replay's columns, the trace
