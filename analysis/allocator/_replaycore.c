@@ -41,7 +41,30 @@ static int as_i128(PyObject *o, i128 *out) {
     return 0;
 }
 
+/* CPython 3.11's int layout (30-bit digits, the sign in ob_size): small exact ints are read and made
+ * straight from their digits. Other interpreters take the C API. */
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+#define DIGITS_311 1
+#else
+#define DIGITS_311 0
+#endif
+
 static PyObject *from_i128(i128 v) {
+#if DIGITS_311
+    if (v > INT64_MAX) { /* the packed free-list keys: 2 to 4 digits, positive */
+        int nd = 0;
+        digit d[5];
+        for (i128 x = v; x; x >>= PyLong_SHIFT) {
+            if (nd == 5) goto generic;
+            d[nd++] = (digit)(x & PyLong_MASK);
+        }
+        PyLongObject *o = _PyLong_New(nd);
+        if (!o) return NULL;
+        memcpy(o->ob_digit, d, nd * sizeof(digit));
+        return (PyObject *)o;
+    }
+generic:
+#endif
     if (v >= INT64_MIN && v <= INT64_MAX) return PyLong_FromLongLong((long long)v);
     unsigned char buf[16];
     memcpy(buf, &v, sizeof buf);
@@ -49,6 +72,17 @@ static PyObject *from_i128(i128 v) {
 }
 
 static inline int as_i64(PyObject *o, int64_t *out) {
+#if DIGITS_311
+    if (PyLong_CheckExact(o)) {
+        Py_ssize_t sz = Py_SIZE(o);
+        const digit *d = ((PyLongObject *)o)->ob_digit;
+        if (sz >= -2 && sz <= 2) {
+            int64_t v = sz == 0 ? 0 : (sz == 1 || sz == -1) ? (int64_t)d[0] : ((int64_t)d[1] << PyLong_SHIFT) | d[0];
+            *out = sz < 0 ? -v : v;
+            return 0;
+        }
+    }
+#endif
     long long v = PyLong_AsLongLong(o);
     if (v == -1 && PyErr_Occurred()) return -1;
     *out = v;
@@ -58,7 +92,7 @@ static inline int as_i64(PyObject *o, int64_t *out) {
 /* A non-negative exact int of at most 4 digits (120 bits) read straight from its digits: 1, or 0 when
  * it is not one (or on an interpreter whose int layout differs: the callers then compare as Python does). */
 static inline int fast_u120(PyObject *o, i128 *out) {
-#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+#if DIGITS_311
     if (!PyLong_CheckExact(o)) return 0;
     Py_ssize_t nd = Py_SIZE(o);
     if (nd < 0 || nd > 4) return 0;
@@ -227,6 +261,13 @@ static int get_attr_i64(PyObject *o, const char *name, int64_t *out) {
 /* ------------------------------------------------------------------ the allocator model (policy._Model.run) */
 
 /* A block is a list [size, address, prev | None, next | None, state]. */
+
+/* truth of a block's state (True, False or None; anything else as Python tests it) */
+static inline int truth(PyObject *o) {
+    if (o == Py_True) return 1;
+    if (o == Py_False || o == Py_None) return 0;
+    return PyObject_IsTrue(o);
+}
 enum { B_SIZE = 0, B_ADDR = 1, B_PREV = 2, B_NEXT = 3, B_STATE = 4 };
 #define BGET(b, k) PyList_GET_ITEM((b), (k))
 
@@ -414,7 +455,7 @@ static PyObject *policy_run(PyObject *self, PyObject *args) {
             PyObject *kl = PyList_GET_ITEM(keys, lk), *bl = PyList_GET_ITEM(blks, lk);
             PyObject *p = BGET(b, B_PREV);
             if (p != Py_None) {
-                int pst = PyObject_IsTrue(BGET(p, B_STATE));
+                int pst = truth(BGET(p, B_STATE));
                 if (pst < 0) goto free_fail;
                 if (pst) { /* merge into the free block before */
                     int64_t ps, pa;
@@ -431,7 +472,7 @@ static PyObject *policy_run(PyObject *self, PyObject *args) {
             }
             PyObject *nb = BGET(b, B_NEXT);
             if (nb != Py_None) {
-                int nst = PyObject_IsTrue(BGET(nb, B_STATE));
+                int nst = truth(BGET(nb, B_STATE));
                 if (nst < 0) goto free_fail;
                 if (nst) { /* absorb the free block after */
                     int64_t ns, na;
