@@ -17,7 +17,7 @@ setup(
         Extension(
             "analysis._snapread",
             ["analysis/_snapread.c"],
-            libraries=["z"],
+            libraries=["z", "dl"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-unused-function"],
         ),
         Extension(

@@ -74,7 +74,8 @@ def _version() -> str:
     from analysis.allocator import compiled
 
     return (
-        f"oomscope analysis 0.1.0; snapshot reader: {fastread.reader_in_use()}; replay loops: {compiled.loops_in_use()}"
+        f"oomscope analysis 0.1.0; snapshot reader: {fastread.reader_in_use()}; gunzip: {fastread.inflater()};"
+        f" replay loops: {compiled.loops_in_use()}"
     )
 
 
