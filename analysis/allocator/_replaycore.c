@@ -186,7 +186,18 @@ static int insort_right_i64(PyObject *list, int64_t v) {
 static inline int list_del(PyObject *list, Py_ssize_t j) { return PyList_SetSlice(list, j, j + 1, NULL); }
 
 /* dict.pop(key, None): a new reference, or NULL with no error set when absent (NULL + error on failure). */
+static PyObject *missing; /* a private default for dict_pop: no dict here holds it */
+
 static PyObject *dict_pop(PyObject *d, PyObject *key) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+    /* one look-up instead of two: 3.11-3.12's _PyDict_Pop(dict, key, default) */
+    PyObject *v = _PyDict_Pop(d, key, missing);
+    if (v == missing) {
+        Py_DECREF(v);
+        return NULL;
+    }
+    return v;
+#else
     PyObject *v = PyDict_GetItemWithError(d, key);
     if (!v) return NULL;
     Py_INCREF(v);
@@ -195,6 +206,7 @@ static PyObject *dict_pop(PyObject *d, PyObject *key) {
         return NULL;
     }
     return v;
+#endif
 }
 
 static PyObject *dict_pop_i64(PyObject *d, int64_t k) {
@@ -1193,4 +1205,7 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_replaycore",
                                        "The allocator model's and the recorded replay's per-event loops in C.", -1,
                                        methods};
 
-PyMODINIT_FUNC PyInit__replaycore(void) { return PyModule_Create(&moduledef); }
+PyMODINIT_FUNC PyInit__replaycore(void) {
+    if (!missing && !(missing = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type))) return NULL;
+    return PyModule_Create(&moduledef);
+}
