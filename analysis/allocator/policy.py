@@ -52,7 +52,9 @@ every request before it were served.
 
 Speed: the hot path (a best-fit hit and a free with merges) runs inline in one
 loop over pre-filtered columns, on sorted lists of packed ``size << 57 | addr``
-integers searched with ``bisect``; everything else is a method call.
+integers searched with ``bisect``; everything else is a method call. Where it is
+built, the same loop runs in C over the same state (``analysis.allocator.compiled``);
+this one stays the reference.
 """
 
 from __future__ import annotations

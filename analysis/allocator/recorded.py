@@ -27,6 +27,8 @@ replay runs forward from there. Its peaks are lower bounds.
 The inner loop is plain Python over lists with dicts keyed by address (blocks of
 one device never overlap, so an address names one block at a time); the figures
 that need no block sizes (``requested``, ``reserved``) are computed with numpy.
+Where it is built, the same loop runs in C over the same state
+(``analysis.allocator.compiled``); this one stays the reference.
 """
 
 from __future__ import annotations
