@@ -52,7 +52,9 @@ every request before it were served.
 
 Speed: the hot path (a best-fit hit and a free with merges) runs inline in one
 loop over pre-filtered columns, on sorted lists of packed ``size << 57 | addr``
-integers searched with ``bisect``; everything else is a method call.
+integers searched with ``bisect``; everything else is a method call. Where it is
+built, the same loop runs in C over the same state (``analysis.allocator.compiled``);
+this one stays the reference.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analysis.allocator import compiled
 from analysis.allocator.config import UNLIMITED, AllocatorConfig, is_small, limit_refuses
 from analysis.allocator.limits import LimitEstimate, infer_limit
 from analysis.allocator.placement import PLACEMENTS, Placement
@@ -786,6 +789,11 @@ class _Model:
         split_over = [rules[(lk // self.ns) & 1][0] for lk in range(len(keys))]
         split_below = [rules[(lk // self.ns) & 1][1] for lk in range(len(keys))]
         allocation_size = cfg.allocation_size
+        if compiled.wanted():  # the same loop in C, fed the same numbers (analysis.allocator.compiled)
+            return compiled.policy_run(
+                self, events, ops, raddrs, sizes, lks, sh=sh, gc_on=gc_on, fast=fast, exp_hit=exp_hit, mss=mss,
+                nsr=nsr, mss_on=mss_on, split_over=split_over, split_below=split_below, allocation_size=allocation_size,
+            )  # fmt: skip
         for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
             if op == 1:  # _OP_FREE: free_requested + free_completed
                 b = amap.pop(ra, None)
