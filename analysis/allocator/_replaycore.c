@@ -390,6 +390,21 @@ static int parse_policy_params(PyObject *d, PolicyParams *P) {
 }
 
 /* model.cur = events[k] */
+/* Whether the OOM just served (model.cur) is one the program survived: 1, 0, or -1 on error. */
+static int served_oom_is_transient(PyObject *model) {
+    PyObject *transient = PyObject_GetAttrString(model, "transient");
+    if (!transient) return -1;
+    PyObject *cur = PyObject_GetAttrString(model, "cur");
+    if (!cur) {
+        Py_DECREF(transient);
+        return -1;
+    }
+    int found = PySequence_Contains(transient, cur);
+    Py_DECREF(cur);
+    Py_DECREF(transient);
+    return found;
+}
+
 static int set_cur(PyObject *model, PyObject *events, Py_ssize_t k) {
     PyObject *ev = PySequence_GetItem(events, k);
     if (!ev) return -1;
@@ -676,9 +691,20 @@ static PyObject *policy_run(PyObject *self, PyObject *args) {
                 continue;
             }
             PyObject *r = PyObject_CallMethod(model, "split", "OOO", lk_o, b, rs_o);
-            Py_DECREF(b);
-            if (!r) goto done;
+            if (!r) {
+                Py_DECREF(b);
+                goto done;
+            }
             Py_DECREF(r);
+            /* An OOM the program caught (policy._Model.transient): its block is freed at once. */
+            int caught = served_oom_is_transient(model);
+            if (caught > 0) {
+                r = PyObject_CallMethod(model, "free_block", "OO", lk_o, b);
+                Py_XDECREF(r);
+                if (!r) caught = -1;
+            }
+            Py_DECREF(b);
+            if (caught < 0) goto done;
         } else if (op == P.op_flush) {
             if (set_cur(model, events, k) < 0) goto done;
             PyObject *r = PyObject_CallMethod(model, "release_cached", "O", ra);

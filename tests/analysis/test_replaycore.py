@@ -183,3 +183,13 @@ def test_without_the_extension_the_python_loops_run(monkeypatch: pytest.MonkeyPa
     assert not compiled.wanted()
     assert compiled.loops_in_use() == "python (the compiled replay loops are not built)"
     assert _replay_facts(recorded_replay(s, s.devices[0])) == with_c
+
+
+def test_a_caught_oom_freed_at_once_both_ways() -> None:
+    # unetrr_c104_default: cuDNN's 32 caught workspace OOMs before the fatal one. The step what-if
+    # replays them freed at once (policy._Model.transient); the compiled loop must free them too.
+    path = FIXTURES / "captures" / "unetrr_c104_default.pickle.gz"
+    ref, fast = both(lambda: json.dumps(build_report(path, whatif=("expandable_segments:True",), jobs=1), sort_keys=True))
+    assert fast == ref
+    whatif = next(w for w in json.loads(fast)["devices"][0]["whatif"] if w["config"] == "expandable_segments:True")
+    assert whatif["caught_ooms"]["completes_freed"] is True
