@@ -545,7 +545,7 @@ def triage(message_text: str, summary_text: str | None = None) -> Triage:
 # message and an expandable_segments:True rerun) where this triage says fragmentation: how often the
 # rerun finished, died at a later step, or died at the same step. Recomputed from the fixtures by
 # tests/analysis/test_triage.py::test_fragmentation_odds_are_the_benchs.
-FRAGMENTATION_RERUNS = {"runs": 60, "finished": 17, "died_later": 21, "died_same_step": 22}
+FRAGMENTATION_RERUNS = {"runs": 64, "finished": 20, "died_later": 21, "died_same_step": 23}
 
 
 def _confidence(cause: str, certain: bool) -> tuple[str, str]:
