@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analysis.allocator import ProjectedTail, simulate
+from analysis.allocator import ProjectedTail, Requests, simulate
 from analysis.allocator.policy import placement_for, placement_report, start_report, tie_order_matters
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
@@ -574,6 +574,7 @@ def step_whatif(
     projection: Projection,
     limit_range: tuple[int, int] | None = None,
     capped: bool = True,
+    requests: Requests | None = None,
 ) -> dict[str, Any]:
     """``allocator.whatif``'s item for ``conf``, replayed with the projected tail, plus the
     step-level keys (``step_completes``, ``step_shortfall_bytes``, ``oom_projected``,
@@ -589,13 +590,15 @@ def step_whatif(
     peak reserved memory above ``low``, or the failing request short by less than
     ``high - limit_bytes``), the step is replayed once more at that end; if the two
     answers differ, the trace cannot tell which holds: ``step_completes`` is None
-    and ``step_completes_range`` gives both. ``capped`` as in ``allocator.whatif``.
+    and ``step_completes_range`` gives both. ``capped`` and ``requests`` as in ``allocator.whatif``.
     """
     assert projection.tail is not None
     base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     cfg = AllocatorConfig.parse(conf, base=base).acting(capped)
     order = placement_for(cfg, base)
-    result = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement=order)
+    result = simulate(
+        snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement=order, requests=requests
+    )
     n = len(dev.trace)
     real = result.change_index < n
     peak_real = int(result.change_reserved[real].max()) if real.any() else 0
@@ -641,7 +644,9 @@ def step_whatif(
         ):
             probe = high  # a cap at the high end may hold the request that failed
         if probe is not None:
-            other = simulate(snapshot, dev, cfg, probe, step_ends, tail=projection.tail, placement=order)
+            other = simulate(
+                snapshot, dev, cfg, probe, step_ends, tail=projection.tail, placement=order, requests=requests
+            )
             other_completes = first_failure(other.ooms, projection, n, caught) == (None, None)
             if other_completes != completes:
                 across = {
@@ -655,7 +660,9 @@ def step_whatif(
     # answer flips, it hangs on where the driver puts segments, which the trace cannot show.
     placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
     if tie_order_matters(order, cfg):
-        mirror = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement="mirror")
+        mirror = simulate(
+            snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement="mirror", requests=requests
+        )
         mirror_completes = first_failure(mirror.ooms, projection, n, caught) == (None, None)
         if mirror_completes != completes:
             placement["certain"] = False

@@ -1107,9 +1107,7 @@ def _simulate(
     )
     start = "empty"
     if not _segments_complete(dev):
-        from analysis.allocator.recorded import recorded_replay  # local: only partial traces need it
-
-        state = recorded_replay(snapshot, dev).blocks_at(-1)
+        state = req.source.get().blocks_at(-1)
         start = start_state(config, req.recorded_config)
         if start == "live-blocks":
             model.seed_live(state)
@@ -1206,6 +1204,14 @@ def _segments_complete(device: DeviceData) -> bool:
         return final_total == 0
     reserved = _recorded_reserved(device)
     return int(reserved[-1]) == final_total and int(reserved.min()) >= 0
+
+
+def needs_recorded_state(device: DeviceData, recorded: AllocatorConfig) -> bool:
+    """Whether a policy replay of ``device`` (the check, a what-if) reads the recorded replay
+    (``recording.ReplaySource``): a partial trace starts from its state before the first event,
+    and a recorded GC threshold bounds the limit from states where the GC did not run
+    (``infer_limit``). An owner that forks the replays builds the source first when so."""
+    return len(device.trace) > 0 and (not _segments_complete(device) or recorded.garbage_collection_threshold > 0)
 
 
 def trace_is_complete(device: DeviceData) -> bool:
