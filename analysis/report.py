@@ -1,11 +1,13 @@
 """The report: every analysis of a snapshot assembled into the contract JSON.
 
 ``build_report(source)`` reads a snapshot, replays each device's trace once
-(``analysis.replay``), runs the what-if replays (``analysis.allocator``) and the
-analyses of this package, and returns a plain dict (``schema:
+(``analysis.allocator.recording``), runs the what-if replays (``analysis.allocator``)
+and the analyses of this package, and returns a plain dict (``schema:
 "oomscope.report/1"``, see ../shared/docs/contract.md and docs/report.md for
 the keys beyond the contract). Bytes are ints, addresses hex strings, and
-nothing in it needs more than ``json.dumps``.
+nothing in it needs more than ``json.dumps``. Each device goes through stages
+that pass frozen results to the next, and its contract entry is written once,
+from them (the section "per device: the stages" below; docs/architecture.md).
 
 Work per device is a handful of numpy passes over the replay's columns; the
 only per-event Python loops are inside the replays themselves.
@@ -52,7 +54,16 @@ from analysis.config import UNLIMITED, AllocatorConfig
 from analysis.decision import decide, device_full_unexplained, primary_cause
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
-from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
+from analysis.model import (
+    ALLOC,
+    INACTIVE,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    DeviceData,
+    Snapshot,
+)
 from analysis.model import OOM as OOM_ACTION
 from analysis.oom import MAX_OOMS_EXPLAINED, UsableFree, explain_oom, flush_window_start, oom_indices, verdict
 from analysis.ooms import list_ooms
@@ -1524,8 +1535,6 @@ def _even_indices(n: int, k: int) -> I64:
 
 
 def _reserved_from_segments_events(dev: DeviceData) -> I64:
-    from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
-
     t = dev.trace
     grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
     shrink = (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)
