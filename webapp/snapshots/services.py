@@ -614,6 +614,12 @@ def upload_set_progress(upload_id: int, stage: str | None, progress: int | None)
     Upload.objects.filter(pk=upload_id, status=Upload.Status.RUNNING).update(**fields)
 
 
+def report_data(report: Report) -> dict[str, Any]:
+    """A stored report's JSON in the current shape (``analysis.stored.upgrade``: one stored by an
+    older worker gets the keys it lacks), as the API serves it."""
+    return upgrade(report.data)
+
+
 def summary_from_report(report: dict[str, Any]) -> dict[str, Any]:
     """The few figures kept on the row for lists, history and the API (of ``report`` in the current
     shape: ``analysis.stored.upgrade``, in place, for one from an older worker)."""
