@@ -388,10 +388,12 @@ def build_whatif(
                 recorded,
                 trace_complete=len(steps) > 0 and trace_is_complete(dev),
             )
+        # The device's requests (and its recorded replay, if a rule reads it), built once here.
+        requests, ends = build_requests(snapshot, dev), steps.last_event.tolist()
         if projection is not None and projection.available:
-            item = step_whatif(snapshot, dev, config, wlimit, steps.last_event.tolist(), projection, limit_range=span)
+            item = step_whatif(snapshot, dev, config, wlimit, ends, projection, limit_range=span, requests=requests)
         else:
-            item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
+            item = whatif(snapshot, dev, config, wlimit, ends, requests=requests)
             item["step_completes"] = None
         out.append({"device": dev.device, "recorded_peak_reserved_bytes": peak, "whatif": item})
     return {"schema": SCHEMA, "source": src, "config": config, "devices": out}
