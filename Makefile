@@ -18,11 +18,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt client/pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ./client  # README: python -m oomscope_client upload ...
 	@touch $@
 
-install: $(VENV)/.installed ## create .venv, install the pinned requirements, build the compiled reader
-	@# The C reader (analysis/_snapread.c) with the machine's compiler and zlib; without them the Python reader runs.
+install: $(VENV)/.installed ## create .venv, install the pinned requirements, build the compiled reader and replay loops
+	@# The C reader (analysis/_snapread.c) and replay loops (analysis/allocator/_replaycore.c) with the
+	@# machine's compiler and zlib; without them the Python reader and loops run.
 	@$(PY) setup.py -q build_ext --inplace >/dev/null 2>var-build-ext.log \
 	  && rm -f var-build-ext.log \
-	  || echo "oomscope: the compiled reader was not built (no C compiler, Python headers or zlib.h; see var-build-ext.log): the Python reader runs"
+	  || echo "oomscope: the compiled reader and replay loops were not built (no C compiler, Python headers or zlib.h; see var-build-ext.log): the Python ones run"
 
 static: install ## copy BokehJS into static/bokeh/<version>/ and collect static files under var/
 	$(PY) scripts/copy_bokehjs.py
@@ -58,4 +59,4 @@ diffbench: install ## the allocator model against real runs (tests/fixtures/capt
 	$(PY) scripts/diffbench.py
 
 clean: ## remove .venv and var/ (database, uploads, logs) and the built reader
-	rm -rf $(VENV) var build analysis/_snapread*.so var-build-ext.log
+	rm -rf $(VENV) var build analysis/_snapread*.so analysis/allocator/_replaycore*.so var-build-ext.log

@@ -1,8 +1,10 @@
-"""Build the compiled reader in place: ``python setup.py build_ext --inplace`` (``make install`` runs it).
+"""Build the C extensions in place: ``python setup.py build_ext --inplace`` (``make install`` runs it).
 
-Only the C extension ``analysis._snapread`` is built here (the project is not installed as a package).
-It links the machine's zlib; nothing is downloaded. Without a compiler the build fails and
-``analysis.fastread`` reports the Python reader as the one in use.
+Only the C extensions are built here (the project is not installed as a package):
+``analysis._snapread``, the compiled reader, which links the machine's zlib, and
+``analysis.allocator._replaycore``, the per-event loops of the allocator model and of the recorded
+replay. Nothing is downloaded. Without a compiler the build fails, ``analysis.fastread``
+reports the Python reader and ``analysis.allocator.compiled`` the Python loops as the ones in use.
 """
 
 from setuptools import Extension, setup
@@ -15,8 +17,13 @@ setup(
         Extension(
             "analysis._snapread",
             ["analysis/_snapread.c"],
-            libraries=["z"],
+            libraries=["z", "dl"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-unused-function"],
-        )
+        ),
+        Extension(
+            "analysis.allocator._replaycore",
+            ["analysis/allocator/_replaycore.c"],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"],
+        ),
     ],
 )

@@ -71,13 +71,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _version() -> str:
     from analysis import fastread
+    from analysis.allocator import compiled
 
-    return f"oomscope analysis 0.1.0; snapshot reader: {fastread.reader_in_use()}"
+    return (
+        f"oomscope analysis 0.1.0; snapshot reader: {fastread.reader_in_use()}; gunzip: {fastread.inflater()};"
+        f" replay loops: {compiled.loops_in_use()}"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis", description="Explain a CUDA memory snapshot.")
-    parser.add_argument("--version", action="version", version=_version(), help="the version and the reader in use")
+    parser.add_argument(
+        "--version", action="version", version=_version(), help="the version, the reader and the replay loops in use"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="the full report (JSON with --json, else a short summary)")
     rep.add_argument(

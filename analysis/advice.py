@@ -12,7 +12,12 @@ Suggestion ids (docs/report.md documents each): ``expandable_segments``,
 ``max_split_size_mb``, ``roundup_power2_divisions``,
 ``garbage_collection_threshold``, ``amp``, ``activation_checkpointing``,
 ``optimizer_state``, ``shape_bucketing``, ``allocation_order``, ``capture_settings``, and
-``smaller_batch`` (added by ``analysis.sizing`` once the report is finished).
+``smaller_batch``. The allocator settings' rules are made from the settings table
+(``analysis.allocator.config.SETTINGS``: one row each, with its title, reason and cost), so ``all_rules()``
+reads the table when called. Every rule carries its cost (a key of ``analysis.sizing.COSTS``, checked
+when sizing is imported) and its stage: ``"report"`` rules run in ``advise`` once the report's
+measurements exist; ``"sizing"`` rules (``smaller_batch``) need the batch fit and the diagnosis, and
+``analysis.sizing`` runs them after the others (``advise(ctx, stage="sizing")``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.config import UNLIMITED, AllocatorConfig
+from analysis.allocator.config import AllocatorConfig, Setting, offered_settings, setting_named
+from analysis.causes import CauseRule
 from analysis.oom import named_free_block
 
 MiB = 1 << 20
@@ -88,13 +94,18 @@ class AdviceContext:
     amp_saving_high: int | None = None
     # Checkpointing repeated blocks (report._checkpoint_estimate): blocks, block_input_bytes, ...
     checkpoint: dict[str, int] | None = None
+    # Known at the "sizing" stage (analysis.sizing): the batch fit, and the rule of the primary cause.
+    batch_fit: dict[str, Any] | None = None
+    cause: CauseRule | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Rule:
     id: str
     applies: Callable[[AdviceContext], bool]
     suggest: Callable[[AdviceContext], dict[str, Any] | None]
+    cost: str  # a key of analysis.sizing.COSTS: what the change costs the run
+    stage: str = "report"  # "report" | "sizing" (needs the batch fit and the diagnosis)
 
 
 def _gib(n: int) -> str:
@@ -118,13 +129,8 @@ def _suggestion(
 
 
 def _already_set(ctx: AdviceContext, setting: str) -> bool:
-    rec = ctx.recorded
-    return {
-        "expandable_segments": rec.expandable_segments,
-        "max_split_size_mb": rec.max_split_size != UNLIMITED,
-        "roundup_power2_divisions": any(rec.roundup_power2_divisions),
-        "garbage_collection_threshold": rec.garbage_collection_threshold > 0,
-    }.get(setting, False)
+    row = setting_named(setting)
+    return row is not None and row.is_set(ctx.recorded)
 
 
 def _best_whatif(ctx: AdviceContext, setting: str) -> WhatIf | None:
@@ -142,21 +148,9 @@ def _improves(ctx: AdviceContext, w: WhatIf) -> bool:
     return saving >= MIN_SAVING_BYTES and saving >= MIN_SAVING_SHARE * ctx.peak_reserved
 
 
-_SETTING_TITLES = {
-    "expandable_segments": "Turn on expandable segments",
-    "max_split_size_mb": "Stop the allocator from splitting large cached blocks",
-    "roundup_power2_divisions": "Round allocation sizes to power-of-two divisions",
-    "garbage_collection_threshold": "Let the allocator reclaim cached blocks before hitting the cap",
-}
-_SETTING_WHY = {
-    "expandable_segments": "segments grow in place instead of leaving unusable slivers",
-    "max_split_size_mb": "large cached blocks are no longer carved up for smaller requests",
-    "roundup_power2_divisions": "requests of similar sizes share cached blocks",
-    "garbage_collection_threshold": "old cached blocks are released before the cap is reached",
-}
+def _allocator_rule(row: Setting) -> Rule:
+    setting = row.key
 
-
-def _allocator_rule(setting: str) -> Rule:
     def applies(ctx: AdviceContext) -> bool:
         # A replay of part of the history cannot be compared with the whole run's peak.
         if _already_set(ctx, setting) or not ctx.capture.get("trace_complete", False):
@@ -217,14 +211,14 @@ def _allocator_rule(setting: str) -> Rule:
             replay += f"; {_gib(ctx.peak_reserved - ctx.peak_allocated)} of the recorded peak held no live block"
         return _suggestion(
             setting,
-            _SETTING_TITLES[setting],
+            row.title,
             f"PYTORCH_CUDA_ALLOC_CONF={best.config}",
-            replay + f" ({_SETTING_WHY[setting]}).",
+            replay + f" ({row.reason}).",
             saving,
             avoids_oom=best.avoids_oom,
         )
 
-    return Rule(setting, applies, suggest)
+    return Rule(id=setting, applies=applies, suggest=suggest, cost=row.cost)
 
 
 # -- workload rules ------------------------------------------------------------
@@ -415,25 +409,83 @@ def _capture_suggest(ctx: AdviceContext) -> dict[str, Any]:
 
 # The order is the order of evaluation; the output is re-sorted by impact, so
 # the order only decides ties: allocator settings first (no code change).
-RULES: tuple[Rule, ...] = (
-    _allocator_rule("expandable_segments"),
-    _allocator_rule("max_split_size_mb"),
-    _allocator_rule("roundup_power2_divisions"),
-    _allocator_rule("garbage_collection_threshold"),
-    Rule("amp", _amp_applies, _amp_suggest),
-    Rule("activation_checkpointing", _checkpoint_applies, _checkpoint_suggest),
-    Rule("optimizer_state", _optimizer_applies, _optimizer_suggest),
-    Rule("shape_bucketing", _bucketing_applies, _bucketing_suggest),
-    Rule("allocation_order", _allocation_order_applies, _allocation_order_suggest),
-    Rule("capture_settings", _capture_applies, _capture_suggest),
+# -- the batch (needs the batch fit: the "sizing" stage) --------------------------
+
+
+def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A ``smaller_batch`` suggestion from a feasible batch fit whose batch must shrink."""
+    if not fit or not fit["feasible"] or fit["fraction"] is None or fit["fraction"] >= 1.0:
+        return None
+    saving = round((1.0 - fit["fraction"]) * (fit["need_bytes"] - fit["fixed_bytes"]))
+    if fit["fitting_batch"] is not None:
+        title = f"Run micro-batches of {fit['micro_batch']} with {fit['accumulation_steps']}-step gradient accumulation"
+        batch = fit["batch_size"]
+        last = batch - (fit["accumulation_steps"] - 1) * fit["micro_batch"]
+        config = (
+            f"batch_size = {fit['micro_batch']}; accumulation_steps = {fit['accumulation_steps']}"
+            f"  # effective batch {batch}" + (f" (the last micro-batch {last})" if last != fit["micro_batch"] else "")
+        )
+    else:
+        accum = fit["accumulation_steps"] or 1
+        # The line halves (or splits further); the title must say the same, not the fraction alone.
+        title = (
+            f"Split the batch into {accum} micro-batches with gradient accumulation (at most "
+            f"{fit['fraction'] * 100:.0f}% of it fits)"
+        )
+        config = f"batch_size = batch_size // {accum}; accumulation_steps = {accum}  # same effective batch"
+    return {
+        "id": "smaller_batch",
+        "title": title,
+        "config": config,
+        "evidence": fit["explanation"],
+        "estimated_saving_bytes": saving,
+        "avoids_oom": True,
+        "step_completes": True,
+        "snippet": fit["snippet"],
+    }
+
+
+def _smaller_batch_applies(ctx: AdviceContext) -> bool:
+    # A cause that a smaller batch does not fix (its rule says so) gets no smaller-batch advice beside it.
+    return ctx.cause is None or ctx.cause.smaller_batch_helps
+
+
+def _smaller_batch_suggest(ctx: AdviceContext) -> dict[str, Any] | None:
+    return batch_suggestion(ctx.batch_fit)
+
+
+# The order is the order of evaluation; the output is re-sorted by impact, so
+# the order only decides ties: allocator settings first (no code change), in the
+# settings table's order; smaller_batch last (it is added after the others).
+WORKLOAD_RULES: tuple[Rule, ...] = (
+    Rule(id="amp", applies=_amp_applies, suggest=_amp_suggest, cost="precision"),
+    Rule(id="activation_checkpointing", applies=_checkpoint_applies, suggest=_checkpoint_suggest, cost="speed"),
+    Rule(id="optimizer_state", applies=_optimizer_applies, suggest=_optimizer_suggest, cost="memory"),
+    Rule(id="shape_bucketing", applies=_bucketing_applies, suggest=_bucketing_suggest, cost="shapes"),
+    Rule(id="allocation_order", applies=_allocation_order_applies, suggest=_allocation_order_suggest, cost="code"),
+    Rule(id="capture_settings", applies=_capture_applies, suggest=_capture_suggest, cost="capture"),
+    Rule(
+        id="smaller_batch",
+        applies=_smaller_batch_applies,
+        suggest=_smaller_batch_suggest,
+        cost="batch",
+        stage="sizing",
+    ),
 )
+# Ties between suggestions added at different stages keep the earlier one first.
+_LAST = 1 << 30
 
 
-def advise(ctx: AdviceContext, rules: tuple[Rule, ...] = RULES) -> list[dict[str, Any]]:
-    """Suggestions for one device, most useful first."""
+def all_rules() -> tuple[Rule, ...]:
+    """Every rule: one per offered allocator setting (read from the settings table now), then the workload's."""
+    return (*(_allocator_rule(row) for row in offered_settings()), *WORKLOAD_RULES)
+
+
+def advise(ctx: AdviceContext, rules: tuple[Rule, ...] | None = None, *, stage: str = "report") -> list[dict[str, Any]]:
+    """The suggestions of one stage's rules for one device, most useful first."""
     out: list[dict[str, Any]] = []
-    for position, rule in enumerate(rules):
-        if _already_set(ctx, rule.id) or not rule.applies(ctx):
+    for position, rule in enumerate(all_rules() if rules is None else rules):
+        if rule.stage != stage or _already_set(ctx, rule.id) or not rule.applies(ctx):
             continue
         suggestion = rule.suggest(ctx)
         if suggestion is not None:
@@ -442,14 +494,12 @@ def advise(ctx: AdviceContext, rules: tuple[Rule, ...] = RULES) -> list[dict[str
 
 
 def ordered(suggestions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The suggestions' one order: what avoids the OOM first, then by saving, ties in rule order.
-
-    ``analysis.report`` re-sorts with it after ``analysis.sizing`` adds ``smaller_batch`` (which has no
-    rule here: it needs the finished report).
-    """
+    """The suggestions' one order: what avoids the OOM first, then by saving, ties in rule order
+    (within one stage; ``analysis.sizing`` re-sorts with it after adding the "sizing" stage's, which
+    then come after the others they tie with)."""
     out = sorted(
         suggestions,
-        key=lambda s: (s["avoids_oom"] is not True, -s["estimated_saving_bytes"], s.get("_order", len(RULES))),
+        key=lambda s: (s["avoids_oom"] is not True, -s["estimated_saving_bytes"], s.get("_order", _LAST)),
     )
     for s in out:
         s.pop("_order", None)

@@ -4,8 +4,11 @@ The allocator model says whether the failing request could have fitted (capacity
 or fragmentation); most real OOMs are fixed in the program instead: a tensor kept
 every step, the optimizer's temporaries, an evaluation without ``no_grad``, CUDA
 graph pools, another process on the GPU, a KV cache grown by ``torch.cat``. Each
-rule below reads the typed ``CauseInput`` (the trace, its phases, the OOM and the
-limit) and returns a ``Cause`` or None. ``RULES`` is the one list, in priority
+rule's function reads the typed ``CauseInput`` (the trace, its phases, the OOM and the
+limit) and returns a ``Cause`` or None; its row in ``RULES`` (a ``CauseRule``) carries
+what holds for every cause it finds: its cost, its phase where that is fixed, whether
+memory grows (settings then only postpone the OOM) and whether a smaller batch helps
+(``analysis.sizing`` and the advisor read these). ``RULES`` is the one list, in priority
 order: the first cause that explains the OOM is the decision's answer
 (``analysis.decision``). Documented in docs/report.md, "Causes".
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -91,13 +94,14 @@ class CauseInput:
     optimizer_class: str = ""  # from the "Optimizer.step#AdamW.step" annotations, where the run has them
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cause:
-    """One cause with its evidence, its fix and what the fix is worth."""
+    """One cause with its evidence, its fix and what the fix is worth. ``id``, ``cost`` and a fixed
+    ``phase`` are its rule's (``CauseRule``): ``diagnose`` fills them in."""
 
-    id: str
+    id: str = ""
     title: str
-    phase: str
+    phase: str = ""
     explains_oom: bool  # without it, the failing request would have fitted
     headline: str  # one sentence for the decision screen
     evidence: str
@@ -106,7 +110,7 @@ class Cause:
     saving_bytes: int | None  # what the fix frees at the failing point (None: not measurable)
     fits_after_fix: bool | None  # arithmetic: the failing point fits once the fix is made
     settings: str  # what allocator settings can do about it
-    cost: str
+    cost: str = ""
     stacks: tuple[str, ...] = ()
     figures: Mapping[str, Any] = field(default_factory=dict)
 
@@ -207,7 +211,6 @@ def outside_memory(inp: CauseInput) -> Cause | None:
             "e.g. cupy.get_default_memory_pool().free_all_blocks()"
         )
     return Cause(
-        id="outside_memory",
         title="Memory outside this process's cache",
         phase=_oom_phase(inp),
         explains_oom=outside + free >= inp.requested_bytes,
@@ -226,7 +229,6 @@ def outside_memory(inp: CauseInput) -> Cause | None:
         saving_bytes=outside,
         fits_after_fix=True,
         settings="no PYTORCH_CUDA_ALLOC_CONF setting gives back memory PyTorch does not hold",
-        cost="none to the run: the memory belongs elsewhere",
         figures={"outside_bytes": outside, "other_processes_bytes": others, "in_process_outside_bytes": in_process},
     )
 
@@ -282,7 +284,6 @@ def leak(inp: CauseInput) -> Cause | None:
         headline_tail = f"; the run died in step {k_steps} and would die again a few steps later under any setting"
     saving = piled
     return Cause(
-        id="leak",
         title="Memory grows step after step (a leak)",
         phase=PHASES[held_phase],
         explains_oom=inp.oom_index is not None,
@@ -300,7 +301,6 @@ def leak(inp: CauseInput) -> Cause | None:
         saving_bytes=saving,
         fits_after_fix=_fits(inp, saving),
         settings=settings,
-        cost="none: the kept tensors are a bug (keep numbers or host copies instead)",
         stacks=stacks,
         figures=figures,
     )
@@ -342,7 +342,6 @@ def growing_workload(inp: CauseInput) -> Cause | None:
     more = math.ceil(max(0, packed_room) / max(1, rate))
     need = _allocated_at(inp, inp.oom_index) + inp.requested_bytes
     return Cause(
-        id="growing_workload",
         title="The workload grows step after step (batch or sequence length)",
         phase=_oom_phase(inp),
         explains_oom=True,
@@ -369,7 +368,6 @@ def growing_workload(inp: CauseInput) -> Cause | None:
             f"expandable_segments approaches) only postpones the OOM, by about {more} step{'s' if more != 1 else ''} "
             f"(to step {k + more})"
         ),
-        cost="the longest batches or sequences are cut or split (or padded to buckets)",
         figures={
             "steps": k,
             "rank_correlation": round(rho, 3),
@@ -418,9 +416,7 @@ def optimizer_step(inp: CauseInput) -> Cause | None:
         "fused": "the fused step",
     }.get(impl, "its temporaries")
     return Cause(
-        id="optimizer_step",
         title="The optimizer step",
-        phase="optimizer",
         explains_oom=True,
         headline=(
             f"Out of memory inside optimizer.step() ({opt_name}, {impl}), not in the forward or backward pass: "
@@ -436,7 +432,6 @@ def optimizer_step(inp: CauseInput) -> Cause | None:
         saving_bytes=saving,
         fits_after_fix=fits,
         settings="no setting shrinks the step's temporaries, and a smaller batch does not either",
-        cost="none for fused (same numerics); 8-bit state changes the optimisation",
         stacks=_top_labels(inp, live),
         figures={"temporaries_bytes": temp_bytes, "new_state_bytes": state_bytes, "implementation": impl},
     )
@@ -474,9 +469,7 @@ def forward_without_no_grad(inp: CauseInput) -> Cause | None:
         return None
     where = p.site or "the evaluation"
     return Cause(
-        id="forward_without_no_grad",
         title="A forward pass without torch.no_grad()",
-        phase="forward_no_backward",
         explains_oom=True,
         headline=(
             f"Out of memory in a forward pass that no backward uses ({where}): it kept "
@@ -497,7 +490,6 @@ def forward_without_no_grad(inp: CauseInput) -> Cause | None:
         saving_bytes=saving,
         fits_after_fix=_fits(inp, saving),
         settings="a setting cannot give back what the pass holds for autograd",
-        cost="none: no gradients are needed there",
         stacks=_top_labels(inp, np.isin(np.arange(lt.start.shape[0]), np.arange(p.first, pos + 1)[held_mask])),
         figures={"held_bytes": held, "allocated_in_pass_bytes": made_bytes, "site": where},
     )
@@ -526,7 +518,6 @@ def cuda_graph_pools(inp: CauseInput) -> Cause | None:
     if inp.oom_index is not None and inp.limit_bytes is not None:
         fits = inp.reserved_at_oom - saving + inp.requested_bytes <= inp.limit_bytes
     return Cause(
-        id="cuda_graph_pools",
         title="CUDA graph pools, one per captured shape",
         phase="graph_capture" if in_capture else (_oom_phase(inp) if inp.oom_index is not None else "other"),
         explains_oom=inp.oom_index is not None and saving >= inp.requested_bytes,
@@ -544,7 +535,6 @@ def cuda_graph_pools(inp: CauseInput) -> Cause | None:
         saving_bytes=saving,
         fits_after_fix=fits,
         settings="each setting acts inside every pool; none merges pools",
-        cost="none for a shared pool (replay graphs in capture order); padding wastes some compute",
         figures={"pools": len(private), "private_pool_bytes": held, "largest_pool_bytes": largest},
     )
 
@@ -622,7 +612,6 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
         fix_title = "Shorter outputs or a smaller batch: a preallocated cache does not fit either"
         fix_line = "model.generate(..., max_new_tokens=<fewer>)   # or generate in smaller batches"
     return Cause(
-        id="kv_cache_growth",
         title="A cache grown by concatenation (KV cache)",
         phase=PHASES[int(inp.phases.of_alloc[pos])],
         explains_oom=helps,
@@ -636,7 +625,6 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
         saving_bytes=inp.requested_bytes if helps else None,
         fits_after_fix=helps if fits_tokens is not None else None,
         settings="expandable_segments can map the growing blocks in place, but each token still copies the cache",
-        cost="none for a preallocated cache of the length you generate; more if max_len is far above it",
         stacks=(label,),
         figures={
             "tensors": tensors,
@@ -675,16 +663,93 @@ def _optimizer_kind(inp: CauseInput, first: int, pos: int) -> tuple[str, str]:
 
 # ------------------------------------------------------------------ the diagnosis
 
-Rule = Callable[[CauseInput], "Cause | None"]
-RULES: tuple[Rule, ...] = (
-    outside_memory,
-    leak,
-    optimizer_step,
-    forward_without_no_grad,
-    cuda_graph_pools,
-    kv_cache_growth,
-    growing_workload,
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CauseRule:
+    """One cause: the function that finds it, and what holds for every cause it finds. Adding a
+    cause is one function and one row of ``RULES``; the report, the advisor and the sizing read the row."""
+
+    id: str
+    find: Callable[[CauseInput], Cause | None]
+    cost: str  # what the fix costs the run, in words (``Cause.cost``)
+    phase: str | None  # the phase it is found in (``Cause.phase``); None: measured from the trace each time
+    grows: bool  # memory grows step after step: a setting that gets past the OOM only postpones it
+    smaller_batch_helps: bool  # a smaller batch fixes it (else no smaller-batch advice beside it)
+
+    def __post_init__(self) -> None:
+        if self.phase is not None and self.phase not in PHASES:
+            raise ValueError(f"cause {self.id}: phase {self.phase!r} is none of {PHASES}")
+
+
+# Priority order: the first cause that explains the OOM is the decision's answer. The real
+# half-batch reruns of the optimizer and evaluation families died in the same step, and a leak's
+# growth goes on: a smaller batch does not help there.
+RULES: tuple[CauseRule, ...] = (
+    CauseRule(
+        id="outside_memory",
+        find=outside_memory,
+        cost="none to the run: the memory belongs elsewhere",
+        phase=None,
+        grows=False,
+        smaller_batch_helps=False,
+    ),
+    CauseRule(
+        id="leak",
+        find=leak,
+        cost="none: the kept tensors are a bug (keep numbers or host copies instead)",
+        phase=None,
+        grows=True,
+        smaller_batch_helps=False,
+    ),
+    CauseRule(
+        id="optimizer_step",
+        find=optimizer_step,
+        cost="none for fused (same numerics); 8-bit state changes the optimisation",
+        phase="optimizer",
+        grows=False,
+        smaller_batch_helps=False,
+    ),
+    CauseRule(
+        id="forward_without_no_grad",
+        find=forward_without_no_grad,
+        cost="none: no gradients are needed there",
+        phase="forward_no_backward",
+        grows=False,
+        smaller_batch_helps=False,
+    ),
+    CauseRule(
+        id="cuda_graph_pools",
+        find=cuda_graph_pools,
+        cost="none for a shared pool (replay graphs in capture order); padding wastes some compute",
+        phase=None,
+        grows=False,
+        smaller_batch_helps=False,
+    ),
+    CauseRule(
+        id="kv_cache_growth",
+        find=kv_cache_growth,
+        cost="none for a preallocated cache of the length you generate; more if max_len is far above it",
+        phase=None,
+        grows=False,
+        smaller_batch_helps=True,
+    ),
+    CauseRule(
+        id="growing_workload",
+        find=growing_workload,
+        cost="the longest batches or sequences are cut or split (or padded to buckets)",
+        phase=None,
+        grows=True,
+        smaller_batch_helps=True,
+    ),
 )
+
+
+def rule_named(cause_id: str) -> CauseRule:
+    """The rule of a cause id (a ``KeyError`` for an id no rule makes)."""
+    for rule in RULES:
+        if rule.id == cause_id:
+            return rule
+    raise KeyError(cause_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -717,11 +782,21 @@ class Diagnosis:
         }
 
 
-def diagnose(inp: CauseInput, rules: Sequence[Rule] = RULES) -> Diagnosis:
-    causes = tuple(c for c in (rule(inp) for rule in rules) if c is not None)
+def diagnose(inp: CauseInput, rules: Sequence[CauseRule] | None = None) -> Diagnosis:
+    """Every rule of ``rules`` (``RULES`` as it is when called) run on one device."""
+    found = (_found(rule, inp) for rule in (RULES if rules is None else rules))
+    causes = tuple(c for c in found if c is not None)
     oom_phase = _oom_phase(inp) if inp.oom_index is not None else None
     live = live_bytes_by_phase(inp.phases, inp.lifetimes, inp.oom_index) if inp.oom_index is not None else {}
     return Diagnosis(oom_phase, live, causes, inp.phases.has_frames)
+
+
+def _found(rule: CauseRule, inp: CauseInput) -> Cause | None:
+    """The rule's cause, if any, with what the rule says of it: its id, cost and fixed phase."""
+    cause = rule.find(inp)
+    if cause is None:
+        return None
+    return replace(cause, id=rule.id, cost=rule.cost, phase=rule.phase or cause.phase)
 
 
 def pool_origin(catalog: StackCatalog, stacks: npt.NDArray[np.integer]) -> str:

@@ -5,6 +5,5 @@ from analysis.allocator.config import *  # noqa: F403
 from analysis.allocator.config import (  # noqa: F401  (names a star import skips)
     _parse_divisions,
     _roundup_power2_next_division,
-    _split_conf,
 )
 from analysis.errors import ConfigError  # noqa: F401

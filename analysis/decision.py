@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from analysis import readout
+from analysis.allocator.config import split_conf
 from analysis.oom import named_free_block
 
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
@@ -286,34 +287,11 @@ def _recorded_conf(capture: Mapping[str, Any]) -> str:
 
 
 def _merged_line(config: str, recorded_conf: str) -> str:
-    """The env line to copy: the recorded settings kept, the new one added (the replay ran so)."""
+    """The env line to copy: the recorded settings kept as written, the new one added (the replay ran so)."""
     new = config[len(ENV_PREFIX) :]
-    new_keys = {part.split(":", 1)[0].strip() for part in new.split(",") if part.strip()}
-    kept = [
-        part.strip()
-        for part in _top_level_parts(recorded_conf)
-        if part.strip() and part.split(":", 1)[0].strip() not in new_keys
-    ]
+    new_keys = {part.key for part in split_conf(new, strict=False)}
+    kept = [part.text for part in split_conf(recorded_conf, strict=False) if part.key not in new_keys]
     return ENV_PREFIX + ",".join([*kept, new])
-
-
-def _top_level_parts(conf: str) -> list[str]:
-    """Split on commas outside ``[...]`` (roundup_power2_divisions lists hold commas)."""
-    parts: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in conf:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth = max(0, depth - 1)
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts
 
 
 def _change(choice: _Choice, recorded_conf: str, *, short: bool = False) -> dict[str, Any]:

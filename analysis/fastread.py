@@ -49,6 +49,15 @@ def wanted(compiled: bool | None) -> bool:
     return compiled and available()
 
 
+def inflater() -> str:
+    """What inflates a ``.gz`` for the compiled reader: ``libdeflate`` where the machine has its library
+    (``OOMSCOPE_NO_LIBDEFLATE`` set: never), else ``zlib``; ``zlib (Python)`` without the compiled reader."""
+    if _snapread is None or not wanted(None):
+        return "zlib (Python)"
+    name: str = _snapread.inflater()
+    return name
+
+
 def reader_in_use() -> str:
     """``compiled`` or ``python``, with the reason when it is the Python one."""
     if not available():

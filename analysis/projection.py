@@ -38,6 +38,7 @@ which was missing and no what-if reports ``step_completes``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,13 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import PolicyResult, ProjectedTail, Requests, simulate
-from analysis.allocator.policy import placement_for, placement_report, start_report, tie_order_matters
+from analysis.allocator.policy import (
+    caught_served,
+    placement_for,
+    placement_report,
+    start_report,
+    tie_order_matters,
+)
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
 from analysis.stacks import Lifetimes, alloc_lifetimes
@@ -127,6 +134,10 @@ class Projection:
     template_event: list[int] = field(default_factory=list)
     # For request j of the tail: its allocation ordinal in the step (-1 for frees).
     ordinal: list[int] = field(default_factory=list)
+    # The least request the OOM entry (rounded under the recorded settings) may stand for, where the
+    # recorded rounding hides more than 512 B of it and no like request of the template told it; None
+    # where the entry is the request (``least_request``).
+    oom_request_low: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"available": self.available, "reason": self.reason}
@@ -425,8 +436,9 @@ def _project(
         return _unavailable("the failing step has already made more allocations than the steps before it")
     sizes = _SizeRule(trace, prefix, tmpl)
     counterpart = _Counterparts(trace, steps, tmpl, prefix, step_index)
+    oom_request, oom_low = _oom_request(int(trace.size[oom_index]), recorded, sizes, tmpl.pos)
     tail, t_event, t_ord, freed_real = _tail(
-        trace, lifetimes, free_action, recorded, oom_index, tmpl, sizes, counterpart
+        trace, lifetimes, free_action, recorded, oom_index, oom_request, tmpl, sizes, counterpart
     )
     need = _step_need(lifetimes, first, oom_index, len(trace), recorded, tail, freed_real)
     return Projection(
@@ -448,7 +460,25 @@ def _project(
         tail=tail,
         template_event=t_event,
         ordinal=t_ord,
+        oom_request_low=oom_low,
     )
+
+
+def _oom_request(entry: int, recorded: AllocatorConfig, projected_size: _SizeRule, pos: int) -> tuple[int, int | None]:
+    """The failing request the tail starts with, and the least request the oom entry may stand for
+    (None where the entry is the request, ``Projection.oom_request_low``).
+
+    An oom entry holds the request rounded under the recorded settings; under roundup divisions that
+    hides up to a division of it (a 640 MiB entry may have asked for 513 MiB), and a what-if under
+    finer rounding would ask for too much. The template's like request, projected, is the request
+    where it rounds to the entry (issue 23: three what-ifs from divisions-4 runs said the step fails
+    where the real reruns completed it)."""
+    guess = projected_size(pos)
+    projected_size.kept = projected_size.paired = projected_size.scaled = 0  # the tail's sizes alone
+    if guess != entry and int(recorded.round_sizes(np.asarray([guess], np.int64))[0]) == entry:
+        return guess, None
+    low = least_request(recorded, entry)
+    return entry, (low if entry - low >= 512 else None)
 
 
 class _Counterparts:
@@ -489,6 +519,7 @@ def _tail(
     free_action: int,
     recorded: AllocatorConfig,
     oom_index: int,
+    oom_request: int,
     tmpl: _Template,
     projected_size: _SizeRule,
     counterpart: _Counterparts,
@@ -504,7 +535,6 @@ def _tail(
         return i < starts.size and int(starts[i]) == x and int(lifetimes.end[i]) > oom_index
 
     pos, first_alloc = tmpl.pos, int(tmpl.allocs[tmpl.pos])
-    oom_request = int(size[oom_index])
     t_alloc, t_addr, t_size = [True], [-1], [oom_request]  # synthetic addresses are negative: recorded ones never are
     t_like, t_event, t_ord = [first_alloc], [first_alloc], [pos]
     block_of: dict[int, int] = {first_alloc: -1}  # template alloc event -> tail address
@@ -544,6 +574,19 @@ def _tail(
         t_like.append(e)
         t_event.append(e)
     return ProjectedTail(oom_index, t_alloc, t_addr, t_size, t_like), t_event, t_ord, freed_real
+
+
+def least_request(recorded: AllocatorConfig, entry: int) -> int:
+    """The least request that ``recorded``'s rounding makes ``entry`` (an oom entry's size): rounding
+    is monotonic and never halves, so a bisection over (entry / 2, entry]."""
+    lo, hi = max(1, entry // 2), entry
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if recorded.round_size(mid) >= entry:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _step_need(
@@ -629,20 +672,13 @@ def step_whatif(
     and ``step_completes_range`` gives both. ``capped`` and ``requests`` as in ``allocator.whatif``.
     """
     assert projection.tail is not None
-    tail = projection.tail
     base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     cfg = AllocatorConfig.parse(conf, base=base).acting(capped)
     order = placement_for(cfg, base)
     n = len(dev.trace)
     caught = frozenset(int(i) for i in np.flatnonzero(dev.trace.action == OOM).tolist()) - {projection.oom_event}
-
-    def replay(limit: int | None, placement: str) -> PolicyResult:
-        return simulate(snapshot, dev, cfg, limit, step_ends, tail=tail, placement=placement, requests=requests)
-
-    def completes_under(other: PolicyResult) -> bool:
-        return first_failure(other.ooms, projection, n, caught) == (None, None)
-
-    result = replay(limit_bytes, order)
+    replay = _StepReplay(snapshot, dev, cfg, step_ends, projection, order, requests, caught)
+    result = replay.run(limit_bytes)
     at_event, at_request = first_failure(result.ooms, projection, n, caught)
     completes = at_event is None and at_request is None
     request_shortfall, projected = 0, None
@@ -652,18 +688,22 @@ def step_whatif(
     if limit_bytes is not None:
         shortfall = max(shortfall, projection.step_need_bytes - limit_bytes)
     across: dict[str, Any] | None = None
-    probe = _range_probe(limit_range, limit_bytes, completes, result.peak_reserved, projection, request_shortfall)
-    if probe is not None and completes_under(replay(probe, order)) != completes:
+    gc = cfg.garbage_collection_threshold > 0.0
+    probe = _range_probe(limit_range, limit_bytes, completes, result.peak_reserved, projection, request_shortfall, gc)
+    if probe is not None and replay.completes(replay.run(probe)) != completes:
         assert limit_range is not None
         across = dict(zip(("low_bytes", "high_bytes"), limit_range, strict=True))
         across |= {"completes_at_limit": completes, "probed_bytes": probe, "completes_at_probe": not completes}
-    # The opposite order of new segments (equal free blocks tied the other way): where the step's
-    # answer flips, it hangs on where the driver puts segments, which the trace cannot show.
-    placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
-    if tie_order_matters(order, cfg):
-        mirror = replay(limit_bytes, "mirror")
-        if completes_under(mirror) != completes:
-            placement |= {"certain": False, "outcomes": _both_orders(order, completes, result.oom, mirror.oom)}
+    fallback = _caught_ooms(replay, result, limit_bytes, completes)
+    request_range = _request_range(
+        projection, cfg, completes, lambda t: replay.completes(replay.run(limit_bytes, tail=t))
+    )
+    placement = _placement(replay, result, limit_bytes, completes)
+    # None where the answer flips inside the limit's range, with the order of new segments, with a
+    # caught OOM's block kept or freed, or with the failing request's low or high end: the trace
+    # cannot say which holds (step_completes_range, placement, caught_ooms, oom_request_range give both).
+    bounds = (fallback, request_range)
+    certain = across is None and placement["certain"] and all(b is None or b["certain"] for b in bounds)
     return {
         "config": conf,
         "peak_reserved_bytes": _recorded_part_peak(result, n),
@@ -671,16 +711,76 @@ def step_whatif(
         "steps": [{"index": k, "reserved_end_bytes": v} for k, v in enumerate(result.step_reserved)],
         "limit_bytes": limit_bytes,
         "oom_event_index": None if completes else (at_event if at_event is not None else n + int(at_request or 0)),
-        # None where the answer flips inside the limit's range, or with the order of new segments:
-        # the trace cannot say which holds (step_completes_range, placement give both).
-        "step_completes": None if across is not None or not placement["certain"] else completes,
+        "step_completes": completes if certain else None,
         "step_completes_range": across,
+        "caught_ooms": fallback,
+        "oom_request_range": request_range,
         "step_shortfall_bytes": int(shortfall),
         "step_peak_reserved_bytes": int(result.peak_reserved),
         "oom_projected": projected,
         "placement": placement,
         "start": start_report(result.start),  # always "empty": a projection needs a complete trace
     }
+
+
+@dataclass(frozen=True)
+class _StepReplay:
+    """The replays of one what-if's failing step (``step_whatif``): the recorded requests up to
+    the OOM, then the projected tail, under one configuration; each variation a keyword."""
+
+    snapshot: Snapshot
+    dev: DeviceData
+    cfg: AllocatorConfig
+    step_ends: list[int]
+    projection: Projection
+    order: str  # the placement of new segments (``placement_for``)
+    requests: Requests | None
+    caught: frozenset[int]  # recorded OOMs the program survived (``first_failure``)
+
+    def run(
+        self, limit: int | None, placement: str | None = None, tail: ProjectedTail | None = None, caught: str = "hold"
+    ) -> PolicyResult:
+        return simulate(
+            self.snapshot,
+            self.dev,
+            self.cfg,
+            limit,
+            self.step_ends,
+            tail=tail if tail is not None else self.projection.tail,
+            placement=placement if placement is not None else self.order,
+            requests=self.requests,
+            caught=caught,
+        )
+
+    def completes(self, result: PolicyResult) -> bool:
+        return first_failure(result.ooms, self.projection, len(self.dev.trace), self.caught) == (None, None)
+
+
+def _placement(replay: _StepReplay, result: PolicyResult, limit_bytes: int | None, completes: bool) -> dict[str, Any]:
+    """``placement``, with the opposite order of new segments (equal free blocks tied the other
+    way): where the step's answer flips, it hangs on where the driver puts segments, which the
+    trace cannot show."""
+    order = replay.order
+    placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
+    if tie_order_matters(order, replay.cfg):
+        mirror = replay.run(limit_bytes, placement="mirror")
+        if replay.completes(mirror) != completes:
+            placement |= {"certain": False, "outcomes": _both_orders(order, completes, result.oom, mirror.oom)}
+    return placement
+
+
+def _caught_ooms(
+    replay: _StepReplay, result: PolicyResult, limit_bytes: int | None, completes: bool
+) -> dict[str, Any] | None:
+    """``caught_ooms``: an OOM the program survived (cuDNN's workspace probes) that this what-if
+    serves. The program would have used that block and given it back, and skipped its fallback,
+    which the trace cannot show. Kept to the end (``result``) and freed at once bound it; where the
+    step's answer differs between the two, the trace cannot say which holds. None where no such
+    OOM is served."""
+    if not replay.caught or not caught_served(result, replay.dev):
+        return None
+    freed = replay.completes(replay.run(limit_bytes, caught="free"))
+    return {"caught_served": True, "completes_kept": completes, "completes_freed": freed, "certain": freed == completes}
 
 
 def _both_orders(order: str, completes: bool, oom: int | None, mirror_oom: int | None) -> list[dict[str, Any]]:
@@ -737,18 +837,44 @@ def _range_probe(
     peak_reserved: int,
     projection: Projection,
     request_shortfall: int,
+    gc: bool,
 ) -> int | None:
-    """The end of the limit's range where the step's answer may differ, to replay it there (None: neither)."""
+    """The end of the limit's range where the step's answer may differ, to replay it there (None: neither).
+
+    ``gc``: the what-if runs the garbage collector, whose threshold is a share of the limit: which
+    blocks it frees, and so the answer, moves with the limit in no order (gpt_autocast_c75: 18 MB
+    short at the message's 5.10 GiB, complete at the real cap 2 MB above it), so the range is
+    always probed."""
     if limit_range is None or limit_bytes is None:
         return None
     low, high = limit_range
-    if completes and low < limit_bytes and peak_reserved > low:
+    if completes and low < limit_bytes and (peak_reserved > low or gc):
         return low  # a cap at the range's low end may refuse a segment the step needs
     if (
         not completes
         and high > limit_bytes
-        and projection.step_need_bytes <= high
-        and request_shortfall <= high - limit_bytes
+        and ((projection.step_need_bytes <= high and request_shortfall <= high - limit_bytes) or gc)
     ):
         return high  # a cap at the high end may hold the request that failed
     return None
+
+
+def _request_range(
+    projection: Projection, cfg: AllocatorConfig, completes: bool, completes_with: Callable[[ProjectedTail], bool]
+) -> dict[str, Any] | None:
+    """``oom_request_range``: the failing request itself, where the recorded rounding hides part of
+    it (a what-if from a run under roundup divisions, with finer rounding), replayed at the least
+    request the entry may stand for too (``completes_with`` a tail); where the step's answer
+    differs, the trace cannot say which holds. None where that rounds as the entry does."""
+    tail, least = projection.tail, projection.oom_request_low
+    assert tail is not None
+    if least is None or cfg.round_size(least) == cfg.round_size(tail.size[0]):
+        return None
+    low_completes = completes_with(ProjectedTail(tail.cut, tail.alloc, tail.addr, [least, *tail.size[1:]], tail.like))
+    return {
+        "low_bytes": least,
+        "high_bytes": int(tail.size[0]),
+        "completes_low": low_completes,
+        "completes_high": completes,
+        "certain": low_completes == completes,
+    }

@@ -275,6 +275,20 @@ def _state(row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str
                 "later in the projected rest of the step",
             )
         return "runs-out", f"runs out in {in_step}", "the replay fails in the same step"
+    if (w.get("caught_ooms") or {}).get("certain") is False:
+        return (
+            "not-known",
+            "not known",
+            "it gets memory that an earlier, survived out-of-memory error was refused (the program's fallback "
+            "would then not run): the step finishes if that memory is given back at once, not if it is kept",
+        )
+    if (w.get("oom_request_range") or {}).get("certain") is False:
+        return (
+            "not-known",
+            "not known",
+            "the failing request's size is known only to a roundup division, and the step finishes at one end of "
+            "that range and not at the other",
+        )
     if w.get("step_completes_range"):
         return (
             "not-known",

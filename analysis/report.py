@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from analysis.allocator import (
     trace_is_complete,
     whatif,
 )
+from analysis.allocator.config import setting_of, whatif_candidates
 from analysis.categories import (
     ACTIVATIONS,
     CATEGORIES,
@@ -50,8 +50,8 @@ from analysis.categories import (
     optimizer_windows,
 )
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
-from analysis.config import UNLIMITED, AllocatorConfig
-from analysis.decision import decide, device_full_unexplained, primary_cause
+from analysis.config import AllocatorConfig
+from analysis.decision import decide
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import (
@@ -89,10 +89,7 @@ SCHEMA = "oomscope.report/1"
 Progress = Callable[[str, float], None]
 I64 = npt.NDArray[np.int64]
 
-# Candidates the report always tries (unless the snapshot already uses the setting).
-MAX_SPLIT_CANDIDATES_MB: tuple[int, ...] = (64, 128, 256, 512)
-ROUNDUP_CANDIDATE = "roundup_power2_divisions:4"
-GC_CANDIDATE = "garbage_collection_threshold:0.6"
+# The report's own what-if candidates are the settings table's (analysis.allocator.config.SETTINGS).
 # The report's own what-if replays cost a full pass each: past this many
 # simulated events in total, the cheapest-to-skip candidates are dropped
 # (expandable_segments is always tried).
@@ -101,13 +98,6 @@ TOP_STACKS = 10
 BACKWARD_NO_FRAMES = "backward pass (no frames: stacks='python' records none on the autograd thread)"
 BEFORE_TRACE = "allocated before the trace began (stack unknown)"
 SEGMENT_MAP_MAX_SEGMENTS = 200
-# Memory that grows step after step: settings postpone the OOM, they never avoid it.
-CAUSES_THAT_GROW = frozenset({"leak", "growing_workload"})
-# Causes that a smaller training batch does not fix (the real half-batch reruns of the optimizer and
-# evaluation families died in the same step; a leak's growth goes on): no smaller-batch advice beside them.
-CAUSES_NOT_OF_THE_BATCH = frozenset(
-    {"optimizer_step", "outside_memory", "cuda_graph_pools", "leak", "forward_without_no_grad"}
-)
 SEGMENT_MAP_MAX_BLOCKS = 48
 LEAK_SERIES_MAX_POINTS = 200
 
@@ -300,11 +290,11 @@ def _finish_device(
     outcome: _DeviceOutcome, capture: dict[str, Any], batch_size: int | None, metadata_batch: int | None
 ) -> None:
     """The last stages, once the capture section is known (the advisor's capture rule needs it):
-    the suggestions, sizing (``_size_into``) and the decision, written into the device's entry."""
+    the suggestions, sizing (``sizing.size_into``) and the decision, written into the device's entry."""
     dev_report = outcome.entry
     outcome.advice.capture = capture
     dev_report["suggestions"] = advice_mod.advise(outcome.advice)
-    _size_into(dev_report, batch_size if batch_size is not None else metadata_batch)
+    sizing.size_into(dev_report, outcome.advice, batch_size if batch_size is not None else metadata_batch)
     dev_report["decision"] = decide(dev_report, capture)
 
 
@@ -312,36 +302,6 @@ def _message_applies(message: OomMessage, device: int, oom_devices: list[int]) -
     if device not in oom_devices:
         return False
     return message.device == device or (message.device is None and len(oom_devices) == 1)
-
-
-def _size_into(dev_report: dict[str, Any], batch_size: int | None) -> None:
-    """Batch fit, GPU fit and the ranked table, read off the finished device report (analysis.sizing)."""
-    fit = sizing.batch_fit(dev_report, batch_size)
-    dev_report["batch_fit"] = fit
-    smaller = sizing.batch_suggestion(fit)
-    cause = primary_cause(dev_report)
-    oom = dev_report.get("oom")
-    if cause is not None or (oom is not None and device_full_unexplained(oom)):
-        for s in dev_report["suggestions"]:
-            if not str(s.get("config") or "").startswith("PYTORCH_CUDA_ALLOC_CONF="):
-                continue
-            if s.get("avoids_oom") is not True:
-                continue  # only a claim is taken back, never made
-            if cause is not None and cause["id"] in CAUSES_THAT_GROW:
-                s["avoids_oom"] = False  # the failing step may pass; the growth kills a later one
-            elif s.get("step_completes") is not True:
-                s["avoids_oom"] = None  # past the request says nothing of the rest of a step the cause fills
-    if smaller is not None and not (cause is not None and cause["id"] in CAUSES_NOT_OF_THE_BATCH):
-        dev_report["suggestions"] = advice_mod.ordered([*dev_report["suggestions"], smaller])
-    dev_report["gpu_fit"] = sizing.gpu_fit(dev_report)
-    dev_report["ranked"] = sizing.ranked(dev_report)
-    if cause is not None and cause["id"] in CAUSES_THAT_GROW:
-        # Growth across steps: a setting that gets past the failing step still dies a few steps on.
-        for row in dev_report["ranked"]:
-            if row["cost"] == "none":
-                row["run_completes"] = False
-                row["run_note"] = cause["settings"]
-        dev_report["ranked"].sort(key=lambda r: r.get("run_completes") is False)  # stable: the rest keep order
 
 
 def build_whatif(
@@ -849,9 +809,11 @@ def _submit_whatifs(
         return started[conf]
 
     # A candidate the user also asked for is listed once, as the user's.
-    auto = [(setting, conf) for setting, conf in _auto_candidates(recorded, cap_exists, facts.n) if conf not in user]
+    budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, facts.n))
+    own = whatif_candidates(recorded, capped=cap_exists, at_most=budget)
+    auto = [(setting, conf) for setting, conf in own if conf not in user]
     planned = [_Planned(setting, conf, "auto", start(conf)) for setting, conf in auto]
-    planned += [_Planned(_setting_of(conf), conf, "user", start(conf)) for conf in dict.fromkeys(user)]
+    planned += [_Planned(setting_of(conf), conf, "user", start(conf)) for conf in dict.fromkeys(user)]
     return planned
 
 
@@ -1324,43 +1286,6 @@ def _checkpoint_estimate(catalog: StackCatalog, stacks: I64, sizes: I64) -> dict
     block_input = int(values[np.argmax(freq_s)])
     saving = repeated - blocks * block_input - repeated // blocks
     return {"blocks": blocks, "block_input_bytes": block_input, "repeated_bytes": repeated, "saving": max(0, saving)}
-
-
-def _auto_candidates(recorded: AllocatorConfig, cap_exists: bool, events: int) -> list[tuple[str, str]]:
-    """The report's own what-if configurations, cheapest-to-lose last."""
-    out: list[tuple[str, str]] = []
-    if not recorded.expandable_segments:
-        out.append(("expandable_segments", "expandable_segments:True"))
-    if cap_exists and recorded.garbage_collection_threshold <= 0:
-        out.append(("garbage_collection_threshold", GC_CANDIDATE))
-    if recorded.max_split_size == UNLIMITED:
-        split = [("max_split_size_mb", f"max_split_size_mb:{mb}") for mb in MAX_SPLIT_CANDIDATES_MB]
-        # One value first (the middle one), the rest only if the budget allows.
-        out.append(split[2])
-        rest_split = split[:2] + split[3:]
-    else:
-        rest_split = []
-    if not any(recorded.roundup_power2_divisions):
-        out.append(("roundup_power2_divisions", ROUNDUP_CANDIDATE))
-    out.extend(rest_split)
-    budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, events))
-    return out[:budget]
-
-
-_SETTING_KEY = re.compile(r"(?:^|,)\s*([A-Za-z_][A-Za-z0-9_]*)\s*:")
-_ALLOCATOR_SETTINGS = frozenset(
-    {"expandable_segments", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold"}
-)
-
-
-def _setting_of(conf: str) -> str:
-    """The suggestion id a --whatif string tries, if it sets exactly one known setting.
-
-    Keys inside a ``[...]`` list are interval sizes (digits or ``>``), so only the
-    top-level names match.
-    """
-    keys = set(_SETTING_KEY.findall(conf))
-    return next(iter(keys)) if len(keys) == 1 and keys <= _ALLOCATOR_SETTINGS else ""
 
 
 def _limit_range(chosen: Limit | None) -> tuple[int, int] | None:

@@ -23,14 +23,26 @@ PyTorch's cache (CUDA context, cuBLAS/cuDNN handles: from the OOM message where 
 ``ASSUMED_CONTEXT_BYTES``), per setting tried; then which common GPU sizes hold it.
 
 Ranking (``ranked``). Every suggestion with its saving, whether it lets the failing step finish, and its
-cost in words; the cheapest that lets the step finish comes first (cost order ``COSTS``).
+cost in words; the cheapest that lets the step finish comes first (cost order ``COSTS``). A suggestion's cost
+is its rule's (``analysis.advice``; an allocator setting's is its row of the settings table): a rule or a
+setting whose cost is not a key of ``COSTS`` fails this module's import.
+
+``size_into`` is the report's last stage before the decision: the batch fit, the advisor's "sizing" rules
+(``smaller_batch``), the primary cause's say on the settings' claims (``analysis.causes.CauseRule``), the GPU
+fit and the ranked table, written into the finished device report.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any
+
+from analysis import advice
+from analysis.allocator.config import SETTINGS
+from analysis.causes import CauseRule, rule_named
+from analysis.decision import ENV_PREFIX, device_full_unexplained, primary_cause
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -64,19 +76,18 @@ COSTS: dict[str, tuple[int, str]] = {
     "code": (1, "code: reorder or free allocations"),
     "capture": (0, "none: how the snapshot is recorded"),
 }
-COST_OF_SUGGESTION: dict[str, str] = {
-    "expandable_segments": "none",
-    "max_split_size_mb": "none",
-    "garbage_collection_threshold": "none",
-    "roundup_power2_divisions": "none",
-    "amp": "precision",
-    "activation_checkpointing": "speed",
-    "smaller_batch": "batch",
-    "shape_bucketing": "shapes",
-    "optimizer_state": "memory",
-    "allocation_order": "code",
-    "capture_settings": "capture",
-}
+
+
+def _check_costs() -> None:
+    """Every rule's and every setting's cost is one of ``COSTS`` (run at import: a new row with a cost
+    the ranking does not know fails here, not as a silent default in a report)."""
+    named = [(f"rule {r.id}", r.cost) for r in advice.all_rules()] + [(f"setting {s.key}", s.cost) for s in SETTINGS]
+    unknown = [f"{who}: {cost!r}" for who, cost in named if cost not in COSTS]
+    if unknown:
+        raise ValueError(f"costs that analysis.sizing.COSTS does not know: {', '.join(unknown)}")
+
+
+_check_costs()
 
 # A training script can name its batch in the trace: torch.cuda.memory._set_memory_metadata("batch_size=96")
 # (torch 2.10+) tags every later trace event with that string.
@@ -327,42 +338,47 @@ def gpu_fit(dev: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A ``smaller_batch`` suggestion from a feasible batch fit whose batch must shrink."""
-    if not fit or not fit["feasible"] or fit["fraction"] is None or fit["fraction"] >= 1.0:
-        return None
-    saving = round((1.0 - fit["fraction"]) * (fit["need_bytes"] - fit["fixed_bytes"]))
-    if fit["fitting_batch"] is not None:
-        title = f"Run micro-batches of {fit['micro_batch']} with {fit['accumulation_steps']}-step gradient accumulation"
-        batch = fit["batch_size"]
-        last = batch - (fit["accumulation_steps"] - 1) * fit["micro_batch"]
-        config = (
-            f"batch_size = {fit['micro_batch']}; accumulation_steps = {fit['accumulation_steps']}"
-            f"  # effective batch {batch}" + (f" (the last micro-batch {last})" if last != fit["micro_batch"] else "")
-        )
-    else:
-        accum = fit["accumulation_steps"] or 1
-        # The line halves (or splits further); the title must say the same, not the fraction alone.
-        title = (
-            f"Split the batch into {accum} micro-batches with gradient accumulation (at most "
-            f"{fit['fraction'] * 100:.0f}% of it fits)"
-        )
-        config = f"batch_size = batch_size // {accum}; accumulation_steps = {accum}  # same effective batch"
-    return {
-        "id": "smaller_batch",
-        "title": title,
-        "config": config,
-        "evidence": fit["explanation"],
-        "estimated_saving_bytes": saving,
-        "avoids_oom": True,
-        "step_completes": True,
-        "snippet": fit["snippet"],
-    }
+def size_into(dev: dict[str, Any], ctx: advice.AdviceContext, batch_size: int | None) -> None:
+    """Batch fit, the "sizing" stage's suggestions, GPU fit and the ranked table, read off the finished
+    device report; the primary cause's rule says what the settings' replays may still claim."""
+    fit = batch_fit(dev, batch_size)
+    dev["batch_fit"] = fit
+    cause = primary_cause(dev)
+    rule = rule_named(str(cause["id"])) if cause is not None else None
+    _take_back_claims(dev, rule)
+    late = advice.advise(replace(ctx, batch_fit=fit, cause=rule), stage="sizing")
+    if late:
+        dev["suggestions"] = advice.ordered([*dev["suggestions"], *late])
+    dev["gpu_fit"] = gpu_fit(dev)
+    dev["ranked"] = ranked(dev)
+    if cause is not None and rule is not None and rule.grows:
+        # Growth across steps: a setting that gets past the failing step still dies a few steps on.
+        for row in dev["ranked"]:
+            if row["cost"] == "none":
+                row["run_completes"] = False
+                row["run_note"] = cause["settings"]
+        dev["ranked"].sort(key=lambda r: r.get("run_completes") is False)  # stable: the rest keep order
+
+
+def _take_back_claims(dev: dict[str, Any], rule: CauseRule | None) -> None:
+    """A setting's "avoids the OOM" where a cause, or a full device nothing explains, says otherwise:
+    only a claim is taken back, never made."""
+    oom = dev.get("oom")
+    if rule is None and not (oom is not None and device_full_unexplained(oom)):
+        return
+    for s in dev["suggestions"]:
+        if not str(s.get("config") or "").startswith(ENV_PREFIX) or s.get("avoids_oom") is not True:
+            continue
+        if rule is not None and rule.grows:
+            s["avoids_oom"] = False  # the failing step may pass; the growth kills a later one
+        elif s.get("step_completes") is not True:
+            s["avoids_oom"] = None  # past the request says nothing of the rest of a step the cause fills
 
 
 def ranked(dev: dict[str, Any]) -> list[dict[str, Any]]:
     """``devices[].ranked``: every suggestion, those that let the failing step finish first, cheapest first."""
     rows = []
+    cost_of = {rule.id: rule.cost for rule in advice.all_rules()}
     projected = {f"PYTORCH_CUDA_ALLOC_CONF={w.get('config')}": w.get("step_completes") for w in dev.get("whatif") or []}
     for s in dev.get("suggestions") or []:
         # Only what a projection computed: getting past the failing request says nothing of the rest of
@@ -370,7 +386,7 @@ def ranked(dev: dict[str, Any]) -> list[dict[str, Any]]:
         completes = s.get("step_completes")
         if completes is None:
             completes = projected.get(str(s.get("config") or ""))
-        cost = COST_OF_SUGGESTION.get(s["id"], "code")
+        cost = cost_of[s["id"]]  # every suggestion comes from a rule, and every rule has its cost
         rank, words = COSTS[cost]
         rows.append(
             {

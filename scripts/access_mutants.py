@@ -45,9 +45,9 @@ M = [
         "    from webapp.snapshots.models import Project\n    project = Project.objects.filter(slug=slug).first()\n    if project is None:\n        return _not_found()",
     ),
     (
-        "webapp/snapshots/api.py",
-        "    if slug:\n        project = services.project_for_user(request.user, slug)",
-        "    if slug:\n        from webapp.snapshots.models import Project\n        project = Project.objects.filter(slug=slug).first()",
+        "webapp/snapshots/services.py",
+        "    if slug:\n        project = project_for_user(user, slug)",
+        "    if slug:\n        project = Project.objects.filter(slug=slug).first()",
     ),
     (
         "webapp/snapshots/services.py",
@@ -78,7 +78,7 @@ M = [
         'Membership.Role.VIEWER: frozenset({"read"}),',
         'Membership.Role.VIEWER: frozenset({"read", "write"}),',
     ),
-    ("webapp/snapshots/api.py", 'if not services.can(request.user, project.team, "write"):', "if False:"),
+    ("webapp/snapshots/services.py", 'if not can(user, project.team, "write"):', "if False:"),
     ("webapp/snapshots/api.py", 'if not services.can(request.user, upload.project.team, "write"):', "if False:"),
     ("webapp/snapshots/views.py", 'if not services.can(request.user, upload_row.project.team, "write"):', "if False:"),
     (
@@ -97,7 +97,7 @@ M = [
         "if self._received >= settings.UPLOAD_MAX_BYTES:",
     ),
     (
-        "webapp/snapshots/uploads.py",
+        "webapp/snapshots/intake.py",
         "return length > settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD",
         "return length >= settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD",
     ),

@@ -8,8 +8,9 @@ Each stage runs in its own child process (a fresh heap, so peak RSS is the
 stage's own): the child does the stage's imports, then reports the wall and
 CPU time of the work alone and its high-water RSS (VmHWM, which includes the
 interpreter and numpy, ~30-40 MB).
-With ``--repeat N`` each stage runs N times and the fastest run is kept (this
-machine's timings vary by a factor of two from run to run; peaks do not).
+With ``--repeat N`` each stage runs N times and the median run (by wall time) is
+kept, its CPU time the median of the runs' (this machine's timings vary by a
+factor of two from run to run; peaks do not: the highest is kept).
 
 Stages are a list of named functions below; a stage whose import fails prints
 "not available", so stages owned by other modules can be listed before they
@@ -135,9 +136,12 @@ def stage_simulate(path: Path) -> Timed:
     return run
 
 
-def stage_build_report(path: Path, jobs: int | None = None) -> Timed:
-    """The report with the two what-ifs; ``jobs`` None: what `python -m analysis report` uses."""
+def stage_build_report(path: Path, jobs: int | None = None, python_loops: bool = False) -> Timed:
+    """The report with the two what-ifs; ``jobs`` None: what `python -m analysis report` uses.
+    ``python_loops``: the replays' Python loops (the reference) instead of the compiled ones."""
     build_report = _import("analysis.report", "build_report")
+    if python_loops:
+        os.environ["OOMSCOPE_REPLAY"] = "python"  # analysis.allocator.compiled.ENV_VAR
     if jobs is None:
         jobs = _import("analysis.parallel", "default_jobs")()
     return lambda: _keep.append(build_report(path, whatif=WHATIFS, jobs=jobs)) or {"jobs": jobs}
@@ -152,6 +156,7 @@ STAGES: list[tuple[str, Callable[[Path], Timed]]] = [
     ("allocator.simulate", stage_simulate),
     ("build_report+2 whatif", stage_build_report),
     ("  same, one process", functools.partial(stage_build_report, jobs=1)),  # for reference: no verdict
+    ("  same, Python loops", functools.partial(stage_build_report, jobs=1, python_loops=True)),  # the reference
 ]
 
 _keep: list[Any] = []
@@ -258,7 +263,8 @@ def _run_sampled(cmd: list[str]) -> tuple[str, str, int, int]:
 
 
 def run_stage(name: str, path: Path, repeat: int) -> dict[str, Any] | None:
-    best: dict[str, Any] | None = None
+    """The stage run ``repeat`` times: the median run by wall time, the median CPU time, the highest peak."""
+    runs: list[dict[str, Any]] = []
     for _ in range(repeat):
         stdout, stderr, status, tree_peak = _run_sampled([sys.executable, __file__, str(path), "--child", name])
         line = next((x for x in stdout.splitlines() if x.startswith("BENCH ")), None)
@@ -269,23 +275,26 @@ def run_stage(name: str, path: Path, repeat: int) -> dict[str, Any] | None:
         if "unavailable" in result:
             return result
         result["peak_kib"] = max(result["peak_kib"], tree_peak)
-        result.setdefault("runs", [])
-        if best is None or result["seconds"] < best["seconds"]:
-            runs = best["runs"] if best else []
-            best_cpu = min(best["cpu"], result["cpu"]) if best else result["cpu"]
-            best = result
-            best["runs"] = runs
-            best["cpu"] = best_cpu
-        best["cpu"] = min(best["cpu"], result["cpu"])
-        best["runs"].append(round(result["seconds"], 2))
-        best["peak_kib"] = max(best["peak_kib"], result["peak_kib"])
-    return best
+        runs.append(result)
+    by_wall = sorted(runs, key=lambda r: r["seconds"])
+    median = dict(by_wall[(len(runs) - 1) // 2])  # the lower median for an even count
+    median["cpu"] = sorted(r["cpu"] for r in runs)[(len(runs) - 1) // 2]
+    median["peak_kib"] = max(r["peak_kib"] for r in runs)
+    median["runs"] = [round(r["seconds"], 2) for r in runs]
+    return median
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", nargs="?", type=Path, default=DEFAULT_FILE)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per stage; the fastest is kept (default 3)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per stage; the median is kept (default 3)")
     parser.add_argument("--stage", action="append", help="run only these stages (repeatable)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -297,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     if path != args.file:
         CHILD_ENV[GZ_ENV] = str(args.file.resolve())
     print(f"file: {args.file}")
+    sys.path.insert(0, str(ROOT))
+    from analysis import fastread
+    from analysis.allocator import compiled
+
+    print(f"reader: {fastread.reader_in_use()}; replay loops: {compiled.loops_in_use()}; load average: {_load()}")
     print(f"raw pickle: {path} ({path.stat().st_size / 1e6:.1f} MB)")
     print(
         f"{'stage':24s} {'wall s':>7s} {'cpu s':>7s} {'peak MB':>8s} {'x wall':>7s} {'x cpu':>6s} {'x peak':>7s}"
@@ -359,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  -> read_snapshot {verdict} the target (time <= {TIME_RATIO_MAX}x, peak <= {PEAK_RATIO_MAX}x load)"
             )
+    print(f"load average at the end: {_load()}")
     return 1 if failed else 0
 
 

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import capture_diff
 from capture_diff import STATE, _cap, _fill_device, _pick, _row, random_ops, unet
 
 GIB = 1 << 30
@@ -584,89 +585,25 @@ WORKLOADS = {
 
 
 def run_case(spec: dict, outdir: Path) -> None:
-    import torch
-
+    """One case in this process: capture_diff's run_case over this script's workloads (DDP pairs dump per rank)."""
     if spec["workload"] == "ddp_pair":
+        import torch
+
         WORKLOADS["ddp_pair"](torch, outdir=str(outdir), name=spec["name"], **spec["kwargs"])
         return
-    max_entries = spec["kwargs"].pop("max_entries", 600_000)
-    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=max_entries)
-    _cap(torch, spec.get("cap_bytes"))
-    STATE["phase"] = "setup"
-    t0 = time.time()
-    oom = error = None
-    try:
-        WORKLOADS[spec["workload"]](torch, **spec["kwargs"])
-    except torch.cuda.OutOfMemoryError as e:
-        oom = str(e)
-    except Exception as e:  # a workload bug: keep the snapshot and say so, the bench skips it
-        error = f"{type(e).__name__}: {e}"[:2000]
-    snap = torch.cuda.memory._snapshot()
-    raw = pickle.dumps(snap)
-    (outdir / f"{spec['name']}.pickle").write_bytes(raw)
-    truth = dict(spec)
-    truth.update(
-        {
-            "alloc_conf": spec["conf"],
-            "torch": torch.__version__,
-            "device": torch.cuda.get_device_name(0),
-            "total_memory": torch.cuda.get_device_properties(0).total_memory,
-            "oom_message": oom,
-            "error": error,
-            "died_step": (-1 if STATE["step"] is None else STATE["step"]) if oom else None,
-            "died_phase": STATE.get("phase") if oom else None,
-            "steps_completed": len(STATE["log"]),
-            "workload_log": STATE["log"],
-            "seconds": time.time() - t0,
-            "memory_stats": dict(torch.cuda.memory_stats()),
-            "memory_summary": torch.cuda.memory_summary(),
-            "outside": STATE.get("outside") and {k: v for k, v in STATE["outside"].items() if k != "keep"},
-            "hog_pid": STATE.get("hog_pid"),
-            "free_after_hog": STATE.get("free_after_hog"),
-            "mem_get_info_at_dump": list(torch.cuda.mem_get_info()),
-            "stacks": "python",
-            "max_entries": max_entries,
-            "pickle_bytes": len(raw),
-            "n_trace_events": [len(t) for t in snap.get("device_traces", [])],
-            "trace_complete": all(len(t) < max_entries for t in snap.get("device_traces", [])),
-        }
-    )
-    (outdir / f"{spec['name']}.truth.json").write_text(json.dumps(truth, indent=1, default=str))
+    capture_diff.run_case(spec, outdir, WORKLOADS, max_entries=600_000)
 
 
 def launch(spec: dict, outdir: Path) -> str:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", CAPTURE_SPEC=json.dumps(spec))
-    env.pop("PYTORCH_ALLOC_CONF", None)
-    if spec["conf"]:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = spec["conf"]
-    else:
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    t0 = time.time()
-    try:
-        r = subprocess.run(  # noqa: S603
-            [sys.executable, __file__, str(outdir), "--child"], env=env, timeout=280, capture_output=True, text=True
-        )
-        rc, err = r.returncode, r.stderr.strip()[-600:]
-    except subprocess.TimeoutExpired:
-        rc, err = "timeout", ""
-    tj = outdir / f"{spec['name']}.truth.json"
-    line = f"[{spec['name']}] rc={rc} {time.time() - t0:.1f}s {'ok' if tj.exists() else 'NO FILES'}"
-    if tj.exists():
-        t = json.loads(tj.read_text())
-        line += (
-            f" peak_reserved={t['memory_stats'].get('reserved_bytes.all.peak')} cap={spec.get('cap_bytes')}"
-            f" died_step={t['died_step']} phase={t['died_phase']} steps={t['steps_completed']}"
-            f" events={t['n_trace_events']}"
-        )
-    elif spec["workload"] == "ddp_pair":
+    """capture_diff's launch of a child of this script; a DDP pair's line names each rank's end."""
+    line = capture_diff.launch(spec, outdir, script=__file__, timeout=280)
+    if spec["workload"] == "ddp_pair" and "NO FILES" in line:
         for r_ in (0, 1):
             p = outdir / f"{spec['name']}_rank{r_}.truth.json"
             if p.exists():
                 t = json.loads(p.read_text())
                 line += f" | rank{r_} died_step={t['died_step']} error={str(t['error'])[:120]!r}"
-    if rc != 0 and err:
-        line += " stderr: " + err.replace("\n", " | ")
-    print(line, flush=True)
+        print(line, flush=True)
     return line
 
 

@@ -274,11 +274,12 @@ def hf_gpt2(torch, seed=0, steps=8, batch=(2, 8), seq=(128, 1024), amp=True, ckp
     _train(torch, model, make, steps, amp=amp, seed=seed)
 
 
-def gpt2_generate(torch, seed=0, rounds=4, batch=(4, 32), prompt=(32, 256), new_tokens=256, **_):
-    """generate() with growing KV caches on a Hugging Face GPT-2 (random weights), batches of varying size."""
+def gpt2_generate(torch, seed=0, rounds=4, batch=(4, 32), prompt=(32, 256), new_tokens=256, grow=0, layers=12, **_):
+    """generate() with growing KV caches on a Hugging Face GPT-2 (random weights), batches of varying size;
+    ``grow``: each round generates that many tokens more than the last (a server whose outputs grow)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=2048)).cuda().eval()
+    model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=768, n_head=12, n_positions=2048)).cuda().eval()
     g = torch.Generator().manual_seed(seed)
     for r in range(rounds):
         STATE["step"] = r
@@ -289,8 +290,8 @@ def gpt2_generate(torch, seed=0, rounds=4, batch=(4, 32), prompt=(32, 256), new_
             out = model.generate(
                 idx,
                 attention_mask=torch.ones_like(idx),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                max_new_tokens=new_tokens + grow * r,
+                min_new_tokens=new_tokens + grow * r,
                 do_sample=False,
                 use_cache=True,
                 pad_token_id=0,
@@ -573,18 +574,27 @@ WORKLOADS = {
 # ----------------------------------------------------------------------------- one case, in its own process
 
 
-def run_case(spec: dict, outdir: Path) -> None:
+def run_case(spec: dict, outdir: Path, workloads: dict | None = None, max_entries: int = 400_000) -> None:
+    """Run one case in this process and write NAME.pickle and NAME.truth.json. ``workloads``: the script's own
+    table (capture_diagnosis.py and capture_shapes.py pass theirs); ``spec["kwargs"]["max_entries"]`` overrides
+    the history's ring size. A workload that raises something other than an OOM keeps its snapshot, with the
+    error in the truth file (the benches skip it)."""
     import torch
 
-    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=400_000)
+    kwargs = dict(spec["kwargs"])
+    max_entries = kwargs.pop("max_entries", max_entries)
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=max_entries)
     _cap(torch, spec.get("cap_bytes"))
     hog = _fill_device(torch, spec["free_bytes"]) if spec.get("free_bytes") else None
+    STATE["phase"] = "setup"
     t0 = time.time()
-    oom = None
+    oom = error = None
     try:
-        WORKLOADS[spec["workload"]](torch, **spec["kwargs"])
+        (workloads or WORKLOADS)[spec["workload"]](torch, **kwargs)
     except torch.cuda.OutOfMemoryError as e:
         oom = str(e)
+    except Exception as e:  # a workload bug: keep the snapshot and say so
+        error = f"{type(e).__name__}: {e}"[:2000]
     snap = torch.cuda.memory._snapshot()
     raw = pickle.dumps(snap)
     (outdir / f"{spec['name']}.pickle").write_bytes(raw)
@@ -596,26 +606,33 @@ def run_case(spec: dict, outdir: Path) -> None:
             "device": torch.cuda.get_device_name(0),
             "total_memory": torch.cuda.get_device_properties(0).total_memory,
             "oom_message": oom,
+            "error": error,
             # -1: died before the first step began (setup allocations)
             "died_step": (-1 if STATE["step"] is None else STATE["step"]) if oom else None,
+            "died_phase": STATE.get("phase") if oom else None,
             "steps_completed": len(STATE["log"]),
             "workload_log": STATE["log"],
             "seconds": time.time() - t0,
             "memory_stats": dict(torch.cuda.memory_stats()),
             "memory_summary": torch.cuda.memory_summary(),
             "device_fill": hog and {k: v for k, v in hog.items() if k != "keep"},
+            "outside": STATE.get("outside") and {k: v for k, v in STATE["outside"].items() if k != "keep"},
+            "hog_pid": STATE.get("hog_pid"),
+            "free_after_hog": STATE.get("free_after_hog"),
             "mem_get_info_at_dump": list(torch.cuda.mem_get_info()),
             "stacks": "python",
-            "max_entries": 400_000,
+            "max_entries": max_entries,
             "pickle_bytes": len(raw),
             "n_trace_events": [len(t) for t in snap.get("device_traces", [])],
-            "trace_complete": all(len(t) < 400_000 for t in snap.get("device_traces", [])),
+            "trace_complete": all(len(t) < max_entries for t in snap.get("device_traces", [])),
         }
     )
     (outdir / f"{spec['name']}.truth.json").write_text(json.dumps(truth, indent=1, default=str))
 
 
-def launch(spec: dict, outdir: Path) -> str:
+def launch(spec: dict, outdir: Path, script: str = __file__, timeout: int = 300) -> str:
+    """Run one case in a child process of ``script`` (``script OUTDIR --child``, the spec in CAPTURE_SPEC) under
+    its own PYTORCH_CUDA_ALLOC_CONF; returns (and prints) one line about it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", CAPTURE_SPEC=json.dumps(spec))
     env.pop("PYTORCH_ALLOC_CONF", None)
     if spec["conf"]:
@@ -625,21 +642,23 @@ def launch(spec: dict, outdir: Path) -> str:
     t0 = time.time()
     try:
         r = subprocess.run(  # noqa: S603
-            [sys.executable, __file__, str(outdir), "--child"], env=env, timeout=300, capture_output=True, text=True
+            [sys.executable, script, str(outdir), "--child"], env=env, timeout=timeout, capture_output=True, text=True
         )
-        rc, err = r.returncode, r.stderr.strip()[-400:]
+        rc, err = r.returncode, r.stderr.strip()[-600:]
     except subprocess.TimeoutExpired:
         rc, err = "timeout", ""
-    ok = (outdir / f"{spec['name']}.truth.json").exists()
-    line = f"[{spec['name']}] rc={rc} {time.time() - t0:.1f}s {'ok' if ok else 'NO FILES'}"
-    if ok:
-        t = json.loads((outdir / f"{spec['name']}.truth.json").read_text())
-        ms = t["memory_stats"]
+    tj = outdir / f"{spec['name']}.truth.json"
+    line = f"[{spec['name']}] rc={rc} {time.time() - t0:.1f}s {'ok' if tj.exists() else 'NO FILES'}"
+    if tj.exists():
+        t = json.loads(tj.read_text())
         line += (
-            f" peak_reserved={ms.get('reserved_bytes.all.peak')} died_step={t['died_step']}"
-            f" steps={t['steps_completed']} events={t['n_trace_events']}"
+            f" peak_reserved={t['memory_stats'].get('reserved_bytes.all.peak')} cap={spec.get('cap_bytes')}"
+            f" died_step={t['died_step']} phase={t.get('died_phase')} steps={t['steps_completed']}"
+            f" events={t['n_trace_events']}"
         )
-    elif err:
+        if t.get("error"):
+            line += f" error={t['error'][:200]!r}"
+    if rc != 0 and err:
         line += " stderr: " + err.replace("\n", " | ")
     print(line, flush=True)
     return line

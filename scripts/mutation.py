@@ -176,7 +176,14 @@ TARGETS = (
     Target(
         "upload-limits",
         "webapp/snapshots/uploads.py",
-        ("content_length_over_cap", "CappedHashingUploadHandler.*"),
+        ("CappedHashingUploadHandler.*",),
+        ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
+        120,
+    ),
+    Target(
+        "upload-intake",
+        "webapp/snapshots/intake.py",
+        ("content_length_over_cap", "is_too_large", "check_declared_size"),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
         120,
     ),

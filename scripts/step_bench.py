@@ -54,6 +54,17 @@ def conf_from(base_conf: str, member_conf: str) -> str | None:
     return conf if same else None
 
 
+def no_answer_reason(w: dict[str, Any], proj: dict[str, Any]) -> str:
+    """Why a what-if gave no step-level answer."""
+    if (w.get("caught_ooms") or {}).get("certain") is False:
+        return "serves an OOM the program survived: kept and freed at once answer differently"
+    if (w.get("placement") or {}).get("certain") is False:
+        return "hangs on the order of new segments"
+    if w.get("step_completes_range"):
+        return "flips inside the limit's range"
+    return str(proj.get("reason") or "no projection")
+
+
 def main(argv: list[str]) -> int:
     all_bases = "--all-bases" in argv
     argv = [a for a in argv if a != "--all-bases"]
@@ -100,7 +111,7 @@ def main(argv: list[str]) -> int:
                 tally[kind][verdict] += 1
                 tally[kind]["n"] += 1
                 tally[kind]["request-level right"] += int(w["oom_avoided"] == real)
-                why = "" if got is not None else f"  ({(proj.get('reason') or 'placement or limit range')[:90]})"
+                why = "" if got is not None else f"  ({no_answer_reason(w, proj)[:90]})"
                 like = f" like step {proj['template_step']}" if proj.get("available") else ""
                 print(
                     f"{base:30s} {conf:50s} died {died} rerun died {t.get('died_step')} "

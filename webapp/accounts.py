@@ -1,5 +1,5 @@
 """Sign-in with a rate limit, on every sign-in form (the site's and the admin's): attempts are
-counted per client address and per username tried (``limits.check_login_rate``); a browser that
+counted per client address and per username tried (``ratelimits.check_login_rate``); a browser that
 signed in before keeps a signed device cookie, so others' wrong guesses cannot lock it out."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 
-from webapp.snapshots.limits import (
+from webapp.snapshots.ratelimits import (
     DEVICE_COOKIE,
     LimitExceeded,
     check_login_rate,
@@ -27,7 +27,7 @@ def _headers(err: LimitExceeded) -> dict[str, str]:
 
 
 def _remember_device(request: HttpRequest, response: HttpResponse) -> HttpResponse:
-    """After a successful sign-in: the signed note that this browser is the user's (see limits)."""
+    """After a successful sign-in: the signed note that this browser is the user's (see ratelimits)."""
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         response.set_cookie(

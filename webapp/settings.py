@@ -200,7 +200,7 @@ UPLOAD_MAX_BYTES = env_int("UPLOAD_MAX_BYTES", 1024**3)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)  # non-file fields only
 DATA_UPLOAD_MAX_NUMBER_FILES = 1
 
-# --- quotas and rate limits (applied in webapp/snapshots/limits.py; each defined only here).
+# --- quotas and rate limits (applied in webapp/snapshots/ratelimits.py and quota.py; each defined only here).
 # Rates are django-ratelimit's "<count>/<period>" (s, m, h, d, with a multiplier: "60/10m").
 TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 20 * 1024**3)
 # The disk guard (webapp/snapshots/disk.py): uploads are refused (507 upload:disk-full) before they
@@ -216,7 +216,7 @@ SIGNUP_RATE_PER_IP = os.environ.get("SIGNUP_RATE_PER_IP", "5/h")
 # Teams a user may own (sign-up makes the first): each team has its own storage quota.
 TEAMS_PER_USER_MAX = env_int("TEAMS_PER_USER_MAX", 5)
 # Addresses of the proxies in front of the site (comma-separated): behind one of them the client's
-# address for the rate limits is read from X-Forwarded-For (limits.client_address), else REMOTE_ADDR.
+# address for the rate limits is read from X-Forwarded-For (ratelimits.client_address), else REMOTE_ADDR.
 TRUSTED_PROXIES = frozenset(env_list("TRUSTED_PROXIES", ""))
 # A failed upload keeps its file this long (to look at it), then the beat purge removes it.
 FAILED_UPLOAD_RETENTION_SECONDS = env_int("FAILED_UPLOAD_RETENTION_SECONDS", 24 * 3600)

@@ -8,6 +8,7 @@ Everything here is a pure function of sizes and an ``AllocatorConfig``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
@@ -54,7 +55,7 @@ class AllocatorConfig:
     def parse(cls, conf: str, base: AllocatorConfig | None = None) -> AllocatorConfig:
         """Parse a PYTORCH_CUDA_ALLOC_CONF string (``key:value,key:[a:b,c:d]``)."""
         cfg = base if base is not None else cls()
-        items = _split_conf(conf)
+        items = [(part.key, part.value) for part in split_conf(conf)]
         # torch reads large_segment_size_mb first: max_split_size_mb and
         # max_non_split_rounding_mb may not be below it, and the rounding defaults to it.
         for key, value in items:
@@ -74,28 +75,9 @@ class AllocatorConfig:
 
     # -- description --------------------------------------------------------
     def to_conf(self) -> str:
-        """A PYTORCH_CUDA_ALLOC_CONF string that reproduces the non-default values."""
-        parts: list[str] = []
-        if self.expandable_segments:
-            parts.append("expandable_segments:True")
-        if self.max_split_size != UNLIMITED:
-            parts.append(f"max_split_size_mb:{self.max_split_size // MB}")
-        if self.max_non_split_rounding_size != K_LARGE_BUFFER:
-            parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding_size // MB}")
-        if any(self.roundup_power2_divisions):
-            divs = self.roundup_power2_divisions
-            if len(set(divs)) == 1:
-                parts.append(f"roundup_power2_divisions:{divs[0]}")
-            else:
-                inner = ",".join(f"{k}:{v}" for k, v in zip(ROUNDUP_KEYS, divs, strict=True))
-                parts.append(f"roundup_power2_divisions:[{inner}]")
-        if self.garbage_collection_threshold > 0:
-            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
-        if self.large_segment_size != K_LARGE_BUFFER:
-            parts.append(f"large_segment_size_mb:{self.large_segment_size // MB}")
-        if self.per_process_memory_fraction is not None:
-            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction:g}")
-        return ",".join(parts)
+        """A PYTORCH_CUDA_ALLOC_CONF string that reproduces the non-default values
+        (each setting of ``SETTINGS`` in the table's order)."""
+        return ",".join(part for part in (setting.to_conf(self) for setting in SETTINGS) if part is not None)
 
     # -- size rules -----------------------------------------------------------
     def divisions_for(self, size: int) -> int:
@@ -249,7 +231,7 @@ def recorded_settings(raw: dict[str, Any], conf: str = "") -> tuple[AllocatorCon
     cfg = AllocatorConfig()
     if conf:
         try:
-            pairs = _split_conf(conf)
+            pairs = [(part.key, part.value) for part in split_conf(conf)]
         except ConfigError as exc:
             problems.append(f"PYTORCH_CUDA_ALLOC_CONF {conf[:80]!r}: {exc}")
             pairs = []
@@ -333,17 +315,55 @@ def _roundup_power2_next_division(size: int, divisions: int) -> int:
 _TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")
 
 
-def _split_conf(conf: str) -> list[tuple[str, str]]:
+@dataclass(frozen=True, slots=True)
+class ConfPart:
+    """One ``key:value`` of a PYTORCH_CUDA_ALLOC_CONF string, and the text it was written as."""
+
+    key: str
+    value: str  # a ``[...]`` list keeps its brackets
+    text: str  # as written, outer spaces trimmed (what a line that keeps the setting copies)
+
+
+def split_conf(conf: str, *, strict: bool = True) -> list[ConfPart]:
+    """The one reader of a PYTORCH_CUDA_ALLOC_CONF string: its top-level ``key:value`` parts in order
+    (commas inside a ``[...]`` list belong to the value).
+
+    ``strict`` (a setting asked for, or parsed into a config): text that is no ``key:value`` raises
+    ``ConfigError``. Not strict (a string a snapshot recorded, kept as written): such text, up to the
+    next comma outside brackets, is kept as one part whose key is what precedes its first colon.
+    """
     conf = conf.strip()
-    out: list[tuple[str, str]] = []
+    out: list[ConfPart] = []
     pos = 0
     while pos < len(conf):
         m = _TOKEN.match(conf, pos)
-        if m is None or m.end() == pos:
+        if m is not None and m.end() > pos:
+            out.append(ConfPart(m.group(1), m.group(2), conf[m.start(1) : m.end(2)]))
+            pos = m.end()
+            continue
+        if strict:
             raise ConfigError(f"cannot parse allocator setting near {conf[pos : pos + 40]!r}")
-        out.append((m.group(1), m.group(2)))
-        pos = m.end()
+        end = _top_level_comma(conf, pos)
+        text = conf[pos:end].strip()
+        if text:
+            key, _, value = text.partition(":")
+            out.append(ConfPart(key.strip(), value.strip(), text))
+        pos = end + 1
     return out
+
+
+def _top_level_comma(conf: str, pos: int) -> int:
+    """The first comma at or after ``pos`` outside ``[...]`` (``len(conf)`` when none)."""
+    depth = 0
+    for i in range(pos, len(conf)):
+        ch = conf[i]
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            return i
+    return len(conf)
 
 
 def _parse_bool(key: str, value: str) -> bool:
@@ -407,44 +427,225 @@ def _check_division(d: int) -> None:
         raise ConfigError(f"roundup_power2_divisions value {d} is not a power of 2")
 
 
+def _parse_fraction(key: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{key} expects a number, got {value!r}") from None
+
+
 def _apply(cfg: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
-    if key == "expandable_segments":
-        return replace(cfg, expandable_segments=_parse_bool(key, value))
-    if key in ("max_split_size_mb", "max_non_split_rounding_mb"):
-        mb = _parse_int(key, value)
-        # torch accepts values >= large_segment_size_mb (kLargeBuffer, 20 MiB, unless set) and
-        # caps them at SIZE_MAX / 1 MiB.
-        least = cfg.large_segment_size // MB
-        if mb < least:
-            raise ConfigError(f"{key} must be >= {least}, got {mb}")
-        size = min(mb, UNLIMITED // MB) * MB
-        if key == "max_split_size_mb":
-            return replace(cfg, max_split_size=size)
-        return replace(cfg, max_non_split_rounding_size=size)
-    if key == "garbage_collection_threshold":
-        try:
-            t = float(value)
-        except ValueError:
-            raise ConfigError(f"{key} expects a number, got {value!r}") from None
-        if not 0.0 < t < 1.0:
-            raise ConfigError(f"{key} must be in (0, 1), got {value}")
-        return replace(cfg, garbage_collection_threshold=t)
-    if key == "roundup_power2_divisions":
-        return replace(cfg, roundup_power2_divisions=_parse_divisions(value))
-    if key == "large_segment_size_mb":
-        mb = _parse_int(key, value)
-        if mb <= K_MIN_LARGE_ALLOC // MB:  # torch: > kMinLargeAlloc (10 MiB)
-            raise ConfigError(f"{key} must be > {K_MIN_LARGE_ALLOC // MB}, got {mb}")
-        return replace(cfg, large_segment_size=mb * MB)
-    if key == "per_process_memory_fraction":
-        try:
-            f = float(value)
-        except ValueError:
-            raise ConfigError(f"{key} expects a number, got {value!r}") from None
-        if not 0.0 < f <= 1.0:
-            raise ConfigError(f"{key} must be in (0, 1], got {value}")
-        return replace(cfg, per_process_memory_fraction=f)
+    setting = setting_named(key)
+    if setting is not None:
+        return setting.read(cfg, value)
     if key == "backend" and value not in ("native",):
         raise ConfigError(f"backend {value!r} keeps no history and cannot be replayed")
-    # Keys that do not change where blocks go (pinned_*, release_lock_on_cudamalloc, ...).
+    # Keys that do not change where blocks go (pinned_*, release_lock_on_cudamalloc, backend:native, ...).
     return replace(cfg, other=(*cfg.other, (key, value)))
+
+
+# ------------------------------------------------------------------ the settings, one row each
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setting:
+    """One PYTORCH_CUDA_ALLOC_CONF key: how it is read and written back, and how the report offers it.
+
+    A new setting is its field on ``AllocatorConfig`` (and the rules that use it) plus one row of
+    ``SETTINGS``: the advisor's rule (``analysis.advice``), the report's own what-if replays, the
+    ranked table's cost (``analysis.sizing``) and the env line the decision writes all read the row.
+    Every field but the what-if ones is required, so a row without a cost fails at import.
+    """
+
+    key: str
+    read: Callable[[AllocatorConfig, str], AllocatorConfig]  # the value onto a config; ConfigError as torch refuses
+    to_conf: Callable[[AllocatorConfig], str | None]  # the ``key:value`` that reproduces it; None at the default
+    title: str  # the suggestion's title
+    reason: str  # why it helps, the end of the suggestion's evidence
+    cost: str  # a key of ``analysis.sizing.COSTS``
+    # The report's own what-if configurations, the first tried first, the others only within the
+    # event budget; none: the report never tries it on its own, and the advisor never suggests it.
+    whatifs: tuple[str, ...] = ()
+    whatif_order: int = 0  # where its first what-if goes among the other settings' first ones
+    needs_cap: bool = False  # tried only where a per-process cap bound the run
+
+    def is_set(self, cfg: AllocatorConfig) -> bool:
+        """Whether it is "already set": the config holds a value other than the default (what ``to_conf`` writes)."""
+        return self.to_conf(cfg) is not None
+
+
+def _read_expandable(cfg: AllocatorConfig, value: str) -> AllocatorConfig:
+    return replace(cfg, expandable_segments=_parse_bool("expandable_segments", value))
+
+
+def _split_bound_mb(cfg: AllocatorConfig, key: str, value: str) -> int:
+    """``max_split_size_mb`` and ``max_non_split_rounding_mb`` in bytes: torch accepts values >=
+    large_segment_size_mb (kLargeBuffer, 20 MiB, unless set) and caps them at SIZE_MAX / 1 MiB."""
+    mb = _parse_int(key, value)
+    least = cfg.large_segment_size // MB
+    if mb < least:
+        raise ConfigError(f"{key} must be >= {least}, got {mb}")
+    return min(mb, UNLIMITED // MB) * MB
+
+
+def _read_max_split(cfg: AllocatorConfig, value: str) -> AllocatorConfig:
+    return replace(cfg, max_split_size=_split_bound_mb(cfg, "max_split_size_mb", value))
+
+
+def _read_non_split_rounding(cfg: AllocatorConfig, value: str) -> AllocatorConfig:
+    return replace(cfg, max_non_split_rounding_size=_split_bound_mb(cfg, "max_non_split_rounding_mb", value))
+
+
+def _read_divisions(cfg: AllocatorConfig, value: str) -> AllocatorConfig:
+    return replace(cfg, roundup_power2_divisions=_parse_divisions(value))
+
+
+def _read_gc_threshold(cfg: AllocatorConfig, value: str) -> AllocatorConfig:
+    key = "garbage_collection_threshold"
+    t = _parse_fraction(key, value)
+    if not 0.0 < t < 1.0:
+        raise ConfigError(f"{key} must be in (0, 1), got {value}")
+    return replace(cfg, garbage_collection_threshold=t)
+
+
+def _read_large_segment(cfg: AllocatorConfig, value: str) -> AllocatorConfig:
+    key = "large_segment_size_mb"
+    mb = _parse_int(key, value)
+    if mb <= K_MIN_LARGE_ALLOC // MB:  # torch: > kMinLargeAlloc (10 MiB)
+        raise ConfigError(f"{key} must be > {K_MIN_LARGE_ALLOC // MB}, got {mb}")
+    return replace(cfg, large_segment_size=mb * MB)
+
+
+def _read_fraction(cfg: AllocatorConfig, value: str) -> AllocatorConfig:
+    key = "per_process_memory_fraction"
+    f = _parse_fraction(key, value)
+    if not 0.0 < f <= 1.0:
+        raise ConfigError(f"{key} must be in (0, 1], got {value}")
+    return replace(cfg, per_process_memory_fraction=f)
+
+
+def _divisions_conf(cfg: AllocatorConfig) -> str | None:
+    """The scalar form when every interval has the same divisions, else the ``[MB:d,...]`` list."""
+    divs = cfg.roundup_power2_divisions
+    if not any(divs):
+        return None
+    if len(set(divs)) == 1:
+        return f"roundup_power2_divisions:{divs[0]}"
+    inner = ",".join(f"{k}:{v}" for k, v in zip(ROUNDUP_KEYS, divs, strict=True))
+    return f"roundup_power2_divisions:[{inner}]"
+
+
+# The table's order is the order ``to_conf`` writes, and the advisor's order of its rules (ties in
+# the suggestions' order go to the earlier row). Titles and reasons are the suggestions' words.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        key="expandable_segments",
+        read=_read_expandable,
+        to_conf=lambda c: "expandable_segments:True" if c.expandable_segments else None,
+        title="Turn on expandable segments",
+        reason="segments grow in place instead of leaving unusable slivers",
+        cost="none",
+        whatifs=("expandable_segments:True",),
+        whatif_order=0,
+    ),
+    Setting(
+        key="max_split_size_mb",
+        read=_read_max_split,
+        to_conf=lambda c: f"max_split_size_mb:{c.max_split_size // MB}" if c.max_split_size != UNLIMITED else None,
+        title="Stop the allocator from splitting large cached blocks",
+        reason="large cached blocks are no longer carved up for smaller requests",
+        cost="none",
+        # The middle value first; the others only if the event budget allows.
+        whatifs=tuple(f"max_split_size_mb:{mb}" for mb in (256, 64, 128, 512)),
+        whatif_order=2,
+    ),
+    Setting(
+        key="max_non_split_rounding_mb",
+        read=_read_non_split_rounding,
+        to_conf=lambda c: (
+            f"max_non_split_rounding_mb:{c.max_non_split_rounding_size // MB}"
+            if c.max_non_split_rounding_size != K_LARGE_BUFFER
+            else None
+        ),
+        title="Let large requests take cached blocks a little larger than they ask for",
+        reason="a request of max_split_size_mb or more may use a cached block up to this much larger",
+        cost="none",
+    ),
+    Setting(
+        key="roundup_power2_divisions",
+        read=_read_divisions,
+        to_conf=_divisions_conf,
+        title="Round allocation sizes to power-of-two divisions",
+        reason="requests of similar sizes share cached blocks",
+        cost="none",
+        whatifs=("roundup_power2_divisions:4",),
+        whatif_order=3,
+    ),
+    Setting(
+        key="garbage_collection_threshold",
+        read=_read_gc_threshold,
+        to_conf=lambda c: (
+            f"garbage_collection_threshold:{c.garbage_collection_threshold:g}"
+            if c.garbage_collection_threshold > 0
+            else None
+        ),
+        title="Let the allocator reclaim cached blocks before hitting the cap",
+        reason="old cached blocks are released before the cap is reached",
+        cost="none",
+        whatifs=("garbage_collection_threshold:0.6",),
+        whatif_order=1,
+        needs_cap=True,  # torch collects only under a per-process cap (AllocatorConfig.acting)
+    ),
+    Setting(
+        key="large_segment_size_mb",
+        read=_read_large_segment,
+        to_conf=lambda c: (
+            f"large_segment_size_mb:{c.large_segment_size // MB}" if c.large_segment_size != K_LARGE_BUFFER else None
+        ),
+        title="Change the size of the segments made for requests between 1 and 10 MiB",
+        reason="such requests share segments of this size",
+        cost="none",
+    ),
+    Setting(
+        key="per_process_memory_fraction",
+        read=_read_fraction,
+        to_conf=lambda c: (
+            f"per_process_memory_fraction:{c.per_process_memory_fraction:g}"
+            if c.per_process_memory_fraction is not None
+            else None
+        ),
+        title="Cap the share of the GPU this process may reserve",
+        reason="the allocator refuses to grow past that share of the device",
+        cost="none",
+    ),
+)
+
+
+def setting_named(key: str) -> Setting | None:
+    """The row of a PYTORCH_CUDA_ALLOC_CONF key (None: a key that does not move blocks, or unknown)."""
+    return next((s for s in SETTINGS if s.key == key), None)
+
+
+def offered_settings() -> tuple[Setting, ...]:
+    """The settings the report tries on its own and the advisor may suggest, in table order."""
+    return tuple(s for s in SETTINGS if s.whatifs)
+
+
+def setting_of(conf: str) -> str:
+    """The offered setting a what-if string tries, if it sets exactly one ("" otherwise: a mix,
+    or a setting the report does not offer)."""
+    keys = {part.key for part in split_conf(conf, strict=False)}
+    offered = {s.key for s in offered_settings()}
+    return next(iter(keys)) if len(keys) == 1 and keys <= offered else ""
+
+
+def whatif_candidates(recorded: AllocatorConfig, *, capped: bool, at_most: int) -> list[tuple[str, str]]:
+    """The report's own what-if configurations as (setting, config), cheapest-to-lose last: each
+    offered setting the run did not set (one that ``needs_cap`` only under a cap), first what-ifs
+    in ``whatif_order``, then the others; at most ``at_most`` of them."""
+    rows = sorted(
+        (s for s in offered_settings() if not s.is_set(recorded) and (capped or not s.needs_cap)),
+        key=lambda s: s.whatif_order,
+    )
+    out = [(s.key, s.whatifs[0]) for s in rows] + [(s.key, conf) for s in rows for conf in s.whatifs[1:]]
+    return out[:at_most]

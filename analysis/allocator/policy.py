@@ -52,7 +52,9 @@ every request before it were served.
 
 Speed: the hot path (a best-fit hit and a free with merges) runs inline in one
 loop over pre-filtered columns, on sorted lists of packed ``size << 57 | addr``
-integers searched with ``bisect``; everything else is a method call.
+integers searched with ``bisect``; everything else is a method call. Where it is
+built, the same loop runs in C over the same state (``analysis.allocator.compiled``);
+this one stays the reference.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analysis.allocator import compiled
 from analysis.allocator.config import UNLIMITED, AllocatorConfig, is_small, limit_refuses
 from analysis.allocator.limits import LimitEstimate, infer_limit
 from analysis.allocator.placement import PLACEMENTS, Placement
@@ -99,6 +102,16 @@ from analysis.model import (
     Snapshot,
 )
 from analysis.steps import find_steps
+
+# The request codes, as the compiled loop takes them (``compiled.policy_run``).
+_OP_CODES = {
+    "op_alloc": _OP_ALLOC,
+    "op_free": _OP_FREE,
+    "op_free_req": _OP_FREE_REQ,
+    "op_free_done": _OP_FREE_DONE,
+    "op_oom": _OP_OOM,
+    "op_flush": _OP_FLUSH,
+}
 
 I64 = npt.NDArray[np.int64]
 
@@ -279,6 +292,10 @@ class _Model:
         self.gcc = 0  # get_free_block calls on the default large pool (GC ages)
         self.gcb: dict[int, int] = {}  # address -> gcc when that block entered a free list
         self.cur = 0  # event index being served
+        # OOM entries the program survived (caught: cuDNN's workspace probes, a server's retry) whose
+        # block, where this replay serves it, is freed at once (``simulate``'s ``caught="free"``);
+        # otherwise it is kept to the end, as the fatal one's.
+        self.transient: frozenset[int] = frozenset()
         # Segment heads (first block of a cudaMalloc'd segment or of an expandable
         # reservation), by simulated address, with their free-list index: the final
         # layout walks them.
@@ -709,13 +726,17 @@ class _Model:
     def seed_live(self, state: Any) -> None:
         """Start an expandable-segments what-if of a trace that starts mid-run (recorded without
         them) from the blocks live before the first event alone, packed into the reservation
-        of their (pool, stream) in address order, on whole mapped pages: the state
-        expandable segments reach with those tensors, holding no cache of the recorded
-        settings' cudaMalloc'd segments (what they would have cached instead is not in the
-        trace, so reserved memory at the start is a lower bound).
+        of their (pool, stream) on whole mapped pages: the state expandable segments reach
+        with those tensors, holding no cache of the recorded settings' cudaMalloc'd segments
+        (what they would have cached instead is not in the trace, so reserved memory at the
+        start is a lower bound). Packed in the order they were allocated, as a reservation
+        fills: the driver puts each new segment below the earlier ones (``placement``), so
+        segments from the highest address down, each one's blocks from its start. (In
+        address order, a wrapped generate() trace's what-if peaked 15.6% over its real
+        expandable rerun; in this order 0.7% under: docs/captures.md, gen16_c92.)
         """
         groups: dict[int, list[Any]] = {}
-        for seg in sorted(state.segments, key=lambda x: x.address):
+        for seg in sorted(state.segments, key=lambda x: x.address, reverse=True):
             lk = (seg.pool * 2 + (0 if seg.segment_type == "small" else 1)) * self.ns + seg.stream
             groups.setdefault(lk, []).extend(b for b in seg.blocks if b.state != INACTIVE)
         for lk, blocks in groups.items():
@@ -778,6 +799,12 @@ class _Model:
         split_over = [rules[(lk // self.ns) & 1][0] for lk in range(len(keys))]
         split_below = [rules[(lk // self.ns) & 1][1] for lk in range(len(keys))]
         allocation_size = cfg.allocation_size
+        if compiled.wanted():  # the same loop in C, fed the same numbers (analysis.allocator.compiled)
+            return compiled.policy_run(
+                self, events, ops, raddrs, sizes, lks, sh=sh, gc_on=gc_on, fast=fast, exp_hit=exp_hit, mss=mss,
+                nsr=nsr, mss_on=mss_on, split_over=split_over, split_below=split_below, allocation_size=allocation_size,
+                **_OP_CODES,
+            )  # fmt: skip
         for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
             if op == 1:  # _OP_FREE: free_requested + free_completed
                 b = amap.pop(ra, None)
@@ -891,6 +918,8 @@ class _Model:
                     failed.append(events[k])
                     continue
                 self.split(lk, b, rs)  # kept to the end: the program never freed it
+                if self.cur in self.transient:
+                    self.free_block(lk, b)
             elif op == _OP_FLUSH:
                 self.cur = events[k]
                 self.release_cached(ra)
@@ -919,6 +948,8 @@ class _Model:
                 self.split(lk, b, rs)
                 if op == _OP_ALLOC:
                     amap[ra] = b
+                elif self.cur in self.transient:
+                    self.free_block(lk, b)
             elif op == _OP_FREE_REQ:
                 b = amap.pop(ra, None)
                 if b is not None:
@@ -1042,6 +1073,7 @@ def simulate(
     *,
     requests: Requests | None = None,
     placement: str = "recorded",
+    caught: str = "hold",
 ) -> PolicyResult:
     """Replay one device's requests through the allocator model under ``config``.
 
@@ -1057,9 +1089,24 @@ def simulate(
     the recorded ones, the placement model after; "driver": the placement model from
     the start (what-ifs: the answer then does not depend on which run's trace is
     replayed); "mirror": the opposite order (``analysis.allocator.placement``).
+    ``caught``: what a served OOM entry that the program survived (every one but the
+    trace's last: cuDNN's workspace probes, a retry) holds. "hold": its block, to the
+    end (the recorded run never freed it); "free": nothing, freed at once (a
+    workspace, used and given back). Where the replay serves such an entry the
+    program would have gone another way than the trace's, and the two bound it
+    (issue 23: a UNet's 32 failed workspace probes, all kept, sank a what-if whose
+    real run completed).
     """
     return _simulate(
-        snapshot, device, config, limit_bytes, step_ends, requests=requests, tail=tail, placement=placement
+        snapshot,
+        device,
+        config,
+        limit_bytes,
+        step_ends,
+        requests=requests,
+        tail=tail,
+        placement=placement,
+        caught=caught,
     )[0]
 
 
@@ -1093,6 +1140,7 @@ def _simulate(
     requests: Requests | None = None,
     tail: ProjectedTail | None = None,
     placement: str = "recorded",
+    caught: str = "hold",
 ) -> tuple[PolicyResult, _Model]:
     dev = _device(snapshot, device)
     req = requests if requests is not None else requests_for(snapshot, dev)
@@ -1113,6 +1161,8 @@ def _simulate(
             model.seed_live(state)
         else:
             model.seed(state)
+    if caught == "free":
+        model.transient = frozenset(caught_ooms(dev))
     initial = model.reserved
     serve = model.run_reference if reference else model.run
     failed = serve(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
@@ -1158,6 +1208,19 @@ def _simulate(
     result.step_ends = [int(i) for i in step_ends or ()]
     result.step_reserved = result.reserved_at(result.step_ends)
     return result, model
+
+
+def caught_ooms(device: DeviceData) -> list[int]:
+    """Event indices of the OOM entries the program survived: every one but the trace's last
+    (after which it died, or the trace ends)."""
+    return [int(i) for i in np.flatnonzero(device.trace.action == OOM)[:-1].tolist()]
+
+
+def caught_served(result: PolicyResult, device: DeviceData) -> bool:
+    """Whether ``result`` served an OOM entry the program survived: the program would then have
+    asked for other things than the trace shows (its fallback would not have run)."""
+    failed = set(result.ooms)
+    return any(i not in failed for i in caught_ooms(device))
 
 
 def start_state(config: AllocatorConfig, recorded: AllocatorConfig) -> str:

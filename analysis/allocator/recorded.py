@@ -27,6 +27,8 @@ replay runs forward from there. Its peaks are lower bounds.
 The inner loop is plain Python over lists with dicts keyed by address (blocks of
 one device never overlap, so an address names one block at a time); the figures
 that need no block sizes (``requested``, ``reserved``) are computed with numpy.
+Where it is built, the same loop runs in C over the same state
+(``analysis.allocator.compiled``); this one stays the reference.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from analysis.allocator import compiled
 from analysis.allocator.config import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
@@ -493,6 +496,13 @@ class _Replayer:
         strict = self.strict
         counts_split = self._counts_split
         small = K_SMALL_SIZE
+        if compiled.wanted():  # the same loop in C, fed the same numbers (analysis.allocator.compiled)
+            compiled.recorded_run(
+                self, p_idx, act, addr, size, plain=plain, round_size=round_size, min_block=K_MIN_BLOCK_SIZE,
+                small=small, over_s=over_s, below_s=below_s, over_l=over_l, below_l=below_l, strict=strict,
+                fused=_FUSED_FREE, inconsistent=_Inconsistent,
+            )  # fmt: skip
+            return
         for i, a, ad, sz in zip(p_idx, act, addr, size, strict=True):
             if a == 0:  # alloc
                 f = free_sz.pop(ad, None)

@@ -558,9 +558,11 @@ class Requests:
         hit = self._rounded.get(key)
         if hit is not None:
             return hit
+        # An oom entry's size is the request rounded under the recorded settings: rounded again
+        # under ``cfg`` like the others (issue 23: gpt_varlen's 708.6 MiB request failed as 710 MiB
+        # by default, as 768 MiB under divisions 4). Rounding is idempotent, and torch's divisions
+        # are powers of two, so a coarser recorded rounding stays (an upper bound) under a finer one.
         rounded = cfg.round_sizes(self.sizes)
-        if self.is_oom.any():  # an oom entry's size is already the rounded request
-            rounded[self.is_oom] = self.sizes[self.is_oom]
         out = (rounded.tolist(), _free_lists(rounded, self.lane, self.n_streams).tolist())
         if len(self._rounded) >= 4:
             del self._rounded[next(iter(self._rounded))]
@@ -599,8 +601,8 @@ class Requests:
         if not len(tail.alloc):
             return self.events[:keep], self.ops[:keep], self.raddrs[:keep], sizes[:keep], lks[:keep]
         n = len(dev.trace)
+        # Request 0 is the oom entry: rounded under cfg like the rest (see ``lists``).
         rounded = cfg.round_sizes(np.asarray(tail.size, np.int64))
-        rounded[0] = tail.size[0]  # request 0 is the oom entry: its size is already rounded
         lane = None if self.lane is None else _lanes(self.pools, dev.trace.stream, tail.like, self.n_streams)
         tail_events = np.r_[tail.cut, n + np.arange(1, len(tail.alloc))].astype(self.events.dtype)
         return (

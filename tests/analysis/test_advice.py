@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from analysis.advice import RULES, AdviceContext, WhatIf, advise
+from analysis.advice import AdviceContext, WhatIf, advise, all_rules
 from analysis.config import AllocatorConfig
 from analysis.report import build_report
 
@@ -227,7 +227,7 @@ def test_rules_respect_their_preconditions() -> None:
     assert top["id"] == "expandable_segments" and top["estimated_saving_bytes"] == 3 * GiB
     already = dataclasses.replace(AllocatorConfig(), expandable_segments=True)
     assert "expandable_segments" not in {s["id"] for s in advise(base_context(whatifs=big, recorded=already))}
-    assert [r.id for r in RULES][:4] == [
+    assert [r.id for r in all_rules()][:4] == [
         "expandable_segments",
         "max_split_size_mb",
         "roundup_power2_divisions",

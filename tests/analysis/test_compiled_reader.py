@@ -294,3 +294,41 @@ def test_fuzz_both_readers_agree_on_mutated_real_snapshots(address_space_cap: No
         cases += 1
     # Both outcomes were exercised (a fuzz that only ever refuses compares no columns).
     assert seen["ok"] > 10 and seen["refused"] > 10, seen
+
+
+_DIGEST = """
+import hashlib, sys
+from analysis import fastread
+from analysis.reader import read_snapshot
+h = hashlib.sha256()
+for path in sys.argv[1:]:
+    snap = read_snapshot(path)
+    for dev in snap.devices:
+        for name in ("action", "addr", "size", "stream", "time_us", "stack"):
+            h.update(getattr(dev.trace, name).tobytes())
+print(fastread.inflater(), h.hexdigest())
+"""
+
+
+def test_libdeflate_and_zlib_inflate_the_same_columns() -> None:
+    # libdeflate (where the machine has libdeflate.so.0) inflates one-member files that fit the caps; zlib
+    # everything else. OOMSCOPE_NO_LIBDEFLATE, read when the module loads, keeps zlib for all: the columns
+    # must not depend on which inflated them. Mutated .gz files go through both in the fuzz above.
+    import subprocess
+    import sys
+
+    files = [str(FIXTURES / f"{n}.pickle.gz") for n in ("big_all_stacks", "frag_oom", "gpu_cuda_graph")]
+    runs = {}
+    for env in ({}, {"OOMSCOPE_NO_LIBDEFLATE": "1"}):
+        out = subprocess.run(
+            [sys.executable, "-c", _DIGEST, *files],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout.split()
+        runs["zlib only" if env else "default"] = out
+    assert runs["zlib only"][0] == "zlib"
+    assert runs["default"][0] in ("libdeflate", "zlib")
+    assert runs["default"][1] == runs["zlib only"][1]

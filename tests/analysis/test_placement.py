@@ -137,3 +137,53 @@ def test_a_trace_that_starts_mid_run_starts_expandable_segments_from_its_live_bl
     assert other["start"]["state"] == "recorded-other-settings" and other["start"]["holds"] is False
     assert other["peak_reserved_bytes"] == 3_942_645_760
     assert whatif(s, 0, "")["start"] == {"state": "recorded", "holds": True, "note": None}
+
+
+def test_an_oom_entry_is_rounded_under_the_whatif_settings() -> None:
+    # gpt_varlen_c70: the shared gpt_varlen_oom workload (capture.py's "gpt", 7 GiB cap) rerun on the
+    # H200 under the default and roundup_power2_divisions 4 and 2: all three died in step 23, at
+    # the same request, 743,040,000 B asked for. A trace's oom entry holds the request as rounded
+    # under the recorded settings (512 B by default; 768 MiB in the divisions-4 run's own trace):
+    # the what-if rounds it again under its own. Kept at 743,040,000 B, the divisions-4 what-if
+    # served it in a 710 MiB segment and said the OOM is avoided (the issue's own example).
+    base, member = snap("gpt_varlen_c70_default"), snap("gpt_varlen_c70_roundup4")
+    t, mt = base.devices[0].trace, member.devices[0].trace
+    assert int(t.size[np.flatnonzero(t.action == OOM)[-1]]) == 743_040_000
+    assert int(mt.size[np.flatnonzero(mt.action == OOM)[-1]]) == 768 * MiB
+    req = requests_for(base, 0)
+    sizes, _lists = req.lists(AllocatorConfig.parse("roundup_power2_divisions:4", base=req.recorded_config))
+    assert sizes[int(np.flatnonzero(req.is_oom)[-1])] == 768 * MiB
+    assert req.lists(req.recorded_config)[0][int(np.flatnonzero(req.is_oom)[-1])] == 743_040_000
+    cap = cap_of("gpt_varlen_c70_roundup4")
+    for name, conf in (("roundup4", "roundup_power2_divisions:4"), ("roundup2", "roundup_power2_divisions:2")):
+        real = snap(f"gpt_varlen_c70_{name}")
+        rt = real.devices[0].trace
+        died_at = request_ordinal(real, int(np.flatnonzero(rt.action == OOM)[0]))
+        item = whatif(base, 0, conf, cap)
+        assert item["oom_avoided"] is False
+        assert request_ordinal(base, item["oom_event_index"]) == died_at
+    assert died_at == 12_059  # divisions 2 die five requests earlier; divisions 4 at the default's own
+
+
+def test_a_wrapped_generate_trace_starts_expandable_segments_in_allocation_order() -> None:
+    # gen4l_c30: a generate() server (GPT-2, 4 layers, batch 16, outputs growing 256 -> 1408 tokens)
+    # under a 3 GiB cap, its history ring 40,000 entries (it wrapped). The default run kept
+    # 3,208,642,560 B reserved, nearly the whole cap, most of it cache; the real rerun under
+    # expandable segments peaked at 1,199,570,944 B. The what-if from the default trace starts from
+    # the blocks live before its first event, packed in the order they were allocated (the driver
+    # put each new segment below the earlier ones: highest address first): 1,178,599,424 B, 1.7%
+    # under. Packed in address order it was 1,451,229,184 B (21% over; the 9.2 GiB server
+    # was 18% over, and before expandable what-ifs dropped the recorded cache, 9.33 GB for 2.65 GB).
+    s = snap("gen4l_c30_default")
+    assert len(s.devices[0].trace) == 40_000
+    assert truth("gen4l_c30_default")["memory_stats"]["reserved_bytes.all.peak"] == 3_208_642_560
+    real = truth("gen4l_c30_expandable")["memory_stats"]["reserved_bytes.all.peak"]
+    assert real == 1_199_570_944
+    item = whatif(s, 0, "expandable_segments:True", cap_of("gen4l_c30_default"))
+    assert item["start"]["state"] == "live-blocks"
+    assert item["peak_reserved_bytes"] == 1_178_599_424
+    assert abs(item["peak_reserved_bytes"] - real) / real < 0.02
+    # Under a 2 GiB cap (the default run held all of it): 1,220,542,464 B, 1.7% over the real 1,199,570,944.
+    other = whatif(snap("gen4l_c20_default"), 0, "expandable_segments:True", cap_of("gen4l_c20_default"))
+    assert other["peak_reserved_bytes"] == 1_220_542_464
+    assert truth("gen4l_c20_expandable")["memory_stats"]["reserved_bytes.all.peak"] == real

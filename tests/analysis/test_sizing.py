@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from analysis import sizing
+from analysis.advice import batch_suggestion
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -141,4 +142,4 @@ def test_a_failing_step_below_a_completed_one_is_not_told_to_shrink_its_batch():
     assert (fit["fitting_batch"], fit["accumulation_steps"], fit["snippet"]) == (32, 1, None)
     assert fit["explanation"].startswith("The failing step needed at least 2.68 GiB (the rest of it is not known)")
     assert "nothing shows the batch is too big" in fit["explanation"] and "shrink" not in fit["explanation"]
-    assert sizing.batch_suggestion(fit) is None
+    assert batch_suggestion(fit) is None

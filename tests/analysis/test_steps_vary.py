@@ -62,3 +62,106 @@ def test_random_sizes_that_scale_together_are_projected_from_the_step_they_are_l
     cap = int(json.loads((CAPTURES / "unetrand_c80_default.truth.json").read_text())["cap_bytes"])
     item = step_whatif(s, dev, "expandable_segments:True", cap, ends, proj)
     assert item["step_completes"] is False and item["placement"]["certain"] is True
+
+
+def _cap(name: str) -> int:
+    return int(json.loads((CAPTURES / f"{name}.truth.json").read_text())["cap_bytes"])
+
+
+def _died(name: str) -> int | None:
+    died: int | None = json.loads((CAPTURES / f"{name}.truth.json").read_text())["died_step"]
+    return died
+
+
+def test_the_issue_example_divisions_do_not_save_gpt_varlen() -> None:
+    # gpt_varlen_c70 (the shared gpt_varlen_oom rerun): the report said roundup_power2_divisions:4
+    # lets step 23 complete; the real run under it died in step 23, as under divisions 2.
+    proj, s, dev, ends = _projection("gpt_varlen_c70_default")
+    assert proj.available and (proj.step, proj.template_step) == (23, 22)
+    for name, conf in (("roundup4", "roundup_power2_divisions:4"), ("roundup2", "roundup_power2_divisions:2")):
+        assert _died(f"gpt_varlen_c70_{name}") == 23
+        item = step_whatif(s, dev, conf, _cap("gpt_varlen_c70_default"), ends, proj)
+        assert item["step_completes"] is False and item["caught_ooms"] is None
+
+
+def test_a_whatif_that_serves_a_survived_oom_gives_no_step_answer_where_it_hangs_on_it() -> None:
+    # unetrr_c104_default: a UNet on random batches and resolutions under 1.04 x its peak
+    # allocated died in step 1; before the fatal OOM (254,803,968 B) cuDNN probed 32 algorithms'
+    # workspace of 254,878,208 B and each probe failed, caught: 33 oom entries. Under expandable
+    # segments the what-if serves the first probe. Kept to the end (the model's rule for the fatal
+    # entry), the step does not complete; freed at once (a workspace, used and given back), it
+    # does; the real rerun (unetrr_c104_expandable) ran all 30 steps. The trace cannot tell: no
+    # step-level answer, both given.
+    proj, s, dev, ends = _projection("unetrr_c104_default")
+    t = dev.trace
+    ooms = np.flatnonzero(t.action == OOM)
+    assert len(ooms) == 33 and set(t.size[ooms[:-1]].tolist()) == {254_878_208}
+    assert int(t.size[ooms[-1]]) == 254_803_968
+    assert proj.available and (proj.step, proj.template_step) == (1, 0)
+    cap = _cap("unetrr_c104_default")
+    item = step_whatif(s, dev, "expandable_segments:True", cap, ends, proj)
+    assert item["caught_ooms"] == {
+        "caught_served": True,
+        "completes_kept": False,
+        "completes_freed": True,
+        "certain": False,
+    }
+    assert item["step_completes"] is None
+    assert _died("unetrr_c104_expandable") is None
+    # Where the what-if fails the probes too (max_split_size_mb:128), the answer stands: the step
+    # does not complete, and the real rerun died in step 1.
+    other = step_whatif(s, dev, "max_split_size_mb:128", cap, ends, proj)
+    assert other["caught_ooms"] is None and other["step_completes"] is False
+    assert _died("unetrr_c104_maxsplit128") == 1
+
+
+def test_a_whatif_from_a_divisions_run_asks_for_the_request_behind_the_oom_entry() -> None:
+    # llama_c75_roundup4 died in step 7 at an oom entry of 805,306,368 B: the request rounded to
+    # 768 MiB under divisions 4, which hides up to 128 MiB of it. Step 6's like request, projected,
+    # is 686,976,000 B and rounds to the entry: the what-if of expandable segments with the default
+    # rounding asks for that, and the step completes, as the real rerun under expandable segments
+    # (llama_c75_expandable) ran on. Asked for the entry's 768 MiB, it said the step fails.
+    from analysis.projection import least_request
+
+    proj, s, dev, ends = _projection("llama_c75_roundup4")
+    t = dev.trace
+    assert int(t.size[np.flatnonzero(t.action == OOM)[-1]]) == 805_306_368
+    assert proj.tail is not None and proj.tail.size[0] == 686_976_000 and proj.oom_request_low is None
+    conf, cap = "expandable_segments:True,roundup_power2_divisions:1", _cap("llama_c75_roundup4")
+    assert step_whatif(s, dev, conf, cap, ends, proj)["step_completes"] is True
+    assert _died("llama_c75_expandable") is None
+    # Without a like request that tells it, the entry stands for any request from the least that
+    # rounds to it: the step is replayed at both ends, and here the answer differs: none.
+    recorded = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
+    assert least_request(recorded, 805_306_368) == 671_088_641
+    assert least_request(recorded, 671_088_640) == 536_870_913
+    assert least_request(AllocatorConfig(), 743_040_000) == 743_040_000 - 511
+    proj.tail.size[0] = 805_306_368
+    proj.oom_request_low = least_request(recorded, 805_306_368)
+    item = step_whatif(s, dev, conf, cap, ends, proj)
+    assert item["oom_request_range"] == {
+        "low_bytes": 671_088_641,
+        "high_bytes": 805_306_368,
+        "completes_low": True,
+        "completes_high": False,
+        "certain": False,
+    }
+    assert item["step_completes"] is None
+
+
+def test_under_the_garbage_collector_the_limit_range_is_always_probed() -> None:
+    # gpt_autocast_c75_roundup4: the OOM message says 5.10 GiB allowed (5,476,083,302 B); the cap
+    # was 5,478,285,312 B. Under garbage_collection_threshold:0.7 (a share of the limit) the step is
+    # 18 MB short at the message's figure, more than the two decimals leave above it, yet complete
+    # at the real cap, as the real rerun (gpt_autocast_c75_gc07) ran on. The high end is probed
+    # whatever the shortfall, and the answer flips inside the range: none.
+    proj, s, dev, ends = _projection("gpt_autocast_c75_roundup4")
+    gib = 1 << 30
+    conf = "garbage_collection_threshold:0.7,roundup_power2_divisions:1"
+    span = (int(5.095 * gib), int(5.105 * gib))
+    item = step_whatif(s, dev, conf, int(5.10 * gib), ends, proj, limit_range=span)
+    assert item["step_shortfall_bytes"] == 18_454_938
+    assert item["step_completes_range"] is not None and item["step_completes_range"]["completes_at_probe"] is True
+    assert item["step_completes"] is None
+    assert step_whatif(s, dev, conf, _cap("gpt_autocast_c75_roundup4"), ends, proj)["step_completes"] is True
+    assert _died("gpt_autocast_c75_gc07") is None

@@ -24,14 +24,9 @@ from django.utils import timezone
 from tests.webapp.helpers import bearer, make_upload
 from webapp.snapshots import services
 from webapp.snapshots.forms import UploadForm, split_tags
+from webapp.snapshots.intake import content_length_over_cap, is_too_large
 from webapp.snapshots.models import ApiToken, Membership, ShareLink, Upload
-from webapp.snapshots.uploads import (
-    MULTIPART_OVERHEAD,
-    SNIFF_BYTES,
-    CappedHashingUploadHandler,
-    content_length_over_cap,
-    is_too_large,
-)
+from webapp.snapshots.uploads import MULTIPART_OVERHEAD, SNIFF_BYTES, CappedHashingUploadHandler
 
 pytestmark = pytest.mark.django_db
 

@@ -110,7 +110,7 @@ def test_api_delete_removes_row_report_links_and_file(
     tasks.analyse_upload(upload.id)
     services.share_create(upload, alice)
     assert default_storage.exists(upload.blob_name) and Report.objects.filter(upload=upload).exists()
-    store = f"explore/{upload.sha256}/0.npz"  # the worker's explore store (webapp/snapshots/explore.py)
+    store = f"explore/{upload.sha256}/0.npz"  # the worker's explore store (webapp/snapshots/digging.py)
     assert default_storage.exists(store)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.delete(f"/api/v1/snapshots/{upload.code}", **bearer(alice_token))

@@ -146,7 +146,7 @@ def test_share_link_zoom_of_a_report_without_a_store_never_reads_the_upload(
     import tracemalloc
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots import explore, services
+    from webapp.snapshots import digging, services
     from webapp.snapshots.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, junk_snapshot(tmp_path / "junk.pickle.gz"))
@@ -154,7 +154,7 @@ def test_share_link_zoom_of_a_report_without_a_store_never_reads_the_upload(
     upload.refresh_from_db()
     assert upload.status == Upload.Status.DONE, upload.error_message
     token = services.share_create(upload, alice)
-    explore._stores.clear()
+    digging._stores.clear()
     tracemalloc.start()
     try:
         answers = [client.get(f"/r/{token}/{kind}.json?t0=0&t1=100&px=100") for kind in ("timeline", "active")]
@@ -365,7 +365,7 @@ def test_the_quota_counts_the_report_charts_and_explore_stores(
     from django.core.files.storage import default_storage
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots.limits import team_usage_bytes
+    from webapp.snapshots.quota import team_usage_bytes
     from webapp.snapshots.tasks import analyse_upload
 
     upload = make_upload(alpha, alice)

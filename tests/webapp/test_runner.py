@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from webapp.snapshots import runner
+from webapp.snapshots.child import Job
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -20,5 +23,24 @@ def test_an_analysis_with_jobs_gives_the_report_of_one_process() -> None:
     assert one["devices"][0]["oom"]["verdict"] == "fragmentation"
 
 
-def test_the_child_is_told_its_jobs() -> None:
-    assert runner._child_env(3)["OOMSCOPE_ANALYSIS_JOBS"] == "3"
+def test_the_child_is_told_its_job_in_one_file_that_refuses_an_unknown_setting(tmp_path: Path) -> None:
+    job = Job(
+        snapshot="/s/snapshot.pickle",
+        report="/t/report.json",
+        filename="oom.pickle",
+        jobs=3,
+        oom_message="CUDA out of memory. Tried to allocate 2.00 MiB.\nline two",
+        batch_size=8,
+        cap_bytes=7 << 30,
+        explore_dir="/t/explore",
+        charts="/t/charts.json",
+    )
+    path = tmp_path / "job.json"
+    job.write(path)
+    assert Job.read(path) == job
+    assert json.loads(path.read_text())["jobs"] == 3
+    path.write_text(json.dumps({**json.loads(path.read_text()), "threads": 4}))
+    with pytest.raises(ValueError, match="threads"):
+        Job.read(path)
+    # Nothing of the job is left to the environment.
+    assert not [k for k in runner._child_env() if k.startswith("OOMSCOPE_") and k != "OOMSCOPE_READER"]

@@ -263,7 +263,8 @@ def test_the_declared_length_check_allows_the_cap_plus_the_multipart_overhead(sm
     """Before reading a byte, a body up to cap + MULTIPART_OVERHEAD passes; one byte more is refused."""
     from django.test import RequestFactory
 
-    from webapp.snapshots.uploads import MULTIPART_OVERHEAD, content_length_over_cap
+    from webapp.snapshots.intake import content_length_over_cap
+    from webapp.snapshots.uploads import MULTIPART_OVERHEAD
 
     limit = small_cap + MULTIPART_OVERHEAD  # 64 KiB + 64 KiB = 131072 bytes
     factory = RequestFactory()

@@ -226,7 +226,7 @@ def test_answers_come_from_the_workers_store_without_reading_the_snapshot(
     snapshot. States on both sides of a checkpoint (the store keeps one after every 16,384 events:
     after events 16,383 and 32,767 here) are the replay's, block by block."""
     from analysis.explore import CHECKPOINT_EVERY
-    from webapp.snapshots import explore
+    from webapp.snapshots import digging
 
     def refuse(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("the web process read the snapshot")
@@ -234,7 +234,7 @@ def test_answers_come_from_the_workers_store_without_reading_the_snapshot(
     import analysis.reader
 
     monkeypatch.setattr(analysis.reader, "read_snapshot", refuse)
-    explore._stores.clear()
+    digging._stores.clear()
     rep, _ = replay
     for i in (-1, CHECKPOINT_EVERY - 1, CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY - 2, rep.events - 1):
         body = alice_client.get(f"/s/{done.code}/state.json?i={i}").json()

@@ -82,7 +82,7 @@ def test_huge_page_weight_first_chart_and_zoom_to_single_events(
     from analysis.report import build_report
     from webapp.snapshots import services
     from webapp.snapshots.charts import build_charts
-    from webapp.snapshots.explore import store_name
+    from webapp.snapshots.digging import store_name
 
     upload = make_upload(alpha, alice, Path(HUGE), run="huge")
     stores: dict[int, dict[str, Any]] = {}

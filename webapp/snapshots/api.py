@@ -17,21 +17,11 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.snapshots import disk, messages, runarchive, runs, services
+from webapp.snapshots import disk, intake, messages, runs, services
 from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
-from webapp.snapshots.intake import (
-    PARSE_ERRORS,
-    IntakeError,
-    check_declared_size,
-    check_disk,
-    check_queued_cost,
-    check_quota,
-    check_replay_rate,
-    disk_full,
-    parse_error,
-    received_file,
-)
-from webapp.snapshots.models import Project, Upload
+from webapp.snapshots.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
+from webapp.snapshots.models import Project, Run, Upload
+from webapp.snapshots.ratelimits import LimitExceeded
 
 View = Callable[..., HttpResponse]
 log = logging.getLogger(__name__)
@@ -59,7 +49,7 @@ def _project_refusal(request: HttpRequest, status: int, code: str, message: str)
     return _error(status, code, f"{message} {messages.upload_choices(slugs)}", choices=slugs)
 
 
-def _intake_error(err: IntakeError) -> JsonResponse:
+def _intake_error(err: LimitExceeded) -> JsonResponse:
     return JsonResponse(err.as_json(), status=err.status, headers=err.headers())
 
 
@@ -85,7 +75,7 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
                 return checked(request, *args, **kwargs)
-            except IntakeError as err:
+            except LimitExceeded as err:  # the intake's refusals, and a limit's (rates, quota, disk)
                 return _intake_error(err)
             except PARSE_ERRORS as exc:  # a body Django could not parse: JSON, not its HTML 400
                 return _intake_error(parse_error(exc))
@@ -160,18 +150,6 @@ def _project_or_none(request: HttpRequest, slug: str) -> Project | None:
     return project
 
 
-IDEMPOTENCY_KEY_MAX = 100  # Upload.idempotency_key's max_length
-
-
-def _idempotency_key(request: HttpRequest) -> str:
-    key = request.headers.get("Idempotency-Key", "").strip()
-    if len(key) > IDEMPOTENCY_KEY_MAX or not all(33 <= ord(c) <= 126 for c in key):
-        raise IntakeError(
-            400, "upload:bad-idempotency-key", messages.IDEMPOTENCY_BAD_KEY.format(limit=IDEMPOTENCY_KEY_MAX)
-        )
-    return key
-
-
 def _accepted(request: HttpRequest, upload: Upload) -> JsonResponse:
     """202 for a new upload, 200 for a replay; the body says what the row holds."""
     body = services.upload_api_dict(upload, request)
@@ -193,82 +171,40 @@ def _sweep_within() -> int:
 
 @api_view(("POST",))
 def snapshots(request: HttpRequest) -> HttpResponse:
-    check_declared_size(request)
-    check_disk(request)
-    key = _idempotency_key(request)
-    earlier = services.upload_by_idempotency_key(request.user, key)  # type: ignore[arg-type]
-    if earlier is not None:
-        return _replayed(request, earlier)
-    uploaded, sha256, fmt = received_file(request)
-    fields = ApiUploadFieldsForm(request.POST)
-    if not fields.is_valid():
-        field, detail = first_error(fields)
+    """One upload: the intake's checks (``intake.admit``), then the service stores it
+    (``services.upload_admit``); docs/architecture.md, "The upload's walk"."""
+    try:
+        admission = intake.admit(request, ApiUploadFieldsForm, keyed=True)
+        if admission.earlier is not None:
+            return _replayed(request, admission)
+        made = services.upload_admit(admission, user=request.user, token=getattr(request, "api_token", None))  # type: ignore[arg-type]
+    except intake.FieldsInvalid as invalid:
+        field, detail = first_error(invalid.form)
         if field == "oom_message":
             return _error(400, "upload:invalid-oom-message", detail)
         return _error(400, "upload:invalid", messages.UPLOAD_INVALID_FIELD.format(field=field, detail=detail))
-    slug = fields.cleaned_data["project"].strip()
-    token = getattr(request, "api_token", None)
-    if slug:
-        project = _project_or_none(request, slug)
-    elif token is not None and token.default_project_id:
-        project = _project_or_none(request, token.default_project.slug)
-    else:
-        # A token limited to one project uploads there; otherwise the user's only project, if one.
-        reachable = services.visible_projects(request.user)
-        if token is not None and token.project_id is not None:
-            reachable = reachable.filter(pk=token.project_id)
-        candidates = list(reachable[:2])
-        project = candidates[0] if len(candidates) == 1 else None
-        if project is None:
-            return _project_refusal(request, 400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
-    if project is None:
-        message = messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug)
-        return _project_refusal(request, 404, "upload:unknown-project", message)
-    if not services.can(request.user, project.team, "write"):
-        return _project_refusal(request, 403, "upload:read-only", messages.UPLOAD_READ_ONLY)
-    check_queued_cost(project, uploaded)
-    try:
-        if fmt == runarchive.ARCHIVE:  # a run's ranks in one tar or zip: one upload per rank, one run
-            run = runarchive.create_run(
-                user=request.user,  # type: ignore[arg-type]
-                project=project,
-                archive=uploaded,
-                archive_sha256=sha256,
-                fields=fields.upload_fields(),
-                run_meta=fields.run_meta(),
-                idempotency_key=key,
-            )
-            body = {"run": runs.run_dict(run, request)}
-            return JsonResponse(body, status=202, headers={"Location": body["run"]["api_url"]})
-        check_quota(project, uploaded.size or 0)
-        upload = services.upload_create(
-            user=request.user,  # type: ignore[arg-type]
-            project=project,
-            uploaded=uploaded,
-            sha256=sha256,
-            fmt=fmt,
-            **fields.upload_fields(),
-            idempotency_key=key,
-            run_meta=fields.run_meta(),
-        )
+    except services.ProjectRefused as refused:
+        return _project_refusal(request, refused.status, refused.code, refused.message)
     except services.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return _error(409, "upload:idempotency-conflict", message)
-    return _accepted(request, upload)
+    if isinstance(made, Run):  # a run's ranks in one tar or zip: one upload per rank, one run
+        body = {"run": runs.run_dict(made, request)}
+        return JsonResponse(body, status=202, headers={"Location": body["run"]["api_url"]})
+    return _accepted(request, made)
 
 
-def _replayed(request: HttpRequest, earlier: Upload) -> HttpResponse:
+def _replayed(request: HttpRequest, admission: intake.Admission) -> HttpResponse:
     """A retry under an Idempotency-Key already used: the earlier upload, or 409 for other bytes.
 
     Counted by its own rate (not the upload rates, so a client retrying after a timeout gets its
     answer); its text fields are not validated or parsed again (the earlier upload's stand).
     """
-    check_replay_rate(request)
-    _uploaded, sha256, _fmt = received_file(request, enforce_limits=False)
-    if _upload_or_none(request, earlier.code) is None:  # its project is out of this caller's reach now
+    assert admission.earlier is not None
+    if _upload_or_none(request, admission.earlier.code) is None:  # its project is out of this caller's reach now
         return _error(409, "upload:idempotency-conflict", messages.IDEMPOTENCY_CONFLICT.format(code="-"))
     try:
-        upload = services.upload_replay(earlier, sha256)
+        upload = services.upload_replay(admission.earlier, admission.sha256)
     except services.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return _error(409, "upload:idempotency-conflict", message)

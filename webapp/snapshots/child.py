@@ -1,17 +1,18 @@
-"""The analysis child process: ``python -m webapp.snapshots.child SNAPSHOT OUT.json``.
+"""The analysis child process: ``python -m webapp.snapshots.child JOB.json``.
 
 Runs under the rlimits set by ``runner.py`` and imports only ``analysis`` (stdlib +
 numpy) and, for the charts, ``webapp.snapshots.charts`` (bokeh): no Django, no Celery, no
 database connection, so a hostile or giant file can take down only this process. The charts
 are built here, under the same rlimits and wall-clock limit, not in the Celery pool process
-(issue 22: 3,000 devices took 210 s of charting there, outside every limit). Progress goes to
-stdout as one JSON object per line:
+(issue 22: 3,000 devices took 210 s of charting there, outside every limit). Its one input is
+the job description (``Job``, a JSON file the runner writes). Progress goes to stdout as one
+JSON object per line:
 
     {"event": "progress", "stage": "replaying", "progress": 40}
-    {"event": "report"}                                 report written to OUT.json (and, with
-                                                        OOMSCOPE_EXPLORE_DIR, one explore store per device)
-    {"event": "done"}                                   with OOMSCOPE_CHARTS_FILE, the report's charts
-                                                        written there too (else at once after "report")
+    {"event": "report"}                                 report written to the job's ``report`` (and,
+                                                        with ``explore_dir``, one explore store per device)
+    {"event": "done"}                                   with ``charts``, the report's charts written
+                                                        there too (else at once after "report")
     {"event": "error", "code": "snapshot:...", "message": "..."}   exit status 2
 
 Anything else (a bug) prints a traceback to stderr and exits 1.
@@ -20,11 +21,39 @@ Anything else (a bug) prints a traceback to stderr and exits 1.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Job:
+    """One analysis, as the runner describes it to the child (``job.json``): paths are the
+    worker's; a text the user wrote (the OOM message) travels here, not in argv or the environment."""
+
+    snapshot: str  # the upload's bytes (read from disk by the reader, never loaded whole)
+    report: str  # where the report JSON goes
+    filename: str | None = None  # the name the report shows (else the snapshot's)
+    jobs: int = 1  # processes for the policy replays (``analysis.parallel``), from ANALYSIS_JOBS
+    oom_message: str | None = None  # Upload.oom_message
+    batch_size: int | None = None  # Upload.batch_size
+    cap_bytes: int | None = None  # Upload.cap_bytes: the memory limit the run had
+    explore_dir: str | None = None  # where one ``<device>.npz`` per device goes (the digging endpoints' stores)
+    charts: str | None = None  # where the report's charts go; none built without it
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)), encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: Path) -> Job:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:  # a runner newer than this child: refuse rather than ignore a setting
+            raise ValueError(f"job file {path}: unknown keys {sorted(unknown)}")
+        return cls(**data)
+
 
 # Stage names and the percentage reached when each starts.
 STAGES = {"reading": 5, "replaying": 35, "analysing": 60, "charting": 90}
@@ -64,27 +93,22 @@ class _Progress:
         _emit({"event": "progress", "stage": str(stage or ""), "progress": percent})
 
 
-def analyse(path: Path, filename: str | None) -> dict[str, Any]:
+def analyse(job: Job) -> dict[str, Any]:
     progress = _Progress()
     progress("reading")
     from analysis.report import build_report
 
+    path = Path(job.snapshot)
     # The path, not its bytes: the reader unpickles a raw file straight from disk.
-    jobs = int(os.environ.get("OOMSCOPE_ANALYSIS_JOBS", "1"))  # set by runner.py from ANALYSIS_JOBS
-    message_file = os.environ.get("OOMSCOPE_OOM_MESSAGE_FILE")  # set by runner.py from Upload.oom_message
-    oom_message = Path(message_file).read_text(encoding="utf-8") if message_file else None
-    batch_size = int(os.environ.get("OOMSCOPE_BATCH_SIZE") or 0) or None  # set by runner.py from Upload.batch_size
-    cap_bytes = int(os.environ.get("OOMSCOPE_CAP_BYTES") or 0) or None  # set by runner.py from Upload.cap_bytes
-    explore_dir = os.environ.get("OOMSCOPE_EXPLORE_DIR")  # set by runner.py: the digging endpoints' stores go there
     report: dict[str, Any] = build_report(
         path,
         progress=progress,
-        filename=filename or path.name,
-        jobs=jobs,
-        oom_message=oom_message,
-        batch_size=batch_size,
-        limit=cap_bytes,
-        explore=_store_writer(Path(explore_dir)) if explore_dir else None,
+        filename=job.filename or path.name,
+        jobs=job.jobs,
+        oom_message=job.oom_message,
+        batch_size=job.batch_size,
+        limit=job.cap_bytes,
+        explore=_store_writer(Path(job.explore_dir)) if job.explore_dir else None,
     )
     return report
 
@@ -115,10 +139,9 @@ def main(argv: list[str]) -> int:
     # C stack when the unpickler hashes it; no Python check runs before that hash).
     faulthandler.enable()
 
-    source, out = Path(argv[0]), Path(argv[1])
-    filename = argv[2] if len(argv) > 2 else None
+    job = Job.read(Path(argv[0]))
     try:
-        report = analyse(source, filename)
+        report = analyse(job)
     except SnapshotError as exc:
         _emit({"event": "error", "code": exc.code, "message": str(getattr(exc, "message", exc))})
         return 2
@@ -128,14 +151,13 @@ def main(argv: list[str]) -> int:
     except MemoryError:
         _emit({"event": "error", "code": "snapshot:limit:memory", "message": "memory limit reached"})
         return 2
-    with out.open("w") as fh:
+    with Path(job.report).open("w") as fh:
         json.dump(report, fh, separators=(",", ":"), allow_nan=False)
     _emit({"event": "report"})
-    charts_file = os.environ.get("OOMSCOPE_CHARTS_FILE")  # set by runner.py when the task wants charts
-    if charts_file:
+    if job.charts:
         _emit({"event": "progress", "stage": "charting", "progress": STAGES["charting"]})
         charts = _charts(report)
-        with Path(charts_file).open("w") as fh:
+        with Path(job.charts).open("w") as fh:
             json.dump(charts, fh, separators=(",", ":"))
     _emit({"event": "done"})
     return 0

@@ -22,7 +22,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.files.storage import default_storage
 
-from webapp.snapshots import limits, messages
+from webapp.snapshots import messages
+from webapp.snapshots.ratelimits import LimitExceeded
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,8 @@ def low() -> bool:
     return free_bytes() < settings.DISK_MIN_FREE_BYTES
 
 
-def full_error() -> limits.LimitExceeded:
-    return limits.LimitExceeded(507, "upload:disk-full", messages.DISK_FULL, retry_after=300)
+def full_error() -> LimitExceeded:
+    return LimitExceeded(507, "upload:disk-full", messages.DISK_FULL, retry_after=300)
 
 
 def check_room(incoming: int) -> None:

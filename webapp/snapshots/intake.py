@@ -1,30 +1,73 @@
-"""The checks every upload passes, for the page form and the API alike.
+"""The checks every upload passes, in one pass, for the page form and the API alike.
 
-Order matters: the size cap is checked before the body is parsed (a declared
-Content-Length over the cap is refused unread), then after parsing (a file the
-handler dropped mid-stream answers 413, never 200), then the head is sniffed.
+``admit(request, fields)`` runs them in this order, each once (docs/architecture.md, "The
+upload's walk"); the first that fails raises, and nothing is stored before all have passed:
+
+1. the declared size: a ``Content-Length`` over the cap is refused before a byte is read
+   (``check_head``, which the page and a session's API call run before the CSRF check reads the body);
+2. the disk guard: the declared length must leave the disk's reserve free (``disk.py``);
+3. an ``Idempotency-Key`` already used (the API): a repeat is counted by the repeats' own rate,
+   and only its bytes are received and compared (``Admission.earlier``);
+4. the upload rates, per user and per token, before the body is read (``ratelimits.py``);
+5. the body: parsed, then the size again (a file the handler dropped mid-stream answers 413,
+   never 200), one file;
+6. the head: a tar or zip of a run's ranks (``runarchive.py``), else sniffed (``uploads.sniff``);
+7. the text fields (the form given: the page's or the API's);
+8. the analysis cost, estimated once from the bytes (``cost.py``): ``Admission.cost_bytes``.
+
+What needs the project (which one, the token's scope, the write right, the team's queued cost
+and quota) is the service's, which creates the upload: ``services.upload_admit``.
 """
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import BadRequest, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.forms import Form
 from django.http import UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 
-from webapp.snapshots import limits, messages
-from webapp.snapshots.uploads import Refusal, content_length_over_cap, is_too_large, sniff
+from webapp.snapshots import disk, messages, ratelimits, runarchive
+from webapp.snapshots.cost import estimate_cost
+from webapp.snapshots.forms import UploadFieldsForm
+from webapp.snapshots.models import Upload
+from webapp.snapshots.ratelimits import LimitExceeded
+from webapp.snapshots.uploads import MULTIPART_OVERHEAD, Refusal, sniff
 
 
-class IntakeError(limits.LimitExceeded):
+class IntakeError(LimitExceeded):
     """An upload refused before it is stored: the same status, code, message and headers as a
     limit's refusal (``LimitExceeded``), raised for the body and the file as well."""
 
 
-def from_limit(err: limits.LimitExceeded) -> IntakeError:
-    return IntakeError(err.status, err.code, err.message, retry_after=err.retry_after)
+class FieldsInvalid(Exception):
+    """The upload's text fields did not validate; the page renders the form, the API its first error."""
+
+    def __init__(self, form: Form) -> None:
+        super().__init__("invalid fields")
+        self.form = form
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An upload that passed every check of the intake: what the service needs to store it.
+
+    ``earlier``: the upload an ``Idempotency-Key`` already made (a repeat: the fields were not
+    read, and ``fields``, ``run_meta`` and ``cost_bytes`` are empty)."""
+
+    uploaded: Any
+    sha256: str
+    fmt: str  # ``runarchive.ARCHIVE`` for a run's ranks in one tar or zip
+    cost_bytes: int = 0
+    fields: dict[str, Any] = field(default_factory=dict)
+    run_meta: dict[str, Any] = field(default_factory=dict)
+    project_slug: str = ""
+    idempotency_key: str = ""
+    earlier: Upload | None = None
 
 
 def parse_error(exc: Exception) -> IntakeError:
@@ -62,7 +105,39 @@ def too_large() -> IntakeError:
     )
 
 
+def disk_full() -> IntakeError:
+    return from_limit(disk.full_error())
+
+
+def from_limit(err: LimitExceeded) -> IntakeError:
+    return IntakeError(err.status, err.code, err.message, retry_after=err.retry_after)
+
+
+def content_length_over_cap(request: Any) -> bool:
+    """A declared body larger than the cap is refused before a byte is read."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return False
+    return length > settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD
+
+
+def is_too_large(request: Any) -> bool:
+    """Whether the upload handler stopped at the cap (``uploads.mark_too_large``)."""
+    return bool(getattr(request, "upload_too_large", False))
+
+
+# Set on the request once a step has run: the page and a session's API call run steps 1 and 2
+# before the CSRF check (which reads the body), and ``admit`` then does not run them again.
+_SIZE_CHECKED = "oomscope_size_checked"
+_HEAD_CHECKED = "oomscope_head_checked"
+
+
 def check_declared_size(request: Any) -> None:
+    """Step 1, once per request."""
+    if getattr(request, _SIZE_CHECKED, False):
+        return
+    setattr(request, _SIZE_CHECKED, True)
     if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower() and not request.META.get("CONTENT_LENGTH"):
         # WSGI gives Django no body without a length; say so instead of "no file".
         raise IntakeError(411, "upload:length-required", messages.UPLOAD_LENGTH_REQUIRED)
@@ -70,65 +145,81 @@ def check_declared_size(request: Any) -> None:
         raise too_large()
 
 
-def check_disk(request: Any) -> None:
-    """The disk guard, before a byte of the body is read: the declared length must leave the reserve."""
-    from webapp.snapshots import disk
-
+def check_head(request: Any) -> None:
+    """Steps 1 and 2, before a byte of the body is read; once per request."""
+    if getattr(request, _HEAD_CHECKED, False):
+        return
+    setattr(request, _HEAD_CHECKED, True)
+    check_declared_size(request)
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         declared = 0
     try:
         disk.check_room(declared)
-    except limits.LimitExceeded as err:
+    except LimitExceeded as err:
         raise from_limit(err) from err
 
 
-def disk_full() -> IntakeError:
-    from webapp.snapshots import disk
-
-    return from_limit(disk.full_error())
+IDEMPOTENCY_KEY_MAX = 100  # Upload.idempotency_key's max_length
 
 
-def check_rate(request: Any) -> None:
-    """Per-user and per-token upload rates, before the body is read."""
-    if not getattr(request.user, "is_authenticated", False):
-        return
-    try:
-        limits.check_upload_rate(request, request.user, getattr(request, "api_token", None))
-    except limits.LimitExceeded as err:
-        raise from_limit(err) from err
+def idempotency_key(request: Any) -> str:
+    key = str(request.headers.get("Idempotency-Key", "")).strip()
+    if len(key) > IDEMPOTENCY_KEY_MAX or not all(33 <= ord(c) <= 126 for c in key):
+        raise IntakeError(
+            400, "upload:bad-idempotency-key", messages.IDEMPOTENCY_BAD_KEY.format(limit=IDEMPOTENCY_KEY_MAX)
+        )
+    return key
 
 
-def check_replay_rate(request: Any) -> None:
-    """The Idempotency-Key replays' own rate, before the body is read."""
-    try:
-        limits.check_replay_rate(request, request.user)
-    except limits.LimitExceeded as err:
-        raise from_limit(err) from err
+def _earlier(request: Any, key: str) -> Upload | None:
+    """The upload this user made under ``key`` (``services.upload_by_idempotency_key``'s query, read
+    here so that the intake hands off to the service once, at the end)."""
+    if not key or not getattr(request.user, "is_authenticated", False):
+        return None
+    return Upload.objects.filter(uploaded_by=request.user, idempotency_key=key).select_related("project").first()
 
 
-def check_quota(project: Any, size: int) -> None:
-    try:
-        limits.check_team_quota(project.team_id, size)
-    except limits.LimitExceeded as err:
-        raise from_limit(err) from err
-
-
-def check_queued_cost(project: Any, uploaded: Any) -> None:
-    """The upload's estimated analysis cost fits what its team may have queued, or ``IntakeError``."""
-    from webapp.snapshots.cost import estimate_cost
-
-    try:
-        limits.check_team_queued_cost(project.team_id, estimate_cost(uploaded).cost_bytes)
-    except limits.LimitExceeded as err:
-        raise from_limit(err) from err
+def admit(request: Any, fields: type[UploadFieldsForm], *, keyed: bool = False, **form_kwargs: Any) -> Admission:
+    """Every check of the intake, in order, each once; ``IntakeError`` (or ``FieldsInvalid``) for
+    the first that fails. ``fields``: the form of the text fields (the page's ``UploadForm``, with
+    its ``project_choices`` in ``form_kwargs``; the API's ``ApiUploadFieldsForm``), bound once the
+    body is parsed; ``keyed``: the API's ``Idempotency-Key`` applies."""
+    check_head(request)
+    key = idempotency_key(request) if keyed else ""
+    earlier = _earlier(request, key)
+    if earlier is not None:
+        try:
+            ratelimits.check_replay_rate(request, request.user)
+        except LimitExceeded as err:
+            raise from_limit(err) from err
+        uploaded, sha256, fmt = _received(request)
+        return Admission(uploaded, sha256, fmt, idempotency_key=key, earlier=earlier)
+    if getattr(request.user, "is_authenticated", False):
+        try:
+            ratelimits.check_upload_rate(request, request.user, getattr(request, "api_token", None))
+        except LimitExceeded as err:
+            raise from_limit(err) from err
+    uploaded, sha256, fmt = _received(request)
+    form = fields(request.POST, request.FILES, **form_kwargs)
+    if not form.is_valid():
+        raise FieldsInvalid(form)
+    upload_fields, run_meta = form.upload_fields(), form.run_meta()
+    return Admission(
+        uploaded,
+        sha256,
+        fmt,
+        cost_bytes=estimate_cost(uploaded).cost_bytes,
+        fields=upload_fields,
+        run_meta=run_meta,
+        project_slug=str(form.cleaned_data.get("project") or "").strip(),
+        idempotency_key=key,
+    )
 
 
 def parsed_files(request: Any) -> Any:
     """``request.FILES``, with Django's parse failures as ``IntakeError`` (JSON-able, with a code)."""
-    from webapp.snapshots import disk
-
     try:
         return request.FILES  # parses the body if nothing has yet
     except PARSE_ERRORS as exc:
@@ -139,16 +230,9 @@ def parsed_files(request: Any) -> Any:
         raise
 
 
-def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, str, str]:
-    """(uploaded file, sha256, format) from a parsed request, or ``IntakeError``. The format is
-    ``runarchive.ARCHIVE`` for a tar or zip of a run's ranks (checked member by member later).
-
-    With ``enforce_limits`` the upload rates are counted before the body is read, and the
-    team quota is checked when the form names its project (the API checks the project it
-    picked itself, see ``api.snapshots``).
-    """
-    if enforce_limits:
-        check_rate(request)
+def _received(request: Any) -> tuple[Any, str, str]:
+    """Steps 5 and 6: (uploaded file, sha256, format) from the parsed request. The format is
+    ``runarchive.ARCHIVE`` for a tar or zip of a run's ranks (checked member by member later)."""
     files = parsed_files(request)
     if is_too_large(request):
         raise too_large()
@@ -159,14 +243,6 @@ def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, st
         raise IntakeError(400, "upload:no-file", messages.UPLOAD_MISSING_FILE)
     if uploaded.size is not None and uploaded.size > settings.UPLOAD_MAX_BYTES:
         raise too_large()
-    slug = request.POST.get("project")
-    if enforce_limits and slug:
-        from webapp.snapshots.services import project_for_user
-
-        project = project_for_user(request.user, str(slug))
-        if project is not None:
-            check_quota(project, uploaded.size or 0)
-            check_queued_cost(project, uploaded)
     head = getattr(uploaded, "head", None)
     if head is None:  # a handler other than ours (tests may swap handlers)
         uploaded.seek(0)
@@ -174,14 +250,10 @@ def received_file(request: Any, *, enforce_limits: bool = True) -> tuple[Any, st
         uploaded.seek(0)
     sha256 = getattr(uploaded, "sha256", None)
     if sha256 is None:
-        import hashlib
-
         digest = hashlib.sha256()
         for chunk in uploaded.chunks():
             digest.update(chunk)
         sha256 = digest.hexdigest()
-    from webapp.snapshots import runarchive
-
     if runarchive.is_archive(uploaded):  # a run's ranks in one tar or zip (runarchive.create_run)
         return uploaded, sha256, runarchive.ARCHIVE
     try:

@@ -6,8 +6,8 @@ special file, no absolute or ``..`` path, no archive inside it, and the snapshot
 together within the upload cap. Only then does ``analysis.rankfiles.unpack_ranks`` (the CLI's
 unpacking: links skipped, each member capped while copied, names reduced to their base) copy the
 snapshots and sidecars into a scratch folder; each copied snapshot must then sniff as one, and the
-team quota must hold them all. Any refusal is an ``IntakeError`` with an ``upload:archive-*`` code,
-raised before any row or blob is written; the scratch folder goes in every case.
+team quota must hold them all. Any refusal is a ``LimitExceeded`` (the intake's refusal) with an
+``upload:archive-*`` code, raised before any row or blob is written; the scratch folder goes in every case.
 
 Each snapshot becomes one upload of the run, as the client's per-rank uploads do: its rank from
 the client's sidecar beside it (``NAME.json``), else ``rank<N>`` in its name, else its order; the
@@ -36,7 +36,8 @@ from analysis.rankfiles import SIDECAR_SUFFIX, archive_kind, list_members, unpac
 from analysis.reader import ReadLimits
 from analysis.runs import RunInputError, rank_from_name
 from webapp.snapshots import messages
-from webapp.snapshots.intake import IntakeError, check_quota
+from webapp.snapshots.quota import check_team_quota
+from webapp.snapshots.ratelimits import LimitExceeded
 from webapp.snapshots.uploads import SNIFF_BYTES, Refusal, sniff
 
 if TYPE_CHECKING:
@@ -44,15 +45,15 @@ if TYPE_CHECKING:
 
     from webapp.snapshots.models import Project, Run, Upload
 
-ARCHIVE = "archive"  # the format ``intake.received_file`` names a run's archive by
+ARCHIVE = "archive"  # the format ``intake.admit`` names a run's archive by
 # Names of archives (a member named so is refused, whatever it holds).
 NESTED_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tbz2", ".tar.bz2", ".txz", ".tar.xz", ".zip", ".7z", ".rar")
 # Fields the archive's ranks set themselves; the form's values for these are not used.
 PER_RANK_FIELDS = ("rank", "world_size", "local_rank", "error")
 
 
-def refusal(code: str, detail: str = "") -> IntakeError:
-    return IntakeError(422, code, messages.error_message(code, detail))
+def refusal(code: str, detail: str = "") -> LimitExceeded:
+    return LimitExceeded(422, code, messages.error_message(code, detail))
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def _usable_oom_message(text: str) -> str:
 
 
 def read_ranks(archive: Path, scratch: Path, project: Project) -> list[RankFile]:
-    """The archive's ranks, unpacked under ``scratch`` and checked; ``IntakeError`` on any refusal."""
+    """The archive's ranks, unpacked under ``scratch`` and checked; ``LimitExceeded`` on any refusal."""
     _check_listing(archive)
     try:
         members = unpack_ranks(archive, scratch, limits=ReadLimits(max_input_bytes=settings.UPLOAD_MAX_BYTES))
@@ -194,7 +195,7 @@ def read_ranks(archive: Path, scratch: Path, project: Project) -> list[RankFile]
     total = sum(item.size for item in ranks)
     if total > settings.UPLOAD_MAX_BYTES:
         raise refusal("upload:archive-too-large", _over_cap(total))
-    check_quota(project, total)
+    check_team_quota(project.team_id, total)
     return sorted(ranks, key=lambda item: item.rank)
 
 

@@ -1,5 +1,9 @@
 """Runs ``child.py`` in a subprocess under rlimits and a wall-clock deadline.
 
+The child is given one job description, a JSON file (``child.Job``: the snapshot, where the report,
+the charts and the explore stores go, the upload's OOM message, batch size and cap, the processes
+it may use), and nothing else: no job in argv or the environment.
+
 The worker process never parses an upload itself: the child gets an address-space cap
 (``RLIMIT_AS``, from the file's size), a CPU cap (``RLIMIT_CPU``) and a wall timeout,
 so a hostile or giant file ends in a ``ChildRefused`` with a stable code while the
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import SnapshotError
+from webapp.snapshots.child import Job
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +123,10 @@ def _set_limits(limits: Limits) -> Callable[[], None]:
     return apply
 
 
-def _child_env(jobs: int) -> dict[str, str]:
+def _child_env() -> dict[str, str]:
+    """The child's environment: the worker's, without its secrets, and no job in it (that is the
+    job file's, ``child.Job``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_", "SECRET_", "STORAGE_"))}
-    env["OOMSCOPE_ANALYSIS_JOBS"] = str(jobs)
     env["PYTHONPATH"] = str(REPO_ROOT)
     # One BLAS thread: thread stacks count against RLIMIT_AS and the work is not BLAS-bound.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -176,24 +182,22 @@ def run_child(
     with tempfile.TemporaryDirectory(prefix="oomscope-") as tmp:
         out = Path(tmp) / "report.json"
         err_path = Path(tmp) / "stderr.txt"
-        cmd = [sys.executable, "-m", "webapp.snapshots.child", str(path), str(out)]
-        if filename:
-            cmd.append(filename)
-        env = _child_env(limits.jobs)
-        if oom_message:
-            # A file, not argv or the environment: the text is the user's and may be long.
-            message_path = Path(tmp) / "oom_message.txt"
-            message_path.write_text(oom_message, encoding="utf-8")
-            env["OOMSCOPE_OOM_MESSAGE_FILE"] = str(message_path)
-        if batch_size:
-            env["OOMSCOPE_BATCH_SIZE"] = str(int(batch_size))
-        if cap_bytes:
-            env["OOMSCOPE_CAP_BYTES"] = str(int(cap_bytes))
-        if explore_dir is not None:
-            env["OOMSCOPE_EXPLORE_DIR"] = str(explore_dir)
         charts_path = Path(tmp) / "charts.json"
-        if charts:
-            env["OOMSCOPE_CHARTS_FILE"] = str(charts_path)
+        job = Job(
+            snapshot=str(path),
+            report=str(out),
+            filename=filename or None,
+            jobs=limits.jobs,
+            oom_message=oom_message or None,
+            batch_size=int(batch_size) if batch_size else None,
+            cap_bytes=int(cap_bytes) if cap_bytes else None,
+            explore_dir=str(explore_dir) if explore_dir is not None else None,
+            charts=str(charts_path) if charts else None,
+        )
+        job_path = Path(tmp) / "job.json"
+        job.write(job_path)
+        cmd = [sys.executable, "-m", "webapp.snapshots.child", str(job_path)]
+        env = _child_env()
         started = time.monotonic()
         cpu_before = _children_cpu()
         with err_path.open("wb") as err:

@@ -27,13 +27,15 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 
 from analysis import readout
 from analysis.stored import upgrade
-from webapp.snapshots import liveness, messages, runs
-from webapp.snapshots.models import ApiToken, Invitation, Membership, Project, Report, ShareLink, Team, Upload
+from webapp.snapshots import liveness, messages, quota, runarchive, runs
+from webapp.snapshots.models import ApiToken, Invitation, Membership, Project, Report, Run, ShareLink, Team, Upload
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
     from django.core.files.uploadedfile import UploadedFile
     from django.http import HttpRequest
+
+    from webapp.snapshots.intake import Admission
 
     AnyUser = User | AnonymousUser
 
@@ -403,6 +405,7 @@ def upload_create(
     batch_size: int | None = None,
     cap_bytes: int | None = None,
     run_meta: dict[str, Any] | None = None,
+    estimated_cost: int | None = None,
 ) -> Upload:
     """Store the bytes, create the row and queue the analysis once the row is committed.
 
@@ -416,9 +419,10 @@ def upload_create(
     existing = upload_by_idempotency_key(user, idempotency_key)
     if existing is not None:
         return _replay(existing, sha256)
-    from webapp.snapshots.cost import estimate_cost
+    if estimated_cost is None:  # the intake estimated it already (intake.Admission.cost_bytes)
+        from webapp.snapshots.cost import estimate_cost
 
-    cost = estimate_cost(uploaded)
+        estimated_cost = estimate_cost(uploaded).cost_bytes
     blob = _store_blob(uploaded, sha256)
     try:
         with transaction.atomic():
@@ -428,7 +432,7 @@ def upload_create(
                 uploaded_by=user,
                 filename=(uploaded.name or "snapshot")[:255],
                 bytes=uploaded.size or 0,
-                estimated_cost=cost.cost_bytes,
+                estimated_cost=estimated_cost,
                 sha256=sha256,
                 blob_name=blob,
                 format=fmt,
@@ -450,6 +454,75 @@ def upload_create(
             raise
         return _replay(existing, sha256)
     return upload
+
+
+class ProjectRefused(Exception):
+    """No project to upload to: none named and none implied, not one of the caller's, or read-only.
+    The API answers it with the projects that would do (``api._project_refusal``)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def upload_project(user: AnyUser, token: ApiToken | None, slug: str) -> Project:
+    """The project an upload goes to, or ``ProjectRefused``: the one named (``slug``), else the
+    token's default, else the only one the caller reaches (a token limited to one project: that
+    one); it must be in the token's reach and the user must be allowed to write there."""
+    project: Project | None
+    if slug:
+        project = project_for_user(user, slug)
+    elif token is not None and token.default_project is not None:
+        project = project_for_user(user, token.default_project.slug)
+    else:
+        reachable = visible_projects(user)
+        if token is not None and token.project_id is not None:
+            reachable = reachable.filter(pk=token.project_id)
+        candidates = list(reachable[:2])
+        if len(candidates) != 1:
+            raise ProjectRefused(400, "upload:no-project", messages.UPLOAD_NO_PROJECT)
+        project = candidates[0]
+    if project is None or not token_allows(token, project):
+        raise ProjectRefused(404, "upload:unknown-project", messages.UPLOAD_UNKNOWN_PROJECT.format(slug=slug))
+    if not can(user, project.team, "write"):
+        raise ProjectRefused(403, "upload:read-only", messages.UPLOAD_READ_ONLY)
+    return project
+
+
+def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) -> Upload | Run:
+    """An upload that passed the intake (``intake.admit``), stored: the checks that need its
+    project, then the row (or, for a tar or zip of a run's ranks, the run and its rows).
+
+    In order, each once: the project (``upload_project``), the team's queued analysis cost
+    (``quota.check_team_queued_cost``, with the intake's estimate), the team's storage quota (a
+    run's archive: on the ranks it holds, in ``runarchive.read_ranks``), the stored bytes and row.
+    ``ProjectRefused`` or ``LimitExceeded`` when one refuses; ``IdempotencyConflict`` for a key
+    used before with other bytes.
+    """
+    project = upload_project(user, token, admission.project_slug)
+    quota.check_team_queued_cost(project.team_id, admission.cost_bytes)
+    if admission.fmt == runarchive.ARCHIVE:
+        return runarchive.create_run(
+            user=user,
+            project=project,
+            archive=admission.uploaded,
+            archive_sha256=admission.sha256,
+            fields=admission.fields,
+            run_meta=admission.run_meta,
+            idempotency_key=admission.idempotency_key,
+        )
+    quota.check_team_quota(project.team_id, admission.uploaded.size or 0)
+    return upload_create(
+        user=user,
+        project=project,
+        uploaded=admission.uploaded,
+        sha256=admission.sha256,
+        fmt=admission.fmt,
+        **admission.fields,
+        idempotency_key=admission.idempotency_key,
+        run_meta=admission.run_meta,
+        estimated_cost=admission.cost_bytes,
+    )
 
 
 def upload_reanalyse(upload: Upload, user: User, *, oom_message: str) -> Upload:
@@ -708,6 +781,46 @@ def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, A
 
 
 @db_write_retry
+def uploads_without_stores(codes: list[str] | None = None) -> list[int]:
+    """Done uploads whose bytes have no explore store (analysed before stores existed, or their
+    stores not kept): one upload per distinct file, oldest first; ``codes`` narrows to those."""
+    from webapp.snapshots.digging import has_stores
+
+    rows = Upload.objects.filter(status=Upload.Status.DONE).exclude(blob_name="").order_by("id")
+    if codes is not None:
+        rows = rows.filter(code__in=codes)
+    seen: set[str] = set()
+    out: list[int] = []
+    for upload_id, sha256 in rows.values_list("id", "sha256"):
+        if sha256 in seen:
+            continue
+        seen.add(sha256)
+        if not has_stores(sha256):
+            out.append(upload_id)
+    return out
+
+
+def upload_for_stores(upload_id: int) -> Upload | None:
+    """The done upload ``upload_id`` while its bytes have no explore store yet, else None."""
+    from webapp.snapshots.digging import has_stores
+
+    upload = (
+        Upload.objects.filter(pk=upload_id, status=Upload.Status.DONE)
+        .exclude(blob_name="")
+        .select_related("project")
+        .first()
+    )
+    if upload is None or has_stores(upload.sha256):
+        return None
+    return upload
+
+
+def upload_add_stored_bytes(upload_id: int, size: int) -> None:
+    """Count ``size`` more bytes kept for the upload (its explore stores, made after its analysis)."""
+    if size > 0:
+        Upload.objects.filter(pk=upload_id).update(stored_bytes=F("stored_bytes") + int(size))
+
+
 def upload_fail(upload_id: int, code: str, detail: str = "") -> None:
     Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
         status=Upload.Status.FAILED,

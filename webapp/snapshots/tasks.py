@@ -45,7 +45,7 @@ def _local_path(blob_name: str) -> Any:
 
 
 def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
-    """Move the child's explore stores into the upload's storage (``webapp/snapshots/explore.py``
+    """Move the child's explore stores into the upload's storage (``webapp/snapshots/digging.py``
     reads them); a store already there (the same file uploaded before) is kept. Returns the bytes
     the upload now holds in stores, which its team's quota counts.
 
@@ -55,8 +55,8 @@ def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
     the quota was meant to protect (issue 22).
     """
     from webapp.snapshots import disk
-    from webapp.snapshots.explore import store_name
-    from webapp.snapshots.limits import team_usage_bytes
+    from webapp.snapshots.digging import store_name
+    from webapp.snapshots.quota import team_usage_bytes
 
     paths = sorted(folder.glob("*.npz"))
     size = sum(p.stat().st_size for p in paths)
@@ -147,15 +147,7 @@ def _analyse(upload: Any) -> None:
 
     try:
         with _local_path(upload.blob_name) as path, tempfile.TemporaryDirectory(prefix="oomscope-explore-") as stores:
-            limits = runner.limits_for(
-                path,
-                per_byte=settings.ANALYSIS_MEMORY_PER_BYTE,
-                minimum=settings.ANALYSIS_MEMORY_MIN_BYTES,
-                maximum=settings.ANALYSIS_MEMORY_MAX_BYTES,
-                cpu=settings.ANALYSIS_CPU_SECONDS,
-                wall=settings.ANALYSIS_WALL_SECONDS,
-                jobs=settings.ANALYSIS_JOBS,
-            )
+            limits = _child_limits(path)
             analysis = _run_child_retrying_once(
                 upload_id,
                 path,
@@ -191,6 +183,48 @@ def _analyse(upload: Any) -> None:
 
 
 analyse_upload_task = analyse_upload
+
+
+def _child_limits(path: Path) -> runner.Limits:
+    return runner.limits_for(
+        path,
+        per_byte=settings.ANALYSIS_MEMORY_PER_BYTE,
+        minimum=settings.ANALYSIS_MEMORY_MIN_BYTES,
+        maximum=settings.ANALYSIS_MEMORY_MAX_BYTES,
+        cpu=settings.ANALYSIS_CPU_SECONDS,
+        wall=settings.ANALYSIS_WALL_SECONDS,
+        jobs=settings.ANALYSIS_JOBS,
+    )
+
+
+@app.task(name="snapshots.backfill_explore", acks_late=True, ignore_result=True)
+def backfill_explore(upload_id: int, **_future_kwargs: Any) -> None:
+    """Make the explore stores of done upload ``upload_id``, analysed without them (before stores
+    existed, or not kept then), in the analysis child under the analysis's rlimits: the web process
+    never reads an upload (``digging.py``). The stored report stands whatever happens here: the
+    child's new report is dropped, and a file refused now leaves the upload without stores.
+    Queued by ``manage.py backfill_explore``."""
+    upload = services.upload_for_stores(upload_id)
+    if upload is None:
+        log.info("upload %s: explore stores not made (not done, gone, or it has them)", upload_id)
+        return
+    try:
+        with _local_path(upload.blob_name) as path, tempfile.TemporaryDirectory(prefix="oomscope-explore-") as stores:
+            runner.run_child(
+                path,
+                _child_limits(path),
+                filename=upload.filename,
+                oom_message=upload.oom_message,
+                batch_size=upload.batch_size,
+                cap_bytes=upload.cap_bytes,
+                explore_dir=Path(stores),
+            )
+            kept = _keep_stores(upload, Path(stores), 0)
+    except (SnapshotError, runner.ChildKilled, runner.ChildCrashed) as exc:
+        log.warning("upload %s: explore stores not made: %s", upload_id, exc)
+        return
+    services.upload_add_stored_bytes(upload_id, kept)
+    log.info("upload %s: explore stores made, %d bytes kept", upload_id, kept)
 
 
 def _run_child_retrying_once(upload_id: int, path: Path, limits: runner.Limits, **kwargs: Any) -> runner.Analysis:

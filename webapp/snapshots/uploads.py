@@ -2,7 +2,8 @@
 
 Django drops a file whose handler raised ``StopUpload`` and the view would then see an
 empty ``request.FILES`` (reliability.md §2.1). The handler therefore marks the request
-(``request.upload_too_large``) and views answer 413 whenever the mark is set.
+(``request.upload_too_large``) and the intake answers 413 whenever the mark is set
+(``intake.is_too_large``; the declared length is checked there too, ``intake.content_length_over_cap``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
 
+from analysis.errors import SnapshotError
+from analysis.reader import sniff_format
 from webapp.snapshots.jsonsniff import foreign_json
 
 # Multipart framing and the small text fields around the file.
@@ -23,19 +26,6 @@ SNIFF_BYTES = 4096
 
 def mark_too_large(request: Any) -> None:
     request.upload_too_large = True
-
-
-def is_too_large(request: Any) -> bool:
-    return bool(getattr(request, "upload_too_large", False))
-
-
-def content_length_over_cap(request: Any) -> bool:
-    """A declared body larger than the cap is refused before a byte is read."""
-    try:
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        return False
-    return length > settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD
 
 
 class CappedHashingUploadHandler(TemporaryFileUploadHandler):
@@ -74,7 +64,7 @@ class CappedHashingUploadHandler(TemporaryFileUploadHandler):
     def file_complete(self, file_size: int) -> Any:
         uploaded = super().file_complete(file_size)
         if uploaded is not None:
-            # Read back by intake.received_file: the digest and the first bytes for sniffing.
+            # Read back by intake.admit: the digest and the first bytes for sniffing.
             uploaded.sha256 = self._sha256.hexdigest()  # type: ignore[attr-defined]
             uploaded.head = self._head  # type: ignore[attr-defined]
         return uploaded
@@ -137,19 +127,11 @@ def sniff(head: bytes) -> str:
     """Format name of an upload from its first bytes, or ``Refusal``. Never unpickles.
 
     Obvious non-snapshots (empty, HTML) are refused by this module's own checks; the
-    rest is delegated to the reader's ``sniff_format`` when it exists.
+    rest is delegated to the reader's ``sniff_format``.
     """
     fmt = _own_sniff(head)
     try:
-        from analysis import reader
-        from analysis.errors import SnapshotError
-    except ImportError:  # pragma: no cover - analysis is part of the repo
-        return fmt
-    reader_sniff = getattr(reader, "sniff_format", None)
-    if reader_sniff is None:
-        return fmt
-    try:
-        found = reader_sniff(head)
+        found = sniff_format(head)
     except SnapshotError as exc:
         raise Refusal(exc.code, str(getattr(exc, "message", exc))) from exc
     except Exception:  # the reader's sniff may want a whole file; keep our answer

@@ -23,10 +23,10 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from analysis import readout
-from webapp.snapshots import chartpage, explore, formatting, messages, runarchive, runs, services
+from webapp.snapshots import chartpage, digging, disk, formatting, intake, messages, runs, services
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
-from webapp.snapshots.intake import IntakeError, check_declared_size, check_disk, disk_full, received_file
-from webapp.snapshots.models import Invitation, Upload
+from webapp.snapshots.models import Invitation, Run, Upload
+from webapp.snapshots.ratelimits import LimitExceeded
 
 log = logging.getLogger(__name__)
 
@@ -123,67 +123,46 @@ def home(request: HttpRequest) -> HttpResponse:
 def upload(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         try:
-            check_declared_size(request)
-            check_disk(request)
-        except IntakeError as err:
+            intake.check_head(request)
+        except LimitExceeded as err:
             return _upload_refused(request, err)
     return _upload_checked(request)
 
 
 @csrf_protect
 def _upload_checked(request: HttpRequest) -> HttpResponse:
+    """The page's upload: the intake's checks (``intake.admit``), then the service stores it
+    (``services.upload_admit``), as the API does."""
     choices = _project_choices(request)
     if request.method != "POST":
         return _render_upload_page(request, UploadForm(project_choices=choices))
     try:
-        uploaded, sha256, fmt = received_file(request)
-    except IntakeError as err:
-        return _upload_refused(request, err)
-    form = UploadForm(request.POST, request.FILES, project_choices=choices)
-    if not form.is_valid():
+        admission = intake.admit(request, UploadForm, project_choices=choices)
+        made = services.upload_admit(admission, user=request.user, token=None)  # type: ignore[arg-type]
+    except intake.FieldsInvalid as invalid:
+        form = invalid.form
         if _wants_json(request):
             text = " ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
             return JsonResponse({"error": {"code": "upload:invalid", "message": text}}, status=400)
-        return _render_upload_page(request, form, status=400)
-    project = services.writable_projects(request.user).filter(slug=form.cleaned_data["project"]).first()
-    if project is None:  # the choice list already limits this; belt and braces
-        raise Http404
-    try:
-        if fmt == runarchive.ARCHIVE:  # a run's ranks in one tar or zip: one upload per rank
-            run = runarchive.create_run(
-                user=request.user,  # type: ignore[arg-type]
-                project=project,
-                archive=uploaded,
-                archive_sha256=sha256,
-                fields=form.upload_fields(),
-                run_meta=form.run_meta(),
-            )
-            if _wants_json(request):
-                return JsonResponse({"run": runs.run_dict(run, request)}, status=202)
-            return redirect("snapshots:run", run_code=run.code)
-        created = services.upload_create(
-            user=request.user,  # type: ignore[arg-type]
-            project=project,
-            uploaded=uploaded,
-            sha256=sha256,
-            fmt=fmt,
-            **form.upload_fields(),
-            run_meta=form.run_meta(),
-        )
-    except IntakeError as err:  # the archive refused, before anything was stored
+        return _render_upload_page(request, form, status=400)  # type: ignore[arg-type]
+    except services.ProjectRefused as err:  # the choice list already limits this; belt and braces
+        raise Http404 from err
+    except LimitExceeded as err:  # the intake's refusals, a limit's, and the archive's
         return _upload_refused(request, err)
     except OSError as exc:  # no space left for the blob: the form says so, with the code
-        from webapp.snapshots import disk
-
         if not disk.is_full(exc):
             raise
-        return _upload_refused(request, disk_full())
+        return _upload_refused(request, intake.disk_full())
+    if isinstance(made, Run):  # a run's ranks in one tar or zip: one upload per rank
+        if _wants_json(request):
+            return JsonResponse({"run": runs.run_dict(made, request)}, status=202)
+        return redirect("snapshots:run", run_code=made.code)
     if _wants_json(request):
-        return JsonResponse(services.upload_api_dict(created, request), status=202)
-    return redirect("snapshots:detail", code=created.code)
+        return JsonResponse(services.upload_api_dict(made, request), status=202)
+    return redirect("snapshots:detail", code=made.code)
 
 
-def _upload_refused(request: HttpRequest, err: IntakeError) -> HttpResponse:
+def _upload_refused(request: HttpRequest, err: LimitExceeded) -> HttpResponse:
     """413/422/400 with the code: JSON for scripts and the page's XHR, the form page otherwise."""
     if _wants_json(request):
         response: HttpResponse = JsonResponse(err.as_json(), status=err.status)
@@ -375,15 +354,10 @@ def history(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 def _history_chart(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    from webapp.snapshots import charts  # bokeh, imported by the pages that draw
+
     try:
-        from webapp.snapshots import charts
-    except ImportError:
-        return None
-    build = getattr(charts, "build_history_chart", None)
-    if build is None:
-        return None
-    try:
-        chart: dict[str, Any] | None = build(rows)
+        chart: dict[str, Any] | None = charts.build_history_chart(rows)
     except Exception:
         log.exception("history chart failed")
         return None
@@ -398,14 +372,10 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
     report_a, report_b = services.report_for(a), services.report_for(b)
     charts: dict[str, Any] = {}
     if report_a and report_b:
-        try:
-            from webapp.snapshots import charts as charts_module
+        from webapp.snapshots import charts as charts_module  # bokeh, imported by the pages that draw
 
-            build = getattr(charts_module, "build_compare_charts", None)
-            if build is not None:
-                charts = build(report_a.data, report_b.data)
-        except ImportError:
-            pass
+        try:
+            charts = charts_module.build_compare_charts(report_a.data, report_b.data)
         except Exception:
             log.exception("compare charts failed")
     from analysis.compare import compare as compare_reports
@@ -444,12 +414,12 @@ def _int_param(request: HttpRequest, name: str, default: int | None = None) -> i
     raw = request.GET.get(name)
     if raw is None or raw == "":
         if default is None:
-            raise explore.ExploreError(400, "explore:missing-param", f"the query needs {name}=")
+            raise digging.ExploreError(400, "explore:missing-param", f"the query needs {name}=")
         return default
     try:
         return int(float(raw))
     except (ValueError, OverflowError) as err:  # "nan", "inf" (was an HTML 500, issue 22)
-        raise explore.ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
+        raise digging.ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
 
 
 def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
@@ -462,22 +432,22 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
             t0 = _int_param(request, "t0", 0)
             t1 = _int_param(request, "t1", 2**62)
             px = min(4000, max(16, _int_param(request, "px", 1000)))
-            body = explore.timeline_payload(upload_row, device, t0, t1, px)
+            body = digging.timeline_payload(upload_row, device, t0, t1, px)
         elif kind == "active":
             t0 = _int_param(request, "t0", 0)
             t1 = _int_param(request, "t1", 2**62)
             px = min(4000, max(16, _int_param(request, "px", 1000)))
-            body = explore.active_payload(upload_row, device, t0, t1, px)
+            body = digging.active_payload(upload_row, device, t0, t1, px)
         elif kind == "segments":
             t0 = _int_param(request, "t0", 0)
             t1 = _int_param(request, "t1", 2**62)
             px = min(4000, max(16, _int_param(request, "px", 1000)))
-            body = explore.segments_payload(upload_row, device, t0, t1, px)
+            body = digging.segments_payload(upload_row, device, t0, t1, px)
         elif kind == "state":
-            body = explore.state_payload(upload_row, device, _int_param(request, "i"))
+            body = digging.state_payload(upload_row, device, _int_param(request, "i"))
         else:
-            body = explore.block_payload(upload_row, device, _int_param(request, "alloc"))
-    except explore.ExploreError as err:
+            body = digging.block_payload(upload_row, device, _int_param(request, "alloc"))
+    except digging.ExploreError as err:
         return JsonResponse({"error": {"code": err.code, "message": err.message}}, status=err.status)
     response = JsonResponse(body)
     response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
@@ -487,7 +457,7 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
 @login_required
 @require_GET
 def explore_json(request: HttpRequest, code: str, kind: str) -> HttpResponse:
-    """``/s/<code>/{timeline,state,block}.json``: see webapp/snapshots/explore.py."""
+    """``/s/<code>/{timeline,state,block}.json``: see webapp/snapshots/digging.py."""
     return _explore_answer(_upload_or_404(request, code), request, kind)
 
 
@@ -658,7 +628,7 @@ def signup(request: HttpRequest) -> HttpResponse:
         return redirect("snapshots:home")
     form = SignupForm(request.POST or None)
     if request.method == "POST":
-        from webapp.snapshots.limits import LimitExceeded, check_signup_rate
+        from webapp.snapshots.ratelimits import check_signup_rate
 
         try:
             check_signup_rate(request)  # each account brings a team with its own quota

@@ -1,4 +1,4 @@
-"""The report's interactive endpoints: zoom detail, the allocator's state at an event, one block's story.
+"""Digging (the report's interactive endpoints): zoom detail, the allocator's state at an event, one block's story.
 
 Everything here reads data the worker computed at analysis time: the analysis child writes one
 store per device (``analysis.explore.explore_store``: the recorded replay's columns, the trace
@@ -11,7 +11,9 @@ store (analysed before stores existed, a store of an older version, or a snapsho
 replay) is answered 404 ``explore:no-store`` at once. The web process once made such stores from
 the blob itself, and a share link to a 13 MB upload of 300 MB of strings then cost 0.9 GB of
 gunicorn's memory per request (issue 22); the analysis child, under its rlimits, is the only
-place an upload is read. A device without a store where other devices have one is answered 404
+place an upload is read: an operator backfills the stores of older uploads with
+``manage.py backfill_explore``, a task that runs that child (``tasks.backfill_explore``). A device
+without a store where other devices have one is answered 404
 ``explore:no-device``. One thread per process reads a given store; the last few read stay in this
 process (``STORES_KEPT``).
 """
@@ -58,6 +60,12 @@ def _stored_devices(sha256: str) -> set[int] | None:
         return None
     devices = {int(f[: -len(".npz")]) for f in files if f.endswith(".npz") and f[: -len(".npz")].isdigit()}
     return devices or None
+
+
+def has_stores(sha256: str) -> bool:
+    """Whether the worker kept explore stores for these bytes (``tasks.backfill_explore`` makes them
+    for an upload analysed without)."""
+    return _stored_devices(sha256) is not None
 
 
 def _read(name: str) -> StoredExplorer | None:

@@ -1,0 +1,107 @@
+"""Issue 17, item 5: one upload's walk through our modules, checked each once (docs/architecture.md,
+"The upload's walk").
+
+Before, one API upload entered 10 of our modules 29 times (87 visits): the quota and the cost were
+checked twice, the cost estimated three times, the project resolved twice, and the view and the
+intake alternated. Now the view hands off to the intake once (every check that needs no project)
+and to the service once (the project, the team's queue and quota, the row); each module is entered
+in one hand-off, each of its functions once. A second check, a re-resolved project or an intake
+step moved back into the view fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.webapp.helpers import GPT_OOM, bearer
+from tests.webapp.walk import Handoff, Walk, walk
+from webapp.snapshots import api, views
+from webapp.snapshots.models import Upload
+
+pytestmark = pytest.mark.django_db
+
+M = "webapp.snapshots."
+
+# The API upload's hand-offs, in order: (caller, callee, the callee's functions entered).
+API_WALK = [
+    ("api", "intake", ("admit",)),
+    ("intake", "disk", ("check_room",)),  # the disk guard, on the declared length
+    ("intake", "ratelimits", ("check_upload_rate",)),  # per token and per user, before the body
+    ("intake", "runarchive", ("is_archive",)),  # a run's ranks in one tar or zip?
+    ("intake", "uploads", ("sniff",)),  # else the head must be a snapshot
+    ("intake", "forms", ("upload_fields", "run_meta")),  # the validated text fields
+    ("intake", "cost", ("estimate_cost",)),  # the analysis cost, from the bytes, once
+    ("api", "services", ("upload_admit", "upload_api_dict")),  # the project, then the row; the answer
+    ("services", "quota", ("check_team_queued_cost", "check_team_quota")),  # each once
+    ("services", "runs", ("run_attach",)),
+]
+
+
+def _short(walked: Walk) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(h.caller.removeprefix(M), h.callee.removeprefix(M), h.functions) for h in walked.handoffs()]
+
+
+def _api_upload(client: Any, token: str, capture: Any) -> tuple[Walk, Any]:
+    client.get("/api/v1/projects", **bearer(token))  # the URLconf and the API's modules imported
+    with GPT_OOM.open("rb") as fh, capture():
+        return walk(
+            lambda: client.post("/api/v1/snapshots", {"file": fh, "project": "alpha", "run": "r1"}, **bearer(token)),
+            api.snapshots,
+        )
+
+
+def test_one_api_upload_enters_each_module_once_in_order(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    walked, answer = _api_upload(client, alice_token, django_capture_on_commit_callbacks)
+    handoffs = walked.handoffs()
+    print(  # the figures of docs/architecture.md (pytest -s)
+        f"\nvisits {len(walked.visits)} to {len(walked.modules)} modules ({walked.returns} returns); "
+        f"{len(walked.entries)} entries; {len(handoffs)} hand-offs into {len({h.callee for h in handoffs})} modules"
+    )
+    assert answer.status_code == 202, answer.content
+    assert Upload.objects.get(code=json.loads(answer.content)["id"]).run == "r1"
+    assert _short(walked) == API_WALK, json.dumps(_short(walked), indent=1)
+    callees = [h.callee for h in walked.handoffs()]
+    assert len(callees) == len(set(callees)), "a module is entered in two hand-offs"
+    entered = Counter((callee, name) for _caller, callee, name in walked.entries)
+    assert max(entered.values()) == 1, [k for k, n in entered.items() if n > 1]  # every function once
+
+
+def test_the_page_upload_runs_the_same_checks_once_in_the_same_order(
+    alice_client: Any, alpha: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    alice_client.get("/upload/")
+    with GPT_OOM.open("rb") as fh, django_capture_on_commit_callbacks():
+        walked, answer = walk(lambda: alice_client.post("/upload/", {"file": fh, "project": "alpha"}), views.upload)
+    assert answer.status_code == 302, answer.content
+    # The declared size and the disk before the CSRF check reads the body, then the form's project
+    # choices; from there the API's walk (the page's form is built in the intake: its __init__).
+    assert _short(walked) == [
+        ("views", "intake", ("check_head",)),
+        ("intake", "disk", ("check_room",)),
+        ("views", "services", ("writable_projects",)),
+        ("views", "intake", ("admit",)),
+        *[h if h[1] != "forms" else ("intake", "forms", ("__init__", *h[2])) for h in API_WALK[2:7]],
+        ("views", "services", ("upload_admit",)),
+        *API_WALK[8:],
+    ], json.dumps(_short(walked), indent=1)
+    entered = Counter((callee, name) for _caller, callee, name in walked.entries)
+    assert max(entered.values()) == 1, [k for k, n in entered.items() if n > 1]  # every function once
+
+
+def test_handoffs_merge_only_consecutive_entries_of_one_caller() -> None:
+    walked = Walk(
+        visits=[],
+        entries=[("a", "b", "f"), ("b", "c", "g"), ("a", "b", "h"), ("a", "c", "i"), ("a", "b", "j")],
+    )
+    assert walked.handoffs() == [
+        Handoff("a", "b", ("f", "h")),
+        Handoff("b", "c", ("g",)),
+        Handoff("a", "c", ("i",)),
+        Handoff("a", "b", ("j",)),
+    ]
