@@ -89,6 +89,24 @@ def optimizer_windows(annotations: list[tuple[str, str, int]], time_us: I64) -> 
     return s.astype(np.int64), e.astype(np.int64)
 
 
+def _step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> tuple[npt.NDArray[np.bool_], I64, I64, int]:
+    """The optimizer step window each allocation falls in or before: (inside one, the end of the one it is
+    in (``n`` outside), the start of the next, the first window's start (``n`` without any))."""
+    if not opt_start.size:
+        return (
+            np.zeros(start.shape[0], bool),
+            np.full(start.shape[0], n, np.int64),
+            np.full(start.shape[0], n, np.int64),
+            n,
+        )
+    k = np.searchsorted(opt_start, start, side="right") - 1  # last window started at or before
+    in_window = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
+    window_end = np.where(in_window, opt_end[np.maximum(k, 0)], n)
+    nxt = np.searchsorted(opt_start, start, side="left")  # next window starting at or after
+    next_opt_start = np.where(nxt < opt_start.size, opt_start[np.minimum(nxt, opt_start.size - 1)], n)
+    return in_window, window_end, next_opt_start, int(opt_start[0])
+
+
 def classify(
     lifetimes: Lifetimes,
     catalog: StackCatalog,
@@ -111,19 +129,7 @@ def classify(
         out[m] = code
         decided |= m
 
-    # The optimizer step window each allocation falls in or before.
-    if opt_start.size:
-        k = np.searchsorted(opt_start, start, side="right") - 1  # last window started at or before
-        in_window = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
-        window_end = np.where(in_window, opt_end[np.maximum(k, 0)], n)
-        nxt = np.searchsorted(opt_start, start, side="left")  # next window starting at or after
-        next_opt_start = np.where(nxt < opt_start.size, opt_start[np.minimum(nxt, opt_start.size - 1)], n)
-        first_opt = int(opt_start[0])
-    else:
-        in_window = np.zeros(start.shape[0], bool)
-        window_end = np.full(start.shape[0], n, np.int64)
-        next_opt_start = np.full(start.shape[0], n, np.int64)
-        first_opt = n
+    in_window, window_end, next_opt_start, first_opt = _step_windows(start, opt_start, opt_end, n)
 
     # 1. optimizer: frames under torch/optim, or (without frames) made inside an optimizer step.
     optimizer = ((traits & TRAIT_OPTIMIZER) != 0) | (~has_frames & in_window)

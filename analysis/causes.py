@@ -539,13 +539,11 @@ def cuda_graph_pools(inp: CauseInput) -> Cause | None:
     )
 
 
-def kv_cache_growth(inp: CauseInput) -> Cause | None:
-    """A cache grown by concatenation, token by token: each step copies it into a larger block."""
-    if inp.oom_index is None:
-        return None
-    lt, pos = inp.lifetimes, _oom_position(inp)
-    if pos < 0:
-        return None
+def _growing_group(inp: CauseInput, pos: int) -> tuple[int, npt.NDArray[np.intp], npt.NDArray[np.int64], int] | None:
+    """The group of stacks behind the OOM request when its allocations since the last backward grew by one
+    regular step: (group, its allocations, their distinct sizes, the step), else None."""
+    assert inp.oom_index is not None
+    lt = inp.lifetimes
     gids = inp.catalog.groups_of(lt.stack)
     oom_group = int(inp.catalog.groups_of(np.array([inp.trace.stack[inp.oom_index]]))[0])
     group = oom_group if oom_group != 0 else int(gids[pos])
@@ -567,6 +565,20 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
         return None
     if float((np.diff(sizes[-256:]) >= 0).mean()) < 0.5:
         return None  # sizes that come and go (variable batches), not a growing cache
+    return group, mine, distinct, delta
+
+
+def kv_cache_growth(inp: CauseInput) -> Cause | None:
+    """A cache grown by concatenation, token by token: each step copies it into a larger block."""
+    if inp.oom_index is None:
+        return None
+    lt, pos = inp.lifetimes, _oom_position(inp)
+    if pos < 0:
+        return None
+    growth = _growing_group(inp, pos)
+    if growth is None:
+        return None
+    group, mine, distinct, delta = growth
     live = mine[lt.end[mine] > inp.oom_index]
     cache_bytes = int(lt.size[live].sum())
     tensors = max(1, int(live.size))

@@ -18,10 +18,11 @@ result as ``devices[].decision``; the page shows it first. Rules (docs/report.md
   setting; a code change carries the advisor's estimate, said to be one.
 
 Keys another part of the report may add (``whatif[].step_completes``,
-``suggestions[].step_completes``, ``oom.step_need_bytes``, ``oom.limit_source``
-values ``given|oom_message|sidecar|inferred``, ``oom.limit_is_lower_bound``)
-are read with ``.get`` and fall back to ``oom_avoided`` and the older
-``limit_source`` values.
+``suggestions[].step_completes``, ``oom.step_need_bytes``) are read with ``.get``
+and fall back to ``oom_avoided``. A stored report comes through
+``analysis.stored.upgrade`` first (``oom.limit_is_lower_bound`` and the device's
+``limit`` of the first reports); ``oom.limit_source`` may still hold an older value
+(``device-full``, ``cap-lower-bound``), which ``_LIMIT_WORDS`` words.
 
 Sizes are worded as torch's ``format_size`` prints them (``710.00 MiB``), so a
 figure here reads the same as the OOM message the user already has.
@@ -42,7 +43,6 @@ IDLE_MIN_SHARE = 0.05
 IDLE_MIN_BYTES = 64 << 20
 # Suggestions that are not a change to the workload or its settings.
 _NOT_A_CHANGE = frozenset({"capture_settings"})
-_LOWER_BOUND_SOURCES = frozenset({"cap-lower-bound"})
 # How each ``oom.limit_source`` is said (older and newer values).
 _LIMIT_WORDS = {
     "oom_message": "read from the OOM message",
@@ -438,10 +438,7 @@ def _nothing_buys(oom: Mapping[str, Any] | None) -> str:
 
 
 def _limit_is_lower_bound(oom: Mapping[str, Any]) -> bool:
-    value = oom.get("limit_is_lower_bound")
-    if value is not None:
-        return bool(value)
-    return oom.get("limit_source") in _LOWER_BOUND_SOURCES
+    return bool(oom.get("limit_is_lower_bound"))  # a stored report comes through analysis.stored.upgrade
 
 
 def _confidence(

@@ -38,13 +38,14 @@ which was missing and no what-if reports ``step_completes``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from analysis.allocator import ProjectedTail, simulate
+from analysis.allocator import PolicyResult, ProjectedTail, Requests, simulate
 from analysis.allocator.policy import (
     caught_served,
     placement_for,
@@ -320,6 +321,101 @@ def _live_peak(lifetimes: Lifetimes, lo: int, hi: int, recorded: AllocatorConfig
     return max(live0, int(running.max()) if running.size else live0)
 
 
+@dataclass(frozen=True)
+class _Template:
+    """The complete earlier step the failing one is projected from, and how the two pair up."""
+
+    step: int
+    allocs: I64  # its allocation events
+    pos: int  # the template ordinal the OOM request stands for
+    score: float  # alignment: 1.0 for an exact prefix
+    pairing: dict[int, int]  # template ordinal -> prefix ordinal
+    step_allocs: dict[int, I64]  # allocation events of every candidate step looked at
+
+
+class _SizeRule:
+    """The size each template allocation takes in the failing step: kept where it never changes,
+    as paired where the prefix showed the template's size become another, else scaled by the ratio."""
+
+    def __init__(self, trace: Trace, prefix: I64, tmpl: _Template) -> None:
+        size = trace.size
+        self.t_sizes = size[tmpl.allocs].astype(np.int64)
+        f_sizes = size[prefix].astype(np.int64)
+        pairs: dict[int, dict[int, int]] = {}
+        t_paired = np.asarray([int(self.t_sizes[j]) for j in tmpl.pairing], np.int64)
+        f_paired = np.asarray([int(f_sizes[i]) for i in tmpl.pairing.values()], np.int64)
+        for ts, fs in zip(t_paired.tolist(), f_paired.tolist(), strict=True):
+            pairs.setdefault(ts, {}).setdefault(fs, 0)
+            pairs[ts][fs] += 1
+        self.size_map = {ts: max(c.items(), key=lambda kv: kv[1])[0] for ts, c in pairs.items()}
+        changed = t_paired != f_paired
+        self.ratio = float(f_paired[changed].sum() / t_paired[changed].sum()) if changed.any() else 1.0
+        # How alike the failing step's shapes are to the template's: the share of the changed bytes
+        # that changed by the common ratio (within RATIO_TOLERANCE). One batch or length scales
+        # them together; micro-batches of their own lengths or a new resolution each scale apart.
+        if changed.any():
+            each = f_paired[changed] / t_paired[changed]
+            near = np.abs(each / self.ratio - 1.0) <= RATIO_TOLERANCE
+            self.coherent = float(t_paired[changed][near].sum() / t_paired[changed].sum())
+        else:
+            self.coherent = 1.0
+        # Steps of the template's pattern but another shape tell sizes that never change.
+        others = [
+            ak
+            for k, ak in tmpl.step_allocs.items()
+            if k != tmpl.step
+            and ak.size == tmpl.allocs.size
+            and np.array_equal(trace.stack[ak], trace.stack[tmpl.allocs])
+            and not np.array_equal(size[ak], self.t_sizes)
+        ]
+        # The nearest step of another shape decides: a size that grew early and then saturated
+        # (a buffer capped at some size) stayed put between recent steps. With no step of another
+        # shape, nothing is known to be constant if the failing step grew.
+        self.constant = size[others[0]] == self.t_sizes if others else np.full(tmpl.allocs.size, not changed.any())
+        self.kept = self.paired = self.scaled = 0
+
+    def __call__(self, j: int) -> int:
+        ts = int(self.t_sizes[j])
+        if self.constant[j]:
+            self.kept += 1
+            return ts
+        if ts in self.size_map:
+            self.paired += 1
+            return self.size_map[ts]
+        self.scaled += 1
+        return max(1, round(ts * self.ratio))
+
+
+def _step_allocs(trace: Trace, lo: int, hi: int) -> I64:
+    """The allocation events in [lo, hi)."""
+    return (lo + np.flatnonzero(trace.action[lo:hi] == ALLOC)).astype(np.int64)
+
+
+def _choose_template(trace: Trace, steps: Steps, step_index: int, prefix: I64) -> _Template | None:
+    """The newest complete step, of the last ``MAX_TEMPLATE_STEPS``, that starts with the failing
+    step's allocations (exactly, else the best fuzzy alignment) and has more of them."""
+    m = int(prefix.size)
+    prefix_stacks = trace.stack[prefix]
+    step_allocs: dict[int, I64] = {}
+    found: tuple[int, int, float, dict[int, int]] | None = None  # step, pos, score, pairing
+    for k in range(step_index - 1, max(-1, step_index - 1 - MAX_TEMPLATE_STEPS), -1):
+        if not steps.complete[k]:
+            continue
+        ak = _step_allocs(trace, int(steps.first_event[k]), int(steps.last_event[k]) + 1)
+        step_allocs[k] = ak
+        best = found[2] if found is not None else 0.0
+        if best < 1.0 and ak.size > m and np.array_equal(trace.stack[ak[:m]], prefix_stacks):
+            found = (k, m, 1.0, {j: j for j in range(m)})
+        elif best < 1.0 and ak.size > m and m <= FUZZY_MAX_ALLOCS and ak.size <= 4 * FUZZY_MAX_ALLOCS:
+            fuzzy = _fuzzy_alignment(prefix_stacks.tolist(), trace.stack[ak].tolist())
+            if fuzzy is not None and fuzzy[2] > best:
+                found = (k, fuzzy[1], fuzzy[2], fuzzy[0])
+    if found is None or found[2] < MIN_ALIGNMENT:
+        return None
+    k, pos, score, pairing = found
+    return _Template(k, step_allocs[k], pos, score, pairing, step_allocs)
+
+
 def _project(
     trace: Trace,
     steps: Steps,
@@ -330,80 +426,107 @@ def _project(
     first: int,
     oom_index: int,
 ) -> Projection:
-    """Project step ``step_index`` (events from ``first``) past event ``oom_index`` from the steps before it."""
-    n = len(trace)
-    act = trace.action
-
-    def allocs(lo: int, hi: int) -> I64:
-        return (lo + np.flatnonzero(act[lo:hi] == ALLOC)).astype(np.int64)
-
-    prefix = allocs(first, oom_index)
-    m = int(prefix.size)
-    prefix_stacks = trace.stack[prefix]
-    # Candidate templates: complete steps, newest first, with more allocations than the prefix.
-    step_allocs: dict[int, I64] = {}
-    template = -1
-    pairing: dict[int, int] = {}  # template ordinal -> prefix ordinal
-    pos = m  # the template ordinal the OOM request stands for
-    best_score = 0.0
-    for k in range(step_index - 1, max(-1, step_index - 1 - MAX_TEMPLATE_STEPS), -1):
-        if not steps.complete[k]:
-            continue
-        ak = allocs(int(steps.first_event[k]), int(steps.last_event[k]) + 1)
-        step_allocs[k] = ak
-        if best_score < 1.0 and ak.size > m and np.array_equal(trace.stack[ak[:m]], prefix_stacks):
-            template, pos, best_score = k, m, 1.0
-            pairing = {j: j for j in range(m)}
-        elif best_score < 1.0 and ak.size > m and m <= FUZZY_MAX_ALLOCS and ak.size <= 4 * FUZZY_MAX_ALLOCS:
-            fuzzy = _fuzzy_alignment(prefix_stacks.tolist(), trace.stack[ak].tolist())
-            if fuzzy is not None and fuzzy[2] > best_score:
-                template, pos, best_score = k, fuzzy[1], fuzzy[2]
-                pairing = fuzzy[0]
-    if template < 0 or best_score < MIN_ALIGNMENT:
+    """Project step ``step_index`` (events from ``first``) past event ``oom_index`` from the steps before it:
+    the template step, the sizes its allocations take now, then its events after the OOM as the tail."""
+    prefix = _step_allocs(trace, first, oom_index)
+    tmpl = _choose_template(trace, steps, step_index, prefix)
+    if tmpl is None:
         return _unavailable("no earlier step starts with the same allocations as the failing one")
-    tmpl = step_allocs[template]
-    if pos >= tmpl.size:
+    if tmpl.pos >= tmpl.allocs.size:
         return _unavailable("the failing step has already made more allocations than the steps before it")
-    t_first, t_last = int(steps.first_event[template]), int(steps.last_event[template])
+    sizes = _SizeRule(trace, prefix, tmpl)
+    counterpart = _Counterparts(trace, steps, tmpl, prefix, step_index)
+    oom_request, oom_low = _oom_request(int(trace.size[oom_index]), recorded, sizes, tmpl.pos)
+    tail, t_event, t_ord, freed_real = _tail(
+        trace, lifetimes, free_action, recorded, oom_index, oom_request, tmpl, sizes, counterpart
+    )
+    need = _step_need(lifetimes, first, oom_index, len(trace), recorded, tail, freed_real)
+    return Projection(
+        True,
+        "",
+        step=step_index,
+        first_event=first,
+        oom_event=oom_index,
+        template_step=tmpl.step,
+        matched_allocs=tmpl.pos,
+        alignment=round(tmpl.score, 4),
+        template_allocs=int(tmpl.allocs.size),
+        ratio=sizes.ratio,
+        coherent=sizes.coherent,
+        sizes_kept=sizes.kept,
+        sizes_paired=sizes.paired,
+        sizes_scaled=sizes.scaled,
+        step_need_bytes=need,
+        tail=tail,
+        template_event=t_event,
+        ordinal=t_ord,
+        oom_request_low=oom_low,
+    )
 
-    # -- sizes ---------------------------------------------------------------------------
-    size = trace.size
-    t_sizes = size[tmpl].astype(np.int64)
-    f_sizes = size[prefix].astype(np.int64)
-    pairs: dict[int, dict[int, int]] = {}
-    t_paired = np.asarray([int(t_sizes[j]) for j in pairing], np.int64)
-    f_paired = np.asarray([int(f_sizes[i]) for i in pairing.values()], np.int64)
-    for ts, fs in zip(t_paired.tolist(), f_paired.tolist(), strict=True):
-        pairs.setdefault(ts, {}).setdefault(fs, 0)
-        pairs[ts][fs] += 1
-    size_map = {ts: max(c.items(), key=lambda kv: kv[1])[0] for ts, c in pairs.items()}
-    changed = t_paired != f_paired
-    ratio = float(f_paired[changed].sum() / t_paired[changed].sum()) if changed.any() else 1.0
-    # How alike the failing step's shapes are to the template's: the share of the changed bytes
-    # that changed by the common ratio (within RATIO_TOLERANCE). One batch or length scales
-    # them together; micro-batches of their own lengths or a new resolution each scale apart.
-    if changed.any():
-        each = f_paired[changed] / t_paired[changed]
-        near = np.abs(each / ratio - 1.0) <= RATIO_TOLERANCE
-        coherent = float(t_paired[changed][near].sum() / t_paired[changed].sum())
-    else:
-        coherent = 1.0
-    # Steps of the template's pattern but another shape tell sizes that never change.
-    others = [
-        ak
-        for k, ak in step_allocs.items()
-        if k != template
-        and ak.size == tmpl.size
-        and np.array_equal(trace.stack[ak], trace.stack[tmpl])
-        and not np.array_equal(size[ak], t_sizes)
-    ]
-    # The nearest step of another shape decides: a size that grew early and then saturated
-    # (a buffer capped at some size) stayed put between recent steps. With no step of another
-    # shape, nothing is known to be constant if the failing step grew.
-    constant = size[others[0]] == t_sizes if others else np.full(tmpl.size, not changed.any())
 
-    # -- the tail ------------------------------------------------------------------------
-    pos_of_alloc = {int(e): j for j, e in enumerate(tmpl.tolist())}
+def _oom_request(entry: int, recorded: AllocatorConfig, projected_size: _SizeRule, pos: int) -> tuple[int, int | None]:
+    """The failing request the tail starts with, and the least request the oom entry may stand for
+    (None where the entry is the request, ``Projection.oom_request_low``).
+
+    An oom entry holds the request rounded under the recorded settings; under roundup divisions that
+    hides up to a division of it (a 640 MiB entry may have asked for 513 MiB), and a what-if under
+    finer rounding would ask for too much. The template's like request, projected, is the request
+    where it rounds to the entry (issue 23: three what-ifs from divisions-4 runs said the step fails
+    where the real reruns completed it)."""
+    guess = projected_size(pos)
+    projected_size.kept = projected_size.paired = projected_size.scaled = 0  # the tail's sizes alone
+    if guess != entry and int(recorded.round_sizes(np.asarray([guess], np.int64))[0]) == entry:
+        return guess, None
+    low = least_request(recorded, entry)
+    return entry, (low if entry - low >= 512 else None)
+
+
+class _Counterparts:
+    """The failing run's allocation event standing for an allocation of the template's run."""
+
+    def __init__(self, trace: Trace, steps: Steps, tmpl: _Template, prefix: I64, step_index: int) -> None:
+        self.trace, self.steps, self.tmpl, self.prefix, self.step_index = trace, steps, tmpl, prefix, step_index
+        self.t_first, self.t_last = int(steps.first_event[tmpl.step]), int(steps.last_event[tmpl.step])
+        self.pos_of_alloc = {int(e): j for j, e in enumerate(tmpl.allocs.tolist())}
+
+    def allocs_of(self, k: int) -> I64:
+        ak = self.tmpl.step_allocs.get(k)
+        if ak is None:
+            ak = _step_allocs(self.trace, int(self.steps.first_event[k]), int(self.steps.last_event[k]) + 1)
+        return ak
+
+    def __call__(self, a: int) -> int | None:
+        if self.t_first <= a <= self.t_last:
+            j = self.pos_of_alloc.get(a)
+            i = self.tmpl.pairing.get(j) if j is not None else None
+            return int(self.prefix[i]) if i is not None else None
+        # An allocation d steps before the template stands for one d steps before the failing step.
+        k = int(np.searchsorted(self.steps.last_event, a, side="left"))
+        d = self.tmpl.step - k
+        if k >= self.step_index or d <= 0 or self.step_index - d < 0:
+            return None
+        ak = self.allocs_of(k)
+        j = int(np.searchsorted(ak, a))
+        if j >= ak.size or int(ak[j]) != a:
+            return None
+        fa = self.allocs_of(self.step_index - d)
+        return int(fa[j]) if j < fa.size and self.trace.stack[fa[j]] == self.trace.stack[a] else None
+
+
+def _tail(
+    trace: Trace,
+    lifetimes: Lifetimes,
+    free_action: int,
+    recorded: AllocatorConfig,
+    oom_index: int,
+    oom_request: int,
+    tmpl: _Template,
+    projected_size: _SizeRule,
+    counterpart: _Counterparts,
+) -> tuple[ProjectedTail, list[int], list[int], dict[int, int]]:
+    """The template's events after the OOM request as the failing step's requests: (the tail, the
+    template event and ordinal of each request, the rounded bytes of recorded blocks it frees)."""
+    act, size = trace.action, trace.size
     alloc_of_free = dict(zip(lifetimes.end.tolist(), lifetimes.start.tolist(), strict=True))
     starts = lifetimes.start
 
@@ -411,80 +534,20 @@ def _project(
         i = int(np.searchsorted(starts, x))
         return i < starts.size and int(starts[i]) == x and int(lifetimes.end[i]) > oom_index
 
-    def counterpart(a: int) -> int | None:
-        """The failing run's allocation event standing for template allocation ``a``."""
-        if t_first <= a <= t_last:
-            j = pos_of_alloc.get(a)
-            i = pairing.get(j) if j is not None else None
-            return int(prefix[i]) if i is not None else None
-        # An allocation d steps before the template stands for one d steps before the failing step.
-        k = int(np.searchsorted(steps.last_event, a, side="left"))
-        d = template - k
-        if k >= step_index or d <= 0 or step_index - d < 0:
-            return None
-        ak = step_allocs.get(k)
-        if ak is None:
-            ak = allocs(int(steps.first_event[k]), int(steps.last_event[k]) + 1)
-        j = int(np.searchsorted(ak, a))
-        if j >= ak.size or int(ak[j]) != a:
-            return None
-        fk = step_index - d
-        fa = step_allocs.get(fk)
-        if fa is None:
-            fa = allocs(int(steps.first_event[fk]), int(steps.last_event[fk]) + 1)
-        return int(fa[j]) if j < fa.size and trace.stack[fa[j]] == trace.stack[a] else None
-
-    round_sizes = recorded.round_sizes
-    kept = paired = scaled = 0
-
-    def projected_size(j: int) -> int:
-        nonlocal kept, paired, scaled
-        ts = int(t_sizes[j])
-        if constant[j]:
-            kept += 1
-            return ts
-        if ts in size_map:
-            paired += 1
-            return size_map[ts]
-        scaled += 1
-        return max(1, round(ts * ratio))
-
-    oom_request = int(size[oom_index])
-    # An oom entry holds the request rounded under the recorded settings; under roundup divisions that
-    # hides up to a division of it (a 640 MiB entry may have asked for 513 MiB), and a what-if under
-    # finer rounding would ask for too much. The template's like request, projected, is the request
-    # where it rounds to the entry (issue 23: three what-ifs from divisions-4 runs said the step fails
-    # where the real reruns completed it).
-    guess = projected_size(pos)
-    kept = paired = scaled = 0
-    oom_low: int | None = None
-    if guess != oom_request and int(round_sizes(np.asarray([guess], np.int64))[0]) == oom_request:
-        oom_request = guess
-    else:
-        low = least_request(recorded, oom_request)
-        oom_low = low if oom_request - low >= 512 else None
-    t_alloc = [True]
-    t_addr = [-1]  # synthetic addresses are negative: recorded ones never are
-    t_size = [oom_request]
-    t_like = [int(tmpl[pos])]
-    t_event = [int(tmpl[pos])]
-    t_ord = [pos]
-    block_of: dict[int, int] = {int(tmpl[pos]): -1}  # template alloc event -> tail address
+    pos, first_alloc = tmpl.pos, int(tmpl.allocs[tmpl.pos])
+    t_alloc, t_addr, t_size = [True], [-1], [oom_request]  # synthetic addresses are negative: recorded ones never are
+    t_like, t_event, t_ord = [first_alloc], [first_alloc], [pos]
+    block_of: dict[int, int] = {first_alloc: -1}  # template alloc event -> tail address
     size_of: dict[int, int] = {-1: oom_request}  # tail address -> requested bytes
     freed_real: dict[int, int] = {}  # recorded address -> rounded bytes, for the need
-    for e in range(int(tmpl[pos]) + 1, t_last + 1):
+    for e in range(first_alloc + 1, counterpart.t_last + 1):
         kind = int(act[e])
         if kind == ALLOC:
-            j = pos_of_alloc[e]
             addr = -1 - len(t_alloc)
             block_of[e] = addr
-            t_alloc.append(True)
-            t_addr.append(addr)
-            t_size.append(projected_size(j))
+            t_size.append(projected_size(counterpart.pos_of_alloc[e]))
             size_of[addr] = t_size[-1]
-            t_like.append(e)
-            t_event.append(e)
-            t_ord.append(j)
+            t_ord.append(counterpart.pos_of_alloc[e])
         elif kind == free_action:
             a = alloc_of_free.get(e)
             if a is None:
@@ -500,38 +563,17 @@ def _project(
                 if addr in freed_real:
                     continue
                 freed = int(size[x])
-                freed_real[addr] = int(round_sizes(np.asarray([freed], np.int64))[0])
-            t_alloc.append(False)
-            t_addr.append(addr)
+                freed_real[addr] = int(recorded.round_sizes(np.asarray([freed], np.int64))[0])
             # A free carries its block's size: the allocator finds the free list by it.
             t_size.append(freed)
-            t_like.append(e)
-            t_event.append(e)
             t_ord.append(-1)
-
-    tail = ProjectedTail(oom_index, t_alloc, t_addr, t_size, t_like)
-    need = _step_need(lifetimes, first, oom_index, n, recorded, tail, freed_real)
-    return Projection(
-        True,
-        "",
-        step=step_index,
-        first_event=first,
-        oom_event=oom_index,
-        template_step=template,
-        matched_allocs=pos,
-        alignment=round(best_score, 4),
-        template_allocs=int(tmpl.size),
-        ratio=ratio,
-        coherent=coherent,
-        sizes_kept=kept,
-        sizes_paired=paired,
-        sizes_scaled=scaled,
-        step_need_bytes=need,
-        tail=tail,
-        template_event=t_event,
-        ordinal=t_ord,
-        oom_request_low=oom_low,
-    )
+        else:
+            continue
+        t_alloc.append(kind == ALLOC)
+        t_addr.append(addr)
+        t_like.append(e)
+        t_event.append(e)
+    return ProjectedTail(oom_index, t_alloc, t_addr, t_size, t_like), t_event, t_ord, freed_real
 
 
 def least_request(recorded: AllocatorConfig, entry: int) -> int:
@@ -611,6 +653,7 @@ def step_whatif(
     projection: Projection,
     limit_range: tuple[int, int] | None = None,
     capped: bool = True,
+    requests: Requests | None = None,
 ) -> dict[str, Any]:
     """``allocator.whatif``'s item for ``conf``, replayed with the projected tail, plus the
     step-level keys (``step_completes``, ``step_shortfall_bytes``, ``oom_projected``,
@@ -626,133 +669,49 @@ def step_whatif(
     peak reserved memory above ``low``, or the failing request short by less than
     ``high - limit_bytes``), the step is replayed once more at that end; if the two
     answers differ, the trace cannot tell which holds: ``step_completes`` is None
-    and ``step_completes_range`` gives both. ``capped`` as in ``allocator.whatif``.
+    and ``step_completes_range`` gives both. ``capped`` and ``requests`` as in ``allocator.whatif``.
     """
     assert projection.tail is not None
     base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     cfg = AllocatorConfig.parse(conf, base=base).acting(capped)
     order = placement_for(cfg, base)
-    result = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement=order)
     n = len(dev.trace)
-    real = result.change_index < n
-    peak_real = int(result.change_reserved[real].max()) if real.any() else 0
     caught = frozenset(int(i) for i in np.flatnonzero(dev.trace.action == OOM).tolist()) - {projection.oom_event}
+    replay = _StepReplay(snapshot, dev, cfg, step_ends, projection, order, requests, caught)
+    result = replay.run(limit_bytes)
     at_event, at_request = first_failure(result.ooms, projection, n, caught)
     completes = at_event is None and at_request is None
-    shortfall = 0
-    request_shortfall = 0
-    projected: dict[str, Any] | None = None
+    request_shortfall, projected = 0, None
     if not completes:
-        index = at_event if at_request in (None, 0) else n + int(at_request or 0)
-        assert index is not None
-        asked = int(dev.trace.size[index]) if index < n else int(projection.tail.size[int(at_request or 0)])
-        rounded = cfg.round_size(asked)
-        reserved = result.reserved_at([index])[0]
-        # What that request lacked: a segment of alloc_size on top of what was reserved
-        # after the model's own flush (a lower bound: later requests may need more).
-        if limit_bytes is not None:
-            shortfall = request_shortfall = max(0, reserved + cfg.allocation_size(rounded) - limit_bytes)
-        if at_request is not None:
-            ordinal = projection.ordinal[at_request]
-            projected = {
-                "request": int(at_request),
-                "allocation": int(ordinal),
-                "allocations_later": int(ordinal - projection.matched_allocs),
-                "allocations_in_step": projection.template_allocs,
-                "template_event_index": int(projection.template_event[at_request]),
-                "requested_bytes": asked,
-            }
+        request_shortfall, projected = _failing_request(dev, cfg, projection, result, at_event, at_request, limit_bytes)
+    shortfall = request_shortfall
     if limit_bytes is not None:
         shortfall = max(shortfall, projection.step_need_bytes - limit_bytes)
     across: dict[str, Any] | None = None
-    if limit_range is not None and limit_bytes is not None:
-        low, high = limit_range
-        # The garbage collector's threshold is a share of the limit: which blocks it frees, and so
-        # the answer, moves with the limit in no order (gpt_autocast_c75: 18 MB short at the
-        # message's 5.10 GiB, complete at the real cap 2 MB above it).
-        gc = cfg.garbage_collection_threshold > 0.0
-        probe = None
-        if completes and low < limit_bytes and (result.peak_reserved > low or gc):
-            probe = low  # a cap at the range's low end may refuse a segment the step needs
-        elif (
-            not completes
-            and high > limit_bytes
-            and ((projection.step_need_bytes <= high and request_shortfall <= high - limit_bytes) or gc)
-        ):
-            probe = high  # a cap at the high end may hold the request that failed
-        if probe is not None:
-            other = simulate(snapshot, dev, cfg, probe, step_ends, tail=projection.tail, placement=order)
-            other_completes = first_failure(other.ooms, projection, n, caught) == (None, None)
-            if other_completes != completes:
-                across = {
-                    "low_bytes": low,
-                    "high_bytes": high,
-                    "completes_at_limit": completes,
-                    "probed_bytes": probe,
-                    "completes_at_probe": other_completes,
-                }
-    # An OOM the program survived (cuDNN's workspace probes) that this what-if serves: the program
-    # would have used that block and given it back, and skipped its fallback, which the trace cannot
-    # show. Kept to the end (above) and freed at once bound it; where the step's answer differs
-    # between the two, the trace cannot say which holds.
-    fallback: dict[str, Any] | None = None
-    if caught and caught_served(result, dev):
-        freed = simulate(
-            snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement=order, caught="free"
-        )
-        freed_completes = first_failure(freed.ooms, projection, n, caught) == (None, None)
-        fallback = {
-            "caught_served": True,
-            "completes_kept": completes,
-            "completes_freed": freed_completes,
-            "certain": freed_completes == completes,
-        }
-    # The failing request itself, where the recorded rounding hides part of it (a what-if from a run
-    # under roundup divisions, with finer rounding): replayed at the least request the entry may stand
-    # for too; where the step's answer differs, the trace cannot say which holds.
-    request_range: dict[str, Any] | None = None
-    least = projection.oom_request_low
-    if least is not None and cfg.round_size(least) != cfg.round_size(projection.tail.size[0]):
-        tail = projection.tail
-        low_tail = ProjectedTail(tail.cut, tail.alloc, tail.addr, [least, *tail.size[1:]], tail.like)
-        lowered = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=low_tail, placement=order)
-        low_completes = first_failure(lowered.ooms, projection, n, caught) == (None, None)
-        request_range = {
-            "low_bytes": least,
-            "high_bytes": int(tail.size[0]),
-            "completes_low": low_completes,
-            "completes_high": completes,
-            "certain": low_completes == completes,
-        }
-    # The opposite order of new segments (equal free blocks tied the other way): where the step's
-    # answer flips, it hangs on where the driver puts segments, which the trace cannot show.
-    placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
-    if tie_order_matters(order, cfg):
-        mirror = simulate(snapshot, dev, cfg, limit_bytes, step_ends, tail=projection.tail, placement="mirror")
-        mirror_completes = first_failure(mirror.ooms, projection, n, caught) == (None, None)
-        if mirror_completes != completes:
-            placement["certain"] = False
-            placement["outcomes"] = [
-                {"order": order, "step_completes": completes, "oom_event_index": result.oom},
-                {"order": "mirror", "step_completes": mirror_completes, "oom_event_index": mirror.oom},
-            ]
+    gc = cfg.garbage_collection_threshold > 0.0
+    probe = _range_probe(limit_range, limit_bytes, completes, result.peak_reserved, projection, request_shortfall, gc)
+    if probe is not None and replay.completes(replay.run(probe)) != completes:
+        assert limit_range is not None
+        across = dict(zip(("low_bytes", "high_bytes"), limit_range, strict=True))
+        across |= {"completes_at_limit": completes, "probed_bytes": probe, "completes_at_probe": not completes}
+    fallback = _caught_ooms(replay, result, limit_bytes, completes)
+    request_range = _request_range(
+        projection, cfg, completes, lambda t: replay.completes(replay.run(limit_bytes, tail=t))
+    )
+    placement = _placement(replay, result, limit_bytes, completes)
+    # None where the answer flips inside the limit's range, with the order of new segments, with a
+    # caught OOM's block kept or freed, or with the failing request's low or high end: the trace
+    # cannot say which holds (step_completes_range, placement, caught_ooms, oom_request_range give both).
+    bounds = (fallback, request_range)
+    certain = across is None and placement["certain"] and all(b is None or b["certain"] for b in bounds)
     return {
         "config": conf,
-        "peak_reserved_bytes": peak_real,
+        "peak_reserved_bytes": _recorded_part_peak(result, n),
         "oom_avoided": result.oom_avoided,
         "steps": [{"index": k, "reserved_end_bytes": v} for k, v in enumerate(result.step_reserved)],
         "limit_bytes": limit_bytes,
         "oom_event_index": None if completes else (at_event if at_event is not None else n + int(at_request or 0)),
-        # None where the answer flips inside the limit's range, or with the order of new segments:
-        # the trace cannot say which holds (step_completes_range, placement give both).
-        "step_completes": (
-            None
-            if across is not None
-            or not placement["certain"]
-            or (fallback is not None and not fallback["certain"])
-            or (request_range is not None and not request_range["certain"])
-            else completes
-        ),
+        "step_completes": completes if certain else None,
         "step_completes_range": across,
         "caught_ooms": fallback,
         "oom_request_range": request_range,
@@ -761,4 +720,161 @@ def step_whatif(
         "oom_projected": projected,
         "placement": placement,
         "start": start_report(result.start),  # always "empty": a projection needs a complete trace
+    }
+
+
+@dataclass(frozen=True)
+class _StepReplay:
+    """The replays of one what-if's failing step (``step_whatif``): the recorded requests up to
+    the OOM, then the projected tail, under one configuration; each variation a keyword."""
+
+    snapshot: Snapshot
+    dev: DeviceData
+    cfg: AllocatorConfig
+    step_ends: list[int]
+    projection: Projection
+    order: str  # the placement of new segments (``placement_for``)
+    requests: Requests | None
+    caught: frozenset[int]  # recorded OOMs the program survived (``first_failure``)
+
+    def run(
+        self, limit: int | None, placement: str | None = None, tail: ProjectedTail | None = None, caught: str = "hold"
+    ) -> PolicyResult:
+        return simulate(
+            self.snapshot,
+            self.dev,
+            self.cfg,
+            limit,
+            self.step_ends,
+            tail=tail if tail is not None else self.projection.tail,
+            placement=placement if placement is not None else self.order,
+            requests=self.requests,
+            caught=caught,
+        )
+
+    def completes(self, result: PolicyResult) -> bool:
+        return first_failure(result.ooms, self.projection, len(self.dev.trace), self.caught) == (None, None)
+
+
+def _placement(replay: _StepReplay, result: PolicyResult, limit_bytes: int | None, completes: bool) -> dict[str, Any]:
+    """``placement``, with the opposite order of new segments (equal free blocks tied the other
+    way): where the step's answer flips, it hangs on where the driver puts segments, which the
+    trace cannot show."""
+    order = replay.order
+    placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
+    if tie_order_matters(order, replay.cfg):
+        mirror = replay.run(limit_bytes, placement="mirror")
+        if replay.completes(mirror) != completes:
+            placement |= {"certain": False, "outcomes": _both_orders(order, completes, result.oom, mirror.oom)}
+    return placement
+
+
+def _caught_ooms(
+    replay: _StepReplay, result: PolicyResult, limit_bytes: int | None, completes: bool
+) -> dict[str, Any] | None:
+    """``caught_ooms``: an OOM the program survived (cuDNN's workspace probes) that this what-if
+    serves. The program would have used that block and given it back, and skipped its fallback,
+    which the trace cannot show. Kept to the end (``result``) and freed at once bound it; where the
+    step's answer differs between the two, the trace cannot say which holds. None where no such
+    OOM is served."""
+    if not replay.caught or not caught_served(result, replay.dev):
+        return None
+    freed = replay.completes(replay.run(limit_bytes, caught="free"))
+    return {"caught_served": True, "completes_kept": completes, "completes_freed": freed, "certain": freed == completes}
+
+
+def _both_orders(order: str, completes: bool, oom: int | None, mirror_oom: int | None) -> list[dict[str, Any]]:
+    """``placement.outcomes`` of a step whose answer flips with the order of new segments."""
+    return [
+        {"order": order, "step_completes": completes, "oom_event_index": oom},
+        {"order": "mirror", "step_completes": not completes, "oom_event_index": mirror_oom},
+    ]
+
+
+def _recorded_part_peak(result: PolicyResult, n: int) -> int:
+    """The peak reserved memory over the recorded part of the replay (comparable with the recorded run)."""
+    real = result.change_index < n
+    return int(result.change_reserved[real].max()) if real.any() else 0
+
+
+def _failing_request(
+    dev: DeviceData,
+    cfg: AllocatorConfig,
+    projection: Projection,
+    result: PolicyResult,
+    at_event: int | None,
+    at_request: int | None,
+    limit_bytes: int | None,
+) -> tuple[int, dict[str, Any] | None]:
+    """What the request the step failed at lacked, and, when it is a projected one, which it is."""
+    assert projection.tail is not None
+    n = len(dev.trace)
+    index = at_event if at_request in (None, 0) else n + int(at_request or 0)
+    assert index is not None
+    asked = int(dev.trace.size[index]) if index < n else int(projection.tail.size[int(at_request or 0)])
+    rounded = cfg.round_size(asked)
+    reserved = result.reserved_at([index])[0]
+    # What that request lacked: a segment of alloc_size on top of what was reserved
+    # after the model's own flush (a lower bound: later requests may need more).
+    shortfall = max(0, reserved + cfg.allocation_size(rounded) - limit_bytes) if limit_bytes is not None else 0
+    if at_request is None:
+        return shortfall, None
+    ordinal = projection.ordinal[at_request]
+    return shortfall, {
+        "request": int(at_request),
+        "allocation": int(ordinal),
+        "allocations_later": int(ordinal - projection.matched_allocs),
+        "allocations_in_step": projection.template_allocs,
+        "template_event_index": int(projection.template_event[at_request]),
+        "requested_bytes": asked,
+    }
+
+
+def _range_probe(
+    limit_range: tuple[int, int] | None,
+    limit_bytes: int | None,
+    completes: bool,
+    peak_reserved: int,
+    projection: Projection,
+    request_shortfall: int,
+    gc: bool,
+) -> int | None:
+    """The end of the limit's range where the step's answer may differ, to replay it there (None: neither).
+
+    ``gc``: the what-if runs the garbage collector, whose threshold is a share of the limit: which
+    blocks it frees, and so the answer, moves with the limit in no order (gpt_autocast_c75: 18 MB
+    short at the message's 5.10 GiB, complete at the real cap 2 MB above it), so the range is
+    always probed."""
+    if limit_range is None or limit_bytes is None:
+        return None
+    low, high = limit_range
+    if completes and low < limit_bytes and (peak_reserved > low or gc):
+        return low  # a cap at the range's low end may refuse a segment the step needs
+    if (
+        not completes
+        and high > limit_bytes
+        and ((projection.step_need_bytes <= high and request_shortfall <= high - limit_bytes) or gc)
+    ):
+        return high  # a cap at the high end may hold the request that failed
+    return None
+
+
+def _request_range(
+    projection: Projection, cfg: AllocatorConfig, completes: bool, completes_with: Callable[[ProjectedTail], bool]
+) -> dict[str, Any] | None:
+    """``oom_request_range``: the failing request itself, where the recorded rounding hides part of
+    it (a what-if from a run under roundup divisions, with finer rounding), replayed at the least
+    request the entry may stand for too (``completes_with`` a tail); where the step's answer
+    differs, the trace cannot say which holds. None where that rounds as the entry does."""
+    tail, least = projection.tail, projection.oom_request_low
+    assert tail is not None
+    if least is None or cfg.round_size(least) == cfg.round_size(tail.size[0]):
+        return None
+    low_completes = completes_with(ProjectedTail(tail.cut, tail.alloc, tail.addr, [least, *tail.size[1:]], tail.like))
+    return {
+        "low_bytes": least,
+        "high_bytes": int(tail.size[0]),
+        "completes_low": low_completes,
+        "completes_high": completes,
+        "certain": low_completes == completes,
     }

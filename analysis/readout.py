@@ -145,18 +145,17 @@ def share(fraction: float | None) -> str:
 
 
 def _source_key(dev: Mapping[str, Any]) -> str | None:
-    """``given|sidecar|oom_message|device-full|cap-lower-bound``, from the newer and older keys."""
+    """``given|sidecar|oom_message|device-full|cap-lower-bound``, from ``devices[].limit`` (a stored
+    report comes through ``analysis.stored.upgrade`` first)."""
     limit = dev.get("limit") or {}
-    oom = dev.get("oom") or {}
-    source = limit.get("source") or oom.get("limit_source")
+    source = limit.get("source")
     if source is None:
         return None
     if source == "inferred":
-        inference = limit.get("inference") or oom.get("limit_inference")
-        lower = limit.get("is_lower_bound", oom.get("limit_is_lower_bound"))
+        inference = limit.get("inference")
         if inference in ("device-full", "cap-lower-bound"):
             return str(inference)
-        return "cap-lower-bound" if lower else "device-full"
+        return "cap-lower-bound" if limit.get("is_lower_bound") else "device-full"
     return str(source)
 
 
@@ -171,10 +170,10 @@ def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
     limit = dev.get("limit") or {}
     oom = dev.get("oom") or {}
     source = _source_key(dev)
-    limit_bytes = limit.get("bytes", oom.get("limit_bytes"))
+    limit_bytes = limit.get("bytes")
     if source is None or limit_bytes is None:
         return None
-    lower = bool(limit.get("is_lower_bound", oom.get("limit_is_lower_bound", source == "cap-lower-bound")))
+    lower = bool(limit.get("is_lower_bound"))
     limit_text = f"{'at least ' if lower else ''}{size(limit_bytes)}"
     low, high = limit.get("low_bytes"), limit.get("high_bytes")
     range_text = ""

@@ -1,11 +1,13 @@
 """The report: every analysis of a snapshot assembled into the contract JSON.
 
 ``build_report(source)`` reads a snapshot, replays each device's trace once
-(``analysis.replay``), runs the what-if replays (``analysis.allocator``) and the
-analyses of this package, and returns a plain dict (``schema:
+(``analysis.allocator.recording``), runs the what-if replays (``analysis.allocator``)
+and the analyses of this package, and returns a plain dict (``schema:
 "oomscope.report/1"``, see ../shared/docs/contract.md and docs/report.md for
 the keys beyond the contract). Bytes are ints, addresses hex strings, and
-nothing in it needs more than ``json.dumps``.
+nothing in it needs more than ``json.dumps``. Each device goes through stages
+that pass frozen results to the next, and its contract entry is written once,
+from them (the section "per device: the stages" below; docs/architecture.md).
 
 Work per device is a handful of numpy passes over the replay's columns; the
 only per-event Python loops are inside the replays themselves.
@@ -26,7 +28,16 @@ import numpy.typing as npt
 
 from analysis import advice as advice_mod
 from analysis import readout, sizing
-from analysis.allocator import floor_estimate, replay_check, trace_is_complete, whatif
+from analysis.allocator import (
+    ReplaySource,
+    Requests,
+    build_requests,
+    floor_estimate,
+    needs_recorded_state,
+    replay_check,
+    trace_is_complete,
+    whatif,
+)
 from analysis.allocator.config import setting_of, whatif_candidates
 from analysis.categories import (
     ACTIVATIONS,
@@ -43,7 +54,16 @@ from analysis.config import AllocatorConfig
 from analysis.decision import decide
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
-from analysis.model import ALLOC, INACTIVE, DeviceData, Snapshot
+from analysis.model import (
+    ALLOC,
+    INACTIVE,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    DeviceData,
+    Snapshot,
+)
 from analysis.model import OOM as OOM_ACTION
 from analysis.oom import MAX_OOMS_EXPLAINED, UsableFree, explain_oom, flush_window_start, oom_indices, verdict
 from analysis.ooms import list_ooms
@@ -51,7 +71,7 @@ from analysis.parallel import Pending, Pool
 from analysis.phases import tag_phases
 from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.reader import read_snapshot
-from analysis.replay import AllocatorState, recorded_replay
+from analysis.replay import AllocatorState, RecordedReplay
 from analysis.stacks import (
     TRAIT_AUTOCAST,
     TRAIT_BACKWARD,
@@ -163,9 +183,67 @@ def _build_report(
         oom_message = sidecar["oom_message"]
     message = parse_oom_message(oom_message) if oom_message else None  # OomMessageError before heavy work
     report_progress("reading", 0.0)
-    # The file's sha256 is taken on a thread beside the read: hashlib and file
-    # reads release the GIL, so on a second CPU it costs no time. It is joined
-    # before anything forks.
+    snapshot, src = _read(source, filename)
+    report_progress("reading", 1.0)
+
+    catalog = StackCatalog(snapshot.stacks)
+    devices = [d for d in snapshot.devices if len(d.trace) or d.segments]
+    # The message names its GPU; without a number it is the one device that ran out of memory.
+    oom_devices = [d.device for d in devices if (d.trace.action == OOM_ACTION).any()]
+    outcomes: list[_DeviceOutcome] = []
+    for k, dev in enumerate(devices):
+
+        def dev_progress(stage: str, f: float, k: int = k) -> None:
+            report_progress(stage, (k + f) / max(1, len(devices)))
+
+        applies = message is not None and _message_applies(message, dev.device, oom_devices)
+        outcomes.append(
+            _analyse_device(
+                snapshot,
+                dev,
+                catalog,
+                src["bytes"],
+                limit,
+                user_whatifs,
+                dev_progress,
+                pool,
+                message=message if applies else None,
+                sidecar=sidecar,
+                explore=explore,
+            )
+        )
+    warnings = _warnings(snapshot, devices, outcomes)
+    if message is not None and not any(_message_applies(message, d.device, oom_devices) for d in devices):
+        warnings.append(_message_unused(message))
+    has_trace = any(len(d.trace) > 1 for d in devices)
+    capture = {
+        "has_trace": has_trace,
+        "trace_complete": bool(all(o.trace_complete for o in outcomes) and has_trace),
+        "has_frames": bool(snapshot.stacks.stacks),
+        "stacks": _stacks_kind(snapshot),
+        "allocator_settings": _jsonable(snapshot.settings.raw),
+        "warnings": warnings,
+    }
+    if not has_trace and not any(w["code"] == "state-only" for w in warnings):
+        warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
+    for dev, outcome in zip(devices, outcomes, strict=True):
+        _finish_device(outcome, capture, batch_size, sizing.batch_from_metadata(dev.user_metadata, outcome.oom_index))
+    report_progress("analysing", 1.0)
+    return {
+        "schema": SCHEMA,
+        "source": src,
+        "capture": capture,
+        "devices": [o.entry for o in outcomes],
+        "annotations": len(snapshot.annotations),
+        "pools": [list(p) for p in snapshot.pools],
+    }
+
+
+def _read(source: str | Path | bytes, filename: str | None) -> tuple[Snapshot, dict[str, Any]]:
+    """Stage 0: the snapshot, and the contract ``source`` section.
+
+    The file's sha256 is taken on a thread beside the read: hashlib and file reads release
+    the GIL, so on a second CPU it costs no time. It is joined before anything forks."""
     hashed: list[dict[str, Any] | BaseException] = []
     hasher = threading.Thread(target=_source_info_into, args=(hashed, source, filename), daemon=True)
     hasher.start()
@@ -177,91 +255,47 @@ def _build_report(
         raise hashed[0]
     src = hashed[0]
     src["format"] = snapshot.format
-    report_progress("reading", 1.0)
+    return snapshot, src
 
-    catalog = StackCatalog(snapshot.stacks)
-    devices = [d for d in snapshot.devices if len(d.trace) or d.segments]
-    device_reports = []
-    advice_contexts: list[advice_mod.AdviceContext] = []
-    metadata_batches: list[int | None] = []  # batch sizes the training script set with _set_memory_metadata
+
+def _warnings(snapshot: Snapshot, devices: list[DeviceData], outcomes: list[_DeviceOutcome]) -> list[dict[str, str]]:
+    """The reader's warnings, then each device's: its recorded replay's and its analysis's own."""
     warnings = [{"code": w.code, "message": w.message} for w in snapshot.warnings]
-    complete = True
-    has_trace = False
-    # The message names its GPU; without a number it is the one device that ran out of memory.
-    oom_devices = [d.device for d in devices if (d.trace.action == OOM_ACTION).any()]
-    for k, dev in enumerate(devices):
-
-        def dev_progress(stage: str, f: float, k: int = k) -> None:
-            report_progress(stage, (k + f) / max(1, len(devices)))
-
-        dev_message = message if message is not None and _message_applies(message, dev.device, oom_devices) else None
-        analysis = _DeviceAnalysis(
-            snapshot,
-            dev,
-            catalog,
-            src["bytes"],
-            limit,
-            user_whatifs,
-            dev_progress,
-            pool,
-            message=dev_message,
-            sidecar=sidecar,
-            checkpoints=explore is not None,
-        )
-        device_reports.append(analysis.report)
-        if explore is not None:
-            explore(dev.device, explore_store(snapshot, dev, catalog, analysis.replay, analysis.lifetimes))
-        advice_contexts.append(analysis.advice_context)
-        metadata_batches.append(sizing.batch_from_metadata(dev.user_metadata, analysis.oom_index))
-        complete &= analysis.replay.trace_complete
-        has_trace |= len(dev.trace) > 1
+    for dev, outcome in zip(devices, outcomes, strict=True):
         prefix = f"device {dev.device}: " if len(devices) > 1 else ""
         # The reader and the replay can both notice the same thing (e.g. state-only): say it once.
         known = {w["code"] for w in warnings}
         warnings.extend(
             {"code": w.code, "message": prefix + w.message}
-            for w in analysis.replay.warnings
+            for w in outcome.replay_warnings
             if len(devices) > 1 or w.code not in known
         )
-        warnings.extend({"code": code, "message": prefix + text} for code, text in analysis.warnings)
-    if message is not None and not any(_message_applies(message, d.device, oom_devices) for d in devices):
-        warnings.append(
-            {
-                "code": "oom-message-unused",
-                "message": (
-                    f"the OOM message names GPU {message.device}, but no device of the snapshot with that number "
-                    "ran out of memory; its limit was not used"
-                    if message.device is not None
-                    else "the OOM message names no GPU and several devices ran out of memory; its limit was not used"
-                ),
-            }
-        )
+        warnings.extend({"code": code, "message": prefix + text} for code, text in outcome.warnings)
+    return warnings
 
-    capture = {
-        "has_trace": has_trace,
-        "trace_complete": bool(complete and has_trace),
-        "has_frames": bool(snapshot.stacks.stacks),
-        "stacks": _stacks_kind(snapshot),
-        "allocator_settings": _jsonable(snapshot.settings.raw),
-        "warnings": warnings,
-    }
-    if not has_trace and not any(w["code"] == "state-only" for w in warnings):
-        warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
-    # The advisor's capture rule needs the capture section, known only now.
-    for dev_report, ctx, metadata_batch in zip(device_reports, advice_contexts, metadata_batches, strict=True):
-        ctx.capture = capture
-        dev_report["suggestions"] = advice_mod.advise(ctx)
-        sizing.size_into(dev_report, ctx, batch_size if batch_size is not None else metadata_batch)
-        dev_report["decision"] = decide(dev_report, capture)
-    report_progress("analysing", 1.0)
+
+def _message_unused(message: OomMessage) -> dict[str, str]:
     return {
-        "schema": SCHEMA,
-        "source": src,
-        "capture": capture,
-        "devices": device_reports,
-        "annotations": len(snapshot.annotations),
-        "pools": [list(p) for p in snapshot.pools],
+        "code": "oom-message-unused",
+        "message": (
+            f"the OOM message names GPU {message.device}, but no device of the snapshot with that number "
+            "ran out of memory; its limit was not used"
+            if message.device is not None
+            else "the OOM message names no GPU and several devices ran out of memory; its limit was not used"
+        ),
     }
+
+
+def _finish_device(
+    outcome: _DeviceOutcome, capture: dict[str, Any], batch_size: int | None, metadata_batch: int | None
+) -> None:
+    """The last stages, once the capture section is known (the advisor's capture rule needs it):
+    the suggestions, sizing (``sizing.size_into``) and the decision, written into the device's entry."""
+    dev_report = outcome.entry
+    outcome.advice.capture = capture
+    dev_report["suggestions"] = advice_mod.advise(outcome.advice)
+    sizing.size_into(dev_report, outcome.advice, batch_size if batch_size is not None else metadata_batch)
+    dev_report["decision"] = decide(dev_report, capture)
 
 
 def _message_applies(message: OomMessage, device: int, oom_devices: list[int]) -> bool:
@@ -314,616 +348,842 @@ def build_whatif(
                 recorded,
                 trace_complete=len(steps) > 0 and trace_is_complete(dev),
             )
+        # The device's requests (and its recorded replay, if a rule reads it), built once here.
+        requests, ends = build_requests(snapshot, dev), steps.last_event.tolist()
         if projection is not None and projection.available:
-            item = step_whatif(snapshot, dev, config, wlimit, steps.last_event.tolist(), projection, limit_range=span)
+            item = step_whatif(snapshot, dev, config, wlimit, ends, projection, limit_range=span, requests=requests)
         else:
-            item = whatif(snapshot, dev, config, wlimit, steps.last_event.tolist())
+            item = whatif(snapshot, dev, config, wlimit, ends, requests=requests)
             item["step_completes"] = None
         out.append({"device": dev.device, "recorded_peak_reserved_bytes": peak, "whatif": item})
     return {"schema": SCHEMA, "source": src, "config": config, "devices": out}
 
 
-# ------------------------------------------------------------------ per device
+# ------------------------------------------------------------------ per device: the stages
+#
+# One device goes through these stages in order; each returns a frozen result that the next take:
+#   _trace_facts        -> _Facts        the trace before any replay: its OOMs, steps, lifetimes, the
+#                                         projected failing step, the limit the user's inputs give, and
+#                                         the states the recorded replay is to keep
+#   _record             -> _Recorded     the recorded replay and the request stream, once per device and
+#                                         handed down (allocator.recording); the policy replays that need
+#                                         nothing of it (the check; the what-ifs under a known limit) start
+#                                         first, in the pool
+#   _explain            -> _Explained    the limit (known, else the trace's) and the OOM read off the replay
+#   _attribute          -> _Attribution  live blocks at the peak, OOM and end by stack; categories
+#   _collect_whatifs    -> _WhatIfs      the what-if replays' results (analysis.parallel's pool)
+#   _diagnose           -> Diagnosis     the program's mistake behind the OOM (analysis.causes' rule list)
+# _device_json writes the device's contract entry from those results (the one serializer), and
+# _advice_context the advisor's typed input from the same results. Sizing and the decision come last, in
+# _build_report, once the capture section is known; they read the contract entry, as they do for a
+# stored report.
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Moment:
     name: str  # "peak" | "oom" | "end"
     index: int
     state: AllocatorState
 
 
-class _DeviceAnalysis:
-    """All analyses of one device; ``report`` is its contract entry."""
+@dataclass(frozen=True)
+class _Facts:
+    """What one device's trace shows before any replay."""
 
-    def __init__(
-        self,
-        snapshot: Snapshot,
-        dev: DeviceData,
-        catalog: StackCatalog,
-        source_bytes: int,
-        limit: int | None,
-        user_whatifs: list[str],
-        progress: Progress,
-        pool: Pool,
-        *,
-        message: OomMessage | None = None,
-        sidecar: dict[str, Any] | None = None,
-        checkpoints: bool = False,
-    ) -> None:
-        self.snapshot, self.dev, self.catalog = snapshot, dev, catalog
-        trace = dev.trace
-        n = len(trace)
-        self.n = n
-        ooms = oom_indices(trace)
-        self.oom_index = int(ooms[-1]) if ooms.size else None
-        self.warnings: list[tuple[str, str]] = []
-        recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-        self.recorded_cfg = recorded_cfg
+    dev: DeviceData
+    n: int
+    ooms: I64
+    oom_index: int | None  # the last OOM
+    recorded_cfg: AllocatorConfig
+    steps: Steps
+    lifetimes: Lifetimes
+    projection: Projection | None  # the failing step projected (an OOM inside a step)
+    known_limit: Limit | None  # from what the user has: given, sidecar, OOM message
+    explained: tuple[int, ...]  # the OOMs explained (the last MAX_OOMS_EXPLAINED)
+    keep: tuple[int, ...]  # states the recorded replay keeps from its one pass
+    live_requested: I64 | None  # live requested bytes per event (the AMP estimate replays it)
 
-        progress("replaying", 0.0)
-        steps = find_steps(snapshot.annotations, dev.device, trace.time_us)
-        # The limit from what the user has (given, sidecar, OOM message), before any replay.
-        known_limit = self._known_limit(limit, message, sidecar, recorded_cfg)
-        lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
-        self.lifetimes = lifetimes
-        self.projection: Projection | None = None
-        if self.oom_index is not None:
-            self.projection = project_failing_step(
-                trace,
-                steps,
-                self.oom_index,
-                recorded_cfg,
-                trace_complete=len(steps) > 0 and trace_is_complete(dev),
-                lifetimes=lifetimes,
-            )
-        # The policy replays start first when nothing they need comes from the
-        # recorded replay: always the check; the what-ifs unless their limit is
-        # the one an OOM shows (then they start right after the OOM is explained).
-        check_pending = pool.submit(lambda: replay_check(snapshot, dev) if n else _empty_replay_check(snapshot))
-        planned = None
-        if self.oom_index is None or known_limit is not None:
-            planned = self._submit_whatifs(
-                pool, user_whatifs, known_limit.bytes if known_limit else None, known_limit, steps
-            )
-        self.live_requested: I64 | None = _live_requested(lifetimes, n)
-        guess = int(self.live_requested.argmax()) if self.live_requested is not None else None
-        reserved_peak = int(_reserved_from_segments_events(dev).argmax()) if n else None  # its segment map
-        keep = [i for i in (guess, self.oom_index, reserved_peak) if i is not None and i >= 0]
-        # Each OOM's state and the one before its malloc's own flush: what the request could use.
-        explained = ooms[-MAX_OOMS_EXPLAINED:].tolist()
-        keep += explained + [flush_window_start(trace, i) - 1 for i in explained]
-        if checkpoints:  # the explore store's states come from this same pass
-            keep += checkpoint_events(n)
-        replay = recorded_replay(snapshot, dev, keep_at=keep)
-        self.replay = replay
-        progress("replaying", 0.5)
-        cols = columns_of(replay)
 
-        step_rows = per_step_figures(steps, cols["allocated"], cols["reserved"])
-        summary = {
-            "peak_reserved_bytes": int(replay.peak_reserved),
-            "peak_allocated_bytes": int(replay.peak_allocated),
-            "peak_requested_bytes": int(replay.peak_requested),
-            "final_reserved_bytes": int(replay.final.reserved),
-            "final_allocated_bytes": int(replay.final.allocated),
-            "peak_is_lower_bound": not replay.trace_complete,
-            "peak_reserved_event_index": int(replay.peak_reserved_index),
-            "peak_allocated_event_index": int(replay.peak_allocated_index),
-            "peak_requested_event_index": int(replay.peak_requested_index),
-            # The state before the first event (a trace that starts mid-run can peak there: index -1).
-            "initial_reserved_bytes": int(replay.initial.reserved),
-            "initial_allocated_bytes": int(replay.initial.allocated),
-            "first_time_us": int(trace.time_us[0]) if n else 0,
-            "last_time_us": int(trace.time_us[-1]) if n else 0,
-        }
-        oom = None
-        device_limit = known_limit
-        usable = {k: self._usable_free(k) for k in explained}
-        if self.oom_index is not None:
-            i = self.oom_index
-            if device_limit is None:
-                device_limit = self._inferred_limit(recorded_cfg)
-            oom = explain_oom(
-                trace,
-                i,
-                allocated=int(cols["allocated"][i]),
-                reserved=int(cols["reserved"][i]),
-                cached_free=int(cols["cached_free"][i]),
-                largest_free=int(cols["largest_free"][i]),
-                chosen=device_limit,
-                all_ooms=int(ooms.size),
-                usable=usable.get(i),
-            )
-            # The process's memory outside PyTorch's cache, as the message printed it (sizing's GPU fit).
-            oom["non_pytorch_bytes"] = (
-                message.non_pytorch.value if message is not None and message.non_pytorch is not None else None
-            )
-            if message is not None:
-                self._check_message(message, oom, recorded_cfg)
-        if planned is None:
-            assert device_limit is not None
-            planned = self._submit_whatifs(pool, user_whatifs, device_limit.bytes, device_limit, steps)
+@dataclass(frozen=True)
+class _Recorded:
+    """The recorded replay and its columns, and the requests every policy replay is fed."""
 
-        timeline = (
-            build_timeline(cols, trace.time_us, oom_index=self.oom_index, step_ends=steps.last_event.tolist())
-            if n
-            else None
+    replay: RecordedReplay
+    requests: Requests | None  # None: no events
+    cols: dict[str, I64]
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One what-if replay started in the pool."""
+
+    setting: str
+    config: str
+    origin: str  # "auto" | "user"
+    pending: Pending
+
+
+@dataclass(frozen=True)
+class _Explained:
+    """The device's limit and, with an OOM, what the last one shows (``oom.explain_oom``)."""
+
+    limit: Limit | None  # the known limit, else the trace's with an OOM, else None
+    oom: dict[str, Any] | None
+    usable: dict[int, UsableFree]  # what each explained OOM's request could use
+
+
+@dataclass(frozen=True)
+class _Attribution:
+    """Live blocks by stack at the moments that matter, and memory by category at the peak."""
+
+    moments: tuple[_Moment, ...]
+    top_stacks: list[dict[str, Any]]
+    live: dict[str, tuple[I64, I64, I64]]  # moment -> (stacks, sizes, alloc indices) of live blocks
+    codes: npt.NDArray[np.int8]  # category of every allocation
+    peak_codes: npt.NDArray[np.int8]  # category of every block live at the peak
+    categories: dict[str, int]  # bytes by category at the peak
+    opt_start: I64
+    opt_end: I64
+
+
+@dataclass(frozen=True)
+class _WhatIfs:
+    items: list[dict[str, Any]]  # contract ``whatif`` items
+    advice: list[advice_mod.WhatIf]  # the same, typed, for the advisor
+
+
+@dataclass(frozen=True)
+class _DeviceOutcome:
+    """What the report keeps of one device once its stages are done."""
+
+    entry: dict[str, Any]  # the contract entry, sizing and decision still to come
+    advice: advice_mod.AdviceContext
+    oom_index: int | None
+    trace_complete: bool
+    replay_warnings: tuple[Any, ...]  # the recorded replay's (code, message) warnings
+    warnings: tuple[tuple[str, str], ...]  # this analysis's own (code, message) warnings
+
+
+def _analyse_device(
+    snapshot: Snapshot,
+    dev: DeviceData,
+    catalog: StackCatalog,
+    source_bytes: int,
+    limit: int | None,
+    user_whatifs: list[str],
+    progress: Progress,
+    pool: Pool,
+    *,
+    message: OomMessage | None = None,
+    sidecar: dict[str, Any] | None = None,
+    explore: ExploreSink | None = None,
+) -> _DeviceOutcome:
+    """All analyses of one device, stage after stage (see above)."""
+    progress("replaying", 0.0)
+    facts = _trace_facts(snapshot, dev, limit, message, sidecar, checkpoints=explore is not None)
+    warnings: list[tuple[str, str]] = []
+    recorded, check, planned = _record(snapshot, facts, pool, user_whatifs, warnings)
+    progress("replaying", 0.5)
+    explained = _explain(snapshot, facts, recorded, message, warnings)
+    if planned is None:
+        assert explained.limit is not None
+        planned = _submit_whatifs(pool, snapshot, facts, recorded.requests, user_whatifs, explained.limit, warnings)
+    timeline = _timeline(facts, recorded, catalog)
+    progress("replaying", 1.0)
+    progress("analysing", 0.0)
+    attribution = _attribute(snapshot, facts, recorded.replay, catalog)
+    progress("analysing", 0.3)
+    whatifs = _collect_whatifs(planned)
+    progress("analysing", 0.8)
+    diagnosis = _diagnose(snapshot, facts, recorded, catalog, attribution, explained, message)
+    oom = _oom_json(facts, explained, attribution, whatifs) if explained.oom is not None else None
+    entry = _device_json(
+        facts, recorded, explained, oom, attribution, whatifs, check.result(), diagnosis, timeline, catalog
+    )
+    if explore is not None:
+        explore(dev.device, explore_store(snapshot, dev, catalog, recorded.replay, facts.lifetimes))
+    advice = _advice_context(snapshot, facts, recorded, oom, attribution, whatifs, source_bytes, catalog)
+    progress("analysing", 1.0)
+    return _DeviceOutcome(
+        entry,
+        advice,
+        facts.oom_index,
+        recorded.replay.trace_complete,
+        tuple(recorded.replay.warnings),
+        tuple(warnings),
+    )
+
+
+# -- stage 1: the trace before any replay ------------------------------------------
+def _trace_facts(
+    snapshot: Snapshot,
+    dev: DeviceData,
+    limit: int | None,
+    message: OomMessage | None,
+    sidecar: dict[str, Any] | None,
+    *,
+    checkpoints: bool,
+) -> _Facts:
+    trace = dev.trace
+    n = len(trace)
+    ooms = oom_indices(trace)
+    oom_index = int(ooms[-1]) if ooms.size else None
+    recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+    steps = find_steps(snapshot.annotations, dev.device, trace.time_us)
+    known = _known_limit(snapshot, dev, oom_index, limit, message, sidecar, recorded_cfg)
+    lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
+    projection = None
+    if oom_index is not None:
+        projection = project_failing_step(
+            trace,
+            steps,
+            oom_index,
+            recorded_cfg,
+            trace_complete=len(steps) > 0 and trace_is_complete(dev),
+            lifetimes=lifetimes,
         )
-        timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
-        if timeline is not None and n > 1:  # one event (a state-only dump) is no timeline to extend
-            init = replay.initial
-            timeline = with_initial_state(
-                timeline,
-                {
-                    "reserved": init.reserved,
-                    "allocated": init.allocated,
-                    "requested": init.requested,
-                    "cached_free": init.cached_free,
-                    "inactive_split": init.inactive_split,
-                    "largest_free": init.largest_free,
-                },
-            )
+    live_requested = _live_requested(lifetimes, n)
+    guess = int(live_requested.argmax()) if live_requested is not None else None
+    reserved_peak = int(_reserved_from_segments_events(dev).argmax()) if n else None  # its segment map
+    keep = [i for i in (guess, oom_index, reserved_peak) if i is not None and i >= 0]
+    # Each OOM's state and the one before its malloc's own flush: what the request could use.
+    explained = ooms[-MAX_OOMS_EXPLAINED:].tolist()
+    keep += explained + [flush_window_start(trace, i) - 1 for i in explained]
+    if checkpoints:  # the explore store's states come from this same pass
+        keep += checkpoint_events(n)
+    return _Facts(
+        dev,
+        n,
+        ooms,
+        oom_index,
+        recorded_cfg,
+        steps,
+        lifetimes,
+        projection,
+        known,
+        tuple(explained),
+        tuple(keep),
+        live_requested,
+    )
 
-        # Moments whose live blocks are attributed to stacks.
-        moments = [_Moment("peak", replay.peak_allocated_index, replay.blocks_at(replay.peak_allocated_index))]
-        if self.oom_index is not None:
-            moments.append(_Moment("oom", self.oom_index, replay.blocks_at(self.oom_index)))
-        moments.append(_Moment("end", n - 1, replay.blocks_at(n - 1)))
-        progress("replaying", 1.0)
 
-        progress("analysing", 0.0)
-        own = [a for a in snapshot.annotations if a.device in (dev.device, -1)]
-        # Same rule as steps: a device without optimizer marks of its own uses the others'.
-        if not any(a.name.startswith("Optimizer.step#") for a in own):
-            own = snapshot.annotations
-        ann = [(a.name, a.stage, a.time_us) for a in own]
-        opt_start, opt_end = optimizer_windows(ann, trace.time_us)
-        trace_has_frames = bool((trace.stack >= 0).any())
-        codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames)
+def _known_limit(
+    snapshot: Snapshot,
+    dev: DeviceData,
+    oom_index: int | None,
+    limit: int | None,
+    message: OomMessage | None,
+    sidecar: dict[str, Any] | None,
+    cfg: AllocatorConfig,
+) -> Limit | None:
+    """The limit from what the user has (None: only the trace can tell)."""
+    side = sidecar_limit(sidecar, dev.device) if oom_index is not None else None
+    if limit is None and side is None and message is None:
+        return None
+    # Every segment the limit check let through was allowed, so the limit is at least the most
+    # of those (infer_limit's lower; only the message's range needs it).
+    floor = floor_estimate(snapshot, dev, cfg).lower if message is not None and len(dev.trace) else 0
+    return choose_limit(given=limit, sidecar=side, message=message, inferred=None, floor=floor)
 
-        # A block live before the trace carries the stack of the event that freed it
-        # when the final snapshot no longer holds it; with context="all" that is the
-        # free site, not the allocation site, so such blocks count as "no frames".
-        trusted_pre: set[int] | None = None
-        if _frees_record_free_sites(trace, lifetimes):
-            trusted_pre = {b.address for _, b in moments[-1].state.live_blocks() if b.alloc_index < 0}
-        # Split "no frames" into what is known: blocks from before the trace, and
-        # (stacks="python") the backward pass, whose thread records no frames.
-        backward_alloc = (
-            lifetimes.start[frameless_backward(lifetimes, catalog)] if trace_has_frames else np.zeros(0, np.int64)
-        )
-        top_stacks: list[dict[str, Any]] = []
-        live_by_moment: dict[str, tuple[I64, I64, I64]] = {}
-        for m in moments:
-            stacks, sizes, alloc_idx = _live_blocks(m.state, trusted_pre)
-            live_by_moment[m.name] = (stacks, sizes, alloc_idx)
-            gids = catalog.groups_of(stacks).astype(np.int64)
-            frameless = gids == 0
-            if frameless.any():
-                gids[frameless & np.isin(alloc_idx, backward_alloc)] = catalog.pseudo_group(BACKWARD_NO_FRAMES)
-                gids[frameless & (alloc_idx < 0)] = catalog.pseudo_group(BEFORE_TRACE)
-            totals = totals_by_group(catalog, stacks, sizes, gids)
-            top_stacks.extend(top_entries(catalog, totals, m.name, TOP_STACKS))
 
-        peak_stacks, peak_sizes, peak_alloc_idx = live_by_moment["peak"]
-        peak_codes = _codes_of_blocks(lifetimes, codes, peak_alloc_idx, peak_stacks, catalog)
-        categories = bytes_by_category(peak_codes, peak_sizes)
+# -- stage 2: the recorded replay and the requests, once ---------------------------
+def _record(
+    snapshot: Snapshot, facts: _Facts, pool: Pool, user_whatifs: list[str], warnings: list[tuple[str, str]]
+) -> tuple[_Recorded, Pending, list[_Planned] | None]:
+    """The recorded replay and the requests, each built once and handed to every replay.
 
-        if oom is not None:
-            oom_rows = [r for r in top_stacks if r["when"] == "oom"]
-            oom["top_stacks"] = oom_rows[:3]
-        progress("analysing", 0.3)
+    The policy replays start first when nothing they need comes from the recorded replay
+    (``allocator.needs_recorded_state``: else the replay is built first, so that no forked
+    child builds its own): always the check; the what-ifs unless their limit is the one an
+    OOM shows (then they start once the OOM is explained)."""
+    dev = facts.dev
+    source = ReplaySource(snapshot, dev, facts.keep)
+    requests = build_requests(snapshot, dev, source) if facts.n else None
+    if needs_recorded_state(dev, facts.recorded_cfg):
+        source.get()
+    check = pool.submit(
+        lambda: replay_check(snapshot, dev, requests=requests) if facts.n else _empty_replay_check(snapshot)
+    )
+    planned = None
+    if facts.oom_index is None or facts.known_limit is not None:
+        planned = _submit_whatifs(pool, snapshot, facts, requests, user_whatifs, facts.known_limit, warnings)
+    replay = source.get()
+    return _Recorded(replay, requests, columns_of(replay)), check, planned
 
-        whatif_items, advice_whatifs = self._whatif_items(planned)
-        if oom is not None:
-            oom["whatif"] = [
-                {
-                    "config": w["config"],
-                    "oom_avoided": w["oom_avoided"],
-                    "peak_reserved_bytes": w["peak_reserved_bytes"],
-                    "step_completes": w.get("step_completes"),
-                }
-                for w in whatif_items
-            ]
-            self._step_verdict(oom, whatif_items)
-        progress("analysing", 0.8)
-        check = check_pending.result()
-        diagnosis = self._diagnose(lifetimes, steps, cols, opt_start, opt_end, oom, device_limit, message)
 
-        report: dict[str, Any] = {
-            "device": dev.device,
-            "events": n,
-            "summary": summary,
-            "limit": device_limit.to_json() if device_limit is not None else None,
-            "oom": oom,
-            "ooms": list_ooms(
-                trace,
-                cols,
-                config=recorded_cfg,
-                chosen=device_limit,
-                step_last_events=steps.last_event if len(steps) else None,
-                usable=usable,
-            )
-            if device_limit is not None
-            else [],
-            "steps": step_rows,
-            "step_source": steps.source,
-            "first_growth_step": first_growth_step(step_rows),
-            "timeline": timeline,
-            "top_stacks": top_stacks,
-            "whatif": whatif_items,
-            "replay": check,
-            "suggestions": [],
-            "moments": {m.name: m.index for m in moments},
-            "segment_maps": {m.name: segment_map(m.state, catalog) for m in moments if m.name in ("peak", "oom")}
-            | ({"reserved_peak": segment_map(replay.blocks_at(replay.peak_reserved_index), catalog)} if n else {}),
-            "categories": {
-                "event_index": int(replay.peak_allocated_index),
-                "bytes": categories,
-                "order": list(CATEGORIES),
-            },
-            "churn": top_entries(
-                catalog, totals_by_group(catalog, lifetimes.stack, lifetimes.size), "churn", TOP_STACKS
-            ),
-            "leaks": self._leaks(live_by_moment["end"], lifetimes, steps),
-            "diagnosis": diagnosis.to_json(),
-        }
-        report["edge_of_cap"] = readout.edge_of_cap(report)  # issue 20: no OOM, but within 5% of a known cap
-        # The advisor's input travels beside the report, typed, not inside it.
-        self.advice_context: advice_mod.AdviceContext = self._advice_context(
-            report, lifetimes, codes, peak_codes, live_by_moment["peak"], advice_whatifs, source_bytes, len(steps)
-        )
-        self.live_requested = None  # its last use: an int64 per event need not outlive the device
-        self.report = report
-        progress("analysing", 1.0)
+# -- stage 3: the limit and the OOM --------------------------------------------------
+def _explain(
+    snapshot: Snapshot,
+    facts: _Facts,
+    recorded: _Recorded,
+    message: OomMessage | None,
+    warnings: list[tuple[str, str]],
+) -> _Explained:
+    replay, cols, trace = recorded.replay, recorded.cols, facts.dev.trace
+    usable = {k: _usable_free(facts, replay, k) for k in facts.explained}
+    if facts.oom_index is None:
+        return _Explained(facts.known_limit, None, usable)
+    i = facts.oom_index
+    chosen = facts.known_limit if facts.known_limit is not None else _inferred_limit(snapshot, facts)
+    oom = explain_oom(
+        trace,
+        i,
+        allocated=int(cols["allocated"][i]),
+        reserved=int(cols["reserved"][i]),
+        cached_free=int(cols["cached_free"][i]),
+        largest_free=int(cols["largest_free"][i]),
+        chosen=chosen,
+        all_ooms=int(facts.ooms.size),
+        usable=usable.get(i),
+    )
+    # The process's memory outside PyTorch's cache, as the message printed it (sizing's GPU fit).
+    oom["non_pytorch_bytes"] = (
+        message.non_pytorch.value if message is not None and message.non_pytorch is not None else None
+    )
+    if message is not None:
+        mismatch = _message_mismatch(message, oom, facts.recorded_cfg)
+        if mismatch is not None:
+            warnings.append(mismatch)
+    return _Explained(chosen, oom, usable)
 
-    # -- what-if replays ---------------------------------------------------------
-    def _submit_whatifs(
-        self, pool: Pool, user: list[str], wlimit: int | None, chosen: Limit | None, steps: Steps
-    ) -> list[tuple[str, str, str, Pending]]:
-        """Start every what-if replay: (setting, config, origin, its pending result),
-        the report's own candidates first, then the user's; each config replayed once.
-        With a projected tail (an OOM inside a step) each replay runs it too."""
-        if self.n == 0:
-            return []
-        snapshot, dev = self.snapshot, self.dev
-        recorded = self.recorded_cfg
-        # A cap, not the device's size, was binding: the GC setting can act under it.
-        cap_exists = (chosen is not None and (chosen.source == "given" or chosen.kind == "per-process-cap")) or (
-            recorded.per_process_memory_fraction is not None
-        )
-        if chosen is not None and not cap_exists and recorded.garbage_collection_threshold > 0:
-            self.warnings.append(
-                (
-                    "gc-without-cap",
-                    f"garbage_collection_threshold:{recorded.garbage_collection_threshold:g} is set, but this run had "
-                    "no per-process memory cap (the device itself was full): torch runs that garbage collection only "
-                    "under torch.cuda.set_per_process_memory_fraction, so it did nothing here, and the replays leave "
-                    "it out",
-                )
-            )
-        ends = steps.last_event.tolist()
-        started: dict[str, Pending] = {}
-        projection = self.projection if self.projection is not None and self.projection.available else None
-        span = _limit_range(chosen)
 
-        def start(conf: str) -> Pending:
-            if conf not in started:
-                if projection is not None:
-                    started[conf] = pool.submit(
-                        lambda: step_whatif(
-                            snapshot, dev, conf, wlimit, ends, projection, limit_range=span, capped=cap_exists
-                        )
+def _usable_free(facts: _Facts, replay: RecordedReplay, index: int) -> UsableFree:
+    """What the OOM request at ``index`` could have used (``oom.UsableFree``)."""
+    trace = facts.dev.trace
+    before = replay.blocks_at(flush_window_start(trace, index) - 1)
+    return UsableFree(trace, index, before, replay.blocks_at(index), facts.recorded_cfg)
+
+
+def _inferred_limit(snapshot: Snapshot, facts: _Facts) -> Limit:
+    """The limit from the trace alone: the allocator package's one rule (``LimitEstimate.stated``)."""
+    estimate = floor_estimate(snapshot, facts.dev, facts.recorded_cfg)
+    chosen = choose_limit(given=None, sidecar=None, message=None, inferred=estimate.stated())
+    assert chosen is not None
+    return chosen
+
+
+def _message_mismatch(message: OomMessage, oom: dict[str, Any], cfg: AllocatorConfig) -> tuple[str, str] | None:
+    """A warning when the pasted message cannot be this trace's last OOM."""
+    wanted = cfg.allocation_size(int(oom["requested_bytes"]))
+    problems = []
+    if not message.tried.low <= wanted <= message.tried.high and not (
+        message.tried.low <= int(oom["requested_bytes"]) <= message.tried.high
+    ):
+        problems.append(f"it tried to allocate {message.tried.text}, the trace's last OOM {wanted:,} bytes")
+    if message.allocated is not None and not (
+        message.allocated.low <= int(oom["allocated_bytes"]) <= message.allocated.high
+    ):
+        problems.append(f"it shows {message.allocated.text} allocated, the trace {int(oom['allocated_bytes']):,} bytes")
+    if not problems:
+        return None
+    return (
+        "oom-message-mismatch",
+        "the OOM message does not match the trace's last OOM (" + "; ".join(problems) + "): it may come "
+        "from another run or another OOM; its limit is used all the same",
+    )
+
+
+def _timeline(facts: _Facts, recorded: _Recorded, catalog: StackCatalog) -> dict[str, Any] | None:
+    """The contract ``timeline``: the replay's columns downsampled, from the state before the trace."""
+    cols, replay, dev = recorded.cols, recorded.replay, facts.dev
+    timeline = (
+        build_timeline(cols, dev.trace.time_us, oom_index=facts.oom_index, step_ends=facts.steps.last_event.tolist())
+        if facts.n
+        else None
+    )
+    timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
+    if timeline is None or facts.n <= 1:  # one event (a state-only dump) is no timeline to extend
+        return timeline
+    init = replay.initial
+    return with_initial_state(
+        timeline,
+        {
+            "reserved": init.reserved,
+            "allocated": init.allocated,
+            "requested": init.requested,
+            "cached_free": init.cached_free,
+            "inactive_split": init.inactive_split,
+            "largest_free": init.largest_free,
+        },
+    )
+
+
+# -- stage 4: stacks and categories ---------------------------------------------------
+def _attribute(snapshot: Snapshot, facts: _Facts, replay: RecordedReplay, catalog: StackCatalog) -> _Attribution:
+    trace, lifetimes, n = facts.dev.trace, facts.lifetimes, facts.n
+    # Moments whose live blocks are attributed to stacks.
+    moments = [_Moment("peak", replay.peak_allocated_index, replay.blocks_at(replay.peak_allocated_index))]
+    if facts.oom_index is not None:
+        moments.append(_Moment("oom", facts.oom_index, replay.blocks_at(facts.oom_index)))
+    moments.append(_Moment("end", n - 1, replay.blocks_at(n - 1)))
+    own = [a for a in snapshot.annotations if a.device in (facts.dev.device, -1)]
+    # Same rule as steps: a device without optimizer marks of its own uses the others'.
+    if not any(a.name.startswith("Optimizer.step#") for a in own):
+        own = snapshot.annotations
+    opt_start, opt_end = optimizer_windows([(a.name, a.stage, a.time_us) for a in own], trace.time_us)
+    trace_has_frames = bool((trace.stack >= 0).any())
+    codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames)
+    # A block live before the trace carries the stack of the event that freed it
+    # when the final snapshot no longer holds it; with context="all" that is the
+    # free site, not the allocation site, so such blocks count as "no frames".
+    trusted_pre: set[int] | None = None
+    if _frees_record_free_sites(trace, lifetimes):
+        trusted_pre = {b.address for _, b in moments[-1].state.live_blocks() if b.alloc_index < 0}
+    # Split "no frames" into what is known: blocks from before the trace, and
+    # (stacks="python") the backward pass, whose thread records no frames.
+    backward_alloc = (
+        lifetimes.start[frameless_backward(lifetimes, catalog)] if trace_has_frames else np.zeros(0, np.int64)
+    )
+    top_stacks: list[dict[str, Any]] = []
+    live: dict[str, tuple[I64, I64, I64]] = {}
+    for m in moments:
+        live[m.name] = _live_blocks(m.state, trusted_pre)
+        top_stacks.extend(_top_stacks_at(m.name, live[m.name], backward_alloc, catalog))
+    peak_stacks, peak_sizes, peak_alloc_idx = live["peak"]
+    peak_codes = _codes_of_blocks(lifetimes, codes, peak_alloc_idx, peak_stacks, catalog)
+    categories = bytes_by_category(peak_codes, peak_sizes)
+    return _Attribution(tuple(moments), top_stacks, live, codes, peak_codes, categories, opt_start, opt_end)
+
+
+def _top_stacks_at(
+    when: str, live: tuple[I64, I64, I64], backward_alloc: I64, catalog: StackCatalog
+) -> list[dict[str, Any]]:
+    """The top groups of stacks among the blocks live at one moment; blocks without frames
+    told apart where the trace can (the backward pass, blocks from before the trace)."""
+    stacks, sizes, alloc_idx = live
+    gids = catalog.groups_of(stacks).astype(np.int64)
+    frameless = gids == 0
+    if frameless.any():
+        gids[frameless & np.isin(alloc_idx, backward_alloc)] = catalog.pseudo_group(BACKWARD_NO_FRAMES)
+        gids[frameless & (alloc_idx < 0)] = catalog.pseudo_group(BEFORE_TRACE)
+    return top_entries(catalog, totals_by_group(catalog, stacks, sizes, gids), when, TOP_STACKS)
+
+
+# -- stage 5: what-if replays ---------------------------------------------------------
+def _submit_whatifs(
+    pool: Pool,
+    snapshot: Snapshot,
+    facts: _Facts,
+    requests: Requests | None,
+    user: list[str],
+    chosen: Limit | None,
+    warnings: list[tuple[str, str]],
+) -> list[_Planned]:
+    """Start every what-if replay, the report's own candidates first, then the user's; each
+    config replayed once. With a projected tail (an OOM inside a step) each replay runs it too."""
+    if facts.n == 0:
+        return []
+    dev, recorded = facts.dev, facts.recorded_cfg
+    # A cap, not the device's size, was binding: the GC setting can act under it.
+    cap_exists = (chosen is not None and (chosen.source == "given" or chosen.kind == "per-process-cap")) or (
+        recorded.per_process_memory_fraction is not None
+    )
+    if chosen is not None and not cap_exists and recorded.garbage_collection_threshold > 0:
+        warnings.append(_gc_without_cap(recorded))
+    wlimit = chosen.bytes if chosen is not None else None
+    ends = facts.steps.last_event.tolist()
+    started: dict[str, Pending] = {}
+    projection = facts.projection if facts.projection is not None and facts.projection.available else None
+    span = _limit_range(chosen)
+
+    def start(conf: str) -> Pending:
+        if conf not in started:
+            if projection is not None:
+                started[conf] = pool.submit(
+                    lambda: step_whatif(
+                        snapshot,
+                        dev,
+                        conf,
+                        wlimit,
+                        ends,
+                        projection,
+                        limit_range=span,
+                        capped=cap_exists,
+                        requests=requests,
                     )
-                else:
-                    started[conf] = pool.submit(lambda: whatif(snapshot, dev, conf, wlimit, ends, capped=cap_exists))
-            return started[conf]
-
-        # A candidate the user also asked for is listed once, as the user's.
-        budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, self.n))
-        own = whatif_candidates(recorded, capped=cap_exists, at_most=budget)
-        auto = [(setting, conf) for setting, conf in own if conf not in user]
-        planned = [(setting, conf, "auto", start(conf)) for setting, conf in auto]
-        planned += [(setting_of(conf), conf, "user", start(conf)) for conf in dict.fromkeys(user)]
-        return planned
-
-    def _whatif_items(
-        self, planned: list[tuple[str, str, str, Pending]]
-    ) -> tuple[list[dict[str, Any]], list[advice_mod.WhatIf]]:
-        """The contract's what-if items (the report's own, the best max_split_size_mb
-        of those tried, then the user's) and the advisor's view of them."""
-        items: list[dict[str, Any]] = []
-        tried_split: list[dict[str, Any]] = []
-        user_items: list[dict[str, Any]] = []
-        for setting, _conf, origin, pending in planned:
-            result = pending.result()
-            # Without any limit the model never has to flush its cache, so a
-            # setting that fragments can reserve more than a real GPU holds.
-            item = {**result, "unbounded": result.get("limit_bytes") is None, "origin": origin, "setting": setting}
-            if origin == "user":
-                user_items.append(item)
+                )
             else:
-                (tried_split if setting == "max_split_size_mb" else items).append(item)
-        if tried_split:
-            # Several max_split_size_mb values are tried; the best one is listed.
-            best = min(tried_split, key=_whatif_rank)
-            best["tried"] = [
-                {
-                    "config": t["config"],
-                    "peak_reserved_bytes": t["peak_reserved_bytes"],
-                    "oom_avoided": t["oom_avoided"],
-                    "step_completes": t.get("step_completes"),
-                }
-                for t in tried_split
-            ]
-            items.append(best)
-        items += user_items
-        for w in items:
-            # Without a projected step (no steps, no OOM) nothing is known at step level.
-            w.setdefault("step_completes", None)
-            w.setdefault("step_completes_range", None)
-            w.setdefault("step_shortfall_bytes", None)
-            w.setdefault("oom_projected", None)
-        advice_items = [
-            advice_mod.WhatIf(
-                w["setting"],
-                w["config"],
-                int(w["peak_reserved_bytes"]),
-                w["oom_avoided"],
-                w["origin"],
-                step_completes=w["step_completes"],
-                step_shortfall_bytes=w["step_shortfall_bytes"],
-                oom_projected=w.get("oom_projected"),
-            )
-            for w in items
+                started[conf] = pool.submit(
+                    lambda: whatif(snapshot, dev, conf, wlimit, ends, capped=cap_exists, requests=requests)
+                )
+        return started[conf]
+
+    # A candidate the user also asked for is listed once, as the user's.
+    budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, facts.n))
+    own = whatif_candidates(recorded, capped=cap_exists, at_most=budget)
+    auto = [(setting, conf) for setting, conf in own if conf not in user]
+    planned = [_Planned(setting, conf, "auto", start(conf)) for setting, conf in auto]
+    planned += [_Planned(setting_of(conf), conf, "user", start(conf)) for conf in dict.fromkeys(user)]
+    return planned
+
+
+def _gc_without_cap(recorded: AllocatorConfig) -> tuple[str, str]:
+    return (
+        "gc-without-cap",
+        f"garbage_collection_threshold:{recorded.garbage_collection_threshold:g} is set, but this run had "
+        "no per-process memory cap (the device itself was full): torch runs that garbage collection only "
+        "under torch.cuda.set_per_process_memory_fraction, so it did nothing here, and the replays leave "
+        "it out",
+    )
+
+
+def _collect_whatifs(planned: list[_Planned]) -> _WhatIfs:
+    """Contract ``whatif`` items (the best ``max_split_size_mb`` with the others as ``tried``,
+    then the user's), and the same typed for the advisor."""
+    items: list[dict[str, Any]] = []
+    tried_split: list[dict[str, Any]] = []
+    user_items: list[dict[str, Any]] = []
+    for p in planned:
+        result = p.pending.result()
+        # Without any limit the model never has to flush its cache, so a
+        # setting that fragments can reserve more than a real GPU holds.
+        item = {**result, "unbounded": result.get("limit_bytes") is None, "origin": p.origin, "setting": p.setting}
+        if p.origin == "user":
+            user_items.append(item)
+        else:
+            (tried_split if p.setting == "max_split_size_mb" else items).append(item)
+    if tried_split:
+        # Several max_split_size_mb values are tried; the best one is listed.
+        best = min(tried_split, key=_whatif_rank)
+        best["tried"] = [
+            {
+                "config": t["config"],
+                "peak_reserved_bytes": t["peak_reserved_bytes"],
+                "oom_avoided": t["oom_avoided"],
+                "step_completes": t.get("step_completes"),
+            }
+            for t in tried_split
         ]
-        return items, advice_items
-
-    # -- the limit -----------------------------------------------------------------
-    def _known_limit(
-        self, limit: int | None, message: OomMessage | None, sidecar: dict[str, Any] | None, cfg: AllocatorConfig
-    ) -> Limit | None:
-        """The limit from what the user has (None: only the trace can tell)."""
-        side = sidecar_limit(sidecar, self.dev.device) if self.oom_index is not None else None
-        if limit is None and side is None and message is None:
-            return None
-        # Every segment the limit check let through was allowed, so the limit is at least the most
-        # of those (infer_limit's lower; only the message's range needs it).
-        floor = floor_estimate(self.snapshot, self.dev, cfg).lower if message is not None and self.n else 0
-        return choose_limit(given=limit, sidecar=side, message=message, inferred=None, floor=floor)
-
-    def _usable_free(self, index: int) -> UsableFree:
-        """What the OOM request at ``index`` could have used (``oom.UsableFree``)."""
-        before = self.replay.blocks_at(flush_window_start(self.dev.trace, index) - 1)
-        return UsableFree(self.dev.trace, index, before, self.replay.blocks_at(index), self.recorded_cfg)
-
-    def _inferred_limit(self, cfg: AllocatorConfig) -> Limit:
-        """The limit from the trace alone: the allocator package's one rule (``LimitEstimate.stated``)."""
-        chosen = choose_limit(
-            given=None, sidecar=None, message=None, inferred=floor_estimate(self.snapshot, self.dev, cfg).stated()
+        items.append(best)
+    items += user_items
+    for w in items:
+        # Without a projected step (no steps, no OOM) nothing is known at step level.
+        w.setdefault("step_completes", None)
+        w.setdefault("step_completes_range", None)
+        w.setdefault("step_shortfall_bytes", None)
+        w.setdefault("oom_projected", None)
+    advice_items = [
+        advice_mod.WhatIf(
+            w["setting"],
+            w["config"],
+            int(w["peak_reserved_bytes"]),
+            w["oom_avoided"],
+            w["origin"],
+            step_completes=w["step_completes"],
+            step_shortfall_bytes=w["step_shortfall_bytes"],
+            oom_projected=w.get("oom_projected"),
         )
-        assert chosen is not None
-        return chosen
+        for w in items
+    ]
+    return _WhatIfs(items, advice_items)
 
-    def _check_message(self, message: OomMessage, oom: dict[str, Any], cfg: AllocatorConfig) -> None:
-        """Warn when the pasted message cannot be this trace's last OOM."""
-        wanted = cfg.allocation_size(int(oom["requested_bytes"]))
-        problems = []
-        if not message.tried.low <= wanted <= message.tried.high and not (
-            message.tried.low <= int(oom["requested_bytes"]) <= message.tried.high
-        ):
-            problems.append(f"it tried to allocate {message.tried.text}, the trace's last OOM {wanted:,} bytes")
-        if message.allocated is not None and not (
-            message.allocated.low <= int(oom["allocated_bytes"]) <= message.allocated.high
-        ):
-            problems.append(
-                f"it shows {message.allocated.text} allocated, the trace {int(oom['allocated_bytes']):,} bytes"
-            )
-        if problems:
-            self.warnings.append(
-                (
-                    "oom-message-mismatch",
-                    "the OOM message does not match the trace's last OOM (" + "; ".join(problems) + "): it may come "
-                    "from another run or another OOM; its limit is used all the same",
-                )
-            )
 
-    # -- step level ----------------------------------------------------------------
-    def _step_verdict(self, oom: dict[str, Any], items: list[dict[str, Any]]) -> None:
-        """The step-level keys of ``oom`` and, where the step was projected, the verdict."""
-        proj = self.projection
-        oom["projection"] = proj.to_json() if proj is not None else {"available": False, "reason": "no OOM"}
-        if proj is None or not proj.available:
-            oom["step_need_bytes"] = None
-            oom["step_shortfall_bytes"] = None
-            return
-        limit = int(oom["limit_bytes"])
-        need = proj.step_need_bytes
-        oom["step_need_bytes"] = need
-        oom["step_shortfall_bytes"] = max(0, need - limit)
-        finishing = [w["config"] for w in items if w.get("step_completes") is True]
-        oom["verdict"] = verdict(need, 0, limit)
-        oom["verdict_level"] = "step"
-        oom["verdict_certain"] = not (oom["verdict"] == "capacity" and oom["limit_is_lower_bound"])
-        bound = "at least " if oom["limit_is_lower_bound"] else ""
-        if need > limit:
-            if oom["limit_is_lower_bound"]:
-                tail = (
-                    f"more than {_gib(limit)}, the most this run reserved; the real cap is not in the snapshot, so "
-                    "whether it fits is unknown: paste the OOM message or give --limit."
-                )
-            else:
-                tail = f"more than the limit of {_gib(limit)}: no allocator setting saves this step."
-            text = (
-                f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} even packed "
-                f"without fragmentation, {tail}"
-            )
-        elif finishing:
-            text = (
-                f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} packed without "
-                f"fragmentation, within the limit of {bound}{_gib(limit)}; under {', '.join(finishing)} the replay "
-                "runs the whole step."
+# -- stage 6: the program's causes (analysis.causes) --------------------------------------
+def _diagnose(
+    snapshot: Snapshot,
+    facts: _Facts,
+    recorded: _Recorded,
+    catalog: StackCatalog,
+    attribution: _Attribution,
+    explained: _Explained,
+    message: OomMessage | None,
+) -> Diagnosis:
+    trace, lifetimes, replay = facts.dev.trace, facts.lifetimes, recorded.replay
+    phases = tag_phases(trace, lifetimes, catalog, snapshot.stacks, attribution.opt_start, attribution.opt_end)
+    at = facts.oom_index if facts.oom_index is not None else (int(replay.peak_reserved_index) if facts.n else None)
+    pools: tuple[PoolUse, ...] = ()
+    reserved_at = 0
+    if at is not None:
+        by_pool: dict[int, int] = {}
+        for seg in replay.blocks_at(at).segments:
+            by_pool[int(seg.pool)] = by_pool.get(int(seg.pool), 0) + int(seg.total_size)
+        pools = tuple(PoolUse(k, v) for k, v in sorted(by_pool.items()))
+        reserved_at = int(recorded.cols["reserved"][at])
+    private = trace.pool[lifetimes.start] != 0 if facts.n else np.zeros(0, bool)
+    oom, limit = explained.oom, explained.limit
+    inp = CauseInput(
+        trace=trace,
+        lifetimes=lifetimes,
+        catalog=catalog,
+        phases=phases,
+        steps=facts.steps,
+        allocated=recorded.cols["allocated"],
+        oom_index=facts.oom_index,
+        requested_bytes=int(oom["requested_bytes"]) if oom is not None else 0,
+        limit_bytes=limit.bytes if limit is not None else None,
+        message=message,
+        pools_at_oom=pools,
+        reserved_at_oom=reserved_at,
+        pool_origin=pool_origin(catalog, lifetimes.stack[private]) if private.any() else "",
+        optimizer_class=_optimizer_class(snapshot),
+    )
+    return diagnose(inp)
+
+
+def _optimizer_class(snapshot: Snapshot) -> str:
+    """The optimizer's class name, from the first ``Optimizer.step#Class.step`` annotation."""
+    return next(
+        (
+            a.name.split("#", 1)[1].split(".", 1)[0]
+            for a in snapshot.annotations
+            if a.name.startswith("Optimizer.step#") and "#" in a.name
+        ),
+        "",
+    )
+
+
+# -- the serializer: typed results -> the device's contract entry --------------------------
+def _oom_json(facts: _Facts, explained: _Explained, attribution: _Attribution, whatifs: _WhatIfs) -> dict[str, Any]:
+    """Contract ``oom``: the explained OOM, its top stacks, the what-ifs' answers for it and
+    the step-level verdict."""
+    assert explained.oom is not None
+    oom = dict(explained.oom)
+    oom["top_stacks"] = [r for r in attribution.top_stacks if r["when"] == "oom"][:3]
+    oom["whatif"] = [
+        {
+            "config": w["config"],
+            "oom_avoided": w["oom_avoided"],
+            "peak_reserved_bytes": w["peak_reserved_bytes"],
+            "step_completes": w.get("step_completes"),
+        }
+        for w in whatifs.items
+    ]
+    oom.update(_step_verdict(facts.projection, oom, whatifs.items))
+    return oom
+
+
+def _summary_json(facts: _Facts, replay: RecordedReplay) -> dict[str, Any]:
+    time_us = facts.dev.trace.time_us
+    return {
+        "peak_reserved_bytes": int(replay.peak_reserved),
+        "peak_allocated_bytes": int(replay.peak_allocated),
+        "peak_requested_bytes": int(replay.peak_requested),
+        "final_reserved_bytes": int(replay.final.reserved),
+        "final_allocated_bytes": int(replay.final.allocated),
+        "peak_is_lower_bound": not replay.trace_complete,
+        "peak_reserved_event_index": int(replay.peak_reserved_index),
+        "peak_allocated_event_index": int(replay.peak_allocated_index),
+        "peak_requested_event_index": int(replay.peak_requested_index),
+        # The state before the first event (a trace that starts mid-run can peak there: index -1).
+        "initial_reserved_bytes": int(replay.initial.reserved),
+        "initial_allocated_bytes": int(replay.initial.allocated),
+        "first_time_us": int(time_us[0]) if facts.n else 0,
+        "last_time_us": int(time_us[-1]) if facts.n else 0,
+    }
+
+
+def _device_json(
+    facts: _Facts,
+    recorded: _Recorded,
+    explained: _Explained,
+    oom: dict[str, Any] | None,
+    attribution: _Attribution,
+    whatifs: _WhatIfs,
+    check: dict[str, Any],
+    diagnosis: Diagnosis,
+    timeline: dict[str, Any] | None,
+    catalog: StackCatalog,
+) -> dict[str, Any]:
+    """The device's contract entry, from the stages' results (``suggestions`` filled later)."""
+    replay, cols, steps, limit = recorded.replay, recorded.cols, facts.steps, explained.limit
+    step_rows = per_step_figures(steps, cols["allocated"], cols["reserved"])
+    moments = attribution.moments
+    maps = {m.name: segment_map(m.state, catalog) for m in moments if m.name in ("peak", "oom")}
+    if facts.n:
+        maps["reserved_peak"] = segment_map(replay.blocks_at(replay.peak_reserved_index), catalog)
+    entry: dict[str, Any] = {
+        "device": facts.dev.device,
+        "events": facts.n,
+        "summary": _summary_json(facts, replay),
+        "limit": limit.to_json() if limit is not None else None,
+        "oom": oom,
+        "ooms": list_ooms(
+            facts.dev.trace,
+            cols,
+            config=facts.recorded_cfg,
+            chosen=limit,
+            step_last_events=steps.last_event if len(steps) else None,
+            usable=explained.usable,
+        )
+        if limit is not None
+        else [],
+        "steps": step_rows,
+        "step_source": steps.source,
+        "first_growth_step": first_growth_step(step_rows),
+        "timeline": timeline,
+        "top_stacks": attribution.top_stacks,
+        "whatif": whatifs.items,
+        "replay": check,
+        "suggestions": [],
+        "moments": {m.name: m.index for m in moments},
+        "segment_maps": maps,
+        "categories": {
+            "event_index": int(replay.peak_allocated_index),
+            "bytes": attribution.categories,
+            "order": list(CATEGORIES),
+        },
+        "churn": top_entries(
+            catalog, totals_by_group(catalog, facts.lifetimes.stack, facts.lifetimes.size), "churn", TOP_STACKS
+        ),
+        "leaks": _leaks(attribution.live["end"], facts.lifetimes, steps, catalog),
+        "diagnosis": diagnosis.to_json(),
+    }
+    entry["edge_of_cap"] = readout.edge_of_cap(entry)  # issue 20: no OOM, but within 5% of a known cap
+    return entry
+
+
+def _step_verdict(proj: Projection | None, oom: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The step-level keys of ``oom`` and, where the step was projected, the verdict."""
+    out: dict[str, Any] = {
+        "projection": proj.to_json() if proj is not None else {"available": False, "reason": "no OOM"}
+    }
+    if proj is None or not proj.available:
+        return out | {"step_need_bytes": None, "step_shortfall_bytes": None}
+    limit = int(oom["limit_bytes"])
+    need = proj.step_need_bytes
+    verdict_ = verdict(need, 0, limit)
+    out |= {
+        "step_need_bytes": need,
+        "step_shortfall_bytes": max(0, need - limit),
+        "verdict": verdict_,
+        "verdict_level": "step",
+        "verdict_certain": not (verdict_ == "capacity" and oom["limit_is_lower_bound"]),
+    }
+    finishing = [w["config"] for w in items if w.get("step_completes") is True]
+    out["explanation"] = f"{oom['explanation']} {_step_text(proj, need, limit, oom['limit_is_lower_bound'], finishing)}"
+    return out
+
+
+def _step_text(proj: Projection, need: int, limit: int, lower_bound: bool, finishing: list[str]) -> str:
+    bound = "at least " if lower_bound else ""
+    if need > limit:
+        if lower_bound:
+            tail = (
+                f"more than {_gib(limit)}, the most this run reserved; the real cap is not in the snapshot, so "
+                "whether it fits is unknown: paste the OOM message or give --limit."
             )
         else:
-            text = (
-                f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} packed without "
-                f"fragmentation, within the limit of {bound}{_gib(limit)}, but none of the settings replayed lets "
-                "the whole step run."
-            )
-        oom["explanation"] = f"{oom['explanation']} {text}"
+            tail = f"more than the limit of {_gib(limit)}: no allocator setting saves this step."
+        return (
+            f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} even packed "
+            f"without fragmentation, {tail}"
+        )
+    if finishing:
+        return (
+            f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} packed without "
+            f"fragmentation, within the limit of {bound}{_gib(limit)}; under {', '.join(finishing)} the replay "
+            "runs the whole step."
+        )
+    return (
+        f"Projected from step {proj.template_step}, step {proj.step} needs {_gib(need)} packed without "
+        f"fragmentation, within the limit of {bound}{_gib(limit)}, but none of the settings replayed lets "
+        "the whole step run."
+    )
 
-    # -- leak suspects -----------------------------------------------------------
-    def _leaks(self, end_live: tuple[I64, I64, I64], lifetimes: Lifetimes, steps: Steps) -> list[dict[str, Any]]:
-        """Groups holding memory at the end, with their live bytes at each step's end."""
-        stacks, sizes, _ = end_live
-        totals = totals_by_group(self.catalog, stacks, sizes)[:TOP_STACKS]
-        rows = top_entries(self.catalog, totals, "end", len(totals))
-        if not rows or len(steps) == 0:
-            return rows
-        ends = steps.last_event
-        gids = self.catalog.groups_of(lifetimes.stack)
-        wanted = np.array([t.group for t in totals], np.int64)
-        pos = {g: k for k, g in enumerate(wanted.tolist())}
-        sel = np.isin(gids, wanted)
-        g_sel = np.array([pos[g] for g in gids[sel].tolist()], np.int64) if sel.any() else np.zeros(0, np.int64)
-        # Alive at step end e when start <= e < end: a range of steps per allocation.
-        k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
-        k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")
-        width = len(ends) + 1
-        cells = len(wanted) * width
-        sizes = lifetimes.size[sel].astype(np.float64)  # per-cell sums stay far below 2**53
-        diff = np.bincount(g_sel * width + k_lo, sizes, cells) - np.bincount(g_sel * width + k_hi, sizes, cells)
-        per_step = np.cumsum(np.rint(diff).astype(np.int64).reshape(len(wanted), width), axis=1)[:, : len(ends)]
-        pick = _even_indices(len(ends), LEAK_SERIES_MAX_POINTS)
-        for row, series in zip(rows, per_step, strict=False):
-            first, last = int(series[0]), int(series[-1])
-            row["steps"] = len(ends)
-            row["requested_at_first_step_end"] = first
-            row["requested_at_last_step_end"] = last
-            row["growth_per_step_bytes"] = int((last - first) // max(1, len(ends) - 1))
-            row["series_step_index"] = pick.tolist()
-            row["series_requested_bytes"] = series[pick].tolist()
+
+def _leaks(
+    end_live: tuple[I64, I64, I64], lifetimes: Lifetimes, steps: Steps, catalog: StackCatalog
+) -> list[dict[str, Any]]:
+    """Groups holding memory at the end, with their live bytes at each step's end."""
+    stacks, sizes, _ = end_live
+    totals = totals_by_group(catalog, stacks, sizes)[:TOP_STACKS]
+    rows = top_entries(catalog, totals, "end", len(totals))
+    if not rows or len(steps) == 0:
         return rows
+    ends = steps.last_event
+    gids = catalog.groups_of(lifetimes.stack)
+    wanted = np.array([t.group for t in totals], np.int64)
+    pos = {g: k for k, g in enumerate(wanted.tolist())}
+    sel = np.isin(gids, wanted)
+    g_sel = np.array([pos[g] for g in gids[sel].tolist()], np.int64) if sel.any() else np.zeros(0, np.int64)
+    # Alive at step end e when start <= e < end: a range of steps per allocation.
+    k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
+    k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")
+    width = len(ends) + 1
+    cells = len(wanted) * width
+    sizes = lifetimes.size[sel].astype(np.float64)  # per-cell sums stay far below 2**53
+    diff = np.bincount(g_sel * width + k_lo, sizes, cells) - np.bincount(g_sel * width + k_hi, sizes, cells)
+    per_step = np.cumsum(np.rint(diff).astype(np.int64).reshape(len(wanted), width), axis=1)[:, : len(ends)]
+    pick = _even_indices(len(ends), LEAK_SERIES_MAX_POINTS)
+    for row, series in zip(rows, per_step, strict=False):
+        first, last = int(series[0]), int(series[-1])
+        row["steps"] = len(ends)
+        row["requested_at_first_step_end"] = first
+        row["requested_at_last_step_end"] = last
+        row["growth_per_step_bytes"] = int((last - first) // max(1, len(ends) - 1))
+        row["series_step_index"] = pick.tolist()
+        row["series_requested_bytes"] = series[pick].tolist()
+    return rows
 
-    # -- the program's causes (analysis.causes) ------------------------------------
-    def _diagnose(
-        self,
-        lifetimes: Lifetimes,
-        steps: Steps,
-        cols: dict[str, I64],
-        opt_start: I64,
-        opt_end: I64,
-        oom: dict[str, Any] | None,
-        limit: Limit | None,
-        message: OomMessage | None,
-    ) -> Diagnosis:
-        trace, replay = self.dev.trace, self.replay
-        phases = tag_phases(trace, lifetimes, self.catalog, self.snapshot.stacks, opt_start, opt_end)
-        at = self.oom_index if self.oom_index is not None else (int(replay.peak_reserved_index) if self.n else None)
-        pools: tuple[PoolUse, ...] = ()
-        reserved_at = 0
-        if at is not None:
-            by_pool: dict[int, int] = {}
-            for seg in replay.blocks_at(at).segments:
-                by_pool[int(seg.pool)] = by_pool.get(int(seg.pool), 0) + int(seg.total_size)
-            pools = tuple(PoolUse(k, v) for k, v in sorted(by_pool.items()))
-            reserved_at = int(cols["reserved"][at])
-        private = trace.pool[lifetimes.start] != 0 if self.n else np.zeros(0, bool)
-        inp = CauseInput(
-            trace=trace,
-            lifetimes=lifetimes,
-            catalog=self.catalog,
-            phases=phases,
-            steps=steps,
-            allocated=cols["allocated"],
-            oom_index=self.oom_index,
-            requested_bytes=int(oom["requested_bytes"]) if oom is not None else 0,
-            limit_bytes=limit.bytes if limit is not None else None,
-            message=message,
-            pools_at_oom=pools,
-            reserved_at_oom=reserved_at,
-            pool_origin=pool_origin(self.catalog, lifetimes.stack[private]) if private.any() else "",
-            optimizer_class=next(
-                (
-                    a.name.split("#", 1)[1].split(".", 1)[0]
-                    for a in self.snapshot.annotations
-                    if a.name.startswith("Optimizer.step#") and "#" in a.name
-                ),
-                "",
-            ),
-        )
-        return diagnose(inp)
 
-    # -- the advisor's inputs ----------------------------------------------------
-    def _advice_context(
-        self,
-        report: dict[str, Any],
-        lifetimes: Lifetimes,
-        codes: npt.NDArray[np.int8],
-        peak_codes: npt.NDArray[np.int8],
-        peak_live: tuple[I64, I64, I64],
-        whatifs: list[advice_mod.WhatIf],
-        source_bytes: int,
-        n_steps: int,
-    ) -> advice_mod.AdviceContext:
-        catalog, trace = self.catalog, self.dev.trace
-        stacks, sizes, _ = peak_live
-        act_mask = peak_codes == ACTIVATIONS
-        by_site: dict[str, int] = {}
-        for t in totals_by_group(catalog, stacks[act_mask], sizes[act_mask]):
-            info = catalog.groups[t.group]
-            site = info.site
-            label = info.label if site is None else f"{site.filename.rsplit('/', 1)[-1]}:{site.line} {site.name}"
-            by_site[label] = by_site.get(label, 0) + t.bytes
-        opt_mask = peak_codes == OPTIMIZER_STATE
-        opt_labels = [
-            catalog.groups[t.group].label for t in totals_by_group(catalog, stacks[opt_mask], sizes[opt_mask])
-        ]
-        traits = catalog.stack_traits(lifetimes.stack)
-        alloc_sizes = trace.size[trace.action == ALLOC]
-        large = alloc_sizes[alloc_sizes >= (1 << 20)]
-        summary = report["summary"]
-        peak_idx = int(summary["peak_allocated_event_index"])
-        reserved = self.replay.reserved
-        has_backward = bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any())
-        autocast_seen = bool(((traits & TRAIT_AUTOCAST) != 0).any())
-        # The workload estimates cost passes over every allocation: only where a rule can use them.
-        worth = has_backward and int(report["categories"]["bytes"]["activations"]) >= advice_mod.WORKLOAD_MIN_BYTES
-        amp_low, amp_high = (
-            _amp_saving_range(catalog, lifetimes, codes, self.live_requested)
-            if worth and not autocast_seen
-            else (None, None)
-        )
-        ckpt = _checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask]) if worth else None
-        return advice_mod.AdviceContext(
-            device=self.dev.device,
-            recorded=AllocatorConfig.from_settings(self.snapshot.settings.raw, self.snapshot.settings.conf),
-            events=self.n,
-            peak_reserved=int(summary["peak_reserved_bytes"]),
-            peak_allocated=int(summary["peak_allocated_bytes"]),
-            peak_requested=int(summary["peak_requested_bytes"]),
-            reserved_at_peak_alloc=int(reserved[peak_idx]) if 0 <= peak_idx < reserved.shape[0] else 0,
-            oom=report["oom"],
-            whatifs=whatifs,
-            categories=report["categories"]["bytes"],
-            activations_by_site=sorted(by_site.items(), key=lambda kv: -kv[1]),
-            has_backward=has_backward,
-            autocast_seen=autocast_seen,
-            optimizer_state_bytes=int(report["categories"]["bytes"]["optimizer_state"]),
-            optimizer_labels=opt_labels[:3],
-            distinct_large_sizes=int(np.unique(large).size),
-            large_requests=int(large.size),
-            capture={},
-            source_bytes=source_bytes,
-            steps=n_steps,
-            mean_stack_frames=float(np.mean([len(st) for st in self.snapshot.stacks.stacks]))
-            if self.snapshot.stacks.stacks
-            else 0.0,
-            amp_saving_low=amp_low,
-            amp_saving_high=amp_high,
-            checkpoint=ckpt,
-        )
+# -- the advisor's input, typed, from the same results --------------------------------------
+def _advice_context(
+    snapshot: Snapshot,
+    facts: _Facts,
+    recorded: _Recorded,
+    oom: dict[str, Any] | None,
+    attribution: _Attribution,
+    whatifs: _WhatIfs,
+    source_bytes: int,
+    catalog: StackCatalog,
+) -> advice_mod.AdviceContext:
+    trace, lifetimes, replay = facts.dev.trace, facts.lifetimes, recorded.replay
+    stacks, sizes, _ = attribution.live["peak"]
+    codes, peak_codes, categories = attribution.codes, attribution.peak_codes, attribution.categories
+    act_mask = peak_codes == ACTIVATIONS
+    opt_mask = peak_codes == OPTIMIZER_STATE
+    opt_labels = [catalog.groups[t.group].label for t in totals_by_group(catalog, stacks[opt_mask], sizes[opt_mask])]
+    traits = catalog.stack_traits(lifetimes.stack)
+    alloc_sizes = trace.size[trace.action == ALLOC]
+    large = alloc_sizes[alloc_sizes >= (1 << 20)]
+    peak_idx = int(replay.peak_allocated_index)
+    has_backward = bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any())
+    autocast_seen = bool(((traits & TRAIT_AUTOCAST) != 0).any())
+    # The workload estimates cost passes over every allocation: only where a rule can use them.
+    worth = has_backward and int(categories["activations"]) >= advice_mod.WORKLOAD_MIN_BYTES
+    amp_low, amp_high = (
+        _amp_saving_range(catalog, lifetimes, codes, facts.live_requested)
+        if worth and not autocast_seen
+        else (None, None)
+    )
+    stacks_seen = snapshot.stacks.stacks
+    return advice_mod.AdviceContext(
+        device=facts.dev.device,
+        recorded=facts.recorded_cfg,
+        events=facts.n,
+        peak_reserved=int(replay.peak_reserved),
+        peak_allocated=int(replay.peak_allocated),
+        peak_requested=int(replay.peak_requested),
+        reserved_at_peak_alloc=int(replay.reserved[peak_idx]) if 0 <= peak_idx < replay.reserved.shape[0] else 0,
+        oom=oom,
+        whatifs=whatifs.advice,
+        categories=categories,
+        activations_by_site=_activations_by_site(catalog, stacks[act_mask], sizes[act_mask]),
+        has_backward=has_backward,
+        autocast_seen=autocast_seen,
+        optimizer_state_bytes=int(categories["optimizer_state"]),
+        optimizer_labels=opt_labels[:3],
+        distinct_large_sizes=int(np.unique(large).size),
+        large_requests=int(large.size),
+        capture={},
+        source_bytes=source_bytes,
+        steps=len(facts.steps),
+        mean_stack_frames=float(np.mean([len(st) for st in stacks_seen])) if stacks_seen else 0.0,
+        amp_saving_low=amp_low,
+        amp_saving_high=amp_high,
+        checkpoint=_checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask]) if worth else None,
+    )
+
+
+def _activations_by_site(catalog: StackCatalog, stacks: I64, sizes: I64) -> list[tuple[str, int]]:
+    """Activation bytes at the peak by the site that made them, largest first."""
+    by_site: dict[str, int] = {}
+    for t in totals_by_group(catalog, stacks, sizes):
+        info = catalog.groups[t.group]
+        site = info.site
+        label = info.label if site is None else f"{site.filename.rsplit('/', 1)[-1]}:{site.line} {site.name}"
+        by_site[label] = by_site.get(label, 0) + t.bytes
+    return sorted(by_site.items(), key=lambda kv: -kv[1])
 
 
 # ------------------------------------------------------------------ helpers
@@ -1202,8 +1462,6 @@ def _even_indices(n: int, k: int) -> I64:
 
 
 def _reserved_from_segments_events(dev: DeviceData) -> I64:
-    from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
-
     t = dev.trace
     grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
     shrink = (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)

@@ -204,6 +204,23 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
             else f"The failing step needed {_gib(need)}, no more than {step}: the batch is not what failed it."
         ) + " The memory was there, not in one piece: see the allocator settings above."
         return out
+    _smaller_batch(out, need, need_lower, fixed, frac, fit_bytes, largest, batch_size)
+    return out
+
+
+def _smaller_batch(
+    out: dict[str, Any],
+    need: int,
+    need_lower: bool,
+    fixed: int,
+    frac: float,
+    fit_bytes: int,
+    largest: dict[str, Any] | None,
+    batch_size: int | None,
+) -> None:
+    """The batch that fits (or its fraction) and the gradient accumulation that keeps the effective
+    batch, written into ``out`` with their explanation."""
+    limit, variable = int(out["limit_bytes"]), need - fixed
     basis = (
         f"no more than step {int(largest['index'])}, the largest that completed, allocated ({_gib(fit_bytes)})"
         if largest is not None
@@ -243,7 +260,6 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
         )
         out["accumulation_steps"] = accum
         out["snippet"] = _accumulation_snippet_fraction(accum)
-    return out
 
 
 def _accumulation_snippet(batch: int, micro: int, micro_batch: int) -> str:

@@ -738,46 +738,11 @@ def _summary_findings(
     pieces: FreePieces | None,
 ) -> list[Finding]:
     out: list[Finding] = []
-    tried = message.tried
     if timing == "at-oom":
         out.append(
             Finding("summary-timing", "The memory summary was printed at the OOM: its figures match the message's.")
         )
-        if usable is not unallocated and tried.low > SMALL_REQUEST_MAX and unallocated.value > 0:
-            small = summary.get("inactive_split_bytes.small_pool.current")
-            out.append(
-                Finding(
-                    "pools",
-                    f"Of the memory reserved but unallocated, {usable.text} is in the large pool, the only one a "
-                    f"{tried.text} request can use"
-                    + (f"; {size(small.value)} is small-pool pieces (for requests up to 1 MiB)." if small else "."),
-                )
-            )
-        if pieces is not None:
-            fits = (
-                "none of them can hold the request"
-                if pieces.largest_at_most < tried.low
-                else "at least one is as large as the request, so it was on another stream or in a private pool"
-                if pieces.largest_at_least >= tried.high
-                else "the summary cannot tell whether one of them was large enough"
-            )
-            out.append(
-                Finding(
-                    "free-pieces",
-                    f"The free pieces ({pieces.pool} pool): {pieces.count.text.strip()} of them, "
-                    f"{size(pieces.total.value)} in all, so the largest is between "
-                    f"{size(pieces.largest_at_least)} and {size(pieces.largest_at_most)}; {fits}.",
-                )
-            )
-        segments = summary.get("segment.all.current")
-        reserved = summary.get("reserved_bytes.all.current")
-        if segments is not None and reserved is not None and segments.value > 0:
-            out.append(
-                Finding(
-                    "segments",
-                    f"{segments.value} segments reserved, {size(reserved.value // segments.value)} each on average.",
-                )
-            )
+        out += _at_oom_findings(message.tried, summary, unallocated, usable, pieces)
     elif timing == "after-oom":
         out.append(
             Finding(
@@ -795,6 +760,55 @@ def _summary_findings(
                 "device): only its peaks and counts are used.",
             )
         )
+    return out + _counter_findings(summary)
+
+
+def _at_oom_findings(
+    tried: Figure, summary: MemorySummary, unallocated: Figure, usable: Figure, pieces: FreePieces | None
+) -> list[Finding]:
+    """What a summary printed at the OOM adds: which pool the free memory is in, its pieces, the segments."""
+    out: list[Finding] = []
+    if usable is not unallocated and tried.low > SMALL_REQUEST_MAX and unallocated.value > 0:
+        small = summary.get("inactive_split_bytes.small_pool.current")
+        out.append(
+            Finding(
+                "pools",
+                f"Of the memory reserved but unallocated, {usable.text} is in the large pool, the only one a "
+                f"{tried.text} request can use"
+                + (f"; {size(small.value)} is small-pool pieces (for requests up to 1 MiB)." if small else "."),
+            )
+        )
+    if pieces is not None:
+        fits = (
+            "none of them can hold the request"
+            if pieces.largest_at_most < tried.low
+            else "at least one is as large as the request, so it was on another stream or in a private pool"
+            if pieces.largest_at_least >= tried.high
+            else "the summary cannot tell whether one of them was large enough"
+        )
+        out.append(
+            Finding(
+                "free-pieces",
+                f"The free pieces ({pieces.pool} pool): {pieces.count.text.strip()} of them, "
+                f"{size(pieces.total.value)} in all, so the largest is between "
+                f"{size(pieces.largest_at_least)} and {size(pieces.largest_at_most)}; {fits}.",
+            )
+        )
+    segments = summary.get("segment.all.current")
+    reserved = summary.get("reserved_bytes.all.current")
+    if segments is not None and reserved is not None and segments.value > 0:
+        out.append(
+            Finding(
+                "segments",
+                f"{segments.value} segments reserved, {size(reserved.value // segments.value)} each on average.",
+            )
+        )
+    return out
+
+
+def _counter_findings(summary: MemorySummary) -> list[Finding]:
+    """What a summary's peaks and counters say whenever it was printed."""
+    out: list[Finding] = []
     peak_reserved = summary.get("reserved_bytes.all.peak")
     peak_allocated = summary.get("allocated_bytes.all.peak")
     if peak_reserved is not None and peak_allocated is not None:

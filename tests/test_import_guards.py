@@ -2,9 +2,10 @@
 
 A guard around ``webapp.snapshots.charts`` or ``analysis.reader`` turned a broken install into pages
 without charts, or an upload sniffed by half its rules, and no error anywhere. Our modules are part
-of the repository: importing them either works or must fail loudly. The one exception is the
-compiled reader, which a machine without a compiler does not build (docs/reader.md): the reference
-reader then reads every file.
+of the repository: importing them either works or must fail loudly. The two exceptions are the
+compiled extensions, which a machine without a compiler does not build: the compiled reader
+(docs/reader.md; the reference reader then reads every file) and the compiled replay loops
+(``analysis.allocator.compiled``; the Python loops, the reference, then run).
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("analysis", "webapp", "oomscope_client")
-ALLOWED = {("analysis/fastread.py", "analysis._snapread")}  # built by `make install`, absent without a compiler
+# Built by `make install`, absent without a compiler.
+ALLOWED = {
+    ("analysis/fastread.py", "analysis._snapread"),
+    ("analysis/allocator/compiled.py", "analysis.allocator._replaycore"),
+}
 
 
 def _catches_import_error(handler: ast.ExceptHandler) -> bool:

@@ -9,6 +9,8 @@
   ``floor_estimate``: its bounds from below alone, what a report states).
 - ``recorded``: the recorded replay, state at every event along the recorded
   addresses (``recorded_replay``; ``analysis.replay`` re-exports it).
+- ``recording``: that replay built once per device and handed down (``ReplaySource``):
+  the rules that read a recorded state take it through ``Requests.source``.
 - ``policy``: the policy replay, the model choosing blocks and segments itself
   (``simulate``, ``replay_check``, ``whatif``).
 
@@ -21,6 +23,7 @@ from analysis.allocator.policy import (
     PolicyResult,
     ProjectedTail,
     SegmentLayout,
+    needs_recorded_state,
     recorded_layout,
     recorded_segment_events,
     replay_check,
@@ -31,18 +34,21 @@ from analysis.allocator.policy import (
     trace_is_complete,
     whatif,
 )
+from analysis.allocator.recording import ReplaySource
 from analysis.allocator.requests import Requests, build_requests, requests_for
 
 __all__ = [
     "LimitEstimate",
     "PolicyResult",
     "ProjectedTail",
+    "ReplaySource",
     "Requests",
     "SegmentLayout",
     "allowed_for_fraction",
     "build_requests",
     "floor_estimate",
     "infer_limit",
+    "needs_recorded_state",
     "recorded_layout",
     "recorded_segment_events",
     "replay_check",

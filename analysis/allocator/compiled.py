@@ -21,6 +21,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from analysis.model import (
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+)
+
 try:  # built by `make install` (setup.py build_ext --inplace); absent without a compiler
     from analysis.allocator import _replaycore  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - depends on the machine
@@ -51,35 +61,16 @@ def loops_in_use() -> str:
 def policy_run(
     model: Any, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int], **rules: Any
 ) -> list[int]:
-    """``policy._Model.run`` in C; ``rules`` are the numbers ``run`` inlines (its own locals)."""
-    from analysis.allocator.requests import _OP_ALLOC, _OP_FLUSH, _OP_FREE, _OP_FREE_DONE, _OP_FREE_REQ, _OP_OOM
-
-    params = dict(
-        rules,
-        op_alloc=_OP_ALLOC,
-        op_free=_OP_FREE,
-        op_free_req=_OP_FREE_REQ,
-        op_free_done=_OP_FREE_DONE,
-        op_oom=_OP_OOM,
-        op_flush=_OP_FLUSH,
-    )
-    failed: list[int] = _replaycore.policy_run(model, events, ops, raddrs, sizes, lks, params)
+    """``policy._Model.run`` in C; ``rules`` are the numbers ``run`` inlines (its own locals) and the
+    request codes (``op_alloc``, ``op_free``, ...: ``policy._OP_CODES``; ``requests`` imports the
+    recorded replay, which imports this module, so they come from the caller)."""
+    failed: list[int] = _replaycore.policy_run(model, events, ops, raddrs, sizes, lks, dict(rules))
     return failed
 
 
 def recorded_run(replayer: Any, p_idx: list[int], act: bytes, addr: list[int], size: list[int], **rules: Any) -> None:
     """``recorded._Replayer.run``'s loop over one slice of the pass, in C; ``rules`` are the numbers
     and the exception class ``run`` uses (its own locals)."""
-    from analysis.model import (
-        ALLOC,
-        FREE_COMPLETED,
-        FREE_REQUESTED,
-        SEGMENT_ALLOC,
-        SEGMENT_FREE,
-        SEGMENT_MAP,
-        SEGMENT_UNMAP,
-    )
-
     if not (SEGMENT_ALLOC < SEGMENT_FREE < SEGMENT_MAP < SEGMENT_UNMAP == SEGMENT_ALLOC + 3):
         raise AssertionError("the C loop takes the segment actions as one range")  # pragma: no cover
     params = dict(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from analysis.allocator.config import AllocatorConfig, limit_refuses
+from analysis.allocator.recording import ReplaySource
 from analysis.allocator.requests import (
     I64,
     Requests,
@@ -111,14 +112,14 @@ def infer_limit(
     dev = _device(snapshot, device)
     req = requests if requests is not None else requests_for(snapshot, dev)
     cfg = config or req.recorded_config
-    bursts = req.bursts if cfg == req.recorded_config else _bursts(snapshot, dev, cfg)
+    bursts = req.bursts if cfg == req.recorded_config else _bursts(snapshot, dev, cfg, req.source)
     t = dev.trace
     reserved = _recorded_reserved(dev)
     lower = _limit_floor(dev, cfg, reserved)
     upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
     # Also without a GC run: a miss that made a new segment with nothing released bounds it.
     has_gc = cfg.garbage_collection_threshold > 0
-    gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts) if has_gc else None
+    gc_lower = _gc_lower(req.source, cfg, reserved, bursts) if has_gc else None
     if gc_upper is not None:
         # A run taken for the GC whose bound contradicts the rest of the trace (the GC
         # could not have started under any limit it allows) and that frees exactly what
@@ -130,7 +131,7 @@ def infer_limit(
             again = {b.start for b in redo}
             bursts = [replace(b, kind="avail") if b.start in again else b for b in bursts]
             upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
-            gc_lower = _gc_lower(snapshot, dev, cfg, reserved, bursts)
+            gc_lower = _gc_lower(req.source, cfg, reserved, bursts)
     for i in np.flatnonzero(t.action == OOM).tolist():
         need = cfg.allocation_size(int(t.size[i]))
         bound = int(reserved[i]) + need - 1
@@ -218,9 +219,7 @@ def _release_available_run(dev: DeviceData, cfg: AllocatorConfig, reserved: I64,
     )
 
 
-def _gc_lower(
-    snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, reserved: I64, bursts: list[_Burst]
-) -> int | None:
+def _gc_lower(source: ReplaySource, cfg: AllocatorConfig, reserved: I64, bursts: list[_Burst]) -> int | None:
     """A lower bound of the limit from where ``garbage_collect_cached_blocks`` did
     not run, or stopped (checked on the recorded replay's state).
 
@@ -230,10 +229,9 @@ def _gc_lower(
     stops with such segments left only after reclaiming ``reserved - threshold x
     limit``. So a miss with no GC frees while a freeable segment existed, and a
     GC run that left one, each put ``threshold x limit`` at or above what was
-    reserved (minus what that run freed).
+    reserved (minus what that run freed). ``source``: the device's recorded replay.
     """
-    from analysis.allocator.recorded import recorded_replay  # local: only GC traces need it
-
+    dev = source.device
     t = dev.trace
     act = t.action
     first_burst: dict[int, _Burst] = {}
@@ -244,7 +242,7 @@ def _gc_lower(
     if grow.size == 0:
         return None
     reqs = _request_of(act, grow)
-    replay = recorded_replay(snapshot, dev)
+    replay = source.get()
 
     def freeable(index: int) -> bool:
         state = replay.blocks_at(index)

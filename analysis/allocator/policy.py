@@ -103,6 +103,16 @@ from analysis.model import (
 )
 from analysis.steps import find_steps
 
+# The request codes, as the compiled loop takes them (``compiled.policy_run``).
+_OP_CODES = {
+    "op_alloc": _OP_ALLOC,
+    "op_free": _OP_FREE,
+    "op_free_req": _OP_FREE_REQ,
+    "op_free_done": _OP_FREE_DONE,
+    "op_oom": _OP_OOM,
+    "op_flush": _OP_FLUSH,
+}
+
 I64 = npt.NDArray[np.int64]
 
 __all__ = [
@@ -793,6 +803,7 @@ class _Model:
             return compiled.policy_run(
                 self, events, ops, raddrs, sizes, lks, sh=sh, gc_on=gc_on, fast=fast, exp_hit=exp_hit, mss=mss,
                 nsr=nsr, mss_on=mss_on, split_over=split_over, split_below=split_below, allocation_size=allocation_size,
+                **_OP_CODES,
             )  # fmt: skip
         for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
             if op == 1:  # _OP_FREE: free_requested + free_completed
@@ -1144,9 +1155,7 @@ def _simulate(
     )
     start = "empty"
     if not _segments_complete(dev):
-        from analysis.allocator.recorded import recorded_replay  # local: only partial traces need it
-
-        state = recorded_replay(snapshot, dev).blocks_at(-1)
+        state = req.source.get().blocks_at(-1)
         start = start_state(config, req.recorded_config)
         if start == "live-blocks":
             model.seed_live(state)
@@ -1258,6 +1267,14 @@ def _segments_complete(device: DeviceData) -> bool:
         return final_total == 0
     reserved = _recorded_reserved(device)
     return int(reserved[-1]) == final_total and int(reserved.min()) >= 0
+
+
+def needs_recorded_state(device: DeviceData, recorded: AllocatorConfig) -> bool:
+    """Whether a policy replay of ``device`` (the check, a what-if) reads the recorded replay
+    (``recording.ReplaySource``): a partial trace starts from its state before the first event,
+    and a recorded GC threshold bounds the limit from states where the GC did not run
+    (``infer_limit``). An owner that forks the replays builds the source first when so."""
+    return len(device.trace) > 0 and (not _segments_complete(device) or recorded.garbage_collection_threshold > 0)
 
 
 def trace_is_complete(device: DeviceData) -> bool:

@@ -1177,6 +1177,90 @@ def _step_sum(index: list[int], delta: list[int], n: int, initial: int) -> I64:
     return moves
 
 
+def _start_warnings(n: int, rebuilt: _Rebuilt, failure: _Inconsistent | None) -> tuple[list[Warning_], bool]:
+    """What the lenient pass's starting state says of the trace: the warnings, and whether the trace
+    may still be the whole history (no state before its first event)."""
+    warnings: list[Warning_] = []
+    initial_figures = rebuilt.state.figures()
+    before = initial_figures.reserved or initial_figures.active or rebuilt.orphans
+    whole = True
+    if n <= 1:
+        whole = False
+        warnings.append(
+            Warning_(
+                "state-only",
+                f"the trace holds {n} event{'s' if n != 1 else ''}: history was not recorded "
+                '(enabled="state", or recording off), so only the final state is known and '
+                "the peaks are the final figures, lower bounds of the real ones",
+            )
+        )
+    elif before:
+        whole = False
+        held = (
+            f"{len(rebuilt.state.segments)} segments ({initial_figures.reserved} bytes) "
+            f"and {sum(1 for _ in rebuilt.state.live_blocks())} live blocks "
+            f"({initial_figures.active} bytes) existed before the first recorded event"
+        )
+        if _looks_like_ring_capacity(n):
+            warnings.append(
+                Warning_(
+                    "trace-truncated",
+                    f"the trace holds exactly {n} events and {held}: the ring buffer "
+                    "(max_entries) most likely wrapped and dropped the oldest events; "
+                    "peaks are lower bounds",
+                )
+            )
+        else:
+            warnings.append(
+                Warning_(
+                    "history-started-late",
+                    f"{held}: history recording started after allocations existed (or the "
+                    "ring buffer wrapped); peaks are lower bounds",
+                )
+            )
+    elif failure is not None:
+        warnings.append(
+            Warning_(
+                "replay-inexact",
+                f"the trace starts from an empty allocator but the replay could not follow it "
+                f"at {failure}; block sizes after that point are approximate",
+            )
+        )
+    if rebuilt.orphans or rebuilt.conflicts:
+        warnings.append(
+            Warning_(
+                "replay-rebuilt-approximately",
+                f"rebuilding the state before the trace left {rebuilt.orphans} blocks outside "
+                f"any segment and {rebuilt.conflicts} overlapping blocks",
+            )
+        )
+    return warnings, whole
+
+
+def _pass_warnings(rep: _Replayer, end_diffs: list[str]) -> list[Warning_]:
+    """Events the pass could not fit, and an end state unlike the snapshot's."""
+    warnings: list[Warning_] = []
+    if rep.issues:
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(rep.issues.items()))
+        first = rep.first_issue
+        warnings.append(
+            Warning_(
+                "replay-inconsistent",
+                f"{sum(rep.issues.values())} events did not fit the rebuilt state ({detail}); "
+                f"first at event {first[0] if first else '?'}",
+            )
+        )
+    if end_diffs:
+        warnings.append(
+            Warning_(
+                "replay-end-mismatch",
+                f"the replay's end state differs from the snapshot's segments in "
+                f"{len(end_diffs)} segments (e.g. {end_diffs[0]})",
+            )
+        )
+    return warnings
+
+
 def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[int] = ()) -> RecordedReplay:
     """Replay one device's trace along its recorded addresses.
 
@@ -1220,77 +1304,19 @@ def recorded_replay(snapshot: Snapshot, device: DeviceData, keep_at: Iterable[in
         if n:
             states[n - 1] = rep.export(n - 1)
             end_diffs = _end_differences(states[n - 1], final)
-        initial_figures = rebuilt.state.figures()
-        before = initial_figures.reserved or initial_figures.active or rebuilt.orphans
-        if n <= 1:
-            complete = False
-            warnings.append(
-                Warning_(
-                    "state-only",
-                    f"the trace holds {n} event{'s' if n != 1 else ''}: history was not recorded "
-                    '(enabled="state", or recording off), so only the final state is known and '
-                    "the peaks are the final figures, lower bounds of the real ones",
-                )
-            )
-        elif before:
-            complete = False
-            held = (
-                f"{len(rebuilt.state.segments)} segments ({initial_figures.reserved} bytes) "
-                f"and {sum(1 for _ in rebuilt.state.live_blocks())} live blocks "
-                f"({initial_figures.active} bytes) existed before the first recorded event"
-            )
-            if _looks_like_ring_capacity(n):
-                warnings.append(
-                    Warning_(
-                        "trace-truncated",
-                        f"the trace holds exactly {n} events and {held}: the ring buffer "
-                        "(max_entries) most likely wrapped and dropped the oldest events; "
-                        "peaks are lower bounds",
-                    )
-                )
-            else:
-                warnings.append(
-                    Warning_(
-                        "history-started-late",
-                        f"{held}: history recording started after allocations existed (or the "
-                        "ring buffer wrapped); peaks are lower bounds",
-                    )
-                )
-        elif failure is not None:
-            warnings.append(
-                Warning_(
-                    "replay-inexact",
-                    f"the trace starts from an empty allocator but the replay could not follow it "
-                    f"at {failure}; block sizes after that point are approximate",
-                )
-            )
-        if rebuilt.orphans or rebuilt.conflicts:
-            warnings.append(
-                Warning_(
-                    "replay-rebuilt-approximately",
-                    f"rebuilding the state before the trace left {rebuilt.orphans} blocks outside "
-                    f"any segment and {rebuilt.conflicts} overlapping blocks",
-                )
-            )
-    if rep.issues:
-        detail = ", ".join(f"{k}: {v}" for k, v in sorted(rep.issues.items()))
-        first = rep.first_issue
-        warnings.append(
-            Warning_(
-                "replay-inconsistent",
-                f"{sum(rep.issues.values())} events did not fit the rebuilt state ({detail}); "
-                f"first at event {first[0] if first else '?'}",
-            )
-        )
-    if end_diffs:
-        warnings.append(
-            Warning_(
-                "replay-end-mismatch",
-                f"the replay's end state differs from the snapshot's segments in "
-                f"{len(end_diffs)} segments (e.g. {end_diffs[0]})",
-            )
-        )
+        start_warnings, starts_empty = _start_warnings(n, rebuilt, failure)
+        warnings += start_warnings
+        complete = complete and starts_empty
+    warnings += _pass_warnings(rep, end_diffs)
 
+    return _finished(rep, device, states, complete, warnings)
+
+
+def _finished(
+    rep: _Replayer, device: DeviceData, states: dict[int, AllocatorState], complete: bool, warnings: list[Warning_]
+) -> RecordedReplay:
+    """The replay's columns and peaks, from the pass's records; the states kept go with it."""
+    n = rep.n
     initial_state = rep.initial
     init = initial_state.figures()
     cols = _columns(rep, device, init)

@@ -35,6 +35,7 @@ from analysis.allocator.config import (
     limit_refuses,
     small_pool,
 )
+from analysis.allocator.recording import ReplaySource
 from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -141,7 +142,9 @@ def _empty_cache_stacks(snapshot: Snapshot, stack_ids: set[int]) -> dict[int, bo
     return out
 
 
-def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> list[_Burst]:
+def _bursts(
+    snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig, source: ReplaySource | None = None
+) -> list[_Burst]:
     """Classify each run of segment_free/segment_unmap events.
 
     A released segment's event carries the stack of the call that released it
@@ -155,6 +158,7 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
     segment (``reserved + alloc_size`` above the least limit the trace allows,
     ``_limit_floor``) and the cache held no block for the request (a malloc
     flushes only after missing); anything else is ``empty_cache()`` by user code.
+    ``source``: the device's recorded replay (``recording.ReplaySource``), read only there.
     """
     t = device.trace
     act = t.action
@@ -172,7 +176,7 @@ def _bursts(snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> lis
     gc_recorded = cfg.garbage_collection_threshold > 0.0
     stack_ids = {int(x) for x in t.stack[rel].tolist() if x >= 0}
     via_empty_cache = _empty_cache_stacks(snapshot, stack_ids)
-    ambiguous = _CacheProbe(snapshot, device, cfg)
+    ambiguous = _CacheProbe(source if source is not None else ReplaySource(snapshot, device), cfg)
     # Stack of the segment_alloc that created the segment each segment_free releases.
     created: dict[int, int] = {}
     last_alloc: dict[int, int] = {}
@@ -335,28 +339,23 @@ def _synced_before(device: DeviceData, s: int, e: int) -> bool:
 
 class _CacheProbe:
     """Whether the recorded cache could serve a request, checked on the recorded
-    replay's state (built only if a burst needs it: a malloc flushes only after
-    ``get_free_block`` missed)."""
+    replay's state (the source builds it only if a burst needs it: a malloc flushes
+    only after ``get_free_block`` missed)."""
 
-    def __init__(self, snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig) -> None:
-        self.snapshot, self.device, self.cfg = snapshot, device, cfg
-        self._replay: Any = None
+    def __init__(self, source: ReplaySource, cfg: AllocatorConfig) -> None:
+        self.source, self.device, self.cfg = source, source.device, cfg
         self._pools: npt.NDArray[np.int32] | None = None
 
     def served(self, index: int, req: int) -> bool:
         if index < 0:
             return False
-        if self._replay is None:
-            from analysis.allocator.recorded import recorded_replay  # local: needed for rare traces only
-
-            self._replay = recorded_replay(self.snapshot, self.device)
+        if self._pools is None:
             self._pools = _event_pools(self.device)
-        assert self._pools is not None
         t, cfg = self.device.trace, self.cfg
         size = int(t.size[req]) if t.action[req] == OOM else cfg.round_size(int(t.size[req]))
         small = is_small(size)
         stream, pool = int(t.stream[req]), int(self._pools[req])
-        for seg in self._replay.blocks_at(index).segments:
+        for seg in self.source.get().blocks_at(index).segments:
             if seg.stream != stream or seg.pool != pool or (seg.segment_type == "small") != small:
                 continue
             if any(b.state == INACTIVE and cfg.block_fits(b.size, size) for b in seg.blocks):
@@ -550,6 +549,7 @@ class Requests:
     is_oom: npt.NDArray[np.bool_]
     lane: I64 | None  # (pool * 2) * streams + stream per request; None: one pool, one stream
     n_streams: int
+    source: ReplaySource  # the device's recorded replay, for the few rules that read its states
     _rounded: dict[tuple[int, ...], tuple[list[int], list[int]]] = field(default_factory=dict)
 
     def lists(self, cfg: AllocatorConfig) -> tuple[list[int], list[int]]:
@@ -614,11 +614,13 @@ class Requests:
         )
 
 
-def build_requests(snapshot: Snapshot, device: DeviceData | int) -> Requests:
-    """The ``Requests`` of one device trace (see the module docstring)."""
+def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplaySource | None = None) -> Requests:
+    """The ``Requests`` of one device trace (see the module docstring). ``source``: the
+    device's recorded replay, built once by its owner (a new one, built only if needed, else)."""
     dev = _device(snapshot, device)
+    source = source if source is not None else ReplaySource(snapshot, dev)
     recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-    bursts = _bursts(snapshot, dev, recorded)
+    bursts = _bursts(snapshot, dev, recorded, source)
     pools = _event_pools(dev)
     events, ops, raddrs, sizes, is_oom, lane = _stream_of(snapshot, dev, bursts, pools)
     t = dev.trace
@@ -637,6 +639,7 @@ def build_requests(snapshot: Snapshot, device: DeviceData | int) -> Requests:
         is_oom,
         lane,
         max(len(dev.streams), 1),
+        source,
     )
 
 

@@ -189,7 +189,9 @@ def test_a_caught_oom_freed_at_once_both_ways() -> None:
     # unetrr_c104_default: cuDNN's 32 caught workspace OOMs before the fatal one. The step what-if
     # replays them freed at once (policy._Model.transient); the compiled loop must free them too.
     path = FIXTURES / "captures" / "unetrr_c104_default.pickle.gz"
-    ref, fast = both(lambda: json.dumps(build_report(path, whatif=("expandable_segments:True",), jobs=1), sort_keys=True))
+    ref, fast = both(
+        lambda: json.dumps(build_report(path, whatif=("expandable_segments:True",), jobs=1), sort_keys=True)
+    )
     assert fast == ref
     whatif = next(w for w in json.loads(fast)["devices"][0]["whatif"] if w["config"] == "expandable_segments:True")
     assert whatif["caught_ooms"]["completes_freed"] is True

@@ -232,7 +232,7 @@ def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
     report = services.report_for(upload)
     if report is None:
         return _error(404, "report-not-ready", messages.REPORT_NOT_READY.format(status=upload.status))
-    return JsonResponse(report.data)
+    return JsonResponse(services.report_data(report))
 
 
 @api_view(("GET", "POST", "DELETE"))

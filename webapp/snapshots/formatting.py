@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis import readout
+from analysis.stored import upgrade
 
 
 def format_bytes(n: float | None) -> str:
@@ -15,14 +16,9 @@ def format_bytes(n: float | None) -> str:
 
 
 def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
-    """Reports stored before ``decision`` existed get it here (a pure function of the report's own keys)."""
-    from analysis.decision import decide
-
-    capture = report.get("capture") or {}
-    for dev in report.get("devices") or []:
-        if isinstance(dev, dict) and "decision" not in dev:
-            dev["decision"] = decide(dev, capture)
-    return report
+    """A stored report in the current shape (``analysis.stored.upgrade``: the decision of a report
+    stored before it existed, the limit keys of older ones), in place."""
+    return upgrade(report)
 
 
 def report_for_page(report: dict[str, Any]) -> dict[str, Any]:

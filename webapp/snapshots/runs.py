@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from analysis.regression import Regression, compare_runs
 from analysis.runs import RankInput, summarise
+from analysis.stored import upgrade
 from webapp.snapshots.models import Project, Report, Run, RunPolicy, Upload, WebhookDelivery
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ def run_summarise(run_id: int) -> str:
     reports = dict(Report.objects.filter(upload__in=uploads).values_list("upload_id", "data"))
     items = []
     for upload in uploads:
-        report = reports.get(upload.pk) or {"source": {"filename": upload.filename}, "devices": []}
+        report = upgrade(reports.get(upload.pk) or {"source": {"filename": upload.filename}, "devices": []})
         error = (upload.meta or {}).get("error") or (
             upload.error_message if upload.status == Upload.Status.FAILED else None
         )

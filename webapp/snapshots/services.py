@@ -26,6 +26,7 @@ from django.utils.text import slugify
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from analysis import readout
+from analysis.stored import upgrade
 from webapp.snapshots import liveness, messages, quota, runarchive, runs
 from webapp.snapshots.models import ApiToken, Invitation, Membership, Project, Report, Run, ShareLink, Team, Upload
 
@@ -686,9 +687,16 @@ def upload_set_progress(upload_id: int, stage: str | None, progress: int | None)
     Upload.objects.filter(pk=upload_id, status=Upload.Status.RUNNING).update(**fields)
 
 
+def report_data(report: Report) -> dict[str, Any]:
+    """A stored report's JSON in the current shape (``analysis.stored.upgrade``: one stored by an
+    older worker gets the keys it lacks), as the API serves it."""
+    return upgrade(report.data)
+
+
 def summary_from_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The few figures kept on the row for lists, history and the API."""
-    devices = report.get("devices") or []
+    """The few figures kept on the row for lists, history and the API (of ``report`` in the current
+    shape: ``analysis.stored.upgrade``, in place, for one from an older worker)."""
+    devices = upgrade(report).get("devices") or []
     summary: dict[str, Any] = {"devices": len(devices)}
     if not devices:
         return summary
@@ -719,10 +727,6 @@ def summary_from_report(report: dict[str, Any]) -> dict[str, Any]:
     summary["suggestions"] = len(suggestions)
     # What the report's decision says (the page's first screen), so the API, history and compare say
     # the same: the limit and its source, the verdict's level, the change (analysis.readout).
-    if "decision" not in main:  # a report stored before the decision existed
-        from analysis.decision import decide
-
-        main = {**main, "decision": decide(main, report.get("capture") or {})}
     facts = readout.run_facts(main)
     summary.update(facts)
     summary["top_suggestion"] = facts["change_title"]
