@@ -120,7 +120,7 @@ def check_queued_cost(project: Any, uploaded: Any) -> None:
     from webapp.snapshots.cost import estimate_cost
 
     try:
-        limits.check_team_queued_cost(project.team_id, estimate_cost(uploaded).cost_bytes)
+        limits.check_team_queued_cost(project.team_id, estimate_cost(uploaded).check().cost_bytes)
     except limits.LimitExceeded as err:
         raise from_limit(err) from err
 
