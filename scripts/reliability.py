@@ -102,6 +102,11 @@ class Site:
                 "SWEEP_INTERVAL_SECONDS": "5",
                 "SWEEP_STALE_RUNNING_SECONDS": str(sweep_running),
                 "SWEEP_STALE_QUEUED_SECONDS": "30",
+                # One token sends every scenario's uploads (some 200 in 10 minutes): the per-token and
+                # per-user upload rates (60/10m, 120/h) would refuse most of them after `concurrent`.
+                # The replay rate, which idempotency-replay measures, keeps its default.
+                "UPLOAD_RATE_PER_TOKEN": "10000/10m",
+                "UPLOAD_RATE_PER_USER": "10000/h",
             }
         )
         self.proc: subprocess.Popen[bytes] | None = None
