@@ -50,7 +50,7 @@ bench: install ## reader/analysis benchmark on ../shared/snapshots/huge_all_stac
 	$(PY) scripts/bench.py
 
 RELIABILITY_PG ?= postgres://postgres@127.0.0.1:5432/harden_rel
-# RELIABILITY_ARGS=--attacks: only issue 22's attacks (about 5 min); --only NAME...: some scenarios.
+# RELIABILITY_ARGS=--attacks: only issue 22's attacks (3-4 min); --only NAME...: some scenarios.
 # No PostgreSQL at $(RELIABILITY_PG): that run says so and is skipped.
 reliability: static ## load, fault and attack runs against real sites (SQLite, then $(RELIABILITY_PG)) + the long reader fuzz; minutes
 	$(PY) scripts/reliability.py --postgres "$(RELIABILITY_PG)" $(RELIABILITY_ARGS)

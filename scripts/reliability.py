@@ -32,7 +32,7 @@ Issue 22's attacks (one user must not stall, starve or fill the service), each o
 Every scenario on the site also reports, measured while it runs: its seconds, another team's API
 latency (p50 / max / failed calls of a client polling that team's run list every 0.2 s), the
 site's memory (RSS of supervisord's whole tree, at start and at its peak) and the disk it added
-(bytes under the site's var dir). `--attacks` runs only issue 22's attacks (about 5 minutes here).
+(bytes under the site's var dir). `--attacks` runs only issue 22's attacks (about 3-4 minutes here).
 """
 
 from __future__ import annotations
@@ -1284,7 +1284,7 @@ def main() -> int:
     parser.add_argument("--slow-clients", type=int, nargs="+", default=[2, 10])
     parser.add_argument("--postgres", default=os.environ.get("DATABASE_URL_POSTGRES"), help="postgres:// URL")
     parser.add_argument("--only", nargs="*", choices=SCENARIOS + OFF_SITE)
-    parser.add_argument("--attacks", action="store_true", help="only issue 22's attacks (SQLite; about 5 minutes)")
+    parser.add_argument("--attacks", action="store_true", help="only issue 22's attacks (SQLite; about 3-4 minutes)")
     parser.add_argument("--before", default="8c2d8f6", help="attack-figures: the revision measured as before")
     parser.add_argument("--skip-sqlite", action="store_true")
     parser.add_argument("--pg-restart-uploads", type=int, default=12, help="0 skips the PostgreSQL restart run")
