@@ -59,6 +59,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            text = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        return f"{pid} {text[:100]}"
+    except OSError:
+        return f"{pid} (gone)"
+
+
 def _tree(pid: int) -> set[int]:
     """``pid``'s descendants (from /proc: ppid links)."""
     children: dict[int, list[int]] = {}
@@ -86,6 +95,8 @@ class RunSh:
     def __init__(self, var: Path, port: int, env: dict[str, str]) -> None:
         self.var, self.port, self.env = var, port, env
         self.log = var / f"run-{time.monotonic_ns()}.out"
+        worker_log = var / "log" / "worker.log"
+        self.worker_log_from = worker_log.stat().st_size if worker_log.exists() else 0  # appended across runs
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 ["bash", str(ROOT / "scripts" / "run.sh")],
@@ -113,13 +124,23 @@ class RunSh:
             pids[program] = int(done.stdout.strip()) if done.stdout.strip().isdigit() else 0
         return pids
 
+    def worker_ready(self) -> bool:
+        """The Celery worker of this start logged "ready." (a worker killed while it boots ignores
+        SIGTERM until then, and run.sh's reap then waits its 10 s before SIGKILL)."""
+        try:
+            with (self.var / "log" / "worker.log").open("rb") as fh:
+                fh.seek(self.worker_log_from)
+                return b" ready." in fh.read()
+        except OSError:
+            return False
+
     def wait_serving(self, timeout: float) -> float:
-        """Seconds until every program runs and gunicorn answers HTTP on the port."""
+        """Seconds until every program runs, gunicorn answers on the port and the worker is ready."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             if self.proc.poll() is not None:
                 raise AssertionError(f"run.sh exited {self.proc.returncode}: {self.output()[-2000:]}")
-            if _port_open(self.port) and all(self.program_pids().values()):
+            if _port_open(self.port) and all(self.program_pids().values()) and self.worker_ready():
                 return time.monotonic() - started
             time.sleep(0.2)
         raise AssertionError(f"not serving after {timeout} s: {self.output()[-2000:]}")
@@ -154,7 +175,11 @@ def supervisord_kill9_cycle(var: Path | None = None, port: int | None = None) ->
     """The three starts of the module's docstring; their figures (seconds, pids, the refusal)."""
     var = var or Path(tempfile.mkdtemp(prefix="oomscope-runsh-"))
     port = port or _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "OOMSCOPE_RUN_VAR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "DATABASE_URL", "OOMSCOPE_RUN_VAR", "OOMSCOPE_RUN_ID")
+    }
     env.update(
         VAR_DIR=str(var),
         PORT=str(port),
@@ -181,6 +206,7 @@ def supervisord_kill9_cycle(var: Path | None = None, port: int | None = None) ->
         figures["left_after_kill"] = sorted(left)
         figures["port_free_after_kill"] = not _port_open(port)
         figures["reap_message"] = "supervisord is gone; stopping what it left" in first.output()
+        figures["reap_needed_sigkill"] = "still running 10 s after SIGTERM" in first.output()
 
         second = RunSh(var, port, env)
         runs.append(second)
@@ -201,14 +227,18 @@ def supervisord_kill9_cycle(var: Path | None = None, port: int | None = None) ->
         third.proc.wait(timeout=60)
         said = third.output()
         figures["third_exit"] = third.proc.returncode
-        command = re.search(r"stop them first:\s+kill ([\d ]+)", said)
-        named = {int(p) for p in command.group(1).split()} if command else set()
+        listed = re.search(r"are still running: ([\d ]+)", said)
+        named = {int(p) for p in listed.group(1).split()} if listed else set()
+        command = re.search(r"stop them first[^:]*:\s+(.+)$", said, re.MULTILINE)
         figures["refusal"] = said.strip().splitlines()[-1] if said.strip() else ""
         figures["refusal_names_every_orphan"] = bool(orphans) and orphans <= named
-        if named:
-            subprocess.run(["kill", *map(str, sorted(named))], check=False)
+        started = time.monotonic()
+        if command:  # the command as printed, run as a user would paste it
+            subprocess.run(["bash", "-c", command.group(1)], cwd=ROOT, env=env, check=False, timeout=60)
+        figures["stop_command_s"] = round(time.monotonic() - started, 1)
         stop_s, left = _wait_gone(orphans | named, 30)
         figures["orphans_gone_after_kill_command_s"] = round(stop_s, 1) if not left else None
+        figures["left_after_kill_command"] = [_cmdline(p) for p in sorted(left)]
     finally:
         for run in runs:
             run.stop()
@@ -230,12 +260,16 @@ def test_kill9_of_supervisord_takes_the_tree_down_and_orphans_block_the_next_sta
     assert figures["first_tree"] >= 4  # supervisord, redis, the worker (and its pool), gunicorn (and its worker)
     assert figures["left_after_kill"] == [] and figures["tree_gone_after_kill_s"] is not None
     assert figures["reap_message"] and figures["port_free_after_kill"]
+    # Every program stopped on SIGTERM; the reap did not wait out its 10 s for its own helpers
+    # (before: they carried the run id and were counted as left, so it always did: 10.9-12.4 s).
+    assert not figures["reap_needed_sigkill"] and figures["run_sh_exit_after_kill_s"] < 10
     # A second start on the same var dir and port works.
     assert figures["second_programs_running"]
-    # Orphans of a run whose run.sh died too: a third start refuses, naming every one of them in
-    # the kill command it prints, and that command stops them.
+    # Orphans of a run whose run.sh died too: a third start refuses, naming every one of them (the
+    # Celery pool and beat, gunicorn's workers included), and the command it prints stops them all
+    # (before: `kill <pids>` named neither pool nor beat, and a worker killed with its Redis hung).
     assert figures["orphans"] >= 3 and figures["orphans_still_serving"]
     assert figures["third_exit"] == 1
-    assert figures["refusal"].startswith("stop them first:  kill ")
+    assert figures["refusal"].endswith(f"VAR_DIR={tmp_path / 'var'} bash scripts/run.sh --stop")
     assert figures["refusal_names_every_orphan"]
     assert figures["orphans_gone_after_kill_command_s"] is not None
