@@ -171,10 +171,8 @@ def _wait_gone(pids: set[int], timeout: float) -> tuple[float, set[int]]:
     return time.monotonic() - started, {p for p in pids if _alive(p)}
 
 
-def supervisord_kill9_cycle(var: Path | None = None, port: int | None = None) -> dict[str, Any]:
-    """The three starts of the module's docstring; their figures (seconds, pids, the refusal)."""
-    var = var or Path(tempfile.mkdtemp(prefix="oomscope-runsh-"))
-    port = port or _free_port()
+def _run_env(var: Path, port: int) -> dict[str, str]:
+    """run.sh's environment on ``var`` and ``port`` (SQLite, migrated; its own Redis)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -189,6 +187,14 @@ def supervisord_kill9_cycle(var: Path | None = None, port: int | None = None) ->
         DJANGO_SETTINGS_MODULE="webapp.settings",
     )
     subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
+    return env
+
+
+def supervisord_kill9_cycle(var: Path | None = None, port: int | None = None) -> dict[str, Any]:
+    """The three starts of the module's docstring; their figures (seconds, pids, the refusal)."""
+    var = var or Path(tempfile.mkdtemp(prefix="oomscope-runsh-"))
+    port = port or _free_port()
+    env = _run_env(var, port)
     figures: dict[str, Any] = {"port": port}
     runs: list[RunSh] = []
     try:
@@ -273,3 +279,29 @@ def test_kill9_of_supervisord_takes_the_tree_down_and_orphans_block_the_next_sta
     assert figures["refusal"].endswith(f"VAR_DIR={tmp_path / 'var'} bash scripts/run.sh --stop")
     assert figures["refusal_names_every_orphan"]
     assert figures["orphans_gone_after_kill_command_s"] is not None
+
+
+def test_kill9_of_the_worker_leaves_no_beat_behind(tmp_path: Path) -> None:
+    """SIGKILL of the Celery main process (kill-main; the kernel's OOM killer): its embedded beat
+    goes with it (before: it ran on beside the restarted worker's beat, invisible to run.sh)."""
+    var, port = tmp_path / "var", _free_port()
+    run = RunSh(var.mkdir() or var, port, _run_env(var, port))
+    try:
+        run.wait_serving(90)
+        main = run.program_pids()["worker"]
+        beats = [p for p in _tree(main) if "celery beat" in _cmdline(p)]
+        assert len(beats) == 1, [_cmdline(p) for p in _tree(main)]
+        os.kill(main, signal.SIGKILL)
+        gone_s, left = _wait_gone(set(beats), 15)
+        assert not left, f"the beat of the killed worker still runs: {_cmdline(beats[0])}"
+        # supervisord restarts the worker, with a beat of its own: one beat in the tree again.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = [p for p in _tree(run.proc.pid) if _alive(p) and "celery beat" in _cmdline(p)]
+            if now and run.program_pids()["worker"] not in (0, main):
+                break
+            time.sleep(0.2)
+        assert len(now) == 1 and now != beats
+        print(f"beat gone {gone_s:.1f} s after kill -9 of its worker")
+    finally:
+        run.stop()
