@@ -71,12 +71,13 @@ class AnalysisCost:
     refusal: tuple[str, str] | None = None  # (code, detail): a shape the analysis would refuse
 
     def check(self) -> AnalysisCost:
-        """``self``, or ``limits.LimitExceeded`` (422, the reader's code) for a refused shape."""
+        """``self``, or ``intake.IntakeError`` (422, the reader's code) for a refused shape."""
         if self.refusal is not None:
-            from webapp.snapshots import limits, messages
+            from webapp.snapshots import messages
+            from webapp.snapshots.intake import IntakeError  # intake imports this module
 
             code, detail = self.refusal
-            raise limits.LimitExceeded(422, code, messages.error_message(code, detail))
+            raise IntakeError(422, code, messages.error_message(code, detail))
         return self
 
 
