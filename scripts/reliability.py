@@ -1094,7 +1094,7 @@ def supervisord_kill9(_site: Site) -> dict[str, Any]:
     figures = supervisord_kill9_cycle(ROOT / "var" / "reliability" / "kill9")
     figures["pass"] = (
         not figures["left_after_kill"]
-        and not figures["reap_needed_sigkill"]
+        and not figures["sigkilled_outside_the_tree"]
         and figures["second_programs_running"]
         and figures["third_exit"] == 1
         and figures["refusal_names_every_orphan"]
