@@ -51,8 +51,10 @@ bench: install ## reader/analysis benchmark on ../shared/snapshots/huge_all_stac
 	$(PY) scripts/bench.py
 
 RELIABILITY_PG ?= postgres://postgres@127.0.0.1:5432/harden_rel
-reliability: static ## load and fault runs against real sites (SQLite, then $(RELIABILITY_PG)) + the long reader fuzz; minutes
-	$(PY) scripts/reliability.py --postgres "$(RELIABILITY_PG)"
+# RELIABILITY_ARGS=--attacks: only issue 22's attacks (3-4 min); --only NAME...: some scenarios.
+# No PostgreSQL at $(RELIABILITY_PG): that run says so and is skipped.
+reliability: static ## load, fault and attack runs against real sites (SQLite, then $(RELIABILITY_PG)) + the long reader fuzz; minutes
+	$(PY) scripts/reliability.py --postgres "$(RELIABILITY_PG)" $(RELIABILITY_ARGS)
 	OOMSCOPE_FUZZ_SECONDS=$${OOMSCOPE_FUZZ_SECONDS:-300} $(PY) -m pytest tests/webapp/test_hardening_fuzz.py -q -p no:cacheprovider
 
 diffbench: install ## the allocator model against real runs (tests/fixtures/captures and tests/fixtures): table and totals

@@ -1,9 +1,10 @@
 # ruff: noqa: S603, S607 - fixed argv (this interpreter, git, tar), never user input
 """Issue 22's attacks, measured in process: each one on the code as it is, and where asked on the
-code as it was (``--before REV``: that revision's ``analysis/reader.py`` and ``analysis/limits.py``,
-read with ``git show``). Short and bounded (each case a few seconds at most; ``--quick`` shrinks
-them); one JSON line per case. The live-site runs (``make run`` under kill -9) are in
-``scripts/reliability.py`` and ``docs/reliability.md``.
+code as it was (``--before REV``: that revision's ``analysis/`` and ``webapp/`` (for its charts),
+extracted with ``git archive``). Short and bounded (each case a few seconds at most, but the
+"before" charts of many devices: 300 took 105 s; ``--devices`` and ``--quick`` shrink them); one
+JSON line per case. ``scripts/reliability.py`` (``make reliability``) runs this script twice (after,
+and before on 8c2d8f6) beside its live-site attacks; ``docs/reliability.md`` has the figures.
 
     .venv/bin/python scripts/attack_figures.py                 # after
     .venv/bin/python scripts/attack_figures.py --before 8c2d8f6  # before, where the old code still runs
@@ -36,9 +37,12 @@ PREFIX = (
 
 
 def _old_tree(rev: str) -> Path:
-    """``analysis/`` as it was at ``rev``, extracted to a temp folder (nothing else is touched)."""
+    """``analysis/`` and ``webapp/`` as they were at ``rev``, extracted to a temp folder (nothing
+    else is touched): the old charts need the old report's helpers."""
     target = Path(tempfile.mkdtemp(prefix="oomscope-before-"))
-    archive = subprocess.run(["git", "archive", rev, "analysis"], cwd=ROOT, capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", rev, "analysis", "webapp"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
     return target
 
@@ -117,6 +121,7 @@ def many_devices(reader: ModuleType, n: int, *, charts: bool) -> None:
     path = Path(tempfile.mkdtemp()) / "devices.pickle"
     path.write_bytes(data)
     started = time.perf_counter()
+    charts_s = None
     try:
         snap = reader.read_snapshot(data)
         outcome = f"read {len(snap.devices)} devices"
@@ -127,10 +132,18 @@ def many_devices(reader: ModuleType, n: int, *, charts: bool) -> None:
             report = build_report(path)
             t = time.perf_counter()
             built = build_charts(report)
-            outcome += f"; report + charts, charts {time.perf_counter() - t:.1f} s, {len(json.dumps(built)) >> 20} MB"
+            charts_s = round(time.perf_counter() - t, 1)
+            outcome += f"; report + charts ({len(json.dumps(built)) >> 20} MB of chart JSON)"
     except Exception as exc:
-        outcome = getattr(exc, "code", type(exc).__name__)
-    emit("many-devices", devices=n, bytes=len(data), seconds=round(time.perf_counter() - started, 2), outcome=outcome)
+        outcome = getattr(exc, "code", None) or f"{type(exc).__name__}: {exc}"[:200]
+    emit(
+        "many-devices",
+        devices=n,
+        bytes=len(data),
+        seconds=round(time.perf_counter() - started, 2),
+        charts_s=charts_s,
+        outcome=outcome,
+    )
 
 
 def hostile_values() -> None:
@@ -170,6 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", metavar="REV", help="measure that revision's reader and message parser")
     parser.add_argument("--quick", action="store_true", help="smaller cases")
+    parser.add_argument("--devices", type=int, help="many-devices: this many (default: before 300, after 3000)")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -182,12 +196,12 @@ def main() -> None:
     if args.before:
         oom_message(analysis.limits, [8192, 16384] if not args.quick else [4096])
         gzip_members(analysis.reader, [10_000, 40_000, 80_000] if not args.quick else [10_000])
-        many_devices(analysis.reader, 300 if not args.quick else 100, charts=True)
+        many_devices(analysis.reader, args.devices or (300 if not args.quick else 100), charts=True)
         share_link_backfill(30_000 if args.quick else 300_000)
     else:
         oom_message(analysis.limits, [8192, 16384, 32768, 65536])
         gzip_members(analysis.reader, [40_000, 400_000])
-        many_devices(analysis.reader, 3000, charts=False)
+        many_devices(analysis.reader, args.devices or 3000, charts=False)
     hostile_values()
 
 

@@ -5,7 +5,8 @@
 # Every process started here carries OOMSCOPE_RUN_VAR (this var dir) and OOMSCOPE_RUN_ID (this
 # run) in its environment: a start refuses to run beside processes of an earlier run on the same
 # var dir (supervisord killed with -9 leaves its children serving), and when supervisord exits,
-# however it exits, this script stops whatever of its tree is left.
+# however it exits, this script stops whatever of its tree is left. `scripts/run.sh --stop` stops
+# an earlier run's orphans (VAR_DIR names the var dir), which the refusal prints.
 # Logs: var/log/{redis,worker,web}.log, appended across restarts and rotated at 50 MB (5 kept);
 # var/log/supervisord.log says what was started and restarted. Follow one with
 #   .venv/bin/supervisorctl -c var/run/supervisord.conf tail -f worker
@@ -23,29 +24,90 @@ CONF="$VAR/run/supervisord.conf"
 # holds NAME=VALUE, or whose command line names "$VAR/run/" (redis' socket, beat's schedule,
 # supervisord's config, gunicorn's --name). Both: redis, celery and gunicorn rewrite their process
 # titles over the memory that /proc shows as the environment, so their marker cannot be read back.
+# Their descendants are included; this script's own are left out: its helpers (this python, the
+# `tr` beside it) carry the run id too, and counted as left they kept the reap below waiting its
+# full 10 s, then sent SIGKILL to pids already gone. Supervisord is gone when the reap asks, so its
+# programs (reparented) are no descendants of this script then; at the start there are none.
 tagged() {
   "$PY" - "$1" "$2" "$$" "$VAR/run/" <<'PYEOF'
 import os, sys
 name, value, mine, folder = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].encode()
-me = {os.getpid(), os.getppid(), mine}
 want = f"{name}={value}".encode()
-for pid in filter(str.isdigit, os.listdir("/proc")):
+found, children = [], {}
+for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
     try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = fh.read().split(b"\0")
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
-    except OSError:
+    except (OSError, IndexError, ValueError):
         continue
-    if (want in env or folder in cmdline) and int(pid) not in me:
-        print(pid)
+    children.setdefault(ppid, []).append(pid)
+    if want in env or folder in cmdline:
+        found.append(pid)
+def descendants(roots):
+    seen, todo = set(roots), list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return seen
+own = descendants([mine, os.getpid()])
+# With their children: Celery's pool processes and beat, gunicorn's workers (their titles and
+# environments rewritten, nothing marks them). Named or not, a celery worker left without its
+# beat's stop went on running after `kill` (tests/test_run_supervisor.py).
+print("\n".join(str(pid) for pid in sorted(descendants([p for p in found if p not in own]) - own)))
 PYEOF
 }
 
+running() {  # the pid exists and is no zombie
+  local state
+  state="$(sed -E 's/.*\) (.).*/\1/' "/proc/$1/stat" 2>/dev/null)" || return 1
+  [[ -n $state && $state != Z ]]
+}
+
+# SIGTERM to the given pids, then SIGKILL to what is left 10 s later.
+term_wait() {
+  local alive pid
+  [[ $# -gt 0 ]] || return 0
+  kill -TERM "$@" 2>/dev/null || true
+  for _ in $(seq 20); do
+    alive=""
+    for pid in "$@"; do running "$pid" && alive+=" $pid"; done
+    [[ -z $alive ]] && return 0
+    sleep 0.5
+  done
+  echo "make run: still running 10 s after SIGTERM; SIGKILL:$alive" >&2
+  kill -KILL $alive 2>/dev/null || true
+}
+
+# Stop a run's processes, Redis last: a Celery worker whose broker goes away with it hangs in its
+# shutdown, retrying the broker (tests/test_run_supervisor.py saw it outlive a `kill` of all at once).
+stop_pids() {
+  local redis="" rest="" pid
+  for pid in "$@"; do
+    if grep -qa redis-server "/proc/$pid/cmdline" 2>/dev/null; then redis+=" $pid"; else rest+=" $pid"; fi
+  done
+  term_wait $rest
+  term_wait $redis
+}
+
 orphans="$(tagged OOMSCOPE_RUN_VAR "$VAR" | tr '\n' ' ')"
+if [[ ${1:-} == --stop ]]; then  # what the refusal below tells to run
+  if [[ -n "${orphans// /}" ]]; then
+    echo "make run: stopping the processes of an earlier run on $VAR: $orphans" >&2
+    stop_pids $orphans
+  else
+    echo "make run: nothing of a run on $VAR is running" >&2
+  fi
+  exit 0
+fi
 if [[ -n "${orphans// /}" ]]; then
   echo "make run: processes of an earlier run on $VAR are still running: $orphans" >&2
-  echo "stop them first:  kill $orphans" >&2
+  echo "stop them first (SIGTERM, Redis last; SIGKILL 10 s later):  VAR_DIR=$VAR bash scripts/run.sh --stop" >&2
   exit 1
 fi
 if "$PY" -c "import socket,sys; s=socket.socket(); s.settimeout(0.5); sys.exit(0 if s.connect_ex(('127.0.0.1', $PORT)) == 0 else 1)"; then
@@ -137,7 +199,8 @@ echo "oomscope on http://127.0.0.1:$PORT  (sign up at /accounts/signup/; Ctrl-C 
 echo "logs in var/log/; status: .venv/bin/supervisorctl -c $CONF status"
 # Not exec'd: this script outlives supervisord, so that when it exits (Ctrl-C, a crash, kill -9)
 # nothing it started keeps serving. Its programs lead process groups of their own, so they are
-# found by the run id in their environment, sent SIGTERM, and SIGKILL 10 s later.
+# found by the run id in their environment (with their children), sent SIGTERM, Redis last, and
+# SIGKILL 10 s later (stop_pids).
 reap() {
   trap - EXIT INT TERM
   if kill -0 "$SUPERVISORD" 2>/dev/null; then
@@ -147,13 +210,7 @@ reap() {
   left="$(tagged OOMSCOPE_RUN_ID "$OOMSCOPE_RUN_ID" | tr '\n' ' ')"
   if [[ -n "${left// /}" ]]; then
     echo "make run: supervisord is gone; stopping what it left: $left" >&2
-    kill -TERM $left 2>/dev/null || true
-    for _ in $(seq 20); do
-      left="$(tagged OOMSCOPE_RUN_ID "$OOMSCOPE_RUN_ID" | tr '\n' ' ')"
-      [[ -z "${left// /}" ]] && break
-      sleep 0.5
-    done
-    [[ -n "${left// /}" ]] && kill -KILL $left 2>/dev/null || true
+    stop_pids $left
   fi
 }
 "$PWD/.venv/bin/supervisord" -c "$CONF" &

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.signals import beat_embedded_init
 
 from webapp.snapshots.broker import patch_kombu_redis_closed_transport
 
@@ -47,3 +48,26 @@ class PoolReaper(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(PoolReaper)
+
+
+@beat_embedded_init.connect
+def beat_dies_with_its_worker(**_kwargs: Any) -> None:
+    """The beat of ``worker -B`` runs in a child process of the worker's main process, which Celery
+    gives no parent-death signal (its pool processes have one). A SIGKILL of the main process (issue
+    22's kill -9, the kernel's OOM killer) left that beat running beside the restarted worker's own:
+    two beats, every periodic task sent twice, and a beat no ``make run`` stop or start could see
+    (its title and environment rewritten). ``PR_SET_PDEATHSIG`` has the kernel send it SIGKILL when
+    its parent dies: the beat process ignores SIGTERM (``SigIgn`` in /proc), and what SIGKILL loses
+    (a last write of its schedule file) at worst sends one periodic task again."""
+    import ctypes
+    import ctypes.util
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: nothing to ask for
+        return
+    if os.getppid() != parent:  # the parent died before the request
+        os.kill(os.getpid(), signal.SIGKILL)

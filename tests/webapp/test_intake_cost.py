@@ -94,3 +94,126 @@ def test_a_team_queues_up_to_its_cost_limit_then_waits(client: Any, alice_token:
     # One analysis ends: its cost leaves the queue and the next upload is taken.
     Upload.objects.filter(code=first.json()["id"]).update(status=Upload.Status.DONE)
     assert post(client, alice_token, "c.pickle.gz", data).status_code == 202
+
+
+# --- the structure the estimate sees (issue 22: many devices, many gzip members) ------------------
+
+
+def _reader_devices(data: bytes) -> int:
+    from analysis.reader import ReadLimits, read_snapshot
+
+    return len(read_snapshot(data, limits=ReadLimits(max_devices=10**6, max_gzip_members=10**7)).devices)
+
+
+@pytest.mark.parametrize(
+    "name", ["two_gpu_pipeline.pickle.gz", "state_only.pickle.gz", "frag_oom.pickle.gz", "big_all_stacks.pickle.gz"]
+)
+def test_the_scan_counts_devices_as_the_reader_does(name: str) -> None:
+    from webapp.snapshots.cost import DEVICE_COST_BYTES
+
+    data = (FIXTURES / name).read_bytes()
+    cost = estimate_cost(_sized(data))
+    devices = _reader_devices(data)
+    assert cost.devices == devices and cost.gzip_members == 1 and cost.refusal is None
+    # Each device past the first costs DEVICE_COST_BYTES more than the bytes to parse.
+    assert cost.cost_bytes == len(gzip.decompress(data)) + DEVICE_COST_BYTES * (devices - 1)
+
+
+def test_concatenated_members_cost_all_their_content_not_the_last_isize() -> None:
+    raw = gzip.decompress((FIXTURES / "frag_oom.pickle.gz").read_bytes())
+    # The snapshot split over three members: the trailer declares only the last one's 1,000 bytes.
+    data = gzip.compress(raw[:5000]) + gzip.compress(raw[5000:-1000]) + gzip.compress(raw[-1000:])
+    cost = estimate_cost(_sized(data))
+    assert cost.declared_bytes == 1000 and cost.gzip_members == 3
+    assert cost.cost_bytes == len(raw)
+
+
+def _many_devices(n: int, *, by: str) -> bytes:
+    """``n`` devices, one segment each (the issue's 22 KB file) or ``n`` empty traces."""
+    import pickle
+
+    from tests.analysis.hostile_cases import snapshot_dict
+
+    snap = snapshot_dict(0)
+    if by == "segments":
+        snap["segments"] = [dict(snap["segments"][0], device=d) for d in range(n)]
+        snap["device_traces"] = []
+    else:
+        snap["device_traces"] = [[] for _ in range(n)]
+    return pickle.dumps(snap, protocol=4)
+
+
+@pytest.mark.parametrize("by", ["segments", "traces"])
+def test_more_devices_than_the_reader_reads_are_refused_at_intake(
+    client: Any, alice_token: str, monkeypatch: pytest.MonkeyPatch, by: str
+) -> None:
+    import pickle
+    import time
+
+    import analysis.reader
+    from analysis.reader import ReadLimits
+
+    most = ReadLimits().max_devices
+
+    # The web process walks the pickle's opcodes; it never unpickles the upload, nor reads it as a snapshot.
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the web process unpickled an upload")
+
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    monkeypatch.setattr(analysis.reader, "read_snapshot", refuse)
+    assert post(client, alice_token, "at-limit.pickle", _many_devices(most, by=by)).status_code == 202
+    started = time.monotonic()
+    refused = post(client, alice_token, "3000.pickle", _many_devices(3000, by=by))
+    took = time.monotonic() - started
+    assert refused.status_code == 422 and error_of(refused) == "snapshot:limit:devices"
+    assert f"at most {most} are read" in refused.json()["error"]["message"]
+    assert Upload.objects.count() == 1  # only the one at the limit
+    assert took < 5, f"{took:.1f} s"  # before: 221 s of the shared queue (3,000 devices)
+    monkeypatch.undo()
+    assert _reader_devices(_many_devices(3000, by=by)) == 3000  # what the scan counted is what is there
+
+
+def test_many_gzip_members_are_refused_at_intake(client: Any, alice_token: str) -> None:
+    """The issue's 8 MB file: 400,000 empty gzip members, then a snapshot (about 150 s of the queue
+    before). Refused before it is stored; a file at the member limit is taken."""
+    import pickle
+
+    from analysis.reader import ReadLimits
+    from tests.analysis.hostile_cases import snapshot_dict
+
+    body = gzip.compress(pickle.dumps(snapshot_dict(10), protocol=4))
+    most = ReadLimits().max_gzip_members
+    at_limit = gzip.compress(b"", 1) * (most - 1) + body
+    assert estimate_cost(_sized(at_limit)).gzip_members == most
+    assert post(client, alice_token, "members-ok.pickle.gz", at_limit).status_code == 202
+    refused = post(client, alice_token, "members.pickle.gz", gzip.compress(b"", 1) * 400_000 + body)
+    assert refused.status_code == 422 and error_of(refused) == "snapshot:limit:gzip-members"
+    assert Upload.objects.count() == 1
+
+
+def test_the_scan_is_bounded_whatever_the_file() -> None:
+    """A large plain pickle and a 100:1 gzip: the scan reads a fixed head, not the file."""
+    import time
+
+    from webapp.snapshots import cost as cost_module
+
+    raw = gzip.decompress((FIXTURES / "big_all_stacks.pickle.gz").read_bytes())  # 30 MB of pickle
+    started = time.process_time()
+    plain = estimate_cost(_sized(raw))
+    took = time.process_time() - started
+    assert not plain.scan_complete and plain.devices == 1 and plain.cost_bytes == len(raw)
+    assert took < 1.0, f"{took:.2f} s of CPU"  # about 0.06 s here; reading the file would take seconds
+
+    class Counted(io.BytesIO):
+        read_bytes = 0
+
+        def read(self, n: int | None = -1) -> bytes:
+            out = super().read(n)
+            Counted.read_bytes += len(out)
+            return out
+
+    counted = Counted(raw)
+    counted.size = len(raw)  # type: ignore[attr-defined]
+    estimate_cost(counted)
+    assert Counted.read_bytes <= cost_module.SCAN_OUTPUT_BYTES + 8
