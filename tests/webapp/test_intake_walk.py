@@ -34,7 +34,7 @@ API_WALK = [
     ("intake", "runarchive", ("is_archive",)),  # a run's ranks in one tar or zip?
     ("intake", "uploads", ("sniff",)),  # else the head must be a snapshot
     ("intake", "forms", ("upload_fields", "run_meta")),  # the validated text fields
-    ("intake", "cost", ("estimate_cost",)),  # the analysis cost, from the bytes, once
+    ("intake", "cost", ("estimate_cost", "check")),  # the analysis cost from the bytes and their shape, once
     ("api", "services", ("upload_admit", "upload_api_dict")),  # the project, then the row; the answer
     ("services", "quota", ("check_team_queued_cost", "check_team_quota")),  # each once
     ("services", "runs", ("run_attach",)),
