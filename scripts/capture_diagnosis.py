@@ -498,6 +498,12 @@ def accum_varlen(torch, seed=0, steps=16, micro=4, batch=4, seq=(128, 1024), **_
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    accum_train(torch, model, opt, seed=seed, steps=steps, micro=micro, batch=batch, seq=seq)
+
+
+def accum_train(torch, model, opt, *, seed, steps, micro, batch, seq):
+    """Optimizer steps of ``micro`` micro-batches of random length each (bf16 autocast, the loss over the
+    micro-batches), one workload-log row per optimizer step with the lengths."""
     g = torch.Generator().manual_seed(seed)
     for step in range(steps):
         STATE["step"] = step

@@ -32,13 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capture_diff
-from capture_diff import STATE, _pick, _row, gpt2_generate, spec, unet
+from capture_diagnosis import accum_train
+from capture_diff import STATE, gpt2_generate, spec, unet
 
 GIB = 1 << 30
-
-
-def phase(name: str) -> None:
-    STATE["phase"] = name
 
 
 def shared_gpt(torch, **kw):
@@ -69,24 +66,7 @@ def lora_accum(torch, seed=0, steps=12, micro=4, batch=4, seq=(128, 1024), rank=
                       target_modules=["c_attn", "c_proj", "c_fc"])  # fmt: skip
     model = get_peft_model(base, lora).cuda()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    g = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        STATE["step"] = step
-        lens = []
-        for _m in range(micro):
-            t = _pick(g, seq[0], seq[1], torch)
-            lens.append(t)
-            idx = torch.randint(0, 50257, (batch, t), generator=g).cuda()
-            phase("forward")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=idx, labels=idx).loss / micro
-            phase("backward")
-            loss.backward()
-            del idx, loss
-        phase("optimizer")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _row(torch, step, micro_lens=lens)
+    accum_train(torch, model, opt, seed=seed, steps=steps, micro=micro, batch=batch, seq=seq)
 
 
 WORKLOADS = {"shared_gpt": shared_gpt, "unet": unet, "lora_accum": lora_accum, "gpt2_generate": gpt2_generate}
