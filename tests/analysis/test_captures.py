@@ -91,11 +91,15 @@ def _known(names: list[str], failing: set[str]) -> list[Any]:
     return [pytest.param(n, marks=mark) if n in failing else n for n in names]
 
 
-@pytest.mark.parametrize("name", _known(NAMES, LAYOUT))
+# Captures whose ring buffer wrapped (issue 23's generate() servers): a partial trace is never
+# called exact, and is checked for what it can show instead.
+WRAPPED = [n for n in NAMES if not truth(n).get("trace_complete", True)]
+COMPLETE = [n for n in NAMES if n not in WRAPPED]
+
+
+@pytest.mark.parametrize("name", _known(COMPLETE, LAYOUT))
 def test_capture_replays_exactly(name: str) -> None:
     t = truth(name)
-    if not t.get("trace_complete", True):
-        pytest.skip("the ring buffer wrapped: a partial trace is never called exact")
     s = snap(name)
     dev = s.devices[0]
     result = replay_check(s, dev)
@@ -105,6 +109,21 @@ def test_capture_replays_exactly(name: str) -> None:
     cfg = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
     _r, layout = simulate_layout(s, dev, cfg, result["limit_bytes"])
     assert same_layout(layout, recorded_layout(dev))
+
+
+@pytest.mark.parametrize("name", WRAPPED)
+def test_a_wrapped_capture_is_never_called_exact_yet_replays_what_it_holds(name: str) -> None:
+    s = snap(name)
+    result = replay_check(s, s.devices[0])
+    assert not result["exact"] and not result["trace_complete"]
+    assert 0 < result["segment_events_reproduced"] <= result["segment_events_recorded"]
+    if "expandable" not in name:
+        # Whole segments: every recorded segment event reproduced, and the end state is the process's.
+        assert result["segment_events_reproduced"] == result["segment_events_recorded"]
+        assert result["final_reserved_bytes"] == truth(name)["memory_stats"]["reserved_bytes.all.current"]
+    # Under expandable segments the pages mapped before the wrap are not all known: the replay of the
+    # partial trace ends below the real reserved (gen4l_c20: 0.88 GB against 1.20 GB), which is why a
+    # partial trace is never called exact (docs/allocator.md).
 
 
 @pytest.mark.parametrize("name", sorted(GC_FITTED))
