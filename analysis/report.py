@@ -38,7 +38,7 @@ from analysis.allocator import (
     trace_is_complete,
     whatif,
 )
-from analysis.allocator.config import setting_of, whatif_candidates
+from analysis.allocator.config import setting_named, setting_of, whatif_candidates
 from analysis.categories import (
     ACTIVATIONS,
     CATEGORIES,
@@ -828,23 +828,26 @@ def _gc_without_cap(recorded: AllocatorConfig) -> tuple[str, str]:
 
 
 def _collect_whatifs(planned: list[_Planned]) -> _WhatIfs:
-    """Contract ``whatif`` items (the best ``max_split_size_mb`` with the others as ``tried``,
-    then the user's), and the same typed for the advisor."""
+    """Contract ``whatif`` items (of a setting the table tries at several values, such as
+    ``max_split_size_mb``, the best with the others as ``tried``; then the user's), and the same
+    typed for the advisor."""
     items: list[dict[str, Any]] = []
-    tried_split: list[dict[str, Any]] = []
+    tried: dict[str, list[dict[str, Any]]] = {}
     user_items: list[dict[str, Any]] = []
     for p in planned:
         result = p.pending.result()
         # Without any limit the model never has to flush its cache, so a
         # setting that fragments can reserve more than a real GPU holds.
         item = {**result, "unbounded": result.get("limit_bytes") is None, "origin": p.origin, "setting": p.setting}
+        row = setting_named(p.setting)
         if p.origin == "user":
             user_items.append(item)
+        elif row is not None and len(row.whatifs) > 1:
+            tried.setdefault(p.setting, []).append(item)
         else:
-            (tried_split if p.setting == "max_split_size_mb" else items).append(item)
-    if tried_split:
-        # Several max_split_size_mb values are tried; the best one is listed.
-        best = min(tried_split, key=_whatif_rank)
+            items.append(item)
+    for values in tried.values():
+        best = min(values, key=_whatif_rank)
         best["tried"] = [
             {
                 "config": t["config"],
@@ -852,7 +855,7 @@ def _collect_whatifs(planned: list[_Planned]) -> _WhatIfs:
                 "oom_avoided": t["oom_avoided"],
                 "step_completes": t.get("step_completes"),
             }
-            for t in tried_split
+            for t in values
         ]
         items.append(best)
     items += user_items

@@ -118,6 +118,19 @@ def test_the_report_picks_up_a_new_setting_row_and_nothing_else_changes(monkeypa
         assert after.get(key) == before.get(key), key
 
 
+def test_a_row_tried_at_several_values_lists_its_best_with_the_others_as_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The report folds a setting it tries at several values into one item, as it does with
+    # max_split_size_mb: that reads the row (its what-ifs), not the setting's name.
+    many = replace(FAKE, whatifs=(f"{KEY}:True", "expandable_segments:True,max_split_size_mb:256"))
+    monkeypatch.setattr(config, "SETTINGS", (many, *config.SETTINGS))
+    after = _report("gpu_roundup")
+    fake = [w for w in after["whatif"] if w["setting"] == KEY]
+    assert len(fake) == 1
+    assert [t["config"] for t in fake[0]["tried"]] == list(many.whatifs)
+    split = next(w for w in after["whatif"] if w["setting"] == "max_split_size_mb")
+    assert len(split["tried"]) >= 2
+
+
 def test_a_setting_row_without_a_cost_or_with_an_unknown_one_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(TypeError, match="cost"):
         Setting(key=KEY, read=_read_fake, to_conf=_fake_conf, title="t", reason="r")  # type: ignore[call-arg]
