@@ -53,6 +53,19 @@ def _hit(request: Any, group: str, key: str, rate: str) -> int | None:
     return max(1, int(usage["time_left"]))
 
 
+def _limit(request: Any, group: str, key: str, rate: str, code: str, what: str) -> None:
+    """Count one use (``_hit``); ``LimitExceeded`` 429 with ``code`` and a wait when over ``rate``."""
+    wait = _hit(request, group, key, rate)
+    if wait is not None:
+        count, seconds = _split_rate(rate)
+        raise LimitExceeded(
+            429,
+            code,
+            messages.RATE_LIMITED.format(what=what, count=count, seconds=seconds, wait=wait),
+            retry_after=wait,
+        )
+
+
 def check_upload_rate(request: Any, user: Any, token: Any) -> None:
     """Per-token (API) and per-user (API and page) upload rates."""
     # Keys name one token / one account even where database ids are reused (SQLite reuses the
@@ -64,15 +77,7 @@ def check_upload_rate(request: Any, user: Any, token: Any) -> None:
     account = f"user:{user.pk}:{user.date_joined.timestamp():.6f}"
     checks.append(("upload-user", account, settings.UPLOAD_RATE_PER_USER, "upload:rate-limited:user"))
     for group, key, rate, code in checks:
-        wait = _hit(request, group, key, rate)
-        if wait is not None:
-            count, seconds = _split_rate(rate)
-            raise LimitExceeded(
-                429,
-                code,
-                messages.RATE_LIMITED.format(what="uploads", count=count, seconds=seconds, wait=wait),
-                retry_after=wait,
-            )
+        _limit(request, group, key, rate, code, "uploads")
 
 
 def check_replay_rate(request: Any, user: Any) -> None:
@@ -83,15 +88,10 @@ def check_replay_rate(request: Any, user: Any) -> None:
     replays are counted and limited too (issue 22: replays were not counted at all).
     """
     account = f"user:{user.pk}:{user.date_joined.timestamp():.6f}"
-    wait = _hit(request, "upload-replay", account, settings.UPLOAD_REPLAY_RATE_PER_USER)
-    if wait is not None:
-        count, seconds = _split_rate(settings.UPLOAD_REPLAY_RATE_PER_USER)
-        raise LimitExceeded(
-            429,
-            "upload:rate-limited:replay",
-            messages.RATE_LIMITED.format(what="repeated uploads", count=count, seconds=seconds, wait=wait),
-            retry_after=wait,
-        )
+    _limit(
+        request, "upload-replay", account, settings.UPLOAD_REPLAY_RATE_PER_USER,
+        "upload:rate-limited:replay", "repeated uploads",
+    )  # fmt: skip
 
 
 def client_address(request: Any) -> str:
@@ -161,25 +161,12 @@ def check_login_rate(request: Any) -> None:
         else:
             checks.append(("login-user", f"user:{username}", settings.LOGIN_RATE_PER_USERNAME))
     for group, key, rate in checks:
-        wait = _hit(request, group, key, rate)
-        if wait is not None:
-            count, seconds = _split_rate(rate)
-            raise LimitExceeded(
-                429,
-                "login:rate-limited",
-                messages.RATE_LIMITED.format(what="sign-in attempts", count=count, seconds=seconds, wait=wait),
-                retry_after=wait,
-            )
+        _limit(request, group, key, rate, "login:rate-limited", "sign-in attempts")
 
 
 def check_signup_rate(request: Any) -> None:
     """Sign-ups per client address: each account brings a team and its own quota (issue 22)."""
-    wait = _hit(request, "signup-ip", f"ip:{client_address(request)}", settings.SIGNUP_RATE_PER_IP)
-    if wait is not None:
-        count, seconds = _split_rate(settings.SIGNUP_RATE_PER_IP)
-        raise LimitExceeded(
-            429,
-            "signup:rate-limited",
-            messages.RATE_LIMITED.format(what="sign-ups from this address", count=count, seconds=seconds, wait=wait),
-            retry_after=wait,
-        )
+    _limit(
+        request, "signup-ip", f"ip:{client_address(request)}", settings.SIGNUP_RATE_PER_IP,
+        "signup:rate-limited", "sign-ups from this address",
+    )  # fmt: skip
