@@ -3,7 +3,7 @@
  * Each function here is the hot loop of one Python method, written again statement for
  * statement over the *same* Python objects: the model's free lists (sorted lists of packed
  * ``size << sh | addr`` ints and the blocks beside them), its blocks (5-item lists), its dicts
- * keyed by address; the recorded replay's dicts, size counts and output lists. Everything the
+ * keyed by address (the recorded replay keeps its own state in C: see its section). Everything the
  * loop does not inline is a call back into the Python method (misses, flushes, repairs,
  * segment events), so the state stays the Python one and the reference code runs those
  * paths. No number of the allocator's rules is written here: the Python caller passes each
@@ -11,7 +11,7 @@
  * Python loops take them.
  *
  *   policy_run(model, events, ops, raddrs, sizes, lks, params) -> failed   (policy._Model.run)
- *   recorded_run(replayer, p_idx, act, addr, size, params)                 (recorded._Replayer.run)
+ *   recorded_core(act, addr, size, stream, pool, stops, params) -> state  (recorded._Replayer)
  *
  * analysis/allocator/compiled.py decides whether these run; the Python loops stay the reference
  * (tests/analysis/test_replaycore.py compares both on every fixture and on the captures).
@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef __int128 i128;
 
@@ -728,54 +729,17 @@ params_fail:
     return result;
 }
 
-/* ------------------------------------------------------------------ the recorded replay (recorded._Replayer.run) */
+/* ------------------------------------------------------------------ the recorded replay (recorded._Replayer) */
 
-typedef struct {
-    long alloc, free_requested, free_completed, seg_alloc, seg_free, seg_map, seg_unmap, fused;
-    int plain, strict;
-    int64_t min_block, small;
-    i128 over_s, below_s, over_l, below_l;
-    PyObject *round_size, *inconsistent;
-} RecParams;
+/* The recorded replay's whole state lives in C here (a RecCore object owned by the replayer): the
+ * dicts keyed by address are open-addressing maps of int64, the outputs int64 vectors, the block sizes
+ * one int64 array. Every method of recorded._Replayer that moves the state is written again below,
+ * statement for statement, with the same errors (KeyError, IndexError) where the Python one would
+ * raise them; only _issue (counts the problems), _meta_of_event (a pure function of the trace) and, for
+ * roundup_power2_divisions, cfg.round_size are called back. Python dicts iterate in insertion order,
+ * which _free_containing and _used_containing rely on: each entry keeps the number of its insertion. */
 
-static int parse_rec_params(PyObject *d, RecParams *P) {
-    const char *names[] = {"alloc", "free_requested", "free_completed", "seg_alloc", "seg_free", "seg_map",
-                           "seg_unmap", "fused", "plain", "strict", "min_block", "small", "over_s", "below_s",
-                           "over_l", "below_l", "round_size", "inconsistent"};
-    PyObject *v[18];
-    for (int k = 0; k < 18; k++) {
-        v[k] = PyDict_GetItemString(d, names[k]);
-        if (!v[k]) {
-            PyErr_Format(PyExc_KeyError, "recorded_run: parameter %s missing", names[k]);
-            return -1;
-        }
-    }
-    long *codes[] = {&P->alloc, &P->free_requested, &P->free_completed, &P->seg_alloc,
-                     &P->seg_free, &P->seg_map, &P->seg_unmap, &P->fused};
-    for (int k = 0; k < 8; k++) *codes[k] = PyLong_AsLong(v[k]);
-    if (PyErr_Occurred()) return -1;
-    if ((P->plain = PyObject_IsTrue(v[8])) < 0 || (P->strict = PyObject_IsTrue(v[9])) < 0) return -1;
-    if (as_i64(v[10], &P->min_block) < 0 || as_i64(v[11], &P->small) < 0) return -1;
-    if (as_i128(v[12], &P->over_s) < 0 || as_i128(v[13], &P->below_s) < 0 || as_i128(v[14], &P->over_l) < 0 ||
-        as_i128(v[15], &P->below_l) < 0)
-        return -1;
-    if (P->min_block <= 0 || (P->min_block & (P->min_block - 1))) {
-        PyErr_SetString(PyExc_ValueError, "recorded_run: min_block must be a power of two");
-        return -1;
-    }
-    P->round_size = v[16];
-    P->inconsistent = v[17];
-    return 0;
-}
-
-/* raise inconsistent(i, reason) */
-static void raise_inconsistent(const RecParams *P, int64_t i, const char *reason) {
-    PyObject *exc = PyObject_CallFunction(P->inconsistent, "Ls", (long long)i, reason);
-    if (exc) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-    }
-}
+#define MAP_EMPTY INT64_MIN
 
 /* rep._issue(i, kind, reason): raises in strict mode. 0 / -1. */
 static int call_issue(PyObject *rep, int64_t i, const char *kind, const char *reason) {
@@ -785,445 +749,1128 @@ static int call_issue(PyObject *rep, int64_t i, const char *kind, const char *re
     return 0;
 }
 
-/* The loop's state kept in C locals, written back to the replayer around every call into it. */
 typedef struct {
-    PyObject *rep;
-    int64_t tmin, tlimit, cmode;
-} RecState;
+    int64_t *k, *v, *s; /* keys, values, insertion numbers */
+    size_t cap, len;
+    int shift;
+    int64_t seq;
+} Map;
 
-static int sync_out(RecState *S) {
-    return set_attr_i64(S->rep, "tmin", S->tmin) < 0 || set_attr_i64(S->rep, "tlimit", S->tlimit) < 0 ? -1 : 0;
-}
+typedef struct {
+    int64_t *v;
+    size_t len, cap;
+} Vec;
 
-static int sync_in(RecState *S, int with_cmode) {
-    if (get_attr_i64(S->rep, "tmin", &S->tmin) < 0 || get_attr_i64(S->rep, "tlimit", &S->tlimit) < 0) return -1;
-    if (with_cmode && get_attr_i64(S->rep, "cmode", &S->cmode) < 0) return -1;
+static int map_init(Map *m, size_t cap) {
+    m->cap = cap;
+    m->len = 0;
+    m->seq = 0;
+    int bits = 0;
+    while (((size_t)1 << bits) < cap) bits++;
+    m->shift = 64 - bits;
+    m->k = PyMem_Malloc(cap * sizeof(int64_t));
+    m->v = PyMem_Malloc(cap * sizeof(int64_t));
+    m->s = PyMem_Malloc(cap * sizeof(int64_t));
+    if (!m->k || !m->v || !m->s) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t j = 0; j < cap; j++) m->k[j] = MAP_EMPTY;
     return 0;
 }
 
-/* self._retrack(); tmin, tlimit = self.tmin, self.tlimit */
-static int retrack(RecState *S) {
-    PyObject *r = PyObject_CallMethod(S->rep, "_retrack", NULL);
-    if (!r) return -1;
-    Py_DECREF(r);
-    return sync_in(S, 0);
+static void map_free(Map *m) {
+    PyMem_Free(m->k);
+    PyMem_Free(m->v);
+    PyMem_Free(m->s);
+    m->k = m->v = m->s = NULL;
 }
 
-/* c = fcount[size]; if c > 1: fcount[size] = c - 1 else: del fcount[size]; del dist[bisect_left(dist, size)] */
-static int count_down(PyObject *fcount, PyObject *dist, int64_t size, int *emptied) {
-    PyObject *key = PyLong_FromLongLong(size);
-    if (!key) return -1;
-    PyObject *co = PyDict_GetItemWithError(fcount, key);
-    int64_t c;
-    if (!co) {
-        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
-        Py_DECREF(key);
+static inline size_t map_home(const Map *m, int64_t key) {
+    return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> m->shift);
+}
+
+static inline Py_ssize_t map_find(const Map *m, int64_t key) {
+    size_t mask = m->cap - 1, j = map_home(m, key);
+    for (;;) {
+        int64_t x = m->k[j];
+        if (x == key) return (Py_ssize_t)j;
+        if (x == MAP_EMPTY) return -1;
+        j = (j + 1) & mask;
+    }
+}
+
+static inline int map_get(const Map *m, int64_t key, int64_t *out) {
+    Py_ssize_t j = map_find(m, key);
+    if (j < 0) return 0;
+    *out = m->v[j];
+    return 1;
+}
+
+static void map_put_new(Map *m, int64_t key, int64_t val, int64_t seq) {
+    size_t mask = m->cap - 1, j = map_home(m, key);
+    while (m->k[j] != MAP_EMPTY) j = (j + 1) & mask;
+    m->k[j] = key;
+    m->v[j] = val;
+    m->s[j] = seq;
+    m->len++;
+}
+
+static int map_grow(Map *m) {
+    Map old = *m;
+    if (map_init(m, old.cap * 2) < 0) {
+        map_free(m);
+        *m = old;
         return -1;
     }
-    if (as_i64(co, &c) < 0) {
-        Py_DECREF(key);
-        return -1;
+    m->seq = old.seq;
+    for (size_t j = 0; j < old.cap; j++)
+        if (old.k[j] != MAP_EMPTY) map_put_new(m, old.k[j], old.v[j], old.s[j]);
+    map_free(&old);
+    return 0;
+}
+
+/* d[key] = val: an existing key keeps its place in the insertion order, as in a dict. */
+static inline int map_set(Map *m, int64_t key, int64_t val) {
+    Py_ssize_t j = map_find(m, key);
+    if (j >= 0) {
+        m->v[j] = val;
+        return 0;
     }
-    int rc;
-    if (c > 1) {
-        PyObject *nc = PyLong_FromLongLong(c - 1);
-        rc = nc ? PyDict_SetItem(fcount, key, nc) : -1;
-        Py_XDECREF(nc);
-        *emptied = 0;
-    } else {
-        rc = PyDict_DelItem(fcount, key);
-        if (rc == 0) {
-            Py_ssize_t j = bisect_left(dist, key);
-            rc = j < 0 ? -1 : list_del(dist, j);
+    if ((m->len + 1) * 2 > m->cap && map_grow(m) < 0) return -1;
+    map_put_new(m, key, val, m->seq++);
+    return 0;
+}
+
+static inline void map_del_at(Map *m, size_t i) {
+    size_t mask = m->cap - 1, j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (m->k[j] == MAP_EMPTY) break;
+        size_t h = map_home(m, m->k[j]);
+        /* the entry at j stays unless its home lies cyclically outside (i, j] */
+        int stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+        if (!stays) {
+            m->k[i] = m->k[j];
+            m->v[i] = m->v[j];
+            m->s[i] = m->s[j];
+            i = j;
         }
-        *emptied = 1;
     }
-    Py_DECREF(key);
-    return rc;
+    m->k[i] = MAP_EMPTY;
+    m->len--;
 }
 
-/* c = fcount.get(size, 0); if c: fcount[size] = c + 1 else: fcount[size] = 1; insort(dist, size) */
-static int count_up(PyObject *fcount, PyObject *dist, int64_t size, int *added) {
-    PyObject *key = PyLong_FromLongLong(size);
-    if (!key) return -1;
-    PyObject *co = PyDict_GetItemWithError(fcount, key);
-    int64_t c = 0;
-    if (!co && PyErr_Occurred()) {
-        Py_DECREF(key);
-        return -1;
-    }
-    if (co && as_i64(co, &c) < 0) {
-        Py_DECREF(key);
-        return -1;
-    }
-    int rc;
-    if (c) {
-        PyObject *nc = PyLong_FromLongLong(c + 1);
-        rc = nc ? PyDict_SetItem(fcount, key, nc) : -1;
-        Py_XDECREF(nc);
-        *added = 0;
-    } else {
-        PyObject *one = PyLong_FromLong(1);
-        rc = one ? PyDict_SetItem(fcount, key, one) : -1;
-        Py_XDECREF(one);
-        if (rc == 0) rc = insort_right_i64(dist, size);
-        *added = 1;
-    }
-    Py_DECREF(key);
-    return rc;
+/* d.pop(key) -> found */
+static inline int map_pop(Map *m, int64_t key, int64_t *out) {
+    Py_ssize_t j = map_find(m, key);
+    if (j < 0) return 0;
+    if (out) *out = m->v[j];
+    map_del_at(m, (size_t)j);
+    return 1;
 }
 
-/* lf_i.append(i); lf_v.append(dist[-1]) */
-static int record_largest(PyObject *lf_i, PyObject *lf_v, PyObject *dist, int64_t i) {
-    Py_ssize_t nd = PyList_GET_SIZE(dist);
-    if (nd == 0) {
-        PyErr_SetString(PyExc_IndexError, "list index out of range");
-        return -1;
+static void map_clear(Map *m) {
+    for (size_t j = 0; j < m->cap; j++) m->k[j] = MAP_EMPTY;
+    m->len = 0;
+}
+
+static int vec_push(Vec *a, int64_t x) {
+    if (a->len == a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 16;
+        int64_t *v = PyMem_Realloc(a->v, cap * sizeof(int64_t));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        a->v = v;
+        a->cap = cap;
     }
-    if (list_append_i64(lf_i, i) < 0) return -1;
-    return PyList_Append(lf_v, PyList_GET_ITEM(dist, nd - 1));
+    a->v[a->len++] = x;
+    return 0;
 }
 
-static int ns_record(PyObject *ns_i, PyObject *ns_v, int64_t i, int64_t v) {
-    return list_append_i64(ns_i, i) < 0 || list_append_i64(ns_v, v) < 0 ? -1 : 0;
-}
-
-/* seg_size.get(addr) == value */
-static int seg_size_is(PyObject *seg_size, int64_t addr, int64_t value) {
-    PyObject *v = dict_get_i64(seg_size, addr);
-    if (!v) return PyErr_Occurred() ? -1 : 0;
-    int64_t x;
-    if (as_i64(v, &x) < 0) return -1;
-    return x == value;
-}
-
-/* bs[ref] as a value */
-static int bs_get(PyObject *bs, int64_t ref, int64_t *out) {
-    if (ref < 0 || ref >= PyList_GET_SIZE(bs)) {
-        PyErr_SetString(PyExc_IndexError, "list index out of range");
-        return -1;
+static size_t vec_bisect_left(const Vec *a, int64_t x) {
+    size_t lo = 0, hi = a->len;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (a->v[mid] < x) lo = mid + 1;
+        else hi = mid;
     }
-    return as_i64(PyList_GET_ITEM(bs, ref), out);
+    return lo;
 }
 
-static int bs_set(PyObject *bs, int64_t j, int64_t v) {
-    if (j < 0 || j >= PyList_GET_SIZE(bs)) {
+static size_t vec_bisect_right(const Vec *a, int64_t x) {
+    size_t lo = 0, hi = a->len;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (x < a->v[mid]) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+static int vec_insort(Vec *a, int64_t x) {
+    size_t j = vec_bisect_right(a, x);
+    if (vec_push(a, x) < 0) return -1;
+    memmove(a->v + j + 1, a->v + j, (a->len - 1 - j) * sizeof(int64_t));
+    a->v[j] = x;
+    return 0;
+}
+
+/* del a[j], an IndexError past the end (as a list's del) */
+static int vec_del(Vec *a, size_t j) {
+    if (j >= a->len) {
         PyErr_SetString(PyExc_IndexError, "list assignment index out of range");
         return -1;
     }
-    return list_set_i64(bs, j, v);
+    memmove(a->v + j, a->v + j + 1, (a->len - 1 - j) * sizeof(int64_t));
+    a->len--;
+    return 0;
 }
 
-static PyObject *recorded_run(PyObject *self, PyObject *args) {
-    PyObject *rep, *p_idx, *act, *addr, *size, *pdict;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!", &rep, &PyList_Type, &p_idx, &PyBytes_Type, &act, &PyList_Type, &addr,
-                          &PyList_Type, &size, &PyDict_Type, &pdict))
-        return NULL;
-    RecParams P;
-    if (parse_rec_params(pdict, &P) < 0) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(p_idx);
-    if (PyBytes_GET_SIZE(act) != n || PyList_GET_SIZE(addr) != n || PyList_GET_SIZE(size) != n) {
-        PyErr_SetString(PyExc_ValueError, "recorded_run: columns of different lengths");
-        return NULL;
+static int key_error(int64_t key) {
+    PyObject *k = PyLong_FromLongLong(key);
+    if (k) {
+        PyErr_SetObject(PyExc_KeyError, k);
+        Py_DECREF(k);
     }
-    const unsigned char *acts = (const unsigned char *)PyBytes_AS_STRING(act);
-    RecState S = {rep, 0, 0, 0};
-    PyObject *o[13] = {NULL};
-    const char *names[13] = {"bs", "ns_i", "ns_v", "lf_i", "lf_v", "free_sz", "free_end",
-                             "used", "seg_size", "fcount", "dist", "ignored", "adj_alloc"};
-    PyObject *result = NULL, *counts_split = NULL;
-    for (int k = 0; k < 13; k++)
-        if (!(o[k] = PyObject_GetAttrString(rep, names[k]))) goto done;
-    PyObject *bs = o[0], *ns_i = o[1], *ns_v = o[2], *lf_i = o[3], *lf_v = o[4], *free_sz = o[5], *free_end = o[6];
-    PyObject *used = o[7], *seg_size = o[8], *fcount = o[9], *dist = o[10], *ignored = o[11], *adj_alloc = o[12];
-    if (!PyList_Check(bs) || !PyList_Check(ns_i) || !PyList_Check(ns_v) || !PyList_Check(lf_i) ||
-        !PyList_Check(lf_v) || !PyDict_Check(free_sz) || !PyDict_Check(free_end) || !PyDict_Check(used) ||
-        !PyDict_Check(seg_size) || !PyDict_Check(fcount) || !PyList_Check(dist) || !PyList_Check(ignored) ||
-        !PyDict_Check(adj_alloc)) {
-        PyErr_SetString(PyExc_TypeError, "recorded_run: unexpected replayer state");
-        goto done;
+    return -1;
+}
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n;
+    PyObject *act_o; /* bytes: the action codes */
+    const unsigned char *act;
+    Py_buffer addr_b, size_b;
+    const int64_t *addr, *size;
+    PyObject *stream, *pool; /* the trace's columns, read at the rare segment_map */
+    PyObject *round_size, *inconsistent, *metas;
+    int plain, strict;
+    int64_t min_block, small;
+    i128 over_s, below_s, over_l, below_l;
+    long alloc, free_requested, free_completed, seg_alloc, seg_free, seg_map, seg_unmap;
+    Map free_sz, free_end, used, seg_size, seg_end, seg_meta, fcount;
+    Vec starts, dist, stops;
+    Vec m_stream, m_pool, m_exp; /* the fields of metas[k] the replay reads */
+    int64_t tmin, tlimit, cur, cmode, n_exp, track_limit;
+    int64_t *bs;
+    Py_ssize_t bs_len, bs_cap;
+    Vec ns_i, ns_v, lf_i, lf_v, ignored, aa_i, aa_v, ac_i, ac_v;
+    PyObject *rep; /* borrowed, during run() only: where _issue and _meta_of_event are called */
+} RecCore;
+
+static void core_dealloc(RecCore *c) {
+    Map *maps[] = {&c->free_sz, &c->free_end, &c->used, &c->seg_size, &c->seg_end, &c->seg_meta, &c->fcount};
+    for (int k = 0; k < 7; k++) map_free(maps[k]);
+    Vec *vecs[] = {&c->starts, &c->dist,  &c->stops, &c->m_stream, &c->m_pool, &c->m_exp, &c->ns_i, &c->ns_v,
+                   &c->lf_i,   &c->lf_v,  &c->ignored, &c->aa_i,   &c->aa_v,   &c->ac_i,  &c->ac_v};
+    for (int k = 0; k < 15; k++) PyMem_Free(vecs[k]->v);
+    PyMem_Free(c->bs);
+    if (c->addr_b.obj) PyBuffer_Release(&c->addr_b);
+    if (c->size_b.obj) PyBuffer_Release(&c->size_b);
+    Py_XDECREF(c->act_o);
+    Py_XDECREF(c->stream);
+    Py_XDECREF(c->pool);
+    Py_XDECREF(c->round_size);
+    Py_XDECREF(c->inconsistent);
+    Py_XDECREF(c->metas);
+    PyObject_Free(c);
+}
+
+/* -- the state's moves (recorded._Replayer's methods of the same names) */
+
+static int c_issue(RecCore *c, int64_t i, const char *kind, const char *reason) { return call_issue(c->rep, i, kind, reason); }
+
+static int c_ignore(RecCore *c, int64_t i, const char *kind, const char *reason) {
+    return c_issue(c, i, kind, reason) < 0 || vec_push(&c->ignored, i) < 0 ? -1 : 0;
+}
+
+static void c_raise(RecCore *c, int64_t i, const char *reason) {
+    PyObject *exc = PyObject_CallFunction(c->inconsistent, "Ls", (long long)i, reason);
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
     }
-    if (!(counts_split = PyObject_GetAttrString(rep, "_counts_split"))) goto done;
-    if (sync_in(&S, 1) < 0) goto done;
+}
 
-#define TRY(x)                                                                                                     \
-    do {                                                                                                           \
-        if ((x) < 0) goto done;                                                                                    \
-    } while (0)
+static int c_record_largest(RecCore *c, int64_t i) {
+    if (c->dist.len == 0) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return -1;
+    }
+    return vec_push(&c->lf_i, i) < 0 || vec_push(&c->lf_v, c->dist.v[c->dist.len - 1]) < 0 ? -1 : 0;
+}
 
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t i, ad, sz;
-        long a = acts[k];
-        PyObject *ad_o = PyList_GET_ITEM(addr, k);
-        TRY(as_i64(PyList_GET_ITEM(p_idx, k), &i));
-        TRY(as_i64(ad_o, &ad));
-        TRY(as_i64(PyList_GET_ITEM(size, k), &sz));
-        if (a == P.alloc) {
-            PyObject *fo = dict_pop(free_sz, ad_o);
-            if (!fo) {
-                if (PyErr_Occurred()) goto done;
-                TRY(sync_out(&S));
-                TRY(set_attr_i64(rep, "cur", i));
-                PyObject *r = PyObject_CallMethod(rep, "_alloc_slow", "OOO", PyList_GET_ITEM(p_idx, k), ad_o,
-                                                  PyList_GET_ITEM(size, k));
-                if (!r) goto done;
-                Py_DECREF(r);
-                TRY(sync_in(&S, 1));
-                continue;
-            }
-            int64_t f;
-            int rc = as_i64(fo, &f);
-            Py_DECREF(fo);
-            TRY(rc);
-            int64_t r;
-            if (P.plain) {
-                r = sz >= P.min_block ? (sz + P.min_block - 1) & -P.min_block : P.min_block;
-            } else {
-                PyObject *ro = PyObject_CallOneArg(P.round_size, PyList_GET_ITEM(size, k));
-                if (!ro) goto done;
-                rc = as_i64(ro, &r);
-                Py_DECREF(ro);
-                TRY(rc);
-            }
-            int64_t rem = f - r;
-            if (f >= S.tmin) {
-                int emptied;
-                TRY(count_down(fcount, dist, f, &emptied));
-                if (emptied) {
-                    if (PyList_GET_SIZE(dist) == 1) TRY(retrack(&S));
-                    TRY(record_largest(lf_i, lf_v, dist, i));
-                }
-            }
-            int cnt = S.cmode == 0;
-            if (!cnt && S.cmode == 2) {
-                PyObject *c = PyObject_CallOneArg(counts_split, ad_o);
-                if (!c) goto done;
-                cnt = PyObject_IsTrue(c);
-                Py_DECREF(c);
-                TRY(cnt);
-            }
-            if (cnt) {
-                int whole = seg_size_is(seg_size, ad, f);
-                TRY(whole);
-                if (whole) TRY(ns_record(ns_i, ns_v, i, -f));
-            } else {
-                TRY(ns_record(ns_i, ns_v, i, -f));
-            }
-            if (rem < 0) {
-                TRY(call_issue(rep, i, "block-too-small", "alloc larger than the free block"));
-                rem = 0;
-            }
-            int split = r <= P.small ? ((i128)rem > P.over_s && (i128)r < P.below_s)
-                                     : ((i128)rem > P.over_l && (i128)r < P.below_l);
-            if (split) {
-                int64_t nf = ad + r;
-                PyObject *nfo = PyLong_FromLongLong(nf);
-                if (!nfo) goto done;
-                PyObject *remo = PyLong_FromLongLong(rem);
-                rc = remo ? PyDict_SetItem(free_sz, nfo, remo) : -1;
-                Py_XDECREF(remo);
-                if (rc == 0) {
-                    PyObject *endo = PyLong_FromLongLong(ad + f);
-                    rc = endo ? PyDict_SetItem(free_end, endo, nfo) : -1;
-                    Py_XDECREF(endo);
-                }
-                Py_DECREF(nfo);
-                TRY(rc);
-                if (rem >= S.tmin) {
-                    int added;
-                    TRY(count_up(fcount, dist, rem, &added));
-                    if (added) {
-                        if (PyList_GET_SIZE(dist) > S.tlimit) TRY(retrack(&S));
-                        TRY(record_largest(lf_i, lf_v, dist, i));
-                    }
-                }
-                if (!cnt) TRY(ns_record(ns_i, ns_v, i, rem));
-                TRY(bs_set(bs, i, r));
-            } else {
-                PyObject *endo = PyLong_FromLongLong(ad + f);
-                if (!endo) goto done;
-                rc = PyDict_DelItem(free_end, endo);
-                Py_DECREF(endo);
-                TRY(rc);
-                TRY(bs_set(bs, i, f));
-            }
-            TRY(PyDict_SetItem(used, ad_o, PyList_GET_ITEM(p_idx, k)));
-        } else if (a == P.fused || a == P.free_completed) {
-            PyObject *refo = dict_pop(used, ad_o);
-            if (!refo && PyErr_Occurred()) goto done;
-            int64_t ref = 0, j, b;
-            if (refo) {
-                int rc = as_i64(refo, &ref);
-                Py_DECREF(refo);
-                TRY(rc);
-            }
-            if (a == P.fused) {
-                j = i + 1;
-                if (!refo || ref < 0) {
-                    raise_inconsistent(&P, i, "free of an address with no allocated block");
-                    goto done;
-                }
-                TRY(bs_get(bs, ref, &b)); /* bs[i] (the request's) is copied from bs[j] after the pass */
-            } else {
-                j = i;
-                if (!refo) {
-                    TRY(call_issue(rep, i, "unknown-free", "free of an address with no active block"));
-                    TRY(list_append_i64(ignored, i));
-                    continue;
-                }
-                if (ref < 0) {
-                    TRY(bs_get(bs, ~ref, &b));
-                } else {
-                    TRY(bs_get(bs, ref, &b));
-                    if (P.strict) {
-                        TRY(dict_set_i64(used, ad, ref));
-                        raise_inconsistent(&P, i, "free_completed without free_requested");
-                        goto done;
-                    }
-                    TRY(call_issue(rep, i, "unrequested-free", "free_completed without free_requested"));
-                    TRY(dict_set_i64(adj_alloc, i, -b));
-                }
-            }
-            TRY(bs_set(bs, j, b));
-            int cnt = S.cmode == 0;
-            if (!cnt && S.cmode == 2) {
-                PyObject *c = PyObject_CallOneArg(counts_split, ad_o);
-                if (!c) goto done;
-                cnt = PyObject_IsTrue(c);
-                Py_DECREF(c);
-                TRY(cnt);
-            }
-            int64_t start = ad, end = ad + b;
-            /* Merge with free neighbours of the same segment. */
-            PyObject *nso = dict_pop_i64(free_sz, end);
-            if (!nso && PyErr_Occurred()) goto done;
-            if (nso) {
-                int64_t ns;
-                int rc = as_i64(nso, &ns);
-                if (rc == 0) {
-                    PyObject *endo = PyLong_FromLongLong(end);
-                    rc = endo ? PyDict_Contains(seg_size, endo) : -1;
-                    if (rc == 1) {
-                        rc = PyDict_SetItem(free_sz, endo, nso);
-                        Py_DECREF(endo);
-                        Py_DECREF(nso);
-                        TRY(rc);
-                    } else {
-                        Py_XDECREF(endo);
-                        Py_DECREF(nso);
-                        TRY(rc);
-                        PyObject *k2 = PyLong_FromLongLong(end + ns);
-                        if (!k2) goto done;
-                        rc = PyDict_DelItem(free_end, k2);
-                        Py_DECREF(k2);
-                        TRY(rc);
-                        if (ns >= S.tmin) {
-                            int emptied;
-                            TRY(count_down(fcount, dist, ns, &emptied));
-                        }
-                        end += ns;
-                    }
-                } else {
-                    Py_DECREF(nso);
-                    goto done;
-                }
-            }
-            PyObject *pso = dict_pop(free_end, ad_o);
-            if (!pso && PyErr_Occurred()) goto done;
-            if (pso) {
-                int in_seg = PyDict_Contains(seg_size, ad_o);
-                if (in_seg < 0) {
-                    Py_DECREF(pso);
-                    goto done;
-                }
-                if (in_seg) {
-                    int rc = PyDict_SetItem(free_end, ad_o, pso);
-                    Py_DECREF(pso);
-                    TRY(rc);
-                } else {
-                    int64_t ps;
-                    int rc = as_i64(pso, &ps);
-                    PyObject *pszo = rc == 0 ? dict_pop(free_sz, pso) : NULL;
-                    if (!pszo && rc == 0 && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, pso);
-                    Py_DECREF(pso);
-                    if (!pszo) goto done;
-                    int64_t psz;
-                    rc = as_i64(pszo, &psz);
-                    Py_DECREF(pszo);
-                    TRY(rc);
-                    if (psz >= S.tmin) {
-                        int emptied;
-                        TRY(count_down(fcount, dist, psz, &emptied));
-                    }
-                    start = ps;
-                }
-            }
-            int64_t m = end - start;
-            {
-                PyObject *so = PyLong_FromLongLong(start), *mo = PyLong_FromLongLong(m), *eo = PyLong_FromLongLong(end);
-                int rc = so && mo && eo ? PyDict_SetItem(free_sz, so, mo) : -1;
-                if (rc == 0) rc = PyDict_SetItem(free_end, eo, so);
-                Py_XDECREF(so);
-                Py_XDECREF(mo);
-                Py_XDECREF(eo);
-                TRY(rc);
-            }
-            if (m >= S.tmin) {
-                int added;
-                TRY(count_up(fcount, dist, m, &added));
-                if (added) {
-                    if (PyList_GET_SIZE(dist) > S.tlimit) TRY(retrack(&S));
-                    TRY(record_largest(lf_i, lf_v, dist, j));
-                }
-            }
-            if (!cnt) {
-                TRY(ns_record(ns_i, ns_v, j, b));
-            } else {
-                int whole = seg_size_is(seg_size, start, m);
-                TRY(whole);
-                if (whole) TRY(ns_record(ns_i, ns_v, j, m));
-            }
-        } else if (a == P.free_requested) {
-            PyObject *refo = PyDict_GetItemWithError(used, ad_o);
-            if (!refo && PyErr_Occurred()) goto done;
-            int64_t ref = -1;
-            if (refo) TRY(as_i64(refo, &ref));
-            if (ref < 0) {
-                TRY(call_issue(rep, i, "unknown-free", "free of an address with no allocated block"));
-                TRY(list_append_i64(ignored, i));
-            } else {
-                int64_t b;
-                TRY(dict_set_i64(used, ad, ~ref));
-                TRY(bs_get(bs, ref, &b));
-                TRY(bs_set(bs, i, b));
-            }
-        } else if (a >= P.seg_alloc && a <= P.seg_unmap) {
-            const char *name = a == P.seg_alloc ? "_segment_alloc"
-                               : a == P.seg_free ? "_segment_free"
-                               : a == P.seg_map  ? "_segment_map"
-                                                 : "_segment_unmap";
-            TRY(sync_out(&S));
-            TRY(set_attr_i64(rep, "cur", i));
-            PyObject *r = PyObject_CallMethod(rep, name, "OOO", PyList_GET_ITEM(p_idx, k), ad_o,
-                                              PyList_GET_ITEM(size, k));
-            if (!r) goto done;
-            Py_DECREF(r);
-            TRY(sync_in(&S, 1));
+static int c_ns(RecCore *c, int64_t i, int64_t v) {
+    return vec_push(&c->ns_i, i) < 0 || vec_push(&c->ns_v, v) < 0 ? -1 : 0;
+}
+
+/* _retrack: the tracked sizes are those at least a quarter of the largest free block */
+static int c_retrack(RecCore *c) {
+    int64_t largest = 0;
+    int any = 0;
+    Map *f = &c->free_sz;
+    for (size_t j = 0; j < f->cap; j++)
+        if (f->k[j] != MAP_EMPTY && (!any || f->v[j] > largest)) {
+            largest = f->v[j];
+            any = 1;
+        }
+    c->tmin = largest >> 2;
+    map_clear(&c->fcount);
+    for (size_t j = 0; j < f->cap; j++) {
+        if (f->k[j] == MAP_EMPTY || f->v[j] < c->tmin) continue;
+        int64_t cnt = 0;
+        map_get(&c->fcount, f->v[j], &cnt);
+        if (map_set(&c->fcount, f->v[j], cnt + 1) < 0) return -1;
+    }
+    c->dist.len = 0;
+    if (vec_push(&c->dist, 0) < 0) return -1;
+    Map *fc = &c->fcount;
+    for (size_t j = 0; j < fc->cap; j++)
+        if (fc->k[j] != MAP_EMPTY && vec_insort(&c->dist, fc->k[j]) < 0) return -1;
+    int64_t twice = 2 * (int64_t)c->dist.len;
+    c->tlimit = twice > c->track_limit ? twice : c->track_limit;
+    return 0;
+}
+
+/* c = fcount[size]; if c > 1: fcount[size] = c - 1 else: del fcount[size]; del dist[bisect_left(dist, size)] */
+static int c_count_down(RecCore *c, int64_t size, int *emptied) {
+    Py_ssize_t j = map_find(&c->fcount, size);
+    if (j < 0) return key_error(size);
+    if (c->fcount.v[j] > 1) {
+        c->fcount.v[j]--;
+        *emptied = 0;
+        return 0;
+    }
+    map_del_at(&c->fcount, (size_t)j);
+    *emptied = 1;
+    return vec_del(&c->dist, vec_bisect_left(&c->dist, size));
+}
+
+/* c = fcount.get(size, 0); if c: fcount[size] = c + 1 else: fcount[size] = 1; insort(dist, size) */
+static int c_count_up(RecCore *c, int64_t size, int *added) {
+    Py_ssize_t j = map_find(&c->fcount, size);
+    if (j >= 0 && c->fcount.v[j]) {
+        c->fcount.v[j]++;
+        *added = 0;
+        return 0;
+    }
+    *added = 1;
+    return map_set(&c->fcount, size, 1) < 0 || vec_insort(&c->dist, size) < 0 ? -1 : 0;
+}
+
+static void c_segments_changed(RecCore *c) {
+    c->cmode = c->n_exp == 0 ? 0 : (c->n_exp == (int64_t)c->seg_size.len ? 1 : 2);
+}
+
+/* _segment_of: -> 1 and *start, or 0 (None) */
+static int c_segment_of(RecCore *c, int64_t addr, int64_t *start) {
+    size_t j = vec_bisect_right(&c->starts, addr);
+    if (j == 0) return 0;
+    int64_t s = c->starts.v[j - 1], size;
+    if (!map_get(&c->seg_size, s, &size)) return key_error(s);
+    if (addr < s + size) {
+        *start = s;
+        return 1;
+    }
+    return 0;
+}
+
+static int c_meta_of_start(RecCore *c, int64_t start, int64_t *meta) {
+    return map_get(&c->seg_meta, start, meta) ? 0 : key_error(start);
+}
+
+/* _counts_split: whether a free block at addr counts in inactive_split; 1 / 0 / -1 */
+static int c_counts_split(RecCore *c, int64_t addr) {
+    if (c->cmode != 2) return c->cmode == 0;
+    int64_t seg, meta;
+    int found = c_segment_of(c, addr, &seg);
+    if (found <= 0) return found;
+    if (c_meta_of_start(c, seg, &meta) < 0) return -1;
+    return !c->m_exp.v[meta];
+}
+
+static int c_add_segment(RecCore *c, int64_t start, int64_t size, int64_t meta) {
+    if (vec_insort(&c->starts, start) < 0 || map_set(&c->seg_size, start, size) < 0 ||
+        map_set(&c->seg_meta, start, meta) < 0)
+        return -1;
+    if (c->m_exp.v[meta]) {
+        if (map_set(&c->seg_end, start + size, start) < 0) return -1;
+        c->n_exp++;
+    }
+    c_segments_changed(c);
+    return 0;
+}
+
+static int c_drop_segment(RecCore *c, int64_t start, int64_t *meta) {
+    int64_t size;
+    if (vec_del(&c->starts, vec_bisect_left(&c->starts, start)) < 0) return -1;
+    if (!map_pop(&c->seg_size, start, &size) || !map_pop(&c->seg_meta, start, meta)) return key_error(start);
+    if (c->m_exp.v[*meta]) {
+        if (!map_pop(&c->seg_end, start + size, NULL)) return key_error(start + size);
+        c->n_exp--;
+    }
+    c_segments_changed(c);
+    return 0;
+}
+
+/* the nonsplit record of _add_free / _remove_free */
+static int c_ns_slow(RecCore *c, int64_t start, int64_t size, int64_t v) {
+    int64_t s;
+    int rec = map_get(&c->seg_size, start, &s) && s == size;
+    if (!rec) {
+        int cs = c_counts_split(c, start);
+        if (cs < 0) return -1;
+        rec = !cs;
+    }
+    return rec && c->cur >= 0 ? c_ns(c, c->cur, v) : 0;
+}
+
+static int c_add_free(RecCore *c, int64_t start, int64_t size) {
+    if (map_set(&c->free_sz, start, size) < 0 || map_set(&c->free_end, start + size, start) < 0) return -1;
+    if (size >= c->tmin) {
+        int added;
+        if (c_count_up(c, size, &added) < 0) return -1;
+        if (added) {
+            if ((int64_t)c->dist.len > c->tlimit && c_retrack(c) < 0) return -1;
+            if (c_record_largest(c, c->cur) < 0) return -1;
         }
     }
-#undef TRY
-    if (sync_out(&S) < 0) goto done;
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    for (int k = 0; k < 13; k++) Py_XDECREF(o[k]);
-    Py_XDECREF(counts_split);
-    return result;
+    return c_ns_slow(c, start, size, size);
+}
+
+static int c_remove_free(RecCore *c, int64_t start, int64_t *out) {
+    int64_t size;
+    if (!map_pop(&c->free_sz, start, &size)) return key_error(start);
+    if (!map_pop(&c->free_end, start + size, NULL)) return key_error(start + size);
+    if (size >= c->tmin) {
+        int emptied;
+        if (c_count_down(c, size, &emptied) < 0) return -1;
+        if (emptied) {
+            if (c->dist.len == 1 && c_retrack(c) < 0) return -1;
+            if (c_record_largest(c, c->cur) < 0) return -1;
+        }
+    }
+    if (out) *out = size;
+    return c_ns_slow(c, start, size, -size);
+}
+
+/* the entry of m (free_sz, or used with the sizes in bs) that holds addr, first in insertion order */
+static int c_containing(RecCore *c, const Map *m, int sizes_in_bs, int64_t addr, int64_t *out) {
+    int found = 0;
+    int64_t best = 0;
+    for (size_t j = 0; j < m->cap; j++) {
+        int64_t s = m->k[j];
+        if (s == MAP_EMPTY || s > addr || (found && m->s[j] >= best)) continue;
+        int64_t size = m->v[j];
+        if (sizes_in_bs) {
+            int64_t ref = size >= 0 ? size : ~size;
+            if (ref >= c->bs_len) {
+                PyErr_SetString(PyExc_IndexError, "list index out of range");
+                return -1;
+            }
+            size = c->bs[ref];
+        }
+        if (addr < s + size) {
+            found = 1;
+            best = m->s[j];
+            *out = s;
+        }
+    }
+    return found;
+}
+
+static int c_overlaps(RecCore *c, int64_t start, int64_t size) {
+    size_t j = vec_bisect_right(&c->starts, start);
+    if (j > 0) {
+        int64_t s = c->starts.v[j - 1], ss;
+        if (!map_get(&c->seg_size, s, &ss)) return key_error(s);
+        if (s + ss > start) return 1;
+    }
+    return j < c->starts.len && c->starts.v[j] < start + size;
+}
+
+static int c_round(RecCore *c, int64_t sz, int64_t *r) {
+    if (c->plain) {
+        *r = sz >= c->min_block ? (sz + c->min_block - 1) & -c->min_block : c->min_block;
+        return 0;
+    }
+    PyObject *so = PyLong_FromLongLong(sz);
+    PyObject *ro = so ? PyObject_CallOneArg(c->round_size, so) : NULL;
+    Py_XDECREF(so);
+    if (!ro) return -1;
+    int rc = as_i64(ro, r);
+    Py_DECREF(ro);
+    return rc;
+}
+
+static inline int c_splits(const RecCore *c, int64_t rem, int64_t r) {
+    return r <= c->small ? ((i128)rem > c->over_s && (i128)r < c->below_s)
+                         : ((i128)rem > c->over_l && (i128)r < c->below_l);
+}
+
+/* register a meta tuple (stream, pool, segment_type, is_expandable, stack) -> its index */
+static int64_t c_meta(RecCore *c, PyObject *meta) {
+    int64_t stream, pool;
+    PyObject *s = PySequence_GetItem(meta, 0), *p = s ? PySequence_GetItem(meta, 1) : NULL;
+    PyObject *e = p ? PySequence_GetItem(meta, 3) : NULL;
+    int rc = e ? 0 : -1, exp = 0;
+    if (rc == 0) rc = as_i64(s, &stream);
+    if (rc == 0) rc = as_i64(p, &pool);
+    if (rc == 0 && (exp = PyObject_IsTrue(e)) < 0) rc = -1;
+    Py_XDECREF(s);
+    Py_XDECREF(p);
+    Py_XDECREF(e);
+    if (rc < 0 || PyList_Append(c->metas, meta) < 0) return -1;
+    if (vec_push(&c->m_stream, stream) < 0 || vec_push(&c->m_pool, pool) < 0 || vec_push(&c->m_exp, exp) < 0)
+        return -1;
+    return (int64_t)c->m_exp.len - 1;
+}
+
+/* rep._meta_of_event(i, size, expandable), registered */
+static int64_t c_meta_of_event(RecCore *c, int64_t i, int64_t size, int expandable) {
+    PyObject *m = PyObject_CallMethod(c->rep, "_meta_of_event", "LLO", (long long)i, (long long)size,
+                                      expandable ? Py_True : Py_False);
+    if (!m) return -1;
+    int64_t k = c_meta(c, m);
+    Py_DECREF(m);
+    return k;
+}
+
+static int c_alloc_slow(RecCore *c, int64_t i, int64_t ad, int64_t req) {
+    int64_t r, fs, us, f, b;
+    if (c_issue(c, i, "alloc-outside-free", "alloc at an address where no free block starts") < 0 ||
+        c_round(c, req, &r) < 0)
+        return -1;
+    int found = c_containing(c, &c->free_sz, 0, ad, &fs);
+    if (found < 0) return -1;
+    if (!found) {
+        found = c_containing(c, &c->used, 1, ad, &us);
+        if (found < 0) return -1;
+        if (!found) { /* outside every known segment: keep the block, attached to nothing */
+            if (map_set(&c->used, ad, i) < 0) return -1;
+            c->bs[i] = r;
+            return 0;
+        }
+        int64_t raw = 0, ref;
+        map_get(&c->used, us, &raw);
+        ref = raw >= 0 ? raw : ~raw;
+        int64_t cut = us + c->bs[ref] - ad;
+        c->bs[ref] -= cut;
+        if (ref >= c->n) { /* a block from before the trace: the initial figures hold its old size */
+            if (vec_push(&c->ac_i, i) < 0 || vec_push(&c->ac_v, -cut) < 0) return -1;
+            if (raw >= 0 && (vec_push(&c->aa_i, i) < 0 || vec_push(&c->aa_v, -cut) < 0)) return -1;
+        }
+        if (c_add_free(c, ad, cut) < 0) return -1;
+    } else {
+        int64_t total;
+        if (c_remove_free(c, fs, &total) < 0 || c_add_free(c, fs, ad - fs) < 0 ||
+            c_add_free(c, ad, fs + total - ad) < 0)
+            return -1;
+    }
+    if (c_remove_free(c, ad, &f) < 0) return -1;
+    b = f;
+    if (f > r && c_splits(c, f - r, r)) {
+        if (c_add_free(c, ad + r, f - r) < 0) return -1;
+        b = r;
+    }
+    if (map_set(&c->used, ad, i) < 0) return -1;
+    c->bs[i] = b;
+    return 0;
+}
+
+static int c_segment_alloc(RecCore *c, int64_t i, int64_t ad, int64_t sz) {
+    int ov = c_overlaps(c, ad, sz);
+    if (ov < 0) return -1;
+    if (ov) return c_ignore(c, i, "segment-overlap", "segment_alloc over a known segment");
+    int64_t meta = c_meta_of_event(c, i, sz, 0);
+    if (meta < 0 || c_add_segment(c, ad, sz, meta) < 0) return -1;
+    return c_add_free(c, ad, sz);
+}
+
+static int c_segment_free(RecCore *c, int64_t i, int64_t ad, int64_t sz) {
+    int64_t s, f, meta;
+    if (!map_get(&c->seg_size, ad, &s) || s != sz || !map_get(&c->free_sz, ad, &f) || f != sz)
+        return c_ignore(c, i, "unknown-segment", "segment_free of a segment not known whole and free");
+    return c_remove_free(c, ad, NULL) < 0 || c_drop_segment(c, ad, &meta) < 0 ? -1 : 0;
+}
+
+/* meta[3] and meta[0] == stream and (pool == 0 or meta[1] == pool) */
+static int same_reservation(RecCore *c, int64_t meta, int64_t stream, int64_t pool) {
+    return c->m_exp.v[meta] && c->m_stream.v[meta] == stream && (pool == 0 || c->m_pool.v[meta] == pool);
+}
+
+static int item_i64(PyObject *column, int64_t i, int64_t *out) {
+    PyObject *o = PySequence_GetItem(column, (Py_ssize_t)i);
+    if (!o) return -1;
+    int rc = as_i64(o, out);
+    Py_DECREF(o);
+    return rc;
+}
+
+static int c_segment_map(RecCore *c, int64_t i, int64_t ad, int64_t sz) {
+    int64_t end = ad + sz, stream, pool, start = ad, stop = end, meta = -1, prev, pmeta, nsize, nmeta, ps, lo, hi;
+    int ov = c_overlaps(c, ad, sz);
+    if (ov < 0) return -1;
+    if (ov) return c_ignore(c, i, "segment-overlap", "segment_map over a mapped range");
+    if (item_i64(c->stream, i, &stream) < 0 || item_i64(c->pool, i, &pool) < 0) return -1;
+    /* Mapped ranges of one reservation that touch become one segment. */
+    if (map_get(&c->seg_end, ad, &prev)) {
+        if (c_meta_of_start(c, prev, &pmeta) < 0) return -1;
+        if (same_reservation(c, pmeta, stream, pool)) {
+            if (c_drop_segment(c, prev, &meta) < 0) return -1;
+            start = prev;
+        }
+    }
+    if (map_get(&c->seg_size, end, &nsize)) {
+        if (c_meta_of_start(c, end, &nmeta) < 0) return -1;
+        if (same_reservation(c, nmeta, stream, pool)) {
+            int64_t dropped;
+            stop = end + nsize;
+            if (c_drop_segment(c, end, &dropped) < 0) return -1;
+            if (meta < 0) meta = nmeta;
+        }
+    }
+    if (meta < 0 && (meta = c_meta_of_event(c, i, sz, 1)) < 0) return -1;
+    if (c_add_segment(c, start, stop - start, meta) < 0) return -1;
+    lo = ad;
+    hi = end;
+    if (start < ad && map_get(&c->free_end, ad, &ps)) {
+        if (c_remove_free(c, ps, NULL) < 0) return -1;
+        lo = ps;
+    }
+    if (end < stop && map_find(&c->free_sz, end) >= 0) {
+        int64_t got;
+        if (c_remove_free(c, end, &got) < 0) return -1;
+        hi = end + got;
+    }
+    return c_add_free(c, lo, hi - lo);
+}
+
+static int c_segment_unmap(RecCore *c, int64_t i, int64_t ad, int64_t sz) {
+    int64_t end = ad + sz, fs = 0, seg = 0, fsize = 0, ssize = 0, meta = 0, got, fe, seg_stop;
+    int hasf = c_containing(c, &c->free_sz, 0, ad, &fs);
+    if (hasf < 0) return -1;
+    int hass = c_segment_of(c, ad, &seg);
+    if (hass < 0) return -1;
+    int bad = !hasf || (map_get(&c->free_sz, fs, &fsize), fs + fsize < end) || !hass;
+    if (!bad) {
+        if (c_meta_of_start(c, seg, &meta) < 0) return -1;
+        bad = !c->m_exp.v[meta];
+    }
+    if (!bad) {
+        if (!map_get(&c->seg_size, seg, &ssize)) return key_error(seg);
+        bad = seg + ssize < end;
+    }
+    if (bad) return c_ignore(c, i, "unknown-segment", "segment_unmap outside a free mapped block");
+    if (c_remove_free(c, fs, &got) < 0) return -1;
+    fe = fs + got;
+    if (!map_get(&c->seg_size, seg, &ssize)) return key_error(seg);
+    seg_stop = seg + ssize;
+    if (c_drop_segment(c, seg, &meta) < 0) return -1;
+    if (seg < ad && c_add_segment(c, seg, ad - seg, meta) < 0) return -1;
+    if (end < seg_stop && c_add_segment(c, end, seg_stop - end, meta) < 0) return -1;
+    if (fs < ad && c_add_free(c, fs, ad - fs) < 0) return -1;
+    if (end < fe && c_add_free(c, end, fe - end) < 0) return -1;
+    return 0;
+}
+
+static int c_is_stop(const RecCore *c, int64_t i) {
+    size_t j = vec_bisect_left(&c->stops, i);
+    return j < c->stops.len && c->stops.v[j] == i;
+}
+
+/* one alloc served by the free block at its address (the loop's common case) */
+static int c_alloc(RecCore *c, int64_t i, int64_t ad, int64_t sz, int64_t f) {
+    int64_t r;
+    if (c_round(c, sz, &r) < 0) return -1;
+    int64_t rem = f - r;
+    if (f >= c->tmin) {
+        int emptied;
+        if (c_count_down(c, f, &emptied) < 0) return -1;
+        if (emptied) {
+            if (c->dist.len == 1 && c_retrack(c) < 0) return -1;
+            if (c_record_largest(c, i) < 0) return -1;
+        }
+    }
+    int cnt = c->cmode == 0;
+    if (!cnt && c->cmode == 2 && (cnt = c_counts_split(c, ad)) < 0) return -1;
+    if (cnt) {
+        int64_t s;
+        if (map_get(&c->seg_size, ad, &s) && s == f && c_ns(c, i, -f) < 0) return -1; /* a whole segment taken */
+    } else if (c_ns(c, i, -f) < 0) {
+        return -1;
+    }
+    if (rem < 0) {
+        if (c_issue(c, i, "block-too-small", "alloc larger than the free block") < 0) return -1;
+        rem = 0;
+    }
+    if (c_splits(c, rem, r)) {
+        int64_t nf = ad + r;
+        if (map_set(&c->free_sz, nf, rem) < 0 || map_set(&c->free_end, ad + f, nf) < 0) return -1;
+        if (rem >= c->tmin) {
+            int added;
+            if (c_count_up(c, rem, &added) < 0) return -1;
+            if (added) {
+                if ((int64_t)c->dist.len > c->tlimit && c_retrack(c) < 0) return -1;
+                if (c_record_largest(c, i) < 0) return -1;
+            }
+        }
+        if (!cnt && c_ns(c, i, rem) < 0) return -1;
+        c->bs[i] = r;
+    } else {
+        if (!map_pop(&c->free_end, ad + f, NULL)) return key_error(ad + f);
+        c->bs[i] = f;
+    }
+    return map_set(&c->used, ad, i);
+}
+
+/* a block freed (completed, or fused with its request: then j = i + 1) and merged with its free neighbours */
+static int c_free(RecCore *c, int64_t i, int64_t ad, int fused) {
+    int64_t ref = 0, j, b;
+    int had = map_pop(&c->used, ad, &ref);
+    if (fused) {
+        j = i + 1;
+        if (!had || ref < 0) {
+            c_raise(c, i, "free of an address with no allocated block");
+            return -1;
+        }
+        b = c->bs[ref];
+        c->bs[i] = b; /* the request's figure: the Python loop copies it after the pass */
+    } else {
+        j = i;
+        if (!had) return c_ignore(c, i, "unknown-free", "free of an address with no active block");
+        if (ref < 0) {
+            b = c->bs[~ref];
+        } else {
+            b = c->bs[ref];
+            if (c->strict) {
+                if (map_set(&c->used, ad, ref) < 0) return -1;
+                c_raise(c, i, "free_completed without free_requested");
+                return -1;
+            }
+            if (c_issue(c, i, "unrequested-free", "free_completed without free_requested") < 0) return -1;
+            if (vec_push(&c->aa_i, i) < 0 || vec_push(&c->aa_v, -b) < 0) return -1;
+        }
+    }
+    c->bs[j] = b;
+    int cnt = c->cmode == 0;
+    if (!cnt && c->cmode == 2 && (cnt = c_counts_split(c, ad)) < 0) return -1;
+    int64_t start = ad, end = ad + b, ns, ps, psz;
+    /* Merge with free neighbours of the same segment: a segment boundary matters only if it is free. */
+    if (map_pop(&c->free_sz, end, &ns)) {
+        if (map_find(&c->seg_size, end) >= 0) {
+            if (map_set(&c->free_sz, end, ns) < 0) return -1;
+        } else {
+            if (!map_pop(&c->free_end, end + ns, NULL)) return key_error(end + ns);
+            int emptied;
+            if (ns >= c->tmin && c_count_down(c, ns, &emptied) < 0) return -1;
+            end += ns;
+        }
+    }
+    if (map_pop(&c->free_end, ad, &ps)) {
+        if (map_find(&c->seg_size, ad) >= 0) {
+            if (map_set(&c->free_end, ad, ps) < 0) return -1;
+        } else {
+            if (!map_pop(&c->free_sz, ps, &psz)) return key_error(ps);
+            int emptied;
+            if (psz >= c->tmin && c_count_down(c, psz, &emptied) < 0) return -1;
+            start = ps;
+        }
+    }
+    int64_t m = end - start;
+    if (map_set(&c->free_sz, start, m) < 0 || map_set(&c->free_end, end, start) < 0) return -1;
+    if (m >= c->tmin) {
+        int added;
+        if (c_count_up(c, m, &added) < 0) return -1;
+        if (added) {
+            if ((int64_t)c->dist.len > c->tlimit && c_retrack(c) < 0) return -1;
+            if (c_record_largest(c, j) < 0) return -1;
+        }
+    }
+    /* Blocks merged into m were split ones: only m itself may change the nonsplit bytes. */
+    if (!cnt) return c_ns(c, j, b);
+    int64_t s;
+    return map_get(&c->seg_size, start, &s) && s == m ? c_ns(c, j, m) : 0;
+}
+
+/* _Replayer.run(lo, hi) */
+static PyObject *core_run(RecCore *c, PyObject *args) {
+    PyObject *rep;
+    Py_ssize_t lo, hi;
+    if (!PyArg_ParseTuple(args, "Onn", &rep, &lo, &hi)) return NULL;
+    if (lo < 0 || hi > c->n || lo > hi) {
+        PyErr_SetString(PyExc_IndexError, "recorded core: run outside the trace");
+        return NULL;
+    }
+    c->rep = rep;
+    const unsigned char *act = c->act;
+    const int64_t *addr = c->addr, *size = c->size;
+    int rc = 0;
+    for (Py_ssize_t i = lo; i < hi && rc == 0; i++) {
+        long a = act[i];
+        int64_t ad = addr[i];
+        c->cur = i;
+        if (a == c->alloc) {
+            int64_t f;
+            rc = map_pop(&c->free_sz, ad, &f) ? c_alloc(c, i, ad, size[i], f) : c_alloc_slow(c, i, ad, size[i]);
+        } else if (a == c->free_requested) {
+            if (c->strict && i + 1 < hi && act[i + 1] == c->free_completed && addr[i + 1] == ad && !c_is_stop(c, i)) {
+                rc = c_free(c, i, ad, 1);
+                i++;
+                continue;
+            }
+            int64_t ref = -1;
+            map_get(&c->used, ad, &ref);
+            if (ref < 0) {
+                rc = c_ignore(c, i, "unknown-free", "free of an address with no allocated block");
+            } else {
+                rc = map_set(&c->used, ad, ~ref);
+                c->bs[i] = c->bs[ref];
+            }
+        } else if (a == c->free_completed) {
+            rc = c_free(c, i, ad, 0);
+        } else if (a == c->seg_alloc) {
+            rc = c_segment_alloc(c, i, ad, size[i]);
+        } else if (a == c->seg_free) {
+            rc = c_segment_free(c, i, ad, size[i]);
+        } else if (a == c->seg_map) {
+            rc = c_segment_map(c, i, ad, size[i]);
+        } else if (a == c->seg_unmap) {
+            rc = c_segment_unmap(c, i, ad, size[i]);
+        }
+    }
+    c->rep = NULL;
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- seeding (the starting state) and views */
+
+static PyObject *core_add_segment(RecCore *c, PyObject *args) {
+    long long start, size;
+    PyObject *meta;
+    if (!PyArg_ParseTuple(args, "LLO", &start, &size, &meta)) return NULL;
+    int64_t k = c_meta(c, meta);
+    if (k < 0 || c_add_segment(c, start, size, k) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_add_free(RecCore *c, PyObject *args) {
+    long long start, size;
+    if (!PyArg_ParseTuple(args, "LL", &start, &size)) return NULL;
+    if (c_add_free(c, start, size) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* a live block of the starting state: its ref is the next one (n + len(pre)); stored ~ref if pending */
+static PyObject *core_add_used(RecCore *c, PyObject *args) {
+    long long addr, size;
+    int pending;
+    if (!PyArg_ParseTuple(args, "LLp", &addr, &size, &pending)) return NULL;
+    if (c->bs_len == c->bs_cap) {
+        Py_ssize_t cap = c->bs_cap * 2 + 16;
+        int64_t *bs = PyMem_Realloc(c->bs, (size_t)cap * sizeof(int64_t));
+        if (!bs) return PyErr_NoMemory();
+        c->bs = bs;
+        c->bs_cap = cap;
+    }
+    int64_t ref = c->bs_len;
+    c->bs[c->bs_len++] = size;
+    if (map_set(&c->used, addr, pending ? ~ref : ref) < 0) return NULL;
+    return PyLong_FromLongLong(ref);
+}
+
+static PyObject *core_retrack(RecCore *c, PyObject *unused) {
+    if (c_retrack(c) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *tuple_ll(int64_t a, int64_t b) { return Py_BuildValue("(LL)", (long long)a, (long long)b); }
+
+/* (blocks, segments): blocks as export() sorts them, (address, size, free, ref); segments (start, size, meta) */
+static PyObject *core_blocks(RecCore *c, PyObject *unused) {
+    PyObject *blocks = PyList_New(0), *segs = PyList_New(0), *t;
+    if (!blocks || !segs) goto fail;
+    for (size_t j = 0; j < c->free_sz.cap; j++) {
+        if (c->free_sz.k[j] == MAP_EMPTY) continue;
+        t = Py_BuildValue("(LLOi)", (long long)c->free_sz.k[j], (long long)c->free_sz.v[j], Py_True, 0);
+        if (!t || PyList_Append(blocks, t) < 0) goto fail_t;
+        Py_DECREF(t);
+    }
+    for (size_t j = 0; j < c->used.cap; j++) {
+        if (c->used.k[j] == MAP_EMPTY) continue;
+        int64_t ref = c->used.v[j], r = ref >= 0 ? ref : ~ref;
+        t = Py_BuildValue("(LLOL)", (long long)c->used.k[j], (long long)c->bs[r], Py_False, (long long)ref);
+        if (!t || PyList_Append(blocks, t) < 0) goto fail_t;
+        Py_DECREF(t);
+    }
+    for (size_t j = 0; j < c->seg_size.cap; j++) {
+        int64_t s = c->seg_size.k[j], meta;
+        if (s == MAP_EMPTY) continue;
+        if (c_meta_of_start(c, s, &meta) < 0) goto fail;
+        t = Py_BuildValue("(LLO)", (long long)s, (long long)c->seg_size.v[j], PyList_GET_ITEM(c->metas, meta));
+        if (!t || PyList_Append(segs, t) < 0) goto fail_t;
+        Py_DECREF(t);
+    }
+    return Py_BuildValue("(NN)", blocks, segs);
+fail_t:
+    Py_XDECREF(t);
+fail:
+    Py_XDECREF(blocks);
+    Py_XDECREF(segs);
+    return NULL;
+}
+
+/* a map as a dict in insertion order; pairs (i, v) as a dict of sums */
+static PyObject *map_dict(const Map *m) {
+    size_t n = m->len, k = 0;
+    size_t *order = PyMem_Malloc((n + 1) * sizeof(size_t));
+    PyObject *d = PyDict_New();
+    if (!order || !d) goto fail;
+    for (size_t j = 0; j < m->cap; j++)
+        if (m->k[j] != MAP_EMPTY) order[k++] = j;
+    for (size_t a = 1; a < n; a++) /* insertion sort by insertion number: test views only */
+        for (size_t b = a; b > 0 && m->s[order[b - 1]] > m->s[order[b]]; b--) {
+            size_t x = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = x;
+        }
+    for (size_t a = 0; a < n; a++) {
+        PyObject *key = PyLong_FromLongLong(m->k[order[a]]), *val = PyLong_FromLongLong(m->v[order[a]]);
+        int rc = key && val ? PyDict_SetItem(d, key, val) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(val);
+        if (rc < 0) goto fail;
+    }
+    PyMem_Free(order);
+    return d;
+fail:
+    PyMem_Free(order);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+static PyObject *vec_list(const Vec *a, size_t len) {
+    PyObject *l = PyList_New((Py_ssize_t)len);
+    for (size_t j = 0; l && j < len; j++) {
+        PyObject *x = PyLong_FromLongLong(a->v[j]);
+        if (!x) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)j, x);
+    }
+    return l;
+}
+
+static PyObject *pairs_dict(const Vec *i, const Vec *v) {
+    PyObject *d = PyDict_New();
+    for (size_t j = 0; d && j < i->len; j++) {
+        PyObject *key = PyLong_FromLongLong(i->v[j]), *old = key ? PyDict_GetItemWithError(d, key) : NULL;
+        int64_t sum = v->v[j], prev = 0;
+        int rc = key && !PyErr_Occurred() ? 0 : -1;
+        if (rc == 0 && old) rc = as_i64(old, &prev);
+        PyObject *val = rc == 0 ? PyLong_FromLongLong(prev + sum) : NULL;
+        rc = val ? PyDict_SetItem(d, key, val) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(val);
+        if (rc < 0) Py_CLEAR(d);
+    }
+    return d;
+}
+
+/* the state as the Python replayer's attributes (tests look at them) */
+static PyObject *core_internals(RecCore *c, PyObject *unused) {
+    Vec bs = {c->bs, (size_t)c->bs_len, 0};
+    return Py_BuildValue("{sNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsLsLsLsL}", "free_sz", map_dict(&c->free_sz), "free_end",
+                         map_dict(&c->free_end), "used", map_dict(&c->used), "seg_size", map_dict(&c->seg_size),
+                         "seg_end", map_dict(&c->seg_end), "fcount", map_dict(&c->fcount), "dist",
+                         vec_list(&c->dist, c->dist.len), "starts", vec_list(&c->starts, c->starts.len), "bs",
+                         vec_list(&bs, bs.len), "ns_i", vec_list(&c->ns_i, c->ns_i.len), "ns_v",
+                         vec_list(&c->ns_v, c->ns_v.len), "lf_i", vec_list(&c->lf_i, c->lf_i.len), "lf_v",
+                         vec_list(&c->lf_v, c->lf_v.len), "ignored", vec_list(&c->ignored, c->ignored.len),
+                         "adj_alloc", pairs_dict(&c->aa_i, &c->aa_v), "adj_active", pairs_dict(&c->ac_i, &c->ac_v),
+                         "tmin", (long long)c->tmin, "tlimit", (long long)c->tlimit, "cmode", (long long)c->cmode,
+                         "n_exp", (long long)c->n_exp);
+}
+
+static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
+    if (PyObject_GetBuffer(o, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != 8 || b->len != n * 8 || !b->format || (strcmp(b->format, "l") && strcmp(b->format, "q"))) {
+        PyBuffer_Release(b);
+        PyErr_SetString(PyExc_ValueError, "recorded core: an output column is not int64 of the trace's length");
+        return -1;
+    }
+    return 0;
+}
+
+/* _columns and _finished's sums: the seven per-event columns, written into the int64 arrays given.
+ * columns(allocated, requested, reserved, active, cached_free, inactive_split, largest_free, initial) with
+ * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event. */
+static PyObject *core_columns(RecCore *c, PyObject *args) {
+    PyObject *o[7];
+    long long init[6];
+    if (!PyArg_ParseTuple(args, "OOOOOOO(LLLLLL)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &init[0],
+                          &init[1], &init[2], &init[3], &init[4], &init[5]))
+        return NULL;
+    Py_buffer b[7];
+    int got = 0;
+    Py_ssize_t n = c->n;
+    for (; got < 7; got++)
+        if (out_column(o[got], &b[got], n) < 0) goto fail;
+    int64_t *al = b[0].buf, *rq = b[1].buf, *rs = b[2].buf, *ac = b[3].buf, *cf = b[4].buf, *is = b[5].buf,
+            *lf = b[6].buf;
+    const int64_t *bs = c->bs, *sz = c->size;
+    for (Py_ssize_t k = 0; k < n; k++) { /* each event's moves */
+        long a = c->act[k];
+        int64_t x = k < c->bs_len ? bs[k] : 0, s = sz[k];
+        al[k] = a == c->alloc ? x : (a == c->free_requested ? -x : 0);
+        ac[k] = a == c->alloc ? x : (a == c->free_completed ? -x : 0);
+        rq[k] = a == c->alloc ? s : (a == c->free_completed ? -s : 0);
+        rs[k] = (a == c->seg_alloc || a == c->seg_map) ? s : ((a == c->seg_free || a == c->seg_unmap) ? -s : 0);
+        is[k] = 0;
+        lf[k] = 0;
+    }
+    for (size_t j = 0; j < c->ignored.len; j++) rq[c->ignored.v[j]] = rs[c->ignored.v[j]] = 0;
+    for (size_t j = 0; j < c->aa_i.len; j++) al[c->aa_i.v[j]] += c->aa_v.v[j];
+    for (size_t j = 0; j < c->ac_i.len; j++) ac[c->ac_i.v[j]] += c->ac_v.v[j];
+    for (size_t j = 0; j < c->ns_i.len; j++) is[c->ns_i.v[j]] += c->ns_v.v[j];
+    /* largest_free takes lf_v[k] from event lf_i[k] on, the last record of an event winning (_step_column) */
+    for (size_t j = 0; j < c->lf_i.len; j++) {
+        int64_t at = c->lf_i.v[j];
+        if (at >= 0 && at < n && (j + 1 == c->lf_i.len || c->lf_i.v[j + 1] != at)) lf[at] = (int64_t)j + 1;
+    }
+    int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], src = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        al[k] = sa += al[k];
+        rq[k] = sq += rq[k];
+        rs[k] = sr += rs[k];
+        ac[k] = sc += ac[k];
+        sn += is[k];
+        cf[k] = sr - sc;
+        is[k] = cf[k] - sn;
+        if (lf[k] > src) src = lf[k];
+        lf[k] = src ? c->lf_v.v[src - 1] : init[5];
+    }
+    for (int k = 0; k < 7; k++) PyBuffer_Release(&b[k]);
+    Py_RETURN_NONE;
+fail:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return NULL;
+}
+
+static PyMethodDef core_methods[] = {
+    {"run", (PyCFunction)core_run, METH_VARARGS, "run(replayer, lo, hi): apply events [lo, hi)"},
+    {"add_segment", (PyCFunction)core_add_segment, METH_VARARGS, "_add_segment(start, size, meta)"},
+    {"add_free", (PyCFunction)core_add_free, METH_VARARGS, "_add_free(start, size)"},
+    {"add_used", (PyCFunction)core_add_used, METH_VARARGS, "add_used(addr, size, pending) -> ref"},
+    {"retrack", (PyCFunction)core_retrack, METH_NOARGS, "_retrack()"},
+    {"blocks", (PyCFunction)core_blocks, METH_NOARGS, "(blocks, segments) for export()"},
+    {"internals", (PyCFunction)core_internals, METH_NOARGS, "the state as the Python replayer's attributes"},
+    {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RecCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "analysis.allocator._replaycore.RecordedCore",
+    .tp_basicsize = sizeof(RecCore),
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The recorded replay's state (recorded._Replayer's, in C).",
+    .tp_methods = core_methods,
+};
+
+static int in_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != 8 || b->len != n * 8 || !b->format || (strcmp(b->format, "l") && strcmp(b->format, "q"))) {
+        PyBuffer_Release(b);
+        PyErr_SetString(PyExc_ValueError, "recorded core: a trace column is not int64 of the trace's length");
+        return -1;
+    }
+    return 0;
+}
+
+static int core_params(RecCore *c, PyObject *d) {
+    const char *names[] = {"alloc", "free_requested", "free_completed", "seg_alloc", "seg_free", "seg_map",
+                           "seg_unmap", "plain", "strict", "min_block", "small", "over_s", "below_s",
+                           "over_l", "below_l", "round_size", "inconsistent", "track_limit"};
+    PyObject *v[18];
+    for (int k = 0; k < 18; k++)
+        if (!(v[k] = PyDict_GetItemString(d, names[k]))) {
+            PyErr_Format(PyExc_KeyError, "recorded_core: parameter %s missing", names[k]);
+            return -1;
+        }
+    long *codes[] = {&c->alloc, &c->free_requested, &c->free_completed, &c->seg_alloc,
+                     &c->seg_free, &c->seg_map, &c->seg_unmap};
+    for (int k = 0; k < 7; k++) *codes[k] = PyLong_AsLong(v[k]);
+    if (PyErr_Occurred()) return -1;
+    if ((c->plain = PyObject_IsTrue(v[7])) < 0 || (c->strict = PyObject_IsTrue(v[8])) < 0) return -1;
+    if (as_i64(v[9], &c->min_block) < 0 || as_i64(v[10], &c->small) < 0 || as_i128(v[11], &c->over_s) < 0 ||
+        as_i128(v[12], &c->below_s) < 0 || as_i128(v[13], &c->over_l) < 0 || as_i128(v[14], &c->below_l) < 0 ||
+        as_i64(v[17], &c->track_limit) < 0)
+        return -1;
+    if (c->min_block <= 0 || (c->min_block & (c->min_block - 1))) {
+        PyErr_SetString(PyExc_ValueError, "recorded_core: min_block must be a power of two");
+        return -1;
+    }
+    Py_INCREF(c->round_size = v[15]);
+    Py_INCREF(c->inconsistent = v[16]);
+    return 0;
+}
+
+/* recorded_core(act, addr, size, stream, pool, stops, params): an empty state over one device's trace */
+static PyObject *recorded_core(PyObject *self, PyObject *args) {
+    PyObject *act, *addr, *size, *stream, *pool, *stops, *pdict;
+    if (!PyArg_ParseTuple(args, "O!OOOOOO!", &PyBytes_Type, &act, &addr, &size, &stream, &pool, &stops,
+                          &PyDict_Type, &pdict))
+        return NULL;
+    if (!RecCoreType.tp_dict && PyType_Ready(&RecCoreType) < 0) return NULL;
+    RecCore *c = PyObject_New(RecCore, &RecCoreType);
+    if (!c) return NULL;
+    memset((char *)c + sizeof(PyObject), 0, sizeof(RecCore) - sizeof(PyObject));
+    c->n = PyBytes_GET_SIZE(act);
+    Py_INCREF(c->act_o = act);
+    c->act = (const unsigned char *)PyBytes_AS_STRING(act);
+    Py_INCREF(c->stream = stream);
+    Py_INCREF(c->pool = pool);
+    if (!(c->metas = PyList_New(0)) || core_params(c, pdict) < 0 || in_column(addr, &c->addr_b, c->n) < 0 ||
+        in_column(size, &c->size_b, c->n) < 0)
+        goto fail;
+    c->addr = c->addr_b.buf;
+    c->size = c->size_b.buf;
+    Map *maps[] = {&c->free_sz, &c->free_end, &c->used, &c->seg_size, &c->seg_end, &c->seg_meta, &c->fcount};
+    for (int k = 0; k < 7; k++)
+        if (map_init(maps[k], 64) < 0) goto fail;
+    c->bs_cap = c->n + 16;
+    c->bs_len = c->n;
+    if (!(c->bs = PyMem_Calloc((size_t)c->bs_cap, sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    PyObject *it = PyObject_GetIter(stops), *x;
+    if (!it) goto fail;
+    while ((x = PyIter_Next(it))) {
+        int64_t k;
+        int rc = as_i64(x, &k);
+        Py_DECREF(x);
+        if (rc < 0 || vec_insort(&c->stops, k) < 0) break;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred() || vec_push(&c->dist, 0) < 0) goto fail;
+    c->tlimit = c->track_limit;
+    c->cur = -1;
+    return (PyObject *)c;
+fail:
+    Py_DECREF(c);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"policy_run", policy_run, METH_VARARGS, "policy._Model.run's loop (see analysis/allocator/compiled.py)."},
-    {"recorded_run", recorded_run, METH_VARARGS, "recorded._Replayer.run's loop (see analysis/allocator/compiled.py)."},
+    {"recorded_core", recorded_core, METH_VARARGS, "recorded._Replayer's state and loop (see analysis/allocator/compiled.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,7 +9,9 @@ the allocator's rules in (``AllocatorConfig.split_rule``, ``fit_limit``'s
 ``max_split_size`` and ``max_non_split_rounding_size``, ``round_size``), so the rules keep
 their one definition in ``analysis.allocator.config``. The Python loops stay the
 reference: ``tests/analysis/test_replaycore.py`` runs both on every fixture and on the
-captures and demands identical results and report JSON.
+captures and demands identical results and report JSON. The recorded replay (``recorded_core``) keeps its
+whole state in C instead, every method of ``recorded._Replayer`` that moves it written again there; it calls
+back only ``_issue``, ``_meta_of_event`` and a ``round_size`` that does not round plainly.
 
 Which loops run: the compiled ones when the extension is built (``make install``),
 unless the environment sets ``OOMSCOPE_REPLAY=python``. ``loops_in_use()`` says which
@@ -68,11 +70,11 @@ def policy_run(
     return failed
 
 
-def recorded_run(replayer: Any, p_idx: list[int], act: bytes, addr: list[int], size: list[int], **rules: Any) -> None:
-    """``recorded._Replayer.run``'s loop over one slice of the pass, in C; ``rules`` are the numbers
-    and the exception class ``run`` uses (its own locals)."""
-    if not (SEGMENT_ALLOC < SEGMENT_FREE < SEGMENT_MAP < SEGMENT_UNMAP == SEGMENT_ALLOC + 3):
-        raise AssertionError("the C loop takes the segment actions as one range")  # pragma: no cover
+def recorded_core(act: bytes, addr: Any, size: Any, stream: Any, pool: Any, stops: list[int], **rules: Any) -> Any:
+    """``recorded._Replayer``'s state in C, empty, over one device's trace (``act``: the action codes as
+    bytes; ``addr``, ``size``: int64 arrays; ``stream``, ``pool``: the trace's columns, read at segment
+    events); ``stops``: the events a strict pass never fuses a free across; ``rules`` are the numbers and
+    the callables ``run`` uses (its own locals)."""
     params = dict(
         rules,
         alloc=ALLOC,
@@ -83,4 +85,4 @@ def recorded_run(replayer: Any, p_idx: list[int], act: bytes, addr: list[int], s
         seg_map=SEGMENT_MAP,
         seg_unmap=SEGMENT_UNMAP,
     )
-    _replaycore.recorded_run(replayer, p_idx, act, addr, size, params)
+    return _replaycore.recorded_core(act, addr, size, stream, pool, stops, params)

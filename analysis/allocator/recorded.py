@@ -27,8 +27,9 @@ replay runs forward from there. Its peaks are lower bounds.
 The inner loop is plain Python over lists with dicts keyed by address (blocks of
 one device never overlap, so an address names one block at a time); the figures
 that need no block sizes (``requested``, ``reserved``) are computed with numpy.
-Where it is built, the same loop runs in C over the same state
-(``analysis.allocator.compiled``); this one stays the reference.
+Where it is built, the state and its moves live in C instead (``analysis.allocator.compiled``:
+maps of int64 keyed by address, the columns summed into numpy arrays), every method that moves
+the state written again there; this one stays the reference.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -296,6 +298,9 @@ class _Replayer:
         self.ignored: list[int] = []
         self.issues: dict[str, int] = {}
         self.first_issue: tuple[int, str] | None = None
+        # The same state in C (analysis.allocator.compiled), when the compiled loops run: the
+        # attributes above then stay empty, and run, export and the columns read the core.
+        self.core: Any = None
 
     def seed(
         self, state: AllocatorState, *, strict: bool, stops: Iterable[int] = (), window: tuple[int, int] | None = None
@@ -309,6 +314,9 @@ class _Replayer:
         self._reset()
         self.strict = strict
         self.initial = state
+        if compiled.wanted():
+            self._seed_core(state, strict, stops)
+            return
         self._plan(fuse=strict, stops=stops, window=window)
         for seg in state.segments:
             meta = (seg.stream, seg.pool, seg.segment_type, seg.is_expandable, seg.stack)
@@ -321,6 +329,47 @@ class _Replayer:
                 self.pre.append(b)
                 self.bs.append(b.size)
                 self.used[b.address] = ~ref if b.state == ACTIVE_PENDING_FREE else ref
+
+    def _seed_core(self, state: AllocatorState, strict: bool, stops: Iterable[int]) -> None:
+        """``seed`` into the C state: it moves every event itself, so no plan is made."""
+        (over_s, below_s), (over_l, below_l) = self.cfg.split_rule(True), self.cfg.split_rule(False)
+        self.core = core = compiled.recorded_core(
+            self.act, self.trace_addr, self.trace_size, self.stream, self.pool, [int(k) for k in stops],
+            plain=self.plain_round, round_size=self.cfg.round_size, min_block=K_MIN_BLOCK_SIZE, small=K_SMALL_SIZE,
+            over_s=over_s, below_s=below_s, over_l=over_l, below_l=below_l, strict=strict,
+            inconsistent=_Inconsistent, track_limit=_TRACK_LIMIT,
+        )  # fmt: skip
+        for seg in state.segments:
+            core.add_segment(
+                seg.address, seg.total_size, (seg.stream, seg.pool, seg.segment_type, seg.is_expandable, seg.stack)
+            )
+            for b in seg.blocks:
+                if b.state == INACTIVE:
+                    core.add_free(b.address, b.size)
+                    continue
+                self.pre.append(b)
+                core.add_used(b.address, b.size, b.state == ACTIVE_PENDING_FREE)
+
+    def internals(self) -> dict[str, Any]:
+        """The state's dicts and records (the Python loop's attributes, or the C state's copy)."""
+        if self.core is not None:
+            got: dict[str, Any] = self.core.internals()
+            return got
+        names = ("free_sz", "free_end", "used", "seg_size", "seg_end", "fcount", "dist", "starts", "bs")
+        more = (
+            "ns_i",
+            "ns_v",
+            "lf_i",
+            "lf_v",
+            "ignored",
+            "adj_alloc",
+            "adj_active",
+            "tmin",
+            "tlimit",
+            "cmode",
+            "n_exp",
+        )
+        return {k: getattr(self, k) for k in names + more}
 
     def _add_segment(self, start: int, size: int, meta: _Meta) -> None:
         bisect.insort(self.starts, start)
@@ -399,6 +448,9 @@ class _Replayer:
 
     def _retrack(self) -> None:
         """Rebuild the tracked sizes: those at least a quarter of the largest free block."""
+        if self.core is not None:
+            self.core.retrack()
+            return
         largest = max(self.free_sz.values(), default=0)
         self.tmin = largest >> 2
         fcount: dict[int, int] = {}
@@ -473,6 +525,9 @@ class _Replayer:
         Action codes are literals here (model.ALLOC == 0, ...): this loop runs once
         per event, and a global lookup per test costs more than the rest of a free.
         """
+        if self.core is not None:  # the same loop in C, over the C state (analysis.allocator.compiled)
+            self.core.run(self, lo, hi)
+            return
         plo = bisect.bisect_left(self.p_idx, lo)
         phi = bisect.bisect_left(self.p_idx, hi)
         p_idx, act, addr, size = self.p_idx, self.p_act, self.p_addr, self.p_size
@@ -496,13 +551,6 @@ class _Replayer:
         strict = self.strict
         counts_split = self._counts_split
         small = K_SMALL_SIZE
-        if compiled.wanted():  # the same loop in C, fed the same numbers (analysis.allocator.compiled)
-            compiled.recorded_run(
-                self, p_idx, act, addr, size, plain=plain, round_size=round_size, min_block=K_MIN_BLOCK_SIZE,
-                small=small, over_s=over_s, below_s=below_s, over_l=over_l, below_l=below_l, strict=strict,
-                fused=_FUSED_FREE, inconsistent=_Inconsistent,
-            )  # fmt: skip
-            return
         for i, a, ad, sz in zip(p_idx, act, addr, size, strict=True):
             if a == 0:  # alloc
                 f = free_sz.pop(ad, None)
@@ -813,16 +861,22 @@ class _Replayer:
     def export(self, index: int) -> AllocatorState:
         """The current state as segments and blocks."""
         n, size, stack, bs = self.n, self.trace_size, self.stack, self.bs
-        blocks: list[tuple[int, int, bool, int]] = []  # (address, size, free, ref)
-        blocks.extend((a, s, True, 0) for a, s in self.free_sz.items())
-        for a, ref in self.used.items():
-            blocks.append((a, bs[ref if ref >= 0 else ~ref], False, ref))
+        blocks: list[tuple[int, int, bool, int]]  # (address, size, free, ref)
+        if self.core is not None:
+            blocks, held = self.core.blocks()
+            seg_size = {s: z for s, z, _ in held}
+            seg_meta = {s: m for s, _, m in held}
+        else:
+            blocks = [(a, s, True, 0) for a, s in self.free_sz.items()]
+            for a, ref in self.used.items():
+                blocks.append((a, bs[ref if ref >= 0 else ~ref], False, ref))
+            seg_size, seg_meta = self.seg_size, self.seg_meta
         blocks.sort()
         addrs = [b[0] for b in blocks]
         segments = []
-        for start in sorted(self.seg_size):
-            stop = start + self.seg_size[start]
-            stream, pool, seg_type, expandable, seg_stack = self.seg_meta[start]
+        for start in sorted(seg_size):
+            stop = start + seg_size[start]
+            stream, pool, seg_type, expandable, seg_stack = seg_meta[start]
             lo = bisect.bisect_left(addrs, start)
             hi = bisect.bisect_left(addrs, stop)
             out = []
@@ -1153,6 +1207,17 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
     return moves
 
 
+def _core_columns(core: Any, n: int, init: StateFigures) -> dict[str, I64]:
+    """``_columns`` and the two columns ``_finished`` derives from them, summed by the C state itself
+    into fresh arrays (its records never become Python objects)."""
+    names = ("allocated", "requested", "reserved", "active", "cached_free", "inactive_split", "largest_free")
+    cols = {k: np.empty(n, dtype=np.int64) for k in names}
+    nonsplit = init.cached_free - init.inactive_split
+    start = (init.allocated, init.requested, init.reserved, init.active, nonsplit, init.largest_free)
+    core.columns(*cols.values(), start)
+    return cols
+
+
 def _step_column(index: list[int], value: list[int], n: int, initial: int) -> I64:
     """A column that takes ``value[k]`` from event ``index[k]`` on (the last wins)."""
     at = np.array(index, dtype=np.int64)
@@ -1319,11 +1384,15 @@ def _finished(
     n = rep.n
     initial_state = rep.initial
     init = initial_state.figures()
-    cols = _columns(rep, device, init)
+    if rep.core is not None:
+        cols = _core_columns(rep.core, n, init)
+        cached_free, inactive_split = cols["cached_free"], cols["inactive_split"]
+    else:
+        cols = _columns(rep, device, init)
+        cached_free = cols["reserved"] - cols["active"]
+        inactive_split = np.subtract(cached_free, cols["nonsplit"], out=cols["nonsplit"])
     allocated, requested, reserved, active = (cols["allocated"], cols["requested"], cols["reserved"], cols["active"])
     largest_free = cols["largest_free"]
-    cached_free = reserved - active
-    inactive_split = np.subtract(cached_free, cols["nonsplit"], out=cols["nonsplit"])
 
     if n:
         final_figures = StateFigures(
@@ -1343,6 +1412,7 @@ def _finished(
     pr, pri = _peak(reserved, init.reserved)
     # The per-pass lists are only needed again by blocks_at's replays.
     rep.bs = []
+    rep.core = None
     return RecordedReplay(
         device=device.device,
         events=n,

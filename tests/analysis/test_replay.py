@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import analysis.report as report_module
+from analysis.allocator import compiled
 from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.recorded import BlockState, SegmentState, _Replayer
 from analysis.errors import SnapshotError
@@ -391,6 +392,15 @@ SEG = 1 << 32  # a segment's address in the hand-built states
 MiB = 1 << 20
 
 
+@pytest.fixture(params=["python", "compiled"])
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The repair tests run on both loops: the Python reference and the C state (compiled)."""
+    if request.param == "compiled" and not compiled.available():
+        pytest.skip("the compiled replay loops are not built")
+    monkeypatch.setenv(compiled.ENV_VAR, "python" if request.param == "python" else "")
+    return str(request.param)
+
+
 def _repair(
     blocks: list[tuple[int, int, str]],
     *allocs: tuple[int, int],
@@ -425,7 +435,7 @@ def _blocks(rep: Any) -> list[tuple[int, int, str]]:
     return [(b.address - SEG, b.size, b.state) for b in seg.blocks]
 
 
-def test_an_alloc_inside_a_free_block_cuts_it_there_and_splits_by_the_rule() -> None:
+def test_an_alloc_inside_a_free_block_cuts_it_there_and_splits_by_the_rule(loops: str) -> None:
     # A free 16 MiB block at 4 MiB; the trace allocates 2 MiB at 8 MiB (the state was guessed, the
     # address is the driver's): the free block is cut at 8 MiB (4 MiB stay free before it), and
     # the 12 MiB from 8 MiB serves the 2 MiB: remainder 10 MiB > 1 MiB, split: 2 MiB + 10 MiB free.
@@ -447,7 +457,7 @@ def test_an_alloc_inside_a_free_block_cuts_it_there_and_splits_by_the_rule() -> 
     assert _blocks(rep)[2:] == [(19 * MiB, 700 * 1024, ACTIVE_ALLOCATED), (19 * MiB + 700 * 1024, 324 * 1024, INACTIVE)]
 
 
-def test_an_alloc_inside_a_live_block_cuts_that_block_and_corrects_the_figures() -> None:
+def test_an_alloc_inside_a_live_block_cuts_that_block_and_corrects_the_figures(loops: str) -> None:
     # A block from before the trace, 8 MiB at 0, but the trace allocates 1.5 MiB at 6 MiB: its size
     # was guessed too large. It is cut to 6 MiB; the 2 MiB from 6 MiB serve the request (remainder
     # 512 KiB: no split). The initial figures counted the 8 MiB: active and allocated drop by 2 MiB
@@ -458,17 +468,17 @@ def test_an_alloc_inside_a_live_block_cuts_that_block_and_corrects_the_figures()
         (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED),
         (8 * MiB, 12 * MiB, INACTIVE),
     ]
-    assert rep.adj_active == {0: -2 * MiB}
-    assert rep.adj_alloc == {0: -2 * MiB}
+    assert rep.internals()["adj_active"] == {0: -2 * MiB}
+    assert rep.internals()["adj_alloc"] == {0: -2 * MiB}
     # The same block pending its free (freed on another stream, not yet completed): it is active
     # but no longer allocated, so only active drops.
     rep = _repair([(0, 8 * MiB, ACTIVE_PENDING_FREE), (8 * MiB, 12 * MiB, INACTIVE)], (6 * MiB, 3 * MiB // 2))
     assert _blocks(rep)[:2] == [(0, 6 * MiB, ACTIVE_PENDING_FREE), (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED)]
-    assert rep.adj_active == {0: -2 * MiB}
-    assert rep.adj_alloc == {}
+    assert rep.internals()["adj_active"] == {0: -2 * MiB}
+    assert rep.internals()["adj_alloc"] == {}
 
 
-def test_an_alloc_inside_a_block_the_trace_allocated_cuts_it_without_correcting_figures() -> None:
+def test_an_alloc_inside_a_block_the_trace_allocated_cuts_it_without_correcting_figures(loops: str) -> None:
     # Event 0 allocates 8 MiB at 0 from the free 20 MiB (split: 12 MiB free after it); event 1
     # allocates 1.5 MiB at 6 MiB, inside it: event 0's block is cut to 6 MiB and event 1 gets the
     # 2 MiB from 6 MiB (remainder 512 KiB: no split). Event 0's size is the trace's own, counted as
@@ -479,12 +489,12 @@ def test_an_alloc_inside_a_block_the_trace_allocated_cuts_it_without_correcting_
         (6 * MiB, 2 * MiB, ACTIVE_ALLOCATED),
         (8 * MiB, 12 * MiB, INACTIVE),
     ]
-    assert rep.bs[:2] == [6 * MiB, 2 * MiB]
-    assert rep.adj_active == rep.adj_alloc == {}
+    assert rep.internals()["bs"][:2] == [6 * MiB, 2 * MiB]
+    assert rep.internals()["adj_active"] == rep.internals()["adj_alloc"] == {}
     assert rep.first_issue == (1, "alloc at an address where no free block starts")
 
 
-def test_an_alloc_larger_than_the_free_block_at_its_address_takes_the_block_as_it_is() -> None:
+def test_an_alloc_larger_than_the_free_block_at_its_address_takes_the_block_as_it_is(loops: str) -> None:
     # A free 4 MiB block at 0 (a live 16 MiB after it), and the trace allocates 6 MiB at 0: the
     # guessed state is wrong; the alloc takes the 4 MiB block whole (nothing to split off) and the
     # issue is counted, with its event and reason.
@@ -494,7 +504,7 @@ def test_an_alloc_larger_than_the_free_block_at_its_address_takes_the_block_as_i
     assert rep.first_issue == (0, "alloc larger than the free block")
 
 
-def test_an_alloc_of_exactly_max_split_size_takes_its_free_block_whole() -> None:
+def test_an_alloc_of_exactly_max_split_size_takes_its_free_block_whole(loops: str) -> None:
     # max_split_size 256 MiB: a request of 256 MiB is not below it, so the 270 MiB free block it
     # lands on is not split (remainder 14 MiB > 1 MiB would split a smaller request's block).
     blocks = [(0, 270 * MiB, INACTIVE)]
@@ -504,7 +514,7 @@ def test_an_alloc_of_exactly_max_split_size_takes_its_free_block_whole() -> None
     assert _blocks(rep) == [(0, 256 * MiB - 512, ACTIVE_ALLOCATED), (256 * MiB - 512, 14 * MiB + 512, INACTIVE)]
 
 
-def test_a_free_completed_without_its_request_frees_and_corrects_allocated() -> None:
+def test_a_free_completed_without_its_request_frees_and_corrects_allocated(loops: str) -> None:
     # A live 4 MiB block from before the trace at 0 (a free 16 MiB after it); the trace's first
     # event completes its free without a free_requested (the ring lost it): lenient, the block is
     # freed and merged (20 MiB free, the whole segment) and allocated, which counted the block as
@@ -512,19 +522,19 @@ def test_a_free_completed_without_its_request_frees_and_corrects_allocated() -> 
     rep = _repair([(0, 4 * MiB, ACTIVE_ALLOCATED), (4 * MiB, 16 * MiB, INACTIVE)], (0, 4 * MiB), action=FREE_COMPLETED)
     assert _blocks(rep) == [(0, 20 * MiB, INACTIVE)]
     assert rep.issues == {"unrequested-free": 1}
-    assert rep.adj_alloc == {0: -4 * MiB}
+    assert rep.internals()["adj_alloc"] == {0: -4 * MiB}
 
 
-def test_an_alloc_outside_every_segment_is_kept_attached_to_nothing() -> None:
+def test_an_alloc_outside_every_segment_is_kept_attached_to_nothing(loops: str) -> None:
     # 3 MiB + 1 B at 64 MiB past a 20 MiB segment: no segment holds it; the block is kept (its
     # free will come) with its rounded size, 3 MiB + 512 B, and the segment is unchanged.
     rep = _repair([(0, 20 * MiB, INACTIVE)], (64 * MiB, 3 * MiB + 1))
-    assert rep.used == {SEG + 64 * MiB: 0}
-    assert rep.bs[0] == 3 * MiB + 512
+    assert rep.internals()["used"] == {SEG + 64 * MiB: 0}
+    assert rep.internals()["bs"][0] == 3 * MiB + 512
     assert _blocks(rep) == [(0, 20 * MiB, INACTIVE)]
 
 
-def test_a_merged_free_block_of_exactly_the_tracking_threshold_leaves_the_tracked_sizes() -> None:
+def test_a_merged_free_block_of_exactly_the_tracking_threshold_leaves_the_tracked_sizes(loops: str) -> None:
     # The replay tracks only free blocks of at least tmin (a quarter of the largest free block when
     # the tracked set was last rebuilt) to answer largest_free cheaply. A 64 MiB segment: P free at
     # 0 (4 MiB), Q live at 4 MiB (4 MiB), R live at 8 MiB (16 MiB), L free at 24 MiB (16 MiB), the rest
@@ -561,12 +571,12 @@ def test_a_merged_free_block_of_exactly_the_tracking_threshold_leaves_the_tracke
     rep = _Replayer(dev, AllocatorConfig.parse(""))
     rep.seed(state, strict=False)
     rep._retrack()
-    assert rep.tmin == 4 * MiB and rep.fcount == {4 * MiB: 1, 16 * MiB: 1}
+    assert rep.internals()["tmin"] == 4 * MiB and rep.internals()["fcount"] == {4 * MiB: 1, 16 * MiB: 1}
     rep.run(0, 2)  # Q freed: P + Q is one 8 MiB free block
-    assert rep.free_sz == {SEG: 8 * MiB, SEG + 24 * MiB: 16 * MiB}
-    assert rep.fcount == {8 * MiB: 1, 16 * MiB: 1}
+    assert rep.internals()["free_sz"] == {SEG: 8 * MiB, SEG + 24 * MiB: 16 * MiB}
+    assert rep.internals()["fcount"] == {8 * MiB: 1, 16 * MiB: 1}
     rep.run(2, n)
-    assert rep.free_sz == {} and rep.dist[-1] == 0
+    assert rep.internals()["free_sz"] == {} and rep.internals()["dist"][-1] == 0
 
 
 def _without(snapshot: Any, keep: Any) -> Any:
