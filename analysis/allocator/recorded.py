@@ -282,8 +282,9 @@ class _Replayer:
         self.dist: list[int] = [0]
         self.tmin = 0
         self.tlimit = _TRACK_LIMIT
-        # Outputs of a pass (lists written by index, turned into numpy once).
-        self.bs: list[int] = [0] * self.n
+        # Outputs of a pass (lists written by index, turned into numpy once); bs is made by seed,
+        # only for the Python loop (the C state keeps its own).
+        self.bs: list[int] = []
         # inactive_split = cached_free - "nonsplit": free bytes of whole segments and of
         # expandable ones. Without expandable segments that changes only when a segment
         # turns wholly free or stops being so: (event, change) pairs, not a column.
@@ -317,6 +318,7 @@ class _Replayer:
         if compiled.wanted():
             self._seed_core(state, strict, stops)
             return
+        self.bs = [0] * self.n
         self._plan(fuse=strict, stops=stops, window=window)
         for seg in state.segments:
             meta = (seg.stream, seg.pool, seg.segment_type, seg.is_expandable, seg.stack)
