@@ -336,7 +336,8 @@ class _Replayer:
         """``seed`` into the C state: it moves every event itself, so no plan is made."""
         (over_s, below_s), (over_l, below_l) = self.cfg.split_rule(True), self.cfg.split_rule(False)
         self.core = core = compiled.recorded_core(
-            self.act, self.trace_addr, self.trace_size, self.stream, self.pool, [int(k) for k in stops],
+            self.act, np.ascontiguousarray(self.trace_addr, dtype=np.int64),
+            np.ascontiguousarray(self.trace_size, dtype=np.int64), self.stream, self.pool, [int(k) for k in stops],
             plain=self.plain_round, round_size=self.cfg.round_size, min_block=K_MIN_BLOCK_SIZE, small=K_SMALL_SIZE,
             over_s=over_s, below_s=below_s, over_l=over_l, below_l=below_l, strict=strict,
             inconsistent=_Inconsistent, track_limit=_TRACK_LIMIT,
