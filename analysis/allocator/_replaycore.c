@@ -1588,8 +1588,6 @@ static PyObject *core_retrack(RecCore *c, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *tuple_ll(int64_t a, int64_t b) { return Py_BuildValue("(LL)", (long long)a, (long long)b); }
-
 /* (blocks, segments): blocks as export() sorts them, (address, size, free, ref); segments (start, size, meta) */
 static PyObject *core_blocks(RecCore *c, PyObject *unused) {
     PyObject *blocks = PyList_New(0), *segs = PyList_New(0), *t;
@@ -1827,7 +1825,11 @@ static PyObject *recorded_core(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!OOOOOO!", &PyBytes_Type, &act, &addr, &size, &stream, &pool, &stops,
                           &PyDict_Type, &pdict))
         return NULL;
-    if (!RecCoreType.tp_dict && PyType_Ready(&RecCoreType) < 0) return NULL;
+    static int ready = 0;
+    if (!ready) {
+        if (PyType_Ready(&RecCoreType) < 0) return NULL;
+        ready = 1;
+    }
     RecCore *c = PyObject_New(RecCore, &RecCoreType);
     if (!c) return NULL;
     memset((char *)c + sizeof(PyObject), 0, sizeof(RecCore) - sizeof(PyObject));
