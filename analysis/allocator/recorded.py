@@ -358,21 +358,9 @@ class _Replayer:
         if self.core is not None:
             got: dict[str, Any] = self.core.internals()
             return got
-        names = ("free_sz", "free_end", "used", "seg_size", "seg_end", "fcount", "dist", "starts", "bs")
-        more = (
-            "ns_i",
-            "ns_v",
-            "lf_i",
-            "lf_v",
-            "ignored",
-            "adj_alloc",
-            "adj_active",
-            "tmin",
-            "tlimit",
-            "cmode",
-            "n_exp",
-        )
-        return {k: getattr(self, k) for k in names + more}
+        state = ("free_sz", "free_end", "used", "seg_size", "seg_end", "fcount", "dist", "starts", "bs", "tmin")
+        records = ("ns_i", "ns_v", "lf_i", "lf_v", "ignored", "adj_alloc", "adj_active", "tlimit", "cmode", "n_exp")
+        return {k: getattr(self, k) for k in state + records}
 
     def _add_segment(self, start: int, size: int, meta: _Meta) -> None:
         bisect.insort(self.starts, start)
