@@ -1221,7 +1221,10 @@ done:
     return result;
 }
 
+PyObject *oomscope_policy_engine(PyObject *self, PyObject *args); /* _policycore.c */
+
 static PyMethodDef methods[] = {
+    {"policy_engine", oomscope_policy_engine, METH_VARARGS, "policy._Model.run on C state (_policycore.c)."},
     {"policy_run", policy_run, METH_VARARGS, "policy._Model.run's loop (see analysis/allocator/compiled.py)."},
     {"recorded_run", recorded_run, METH_VARARGS, "recorded._Replayer.run's loop (see analysis/allocator/compiled.py)."},
     {NULL, NULL, 0, NULL},

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -66,6 +68,48 @@ def policy_run(
     recorded replay, which imports this module, so they come from the caller)."""
     failed: list[int] = _replaycore.policy_run(model, events, ops, raddrs, sizes, lks, dict(rules))
     return failed
+
+
+# What the last ``policy_engine`` call did: how often each path of the model ran (the tests
+# assert that the paths they mean to cover ran), and why it declined, if it did.
+last_counts: dict[str, int] = {}
+last_declined: str | None = None
+
+
+def policy_engine(
+    model: Any, rules: dict[str, Any], events: Any, ops: Any, raddrs: Any, sizes: Any, lks: Any
+) -> list[int] | None:
+    """``policy._Model.run`` whole in C, on C state (``_policycore.c``): imports the model's state,
+    serves every request, and hands the final state back (``model.adopt``). ``rules``: every
+    number of the model's rules and the request codes (``policy._Model.engine_rules``). The
+    columns may be int64 arrays (taken as they are) or lists. Returns the failed event indices,
+    or None when the engine declined a state outside its bounds (the model is then untouched)."""
+    global last_declined, last_counts
+    try:
+        cols = {
+            name: np.ascontiguousarray(value, dtype=np.int64).reshape(-1)
+            for name, value in (("events", events), ("ops", ops), ("raddrs", raddrs), ("sizes", sizes), ("lks", lks))
+        }
+    except OverflowError:
+        last_declined = "a number past int64"
+        return None
+    params = dict(
+        rules,
+        **cols,
+        seg_alloc=SEGMENT_ALLOC,
+        seg_free=SEGMENT_FREE,
+        seg_map=SEGMENT_MAP,
+        seg_unmap=SEGMENT_UNMAP,
+    )
+    served = _replaycore.policy_engine(model, params)
+    if served[0] is None:
+        last_declined = served[1]
+        return None
+    failed, state, counts = served
+    model.adopt(state)
+    last_counts, last_declined = counts, None
+    failed_events: list[int] = failed
+    return failed_events
 
 
 def recorded_run(replayer: Any, p_idx: list[int], act: bytes, addr: list[int], size: list[int], **rules: Any) -> None:

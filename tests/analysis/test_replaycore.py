@@ -12,13 +12,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from analysis.allocator import compiled, infer_limit, simulate_layout
+from analysis.allocator.config import K_SMALL_SIZE, MB
+from analysis.allocator.policy import _Model, _simulate
 from analysis.allocator.recorded import RecordedReplay, recorded_replay
+from analysis.allocator.requests import _OP_ALLOC, _OP_FLUSH, _OP_FREE
 from analysis.config import AllocatorConfig
 from analysis.errors import SnapshotError
 from analysis.model import Snapshot
@@ -132,13 +136,13 @@ def test_the_switch_and_the_version_line(monkeypatch: pytest.MonkeyPatch, capsys
 def test_the_compiled_loops_run_and_the_switch_turns_them_off(monkeypatch: pytest.MonkeyPatch) -> None:
     # The comparisons below would pass trivially if the C loops never ran: count the calls.
     calls: list[str] = []
-    for name in ("policy_run", "recorded_run"):
+    for name in ("policy_engine", "recorded_run"):
         real = getattr(compiled, name)
         monkeypatch.setattr(compiled, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
     s = read_snapshot(FIXTURES / "frag_oom.pickle.gz")
     cfg = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
     both(lambda: (recorded_replay(s, s.devices[0]), simulate_layout(s, s.devices[0], cfg, None)))
-    assert calls == ["recorded_run", "policy_run"]
+    assert calls == ["recorded_run", "policy_engine"]
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.removesuffix(".pickle.gz"))
@@ -195,3 +199,117 @@ def test_a_caught_oom_freed_at_once_both_ways() -> None:
     assert fast == ref
     whatif = next(w for w in json.loads(fast)["devices"][0]["whatif"] if w["config"] == "expandable_segments:True")
     assert whatif["caught_ooms"]["completes_freed"] is True
+
+
+# --------------------------------------------------------------------------- the engine's every path
+
+
+def _block(b: Any) -> Any:
+    return None if b is None else (b[0], b[1], b[4])
+
+
+def _model_state(m: _Model) -> tuple[Any, ...]:
+    """Everything a model holds after ``run`` (blocks by value, with their neighbours; every segment's
+    chain): what the compiled engine hands back must equal what the Python loop leaves."""
+    linked = [[(*_block(b), _block(b[2]), _block(b[3])) for b in bl] for bl in (*m.blks, *m.ublks)]
+    chains: list[tuple[int, int, list[Any]]] = []
+    for addr, (head, lk) in m.heads.items():
+        chain, b = [], head
+        while b is not None:
+            chain.append(_block(b))
+            b = b[3]
+        chains.append((addr, lk, chain))
+    va = None if m.va is None else (type(m.va).__name__, *(getattr(m.va, k, None) for k in ("low", "free", "next")))
+    return (
+        m.keys,
+        m.ukeys,
+        linked,
+        chains,
+        [(a, _block(b), lk) for a, (b, lk) in m.pend.items()],
+        [(a, _block(b)) for a, b in m.pmap.items()],
+        [(a, _block(b)) for a, b in m.amap.items()],
+        list(m.gcb.items()),
+        (m.reserved, m.peak, m.gcc, m.next_resv, m.cur, m.lockstep),
+        (m.seg_act, m.seg_size, m.seg_idx, m.flushes),
+        va,
+        m.layout(),
+    )
+
+
+# (fixture, settings, limit: None, the inferred one or 0.9 x the least, placement, caught OOMs): between
+# them every path of the engine runs (the counts below), from an empty and from a seeded start.
+ENGINE_CASES = [
+    ("frag_oom", "", "value", "recorded", "hold"),
+    ("gpu_gc_threshold", "", "value", "recorded", "hold"),
+    ("gpt_varlen_oom", "max_split_size_mb:256", "value", "driver", "hold"),
+    ("gpt_varlen_oom", "expandable_segments:True", "tight", "driver", "hold"),
+    ("gpu_side_stream", "", "tight", "recorded", "hold"),
+    ("gpu_empty_cache", "", None, "mirror", "hold"),
+    ("gpu_empty_cache", "expandable_segments:True", None, "driver", "hold"),
+    ("wrapped_ring", "", "value", "recorded", "hold"),
+    ("wrapped_ring", "max_split_size_mb:64", "tight", "driver", "hold"),
+    ("wrapped_ring", "expandable_segments:True", "value", "driver", "hold"),
+    ("captures/unetrr_c104_default", "expandable_segments:True", "value", "driver", "free"),
+]
+ENGINE_PATHS = (
+    "miss",
+    "gc",
+    "gc_freed",
+    "release_available",
+    "available_freed",
+    "release_cached",
+    "pending_synced",
+    "segments_freed",
+    "private_pool_released",
+    "map",
+    "unmap",
+    "reservation",
+    "placed",
+    "recorded_address",
+    "transient_freed",
+    "failed",
+)
+
+
+def _engine_case(
+    s: Snapshot, dev: Any, cfg: AllocatorConfig, limit: int | None, placement: str, caught: str
+) -> tuple[Any, ...]:
+    result, model = _simulate(s, dev, cfg, limit, (), placement=placement, caught=caught)
+    return result.start, result.ooms, _model_state(model)
+
+
+def _private_pool_run() -> tuple[list[int], tuple[Any, ...]]:
+    """A hand-written stream (no fixture has one): a cached 20 MiB segment and a small one in private
+    pool 1 and one in the default pool, then a user empty_cache at event 4, after the trace showed
+    pool 1 released (event 4): all three go."""
+    m = _Model(AllocatorConfig(), None, 2, [0], {1: 4})
+    large, small = 20 * MB, K_SMALL_SIZE // 2
+    ops = [_OP_ALLOC, _OP_FREE, _OP_ALLOC, _OP_FREE, _OP_ALLOC, _OP_FREE, _OP_FLUSH]
+    sizes = [large, 0, large, 0, small, 0, 0]
+    lks = [3, 3, 1, 1, 2, 2, 0]  # (pool * 2 + large) * streams + stream
+    failed = m.run(list(range(7)), ops, [1, 1, 2, 2, 3, 3, 4], sizes, lks)
+    return failed, _model_state(m)
+
+
+def test_the_engine_runs_every_path_and_hands_back_the_loops_state() -> None:
+    counts: dict[str, int] = dict.fromkeys(ENGINE_PATHS, 0)
+    starts = set()
+    for name, conf, lim, placement, caught in ENGINE_CASES:
+        s = read_snapshot(FIXTURES / f"{name}.pickle.gz")
+        dev = s.devices[0]
+        base = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
+        estimate = infer_limit(s, dev, base)
+        limit = {None: None, "value": estimate.value or estimate.lower, "tight": int(estimate.lower * 0.9)}[lim]
+        cfg = AllocatorConfig.parse(conf, base=base)
+        compiled.last_counts = {}
+        ref, fast = both(partial(_engine_case, s, dev, cfg, limit, placement, caught))
+        assert fast == ref, (name, conf)
+        assert compiled.last_declined is None and compiled.last_counts, (name, conf)
+        for key in ENGINE_PATHS:
+            counts[key] += compiled.last_counts[key]
+        starts.add(fast[0])
+    ref, fast = both(_private_pool_run)
+    assert fast == ref
+    counts["private_pool_released"] += compiled.last_counts["private_pool_released"]
+    assert not [key for key, n in counts.items() if n == 0], counts
+    assert starts == {"empty", "recorded", "recorded-other-settings", "live-blocks"}
