@@ -1404,7 +1404,7 @@ def fitted_limit(
     value = estimate.value
     if value is None or estimate.gc_upper is None or estimate.device_full is not None:
         return value
-    if len(requests.ops) > _GC_FIT_MAX_REQUESTS:
+    if len(requests.op_col) > _GC_FIT_MAX_REQUESTS:
         return value
     hi = estimate.gc_upper if estimate.upper is None else min(estimate.gc_upper, estimate.upper)
     lo = max(estimate.lower, estimate.gc_lower or 0)

@@ -543,20 +543,33 @@ class Requests:
     freeable_from: dict[int, int]  # private pool -> first event showing it released
     recorded_segments: tuple[list[int], list[int], list[int]]  # (action, size, address) of each segment event
     events: npt.NDArray[np.intp]  # trace index of each request
-    ops: list[int]
-    raddrs: list[int]
+    op_col: I64  # op code of each request (``_OP_*``)
+    raddr_col: I64  # recorded address of each request (a user flush: the end of its burst)
     sizes: I64
     is_oom: npt.NDArray[np.bool_]
     lane: I64 | None  # (pool * 2) * streams + stream per request; None: one pool, one stream
     n_streams: int
     source: ReplaySource  # the device's recorded replay, for the few rules that read its states
-    # ``ops`` and ``raddrs`` as int64 columns, and the recorded segment events' (action, size, address):
-    # the compiled engine's inputs (``compiled.policy_engine``), which take no Python lists.
-    op_col: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
-    raddr_col: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    # The recorded segment events as int64 columns (the compiled engine's input: no Python lists).
     segment_cols: tuple[I64, I64, I64] | None = None
     _rounded: dict[tuple[int, ...], tuple[I64, I64]] = field(default_factory=dict)
     _listed: dict[tuple[int, ...], tuple[list[int], list[int]]] = field(default_factory=dict)
+    _ops: list[int] | None = None
+    _raddrs: list[int] | None = None
+
+    # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
+    # engine takes the columns, and a report that runs it never needs these).
+    @property
+    def ops(self) -> list[int]:
+        if self._ops is None:
+            self._ops = self.op_col.tolist()
+        return self._ops
+
+    @property
+    def raddrs(self) -> list[int]:
+        if self._raddrs is None:
+            self._raddrs = self.raddr_col.tolist()
+        return self._raddrs
 
     def columns(self, cfg: AllocatorConfig) -> tuple[I64, I64]:
         """Rounded size and free-list index of every request under ``cfg``'s rounding, as int64 columns."""
@@ -674,15 +687,13 @@ def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplayS
         _freeable_from(dev, pools),
         segments,
         events,
-        ops.tolist(),
-        raddrs.tolist(),
+        ops,
+        raddrs,
         sizes,
         is_oom,
         lane,
         max(len(dev.streams), 1),
         source,
-        op_col=ops,
-        raddr_col=raddrs,
         segment_cols=cols,
     )
 

@@ -313,3 +313,17 @@ def test_the_engine_runs_every_path_and_hands_back_the_loops_state() -> None:
     counts["private_pool_released"] += compiled.last_counts["private_pool_released"]
     assert not [key for key, n in counts.items() if n == 0], counts
     assert starts == {"empty", "recorded", "recorded-other-settings", "live-blocks"}
+
+
+def test_a_state_past_the_engines_bounds_is_served_by_the_python_loop() -> None:
+    # A request of 2**62 bytes (only a hostile trace asks for one): the engine declines before it
+    # runs anything, and the Python loop serves the whole stream, the same both ways.
+    def run() -> tuple[list[int], tuple[Any, ...]]:
+        m = _Model(AllocatorConfig(), None, 1, [0], {})
+        sizes = [1 << 20, 1 << 62, 0]
+        failed = m.run([0, 1, 2], [_OP_ALLOC, _OP_ALLOC, _OP_FREE], [7, 8, 7], sizes, [0, 1, 0])
+        return failed, _model_state(m)
+
+    ref, fast = both(run)
+    assert fast == ref
+    assert compiled.last_declined == "a size out of range"
