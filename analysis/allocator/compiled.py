@@ -60,16 +60,6 @@ def loops_in_use() -> str:
     return "compiled (analysis.allocator._replaycore)"
 
 
-def policy_run(
-    model: Any, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int], **rules: Any
-) -> list[int]:
-    """``policy._Model.run`` in C; ``rules`` are the numbers ``run`` inlines (its own locals) and the
-    request codes (``op_alloc``, ``op_free``, ...: ``policy._OP_CODES``; ``requests`` imports the
-    recorded replay, which imports this module, so they come from the caller)."""
-    failed: list[int] = _replaycore.policy_run(model, events, ops, raddrs, sizes, lks, dict(rules))
-    return failed
-
-
 # What the last ``policy_engine`` call did: how often each path of the model ran (the tests
 # assert that the paths they mean to cover ran), and why it declined, if it did.
 last_counts: dict[str, int] = {}

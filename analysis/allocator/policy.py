@@ -103,7 +103,7 @@ from analysis.model import (
 )
 from analysis.steps import find_steps
 
-# The request codes, as the compiled loop takes them (``compiled.policy_run``).
+# The request codes, as the compiled engine takes them (``compiled.policy_engine``).
 _OP_CODES = {
     "op_alloc": _OP_ALLOC,
     "op_free": _OP_FREE,
