@@ -1410,6 +1410,7 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
 /* Requests the engine cannot follow as Python would (a free-list index outside the lists, a size
  * outside [0, 2**62)): declined before anything runs. */
 static int check_inputs(Engine *E, const Inputs *in) {
+    if (in->n && E->nbp < 2) DECLINE(E, "no default pool"); /* the flushes and the GC read pools 0 and 1 */
     for (Py_ssize_t k = 0; k < in->n; k++) {
         if (in->lks[k] < 0 || in->lks[k] >= E->nl) DECLINE(E, "a free-list index out of range");
         if (in->sizes[k] < 0 || in->sizes[k] >= VMAX) DECLINE(E, "a size out of range");

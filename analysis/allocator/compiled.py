@@ -1,15 +1,29 @@
 """The compiled replay loops: when they run, and their hand-over from the Python loops.
 
-``analysis.allocator._replaycore`` (C, ``analysis/allocator/_replaycore.c``) holds the per-event loops of
-the allocator model (``policy._Model.run``) and of the recorded replay
-(``recorded._Replayer.run``), each written again statement for statement over the same
-Python state (free lists, blocks, dicts keyed by address), calling back into the
-Python methods for everything those loops do not inline. The loops pass every number of
-the allocator's rules in (``AllocatorConfig.split_rule``, ``fit_limit``'s
-``max_split_size`` and ``max_non_split_rounding_size``, ``round_size``), so the rules keep
-their one definition in ``analysis.allocator.config``. The Python loops stay the
-reference: ``tests/analysis/test_replaycore.py`` runs both on every fixture and on the
-captures and demands identical results and report JSON.
+``analysis.allocator._replaycore`` (C) holds two of them:
+
+- The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
+  compiled into the same module): ``policy._Model.run`` on C state. It reads the model's state once
+  (after ``seed`` / ``seed_live``, which stay Python) into C structures (a block arena, free lists as
+  chunked sorted arrays of the packed ``size << 57 | addr`` keys, hash maps by address, the
+  placement model), serves every request there, the rare paths included (misses, garbage collection,
+  ``release_available`` / ``release_cached`` with pending frees and private pools, expandable
+  segments' map and unmap, transient OOMs), and hands the final state back into the Python model
+  once (``_Model.adopt``), so ``layout()``, the results and the tests read it as the Python loop
+  leaves it. A state outside its bounds (sizes or addresses past 2**62, free lists that do not hold
+  the blocks their keys name: only a hostile trace makes one) is declined before anything changes,
+  and the Python loop serves it (``last_declined`` says why).
+- The recorded replay's loop (``recorded._Replayer.run``, ``_replaycore.c``), written again
+  statement for statement over the same Python state (dicts keyed by address, size counts,
+  output lists), calling back into the Python methods for what it does not inline.
+
+Both take every number of the allocator's rules from the Python caller (``AllocatorConfig.split_rule``,
+``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``, ``page_size``,
+``gc_threshold_bytes``, ``round_size``, ``allocation_size`` itself, placement's ``CHUNK`` / ``TOP``,
+the reservation stride), so the rules keep their one definition in ``analysis.allocator.config``.
+The Python loops stay the reference: ``tests/analysis/test_replaycore.py`` runs both on every fixture
+and on the captures and demands identical results, model state and report JSON, and that every path
+of the engine ran (``last_counts``).
 
 Which loops run: the compiled ones when the extension is built (``make install``),
 unless the environment sets ``OOMSCOPE_REPLAY=python``. ``loops_in_use()`` says which

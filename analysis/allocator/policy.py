@@ -53,8 +53,9 @@ every request before it were served.
 Speed: the hot path (a best-fit hit and a free with merges) runs inline in one
 loop over pre-filtered columns, on sorted lists of packed ``size << 57 | addr``
 integers searched with ``bisect``; everything else is a method call. Where it is
-built, the same loop runs in C over the same state (``analysis.allocator.compiled``);
-this one stays the reference.
+built, the whole replay runs in C on C state instead (``analysis.allocator.compiled``:
+the model's state goes in once and comes back once, ``_Model.engine_rules`` /
+``_Model.adopt``); this loop stays the reference.
 """
 
 from __future__ import annotations
