@@ -327,3 +327,22 @@ def test_a_state_past_the_engines_bounds_is_served_by_the_python_loop() -> None:
     ref, fast = both(run)
     assert fast == ref
     assert compiled.last_declined == "a size out of range"
+
+
+def test_a_state_the_engine_cannot_follow_is_left_to_the_python_loop() -> None:
+    # Two free blocks under one key (overlapping recorded segments make such a state: only a hostile
+    # trace): Python's bisect would delete whichever comes first, so the engine declines it and the
+    # Python loop serves the stream from the untouched model, the same both ways.
+    def run() -> tuple[list[int], tuple[Any, ...]]:
+        m = _Model(AllocatorConfig(), None, 1, [0], {})
+        for _ in range(2):
+            head = [2 * MB, 1 << 40, None, None, False]
+            m.heads[1 << 40] = (head, 0)
+            m._insert(0, head)
+            m.reserved += 2 * MB
+        failed = m.run([0, 1], [_OP_ALLOC, _OP_FREE], [5, 5], [512, 0], [0, 0])
+        return failed, _model_state(m)
+
+    ref, fast = both(run)
+    assert fast == ref
+    assert compiled.last_declined == "a free list out of order"
