@@ -1233,7 +1233,9 @@ def _simulate(
         config, limit_bytes, len(snapshot.pools), dev.streams, req.freeable_from, req.recorded_segments, placement
     )
     start = "empty"
-    if not _segments_complete(dev):
+    if req.complete is None:
+        req.complete = _segments_complete(dev)
+    if not req.complete:
         state = req.source.get().blocks_at(-1)
         start = start_state(config, req.recorded_config)
         if start == "live-blocks":

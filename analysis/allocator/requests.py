@@ -556,6 +556,9 @@ class Requests:
     _listed: dict[tuple[int, ...], tuple[list[int], list[int]]] = field(default_factory=dict)
     _ops: list[int] | None = None
     _raddrs: list[int] | None = None
+    # Whether the trace's segment history is whole (``policy._segments_complete``), once per trace: it
+    # sums a column of every event, and each replay of the trace asks.
+    complete: bool | None = None
 
     # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
     # engine takes the columns, and a report that runs it never needs these).
