@@ -634,6 +634,10 @@ static int va_make(Engine *E) {
                 return -1;
             }
         }
+        if (E->heads.e[i].key < 0) { /* Python's % and C's differ below zero; no model makes one */
+            PyMem_Free(spans);
+            DECLINE(E, "a segment below address 0");
+        }
         spans[n++] = (Range){E->heads.e[i].key, size};
     }
     if (E->kind_mirror) {
