@@ -22,7 +22,7 @@ setup(
         ),
         Extension(
             "analysis.allocator._replaycore",
-            ["analysis/allocator/_replaycore.c"],
+            ["analysis/allocator/_replaycore.c", "analysis/allocator/_policycore.c"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"],
         ),
     ],

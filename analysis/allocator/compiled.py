@@ -1,17 +1,31 @@
 """The compiled replay loops: when they run, and their hand-over from the Python loops.
 
-``analysis.allocator._replaycore`` (C, ``analysis/allocator/_replaycore.c``) holds the per-event loops of
-the allocator model (``policy._Model.run``) and of the recorded replay
-(``recorded._Replayer.run``), each written again statement for statement over the same
-Python state (free lists, blocks, dicts keyed by address), calling back into the
-Python methods for everything those loops do not inline. The loops pass every number of
-the allocator's rules in (``AllocatorConfig.split_rule``, ``fit_limit``'s
-``max_split_size`` and ``max_non_split_rounding_size``, ``round_size``), so the rules keep
-their one definition in ``analysis.allocator.config``. The Python loops stay the
-reference: ``tests/analysis/test_replaycore.py`` runs both on every fixture and on the
-captures and demands identical results and report JSON. The recorded replay (``recorded_core``) keeps its
-whole state in C instead, every method of ``recorded._Replayer`` that moves it written again there; it calls
-back only ``_issue``, ``_meta_of_event`` and a ``round_size`` that does not round plainly.
+``analysis.allocator._replaycore`` (C) holds two of them:
+
+- The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
+  compiled into the same module): ``policy._Model.run`` on C state. It reads the model's state once
+  (after ``seed`` / ``seed_live``, which stay Python) into C structures (a block arena, free lists as
+  chunked sorted arrays of the packed ``size << 57 | addr`` keys, hash maps by address, the
+  placement model), serves every request there, the rare paths included (misses, garbage collection,
+  ``release_available`` / ``release_cached`` with pending frees and private pools, expandable
+  segments' map and unmap, transient OOMs), and hands the final state back into the Python model
+  once (``_Model.adopt``), so ``layout()``, the results and the tests read it as the Python loop
+  leaves it. A state outside its bounds (sizes or addresses past 2**62, free lists that do not hold
+  the blocks their keys name: only a hostile trace makes one) is declined before anything changes,
+  and the Python loop serves it (``last_declined`` says why).
+- The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``recorded._Replayer``'s
+  whole state in C (int64 maps keyed by address, the size counts and records as arrays, the
+  per-event columns summed straight into numpy arrays); every method that moves the state is
+  written again there, and only ``_issue``, ``_meta_of_event`` and a ``round_size`` that does
+  not round plainly are called back.
+
+Both take every number of the allocator's rules from the Python caller (``AllocatorConfig.split_rule``,
+``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``, ``page_size``,
+``gc_threshold_bytes``, ``round_size``, ``allocation_size`` itself, placement's ``CHUNK`` / ``TOP``,
+the reservation stride), so the rules keep their one definition in ``analysis.allocator.config``.
+The Python loops stay the reference: ``tests/analysis/test_replaycore.py`` runs both on every fixture
+and on the captures and demands identical results, model state and report JSON, and that every path
+of the engine ran (``last_counts``).
 
 Which loops run: the compiled ones when the extension is built (``make install``),
 unless the environment sets ``OOMSCOPE_REPLAY=python``. ``loops_in_use()`` says which
@@ -22,6 +36,8 @@ from __future__ import annotations
 
 import os
 from typing import Any
+
+import numpy as np
 
 from analysis.model import (
     ALLOC,
@@ -60,14 +76,46 @@ def loops_in_use() -> str:
     return "compiled (analysis.allocator._replaycore)"
 
 
-def policy_run(
-    model: Any, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int], **rules: Any
-) -> list[int]:
-    """``policy._Model.run`` in C; ``rules`` are the numbers ``run`` inlines (its own locals) and the
-    request codes (``op_alloc``, ``op_free``, ...: ``policy._OP_CODES``; ``requests`` imports the
-    recorded replay, which imports this module, so they come from the caller)."""
-    failed: list[int] = _replaycore.policy_run(model, events, ops, raddrs, sizes, lks, dict(rules))
-    return failed
+# What the last ``policy_engine`` call did: how often each path of the model ran (the tests
+# assert that the paths they mean to cover ran), and why it declined, if it did.
+last_counts: dict[str, int] = {}
+last_declined: str | None = None
+
+
+def policy_engine(
+    model: Any, rules: dict[str, Any], events: Any, ops: Any, raddrs: Any, sizes: Any, lks: Any
+) -> list[int] | None:
+    """``policy._Model.run`` whole in C, on C state (``_policycore.c``): imports the model's state,
+    serves every request, and hands the final state back (``model.adopt``). ``rules``: every
+    number of the model's rules and the request codes (``policy._Model.engine_rules``). The
+    columns may be int64 arrays (taken as they are) or lists. Returns the failed event indices,
+    or None when the engine declined a state outside its bounds (the model is then untouched)."""
+    global last_declined, last_counts
+    try:
+        cols = {
+            name: np.ascontiguousarray(value, dtype=np.int64).reshape(-1)
+            for name, value in (("events", events), ("ops", ops), ("raddrs", raddrs), ("sizes", sizes), ("lks", lks))
+        }
+    except OverflowError:
+        last_declined = "a number past int64"
+        return None
+    params = dict(
+        rules,
+        **cols,
+        seg_alloc=SEGMENT_ALLOC,
+        seg_free=SEGMENT_FREE,
+        seg_map=SEGMENT_MAP,
+        seg_unmap=SEGMENT_UNMAP,
+    )
+    served = _replaycore.policy_engine(model, params)
+    if served[0] is None:
+        last_declined = served[1]
+        return None
+    failed, state, counts = served
+    model.adopt(state)
+    last_counts, last_declined = counts, None
+    failed_events: list[int] = failed
+    return failed_events
 
 
 def recorded_core(act: bytes, addr: Any, size: Any, stream: Any, pool: Any, stops: list[int], **rules: Any) -> Any:

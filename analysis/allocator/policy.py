@@ -53,8 +53,9 @@ every request before it were served.
 Speed: the hot path (a best-fit hit and a free with merges) runs inline in one
 loop over pre-filtered columns, on sorted lists of packed ``size << 57 | addr``
 integers searched with ``bisect``; everything else is a method call. Where it is
-built, the same loop runs in C over the same state (``analysis.allocator.compiled``);
-this one stays the reference.
+built, the whole replay runs in C on C state instead (``analysis.allocator.compiled``:
+the model's state goes in once and comes back once, ``_Model.engine_rules`` /
+``_Model.adopt``); this loop stays the reference.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ import numpy.typing as npt
 from analysis.allocator import compiled
 from analysis.allocator.config import UNLIMITED, AllocatorConfig, is_small, limit_refuses
 from analysis.allocator.limits import LimitEstimate, infer_limit
-from analysis.allocator.placement import PLACEMENTS, Placement
+from analysis.allocator.placement import CHUNK, PLACEMENTS, TOP, DriverPlacement, MirrorPlacement, Placement
 from analysis.allocator.requests import (
     _OP_ALLOC,
     _OP_FLUSH,
@@ -103,7 +104,7 @@ from analysis.model import (
 )
 from analysis.steps import find_steps
 
-# The request codes, as the compiled loop takes them (``compiled.policy_run``).
+# The request codes, as the compiled engine takes them (``compiled.policy_engine``).
 _OP_CODES = {
     "op_alloc": _OP_ALLOC,
     "op_free": _OP_FREE,
@@ -261,6 +262,7 @@ class _Model:
         # on which run's trace it starts from), the placement model gives it
         # (``analysis.allocator.placement``), continuing from the segments live then.
         self.rec_act, self.rec_size, self.rec_addr = recorded
+        self.rec_cols: tuple[I64, I64, I64] | None = None  # the same as int64 columns, where the caller has them
         self.lockstep = placement == "recorded"
         self.placement_kind = "driver" if placement == "recorded" else placement
         self.va: Placement | None = None
@@ -772,6 +774,61 @@ class _Model:
         self.seg_idx.clear()
         self.peak = self.reserved
 
+    # -- the compiled engine's hand-over (analysis.allocator.compiled.policy_engine) -------------
+    def engine_rules(self, split_over: list[int], split_below: list[int]) -> dict[str, Any]:
+        """Every number the compiled engine needs, each from its one definition (``config``,
+        ``placement``, this module): the same ones ``run`` inlines, plus those of the methods."""
+        cfg, limit, n_lists = self.cfg, self.limit, len(self.keys)
+        rec: tuple[Any, ...] | None = self.rec_cols
+        if rec is None:
+            rec = tuple(np.asarray(x, np.int64).reshape(-1) for x in (self.rec_act, self.rec_size, self.rec_addr))
+        return {
+            "sh": _SH,
+            "ns": self.ns,
+            "n_lists": n_lists,
+            "exp": self.exp,
+            "gc_on": self.gc_on,
+            "mss_on": self.mss != UNLIMITED,
+            "mirror": self.placement_kind == MirrorPlacement.name,
+            "mss": self.mss,
+            "nsr": self.nsr,
+            "limit": limit,
+            "gc_threshold": cfg.gc_threshold_bytes(limit) if self.gc_on and limit is not None else 0,
+            "split_over": split_over,
+            "split_below": split_below,
+            "page": np.array([self._page(lk) for lk in range(n_lists)], np.int64),
+            "bp_lists": np.array([lk for lks in self.bp_lists for lk in lks], np.int64),
+            "resv_stride": _RESV_STRIDE,
+            "resv_bytes": _RESV_BYTES,
+            "chunk": CHUNK,
+            "top": TOP,
+            "allocation_size": cfg.allocation_size,
+            "rec_act": rec[0],
+            "rec_size": rec[1],
+            "rec_addr": rec[2],
+            "freeable_pools": np.array(list(self.freeable_from), np.int64),
+            "freeable_since": np.array(list(self.freeable_from.values()), np.int64),
+            "transient": np.array(sorted(self.transient), np.int64),
+            **_OP_CODES,
+        }
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Take the compiled engine's final state: the attributes ``run`` would have left, and the
+        placement model it made (``va``: None, ("driver", low, free ranges) or ("mirror", next))."""
+        va = state.pop("va")
+        for name, value in state.items():
+            setattr(self, name, value)
+        if va is None:
+            return
+        if va[0] == MirrorPlacement.name:
+            mirror = MirrorPlacement()
+            mirror.next = va[1]
+            self.va = mirror
+        else:
+            driver = DriverPlacement()
+            driver.low, driver.free = va[1], va[2]
+            self.va = driver
+
     # -- the request stream --------------------------------------------------------------
     def run(self, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int]) -> list[int]:
         """Serve every request; returns the event indices the model failed.
@@ -799,12 +856,14 @@ class _Model:
         split_over = [rules[(lk // self.ns) & 1][0] for lk in range(len(keys))]
         split_below = [rules[(lk // self.ns) & 1][1] for lk in range(len(keys))]
         allocation_size = cfg.allocation_size
-        if compiled.wanted():  # the same loop in C, fed the same numbers (analysis.allocator.compiled)
-            return compiled.policy_run(
-                self, events, ops, raddrs, sizes, lks, sh=sh, gc_on=gc_on, fast=fast, exp_hit=exp_hit, mss=mss,
-                nsr=nsr, mss_on=mss_on, split_over=split_over, split_below=split_below, allocation_size=allocation_size,
-                **_OP_CODES,
-            )  # fmt: skip
+        if compiled.wanted() and self.placement_kind in PLACEMENTS:
+            # The whole replay in C on C state, fed the same numbers (analysis.allocator.compiled);
+            # None: the engine declined a state outside its bounds, and this loop serves instead.
+            numbers = self.engine_rules(split_over, split_below)
+            served = compiled.policy_engine(self, numbers, events, ops, raddrs, sizes, lks)
+            if served is not None:
+                return served
+            events, ops, raddrs, sizes, lks = _loop_inputs(events, ops, raddrs, sizes, lks)
         for k, op, ra, rs, lk in zip(count(), ops, raddrs, sizes, lks):
             if op == 1:  # _OP_FREE: free_requested + free_completed
                 b = amap.pop(ra, None)
@@ -1129,6 +1188,30 @@ def simulate_layout(
     return result, model.layout()
 
 
+def _inputs(req: Requests, dev: DeviceData, config: AllocatorConfig, tail: ProjectedTail | None, columns: bool) -> Any:
+    """(events, ops, raddrs, sizes, free lists) of a replay: int64 columns for the compiled engine
+    (``columns``), else the Python loop's lists (events stay an array: ``_loop_events``)."""
+    if columns:
+        if tail is not None:
+            return req.tail_columns(dev, config, tail)
+        return (req.events, req.op_col, req.raddr_col, *req.columns(config))
+    if tail is not None:
+        return req.with_tail(dev, config, tail)
+    return (req.events, req.ops, req.raddrs, *req.lists(config))
+
+
+def _loop_events(events: Any) -> Any:
+    """The event indices as the Python loop reads them: Python ints, a list when short."""
+    return events.tolist() if len(events) < 4096 else _LazyList(events)
+
+
+def _loop_inputs(events: Any, ops: Any, raddrs: Any, sizes: Any, lks: Any) -> tuple[Any, ...]:
+    """The Python loop's inputs from the compiled engine's (its columns become lists)."""
+    ev = _loop_events(events) if isinstance(events, np.ndarray) else events
+    listed = [x.tolist() if isinstance(x, np.ndarray) else x for x in (ops, raddrs, sizes, lks)]
+    return (ev, *listed)
+
+
 def _simulate(
     snapshot: Snapshot,
     device: DeviceData | int,
@@ -1144,17 +1227,15 @@ def _simulate(
 ) -> tuple[PolicyResult, _Model]:
     dev = _device(snapshot, device)
     req = requests if requests is not None else requests_for(snapshot, dev)
-    if tail is None:
-        events = req.events
-        ops, raddrs = req.ops, req.raddrs
-        sizes, lks = req.lists(config)
-    else:
-        events, ops, raddrs, sizes, lks = req.with_tail(dev, config, tail)
+    columns = compiled.wanted() and not reference
+    events, ops, raddrs, sizes, lks = _inputs(req, dev, config, tail, columns)
     model = _Model(
         config, limit_bytes, len(snapshot.pools), dev.streams, req.freeable_from, req.recorded_segments, placement
     )
     start = "empty"
-    if not _segments_complete(dev):
+    if req.complete is None:
+        req.complete = _segments_complete(dev)
+    if not req.complete:
         state = req.source.get().blocks_at(-1)
         start = start_state(config, req.recorded_config)
         if start == "live-blocks":
@@ -1163,9 +1244,10 @@ def _simulate(
             model.seed(state)
     if caught == "free":
         model.transient = frozenset(caught_ooms(dev))
+    model.rec_cols = req.segment_cols
     initial = model.reserved
     serve = model.run_reference if reference else model.run
-    failed = serve(events.tolist() if len(events) < 4096 else _LazyList(events), ops, raddrs, sizes, lks)
+    failed = serve(events if columns else _loop_events(events), ops, raddrs, sizes, lks)
     t = dev.trace
     n = len(t)
     recorded_ooms = np.flatnonzero(t.action == OOM)
@@ -1325,7 +1407,7 @@ def fitted_limit(
     value = estimate.value
     if value is None or estimate.gc_upper is None or estimate.device_full is not None:
         return value
-    if len(requests.ops) > _GC_FIT_MAX_REQUESTS:
+    if len(requests.op_col) > _GC_FIT_MAX_REQUESTS:
         return value
     hi = estimate.gc_upper if estimate.upper is None else min(estimate.gc_upper, estimate.upper)
     lo = max(estimate.lower, estimate.gc_lower or 0)

@@ -425,7 +425,7 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools:
     lane = None
     if not (ns == 1 and len(snapshot.pools) == 1):
         lane = _lanes(pools, t.stream, sel, ns)
-    return sel, ops.tolist(), raddr.tolist(), t.size[sel], ops == _OP_OOM, lane
+    return sel, ops.astype(np.int64), raddr.astype(np.int64), t.size[sel], ops == _OP_OOM, lane
 
 
 def _lanes(pools: I32, stream: npt.NDArray[Any], events: npt.ArrayLike, n_streams: int) -> I64:
@@ -543,17 +543,39 @@ class Requests:
     freeable_from: dict[int, int]  # private pool -> first event showing it released
     recorded_segments: tuple[list[int], list[int], list[int]]  # (action, size, address) of each segment event
     events: npt.NDArray[np.intp]  # trace index of each request
-    ops: list[int]
-    raddrs: list[int]
+    op_col: I64  # op code of each request (``_OP_*``)
+    raddr_col: I64  # recorded address of each request (a user flush: the end of its burst)
     sizes: I64
     is_oom: npt.NDArray[np.bool_]
     lane: I64 | None  # (pool * 2) * streams + stream per request; None: one pool, one stream
     n_streams: int
     source: ReplaySource  # the device's recorded replay, for the few rules that read its states
-    _rounded: dict[tuple[int, ...], tuple[list[int], list[int]]] = field(default_factory=dict)
+    # The recorded segment events as int64 columns (the compiled engine's input: no Python lists).
+    segment_cols: tuple[I64, I64, I64] | None = None
+    _rounded: dict[tuple[int, ...], tuple[I64, I64]] = field(default_factory=dict)
+    _listed: dict[tuple[int, ...], tuple[list[int], list[int]]] = field(default_factory=dict)
+    _ops: list[int] | None = None
+    _raddrs: list[int] | None = None
+    # Whether the trace's segment history is whole (``policy._segments_complete``), once per trace: it
+    # sums a column of every event, and each replay of the trace asks.
+    complete: bool | None = None
 
-    def lists(self, cfg: AllocatorConfig) -> tuple[list[int], list[int]]:
-        """Rounded size and free-list index of every request under ``cfg``'s rounding."""
+    # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
+    # engine takes the columns, and a report that runs it never needs these).
+    @property
+    def ops(self) -> list[int]:
+        if self._ops is None:
+            self._ops = self.op_col.tolist()
+        return self._ops
+
+    @property
+    def raddrs(self) -> list[int]:
+        if self._raddrs is None:
+            self._raddrs = self.raddr_col.tolist()
+        return self._raddrs
+
+    def columns(self, cfg: AllocatorConfig) -> tuple[I64, I64]:
+        """Rounded size and free-list index of every request under ``cfg``'s rounding, as int64 columns."""
         key = cfg.roundup_power2_divisions
         hit = self._rounded.get(key)
         if hit is not None:
@@ -563,10 +585,23 @@ class Requests:
         # by default, as 768 MiB under divisions 4). Rounding is idempotent, and torch's divisions
         # are powers of two, so a coarser recorded rounding stays (an upper bound) under a finer one.
         rounded = cfg.round_sizes(self.sizes)
-        out = (rounded.tolist(), _free_lists(rounded, self.lane, self.n_streams).tolist())
+        out = (rounded, _free_lists(rounded, self.lane, self.n_streams).astype(np.int64))
         if len(self._rounded) >= 4:
             del self._rounded[next(iter(self._rounded))]
         self._rounded[key] = out
+        return out
+
+    def lists(self, cfg: AllocatorConfig) -> tuple[list[int], list[int]]:
+        """``columns`` as Python lists (the Python loop's inputs)."""
+        key = cfg.roundup_power2_divisions
+        hit = self._listed.get(key)
+        if hit is not None:
+            return hit
+        sizes, lks = self.columns(cfg)
+        out = (sizes.tolist(), lks.tolist())
+        if len(self._listed) >= 4:
+            del self._listed[next(iter(self._listed))]
+        self._listed[key] = out
         return out
 
     def stream_keys(self) -> list[tuple[int, int, int, int]]:
@@ -613,6 +648,27 @@ class Requests:
             lks[:keep] + _free_lists(rounded, lane, self.n_streams).tolist(),
         )
 
+    def tail_columns(self, dev: DeviceData, cfg: AllocatorConfig, tail: Any) -> tuple[I64, I64, I64, I64, I64]:
+        """``with_tail`` as int64 columns (the compiled engine's inputs)."""
+        sizes, lks = self.columns(cfg)
+        keep = int(np.searchsorted(self.events, tail.cut, side="left"))
+        events = self.events[:keep].astype(np.int64)
+        cut = (events, self.op_col[:keep], self.raddr_col[:keep], sizes[:keep], lks[:keep])
+        if not len(tail.alloc):
+            return cut
+        n = len(dev.trace)
+        rounded = cfg.round_sizes(np.asarray(tail.size, np.int64))
+        lane = None if self.lane is None else _lanes(self.pools, dev.trace.stream, tail.like, self.n_streams)
+        added = (
+            np.r_[tail.cut, n + np.arange(1, len(tail.alloc))],
+            np.where(np.asarray(tail.alloc, bool), _OP_ALLOC, _OP_FREE),
+            np.asarray(tail.addr, np.int64),
+            rounded,
+            _free_lists(rounded, lane, self.n_streams),
+        )
+        a, b, c, d, e = (np.r_[x, y].astype(np.int64) for x, y in zip(cut, added, strict=True))
+        return a, b, c, d, e
+
 
 def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplaySource | None = None) -> Requests:
     """The ``Requests`` of one device trace (see the module docstring). ``source``: the
@@ -625,7 +681,8 @@ def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplayS
     events, ops, raddrs, sizes, is_oom, lane = _stream_of(snapshot, dev, bursts, pools)
     t = dev.trace
     seg = np.flatnonzero(np.isin(t.action, _SEGMENT_ACTIONS))
-    segments = (t.action[seg].tolist(), t.size[seg].tolist(), t.addr[seg].tolist())
+    cols = (t.action[seg].astype(np.int64), t.size[seg].astype(np.int64), t.addr[seg].astype(np.int64))
+    segments = (cols[0].tolist(), cols[1].tolist(), cols[2].tolist())
     return Requests(
         recorded,
         bursts,
@@ -640,6 +697,7 @@ def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplayS
         lane,
         max(len(dev.streams), 1),
         source,
+        segment_cols=cols,
     )
 
 

@@ -132,8 +132,13 @@ class _Spy(_Model):
         return b
 
     def run(self, events: Any, ops: list[int], raddrs: list[int], sizes: list[int], lks: list[int]) -> list[int]:
-        self.requests = ([events[k] for k in range(len(ops))], ops, raddrs, sizes, lks)
-        return super().run(events, ops, raddrs, sizes, lks)
+        # As Python ints: simulate hands the compiled engine int64 columns.
+        columns = [x.tolist() if isinstance(x, np.ndarray) else x for x in (ops, raddrs, sizes, lks)]
+        self.requests = ([int(events[k]) for k in range(len(ops))], *columns)
+        failed = super().run(events, ops, raddrs, sizes, lks)
+        # The compiled engine makes its segments without calling alloc_block: their heads say the same.
+        self.segment_lk.update({id(head): lk for head, lk in self.heads.values() if head[_PREV] is None})
+        return failed
 
 
 def _chain(head: list[Any]) -> Iterator[list[Any]]:

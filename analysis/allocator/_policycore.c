@@ -1,0 +1,2008 @@
+/* analysis.allocator._replaycore.policy_engine: the allocator model's whole replay (policy._Model.run)
+ * in C, on C structures.
+ *
+ * Import once, run natively, export once. The engine reads the Python model's state (after
+ * ``seed`` / ``seed_live``, which stay Python) into C: a block arena (size, address, prev/next
+ * indices, state free/allocated/unmapped), one sorted array per free list of the packed keys
+ * ``size << sh | addr`` as unsigned 128-bit values (the very integers Python's lists hold, so the
+ * order is Python's even where an address passes 2**sh) beside their block indices, unmapped
+ * ranges by address, open-addressing hash maps for amap/pmap/pend/heads/gcb (each entry keeps the
+ * order it was first inserted in, as a Python dict does), the segment-event record and the
+ * placement model. Every request, the rare paths included (miss, garbage collection, alloc_block,
+ * release_available, release_cached with pending frees and private pools, expandable segments'
+ * map/unmap, OOM entries, transient OOMs), runs here; at the end the state is written back
+ * into the Python model as the Python loop would have left it, so what follows ``run`` (layout,
+ * results, tests inspecting the model) reads it unchanged.
+ *
+ * The statements follow the Python methods of ``policy._Model`` one for one (their names are
+ * given); the Python loop stays the reference (tests/analysis/test_replaycore.py). No number of the
+ * allocator's rules is written here: the caller passes each one (split rules, fit limit, pages,
+ * the GC threshold in bytes, the limit, the reservation stride and size, the placement's chunk
+ * and top), taken from its one definition (analysis/allocator/config.py, placement.py, policy.py),
+ * and ``allocation_size`` is config.py's own function, called on a miss (remembered per size).
+ *
+ * Declining: the engine works on sizes and addresses in [0, 2**62) and on a model whose free
+ * lists hold exactly the blocks their keys name. A state outside that (only a hostile trace makes
+ * one: overlapping recorded segments, sizes near 2**63) is not guessed at: the engine stops,
+ * leaves the Python model untouched, and returns (None, reason); the caller then runs the Python
+ * loop, which does whatever the reference does there.
+ *
+ * Memory: every array grows by checked doubling; every allocation is checked; everything is
+ * freed on every path out (engine_free).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef __int128 i128;
+typedef unsigned __int128 u128;
+
+#define VMAX ((int64_t)1 << 62) /* sizes and addresses the engine takes: [0, VMAX) */
+
+enum { ST_ALLOC = 0, ST_FREE = 1, ST_UNMAPPED = 2, ST_DEAD = 3 };
+
+typedef struct {
+    int64_t size, addr;
+    int32_t prev, next; /* -1: none */
+    int8_t state;
+} Blk;
+
+/* A free list: its packed keys in order, beside their blocks, in chunks of at most FCAP entries (a
+ * two-level sorted list: an insert or delete moves at most one chunk, where one flat array would
+ * move half the list; free lists of thousands of blocks are common). No chunk is empty. */
+#define FCAP 64
+typedef struct {
+    int n;
+    u128 key[FCAP];
+    int32_t blk[FCAP];
+} Chunk;
+
+typedef struct {
+    Chunk **c;
+    u128 *last; /* each chunk's last key, side by side: the search over chunks reads no chunk */
+    Chunk *spare; /* the last chunk emptied, kept for the next one needed (a list often empties) */
+    size_t nc, capc, capl;
+    Py_ssize_t n;
+} FList;
+
+typedef struct {
+    Py_ssize_t c; /* chunk; nc: past the end */
+    int j;        /* entry in it */
+} Pos;
+
+typedef struct {
+    int64_t *addr;
+    int32_t *blk;
+    Py_ssize_t n, cap;
+} UList; /* unmapped ranges of expandable reservations, by address */
+
+typedef struct {
+    int64_t key, val;
+    int32_t aux;
+    uint8_t used;
+    uint64_t seq; /* insertion order (a Python dict's iteration order) */
+} HEnt;
+
+typedef struct {
+    HEnt *e;
+    size_t cap, n;
+    uint64_t seq;
+} HMap;
+
+typedef struct {
+    int64_t *v;
+    size_t n, cap;
+} Vec;
+
+typedef struct {
+    int64_t addr, size;
+} Range;
+
+typedef struct {
+    /* the rules' numbers, from the caller */
+    int sh, ns, nl, nbp, exp, gc_on, mss_on, has_limit, kind_mirror;
+    i128 mss, nsr, limit, gc_threshold;
+    i128 *over, *below;
+    int64_t *page, *bp_lists;
+    int64_t resv_stride, resv_bytes, chunk, top;
+    long seg_alloc, seg_free, seg_map, seg_unmap;
+    long op_alloc, op_free, op_free_req, op_free_done, op_oom, op_flush;
+    PyObject *allocation_size;
+    int64_t *rec_act, *rec_size, *rec_addr;
+    Py_ssize_t n_rec;
+    int64_t *free_pool, *free_since;
+    Py_ssize_t n_freeable;
+    int64_t *transient;
+    Py_ssize_t n_transient;
+    /* the state */
+    Blk *b;
+    int32_t nb, capb;
+    Vec freeslots;
+    FList *fl;
+    UList *ul;
+    HMap amap, pmap, pend, heads, gcb, asz;
+    Vec seg_act, seg_size, seg_idx, flushes;
+    i128 reserved, peak;
+    int64_t gcc, next_resv, cur;
+    int lockstep;
+    int va; /* -1: not made yet, 0: driver, 1: mirror */
+    int64_t va_low, va_next;
+    Range *va_free;
+    size_t va_n, va_cap;
+    const char *declined;
+    /* how often each path ran (tests assert that the paths they mean to cover ran) */
+    int64_t counts[16];
+} Engine;
+
+enum {
+    C_MISS, C_GC, C_GC_FREED, C_AVAIL, C_AVAIL_FREED, C_FLUSH, C_PEND_SYNCED, C_POOL_FREED, C_PRIVATE,
+    C_MAP, C_UNMAP, C_RESERVATION, C_PLACED, C_LOCKSTEP_ADDR, C_TRANSIENT, C_OOM_FAILED, C_N
+};
+static const char *count_names[C_N] = {
+    "miss", "gc", "gc_freed", "release_available", "available_freed", "release_cached", "pending_synced",
+    "segments_freed", "private_pool_released", "map", "unmap", "reservation", "placed", "recorded_address",
+    "transient_freed", "failed",
+};
+
+#define DECLINE(E, why)      \
+    do {                     \
+        (E)->declined = why; \
+        return -1;           \
+    } while (0)
+#define TRY(x)                \
+    do {                      \
+        if ((x) < 0) return -1; \
+    } while (0)
+
+/* ------------------------------------------------------------------ growable arrays */
+
+static int grow(void **p, size_t *cap, size_t need, size_t item) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) {
+        if (c > ((size_t)PY_SSIZE_T_MAX / item) / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c *= 2;
+    }
+    void *q = PyMem_Realloc(*p, c * item);
+    if (!q) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static int vec_push(Vec *v, int64_t x) {
+    if (grow((void **)&v->v, &v->cap, v->n + 1, sizeof(int64_t)) < 0) return -1;
+    v->v[v->n++] = x;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ hash maps (int64 -> value) */
+
+static inline uint64_t mix(int64_t k) {
+    uint64_t x = (uint64_t)k;
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+static Py_ssize_t hm_find(const HMap *m, int64_t key) {
+    if (!m->cap) return -1;
+    size_t mask = m->cap - 1;
+    for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+        if (!m->e[i].used) return -1;
+        if (m->e[i].key == key) return (Py_ssize_t)i;
+    }
+}
+
+static int hm_rehash(HMap *m, size_t cap) {
+    HEnt *old = m->e;
+    size_t oldcap = m->cap;
+    HEnt *e = PyMem_Calloc(cap, sizeof(HEnt));
+    if (!e) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t mask = cap - 1;
+    for (size_t j = 0; j < oldcap; j++) {
+        if (!old[j].used) continue;
+        size_t i = mix(old[j].key) & mask;
+        while (e[i].used) i = (i + 1) & mask;
+        e[i] = old[j];
+    }
+    PyMem_Free(old);
+    m->e = e;
+    m->cap = cap;
+    return 0;
+}
+
+/* d[key] = (val, aux): a new key goes last in the order, an existing one keeps its place. */
+static int hm_set(HMap *m, int64_t key, int64_t val, int32_t aux) {
+    if ((m->n + 1) * 2 > m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(HEnt))) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (hm_rehash(m, cap) < 0) return -1;
+    }
+    size_t mask = m->cap - 1;
+    size_t i = mix(key) & mask;
+    while (m->e[i].used && m->e[i].key != key) i = (i + 1) & mask;
+    if (!m->e[i].used) {
+        m->e[i].used = 1;
+        m->e[i].key = key;
+        m->e[i].seq = m->seq++;
+        m->n++;
+    }
+    m->e[i].val = val;
+    m->e[i].aux = aux;
+    return 0;
+}
+
+/* Remove slot i (linear probing: shift the following entries back, no tombstones). */
+static void hm_del_at(HMap *m, size_t i) {
+    size_t mask = m->cap - 1;
+    size_t j = i;
+    m->e[i].used = 0;
+    m->n--;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!m->e[j].used) return;
+        size_t home = mix(m->e[j].key) & mask;
+        /* move e[j] into the hole at i when its home is not within (i, j] cyclically */
+        if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) {
+            m->e[i] = m->e[j];
+            m->e[j].used = 0;
+            i = j;
+        }
+    }
+}
+
+/* d.pop(key): 1 and the value when present, 0 when not. */
+static int hm_pop(HMap *m, int64_t key, int64_t *val, int32_t *aux) {
+    Py_ssize_t i = hm_find(m, key);
+    if (i < 0) return 0;
+    *val = m->e[i].val;
+    if (aux) *aux = m->e[i].aux;
+    hm_del_at(m, (size_t)i);
+    return 1;
+}
+
+static void hm_clear(HMap *m) {
+    if (m->cap) memset(m->e, 0, m->cap * sizeof(HEnt));
+    m->n = 0;
+}
+
+static int cmp_seq(const void *a, const void *b) {
+    uint64_t x = (*(HEnt *const *)a)->seq, y = (*(HEnt *const *)b)->seq;
+    return x < y ? -1 : x > y;
+}
+
+/* The entries in a Python dict's order (new array, caller frees; NULL with an exception). */
+static HEnt **hm_ordered(const HMap *m) {
+    HEnt **out = PyMem_Malloc((m->n ? m->n : 1) * sizeof(HEnt *));
+    if (!out) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->e[i].used) out[k++] = &m->e[i];
+    qsort(out, k, sizeof(HEnt *), cmp_seq);
+    return out;
+}
+
+/* ------------------------------------------------------------------ blocks */
+
+static int new_block(Engine *E, int64_t size, int64_t addr, int32_t prev, int32_t next, int8_t state) {
+    int32_t k;
+    if (E->freeslots.n) {
+        k = (int32_t)E->freeslots.v[--E->freeslots.n];
+    } else {
+        if (E->nb == INT32_MAX) DECLINE(E, "too many blocks");
+        size_t cap = (size_t)E->capb;
+        if (grow((void **)&E->b, &cap, (size_t)E->nb + 1, sizeof(Blk)) < 0) return -1;
+        if (cap > INT32_MAX) cap = INT32_MAX;
+        E->capb = (int32_t)cap;
+        k = E->nb++;
+    }
+    E->b[k] = (Blk){size, addr, prev, next, state};
+    return k;
+}
+
+static int kill_block(Engine *E, int32_t k) {
+    E->b[k].state = ST_DEAD;
+    return vec_push(&E->freeslots, k);
+}
+
+static inline u128 bkey(const Engine *E, int32_t k) {
+    return ((u128)(uint64_t)E->b[k].size << E->sh) | (u128)(uint64_t)E->b[k].addr;
+}
+
+static inline int pos_ok(const FList *f, Pos p) { return p.c >= 0 && (size_t)p.c < f->nc; }
+static inline u128 pos_key(const FList *f, Pos p) { return f->c[p.c]->key[p.j]; }
+static inline int32_t pos_blk(const FList *f, Pos p) { return f->c[p.c]->blk[p.j]; }
+
+static inline void pos_next(const FList *f, Pos *p) {
+    if (++p->j >= f->c[p->c]->n) {
+        p->c++;
+        p->j = 0;
+    }
+}
+
+static inline void pos_prev(const FList *f, Pos *p) { /* from the end too; before the first: c -1 */
+    if (p->j > 0) {
+        p->j--;
+    } else if (--p->c >= 0) {
+        p->j = f->c[p->c]->n - 1;
+    }
+}
+
+/* bisect_left over n sorted keys: how many are below key, counted without a branch on the keys
+ * (a binary search's branches are unpredictable and cost more than a chunk's worth of compares). */
+static inline size_t count_below(const u128 *first, size_t n, u128 key) {
+    size_t below = 0;
+    for (size_t i = 0; i < n; i++) below += first[i] < key;
+    return below;
+}
+
+static inline size_t lower_u128(const u128 *first, size_t n, u128 key) {
+    if (n <= 16) return count_below(first, n, key);
+    size_t lo = 0, hi = n; /* many chunks: halve down to a few first */
+    while (hi - lo > 16) {
+        size_t mid = (lo + hi) >> 1;
+        if (first[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo + count_below(first + lo, hi - lo, key);
+}
+
+/* The first chunk whose last key is >= key (nc: none). */
+static Py_ssize_t fl_chunk(const FList *f, u128 key) { return (Py_ssize_t)lower_u128(f->last, f->nc, key); }
+
+static int in_chunk(const Chunk *ch, u128 key) { return (int)lower_u128(ch->key, (size_t)ch->n, key); }
+
+/* bisect_left: the first entry whose key is >= key. */
+static Pos fl_lower(const FList *f, u128 key) {
+    Pos p = {fl_chunk(f, key), 0};
+    if ((size_t)p.c < f->nc) p.j = in_chunk(f->c[p.c], key);
+    return p;
+}
+
+static Chunk *chunk_new(FList *f) {
+    Chunk *ch = f->spare;
+    if (ch) {
+        f->spare = NULL;
+    } else if (!(ch = PyMem_Malloc(sizeof(Chunk)))) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    ch->n = 0;
+    return ch;
+}
+
+static void chunk_drop(FList *f, Chunk *ch) {
+    if (f->spare)
+        PyMem_Free(ch);
+    else
+        f->spare = ch;
+}
+
+static int chunk_insert_at(FList *f, size_t at, Chunk *ch) {
+    if (grow((void **)&f->c, &f->capc, f->nc + 1, sizeof(Chunk *)) < 0) return -1;
+    if (grow((void **)&f->last, &f->capl, f->nc + 1, sizeof(u128)) < 0) return -1;
+    memmove(f->c + at + 1, f->c + at, (f->nc - at) * sizeof(Chunk *));
+    memmove(f->last + at + 1, f->last + at, (f->nc - at) * sizeof(u128));
+    f->c[at] = ch;
+    f->last[at] = ch->n ? ch->key[ch->n - 1] : 0;
+    f->nc++;
+    return 0;
+}
+
+/* Insert at the key's bisect_left place. */
+static int fl_put(FList *f, u128 key, int32_t blk) {
+    if (!f->nc) {
+        Chunk *ch = chunk_new(f);
+        if (!ch) return -1;
+        if (chunk_insert_at(f, 0, ch) < 0) {
+            chunk_drop(f, ch);
+            return -1;
+        }
+    }
+    Py_ssize_t c = fl_chunk(f, key);
+    if ((size_t)c == f->nc) c--; /* past every key: the end of the last chunk */
+    Chunk *ch = f->c[c];
+    if (ch->n == FCAP) { /* split the full chunk in two halves */
+        Chunk *hi = chunk_new(f);
+        if (!hi) return -1;
+        hi->n = FCAP / 2;
+        memcpy(hi->key, ch->key + FCAP / 2, (FCAP / 2) * sizeof(u128));
+        memcpy(hi->blk, ch->blk + FCAP / 2, (FCAP / 2) * sizeof(int32_t));
+        if (chunk_insert_at(f, (size_t)c + 1, hi) < 0) {
+            chunk_drop(f, hi);
+            return -1;
+        }
+        ch->n = FCAP / 2;
+        f->last[c] = ch->key[ch->n - 1];
+        if (f->last[c] < key) { /* its place is in the upper half */
+            ch = hi;
+            c++;
+        }
+    }
+    int j = in_chunk(ch, key);
+    memmove(ch->key + j + 1, ch->key + j, (size_t)(ch->n - j) * sizeof(u128));
+    memmove(ch->blk + j + 1, ch->blk + j, (size_t)(ch->n - j) * sizeof(int32_t));
+    ch->key[j] = key;
+    ch->blk[j] = blk;
+    ch->n++;
+    f->last[c] = ch->key[ch->n - 1];
+    f->n++;
+    return 0;
+}
+
+static void fl_delete_at(FList *f, Pos p) {
+    Chunk *ch = f->c[p.c];
+    memmove(ch->key + p.j, ch->key + p.j + 1, (size_t)(ch->n - p.j - 1) * sizeof(u128));
+    memmove(ch->blk + p.j, ch->blk + p.j + 1, (size_t)(ch->n - p.j - 1) * sizeof(int32_t));
+    ch->n--;
+    f->n--;
+    if (!ch->n) {
+        chunk_drop(f, ch);
+        memmove(f->c + p.c, f->c + p.c + 1, (f->nc - (size_t)p.c - 1) * sizeof(Chunk *));
+        memmove(f->last + p.c, f->last + p.c + 1, (f->nc - (size_t)p.c - 1) * sizeof(u128));
+        f->nc--;
+    } else {
+        f->last[p.c] = ch->key[ch->n - 1];
+    }
+}
+
+static void fl_clear(FList *f) {
+    for (size_t c = 0; c < f->nc; c++) chunk_drop(f, f->c[c]);
+    f->nc = 0;
+    f->n = 0;
+}
+
+/* The blocks of a free list in order (appended to v). */
+static int fl_blocks(const FList *f, Vec *v) {
+    for (size_t c = 0; c < f->nc; c++)
+        for (int j = 0; j < f->c[c]->n; j++)
+            if (vec_push(v, f->c[c]->blk[j]) < 0) return -1;
+    return 0;
+}
+
+/* _insert: into free list lk at its key's place (bisect_left), state free, GC age stamped. */
+static int fl_insert(Engine *E, int lk, int32_t k) {
+    TRY(fl_put(&E->fl[lk], bkey(E, k), k));
+    E->b[k].state = ST_FREE;
+    if (E->gc_on) TRY(hm_set(&E->gcb, E->b[k].addr, E->gcc, 0));
+    return 0;
+}
+
+/* _remove: bisect_left for the block's key and delete there; Python deletes whatever is there,
+ * so anything but this block there is a state the engine does not follow. */
+static int fl_remove(Engine *E, int lk, int32_t k) {
+    FList *f = &E->fl[lk];
+    Pos p = fl_lower(f, bkey(E, k));
+    if (!pos_ok(f, p) || pos_blk(f, p) != k) DECLINE(E, "a free list does not hold the block its key names");
+    fl_delete_at(f, p);
+    E->b[k].state = ST_ALLOC;
+    return 0;
+}
+
+static Py_ssize_t ul_lower(const UList *u, int64_t addr) {
+    Py_ssize_t lo = 0, hi = u->n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) >> 1;
+        if (u->addr[mid] < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int ul_insert(Engine *E, int lk, int32_t k) { /* _uinsert */
+    UList *u = &E->ul[lk];
+    size_t cap = (size_t)u->cap, cap2 = (size_t)u->cap;
+    if (grow((void **)&u->addr, &cap, (size_t)u->n + 1, sizeof(int64_t)) < 0) return -1;
+    if (grow((void **)&u->blk, &cap2, (size_t)u->n + 1, sizeof(int32_t)) < 0) return -1;
+    u->cap = (Py_ssize_t)(cap < cap2 ? cap : cap2);
+    Py_ssize_t j = ul_lower(u, E->b[k].addr);
+    memmove(u->addr + j + 1, u->addr + j, (size_t)(u->n - j) * sizeof(int64_t));
+    memmove(u->blk + j + 1, u->blk + j, (size_t)(u->n - j) * sizeof(int32_t));
+    u->addr[j] = E->b[k].addr;
+    u->blk[j] = k;
+    u->n++;
+    E->b[k].state = ST_UNMAPPED;
+    return 0;
+}
+
+static int ul_remove(Engine *E, int lk, int32_t k) { /* _uremove */
+    UList *u = &E->ul[lk];
+    Py_ssize_t j = ul_lower(u, E->b[k].addr);
+    if (j >= u->n || u->blk[j] != k) DECLINE(E, "an unmapped list does not hold the range its address names");
+    memmove(u->addr + j, u->addr + j + 1, (size_t)(u->n - j - 1) * sizeof(int64_t));
+    memmove(u->blk + j, u->blk + j + 1, (size_t)(u->n - j - 1) * sizeof(int32_t));
+    u->n--;
+    return 0;
+}
+
+static int add_size(Engine *E, int64_t *into, int64_t more) {
+    if (more < 0 || *into > VMAX - more) DECLINE(E, "a size past the engine's range");
+    *into += more;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ bookkeeping */
+
+static int record(Engine *E, long action, int64_t size) { /* _record */
+    if (E->lockstep) {
+        size_t j = E->seg_act.n;
+        if (j >= (size_t)E->n_rec || E->rec_act[j] != action || E->rec_size[j] != size) E->lockstep = 0;
+    }
+    TRY(vec_push(&E->seg_act, action));
+    TRY(vec_push(&E->seg_size, size));
+    return vec_push(&E->seg_idx, E->cur);
+}
+
+static void grew(Engine *E, int64_t by) {
+    E->reserved += by;
+    if (E->reserved > E->peak) E->peak = E->reserved;
+}
+
+/* ------------------------------------------------------------------ placement (placement.py) */
+
+static int va_insert(Engine *E, size_t k, int64_t addr, int64_t size) {
+    if (grow((void **)&E->va_free, &E->va_cap, E->va_n + 1, sizeof(Range)) < 0) return -1;
+    memmove(E->va_free + k + 1, E->va_free + k, (E->va_n - k) * sizeof(Range));
+    E->va_free[k] = (Range){addr, size};
+    E->va_n++;
+    return 0;
+}
+
+static void va_delete(Engine *E, size_t k) {
+    memmove(E->va_free + k, E->va_free + k + 1, (E->va_n - k - 1) * sizeof(Range));
+    E->va_n--;
+}
+
+/* DriverPlacement._give_back: merge with the free ranges after and before, insort. */
+static int va_give_back(Engine *E, int64_t addr, int64_t size) {
+    size_t k = 0, hi = E->va_n; /* bisect_left(free, (addr, 0)) */
+    while (k < hi) {
+        size_t mid = (k + hi) >> 1;
+        if (E->va_free[mid].addr < addr || (E->va_free[mid].addr == addr && E->va_free[mid].size < 0))
+            k = mid + 1;
+        else
+            hi = mid;
+    }
+    if (k < E->va_n && E->va_free[k].addr == addr + size) {
+        size += E->va_free[k].size;
+        va_delete(E, k);
+    }
+    if (k > 0 && E->va_free[k - 1].addr + E->va_free[k - 1].size == addr) {
+        addr = E->va_free[k - 1].addr;
+        size += E->va_free[k - 1].size;
+        va_delete(E, k - 1);
+    }
+    /* insort((addr, size)): after equal tuples */
+    size_t lo = 0;
+    hi = E->va_n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) >> 1;
+        Range r = E->va_free[mid];
+        if (addr < r.addr || (addr == r.addr && size < r.size))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return va_insert(E, lo, addr, size);
+}
+
+static int cmp_range(const void *a, const void *b) {
+    const Range *x = a, *y = b;
+    if (x->addr != y->addr) return x->addr < y->addr ? -1 : 1;
+    return x->size < y->size ? -1 : x->size > y->size;
+}
+
+/* PLACEMENTS[kind](self._segment_spans()): the placement model, continuing from the live segments. */
+static int va_make(Engine *E) {
+    Range *spans = PyMem_Malloc((E->heads.n ? E->heads.n : 1) * sizeof(Range));
+    if (!spans) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < E->heads.cap; i++) {
+        if (!E->heads.e[i].used) continue;
+        int64_t size = 0;
+        for (int32_t b = (int32_t)E->heads.e[i].val; b >= 0; b = E->b[b].next) {
+            if (add_size(E, &size, E->b[b].size) < 0) {
+                PyMem_Free(spans);
+                return -1;
+            }
+        }
+        if (E->heads.e[i].key < 0) { /* Python's % and C's differ below zero; no model makes one */
+            PyMem_Free(spans);
+            DECLINE(E, "a segment below address 0");
+        }
+        spans[n++] = (Range){E->heads.e[i].key, size};
+    }
+    if (E->kind_mirror) {
+        E->va = 1;
+        E->va_next = E->top;
+        if (n) {
+            E->va_next = INT64_MIN;
+            for (size_t k = 0; k < n; k++)
+                if (spans[k].addr + spans[k].size > E->va_next) E->va_next = spans[k].addr + spans[k].size;
+        }
+        PyMem_Free(spans);
+        return 0;
+    }
+    E->va = 0;
+    qsort(spans, n, sizeof(Range), cmp_range);
+    if (!n) {
+        E->va_low = E->top;
+        PyMem_Free(spans);
+        return 0;
+    }
+    E->va_low = spans[0].addr - spans[0].addr % E->chunk;
+    int64_t end = E->va_low;
+    for (size_t k = 0; k < n; k++) {
+        if (spans[k].addr > end && va_insert(E, E->va_n, end, spans[k].addr - end) < 0) {
+            PyMem_Free(spans);
+            return -1;
+        }
+        if (spans[k].addr + spans[k].size > end) end = spans[k].addr + spans[k].size;
+    }
+    PyMem_Free(spans);
+    return 0;
+}
+
+/* va.place(size) */
+static int va_place(Engine *E, int64_t size, int64_t *out) {
+    E->counts[C_PLACED]++;
+    if (E->va == 1) { /* MirrorPlacement */
+        *out = E->va_next;
+        if (E->va_next > VMAX - size) DECLINE(E, "an address past the engine's range");
+        E->va_next += size;
+        return 0;
+    }
+    for (size_t k = 0; k < E->va_n; k++) { /* DriverPlacement: the lowest free range that holds it */
+        Range r = E->va_free[k];
+        if (r.size >= size) {
+            if (r.size == size)
+                va_delete(E, k);
+            else
+                E->va_free[k] = (Range){r.addr + size, r.size - size};
+            *out = r.addr;
+            return 0;
+        }
+    }
+    int64_t chunk = size / E->chunk + (size % E->chunk != 0);
+    if (chunk > VMAX / E->chunk) DECLINE(E, "an address past the engine's range");
+    chunk *= E->chunk;
+    E->va_low -= chunk;
+    if (E->va_low < 0) DECLINE(E, "an address past the engine's range");
+    if (chunk > size) TRY(va_give_back(E, E->va_low + size, chunk - size));
+    *out = E->va_low;
+    return 0;
+}
+
+/* _freed: a cudaMalloc'd segment goes back to the driver. */
+static int freed(Engine *E, int32_t b) {
+    Py_ssize_t i = hm_find(&E->heads, E->b[b].addr);
+    if (i < 0) DECLINE(E, "a released segment is no segment head");
+    hm_del_at(&E->heads, (size_t)i);
+    if (E->va == 0) TRY(va_give_back(E, E->b[b].addr, E->b[b].size));
+    return 0;
+}
+
+/* ------------------------------------------------------------------ malloc */
+
+static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out) {
+    *out = -1;
+    if (E->gc_on && lk / E->ns == 1) E->gcc++;
+    FList *f = &E->fl[lk];
+    Pos i = fl_lower(f, (u128)(uint64_t)size << E->sh);
+    if (!pos_ok(f, i)) return 0;
+    if (E->exp) { /* best fit by "free block + the unmapped range after it" (_grown) */
+        int32_t c = pos_blk(f, i), nb = E->b[c].next;
+        i128 cur = E->b[c].size + (nb >= 0 && E->b[nb].state == ST_UNMAPPED ? E->b[nb].size : 0);
+        for (Pos q = i;;) {
+            pos_next(f, &q);
+            if (!pos_ok(f, q)) break;
+            c = pos_blk(f, q);
+            nb = E->b[c].next;
+            i128 nxt = E->b[c].size + (nb >= 0 && E->b[nb].state == ST_UNMAPPED ? E->b[nb].size : 0);
+            if (nxt >= cur) break;
+            i = q;
+            cur = nxt;
+        }
+    }
+    /* the max_split_size filter: config.fit_limit */
+    i128 limit = (i128)size < E->mss ? E->mss : (i128)size + E->nsr;
+    if ((i128)(pos_key(f, i) >> E->sh) >= limit) return 0;
+    int32_t b = pos_blk(f, i);
+    fl_delete_at(f, i);
+    E->b[b].state = ST_ALLOC;
+    *out = b;
+    return 0;
+}
+
+/* free_block: merge with free neighbours, back into the free list; the merged block. */
+static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
+    int32_t p = E->b[b].prev;
+    if (p >= 0 && E->b[p].state == ST_FREE) {
+        TRY(fl_remove(E, lk, p));
+        int32_t n = E->b[b].next;
+        E->b[p].next = n;
+        if (n >= 0) E->b[n].prev = p;
+        TRY(add_size(E, &E->b[p].size, E->b[b].size));
+        TRY(kill_block(E, b));
+        b = p;
+    }
+    int32_t n = E->b[b].next;
+    if (n >= 0 && E->b[n].state == ST_FREE) {
+        TRY(fl_remove(E, lk, n));
+        int32_t nn = E->b[n].next;
+        E->b[b].next = nn;
+        if (nn >= 0) E->b[nn].prev = b;
+        TRY(add_size(E, &E->b[b].size, E->b[n].size));
+        TRY(kill_block(E, n));
+    }
+    TRY(fl_insert(E, lk, b));
+    if (out) *out = b;
+    return 0;
+}
+
+/* should_split + alloc_found_block (the split rule's two numbers per free list: config.split_rule). */
+static int split(Engine *E, int lk, int32_t b, int64_t size) {
+    int64_t rem = E->b[b].size - size;
+    if (!((i128)rem > E->over[lk] && (i128)size < E->below[lk])) return 0;
+    int32_t n = E->b[b].next;
+    int r = new_block(E, rem, E->b[b].addr + size, b, n, ST_FREE);
+    if (r < 0) return -1;
+    if (n >= 0) E->b[n].prev = r;
+    E->b[b].next = r;
+    E->b[b].size = size;
+    return fl_insert(E, lk, r);
+}
+
+static int alloc_expandable(Engine *E, int lk, int64_t size, int32_t *out);
+
+/* alloc_block: a new segment (or mapped pages); -1 in *out when the limit refuses
+ * (config.limit_refuses: reserved + alloc_size above the limit). */
+static int alloc_block(Engine *E, int lk, int64_t size, int64_t alloc_size, int32_t *out) {
+    *out = -1;
+    if (E->has_limit && E->reserved + alloc_size > E->limit) return 0;
+    if (E->exp) return alloc_expandable(E, lk, size, out);
+    size_t j = E->seg_act.n;
+    int64_t address;
+    if (E->lockstep && j < (size_t)E->n_rec && E->rec_act[j] == E->seg_alloc && E->rec_size[j] == alloc_size) {
+        address = E->rec_addr[j];
+        E->counts[C_LOCKSTEP_ADDR]++;
+    } else {
+        if (E->va < 0) TRY(va_make(E));
+        TRY(va_place(E, alloc_size, &address));
+    }
+    int b = new_block(E, alloc_size, address, -1, -1, ST_ALLOC);
+    if (b < 0) return -1;
+    TRY(hm_set(&E->heads, address, b, lk));
+    grew(E, alloc_size);
+    TRY(record(E, E->seg_alloc, alloc_size));
+    *out = b;
+    return 0;
+}
+
+/* release_block: cudaFree a whole free segment. */
+static int release_block(Engine *E, int lk, int32_t b) {
+    TRY(fl_remove(E, lk, b));
+    TRY(freed(E, b));
+    E->reserved -= E->b[b].size;
+    TRY(record(E, E->seg_free, E->b[b].size));
+    return kill_block(E, b);
+}
+
+/* release_available_cached_blocks: 1 when it released at least max(size, max_split_size). */
+static int release_available(Engine *E, int lk, int64_t size) {
+    E->counts[C_AVAIL]++;
+    FList *f = &E->fl[lk];
+    i128 want = (i128)size > E->mss ? (i128)size : E->mss;
+    Pos i = fl_lower(f, (u128)want << E->sh);
+    if (pos_ok(f, i) && !E->exp) {
+        int32_t b = pos_blk(f, i);
+        if (E->b[b].prev < 0 && E->b[b].next < 0) {
+            E->counts[C_AVAIL_FREED]++;
+            TRY(release_block(E, lk, b));
+            return 1;
+        }
+    }
+    /* From the entry before i down. Releasing the entry at j leaves every entry before it where it
+     * was (a chunk emptied by it goes, and j was then its first entry: the previous one is the last
+     * of the chunk before), so stepping back from j stays right. */
+    i128 released = 0;
+    Pos j = i;
+    for (pos_prev(f, &j); released < want && j.c >= 0; pos_prev(f, &j)) {
+        u128 key = pos_key(f, j);
+        if ((i128)(key >> E->sh) < E->mss) break;
+        int32_t b = pos_blk(f, j);
+        if (!E->exp && E->b[b].prev < 0 && E->b[b].next < 0) {
+            E->counts[C_AVAIL_FREED]++;
+            int emptied = f->c[j.c]->n == 1;
+            TRY(release_block(E, lk, b));
+            released += (i128)(key >> E->sh);
+            if (emptied) j.j = 0; /* the chunk went: step back into the one before it */
+        }
+    }
+    return released >= want;
+}
+
+static int unmap(Engine *E, int lk, int32_t b);
+
+/* _release_pool: release_blocks of one BlockPool, in its (stream, size, address) order. */
+static int release_pool(Engine *E, int bp) {
+    Vec todo = {0}, all = {0}; /* (lk, block) pairs to unmap, expandable segments; one list's blocks */
+    int rc = -1;
+    for (int s = 0; s < E->ns; s++) {
+        int lk = (int)E->bp_lists[(size_t)bp * E->ns + s];
+        FList *f = &E->fl[lk];
+        if (!f->n) continue;
+        all.n = 0;
+        if (fl_blocks(f, &all) < 0) goto out;
+        if (E->exp) {
+            for (size_t j = 0; j < all.n; j++)
+                if (vec_push(&todo, lk) < 0 || vec_push(&todo, all.v[j]) < 0) goto out;
+            continue;
+        }
+        fl_clear(f); /* and the kept ones back, in the same order */
+        for (size_t j = 0; j < all.n; j++) {
+            int32_t b = (int32_t)all.v[j];
+            if (E->b[b].prev >= 0 || E->b[b].next >= 0) {
+                if (fl_put(f, bkey(E, b), b) < 0) goto out;
+                continue;
+            }
+            E->b[b].state = ST_ALLOC;
+            E->counts[C_POOL_FREED]++;
+            if (freed(E, b) < 0) goto out;
+            E->reserved -= E->b[b].size;
+            if (record(E, E->seg_free, E->b[b].size) < 0 || kill_block(E, b) < 0) goto out;
+        }
+    }
+    for (size_t t = 0; t + 1 < todo.n; t += 2)
+        if (unmap(E, (int)todo.v[t], (int32_t)todo.v[t + 1]) < 0) goto out;
+    rc = 0;
+out:
+    PyMem_Free(todo.v);
+    PyMem_Free(all.v);
+    return rc;
+}
+
+/* release_cached_blocks (empty_cache): sync pending frees, free every unsplit segment, unmap free
+ * pages; private pools once the trace released them. */
+static int release_cached(Engine *E, int64_t upto) {
+    E->counts[C_FLUSH]++;
+    TRY(vec_push(&E->flushes, E->cur));
+    if (E->pend.n) {
+        HEnt **order = hm_ordered(&E->pend);
+        if (!order) return -1;
+        size_t n = E->pend.n;
+        Vec pairs = {0};
+        int rc = 0;
+        for (size_t k = 0; k < n && rc == 0; k++) {
+            rc = vec_push(&pairs, order[k]->val);
+            if (rc == 0) rc = vec_push(&pairs, order[k]->aux);
+        }
+        PyMem_Free(order);
+        for (size_t k = 0; rc == 0 && k + 1 < pairs.n; k += 2) {
+            E->counts[C_PEND_SYNCED]++;
+            rc = free_block(E, (int)pairs.v[k + 1], (int32_t)pairs.v[k], NULL);
+        }
+        PyMem_Free(pairs.v);
+        TRY(rc);
+    }
+    hm_clear(&E->pend);
+    hm_clear(&E->pmap);
+    TRY(release_pool(E, 1)); /* default large pool, then small */
+    TRY(release_pool(E, 0));
+    for (Py_ssize_t k = 0; k < E->n_freeable; k++) {
+        int64_t pool = E->free_pool[k];
+        if (E->free_since[k] <= upto && pool * 2 + 1 < E->nbp) {
+            E->counts[C_PRIVATE]++;
+            TRY(release_pool(E, (int)(pool * 2)));
+            TRY(release_pool(E, (int)(pool * 2 + 1)));
+        }
+    }
+    return 0;
+}
+
+/* garbage_collect_cached_blocks: free old unsplit segments of the default large pool once reserved
+ * memory passes threshold x limit. */
+static int garbage_collect(Engine *E) {
+    if (E->reserved <= E->gc_threshold) return 0;
+    E->counts[C_GC]++;
+    i128 target = E->reserved - E->gc_threshold;
+    int64_t total_age = 0, count = 0;
+    Vec snap = {0};
+    for (int s = 0; s < E->ns; s++) {
+        snap.n = 0;
+        if (fl_blocks(&E->fl[E->bp_lists[(size_t)1 * E->ns + s]], &snap) < 0) goto fail;
+        for (size_t j = 0; j < snap.n; j++) {
+            int32_t b = (int32_t)snap.v[j];
+            if (E->b[b].prev < 0 && E->b[b].next < 0) {
+                Py_ssize_t g = hm_find(&E->gcb, E->b[b].addr);
+                total_age += E->gcc - (g >= 0 ? E->gcb.e[g].val : 0);
+                count++;
+            }
+        }
+    }
+    if (count == 0) goto done;
+    /* Python's int / int is the correctly rounded double: the same in C while both are exact doubles. */
+    if (total_age >= ((int64_t)1 << 53) || total_age <= -((int64_t)1 << 53) || E->gcc >= ((int64_t)1 << 53)) {
+        E->declined = "GC ages past exact doubles";
+        goto fail;
+    }
+    i128 reclaimed = 0;
+    int any = 1;
+    while (reclaimed < target && any && count > 0) {
+        double age_threshold = (double)total_age / (double)count;
+        any = 0;
+        for (int s = 0; s < E->ns; s++) {
+            int lk = (int)E->bp_lists[(size_t)1 * E->ns + s];
+            FList *f = &E->fl[lk];
+            snap.n = 0; /* for b in list(self.blks[lk]) */
+            if (fl_blocks(f, &snap) < 0) goto fail;
+            for (size_t j = 0; j < snap.n; j++) {
+                int32_t b = (int32_t)snap.v[j];
+                if (E->b[b].prev >= 0 || E->b[b].next >= 0 || E->exp) continue;
+                Py_ssize_t g = hm_find(&E->gcb, E->b[b].addr);
+                int64_t age = E->gcc - (g >= 0 ? E->gcb.e[g].val : 0);
+                if ((double)age >= age_threshold) {
+                    any = 1;
+                    reclaimed += E->b[b].size;
+                    total_age -= age;
+                    count--;
+                    E->counts[C_GC_FREED]++;
+                    if (release_block(E, lk, b) < 0) goto fail;
+                }
+            }
+        }
+    }
+done:
+    PyMem_Free(snap.v);
+    return 0;
+fail:
+    PyMem_Free(snap.v);
+    return -1;
+}
+
+/* miss: malloc after get_free_block missed: GC, new segment, flushes; -1 in *out: OOM. */
+static int miss(Engine *E, int lk, int64_t size, int64_t alloc_size, int32_t *out) {
+    E->counts[C_MISS]++;
+    if (E->gc_on) TRY(garbage_collect(E));
+    TRY(alloc_block(E, lk, size, alloc_size, out));
+    if (*out < 0 && E->mss_on) {
+        int r = release_available(E, lk, size);
+        TRY(r);
+        if (r) TRY(alloc_block(E, lk, size, alloc_size, out));
+    }
+    /* A request into a private pool means a capture is underway: no flush then. */
+    if (*out < 0 && lk / E->ns < 2) {
+        TRY(release_cached(E, E->cur));
+        TRY(alloc_block(E, lk, size, alloc_size, out));
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ expandable segments */
+
+static inline int64_t ceil_to(int64_t x, int64_t page) { return (x / page + (x % page != 0)) * page; }
+
+/* find_expandable_block: lowest address where free + unmapped space fits, else a new reservation. */
+static int find_expandable(Engine *E, int lk, int64_t size, int32_t *out) {
+    UList *u = &E->ul[lk];
+    for (Py_ssize_t j = 0; j < u->n; j++) {
+        int32_t c = u->blk[j], p = E->b[c].prev;
+        if (p >= 0 && E->b[p].state == ST_FREE) c = p;
+        i128 total = 0;
+        for (int32_t b = c; total < size && b >= 0 && E->b[b].state != ST_ALLOC; b = E->b[b].next)
+            total += E->b[b].size;
+        if (total >= size) {
+            *out = c;
+            return 0;
+        }
+    }
+    int64_t page = E->page[lk];
+    int64_t base = E->next_resv;
+    if (E->next_resv > VMAX - E->resv_stride) DECLINE(E, "an address past the engine's range");
+    E->next_resv += E->resv_stride;
+    E->counts[C_RESERVATION]++;
+    int r = new_block(E, ceil_to(E->resv_bytes, page), base, -1, -1, ST_UNMAPPED);
+    if (r < 0) return -1;
+    TRY(ul_insert(E, lk, r));
+    TRY(hm_set(&E->heads, base, r, lk));
+    *out = r;
+    return 0;
+}
+
+/* map_block: map whole pages at the start of unmapped range u; merge. */
+static int map_pages(Engine *E, int lk, int32_t u, int64_t size, int32_t *out) {
+    if (u < 0 || E->b[u].state != ST_UNMAPPED) DECLINE(E, "mapping a range that is not unmapped");
+    E->counts[C_MAP]++;
+    int64_t page = E->page[lk];
+    int64_t mapped = ceil_to(size, page);
+    TRY(ul_remove(E, lk, u));
+    if (mapped < E->b[u].size) {
+        int32_t n = E->b[u].next;
+        int r = new_block(E, E->b[u].size - mapped, E->b[u].addr + mapped, u, n, ST_UNMAPPED);
+        if (r < 0) return -1;
+        if (n >= 0) E->b[n].prev = r;
+        E->b[u].next = r;
+        E->b[u].size = mapped;
+        TRY(ul_insert(E, lk, r));
+    }
+    /* The newly mapped pages are a free block like any other: merge as a free does. */
+    E->b[u].state = ST_ALLOC;
+    TRY(free_block(E, lk, u, out));
+    grew(E, mapped);
+    return record(E, E->seg_map, mapped);
+}
+
+/* try_allocate_expandable_block: map pages until a free block of size. */
+static int alloc_expandable(Engine *E, int lk, int64_t size, int32_t *out) {
+    int32_t c;
+    TRY(find_expandable(E, lk, size, &c));
+    if (E->b[c].state == ST_UNMAPPED) TRY(map_pages(E, lk, c, E->b[c].size < size ? E->b[c].size : size, &c));
+    while (E->b[c].size < size) {
+        int32_t n = E->b[c].next;
+        if (n < 0) DECLINE(E, "an expandable block with nothing after it to map");
+        int64_t want = size - E->b[c].size;
+        TRY(map_pages(E, lk, n, want < E->b[n].size ? want : E->b[n].size, &c));
+    }
+    TRY(fl_remove(E, lk, c));
+    *out = c;
+    return 0;
+}
+
+/* unmap_block: unmap the whole pages strictly inside free block b. */
+static int unmap(Engine *E, int lk, int32_t b) {
+    int64_t page = E->page[lk];
+    int64_t a = E->b[b].addr;
+    int64_t base = a - a % E->resv_stride;
+    int64_t start = a - base, end = start + E->b[b].size;
+    int64_t first = start / page + (start % page != 0), last = end / page;
+    if (first >= last) return 0;
+    E->counts[C_UNMAP]++;
+    TRY(fl_remove(E, lk, b));
+    int32_t nxt = E->b[b].next, u;
+    int64_t ustart = base + first * page, usize = (last - first) * page, after = end - last * page;
+    if (ustart > a) { /* a free mapped piece stays before the unmapped range */
+        E->b[b].size = ustart - a;
+        u = new_block(E, usize, ustart, b, -1, ST_UNMAPPED);
+        if (u < 0) return -1;
+        E->b[b].next = u;
+        TRY(fl_insert(E, lk, b));
+    } else {
+        u = b;
+        E->b[u].size = usize;
+        E->b[u].state = ST_UNMAPPED;
+    }
+    if (after > 0) {
+        int w = new_block(E, after, ustart + usize, u, nxt, ST_FREE);
+        if (w < 0) return -1;
+        if (nxt >= 0) E->b[nxt].prev = w;
+        E->b[u].next = w;
+        TRY(fl_insert(E, lk, w));
+    } else {
+        E->b[u].next = nxt;
+        if (nxt >= 0) E->b[nxt].prev = u;
+    }
+    int32_t p = E->b[u].prev;
+    if (p >= 0 && E->b[p].state == ST_UNMAPPED) { /* merge into the unmapped range before */
+        int32_t n = E->b[u].next;
+        E->b[p].next = n;
+        if (n >= 0) E->b[n].prev = p;
+        TRY(add_size(E, &E->b[p].size, usize));
+        TRY(kill_block(E, u));
+        u = p;
+    } else {
+        TRY(ul_insert(E, lk, u));
+    }
+    int32_t n = E->b[u].next;
+    if (n >= 0 && E->b[n].state == ST_UNMAPPED) {
+        TRY(ul_remove(E, lk, n));
+        int32_t nn = E->b[n].next;
+        E->b[u].next = nn;
+        if (nn >= 0) E->b[nn].prev = u;
+        TRY(add_size(E, &E->b[u].size, E->b[n].size));
+        TRY(kill_block(E, n));
+    }
+    E->reserved -= usize;
+    TRY(record(E, E->seg_unmap, usize));
+    if (E->b[u].prev < 0 && E->b[u].next < 0) { /* the whole reservation is unmapped: give it back */
+        TRY(ul_remove(E, lk, u));
+        Py_ssize_t i = hm_find(&E->heads, E->b[u].addr);
+        if (i < 0) DECLINE(E, "a given-back reservation is no segment head");
+        hm_del_at(&E->heads, (size_t)i);
+        TRY(kill_block(E, u));
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the request stream */
+
+typedef struct {
+    const int64_t *events, *ops, *raddrs, *sizes, *lks;
+    Py_ssize_t n;
+} Inputs;
+
+/* allocation_size(size): config.py's own function, remembered per size. */
+static int alloc_size_of(Engine *E, int64_t size, int64_t *out) {
+    Py_ssize_t i = hm_find(&E->asz, size);
+    if (i >= 0) {
+        *out = E->asz.e[i].val;
+        return 0;
+    }
+    PyObject *s = PyLong_FromLongLong(size);
+    if (!s) return -1;
+    PyObject *r = PyObject_CallOneArg(E->allocation_size, s);
+    Py_DECREF(s);
+    if (!r) return -1;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(r, &overflow);
+    Py_DECREF(r);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < 0 || v >= VMAX) DECLINE(E, "an allocation size past the engine's range");
+    *out = v;
+    return hm_set(&E->asz, size, v, 0);
+}
+
+static int is_transient(const Engine *E, int64_t ev) {
+    Py_ssize_t lo = 0, hi = E->n_transient;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) >> 1;
+        if (E->transient[mid] < ev)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < E->n_transient && E->transient[lo] == ev;
+}
+
+static int serve(Engine *E, const Inputs *in, PyObject *failed) {
+    for (Py_ssize_t k = 0; k < in->n; k++) {
+        long op = (long)in->ops[k];
+        int64_t ra = in->raddrs[k], rs = in->sizes[k];
+        int lk = (int)in->lks[k];
+        int64_t val;
+        int32_t aux, b;
+        if (op == E->op_free) { /* free_requested + free_completed */
+            if (!hm_pop(&E->amap, ra, &val, NULL)) continue; /* the model never served this request */
+            TRY(free_block(E, lk, (int32_t)val, NULL));
+        } else if (op == E->op_alloc || op == E->op_oom) {
+            if (op == E->op_oom) E->cur = in->events[k];
+            TRY(get_free_block(E, lk, rs, &b));
+            if (b < 0) {
+                int64_t asz;
+                E->cur = in->events[k];
+                TRY(alloc_size_of(E, rs, &asz));
+                TRY(miss(E, lk, rs, asz, &b));
+                if (b < 0) {
+                    E->counts[C_OOM_FAILED]++;
+                    PyObject *ev = PyLong_FromLongLong(in->events[k]);
+                    if (!ev) return -1;
+                    int rc = PyList_Append(failed, ev);
+                    Py_DECREF(ev);
+                    TRY(rc);
+                    continue;
+                }
+            }
+            TRY(split(E, lk, b, rs));
+            if (op == E->op_alloc) {
+                TRY(hm_set(&E->amap, ra, b, 0));
+            } else if (is_transient(E, E->cur)) { /* an OOM the program caught: freed at once */
+                E->counts[C_TRANSIENT]++;
+                TRY(free_block(E, lk, b, NULL));
+            }
+        } else if (op == E->op_free_req) { /* freed, but in use on another stream until completed */
+            if (!hm_pop(&E->amap, ra, &val, NULL)) continue;
+            TRY(hm_set(&E->pend, E->b[val].addr, val, lk));
+            TRY(hm_set(&E->pmap, ra, val, 0));
+        } else if (op == E->op_free_done) {
+            if (!hm_pop(&E->pmap, ra, &val, NULL)) continue;
+            int64_t pv;
+            if (hm_pop(&E->pend, E->b[val].addr, &pv, &aux)) {
+                if (pv != val) DECLINE(E, "two pending frees at one address");
+                TRY(free_block(E, lk, (int32_t)val, NULL));
+            }
+        } else if (op == E->op_flush) {
+            E->cur = in->events[k];
+            TRY(release_cached(E, ra));
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ parameters */
+
+static int get_i128(PyObject *o, i128 *out) {
+    if (!PyLong_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "policy_engine: an integer was expected");
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (!overflow) {
+        *out = v;
+        return 0;
+    }
+    /* |o| >= 2**63: low 64 bits and the rest, within 2**126 */
+    PyObject *sixty4 = PyLong_FromLong(64);
+    if (!sixty4) return -1;
+    PyObject *hi = PyNumber_Rshift(o, sixty4);
+    Py_DECREF(sixty4);
+    if (!hi) return -1;
+    long long h = PyLong_AsLongLongAndOverflow(hi, &overflow);
+    Py_DECREF(hi);
+    if (h == -1 && PyErr_Occurred()) return -1;
+    if (overflow || h > ((long long)1 << 61) || h < -((long long)1 << 61)) {
+        PyErr_SetString(PyExc_OverflowError, "policy_engine: a number past 2**125");
+        return -1;
+    }
+    unsigned long long lo = PyLong_AsUnsignedLongLongMask(o);
+    if (lo == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = (i128)(((u128)(uint64_t)h << 64) | lo);
+    return 0;
+}
+
+static PyObject *item(PyObject *d, const char *name) {
+    PyObject *o = PyDict_GetItemString(d, name);
+    if (!o) PyErr_Format(PyExc_KeyError, "policy_engine: parameter %s missing", name);
+    return o;
+}
+
+static int p_long(PyObject *d, const char *name, long *out) {
+    PyObject *o = item(d, name);
+    if (!o) return -1;
+    *out = PyLong_AsLong(o);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int p_i64(PyObject *d, const char *name, int64_t *out) {
+    PyObject *o = item(d, name);
+    if (!o) return -1;
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+static int p_i128(PyObject *d, const char *name, i128 *out) {
+    PyObject *o = item(d, name);
+    return o ? get_i128(o, out) : -1;
+}
+
+/* An int64 column (a C-contiguous buffer of 8-byte ints); the view is kept in views[]. */
+static int p_col(PyObject *d, const char *name, Py_buffer *view, const int64_t **out, Py_ssize_t *n) {
+    PyObject *o = item(d, name);
+    if (!o) return -1;
+    if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (view->itemsize != 8 || view->ndim != 1 || (strcmp(f, "q") && strcmp(f, "l"))) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        PyErr_Format(PyExc_TypeError, "policy_engine: %s must be a 1-d int64 array", name);
+        return -1;
+    }
+    *out = view->buf;
+    *n = view->shape[0];
+    return 0;
+}
+
+static int p_i128_list(PyObject *d, const char *name, int nl, i128 **out) {
+    PyObject *o = item(d, name);
+    if (!o) return -1;
+    if (!PyList_Check(o) || PyList_GET_SIZE(o) != nl) {
+        PyErr_Format(PyExc_ValueError, "policy_engine: %s must be a list of one number per free list", name);
+        return -1;
+    }
+    *out = PyMem_Calloc(nl ? nl : 1, sizeof(i128));
+    if (!*out) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int j = 0; j < nl; j++) TRY(get_i128(PyList_GET_ITEM(o, j), &(*out)[j]));
+    return 0;
+}
+
+enum { V_EVENTS, V_OPS, V_RADDRS, V_SIZES, V_LKS, V_REC_ACT, V_REC_SIZE, V_REC_ADDR, V_PAGE, V_BP, V_FPOOL,
+       V_FSINCE, V_TRANSIENT, V_N };
+
+static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
+    long l;
+    const char *names[V_N] = {"events", "ops", "raddrs", "sizes", "lks", "rec_act", "rec_size", "rec_addr",
+                              "page", "bp_lists", "freeable_pools", "freeable_since", "transient"};
+    const int64_t *cols[V_N];
+    Py_ssize_t lens[V_N];
+    for (int v = 0; v < V_N; v++) TRY(p_col(d, names[v], &views[v], &cols[v], &lens[v]));
+    in->events = cols[V_EVENTS];
+    in->ops = cols[V_OPS];
+    in->raddrs = cols[V_RADDRS];
+    in->sizes = cols[V_SIZES];
+    in->lks = cols[V_LKS];
+    in->n = lens[V_OPS];
+    if (lens[V_EVENTS] != in->n || lens[V_RADDRS] != in->n || lens[V_SIZES] != in->n || lens[V_LKS] != in->n ||
+        lens[V_REC_SIZE] != lens[V_REC_ACT] || lens[V_REC_ADDR] != lens[V_REC_ACT] ||
+        lens[V_FSINCE] != lens[V_FPOOL]) {
+        PyErr_SetString(PyExc_ValueError, "policy_engine: columns of different lengths");
+        return -1;
+    }
+    E->rec_act = (int64_t *)cols[V_REC_ACT];
+    E->rec_size = (int64_t *)cols[V_REC_SIZE];
+    E->rec_addr = (int64_t *)cols[V_REC_ADDR];
+    E->n_rec = lens[V_REC_ACT];
+    E->free_pool = (int64_t *)cols[V_FPOOL];
+    E->free_since = (int64_t *)cols[V_FSINCE];
+    E->n_freeable = lens[V_FPOOL];
+    E->transient = (int64_t *)cols[V_TRANSIENT];
+    E->n_transient = lens[V_TRANSIENT];
+    E->page = (int64_t *)cols[V_PAGE];
+    E->bp_lists = (int64_t *)cols[V_BP];
+    TRY(p_long(d, "sh", &l));
+    E->sh = (int)l;
+    TRY(p_long(d, "ns", &l));
+    E->ns = (int)l;
+    TRY(p_long(d, "n_lists", &l));
+    E->nl = (int)l;
+    if (E->sh < 1 || E->sh > 63 || E->ns < 1 || E->nl < 0 || E->nl % (2 * E->ns) || lens[V_PAGE] != E->nl ||
+        lens[V_BP] != E->nl) {
+        PyErr_SetString(PyExc_ValueError, "policy_engine: inconsistent free-list shape");
+        return -1;
+    }
+    E->nbp = E->nl / E->ns;
+    for (int j = 0; j < E->nl; j++)
+        if (E->bp_lists[j] < 0 || E->bp_lists[j] >= E->nl || E->page[j] <= 0) {
+            PyErr_SetString(PyExc_ValueError, "policy_engine: a free-list index or page out of range");
+            return -1;
+        }
+    const char *flags[] = {"exp", "gc_on", "mss_on", "mirror"};
+    int *fdst[] = {&E->exp, &E->gc_on, &E->mss_on, &E->kind_mirror};
+    for (int j = 0; j < 4; j++) {
+        PyObject *o = item(d, flags[j]);
+        if (!o || (*fdst[j] = PyObject_IsTrue(o)) < 0) return -1;
+    }
+    TRY(p_i128(d, "mss", &E->mss));
+    TRY(p_i128(d, "nsr", &E->nsr));
+    PyObject *lim = item(d, "limit");
+    if (!lim) return -1;
+    E->has_limit = lim != Py_None;
+    if (E->has_limit) TRY(get_i128(lim, &E->limit));
+    TRY(p_i128(d, "gc_threshold", &E->gc_threshold));
+    TRY(p_i128_list(d, "split_over", E->nl, &E->over));
+    TRY(p_i128_list(d, "split_below", E->nl, &E->below));
+    TRY(p_i64(d, "resv_stride", &E->resv_stride));
+    TRY(p_i64(d, "resv_bytes", &E->resv_bytes));
+    TRY(p_i64(d, "chunk", &E->chunk));
+    TRY(p_i64(d, "top", &E->top));
+    if (E->resv_stride <= 0 || E->resv_bytes <= 0 || E->chunk <= 0 || E->top < 0 || E->top >= VMAX) {
+        PyErr_SetString(PyExc_ValueError, "policy_engine: placement constants out of range");
+        return -1;
+    }
+    const char *codes[] = {"seg_alloc", "seg_free", "seg_map", "seg_unmap", "op_alloc", "op_free",
+                           "op_free_req", "op_free_done", "op_oom", "op_flush"};
+    long *cdst[] = {&E->seg_alloc, &E->seg_free, &E->seg_map, &E->seg_unmap, &E->op_alloc, &E->op_free,
+                    &E->op_free_req, &E->op_free_done, &E->op_oom, &E->op_flush};
+    for (int j = 0; j < 10; j++) TRY(p_long(d, codes[j], cdst[j]));
+    if (!(E->allocation_size = item(d, "allocation_size"))) return -1;
+    return 0;
+}
+
+/* Requests the engine cannot follow as Python would (a free-list index outside the lists, a size
+ * outside [0, 2**62)): declined before anything runs. */
+static int check_inputs(Engine *E, const Inputs *in) {
+    if (in->n && E->nbp < 2) DECLINE(E, "no default pool"); /* the flushes and the GC read pools 0 and 1 */
+    for (Py_ssize_t k = 0; k < in->n; k++) {
+        if (in->lks[k] < 0 || in->lks[k] >= E->nl) DECLINE(E, "a free-list index out of range");
+        if (in->sizes[k] < 0 || in->sizes[k] >= VMAX) DECLINE(E, "a size out of range");
+    }
+    for (Py_ssize_t k = 0; k < E->n_rec; k++)
+        if (E->rec_addr[k] < 0 || E->rec_addr[k] >= VMAX || E->rec_size[k] < 0 || E->rec_size[k] >= VMAX)
+            DECLINE(E, "a recorded segment out of range");
+    for (Py_ssize_t k = 0; k < E->n_freeable; k++)
+        if (E->free_pool[k] < 0) DECLINE(E, "a negative pool id");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ import (the Python model -> C) */
+
+typedef struct {
+    HMap ptr; /* id(block) -> arena index */
+    PyObject **objs;
+    size_t n, cap;
+} Interner;
+
+static int small_int(Engine *E, PyObject *o, int64_t *out) {
+    if (!PyLong_CheckExact(o)) DECLINE(E, "a number that is no int");
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < 0 || v >= VMAX) DECLINE(E, "a number out of range");
+    *out = v;
+    return 0;
+}
+
+static int any_int(Engine *E, PyObject *o, int64_t *out) { /* a dict key: any int64 */
+    if (!PyLong_CheckExact(o)) DECLINE(E, "a key that is no int");
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow) DECLINE(E, "a key out of range");
+    *out = v;
+    return 0;
+}
+
+/* The arena index of a Python block (a 5-item list), made on first sight; its neighbours are
+ * linked afterwards (link_all), without recursion along long segments. */
+static int intern(Engine *E, Interner *I, PyObject *o, int32_t *out) {
+    Py_ssize_t i = hm_find(&I->ptr, (int64_t)(intptr_t)o);
+    if (i >= 0) {
+        *out = (int32_t)I->ptr.e[i].val;
+        return 0;
+    }
+    if (!PyList_CheckExact(o) || PyList_GET_SIZE(o) != 5) DECLINE(E, "a block that is no 5-item list");
+    PyObject *p = PyList_GET_ITEM(o, 2), *n = PyList_GET_ITEM(o, 3);
+    if ((p != Py_None && !PyList_CheckExact(p)) || (n != Py_None && !PyList_CheckExact(n)))
+        DECLINE(E, "a block whose neighbours are no blocks");
+    int64_t size, addr;
+    TRY(small_int(E, PyList_GET_ITEM(o, 0), &size));
+    TRY(small_int(E, PyList_GET_ITEM(o, 1), &addr));
+    PyObject *st = PyList_GET_ITEM(o, 4);
+    int8_t state = st == Py_True ? ST_FREE : st == Py_False ? ST_ALLOC : st == Py_None ? ST_UNMAPPED : ST_DEAD;
+    if (state == ST_DEAD) DECLINE(E, "a block state that is not True, False or None");
+    int k = new_block(E, size, addr, -1, -1, state);
+    if (k < 0) return -1;
+    if ((size_t)k != I->n) DECLINE(E, "arena out of step while importing");
+    TRY(hm_set(&I->ptr, (int64_t)(intptr_t)o, k, 0));
+    if (grow((void **)&I->objs, &I->cap, I->n + 1, sizeof(PyObject *)) < 0) return -1;
+    I->objs[I->n++] = o;
+    *out = k;
+    return 0;
+}
+
+/* prev/next of every imported block, interning the blocks only reachable through them. */
+static int link_all(Engine *E, Interner *I) {
+    for (size_t k = 0; k < I->n; k++) {
+        for (int w = 0; w < 2; w++) {
+            PyObject *nb = PyList_GET_ITEM(I->objs[k], 2 + w);
+            if (nb == Py_None) continue;
+            int32_t q;
+            TRY(intern(E, I, nb, &q));
+            if (w)
+                E->b[k].next = q;
+            else
+                E->b[k].prev = q;
+        }
+    }
+    return 0;
+}
+
+static int import_lists(Engine *E, Interner *I, PyObject *model) {
+    const char *names[4] = {"keys", "blks", "ukeys", "ublks"};
+    PyObject *o[4] = {0};
+    int rc = -1;
+    for (int j = 0; j < 4; j++) {
+        if (!(o[j] = PyObject_GetAttrString(model, names[j]))) goto out;
+        if (!PyList_CheckExact(o[j]) || PyList_GET_SIZE(o[j]) != E->nl) {
+            E->declined = "free lists of another shape";
+            goto out;
+        }
+    }
+    for (int lk = 0; lk < E->nl; lk++) {
+        for (int w = 0; w < 2; w++) {
+            PyObject *kl = PyList_GET_ITEM(o[2 * w], lk), *bl = PyList_GET_ITEM(o[2 * w + 1], lk);
+            if (!PyList_CheckExact(kl) || !PyList_CheckExact(bl) || PyList_GET_SIZE(kl) != PyList_GET_SIZE(bl)) {
+                E->declined = "a free list whose keys and blocks differ";
+                goto out;
+            }
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(bl); j++) {
+                int32_t b;
+                if (intern(E, I, PyList_GET_ITEM(bl, j), &b) < 0) goto out;
+                if (w == 0) {
+                    FList *f = &E->fl[lk];
+                    u128 key = bkey(E, b);
+                    if (f->nc && f->last[f->nc - 1] >= key) {
+                        E->declined = "a free list out of order";
+                        goto out;
+                    }
+                    int8_t st = E->b[b].state;
+                    if (fl_insert(E, lk, b) < 0) goto out; /* appends: the list is sorted */
+                    E->b[b].state = st;
+                } else {
+                    UList *u = &E->ul[lk];
+                    if (u->n && u->addr[u->n - 1] >= E->b[b].addr) {
+                        E->declined = "an unmapped list out of order";
+                        goto out;
+                    }
+                    int8_t st = E->b[b].state;
+                    if (ul_insert(E, lk, b) < 0) goto out;
+                    E->b[b].state = st;
+                }
+            }
+        }
+    }
+    rc = 0;
+out:
+    for (int j = 0; j < 4; j++) Py_XDECREF(o[j]);
+    return rc;
+}
+
+/* A dict attribute: {int: block}, {int: (block, lk)} or {int: int} (which = 0, 1, 2). */
+static int import_dict(Engine *E, Interner *I, PyObject *model, const char *name, HMap *m, int which) {
+    PyObject *d = PyObject_GetAttrString(model, name);
+    if (!d) return -1;
+    int rc = -1;
+    if (!PyDict_CheckExact(d)) {
+        E->declined = "a map that is no dict";
+        goto out;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        int64_t key, val = 0;
+        int32_t aux = 0;
+        if (any_int(E, k, &key) < 0) goto out;
+        if (which == 2) {
+            if (!PyLong_CheckExact(v)) {
+                E->declined = "a GC age that is no int";
+                goto out;
+            }
+            if (any_int(E, v, &val) < 0) goto out;
+        } else {
+            PyObject *b = v;
+            if (which == 1) {
+                if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2) {
+                    E->declined = "a map entry that is no (block, lk)";
+                    goto out;
+                }
+                b = PyTuple_GET_ITEM(v, 0);
+                int64_t lk;
+                if (small_int(E, PyTuple_GET_ITEM(v, 1), &lk) < 0) goto out;
+                if (lk >= E->nl) {
+                    E->declined = "a free-list index out of range";
+                    goto out;
+                }
+                aux = (int32_t)lk;
+            }
+            int32_t bi;
+            if (intern(E, I, b, &bi) < 0) goto out;
+            val = bi;
+        }
+        if (hm_set(m, key, val, aux) < 0) goto out;
+    }
+    rc = 0;
+out:
+    Py_DECREF(d);
+    return rc;
+}
+
+static int import_vec(Engine *E, PyObject *model, const char *name, Vec *v) {
+    PyObject *l = PyObject_GetAttrString(model, name);
+    if (!l) return -1;
+    int rc = -1;
+    if (!PyList_CheckExact(l)) {
+        E->declined = "a record that is no list";
+        goto out;
+    }
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(l); j++) {
+        int64_t x;
+        if (any_int(E, PyList_GET_ITEM(l, j), &x) < 0 || vec_push(v, x) < 0) goto out;
+    }
+    rc = 0;
+out:
+    Py_DECREF(l);
+    return rc;
+}
+
+static int import_scalar(Engine *E, PyObject *model, const char *name, int64_t *out) {
+    PyObject *o = PyObject_GetAttrString(model, name);
+    if (!o) return -1;
+    int rc = any_int(E, o, out);
+    Py_DECREF(o);
+    return rc;
+}
+
+static int import_va(Engine *E, PyObject *model) {
+    PyObject *va = PyObject_GetAttrString(model, "va");
+    if (!va) return -1;
+    int rc = -1;
+    if (va == Py_None) {
+        E->va = -1;
+        rc = 0;
+        goto out;
+    }
+    PyObject *free = PyObject_GetAttrString(va, "free");
+    if (!free) { /* MirrorPlacement: next */
+        PyErr_Clear();
+        E->va = 1;
+        rc = import_scalar(E, va, "next", &E->va_next);
+        goto out;
+    }
+    E->va = 0;
+    if (!PyList_CheckExact(free) || import_scalar(E, va, "low", &E->va_low) < 0) {
+        if (!PyErr_Occurred()) E->declined = "a placement of another shape";
+        Py_DECREF(free);
+        goto out;
+    }
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(free); j++) {
+        PyObject *t = PyList_GET_ITEM(free, j);
+        int64_t a, s;
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 || small_int(E, PyTuple_GET_ITEM(t, 0), &a) < 0 ||
+            small_int(E, PyTuple_GET_ITEM(t, 1), &s) < 0 || va_insert(E, E->va_n, a, s) < 0) {
+            if (!PyErr_Occurred() && !E->declined) E->declined = "a placement of another shape";
+            Py_DECREF(free);
+            goto out;
+        }
+    }
+    Py_DECREF(free);
+    rc = 0;
+out:
+    Py_DECREF(va);
+    return rc;
+}
+
+static int import_i128(PyObject *model, const char *name, i128 *out) {
+    PyObject *o = PyObject_GetAttrString(model, name);
+    if (!o) return -1;
+    int rc = get_i128(o, out);
+    Py_DECREF(o);
+    return rc;
+}
+
+static int import_model(Engine *E, PyObject *model) {
+    Interner I = {0};
+    int rc = -1;
+    E->fl = PyMem_Calloc(E->nl ? E->nl : 1, sizeof(FList));
+    E->ul = PyMem_Calloc(E->nl ? E->nl : 1, sizeof(UList));
+    if (!E->fl || !E->ul) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    /* gc_on while importing would stamp ages: the recorded ones are read after */
+    int gc_on = E->gc_on;
+    E->gc_on = 0;
+    int ok = import_lists(E, &I, model) == 0;
+    E->gc_on = gc_on;
+    if (!ok) goto out;
+    if (import_dict(E, &I, model, "heads", &E->heads, 1) < 0 || import_dict(E, &I, model, "pend", &E->pend, 1) < 0 ||
+        import_dict(E, &I, model, "pmap", &E->pmap, 0) < 0 || import_dict(E, &I, model, "amap", &E->amap, 0) < 0 ||
+        import_dict(E, &I, model, "gcb", &E->gcb, 2) < 0 || link_all(E, &I) < 0)
+        goto out;
+    if (import_vec(E, model, "seg_act", &E->seg_act) < 0 || import_vec(E, model, "seg_size", &E->seg_size) < 0 ||
+        import_vec(E, model, "seg_idx", &E->seg_idx) < 0 || import_vec(E, model, "flushes", &E->flushes) < 0)
+        goto out;
+    if (E->seg_act.n != E->seg_size.n || E->seg_act.n != E->seg_idx.n) {
+        E->declined = "segment records of different lengths";
+        goto out;
+    }
+    if (import_i128(model, "reserved", &E->reserved) < 0 || import_i128(model, "peak", &E->peak) < 0 ||
+        import_scalar(E, model, "gcc", &E->gcc) < 0 || import_scalar(E, model, "next_resv", &E->next_resv) < 0 ||
+        import_scalar(E, model, "cur", &E->cur) < 0 || import_va(E, model) < 0)
+        goto out;
+    PyObject *ls = PyObject_GetAttrString(model, "lockstep");
+    if (!ls) goto out;
+    E->lockstep = PyObject_IsTrue(ls);
+    Py_DECREF(ls);
+    if (E->lockstep < 0) goto out;
+    if (E->next_resv < 0 || E->next_resv >= VMAX) {
+        E->declined = "a reservation address out of range";
+        goto out;
+    }
+    rc = 0;
+out:
+    PyMem_Free(I.ptr.e);
+    PyMem_Free(I.objs);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ export (C -> the Python model) */
+
+static PyObject *from_u128(u128 v) {
+    if (v <= (u128)UINT64_MAX) return PyLong_FromUnsignedLongLong((unsigned long long)v);
+    unsigned char buf[16];
+    for (int j = 0; j < 16; j++) buf[j] = (unsigned char)(v >> (8 * j));
+    return _PyLong_FromByteArray(buf, sizeof buf, 1, 0);
+}
+
+static PyObject *from_i128(i128 v) {
+    if (v >= INT64_MIN && v <= INT64_MAX) return PyLong_FromLongLong((long long)v);
+    unsigned char buf[16];
+    for (int j = 0; j < 16; j++) buf[j] = (unsigned char)((u128)v >> (8 * j));
+    return _PyLong_FromByteArray(buf, sizeof buf, 1, 1);
+}
+
+static PyObject *vec_list(const Vec *v) {
+    PyObject *l = PyList_New((Py_ssize_t)v->n);
+    if (!l) return NULL;
+    for (size_t j = 0; j < v->n; j++) {
+        PyObject *x = PyLong_FromLongLong(v->v[j]);
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)j, x);
+    }
+    return l;
+}
+
+/* The Python block objects, one per live arena slot (NULL for the dead ones), linked. */
+static PyObject **export_blocks(Engine *E) {
+    PyObject **objs = PyMem_Calloc(E->nb ? (size_t)E->nb : 1, sizeof(PyObject *));
+    if (!objs) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (int32_t k = 0; k < E->nb; k++) {
+        Blk *b = &E->b[k];
+        if (b->state == ST_DEAD) continue;
+        PyObject *l = PyList_New(5), *s = PyLong_FromLongLong(b->size), *a = PyLong_FromLongLong(b->addr);
+        if (!l || !s || !a) {
+            Py_XDECREF(l);
+            Py_XDECREF(s);
+            Py_XDECREF(a);
+            goto fail;
+        }
+        PyObject *st = b->state == ST_FREE ? Py_True : b->state == ST_ALLOC ? Py_False : Py_None;
+        Py_INCREF(st);
+        Py_INCREF(Py_None);
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(l, 0, s);
+        PyList_SET_ITEM(l, 1, a);
+        PyList_SET_ITEM(l, 2, Py_None);
+        PyList_SET_ITEM(l, 3, Py_None);
+        PyList_SET_ITEM(l, 4, st);
+        objs[k] = l;
+    }
+    for (int32_t k = 0; k < E->nb; k++) {
+        if (!objs[k]) continue;
+        int32_t nb[2] = {E->b[k].prev, E->b[k].next};
+        for (int w = 0; w < 2; w++) {
+            if (nb[w] < 0) continue;
+            if (nb[w] >= E->nb || !objs[nb[w]]) {
+                PyErr_SetString(PyExc_SystemError, "policy_engine: a live block links a dead one");
+                goto fail;
+            }
+            Py_INCREF(objs[nb[w]]);
+            if (PyList_SetItem(objs[k], 2 + w, objs[nb[w]]) < 0) goto fail;
+        }
+    }
+    return objs;
+fail:
+    for (int32_t k = 0; k < E->nb; k++) Py_XDECREF(objs[k]);
+    PyMem_Free(objs);
+    return NULL;
+}
+
+static PyObject *blk_ref(Engine *E, PyObject **objs, int64_t k) {
+    if (k < 0 || k >= E->nb || !objs[k]) {
+        PyErr_SetString(PyExc_SystemError, "policy_engine: a map holds a dead block");
+        return NULL;
+    }
+    Py_INCREF(objs[k]);
+    return objs[k];
+}
+
+static PyObject *export_dict(Engine *E, PyObject **objs, const HMap *m, int which) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    HEnt **order = hm_ordered(m);
+    if (!order) goto fail;
+    for (size_t j = 0; j < m->n; j++) {
+        PyObject *k = PyLong_FromLongLong(order[j]->key), *v = NULL;
+        if (!k) goto fail_order;
+        if (which == 2) {
+            v = PyLong_FromLongLong(order[j]->val);
+        } else {
+            PyObject *b = blk_ref(E, objs, order[j]->val);
+            if (b && which == 1) {
+                PyObject *lk = PyLong_FromLong(order[j]->aux);
+                v = lk ? PyTuple_Pack(2, b, lk) : NULL;
+                Py_XDECREF(lk);
+                Py_DECREF(b);
+            } else {
+                v = b;
+            }
+        }
+        int rc = v ? PyDict_SetItem(d, k, v) : -1;
+        Py_DECREF(k);
+        Py_XDECREF(v);
+        if (rc < 0) goto fail_order;
+    }
+    PyMem_Free(order);
+    return d;
+fail_order:
+    PyMem_Free(order);
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+/* keys/blks (which 0) or ukeys/ublks (which 1): two lists of per-free-list lists. */
+static int export_lists(Engine *E, PyObject **objs, int which, PyObject **keys_out, PyObject **blks_out) {
+    PyObject *keys = PyList_New(E->nl), *blks = PyList_New(E->nl);
+    if (!keys || !blks) goto fail;
+    for (int lk = 0; lk < E->nl; lk++) {
+        Py_ssize_t n = which ? E->ul[lk].n : E->fl[lk].n;
+        PyObject *kl = PyList_New(n), *bl = PyList_New(n);
+        Pos p = {0, 0};
+        if (!kl || !bl) {
+            Py_XDECREF(kl);
+            Py_XDECREF(bl);
+            goto fail;
+        }
+        PyList_SET_ITEM(keys, lk, kl);
+        PyList_SET_ITEM(blks, lk, bl);
+        for (Py_ssize_t j = 0; j < n; j++) {
+            PyObject *key = which ? PyLong_FromLongLong(E->ul[lk].addr[j]) : from_u128(pos_key(&E->fl[lk], p));
+            if (!key) goto fail;
+            PyList_SET_ITEM(kl, j, key);
+            PyObject *b = blk_ref(E, objs, which ? E->ul[lk].blk[j] : pos_blk(&E->fl[lk], p));
+            if (!which) pos_next(&E->fl[lk], &p);
+            if (!b) goto fail;
+            PyList_SET_ITEM(bl, j, b);
+        }
+    }
+    *keys_out = keys;
+    *blks_out = blks;
+    return 0;
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(blks);
+    return -1;
+}
+
+static PyObject *export_va(Engine *E) {
+    if (E->va < 0) Py_RETURN_NONE;
+    if (E->va == 1) return Py_BuildValue("(sL)", "mirror", (long long)E->va_next);
+    PyObject *free = PyList_New((Py_ssize_t)E->va_n);
+    if (!free) return NULL;
+    for (size_t j = 0; j < E->va_n; j++) {
+        PyObject *t = Py_BuildValue("(LL)", (long long)E->va_free[j].addr, (long long)E->va_free[j].size);
+        if (!t) {
+            Py_DECREF(free);
+            return NULL;
+        }
+        PyList_SET_ITEM(free, (Py_ssize_t)j, t);
+    }
+    return Py_BuildValue("(sLN)", "driver", (long long)E->va_low, free);
+}
+
+static int put(PyObject *d, const char *name, PyObject *v) {
+    if (!v) return -1;
+    int rc = PyDict_SetItemString(d, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* The final state as {attribute: value} for the Python model (policy._Model.adopt sets them). */
+static PyObject *export_model(Engine *E) {
+    PyObject **objs = export_blocks(E);
+    if (!objs) return NULL;
+    PyObject *d = PyDict_New(), *keys = NULL, *blks = NULL, *ukeys = NULL, *ublks = NULL;
+    if (!d) goto fail;
+    if (export_lists(E, objs, 0, &keys, &blks) < 0) goto fail;
+    int r1 = put(d, "keys", keys), r2 = put(d, "blks", blks);
+    if (r1 < 0 || r2 < 0) goto fail;
+    if (export_lists(E, objs, 1, &ukeys, &ublks) < 0) goto fail;
+    r1 = put(d, "ukeys", ukeys);
+    r2 = put(d, "ublks", ublks);
+    if (r1 < 0 || r2 < 0) goto fail;
+    if (put(d, "heads", export_dict(E, objs, &E->heads, 1)) < 0 || put(d, "pend", export_dict(E, objs, &E->pend, 1)) < 0 ||
+        put(d, "pmap", export_dict(E, objs, &E->pmap, 0)) < 0 || put(d, "amap", export_dict(E, objs, &E->amap, 0)) < 0 ||
+        put(d, "gcb", export_dict(E, objs, &E->gcb, 2)) < 0)
+        goto fail;
+    if (put(d, "seg_act", vec_list(&E->seg_act)) < 0 || put(d, "seg_size", vec_list(&E->seg_size)) < 0 ||
+        put(d, "seg_idx", vec_list(&E->seg_idx)) < 0 || put(d, "flushes", vec_list(&E->flushes)) < 0)
+        goto fail;
+    if (put(d, "reserved", from_i128(E->reserved)) < 0 || put(d, "peak", from_i128(E->peak)) < 0 ||
+        put(d, "gcc", PyLong_FromLongLong(E->gcc)) < 0 || put(d, "next_resv", PyLong_FromLongLong(E->next_resv)) < 0 ||
+        put(d, "cur", PyLong_FromLongLong(E->cur)) < 0 || put(d, "lockstep", PyBool_FromLong(E->lockstep)) < 0 ||
+        put(d, "va", export_va(E)) < 0)
+        goto fail;
+    for (int32_t k = 0; k < E->nb; k++) Py_XDECREF(objs[k]);
+    PyMem_Free(objs);
+    return d;
+fail:
+    for (int32_t k = 0; k < E->nb; k++) Py_XDECREF(objs[k]);
+    PyMem_Free(objs);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+static PyObject *export_counts(const Engine *E) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int j = 0; j < C_N; j++)
+        if (put(d, count_names[j], PyLong_FromLongLong(E->counts[j])) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    return d;
+}
+
+/* ------------------------------------------------------------------ entry point */
+
+static void engine_free(Engine *E) {
+    PyMem_Free(E->over);
+    PyMem_Free(E->below);
+    PyMem_Free(E->b);
+    PyMem_Free(E->freeslots.v);
+    if (E->fl)
+        for (int lk = 0; lk < E->nl; lk++) {
+            fl_clear(&E->fl[lk]);
+            PyMem_Free(E->fl[lk].spare);
+            PyMem_Free(E->fl[lk].c);
+            PyMem_Free(E->fl[lk].last);
+        }
+    if (E->ul)
+        for (int lk = 0; lk < E->nl; lk++) {
+            PyMem_Free(E->ul[lk].addr);
+            PyMem_Free(E->ul[lk].blk);
+        }
+    PyMem_Free(E->fl);
+    PyMem_Free(E->ul);
+    HMap *maps[] = {&E->amap, &E->pmap, &E->pend, &E->heads, &E->gcb, &E->asz};
+    for (int j = 0; j < 6; j++) PyMem_Free(maps[j]->e);
+    Vec *vecs[] = {&E->seg_act, &E->seg_size, &E->seg_idx, &E->flushes};
+    for (int j = 0; j < 4; j++) PyMem_Free(vecs[j]->v);
+    PyMem_Free(E->va_free);
+}
+
+/* policy_engine(model, params) -> (failed, state, counts), or (None, reason) when declined. */
+PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
+    PyObject *model, *pdict;
+    if (!PyArg_ParseTuple(args, "OO!", &model, &PyDict_Type, &pdict)) return NULL;
+    Engine E;
+    memset(&E, 0, sizeof E);
+    E.va = -1;
+    Py_buffer views[V_N];
+    memset(views, 0, sizeof views);
+    Inputs in = {0};
+    PyObject *result = NULL, *failed = NULL;
+    if (parse_params(&E, pdict, views, &in) < 0) goto done;
+    if (check_inputs(&E, &in) < 0 || import_model(&E, model) < 0) goto declined;
+    if (!(failed = PyList_New(0))) goto done;
+    if (serve(&E, &in, failed) < 0) goto declined;
+    PyObject *state = export_model(&E);
+    if (!state) goto done;
+    PyObject *counts = export_counts(&E);
+    if (!counts) {
+        Py_DECREF(state);
+        goto done;
+    }
+    result = PyTuple_Pack(3, failed, state, counts);
+    Py_DECREF(state);
+    Py_DECREF(counts);
+    goto done;
+declined:
+    if (!PyErr_Occurred() && E.declined) result = Py_BuildValue("(Os)", Py_None, E.declined);
+done:
+    Py_XDECREF(failed);
+    for (int v = 0; v < V_N; v++)
+        if (views[v].obj) PyBuffer_Release(&views[v]);
+    engine_free(&E);
+    return result;
+}
