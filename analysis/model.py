@@ -128,6 +128,40 @@ class Trace:
         )
 
 
+# Digits of address_order's radix sort; past this many 16-bit digits a comparison sort is as quick.
+_ADDRESS_DIGITS = 3
+
+
+def address_order(addr: I64, idx: I64) -> I64:
+    """Positions into ``idx`` (event indices, ascending) that order its events by address, each
+    address's events in trace order: ``np.argsort(addr[idx], kind="stable")``, computed faster.
+
+    Pairing events by address (an alloc with its free) needs this order on millions of events;
+    numpy's stable sort of int64 is a comparison sort, of uint16 a counting sort several times
+    quicker. Addresses share their alignment, so relative to the lowest and in units of it they
+    fit in a few 16-bit digits: a least-significant-digit radix sort, a stable pass per digit."""
+    a = addr[idx]
+    if a.shape[0] < 2:
+        return np.zeros(a.shape[0], np.int64)
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo >= 1 << 62:  # hostile values: a - lo would overflow
+        return np.argsort(a, kind="stable")
+    off = a - lo
+    common = int(np.bitwise_or.reduce(off))
+    shift = (common & -common).bit_length() - 1 if common else 0
+    units = (hi - lo) >> shift
+    digits = max(1, -(-units.bit_length() // 16))
+    if digits > _ADDRESS_DIGITS:
+        return np.argsort(a, kind="stable")
+    if shift:
+        off >>= shift
+    order = np.argsort(off.astype(np.uint16), kind="stable")
+    for d in range(1, digits):
+        digit = (off >> (16 * d)).astype(np.uint16)
+        order = order[np.argsort(digit[order], kind="stable")]
+    return order
+
+
 @dataclass(slots=True)
 class DeviceData:
     device: int

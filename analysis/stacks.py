@@ -299,19 +299,21 @@ class Lifetimes:
 def alloc_lifetimes(
     action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], size: npt.NDArray[np.int64], stack: npt.NDArray[np.int32]
 ) -> Lifetimes:
-    from analysis.model import ALLOC, FREE_REQUESTED
+    from analysis.model import ALLOC, FREE_REQUESTED, address_order
 
     n = int(action.shape[0])
     idx = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED))
-    # Stable sort by address keeps each address's events in trace order.
-    order = idx[np.argsort(addr[idx], kind="stable")]
-    is_alloc = action[order] == ALLOC
-    same_next = np.r_[addr[order[1:]] == addr[order[:-1]], False]
-    nxt = np.r_[order[1:], n]
-    end_sorted = np.where(same_next, nxt, n)
-    alloc_pos = np.flatnonzero(is_alloc)
-    starts = order[alloc_pos]
-    ends = end_sorted[alloc_pos]
-    by_time = np.argsort(starts, kind="stable")
-    starts, ends = starts[by_time], ends[by_time]
-    return Lifetimes(starts.astype(np.int64), ends.astype(np.int64), addr[starts], size[starts], stack[starts], n)
+    # Each address's events in trace order; an event ends where the next one at its address is.
+    pos = address_order(addr, idx)
+    order = idx[pos]
+    a = addr[order]
+    end_sorted = np.full(idx.shape[0], n, np.int64)
+    if idx.shape[0] > 1:
+        end_sorted[:-1] = np.where(a[1:] == a[:-1], order[1:], n)
+    # Back to trace order, where the allocs are already by time.
+    end_of = np.empty(idx.shape[0], np.int64)
+    end_of[pos] = end_sorted
+    is_alloc = action[idx] == ALLOC
+    starts = idx[is_alloc].astype(np.int64)
+    ends = end_of[is_alloc]
+    return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n)

@@ -100,6 +100,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     DeviceData,
     Snapshot,
+    address_order,
 )
 from analysis.steps import find_steps
 
@@ -1295,10 +1296,10 @@ def trace_is_complete(device: DeviceData) -> bool:
     sel = np.flatnonzero((t.action == ALLOC) | (t.action == free))
     if sel.size == 0:
         return True
-    addr = t.addr[sel]
-    order = np.lexsort((sel, addr))
-    a = addr[order]
-    k = t.action[sel][order]
+    # Each address's events in trace order (a stable sort by address).
+    order = sel[address_order(t.addr, sel)]
+    a = t.addr[order]
+    k = t.action[order]
     first = np.r_[True, a[1:] != a[:-1]]
     repeated = (k[1:] == k[:-1]) & (a[1:] == a[:-1])
     return bool((k[first] == ALLOC).all() and not repeated.any())
