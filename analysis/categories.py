@@ -114,8 +114,11 @@ def classify(
     opt_end: I64,
     *,
     trace_has_frames: bool,
+    frameless: npt.NDArray[np.bool_] | None = None,
 ) -> npt.NDArray[np.int8]:
-    """A category code per allocation of ``lifetimes`` (vectorised, no per-event loop)."""
+    """A category code per allocation of ``lifetimes`` (vectorised, no per-event loop).
+
+    ``frameless`` is ``frameless_backward(lifetimes, catalog)`` where the caller has it already."""
     n = lifetimes.n_events
     start, end = lifetimes.start, lifetimes.end
     traits = catalog.stack_traits(lifetimes.stack)
@@ -154,7 +157,7 @@ def classify(
     # backward's own (Tensor.backward -> _make_grads) belongs to the backward.
     backward = backward_trait.copy()
     if trace_has_frames:
-        backward |= frameless_backward(lifetimes, catalog)
+        backward |= frameless_backward(lifetimes, catalog) if frameless is None else frameless
     backward &= ~decided
     if opt_start.size:
         # Made before the last optimizer step and alive after it: not a gradient
@@ -192,12 +195,13 @@ def frameless_backward(lifetimes: Lifetimes, catalog: StackCatalog) -> npt.NDArr
     """
     gids = catalog.groups_of(lifetimes.stack)
     has_frames = gids != 0
-    backward_trait = (catalog.traits[gids] & TRAIT_BACKWARD) != 0
-    framed = np.flatnonzero(has_frames)
-    if framed.size == 0:
+    if not has_frames.any():
         return np.zeros(gids.shape[0], bool)
-    j = np.searchsorted(lifetimes.start[framed], lifetimes.start, side="right") - 1
-    prev_is_backward = (j >= 0) & backward_trait[framed[np.maximum(j, 0)]]
+    # The allocations are in trace order: the nearest earlier framed one is the last framed
+    # position so far (a running maximum), no search needed.
+    last_framed = np.maximum.accumulate(np.where(has_frames, np.arange(gids.shape[0], dtype=np.int32), -1))
+    backward_group = (catalog.traits & TRAIT_BACKWARD) != 0
+    prev_is_backward = (last_framed >= 0) & backward_group[gids[np.maximum(last_framed, 0)]]
     out: npt.NDArray[np.bool_] = ~has_frames & prev_is_backward
     return out
 

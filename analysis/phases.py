@@ -118,8 +118,11 @@ def tag_phases(
     table: StackTable,
     opt_start: I64,
     opt_end: I64,
+    *,
+    frameless: npt.NDArray[np.bool_] | None = None,
 ) -> Phases:
-    """The phase of every allocation of ``lifetimes``."""
+    """The phase of every allocation of ``lifetimes``; ``frameless`` is
+    ``categories.frameless_backward(lifetimes, catalog)`` where the caller has it already."""
     n = lifetimes.start.shape[0]
     gids = catalog.groups_of(lifetimes.stack)
     traits = catalog.traits[gids]
@@ -142,7 +145,9 @@ def tag_phases(
 
     assign(trace.pool[lifetimes.start] != 0, GRAPH_CAPTURE)
     assign(((traits & TRAIT_OPTIMIZER) != 0) | (~has_frames & in_window), OPTIMIZER)
-    assign(((traits & TRAIT_BACKWARD) != 0) | frameless_backward(lifetimes, catalog), BACKWARD)
+    if frameless is None:
+        frameless = frameless_backward(lifetimes, catalog)
+    assign(((traits & TRAIT_BACKWARD) != 0) | frameless, BACKWARD)
     assign(stack_kind == _KIND_GENERATE, DECODE)
     assign(stack_kind == _KIND_DATA, DATA_LOADING)
     assign((traits & TRAIT_MODULE_FORWARD) != 0, FORWARD)
