@@ -18,6 +18,7 @@ Conventions (relied on by replay, allocator and the analyses):
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +131,10 @@ class Trace:
 
 # Digits of address_order's radix sort; past this many 16-bit digits a comparison sort is as quick.
 _ADDRESS_DIGITS = 3
+# address_order's last answer by the address column it was computed on (id -> (column, idx, order)),
+# dropped with its column: the lifetimes and the completeness check order the same events, one
+# device after the other.
+_ADDRESS_ORDERS: dict[int, tuple[weakref.ref[I64], I64, I64]] = {}
 
 
 def address_order(addr: I64, idx: I64) -> I64:
@@ -139,20 +144,38 @@ def address_order(addr: I64, idx: I64) -> I64:
     Pairing events by address (an alloc with its free) needs this order on millions of events;
     numpy's stable sort of int64 is a comparison sort, of uint16 a counting sort several times
     quicker. Addresses share their alignment, so relative to the lowest and in units of it they
-    fit in a few 16-bit digits: a least-significant-digit radix sort, a stable pass per digit."""
-    a = addr[idx]
+    fit in a few 16-bit digits: a least-significant-digit radix sort, a stable pass per digit.
+
+    The last answer is kept while ``addr`` lives, and given again (read-only) for the same
+    ``idx``: a trace's columns are never written once read. ``idx`` is kept with it, read-only."""
+    key = id(addr)
+    memo = _ADDRESS_ORDERS.get(key)
+    if memo is not None and memo[0]() is addr and memo[1].shape == idx.shape and np.array_equal(memo[1], idx):
+        return memo[2]
+    order = _radix_order(addr[idx])
+    if idx.shape[0] > 1:
+        order.flags.writeable = False
+        idx.flags.writeable = False
+        _ADDRESS_ORDERS.clear()
+        _ADDRESS_ORDERS[key] = (weakref.ref(addr, lambda _: _ADDRESS_ORDERS.pop(key, None)), idx, order)
+    return order
+
+
+def _radix_order(a: I64) -> I64:
+    """``np.argsort(a, kind="stable")`` by 16-bit digits of ``a`` (``address_order``'s own copy:
+    it is shifted in place)."""
     if a.shape[0] < 2:
         return np.zeros(a.shape[0], np.int64)
     lo, hi = int(a.min()), int(a.max())
     if hi - lo >= 1 << 62:  # hostile values: a - lo would overflow
         return np.argsort(a, kind="stable")
-    off = a - lo
-    common = int(np.bitwise_or.reduce(off))
+    a -= lo
+    common = int(np.bitwise_or.reduce(a))
     shift = (common & -common).bit_length() - 1 if common else 0
-    units = (hi - lo) >> shift
-    digits = max(1, -(-units.bit_length() // 16))
+    digits = max(1, -(-((hi - lo) >> shift).bit_length() // 16))
     if digits > _ADDRESS_DIGITS:
         return np.argsort(a, kind="stable")
+    off = a
     if shift:
         off >>= shift
     order = np.argsort(off.astype(np.uint16), kind="stable")

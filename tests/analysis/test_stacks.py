@@ -147,6 +147,20 @@ def test_address_order_is_a_stable_sort_by_address(values: str) -> None:
         assert np.array_equal(address_order(addr, idx), np.argsort(addr[idx], kind="stable"))
 
 
+def test_address_order_is_kept_for_the_same_events_only() -> None:
+    """The last answer is given again for the same column and events, never for other events."""
+    rng = np.random.default_rng(7)
+    addr = (rng.integers(0, 300, 5000) * 512).astype(np.int64)
+    every = np.arange(5000)
+    first = address_order(addr, every)
+    assert address_order(addr, np.arange(5000)) is first and not first.flags.writeable
+    odd = np.arange(1, 5000, 2)
+    assert np.array_equal(address_order(addr, odd), np.argsort(addr[odd], kind="stable"))
+    other = addr.copy()
+    other[:10] = 0
+    assert np.array_equal(address_order(other, every), np.argsort(other, kind="stable"))
+
+
 def test_python_module_wrappers_are_dropped_but_user_frames_kept() -> None:
     table = StackTable(
         frames=[
