@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from analysis.categories import frameless_backward
+from analysis.categories import count_upto, frameless_backward
 from analysis.model import Frame, StackTable, Trace
 from analysis.stacks import (
     TRAIT_BACKWARD,
@@ -220,7 +220,7 @@ def _site_names(table: StackTable, site_of_stack: I64) -> dict[int, str]:
 def _in_windows(start: I64, opt_start: I64, opt_end: I64) -> npt.NDArray[np.bool_]:
     if opt_start.size == 0:
         return np.zeros(start.shape[0], bool)
-    k = np.searchsorted(opt_start, start, side="right") - 1
+    k = count_upto(opt_start, start) - 1
     inside: npt.NDArray[np.bool_] = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
     return inside
 
