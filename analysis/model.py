@@ -175,13 +175,12 @@ def _radix_order(a: I64) -> I64:
     digits = max(1, -(-((hi - lo) >> shift).bit_length() // 16))
     if digits > _ADDRESS_DIGITS:
         return np.argsort(a, kind="stable")
-    off = a
     if shift:
-        off >>= shift
-    order = np.argsort(off.astype(np.uint16), kind="stable")
-    for d in range(1, digits):
-        digit = (off >> (16 * d)).astype(np.uint16)
-        order = order[np.argsort(digit[order], kind="stable")]
+        a >>= shift
+    order = np.argsort(a.astype(np.uint16), kind="stable")
+    for _ in range(1, digits):
+        a >>= 16
+        order = order[np.argsort(a.astype(np.uint16)[order], kind="stable")]
     return order
 
 

@@ -545,7 +545,7 @@ def _trace_facts(
         )
     live_requested = _live_requested(lifetimes, trace.action)
     guess = live_requested.peak_index(lifetimes) if live_requested is not None else None
-    reserved_peak = int(_reserved_from_segments_events(dev).argmax()) if n else None  # its segment map
+    reserved_peak = _reserved_peak_index(dev) if n else None  # its segment map
     keep = [i for i in (guess, oom_index, reserved_peak) if i is not None and i >= 0]
     # Each OOM's state and the one before its malloc's own flush: what the request could use.
     explained = ooms[-MAX_OOMS_EXPLAINED:].tolist()
@@ -1106,9 +1106,10 @@ def _leaks(
     ends = steps.last_event
     gids = catalog.groups_of(lifetimes.stack)
     wanted = np.array([t.group for t in totals], np.int64)
-    pos = {g: k for k, g in enumerate(wanted.tolist())}
+    row_of = np.full(len(catalog.groups), -1, np.int64)  # group -> its row
+    row_of[wanted] = np.arange(wanted.shape[0])
     sel = np.isin(gids, wanted)
-    g_sel = np.array([pos[g] for g in gids[sel].tolist()], np.int64) if sel.any() else np.zeros(0, np.int64)
+    g_sel = row_of[gids[sel]]
     # Alive at step end e when start <= e < end: a range of steps per allocation.
     k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
     k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")
@@ -1343,7 +1344,7 @@ def _live_requested(lifetimes: Lifetimes, action: npt.NDArray[np.int8]) -> _Live
     if n == 0 or m == 0:
         return None
     # An allocation's end ranks after the allocations before it: a running count of allocs.
-    allocs_upto = np.cumsum(action == ALLOC, dtype=np.int64)
+    allocs_upto = np.cumsum(action == ALLOC, dtype=np.int32 if n < 2**31 else np.int64)
     freed = lifetimes.end < n
     end_rank = np.full(m, m, np.int64)
     end_rank[freed] = allocs_upto[lifetimes.end[freed] - 1]
@@ -1506,6 +1507,20 @@ def _reserved_from_segments_events(dev: DeviceData) -> I64:
     grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
     shrink = (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)
     return np.cumsum(np.where(grow, t.size, 0) - np.where(shrink, t.size, 0))
+
+
+def _reserved_peak_index(dev: DeviceData) -> int:
+    """``_reserved_from_segments_events(dev).argmax()``, from the segment events alone: reserved
+    memory changes only there, so it first peaks at one of them, or at the first event."""
+    t = dev.trace
+    grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
+    at = np.flatnonzero(grow | (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP))
+    if at.size == 0:
+        return 0
+    level = np.cumsum(np.where(grow[at], t.size[at], -t.size[at]))
+    if at[0] > 0:  # nothing reserved yet before the first segment event
+        at, level = np.r_[0, at], np.r_[0, level]
+    return int(at[int(level.argmax())])
 
 
 def _empty_replay_check(snapshot: Snapshot) -> dict[str, Any]:

@@ -127,19 +127,32 @@ def per_step_figures(
     peak_alloc = np.maximum.reduceat(allocated, bounds)[: len(steps)]
     peak_res = np.maximum.reduceat(reserved, bounds)[: len(steps)]
     end_idx = np.maximum(hi, 0)
-    for k in range(len(steps)):
-        e = int(end_idx[k])
-        pa = int(peak_alloc[k]) if nonempty[k] else int(allocated[e])
-        pr = int(peak_res[k]) if nonempty[k] else int(reserved[e])
-        res_end, alloc_end = int(reserved[e]), int(allocated[e])
+    res_ends, alloc_ends = reserved[end_idx], allocated[end_idx]
+    # Empty steps take their end event's values.
+    peak_alloc = np.where(nonempty, peak_alloc, alloc_ends)
+    peak_res = np.where(nonempty, peak_res, res_ends)
+    # Columns as Python ints once, not an int() per cell.
+    columns = zip(
+        end_idx.tolist(),
+        peak_alloc.tolist(),
+        peak_res.tolist(),
+        res_ends.tolist(),
+        alloc_ends.tolist(),
+        steps.start_us.tolist(),
+        steps.end_us.tolist(),
+        lo.tolist(),
+        steps.complete.tolist(),
+        strict=True,
+    )
+    for k, (e, pa, pr, res_end, alloc_end, start_us, end_us, first, complete) in enumerate(columns):
         rows.append(
             {
                 "index": first_index + k,
-                "start_us": int(steps.start_us[k]),
-                "end_us": int(steps.end_us[k]),
-                "first_event": int(lo[k]),
+                "start_us": start_us,
+                "end_us": end_us,
+                "first_event": first,
                 "last_event": e,
-                "complete": bool(steps.complete[k]),
+                "complete": complete,
                 "peak_allocated_bytes": pa,
                 "peak_reserved_bytes": pr,
                 "reserved_end_bytes": res_end,

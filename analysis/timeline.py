@@ -55,15 +55,15 @@ def extreme_indices(values: I64, lo: int, hi: int, buckets: int) -> I64:
     width = -(-n // buckets)
     rows = -(-n // width)
     part = values[lo:hi]
-    # Pad with the last value: argmin/argmax return the first occurrence, so a
-    # pad cell is chosen only when it ties the last real one, and is clipped.
-    padded = np.empty(rows * width, np.int64)
-    padded[:n] = part
-    padded[n:] = part[-1]
-    grid = padded.reshape(rows, width)
+    # Whole buckets as a view of the column (no copy); the last, shorter one apart.
+    full = n // width
+    grid = part[: full * width].reshape(full, width)
+    lows, highs = grid.argmin(axis=1), grid.argmax(axis=1)
+    if full < rows:
+        tail = part[full * width :]
+        lows, highs = np.r_[lows, tail.argmin()], np.r_[highs, tail.argmax()]
     base = np.arange(rows, dtype=np.int64) * width
-    picks = np.concatenate((base + grid.argmin(axis=1), base + grid.argmax(axis=1)))
-    out: I64 = (np.minimum(picks, n - 1) + lo).astype(np.int64)
+    out: I64 = (np.concatenate((base + lows, base + highs)) + lo).astype(np.int64)
     return out
 
 
