@@ -129,6 +129,15 @@ class Trace:
         )
 
 
+def sorted_unique(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``np.unique`` of a 1-D integer array: its distinct values, ascending. np.unique's first call
+    without ``return_*`` imports numpy.ma (~10 ms, once per process) to ask whether it is masked."""
+    ordered = np.sort(values)
+    keep = np.ones(ordered.shape[0], bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
 # Digits of address_order's radix sort; past this many 16-bit digits a comparison sort is as quick.
 _ADDRESS_DIGITS = 3
 # address_order's last answer by the address column it was computed on (id -> (column, idx, order)),

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.categories import count_upto, frameless_backward
-from analysis.model import Frame, StackTable, Trace
+from analysis.model import Frame, StackTable, Trace, sorted_unique
 from analysis.stacks import (
     TRAIT_BACKWARD,
     TRAIT_MODULE_FORWARD,
@@ -214,7 +214,7 @@ def _entry_site(frame_ids: tuple[int, ...], frames: list[Frame]) -> int | None:
 
 
 def _site_names(table: StackTable, site_of_stack: I64) -> dict[int, str]:
-    return {int(fid): frame_label(table.frames[int(fid)]) for fid in np.unique(site_of_stack) if fid >= 0}
+    return {int(fid): frame_label(table.frames[int(fid)]) for fid in sorted_unique(site_of_stack) if fid >= 0}
 
 
 def _in_windows(start: I64, opt_start: I64, opt_end: I64) -> npt.NDArray[np.bool_]:

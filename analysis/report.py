@@ -63,6 +63,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     DeviceData,
     Snapshot,
+    sorted_unique,
 )
 from analysis.model import OOM as OOM_ACTION
 from analysis.oom import MAX_OOMS_EXPLAINED, UsableFree, explain_oom, flush_window_start, oom_indices, verdict
@@ -1177,7 +1178,7 @@ def _advice_context(
         autocast_seen=autocast_seen,
         optimizer_state_bytes=int(categories["optimizer_state"]),
         optimizer_labels=opt_labels[:3],
-        distinct_large_sizes=int(np.unique(large).size),
+        distinct_large_sizes=int(sorted_unique(large).size),
         large_requests=int(large.size),
         capture={},
         source_bytes=source_bytes,
@@ -1499,7 +1500,7 @@ def _merged_entry(seg: Any, run: list[Any]) -> dict[str, Any]:
 def _even_indices(n: int, k: int) -> I64:
     if n <= k:
         return np.arange(n, dtype=np.int64)
-    return np.unique(np.r_[np.linspace(0, n - 1, k).astype(np.int64), n - 1])
+    return sorted_unique(np.r_[np.linspace(0, n - 1, k).astype(np.int64), n - 1])
 
 
 def _reserved_from_segments_events(dev: DeviceData) -> I64:

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analysis.model import sorted_unique
+
 I64 = npt.NDArray[np.int64]
 
 # Column name in the replay -> key in the report.
@@ -72,7 +74,7 @@ def select_points(columns: Mapping[str, I64], lo: int, hi: int, buckets: int, ke
     parts = [extreme_indices(columns[name], lo, hi, buckets) for name in PRIMARY if name in columns]
     forced = np.fromiter((k for k in keep if lo <= k < hi), np.int64)
     ends = np.array([lo, hi - 1], np.int64) if hi > lo else np.zeros(0, np.int64)
-    return np.unique(np.concatenate([*parts, forced, ends]))
+    return sorted_unique(np.concatenate([*parts, forced, ends]))
 
 
 def series_at(columns: Mapping[str, I64], time_us: I64, points: I64) -> dict[str, Any]:
@@ -205,7 +207,7 @@ def settled_points(points: I64, action: npt.NDArray[np.int8], addr: I64 | None =
         fused &= addr[nxt] == addr[points]
     if not fused.any():
         return points
-    return np.unique(np.where(fused, nxt, points))
+    return sorted_unique(np.where(fused, nxt, points))
 
 
 def settle_fused_frees(

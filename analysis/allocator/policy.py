@@ -1296,13 +1296,13 @@ def trace_is_complete(device: DeviceData) -> bool:
     sel = np.flatnonzero((t.action == ALLOC) | (t.action == free))
     if sel.size == 0:
         return True
-    # Each address's events in trace order (a stable sort by address).
+    # Each address's events in trace order (a stable sort by address; the lifetimes' own order).
     order = sel[address_order(t.addr, sel)]
     a = t.addr[order]
-    k = t.action[order]
-    first = np.r_[True, a[1:] != a[:-1]]
-    repeated = (k[1:] == k[:-1]) & (a[1:] == a[:-1])
-    return bool((k[first] == ALLOC).all() and not repeated.any())
+    alloc = t.action[order] == ALLOC  # else the free: two kinds only
+    same = a[1:] == a[:-1]
+    # Each address starts with an alloc, and its kinds alternate.
+    return bool(alloc[0] and alloc[1:][~same].all() and not (same & (alloc[1:] == alloc[:-1])).any())
 
 
 # Limits tried inside the GC's interval (fitted_limit); each is one replay, so the
