@@ -142,7 +142,9 @@ def classify(
     def assign(mask: npt.NDArray[np.bool_], code: int) -> None:
         nonlocal decided
         m = mask & ~decided
-        out[m] = code
+        # Each allocation is decided once, still holding UNKNOWN: adding the difference where m
+        # holds is a masked store without its branch per element (several times quicker).
+        np.add(out, m.view(np.int8) * np.int8(code - UNKNOWN), out=out)
         decided |= m
 
     in_window, window_end, next_opt_start, first_opt = _step_windows(start, opt_start, opt_end, n)

@@ -140,7 +140,9 @@ def tag_phases(
     def assign(mask: npt.NDArray[np.bool_], code: int) -> None:
         nonlocal decided
         m = mask & ~decided
-        out[m] = code
+        # Each allocation is decided once, still holding OTHER: adding the difference where m
+        # holds is a masked store without its branch per element (several times quicker).
+        np.add(out, m.view(np.int8) * np.int8(code - OTHER), out=out)
         decided |= m
 
     assign(trace.pool[lifetimes.start] != 0, GRAPH_CAPTURE)
