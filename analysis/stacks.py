@@ -350,16 +350,22 @@ def alloc_lifetimes(
     n = int(action.shape[0])
     idx = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED))
     # Each address's events in trace order; an event ends where the next one at its address is.
+    # Each temporary is dropped once used: fresh pages cost more than the passes over them here (the
+    # first work on millions of rows after the read), and a freed one is reused by the next.
     pos = address_order(addr, idx)
     order = idx[pos]
     a = addr[order]
+    same = a[1:] == a[:-1]
+    del a
     end_sorted = np.full(idx.shape[0], n, np.int64)
-    if idx.shape[0] > 1:
-        np.copyto(end_sorted[:-1], order[1:], where=a[1:] == a[:-1])
+    np.copyto(end_sorted[:-1], order[1:], where=same)
+    del order, same
     # Back to trace order, where the allocs are already by time.
     end_of = np.empty(idx.shape[0], np.int64)
     end_of[pos] = end_sorted
+    del end_sorted
     is_alloc = action[idx] == ALLOC
     starts = idx[is_alloc].astype(np.int64, copy=False)
     ends = end_of[is_alloc]
+    del end_of
     return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n)
