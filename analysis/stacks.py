@@ -345,21 +345,19 @@ class Lifetimes:
 def alloc_lifetimes(
     action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], size: npt.NDArray[np.int64], stack: npt.NDArray[np.int32]
 ) -> Lifetimes:
-    from analysis.model import ALLOC, FREE_REQUESTED, address_order
+    from analysis.model import ALLOC, FREE_REQUESTED, address_runs
 
     n = int(action.shape[0])
     idx = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED))
     # Each address's events in trace order; an event ends where the next one at its address is.
     # Each temporary is dropped once used: fresh pages cost more than the passes over them here (the
     # first work on millions of rows after the read), and a freed one is reused by the next.
-    pos = address_order(addr, idx)
+    pos, same = address_runs(addr, idx)
     order = idx[pos]
-    a = addr[order]
-    same = a[1:] == a[:-1]
-    del a
     end_sorted = np.full(idx.shape[0], n, np.int64)
-    np.copyto(end_sorted[:-1], order[1:], where=same)
-    del order, same
+    if idx.shape[0] > 1:
+        np.copyto(end_sorted[:-1], order[1:], where=same)
+    del order
     # Back to trace order, where the allocs are already by time.
     end_of = np.empty(idx.shape[0], np.int64)
     end_of[pos] = end_sorted

@@ -100,7 +100,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     DeviceData,
     Snapshot,
-    address_order,
+    address_runs,
 )
 from analysis.steps import find_steps
 
@@ -1297,10 +1297,8 @@ def trace_is_complete(device: DeviceData) -> bool:
     if sel.size == 0:
         return True
     # Each address's events in trace order (a stable sort by address; the lifetimes' own order).
-    order = sel[address_order(t.addr, sel)]
-    a = t.addr[order]
-    alloc = t.action[order] == ALLOC  # else the free: two kinds only
-    same = a[1:] == a[:-1]
+    pos, same = address_runs(t.addr, sel)
+    alloc = (t.action[sel] == ALLOC)[pos]  # else the free: two kinds only
     # Each address starts with an alloc, and its kinds alternate.
     return bool(alloc[0] and alloc[1:][~same].all() and not (same & (alloc[1:] == alloc[:-1])).any())
 

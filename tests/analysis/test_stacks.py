@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.model import ALLOC, FREE_REQUESTED, Frame, Snapshot, StackTable, address_order
+from analysis.model import ALLOC, FREE_REQUESTED, Frame, Snapshot, StackTable, address_order, address_runs
 from analysis.reader import read_snapshot
 from analysis.report import build_report
 from analysis.stacks import (
@@ -133,7 +133,8 @@ def test_lifetimes_pair_each_alloc_with_its_free() -> None:
 
 @pytest.mark.parametrize("values", ["aligned", "wide", "tiny", "any", "few"])
 def test_address_order_is_a_stable_sort_by_address(values: str) -> None:
-    """The radix sort of ``address_order`` is ``argsort(kind="stable")``, whatever the addresses."""
+    """The radix sort of ``address_order`` is ``argsort(kind="stable")``, whatever the addresses, and
+    ``address_runs`` says which neighbours in it share an address."""
     rng = np.random.default_rng(len(values))
     for n in (0, 1, 2, 7, 1000, 70_000):
         addr = {
@@ -144,7 +145,11 @@ def test_address_order_is_a_stable_sort_by_address(values: str) -> None:
             "few": rng.integers(0, 4, n) << 46,
         }[values].astype(np.int64)
         idx = np.flatnonzero(rng.random(n) < 0.7)
-        assert np.array_equal(address_order(addr, idx), np.argsort(addr[idx], kind="stable"))
+        order, same = address_runs(addr.copy(), idx)
+        assert np.array_equal(order, np.argsort(addr[idx], kind="stable"))
+        ordered = addr[idx][order]
+        assert np.array_equal(same, ordered[1:] == ordered[:-1])
+        assert np.array_equal(address_order(addr, idx), order)
 
 
 def test_address_order_is_kept_for_the_same_events_only() -> None:
