@@ -1142,14 +1142,14 @@ def _advice_context(
     source_bytes: int,
     catalog: StackCatalog,
 ) -> advice_mod.AdviceContext:
-    trace, lifetimes, replay = facts.dev.trace, facts.lifetimes, recorded.replay
+    lifetimes, replay = facts.lifetimes, recorded.replay
     stacks, sizes, _ = attribution.live["peak"]
     codes, peak_codes, categories = attribution.codes, attribution.peak_codes, attribution.categories
     act_mask = peak_codes == ACTIVATIONS
     opt_mask = peak_codes == OPTIMIZER_STATE
     opt_labels = [catalog.groups[t.group].label for t in totals_by_group(catalog, stacks[opt_mask], sizes[opt_mask])]
     traits = catalog.stack_traits(lifetimes.stack)
-    alloc_sizes = trace.size[trace.action == ALLOC]
+    alloc_sizes = lifetimes.size  # every alloc event's, in trace order
     large = alloc_sizes[alloc_sizes >= (1 << 20)]
     peak_idx = int(replay.peak_allocated_index)
     has_backward = bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any())
