@@ -47,6 +47,7 @@ from analysis.stacks import (
     Lifetimes,
     StackCatalog,
 )
+from analysis.steps import running_clock
 
 CATEGORIES: tuple[str, ...] = (
     "parameters",
@@ -69,12 +70,12 @@ def optimizer_windows(annotations: list[tuple[str, str, int]], time_us: I64) -> 
     if time_us.size == 0:
         empty = np.zeros(0, np.int64)
         return empty, empty
-    times = np.maximum.accumulate(time_us)
+    times = running_clock(time_us)
     starts, ends = [], []
     open_start: int | None = None
-    for name, stage, t in sorted(annotations, key=lambda a: a[2]):
-        if not name.startswith("Optimizer.step#"):
-            continue
+    # Sorting is stable: the marks alone sort as they would among the others.
+    marks = [(stage, t) for name, stage, t in annotations if name.startswith("Optimizer.step#")]
+    for stage, t in sorted(marks, key=lambda a: a[1]):
         if stage == "START":
             open_start = t
         elif stage == "END" and open_start is not None:
@@ -89,6 +90,18 @@ def optimizer_windows(annotations: list[tuple[str, str, int]], time_us: I64) -> 
     return s.astype(np.int64), e.astype(np.int64)
 
 
+def count_upto(marks: I64, start: I64, *, strict: bool = False) -> I64:
+    """For each of ``start`` (ascending), how many ``marks`` (ascending) are at or before it, or
+    before it when ``strict``: ``np.searchsorted(marks, start, side="right"/"left")``.
+
+    Few marks (optimizer windows) against a million allocations: each mark is found among the
+    allocations instead, and a running count spreads them (no binary search per allocation)."""
+    at = np.searchsorted(start, marks, side="right" if strict else "left")
+    counts = np.zeros(start.shape[0] + 1, np.int64)
+    np.add.at(counts, at, 1)
+    return np.cumsum(counts[:-1])
+
+
 def _step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> tuple[npt.NDArray[np.bool_], I64, I64, int]:
     """The optimizer step window each allocation falls in or before: (inside one, the end of the one it is
     in (``n`` outside), the start of the next, the first window's start (``n`` without any))."""
@@ -99,10 +112,10 @@ def _step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> tuple[npt
             np.full(start.shape[0], n, np.int64),
             n,
         )
-    k = np.searchsorted(opt_start, start, side="right") - 1  # last window started at or before
+    k = count_upto(opt_start, start) - 1  # last window started at or before
     in_window = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
     window_end = np.where(in_window, opt_end[np.maximum(k, 0)], n)
-    nxt = np.searchsorted(opt_start, start, side="left")  # next window starting at or after
+    nxt = count_upto(opt_start, start, strict=True)  # next window starting at or after
     next_opt_start = np.where(nxt < opt_start.size, opt_start[np.minimum(nxt, opt_start.size - 1)], n)
     return in_window, window_end, next_opt_start, int(opt_start[0])
 
@@ -114,8 +127,11 @@ def classify(
     opt_end: I64,
     *,
     trace_has_frames: bool,
+    frameless: npt.NDArray[np.bool_] | None = None,
 ) -> npt.NDArray[np.int8]:
-    """A category code per allocation of ``lifetimes`` (vectorised, no per-event loop)."""
+    """A category code per allocation of ``lifetimes`` (vectorised, no per-event loop).
+
+    ``frameless`` is ``frameless_backward(lifetimes, catalog)`` where the caller has it already."""
     n = lifetimes.n_events
     start, end = lifetimes.start, lifetimes.end
     traits = catalog.stack_traits(lifetimes.stack)
@@ -126,7 +142,9 @@ def classify(
     def assign(mask: npt.NDArray[np.bool_], code: int) -> None:
         nonlocal decided
         m = mask & ~decided
-        out[m] = code
+        # Each allocation is decided once, still holding UNKNOWN: adding the difference where m
+        # holds is a masked store without its branch per element (several times quicker).
+        np.add(out, m.view(np.int8) * np.int8(code - UNKNOWN), out=out)
         decided |= m
 
     in_window, window_end, next_opt_start, first_opt = _step_windows(start, opt_start, opt_end, n)
@@ -154,7 +172,7 @@ def classify(
     # backward's own (Tensor.backward -> _make_grads) belongs to the backward.
     backward = backward_trait.copy()
     if trace_has_frames:
-        backward |= frameless_backward(lifetimes, catalog)
+        backward |= frameless_backward(lifetimes, catalog) if frameless is None else frameless
     backward &= ~decided
     if opt_start.size:
         # Made before the last optimizer step and alive after it: not a gradient
@@ -173,7 +191,9 @@ def classify(
         assign(forward & persistent, UNKNOWN)
     bwd_idx = start[backward]
     if bwd_idx.size:
-        j = np.searchsorted(bwd_idx, start, side="right")
+        # Backward allocations at or before each one: a running count where every start is its own.
+        strictly = start.shape[0] < 2 or bool((start[1:] > start[:-1]).all())
+        j = np.cumsum(backward) if strictly else np.searchsorted(bwd_idx, start, side="right")
         next_bwd = np.where(j < bwd_idx.size, bwd_idx[np.minimum(j, bwd_idx.size - 1)], n)
         assign(forward & (end > next_bwd) & (next_bwd < n), ACTIVATIONS)
         assign(forward, TEMPORARIES)
@@ -192,12 +212,13 @@ def frameless_backward(lifetimes: Lifetimes, catalog: StackCatalog) -> npt.NDArr
     """
     gids = catalog.groups_of(lifetimes.stack)
     has_frames = gids != 0
-    backward_trait = (catalog.traits[gids] & TRAIT_BACKWARD) != 0
-    framed = np.flatnonzero(has_frames)
-    if framed.size == 0:
+    if not has_frames.any():
         return np.zeros(gids.shape[0], bool)
-    j = np.searchsorted(lifetimes.start[framed], lifetimes.start, side="right") - 1
-    prev_is_backward = (j >= 0) & backward_trait[framed[np.maximum(j, 0)]]
+    # The allocations are in trace order: the nearest earlier framed one is the last framed
+    # position so far (a running maximum), no search needed.
+    last_framed = np.maximum.accumulate(np.where(has_frames, np.arange(gids.shape[0], dtype=np.int32), -1))
+    backward_group = (catalog.traits & TRAIT_BACKWARD) != 0
+    prev_is_backward = (last_framed >= 0) & backward_group[gids[np.maximum(last_framed, 0)]]
     out: npt.NDArray[np.bool_] = ~has_frames & prev_is_backward
     return out
 

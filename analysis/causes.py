@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from analysis.decision import format_size
 from analysis.limits import OomMessage
-from analysis.model import Trace
+from analysis.model import Trace, sorted_unique
 from analysis.phases import (
     BACKWARD,
     DECODE,
@@ -556,7 +556,7 @@ def _growing_group(inp: CauseInput, pos: int) -> tuple[int, npt.NDArray[np.intp]
     since = int(trained[-1]) + 1 if trained.size else 0
     mine = since + np.flatnonzero(gids[since : pos + 1] == group)
     sizes = lt.size[mine]
-    distinct = np.unique(sizes)
+    distinct = sorted_unique(sizes)
     if distinct.size < GROWTH_MIN_SIZES:
         return None
     steps = np.diff(distinct[-GROWTH_MIN_SIZES * 4 :])

@@ -49,6 +49,7 @@ from analysis.model import (
     Segment,
     Snapshot,
     Trace,
+    sorted_unique,
 )
 from analysis.replay import RecordedReplay, recorded_replay
 from analysis.stacks import Lifetimes, StackCatalog, alloc_lifetimes
@@ -79,7 +80,7 @@ def event_columns(replay: RecordedReplay, dev: DeviceData, catalog: StackCatalog
 
 
 def group_labels(catalog: StackCatalog, groups: np.ndarray) -> dict[str, str]:
-    return {str(int(g)): _short(catalog.groups[int(g)].label) for g in np.unique(groups) if int(g) >= 0}
+    return {str(int(g)): _short(catalog.groups[int(g)].label) for g in sorted_unique(groups) if int(g) >= 0}
 
 
 def replay_like_columns(columns: Mapping[str, np.ndarray]) -> dict[str, I64]:
@@ -166,7 +167,7 @@ def active_bands(
     lo, hi = max(0, int(lo)), min(n, int(hi))
     if hi <= lo:
         return {"start": lo, "end": hi, "bands": [], "samples": 0, "allocations": 0}
-    xs = np.unique(np.linspace(lo, hi - 1, min(samples, hi - lo)).astype(np.int64))
+    xs = sorted_unique(np.linspace(lo, hi - 1, min(samples, hi - lo)).astype(np.int64))
     # Alive at some sample: a sample lies in [start, end).
     sel = np.flatnonzero(np.searchsorted(xs, start, "left") < np.searchsorted(xs, end, "left"))
     s_start, s_end, s_size = start[sel], end[sel], size[sel]

@@ -18,6 +18,7 @@ Conventions (relied on by replay, allocator and the analyses):
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,94 @@ class Trace:
             stack=np.zeros(0, np.int32),
             pool=np.zeros(0, np.int32),
         )
+
+
+def sorted_unique(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``np.unique`` of a 1-D integer array: its distinct values, ascending. np.unique's first call
+    without ``return_*`` imports numpy.ma (~10 ms, once per process) to ask whether it is masked.
+    The stable sort (timsort) takes the runs a trace's columns are full of in one pass each."""
+    ordered = np.sort(values, kind="stable")
+    keep = np.ones(ordered.shape[0], bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
+# Digits of address_order's radix sort; past this many 16-bit digits a comparison sort is as quick.
+_ADDRESS_DIGITS = 3
+# address_runs' last answer by the address column it was computed on (id -> (column, idx, answer)),
+# dropped with its column: the lifetimes and the completeness check order the same events, one
+# device after the other.
+_ADDRESS_ORDERS: dict[int, tuple[weakref.ref[I64], I64, tuple[I64, npt.NDArray[np.bool_]]]] = {}
+
+
+def address_order(addr: I64, idx: I64) -> I64:
+    """Positions into ``idx`` (event indices, ascending) that order its events by address, each
+    address's events in trace order: ``np.argsort(addr[idx], kind="stable")`` (``address_runs``)."""
+    return address_runs(addr, idx)[0]
+
+
+def address_runs(addr: I64, idx: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """``address_order(addr, idx)``, and whether each event in that order has the same address as
+    the next one (one fewer than the events).
+
+    Pairing events by address (an alloc with its free) needs this order on millions of events;
+    numpy's stable sort of int64 is a comparison sort, of uint16 a counting sort several times
+    quicker. Addresses share their alignment, so relative to the lowest and in units of it they
+    fit in a few 16-bit digits: a least-significant-digit radix sort, a stable pass per digit.
+
+    The last answer is kept while ``addr`` lives, and given again (read-only) for the same
+    ``idx``: a trace's columns are never written once read. ``idx`` is kept with it, read-only."""
+    key = id(addr)
+    memo = _ADDRESS_ORDERS.get(key)
+    if memo is not None and memo[0]() is addr and memo[1].shape == idx.shape and np.array_equal(memo[1], idx):
+        return memo[2]
+    order, same = _radix_order(addr[idx])
+    if idx.shape[0] > 1:
+        order.flags.writeable = False
+        same.flags.writeable = False
+        idx.flags.writeable = False
+        _ADDRESS_ORDERS.clear()
+        _ADDRESS_ORDERS[key] = (weakref.ref(addr, lambda _: _ADDRESS_ORDERS.pop(key, None)), idx, (order, same))
+    return order, same
+
+
+def _radix_order(a: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """``np.argsort(a, kind="stable")`` by 16-bit digits of ``a`` (``address_order``'s own copy:
+    it is shifted in place), and the neighbours in that order that are equal."""
+    if a.shape[0] < 2:
+        return np.zeros(a.shape[0], np.int64), np.zeros(0, bool)
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo >= 1 << 62:  # hostile values: a - lo would overflow
+        return _compared_order(a)
+    a -= lo
+    common = int(np.bitwise_or.reduce(a))
+    shift = (common & -common).bit_length() - 1 if common else 0
+    digits = max(1, -(-((hi - lo) >> shift).bit_length() // 16))
+    if digits > _ADDRESS_DIGITS:
+        return _compared_order(a)
+    if shift:
+        a >>= shift
+    # The digits apart, and the addresses dropped before sorting (fewer fresh pages).
+    parts = []
+    for _ in range(digits):
+        parts.append(a.astype(np.uint16))
+        a >>= 16
+    del a
+    order = np.argsort(parts[0], kind="stable")
+    for digit in parts[1:]:
+        order = order[np.argsort(digit[order], kind="stable")]
+    # Equal neighbours agree in every digit (2-byte columns read, not the 8-byte addresses).
+    same = np.ones(order.shape[0] - 1, bool)
+    for digit in parts:
+        ordered = digit[order]
+        same &= ordered[1:] == ordered[:-1]
+    return order, same
+
+
+def _compared_order(a: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
+    order = np.argsort(a, kind="stable")
+    ordered = a[order]
+    return order, ordered[1:] == ordered[:-1]
 
 
 @dataclass(slots=True)

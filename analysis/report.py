@@ -63,6 +63,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     DeviceData,
     Snapshot,
+    sorted_unique,
 )
 from analysis.model import OOM as OOM_ACTION
 from analysis.oom import MAX_OOMS_EXPLAINED, UsableFree, explain_oom, flush_window_start, oom_indices, verdict
@@ -401,7 +402,7 @@ class _Facts:
     known_limit: Limit | None  # from what the user has: given, sidecar, OOM message
     explained: tuple[int, ...]  # the OOMs explained (the last MAX_OOMS_EXPLAINED)
     keep: tuple[int, ...]  # states the recorded replay keeps from its one pass
-    live_requested: I64 | None  # live requested bytes per event (the AMP estimate replays it)
+    live_requested: _Live | None  # live requested bytes after each allocation (the AMP estimate replays it)
 
 
 @dataclass(frozen=True)
@@ -444,6 +445,7 @@ class _Attribution:
     categories: dict[str, int]  # bytes by category at the peak
     opt_start: I64
     opt_end: I64
+    frameless: npt.NDArray[np.bool_]  # categories.frameless_backward of every allocation
 
 
 @dataclass(frozen=True)
@@ -542,9 +544,9 @@ def _trace_facts(
             trace_complete=len(steps) > 0 and trace_is_complete(dev),
             lifetimes=lifetimes,
         )
-    live_requested = _live_requested(lifetimes, n)
-    guess = int(live_requested.argmax()) if live_requested is not None else None
-    reserved_peak = int(_reserved_from_segments_events(dev).argmax()) if n else None  # its segment map
+    live_requested = _live_requested(lifetimes, trace.action)
+    guess = live_requested.peak_index(lifetimes) if live_requested is not None else None
+    reserved_peak = _reserved_peak_index(dev) if n else None  # its segment map
     keep = [i for i in (guess, oom_index, reserved_peak) if i is not None and i >= 0]
     # Each OOM's state and the one before its malloc's own flush: what the request could use.
     explained = ooms[-MAX_OOMS_EXPLAINED:].tolist()
@@ -722,7 +724,10 @@ def _attribute(snapshot: Snapshot, facts: _Facts, replay: RecordedReplay, catalo
         own = snapshot.annotations
     opt_start, opt_end = optimizer_windows([(a.name, a.stage, a.time_us) for a in own], trace.time_us)
     trace_has_frames = bool((trace.stack >= 0).any())
-    codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames)
+    # Allocations of the backward pass that the autograd thread left without frames: the categories,
+    # the stacks below and the phases (_diagnose) split them off alike.
+    frameless = frameless_backward(lifetimes, catalog)
+    codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames, frameless=frameless)
     # A block live before the trace carries the stack of the event that freed it
     # when the final snapshot no longer holds it; with context="all" that is the
     # free site, not the allocation site, so such blocks count as "no frames".
@@ -731,9 +736,7 @@ def _attribute(snapshot: Snapshot, facts: _Facts, replay: RecordedReplay, catalo
         trusted_pre = {b.address for _, b in moments[-1].state.live_blocks() if b.alloc_index < 0}
     # Split "no frames" into what is known: blocks from before the trace, and
     # (stacks="python") the backward pass, whose thread records no frames.
-    backward_alloc = (
-        lifetimes.start[frameless_backward(lifetimes, catalog)] if trace_has_frames else np.zeros(0, np.int64)
-    )
+    backward_alloc = lifetimes.start[frameless] if trace_has_frames else np.zeros(0, np.int64)
     top_stacks: list[dict[str, Any]] = []
     live: dict[str, tuple[I64, I64, I64]] = {}
     for m in moments:
@@ -742,7 +745,7 @@ def _attribute(snapshot: Snapshot, facts: _Facts, replay: RecordedReplay, catalo
     peak_stacks, peak_sizes, peak_alloc_idx = live["peak"]
     peak_codes = _codes_of_blocks(lifetimes, codes, peak_alloc_idx, peak_stacks, catalog)
     categories = bytes_by_category(peak_codes, peak_sizes)
-    return _Attribution(tuple(moments), top_stacks, live, codes, peak_codes, categories, opt_start, opt_end)
+    return _Attribution(tuple(moments), top_stacks, live, codes, peak_codes, categories, opt_start, opt_end, frameless)
 
 
 def _top_stacks_at(
@@ -892,7 +895,15 @@ def _diagnose(
     message: OomMessage | None,
 ) -> Diagnosis:
     trace, lifetimes, replay = facts.dev.trace, facts.lifetimes, recorded.replay
-    phases = tag_phases(trace, lifetimes, catalog, snapshot.stacks, attribution.opt_start, attribution.opt_end)
+    phases = tag_phases(
+        trace,
+        lifetimes,
+        catalog,
+        snapshot.stacks,
+        attribution.opt_start,
+        attribution.opt_end,
+        frameless=attribution.frameless,
+    )
     at = facts.oom_index if facts.oom_index is not None else (int(replay.peak_reserved_index) if facts.n else None)
     pools: tuple[PoolUse, ...] = ()
     reserved_at = 0
@@ -1096,9 +1107,10 @@ def _leaks(
     ends = steps.last_event
     gids = catalog.groups_of(lifetimes.stack)
     wanted = np.array([t.group for t in totals], np.int64)
-    pos = {g: k for k, g in enumerate(wanted.tolist())}
+    row_of = np.full(len(catalog.groups), -1, np.int64)  # group -> its row
+    row_of[wanted] = np.arange(wanted.shape[0])
     sel = np.isin(gids, wanted)
-    g_sel = np.array([pos[g] for g in gids[sel].tolist()], np.int64) if sel.any() else np.zeros(0, np.int64)
+    g_sel = row_of[gids[sel]]
     # Alive at step end e when start <= e < end: a range of steps per allocation.
     k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
     k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")
@@ -1130,14 +1142,14 @@ def _advice_context(
     source_bytes: int,
     catalog: StackCatalog,
 ) -> advice_mod.AdviceContext:
-    trace, lifetimes, replay = facts.dev.trace, facts.lifetimes, recorded.replay
+    lifetimes, replay = facts.lifetimes, recorded.replay
     stacks, sizes, _ = attribution.live["peak"]
     codes, peak_codes, categories = attribution.codes, attribution.peak_codes, attribution.categories
     act_mask = peak_codes == ACTIVATIONS
     opt_mask = peak_codes == OPTIMIZER_STATE
     opt_labels = [catalog.groups[t.group].label for t in totals_by_group(catalog, stacks[opt_mask], sizes[opt_mask])]
     traits = catalog.stack_traits(lifetimes.stack)
-    alloc_sizes = trace.size[trace.action == ALLOC]
+    alloc_sizes = lifetimes.size  # every alloc event's, in trace order
     large = alloc_sizes[alloc_sizes >= (1 << 20)]
     peak_idx = int(replay.peak_allocated_index)
     has_backward = bool((codes == GRADIENTS).any() or ((traits & TRAIT_BACKWARD) != 0).any())
@@ -1166,7 +1178,7 @@ def _advice_context(
         autocast_seen=autocast_seen,
         optimizer_state_bytes=int(categories["optimizer_state"]),
         optimizer_labels=opt_labels[:3],
-        distinct_large_sizes=int(np.unique(large).size),
+        distinct_large_sizes=int(sorted_unique(large).size),
         large_requests=int(large.size),
         capture={},
         source_bytes=source_bytes,
@@ -1216,19 +1228,22 @@ _AUTOCAST_FP32_FRAMES = frozenset(
 )
 
 
-def _peak_without(live: I64, lifetimes: Lifetimes, cut: npt.NDArray[np.bool_]) -> int:
-    """Peak of ``live`` (live requested bytes per event) with half of each ``cut`` allocation gone."""
-    n = lifetimes.n_events
+def _peak_without(live: _Live, lifetimes: Lifetimes, cut: npt.NDArray[np.bool_]) -> int:
+    """Peak of live requested bytes with half of each ``cut`` allocation gone.
+
+    Live memory only rises at an allocation, so the peak is after one of them: the cut bytes
+    live there are those cut up to it less those whose end comes before it (``end_rank``)."""
     if not cut.any():
-        return int(live.max())
+        return live.peak
     # Only the cut allocations are summed again (bincount in float64: exact below 2**53 bytes).
-    half = (lifetimes.size[cut] // 2).astype(np.float64)
-    delta = np.bincount(lifetimes.start[cut], half, n + 1) - np.bincount(lifetimes.end[cut], half, n + 1)
-    return int((live - np.cumsum(np.rint(delta[:n]).astype(np.int64))).max())
+    half = np.where(cut, lifetimes.size // 2, 0)
+    ended = np.bincount(live.end_rank[cut], half[cut].astype(np.float64), half.shape[0] + 1)
+    gone = np.cumsum(half) - np.cumsum(np.rint(ended[:-1]).astype(np.int64))
+    return int((live.after - gone).max())
 
 
 def _amp_saving_range(
-    catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.NDArray[np.int8], live: I64 | None
+    catalog: StackCatalog, lifetimes: Lifetimes, codes: npt.NDArray[np.int8], live: _Live | None
 ) -> tuple[int, int]:
     """What bf16 autocast would take off the peak of live memory, as a range.
 
@@ -1252,7 +1267,7 @@ def _amp_saving_range(
         bool,
     )
     gids = catalog.groups_of(lifetimes.stack)
-    base = int(live.max())
+    base = live.peak
     upper = act & ~fp32[gids]
     lower = upper & in_nn[gids]
     high = base - _peak_without(live, lifetimes, upper)
@@ -1304,16 +1319,40 @@ def _whatif_rank(item: dict[str, Any]) -> tuple[bool, int]:
     return (item["oom_avoided"] is not True, int(item["peak_reserved_bytes"]))
 
 
-def _live_requested(lifetimes: Lifetimes, n: int) -> I64 | None:
-    """Live requested bytes after every event (numpy, before the replay). Where it peaks is
-    usually the allocated peak too, so the replay keeps that state in its one pass; the AMP
-    estimate replays it with smaller activations."""
-    if n == 0 or lifetimes.start.size == 0:
+@dataclass(frozen=True)
+class _Live:
+    """Live requested bytes right after each allocation of a trace's lifetimes (numpy, before the
+    replay). Live memory rises only at an allocation, so every peak of it is among these; where
+    it peaks is usually the allocated peak too, so the replay keeps that state in its one pass,
+    and the AMP estimate replays it with smaller activations."""
+
+    after: I64  # after each allocation, in the lifetimes' order
+    end_rank: I64  # per allocation, how many allocations come before its end (its free)
+
+    @property
+    def peak(self) -> int:
+        return int(self.after.max())
+
+    def peak_index(self, lifetimes: Lifetimes) -> int:
+        """The first event where live requested bytes peak (as ``argmax`` over every event)."""
+        k = int(self.after.argmax())
+        return int(lifetimes.start[k]) if int(self.after[k]) > 0 else 0
+
+
+def _live_requested(lifetimes: Lifetimes, action: npt.NDArray[np.int8]) -> _Live | None:
+    """``_Live`` of the lifetimes of a trace with these actions."""
+    n, m = lifetimes.n_events, lifetimes.start.shape[0]
+    if n == 0 or m == 0:
         return None
+    # An allocation's end ranks after the allocations before it: a running count of allocs.
+    allocs_upto = np.cumsum(action == ALLOC, dtype=np.int32 if n < 2**31 else np.int64)
+    freed = lifetimes.end < n
+    end_rank = np.full(m, m, np.int64)
+    end_rank[freed] = allocs_upto[lifetimes.end[freed] - 1]
     # bincount sums in float64: exact while totals stay below 2**53 bytes.
-    sizes = lifetimes.size.astype(np.float64)
-    delta = np.bincount(lifetimes.start, sizes, n + 1) - np.bincount(lifetimes.end, sizes, n + 1)
-    return np.cumsum(np.rint(delta[:n]).astype(np.int64))
+    ended = np.bincount(end_rank, lifetimes.size.astype(np.float64), m + 1)
+    after = np.cumsum(lifetimes.size) - np.cumsum(np.rint(ended[:-1]).astype(np.int64))
+    return _Live(after, end_rank)
 
 
 def _frees_record_free_sites(trace: Any, lifetimes: Lifetimes) -> bool:
@@ -1461,7 +1500,7 @@ def _merged_entry(seg: Any, run: list[Any]) -> dict[str, Any]:
 def _even_indices(n: int, k: int) -> I64:
     if n <= k:
         return np.arange(n, dtype=np.int64)
-    return np.unique(np.r_[np.linspace(0, n - 1, k).astype(np.int64), n - 1])
+    return sorted_unique(np.r_[np.linspace(0, n - 1, k).astype(np.int64), n - 1])
 
 
 def _reserved_from_segments_events(dev: DeviceData) -> I64:
@@ -1469,6 +1508,20 @@ def _reserved_from_segments_events(dev: DeviceData) -> I64:
     grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
     shrink = (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)
     return np.cumsum(np.where(grow, t.size, 0) - np.where(shrink, t.size, 0))
+
+
+def _reserved_peak_index(dev: DeviceData) -> int:
+    """``_reserved_from_segments_events(dev).argmax()``, from the segment events alone: reserved
+    memory changes only there, so it first peaks at one of them, or at the first event."""
+    t = dev.trace
+    grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
+    at = np.flatnonzero(grow | (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP))
+    if at.size == 0:
+        return 0
+    level = np.cumsum(np.where(grow[at], t.size[at], -t.size[at]))
+    if at[0] > 0:  # nothing reserved yet before the first segment event
+        at, level = np.r_[0, at], np.r_[0, level]
+    return int(at[int(level.argmax())])
 
 
 def _empty_replay_check(snapshot: Snapshot) -> dict[str, Any]:

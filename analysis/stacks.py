@@ -29,6 +29,8 @@ import numpy.typing as npt
 from analysis.model import Frame, StackTable
 
 UNKNOWN_LABEL = "unknown / no frames"
+# Columns at least this long have their groups kept by StackCatalog (one report's allocations).
+_MEMO_MIN = 4096
 OTHER_LABEL = "other stacks"
 
 # Python wrappers that add a frame to every module call and say nothing.
@@ -115,6 +117,9 @@ class StackCatalog:
             group_of[sid + 1] = gid
         self.group_of = group_of
         self.traits = np.array([g.traits for g in self.groups], np.int64)
+        # The last column asked about and its answers (groups_of, stack_traits): the stages of a
+        # report ask about the same allocations' stacks again and again.
+        self._memo: tuple[object, npt.NDArray[np.int32], npt.NDArray[np.int64] | None] | None = None
 
     def pseudo_group(self, label: str) -> int:
         """A group for blocks known without frames for a stated reason (by label, made once).
@@ -130,11 +135,36 @@ class StackCatalog:
         return len(self.groups) - 1
 
     def groups_of(self, stacks: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:
-        """Group id per element of an array of stack ids (-1 allowed)."""
-        return self.group_of[np.asarray(stacks, np.int64) + 1]
+        """Group id per element of an array of stack ids (-1 allowed).
+
+        The answer for a large column is kept (read-only) and given again while the same array
+        object is asked about: a trace's columns are never written once read."""
+        memo = self._memo
+        if memo is not None and memo[0] is stacks:
+            return memo[1]
+        out = self.group_of[np.asarray(stacks, np.int64) + 1]
+        if isinstance(stacks, np.ndarray) and stacks.shape[0] >= _MEMO_MIN:
+            out.flags.writeable = False
+            self._memo = (stacks, out, None)
+        return out
 
     def stack_traits(self, stacks: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
-        return self.traits[self.groups_of(stacks)]
+        """Traits per element of an array of stack ids (kept like ``groups_of``'s answer; a
+        pseudo group added later changes none of them: no stack maps to one)."""
+        gids = self.groups_of(stacks)
+        memo = self._memo
+        if memo is None or memo[1] is not gids:
+            return self.traits[gids]
+        if memo[2] is None:
+            traits = self.traits[gids]
+            traits.flags.writeable = False
+            self._memo = memo = (memo[0], gids, traits)
+        assert memo[2] is not None
+        return memo[2]
+
+
+# Sums in float64 are exact below this.
+_EXACT = 2**53
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,19 +186,35 @@ def totals_by_group(
     """
     gids = catalog.groups_of(stacks) if groups is None else np.asarray(groups, np.int64)
     n = len(catalog.groups)
-    # int64 sums via bincount on float64 would lose bytes past 2**53: sort and reduce instead.
+    sz: npt.NDArray[np.int64] = np.asarray(sizes, np.int64)
+    if gids.size == 0:
+        return []
+    if int(sz.max()) < _EXACT // max(1, sz.shape[0]) and int(sz.min()) >= 0 and int(gids.min()) >= 0:
+        # Every partial sum stays below 2**53: bincount's float64 sums are exact.
+        counts_all = np.bincount(gids, minlength=n)
+        found: npt.NDArray[np.integer] = np.flatnonzero(counts_all)
+        assert found.max() < n
+        byte_sums = np.rint(np.bincount(gids, sz.astype(np.float64), n)[found]).astype(np.int64)
+        counts = counts_all[found]
+    else:
+        found, byte_sums, counts = _sorted_totals(gids, sz, n)
+    rank = np.lexsort((found, -byte_sums))
+    return [GroupTotal(int(found[i]), int(byte_sums[i]), int(counts[i])) for i in rank]
+
+
+def _sorted_totals(
+    gids: npt.NDArray[np.integer], sizes: npt.NDArray[np.int64], n: int
+) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(groups present, their byte sums, their counts), exact at any size: sort and reduce."""
     order = np.argsort(gids, kind="stable")
     g_sorted = gids[order]
-    s_sorted = np.asarray(sizes, np.int64)[order]
-    if g_sorted.size == 0:
-        return []
+    s_sorted = sizes[order]
     starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
     byte_sums = np.add.reduceat(s_sorted, starts)
     counts = np.diff(np.r_[starts, g_sorted.size])
     found = g_sorted[starts]
     assert found.max() < n
-    rank = np.lexsort((found, -byte_sums))
-    return [GroupTotal(int(found[i]), int(byte_sums[i]), int(counts[i])) for i in rank]
+    return found, byte_sums.astype(np.int64, copy=False), counts.astype(np.int64, copy=False)
 
 
 def top_entries(catalog: StackCatalog, totals: list[GroupTotal], when: str, limit: int = 10) -> list[dict[str, object]]:
@@ -299,19 +345,25 @@ class Lifetimes:
 def alloc_lifetimes(
     action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], size: npt.NDArray[np.int64], stack: npt.NDArray[np.int32]
 ) -> Lifetimes:
-    from analysis.model import ALLOC, FREE_REQUESTED
+    from analysis.model import ALLOC, FREE_REQUESTED, address_runs
 
     n = int(action.shape[0])
     idx = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED))
-    # Stable sort by address keeps each address's events in trace order.
-    order = idx[np.argsort(addr[idx], kind="stable")]
-    is_alloc = action[order] == ALLOC
-    same_next = np.r_[addr[order[1:]] == addr[order[:-1]], False]
-    nxt = np.r_[order[1:], n]
-    end_sorted = np.where(same_next, nxt, n)
-    alloc_pos = np.flatnonzero(is_alloc)
-    starts = order[alloc_pos]
-    ends = end_sorted[alloc_pos]
-    by_time = np.argsort(starts, kind="stable")
-    starts, ends = starts[by_time], ends[by_time]
-    return Lifetimes(starts.astype(np.int64), ends.astype(np.int64), addr[starts], size[starts], stack[starts], n)
+    # Each address's events in trace order; an event ends where the next one at its address is.
+    # Each temporary is dropped once used: fresh pages cost more than the passes over them here (the
+    # first work on millions of rows after the read), and a freed one is reused by the next.
+    pos, same = address_runs(addr, idx)
+    order = idx[pos]
+    end_sorted = np.full(idx.shape[0], n, np.int64)
+    if idx.shape[0] > 1:
+        np.copyto(end_sorted[:-1], order[1:], where=same)
+    del order
+    # Back to trace order, where the allocs are already by time.
+    end_of = np.empty(idx.shape[0], np.int64)
+    end_of[pos] = end_sorted
+    del end_sorted
+    is_alloc = action[idx] == ALLOC
+    starts = idx[is_alloc].astype(np.int64, copy=False)
+    ends = end_of[is_alloc]
+    del end_of
+    return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n)

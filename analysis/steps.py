@@ -42,6 +42,15 @@ class Steps:
         return self.last_event
 
 
+def running_clock(time_us: I64) -> I64:
+    """``time_us`` made non-decreasing for ``searchsorted``: clock jitter can make it step back by
+    a microsecond. The column itself when it never does (a running maximum is a new column of
+    every event; the check is a fraction of its cost)."""
+    if time_us.shape[0] < 2 or bool((time_us[1:] >= time_us[:-1]).all()):
+        return time_us
+    return np.maximum.accumulate(time_us)
+
+
 def step_end_times(annotations: list[Annotation], device: int) -> tuple[str, list[int]]:
     """END times of the step-marking annotations of one device, oldest first.
 
@@ -75,8 +84,7 @@ def find_steps(annotations: list[Annotation], device: int, time_us: I64) -> Step
     empty = np.zeros(0, np.int64)
     if not ends or n == 0:
         return Steps(source if ends else "", empty, empty, empty, empty, np.zeros(0, bool))
-    # Clock jitter can make time_us step back by a microsecond; searchsorted needs order.
-    times = np.maximum.accumulate(time_us)
+    times = running_clock(time_us)
     end_arr = np.asarray(ends, np.int64)
     # A step that ended before the first recorded event (ring buffer wrapped) has no events.
     keep = end_arr >= times[0]
@@ -119,19 +127,32 @@ def per_step_figures(
     peak_alloc = np.maximum.reduceat(allocated, bounds)[: len(steps)]
     peak_res = np.maximum.reduceat(reserved, bounds)[: len(steps)]
     end_idx = np.maximum(hi, 0)
-    for k in range(len(steps)):
-        e = int(end_idx[k])
-        pa = int(peak_alloc[k]) if nonempty[k] else int(allocated[e])
-        pr = int(peak_res[k]) if nonempty[k] else int(reserved[e])
-        res_end, alloc_end = int(reserved[e]), int(allocated[e])
+    res_ends, alloc_ends = reserved[end_idx], allocated[end_idx]
+    # Empty steps take their end event's values.
+    peak_alloc = np.where(nonempty, peak_alloc, alloc_ends)
+    peak_res = np.where(nonempty, peak_res, res_ends)
+    # Columns as Python ints once, not an int() per cell.
+    columns = zip(
+        end_idx.tolist(),
+        peak_alloc.tolist(),
+        peak_res.tolist(),
+        res_ends.tolist(),
+        alloc_ends.tolist(),
+        steps.start_us.tolist(),
+        steps.end_us.tolist(),
+        lo.tolist(),
+        steps.complete.tolist(),
+        strict=True,
+    )
+    for k, (e, pa, pr, res_end, alloc_end, start_us, end_us, first, complete) in enumerate(columns):
         rows.append(
             {
                 "index": first_index + k,
-                "start_us": int(steps.start_us[k]),
-                "end_us": int(steps.end_us[k]),
-                "first_event": int(lo[k]),
+                "start_us": start_us,
+                "end_us": end_us,
+                "first_event": first,
                 "last_event": e,
-                "complete": bool(steps.complete[k]),
+                "complete": complete,
                 "peak_allocated_bytes": pa,
                 "peak_reserved_bytes": pr,
                 "reserved_end_bytes": res_end,

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analysis.model import sorted_unique
+
 I64 = npt.NDArray[np.int64]
 
 # Column name in the replay -> key in the report.
@@ -55,15 +57,15 @@ def extreme_indices(values: I64, lo: int, hi: int, buckets: int) -> I64:
     width = -(-n // buckets)
     rows = -(-n // width)
     part = values[lo:hi]
-    # Pad with the last value: argmin/argmax return the first occurrence, so a
-    # pad cell is chosen only when it ties the last real one, and is clipped.
-    padded = np.empty(rows * width, np.int64)
-    padded[:n] = part
-    padded[n:] = part[-1]
-    grid = padded.reshape(rows, width)
+    # Whole buckets as a view of the column (no copy); the last, shorter one apart.
+    full = n // width
+    grid = part[: full * width].reshape(full, width)
+    lows, highs = grid.argmin(axis=1), grid.argmax(axis=1)
+    if full < rows:
+        tail = part[full * width :]
+        lows, highs = np.r_[lows, tail.argmin()], np.r_[highs, tail.argmax()]
     base = np.arange(rows, dtype=np.int64) * width
-    picks = np.concatenate((base + grid.argmin(axis=1), base + grid.argmax(axis=1)))
-    out: I64 = (np.minimum(picks, n - 1) + lo).astype(np.int64)
+    out: I64 = (np.concatenate((base + lows, base + highs)) + lo).astype(np.int64)
     return out
 
 
@@ -72,7 +74,7 @@ def select_points(columns: Mapping[str, I64], lo: int, hi: int, buckets: int, ke
     parts = [extreme_indices(columns[name], lo, hi, buckets) for name in PRIMARY if name in columns]
     forced = np.fromiter((k for k in keep if lo <= k < hi), np.int64)
     ends = np.array([lo, hi - 1], np.int64) if hi > lo else np.zeros(0, np.int64)
-    return np.unique(np.concatenate([*parts, forced, ends]))
+    return sorted_unique(np.concatenate([*parts, forced, ends]))
 
 
 def series_at(columns: Mapping[str, I64], time_us: I64, points: I64) -> dict[str, Any]:
@@ -205,7 +207,7 @@ def settled_points(points: I64, action: npt.NDArray[np.int8], addr: I64 | None =
         fused &= addr[nxt] == addr[points]
     if not fused.any():
         return points
-    return np.unique(np.where(fused, nxt, points))
+    return sorted_unique(np.where(fused, nxt, points))
 
 
 def settle_fused_frees(

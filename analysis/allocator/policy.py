@@ -101,6 +101,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     DeviceData,
     Snapshot,
+    address_runs,
 )
 from analysis.steps import find_steps
 
@@ -1377,13 +1378,11 @@ def trace_is_complete(device: DeviceData) -> bool:
     sel = np.flatnonzero((t.action == ALLOC) | (t.action == free))
     if sel.size == 0:
         return True
-    addr = t.addr[sel]
-    order = np.lexsort((sel, addr))
-    a = addr[order]
-    k = t.action[sel][order]
-    first = np.r_[True, a[1:] != a[:-1]]
-    repeated = (k[1:] == k[:-1]) & (a[1:] == a[:-1])
-    return bool((k[first] == ALLOC).all() and not repeated.any())
+    # Each address's events in trace order (a stable sort by address; the lifetimes' own order).
+    pos, same = address_runs(t.addr, sel)
+    alloc = (t.action[sel] == ALLOC)[pos]  # else the free: two kinds only
+    # Each address starts with an alloc, and its kinds alternate.
+    return bool(alloc[0] and alloc[1:][~same].all() and not (same & (alloc[1:] == alloc[:-1])).any())
 
 
 # Limits tried inside the GC's interval (fitted_limit); each is one replay, so the

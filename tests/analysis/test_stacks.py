@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.model import ALLOC, FREE_REQUESTED, Frame, Snapshot, StackTable
+from analysis.model import ALLOC, FREE_REQUESTED, Frame, Snapshot, StackTable, address_order, address_runs
 from analysis.reader import read_snapshot
 from analysis.report import build_report
 from analysis.stacks import (
@@ -129,6 +129,41 @@ def test_lifetimes_pair_each_alloc_with_its_free() -> None:
     # (no cross-stream frees here, so requests end at their free request).
     rep = report("gpt_varlen_oom")["devices"][0]["summary"]
     assert int(life.size[life.live_at(rep["peak_requested_event_index"])].sum()) == rep["peak_requested_bytes"]
+
+
+@pytest.mark.parametrize("values", ["aligned", "wide", "tiny", "any", "few"])
+def test_address_order_is_a_stable_sort_by_address(values: str) -> None:
+    """The radix sort of ``address_order`` is ``argsort(kind="stable")``, whatever the addresses, and
+    ``address_runs`` says which neighbours in it share an address."""
+    rng = np.random.default_rng(len(values))
+    for n in (0, 1, 2, 7, 1000, 70_000):
+        addr = {
+            "aligned": 0x7F0000000000 + rng.integers(0, 5000, n) * 512,
+            "wide": rng.integers(0, 1 << 47, n),
+            "tiny": rng.integers(-3, 3, n),
+            "any": rng.integers(-(1 << 63), (1 << 63) - 1, n),
+            "few": rng.integers(0, 4, n) << 46,
+        }[values].astype(np.int64)
+        idx = np.flatnonzero(rng.random(n) < 0.7)
+        order, same = address_runs(addr.copy(), idx)
+        assert np.array_equal(order, np.argsort(addr[idx], kind="stable"))
+        ordered = addr[idx][order]
+        assert np.array_equal(same, ordered[1:] == ordered[:-1])
+        assert np.array_equal(address_order(addr, idx), order)
+
+
+def test_address_order_is_kept_for_the_same_events_only() -> None:
+    """The last answer is given again for the same column and events, never for other events."""
+    rng = np.random.default_rng(7)
+    addr = (rng.integers(0, 300, 5000) * 512).astype(np.int64)
+    every = np.arange(5000)
+    first = address_order(addr, every)
+    assert address_order(addr, np.arange(5000)) is first and not first.flags.writeable
+    odd = np.arange(1, 5000, 2)
+    assert np.array_equal(address_order(addr, odd), np.argsort(addr[odd], kind="stable"))
+    other = addr.copy()
+    other[:10] = 0
+    assert np.array_equal(address_order(other, every), np.argsort(other, kind="stable"))
 
 
 def test_python_module_wrappers_are_dropped_but_user_frames_kept() -> None:
