@@ -24,6 +24,7 @@ from typing import Any
 
 from analysis.config import AllocatorConfig
 from analysis.errors import ConfigError, SnapshotError
+from analysis.heap import keep_freed_memory
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError, parse_oom_message
 from analysis.parallel import default_jobs
 from analysis.rankfiles import rank_paths
@@ -435,4 +436,6 @@ def whatif_text(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+    # A command-line run is one analysis and exits: its stages reuse each other's freed pages (analysis.heap).
+    keep_freed_memory()
     sys.exit(main())

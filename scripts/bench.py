@@ -136,10 +136,14 @@ def stage_simulate(path: Path) -> Timed:
     return run
 
 
-def stage_build_report(path: Path, jobs: int | None = None, python_loops: bool = False) -> Timed:
+def stage_build_report(path: Path, jobs: int | None = None, python_loops: bool = False, keep: bool = True) -> Timed:
     """The report with the two what-ifs; ``jobs`` None: what `python -m analysis report` uses.
-    ``python_loops``: the replays' Python loops (the reference) instead of the compiled ones."""
+    ``python_loops``: the replays' Python loops (the reference) instead of the compiled ones.
+    ``keep``: this process keeps its freed memory, as the CLI and the worker's child do (analysis.heap);
+    False: malloc as it comes (for reference)."""
     build_report = _import("analysis.report", "build_report")
+    if keep:
+        _import("analysis.heap", "keep_freed_memory")()
     if python_loops:
         os.environ["OOMSCOPE_REPLAY"] = "python"  # analysis.allocator.compiled.ENV_VAR
     if jobs is None:
@@ -156,6 +160,7 @@ STAGES: list[tuple[str, Callable[[Path], Timed]]] = [
     ("allocator.simulate", stage_simulate),
     ("build_report+2 whatif", stage_build_report),
     ("  same, one process", functools.partial(stage_build_report, jobs=1)),  # for reference: no verdict
+    ("  same, malloc as it comes", functools.partial(stage_build_report, jobs=1, keep=False)),  # no analysis.heap
     ("  same, Python loops", functools.partial(stage_build_report, jobs=1, python_loops=True)),  # the reference
 ]
 

@@ -182,4 +182,8 @@ def _charts(report: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    # One job per process: its stages reuse each other's freed pages (analysis.heap).
+    from analysis.heap import keep_freed_memory
+
+    keep_freed_memory()
     sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,41 @@
+"""Keep freed memory inside a process that runs one analysis: later stages reuse the pages earlier ones touched.
+
+A report allocates and frees columns of millions of rows stage after stage (the read's event columns,
+the replays' outputs, the sorts and masks of the analyses). glibc's malloc serves each block of 128 KiB
+to 32 MiB and more with its own ``mmap`` and unmaps it when it is freed, so the next stage's arrays come
+from fresh pages, and every fresh 4 KiB page is a page fault. On the 2-core VM this project is measured
+on, a fault costs about 3 us: the one-process report on the 460 MB benchmark took ~200k faults after
+its read, 1.1-1.5 s of system time, as much as the replays' CPU (docs/performance.md, "Pages").
+
+``keep_freed_memory`` makes this process's malloc serve every block from its heap and keep what is freed
+there (up to 2 GiB at the heap's top) for the next allocation, as a long-running allocator would. Only
+for a process that runs one analysis and exits (the CLI, the worker's child): its memory goes back to the
+system when it exits, and the peak it reaches is not raised (the next arrays take the freed pages; the
+bench's peak figures check it). The library itself never calls it: a process that imports ``analysis``
+for anything else keeps its allocator as it was.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+# glibc's mallopt parameters (malloc.h): a negative number names each.
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+KEEP_AT_TOP = 2**31 - 1  # bytes: mallopt takes an int; freed memory at the heap's top beyond this goes back
+
+
+def keep_freed_memory() -> bool:
+    """Serve every block from the heap and keep freed memory there; whether this malloc took it
+    (False off glibc, e.g. macOS or musl, where the process's allocator is left as it was)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    # Both or neither: without mmap, a heap that trims would hand back and fault in the same pages.
+    return bool(mallopt(M_TRIM_THRESHOLD, KEEP_AT_TOP) == 1 and mallopt(M_MMAP_MAX, 0) == 1)
