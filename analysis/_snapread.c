@@ -99,23 +99,41 @@ typedef struct {
 #define H_UM 128
 #define H_POOL 256
 #define H_DFREE 512
-/* "bad" bits: present but not of the shape the trace needs */
+enum { XC_ACTION, XC_ADDR, XC_SIZE, XC_TIME, XC_CLS, XC_POOL, XC_N };
+
+/* flags of an event record */
+#define F_CC_DEFAULT 1
+#define F_UM_DEFAULT 2
+#define F_TIME_NONE 4
+/* What an event record needs rarely: device_free (OOM events) and texts that are not the defaults. */
 typedef struct {
-    int64_t addr, size, stream, time, dfree;
-    int32_t frames; /* container index, -1 absent */
-    int32_t pool;   /* pool pair id, -1 None/absent */
+    int64_t dfree;
     int64_t cc_off, um_off;
     uint32_t cc_len, um_len;
-    uint16_t have, bad;
-    int8_t action;
-    uint8_t cc_default, um_default, time_none;
-} EvRec;
+} EvSide;
 
 typedef struct {
     uint64_t *keys;
     int32_t *vals;
     size_t cap, n;
 } Map; /* open addressing, key 0 reserved: keys are stored +1 */
+
+/* Event records, a column per field (the trace's columns themselves: a trace whose records are
+ * consecutive is exported in place, without a copy). `bad` bits: present but not of the shape the
+ * trace needs. A value is only read where its `have` bit is set and its `bad` bit clear. */
+typedef struct {
+    int8_t *action;
+    int64_t *addr, *size, *stream, *time;
+    int32_t *frames; /* container index, -1 absent */
+    int32_t *pool;   /* pool pair id, -1 None/absent */
+    uint16_t *have, *bad;
+    uint8_t *flags;
+    size_t n, cap;
+    size_t exported; /* records below this were handed over (changed in place): never exported again */
+    Map side_map;    /* record -> index in side */
+    EvSide *side;
+    size_t side_n, side_cap;
+} Events;
 
 typedef struct {
     const unsigned char *buf;
@@ -130,8 +148,12 @@ typedef struct {
     size_t cn, ccap;
     FrameRec *frames;
     size_t fn, fcap;
-    EvRec *events;
-    size_t en, ecap;
+    Events ev;
+    /* The event columns exported in place: action, addr, size, time, frames (as content classes), pool
+     * (as ordinals). Each is handed over to a Column the first time a trace needs it (its bit set in
+     * `handed`); from then on the Column frees it. */
+    PyObject *xcol[XC_N];
+    unsigned handed;
     /* frame-record sequences (frames lists) */
     int32_t *seqpool;
     size_t sp_n, sp_cap;
@@ -591,67 +613,150 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n) {
 /* ------------------------------------------------------------------------- */
 /* dicts: generic pairs, event records, frame records                          */
 
-static inline __attribute__((always_inline)) int event_set(P *p, EvRec *e, const Val *k, const Val *v) {
+/* Room for `need` event records in every column (the capacity moves only once all have it). */
+static int ev_grow(Events *ev, size_t need) {
+    if (need <= ev->cap) return 0;
+    size_t c = ev->cap ? ev->cap : 1024;
+    while (c < need) c *= 2;
+#define EV_COL(F)                                                                                                 \
+    do {                                                                                                          \
+        void *q_ = realloc(ev->F, c * sizeof(*ev->F));                                                            \
+        if (!q_) return GIVE_UP(-1);                                                                              \
+        ev->F = q_;                                                                                               \
+    } while (0)
+    EV_COL(action);
+    EV_COL(addr);
+    EV_COL(size);
+    EV_COL(stream);
+    EV_COL(time);
+    EV_COL(frames);
+    EV_COL(pool);
+    EV_COL(have);
+    EV_COL(bad);
+    EV_COL(flags);
+#undef EV_COL
+    ev->cap = c;
+    return 0;
+}
+
+/* The columns not handed over to a Column (bit XC_* of `handed` set: that one frees it). */
+static void ev_free(Events *ev, unsigned handed) {
+    if (!(handed & 1u << XC_ACTION)) free(ev->action);
+    if (!(handed & 1u << XC_ADDR)) free(ev->addr);
+    if (!(handed & 1u << XC_SIZE)) free(ev->size);
+    if (!(handed & 1u << XC_TIME)) free(ev->time);
+    if (!(handed & 1u << XC_CLS)) free(ev->frames);
+    if (!(handed & 1u << XC_POOL)) free(ev->pool);
+    free(ev->stream);
+    free(ev->have);
+    free(ev->bad);
+    free(ev->flags);
+    free(ev->side);
+    map_free(&ev->side_map);
+}
+
+/* A new event record (nothing present, the texts at their defaults): its index, or -1. */
+static int64_t ev_new(Events *ev) {
+    if (ev->n >= INT32_MAX || (ev->n == ev->cap && ev_grow(ev, ev->n + 1) < 0)) return GIVE_UP(-1);
+    size_t e = ev->n++;
+    ev->have[e] = ev->bad[e] = 0;
+    ev->action[e] = 0;
+    ev->frames[e] = ev->pool[e] = -1;
+    ev->flags[e] = F_CC_DEFAULT | F_UM_DEFAULT;
+    return (int64_t)e;
+}
+
+/* The side record of event e (made on first use); NULL to give up. */
+static EvSide *ev_side(Events *ev, size_t e) {
+    int32_t i;
+    if (map_get(&ev->side_map, e, &i)) return &ev->side[i];
+    if (ev->side_n >= INT32_MAX || grow((void **)&ev->side, &ev->side_cap, ev->side_n + 1, sizeof(EvSide)) < 0)
+        return GIVE_UP(NULL);
+    if (map_put(&ev->side_map, e, (int32_t)ev->side_n) < 0) return GIVE_UP(NULL);
+    EvSide *x = &ev->side[ev->side_n++];
+    memset(x, 0, sizeof(*x));
+    return x;
+}
+
+static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const Val *k, const Val *v) {
+    Events *ev = &p->ev;
     switch (k->key) {
     case K_ACTION:
-        e->have |= H_ACTION;
+        ev->have[e] |= H_ACTION;
         if (v->kind == V_STR && v->key >= K_ACT0 && v->key < K_ACT0 + 9) {
-            e->action = (int8_t)(v->key - K_ACT0);
-            e->bad &= ~H_ACTION;
+            ev->action[e] = (int8_t)(v->key - K_ACT0);
+            ev->bad[e] &= ~H_ACTION;
         } else
-            e->bad |= H_ACTION;
+            ev->bad[e] |= H_ACTION;
         break;
 #define INTSLOT(KEY, BIT, FIELD, NONNEG)                                                                          \
     case KEY:                                                                                                     \
-        e->have |= BIT;                                                                                           \
+        ev->have[e] |= BIT;                                                                                       \
         if (v->kind == V_INT && (!(NONNEG) || v->x >= 0)) {                                                       \
-            e->FIELD = v->x;                                                                                      \
-            e->bad &= ~BIT;                                                                                       \
+            ev->FIELD[e] = v->x;                                                                                  \
+            ev->bad[e] &= ~BIT;                                                                                   \
         } else                                                                                                    \
-            e->bad |= BIT;                                                                                        \
+            ev->bad[e] |= BIT;                                                                                    \
         break;
         INTSLOT(K_ADDR, H_ADDR, addr, 1)
         INTSLOT(K_SIZE, H_SIZE, size, 1)
         INTSLOT(K_STREAM, H_STREAM, stream, 0)
-        INTSLOT(K_DFREE, H_DFREE, dfree, 1)
 #undef INTSLOT
+    case K_DFREE:
+        ev->have[e] |= H_DFREE;
+        if (v->kind == V_INT && v->x >= 0) {
+            EvSide *x = ev_side(ev, e);
+            if (!x) return -1;
+            x->dfree = v->x;
+            ev->bad[e] &= ~H_DFREE;
+        } else
+            ev->bad[e] |= H_DFREE;
+        break;
     case K_TIME:
-        e->have |= H_TIME;
-        e->bad &= ~H_TIME;
-        e->time_none = 0;
+        ev->have[e] |= H_TIME;
+        ev->bad[e] &= ~H_TIME;
+        ev->flags[e] &= ~F_TIME_NONE;
         if (v->kind == V_INT)
-            e->time = v->x;
+            ev->time[e] = v->x;
         else if (v->kind == V_NONE)
-            e->time_none = 1; /* None counts as absent, as in the Python reader */
+            ev->flags[e] |= F_TIME_NONE; /* None counts as absent, as in the Python reader */
         else
-            e->bad |= H_TIME;
+            ev->bad[e] |= H_TIME;
         break;
     case K_FRAMES:
-        e->have |= H_FRAMES;
-        e->bad &= ~H_FRAMES;
+        ev->have[e] |= H_FRAMES;
+        ev->bad[e] &= ~H_FRAMES;
         if (v->kind == V_CONT && (p->conts[v->x].kind == C_SEQ || p->conts[v->x].kind == C_LIST))
-            e->frames = (int32_t)v->x;
+            ev->frames[e] = (int32_t)v->x;
         else
-            e->bad |= H_FRAMES;
+            ev->bad[e] |= H_FRAMES;
         break;
     case K_CC:
     case K_UM: {
-        uint16_t bit = k->key == K_CC ? H_CC : H_UM;
-        e->have |= bit;
-        e->bad &= ~bit;
+        int cc = k->key == K_CC;
+        uint16_t bit = cc ? H_CC : H_UM;
+        uint8_t def = cc ? F_CC_DEFAULT : F_UM_DEFAULT;
+        ev->have[e] |= bit;
+        ev->bad[e] &= ~bit;
         if (v->kind != V_STR) {
-            e->bad |= bit;
-        } else if (bit == H_CC) {
-            e->cc_off = v->x, e->cc_len = v->len, e->cc_default = v->key == K_NA;
+            ev->bad[e] |= bit;
+        } else if (v->key == (cc ? K_NA : K_EMPTYSTR)) {
+            ev->flags[e] |= def;
         } else {
-            e->um_off = v->x, e->um_len = v->len, e->um_default = v->key == K_EMPTYSTR;
+            EvSide *x = ev_side(ev, e);
+            if (!x) return -1;
+            ev->flags[e] &= ~def;
+            if (cc)
+                x->cc_off = v->x, x->cc_len = v->len;
+            else
+                x->um_off = v->x, x->um_len = v->len;
         }
         break;
     }
     case K_POOL:
-        e->have |= H_POOL;
-        e->bad &= ~H_POOL;
-        e->pool = -1;
+        ev->have[e] |= H_POOL;
+        ev->bad[e] &= ~H_POOL;
+        ev->pool[e] = -1;
         if (v->kind == V_NONE) break;
         if (v->kind == V_CONT) {
             Cont *c = &p->conts[v->x];
@@ -663,7 +768,7 @@ static inline __attribute__((always_inline)) int event_set(P *p, EvRec *e, const
                     int32_t id;
                     if (!map_get(&p->pool_map, h, &id)) break;
                     if (p->pool_a[id] == a && p->pool_b[id] == b) {
-                        e->pool = id;
+                        ev->pool[e] = id;
                         return 0;
                     }
                     h = (h + 1) & 0x7fffffffffffffffULL;
@@ -679,11 +784,11 @@ static inline __attribute__((always_inline)) int event_set(P *p, EvRec *e, const
                 p->pool_a[p->pool_n] = a;
                 p->pool_b[p->pool_n] = b;
                 if (map_put(&p->pool_map, h, (int32_t)p->pool_n) < 0) return GIVE_UP(-1);
-                e->pool = (int32_t)p->pool_n++;
+                ev->pool[e] = (int32_t)p->pool_n++;
                 return 0;
             }
         }
-        e->bad |= H_POOL;
+        ev->bad[e] |= H_POOL;
         break;
     default:
         break; /* unknown keys are never looked at, as in the Python reader */
@@ -728,15 +833,10 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
         }
         if (seen != 7) frame_keys = 0;
         if (has_action) {
-            if (grow((void **)&p->events, &p->ecap, p->en + 1, sizeof(EvRec)) < 0) return GIVE_UP(-1);
-            EvRec *e = &p->events[p->en];
-            memset(e, 0, sizeof(*e));
-            e->frames = -1;
-            e->pool = -1;
-            e->cc_default = 1;
-            e->um_default = 1;
+            int64_t e = ev_new(&p->ev);
+            if (e < 0) return -1;
             c->kind = C_EVENT;
-            c->ref = (int32_t)p->en++;
+            c->ref = (int32_t)e;
         } else if (frame_keys) {
             if (grow((void **)&p->frames, &p->fcap, p->fn + 1, sizeof(FrameRec)) < 0) return GIVE_UP(-1);
             FrameRec *f = &p->frames[p->fn];
@@ -749,7 +849,7 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     }
     if (c->kind == C_EVENT) {
         for (size_t i = 0; i < n; i++)
-            if (event_set(p, &p->events[c->ref], &pairs[2 * i], &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
+            if (event_set(p, (size_t)c->ref, &pairs[2 * i], &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
         c->n += (uint32_t)n;
         return 0;
     }
@@ -1363,7 +1463,11 @@ static PyObject *export(P *p, const Val *v) {
 
 /* The bucketing rounds of reader._Converter.intern_event_stacks, on content
  * classes: the order in which it first asks stack_of for each class. */
-static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32_t *len, size_t m, PyObject *order) {
+static int stack_order(P *p, const int32_t *seq, size_t m, PyObject *order) {
+    /* per frames list j: its content class, its middle frame dict, its length */
+#define cls(j) p->seq_cls[seq[j]]
+#define mid(j) p->seqpool[p->seq_off[seq[j]] + p->seq_len[seq[j]] / 2]
+#define len(j) p->seq_len[seq[j]]
     int32_t *pending = malloc((m + 1) * sizeof(int32_t));
     int32_t *next = malloc((m + 1) * sizeof(int32_t));
     int32_t *rep_cls = malloc((m + 1) * sizeof(int32_t));
@@ -1373,7 +1477,7 @@ static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32
     if (!pending || !next || !rep_cls || !called) goto out;
     size_t np_ = 0;
     for (size_t j = 0; j < m; j++)
-        if (j == 0 || cls[j] != cls[j - 1]) pending[np_++] = (int32_t)j; /* run heads */
+        if (j == 0 || cls(j) != cls(j - 1)) pending[np_++] = (int32_t)j; /* run heads */
 #define CALL(c)                                                                                                   \
     do {                                                                                                          \
         if (!called[c]) {                                                                                         \
@@ -1392,21 +1496,21 @@ static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32
         /* reps: the first pending element of each key, in order */
         for (size_t i = 0; i < np_; i++) {
             int32_t j = pending[i];
-            uint64_t k = ((uint64_t)(uint32_t)mid[j] << 8) | (uint64_t)(len[j] < 255 ? len[j] : 255);
+            uint64_t k = ((uint64_t)(uint32_t)mid(j) << 8) | (uint64_t)(len(j) < 255 ? len(j) : 255);
             int32_t r;
             if (!map_get(&keys, k, &r)) {
                 if (map_put(&keys, k, (int32_t)nreps) < 0) goto out;
-                rep_cls[nreps++] = cls[j];
-                CALL(cls[j]);
+                rep_cls[nreps++] = cls(j);
+                CALL(cls(j));
             }
         }
         size_t nn = 0;
         for (size_t i = 0; i < np_; i++) {
             int32_t j = pending[i];
-            uint64_t k = ((uint64_t)(uint32_t)mid[j] << 8) | (uint64_t)(len[j] < 255 ? len[j] : 255);
+            uint64_t k = ((uint64_t)(uint32_t)mid(j) << 8) | (uint64_t)(len(j) < 255 ? len(j) : 255);
             int32_t r = 0;
             map_get(&keys, k, &r);
-            if (rep_cls[r] != cls[j]) next[nn++] = j;
+            if (rep_cls[r] != cls(j)) next[nn++] = j;
         }
         map_free(&keys);
         int32_t *t = pending;
@@ -1414,8 +1518,11 @@ static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32
         next = t;
         np_ = nn;
     }
-    for (size_t i = 0; i < np_; i++) CALL(cls[pending[i]]);
+    for (size_t i = 0; i < np_; i++) CALL(cls(pending[i]));
 #undef CALL
+#undef cls
+#undef mid
+#undef len
     rc = 0;
 out:
     map_free(&keys);
@@ -1467,160 +1574,200 @@ static int stream_ordinal(StreamTable *t, int64_t key, PyObject *streams, int32_
     return 0;
 }
 
-/* One device's trace list -> a tuple of columns; NULL (no exception) to give up. */
+/* An event column handed to Python: it owns the column's buffer (malloc'd by the parse) and lends it
+ * through the buffer protocol, so numpy views it where the parse wrote it. */
+typedef struct {
+    PyObject_HEAD void *buf;
+    Py_ssize_t len;
+} Column;
+
+static void column_dealloc(PyObject *o) {
+    free(((Column *)o)->buf);
+    Py_TYPE(o)->tp_free(o);
+}
+
+static int column_getbuffer(PyObject *o, Py_buffer *view, int flags) {
+    Column *c = (Column *)o;
+    return PyBuffer_FillInfo(view, o, c->buf, c->len, 0, flags);
+}
+
+static PyBufferProcs column_as_buffer = {column_getbuffer, NULL};
+
+static PyTypeObject ColumnType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "analysis._snapread.Column",
+    .tp_basicsize = sizeof(Column),
+    .tp_dealloc = column_dealloc,
+    .tp_as_buffer = &column_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "an event column of a parse (a buffer)",
+};
+
+
+/* bytes [from, to) of event column k as a memoryview (the Column made on first use). */
+static PyObject *column_slice(P *p, int k, size_t from, size_t to) {
+    void **field[XC_N] = {(void **)&p->ev.action, (void **)&p->ev.addr, (void **)&p->ev.size,
+                          (void **)&p->ev.time,   (void **)&p->ev.frames, (void **)&p->ev.pool};
+    static const size_t width[XC_N] = {1, 8, 8, 8, 4, 4};
+    if (!p->xcol[k]) {
+        Column *c = PyObject_New(Column, &ColumnType);
+        if (!c) return NULL;
+        /* the records' room past the last one goes back (it may stay reserved as long as the Column) */
+        void *q = realloc(*field[k], p->ev.n * width[k]);
+        if (q) *field[k] = q;
+        c->buf = *field[k];
+        c->len = (Py_ssize_t)(p->ev.n * width[k]);
+        p->xcol[k] = (PyObject *)c;
+        p->handed |= 1u << k; /* from now on the Column frees it */
+    }
+    PyObject *mv = PyMemoryView_FromObject(p->xcol[k]);
+    if (!mv) return NULL;
+    PyObject *out = PySequence_GetSlice(mv, (Py_ssize_t)(from * width[k]), (Py_ssize_t)(to * width[k]));
+    Py_DECREF(mv);
+    return out;
+}
+
+/* Python objects of one trace's export, released together. */
+typedef struct {
+    PyObject *cols[XC_N], *ba_stream, *streams, *cc, *um, *order, *pools;
+} TraceOut;
+
+static void trace_out_free(TraceOut *o) {
+    for (int k = 0; k < XC_N; k++) Py_XDECREF(o->cols[k]);
+    Py_XDECREF(o->ba_stream);
+    Py_XDECREF(o->streams);
+    Py_XDECREF(o->cc);
+    Py_XDECREF(o->um);
+    Py_XDECREF(o->order);
+    Py_XDECREF(o->pools);
+}
+
+/* (event index, text) appended to a list of texts that are not the defaults; -1 on error. */
+static int text_pair(P *p, PyObject *list, size_t i, int64_t off, uint32_t len) {
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + off, len, "surrogatepass");
+    PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
+    int rc = pair ? PyList_Append(list, pair) : -1;
+    Py_XDECREF(pair);
+    return rc;
+}
+
+/* One device's trace list -> a tuple of columns; NULL (no exception) to give up.
+ * Its items must be the event records base..base+n-1 in order (as a pickler writes them), not
+ * exported before: the columns are then finished in place (an OOM's device_free into addr, an absent
+ * time to 0, frames to content classes, pool pairs to ordinals) and handed over as they are. */
+#define FAIL_OUT                                                                                                  \
+    do {                                                                                                          \
+        give_up_line = __LINE__;                                                                                  \
+        goto out;                                                                                                 \
+    } while (0)
 static PyObject *export_trace(P *p, Cont *t) {
     size_t n = t->n;
-    if (t->kind != C_LIST) return NULL;
-    /* The columns are written straight into the bytearrays numpy will view (no copy). */
-    PyObject *ba_action = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n + 1),
-             *ba_addr = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
-             *ba_size = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
-             *ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
-             *ba_time = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
-             *ba_cls = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
-             *ba_pool = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4);
-    if (!ba_action || !ba_addr || !ba_size || !ba_stream || !ba_time || !ba_cls || !ba_pool) {
-        Py_XDECREF(ba_action);
-        Py_XDECREF(ba_addr);
-        Py_XDECREF(ba_size);
-        Py_XDECREF(ba_stream);
-        Py_XDECREF(ba_time);
-        Py_XDECREF(ba_cls);
-        Py_XDECREF(ba_pool);
-        return NULL;
-    }
-    int8_t *action = (int8_t *)PyByteArray_AS_STRING(ba_action);
-    int64_t *addr = (int64_t *)PyByteArray_AS_STRING(ba_addr), *size = (int64_t *)PyByteArray_AS_STRING(ba_size),
-            *time = (int64_t *)PyByteArray_AS_STRING(ba_time);
-    int32_t *stream = (int32_t *)PyByteArray_AS_STRING(ba_stream);
-    StreamTable st = {0};
-    int64_t last_stream = 0;
-    int32_t last_ord = -1;
-    PyObject *streams = PyList_New(0);
-    int32_t *cls = (int32_t *)PyByteArray_AS_STRING(ba_cls), *pool = (int32_t *)PyByteArray_AS_STRING(ba_pool);
-    int32_t *mcls = malloc((n + 1) * 4), *mmid = malloc((n + 1) * 4), *mlen = malloc((n + 1) * 4);
-    PyObject *cc = PyList_New(0), *um = PyList_New(0), *order = PyList_New(0), *pools = PyList_New(0);
-    PyObject *out = NULL;
-    int32_t *pool_rank = NULL;
-    size_t m = 0, absent_time = 0;
-    int64_t sum_lens = 0;
-    int any_pool = 0;
-    if (!action || !addr || !size || !stream || !time || !cls || !pool || !mcls || !mmid || !mlen || !cc || !um ||
-        !order || !pools || !streams)
-        { give_up_line = __LINE__; goto out; }
-    pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
-    if (!pool_rank) { give_up_line = __LINE__; goto out; }
-    for (size_t i = 0; i < p->pool_n; i++) pool_rank[i] = -1;
-    int32_t n_pools = 0;
+    Events *ev = &p->ev;
+    if (t->kind != C_LIST || n == 0) return GIVE_UP(NULL);
+    const Val *items = t->items;
+    if (items[0].kind != V_CONT || p->conts[items[0].x].kind != C_EVENT) return GIVE_UP(NULL);
+    size_t base = (size_t)p->conts[items[0].x].ref;
+    if (base < ev->exported || n > ev->n - base) return GIVE_UP(NULL);
     for (size_t i = 0; i < n; i++) {
-        Val *it = &t->items[i];
-        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT) { give_up_line = __LINE__; goto out; }
-        EvRec *e = &p->events[p->conts[it->x].ref];
-        if (!(e->have & H_ACTION) || (e->bad & H_ACTION)) { give_up_line = __LINE__; goto out; }
-        action[i] = e->action;
-        if (e->action == ACT_OOM) {
-            if (!(e->have & H_DFREE) || (e->bad & H_DFREE)) { give_up_line = __LINE__; goto out; } /* the model keeps device_free there */
-            addr[i] = e->dfree;
-        } else {
-            if (!(e->have & H_ADDR) || (e->bad & H_ADDR)) { give_up_line = __LINE__; goto out; }
-            addr[i] = e->addr;
-        }
-        if (!(e->have & H_SIZE) || (e->bad & H_SIZE)) { give_up_line = __LINE__; goto out; }
-        size[i] = e->size;
+        const Val *it = &items[i];
+        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT || (size_t)p->conts[it->x].ref != base + i)
+            return GIVE_UP(NULL);
+    }
+    ev->exported = base + n;
+    TraceOut o = {{NULL}, NULL, NULL, NULL, NULL, NULL, NULL};
+    PyObject *out = NULL;
+    int32_t *pool_rank = NULL, *mseq = NULL;
+    StreamTable st = {0};
+    o.ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n * 4);
+    o.streams = PyList_New(0), o.cc = PyList_New(0), o.um = PyList_New(0), o.order = PyList_New(0);
+    o.pools = PyList_New(0);
+    pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
+    mseq = malloc((n + 1) * sizeof(int32_t)); /* the frames list (sequence id) of each event that has one */
+    if (!o.ba_stream || !o.streams || !o.cc || !o.um || !o.order || !o.pools || !pool_rank || !mseq)
+        FAIL_OUT;
+    int32_t *stream = (int32_t *)PyByteArray_AS_STRING(o.ba_stream);
+    for (size_t i = 0; i < p->pool_n; i++) pool_rank[i] = -1;
+    int64_t last_stream = 0, sum_lens = 0;
+    int32_t last_ord = -1, n_pools = 0;
+    size_t m = 0, absent_time = 0;
+    int any_pool = 0;
+    int8_t *action = ev->action + base;
+    int64_t *addr = ev->addr + base, *size = ev->size + base, *time = ev->time + base, *raw_stream = ev->stream + base;
+    int32_t *cls = ev->frames + base, *pool = ev->pool + base;
+    const uint16_t *have = ev->have + base, *bad = ev->bad + base;
+    const uint8_t *flags = ev->flags + base;
+    (void)size;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = have[i], b = bad[i];
+        if (!(h & H_ACTION) || (b & H_ACTION)) FAIL_OUT;
+        if (action[i] == ACT_OOM) {
+            /* the model keeps device_free there */
+            int32_t si;
+            if (!(h & H_DFREE) || (b & H_DFREE) || !map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
+            addr[i] = ev->side[si].dfree;
+        } else if (!(h & H_ADDR) || (b & H_ADDR))
+            FAIL_OUT;
+        if (!(h & H_SIZE) || (b & H_SIZE)) FAIL_OUT;
         /* streams: a non-negative int64 (cudaStream_t values; a negative one is the reference's to judge) */
-        if (!(e->have & H_STREAM) || (e->bad & H_STREAM) || e->stream < 0) { give_up_line = __LINE__; goto out; }
-        if (last_ord < 0 || e->stream != last_stream) {
-            if (stream_ordinal(&st, e->stream, streams, &last_ord) < 0) { give_up_line = __LINE__; goto out; }
-            last_stream = e->stream;
+        if (!(h & H_STREAM) || (b & H_STREAM) || raw_stream[i] < 0) FAIL_OUT;
+        if (last_ord < 0 || raw_stream[i] != last_stream) {
+            if (stream_ordinal(&st, raw_stream[i], o.streams, &last_ord) < 0) FAIL_OUT;
+            last_stream = raw_stream[i];
         }
         stream[i] = last_ord;
-        if (e->bad & H_TIME) { give_up_line = __LINE__; goto out; }
-        if (!(e->have & H_TIME) || e->time_none) {
+        if (b & (H_TIME | H_FRAMES | H_CC | H_UM | H_POOL)) FAIL_OUT;
+        if (!(h & H_TIME) || (flags[i] & F_TIME_NONE)) {
             time[i] = 0;
             absent_time++;
-        } else
-            time[i] = e->time;
-        if (e->bad & (H_FRAMES | H_CC | H_UM | H_POOL)) { give_up_line = __LINE__; goto out; }
+        }
+        int32_t fr = cls[i];
         cls[i] = -1;
-        if (e->frames >= 0) {
-            Cont *f = &p->conts[e->frames];
+        if (fr >= 0) {
+            Cont *f = &p->conts[fr];
             if (f->kind == C_SEQ) {
-                int32_t s = f->ref;
-                cls[i] = p->seq_cls[s];
-                mcls[m] = cls[i];
-                mlen[m] = p->seq_len[s];
-                mmid[m] = p->seqpool[p->seq_off[s] + p->seq_len[s] / 2];
-                m++;
-                sum_lens += p->seq_len[s];
+                int32_t sq = f->ref;
+                cls[i] = p->seq_cls[sq];
+                mseq[m++] = sq;
+                sum_lens += p->seq_len[sq];
             } else if (f->n != 0)
-                { give_up_line = __LINE__; goto out; } /* a list of something other than frame dicts */
+                FAIL_OUT; /* a list of something other than frame dicts */
         }
-        if (!e->cc_default) {
-            PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + e->cc_off, e->cc_len, "surrogatepass");
-            PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
-            if (!pair || PyList_Append(cc, pair) < 0) {
-                Py_XDECREF(pair);
-                { give_up_line = __LINE__; goto out; }
-            }
-            Py_DECREF(pair);
+        if ((flags[i] & (F_CC_DEFAULT | F_UM_DEFAULT)) != (F_CC_DEFAULT | F_UM_DEFAULT)) {
+            int32_t si;
+            if (!map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
+            const EvSide *x = &ev->side[si];
+            if (!(flags[i] & F_CC_DEFAULT) && text_pair(p, o.cc, i, x->cc_off, x->cc_len) < 0) FAIL_OUT;
+            if (!(flags[i] & F_UM_DEFAULT) && text_pair(p, o.um, i, x->um_off, x->um_len) < 0) FAIL_OUT;
         }
-        if (!e->um_default) {
-            PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + e->um_off, e->um_len, "surrogatepass");
-            PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
-            if (!pair || PyList_Append(um, pair) < 0) {
-                Py_XDECREF(pair);
-                { give_up_line = __LINE__; goto out; }
-            }
-            Py_DECREF(pair);
-        }
-        pool[i] = -1;
-        if (e->pool >= 0) {
+        if (pool[i] >= 0) {
+            int32_t pr = pool[i];
             any_pool = 1;
-            if (pool_rank[e->pool] < 0) {
-                pool_rank[e->pool] = n_pools++;
-                PyObject *pr = Py_BuildValue("(LL)", (long long)p->pool_a[e->pool], (long long)p->pool_b[e->pool]);
-                if (!pr || PyList_Append(pools, pr) < 0) {
-                    Py_XDECREF(pr);
-                    { give_up_line = __LINE__; goto out; }
-                }
-                Py_DECREF(pr);
+            if (pool_rank[pr] < 0) {
+                pool_rank[pr] = n_pools++;
+                PyObject *pair = Py_BuildValue("(LL)", (long long)p->pool_a[pr], (long long)p->pool_b[pr]);
+                int rc = pair ? PyList_Append(o.pools, pair) : -1;
+                Py_XDECREF(pair);
+                if (rc < 0) FAIL_OUT;
             }
-            pool[i] = pool_rank[e->pool];
+            pool[i] = pool_rank[pr];
         }
     }
     /* The budget: this trace costs at least its events and frame references in the reference reader. */
     p->charged += (int64_t)n + sum_lens;
-    if (p->charged > p->budget) { give_up_line = __LINE__; goto out; }
-    if (stack_order(p, mcls, mmid, mlen, m, order) < 0) { give_up_line = __LINE__; goto out; }
-    /* exactly n items (the +1 only kept zero-length allocations apart) */
-    if (PyByteArray_Resize(ba_action, (Py_ssize_t)n) < 0 || PyByteArray_Resize(ba_addr, (Py_ssize_t)n * 8) < 0 ||
-        PyByteArray_Resize(ba_size, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_stream, (Py_ssize_t)n * 4) < 0 ||
-        PyByteArray_Resize(ba_time, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_cls, (Py_ssize_t)n * 4) < 0 ||
-        PyByteArray_Resize(ba_pool, (Py_ssize_t)n * 4) < 0)
-        { give_up_line = __LINE__; goto out; }
-    out = Py_BuildValue("(nOOOOOnOLOOOOOO)", (Py_ssize_t)n, ba_action, ba_addr, ba_size, ba_stream, ba_time,
-                        (Py_ssize_t)absent_time, ba_cls, (long long)sum_lens, order, cc, um,
-                        any_pool ? ba_pool : Py_None, pools, streams);
+    if (p->charged > p->budget) FAIL_OUT;
+    if (stack_order(p, mseq, m, o.order) < 0) FAIL_OUT;
+    for (int k = 0; k < XC_N; k++)
+        if (!(o.cols[k] = column_slice(p, k, base, base + n))) FAIL_OUT;
+    out = Py_BuildValue("(nOOOOOnOLOOOOOO)", (Py_ssize_t)n, o.cols[XC_ACTION], o.cols[XC_ADDR], o.cols[XC_SIZE],
+                        o.ba_stream, o.cols[XC_TIME], (Py_ssize_t)absent_time, o.cols[XC_CLS], (long long)sum_lens,
+                        o.order, o.cc, o.um, any_pool ? o.cols[XC_POOL] : Py_None, o.pools, o.streams);
 out:
-    Py_DECREF(ba_action);
-    Py_DECREF(ba_addr);
-    Py_DECREF(ba_size);
-    Py_DECREF(ba_stream);
-    Py_DECREF(ba_time);
-    Py_DECREF(ba_cls);
-    Py_DECREF(ba_pool);
-    free(mcls);
-    free(mmid);
-    free(mlen);
+    trace_out_free(&o);
     free(pool_rank);
+    free(mseq);
     free(st.keys), free(st.ords), free(st.used);
-    Py_XDECREF(streams);
-    Py_XDECREF(cc);
-    Py_XDECREF(um);
-    Py_XDECREF(order);
-    Py_XDECREF(pools);
     return out;
 }
+#undef FAIL_OUT
 
 /* device_traces: each trace list becomes [columns] (or [] when empty). */
 static PyObject *export_traces(P *p, const Val *v) {
@@ -1803,7 +1950,8 @@ static void p_free(P *p) {
     free(p->marks);
     free(p->memo);
     free(p->frames);
-    free(p->events);
+    ev_free(&p->ev, p->handed);
+    for (int k = 0; k < XC_N; k++) Py_XDECREF(p->xcol[k]);
     free(p->seqpool);
     free(p->seq_off);
     free(p->seq_len);
@@ -1850,7 +1998,7 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
         if (map_init(&p.seq_map, 1024) == 0 && map_init(&p.cls_map, 1024) == 0 && map_init(&p.fv_map, 1024) == 0 &&
             map_init(&p.pool_map, 16) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
             (p.memo = calloc(sz / 32 + 1024, sizeof(Val))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
-            grow((void **)&p.events, &p.ecap, sz / 128 + 1024, sizeof(EvRec)) == 0 &&
+            ev_grow(&p.ev, sz / 128 + 1024) == 0 && map_init(&p.ev.side_map, 16) == 0 &&
             grow((void **)&p.stack, &p.scap, 4096, sizeof(Val)) == 0)
             ok = run(&p) == 0;
     }
@@ -1928,5 +2076,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_snapread",
 
 PyMODINIT_FUNC PyInit__snapread(void) {
     ld_load();
+    if (PyType_Ready(&ColumnType) < 0) return NULL;
     return PyModule_Create(&module);
 }
