@@ -142,8 +142,12 @@ typedef struct {
     size_t sn, scap;
     size_t *marks;
     size_t mn, mcap;
-    Val *memo;
+    uint32_t *memo; /* MEMO_* encoded values (see memo_enc) */
     size_t memo_cap, memo_len;
+    Val *over; /* memoized values that are neither containers nor known strings */
+    size_t over_n, over_cap;
+    int64_t key_off[256]; /* per known string (K_*): where it was first met (-1: not yet), and its length */
+    uint32_t key_len[256];
     Cont *conts;
     size_t cn, ccap;
     FrameRec *frames;
@@ -945,20 +949,56 @@ static uint32_t rd32(const unsigned char *s) {
 }
 static uint64_t rd64(const unsigned char *s) { return (uint64_t)rd32(s) | (uint64_t)rd32(s + 4) << 32; }
 
+/* A memo entry in 4 bytes (the memo holds an entry per container and per string a file memoizes: millions):
+ * 0 empty; 1..MEMO_KEY-1 the container index + 1; MEMO_KEY | k a known string K_* (all of them have the
+ * same bytes: the first one met stands for every one); MEMO_OVER | i the value over[i], anything else. */
+#define MEMO_KEY 0x80000000u
+#define MEMO_OVER 0xC0000000u
+
+static int memo_enc(P *p, const Val *v, uint32_t *out) {
+    if (v->kind == V_CONT && v->x < (int64_t)MEMO_KEY - 1) {
+        *out = (uint32_t)v->x + 1;
+        return 0;
+    }
+    if (v->kind == V_STR && v->key != K_NONE) {
+        if (p->key_off[v->key] < 0) p->key_off[v->key] = v->x, p->key_len[v->key] = v->len;
+        *out = MEMO_KEY | v->key;
+        return 0;
+    }
+    if (p->over_n >= (MEMO_KEY >> 1) || grow((void **)&p->over, &p->over_cap, p->over_n + 1, sizeof(Val)) < 0)
+        return GIVE_UP(-1);
+    p->over[p->over_n] = *v;
+    *out = MEMO_OVER | (uint32_t)p->over_n++;
+    return 0;
+}
+
+/* The value of a non-empty memo entry, written straight into its slot (not through a temporary: a 16-byte
+ * load of fields just stored one by one stalls). */
+static inline __attribute__((always_inline)) void memo_dec(const P *p, uint32_t m, Val *d) {
+    if (m < MEMO_KEY) {
+        d->kind = V_CONT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - 1);
+    } else if (m < MEMO_OVER) {
+        uint8_t k = (uint8_t)m;
+        d->kind = V_STR, d->key = k, d->pad = 0, d->len = p->key_len[k], d->x = p->key_off[k];
+    } else
+        *d = p->over[m & ~MEMO_OVER];
+}
+
 static int memo_put(P *p, size_t idx) {
     if (p->sn <= fence(p)) return GIVE_UP(-1);
     /* the pickler numbers its memo 0, 1, 2...: a far index is a hostile file */
     if (idx > p->memo_len + 1024) return GIVE_UP(-1);
     if (idx >= p->memo_cap) {
         size_t old = p->memo_cap;
-        if (grow((void **)&p->memo, &p->memo_cap, idx + 1, sizeof(Val)) < 0) return GIVE_UP(-1);
-        memset(p->memo + old, 0, (p->memo_cap - old) * sizeof(Val));
+        if (grow((void **)&p->memo, &p->memo_cap, idx + 1, sizeof(uint32_t)) < 0) return GIVE_UP(-1);
+        memset(p->memo + old, 0, (p->memo_cap - old) * sizeof(uint32_t));
     }
-    if (p->memo[idx].kind == V_EMPTY) p->memo_len++;
-    p->memo[idx] = p->stack[p->sn - 1];
+    uint32_t m;
+    if (memo_enc(p, &p->stack[p->sn - 1], &m) < 0) return -1;
+    if (p->memo[idx] == 0) p->memo_len++;
+    p->memo[idx] = m;
     return 0;
 }
-
 
 static int make_tuple(P *p, size_t from) {
     Val t;
@@ -1094,7 +1134,8 @@ static int run(P *p) {
     const size_t size = p->size;
     size_t pos = 2, frame_end = 0, stop_at = size;
     int in_frame = 0;
-    Val *stack = p->stack, *memo = p->memo;
+    Val *stack = p->stack;
+    uint32_t *memo = p->memo;
     size_t sn = p->sn, scap = p->scap, memo_cap = p->memo_cap, memo_len = p->memo_len, idx;
     Val v;
     static const void *table[256] = {
@@ -1108,14 +1149,25 @@ static int run(P *p) {
 #define SYNC_IN()                                                                                                 \
     (pos = p->pos, sn = p->sn, stack = p->stack, scap = p->scap, memo = p->memo, memo_cap = p->memo_cap,          \
      memo_len = p->memo_len)
-#define PUSH(val)                                                                                                 \
+#define ROOM()                                                                                                    \
     do {                                                                                                          \
         if (__builtin_expect(sn == scap, 0)) {                                                                    \
             SYNC_OUT();                                                                                           \
             if (grow((void **)&p->stack, &p->scap, sn + 1, sizeof(Val)) < 0) return GIVE_UP(-1);                  \
             SYNC_IN();                                                                                            \
         }                                                                                                         \
+    } while (0)
+#define PUSH(val)                                                                                                 \
+    do {                                                                                                          \
+        ROOM();                                                                                                   \
         stack[sn++] = (val);                                                                                      \
+    } while (0)
+/* A value written field by field into its slot (see memo_dec). */
+#define PUT(K, KEY, LEN, X)                                                                                       \
+    do {                                                                                                          \
+        ROOM();                                                                                                   \
+        Val *d_ = &stack[sn++];                                                                                   \
+        d_->kind = (K), d_->key = (KEY), d_->pad = 0, d_->len = (LEN), d_->x = (X);                               \
     } while (0)
 #define ARG(k)                                                                                                    \
     do {                                                                                                          \
@@ -1128,8 +1180,7 @@ static int run(P *p) {
     } while (0)
 #define SCALAR(K, X)                                                                                              \
     do {                                                                                                          \
-        v.kind = (K), v.key = 0, v.pad = 0, v.len = 0, v.x = (X);                                                 \
-        PUSH(v);                                                                                                  \
+        PUT((K), 0, 0, (X));                                                                                      \
         DISPATCH();                                                                                               \
     } while (0)
 
@@ -1154,8 +1205,9 @@ op_binget:
     ARG(1);
     idx = buf[pos++];
 get:
-    if (__builtin_expect(idx >= memo_cap || memo[idx].kind == V_EMPTY, 0)) return GIVE_UP(-1);
-    PUSH(memo[idx]);
+    if (__builtin_expect(idx >= memo_cap || memo[idx] == 0, 0)) return GIVE_UP(-1);
+    ROOM();
+    memo_dec(p, memo[idx], &stack[sn++]);
     DISPATCH();
 op_memoize:
     if (sn <= (p->mn ? p->marks[p->mn - 1] : 0)) return GIVE_UP(-1);
@@ -1165,11 +1217,20 @@ op_memoize:
         SYNC_IN();
         DISPATCH();
     }
-    if (memo[memo_len].kind == V_EMPTY) {
-        memo[memo_len] = stack[sn - 1];
-        memo_len++;
-    } else
-        memo[memo_len] = stack[sn - 1]; /* after a BINPUT past the count: the reference overwrites too */
+    {
+        const Val *top = &stack[sn - 1];
+        uint32_t m;
+        if (top->kind == V_CONT && top->x < (int64_t)MEMO_KEY - 1)
+            m = (uint32_t)top->x + 1;
+        else if (top->kind == V_STR && top->key != K_NONE && p->key_off[top->key] >= 0)
+            m = MEMO_KEY | top->key;
+        else if (memo_enc(p, top, &m) < 0)
+            return -1;
+        /* after a BINPUT past the count, the slot is taken: the reference overwrites it too */
+        uint32_t was = memo[memo_len];
+        memo[memo_len] = m;
+        memo_len += was == 0;
+    }
     DISPATCH();
 op_mark:
     /* The shape of every event's frames list: EMPTY_LIST MEMOIZE MARK (BINGET | LONG_BINGET)... APPENDS.
@@ -1193,11 +1254,11 @@ op_mark:
                     q += 2;
                 } else
                     break;
-                if (n == PICKLER_BATCH - 1 || id >= memo_cap || memo[id].kind != V_CONT) {
-                    n = 0;
+                if (n == PICKLER_BATCH - 1 || id >= memo_cap || memo[id] - 1 >= MEMO_KEY - 1) {
+                    n = 0; /* not a container (or an empty entry: 0 - 1 wraps) */
                     break;
                 }
-                ids[n++] = (int32_t)memo[id].x;
+                ids[n++] = (int32_t)(memo[id] - 1);
             }
             if (n > 0 && q < stop_at && buf[q] == 'e') {
                 int32_t sid;
@@ -1949,6 +2010,7 @@ static void p_free(P *p) {
     free(p->stack);
     free(p->marks);
     free(p->memo);
+    free(p->over);
     free(p->frames);
     ev_free(&p->ev, p->handed);
     for (int k = 0; k < XC_N; k++) Py_XDECREF(p->xcol[k]);
@@ -1980,6 +2042,7 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
         return NULL;
     P p;
     memset(&p, 0, sizeof(p));
+    for (int k = 0; k < 256; k++) p.key_off[k] = -1;
     give_up_line = 0;
     unsigned char *raw = NULL;
     size_t raw_n = (size_t)view.len;
@@ -1997,7 +2060,7 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
         size_t sz = p.size;
         if (map_init(&p.seq_map, 1024) == 0 && map_init(&p.cls_map, 1024) == 0 && map_init(&p.fv_map, 1024) == 0 &&
             map_init(&p.pool_map, 16) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
-            (p.memo = calloc(sz / 32 + 1024, sizeof(Val))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
+            (p.memo = calloc(sz / 32 + 1024, sizeof(uint32_t))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
             ev_grow(&p.ev, sz / 128 + 1024) == 0 && map_init(&p.ev.side_map, 16) == 0 &&
             grow((void **)&p.stack, &p.scap, 4096, sizeof(Val)) == 0)
             ok = run(&p) == 0;
