@@ -382,18 +382,27 @@ static inline __attribute__((always_inline)) int push(P *p, Val v) {
 
 static size_t fence(P *p) { return p->mn ? p->marks[p->mn - 1] : 0; }
 
-static int new_cont(P *p, uint8_t kind, Val *out) {
-    if (p->cn == p->ccap && grow((void **)&p->conts, &p->ccap, p->cn + 1, sizeof(Cont)) < 0) return GIVE_UP(-1);
+/* A new container: its index, or -1 to give up. */
+static inline __attribute__((always_inline)) int64_t cont_new(P *p, uint8_t kind) {
+    if (__builtin_expect(p->cn == p->ccap, 0) && grow((void **)&p->conts, &p->ccap, p->cn + 1, sizeof(Cont)) < 0)
+        return GIVE_UP(-1);
     if (p->cn >= INT32_MAX) return GIVE_UP(-1);
     Cont *c = &p->conts[p->cn];
     memset(c, 0, sizeof(*c));
     c->kind = kind;
     c->depth = 1;
     c->ref = -1;
+    return (int64_t)p->cn++;
+}
+
+static int new_cont(P *p, uint8_t kind, Val *out) {
+    int64_t ci = cont_new(p, kind);
+    if (ci < 0) return -1;
     out->kind = V_CONT;
     out->key = 0;
+    out->pad = 0;
     out->len = 0;
-    out->x = (int64_t)p->cn++;
+    out->x = ci;
     return 0;
 }
 
@@ -1282,15 +1291,16 @@ op_mark:
     p->marks[p->mn++] = sn;
     DISPATCH();
 op_empty_dict:
-    SYNC_OUT();
-    if (new_cont(p, C_DICT, &v) < 0) return -1;
-    PUSH(v);
-    DISPATCH();
+    idx = C_DICT;
+    goto new_container;
 op_empty_list:
-    SYNC_OUT();
-    if (new_cont(p, C_LIST, &v) < 0) return -1;
-    PUSH(v);
+    idx = C_LIST;
+new_container: {
+    int64_t ci = cont_new(p, (uint8_t)idx);
+    if (ci < 0) return -1;
+    PUT(V_CONT, 0, 0, ci);
     DISPATCH();
+}
 op_binint1:
     ARG(1);
     pos += 1;
@@ -1320,7 +1330,18 @@ op_long1:
     ARG(1);
     {
         size_t n = buf[pos++];
-        if (n >= 1 && n <= 8 && size - pos >= n) { /* the usual: an address or a time, sign-extended */
+        if (n >= 1 && n <= 8 && size - pos >= 8) { /* the usual: an address or a time, sign-extended */
+            /* one 8-byte load (8 bytes are readable here): the n wanted ones are its low bytes; shifting
+             * them to the top and back (arithmetic shift, as gcc and clang do it) extends the sign */
+            uint64_t u;
+            memcpy(&u, buf + pos, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            u = __builtin_bswap64(u);
+#endif
+            pos += n;
+            SCALAR(V_INT, (int64_t)(u << (64 - 8 * n)) >> (64 - 8 * n));
+        }
+        if (n >= 1 && n <= 8 && size - pos >= n) {
             uint64_t u = 0;
             for (size_t i = 0; i < n; i++) u |= (uint64_t)buf[pos + i] << (8 * i);
             if (n < 8 && (buf[pos + n - 1] & 0x80)) u |= ~0ULL << (8 * n);
@@ -1339,9 +1360,8 @@ op_short_binunicode:
         size_t n = buf[pos++];
         if (n == 3 && size - pos >= 3 && buf[pos] == 'N' && buf[pos + 1] == '/' && buf[pos + 2] == 'A') {
             /* every event's compile_context: pickled afresh each time */
-            v.kind = V_STR, v.key = K_NA, v.pad = 0, v.len = 3, v.x = (int64_t)pos;
+            PUT(V_STR, K_NA, 3, (int64_t)pos);
             pos += 3;
-            PUSH(v);
             DISPATCH();
         }
         SYNC_OUT();
