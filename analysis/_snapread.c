@@ -144,6 +144,13 @@ typedef struct {
     size_t mn, mcap;
     uint32_t *memo; /* MEMO_* encoded values (see memo_enc) */
     size_t memo_cap, memo_len;
+    int memo_rewritten; /* a memo entry was overwritten (never by a pickler): the span cache is off */
+    /* frames lists by their bytes (the GETs of the same memo entries): span_map hash -> index */
+    Map span_map;
+    int64_t *span_off;
+    uint32_t *span_len;
+    int32_t *span_seq;
+    size_t span_n, span_cap;
     Val *over; /* memoized values that are neither containers nor known strings */
     size_t over_n, over_cap;
     int64_t key_off[256]; /* per known string (K_*): where it was first met (-1: not yet), and its length */
@@ -1004,7 +1011,10 @@ static int memo_put(P *p, size_t idx) {
     }
     uint32_t m;
     if (memo_enc(p, &p->stack[p->sn - 1], &m) < 0) return -1;
-    if (p->memo[idx] == 0) p->memo_len++;
+    if (p->memo[idx] == 0)
+        p->memo_len++;
+    else
+        p->memo_rewritten = 1;
     p->memo[idx] = m;
     return 0;
 }
@@ -1134,6 +1144,88 @@ static int slow_op(P *p, unsigned char op, int *in_frame_, size_t *frame_end_) {
     return 0;
 }
 
+static uint64_t hash_bytes(const unsigned char *s, size_t n) {
+    uint64_t h0 = 0x9e3779b97f4a7c15ULL ^ n, h1 = 0xbf58476d1ce4e5b9ULL, w;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        memcpy(&w, s + i, 8);
+        h0 = (h0 ^ w) * 0x100000001b3ULL;
+        memcpy(&w, s + i + 8, 8);
+        h1 = (h1 ^ w) * 0x100000001b3ULL;
+    }
+    for (; i < n; i++) h1 = (h1 ^ s[i]) * 0x100000001b3ULL;
+    return mix(h0 ^ mix(h1));
+}
+
+/* The frames list whose items start at buf[pos]: (BINGET | LONG_BINGET)... APPENDS, fewer than PICKLER_BATCH
+ * items, all frame dicts. 1: interned as sequence *sid (*q: the APPENDS, *n: the items); 0: another shape,
+ * nothing done; -1: give up. The same bytes are the same memo entries, so they are the same sequence for
+ * as long as no memo entry is overwritten (a pickler never does): those are looked up by their bytes,
+ * without reading the memo. */
+static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_out, int32_t *sid) {
+    const unsigned char *buf = p->buf;
+    size_t q = pos, n = 0;
+    for (;;) {
+        if (q >= stop_at) return 0;
+        if (buf[q] == 'j') {
+            if (stop_at - q < 5) return 0;
+            q += 5;
+        } else if (buf[q] == 'h') {
+            if (stop_at - q < 2) return 0;
+            q += 2;
+        } else
+            break;
+        if (++n == PICKLER_BATCH) return 0;
+    }
+    if (n == 0 || buf[q] != 'e') return 0;
+    size_t len = q - pos;
+    uint64_t h = 0;
+    if (!p->memo_rewritten) {
+        h = hash_bytes(buf + pos, len) & 0x7fffffffffffffffULL;
+        for (;;) {
+            int32_t i;
+            if (!map_get(&p->span_map, h, &i)) break;
+            if (p->span_len[i] == len && memcmp(buf + p->span_off[i], buf + pos, len) == 0) {
+                *sid = p->span_seq[i], *q_out = q, *n_out = n;
+                return 1;
+            }
+            h = (h + 1) & 0x7fffffffffffffffULL;
+        }
+    }
+    int32_t ids[PICKLER_BATCH];
+    for (size_t i = 0, r = pos; i < n; i++) {
+        size_t id;
+        if (buf[r] == 'j')
+            id = rd32(buf + r + 1), r += 5;
+        else
+            id = buf[r + 1], r += 2;
+        if (id >= p->memo_cap || p->memo[id] - 1 >= MEMO_KEY - 1) return 0; /* not a container (0 - 1 wraps) */
+        ids[i] = (int32_t)(p->memo[id] - 1);
+    }
+    int rc = seq_intern_ids(p, ids, n, sid);
+    if (rc != 1) return rc;
+    if (!p->memo_rewritten) {
+        size_t cap = p->span_cap;
+        if (p->span_n >= INT32_MAX || grow((void **)&p->span_off, &cap, p->span_n + 1, sizeof(int64_t)) < 0)
+            return GIVE_UP(-1);
+        if (cap != p->span_cap) {
+            uint32_t *a = realloc(p->span_len, cap * sizeof(uint32_t));
+            if (!a) return GIVE_UP(-1);
+            p->span_len = a;
+            int32_t *b = realloc(p->span_seq, cap * sizeof(int32_t));
+            if (!b) return GIVE_UP(-1);
+            p->span_seq = b;
+            p->span_cap = cap;
+        }
+        p->span_off[p->span_n] = (int64_t)pos;
+        p->span_len[p->span_n] = (uint32_t)len;
+        p->span_seq[p->span_n] = *sid;
+        if (map_put(&p->span_map, h, (int32_t)p->span_n++) < 0) return GIVE_UP(-1);
+    }
+    *q_out = q, *n_out = n;
+    return 1;
+}
+
 static int run(P *p) {
     if (p->size < 2 || p->buf[0] != 0x80 || p->buf[1] < 2 || p->buf[1] > 5) return GIVE_UP(-1);
     /* The hot state in locals: stores of uint8_t fields alias everything, so fields of *p would be
@@ -1239,50 +1331,30 @@ op_memoize:
         uint32_t was = memo[memo_len];
         memo[memo_len] = m;
         memo_len += was == 0;
+        if (was) p->memo_rewritten = 1;
     }
     DISPATCH();
 op_mark:
     /* The shape of every event's frames list: EMPTY_LIST MEMOIZE MARK (BINGET | LONG_BINGET)... APPENDS.
-     * Read the GETs' container ids straight from the memo and intern them, without pushing anything;
+     * Intern the GETs' container ids (span_seq), without pushing anything;
      * on any other shape (or a sequence that is not all frame dicts) nothing was done, and the MARK
      * goes the general way. */
     if (sn > (p->mn ? p->marks[p->mn - 1] : 0) && stack[sn - 1].kind == V_CONT) {
         Cont *lc = &p->conts[stack[sn - 1].x];
         if (lc->kind == C_LIST && lc->n == 0 && !lc->sealed) {
-            int32_t ids[PICKLER_BATCH];
-            size_t q = pos, n = 0, id;
-            for (;;) {
-                if (q >= stop_at) break;
-                if (buf[q] == 'j') {
-                    if (stop_at - q < 5) break;
-                    id = rd32(buf + q + 1);
-                    q += 5;
-                } else if (buf[q] == 'h') {
-                    if (stop_at - q < 2) break;
-                    id = buf[q + 1];
-                    q += 2;
-                } else
-                    break;
-                if (n == PICKLER_BATCH - 1 || id >= memo_cap || memo[id] - 1 >= MEMO_KEY - 1) {
-                    n = 0; /* not a container (or an empty entry: 0 - 1 wraps) */
-                    break;
-                }
-                ids[n++] = (int32_t)(memo[id] - 1);
-            }
-            if (n > 0 && q < stop_at && buf[q] == 'e') {
-                int32_t sid;
-                SYNC_OUT();
-                int rc = seq_intern_ids(p, ids, n, &sid);
-                if (rc < 0) return -1;
-                if (rc == 1) {
-                    lc = &p->conts[stack[sn - 1].x];
-                    if (lc->depth < 2) lc->depth = 2;
-                    lc->kind = C_SEQ;
-                    lc->ref = sid;
-                    lc->n = (uint32_t)n;
-                    pos = q + 1;
-                    DISPATCH();
-                }
+            size_t q, n;
+            int32_t sid;
+            SYNC_OUT();
+            int rc = span_seq(p, pos, stop_at, &q, &n, &sid);
+            if (rc < 0) return -1;
+            if (rc == 1) {
+                lc = &p->conts[stack[sn - 1].x];
+                if (lc->depth < 2) lc->depth = 2;
+                lc->kind = C_SEQ;
+                lc->ref = sid;
+                lc->n = (uint32_t)n;
+                pos = q + 1;
+                DISPATCH();
             }
         }
     }
@@ -2048,6 +2120,10 @@ static void p_free(P *p) {
     map_free(&p->cls_map);
     map_free(&p->fv_map);
     map_free(&p->pool_map);
+    map_free(&p->span_map);
+    free(p->span_off);
+    free(p->span_len);
+    free(p->span_seq);
     if (p->cache) {
         for (size_t i = 0; i < p->cn; i++) Py_XDECREF(p->cache[i]);
         free(p->cache);
@@ -2079,7 +2155,7 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
          * event per ~190), so the arrays rarely move; pages never touched cost no memory. */
         size_t sz = p.size;
         if (map_init(&p.seq_map, 1024) == 0 && map_init(&p.cls_map, 1024) == 0 && map_init(&p.fv_map, 1024) == 0 &&
-            map_init(&p.pool_map, 16) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
+            map_init(&p.pool_map, 16) == 0 && map_init(&p.span_map, 1024) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
             (p.memo = calloc(sz / 32 + 1024, sizeof(uint32_t))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
             ev_grow(&p.ev, sz / 128 + 1024) == 0 && map_init(&p.ev.side_map, 16) == 0 &&
             grow((void **)&p.stack, &p.scap, 4096, sizeof(Val)) == 0)
