@@ -241,8 +241,8 @@ def _rewritten_memo_pickle() -> bytes:
     memo_of: dict[int, int] = {}  # position of an EMPTY_DICT -> its memo id (the BINPUT after it)
     dicts: list[int] = []
     for (op, _arg, pos), (nxt, arg, _) in itertools.pairwise(pickletools.genops(data)):
-        if op.name == "EMPTY_DICT" and nxt.name == "BINPUT" and pos is not None:
-            memo_of[pos] = int(arg)
+        if op.name == "EMPTY_DICT" and nxt.name == "BINPUT" and pos is not None and isinstance(arg, int):
+            memo_of[pos] = arg
             dicts.append(pos)
     # dict order: root, extra (f2), event 1, f1, f3, event 2, event 3
     f2_id, f1_id, last = memo_of[dicts[1]], memo_of[dicts[3]], dicts[6]
