@@ -70,16 +70,24 @@ typedef struct {
     int64_t x;    /* int value, float bits, string offset, container index */
 } Val;
 
+/* 12 bytes: a file has millions (one per event dict and per frames list). */
 typedef struct {
     uint8_t kind;
     uint8_t sealed;
     uint8_t depth;
     uint8_t pad;
     uint32_t n;
-    uint32_t cap;
-    int32_t ref; /* C_SEQ: seq id; C_FRAME: frame record; C_EVENT: event record */
-    Val *items;  /* C_LIST/C_TUPLE: n values; C_DICT: n pairs (2n values) */
+    /* C_SEQ: seq id; C_FRAME: frame record; C_EVENT: event record; C_LIST/C_TUPLE/C_DICT: the slot of its
+     * items (C_LIST/C_TUPLE: n values; C_DICT: n pairs, 2n values), -1 while it has none */
+    int32_t ref;
 } Cont;
+
+/* The items of a container that holds values (few do: most are events, frames and frames lists). */
+typedef struct {
+    Val *items;
+    size_t cap;
+} Slot;
+#define ITEMS(p, c) ((c)->ref >= 0 ? (p)->slots[(c)->ref].items : NULL)
 
 typedef struct {
     Val filename, line, name;
@@ -189,8 +197,8 @@ typedef struct {
     Map pool_map;
     PyObject **cache;  /* exported Python object per container */
     PyObject **fcache; /* exported Python dict per frame record */
-    int32_t *owners;   /* containers that allocated items (freed at the end; most hold none) */
-    size_t on, ocap;
+    Slot *slots; /* the items of containers (see Cont.ref) */
+    size_t sl_n, sl_cap;
     int64_t budget, charged;
 } P;
 
@@ -413,23 +421,25 @@ static int new_cont(P *p, uint8_t kind, Val *out) {
     return 0;
 }
 
-/* c->items of container ci grows to hold `need` values (recording ci as an owner the first time). */
+/* The items of container ci (a list, tuple or dict) grow to hold `need` values (a slot made the first time). */
 static int items_grow(P *p, int64_t ci, size_t need) {
     Cont *c = &p->conts[ci];
-    size_t cap = c->cap;
-    if (!c->items) {
-        if (grow((void **)&p->owners, &p->ocap, p->on + 1, sizeof(int32_t)) < 0) return GIVE_UP(-1);
-        p->owners[p->on++] = (int32_t)ci;
+    if (c->ref < 0) {
+        if (p->sl_n >= INT32_MAX || grow((void **)&p->slots, &p->sl_cap, p->sl_n + 1, sizeof(Slot)) < 0)
+            return GIVE_UP(-1);
+        p->slots[p->sl_n].items = NULL;
+        p->slots[p->sl_n].cap = 0;
+        c->ref = (int32_t)p->sl_n++;
     }
-    if (need > UINT32_MAX / 2 || grow((void **)&c->items, &cap, need, sizeof(Val)) < 0) return GIVE_UP(-1);
-    c->cap = (uint32_t)cap;
+    Slot *sl = &p->slots[c->ref];
+    if (need > UINT32_MAX / 2 || grow((void **)&sl->items, &sl->cap, need, sizeof(Val)) < 0) return GIVE_UP(-1);
     return 0;
 }
 
 static int cont_append(P *p, int64_t ci, const Val *v, size_t k) {
     if (items_grow(p, ci, (size_t)p->conts[ci].n + k) < 0) return -1;
     Cont *c = &p->conts[ci];
-    memcpy(c->items + c->n, v, k * sizeof(Val));
+    memcpy(ITEMS(p, c) + c->n, v, k * sizeof(Val));
     c->n += (uint32_t)k;
     return 0;
 }
@@ -444,7 +454,7 @@ static int consume(P *p, Cont *parent, const Val *v) {
     Cont *c = &p->conts[v->x];
     if (c == parent) return GIVE_UP(-1); /* into itself: the one cycle an unsealed container allows */
     if (!c->sealed && c->kind == C_LIST && c->n >= PICKLER_BATCH) {
-        if (try_seq(p, c, c->items, c->n) < 0) return GIVE_UP(-1);
+        if (try_seq(p, c, ITEMS(p, c), c->n) < 0) return GIVE_UP(-1);
         c = &p->conts[v->x];
     }
     c->sealed = 1;
@@ -616,9 +626,12 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n) {
     int32_t s;
     int rc = seq_intern(p, items, n, &s);
     if (rc == 1) {
-        free(list->items);
-        list->items = NULL;
-        list->cap = 0;
+        if (list->ref >= 0) {
+            Slot *sl = &p->slots[list->ref];
+            free(sl->items);
+            sl->items = NULL;
+            sl->cap = 0;
+        }
         list->kind = C_SEQ;
         list->ref = s;
         list->n = (uint32_t)n;
@@ -780,9 +793,10 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         if (v->kind == V_NONE) break;
         if (v->kind == V_CONT) {
             Cont *c = &p->conts[v->x];
-            if ((c->kind == C_TUPLE || c->kind == C_LIST) && c->n == 2 && c->items[0].kind == V_INT &&
-                c->items[1].kind == V_INT) {
-                int64_t a = c->items[0].x, b = c->items[1].x;
+            const Val *it = ITEMS(p, c);
+            if ((c->kind == C_TUPLE || c->kind == C_LIST) && c->n == 2 && it[0].kind == V_INT &&
+                it[1].kind == V_INT) {
+                int64_t a = it[0].x, b = it[1].x;
                 uint64_t h = mix((uint64_t)a * 31 + mix((uint64_t)b)) & 0x7fffffffffffffffULL;
                 for (;;) {
                     int32_t id;
@@ -885,7 +899,7 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
         if (pairs[2 * i].key == K_ACTION) return GIVE_UP(-1); /* an event-like dict built oddly */
     if (items_grow(p, ci, 2 * ((size_t)c->n + n)) < 0) return -1;
     c = &p->conts[ci];
-    memcpy(c->items + 2 * (size_t)c->n, pairs, 2 * n * sizeof(Val));
+    memcpy(ITEMS(p, c) + 2 * (size_t)c->n, pairs, 2 * n * sizeof(Val));
     c->n += (uint32_t)n;
     return 0;
 }
@@ -1531,7 +1545,7 @@ static PyObject *export_cont(P *p, int64_t ci) {
         o = c->kind == C_LIST ? PyList_New(c->n) : PyTuple_New(c->n);
         if (!o) return NULL;
         for (uint32_t i = 0; i < c->n; i++) {
-            PyObject *x = export(p, &c->items[i]);
+            PyObject *x = export(p, &ITEMS(p, c)[i]);
             if (!x) {
                 Py_DECREF(o);
                 return NULL;
@@ -1565,8 +1579,8 @@ static PyObject *export_cont(P *p, int64_t ci) {
         o = PyDict_New();
         if (!o) return NULL;
         for (uint32_t i = 0; i < c->n; i++) {
-            PyObject *k = export(p, &c->items[2 * i]);
-            PyObject *x = k ? export(p, &c->items[2 * i + 1]) : NULL;
+            PyObject *k = export(p, &ITEMS(p, c)[2 * i]);
+            PyObject *x = k ? export(p, &ITEMS(p, c)[2 * i + 1]) : NULL;
             if (!x || PyDict_SetItem(o, k, x) < 0) {
                 Py_XDECREF(k);
                 Py_XDECREF(x);
@@ -1816,7 +1830,7 @@ static PyObject *export_trace(P *p, Cont *t) {
     size_t n = t->n;
     Events *ev = &p->ev;
     if (t->kind != C_LIST || n == 0) return GIVE_UP(NULL);
-    const Val *items = t->items;
+    const Val *items = ITEMS(p, t);
     if (items[0].kind != V_CONT || p->conts[items[0].x].kind != C_EVENT) return GIVE_UP(NULL);
     size_t base = (size_t)p->conts[items[0].x].ref;
     if (base < ev->exported || n > ev->n - base) return GIVE_UP(NULL);
@@ -1929,7 +1943,7 @@ static PyObject *export_traces(P *p, const Val *v) {
     PyObject *o = PyList_New(dt->n);
     if (!o) return NULL;
     for (uint32_t i = 0; i < dt->n; i++) {
-        Val *it = &dt->items[i];
+        Val *it = &ITEMS(p, dt)[i];
         PyObject *x;
         if (it->kind == V_CONT && p->conts[it->x].kind == C_LIST && p->conts[it->x].n == 0)
             x = PyList_New(0);
@@ -1958,7 +1972,7 @@ static PyObject *export_root(P *p) {
     PyObject *o = PyDict_New();
     if (!o) return NULL;
     for (uint32_t i = 0; i < c->n; i++) {
-        Val *k = &c->items[2 * i], *v = &c->items[2 * i + 1];
+        Val *k = &ITEMS(p, c)[2 * i], *v = &ITEMS(p, c)[2 * i + 1];
         PyObject *ko = export(p, k);
         PyObject *vo = ko ? (k->key == K_DEVICE_TRACES ? export_traces(p, v) : export(p, v)) : NULL;
         if (!vo || PyDict_SetItem(o, ko, vo) < 0) {
@@ -2096,8 +2110,8 @@ fail:
 /* ------------------------------------------------------------------------- */
 
 static void p_free(P *p) {
-    for (size_t i = 0; i < p->on; i++) free(p->conts[p->owners[i]].items);
-    free(p->owners);
+    for (size_t i = 0; i < p->sl_n; i++) free(p->slots[i].items);
+    free(p->slots);
     free(p->conts);
     free(p->stack);
     free(p->marks);
