@@ -711,74 +711,77 @@ static EvSide *ev_side(Events *ev, size_t e) {
     return x;
 }
 
-static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const Val *k, const Val *v) {
+/* One key of event e. Its presence bits and flags are the caller's locals (written back once per SETITEMS):
+ * stores through a uint8_t would make the compiler reload every column pointer after them. */
+static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const Val *k, const Val *v,
+                                                           uint16_t *have, uint16_t *bad, uint8_t *flags) {
     Events *ev = &p->ev;
     switch (k->key) {
     case K_ACTION:
-        ev->have[e] |= H_ACTION;
+        *have |= H_ACTION;
         if (v->kind == V_STR && v->key >= K_ACT0 && v->key < K_ACT0 + 9) {
             ev->action[e] = (int8_t)(v->key - K_ACT0);
-            ev->bad[e] &= ~H_ACTION;
+            *bad &= ~H_ACTION;
         } else
-            ev->bad[e] |= H_ACTION;
+            *bad |= H_ACTION;
         break;
 #define INTSLOT(KEY, BIT, FIELD, NONNEG)                                                                          \
     case KEY:                                                                                                     \
-        ev->have[e] |= BIT;                                                                                       \
+        *have |= BIT;                                                                                       \
         if (v->kind == V_INT && (!(NONNEG) || v->x >= 0)) {                                                       \
             ev->FIELD[e] = v->x;                                                                                  \
-            ev->bad[e] &= ~BIT;                                                                                   \
+            *bad &= ~BIT;                                                                                   \
         } else                                                                                                    \
-            ev->bad[e] |= BIT;                                                                                    \
+            *bad |= BIT;                                                                                    \
         break;
         INTSLOT(K_ADDR, H_ADDR, addr, 1)
         INTSLOT(K_SIZE, H_SIZE, size, 1)
         INTSLOT(K_STREAM, H_STREAM, stream, 0)
 #undef INTSLOT
     case K_DFREE:
-        ev->have[e] |= H_DFREE;
+        *have |= H_DFREE;
         if (v->kind == V_INT && v->x >= 0) {
             EvSide *x = ev_side(ev, e);
             if (!x) return -1;
             x->dfree = v->x;
-            ev->bad[e] &= ~H_DFREE;
+            *bad &= ~H_DFREE;
         } else
-            ev->bad[e] |= H_DFREE;
+            *bad |= H_DFREE;
         break;
     case K_TIME:
-        ev->have[e] |= H_TIME;
-        ev->bad[e] &= ~H_TIME;
-        ev->flags[e] &= ~F_TIME_NONE;
+        *have |= H_TIME;
+        *bad &= ~H_TIME;
+        *flags &= ~F_TIME_NONE;
         if (v->kind == V_INT)
             ev->time[e] = v->x;
         else if (v->kind == V_NONE)
-            ev->flags[e] |= F_TIME_NONE; /* None counts as absent, as in the Python reader */
+            *flags |= F_TIME_NONE; /* None counts as absent, as in the Python reader */
         else
-            ev->bad[e] |= H_TIME;
+            *bad |= H_TIME;
         break;
     case K_FRAMES:
-        ev->have[e] |= H_FRAMES;
-        ev->bad[e] &= ~H_FRAMES;
+        *have |= H_FRAMES;
+        *bad &= ~H_FRAMES;
         if (v->kind == V_CONT && (p->conts[v->x].kind == C_SEQ || p->conts[v->x].kind == C_LIST))
             ev->frames[e] = (int32_t)v->x;
         else
-            ev->bad[e] |= H_FRAMES;
+            *bad |= H_FRAMES;
         break;
     case K_CC:
     case K_UM: {
         int cc = k->key == K_CC;
         uint16_t bit = cc ? H_CC : H_UM;
         uint8_t def = cc ? F_CC_DEFAULT : F_UM_DEFAULT;
-        ev->have[e] |= bit;
-        ev->bad[e] &= ~bit;
+        *have |= bit;
+        *bad &= ~bit;
         if (v->kind != V_STR) {
-            ev->bad[e] |= bit;
+            *bad |= bit;
         } else if (v->key == (cc ? K_NA : K_EMPTYSTR)) {
-            ev->flags[e] |= def;
+            *flags |= def;
         } else {
             EvSide *x = ev_side(ev, e);
             if (!x) return -1;
-            ev->flags[e] &= ~def;
+            *flags &= ~def;
             if (cc)
                 x->cc_off = v->x, x->cc_len = v->len;
             else
@@ -787,8 +790,8 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         break;
     }
     case K_POOL:
-        ev->have[e] |= H_POOL;
-        ev->bad[e] &= ~H_POOL;
+        *have |= H_POOL;
+        *bad &= ~H_POOL;
         ev->pool[e] = -1;
         if (v->kind == V_NONE) break;
         if (v->kind == V_CONT) {
@@ -822,11 +825,27 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
                 return 0;
             }
         }
-        ev->bad[e] |= H_POOL;
+        *bad |= H_POOL;
         break;
     default:
         break; /* unknown keys are never looked at, as in the Python reader */
     }
+    return 0;
+}
+
+/* SETITEMS into event record c->ref (its values consumed into it as they are set). */
+static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n) {
+    size_t e = (size_t)c->ref;
+    uint16_t have = p->ev.have[e], bad = p->ev.bad[e];
+    uint8_t flags = p->ev.flags[e];
+    for (size_t i = 0; i < n; i++) {
+        const Val *k = &pairs[2 * i], *v = &pairs[2 * i + 1];
+        if (k->kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
+        if (v->kind == V_CONT && consume(p, c, v) < 0) return GIVE_UP(-1);
+        if (event_set(p, e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
+    }
+    p->ev.have[e] = have, p->ev.bad[e] = bad, p->ev.flags[e] = flags;
+    c->n += (uint32_t)n;
     return 0;
 }
 
@@ -852,10 +871,6 @@ static int frame_set(FrameRec *f, const Val *k, const Val *v) {
 static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     Cont *c = &p->conts[ci];
     if (c->sealed) return GIVE_UP(-1);
-    for (size_t i = 0; i < n; i++) {
-        if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
-    }
     if (c->kind == C_DICT && c->n == 0 && n > 0) {
         /* The first items decide what the dict is: an event (it has "action"), a frame, or anything else. */
         int has_action = 0, frame_keys = n == 3, seen = 0;
@@ -881,11 +896,10 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
             c->ref = (int32_t)p->fn++;
         }
     }
-    if (c->kind == C_EVENT) {
-        for (size_t i = 0; i < n; i++)
-            if (event_set(p, (size_t)c->ref, &pairs[2 * i], &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
-        c->n += (uint32_t)n;
-        return 0;
+    if (c->kind == C_EVENT) return event_pairs(p, c, pairs, n);
+    for (size_t i = 0; i < n; i++) {
+        if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
+        if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
     }
     if (c->kind == C_FRAME) {
         FrameRec *f = &p->frames[c->ref];
