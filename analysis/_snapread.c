@@ -1814,7 +1814,7 @@ static PyObject *column_slice(P *p, int k, size_t from, size_t to) {
 
 /* Python objects of one trace's export, released together. */
 typedef struct {
-    PyObject *cols[XC_N], *ba_stream, *streams, *cc, *um, *order, *pools;
+    PyObject *cols[XC_N], *ba_stream, *streams, *cc, *um, *order, *pools, *counts;
 } TraceOut;
 
 static void trace_out_free(TraceOut *o) {
@@ -1825,6 +1825,7 @@ static void trace_out_free(TraceOut *o) {
     Py_XDECREF(o->um);
     Py_XDECREF(o->order);
     Py_XDECREF(o->pools);
+    Py_XDECREF(o->counts);
 }
 
 /* (event index, text) appended to a list of texts that are not the defaults; -1 on error. */
@@ -1859,18 +1860,21 @@ static PyObject *export_trace(P *p, Cont *t) {
             return GIVE_UP(NULL);
     }
     ev->exported = base + n;
-    TraceOut o = {{NULL}, NULL, NULL, NULL, NULL, NULL, NULL};
+    TraceOut o = {{NULL}, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     PyObject *out = NULL;
     int32_t *pool_rank = NULL, *mseq = NULL;
     StreamTable st = {0};
     o.ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n * 4);
     o.streams = PyList_New(0), o.cc = PyList_New(0), o.um = PyList_New(0), o.order = PyList_New(0);
     o.pools = PyList_New(0);
+    o.counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(p->cls_n * sizeof(int64_t))); /* events per class */
     pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
     mseq = malloc((n + 1) * sizeof(int32_t)); /* the frames list (sequence id) of each event that has one */
-    if (!o.ba_stream || !o.streams || !o.cc || !o.um || !o.order || !o.pools || !pool_rank || !mseq)
+    if (!o.ba_stream || !o.streams || !o.cc || !o.um || !o.order || !o.pools || !o.counts || !pool_rank || !mseq)
         FAIL_OUT;
     int32_t *stream = (int32_t *)PyByteArray_AS_STRING(o.ba_stream);
+    int64_t *counts = (int64_t *)PyBytes_AS_STRING(o.counts);
+    memset(counts, 0, p->cls_n * sizeof(int64_t));
     for (size_t i = 0; i < p->pool_n; i++) pool_rank[i] = -1;
     int64_t last_stream = 0, sum_lens = 0;
     int32_t last_ord = -1, n_pools = 0;
@@ -1912,6 +1916,7 @@ static PyObject *export_trace(P *p, Cont *t) {
             if (f->kind == C_SEQ) {
                 int32_t sq = f->ref;
                 cls[i] = p->seq_cls[sq];
+                counts[cls[i]]++;
                 mseq[m++] = sq;
                 sum_lens += p->seq_len[sq];
             } else if (f->n != 0)
@@ -1943,9 +1948,9 @@ static PyObject *export_trace(P *p, Cont *t) {
     if (stack_order(p, mseq, m, o.order) < 0) FAIL_OUT;
     for (int k = 0; k < XC_N; k++)
         if (!(o.cols[k] = column_slice(p, k, base, base + n))) FAIL_OUT;
-    out = Py_BuildValue("(nOOOOOnOLOOOOOO)", (Py_ssize_t)n, o.cols[XC_ACTION], o.cols[XC_ADDR], o.cols[XC_SIZE],
+    out = Py_BuildValue("(nOOOOOnOLOOOOOOO)", (Py_ssize_t)n, o.cols[XC_ACTION], o.cols[XC_ADDR], o.cols[XC_SIZE],
                         o.ba_stream, o.cols[XC_TIME], (Py_ssize_t)absent_time, o.cols[XC_CLS], (long long)sum_lens,
-                        o.order, o.cc, o.um, any_pool ? o.cols[XC_POOL] : Py_None, o.pools, o.streams);
+                        o.order, o.cc, o.um, any_pool ? o.cols[XC_POOL] : Py_None, o.pools, o.streams, o.counts);
 out:
     trace_out_free(&o);
     free(pool_rank);
