@@ -50,7 +50,7 @@
 /* V_UINT: an int in [2**63, 2**64) (x holds its bits). Torch writes 2**64 - 1 as the line of frames
  * without one; the Python reader takes any int there, and nowhere else an int past int64. */
 enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT };
-enum { C_LIST = 1, C_SEQ, C_DICT, C_TUPLE, C_FRAME, C_EVENT };
+enum { C_LIST = 1, C_SEQ, C_DICT, C_TUPLE, C_FRAME, C_EVENT, C_EVLIST };
 
 /* Known strings: dict keys and values the schema looks at. */
 enum {
@@ -77,7 +77,8 @@ typedef struct {
     uint8_t depth;
     uint8_t pad;
     uint32_t n;
-    /* C_SEQ: seq id; C_FRAME: frame record; C_EVENT: event record; C_LIST/C_TUPLE/C_DICT: the slot of its
+    /* C_SEQ: seq id; C_FRAME: frame record; C_EVENT: event record; C_EVLIST: its first event record (its
+     * items are the n records from there: a trace list); C_LIST/C_TUPLE/C_DICT: the slot of its
      * items (C_LIST/C_TUPLE: n values; C_DICT: n pairs, 2n values), -1 while it has none */
     int32_t ref;
 } Cont;
@@ -918,10 +919,30 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     return 0;
 }
 
+/* Items into a list that starts with an event: a trace list, whose items must be consecutive event records (a
+ * pickler writes each event dict as it appends it). It keeps the first record and the count, not the items.
+ * Anything else in such a list would be given up on when it is exported (export_trace takes consecutive
+ * records only, and an event is exported nowhere else): given up on now. */
+static int evlist_extend(P *p, Cont *c, const Val *items, size_t n) {
+    size_t first = (size_t)p->conts[items[0].x].ref, next = c->kind == C_EVLIST ? (size_t)c->ref + c->n : first;
+    if ((size_t)c->n + n > UINT32_MAX / 2) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++) {
+        const Val *it = &items[i];
+        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT || (size_t)p->conts[it->x].ref != next + i)
+            return GIVE_UP(-1);
+        if (consume(p, c, it) < 0) return GIVE_UP(-1);
+    }
+    if (c->kind == C_LIST) c->kind = C_EVLIST, c->ref = (int32_t)first;
+    c->n += (uint32_t)n;
+    return 0;
+}
+
 static int list_extend(P *p, int64_t ci, const Val *items, size_t n) {
     Cont *c = &p->conts[ci];
-    if (c->sealed || c->kind != C_LIST) return GIVE_UP(-1); /* a C_SEQ is never added to by a pickler */
+    if (c->sealed || (c->kind != C_LIST && c->kind != C_EVLIST)) return GIVE_UP(-1); /* a C_SEQ is never added to */
     if (n == 0) return 0;
+    if (c->kind == C_EVLIST || (c->n == 0 && items[0].kind == V_CONT && p->conts[items[0].x].kind == C_EVENT))
+        return evlist_extend(p, c, items, n);
     if (c->n == 0 && n < PICKLER_BATCH) {
         /* The frames list of an event: frame dicts in, an interned sequence out (valid frames hold
          * scalars only: depth 2). */
@@ -1838,8 +1859,8 @@ static int text_pair(P *p, PyObject *list, size_t i, int64_t off, uint32_t len) 
 }
 
 /* One device's trace list -> a tuple of columns; NULL (no exception) to give up.
- * Its items must be the event records base..base+n-1 in order (as a pickler writes them), not
- * exported before: the columns are then finished in place (an OOM's device_free into addr, an absent
+ * It must be an event list (C_EVLIST: the records base..base+n-1, see evlist_extend) not exported
+ * before (two traces sharing records: the hand-made file goes to the reference): the columns are then finished in place (an OOM's device_free into addr, an absent
  * time to 0, frames to content classes, pool pairs to ordinals) and handed over as they are. */
 #define FAIL_OUT                                                                                                  \
     do {                                                                                                          \
@@ -1849,16 +1870,9 @@ static int text_pair(P *p, PyObject *list, size_t i, int64_t off, uint32_t len) 
 static PyObject *export_trace(P *p, Cont *t) {
     size_t n = t->n;
     Events *ev = &p->ev;
-    if (t->kind != C_LIST || n == 0) return GIVE_UP(NULL);
-    const Val *items = ITEMS(p, t);
-    if (items[0].kind != V_CONT || p->conts[items[0].x].kind != C_EVENT) return GIVE_UP(NULL);
-    size_t base = (size_t)p->conts[items[0].x].ref;
+    if (t->kind != C_EVLIST || n == 0) return GIVE_UP(NULL);
+    size_t base = (size_t)t->ref;
     if (base < ev->exported || n > ev->n - base) return GIVE_UP(NULL);
-    for (size_t i = 0; i < n; i++) {
-        const Val *it = &items[i];
-        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT || (size_t)p->conts[it->x].ref != base + i)
-            return GIVE_UP(NULL);
-    }
     ev->exported = base + n;
     TraceOut o = {{NULL}, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     PyObject *out = NULL;
@@ -1971,8 +1985,8 @@ static PyObject *export_traces(P *p, const Val *v) {
         PyObject *x;
         if (it->kind == V_CONT && p->conts[it->x].kind == C_LIST && p->conts[it->x].n == 0)
             x = PyList_New(0);
-        else if (it->kind == V_CONT && p->conts[it->x].kind == C_LIST) {
-            PyObject *cols = export_trace(p, &p->conts[it->x]);
+        else if (it->kind == V_CONT && (p->conts[it->x].kind == C_LIST || p->conts[it->x].kind == C_EVLIST)) {
+            PyObject *cols = export_trace(p, &p->conts[it->x]); /* gives up on a list of anything but events */
             x = cols ? PyList_New(1) : NULL;
             if (x)
                 PyList_SET_ITEM(x, 0, cols);
