@@ -108,12 +108,13 @@ typedef struct {
 #define H_UM 128
 #define H_POOL 256
 #define H_DFREE 512
-enum { XC_ACTION, XC_ADDR, XC_SIZE, XC_TIME, XC_CLS, XC_POOL, XC_N };
+enum { XC_ACTION, XC_ADDR, XC_SIZE, XC_TIME, XC_CLS, XC_POOL, XC_STREAM, XC_N };
 
 /* flags of an event record */
 #define F_CC_DEFAULT 1
 #define F_UM_DEFAULT 2
 #define F_TIME_NONE 4
+#define F_POOL 8 /* pool[e] holds its pool pair (the column is written only then: most events have none) */
 /* What an event record needs rarely: device_free (OOM events) and texts that are not the defaults. */
 typedef struct {
     int64_t dfree;
@@ -132,12 +133,19 @@ typedef struct {
  * trace needs. A value is only read where its `have` bit is set and its `bad` bit clear. */
 typedef struct {
     int8_t *action;
-    int64_t *addr, *size, *stream, *time;
-    int32_t *frames; /* container index, -1 absent */
-    int32_t *pool;   /* pool pair id, -1 None/absent */
+    int64_t *addr, *size, *time;
+    int32_t *stream; /* the stream's id among all the file's streams (stream_raw) */
+    int32_t *frames; /* interned frames list (sequence id), -1 absent or empty */
+    int32_t *pool;   /* pool pair id where F_POOL */
     uint16_t *have, *bad;
     uint8_t *flags;
     size_t n, cap;
+    /* streams (cudaStream_t values) by first appearance in the file: raw value <-> id */
+    Map stream_map;
+    int64_t *stream_raw;
+    size_t stream_n, stream_cap;
+    int64_t last_raw; /* the last one looked up, and its id (-1: none yet) */
+    int32_t last_sid;
     size_t exported; /* records below this were handed over (changed in place): never exported again */
     Map side_map;    /* record -> index in side */
     EvSide *side;
@@ -681,7 +689,9 @@ static void ev_free(Events *ev, unsigned handed) {
     if (!(handed & 1u << XC_TIME)) free(ev->time);
     if (!(handed & 1u << XC_CLS)) free(ev->frames);
     if (!(handed & 1u << XC_POOL)) free(ev->pool);
-    free(ev->stream);
+    if (!(handed & 1u << XC_STREAM)) free(ev->stream);
+    free(ev->stream_raw);
+    map_free(&ev->stream_map);
     free(ev->have);
     free(ev->bad);
     free(ev->flags);
@@ -695,7 +705,7 @@ static int64_t ev_new(Events *ev) {
     size_t e = ev->n++;
     ev->have[e] = ev->bad[e] = 0;
     ev->action[e] = 0;
-    ev->frames[e] = ev->pool[e] = -1;
+    ev->frames[e] = -1;
     ev->flags[e] = F_CC_DEFAULT | F_UM_DEFAULT;
     return (int64_t)e;
 }
@@ -710,6 +720,22 @@ static EvSide *ev_side(Events *ev, size_t e) {
     EvSide *x = &ev->side[ev->side_n++];
     memset(x, 0, sizeof(*x));
     return x;
+}
+
+/* The id of stream value raw (>= 0) among the file's streams (a new one gets the next); -1 to give up. */
+static int32_t stream_id(Events *ev, int64_t raw) {
+    if (ev->last_sid >= 0 && raw == ev->last_raw) return ev->last_sid;
+    int32_t id;
+    if (!map_get(&ev->stream_map, (uint64_t)raw, &id)) {
+        if (ev->stream_n >= INT32_MAX ||
+            grow((void **)&ev->stream_raw, &ev->stream_cap, ev->stream_n + 1, sizeof(int64_t)) < 0)
+            return GIVE_UP(-1);
+        id = (int32_t)ev->stream_n;
+        if (map_put(&ev->stream_map, (uint64_t)raw, id) < 0) return GIVE_UP(-1);
+        ev->stream_raw[ev->stream_n++] = raw;
+    }
+    ev->last_raw = raw, ev->last_sid = id;
+    return id;
 }
 
 /* One key of event e. Its presence bits and flags are the caller's locals (written back once per SETITEMS):
@@ -737,8 +763,18 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         break;
         INTSLOT(K_ADDR, H_ADDR, addr, 1)
         INTSLOT(K_SIZE, H_SIZE, size, 1)
-        INTSLOT(K_STREAM, H_STREAM, stream, 0)
 #undef INTSLOT
+    case K_STREAM:
+        *have |= H_STREAM;
+        /* a negative stream is the reference's to judge: never exported */
+        if (v->kind == V_INT && v->x >= 0) {
+            int32_t id = stream_id(ev, v->x);
+            if (id < 0) return -1;
+            ev->stream[e] = id;
+            *bad &= ~H_STREAM;
+        } else
+            *bad |= H_STREAM;
+        break;
     case K_DFREE:
         *have |= H_DFREE;
         if (v->kind == V_INT && v->x >= 0) {
@@ -761,11 +797,14 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
             *bad |= H_TIME;
         break;
     case K_FRAMES:
+        /* The value was consumed (sealed) already: what it holds is final. A frames list of frame dicts
+         * is an interned sequence by now; an empty list means no frames; anything else is bad. */
         *have |= H_FRAMES;
         *bad &= ~H_FRAMES;
-        if (v->kind == V_CONT && (p->conts[v->x].kind == C_SEQ || p->conts[v->x].kind == C_LIST))
-            ev->frames[e] = (int32_t)v->x;
-        else
+        ev->frames[e] = -1;
+        if (v->kind == V_CONT && p->conts[v->x].kind == C_SEQ)
+            ev->frames[e] = p->conts[v->x].ref;
+        else if (!(v->kind == V_CONT && p->conts[v->x].kind == C_LIST && p->conts[v->x].n == 0))
             *bad |= H_FRAMES;
         break;
     case K_CC:
@@ -793,7 +832,7 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
     case K_POOL:
         *have |= H_POOL;
         *bad &= ~H_POOL;
-        ev->pool[e] = -1;
+        *flags &= ~F_POOL;
         if (v->kind == V_NONE) break;
         if (v->kind == V_CONT) {
             Cont *c = &p->conts[v->x];
@@ -807,6 +846,7 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
                     if (!map_get(&p->pool_map, h, &id)) break;
                     if (p->pool_a[id] == a && p->pool_b[id] == b) {
                         ev->pool[e] = id;
+                        *flags |= F_POOL;
                         return 0;
                     }
                     h = (h + 1) & 0x7fffffffffffffffULL;
@@ -823,6 +863,7 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
                 p->pool_b[p->pool_n] = b;
                 if (map_put(&p->pool_map, h, (int32_t)p->pool_n) < 0) return GIVE_UP(-1);
                 ev->pool[e] = (int32_t)p->pool_n++;
+                *flags |= F_POOL;
                 return 0;
             }
         }
@@ -1670,8 +1711,9 @@ static PyObject *export(P *p, const Val *v) {
 
 /* The bucketing rounds of reader._Converter.intern_event_stacks, on content
  * classes: the order in which it first asks stack_of for each class. */
-static int stack_order(P *p, const int32_t *seq, size_t m, PyObject *order) {
-    /* per frames list j: its content class, its middle frame dict, its length */
+static int stack_order(P *p, const int32_t *seq, size_t n, size_t m, PyObject *order) {
+    /* seq: the n events' frames lists (-1: none), m of them with one; per event j with one: its content
+     * class, its middle frame dict, its length */
 #define cls(j) p->seq_cls[seq[j]]
 #define mid(j) p->seqpool[p->seq_off[seq[j]] + p->seq_len[seq[j]] / 2]
 #define len(j) p->seq_len[seq[j]]
@@ -1683,8 +1725,12 @@ static int stack_order(P *p, const int32_t *seq, size_t m, PyObject *order) {
     int rc = -1;
     if (!pending || !next || !rep_cls || !called) goto out;
     size_t np_ = 0;
-    for (size_t j = 0; j < m; j++)
-        if (j == 0 || cls(j) != cls(j - 1)) pending[np_++] = (int32_t)j; /* run heads */
+    int32_t prev = -1; /* the class of the last event with frames */
+    for (size_t j = 0; j < n; j++) {
+        if (seq[j] < 0) continue;
+        if (np_ == 0 || cls(j) != prev) pending[np_++] = (int32_t)j; /* run heads */
+        prev = cls(j);
+    }
 #define CALL(c)                                                                                                   \
     do {                                                                                                          \
         if (!called[c]) {                                                                                         \
@@ -1740,47 +1786,6 @@ out:
     return rc;
 }
 
-/* Raw stream values -> ordinals in order of first appearance (torch has a few streams; a hostile
- * file may have one per event: an open-addressing table with its own occupancy bytes, any int64 key). */
-typedef struct {
-    int64_t *keys;
-    int32_t *ords;
-    uint8_t *used;
-    size_t cap, n;
-} StreamTable;
-
-static int stream_ordinal(StreamTable *t, int64_t key, PyObject *streams, int32_t *out) {
-    if ((t->n + 1) * 2 > t->cap) {
-        size_t nc = t->cap ? t->cap * 2 : 16;
-        StreamTable g = {malloc(nc * 8), malloc(nc * 4), calloc(nc, 1), nc, t->n};
-        if (!g.keys || !g.ords || !g.used) {
-            free(g.keys), free(g.ords), free(g.used);
-            return -1;
-        }
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->used[i]) continue;
-            size_t j = mix((uint64_t)t->keys[i]) & (nc - 1);
-            while (g.used[j]) j = (j + 1) & (nc - 1);
-            g.used[j] = 1, g.keys[j] = t->keys[i], g.ords[j] = t->ords[i];
-        }
-        free(t->keys), free(t->ords), free(t->used);
-        *t = g;
-    }
-    size_t j = mix((uint64_t)key) & (t->cap - 1);
-    while (t->used[j] && t->keys[j] != key) j = (j + 1) & (t->cap - 1);
-    if (!t->used[j]) {
-        PyObject *o = PyLong_FromLongLong(key);
-        if (!o || PyList_Append(streams, o) < 0) {
-            Py_XDECREF(o);
-            return -1;
-        }
-        Py_DECREF(o);
-        t->used[j] = 1, t->keys[j] = key, t->ords[j] = (int32_t)t->n++;
-    }
-    *out = t->ords[j];
-    return 0;
-}
-
 /* An event column handed to Python: it owns the column's buffer (malloc'd by the parse) and lends it
  * through the buffer protocol, so numpy views it where the parse wrote it. */
 typedef struct {
@@ -1812,9 +1817,10 @@ static PyTypeObject ColumnType = {
 
 /* bytes [from, to) of event column k as a memoryview (the Column made on first use). */
 static PyObject *column_slice(P *p, int k, size_t from, size_t to) {
-    void **field[XC_N] = {(void **)&p->ev.action, (void **)&p->ev.addr, (void **)&p->ev.size,
-                          (void **)&p->ev.time,   (void **)&p->ev.frames, (void **)&p->ev.pool};
-    static const size_t width[XC_N] = {1, 8, 8, 8, 4, 4};
+    void **field[XC_N] = {(void **)&p->ev.action, (void **)&p->ev.addr,   (void **)&p->ev.size,
+                          (void **)&p->ev.time,   (void **)&p->ev.frames, (void **)&p->ev.pool,
+                          (void **)&p->ev.stream};
+    static const size_t width[XC_N] = {1, 8, 8, 8, 4, 4, 4};
     if (!p->xcol[k]) {
         Column *c = PyObject_New(Column, &ColumnType);
         if (!c) return NULL;
@@ -1835,12 +1841,11 @@ static PyObject *column_slice(P *p, int k, size_t from, size_t to) {
 
 /* Python objects of one trace's export, released together. */
 typedef struct {
-    PyObject *cols[XC_N], *ba_stream, *streams, *cc, *um, *order, *pools, *counts;
+    PyObject *cols[XC_N], *streams, *cc, *um, *order, *pools, *counts;
 } TraceOut;
 
 static void trace_out_free(TraceOut *o) {
     for (int k = 0; k < XC_N; k++) Py_XDECREF(o->cols[k]);
-    Py_XDECREF(o->ba_stream);
     Py_XDECREF(o->streams);
     Py_XDECREF(o->cc);
     Py_XDECREF(o->um);
@@ -1874,32 +1879,27 @@ static PyObject *export_trace(P *p, Cont *t) {
     size_t base = (size_t)t->ref;
     if (base < ev->exported || n > ev->n - base) return GIVE_UP(NULL);
     ev->exported = base + n;
-    TraceOut o = {{NULL}, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    TraceOut o = {{NULL}, NULL, NULL, NULL, NULL, NULL, NULL};
     PyObject *out = NULL;
-    int32_t *pool_rank = NULL, *mseq = NULL;
-    StreamTable st = {0};
-    o.ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n * 4);
+    int32_t *pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
+    int32_t *ord_of = malloc((ev->stream_n + 1) * sizeof(int32_t)); /* stream id -> ordinal in this trace */
     o.streams = PyList_New(0), o.cc = PyList_New(0), o.um = PyList_New(0), o.order = PyList_New(0);
     o.pools = PyList_New(0);
     o.counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(p->cls_n * sizeof(int64_t))); /* events per class */
-    pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
-    mseq = malloc((n + 1) * sizeof(int32_t)); /* the frames list (sequence id) of each event that has one */
-    if (!o.ba_stream || !o.streams || !o.cc || !o.um || !o.order || !o.pools || !o.counts || !pool_rank || !mseq)
-        FAIL_OUT;
-    int32_t *stream = (int32_t *)PyByteArray_AS_STRING(o.ba_stream);
+    if (!o.streams || !o.cc || !o.um || !o.order || !o.pools || !o.counts || !pool_rank || !ord_of) FAIL_OUT;
     int64_t *counts = (int64_t *)PyBytes_AS_STRING(o.counts);
     memset(counts, 0, p->cls_n * sizeof(int64_t));
     for (size_t i = 0; i < p->pool_n; i++) pool_rank[i] = -1;
-    int64_t last_stream = 0, sum_lens = 0;
-    int32_t last_ord = -1, n_pools = 0;
+    for (size_t i = 0; i < ev->stream_n; i++) ord_of[i] = -1;
+    int64_t sum_lens = 0;
+    int32_t last_sid = -1, last_ord = 0, n_ords = 0, n_pools = 0;
     size_t m = 0, absent_time = 0;
     int any_pool = 0;
     int8_t *action = ev->action + base;
-    int64_t *addr = ev->addr + base, *size = ev->size + base, *time = ev->time + base, *raw_stream = ev->stream + base;
-    int32_t *cls = ev->frames + base, *pool = ev->pool + base;
+    int64_t *addr = ev->addr + base, *time = ev->time + base;
+    int32_t *stream = ev->stream + base, *cls = ev->frames + base, *pool = ev->pool + base;
     const uint16_t *have = ev->have + base, *bad = ev->bad + base;
     const uint8_t *flags = ev->flags + base;
-    (void)size;
     for (size_t i = 0; i < n; i++) {
         uint16_t h = have[i], b = bad[i];
         if (!(h & H_ACTION) || (b & H_ACTION)) FAIL_OUT;
@@ -1911,11 +1911,19 @@ static PyObject *export_trace(P *p, Cont *t) {
         } else if (!(h & H_ADDR) || (b & H_ADDR))
             FAIL_OUT;
         if (!(h & H_SIZE) || (b & H_SIZE)) FAIL_OUT;
-        /* streams: a non-negative int64 (cudaStream_t values; a negative one is the reference's to judge) */
-        if (!(h & H_STREAM) || (b & H_STREAM) || raw_stream[i] < 0) FAIL_OUT;
-        if (last_ord < 0 || raw_stream[i] != last_stream) {
-            if (stream_ordinal(&st, raw_stream[i], o.streams, &last_ord) < 0) FAIL_OUT;
-            last_stream = raw_stream[i];
+        /* streams: ids of non-negative values (a negative one is bad: the reference's to judge), numbered
+         * here in order of first appearance in the trace */
+        if (!(h & H_STREAM) || (b & H_STREAM)) FAIL_OUT;
+        if (stream[i] != last_sid) {
+            last_sid = stream[i];
+            if (ord_of[last_sid] < 0) {
+                ord_of[last_sid] = n_ords++;
+                PyObject *x = PyLong_FromLongLong(ev->stream_raw[last_sid]);
+                int rc = x ? PyList_Append(o.streams, x) : -1;
+                Py_XDECREF(x);
+                if (rc < 0) FAIL_OUT;
+            }
+            last_ord = ord_of[last_sid];
         }
         stream[i] = last_ord;
         if (b & (H_TIME | H_FRAMES | H_CC | H_UM | H_POOL)) FAIL_OUT;
@@ -1923,18 +1931,10 @@ static PyObject *export_trace(P *p, Cont *t) {
             time[i] = 0;
             absent_time++;
         }
-        int32_t fr = cls[i];
-        cls[i] = -1;
-        if (fr >= 0) {
-            Cont *f = &p->conts[fr];
-            if (f->kind == C_SEQ) {
-                int32_t sq = f->ref;
-                cls[i] = p->seq_cls[sq];
-                counts[cls[i]]++;
-                mseq[m++] = sq;
-                sum_lens += p->seq_len[sq];
-            } else if (f->n != 0)
-                FAIL_OUT; /* a list of something other than frame dicts */
+        if (cls[i] >= 0) { /* still the frames list here (stack_order reads those): classes below */
+            counts[p->seq_cls[cls[i]]]++;
+            sum_lens += p->seq_len[cls[i]];
+            m++;
         }
         if ((flags[i] & (F_CC_DEFAULT | F_UM_DEFAULT)) != (F_CC_DEFAULT | F_UM_DEFAULT)) {
             int32_t si;
@@ -1943,9 +1943,12 @@ static PyObject *export_trace(P *p, Cont *t) {
             if (!(flags[i] & F_CC_DEFAULT) && text_pair(p, o.cc, i, x->cc_off, x->cc_len) < 0) FAIL_OUT;
             if (!(flags[i] & F_UM_DEFAULT) && text_pair(p, o.um, i, x->um_off, x->um_len) < 0) FAIL_OUT;
         }
-        if (pool[i] >= 0) {
+        if (flags[i] & F_POOL) {
             int32_t pr = pool[i];
-            any_pool = 1;
+            if (!any_pool) { /* the column was left unwritten where there is no pool: now it is needed */
+                any_pool = 1;
+                for (size_t j = 0; j < i; j++) pool[j] = -1;
+            }
             if (pool_rank[pr] < 0) {
                 pool_rank[pr] = n_pools++;
                 PyObject *pair = Py_BuildValue("(LL)", (long long)p->pool_a[pr], (long long)p->pool_b[pr]);
@@ -1954,22 +1957,24 @@ static PyObject *export_trace(P *p, Cont *t) {
                 if (rc < 0) FAIL_OUT;
             }
             pool[i] = pool_rank[pr];
-        }
+        } else if (any_pool)
+            pool[i] = -1;
     }
     /* The budget: this trace costs at least its events and frame references in the reference reader. */
     p->charged += (int64_t)n + sum_lens;
     if (p->charged > p->budget) FAIL_OUT;
-    if (stack_order(p, mseq, m, o.order) < 0) FAIL_OUT;
+    if (stack_order(p, cls, n, m, o.order) < 0) FAIL_OUT;
+    for (size_t i = 0; i < n; i++) cls[i] = cls[i] >= 0 ? p->seq_cls[cls[i]] : -1;
     for (int k = 0; k < XC_N; k++)
         if (!(o.cols[k] = column_slice(p, k, base, base + n))) FAIL_OUT;
     out = Py_BuildValue("(nOOOOOnOLOOOOOOO)", (Py_ssize_t)n, o.cols[XC_ACTION], o.cols[XC_ADDR], o.cols[XC_SIZE],
-                        o.ba_stream, o.cols[XC_TIME], (Py_ssize_t)absent_time, o.cols[XC_CLS], (long long)sum_lens,
-                        o.order, o.cc, o.um, any_pool ? o.cols[XC_POOL] : Py_None, o.pools, o.streams, o.counts);
+                        o.cols[XC_STREAM], o.cols[XC_TIME], (Py_ssize_t)absent_time, o.cols[XC_CLS],
+                        (long long)sum_lens, o.order, o.cc, o.um, any_pool ? o.cols[XC_POOL] : Py_None, o.pools,
+                        o.streams, o.counts);
 out:
     trace_out_free(&o);
     free(pool_rank);
-    free(mseq);
-    free(st.keys), free(st.ords), free(st.used);
+    free(ord_of);
     return out;
 }
 #undef FAIL_OUT
@@ -2191,6 +2196,7 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
     P p;
     memset(&p, 0, sizeof(p));
     for (int k = 0; k < 256; k++) p.key_off[k] = -1;
+    p.ev.last_sid = -1;
     give_up_line = 0;
     unsigned char *raw = NULL;
     size_t raw_n = (size_t)view.len;
@@ -2210,6 +2216,7 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
             map_init(&p.pool_map, 16) == 0 && map_init(&p.span_map, 1024) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
             (p.memo = calloc(sz / 32 + 1024, sizeof(uint32_t))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
             ev_grow(&p.ev, sz / 128 + 1024) == 0 && map_init(&p.ev.side_map, 16) == 0 &&
+            map_init(&p.ev.stream_map, 16) == 0 &&
             grow((void **)&p.stack, &p.scap, 4096, sizeof(Val)) == 0)
             ok = run(&p) == 0;
     }
