@@ -41,6 +41,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 
+#define SPAN_RECENT 4096
 /* Real snapshots nest 9 deep at most (root/segments/seg/blocks/block/history/h/frames/frame). */
 #define MAX_DEPTH 12
 /* Lists of up to PICKLER_BATCH - 1 items arrive in one APPENDS from a pickler; longer ones are
@@ -164,6 +165,7 @@ typedef struct {
     int memo_rewritten; /* a memo entry was overwritten (never by a pickler): the span cache is off */
     /* frames lists by their bytes (the GETs of the same memo entries): span_map hash -> index */
     Map span_map;
+    int32_t span_recent[SPAN_RECENT]; /* by a cheap key of a span's bytes: a span index + 1 to try first */
     int64_t *span_off;
     uint32_t *span_len;
     int32_t *span_seq;
@@ -284,13 +286,13 @@ static int map_grow(Map *m) {
     return 0;
 }
 /* Slot of key k (found or empty): plain integer keys, no collision compare needed. */
-static size_t map_slot(Map *m, uint64_t k) {
+static inline size_t map_slot(Map *m, uint64_t k) {
     uint64_t kk = k + 1;
     size_t j = mix(kk) & (m->cap - 1);
     while (m->keys[j] && m->keys[j] != kk) j = (j + 1) & (m->cap - 1);
     return j;
 }
-static int map_get(Map *m, uint64_t k, int32_t *out) {
+static inline int map_get(Map *m, uint64_t k, int32_t *out) {
     size_t j = map_slot(m, k);
     if (!m->keys[j]) return 0;
     *out = m->vals[j];
@@ -1274,13 +1276,30 @@ static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_o
     }
     if (n == 0 || buf[q] != 'e') return 0;
     size_t len = q - pos;
-    uint64_t h = 0;
+    /* first a cheap key of all the bytes (8 at a time, each word turned by its place, xored: no chain of
+     * multiplies) into recent spans; a full hash into span_map when that is not it */
+    uint64_t h = 0, f = len * 0x9e3779b97f4a7c15ULL, w;
+    size_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+        memcpy(&w, buf + pos + j, 8);
+        unsigned rot = (unsigned)(j * 7) & 63;
+        f ^= rot ? (w << rot) | (w >> (64 - rot)) : w;
+    }
+    w = 0;
+    memcpy(&w, buf + pos + j, len - j);
+    size_t r = (size_t)(mix(f ^ (w * 0xbf58476d1ce4e5b9ULL)) & (SPAN_RECENT - 1));
     if (!p->memo_rewritten) {
+        int32_t i = p->span_recent[r] - 1;
+        if (i >= 0 && p->span_len[i] == len && memcmp(buf + p->span_off[i], buf + pos, len) == 0) {
+            *sid = p->span_seq[i], *q_out = q, *n_out = n;
+            return 1;
+        }
         h = hash_bytes(buf + pos, len) & 0x7fffffffffffffffULL;
         for (;;) {
             int32_t i;
             if (!map_get(&p->span_map, h, &i)) break;
             if (p->span_len[i] == len && memcmp(buf + p->span_off[i], buf + pos, len) == 0) {
+                p->span_recent[r] = i + 1;
                 *sid = p->span_seq[i], *q_out = q, *n_out = n;
                 return 1;
             }
@@ -1315,6 +1334,7 @@ static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_o
         p->span_off[p->span_n] = (int64_t)pos;
         p->span_len[p->span_n] = (uint32_t)len;
         p->span_seq[p->span_n] = *sid;
+        p->span_recent[r] = (int32_t)p->span_n + 1;
         if (map_put(&p->span_map, h, (int32_t)p->span_n++) < 0) return GIVE_UP(-1);
     }
     *q_out = q, *n_out = n;
@@ -1373,6 +1393,15 @@ static int run(P *p) {
     do {                                                                                                          \
         if (__builtin_expect(pos >= stop_at, 0)) goto boundary;                                                   \
         goto *table[buf[pos++]];                                                                                  \
+    } while (0)
+/* A pickler memoizes every container and string it writes, straight after it: a direct jump to MEMOIZE
+ * (the same checks as DISPATCH's) instead of the table's. */
+#define MEMOIZE_NEXT()                                                                                            \
+    do {                                                                                                          \
+        if (__builtin_expect(pos < stop_at, 1) && buf[pos] == 0x94) {                                             \
+            pos++;                                                                                                \
+            goto op_memoize;                                                                                      \
+        }                                                                                                         \
     } while (0)
 #define SCALAR(K, X)                                                                                              \
     do {                                                                                                          \
@@ -1466,6 +1495,7 @@ new_container: {
     int64_t ci = cont_new(p, (uint8_t)idx);
     if (ci < 0) return -1;
     PUT(V_CONT, 0, 0, ci);
+    MEMOIZE_NEXT();
     DISPATCH();
 }
 op_binint1:
@@ -1529,6 +1559,7 @@ op_short_binunicode:
             /* every event's compile_context: pickled afresh each time */
             PUT(V_STR, K_NA, 3, (int64_t)pos);
             pos += 3;
+            MEMOIZE_NEXT();
             DISPATCH();
         }
         SYNC_OUT();
@@ -1568,6 +1599,7 @@ op_other: {
     DISPATCH();
 }
 #undef SCALAR
+#undef MEMOIZE_NEXT
 #undef DISPATCH
 #undef ARG
 #undef PUSH
