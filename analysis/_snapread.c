@@ -172,8 +172,7 @@ typedef struct {
     size_t span_n, span_cap;
     Val *over; /* memoized values that are neither containers nor known strings */
     size_t over_n, over_cap;
-    int64_t key_off[256]; /* per known string (K_*): where it was first met (-1: not yet), and its length */
-    uint32_t key_len[256];
+    Val key_val[256]; /* per known string (K_*): the first one met (kind V_EMPTY: none yet) */
     Cont *conts;
     size_t cn, ccap;
     FrameRec *frames;
@@ -1069,7 +1068,7 @@ static int memo_enc(P *p, const Val *v, uint32_t *out) {
         return 0;
     }
     if (v->kind == V_STR && v->key != K_NONE) {
-        if (p->key_off[v->key] < 0) p->key_off[v->key] = v->x, p->key_len[v->key] = v->len;
+        if (p->key_val[v->key].kind == V_EMPTY) p->key_val[v->key] = *v;
         *out = MEMO_KEY | v->key;
         return 0;
     }
@@ -1086,8 +1085,7 @@ static inline __attribute__((always_inline)) void memo_dec(const P *p, uint32_t 
     if (m < MEMO_KEY) {
         d->kind = V_CONT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - 1);
     } else if (m < MEMO_OVER) {
-        uint8_t k = (uint8_t)m;
-        d->kind = V_STR, d->key = k, d->pad = 0, d->len = p->key_len[k], d->x = p->key_off[k];
+        *d = p->key_val[(uint8_t)m];
     } else
         *d = p->over[m & ~MEMO_OVER];
 }
@@ -1447,7 +1445,7 @@ op_memoize:
         uint32_t m;
         if (top->kind == V_CONT && top->x < (int64_t)MEMO_KEY - 1)
             m = (uint32_t)top->x + 1;
-        else if (top->kind == V_STR && top->key != K_NONE && p->key_off[top->key] >= 0)
+        else if (top->kind == V_STR && top->key != K_NONE && p->key_val[top->key].kind == V_STR)
             m = MEMO_KEY | top->key;
         else if (memo_enc(p, top, &m) < 0)
             return -1;
@@ -2227,7 +2225,6 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
         return NULL;
     P p;
     memset(&p, 0, sizeof(p));
-    for (int k = 0; k < 256; k++) p.key_off[k] = -1;
     p.ev.last_sid = -1;
     give_up_line = 0;
     unsigned char *raw = NULL;
