@@ -2311,7 +2311,25 @@ static PyObject *py_give_up_line(PyObject *self, PyObject *args) { return PyLong
 
 static PyObject *py_inflater(PyObject *self, PyObject *args) { return PyUnicode_FromString(ld_gzip ? "libdeflate" : "zlib"); }
 
+/* remap(column, table): each int32 x of the writable buffer column becomes table[x] (x < 0: -1), in place:
+ * a trace's content classes into its stack ids, without numpy's copy. False (nothing changed) where a
+ * value is past the table or the buffers are not int32-sized. */
+static PyObject *py_remap(PyObject *self, PyObject *args) {
+    Py_buffer col, tab;
+    if (!PyArg_ParseTuple(args, "w*y*", &col, &tab)) return NULL;
+    int ok = col.len % 4 == 0 && tab.len % 4 == 0;
+    size_t n = (size_t)col.len / 4, t = (size_t)tab.len / 4;
+    int32_t *c = col.buf;
+    const int32_t *m = tab.buf;
+    for (size_t i = 0; ok && i < n; i++) ok = c[i] < 0 || (size_t)c[i] < t;
+    for (size_t i = 0; ok && i < n; i++) c[i] = c[i] < 0 ? -1 : m[c[i]];
+    PyBuffer_Release(&col);
+    PyBuffer_Release(&tab);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
+    {"remap", py_remap, METH_VARARGS, "remap(column, table) -> bool: int32 x -> table[x] (x < 0: -1), in place"},
     {"give_up_line", py_give_up_line, METH_NOARGS, "the C source line where the last parse gave up (0: it did not)"},
     {"inflater", py_inflater, METH_NOARGS, "what inflates a .gz: 'libdeflate' (where the machine has it) or 'zlib'"},
     {"parse", py_parse, METH_VARARGS,

@@ -178,7 +178,10 @@ class _ColumnsConverter(reader._Converter):
             sid_of = np.full(len(self.classes) + 1, -1, np.int32)  # the last one stands for "no frames"
             for c in order:
                 sid_of[c] = self.stack_of(self.proxy(c), where)
-            stack = sid_of[np.frombuffer(cls_b, np.int32)]
+            # sid_of[cls], written over the classes where the C side wrote them (numpy's take would copy
+            # them into a new array); remap refuses (and changes nothing) only values past the table.
+            cls = np.frombuffer(cls_b, np.int32)
+            stack = cls if _snapread.remap(cls_b, sid_of) else sid_of[cls]
             if self.stack_nodes:
                 # Each event charges its stack's nodes: counted per content class (one class, one stack).
                 counts = np.frombuffer(counts_b, np.int64)
