@@ -966,7 +966,8 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
  * Anything else in such a list would be given up on when it is exported (export_trace takes consecutive
  * records only, and an event is exported nowhere else): given up on now. */
 static int evlist_extend(P *p, Cont *c, const Val *items, size_t n) {
-    size_t first = (size_t)p->conts[items[0].x].ref, next = c->kind == C_EVLIST ? (size_t)c->ref + c->n : first;
+    /* (a C_LIST here starts with an event: list_extend checked its first item) */
+    size_t next = c->kind == C_EVLIST ? (size_t)c->ref + c->n : (size_t)p->conts[items[0].x].ref, first = next;
     if ((size_t)c->n + n > UINT32_MAX / 2) return GIVE_UP(-1);
     for (size_t i = 0; i < n; i++) {
         const Val *it = &items[i];
@@ -974,7 +975,7 @@ static int evlist_extend(P *p, Cont *c, const Val *items, size_t n) {
             return GIVE_UP(-1);
         if (consume(p, c, it) < 0) return GIVE_UP(-1);
     }
-    if (c->kind == C_LIST) c->kind = C_EVLIST, c->ref = (int32_t)first;
+    if (c->kind == C_LIST) c->kind = C_EVLIST, c->ref = (int32_t)first; /* (an EVLIST keeps its first) */
     c->n += (uint32_t)n;
     return 0;
 }

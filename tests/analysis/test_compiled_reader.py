@@ -261,6 +261,21 @@ def test_a_rewritten_memo_entry_is_read_as_the_unpickler_reads_it() -> None:
     assert differences(compiled, snap) == []
 
 
+@pytest.mark.parametrize("tail", [[2**40], [2**40, 3], [{"x": 1}], [[]]])
+def test_a_trace_list_of_events_then_something_else_goes_to_the_reference(tail: list[Any]) -> None:
+    """A trace list holds its events as a first record and a count: what follows them in a later batch of the
+    pickler (APPEND or APPENDS after 1000 events) is given up on, and the reference says what it is."""
+    snap = _variant("texts")
+    events = snap["device_traces"][0]
+    while len(events) < 1000:
+        events.extend(dict(e) for e in events[: 1000 - len(events)])
+    events.extend(tail)
+    data = pickle.dumps(snap, protocol=4)
+    assert fastread.read_compiled(data, ReadLimits()) is None
+    (c_kind, c_value), (p_kind, p_value) = outcome(data, True), outcome(data, False)
+    assert (c_kind, c_value if c_kind == "refused" else None) == (p_kind, p_value if p_kind == "refused" else None)
+
+
 HOSTILE = build_cases(Path("/nonexistent/canary"))  # the payloads never run here: nothing is unpickled by pickle
 
 
