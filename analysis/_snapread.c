@@ -178,8 +178,8 @@ typedef struct {
     FrameRec *frames;
     size_t fn, fcap;
     Events ev;
-    /* The event columns exported in place: action, addr, size, time, frames (as content classes), pool
-     * (as ordinals). Each is handed over to a Column the first time a trace needs it (its bit set in
+    /* The event columns exported in place (XC_*): action, addr, size, time, frames (as content classes), pool
+     * and stream (as ordinals). Each is handed over to a Column the first time a trace needs it (its bit set in
      * `handed`); from then on the Column frees it. */
     PyObject *xcol[XC_N];
     unsigned handed;
@@ -837,9 +837,8 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         if (v->kind == V_NONE) break;
         if (v->kind == V_CONT) {
             Cont *c = &p->conts[v->x];
-            const Val *it = ITEMS(p, c);
-            if ((c->kind == C_TUPLE || c->kind == C_LIST) && c->n == 2 && it[0].kind == V_INT &&
-                it[1].kind == V_INT) {
+            const Val *it = (c->kind == C_TUPLE || c->kind == C_LIST) && c->n == 2 ? ITEMS(p, c) : NULL;
+            if (it && it[0].kind == V_INT && it[1].kind == V_INT) {
                 int64_t a = it[0].x, b = it[1].x;
                 uint64_t h = mix((uint64_t)a * 31 + mix((uint64_t)b)) & 0x7fffffffffffffffULL;
                 for (;;) {
