@@ -700,14 +700,13 @@ static void ev_free(Events *ev, unsigned handed) {
     map_free(&ev->side_map);
 }
 
-/* A new event record (nothing present, the texts at their defaults): its index, or -1. */
+/* A new event record: its index, or -1. Its presence bits and flags are written by its first SETITEMS
+ * (event_pairs, which dict_set calls at once: nothing present, the texts at their defaults). */
 static int64_t ev_new(Events *ev) {
     if (ev->n >= INT32_MAX || (ev->n == ev->cap && ev_grow(ev, ev->n + 1) < 0)) return GIVE_UP(-1);
     size_t e = ev->n++;
-    ev->have[e] = ev->bad[e] = 0;
     ev->action[e] = 0;
     ev->frames[e] = -1;
-    ev->flags[e] = F_CC_DEFAULT | F_UM_DEFAULT;
     return (int64_t)e;
 }
 
@@ -875,11 +874,11 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
     return 0;
 }
 
-/* SETITEMS into event record c->ref (its values consumed into it as they are set). */
-static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n) {
+/* SETITEMS into event record c->ref (its values consumed into it as they are set); `fresh`: its first. */
+static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n, int fresh) {
     size_t e = (size_t)c->ref;
-    uint16_t have = p->ev.have[e], bad = p->ev.bad[e];
-    uint8_t flags = p->ev.flags[e];
+    uint16_t have = fresh ? 0 : p->ev.have[e], bad = fresh ? 0 : p->ev.bad[e];
+    uint8_t flags = fresh ? F_CC_DEFAULT | F_UM_DEFAULT : p->ev.flags[e];
     for (size_t i = 0; i < n; i++) {
         const Val *k = &pairs[2 * i], *v = &pairs[2 * i + 1];
         if (k->kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
@@ -913,10 +912,12 @@ static int frame_set(FrameRec *f, const Val *k, const Val *v) {
 static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     Cont *c = &p->conts[ci];
     if (c->sealed) return GIVE_UP(-1);
+    int fresh = 0;
     if (c->kind == C_DICT && c->n == 0 && n > 0) {
-        /* The first items decide what the dict is: an event (it has "action"), a frame, or anything else. */
-        int has_action = 0, frame_keys = n == 3, seen = 0;
-        for (size_t i = 0; i < n; i++) {
+        /* The first items decide what the dict is: an event (it has "action": torch writes it first), a
+         * frame, or anything else. */
+        int has_action = pairs[0].key == K_ACTION, frame_keys = n == 3, seen = 0;
+        for (size_t i = 0; i < n && !has_action; i++) {
             uint8_t k = pairs[2 * i].key;
             if (k == K_ACTION) has_action = 1;
             if (k != K_FILENAME && k != K_LINE && k != K_NAME) frame_keys = 0;
@@ -928,6 +929,7 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
             if (e < 0) return -1;
             c->kind = C_EVENT;
             c->ref = (int32_t)e;
+            fresh = 1;
         } else if (frame_keys) {
             if (grow((void **)&p->frames, &p->fcap, p->fn + 1, sizeof(FrameRec)) < 0) return GIVE_UP(-1);
             FrameRec *f = &p->frames[p->fn];
@@ -938,7 +940,7 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
             c->ref = (int32_t)p->fn++;
         }
     }
-    if (c->kind == C_EVENT) return event_pairs(p, c, pairs, n);
+    if (c->kind == C_EVENT) return event_pairs(p, c, pairs, n, fresh);
     for (size_t i = 0; i < n; i++) {
         if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
         if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
