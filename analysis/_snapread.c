@@ -459,7 +459,7 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n);
 /* A value goes into a container: it is sealed there (a pickler never changes a
  * container after writing it into another, so a later mutation means a hostile
  * or damaged file, and cycles cannot form without one); the parent's depth grows. */
-static int consume(P *p, Cont *parent, const Val *v) {
+static inline __attribute__((always_inline)) int consume(P *p, Cont *parent, const Val *v) {
     if (v->kind != V_CONT) return 0;
     Cont *c = &p->conts[v->x];
     if (c == parent) return GIVE_UP(-1); /* into itself: the one cycle an unsealed container allows */
