@@ -4,9 +4,14 @@
  *   -> None | (raw_len, root, frame_values, classes)
  *
  * It walks the opcodes of a `_dump_snapshot` pickle (optionally gunzipping it
- * first with zlib) and never builds the Python object graph of the trace: event
- * dicts become fixed records, frame dicts become (filename, line, name) records,
- * and frames lists become interned sequences of frame records. Only the small
+ * first, with libdeflate or zlib) and never builds the Python object graph of the
+ * trace: event dicts become rows of event columns (Events), which are the trace's
+ * columns themselves (finished in place by export_trace and handed to numpy by a
+ * Column), a trace list its first event and a count (C_EVLIST), frame dicts
+ * (filename, line, name) records, and frames lists interned sequences of frame
+ * records (span_seq: found by their bytes while the memo is not rewritten).
+ * parse(...)'s trace tuples are read by fastread._ColumnsConverter; remap(column,
+ * table) turns its content classes into stack ids in place. Only the small
  * rest of the file (the root dict, segments, blocks, annotations, settings) is
  * handed back as Python objects, for the reference converter in
  * analysis/reader.py to check and convert with its own code.
@@ -27,9 +32,11 @@
  *   - make_tuple():                       flat tuples only;
  *   - consume() / dict_set():             nesting depth (MAX_DEPTH), sealing, str keys;
  *   - frame_valid():                      frame dicts (filename str, line int, name str);
- *   - event_set():                        event keys as they are stored;
+ *   - event_set():                        event keys as they are stored (stream >= 0,
+ *                                         frames an interned or empty list);
+ *   - evlist_extend():                    trace lists: consecutive events only;
  *   - export_trace():                     per-event rules (action, addr, size,
- *                                         stream >= 0, time_us, frames, texts, pool_id)
+ *                                         stream, time_us, frames, texts, pool_id)
  *                                         and the expansion budget.
  * The rest of the file is checked by reader._Converter itself (fastread.py).
  */
