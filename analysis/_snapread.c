@@ -4,9 +4,14 @@
  *   -> None | (raw_len, root, frame_values, classes)
  *
  * It walks the opcodes of a `_dump_snapshot` pickle (optionally gunzipping it
- * first with zlib) and never builds the Python object graph of the trace: event
- * dicts become fixed records, frame dicts become (filename, line, name) records,
- * and frames lists become interned sequences of frame records. Only the small
+ * first, with libdeflate or zlib) and never builds the Python object graph of the
+ * trace: event dicts become rows of event columns (Events), which are the trace's
+ * columns themselves (finished in place by export_trace and handed to numpy by a
+ * Column), a trace list its first event and a count (C_EVLIST), frame dicts
+ * (filename, line, name) records, and frames lists interned sequences of frame
+ * records (span_seq: found by their bytes while the memo is not rewritten).
+ * parse(...)'s trace tuples are read by fastread._ColumnsConverter; remap(column,
+ * table) turns its content classes into stack ids in place. Only the small
  * rest of the file (the root dict, segments, blocks, annotations, settings) is
  * handed back as Python objects, for the reference converter in
  * analysis/reader.py to check and convert with its own code.
@@ -27,9 +32,11 @@
  *   - make_tuple():                       flat tuples only;
  *   - consume() / dict_set():             nesting depth (MAX_DEPTH), sealing, str keys;
  *   - frame_valid():                      frame dicts (filename str, line int, name str);
- *   - event_set():                        event keys as they are stored;
+ *   - event_set():                        event keys as they are stored (stream >= 0,
+ *                                         frames an interned or empty list);
+ *   - evlist_extend():                    trace lists: consecutive events only;
  *   - export_trace():                     per-event rules (action, addr, size,
- *                                         stream >= 0, time_us, frames, texts, pool_id)
+ *                                         stream, time_us, frames, texts, pool_id)
  *                                         and the expansion budget.
  * The rest of the file is checked by reader._Converter itself (fastread.py).
  */
@@ -41,6 +48,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 
+#define SPAN_RECENT 4096
 /* Real snapshots nest 9 deep at most (root/segments/seg/blocks/block/history/h/frames/frame). */
 #define MAX_DEPTH 12
 /* Lists of up to PICKLER_BATCH - 1 items arrive in one APPENDS from a pickler; longer ones are
@@ -50,7 +58,7 @@
 /* V_UINT: an int in [2**63, 2**64) (x holds its bits). Torch writes 2**64 - 1 as the line of frames
  * without one; the Python reader takes any int there, and nowhere else an int past int64. */
 enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT };
-enum { C_LIST = 1, C_SEQ, C_DICT, C_TUPLE, C_FRAME, C_EVENT };
+enum { C_LIST = 1, C_SEQ, C_DICT, C_TUPLE, C_FRAME, C_EVENT, C_EVLIST };
 
 /* Known strings: dict keys and values the schema looks at. */
 enum {
@@ -70,16 +78,25 @@ typedef struct {
     int64_t x;    /* int value, float bits, string offset, container index */
 } Val;
 
+/* 12 bytes: a file has millions (one per event dict and per frames list). */
 typedef struct {
     uint8_t kind;
     uint8_t sealed;
     uint8_t depth;
     uint8_t pad;
     uint32_t n;
-    uint32_t cap;
-    int32_t ref; /* C_SEQ: seq id; C_FRAME: frame record; C_EVENT: event record */
-    Val *items;  /* C_LIST/C_TUPLE: n values; C_DICT: n pairs (2n values) */
+    /* C_SEQ: seq id; C_FRAME: frame record; C_EVENT: event record; C_EVLIST: its first event record (its
+     * items are the n records from there: a trace list); C_LIST/C_TUPLE/C_DICT: the slot of its
+     * items (C_LIST/C_TUPLE: n values; C_DICT: n pairs, 2n values), -1 while it has none */
+    int32_t ref;
 } Cont;
+
+/* The items of a container that holds values (few do: most are events, frames and frames lists). */
+typedef struct {
+    Val *items;
+    size_t cap;
+} Slot;
+#define ITEMS(p, c) ((c)->ref >= 0 ? (p)->slots[(c)->ref].items : NULL)
 
 typedef struct {
     Val filename, line, name;
@@ -99,23 +116,49 @@ typedef struct {
 #define H_UM 128
 #define H_POOL 256
 #define H_DFREE 512
-/* "bad" bits: present but not of the shape the trace needs */
+enum { XC_ACTION, XC_ADDR, XC_SIZE, XC_TIME, XC_CLS, XC_POOL, XC_STREAM, XC_N };
+
+/* flags of an event record */
+#define F_CC_DEFAULT 1
+#define F_UM_DEFAULT 2
+#define F_TIME_NONE 4
+#define F_POOL 8 /* pool[e] holds its pool pair (the column is written only then: most events have none) */
+/* What an event record needs rarely: device_free (OOM events) and texts that are not the defaults. */
 typedef struct {
-    int64_t addr, size, stream, time, dfree;
-    int32_t frames; /* container index, -1 absent */
-    int32_t pool;   /* pool pair id, -1 None/absent */
+    int64_t dfree;
     int64_t cc_off, um_off;
     uint32_t cc_len, um_len;
-    uint16_t have, bad;
-    int8_t action;
-    uint8_t cc_default, um_default, time_none;
-} EvRec;
+} EvSide;
 
 typedef struct {
     uint64_t *keys;
     int32_t *vals;
     size_t cap, n;
 } Map; /* open addressing, key 0 reserved: keys are stored +1 */
+
+/* Event records, a column per field (the trace's columns themselves: a trace whose records are
+ * consecutive is exported in place, without a copy). `bad` bits: present but not of the shape the
+ * trace needs. A value is only read where its `have` bit is set and its `bad` bit clear. */
+typedef struct {
+    int8_t *action;
+    int64_t *addr, *size, *time;
+    int32_t *stream; /* the stream's id among all the file's streams (stream_raw) */
+    int32_t *frames; /* interned frames list (sequence id), -1 absent or empty */
+    int32_t *pool;   /* pool pair id where F_POOL */
+    uint16_t *have, *bad;
+    uint8_t *flags;
+    size_t n, cap;
+    /* streams (cudaStream_t values) by first appearance in the file: raw value <-> id */
+    Map stream_map;
+    int64_t *stream_raw;
+    size_t stream_n, stream_cap;
+    int64_t last_raw; /* the last one looked up, and its id (-1: none yet) */
+    int32_t last_sid;
+    size_t exported; /* records below this were handed over (changed in place): never exported again */
+    Map side_map;    /* record -> index in side */
+    EvSide *side;
+    size_t side_n, side_cap;
+} Events;
 
 typedef struct {
     const unsigned char *buf;
@@ -124,14 +167,29 @@ typedef struct {
     size_t sn, scap;
     size_t *marks;
     size_t mn, mcap;
-    Val *memo;
+    uint32_t *memo; /* MEMO_* encoded values (see memo_enc) */
     size_t memo_cap, memo_len;
+    int memo_rewritten; /* a memo entry was overwritten (never by a pickler): the span cache is off */
+    /* frames lists by their bytes (the GETs of the same memo entries): span_map hash -> index */
+    Map span_map;
+    int32_t span_recent[SPAN_RECENT]; /* by a cheap key of a span's bytes: a span index + 1 to try first */
+    int64_t *span_off;
+    uint32_t *span_len;
+    int32_t *span_seq;
+    size_t span_n, span_cap;
+    Val *over; /* memoized values that are neither containers nor known strings */
+    size_t over_n, over_cap;
+    Val key_val[256]; /* per known string (K_*): the first one met (kind V_EMPTY: none yet) */
     Cont *conts;
     size_t cn, ccap;
     FrameRec *frames;
     size_t fn, fcap;
-    EvRec *events;
-    size_t en, ecap;
+    Events ev;
+    /* The event columns exported in place (XC_*): action, addr, size, time, frames (as content classes), pool
+     * and stream (as ordinals). Each is handed over to a Column the first time a trace needs it (its bit set in
+     * `handed`); from then on the Column frees it. */
+    PyObject *xcol[XC_N];
+    unsigned handed;
     /* frame-record sequences (frames lists) */
     int32_t *seqpool;
     size_t sp_n, sp_cap;
@@ -156,8 +214,8 @@ typedef struct {
     Map pool_map;
     PyObject **cache;  /* exported Python object per container */
     PyObject **fcache; /* exported Python dict per frame record */
-    int32_t *owners;   /* containers that allocated items (freed at the end; most hold none) */
-    size_t on, ocap;
+    Slot *slots; /* the items of containers (see Cont.ref) */
+    size_t sl_n, sl_cap;
     int64_t budget, charged;
 } P;
 
@@ -234,13 +292,13 @@ static int map_grow(Map *m) {
     return 0;
 }
 /* Slot of key k (found or empty): plain integer keys, no collision compare needed. */
-static size_t map_slot(Map *m, uint64_t k) {
+static inline size_t map_slot(Map *m, uint64_t k) {
     uint64_t kk = k + 1;
     size_t j = mix(kk) & (m->cap - 1);
     while (m->keys[j] && m->keys[j] != kk) j = (j + 1) & (m->cap - 1);
     return j;
 }
-static int map_get(Map *m, uint64_t k, int32_t *out) {
+static inline int map_get(Map *m, uint64_t k, int32_t *out) {
     size_t j = map_slot(m, k);
     if (!m->keys[j]) return 0;
     *out = m->vals[j];
@@ -356,38 +414,49 @@ static inline __attribute__((always_inline)) int push(P *p, Val v) {
 
 static size_t fence(P *p) { return p->mn ? p->marks[p->mn - 1] : 0; }
 
-static int new_cont(P *p, uint8_t kind, Val *out) {
-    if (p->cn == p->ccap && grow((void **)&p->conts, &p->ccap, p->cn + 1, sizeof(Cont)) < 0) return GIVE_UP(-1);
+/* A new container: its index, or -1 to give up. */
+static inline __attribute__((always_inline)) int64_t cont_new(P *p, uint8_t kind) {
+    if (__builtin_expect(p->cn == p->ccap, 0) && grow((void **)&p->conts, &p->ccap, p->cn + 1, sizeof(Cont)) < 0)
+        return GIVE_UP(-1);
     if (p->cn >= INT32_MAX) return GIVE_UP(-1);
     Cont *c = &p->conts[p->cn];
     memset(c, 0, sizeof(*c));
     c->kind = kind;
     c->depth = 1;
     c->ref = -1;
+    return (int64_t)p->cn++;
+}
+
+static int new_cont(P *p, uint8_t kind, Val *out) {
+    int64_t ci = cont_new(p, kind);
+    if (ci < 0) return -1;
     out->kind = V_CONT;
     out->key = 0;
+    out->pad = 0;
     out->len = 0;
-    out->x = (int64_t)p->cn++;
+    out->x = ci;
     return 0;
 }
 
-/* c->items of container ci grows to hold `need` values (recording ci as an owner the first time). */
+/* The items of container ci (a list, tuple or dict) grow to hold `need` values (a slot made the first time). */
 static int items_grow(P *p, int64_t ci, size_t need) {
     Cont *c = &p->conts[ci];
-    size_t cap = c->cap;
-    if (!c->items) {
-        if (grow((void **)&p->owners, &p->ocap, p->on + 1, sizeof(int32_t)) < 0) return GIVE_UP(-1);
-        p->owners[p->on++] = (int32_t)ci;
+    if (c->ref < 0) {
+        if (p->sl_n >= INT32_MAX || grow((void **)&p->slots, &p->sl_cap, p->sl_n + 1, sizeof(Slot)) < 0)
+            return GIVE_UP(-1);
+        p->slots[p->sl_n].items = NULL;
+        p->slots[p->sl_n].cap = 0;
+        c->ref = (int32_t)p->sl_n++;
     }
-    if (need > UINT32_MAX / 2 || grow((void **)&c->items, &cap, need, sizeof(Val)) < 0) return GIVE_UP(-1);
-    c->cap = (uint32_t)cap;
+    Slot *sl = &p->slots[c->ref];
+    if (need > UINT32_MAX / 2 || grow((void **)&sl->items, &sl->cap, need, sizeof(Val)) < 0) return GIVE_UP(-1);
     return 0;
 }
 
 static int cont_append(P *p, int64_t ci, const Val *v, size_t k) {
     if (items_grow(p, ci, (size_t)p->conts[ci].n + k) < 0) return -1;
     Cont *c = &p->conts[ci];
-    memcpy(c->items + c->n, v, k * sizeof(Val));
+    memcpy(ITEMS(p, c) + c->n, v, k * sizeof(Val));
     c->n += (uint32_t)k;
     return 0;
 }
@@ -397,12 +466,12 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n);
 /* A value goes into a container: it is sealed there (a pickler never changes a
  * container after writing it into another, so a later mutation means a hostile
  * or damaged file, and cycles cannot form without one); the parent's depth grows. */
-static int consume(P *p, Cont *parent, const Val *v) {
+static inline __attribute__((always_inline)) int consume(P *p, Cont *parent, const Val *v) {
     if (v->kind != V_CONT) return 0;
     Cont *c = &p->conts[v->x];
     if (c == parent) return GIVE_UP(-1); /* into itself: the one cycle an unsealed container allows */
     if (!c->sealed && c->kind == C_LIST && c->n >= PICKLER_BATCH) {
-        if (try_seq(p, c, c->items, c->n) < 0) return GIVE_UP(-1);
+        if (try_seq(p, c, ITEMS(p, c), c->n) < 0) return GIVE_UP(-1);
         c = &p->conts[v->x];
     }
     c->sealed = 1;
@@ -574,9 +643,12 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n) {
     int32_t s;
     int rc = seq_intern(p, items, n, &s);
     if (rc == 1) {
-        free(list->items);
-        list->items = NULL;
-        list->cap = 0;
+        if (list->ref >= 0) {
+            Slot *sl = &p->slots[list->ref];
+            free(sl->items);
+            sl->items = NULL;
+            sl->cap = 0;
+        }
         list->kind = C_SEQ;
         list->ref = s;
         list->n = (uint32_t)n;
@@ -591,79 +663,196 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n) {
 /* ------------------------------------------------------------------------- */
 /* dicts: generic pairs, event records, frame records                          */
 
-static inline __attribute__((always_inline)) int event_set(P *p, EvRec *e, const Val *k, const Val *v) {
+/* Room for `need` event records in every column (the capacity moves only once all have it). */
+static int ev_grow(Events *ev, size_t need) {
+    if (need <= ev->cap) return 0;
+    size_t c = ev->cap ? ev->cap : 1024;
+    while (c < need) c *= 2;
+#define EV_COL(F)                                                                                                 \
+    do {                                                                                                          \
+        void *q_ = realloc(ev->F, c * sizeof(*ev->F));                                                            \
+        if (!q_) return GIVE_UP(-1);                                                                              \
+        ev->F = q_;                                                                                               \
+    } while (0)
+    EV_COL(action);
+    EV_COL(addr);
+    EV_COL(size);
+    EV_COL(stream);
+    EV_COL(time);
+    EV_COL(frames);
+    EV_COL(pool);
+    EV_COL(have);
+    EV_COL(bad);
+    EV_COL(flags);
+#undef EV_COL
+    ev->cap = c;
+    return 0;
+}
+
+/* The columns not handed over to a Column (bit XC_* of `handed` set: that one frees it). */
+static void ev_free(Events *ev, unsigned handed) {
+    if (!(handed & 1u << XC_ACTION)) free(ev->action);
+    if (!(handed & 1u << XC_ADDR)) free(ev->addr);
+    if (!(handed & 1u << XC_SIZE)) free(ev->size);
+    if (!(handed & 1u << XC_TIME)) free(ev->time);
+    if (!(handed & 1u << XC_CLS)) free(ev->frames);
+    if (!(handed & 1u << XC_POOL)) free(ev->pool);
+    if (!(handed & 1u << XC_STREAM)) free(ev->stream);
+    free(ev->stream_raw);
+    map_free(&ev->stream_map);
+    free(ev->have);
+    free(ev->bad);
+    free(ev->flags);
+    free(ev->side);
+    map_free(&ev->side_map);
+}
+
+/* A new event record: its index, or -1. Its presence bits and flags are written by its first SETITEMS
+ * (event_pairs, which dict_set calls at once: nothing present, the texts at their defaults). */
+static int64_t ev_new(Events *ev) {
+    if (ev->n >= INT32_MAX || (ev->n == ev->cap && ev_grow(ev, ev->n + 1) < 0)) return GIVE_UP(-1);
+    size_t e = ev->n++;
+    ev->action[e] = 0;
+    ev->frames[e] = -1;
+    return (int64_t)e;
+}
+
+/* The side record of event e (made on first use); NULL to give up. */
+static EvSide *ev_side(Events *ev, size_t e) {
+    int32_t i;
+    if (map_get(&ev->side_map, e, &i)) return &ev->side[i];
+    if (ev->side_n >= INT32_MAX || grow((void **)&ev->side, &ev->side_cap, ev->side_n + 1, sizeof(EvSide)) < 0)
+        return GIVE_UP(NULL);
+    if (map_put(&ev->side_map, e, (int32_t)ev->side_n) < 0) return GIVE_UP(NULL);
+    EvSide *x = &ev->side[ev->side_n++];
+    memset(x, 0, sizeof(*x));
+    return x;
+}
+
+/* The id of stream value raw (>= 0) among the file's streams (a new one gets the next); -1 to give up. */
+static int32_t stream_id(Events *ev, int64_t raw) {
+    if (ev->last_sid >= 0 && raw == ev->last_raw) return ev->last_sid;
+    int32_t id;
+    if (!map_get(&ev->stream_map, (uint64_t)raw, &id)) {
+        if (ev->stream_n >= INT32_MAX ||
+            grow((void **)&ev->stream_raw, &ev->stream_cap, ev->stream_n + 1, sizeof(int64_t)) < 0)
+            return GIVE_UP(-1);
+        id = (int32_t)ev->stream_n;
+        if (map_put(&ev->stream_map, (uint64_t)raw, id) < 0) return GIVE_UP(-1);
+        ev->stream_raw[ev->stream_n++] = raw;
+    }
+    ev->last_raw = raw, ev->last_sid = id;
+    return id;
+}
+
+/* One key of event e. Its presence bits and flags are the caller's locals (written back once per SETITEMS):
+ * stores through a uint8_t would make the compiler reload every column pointer after them. */
+static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const Val *k, const Val *v,
+                                                           uint16_t *have, uint16_t *bad, uint8_t *flags) {
+    Events *ev = &p->ev;
     switch (k->key) {
     case K_ACTION:
-        e->have |= H_ACTION;
+        *have |= H_ACTION;
         if (v->kind == V_STR && v->key >= K_ACT0 && v->key < K_ACT0 + 9) {
-            e->action = (int8_t)(v->key - K_ACT0);
-            e->bad &= ~H_ACTION;
+            ev->action[e] = (int8_t)(v->key - K_ACT0);
+            *bad &= ~H_ACTION;
         } else
-            e->bad |= H_ACTION;
+            *bad |= H_ACTION;
         break;
 #define INTSLOT(KEY, BIT, FIELD, NONNEG)                                                                          \
     case KEY:                                                                                                     \
-        e->have |= BIT;                                                                                           \
+        *have |= BIT;                                                                                       \
         if (v->kind == V_INT && (!(NONNEG) || v->x >= 0)) {                                                       \
-            e->FIELD = v->x;                                                                                      \
-            e->bad &= ~BIT;                                                                                       \
+            ev->FIELD[e] = v->x;                                                                                  \
+            *bad &= ~BIT;                                                                                   \
         } else                                                                                                    \
-            e->bad |= BIT;                                                                                        \
+            *bad |= BIT;                                                                                    \
         break;
         INTSLOT(K_ADDR, H_ADDR, addr, 1)
         INTSLOT(K_SIZE, H_SIZE, size, 1)
-        INTSLOT(K_STREAM, H_STREAM, stream, 0)
-        INTSLOT(K_DFREE, H_DFREE, dfree, 1)
 #undef INTSLOT
+    case K_STREAM:
+        *have |= H_STREAM;
+        /* a negative stream is the reference's to judge: never exported */
+        if (v->kind == V_INT && v->x >= 0) {
+            int32_t id = stream_id(ev, v->x);
+            if (id < 0) return -1;
+            ev->stream[e] = id;
+            *bad &= ~H_STREAM;
+        } else
+            *bad |= H_STREAM;
+        break;
+    case K_DFREE:
+        *have |= H_DFREE;
+        if (v->kind == V_INT && v->x >= 0) {
+            EvSide *x = ev_side(ev, e);
+            if (!x) return -1;
+            x->dfree = v->x;
+            *bad &= ~H_DFREE;
+        } else
+            *bad |= H_DFREE;
+        break;
     case K_TIME:
-        e->have |= H_TIME;
-        e->bad &= ~H_TIME;
-        e->time_none = 0;
+        *have |= H_TIME;
+        *bad &= ~H_TIME;
+        *flags &= ~F_TIME_NONE;
         if (v->kind == V_INT)
-            e->time = v->x;
+            ev->time[e] = v->x;
         else if (v->kind == V_NONE)
-            e->time_none = 1; /* None counts as absent, as in the Python reader */
+            *flags |= F_TIME_NONE; /* None counts as absent, as in the Python reader */
         else
-            e->bad |= H_TIME;
+            *bad |= H_TIME;
         break;
     case K_FRAMES:
-        e->have |= H_FRAMES;
-        e->bad &= ~H_FRAMES;
-        if (v->kind == V_CONT && (p->conts[v->x].kind == C_SEQ || p->conts[v->x].kind == C_LIST))
-            e->frames = (int32_t)v->x;
-        else
-            e->bad |= H_FRAMES;
+        /* The value was consumed (sealed) already: what it holds is final. A frames list of frame dicts
+         * is an interned sequence by now; an empty list means no frames; anything else is bad. */
+        *have |= H_FRAMES;
+        *bad &= ~H_FRAMES;
+        ev->frames[e] = -1;
+        if (v->kind == V_CONT && p->conts[v->x].kind == C_SEQ)
+            ev->frames[e] = p->conts[v->x].ref;
+        else if (!(v->kind == V_CONT && p->conts[v->x].kind == C_LIST && p->conts[v->x].n == 0))
+            *bad |= H_FRAMES;
         break;
     case K_CC:
     case K_UM: {
-        uint16_t bit = k->key == K_CC ? H_CC : H_UM;
-        e->have |= bit;
-        e->bad &= ~bit;
+        int cc = k->key == K_CC;
+        uint16_t bit = cc ? H_CC : H_UM;
+        uint8_t def = cc ? F_CC_DEFAULT : F_UM_DEFAULT;
+        *have |= bit;
+        *bad &= ~bit;
         if (v->kind != V_STR) {
-            e->bad |= bit;
-        } else if (bit == H_CC) {
-            e->cc_off = v->x, e->cc_len = v->len, e->cc_default = v->key == K_NA;
+            *bad |= bit;
+        } else if (v->key == (cc ? K_NA : K_EMPTYSTR)) {
+            *flags |= def;
         } else {
-            e->um_off = v->x, e->um_len = v->len, e->um_default = v->key == K_EMPTYSTR;
+            EvSide *x = ev_side(ev, e);
+            if (!x) return -1;
+            *flags &= ~def;
+            if (cc)
+                x->cc_off = v->x, x->cc_len = v->len;
+            else
+                x->um_off = v->x, x->um_len = v->len;
         }
         break;
     }
     case K_POOL:
-        e->have |= H_POOL;
-        e->bad &= ~H_POOL;
-        e->pool = -1;
+        *have |= H_POOL;
+        *bad &= ~H_POOL;
+        *flags &= ~F_POOL;
         if (v->kind == V_NONE) break;
         if (v->kind == V_CONT) {
             Cont *c = &p->conts[v->x];
-            if ((c->kind == C_TUPLE || c->kind == C_LIST) && c->n == 2 && c->items[0].kind == V_INT &&
-                c->items[1].kind == V_INT) {
-                int64_t a = c->items[0].x, b = c->items[1].x;
+            const Val *it = (c->kind == C_TUPLE || c->kind == C_LIST) && c->n == 2 ? ITEMS(p, c) : NULL;
+            if (it && it[0].kind == V_INT && it[1].kind == V_INT) {
+                int64_t a = it[0].x, b = it[1].x;
                 uint64_t h = mix((uint64_t)a * 31 + mix((uint64_t)b)) & 0x7fffffffffffffffULL;
                 for (;;) {
                     int32_t id;
                     if (!map_get(&p->pool_map, h, &id)) break;
                     if (p->pool_a[id] == a && p->pool_b[id] == b) {
-                        e->pool = id;
+                        ev->pool[e] = id;
+                        *flags |= F_POOL;
                         return 0;
                     }
                     h = (h + 1) & 0x7fffffffffffffffULL;
@@ -679,15 +868,32 @@ static inline __attribute__((always_inline)) int event_set(P *p, EvRec *e, const
                 p->pool_a[p->pool_n] = a;
                 p->pool_b[p->pool_n] = b;
                 if (map_put(&p->pool_map, h, (int32_t)p->pool_n) < 0) return GIVE_UP(-1);
-                e->pool = (int32_t)p->pool_n++;
+                ev->pool[e] = (int32_t)p->pool_n++;
+                *flags |= F_POOL;
                 return 0;
             }
         }
-        e->bad |= H_POOL;
+        *bad |= H_POOL;
         break;
     default:
         break; /* unknown keys are never looked at, as in the Python reader */
     }
+    return 0;
+}
+
+/* SETITEMS into event record c->ref (its values consumed into it as they are set); `fresh`: its first. */
+static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n, int fresh) {
+    size_t e = (size_t)c->ref;
+    uint16_t have = fresh ? 0 : p->ev.have[e], bad = fresh ? 0 : p->ev.bad[e];
+    uint8_t flags = fresh ? F_CC_DEFAULT | F_UM_DEFAULT : p->ev.flags[e];
+    for (size_t i = 0; i < n; i++) {
+        const Val *k = &pairs[2 * i], *v = &pairs[2 * i + 1];
+        if (k->kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
+        if (v->kind == V_CONT && consume(p, c, v) < 0) return GIVE_UP(-1);
+        if (event_set(p, e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
+    }
+    p->ev.have[e] = have, p->ev.bad[e] = bad, p->ev.flags[e] = flags;
+    c->n += (uint32_t)n;
     return 0;
 }
 
@@ -713,14 +919,12 @@ static int frame_set(FrameRec *f, const Val *k, const Val *v) {
 static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     Cont *c = &p->conts[ci];
     if (c->sealed) return GIVE_UP(-1);
-    for (size_t i = 0; i < n; i++) {
-        if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
-    }
+    int fresh = 0;
     if (c->kind == C_DICT && c->n == 0 && n > 0) {
-        /* The first items decide what the dict is: an event (it has "action"), a frame, or anything else. */
-        int has_action = 0, frame_keys = n == 3, seen = 0;
-        for (size_t i = 0; i < n; i++) {
+        /* The first items decide what the dict is: an event (it has "action": torch writes it first), a
+         * frame, or anything else. */
+        int has_action = pairs[0].key == K_ACTION, frame_keys = n == 3, seen = 0;
+        for (size_t i = 0; i < n && !has_action; i++) {
             uint8_t k = pairs[2 * i].key;
             if (k == K_ACTION) has_action = 1;
             if (k != K_FILENAME && k != K_LINE && k != K_NAME) frame_keys = 0;
@@ -728,15 +932,11 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
         }
         if (seen != 7) frame_keys = 0;
         if (has_action) {
-            if (grow((void **)&p->events, &p->ecap, p->en + 1, sizeof(EvRec)) < 0) return GIVE_UP(-1);
-            EvRec *e = &p->events[p->en];
-            memset(e, 0, sizeof(*e));
-            e->frames = -1;
-            e->pool = -1;
-            e->cc_default = 1;
-            e->um_default = 1;
+            int64_t e = ev_new(&p->ev);
+            if (e < 0) return -1;
             c->kind = C_EVENT;
-            c->ref = (int32_t)p->en++;
+            c->ref = (int32_t)e;
+            fresh = 1;
         } else if (frame_keys) {
             if (grow((void **)&p->frames, &p->fcap, p->fn + 1, sizeof(FrameRec)) < 0) return GIVE_UP(-1);
             FrameRec *f = &p->frames[p->fn];
@@ -747,11 +947,10 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
             c->ref = (int32_t)p->fn++;
         }
     }
-    if (c->kind == C_EVENT) {
-        for (size_t i = 0; i < n; i++)
-            if (event_set(p, &p->events[c->ref], &pairs[2 * i], &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
-        c->n += (uint32_t)n;
-        return 0;
+    if (c->kind == C_EVENT) return event_pairs(p, c, pairs, n, fresh);
+    for (size_t i = 0; i < n; i++) {
+        if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
+        if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
     }
     if (c->kind == C_FRAME) {
         FrameRec *f = &p->frames[c->ref];
@@ -765,15 +964,36 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
         if (pairs[2 * i].key == K_ACTION) return GIVE_UP(-1); /* an event-like dict built oddly */
     if (items_grow(p, ci, 2 * ((size_t)c->n + n)) < 0) return -1;
     c = &p->conts[ci];
-    memcpy(c->items + 2 * (size_t)c->n, pairs, 2 * n * sizeof(Val));
+    memcpy(ITEMS(p, c) + 2 * (size_t)c->n, pairs, 2 * n * sizeof(Val));
+    c->n += (uint32_t)n;
+    return 0;
+}
+
+/* Items into a list that starts with an event: a trace list, whose items must be consecutive event records (a
+ * pickler writes each event dict as it appends it). It keeps the first record and the count, not the items.
+ * Anything else in such a list would be given up on when it is exported (export_trace takes consecutive
+ * records only, and an event is exported nowhere else): given up on now. */
+static int evlist_extend(P *p, Cont *c, const Val *items, size_t n) {
+    /* (a C_LIST here starts with an event: list_extend checked its first item) */
+    size_t next = c->kind == C_EVLIST ? (size_t)c->ref + c->n : (size_t)p->conts[items[0].x].ref, first = next;
+    if ((size_t)c->n + n > UINT32_MAX / 2) return GIVE_UP(-1);
+    for (size_t i = 0; i < n; i++) {
+        const Val *it = &items[i];
+        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT || (size_t)p->conts[it->x].ref != next + i)
+            return GIVE_UP(-1);
+        if (consume(p, c, it) < 0) return GIVE_UP(-1);
+    }
+    if (c->kind == C_LIST) c->kind = C_EVLIST, c->ref = (int32_t)first; /* (an EVLIST keeps its first) */
     c->n += (uint32_t)n;
     return 0;
 }
 
 static int list_extend(P *p, int64_t ci, const Val *items, size_t n) {
     Cont *c = &p->conts[ci];
-    if (c->sealed || c->kind != C_LIST) return GIVE_UP(-1); /* a C_SEQ is never added to by a pickler */
+    if (c->sealed || (c->kind != C_LIST && c->kind != C_EVLIST)) return GIVE_UP(-1); /* a C_SEQ is never added to */
     if (n == 0) return 0;
+    if (c->kind == C_EVLIST || (c->n == 0 && items[0].kind == V_CONT && p->conts[items[0].x].kind == C_EVENT))
+        return evlist_extend(p, c, items, n);
     if (c->n == 0 && n < PICKLER_BATCH) {
         /* The frames list of an event: frame dicts in, an interned sequence out (valid frames hold
          * scalars only: depth 2). */
@@ -845,20 +1065,58 @@ static uint32_t rd32(const unsigned char *s) {
 }
 static uint64_t rd64(const unsigned char *s) { return (uint64_t)rd32(s) | (uint64_t)rd32(s + 4) << 32; }
 
+/* A memo entry in 4 bytes (the memo holds an entry per container and per string a file memoizes: millions):
+ * 0 empty; 1..MEMO_KEY-1 the container index + 1; MEMO_KEY | k a known string K_* (all of them have the
+ * same bytes: the first one met stands for every one); MEMO_OVER | i the value over[i], anything else. */
+#define MEMO_KEY 0x80000000u
+#define MEMO_OVER 0xC0000000u
+
+static int memo_enc(P *p, const Val *v, uint32_t *out) {
+    if (v->kind == V_CONT && v->x < (int64_t)MEMO_KEY - 1) {
+        *out = (uint32_t)v->x + 1;
+        return 0;
+    }
+    if (v->kind == V_STR && v->key != K_NONE) {
+        if (p->key_val[v->key].kind == V_EMPTY) p->key_val[v->key] = *v;
+        *out = MEMO_KEY | v->key;
+        return 0;
+    }
+    if (p->over_n >= (MEMO_KEY >> 1) || grow((void **)&p->over, &p->over_cap, p->over_n + 1, sizeof(Val)) < 0)
+        return GIVE_UP(-1);
+    p->over[p->over_n] = *v;
+    *out = MEMO_OVER | (uint32_t)p->over_n++;
+    return 0;
+}
+
+/* The value of a non-empty memo entry, written straight into its slot (not through a temporary: a 16-byte
+ * load of fields just stored one by one stalls). */
+static inline __attribute__((always_inline)) void memo_dec(const P *p, uint32_t m, Val *d) {
+    if (m < MEMO_KEY) {
+        d->kind = V_CONT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - 1);
+    } else if (m < MEMO_OVER) {
+        *d = p->key_val[(uint8_t)m];
+    } else
+        *d = p->over[m & ~MEMO_OVER];
+}
+
 static int memo_put(P *p, size_t idx) {
     if (p->sn <= fence(p)) return GIVE_UP(-1);
     /* the pickler numbers its memo 0, 1, 2...: a far index is a hostile file */
     if (idx > p->memo_len + 1024) return GIVE_UP(-1);
     if (idx >= p->memo_cap) {
         size_t old = p->memo_cap;
-        if (grow((void **)&p->memo, &p->memo_cap, idx + 1, sizeof(Val)) < 0) return GIVE_UP(-1);
-        memset(p->memo + old, 0, (p->memo_cap - old) * sizeof(Val));
+        if (grow((void **)&p->memo, &p->memo_cap, idx + 1, sizeof(uint32_t)) < 0) return GIVE_UP(-1);
+        memset(p->memo + old, 0, (p->memo_cap - old) * sizeof(uint32_t));
     }
-    if (p->memo[idx].kind == V_EMPTY) p->memo_len++;
-    p->memo[idx] = p->stack[p->sn - 1];
+    uint32_t m;
+    if (memo_enc(p, &p->stack[p->sn - 1], &m) < 0) return -1;
+    if (p->memo[idx] == 0)
+        p->memo_len++;
+    else
+        p->memo_rewritten = 1;
+    p->memo[idx] = m;
     return 0;
 }
-
 
 static int make_tuple(P *p, size_t from) {
     Val t;
@@ -985,6 +1243,111 @@ static int slow_op(P *p, unsigned char op, int *in_frame_, size_t *frame_end_) {
     return 0;
 }
 
+static uint64_t hash_bytes(const unsigned char *s, size_t n) {
+    uint64_t h0 = 0x9e3779b97f4a7c15ULL ^ n, h1 = 0xbf58476d1ce4e5b9ULL, w;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        memcpy(&w, s + i, 8);
+        h0 = (h0 ^ w) * 0x100000001b3ULL;
+        memcpy(&w, s + i + 8, 8);
+        h1 = (h1 ^ w) * 0x100000001b3ULL;
+    }
+    for (; i < n; i++) h1 = (h1 ^ s[i]) * 0x100000001b3ULL;
+    return mix(h0 ^ mix(h1));
+}
+
+/* The frames list whose items start at buf[pos]: (BINGET | LONG_BINGET)... APPENDS, fewer than PICKLER_BATCH
+ * items, all frame dicts. 1: interned as sequence *sid (*q: the APPENDS, *n: the items); 0: another shape,
+ * nothing done; -1: give up. The same bytes are the same memo entries, so they are the same sequence for
+ * as long as no memo entry is overwritten (a pickler never does): those are looked up by their bytes,
+ * without reading the memo. */
+static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_out, int32_t *sid) {
+    const unsigned char *buf = p->buf;
+    size_t q = pos, n = 0;
+    /* LONG_BINGETs four at a time: their loads do not wait on each other (one at a time, each waits for
+     * the one before to say where it starts) */
+    while (stop_at - q >= 20 && n + 4 < PICKLER_BATCH &&
+           (buf[q] == 'j') & (buf[q + 5] == 'j') & (buf[q + 10] == 'j') & (buf[q + 15] == 'j'))
+        q += 20, n += 4;
+    for (;;) {
+        if (q >= stop_at) return 0;
+        if (buf[q] == 'j') {
+            if (stop_at - q < 5) return 0;
+            q += 5;
+        } else if (buf[q] == 'h') {
+            if (stop_at - q < 2) return 0;
+            q += 2;
+        } else
+            break;
+        if (++n == PICKLER_BATCH) return 0;
+    }
+    if (n == 0 || buf[q] != 'e') return 0;
+    size_t len = q - pos;
+    /* first a cheap key of all the bytes (8 at a time, each word turned by its place, xored: no chain of
+     * multiplies) into recent spans; a full hash into span_map when that is not it */
+    uint64_t h = 0, f = len * 0x9e3779b97f4a7c15ULL, w;
+    size_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+        memcpy(&w, buf + pos + j, 8);
+        unsigned rot = (unsigned)(j * 7) & 63;
+        f ^= rot ? (w << rot) | (w >> (64 - rot)) : w;
+    }
+    w = 0;
+    memcpy(&w, buf + pos + j, len - j);
+    size_t r = (size_t)(mix(f ^ (w * 0xbf58476d1ce4e5b9ULL)) & (SPAN_RECENT - 1));
+    if (!p->memo_rewritten) {
+        int32_t i = p->span_recent[r] - 1;
+        if (i >= 0 && p->span_len[i] == len && memcmp(buf + p->span_off[i], buf + pos, len) == 0) {
+            *sid = p->span_seq[i], *q_out = q, *n_out = n;
+            return 1;
+        }
+        h = hash_bytes(buf + pos, len) & 0x7fffffffffffffffULL;
+        for (;;) {
+            int32_t i;
+            if (!map_get(&p->span_map, h, &i)) break;
+            if (p->span_len[i] == len && memcmp(buf + p->span_off[i], buf + pos, len) == 0) {
+                p->span_recent[r] = i + 1;
+                *sid = p->span_seq[i], *q_out = q, *n_out = n;
+                return 1;
+            }
+            h = (h + 1) & 0x7fffffffffffffffULL;
+        }
+    }
+    int32_t ids[PICKLER_BATCH];
+    for (size_t i = 0, r = pos; i < n; i++) {
+        size_t id;
+        if (buf[r] == 'j')
+            id = rd32(buf + r + 1), r += 5;
+        else
+            id = buf[r + 1], r += 2;
+        if (id >= p->memo_cap || p->memo[id] - 1 >= MEMO_KEY - 1) return 0; /* not a container (0 - 1 wraps) */
+        ids[i] = (int32_t)(p->memo[id] - 1);
+    }
+    int rc = seq_intern_ids(p, ids, n, sid);
+    if (rc != 1) return rc;
+    if (!p->memo_rewritten) {
+        size_t cap = p->span_cap;
+        if (p->span_n >= INT32_MAX || grow((void **)&p->span_off, &cap, p->span_n + 1, sizeof(int64_t)) < 0)
+            return GIVE_UP(-1);
+        if (cap != p->span_cap) {
+            uint32_t *a = realloc(p->span_len, cap * sizeof(uint32_t));
+            if (!a) return GIVE_UP(-1);
+            p->span_len = a;
+            int32_t *b = realloc(p->span_seq, cap * sizeof(int32_t));
+            if (!b) return GIVE_UP(-1);
+            p->span_seq = b;
+            p->span_cap = cap;
+        }
+        p->span_off[p->span_n] = (int64_t)pos;
+        p->span_len[p->span_n] = (uint32_t)len;
+        p->span_seq[p->span_n] = *sid;
+        p->span_recent[r] = (int32_t)p->span_n + 1;
+        if (map_put(&p->span_map, h, (int32_t)p->span_n++) < 0) return GIVE_UP(-1);
+    }
+    *q_out = q, *n_out = n;
+    return 1;
+}
+
 static int run(P *p) {
     if (p->size < 2 || p->buf[0] != 0x80 || p->buf[1] < 2 || p->buf[1] > 5) return GIVE_UP(-1);
     /* The hot state in locals: stores of uint8_t fields alias everything, so fields of *p would be
@@ -994,7 +1357,8 @@ static int run(P *p) {
     const size_t size = p->size;
     size_t pos = 2, frame_end = 0, stop_at = size;
     int in_frame = 0;
-    Val *stack = p->stack, *memo = p->memo;
+    Val *stack = p->stack;
+    uint32_t *memo = p->memo;
     size_t sn = p->sn, scap = p->scap, memo_cap = p->memo_cap, memo_len = p->memo_len, idx;
     Val v;
     static const void *table[256] = {
@@ -1008,14 +1372,25 @@ static int run(P *p) {
 #define SYNC_IN()                                                                                                 \
     (pos = p->pos, sn = p->sn, stack = p->stack, scap = p->scap, memo = p->memo, memo_cap = p->memo_cap,          \
      memo_len = p->memo_len)
-#define PUSH(val)                                                                                                 \
+#define ROOM()                                                                                                    \
     do {                                                                                                          \
         if (__builtin_expect(sn == scap, 0)) {                                                                    \
             SYNC_OUT();                                                                                           \
             if (grow((void **)&p->stack, &p->scap, sn + 1, sizeof(Val)) < 0) return GIVE_UP(-1);                  \
             SYNC_IN();                                                                                            \
         }                                                                                                         \
+    } while (0)
+#define PUSH(val)                                                                                                 \
+    do {                                                                                                          \
+        ROOM();                                                                                                   \
         stack[sn++] = (val);                                                                                      \
+    } while (0)
+/* A value written field by field into its slot (see memo_dec). */
+#define PUT(K, KEY, LEN, X)                                                                                       \
+    do {                                                                                                          \
+        ROOM();                                                                                                   \
+        Val *d_ = &stack[sn++];                                                                                   \
+        d_->kind = (K), d_->key = (KEY), d_->pad = 0, d_->len = (LEN), d_->x = (X);                               \
     } while (0)
 #define ARG(k)                                                                                                    \
     do {                                                                                                          \
@@ -1026,10 +1401,18 @@ static int run(P *p) {
         if (__builtin_expect(pos >= stop_at, 0)) goto boundary;                                                   \
         goto *table[buf[pos++]];                                                                                  \
     } while (0)
+/* A pickler memoizes every container and string it writes, straight after it: a direct jump to MEMOIZE
+ * (the same checks as DISPATCH's) instead of the table's. */
+#define MEMOIZE_NEXT()                                                                                            \
+    do {                                                                                                          \
+        if (__builtin_expect(pos < stop_at, 1) && buf[pos] == 0x94) {                                             \
+            pos++;                                                                                                \
+            goto op_memoize;                                                                                      \
+        }                                                                                                         \
+    } while (0)
 #define SCALAR(K, X)                                                                                              \
     do {                                                                                                          \
-        v.kind = (K), v.key = 0, v.pad = 0, v.len = 0, v.x = (X);                                                 \
-        PUSH(v);                                                                                                  \
+        PUT((K), 0, 0, (X));                                                                                      \
         DISPATCH();                                                                                               \
     } while (0)
 
@@ -1054,8 +1437,9 @@ op_binget:
     ARG(1);
     idx = buf[pos++];
 get:
-    if (__builtin_expect(idx >= memo_cap || memo[idx].kind == V_EMPTY, 0)) return GIVE_UP(-1);
-    PUSH(memo[idx]);
+    if (__builtin_expect(idx >= memo_cap || memo[idx] == 0, 0)) return GIVE_UP(-1);
+    ROOM();
+    memo_dec(p, memo[idx], &stack[sn++]);
     DISPATCH();
 op_memoize:
     if (sn <= (p->mn ? p->marks[p->mn - 1] : 0)) return GIVE_UP(-1);
@@ -1065,54 +1449,43 @@ op_memoize:
         SYNC_IN();
         DISPATCH();
     }
-    if (memo[memo_len].kind == V_EMPTY) {
-        memo[memo_len] = stack[sn - 1];
-        memo_len++;
-    } else
-        memo[memo_len] = stack[sn - 1]; /* after a BINPUT past the count: the reference overwrites too */
+    {
+        const Val *top = &stack[sn - 1];
+        uint32_t m;
+        if (top->kind == V_CONT && top->x < (int64_t)MEMO_KEY - 1)
+            m = (uint32_t)top->x + 1;
+        else if (top->kind == V_STR && top->key != K_NONE && p->key_val[top->key].kind == V_STR)
+            m = MEMO_KEY | top->key;
+        else if (memo_enc(p, top, &m) < 0)
+            return -1;
+        /* after a BINPUT past the count, the slot is taken: the reference overwrites it too */
+        uint32_t was = memo[memo_len];
+        memo[memo_len] = m;
+        memo_len += was == 0;
+        if (was) p->memo_rewritten = 1;
+    }
     DISPATCH();
 op_mark:
     /* The shape of every event's frames list: EMPTY_LIST MEMOIZE MARK (BINGET | LONG_BINGET)... APPENDS.
-     * Read the GETs' container ids straight from the memo and intern them, without pushing anything;
+     * Intern the GETs' container ids (span_seq), without pushing anything;
      * on any other shape (or a sequence that is not all frame dicts) nothing was done, and the MARK
      * goes the general way. */
     if (sn > (p->mn ? p->marks[p->mn - 1] : 0) && stack[sn - 1].kind == V_CONT) {
         Cont *lc = &p->conts[stack[sn - 1].x];
         if (lc->kind == C_LIST && lc->n == 0 && !lc->sealed) {
-            int32_t ids[PICKLER_BATCH];
-            size_t q = pos, n = 0, id;
-            for (;;) {
-                if (q >= stop_at) break;
-                if (buf[q] == 'j') {
-                    if (stop_at - q < 5) break;
-                    id = rd32(buf + q + 1);
-                    q += 5;
-                } else if (buf[q] == 'h') {
-                    if (stop_at - q < 2) break;
-                    id = buf[q + 1];
-                    q += 2;
-                } else
-                    break;
-                if (n == PICKLER_BATCH - 1 || id >= memo_cap || memo[id].kind != V_CONT) {
-                    n = 0;
-                    break;
-                }
-                ids[n++] = (int32_t)memo[id].x;
-            }
-            if (n > 0 && q < stop_at && buf[q] == 'e') {
-                int32_t sid;
-                SYNC_OUT();
-                int rc = seq_intern_ids(p, ids, n, &sid);
-                if (rc < 0) return -1;
-                if (rc == 1) {
-                    lc = &p->conts[stack[sn - 1].x];
-                    if (lc->depth < 2) lc->depth = 2;
-                    lc->kind = C_SEQ;
-                    lc->ref = sid;
-                    lc->n = (uint32_t)n;
-                    pos = q + 1;
-                    DISPATCH();
-                }
+            size_t q, n;
+            int32_t sid;
+            SYNC_OUT();
+            int rc = span_seq(p, pos, stop_at, &q, &n, &sid);
+            if (rc < 0) return -1;
+            if (rc == 1) {
+                lc = &p->conts[stack[sn - 1].x];
+                if (lc->depth < 2) lc->depth = 2;
+                lc->kind = C_SEQ;
+                lc->ref = sid;
+                lc->n = (uint32_t)n;
+                pos = q + 1;
+                DISPATCH();
             }
         }
     }
@@ -1121,15 +1494,17 @@ op_mark:
     p->marks[p->mn++] = sn;
     DISPATCH();
 op_empty_dict:
-    SYNC_OUT();
-    if (new_cont(p, C_DICT, &v) < 0) return -1;
-    PUSH(v);
-    DISPATCH();
+    idx = C_DICT;
+    goto new_container;
 op_empty_list:
-    SYNC_OUT();
-    if (new_cont(p, C_LIST, &v) < 0) return -1;
-    PUSH(v);
+    idx = C_LIST;
+new_container: {
+    int64_t ci = cont_new(p, (uint8_t)idx);
+    if (ci < 0) return -1;
+    PUT(V_CONT, 0, 0, ci);
+    MEMOIZE_NEXT();
     DISPATCH();
+}
 op_binint1:
     ARG(1);
     pos += 1;
@@ -1159,7 +1534,18 @@ op_long1:
     ARG(1);
     {
         size_t n = buf[pos++];
-        if (n >= 1 && n <= 8 && size - pos >= n) { /* the usual: an address or a time, sign-extended */
+        if (n >= 1 && n <= 8 && size - pos >= 8) { /* the usual: an address or a time, sign-extended */
+            /* one 8-byte load (8 bytes are readable here): the n wanted ones are its low bytes; shifting
+             * them to the top and back (arithmetic shift, as gcc and clang do it) extends the sign */
+            uint64_t u;
+            memcpy(&u, buf + pos, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            u = __builtin_bswap64(u);
+#endif
+            pos += n;
+            SCALAR(V_INT, (int64_t)(u << (64 - 8 * n)) >> (64 - 8 * n));
+        }
+        if (n >= 1 && n <= 8 && size - pos >= n) {
             uint64_t u = 0;
             for (size_t i = 0; i < n; i++) u |= (uint64_t)buf[pos + i] << (8 * i);
             if (n < 8 && (buf[pos + n - 1] & 0x80)) u |= ~0ULL << (8 * n);
@@ -1178,9 +1564,9 @@ op_short_binunicode:
         size_t n = buf[pos++];
         if (n == 3 && size - pos >= 3 && buf[pos] == 'N' && buf[pos + 1] == '/' && buf[pos + 2] == 'A') {
             /* every event's compile_context: pickled afresh each time */
-            v.kind = V_STR, v.key = K_NA, v.pad = 0, v.len = 3, v.x = (int64_t)pos;
+            PUT(V_STR, K_NA, 3, (int64_t)pos);
             pos += 3;
-            PUSH(v);
+            MEMOIZE_NEXT();
             DISPATCH();
         }
         SYNC_OUT();
@@ -1220,6 +1606,7 @@ op_other: {
     DISPATCH();
 }
 #undef SCALAR
+#undef MEMOIZE_NEXT
 #undef DISPATCH
 #undef ARG
 #undef PUSH
@@ -1278,7 +1665,7 @@ static PyObject *export_cont(P *p, int64_t ci) {
         o = c->kind == C_LIST ? PyList_New(c->n) : PyTuple_New(c->n);
         if (!o) return NULL;
         for (uint32_t i = 0; i < c->n; i++) {
-            PyObject *x = export(p, &c->items[i]);
+            PyObject *x = export(p, &ITEMS(p, c)[i]);
             if (!x) {
                 Py_DECREF(o);
                 return NULL;
@@ -1312,8 +1699,8 @@ static PyObject *export_cont(P *p, int64_t ci) {
         o = PyDict_New();
         if (!o) return NULL;
         for (uint32_t i = 0; i < c->n; i++) {
-            PyObject *k = export(p, &c->items[2 * i]);
-            PyObject *x = k ? export(p, &c->items[2 * i + 1]) : NULL;
+            PyObject *k = export(p, &ITEMS(p, c)[2 * i]);
+            PyObject *x = k ? export(p, &ITEMS(p, c)[2 * i + 1]) : NULL;
             if (!x || PyDict_SetItem(o, k, x) < 0) {
                 Py_XDECREF(k);
                 Py_XDECREF(x);
@@ -1363,7 +1750,12 @@ static PyObject *export(P *p, const Val *v) {
 
 /* The bucketing rounds of reader._Converter.intern_event_stacks, on content
  * classes: the order in which it first asks stack_of for each class. */
-static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32_t *len, size_t m, PyObject *order) {
+static int stack_order(P *p, const int32_t *seq, size_t n, size_t m, PyObject *order) {
+    /* seq: the n events' frames lists (-1: none), m of them with one; per event j with one: its content
+     * class, its middle frame dict, its length */
+#define cls(j) p->seq_cls[seq[j]]
+#define mid(j) p->seqpool[p->seq_off[seq[j]] + p->seq_len[seq[j]] / 2]
+#define len(j) p->seq_len[seq[j]]
     int32_t *pending = malloc((m + 1) * sizeof(int32_t));
     int32_t *next = malloc((m + 1) * sizeof(int32_t));
     int32_t *rep_cls = malloc((m + 1) * sizeof(int32_t));
@@ -1372,8 +1764,12 @@ static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32
     int rc = -1;
     if (!pending || !next || !rep_cls || !called) goto out;
     size_t np_ = 0;
-    for (size_t j = 0; j < m; j++)
-        if (j == 0 || cls[j] != cls[j - 1]) pending[np_++] = (int32_t)j; /* run heads */
+    int32_t prev = -1; /* the class of the last event with frames */
+    for (size_t j = 0; j < n; j++) {
+        if (seq[j] < 0) continue;
+        if (np_ == 0 || cls(j) != prev) pending[np_++] = (int32_t)j; /* run heads */
+        prev = cls(j);
+    }
 #define CALL(c)                                                                                                   \
     do {                                                                                                          \
         if (!called[c]) {                                                                                         \
@@ -1392,21 +1788,21 @@ static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32
         /* reps: the first pending element of each key, in order */
         for (size_t i = 0; i < np_; i++) {
             int32_t j = pending[i];
-            uint64_t k = ((uint64_t)(uint32_t)mid[j] << 8) | (uint64_t)(len[j] < 255 ? len[j] : 255);
+            uint64_t k = ((uint64_t)(uint32_t)mid(j) << 8) | (uint64_t)(len(j) < 255 ? len(j) : 255);
             int32_t r;
             if (!map_get(&keys, k, &r)) {
                 if (map_put(&keys, k, (int32_t)nreps) < 0) goto out;
-                rep_cls[nreps++] = cls[j];
-                CALL(cls[j]);
+                rep_cls[nreps++] = cls(j);
+                CALL(cls(j));
             }
         }
         size_t nn = 0;
         for (size_t i = 0; i < np_; i++) {
             int32_t j = pending[i];
-            uint64_t k = ((uint64_t)(uint32_t)mid[j] << 8) | (uint64_t)(len[j] < 255 ? len[j] : 255);
+            uint64_t k = ((uint64_t)(uint32_t)mid(j) << 8) | (uint64_t)(len(j) < 255 ? len(j) : 255);
             int32_t r = 0;
             map_get(&keys, k, &r);
-            if (rep_cls[r] != cls[j]) next[nn++] = j;
+            if (rep_cls[r] != cls(j)) next[nn++] = j;
         }
         map_free(&keys);
         int32_t *t = pending;
@@ -1414,8 +1810,11 @@ static int stack_order(P *p, const int32_t *cls, const int32_t *mid, const int32
         next = t;
         np_ = nn;
     }
-    for (size_t i = 0; i < np_; i++) CALL(cls[pending[i]]);
+    for (size_t i = 0; i < np_; i++) CALL(cls(pending[i]));
 #undef CALL
+#undef cls
+#undef mid
+#undef len
     rc = 0;
 out:
     map_free(&keys);
@@ -1426,201 +1825,198 @@ out:
     return rc;
 }
 
-/* Raw stream values -> ordinals in order of first appearance (torch has a few streams; a hostile
- * file may have one per event: an open-addressing table with its own occupancy bytes, any int64 key). */
+/* An event column handed to Python: it owns the column's buffer (malloc'd by the parse) and lends it
+ * through the buffer protocol, so numpy views it where the parse wrote it. */
 typedef struct {
-    int64_t *keys;
-    int32_t *ords;
-    uint8_t *used;
-    size_t cap, n;
-} StreamTable;
+    PyObject_HEAD void *buf;
+    Py_ssize_t len;
+} Column;
 
-static int stream_ordinal(StreamTable *t, int64_t key, PyObject *streams, int32_t *out) {
-    if ((t->n + 1) * 2 > t->cap) {
-        size_t nc = t->cap ? t->cap * 2 : 16;
-        StreamTable g = {malloc(nc * 8), malloc(nc * 4), calloc(nc, 1), nc, t->n};
-        if (!g.keys || !g.ords || !g.used) {
-            free(g.keys), free(g.ords), free(g.used);
-            return -1;
-        }
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->used[i]) continue;
-            size_t j = mix((uint64_t)t->keys[i]) & (nc - 1);
-            while (g.used[j]) j = (j + 1) & (nc - 1);
-            g.used[j] = 1, g.keys[j] = t->keys[i], g.ords[j] = t->ords[i];
-        }
-        free(t->keys), free(t->ords), free(t->used);
-        *t = g;
-    }
-    size_t j = mix((uint64_t)key) & (t->cap - 1);
-    while (t->used[j] && t->keys[j] != key) j = (j + 1) & (t->cap - 1);
-    if (!t->used[j]) {
-        PyObject *o = PyLong_FromLongLong(key);
-        if (!o || PyList_Append(streams, o) < 0) {
-            Py_XDECREF(o);
-            return -1;
-        }
-        Py_DECREF(o);
-        t->used[j] = 1, t->keys[j] = key, t->ords[j] = (int32_t)t->n++;
-    }
-    *out = t->ords[j];
-    return 0;
+static void column_dealloc(PyObject *o) {
+    free(((Column *)o)->buf);
+    Py_TYPE(o)->tp_free(o);
 }
 
-/* One device's trace list -> a tuple of columns; NULL (no exception) to give up. */
+static int column_getbuffer(PyObject *o, Py_buffer *view, int flags) {
+    Column *c = (Column *)o;
+    return PyBuffer_FillInfo(view, o, c->buf, c->len, 0, flags);
+}
+
+static PyBufferProcs column_as_buffer = {column_getbuffer, NULL};
+
+static PyTypeObject ColumnType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "analysis._snapread.Column",
+    .tp_basicsize = sizeof(Column),
+    .tp_dealloc = column_dealloc,
+    .tp_as_buffer = &column_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "an event column of a parse (a buffer)",
+};
+
+
+/* bytes [from, to) of event column k as a memoryview (the Column made on first use). */
+static PyObject *column_slice(P *p, int k, size_t from, size_t to) {
+    void **field[XC_N] = {(void **)&p->ev.action, (void **)&p->ev.addr,   (void **)&p->ev.size,
+                          (void **)&p->ev.time,   (void **)&p->ev.frames, (void **)&p->ev.pool,
+                          (void **)&p->ev.stream};
+    static const size_t width[XC_N] = {1, 8, 8, 8, 4, 4, 4};
+    if (!p->xcol[k]) {
+        Column *c = PyObject_New(Column, &ColumnType);
+        if (!c) return NULL;
+        /* the records' room past the last one goes back (it may stay reserved as long as the Column) */
+        void *q = realloc(*field[k], p->ev.n * width[k]);
+        if (q) *field[k] = q;
+        c->buf = *field[k];
+        c->len = (Py_ssize_t)(p->ev.n * width[k]);
+        p->xcol[k] = (PyObject *)c;
+        p->handed |= 1u << k; /* from now on the Column frees it */
+    }
+    PyObject *mv = PyMemoryView_FromObject(p->xcol[k]);
+    if (!mv) return NULL;
+    PyObject *out = PySequence_GetSlice(mv, (Py_ssize_t)(from * width[k]), (Py_ssize_t)(to * width[k]));
+    Py_DECREF(mv);
+    return out;
+}
+
+/* Python objects of one trace's export, released together. */
+typedef struct {
+    PyObject *cols[XC_N], *streams, *cc, *um, *order, *pools, *counts;
+} TraceOut;
+
+static void trace_out_free(TraceOut *o) {
+    for (int k = 0; k < XC_N; k++) Py_XDECREF(o->cols[k]);
+    Py_XDECREF(o->streams);
+    Py_XDECREF(o->cc);
+    Py_XDECREF(o->um);
+    Py_XDECREF(o->order);
+    Py_XDECREF(o->pools);
+    Py_XDECREF(o->counts);
+}
+
+/* (event index, text) appended to a list of texts that are not the defaults; -1 on error. */
+static int text_pair(P *p, PyObject *list, size_t i, int64_t off, uint32_t len) {
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + off, len, "surrogatepass");
+    PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
+    int rc = pair ? PyList_Append(list, pair) : -1;
+    Py_XDECREF(pair);
+    return rc;
+}
+
+/* One device's trace list -> a tuple of columns; NULL (no exception) to give up.
+ * It must be an event list (C_EVLIST: the records base..base+n-1, see evlist_extend) not exported
+ * before (two traces sharing records: the hand-made file goes to the reference): the columns are then finished in place (an OOM's device_free into addr, an absent
+ * time to 0, frames to content classes, pool pairs to ordinals) and handed over as they are. */
+#define FAIL_OUT                                                                                                  \
+    do {                                                                                                          \
+        give_up_line = __LINE__;                                                                                  \
+        goto out;                                                                                                 \
+    } while (0)
 static PyObject *export_trace(P *p, Cont *t) {
     size_t n = t->n;
-    if (t->kind != C_LIST) return NULL;
-    /* The columns are written straight into the bytearrays numpy will view (no copy). */
-    PyObject *ba_action = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n + 1),
-             *ba_addr = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
-             *ba_size = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
-             *ba_stream = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
-             *ba_time = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 8),
-             *ba_cls = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4),
-             *ba_pool = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n + 1) * 4);
-    if (!ba_action || !ba_addr || !ba_size || !ba_stream || !ba_time || !ba_cls || !ba_pool) {
-        Py_XDECREF(ba_action);
-        Py_XDECREF(ba_addr);
-        Py_XDECREF(ba_size);
-        Py_XDECREF(ba_stream);
-        Py_XDECREF(ba_time);
-        Py_XDECREF(ba_cls);
-        Py_XDECREF(ba_pool);
-        return NULL;
-    }
-    int8_t *action = (int8_t *)PyByteArray_AS_STRING(ba_action);
-    int64_t *addr = (int64_t *)PyByteArray_AS_STRING(ba_addr), *size = (int64_t *)PyByteArray_AS_STRING(ba_size),
-            *time = (int64_t *)PyByteArray_AS_STRING(ba_time);
-    int32_t *stream = (int32_t *)PyByteArray_AS_STRING(ba_stream);
-    StreamTable st = {0};
-    int64_t last_stream = 0;
-    int32_t last_ord = -1;
-    PyObject *streams = PyList_New(0);
-    int32_t *cls = (int32_t *)PyByteArray_AS_STRING(ba_cls), *pool = (int32_t *)PyByteArray_AS_STRING(ba_pool);
-    int32_t *mcls = malloc((n + 1) * 4), *mmid = malloc((n + 1) * 4), *mlen = malloc((n + 1) * 4);
-    PyObject *cc = PyList_New(0), *um = PyList_New(0), *order = PyList_New(0), *pools = PyList_New(0);
+    Events *ev = &p->ev;
+    if (t->kind != C_EVLIST || n == 0) return GIVE_UP(NULL);
+    size_t base = (size_t)t->ref;
+    if (base < ev->exported || n > ev->n - base) return GIVE_UP(NULL);
+    ev->exported = base + n;
+    TraceOut o = {{NULL}, NULL, NULL, NULL, NULL, NULL, NULL};
     PyObject *out = NULL;
-    int32_t *pool_rank = NULL;
-    size_t m = 0, absent_time = 0;
-    int64_t sum_lens = 0;
-    int any_pool = 0;
-    if (!action || !addr || !size || !stream || !time || !cls || !pool || !mcls || !mmid || !mlen || !cc || !um ||
-        !order || !pools || !streams)
-        { give_up_line = __LINE__; goto out; }
-    pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
-    if (!pool_rank) { give_up_line = __LINE__; goto out; }
+    int32_t *pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
+    int32_t *ord_of = malloc((ev->stream_n + 1) * sizeof(int32_t)); /* stream id -> ordinal in this trace */
+    o.streams = PyList_New(0), o.cc = PyList_New(0), o.um = PyList_New(0), o.order = PyList_New(0);
+    o.pools = PyList_New(0);
+    o.counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(p->cls_n * sizeof(int64_t))); /* events per class */
+    if (!o.streams || !o.cc || !o.um || !o.order || !o.pools || !o.counts || !pool_rank || !ord_of) FAIL_OUT;
+    int64_t *counts = (int64_t *)PyBytes_AS_STRING(o.counts);
+    memset(counts, 0, p->cls_n * sizeof(int64_t));
     for (size_t i = 0; i < p->pool_n; i++) pool_rank[i] = -1;
-    int32_t n_pools = 0;
+    for (size_t i = 0; i < ev->stream_n; i++) ord_of[i] = -1;
+    int64_t sum_lens = 0;
+    int32_t last_sid = -1, last_ord = 0, n_ords = 0, n_pools = 0;
+    size_t m = 0, absent_time = 0;
+    int any_pool = 0;
+    int8_t *action = ev->action + base;
+    int64_t *addr = ev->addr + base, *time = ev->time + base;
+    int32_t *stream = ev->stream + base, *cls = ev->frames + base, *pool = ev->pool + base;
+    const uint16_t *have = ev->have + base, *bad = ev->bad + base;
+    const uint8_t *flags = ev->flags + base;
     for (size_t i = 0; i < n; i++) {
-        Val *it = &t->items[i];
-        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT) { give_up_line = __LINE__; goto out; }
-        EvRec *e = &p->events[p->conts[it->x].ref];
-        if (!(e->have & H_ACTION) || (e->bad & H_ACTION)) { give_up_line = __LINE__; goto out; }
-        action[i] = e->action;
-        if (e->action == ACT_OOM) {
-            if (!(e->have & H_DFREE) || (e->bad & H_DFREE)) { give_up_line = __LINE__; goto out; } /* the model keeps device_free there */
-            addr[i] = e->dfree;
-        } else {
-            if (!(e->have & H_ADDR) || (e->bad & H_ADDR)) { give_up_line = __LINE__; goto out; }
-            addr[i] = e->addr;
-        }
-        if (!(e->have & H_SIZE) || (e->bad & H_SIZE)) { give_up_line = __LINE__; goto out; }
-        size[i] = e->size;
-        /* streams: a non-negative int64 (cudaStream_t values; a negative one is the reference's to judge) */
-        if (!(e->have & H_STREAM) || (e->bad & H_STREAM) || e->stream < 0) { give_up_line = __LINE__; goto out; }
-        if (last_ord < 0 || e->stream != last_stream) {
-            if (stream_ordinal(&st, e->stream, streams, &last_ord) < 0) { give_up_line = __LINE__; goto out; }
-            last_stream = e->stream;
+        uint16_t h = have[i], b = bad[i];
+        if (!(h & H_ACTION) || (b & H_ACTION)) FAIL_OUT;
+        if (action[i] == ACT_OOM) {
+            /* the model keeps device_free there */
+            int32_t si;
+            if (!(h & H_DFREE) || (b & H_DFREE) || !map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
+            addr[i] = ev->side[si].dfree;
+        } else if (!(h & H_ADDR) || (b & H_ADDR))
+            FAIL_OUT;
+        if (!(h & H_SIZE) || (b & H_SIZE)) FAIL_OUT;
+        /* streams: ids of non-negative values (a negative one is bad: the reference's to judge), numbered
+         * here in order of first appearance in the trace */
+        if (!(h & H_STREAM) || (b & H_STREAM)) FAIL_OUT;
+        if (stream[i] != last_sid) {
+            last_sid = stream[i];
+            if (ord_of[last_sid] < 0) {
+                ord_of[last_sid] = n_ords++;
+                PyObject *x = PyLong_FromLongLong(ev->stream_raw[last_sid]);
+                int rc = x ? PyList_Append(o.streams, x) : -1;
+                Py_XDECREF(x);
+                if (rc < 0) FAIL_OUT;
+            }
+            last_ord = ord_of[last_sid];
         }
         stream[i] = last_ord;
-        if (e->bad & H_TIME) { give_up_line = __LINE__; goto out; }
-        if (!(e->have & H_TIME) || e->time_none) {
+        if (b & (H_TIME | H_FRAMES | H_CC | H_UM | H_POOL)) FAIL_OUT;
+        if (!(h & H_TIME) || (flags[i] & F_TIME_NONE)) {
             time[i] = 0;
             absent_time++;
-        } else
-            time[i] = e->time;
-        if (e->bad & (H_FRAMES | H_CC | H_UM | H_POOL)) { give_up_line = __LINE__; goto out; }
-        cls[i] = -1;
-        if (e->frames >= 0) {
-            Cont *f = &p->conts[e->frames];
-            if (f->kind == C_SEQ) {
-                int32_t s = f->ref;
-                cls[i] = p->seq_cls[s];
-                mcls[m] = cls[i];
-                mlen[m] = p->seq_len[s];
-                mmid[m] = p->seqpool[p->seq_off[s] + p->seq_len[s] / 2];
-                m++;
-                sum_lens += p->seq_len[s];
-            } else if (f->n != 0)
-                { give_up_line = __LINE__; goto out; } /* a list of something other than frame dicts */
         }
-        if (!e->cc_default) {
-            PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + e->cc_off, e->cc_len, "surrogatepass");
-            PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
-            if (!pair || PyList_Append(cc, pair) < 0) {
+        if (cls[i] >= 0) { /* still the frames list here (stack_order reads those): classes below */
+            counts[p->seq_cls[cls[i]]]++;
+            sum_lens += p->seq_len[cls[i]];
+            m++;
+        }
+        if ((flags[i] & (F_CC_DEFAULT | F_UM_DEFAULT)) != (F_CC_DEFAULT | F_UM_DEFAULT)) {
+            int32_t si;
+            if (!map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
+            const EvSide *x = &ev->side[si];
+            if (!(flags[i] & F_CC_DEFAULT) && text_pair(p, o.cc, i, x->cc_off, x->cc_len) < 0) FAIL_OUT;
+            if (!(flags[i] & F_UM_DEFAULT) && text_pair(p, o.um, i, x->um_off, x->um_len) < 0) FAIL_OUT;
+        }
+        if (flags[i] & F_POOL) {
+            int32_t pr = pool[i];
+            if (!any_pool) { /* the column was left unwritten where there is no pool: now it is needed */
+                any_pool = 1;
+                for (size_t j = 0; j < i; j++) pool[j] = -1;
+            }
+            if (pool_rank[pr] < 0) {
+                pool_rank[pr] = n_pools++;
+                PyObject *pair = Py_BuildValue("(LL)", (long long)p->pool_a[pr], (long long)p->pool_b[pr]);
+                int rc = pair ? PyList_Append(o.pools, pair) : -1;
                 Py_XDECREF(pair);
-                { give_up_line = __LINE__; goto out; }
+                if (rc < 0) FAIL_OUT;
             }
-            Py_DECREF(pair);
-        }
-        if (!e->um_default) {
-            PyObject *s = PyUnicode_DecodeUTF8((const char *)p->buf + e->um_off, e->um_len, "surrogatepass");
-            PyObject *pair = s ? Py_BuildValue("(nN)", (Py_ssize_t)i, s) : NULL;
-            if (!pair || PyList_Append(um, pair) < 0) {
-                Py_XDECREF(pair);
-                { give_up_line = __LINE__; goto out; }
-            }
-            Py_DECREF(pair);
-        }
-        pool[i] = -1;
-        if (e->pool >= 0) {
-            any_pool = 1;
-            if (pool_rank[e->pool] < 0) {
-                pool_rank[e->pool] = n_pools++;
-                PyObject *pr = Py_BuildValue("(LL)", (long long)p->pool_a[e->pool], (long long)p->pool_b[e->pool]);
-                if (!pr || PyList_Append(pools, pr) < 0) {
-                    Py_XDECREF(pr);
-                    { give_up_line = __LINE__; goto out; }
-                }
-                Py_DECREF(pr);
-            }
-            pool[i] = pool_rank[e->pool];
-        }
+            pool[i] = pool_rank[pr];
+        } else if (any_pool)
+            pool[i] = -1;
     }
     /* The budget: this trace costs at least its events and frame references in the reference reader. */
     p->charged += (int64_t)n + sum_lens;
-    if (p->charged > p->budget) { give_up_line = __LINE__; goto out; }
-    if (stack_order(p, mcls, mmid, mlen, m, order) < 0) { give_up_line = __LINE__; goto out; }
-    /* exactly n items (the +1 only kept zero-length allocations apart) */
-    if (PyByteArray_Resize(ba_action, (Py_ssize_t)n) < 0 || PyByteArray_Resize(ba_addr, (Py_ssize_t)n * 8) < 0 ||
-        PyByteArray_Resize(ba_size, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_stream, (Py_ssize_t)n * 4) < 0 ||
-        PyByteArray_Resize(ba_time, (Py_ssize_t)n * 8) < 0 || PyByteArray_Resize(ba_cls, (Py_ssize_t)n * 4) < 0 ||
-        PyByteArray_Resize(ba_pool, (Py_ssize_t)n * 4) < 0)
-        { give_up_line = __LINE__; goto out; }
-    out = Py_BuildValue("(nOOOOOnOLOOOOOO)", (Py_ssize_t)n, ba_action, ba_addr, ba_size, ba_stream, ba_time,
-                        (Py_ssize_t)absent_time, ba_cls, (long long)sum_lens, order, cc, um,
-                        any_pool ? ba_pool : Py_None, pools, streams);
+    if (p->charged > p->budget) FAIL_OUT;
+    if (stack_order(p, cls, n, m, o.order) < 0) FAIL_OUT;
+    for (size_t i = 0; i < n; i++) cls[i] = cls[i] >= 0 ? p->seq_cls[cls[i]] : -1;
+    for (int k = 0; k < XC_N; k++)
+        if (!(o.cols[k] = column_slice(p, k, base, base + n))) FAIL_OUT;
+    out = Py_BuildValue("(nOOOOOnOLOOOOOOO)", (Py_ssize_t)n, o.cols[XC_ACTION], o.cols[XC_ADDR], o.cols[XC_SIZE],
+                        o.cols[XC_STREAM], o.cols[XC_TIME], (Py_ssize_t)absent_time, o.cols[XC_CLS],
+                        (long long)sum_lens, o.order, o.cc, o.um, any_pool ? o.cols[XC_POOL] : Py_None, o.pools,
+                        o.streams, o.counts);
 out:
-    Py_DECREF(ba_action);
-    Py_DECREF(ba_addr);
-    Py_DECREF(ba_size);
-    Py_DECREF(ba_stream);
-    Py_DECREF(ba_time);
-    Py_DECREF(ba_cls);
-    Py_DECREF(ba_pool);
-    free(mcls);
-    free(mmid);
-    free(mlen);
+    trace_out_free(&o);
     free(pool_rank);
-    free(st.keys), free(st.ords), free(st.used);
-    Py_XDECREF(streams);
-    Py_XDECREF(cc);
-    Py_XDECREF(um);
-    Py_XDECREF(order);
-    Py_XDECREF(pools);
+    free(ord_of);
     return out;
 }
+#undef FAIL_OUT
 
 /* device_traces: each trace list becomes [columns] (or [] when empty). */
 static PyObject *export_traces(P *p, const Val *v) {
@@ -1629,12 +2025,12 @@ static PyObject *export_traces(P *p, const Val *v) {
     PyObject *o = PyList_New(dt->n);
     if (!o) return NULL;
     for (uint32_t i = 0; i < dt->n; i++) {
-        Val *it = &dt->items[i];
+        Val *it = &ITEMS(p, dt)[i];
         PyObject *x;
         if (it->kind == V_CONT && p->conts[it->x].kind == C_LIST && p->conts[it->x].n == 0)
             x = PyList_New(0);
-        else if (it->kind == V_CONT && p->conts[it->x].kind == C_LIST) {
-            PyObject *cols = export_trace(p, &p->conts[it->x]);
+        else if (it->kind == V_CONT && (p->conts[it->x].kind == C_LIST || p->conts[it->x].kind == C_EVLIST)) {
+            PyObject *cols = export_trace(p, &p->conts[it->x]); /* gives up on a list of anything but events */
             x = cols ? PyList_New(1) : NULL;
             if (x)
                 PyList_SET_ITEM(x, 0, cols);
@@ -1658,7 +2054,7 @@ static PyObject *export_root(P *p) {
     PyObject *o = PyDict_New();
     if (!o) return NULL;
     for (uint32_t i = 0; i < c->n; i++) {
-        Val *k = &c->items[2 * i], *v = &c->items[2 * i + 1];
+        Val *k = &ITEMS(p, c)[2 * i], *v = &ITEMS(p, c)[2 * i + 1];
         PyObject *ko = export(p, k);
         PyObject *vo = ko ? (k->key == K_DEVICE_TRACES ? export_traces(p, v) : export(p, v)) : NULL;
         if (!vo || PyDict_SetItem(o, ko, vo) < 0) {
@@ -1796,14 +2192,16 @@ fail:
 /* ------------------------------------------------------------------------- */
 
 static void p_free(P *p) {
-    for (size_t i = 0; i < p->on; i++) free(p->conts[p->owners[i]].items);
-    free(p->owners);
+    for (size_t i = 0; i < p->sl_n; i++) free(p->slots[i].items);
+    free(p->slots);
     free(p->conts);
     free(p->stack);
     free(p->marks);
     free(p->memo);
+    free(p->over);
     free(p->frames);
-    free(p->events);
+    ev_free(&p->ev, p->handed);
+    for (int k = 0; k < XC_N; k++) Py_XDECREF(p->xcol[k]);
     free(p->seqpool);
     free(p->seq_off);
     free(p->seq_len);
@@ -1818,6 +2216,10 @@ static void p_free(P *p) {
     map_free(&p->cls_map);
     map_free(&p->fv_map);
     map_free(&p->pool_map);
+    map_free(&p->span_map);
+    free(p->span_off);
+    free(p->span_len);
+    free(p->span_seq);
     if (p->cache) {
         for (size_t i = 0; i < p->cn; i++) Py_XDECREF(p->cache[i]);
         free(p->cache);
@@ -1832,6 +2234,7 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
         return NULL;
     P p;
     memset(&p, 0, sizeof(p));
+    p.ev.last_sid = -1;
     give_up_line = 0;
     unsigned char *raw = NULL;
     size_t raw_n = (size_t)view.len;
@@ -1848,9 +2251,10 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
          * event per ~190), so the arrays rarely move; pages never touched cost no memory. */
         size_t sz = p.size;
         if (map_init(&p.seq_map, 1024) == 0 && map_init(&p.cls_map, 1024) == 0 && map_init(&p.fv_map, 1024) == 0 &&
-            map_init(&p.pool_map, 16) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
-            (p.memo = calloc(sz / 32 + 1024, sizeof(Val))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
-            grow((void **)&p.events, &p.ecap, sz / 128 + 1024, sizeof(EvRec)) == 0 &&
+            map_init(&p.pool_map, 16) == 0 && map_init(&p.span_map, 1024) == 0 && grow((void **)&p.conts, &p.ccap, sz / 64 + 1024, sizeof(Cont)) == 0 &&
+            (p.memo = calloc(sz / 32 + 1024, sizeof(uint32_t))) != NULL && (p.memo_cap = sz / 32 + 1024) &&
+            ev_grow(&p.ev, sz / 128 + 1024) == 0 && map_init(&p.ev.side_map, 16) == 0 &&
+            map_init(&p.ev.stream_map, 16) == 0 &&
             grow((void **)&p.stack, &p.scap, 4096, sizeof(Val)) == 0)
             ok = run(&p) == 0;
     }
@@ -1916,7 +2320,25 @@ static PyObject *py_give_up_line(PyObject *self, PyObject *args) { return PyLong
 
 static PyObject *py_inflater(PyObject *self, PyObject *args) { return PyUnicode_FromString(ld_gzip ? "libdeflate" : "zlib"); }
 
+/* remap(column, table): each int32 x of the writable buffer column becomes table[x] (x < 0: -1), in place:
+ * a trace's content classes into its stack ids, without numpy's copy. False (nothing changed) where a
+ * value is past the table or the buffers are not int32-sized. */
+static PyObject *py_remap(PyObject *self, PyObject *args) {
+    Py_buffer col, tab;
+    if (!PyArg_ParseTuple(args, "w*y*", &col, &tab)) return NULL;
+    int ok = col.len % 4 == 0 && tab.len % 4 == 0;
+    size_t n = (size_t)col.len / 4, t = (size_t)tab.len / 4;
+    int32_t *c = col.buf;
+    const int32_t *m = tab.buf;
+    for (size_t i = 0; ok && i < n; i++) ok = c[i] < 0 || (size_t)c[i] < t;
+    for (size_t i = 0; ok && i < n; i++) c[i] = c[i] < 0 ? -1 : m[c[i]];
+    PyBuffer_Release(&col);
+    PyBuffer_Release(&tab);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
+    {"remap", py_remap, METH_VARARGS, "remap(column, table) -> bool: int32 x -> table[x] (x < 0: -1), in place"},
     {"give_up_line", py_give_up_line, METH_NOARGS, "the C source line where the last parse gave up (0: it did not)"},
     {"inflater", py_inflater, METH_NOARGS, "what inflates a .gz: 'libdeflate' (where the machine has it) or 'zlib'"},
     {"parse", py_parse, METH_VARARGS,
@@ -1928,5 +2350,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_snapread",
 
 PyMODINIT_FUNC PyInit__snapread(void) {
     ld_load();
+    if (PyType_Ready(&ColumnType) < 0) return NULL;
     return PyModule_Create(&module);
 }

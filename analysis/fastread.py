@@ -158,7 +158,7 @@ class _ColumnsConverter(reader._Converter):
         if not (len(events) == 1 and type(events[0]) is tuple):
             return super().convert_trace(dev, events)  # an empty trace
         n, action_b, addr_b, size_b, stream_b, time_b, absent_time, cls_b, sum_lens, order = events[0][:10]
-        cc, um, pool_b, pools, streams = events[0][10:]
+        cc, um, pool_b, pools, streams, counts_b = events[0][10:]
         where = f"device_traces[{dev}]"
         # At least what the reference charges: the events, the frame references, and (bounded by
         # the references again) the frames lists it would intern; the stacks' values are charged below.
@@ -171,8 +171,6 @@ class _ColumnsConverter(reader._Converter):
             self.no_time = True
         else:
             time_us = np.frombuffer(time_b, np.int64)
-        cls = np.frombuffer(cls_b, np.int32)
-        stack = np.full(n, -1, np.int32)
         if order:
             # The reference's bucketing rounds ask stack_of for the classes in this order (the C side
             # replays them); asking in the same order interns the same frame and stack ids.
@@ -180,10 +178,16 @@ class _ColumnsConverter(reader._Converter):
             sid_of = np.full(len(self.classes) + 1, -1, np.int32)  # the last one stands for "no frames"
             for c in order:
                 sid_of[c] = self.stack_of(self.proxy(c), where)
-            stack = sid_of[cls]
-        if self.stack_nodes:
-            counts = np.bincount(stack[stack >= 0], minlength=len(self.stack_nodes))
-            self.charge(int(counts @ np.asarray(self.stack_nodes, np.int64)))
+            # sid_of[cls], written over the classes where the C side wrote them (numpy's take would copy
+            # them into a new array); remap refuses (and changes nothing) only values past the table.
+            cls = np.frombuffer(cls_b, np.int32)
+            stack = cls if _snapread.remap(cls_b, sid_of) else sid_of[cls]
+            if self.stack_nodes:
+                # Each event charges its stack's nodes: counted per content class (one class, one stack).
+                counts = np.frombuffer(counts_b, np.int64)
+                self.charge(sum(int(counts[c]) * self.stack_nodes[sid_of[c]] for c in order if sid_of[c] >= 0))
+        else:
+            stack = np.full(n, -1, np.int32)
         if pool_b is None:
             pool = np.zeros(n, np.int32)
         else:

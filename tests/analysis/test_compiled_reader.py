@@ -225,6 +225,57 @@ def test_odd_but_readable_values_go_to_the_reference(edit: str) -> None:
     assert differences(c_value, p_value) == [] if c_kind == "ok" else c_value == p_value
 
 
+def _rewritten_memo_pickle() -> bytes:
+    """Events whose frames lists are the same bytes (GETs of the same memo entries), with one of those
+    entries overwritten before the last one (BINPUT of another frame dict): no pickler writes that, the
+    unpickler honours it, so the last list holds the other frame (the compiled reader must not take
+    the list for the one it read before from the same bytes)."""
+    import itertools
+    import pickletools
+
+    f1, f2, f3 = ({"filename": f"{n}.py", "line": i, "name": n} for i, n in enumerate(("a", "b", "c"), 1))
+    event: dict[str, Any] = {"action": "alloc", "size": 512, "stream": 0, "time_us": 1}
+    # the first list pickles the frame dicts themselves; the next ones GET them
+    events = [{**event, "addr": 512 * k, "frames": [f1, f3]} for k in (1, 2, 3)]
+    data = pickle.dumps({"extra": f2, "segments": [], "device_traces": [events]}, protocol=2)
+    memo_of: dict[int, int] = {}  # position of an EMPTY_DICT -> its memo id (the BINPUT after it)
+    dicts: list[int] = []
+    for (op, _arg, pos), (nxt, arg, _) in itertools.pairwise(pickletools.genops(data)):
+        if op.name == "EMPTY_DICT" and nxt.name == "BINPUT" and pos is not None and isinstance(arg, int):
+            memo_of[pos] = arg
+            dicts.append(pos)
+    # dict order: root, extra (f2), event 1, f1, f3, event 2, event 3
+    f2_id, f1_id, last = memo_of[dicts[1]], memo_of[dicts[3]], dicts[6]
+    patch = bytes([ord("h"), f2_id, ord("q"), f1_id, ord("0")])  # BINGET f2, BINPUT over f1's entry, POP
+    return data[:last] + patch + data[last:]
+
+
+def test_a_rewritten_memo_entry_is_read_as_the_unpickler_reads_it() -> None:
+    data = _rewritten_memo_pickle()
+    snap = read_snapshot(data, compiled=False)
+    frames = snap.stacks.frames
+    names = [[frames[f].name for f in snap.stacks.stacks[s]] for s in snap.devices[0].trace.stack]
+    assert names == [["a", "c"], ["a", "c"], ["b", "c"]]  # the last list reads the rewritten entry
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+    assert differences(compiled, snap) == []
+
+
+@pytest.mark.parametrize("tail", [[2**40], [2**40, 3], [{"x": 1}], [[]]])
+def test_a_trace_list_of_events_then_something_else_goes_to_the_reference(tail: list[Any]) -> None:
+    """A trace list holds its events as a first record and a count: what follows them in a later batch of the
+    pickler (APPEND or APPENDS after 1000 events) is given up on, and the reference says what it is."""
+    snap = _variant("texts")
+    events = snap["device_traces"][0]
+    while len(events) < 1000:
+        events.extend(dict(e) for e in events[: 1000 - len(events)])
+    events.extend(tail)
+    data = pickle.dumps(snap, protocol=4)
+    assert fastread.read_compiled(data, ReadLimits()) is None
+    (c_kind, c_value), (p_kind, p_value) = outcome(data, True), outcome(data, False)
+    assert (c_kind, c_value if c_kind == "refused" else None) == (p_kind, p_value if p_kind == "refused" else None)
+
+
 HOSTILE = build_cases(Path("/nonexistent/canary"))  # the payloads never run here: nothing is unpickled by pickle
 
 
