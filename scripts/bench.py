@@ -201,7 +201,16 @@ def _run_child(name: str, path: Path) -> None:
         c1 = os.times()
         # Ours and our reaped children's (the report's forked policy replays).
         cpu = sum(c1[:4]) - sum(c0[:4])
-        result: dict[str, Any] = {"seconds": seconds, "cpu": cpu, "peak_kib": _vm_hwm_kib(), "parts": parts}
+        # User time alone: the code's own work, without the kernel's page faults (whose cost on a VM
+        # swings with how much of the guest's memory the host has already backed: docs/performance.md).
+        user = c1[0] + c1[2] - c0[0] - c0[2]
+        result: dict[str, Any] = {
+            "seconds": seconds,
+            "cpu": cpu,
+            "user": user,
+            "peak_kib": _vm_hwm_kib(),
+            "parts": parts,
+        }
     except NotAvailable as exc:
         result = {"unavailable": str(exc)}
     print("BENCH " + json.dumps(result), flush=True)
@@ -284,6 +293,7 @@ def run_stage(name: str, path: Path, repeat: int) -> dict[str, Any] | None:
     by_wall = sorted(runs, key=lambda r: r["seconds"])
     median = dict(by_wall[(len(runs) - 1) // 2])  # the lower median for an even count
     median["cpu"] = sorted(r["cpu"] for r in runs)[(len(runs) - 1) // 2]
+    median["user"] = sorted(r["user"] for r in runs)[(len(runs) - 1) // 2]
     median["peak_kib"] = max(r["peak_kib"] for r in runs)
     median["runs"] = [round(r["seconds"], 2) for r in runs]
     return median
@@ -318,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reader: {fastread.reader_in_use()}; replay loops: {compiled.loops_in_use()}; load average: {_load()}")
     print(f"raw pickle: {path} ({path.stat().st_size / 1e6:.1f} MB)")
     print(
-        f"{'stage':24s} {'wall s':>7s} {'cpu s':>7s} {'peak MB':>8s} {'x wall':>7s} {'x cpu':>6s} {'x peak':>7s}"
-        "  wall runs / parts"
+        f"{'stage':24s} {'wall s':>7s} {'cpu s':>7s} {'user s':>7s} {'peak MB':>8s} {'x wall':>7s} {'x cpu':>6s}"
+        f" {'x user':>6s} {'x peak':>7s}  wall runs / parts"
     )
     base: dict[str, Any] | None = None
     failed = False
@@ -338,13 +348,14 @@ def main(argv: list[str] | None = None) -> int:
             base = result
         t_ratio = result["seconds"] / base["seconds"] if base else float("nan")
         c_ratio = result["cpu"] / base["cpu"] if base else float("nan")
+        u_ratio = result["user"] / base["user"] if base else float("nan")
         m_ratio = result["peak_kib"] / base["peak_kib"] if base else float("nan")
         parts = " ".join(
             f"{k}={v:.2f}s" if isinstance(v, float) else f"{k}={v}" for k, v in result.get("parts", {}).items()
         )
         print(
-            f"{name:24s} {result['seconds']:7.2f} {result['cpu']:7.2f} {peak_mb:8.0f} {t_ratio:7.2f} {c_ratio:6.2f}"
-            f" {m_ratio:7.2f}  {result['runs']} {parts}"
+            f"{name:24s} {result['seconds']:7.2f} {result['cpu']:7.2f} {result['user']:7.2f} {peak_mb:8.0f}"
+            f" {t_ratio:7.2f} {c_ratio:6.2f} {u_ratio:6.2f} {m_ratio:7.2f}  {result['runs']} {parts}"
         )
         for part, limit in (("replay", REPLAY_RATIO_MAX), ("simulate", REPLAY_RATIO_MAX)):
             if part in result.get("parts", {}) and base:
