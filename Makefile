@@ -19,7 +19,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt client/pyproject.toml
 	@touch $@
 
 install: $(VENV)/.installed ## create .venv, install the pinned requirements, build the compiled reader and replay loops
-	@# The C reader (analysis/_snapread.c) and replay loops (analysis/allocator/_replaycore.c) with the
+	@# The C reader (analysis/_snapread.c) and replays (analysis/allocator/_replaycore.c, _policycore.c) with the
 	@# machine's compiler and zlib; without them the Python reader and loops run.
 	@$(PY) setup.py -q build_ext --inplace >/dev/null 2>var-build-ext.log \
 	  && rm -f var-build-ext.log \
