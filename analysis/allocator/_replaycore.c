@@ -463,16 +463,23 @@ static int c_ns_slow(RecCore *c, int64_t start, int64_t size, int64_t v) {
     return rec && c->cur >= 0 ? c_ns(c, c->cur, v) : 0;
 }
 
-static int c_add_free(RecCore *c, int64_t start, int64_t size) {
+/* free_sz[start] = size; free_end[start + size] = start; counted, with the largest free size recorded at
+ * event `at` when a new size is tracked (_add_free's first half, and the hot split of c_alloc) */
+static int c_track_free(RecCore *c, int64_t start, int64_t size, int64_t at) {
     if (map_set(&c->free_sz, start, size) < 0 || map_set(&c->free_end, start + size, start) < 0) return -1;
     if (size >= c->tmin) {
         int added;
         if (c_count_up(c, size, &added) < 0) return -1;
         if (added) {
             if ((int64_t)c->dist.len > c->tlimit && c_retrack(c) < 0) return -1;
-            if (c_record_largest(c, c->cur) < 0) return -1;
+            if (c_record_largest(c, at) < 0) return -1;
         }
     }
+    return 0;
+}
+
+static int c_add_free(RecCore *c, int64_t start, int64_t size) {
+    if (c_track_free(c, start, size, c->cur) < 0) return -1;
     return c_ns_slow(c, start, size, size);
 }
 
@@ -743,16 +750,7 @@ static int c_alloc(RecCore *c, int64_t i, int64_t ad, int64_t sz, int64_t f) {
         rem = 0;
     }
     if (c_splits(c, rem, r)) {
-        int64_t nf = ad + r;
-        if (map_set(&c->free_sz, nf, rem) < 0 || map_set(&c->free_end, ad + f, nf) < 0) return -1;
-        if (rem >= c->tmin) {
-            int added;
-            if (c_count_up(c, rem, &added) < 0) return -1;
-            if (added) {
-                if ((int64_t)c->dist.len > c->tlimit && c_retrack(c) < 0) return -1;
-                if (c_record_largest(c, i) < 0) return -1;
-            }
-        }
+        if (c_track_free(c, ad + r, rem, i) < 0) return -1; /* ends at ad + f, the old block's end */
         if (!cnt && c_ns(c, i, rem) < 0) return -1;
         c->bs[i] = r;
     } else {
