@@ -39,6 +39,7 @@ from analysis.allocator import (
     whatif,
 )
 from analysis.allocator.config import setting_named, setting_of, whatif_candidates
+from analysis.allocator.requests import _recorded_reserved
 from analysis.categories import (
     ACTIVATIONS,
     CATEGORIES,
@@ -324,7 +325,7 @@ def build_whatif(
     for dev in snapshot.devices:
         if not len(dev.trace):
             continue
-        reserved = _reserved_from_segments_events(dev)
+        reserved = _recorded_reserved(dev)
         peak = int(reserved.max()) if reserved.size else 0
         ooms = oom_indices(dev.trace)
         wlimit = limit
@@ -1503,15 +1504,8 @@ def _even_indices(n: int, k: int) -> I64:
     return sorted_unique(np.r_[np.linspace(0, n - 1, k).astype(np.int64), n - 1])
 
 
-def _reserved_from_segments_events(dev: DeviceData) -> I64:
-    t = dev.trace
-    grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
-    shrink = (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP)
-    return np.cumsum(np.where(grow, t.size, 0) - np.where(shrink, t.size, 0))
-
-
 def _reserved_peak_index(dev: DeviceData) -> int:
-    """``_reserved_from_segments_events(dev).argmax()``, from the segment events alone: reserved
+    """``allocator.requests._recorded_reserved(dev).argmax()``, from the segment events alone: reserved
     memory changes only there, so it first peaks at one of them, or at the first event."""
     t = dev.trace
     grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
