@@ -38,6 +38,7 @@ which was missing and no what-if reports ``step_completes``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,11 +48,13 @@ import numpy.typing as npt
 
 from analysis.allocator import PolicyResult, ProjectedTail, Requests, simulate
 from analysis.allocator.policy import (
+    Beside,
     caught_served,
     placement_for,
     placement_report,
     start_report,
     tie_order_matters,
+    when_asked,
 )
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
@@ -654,6 +657,7 @@ def step_whatif(
     limit_range: tuple[int, int] | None = None,
     capped: bool = True,
     requests: Requests | None = None,
+    beside: Beside | None = None,
 ) -> dict[str, Any]:
     """``allocator.whatif``'s item for ``conf``, replayed with the projected tail, plus the
     step-level keys (``step_completes``, ``step_shortfall_bytes``, ``oom_projected``,
@@ -669,7 +673,8 @@ def step_whatif(
     peak reserved memory above ``low``, or the failing request short by less than
     ``high - limit_bytes``), the step is replayed once more at that end; if the two
     answers differ, the trace cannot tell which holds: ``step_completes`` is None
-    and ``step_completes_range`` gives both. ``capped`` and ``requests`` as in ``allocator.whatif``.
+    and ``step_completes_range`` gives both. ``capped``, ``requests`` and ``beside`` as in
+    ``allocator.whatif``.
     """
     assert projection.tail is not None
     base = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
@@ -678,6 +683,9 @@ def step_whatif(
     n = len(dev.trace)
     caught = frozenset(int(i) for i in np.flatnonzero(dev.trace.action == OOM).tolist()) - {projection.oom_event}
     replay = _StepReplay(snapshot, dev, cfg, step_ends, projection, order, requests, caught)
+    mirror = None
+    if tie_order_matters(order, cfg):  # the opposite order of new segments (_placement)
+        mirror = (beside or when_asked)(functools.partial(replay.run, limit_bytes, placement="mirror"))
     result = replay.run(limit_bytes)
     at_event, at_request = first_failure(result.ooms, projection, n, caught)
     completes = at_event is None and at_request is None
@@ -698,7 +706,7 @@ def step_whatif(
     request_range = _request_range(
         projection, cfg, completes, lambda t: replay.completes(replay.run(limit_bytes, tail=t))
     )
-    placement = _placement(replay, result, limit_bytes, completes)
+    placement = _placement(replay, result, mirror, completes)
     # None where the answer flips inside the limit's range, with the order of new segments, with a
     # caught OOM's block kept or freed, or with the failing request's low or high end: the trace
     # cannot say which holds (step_completes_range, placement, caught_ooms, oom_request_range give both).
@@ -756,16 +764,18 @@ class _StepReplay:
         return first_failure(result.ooms, self.projection, len(self.dev.trace), self.caught) == (None, None)
 
 
-def _placement(replay: _StepReplay, result: PolicyResult, limit_bytes: int | None, completes: bool) -> dict[str, Any]:
-    """``placement``, with the opposite order of new segments (equal free blocks tied the other
-    way): where the step's answer flips, it hangs on where the driver puts segments, which the
-    trace cannot show."""
+def _placement(
+    replay: _StepReplay, result: PolicyResult, mirror: Callable[[], PolicyResult] | None, completes: bool
+) -> dict[str, Any]:
+    """``placement``, with the replay in the opposite order of new segments (``mirror``: equal free
+    blocks tied the other way; None where the order cannot matter): where the step's answer flips,
+    it hangs on where the driver puts segments, which the trace cannot show."""
     order = replay.order
     placement = placement_report(order, result.oom, result.oom_avoided, result.peak_reserved, None)
-    if tie_order_matters(order, replay.cfg):
-        mirror = replay.run(limit_bytes, placement="mirror")
-        if replay.completes(mirror) != completes:
-            placement |= {"certain": False, "outcomes": _both_orders(order, completes, result.oom, mirror.oom)}
+    if mirror is not None:
+        other = mirror()
+        if replay.completes(other) != completes:
+            placement |= {"certain": False, "outcomes": _both_orders(order, completes, result.oom, other.oom)}
     return placement
 
 

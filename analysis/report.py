@@ -38,6 +38,7 @@ from analysis.allocator import (
     trace_is_complete,
     whatif,
 )
+from analysis.allocator import compiled as compiled_loops
 from analysis.allocator.config import setting_named, setting_of, whatif_candidates
 from analysis.allocator.requests import _recorded_reserved
 from analysis.categories import (
@@ -134,8 +135,8 @@ def build_report(
     fraction into a number of samples (``analysis.sizing``).
 
     With ``jobs`` > 1 the policy replays (the check and the what-ifs) run in up
-    to that many forked child processes beside the rest (``analysis.parallel``);
-    the report is the same. ``oom_message`` is torch's OOM message as the user
+    to that many threads (compiled loops) or forked child processes (Python loops)
+    beside the rest (``analysis.parallel``); the report is the same. ``oom_message`` is torch's OOM message as the user
     has it, ``sidecar`` the client's sidecar JSON (``oomscope_client``): both give
     the real limit (``analysis.limits``); a text that is not an OOM message
     raises ``OomMessageError`` before any heavy work.
@@ -144,7 +145,9 @@ def build_report(
     # worth collecting; the cyclic GC's passes over them are pure overhead.
     was_enabled = gc.isenabled()
     gc.disable()
-    pool = Pool(jobs)
+    # The compiled policy engine serves its requests without the GIL: threads then run the replays
+    # side by side at none of a fork's costs (analysis.parallel); the Python loops need processes.
+    pool = Pool(jobs, threads=compiled_loops.wanted())
     try:
         return _build_report(
             source,
@@ -804,11 +807,14 @@ def _submit_whatifs(
                         limit_range=span,
                         capped=cap_exists,
                         requests=requests,
+                        beside=pool.beside,
                     )
                 )
             else:
                 started[conf] = pool.submit(
-                    lambda: whatif(snapshot, dev, conf, wlimit, ends, capped=cap_exists, requests=requests)
+                    lambda: whatif(
+                        snapshot, dev, conf, wlimit, ends, capped=cap_exists, requests=requests, beside=pool.beside
+                    )
                 )
         return started[conf]
 

@@ -19,7 +19,9 @@
  * allocator's rules is written here: the caller passes each one (split rules, fit limit, pages,
  * the GC threshold in bytes, the limit, the reservation stride and size, the placement's chunk
  * and top), taken from its one definition (analysis/allocator/config.py, placement.py, policy.py),
- * and ``allocation_size`` is config.py's own function, called on a miss (remembered per size).
+ * and ``allocation_size`` is config.py's own function, asked for every request size before the
+ * loop. The loop itself touches no Python object and runs without the GIL, so the report's policy
+ * replays run in threads side by side (analysis.parallel) instead of forked processes.
  *
  * Declining: the engine works on sizes and addresses in [0, 2**62) and on a model whose free
  * lists hold exactly the blocks their keys name. A state outside that (only a hostile trace makes
@@ -27,8 +29,9 @@
  * leaves the Python model untouched, and returns (None, reason); the caller then runs the Python
  * loop, which does whatever the reference does there.
  *
- * Memory: every array grows by checked doubling; every allocation is checked; everything is
- * freed on every path out (engine_free).
+ * Memory: every array grows by checked doubling; every allocation is checked (PyMem_Raw*: no GIL
+ * needed; a failed one returns -1 with no exception set, which the entry point turns into
+ * MemoryError); everything is freed on every path out (engine_free).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -163,14 +166,12 @@ static int grow(void **p, size_t *cap, size_t need, size_t item) {
     size_t c = *cap ? *cap : 16;
     while (c < need) {
         if (c > ((size_t)PY_SSIZE_T_MAX / item) / 2) {
-            PyErr_NoMemory();
             return -1;
         }
         c *= 2;
     }
-    void *q = PyMem_Realloc(*p, c * item);
+    void *q = PyMem_RawRealloc(*p, c * item);
     if (!q) {
-        PyErr_NoMemory();
         return -1;
     }
     *p = q;
@@ -208,9 +209,8 @@ static Py_ssize_t hm_find(const HMap *m, int64_t key) {
 static int hm_rehash(HMap *m, size_t cap) {
     HEnt *old = m->e;
     size_t oldcap = m->cap;
-    HEnt *e = PyMem_Calloc(cap, sizeof(HEnt));
+    HEnt *e = PyMem_RawCalloc(cap, sizeof(HEnt));
     if (!e) {
-        PyErr_NoMemory();
         return -1;
     }
     size_t mask = cap - 1;
@@ -220,7 +220,7 @@ static int hm_rehash(HMap *m, size_t cap) {
         while (e[i].used) i = (i + 1) & mask;
         e[i] = old[j];
     }
-    PyMem_Free(old);
+    PyMem_RawFree(old);
     m->e = e;
     m->cap = cap;
     return 0;
@@ -231,7 +231,6 @@ static int hm_set(HMap *m, int64_t key, int64_t val, int32_t aux) {
     if ((m->n + 1) * 2 > m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 64;
         if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(HEnt))) {
-            PyErr_NoMemory();
             return -1;
         }
         if (hm_rehash(m, cap) < 0) return -1;
@@ -291,9 +290,8 @@ static int cmp_seq(const void *a, const void *b) {
 
 /* The entries in a Python dict's order (new array, caller frees; NULL with an exception). */
 static HEnt **hm_ordered(const HMap *m) {
-    HEnt **out = PyMem_Malloc((m->n ? m->n : 1) * sizeof(HEnt *));
+    HEnt **out = PyMem_RawMalloc((m->n ? m->n : 1) * sizeof(HEnt *));
     if (!out) {
-        PyErr_NoMemory();
         return NULL;
     }
     size_t k = 0;
@@ -386,8 +384,7 @@ static Chunk *chunk_new(FList *f) {
     Chunk *ch = f->spare;
     if (ch) {
         f->spare = NULL;
-    } else if (!(ch = PyMem_Malloc(sizeof(Chunk)))) {
-        PyErr_NoMemory();
+    } else if (!(ch = PyMem_RawMalloc(sizeof(Chunk)))) {
         return NULL;
     }
     ch->n = 0;
@@ -396,7 +393,7 @@ static Chunk *chunk_new(FList *f) {
 
 static void chunk_drop(FList *f, Chunk *ch) {
     if (f->spare)
-        PyMem_Free(ch);
+        PyMem_RawFree(ch);
     else
         f->spare = ch;
 }
@@ -619,9 +616,8 @@ static int cmp_range(const void *a, const void *b) {
 
 /* PLACEMENTS[kind](self._segment_spans()): the placement model, continuing from the live segments. */
 static int va_make(Engine *E) {
-    Range *spans = PyMem_Malloc((E->heads.n ? E->heads.n : 1) * sizeof(Range));
+    Range *spans = PyMem_RawMalloc((E->heads.n ? E->heads.n : 1) * sizeof(Range));
     if (!spans) {
-        PyErr_NoMemory();
         return -1;
     }
     size_t n = 0;
@@ -630,12 +626,12 @@ static int va_make(Engine *E) {
         int64_t size = 0;
         for (int32_t b = (int32_t)E->heads.e[i].val; b >= 0; b = E->b[b].next) {
             if (add_size(E, &size, E->b[b].size) < 0) {
-                PyMem_Free(spans);
+                PyMem_RawFree(spans);
                 return -1;
             }
         }
         if (E->heads.e[i].key < 0) { /* Python's % and C's differ below zero; no model makes one */
-            PyMem_Free(spans);
+            PyMem_RawFree(spans);
             DECLINE(E, "a segment below address 0");
         }
         spans[n++] = (Range){E->heads.e[i].key, size};
@@ -648,26 +644,26 @@ static int va_make(Engine *E) {
             for (size_t k = 0; k < n; k++)
                 if (spans[k].addr + spans[k].size > E->va_next) E->va_next = spans[k].addr + spans[k].size;
         }
-        PyMem_Free(spans);
+        PyMem_RawFree(spans);
         return 0;
     }
     E->va = 0;
     qsort(spans, n, sizeof(Range), cmp_range);
     if (!n) {
         E->va_low = E->top;
-        PyMem_Free(spans);
+        PyMem_RawFree(spans);
         return 0;
     }
     E->va_low = spans[0].addr - spans[0].addr % E->chunk;
     int64_t end = E->va_low;
     for (size_t k = 0; k < n; k++) {
         if (spans[k].addr > end && va_insert(E, E->va_n, end, spans[k].addr - end) < 0) {
-            PyMem_Free(spans);
+            PyMem_RawFree(spans);
             return -1;
         }
         if (spans[k].addr + spans[k].size > end) end = spans[k].addr + spans[k].size;
     }
-    PyMem_Free(spans);
+    PyMem_RawFree(spans);
     return 0;
 }
 
@@ -885,8 +881,8 @@ static int release_pool(Engine *E, int bp) {
         if (unmap(E, (int)todo.v[t], (int32_t)todo.v[t + 1]) < 0) goto out;
     rc = 0;
 out:
-    PyMem_Free(todo.v);
-    PyMem_Free(all.v);
+    PyMem_RawFree(todo.v);
+    PyMem_RawFree(all.v);
     return rc;
 }
 
@@ -905,12 +901,12 @@ static int release_cached(Engine *E, int64_t upto) {
             rc = vec_push(&pairs, order[k]->val);
             if (rc == 0) rc = vec_push(&pairs, order[k]->aux);
         }
-        PyMem_Free(order);
+        PyMem_RawFree(order);
         for (size_t k = 0; rc == 0 && k + 1 < pairs.n; k += 2) {
             E->counts[C_PEND_SYNCED]++;
             rc = free_block(E, (int)pairs.v[k + 1], (int32_t)pairs.v[k], NULL);
         }
-        PyMem_Free(pairs.v);
+        PyMem_RawFree(pairs.v);
         TRY(rc);
     }
     hm_clear(&E->pend);
@@ -981,10 +977,10 @@ static int garbage_collect(Engine *E) {
         }
     }
 done:
-    PyMem_Free(snap.v);
+    PyMem_RawFree(snap.v);
     return 0;
 fail:
-    PyMem_Free(snap.v);
+    PyMem_RawFree(snap.v);
     return -1;
 }
 
@@ -1148,13 +1144,9 @@ typedef struct {
     Py_ssize_t n;
 } Inputs;
 
-/* allocation_size(size): config.py's own function, remembered per size. */
-static int alloc_size_of(Engine *E, int64_t size, int64_t *out) {
-    Py_ssize_t i = hm_find(&E->asz, size);
-    if (i >= 0) {
-        *out = E->asz.e[i].val;
-        return 0;
-    }
+/* allocation_size(size): config.py's own function, asked once per request size before the loop
+ * (size_table), since the loop calls no Python: it runs without the GIL, beside other threads. */
+static int ask_allocation_size(Engine *E, int64_t size) {
     PyObject *s = PyLong_FromLongLong(size);
     if (!s) return -1;
     PyObject *r = PyObject_CallOneArg(E->allocation_size, s);
@@ -1165,8 +1157,23 @@ static int alloc_size_of(Engine *E, int64_t size, int64_t *out) {
     Py_DECREF(r);
     if (v == -1 && PyErr_Occurred()) return -1;
     if (overflow || v < 0 || v >= VMAX) DECLINE(E, "an allocation size past the engine's range");
-    *out = v;
     return hm_set(&E->asz, size, v, 0);
+}
+
+static int size_table(Engine *E, const Inputs *in) {
+    for (Py_ssize_t k = 0; k < in->n; k++) {
+        long op = (long)in->ops[k];
+        if ((op == E->op_alloc || op == E->op_oom) && hm_find(&E->asz, in->sizes[k]) < 0)
+            TRY(ask_allocation_size(E, in->sizes[k]));
+    }
+    return 0;
+}
+
+static int alloc_size_of(Engine *E, int64_t size, int64_t *out) {
+    Py_ssize_t i = hm_find(&E->asz, size);
+    if (i < 0) DECLINE(E, "a request size missing from the size table"); /* size_table asked every one */
+    *out = E->asz.e[i].val;
+    return 0;
 }
 
 static int is_transient(const Engine *E, int64_t ev) {
@@ -1181,7 +1188,8 @@ static int is_transient(const Engine *E, int64_t ev) {
     return lo < E->n_transient && E->transient[lo] == ev;
 }
 
-static int serve(Engine *E, const Inputs *in, PyObject *failed) {
+/* The loop: C state only, no Python object touched (its caller has released the GIL). */
+static int serve(Engine *E, const Inputs *in, Vec *failed) {
     for (Py_ssize_t k = 0; k < in->n; k++) {
         long op = (long)in->ops[k];
         int64_t ra = in->raddrs[k], rs = in->sizes[k];
@@ -1201,11 +1209,7 @@ static int serve(Engine *E, const Inputs *in, PyObject *failed) {
                 TRY(miss(E, lk, rs, asz, &b));
                 if (b < 0) {
                     E->counts[C_OOM_FAILED]++;
-                    PyObject *ev = PyLong_FromLongLong(in->events[k]);
-                    if (!ev) return -1;
-                    int rc = PyList_Append(failed, ev);
-                    Py_DECREF(ev);
-                    TRY(rc);
+                    TRY(vec_push(failed, in->events[k]));
                     continue;
                 }
             }
@@ -1320,7 +1324,7 @@ static int p_i128_list(PyObject *d, const char *name, int nl, i128 **out) {
         PyErr_Format(PyExc_ValueError, "policy_engine: %s must be a list of one number per free list", name);
         return -1;
     }
-    *out = PyMem_Calloc(nl ? nl : 1, sizeof(i128));
+    *out = PyMem_RawCalloc(nl ? nl : 1, sizeof(i128));
     if (!*out) {
         PyErr_NoMemory();
         return -1;
@@ -1651,8 +1655,12 @@ static int import_va(Engine *E, PyObject *model) {
         PyObject *t = PyList_GET_ITEM(free, j);
         int64_t a, s;
         if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 || small_int(E, PyTuple_GET_ITEM(t, 0), &a) < 0 ||
-            small_int(E, PyTuple_GET_ITEM(t, 1), &s) < 0 || va_insert(E, E->va_n, a, s) < 0) {
+            small_int(E, PyTuple_GET_ITEM(t, 1), &s) < 0) {
             if (!PyErr_Occurred() && !E->declined) E->declined = "a placement of another shape";
+            Py_DECREF(free);
+            goto out;
+        }
+        if (va_insert(E, E->va_n, a, s) < 0) { /* out of memory: no exception set (the helpers run GIL-free) */
             Py_DECREF(free);
             goto out;
         }
@@ -1675,8 +1683,8 @@ static int import_i128(PyObject *model, const char *name, i128 *out) {
 static int import_model(Engine *E, PyObject *model) {
     Interner I = {0};
     int rc = -1;
-    E->fl = PyMem_Calloc(E->nl ? E->nl : 1, sizeof(FList));
-    E->ul = PyMem_Calloc(E->nl ? E->nl : 1, sizeof(UList));
+    E->fl = PyMem_RawCalloc(E->nl ? E->nl : 1, sizeof(FList));
+    E->ul = PyMem_RawCalloc(E->nl ? E->nl : 1, sizeof(UList));
     if (!E->fl || !E->ul) {
         PyErr_NoMemory();
         goto out;
@@ -1713,8 +1721,8 @@ static int import_model(Engine *E, PyObject *model) {
     }
     rc = 0;
 out:
-    PyMem_Free(I.ptr.e);
-    PyMem_Free(I.objs);
+    PyMem_RawFree(I.ptr.e);
+    PyMem_RawFree(I.objs);
     return rc;
 }
 
@@ -1750,7 +1758,7 @@ static PyObject *vec_list(const Vec *v) {
 
 /* The Python block objects, one per live arena slot (NULL for the dead ones), linked. */
 static PyObject **export_blocks(Engine *E) {
-    PyObject **objs = PyMem_Calloc(E->nb ? (size_t)E->nb : 1, sizeof(PyObject *));
+    PyObject **objs = PyMem_RawCalloc(E->nb ? (size_t)E->nb : 1, sizeof(PyObject *));
     if (!objs) {
         PyErr_NoMemory();
         return NULL;
@@ -1792,7 +1800,7 @@ static PyObject **export_blocks(Engine *E) {
     return objs;
 fail:
     for (int32_t k = 0; k < E->nb; k++) Py_XDECREF(objs[k]);
-    PyMem_Free(objs);
+    PyMem_RawFree(objs);
     return NULL;
 }
 
@@ -1831,10 +1839,10 @@ static PyObject *export_dict(Engine *E, PyObject **objs, const HMap *m, int whic
         Py_XDECREF(v);
         if (rc < 0) goto fail_order;
     }
-    PyMem_Free(order);
+    PyMem_RawFree(order);
     return d;
 fail_order:
-    PyMem_Free(order);
+    PyMem_RawFree(order);
 fail:
     Py_DECREF(d);
     return NULL;
@@ -1923,11 +1931,11 @@ static PyObject *export_model(Engine *E) {
         put(d, "va", export_va(E)) < 0)
         goto fail;
     for (int32_t k = 0; k < E->nb; k++) Py_XDECREF(objs[k]);
-    PyMem_Free(objs);
+    PyMem_RawFree(objs);
     return d;
 fail:
     for (int32_t k = 0; k < E->nb; k++) Py_XDECREF(objs[k]);
-    PyMem_Free(objs);
+    PyMem_RawFree(objs);
     Py_XDECREF(d);
     return NULL;
 }
@@ -1946,29 +1954,29 @@ static PyObject *export_counts(const Engine *E) {
 /* ------------------------------------------------------------------ entry point */
 
 static void engine_free(Engine *E) {
-    PyMem_Free(E->over);
-    PyMem_Free(E->below);
-    PyMem_Free(E->b);
-    PyMem_Free(E->freeslots.v);
+    PyMem_RawFree(E->over);
+    PyMem_RawFree(E->below);
+    PyMem_RawFree(E->b);
+    PyMem_RawFree(E->freeslots.v);
     if (E->fl)
         for (int lk = 0; lk < E->nl; lk++) {
             fl_clear(&E->fl[lk]);
-            PyMem_Free(E->fl[lk].spare);
-            PyMem_Free(E->fl[lk].c);
-            PyMem_Free(E->fl[lk].last);
+            PyMem_RawFree(E->fl[lk].spare);
+            PyMem_RawFree(E->fl[lk].c);
+            PyMem_RawFree(E->fl[lk].last);
         }
     if (E->ul)
         for (int lk = 0; lk < E->nl; lk++) {
-            PyMem_Free(E->ul[lk].addr);
-            PyMem_Free(E->ul[lk].blk);
+            PyMem_RawFree(E->ul[lk].addr);
+            PyMem_RawFree(E->ul[lk].blk);
         }
-    PyMem_Free(E->fl);
-    PyMem_Free(E->ul);
+    PyMem_RawFree(E->fl);
+    PyMem_RawFree(E->ul);
     HMap *maps[] = {&E->amap, &E->pmap, &E->pend, &E->heads, &E->gcb, &E->asz};
-    for (int j = 0; j < 6; j++) PyMem_Free(maps[j]->e);
+    for (int j = 0; j < 6; j++) PyMem_RawFree(maps[j]->e);
     Vec *vecs[] = {&E->seg_act, &E->seg_size, &E->seg_idx, &E->flushes};
-    for (int j = 0; j < 4; j++) PyMem_Free(vecs[j]->v);
-    PyMem_Free(E->va_free);
+    for (int j = 0; j < 4; j++) PyMem_RawFree(vecs[j]->v);
+    PyMem_RawFree(E->va_free);
 }
 
 /* policy_engine(model, params) -> (failed, state, counts), or (None, reason) when declined. */
@@ -1982,10 +1990,15 @@ PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
     memset(views, 0, sizeof views);
     Inputs in = {0};
     PyObject *result = NULL, *failed = NULL;
+    Vec failed_at = {0};
+    int served;
     if (parse_params(&E, pdict, views, &in) < 0) goto done;
-    if (check_inputs(&E, &in) < 0 || import_model(&E, model) < 0) goto declined;
-    if (!(failed = PyList_New(0))) goto done;
-    if (serve(&E, &in, failed) < 0) goto declined;
+    if (check_inputs(&E, &in) < 0 || import_model(&E, model) < 0 || size_table(&E, &in) < 0) goto declined;
+    Py_BEGIN_ALLOW_THREADS /* the policy replays of one report run in threads side by side (report.py) */
+    served = serve(&E, &in, &failed_at);
+    Py_END_ALLOW_THREADS
+    if (served < 0) goto declined;
+    if (!(failed = vec_list(&failed_at))) goto done;
     PyObject *state = export_model(&E);
     if (!state) goto done;
     PyObject *counts = export_counts(&E);
@@ -2000,7 +2013,11 @@ PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
 declined:
     if (!PyErr_Occurred() && E.declined) result = Py_BuildValue("(Os)", Py_None, E.declined);
 done:
+    /* The engine's own helpers return -1 without an exception when an allocation fails (they run
+     * without the GIL): that is the one failure with nothing set. */
+    if (!result && !PyErr_Occurred()) PyErr_NoMemory();
     Py_XDECREF(failed);
+    PyMem_RawFree(failed_at.v);
     for (int v = 0; v < V_N; v++)
         if (views[v].obj) PyBuffer_Release(&views[v]);
     engine_free(&E);

@@ -60,8 +60,9 @@ the model's state goes in once and comes back once, ``_Model.engine_rules`` /
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
@@ -1479,6 +1480,15 @@ def replay_check(snapshot: Snapshot, device: DeviceData | int, *, requests: Requ
     }
 
 
+# Starts a replay that a what-if needs later and returns its getter (``analysis.parallel.Pool.beside``).
+Beside = Callable[[Callable[[], PolicyResult]], Callable[[], PolicyResult]]
+
+
+def when_asked(replay: Callable[[], PolicyResult]) -> Callable[[], PolicyResult]:
+    """No ``beside``: the replay runs when its result is asked for."""
+    return replay
+
+
 def whatif(
     snapshot: Snapshot,
     device: DeviceData | int,
@@ -1488,6 +1498,7 @@ def whatif(
     *,
     requests: Requests | None = None,
     capped: bool = True,
+    beside: Beside | None = None,
 ) -> dict[str, Any]:
     """Contract ``whatif`` item: the recorded settings with ``conf`` applied on top.
 
@@ -1496,7 +1507,8 @@ def whatif(
     peak: the least memory the device had). Pass the device's size for more room.
     Without ``step_ends`` the steps come from the annotations. ``capped`` false:
     the limit is the device's own memory, no per-process fraction, so no GC runs
-    (``AllocatorConfig.acting``).
+    (``AllocatorConfig.acting``). ``beside`` starts the replay in the opposite order of new
+    segments beside this one (``analysis.parallel.Pool.beside``); without it, it runs after.
     """
     dev = _device(snapshot, device)
     req = requests if requests is not None else requests_for(snapshot, dev)
@@ -1511,10 +1523,13 @@ def whatif(
         limit_bytes = fitted if fitted is not None else (estimate.lower or None)
     ends = step_end_indices(snapshot, dev) if step_ends is None else list(step_ends)
     order = placement_for(cfg, base)
-    result = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req, placement=order)
-    other = None
+    mirror = None
     if tie_order_matters(order, cfg):
-        other = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req, placement="mirror")
+        mirror = (beside or when_asked)(
+            functools.partial(simulate, snapshot, dev, cfg, limit_bytes, ends, requests=req, placement="mirror")
+        )
+    result = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req, placement=order)
+    other = mirror() if mirror is not None else None
     return {
         "config": conf,
         "peak_reserved_bytes": result.peak_reserved,

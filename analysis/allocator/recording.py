@@ -10,11 +10,13 @@ and passes it down; one built here for a caller that passes none serves that cal
 
 ``policy.needs_recorded_state`` tells the owner, before it forks policy replays into children
 (``analysis.parallel``), whether they would read a recorded state: the source is then built
-first, in the parent, so that no child builds its own.
+first, in the parent, so that no child builds its own. Threads (the compiled engine's replays run
+in threads of one process) share the one source: the first ``get()`` builds it, the others wait.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 from analysis.allocator.recorded import RecordedReplay, recorded_replay
@@ -28,6 +30,7 @@ class ReplaySource:
         self.snapshot, self.device = snapshot, device
         self.keep_at = tuple(keep_at)
         self._replay: RecordedReplay | None = None
+        self._building = threading.Lock()
 
     @property
     def built(self) -> bool:
@@ -35,5 +38,7 @@ class ReplaySource:
 
     def get(self) -> RecordedReplay:
         if self._replay is None:
-            self._replay = recorded_replay(self.snapshot, self.device, keep_at=self.keep_at)
+            with self._building:
+                if self._replay is None:
+                    self._replay = recorded_replay(self.snapshot, self.device, keep_at=self.keep_at)
         return self._replay

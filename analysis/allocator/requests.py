@@ -586,9 +586,7 @@ class Requests:
         # are powers of two, so a coarser recorded rounding stays (an upper bound) under a finer one.
         rounded = cfg.round_sizes(self.sizes)
         out = (rounded, _free_lists(rounded, self.lane, self.n_streams).astype(np.int64))
-        if len(self._rounded) >= 4:
-            del self._rounded[next(iter(self._rounded))]
-        self._rounded[key] = out
+        _remember(self._rounded, key, out)
         return out
 
     def lists(self, cfg: AllocatorConfig) -> tuple[list[int], list[int]]:
@@ -599,9 +597,7 @@ class Requests:
             return hit
         sizes, lks = self.columns(cfg)
         out = (sizes.tolist(), lks.tolist())
-        if len(self._listed) >= 4:
-            del self._listed[next(iter(self._listed))]
-        self._listed[key] = out
+        _remember(self._listed, key, out)
         return out
 
     def stream_keys(self) -> list[tuple[int, int, int, int]]:
@@ -668,6 +664,15 @@ class Requests:
         )
         a, b, c, d, e = (np.r_[x, y].astype(np.int64) for x, y in zip(cut, added, strict=True))
         return a, b, c, d, e
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """Keep ``value`` in a cache of at most four; the oldest goes. Replays in threads of one process
+    share a ``Requests``: two may fill the same key at once (both computed the same value), and
+    neither may fail on an entry the other has just evicted."""
+    if len(cache) >= 4:
+        cache.pop(next(iter(cache.copy()), None), None)
+    cache[key] = value
 
 
 def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplaySource | None = None) -> Requests:

@@ -1,9 +1,10 @@
-"""analysis.parallel: tasks in forked children, with the parent as the fallback."""
+"""analysis.parallel: tasks in forked children (or threads), with the parent as the fallback."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -71,3 +72,52 @@ def test_close_reaps_every_child() -> None:
 
 def test_available_cpus_is_at_least_one() -> None:
     assert available_cpus() >= 1
+
+
+# ------------------------------------------------------------------ thread mode
+
+
+def test_threads_run_tasks_beside_the_caller_and_hand_back_the_objects_themselves() -> None:
+    pool = Pool(2, threads=True)
+    gate = threading.Event()
+    first = pool.submit(lambda: gate.wait(10) and threading.get_ident())
+    value = {1, 2}  # a set: no JSON needed on threads
+    second = pool.submit(lambda: value)
+    gate.set()
+    assert first.result() != threading.get_ident()
+    assert second.result() is value
+    assert first.threaded and not first.forked
+    pool.close()
+
+
+def test_a_task_no_thread_has_taken_up_runs_in_the_thread_asking_for_it() -> None:
+    pool = Pool(2, threads=True)
+    gate = threading.Event()
+    busy = [pool.submit(lambda: gate.wait(10)) for _ in range(2)]  # both threads taken
+    queued = pool.submit(threading.get_ident)
+    assert queued.result() == threading.get_ident() and not queued.threaded
+    gate.set()
+    assert all(t.result() for t in busy)
+    pool.close()
+
+
+def test_beside_hands_back_a_getter_that_never_waits_on_a_task_not_started() -> None:
+    pool = Pool(2, threads=True)
+    gate = threading.Event()
+    outer = pool.submit(lambda: (gate.wait(10), pool.beside(threading.get_ident)())[1])
+    pool.submit(lambda: gate.wait(10))  # the second thread is busy until the outer task is done
+    gate.set()
+    assert outer.result() != threading.get_ident()  # ran on a pool thread, by the task that waited for it
+    pool.close()
+    serial = Pool(1, threads=True)
+    getter = serial.beside(threading.get_ident)
+    assert getter() == threading.get_ident()  # one job: runs when asked for
+
+
+def test_a_task_that_raises_on_a_thread_raises_its_own_exception_here() -> None:
+    pool = Pool(2, threads=True)
+    task = pool.submit(_boom)
+    with pytest.raises(KeyError, match="from the task"):
+        task.result()
+    assert pool.reruns == 0
+    pool.close()

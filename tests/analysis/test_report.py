@@ -201,11 +201,20 @@ def test_the_same_file_always_gives_the_same_report(case: str) -> None:
 
 @pytest.mark.parametrize("case", ["gpt_varlen_oom", "two_gpu_pipeline", "gpu_empty_cache"])
 def test_policy_replays_in_child_processes_give_the_serial_report(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _side_by_side_gives_the_serial_report(case, monkeypatch, threads=False)
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "two_gpu_pipeline", "gpu_empty_cache"])
+def test_policy_replays_in_threads_give_the_serial_report(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _side_by_side_gives_the_serial_report(case, monkeypatch, threads=True)
+
+
+def _side_by_side_gives_the_serial_report(case: str, monkeypatch: pytest.MonkeyPatch, *, threads: bool) -> None:
     pools: list[parallel.Pool] = []
 
     class Recording(parallel.Pool):
-        def __init__(self, jobs: int) -> None:
-            super().__init__(jobs)
+        def __init__(self, jobs: int, *, threads: bool = False) -> None:
+            super().__init__(jobs, threads=use_threads)
             self.tasks: list[parallel.Pending] = []
             pools.append(self)
 
@@ -213,16 +222,23 @@ def test_policy_replays_in_child_processes_give_the_serial_report(case: str, mon
             self.tasks.append(super().submit(fn))
             return self.tasks[-1]
 
+    use_threads = threads
     monkeypatch.setattr(report_mod, "Pool", Recording)
     whatifs = ("expandable_segments:True", "max_split_size_mb:256")
     serial = build_report(FIXTURES / f"{case}.pickle.gz", whatif=whatifs)
-    assert pools and not any(t.forked for p in pools for t in p.tasks)
+    assert pools and not any(t.forked or t.threaded for p in pools for t in p.tasks)
     pools.clear()
-    forked = build_report(FIXTURES / f"{case}.pickle.gz", whatif=whatifs, jobs=3)
+    beside = build_report(FIXTURES / f"{case}.pickle.gz", whatif=whatifs, jobs=3)
     tasks = [t for p in pools for t in p.tasks]
-    # One check per device plus each distinct what-if config, every one from a child.
-    assert len(tasks) >= 3 and all(t.forked for t in tasks)
-    assert json.dumps(forked, sort_keys=True) == json.dumps(serial, sort_keys=True)
+    # One check per device plus each distinct what-if config (and, on threads, each mirror replay),
+    # every one from a child; on threads, a task nobody had taken up yet runs in the thread asking.
+    assert len(tasks) >= 3
+    if threads:
+        assert any(t.threaded for t in tasks) and not any(t.forked for t in tasks)
+        assert len(tasks) > 3, "the mirror replays ran as tasks of their own"
+    else:
+        assert all(t.forked for t in tasks)
+    assert json.dumps(beside, sort_keys=True) == json.dumps(serial, sort_keys=True)
     assert serial["devices"][0]["whatif"], "the comparison covers what-if items"
 
 
