@@ -40,7 +40,7 @@ from analysis.allocator import (
 )
 from analysis.allocator import compiled as compiled_loops
 from analysis.allocator.config import setting_named, setting_of, whatif_candidates
-from analysis.allocator.requests import _recorded_reserved
+from analysis.allocator.requests import _recorded_reserved, reads_recorded_state
 from analysis.categories import (
     ACTIVATIONS,
     CATEGORIES,
@@ -367,6 +367,8 @@ def build_whatif(
 # ------------------------------------------------------------------ per device: the stages
 #
 # One device goes through these stages in order; each returns a frozen result that the next take:
+#   _start              -> _Started      the request stream, and the check replay started on it (on a
+#                                         second CPU it runs while the facts are found)
 #   _trace_facts        -> _Facts        the trace before any replay: its OOMs, steps, lifetimes, the
 #                                         projected failing step, the limit the user's inputs give, and
 #                                         the states the recorded replay is to keep
@@ -407,6 +409,16 @@ class _Facts:
     explained: tuple[int, ...]  # the OOMs explained (the last MAX_OOMS_EXPLAINED)
     keep: tuple[int, ...]  # states the recorded replay keeps from its one pass
     live_requested: _Live | None  # live requested bytes after each allocation (the AMP estimate replays it)
+
+
+@dataclass(frozen=True)
+class _Started:
+    """What starts before the trace's facts are read (``_start``)."""
+
+    recorded_cfg: AllocatorConfig
+    source: ReplaySource  # the recorded replay, built on its first need
+    requests: Requests | None  # None: no events, or they wait for _record (as the check does)
+    check: Pending | None
 
 
 @dataclass(frozen=True)
@@ -486,9 +498,10 @@ def _analyse_device(
 ) -> _DeviceOutcome:
     """All analyses of one device, stage after stage (see above)."""
     progress("replaying", 0.0)
-    facts = _trace_facts(snapshot, dev, limit, message, sidecar, checkpoints=explore is not None)
+    started = _start(snapshot, dev, pool)
+    facts = _trace_facts(snapshot, dev, started.recorded_cfg, limit, message, sidecar, checkpoints=explore is not None)
     warnings: list[tuple[str, str]] = []
-    recorded, check, planned = _record(snapshot, facts, pool, user_whatifs, warnings)
+    recorded, check, planned = _record(snapshot, facts, started, pool, user_whatifs, warnings)
     progress("replaying", 0.5)
     explained = _explain(snapshot, facts, recorded, message, warnings)
     if planned is None:
@@ -520,10 +533,28 @@ def _analyse_device(
     )
 
 
+# -- stage 0: the requests, and the check replay started on them --------------------
+def _start(snapshot: Snapshot, dev: DeviceData, pool: Pool) -> _Started:
+    """The device's requests, and the check replay started on them at once, where neither reads
+    the recorded replay (``reads_recorded_state``, ``needs_recorded_state``): the check needs
+    nothing of the trace's facts, so on a second CPU it runs while they are found. Else both wait
+    for ``_record``, so that the recorded replay, built once, keeps the states the facts name."""
+    recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+    source = ReplaySource(snapshot, dev)
+    if not len(dev.trace):
+        return _Started(recorded_cfg, source, None, pool.submit(lambda: _empty_replay_check(snapshot)))
+    if reads_recorded_state(dev) or needs_recorded_state(dev, recorded_cfg):
+        return _Started(recorded_cfg, source, None, None)
+    requests = build_requests(snapshot, dev, source)
+    check = pool.submit(lambda: replay_check(snapshot, dev, requests=requests))
+    return _Started(recorded_cfg, source, requests, check)
+
+
 # -- stage 1: the trace before any replay ------------------------------------------
 def _trace_facts(
     snapshot: Snapshot,
     dev: DeviceData,
+    recorded_cfg: AllocatorConfig,
     limit: int | None,
     message: OomMessage | None,
     sidecar: dict[str, Any] | None,
@@ -534,7 +565,6 @@ def _trace_facts(
     n = len(trace)
     ooms = oom_indices(trace)
     oom_index = int(ooms[-1]) if ooms.size else None
-    recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     steps = find_steps(snapshot.annotations, dev.device, trace.time_us)
     known = _known_limit(snapshot, dev, oom_index, limit, message, sidecar, recorded_cfg)
     lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
@@ -594,22 +624,26 @@ def _known_limit(
 
 # -- stage 2: the recorded replay and the requests, once ---------------------------
 def _record(
-    snapshot: Snapshot, facts: _Facts, pool: Pool, user_whatifs: list[str], warnings: list[tuple[str, str]]
+    snapshot: Snapshot,
+    facts: _Facts,
+    started: _Started,
+    pool: Pool,
+    user_whatifs: list[str],
+    warnings: list[tuple[str, str]],
 ) -> tuple[_Recorded, Pending, list[_Planned] | None]:
     """The recorded replay and the requests, each built once and handed to every replay.
 
-    The policy replays start first when nothing they need comes from the recorded replay
-    (``allocator.needs_recorded_state``: else the replay is built first, so that no forked
-    child builds its own): always the check; the what-ifs unless their limit is the one an
-    OOM shows (then they start once the OOM is explained)."""
-    dev = facts.dev
-    source = ReplaySource(snapshot, dev, facts.keep)
-    requests = build_requests(snapshot, dev, source) if facts.n else None
+    The policy replays start before the recorded replay when nothing they need comes from it
+    (``allocator.needs_recorded_state``: else it is built first, so that no forked child builds
+    its own): the check (already started, then: ``_start``); the what-ifs unless their limit is
+    the one an OOM shows (then they start once the OOM is explained)."""
+    dev, source, requests = facts.dev, started.source, started.requests
+    source.keep(facts.keep)
+    if requests is None and facts.n:
+        requests = build_requests(snapshot, dev, source)
     if needs_recorded_state(dev, facts.recorded_cfg):
         source.get()
-    check = pool.submit(
-        lambda: replay_check(snapshot, dev, requests=requests) if facts.n else _empty_replay_check(snapshot)
-    )
+    check = started.check or pool.submit(lambda: replay_check(snapshot, dev, requests=requests))
     planned = None
     if facts.oom_index is None or facts.known_limit is not None:
         planned = _submit_whatifs(pool, snapshot, facts, requests, user_whatifs, facts.known_limit, warnings)

@@ -36,6 +36,12 @@ class ReplaySource:
     def built(self) -> bool:
         return self._replay is not None
 
+    def keep(self, at: Iterable[int]) -> None:
+        """More states to keep from the pass, for an owner that learns them after making the source
+        (a report starts the check replay before it has read the trace's facts). Given after the
+        pass has run, they are not kept: ``blocks_at`` replays up to each of them when asked."""
+        self.keep_at += tuple(at)
+
     def get(self) -> RecordedReplay:
         if self._replay is None:
             with self._building:

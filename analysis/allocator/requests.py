@@ -142,6 +142,14 @@ def _empty_cache_stacks(snapshot: Snapshot, stack_ids: set[int]) -> dict[int, bo
     return out
 
 
+def reads_recorded_state(device: DeviceData) -> bool:
+    """Whether ``build_requests`` may read the recorded replay (``_bursts``' cache probe): only a
+    trace that releases segments can; an owner that learns the states to keep later builds the
+    requests once it knows them."""
+    act = device.trace.action
+    return bool(((act == SEGMENT_FREE) | (act == SEGMENT_UNMAP)).any())
+
+
 def _bursts(
     snapshot: Snapshot, device: DeviceData, cfg: AllocatorConfig, source: ReplaySource | None = None
 ) -> list[_Burst]:

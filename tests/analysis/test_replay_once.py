@@ -76,3 +76,19 @@ def test_the_counter_sees_a_second_replay(monkeypatch: pytest.MonkeyPatch, tmp_p
     build_report(FIXTURES / "wrapped_ring.pickle.gz", jobs=1)
     whatif(snapshot, snapshot.devices[0], "expandable_segments:True")
     assert _counts(log)[("replay", snapshot.devices[0].device)] == 2
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.pickle.gz")), ids=lambda p: p.name)
+def test_requests_read_the_recorded_replay_only_where_reads_recorded_state_says_they_may(path: Path) -> None:
+    """The report builds a trace's requests before it knows which states the recorded replay keeps
+    only where ``reads_recorded_state`` is False: a trace whose requests did build it then would
+    have it built without those states, and each read later would replay the trace again."""
+    from analysis.allocator import ReplaySource, build_requests
+    from analysis.allocator.requests import reads_recorded_state
+    from analysis.reader import read_snapshot
+
+    snapshot = read_snapshot(path)
+    for dev in (d for d in snapshot.devices if len(d.trace)):
+        source = ReplaySource(snapshot, dev)
+        build_requests(snapshot, dev, source)
+        assert reads_recorded_state(dev) or not source.built
