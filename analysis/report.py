@@ -367,11 +367,12 @@ def build_whatif(
 # ------------------------------------------------------------------ per device: the stages
 #
 # One device goes through these stages in order; each returns a frozen result that the next take:
-#   _start              -> _Started      the request stream, and the check replay started on it (on a
-#                                         second CPU it runs while the facts are found)
-#   _trace_facts        -> _Facts        the trace before any replay: its OOMs, steps, lifetimes, the
-#                                         projected failing step, the limit the user's inputs give, and
-#                                         the states the recorded replay is to keep
+#   _trace_outline      -> _Outline      what the policy replays need of the trace: its OOMs, steps, the
+#                                         limit the user's inputs give
+#   _start              -> _Started      the request stream, and the replays that need nothing more started
+#                                         on it (on a second CPU they run while the facts are found)
+#   _trace_facts        -> _Facts        the trace before any replay: the outline's figures, lifetimes, the
+#                                         projected failing step, and the states the recorded replay keeps
 #   _record             -> _Recorded     the recorded replay and the request stream, once per device and
 #                                         handed down (allocator.recording); the policy replays that need
 #                                         nothing of it (the check; the what-ifs under a known limit) start
@@ -412,13 +413,26 @@ class _Facts:
 
 
 @dataclass(frozen=True)
+class _Outline:
+    """What the policy replays need of one device's trace (``_trace_outline``)."""
+
+    dev: DeviceData
+    n: int
+    ooms: I64
+    oom_index: int | None  # the last OOM
+    recorded_cfg: AllocatorConfig
+    steps: Steps
+    known_limit: Limit | None  # from what the user has: given, sidecar, OOM message
+
+
+@dataclass(frozen=True)
 class _Started:
     """What starts before the trace's facts are read (``_start``)."""
 
-    recorded_cfg: AllocatorConfig
     source: ReplaySource  # the recorded replay, built on its first need
-    requests: Requests | None  # None: no events, or they wait for _record (as the check does)
+    requests: Requests | None  # None: no events, or they wait for _record (as the replays do)
     check: Pending | None
+    planned: list[_Planned] | None  # the what-ifs, where they could start
 
 
 @dataclass(frozen=True)
@@ -498,15 +512,18 @@ def _analyse_device(
 ) -> _DeviceOutcome:
     """All analyses of one device, stage after stage (see above)."""
     progress("replaying", 0.0)
-    started = _start(snapshot, dev, pool)
-    facts = _trace_facts(snapshot, dev, started.recorded_cfg, limit, message, sidecar, checkpoints=explore is not None)
     warnings: list[tuple[str, str]] = []
-    recorded, check, planned = _record(snapshot, facts, started, pool, user_whatifs, warnings)
+    outline = _trace_outline(snapshot, dev, limit, message, sidecar)
+    started = _start(snapshot, outline, pool, user_whatifs, warnings)
+    facts = _trace_facts(snapshot, outline, checkpoints=explore is not None)
+    recorded, check, planned = _record(snapshot, outline, facts, started, pool, user_whatifs, warnings)
     progress("replaying", 0.5)
     explained = _explain(snapshot, facts, recorded, message, warnings)
     if planned is None:
         assert explained.limit is not None
-        planned = _submit_whatifs(pool, snapshot, facts, recorded.requests, user_whatifs, explained.limit, warnings)
+        planned = _submit_whatifs(
+            pool, snapshot, outline, facts.projection, recorded.requests, user_whatifs, explained.limit, warnings
+        )
     timeline = _timeline(facts, recorded, catalog)
     progress("replaying", 1.0)
     progress("analysing", 0.0)
@@ -534,39 +551,53 @@ def _analyse_device(
 
 
 # -- stage 0: the requests, and the check replay started on them --------------------
-def _start(snapshot: Snapshot, dev: DeviceData, pool: Pool) -> _Started:
-    """The device's requests, and the check replay started on them at once, where neither reads
-    the recorded replay (``reads_recorded_state``, ``needs_recorded_state``): the check needs
-    nothing of the trace's facts, so on a second CPU it runs while they are found. Else both wait
-    for ``_record``, so that the recorded replay, built once, keeps the states the facts name."""
+def _trace_outline(
+    snapshot: Snapshot, dev: DeviceData, limit: int | None, message: OomMessage | None, sidecar: dict[str, Any] | None
+) -> _Outline:
+    """What the policy replays need of the trace, found at a glance: its OOMs, steps, the limit the
+    user's inputs give."""
     recorded_cfg = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
+    ooms = oom_indices(dev.trace)
+    oom_index = int(ooms[-1]) if ooms.size else None
+    steps = find_steps(snapshot.annotations, dev.device, dev.trace.time_us)
+    known = _known_limit(snapshot, dev, oom_index, limit, message, sidecar, recorded_cfg)
+    return _Outline(dev, len(dev.trace), ooms, oom_index, recorded_cfg, steps, known)
+
+
+def _start(
+    snapshot: Snapshot, outline: _Outline, pool: Pool, user_whatifs: list[str], warnings: list[tuple[str, str]]
+) -> _Started:
+    """The device's requests and the replays that need nothing more, started at once: the check,
+    and the what-ifs of a trace without an OOM (no failing step to project), where neither the
+    requests nor they read the recorded replay (``reads_recorded_state``, ``needs_recorded_state``).
+    On a second CPU they run while the trace's facts are found and the recorded replay runs (the
+    engine holds no GIL). Else they wait for ``_record``, so that the recorded replay, built once,
+    keeps the states the facts name."""
+    dev, recorded_cfg = outline.dev, outline.recorded_cfg
     source = ReplaySource(snapshot, dev)
-    if not len(dev.trace):
-        return _Started(recorded_cfg, source, None, pool.submit(lambda: _empty_replay_check(snapshot)))
+    if not outline.n:
+        return _Started(source, None, pool.submit(lambda: _empty_replay_check(snapshot)), None)
     if reads_recorded_state(dev) or needs_recorded_state(dev, recorded_cfg):
-        return _Started(recorded_cfg, source, None, None)
+        return _Started(source, None, None, None)
     requests = build_requests(snapshot, dev, source)
     check = pool.submit(lambda: replay_check(snapshot, dev, requests=requests))
-    return _Started(recorded_cfg, source, requests, check)
+    planned = None
+    if outline.oom_index is None:
+        planned = _submit_whatifs(pool, snapshot, outline, None, requests, user_whatifs, outline.known_limit, warnings)
+    return _Started(source, requests, check, planned)
 
 
 # -- stage 1: the trace before any replay ------------------------------------------
-def _trace_facts(
-    snapshot: Snapshot,
-    dev: DeviceData,
-    recorded_cfg: AllocatorConfig,
-    limit: int | None,
-    message: OomMessage | None,
-    sidecar: dict[str, Any] | None,
-    *,
-    checkpoints: bool,
-) -> _Facts:
+def _trace_facts(snapshot: Snapshot, outline: _Outline, *, checkpoints: bool) -> _Facts:
+    dev, n, ooms, oom_index, recorded_cfg, steps = (
+        outline.dev,
+        outline.n,
+        outline.ooms,
+        outline.oom_index,
+        outline.recorded_cfg,
+        outline.steps,
+    )
     trace = dev.trace
-    n = len(trace)
-    ooms = oom_indices(trace)
-    oom_index = int(ooms[-1]) if ooms.size else None
-    steps = find_steps(snapshot.annotations, dev.device, trace.time_us)
-    known = _known_limit(snapshot, dev, oom_index, limit, message, sidecar, recorded_cfg)
     lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
     projection = None
     if oom_index is not None:
@@ -596,7 +627,7 @@ def _trace_facts(
         steps,
         lifetimes,
         projection,
-        known,
+        outline.known_limit,
         tuple(explained),
         tuple(keep),
         live_requested,
@@ -625,6 +656,7 @@ def _known_limit(
 # -- stage 2: the recorded replay and the requests, once ---------------------------
 def _record(
     snapshot: Snapshot,
+    outline: _Outline,
     facts: _Facts,
     started: _Started,
     pool: Pool,
@@ -635,8 +667,8 @@ def _record(
 
     The policy replays start before the recorded replay when nothing they need comes from it
     (``allocator.needs_recorded_state``: else it is built first, so that no forked child builds
-    its own): the check (already started, then: ``_start``); the what-ifs unless their limit is
-    the one an OOM shows (then they start once the OOM is explained)."""
+    its own): the check and the what-ifs (already started, then: ``_start``); the what-ifs
+    unless their limit is the one an OOM shows (then they start once the OOM is explained)."""
     dev, source, requests = facts.dev, started.source, started.requests
     source.keep(facts.keep)
     if requests is None and facts.n:
@@ -644,9 +676,11 @@ def _record(
     if needs_recorded_state(dev, facts.recorded_cfg):
         source.get()
     check = started.check or pool.submit(lambda: replay_check(snapshot, dev, requests=requests))
-    planned = None
-    if facts.oom_index is None or facts.known_limit is not None:
-        planned = _submit_whatifs(pool, snapshot, facts, requests, user_whatifs, facts.known_limit, warnings)
+    planned = started.planned
+    if planned is None and (facts.oom_index is None or facts.known_limit is not None):
+        planned = _submit_whatifs(
+            pool, snapshot, outline, facts.projection, requests, user_whatifs, facts.known_limit, warnings
+        )
     replay = source.get()
     return _Recorded(replay, requests, columns_of(replay)), check, planned
 
@@ -804,7 +838,8 @@ def _top_stacks_at(
 def _submit_whatifs(
     pool: Pool,
     snapshot: Snapshot,
-    facts: _Facts,
+    outline: _Outline,
+    projected: Projection | None,
     requests: Requests | None,
     user: list[str],
     chosen: Limit | None,
@@ -812,9 +847,9 @@ def _submit_whatifs(
 ) -> list[_Planned]:
     """Start every what-if replay, the report's own candidates first, then the user's; each
     config replayed once. With a projected tail (an OOM inside a step) each replay runs it too."""
-    if facts.n == 0:
+    if outline.n == 0:
         return []
-    dev, recorded = facts.dev, facts.recorded_cfg
+    dev, recorded = outline.dev, outline.recorded_cfg
     # A cap, not the device's size, was binding: the GC setting can act under it.
     cap_exists = (chosen is not None and (chosen.source == "given" or chosen.kind == "per-process-cap")) or (
         recorded.per_process_memory_fraction is not None
@@ -822,9 +857,9 @@ def _submit_whatifs(
     if chosen is not None and not cap_exists and recorded.garbage_collection_threshold > 0:
         warnings.append(_gc_without_cap(recorded))
     wlimit = chosen.bytes if chosen is not None else None
-    ends = facts.steps.last_event.tolist()
+    ends = outline.steps.last_event.tolist()
     started: dict[str, Pending] = {}
-    projection = facts.projection if facts.projection is not None and facts.projection.available else None
+    projection = projected if projected is not None and projected.available else None
     span = _limit_range(chosen)
 
     def start(conf: str) -> Pending:
@@ -853,7 +888,7 @@ def _submit_whatifs(
         return started[conf]
 
     # A candidate the user also asked for is listed once, as the user's.
-    budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, facts.n))
+    budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, outline.n))
     own = whatif_candidates(recorded, capped=cap_exists, at_most=budget)
     auto = [(setting, conf) for setting, conf in own if conf not in user]
     planned = [_Planned(setting, conf, "auto", start(conf)) for setting, conf in auto]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 import pytest
 
-from analysis.parallel import Pool, available_cpus
+from analysis.parallel import POOL_THREAD_NICENESS, Pool, available_cpus
 
 
 def test_each_task_runs_in_a_child_and_its_result_comes_back() -> None:
@@ -121,3 +122,13 @@ def test_a_task_that_raises_on_a_thread_raises_its_own_exception_here() -> None:
         task.result()
     assert pool.reruns == 0
     pool.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value")
+def test_pool_threads_run_below_the_thread_that_submits() -> None:
+    pool = Pool(2, threads=True)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    theirs = pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result()
+    pool.close()
+    assert theirs == min(19, mine + POOL_THREAD_NICENESS)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the submitter's is its own
