@@ -1,4 +1,4 @@
-"""Independent passes side by side, in forked child processes.
+"""Independent passes side by side, on threads or in forked child processes.
 
 A report's policy replays (the check under the recorded settings and each
 what-if) are full passes over the trace in the interpreter, each about half a

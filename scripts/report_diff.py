@@ -41,14 +41,14 @@ def out_name(folder: Path, path: Path) -> str:
     return str(path.relative_to(folder)).replace("/", "__") + ".json.gz"
 
 
-def _report_one(args: tuple[str, str]) -> tuple[str, str | None]:
+def _report_one(args: tuple[str, str, int]) -> tuple[str, str | None]:
     """One report, written gzipped; the error text where the report raised (that is compared too)."""
     sys.path.insert(0, str(ROOT))
     from analysis.report import build_report
 
-    path, out = args
+    path, out, report_jobs = args
     try:
-        report: Any = build_report(path)
+        report: Any = build_report(path, jobs=report_jobs)
     except Exception as exc:  # a refusal is part of the answer: compare it as such
         report = {"error": f"{type(exc).__name__}: {exc}"}
     with gzip.open(out, "wt", encoding="utf-8") as fh:
@@ -56,10 +56,10 @@ def _report_one(args: tuple[str, str]) -> tuple[str, str | None]:
     return path, report.get("error") if isinstance(report, dict) else None
 
 
-def write(folder: Path, out: Path, jobs: int) -> int:
+def write(folder: Path, out: Path, jobs: int, report_jobs: int = 1) -> int:
     out.mkdir(parents=True, exist_ok=True)
     files = snapshot_files(folder)
-    work = [(str(p), str(out / out_name(folder, p))) for p in files]
+    work = [(str(p), str(out / out_name(folder, p)), report_jobs) for p in files]
     started = time.monotonic()
     errors = 0
     if jobs > 1:
@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("out", type=Path)
     w.add_argument("--fixtures", type=Path, default=ROOT / "tests" / "fixtures")
     w.add_argument("--jobs", type=int, default=2)
+    w.add_argument(
+        "--report-jobs", type=int, default=1, help="build_report's own jobs (its policy replays side by side)"
+    )
     c = sub.add_parser("compare", help="compare two folders that `write` made")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--show", type=int, default=8, help="changed paths printed per report")
     args = parser.parse_args(argv)
     if args.command == "write":
-        return write(args.fixtures, args.out, args.jobs)
+        return write(args.fixtures, args.out, args.jobs, args.report_jobs)
     return compare(args.before, args.after, args.added, args.show)
 
 

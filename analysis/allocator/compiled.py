@@ -12,7 +12,9 @@
   once (``_Model.adopt``), so ``layout()``, the results and the tests read it as the Python loop
   leaves it. A state outside its bounds (sizes or addresses past 2**62, free lists that do not hold
   the blocks their keys name: only a hostile trace makes one) is declined before anything changes,
-  and the Python loop serves it (``last_declined`` says why).
+  and the Python loop serves it (``last_declined`` says why). Its loop touches no Python object
+  (``allocation_size`` is asked for every request size before it) and runs without the GIL, so a
+  report runs its policy replays on threads side by side (``analysis.parallel``).
 - The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``recorded._Replayer``'s
   whole state in C (int64 maps keyed by address, the size counts and records as arrays, the
   per-event columns summed straight into numpy arrays); every method that moves the state is
@@ -77,7 +79,8 @@ def loops_in_use() -> str:
 
 
 # What the last ``policy_engine`` call did: how often each path of the model ran (the tests
-# assert that the paths they mean to cover ran), and why it declined, if it did.
+# assert that the paths they mean to cover ran), and why it declined, if it did. With replays on
+# threads (a report's pool) "last" is the last to finish; nothing but the tests reads these.
 last_counts: dict[str, int] = {}
 last_declined: str | None = None
 

@@ -35,6 +35,7 @@ the state written again there; this one stays the reference.
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,6 +196,9 @@ class RecordedReplay:
     warnings: list[Warning_]
     _replayer: _Replayer = field(repr=False)
     _states: dict[int, AllocatorState] = field(default_factory=dict, repr=False)
+    # One replay again at a time: the policy replays of a report run on threads and share this
+    # replay, and a second pass on the one ``_replayer`` mid-way through the first corrupts both.
+    _replaying: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def blocks_at(self, index: int) -> AllocatorState:
         """Segments and blocks after event ``index``; -1 gives the state before the trace.
@@ -206,8 +210,11 @@ class RecordedReplay:
             raise IndexError(f"event index {index} outside [-1, {self.events})")
         state = self._states.get(index)
         if state is None:
-            state = self._replayer.state_after(index)
-            self._states[index] = state
+            with self._replaying:
+                state = self._states.get(index)
+                if state is None:
+                    state = self._replayer.state_after(index)
+                    self._states[index] = state
         return state
 
 

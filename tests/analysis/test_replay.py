@@ -8,6 +8,9 @@ the replay's end state, block by block.
 from __future__ import annotations
 
 import json
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -601,3 +604,30 @@ def test_a_trace_with_entries_cut_out_of_its_middle_is_refused_with_a_code(monke
     monkeypatch.setattr(report_module, "read_snapshot", lambda *_a, **_k: cut)  # "the file" holds this trace
     with pytest.raises(SnapshotError, match="contradicts itself"):
         report_module.build_report(FIXTURES / "captures" / "rand_s24_c40_roundup4.pickle.gz", jobs=1)
+
+
+def test_states_asked_for_from_several_threads_at_once_are_the_serial_ones() -> None:
+    """A report's policy replays run on threads and share the device's recorded replay: each may
+    ask for a state that replays the trace again (``infer_limit``'s GC bound reads several). Two such
+    passes at once on the one replayer once corrupted both (KeyError, SystemError)."""
+    snap = read_snapshot(FIXTURES / "captures" / "densenet_c90_gc07.pickle.gz")
+    dev = snap.devices[0]
+    n = len(dev.trace)
+    wanted = [n // 7 * k for k in range(1, 7)]
+    serial = recorded_replay(snap, dev)
+    expected = {i: serial.blocks_at(i) for i in wanted}
+    shared = recorded_replay(snap, dev)
+    gate = threading.Barrier(len(wanted))
+
+    def ask(i: int) -> AllocatorState:
+        gate.wait(10)
+        return shared.blocks_at(i)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns between any two bytecodes
+    try:
+        with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+            got = dict(zip(wanted, pool.map(ask, wanted), strict=True))
+    finally:
+        sys.setswitchinterval(interval)
+    assert got == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -204,9 +205,16 @@ def test_policy_replays_in_child_processes_give_the_serial_report(case: str, mon
     _side_by_side_gives_the_serial_report(case, monkeypatch, threads=False)
 
 
-@pytest.mark.parametrize("case", ["gpt_varlen_oom", "two_gpu_pipeline", "gpu_empty_cache"])
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "two_gpu_pipeline", "gpu_empty_cache", "gpu_gc_threshold"])
 def test_policy_replays_in_threads_give_the_serial_report(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    _side_by_side_gives_the_serial_report(case, monkeypatch, threads=True)
+    # The threads take turns between any two bytecodes, so that a state two of them share without
+    # a lock shows (gpu_gc_threshold: the GC's limit bound replays the recorded trace again).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        _side_by_side_gives_the_serial_report(case, monkeypatch, threads=True)
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def _side_by_side_gives_the_serial_report(case: str, monkeypatch: pytest.MonkeyPatch, *, threads: bool) -> None:
