@@ -379,8 +379,8 @@ def build_whatif(
 #                                         first, in the pool
 #   _explain            -> _Explained    the limit (known, else the trace's) and the OOM read off the replay
 #   _attribute          -> _Attribution  live blocks at the peak, OOM and end by stack; categories
-#   _collect_whatifs    -> _WhatIfs      the what-if replays' results (analysis.parallel's pool)
 #   _diagnose           -> Diagnosis     the program's mistake behind the OOM (analysis.causes' rule list)
+#   _collect_whatifs    -> _WhatIfs      the what-if replays' results (analysis.parallel's pool)
 # _device_json writes the device's contract entry from those results (the one serializer), and
 # _advice_context the advisor's typed input from the same results. Sizing and the decision come last, in
 # _build_report, once the capture section is known; they read the contract entry, as they do for a
@@ -529,9 +529,11 @@ def _analyse_device(
     progress("analysing", 0.0)
     attribution = _attribute(snapshot, facts, recorded.replay, catalog)
     progress("analysing", 0.3)
+    # The causes read no what-if: found while the what-if replays may still run.
+    diagnosis = _diagnose(snapshot, facts, recorded, catalog, attribution, explained, message)
+    progress("analysing", 0.5)
     whatifs = _collect_whatifs(planned)
     progress("analysing", 0.8)
-    diagnosis = _diagnose(snapshot, facts, recorded, catalog, attribution, explained, message)
     oom = _oom_json(facts, explained, attribution, whatifs) if explained.oom is not None else None
     entry = _device_json(
         facts, recorded, explained, oom, attribution, whatifs, check.result(), diagnosis, timeline, catalog

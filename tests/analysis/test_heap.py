@@ -68,3 +68,16 @@ def test_a_thread_reuses_the_pages_another_thread_freed() -> None:
     first, second = kept["rounds"]  # type: ignore[misc]
     assert first >= pages * 0.9, kept
     assert second < pages * 0.05, kept
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_numpy_asks_for_no_huge_pages_once_the_heap_is_kept() -> None:
+    probe = (
+        "import numpy as np; from analysis.heap import keep_freed_memory; "
+        "before = np._core.multiarray._get_madvise_hugepage(); keep_freed_memory(); "
+        "print(before, np._core.multiarray._get_madvise_hugepage())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["True", "False"]
