@@ -116,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive_int("a number of processes", "--jobs must be at least 1"),
         default=default_jobs(),
         metavar="N",
-        help="child processes for the policy replays, beside the rest of the report (default: CPUs + 1; 1: none)",
+        help="policy replays at once, beside the rest of the report: threads with the compiled loops, child "
+        "processes with the Python ones (default: CPUs + 1; 1: none)",
     )
     rep.add_argument(
         "--batch-size",

@@ -36,7 +36,7 @@ class Job:
     snapshot: str  # the upload's bytes (read from disk by the reader, never loaded whole)
     report: str  # where the report JSON goes
     filename: str | None = None  # the name the report shows (else the snapshot's)
-    jobs: int = 1  # processes for the policy replays (``analysis.parallel``), from ANALYSIS_JOBS
+    jobs: int = 1  # policy replays at once (threads or processes: ``analysis.parallel``), from ANALYSIS_JOBS
     oom_message: str | None = None  # Upload.oom_message
     batch_size: int | None = None  # Upload.batch_size
     cap_bytes: int | None = None  # Upload.cap_bytes: the memory limit the run had
