@@ -19,7 +19,7 @@ import gc
 import hashlib
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -395,24 +395,6 @@ class _Moment:
 
 
 @dataclass(frozen=True)
-class _Facts:
-    """What one device's trace shows before any replay."""
-
-    dev: DeviceData
-    n: int
-    ooms: I64
-    oom_index: int | None  # the last OOM
-    recorded_cfg: AllocatorConfig
-    steps: Steps
-    lifetimes: Lifetimes
-    projection: Projection | None  # the failing step projected (an OOM inside a step)
-    known_limit: Limit | None  # from what the user has: given, sidecar, OOM message
-    explained: tuple[int, ...]  # the OOMs explained (the last MAX_OOMS_EXPLAINED)
-    keep: tuple[int, ...]  # states the recorded replay keeps from its one pass
-    live_requested: _Live | None  # live requested bytes after each allocation (the AMP estimate replays it)
-
-
-@dataclass(frozen=True)
 class _Outline:
     """What the policy replays need of one device's trace (``_trace_outline``)."""
 
@@ -423,6 +405,17 @@ class _Outline:
     recorded_cfg: AllocatorConfig
     steps: Steps
     known_limit: Limit | None  # from what the user has: given, sidecar, OOM message
+
+
+@dataclass(frozen=True)
+class _Facts(_Outline):
+    """What one device's trace shows before any replay: its outline, and what takes longer to find."""
+
+    lifetimes: Lifetimes
+    projection: Projection | None  # the failing step projected (an OOM inside a step)
+    explained: tuple[int, ...]  # the OOMs explained (the last MAX_OOMS_EXPLAINED)
+    keep: tuple[int, ...]  # states the recorded replay keeps from its one pass
+    live_requested: _Live | None  # live requested bytes after each allocation (the AMP estimate replays it)
 
 
 @dataclass(frozen=True)
@@ -516,13 +509,13 @@ def _analyse_device(
     outline = _trace_outline(snapshot, dev, limit, message, sidecar)
     started = _start(snapshot, outline, pool, user_whatifs, warnings)
     facts = _trace_facts(snapshot, outline, checkpoints=explore is not None)
-    recorded, check, planned = _record(snapshot, outline, facts, started, pool, user_whatifs, warnings)
+    recorded, check, planned = _record(snapshot, facts, started, pool, user_whatifs, warnings)
     progress("replaying", 0.5)
     explained = _explain(snapshot, facts, recorded, message, warnings)
     if planned is None:
         assert explained.limit is not None
         planned = _submit_whatifs(
-            pool, snapshot, outline, facts.projection, recorded.requests, user_whatifs, explained.limit, warnings
+            pool, snapshot, facts, facts.projection, recorded.requests, user_whatifs, explained.limit, warnings
         )
     timeline = _timeline(facts, recorded, catalog)
     progress("replaying", 1.0)
@@ -621,18 +614,12 @@ def _trace_facts(snapshot: Snapshot, outline: _Outline, *, checkpoints: bool) ->
     if checkpoints:  # the explore store's states come from this same pass
         keep += checkpoint_events(n)
     return _Facts(
-        dev,
-        n,
-        ooms,
-        oom_index,
-        recorded_cfg,
-        steps,
-        lifetimes,
-        projection,
-        outline.known_limit,
-        tuple(explained),
-        tuple(keep),
-        live_requested,
+        **{f.name: getattr(outline, f.name) for f in fields(_Outline)},
+        lifetimes=lifetimes,
+        projection=projection,
+        explained=tuple(explained),
+        keep=tuple(keep),
+        live_requested=live_requested,
     )
 
 
@@ -658,7 +645,6 @@ def _known_limit(
 # -- stage 2: the recorded replay and the requests, once ---------------------------
 def _record(
     snapshot: Snapshot,
-    outline: _Outline,
     facts: _Facts,
     started: _Started,
     pool: Pool,
@@ -681,7 +667,7 @@ def _record(
     planned = started.planned
     if planned is None and (facts.oom_index is None or facts.known_limit is not None):
         planned = _submit_whatifs(
-            pool, snapshot, outline, facts.projection, requests, user_whatifs, facts.known_limit, warnings
+            pool, snapshot, facts, facts.projection, requests, user_whatifs, facts.known_limit, warnings
         )
     replay = source.get()
     return _Recorded(replay, requests, columns_of(replay)), check, planned
