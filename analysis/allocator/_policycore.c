@@ -288,7 +288,7 @@ static int cmp_seq(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* The entries in a Python dict's order (new array, caller frees; NULL with an exception). */
+/* The entries in a Python dict's order (new array, caller frees; NULL when out of memory). */
 static HEnt **hm_ordered(const HMap *m) {
     HEnt **out = PyMem_RawMalloc((m->n ? m->n : 1) * sizeof(HEnt *));
     if (!out) {
