@@ -136,7 +136,8 @@ def build_report(
 
     With ``jobs`` > 1 the policy replays (the check and the what-ifs) run in up
     to that many threads (compiled loops) or forked child processes (Python loops)
-    beside the rest (``analysis.parallel``); the report is the same. ``oom_message`` is torch's OOM message as the user
+    beside the rest (``analysis.parallel``); the report is the same. ``oom_message``
+    is torch's OOM message as the user
     has it, ``sidecar`` the client's sidecar JSON (``oomscope_client``): both give
     the real limit (``analysis.limits``); a text that is not an OOM message
     raises ``OomMessageError`` before any heavy work.
@@ -545,7 +546,7 @@ def _analyse_device(
     )
 
 
-# -- stage 0: the requests, and the check replay started on them --------------------
+# -- stage 0: the outline, and the replays that need nothing more started on it ------
 def _trace_outline(
     snapshot: Snapshot, dev: DeviceData, limit: int | None, message: OomMessage | None, sidecar: dict[str, Any] | None
 ) -> _Outline:
