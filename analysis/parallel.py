@@ -141,8 +141,7 @@ class Pool:
         has taken it up yet, so a task that waits on another never waits on one not started."""
         if self._threads is None:
             return fn
-        task = self.submit(fn)
-        return lambda: task.result()
+        return self.submit(fn).result
 
     def close(self) -> None:
         """Wait for every child or thread (a report that failed half-way leaves none behind)."""

@@ -50,11 +50,10 @@ from analysis.allocator import PolicyResult, ProjectedTail, Requests, simulate
 from analysis.allocator.policy import (
     Beside,
     caught_served,
+    mirror_replay,
     placement_for,
     placement_report,
     start_report,
-    tie_order_matters,
-    when_asked,
 )
 from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
@@ -683,7 +682,7 @@ def step_whatif(
     n = len(dev.trace)
     caught = frozenset(int(i) for i in np.flatnonzero(dev.trace.action == OOM).tolist()) - {projection.oom_event}
     replay = _StepReplay(snapshot, dev, cfg, step_ends, projection, order, requests, caught)
-    mirror = replay.mirror_beside(limit_bytes, beside)
+    mirror = mirror_replay(order, cfg, functools.partial(replay.run, limit_bytes, placement="mirror"), beside)
     result = replay.run(limit_bytes)
     at_event, at_request = first_failure(result.ooms, projection, n, caught)
     completes = at_event is None and at_request is None
@@ -760,13 +759,6 @@ class _StepReplay:
 
     def completes(self, result: PolicyResult) -> bool:
         return first_failure(result.ooms, self.projection, len(self.dev.trace), self.caught) == (None, None)
-
-    def mirror_beside(self, limit: int | None, beside: Beside | None) -> Callable[[], PolicyResult] | None:
-        """The replay in the opposite order of new segments (``_placement``), started beside the
-        others; None where the order cannot matter."""
-        if not tie_order_matters(self.order, self.cfg):
-            return None
-        return (beside or when_asked)(functools.partial(self.run, limit, placement="mirror"))
 
 
 def _placement(

@@ -1484,9 +1484,15 @@ def replay_check(snapshot: Snapshot, device: DeviceData | int, *, requests: Requ
 Beside = Callable[[Callable[[], PolicyResult]], Callable[[], PolicyResult]]
 
 
-def when_asked(replay: Callable[[], PolicyResult]) -> Callable[[], PolicyResult]:
-    """No ``beside``: the replay runs when its result is asked for."""
-    return replay
+def mirror_replay(
+    order: str, cfg: AllocatorConfig, replay: Callable[[], PolicyResult], beside: Beside | None
+) -> Callable[[], PolicyResult] | None:
+    """The getter of a what-if's replay in the opposite order of new segments (``replay``), started
+    now through ``beside`` or, without it, run when asked for; None where the order cannot matter
+    (``tie_order_matters``)."""
+    if not tie_order_matters(order, cfg):
+        return None
+    return beside(replay) if beside is not None else replay
 
 
 def whatif(
@@ -1523,11 +1529,12 @@ def whatif(
         limit_bytes = fitted if fitted is not None else (estimate.lower or None)
     ends = step_end_indices(snapshot, dev) if step_ends is None else list(step_ends)
     order = placement_for(cfg, base)
-    mirror = None
-    if tie_order_matters(order, cfg):
-        mirror = (beside or when_asked)(
-            functools.partial(simulate, snapshot, dev, cfg, limit_bytes, ends, requests=req, placement="mirror")
-        )
+    mirror = mirror_replay(
+        order,
+        cfg,
+        functools.partial(simulate, snapshot, dev, cfg, limit_bytes, ends, requests=req, placement="mirror"),
+        beside,
+    )
     result = simulate(snapshot, dev, cfg, limit_bytes, ends, requests=req, placement=order)
     other = mirror() if mirror is not None else None
     return {
