@@ -388,3 +388,22 @@ def test_without_a_message_the_limit_is_labelled_a_lower_bound() -> None:
     assert "at least" in dev["oom"]["explanation"]
     # Devices without an OOM and without a given limit have none to show.
     assert report("infer_varbatch")["devices"][0]["limit"] is None
+
+
+def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path) -> None:
+    path = FIXTURES / "frag_oom.pickle.gz"
+    data = path.read_bytes()
+    assert report_mod._source_info(path, None) == {
+        "filename": "frag_oom.pickle.gz",
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "format": None,
+    }
+    # Past one slice, and an empty file.
+    big = tmp_path / "big.bin"
+    big.write_bytes(data * (report_mod._HASH_SLICE // len(data) + 2))
+    assert report_mod._source_info(big, "b")["sha256"] == hashlib.sha256(big.read_bytes()).hexdigest()
+    empty = tmp_path / "empty.pickle"
+    empty.write_bytes(b"")
+    assert report_mod._source_info(empty, None)["sha256"] == hashlib.sha256(b"").hexdigest()
+    assert report_mod._source_info(empty, None)["bytes"] == 0
