@@ -383,7 +383,9 @@ def build_whatif(
 #   _diagnose           -> Diagnosis     the program's mistake behind the OOM (analysis.causes' rule list)
 #   _collect_whatifs    -> _WhatIfs      the what-if replays' results (analysis.parallel's pool)
 # _device_json writes the device's contract entry from those results (the one serializer), and
-# _advice_context the advisor's typed input from the same results. Sizing and the decision come last, in
+# _advice_context the advisor's typed input from the same results; both before the what-ifs are
+# collected, whose keys (oom, whatif, replay, edge_of_cap) _with_replays then fills in the same
+# entry (the replays finish last: this work runs beside them). Sizing and the decision come last, in
 # _build_report, once the capture section is known; they read the contract entry, as they do for a
 # stored report.
 
@@ -523,18 +525,19 @@ def _analyse_device(
     progress("analysing", 0.0)
     attribution = _attribute(snapshot, facts, recorded.replay, catalog)
     progress("analysing", 0.3)
-    # The causes read no what-if: found while the what-if replays may still run.
+    # The causes, the entry and the advisor's input read no what-if: made while the what-if
+    # replays may still run (they are the last to finish), their keys filled in once they are in.
     diagnosis = _diagnose(snapshot, facts, recorded, catalog, attribution, explained, message)
     progress("analysing", 0.5)
+    entry = _device_json(facts, recorded, explained, attribution, diagnosis, timeline, catalog)
+    advice = _advice_context(snapshot, facts, recorded, attribution, source_bytes, catalog)
     whatifs = _collect_whatifs(planned)
     progress("analysing", 0.8)
     oom = _oom_json(facts, explained, attribution, whatifs) if explained.oom is not None else None
-    entry = _device_json(
-        facts, recorded, explained, oom, attribution, whatifs, check.result(), diagnosis, timeline, catalog
-    )
+    _with_replays(entry, oom, whatifs, check.result())
+    advice.oom, advice.whatifs = oom, whatifs.advice
     if explore is not None:
         explore(dev.device, explore_store(snapshot, dev, catalog, recorded.replay, facts.lifetimes))
-    advice = _advice_context(snapshot, facts, recorded, oom, attribution, whatifs, source_bytes, catalog)
     progress("analysing", 1.0)
     return _DeviceOutcome(
         entry,
@@ -1055,15 +1058,13 @@ def _device_json(
     facts: _Facts,
     recorded: _Recorded,
     explained: _Explained,
-    oom: dict[str, Any] | None,
     attribution: _Attribution,
-    whatifs: _WhatIfs,
-    check: dict[str, Any],
     diagnosis: Diagnosis,
     timeline: dict[str, Any] | None,
     catalog: StackCatalog,
 ) -> dict[str, Any]:
-    """The device's contract entry, from the stages' results (``suggestions`` filled later)."""
+    """The device's contract entry, from the stages' results: ``oom``, ``whatif``, ``replay`` and
+    ``edge_of_cap`` in their places but filled by ``_with_replays``, ``suggestions`` later."""
     replay, cols, steps, limit = recorded.replay, recorded.cols, facts.steps, explained.limit
     step_rows = per_step_figures(steps, cols["allocated"], cols["reserved"])
     moments = attribution.moments
@@ -1075,7 +1076,7 @@ def _device_json(
         "events": facts.n,
         "summary": _summary_json(facts, replay),
         "limit": limit.to_json() if limit is not None else None,
-        "oom": oom,
+        "oom": None,
         "ooms": list_ooms(
             facts.dev.trace,
             cols,
@@ -1091,8 +1092,8 @@ def _device_json(
         "first_growth_step": first_growth_step(step_rows),
         "timeline": timeline,
         "top_stacks": attribution.top_stacks,
-        "whatif": whatifs.items,
-        "replay": check,
+        "whatif": [],
+        "replay": None,
         "suggestions": [],
         "moments": {m.name: m.index for m in moments},
         "segment_maps": maps,
@@ -1106,9 +1107,15 @@ def _device_json(
         ),
         "leaks": _leaks(attribution.live["end"], facts.lifetimes, steps, catalog),
         "diagnosis": diagnosis.to_json(),
+        "edge_of_cap": None,
     }
-    entry["edge_of_cap"] = readout.edge_of_cap(entry)  # issue 20: no OOM, but within 5% of a known cap
     return entry
+
+
+def _with_replays(entry: dict[str, Any], oom: dict[str, Any] | None, whatifs: _WhatIfs, check: dict[str, Any]) -> None:
+    """The entry's keys that read the policy replays, and what follows from them."""
+    entry["oom"], entry["whatif"], entry["replay"] = oom, whatifs.items, check
+    entry["edge_of_cap"] = readout.edge_of_cap(entry)  # issue 20: no OOM, but within 5% of a known cap
 
 
 def _step_verdict(proj: Projection | None, oom: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1201,12 +1208,11 @@ def _advice_context(
     snapshot: Snapshot,
     facts: _Facts,
     recorded: _Recorded,
-    oom: dict[str, Any] | None,
     attribution: _Attribution,
-    whatifs: _WhatIfs,
     source_bytes: int,
     catalog: StackCatalog,
 ) -> advice_mod.AdviceContext:
+    """The advisor's input, its ``oom`` and ``whatifs`` left for the caller (they wait on the replays)."""
     lifetimes, replay = facts.lifetimes, recorded.replay
     stacks, sizes, _ = attribution.live["peak"]
     codes, peak_codes, categories = attribution.codes, attribution.peak_codes, attribution.categories
@@ -1235,8 +1241,8 @@ def _advice_context(
         peak_allocated=int(replay.peak_allocated),
         peak_requested=int(replay.peak_requested),
         reserved_at_peak_alloc=int(replay.reserved[peak_idx]) if 0 <= peak_idx < replay.reserved.shape[0] else 0,
-        oom=oom,
-        whatifs=whatifs.advice,
+        oom=None,
+        whatifs=[],
         categories=categories,
         activations_by_site=_activations_by_site(catalog, stacks[act_mask], sizes[act_mask]),
         has_backward=has_backward,
