@@ -19,8 +19,12 @@ caller passes ``compiled=False`` to ``read_snapshot`` or the environment sets
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,20 +76,13 @@ def read_compiled(source: Any, limits: reader.ReadLimits) -> Snapshot | None:
 
     ``source`` is a path or the file's bytes, ``limits`` a ``reader.ReadLimits``.
     """
-    if isinstance(source, (bytes, bytearray, memoryview)):
+    if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
         parsed, container = _parse(source, limits)
     else:
-        try:
-            with open(os.fspath(source), "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0 or size > limits.max_input_bytes:
-                    return None
-                # The file's pages mapped, not copied: the parse reads each byte once, and the
-                # page cache's pages need no zeroing (a read() into a new bytes object does).
-                with mmap.mmap(f.fileno(), size, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
-                    parsed, container = _parse(mapped, limits)
-        except OSError:
-            return None  # the Python reader raises the same OSError for the caller
+        with mapped_file(Path(source), limits) as mapped:
+            if mapped is None:
+                return None  # the Python reader raises the same OSError, or reads what does not map
+            parsed, container = _parse(mapped.data, limits)
     if parsed is None:
         return None
     raw_len, root, frame_values, classes = parsed
@@ -99,6 +96,42 @@ def read_compiled(source: Any, limits: reader.ReadLimits) -> Snapshot | None:
 
 
 _MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    """A snapshot file and its mapped bytes (``mapped_file``): what ``read_snapshot`` reads with the
+    compiled reader, else from ``path`` with the Python reader."""
+
+    path: Path
+    data: mmap.mmap
+
+
+@contextlib.contextmanager
+def mapped_file(path: Path, limits: reader.ReadLimits) -> Iterator[MappedFile | None]:
+    """The file's pages mapped read-only, all present, for the compiled parse (and for any other
+    reader of the same bytes, as the report's hash): None where it cannot be read so (it does
+    not open, is empty, is past ``limits.max_input_bytes``, or does not map).
+
+    Mapped, not copied: the parse reads each byte once, and the page cache's pages need no
+    zeroing (a read() into a new bytes object does). One mapping for every reader: a second one
+    would count the file's pages twice in the process's resident size."""
+    fh: Any = None
+    mapped = None
+    try:
+        fh = open(os.fspath(path), "rb", buffering=0)  # noqa: SIM115 - closed below, after the caller's block
+        size = os.fstat(fh.fileno()).st_size
+        if 0 < size <= limits.max_input_bytes:
+            mapped = mmap.mmap(fh.fileno(), size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        mapped = None
+    try:
+        yield MappedFile(path, mapped) if mapped is not None else None
+    finally:
+        if mapped is not None:
+            mapped.close()
+        if fh is not None:
+            fh.close()
 
 
 def _parse(data: Any, limits: reader.ReadLimits) -> tuple[Any, str]:

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,6 +64,9 @@ from analysis.model import (
     Trace,
     Warning_,
 )
+
+if TYPE_CHECKING:  # fastread imports this module
+    from analysis.fastread import MappedFile
 
 I64_MAX = (1 << 63) - 1
 I64_MIN = -(1 << 63)
@@ -360,12 +363,13 @@ def _gc_paused() -> Iterator[None]:
 
 
 def read_snapshot(
-    source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview | MappedFile,
     *,
     limits: ReadLimits = ReadLimits(),
     compiled: bool | None = None,
 ) -> Snapshot:
-    """Read a snapshot file (path) or its bytes into the columnar model.
+    """Read a snapshot file (path), its bytes, or the file mapped (``fastread.mapped_file``: the
+    caller reads the same bytes beside, as the report's hash) into the columnar model.
 
     Raises ``SnapshotError`` (with a stable ``.code``) for anything that is not a
     usable snapshot; nothing in the file is ever executed.
@@ -376,6 +380,12 @@ def read_snapshot(
     """
     from analysis import fastread  # imports this module: not at the top
 
+    if isinstance(source, fastread.MappedFile):  # mapped by the caller, who reads its bytes too
+        if fastread.wanted(compiled):
+            snapshot = fastread.read_compiled(source.data, limits)
+            if snapshot is not None:
+                return snapshot
+        source, compiled = source.path, False  # the rest is the Python reader's, from the file
     if fastread.wanted(compiled):
         snapshot = fastread.read_compiled(source, limits)
         if snapshot is not None:

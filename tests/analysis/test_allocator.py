@@ -604,7 +604,7 @@ def test_recorded_reserved_is_kept_for_its_columns_and_matches_the_process_peak(
     reserved = _recorded_reserved(dev)
     assert int(reserved.max()) == device_stats("gpt_varlen_oom", 0)["reserved_bytes.all.peak"]
     assert _recorded_reserved(dev) is reserved  # asked again (seven times a report): the same answer
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         reserved[0] = 1  # shared between threads: read-only
     # Other columns (a trace cut short, as replays of a window build): answered from them, not the memo.
     cut = replace(dev, trace=replace(dev.trace, action=dev.trace.action[:100], size=dev.trace.size[:100]))

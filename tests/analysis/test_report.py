@@ -407,3 +407,36 @@ def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path) -> N
     empty.write_bytes(b"")
     assert report_mod._source_info(empty, None)["sha256"] == hashlib.sha256(b"").hexdigest()
     assert report_mod._source_info(empty, None)["bytes"] == 0
+
+
+def test_files_the_compiled_reader_leaves_are_read_or_refused_as_the_reader_does(tmp_path: Path) -> None:
+    # build_report maps the file once for the compiled reader and the hash (report._read); a file
+    # that reader leaves goes to the Python reader, from the path: a JSON snapshot is read, a
+    # hostile pickle refused with the reader's own code, and the hash is the file's either way.
+    import pickle
+
+    from analysis.errors import SnapshotError
+    from analysis.reader import read_snapshot
+
+    raw = gzip.decompress((FIXTURES / "frag_oom.pickle.gz").read_bytes())
+    obj = pickle.loads(raw)
+    as_json = tmp_path / "frag.json"
+    as_json.write_text(json.dumps(obj, default=list))
+    rep = build_report(as_json)
+    assert rep["source"]["format"] == "json"
+    assert rep["source"]["sha256"] == hashlib.sha256(as_json.read_bytes()).hexdigest()
+    assert rep["devices"][0]["summary"] == report("frag_oom")["devices"][0]["summary"]
+    evil = tmp_path / "evil.pickle"
+    evil.write_bytes(b"\x80\x04cos\nsystem\n(S'true'\ntR.")
+    with pytest.raises(SnapshotError) as from_report:
+        build_report(evil)
+    with pytest.raises(SnapshotError) as from_reader:
+        read_snapshot(evil, compiled=False)
+    assert (from_report.value.code, str(from_report.value)) == (from_reader.value.code, str(from_reader.value))
+    empty = tmp_path / "empty.pickle"
+    empty.write_bytes(b"")
+    with pytest.raises(SnapshotError) as nothing:
+        build_report(empty)
+    with pytest.raises(SnapshotError) as nothing_read:
+        read_snapshot(empty)
+    assert nothing.value.code == nothing_read.value.code
