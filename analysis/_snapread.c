@@ -1271,7 +1271,9 @@ static uint64_t hash_bytes(const unsigned char *s, size_t n) {
  * thread keeps the next stretch of each array present instead (madvise MADV_POPULATE_WRITE: the kernel
  * makes the pages and writes nothing into them), a fixed number of items ahead of what the parse has
  * published, so at most that much more memory is made than the parse uses. The gunzip's output, whose
- * size the gzip trailer states, is made present whole, from its start, while libdeflate fills it.
+ * size the gzip trailer states, is made present whole, from its start, while libdeflate fills it: never
+ * more than the caps already let it allocate (a trailer that states more than the stream holds gets
+ * pages nobody writes, within those caps, until libdeflate refuses the stream).
  * The helper only ever calls madvise on the ranges it was given: a call on a range the parse has since
  * moved away from (an array grown by realloc) fails or makes pages nobody reads, and changes no byte.
  * Where the kernel has no MADV_POPULATE_WRITE (before Linux 5.14), no thread can start, or
@@ -1386,7 +1388,8 @@ static Prefault *pf_start(P *p) {
     return pf_run(f);
 }
 
-/* The parse's counts, for the prefaulter: every 1024 dicts filled, and at the start. */
+/* The parse's counts, for the prefaulter: every 1024 dicts filled (until the first, they read zero and
+ * the helper works from the arrays' starts). */
 static inline void pf_publish(P *p) {
     Prefault *f = p->pf;
     __atomic_store_n(&f->count[PF_CONTS], p->cn, __ATOMIC_RELAXED);
