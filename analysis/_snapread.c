@@ -50,7 +50,6 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 #define SPAN_RECENT 4096
 /* Real snapshots nest 9 deep at most (root/segments/seg/blocks/block/history/h/frames/frame). */
@@ -1316,16 +1315,17 @@ static void *pf_loop(void *arg) {
         int stop = __atomic_load_n(&f->stop, __ATOMIC_ACQUIRE), moved = 0;
         for (int i = 0; i < f->n; i++) {
             int c = f->count_of[i];
-            size_t want = f->bytes[i];
-            if (c != PF_WHOLE) {
+            size_t want, least = PF_STEP;
+            if (c == PF_WHOLE) { /* a stretch at a time, from the start: ahead of the writer */
+                want = f->bytes[i] - f->done[i] > PF_STEP ? f->done[i] + PF_STEP : f->bytes[i];
+                least = 1; /* the last stretch may be shorter */
+            } else {
                 want = (__atomic_load_n(&f->count[c], __ATOMIC_RELAXED) + f->ahead[c]) * f->width[i];
                 want = want > f->skip[i] ? want - f->skip[i] : 0;
                 if (want > f->bytes[i]) want = f->bytes[i];
                 want &= ~(size_t)4095;
-            } else if (want > f->done[i] + PF_STEP) {
-                want = f->done[i] + PF_STEP; /* a stretch at a time, from the start: ahead of the writer */
             }
-            if (stop || want < f->done[i] + (c == PF_WHOLE ? 1 : PF_STEP)) continue;
+            if (stop || want < f->done[i] + least) continue;
             if (madvise(f->start[i] + f->done[i], want - f->done[i], MADV_POPULATE_WRITE) != 0) {
                 f->bytes[i] = 0; /* not supported, or the range went: leave this array to the parse */
                 continue;

@@ -74,7 +74,8 @@ def reader_in_use() -> str:
 def read_compiled(source: Any, limits: reader.ReadLimits) -> Snapshot | None:
     """The snapshot through the compiled reader, or None to leave the file to the Python reader.
 
-    ``source`` is a path or the file's bytes, ``limits`` a ``reader.ReadLimits``.
+    ``source`` is a path, the file's bytes, or its mapping (``mapped_file``), ``limits`` a
+    ``reader.ReadLimits``.
     """
     if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
         parsed, container = _parse(source, limits)

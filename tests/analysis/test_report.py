@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from analysis import parallel
+from analysis import fastread, parallel
 from analysis import report as report_mod
 from analysis.errors import ConfigError
+from analysis.reader import ReadLimits
 from analysis.report import SEGMENT_MAP_MAX_BLOCKS, SEGMENT_MAP_MAX_SEGMENTS, build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -399,10 +400,15 @@ def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path) -> N
         "sha256": hashlib.sha256(data).hexdigest(),
         "format": None,
     }
-    # Past one slice, and an empty file.
+    # Past one slice, read or from the reader's mapping of the file, and an empty file.
     big = tmp_path / "big.bin"
     big.write_bytes(data * (report_mod._HASH_SLICE // len(data) + 2))
-    assert report_mod._source_info(big, "b")["sha256"] == hashlib.sha256(big.read_bytes()).hexdigest()
+    want = hashlib.sha256(big.read_bytes()).hexdigest()
+    assert report_mod._source_info(big, "b")["sha256"] == want
+    with fastread.mapped_file(big, ReadLimits()) as mapped:
+        assert mapped is not None
+        hashed = report_mod._source_info(big, "b", mapped.data)
+    assert (hashed["sha256"], hashed["bytes"]) == (want, big.stat().st_size)
     empty = tmp_path / "empty.pickle"
     empty.write_bytes(b"")
     assert report_mod._source_info(empty, None)["sha256"] == hashlib.sha256(b"").hexdigest()
