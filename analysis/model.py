@@ -143,7 +143,8 @@ def sorted_unique(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
 _ADDRESS_DIGITS = 3
 # address_runs' last answer by the address column it was computed on (id -> (column, idx, answer)),
 # dropped with its column: the lifetimes and the completeness check order the same events, one
-# device after the other.
+# device after the other (with the Python loops: the compiled ones pair them without the sort,
+# analysis.allocator.compiled.alloc_ends).
 _ADDRESS_ORDERS: dict[int, tuple[weakref.ref[I64], I64, tuple[I64, npt.NDArray[np.bool_]]]] = {}
 
 

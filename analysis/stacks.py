@@ -345,9 +345,25 @@ class Lifetimes:
 def alloc_lifetimes(
     action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], size: npt.NDArray[np.int64], stack: npt.NDArray[np.int32]
 ) -> Lifetimes:
-    from analysis.model import ALLOC, FREE_REQUESTED, address_runs
+    from analysis.allocator import compiled
+    from analysis.model import ALLOC
 
     n = int(action.shape[0])
+    paired = compiled.alloc_ends(action, addr)
+    if paired is None:
+        starts, ends = _paired_by_address(action, addr, n)
+    else:
+        starts, ends = np.flatnonzero(action == ALLOC), paired[0]
+    return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n)
+
+
+def _paired_by_address(
+    action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], n: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``alloc_lifetimes``' starts and ends in numpy, the reference of the compiled pass
+    (``analysis.allocator.compiled.alloc_ends``)."""
+    from analysis.model import ALLOC, FREE_REQUESTED, address_runs
+
     idx = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED))
     # Each address's events in trace order; an event ends where the next one at its address is.
     # Each temporary is dropped once used: fresh pages cost more than the passes over them here (the
@@ -364,6 +380,4 @@ def alloc_lifetimes(
     del end_sorted
     is_alloc = action[idx] == ALLOC
     starts = idx[is_alloc].astype(np.int64, copy=False)
-    ends = end_of[is_alloc]
-    del end_of
-    return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n)
+    return starts, end_of[is_alloc]

@@ -8,6 +8,8 @@
  *   recorded_core(act, addr, size, stream, pool, stops, params) -> state  (recorded._Replayer)
  *   policy_engine(model, params) -> (failed, state, counts)               (policy._Model.run, whole:
  *       in _policycore.c, compiled into this module; registered below)
+ *   alloc_ends(act, addr, alloc, free, ends) -> (allocs, alternates)      (stacks.alloc_lifetimes' pairing,
+ *       policy.trace_is_complete's order of allocs and frees)
  *
  * analysis/allocator/compiled.py decides whether these run; the Python loops stay the reference
  * (tests/analysis/test_replaycore.py compares both on every fixture and on the captures).
@@ -1203,11 +1205,101 @@ fail:
     return NULL;
 }
 
+/* alloc_ends(act, addr, alloc, free, ends) -> (allocs, alternates) or None: one pass that pairs each alloc
+ * with the next event at its address that is an alloc or a free (``free``: its code), else the trace's
+ * end (stacks.alloc_lifetimes), written into ``ends`` (int64, one per alloc, in trace order; None: not
+ * written); ``alternates``: whether every address starts with an alloc and its kinds alternate
+ * (policy.trace_is_complete). The map holds, per address, the alloc it is open for: only the blocks
+ * live at a time, so it stays in cache, where the reference's sort by address reads every event several
+ * times. None (nothing written) where an address is the map's empty key, which no real address is. */
+static PyObject *alloc_ends(PyObject *self, PyObject *args) {
+    PyObject *act_o, *addr_o, *ends_o;
+    long alloc, free_code;
+    if (!PyArg_ParseTuple(args, "OOllO", &act_o, &addr_o, &alloc, &free_code, &ends_o)) return NULL;
+    Py_buffer act, addr, ends = {0};
+    if (PyObject_GetBuffer(act_o, &act, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t n = act.len;
+    if (act.itemsize != 1) {
+        PyBuffer_Release(&act);
+        PyErr_SetString(PyExc_ValueError, "alloc_ends: the action column is not one byte per event");
+        return NULL;
+    }
+    if (in_column(addr_o, &addr, n) < 0) {
+        PyBuffer_Release(&act);
+        return NULL;
+    }
+    int write = ends_o != Py_None;
+    if (write && PyObject_GetBuffer(ends_o, &ends, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&addr);
+        PyBuffer_Release(&act);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    Map open = {0};
+    const signed char *a = act.buf;
+    const int64_t *ad = addr.buf;
+    int64_t *end = ends.buf, m = 0;
+    int alternates = 1;
+    if (write && (ends.itemsize != 8 || !ends.format || (strcmp(ends.format, "l") && strcmp(ends.format, "q")))) {
+        PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not int64");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        m += a[i] == alloc;
+        if ((a[i] == alloc || a[i] == free_code) && ad[i] == MAP_EMPTY) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+    }
+    if (write && m != (int64_t)(ends.len / 8)) {
+        PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
+        goto done;
+    }
+    if (map_init(&open, 1024) < 0) goto done;
+    m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int is_alloc = a[i] == alloc;
+        if (!is_alloc && a[i] != free_code) continue;
+        if (is_alloc && write) end[m] = n;
+        /* one probe: the address's entry, or the empty slot where it goes */
+        int64_t key = ad[i];
+        size_t mask = open.cap - 1, j = map_home(&open, key);
+        while (open.k[j] != key && open.k[j] != MAP_EMPTY) j = (j + 1) & mask;
+        int was_open = open.k[j] == key;
+        alternates &= was_open != is_alloc;
+        if (was_open) {
+            if (write) end[open.v[j]] = i;
+            if (is_alloc)
+                open.v[j] = m++;
+            else
+                map_del_at(&open, j);
+        } else if (is_alloc) {
+            if ((open.len + 1) * 2 > open.cap) {
+                if (map_set(&open, key, m++) < 0) goto done; /* grows, then inserts */
+            } else {
+                open.k[j] = key;
+                open.v[j] = m++;
+                open.s[j] = open.seq++;
+                open.len++;
+            }
+        }
+    }
+    out = Py_BuildValue("(LO)", (long long)m, alternates ? Py_True : Py_False);
+done:
+    if (open.k) map_free(&open);
+    if (write) PyBuffer_Release(&ends);
+    PyBuffer_Release(&addr);
+    PyBuffer_Release(&act);
+    return out;
+}
+
 PyObject *oomscope_policy_engine(PyObject *self, PyObject *args); /* _policycore.c */
 
 static PyMethodDef methods[] = {
     {"policy_engine", oomscope_policy_engine, METH_VARARGS, "policy._Model.run on C state (_policycore.c)."},
     {"recorded_core", recorded_core, METH_VARARGS, "recorded._Replayer's state and loop (see analysis/allocator/compiled.py)."},
+    {"alloc_ends", alloc_ends, METH_VARARGS, "stacks.alloc_lifetimes' pairing of each alloc with its end; whether allocs and frees alternate."},
     {NULL, NULL, 0, NULL},
 };
 

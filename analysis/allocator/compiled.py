@@ -1,6 +1,6 @@
 """The compiled replay loops: when they run, and their hand-over from the Python loops.
 
-``analysis.allocator._replaycore`` (C) holds two of them:
+``analysis.allocator._replaycore`` (C) holds three of them:
 
 - The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
   compiled into the same module): ``policy._Model.run`` on C state. It reads the model's state once
@@ -20,11 +20,14 @@
   per-event columns summed straight into numpy arrays); every method that moves the state is
   written again there, and only ``_issue``, ``_meta_of_event`` and a ``round_size`` that does
   not round plainly are called back.
+- The pairing of each alloc with the event that ends it, ``alloc_ends`` (``stacks.alloc_lifetimes``,
+  and ``policy.trace_is_complete``'s check that allocs and frees alternate at every address): one
+  pass with a map of the open blocks, where the reference sorts every alloc and free by address.
 
-Both take every number of the allocator's rules from the Python caller (``AllocatorConfig.split_rule``,
-``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``, ``page_size``,
-``gc_threshold_bytes``, ``round_size``, ``allocation_size`` itself, placement's ``CHUNK`` / ``TOP``,
-the reservation stride), so the rules keep their one definition in ``analysis.allocator.config``.
+The two replays take every number of the allocator's rules from the Python caller
+(``AllocatorConfig.split_rule``, ``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``,
+``page_size``, ``gc_threshold_bytes``, ``round_size``, ``allocation_size`` itself, placement's ``CHUNK`` /
+``TOP``, the reservation stride), so the rules keep their one definition in ``analysis.allocator.config``.
 The Python loops stay the reference: ``tests/analysis/test_replaycore.py`` runs both on every fixture
 and on the captures and demands identical results, model state and report JSON, and that every path
 of the engine ran (``last_counts``).
@@ -137,3 +140,18 @@ def recorded_core(act: bytes, addr: Any, size: Any, stream: Any, pool: Any, stop
         seg_unmap=SEGMENT_UNMAP,
     )
     return _replaycore.recorded_core(act, addr, size, stream, pool, stops, params)
+
+
+def alloc_ends(action: Any, addr: Any, free: int = FREE_REQUESTED, *, ends: bool = True) -> tuple[Any, bool] | None:
+    """One compiled pass over a trace's allocs and frees (``free``: the action code that frees), by
+    address: where each alloc ends, in trace order (``stacks.alloc_lifetimes``' pairing: the next
+    alloc or free at its address, else the trace's length; None with ``ends`` false), and whether
+    every address starts with an alloc and its kinds alternate (``policy.trace_is_complete``). None
+    where it declines (the loops are off, or an address is its map's empty key): the reference's
+    sort by address then answers."""
+    if not wanted():
+        return None
+    action = np.ascontiguousarray(action, np.int8)
+    out = np.empty(int(np.count_nonzero(action == ALLOC)), np.int64) if ends else None
+    got = _replaycore.alloc_ends(action, np.ascontiguousarray(addr, np.int64), ALLOC, free, out)
+    return None if got is None else (out, bool(got[1]))

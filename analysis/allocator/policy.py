@@ -1376,6 +1376,9 @@ def trace_is_complete(device: DeviceData) -> bool:
         return False
     # The free of a block is its free_requested; with skip_actions dropping those, its free_completed.
     free = FREE_REQUESTED if (t.action == FREE_REQUESTED).any() else FREE_COMPLETED
+    paired = compiled.alloc_ends(t.action, t.addr, free, ends=False)
+    if paired is not None:
+        return paired[1]
     sel = np.flatnonzero((t.action == ALLOC) | (t.action == free))
     if sel.size == 0:
         return True

@@ -9,6 +9,7 @@ Every fixture, and a sample of the captures (every fifth; ``OOMSCOPE_ALL_CAPTURE
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -480,3 +481,59 @@ def test_random_request_streams_leave_the_same_state() -> None:
         for key in ENGINE_PATHS:
             counts[key] += compiled.last_counts[key]
     assert not [key for key, n in counts.items() if n == 0 and key != "recorded_address"], counts
+
+
+def _pairing(action: np.ndarray, addr: np.ndarray) -> tuple[list[int], list[int], bool, bool]:
+    """alloc_lifetimes' starts and ends, and trace_is_complete's alternation under both frees."""
+    from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED
+    from analysis.stacks import alloc_lifetimes
+
+    n = action.shape[0]
+    zeros = np.zeros(n, np.int64)
+    life = alloc_lifetimes(action, addr, zeros, zeros.astype(np.int32))
+    assert life.start.tolist() == np.flatnonzero(action == ALLOC).tolist()
+    alternate = []
+    for free in (FREE_REQUESTED, FREE_COMPLETED):
+        paired = compiled.alloc_ends(action, addr, free, ends=False)
+        if paired is None:  # the reference: each address's events in trace order, alternating
+            sel = np.flatnonzero((action == ALLOC) | (action == free))
+            kinds: dict[int, list[bool]] = {}
+            for i in sel.tolist():
+                kinds.setdefault(int(addr[i]), []).append(bool(action[i] == ALLOC))
+            alternate.append(all(k[0] and all(x != y for x, y in itertools.pairwise(k)) for k in kinds.values()))
+        else:
+            alternate.append(paired[1])
+    return life.start.tolist(), life.end.tolist(), alternate[0], alternate[1]
+
+
+@pytest.mark.parametrize("path", [*FILES, *SAMPLE], ids=lambda p: p.name.removesuffix(".pickle.gz"))
+def test_lifetimes_and_completeness_identical_on_fixtures_and_captures(path: Path) -> None:
+    # alloc_ends (one pass, a map of the open blocks) against the reference's sort by address.
+    from analysis.allocator.policy import trace_is_complete
+
+    s = read_snapshot(path)
+    for dev in s.devices:
+        ref, fast = both(lambda dev=dev: (_pairing(dev.trace.action, dev.trace.addr), trace_is_complete(dev)))  # type: ignore[misc]
+        assert fast == ref, f"device {dev.device}"
+
+
+def test_lifetimes_identical_on_random_traces_and_declined_on_the_maps_empty_key() -> None:
+    from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ALLOC
+
+    rng = np.random.default_rng(7)
+    codes = np.array([ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC], np.int8)
+    outcomes = set()
+    for _ in range(300):
+        n = int(rng.integers(0, 60))
+        action = codes[rng.integers(0, 4, n)]
+        addr = rng.integers(0, 6, n).astype(np.int64) * 512  # few addresses: allocs twice, frees first
+        ref, fast = both(lambda action=action, addr=addr: _pairing(action, addr))  # type: ignore[misc]
+        assert fast == ref
+        outcomes.add((fast[2], fast[3]))
+    assert outcomes == {(True, True), (True, False), (False, True), (False, False)}
+    # INT64_MIN marks an empty slot of the C map: such an address is left to the reference.
+    action = np.array([ALLOC, FREE_REQUESTED, ALLOC], np.int8)
+    addr = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).min, 512], np.int64)
+    assert compiled.alloc_ends(action, addr) is None
+    ref, fast = both(lambda: _pairing(action, addr))
+    assert fast == ref == ([0, 2], [1, 3], True, True)
