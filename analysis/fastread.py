@@ -96,7 +96,10 @@ def read_compiled(source: Any, limits: reader.ReadLimits) -> Snapshot | None:
         return None  # the reference refuses it: let it say so, from the file
 
 
-_MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+# Not MAP_POPULATE: its page-table walk over the whole file ran on the reading thread before the parse
+# began (0.02 s for 460 MB); unpopulated, the first reader of a page maps it, and in a report that is
+# mostly the hash thread, which runs ahead of the parse (docs/performance.md).
+_MAP_FLAGS = mmap.MAP_PRIVATE
 
 
 @dataclass(frozen=True)
@@ -110,9 +113,9 @@ class MappedFile:
 
 @contextlib.contextmanager
 def mapped_file(path: Path, limits: reader.ReadLimits) -> Iterator[MappedFile | None]:
-    """The file's pages mapped read-only, all present, for the compiled parse (and for any other
-    reader of the same bytes, as the report's hash): None where it cannot be read so (it does
-    not open, is empty, is past ``limits.max_input_bytes``, or does not map).
+    """The file's pages mapped read-only for the compiled parse (and for any other reader of the
+    same bytes, as the report's hash): None where it cannot be read so (it does not open, is
+    empty, is past ``limits.max_input_bytes``, or does not map).
 
     Mapped, not copied: the parse reads each byte once, and the page cache's pages need no
     zeroing (a read() into a new bytes object does). One mapping for every reader: a second one
