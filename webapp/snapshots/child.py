@@ -170,7 +170,7 @@ def _import_charts_beside() -> None:
     on a thread while the analysis runs: the compiled reader and the policy replays let go of the GIL,
     and the worker's second CPU is idle through most of a one-job analysis. Any failure there (the
     memory cap reached) is left to ``_charts``, which imports it again and keeps the report without
-    charts if it fails too."""
+    charts if it fails too; so is a thread that cannot start (its stack counts against ``RLIMIT_AS``)."""
     import contextlib
     import threading
 
@@ -178,7 +178,8 @@ def _import_charts_beside() -> None:
         with contextlib.suppress(Exception):
             import webapp.snapshots.charts  # noqa: F401
 
-    threading.Thread(target=run, name="charts-import", daemon=True).start()
+    with contextlib.suppress(RuntimeError):
+        threading.Thread(target=run, name="charts-import", daemon=True).start()
 
 
 def _charts(report: dict[str, Any]) -> dict[str, Any]:
