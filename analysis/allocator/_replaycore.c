@@ -1262,27 +1262,13 @@ static PyObject *alloc_ends(PyObject *self, PyObject *args) {
         int is_alloc = a[i] == alloc;
         if (!is_alloc && a[i] != free_code) continue;
         if (is_alloc && write) end[m] = n;
-        /* one probe: the address's entry, or the empty slot where it goes */
-        int64_t key = ad[i];
-        size_t mask = open.cap - 1, j = map_home(&open, key);
-        while (open.k[j] != key && open.k[j] != MAP_EMPTY) j = (j + 1) & mask;
-        int was_open = open.k[j] == key;
-        alternates &= was_open != is_alloc;
-        if (was_open) {
-            if (write) end[open.v[j]] = i;
-            if (is_alloc)
-                open.v[j] = m++;
-            else
-                map_del_at(&open, j);
-        } else if (is_alloc) {
-            if ((open.len + 1) * 2 > open.cap) {
-                if (map_set(&open, key, m++) < 0) goto done; /* grows, then inserts */
-            } else {
-                open.k[j] = key;
-                open.v[j] = m++;
-                open.s[j] = open.seq++;
-                open.len++;
-            }
+        Py_ssize_t j = map_find(&open, ad[i]);
+        alternates &= (j >= 0) != is_alloc;
+        if (j >= 0 && write) end[open.v[j]] = i;
+        if (is_alloc) {
+            if (map_set(&open, ad[i], m++) < 0) goto done; /* the alloc now open at this address */
+        } else if (j >= 0) {
+            map_del_at(&open, (size_t)j);
         }
     }
     out = Py_BuildValue("(LO)", (long long)m, alternates ? Py_True : Py_False);
