@@ -51,7 +51,8 @@ def categories(case: str) -> dict[str, Any]:
 )
 def test_categories_add_up_to_the_peak(case: str) -> None:
     cat = categories(case)
-    assert set(cat["bytes"]) == set(CATEGORIES)
+    # "private_pools" is listed only where a private pool held memory (none of these runs has one).
+    assert set(cat["bytes"]) == set(CATEGORIES) - {"private_pools"}
     assert sum(cat["bytes"].values()) == cat["peak"]
 
 
