@@ -101,9 +101,15 @@ def test_infer_varbatch_headline_is_the_idle_cache() -> None:
     rep = recorded_replay(snap, snap.devices[0])
     at = int(np.argmax(rep.reserved))
     assert int(rep.reserved[at]) == stats["reserved_bytes.all.peak"]
-    idle = int(rep.reserved[at] - rep.allocated[at])
+    # Idle over the whole plateau (every event at the reserved peak): its least, and where.
+    plateau = np.flatnonzero(rep.reserved == rep.reserved[at])
+    idle = rep.reserved[plateau] - rep.allocated[plateau]
+    least, where = int(idle.min()), int(plateau[np.argmin(idle)])
+    assert (least, where) == (22226419712, 2111)  # 20.70 GiB at event 2,111; 25.68 GiB at the first, event 2,103
     peak = format_size(stats["reserved_bytes.all.peak"])
-    assert f"at the reserved peak (event {at:,}) {format_size(idle)} of the {peak}" in decision["headline"]
+    assert f"held its peak of {peak} (from event {at:,} to event {int(plateau[-1]):,})" in decision["headline"]
+    assert f"at least {format_size(least)} of it held no live block" in decision["headline"]
+    assert f"even at its fullest, event {where:,})" in decision["headline"]
     final_idle = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
     assert f"at the end {format_size(final_idle)} is idle" in decision["headline"]
     assert decision["change"]["line"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
