@@ -38,8 +38,10 @@ from analysis.limits import Figure, OomMessage
 from analysis.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, DeviceData, Snapshot
 from analysis.readout import size as format_size
 from analysis.stacks import StackCatalog
+from analysis.triage import MemorySummary
 
 TRACE, MESSAGE, INFERRED = "trace", "message", "inferred"
+SUMMARY = "summary"  # torch.cuda.memory_summary(), on the triage page only
 ROW_IDS = ("allocated", "cached_free", "private_pools", "non_pytorch", "other_processes", "free")
 ROW_LABELS = {
     "allocated": "allocated by PyTorch (live tensors)",
@@ -61,6 +63,9 @@ PART_LABELS = {
     "kept_whole": "free blocks kept whole by max_split_size_mb",
     "large_enough": "free blocks large enough, freed by the allocator's own flush after its search",
     "unlisted": "in use by no process the message lists (another container's, the driver's)",
+    # torch >= 2.6 prints the private pools' free bytes ("with X allocated in private pools"); their live
+    # tensors are inside its "allocated by PyTorch".
+    "pools_free": "private pools' free memory (CUDA graphs, memory pools; their live tensors are under allocated)",
 }
 
 
@@ -98,7 +103,7 @@ class Ledger:
     """``devices[].ledger``: the rows add up to ``total_bytes`` where the device's size is known."""
 
     moment: str  # "oom" | "peak" (the reserved peak)
-    event_index: int
+    event_index: int | None  # None: from the OOM message alone
     total_bytes: int | None
     rows: tuple[LedgerRow, ...]
     note: str = ""
@@ -177,6 +182,52 @@ def build_ledger(inp: LedgerInput) -> Ledger:
     return _with_message(inp.moment, inp.state.index, cache, reserved, msg, free)
 
 
+def message_ledger(
+    msg: OomMessage, summary: MemorySummary | None = None, summary_at_oom: bool = False
+) -> Ledger | None:
+    """The ledger from torch's OOM message alone (the triage page): every row from its printed figures,
+    reconciled to its total like the report's; None for a message without the figures (torch < 2.1).
+    A ``memory_summary()`` printed at the OOM (``summary_at_oom``: its reserved and allocated memory
+    are the message's) splits the cache into its small-block part and the rest."""
+    if msg.allocated is None or msg.reserved is None or msg.total_capacity is None or msg.process_in_use is None:
+        return None
+    if msg.device_free is None:
+        return None
+    pools = msg.private_pools.value if msg.private_pools is not None else 0
+    unallocated = (msg.reserved - msg.allocated).value
+    cache = [
+        LedgerRow("allocated", ROW_LABELS["allocated"], max(0, msg.allocated.value - pools), MESSAGE),
+        LedgerRow(
+            "cached_free",
+            ROW_LABELS["cached_free"],
+            unallocated,
+            MESSAGE,
+            _summary_parts(unallocated, summary) if summary_at_oom and not pools else (),
+        ),
+        LedgerRow("private_pools", PART_LABELS["pools_free"] if pools else ROW_LABELS["private_pools"], pools, MESSAGE),
+    ]
+    free = (msg.device_free.value, msg.device_free, MESSAGE)
+    return _with_message("oom", None, cache, msg.reserved.value, msg, free)
+
+
+def _summary_parts(unallocated: int, summary: MemorySummary | None) -> tuple[LedgerPart, ...]:
+    """The cache's small-block part from the summary's small pool (reserved - allocated), the rest inferred."""
+    if summary is None:
+        return ()
+    reserved, allocated = (
+        summary.get("reserved_bytes.small_pool.current"),
+        summary.get("allocated_bytes.small_pool.current"),
+    )
+    if reserved is None or allocated is None:
+        return ()
+    small = min(unallocated, max(0, reserved.value - allocated.value))
+    parts = (
+        LedgerPart("small_pool", PART_LABELS["small_pool"], small, SUMMARY),
+        LedgerPart("large_pool", PART_LABELS["large_pool"], unallocated - small, INFERRED),
+    )
+    return _nonzero(parts)
+
+
 def _allocated_row(state: AllocatorState) -> LedgerRow:
     size = requested = 0
     for seg in state.segments:
@@ -249,7 +300,7 @@ def _without_message_note(msg: OomMessage | None, free: tuple[int, Figure | None
 
 def _with_message(
     moment: str,
-    index: int,
+    index: int | None,
     cache: list[LedgerRow],
     reserved: int,
     msg: OomMessage,
@@ -279,7 +330,8 @@ def _with_message(
         LedgerPart(f"process_{pid}", f"process {pid}", b, MESSAGE)
         for (pid, _), b in zip(msg.other_processes, others, strict=True)
     ]
-    other_source = MESSAGE if parts else INFERRED
+    # The message's own list (none listed is the message's word too), unless only inferred bytes fill it.
+    other_source = INFERRED if left > 0 and not parts else MESSAGE
     if left > 0:
         parts.append(LedgerPart("unlisted", PART_LABELS["unlisted"], left, INFERRED))
     elif left < 0:

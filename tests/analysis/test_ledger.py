@@ -182,3 +182,25 @@ def test_reconcile_moves_figures_inside_their_ranges_only() -> None:
     assert values == [a.high, b.high] and left == a.value + b.value + 64 * MiB - a.high - b.high
     values, left = _reconcile([a], a.value - 64 * MiB)
     assert values == [a.low] and left < 0
+
+
+@pytest.mark.parametrize("case", ["triage_device_full", "triage_other_process", "triage_other_process_cap"])
+def test_the_message_alone_gives_the_same_rows(case: str) -> None:
+    """The triage page's ledger (no snapshot): the message's figures, reconciled to its total, against the
+    same process's memory_stats() taken at the OOM (the uncapped H200 runs of tests/fixtures/triage)."""
+    from analysis.ledger import message_ledger
+    from analysis.triage import triage
+
+    t = truth(f"triage/{case}")
+    result = triage(t["oom_message"], t["memory_summary"])
+    assert result.summary_timing == "at-oom"
+    ledger = message_ledger(result.message, result.summary, summary_at_oom=True)
+    assert ledger is not None and ledger.event_index is None
+    assert sum(r.bytes for r in ledger.rows) == ledger.total_bytes
+    assert within(int(ledger.total_bytes or 0), t["total_memory"])
+    stats = t["memory_stats"]
+    r = {row.id: row.bytes for row in ledger.rows}
+    assert within(r["allocated"], stats["allocated_bytes.all.current"])
+    reserved = stats["reserved_bytes.all.current"]
+    assert abs(r["allocated"] + r["cached_free"] - reserved) <= 0.01 * reserved
+    assert within(r["free"], parse_oom_message(t["oom_message"]).device_free.value)  # type: ignore[union-attr]
