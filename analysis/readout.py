@@ -435,6 +435,15 @@ LEDGER_SOURCE_WORDS = {
     "summary": "from memory_summary()",
     "inferred": "inferred",
 }
+# The bar's key is short (the first screen is small); the bar's label and each segment's title say it in full.
+LEDGER_SHORT = {
+    "allocated": "PyTorch: live tensors",
+    "cached_free": "PyTorch: cached, unallocated",
+    "private_pools": "private pools",
+    "non_pytorch": "this process, outside PyTorch",
+    "other_processes": "other processes",
+    "free": "free",
+}
 
 
 def ledger_view(dev: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -455,6 +464,7 @@ def ledger_view(dev: Mapping[str, Any]) -> dict[str, Any] | None:
         {
             "id": r["id"],
             "label": r["label"],
+            "short": LEDGER_SHORT.get(str(r["id"]), str(r["label"])),
             "bytes": int(r["bytes"]),
             "text": size(int(r["bytes"])),
             "share_text": share(int(r["bytes"]) / whole),
