@@ -428,9 +428,74 @@ def edge_of_cap(dev: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+# How each ledger row's source is said (``analysis.ledger``).
+LEDGER_SOURCE_WORDS = {
+    "trace": "from the trace",
+    "message": "from the OOM message",
+    "summary": "from memory_summary()",
+    "inferred": "inferred",
+}
+# The bar's key is short (the first screen is small); the bar's label and each segment's title say it in full.
+LEDGER_SHORT = {
+    "allocated": "PyTorch: live tensors",
+    "cached_free": "PyTorch: cached, unallocated",
+    "private_pools": "private pools",
+    "non_pytorch": "this process, outside PyTorch",
+    "other_processes": "other processes",
+    "free": "free",
+}
+
+
+def ledger_view(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``devices[].ledger`` as the page's one bar: each row with bytes worth drawing, its share of the device
+    (of what the trace knows, without the device's size), its words; None for a report without a ledger.
+    ``{moment_text, total_bytes, total_text, complete, sentence, note, segments: [{id, label, bytes, text,
+    share_text, percent, source, source_text, parts: [{label, text}]}]}``."""
+    ledger = dev.get("ledger") or None
+    rows = [r for r in (ledger or {}).get("rows") or [] if int(r.get("bytes") or 0) > 0]
+    if not ledger or not rows:
+        return None
+    total = ledger.get("total_bytes")
+    whole = int(total) if total else sum(int(r["bytes"]) for r in rows)
+    at = ledger.get("event_index")
+    where = "" if at is None else (" (before the first recorded event)" if int(at) < 0 else f" (event {int(at):,})")
+    moment = f"at the OOM{where}" if ledger.get("moment") == "oom" else f"at the reserved peak{where}"
+    segments = [
+        {
+            "id": r["id"],
+            "label": r["label"],
+            "short": LEDGER_SHORT.get(str(r["id"]), str(r["label"])),
+            "bytes": int(r["bytes"]),
+            "text": size(int(r["bytes"])),
+            "share_text": share(int(r["bytes"]) / whole),
+            "percent": f"{100 * int(r['bytes']) / whole:.3f}",
+            "source": r.get("source", ""),
+            "source_text": LEDGER_SOURCE_WORDS.get(str(r.get("source")), str(r.get("source"))),
+            "parts": [{"label": p["label"], "text": size(int(p["bytes"]))} for p in r.get("parts") or []],
+        }
+        for r in rows
+    ]
+    listed = "; ".join(f"{g['label']} {g['text']} ({g['share_text']})" for g in segments)
+    if total:
+        sentence = f"Where the GPU's {size(whole)} went {moment}: {listed}."
+    else:
+        sentence = (
+            f"What the trace shows of the GPU {moment} ({size(whole)}; the device's size is not known): {listed}."
+        )
+    return {
+        "moment_text": moment,
+        "total_bytes": total,
+        "total_text": size(whole),
+        "complete": bool(total),
+        "sentence": sentence,
+        "note": ledger.get("note") or "",
+        "segments": segments,
+    }
+
+
 def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything above for one device: ``{basis, ranked, headroom}``."""
-    return {"basis": basis(dev), "ranked": ranked_rows(dev), "headroom": headroom(dev)}
+    """Everything above for one device: ``{basis, ranked, headroom, ledger}``."""
+    return {"basis": basis(dev), "ranked": ranked_rows(dev), "headroom": headroom(dev), "ledger": ledger_view(dev)}
 
 
 def main_device(devices: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -465,4 +530,17 @@ def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
         "change_line": change.get("line"),
         # A run without an OOM that peaked within 5% of its cap (edge_of_cap): the sentence, else None.
         "edge_of_cap": (dev.get("edge_of_cap") or {}).get("sentence"),
+        # The whole device at the OOM (else the reserved peak), rows without their parts; None before issue 32.
+        "ledger": _ledger_summary(dev.get("ledger")),
+    }
+
+
+def _ledger_summary(ledger: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not ledger:
+        return None
+    return {
+        "moment": ledger.get("moment"),
+        "event_index": ledger.get("event_index"),
+        "total_bytes": ledger.get("total_bytes"),
+        "rows": [{k: r.get(k) for k in ("id", "label", "bytes", "source")} for r in ledger.get("rows") or []],
     }

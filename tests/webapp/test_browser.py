@@ -454,7 +454,8 @@ def test_decision_screen_comes_first(
         else:
             assert box.locator(".badge").inner_text() == "no OOM"
             idle_end = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
-            assert f"of the {format_size(stats['reserved_bytes.all.peak'])} reserved held no live block" in headline
+            assert f"held its peak of {format_size(stats['reserved_bytes.all.peak'])} (" in headline
+            assert "of it held no live block" in headline
             assert f"at the end {format_size(idle_end)} is idle" in headline
             assert box.locator("code").first.inner_text() == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
         # Everything else folds: the sections below are <details>.
