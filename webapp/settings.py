@@ -304,6 +304,15 @@ CELERY_BROKER_CONNECTION_RETRY = True  # a lost broker connection is re-establis
 # while they run is refused by the claim (the claiming process is alive: services.upload_claim).
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "oomscope")
+# Webhook deliveries have their own queue and worker (scripts/run.sh's [program:webhooks], docker/'s
+# webhooks service): a slow receiver never holds an analysis slot (issue 36: two of them starved
+# another team's upload past 150 s). An attempt (connect, send, read) ends within
+# WEBHOOK_ATTEMPT_SECONDS (the task's soft time limit; killed 5 s later), and no attempt starts later
+# than WEBHOOK_DEADLINE_SECONDS after the alert was queued.
+WEBHOOK_QUEUE = os.environ.get("WEBHOOK_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}-webhooks")
+WEBHOOK_ATTEMPT_SECONDS = env_int("WEBHOOK_ATTEMPT_SECONDS", 30)
+WEBHOOK_DEADLINE_SECONDS = env_int("WEBHOOK_DEADLINE_SECONDS", 3600)
+CELERY_TASK_ROUTES = {"snapshots.deliver_webhook": {"queue": WEBHOOK_QUEUE}}
 CELERY_BEAT_SCHEDULE = {
     "sweep-stale-uploads": {
         "task": "snapshots.sweep_uploads",
