@@ -252,11 +252,10 @@ ANALYSIS_CPU_SECONDS = env_int("ANALYSIS_CPU_SECONDS", 1200)
 ANALYSIS_WALL_SECONDS = env_int("ANALYSIS_WALL_SECONDS", 1500)
 ANALYSIS_MAX_ATTEMPTS = env_int("ANALYSIS_MAX_ATTEMPTS", 3)
 # Fairness between teams (tasks.analyse_upload): a team running this many analyses lets another
-# team's queued upload go first; a message is put back at most ANALYSIS_MAX_DEFERRALS times,
-# ANALYSIS_DEFER_SECONDS apart, then runs anyway.
+# team's queued upload go first (the slot runs that one at once and puts its own message back); a
+# message is put back at most ANALYSIS_MAX_DEFERRALS times, then runs anyway.
 ANALYSIS_TEAM_CONCURRENCY = env_int("ANALYSIS_TEAM_CONCURRENCY", 1)
 ANALYSIS_MAX_DEFERRALS = env_int("ANALYSIS_MAX_DEFERRALS", 600)
-ANALYSIS_DEFER_SECONDS = float(os.environ.get("ANALYSIS_DEFER_SECONDS", "0.5"))
 # The estimated analysis cost (bytes to parse: the file, or the uncompressed size a gzip/zip
 # declares; webapp/snapshots/cost.py) a team may have queued and running at once. 16 GiB: two
 # analyses at the reader's 8 GiB decompression cap; one upload over it alone is refused.
@@ -325,6 +324,10 @@ CELERY_BEAT_SCHEDULE = {
     "close-stale-runs": {  # runs whose missing ranks never came (RUN_COLLECT_SECONDS)
         "task": "snapshots.close_stale_runs",
         "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
+    "sweep-orphan-blobs": {  # stored files no upload row names (issue 36: partial blobs of a full disk)
+        "task": "snapshots.sweep_orphan_blobs",
+        "schedule": float(PURGE_INTERVAL_SECONDS),
     },
     "purge-old-runs": {  # each project's run retention (RunPolicy.retention_days)
         "task": "snapshots.purge_old_runs",
