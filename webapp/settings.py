@@ -206,6 +206,9 @@ TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 20 * 1024**3)
 # The disk guard (webapp/snapshots/disk.py): uploads are refused (507 upload:disk-full) before they
 # would leave less than this free where uploads are written, and /healthz says "disk": "low" below it.
 DISK_MIN_FREE_BYTES = env_int("DISK_MIN_FREE_BYTES", 1024**3)
+# The largest explore store a web process loads for the zoom and digging endpoints (share links are
+# anonymous: issue 36); a larger one answers 404 explore:store-too-large (webapp/snapshots/digging.py).
+EXPLORE_MAX_STORE_BYTES = env_int("EXPLORE_MAX_STORE_BYTES", 256 * 1024**2)
 UPLOAD_RATE_PER_TOKEN = os.environ.get("UPLOAD_RATE_PER_TOKEN", "60/10m")
 UPLOAD_RATE_PER_USER = os.environ.get("UPLOAD_RATE_PER_USER", "120/h")
 # Idempotency-Key replays (a retry answered with the upload it repeats): their own bucket, per user.

@@ -70,8 +70,10 @@ def test_segment_timeline_of_20k_maps_and_100k_unmaps_is_read_from_the_store(
     started = time.thread_time()
     body = client.get(f"/r/{token}/segments.json?t0=0&t1=120000&px=1200").json()
     cpu = time.thread_time() - started
-    # Each unmap ends one range (the map's, or what the unmaps before it left of it): 100,000 rows.
+    # Each unmap ends one range (the map's, or what the unmaps before it left of it): 100,000 rows;
+    # banded at as many samples as the request's work bound allows (rows x samples).
     assert body["segments"] == 100_000
+    assert body["samples"] == digging.BAND_WORK // 100_000
     # The ranges alive after each sampled event add up to the bytes mapped then.
     mapped = [(e + 1) * 5 * PAGE if e < 20_000 else (120_000 - 1 - e) * PAGE for e in body["sample_events"]]
     assert body["sample_bytes"] == mapped and mapped[-1] == 0
@@ -127,3 +129,25 @@ def test_the_store_keeps_the_segment_rows(tmp_path: Path) -> None:
     store = store_of_snapshot(read_snapshot(map_unmap_attack(tmp_path, maps=200)), 0)
     assert store["seg_start"].shape == (1000,)
     assert int(np.sum(store["seg_size"])) == 200 * (5 + 4 + 3 + 2 + 1) * PAGE  # each map and what each unmap left
+
+
+def test_loads_beyond_the_slots_wait_then_answer_busy(
+    client: Any, alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.webapp.helpers import FIXTURES
+    from webapp.snapshots import digging, services
+    from webapp.snapshots.tasks import analyse_upload
+
+    upload = make_upload(alpha, alice, FIXTURES / "frag_oom.pickle.gz")
+    analyse_upload(upload.id)
+    token = services.share_create(upload, alice)
+    digging._stores.clear()
+    monkeypatch.setattr(digging, "LOAD_WAIT_SECONDS", 0.01)
+    held = [digging._load_slots.acquire(timeout=5) for _ in range(digging.STORE_LOADS_AT_ONCE)]
+    try:
+        answer = client.get(f"/r/{token}/timeline.json?t0=0&t1=100&px=400")
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "explore:busy"
+    finally:
+        for _ in held:
+            digging._load_slots.release()
+    assert client.get(f"/r/{token}/timeline.json?t0=0&t1=100&px=400").status_code == 200

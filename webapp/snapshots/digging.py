@@ -37,6 +37,9 @@ from webapp.snapshots.models import Upload
 log = logging.getLogger(__name__)
 
 STORES_KEPT = 3
+# A band chart costs about (rows alive in the window) x (samples): a request may spend this many;
+# past it the samples are fewer (issue 36: 100k segment rows x 600 samples per anonymous request).
+BAND_WORK = 20_000_000
 # What one web process may hold for the digging endpoints (issue 36: share links are anonymous):
 # a store larger than EXPLORE_MAX_STORE_BYTES is not loaded (404 ``explore:store-too-large``), at
 # most STORE_LOADS_AT_ONCE are read at a time (others wait up to LOAD_WAIT_SECONDS, then 503
@@ -188,7 +191,8 @@ BAND_COLOURS = (
 def active_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -> dict[str, Any]:
     """The active-memory bands of events ``[t0, t1]``, ready for the chart's source."""
     cols, labels = columns_for(upload, device)
-    out = active_bands(cols, int(t0), int(t1) + 1, samples=max(16, min(600, px // 2)))
+    samples = _band_samples(cols["alloc_start"], cols["alloc_end"], int(t0), int(t1) + 1, px)
+    out = active_bands(cols, int(t0), int(t1) + 1, samples=samples)
     bands = out.pop("bands")
     out["data"] = {
         "xs": [b["xs"] for b in bands],
@@ -202,6 +206,13 @@ def active_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -
     }
     out["bands"] = len(bands)
     return out
+
+
+def _band_samples(start: np.ndarray, end: np.ndarray, lo: int, hi: int, px: int) -> int:
+    """Samples for a band chart of ``[lo, hi)``: one per two pixels (16-600), fewer when the rows
+    alive in the window times the samples would pass ``BAND_WORK``."""
+    rows = int(np.count_nonzero((start < hi) & (end > lo)))
+    return max(16, min(600, px // 2, BAND_WORK // max(1, rows)))
 
 
 def segments_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -> dict[str, Any]:
@@ -218,7 +229,8 @@ def segments_payload(upload: Upload, device: int, t0: float, t1: float, px: int)
         "alloc_group": np.full(life["start"].shape, -1, np.int64),
         "reserved": cols["reserved"],
     }
-    out = active_bands(as_blocks, int(t0), int(t1) + 1, samples=max(16, min(600, px // 2)))
+    samples = _band_samples(life["start"], life["end"], int(t0), int(t1) + 1, px)
+    out = active_bands(as_blocks, int(t0), int(t1) + 1, samples=samples)
     bands = out.pop("bands")
     address_of = dict(zip(life["start"].tolist(), life["address"].tolist(), strict=True))
     out["data"] = {
