@@ -104,10 +104,16 @@ class Listing:
 def check_listing(path: Path) -> Listing:
     """Refuse from the listing alone: too many entries, links, special files, escaping paths,
     archives inside, snapshots whose declared sizes together pass the upload cap."""
+    # Unpacking needs the declared bytes twice (scratch and blobs) above the disk's reserve: the
+    # listing stops at the header that passes that too, before inflating a bomb's member to skip it.
+    room = max(0, (disk.free_bytes() - settings.DISK_MIN_FREE_BYTES) // 2)
+    cap = min(settings.UPLOAD_MAX_BYTES, room)
     try:
-        members = list_members(path, max_members=_max_members(), max_total_bytes=settings.UPLOAD_MAX_BYTES)
+        members = list_members(path, max_members=_max_members(), max_total_bytes=cap)
     except RunInputError as exc:
         too_many = exc.code.endswith("too-many-members")
+        if not too_many and cap < settings.UPLOAD_MAX_BYTES:
+            raise disk.full_error() from exc
         code = "upload:archive-too-many-members" if too_many else "upload:archive-too-large"
         raise refusal(code, exc.message) from exc
     declared = files = sidecars = 0
