@@ -108,6 +108,11 @@ EXPLORE_NO_STORE = (
     "This report keeps no zoom or digging data: it was analysed before the site stored it, or the "
     "snapshot has no trace to replay. Upload the snapshot again to dig into it."
 )
+EXPLORE_STORE_TOO_LARGE = (
+    "This report's zoom and digging data is larger than the site serves (EXPLORE_MAX_STORE_BYTES); "
+    "the report itself is complete."
+)
+EXPLORE_BUSY = "The site is reading other reports' zoom data right now; retry in a few seconds."
 SHARE_UNKNOWN = "No live share link with that key: it was revoked already, or belongs to another report."
 
 

@@ -450,3 +450,21 @@ def trend(runs: list[Run]) -> dict[str, Any] | None:
         "polyline": " ".join(f"{p['x']},{p['y']}" for p in points),
         "max_bytes": top,
     }
+
+
+# --- the webhook's deadline (issue 36: a delivery's attempts and retries are bounded in time) ----
+
+
+def webhook_seconds_left(delivery_id: int) -> float | None:
+    """Seconds until the delivery's ``WEBHOOK_DEADLINE_SECONDS`` (from when the alert was queued)
+    runs out; None when the delivery is gone or delivered (nothing to send)."""
+    delivery = WebhookDelivery.objects.filter(pk=delivery_id, delivered_at__isnull=True).only("created_at").first()
+    if delivery is None:
+        return None
+    deadline = delivery.created_at + timedelta(seconds=float(settings.WEBHOOK_DEADLINE_SECONDS))
+    return (deadline - timezone.now()).total_seconds()
+
+
+def webhook_record_error(delivery_id: int, reason: str) -> None:
+    """Record why an attempt failed or the delivery stopped (its deadline, an attempt past its time)."""
+    WebhookDelivery.objects.filter(pk=delivery_id, delivered_at__isnull=True).update(error=reason[:300])
