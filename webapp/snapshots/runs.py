@@ -393,6 +393,9 @@ def run_dict(run: Run, request: HttpRequest | None = None, *, ranks: bool = True
                 "url": request.build_absolute_uri(reverse("snapshots:detail", args=[u.code]))
                 if request is not None
                 else reverse("snapshots:detail", args=[u.code]),
+                "api_url": request.build_absolute_uri(reverse("api:snapshot", args=[u.code]))
+                if request is not None
+                else None,
                 "error": {"code": u.error_code, "message": u.error_message} if u.error_code else None,
             }
             for u in run.uploads.order_by("rank", "-created_at")
