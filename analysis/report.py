@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import advice as advice_mod
-from analysis import fastread, readout, sizing
+from analysis import doctor, fastread, readout, sizing
 from analysis.allocator import (
     ReplaySource,
     Requests,
@@ -236,6 +236,9 @@ def _build_report(
         warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
     for dev, outcome in zip(devices, outcomes, strict=True):
         _finish_device(outcome, capture, batch_size, sizing.batch_from_metadata(dev.user_metadata, outcome.oom_index))
+    seconds = doctor.sidecar_dump_seconds(sidecar)
+    found = doctor.findings(capture, [o.entry for o in outcomes], dump_seconds=seconds)
+    capture["doctor"] = [f.to_dict() for f in found]
     report_progress("analysing", 1.0)
     return {
         "schema": SCHEMA,

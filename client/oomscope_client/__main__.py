@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not os.path.isfile(args.file):
         parser.error(f"no such file: {args.file}")
+    if not _capture_doctor(args.file):
+        return 1
     oom_message: str | None
     if args.oom_message_file:
         with open(args.oom_message_file, encoding="utf-8") as fh:
@@ -198,6 +200,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=1))
         return 0
     return _wait(result, token, args.wait_timeout)
+
+
+def _capture_doctor(path: str) -> bool:
+    """Say what is wrong with how the dump was captured (one line each); False when it is not worth sending."""
+    from oomscope_client.doctor import problems
+
+    found = problems(path, sidecar_of(path))
+    for problem in found:
+        print(f"oomscope capture doctor: {problem.line}", file=sys.stderr)
+    return all(problem.usable for problem in found)
 
 
 def _token(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:

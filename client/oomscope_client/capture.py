@@ -47,9 +47,23 @@ class Recording:
     Stopping discards the recorded history (that is how torch turns it off), so dump first.
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(
+        self, options: dict[str, Any], *, events_per_step: int | None = None, allocated_before: int = 0
+    ) -> None:
         self.options = options
         self.active = True
+        # Measured by ``record(dry_step=...)``: the events one step records (what ``max_entries`` was sized from).
+        self.events_per_step = events_per_step
+        self.allocated_before = allocated_before
+
+    def facts(self) -> dict[str, Any]:
+        """How recording was started, for the dump's sidecar (the capture doctor reads it)."""
+        return {
+            **self.options,
+            "events_per_step": self.events_per_step,
+            "allocated_before": self.allocated_before,
+            "active": self.active,
+        }
 
     def dump(self, path: str | os.PathLike[str]) -> Path:
         return dump_snapshot(path)
@@ -66,29 +80,58 @@ class Recording:
         self.stop()
 
 
+# The ring's size while ``record(dry_step=...)`` counts one step's events.
+DRY_STEP_MAX_ENTRIES = 10_000_000
+_current: Recording | None = None  # the recording ``record`` started last (its facts go into each dump's sidecar)
+
+
 def record(
     max_entries: int = 1_000_000,
     stacks: str = "python",
     context: str | None = "all",
     *,
     enabled: str = "all",
+    dry_step: Callable[[], Any] | None = None,
+    steps_kept: int = 100,
 ) -> Recording:
     """Start recording CUDA allocator history (``torch.cuda.memory._record_memory_history``).
 
     Call it before the first CUDA allocation: blocks allocated earlier appear in the
     snapshot without history or stacks, and peaks computed from the trace miss them.
     ``stacks="python"`` keeps dumps fast; ``"all"`` adds C++ frames at a large cost.
+
+    ``dry_step`` (a callable running one training step) sizes the ring buffer: recording starts with
+    room for ``DRY_STEP_MAX_ENTRIES`` events, the step runs, and ``max_entries`` becomes what keeps
+    ``steps_kept`` such steps (``doctor.sized_max_entries``); recording then goes on with the new size and
+    the dry step's history kept (torch's ``clear_history`` stays False). A ring too small for one step
+    drops the start of every step, the most common way a capture looks valid and answers nothing.
     """
+    global _current
+    from oomscope_client.doctor import sized_max_entries
+
     torch = _torch()
-    if torch.cuda.is_initialized() and torch.cuda.memory_allocated() > 0:
+    before = int(torch.cuda.memory_allocated()) if torch.cuda.is_initialized() else 0
+    if before > 0:
         warnings.warn(
-            f"oomscope_client.record: {torch.cuda.memory_allocated()} bytes were allocated before "
+            f"oomscope_client.record: {before} bytes were allocated before "
             "recording started; they will have no history in the snapshot",
             stacklevel=2,
         )
     options = {"enabled": enabled, "context": context, "stacks": stacks, "max_entries": max_entries}
+    per_step = None
+    if dry_step is not None:
+        torch.cuda.memory._record_memory_history(**{**options, "max_entries": DRY_STEP_MAX_ENTRIES})
+        start = _events_recorded(torch)
+        dry_step()
+        per_step = _events_recorded(torch) - start
+        options["max_entries"] = sized_max_entries(per_step, steps_kept)
     torch.cuda.memory._record_memory_history(**options)
-    return Recording(options)
+    _current = Recording(options, events_per_step=per_step, allocated_before=before)
+    return _current
+
+
+def _events_recorded(torch: Any) -> int:
+    return sum(len(trace) for trace in torch.cuda.memory._snapshot().get("device_traces") or [])
 
 
 # --------------------------------------------------------------------------- dumping
@@ -333,6 +376,7 @@ class OomDumper:
                 "pickle_bytes": len(raw),
                 **_describe_snapshot(snapshot),
                 "dump_seconds": round(time.monotonic() - t0, 3),
+                "history": _current.facts() if _current is not None else None,
             }
             sidecar_path = self.path_dir / (stem + ".json")
             sidecar_path.write_text(json.dumps(sidecar, indent=1, default=str))
@@ -417,7 +461,10 @@ class OomDumper:
         spec = self.upload_spec
         wait = spec.get("wait") if isinstance(spec, Mapping) else None
         if spec is None or not wait:
-            return joblog.how_to_get_it(path)
+            from oomscope_client.doctor import problems
+
+            doctor = [f"capture: {problem.line}" for problem in problems(path, sidecar)]
+            return [*joblog.how_to_get_it(path), *doctor]
         seconds = 600.0 if wait is True else float(wait)
         self.wait(seconds)
         result = self.upload_results.get(path)

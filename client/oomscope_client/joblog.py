@@ -75,6 +75,8 @@ def verdict_lines(report: Mapping[str, Any], source: str) -> list[str]:
     if rows:
         lines.append("top stacks at the OOM:" if when == "oom" else "top stacks at the peak:")
         lines.extend(f"  {size(row.get('bytes')):>11}  {row.get('label') or '(no frames)'}" for row in rows)
+    for finding in (report.get("capture") or {}).get("doctor") or []:
+        lines.append(f"capture: {finding.get('problem')}; next time: {finding.get('fix')}")
     lines.append(source)
     return lines
 
