@@ -1160,7 +1160,7 @@ def _step_text(proj: Projection, need: int, limit: int, lower_bound: bool, finis
         if lower_bound:
             tail = (
                 f"more than {_gib(limit)}, the most this run reserved; the real cap is not in the snapshot, so "
-                "whether it fits is unknown: paste the OOM message or give --limit."
+                "whether it fits is unknown: paste the OOM message or give the memory cap."
             )
         else:
             tail = f"more than the limit of {_gib(limit)}: no allocator setting saves this step."
