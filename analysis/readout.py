@@ -443,8 +443,19 @@ def edge_of_cap(dev: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything above for one device: ``{basis, ranked, headroom}``."""
-    return {"basis": basis(dev), "ranked": ranked_rows(dev), "headroom": headroom(dev)}
+    """Everything above for one device: ``{basis, ranked, headroom, runner_up_note}``."""
+    rows = ranked_rows(dev)
+    return {"basis": basis(dev), "ranked": rows, "headroom": headroom(dev), "runner_up_note": runner_up_note(dev, rows)}
+
+
+def runner_up_note(dev: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The qualifier the first screen's runner-up needs: where its replay also runs out in the failing step
+    (or only postpones the OOM), what the ranked table says of it; None where nothing qualifies it."""
+    runner = (dev.get("decision") or {}).get("runner_up") or {}
+    row = next((r for r in rows if runner.get("id") is not None and r.get("id") == runner.get("id")), None)
+    if row is None or row.get("state") not in ("runs-out", "postpones"):
+        return None
+    return f"{row.get('state_text')}: {row.get('why')}"
 
 
 def main_device(devices: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
