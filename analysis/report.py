@@ -1269,6 +1269,9 @@ def _advice_context(
         source_bytes=source_bytes,
         steps=len(facts.steps),
         mean_stack_frames=float(np.mean([len(st) for st in stacks_seen])) if stacks_seen else 0.0,
+        optimizer_fused=any(
+            "/torch/optim/" in f.filename and f.name.startswith("_fused") for g in catalog.groups for f in g.frames
+        ),
         amp_saving_low=amp_low,
         amp_saving_high=amp_high,
         checkpoint=_checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask]) if worth else None,
