@@ -124,7 +124,7 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
             "runner_up": _change(choice, recorded_conf, short=True),
         }
     change = _change(choice, recorded_conf) if choice else None
-    buys = _buys(choice, oom, summary) if choice else _nothing_buys(oom)
+    buys = _buys(choice, oom, summary, dev.get("events")) if choice else _nothing_buys(oom)
     return {
         "headline": headline,
         "change": change,
@@ -457,7 +457,7 @@ def _plateau_sentence(plateau: Mapping[str, Any], final_idle: int) -> str:
     )
 
 
-def _buys(choice: _Choice, oom: Mapping[str, Any] | None, summary: Mapping[str, Any]) -> str:
+def _buys(choice: _Choice, oom: Mapping[str, Any] | None, summary: Mapping[str, Any], events: int | None = None) -> str:
     s, w = choice.suggestion, choice.whatif
     recorded_peak = int(summary.get("peak_reserved_bytes") or 0)
     if choice.is_setting and w is not None:
@@ -479,7 +479,9 @@ def _buys(choice: _Choice, oom: Mapping[str, Any] | None, summary: Mapping[str, 
                 more = f" (it needs {format_size(int(need))})" if need else ""
                 text += f", but the rest of the step still runs out of memory{more}"
             elif choice.avoids_oom:
-                text += "; whether the rest of the step fits is not known (the trace ends at the OOM)"
+                text += (
+                    f"; whether the rest of the step fits is not known ({readout.not_projected_reason(oom, events)})"
+                )
             return f"{text}; {peak_text}."
         saved = recorded_peak - peak
         return f"In the replay under {conf}: {peak_text} ({format_size(saved)} less)."

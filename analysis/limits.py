@@ -281,12 +281,12 @@ class Limit:
                 f"Limit {gib:.2f} GiB inferred: the device itself was full at the OOM (reserved plus the device's "
                 "free memory). Memory outside PyTorch's cache (CUDA's lazily loaded kernels, library handles, other "
                 "processes) can grow during a run, so earlier the limit may have been higher; paste the OOM message "
-                "or give --limit to be sure."
+                "or give the memory cap to be sure."
             )
         return (
             f"Limit at least {gib:.2f} GiB: inferred from the trace (the most it shows the cap allowed); the real "
-            "per-process cap is not in the snapshot and may be higher. Paste the OOM message or give --limit for "
-            "the real figure."
+            "per-process cap is not in the snapshot and may be higher. Paste the OOM message or give the memory cap "
+            "for the real figure."
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -159,6 +159,18 @@ def _source_key(dev: Mapping[str, Any]) -> str | None:
     return str(source)
 
 
+def not_projected_reason(oom: Mapping[str, Any], events: int | None) -> str:
+    """Why the rest of the failing step is not known: the projection's own reason, else where the trace
+    ends ("the trace ends at the OOM" only where the OOM is its last event; a caught OOM goes on)."""
+    reason = (oom.get("projection") or {}).get("reason")
+    if reason:
+        return str(reason)
+    at = oom.get("event_index")
+    if events and at is not None and int(at) < events - 1:
+        return f"the rest of the step was not projected (the OOM is event {int(at):,} of {events:,})"
+    return "the trace ends at the OOM"
+
+
 def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a device's verdict rests on, or None where no limit was used (a run without an OOM and
     no limit given).
@@ -195,7 +207,7 @@ def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
             + (f", and it needs {size(need)} with no fragmentation at all" if need else "")
         )
     else:
-        reason = projection.get("reason") or "the trace ends at the OOM"
+        reason = not_projected_reason(oom, dev.get("events"))
         level_text = f"for the failing request alone; the rest of its step was not projected: {reason}"
     certain = oom.get("verdict_certain") if oom else None
     # From a lower bound only "capacity" can be wrong (a higher real cap can only make room); the
@@ -246,7 +258,9 @@ def _saving(row: Mapping[str, Any], w: Mapping[str, Any] | None, recorded_peak: 
     return "not measured", "unknown", ""
 
 
-def _state(row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str, Any] | None) -> tuple[str, str, str]:
+def _state(
+    row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str, Any] | None, events: int | None = None
+) -> tuple[str, str, str]:
     """(state, short text, why) of what a change does to the failing step; only what was computed."""
     if not oom:
         return "no-oom", "no OOM to avoid", "the run had no out-of-memory error"
@@ -295,7 +309,7 @@ def _state(row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str
             "not known",
             "it finishes the step at one end of the OOM message's rounding of the cap and not at the other",
         )
-    reason = projection.get("reason") or "the trace ends at the OOM"
+    reason = not_projected_reason(oom, events)
     if w.get("oom_avoided") is False:
         return "runs-out", "runs out at the same request", f"the replay fails at the request that failed; {reason}"
     if w.get("oom_avoided") is True:
@@ -318,7 +332,7 @@ def ranked_rows(dev: Mapping[str, Any]) -> list[dict[str, Any]]:
     for row in dev.get("ranked") or []:
         w = whatif_for(row.get("config"), whatifs)
         saving_text, saving_kind, saving_title = _saving(row, w, recorded_peak)
-        state, state_text, why = _state(row, w, oom)
+        state, state_text, why = _state(row, w, oom, dev.get("events"))
         if row.get("run_completes") is False and oom and state != "runs-out":
             # (A replay that already runs out in the failing step says more than the run's growth.)
             # The run's memory grows step after step (the report's cause): getting past the failing step
@@ -494,8 +508,25 @@ def ledger_view(dev: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything above for one device: ``{basis, ranked, headroom, ledger}``."""
-    return {"basis": basis(dev), "ranked": ranked_rows(dev), "headroom": headroom(dev), "ledger": ledger_view(dev)}
+    """Everything above for one device: ``{basis, ranked, headroom, ledger, runner_up_note}``."""
+    rows = ranked_rows(dev)
+    return {
+        "basis": basis(dev),
+        "ranked": rows,
+        "headroom": headroom(dev),
+        "ledger": ledger_view(dev),
+        "runner_up_note": runner_up_note(dev, rows),
+    }
+
+
+def runner_up_note(dev: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The qualifier the first screen's runner-up needs: where its replay also runs out in the failing step
+    (or only postpones the OOM), what the ranked table says of it; None where nothing qualifies it."""
+    runner = (dev.get("decision") or {}).get("runner_up") or {}
+    row = next((r for r in rows if runner.get("id") is not None and r.get("id") == runner.get("id")), None)
+    if row is None or row.get("state") not in ("runs-out", "postpones"):
+        return None
+    return f"{row.get('state_text')}: {row.get('why')}"
 
 
 def main_device(devices: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import advice as advice_mod
-from analysis import fastread, readout, sizing
+from analysis import doctor, fastread, readout, sizing
 from analysis.allocator import (
     ReplaySource,
     Requests,
@@ -242,6 +242,9 @@ def _build_report(
         warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
     for dev, outcome in zip(devices, outcomes, strict=True):
         _finish_device(outcome, capture, batch_size, sizing.batch_from_metadata(dev.user_metadata, outcome.oom_index))
+    seconds = doctor.sidecar_dump_seconds(sidecar)
+    found = doctor.findings(capture, [o.entry for o in outcomes], dump_seconds=seconds)
+    capture["doctor"] = [f.to_dict() for f in found]
     report_progress("analysing", 1.0)
     return {
         "schema": SCHEMA,
@@ -1203,7 +1206,7 @@ def _step_text(proj: Projection, need: int, limit: int, lower_bound: bool, finis
         if lower_bound:
             tail = (
                 f"more than {_gib(limit)}, the most this run reserved; the real cap is not in the snapshot, so "
-                "whether it fits is unknown: paste the OOM message or give --limit."
+                "whether it fits is unknown: paste the OOM message or give the memory cap."
             )
         else:
             tail = f"more than the limit of {_gib(limit)}: no allocator setting saves this step."
@@ -1312,6 +1315,9 @@ def _advice_context(
         source_bytes=source_bytes,
         steps=len(facts.steps),
         mean_stack_frames=float(np.mean([len(st) for st in stacks_seen])) if stacks_seen else 0.0,
+        optimizer_fused=any(
+            "/torch/optim/" in f.filename and f.name.startswith("_fused") for g in catalog.groups for f in g.frames
+        ),
         amp_saving_low=amp_low,
         amp_saving_high=amp_high,
         checkpoint=_checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask]) if worth else None,

@@ -16,7 +16,9 @@ BY_AREA = {
 }
 
 BY_CODE = {
-    "snapshot:format:empty": "The file is empty.",
+    "snapshot:format:empty": "The file is empty (0 bytes): the dump never finished (the process was killed while "
+    "writing it, or the disk was full). Write it with torch.cuda.memory._dump_snapshot(path) before the process "
+    "exits, or let oomscope_client.dump_on_oom() write it (atomically).",
     "snapshot:format:html": "This is an HTML page, not a snapshot. Upload the file written by "
     "torch.cuda.memory._dump_snapshot().",
     "snapshot:format:not-a-snapshot": "This is not a snapshot file. Upload the pickle written by "
