@@ -23,7 +23,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from analysis import readout
-from webapp.snapshots import chartpage, digging, disk, formatting, intake, messages, runs, services
+from webapp.snapshots import chartpage, digging, disk, followups, formatting, intake, messages, runs, services
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
 from webapp.snapshots.ratelimits import LimitExceeded
@@ -69,6 +69,8 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
         # Where the timeline fetches zoom detail and states (share_view points it at the link).
         "explore_base": reverse("snapshots:detail", args=[upload.code]),
+        # Follow-ups (issue 33): members only (a share link's reader sees no other upload).
+        "followup": None if shared else followups.page_context(upload),
     }
 
 
@@ -575,7 +577,13 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
     return render(
         request,
         "snapshots/team.html",
-        {"team": services.team_dict(team_row, request.user), "roles": list(services.INVITABLE_ROLES)},
+        {
+            "team": services.team_dict(team_row, request.user),
+            "roles": list(services.INVITABLE_ROLES),
+            "advice": [
+                followups.record_line(r) for r in followups.record(Upload.objects.filter(project__team=team_row))
+            ],
+        },
     )
 
 
