@@ -24,6 +24,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 
 from analysis import followup as scoring
+from analysis.stored import upgrade
 from webapp.snapshots.models import Project, Report, Upload
 from webapp.snapshots.ratelimits import LimitExceeded
 
@@ -115,7 +116,9 @@ def _score(follow_up: Upload) -> dict[str, Any] | None:
     reports = dict(Report.objects.filter(upload__in=[incident, follow_up]).values_list("upload_id", "data"))
     if incident.pk not in reports or follow_up.pk not in reports:
         return None  # one of them is not analysed yet: scored when it is
-    result = scoring.compare(reports[incident.pk], reports[follow_up.pk], follow_up.changes_declared or [])
+    # In the current shape (a report stored by an older worker gets the keys it lacks).
+    before, after = upgrade(reports[incident.pk]), upgrade(reports[follow_up.pk])
+    result = scoring.compare(before, after, follow_up.changes_declared or [])
     return result.to_dict()
 
 
