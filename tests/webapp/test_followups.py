@@ -106,3 +106,21 @@ def test_bad_follow_up_fields_are_refused_with_a_code(client: Any, alice_token: 
 def test_the_site_record_is_for_staff(client: Any, alice_token: str) -> None:
     response = client.get("/api/v1/advice", **bearer(alice_token))
     assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
+
+
+def test_the_report_page_takes_the_answer(client: Any, alice: Any, alice_token: str) -> None:
+    incident = upload(client, alice_token, "bert_mlm_c70_default", run="page")
+    rerun = upload(client, alice_token, "bert_mlm_c85_default", run="page")  # the cap changed: not in the files
+    assert rerun.follows_id == incident.id and rerun.followup["outcome"] == "unknown"
+    client.force_login(alice)
+    page = client.get(f"/s/{rerun.code}/").content.decode()
+    assert 'name="changed" value="smaller_batch"' in page
+    client.post(f"/s/{rerun.code}/follows/", {"changed": ["smaller_batch"]})
+    rerun.refresh_from_db()
+    assert rerun.changes_declared == ["smaller_batch"] and rerun.followup["outcome"] == "postponed"
+    client.post(f"/s/{rerun.code}/follows/", {"follows": "none"})
+    rerun.refresh_from_db()
+    assert rerun.follows_id is None and rerun.followup is None
+    # The same file again is no rerun of itself (nor of the run before it).
+    again = upload(client, alice_token, "bert_mlm_c85_default", run="page")
+    assert again.follows_id is None

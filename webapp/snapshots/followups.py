@@ -75,6 +75,8 @@ def _auto_incident(upload: Upload) -> Upload | None:
     )
     if earlier is None or not (earlier.summary or {}).get("oom") or earlier.followups.exists():
         return None
+    if earlier.sha256 == upload.sha256:  # the same file again (or its re-analysis) is no rerun
+        return None
     return earlier
 
 
@@ -224,4 +226,6 @@ def page_context(upload: Upload) -> dict[str, Any] | None:
         follows["outcome_words"] = OUTCOME_WORDS.get(str(follows.get("outcome")), "not scored yet")
     for item in after:
         item["outcome_words"] = OUTCOME_WORDS.get(str(item.get("outcome")), "not scored yet")
-    return {"follows": follows, "followed_by": after}
+    declared = set(upload.changes_declared or [])
+    choices = [{"id": k, "label": v, "checked": k in declared} for k, v in DECLARABLE.items()]
+    return {"follows": follows, "followed_by": after, "choices": choices}

@@ -166,3 +166,4 @@ FOLLOWS_FORBIDDEN = "Only the uploader (while they may still upload) or a team a
 ADVICE_SITE_FORBIDDEN = (
     "The site's advice record is for site admins (staff), through a token not limited to one project."
 )
+FOLLOWS_SAVED = "Saved: the follow-up is scored again with your answer."

@@ -300,6 +300,27 @@ def reanalyse_with_message(request: HttpRequest, code: str) -> HttpResponse:
     return redirect("snapshots:detail", code=again.code)
 
 
+@login_required
+@require_POST
+def followup_answer(request: HttpRequest, code: str) -> HttpResponse:
+    """Page action (issue 33): "what did you change?" on a follow-up's report, or "not a follow-up"
+    (``follows=none``); scored again at once."""
+    upload_row = _upload_or_404(request, code)
+    back = redirect(reverse("snapshots:detail", args=[code]))
+    if not services.upload_can_delete(request.user, upload_row):
+        flash.error(request, messages.FOLLOWS_FORBIDDEN)
+        return back
+    follows = request.POST.get("follows")
+    try:
+        changed = followups.parse_changes(request.POST.getlist("changed"))
+        followups.declare(upload_row, follows.strip() if follows is not None else None, changed)
+    except LimitExceeded as err:
+        flash.error(request, err.message)
+        return back
+    flash.info(request, messages.FOLLOWS_SAVED)
+    return back
+
+
 def _capability_headers(response: HttpResponse) -> HttpResponse:
     """Pages reached by a secret URL must not leak it (W3C capability URLs; reliability.md §4)."""
     response["Referrer-Policy"] = "no-referrer"
