@@ -103,9 +103,15 @@ def test_bad_follow_up_fields_are_refused_with_a_code(client: Any, alice_token: 
     assert response.status_code == 400 and "changed" in response.json()["error"]["message"]
 
 
-def test_the_site_record_is_for_staff(client: Any, alice_token: str) -> None:
+def test_the_site_record_is_for_staff(client: Any, alice: Any, alice_token: str) -> None:
     response = client.get("/api/v1/advice", **bearer(alice_token))
     assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
+    incident = upload(client, alice_token, "bert_mlm_c85_default", run="site")
+    upload(client, alice_token, "bert_mlm_c85_expandable", follows=incident.code)
+    alice.is_staff = True
+    alice.save(update_fields=["is_staff"])
+    rows = client.get("/api/v1/advice", **bearer(alice_token)).json()["changes"]
+    assert [(r["change"], r["advised"], r["borne_out"]) for r in rows] == [("expandable_segments", 1, 1)]
 
 
 def test_the_report_page_takes_the_answer(client: Any, alice: Any, alice_token: str) -> None:
