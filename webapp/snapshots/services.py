@@ -505,6 +505,8 @@ def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) ->
     """
     project = upload_project(user, token, admission.project_slug)
     quota.check_team_queued_cost(project.team_id, admission.cost_bytes)
+    if admission.fields.get("follows") not in (None, "", followups.NONE):  # refused before the bytes are stored
+        followups.incident_for(project, str(admission.fields["follows"]))
     if admission.fmt == runarchive.ARCHIVE:
         return runarchive.create_run(
             user=user,
@@ -516,8 +518,6 @@ def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) ->
             idempotency_key=admission.idempotency_key,
         )
     quota.check_team_quota(project.team_id, admission.uploaded.size or 0)
-    if admission.fields.get("follows") not in (None, "", followups.NONE):  # refused before the bytes are stored
-        followups.incident_for(project, str(admission.fields["follows"]))
     return upload_create(
         user=user,
         project=project,
