@@ -37,6 +37,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--project", help="project slug")
     up.add_argument("--run", help="run name")
+    up.add_argument(
+        "--follows",
+        metavar="CODE",
+        help="the OOM report this run is the rerun of, or 'none' (default: the last OOM of the same --run)",
+    )
+    up.add_argument(
+        "--changed",
+        metavar="IDS",
+        help="what you changed since, comma-separated: smaller_batch, amp, activation_checkpointing, "
+        "optimizer_state, growing_workload, shape_bucketing, eval_no_grad, other (settings are read from the file)",
+    )
     up.add_argument("--tags", help="comma-separated tags")
     up.add_argument("--note", help="free text shown with the report")
     up.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
@@ -192,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             cap=args.cap,
             meta=meta,
+            follows=args.follows,
+            changed=args.changed,
         )
     except UploadError as e:
         print(f"oomscope upload failed: {e}", file=sys.stderr)

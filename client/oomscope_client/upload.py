@@ -38,6 +38,7 @@ HINTS = {
     "upload:too-large": "the file is over the site's upload limit; gzip it, or record fewer events "
     "(torch.cuda.memory._record_memory_history(max_entries=...))",
     "upload:invalid": "fix the field named: --run, --tags or --note too long, or --cap not a size (7GiB, 80GB, bytes)",
+    "upload:invalid-follows": "--follows names no upload of that project (give a report's code, or none)",
     "upload:not-a-snapshot-json": "that JSON is no memory snapshot (a profiler trace?); upload the file "
     "torch.cuda.memory._dump_snapshot() wrote",
 }
@@ -215,6 +216,8 @@ def upload(
     batch_size: int | None = None,
     cap: str | int | None = None,
     meta: Mapping[str, Any] | None = None,
+    follows: str | None = None,
+    changed: str | Iterable[str] | None = None,
 ) -> dict[str, Any]:
     """Post one snapshot file; return the site's JSON (``id``, ``status``, ``url``, ``api_url``).
 
@@ -227,6 +230,9 @@ def upload(
     ``host``, ``torch_version``, ``job_id``, and ``error``: what a rank died of when it was not an OOM),
     as ``oomscope_client.jobmeta.job_metadata()`` reads it; the uploads of one ``run`` with a
     ``world_size`` above 1 are analysed together as one run of several ranks.
+    ``follows``: the code of the OOM report this run is the rerun of (``"none"``: not a follow-up; not
+    given: the site takes the last OOM of the same project and run name); ``changed``: what was changed
+    since, as change ids (``smaller_batch``, ``amp``, ...; docs/runs.md), comma-separated or a list.
     Every call sends an ``Idempotency-Key`` header (a fresh random one unless given): calling
     again with the same key after a timeout or a broken connection returns the first upload
     instead of making a duplicate.
@@ -249,6 +255,10 @@ def upload(
         fields.append(("batch_size", str(int(batch_size))))
     if cap is not None and str(cap).strip():
         fields.append(("cap", str(cap).strip()))
+    if follows:
+        fields.append(("follows", follows))
+    if changed:
+        fields.append(("changed", changed if isinstance(changed, str) else ",".join(changed)))
     for name in META_FIELDS:
         value = (meta or {}).get(name)
         if value is not None and value != "":

@@ -32,6 +32,8 @@ UPLOAD_KEYS = {
     "url",
     "run_url",  # the upload's run page, or None (issue 19)
     "run_regressed",
+    "follows_code",  # the incident this upload follows, or None (issue 33)
+    "followup_outcome",
 }
 
 

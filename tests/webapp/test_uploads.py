@@ -108,6 +108,8 @@ def test_upload_page_context(alice_client: Any, settings: Any) -> None:
         "oom_message",
         "batch_size",
         "cap",  # the memory the run was allowed (issue 20)
+        "follows",  # the incident this run follows, and what changed (issue 33)
+        "changed",
         # the job (issue 19; forms.JOB_FIELDS)
         "rank",
         "world_size",

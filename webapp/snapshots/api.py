@@ -17,7 +17,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.snapshots import disk, intake, messages, runs, services
+from webapp.snapshots import disk, followups, intake, messages, runs, services
 from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
 from webapp.snapshots.models import Project, Run, Upload
@@ -283,6 +283,54 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
             "runs": [services.upload_api_dict(u, request, shared=u.id in shared) for u in uploads],
         }
     )
+
+
+@api_view(("GET", "POST"))
+def snapshot_follows(request: HttpRequest, code: str) -> HttpResponse:
+    """Follow-ups (issue 33): GET the incident this upload follows and those that follow it; POST
+    ``follows`` (a code, or ``none``) and/or ``changed`` (change ids): the user's answer, scored again."""
+    upload = _upload_or_none(request, code)
+    if upload is None:
+        return _not_found()
+    if request.method == "POST":
+        if not services.upload_can_delete(request.user, upload):
+            return _error(403, "forbidden", messages.FOLLOWS_FORBIDDEN)
+        follows = request.POST.get("follows")
+        changed = request.POST.getlist("changed") if "changed" in request.POST else None
+        try:
+            upload = followups.declare(
+                upload,
+                follows.strip() if follows is not None else None,
+                followups.parse_changes(changed) if changed is not None else None,
+            )
+        except LimitExceeded as err:
+            return _error(err.status, err.code, err.message, choices=list(followups.DECLARABLE))
+    return JsonResponse(
+        {
+            "id": upload.code,
+            "follows": followups.follows_dict(upload, request),
+            "followed_by": followups.followed_by(upload),
+        }
+    )
+
+
+@api_view(("GET",))
+def project_advice(request: HttpRequest, slug: str) -> HttpResponse:
+    """Per change id: how often the project's incidents advised it, and what their follow-ups showed."""
+    project = _project_or_none(request, slug)
+    if project is None:
+        return _not_found()
+    rows = followups.record(Upload.objects.filter(project=project))
+    return JsonResponse({"project": services.project_dict(project), "changes": rows})
+
+
+@api_view(("GET",))
+def site_advice(request: HttpRequest) -> HttpResponse:
+    """The same record over the whole site, for staff (site admins) only."""
+    token = getattr(request, "api_token", None)
+    if not getattr(request.user, "is_staff", False) or (token is not None and token.project_id is not None):
+        return _error(403, "forbidden", messages.ADVICE_SITE_FORBIDDEN)
+    return JsonResponse({"changes": followups.record(Upload.objects.all())})
 
 
 @api_view(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))

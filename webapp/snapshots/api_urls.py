@@ -13,7 +13,10 @@ urlpatterns = [
     path("snapshots/<str:code>", api.snapshot, name="snapshot"),
     path("snapshots/<str:code>/report", api.snapshot_report, name="snapshot_report"),
     path("snapshots/<str:code>/share", api.snapshot_share, name="snapshot_share"),
+    path("snapshots/<str:code>/follows", api.snapshot_follows, name="snapshot_follows"),
     path("projects", api.projects, name="projects"),
+    path("projects/<slug:slug>/advice", api.project_advice, name="project_advice"),
+    path("advice", api.site_advice, name="site_advice"),
     path("projects/<slug:slug>/runs", api.project_runs, name="project_runs"),
     path("triage", triage.api, name="triage"),
     # Runs of many ranks, baselines and regressions (issue 19; runapi.py).

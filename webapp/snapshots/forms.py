@@ -46,6 +46,21 @@ JOB_FIELDS = ("rank", "world_size", "local_rank", "commit", "branch", "host", "t
 ERROR_MAX_CHARS = 5000
 
 
+class ChangesField(forms.MultipleChoiceField):
+    """``changed``: change ids from ``analysis.followup.DECLARABLE``, repeated or comma-separated."""
+
+    widget = forms.CheckboxSelectMultiple
+
+    def __init__(self, **kwargs: Any) -> None:
+        from analysis.followup import DECLARABLE
+
+        super().__init__(choices=list(DECLARABLE.items()), **kwargs)
+
+    def to_python(self, value: Any) -> list[str]:
+        items = super().to_python(value)
+        return [part.strip() for item in items for part in item.split(",") if part.strip()]
+
+
 class UploadFieldsForm(forms.Form):
     """The fields an upload carries besides the file; the API validates with this form."""
 
@@ -70,6 +85,18 @@ class UploadFieldsForm(forms.Form):
         max_length=CAP_MAX_CHARS,
         help_text="Optional: the memory the run was allowed (7GiB, 80GB or bytes), for a run without an OOM too; "
         "the report is then told how close it came.",
+    )
+
+    # Follow-ups (issue 33; webapp.snapshots.followups): the incident this run follows and what changed.
+    follows = forms.CharField(
+        max_length=40,
+        required=False,
+        help_text="The code of the OOM report this run follows. Empty: the last OOM of the same run name, if any; "
+        "'none': not a follow-up.",
+    )
+    changed = ChangesField(
+        required=False,
+        help_text="What you changed since that run, where the snapshot cannot show it.",
     )
 
     # The job's metadata (issue 19; the client fills these from torchrun's/Slurm's environment and git).
@@ -135,7 +162,8 @@ class UploadFieldsForm(forms.Form):
         """The cleaned fields as ``services.upload_create`` takes them (page and API alike)."""
         data = self.cleaned_data
         fields = {name: data[name] for name in ("run", "tags", "note", "oom_message", "batch_size")}
-        return fields | {"cap_bytes": data.get("cap")}
+        follow_up = {"follows": (data.get("follows") or "").strip(), "changed": list(data.get("changed") or [])}
+        return fields | {"cap_bytes": data.get("cap")} | follow_up
 
 
 def clean_oom_message(text: str) -> str:
@@ -170,7 +198,7 @@ class UploadForm(UploadFieldsForm):
         ),
     )
     project = forms.ChoiceField(choices=())
-    field_order = ["file", "project", "run", "tags", "note", "oom_message", "batch_size", "cap"]
+    field_order = ["file", "project", "run", "follows", "changed", "tags", "note", "oom_message", "batch_size", "cap"]
 
     def __init__(self, *args: Any, project_choices: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -167,3 +167,10 @@ RUN_POLICY_SAVED = "Regression settings saved."
 REANALYSE_QUEUED = "Analysing the same file again with the OOM message: this report stays as it was, in the history."
 REANALYSE_READ_ONLY = "Viewers can read this report but not analyse it again; ask a member of the team."
 REANALYSE_EMPTY = "Paste torch's message, the lines from 'CUDA out of memory. Tried to allocate ...' on."
+
+# Follow-ups (issue 33).
+FOLLOWS_FORBIDDEN = "Only the uploader (while they may still upload) or a team admin may say what this run follows."
+ADVICE_SITE_FORBIDDEN = (
+    "The site's advice record is for site admins (staff), through a token not limited to one project."
+)
+FOLLOWS_SAVED = "Saved: the follow-up is scored again with your answer."

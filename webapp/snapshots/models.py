@@ -109,6 +109,13 @@ class Upload(models.Model):
     # The client's Idempotency-Key header: a retried POST with the same key (same user) gets the
     # same upload back instead of a duplicate. Empty when the client sent none.
     idempotency_key = models.CharField(max_length=100, blank=True, default="")
+    # The incident this upload is the next run of (issue 33; webapp.snapshots.followups): given
+    # (``follows=<code>``) or taken by default (the same project and run name after an OOM); the
+    # changes the user said they made; the comparison with the incident once both are analysed.
+    follows = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="followups")
+    follows_source = models.CharField(max_length=10, blank=True, default="")  # "given" or "auto"
+    changes_declared = models.JSONField(default=list, blank=True)
+    followup = models.JSONField(null=True, blank=True)
 
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     stage = models.CharField(max_length=20, blank=True)

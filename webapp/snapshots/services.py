@@ -30,7 +30,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 
 from analysis import readout
 from analysis.stored import upgrade
-from webapp.snapshots import liveness, messages, quota, runarchive, runs
+from webapp.snapshots import followups, liveness, messages, quota, runarchive, runs
 from webapp.snapshots.models import ApiToken, Invitation, Membership, Project, Report, Run, ShareLink, Team, Upload
 
 if TYPE_CHECKING:
@@ -490,6 +490,8 @@ def upload_create(
     cap_bytes: int | None = None,
     run_meta: dict[str, Any] | None = None,
     estimated_cost: int | None = None,
+    follows: str = "",
+    changed: list[str] | None = None,
 ) -> Upload:
     """Store the bytes, create the row and queue the analysis once the row is committed.
 
@@ -529,6 +531,8 @@ def upload_create(
                 idempotency_key=idempotency_key if user is not None else "",
                 queued_at=timezone.now(),
             )
+            several_ranks = int((run_meta or {}).get("world_size") or 1) > 1
+            followups.link(upload, follows, changed or [], several_ranks=several_ranks)  # issue 33
             if not runs.run_attach(upload, run_meta or {}):
                 transaction.on_commit(lambda: _publish(upload))
     except IntegrityError:
@@ -585,6 +589,8 @@ def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) ->
     """
     project = upload_project(user, token, admission.project_slug)
     quota.check_team_queued_cost(project.team_id, admission.cost_bytes)
+    if admission.fields.get("follows") not in (None, "", followups.NONE):  # refused before the bytes are stored
+        followups.incident_for(project, str(admission.fields["follows"]))
     if admission.fmt == runarchive.ARCHIVE:
         return runarchive.create_run(
             user=user,
@@ -892,6 +898,7 @@ def upload_finish(upload_id: int, *, report: dict[str, Any], charts: dict[str, A
             stored_bytes=max(0, int(stored_bytes)),
         )
     runs.upload_settled(upload_id)
+    followups.settle(upload_id)
     return True
 
 
@@ -1257,6 +1264,9 @@ def upload_dict(upload: Upload, request: HttpRequest | None = None) -> dict[str,
         "run_regressed": bool(
             upload.run_ref_id and upload.run_ref and (upload.run_ref.regression or {}).get("regressed")
         ),
+        # Follow-ups (issue 33): the incident this upload follows, and the outcome of the comparison.
+        "follows_code": upload.follows.code if upload.follows_id and upload.follows else None,
+        "followup_outcome": (upload.followup or {}).get("outcome"),
     }
 
 
@@ -1314,4 +1324,5 @@ def upload_api_dict(upload: Upload, request: HttpRequest, *, shared: bool | None
         "sha256": upload.sha256,
         "created_at": upload.created_at.isoformat(),
         "summary": upload.summary,
+        "follows": followups.follows_dict(upload, request),
     }

@@ -17,6 +17,7 @@ urlpatterns = [
     path("s/<str:code>/share/", views.share, name="share"),
     path("s/<str:code>/delete/", views.delete, name="delete"),
     path("s/<str:code>/message/", views.reanalyse_with_message, name="reanalyse"),
+    path("s/<str:code>/follows/", views.followup_answer, name="followup_answer"),
     path("s/<str:code>/timeline.json", views.explore_json, {"kind": "timeline"}, name="timeline_json"),
     path("s/<str:code>/state.json", views.explore_json, {"kind": "state"}, name="state_json"),
     path("s/<str:code>/active.json", views.explore_json, {"kind": "active"}, name="active_json"),

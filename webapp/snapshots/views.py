@@ -23,7 +23,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from analysis import readout
-from webapp.snapshots import chartpage, digging, disk, formatting, intake, messages, runs, services, waiting
+from webapp.snapshots import chartpage, digging, disk, followups, formatting, intake, messages, runs, services, waiting
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
 from webapp.snapshots.ratelimits import LimitExceeded
@@ -69,6 +69,8 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
         # Where the timeline fetches zoom detail and states (share_view points it at the link).
         "explore_base": reverse("snapshots:detail", args=[upload.code]),
+        # Follow-ups (issue 33): members only (a share link's reader sees no other upload).
+        "followup": None if shared else followups.page_context(upload),
     }
 
 
@@ -311,6 +313,27 @@ def reanalyse_with_message(request: HttpRequest, code: str) -> HttpResponse:
     again = services.upload_reanalyse(upload_row, request.user, oom_message=text)  # type: ignore[arg-type]
     flash.info(request, messages.REANALYSE_QUEUED)
     return redirect("snapshots:detail", code=again.code)
+
+
+@login_required
+@require_POST
+def followup_answer(request: HttpRequest, code: str) -> HttpResponse:
+    """Page action (issue 33): "what did you change?" on a follow-up's report, or "not a follow-up"
+    (``follows=none``); scored again at once."""
+    upload_row = _upload_or_404(request, code)
+    back = redirect(reverse("snapshots:detail", args=[code]))
+    if not services.upload_can_delete(request.user, upload_row):
+        flash.error(request, messages.FOLLOWS_FORBIDDEN)
+        return back
+    follows = request.POST.get("follows")
+    try:
+        changed = followups.parse_changes(request.POST.getlist("changed"))
+        followups.declare(upload_row, follows.strip() if follows is not None else None, changed)
+    except LimitExceeded as err:
+        flash.error(request, err.message)
+        return back
+    flash.info(request, messages.FOLLOWS_SAVED)
+    return back
 
 
 def _capability_headers(response: HttpResponse) -> HttpResponse:
@@ -590,7 +613,13 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
     return render(
         request,
         "snapshots/team.html",
-        {"team": services.team_dict(team_row, request.user), "roles": list(services.INVITABLE_ROLES)},
+        {
+            "team": services.team_dict(team_row, request.user),
+            "roles": list(services.INVITABLE_ROLES),
+            "advice": [
+                followups.record_line(r) for r in followups.record(Upload.objects.filter(project__team=team_row))
+            ],
+        },
     )
 
 
