@@ -419,7 +419,8 @@ def optimizer_step(inp: CauseInput) -> Cause | None:
         title="The optimizer step",
         explains_oom=True,
         headline=(
-            f"Out of memory inside optimizer.step() ({opt_name}, {impl}), not in the forward or backward pass: "
+            f"Out of memory inside optimizer.step() ({opt_name}{', ' + impl if impl else ''}), not in the forward "
+            "or backward pass: "
             f"the batch is not what failed it. The step held {format_size(temp_bytes)} of temporaries and "
             f"{format_size(state_bytes)} of new state when the {format_size(inp.requested_bytes)} request failed."
         ),
@@ -433,7 +434,7 @@ def optimizer_step(inp: CauseInput) -> Cause | None:
         fits_after_fix=fits,
         settings="no setting shrinks the step's temporaries, and a smaller batch does not either",
         stacks=_top_labels(inp, live),
-        figures={"temporaries_bytes": temp_bytes, "new_state_bytes": state_bytes, "implementation": impl},
+        figures={"temporaries_bytes": temp_bytes, "new_state_bytes": state_bytes, "implementation": impl or None},
     )
 
 
@@ -638,7 +639,7 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
 
 def _optimizer_kind(inp: CauseInput, first: int, pos: int) -> tuple[str, str]:
     """(implementation, optimizer class) from the step's frames: ``_multi_tensor_*`` is foreach,
-    ``_fused_*`` fused, ``_single_tensor_*`` the per-parameter loop."""
+    ``_fused_*`` fused, ``_single_tensor_*`` the per-parameter loop, "" where no frame says."""
     names = {
         "adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad",
         "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam", "adadelta": "Adadelta", "lion": "Lion",
@@ -658,7 +659,8 @@ def _optimizer_kind(inp: CauseInput, first: int, pos: int) -> tuple[str, str]:
                     else "loop" if "_single_tensor" in f.name
                     else ""
                 )  # fmt: skip
-    return impl or "foreach", inp.optimizer_class or opt or "AdamW"
+    # A rule names only what the frames show: no implementation frame, no implementation named.
+    return impl, inp.optimizer_class or opt or "AdamW"
 
 
 # ------------------------------------------------------------------ the diagnosis
