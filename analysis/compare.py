@@ -142,7 +142,7 @@ def compare(report_a: Mapping[str, Any], report_b: Mapping[str, Any]) -> dict[st
     deltas.append({"name": "trace events", **_delta(dev_a.get("events"), dev_b.get("events"))})
     return {
         "deltas": deltas,
-        "oom": {"a": (dev_a.get("oom") or {}).get("verdict"), "b": (dev_b.get("oom") or {}).get("verdict")},
+        "oom": {"a": _run_verdict(dev_a), "b": _run_verdict(dev_b)},
         "stacks_at_peak": stack_diff(
             [r for r in dev_a.get("top_stacks") or [] if r.get("when") == "peak"],
             [r for r in dev_b.get("top_stacks") or [] if r.get("when") == "peak"],
@@ -150,3 +150,9 @@ def compare(report_a: Mapping[str, Any], report_b: Mapping[str, Any]) -> dict[st
         "churn": stack_diff(dev_a.get("churn") or [], dev_b.get("churn") or []),
         "settings": settings_diff(report_a.get("capture") or {}, report_b.get("capture") or {}),
     }
+
+
+def _run_verdict(dev: Mapping[str, Any]) -> Any:
+    """The run's verdict (``oom.run_verdict``), or an older report's ``oom.verdict``."""
+    oom = dev.get("oom") or {}
+    return oom.get("run_verdict", oom.get("verdict"))

@@ -175,6 +175,26 @@ PHASE_NAMES = {
 }
 
 
+def run_verdict(dev: Mapping[str, Any]) -> dict[str, str] | None:
+    """``oom.run_verdict`` and ``oom.run_verdict_basis``: the verdict of the run, which the page, the API's
+    summary, the webhook, the client and the history say (``oom.request_verdict`` is the failing request's).
+
+    - ``cause``: a program cause explains the OOM (``diagnosis.primary``): "capacity". No allocator setting
+      undoes any cause's mistake: every setting's real rerun of each cause's family died in the same step, or
+      (a leak, a growing workload) a few steps later (tests/fixtures/diagnosis), though the one request
+      alone may have fitted beside the cache's free blocks;
+    - ``step``: the failing step was projected: the step-level verdict (``oom.verdict``);
+    - ``request``: else the failing request's."""
+    oom = dev.get("oom")
+    if not oom:
+        return None
+    if primary_cause(dev) is not None:
+        return {"run_verdict": "capacity", "run_verdict_basis": "cause"}
+    if oom.get("verdict_level") == "step":
+        return {"run_verdict": str(oom.get("verdict")), "run_verdict_basis": "step"}
+    return {"run_verdict": str(oom.get("request_verdict") or oom.get("verdict")), "run_verdict_basis": "request"}
+
+
 def primary_cause(dev: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The cause the diagnosis names first (``devices[].diagnosis.primary``), or None."""
     diagnosis = dev.get("diagnosis") or {}

@@ -55,7 +55,7 @@ from analysis.categories import (
 )
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
 from analysis.config import AllocatorConfig
-from analysis.decision import decide
+from analysis.decision import decide, run_verdict
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import (
@@ -313,6 +313,8 @@ def _finish_device(
     dev_report["suggestions"] = advice_mod.advise(outcome.advice)
     sizing.size_into(dev_report, outcome.advice, batch_size if batch_size is not None else metadata_batch)
     dev_report["decision"] = decide(dev_report, capture)
+    if dev_report.get("oom"):
+        dev_report["oom"].update(run_verdict(dev_report) or {})
 
 
 def _message_applies(message: OomMessage, device: int, oom_devices: list[int]) -> bool:
