@@ -569,6 +569,90 @@ def _growing_group(inp: CauseInput, pos: int) -> tuple[int, npt.NDArray[np.intp]
     return group, mine, distinct, delta
 
 
+def _kv_words(
+    hf: bool,
+    helps: bool,
+    tensors: int,
+    delta: int,
+    tokens_now: int,
+    room: _CacheRoom,
+    fits: int | None,
+    half: int | None,
+) -> tuple[str, str, str]:
+    """(headline, fix title, fix line) of a cache grown by concatenation: a static cache where its bytes fit
+    the length, else the batch or the number of new tokens that fit, with the figures."""
+    grows = (
+        f"A cache grows by concatenation token by token ({tensors} tensors, {format_size(delta)} each per token, "
+        f"{tokens_now:,} tokens at the OOM)"
+    )
+    beside = f"beside the {format_size(room.peak_beside)} the weights and the prefill's own peak need"
+    half_text = f"; with half the batch about {half:,}" if half is not None and half > 0 else ""
+    if helps and fits is not None:
+        new_tokens = max(0, fits - room.prompt_tokens)
+        headline = (
+            f"{grows}: every token copies it into a larger block, so the old and the new copy live together and the "
+            f"freed ones do not fit the next size. Preallocated once, {beside}, about {fits:,} tokens fit within the "
+            f"limit (the prompt's {room.prompt_tokens:,} and up to {new_tokens:,} new ones){half_text}."
+        )
+        title = f"Preallocate the cache (a static cache), for at most {fits:,} tokens at this batch"
+        if hf:
+            line = (
+                f'model.generate(..., cache_implementation="static", max_new_tokens=<at most {new_tokens}>)   '
+                "# the cache allocated once"
+            )
+        else:
+            line = (
+                f"k_cache = torch.empty(batch, heads, max_len, head_dim)  # once, max_len <= {fits}; "
+                "then k_cache[:, :, pos] = k"
+            )
+        return headline, title, line
+    if fits is None:
+        return (
+            f"{grows}; without the limit, whether a preallocated cache would fit is not known.",
+            "Preallocating the cache needs the limit to be sized: give the OOM message or the limit",
+            "model.generate(..., max_new_tokens=<fewer>)   # or generate in smaller batches",
+        )
+    headline = (
+        f"{grows}, and preallocated it would not fit either: {beside}, only about {max(0, fits):,} tokens fit within "
+        f"the limit at this batch, fewer than the {tokens_now:,} reached{half_text}."
+    )
+    title = "A smaller batch or fewer new tokens: a preallocated cache does not fit either"
+    new_tokens = max(0, fits - room.prompt_tokens)
+    line = (
+        f"model.generate(..., max_new_tokens=<at most {new_tokens}>)   # or half the batch: about "
+        f"{max(0, half or 0):,} tokens fit"
+    )
+    return headline, title, line
+
+
+@dataclass(frozen=True, slots=True)
+class _CacheRoom:
+    """What must fit beside a preallocated cache: the memory live outside the cache while it grew."""
+
+    resident: int  # the least live beside the cache (the weights and what stays between tokens)
+    peak_beside: int  # the most live beside it (the resident part plus the prefill's or a token's own peak)
+    prompt_tokens: int  # the prompt's length: the cache's first copy is the prompt's keys with one token more
+
+
+def _static_cache_room(inp: CauseInput, mine: npt.NDArray[np.intp], delta: int) -> _CacheRoom:
+    """Allocated memory outside the growing cache, from its first allocation to the OOM: its least (the
+    weights) and its most (the prefill's whole-prompt logits, a token's own temporaries). A static cache
+    holds its full length through both."""
+    assert inp.oom_index is not None
+    lt = inp.lifetimes
+    first = int(lt.start[mine[0]])
+    prompt = max(0, int(lt.size[mine[0]]) // max(1, delta) - 1)
+    change = np.zeros(inp.allocated.shape[0] + 1, np.int64)
+    np.add.at(change, lt.start[mine], lt.size[mine])
+    np.subtract.at(change, np.minimum(lt.end[mine], inp.allocated.shape[0]), lt.size[mine])
+    cache_live = np.cumsum(change[:-1])
+    beside = inp.allocated[first : inp.oom_index] - cache_live[first : inp.oom_index]
+    if beside.size == 0:
+        held = _allocated_at(inp, inp.oom_index) - int(cache_live[min(inp.oom_index, cache_live.shape[0] - 1)])
+        return _CacheRoom(held, held, prompt)
+    return _CacheRoom(int(beside.min()), int(beside.max()), prompt)
+
+
 def kv_cache_growth(inp: CauseInput) -> Cause | None:
     """A cache grown by concatenation, token by token: each step copies it into a larger block."""
     if inp.oom_index is None:
@@ -582,47 +666,41 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
     group, mine, distinct, delta = growth
     live = mine[lt.end[mine] > inp.oom_index]
     cache_bytes = int(lt.size[live].sum())
-    tensors = max(1, int(live.size))
+    # The cache's tensors (2 x layers for keys and values): each gets one new copy a token, so the copies made
+    # at the last complete length count them (the live ones at the OOM include the copy in flight).
+    complete = int((lt.size[mine] == distinct[-2]).sum()) if distinct.size >= 2 else 0
+    tensors = max(1, complete or int(live.size))
     tokens_now = int(distinct[-1]) // delta
-    other = _allocated_at(inp, inp.oom_index) - cache_bytes
     per_token = tensors * delta
-    fits_tokens = (inp.limit_bytes - other) // per_token if inp.limit_bytes is not None else None
+    room = _static_cache_room(inp, mine, delta)
+    fits_tokens = (inp.limit_bytes - room.peak_beside) // per_token if inp.limit_bytes is not None else None
     label = inp.catalog.groups[group].label
     hf = (
         any(f.filename.endswith("/cache_utils.py") for f in inp.catalog.groups[group].frames)
         or inp.phases.of_alloc[pos] == DECODE
     )
-    if hf:
-        fix_line = 'model.generate(..., cache_implementation="static")   # the cache allocated once, for max_length'
-    else:
-        fix_line = "k_cache = torch.empty(batch, heads, max_len, head_dim)  # once; then k_cache[:, :, pos] = k"
+    # A static cache is advised only where its own bytes fit: every token's keys and values for the full length
+    # beside the weights and the prefill's (or a token's) own peak; with half the batch, the cache and the
+    # temporaries (logits, activations) halve, the weights do not.
     helps = fits_tokens is not None and fits_tokens > tokens_now + 1
-    if helps:
-        headline = (
-            f"A cache grows by concatenation token by token ({tensors} tensors, {format_size(delta)} each per "
-            f"token, {tokens_now:,} tokens at the OOM): every token copies it into a larger block, so the old and "
-            f"the new copy live together and the freed ones do not fit the next size. Preallocated once, about "
-            f"{fits_tokens:,} tokens fit within the limit."
-        )
-        fix_title = "Preallocate the cache for the full length (a static cache)"
-    else:
-        headline = (
-            f"A cache grows by concatenation token by token ({tensors} tensors, {tokens_now:,} tokens at the OOM), "
-            "and even preallocated it would not fit much further: the outputs are too long for this batch."
-        )
-        fix_title = "Shorter outputs or a smaller batch: a preallocated cache does not fit either"
-        fix_line = "model.generate(..., max_new_tokens=<fewer>)   # or generate in smaller batches"
+    half: int | None = None
+    if inp.limit_bytes is not None:
+        half = (inp.limit_bytes - room.resident - (room.peak_beside - room.resident) // 2) // max(1, per_token // 2)
+    words = _kv_words(hf, helps, tensors, delta, tokens_now, room, fits_tokens, half)
     return Cause(
         title="A cache grown by concatenation (KV cache)",
         phase=PHASES[int(inp.phases.of_alloc[pos])],
         explains_oom=helps,
-        headline=headline,
+        headline=words[0],
         evidence=(
             f"{mine.size:,} allocations from {label} grew by {format_size(delta)} at a time to "
-            f"{format_size(int(distinct[-1]))}; {tensors} of them ({format_size(cache_bytes)}) were live at the OOM."
+            f"{format_size(int(distinct[-1]))}; {live.size} of them ({format_size(cache_bytes)}) were live at the "
+            f"OOM. Beside the cache {format_size(room.resident)} stayed live and at most "
+            f"{format_size(room.peak_beside)} was (the prefill's or a token's own peak); the prompt was "
+            f"{room.prompt_tokens:,} tokens."
         ),
-        fix_title=fix_title,
-        fix_line=fix_line,
+        fix_title=words[1],
+        fix_line=words[2],
         saving_bytes=inp.requested_bytes if helps else None,
         fits_after_fix=helps if fits_tokens is not None else None,
         settings="expandable_segments can map the growing blocks in place, but each token still copies the cache",
@@ -633,6 +711,10 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
             "tokens_at_oom": tokens_now,
             "tokens_that_fit_preallocated": fits_tokens,
             "cache_bytes": cache_bytes,
+            "resident_beside_cache_bytes": room.resident,
+            "peak_beside_cache_bytes": room.peak_beside,
+            "prompt_tokens": room.prompt_tokens,
+            "tokens_that_fit_preallocated_half_batch": half,
         },
     )
 
