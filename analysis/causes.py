@@ -92,6 +92,9 @@ class CauseInput:
     reserved_at_oom: int
     pool_origin: str  # "compile" | "manual" | "" (how the private pools were made, from their frames)
     optimizer_class: str = ""  # from the "Optimizer.step#AdamW.step" annotations, where the run has them
+    limit_kind: str = ""  # per-process-cap | device-full | "" (``Limit.kind``)
+    limit_source: str = ""  # given | sidecar | oom_message | inferred (``Limit.source``)
+    reserved_peak_before_oom: int = 0  # the most this process's cache reserved before the OOM
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,7 +185,9 @@ def outside_memory(inp: CauseInput) -> Cause | None:
     """The device was full of memory this process's cache does not hold (another process, or
     this process's own memory outside PyTorch), as the OOM message says."""
     m = inp.message
-    if m is None or m.allowed is not None or inp.oom_index is None:
+    if m is None:
+        return _outside_from_trace(inp)
+    if m.allowed is not None or inp.oom_index is None:
         return None  # under a per-process cap only PyTorch's reserved memory counts
     if m.total_capacity is None or m.device_free is None or m.reserved is None:
         return None
@@ -230,6 +235,59 @@ def outside_memory(inp: CauseInput) -> Cause | None:
         fits_after_fix=True,
         settings="no PYTORCH_CUDA_ALLOC_CONF setting gives back memory PyTorch does not hold",
         figures={"outside_bytes": outside, "other_processes_bytes": others, "in_process_outside_bytes": in_process},
+    )
+
+
+def _device_full_without_message(inp: CauseInput) -> bool:
+    """The limit is the device's free memory at the OOM (inferred: the OOM entry's ``device_free`` was less
+    than the request), and no message says who held the rest: this run's own limit is not known."""
+    return inp.message is None and inp.limit_kind == "device-full" and inp.limit_source == "inferred"
+
+
+def _outside_from_trace(inp: CauseInput) -> Cause | None:
+    """Without the message, what the trace alone proves: this process once reserved more than it reserved at
+    the OOM plus the device's free memory then (the OOM entry's ``device_free``). The device holds at least
+    the earlier peak, so the difference was taken by memory outside this process's cache since: another
+    process or a library in this one (which of them only the message tells)."""
+    if inp.oom_index is None:
+        return None
+    free = int(inp.trace.addr[inp.oom_index])  # the model keeps an oom entry's device_free in addr
+    if free >= inp.requested_bytes:
+        return None  # the device had the room: a per-process cap refused the request, not the device
+    peak = inp.reserved_peak_before_oom
+    taken = peak - inp.reserved_at_oom - free
+    if taken < inp.requested_bytes or taken < OUTSIDE_MIN_SHARE * max(1, peak):
+        return None
+    return Cause(
+        title="Memory outside this process's cache",
+        phase=_oom_phase(inp),
+        explains_oom=taken + free >= inp.requested_bytes,
+        headline=(
+            f"The GPU was full, but not of this run's tensors: this process had reserved {format_size(peak)} "
+            f"earlier, and when the {format_size(inp.requested_bytes)} request failed it held "
+            f"{format_size(inp.reserved_at_oom)} with {format_size(free)} free on the device: at least "
+            f"{format_size(taken)} had been taken by memory outside this process's cache (another process, or a "
+            "library in this one; the OOM message's "
+            "'Process N has' lines would say which)."
+        ),
+        evidence=(
+            f"The trace's reserved memory peaked at {format_size(peak)} before the OOM; the OOM entry's device_free "
+            f"was {format_size(free)} beside {format_size(inp.reserved_at_oom)} reserved."
+        ),
+        fix_title="Give this job the GPU: find what else holds it, stop it or run on a free GPU",
+        fix_line=(
+            "nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # or CUDA_VISIBLE_DEVICES=<a free GPU>"
+        ),
+        saving_bytes=taken,
+        fits_after_fix=taken + free >= inp.requested_bytes,
+        settings="no PYTORCH_CUDA_ALLOC_CONF setting gives back memory PyTorch does not hold",
+        figures={
+            "outside_bytes": taken,
+            "other_processes_bytes": None,
+            "in_process_outside_bytes": None,
+            "outside_is_lower_bound": True,
+            "reserved_peak_before_oom_bytes": peak,
+        },
     )
 
 
@@ -338,18 +396,27 @@ def growing_workload(inp: CauseInput) -> Cause | None:
     rate = int(slope)
     best = int(peaks.max())
     best_step = int(np.argmax(peaks))
+    # The device itself was full and no message says of what: the limit the growth ran into may be another
+    # process's doing. The growth is named, but not as the answer: only the message can tell.
+    unknown_limit = _device_full_without_message(inp)
+    missing = (
+        " But the GPU itself was full at the OOM, and the limit it grew into is only its free memory then: "
+        "whether the growth or memory outside this process filled it, only the OOM message says (give it)."
+        if unknown_limit
+        else ""
+    )
     packed_room = inp.limit_bytes - _allocated_at(inp, inp.oom_index) - inp.requested_bytes
     more = math.ceil(max(0, packed_room) / max(1, rate))
     need = _allocated_at(inp, inp.oom_index) + inp.requested_bytes
     return Cause(
         title="The workload grows step after step (batch or sequence length)",
         phase=_oom_phase(inp),
-        explains_oom=True,
+        explains_oom=not unknown_limit,
         headline=(
             f"The steps need more and more: peak allocated memory grew from {format_size(int(early))} in the first "
             f"steps to {format_size(int(late))} in the last (about {format_size(rate)} a step: a growing batch or "
             f"sequence length), and step {k} needed more than the limit. No allocator setting saves such a run: "
-            f"one that gets past step {k} dies a few steps later."
+            f"one that gets past step {k} dies a few steps later.{missing}"
         ),
         evidence=(
             f"Peak allocated per completed step, by a line through the {k} steps: +{format_size(rate)} a step; the "

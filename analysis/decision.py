@@ -103,9 +103,11 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
             "confidence": _confidence(dev, capture, None, cause=cause),
             "runner_up": _change(choice, recorded_conf, short=True) if choice else None,
         }
-    if oom and choice is not None and device_full_unexplained(oom) and choice.step_completes is not True:
+    if oom and choice is not None and device_full_unexplained(oom) and _unproven_on_a_full_device(choice):
         # The GPU itself was full and nothing says who held the rest of it: a setting that only gets past
-        # the request is not the first thing to try (round 3's device-full runs died under every setting).
+        # the request is not the first thing to try (round 3's device-full runs died under every setting),
+        # nor a code change sized against the device's free memory then (another process may hold the rest:
+        # issue 32's run that another process filled read "cap what grows").
         return {
             "headline": f"{headline} {_device_full_sentence(oom)}",
             "change": dict(CHECK_THE_DEVICE),
@@ -125,6 +127,12 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
         "confidence": _confidence(dev, capture, choice),
         "runner_up": _change(runner, recorded_conf, short=True) if runner else None,
     }
+
+
+def _unproven_on_a_full_device(choice: _Choice) -> bool:
+    """Whether a change does not stand on its own where the device filled up and no message says of what:
+    all but a setting whose replay runs the whole failing step."""
+    return not choice.is_setting or choice.step_completes is not True
 
 
 CHECK_THE_DEVICE = {

@@ -1011,6 +1011,11 @@ def _diagnose(
         reserved_at_oom=reserved_at,
         pool_origin=pool_origin(catalog, lifetimes.stack[private]) if private.any() else "",
         optimizer_class=_optimizer_class(snapshot),
+        limit_kind=limit.kind if limit is not None else "",
+        limit_source=limit.source if limit is not None else "",
+        reserved_peak_before_oom=(
+            int(recorded.cols["reserved"][: facts.oom_index].max(initial=0)) if facts.oom_index is not None else 0
+        ),
     )
     return diagnose(inp)
 
