@@ -41,6 +41,7 @@ from analysis.phases import (
     live_bytes_by_phase,
     phase_of_event,
 )
+from analysis.projection import NEAR_HORIZON_STEPS
 from analysis.stacks import TRAIT_OPTIMIZER_STATE_INIT, Lifetimes, StackCatalog
 from analysis.steps import Steps
 
@@ -408,6 +409,7 @@ def growing_workload(inp: CauseInput) -> Cause | None:
     packed_room = inp.limit_bytes - _allocated_at(inp, inp.oom_index) - inp.requested_bytes
     more = math.ceil(max(0, packed_room) / max(1, rate))
     need = _allocated_at(inp, inp.oom_index) + inp.requested_bytes
+    settings_words = _growth_settings_words(k, more)
     return Cause(
         title="The workload grows step after step (batch or sequence length)",
         phase=_oom_phase(inp),
@@ -415,8 +417,7 @@ def growing_workload(inp: CauseInput) -> Cause | None:
         headline=(
             f"The steps need more and more: peak allocated memory grew from {format_size(int(early))} in the first "
             f"steps to {format_size(int(late))} in the last (about {format_size(rate)} a step: a growing batch or "
-            f"sequence length), and step {k} needed more than the limit. No allocator setting saves such a run: "
-            f"one that gets past step {k} dies a few steps later.{missing}"
+            f"sequence length), and step {k} needed more than the limit. {settings_words[0]}{missing}"
         ),
         evidence=(
             f"Peak allocated per completed step, by a line through the {k} steps: +{format_size(rate)} a step; the "
@@ -430,11 +431,7 @@ def growing_workload(inp: CauseInput) -> Cause | None:
         ),
         saving_bytes=max(0, need - best),
         fits_after_fix=best <= inp.limit_bytes,
-        settings=(
-            f"no setting saves the run while the steps keep growing: even a perfectly packed cache (what "
-            f"expandable_segments approaches) only postpones the OOM, by about {more} step{'s' if more != 1 else ''} "
-            f"(to step {k + more})"
-        ),
+        settings=settings_words[1],
         figures={
             "steps": k,
             "rank_correlation": round(rho, 3),
@@ -443,7 +440,20 @@ def growing_workload(inp: CauseInput) -> Cause | None:
             "largest_completed_peak_bytes": best,
             "died_in_step": k,
             "postpone_packed_steps": int(more),
+            "horizon_near": more <= NEAR_HORIZON_STEPS,
         },
+    )
+
+
+def _growth_settings_words(k: int, more: int) -> tuple[str, str]:
+    """(the headline's sentence, the cause's ``settings``) of a growing workload whose perfectly packed cache
+    gains ``more`` steps past the failing step ``k``. Whether a setting still comes first (its horizon is not
+    near) is the decision's, which reads the settings' replays (``analysis.decision``)."""
+    steps = f"{more} step{'s' if more != 1 else ''}"
+    return (
+        f"No allocator setting saves such a run: one that gets past step {k} dies a few steps later.",
+        f"no setting saves the run while the steps keep growing: even a perfectly packed cache (what "
+        f"expandable_segments approaches) only postpones the OOM, by about {steps} (to step {k + more})",
     )
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from analysis import readout
 from analysis.allocator.config import split_conf
 from analysis.oom import named_free_block
+from analysis.projection import NEAR_HORIZON_STEPS, setting_horizon
 
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
 # Idle cache worth a headline (the advisor's improvement floor: both a share and bytes).
@@ -90,6 +91,12 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
     allocator_headline = headline
     if oom:
         headline = f"{headline}{_phase_sentence(dev)}"
+    horizon = _setting_horizon_first(cause, oom, suggestions, whatifs) if cause is not None and oom else None
+    if cause is not None and horizon is not None:
+        # A growing run that a free setting carries well past the failing step (its horizon is not near): the
+        # setting first, with its horizon; capping what grows is the runner-up (issue 32: talking a user out of
+        # the one-line fix that works is the worst kind of wrong answer).
+        return _setting_first(dev, capture, cause, horizon, allocator_headline)
     if cause is not None:
         # The program's mistake (analysis.causes) comes first: the allocator's view of the failing
         # request stays beside it, and its best setting becomes the runner-up, worded by the cause.
@@ -127,6 +134,86 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
         "confidence": _confidence(dev, capture, choice),
         "runner_up": _change(runner, recorded_conf, short=True) if runner else None,
     }
+
+
+def _setting_horizon_first(
+    cause: Mapping[str, Any],
+    oom: Mapping[str, Any],
+    suggestions: Sequence[Mapping[str, Any]],
+    whatifs: Sequence[Mapping[str, Any]],
+) -> tuple[_Choice, int, str] | None:
+    """(setting, the step the run dies in under it, "replay" | "packed") where a growing workload's free setting
+    carries the run more than ``NEAR_HORIZON_STEPS`` past the failing step: by its replay of the failing step
+    (its own packing, ``projection.setting_horizon``) where the step was projected, else by the perfectly
+    packed estimate; None where that horizon is near (then no setting saves the run) or no setting is free."""
+    if cause.get("id") != "growing_workload":
+        return None
+    figures = cause.get("figures") or {}
+    step, rate = int(figures.get("died_in_step") or 0), int(figures.get("growth_per_step_bytes") or 0)
+    # The growth took back each setting's "avoids the OOM" (analysis.sizing): its replay's own answer stands here.
+    choices = [_Choice(s, _whatif_of(s, whatifs)) for s in suggestions]
+    free = [c for c in choices if c.is_setting and (c.whatif or {}).get("oom_avoided") is True]
+    need = int(oom.get("step_need_bytes") or 0)
+    replayed = [
+        (setting_horizon(step, need, int(oom["limit_bytes"]), rate, int(c.whatif["step_peak_reserved_bytes"])), c)
+        for c in free
+        if c.step_completes is True and need and c.whatif and c.whatif.get("step_peak_reserved_bytes")
+    ]
+    if replayed and rate > 0:
+        dies_at, setting = max(replayed, key=lambda hc: hc[0])  # max() keeps the first of equals
+        source = "replay"
+    else:
+        # No replay of the step: the perfectly packed estimate, which is what expandable_segments approaches.
+        packed = [c for c in free if c.step_completes is None and c.suggestion.get("id") == "expandable_segments"]
+        if not packed or rate <= 0:
+            return None
+        dies_at, setting, source = step + int(figures.get("postpone_packed_steps") or 0), packed[0], "packed"
+    return (setting, dies_at, source) if dies_at - step > NEAR_HORIZON_STEPS else None
+
+
+def _horizon_sentence(cause: Mapping[str, Any], setting: _Choice, dies_at: int, source: str) -> str:
+    figures = cause.get("figures") or {}
+    step = figures.get("died_in_step")
+    how = (
+        f"its replay runs step {step} to its end, and with its packing"
+        if source == "replay"
+        else "even without a replay of the step, a perfectly packed cache gains that much, and"
+    )
+    return (
+        f"The steps grow (about {format_size(int(figures.get('growth_per_step_bytes') or 0))} a step) and step "
+        f"{step} needed more than the limit, but {setting.suggestion.get('id')} costs nothing and carries the run "
+        f"on: {how} the run goes on to about step {dies_at} before the growth outgrows the limit. Make that change "
+        "first; cap what grows before then (the runner-up)."
+    )
+
+
+def _setting_first(
+    dev: Mapping[str, Any],
+    capture: Mapping[str, Any],
+    cause: Mapping[str, Any],
+    horizon: tuple[_Choice, int, str],
+    allocator_headline: str,
+) -> dict[str, Any]:
+    """The decision that makes a growing run's free setting the change, with its horizon."""
+    setting, dies_at, source = horizon
+    return {
+        "headline": f"{_horizon_sentence(cause, setting, dies_at, source)}{_phase_sentence(dev)}",
+        "allocator_headline": allocator_headline,
+        "change": _change(setting, _recorded_conf(capture)),
+        "buys": _horizon_buys(cause, dies_at, source),
+        "horizon": {"setting": setting.suggestion.get("id"), "dies_in_step": dies_at, "source": source},
+        "confidence": _confidence(dev, capture, setting),
+        "runner_up": {"id": cause["id"], "line": cause["fix"]["line"], "kind": "code", "title": cause["fix"]["title"]},
+    }
+
+
+def _horizon_buys(cause: Mapping[str, Any], dies_at: int, source: str) -> str:
+    basis = "its replay of the failing step" if source == "replay" else "a perfectly packed cache, without a replay"
+    return (
+        f"Step {(cause.get('figures') or {}).get('died_in_step')} and the steps after it up to about step "
+        f"{dies_at - 1} (a horizon from {basis}, with the steps' growth carried forward); the growth goes on, so "
+        "cap it before then."
+    )
 
 
 def _unproven_on_a_full_device(choice: _Choice) -> bool:
@@ -196,7 +283,8 @@ def run_verdict(dev: Mapping[str, Any]) -> dict[str, str] | None:
     oom = dev.get("oom")
     if not oom:
         return None
-    if primary_cause(dev) is not None:
+    cause, decision = primary_cause(dev), dev.get("decision")
+    if cause is not None and (decision is None or decision.get("cause") == cause.get("id")):
         return {"run_verdict": "capacity", "run_verdict_basis": "cause"}
     if oom.get("verdict_level") == "step":
         return {"run_verdict": str(oom.get("verdict")), "run_verdict_basis": "step"}

@@ -578,6 +578,28 @@ def _tail(
     return ProjectedTail(oom_index, t_alloc, t_addr, t_size, t_like), t_event, t_ord, freed_real
 
 
+# ------------------------------------------------------------------ horizons of a growing run
+
+# A growing run's horizon under a setting is near (no setting saves the run) when the setting's packing carries it
+# at most this many steps past the failing one. The random-stream captures with real reruns under each setting
+# (tests/fixtures/captures/rand_*) bear the line out: where even a perfectly packed cache gained none, every
+# setting's rerun died in the same step (rand_s1_c40); where it gained 3 or more (rand_s17, s23, s26), the
+# expandable_segments and max_split_size_mb reruns ran all their steps.
+NEAR_HORIZON_STEPS = 2
+
+
+def setting_horizon(step: int, need_bytes: int, limit_bytes: int, growth_per_step: int, peak_reserved: int) -> int:
+    """The step a growing run dies in under a setting whose replay ran the failing ``step`` to its end, reserving
+    ``peak_reserved`` for the step's ``need_bytes`` (its packing): each later step needs ``growth_per_step`` more,
+    packed as well, until the limit is reached. A horizon from the setting's own replay, never the recorded run's
+    waste carried forward."""
+    if need_bytes <= 0 or growth_per_step <= 0:
+        return step + 1
+    packing = max(1.0, peak_reserved / need_bytes)
+    room = limit_bytes / packing - need_bytes
+    return step + 1 + max(0, int(room // growth_per_step))
+
+
 def least_request(recorded: AllocatorConfig, entry: int) -> int:
     """The least request that ``recorded``'s rounding makes ``entry`` (an oom entry's size): rounding
     is monotonic and never halves, so a bisection over (entry / 2, entry]."""
