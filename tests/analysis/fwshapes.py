@@ -95,6 +95,13 @@ LIGHTNING: dict[str, list[dict[str, Any]]] = {
         *_PL_CLOSURE,
     ],
     "optimizer": _PL_STEP,
+    # An evaluation the user runs from a callback (Lightning's own validation loop runs under no_grad).
+    "eval": [
+        _f(f"{USER}/callbacks.py", 17, "on_train_batch_end"),
+        _lib(f"{_PL}/trainer/call.py", 218, "_call_callback_hooks"),
+        _lib(f"{_PL}/loops/training_epoch_loop.py", 296, "advance"),
+        *_PL_OUTER[6:],
+    ],
     "data": [
         _lib("lightning/fabric/utilities/apply_func.py", 103, "move_data_to_device"),
         _lib(f"{_PL}/strategies/strategy.py", 280, "batch_to_device"),
@@ -149,6 +156,15 @@ DEEPSPEED: dict[str, list[dict[str, Any]]] = {
         *_MAIN,
     ],
     "data": _MAIN,
+    # The engine called from the user's evaluation line.
+    "eval": [
+        _lib(_DS, 1899, "forward"),
+        _lib("deepspeed/utils/nvtx.py", 18, "wrapped_fn"),
+        _lib("torch/nn/modules/module.py", 1784, "_call_impl"),
+        _lib("torch/nn/modules/module.py", 1773, "_wrapped_call_impl"),
+        _f(f"{USER}/train.py", 120, "evaluate"),
+        *_MAIN,
+    ],
 }
 
 # ---------------------------------------------------------------- FSDP 1's post-backward hook
@@ -179,7 +195,7 @@ def role_of(frames: list[dict[str, Any]], k: int, eval_lines: frozenset[int], da
 
 def reshaped(
     source: Path,
-    workload: str,
+    workload: str | frozenset[str],
     shape: Mapping[str, list[dict[str, Any]]],
     *,
     eval_lines: frozenset[int] = frozenset(),
@@ -197,12 +213,13 @@ def reshaped(
     rewritten per role."""
     snap = pickle.loads(gzip.decompress(source.read_bytes()))  # our own fixture, not an upload
     counts = roles if roles is not None else {}
+    names = frozenset({workload}) if isinstance(workload, str) else workload
     first_forward_us: list[int] = []
     in_backward = False
     for trace in snap["device_traces"]:
         for e in trace:
             frames = e.get("frames") or []
-            k = next((i for i, f in enumerate(frames) if f["name"] == workload), -1)
+            k = next((i for i, f in enumerate(frames) if f["name"] in names), -1)
             if k < 0:
                 if frameless_backward_frames and in_backward and not frames and e["action"] == "alloc":
                     e["frames"] = list(frameless_backward_frames)
