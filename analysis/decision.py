@@ -203,7 +203,7 @@ def _setting_first(
         "buys": _horizon_buys(cause, dies_at, source),
         "horizon": {"setting": setting.suggestion.get("id"), "dies_in_step": dies_at, "source": source},
         "confidence": _confidence(dev, capture, setting),
-        "runner_up": {"id": cause["id"], "line": cause["fix"]["line"], "kind": "code", "title": cause["fix"]["title"]},
+        "runner_up": {"id": cause["id"], "line": cause["fix"]["line"]},  # the short form, as every runner_up
     }
 
 
