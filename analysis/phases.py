@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.categories import count_upto, frameless_backward
-from analysis.model import StackTable, Trace, sorted_unique
+from analysis.model import Frame, StackTable, Trace, sorted_unique
 from analysis.stacks import (
     TRAIT_BACKWARD,
     TRAIT_MODULE_FORWARD,
@@ -86,8 +86,15 @@ _DATA_PATH = "/torch/utils/data/"
 # _wrap_closure): its frames inside torch/optim are the closure's. Other libraries (DeepSpeed, transformers)
 # ship optimizers of their own that subclass torch's, so their frames there are no closure.
 _TRAINER_PATH = re.compile(r"/(lightning|pytorch_lightning)/")
-# Hugging Face's Trainer calls the model itself (compute_loss for training, prediction_step for evaluation).
+# Hugging Face's Trainer calls the model itself: training_step and prediction_step, each through compute_loss
+# (shared by both, so it tells nothing), or prediction_step directly (real frames: tests/fixtures/diagnosis/
+# fw_frames.json of the captures helper, transformers 5.17).
 _TRAINER_CALLS_MODEL = re.compile(r"/transformers/trainer[a-z_0-9]*\.py$")
+_TRAINER_SHARED = frozenset({"compute_loss"})
+
+
+def _trainer_calls_model(frame: Frame) -> bool:
+    return bool(_TRAINER_CALLS_MODEL.search(frame.filename)) and frame.name not in _TRAINER_SHARED
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +226,7 @@ def _stack_kinds(table: StackTable) -> tuple[npt.NDArray[np.int8], I64, npt.NDAr
         if f.name in _MODULE_CALL and f.filename.endswith("torch/nn/modules/module.py")
     }
     # A trainer's frame that calls the model is the site (the user's one line, trainer.train(), runs every pass).
-    user = {i for i, f in enumerate(table.frames) if is_user_frame(f) or _TRAINER_CALLS_MODEL.search(f.filename)}
+    user = {i for i, f in enumerate(table.frames) if is_user_frame(f) or _trainer_calls_model(f)}
     traits = [frame_traits(f) for f in table.frames]
     optimizer = {i for i, t in enumerate(traits) if t & TRAIT_OPTIMIZER}
     # What a closure runs: a module call, an autograd pass or Lightning's closure (a user's own frame inside

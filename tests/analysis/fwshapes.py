@@ -113,26 +113,34 @@ LIGHTNING: dict[str, list[dict[str, Any]]] = {
 # ---------------------------------------------------------------- Hugging Face Trainer (accelerate under it)
 # train -> _inner_training_loop -> training_step -> compute_loss -> model(**inputs); accelerator.backward(loss);
 # optimizer.step() through accelerate's AcceleratedOptimizer; evaluate -> evaluation_loop -> prediction_step.
+# The line numbers are transformers 5.17's, as the captures helper's CPU dry run recorded them
+# (tests/fixtures/diagnosis/fw_frames.json on its branch): both passes call the model through compute_loss.
 _HF = "transformers/trainer.py"
-_HF_LOOP = [_lib(_HF, 2562, "_inner_training_loop"), _lib(_HF, 2245, "train"), *_MAIN]
-_HF_STEP = [_lib(_HF, 3763, "training_step"), *_HF_LOOP]
+_HF_LOOP = [_lib(_HF, 1842, "_run_epoch"), _lib(_HF, 1602, "_inner_training_loop"), _lib(_HF, 1520, "train"), *_MAIN]
+_HF_STEP = [_lib(_HF, 2014, "training_step"), *_HF_LOOP]
 _HF_EVAL = [
-    _lib(_HF, 4291, "evaluation_loop"),
-    _lib(_HF, 4101, "evaluate"),
-    _lib(_HF, 3119, "_evaluate"),
-    _lib(_HF, 3192, "_maybe_log_save_evaluate"),
-    *_HF_LOOP,
+    _lib(_HF, 2879, "evaluation_loop"),
+    _lib(_HF, 2754, "evaluate"),
+    _lib(_HF, 3171, "_evaluate"),
+    _lib(_HF, 2196, "_maybe_log_save_evaluate"),
+    _lib(_HF, 1883, "_run_epoch"),
+    *_HF_LOOP[1:],
 ]
 HF_TRAINER: dict[str, list[dict[str, Any]]] = {
-    "forward": [_lib(_HF, 3832, "compute_loss"), *_HF_STEP],
+    "forward": [_lib(_HF, 2088, "compute_loss"), *_HF_STEP],
     "other": _HF_STEP,
-    "backward": [_lib("accelerate/accelerator.py", 2553, "backward"), *_HF_STEP],
-    "optimizer": [_lib("accelerate/optimizer.py", 178, "step"), *_HF_LOOP],
-    "data": [_lib(_HF, 3700, "_prepare_inputs"), *_HF_STEP],
+    "backward": [_lib("accelerate/accelerator.py", 2861, "backward"), _lib(_HF, 2044, "training_step"), *_HF_LOOP],
+    "optimizer": [
+        _lib("accelerate/optimizer.py", 186, "step"),
+        _lib("torch/optim/lr_scheduler.py", 166, "wrapper"),
+        _lib(_HF, 1868, "_run_epoch"),
+        *_HF_LOOP[1:],
+    ],
+    "data": [_lib(_HF, 2000, "_prepare_inputs"), *_HF_STEP],
     # A subclass's prediction_step (the user's file): Trainer's own runs under torch.no_grad().
     "eval": [_f(f"{USER}/my_trainer.py", 22, "prediction_step"), *_HF_EVAL],
-    # Trainer's own prediction_step calling the model.
-    "trainer_eval": [_lib(_HF, 4480, "prediction_step"), *_HF_EVAL],
+    # Trainer's own prediction_step calling the model through compute_loss.
+    "trainer_eval": [_lib(_HF, 2088, "compute_loss"), _lib(_HF, 3137, "prediction_step"), *_HF_EVAL],
 }
 
 # ---------------------------------------------------------------- DeepSpeed's engine

@@ -135,12 +135,12 @@ def test_hf_trainer_evaluation_without_no_grad_names_its_prediction_step() -> No
 
 
 def test_hf_trainers_own_calls_of_the_model_are_the_passes_sites() -> None:
-    """The user's one line (trainer.train()) is under every pass: the Trainer's compute_loss and
-    prediction_step, which call the model, tell training from evaluation."""
+    """The user's one line (trainer.train()) is under every pass, and both of the Trainer's passes call the model
+    through compute_loss (real frames, transformers 5.17): training_step and prediction_step tell them apart."""
     dev = _oom_device(EVAL, "hf_trainer_eval")
     cause = _primary(dev)
     assert cause is not None and cause["id"] == "forward_without_no_grad"
-    assert cause["figures"]["site"] == "transformers/trainer.py:4480 prediction_step"
+    assert cause["figures"]["site"] == "transformers/trainer.py:3137 prediction_step"
     assert cause["figures"]["held_bytes"] == 4_233_957_376
 
 
