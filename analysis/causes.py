@@ -41,7 +41,7 @@ from analysis.phases import (
     live_bytes_by_phase,
     phase_of_event,
 )
-from analysis.projection import NEAR_HORIZON_STEPS
+from analysis.projection import horizon_is_near
 from analysis.stacks import TRAIT_OPTIMIZER_STATE_INIT, Lifetimes, StackCatalog
 from analysis.steps import Steps
 
@@ -62,6 +62,8 @@ POOLS_MIN_SHARE = 0.25
 GROWTH_MIN_STEPS = 8
 GROWTH_MIN_SHARE_OF_LIMIT = 0.15
 GROWTH_MIN_RANK_CORRELATION = 0.6
+# Hugging Face Trainer's evaluation gathering its outputs (EvalLoopContainer.add -> nested_concat).
+_TRAINER_GATHER = "/transformers/trainer_pt_utils.py"
 # A cache grown by concatenation: at least this many distinct sizes, this regular.
 GROWTH_MIN_SIZES = 16
 GROWTH_REGULAR_SHARE = 0.8
@@ -440,7 +442,7 @@ def growing_workload(inp: CauseInput) -> Cause | None:
             "largest_completed_peak_bytes": best,
             "died_in_step": k,
             "postpone_packed_steps": int(more),
-            "horizon_near": more <= NEAR_HORIZON_STEPS,
+            "horizon_near": horizon_is_near(k, k + more),
         },
     )
 
@@ -730,6 +732,54 @@ def _static_cache_room(inp: CauseInput, mine: npt.NDArray[np.intp], delta: int) 
     return _CacheRoom(int(beside.min()), int(beside.max()), prompt)
 
 
+def _trainer_gathers(inp: CauseInput, group: int) -> bool:
+    """Whether a growing group is Hugging Face Trainer's evaluation gathering outputs (``EvalLoopContainer.add``
+    -> ``nested_concat`` in ``trainer_pt_utils.py``), not a cache."""
+    return any(f.filename.endswith(_TRAINER_GATHER) for f in inp.catalog.groups[group].frames)
+
+
+def eval_outputs_on_gpu(inp: CauseInput) -> Cause | None:
+    """Hugging Face Trainer's evaluation keeps every batch's outputs on the GPU: without
+    ``eval_accumulation_steps`` it concatenates them there (a larger copy each batch) until the loop ends."""
+    if inp.oom_index is None:
+        return None
+    lt, pos = inp.lifetimes, _oom_position(inp)
+    growth = _growing_group(inp, pos) if pos >= 0 else None
+    if growth is None or not _trainer_gathers(inp, growth[0]):
+        return None
+    group, mine, distinct, delta = growth
+    live = mine[lt.end[mine] > inp.oom_index]
+    held = int(lt.size[live].sum())
+    # With eval_accumulation_steps=k the GPU holds at most k batches' outputs (8 here) before they go to the host.
+    saving = max(0, held - 8 * delta * max(1, int(live.size)))
+    label = inp.catalog.groups[group].label
+    return Cause(
+        title="The Trainer's evaluation keeps every batch's outputs on the GPU",
+        phase=_oom_phase(inp),
+        explains_oom=True,
+        headline=(
+            f"Hugging Face Trainer's evaluation gathers every batch's outputs on the GPU: {format_size(held)} "
+            f"after about {int(distinct[-1]) // delta:,} batches' worth ({format_size(delta)} more each), copied "
+            "into a larger block at each batch, until the evaluation ends. eval_accumulation_steps moves them to "
+            "the host every few batches."
+        ),
+        evidence=(
+            f"{mine.size:,} allocations from {label} (trainer_pt_utils' nested_concat) grew by {format_size(delta)} "
+            f"at a time to {format_size(int(distinct[-1]))}; {format_size(held)} of them were live at the OOM."
+        ),
+        fix_title="Move the gathered outputs to the host every few batches (eval_accumulation_steps)",
+        fix_line=(
+            "TrainingArguments(..., eval_accumulation_steps=8)   # or preprocess_logits_for_metrics="
+            "lambda logits, labels: logits.argmax(-1), which keeps only the predictions"
+        ),
+        saving_bytes=saving,
+        fits_after_fix=_fits(inp, saving),
+        settings="a setting cannot shrink what the evaluation loop keeps",
+        stacks=(label,),
+        figures={"gathered_bytes": held, "bytes_per_batch": delta, "tensors": int(live.size)},
+    )
+
+
 def kv_cache_growth(inp: CauseInput) -> Cause | None:
     """A cache grown by concatenation, token by token: each step copies it into a larger block."""
     if inp.oom_index is None:
@@ -738,7 +788,7 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
     if pos < 0:
         return None
     growth = _growing_group(inp, pos)
-    if growth is None:
+    if growth is None or _trainer_gathers(inp, growth[0]):
         return None
     group, mine, distinct, delta = growth
     live = mine[lt.end[mine] > inp.oom_index]
@@ -882,6 +932,14 @@ RULES: tuple[CauseRule, ...] = (
         id="cuda_graph_pools",
         find=cuda_graph_pools,
         cost="none for a shared pool (replay graphs in capture order); padding wastes some compute",
+        phase=None,
+        grows=False,
+        smaller_batch_helps=False,
+    ),
+    CauseRule(
+        id="eval_outputs_on_gpu",
+        find=eval_outputs_on_gpu,
+        cost="none: the outputs go to the host every few batches (a copy), or only the predictions are kept",
         phase=None,
         grows=False,
         smaller_batch_helps=False,

@@ -36,7 +36,7 @@ from typing import Any
 from analysis import readout
 from analysis.allocator.config import split_conf
 from analysis.oom import named_free_block
-from analysis.projection import NEAR_HORIZON_STEPS, setting_horizon
+from analysis.projection import horizon_is_near, setting_horizon
 
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
 # Idle cache worth a headline (the advisor's improvement floor: both a share and bytes).
@@ -143,7 +143,7 @@ def _setting_horizon_first(
     whatifs: Sequence[Mapping[str, Any]],
 ) -> tuple[_Choice, int, str] | None:
     """(setting, the step the run dies in under it, "replay" | "packed") where a growing workload's free setting
-    carries the run more than ``NEAR_HORIZON_STEPS`` past the failing step: by its replay of the failing step
+    carries the run well past the failing step (``projection.horizon_is_near``): by its replay of the failing step
     (its own packing, ``projection.setting_horizon``) where the step was projected, else by the perfectly
     packed estimate; None where that horizon is near (then no setting saves the run) or no setting is free."""
     if cause.get("id") != "growing_workload":
@@ -168,7 +168,7 @@ def _setting_horizon_first(
         if not packed or rate <= 0:
             return None
         dies_at, setting, source = step + int(figures.get("postpone_packed_steps") or 0), packed[0], "packed"
-    return (setting, dies_at, source) if dies_at - step > NEAR_HORIZON_STEPS else None
+    return None if horizon_is_near(step, dies_at) else (setting, dies_at, source)
 
 
 def _horizon_sentence(cause: Mapping[str, Any], setting: _Choice, dies_at: int, source: str) -> str:

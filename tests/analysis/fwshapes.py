@@ -143,6 +143,20 @@ HF_TRAINER: dict[str, list[dict[str, Any]]] = {
     "trainer_eval": [_lib(_HF, 2088, "compute_loss"), _lib(_HF, 3137, "prediction_step"), *_HF_EVAL],
 }
 
+# Trainer's evaluation loop gathering each batch's outputs on the GPU (no eval_accumulation_steps):
+# evaluation_loop -> EvalLoopContainer.add -> nested_concat -> torch_pad_and_concatenate (real frames:
+# trainer_pt_utils.py add, trainer.py:2891 evaluation_loop in the captures helper's fw_frames.json).
+HF_EVAL_GATHER: dict[str, list[dict[str, Any]]] = {
+    "forward": HF_TRAINER["trainer_eval"],
+    "other": [
+        _lib("transformers/trainer_pt_utils.py", 134, "torch_pad_and_concatenate"),
+        _lib("transformers/trainer_pt_utils.py", 167, "nested_concat"),
+        _lib("transformers/trainer_pt_utils.py", 377, "add"),
+        _lib(_HF, 2891, "evaluation_loop"),
+        *_HF_EVAL[1:],
+    ],
+}
+
 # ---------------------------------------------------------------- DeepSpeed's engine
 # engine(batch) is a module call into DeepSpeedEngine.forward -> self.module(...); engine.backward(loss);
 # engine.step() -> _take_model_step -> the ZeRO optimizer's step -> torch's optimizer.

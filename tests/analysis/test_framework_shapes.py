@@ -151,3 +151,22 @@ def test_fsdp_backward_hooks_are_the_backward() -> None:
     assert hooked["diagnosis"]["live_by_phase_at_oom"] == plain["diagnosis"]["live_by_phase_at_oom"]
     assert hooked["diagnosis"]["live_by_phase_at_oom"]["backward"] == 33_554_432
     assert hooked["diagnosis"]["primary"] == "forward_without_no_grad"
+
+
+def test_hf_trainers_gathered_eval_outputs_are_no_kv_cache() -> None:
+    """Trainer's evaluation loop concatenating every batch's outputs on the GPU (EvalLoopContainer.add ->
+    nested_concat, no eval_accumulation_steps): the allocations of the capture's concatenating decoder under the
+    Trainer's frames. The answer is eval_accumulation_steps, not a static KV cache."""
+    kv = DIAG / "kv_manual_default.pickle.gz"
+    roles: dict[str, int] = {}
+    data = fw.reshaped(kv, "kv_manual", fw.HF_EVAL_GATHER, roles=roles)
+    assert roles["other"] > 0 and roles["forward"] > 0
+    report = build_report(data, oom_message=_message(kv))
+    dev = next(d for d in report["devices"] if d.get("oom"))
+    assert [c["id"] for c in dev["diagnosis"]["causes"]] == ["eval_outputs_on_gpu"]
+    assert dev["decision"]["cause"] == "eval_outputs_on_gpu"
+    assert "eval_accumulation_steps" in dev["decision"]["change"]["line"]
+    cause = dev["diagnosis"]["causes"][0]
+    # The blocks of the capture's two concatenating lines (one group under the Trainer's frames) live at the OOM.
+    assert cause["figures"]["gathered_bytes"] == 5_088_739_328
+    assert cause["figures"]["bytes_per_batch"] == 131_072

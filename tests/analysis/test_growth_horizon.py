@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from analysis.projection import NEAR_HORIZON_STEPS, setting_horizon
+from analysis.projection import horizon_is_near, setting_horizon
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -24,8 +24,8 @@ def _truth(path: Path) -> dict[str, Any]:
 
 
 @functools.cache
-def _oom_device(path: Path) -> dict[str, Any]:
-    return next(d for d in build_report(path)["devices"] if d.get("oom"))  # type: ignore[no-any-return]
+def _oom_device(path: Path, message: str | None = None) -> dict[str, Any]:
+    return next(d for d in build_report(path, oom_message=message)["devices"] if d.get("oom"))  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("family", ["rand_s17_c40", "rand_s26_c40"])
@@ -46,7 +46,7 @@ def test_a_setting_whose_horizon_is_far_comes_first(family: str) -> None:
         "dies_in_step": step + cause["figures"]["postpone_packed_steps"],
         "source": "packed",
     }
-    assert decision["horizon"]["dies_in_step"] - step > NEAR_HORIZON_STEPS
+    assert not horizon_is_near(step, decision["horizon"]["dies_in_step"])
     assert f"to about step {decision['horizon']['dies_in_step']}" in decision["headline"]
     assert dev["oom"]["run_verdict_basis"] != "cause"  # the run is not said to be beyond every setting
 
@@ -62,11 +62,13 @@ def test_where_the_horizon_is_near_no_setting_saves_the_run() -> None:
     assert dev["oom"]["run_verdict"] == "capacity"
 
 
-def test_the_replayed_horizon_is_the_settings_own_packing() -> None:
+@pytest.mark.parametrize(("with_message", "expected"), [(False, 25), (True, 26)])
+def test_the_replayed_horizon_is_the_settings_own_packing(with_message: bool, expected: int) -> None:
     """gpt_varlen_oom: expandable_segments' replay runs step 23 to its end; carried forward with its own packing
-    the run dies in step 25 (near: the cause stands), where its real rerun died in step 27. The perfectly packed
-    estimate (step 30) would have said far."""
-    dev = _oom_device(FIXTURES / "gpt_varlen_oom.pickle.gz")
+    the run dies in step 25 (the inferred limit) or 26 (the message's 7 GiB): near for a run of 23 steps, so the
+    cause stands, and its real rerun died in step 27. The perfectly packed estimate (step 30) would have said far."""
+    path = FIXTURES / "gpt_varlen_oom.pickle.gz"
+    dev = _oom_device(path, _truth(path)["oom_message"] if with_message else None)
     oom = dev["oom"]
     cause = next(c for c in dev["diagnosis"]["causes"] if c["id"] == "growing_workload")
     expandable = next(w for w in dev["whatif"] if w["config"] == "expandable_segments:True")
@@ -75,6 +77,7 @@ def test_the_replayed_horizon_is_the_settings_own_packing() -> None:
         23, oom["step_need_bytes"], oom["limit_bytes"], cause["figures"]["growth_per_step_bytes"],
         expandable["step_peak_reserved_bytes"],
     )  # fmt: skip
-    assert dies_at == 25 < len(_truth(FIXTURES / "gpt_varlen_expandable.pickle.gz")["workload_log"]) == 27
+    assert dies_at == expected < len(_truth(FIXTURES / "gpt_varlen_expandable.pickle.gz")["workload_log"]) == 27
+    assert horizon_is_near(23, dies_at) and not horizon_is_near(23, 30)
     assert 23 + cause["figures"]["postpone_packed_steps"] == 30
     assert dev["decision"]["cause"] == "growing_workload"
