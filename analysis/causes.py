@@ -93,7 +93,7 @@ class CauseInput:
     message: OomMessage | None
     pools_at_oom: tuple[PoolUse, ...]
     reserved_at_oom: int
-    pool_origin: str  # "compile" | "manual" | "" (how the private pools were made, from their frames)
+    pool_origin: str  # "vllm" | "compile" | "manual" | "" (how the private pools were made, from their frames)
     optimizer_class: str = ""  # from the "Optimizer.step#AdamW.step" annotations, where the run has them
     limit_kind: str = ""  # per-process-cap | device-full | "" (``Limit.kind``)
     limit_source: str = ""  # given | sidecar | oom_message | inferred (``Limit.source``)
@@ -586,7 +586,14 @@ def cuda_graph_pools(inp: CauseInput) -> Cause | None:
         return None
     largest = max(p.reserved_bytes for p in private)
     saving = held - largest
-    if inp.pool_origin == "compile":
+    if inp.pool_origin == "vllm":
+        # vLLM captures its graphs itself (its model runner's capture_model): the knobs are its own.
+        fix_title = "Fewer captured batch sizes in vLLM, or no CUDA graphs"
+        fix_line = (
+            "LLM(..., compilation_config={'cudagraph_capture_sizes': [1, 2, 4, 8]})   # fewer sizes; "
+            "or enforce_eager=True, or a lower gpu_memory_utilization"
+        )
+    elif inp.pool_origin == "compile":
         fix_title = "Fewer captured shapes: pad to a few buckets, or compile with dynamic shapes"
         fix_line = "torch.compile(model, mode='reduce-overhead', dynamic=True)   # or pad inputs to a few bucket sizes"
     else:
@@ -1018,8 +1025,17 @@ def _found(rule: CauseRule, inp: CauseInput) -> Cause | None:
     return replace(cause, id=rule.id, cost=rule.cost, phase=rule.phase or cause.phase)
 
 
-def pool_origin(catalog: StackCatalog, stacks: npt.NDArray[np.integer]) -> str:
-    """How private-pool allocations were made: torch.compile's CUDA graph trees or a manual capture."""
+def pool_origin(
+    catalog: StackCatalog, stacks: npt.NDArray[np.integer], *, process: npt.NDArray[np.integer] | None = None
+) -> str:
+    """How private-pool allocations (``stacks``) were made: vLLM's model runner capturing its graphs (a vLLM
+    frame anywhere in the ``process``'s allocations: the trace often does not say which allocations went to a
+    private pool, and a capture's context manager leaves no frame), torch.compile's CUDA graph trees, or a
+    manual capture."""
+    if process is not None and process.size:
+        everywhere = sorted_unique(catalog.groups_of(process).astype(np.int64)).tolist()
+        if any("/vllm/" in f.filename for gid in everywhere for f in catalog.groups[int(gid)].frames):
+            return "vllm"  # before compile: vLLM compiles its model too, but captures the graphs itself
     seen = set(catalog.groups_of(stacks).tolist())
     for gid in seen:
         for f in catalog.groups[int(gid)].frames:

@@ -1009,7 +1009,7 @@ def _diagnose(
         message=message,
         pools_at_oom=pools,
         reserved_at_oom=reserved_at,
-        pool_origin=pool_origin(catalog, lifetimes.stack[private]) if private.any() else "",
+        pool_origin=pool_origin(catalog, lifetimes.stack[private], process=lifetimes.stack),
         optimizer_class=_optimizer_class(snapshot),
         limit_kind=limit.kind if limit is not None else "",
         limit_source=limit.source if limit is not None else "",

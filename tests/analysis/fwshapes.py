@@ -189,6 +189,22 @@ DEEPSPEED: dict[str, list[dict[str, Any]]] = {
     ],
 }
 
+# ---------------------------------------------------------------- vLLM's model runner capturing its graphs
+# LLM(...) -> LLMEngine -> the worker's _warm_up_model -> ModelRunner.capture_model -> CUDAGraphRunner.capture,
+# which runs the model inside torch.cuda.graph (vllm/worker/model_runner.py, the v0 runner).
+_VLLM = "vllm/worker/model_runner.py"
+VLLM_CAPTURE: dict[str, list[dict[str, Any]]] = {
+    "forward": [
+        _lib(_VLLM, 1420, "capture"),
+        _lib(_VLLM, 1146, "capture_model"),
+        _lib("torch/utils/_contextlib.py", 116, "decorate_context"),
+        _lib("vllm/worker/worker.py", 231, "_warm_up_model"),
+        _lib("vllm/engine/llm_engine.py", 407, "_initialize_kv_caches"),
+        _lib("vllm/entrypoints/llm.py", 177, "__init__"),
+        *_MAIN,
+    ],
+}
+
 # ---------------------------------------------------------------- FSDP 1's post-backward hook
 # Run by the autograd engine (on its thread, so no torch/autograd Python frame): reduce-scatter buffers.
 # A plain loop's frames (no role rewritten) with these on its backward's frame-less allocations.

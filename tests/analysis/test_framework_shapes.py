@@ -170,3 +170,21 @@ def test_hf_trainers_gathered_eval_outputs_are_no_kv_cache() -> None:
     # The blocks of the capture's two concatenating lines (one group under the Trainer's frames) live at the OOM.
     assert cause["figures"]["gathered_bytes"] == 5_088_739_328
     assert cause["figures"]["bytes_per_batch"] == 131_072
+
+
+def test_vllms_captured_graphs_get_vllms_own_knobs() -> None:
+    """The capture's per-size CUDA graph pools under vLLM's model runner frames (capture_model ->
+    CUDAGraphRunner.capture): the same cause and figures, with vLLM's own change (its capture sizes, eager mode),
+    not a torch.cuda.graph pool handle the user cannot reach."""
+    source = DIAG / "graphs_manual_default.pickle.gz"
+    roles: dict[str, int] = {}
+    data = fw.reshaped(source, "graphs_manual", fw.VLLM_CAPTURE, roles=roles)
+    assert roles["forward"] > 0
+    dev = next(d for d in build_report(data, oom_message=_message(source))["devices"] if d.get("oom"))
+    plain = next(d for d in build_report(source, oom_message=_message(source))["devices"] if d.get("oom"))
+    cause, plain_cause = _primary(dev), _primary(plain)
+    assert cause is not None and plain_cause is not None
+    assert cause["id"] == plain_cause["id"] == "cuda_graph_pools"
+    assert cause["figures"] == plain_cause["figures"]
+    assert "cudagraph_capture_sizes" in cause["fix"]["line"] and "enforce_eager=True" in cause["fix"]["line"]
+    assert "graph_pool_handle" in plain_cause["fix"]["line"]
