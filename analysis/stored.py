@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analysis import doctor
 from analysis.decision import decide, run_verdict
 
 # Older ``limit_source`` values that were inferences (before ``limit_inference`` existed).
@@ -44,6 +45,9 @@ def upgrade(report: dict[str, Any]) -> dict[str, Any]:
             dev["decision"] = decide(dev, capture)
         if isinstance(oom, dict) and "run_verdict" not in oom:
             oom.update(run_verdict(dev) or {})
+    if isinstance(report.get("capture"), dict) and "doctor" not in capture:
+        devices = [d for d in report.get("devices") or [] if isinstance(d, dict)]
+        capture["doctor"] = [f.to_dict() for f in doctor.findings(capture, devices)]
     return report
 
 
