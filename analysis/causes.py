@@ -41,6 +41,7 @@ from analysis.phases import (
     live_bytes_by_phase,
     phase_of_event,
 )
+from analysis.projection import horizon_is_near
 from analysis.stacks import TRAIT_OPTIMIZER_STATE_INIT, Lifetimes, StackCatalog
 from analysis.steps import Steps
 
@@ -61,6 +62,8 @@ POOLS_MIN_SHARE = 0.25
 GROWTH_MIN_STEPS = 8
 GROWTH_MIN_SHARE_OF_LIMIT = 0.15
 GROWTH_MIN_RANK_CORRELATION = 0.6
+# Hugging Face Trainer's evaluation gathering its outputs (EvalLoopContainer.add -> nested_concat).
+_TRAINER_GATHER = "/transformers/trainer_pt_utils.py"
 # A cache grown by concatenation: at least this many distinct sizes, this regular.
 GROWTH_MIN_SIZES = 16
 GROWTH_REGULAR_SHARE = 0.8
@@ -90,8 +93,11 @@ class CauseInput:
     message: OomMessage | None
     pools_at_oom: tuple[PoolUse, ...]
     reserved_at_oom: int
-    pool_origin: str  # "compile" | "manual" | "" (how the private pools were made, from their frames)
+    pool_origin: str  # "vllm" | "compile" | "manual" | "" (how the private pools were made, from their frames)
     optimizer_class: str = ""  # from the "Optimizer.step#AdamW.step" annotations, where the run has them
+    limit_kind: str = ""  # per-process-cap | device-full | "" (``Limit.kind``)
+    limit_source: str = ""  # given | sidecar | oom_message | inferred (``Limit.source``)
+    reserved_peak_before_oom: int = 0  # the most this process's cache reserved before the OOM
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,7 +188,9 @@ def outside_memory(inp: CauseInput) -> Cause | None:
     """The device was full of memory this process's cache does not hold (another process, or
     this process's own memory outside PyTorch), as the OOM message says."""
     m = inp.message
-    if m is None or m.allowed is not None or inp.oom_index is None:
+    if m is None:
+        return _outside_from_trace(inp)
+    if m.allowed is not None or inp.oom_index is None:
         return None  # under a per-process cap only PyTorch's reserved memory counts
     if m.total_capacity is None or m.device_free is None or m.reserved is None:
         return None
@@ -230,6 +238,59 @@ def outside_memory(inp: CauseInput) -> Cause | None:
         fits_after_fix=True,
         settings="no PYTORCH_CUDA_ALLOC_CONF setting gives back memory PyTorch does not hold",
         figures={"outside_bytes": outside, "other_processes_bytes": others, "in_process_outside_bytes": in_process},
+    )
+
+
+def _device_full_without_message(inp: CauseInput) -> bool:
+    """The limit is the device's free memory at the OOM (inferred: the OOM entry's ``device_free`` was less
+    than the request), and no message says who held the rest: this run's own limit is not known."""
+    return inp.message is None and inp.limit_kind == "device-full" and inp.limit_source == "inferred"
+
+
+def _outside_from_trace(inp: CauseInput) -> Cause | None:
+    """Without the message, what the trace alone proves: this process once reserved more than it reserved at
+    the OOM plus the device's free memory then (the OOM entry's ``device_free``). The device holds at least
+    the earlier peak, so the difference was taken by memory outside this process's cache since: another
+    process or a library in this one (which of them only the message tells)."""
+    if inp.oom_index is None:
+        return None
+    free = int(inp.trace.addr[inp.oom_index])  # the model keeps an oom entry's device_free in addr
+    if free >= inp.requested_bytes:
+        return None  # the device had the room: a per-process cap refused the request, not the device
+    peak = inp.reserved_peak_before_oom
+    taken = peak - inp.reserved_at_oom - free
+    if taken < inp.requested_bytes or taken < OUTSIDE_MIN_SHARE * max(1, peak):
+        return None
+    return Cause(
+        title="Memory outside this process's cache",
+        phase=_oom_phase(inp),
+        explains_oom=taken + free >= inp.requested_bytes,
+        headline=(
+            f"The GPU was full, but not of this run's tensors: this process had reserved {format_size(peak)} "
+            f"earlier, and when the {format_size(inp.requested_bytes)} request failed it held "
+            f"{format_size(inp.reserved_at_oom)} with {format_size(free)} free on the device: at least "
+            f"{format_size(taken)} had been taken by memory outside this process's cache (another process, or a "
+            "library in this one; the OOM message's "
+            "'Process N has' lines would say which)."
+        ),
+        evidence=(
+            f"The trace's reserved memory peaked at {format_size(peak)} before the OOM; the OOM entry's device_free "
+            f"was {format_size(free)} beside {format_size(inp.reserved_at_oom)} reserved."
+        ),
+        fix_title="Give this job the GPU: find what else holds it, stop it or run on a free GPU",
+        fix_line=(
+            "nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # or CUDA_VISIBLE_DEVICES=<a free GPU>"
+        ),
+        saving_bytes=taken,
+        fits_after_fix=taken + free >= inp.requested_bytes,
+        settings="no PYTORCH_CUDA_ALLOC_CONF setting gives back memory PyTorch does not hold",
+        figures={
+            "outside_bytes": taken,
+            "other_processes_bytes": None,
+            "in_process_outside_bytes": None,
+            "outside_is_lower_bound": True,
+            "reserved_peak_before_oom_bytes": peak,
+        },
     )
 
 
@@ -338,18 +399,27 @@ def growing_workload(inp: CauseInput) -> Cause | None:
     rate = int(slope)
     best = int(peaks.max())
     best_step = int(np.argmax(peaks))
+    # The device itself was full and no message says of what: the limit the growth ran into may be another
+    # process's doing. The growth is named, but not as the answer: only the message can tell.
+    unknown_limit = _device_full_without_message(inp)
+    missing = (
+        " But the GPU itself was full at the OOM, and the limit it grew into is only its free memory then: "
+        "whether the growth or memory outside this process filled it, only the OOM message says (give it)."
+        if unknown_limit
+        else ""
+    )
     packed_room = inp.limit_bytes - _allocated_at(inp, inp.oom_index) - inp.requested_bytes
     more = math.ceil(max(0, packed_room) / max(1, rate))
     need = _allocated_at(inp, inp.oom_index) + inp.requested_bytes
+    settings_words = _growth_settings_words(k, more)
     return Cause(
         title="The workload grows step after step (batch or sequence length)",
         phase=_oom_phase(inp),
-        explains_oom=True,
+        explains_oom=not unknown_limit,
         headline=(
             f"The steps need more and more: peak allocated memory grew from {format_size(int(early))} in the first "
             f"steps to {format_size(int(late))} in the last (about {format_size(rate)} a step: a growing batch or "
-            f"sequence length), and step {k} needed more than the limit. No allocator setting saves such a run: "
-            f"one that gets past step {k} dies a few steps later."
+            f"sequence length), and step {k} needed more than the limit. {settings_words[0]}{missing}"
         ),
         evidence=(
             f"Peak allocated per completed step, by a line through the {k} steps: +{format_size(rate)} a step; the "
@@ -363,11 +433,7 @@ def growing_workload(inp: CauseInput) -> Cause | None:
         ),
         saving_bytes=max(0, need - best),
         fits_after_fix=best <= inp.limit_bytes,
-        settings=(
-            f"no setting saves the run while the steps keep growing: even a perfectly packed cache (what "
-            f"expandable_segments approaches) only postpones the OOM, by about {more} step{'s' if more != 1 else ''} "
-            f"(to step {k + more})"
-        ),
+        settings=settings_words[1],
         figures={
             "steps": k,
             "rank_correlation": round(rho, 3),
@@ -376,7 +442,20 @@ def growing_workload(inp: CauseInput) -> Cause | None:
             "largest_completed_peak_bytes": best,
             "died_in_step": k,
             "postpone_packed_steps": int(more),
+            "horizon_near": horizon_is_near(k, k + more),
         },
+    )
+
+
+def _growth_settings_words(k: int, more: int) -> tuple[str, str]:
+    """(the headline's sentence, the cause's ``settings``) of a growing workload whose perfectly packed cache
+    gains ``more`` steps past the failing step ``k``. Whether a setting still comes first (its horizon is not
+    near) is the decision's, which reads the settings' replays (``analysis.decision``)."""
+    steps = f"{more} step{'s' if more != 1 else ''}"
+    return (
+        f"No allocator setting saves such a run: one that gets past step {k} dies a few steps later.",
+        f"no setting saves the run while the steps keep growing: even a perfectly packed cache (what "
+        f"expandable_segments approaches) only postpones the OOM, by about {steps} (to step {k + more})",
     )
 
 
@@ -419,7 +498,8 @@ def optimizer_step(inp: CauseInput) -> Cause | None:
         title="The optimizer step",
         explains_oom=True,
         headline=(
-            f"Out of memory inside optimizer.step() ({opt_name}, {impl}), not in the forward or backward pass: "
+            f"Out of memory inside optimizer.step() ({opt_name}{', ' + impl if impl else ''}), not in the forward "
+            "or backward pass: "
             f"the batch is not what failed it. The step held {format_size(temp_bytes)} of temporaries and "
             f"{format_size(state_bytes)} of new state when the {format_size(inp.requested_bytes)} request failed."
         ),
@@ -433,7 +513,7 @@ def optimizer_step(inp: CauseInput) -> Cause | None:
         fits_after_fix=fits,
         settings="no setting shrinks the step's temporaries, and a smaller batch does not either",
         stacks=_top_labels(inp, live),
-        figures={"temporaries_bytes": temp_bytes, "new_state_bytes": state_bytes, "implementation": impl},
+        figures={"temporaries_bytes": temp_bytes, "new_state_bytes": state_bytes, "implementation": impl or None},
     )
 
 
@@ -506,7 +586,14 @@ def cuda_graph_pools(inp: CauseInput) -> Cause | None:
         return None
     largest = max(p.reserved_bytes for p in private)
     saving = held - largest
-    if inp.pool_origin == "compile":
+    if inp.pool_origin == "vllm":
+        # vLLM captures its graphs itself (its model runner's capture_model): the knobs are its own.
+        fix_title = "Fewer captured batch sizes in vLLM, or no CUDA graphs"
+        fix_line = (
+            "LLM(..., compilation_config={'cudagraph_capture_sizes': [1, 2, 4, 8]})   # fewer sizes; "
+            "or enforce_eager=True, or a lower gpu_memory_utilization"
+        )
+    elif inp.pool_origin == "compile":
         fix_title = "Fewer captured shapes: pad to a few buckets, or compile with dynamic shapes"
         fix_line = "torch.compile(model, mode='reduce-overhead', dynamic=True)   # or pad inputs to a few bucket sizes"
     else:
@@ -568,6 +655,138 @@ def _growing_group(inp: CauseInput, pos: int) -> tuple[int, npt.NDArray[np.intp]
     return group, mine, distinct, delta
 
 
+def _kv_words(
+    hf: bool,
+    helps: bool,
+    tensors: int,
+    delta: int,
+    tokens_now: int,
+    room: _CacheRoom,
+    fits: int | None,
+    half: int | None,
+) -> tuple[str, str, str]:
+    """(headline, fix title, fix line) of a cache grown by concatenation: a static cache where its bytes fit
+    the length, else the batch or the number of new tokens that fit, with the figures."""
+    grows = (
+        f"A cache grows by concatenation token by token ({tensors} tensors, {format_size(delta)} each per token, "
+        f"{tokens_now:,} tokens at the OOM)"
+    )
+    beside = f"beside the {format_size(room.peak_beside)} the weights and the prefill's own peak need"
+    half_text = f"; with half the batch about {half:,}" if half is not None and half > 0 else ""
+    if helps and fits is not None:
+        new_tokens = max(0, fits - room.prompt_tokens)
+        headline = (
+            f"{grows}: every token copies it into a larger block, so the old and the new copy live together and the "
+            f"freed ones do not fit the next size. Preallocated once, {beside}, about {fits:,} tokens fit within the "
+            f"limit (the prompt's {room.prompt_tokens:,} and up to {new_tokens:,} new ones){half_text}."
+        )
+        title = f"Preallocate the cache (a static cache), for at most {fits:,} tokens at this batch"
+        if hf:
+            line = (
+                f'model.generate(..., cache_implementation="static", max_new_tokens=<at most {new_tokens}>)   '
+                "# the cache allocated once"
+            )
+        else:
+            line = (
+                f"k_cache = torch.empty(batch, heads, max_len, head_dim)  # once, max_len <= {fits}; "
+                "then k_cache[:, :, pos] = k"
+            )
+        return headline, title, line
+    if fits is None:
+        return (
+            f"{grows}; without the limit, whether a preallocated cache would fit is not known.",
+            "Preallocating the cache needs the limit to be sized: give the OOM message or the limit",
+            "model.generate(..., max_new_tokens=<fewer>)   # or generate in smaller batches",
+        )
+    headline = (
+        f"{grows}, and preallocated it would not fit either: {beside}, only about {max(0, fits):,} tokens fit within "
+        f"the limit at this batch, fewer than the {tokens_now:,} reached{half_text}."
+    )
+    title = "A smaller batch or fewer new tokens: a preallocated cache does not fit either"
+    new_tokens = max(0, fits - room.prompt_tokens)
+    line = (
+        f"model.generate(..., max_new_tokens=<at most {new_tokens}>)   # or half the batch: about "
+        f"{max(0, half or 0):,} tokens fit"
+    )
+    return headline, title, line
+
+
+@dataclass(frozen=True, slots=True)
+class _CacheRoom:
+    """What must fit beside a preallocated cache: the memory live outside the cache while it grew."""
+
+    resident: int  # the least live beside the cache (the weights and what stays between tokens)
+    peak_beside: int  # the most live beside it (the resident part plus the prefill's or a token's own peak)
+    prompt_tokens: int  # the prompt's length: the cache's first copy is the prompt's keys with one token more
+
+
+def _static_cache_room(inp: CauseInput, mine: npt.NDArray[np.intp], delta: int) -> _CacheRoom:
+    """Allocated memory outside the growing cache, from its first allocation to the OOM: its least (the
+    weights) and its most (the prefill's whole-prompt logits, a token's own temporaries). A static cache
+    holds its full length through both."""
+    assert inp.oom_index is not None
+    lt = inp.lifetimes
+    first = int(lt.start[mine[0]])
+    prompt = max(0, int(lt.size[mine[0]]) // max(1, delta) - 1)
+    change = np.zeros(inp.allocated.shape[0] + 1, np.int64)
+    np.add.at(change, lt.start[mine], lt.size[mine])
+    np.subtract.at(change, np.minimum(lt.end[mine], inp.allocated.shape[0]), lt.size[mine])
+    cache_live = np.cumsum(change[:-1])
+    beside = inp.allocated[first : inp.oom_index] - cache_live[first : inp.oom_index]
+    if beside.size == 0:
+        held = _allocated_at(inp, inp.oom_index) - int(cache_live[min(inp.oom_index, cache_live.shape[0] - 1)])
+        return _CacheRoom(held, held, prompt)
+    return _CacheRoom(int(beside.min()), int(beside.max()), prompt)
+
+
+def _trainer_gathers(inp: CauseInput, group: int) -> bool:
+    """Whether a growing group is Hugging Face Trainer's evaluation gathering outputs (``EvalLoopContainer.add``
+    -> ``nested_concat`` in ``trainer_pt_utils.py``), not a cache."""
+    return any(f.filename.endswith(_TRAINER_GATHER) for f in inp.catalog.groups[group].frames)
+
+
+def eval_outputs_on_gpu(inp: CauseInput) -> Cause | None:
+    """Hugging Face Trainer's evaluation keeps every batch's outputs on the GPU: without
+    ``eval_accumulation_steps`` it concatenates them there (a larger copy each batch) until the loop ends."""
+    if inp.oom_index is None:
+        return None
+    lt, pos = inp.lifetimes, _oom_position(inp)
+    growth = _growing_group(inp, pos) if pos >= 0 else None
+    if growth is None or not _trainer_gathers(inp, growth[0]):
+        return None
+    group, mine, distinct, delta = growth
+    live = mine[lt.end[mine] > inp.oom_index]
+    held = int(lt.size[live].sum())
+    # With eval_accumulation_steps=k the GPU holds at most k batches' outputs (8 here) before they go to the host.
+    saving = max(0, held - 8 * delta * max(1, int(live.size)))
+    label = inp.catalog.groups[group].label
+    return Cause(
+        title="The Trainer's evaluation keeps every batch's outputs on the GPU",
+        phase=_oom_phase(inp),
+        explains_oom=True,
+        headline=(
+            f"Hugging Face Trainer's evaluation gathers every batch's outputs on the GPU: {format_size(held)} "
+            f"after about {int(distinct[-1]) // delta:,} batches' worth ({format_size(delta)} more each), copied "
+            "into a larger block at each batch, until the evaluation ends. eval_accumulation_steps moves them to "
+            "the host every few batches."
+        ),
+        evidence=(
+            f"{mine.size:,} allocations from {label} (trainer_pt_utils' nested_concat) grew by {format_size(delta)} "
+            f"at a time to {format_size(int(distinct[-1]))}; {format_size(held)} of them were live at the OOM."
+        ),
+        fix_title="Move the gathered outputs to the host every few batches (eval_accumulation_steps)",
+        fix_line=(
+            "TrainingArguments(..., eval_accumulation_steps=8)   # or preprocess_logits_for_metrics="
+            "lambda logits, labels: logits.argmax(-1), which keeps only the predictions"
+        ),
+        saving_bytes=saving,
+        fits_after_fix=_fits(inp, saving),
+        settings="a setting cannot shrink what the evaluation loop keeps",
+        stacks=(label,),
+        figures={"gathered_bytes": held, "bytes_per_batch": delta, "tensors": int(live.size)},
+    )
+
+
 def kv_cache_growth(inp: CauseInput) -> Cause | None:
     """A cache grown by concatenation, token by token: each step copies it into a larger block."""
     if inp.oom_index is None:
@@ -576,52 +795,46 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
     if pos < 0:
         return None
     growth = _growing_group(inp, pos)
-    if growth is None:
+    if growth is None or _trainer_gathers(inp, growth[0]):
         return None
     group, mine, distinct, delta = growth
     live = mine[lt.end[mine] > inp.oom_index]
     cache_bytes = int(lt.size[live].sum())
-    tensors = max(1, int(live.size))
+    # The cache's tensors (2 x layers for keys and values): each gets one new copy a token, so the copies made
+    # at the last complete length count them (the live ones at the OOM include the copy in flight).
+    complete = int((lt.size[mine] == distinct[-2]).sum()) if distinct.size >= 2 else 0
+    tensors = max(1, complete or int(live.size))
     tokens_now = int(distinct[-1]) // delta
-    other = _allocated_at(inp, inp.oom_index) - cache_bytes
     per_token = tensors * delta
-    fits_tokens = (inp.limit_bytes - other) // per_token if inp.limit_bytes is not None else None
+    room = _static_cache_room(inp, mine, delta)
+    fits_tokens = (inp.limit_bytes - room.peak_beside) // per_token if inp.limit_bytes is not None else None
     label = inp.catalog.groups[group].label
     hf = (
         any(f.filename.endswith("/cache_utils.py") for f in inp.catalog.groups[group].frames)
         or inp.phases.of_alloc[pos] == DECODE
     )
-    if hf:
-        fix_line = 'model.generate(..., cache_implementation="static")   # the cache allocated once, for max_length'
-    else:
-        fix_line = "k_cache = torch.empty(batch, heads, max_len, head_dim)  # once; then k_cache[:, :, pos] = k"
+    # A static cache is advised only where its own bytes fit: every token's keys and values for the full length
+    # beside the weights and the prefill's (or a token's) own peak; with half the batch, the cache and the
+    # temporaries (logits, activations) halve, the weights do not.
     helps = fits_tokens is not None and fits_tokens > tokens_now + 1
-    if helps:
-        headline = (
-            f"A cache grows by concatenation token by token ({tensors} tensors, {format_size(delta)} each per "
-            f"token, {tokens_now:,} tokens at the OOM): every token copies it into a larger block, so the old and "
-            f"the new copy live together and the freed ones do not fit the next size. Preallocated once, about "
-            f"{fits_tokens:,} tokens fit within the limit."
-        )
-        fix_title = "Preallocate the cache for the full length (a static cache)"
-    else:
-        headline = (
-            f"A cache grows by concatenation token by token ({tensors} tensors, {tokens_now:,} tokens at the OOM), "
-            "and even preallocated it would not fit much further: the outputs are too long for this batch."
-        )
-        fix_title = "Shorter outputs or a smaller batch: a preallocated cache does not fit either"
-        fix_line = "model.generate(..., max_new_tokens=<fewer>)   # or generate in smaller batches"
+    half: int | None = None
+    if inp.limit_bytes is not None:
+        half = (inp.limit_bytes - room.resident - (room.peak_beside - room.resident) // 2) // max(1, per_token // 2)
+    words = _kv_words(hf, helps, tensors, delta, tokens_now, room, fits_tokens, half)
     return Cause(
         title="A cache grown by concatenation (KV cache)",
         phase=PHASES[int(inp.phases.of_alloc[pos])],
         explains_oom=helps,
-        headline=headline,
+        headline=words[0],
         evidence=(
             f"{mine.size:,} allocations from {label} grew by {format_size(delta)} at a time to "
-            f"{format_size(int(distinct[-1]))}; {tensors} of them ({format_size(cache_bytes)}) were live at the OOM."
+            f"{format_size(int(distinct[-1]))}; {live.size} of them ({format_size(cache_bytes)}) were live at the "
+            f"OOM. Beside the cache {format_size(room.resident)} stayed live and at most "
+            f"{format_size(room.peak_beside)} was (the prefill's or a token's own peak); the prompt was "
+            f"{room.prompt_tokens:,} tokens."
         ),
-        fix_title=fix_title,
-        fix_line=fix_line,
+        fix_title=words[1],
+        fix_line=words[2],
         saving_bytes=inp.requested_bytes if helps else None,
         fits_after_fix=helps if fits_tokens is not None else None,
         settings="expandable_segments can map the growing blocks in place, but each token still copies the cache",
@@ -632,13 +845,17 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
             "tokens_at_oom": tokens_now,
             "tokens_that_fit_preallocated": fits_tokens,
             "cache_bytes": cache_bytes,
+            "resident_beside_cache_bytes": room.resident,
+            "peak_beside_cache_bytes": room.peak_beside,
+            "prompt_tokens": room.prompt_tokens,
+            "tokens_that_fit_preallocated_half_batch": half,
         },
     )
 
 
 def _optimizer_kind(inp: CauseInput, first: int, pos: int) -> tuple[str, str]:
     """(implementation, optimizer class) from the step's frames: ``_multi_tensor_*`` is foreach,
-    ``_fused_*`` fused, ``_single_tensor_*`` the per-parameter loop."""
+    ``_fused_*`` fused, ``_single_tensor_*`` the per-parameter loop, "" where no frame says."""
     names = {
         "adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad",
         "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam", "adadelta": "Adadelta", "lion": "Lion",
@@ -658,7 +875,8 @@ def _optimizer_kind(inp: CauseInput, first: int, pos: int) -> tuple[str, str]:
                     else "loop" if "_single_tensor" in f.name
                     else ""
                 )  # fmt: skip
-    return impl or "foreach", inp.optimizer_class or opt or "AdamW"
+    # A rule names only what the frames show: no implementation frame, no implementation named.
+    return impl, inp.optimizer_class or opt or "AdamW"
 
 
 # ------------------------------------------------------------------ the diagnosis
@@ -721,6 +939,14 @@ RULES: tuple[CauseRule, ...] = (
         id="cuda_graph_pools",
         find=cuda_graph_pools,
         cost="none for a shared pool (replay graphs in capture order); padding wastes some compute",
+        phase=None,
+        grows=False,
+        smaller_batch_helps=False,
+    ),
+    CauseRule(
+        id="eval_outputs_on_gpu",
+        find=eval_outputs_on_gpu,
+        cost="none: the outputs go to the host every few batches (a copy), or only the predictions are kept",
         phase=None,
         grows=False,
         smaller_batch_helps=False,
@@ -799,8 +1025,17 @@ def _found(rule: CauseRule, inp: CauseInput) -> Cause | None:
     return replace(cause, id=rule.id, cost=rule.cost, phase=rule.phase or cause.phase)
 
 
-def pool_origin(catalog: StackCatalog, stacks: npt.NDArray[np.integer]) -> str:
-    """How private-pool allocations were made: torch.compile's CUDA graph trees or a manual capture."""
+def pool_origin(
+    catalog: StackCatalog, stacks: npt.NDArray[np.integer], *, process: npt.NDArray[np.integer] | None = None
+) -> str:
+    """How private-pool allocations (``stacks``) were made: vLLM's model runner capturing its graphs (a vLLM
+    frame anywhere in the ``process``'s allocations: the trace often does not say which allocations went to a
+    private pool, and a capture's context manager leaves no frame), torch.compile's CUDA graph trees, or a
+    manual capture."""
+    if process is not None and process.size:
+        everywhere = sorted_unique(catalog.groups_of(process).astype(np.int64)).tolist()
+        if any("/vllm/" in f.filename for gid in everywhere for f in catalog.groups[int(gid)].frames):
+            return "vllm"  # before compile: vLLM compiles its model too, but captures the graphs itself
     seen = set(catalog.groups_of(stacks).tolist())
     for gid in seen:
         for f in catalog.groups[int(gid)].frames:

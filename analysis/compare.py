@@ -150,7 +150,7 @@ def compare(report_a: Mapping[str, Any], report_b: Mapping[str, Any]) -> dict[st
     return {
         "conclusion": conclusion(dev_a, dev_b, stacks, settings),
         "deltas": deltas,
-        "oom": {"a": (dev_a.get("oom") or {}).get("verdict"), "b": (dev_b.get("oom") or {}).get("verdict")},
+        "oom": {"a": _run_verdict(dev_a), "b": _run_verdict(dev_b)},
         "stacks_at_peak": stacks,
         "churn": stack_diff(dev_a.get("churn") or [], dev_b.get("churn") or []),
         "settings": settings,
@@ -187,3 +187,9 @@ def conclusion(
         delta = int(moved["delta"])
         why += f"; the largest change at the peak: {moved['site']} ({'+' if delta > 0 else '-'}{size(abs(delta))})"
     return f"{peak}{ooms}{why}."
+
+
+def _run_verdict(dev: Mapping[str, Any]) -> Any:
+    """The run's verdict (``oom.run_verdict``), or an older report's ``oom.verdict``."""
+    oom = dev.get("oom") or {}
+    return oom.get("run_verdict", oom.get("verdict"))

@@ -40,6 +40,7 @@ from typing import Any
 from analysis import readout
 from analysis.allocator.config import split_conf
 from analysis.oom import named_free_block
+from analysis.projection import horizon_is_near, setting_horizon
 
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
 # Idle cache worth a headline (the advisor's improvement floor: both a share and bytes).
@@ -96,6 +97,12 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
         headline = f"{headline}{_phase_sentence(dev)}"
     if cause is None or cause.get("id") != "cuda_graph_pools":
         headline = f"{headline}{pools_sentence(dev)}"
+    horizon = _setting_horizon_first(cause, oom, suggestions, whatifs) if cause is not None and oom else None
+    if cause is not None and horizon is not None:
+        # A growing run that a free setting carries well past the failing step (its horizon is not near): the
+        # setting first, with its horizon; capping what grows is the runner-up (issue 32: talking a user out of
+        # the one-line fix that works is the worst kind of wrong answer).
+        return _setting_first(dev, capture, cause, horizon, allocator_headline)
     if cause is not None:
         # The program's mistake (analysis.causes) comes first: the allocator's view of the failing
         # request stays beside it, and its best setting becomes the runner-up, worded by the cause.
@@ -110,9 +117,11 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
             "confidence": _confidence(dev, capture, None, cause=cause),
             "runner_up": _change(choice, recorded_conf, short=True) if choice else None,
         }
-    if oom and choice is not None and device_full_unexplained(oom) and choice.step_completes is not True:
+    if oom and choice is not None and device_full_unexplained(oom) and _unproven_on_a_full_device(choice):
         # The GPU itself was full and nothing says who held the rest of it: a setting that only gets past
-        # the request is not the first thing to try (round 3's device-full runs died under every setting).
+        # the request is not the first thing to try (round 3's device-full runs died under every setting),
+        # nor a code change sized against the device's free memory then (another process may hold the rest:
+        # issue 32's run that another process filled read "cap what grows").
         return {
             "headline": f"{headline} {_device_full_sentence(oom)}",
             "change": dict(CHECK_THE_DEVICE),
@@ -132,6 +141,92 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
         "confidence": _confidence(dev, capture, choice),
         "runner_up": _change(runner, recorded_conf, short=True) if runner else None,
     }
+
+
+def _setting_horizon_first(
+    cause: Mapping[str, Any],
+    oom: Mapping[str, Any],
+    suggestions: Sequence[Mapping[str, Any]],
+    whatifs: Sequence[Mapping[str, Any]],
+) -> tuple[_Choice, int, str] | None:
+    """(setting, the step the run dies in under it, "replay" | "packed") where a growing workload's free setting
+    carries the run well past the failing step (``projection.horizon_is_near``): by its replay of the failing step
+    (its own packing, ``projection.setting_horizon``) where the step was projected, else by the perfectly
+    packed estimate; None where that horizon is near (then no setting saves the run) or no setting is free."""
+    if cause.get("id") != "growing_workload":
+        return None
+    figures = cause.get("figures") or {}
+    step, rate = int(figures.get("died_in_step") or 0), int(figures.get("growth_per_step_bytes") or 0)
+    # The growth took back each setting's "avoids the OOM" (analysis.sizing): its replay's own answer stands here.
+    choices = [_Choice(s, _whatif_of(s, whatifs)) for s in suggestions]
+    free = [c for c in choices if c.is_setting and (c.whatif or {}).get("oom_avoided") is True]
+    need = int(oom.get("step_need_bytes") or 0)
+    replayed = [
+        (setting_horizon(step, need, int(oom["limit_bytes"]), rate, int(c.whatif["step_peak_reserved_bytes"])), c)
+        for c in free
+        if c.step_completes is True and need and c.whatif and c.whatif.get("step_peak_reserved_bytes")
+    ]
+    if replayed and rate > 0:
+        dies_at, setting = max(replayed, key=lambda hc: hc[0])  # max() keeps the first of equals
+        source = "replay"
+    else:
+        # No replay of the step: the perfectly packed estimate, which is what expandable_segments approaches.
+        packed = [c for c in free if c.step_completes is None and c.suggestion.get("id") == "expandable_segments"]
+        if not packed or rate <= 0:
+            return None
+        dies_at, setting, source = step + int(figures.get("postpone_packed_steps") or 0), packed[0], "packed"
+    return None if horizon_is_near(step, dies_at) else (setting, dies_at, source)
+
+
+def _horizon_sentence(cause: Mapping[str, Any], setting: _Choice, dies_at: int, source: str) -> str:
+    figures = cause.get("figures") or {}
+    step = figures.get("died_in_step")
+    how = (
+        f"its replay runs step {step} to its end, and with its packing"
+        if source == "replay"
+        else "even without a replay of the step, a perfectly packed cache gains that much, and"
+    )
+    return (
+        f"The steps grow (about {format_size(int(figures.get('growth_per_step_bytes') or 0))} a step) and step "
+        f"{step} needed more than the limit, but {setting.suggestion.get('id')} costs nothing and carries the run "
+        f"on: {how} the run goes on to about step {dies_at} before the growth outgrows the limit. Make that change "
+        "first; cap what grows before then (the runner-up)."
+    )
+
+
+def _setting_first(
+    dev: Mapping[str, Any],
+    capture: Mapping[str, Any],
+    cause: Mapping[str, Any],
+    horizon: tuple[_Choice, int, str],
+    allocator_headline: str,
+) -> dict[str, Any]:
+    """The decision that makes a growing run's free setting the change, with its horizon."""
+    setting, dies_at, source = horizon
+    return {
+        "headline": f"{_horizon_sentence(cause, setting, dies_at, source)}{_phase_sentence(dev)}{pools_sentence(dev)}",
+        "allocator_headline": allocator_headline,
+        "change": _change(setting, _recorded_conf(capture)),
+        "buys": _horizon_buys(cause, dies_at, source),
+        "horizon": {"setting": setting.suggestion.get("id"), "dies_in_step": dies_at, "source": source},
+        "confidence": _confidence(dev, capture, setting),
+        "runner_up": {"id": cause["id"], "line": cause["fix"]["line"]},  # the short form, as every runner_up
+    }
+
+
+def _horizon_buys(cause: Mapping[str, Any], dies_at: int, source: str) -> str:
+    basis = "its replay of the failing step" if source == "replay" else "a perfectly packed cache, without a replay"
+    return (
+        f"Step {(cause.get('figures') or {}).get('died_in_step')} and the steps after it up to about step "
+        f"{dies_at - 1} (a horizon from {basis}, with the steps' growth carried forward); the growth goes on, so "
+        "cap it before then."
+    )
+
+
+def _unproven_on_a_full_device(choice: _Choice) -> bool:
+    """Whether a change does not stand on its own where the device filled up and no message says of what:
+    all but a setting whose replay runs the whole failing step."""
+    return not choice.is_setting or choice.step_completes is not True
 
 
 CHECK_THE_DEVICE = {
@@ -204,6 +299,27 @@ PHASE_NAMES = {
     "graph_capture": "graph capture",
     "data_loading": "data loading",
 }
+
+
+def run_verdict(dev: Mapping[str, Any]) -> dict[str, str] | None:
+    """``oom.run_verdict`` and ``oom.run_verdict_basis``: the verdict of the run, which the page, the API's
+    summary, the webhook, the client and the history say (``oom.request_verdict`` is the failing request's).
+
+    - ``cause``: a program cause explains the OOM (``diagnosis.primary``): "capacity". No allocator setting
+      undoes any cause's mistake: every setting's real rerun of each cause's family died in the same step, or
+      (a leak, a growing workload) a few steps later (tests/fixtures/diagnosis), though the one request
+      alone may have fitted beside the cache's free blocks;
+    - ``step``: the failing step was projected: the step-level verdict (``oom.verdict``);
+    - ``request``: else the failing request's."""
+    oom = dev.get("oom")
+    if not oom:
+        return None
+    cause, decision = primary_cause(dev), dev.get("decision")
+    if cause is not None and (decision is None or decision.get("cause") == cause.get("id")):
+        return {"run_verdict": "capacity", "run_verdict_basis": "cause"}
+    if oom.get("verdict_level") == "step":
+        return {"run_verdict": str(oom.get("verdict")), "run_verdict_basis": "step"}
+    return {"run_verdict": str(oom.get("request_verdict") or oom.get("verdict")), "run_verdict_basis": "request"}
 
 
 def primary_cause(dev: Mapping[str, Any]) -> Mapping[str, Any] | None:

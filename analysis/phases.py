@@ -9,8 +9,13 @@ phases to tell a leak, an evaluation without ``no_grad`` or the optimizer's
 temporaries apart.
 
 Rules, from what the trace shows (docs/report.md, "Phases"):
-- *optimizer*: a frame under ``torch/optim/``, or an allocation without frames
-  inside an ``Optimizer.step`` annotation window;
+- *optimizer*: a frame under ``torch/optim/`` with no module call or autograd
+  frame inside it, or an allocation without frames inside an ``Optimizer.step``
+  annotation window that holds no such closure. The phase is the innermost pass
+  that holds the allocation, never the outermost frame: ``optimizer.step(closure)``
+  (Lightning's automatic optimization, LBFGS, any optimizer given a closure) runs
+  the forward and the backward inside the step, and those allocations are forward
+  and backward;
 - *backward*: a frame of the autograd engine or ``Tensor.backward``, or (with
   ``stacks="python"``, whose autograd thread records no frames) a frame-less
   allocation right after one (``categories.frameless_backward``);
@@ -30,13 +35,14 @@ distinct stack.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from analysis.categories import count_upto, frameless_backward
-from analysis.model import StackTable, Trace, sorted_unique
+from analysis.model import Frame, StackTable, Trace, sorted_unique
 from analysis.stacks import (
     TRAIT_BACKWARD,
     TRAIT_MODULE_FORWARD,
@@ -44,6 +50,7 @@ from analysis.stacks import (
     Lifetimes,
     StackCatalog,
     frame_label,
+    frame_traits,
     is_user_frame,
 )
 
@@ -75,6 +82,19 @@ PHASE_WORDS = {
 _MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})
 _GENERATE_PATH = "/generation/utils.py"
 _DATA_PATH = "/torch/utils/data/"
+# Lightning hands the optimizer a closure (loops/optimization/automatic.py, its precision plugin's
+# _wrap_closure): its frames inside torch/optim are the closure's. Other libraries (DeepSpeed, transformers)
+# ship optimizers of their own that subclass torch's, so their frames there are no closure.
+_TRAINER_PATH = re.compile(r"/(lightning|pytorch_lightning)/")
+# Hugging Face's Trainer calls the model itself: training_step and prediction_step, each through compute_loss
+# (shared by both, so it tells nothing), or prediction_step directly (real frames: tests/fixtures/diagnosis/
+# fw_frames.json of the captures helper, transformers 5.17).
+_TRAINER_CALLS_MODEL = re.compile(r"/transformers/trainer[a-z_0-9]*\.py$")
+_TRAINER_SHARED = frozenset({"compute_loss"})
+
+
+def _trainer_calls_model(frame: Frame) -> bool:
+    return bool(_TRAINER_CALLS_MODEL.search(frame.filename)) and frame.name not in _TRAINER_SHARED
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +150,16 @@ def tag_phases(
     out = np.full(n, OTHER, np.int8)
     if n == 0:
         return Phases(out, (), False)
-    kind, site_of_stack = _stack_kinds(table)
+    kind, site_of_stack, closure_of_stack = _stack_kinds(table)
     stack_kind = np.where(lifetimes.stack >= 0, kind[np.maximum(lifetimes.stack, 0)], 0)
-    in_window = _in_windows(lifetimes.start, opt_start, opt_end)
+    in_closure = (lifetimes.stack >= 0) & closure_of_stack[np.maximum(lifetimes.stack, 0)]
+    window = _window_of(lifetimes.start, opt_start, opt_end)
+    in_window = window >= 0
+    if in_closure.any() and in_window.any():
+        # A step window that ran a closure (a pass inside it) holds the closure's frame-less autograd work too.
+        closure_window = np.zeros(opt_start.shape[0], bool)
+        closure_window[window[in_closure & in_window]] = True
+        in_window &= ~closure_window[np.maximum(window, 0)]
 
     # Assigned in order of precedence: a later rule never overrides an earlier one.
     decided = np.zeros(n, bool)
@@ -146,7 +173,7 @@ def tag_phases(
         decided |= m
 
     assign(trace.pool[lifetimes.start] != 0, GRAPH_CAPTURE)
-    assign(((traits & TRAIT_OPTIMIZER) != 0) | (~has_frames & in_window), OPTIMIZER)
+    assign((((traits & TRAIT_OPTIMIZER) != 0) & ~in_closure) | (~has_frames & in_window), OPTIMIZER)
     if frameless is None:
         frameless = frameless_backward(lifetimes, catalog)
     assign(((traits & TRAIT_BACKWARD) != 0) | frameless, BACKWARD)
@@ -183,11 +210,13 @@ def live_bytes_by_phase(phases: Phases, lifetimes: Lifetimes, index: int) -> dic
 _KIND_NONE, _KIND_GENERATE, _KIND_DATA = 0, 1, 2
 
 
-def _stack_kinds(table: StackTable) -> tuple[npt.NDArray[np.int8], I64]:
-    """Per stack: whether it runs inside generate(), and the id of its *entry site*: the
-    user frame that called the outermost module (-1 when it has none)."""
+def _stack_kinds(table: StackTable) -> tuple[npt.NDArray[np.int8], I64, npt.NDArray[np.bool_]]:
+    """Per stack: whether it runs inside generate(), the id of its *entry site* (the user frame
+    that called the outermost module, -1 when it has none), and whether a module call or an
+    autograd pass runs inside its optimizer frames (a closure given to ``optimizer.step``)."""
     kinds = np.zeros(max(1, len(table.stacks)), np.int8)
     sites = np.full(max(1, len(table.stacks)), -1, np.int64)
+    closure = np.zeros(max(1, len(table.stacks)), bool)
     # Frames are shared by many stacks: each is looked at once.
     generate = {i for i, f in enumerate(table.frames) if f.filename.endswith(_GENERATE_PATH) and f.name == "generate"}
     data = {i for i, f in enumerate(table.frames) if _DATA_PATH in f.filename}
@@ -196,8 +225,20 @@ def _stack_kinds(table: StackTable) -> tuple[npt.NDArray[np.int8], I64]:
         for i, f in enumerate(table.frames)
         if f.name in _MODULE_CALL and f.filename.endswith("torch/nn/modules/module.py")
     }
-    user = {i for i, f in enumerate(table.frames) if is_user_frame(f)}
+    # A trainer's frame that calls the model is the site (the user's one line, trainer.train(), runs every pass).
+    user = {i for i, f in enumerate(table.frames) if is_user_frame(f) or _trainer_calls_model(f)}
+    traits = [frame_traits(f) for f in table.frames]
+    optimizer = {i for i, t in enumerate(traits) if t & TRAIT_OPTIMIZER}
+    # What a closure runs: a module call, an autograd pass or Lightning's closure (a user's own frame inside
+    # the step may be a custom optimizer's, so it alone does not make a closure).
+    inner_pass = {
+        i
+        for i, (f, t) in enumerate(zip(table.frames, traits, strict=True))
+        if t & (TRAIT_MODULE_FORWARD | TRAIT_BACKWARD) or _TRAINER_PATH.search(f.filename)
+    }
     for sid, frame_ids in enumerate(table.stacks):
+        if not optimizer.isdisjoint(frame_ids):
+            closure[sid] = _pass_inside_optimizer(frame_ids, optimizer, inner_pass)
         if not generate.isdisjoint(frame_ids):
             kinds[sid] = _KIND_GENERATE
         elif not data.isdisjoint(frame_ids):
@@ -205,13 +246,24 @@ def _stack_kinds(table: StackTable) -> tuple[npt.NDArray[np.int8], I64]:
         site = _entry_site(frame_ids, call, user)
         if site is not None:
             sites[sid] = site
-    return kinds, sites
+    return kinds, sites, closure
+
+
+def _pass_inside_optimizer(frame_ids: tuple[int, ...], optimizer: set[int], inner_pass: set[int]) -> bool:
+    """Whether a module call, an autograd frame or a trainer's code comes before (inside) the
+    innermost optimizer frame: frames are innermost first."""
+    for fid in frame_ids:
+        if fid in optimizer:
+            return False
+        if fid in inner_pass:
+            return True
+    return False
 
 
 def _entry_site(frame_ids: tuple[int, ...], call: set[int], user: set[int]) -> int | None:
     """The frame id of the first user frame outside the outermost module call (frames are
     innermost first, so the outermost call is the last module wrapper); ``call`` and ``user``
-    are the ids of module-call and user frames."""
+    are the ids of module-call and user frames (a Trainer's own call of the model counts as the user's)."""
     outer = -1
     for k, fid in enumerate(frame_ids):
         if fid in call:
@@ -225,12 +277,14 @@ def _site_names(table: StackTable, site_of_stack: I64) -> dict[int, str]:
     return {int(fid): frame_label(table.frames[int(fid)]) for fid in sorted_unique(site_of_stack) if fid >= 0}
 
 
-def _in_windows(start: I64, opt_start: I64, opt_end: I64) -> npt.NDArray[np.bool_]:
+def _window_of(start: I64, opt_start: I64, opt_end: I64) -> I64:
+    """The ``Optimizer.step`` window each allocation is inside (-1: none)."""
     if opt_start.size == 0:
-        return np.zeros(start.shape[0], bool)
+        return np.full(start.shape[0], -1, np.int64)
     k = count_upto(opt_start, start) - 1
-    inside: npt.NDArray[np.bool_] = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
-    return inside
+    inside = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
+    out: I64 = np.where(inside, k, -1).astype(np.int64)
+    return out
 
 
 def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[ForwardPass]:

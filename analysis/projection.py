@@ -39,6 +39,7 @@ which was missing and no what-if reports ``step_completes``.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -576,6 +577,37 @@ def _tail(
         t_like.append(e)
         t_event.append(e)
     return ProjectedTail(oom_index, t_alloc, t_addr, t_size, t_like), t_event, t_ord, freed_real
+
+
+# ------------------------------------------------------------------ horizons of a growing run
+
+# A growing run's horizon under a setting is near (no setting saves the run) when the setting carries it at most
+# this many steps past the failing one, or this share of the steps it already ran if that is more. The real
+# reruns bear the line out: where even a perfectly packed cache gained nothing, every setting's rerun died in the
+# same step (rand_s1_c40, 8 steps run); where it gained 3 steps or more on a run of 8 or 9 (rand_s17, s23, s26),
+# the expandable_segments and max_split_size_mb reruns ran all their steps; gpt_varlen_oom, 23 steps run, gains
+# 2 or 3 steps by its replayed horizon, and its expandable_segments and max_split_size_mb:256 reruns died 4 steps
+# later.
+NEAR_HORIZON_STEPS = 2
+NEAR_HORIZON_SHARE = 0.15
+
+
+def horizon_is_near(step: int, dies_at: int) -> bool:
+    """Whether a run that died in ``step`` (after ``step`` complete ones) dies again soon under a setting that
+    carries it to ``dies_at``: "no setting saves it" is said only then."""
+    return dies_at - step <= max(NEAR_HORIZON_STEPS, math.ceil(NEAR_HORIZON_SHARE * step))
+
+
+def setting_horizon(step: int, need_bytes: int, limit_bytes: int, growth_per_step: int, peak_reserved: int) -> int:
+    """The step a growing run dies in under a setting whose replay ran the failing ``step`` to its end, reserving
+    ``peak_reserved`` for the step's ``need_bytes`` (its packing): each later step needs ``growth_per_step`` more,
+    packed as well, until the limit is reached. A horizon from the setting's own replay, never the recorded run's
+    waste carried forward."""
+    if need_bytes <= 0 or growth_per_step <= 0:
+        return step + 1
+    packing = max(1.0, peak_reserved / need_bytes)
+    room = limit_bytes / packing - need_bytes
+    return step + 1 + max(0, int(room // growth_per_step))
 
 
 def least_request(recorded: AllocatorConfig, entry: int) -> int:

@@ -546,6 +546,7 @@ def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
     b = basis(dev)
     decision = dev.get("decision") or {}
     change = decision.get("change") or {}
+    oom = dev.get("oom") or {}
     return {
         "limit_bytes": b["limit_bytes"] if b else None,
         "limit_text": b["limit_text"] if b else None,
@@ -555,6 +556,9 @@ def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
         "verdict_level": b["verdict_level"] if b else None,
         "verdict_certain": b["verdict_certain"] if b else None,
         "message_could_change_verdict": b["message_could_change_verdict"] if b else False,
+        # The run's verdict is the one a row says (analysis.decision.run_verdict); the request's keeps its name.
+        "verdict": oom.get("run_verdict", oom.get("verdict")) if oom else None,
+        "request_verdict": oom.get("request_verdict", oom.get("verdict")) if oom else None,
         "headline": decision.get("headline"),
         "change_id": change.get("id"),
         "change_title": change.get("title"),

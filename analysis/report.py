@@ -60,7 +60,7 @@ from analysis.categories import (
 )
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
 from analysis.config import AllocatorConfig
-from analysis.decision import decide
+from analysis.decision import decide, run_verdict
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.ledger import Ledger, device_ledger
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
@@ -322,6 +322,8 @@ def _finish_device(
     dev_report["suggestions"] = advice_mod.advise(outcome.advice)
     sizing.size_into(dev_report, outcome.advice, batch_size if batch_size is not None else metadata_batch)
     dev_report["decision"] = decide(dev_report, capture)
+    if dev_report.get("oom"):
+        dev_report["oom"].update(run_verdict(dev_report) or {})
 
 
 def _message_applies(message: OomMessage, device: int, oom_devices: list[int]) -> bool:
@@ -1050,8 +1052,13 @@ def _diagnose(
         message=message,
         pools_at_oom=pools,
         reserved_at_oom=reserved_at,
-        pool_origin=pool_origin(catalog, lifetimes.stack[private]) if private.any() else "",
+        pool_origin=pool_origin(catalog, lifetimes.stack[private], process=lifetimes.stack),
         optimizer_class=_optimizer_class(snapshot),
+        limit_kind=limit.kind if limit is not None else "",
+        limit_source=limit.source if limit is not None else "",
+        reserved_peak_before_oom=(
+            int(recorded.cols["reserved"][: facts.oom_index].max(initial=0)) if facts.oom_index is not None else 0
+        ),
     )
     return diagnose(inp)
 

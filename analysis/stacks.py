@@ -50,6 +50,20 @@ TRAIT_BACKWARD = 16  # autograd engine / Tensor.backward
 TRAIT_AUTOCAST = 32  # torch.autocast active (AMP already used)
 TRAIT_ACCUMULATE_GRAD = 64  # AccumulateGrad: a .grad being created
 TRAIT_NO_USER_FRAME = 128
+# FSDP's hooks that the autograd engine runs (FSDP 1: _runtime_utils.py; FSDP 2: _fully_shard's
+# _fsdp_state.py and _fsdp_param_group.py): their allocations (unsharded parameters, reduce-scatter
+# buffers) belong to the backward pass, though no torch/autograd frame is on their stack.
+_FSDP_BACKWARD_HOOKS = frozenset(
+    {
+        "_pre_backward_hook",
+        "_post_backward_hook",
+        "_post_backward_final_callback",
+        "_pre_backward",
+        "_root_post_backward_final_callback",
+        "pre_backward",
+        "post_backward",
+    }
+)
 
 
 def is_python_frame(frame: Frame) -> bool:
@@ -269,6 +283,11 @@ def _reduce_frame(frame: Frame) -> Frame | None:
     return None
 
 
+def frame_traits(frame: Frame) -> int:
+    """The trait bits one frame carries (a stack's traits are those of all its frames)."""
+    return _frame_traits(frame)
+
+
 def _frame_traits(frame: Frame) -> int:
     name, path = frame.name, frame.filename
     traits = 0
@@ -288,6 +307,8 @@ def _frame_traits(frame: Frame) -> int:
             traits |= TRAIT_BACKWARD
         elif "/torch/amp/autocast_mode.py" in path:
             traits |= TRAIT_AUTOCAST
+        elif "/torch/distributed/" in path and "fsdp/" in path and name in _FSDP_BACKWARD_HOOKS:
+            traits |= TRAIT_BACKWARD  # run by the autograd engine: part of the backward pass
         return traits
     if "torch::autograd::Engine::" in name or "torch::autograd::generated::" in name:
         traits |= TRAIT_BACKWARD

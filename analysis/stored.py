@@ -12,6 +12,8 @@ later ones were added):
 - ``devices[].limit`` (the limit whatever its source) came later: it is made from the OOM's keys.
 - ``devices[].decision`` came later still: it is computed (``analysis.decision.decide``, a pure
   function of the device's own keys and the capture section).
+- ``devices[].oom.run_verdict`` and ``run_verdict_basis`` (issue 32) came after: computed the same way
+  (``analysis.decision.run_verdict``); an older report's ``oom.verdict`` keeps its stored value.
 
 Applied twice, it changes nothing the second time; a report of the current shape passes through
 untouched.
@@ -22,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from analysis import doctor
-from analysis.decision import decide
+from analysis.decision import decide, run_verdict
 
 # Older ``limit_source`` values that were inferences (before ``limit_inference`` existed).
 _INFERENCES = frozenset({"device-full", "cap-lower-bound"})
@@ -41,6 +43,8 @@ def upgrade(report: dict[str, Any]) -> dict[str, Any]:
                 dev["limit"] = _device_limit(oom)
         if "decision" not in dev:
             dev["decision"] = decide(dev, capture)
+        if isinstance(oom, dict) and "run_verdict" not in oom:
+            oom.update(run_verdict(dev) or {})
     if isinstance(report.get("capture"), dict) and "doctor" not in capture:
         devices = [d for d in report.get("devices") or [] if isinstance(d, dict)]
         capture["doctor"] = [f.to_dict() for f in doctor.findings(capture, devices)]

@@ -32,7 +32,11 @@ def test_deltas_are_the_truths_difference() -> None:
     # Both real runs died; with expandable segments the run got further and hit a capacity OOM
     # (its truth: "Tried to allocate 824.00 MiB" with 7.04 GiB in use under the 7 GiB cap).
     assert truth("gpt_varlen_expandable")["oom_message"].startswith("CUDA out of memory. Tried to allocate 824.00 MiB")
-    assert diff["oom"] == {"a": "fragmentation", "b": "capacity"}
+    # The compare says the runs' verdicts (issue 32): the default run's failing request would have fitted
+    # (fragmentation), but its growing batch is a run no setting saves, as the expandable rerun shows.
+    assert diff["oom"] == {"a": "capacity", "b": "capacity"}
+    oom_a = next(d for d in report("gpt_varlen_oom")["devices"] if d.get("oom"))["oom"]
+    assert (oom_a["request_verdict"], oom_a["run_verdict_basis"]) == ("fragmentation", "cause")
 
 
 def test_settings_that_differ() -> None:
