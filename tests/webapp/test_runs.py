@@ -191,6 +191,24 @@ def test_a_new_oom_against_the_latest_run_on_main_is_a_regression(
     assert gate["status"] == "done" and gate["regressed"] is True and gate["baseline"]["name"] == "base"
 
 
+def test_the_gate_refuses_a_threshold_that_would_put_nan_or_infinity_in_its_json(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Issue 36: ``?max_regression=nan`` answered 200 with ``"max_regression_pct": NaN`` (and ``inf``
+    with ``Infinity``), which strict JSON parsers refuse."""
+    single(client, alice_token, LIVED, django_capture_on_commit_callbacks, "base", "main")
+    single(client, alice_token, DIED, django_capture_on_commit_callbacks, "worse", "feature")
+    gate = "/api/v1/projects/alpha/regression?run=worse&max_regression="
+    for bad in ("nan", "inf", "-inf", "1e309", "-5", "1000.5"):
+        response = client.get(gate + bad, **bearer(alice_token))
+        assert response.status_code == 400, (bad, response.content)
+        body = json.loads(response.content, parse_constant=pytest.fail)
+        assert body["error"]["code"] == "policy:invalid" and "max_regression: " in body["error"]["message"]
+    edge = client.get(gate + "1000%", **bearer(alice_token))
+    assert edge.status_code == 200
+    assert json.loads(edge.content, parse_constant=pytest.fail)["regression"]["max_regression_pct"] == 1000.0
+
+
 def test_a_smaller_peak_is_no_regression_and_a_pinned_baseline_wins(
     client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from analysis.regression import threshold_error
 from webapp.snapshots import messages, runs, services
 from webapp.snapshots.api import _error, _not_found, _project_or_none, api_view
 from webapp.snapshots.forms import RunPolicyForm, first_error
@@ -129,6 +130,9 @@ def project_regression(request: HttpRequest, slug: str) -> HttpResponse:
         pct = float(threshold.rstrip("%")) if threshold else None
     except ValueError:
         return _error(400, "policy:invalid", f"max_regression: {threshold!r} is not a percentage")
+    refused = threshold_error(pct) if pct is not None else None
+    if refused is not None:  # nan, inf, a negative share: never a NaN or Infinity in the answer (issue 36)
+        return _error(400, "policy:invalid", f"max_regression: {refused}")
     body = {"status": "pending" if found.status != Run.Status.DONE else "done", "run": runs.run_dict(found, request)}
     if body["status"] == "pending":
         return JsonResponse(body | {"regressed": None, "baseline": None, "reason": messages.RUN_PENDING})
