@@ -293,6 +293,11 @@ def reanalyse_with_message(request: HttpRequest, code: str) -> HttpResponse:
     if not text:
         flash.error(request, messages.REANALYSE_EMPTY)
         return back
+    try:
+        services.reanalysis_admit(request, upload_row, request.user)  # type: ignore[arg-type]
+    except LimitExceeded as err:
+        flash.error(request, err.message)
+        return back
     again = services.upload_reanalyse(upload_row, request.user, oom_message=text)  # type: ignore[arg-type]
     flash.info(request, messages.REANALYSE_QUEUED)
     return redirect("snapshots:detail", code=again.code)
