@@ -5,13 +5,21 @@ Uploads are real fixtures (gpt_varlen_oom, its own OOM message from its ``.truth
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
 
-from tests.webapp.helpers import GPT_OOM, make_upload
-from webapp.snapshots.models import Upload
+from tests.webapp.helpers import GPT_OOM, bearer, make_upload
+from webapp.snapshots import webhooks
+from webapp.snapshots.models import ApiToken, PolicyChange, Run, RunPolicy, Upload, WebhookDelivery
+from webapp.snapshots.webhooks import WebhookError
 
 pytestmark = pytest.mark.django_db
 
@@ -68,3 +76,288 @@ def test_reanalysis_is_held_to_the_quota_the_queued_cost_and_the_disk(
     settings.DISK_MIN_FREE_BYTES = 0
     assert _reanalyse(alice_client, upload).status_code == 302
     assert Upload.objects.count() == 3
+
+
+# --- the webhook's destination (issue 36) and its settings (issue 35) ----------------------------
+
+PUBLIC = "93.184.216.34"  # a global address no test connects to for real
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    """Answers each POST with ``answer`` (status, headers) and keeps what came."""
+
+    answer: tuple[int, dict[str, str]] = (200, {})
+    seen: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+        status, headers = type(self).answer
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receivers() -> Iterator[Callable[[tuple[int, dict[str, str]]], tuple[int, type[_Receiver]]]]:
+    """Start real HTTP receivers on 127.0.0.1: ``start(answer)`` -> (port, handler class)."""
+    servers: list[HTTPServer] = []
+
+    def start(answer: tuple[int, dict[str, str]] = (200, {})) -> tuple[int, type[_Receiver]]:
+        handler = type("R", (_Receiver,), {"answer": answer, "seen": []})
+        server = HTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server.server_port, handler
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://100.64.0.1/hook",  # shared address space (carrier-grade NAT): passed before
+        "http://169.254.169.254/latest/meta-data",
+        "http://127.0.0.1:6379/",
+        "http://10.1.2.3/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://[fd00::1]/",
+        "http://0.0.0.0/",
+    ],
+)
+def test_every_address_that_is_not_global_is_refused(url: str) -> None:
+    with pytest.raises(WebhookError) as refused:
+        webhooks.check_destination(url, allow_private=False)
+    assert not refused.value.retry and "inside the network" in str(refused.value)
+    assert webhooks.check_destination(f"http://{PUBLIC}/hook", allow_private=False) == (PUBLIC, 80, PUBLIC)
+
+
+def _resolver(monkeypatch: pytest.MonkeyPatch, answers: list[str]) -> list[str]:
+    """``socket.getaddrinfo`` for ``hooks.example`` answers ``answers`` in turn (the last one again
+    after that); every other name resolves as usual. Returns the names asked, in order."""
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def fake(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "hooks.example":
+            return real(host, port, *args, **kwargs)
+        asked.append(host)
+        address = answers[min(len(asked), len(answers)) - 1]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    return asked
+
+
+def _connector(monkeypatch: pytest.MonkeyPatch, public_port: int | None) -> list[tuple[str, int]]:
+    """``socket.create_connection`` that resolves a name as the (fake) resolver says, sends the
+    public address to the receiver on ``public_port`` (it stands in for the attacker's public server)
+    or refuses it (None), and connects to loopback for real. Returns where each connection went."""
+    real = socket.create_connection
+    went: list[tuple[str, int]] = []
+
+    def fake(address: tuple[str, int], *args: Any, **kwargs: Any) -> socket.socket:
+        host, port = address
+        resolved = socket.getaddrinfo(host, port)[0][4][0]
+        went.append((resolved, port))
+        if resolved == PUBLIC:
+            if public_port is None:
+                raise OSError("the test's public address takes no connection")
+            return real(("127.0.0.1", public_port), *args, **kwargs)
+        return real((resolved, port), *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", fake)
+    return went
+
+
+def test_the_name_is_resolved_once_and_that_address_is_the_one_connected_to(
+    monkeypatch: pytest.MonkeyPatch, receivers: Any
+) -> None:
+    """DNS rebinding: the name answers a public address to the check and 127.0.0.1 to the connection.
+    Before: the check passed, urllib resolved again and the POST reached the loopback receiver."""
+    port, inside = receivers()
+    asked = _resolver(monkeypatch, [PUBLIC, "127.0.0.1"])
+    went = _connector(monkeypatch, public_port=None)
+    with pytest.raises(WebhookError, match="cannot reach the receiver"):
+        webhooks.post(f"http://hooks.example:{port}/hook", "s", {"text": "x"}, timeout=5)
+    assert asked == ["hooks.example"] and went == [(PUBLIC, port)]
+    assert inside.seen == []
+
+
+def test_a_redirect_is_never_followed(monkeypatch: pytest.MonkeyPatch, receivers: Any) -> None:
+    """A public receiver that answers 302 to an address inside the network. Before: urllib followed
+    it, unchecked, and POSTed to the inside receiver."""
+    inside_port, inside = receivers()
+    public_port, public = receivers((302, {"Location": f"http://127.0.0.1:{inside_port}/internal"}))
+    _resolver(monkeypatch, [PUBLIC])
+    _connector(monkeypatch, public_port=public_port)
+    with pytest.raises(WebhookError) as refused:
+        webhooks.post(f"http://hooks.example:{public_port}/hook", "s", {"text": "x"}, timeout=5)
+    assert refused.value.status == 302 and not refused.value.retry
+    assert "redirects are not followed" in str(refused.value)
+    assert len(public.seen) == 1 and public.seen[0]["headers"]["Host"] == f"hooks.example:{public_port}"
+    assert inside.seen == []
+
+
+def test_a_webhook_is_validated_on_save_and_says_what_to_set(
+    client: Any, alpha: Any, alice_token: str, settings: Any, receivers: Any
+) -> None:
+    settings.SITE_URL = ""
+    refused = client.post(
+        "/api/v1/projects/alpha/policy", {"webhook_url": "http://10.1.2.3/hook"}, **bearer(alice_token)
+    )
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "policy:invalid" and "10.1.2.3, inside the network" in error["message"]
+    assert "WEBHOOK_ALLOW_PRIVATE_HOSTS" in error["message"]
+    assert _policy(alpha).webhook_url == ""
+    # The test-only allowance (a receiver on loopback): saved, with the relative link's warning.
+    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True
+    port, _handler = receivers()
+    saved = client.post(
+        "/api/v1/projects/alpha/policy", {"webhook_url": f"http://127.0.0.1:{port}/h"}, **bearer(alice_token)
+    ).json()
+    assert saved["policy"]["webhook_url"] == f"http://127.0.0.1:{port}/h"
+    assert any("SITE_URL" in w and "relative" in w for w in saved["warnings"])
+    settings.SITE_URL = "https://oomscope.example.com"
+    again = client.post("/api/v1/projects/alpha/policy", {"max_regression_pct": "4"}, **bearer(alice_token)).json()
+    assert "warnings" not in again
+
+
+def test_send_a_test_reaches_a_real_local_receiver_signed(
+    client: Any, alice_client: Any, alice_token: str, settings: Any, receivers: Any
+) -> None:
+    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True  # the explicit test-only allowance: the receiver is on loopback
+    settings.SITE_URL = "https://oomscope.example.com"
+    port, handler = receivers()
+    policy = client.post(
+        "/api/v1/projects/alpha/policy", {"webhook_url": f"http://127.0.0.1:{port}/hook"}, **bearer(alice_token)
+    ).json()["policy"]
+    sent = client.post("/api/v1/projects/alpha/webhook/test", **bearer(alice_token)).json()
+    assert sent == {"delivered": True, "status": 200, "error": ""}
+    seen = handler.seen[-1]
+    stamp, raw = seen["headers"]["X-Oomscope-Timestamp"], seen["body"]
+    digest = hmac.new(policy["webhook_secret"].encode(), f"{stamp}.".encode() + raw, hashlib.sha256).hexdigest()
+    assert seen["headers"]["X-Oomscope-Signature"] == f"sha256={digest}"
+    body = json.loads(raw)
+    assert body["oomscope"] == {"project": "alpha", "test": True, "url": "https://oomscope.example.com/p/alpha/runs/"}
+    # The page's button: the same test, its outcome in the flash; a receiver that answers 500 says so.
+    handler.answer = (500, {})
+    page = alice_client.post("/p/alpha/runs/", {"action": "test-webhook"})
+    assert page.status_code == 302 and len(handler.seen) == 2
+    assert any("not delivered: HTTP 500 from the receiver" in text for text in _flashes(page))
+
+
+def test_each_delivery_s_status_and_last_error_are_on_the_settings_page(
+    alice_client: Any, alice: Any, alpha: Any, settings: Any
+) -> None:
+    from webapp.snapshots import runs
+
+    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True
+    runs.policy_update(alpha, webhook_url="http://127.0.0.1:9/hook")
+    first = Run.objects.create(project=alpha, name="nightly-41", code=runs.new_run_code())
+    second = Run.objects.create(project=alpha, name="nightly-42", code=runs.new_run_code())
+    WebhookDelivery.objects.create(run=first, url="http://127.0.0.1:9/hook", attempts=1, status_code=200)
+    WebhookDelivery.objects.filter(run=first).update(delivered_at=first.created_at)
+    WebhookDelivery.objects.create(
+        run=second, url="http://127.0.0.1:9/hook", attempts=5, error="cannot reach the receiver: refused"
+    )
+    page = alice_client.get("/p/alpha/runs/").content.decode()
+    table = page[page.index("Webhook deliveries") :]
+    assert 'nightly-42</td><td>failed</td><td class="num">5</td><td>cannot reach the receiver: refused' in table
+    assert "nightly-41</td><td>delivered (HTTP 200)</td>" in table
+    assert "Send a test alert" in page
+
+
+# --- the gate's answer: a read-only scope, an admin's settings, recorded (issue 36) ------------
+
+
+def _policy(project: Any) -> RunPolicy:
+    from webapp.snapshots import runs
+
+    return runs.policy_for(project)
+
+
+def _member(alpha: Any, django_user_model: Any, role: str) -> Any:
+    from webapp.snapshots import services
+
+    user = django_user_model.objects.create_user(f"carol-{role}", password="pw-carol-123")
+    services.membership_add(team=alpha.team, user=user, role=role)
+    return user
+
+
+def test_a_gate_token_reads_the_gate_and_changes_nothing(client: Any, alice: Any, alpha: Any) -> None:
+    from webapp.snapshots import runs, services
+
+    gate = services.api_token_create(alice, project=alpha, scope="gate")
+    run = Run.objects.create(project=alpha, name="r1", code=runs.new_run_code())
+    assert client.get("/api/v1/projects/alpha/regression?run=r1", **bearer(gate)).status_code == 200
+    for path, data in (
+        ("/api/v1/projects/alpha/policy", {"max_regression_pct": "500"}),
+        (f"/api/v1/runs/{run.code}/baseline", {}),
+    ):
+        refused = client.post(path, data, **bearer(gate))
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "token:read-only"
+    with GPT_OOM.open("rb") as fh:
+        upload = client.post("/api/v1/snapshots", {"file": fh, "run": "r1"}, **bearer(gate))
+    assert upload.status_code == 403 and Upload.objects.count() == 0
+    assert _policy(alpha).max_regression_pct == 5.0 and _policy(alpha).baseline_run is None
+
+
+def test_baseline_and_threshold_are_an_admin_s_and_each_change_is_recorded(
+    client: Any, alice_client: Any, alice: Any, alpha: Any, django_user_model: Any
+) -> None:
+    """Issue 36: any member (or CI token) pinned the run under test as its own baseline and raised
+    the threshold, and the gate then said "no regression"."""
+    from webapp.snapshots import runs, services
+
+    member = _member(alpha, django_user_model, "member")
+    member_token = services.api_token_create(member)
+    run = Run.objects.create(project=alpha, name="under-test", code=runs.new_run_code())
+    assert client.post(f"/api/v1/runs/{run.code}/baseline", **bearer(member_token)).status_code == 403
+    assert (
+        client.post("/api/v1/projects/alpha/policy", {"max_regression_pct": "900"}, **bearer(member_token)).status_code
+        == 403
+    )
+    client.force_login(member)
+    client.post(f"/run/{run.code}/", {"action": "pin"})
+    client.post("/p/alpha/runs/", {"max_regression_pct": "900"})
+    assert _policy(alpha).baseline_run is None and _policy(alpha).max_regression_pct == 5.0
+    assert not PolicyChange.objects.exists()
+    # The owner: allowed, and recorded with who and what (and the token's prefix through the API).
+    admin_token = services.api_token_create(alice)
+    assert client.post(f"/api/v1/runs/{run.code}/baseline", **bearer(admin_token)).status_code == 200
+    assert (
+        client.post("/api/v1/projects/alpha/policy", {"max_regression_pct": "1"}, **bearer(admin_token)).status_code
+        == 200
+    )
+    changes = client.get("/api/v1/projects/alpha/policy", **bearer(admin_token)).json()["changes"]
+    prefix = ApiToken.objects.get(user=alice, project=None, default_project=None).prefix
+    assert [(c["user"], c["token"], c["what"]) for c in changes] == [
+        ("alice", prefix, "max_regression_pct: 5.0 -> 1.0"),
+        ("alice", prefix, "baseline: the latest run on main -> under-test"),
+    ]
+
+
+def test_a_project_scoped_token_neither_changes_the_webhook_nor_reads_its_secret(
+    client: Any, alice: Any, alpha: Any, settings: Any
+) -> None:
+    from webapp.snapshots import runs, services
+
+    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True
+    runs.policy_update(alpha, webhook_url="http://127.0.0.1:9/hook")
+    scoped = services.api_token_create(alice, project=alpha)  # the owner's, limited to alpha (a CI job's)
+    read = client.get("/api/v1/projects/alpha/policy", **bearer(scoped)).json()
+    assert read["policy"]["webhook_url"] == "http://127.0.0.1:9/hook" and read["policy"]["webhook_secret"] is None
+    moved = client.post("/api/v1/projects/alpha/policy", {"webhook_url": "http://127.0.0.1:10/x"}, **bearer(scoped))
+    assert moved.status_code == 403
+    assert _policy(alpha).webhook_url == "http://127.0.0.1:9/hook"
+    assert client.post("/api/v1/projects/alpha/webhook/test", **bearer(scoped)).status_code == 403

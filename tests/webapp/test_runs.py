@@ -325,7 +325,7 @@ def test_a_webhook_into_the_network_is_refused_unless_allowed(
     assert handler.seen == []
 
 
-def test_a_viewer_may_not_set_the_webhook(client: Any, alice: Any, alpha: Any, django_user_model: Any) -> None:
+def test_a_member_may_not_set_the_webhook_or_the_threshold(client: Any, alice: Any, alpha: Any, django_user_model: Any) -> None:
     from webapp.snapshots import services
 
     carol = django_user_model.objects.create_user("carol", password="pw-carol-123")
@@ -333,10 +333,12 @@ def test_a_viewer_may_not_set_the_webhook(client: Any, alice: Any, alpha: Any, d
     token = services.api_token_create(carol)
     denied = client.post("/api/v1/projects/alpha/policy", {"webhook_url": "http://127.0.0.1:9/x"}, **bearer(token))
     assert denied.status_code == 403
-    allowed = client.post("/api/v1/projects/alpha/policy", {"max_regression_pct": "2.5"}, **bearer(token))
-    assert allowed.status_code == 200 and allowed.json()["policy"]["max_regression_pct"] == 2.5
-    assert allowed.json()["policy"]["webhook_secret"] is None  # a member does not see the secret
-    assert RunPolicy.objects.get().webhook_url == ""
+    # Issue 36: the threshold is the gate's too, an admin's (a member could raise it to pass the gate).
+    threshold = client.post("/api/v1/projects/alpha/policy", {"max_regression_pct": "2.5"}, **bearer(token))
+    assert threshold.status_code == 403
+    read = client.get("/api/v1/projects/alpha/policy", **bearer(token)).json()
+    assert read["policy"]["webhook_secret"] is None  # a member does not see the secret
+    assert (RunPolicy.objects.get().webhook_url, RunPolicy.objects.get().max_regression_pct) == ("", 5.0)
 
 
 def test_trend_chart_marks_ooms_and_filters_by_branch_and_tag(

@@ -160,3 +160,20 @@ RUN_POLICY_SAVED = "Regression settings saved."
 REANALYSE_QUEUED = "Analysing the same file again with the OOM message: this report stays as it was, in the history."
 REANALYSE_READ_ONLY = "Viewers can read this report but not analyse it again; ask a member of the team."
 REANALYSE_EMPTY = "Paste torch's message, the lines from 'CUDA out of memory. Tried to allocate ...' on."
+
+# Issue 36: the gate's settings, the webhook's validation and its test.
+TOKEN_READ_ONLY = "This API token is a gate token: it reads (the regression gate, reports) and changes nothing."  # noqa: S105
+POLICY_ADMIN_ONLY = (
+    "Only the team's admins change the baseline, the threshold, the main branch, the webhook and the retention."
+)
+WEBHOOK_PROJECT_TOKEN = (
+    "A token limited to one project cannot change the webhook or read its secret: use the page, or a token of "  # noqa: S105
+    "an admin without a project."
+)
+WEBHOOK_NO_SITE_URL = (
+    "The webhook is saved, but SITE_URL is not set, so the alert's link to the run is relative (/runs/...), "
+    "which chat apps cannot open: set SITE_URL to the site's address (e.g. SITE_URL=https://oomscope.example.com)."
+)
+WEBHOOK_NONE = "No webhook is set for this project."
+WEBHOOK_TEST_SENT = "The test alert was delivered: the receiver answered HTTP {status}."
+WEBHOOK_TEST_FAILED = "The test alert was not delivered: {error}"

@@ -202,6 +202,9 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)  # None: until revoked
+    # "gate": read-only (a CI job asking the regression gate; issue 36: any CI token could flip the
+    # gate's answer); "full": what its user may do.
+    scope = models.CharField(max_length=8, choices=[("full", "full"), ("gate", "gate")], default="full")
 
     def __str__(self) -> str:
         return f"token {self.prefix}…"
@@ -264,6 +267,23 @@ class RunPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"run policy of {self.project.slug}"
+
+
+class PolicyChange(models.Model):
+    """Who changed a project's gate (baseline, threshold, main branch, webhook, retention), when, and
+    what (issue 36: the gate's answer could be flipped unseen)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="policy_changes")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    token_prefix = models.CharField(max_length=12, blank=True)  # the API token used, if any
+    at = models.DateTimeField(auto_now_add=True)
+    what = models.CharField(max_length=600)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.project_id}: {self.what}"
 
 
 class WebhookDelivery(models.Model):

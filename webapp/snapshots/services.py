@@ -1062,9 +1062,13 @@ def api_token_create(
     project: Project | None = None,
     name: str = "",
     expires_at: datetime | None = None,
+    scope: str = "full",
 ) -> str:
     """A new token for ``user`` (shown once: only its hash is kept). With ``project`` it reaches
-    that project only, and uploads go there by default; with ``expires_at`` it stops working then."""
+    that project only, and uploads go there by default; with ``expires_at`` it stops working then;
+    ``scope`` "gate": it only reads (a CI job asking the regression gate)."""
+    if scope not in ("full", "gate"):
+        raise ValueError(f"token scope {scope!r}: full or gate")
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
     ApiToken.objects.create(
         user=user,
@@ -1074,6 +1078,7 @@ def api_token_create(
         project=project,
         name=name.strip()[:100],
         expires_at=expires_at,
+        scope=scope,
     )
     return token
 
