@@ -361,3 +361,62 @@ def test_a_project_scoped_token_neither_changes_the_webhook_nor_reads_its_secret
     assert moved.status_code == 403
     assert _policy(alpha).webhook_url == "http://127.0.0.1:9/hook"
     assert client.post("/api/v1/projects/alpha/webhook/test", **bearer(scoped)).status_code == 403
+
+
+# --- a full disk at the final write (issue 36: the analysis was lost for good) ------------------
+
+
+def test_a_full_disk_at_the_final_write_parks_the_result_and_the_sweep_stores_it(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    from webapp.snapshots import services, tasks
+    from webapp.snapshots.models import Report
+
+    upload = make_upload(alpha, alice, oom_message=OOM_MESSAGE)
+    real_finish = services.upload_finish
+    calls: list[int] = []
+
+    def full_once(upload_id: int, **kwargs: Any) -> bool:
+        calls.append(upload_id)
+        if len(calls) == 1:
+            raise OperationalError("database or disk is full")  # SQLite's SQLITE_FULL
+        return real_finish(upload_id, **kwargs)
+
+    monkeypatch.setattr(services, "upload_finish", full_once)
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.RUNNING and upload.error_code == ""  # not failed: kept
+    parked = tasks.pending_dir() / f"{upload.id}.json"
+    assert parked.exists() and not Report.objects.filter(upload=upload).exists()
+    tasks.sweep_uploads()  # the beat's sweep: the disk has room again
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE and not parked.exists()
+    report = Report.objects.get(upload=upload).data
+    truth = json.loads(GPT_OOM.with_name("gpt_varlen_oom.truth.json").read_text())
+    assert report["devices"][0]["summary"]["peak_reserved_bytes"] == truth["memory_stats"]["reserved_bytes.all.peak"]
+    assert calls == [upload.id, upload.id] and upload.attempts == 1  # stored, not analysed again
+
+
+def test_a_parked_result_waits_while_the_disk_is_still_full(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    from django.db import OperationalError
+
+    from webapp.snapshots import services, tasks
+
+    upload = make_upload(alpha, alice)
+    Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.RUNNING, claimed_by="gone:1:1")
+    tasks.park_result(upload.id, {"report": {"devices": []}, "charts": {}, "stored_bytes": 0})
+
+    def full(*_args: Any, **_kwargs: Any) -> bool:
+        raise OperationalError("database or disk is full")
+
+    monkeypatch.setattr(services, "upload_finish", full)
+    settings.SWEEP_STALE_RUNNING_SECONDS = -1  # every running row is stale to the sweep
+    assert tasks.store_parked_results() == (0, {upload.id})
+    tasks.sweep_uploads()
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.RUNNING  # neither failed nor analysed again
+    assert (tasks.pending_dir() / f"{upload.id}.json").exists()

@@ -843,24 +843,29 @@ def upload_fail(upload_id: int, code: str, detail: str = "") -> None:
     runs.upload_settled(upload_id)
 
 
-def uploads_requeue_stale() -> list[int]:
+def uploads_requeue_stale(exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """Uploads to publish again: stale RUNNING rows go back to QUEUED; old QUEUED rows are re-sent.
 
     Covers a worker killed mid-analysis (its heartbeat stops), a message lost between
     commit and publish, and a broker that lost its queue. Rows past the attempt limit are
     failed here instead of looping. A RUNNING row whose claiming process provably still runs
-    (``liveness``), within the task's hard time limit, is left to it however old its heartbeat.
+    (``liveness``), within the task's hard time limit, is left to it however old its heartbeat;
+    ``exclude``: uploads whose result is parked (``tasks.store_parked_results``), not to run again.
     """
     now = timezone.now()
     stale_running = now - timedelta(seconds=settings.SWEEP_STALE_RUNNING_SECONDS)
     stale_queued = now - timedelta(seconds=settings.SWEEP_STALE_QUEUED_SECONDS)
     ids: list[int] = []
-    for upload in Upload.objects.filter(
-        Q(status=Upload.Status.RUNNING, heartbeat_at__lt=stale_running)
-        | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
-        # publish failed at upload time (broker down): send it at the next sweep
-        | Q(status=Upload.Status.QUEUED, queued_at__isnull=True)
-    ).only("id", "status", "attempts", "claimed_by", "started_at", "task_id"):
+    for upload in (
+        Upload.objects.filter(
+            Q(status=Upload.Status.RUNNING, heartbeat_at__lt=stale_running)
+            | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
+            # publish failed at upload time (broker down): send it at the next sweep
+            | Q(status=Upload.Status.QUEUED, queued_at__isnull=True)
+        )
+        .exclude(pk__in=list(exclude))
+        .only("id", "status", "attempts", "claimed_by", "started_at", "task_id")
+    ):
         if upload.status == Upload.Status.RUNNING and _runs_it_still(
             upload.claimed_by, upload.started_at, upload.id, upload.task_id
         ):
