@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
 import socket
+import tarfile
 import threading
+import zipfile
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 
 from tests.webapp.helpers import GPT_OOM, bearer, make_upload
 from webapp.snapshots import webhooks
@@ -420,3 +424,69 @@ def test_a_parked_result_waits_while_the_disk_is_still_full(
     upload.refresh_from_db()
     assert upload.status == Upload.Status.RUNNING  # neither failed nor analysed again
     assert (tasks.pending_dir() / f"{upload.id}.json").exists()
+
+
+# --- crafted rank archives (issue 36: HTML 500s from the API) ----------------------------------
+
+RANK0 = GPT_OOM.parents[0] / "runs" / "ddp_gloo_rank0.pickle.gz"
+
+
+def _tar(members: list[tuple[str, bytes]], mode: str = "w") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode=mode) as archive:  # type: ignore[call-overload]
+        for name, blob in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            archive.addfile(info, io.BytesIO(blob))
+    return out.getvalue()
+
+
+def _zip(members: list[tuple[str, bytes]]) -> bytearray:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for name, blob in members:
+            archive.writestr(name, blob)
+    return bytearray(out.getvalue())
+
+
+def _crafted(kind: str) -> tuple[str, bytes]:
+    snap = RANK0.read_bytes()
+    if kind == "bad-crc":
+        data = _zip([("rank0.pickle.gz", snap)])
+        data[data.find(snap[:64]) + 100] ^= 0xFF
+        return "ranks.zip", bytes(data)
+    if kind in ("encrypted", "unknown-method"):
+        data = _zip([("rank0.pickle.gz", snap)])
+        central = data.rfind(b"PK\x01\x02")
+        if kind == "encrypted":
+            data[6] |= 1  # the "encrypted" flag, local header and central directory
+            data[central + 8] |= 1
+        else:
+            data[8] = data[central + 10] = 99  # compression method 99 (AES), in both headers
+        return "ranks.zip", bytes(data)
+    if kind == "truncated-gz":
+        whole = _tar([("rank0.pickle.gz", snap)], "w:gz")
+        return "ranks.tar.gz", whole[: len(whole) // 2]
+    if kind == "damaged-xz":
+        data = bytearray(_tar([("rank0.pickle.gz", snap)], "w:xz"))
+        data[len(data) // 2] ^= 0xFF
+        data[len(data) // 2 + 1] ^= 0xFF
+        return "ranks.tar.xz", bytes(data)
+    if kind == "long-name":
+        return "ranks.tar", _tar([("r" * 300 + ".pickle.gz", snap)])
+    assert kind == "deep-sidecar"
+    return "ranks.tar", _tar([("rank0.pickle.gz", snap), ("rank0.json", b"[" * 200_000 + b"]" * 200_000)])
+
+
+@pytest.mark.parametrize(
+    "kind", ["bad-crc", "encrypted", "unknown-method", "truncated-gz", "damaged-xz", "long-name", "deep-sidecar"]
+)
+def test_a_crafted_rank_archive_is_a_json_refusal_not_a_500(client: Any, alice_token: str, kind: str) -> None:
+    name, data = _crafted(kind)
+    client.raise_request_exception = False  # the finding was Django's HTML 500 page
+    upload = SimpleUploadedFile(name, data)
+    response = client.post("/api/v1/snapshots", {"file": upload, "run": "r"}, **bearer(alice_token))
+    assert response.status_code == 422, (kind, response.status_code, response.content[:300])
+    assert response["Content-Type"].startswith("application/json")
+    assert response.json()["error"]["code"] == "upload:archive-unreadable"
+    assert Upload.objects.count() == 0 and Run.objects.count() == 0

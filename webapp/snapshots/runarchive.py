@@ -20,8 +20,14 @@ transaction, so the run's chord is published once, when the last one commits (``
 from __future__ import annotations
 
 import hashlib
+import lzma
 import shutil
+import tarfile
 import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -35,7 +41,7 @@ from analysis.limits import OomMessageError
 from analysis.rankfiles import SIDECAR_SUFFIX, archive_kind, list_members, unpack_ranks
 from analysis.reader import ReadLimits
 from analysis.runs import RunInputError, rank_from_name
-from webapp.snapshots import messages
+from webapp.snapshots import disk, messages
 from webapp.snapshots.quota import check_team_quota
 from webapp.snapshots.ratelimits import LimitExceeded
 from webapp.snapshots.uploads import SNIFF_BYTES, Refusal, sniff
@@ -54,6 +60,34 @@ PER_RANK_FIELDS = ("rank", "world_size", "local_rank", "error")
 
 def refusal(code: str, detail: str = "") -> LimitExceeded:
     return LimitExceeded(422, code, messages.error_message(code, detail))
+
+
+@contextmanager
+def _damage_refused() -> Iterator[None]:
+    """What a damaged or crafted archive raises while it is listed and unpacked (a member whose CRC
+    or compressed stream is broken, a truncated tar.gz, an encrypted or unknown zip method, a name
+    too long for the disk, a sidecar nested past the JSON parser's depth) is
+    ``upload:archive-unreadable`` with what went wrong, never a 500 (issue 36: seven crafted archives
+    answered Django's HTML 500). A full disk stays the caller's 507."""
+    try:
+        yield
+    except LimitExceeded:
+        raise
+    except OSError as exc:
+        if disk.is_full(exc):
+            raise
+        raise refusal("upload:archive-unreadable", f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+    except (
+        EOFError,
+        tarfile.TarError,
+        zipfile.BadZipFile,
+        zlib.error,
+        lzma.LZMAError,
+        NotImplementedError,
+        RuntimeError,  # RecursionError, zipfile's "File is encrypted"
+        ValueError,  # UnicodeDecodeError, a NUL in a member's name
+    ) as exc:
+        raise refusal("upload:archive-unreadable", f"{type(exc).__name__}: {str(exc)[:200]}") from exc
 
 
 @dataclass(frozen=True)
@@ -223,7 +257,8 @@ def create_run(
         raise refusal("upload:archive-unreadable")
     scratch = Path(tempfile.mkdtemp(prefix="oomscope-run-", dir=getattr(settings, "FILE_UPLOAD_TEMP_DIR", None)))
     try:
-        ranks = read_ranks(path, scratch, project)
+        with _damage_refused():
+            ranks = read_ranks(path, scratch, project)
         stem = PurePosixPath(archive.name or "run").name.split(".")[0] or "run"
         name = fields.get("run") or f"{stem}-{archive_sha256[:8]}"
         common = {k: v for k, v in run_meta.items() if k not in PER_RANK_FIELDS}
