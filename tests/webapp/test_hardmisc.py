@@ -490,3 +490,35 @@ def test_a_crafted_rank_archive_is_a_json_refusal_not_a_500(client: Any, alice_t
     assert response["Content-Type"].startswith("application/json")
     assert response.json()["error"]["code"] == "upload:archive-unreadable"
     assert Upload.objects.count() == 0 and Run.objects.count() == 0
+
+
+# --- the invite form (issue 36: it told whether an account or e-mail exists) --------------------
+
+
+def test_the_invite_form_answers_the_same_whether_an_account_exists_or_not(
+    alice_client: Any, alpha: Any, django_user_model: Any
+) -> None:
+    import re
+
+    from webapp.snapshots.models import Invitation, Membership
+
+    django_user_model.objects.create_user("carol", email="carol@corp.example", password="pw-carol-123")
+    team = f"/t/{alpha.team.slug}/"
+    answers = {}
+    for who in ("carol", "mallory", "carol@corp.example", "nobody@corp.example"):
+        page = alice_client.post(team, {"action": "invite", "who": who, "role": "viewer"}, follow=True)
+        text = page.content.decode()
+        flash = re.search(r'<li class="[^"]*">([^<]*is invited as[^<]*)</li>', text)
+        assert flash, text[:2000]
+        answers[who] = flash.group(1).replace(who, "WHO")
+        # The pending list shows what was typed, the same way for an account and for no account.
+        assert f'<tr data-invited="{who}"><td>{who}</td><td>viewer</td><td>alice</td>' in text
+    assert len(set(answers.values())) == 1, answers
+    assert not Membership.objects.filter(team=alpha.team).exclude(user__username="alice").exists()
+    # A pending invitation that names no account is withdrawn as any other.
+    alice_client.post(team, {"action": "cancel_invitation", "username": "mallory"})
+    # (carol's account, invited by name then by e-mail, holds one invitation: the last spelling.)
+    assert sorted(Invitation.objects.values_list("invited_as", flat=True)) == [
+        "carol@corp.example",
+        "nobody@corp.example",
+    ]

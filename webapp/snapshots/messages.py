@@ -177,3 +177,6 @@ WEBHOOK_NO_SITE_URL = (
 WEBHOOK_NONE = "No webhook is set for this project."
 WEBHOOK_TEST_SENT = "The test alert was delivered: the receiver answered HTTP {status}."
 WEBHOOK_TEST_FAILED = "The test alert was not delivered: {error}"
+TEAM_INVITED = (
+    "{who} is invited as {role}: if an account has that name or e-mail, they join when they accept on their Teams page."
+)

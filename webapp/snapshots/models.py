@@ -50,7 +50,12 @@ class Invitation(models.Model):
     until the invitee accepts, they are no member and see none of the team's projects (issue 22)."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
+    # None: nobody has that name or e-mail; the invitation is kept all the same, so the form's answer
+    # and the pending list do not tell an admin whether an account exists (issue 36).
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations", null=True, blank=True
+    )
+    invited_as = models.CharField(max_length=254, blank=True)  # the name or e-mail the admin typed
     invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations_sent")
     role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -59,7 +64,7 @@ class Invitation(models.Model):
         constraints = [models.UniqueConstraint(fields=["team", "user"], name="invitation_unique")]
 
     def __str__(self) -> str:
-        return f"{self.user} invited to {self.team}"
+        return f"{self.invited_as or self.user} invited to {self.team}"
 
 
 class Project(models.Model):

@@ -238,12 +238,19 @@ def member_invite(by: User, team: Team, who: str, role: str) -> Membership | Inv
     if found is None and "@" in who:
         matches = list(users.filter(email__iexact=who)[:2])
         found = matches[0] if len(matches) == 1 else None
-    if found is None:
+    if not who:
         raise TeamError("team:no-such-user", messages.TEAM_NO_SUCH_USER.format(who=who))
+    if found is None:
+        # The same answer as for an account (issue 36: the form told whether an account or e-mail
+        # exists): an invitation that names no account, listed as typed, which nobody can accept.
+        invitation, _ = Invitation.objects.update_or_create(
+            team=team, user=None, invited_as=who[:254], defaults={"role": role, "invited_by": by}
+        )
+        return invitation
     membership = Membership.objects.filter(team=team, user=found).first()
     if membership is None:
         invitation, _ = Invitation.objects.update_or_create(
-            team=team, user=found, defaults={"role": role, "invited_by": by}
+            team=team, user=found, defaults={"role": role, "invited_by": by, "invited_as": who[:254]}
         )
         return invitation
     if membership.role == Membership.Role.OWNER:
@@ -272,7 +279,11 @@ def invitation_cancel(by: User, team: Team, username: str) -> None:
     """An admin withdraws a pending invitation."""
     if not can(by, team, "manage"):
         raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
-    deleted, _ = Invitation.objects.filter(team=team, user__username=username).delete()
+    deleted, _ = (
+        Invitation.objects.filter(team=team)
+        .filter(Q(invited_as=username) | Q(invited_as="", user__username=username))
+        .delete()
+    )
     if not deleted:
         raise TeamError("team:no-such-invitation", messages.TEAM_NO_SUCH_INVITATION)
 
@@ -322,8 +333,12 @@ def team_dict(team: Team, user: AnyUser) -> dict[str, Any]:
         "members": [{"username": m.user.get_username(), "email": m.user.email, "role": m.role} for m in members],
         # Pending invitations are the admins' business only.
         "invitations": [
-            {"username": i.user.get_username(), "role": i.role, "invited_by": i.invited_by.get_username()}
-            for i in team.invitations.select_related("user", "invited_by").order_by("user__username")
+            {
+                "username": i.invited_as or (i.user.get_username() if i.user else ""),
+                "role": i.role,
+                "invited_by": i.invited_by.get_username(),
+            }
+            for i in team.invitations.select_related("user", "invited_by").order_by("invited_as", "user__username")
         ]
         if can(user, team, "manage")
         else [],

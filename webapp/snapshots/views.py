@@ -554,11 +554,8 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
                     request.POST.get("role") or "member",
                 )
                 if isinstance(m, Invitation):
-                    flash.success(
-                        request,
-                        f"{m.user.get_username()} is invited as {m.role}; "
-                        "they join when they accept on their Teams page.",
-                    )
+                    # Worded from what was typed, whether or not an account has it (issue 36).
+                    flash.success(request, messages.TEAM_INVITED.format(who=m.invited_as, role=m.role))
                 else:
                     flash.success(request, f"{m.user.get_username()} is now {m.role} of {team_row.name}.")
             elif action == "cancel_invitation":

@@ -1,4 +1,5 @@
-# Issue 36: a read-only (gate) scope for API tokens; who changed a project's gate, when and what.
+# Issue 36: a read-only (gate) scope for API tokens; who changed a project's gate, when and what; an
+# invitation keeps what the admin typed and may name no account (the form no longer tells).
 
 import django.db.models.deletion
 from django.conf import settings
@@ -12,6 +13,22 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterField(
+            model_name="invitation",
+            name="user",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="invitations",
+                to=settings.AUTH_USER_MODEL,
+            ),
+        ),
+        migrations.AddField(
+            model_name="invitation",
+            name="invited_as",
+            field=models.CharField(blank=True, max_length=254),
+        ),
         migrations.AddField(
             model_name="apitoken",
             name="scope",
