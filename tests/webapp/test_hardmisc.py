@@ -522,3 +522,26 @@ def test_the_invite_form_answers_the_same_whether_an_account_exists_or_not(
         "carol@corp.example",
         "nobody@corp.example",
     ]
+
+
+def test_a_finished_run_s_rank_is_replaced_by_an_admin_only(
+    client: Any, alice: Any, alpha: Any, django_user_model: Any
+) -> None:
+    """Issue 36's third way to flip the gate: a member re-uploaded a good file under the finished
+    run's name (a one-process run's later upload replaces its rank), and the run was no longer a
+    regression."""
+    from webapp.snapshots import runs, services
+
+    member_token = services.api_token_create(_member(alpha, django_user_model, "member"))
+    finished = Run.objects.create(project=alpha, name="regressed", code=runs.new_run_code(), status=Run.Status.DONE)
+    with GPT_OOM.open("rb") as fh:
+        refused = client.post("/api/v1/snapshots", {"file": fh, "run": "regressed"}, **bearer(member_token))
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "run:finished"
+    assert Upload.objects.count() == 0
+    with GPT_OOM.open("rb") as fh:  # a new name is any upload
+        assert client.post("/api/v1/snapshots", {"file": fh, "run": "rerun"}, **bearer(member_token)).status_code == 202
+    with GPT_OOM.open("rb") as fh:  # the owner may still replace it
+        owner = client.post(
+            "/api/v1/snapshots", {"file": fh, "run": "regressed"}, **bearer(services.api_token_create(alice))
+        )
+    assert owner.status_code == 202 and Upload.objects.filter(run_ref=finished).count() == 1

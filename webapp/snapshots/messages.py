@@ -180,3 +180,7 @@ WEBHOOK_TEST_FAILED = "The test alert was not delivered: {error}"
 TEAM_INVITED = (
     "{who} is invited as {role}: if an account has that name or e-mail, they join when they accept on their Teams page."
 )
+RUN_FINISHED = (
+    "Run {name!r} is finished and compared with its baseline: upload under a new run name (a team admin may "
+    "replace a finished run's ranks)."
+)

@@ -29,6 +29,7 @@ from analysis import readout
 from analysis.stored import upgrade
 from webapp.snapshots import disk, liveness, messages, quota, ratelimits, runarchive, runs
 from webapp.snapshots.models import ApiToken, Invitation, Membership, Project, Report, Run, ShareLink, Team, Upload
+from webapp.snapshots.ratelimits import LimitExceeded
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
@@ -504,6 +505,15 @@ def upload_project(user: AnyUser, token: ApiToken | None, slug: str) -> Project:
     return project
 
 
+def _check_run_open(project: Project, user: User, run_name: str) -> None:
+    """A finished run's ranks are replaced by a team admin only (issue 36: a member or CI token
+    re-uploaded a good file under the run's name, and the gate's answer flipped)."""
+    if not run_name or can(user, project.team, "manage"):
+        return
+    if Run.objects.filter(project=project, name=run_name, status=Run.Status.DONE).exists():
+        raise LimitExceeded(409, "run:finished", messages.RUN_FINISHED.format(name=run_name))
+
+
 def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) -> Upload | Run:
     """An upload that passed the intake (``intake.admit``), stored: the checks that need its
     project, then the row (or, for a tar or zip of a run's ranks, the run and its rows).
@@ -515,6 +525,7 @@ def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) ->
     used before with other bytes.
     """
     project = upload_project(user, token, admission.project_slug)
+    _check_run_open(project, user, str(admission.fields.get("run") or ""))
     quota.check_team_queued_cost(project.team_id, admission.cost_bytes)
     if admission.fmt == runarchive.ARCHIVE:
         return runarchive.create_run(
