@@ -545,3 +545,13 @@ def test_a_finished_run_s_rank_is_replaced_by_an_admin_only(
             "/api/v1/snapshots", {"file": fh, "run": "regressed"}, **bearer(services.api_token_create(alice))
         )
     assert owner.status_code == 202 and Upload.objects.filter(run_ref=finished).count() == 1
+
+
+def test_the_tokens_page_makes_a_gate_token(alice_client: Any, alpha: Any) -> None:
+    page = alice_client.post("/tokens/", {"action": "create", "name": "ci gate", "project": "alpha", "scope": "gate"})
+    assert page.status_code == 200
+    made = ApiToken.objects.get(name="ci gate")
+    assert (made.scope, made.project_id) == ("gate", alpha.pk)
+    assert "project alpha only, read only (gate)" in alice_client.get("/tokens/").content.decode()
+    plain = alice_client.post("/tokens/", {"action": "create", "name": "uploader"})
+    assert plain.status_code == 200 and ApiToken.objects.get(name="uploader").scope == "full"

@@ -1148,6 +1148,7 @@ def api_tokens_of(user: User) -> list[dict[str, Any]]:
             "prefix": t.prefix,
             "name": t.name,
             "project": t.project.slug if t.project else None,
+            "scope": t.scope,
             "created_at": t.created_at.isoformat(),
             "last_used_at": t.last_used_at.isoformat() if t.last_used_at else None,
             "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,

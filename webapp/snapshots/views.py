@@ -601,7 +601,12 @@ def tokens(request: HttpRequest) -> HttpResponse:
             flash.error(request, messages.TOKEN_PROJECT_UNKNOWN.format(slug=slug))
             status = 400
         else:
-            new_token = services.api_token_create(user, project=project, name=request.POST.get("name") or "")  # type: ignore[arg-type]
+            new_token = services.api_token_create(
+                user,  # type: ignore[arg-type]
+                project=project,
+                name=request.POST.get("name") or "",
+                scope="gate" if request.POST.get("scope") == "gate" else "full",
+            )
     projects = services.visible_projects(user).order_by("team__name", "name")
     writable = [p.slug for p in services.writable_projects(user).order_by("team__name", "name")]
     response = render(
