@@ -325,7 +325,9 @@ def test_a_webhook_into_the_network_is_refused_unless_allowed(
     assert handler.seen == []
 
 
-def test_a_member_may_not_set_the_webhook_or_the_threshold(client: Any, alice: Any, alpha: Any, django_user_model: Any) -> None:
+def test_a_member_may_not_set_the_webhook_or_the_threshold(
+    client: Any, alice: Any, alpha: Any, django_user_model: Any
+) -> None:
     from webapp.snapshots import services
 
     carol = django_user_model.objects.create_user("carol", password="pw-carol-123")
