@@ -56,6 +56,7 @@ RELIABILITY_PG ?= postgres://postgres@127.0.0.1:5432/harden_rel
 reliability: static ## load, fault and attack runs against real sites (SQLite, then $(RELIABILITY_PG)) + the long reader fuzz; minutes
 	$(PY) scripts/reliability.py --postgres "$(RELIABILITY_PG)" $(RELIABILITY_ARGS)
 	OOMSCOPE_FUZZ_SECONDS=$${OOMSCOPE_FUZZ_SECONDS:-300} $(PY) -m pytest tests/webapp/test_hardening_fuzz.py -q -p no:cacheprovider
+	OOMSCOPE_ORDER_FUZZ_SECONDS=$${OOMSCOPE_ORDER_FUZZ_SECONDS:-300} $(PY) -m pytest tests/analysis/test_event_order.py -q -p no:cacheprovider -k fuzz
 
 diffbench: install ## the allocator model against real runs (tests/fixtures/captures and tests/fixtures): table and totals
 	$(PY) scripts/diffbench.py

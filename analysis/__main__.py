@@ -3,6 +3,13 @@
 ``report`` takes one snapshot, or several (one per rank of a distributed job: the run's
 report, ``analysis/runs.py``), or a tar or zip of them (``analysis/rankfiles.py``).
 
+``python -m analysis report|whatif`` runs the command in a forked child under the memory cap the
+site's analysis child has (``RLIMIT_AS``: 1 GiB + 6 bytes per byte of the inputs' unpacked size, at
+most 8 GiB; ``--no-limits`` lifts it), with ``faulthandler`` writing to a file the parent reads: a
+crash inside the reader (a tuple nested a million deep as a dict key overflows the C stack when the
+unpickler hashes it, in both readers) is refused as ``snapshot:limit:too-deep``, and running out of
+the cap as ``snapshot:limit:memory``. ``main()`` itself (called in-process) runs uncapped.
+
 Exit status 0 on success; 2 with one line ``error: <code>: <message>`` on
 standard error when the file is not a usable snapshot (``SnapshotError``) or a
 ``--whatif``/``--config`` string cannot be parsed (``ConfigError``), an
@@ -15,7 +22,11 @@ and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
+import resource
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -32,9 +43,84 @@ from analysis.runs import RunInputError
 
 EXIT_USER_ERROR = 2
 
+# The site's analysis child runs under these by default (webapp/settings.py ANALYSIS_MEMORY_*); the
+# command line takes the same, so a file it reads costs what it would cost there.
+MEMORY_MIN_BYTES = 1 << 30
+MEMORY_PER_BYTE = 6
+MEMORY_MAX_BYTES = 8 << 30
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    return _run(args)
+
+
+def capped_main(argv: list[str] | None = None) -> int:
+    """The command line's entry: ``main`` in a forked child under the memory cap (module docstring)."""
+    args = _parser().parse_args(argv)
+    if args.command == "triage" or args.no_limits:
+        return _run(args)
+    cap = memory_cap(args.snapshots if args.command == "report" else [args.snapshot])
+    with tempfile.TemporaryFile() as crash_log:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child; its exit status is what the tests read
+            code = 1
+            try:
+                faulthandler.enable(file=crash_log)
+                resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+                args.memory_cap = cap
+                code = _run(args)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        crash_log.seek(0)
+        crash = crash_log.read(64 * 1024).decode("utf-8", errors="replace")
+    return _child_status(status, crash)
+
+
+def _child_status(status: int, crash: str) -> int:
+    """The exit status for the capped child's wait ``status``; a crash in the reader is the file's depth."""
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    sig = os.WTERMSIG(status)
+    if sig == signal.SIGSEGV and 'reader.py", line' in crash:
+        print(
+            "error: snapshot:limit:too-deep: the file nests too deeply to be read (a value nested so deep that "
+            "hashing it overflowed the stack)",
+            file=sys.stderr,
+        )
+        return EXIT_USER_ERROR
+    sys.stderr.write(crash)
+    return 128 + sig
+
+
+def memory_cap(paths: list[Path]) -> int:
+    """``RLIMIT_AS`` for the inputs: the site's formula (``webapp.snapshots.runner.limits_for``) on the
+    sum of their unpacked sizes (a gzip's trailer: what the reader will see)."""
+    total = 0
+    for path in paths:
+        try:
+            size = path.stat().st_size
+            with path.open("rb") as fh:
+                isize = 0
+                if fh.read(2) == b"\x1f\x8b" and size >= 18:
+                    fh.seek(-4, os.SEEK_END)
+                    isize = int.from_bytes(fh.read(4), "little")
+            total += max(size, isize)
+        except OSError:
+            continue  # the command says so itself, with its code
+    return min(MEMORY_MAX_BYTES, MEMORY_MIN_BYTES + MEMORY_PER_BYTE * total)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "triage":
         return _triage(args)
     try:
@@ -68,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: file:unreadable: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except MemoryError:
+        cap = getattr(args, "memory_cap", None)
+        where = f"the command line's cap of {cap:,} bytes (--no-limits lifts it)" if cap else "what the process may use"
+        print(f"error: snapshot:limit:memory: the analysis needed more memory than {where}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 def _version() -> str:
@@ -95,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a snapshot; several (one per rank) give the run's report (ranks[] and run)",
     )
     rep.add_argument("--json", dest="json_out", metavar="OUT|-", help="write the report JSON here ('-': stdout)")
+    _no_limits_flag(rep)
     rep.add_argument(
         "--whatif",
         action="append",
@@ -133,6 +225,7 @@ def _parser() -> argparse.ArgumentParser:
     wmsg.add_argument("--oom-message", metavar="TEXT", help="torch's 'CUDA out of memory' message")
     wmsg.add_argument("--oom-message-file", type=Path, metavar="FILE", help="a file holding that message")
     wi.add_argument("--json", dest="json_out", metavar="OUT|-")
+    _no_limits_flag(wi)
     tri = sub.add_parser("triage", help="what the OOM message (and memory_summary()) alone say, without a snapshot")
     tri.add_argument(
         "--message-file", type=Path, required=True, metavar="FILE", help="torch's OOM message (a log is fine)"
@@ -142,6 +235,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     tri.add_argument("--json", dest="json_out", metavar="OUT|-", help="write the triage JSON here ('-': stdout)")
     return parser
+
+
+def _no_limits_flag(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--no-limits",
+        action="store_true",
+        help="run without the memory cap the site's analysis child has (1 GiB + 6 bytes per unpacked byte, "
+        "at most 8 GiB) and without the crash guard",
+    )
 
 
 def _positive_int(what: str, refusal: str) -> Callable[[str], int]:
@@ -441,4 +543,4 @@ def whatif_text(result: dict[str, Any]) -> str:
 if __name__ == "__main__":
     # A command-line run is one analysis and exits: its stages reuse each other's freed pages (analysis.heap).
     keep_freed_memory()
-    sys.exit(main())
+    sys.exit(capped_main())

@@ -11,16 +11,30 @@ holding the most on the run's largest rank differs from the baseline's), new cau
 rules that fired now and not on the baseline), and the per-rank peak deltas.
 
 A pure function of two dicts; the verdict is a frozen dataclass with one ``to_dict`` and a
-one-paragraph ``reason`` that a CI log or a chat message can carry as it is.
+one-paragraph ``reason`` that a CI log or a chat message can carry as it is. Its JSON never holds
+NaN or Infinity (issue 36: ``?max_regression=nan`` came back as a bare ``NaN``, which strict JSON
+parsers refuse): a threshold must be a finite percentage from 0 to ``MAX_THRESHOLD_PCT``
+(``threshold_error`` says why not), and a share that is not finite is ``None``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 SCHEMA = "oomscope.regression/1"
+MAX_THRESHOLD_PCT = 1000.0  # the settings form's bound too (webapp RunPolicyForm)
+
+
+def threshold_error(pct: float) -> str | None:
+    """Why ``pct`` cannot be a regression threshold (None: it can)."""
+    if not math.isfinite(pct):
+        return f"{pct!r} is not a finite percentage"
+    if not 0 <= pct <= MAX_THRESHOLD_PCT:
+        return f"{pct:g}% is outside 0-{MAX_THRESHOLD_PCT:g}%"
+    return None
 
 
 @dataclass(frozen=True)
@@ -35,7 +49,10 @@ class PeakDelta:
 
     @property
     def share(self) -> float | None:
-        return round(self.delta_bytes / self.baseline_bytes, 4) if self.baseline_bytes else None
+        if not self.baseline_bytes:
+            return None
+        share = round(self.delta_bytes / self.baseline_bytes, 4)
+        return share if math.isfinite(share) else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,7 +130,11 @@ def compare_runs(
     baseline_name: str = "the baseline",
     run_name: str = "this run",
 ) -> Regression:
-    """``run`` against ``baseline`` (both ``oomscope.run/1`` dicts) under a threshold in percent."""
+    """``run`` against ``baseline`` (both ``oomscope.run/1`` dicts) under a threshold in percent
+    (``ValueError`` where ``threshold_error`` refuses it)."""
+    refused = threshold_error(max_regression_pct)
+    if refused is not None:
+        raise ValueError(f"max_regression_pct: {refused}")
     head_b, head_r = baseline.get("run") or {}, run.get("run") or {}
     peak = tuple(
         PeakDelta(name, int(head_b.get(key) or 0), int(head_r.get(key) or 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,56 @@ def test_whatif_command_answers_at_step_level(capsys: pytest.CaptureFixture[str]
     item = json.loads(capsys.readouterr().out)["devices"][0]["whatif"]
     assert item["oom_avoided"] is True and item["step_completes"] is False
     assert item["oom_projected"]["allocation"] == 22
+
+
+def _run_cli_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "analysis", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, **env},
+    )
+
+
+@pytest.mark.parametrize("reader", ["compiled", "python"])
+def test_a_tuple_nested_a_million_deep_as_a_dict_key_is_refused_not_a_segfault(tmp_path: Path, reader: str) -> None:
+    """Issue 36: the C unpickler hashes a dict key as it builds the dict, and CPython hashes a tuple
+    recursively with no depth check; a key ``((...(),),)`` a million deep (one byte a level:
+    EMPTY_TUPLE then TUPLE1 a million times) overflowed the C stack: exit -11 in both readers."""
+    deep = tmp_path / "deep.pickle"
+    deep.write_bytes(b"\x80\x04}" + b"\x8c\x08segments]s" + b")" + b"\x85" * 1_000_000 + b"K\x01s.")
+    proc = _run_cli_env({"OOMSCOPE_READER": "python" if reader == "python" else ""}, "report", str(deep))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.startswith("error: snapshot:limit:too-deep: ")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stdout == ""
+
+
+def test_the_command_line_runs_under_the_sites_memory_cap_and_a_flag_lifts_it(tmp_path: Path) -> None:
+    """A BINBYTES8 that claims 4 GiB: the unpickler allocates the claim before reading. Under the
+    cap the site's child has (1 GiB + 6 bytes per byte here) that is ``snapshot:limit:memory``; with
+    ``--no-limits`` the allocation succeeds and the read fails as truncated (as it did before the cap)."""
+    claim = tmp_path / "claim.pickle"
+    claim.write_bytes(b"\x80\x04\x8e" + (4 << 30).to_bytes(8, "little") + b"abc.")
+    capped = run_cli("report", str(claim))
+    assert capped.returncode == 2
+    assert capped.stderr.startswith("error: snapshot:limit:memory: ")
+    lifted = run_cli("report", str(claim), "--no-limits")
+    assert lifted.returncode == 2
+    assert lifted.stderr.startswith("error: snapshot:format:truncated: ")
+
+
+def test_the_memory_cap_follows_the_sites_formula(tmp_path: Path) -> None:
+    from analysis.__main__ import memory_cap
+
+    plain = tmp_path / "a.pickle"
+    plain.write_bytes(b"x" * 1000)
+    gz = FIXTURES / "frag_oom.pickle.gz"
+    unpacked = int.from_bytes(gz.read_bytes()[-4:], "little")
+    assert unpacked > gz.stat().st_size
+    assert memory_cap([plain]) == (1 << 30) + 6 * 1000
+    assert memory_cap([plain, gz]) == (1 << 30) + 6 * (1000 + unpacked)
+    assert memory_cap([tmp_path / "missing"]) == 1 << 30

@@ -239,6 +239,28 @@ def test_a_new_oom_is_a_regression_whatever_the_threshold() -> None:
     assert result.to_dict()["schema"] == "oomscope.regression/1"
 
 
+@pytest.mark.parametrize("pct", [float("nan"), float("inf"), float("-inf"), -1.0, 1000.5])
+def test_a_threshold_that_is_not_a_finite_percentage_is_refused(pct: float) -> None:
+    """Issue 36: a NaN or infinite threshold came back in the verdict's JSON as a bare NaN/Infinity."""
+    from analysis.regression import compare_runs
+
+    with pytest.raises(ValueError, match="max_regression_pct: "):
+        compare_runs(one_rank(DIED), one_rank(ALSO_DIED), max_regression_pct=pct)
+
+
+def test_the_verdicts_json_is_strict_json_at_the_edges() -> None:
+    """Threshold 0 and 1000 pass; a peak of 0 bytes in the baseline has no share (None), never inf."""
+    from analysis.regression import compare_runs
+
+    died, also_died = one_rank(DIED), one_rank(ALSO_DIED)
+    empty = {**died, "run": {**died["run"], "peak_reserved_bytes": 0, "peak_allocated_bytes": 0}}
+    for base, pct in ((died, 0.0), (died, 1000.0), (empty, 5.0)):
+        verdict = compare_runs(base, also_died, max_regression_pct=pct).to_dict()
+        text = json.dumps(verdict, allow_nan=False)  # raises on NaN or Infinity
+        assert json.loads(text)["max_regression_pct"] == pct
+    assert compare_runs(empty, also_died, max_regression_pct=5.0).peak[0].share is None
+
+
 # --- the ranks as one archive (analysis/rankfiles.py) -------------------------------------------
 
 

@@ -191,6 +191,24 @@ def test_a_new_oom_against_the_latest_run_on_main_is_a_regression(
     assert gate["status"] == "done" and gate["regressed"] is True and gate["baseline"]["name"] == "base"
 
 
+def test_the_gate_refuses_a_threshold_that_would_put_nan_or_infinity_in_its_json(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Issue 36: ``?max_regression=nan`` answered 200 with ``"max_regression_pct": NaN`` (and ``inf``
+    with ``Infinity``), which strict JSON parsers refuse."""
+    single(client, alice_token, LIVED, django_capture_on_commit_callbacks, "base", "main")
+    single(client, alice_token, DIED, django_capture_on_commit_callbacks, "worse", "feature")
+    gate = "/api/v1/projects/alpha/regression?run=worse&max_regression="
+    for bad in ("nan", "inf", "-inf", "1e309", "-5", "1000.5"):
+        response = client.get(gate + bad, **bearer(alice_token))
+        assert response.status_code == 400, (bad, response.content)
+        body = json.loads(response.content, parse_constant=pytest.fail)
+        assert body["error"]["code"] == "policy:invalid" and "max_regression: " in body["error"]["message"]
+    edge = client.get(gate + "1000%", **bearer(alice_token))
+    assert edge.status_code == 200
+    assert json.loads(edge.content, parse_constant=pytest.fail)["regression"]["max_regression_pct"] == 1000.0
+
+
 def test_a_smaller_peak_is_no_regression_and_a_pinned_baseline_wins(
     client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
 ) -> None:
@@ -307,7 +325,9 @@ def test_a_webhook_into_the_network_is_refused_unless_allowed(
     assert handler.seen == []
 
 
-def test_a_viewer_may_not_set_the_webhook(client: Any, alice: Any, alpha: Any, django_user_model: Any) -> None:
+def test_a_member_may_not_set_the_webhook_or_the_threshold(
+    client: Any, alice: Any, alpha: Any, django_user_model: Any
+) -> None:
     from webapp.snapshots import services
 
     carol = django_user_model.objects.create_user("carol", password="pw-carol-123")
@@ -315,10 +335,12 @@ def test_a_viewer_may_not_set_the_webhook(client: Any, alice: Any, alpha: Any, d
     token = services.api_token_create(carol)
     denied = client.post("/api/v1/projects/alpha/policy", {"webhook_url": "http://127.0.0.1:9/x"}, **bearer(token))
     assert denied.status_code == 403
-    allowed = client.post("/api/v1/projects/alpha/policy", {"max_regression_pct": "2.5"}, **bearer(token))
-    assert allowed.status_code == 200 and allowed.json()["policy"]["max_regression_pct"] == 2.5
-    assert allowed.json()["policy"]["webhook_secret"] is None  # a member does not see the secret
-    assert RunPolicy.objects.get().webhook_url == ""
+    # Issue 36: the threshold is the gate's too, an admin's (a member could raise it to pass the gate).
+    threshold = client.post("/api/v1/projects/alpha/policy", {"max_regression_pct": "2.5"}, **bearer(token))
+    assert threshold.status_code == 403
+    read = client.get("/api/v1/projects/alpha/policy", **bearer(token)).json()
+    assert read["policy"]["webhook_secret"] is None  # a member does not see the secret
+    assert (RunPolicy.objects.get().webhook_url, RunPolicy.objects.get().max_regression_pct) == ("", 5.0)
 
 
 def test_trend_chart_marks_ooms_and_filters_by_branch_and_tag(

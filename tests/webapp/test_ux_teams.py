@@ -67,9 +67,10 @@ def test_admin_creates_a_project_and_invites_with_roles(alice_client: Any, alice
     carol = type(bob).objects.create_user("carol")
     viewer.post(f"/t/{team.slug}/", {"action": "invite", "who": "carol", "role": "admin"})
     assert role(team, carol) is None and not Invitation.objects.filter(user=carol).exists()
-    # Unknown people are refused with a reason; nothing changes.
-    refused = alice_client.post(f"/t/{team.slug}/", {"action": "invite", "who": "nobody@x.org"}, follow=True)
-    assert "No user &#x27;nobody@x.org&#x27;" in refused.content.decode()
+    # Unknown people get the same answer as an account (issue 36: the form told who has one); nobody joins.
+    unknown = alice_client.post(f"/t/{team.slug}/", {"action": "invite", "who": "nobody@x.org"}, follow=True)
+    assert "nobody@x.org is invited as member: if an account has that name" in unknown.content.decode()
+    assert not Membership.objects.filter(team=team, user__email="nobody@x.org").exists()
     bad_role = alice_client.post(f"/t/{team.slug}/", {"action": "invite", "who": "carol", "role": "owner"}, follow=True)
     assert "Unknown role" in bad_role.content.decode() and role(team, carol) is None
     assert not Invitation.objects.filter(user=carol).exists()

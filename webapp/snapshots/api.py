@@ -105,6 +105,8 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                 if found is None:
                     return _unauthorized("auth-invalid-token", messages.BAD_API_KEY)
                 request.user, request.api_token = found  # type: ignore[attr-defined]
+                if found[1].scope == "gate" and request.method not in ("GET", "HEAD", "OPTIONS"):
+                    return _error(403, "token:read-only", messages.TOKEN_READ_ONLY)
             elif request.user.is_authenticated:
                 request.api_token = None  # type: ignore[attr-defined]
                 # A cookie-authenticated change needs the CSRF token (X-CSRFToken header). An

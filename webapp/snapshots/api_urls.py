@@ -25,6 +25,7 @@ urlpatterns = [
     path("runs/<str:run_code>/baseline", runapi.run_baseline, name="run_baseline"),
     path("projects/<slug:slug>/run-list", runapi.project_run_list, name="project_run_list"),
     path("projects/<slug:slug>/policy", runapi.project_policy, name="project_policy"),
+    path("projects/<slug:slug>/webhook/test", runapi.project_webhook_test, name="project_webhook_test"),
     path("projects/<slug:slug>/regression", runapi.project_regression, name="project_regression"),
     # Anything else under /api/v1/ is a JSON 404, as every API answer (was Django's HTML page).
     re_path(r"^.*$", api.unknown_path, name="unknown"),

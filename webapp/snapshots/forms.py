@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth.forms import UserCreationForm
 
 # Characters a user's text never needs and an attacker uses: bidirectional overrides and isolates
@@ -220,6 +221,20 @@ class RunPolicyForm(forms.Form):
     main_branch = forms.CharField(max_length=200, required=False)
     webhook_url = forms.URLField(max_length=500, required=False, assume_scheme="https")
     retention_days = forms.IntegerField(required=False, min_value=1, max_value=36500)
+
+    def clean_webhook_url(self) -> str:
+        """Checked as a delivery checks it (issue 35: a private address was saved, then refused for
+        good, visible only in the worker's log): resolved once, a public address only unless the
+        operator set ``WEBHOOK_ALLOW_PRIVATE_HOSTS``; the refusal says why and what to set."""
+        from webapp.snapshots.webhooks import WebhookError, check_destination
+
+        url = str(self.cleaned_data.get("webhook_url") or "")
+        if url:
+            try:
+                check_destination(url, allow_private=bool(getattr(settings, "WEBHOOK_ALLOW_PRIVATE_HOSTS", False)))
+            except WebhookError as err:
+                raise forms.ValidationError(str(err), code="invalid") from None
+        return url
 
     def changes(self) -> dict[str, Any]:
         """The fields the request carried (an empty ``webhook_url`` turns the webhook off)."""

@@ -174,3 +174,27 @@ ADVICE_SITE_FORBIDDEN = (
     "The site's advice record is for site admins (staff), through a token not limited to one project."
 )
 FOLLOWS_SAVED = "Saved: the follow-up is scored again with your answer."
+
+# Issue 36: the gate's settings, the webhook's validation and its test.
+TOKEN_READ_ONLY = "This API token is a gate token: it reads (the regression gate, reports) and changes nothing."  # noqa: S105
+POLICY_ADMIN_ONLY = (
+    "Only the team's admins change the baseline, the threshold, the main branch, the webhook and the retention."
+)
+WEBHOOK_PROJECT_TOKEN = (
+    "A token limited to one project cannot change the webhook or read its secret: use the page, or a token of "  # noqa: S105
+    "an admin without a project."
+)
+WEBHOOK_NO_SITE_URL = (
+    "The webhook is saved, but SITE_URL is not set, so the alert's link to the run is relative (/runs/...), "
+    "which chat apps cannot open: set SITE_URL to the site's address (e.g. SITE_URL=https://oomscope.example.com)."
+)
+WEBHOOK_NONE = "No webhook is set for this project."
+WEBHOOK_TEST_SENT = "The test alert was delivered: the receiver answered HTTP {status}."
+WEBHOOK_TEST_FAILED = "The test alert was not delivered: {error}"
+TEAM_INVITED = (
+    "{who} is invited as {role}: if an account has that name or e-mail, they join when they accept on their Teams page."
+)
+RUN_FINISHED = (
+    "Run {name!r} is finished and compared with its baseline: upload under a new run name (a team admin may "
+    "replace a finished run's ranks)."
+)

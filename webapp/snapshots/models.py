@@ -50,7 +50,12 @@ class Invitation(models.Model):
     until the invitee accepts, they are no member and see none of the team's projects (issue 22)."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
+    # None: nobody has that name or e-mail; the invitation is kept all the same, so the form's answer
+    # and the pending list do not tell an admin whether an account exists (issue 36).
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations", null=True, blank=True
+    )
+    invited_as = models.CharField(max_length=254, blank=True)  # the name or e-mail the admin typed
     invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations_sent")
     role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -59,7 +64,7 @@ class Invitation(models.Model):
         constraints = [models.UniqueConstraint(fields=["team", "user"], name="invitation_unique")]
 
     def __str__(self) -> str:
-        return f"{self.user} invited to {self.team}"
+        return f"{self.invited_as or self.user} invited to {self.team}"
 
 
 class Project(models.Model):
@@ -209,6 +214,9 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)  # None: until revoked
+    # "gate": read-only (a CI job asking the regression gate; issue 36: any CI token could flip the
+    # gate's answer); "full": what its user may do.
+    scope = models.CharField(max_length=8, choices=[("full", "full"), ("gate", "gate")], default="full")
 
     def __str__(self) -> str:
         return f"token {self.prefix}…"
@@ -271,6 +279,23 @@ class RunPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"run policy of {self.project.slug}"
+
+
+class PolicyChange(models.Model):
+    """Who changed a project's gate (baseline, threshold, main branch, webhook, retention), when, and
+    what (issue 36: the gate's answer could be flipped unseen)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="policy_changes")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    token_prefix = models.CharField(max_length=12, blank=True)  # the API token used, if any
+    at = models.DateTimeField(auto_now_add=True)
+    what = models.CharField(max_length=600)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.project_id}: {self.what}"
 
 
 class WebhookDelivery(models.Model):

@@ -1,15 +1,21 @@
 """JSON API of runs (contract.md §3, "Runs"): the same authentication and errors as ``api.py``.
 
 A run is reached through its project: another team's run is the same 404 as a run that does
-not exist. Reading needs the ``read`` right; analysing, pinning a baseline and the policy's
-threshold need ``write``; the webhook, retention and deleting another member's run need
-``manage`` (``services.ROLE_RIGHTS``).
+not exist. Reading needs the ``read`` right; analysing needs ``write``; the gate's settings
+(pinning a baseline, the threshold, main branch, webhook and retention; recorded, ``PolicyChange``)
+and deleting another member's run need ``manage`` (``services.ROLE_RIGHTS``; issue 36: any member
+or CI token could flip the gate's answer). A token limited to one project neither changes the
+webhook nor reads its secret; a ``gate`` token changes nothing (``api.api_view``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from analysis.regression import threshold_error
 from webapp.snapshots import messages, runs, services
 from webapp.snapshots.api import _error, _not_found, _project_or_none, api_view
 from webapp.snapshots.forms import RunPolicyForm, first_error
@@ -66,11 +72,11 @@ def run_baseline(request: HttpRequest, run_code: str) -> HttpResponse:
     found = _run_or_none(request, run_code)
     if found is None:
         return _not_found()
-    if not services.can(request.user, found.project.team, "write"):
-        return _forbidden()
-    policy = runs.baseline_pin(found.project, found if request.method == "POST" else None)
-    show = services.can(request.user, found.project.team, "manage")
-    return JsonResponse({"policy": runs.policy_dict(policy, show_secret=show)})
+    if not services.can(request.user, found.project.team, "manage"):
+        return _error(403, "forbidden", messages.POLICY_ADMIN_ONLY)
+    token = getattr(request, "api_token", None)
+    policy = runs.baseline_pin(found.project, found if request.method == "POST" else None, by=request.user, token=token)
+    return JsonResponse({"policy": runs.policy_dict(policy, show_secret=token is None or token.project_id is None)})
 
 
 @api_view(("GET",))
@@ -91,22 +97,45 @@ def project_run_list(request: HttpRequest, slug: str) -> HttpResponse:
 
 @api_view(("GET", "POST"))
 def project_policy(request: HttpRequest, slug: str) -> HttpResponse:
-    """GET the project's baseline and regression settings; POST changes them (form fields)."""
+    """GET the project's baseline and regression settings, its webhook's last deliveries and the
+    recorded changes; POST changes them (form fields): a team admin's (issue 36), never through a
+    token limited to one project for the webhook (nor does one read its secret)."""
     project = _project_or_none(request, slug)
     if project is None:
         return _not_found()
+    token = getattr(request, "api_token", None)
     manage = services.can(request.user, project.team, "manage")
+    secret_ok = manage and (token is None or token.project_id is None)
+    warnings: list[str] = []
     if request.method == "POST":
+        if not manage:
+            return _error(403, "forbidden", messages.POLICY_ADMIN_ONLY)
         form = RunPolicyForm(request.POST)
         if not form.is_valid():
             field, detail = first_error(form)
             return _error(400, "policy:invalid", f"{field}: {detail}")
         changes = form.changes()
-        needs = "manage" if {"webhook_url", "retention_days"} & set(changes) else "write"
-        if not services.can(request.user, project.team, needs):
-            return _forbidden()
-        runs.policy_update(project, **changes)
-    return JsonResponse({"policy": runs.policy_dict(runs.policy_for(project), show_secret=manage)})
+        if "webhook_url" in changes and not secret_ok:
+            return _error(403, "forbidden", messages.WEBHOOK_PROJECT_TOKEN)
+        policy = runs.policy_update(project, by=request.user, token=token, **changes)
+        if policy.webhook_url and not settings.SITE_URL:
+            warnings.append(messages.WEBHOOK_NO_SITE_URL)
+    body: dict[str, Any] = {"policy": runs.policy_dict(runs.policy_for(project), show_secret=secret_ok)}
+    body["deliveries"] = runs.webhook_deliveries(project)
+    body["changes"] = runs.policy_changes(project)
+    return JsonResponse(body | ({"warnings": warnings} if warnings else {}))
+
+
+@api_view(("POST",))
+def project_webhook_test(request: HttpRequest, slug: str) -> HttpResponse:
+    """Send a test alert to the project's webhook now: ``{"delivered", "status", "error"}`` (an admin's)."""
+    project = _project_or_none(request, slug)
+    if project is None:
+        return _not_found()
+    token = getattr(request, "api_token", None)
+    if not services.can(request.user, project.team, "manage") or (token is not None and token.project_id):
+        return _error(403, "forbidden", messages.POLICY_ADMIN_ONLY)
+    return JsonResponse(runs.webhook_test(project))
 
 
 @api_view(("GET",))
@@ -129,6 +158,9 @@ def project_regression(request: HttpRequest, slug: str) -> HttpResponse:
         pct = float(threshold.rstrip("%")) if threshold else None
     except ValueError:
         return _error(400, "policy:invalid", f"max_regression: {threshold!r} is not a percentage")
+    refused = threshold_error(pct) if pct is not None else None
+    if refused is not None:  # nan, inf, a negative share: never a NaN or Infinity in the answer (issue 36)
+        return _error(400, "policy:invalid", f"max_regression: {refused}")
     body = {"status": "pending" if found.status != Run.Status.DONE else "done", "run": runs.run_dict(found, request)}
     if body["status"] == "pending":
         return JsonResponse(body | {"regressed": None, "baseline": None, "reason": messages.RUN_PENDING})

@@ -20,8 +20,14 @@ transaction, so the run's chord is published once, when the last one commits (``
 from __future__ import annotations
 
 import hashlib
+import lzma
 import shutil
+import tarfile
 import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -55,6 +61,34 @@ PER_RANK_FIELDS = ("rank", "world_size", "local_rank", "error")
 
 def refusal(code: str, detail: str = "") -> LimitExceeded:
     return LimitExceeded(422, code, messages.error_message(code, detail))
+
+
+@contextmanager
+def _damage_refused() -> Iterator[None]:
+    """What a damaged or crafted archive raises while it is listed and unpacked (a member whose CRC
+    or compressed stream is broken, a truncated tar.gz, an encrypted or unknown zip method, a name
+    too long for the disk, a sidecar nested past the JSON parser's depth) is
+    ``upload:archive-unreadable`` with what went wrong, never a 500 (issue 36: seven crafted archives
+    answered Django's HTML 500). A full disk stays the caller's 507."""
+    try:
+        yield
+    except (LimitExceeded, RunInputError):  # the caller's own refusals
+        raise
+    except OSError as exc:
+        if disk.is_full(exc):
+            raise
+        raise refusal("upload:archive-unreadable", f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+    except (
+        EOFError,
+        tarfile.TarError,
+        zipfile.BadZipFile,
+        zlib.error,
+        lzma.LZMAError,
+        NotImplementedError,
+        RuntimeError,  # RecursionError, zipfile's "File is encrypted"
+        ValueError,  # UnicodeDecodeError, a NUL in a member's name
+    ) as exc:
+        raise refusal("upload:archive-unreadable", f"{type(exc).__name__}: {str(exc)[:200]}") from exc
 
 
 @dataclass(frozen=True)
@@ -109,7 +143,8 @@ def check_listing(path: Path) -> Listing:
     room = max(0, (disk.free_bytes() - settings.DISK_MIN_FREE_BYTES) // 2)
     cap = min(settings.UPLOAD_MAX_BYTES, room)
     try:
-        members = list_members(path, max_members=_max_members(), max_total_bytes=cap)
+        with _damage_refused():  # a damaged stream is met while listing a compressed tar, too
+            members = list_members(path, max_members=_max_members(), max_total_bytes=cap)
     except RunInputError as exc:
         too_many = exc.code.endswith("too-many-members")
         if not too_many and cap < settings.UPLOAD_MAX_BYTES:
@@ -275,7 +310,8 @@ def create_run(
     scratch = Path(tempfile.mkdtemp(prefix="oomscope-run-", dir=getattr(settings, "FILE_UPLOAD_TEMP_DIR", None)))
     fresh: list[str] = []  # blobs this call wrote: removed again if the run is not made
     try:
-        ranks = read_ranks(path, scratch, project, listing)
+        with _damage_refused():
+            ranks = read_ranks(path, scratch, project, listing)
         stem = PurePosixPath(archive.name or "run").name.split(".")[0] or "run"
         name = fields.get("run") or f"{stem}-{archive_sha256[:8]}"
         common = {k: v for k, v in run_meta.items() if k not in PER_RANK_FIELDS}

@@ -37,7 +37,8 @@ from django.utils import timezone
 from analysis.regression import Regression, compare_runs
 from analysis.runs import RankInput, summarise
 from analysis.stored import upgrade
-from webapp.snapshots.models import Project, Report, Run, RunPolicy, Upload, WebhookDelivery
+from webapp.snapshots import messages
+from webapp.snapshots.models import PolicyChange, Project, Report, Run, RunPolicy, Upload, WebhookDelivery
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -237,24 +238,56 @@ def run_compare(run: Run, *, max_regression_pct: float | None = None) -> Regress
     )
 
 
-def baseline_pin(project: Project, run: Run | None) -> RunPolicy:
-    """Pin ``run`` as the project's baseline; None goes back to "the latest run on main"."""
+def baseline_pin(project: Project, run: Run | None, *, by: Any = None, token: Any = None) -> RunPolicy:
+    """Pin ``run`` as the project's baseline; None goes back to "the latest run on main". Recorded
+    (``PolicyChange``) with ``by`` (the user) and ``token`` (the API token used, if any)."""
     policy = policy_for(project)
+    before = policy.baseline_run.name if policy.baseline_run else "the latest run on main"
     policy.baseline_run = run
     policy.baseline = RunPolicy.Baseline.PINNED if run is not None else RunPolicy.Baseline.LATEST_MAIN
-    policy.save(update_fields=["baseline_run", "baseline"])
+    with transaction.atomic():
+        policy.save(update_fields=["baseline_run", "baseline"])
+        after = run.name if run is not None else "the latest run on main"
+        _record(project, by, token, [f"baseline: {before} -> {after}"])
     return policy
 
 
-def policy_update(project: Project, **fields: Any) -> RunPolicy:
-    """Set the threshold, main branch, webhook URL or retention (the keys given, already validated)."""
+def policy_update(project: Project, *, by: Any = None, token: Any = None, **fields: Any) -> RunPolicy:
+    """Set the threshold, main branch, webhook URL or retention (the keys given, already validated);
+    each change recorded (``PolicyChange``: who, when, what; the webhook's URL, never its secret)."""
     policy = policy_for(project)
     allowed = {"max_regression_pct", "main_branch", "webhook_url", "retention_days"}
+    changed = []
     for key, value in fields.items():
-        if key in allowed:
+        if key in allowed and getattr(policy, key) != value:
+            changed.append(f"{key}: {getattr(policy, key)!r} -> {value!r}")
             setattr(policy, key, value)
-    policy.save()
+    with transaction.atomic():
+        policy.save()
+        _record(project, by, token, changed)
     return policy
+
+
+def _record(project: Project, by: Any, token: Any, changes: list[str]) -> None:
+    user = by if getattr(by, "is_authenticated", False) else None
+    for what in changes:
+        PolicyChange.objects.create(
+            project=project, user=user, token_prefix=getattr(token, "prefix", "") or "", what=what[:600]
+        )
+
+
+def policy_changes(project: Project, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest recorded changes of the project's gate."""
+    rows = PolicyChange.objects.filter(project=project).select_related("user")[:limit]
+    return [
+        {
+            "at": c.at.isoformat(),
+            "user": c.user.get_username() if c.user else None,
+            "token": c.token_prefix or None,
+            "what": c.what,
+        }
+        for c in rows
+    ]
 
 
 # --- the webhook -----------------------------------------------------------------------------
@@ -297,6 +330,55 @@ def webhook_attempt(delivery_id: int) -> bool:
         raise
     WebhookDelivery.objects.filter(pk=delivery_id).update(status_code=status, error="", delivered_at=timezone.now())
     return True
+
+
+def webhook_deliveries(project: Project, limit: int = 10) -> list[dict[str, Any]]:
+    """The project's newest alert deliveries: each one's status and last error (issue 35: a refused
+    delivery was visible only in the worker's log)."""
+    rows = WebhookDelivery.objects.filter(run__project=project).select_related("run").order_by("-created_at", "-id")
+    return [
+        {
+            "run": d.run.name,
+            "run_code": d.run.code,
+            "url": d.url,
+            "attempts": d.attempts,
+            "status_code": d.status_code,
+            "error": d.error,
+            "created_at": d.created_at.isoformat(),
+            "delivered_at": d.delivered_at.isoformat() if d.delivered_at else None,
+            "state": "delivered" if d.delivered_at else ("failed" if d.error else "pending"),
+        }
+        for d in rows[:limit]
+    ]
+
+
+WEBHOOK_TEST_TIMEOUT = 5.0  # a page waits for it: shorter than a delivery's
+
+
+def webhook_test(project: Project) -> dict[str, Any]:
+    """Send a test alert to the project's webhook now, as a delivery is sent (signed, to the one
+    address checked, no redirect): ``{"delivered", "status", "error"}``."""
+    from webapp.snapshots import webhooks
+
+    policy = policy_for(project)
+    if not policy.webhook_url:
+        return {"delivered": False, "status": None, "error": messages.WEBHOOK_NONE}
+    body = {
+        "text": f"oomscope: a test alert from project {project.slug}; regression alerts will look like this.",
+        "oomscope": {
+            "project": project.slug,
+            "test": True,
+            "url": site_path(reverse("snapshots:project_runs", args=[project.slug])),
+        },
+    }
+    allow_private = bool(getattr(settings, "WEBHOOK_ALLOW_PRIVATE_HOSTS", False))
+    try:
+        status = webhooks.post(
+            policy.webhook_url, policy.webhook_secret, body, timeout=WEBHOOK_TEST_TIMEOUT, allow_private=allow_private
+        )
+    except webhooks.WebhookError as err:
+        return {"delivered": False, "status": err.status, "error": str(err)[:300]}
+    return {"delivered": True, "status": status, "error": ""}
 
 
 # --- retention and deletion --------------------------------------------------------------------
@@ -353,6 +435,11 @@ def run_url(run: Run, request: HttpRequest | None = None) -> str:
     path = reverse("snapshots:run", args=[run.code])
     if request is not None:
         return request.build_absolute_uri(path)
+    return site_path(path)
+
+
+def site_path(path: str) -> str:
+    """``path`` under ``SITE_URL`` (relative while it is unset: the settings page says so)."""
     return (getattr(settings, "SITE_URL", "") or "").rstrip("/") + path
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -28,18 +29,7 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
         raise Http404
     team = project.team
     if request.method == "POST":
-        form = RunPolicyForm(request.POST)
-        if not form.is_valid():
-            field, detail = first_error(form)
-            flash.error(request, f"{field}: {detail}")
-        else:
-            changes = form.changes()
-            needs = "manage" if {"webhook_url", "retention_days"} & set(changes) else "write"
-            if services.can(request.user, team, needs):
-                runs.policy_update(project, **changes)
-                flash.success(request, messages.RUN_POLICY_SAVED)
-            else:
-                flash.error(request, messages.RUN_FORBIDDEN)
+        _policy_post(request, project)
         return redirect("snapshots:project_runs", slug=slug)
     branch, tag = request.GET.get("branch", ""), request.GET.get("tag", "")
     rows = list(runs.runs_of(project, branch=branch, tag=tag).select_related("project")[:500])
@@ -60,8 +50,34 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
             "policy": runs.policy_dict(policy, show_secret=manage),
             "can_write": services.can(request.user, team, "write"),
             "can_manage": manage,
+            "deliveries": runs.webhook_deliveries(project) if manage else [],
+            "policy_changes": runs.policy_changes(project, limit=10) if manage else [],
+            "site_url_unset": not settings.SITE_URL,
         },
     )
+
+
+def _policy_post(request: HttpRequest, project: Any) -> None:
+    """The settings form, or its "send a test" button: a team admin's (issue 36), recorded."""
+    if not services.can(request.user, project.team, "manage"):
+        flash.error(request, messages.POLICY_ADMIN_ONLY)
+        return
+    if request.POST.get("action") == "test-webhook":
+        sent = runs.webhook_test(project)
+        if sent["delivered"]:
+            flash.success(request, messages.WEBHOOK_TEST_SENT.format(status=sent["status"]))
+        else:
+            flash.error(request, messages.WEBHOOK_TEST_FAILED.format(error=sent["error"]))
+        return
+    form = RunPolicyForm(request.POST)
+    if not form.is_valid():
+        field, detail = first_error(form)
+        flash.error(request, f"{field}: {detail}")
+        return
+    policy = runs.policy_update(project, by=request.user, **form.changes())
+    flash.success(request, messages.RUN_POLICY_SAVED)
+    if policy.webhook_url and not settings.SITE_URL:
+        flash.warning(request, messages.WEBHOOK_NO_SITE_URL)
 
 
 @login_required
@@ -84,6 +100,7 @@ def run(request: HttpRequest, run_code: str) -> HttpResponse:
         "is_baseline": policy.baseline_run_id == found.pk,
         "policy": runs.policy_dict(policy, show_secret=False),
         "can_write": services.can(request.user, team, "write"),
+        "can_manage": services.can(request.user, team, "manage"),
         "can_delete": run_can_delete(request, found),
     }
     return render(request, "snapshots/run.html", context)
@@ -99,13 +116,15 @@ def _run_action(request: HttpRequest, found: Any) -> HttpResponse:
         runs.run_delete(found)
         flash.success(request, messages.RUN_DELETED)
         return redirect("snapshots:project_runs", slug=slug)
-    if not services.can(request.user, found.project.team, "write"):
+    if action in ("pin", "unpin") and not services.can(request.user, found.project.team, "manage"):
+        flash.error(request, messages.POLICY_ADMIN_ONLY)
+    elif not services.can(request.user, found.project.team, "write"):
         flash.error(request, messages.RUN_FORBIDDEN)
     elif action == "pin":
-        runs.baseline_pin(found.project, found)
+        runs.baseline_pin(found.project, found, by=request.user)
         flash.success(request, messages.RUN_BASELINE_PINNED)
     elif action == "unpin":
-        runs.baseline_pin(found.project, None)
+        runs.baseline_pin(found.project, None, by=request.user)
         flash.info(request, messages.RUN_BASELINE_UNPINNED)
     elif action == "analyse":
         runs.run_analyse_now(found)

@@ -30,8 +30,9 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ra
 
 from analysis import readout
 from analysis.stored import upgrade
-from webapp.snapshots import followups, liveness, messages, quota, runarchive, runs
+from webapp.snapshots import disk, followups, liveness, messages, quota, ratelimits, runarchive, runs
 from webapp.snapshots.models import ApiToken, Invitation, Membership, Project, Report, Run, ShareLink, Team, Upload
+from webapp.snapshots.ratelimits import LimitExceeded
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
@@ -241,12 +242,19 @@ def member_invite(by: User, team: Team, who: str, role: str) -> Membership | Inv
     if found is None and "@" in who:
         matches = list(users.filter(email__iexact=who)[:2])
         found = matches[0] if len(matches) == 1 else None
-    if found is None:
+    if not who:
         raise TeamError("team:no-such-user", messages.TEAM_NO_SUCH_USER.format(who=who))
+    if found is None:
+        # The same answer as for an account (issue 36: the form told whether an account or e-mail
+        # exists): an invitation that names no account, listed as typed, which nobody can accept.
+        invitation, _ = Invitation.objects.update_or_create(
+            team=team, user=None, invited_as=who[:254], defaults={"role": role, "invited_by": by}
+        )
+        return invitation
     membership = Membership.objects.filter(team=team, user=found).first()
     if membership is None:
         invitation, _ = Invitation.objects.update_or_create(
-            team=team, user=found, defaults={"role": role, "invited_by": by}
+            team=team, user=found, defaults={"role": role, "invited_by": by, "invited_as": who[:254]}
         )
         return invitation
     if membership.role == Membership.Role.OWNER:
@@ -275,7 +283,11 @@ def invitation_cancel(by: User, team: Team, username: str) -> None:
     """An admin withdraws a pending invitation."""
     if not can(by, team, "manage"):
         raise TeamError("team:forbidden", messages.TEAM_FORBIDDEN)
-    deleted, _ = Invitation.objects.filter(team=team, user__username=username).delete()
+    deleted, _ = (
+        Invitation.objects.filter(team=team)
+        .filter(Q(invited_as=username) | Q(invited_as="", user__username=username))
+        .delete()
+    )
     if not deleted:
         raise TeamError("team:no-such-invitation", messages.TEAM_NO_SUCH_INVITATION)
 
@@ -325,8 +337,12 @@ def team_dict(team: Team, user: AnyUser) -> dict[str, Any]:
         "members": [{"username": m.user.get_username(), "email": m.user.email, "role": m.role} for m in members],
         # Pending invitations are the admins' business only.
         "invitations": [
-            {"username": i.user.get_username(), "role": i.role, "invited_by": i.invited_by.get_username()}
-            for i in team.invitations.select_related("user", "invited_by").order_by("user__username")
+            {
+                "username": i.invited_as or (i.user.get_username() if i.user else ""),
+                "role": i.role,
+                "invited_by": i.invited_by.get_username(),
+            }
+            for i in team.invitations.select_related("user", "invited_by").order_by("invited_as", "user__username")
         ]
         if can(user, team, "manage")
         else [],
@@ -577,6 +593,15 @@ def upload_project(user: AnyUser, token: ApiToken | None, slug: str) -> Project:
     return project
 
 
+def _check_run_open(project: Project, user: User, run_name: str) -> None:
+    """A finished run's ranks are replaced by a team admin only (issue 36: a member or CI token
+    re-uploaded a good file under the run's name, and the gate's answer flipped)."""
+    if not run_name or can(user, project.team, "manage"):
+        return
+    if Run.objects.filter(project=project, name=run_name, status=Run.Status.DONE).exists():
+        raise LimitExceeded(409, "run:finished", messages.RUN_FINISHED.format(name=run_name))
+
+
 def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) -> Upload | Run:
     """An upload that passed the intake (``intake.admit``), stored: the checks that need its
     project, then the row (or, for a tar or zip of a run's ranks, the run and its rows).
@@ -588,6 +613,7 @@ def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) ->
     used before with other bytes.
     """
     project = upload_project(user, token, admission.project_slug)
+    _check_run_open(project, user, str(admission.fields.get("run") or ""))
     quota.check_team_queued_cost(project.team_id, admission.cost_bytes)
     if admission.fields.get("follows") not in (None, "", followups.NONE):  # refused before the bytes are stored
         followups.incident_for(project, str(admission.fields["follows"]))
@@ -614,6 +640,17 @@ def upload_admit(admission: Admission, *, user: User, token: ApiToken | None) ->
         run_meta=admission.run_meta,
         estimated_cost=admission.cost_bytes,
     )
+
+
+def reanalysis_admit(request: Any, upload: Upload, user: User) -> None:
+    """The checks an upload passes, for a re-analysis of ``upload``'s stored bytes (issue 36: 25 of
+    them in 1.9 s took a team to 2.9x its quota): the upload rates, the disk guard, the team's queued
+    cost with this analysis's estimate, and its storage quota (the new row counts the file's bytes
+    again, ``quota.team_usage_bytes``). ``LimitExceeded`` for the first that fails."""
+    ratelimits.check_upload_rate(request, user, getattr(request, "api_token", None))
+    disk.check_room(upload.bytes)
+    quota.check_team_queued_cost(upload.project.team_id, upload.estimated_cost)
+    quota.check_team_quota(upload.project.team_id, upload.bytes)
 
 
 def upload_reanalyse(upload: Upload, user: User, *, oom_message: str) -> Upload:
@@ -954,24 +991,29 @@ def upload_fail(upload_id: int, code: str, detail: str = "") -> None:
     runs.upload_settled(upload_id)
 
 
-def uploads_requeue_stale() -> list[int]:
+def uploads_requeue_stale(exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """Uploads to publish again: stale RUNNING rows go back to QUEUED; old QUEUED rows are re-sent.
 
     Covers a worker killed mid-analysis (its heartbeat stops), a message lost between
     commit and publish, and a broker that lost its queue. Rows past the attempt limit are
     failed here instead of looping. A RUNNING row whose claiming process provably still runs
-    (``liveness``), within the task's hard time limit, is left to it however old its heartbeat.
+    (``liveness``), within the task's hard time limit, is left to it however old its heartbeat;
+    ``exclude``: uploads whose result is parked (``tasks.store_parked_results``), not to run again.
     """
     now = timezone.now()
     stale_running = now - timedelta(seconds=settings.SWEEP_STALE_RUNNING_SECONDS)
     stale_queued = now - timedelta(seconds=settings.SWEEP_STALE_QUEUED_SECONDS)
     ids: list[int] = []
-    for upload in Upload.objects.filter(
-        Q(status=Upload.Status.RUNNING, heartbeat_at__lt=stale_running)
-        | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
-        # publish failed at upload time (broker down): send it at the next sweep
-        | Q(status=Upload.Status.QUEUED, queued_at__isnull=True)
-    ).only("id", "status", "attempts", "claimed_by", "started_at", "task_id"):
+    for upload in (
+        Upload.objects.filter(
+            Q(status=Upload.Status.RUNNING, heartbeat_at__lt=stale_running)
+            | Q(status=Upload.Status.QUEUED, queued_at__lt=stale_queued)
+            # publish failed at upload time (broker down): send it at the next sweep
+            | Q(status=Upload.Status.QUEUED, queued_at__isnull=True)
+        )
+        .exclude(pk__in=list(exclude))
+        .only("id", "status", "attempts", "claimed_by", "started_at", "task_id")
+    ):
         if upload.status == Upload.Status.RUNNING and _runs_it_still(
             upload.claimed_by, upload.started_at, upload.id, upload.task_id
         ):
@@ -1173,9 +1215,13 @@ def api_token_create(
     project: Project | None = None,
     name: str = "",
     expires_at: datetime | None = None,
+    scope: str = "full",
 ) -> str:
     """A new token for ``user`` (shown once: only its hash is kept). With ``project`` it reaches
-    that project only, and uploads go there by default; with ``expires_at`` it stops working then."""
+    that project only, and uploads go there by default; with ``expires_at`` it stops working then;
+    ``scope`` "gate": it only reads (a CI job asking the regression gate)."""
+    if scope not in ("full", "gate"):
+        raise ValueError(f"token scope {scope!r}: full or gate")
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
     ApiToken.objects.create(
         user=user,
@@ -1185,6 +1231,7 @@ def api_token_create(
         project=project,
         name=name.strip()[:100],
         expires_at=expires_at,
+        scope=scope,
     )
     return token
 
@@ -1223,6 +1270,7 @@ def api_tokens_of(user: User) -> list[dict[str, Any]]:
             "prefix": t.prefix,
             "name": t.name,
             "project": t.project.slug if t.project else None,
+            "scope": t.scope,
             "created_at": t.created_at.isoformat(),
             "last_used_at": t.last_used_at.isoformat() if t.last_used_at else None,
             "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,

@@ -6,6 +6,7 @@ claims it with one conditional UPDATE, and every outcome ends in DONE or FAILED.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -172,12 +173,15 @@ def _analyse(upload: Any) -> None:
                 charts=True,
             )
             kept = _keep_stores(upload, Path(stores), analysis.json_bytes)
-        finished = services.upload_finish(
-            upload_id, report=analysis.report, charts=analysis.charts or {}, stored_bytes=analysis.json_bytes + kept
-        )
+        finished = _finish_or_park(upload_id, analysis.report, analysis.charts or {}, analysis.json_bytes + kept)
         if not finished:  # deleted meanwhile: the stores just written must not outlive it
             services.explore_stores_drop_if_unused(upload.sha256)
         log.info("upload %s: done (analysis and charts %.1fs)", upload_id, time.monotonic() - started)
+    except ResultParked:
+        # The disk was full at the final write: the result waits in the pending folder and the
+        # sweep stores it once writes work again; the row must not say "failed" (issue 36).
+        services.claim_release(upload_id, str(upload.task_id or ""))
+        log.warning("upload %s: analysed, its result parked until the disk has room", upload_id)
     except SnapshotError as exc:
         services.upload_fail(upload_id, exc.code, str(getattr(exc, "message", exc)))
         log.info("upload %s: refused: %s", upload_id, exc)
@@ -194,6 +198,78 @@ def _analyse(upload: Any) -> None:
 
 
 analyse_upload_task = analyse_upload
+
+
+# --- the final write on a full disk (issue 36: the analysis was lost for good) ------------------
+
+
+class ResultParked(Exception):
+    """The final write failed for lack of space; the result was parked (``park_result``)."""
+
+
+def pending_dir() -> Path:
+    """Where results wait whose final write found the disk full: beside the uploads, so parking
+    needs room on the uploads' disk only, never the database's."""
+    return Path(settings.MEDIA_ROOT) / "pending-results"
+
+
+def _disk_full(exc: BaseException) -> bool:
+    from webapp.snapshots import disk
+
+    return disk.is_full(exc) or disk.database_full(exc)
+
+
+def _finish_or_park(upload_id: int, report: dict[str, Any], charts: dict[str, Any], stored_bytes: int) -> bool:
+    """``services.upload_finish``; on a full disk (the database's or the files') the result is
+    parked instead and ``ResultParked`` raised. Parking that fails too raises the first error: the
+    row stays running under a released claim and the sweep analyses the upload again."""
+    try:
+        return services.upload_finish(upload_id, report=report, charts=charts, stored_bytes=stored_bytes)
+    except Exception as exc:
+        if not _disk_full(exc):
+            raise
+        try:
+            park_result(upload_id, {"report": report, "charts": charts, "stored_bytes": stored_bytes})
+        except OSError as parked_exc:
+            log.error("upload %s: the result could not be parked either: %s", upload_id, parked_exc)
+            raise exc from None
+        raise ResultParked(str(exc)) from exc
+
+
+def park_result(upload_id: int, result: dict[str, Any]) -> Path:
+    """Write ``result`` to the pending folder (a temporary name, then a rename: never half a file)."""
+    folder = pending_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{int(upload_id)}.json"
+    partial = folder / f".{int(upload_id)}.json.partial"
+    try:
+        partial.write_text(json.dumps(result, separators=(",", ":"), allow_nan=False))
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def store_parked_results() -> tuple[int, set[int]]:
+    """Store each parked result (the sweep's first step); returns (stored, upload ids still parked)."""
+    stored, waiting = 0, set()
+    folder = pending_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        upload_id = int(path.stem)
+        try:
+            result = json.loads(path.read_text())
+            services.upload_finish(
+                upload_id, report=result["report"], charts=result["charts"], stored_bytes=result["stored_bytes"]
+            )
+        except Exception as exc:
+            if not _disk_full(exc):
+                raise
+            waiting.add(upload_id)
+            log.warning("upload %s: parked result still not stored: %s", upload_id, exc)
+            continue
+        path.unlink(missing_ok=True)  # stored, or its upload was deleted meanwhile
+        stored += 1
+    return stored, waiting
 
 
 def _child_limits(path: Path) -> runner.Limits:
@@ -284,8 +360,12 @@ def _requeue_dead_claims(sender: Any = None, **_kwargs: Any) -> None:
 
 @app.task(name="snapshots.sweep_uploads", ignore_result=True)
 def sweep_uploads(**_future_kwargs: Any) -> int:
-    """Re-publish uploads that are stuck (run by beat every ``SWEEP_INTERVAL_SECONDS``)."""
-    ids = services.uploads_requeue_stale()
+    """Store the results parked on a full disk, then re-publish uploads that are stuck (run by beat
+    every ``SWEEP_INTERVAL_SECONDS``); an upload whose result is still parked is not run again."""
+    stored, parked = store_parked_results()
+    if stored:
+        log.warning("sweep: stored %d results parked while the disk was full", stored)
+    ids = services.uploads_requeue_stale(exclude=parked)
     for upload_id in ids:
         analyse_upload_task.delay(upload_id)
     if ids:

@@ -310,6 +310,11 @@ def reanalyse_with_message(request: HttpRequest, code: str) -> HttpResponse:
     if not text:
         flash.error(request, messages.REANALYSE_EMPTY)
         return back
+    try:
+        services.reanalysis_admit(request, upload_row, request.user)  # type: ignore[arg-type]
+    except LimitExceeded as err:
+        flash.error(request, err.message)
+        return back
     again = services.upload_reanalyse(upload_row, request.user, oom_message=text)  # type: ignore[arg-type]
     flash.info(request, messages.REANALYSE_QUEUED)
     return redirect("snapshots:detail", code=again.code)
@@ -587,11 +592,8 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
                     request.POST.get("role") or "member",
                 )
                 if isinstance(m, Invitation):
-                    flash.success(
-                        request,
-                        f"{m.user.get_username()} is invited as {m.role}; "
-                        "they join when they accept on their Teams page.",
-                    )
+                    # Worded from what was typed, whether or not an account has it (issue 36).
+                    flash.success(request, messages.TEAM_INVITED.format(who=m.invited_as, role=m.role))
                 else:
                     flash.success(request, f"{m.user.get_username()} is now {m.role} of {team_row.name}.")
             elif action == "cancel_invitation":
@@ -643,7 +645,12 @@ def tokens(request: HttpRequest) -> HttpResponse:
             flash.error(request, messages.TOKEN_PROJECT_UNKNOWN.format(slug=slug))
             status = 400
         else:
-            new_token = services.api_token_create(user, project=project, name=request.POST.get("name") or "")  # type: ignore[arg-type]
+            new_token = services.api_token_create(
+                user,  # type: ignore[arg-type]
+                project=project,
+                name=request.POST.get("name") or "",
+                scope="gate" if request.POST.get("scope") == "gate" else "full",
+            )
     projects = services.visible_projects(user).order_by("team__name", "name")
     writable = [p.slug for p in services.writable_projects(user).order_by("team__name", "name")]
     response = render(

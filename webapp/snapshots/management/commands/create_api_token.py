@@ -30,6 +30,12 @@ class Command(BaseCommand):
         parser.add_argument("--team", help="team slug or name; created if missing, USER joins it")
         parser.add_argument("--project", help="project slug inside --team; created if missing")
         parser.add_argument("--days", type=float, help="the token expires this many days from now")
+        parser.add_argument(
+            "--scope",
+            choices=("full", "gate"),
+            default="full",
+            help="gate: a read-only token (a CI job that asks the regression gate); full: what USER may do",
+        )
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
@@ -62,4 +68,6 @@ class Command(BaseCommand):
             if options["days"] <= 0:
                 raise CommandError("--days must be positive")
             expires_at = timezone.now() + timedelta(days=options["days"])
-        self.stdout.write(services.api_token_create(user, default_project=project, expires_at=expires_at))
+        self.stdout.write(
+            services.api_token_create(user, default_project=project, expires_at=expires_at, scope=options["scope"])
+        )
