@@ -41,7 +41,8 @@ from analysis.allocator import (
     whatif,
 )
 from analysis.allocator import compiled as compiled_loops
-from analysis.allocator.config import setting_named, setting_of, whatif_candidates
+from analysis.allocator.config import AllocatorConfig, setting_named, setting_of, whatif_candidates
+from analysis.allocator.recorded import AllocatorState, RecordedReplay
 from analysis.allocator.requests import _recorded_reserved, reads_recorded_state
 from analysis.categories import (
     ACTIVATIONS,
@@ -54,7 +55,6 @@ from analysis.categories import (
     optimizer_windows,
 )
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
-from analysis.config import AllocatorConfig
 from analysis.decision import decide
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
@@ -76,7 +76,6 @@ from analysis.parallel import Pending, Pool
 from analysis.phases import tag_phases
 from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.reader import ReadLimits, read_snapshot
-from analysis.replay import AllocatorState, RecordedReplay
 from analysis.stacks import (
     TRAIT_AUTOCAST,
     TRAIT_BACKWARD,

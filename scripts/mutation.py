@@ -73,7 +73,6 @@ TARGETS = (
             "AllocatorConfig.should_split",
             "AllocatorConfig.block_fits",
             "AllocatorConfig.round_sizes",
-            "AllocatorConfig.allocation_sizes",
             "is_small",
             "_roundup_power2_next_division",
         ),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = frozenset({"analysis.model", "analysis.errors", "analysis.config", "analysis.steps"})
+BASE = frozenset({"analysis.model", "analysis.errors", "analysis.allocator.config", "analysis.steps"})
 
 
 def imported(path: Path) -> set[str]:

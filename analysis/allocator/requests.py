@@ -622,27 +622,6 @@ class Requests:
         _remember(self._listed, key, out)
         return out
 
-    def stream_keys(self) -> list[tuple[int, int, int, int]]:
-        """One comparable key per request: (op, size, lane, the request that allocated the
-        block a free frees, -1 otherwise). Two runs of one program make the same requests
-        as long as these are equal; recorded addresses are left out (each run has its own
-        driver's). A flush's key carries nothing but its op."""
-        lanes = [0] * len(self.ops) if self.lane is None else self.lane.tolist()
-        sizes = self.sizes.tolist()
-        owner: dict[int, int] = {}
-        keys = []
-        for k, (op, ra) in enumerate(zip(self.ops, self.raddrs, strict=True)):
-            if op == _OP_FLUSH:
-                keys.append((op, 0, 0, -1))
-                continue
-            if op in (_OP_ALLOC, _OP_OOM):
-                if op == _OP_ALLOC:
-                    owner[ra] = k
-                keys.append((op, sizes[k], lanes[k], -1))
-            else:
-                keys.append((op, sizes[k], lanes[k], owner.get(ra, -1)))
-        return keys
-
     def with_tail(
         self, dev: DeviceData, cfg: AllocatorConfig, tail: Any
     ) -> tuple[npt.NDArray[np.intp], list[int], list[int], list[int], list[int]]:

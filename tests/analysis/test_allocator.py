@@ -30,8 +30,8 @@ from analysis.allocator import (
     trace_is_complete,
     whatif,
 )
+from analysis.allocator.config import AllocatorConfig, ConfigError
 from analysis.allocator.requests import requests_for
-from analysis.config import AllocatorConfig, ConfigError
 from analysis.model import (
     ALLOC,
     FREE_COMPLETED,

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from analysis.allocator import LimitEstimate, whatif
+from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.recorded import AllocatorState, BlockState, SegmentState
-from analysis.config import AllocatorConfig
 from analysis.limits import Limit, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import (
     ALLOC,

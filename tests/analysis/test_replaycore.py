@@ -23,11 +23,10 @@ import numpy as np
 import pytest
 
 from analysis.allocator import compiled, infer_limit, simulate_layout
-from analysis.allocator.config import K_SMALL_SIZE, MB
+from analysis.allocator.config import K_SMALL_SIZE, MB, AllocatorConfig
 from analysis.allocator.policy import _Model, _simulate
 from analysis.allocator.recorded import RecordedReplay, _Replayer, recorded_replay
 from analysis.allocator.requests import _OP_ALLOC, _OP_FLUSH, _OP_FREE, _OP_FREE_DONE, _OP_FREE_REQ, _OP_OOM
-from analysis.config import AllocatorConfig
 from analysis.errors import SnapshotError
 from analysis.model import Snapshot
 from analysis.reader import read_snapshot

@@ -1,4 +1,4 @@
-"""runner.run_analysis: the analysis child under rlimits, with its policy replays in processes of their own."""
+"""runner.run_child: the analysis child under rlimits, with its policy replays in processes of their own."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def test_an_analysis_with_jobs_gives_the_report_of_one_process() -> None:
     path = FIXTURES / "gpt_varlen_oom.pickle.gz"
     limits = runner.limits_for(path, per_byte=6, minimum=1 << 30, maximum=4 << 30, cpu=120, wall=120)
-    one = runner.run_analysis(path, limits)
-    three = runner.run_analysis(path, runner.Limits(limits.memory_bytes, limits.cpu_seconds, limits.wall_seconds, 3))
+    one = runner.run_child(path, limits).report
+    three = runner.run_child(
+        path, runner.Limits(limits.memory_bytes, limits.cpu_seconds, limits.wall_seconds, 3)
+    ).report
     assert limits.jobs == 1
     assert json.dumps(three, sort_keys=True) == json.dumps(one, sort_keys=True)
     assert one["devices"][0]["oom"]["verdict"] == "fragmentation"
