@@ -582,6 +582,12 @@ class Requests:
     # sums a column of every event, and each replay of the trace asks.
     complete: bool | None = None
 
+    @property
+    def gc_ran(self) -> bool:
+        """Whether the trace shows ``garbage_collect_cached_blocks`` runs (``_bursts``' "gc" runs):
+        proof that the run was under a per-process cap (``analysis.limits.run_was_capped``)."""
+        return any(b.kind == "gc" for b in self.bursts)
+
     # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
     # engine takes the columns, and a report that runs it never needs these).
     @property
