@@ -81,6 +81,7 @@ def _replay_facts(r: RecordedReplay) -> dict[str, Any]:
         facts[k] = getattr(r, k)
     facts["warnings"] = repr(r.warnings)
     n = r.events
+    facts["whole_free_segments"] = [r.whole_free_segments(i) for i in range(-1, n)]
     # blocks_at replays again up to an index not kept: the loop over a part of the pass.
     facts["states"] = [r.blocks_at(i) for i in sorted({-1, 0, n // 3, n // 2, n - 1}) if -1 <= i < n]
     return facts
