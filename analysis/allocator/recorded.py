@@ -384,8 +384,8 @@ class _Replayer:
             return got
         state = ("free_sz", "free_end", "used", "seg_size", "seg_end", "fcount", "dist", "starts", "bs", "tmin")
         records = ("ns_i", "ns_v", "lf_i", "lf_v", "ignored", "adj_alloc", "adj_active", "tlimit", "cmode", "n_exp")
-        records += ("wf_i", "wf_v")
-        return {k: getattr(self, k) for k in state + records}
+        records_gc = ("wf_i", "wf_v")  # whole_free_segments' records
+        return {k: getattr(self, k) for k in state + records + records_gc}
 
     def _add_segment(self, start: int, size: int, meta: _Meta) -> None:
         bisect.insort(self.starts, start)
