@@ -75,8 +75,12 @@ def test_a_failed_import_beside_the_analysis_is_left_to_the_charts_step() -> Non
     # again and keeps the report without charts when that fails too.
     done = _in_a_fresh_interpreter(
         "import sys, threading\n"
+        "class Full:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'webapp.snapshots.charts':\n"
+        "            raise MemoryError\n"
+        "sys.meta_path.insert(0, Full())\n"
         "from webapp.snapshots import child\n"
-        "sys.modules['webapp.snapshots.charts'] = None\n"
         "child._import_charts_beside()\n"
         "[t.join() for t in threading.enumerate() if t.name == 'charts-import']\n"
         "print(child._charts({'devices': []}))\n"
@@ -84,3 +88,16 @@ def test_a_failed_import_beside_the_analysis_is_left_to_the_charts_step() -> Non
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "{}"
     assert "charts-import" not in done.stderr
+
+
+def test_a_broken_charts_import_fails_the_child_loudly() -> None:
+    # Not the memory cap: a module of ours that cannot be imported is a broken install, never a report
+    # quietly stored without charts (tests/test_import_guards.py; issue 31).
+    done = _in_a_fresh_interpreter(
+        "import sys\n"
+        "from webapp.snapshots import child\n"
+        "sys.modules['webapp.snapshots.charts'] = None\n"
+        "child._charts({'devices': []})\n"
+    )
+    assert done.returncode != 0
+    assert "ModuleNotFoundError" in done.stderr or "ImportError" in done.stderr
