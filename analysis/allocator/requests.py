@@ -199,6 +199,7 @@ def _bursts(
     stack_ids = {int(x) for x in t.stack[rel].tolist() if x >= 0}
     via_empty_cache = _empty_cache_stacks(snapshot, stack_ids)
     ambiguous = _CacheProbe(source if source is not None else ReplaySource(snapshot, device), cfg)
+    ambiguous.expect(_probe_candidates(device, cfg, starts, ends, reqs, floor, gc_recorded))
     # Stack of the segment_alloc that created the segment each segment_free releases.
     created: dict[int, int] = {}
     last_alloc: dict[int, int] = {}
@@ -327,6 +328,27 @@ def _looks_like_release_available(device: DeviceData, cfg: AllocatorConfig, s: i
     return bool((np.diff(sizes) <= 0).all())
 
 
+def _probe_candidates(
+    device: DeviceData, cfg: AllocatorConfig, starts: I64, ends: I64, reqs: I64, floor: int, gc_recorded: bool
+) -> list[int]:
+    """Where ``_bursts`` may probe the cache (``_CacheProbe.served``): before each run of releases
+    followed by a new segment for a request that the limit could have refused (or the GC freed),
+    at the state before the run's completions. A superset of the probes: the stacks and the runs
+    chained to others, which rule some of these out, are ``_bursts``' to read."""
+    act = device.trace.action
+    reserved = _recorded_reserved(device)
+    out = []
+    for s, e, req in zip(starts.tolist(), ends.tolist(), reqs.tolist(), strict=True):
+        if req < 0 or e + 1 >= len(act) or int(act[e + 1]) not in (SEGMENT_ALLOC, SEGMENT_MAP):
+            continue
+        before = int(reserved[s - 1]) if s > 0 else 0
+        if gc_recorded or limit_refuses(before, _request_alloc_size(device, cfg, req), floor):
+            at = _before_completions(act, s) - 1
+            if at >= 0:
+                out.append(at)
+    return out
+
+
 def _before_completions(act: npt.NDArray[np.int8], s: int) -> int:
     """The start of the run of free_completed entries that ends right before ``s``."""
     j = s
@@ -367,6 +389,12 @@ class _CacheProbe:
     def __init__(self, source: ReplaySource, cfg: AllocatorConfig) -> None:
         self.source, self.device, self.cfg = source, source.device, cfg
         self._pools: npt.NDArray[np.int32] | None = None
+
+    def expect(self, indices: list[int]) -> None:
+        """The states ``served`` may read: kept by the recorded replay's one pass when it has not run
+        yet (``ReplaySource.keep``), so that no probe replays the trace again (issue 31)."""
+        if indices and not self.source.built:
+            self.source.keep(indices)
 
     def served(self, index: int, req: int) -> bool:
         if index < 0:
