@@ -35,6 +35,7 @@ from analysis.allocator import (
     Requests,
     build_requests,
     floor_estimate,
+    infer_limit,
     needs_recorded_state,
     replay_check,
     trace_is_complete,
@@ -42,7 +43,7 @@ from analysis.allocator import (
 )
 from analysis.allocator import compiled as compiled_loops
 from analysis.allocator.config import AllocatorConfig, setting_named, setting_of, whatif_candidates
-from analysis.allocator.policy import Beside
+from analysis.allocator.policy import Beside, fitted_limit
 from analysis.allocator.recorded import AllocatorState, RecordedReplay
 from analysis.allocator.requests import _recorded_reserved, reads_recorded_state
 from analysis.categories import (
@@ -58,7 +59,15 @@ from analysis.categories import (
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
 from analysis.decision import decide
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
-from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, run_was_capped, sidecar_limit
+from analysis.limits import (
+    INFERRED,
+    Limit,
+    OomMessage,
+    choose_limit,
+    parse_oom_message,
+    run_was_capped,
+    sidecar_limit,
+)
 from analysis.model import (
     ALLOC,
     INACTIVE,
@@ -358,7 +367,8 @@ def build_whatif(
                 trace_complete=len(outline.steps) > 0 and trace_is_complete(dev),
             )
         requests = build_requests(snapshot, dev)
-        item = _replay_whatif(snapshot, dev, config, _whatif_basis(outline, projection, requests, chosen), requests)
+        basis = _whatif_basis(snapshot, outline, projection, requests, chosen)
+        item = _replay_whatif(snapshot, dev, config, basis, requests)
         item.setdefault("step_completes", None)
         reserved = _recorded_reserved(dev)
         peak = int(reserved.max()) if reserved.size else 0
@@ -843,7 +853,7 @@ def _submit_whatifs(
     if outline.n == 0 or requests is None:
         return []
     dev, recorded = outline.dev, outline.recorded_cfg
-    basis = _whatif_basis(outline, projected, requests, chosen)
+    basis = _whatif_basis(snapshot, outline, projected, requests, chosen)
     if chosen is not None and not basis.capped and recorded.garbage_collection_threshold > 0:
         warnings.append(_gc_without_cap(recorded))
     started: dict[str, Pending] = {}
@@ -867,21 +877,30 @@ class _WhatIfBasis:
     """What every what-if replay of one device runs under, decided once (``_whatif_basis``), for the
     report and the ``whatif`` command alike."""
 
-    limit: Limit | None  # None: the replay bounds it from the trace (``allocator.whatif``)
+    limit: Limit | None  # the report's limit
+    replay_limit: int | None  # what the replays run under; None: bounded from the trace (``allocator.whatif``)
     capped: bool  # a per-process cap: the GC setting acts (``limits.run_was_capped``)
     ends: list[int]  # the steps' last events
     projection: Projection | None  # the failing step's projected tail (an OOM inside a step)
 
 
 def _whatif_basis(
-    outline: _Outline, projected: Projection | None, requests: Requests, chosen: Limit | None
+    snapshot: Snapshot, outline: _Outline, projected: Projection | None, requests: Requests, chosen: Limit | None
 ) -> _WhatIfBasis:
     recorded = outline.recorded_cfg
     capped = run_was_capped(
         chosen, fraction_recorded=recorded.per_process_memory_fraction is not None, gc_ran=requests.gc_ran
     )
     projection = projected if projected is not None and projected.available else None
-    return _WhatIfBasis(chosen, capped, outline.steps.last_event.tolist(), projection)
+    replay_limit = chosen.bytes if chosen is not None else None
+    gc_acts = capped and recorded.garbage_collection_threshold > 0
+    if chosen is not None and chosen.source == INFERRED and gc_acts:
+        # Under the GC, when it starts depends on the cap itself (threshold x limit): the trace's lower
+        # bound would start it elsewhere. The replays take the limit the trace bounds, as the check.
+        estimate = infer_limit(snapshot, outline.dev, requests.recorded_config, requests)
+        fitted = fitted_limit(snapshot, outline.dev, requests.recorded_config, estimate, requests)
+        replay_limit = fitted if fitted is not None else (estimate.lower or None)
+    return _WhatIfBasis(chosen, replay_limit, capped, outline.steps.last_event.tolist(), projection)
 
 
 def _replay_whatif(
@@ -893,7 +912,7 @@ def _replay_whatif(
     beside: Beside | None = None,
 ) -> dict[str, Any]:
     """One what-if's contract item: the step's projected tail replayed too where there is one."""
-    wlimit = basis.limit.bytes if basis.limit is not None else None
+    wlimit = basis.replay_limit
     if basis.projection is not None:
         return step_whatif(
             snapshot,
