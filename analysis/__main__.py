@@ -361,6 +361,8 @@ def summary_text(report: dict[str, Any]) -> str:
     )
     for w in cap["warnings"]:
         lines.append(f"  warning {w['code']}: {w['message']}")
+    for f in cap.get("doctor") or []:
+        lines.append(f"  capture doctor: {f['problem']}; next time: {f['fix']}")
     for dev in report["devices"]:
         s = dev["summary"]
         bound = " (lower bounds)" if s["peak_is_lower_bound"] else ""

@@ -88,6 +88,8 @@ class AdviceContext:
     source_bytes: int
     steps: int
     mean_stack_frames: float = 0.0
+    # The trace's optimizer step already runs fused (``torch/optim`` frames named ``_fused_*``).
+    optimizer_fused: bool = False
     notes: list[str] = field(default_factory=list)
     # bf16 autocast's saving on the peak of live memory, as a range (report._amp_saving_range).
     amp_saving_low: int | None = None
@@ -302,14 +304,24 @@ def _optimizer_applies(ctx: AdviceContext) -> bool:
 def _optimizer_suggest(ctx: AdviceContext) -> dict[str, Any]:
     state = ctx.optimizer_state_bytes
     made_by = f" (made by {ctx.optimizer_labels[0]})" if ctx.optimizer_labels else ""
+    evidence = (
+        f"Optimizer state held {_gib(state)} at the allocation peak{made_by}, "
+        f"{state / max(1, ctx.peak_allocated):.0%} of allocated memory; 8-bit state takes a quarter of float32's "
+        "bytes, sharding divides it by the number of ranks"
+    )
+    if ctx.optimizer_fused:  # a run told to use what it already uses learns nothing (issue 35)
+        return _suggestion(
+            "optimizer_state",
+            "Shrink optimizer state: 8-bit or sharded Adam",
+            "bitsandbytes.optim.AdamW8bit(...) or ZeRO/FSDP sharding",
+            f"{evidence}. The step already runs fused, so fused=True would change nothing.",
+            state * 3 // 4,
+        )
     return _suggestion(
         "optimizer_state",
         "Shrink optimizer state: 8-bit or sharded Adam, fused step",
         "bitsandbytes.optim.AdamW8bit(...) or ZeRO/FSDP sharding; torch.optim.AdamW(..., fused=True)",
-        f"Optimizer state held {_gib(state)} at the allocation peak{made_by}, "
-        f"{state / max(1, ctx.peak_allocated):.0%} of allocated memory; 8-bit state takes a quarter of float32's "
-        "bytes, sharding divides it by the number of ranks, and fused=True avoids the multi-tensor step's "
-        "temporaries.",
+        f"{evidence}, and fused=True avoids the multi-tensor step's temporaries.",
         state * 3 // 4,
     )
 

@@ -1,11 +1,16 @@
 """What kind of memory each allocation is: parameters, gradients, optimizer state,
-activations, temporaries, or unknown.
+activations, temporaries, private pools, or unknown.
 
 The snapshot records no tensor roles, so each allocation is classified from
 its stack (see ``analysis.stacks`` traits) and its lifetime (from the trace's
 alloc/free pairs), with the training steps' optimizer windows as landmarks.
 Rules, first match wins (docs/report.md lists them with examples):
 
+0. ``private_pools``: allocated in a private pool (a CUDA graph's, a
+   ``torch.cuda.MemPool``, a server's cache in its pool): the trace's ``pool_id``
+   where its events carry one, else the address inside a private-pool segment of
+   the final snapshot made before the allocation (``private_pool_allocations``).
+   What a graph captured is its pool's, not activations of a training step.
 1. ``optimizer_state``: allocated under ``torch/optim/`` (or, without frames,
    inside an ``Optimizer.step`` annotation) and either made by the state
    initialisation (``_init_group``) or alive after the optimizer step that made
@@ -34,9 +39,14 @@ Rules, first match wins (docs/report.md lists them with examples):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
+from analysis.allocator.recorded import AllocatorState
+from analysis.model import ACTIVE_ALLOCATED, INACTIVE, SEGMENT_ALLOC, SEGMENT_MAP, Frame, Segment, Trace
 from analysis.stacks import (
     TRAIT_ACCUMULATE_GRAD,
     TRAIT_BACKWARD,
@@ -56,10 +66,13 @@ CATEGORIES: tuple[str, ...] = (
     "activations",
     "temporaries",
     "unknown",
+    "private_pools",
 )
-PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, UNKNOWN = range(6)
+# Codes index CATEGORIES; a new category goes at the end (stored codes keep their meaning).
+PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, UNKNOWN, PRIVATE_POOLS = range(7)
 
 I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
 
 
 def optimizer_windows(annotations: list[tuple[str, str, int]], time_us: I64) -> tuple[I64, I64]:
@@ -129,7 +142,7 @@ def classify(
     trace_has_frames: bool,
     frameless: npt.NDArray[np.bool_] | None = None,
 ) -> npt.NDArray[np.int8]:
-    """A category code per allocation of ``lifetimes`` (vectorised, no per-event loop).
+    """A category code per allocation of ``lifetimes`` (vectorised, no per-event loop): rules 1-5.
 
     ``frameless`` is ``frameless_backward(lifetimes, catalog)`` where the caller has it already."""
     n = lifetimes.n_events
@@ -202,6 +215,12 @@ def classify(
     return out
 
 
+def mark_private_pools(codes: npt.NDArray[np.int8], private: Mask) -> None:
+    """Rule 0, before every other: an allocation made in a private pool (``private_pool_allocations``)
+    is the pool's, whatever its stack and lifetime say (a captured graph's tensors are not activations)."""
+    codes[private] = PRIVATE_POOLS
+
+
 def frameless_backward(lifetimes: Lifetimes, catalog: StackCatalog) -> npt.NDArray[np.bool_]:
     """Frame-less allocations that belong to a backward pass.
 
@@ -227,3 +246,112 @@ def bytes_by_category(codes: npt.NDArray[np.int8], sizes: I64) -> dict[str, int]
     sums = np.zeros(len(CATEGORIES), np.int64)
     np.add.at(sums, codes.astype(np.int64), np.asarray(sizes, np.int64))
     return {name: int(sums[i]) for i, name in enumerate(CATEGORIES)}
+
+
+def private_pool_allocations(lifetimes: Lifetimes, trace: Trace, final: list[Segment]) -> Mask:
+    """Which allocations were made in a private pool.
+
+    The trace's ``pool`` column says so where events carry a ``pool_id``; torch <= 2.11's do not, so
+    there an allocation is a pool's when its address lies in a private-pool segment of the final
+    snapshot (whose ``pool`` is always recorded) and it came after that segment was made (its last
+    ``segment_alloc``/``segment_map`` at the segment's address; before the trace: -1). A graph's pool
+    lives as long as its graph: pools freed before the dump are not known this way.
+    """
+    start, addr = lifetimes.start, lifetimes.addr
+    out: Mask = trace.pool[start] != 0 if start.size else np.zeros(0, bool)
+    private = sorted((s.address, s.address + s.total_size) for s in final if s.pool != 0)
+    if not private or not start.size:
+        return out
+    lo = np.array([p[0] for p in private], np.int64)
+    hi = np.array([p[1] for p in private], np.int64)
+    made = np.full(lo.shape[0], -1, np.int64)
+    created = np.flatnonzero((trace.action == SEGMENT_ALLOC) | (trace.action == SEGMENT_MAP))
+    at = np.searchsorted(lo, trace.addr[created])
+    hit = (at < lo.shape[0]) & (lo[np.minimum(at, lo.shape[0] - 1)] == trace.addr[created])
+    np.maximum.at(made, at[hit], created[hit])  # the last making of each segment's address
+    k = np.searchsorted(lo, addr, side="right") - 1
+    kc = np.maximum(k, 0)
+    inside = (k >= 0) & (addr < hi[kc]) & (start > made[kc])
+    return out | inside
+
+
+@dataclass(frozen=True, slots=True)
+class PrivatePool:
+    """One private pool at a moment: what it reserved and held, and what made it."""
+
+    pool: int  # ordinal into Snapshot.pools
+    pool_id: tuple[int, int]
+    reserved_bytes: int  # its segments
+    allocated_bytes: int  # its live blocks
+    origin: str  # one of POOL_ORIGINS
+    made_by: str  # the label of the stack that made most of its segments ("" without frames)
+
+    @property
+    def label(self) -> str:
+        where = f" at {self.made_by}" if self.made_by else ""
+        return f"pool {self.pool_id[0]},{self.pool_id[1]}: {POOL_ORIGINS[self.origin]}{where}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool,
+            "pool_id": list(self.pool_id),
+            "reserved_bytes": self.reserved_bytes,
+            "allocated_bytes": self.allocated_bytes,
+            "origin": self.origin,
+            "made_by": self.made_by,
+            "label": self.label,
+        }
+
+
+# How a private pool came to be, told from its stacks' frames and its id (torch's MemPool ids: a graph
+# captured without a pool gets ``(uuid, 0)``; ``graph_pool_handle()`` and ``torch.cuda.MemPool()`` give
+# ``(0, uid)``).
+POOL_ORIGINS = {
+    "compile": "CUDA graphs of torch.compile (mode='reduce-overhead')",
+    "server": "an inference server's pool (its KV cache or CUDA graphs)",
+    "cuda_graph": "a CUDA graph capture",
+    "mem_pool": "a shared graph pool or torch.cuda.MemPool",
+}
+_SERVER_DIRS = ("/vllm/", "/sglang/", "/tensorrt_llm/", "/lmdeploy/")
+
+
+def pool_origin_of(frames: list[Frame], pool_id: tuple[int, int]) -> str:
+    """``POOL_ORIGINS`` key of a pool whose stacks hold ``frames``."""
+    names = [f.filename.replace("\\", "/") for f in frames]
+    if any("cudagraph_trees" in n or "/_inductor/" in n for n in names):
+        return "compile"
+    if any(d in n for n in names for d in _SERVER_DIRS):
+        return "server"
+    if any(n.endswith("torch/cuda/graphs.py") for n in names) or (pool_id[0] != 0 and pool_id[1] == 0):
+        return "cuda_graph"
+    return "mem_pool"
+
+
+def private_pools(
+    state: AllocatorState, catalog: StackCatalog, pool_ids: list[tuple[int, int]]
+) -> tuple[PrivatePool, ...]:
+    """The private pools of a state (segments in a pool other than the default one), largest first."""
+    reserved: dict[int, int] = {}
+    allocated: dict[int, int] = {}
+    made: dict[int, dict[int, int]] = {}  # pool -> stack group -> segment bytes
+    frames: dict[int, list[Frame]] = {}
+    for seg in state.segments:
+        if seg.pool == 0:
+            continue
+        reserved[seg.pool] = reserved.get(seg.pool, 0) + seg.total_size
+        allocated[seg.pool] = allocated.get(seg.pool, 0) + sum(
+            b.size for b in seg.blocks if b.state == ACTIVE_ALLOCATED
+        )
+        groups = made.setdefault(seg.pool, {})
+        stacks = [seg.stack] + [b.stack for b in seg.blocks if b.state != INACTIVE]
+        for gid in catalog.groups_of(np.array(stacks, np.int64)).tolist():
+            frames.setdefault(seg.pool, []).extend(catalog.groups[gid].frames)
+        gid = int(catalog.groups_of(np.array([seg.stack], np.int64))[0])
+        groups[gid] = groups.get(gid, 0) + seg.total_size
+    out = []
+    for pool, size in reserved.items():
+        best = max(made[pool].items(), key=lambda kv: (kv[1], -kv[0]))[0]
+        pid = pool_ids[pool] if pool < len(pool_ids) else (0, pool)
+        label = catalog.groups[best].label if best != 0 else ""
+        out.append(PrivatePool(pool, pid, size, allocated[pool], pool_origin_of(frames.get(pool, []), pid), label))
+    return tuple(sorted(out, key=lambda p: (-p.reserved_bytes, p.pool)))

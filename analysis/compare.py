@@ -1,5 +1,5 @@
-"""What changed between two reports: summary deltas, a stack diff by user-code site, the settings
-that differ, and timelines aligned by step. A pure function of two report dicts (no replay).
+"""What changed between two reports, in one sentence and in detail: summary deltas, a stack diff by user-code
+site, the settings that differ, and timelines aligned by step. A pure function of two report dicts (no replay).
 
 - Deltas are B - A of the main device of each report (the device that ran out of memory, else the
   largest), with the share of A.
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from analysis.readout import size
 
 SUMMARY_KEYS = (
     ("peak reserved", "peak_reserved_bytes"),
@@ -140,13 +142,48 @@ def compare(report_a: Mapping[str, Any], report_b: Mapping[str, Any]) -> dict[st
     deltas = [{"name": name, **_delta(sa.get(key), sb.get(key))} for name, key in SUMMARY_KEYS]
     deltas.append({"name": "steps", **_delta(len(dev_a.get("steps") or []), len(dev_b.get("steps") or []))})
     deltas.append({"name": "trace events", **_delta(dev_a.get("events"), dev_b.get("events"))})
+    stacks = stack_diff(
+        [r for r in dev_a.get("top_stacks") or [] if r.get("when") == "peak"],
+        [r for r in dev_b.get("top_stacks") or [] if r.get("when") == "peak"],
+    )
+    settings = settings_diff(report_a.get("capture") or {}, report_b.get("capture") or {})
     return {
+        "conclusion": conclusion(dev_a, dev_b, stacks, settings),
         "deltas": deltas,
         "oom": {"a": (dev_a.get("oom") or {}).get("verdict"), "b": (dev_b.get("oom") or {}).get("verdict")},
-        "stacks_at_peak": stack_diff(
-            [r for r in dev_a.get("top_stacks") or [] if r.get("when") == "peak"],
-            [r for r in dev_b.get("top_stacks") or [] if r.get("when") == "peak"],
-        ),
+        "stacks_at_peak": stacks,
         "churn": stack_diff(dev_a.get("churn") or [], dev_b.get("churn") or []),
-        "settings": settings_diff(report_a.get("capture") or {}, report_b.get("capture") or {}),
+        "settings": settings,
     }
+
+
+def conclusion(
+    dev_a: Mapping[str, Any],
+    dev_b: Mapping[str, Any],
+    stacks: Sequence[Mapping[str, Any]],
+    settings: Sequence[Mapping[str, Any]],
+) -> str:
+    """The comparison in one sentence: B's peak against A's, who ran out of memory, and the largest change
+    by site (or the settings that differ)."""
+    a = int((dev_a.get("summary") or {}).get("peak_reserved_bytes") or 0)
+    b = int((dev_b.get("summary") or {}).get("peak_reserved_bytes") or 0)
+    if b == a:
+        peak = f"B peaks at the same {size(b)} reserved as A"
+    else:
+        share = f" ({abs(b - a) / a:.0%})" if a else ""
+        peak = f"B peaks at {size(b)} reserved, {size(abs(b - a))}{share} {'more' if b > a else 'less'} than A"
+    oom_a, oom_b = bool(dev_a.get("oom")), bool(dev_b.get("oom"))
+    ooms = {
+        (True, True): "; both ran out of memory",
+        (True, False): "; A ran out of memory and B did not",
+        (False, True): "; B ran out of memory and A did not",
+        (False, False): "",
+    }[(oom_a, oom_b)]
+    why = ""
+    if settings:  # a different setting is the first suspect for a different peak
+        why = "; the settings differ: " + ", ".join(str(r.get("name")) for r in settings[:3])
+    moved = next((r for r in stacks if r.get("site") != OTHER and r.get("change") != "same"), None)
+    if moved is not None and int(moved.get("delta") or 0):
+        delta = int(moved["delta"])
+        why += f"; the largest change at the peak: {moved['site']} ({'+' if delta > 0 else '-'}{size(abs(delta))})"
+    return f"{peak}{ooms}{why}."

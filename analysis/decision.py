@@ -10,10 +10,14 @@ result as ``devices[].decision``; the page shows it first. Rules (docs/report.md
   OOM, preferring one whose step is known to complete (``whatif.step_completes``
   true, then unknown, then false); the advisor's order breaks ties. Without such
   a setting, the first suggestion that is not about the capture (a code change).
-- Without an OOM the headline is the idle cache: reserved minus allocated at the
-  reserved peak's event (the timeline keeps that event exactly). The change is the
-  allocator setting whose replay lowers peak reserved memory the most, when it
-  lowers it at all.
+- Without an OOM the headline is the idle cache over the reserved peak's plateau
+  (``devices[].plateau``: the least reserved minus allocated while reserved memory
+  held its peak, and when); "wasted" only where even that least stayed above the
+  advisor's floor. A stored report without ``plateau`` reads the first event at
+  the peak (the timeline keeps it exactly). The change is the allocator setting
+  whose replay lowers peak reserved memory the most, when it lowers it at all.
+- Private pools that hold a large share of reserved memory at the ledger's moment
+  are named as pools in the headline, by what made them (``devices[].ledger``).
 - What the change buys is always the replay's figures (never an estimate) for a
   setting; a code change carries the advisor's estimate, said to be one.
 
@@ -90,11 +94,14 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
     allocator_headline = headline
     if oom:
         headline = f"{headline}{_phase_sentence(dev)}"
+    if cause is None or cause.get("id") != "cuda_graph_pools":
+        headline = f"{headline}{pools_sentence(dev)}"
     if cause is not None:
         # The program's mistake (analysis.causes) comes first: the allocator's view of the failing
         # request stays beside it, and its best setting becomes the runner-up, worded by the cause.
+        pools = pools_sentence(dev) if cause.get("id") != "cuda_graph_pools" else ""
         return {
-            "headline": f"{cause['headline']}{_phase_sentence(dev)}",
+            "headline": f"{cause['headline']}{_phase_sentence(dev)}{pools}",
             "allocator_headline": allocator_headline,
             "cause": cause["id"],
             "cause_label": str(cause["id"]).replace("_", " "),
@@ -117,7 +124,7 @@ def decide(device_report: Mapping[str, Any], capture: Mapping[str, Any]) -> dict
             "runner_up": _change(choice, recorded_conf, short=True),
         }
     change = _change(choice, recorded_conf) if choice else None
-    buys = _buys(choice, oom, summary) if choice else _nothing_buys(oom)
+    buys = _buys(choice, oom, summary, dev.get("events")) if choice else _nothing_buys(oom)
     return {
         "headline": headline,
         "change": change,
@@ -147,6 +154,30 @@ def _device_full_sentence(oom: Mapping[str, Any]) -> str:
         f"But the GPU itself was full ({free} free on it) while PyTorch held {reserved}: if the GPU has more memory "
         "than that, the rest was held outside this process's cache (another process, or a library in this one), "
         "and no allocator setting gives that back."
+    )
+
+
+# Private pools worth naming in the headline: this share of what PyTorch reserved (causes' own floor).
+POOLS_HEADLINE_SHARE = 0.25
+
+
+def pools_sentence(dev: Mapping[str, Any]) -> str:
+    """ " Private pools held X of the Y PyTorch reserved: ..." where pools hold at least
+    ``POOLS_HEADLINE_SHARE`` of reserved memory at the ledger's moment (the OOM, else the reserved peak):
+    memory a pool keeps is neither activations nor cache the program can reuse."""
+    rows = {r.get("id"): r for r in (dev.get("ledger") or {}).get("rows") or []}
+    pools = rows.get("private_pools") or {}
+    held = int(pools.get("bytes") or 0)
+    reserved = held + sum(int((rows.get(k) or {}).get("bytes") or 0) for k in ("allocated", "cached_free"))
+    if not held or held < POOLS_HEADLINE_SHARE * reserved:
+        return ""
+    parts = sorted(pools.get("parts") or [], key=lambda p: -int(p.get("bytes") or 0))
+    largest = parts[0]["label"] if parts else ""
+    many = f"{len(parts)} private pools" if len(parts) > 1 else "A private pool"
+    biggest = f" (the largest {format_size(int(parts[0]['bytes']))}, {largest})" if len(parts) > 1 else f" ({largest})"
+    return (
+        f" {many} held {format_size(held)} of the {format_size(reserved)} PyTorch reserved{biggest if parts else ''}:"
+        " memory a pool keeps serves only its own graphs or cache, not the program's other tensors."
     )
 
 
@@ -374,8 +405,11 @@ def _where(at: int) -> str:
 
 def _idle_sentence(dev: Mapping[str, Any]) -> str:
     summary = dev.get("summary") or {}
-    at_peak = idle_at_reserved_peak(dev)
     final_idle = int(summary.get("final_reserved_bytes") or 0) - int(summary.get("final_allocated_bytes") or 0)
+    plateau = dev.get("plateau") or None
+    if plateau:
+        return _plateau_sentence(plateau, final_idle)
+    at_peak = idle_at_reserved_peak(dev)
     if at_peak is None:
         reserved = int(summary.get("final_reserved_bytes") or 0)
         return (
@@ -396,7 +430,34 @@ def _idle_sentence(dev: Mapping[str, Any]) -> str:
     )
 
 
-def _buys(choice: _Choice, oom: Mapping[str, Any] | None, summary: Mapping[str, Any]) -> str:
+def plateau_wasted(plateau: Mapping[str, Any]) -> bool:
+    """Idle above the advisor's floor at every event that held the reserved peak."""
+    least, reserved = int(plateau["least_idle_bytes"]), int(plateau["reserved_bytes"])
+    return least >= IDLE_MIN_BYTES and least >= IDLE_MIN_SHARE * reserved
+
+
+def _plateau_sentence(plateau: Mapping[str, Any], final_idle: int) -> str:
+    reserved, least = int(plateau["reserved_bytes"]), int(plateau["least_idle_bytes"])
+    first, last, at = (
+        int(plateau["first_event_index"]),
+        int(plateau["last_event_index"]),
+        int(plateau["least_idle_event_index"]),
+    )
+    span = f"{_where(first)}" if first == last else f"from {_where(first)} to {_where(last)}"
+    share = least / reserved if reserved else 0.0
+    if plateau_wasted(plateau):
+        return (
+            f"No out-of-memory error, but memory is wasted: while reserved memory held its peak of "
+            f"{format_size(reserved)} ({span}), at least {format_size(least)} of it held no live block "
+            f"({share:.0%} idle cache even at its fullest, {_where(at)}); at the end {format_size(final_idle)} is idle."
+        )
+    return (
+        f"No out-of-memory error and little waste: reserved memory peaked at {format_size(reserved)} ({span}) and "
+        f"was used: at {_where(at)} only {format_size(least)} of it was idle cache ({share:.0%})."
+    )
+
+
+def _buys(choice: _Choice, oom: Mapping[str, Any] | None, summary: Mapping[str, Any], events: int | None = None) -> str:
     s, w = choice.suggestion, choice.whatif
     recorded_peak = int(summary.get("peak_reserved_bytes") or 0)
     if choice.is_setting and w is not None:
@@ -418,7 +479,9 @@ def _buys(choice: _Choice, oom: Mapping[str, Any] | None, summary: Mapping[str, 
                 more = f" (it needs {format_size(int(need))})" if need else ""
                 text += f", but the rest of the step still runs out of memory{more}"
             elif choice.avoids_oom:
-                text += "; whether the rest of the step fits is not known (the trace ends at the OOM)"
+                text += (
+                    f"; whether the rest of the step fits is not known ({readout.not_projected_reason(oom, events)})"
+                )
             return f"{text}; {peak_text}."
         saved = recorded_peak - peak
         return f"In the replay under {conf}: {peak_text} ({format_size(saved)} less)."

@@ -12,6 +12,8 @@
   when recorded).
 - ``finish_timeline`` prepares the report's own timeline: fused frees settled
   (``timeline.settle_fused_frees``) and the same per-point event info.
+- ``segment_lifetimes`` is each segment's life (memory_viz's segment timeline), made once per
+  device into the store: the site's zooms read it (issue 36: it ran per request in the web tier).
 - ``explore_store`` is everything the site's digging endpoints read, made by the worker at
   analysis time from the report's own recorded replay: the columns above, the trace columns
   the replay needs, the stack table, and *checkpoints* (the replay's full state every
@@ -23,6 +25,7 @@
 from __future__ import annotations
 
 import json
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -47,6 +50,10 @@ from analysis.model import (
     ACTIVE_PENDING_FREE,
     ALLOC,
     INACTIVE,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
     DeviceData,
     Segment,
     Snapshot,
@@ -223,6 +230,95 @@ def active_bands(
     }
 
 
+class _OpenRanges:
+    """The segments (or mapped page ranges) alive at one point of the trace: disjoint address
+    ranges sorted by address, each with the event that made it. Finding what an unmap overlaps is
+    a bisection, not a scan of every open range (issue 36: 20k maps and 100k unmaps took 341 s)."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.sizes: list[int] = []
+        self.made: list[int] = []
+
+    def end(self, a: int, b: int, at: int, rows: list[tuple[int, int, int, int]]) -> None:
+        """End every open range that overlaps ``[a, b)`` at event ``at`` (a row each); the parts of
+        them outside ``[a, b)`` live on from ``at``."""
+        k = bisect_right(self.starts, a) - 1
+        if k < 0 or self.starts[k] + self.sizes[k] <= a:
+            k += 1
+        j = k
+        while j < len(self.starts) and self.starts[j] < b:
+            j += 1
+        if j == k:
+            return
+        starts, sizes, made = [], [], []
+        for ra, rz, rm in zip(self.starts[k:j], self.sizes[k:j], self.made[k:j], strict=True):
+            rows.append((rm, at, rz, ra))
+            if ra < a:
+                starts.append(ra)
+                sizes.append(a - ra)
+                made.append(at)
+            if b < ra + rz:
+                starts.append(b)
+                sizes.append(ra + rz - b)
+                made.append(at)
+        self.starts[k:j], self.sizes[k:j], self.made[k:j] = starts, sizes, made
+
+    def open(self, a: int, z: int, at: int, rows: list[tuple[int, int, int, int]]) -> None:
+        """A new range made at ``at``; a valid trace never maps over a live range, and one that does
+        ends what it overlaps there (the ranges stay disjoint)."""
+        if z <= 0:
+            return
+        self.end(a, a + z, at, rows)
+        k = bisect_left(self.starts, a)
+        self.starts.insert(k, a)
+        self.sizes.insert(k, z)
+        self.made.insert(k, at)
+
+    def pop_exact(self, a: int, z: int) -> int | None:
+        """The event that made the open range ``[a, a + z)``, removed; None when none is open there."""
+        k = bisect_left(self.starts, a)
+        if k < len(self.starts) and self.starts[k] == a and self.sizes[k] == z:
+            del self.starts[k], self.sizes[k]
+            return self.made.pop(k)
+        return None
+
+
+def segment_lifetimes(
+    action: np.ndarray, addr: np.ndarray, size: np.ndarray, before: list[tuple[int, int]] | None = None
+) -> dict[str, I64]:
+    """Each segment's life in the trace: made at a ``segment_alloc``, gone at the ``segment_free`` of the
+    same address; one without its making in the trace (made before the recording) lives from event 0,
+    one never freed to the end. Expandable segments map and unmap page ranges that need not pair up: an
+    unmap ends every mapped range it overlaps and what is left of them lives on as new ranges from
+    there, so the ranges alive after any event add up to the mapped bytes. In order of making, as
+    ``active_bands`` reads allocations. ``before``: the (address, size) of the segments the allocator
+    held before the first event (a trace that starts late, or a wrapped ring buffer), alive from 0.
+
+    O(k log k) comparisons for k segment events (plus the list shifts of an insertion)."""
+    n = int(action.shape[0])
+    events = np.flatnonzero(np.isin(action, (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)))
+    alive = _OpenRanges()
+    rows: list[tuple[int, int, int, int]] = []  # start, end, size, address
+    for a, z in before or []:
+        alive.open(int(a), int(z), 0, rows)
+    for i, what, a, z in zip(
+        events.tolist(), action[events].tolist(), addr[events].tolist(), size[events].tolist(), strict=True
+    ):
+        if what in (SEGMENT_ALLOC, SEGMENT_MAP):
+            alive.open(a, z, i, rows)
+        elif what == SEGMENT_FREE:
+            made = alive.pop_exact(a, z)
+            rows.append((0 if made is None else made, i, z, a))
+        else:  # an unmap: end the ranges it overlaps, keep their parts outside it
+            alive.end(a, a + z, i, rows)
+    rows.extend(zip(alive.made, [n] * len(alive.made), alive.sizes, alive.starts, strict=True))
+    rows = [r for r in rows if r[0] < r[1] or r[0] == 0]
+    rows.sort()
+    table = np.array(rows, np.int64).reshape(-1, 4)
+    return {"start": table[:, 0], "end": table[:, 1], "size": table[:, 2], "address": table[:, 3]}
+
+
 # The state at an event is the nearest earlier checkpoint moved on by the replay: at most this
 # many events are replayed per click (about 0.1 s on the 2-core box; docs/report.md).
 CHECKPOINT_EVERY = 16_384
@@ -316,7 +412,12 @@ def explore_store(
     out["fs_pool"] = np.array([s.pool for s in segs], np.int64)
     out["fs_type"] = np.array([_SEGMENT_TYPES.index(s.segment_type) for s in segs], np.int8)
     marks = [-1, *checkpoint_events(n, every), *([n - 1] if n else [])]
-    out.update(_states_arrays([replay.blocks_at(k) for k in sorted(set(marks))]))
+    states = [replay.blocks_at(k) for k in sorted(set(marks))]
+    out.update(_states_arrays(states))
+    # The segment timeline's rows, made here once (the site answers zooms from them).
+    before = [(seg.address, seg.total_size) for seg in states[0].segments]
+    life = segment_lifetimes(trace.action, np.asarray(trace.addr, np.int64), np.asarray(trace.size, np.int64), before)
+    out.update({f"seg_{k}": v for k, v in life.items()})
     table = snapshot.stacks
     out["frame_off"], out["frame_ids"] = _csr([list(st) for st in table.stacks], np.int32)
     out["frames"] = _json_bytes([[f.filename, f.line, f.name] for f in table.frames])
@@ -353,6 +454,7 @@ class StoredExplorer:
         self.label_of: dict[str, str] = _json_of(store["labels"])
         self._frames: list[list[Any]] | None = None
         self._dev: DeviceData | None = None
+        self._segments: dict[str, I64] | None = None
         self.ck_index = np.asarray(store["ck_index"], np.int64)
 
     def columns(self) -> dict[str, np.ndarray]:
@@ -362,6 +464,20 @@ class StoredExplorer:
 
     def labels(self) -> dict[str, str]:
         return self.label_of
+
+    def segment_rows(self) -> dict[str, I64]:
+        """``segment_lifetimes`` of the device, as the store keeps them; a store made before it kept
+        them has them made once here and kept with it (the same O(k log k) pass)."""
+        if self._segments is None:
+            st = self.store
+            if "seg_start" in st:
+                self._segments = {k: np.asarray(st[f"seg_{k}"], np.int64) for k in ("start", "end", "size", "address")}
+            else:
+                first = self.checkpoint(0)
+                before = [(seg.address, seg.total_size) for seg in first.segments] if first.index < 0 else []
+                addr, size = np.asarray(st["addr"], np.int64), np.asarray(st["size"], np.int64)
+                self._segments = segment_lifetimes(np.asarray(st["action"]), addr, size, before)
+        return self._segments
 
     def _device(self) -> DeviceData:
         """A ``DeviceData`` holding what the replay reads (the trace and the final segments' kinds)."""
@@ -437,28 +553,23 @@ class StoredExplorer:
         ids = self.store["frame_ids"][int(off[stack]) : int(off[stack + 1])].tolist()
         return [{"filename": f[0], "line": f[1], "name": f[2]} for f in (self._frames[i] for i in ids)]
 
-    def state_at(self, index: int) -> dict[str, Any]:
-        """Segments and blocks after event ``index`` (-1: before the first event), with the totals."""
+    def state_at(self, index: int, *, max_blocks: int | None = None) -> dict[str, Any]:
+        """Segments and blocks after event ``index`` (-1: before the first event), with the totals.
+
+        ``max_blocks``: list at most this many entries (segments and blocks together), in address
+        order; the rest are counted (``segments_total``, ``blocks_total``, ``truncated``), so an
+        answer's size does not grow with the trace (issue 36: 72x the upload per request)."""
         state = self.blocks_at(index)
         figures = state.figures()
         st = self.store
-        segments = []
+        total_blocks = sum(len(seg.blocks) for seg in state.segments)
+        budget = max_blocks if max_blocks is not None else total_blocks + len(state.segments)
+        segments: list[dict[str, Any]] = []
         for seg in sorted(state.segments, key=lambda s: s.address):
-            blocks = []
-            for b in seg.blocks:
-                entry: dict[str, Any] = {
-                    "address": hex(b.address),
-                    "offset": int(b.address - seg.address),
-                    "size": int(b.size),
-                    "requested": int(b.requested_size),
-                    "state": b.state,
-                }
-                if b.state != INACTIVE:
-                    entry["alloc_event"] = int(b.alloc_index) if b.alloc_index >= 0 else None
-                    entry["label"] = self._label(int(b.stack))
-                    entry["stack"] = int(b.stack)
-                    entry["free_event"] = self._free_of(b.alloc_index) if b.alloc_index >= 0 else None
-                blocks.append(entry)
+            if budget <= 0:
+                break
+            blocks = [self._block_entry(seg, b) for b in seg.blocks[: budget - 1]]
+            budget -= 1 + len(blocks)
             segments.append(
                 {
                     "address": hex(seg.address),
@@ -470,6 +581,7 @@ class StoredExplorer:
                     "blocks": blocks,
                 }
             )
+        listed = sum(len(seg["blocks"]) for seg in segments)
         event = None
         if 0 <= index < self.events:
             event = {
@@ -487,8 +599,26 @@ class StoredExplorer:
             "cached_free_bytes": figures.cached_free,
             "largest_free_bytes": figures.largest_free,
             "segments": segments,
+            "segments_total": len(state.segments),
+            "blocks_total": total_blocks,
+            "truncated": listed < total_blocks or len(segments) < len(state.segments),
             "free_records_stack": self.free_stacks,
         }
+
+    def _block_entry(self, seg: SegmentState, b: BlockState) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "address": hex(b.address),
+            "offset": int(b.address - seg.address),
+            "size": int(b.size),
+            "requested": int(b.requested_size),
+            "state": b.state,
+        }
+        if b.state != INACTIVE:
+            entry["alloc_event"] = int(b.alloc_index) if b.alloc_index >= 0 else None
+            entry["label"] = self._label(int(b.stack))
+            entry["stack"] = int(b.stack)
+            entry["free_event"] = self._free_of(b.alloc_index) if b.alloc_index >= 0 else None
+        return entry
 
     def block(self, alloc_event: int) -> dict[str, Any]:
         """One allocation's full story: its alloc and free events and both stacks, every frame."""

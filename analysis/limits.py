@@ -124,6 +124,8 @@ _THIS_PROCESS = re.compile(r"Including non-PyTorch memory, this process has " + 
 _ALLOWED = re.compile(_SIZE + r" allowed;")
 _ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
 _UNALLOCATED = re.compile(r"and " + _SIZE + r" is reserved by PyTorch but unallocated")
+# torch >= 2.6: the private pools' unallocated bytes, which the figure before counts as allocated.
+_PRIVATE_POOLS = re.compile(r"with " + _SIZE + r" allocated in private pools")
 # torch < 2.1
 _OLD = re.compile(
     r"\(GPU (\d*); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE + r" free; "
@@ -144,6 +146,8 @@ class OomMessage:
     allocated: Figure | None  # allocated by PyTorch (allocated_bytes.all.current)
     reserved: Figure | None  # reserved by PyTorch (reserved_bytes.all.current)
     other_processes: tuple[tuple[int, Figure], ...] = ()
+    # "with X allocated in private pools (e.g., CUDA Graphs)": the pools' free bytes, inside ``allocated``.
+    private_pools: Figure | None = None
 
     @property
     def non_pytorch(self) -> Figure | None:
@@ -181,6 +185,7 @@ class OomMessage:
             "reserved": fig(self.reserved),
             "non_pytorch": fig(self.non_pytorch),
             "other_processes": [{"pid": pid, **f.to_json()} for pid, f in self.other_processes],
+            "private_pools": fig(self.private_pools),
         }
 
 
@@ -239,6 +244,7 @@ def parse_oom_message(text: str) -> OomMessage:
         allocated=allocated,
         reserved=reserved,
         other_processes=tuple((int(m.group(1)), figure(m.group(2), m.group(3))) for m in _PROCESS.finditer(text)),
+        private_pools=one(_PRIVATE_POOLS),
     )
 
 
@@ -275,12 +281,12 @@ class Limit:
                 f"Limit {gib:.2f} GiB inferred: the device itself was full at the OOM (reserved plus the device's "
                 "free memory). Memory outside PyTorch's cache (CUDA's lazily loaded kernels, library handles, other "
                 "processes) can grow during a run, so earlier the limit may have been higher; paste the OOM message "
-                "or give --limit to be sure."
+                "or give the memory cap to be sure."
             )
         return (
             f"Limit at least {gib:.2f} GiB: inferred from the trace (the most it shows the cap allowed); the real "
-            "per-process cap is not in the snapshot and may be higher. Paste the OOM message or give --limit for "
-            "the real figure."
+            "per-process cap is not in the snapshot and may be higher. Paste the OOM message or give the memory cap "
+            "for the real figure."
         )
 
     def to_json(self) -> dict[str, Any]:

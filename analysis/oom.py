@@ -25,6 +25,7 @@ from analysis.allocator.config import AllocatorConfig, is_small
 from analysis.allocator.recorded import AllocatorState
 from analysis.limits import GIVEN, INFERRED, OOM_MESSAGE, SIDECAR, Limit
 from analysis.model import FREE_COMPLETED, INACTIVE, OOM, SEGMENT_FREE, SEGMENT_UNMAP, Trace
+from analysis.readout import size
 
 I64 = npt.NDArray[np.int64]
 
@@ -183,7 +184,14 @@ def explain_oom(
 
 
 def _gib(n: int) -> str:
+    # Two decimals of GiB would word a few MiB as "0.00 GiB": those are worded in their own unit.
+    if 0 < abs(n) < 2**30 // 200:
+        return size(n)
     return f"{n / 2**30:.2f} GiB"
+
+
+def _left_to_reserve(left: int) -> str:
+    return "nothing was left to reserve" if left <= 0 else f"{_gib(left)} was left to reserve"
 
 
 def _explain(
@@ -218,7 +226,7 @@ def _explain(
         text = (
             f"The request for {_gib(requested)} would have fit: {_gib(allocated)} allocated plus the request is "
             f"within {limit_text} {of}, and the cache held {_gib(cached_free)} free, but {named} was {_gib(block)} "
-            f"and {_gib(max(0, limit - reserved))} was left to reserve. The memory existed, not in one piece."
+            f"and {_left_to_reserve(max(0, limit - reserved))}. The memory existed, not in one piece."
         )
         if usable is not None and usable.why_not is not None:
             text += f" A free block of {_gib(largest_free)} was there when it failed, but {usable.why_not}."
@@ -228,7 +236,8 @@ def _explain(
         return (
             f"The request for {_gib(requested)} on top of {_gib(allocated)} allocated exceeds {_gib(limit)}, "
             "the most the trace shows the cap allowed; the real per-process cap is not in the snapshot and may be "
-            "higher, so whether an allocator setting can make it fit is unknown: paste the OOM message or give --limit."
+            "higher, so whether an allocator setting can make it fit is unknown: paste the OOM message or give the "
+            "memory cap."
         )
     return (
         f"The request for {_gib(requested)} on top of {_gib(allocated)} allocated exceeds {limit_text} "

@@ -159,6 +159,18 @@ def _source_key(dev: Mapping[str, Any]) -> str | None:
     return str(source)
 
 
+def not_projected_reason(oom: Mapping[str, Any], events: int | None) -> str:
+    """Why the rest of the failing step is not known: the projection's own reason, else where the trace
+    ends ("the trace ends at the OOM" only where the OOM is its last event; a caught OOM goes on)."""
+    reason = (oom.get("projection") or {}).get("reason")
+    if reason:
+        return str(reason)
+    at = oom.get("event_index")
+    if events and at is not None and int(at) < events - 1:
+        return f"the rest of the step was not projected (the OOM is event {int(at):,} of {events:,})"
+    return "the trace ends at the OOM"
+
+
 def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a device's verdict rests on, or None where no limit was used (a run without an OOM and
     no limit given).
@@ -195,7 +207,7 @@ def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
             + (f", and it needs {size(need)} with no fragmentation at all" if need else "")
         )
     else:
-        reason = projection.get("reason") or "the trace ends at the OOM"
+        reason = not_projected_reason(oom, dev.get("events"))
         level_text = f"for the failing request alone; the rest of its step was not projected: {reason}"
     certain = oom.get("verdict_certain") if oom else None
     # From a lower bound only "capacity" can be wrong (a higher real cap can only make room); the
@@ -246,7 +258,9 @@ def _saving(row: Mapping[str, Any], w: Mapping[str, Any] | None, recorded_peak: 
     return "not measured", "unknown", ""
 
 
-def _state(row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str, Any] | None) -> tuple[str, str, str]:
+def _state(
+    row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str, Any] | None, events: int | None = None
+) -> tuple[str, str, str]:
     """(state, short text, why) of what a change does to the failing step; only what was computed."""
     if not oom:
         return "no-oom", "no OOM to avoid", "the run had no out-of-memory error"
@@ -295,7 +309,7 @@ def _state(row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str
             "not known",
             "it finishes the step at one end of the OOM message's rounding of the cap and not at the other",
         )
-    reason = projection.get("reason") or "the trace ends at the OOM"
+    reason = not_projected_reason(oom, events)
     if w.get("oom_avoided") is False:
         return "runs-out", "runs out at the same request", f"the replay fails at the request that failed; {reason}"
     if w.get("oom_avoided") is True:
@@ -318,7 +332,7 @@ def ranked_rows(dev: Mapping[str, Any]) -> list[dict[str, Any]]:
     for row in dev.get("ranked") or []:
         w = whatif_for(row.get("config"), whatifs)
         saving_text, saving_kind, saving_title = _saving(row, w, recorded_peak)
-        state, state_text, why = _state(row, w, oom)
+        state, state_text, why = _state(row, w, oom, dev.get("events"))
         if row.get("run_completes") is False and oom and state != "runs-out":
             # (A replay that already runs out in the failing step says more than the run's growth.)
             # The run's memory grows step after step (the report's cause): getting past the failing step
@@ -428,9 +442,91 @@ def edge_of_cap(dev: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+# How each ledger row's source is said (``analysis.ledger``).
+LEDGER_SOURCE_WORDS = {
+    "trace": "from the trace",
+    "message": "from the OOM message",
+    "summary": "from memory_summary()",
+    "inferred": "inferred",
+}
+# The bar's key is short (the first screen is small); the bar's label and each segment's title say it in full.
+LEDGER_SHORT = {
+    "allocated": "PyTorch: live tensors",
+    "cached_free": "PyTorch: cached, unallocated",
+    "private_pools": "private pools",
+    "non_pytorch": "this process, outside PyTorch",
+    "other_processes": "other processes",
+    "free": "free",
+}
+
+
+def ledger_view(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``devices[].ledger`` as the page's one bar: each row with bytes worth drawing, its share of the device
+    (of what the trace knows, without the device's size), its words; None for a report without a ledger.
+    ``{moment_text, total_bytes, total_text, complete, sentence, note, segments: [{id, label, bytes, text,
+    share_text, percent, source, source_text, parts: [{label, text}]}]}``."""
+    ledger = dev.get("ledger") or None
+    rows = [r for r in (ledger or {}).get("rows") or [] if int(r.get("bytes") or 0) > 0]
+    if not ledger or not rows:
+        return None
+    total = ledger.get("total_bytes")
+    whole = int(total) if total else sum(int(r["bytes"]) for r in rows)
+    at = ledger.get("event_index")
+    where = "" if at is None else (" (before the first recorded event)" if int(at) < 0 else f" (event {int(at):,})")
+    moment = f"at the OOM{where}" if ledger.get("moment") == "oom" else f"at the reserved peak{where}"
+    segments = [
+        {
+            "id": r["id"],
+            "label": r["label"],
+            "short": LEDGER_SHORT.get(str(r["id"]), str(r["label"])),
+            "bytes": int(r["bytes"]),
+            "text": size(int(r["bytes"])),
+            "share_text": share(int(r["bytes"]) / whole),
+            "percent": f"{100 * int(r['bytes']) / whole:.3f}",
+            "source": r.get("source", ""),
+            "source_text": LEDGER_SOURCE_WORDS.get(str(r.get("source")), str(r.get("source"))),
+            "parts": [{"label": p["label"], "text": size(int(p["bytes"]))} for p in r.get("parts") or []],
+        }
+        for r in rows
+    ]
+    listed = "; ".join(f"{g['label']} {g['text']} ({g['share_text']})" for g in segments)
+    if total:
+        sentence = f"Where the GPU's {size(whole)} went {moment}: {listed}."
+    else:
+        sentence = (
+            f"What the trace shows of the GPU {moment} ({size(whole)}; the device's size is not known): {listed}."
+        )
+    return {
+        "moment_text": moment,
+        "total_bytes": total,
+        "total_text": size(whole),
+        "complete": bool(total),
+        "sentence": sentence,
+        "note": ledger.get("note") or "",
+        "segments": segments,
+    }
+
+
 def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything above for one device: ``{basis, ranked, headroom}``."""
-    return {"basis": basis(dev), "ranked": ranked_rows(dev), "headroom": headroom(dev)}
+    """Everything above for one device: ``{basis, ranked, headroom, ledger, runner_up_note}``."""
+    rows = ranked_rows(dev)
+    return {
+        "basis": basis(dev),
+        "ranked": rows,
+        "headroom": headroom(dev),
+        "ledger": ledger_view(dev),
+        "runner_up_note": runner_up_note(dev, rows),
+    }
+
+
+def runner_up_note(dev: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The qualifier the first screen's runner-up needs: where its replay also runs out in the failing step
+    (or only postpones the OOM), what the ranked table says of it; None where nothing qualifies it."""
+    runner = (dev.get("decision") or {}).get("runner_up") or {}
+    row = next((r for r in rows if runner.get("id") is not None and r.get("id") == runner.get("id")), None)
+    if row is None or row.get("state") not in ("runs-out", "postpones"):
+        return None
+    return f"{row.get('state_text')}: {row.get('why')}"
 
 
 def main_device(devices: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -465,4 +561,17 @@ def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
         "change_line": change.get("line"),
         # A run without an OOM that peaked within 5% of its cap (edge_of_cap): the sentence, else None.
         "edge_of_cap": (dev.get("edge_of_cap") or {}).get("sentence"),
+        # The whole device at the OOM (else the reserved peak), rows without their parts; None before issue 32.
+        "ledger": _ledger_summary(dev.get("ledger")),
+    }
+
+
+def _ledger_summary(ledger: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not ledger:
+        return None
+    return {
+        "moment": ledger.get("moment"),
+        "event_index": ledger.get("event_index"),
+        "total_bytes": ledger.get("total_bytes"),
+        "rows": [{k: r.get(k) for k in ("id", "label", "bytes", "source")} for r in ledger.get("rows") or []],
     }

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import advice as advice_mod
-from analysis import fastread, readout, sizing
+from analysis import doctor, fastread, readout, sizing
 from analysis.allocator import (
     ReplaySource,
     Requests,
@@ -51,14 +51,20 @@ from analysis.categories import (
     CATEGORIES,
     GRADIENTS,
     OPTIMIZER_STATE,
+    PRIVATE_POOLS,
+    PrivatePool,
     bytes_by_category,
     classify,
     frameless_backward,
+    mark_private_pools,
     optimizer_windows,
+    private_pool_allocations,
+    private_pools,
 )
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
 from analysis.decision import decide
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
+from analysis.ledger import Ledger, device_ledger
 from analysis.limits import (
     INFERRED,
     Limit,
@@ -97,7 +103,7 @@ from analysis.stacks import (
     totals_by_group,
 )
 from analysis.steps import Steps, find_steps, first_growth_step, per_step_figures
-from analysis.timeline import build_timeline, columns_of, with_initial_state
+from analysis.timeline import build_timeline, columns_of, reserved_plateau, with_initial_state
 
 SCHEMA = "oomscope.report/1"
 Progress = Callable[[str, float], None]
@@ -245,6 +251,9 @@ def _build_report(
         warnings.append({"code": "no-history", "message": "the snapshot holds no allocation history"})
     for dev, outcome in zip(devices, outcomes, strict=True):
         _finish_device(outcome, capture, batch_size, sizing.batch_from_metadata(dev.user_metadata, outcome.oom_index))
+    seconds = doctor.sidecar_dump_seconds(sidecar)
+    found = doctor.findings(capture, [o.entry for o in outcomes], dump_seconds=seconds)
+    capture["doctor"] = [f.to_dict() for f in found]
     report_progress("analysing", 1.0)
     return {
         "schema": SCHEMA,
@@ -391,6 +400,7 @@ def build_whatif(
 #                                         first, in the pool
 #   _explain            -> _Explained    the limit (known, else the trace's) and the OOM read off the replay
 #   _attribute          -> _Attribution  live blocks at the peak, OOM and end by stack; categories
+#   _ledger             -> ledger.Ledger the whole device at the OOM (else the reserved peak)
 #   _diagnose           -> Diagnosis     the program's mistake behind the OOM (analysis.causes' rule list)
 #   _collect_whatifs    -> _WhatIfs      the what-if replays' results (analysis.parallel's pool)
 # _device_json writes the device's contract entry from those results (the one serializer), and
@@ -480,6 +490,7 @@ class _Attribution:
     codes: npt.NDArray[np.int8]  # category of every allocation
     peak_codes: npt.NDArray[np.int8]  # category of every block live at the peak
     categories: dict[str, int]  # bytes by category at the peak
+    pools: tuple[PrivatePool, ...]  # the private pools at the peak
     opt_start: I64
     opt_end: I64
     frameless: npt.NDArray[np.bool_]  # categories.frameless_backward of every allocation
@@ -540,7 +551,8 @@ def _analyse_device(
     # replays may still run (they are the last to finish), their keys filled in once they are in.
     diagnosis = _diagnose(snapshot, facts, recorded, catalog, attribution, explained, message)
     progress("analysing", 0.5)
-    entry = _device_json(facts, recorded, explained, attribution, diagnosis, timeline, catalog)
+    ledger = _ledger(snapshot, facts, recorded.replay, catalog, message)
+    entry = _device_json(facts, recorded, explained, attribution, diagnosis, timeline, catalog, ledger)
     advice = _advice_context(snapshot, facts, recorded, attribution, source_bytes, catalog)
     whatifs = _collect_whatifs(planned)
     progress("analysing", 0.8)
@@ -803,6 +815,7 @@ def _attribute(snapshot: Snapshot, facts: _Facts, replay: RecordedReplay, catalo
     # the stacks below and the phases (_diagnose) split them off alike.
     frameless = frameless_backward(lifetimes, catalog)
     codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames, frameless=frameless)
+    mark_private_pools(codes, private_pool_allocations(lifetimes, trace, facts.dev.segments))
     # A block live before the trace carries the stack of the event that freed it
     # when the final snapshot no longer holds it; with context="all" that is the
     # free site, not the allocation site, so such blocks count as "no frames".
@@ -819,8 +832,38 @@ def _attribute(snapshot: Snapshot, facts: _Facts, replay: RecordedReplay, catalo
         top_stacks.extend(_top_stacks_at(m.name, live[m.name], backward_alloc, catalog))
     peak_stacks, peak_sizes, peak_alloc_idx = live["peak"]
     peak_codes = _codes_of_blocks(lifetimes, codes, peak_alloc_idx, peak_stacks, catalog)
+    # A block in a private pool's segment is the pool's, whatever made it (blocks from before the trace too).
+    peak_codes[_in_private_pools(moments[0].state)] = PRIVATE_POOLS
     categories = bytes_by_category(peak_codes, peak_sizes)
-    return _Attribution(tuple(moments), top_stacks, live, codes, peak_codes, categories, opt_start, opt_end, frameless)
+    pools = private_pools(moments[0].state, catalog, snapshot.pools)
+    return _Attribution(
+        tuple(moments), top_stacks, live, codes, peak_codes, categories, pools, opt_start, opt_end, frameless
+    )
+
+
+def _in_private_pools(state: AllocatorState) -> npt.NDArray[np.bool_]:
+    """Of the live blocks ``_live_blocks`` lists (its order), those in a private pool's segment."""
+    return np.array(
+        [seg.pool != 0 for seg in state.segments for b in seg.blocks if b.state == "active_allocated"], bool
+    )
+
+
+def _categories_json(index: int, attribution: _Attribution) -> dict[str, Any]:
+    """Contract ``categories`` at the allocated peak; ``private_pools`` only where a pool held memory."""
+    shown = [c for c in CATEGORIES if c != "private_pools" or attribution.categories[c]]
+    return {
+        "event_index": index,
+        "bytes": {c: attribution.categories[c] for c in shown},
+        "order": shown,
+        "pools": [p.to_json() for p in attribution.pools],
+    }
+
+
+def _ledger(
+    snapshot: Snapshot, facts: _Facts, replay: RecordedReplay, catalog: StackCatalog, message: OomMessage | None
+) -> Ledger:
+    """The whole device at the OOM (else the reserved peak): ``analysis.ledger``."""
+    return device_ledger(snapshot, facts.dev, replay, catalog, facts.recorded_cfg, facts.oom_index, message)
 
 
 def _top_stacks_at(
@@ -1103,6 +1146,7 @@ def _device_json(
     diagnosis: Diagnosis,
     timeline: dict[str, Any] | None,
     catalog: StackCatalog,
+    ledger: Ledger,
 ) -> dict[str, Any]:
     """The device's contract entry, from the stages' results: ``oom``, ``whatif``, ``replay`` and
     ``edge_of_cap`` in their places but filled by ``_with_replays``, ``suggestions`` later."""
@@ -1138,19 +1182,24 @@ def _device_json(
         "suggestions": [],
         "moments": {m.name: m.index for m in moments},
         "segment_maps": maps,
-        "categories": {
-            "event_index": int(replay.peak_allocated_index),
-            "bytes": attribution.categories,
-            "order": list(CATEGORIES),
-        },
+        "categories": _categories_json(int(replay.peak_allocated_index), attribution),
         "churn": top_entries(
             catalog, totals_by_group(catalog, facts.lifetimes.stack, facts.lifetimes.size), "churn", TOP_STACKS
         ),
         "leaks": _leaks(attribution.live["end"], facts.lifetimes, steps, catalog),
         "diagnosis": diagnosis.to_json(),
         "edge_of_cap": None,
+        "ledger": ledger.to_json(),
+        "plateau": _plateau_json(replay, cols),
     }
     return entry
+
+
+def _plateau_json(replay: RecordedReplay, cols: dict[str, I64]) -> dict[str, int] | None:
+    """``devices[].plateau``: the idle cache over the events that hold the reserved peak (the headline's)."""
+    init = replay.initial
+    plateau = reserved_plateau(cols["reserved"], cols["allocated"], init.reserved, init.allocated)
+    return plateau.to_json() if plateau is not None else None
 
 
 def _with_replays(entry: dict[str, Any], oom: dict[str, Any] | None, whatifs: _WhatIfs, check: dict[str, Any]) -> None:
@@ -1187,7 +1236,7 @@ def _step_text(proj: Projection, need: int, limit: int, lower_bound: bool, finis
         if lower_bound:
             tail = (
                 f"more than {_gib(limit)}, the most this run reserved; the real cap is not in the snapshot, so "
-                "whether it fits is unknown: paste the OOM message or give --limit."
+                "whether it fits is unknown: paste the OOM message or give the memory cap."
             )
         else:
             tail = f"more than the limit of {_gib(limit)}: no allocator setting saves this step."
@@ -1296,6 +1345,9 @@ def _advice_context(
         source_bytes=source_bytes,
         steps=len(facts.steps),
         mean_stack_frames=float(np.mean([len(st) for st in stacks_seen])) if stacks_seen else 0.0,
+        optimizer_fused=any(
+            "/torch/optim/" in f.filename and f.name.startswith("_fused") for g in catalog.groups for f in g.frames
+        ),
         amp_saving_low=amp_low,
         amp_saving_high=amp_high,
         checkpoint=_checkpoint_estimate(catalog, stacks[act_mask], sizes[act_mask]) if worth else None,

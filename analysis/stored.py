@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analysis import doctor
 from analysis.decision import decide
 
 # Older ``limit_source`` values that were inferences (before ``limit_inference`` existed).
@@ -40,6 +41,9 @@ def upgrade(report: dict[str, Any]) -> dict[str, Any]:
                 dev["limit"] = _device_limit(oom)
         if "decision" not in dev:
             dev["decision"] = decide(dev, capture)
+    if isinstance(report.get("capture"), dict) and "doctor" not in capture:
+        devices = [d for d in report.get("devices") or [] if isinstance(d, dict)]
+        capture["doctor"] = [f.to_dict() for f in doctor.findings(capture, devices)]
     return report
 
 

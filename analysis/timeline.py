@@ -18,6 +18,7 @@ Derived series at every kept point:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -236,3 +237,53 @@ def settle_fused_frees(
     # reserved and allocated) selection of the events.
     out["downsampled"] = bool(settled.size < action.shape[0])
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Plateau:
+    """Reserved memory at its peak, over every event that holds it: how idle the cache stayed.
+
+    ``least_idle_bytes`` is the least reserved - allocated at any such event, the first at which it
+    is reached ``least_idle_event_index``; ``idle_at_first_bytes`` is the idle cache at the first event
+    that reached the peak (what the headline read before). Index -1: the state before the first event.
+    """
+
+    reserved_bytes: int
+    first_event_index: int
+    last_event_index: int
+    events: int  # events at the peak (not necessarily one run)
+    least_idle_bytes: int
+    least_idle_event_index: int
+    idle_at_first_bytes: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "reserved_bytes": self.reserved_bytes,
+            "first_event_index": self.first_event_index,
+            "last_event_index": self.last_event_index,
+            "events": self.events,
+            "least_idle_bytes": self.least_idle_bytes,
+            "least_idle_event_index": self.least_idle_event_index,
+            "idle_at_first_bytes": self.idle_at_first_bytes,
+        }
+
+
+def reserved_plateau(reserved: I64, allocated: I64, initial_reserved: int, initial_allocated: int) -> Plateau | None:
+    """The reserved peak's plateau over the replay's columns and the state before them (None: no state)."""
+    res = np.concatenate(([initial_reserved], np.asarray(reserved, np.int64)))
+    alloc = np.concatenate(([initial_allocated], np.asarray(allocated, np.int64)))
+    peak = int(res.max())
+    if peak <= 0:
+        return None
+    at = np.flatnonzero(res == peak)
+    idle = res[at] - alloc[at]
+    k = int(np.argmin(idle))
+    return Plateau(
+        reserved_bytes=peak,
+        first_event_index=int(at[0]) - 1,
+        last_event_index=int(at[-1]) - 1,
+        events=int(at.shape[0]),
+        least_idle_bytes=int(idle[k]),
+        least_idle_event_index=int(at[k]) - 1,
+        idle_at_first_bytes=int(idle[0]),
+    )

@@ -29,8 +29,15 @@ Issue 22's attacks (one user must not stall, starve or fill the service), each o
   attack-tests: the attacks a live site cannot stage (a full disk, a failed final write, a trusted
   proxy, a lock-out, team limits, invitations, temp files of killed processes), run as their tests;
   attack-figures: scripts/attack_figures.py in process, after and before (8c2d8f6).
+Issue 36's four HIGH findings, on a site of their own with make run's upload rates and a disk reserve
+400 MB under the free space (`--issue36` runs only these): quiet (the baseline: nothing but the
+pollers), segments-dos (70 anonymous segments.json of a 20k map / 100k unmap upload), webhook-slow
+(4 deliveries to a receiver that never answers, then another team's upload), archive-ranks (50 ranks
+in one archive, then another team's upload; 1,000 ranks in a small tar.xz), archive-bomb (a tar.bz2
+of a few hundred bytes declaring 300 MB).
 Every scenario on the site also reports, measured while it runs: its seconds, another team's API
-latency (p50 / max / failed calls of a client polling that team's run list every 0.2 s), the
+latency (p50 / p99 / max / failed calls of a client polling that team's run list every 0.2 s),
+/healthz (p99 and failed calls, polled every 0.2 s), the
 site's memory (RSS of supervisord's whole tree, at start and at its peak) and the disk it added
 (bytes under the site's var dir). `--attacks` runs only issue 22's attacks (about 3-4 minutes here).
 """
@@ -720,6 +727,8 @@ class Watch:
         self.site, self.other_token = site, other_token
         self.latencies: list[float] = []
         self.failed = 0
+        self.health_latencies: list[float] = []
+        self.health_failed = 0
         self.rss_start = self.rss_peak = 0
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -757,11 +766,22 @@ class Watch:
             self.rss_peak = max(self.rss_peak, self.tree_rss())
             self.stop.wait(0.25)
 
+    def _healthz(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            status, _ = self.site.health(timeout=10)
+            if status in (200, 503):  # answered (503: the site says what is down)
+                self.health_latencies.append(time.monotonic() - started)
+            else:
+                self.health_failed += 1
+            self.stop.wait(0.2)
+
     def __enter__(self) -> Watch:
         self.started = time.monotonic()
         self.disk_before = _du(self.site.var)
         self.rss_start = self.rss_peak = self.tree_rss()
-        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._other_team, self._memory)]
+        pollers = (self._other_team, self._memory, self._healthz)
+        self.threads = [threading.Thread(target=f, daemon=True) for f in pollers]
         for t in self.threads:
             t.start()
         return self
@@ -778,7 +798,11 @@ class Watch:
             "other_team_calls": len(self.latencies) + self.failed,
             "other_team_failed": self.failed,
             "other_team_p50_ms": round(percentile(self.latencies, 50) * 1000) if self.latencies else None,
+            "other_team_p99_ms": round(percentile(self.latencies, 99) * 1000) if self.latencies else None,
             "other_team_max_ms": round(max(self.latencies) * 1000) if self.latencies else None,
+            "healthz_calls": len(self.health_latencies) + self.health_failed,
+            "healthz_failed": self.health_failed,
+            "healthz_p99_ms": round(percentile(self.health_latencies, 99) * 1000) if self.health_latencies else None,
             "site_rss_start_mb": self.rss_start >> 20,
             "site_rss_peak_mb": self.rss_peak >> 20,
             "disk_added_mb": round((_du(self.site.var) - self.disk_before) / 2**20, 1),
@@ -1170,6 +1194,268 @@ def attack_figures(before: str) -> dict[str, Any]:
     return {**runs, "pass": bool(after) and not bad}
 
 
+# --- issue 36: the four HIGH findings, on a site of their own (make run's rates and reserve) ---------
+
+PAGE = 2 << 20
+TINY_SNAPSHOT_DICT = {"segments": [], "device_traces": [[]]}
+
+
+def _multipart(token: str, name: str, data: bytes, fields: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    boundary = f"oomscope{time.monotonic_ns()}"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()
+    ]
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+    parts.append(head.encode() + b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n")
+    body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    return body, headers
+
+
+def post_raw(site: Site, token: str, name: str, data: bytes, **fields: str) -> tuple[int, dict[str, Any], float]:
+    """One POST of a file as the API takes it (an archive's answer is a run, not an upload)."""
+    body, headers = _multipart(token, name, data, fields)
+    request = urllib.request.Request(site.url + "/api/v1/snapshots", data=body, headers=headers, method="POST")  # noqa: S310
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=300) as r:  # noqa: S310
+            return r.status, json.loads(r.read()), time.monotonic() - started
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}"), time.monotonic() - started
+
+
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _share_url(site: Site, token: str, code: str) -> str:
+    request = urllib.request.Request(  # noqa: S310
+        f"{site.url}/api/v1/snapshots/{code}/share", method="POST", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310
+        return str(json.loads(r.read())["share_url"]).rstrip("/")
+
+
+def quiet(_site: Site, seconds: float = 15) -> dict[str, Any]:
+    """The baseline: nothing but the other team's polling and /healthz."""
+    time.sleep(seconds)
+    return {"pass": True}
+
+
+def segments_dos(site: Site, token: str, requests: int = 70, parallel: int = 8) -> dict[str, Any]:
+    """Issue 36 item 1: a small upload of 20k segment_map and 100k segment_unmap events, its share
+    link's segments.json asked ``requests`` times, ``parallel`` at once, anonymously."""
+    import gzip
+    import pickle
+
+    maps, pieces = 20_000, 5
+    events = [
+        {
+            "action": "segment_map",
+            "addr": (1 << 40) + k * pieces * PAGE,
+            "size": pieces * PAGE,
+            "stream": 0,
+            "time_us": k,
+            "frames": [],
+        }
+        for k in range(maps)
+    ] + [
+        {
+            "action": "segment_unmap",
+            "addr": (1 << 40) + j * PAGE,
+            "size": PAGE,
+            "stream": 0,
+            "time_us": maps + j,
+            "frames": [],
+        }
+        for j in range(maps * pieces)
+    ]
+    path = _file("map_unmap.pickle.gz", gzip.compress(pickle.dumps({"segments": [], "device_traces": [events]}), 9))
+    body, _ = post(site, token, path)
+    done = site.wait_done(token, body["id"], 300)
+    share = _share_url(site, token, body["id"])
+
+    def zoom(_i: int) -> tuple[int, float]:
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(f"{share}/segments.json?t0=0&t1=120000&px=1200", timeout=60) as r:  # noqa: S310
+                r.read()
+                return r.status, time.monotonic() - started
+        except (OSError, urllib.error.HTTPError) as e:
+            return getattr(e, "code", 0), time.monotonic() - started
+
+    with ThreadPoolExecutor(parallel) as pool:
+        answers = list(pool.map(zoom, range(requests)))
+    took = [dt for _, dt in answers]
+    return {
+        "upload_bytes": path.stat().st_size,
+        "status": done["status"],
+        "requests": requests,
+        "answered_200": sum(status == 200 for status, _ in answers),
+        "answer_p50_s": round(percentile(took, 50), 3),
+        "answer_max_s": round(max(took), 3),
+        "pass": done["status"] == "done" and all(status == 200 for status, _ in answers) and max(took) < 10,
+    }
+
+
+def webhook_slow(site: Site, other_token: str, deliveries: int = 4) -> dict[str, Any]:
+    """Issue 36 item 2: ``deliveries`` webhooks to a receiver that accepts and never answers, then
+    another team's small upload: how long it takes, alone and meanwhile."""
+    small = FIXTURES_BY_NAME["frag_oom.pickle.gz"]
+    started = time.monotonic()
+    body, _ = post(site, other_token, small, project="rel2")
+    site.wait_done(other_token, body["id"], 300)
+    alone = time.monotonic() - started
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
+    script = (
+        "from webapp.snapshots.models import Project, Run, WebhookDelivery; from webapp.snapshots import runs; "
+        "from webapp.snapshots.runtasks import deliver_webhook; import time; "
+        f"p = Project.objects.get(slug='rel'); runs.policy_update(p, webhook_url={url!r}); "
+        "r = Run.objects.create(code=f'hook{time.time_ns()}', project=p, name='hooked'); "
+        f"ids = [WebhookDelivery.objects.create(run=r, url={url!r}).pk for _ in range({deliveries})]; "
+        "[deliver_webhook.delay(i) for i in ids]; print(ids)"
+    )
+    # Published on the site's own Redis (run.sh's socket), not whatever REDIS_URL defaults to.
+    broker = {**site.env, "REDIS_URL": f"redis+socket://{site.var}/run/redis.sock"}
+    out = subprocess.run(
+        [PY, "manage.py", "shell", "-c", script], cwd=ROOT, env=broker, capture_output=True, text=True, check=True
+    )
+    ids = json.loads(out.stdout.strip().splitlines()[-1])
+    time.sleep(2)  # the deliveries hold their slots
+    started = time.monotonic()
+    body, _ = post(site, other_token, small, project="rel2")
+    done = site.wait_done(other_token, body["id"], 600)
+    meanwhile = time.monotonic() - started
+    rows = site.manage(
+        "shell", "-c",
+        "from webapp.snapshots.models import WebhookDelivery as W; import json; "
+        f"print(json.dumps([[w.attempts, w.error] for w in W.objects.filter(pk__in={ids!r})]))",
+    )  # fmt: skip
+    silent.close()
+    return {
+        "deliveries": deliveries,
+        "other_team_upload_alone_s": round(alone, 1),
+        "other_team_upload_meanwhile_s": round(meanwhile, 1),
+        "delivery_attempts_errors": json.loads(rows.splitlines()[-1]),
+        "pass": done["status"] == "done"
+        and meanwhile < 2 * alone + 10
+        and any(a >= 1 for a, _ in json.loads(rows.splitlines()[-1])),
+    }
+
+
+def archive_ranks(site: Site, token: str, other_token: str, ranks: int = 50) -> dict[str, Any]:
+    """Issue 36 item 3: one archive of ``ranks`` tiny ranks (within the rates), then another team's
+    small upload: how long it waits; then 1,000 ranks in a small tar.xz, refused by the rates."""
+    import lzma
+    import pickle
+
+    tiny = pickle.dumps(TINY_SNAPSHOT_DICT, protocol=4)
+    small = FIXTURES_BY_NAME["frag_oom.pickle.gz"]
+    started = time.monotonic()
+    body, _ = post(site, other_token, small, project="rel2")
+    site.wait_done(other_token, body["id"], 300)
+    alone = time.monotonic() - started
+    status, answer, _ = post_raw(
+        site, token, "job.tar", _tar([(f"rank{r}.pickle", tiny) for r in range(ranks)]), run="many"
+    )
+    time.sleep(1)
+    started = time.monotonic()
+    body, _ = post(site, other_token, small, project="rel2")
+    done = site.wait_done(other_token, body["id"], 900)
+    waited = time.monotonic() - started
+    codes = [u["id"] for u in answer.get("run", {}).get("uploads", [])]
+    last = [site.wait_done(token, code, 900)["status"] for code in codes]
+    heavy_done = time.monotonic() - started
+    bomb = lzma.compress(_tar([(f"rank{r}.pickle", tiny) for r in range(1000)]))
+    refused, refusal, took = post_raw(site, token, "ranks.tar.xz", bomb, run="thousand")
+    return {
+        "archive_status": status,
+        "ranks": len(codes),
+        "other_team_alone_s": round(alone, 1),
+        "other_team_behind_archive_s": round(waited, 1),
+        "archive_all_done_s": round(heavy_done, 1),
+        "archive_statuses": {s: last.count(s) for s in set(last)},
+        "thousand_ranks_bytes": len(bomb),
+        "thousand_ranks_answer": f"{refused} {refusal.get('error', {}).get('code', '')} in {took:.2f} s",
+        "pass": status == 202 and done["status"] == "done" and waited < heavy_done / 2 and refused == 429,
+    }
+
+
+def archive_bomb(site: Site, token: str, declared_mb: int = 300) -> dict[str, Any]:
+    """Issue 36 item 4: a tar.bz2 of a few hundred bytes declaring ``declared_mb`` MB, on a disk with
+    less room above the reserve than its unpacking needs: refused before a byte is unpacked."""
+    import bz2
+    import pickle
+
+    tiny = pickle.dumps(TINY_SNAPSHOT_DICT, protocol=4)
+    data = bz2.compress(_tar([("rank0.pickle", tiny + bytes(declared_mb * 1_000_000 - len(tiny)))]), 9)
+    media = site.var / "media" / "sha256"
+    before = _du(media) if media.exists() else 0
+    status, answer, took = post_raw(site, token, "bomb.tar.bz2", data, run="bomb")
+    after = _du(media) if media.exists() else 0
+    return {
+        "archive_bytes": len(data),
+        "declared_mb": declared_mb,
+        "answer": f"{status} {answer.get('error', {}).get('code', '')} in {took:.2f} s",
+        "blobs_added_mb": round((after - before) / 2**20, 1),
+        "pass": status == 507 and after == before,
+    }
+
+
+ISSUE36 = ["quiet", "segments-dos", "webhook-slow", "archive-ranks", "archive-bomb"]
+
+
+def run_site_36(args: argparse.Namespace) -> dict[str, Any]:
+    """Issue 36's attacks on a site with make run's upload rates and a disk reserve that leaves 400 MB
+    of room above it (so the archive bomb meets the guard), each with another team's p99 and /healthz."""
+    site = Site("sqlite36", None, 20)
+    for key in ("UPLOAD_RATE_PER_TOKEN", "UPLOAD_RATE_PER_USER"):
+        site.env.pop(key)
+    free = shutil.disk_usage(site.var).free
+    site.env.update({"DISK_MIN_FREE_BYTES": str(free - (400 << 20)), "WEBHOOK_ALLOW_PRIVATE_HOSTS": "1"})
+    results: dict[str, Any] = {}
+    try:
+        site.start()
+        tokens = [
+            site.manage("create_api_token", t, "--create-user", "--team", t, "--project", t)
+            for t in ("rel", "rel2", "rel3")
+        ]
+        token, other_token, third = tokens
+        plan: dict[str, Callable[[], dict[str, Any]]] = {
+            "quiet": lambda: quiet(site),
+            "segments-dos": lambda: segments_dos(site, token),
+            "webhook-slow": lambda: webhook_slow(site, other_token),
+            "archive-ranks": lambda: archive_ranks(site, token, other_token),
+            "archive-bomb": lambda: archive_bomb(site, third),
+        }
+        for scenario in [s for s in ISSUE36 if not args.only or s in args.only]:
+            started = time.monotonic()
+            try:
+                with Watch(site, other_token) as watch:
+                    result = plan[scenario]()
+                result.update(watch.figures())
+            except Exception as exc:  # a scenario that crashes is a failed scenario, reported
+                result = {"pass": False, "error": f"{type(exc).__name__}: {exc}"}
+            result["scenario_s"] = round(time.monotonic() - started, 1)
+            results[scenario] = result
+            print(json.dumps({"database": "sqlite36", "scenario": scenario, **result}), flush=True)
+    finally:
+        site.stop()
+    return results
+
+
 ATTACKS = [
     "oom-message",
     "idempotency-replay",
@@ -1284,7 +1570,8 @@ def main() -> int:
     parser.add_argument("--heavy-uploads", type=int, default=6, help="fair-queue: the heavy team's uploads")
     parser.add_argument("--slow-clients", type=int, nargs="+", default=[2, 10])
     parser.add_argument("--postgres", default=os.environ.get("DATABASE_URL_POSTGRES"), help="postgres:// URL")
-    parser.add_argument("--only", nargs="*", choices=SCENARIOS + OFF_SITE)
+    parser.add_argument("--only", nargs="*", choices=SCENARIOS + OFF_SITE + ISSUE36)
+    parser.add_argument("--issue36", action="store_true", help="only issue 36's four attacks and the quiet baseline")
     parser.add_argument("--attacks", action="store_true", help="only issue 22's attacks (SQLite; about 3-4 minutes)")
     parser.add_argument("--before", default="8c2d8f6", help="attack-figures: the revision measured as before")
     parser.add_argument("--skip-sqlite", action="store_true")
@@ -1295,10 +1582,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     if args.attacks:
-        args.only = ATTACKS + OFF_SITE
+        args.only = ATTACKS + OFF_SITE + ISSUE36
+    if args.issue36:
+        args.only = ISSUE36
     all_results: dict[str, Any] = {}
     if not args.skip_sqlite and (not args.only or set(args.only) & set(SCENARIOS)):
         all_results["sqlite"] = run_site("sqlite", None, args)
+    if not args.skip_sqlite and (not args.only or set(args.only) & set(ISSUE36)):
+        all_results["sqlite36"] = run_site_36(args)
     off_site = {"attack-tests": attack_tests, "attack-figures": lambda: attack_figures(args.before)}
     for scenario in [s for s in OFF_SITE if not args.only or s in args.only]:
         started = time.monotonic()

@@ -172,13 +172,24 @@ $redis_program
 ; re-queues stuck uploads and the purge of failed uploads' files. REMAP_SIGTERM makes the
 ; stop signal requeue in-flight work instead of dropping it.
 [program:worker]
-command=$PY -m celery -A webapp.celery:app worker -B --schedule $VAR/run/celerybeat-schedule --pool prefork --concurrency ${WORKER_CONCURRENCY:-2} --loglevel INFO --without-gossip --without-mingle
+command=$PY -m celery -A webapp.celery:app worker -B --schedule $VAR/run/celerybeat-schedule -Q ${CELERY_QUEUE:-oomscope} --pool prefork --concurrency ${WORKER_CONCURRENCY:-2} --loglevel INFO --without-gossip --without-mingle
 environment=REMAP_SIGTERM="SIGQUIT"
 priority=20
 startsecs=3
 stopwaitsecs=40
 $common
 stdout_logfile=$VAR/log/worker.log
+
+; Regression webhooks on their own queue and pool (issue 36): a slow receiver holds one of these
+; slots, never an analysis's; each attempt ends within WEBHOOK_ATTEMPT_SECONDS (prefork enforces the
+; task's time limits).
+[program:webhooks]
+command=$PY -m celery -A webapp.celery:app worker -n webhooks@%%h -Q ${WEBHOOK_QUEUE:-${CELERY_QUEUE:-oomscope}-webhooks} --pool prefork --concurrency ${WEBHOOK_CONCURRENCY:-2} --loglevel INFO --without-gossip --without-mingle
+priority=25
+startsecs=3
+stopwaitsecs=40
+$common
+stdout_logfile=$VAR/log/webhooks.log
 
 ; gunicorn with threaded workers (gthread): a slow client holds one thread, not a whole
 ; process, so a few clients trickling a request in cannot starve /healthz or the pages.

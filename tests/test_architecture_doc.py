@@ -47,6 +47,8 @@ TYPE_WORDS = {"dict", "list", "str", "int", "bool", "tuple", "float", "bytes"}
 SIGNATURE = re.compile(r"^([A-Za-z_][\w.]*)\((.*)\)\s*(?:->\s*(.+))?$")
 DOTTED = re.compile(r"(?<![\w/.])([a-z_]\w*(?:\.[a-z_]\w*)*)\.([A-Za-z_]\w*)(?=\(|$|\s)")
 DOC = (ROOT / "docs" / "architecture.md").read_text()
+# Report keys the prose names that read like a module's name (contract.md): not code.
+REPORT_KEYS = {"capture.doctor"}
 
 
 def _module_files(name: str) -> list[Path]:
@@ -168,7 +170,7 @@ def test_the_documented_signatures_are_the_codes() -> None:
 def test_every_module_dot_name_the_prose_passes_through_exists() -> None:
     prose = DOC.split("## Every module", 1)[0]
     names = {m.group(0) for span in re.findall(r"`([^`]+)`", prose) for m in DOTTED.finditer(span)}
-    checked = [n for n in sorted(names) if not n.endswith(".py") and _resolve(n)[0]]
+    checked = [n for n in sorted(names - REPORT_KEYS) if not n.endswith(".py") and _resolve(n)[0]]
     assert len(checked) > 40  # intake.admit, services.upload_admit, steps.find_steps, stored.upgrade, ...
     assert [n for n in checked if _resolve(n)[1] is None] == []
 

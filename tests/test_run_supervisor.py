@@ -33,7 +33,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 SUPERVISORCTL = Path(PY).parent / "supervisorctl"
-PROGRAMS = ("redis", "worker", "web")
+PROGRAMS = ("redis", "worker", "webhooks", "web")
 
 pytestmark = pytest.mark.worker  # starts real redis, celery and gunicorn processes
 

@@ -206,6 +206,9 @@ TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 20 * 1024**3)
 # The disk guard (webapp/snapshots/disk.py): uploads are refused (507 upload:disk-full) before they
 # would leave less than this free where uploads are written, and /healthz says "disk": "low" below it.
 DISK_MIN_FREE_BYTES = env_int("DISK_MIN_FREE_BYTES", 1024**3)
+# The largest explore store a web process loads for the zoom and digging endpoints (share links are
+# anonymous: issue 36); a larger one answers 404 explore:store-too-large (webapp/snapshots/digging.py).
+EXPLORE_MAX_STORE_BYTES = env_int("EXPLORE_MAX_STORE_BYTES", 256 * 1024**2)
 UPLOAD_RATE_PER_TOKEN = os.environ.get("UPLOAD_RATE_PER_TOKEN", "60/10m")
 UPLOAD_RATE_PER_USER = os.environ.get("UPLOAD_RATE_PER_USER", "120/h")
 # Idempotency-Key replays (a retry answered with the upload it repeats): their own bucket, per user.
@@ -252,11 +255,10 @@ ANALYSIS_CPU_SECONDS = env_int("ANALYSIS_CPU_SECONDS", 1200)
 ANALYSIS_WALL_SECONDS = env_int("ANALYSIS_WALL_SECONDS", 1500)
 ANALYSIS_MAX_ATTEMPTS = env_int("ANALYSIS_MAX_ATTEMPTS", 3)
 # Fairness between teams (tasks.analyse_upload): a team running this many analyses lets another
-# team's queued upload go first; a message is put back at most ANALYSIS_MAX_DEFERRALS times,
-# ANALYSIS_DEFER_SECONDS apart, then runs anyway.
+# team's queued upload go first (the slot runs that one at once and puts its own message back); a
+# message is put back at most ANALYSIS_MAX_DEFERRALS times, then runs anyway.
 ANALYSIS_TEAM_CONCURRENCY = env_int("ANALYSIS_TEAM_CONCURRENCY", 1)
 ANALYSIS_MAX_DEFERRALS = env_int("ANALYSIS_MAX_DEFERRALS", 600)
-ANALYSIS_DEFER_SECONDS = float(os.environ.get("ANALYSIS_DEFER_SECONDS", "0.5"))
 # The estimated analysis cost (bytes to parse: the file, or the uncompressed size a gzip/zip
 # declares; webapp/snapshots/cost.py) a team may have queued and running at once. 16 GiB: two
 # analyses at the reader's 8 GiB decompression cap; one upload over it alone is refused.
@@ -304,6 +306,15 @@ CELERY_BROKER_CONNECTION_RETRY = True  # a lost broker connection is re-establis
 # while they run is refused by the claim (the claiming process is alive: services.upload_claim).
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "oomscope")
+# Webhook deliveries have their own queue and worker (scripts/run.sh's [program:webhooks], docker/'s
+# webhooks service): a slow receiver never holds an analysis slot (issue 36: two of them starved
+# another team's upload past 150 s). An attempt (connect, send, read) ends within
+# WEBHOOK_ATTEMPT_SECONDS (the task's soft time limit; killed 5 s later), and no attempt starts later
+# than WEBHOOK_DEADLINE_SECONDS after the alert was queued.
+WEBHOOK_QUEUE = os.environ.get("WEBHOOK_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}-webhooks")
+WEBHOOK_ATTEMPT_SECONDS = env_int("WEBHOOK_ATTEMPT_SECONDS", 30)
+WEBHOOK_DEADLINE_SECONDS = env_int("WEBHOOK_DEADLINE_SECONDS", 3600)
+CELERY_TASK_ROUTES = {"snapshots.deliver_webhook": {"queue": WEBHOOK_QUEUE}}
 CELERY_BEAT_SCHEDULE = {
     "sweep-stale-uploads": {
         "task": "snapshots.sweep_uploads",
@@ -316,6 +327,10 @@ CELERY_BEAT_SCHEDULE = {
     "close-stale-runs": {  # runs whose missing ranks never came (RUN_COLLECT_SECONDS)
         "task": "snapshots.close_stale_runs",
         "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
+    "sweep-orphan-blobs": {  # stored files no upload row names (issue 36: partial blobs of a full disk)
+        "task": "snapshots.sweep_orphan_blobs",
+        "schedule": float(PURGE_INTERVAL_SECONDS),
     },
     "purge-old-runs": {  # each project's run retention (RunPolicy.retention_days)
         "task": "snapshots.purge_old_runs",

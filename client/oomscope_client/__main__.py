@@ -3,9 +3,10 @@ and the CI gate ``python -m oomscope_client check --project P [--run R] --max-re
 
 The site comes from ``--url`` or ``OOMSCOPE_URL``; the token from ``OOMSCOPE_TOKEN``, or a file named by
 ``--token-file`` or ``OOMSCOPE_TOKEN_FILE`` (``--token`` still works, but puts the secret in shell history
-and process listings). ``--wait`` follows the analysis and prints the report's verdict and its change;
-exit status 0 when the report is done, 1 when the upload was refused, 3 when the analysis failed, 4 when
-it did not finish in time.
+and process listings). ``--wait`` follows the analysis and prints the report's verdict and its change
+(for an archive of a run's ranks: each rank's verdict, then the run's first OOM and its change); exit
+status 0 when the report is done, 1 when the upload was refused, 3 when the analysis failed, 4 when it did
+not finish in time.
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not os.path.isfile(args.file):
         parser.error(f"no such file: {args.file}")
+    if not _capture_doctor(args.file):
+        return 1
     oom_message: str | None
     if args.oom_message_file:
         with open(args.oom_message_file, encoding="utf-8") as fh:
@@ -199,6 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     return _wait(result, token, args.wait_timeout)
 
 
+def _capture_doctor(path: str) -> bool:
+    """Say what is wrong with how the dump was captured (one line each); False when it is not worth sending."""
+    from oomscope_client.doctor import problems
+
+    found = problems(path, sidecar_of(path))
+    for problem in found:
+        print(f"oomscope capture doctor: {problem.line}", file=sys.stderr)
+    return all(problem.usable for problem in found)
+
+
 def _token(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
     """--token, else the token file (--token-file, $OOMSCOPE_TOKEN_FILE), else $OOMSCOPE_TOKEN."""
     if args.token:
@@ -217,6 +230,8 @@ def _token(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | N
 
 def _wait(result: dict[str, object], token: str, timeout: float) -> int:
     """Follow the analysis; print the verdict and the change (or why it failed)."""
+    if isinstance(result.get("run"), dict):  # an archive of a run's ranks: its 202 names the run
+        return _wait_run(result["run"], token, timeout)  # type: ignore[arg-type]
     api_url = str(result.get("api_url") or "")
     print(f"uploaded: {result.get('url')} (analysing…)", file=sys.stderr)
     try:
@@ -232,6 +247,28 @@ def _wait(result: dict[str, object], token: str, timeout: float) -> int:
     for line in verdict_lines(body):
         print(line)
     return 0
+
+
+def _wait_run(run: dict[str, object], token: str, timeout: float) -> int:
+    """Follow a run's ranks until the run is summarised; print each rank's verdict and the run's change.
+    Exit 3 when a rank's analysis failed, 4 when the run did not finish in time, 1 on a refusal."""
+    from oomscope_client.upload import rank_api_url, run_verdict_lines, snapshot_status, wait_for_run
+
+    ranks = run.get("world_size") or len(run.get("uploads") or [])  # type: ignore[arg-type]
+    print(f"uploaded run {run.get('name')}: {run.get('url')} ({ranks} ranks, analysing…)", file=sys.stderr)
+    try:
+        body = wait_for_run(str(run.get("api_url") or ""), token, timeout=timeout)
+        rank_bodies = {
+            int(row.get("rank") or 0): snapshot_status(rank_api_url(body, row), token)
+            for row in body.get("uploads") or []
+        }
+    except UploadError as e:
+        print(f"oomscope: {e}", file=sys.stderr)
+        return 4 if e.status is None else 1
+    for line in run_verdict_lines(body, rank_bodies):
+        print(line)
+    failed = [row for row in body.get("uploads") or [] if row.get("status") == "failed"]
+    return 3 if failed else 0
 
 
 if __name__ == "__main__":

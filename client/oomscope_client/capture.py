@@ -47,9 +47,23 @@ class Recording:
     Stopping discards the recorded history (that is how torch turns it off), so dump first.
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(
+        self, options: dict[str, Any], *, events_per_step: int | None = None, allocated_before: int = 0
+    ) -> None:
         self.options = options
         self.active = True
+        # Measured by ``record(dry_step=...)``: the events one step records (what ``max_entries`` was sized from).
+        self.events_per_step = events_per_step
+        self.allocated_before = allocated_before
+
+    def facts(self) -> dict[str, Any]:
+        """How recording was started, for the dump's sidecar (the capture doctor reads it)."""
+        return {
+            **self.options,
+            "events_per_step": self.events_per_step,
+            "allocated_before": self.allocated_before,
+            "active": self.active,
+        }
 
     def dump(self, path: str | os.PathLike[str]) -> Path:
         return dump_snapshot(path)
@@ -66,29 +80,58 @@ class Recording:
         self.stop()
 
 
+# The ring's size while ``record(dry_step=...)`` counts one step's events.
+DRY_STEP_MAX_ENTRIES = 10_000_000
+_current: Recording | None = None  # the recording ``record`` started last (its facts go into each dump's sidecar)
+
+
 def record(
     max_entries: int = 1_000_000,
     stacks: str = "python",
     context: str | None = "all",
     *,
     enabled: str = "all",
+    dry_step: Callable[[], Any] | None = None,
+    steps_kept: int = 100,
 ) -> Recording:
     """Start recording CUDA allocator history (``torch.cuda.memory._record_memory_history``).
 
     Call it before the first CUDA allocation: blocks allocated earlier appear in the
     snapshot without history or stacks, and peaks computed from the trace miss them.
     ``stacks="python"`` keeps dumps fast; ``"all"`` adds C++ frames at a large cost.
+
+    ``dry_step`` (a callable running one training step) sizes the ring buffer: recording starts with
+    room for ``DRY_STEP_MAX_ENTRIES`` events, the step runs, and ``max_entries`` becomes what keeps
+    ``steps_kept`` such steps (``doctor.sized_max_entries``); recording then goes on with the new size and
+    the dry step's history kept (torch's ``clear_history`` stays False). A ring too small for one step
+    drops the start of every step, the most common way a capture looks valid and answers nothing.
     """
+    global _current
+    from oomscope_client.doctor import sized_max_entries
+
     torch = _torch()
-    if torch.cuda.is_initialized() and torch.cuda.memory_allocated() > 0:
+    before = int(torch.cuda.memory_allocated()) if torch.cuda.is_initialized() else 0
+    if before > 0:
         warnings.warn(
-            f"oomscope_client.record: {torch.cuda.memory_allocated()} bytes were allocated before "
+            f"oomscope_client.record: {before} bytes were allocated before "
             "recording started; they will have no history in the snapshot",
             stacklevel=2,
         )
     options = {"enabled": enabled, "context": context, "stacks": stacks, "max_entries": max_entries}
+    per_step = None
+    if dry_step is not None:
+        torch.cuda.memory._record_memory_history(**{**options, "max_entries": DRY_STEP_MAX_ENTRIES})
+        start = _events_recorded(torch)
+        dry_step()
+        per_step = _events_recorded(torch) - start
+        options["max_entries"] = sized_max_entries(per_step, steps_kept)
     torch.cuda.memory._record_memory_history(**options)
-    return Recording(options)
+    _current = Recording(options, events_per_step=per_step, allocated_before=before)
+    return _current
+
+
+def _events_recorded(torch: Any) -> int:
+    return sum(len(trace) for trace in torch.cuda.memory._snapshot().get("device_traces") or [])
 
 
 # --------------------------------------------------------------------------- dumping
@@ -165,8 +208,14 @@ class OomDumper:
         prefix: str = "oom",
         max_dumps: int = 1,
         dump_errors: bool | None = None,
+        verdict: bool = True,
     ) -> None:
         self.path_dir = Path(path_dir)
+        # Print the verdict in the job log once a dump is written (joblog.py says from where).
+        self.verdict = verdict
+        # Where the snapshot comes from: torch's ``_snapshot()`` unless set (tests stand a real
+        # capture in here, on machines without a GPU).
+        self.snapshot_source: Callable[[], dict[str, Any]] | None = None
         # The job this process is a rank of (launcher environment, git): read once, not at the OOM.
         self.job: dict[str, Any] = {}
         # Dump on any uncaught error too, not only an OOM: in a job of several ranks, the ranks
@@ -179,6 +228,8 @@ class OomDumper:
         self.paths: list[Path] = []
         self.sidecars: list[Path] = []
         self.uploads: list[Any] = []
+        self.upload_results: dict[Path, Any] = {}
+        self._verdicts_printed: set[Path] = set()
         self.observer_attached = False
         self.enabled = False
         self._dumped_at_ooms: int | None = None
@@ -253,13 +304,20 @@ class OomDumper:
         if not isinstance(exc, torch.cuda.OutOfMemoryError):
             if self.dump_errors and isinstance(exc, Exception):
                 with self._lock:
-                    return self._dump("error", error=f"{type(exc).__name__}: {exc}")
+                    dumped = self._dump("error", error=f"{type(exc).__name__}: {exc}")
+                if dumped is not None and self.verdict:
+                    self.print_verdict(dumped)
+                return dumped
             return None
         with self._lock:
             if self._dumped_at_ooms is not None and self._dumped_at_ooms == _num_ooms(torch) and self.sidecars:
                 self._update_sidecar(self.sidecars[-1], {"oom_message": str(exc)})
-                return self.paths[-1]
-            return self._dump("exception", message=str(exc))
+                path: Path | None = self.paths[-1]
+            else:
+                path = self._dump("exception", message=str(exc))
+        if path is not None and self.verdict:
+            self.print_verdict(path)
+        return path
 
     def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         try:
@@ -300,7 +358,7 @@ class OomDumper:
             stem = f"{self.prefix}-{socket.gethostname()}-pid{os.getpid()}-dev{device}-{stamp}-{len(self.paths)}"
             path = self.path_dir / (stem + (".pickle.gz" if self.compress else ".pickle"))
             t0 = time.monotonic()
-            snapshot = torch.cuda.memory._snapshot()
+            snapshot = self.snapshot_source() if self.snapshot_source else torch.cuda.memory._snapshot()
             raw = pickle.dumps(snapshot, protocol=4)
             _write_atomically(path, lambda f: f.write(raw), compress=self.compress)
             sidecar: dict[str, Any] = {
@@ -318,6 +376,7 @@ class OomDumper:
                 "pickle_bytes": len(raw),
                 **_describe_snapshot(snapshot),
                 "dump_seconds": round(time.monotonic() - t0, 3),
+                "history": _current.facts() if _current is not None else None,
             }
             sidecar_path = self.path_dir / (stem + ".json")
             sidecar_path.write_text(json.dumps(sidecar, indent=1, default=str))
@@ -352,9 +411,11 @@ class OomDumper:
                 else:
                     result = upload(path, **self._upload_arguments(spec or {}, sidecar_path))
                 self.uploads.append(result)
+                self.upload_results[path] = result
                 self._update_sidecar(sidecar_path, {"upload": result})
             except Exception as e:
                 self.uploads.append(e)
+                self.upload_results[path] = e
                 self._update_sidecar(sidecar_path, {"upload_error": str(e)})
                 print(f"oomscope_client: upload of {path} failed: {e}", file=sys.stderr, flush=True)
 
@@ -365,7 +426,7 @@ class OomDumper:
     def _upload_arguments(self, spec: Mapping[str, Any], sidecar_path: Path) -> dict[str, Any]:
         """The spec's arguments, plus the job's metadata and this dump's error (the spec's own win);
         the run defaults to the job id, so every rank of one job lands in one run."""
-        arguments = dict(spec)
+        arguments = {k: v for k, v in spec.items() if k != "wait"}  # ``wait`` is the job log's, not upload()'s
         sidecar = json.loads(sidecar_path.read_text())
         meta = {**self.job, **({"error": sidecar["error"]} if sidecar.get("error") else {})}
         arguments["meta"] = {**meta, **dict(arguments.get("meta") or {})}
@@ -374,6 +435,44 @@ class OomDumper:
         if not arguments.get("oom_message") and sidecar.get("oom_message"):
             arguments["oom_message"] = sidecar["oom_message"]
         return arguments
+
+    def print_verdict(self, path: Path | None = None) -> None:
+        """Print the verdict of a dump (default: the last) in the job log, once per dump; never raises."""
+        from oomscope_client import joblog
+
+        path = path or (self.paths[-1] if self.paths else None)
+        if path is None or path in self._verdicts_printed:
+            return
+        self._verdicts_printed.add(path)
+        sidecar_path = self.sidecars[self.paths.index(path)]
+        sidecar = json.loads(sidecar_path.read_text())
+        what = "CUDA out of memory" if sidecar.get("error") is None else f"died of {sidecar['error'][:200]}"
+        try:
+            lines = self._verdict_lines(path, sidecar)
+        except Exception as e:  # the OOM must still reach the user unchanged
+            lines = [f"the verdict could not be made: {type(e).__name__}: {e}", *joblog.how_to_get_it(path)]
+        joblog.write_block(self.job, what, lines)
+
+    def _verdict_lines(self, path: Path, sidecar: dict[str, Any]) -> list[str]:
+        from oomscope_client import joblog
+
+        report = joblog.local_report(path, sidecar)
+        if report is not None:
+            return joblog.verdict_lines(report, f"analysed here by the oomscope library; the dump: {path}")
+        spec = self.upload_spec
+        wait = spec.get("wait") if isinstance(spec, Mapping) else None
+        if spec is None or not wait:
+            from oomscope_client.doctor import problems
+
+            doctor = [f"capture: {problem.line}" for problem in problems(path, sidecar)]
+            return [*joblog.how_to_get_it(path), *doctor]
+        seconds = 600.0 if wait is True else float(wait)
+        self.wait(seconds)
+        result = self.upload_results.get(path)
+        if not isinstance(result, Mapping):
+            return [f"the upload failed: {result}", *joblog.how_to_get_it(path)]
+        report, url = joblog.site_report(result, str(spec.get("token")), seconds)
+        return joblog.verdict_lines(report, f"report: {url}")
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for uploads started by dumps."""
@@ -391,6 +490,7 @@ def dump_on_oom(
     observer: bool = True,
     excepthook: bool = True,
     dump_errors: bool | None = None,
+    verdict: bool = True,
 ) -> OomDumper:
     """Dump a snapshot into ``path_dir`` when a CUDA allocation fails.
 
@@ -409,6 +509,20 @@ def dump_on_oom(
     all-reduce failed because a peer died of an OOM then joins the run's report as "a peer died".
     The job's rank, world size, id, host, torch version, commit and branch (``jobmeta``) go into
     the sidecar and with the upload, whose run defaults to the job id.
+
+    With ``verdict`` (the default) the rank then prints its verdict in the job log (``joblog``: the
+    headline, the change and the top stacks, one block per rank, the rank in its header), from the
+    analysis library when it is importable here, else from the site when ``upload`` has ``wait``
+    (seconds), else how to get it. It is printed on the exception's route (uncaught, or leaving
+    ``with dumper:``); a loop that catches the OOM itself calls ``dumper.print_verdict()``.
     """
-    dumper = OomDumper(path_dir, upload, compress=compress, prefix=prefix, max_dumps=max_dumps, dump_errors=dump_errors)
+    dumper = OomDumper(
+        path_dir,
+        upload,
+        compress=compress,
+        prefix=prefix,
+        max_dumps=max_dumps,
+        dump_errors=dump_errors,
+        verdict=verdict,
+    )
     return dumper.install(observer=observer, excepthook=excepthook)

@@ -357,8 +357,9 @@ def wait_for_analysis(
     longest_poll: float = 10.0,
     clock: Any = None,
     sleep: Any = None,
+    final: Sequence[str] = FINAL_STATES,
 ) -> dict[str, Any]:
-    """Poll an upload until its analysis is done or failed; its last status JSON.
+    """Poll an upload until its analysis is done or failed (``final``); its last status JSON.
 
     Polls start at ``first_poll`` seconds and double up to ``longest_poll``. A site that cannot be
     reached for a moment (a restart) is polled again; ``UploadError`` when ``timeout`` passes first.
@@ -374,7 +375,7 @@ def wait_for_analysis(
         try:
             body = snapshot_status(api_url_of_upload, token)
             last_error = None
-            if body.get("status") in FINAL_STATES:
+            if body.get("status") in final:
                 return body
         except UploadError as e:
             if e.status is not None and e.status < 500:
@@ -387,6 +388,64 @@ def wait_for_analysis(
         delay = min(delay * 2, longest_poll)
 
 
+NO_CHANGE = "no setting or rule found one the figures support"
+# The state a run of several ranks ends in (the site's Run.Status): every rank analysed, done or failed.
+RUN_FINAL_STATES = ("done",)
+
+
+def wait_for_run(
+    run_api_url: str,
+    token: str,
+    *,
+    timeout: float = 1800.0,
+    first_poll: float = 1.0,
+    longest_poll: float = 10.0,
+) -> dict[str, Any]:
+    """Poll a run (``GET /api/v1/runs/<id>``, what an archive's upload answers) until every rank
+    is analysed and the run summarised; its last JSON. ``UploadError`` as ``wait_for_analysis``."""
+    return wait_for_analysis(
+        run_api_url, token, timeout=timeout, first_poll=first_poll, longest_poll=longest_poll, final=RUN_FINAL_STATES
+    )
+
+
+def rank_api_url(run_body: Mapping[str, Any], rank_row: Mapping[str, Any]) -> str:
+    """The status URL of one rank of a run: the site's own, or (older sites) beside the run's."""
+    given = rank_row.get("api_url")
+    if isinstance(given, str) and given:
+        return given
+    return urllib.parse.urljoin(str(run_body.get("api_url") or ""), f"../snapshots/{rank_row.get('id')}")
+
+
+def run_verdict_lines(run_body: Mapping[str, Any], rank_bodies: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """A run's verdict: one block per rank (its headline and change, or why it failed), then the run's
+    first OOM and the change of the rank that died first, and the run's page."""
+    head = (run_body.get("summary") or {}).get("run") or {}
+    lines: list[str] = []
+    for row in run_body.get("uploads") or []:
+        rank = int(row.get("rank") or 0)
+        body = rank_bodies.get(rank) or {}
+        error = row.get("error") or body.get("error")
+        if row.get("status") == "failed" and isinstance(error, Mapping):
+            lines.append(f"rank {rank}: the analysis failed: {error.get('code')}: {error.get('message')}")
+            continue
+        summary = body.get("summary") or {}
+        lines.append(f"rank {rank}: {summary.get('headline') or 'no verdict'}")
+        if summary.get("change_line"):
+            lines.append(f"  change: {summary['change_line']}")
+    first = head.get("first_oom_rank")
+    if first is not None:
+        lines.append(f"run: rank {first} ran out of memory first: {head.get('first_oom_reason')}")
+        change = ((rank_bodies.get(int(first)) or {}).get("summary") or {}).get("change_line")
+        lines.append(f"change: {change}" if change else f"change: none ({NO_CHANGE})")
+    elif head:
+        lines.append("run: no rank ran out of memory")
+    if head.get("missing_ranks"):
+        lines.append("missing ranks: " + ", ".join(str(r) for r in head["missing_ranks"]))
+    if run_body.get("url"):
+        lines.append(f"report: {run_body['url']}")
+    return lines
+
+
 def verdict_lines(body: dict[str, Any]) -> list[str]:
     """What the report's first screen says, from a finished upload's summary (the site words it)."""
     summary = body.get("summary") or {}
@@ -396,7 +455,7 @@ def verdict_lines(body: dict[str, Any]) -> list[str]:
     if summary.get("change_line"):
         lines.append(f"change: {summary['change_line']}")
     elif "change_line" in summary:
-        lines.append("change: none (no setting or rule found one the figures support)")
+        lines.append(f"change: none ({NO_CHANGE})")
     if summary.get("edge_of_cap"):
         lines.append(str(summary["edge_of_cap"]))
     if summary.get("limit_text"):

@@ -395,6 +395,7 @@
     // free blocks pale, pending frees hatched. Hover for the sizes and the stack; click a block.
     var reserved = Math.max(1, state.reserved_bytes);
     view.appendChild(el("p", { class: "meta" }, state.segments.length + " segments, in address order, each as wide as its share of the " + state.reserved_text + " reserved; a block's colour is the code that allocated it (pale: free, yellow: pending free). Click a block for its stacks."));
+    if (state.truncated) view.appendChild(el("p", { class: "meta" }, "Listed: the first of them in address order; the state holds " + thousands(state.segments_total) + " segments and " + thousands(state.blocks_total) + " blocks."));
     var detail = el("div", { class: "block-detail" });
     var list = el("div", { class: "state-segments compact" });
     state.segments.forEach(function (seg) {

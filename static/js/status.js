@@ -32,6 +32,19 @@
     if (bar && typeof data.progress === "number") bar.value = data.progress;
     // The badge says the status; the stage says what runs within it, and never repeats it.
     if (stage) stage.textContent = data.stage && data.stage !== data.status ? data.stage : "";
+    // What it waits for (a worker, its run's other ranks) and the estimate, which a rank waiting for its
+    // peers does not get (the server sends estimate_s null then).
+    var waiting = box.querySelector("[data-field=waiting_for]");
+    if (waiting) {
+      waiting.textContent = data.waiting_for || "";
+      waiting.hidden = !data.waiting_for;
+    }
+    var sentence = box.querySelector("[data-field=estimate-sentence]");
+    if (sentence) sentence.hidden = typeof data.estimate_s !== "number";
+    var estimate = box.querySelector("[data-field=estimate]");
+    if (estimate && typeof data.estimate_s === "number") estimate.textContent = duration(data.estimate_s);
+    var basis = box.querySelector("[data-field=estimate_basis]");
+    if (basis && data.estimate_basis) basis.textContent = data.estimate_basis;
     if (typeof data.elapsed_s === "number") {
       elapsed = data.elapsed_s;
       since = Date.now();

@@ -37,30 +37,60 @@
     }
   }
 
-  // error.message is a sentence, or the form's errors as {field: [{message}]}.
-  function showError(error, status) {
-    var box = form.querySelector(".form-errors");
-    box.textContent = "";
-    var lines = [];
-    if (error && typeof error.message === "string") {
-      lines.push(error.message);
-    } else if (error && error.message && typeof error.message === "object") {
-      Object.keys(error.message).forEach(function (field) {
-        (error.message[field] || []).forEach(function (item) {
-          lines.push((field === "__all__" ? "" : field + ": ") + (item.message || item));
-        });
-      });
-    }
-    if (!lines.length) lines.push("The upload was not accepted (HTTP " + status + ").");
+  // The refusals that are about the file itself (its size, its bytes, the archive): shown beside the file.
+  var FILE_CODES = /^(snapshot:|upload:too-large|upload:archive-|upload:not-a-snapshot|upload:quota)/;
+
+  function errorList(lines, field) {
     var list = document.createElement("ul");
     list.className = "errorlist";
+    if (field) list.dataset.field = field;
     lines.forEach(function (line) {
       var li = document.createElement("li");
       li.textContent = line; // never innerHTML: messages may echo user input
       list.appendChild(li);
     });
-    box.appendChild(list);
+    return list;
+  }
+
+  function clearErrors() {
+    form.querySelectorAll(".errorlist").forEach(function (list) { list.remove(); });
+    form.querySelectorAll("[aria-invalid]").forEach(function (el) { el.removeAttribute("aria-invalid"); });
+  }
+
+  // Put a field's messages beside it and mark its control; the first such control gets the focus.
+  function besideField(field, lines) {
+    var box = form.querySelector('[data-field="' + field + '"]');
+    if (!box) return null;
+    box.appendChild(errorList(lines, field));
+    var control = box.querySelector("input, select, textarea");
+    if (control) control.setAttribute("aria-invalid", "true");
+    return control || box;
+  }
+
+  // error: {code, message: a sentence, fields: {field: [messages]}} (the page's own JSON answer).
+  function showError(error, status) {
+    clearErrors();
+    var first = null;
+    var top = [];
+    var fields = (error && error.fields) || {};
+    if (Object.keys(fields).length) {
+      Object.keys(fields).forEach(function (field) {
+        var at = besideField(field, fields[field]);
+        if (!at) top.push(field + ": " + fields[field].join(" "));
+        first = first || at;
+      });
+    } else if (error && typeof error.message === "string") {
+      var at = FILE_CODES.test(error.code || "") ? besideField("file", [error.message]) : null;
+      if (!at) top.push(error.message);
+      first = at;
+    }
+    if (!first && !top.length) top.push("The upload was not accepted (HTTP " + status + ").");
+    if (top.length) form.querySelector(".form-errors").appendChild(errorList(top, ""));
     text.textContent = "";
+    if (first) {
+      first.scrollIntoView({ block: "center" });
+      first.focus();
+    }
   }
 
   input.addEventListener("change", chosen);

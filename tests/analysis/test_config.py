@@ -1,4 +1,4 @@
-"""Allocator settings and size rules (analysis.config), checked against what torch itself does."""
+"""Allocator settings and size rules (analysis.allocator.config), checked against what torch itself does."""
 
 from __future__ import annotations
 

@@ -262,7 +262,13 @@ def test_a_peak_before_the_first_event_is_the_headlines_and_the_timelines() -> N
     idle = summary["initial_reserved_bytes"] - summary["initial_allocated_bytes"]
     from analysis.decision import format_size
 
-    assert f"before the first recorded event) {format_size(idle)}" in headline
+    # The plateau starts with the state before the trace; here it is also its least idle moment.
+    plateau = dev["plateau"]
+    assert plateau["first_event_index"] == -1
+    assert plateau["idle_at_first_bytes"] == idle
+    assert (plateau["least_idle_bytes"], plateau["least_idle_event_index"]) == (idle, -1)
+    assert f"at least {format_size(idle)} of it held no live block" in headline
+    assert "even at its fullest, before the first recorded event)" in headline
 
 
 def test_no_history_says_no_oom_recorded_and_no_exact_replay() -> None:

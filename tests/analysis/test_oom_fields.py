@@ -33,6 +33,7 @@ from analysis.model import (
 )
 from analysis.oom import UsableFree, explain_oom, flush_before, oom_indices, verdict
 from analysis.reader import read_snapshot
+from analysis.readout import size
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -576,7 +577,7 @@ def test_verdict_certain_is_false_only_for_capacity_from_a_lower_bound() -> None
     assert uncertain["explanation"] == (
         "The request for 2.00 GiB on top of 1.00 GiB allocated exceeds 2.00 GiB, the most the trace shows the cap "
         "allowed; the real per-process cap is not in the snapshot and may be higher, so whether an allocator "
-        "setting can make it fit is unknown: paste the OOM message or give --limit."
+        "setting can make it fit is unknown: paste the OOM message or give the memory cap."
     )
     # 3 GiB > 2 GiB given: capacity, certain (a given limit is exact); a given limit names no kind.
     assert fields(_given(2 * GiB)) == ("capacity", True, "request", "")
@@ -644,7 +645,9 @@ def test_usable_free_block_is_below_the_request_and_named_in_the_explanation(cas
         usable = oom["largest_usable_free_block_bytes"]
         assert usable is not None and 0 <= usable < oom["requested_bytes"]
         if oom["verdict"] == "fragmentation":
-            assert f"could use was {usable / GiB:.2f} GiB" in oom["explanation"]
+            # A few MiB are worded in MiB, never "0.00 GiB" (issue 35).
+            shown = size(usable) if 0 < usable < GiB // 200 else f"{usable / GiB:.2f} GiB"
+            assert f"could use was {shown}" in oom["explanation"] and "0.00 GiB" not in oom["explanation"]
         if oom["largest_free_block_bytes"] < oom["requested_bytes"]:
             assert " was there when it failed" not in oom["explanation"]
 

@@ -197,7 +197,7 @@ def test_a_body_far_over_the_cap_is_refused_before_it_is_sent(
 @pytest.mark.parametrize(
     ("content", "code", "message"),
     [
-        (b"", "snapshot:format:empty", "The file is empty."),
+        (b"", "snapshot:format:empty", "The file is empty (0 bytes): the dump never finished"),
         (
             b"<!doctype html><title>Sign in</title>",
             "snapshot:format:html",

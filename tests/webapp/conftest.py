@@ -95,6 +95,9 @@ def _celery_uses_test_redis(redis_url: str) -> None:
     app.conf.broker_url = redis_url
     # A queue of this run's own, so a worker of `make run` on a shared Redis never takes its messages.
     app.conf.task_default_queue = f"oomscope-test-{os.getpid()}"
+    # The webhooks' own queue too (issue 36), or a make run's webhooks worker would take them.
+    settings.WEBHOOK_QUEUE = f"oomscope-test-{os.getpid()}-webhooks"
+    app.conf.task_routes = {"snapshots.deliver_webhook": {"queue": settings.WEBHOOK_QUEUE}}
 
 
 @pytest.fixture(autouse=True)

@@ -30,6 +30,7 @@ PUBLIC = {
     "login": "the way in",
     "logout": "ends a session; names no object",
     "signup": "the way in",
+    "snapshots:home": "logged out, the front page says what the product is (issue 35); test_home_logged_out below",
     "snapshots:share_view": "the capability URL itself; test_share_links.py",
     "snapshots:share_status_json": "the capability URL's status poll; test_share_links.py",
     "admin": "Django admin has its own staff-only login; test_admin_refuses_non_staff below",
@@ -148,6 +149,15 @@ def test_anonymous_is_refused(client: Any, objects: dict[str, str], name: str, m
         assert response.json()["error"]["code"] == "auth-required"
     else:
         assert is_login_redirect(response), (url, response.status_code)
+
+
+def test_home_logged_out_shows_the_product_and_nothing_of_a_team(client: Any, objects: dict[str, str]) -> None:
+    page = client.get(reverse("snapshots:home"))
+    assert page.status_code == 200 and "snapshots/welcome.html" in [t.name for t in page.templates]
+    body = page.content.decode()
+    assert "Why did your training job run out of GPU memory?" in body
+    assert objects["code"] not in body and "Alpha" not in body and "Recent uploads" not in body
+    assert client.post(reverse("snapshots:home")).status_code == 405
 
 
 def _request(client: Any, method: str, url: str, via: str, token: str) -> Any:

@@ -110,7 +110,16 @@ def test_status_page_and_json_while_queued(alice_client: Any, alice: Any, alpha:
     assert page.context["report"] is None
     status = alice_client.get(f"/s/{upload.code}/status.json").json()
     elapsed = status.pop("elapsed_s")
-    assert status == {"status": "queued", "progress": 0, "stage": "", "error": None, "estimate_s": 3}
+    assert status == {
+        "status": "queued",
+        "progress": 0,
+        "stage": "",
+        "error": None,
+        "estimate_s": 3,  # the fixed rates: no analysis finished on this site yet
+        "estimate_basis": "fixed rates",
+        "waiting_for": "Waiting for a worker to take it.",
+        "ranks": None,
+    }
     assert 0 <= elapsed < 60  # seconds since the upload row was made, a moment ago
 
 

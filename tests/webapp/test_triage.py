@@ -123,6 +123,8 @@ def test_api_answers_with_a_token(client: Any, alice_token: str) -> None:
     )
     assert response.status_code == 200
     data = response.json()
+    ledger = data.pop("ledger")  # the whole device from the message (tests/webapp/test_ledger_page.py)
+    assert sum(r["bytes"] for r in ledger["rows"]) == ledger["total_bytes"]
     assert data == json.loads(json.dumps(triage(BENCH["oom_message"], BENCH["memory_summary"]).to_json()))
     assert data["schema"] == "oomscope.triage/1"
     figures = data["figures"]

@@ -26,10 +26,10 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+from django.conf import settings
 from django.core.files.storage import default_storage
 
 from analysis.explore import StoredExplorer, active_bands, window
-from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from webapp.snapshots import messages
 from webapp.snapshots.formatting import event_text, format_bytes
 from webapp.snapshots.models import Upload
@@ -37,6 +37,20 @@ from webapp.snapshots.models import Upload
 log = logging.getLogger(__name__)
 
 STORES_KEPT = 3
+# A band chart costs about (rows alive in the window) x (samples): a request may spend this many;
+# past it the samples are fewer (issue 36: 100k segment rows x 600 samples per anonymous request).
+BAND_WORK = 20_000_000
+# What one web process may hold for the digging endpoints (issue 36: share links are anonymous):
+# a store larger than EXPLORE_MAX_STORE_BYTES is not loaded (404 ``explore:store-too-large``), at
+# most STORE_LOADS_AT_ONCE are read at a time (others wait up to LOAD_WAIT_SECONDS, then 503
+# ``explore:busy``), and a state answer lists at most STATE_MAX_ENTRIES segments and blocks; the
+# last STATES_KEPT answers are kept.
+STORE_LOADS_AT_ONCE = 2
+LOAD_WAIT_SECONDS = 20.0
+STATE_MAX_ENTRIES = 5_000
+STATES_KEPT = 16
+_load_slots = threading.BoundedSemaphore(STORE_LOADS_AT_ONCE)
+_states: OrderedDict[tuple[str, int, int], dict[str, Any]] = OrderedDict()
 _lock = threading.Lock()
 _stores: OrderedDict[tuple[str, int], StoredExplorer] = OrderedDict()
 _loading: dict[tuple[str, int], threading.Lock] = {}
@@ -68,10 +82,28 @@ def has_stores(sha256: str) -> bool:
     return _stored_devices(sha256) is not None
 
 
+def _max_store_bytes() -> int:
+    return int(getattr(settings, "EXPLORE_MAX_STORE_BYTES", 256 * 1024**2))
+
+
 def _read(name: str) -> StoredExplorer | None:
-    """The stored explorer at ``name``; None when it is missing or of another store version."""
+    """The stored explorer at ``name``; None when it is missing or of another store version;
+    ``ExploreError`` when it is larger than a web process may hold or too many are being read."""
     if not default_storage.exists(name):
         return None
+    size = default_storage.size(name)
+    if size > _max_store_bytes():
+        log.warning("explore store %s: %d bytes, over EXPLORE_MAX_STORE_BYTES; not loaded", name, size)
+        raise ExploreError(404, "explore:store-too-large", messages.EXPLORE_STORE_TOO_LARGE)
+    if not _load_slots.acquire(timeout=LOAD_WAIT_SECONDS):
+        raise ExploreError(503, "explore:busy", messages.EXPLORE_BUSY)
+    try:
+        return _load(name)
+    finally:
+        _load_slots.release()
+
+
+def _load(name: str) -> StoredExplorer | None:
     # Each array straight from the open file: no copy of the whole store in memory first.
     with default_storage.open(name, "rb") as fh, np.load(fh, allow_pickle=False) as arrays:
         store = {k: arrays[k] for k in arrays.files}
@@ -108,7 +140,12 @@ def explorer_for(upload: Upload, device: int) -> StoredExplorer:
             found = _stores.get(key)
         if found is not None:
             return found
-        made = _read(name)
+        try:
+            made = _read(name)
+        except ExploreError:
+            with _lock:
+                _loading.pop(key, None)
+            raise
         if made is None:
             with _lock:
                 _loading.pop(key, None)
@@ -154,7 +191,8 @@ BAND_COLOURS = (
 def active_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -> dict[str, Any]:
     """The active-memory bands of events ``[t0, t1]``, ready for the chart's source."""
     cols, labels = columns_for(upload, device)
-    out = active_bands(cols, int(t0), int(t1) + 1, samples=max(16, min(600, px // 2)))
+    samples = _band_samples(cols["alloc_start"], cols["alloc_end"], int(t0), int(t1) + 1, px)
+    out = active_bands(cols, int(t0), int(t1) + 1, samples=samples)
     bands = out.pop("bands")
     out["data"] = {
         "xs": [b["xs"] for b in bands],
@@ -170,53 +208,20 @@ def active_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -
     return out
 
 
-def segment_lifetimes(
-    action: np.ndarray, addr: np.ndarray, size: np.ndarray, before: list[tuple[int, int]] | None = None
-) -> dict[str, np.ndarray]:
-    """Each segment's life in the trace: made at a ``segment_alloc``, gone at the ``segment_free`` of the
-    same address; one without its making in the trace (made before the recording) lives from event 0,
-    one never freed to the end. Expandable segments map and unmap page ranges that need not pair up: an
-    unmap ends every mapped range it overlaps and what is left of them lives on as new ranges from
-    there, so the ranges alive after any event add up to the mapped bytes. In order of making, as
-    ``active_bands`` reads allocations. ``before``: the (address, size) of the segments the allocator
-    held before the first event (a trace that starts late, or a wrapped ring buffer), alive from 0."""
-    n = int(action.shape[0])
-    events = np.flatnonzero(np.isin(action, (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)))
-    open_at: dict[tuple[int, int], int] = dict.fromkeys(before or [], 0)  # (address, size) -> event made
-    rows: list[tuple[int, int, int, int]] = []  # start, end, size, address
-    for i in events.tolist():
-        a, z, what = int(addr[i]), int(size[i]), int(action[i])
-        if what in (SEGMENT_ALLOC, SEGMENT_MAP):
-            open_at[(a, z)] = i
-        elif what == SEGMENT_FREE:
-            rows.append((open_at.pop((a, z), 0), i, z, a))
-        else:  # an unmap: end the ranges it overlaps, keep their parts outside it
-            for ra, rz in [k for k in open_at if k[0] < a + z and a < k[0] + k[1]]:
-                made = open_at.pop((ra, rz))
-                rows.append((made, i, rz, ra))
-                if ra < a:
-                    open_at[(ra, a - ra)] = i
-                if a + z < ra + rz:
-                    open_at[(a + z, ra + rz - a - z)] = i
-    rows.extend((start, n, key[1], key[0]) for key, start in open_at.items())
-    rows = [r for r in rows if r[0] < r[1] or r[0] == 0]
-    rows.sort()
-    table = np.array(rows, np.int64).reshape(-1, 4)
-    return {"start": table[:, 0], "end": table[:, 1], "size": table[:, 2], "address": table[:, 3]}
+def _band_samples(start: np.ndarray, end: np.ndarray, lo: int, hi: int, px: int) -> int:
+    """Samples for a band chart of ``[lo, hi)``: one per two pixels (16-600), fewer when the rows
+    alive in the window times the samples would pass ``BAND_WORK``."""
+    rows = int(np.count_nonzero((start < hi) & (end > lo)))
+    return max(16, min(600, px // 2, BAND_WORK // max(1, rows)))
 
 
 def segments_payload(upload: Upload, device: int, t0: float, t1: float, px: int) -> dict[str, Any]:
     """memory_viz's "active cached segment timeline": each segment a band over the events it lived,
     stacked in the order they were made (``active_bands`` over segments instead of blocks)."""
     explorer = explorer_for(upload, device)
-    store = explorer.store
     cols = explorer.columns()
-    # The state before the first event is the store's first checkpoint (empty for a complete trace).
-    first = explorer.checkpoint(0)
-    before = [(seg.address, seg.total_size) for seg in first.segments] if first.index < 0 else []
-    life = segment_lifetimes(
-        np.asarray(store["action"]), np.asarray(store["addr"], np.int64), np.asarray(store["size"], np.int64), before
-    )
+    # Made by the analysis child into the store (``analysis.explore.segment_lifetimes``), not here.
+    life = explorer.segment_rows()
     as_blocks = {
         "alloc_start": life["start"],
         "alloc_end": life["end"],
@@ -224,7 +229,8 @@ def segments_payload(upload: Upload, device: int, t0: float, t1: float, px: int)
         "alloc_group": np.full(life["start"].shape, -1, np.int64),
         "reserved": cols["reserved"],
     }
-    out = active_bands(as_blocks, int(t0), int(t1) + 1, samples=max(16, min(600, px // 2)))
+    samples = _band_samples(life["start"], life["end"], int(t0), int(t1) + 1, px)
+    out = active_bands(as_blocks, int(t0), int(t1) + 1, samples=samples)
     bands = out.pop("bands")
     address_of = dict(zip(life["start"].tolist(), life["address"].tolist(), strict=True))
     out["data"] = {
@@ -243,10 +249,26 @@ def segments_payload(upload: Upload, device: int, t0: float, t1: float, px: int)
 
 
 def state_payload(upload: Upload, device: int, index: int) -> dict[str, Any]:
+    """The allocator's state after event ``index``: at most ``STATE_MAX_ENTRIES`` segments and
+    blocks listed (a replay of at most ``CHECKPOINT_EVERY`` events), the last few answers kept."""
+    key = (upload.sha256, device, index)
+    with _lock:
+        kept = _states.get(key)
+        if kept is not None:
+            _states.move_to_end(key)
+            return kept
     explorer = explorer_for(upload, device)
     if not -1 <= index < explorer.events:
         raise ExploreError(400, "explore:bad-event", f"event {index} is outside 0..{explorer.events - 1}")
-    out = explorer.state_at(index)
+    out = _state_text(explorer.state_at(index, max_blocks=STATE_MAX_ENTRIES))
+    with _lock:
+        _states[key] = out
+        while len(_states) > STATES_KEPT:
+            _states.popitem(last=False)
+    return out
+
+
+def _state_text(out: dict[str, Any]) -> dict[str, Any]:
     for key in (
         "allocated_bytes",
         "requested_bytes",

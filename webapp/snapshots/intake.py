@@ -68,6 +68,7 @@ class Admission:
     project_slug: str = ""
     idempotency_key: str = ""
     earlier: Upload | None = None
+    listing: runarchive.Listing | None = None  # a run's archive: what its listing declares
 
 
 def parse_error(exc: Exception) -> IntakeError:
@@ -202,6 +203,7 @@ def admit(request: Any, fields: type[UploadFieldsForm], *, keyed: bool = False, 
         except LimitExceeded as err:
             raise from_limit(err) from err
     uploaded, sha256, fmt = _received(request)
+    listing = _archive_ranks_counted(request, uploaded) if fmt == runarchive.ARCHIVE else None
     form = fields(request.POST, request.FILES, **form_kwargs)
     if not form.is_valid():
         raise FieldsInvalid(form)
@@ -215,7 +217,25 @@ def admit(request: Any, fields: type[UploadFieldsForm], *, keyed: bool = False, 
         run_meta=run_meta,
         project_slug=str(form.cleaned_data.get("project") or "").strip(),
         idempotency_key=key,
+        listing=listing,
     )
+
+
+def _archive_ranks_counted(request: Any, uploaded: Any) -> runarchive.Listing:
+    """A run's archive, from its listing: refused as ``runarchive.check_listing`` says, and each rank
+    it holds counted against the upload rates (the archive itself was counted as one already); issue
+    36: one POST made up to 1,024 analyses as one upload."""
+    path = runarchive.file_path(uploaded)
+    try:
+        if path is None:
+            raise runarchive.refusal("upload:archive-unreadable")
+        listing = runarchive.check_listing(path)
+        if getattr(request.user, "is_authenticated", False) and listing.ranks > 1:
+            token = getattr(request, "api_token", None)
+            ratelimits.check_upload_rate(request, request.user, token, count=listing.ranks - 1)
+    except LimitExceeded as err:
+        raise from_limit(err) from err
+    return listing
 
 
 def parsed_files(request: Any) -> Any:

@@ -16,7 +16,9 @@ BY_AREA = {
 }
 
 BY_CODE = {
-    "snapshot:format:empty": "The file is empty.",
+    "snapshot:format:empty": "The file is empty (0 bytes): the dump never finished (the process was killed while "
+    "writing it, or the disk was full). Write it with torch.cuda.memory._dump_snapshot(path) before the process "
+    "exits, or let oomscope_client.dump_on_oom() write it (atomically).",
     "snapshot:format:html": "This is an HTML page, not a snapshot. Upload the file written by "
     "torch.cuda.memory._dump_snapshot().",
     "snapshot:format:not-a-snapshot": "This is not a snapshot file. Upload the pickle written by "
@@ -107,6 +109,11 @@ EXPLORE_NO_STORE = (
     "This report keeps no zoom or digging data: it was analysed before the site stored it, or the "
     "snapshot has no trace to replay. Upload the snapshot again to dig into it."
 )
+EXPLORE_STORE_TOO_LARGE = (
+    "This report's zoom and digging data is larger than the site serves (EXPLORE_MAX_STORE_BYTES); "
+    "the report itself is complete."
+)
+EXPLORE_BUSY = "The site is reading other reports' zoom data right now; retry in a few seconds."
 SHARE_UNKNOWN = "No live share link with that key: it was revoked already, or belongs to another report."
 
 

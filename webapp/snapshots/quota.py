@@ -22,11 +22,12 @@ def team_queued_cost(team_id: int) -> int:
     return int(total["cost"] or 0)
 
 
-def check_team_queued_cost(team_id: int, incoming_cost: int) -> None:
+def check_team_queued_cost(team_id: int, incoming_cost: int, *, queued: int | None = None) -> None:
     """Refuse an upload whose estimated analysis cost, with what the team has queued, passes
     ``ANALYSIS_MAX_QUEUED_COST_PER_TEAM`` (issue 22: one team filled the queue for everyone).
     Too costly alone: 413 ``upload:too-costly``; with what is queued: 429 ``upload:queue-full``
-    (``Retry-After``: the queue drains as analyses end)."""
+    (``Retry-After``: the queue drains as analyses end). ``queued``: the team's queued cost when
+    known (0: check the upload alone)."""
     limit = settings.ANALYSIS_MAX_QUEUED_COST_PER_TEAM
     if incoming_cost > limit:
         raise LimitExceeded(
@@ -36,7 +37,7 @@ def check_team_queued_cost(team_id: int, incoming_cost: int) -> None:
                 cost=messages.human_bytes(incoming_cost), limit=messages.human_bytes(limit)
             ),
         )
-    queued = team_queued_cost(team_id)
+    queued = team_queued_cost(team_id) if queued is None else queued
     if queued + incoming_cost > limit:
         raise LimitExceeded(
             429,

@@ -66,8 +66,9 @@ def _limit(request: Any, group: str, key: str, rate: str, code: str, what: str) 
         )
 
 
-def check_upload_rate(request: Any, user: Any, token: Any) -> None:
-    """Per-token (API) and per-user (API and page) upload rates."""
+def check_upload_rate(request: Any, user: Any, token: Any, *, count: int = 1) -> None:
+    """Per-token (API) and per-user (API and page) upload rates; ``count`` uploads at once (a run's
+    archive counts each rank it holds: issue 36), stopping at the first one over a rate."""
     # Keys name one token / one account even where database ids are reused (SQLite reuses the
     # highest id after a rollback): the token's hash, the account's id with its creation time.
     checks = []
@@ -77,7 +78,8 @@ def check_upload_rate(request: Any, user: Any, token: Any) -> None:
     account = f"user:{user.pk}:{user.date_joined.timestamp():.6f}"
     checks.append(("upload-user", account, settings.UPLOAD_RATE_PER_USER, "upload:rate-limited:user"))
     for group, key, rate, code in checks:
-        _limit(request, group, key, rate, code, "uploads")
+        for _ in range(max(0, count)):
+            _limit(request, group, key, rate, code, "uploads")
 
 
 def check_replay_rate(request: Any, user: Any) -> None:

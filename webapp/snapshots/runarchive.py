@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.core.files.storage import default_storage
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
@@ -35,8 +36,8 @@ from analysis.limits import OomMessageError
 from analysis.rankfiles import SIDECAR_SUFFIX, archive_kind, list_members, unpack_ranks
 from analysis.reader import ReadLimits
 from analysis.runs import RunInputError, rank_from_name
-from webapp.snapshots import messages
-from webapp.snapshots.quota import check_team_quota
+from webapp.snapshots import disk, messages
+from webapp.snapshots.quota import check_team_queued_cost, check_team_quota
 from webapp.snapshots.ratelimits import LimitExceeded
 from webapp.snapshots.uploads import SNIFF_BYTES, Refusal, sniff
 
@@ -67,6 +68,7 @@ class RankFile:
     fmt: str
     oom_message: str
     meta: dict[str, Any] = field(default_factory=dict)
+    cost: int = 0  # the rank's estimated analysis cost (``cost.estimate_cost``), checked at intake
 
 
 def file_path(uploaded: Any) -> Path | None:
@@ -84,16 +86,37 @@ def _max_members() -> int:
     return int(getattr(settings, "RUN_ARCHIVE_MAX_MEMBERS", 1024))
 
 
-def _check_listing(path: Path) -> None:
+@dataclass(frozen=True)
+class Listing:
+    """What an archive's listing declares, before a byte of a member is read: its files (each a
+    rank's snapshot or a sidecar) and their sizes together."""
+
+    files: int
+    sidecars: int
+    declared_bytes: int
+
+    @property
+    def ranks(self) -> int:
+        """The ranks it may hold: its files that are no sidecar (each one becomes an analysis)."""
+        return self.files - self.sidecars
+
+
+def check_listing(path: Path) -> Listing:
     """Refuse from the listing alone: too many entries, links, special files, escaping paths,
     archives inside, snapshots whose declared sizes together pass the upload cap."""
+    # Unpacking needs the declared bytes twice (scratch and blobs) above the disk's reserve: the
+    # listing stops at the header that passes that too, before inflating a bomb's member to skip it.
+    room = max(0, (disk.free_bytes() - settings.DISK_MIN_FREE_BYTES) // 2)
+    cap = min(settings.UPLOAD_MAX_BYTES, room)
     try:
-        members = list_members(path, max_members=_max_members(), max_total_bytes=settings.UPLOAD_MAX_BYTES)
+        members = list_members(path, max_members=_max_members(), max_total_bytes=cap)
     except RunInputError as exc:
         too_many = exc.code.endswith("too-many-members")
+        if not too_many and cap < settings.UPLOAD_MAX_BYTES:
+            raise disk.full_error() from exc
         code = "upload:archive-too-many-members" if too_many else "upload:archive-too-large"
         raise refusal(code, exc.message) from exc
-    declared = 0
+    declared = files = sidecars = 0
     for member in members:
         name = member.name.replace("\\", "/")
         parts = PurePosixPath(name).parts
@@ -107,8 +130,11 @@ def _check_listing(path: Path) -> None:
             raise refusal("upload:archive-nested", member.name)
         if member.kind == "file":
             declared += member.size
+            files += 1
+            sidecars += name.endswith(SIDECAR_SUFFIX)
     if declared > settings.UPLOAD_MAX_BYTES:
         raise refusal("upload:archive-too-large", _over_cap(declared))
+    return Listing(files, sidecars, declared)
 
 
 def _over_cap(size: int) -> str:
@@ -160,7 +186,21 @@ def _rank_file(path: Path, position: int) -> RankFile:
     }
     oom_message = _usable_oom_message(_text_of(sidecar, "oom_message"))
     size = path.stat().st_size
-    return RankFile(rank, path, size, _sha256(path), fmt, oom_message, {k: v for k, v in meta.items() if v})
+    meta = {k: v for k, v in meta.items() if v}
+    return RankFile(rank, path, size, _sha256(path), fmt, oom_message, meta, _rank_cost(path, size))
+
+
+def _rank_cost(path: Path, size: int) -> int:
+    """The rank's analysis cost, estimated and its shape checked as a single upload's are (issue 36:
+    they were checked on the archive, which hides each rank's gzip members and devices)."""
+    from webapp.snapshots.cost import estimate_cost
+    from webapp.snapshots.intake import IntakeError
+
+    with path.open("rb") as fh:
+        try:
+            return estimate_cost(UploadedFile(fh, name=path.name, size=size)).check().cost_bytes
+        except IntakeError as exc:
+            raise LimitExceeded(exc.status, exc.code, f"{path.name}: {exc.message}") from exc
 
 
 def _usable_oom_message(text: str) -> str:
@@ -174,9 +214,16 @@ def _usable_oom_message(text: str) -> str:
         return ""
 
 
-def read_ranks(archive: Path, scratch: Path, project: Project) -> list[RankFile]:
-    """The archive's ranks, unpacked under ``scratch`` and checked; ``LimitExceeded`` on any refusal."""
-    _check_listing(archive)
+def read_ranks(archive: Path, scratch: Path, project: Project, listing: Listing | None = None) -> list[RankFile]:
+    """The archive's ranks, unpacked under ``scratch`` and checked; ``LimitExceeded`` on any refusal.
+
+    Before a byte is unpacked, the team's quota and the disk guard are charged with what the listing
+    declares (the disk twice: the scratch copy and the stored blobs; issue 36: a 388-byte tar.bz2
+    stored 300 MB past the guard, which had seen the request's size). After it, each rank's cost and
+    shape are checked as one upload's, and their costs together against the team's queued cost."""
+    listing = listing if listing is not None else check_listing(archive)
+    check_team_quota(project.team_id, listing.declared_bytes)
+    disk.check_room(2 * listing.declared_bytes)
     try:
         members = unpack_ranks(archive, scratch, limits=ReadLimits(max_input_bytes=settings.UPLOAD_MAX_BYTES))
     except RunInputError as exc:
@@ -196,6 +243,9 @@ def read_ranks(archive: Path, scratch: Path, project: Project) -> list[RankFile]
     if total > settings.UPLOAD_MAX_BYTES:
         raise refusal("upload:archive-too-large", _over_cap(total))
     check_team_quota(project.team_id, total)
+    for item in ranks:  # each alone within the limit, then all of them with what the team has queued
+        check_team_queued_cost(project.team_id, item.cost, queued=0)
+    check_team_queued_cost(project.team_id, sum(item.cost for item in ranks))
     return sorted(ranks, key=lambda item: item.rank)
 
 
@@ -208,6 +258,7 @@ def create_run(
     fields: dict[str, Any],
     run_meta: dict[str, Any],
     idempotency_key: str = "",
+    listing: Listing | None = None,
 ) -> Run:
     """Make the archive's ranks into one run's uploads (all of them, or none); return the Run.
 
@@ -222,14 +273,17 @@ def create_run(
     if path is None:  # is_archive said yes, so the handler wrote a file
         raise refusal("upload:archive-unreadable")
     scratch = Path(tempfile.mkdtemp(prefix="oomscope-run-", dir=getattr(settings, "FILE_UPLOAD_TEMP_DIR", None)))
+    fresh: list[str] = []  # blobs this call wrote: removed again if the run is not made
     try:
-        ranks = read_ranks(path, scratch, project)
+        ranks = read_ranks(path, scratch, project, listing)
         stem = PurePosixPath(archive.name or "run").name.split(".")[0] or "run"
         name = fields.get("run") or f"{stem}-{archive_sha256[:8]}"
         common = {k: v for k, v in run_meta.items() if k not in PER_RANK_FIELDS}
         created: list[Upload] = []
         with transaction.atomic():
             for item in ranks:
+                if not default_storage.exists(services.blob_name_for(item.sha256)):
+                    fresh.append(services.blob_name_for(item.sha256))
                 with item.path.open("rb") as fh:
                     uploaded = UploadedFile(fh, name=item.path.name, size=item.size)
                     created.append(
@@ -242,8 +296,12 @@ def create_run(
                             **{**fields, "run": name, "oom_message": item.oom_message},
                             idempotency_key=f"{idempotency_key[:90]}#r{item.rank}" if idempotency_key else "",
                             run_meta={**common, **item.meta, "rank": item.rank, "world_size": len(ranks)},
+                            estimated_cost=item.cost,
                         )
                     )
         return Run.objects.select_related("project").get(project=project, name=name[:200])
+    except BaseException:
+        services.blobs_drop_unnamed(fresh)  # the rows were rolled back: nothing names them
+        raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -393,6 +393,9 @@ def run_dict(run: Run, request: HttpRequest | None = None, *, ranks: bool = True
                 "url": request.build_absolute_uri(reverse("snapshots:detail", args=[u.code]))
                 if request is not None
                 else reverse("snapshots:detail", args=[u.code]),
+                "api_url": request.build_absolute_uri(reverse("api:snapshot", args=[u.code]))
+                if request is not None
+                else None,
                 "error": {"code": u.error_code, "message": u.error_message} if u.error_code else None,
             }
             for u in run.uploads.order_by("rank", "-created_at")
@@ -414,39 +417,88 @@ def policy_dict(policy: RunPolicy, *, show_secret: bool) -> dict[str, Any]:
 
 
 # The trend chart is drawn as inline SVG from these points (no script): x and y in the chart's own
-# units (0..TREND_W, 0..TREND_H, y down), computed here so the template only places them.
-TREND_W, TREND_H, TREND_PAD = 720, 200, 24
+# units (0..TREND_W, 0..TREND_H, y down), computed here so the template only places them. The y axis
+# starts at zero and ends at a round size (TREND_TICKS steps), so 4.46 against 4.99 GiB looks as near as it is.
+TREND_W, TREND_H, TREND_PAD = 720, 220, 24
+TREND_LEFT = 84  # room for the y axis's labels ("12.00 GiB")
+TREND_BOTTOM = 40  # room for the x axis's labels (the first and the last run)
+TREND_TICKS = 4
+
+
+def _round_top(peak: int) -> int:
+    """The y axis's top: the peak rounded up to 1, 2, 2.5 or 5 times a power of two of MiB, per tick."""
+    per_tick = max(1, -(-peak // TREND_TICKS))
+    unit = 1 << 20
+    while unit * 10 < per_tick:
+        unit *= 2
+    for factor in (1, 2, 2.5, 5, 10):
+        if unit * factor >= per_tick:
+            return int(unit * factor) * TREND_TICKS
+    return per_tick * TREND_TICKS  # not reached: factor 10 covers the rest
+
+
+def _trend_point(run: Run, peak: int, x: float, y: float) -> dict[str, Any]:
+    head = (run.summary or {}).get("run") or {}
+    return {
+        "x": round(x, 1),
+        "y": round(y, 1),
+        "name": run.name,
+        "branch": run.branch,
+        "peak_reserved_bytes": peak,
+        "oom": bool(head.get("oom_ranks")),
+        "regressed": bool((run.regression or {}).get("regressed")),
+        "url": reverse("snapshots:run", args=[run.code]),
+    }
 
 
 def trend(runs: list[Run]) -> dict[str, Any] | None:
-    """Peaks per run over time, oldest on the left; OOM runs and regressions are marked."""
+    """Peaks per run over time, oldest on the left, on axes from zero; OOM runs and regressions are marked
+    (a regressed run that also ran out of memory is drawn as both)."""
+    from analysis.readout import size
+
     done = [r for r in sorted(runs, key=lambda r: (r.created_at, r.pk)) if r.summary]
     if not done:
         return None
     peaks = [int(((r.summary or {}).get("run") or {}).get("peak_reserved_bytes") or 0) for r in done]
-    top = max(peaks) or 1
-    step = (TREND_W - 2 * TREND_PAD) / max(1, len(done) - 1)
+    top = _round_top(max(peaks) or 1)
+    plot_w, plot_h = TREND_W - TREND_LEFT - TREND_PAD, TREND_H - TREND_PAD - TREND_BOTTOM
+    bottom = TREND_PAD + plot_h
+    step = plot_w / max(1, len(done) - 1)
     points = []
     for i, (run, peak) in enumerate(zip(done, peaks, strict=True)):
-        x = TREND_PAD + (i * step if len(done) > 1 else (TREND_W - 2 * TREND_PAD) / 2)
-        y = TREND_H - TREND_PAD - (TREND_H - 2 * TREND_PAD) * peak / top
-        head = (run.summary or {}).get("run") or {}
-        points.append(
-            {
-                "x": round(x, 1),
-                "y": round(y, 1),
-                "name": run.name,
-                "branch": run.branch,
-                "peak_reserved_bytes": peak,
-                "oom": bool(head.get("oom_ranks")),
-                "regressed": bool((run.regression or {}).get("regressed")),
-                "url": reverse("snapshots:run", args=[run.code]),
-            }
-        )
+        x = TREND_LEFT + (i * step if len(done) > 1 else plot_w / 2)
+        points.append(_trend_point(run, peak, x, bottom - plot_h * peak / top))
+    ticks = [
+        {"y": round(bottom - plot_h * k / TREND_TICKS, 1), "label": size(top * k // TREND_TICKS) if k else "0"}
+        for k in range(TREND_TICKS + 1)
+    ]
     return {
         "width": TREND_W,
         "height": TREND_H,
         "points": points,
         "polyline": " ".join(f"{p['x']},{p['y']}" for p in points),
         "max_bytes": top,
+        "axis": {"left": TREND_LEFT, "right": TREND_W - TREND_PAD, "top": TREND_PAD, "bottom": bottom},
+        "y_ticks": ticks,
+        "x_labels": [points[0]] + ([points[-1]] if len(points) > 1 else []),
+        "label_x": TREND_LEFT - 8,
+        "label_y": bottom + 24,
     }
+
+
+# --- the webhook's deadline (issue 36: a delivery's attempts and retries are bounded in time) ----
+
+
+def webhook_seconds_left(delivery_id: int) -> float | None:
+    """Seconds until the delivery's ``WEBHOOK_DEADLINE_SECONDS`` (from when the alert was queued)
+    runs out; None when the delivery is gone or delivered (nothing to send)."""
+    delivery = WebhookDelivery.objects.filter(pk=delivery_id, delivered_at__isnull=True).only("created_at").first()
+    if delivery is None:
+        return None
+    deadline = delivery.created_at + timedelta(seconds=float(settings.WEBHOOK_DEADLINE_SECONDS))
+    return (deadline - timezone.now()).total_seconds()
+
+
+def webhook_record_error(delivery_id: int, reason: str) -> None:
+    """Record why an attempt failed or the delivery stopped (its deadline, an attempt past its time)."""
+    WebhookDelivery.objects.filter(pk=delivery_id, delivered_at__isnull=True).update(error=reason[:300])

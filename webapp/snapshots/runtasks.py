@@ -17,6 +17,8 @@ import logging
 from typing import Any
 
 from celery import chord
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 
 from webapp.celery import app
 from webapp.snapshots import runs
@@ -71,27 +73,48 @@ def run_chord(run_id: int, upload_ids: list[int]) -> Any:
     return chord([analyse_rank.si(upload_id) for upload_id in upload_ids], summarise_run.si(run_id))
 
 
-# Retries of a webhook: 2, 4, 8, ... seconds (capped at 10 minutes), 8 tries in all; a receiver that
-# answers 4xx other than 408/429 is not retried (the URL or its secret is wrong: webhooks.post).
+# Retries of a webhook: 2, 4, 8, ... seconds (capped at 10 minutes), 8 tries in all, none starting past
+# WEBHOOK_DEADLINE_SECONDS after the alert; a receiver that answers 4xx other than 408/429 is not
+# retried (the URL or its secret is wrong: webhooks.post). On its own queue (settings.CELERY_TASK_ROUTES)
+# and worker; an attempt past WEBHOOK_ATTEMPT_SECONDS (a receiver that accepts and never answers, or
+# answers a byte at a time) is stopped by the soft time limit, and the pool process killed 5 s later.
+WEBHOOK_RETRIES = 7
+WEBHOOK_BACKOFF_MAX = 600
+
+
 @app.task(
     bind=True,
     name="snapshots.deliver_webhook",
-    autoretry_for=(WebhookError,),
-    retry_backoff=2,
-    retry_backoff_max=600,
-    retry_jitter=False,
-    max_retries=7,
+    max_retries=WEBHOOK_RETRIES,
     ignore_result=True,
+    soft_time_limit=settings.WEBHOOK_ATTEMPT_SECONDS,
+    time_limit=settings.WEBHOOK_ATTEMPT_SECONDS + 5,
 )
 def deliver_webhook(self: Any, delivery_id: int, **_future_kwargs: Any) -> bool:
+    left = runs.webhook_seconds_left(delivery_id)
+    if left is None:
+        return False  # gone, or delivered already
+    if left <= 0:
+        runs.webhook_record_error(delivery_id, "not delivered within WEBHOOK_DEADLINE_SECONDS; given up")
+        log.warning("webhook %s: past its deadline; given up", delivery_id)
+        return False
     try:
         return runs.webhook_attempt(delivery_id)
-    except WebhookError as err:
+    except SoftTimeLimitExceeded:
+        err = WebhookError(f"no answer within {settings.WEBHOOK_ATTEMPT_SECONDS} s")
+        runs.webhook_record_error(delivery_id, str(err))
+    except WebhookError as exc:
+        err = exc
         if not err.retry:
             log.warning("webhook %s: refused for good: %s", delivery_id, err)
             return False
-        log.warning("webhook %s: attempt %d failed: %s", delivery_id, self.request.retries + 1, err)
-        raise
+    countdown = min(WEBHOOK_BACKOFF_MAX, 2 * 2**self.request.retries)
+    if self.request.retries >= WEBHOOK_RETRIES or countdown >= left:
+        runs.webhook_record_error(delivery_id, f"{err}; no more tries (deadline or {WEBHOOK_RETRIES + 1} tries)")
+        log.warning("webhook %s: attempt %d failed: %s; given up", delivery_id, self.request.retries + 1, err)
+        return False
+    log.warning("webhook %s: attempt %d failed: %s", delivery_id, self.request.retries + 1, err)
+    raise self.retry(exc=err, countdown=countdown)
 
 
 @app.task(name="snapshots.close_stale_runs", ignore_result=True)

@@ -20,7 +20,9 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_protect
 from django.views.decorators.http import require_http_methods
 
+from analysis.ledger import message_ledger
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError
+from analysis.readout import ledger_view
 from analysis.triage import MAX_SUMMARY_CHARS, Triage, TriageError, triage
 from webapp.snapshots.api import api_view
 from webapp.snapshots.formatting import format_bytes
@@ -48,6 +50,13 @@ class TriageForm(forms.Form):
         label="torch.cuda.memory_summary() (optional)",
         help_text="Printed in the except block, before the tensors are freed, it shows where the free memory lies.",
     )
+
+
+def _ledger_json(result: Triage) -> dict[str, Any] | None:
+    """The whole device from the message's figures (``analysis.ledger.message_ledger``), the summary's
+    small pool apart where it was printed at the OOM; None where the message lacks the figures."""
+    ledger = message_ledger(result.message, result.summary, result.summary_timing == "at-oom")
+    return ledger.to_json() if ledger is not None else None
 
 
 def _figure_rows(result: Triage) -> list[dict[str, str]]:
@@ -108,6 +117,7 @@ def page(request: HttpRequest) -> HttpResponse:
         "form": form,
         "result": result.to_json() if result else None,
         "figure_rows": _figure_rows(result) if result else [],
+        "ledger": ledger_view({"ledger": _ledger_json(result)}) if result else None,
         "upload_url": reverse("snapshots:upload"),
     }
     return render(request, "snapshots/triage.html", context, status=status)
@@ -143,4 +153,4 @@ def api(request: HttpRequest) -> HttpResponse:
         result = triage(message, summary or None)
     except (OomMessageError, TriageError) as exc:
         return _bad(exc.code, exc.message)
-    return JsonResponse(result.to_json())
+    return JsonResponse({**result.to_json(), "ledger": _ledger_json(result)})

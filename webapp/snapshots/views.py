@@ -23,7 +23,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from analysis import readout
-from webapp.snapshots import chartpage, digging, disk, formatting, intake, messages, runs, services
+from webapp.snapshots import chartpage, digging, disk, formatting, intake, messages, runs, services, waiting
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
 from webapp.snapshots.ratelimits import LimitExceeded
@@ -86,6 +86,13 @@ def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 20
     )
 
 
+def _last_project(request: HttpRequest, choices: list[tuple[str, str]]) -> dict[str, str]:
+    """The form's initial project: the one this user uploaded to last, when it is still offered."""
+    last = Upload.objects.filter(uploaded_by=request.user.pk).select_related("project").order_by("-created_at").first()
+    slugs = {slug for slug, _ in choices}
+    return {"project": last.project.slug} if last is not None and last.project.slug in slugs else {}
+
+
 def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
     # Only projects the user may upload into: a viewer's projects are not offered.
     return [
@@ -97,9 +104,12 @@ def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
 # --- pages -------------------------------------------------------------------------------
 
 
-@login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_authenticated:  # logged out: what the product is, and the log-in form
+        from django.contrib.auth.forms import AuthenticationForm
+
+        return render(request, "snapshots/welcome.html", {"form": AuthenticationForm(request)})
     teams: dict[int, dict[str, Any]] = {}
     for project in services.visible_projects(request.user).order_by("team__name", "name"):
         entry = teams.setdefault(
@@ -132,7 +142,9 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
     (``services.upload_admit``), as the API does."""
     choices = _project_choices(request)
     if request.method != "POST":
-        return _render_upload_page(request, UploadForm(project_choices=choices))
+        return _render_upload_page(
+            request, UploadForm(project_choices=choices, initial=_last_project(request, choices))
+        )
     try:
         admission = intake.admit(request, UploadForm, project_choices=choices)
         made = services.upload_admit(admission, user=request.user, token=None)  # type: ignore[arg-type]
@@ -140,7 +152,9 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
         form = invalid.form
         if _wants_json(request):
             text = " ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
-            return JsonResponse({"error": {"code": "upload:invalid", "message": text}}, status=400)
+            # ``fields``: each field's messages, which the page puts beside that field (static/js/upload.js).
+            fields = {field: [str(e) for e in errs] for field, errs in form.errors.items()}
+            return JsonResponse({"error": {"code": "upload:invalid", "message": text, "fields": fields}}, status=400)
         return _render_upload_page(request, form, status=400)  # type: ignore[arg-type]
     except services.ProjectRefused as err:  # the choice list already limits this; belt and braces
         raise Http404 from err
@@ -190,7 +204,7 @@ def _progress(upload_row: Upload) -> dict[str, Any]:
     return {
         **payload,
         "elapsed_text": formatting.duration(payload["elapsed_s"]),
-        "estimate_text": formatting.duration(payload["estimate_s"]),
+        "estimate_text": formatting.duration(payload["estimate_s"]) if payload["estimate_s"] is not None else "",
         # The stage names what runs ("reading", "replaying"); the badge already says queued/failed/done.
         "stage_text": "" if upload_row.stage in ("", upload_row.status) else upload_row.stage,
     }
@@ -204,9 +218,10 @@ def _status_payload(upload_row: Upload) -> dict[str, Any]:
         "status": upload_row.status,
         "progress": upload_row.progress,
         "stage": upload_row.stage,
-        # Seconds since the upload, and a rough estimate of the whole wait from the file's size.
+        # Seconds since the upload; the analysis's estimate from this site's measured rates (None while a
+        # rank waits for its run's other ranks) and what the upload waits for (``waiting.py``).
         "elapsed_s": round((end - upload_row.created_at).total_seconds(), 1),
-        "estimate_s": formatting.analysis_estimate_s(upload_row.bytes, upload_row.format),
+        **waiting.status_figures(upload_row),
         "error": {"code": upload_row.error_code, "message": upload_row.error_message}
         if upload_row.error_code
         else None,
