@@ -44,7 +44,7 @@ lint: install ## ruff lint
 typecheck: install ## mypy --strict on analysis/ and webapp/ (django-stubs)
 	$(VENV)/bin/mypy
 
-mutation: install ## mutmut on the core rules, each module against its own tests (< 30 min; not part of `make test`)
+mutation: install ## mutmut on the core rules, each module against its own tests, and the hand mutants with scripts/access_mutants.py's (not part of `make test`)
 	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 bench: install ## reader/analysis benchmark on ../shared/snapshots/huge_all_stacks.pickle.gz

@@ -5,7 +5,7 @@ Pure Python + numpy: never imports Django, Celery, Bokeh or torch.
 
 from __future__ import annotations
 
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.errors import ConfigError, SnapshotError
 from analysis.model import Snapshot
 from analysis.report import build_report, build_whatif

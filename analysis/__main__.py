@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.errors import ConfigError, SnapshotError
 from analysis.heap import keep_freed_memory
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError, parse_oom_message

@@ -38,8 +38,10 @@ from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.recorded import (
     AllocatorState,
     BlockState,
+    RecordedReplay,
     SegmentState,
     recorded_config,
+    recorded_replay,
     resume_state,
 )
 from analysis.model import (
@@ -58,7 +60,6 @@ from analysis.model import (
     Trace,
     sorted_unique,
 )
-from analysis.replay import RecordedReplay, recorded_replay
 from analysis.stacks import Lifetimes, StackCatalog, alloc_lifetimes
 from analysis.timeline import SERIES, series_at, settle_fused_frees, settled_points, timeline_window
 

@@ -302,6 +302,22 @@ class Limit:
         }
 
 
+def run_was_capped(chosen: Limit | None, *, fraction_recorded: bool, gc_ran: bool) -> bool:
+    """Was the run under a per-process cap (``set_per_process_memory_fraction``)? The one rule,
+    for the report's what-ifs and the ``whatif`` command alike: only under a cap does
+    ``garbage_collection_threshold`` act (``AllocatorConfig.acting``).
+
+    Proof of a cap is any of: a limit the user gave, a limit whose source names a per-process
+    cap (the sidecar, an OOM message with "allowed", a cap the trace bounds from below), a
+    fraction in the recorded settings, or recorded garbage-collection runs (``gc_ran``: torch
+    runs ``garbage_collect_cached_blocks`` only under a cap, so a trace that shows one was capped,
+    whatever else is known of its limit).
+    """
+    if gc_ran or fraction_recorded:
+        return True
+    return chosen is not None and (chosen.source == GIVEN or chosen.kind == "per-process-cap")
+
+
 def sidecar_limit(sidecar: dict[str, Any] | None, device: int) -> tuple[int, str] | None:
     """``(bytes, kind)`` from the client's sidecar: its OOM observer gets torch's
     ``allowed_bytes`` (the cap when a fraction is set, else the device's total)."""

@@ -244,7 +244,7 @@ class AllocatorSettings:
 
     ``raw`` is the settings dict as recorded (empty for files older than 2.3);
     ``conf`` is the PYTORCH_CUDA_ALLOC_CONF string. The effective values are
-    parsed by ``analysis.config.AllocatorConfig.from_settings``.
+    parsed by ``analysis.allocator.config.AllocatorConfig.from_settings``.
     """
 
     recorded: bool

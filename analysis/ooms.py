@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.limits import Limit
 from analysis.model import Trace
 from analysis.oom import UsableFree, explain_oom, oom_indices

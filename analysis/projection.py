@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import PolicyResult, ProjectedTail, Requests, simulate
+from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.policy import (
     Beside,
     caught_served,
@@ -56,7 +57,6 @@ from analysis.allocator.policy import (
     placement_report,
     start_report,
 )
-from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
 from analysis.stacks import Lifetimes, alloc_lifetimes
 from analysis.steps import Steps

@@ -35,13 +35,16 @@ from analysis.allocator import (
     Requests,
     build_requests,
     floor_estimate,
+    infer_limit,
     needs_recorded_state,
     replay_check,
     trace_is_complete,
     whatif,
 )
 from analysis.allocator import compiled as compiled_loops
-from analysis.allocator.config import setting_named, setting_of, whatif_candidates
+from analysis.allocator.config import AllocatorConfig, setting_named, setting_of, whatif_candidates
+from analysis.allocator.policy import Beside, fitted_limit
+from analysis.allocator.recorded import AllocatorState, RecordedReplay
 from analysis.allocator.requests import _recorded_reserved, reads_recorded_state
 from analysis.categories import (
     ACTIVATIONS,
@@ -59,11 +62,18 @@ from analysis.categories import (
     private_pools,
 )
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
-from analysis.config import AllocatorConfig
 from analysis.decision import decide, run_verdict
 from analysis.explore import ExploreSink, checkpoint_events, explore_store, finish_timeline
 from analysis.ledger import Ledger, device_ledger
-from analysis.limits import Limit, OomMessage, choose_limit, parse_oom_message, sidecar_limit
+from analysis.limits import (
+    INFERRED,
+    Limit,
+    OomMessage,
+    choose_limit,
+    parse_oom_message,
+    run_was_capped,
+    sidecar_limit,
+)
 from analysis.model import (
     ALLOC,
     INACTIVE,
@@ -82,7 +92,6 @@ from analysis.parallel import Pending, Pool
 from analysis.phases import tag_phases
 from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.reader import ReadLimits, read_snapshot
-from analysis.replay import AllocatorState, RecordedReplay
 from analysis.stacks import (
     TRAIT_AUTOCAST,
     TRAIT_BACKWARD,
@@ -340,49 +349,40 @@ def build_whatif(
     filename: str | None = None,
     oom_message: str | None = None,
 ) -> dict[str, Any]:
-    """``python -m analysis whatif``: one configuration replayed on every device; with an OOM
-    inside a step, the rest of that step is projected and replayed too (``step_completes``)."""
+    """``python -m analysis whatif``: one configuration replayed on every device, under what the
+    report's own what-ifs replay under (``_whatif_basis``: the same limit, the same "capped" rule);
+    with an OOM inside a step, the rest of that step is projected and replayed too (``step_completes``)."""
     AllocatorConfig.parse(config)
     message = parse_oom_message(oom_message) if oom_message else None
     src = _source_info(source, filename)
     snapshot = read_snapshot(source if isinstance(source, bytes) else Path(source))
     src["format"] = snapshot.format
+    oom_devices = [d.device for d in snapshot.devices if (d.trace.action == OOM_ACTION).any()]
     out = []
     for dev in snapshot.devices:
         if not len(dev.trace):
             continue
-        reserved = _recorded_reserved(dev)
-        peak = int(reserved.max()) if reserved.size else 0
-        ooms = oom_indices(dev.trace)
-        wlimit = limit
-        recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
-        # The limit from the trace alone: the report's rule (infer_limit's bounds from below, one home).
-        estimate = floor_estimate(snapshot, dev, recorded) if ooms.size and wlimit is None else None
-        if estimate is not None and message is not None and message.device in (None, dev.device):
-            chosen = choose_limit(given=None, sidecar=None, message=message, inferred=None, floor=estimate.lower)
-            wlimit = chosen.bytes if chosen is not None else None
-            span = _limit_range(chosen)
-        else:
-            span = None
-        if estimate is not None and wlimit is None:
-            wlimit = estimate.stated()[0]
-        steps = find_steps(snapshot.annotations, dev.device, dev.trace.time_us)
+        applies = message is not None and _message_applies(message, dev.device, oom_devices)
+        outline = _trace_outline(snapshot, dev, limit, message if applies else None, None)
+        # The report's limit: the known one, else with an OOM the trace's (_explain's rule).
+        chosen = outline.known_limit
+        if chosen is None and outline.oom_index is not None:
+            chosen = _inferred_limit(snapshot, outline)
         projection = None
-        if ooms.size:
+        if outline.oom_index is not None:
             projection = project_failing_step(
                 dev.trace,
-                steps,
-                int(ooms[-1]),
-                recorded,
-                trace_complete=len(steps) > 0 and trace_is_complete(dev),
+                outline.steps,
+                outline.oom_index,
+                outline.recorded_cfg,
+                trace_complete=len(outline.steps) > 0 and trace_is_complete(dev),
             )
-        # The device's requests (and its recorded replay, if a rule reads it), built once here.
-        requests, ends = build_requests(snapshot, dev), steps.last_event.tolist()
-        if projection is not None and projection.available:
-            item = step_whatif(snapshot, dev, config, wlimit, ends, projection, limit_range=span, requests=requests)
-        else:
-            item = whatif(snapshot, dev, config, wlimit, ends, requests=requests)
-            item["step_completes"] = None
+        requests = build_requests(snapshot, dev)
+        basis = _whatif_basis(snapshot, outline, projection, requests, chosen)
+        item = _replay_whatif(snapshot, dev, config, basis, requests)
+        item.setdefault("step_completes", None)
+        reserved = _recorded_reserved(dev)
+        peak = int(reserved.max()) if reserved.size else 0
         out.append({"device": dev.device, "recorded_peak_reserved_bytes": peak, "whatif": item})
     return {"schema": SCHEMA, "source": src, "config": config, "devices": out}
 
@@ -745,9 +745,9 @@ def _usable_free(facts: _Facts, replay: RecordedReplay, index: int) -> UsableFre
     return UsableFree(trace, index, before, replay.blocks_at(index), facts.recorded_cfg)
 
 
-def _inferred_limit(snapshot: Snapshot, facts: _Facts) -> Limit:
+def _inferred_limit(snapshot: Snapshot, outline: _Outline) -> Limit:
     """The limit from the trace alone: the allocator package's one rule (``LimitEstimate.stated``)."""
-    estimate = floor_estimate(snapshot, facts.dev, facts.recorded_cfg)
+    estimate = floor_estimate(snapshot, outline.dev, outline.recorded_cfg)
     chosen = choose_limit(given=None, sidecar=None, message=None, inferred=estimate.stated())
     assert chosen is not None
     return chosen
@@ -895,53 +895,83 @@ def _submit_whatifs(
 ) -> list[_Planned]:
     """Start every what-if replay, the report's own candidates first, then the user's; each
     config replayed once. With a projected tail (an OOM inside a step) each replay runs it too."""
-    if outline.n == 0:
+    if outline.n == 0 or requests is None:
         return []
     dev, recorded = outline.dev, outline.recorded_cfg
-    # A cap, not the device's size, was binding: the GC setting can act under it.
-    cap_exists = (chosen is not None and (chosen.source == "given" or chosen.kind == "per-process-cap")) or (
-        recorded.per_process_memory_fraction is not None
-    )
-    if chosen is not None and not cap_exists and recorded.garbage_collection_threshold > 0:
+    basis = _whatif_basis(snapshot, outline, projected, requests, chosen)
+    if chosen is not None and not basis.capped and recorded.garbage_collection_threshold > 0:
         warnings.append(_gc_without_cap(recorded))
-    wlimit = chosen.bytes if chosen is not None else None
-    ends = outline.steps.last_event.tolist()
     started: dict[str, Pending] = {}
-    projection = projected if projected is not None and projected.available else None
-    span = _limit_range(chosen)
 
     def start(conf: str) -> Pending:
         if conf not in started:
-            if projection is not None:
-                started[conf] = pool.submit(
-                    lambda: step_whatif(
-                        snapshot,
-                        dev,
-                        conf,
-                        wlimit,
-                        ends,
-                        projection,
-                        limit_range=span,
-                        capped=cap_exists,
-                        requests=requests,
-                        beside=pool.beside,
-                    )
-                )
-            else:
-                started[conf] = pool.submit(
-                    lambda: whatif(
-                        snapshot, dev, conf, wlimit, ends, capped=cap_exists, requests=requests, beside=pool.beside
-                    )
-                )
+            started[conf] = pool.submit(lambda: _replay_whatif(snapshot, dev, conf, basis, requests, pool.beside))
         return started[conf]
 
     # A candidate the user also asked for is listed once, as the user's.
     budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, outline.n))
-    own = whatif_candidates(recorded, capped=cap_exists, at_most=budget)
+    own = whatif_candidates(recorded, capped=basis.capped, at_most=budget)
     auto = [(setting, conf) for setting, conf in own if conf not in user]
     planned = [_Planned(setting, conf, "auto", start(conf)) for setting, conf in auto]
     planned += [_Planned(setting_of(conf), conf, "user", start(conf)) for conf in dict.fromkeys(user)]
     return planned
+
+
+@dataclass(frozen=True)
+class _WhatIfBasis:
+    """What every what-if replay of one device runs under, decided once (``_whatif_basis``), for the
+    report and the ``whatif`` command alike."""
+
+    limit: Limit | None  # the report's limit
+    replay_limit: int | None  # what the replays run under; None: bounded from the trace (``allocator.whatif``)
+    capped: bool  # a per-process cap: the GC setting acts (``limits.run_was_capped``)
+    ends: list[int]  # the steps' last events
+    projection: Projection | None  # the failing step's projected tail (an OOM inside a step)
+
+
+def _whatif_basis(
+    snapshot: Snapshot, outline: _Outline, projected: Projection | None, requests: Requests, chosen: Limit | None
+) -> _WhatIfBasis:
+    recorded = outline.recorded_cfg
+    capped = run_was_capped(
+        chosen, fraction_recorded=recorded.per_process_memory_fraction is not None, gc_ran=requests.gc_ran
+    )
+    projection = projected if projected is not None and projected.available else None
+    replay_limit = chosen.bytes if chosen is not None else None
+    gc_acts = capped and recorded.garbage_collection_threshold > 0
+    if chosen is not None and chosen.source == INFERRED and gc_acts:
+        # Under the GC, when it starts depends on the cap itself (threshold x limit): the trace's lower
+        # bound would start it elsewhere. The replays take the limit the trace bounds, as the check.
+        estimate = infer_limit(snapshot, outline.dev, requests.recorded_config, requests)
+        fitted = fitted_limit(snapshot, outline.dev, requests.recorded_config, estimate, requests)
+        replay_limit = fitted if fitted is not None else (estimate.lower or None)
+    return _WhatIfBasis(chosen, replay_limit, capped, outline.steps.last_event.tolist(), projection)
+
+
+def _replay_whatif(
+    snapshot: Snapshot,
+    dev: DeviceData,
+    conf: str,
+    basis: _WhatIfBasis,
+    requests: Requests,
+    beside: Beside | None = None,
+) -> dict[str, Any]:
+    """One what-if's contract item: the step's projected tail replayed too where there is one."""
+    wlimit = basis.replay_limit
+    if basis.projection is not None:
+        return step_whatif(
+            snapshot,
+            dev,
+            conf,
+            wlimit,
+            basis.ends,
+            basis.projection,
+            limit_range=_limit_range(basis.limit),
+            capped=basis.capped,
+            requests=requests,
+            beside=beside,
+        )
+    return whatif(snapshot, dev, conf, wlimit, basis.ends, capped=basis.capped, requests=requests, beside=beside)
 
 
 def _gc_without_cap(recorded: AllocatorConfig) -> tuple[str, str]:

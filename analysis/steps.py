@@ -37,10 +37,6 @@ class Steps:
     def __len__(self) -> int:
         return int(self.end_us.shape[0])
 
-    @property
-    def end_events(self) -> I64:
-        return self.last_event
-
 
 def running_clock(time_us: I64) -> I64:
     """``time_us`` made non-decreasing for ``searchsorted``: clock jitter can make it step back by

@@ -1,9 +1,11 @@
 """Hand-written one-line mutants of the access checks and upload limits, each run against their tests.
 
-``.venv/bin/python scripts/access_mutants.py [N ...]``: applies each mutant (or only mutants N),
-runs the access, role, token, share-link and upload tests with ``-x``, restores the file, and
-prints killed / SURVIVED per mutant. Mutant 0 is issue 13's security mutant (compare's second
-snapshot looked up without the access check). About 15 minutes on the 2-core box.
+``.venv/bin/python scripts/access_mutants.py [N ...]`` (``make mutation`` runs it after mutmut's targets):
+applies each mutant (or only mutants N), runs the access, role, token, share-link and upload tests
+with ``-x``, restores the file, and prints killed / SURVIVED per mutant, or STALE for one whose
+source text is gone (the run goes on; ``tests/test_access_mutants.py`` catches that at once). Exit 1
+unless every mutant is killed. Mutant 0 is issue 13's security mutant (compare's second snapshot
+looked up without the access check). About 15 minutes on the 2-core box.
 """
 
 # ruff: noqa: E501 - each mutant is the exact source text it replaces
@@ -26,8 +28,8 @@ M = [
     ("webapp/snapshots/views.py", "    a = _upload_or_404(request, code_a)", "    a = Upload.objects.get(code=code_a)"),
     (
         "webapp/snapshots/views.py",
-        "    project = services.project_for_user(request.user, slug)\n    if project is None:\n        raise Http404\n    rows",
-        "    from webapp.snapshots.models import Project\n    project = Project.objects.filter(slug=slug).first()\n    if project is None:\n        raise Http404\n    rows",
+        "    project = services.project_for_user(request.user, slug)\n    if project is None:\n        raise Http404\n    uploads",
+        "    from webapp.snapshots.models import Project\n    project = Project.objects.filter(slug=slug).first()\n    if project is None:\n        raise Http404\n    uploads",
     ),
     (
         "webapp/snapshots/views.py",
@@ -36,13 +38,13 @@ M = [
     ),
     (
         "webapp/snapshots/api.py",
-        "    return services.upload_for_user(request.user, code)",
-        "    return Upload.objects.filter(code=code).first()",
+        "    upload = services.upload_for_user(request.user, code)\n    # A token limited",
+        "    upload = Upload.objects.filter(code=code).first()\n    # A token limited",
     ),
     (
         "webapp/snapshots/api.py",
-        "    project = services.project_for_user(request.user, slug)\n    if project is None:\n        return _not_found()",
-        "    from webapp.snapshots.models import Project\n    project = Project.objects.filter(slug=slug).first()\n    if project is None:\n        return _not_found()",
+        "    project = services.project_for_user(request.user, slug)\n    if project is not None and not services.token_allows",
+        "    project = Project.objects.filter(slug=slug).first()\n    if project is not None and not services.token_allows",
     ),
     (
         "webapp/snapshots/services.py",
@@ -51,8 +53,8 @@ M = [
     ),
     (
         "webapp/snapshots/services.py",
-        'return Upload.objects.filter(project__team__memberships__user=user).select_related("project", "project__team")',
-        'return Upload.objects.all().select_related("project", "project__team")',
+        "return Upload.objects.filter(project__team__memberships__user=user).select_related(",
+        "return Upload.objects.all().select_related(",
     ),
     (
         "webapp/snapshots/services.py",
@@ -80,7 +82,16 @@ M = [
     ),
     ("webapp/snapshots/services.py", 'if not can(user, project.team, "write"):', "if False:"),
     ("webapp/snapshots/api.py", 'if not services.can(request.user, upload.project.team, "write"):', "if False:"),
-    ("webapp/snapshots/views.py", 'if not services.can(request.user, upload_row.project.team, "write"):', "if False:"),
+    (
+        "webapp/snapshots/views.py",
+        '"#share")\n    if not services.can(request.user, upload_row.project.team, "write"):',
+        '"#share")\n    if False:',
+    ),
+    (
+        "webapp/snapshots/views.py",
+        '"#basis")\n    if not services.can(request.user, upload_row.project.team, "write"):',
+        '"#basis")\n    if False:',
+    ),
     (
         "webapp/snapshots/views.py",
         'for p in services.writable_projects(request.user).order_by("team__name", "name")\n    ]',
@@ -116,18 +127,22 @@ M = [
     ),
     ("webapp/snapshots/forms.py", "t.strip()[:50]", "t.strip()[:51]"),
 ]
-only = {int(a) for a in sys.argv[1:]}
-killed = 0
-for i, (path, old, new) in enumerate(M):
-    if only and i not in only:
-        continue
+
+
+def stale() -> list[int]:
+    """The mutants whose source text is no longer in its file exactly once (the code moved on)."""
+    return [i for i, (path, old, _new) in enumerate(M) if (ROOT / path).read_text().count(old) != 1]
+
+
+def run_one(i: int) -> tuple[bool, str]:
+    """Mutant ``i`` applied, the tests run against it with ``-x``, the file restored: (killed, first failure)."""
+    path, old, new = M[i]
     f = ROOT / path
     text = f.read_text()
-    assert text.count(old) == 1, (i, path, old, text.count(old))
     f.write_text(text.replace(old, new))
     try:
         r = subprocess.run(  # noqa: S603 - fixed argv
-            [".venv/bin/python", "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TESTS],
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TESTS],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -135,7 +150,26 @@ for i, (path, old, new) in enumerate(M):
     finally:
         f.write_text(text)
     fail = [line for line in r.stdout.splitlines() if line.startswith("FAILED")]
-    status = "killed" if r.returncode != 0 else "SURVIVED"
-    killed += r.returncode != 0
-    print(f"{i:2d} {status:8s} {path}: {new.strip()[:70]!r}  <- {fail[:1]}", flush=True)
-print(f"killed {killed}/{len(M) if not only else len(only)}")
+    return r.returncode != 0, fail[0] if fail else ""
+
+
+def main(argv: list[str]) -> int:
+    """Every mutant (or mutants N ...); exit 1 when one survives or no longer applies."""
+    only = {int(a) for a in argv}
+    chosen = [i for i in range(len(M)) if not only or i in only]
+    gone = set(stale())
+    killed = 0
+    for i in chosen:
+        path, _old, new = M[i]
+        if i in gone:
+            print(f"{i:2d} STALE    {path}: its source text is not there exactly once; update the mutant", flush=True)
+            continue
+        dead, first = run_one(i)
+        killed += dead
+        print(f"{i:2d} {'killed' if dead else 'SURVIVED':8s} {path}: {new.strip()[:70]!r}  <- {first}", flush=True)
+    print(f"killed {killed}/{len(chosen)}")
+    return 0 if killed == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

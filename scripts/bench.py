@@ -106,7 +106,7 @@ def stage_read_gz(path: Path) -> Timed:
 
 def stage_recorded_replay(path: Path) -> Timed:
     read_snapshot = _import("analysis.reader", "read_snapshot")
-    recorded_replay = _import("analysis.replay", "recorded_replay")
+    recorded_replay = _import("analysis.allocator.recorded", "recorded_replay")
 
     def run() -> dict[str, float]:
         t0 = time.perf_counter()
@@ -122,7 +122,7 @@ def stage_recorded_replay(path: Path) -> Timed:
 def stage_simulate(path: Path) -> Timed:
     read_snapshot = _import("analysis.reader", "read_snapshot")
     simulate = _import("analysis.allocator", "simulate")
-    config_cls = _import("analysis.config", "AllocatorConfig")
+    config_cls = _import("analysis.allocator.config", "AllocatorConfig")
 
     def run() -> dict[str, float]:
         t0 = time.perf_counter()

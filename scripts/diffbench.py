@@ -69,9 +69,9 @@ from analysis.allocator import (  # noqa: E402
     simulate,
     simulate_layout,
 )
+from analysis.allocator.config import AllocatorConfig  # noqa: E402
 from analysis.allocator.policy import placement_for  # noqa: E402
-from analysis.allocator.requests import requests_for  # noqa: E402
-from analysis.config import AllocatorConfig  # noqa: E402
+from analysis.allocator.requests import _OP_ALLOC, _OP_FLUSH, _OP_OOM, Requests, requests_for  # noqa: E402
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot  # noqa: E402
 from analysis.reader import read_snapshot  # noqa: E402
 
@@ -338,6 +338,28 @@ def whatif_rows(caps: list[Capture], snaps: dict[str, Snapshot]) -> list[WhatIfR
     return out
 
 
+def stream_keys(req: Requests) -> list[tuple[int, int, int, int]]:
+    """One comparable key per request: (op, size, lane, the request that allocated the
+    block a free frees, -1 otherwise). Two runs of one program make the same requests
+    as long as these are equal; recorded addresses are left out (each run has its own
+    driver's). A flush's key carries nothing but its op."""
+    lanes = [0] * len(req.ops) if req.lane is None else req.lane.tolist()
+    sizes = req.sizes.tolist()
+    owner: dict[int, int] = {}
+    keys = []
+    for k, (op, ra) in enumerate(zip(req.ops, req.raddrs, strict=True)):
+        if op == _OP_FLUSH:
+            keys.append((op, 0, 0, -1))
+            continue
+        if op in (_OP_ALLOC, _OP_OOM):
+            if op == _OP_ALLOC:
+                owner[ra] = k
+            keys.append((op, sizes[k], lanes[k], -1))
+        else:
+            keys.append((op, sizes[k], lanes[k], owner.get(ra, -1)))
+    return keys
+
+
 def _self_consistency(
     row: WhatIfRow, bsnap: Snapshot, bdev: DeviceData, res: Any, msnap: Snapshot, mdev: DeviceData, cap: int | None
 ) -> None:
@@ -346,7 +368,7 @@ def _self_consistency(
     settings (its own addresses: the exact replay) and the same cap, segment event for segment
     event, over the requests before the first one where the two traces differ."""
     breq, mreq = requests_for(bsnap, bdev), requests_for(msnap, mdev)
-    bkeys, mkeys = breq.stream_keys(), mreq.stream_keys()
+    bkeys, mkeys = stream_keys(breq), stream_keys(mreq)
     n = min(len(bkeys), len(mkeys))
     d = next((k for k in range(n) if bkeys[k] != mkeys[k]), n)
     modelled = simulate(msnap, mdev, mreq.recorded_config, cap, requests=mreq, placement="driver")

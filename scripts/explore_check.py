@@ -18,9 +18,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.allocator.recorded import recorded_replay
 from analysis.explore import StoredExplorer, store_of_snapshot
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 
 
 def main(paths: list[str]) -> int:

@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from analysis.allocator.config import AllocatorConfig  # noqa: E402
+from analysis.allocator.recorded import recorded_replay  # noqa: E402
 from analysis.ledger import Ledger, device_ledger  # noqa: E402
 from analysis.limits import MiB, OomMessage, parse_oom_message  # noqa: E402
 from analysis.model import OOM  # noqa: E402
 from analysis.reader import read_snapshot  # noqa: E402
-from analysis.replay import recorded_replay  # noqa: E402
 from analysis.stacks import StackCatalog  # noqa: E402
 
 SHARE = 0.01

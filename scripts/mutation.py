@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import fnmatch
+import importlib.util
 import json
 import os
 import re
@@ -73,7 +74,6 @@ TARGETS = (
             "AllocatorConfig.should_split",
             "AllocatorConfig.block_fits",
             "AllocatorConfig.round_sizes",
-            "AllocatorConfig.allocation_sizes",
             "is_small",
             "_roundup_power2_next_division",
         ),
@@ -267,6 +267,22 @@ HAND_MUTANTS = (
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py", "tests/webapp/test_pages.py"),
     ),
 )
+
+
+def access_mutants() -> tuple[HandMutant, ...]:
+    """``scripts/access_mutants.py``'s mutants of the access checks and upload limits, each against
+    that script's tests, as hand mutants of this run (one not already above)."""
+    spec = importlib.util.spec_from_file_location("access_mutants", ROOT / "scripts" / "access_mutants.py")
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    known = {(m.source, m.old.strip(), m.new.strip()) for m in HAND_MUTANTS}
+    return tuple(
+        HandMutant(f"access-{i}", path, old, new, tuple(mod.TESTS))
+        for i, (path, old, new) in enumerate(mod.M)
+        if (path, old.strip(), new.strip()) not in known
+    )
 
 
 def run_hand_mutant(m: HandMutant, rev: str | None) -> dict[str, object]:
@@ -560,7 +576,7 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     summary: list[dict[str, object]] = []
     if not args.targets or "hand" in args.targets:
-        for m in HAND_MUTANTS:
+        for m in HAND_MUTANTS + access_mutants():
             res = run_hand_mutant(m, args.rev)
             print(f"hand mutant {m.name}: {res['status']} {' '.join(res.get('killed_by', []))}", flush=True)  # type: ignore[arg-type]
             summary.append({"target": "hand", **res})
@@ -591,7 +607,11 @@ def main() -> int:
     print(f"total {round(time.monotonic() - started)} s")
     (OUT / f"{args.label}.json").write_text(json.dumps(summary, indent=1))
     print(f"written {OUT / (args.label + '.json')}")
-    return 0
+    # A hand mutant is a test's promise: one not killed (survived, not applicable) fails the run.
+    missed = [r["name"] for r in summary if r["target"] == "hand" and r["status"] != "killed"]
+    if missed:
+        print(f"hand mutants not killed: {', '.join(map(str, missed))}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from analysis.allocator import compiled, simulate
+    from analysis.allocator.config import AllocatorConfig
     from analysis.allocator.recorded import recorded_replay
-    from analysis.config import AllocatorConfig
     from analysis.reader import read_snapshot
 
     if not compiled.available():

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.report import build_report
 
 

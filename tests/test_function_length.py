@@ -1,4 +1,5 @@
-"""No function in ``analysis/`` over 80 lines, but the documented hot loops (issue 17).
+"""No function in ``analysis/``, ``webapp/`` or the client over 80 lines, but the documented hot loops
+(issue 17) and, on the web side, a known list that may only shrink (issue 31).
 
 A long function holds several ideas, and the next person reads them all to change one. The
 exceptions are the per-event (or per-burst) loops, kept whole on purpose: a call per event costs
@@ -50,9 +51,23 @@ def functions(path: Path) -> list[tuple[str, int]]:
     return out
 
 
+# Over 80 lines when the web side and the client came under the rule (issue 31), each at its length then:
+# an entry may shrink (and leaves the list once under the limit), never grow, and no entry is added.
+KNOWN_LONG = {
+    "webapp/snapshots/charts.py::build_compare_charts": 87,
+    "webapp/snapshots/charts.py::_timeline_chart": 127,
+    "webapp/snapshots/charts.py::_segment_map_chart": 123,
+    "webapp/snapshots/charts.py::_icicle_chart": 101,
+    "webapp/snapshots/cost.py::_walk_pickle": 95,
+    "webapp/snapshots/runner.py::run_child": 100,
+    "client/oomscope_client/upload.py::upload": 87,
+}
+
+
 def long_functions(root: Path) -> dict[str, int]:
     found: dict[str, int] = {}
-    for path in sorted((root / "analysis").rglob("*.py")):
+    files = [p for package in ("analysis", "webapp", "client") for p in sorted((root / package).rglob("*.py"))]
+    for path in (p for p in files if "migrations" not in p.parts):
         for name, lines in functions(path):
             if lines > MAX_LINES:
                 found[f"{path.relative_to(root).as_posix()}::{name}"] = lines
@@ -60,8 +75,16 @@ def long_functions(root: Path) -> dict[str, int]:
 
 
 def test_no_function_over_80_lines_but_the_hot_loops() -> None:
-    too_long = {k: v for k, v in long_functions(ROOT).items() if k not in HOT_LOOPS}
+    too_long = {k: v for k, v in long_functions(ROOT).items() if k not in HOT_LOOPS and k not in KNOWN_LONG}
     assert not too_long, f"functions over {MAX_LINES} lines (shrink them, or document a hot loop): {too_long}"
+
+
+def test_the_known_long_functions_only_shrink() -> None:
+    found = long_functions(ROOT)
+    grown = {k: (found[k], v) for k, v in KNOWN_LONG.items() if found.get(k, 0) > v}
+    assert not grown, f"(now, then) lines: shrink them back: {grown}"
+    fixed = sorted(set(KNOWN_LONG) - set(found))
+    assert not fixed, f"under {MAX_LINES} lines now (or gone): take them off KNOWN_LONG: {fixed}"
 
 
 def test_every_allowed_hot_loop_is_still_long() -> None:

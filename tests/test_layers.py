@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = frozenset({"analysis.model", "analysis.errors", "analysis.config", "analysis.steps"})
+BASE = frozenset({"analysis.model", "analysis.errors", "analysis.allocator.config", "analysis.steps"})
 
 
 def imported(path: Path) -> set[str]:
@@ -74,3 +74,136 @@ def test_the_rule_sees_lazy_imports(tmp_path: Path) -> None:
     probe.write_text("def f():\n    from analysis.report import build_report\n")
     assert imported(probe) == {"analysis.report"}
     assert lazy_imports(probe) == ["analysis.report"]
+
+
+# -- webapp/ and client/ (issue 31 item 5) ---------------------------------------------------------
+#
+# What they found when they were written down, held as known lists that may only shrink: the web
+# side's layout is issue 31 item 4's (a split into layers), and each entry fixed leaves its list.
+WEB_PACKAGES = ("webapp", "client/oomscope_client")
+# models.py imports services (for the upload's summary): the ground floor reaching up.
+KNOWN_UPWARD_FROM_MODELS = {"webapp.snapshots.services"}
+# One import circle of 11 modules (the services hub and everything that calls it and that it calls).
+KNOWN_CIRCLE = {
+    f"webapp.snapshots.{m}"
+    for m in [
+        "cost",
+        "digging",
+        "intake",
+        "models",
+        "quota",
+        "runarchive",
+        "runs",
+        "runtasks",
+        "services",
+        "tasks",
+        "webhooks",
+    ]
+}
+
+
+def web_module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = parts[1:] if parts[0] == "client" else parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def web_imports(path: Path) -> set[str]:
+    """Every module name a web or client file imports, at any depth, relative imports resolved; a
+    ``from package import name`` counts ``package.name`` too (it may be a module)."""
+    name = web_module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base)
+            out.add(module)
+            out.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return out
+
+
+def web_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of webapp/ and the client it imports."""
+    files = {
+        web_module_name(p): p
+        for package in WEB_PACKAGES
+        for p in sorted((root / package).rglob("*.py"))
+        if "migrations" not in p.parts
+    }
+    # A module's own package is imported before it anyway: no edge back up to it.
+    return {
+        name: {m for m in web_imports(path) & set(files) if not name.startswith(m + ".")} - {name}
+        for name, path in files.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The import circles: strongly connected parts of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = set()
+            while not part or w != v:
+                w = stack.pop()
+                part.add(w)
+            if len(part) > 1:
+                out.append(part)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_client_imports_only_itself_the_standard_library_and_torch() -> None:
+    """And the analysis library in one place: the job log's verdict where the repository is installed
+    beside the client (``joblog.py``, under its ``ImportError``; tests/test_import_guards.py)."""
+    import sys
+
+    found = {
+        (p.name, m.split(".")[0]) for p in (ROOT / "client" / "oomscope_client").rglob("*.py") for m in web_imports(p)
+    }
+    allowed = set(sys.stdlib_module_names) | {"oomscope_client", "torch"}
+    assert {(f, m) for f, m in found if m not in allowed} <= {("joblog.py", "analysis")}
+
+
+def test_only_the_charts_module_imports_bokeh() -> None:
+    found = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "webapp").rglob("*.py")
+        if any(m.split(".")[0] == "bokeh" for m in web_imports(p))
+    }
+    assert found == {"webapp/snapshots/charts.py"}
+
+
+def test_the_models_import_nothing_above_them_but_the_known_list() -> None:
+    above = web_graph()["webapp.snapshots.models"]
+    assert above <= KNOWN_UPWARD_FROM_MODELS, f"models.py imports {sorted(above - KNOWN_UPWARD_FROM_MODELS)}"
+    assert above >= KNOWN_UPWARD_FROM_MODELS, "fixed: take it off KNOWN_UPWARD_FROM_MODELS"
+
+
+def test_no_import_circle_but_the_known_one_and_it_does_not_grow() -> None:
+    found = circles(web_graph())
+    assert all(part <= KNOWN_CIRCLE for part in found), [sorted(p - KNOWN_CIRCLE) for p in found]
+    left = set().union(*found) if found else set()
+    assert left == KNOWN_CIRCLE, f"out of the circle now, take them off KNOWN_CIRCLE: {sorted(KNOWN_CIRCLE - left)}"
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [{"a", "b", "c"}]

@@ -8,14 +8,14 @@
 - ``limits``: the memory limit bounded from the trace alone (``infer_limit``;
   ``floor_estimate``: its bounds from below alone, what a report states).
 - ``recorded``: the recorded replay, state at every event along the recorded
-  addresses (``recorded_replay``; ``analysis.replay`` re-exports it).
+  addresses (``recorded_replay``).
 - ``recording``: that replay built once per device and handed down (``ReplaySource``):
   the rules that read a recorded state take it through ``Requests.source``.
 - ``policy``: the policy replay, the model choosing blocks and segments itself
   (``simulate``, ``replay_check``, ``whatif``).
 
 ``from analysis.allocator import simulate, replay_check, ...`` keeps working as
-before the package existed; so do ``analysis.config`` and ``analysis.replay``.
+before the package existed.
 """
 
 from analysis.allocator.limits import LimitEstimate, allowed_for_fraction, floor_estimate, infer_limit

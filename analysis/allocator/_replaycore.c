@@ -290,11 +290,12 @@ typedef struct {
     long alloc, free_requested, free_completed, seg_alloc, seg_free, seg_map, seg_unmap;
     Map free_sz, free_end, used, seg_size, seg_end, seg_meta, fcount;
     Vec starts, dist, stops;
-    Vec m_stream, m_pool, m_exp; /* the fields of metas[k] the replay reads */
+    Vec m_stream, m_pool, m_exp, m_large; /* the fields of metas[k] the replay reads */
     int64_t tmin, tlimit, cur, cmode, n_exp, track_limit;
     int64_t *bs;
     Py_ssize_t bs_len, bs_cap;
     Vec ns_i, ns_v, lf_i, lf_v, ignored, aa_i, aa_v, ac_i, ac_v;
+    Vec wf_i, wf_v; /* whole free segments of the default large pool: (event, +1 | -1) */
     PyObject *rep; /* borrowed, during run() only: where _issue and _meta_of_event are called */
 } RecCore;
 
@@ -302,8 +303,9 @@ static void core_dealloc(RecCore *c) {
     Map *maps[] = {&c->free_sz, &c->free_end, &c->used, &c->seg_size, &c->seg_end, &c->seg_meta, &c->fcount};
     for (int k = 0; k < 7; k++) map_free(maps[k]);
     Vec *vecs[] = {&c->starts, &c->dist,  &c->stops, &c->m_stream, &c->m_pool, &c->m_exp, &c->ns_i, &c->ns_v,
-                   &c->lf_i,   &c->lf_v,  &c->ignored, &c->aa_i,   &c->aa_v,   &c->ac_i,  &c->ac_v};
-    for (int k = 0; k < 15; k++) PyMem_Free(vecs[k]->v);
+                   &c->lf_i,   &c->lf_v,  &c->ignored, &c->aa_i,   &c->aa_v,   &c->ac_i,  &c->ac_v,
+                   &c->m_large, &c->wf_i, &c->wf_v};
+    for (int k = 0; k < 18; k++) PyMem_Free(vecs[k]->v);
     PyMem_Free(c->bs);
     if (c->addr_b.obj) PyBuffer_Release(&c->addr_b);
     if (c->size_b.obj) PyBuffer_Release(&c->size_b);
@@ -342,6 +344,15 @@ static int c_record_largest(RecCore *c, int64_t i) {
 
 static int c_ns(RecCore *c, int64_t i, int64_t v) {
     return vec_push(&c->ns_i, i) < 0 || vec_push(&c->ns_v, v) < 0 ? -1 : 0;
+}
+
+/* _Replayer._whole_free: a whole segment at `start` turned free (+1) or stopped being so (-1); recorded
+ * where it is a segment the GC may free (the default pool's, large, not expandable) */
+static int c_wf(RecCore *c, int64_t i, int64_t start, int64_t v) {
+    int64_t meta;
+    if (!map_get(&c->seg_meta, start, &meta)) return 0;
+    if (c->m_pool.v[meta] != 0 || !c->m_large.v[meta] || c->m_exp.v[meta]) return 0;
+    return vec_push(&c->wf_i, i) < 0 || vec_push(&c->wf_v, v) < 0 ? -1 : 0;
 }
 
 /* _retrack: the tracked sizes are those at least a quarter of the largest free block */
@@ -457,6 +468,7 @@ static int c_drop_segment(RecCore *c, int64_t start, int64_t *meta) {
 static int c_ns_slow(RecCore *c, int64_t start, int64_t size, int64_t v) {
     int64_t s;
     int rec = map_get(&c->seg_size, start, &s) && s == size;
+    if (rec && c->cur >= 0 && c_wf(c, c->cur, start, v > 0 ? 1 : -1) < 0) return -1;
     if (!rec) {
         int cs = c_counts_split(c, start);
         if (cs < 0) return -1;
@@ -559,16 +571,20 @@ static inline int c_splits(const RecCore *c, int64_t rem, int64_t r) {
 static int64_t c_meta(RecCore *c, PyObject *meta) {
     int64_t stream, pool;
     PyObject *s = PySequence_GetItem(meta, 0), *p = s ? PySequence_GetItem(meta, 1) : NULL;
-    PyObject *e = p ? PySequence_GetItem(meta, 3) : NULL;
-    int rc = e ? 0 : -1, exp = 0;
+    PyObject *t = p ? PySequence_GetItem(meta, 2) : NULL;
+    PyObject *e = t ? PySequence_GetItem(meta, 3) : NULL;
+    int rc = e ? 0 : -1, exp = 0, large = 0;
     if (rc == 0) rc = as_i64(s, &stream);
     if (rc == 0) rc = as_i64(p, &pool);
     if (rc == 0 && (exp = PyObject_IsTrue(e)) < 0) rc = -1;
+    if (rc == 0) large = PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "large") == 0;
     Py_XDECREF(s);
     Py_XDECREF(p);
+    Py_XDECREF(t);
     Py_XDECREF(e);
     if (rc < 0 || PyList_Append(c->metas, meta) < 0) return -1;
-    if (vec_push(&c->m_stream, stream) < 0 || vec_push(&c->m_pool, pool) < 0 || vec_push(&c->m_exp, exp) < 0)
+    if (vec_push(&c->m_stream, stream) < 0 || vec_push(&c->m_pool, pool) < 0 || vec_push(&c->m_exp, exp) < 0 ||
+        vec_push(&c->m_large, large) < 0)
         return -1;
     return (int64_t)c->m_exp.len - 1;
 }
@@ -743,7 +759,8 @@ static int c_alloc(RecCore *c, int64_t i, int64_t ad, int64_t sz, int64_t f) {
     if (!cnt && c->cmode == 2 && (cnt = c_counts_split(c, ad)) < 0) return -1;
     if (cnt) {
         int64_t s;
-        if (map_get(&c->seg_size, ad, &s) && s == f && c_ns(c, i, -f) < 0) return -1; /* a whole segment taken */
+        if (map_get(&c->seg_size, ad, &s) && s == f && (c_ns(c, i, -f) < 0 || c_wf(c, i, ad, -1) < 0))
+            return -1; /* a whole segment taken */
     } else if (c_ns(c, i, -f) < 0) {
         return -1;
     }
@@ -828,7 +845,7 @@ static int c_free(RecCore *c, int64_t i, int64_t ad, int fused) {
     /* Blocks merged into m were split ones: only m itself may change the nonsplit bytes. */
     if (!cnt) return c_ns(c, j, b);
     int64_t s;
-    return map_get(&c->seg_size, start, &s) && s == m ? c_ns(c, j, m) : 0;
+    return map_get(&c->seg_size, start, &s) && s == m ? (c_ns(c, j, m) < 0 || c_wf(c, j, start, 1) < 0 ? -1 : 0) : 0;
 }
 
 /* _Replayer.run(lo, hi) */
@@ -1018,7 +1035,8 @@ static PyObject *pairs_dict(const Vec *i, const Vec *v) {
 /* the state as the Python replayer's attributes (tests look at them) */
 static PyObject *core_internals(RecCore *c, PyObject *unused) {
     Vec bs = {c->bs, (size_t)c->bs_len, 0};
-    return Py_BuildValue("{sNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsLsLsLsL}", "free_sz", map_dict(&c->free_sz), "free_end",
+    return Py_BuildValue("{sNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsLsLsLsL}", "wf_i", vec_list(&c->wf_i, c->wf_i.len),
+                         "wf_v", vec_list(&c->wf_v, c->wf_v.len), "free_sz", map_dict(&c->free_sz), "free_end",
                          map_dict(&c->free_end), "used", map_dict(&c->used), "seg_size", map_dict(&c->seg_size),
                          "seg_end", map_dict(&c->seg_end), "fcount", map_dict(&c->fcount), "dist",
                          vec_list(&c->dist, c->dist.len), "starts", vec_list(&c->starts, c->starts.len), "bs",
@@ -1028,6 +1046,11 @@ static PyObject *core_internals(RecCore *c, PyObject *unused) {
                          "adj_alloc", pairs_dict(&c->aa_i, &c->aa_v), "adj_active", pairs_dict(&c->ac_i, &c->ac_v),
                          "tmin", (long long)c->tmin, "tlimit", (long long)c->tlimit, "cmode", (long long)c->cmode,
                          "n_exp", (long long)c->n_exp);
+}
+
+/* _Replayer.whole_free(): the records behind RecordedReplay.whole_free_segments */
+static PyObject *core_whole_free(RecCore *c, PyObject *unused) {
+    return Py_BuildValue("(NN)", vec_list(&c->wf_i, c->wf_i.len), vec_list(&c->wf_v, c->wf_v.len));
 }
 
 static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
@@ -1103,6 +1126,7 @@ static PyMethodDef core_methods[] = {
     {"retrack", (PyCFunction)core_retrack, METH_NOARGS, "_retrack()"},
     {"blocks", (PyCFunction)core_blocks, METH_NOARGS, "(blocks, segments) for export()"},
     {"internals", (PyCFunction)core_internals, METH_NOARGS, "the state as the Python replayer's attributes"},
+    {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments"},
     {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays"},
     {NULL, NULL, 0, NULL},
 };

@@ -207,14 +207,6 @@ class AllocatorConfig:
         out[use] = -(-su // step) * step
         return out
 
-    def allocation_sizes(self, sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """``allocation_size`` of every (already rounded) element."""
-        s = np.asarray(sizes, dtype=np.int64)
-        large = -(-s // K_ROUND_LARGE) * K_ROUND_LARGE
-        # Python int scalars take the int64 column's type (NEP 50, numpy >= 2).
-        out = np.where(s < K_MIN_LARGE_ALLOC, self.large_segment_size, large)
-        return np.where(s <= K_SMALL_SIZE, K_SMALL_BUFFER, out)
-
 
 def recorded_settings(raw: dict[str, Any], conf: str = "") -> tuple[AllocatorConfig, list[str]]:
     """The effective config a snapshot recorded, and what in it could not be read.

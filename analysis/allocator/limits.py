@@ -24,7 +24,7 @@ from analysis.allocator.requests import (
     _request_of,
     requests_for,
 )
-from analysis.model import FREE_COMPLETED, INACTIVE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, DeviceData, Snapshot
+from analysis.model import FREE_COMPLETED, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, DeviceData, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,15 +245,8 @@ def _gc_lower(source: ReplaySource, cfg: AllocatorConfig, reserved: I64, bursts:
     replay = source.get()
 
     def freeable(index: int) -> bool:
-        state = replay.blocks_at(index)
-        return any(
-            seg.pool == 0
-            and seg.segment_type == "large"
-            and not seg.is_expandable
-            and len(seg.blocks) == 1
-            and seg.blocks[0].state == INACTIVE
-            for seg in state.segments
-        )
+        # A whole free segment of the default large pool, not expandable: a column of the one pass.
+        return replay.whole_free_segments(index) > 0
 
     need = 0
     seen: set[int] = set()

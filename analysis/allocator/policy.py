@@ -13,7 +13,7 @@ limit, so it can answer "would ``expandable_segments:True`` have saved this run"
 What is modelled (the names are those of the C++ source):
 
 - ``round_size`` / ``get_allocation_size`` / ``should_split`` from
-  ``analysis.config``; small (<= 1 MiB) and large pools; one free list per
+  ``allocator.config``; small (<= 1 MiB) and large pools; one free list per
   (pool, small|large, stream), best fit ordered by (size, address).
 - ``get_free_block`` with the ``max_split_size`` filters (oversize blocks serve
   only requests within ``max_non_split_rounding_size``), and with expandable
@@ -34,7 +34,7 @@ What is modelled (the names are those of the C++ source):
   releases one only from the moment the trace shows it being released.
 
 A trace that starts mid-run (wrapped ring buffer) starts from the state before
-its first event as ``analysis.replay`` reconstructs it.
+its first event as the recorded replay (``allocator.recorded``) reconstructs it.
 
 Addresses: ties between equal-sized free blocks go to the lower address, so
 where new segments go matters. Replaying the recorded settings, a new segment

@@ -199,6 +199,19 @@ class RecordedReplay:
     # One replay again at a time: the policy replays of a report run on threads and share this
     # replay, and a second pass on the one ``_replayer`` mid-way through the first corrupts both.
     _replaying: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # whole_free_segments as a step column: the events where it changes, its value from each on,
+    # and its value before the first event.
+    _whole_free: tuple[I64, I64, int] = field(
+        default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64), 0), repr=False
+    )
+
+    def whole_free_segments(self, index: int) -> int:
+        """How many segments ``garbage_collect_cached_blocks`` could free after event ``index``
+        (-1: before the trace): whole free ones of the default pool, large, not expandable. Read
+        off the one pass (a step column), so the GC's limit bound replays nothing again."""
+        at, count, initial = self._whole_free
+        k = int(np.searchsorted(at, index, side="right"))
+        return int(count[k - 1]) if k else initial
 
     def blocks_at(self, index: int) -> AllocatorState:
         """Segments and blocks after event ``index``; -1 gives the state before the trace.
@@ -300,6 +313,10 @@ class _Replayer:
         # largest_free changes only where the tracked sizes do: (event, value) pairs.
         self.lf_i: list[int] = []
         self.lf_v: list[int] = []
+        # Whole free segments the GC may free (the default pool's, large, not expandable) turning
+        # so (+1) or not (-1), recorded where nonsplit's whole-segment changes are: (event, change).
+        self.wf_i: list[int] = []
+        self.wf_v: list[int] = []
         self.cur = -1  # event being applied, for the slow paths' records
         self.adj_alloc: dict[int, int] = {}
         self.adj_active: dict[int, int] = {}
@@ -367,7 +384,8 @@ class _Replayer:
             return got
         state = ("free_sz", "free_end", "used", "seg_size", "seg_end", "fcount", "dist", "starts", "bs", "tmin")
         records = ("ns_i", "ns_v", "lf_i", "lf_v", "ignored", "adj_alloc", "adj_active", "tlimit", "cmode", "n_exp")
-        return {k: getattr(self, k) for k in state + records}
+        records_gc = ("wf_i", "wf_v")  # whole_free_segments' records
+        return {k: getattr(self, k) for k in state + records + records_gc}
 
     def _add_segment(self, start: int, size: int, meta: _Meta) -> None:
         bisect.insort(self.starts, start)
@@ -406,6 +424,15 @@ class _Replayer:
         seg = self._segment_of(addr)
         return seg is not None and not self.seg_meta[seg][3]
 
+    def _whole_free(self, i: int, start: int, change: int) -> None:
+        """The whole segment at ``start`` turned free (``change`` +1) or stopped being so (-1):
+        recorded where it is one ``garbage_collect_cached_blocks`` may free (the default pool's,
+        large, not expandable; ``RecordedReplay.whole_free_segments``)."""
+        meta = self.seg_meta.get(start)
+        if meta is not None and meta[1] == 0 and meta[2] == "large" and not meta[3]:
+            self.wf_i.append(i)
+            self.wf_v.append(change)
+
     def _add_free(self, start: int, size: int) -> None:
         """Add a free block without merging (slow paths and seeding)."""
         self.free_sz[start] = size
@@ -421,6 +448,8 @@ class _Replayer:
                     self._retrack()
                 self.lf_i.append(self.cur)
                 self.lf_v.append(self.dist[-1])
+        if self.seg_size.get(start) == size and self.cur >= 0:
+            self._whole_free(self.cur, start, 1)
         if (self.seg_size.get(start) == size or not self._counts_split(start)) and self.cur >= 0:
             self.ns_i.append(self.cur)
             self.ns_v.append(size)
@@ -439,6 +468,8 @@ class _Replayer:
                     self._retrack()
                 self.lf_i.append(self.cur)
                 self.lf_v.append(self.dist[-1])
+        if self.seg_size.get(start) == size and self.cur >= 0:
+            self._whole_free(self.cur, start, -1)
         if (self.seg_size.get(start) == size or not self._counts_split(start)) and self.cur >= 0:
             self.ns_i.append(self.cur)
             self.ns_v.append(-size)
@@ -578,6 +609,7 @@ class _Replayer:
                         if seg_size.get(ad) == f:  # a whole segment's block is taken
                             ns_i.append(i)
                             ns_v.append(-f)
+                            self._whole_free(i, ad, -1)
                     else:
                         ns_i.append(i)
                         ns_v.append(-f)
@@ -689,6 +721,7 @@ class _Replayer:
                 elif seg_size.get(start) == m:
                     ns_i.append(j)
                     ns_v.append(m)
+                    self._whole_free(j, start, 1)
                 continue
             elif a == 1:  # free_requested
                 ref = used.get(ad, -1)
@@ -1408,6 +1441,7 @@ def _finished(
     pa, pai = _peak(allocated, init.allocated)
     pq, pqi = _peak(requested, init.requested)
     pr, pri = _peak(reserved, init.reserved)
+    whole_free = _whole_free_column(rep, initial_state)
     # The per-pass lists are only needed again by blocks_at's replays.
     rep.bs = []
     rep.core = None
@@ -1433,4 +1467,20 @@ def _finished(
         warnings=warnings,
         _replayer=rep,
         _states=states,
+        _whole_free=whole_free,
     )
+
+
+def _whole_free_column(rep: _Replayer, initial: AllocatorState) -> tuple[I64, I64, int]:
+    """``RecordedReplay.whole_free_segments`` from the pass's (event, change) records."""
+    wf_i, wf_v = rep.core.whole_free() if rep.core is not None else (rep.wf_i, rep.wf_v)
+    start = sum(
+        1
+        for seg in initial.segments
+        if seg.pool == 0
+        and seg.segment_type == "large"
+        and not seg.is_expandable
+        and len(seg.blocks) == 1
+        and seg.blocks[0].state == INACTIVE
+    )
+    return np.asarray(wf_i, np.int64), start + np.cumsum(np.asarray(wf_v, np.int64)), start

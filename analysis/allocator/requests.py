@@ -202,6 +202,7 @@ def _bursts(
     stack_ids = {int(x) for x in t.stack[rel].tolist() if x >= 0}
     via_empty_cache = _empty_cache_stacks(snapshot, stack_ids)
     ambiguous = _CacheProbe(source if source is not None else ReplaySource(snapshot, device), cfg)
+    ambiguous.expect(_probe_candidates(device, cfg, starts, ends, reqs, floor, gc_recorded))
     # Stack of the segment_alloc that created the segment each segment_free releases.
     created: dict[int, int] = {}
     last_alloc: dict[int, int] = {}
@@ -330,6 +331,27 @@ def _looks_like_release_available(device: DeviceData, cfg: AllocatorConfig, s: i
     return bool((np.diff(sizes) <= 0).all())
 
 
+def _probe_candidates(
+    device: DeviceData, cfg: AllocatorConfig, starts: I64, ends: I64, reqs: I64, floor: int, gc_recorded: bool
+) -> list[int]:
+    """Where ``_bursts`` may probe the cache (``_CacheProbe.served``): before each run of releases
+    followed by a new segment for a request that the limit could have refused (or the GC freed),
+    at the state before the run's completions. A superset of the probes: the stacks and the runs
+    chained to others, which rule some of these out, are ``_bursts``' to read."""
+    act = device.trace.action
+    reserved = _recorded_reserved(device)
+    out = []
+    for s, e, req in zip(starts.tolist(), ends.tolist(), reqs.tolist(), strict=True):
+        if req < 0 or e + 1 >= len(act) or int(act[e + 1]) not in (SEGMENT_ALLOC, SEGMENT_MAP):
+            continue
+        before = int(reserved[s - 1]) if s > 0 else 0
+        if gc_recorded or limit_refuses(before, _request_alloc_size(device, cfg, req), floor):
+            at = _before_completions(act, s) - 1
+            if at >= 0:
+                out.append(at)
+    return out
+
+
 def _before_completions(act: npt.NDArray[np.int8], s: int) -> int:
     """The start of the run of free_completed entries that ends right before ``s``."""
     j = s
@@ -370,6 +392,12 @@ class _CacheProbe:
     def __init__(self, source: ReplaySource, cfg: AllocatorConfig) -> None:
         self.source, self.device, self.cfg = source, source.device, cfg
         self._pools: npt.NDArray[np.int32] | None = None
+
+    def expect(self, indices: list[int]) -> None:
+        """The states ``served`` may read: kept by the recorded replay's one pass when it has not run
+        yet (``ReplaySource.keep``), so that no probe replays the trace again (issue 31)."""
+        if indices and not self.source.built:
+            self.source.keep(indices)
 
     def served(self, index: int, req: int) -> bool:
         if index < 0:
@@ -662,6 +690,12 @@ class Requests:
     # sums a column of every event, and each replay of the trace asks.
     complete: bool | None = None
 
+    @property
+    def gc_ran(self) -> bool:
+        """Whether the trace shows ``garbage_collect_cached_blocks`` runs (``_bursts``' "gc" runs):
+        proof that the run was under a per-process cap (``analysis.limits.run_was_capped``)."""
+        return any(b.kind == "gc" for b in self.bursts)
+
     # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
     # engine takes the columns, and a report that runs it never needs these).
     @property
@@ -701,27 +735,6 @@ class Requests:
         out = (sizes.tolist(), lks.tolist())
         _remember(self._listed, key, out)
         return out
-
-    def stream_keys(self) -> list[tuple[int, int, int, int]]:
-        """One comparable key per request: (op, size, lane, the request that allocated the
-        block a free frees, -1 otherwise). Two runs of one program make the same requests
-        as long as these are equal; recorded addresses are left out (each run has its own
-        driver's). A flush's key carries nothing but its op."""
-        lanes = [0] * len(self.ops) if self.lane is None else self.lane.tolist()
-        sizes = self.sizes.tolist()
-        owner: dict[int, int] = {}
-        keys = []
-        for k, (op, ra) in enumerate(zip(self.ops, self.raddrs, strict=True)):
-            if op == _OP_FLUSH:
-                keys.append((op, 0, 0, -1))
-                continue
-            if op in (_OP_ALLOC, _OP_OOM):
-                if op == _OP_ALLOC:
-                    owner[ra] = k
-                keys.append((op, sizes[k], lanes[k], -1))
-            else:
-                keys.append((op, sizes[k], lanes[k], owner.get(ra, -1)))
-        return keys
 
     def with_tail(
         self, dev: DeviceData, cfg: AllocatorConfig, tail: Any

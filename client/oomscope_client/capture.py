@@ -401,13 +401,14 @@ class OomDumper:
         # A non-daemon thread: the training loop may catch the OOM and go on, so it must not
         # block for the upload, and the interpreter still waits for it before exiting.
         def run() -> None:
+            # Ours, outside the handler: a broken install fails loudly, not as a failed upload.
+            from oomscope_client.upload import upload
+
             try:
                 spec = self.upload_spec
                 if callable(spec):
                     result = spec(path)
                 else:
-                    from oomscope_client.upload import upload
-
                     result = upload(path, **self._upload_arguments(spec or {}, sidecar_path))
                 self.uploads.append(result)
                 self.upload_results[path] = result

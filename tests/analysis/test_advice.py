@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from analysis.advice import AdviceContext, WhatIf, advise, all_rules
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -30,8 +30,8 @@ from analysis.allocator import (
     trace_is_complete,
     whatif,
 )
+from analysis.allocator.config import AllocatorConfig, ConfigError
 from analysis.allocator.requests import requests_for
-from analysis.config import AllocatorConfig, ConfigError
 from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -497,7 +497,7 @@ REFERENCE_CONFIGS = [
 )
 def test_the_fast_loop_does_what_the_rule_methods_do(case: str, conf: str) -> None:
     # _Model.run inlines get_free_block's filter, should_split and free_block's
-    # merge for speed; run_reference calls the methods built on analysis.config.
+    # merge for speed; run_reference calls the methods built on analysis.allocator.config.
     # Same segment events, same OOMs, same final layout, under a limit that bites.
     s = snap(case)
     base = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)

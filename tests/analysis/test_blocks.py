@@ -30,8 +30,9 @@ import pytest
 
 from analysis.allocator import infer_limit, simulate, trace_is_complete
 from analysis.allocator import policy as allocator
+from analysis.allocator.config import K_SMALL_SIZE, MB, AllocatorConfig
 from analysis.allocator.policy import _Model
-from analysis.config import K_SMALL_SIZE, MB, AllocatorConfig
+from analysis.allocator.recorded import recorded_replay
 from analysis.model import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
@@ -48,7 +49,6 @@ from analysis.model import (
     Snapshot,
 )
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -30,7 +30,7 @@ from analysis.allocator import (
     simulate,
     simulate_layout,
 )
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.model import ACTIONS, Snapshot
 from analysis.reader import read_snapshot
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from analysis.allocator.recorded import recorded_replay
 from analysis.categories import (
     CATEGORIES,
     GRADIENTS,
@@ -23,7 +24,6 @@ from analysis.categories import (
     optimizer_windows,
 )
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 from analysis.report import build_report
 from analysis.stacks import StackCatalog, alloc_lifetimes
 

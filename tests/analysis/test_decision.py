@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from analysis.allocator.recorded import recorded_replay
 from analysis.decision import decide, format_size
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.allocator.recorded import recorded_replay
 from analysis.explore import CHECKPOINT_EVERY, StoredExplorer, checkpoint_events, explore_store, store_of_snapshot
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 from analysis.report import build_report
 from analysis.stacks import StackCatalog
 

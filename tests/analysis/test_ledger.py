@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from analysis.allocator.recorded import recorded_replay
 from analysis.ledger import ROW_IDS, _reconcile
 from analysis.limits import GiB, MiB, figure, parse_oom_message
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from analysis.allocator import LimitEstimate
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.limits import choose_limit
 from analysis.oom import flush_before, verdict
 from analysis.reader import read_snapshot

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from analysis.allocator import LimitEstimate, whatif
+from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.recorded import AllocatorState, BlockState, SegmentState
-from analysis.config import AllocatorConfig
 from analysis.limits import Limit, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import (
     ALLOC,
@@ -708,13 +708,13 @@ def test_usable_free_block_rules_by_hand() -> None:
 
 
 def test_a_gc_threshold_on_a_full_device_is_said_to_do_nothing_and_left_out_of_the_replays() -> None:
-    # rand_s11_c40_gc07 ran with garbage_collection_threshold:0.7 under a 4 GiB fraction. Its real message with
-    # the fraction taken out (no "allowed"; the device had 235.52 MiB free) is what torch prints when the
-    # device itself fills up: set_fraction is false, and torch never runs that GC.
-    real = json.loads((FIXTURES / "captures" / "rand_s11_c40_gc07.truth.json").read_text())["oom_message"]
-    full = real.replace("4.00 GiB allowed; ", "").replace("of which 127.76 GiB is free", "of which 235.52 MiB is free")
+    # rand_s0_c25_gc07 ran with garbage_collection_threshold:0.7 under a 2.5 GiB fraction, and its GC never ran.
+    # Its real message with the fraction taken out (no "allowed"; the device had 150 MiB free) is what torch
+    # prints when the device itself fills up: set_fraction is false, and torch never runs that GC.
+    real = json.loads((FIXTURES / "captures" / "rand_s0_c25_gc07.truth.json").read_text())["oom_message"]
+    full = real.replace("2.50 GiB allowed; ", "").replace("of which 133.79 GiB is free", "of which 150.00 MiB is free")
     assert "allowed" not in full and parse_oom_message(full).limit_kind == "device-full"
-    path = FIXTURES / "captures" / "rand_s11_c40_gc07.pickle.gz"
+    path = FIXTURES / "captures" / "rand_s0_c25_gc07.pickle.gz"
     report = build_report(path, oom_message=full, whatif=("max_split_size_mb:128",), jobs=1)
     dev = report["devices"][0]
     assert dev["limit"]["kind"] == "device-full"
@@ -725,3 +725,18 @@ def test_a_gc_threshold_on_a_full_device_is_said_to_do_nothing_and_left_out_of_t
     # Under the fraction (the real message) the GC acts and nothing is said.
     capped = build_report(path, oom_message=real, jobs=1)
     assert "gc-without-cap" not in [w["code"] for w in capped["capture"]["warnings"]]
+
+
+def test_recorded_gc_runs_prove_a_cap_that_a_message_without_allowed_cannot_take_away() -> None:
+    # rand_s11_c40_gc07's GC ran (under its 4 GiB fraction): torch runs it only under a cap, so the
+    # same doctored message (no "allowed") leaves the GC in the replays, and no warning says otherwise.
+    real = json.loads((FIXTURES / "captures" / "rand_s11_c40_gc07.truth.json").read_text())["oom_message"]
+    full = real.replace("4.00 GiB allowed; ", "").replace("of which 127.76 GiB is free", "of which 235.52 MiB is free")
+    path = FIXTURES / "captures" / "rand_s11_c40_gc07.pickle.gz"
+    report = build_report(path, oom_message=full, whatif=("max_split_size_mb:128",), jobs=1)
+    dev = report["devices"][0]
+    assert dev["limit"]["kind"] == "device-full"
+    assert "gc-without-cap" not in [w["code"] for w in report["capture"]["warnings"]]
+    item = next(w for w in dev["whatif"] if w["config"] == "max_split_size_mb:128")
+    direct = whatif(read_snapshot(path), 0, "max_split_size_mb:128", dev["limit"]["bytes"], capped=True)
+    assert item["peak_reserved_bytes"] == direct["peak_reserved_bytes"]

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from analysis.allocator import allowed_for_fraction, simulate, whatif
+from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.placement import CHUNK, DriverPlacement, MirrorPlacement
 from analysis.allocator.requests import requests_for
-from analysis.config import AllocatorConfig
 from analysis.model import ALLOC, OOM, SEGMENT_ALLOC, Snapshot
 from analysis.reader import read_snapshot
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from analysis.allocator import trace_is_complete
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.model import ALLOC, OOM
 from analysis.projection import project_failing_step, step_whatif
 from analysis.reader import read_snapshot

@@ -22,7 +22,14 @@ import pytest
 import analysis.report as report_module
 from analysis.allocator import compiled
 from analysis.allocator.config import AllocatorConfig
-from analysis.allocator.recorded import BlockState, SegmentState, _Replayer
+from analysis.allocator.recorded import (
+    AllocatorState,
+    BlockState,
+    RecordedReplay,
+    SegmentState,
+    _Replayer,
+    recorded_replay,
+)
 from analysis.errors import SnapshotError
 from analysis.model import (
     ACTIVE_ALLOCATED,
@@ -36,7 +43,6 @@ from analysis.model import (
     Trace,
 )
 from analysis.reader import read_snapshot
-from analysis.replay import AllocatorState, RecordedReplay, recorded_replay
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CASES = sorted(
@@ -379,7 +385,7 @@ def test_the_inlined_plain_rounding_is_round_size(case: str, monkeypatch: pytest
     # The replay loop inlines round_size when the settings round plainly; with
     # the inline switched off it calls AllocatorConfig.round_size for every alloc.
     # Both must give every block the same size.
-    from analysis.config import AllocatorConfig
+    from analysis.allocator.config import AllocatorConfig
 
     snap = _snapshot(case)
     fast = recorded_replay(snap, snap.devices[0])

@@ -23,11 +23,10 @@ import numpy as np
 import pytest
 
 from analysis.allocator import compiled, infer_limit, simulate_layout
-from analysis.allocator.config import K_SMALL_SIZE, MB
+from analysis.allocator.config import K_SMALL_SIZE, MB, AllocatorConfig
 from analysis.allocator.policy import _Model, _simulate
 from analysis.allocator.recorded import RecordedReplay, _Replayer, recorded_replay
 from analysis.allocator.requests import _OP_ALLOC, _OP_FLUSH, _OP_FREE, _OP_FREE_DONE, _OP_FREE_REQ, _OP_OOM
-from analysis.config import AllocatorConfig
 from analysis.errors import SnapshotError
 from analysis.model import Snapshot
 from analysis.reader import read_snapshot
@@ -82,6 +81,7 @@ def _replay_facts(r: RecordedReplay) -> dict[str, Any]:
         facts[k] = getattr(r, k)
     facts["warnings"] = repr(r.warnings)
     n = r.events
+    facts["whole_free_segments"] = [r.whole_free_segments(i) for i in range(-1, n)]
     # blocks_at replays again up to an index not kept: the loop over a part of the pass.
     facts["states"] = [r.blocks_at(i) for i in sorted({-1, 0, n // 3, n // 2, n - 1}) if -1 <= i < n]
     return facts

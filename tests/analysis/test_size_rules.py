@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.config import (
+from analysis.allocator.config import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     K_SMALL_SIZE,
@@ -81,10 +81,8 @@ def test_allocation_size_boundaries() -> None:
     # rounded up to 2 MiB (10 MiB + 512 -> 12 MiB).
     expected = [K_SMALL_BUFFER, K_LARGE_BUFFER, K_LARGE_BUFFER, 10 * MB, 12 * MB, 22 * MB]
     assert [cfg.allocation_size(s) for s in sizes] == expected
-    assert cfg.allocation_sizes(np.asarray(sizes, np.int64)).tolist() == expected
     bigger = AllocatorConfig.parse("large_segment_size_mb:64")
     assert bigger.allocation_size(2 * MB) == 64 * MB
-    assert bigger.allocation_sizes(np.asarray([2 * MB], np.int64)).tolist() == [64 * MB]
 
 
 def test_is_small_is_the_small_pool_boundary() -> None:
@@ -115,8 +113,3 @@ def test_column_rules_answer_int64_whatever_integer_column_they_get() -> None:
     got = cfg.round_sizes(np.asarray([1000, 1_363_149], np.int32))
     assert got.dtype == np.int64
     assert got.tolist() == [1024, 1_572_864]
-    # allocation_size of 2 GiB - 512 (2,147,483,136 B, the largest multiple of 512 an int32 holds)
-    # is 2 GiB, rounded up to 2 MiB: 2,147,483,648 B, one past int32's maximum.
-    segments = cfg.allocation_sizes(np.asarray([2 * GB - 512], np.int32))
-    assert segments.dtype == np.int64
-    assert segments.tolist() == [2 * GB]

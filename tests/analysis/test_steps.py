@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from analysis.allocator.recorded import recorded_replay
 from analysis.model import SEGMENT_FREE, Annotation
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 from analysis.steps import find_steps, first_growth_step, per_step_figures, step_end_times
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

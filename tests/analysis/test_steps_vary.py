@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.allocator import trace_is_complete
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.model import OOM, DeviceData, Snapshot
 from analysis.projection import MIN_COHERENT, Projection, project_failing_step, step_whatif
 from analysis.reader import read_snapshot

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.allocator.recorded import RecordedReplay, recorded_replay
 from analysis.model import OOM
 from analysis.reader import read_snapshot
-from analysis.replay import RecordedReplay, recorded_replay
 from analysis.timeline import (
     PRIMARY,
     build_timeline,

@@ -577,8 +577,8 @@ def test_timeline_hover_click_state_and_zoom(browser: Any, finished: Any, live_s
     """Hover names the event's stack; a click shows the replay's state there; zoom fetches single events."""
     from django.urls import reverse
 
+    from analysis.allocator.recorded import recorded_replay
     from analysis.reader import read_snapshot
-    from analysis.replay import recorded_replay
     from tests.webapp.helpers import GPT_OOM
 
     snap = read_snapshot(GPT_OOM)

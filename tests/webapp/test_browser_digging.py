@@ -31,8 +31,8 @@ def test_event_list_steps_with_the_keys_and_the_state_follows(
 ) -> None:
     from django.urls import reverse
 
+    from analysis.allocator.recorded import recorded_replay
     from analysis.reader import read_snapshot
-    from analysis.replay import recorded_replay
     from tests.webapp.helpers import GPT_OOM
 
     width, height = WIDTHS[form]

@@ -70,6 +70,28 @@ def test_every_page_is_quiet_and_fits(
             visit.close()
 
 
+# An element's box after two animation frames.
+SETTLED_BOX = """(e) => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => {
+  const r = e.getBoundingClientRect();
+  done({x: r.x, y: r.y, width: r.width, height: r.height});
+})))"""
+
+
+def _settled_box(visit: Visit, selector: str) -> dict[str, float]:
+    """The box of the first element ``selector`` finds (Playwright's locator: into BokehJS's shadow roots
+    too) once the page's layout has settled: the same across two frames in a row (on a phone charts.js
+    moves a chart's legends below it after BokehJS drew it, and BokehJS lays the chart out again). Waits on
+    the page's state, not on a time: a loaded machine only takes more frames."""
+    element = visit.page.locator(selector).first
+    last = None
+    for _ in range(600):
+        box = element.evaluate(SETTLED_BOX)
+        if box == last:
+            return dict(box)
+        last = box
+    raise AssertionError(f"{selector}: its layout never settled (last box {last})")
+
+
 @pytest.mark.parametrize("form", ["desktop", "phone"])
 def test_the_decision_the_change_and_the_timeline_are_readable_on_a_phone(
     form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
@@ -87,14 +109,16 @@ def test_the_decision_the_change_and_the_timeline_are_readable_on_a_phone(
     )
     try:
         page = visit.page
+        # The timeline drawn (charts.js marks its slot), then every box read once the layout is still.
+        visit.wait_for("() => document.querySelector('[data-chart=\"timeline-0\"]').dataset.rendered === '1'")
+        tb = _settled_box(visit, '[data-chart="timeline-0"] .bk-Figure')
         line = page.locator("section.decision code").first
-        box = line.bounding_box()
+        box = _settled_box(visit, "section.decision code")
         # The change is wholly on screen: wrapped, never cut off or scrolled sideways.
-        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width
+        assert box["x"] >= 0 and box["x"] + box["width"] <= width
         assert line.evaluate("(e) => e.closest('pre').scrollWidth <= e.closest('pre').clientWidth")
         timeline = page.locator('[data-chart="timeline-0"] .bk-Figure').first
-        tb = timeline.bounding_box()
-        assert tb is not None and tb["width"] <= width and tb["height"] >= 150
+        assert tb["width"] <= width and tb["height"] >= 150
         # Text in the first screen is at least 12 px.
         smallest = page.evaluate(
             "Math.min(...Array.from(document.querySelectorAll('section.decision *')).filter((e) => e.childElementCount"
@@ -187,7 +211,11 @@ def test_the_keyboard_reaches_the_report_and_drives_the_timeline(
         middle = round((after[0] + after[1]) / 2)
         assert abs(int(page.locator("#state-0").get_attribute("data-state")) - middle) <= 1
         page.keyboard.press("Home")
-        page.wait_for_timeout(400)
+        # Back to the whole run: wait for the figure's range itself (a state), not for a time.
+        visit.wait_for(
+            "() => { for (const d of Bokeh.documents) { const f = d.get_model_by_name('timeline-figure');"
+            f" if (f) return f.x_range.start === {before[0]!r} && f.x_range.end === {before[1]!r}; }} return false; }}"
+        )
         home = page.evaluate(
             "(() => { for (const d of Bokeh.documents) { const f = d.get_model_by_name('timeline-figure');"
             " if (f) return [f.x_range.start, f.x_range.end]; } })()"

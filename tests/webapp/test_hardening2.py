@@ -195,7 +195,7 @@ def test_a_nested_tuple_dict_key_crash_is_refused_with_the_depth_code(tmp_path: 
     path.write_bytes(data)
     limits = runner.Limits(memory_bytes=2 * 1024**3, cpu_seconds=60, wall_seconds=60)
     with pytest.raises(runner.ChildRefused) as refused:
-        runner.run_analysis(path, limits)
+        runner.run_child(path, limits)
     assert refused.value.code == want == "snapshot:limit:too-deep"
 
 

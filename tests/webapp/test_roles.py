@@ -182,3 +182,27 @@ def test_a_stranger_has_no_role_and_no_right(team: dict[str, Any], bob: Any) -> 
     assert list(services.writable_projects(bob)) == []
     assert [p.slug for p in services.writable_projects(team["users"]["member"])] == ["alpha"]
     assert list(services.writable_projects(team["users"]["viewer"])) == []
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_only_a_viewer_is_refused_a_reanalysis_with_the_oom_message(
+    client: Any, team: dict[str, Any], role: str
+) -> None:
+    import json
+
+    from webapp.snapshots import messages
+
+    upload = team["upload"]  # gpt_varlen_oom, with the message torch printed for it
+    message = json.loads(GPT_OOM.with_name("gpt_varlen_oom.truth.json").read_text())["oom_message"]
+    client.force_login(team["users"][role])
+    before = Upload.objects.count()
+    response = client.post(f"/s/{upload.code}/message/", {"oom_message": message})
+    assert response.status_code == 302
+    said = [str(m) for m in get_messages(response.wsgi_request)]
+    if role == "viewer":  # back to the report's basis, saying why; nothing queued
+        assert response["Location"].endswith(f"/s/{upload.code}/#basis")
+        assert said == [messages.REANALYSE_READ_ONLY]
+        assert Upload.objects.count() == before
+    else:
+        assert messages.REANALYSE_READ_ONLY not in said
+        assert Upload.objects.count() == before + 1

@@ -1,4 +1,4 @@
-"""runner.run_analysis: the analysis child under rlimits, with its policy replays in processes of their own."""
+"""runner.run_child: the analysis child under rlimits, with its policy replays in processes of their own."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def test_an_analysis_with_jobs_gives_the_report_of_one_process() -> None:
     path = FIXTURES / "gpt_varlen_oom.pickle.gz"
     limits = runner.limits_for(path, per_byte=6, minimum=1 << 30, maximum=4 << 30, cpu=120, wall=120)
-    one = runner.run_analysis(path, limits)
-    three = runner.run_analysis(path, runner.Limits(limits.memory_bytes, limits.cpu_seconds, limits.wall_seconds, 3))
+    one = runner.run_child(path, limits).report
+    three = runner.run_child(
+        path, runner.Limits(limits.memory_bytes, limits.cpu_seconds, limits.wall_seconds, 3)
+    ).report
     assert limits.jobs == 1
     assert json.dumps(three, sort_keys=True) == json.dumps(one, sort_keys=True)
     assert one["devices"][0]["oom"]["verdict"] == "fragmentation"
@@ -73,8 +75,12 @@ def test_a_failed_import_beside_the_analysis_is_left_to_the_charts_step() -> Non
     # again and keeps the report without charts when that fails too.
     done = _in_a_fresh_interpreter(
         "import sys, threading\n"
+        "class Full:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'webapp.snapshots.charts':\n"
+        "            raise MemoryError\n"
+        "sys.meta_path.insert(0, Full())\n"
         "from webapp.snapshots import child\n"
-        "sys.modules['webapp.snapshots.charts'] = None\n"
         "child._import_charts_beside()\n"
         "[t.join() for t in threading.enumerate() if t.name == 'charts-import']\n"
         "print(child._charts({'devices': []}))\n"
@@ -82,3 +88,16 @@ def test_a_failed_import_beside_the_analysis_is_left_to_the_charts_step() -> Non
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "{}"
     assert "charts-import" not in done.stderr
+
+
+def test_a_broken_charts_import_fails_the_child_loudly() -> None:
+    # Not the memory cap: a module of ours that cannot be imported is a broken install, never a report
+    # quietly stored without charts (tests/test_import_guards.py; issue 31).
+    done = _in_a_fresh_interpreter(
+        "import sys\n"
+        "from webapp.snapshots import child\n"
+        "sys.modules['webapp.snapshots.charts'] = None\n"
+        "child._charts({'devices': []})\n"
+    )
+    assert done.returncode != 0
+    assert "ModuleNotFoundError" in done.stderr or "ImportError" in done.stderr

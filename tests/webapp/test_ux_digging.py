@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from analysis.allocator.recorded import recorded_replay
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 from tests.webapp.helpers import FIXTURES, make_upload
 
 pytestmark = pytest.mark.django_db

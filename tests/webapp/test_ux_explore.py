@@ -11,8 +11,8 @@ import pytest
 from django.core.files.storage import default_storage
 from django.test import Client
 
+from analysis.allocator.recorded import recorded_replay
 from analysis.reader import read_snapshot
-from analysis.replay import recorded_replay
 from tests.webapp.helpers import FIXTURES, make_upload
 from webapp.snapshots.models import Upload
 

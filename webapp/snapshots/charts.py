@@ -55,7 +55,6 @@ from bokeh.transform import dodge
 from webapp.snapshots.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
-    "CHART_KINDS",
     "build_charts",
     "build_compare_charts",
     "build_history_chart",
@@ -70,8 +69,6 @@ MAX_LABEL = 72
 MAX_ICICLE_DEPTH = 14
 MAX_ICICLE_NODES = 800
 MAX_STEP_BANDS = 2000
-
-CHART_KINDS = ("timeline", "segments-peak", "segments-oom", "stacks", "whatif", "whatif-steps", "active")
 
 # One palette for the whole site; static/css/oomscope.css uses the same hues.
 RESERVED = "#4c72b0"

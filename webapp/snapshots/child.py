@@ -169,13 +169,16 @@ def _import_charts_beside() -> None:
     """Import the charts' module (bokeh: ~0.5 s, as long as building the charts of the 460 MB benchmark)
     on a thread while the analysis runs: the compiled reader and the policy replays let go of the GIL,
     and the worker's second CPU is idle through most of a one-job analysis. Any failure there (the
-    memory cap reached) is left to ``_charts``, which imports it again and keeps the report without
-    charts if it fails too; so is a thread that cannot start (its stack counts against ``RLIMIT_AS``)."""
+    memory cap reached) is left to ``_charts``, which imports it again: the memory cap reached again
+    keeps the report without charts, a broken import fails the job; so is a thread that cannot start
+    (its stack counts against ``RLIMIT_AS``)."""
     import contextlib
     import threading
 
     def run() -> None:
-        with contextlib.suppress(Exception):
+        # Only the memory cap is let pass (quietly: _charts imports again); a broken import is printed
+        # by the thread's excepthook, and _charts then fails the job with it.
+        with contextlib.suppress(MemoryError):
             import webapp.snapshots.charts  # noqa: F401
 
     with contextlib.suppress(RuntimeError):
@@ -186,8 +189,12 @@ def _charts(report: dict[str, Any]) -> dict[str, Any]:
     """The report's charts; none when building them fails (a chart bug, or this process's memory
     cap reached while charting), so a finished report is never thrown away for its charts."""
     try:
+        # Ours: a broken import fails the job loudly; only the memory cap is let pass.
         from webapp.snapshots.charts import build_charts
-
+    except MemoryError:
+        sys.stderr.write("charts: memory limit reached; the report is stored without charts\n")
+        return {}
+    try:
         charts: dict[str, Any] = build_charts(report)
     except MemoryError:
         sys.stderr.write("charts: memory limit reached; the report is stored without charts\n")

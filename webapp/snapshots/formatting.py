@@ -15,17 +15,11 @@ def format_bytes(n: float | None) -> str:
     return readout.size(n)
 
 
-def with_decisions(report: dict[str, Any]) -> dict[str, Any]:
-    """A stored report in the current shape (``analysis.stored.upgrade``: the decision of a report
-    stored before it existed, the limit keys of older ones), in place."""
-    return upgrade(report)
-
-
 def report_for_page(report: dict[str, Any]) -> dict[str, Any]:
     """The report as a page renders it: with its decisions and, per device, ``readout`` (what the
     verdict rests on, each ranked change's state, the headroom: ``analysis.readout``). Templates
     render these and compute nothing."""
-    with_decisions(report)
+    upgrade(report)  # a stored report in the current shape (analysis.stored), in place
     for dev in report.get("devices") or []:
         if isinstance(dev, dict):
             dev["readout"] = readout.device_readout(dev)

@@ -93,7 +93,6 @@ QUOTA_EXCEEDED = (
     "Delete old snapshots to make room."
 )
 UPLOAD_BAD_REQUEST = "The upload request could not be read: {detail}."
-UPLOAD_INVALID_FIELD = "{field}: {detail}"
 IDEMPOTENCY_CONFLICT = "This Idempotency-Key was already used for a different file ({code})."
 IDEMPOTENCY_BAD_KEY = "An Idempotency-Key is 1 to {limit} visible ASCII characters."
 PUBLISH_PENDING = (
@@ -149,8 +148,6 @@ TEAM_NO_SUCH_USER = "No user {who!r}: give the username or email of someone who 
 TEAM_NO_SUCH_INVITATION = "That invitation is not there any more (answered, or withdrawn)."
 TEAM_OWNER_FIXED = "The team's owner keeps their role and cannot be removed."
 TOKEN_PROJECT_UNKNOWN = "No project {slug!r} among yours."  # noqa: S105 - a message, not a secret
-UPLOAD_READ_ONLY = "You can read this project but not upload to it (your role is viewer)."
-SHARE_READ_ONLY = "Viewers can read this report but not make or revoke its share links."
 
 # Runs, baselines and regressions (issue 19; webapp/snapshots/runs.py, runapi.py, runviews.py).
 RUN_FORBIDDEN = "Your role in this team does not allow that (viewers read; admins manage webhooks and retention)."

@@ -134,30 +134,6 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run_analysis(
-    path: Path,
-    limits: Limits,
-    *,
-    filename: str | None = None,
-    on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
-    oom_message: str = "",
-    batch_size: int | None = None,
-    cap_bytes: int | None = None,
-    explore_dir: Path | None = None,
-) -> dict[str, Any]:
-    """Report dict for the snapshot at ``path``; ``ChildRefused`` for a refused file."""
-    return run_child(
-        path,
-        limits,
-        filename=filename,
-        on_progress=on_progress,
-        oom_message=oom_message,
-        batch_size=batch_size,
-        cap_bytes=cap_bytes,
-        explore_dir=explore_dir,
-    ).report
-
-
 def run_child(
     path: Path,
     limits: Limits,

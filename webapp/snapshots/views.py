@@ -74,9 +74,6 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
     }
 
 
-with_decisions = formatting.with_decisions  # the name older callers import
-
-
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
     projects = services.writable_projects(request.user).order_by("team__name", "name")
     return render(
