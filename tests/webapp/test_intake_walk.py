@@ -37,6 +37,7 @@ API_WALK = [
     ("intake", "cost", ("estimate_cost", "check")),  # the analysis cost from the bytes and their shape, once
     ("api", "services", ("upload_admit", "upload_api_dict")),  # the project, then the row; the answer
     ("services", "quota", ("check_team_queued_cost", "check_team_quota")),  # each once
+    ("services", "followups", ("link",)),  # is it a follow-up of an earlier OOM? (issue 33)
     ("services", "runs", ("run_attach",)),
 ]
 

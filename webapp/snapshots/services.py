@@ -1372,5 +1372,6 @@ def upload_api_dict(upload: Upload, request: HttpRequest, *, shared: bool | None
         "sha256": upload.sha256,
         "created_at": upload.created_at.isoformat(),
         "summary": upload.summary,
-        "follows": followups.follows_dict(upload, request),
+        # Only a follow-up enters followups again: a plain upload's walk enters each module once.
+        "follows": followups.follows_dict(upload, request) if upload.follows_id else None,
     }
