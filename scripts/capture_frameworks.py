@@ -376,16 +376,71 @@ def _observe_ooms(torch) -> None:
     torch._C._cuda_attach_out_of_memory_observer(on_oom)
 
 
+def _frames(workload: str) -> list[dict]:
+    """The Python stack here, innermost first as a snapshot's ``frames`` are, from the workload's own function
+    inward; library files named from their package (``lightning/pytorch/...``)."""
+    import traceback
+
+    stack = traceback.extract_stack()[:-3]  # without this function, once() and the probe that called it
+    start = max((i for i, f in enumerate(stack) if f.name == workload), default=0)
+    out = []
+    for f in reversed(stack[start:]):
+        path = f.filename.split("site-packages/", 1)[-1] if "site-packages/" in f.filename else Path(f.filename).name
+        out.append({"filename": path, "line": f.lineno, "name": f.name})
+    return out
+
+
+def _probe_frames(torch, workload: str) -> dict[str, list[dict]]:
+    """Record, the first time each happens, the stack at the model's forward (training and evaluation), at the
+    call of the backward, at the optimizer's step, and at the Trainer's gathering of evaluation outputs."""
+    seen: dict[str, list[dict]] = {}
+
+    def once(kind: str) -> None:
+        if kind not in seen:
+            seen[kind] = _frames(workload)
+
+    def on_forward(module, _args):
+        if type(module).__name__ == "LlamaForCausalLM":
+            once("forward" if module.training else "eval_forward")
+
+    torch.nn.modules.module.register_module_forward_pre_hook(on_forward)
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(lambda _opt, _a, _k: once("optimizer_step"))
+    backward = torch.autograd.backward
+
+    def traced_backward(*a, **k):
+        once("backward_call")
+        return backward(*a, **k)
+
+    torch.autograd.backward = traced_backward
+    try:
+        from transformers import trainer_pt_utils
+    except ImportError:
+        return seen
+    concat = trainer_pt_utils.nested_concat
+
+    def traced_concat(*a, **k):
+        once("eval_gather")
+        return concat(*a, **k)
+
+    trainer_pt_utils.nested_concat = traced_concat
+    return seen
+
+
 def dry_case(spec: dict) -> None:
-    """``--phase d``: the workload on the CPU at a tiny size, two steps; prints its log or raises."""
+    """``--phase d``: the workload on the CPU at a tiny size, two steps; prints its log or raises, and one
+    ``FRAMES`` line: the real frames of the framework's loop at each pass (``_probe_frames``)."""
     import torch
 
     kw = {k: v for k, v in spec["kwargs"].items() if k != "max_entries"}
     kw.update({"steps": 2, "seq": 64} if "seq" in WORKLOADS[spec["workload"]].__code__.co_varnames else {})
     if spec["workload"] == "hf_eval":
         kw["eval_n"] = 16
+    frames = _probe_frames(torch, spec["workload"])
     WORKLOADS[spec["workload"]](torch, **kw)
     print(f"[{spec['name']}] dry run ok: {len(STATE['log'])} log rows, metrics {STATE.get('metrics')}", flush=True)
+    print("FRAMES " + json.dumps({"case": spec["name"], "frames": frames}), flush=True)
 
 
 def run_case(spec: dict, outdir: Path) -> None:
@@ -629,11 +684,15 @@ def main() -> int:
         return 0
     if "d" in args.phase:  # every member of every family on the CPU, one process each
         env = dict(os.environ, CAPTURE_FW_DRYRUN="1", CUDA_VISIBLE_DEVICES="")
+        frames: list[dict] = []
         for s in [s for s in phase_b_specs(lambda _fam: None) if s["name"].startswith(args.only)]:
             child = {**env, "CAPTURE_SPEC": json.dumps(s), "PYTORCH_CUDA_ALLOC_CONF": s["conf"]}
             cmd = [sys.executable, __file__, str(args.outdir), "--child"]
             r = subprocess.run(cmd, capture_output=True, text=True, env=child)  # noqa: S603
-            print(r.stdout.strip() or f"[{s['name']}] FAILED rc={r.returncode}: {r.stderr.strip()[-1500:]}", flush=True)
+            out = [ln for ln in r.stdout.splitlines() if not ln.startswith("FRAMES ")]
+            print("\n".join(out) or f"[{s['name']}] FAILED rc={r.returncode}: {r.stderr.strip()[-1500:]}", flush=True)
+            frames += [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("FRAMES ")]
+        (args.outdir / "fw_frames.json").write_text(json.dumps(frames, indent=1) + "\n")
         return 0
     t0, lines = time.time(), []
     if "e" in args.phase:
