@@ -1,7 +1,7 @@
 """The diagnosis bench: does the report's first answer name the program's mistake, and does the real rerun of
 the change it names bear it out?
 
-    python3 scripts/diagnosis_bench.py [--dir tests/fixtures/diagnosis] [--jobs 1]
+    python3 scripts/diagnosis_bench.py [--dir tests/fixtures/diagnosis] [--jobs 1] [--only PREFIX]
 
 Each family in ``--dir`` (``FAMILY.reruns.json`` beside ``FAMILY_default.pickle.gz`` and its truth) is one
 program that died of its own mistake under a memory cap, with the real reruns of its fix and of the allocator
@@ -13,6 +13,10 @@ with the OOM message (what the client's sidecar sends) and without it (a snapsho
   fix's rerun died;
 - **unanswered**: no cause named (the allocator's own answer stands), when that answer is not a setting whose
   rerun died.
+
+A family without a mistake in the program (``expected_cause`` null: issue 37's framework runs that need more
+than the cap at their batch) is **right** when no cause is named and the first change is one whose real rerun
+ran through (``expected_change``), **wrong** when a cause is named or the change's rerun died.
 
 Also counted (overclaims): rows of the ranked table that say a setting finishes the step or the run where that
 setting's real rerun died in the same step, and suggestions that say a setting avoids the OOM where its real
@@ -34,6 +38,16 @@ sys.path.insert(0, str(REPO))
 from analysis.report import build_report  # noqa: E402
 
 SETTING_MEMBERS = {"expandable": "expandable_segments", "maxsplit128": "max_split_size_mb"}
+# The framework families (issue 37, ``fw_*``, scripts/capture_frameworks.py) where the program has no mistake
+# (``expected_cause`` null: the run needs more than the cap at that batch): the rerun of each change a report
+# may name first. ``expected_change`` lists those whose rerun ran through.
+CHANGE_MEMBERS = {
+    "smaller_batch": "accum",
+    "activation_checkpointing": "ckpt",
+    "amp": "bf16",
+    "expandable_segments": "expandable",
+    "max_split_size_mb": "maxsplit128",
+}
 
 
 def judge(report: dict[str, Any], family: dict[str, Any]) -> tuple[str, str, list[str]]:
@@ -60,6 +74,8 @@ def judge(report: dict[str, Any], family: dict[str, Any]) -> tuple[str, str, lis
         for member, setting in SETTING_MEMBERS.items():
             if change.get("id") == setting and members.get(member, {}).get("died"):
                 return "wrong", f"setting {setting} (its rerun died)", overclaims
+    if family["expected_cause"] is None:
+        return (*_judge_capacity(named, change, family), overclaims)
     if named is None:
         return "unanswered", f"no cause ({change.get('id')})", overclaims
     if named != family["expected_cause"]:
@@ -69,12 +85,27 @@ def judge(report: dict[str, Any], family: dict[str, Any]) -> tuple[str, str, lis
     return "right", named, overclaims
 
 
+def _judge_capacity(named: str | None, change: dict[str, Any], family: dict[str, Any]) -> tuple[str, str]:
+    """A family without a program mistake: right when no cause is named and the first change is one whose real
+    rerun ran through; wrong when a cause is named or the change's rerun died; else unanswered."""
+    if named is not None:
+        return "wrong", f"{named} (no mistake: capacity)"
+    cid = change.get("id")
+    if cid in (family.get("expected_change") or []):
+        return "right", f"capacity, {cid}"
+    rerun = family["members"].get(CHANGE_MEMBERS.get(str(cid), ""))
+    if rerun is not None and rerun["died"]:
+        return "wrong", f"{cid} (its rerun died)"
+    return "unanswered", f"capacity, {cid}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, default=REPO / "tests" / "fixtures" / "diagnosis")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--only", default="", help="families whose name starts so (fw_: the framework captures)")
     args = ap.parse_args()
-    families = sorted(args.dir.glob("*.reruns.json"))
+    families = sorted(args.dir.glob(f"{args.only}*.reruns.json"))
     totals: Counter[tuple[str, str]] = Counter()
     per_cause: dict[str, Counter[str]] = {}
     overclaim_count = 0
@@ -89,12 +120,12 @@ def main() -> int:
             report = build_report(snap, jobs=args.jobs, oom_message=message)
             verdict, what, overclaims = judge(report, family)
             totals[(mode, verdict)] += 1
-            per_cause.setdefault(family["expected_cause"], Counter())[f"{mode}:{verdict}"] += 1
+            per_cause.setdefault(family["expected_cause"] or "capacity", Counter())[f"{mode}:{verdict}"] += 1
             overclaim_count += len(overclaims)
             cells.append(f"{verdict}: {what}"[:44])
             for o in overclaims:
                 print(f"    overclaim ({mode}): {o}")
-        print(f"{name:16s} {family['expected_cause']:26s} {cells[0]:44s} {cells[1]}")
+        print(f"{name:16s} {family['expected_cause'] or 'capacity':26s} {cells[0]:44s} {cells[1]}")
     print()
     print(f"{'cause':26s} with the message (right/wrong/unanswered)   snapshot alone")
     for cause, c in sorted(per_cause.items()):
