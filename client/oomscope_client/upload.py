@@ -221,11 +221,10 @@ def upload(
 ) -> dict[str, Any]:
     """Post one snapshot file; return the site's JSON (``id``, ``status``, ``url``, ``api_url``).
 
-    ``tags`` may be a comma-separated string or a list of tags (sent joined by commas).
-    ``oom_message`` (torch's OOM message: the report's real limit) and ``batch_size`` (the failing step's
-    batch: the report names the batch that fits) are sent when given, and ``cap``: the memory the run was
-    allowed, bytes or a size such as "7GiB" (the site reads it; a run without an OOM is then told how close
-    it came).
+    ``tags``: a comma-separated string or a list. ``oom_message`` (torch's OOM message: the report's real
+    limit) and ``batch_size`` (the failing step's batch: the report names the batch that fits) are sent when
+    given, and ``cap``: the memory the run was allowed, bytes or a size such as "7GiB" (the site reads it; a
+    run without an OOM is then told how close it came).
     ``meta`` is the job's metadata (``rank``, ``world_size``, ``local_rank``, ``commit``, ``branch``,
     ``host``, ``torch_version``, ``job_id``, and ``error``: what a rank died of when it was not an OOM),
     as ``oomscope_client.jobmeta.job_metadata()`` reads it; the uploads of one ``run`` with a
@@ -233,36 +232,21 @@ def upload(
     ``follows``: the code of the OOM report this run is the rerun of (``"none"``: not a follow-up; not
     given: the site takes the last OOM of the same project and run name); ``changed``: what was changed
     since, as change ids (``smaller_batch``, ``amp``, ...; docs/runs.md), comma-separated or a list.
-    Every call sends an ``Idempotency-Key`` header (a fresh random one unless given): calling
-    again with the same key after a timeout or a broken connection returns the first upload
-    instead of making a duplicate.
+    Every call sends an ``Idempotency-Key`` header (a fresh random one unless given): calling again with
+    the same key after a timeout or a broken connection returns the first upload, not a duplicate.
     Raises ``UploadError`` on any HTTP error, redirect or unreachable site.
     """
     key = idempotency_key or new_idempotency_key()
     path = Path(path)
-    fields: list[tuple[str, str]] = []
-    if project is not None:
-        fields.append(("project", project))
-    if run is not None:
-        fields.append(("run", run))
-    if tags is not None:
-        fields.append(("tags", tags if isinstance(tags, str) else ",".join(tags)))
-    if note is not None:
-        fields.append(("note", note))
-    if oom_message:
-        fields.append(("oom_message", oom_message))
-    if batch_size is not None:
-        fields.append(("batch_size", str(int(batch_size))))
-    if cap is not None and str(cap).strip():
-        fields.append(("cap", str(cap).strip()))
-    if follows:
-        fields.append(("follows", follows))
-    if changed:
-        fields.append(("changed", changed if isinstance(changed, str) else ",".join(changed)))
-    for name in META_FIELDS:
-        value = (meta or {}).get(name)
-        if value is not None and value != "":
-            fields.append((name, str(value)))
+    given = {"project": project, "run": run, "note": note, "oom_message": oom_message or None}
+    given |= {
+        "follows": follows or None,
+        "tags": tags if tags is None or isinstance(tags, str) else ",".join(tags),
+        "batch_size": None if batch_size is None else str(int(batch_size)),
+        "cap": str(cap).strip() if cap is not None and str(cap).strip() else None,
+        "changed": (changed if isinstance(changed, str) else ",".join(changed)) if changed else None,
+    }
+    fields = _form_fields(given, meta)
     body = MultipartBody(fields, "file", path, filename=filename, content_type=_content_type_for(path))
     request = urllib.request.Request(  # noqa: S310 (api_url allows http and https only)
         api_url(url),
@@ -296,6 +280,18 @@ def upload(
     if not isinstance(payload, dict):
         raise UploadError(f"HTTP {status} but the reply is not a JSON object: {raw[:200]!r}", status=status)
     return payload
+
+
+def _form_fields(given: Mapping[str, str | None], meta: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The upload's text fields in the order the site's form lists them, the job's metadata after; a field
+    that is None is not sent."""
+    order = ("project", "run", "tags", "note", "oom_message", "batch_size", "cap", "follows", "changed")
+    fields = [(name, str(given[name])) for name in order if given.get(name) is not None]
+    for name in META_FIELDS:
+        value = (meta or {}).get(name)
+        if value is not None and value != "":
+            fields.append((name, str(value)))
+    return fields
 
 
 def new_idempotency_key() -> str:
