@@ -7,12 +7,8 @@ are stored as sha256 hex digests plus a short prefix to recognise them by.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
-from django.db import models, transaction
-from django.db.models.signals import post_delete
-from django.dispatch import receiver
+from django.db import models
 
 
 class Team(models.Model):
@@ -311,11 +307,3 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"webhook for {self.run_id} ({self.status_code})"
-
-
-@receiver(post_delete, sender=Upload, dispatch_uid="upload-delete-blob")
-def _delete_blob_after_row(sender: Any, instance: Upload, **_kwargs: Any) -> None:
-    """Every way a row goes (API, page, admin, a project's cascade) takes its file, after commit."""
-    from webapp.snapshots.services import upload_delete_blob_if_unused
-
-    transaction.on_commit(lambda: upload_delete_blob_if_unused(instance))
