@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from analysis.allocator import replay_check
-from analysis.config import AllocatorConfig
+from analysis.allocator.config import AllocatorConfig
 from analysis.model import ACTION_CODE, Snapshot
 from analysis.reader import read_snapshot
 
