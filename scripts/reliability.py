@@ -1417,6 +1417,25 @@ def archive_bomb(site: Site, token: str, declared_mb: int = 300) -> dict[str, An
 ISSUE36 = ["quiet", "segments-dos", "webhook-slow", "archive-ranks", "archive-bomb"]
 
 
+def run_scenarios(
+    site: Any, other_token: str, plan: dict[str, Callable[[], dict[str, Any]]], chosen: list[str], *, database: str
+) -> dict[str, dict[str, Any]]:
+    """Each chosen scenario in turn, watched by another team's requests and /healthz; one JSON line each."""
+    results: dict[str, dict[str, Any]] = {}
+    for scenario in chosen:
+        started = time.monotonic()
+        try:
+            with Watch(site, other_token) as watch:
+                result = plan[scenario]()
+            result.update(watch.figures())
+        except Exception as exc:  # a scenario that crashes is a failed scenario, reported
+            result = {"pass": False, "error": f"{type(exc).__name__}: {exc}"}
+        result["scenario_s"] = round(time.monotonic() - started, 1)
+        results[scenario] = result
+        print(json.dumps({"database": database, "scenario": scenario, **result}), flush=True)
+    return results
+
+
 def run_site_36(args: argparse.Namespace) -> dict[str, Any]:
     """Issue 36's attacks on a site with make run's upload rates and a disk reserve that leaves 400 MB
     of room above it (so the archive bomb meets the guard), each with another team's p99 and /healthz."""
@@ -1440,17 +1459,8 @@ def run_site_36(args: argparse.Namespace) -> dict[str, Any]:
             "archive-ranks": lambda: archive_ranks(site, token, other_token),
             "archive-bomb": lambda: archive_bomb(site, third),
         }
-        for scenario in [s for s in ISSUE36 if not args.only or s in args.only]:
-            started = time.monotonic()
-            try:
-                with Watch(site, other_token) as watch:
-                    result = plan[scenario]()
-                result.update(watch.figures())
-            except Exception as exc:  # a scenario that crashes is a failed scenario, reported
-                result = {"pass": False, "error": f"{type(exc).__name__}: {exc}"}
-            result["scenario_s"] = round(time.monotonic() - started, 1)
-            results[scenario] = result
-            print(json.dumps({"database": "sqlite36", "scenario": scenario, **result}), flush=True)
+        chosen = [s for s in ISSUE36 if not args.only or s in args.only]
+        results.update(run_scenarios(site, other_token, plan, chosen, database="sqlite36"))
     finally:
         site.stop()
     return results
@@ -1511,17 +1521,7 @@ def run_site(name: str, database_url: str | None, args: argparse.Namespace) -> d
             "supervisord-kill9": lambda: supervisord_kill9(site),
         }
         chosen = [s for s in (args.only or (SCENARIOS if name == "sqlite" else ["concurrent"])) if s in plan]
-        for scenario in chosen:
-            started = time.monotonic()
-            try:
-                with Watch(site, other_token) as watch:
-                    result = plan[scenario]()
-                result.update(watch.figures())
-            except Exception as exc:  # a scenario that crashes is a failed scenario, reported
-                result = {"pass": False, "error": f"{type(exc).__name__}: {exc}"}
-            result["scenario_s"] = round(time.monotonic() - started, 1)
-            results[scenario] = result
-            print(json.dumps({"database": name, "scenario": scenario, **result}), flush=True)
+        results.update(run_scenarios(site, other_token, plan, chosen, database=name))
     finally:
         site.stop()
     return results
