@@ -35,10 +35,9 @@ from analysis.allocator.config import (
     limit_refuses,
     small_pool,
 )
+from analysis.allocator.eventorder import check_event_order
 from analysis.allocator.recording import ReplaySource
-from analysis.errors import SchemaError
 from analysis.model import (
-    ACTIONS,
     ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
@@ -50,7 +49,6 @@ from analysis.model import (
     SEGMENT_UNMAP,
     DeviceData,
     Snapshot,
-    address_runs,
 )
 
 I64 = npt.NDArray[np.int64]
@@ -574,83 +572,6 @@ def _event_pools(dev: DeviceData) -> npt.NDArray[np.int32]:
                         live[a + size] = (end, pool)
         prev = i
     return pools
-
-
-def _next_kind(t: Any) -> npt.NDArray[np.int8]:
-    """For each block action (alloc, free_requested, free_completed), the one that may follow it at
-    the same address: torch writes alloc, free_requested, free_completed, alloc, ... and, where
-    ``skip_actions`` dropped one kind of free, alloc and the other kind in turn."""
-    has_fr = bool((t.action == FREE_REQUESTED).any())
-    has_fc = bool((t.action == FREE_COMPLETED).any())
-    nxt = np.full(3, -1, np.int8)
-    if has_fr and has_fc:
-        nxt[[ALLOC, FREE_REQUESTED, FREE_COMPLETED]] = [FREE_REQUESTED, FREE_COMPLETED, ALLOC]
-    else:
-        free = FREE_REQUESTED if has_fr else FREE_COMPLETED
-        nxt[[ALLOC, free]] = [free, ALLOC]
-    return nxt
-
-
-def check_event_order(dev: DeviceData, pools: npt.NDArray[np.int32]) -> None:
-    """Refuse a trace whose blocks' or segments' events are out of order (``snapshot:schema:event-order``).
-
-    The allocator model follows each block from its alloc to its free by address and frees it into
-    the free list of the free's (pool, stream); it takes a new segment's address from the recorded
-    ``segment_alloc`` and gives it back at its ``segment_free``. An alloc written after its own free,
-    a free twice, a completion before its request, an alloc that lands outside its segment (so its
-    pool, read off the segments for torch 2.11 traces, differs from its free's), a segment allocated
-    twice or freed at another size would make it free another block or segment, or index past a
-    list (issue 36). torch never writes one: refused here, the model's entry, for both loops.
-    Pairwise by address in trace order, so a trace that starts or ends mid-lifetime (a wrapped ring
-    buffer) passes.
-    """
-    t = dev.trace
-    act = t.action
-    blocks = np.flatnonzero(act <= FREE_COMPLETED)
-    if blocks.size > 1:
-        prev, cur, same = _address_neighbours(t.addr, blocks)
-        now = act[cur]
-        bad_kind = same & (now != _next_kind(t)[act[prev]])
-        bad_lane = np.zeros_like(same)
-        if len(dev.streams) > 1 or pools.any():  # one lane: nothing to compare (the 460 MB trace: 0.14 s)
-            bad_lane = same & (now != ALLOC) & ((pools[cur] != pools[prev]) | (t.stream[cur] != t.stream[prev]))
-        _refuse_first(dev, prev, cur, bad_kind, bad_lane)
-    segments = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_FREE))
-    if segments.size > 1:
-        order = segments[np.argsort(t.addr[segments], kind="stable")]
-        prev, cur = order[:-1], order[1:]
-        same = t.addr[cur] == t.addr[prev]
-        bad_kind = same & (act[cur] == act[prev])
-        bad_size = same & (act[cur] == SEGMENT_FREE) & (t.size[cur] != t.size[prev])
-        _refuse_first(dev, prev, cur, bad_kind, bad_size)
-
-
-def _address_neighbours(addr: I64, idx: I64) -> tuple[I64, I64, npt.NDArray[np.bool_]]:
-    """Each event of ``idx`` (but the first by address) with the one before it at its address in trace
-    order, and whether they share the address (``model.address_runs``' radix order)."""
-    pos, same = address_runs(addr, idx)
-    order = idx[pos]
-    return order[:-1], order[1:], same
-
-
-def _refuse_first(
-    dev: DeviceData, prev: I64, cur: I64, bad_kind: npt.NDArray[np.bool_], bad_pair: npt.NDArray[np.bool_]
-) -> None:
-    """The ``event-order`` refusal of the earliest wrong pair (``cur[k]`` after ``prev[k]``), if any."""
-    wrong = np.flatnonzero(bad_kind | bad_pair)
-    if not wrong.size:
-        return
-    t = dev.trace
-    k = int(wrong[np.argmin(cur[wrong])])
-    i, j = int(cur[k]), int(prev[k])
-    what = "follows" if bad_kind[k] else "does not match"
-    raise SchemaError(
-        "event-order",
-        f"device {dev.device}'s trace: event {i} ({ACTIONS[int(t.action[i])]} at {int(t.addr[i]):#x}) {what} "
-        f"event {j} ({ACTIONS[int(t.action[j])]}) at that address; torch writes a block's alloc, free_requested "
-        "and free_completed in turn, within its segment, and a segment's segment_alloc and segment_free in turn: "
-        "the events were reordered, dropped or repeated, so the trace cannot be replayed",
-    )
 
 
 def _freeable_from(dev: DeviceData, pools: npt.NDArray[np.int32]) -> dict[int, int]:

@@ -3,7 +3,7 @@
 The allocator model follows blocks and segments by address; a trace whose events were swapped,
 dropped or repeated made it index past a free list (``IndexError`` in ``_remove``), give back a
 segment twice (``KeyError`` in ``_freed``) or free another block than the one named, in the
-compiled and the Python loops alike. ``requests.check_event_order`` refuses such a trace at the
+compiled and the Python loops alike. ``eventorder.check_event_order`` refuses such a trace at the
 model's entry. Each attack below is built from a real capture; then a seeded fuzz of swaps, drops
 and duplicates of real fixtures' events runs through both readers and both loops and demands a
 report or a coded refusal every time (``OOMSCOPE_ORDER_FUZZ_SECONDS``: longer, as ``make

@@ -608,7 +608,7 @@ def test_a_trace_with_entries_cut_out_of_its_middle_is_refused_with_a_code(monke
         recorded_replay(cut, cut.devices[0])
     assert refused.value.code == "snapshot:schema:inconsistent-trace"
     monkeypatch.setattr(report_module, "read_snapshot", lambda *_a, **_k: cut)  # "the file" holds this trace
-    # The report's allocator model names the event first (issue 36, ``requests.check_event_order``): the
+    # The report's allocator model names the event first (issue 36, ``eventorder.check_event_order``): the
     # block's next alloc follows its free_requested with no free_completed between.
     with pytest.raises(SnapshotError, match="event 334 \\(alloc at 0x7efd98000000\\) follows event 200") as model:
         report_module.build_report(FIXTURES / "captures" / "rand_s24_c40_roundup4.pickle.gz", jobs=1)
