@@ -14,7 +14,12 @@ Rules, first match wins (docs/report.md lists them with examples):
 1. ``optimizer_state``: allocated under ``torch/optim/`` (or, without frames,
    inside an ``Optimizer.step`` annotation) and either made by the state
    initialisation (``_init_group``) or alive after the optimizer step that made
-   it ended. Other optimizer allocations are ``temporaries``.
+   it ended. Other optimizer allocations are ``temporaries``. The innermost pass
+   wins, as in ``analysis.phases``: a module call or an autograd pass under the
+   optimizer's frames is a closure given to ``optimizer.step`` (Lightning's
+   automatic optimization, LBFGS), and its allocations are the forward's and the
+   backward's (rules 3-4), as are the frame-less ones inside a step window that
+   ran such a closure.
 2. ``parameters``: allocated by ``Module._apply`` (``.cuda()``, ``.to()``), or
    allocated before the first optimizer step began and alive after the last one
    ended, by code outside module forwards and backward (or, in a trace without
@@ -161,9 +166,9 @@ def classify(
         decided |= m
 
     in_window, window_end, next_opt_start, first_opt = _step_windows(start, opt_start, opt_end, n)
-
-    # 1. optimizer: frames under torch/optim, or (without frames) made inside an optimizer step.
-    optimizer = ((traits & TRAIT_OPTIMIZER) != 0) | (~has_frames & in_window)
+    # 1. optimizer: frames under torch/optim, or (without frames) made inside an optimizer step; never a pass
+    # that runs inside the step (a closure's forward or backward: the innermost pass wins).
+    optimizer = _optimizer_allocations(traits, has_frames, in_window, start, opt_start, opt_end)
     assign(optimizer & (((traits & TRAIT_OPTIMIZER_STATE_INIT) != 0) | (end > window_end)), OPTIMIZER_STATE)
     assign(optimizer, TEMPORARIES)
 
@@ -212,6 +217,39 @@ def classify(
         assign(forward, TEMPORARIES)
     else:
         assign(forward, ACTIVATIONS)
+    return out
+
+
+def closure_pass(traits: I64) -> npt.NDArray[np.bool_]:
+    """Allocations (by their stack's traits) of a pass run inside ``optimizer.step(closure)``: optimizer frames
+    with a module call or an autograd frame in the same stack. An optimizer never calls a module or the
+    autograd engine itself, so the pass is the innermost of the two (``analysis.phases`` reads the frames'
+    order for the same rule, and Lightning's closure frames besides)."""
+    out: npt.NDArray[np.bool_] = ((traits & TRAIT_OPTIMIZER) != 0) & ((traits & (TRAIT_MODULE_FORWARD | TRAIT_BACKWARD)) != 0)
+    return out
+
+
+def _optimizer_allocations(
+    traits: I64, has_frames: Mask, in_window: Mask, start: I64, opt_start: I64, opt_end: I64
+) -> Mask:
+    """Rule 1's allocations: the optimizer's frames without a closure's pass inside them, and the frame-less
+    ones inside a step window that ran no closure."""
+    closure = closure_pass(traits)
+    frameless_in_step = ~has_frames & in_window & ~_closure_windows(start, opt_start, opt_end, closure)
+    out: Mask = (((traits & TRAIT_OPTIMIZER) != 0) & ~closure) | frameless_in_step
+    return out
+
+
+def _closure_windows(start: I64, opt_start: I64, opt_end: I64, closure: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Per allocation, whether it lies in an ``Optimizer.step`` window that ran a closure's pass: the
+    frame-less allocations there are the closure's autograd work, not the step's."""
+    if not opt_start.size or not closure.any():
+        return np.zeros(start.shape[0], bool)
+    k = count_upto(opt_start, start) - 1
+    inside = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
+    ran = np.zeros(opt_start.shape[0], bool)
+    ran[k[inside & closure]] = True
+    out: npt.NDArray[np.bool_] = inside & ran[np.maximum(k, 0)]
     return out
 
 

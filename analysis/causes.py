@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.decision import format_size
+from analysis.kvcache import cache_fit, cache_room, kv_words
 from analysis.limits import OomMessage
 from analysis.model import Trace, sorted_unique
 from analysis.phases import (
@@ -655,90 +656,6 @@ def _growing_group(inp: CauseInput, pos: int) -> tuple[int, npt.NDArray[np.intp]
     return group, mine, distinct, delta
 
 
-def _kv_words(
-    hf: bool,
-    helps: bool,
-    tensors: int,
-    delta: int,
-    tokens_now: int,
-    room: _CacheRoom,
-    fits: int | None,
-    half: int | None,
-) -> tuple[str, str, str]:
-    """(headline, fix title, fix line) of a cache grown by concatenation: a static cache where its bytes fit
-    the length, else the batch or the number of new tokens that fit, with the figures."""
-    grows = (
-        f"A cache grows by concatenation token by token ({tensors} tensors, {format_size(delta)} each per token, "
-        f"{tokens_now:,} tokens at the OOM)"
-    )
-    beside = f"beside the {format_size(room.peak_beside)} the weights and the prefill's own peak need"
-    half_text = f"; with half the batch about {half:,}" if half is not None and half > 0 else ""
-    if helps and fits is not None:
-        new_tokens = max(0, fits - room.prompt_tokens)
-        headline = (
-            f"{grows}: every token copies it into a larger block, so the old and the new copy live together and the "
-            f"freed ones do not fit the next size. Preallocated once, {beside}, about {fits:,} tokens fit within the "
-            f"limit (the prompt's {room.prompt_tokens:,} and up to {new_tokens:,} new ones){half_text}."
-        )
-        title = f"Preallocate the cache (a static cache), for at most {fits:,} tokens at this batch"
-        if hf:
-            line = (
-                f'model.generate(..., cache_implementation="static", max_new_tokens=<at most {new_tokens}>)   '
-                "# the cache allocated once"
-            )
-        else:
-            line = (
-                f"k_cache = torch.empty(batch, heads, max_len, head_dim)  # once, max_len <= {fits}; "
-                "then k_cache[:, :, pos] = k"
-            )
-        return headline, title, line
-    if fits is None:
-        return (
-            f"{grows}; without the limit, whether a preallocated cache would fit is not known.",
-            "Preallocating the cache needs the limit to be sized: give the OOM message or the limit",
-            "model.generate(..., max_new_tokens=<fewer>)   # or generate in smaller batches",
-        )
-    headline = (
-        f"{grows}, and preallocated it would not fit either: {beside}, only about {max(0, fits):,} tokens fit within "
-        f"the limit at this batch, fewer than the {tokens_now:,} reached{half_text}."
-    )
-    title = "A smaller batch or fewer new tokens: a preallocated cache does not fit either"
-    new_tokens = max(0, fits - room.prompt_tokens)
-    line = (
-        f"model.generate(..., max_new_tokens=<at most {new_tokens}>)   # or half the batch: about "
-        f"{max(0, half or 0):,} tokens fit"
-    )
-    return headline, title, line
-
-
-@dataclass(frozen=True, slots=True)
-class _CacheRoom:
-    """What must fit beside a preallocated cache: the memory live outside the cache while it grew."""
-
-    resident: int  # the least live beside the cache (the weights and what stays between tokens)
-    peak_beside: int  # the most live beside it (the resident part plus the prefill's or a token's own peak)
-    prompt_tokens: int  # the prompt's length: the cache's first copy is the prompt's keys with one token more
-
-
-def _static_cache_room(inp: CauseInput, mine: npt.NDArray[np.intp], delta: int) -> _CacheRoom:
-    """Allocated memory outside the growing cache, from its first allocation to the OOM: its least (the
-    weights) and its most (the prefill's whole-prompt logits, a token's own temporaries). A static cache
-    holds its full length through both."""
-    assert inp.oom_index is not None
-    lt = inp.lifetimes
-    first = int(lt.start[mine[0]])
-    prompt = max(0, int(lt.size[mine[0]]) // max(1, delta) - 1)
-    change = np.zeros(inp.allocated.shape[0] + 1, np.int64)
-    np.add.at(change, lt.start[mine], lt.size[mine])
-    np.subtract.at(change, np.minimum(lt.end[mine], inp.allocated.shape[0]), lt.size[mine])
-    cache_live = np.cumsum(change[:-1])
-    beside = inp.allocated[first : inp.oom_index] - cache_live[first : inp.oom_index]
-    if beside.size == 0:
-        held = _allocated_at(inp, inp.oom_index) - int(cache_live[min(inp.oom_index, cache_live.shape[0] - 1)])
-        return _CacheRoom(held, held, prompt)
-    return _CacheRoom(int(beside.min()), int(beside.max()), prompt)
-
-
 def _trainer_gathers(inp: CauseInput, group: int) -> bool:
     """Whether a growing group is Hugging Face Trainer's evaluation gathering outputs (``EvalLoopContainer.add``
     -> ``nested_concat`` in ``trainer_pt_utils.py``), not a cache."""
@@ -805,22 +722,17 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
     complete = int((lt.size[mine] == distinct[-2]).sum()) if distinct.size >= 2 else 0
     tensors = max(1, complete or int(live.size))
     tokens_now = int(distinct[-1]) // delta
-    per_token = tensors * delta
-    room = _static_cache_room(inp, mine, delta)
-    fits_tokens = (inp.limit_bytes - room.peak_beside) // per_token if inp.limit_bytes is not None else None
+    room = cache_room(inp.allocated, lt.start, lt.end, lt.size, mine, delta, inp.oom_index)
+    # A static cache is advised only where its own bytes fit: every token's keys and values for the full length
+    # beside the weights and the prefill's (or a token's) own peak (analysis.kvcache sizes each change).
+    fit = cache_fit(inp.limit_bytes, room, tensors, delta, tokens_now)
     label = inp.catalog.groups[group].label
     hf = (
         any(f.filename.endswith("/cache_utils.py") for f in inp.catalog.groups[group].frames)
         or inp.phases.of_alloc[pos] == DECODE
     )
-    # A static cache is advised only where its own bytes fit: every token's keys and values for the full length
-    # beside the weights and the prefill's (or a token's) own peak; with half the batch, the cache and the
-    # temporaries (logits, activations) halve, the weights do not.
-    helps = fits_tokens is not None and fits_tokens > tokens_now + 1
-    half: int | None = None
-    if inp.limit_bytes is not None:
-        half = (inp.limit_bytes - room.resident - (room.peak_beside - room.resident) // 2) // max(1, per_token // 2)
-    words = _kv_words(hf, helps, tensors, delta, tokens_now, room, fits_tokens, half)
+    helps, fits_tokens = fit.static_fits, fit.static
+    words = kv_words(hf, fit, delta, room)
     return Cause(
         title="A cache grown by concatenation (KV cache)",
         phase=PHASES[int(inp.phases.of_alloc[pos])],
@@ -848,7 +760,8 @@ def kv_cache_growth(inp: CauseInput) -> Cause | None:
             "resident_beside_cache_bytes": room.resident,
             "peak_beside_cache_bytes": room.peak_beside,
             "prompt_tokens": room.prompt_tokens,
-            "tokens_that_fit_preallocated_half_batch": half,
+            "tokens_that_fit_preallocated_half_batch": fit.half_batch,
+            **fit.to_figures(),
         },
     )
 

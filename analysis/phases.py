@@ -140,9 +140,13 @@ def tag_phases(
     opt_end: I64,
     *,
     frameless: npt.NDArray[np.bool_] | None = None,
+    private: npt.NDArray[np.bool_] | None = None,
 ) -> Phases:
     """The phase of every allocation of ``lifetimes``; ``frameless`` is
-    ``categories.frameless_backward(lifetimes, catalog)`` where the caller has it already."""
+    ``categories.frameless_backward(lifetimes, catalog)`` where the caller has it already; ``private`` is
+    ``categories.private_pool_allocations(lifetimes, trace, final_segments)``, the one rule that knows which
+    allocations a private pool made (torch <= 2.11's trace entries carry no ``pool_id``, so ``trace.pool`` alone,
+    the fallback without it, is 0 there)."""
     n = lifetimes.start.shape[0]
     gids = catalog.groups_of(lifetimes.stack)
     traits = catalog.traits[gids]
@@ -172,7 +176,7 @@ def tag_phases(
         np.add(out, m.view(np.int8) * np.int8(code - OTHER), out=out)
         decided |= m
 
-    assign(trace.pool[lifetimes.start] != 0, GRAPH_CAPTURE)
+    assign(trace.pool[lifetimes.start] != 0 if private is None else private, GRAPH_CAPTURE)
     assign((((traits & TRAIT_OPTIMIZER) != 0) & ~in_closure) | (~has_frames & in_window), OPTIMIZER)
     if frameless is None:
         frameless = frameless_backward(lifetimes, catalog)
@@ -290,7 +294,10 @@ def _window_of(start: I64, opt_start: I64, opt_end: I64) -> I64:
 def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[ForwardPass]:
     """Runs of forward allocations, broken by backward/optimizer allocations and by a change of
     entry site; each with whether a backward comes next."""
-    marked = np.flatnonzero((codes == FORWARD) | (codes == BACKWARD) | (codes == OPTIMIZER) | (codes == DECODE))
+    # A graph capture ends a pass too: the eager warm-up before each capture is a pass of its own.
+    marked = np.flatnonzero(
+        (codes == FORWARD) | (codes == BACKWARD) | (codes == OPTIMIZER) | (codes == DECODE) | (codes == GRAPH_CAPTURE)
+    )
     if marked.size == 0:
         return []
     mc = codes[marked]

@@ -188,3 +188,16 @@ def test_vllms_captured_graphs_get_vllms_own_knobs() -> None:
     assert cause["figures"] == plain_cause["figures"]
     assert "cudagraph_capture_sizes" in cause["fix"]["line"] and "enforce_eager=True" in cause["fix"]["line"]
     assert "graph_pool_handle" in plain_cause["fix"]["line"]
+
+
+def test_lightning_closures_forward_is_not_filed_as_optimizer_memory() -> None:
+    """The categories read the innermost pass too (analysis.categories.closure_pass): the growing batch's forward
+    under Lightning's optimizer.step(closure) is the plain loop's temporaries, and the optimizer state is the
+    optimizer's alone (before: the closure's allocations inflated it by 68.5 MB that were a workspace)."""
+    plain, wrapped = _oom_device(GROW)["categories"]["bytes"], _oom_device(GROW, "lightning")["categories"]["bytes"]
+    for name in ("parameters", "gradients", "optimizer_state", "temporaries"):
+        assert wrapped[name] == plain[name], name
+    assert wrapped["optimizer_state"] == 105_771_008
+    assert wrapped["temporaries"] == 7_959_741_440
+    # The closure windows move where "alive after the last step" starts: a 320 KB batch tensor changes hands.
+    assert wrapped["activations"] + wrapped["unknown"] == plain["activations"] + plain["unknown"]

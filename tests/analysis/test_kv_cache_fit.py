@@ -80,3 +80,29 @@ def test_a_static_cache_is_not_advised_where_its_bytes_do_not_fit() -> None:
     half = fig["tokens_that_fit_preallocated_half_batch"]
     assert half > fig["tokens_at_oom"]  # half the batch fits further than the run got
     assert f"{half:,} tokens fit" in cause["fix"]["line"]
+
+
+def test_where_no_static_cache_fits_the_quantized_and_offloaded_caches_that_would_are_named() -> None:
+    """SYNTHETIC prefill (1 GiB of logits beside the real cache): a static cache does not fit, and the smaller
+    caches are sized from the same bytes: 8 bits halve a 16-bit cache's per-token bytes, 4 bits quarter them, the
+    most recent 128 tokens staying unquantized; offloaded, 3 layers' keys and values stay on the GPU."""
+    cause = _kv_cause(GIB)
+    fig = cause["figures"]
+    limit = _kv_device(GIB)["oom"]["limit_bytes"]
+    room = limit - fig["peak_beside_cache_bytes"]
+    per_token = fig["tensors"] * DELTA
+    assert fig["tokens_that_fit_quantized_8bit"] == 128 + (room - 128 * per_token) // (per_token // 2)
+    assert fig["tokens_that_fit_quantized_4bit"] == 128 + (room - 128 * per_token) // (per_token // 4)
+    assert fig["tokens_that_fit_offloaded"] == room // (3 * 2 * DELTA)  # 8 layers: offloading keeps 3 of them
+    # Each reaches past where the run died (the static one does not), so each is named with its figure.
+    static = fig["tokens_that_fit_preallocated"]
+    assert static < fig["tokens_at_oom"] < fig["tokens_that_fit_quantized_8bit"] < fig["tokens_that_fit_quantized_4bit"]
+    assert f"{fig['tokens_that_fit_quantized_8bit']:,} tokens in 8 bits" in cause["headline"]
+    assert f"offloaded to the host (about 3 layers on the GPU) about {fig['tokens_that_fit_offloaded']:,}" in cause["headline"]
+    assert 'cache_implementation="quantized"' in cause["fix"]["line"] or "8-bit" in cause["fix"]["line"]
+
+
+def test_where_the_static_cache_fits_no_smaller_cache_is_offered() -> None:
+    cause = _kv_cause()
+    assert "quantized" not in cause["headline"] and "offloaded" not in cause["headline"]
+    assert cause["figures"]["tokens_that_fit_quantized_8bit"] > cause["figures"]["tokens_that_fit_preallocated"]
