@@ -360,6 +360,16 @@ def _allocation_order_suggest(ctx: AdviceContext) -> dict[str, Any]:
     oom = ctx.oom or {}
     tried = ", ".join(sorted({w.config for w in ctx.whatifs}))
     block, named = named_free_block(oom)
+    # Under the trace's own lower bound a setting's replay may fail where the real limit lets it through (issue
+    # 32: a run without its message read "change the allocation order"; with it, expandable_segments, which
+    # its rerun bore out): the trace alone does not prove that no setting helps, and the message is what says.
+    missing = (
+        f" But the replays ran under {_gib(int(oom.get('limit_bytes') or 0))}, the least limit the trace shows: "
+        "whether a setting fits under the real one only the OOM message tells (its 'allowed' figure, or the GPU's "
+        "total): give it with the snapshot before changing the code."
+        if oom.get("limit_is_lower_bound")
+        else ""
+    )
     return _suggestion(
         "allocation_order",
         "Change the allocation order: make big, long-lived tensors first",
@@ -367,7 +377,7 @@ def _allocation_order_suggest(ctx: AdviceContext) -> dict[str, Any]:
         f"At the OOM the cache held {_gib(oom.get('cached_free_bytes', 0))} free but {named} was {_gib(block)}, "
         f"too small for the {_gib(oom.get('requested_bytes', 0))} request, and the replays under {tried} fail at "
         "the same point: the free memory sits in holes between blocks that stay alive, which no allocator setting "
-        "can move.",
+        f"can move.{missing}",
         int(oom.get("cached_free_bytes", 0)),
     )
 
