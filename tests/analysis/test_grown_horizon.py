@@ -1,6 +1,8 @@
-"""A growing run's horizon replayed over grown steps under the setting (issue 32, item 7; analysis.horizon):
-gpt_varlen_oom, a real H200 capture whose lengths grow with jitter, died in step 23 under a 7 GiB cap; the real
-reruns under expandable_segments and max_split_size_mb:256 died in step 27 (their truth files)."""
+"""A growing run's horizon replayed over grown steps under the setting (issue 32, item 7; analysis.horizon), on
+real H200 captures with the real reruns of each setting: gpt_varlen_oom (lengths growing with jitter, died in step
+23 under a 7 GiB cap; its expandable_segments and max_split_size_mb:256 reruns died in step 27), gpu_grow_oom
+(a growing batch under 3 GiB, died in step 13, and so did its expandable_segments and max_split_size_mb:64
+reruns), gpt_varlen_c70 (the same GPT workload; its roundup_power2_divisions:4 rerun died in step 23 too)."""
 
 from __future__ import annotations
 
@@ -38,11 +40,12 @@ def _died_in(name: str) -> int:
 
 
 @functools.cache
-def _setup() -> tuple[Any, ...]:
-    report = build_report(GPT, oom_message=_truth("gpt_varlen_oom")["oom_message"])
+def _setup(path: Path = GPT) -> tuple[Any, ...]:
+    truth = json.loads(path.with_name(path.name.replace(".pickle.gz", ".truth.json")).read_text())
+    report = build_report(path, oom_message=truth["oom_message"])
     dev_report = next(d for d in report["devices"] if d.get("oom"))
     cause = next(c for c in dev_report["diagnosis"]["causes"] if c["id"] == "growing_workload")
-    snap = read_snapshot(GPT)
+    snap = read_snapshot(path)
     dev = next(d for d in snap.devices if len(d.trace))
     steps = find_steps(snap.annotations, dev.device, dev.trace.time_us)
     oom_index = int(dev_report["oom"]["event_index"])
@@ -52,8 +55,8 @@ def _setup() -> tuple[Any, ...]:
     return snap, dev, steps, projection, dev_report, cause
 
 
-def _horizon(conf: str, steps: int = 20) -> GrownHorizon:
-    snap, dev, found, projection, dev_report, cause = _setup()
+def _horizon(conf: str, steps: int = 20, path: Path = GPT) -> GrownHorizon:
+    snap, dev, found, projection, dev_report, cause = _setup(path)
     return grown_horizon(
         snap, dev, conf, int(dev_report["oom"]["limit_bytes"]), found.last_event.tolist(), projection,
         int(cause["figures"]["growth_per_step_bytes"]), steps, requests=build_requests(snap, dev),
@@ -98,3 +101,18 @@ def test_each_grown_step_is_the_failing_steps_transient_part_grown_by_the_measur
         peaks.append(peak)
     steps_up = np.diff(np.array(peaks, np.int64))
     assert (np.abs(steps_up - rate) <= n_copy).all()  # each step's transient peak a rate higher (int rounding)
+
+
+@pytest.mark.parametrize(
+    ("base", "conf", "rerun", "died"),
+    [
+        ("gpu_grow_oom", "expandable_segments:True", "gpu_expandable_oom", 13),
+        ("gpu_grow_oom", "max_split_size_mb:64", "gpu_maxsplit_oom", 13),
+        ("captures/gpt_varlen_c70_default", "roundup_power2_divisions:4", "captures/gpt_varlen_c70_roundup4", 23),
+    ],
+)
+def test_where_a_settings_rerun_died_in_the_same_step_so_does_its_grown_replay(
+    base: str, conf: str, rerun: str, died: int
+) -> None:
+    assert _died_in(rerun) == died == _died_in(base)
+    assert _horizon(conf, path=FIXTURES / f"{base}.pickle.gz").dies_in_step == died
