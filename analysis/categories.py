@@ -225,7 +225,8 @@ def closure_pass(traits: I64) -> npt.NDArray[np.bool_]:
     with a module call or an autograd frame in the same stack. An optimizer never calls a module or the
     autograd engine itself, so the pass is the innermost of the two (``analysis.phases`` reads the frames'
     order for the same rule, and Lightning's closure frames besides)."""
-    out: npt.NDArray[np.bool_] = ((traits & TRAIT_OPTIMIZER) != 0) & ((traits & (TRAIT_MODULE_FORWARD | TRAIT_BACKWARD)) != 0)
+    a_pass = (traits & (TRAIT_MODULE_FORWARD | TRAIT_BACKWARD)) != 0
+    out: npt.NDArray[np.bool_] = ((traits & TRAIT_OPTIMIZER) != 0) & a_pass
     return out
 
 

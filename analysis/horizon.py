@@ -140,7 +140,8 @@ def grown_horizon(
     requests: Requests | None = None,
 ) -> GrownHorizon:
     """The failing step and ``steps`` grown ones replayed under ``conf`` (see the module docstring)."""
-    assert projection.tail is not None and projection.available
+    assert projection.tail is not None
+    assert projection.available
     trace = dev.trace
     act = trace.action
     has_fr = bool((act == FREE_REQUESTED).any())

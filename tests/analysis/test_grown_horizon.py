@@ -67,9 +67,11 @@ def test_the_recorded_settings_die_in_the_failing_step_as_the_run_did() -> None:
     assert _horizon("").dies_in_step == 23 == _died_in("gpt_varlen_oom")
 
 
-@pytest.mark.parametrize(("conf", "rerun"), [("expandable_segments:True", "expandable"), ("max_split_size_mb:256", "maxsplit256")])
+@pytest.mark.parametrize(
+    ("conf", "rerun"), [("expandable_segments:True", "expandable"), ("max_split_size_mb:256", "maxsplit256")]
+)
 def test_a_settings_grown_replay_dies_soon_as_its_real_rerun_did(conf: str, rerun: str) -> None:
-    """The grown steps replayed under the setting die one or two steps after of the failing one; the real rerun died
+    """The grown steps replayed under the setting die one or two steps after the failing one; the real rerun died
     four steps later: both near for a run of 23 steps (no setting saves it), where the perfectly packed estimate
     (step 30) would have said far."""
     horizon = _horizon(conf)
@@ -82,8 +84,9 @@ def test_a_settings_grown_replay_dies_soon_as_its_real_rerun_did(conf: str, reru
 
 
 def test_each_grown_step_is_the_failing_steps_transient_part_grown_by_the_measured_rate() -> None:
-    snap, dev, _, projection, _, cause = _setup()
-    assert isinstance(projection, Projection) and projection.tail is not None
+    _, dev, _, projection, _, cause = _setup()
+    assert isinstance(projection, Projection)
+    assert projection.tail is not None
     trace = dev.trace
     lifetimes = alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
     assert bool((trace.action == FREE_REQUESTED).any())

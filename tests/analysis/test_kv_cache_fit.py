@@ -96,9 +96,11 @@ def test_where_no_static_cache_fits_the_quantized_and_offloaded_caches_that_woul
     assert fig["tokens_that_fit_offloaded"] == room // (3 * 2 * DELTA)  # 8 layers: offloading keeps 3 of them
     # Each reaches past where the run died (the static one does not), so each is named with its figure.
     static = fig["tokens_that_fit_preallocated"]
-    assert static < fig["tokens_at_oom"] < fig["tokens_that_fit_quantized_8bit"] < fig["tokens_that_fit_quantized_4bit"]
+    q8, q4 = fig["tokens_that_fit_quantized_8bit"], fig["tokens_that_fit_quantized_4bit"]
+    assert static < fig["tokens_at_oom"] < q8 < q4
     assert f"{fig['tokens_that_fit_quantized_8bit']:,} tokens in 8 bits" in cause["headline"]
-    assert f"offloaded to the host (about 3 layers on the GPU) about {fig['tokens_that_fit_offloaded']:,}" in cause["headline"]
+    offloaded = fig["tokens_that_fit_offloaded"]
+    assert f"offloaded to the host (about 3 layers on the GPU) about {offloaded:,}" in cause["headline"]
     assert 'cache_implementation="quantized"' in cause["fix"]["line"] or "8-bit" in cause["fix"]["line"]
 
 
