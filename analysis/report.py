@@ -177,4 +177,5 @@ def _analyse_device(
         recorded.replay.trace_complete,
         tuple(recorded.replay.warnings),
         tuple(warnings),
+        finish.sizing_input(entry, diagnosed),
     )

@@ -4,7 +4,7 @@ The suggestions, sizing and the decision of a device wait for the capture sectio
 rule reads it).
 
 ``capture_section(...) -> dict`` (contract ``capture``: the reader's and each device's warnings),
-``finish_device(...)`` (``advice.advise``, ``sizing.size_into``, ``decision.decide``, the run verdict) and
+``finish_device(...)`` (``advice.advise``, ``sizing.size``, ``decision.decide``, the run verdict) and
 ``doctor_into(...)`` (``capture.doctor``).
 """
 
@@ -15,7 +15,8 @@ from typing import Any
 
 from analysis import advice as advice_mod
 from analysis import doctor, sizing
-from analysis.decision import decide, run_verdict
+from analysis.causes import Diagnosis, rule_named
+from analysis.decision import decide, device_full_unexplained, run_verdict
 from analysis.limits import OomMessage
 from analysis.model import DeviceData, Snapshot
 from analysis.stacks import is_python_frame
@@ -32,6 +33,7 @@ class DeviceOutcome:
     trace_complete: bool
     replay_warnings: tuple[Any, ...]  # the recorded replay's (code, message) warnings
     warnings: tuple[tuple[str, str], ...]  # this analysis's own (code, message) warnings
+    sizing: sizing.SizingInput  # what sizing reads of the device, typed (``sizing_input``)
 
 
 def capture_section(src: Source, message: OomMessage | None, outcomes: list[DeviceOutcome]) -> dict[str, Any]:
@@ -57,17 +59,62 @@ def capture_section(src: Source, message: OomMessage | None, outcomes: list[Devi
 
 def finish_device(outcome: DeviceOutcome, dev: DeviceData, capture: dict[str, Any], batch_size: int | None) -> None:
     """The last stages, once the capture section is known (the advisor's capture rule needs it):
-    the suggestions, sizing (``sizing.size_into``) and the decision, written into the device's entry.
+    the suggestions, sizing (``sizing.size``) and the decision, written into the device's entry.
     Without a batch size from the user, the device's metadata may name one (``sizing.batch_from_metadata``)."""
     if batch_size is None:
         batch_size = sizing.batch_from_metadata(dev.user_metadata, outcome.oom_index)
     dev_report = outcome.entry
     outcome.advice.capture = capture
-    dev_report["suggestions"] = advice_mod.advise(outcome.advice)
-    sizing.size_into(dev_report, outcome.advice, batch_size)
+    sized = sizing.size(outcome.sizing, advice_mod.advise(outcome.advice), outcome.advice, batch_size)
+    dev_report["suggestions"] = sized.suggestions
+    dev_report["batch_fit"] = sized.batch_fit
+    dev_report["gpu_fit"] = sized.gpu_fit
+    dev_report["ranked"] = sized.ranked
     dev_report["decision"] = decide(dev_report, capture)
     if dev_report.get("oom"):
         dev_report["oom"].update(run_verdict(dev_report) or {})
+
+
+def sizing_input(entry: dict[str, Any], diagnosis: Diagnosis) -> sizing.SizingInput:
+    """What sizing reads of one device, typed once from the figures its contract entry shows (``oom``,
+    ``steps``, ``categories``, ``summary``, ``whatif``: the stages wrote every one of these keys) and the
+    primary cause (``causes.Diagnosis.primary``)."""
+    oom = entry["oom"]
+    figures = None
+    if oom is not None:
+        figures = sizing.OomFigures(
+            event_index=int(oom["event_index"]),
+            allocated=int(oom["allocated_bytes"]),
+            requested=int(oom["requested_bytes"]),
+            limit=int(oom["limit_bytes"]),
+            step_need=None if oom["step_need_bytes"] is None else int(oom["step_need_bytes"]),
+            non_pytorch=None if oom["non_pytorch_bytes"] is None else int(oom["non_pytorch_bytes"]),
+            device_full_unexplained=device_full_unexplained(oom),
+        )
+    steps = tuple(
+        sizing.StepFigures(
+            int(s["index"]),
+            int(s["last_event"]),
+            int(s["peak_allocated_bytes"]),
+            int(s["peak_reserved_bytes"]),
+            bool(s["complete"]),
+        )
+        for s in entry["steps"]
+    )
+    whatifs = tuple(
+        sizing.WhatIfFigures(str(w["config"]), int(w["peak_reserved_bytes"]), w["oom_avoided"], w["step_completes"])
+        for w in entry["whatif"]
+    )
+    primary = diagnosis.primary
+    return sizing.SizingInput(
+        oom=figures,
+        categories={k: int(v) for k, v in entry["categories"]["bytes"].items()},
+        steps=steps,
+        peak_reserved=int(entry["summary"]["peak_reserved_bytes"]),
+        whatifs=whatifs,
+        cause=rule_named(primary.id) if primary is not None else None,
+        cause_settings=primary.settings if primary is not None else "",
+    )
 
 
 def doctor_into(capture: dict[str, Any], outcomes: list[DeviceOutcome], sidecar: dict[str, Any] | None) -> None:
