@@ -196,6 +196,6 @@ def test_the_prose_checks_see_a_wrong_name_and_a_wrong_signature() -> None:
     assert _resolve("intake.admit")[1] is not None
     assert _resolve("intake.admitted")[1] is None
     assert _resolve("allocator.recording.ReplaySource.get")[1] is not None
-    assert _signature_problem("decide(device_report, capture) -> dict", "decision") is None
+    assert _signature_problem("decide(result, capture) -> dict", "decision") is None
     assert _signature_problem("decide(dev, capture) -> dict", "decision") is not None
-    assert _signature_problem("decide(device_report, capture) -> Decision", "decision") is not None
+    assert _signature_problem("decide(result, capture) -> Decision", "decision") is not None

@@ -17,6 +17,7 @@ from analysis import advice as advice_mod
 from analysis import doctor, sizing
 from analysis.causes import Diagnosis, rule_named
 from analysis.decision import decide, device_full_unexplained, run_verdict
+from analysis.decision_input import DecisionInput
 from analysis.limits import OomMessage
 from analysis.model import DeviceData, Snapshot
 from analysis.stacks import is_python_frame
@@ -70,7 +71,7 @@ def finish_device(outcome: DeviceOutcome, dev: DeviceData, capture: dict[str, An
     dev_report["batch_fit"] = sized.batch_fit
     dev_report["gpu_fit"] = sized.gpu_fit
     dev_report["ranked"] = sized.ranked
-    dev_report["decision"] = decide(dev_report, capture)
+    dev_report["decision"] = decide(DecisionInput.of(dev_report), capture)
     if dev_report.get("oom"):
         dev_report["oom"].update(run_verdict(dev_report) or {})
 
