@@ -87,3 +87,23 @@ def test_the_import_count_sees_each_module_of_a_from_import(tmp_path: Path) -> N
         "analysis.stages.serialise",
         "analysis.report",
     }
+
+
+def test_the_stages_results_are_frozen_dataclasses() -> None:
+    """Each stage hands the next a frozen result: every dataclass a stage module defines is frozen."""
+    found = []
+    for path in STAGES:
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for dec in node.decorator_list:
+                call = dec if isinstance(dec, ast.Call) else None
+                name = ast.unparse(call.func if call else dec)
+                if name == "dataclass":
+                    frozen = call is not None and any(
+                        k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
+                        for k in call.keywords
+                    )
+                    found.append((f"{path.name}::{node.name}", frozen))
+    assert len(found) >= 12  # Outline, Facts, Started, Recorded, Explained, Attribution, WhatIfs, ...
+    assert [name for name, frozen in found if not frozen] == []
