@@ -91,10 +91,10 @@ class AdviceContext:
     # The trace's optimizer step already runs fused (``torch/optim`` frames named ``_fused_*``).
     optimizer_fused: bool = False
     notes: list[str] = field(default_factory=list)
-    # bf16 autocast's saving on the peak of live memory, as a range (report._amp_saving_range).
+    # bf16 autocast's saving on the peak of live memory, as a range (stages.workload._amp_saving_range).
     amp_saving_low: int | None = None
     amp_saving_high: int | None = None
-    # Checkpointing repeated blocks (report._checkpoint_estimate): blocks, block_input_bytes, ...
+    # Checkpointing repeated blocks (stages.workload._checkpoint_estimate): blocks, block_input_bytes, ...
     checkpoint: dict[str, int] | None = None
     # Known at the "sizing" stage (analysis.sizing): the batch fit, and the rule of the primary cause.
     batch_fit: dict[str, Any] | None = None

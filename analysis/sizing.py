@@ -1,7 +1,8 @@
 """Sizing advice: the batch that fits, the GPU a run needs, and every suggestion ranked by what it buys.
 
-Pure functions of one device's report dict (``analysis.report`` calls them last, once the what-ifs and the
-suggestions exist), so the rules read the same figures the report shows.
+Pure functions of one device's figures, typed (``SizingInput``: the OOM, the steps, the categories, the what-ifs,
+the primary cause), made once by the report's last stage (``stages.finish``) from the figures the report shows,
+once the what-ifs and the suggestions exist.
 
 The batch that fits (``batch_fit``). A training step's memory is a part that does not depend on the batch
 (parameters, gradients and optimizer state, from ``analysis.categories`` at the peak) and a part that grows with
@@ -27,22 +28,24 @@ cost in words; the cheapest that lets the step finish comes first (cost order ``
 is its rule's (``analysis.advice``; an allocator setting's is its row of the settings table): a rule or a
 setting whose cost is not a key of ``COSTS`` fails this module's import.
 
-``size_into`` is the report's last stage before the decision: the batch fit, the advisor's "sizing" rules
-(``smaller_batch``), the primary cause's say on the settings' claims (``analysis.causes.CauseRule``), the GPU
-fit and the ranked table, written into the finished device report.
+``size(inp, suggestions, ctx, batch_size) -> Sizing`` is the report's last stage before the decision: the batch
+fit, the advisor's "sizing" rules (``smaller_batch``), the primary cause's say on the settings' claims
+(``analysis.causes.CauseRule``), the GPU fit and the ranked table, which ``stages.finish`` writes into the
+device's entry.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from analysis import advice
 from analysis.allocator.config import SETTINGS
-from analysis.causes import CauseRule, rule_named
-from analysis.decision import ENV_PREFIX, device_full_unexplained, primary_cause
+from analysis.causes import CauseRule
+from analysis.decision import ENV_PREFIX
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -97,29 +100,85 @@ FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state")
 SCALING_CATEGORIES = ("activations", "temporaries", "unknown")
 
 
-def _completed_steps(dev: dict[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class StepFigures:
+    """One step as sizing reads it (a ``devices[].steps`` row)."""
+
+    index: int
+    last_event: int
+    peak_allocated: int
+    peak_reserved: int
+    complete: bool  # False where the trace starts inside the step
+
+
+@dataclass(frozen=True)
+class OomFigures:
+    """The device's last OOM as sizing reads it (``devices[].oom``)."""
+
+    event_index: int
+    allocated: int
+    requested: int
+    limit: int
+    step_need: int | None  # the failing step's need where it was projected
+    non_pytorch: int | None  # the process's memory outside PyTorch's cache, as the OOM message printed it
+    device_full_unexplained: bool  # ``decision.device_full_unexplained``
+
+
+@dataclass(frozen=True)
+class WhatIfFigures:
+    """One what-if replay's answer as sizing reads it (a ``devices[].whatif`` item)."""
+
+    config: str
+    peak_reserved: int
+    oom_avoided: bool | None
+    step_completes: bool | None
+
+
+@dataclass(frozen=True)
+class SizingInput:
+    """What sizing reads of one device, typed: made once by the report's last stage (``stages.finish``)."""
+
+    oom: OomFigures | None
+    categories: Mapping[str, int]  # bytes by category at the allocated peak
+    steps: tuple[StepFigures, ...]
+    peak_reserved: int  # the recorded run's peak reserved memory
+    whatifs: tuple[WhatIfFigures, ...]
+    cause: CauseRule | None  # the primary cause's rule
+    cause_settings: str  # what the primary cause says of the allocator settings ("" without one)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Sizing's answer for one device (``devices[].batch_fit``, ``gpu_fit``, ``ranked``), and the suggestions
+    with the "sizing" stage's added and the claims a cause takes back taken back."""
+
+    batch_fit: dict[str, Any] | None
+    suggestions: list[dict[str, Any]]
+    gpu_fit: dict[str, Any]
+    ranked: list[dict[str, Any]]
+
+
+def _completed_steps(inp: SizingInput) -> list[StepFigures]:
     """Steps that ended before the OOM (all of them without one)."""
-    steps = [s for s in dev.get("steps") or [] if s.get("complete", True)]
-    oom = dev.get("oom")
-    if oom is None:
+    steps = [s for s in inp.steps if s.complete]
+    if inp.oom is None:
         return steps
-    return [s for s in steps if int(s["last_event"]) < int(oom["event_index"])]
+    return [s for s in steps if s.last_event < inp.oom.event_index]
 
 
-def _overhead(steps: list[dict[str, Any]]) -> tuple[float, int | None]:
+def _overhead(steps: list[StepFigures]) -> tuple[float, int | None]:
     """Reserved / allocated at the peak of the largest completed step, and that step's index."""
-    best = max(steps, key=lambda s: int(s["peak_allocated_bytes"]), default=None)
-    if best is None or int(best["peak_allocated_bytes"]) <= 0:
+    best = max(steps, key=lambda s: s.peak_allocated, default=None)
+    if best is None or best.peak_allocated <= 0:
         return 1.0, None
-    return max(1.0, int(best["peak_reserved_bytes"]) / int(best["peak_allocated_bytes"])), int(best["index"])
+    return max(1.0, best.peak_reserved / best.peak_allocated), best.index
 
 
-def step_need(oom: dict[str, Any]) -> tuple[int, bool]:
+def step_need(oom: OomFigures) -> tuple[int, bool]:
     """What the failing step needs, and whether that figure is only a lower bound."""
-    projected = oom.get("step_need_bytes")
-    if projected is not None:
-        return int(projected), False
-    return int(oom["allocated_bytes"]) + int(oom["requested_bytes"]), True
+    if oom.step_need is not None:
+        return oom.step_need, False
+    return oom.allocated + oom.requested, True
 
 
 def batch_from_metadata(user_metadata: dict[int, str], oom_index: int | None) -> int | None:
@@ -136,19 +195,18 @@ def batch_from_metadata(user_metadata: dict[int, str], oom_index: int | None) ->
     return int(match.group(1)) if match and int(match.group(1)) > 0 else None
 
 
-def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, Any] | None:
+def batch_fit(inp: SizingInput, batch_size: int | None = None) -> dict[str, Any] | None:
     """``devices[].batch_fit``: null without an OOM or without training steps."""
-    oom = dev.get("oom")
-    cats = (dev.get("categories") or {}).get("bytes") or {}
-    if oom is None or not dev.get("steps"):
+    oom, cats = inp.oom, inp.categories
+    if oom is None or not inp.steps:
         return None
-    limit = int(oom["limit_bytes"])
+    limit = oom.limit
     need, need_lower = step_need(oom)
     fixed = sum(int(cats.get(c, 0)) for c in FIXED_CATEGORIES)
     scaling = sum(int(cats.get(c, 0)) for c in SCALING_CATEGORIES)
-    done = _completed_steps(dev)
+    done = _completed_steps(inp)
     overhead, overhead_step = _overhead(done)
-    largest = max(done, key=lambda s: int(s["peak_allocated_bytes"]), default=None)
+    largest = max(done, key=lambda s: s.peak_allocated, default=None)
     out: dict[str, Any] = {
         "need_bytes": need,
         "need_is_lower_bound": need_lower,
@@ -158,8 +216,8 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
         "overhead": round(overhead, 4),
         "overhead_step": overhead_step,
         "fit_bytes": None,
-        "largest_fitting_step": None if largest is None else int(largest["index"]),
-        "largest_fitting_step_peak_allocated_bytes": None if largest is None else int(largest["peak_allocated_bytes"]),
+        "largest_fitting_step": None if largest is None else largest.index,
+        "largest_fitting_step_peak_allocated_bytes": None if largest is None else largest.peak_allocated,
         "excess_over_largest_fitting": None,
         "fraction": None,
         "fraction_no_fragmentation": None,
@@ -171,8 +229,8 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
         "feasible": False,
         "explanation": "",
     }
-    if largest is not None and int(largest["peak_allocated_bytes"]) > 0:
-        out["excess_over_largest_fitting"] = round(need / int(largest["peak_allocated_bytes"]) - 1.0, 4)
+    if largest is not None and largest.peak_allocated > 0:
+        out["excess_over_largest_fitting"] = round(need / largest.peak_allocated - 1.0, 4)
     variable = need - fixed
     if variable <= 0 or scaling <= 0:
         out["explanation"] = (
@@ -180,7 +238,7 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
             "not reduce it."
         )
         return out
-    fit_bytes = limit if largest is None else min(limit, int(largest["peak_allocated_bytes"]))
+    fit_bytes = limit if largest is None else min(limit, largest.peak_allocated)
     frac = (fit_bytes - fixed) / variable
     frac_nofrag = (limit - fixed) / variable
     out["fit_bytes"] = fit_bytes
@@ -196,7 +254,7 @@ def batch_fit(dev: dict[str, Any], batch_size: int | None = None) -> dict[str, A
     if frac >= 1 and largest is not None:
         # The failing step needed no more than a step that ran: a smaller batch is not what it lacks.
         out.update(fitting_batch=batch_size, accumulation_steps=1, micro_batch=batch_size)
-        step = f"step {int(largest['index'])} allocated ({_gib(fit_bytes)}), and that step completed"
+        step = f"step {largest.index} allocated ({_gib(fit_bytes)}), and that step completed"
         out["explanation"] = (
             f"The failing step needed at least {_gib(need)} (the rest of it is not known), no more than {step}: "
             "nothing shows the batch is too big."
@@ -215,14 +273,14 @@ def _smaller_batch(
     fixed: int,
     frac: float,
     fit_bytes: int,
-    largest: dict[str, Any] | None,
+    largest: StepFigures | None,
     batch_size: int | None,
 ) -> None:
     """The batch that fits (or its fraction) and the gradient accumulation that keeps the effective
     batch, written into ``out`` with their explanation."""
     limit, variable = int(out["limit_bytes"]), need - fixed
     basis = (
-        f"no more than step {int(largest['index'])}, the largest that completed, allocated ({_gib(fit_bytes)})"
+        f"no more than step {largest.index}, the largest that completed, allocated ({_gib(fit_bytes)})"
         if largest is not None
         else f"no more than the limit ({_gib(limit)})"
     )
@@ -230,7 +288,7 @@ def _smaller_batch(
     if largest is not None:
         ahead = (
             f" The failing step needs {_gib(need)}{' at least' if need_lower else ''}, "
-            f"{out['excess_over_largest_fitting'] * 100:.0f}% more than step {int(largest['index'])}."
+            f"{out['excess_over_largest_fitting'] * 100:.0f}% more than step {largest.index}."
         )
     if batch_size:
         fitting = max(1, math.floor(frac * batch_size)) if frac < 1 else batch_size
@@ -289,37 +347,31 @@ def _accumulation_snippet_fraction(micro: int) -> str:
     )
 
 
-def gpu_fit(dev: dict[str, Any]) -> dict[str, Any]:
+def gpu_fit(inp: SizingInput) -> dict[str, Any]:
     """``devices[].gpu_fit``: the memory the run needs under each setting tried, and the GPU sizes that hold it."""
-    summary = dev["summary"]
-    oom = dev.get("oom")
-    non_pytorch = oom.get("non_pytorch_bytes") if oom else None
-    context = int(non_pytorch) if non_pytorch is not None else ASSUMED_CONTEXT_BYTES
+    oom = inp.oom
+    non_pytorch = oom.non_pytorch if oom is not None else None
+    context = non_pytorch if non_pytorch is not None else ASSUMED_CONTEXT_BYTES
     rows: list[dict[str, Any]] = []
     if oom is None:
-        rows.append({"config": "recorded", "reserved_bytes": int(summary["peak_reserved_bytes"]), "basis": "peak"})
-        for w in dev.get("whatif") or []:
-            rows.append({"config": w["config"], "reserved_bytes": int(w["peak_reserved_bytes"]), "basis": "replay"})
+        rows.append({"config": "recorded", "reserved_bytes": inp.peak_reserved, "basis": "peak"})
+        rows += [{"config": w.config, "reserved_bytes": w.peak_reserved, "basis": "replay"} for w in inp.whatifs]
     else:
         need, lower = step_need(oom)
-        overhead, _ = _overhead(_completed_steps(dev))
+        overhead, _ = _overhead(_completed_steps(inp))
         rows.append(
             {
                 "config": "recorded",
-                "reserved_bytes": max(int(need * overhead), int(summary["peak_reserved_bytes"])),
+                "reserved_bytes": max(int(need * overhead), inp.peak_reserved),
                 "basis": "failing step x overhead" + (" (lower bound)" if lower else ""),
             }
         )
         # Under a setting that leaves no stranded cache the step needs what it asks for.
-        for w in dev.get("whatif") or []:
-            if w.get("step_completes") is True or w.get("oom_avoided") is True:
-                rows.append(
-                    {
-                        "config": w["config"],
-                        "reserved_bytes": max(int(w["peak_reserved_bytes"]), need),
-                        "basis": "replay",
-                    }
-                )
+        rows += [
+            {"config": w.config, "reserved_bytes": max(w.peak_reserved, need), "basis": "replay"}
+            for w in inp.whatifs
+            if w.step_completes is True or w.oom_avoided is True
+        ]
     for r in rows:
         r["needs_bytes"] = r["reserved_bytes"] + context
         r["fits"] = [name for name, cap in GPU_SIZES if cap >= r["needs_bytes"]]
@@ -338,66 +390,69 @@ def gpu_fit(dev: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def size_into(dev: dict[str, Any], ctx: advice.AdviceContext, batch_size: int | None) -> None:
-    """Batch fit, the "sizing" stage's suggestions, GPU fit and the ranked table, read off the finished
-    device report; the primary cause's rule says what the settings' replays may still claim."""
-    fit = batch_fit(dev, batch_size)
-    dev["batch_fit"] = fit
-    cause = primary_cause(dev)
-    rule = rule_named(str(cause["id"])) if cause is not None else None
-    _take_back_claims(dev, rule)
-    late = advice.advise(replace(ctx, batch_fit=fit, cause=rule), stage="sizing")
+def size(
+    inp: SizingInput, suggestions: list[dict[str, Any]], ctx: advice.AdviceContext, batch_size: int | None
+) -> Sizing:
+    """Batch fit, the "sizing" stage's suggestions, GPU fit and the ranked table of one device; the primary
+    cause's rule says what the settings' replays may still claim. ``suggestions`` (the advisor's, the
+    contract's items) are left as they are: the answer holds changed copies."""
+    fit = batch_fit(inp, batch_size)
+    kept = _take_back_claims([dict(s) for s in suggestions], inp.oom, inp.cause)
+    late = advice.advise(replace(ctx, batch_fit=fit, cause=inp.cause), stage="sizing")
     if late:
-        dev["suggestions"] = advice.ordered([*dev["suggestions"], *late])
-    dev["gpu_fit"] = gpu_fit(dev)
-    dev["ranked"] = ranked(dev)
-    if cause is not None and rule is not None and rule.grows:
+        kept = advice.ordered([*kept, *late])
+    rows = ranked(kept, inp.whatifs)
+    if inp.cause is not None and inp.cause.grows:
         # Growth across steps: a setting that gets past the failing step still dies a few steps on.
-        for row in dev["ranked"]:
+        for row in rows:
             if row["cost"] == "none":
                 row["run_completes"] = False
-                row["run_note"] = cause["settings"]
-        dev["ranked"].sort(key=lambda r: r.get("run_completes") is False)  # stable: the rest keep order
+                row["run_note"] = inp.cause_settings
+        rows.sort(key=lambda r: r.get("run_completes") is False)  # stable: the rest keep order
+    return Sizing(fit, kept, gpu_fit(inp), rows)
 
 
-def _take_back_claims(dev: dict[str, Any], rule: CauseRule | None) -> None:
+def _take_back_claims(
+    suggestions: list[dict[str, Any]], oom: OomFigures | None, rule: CauseRule | None
+) -> list[dict[str, Any]]:
     """A setting's "avoids the OOM" where a cause, or a full device nothing explains, says otherwise:
     only a claim is taken back, never made."""
-    oom = dev.get("oom")
-    if rule is None and not (oom is not None and device_full_unexplained(oom)):
-        return
-    for s in dev["suggestions"]:
-        if not str(s.get("config") or "").startswith(ENV_PREFIX) or s.get("avoids_oom") is not True:
+    if rule is None and not (oom is not None and oom.device_full_unexplained):
+        return suggestions
+    for s in suggestions:
+        if not str(s["config"] or "").startswith(ENV_PREFIX) or s["avoids_oom"] is not True:
             continue
         if rule is not None and rule.grows:
             s["avoids_oom"] = False  # the failing step may pass; the growth kills a later one
         elif s.get("step_completes") is not True:
             s["avoids_oom"] = None  # past the request says nothing of the rest of a step the cause fills
+    return suggestions
 
 
-def ranked(dev: dict[str, Any]) -> list[dict[str, Any]]:
+def ranked(suggestions: list[dict[str, Any]], whatifs: tuple[WhatIfFigures, ...]) -> list[dict[str, Any]]:
     """``devices[].ranked``: every suggestion, those that let the failing step finish first, cheapest first."""
     rows = []
     cost_of = {rule.id: rule.cost for rule in advice.all_rules()}
-    projected = {f"PYTORCH_CUDA_ALLOC_CONF={w.get('config')}": w.get("step_completes") for w in dev.get("whatif") or []}
-    for s in dev.get("suggestions") or []:
+    projected = {f"{ENV_PREFIX}{w.config}": w.step_completes for w in whatifs}
+    for s in suggestions:
         # Only what a projection computed: getting past the failing request says nothing of the rest of
         # the step (the diagnosis bench's eval and graph runs died in that same step under such settings).
+        # ("step_completes" is a key of the suggestions that know it, the smaller batch's and the settings'.)
         completes = s.get("step_completes")
         if completes is None:
-            completes = projected.get(str(s.get("config") or ""))
+            completes = projected.get(str(s["config"] or ""))
         cost = cost_of[s["id"]]  # every suggestion comes from a rule, and every rule has its cost
         rank, words = COSTS[cost]
         rows.append(
             {
                 "id": s["id"],
                 "title": s["title"],
-                "config": s.get("config"),
-                "estimated_saving_bytes": s.get("estimated_saving_bytes"),
+                "config": s["config"],
+                "estimated_saving_bytes": s["estimated_saving_bytes"],
                 "step_completes": completes,
                 "cost": cost,
                 "cost_words": words,
-                "_key": (completes is not True, rank, -(s.get("estimated_saving_bytes") or 0)),
+                "_key": (completes is not True, rank, -(s["estimated_saving_bytes"] or 0)),
             }
         )
     rows.sort(key=lambda r: r["_key"])

@@ -176,22 +176,26 @@ def test_every_module_dot_name_the_prose_passes_through_exists() -> None:
 
 
 def test_the_report_stages_return_what_the_doc_says() -> None:
+    """Each ``stage.function`` -> ``Result`` the stages section names is a function of that module of
+    ``analysis/stages/`` returning it; each private name it names is ``analysis/report.py``'s."""
     stages = DOC.split("### The report's stages", 1)[1].split("\n## ", 1)[0]
-    report = _top_names(ROOT / "analysis" / "report.py")
-    flows = re.findall(r"`(_\w+)` -> `([\w.]+)`", stages)
-    assert len(flows) >= 8
-    for function, result in flows:
-        node = report.get(function)
-        assert isinstance(node, ast.FunctionDef), f"{function} is not in analysis/report.py"
+    flows = re.findall(r"`(\w+)\.(\w+)` -> `([\w.]+)`", stages)
+    assert len(flows) >= 12
+    for module, function, result in flows:
+        path = ROOT / "analysis" / "stages" / f"{module}.py"
+        assert path.is_file(), f"{module} is no module of analysis/stages/"
+        node = _top_names(path).get(function)
+        assert isinstance(node, ast.FunctionDef), f"{function} is not in analysis/stages/{module}.py"
         assert node.returns is not None and result.split(".")[-1] in ast.unparse(node.returns), (function, result)
+    report = _top_names(ROOT / "analysis" / "report.py")
     named = set(re.findall(r"`(_\w+)`", stages))
-    assert named - set(report) == set()
+    assert named and named - set(report) == set()
 
 
 def test_the_prose_checks_see_a_wrong_name_and_a_wrong_signature() -> None:
     assert _resolve("intake.admit")[1] is not None
     assert _resolve("intake.admitted")[1] is None
     assert _resolve("allocator.recording.ReplaySource.get")[1] is not None
-    assert _signature_problem("decide(device_report, capture) -> dict", "decision") is None
+    assert _signature_problem("decide(result, capture) -> dict", "decision") is None
     assert _signature_problem("decide(dev, capture) -> dict", "decision") is not None
-    assert _signature_problem("decide(device_report, capture) -> Decision", "decision") is not None
+    assert _signature_problem("decide(result, capture) -> Decision", "decision") is not None

@@ -292,3 +292,28 @@ def test_pools_holding_much_of_the_cache_are_named_in_the_headline() -> None:
         " 13 private pools held 1.11 GiB of the 2.00 GiB PyTorch reserved (the largest 156.00 MiB, pool 13,0: a "
         "CUDA graph capture at activation.py:816 forward"
     ) in without["headline"]
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "frag_oom", "infer_varbatch"])
+def test_the_decision_reads_the_entry_once_typed_and_a_stored_entry_alike(case: str) -> None:
+    """``DecisionInput.of`` is the decision's one reading of an entry: its figures are the entry's own
+    (the OOM's sizes, the replay check's counts, the primary cause), and deciding from it or from the
+    entry as a stored report hands it over (a mapping) gives the report's decision."""
+    from analysis.decision_input import DecisionInput
+
+    rep = report(case)
+    dev = rep["devices"][0]
+    inp = DecisionInput.of(dev)
+    assert inp.peak_reserved == dev["summary"]["peak_reserved_bytes"]
+    assert inp.segment_events_recorded == dev["replay"]["segment_events_recorded"]
+    assert inp.ranked_ids == tuple(r["id"] for r in dev["ranked"])
+    if dev["oom"] is None:
+        assert inp.oom is None
+    else:
+        assert inp.oom is not None
+        assert (inp.oom.allocated, inp.oom.limit) == (dev["oom"]["allocated_bytes"], dev["oom"]["limit_bytes"])
+        assert inp.oom.event_index == dev["oom"]["event_index"]
+    primary = dev["diagnosis"]["primary"]
+    assert (inp.cause.id if inp.cause is not None else None) == primary
+    assert decide(inp, rep["capture"]) == dev["decision"]
+    assert decide(json.loads(json.dumps(dev)), rep["capture"]) == dev["decision"]

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import analysis.report as report_module
+import analysis.stages.source as source_stage
 from analysis.allocator import compiled
 from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.recorded import (
@@ -607,7 +608,7 @@ def test_a_trace_with_entries_cut_out_of_its_middle_is_refused_with_a_code(monke
     with pytest.raises(SnapshotError) as refused:
         recorded_replay(cut, cut.devices[0])
     assert refused.value.code == "snapshot:schema:inconsistent-trace"
-    monkeypatch.setattr(report_module, "read_snapshot", lambda *_a, **_k: cut)  # "the file" holds this trace
+    monkeypatch.setattr(source_stage, "read_snapshot", lambda *_a, **_k: cut)  # "the file" holds this trace
     # The report's allocator model names the event first (issue 36, ``eventorder.check_event_order``): the
     # block's next alloc follows its free_requested with no free_completed between.
     with pytest.raises(SnapshotError, match="event 334 \\(alloc at 0x7efd98000000\\) follows event 200") as model:

@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 
 from analysis import fastread, parallel
-from analysis import report as report_mod
 from analysis.errors import ConfigError
 from analysis.reader import ReadLimits
-from analysis.report import SEGMENT_MAP_MAX_BLOCKS, SEGMENT_MAP_MAX_SEGMENTS, build_report
+from analysis.report import build_report
+from analysis.stages import replays as replays_stage
+from analysis.stages import source as source_stage
+from analysis.stages.segment_maps import SEGMENT_MAP_MAX_BLOCKS, SEGMENT_MAP_MAX_SEGMENTS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 COMPLETE = [
@@ -232,7 +234,7 @@ def _side_by_side_gives_the_serial_report(case: str, monkeypatch: pytest.MonkeyP
             return self.tasks[-1]
 
     use_threads = threads
-    monkeypatch.setattr(report_mod, "Pool", Recording)
+    monkeypatch.setattr(replays_stage, "Pool", Recording)
     whatifs = ("expandable_segments:True", "max_split_size_mb:256")
     serial = build_report(FIXTURES / f"{case}.pickle.gz", whatif=whatifs)
     assert pools and not any(t.forked or t.threaded for p in pools for t in p.tasks)
@@ -394,7 +396,7 @@ def test_without_a_message_the_limit_is_labelled_a_lower_bound() -> None:
 def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path) -> None:
     path = FIXTURES / "frag_oom.pickle.gz"
     data = path.read_bytes()
-    assert report_mod._source_info(path, None) == {
+    assert source_stage.source_info(path, None) == {
         "filename": "frag_oom.pickle.gz",
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -402,21 +404,21 @@ def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path) -> N
     }
     # Past one slice, read or from the reader's mapping of the file, and an empty file.
     big = tmp_path / "big.bin"
-    big.write_bytes(data * (report_mod._HASH_SLICE // len(data) + 2))
+    big.write_bytes(data * (source_stage._HASH_SLICE // len(data) + 2))
     want = hashlib.sha256(big.read_bytes()).hexdigest()
-    assert report_mod._source_info(big, "b")["sha256"] == want
+    assert source_stage.source_info(big, "b")["sha256"] == want
     with fastread.mapped_file(big, ReadLimits()) as mapped:
         assert mapped is not None
-        hashed = report_mod._source_info(big, "b", mapped.data)
+        hashed = source_stage.source_info(big, "b", mapped.data)
     assert (hashed["sha256"], hashed["bytes"]) == (want, big.stat().st_size)
     empty = tmp_path / "empty.pickle"
     empty.write_bytes(b"")
-    assert report_mod._source_info(empty, None)["sha256"] == hashlib.sha256(b"").hexdigest()
-    assert report_mod._source_info(empty, None)["bytes"] == 0
+    assert source_stage.source_info(empty, None)["sha256"] == hashlib.sha256(b"").hexdigest()
+    assert source_stage.source_info(empty, None)["bytes"] == 0
 
 
 def test_files_the_compiled_reader_leaves_are_read_or_refused_as_the_reader_does(tmp_path: Path) -> None:
-    # build_report maps the file once for the compiled reader and the hash (report._read); a file
+    # build_report maps the file once for the compiled reader and the hash (stages.source.read); a file
     # that reader leaves goes to the Python reader, from the path: a JSON snapshot is read, a
     # hostile pickle refused with the reader's own code, and the hash is the file's either way.
     import pickle

@@ -101,23 +101,29 @@ def test_gpu_sizes_are_the_ones_that_hold_it():
     # a 9.5 GB run: 16 GB and up hold it; a run of 20 GiB needs 24 GB and up (capacities from GPU_SIZES)
     caps = dict(sizing.GPU_SIZES)
     assert caps["141 GB"] == _truth("resnet_nocap_default")["total_memory"]  # measured on the H200
-    dev = {"summary": {"peak_reserved_bytes": 20 << 30}, "oom": None, "whatif": []}
-    fit = sizing.gpu_fit(dev)
+    inp = sizing.SizingInput(
+        oom=None, categories={}, steps=(), peak_reserved=20 << 30, whatifs=(), cause=None, cause_settings=""
+    )
+    fit = sizing.gpu_fit(inp)
     assert fit["fits_default"] == ["24 GB", "40 GB", "48 GB", "80 GB", "94 GB", "141 GB"]
 
 
 def test_ranked_puts_the_cheapest_change_that_finishes_the_step_first():
-    dev = {
-        "suggestions": [
-            {"id": "activation_checkpointing", "title": "c", "estimated_saving_bytes": 9 << 30, "step_completes": True},
-            {"id": "amp", "title": "a", "estimated_saving_bytes": 5 << 30, "step_completes": True},
-            {"id": "expandable_segments", "title": "e", "estimated_saving_bytes": 1 << 30, "step_completes": False},
-            {"id": "max_split_size_mb", "title": "m", "estimated_saving_bytes": 1 << 29, "step_completes": True},
-        ]
-    }
-    order = [r["id"] for r in sizing.ranked(dev)]
+    conf = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    suggestions = [
+        {"id": "activation_checkpointing", "title": "c", "config": None, "estimated_saving_bytes": 9 << 30},
+        {"id": "amp", "title": "a", "config": None, "estimated_saving_bytes": 5 << 30},
+        {"id": "expandable_segments", "title": "e", "config": conf, "estimated_saving_bytes": 1 << 30},
+        {"id": "max_split_size_mb", "title": "m", "config": None, "estimated_saving_bytes": 1 << 29},
+    ]
+    for s in (suggestions[0], suggestions[1], suggestions[3]):
+        s["step_completes"] = True
+    # A setting's suggestion without a step figure of its own takes its what-if's projection.
+    whatifs = (sizing.WhatIfFigures("expandable_segments:True", 1 << 30, oom_avoided=True, step_completes=False),)
+    rows = sizing.ranked(suggestions, whatifs)
     # finishes the step first (cheapest cost first: none < precision < speed), then what does not
-    assert order == ["max_split_size_mb", "amp", "activation_checkpointing", "expandable_segments"]
+    assert [r["id"] for r in rows] == ["max_split_size_mb", "amp", "activation_checkpointing", "expandable_segments"]
+    assert rows[-1]["step_completes"] is False
 
 
 def test_batch_size_from_the_trace_metadata():

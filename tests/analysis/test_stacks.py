@@ -189,7 +189,7 @@ def test_python_module_wrappers_are_dropped_but_user_frames_kept() -> None:
 
 
 def test_frameless_blocks_are_split_into_what_is_known() -> None:
-    from analysis.report import BACKWARD_NO_FRAMES, BEFORE_TRACE
+    from analysis.stages.attribution import BACKWARD_NO_FRAMES, BEFORE_TRACE
 
     # stacks="python": the peak (in the backward of the failing step) holds the
     # autograd thread's frame-less blocks, named as such.
