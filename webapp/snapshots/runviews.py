@@ -16,7 +16,7 @@ from django.views.decorators.http import require_http_methods
 
 from webapp.snapshots import messages, runs, services
 from webapp.snapshots.forms import RunPolicyForm, first_error
-from webapp.snapshots.runapi import run_can_delete
+from webapp.snapshots.api.runs import run_can_delete
 
 
 @login_required
