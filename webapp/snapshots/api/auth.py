@@ -115,6 +115,17 @@ def caller_auth() -> list[Any]:
     return [BearerToken(), Session()]
 
 
+def refusal_or_none(api: NinjaAPI, request: HttpRequest) -> HttpResponse | None:
+    """The routes' authentication for a view that is not a ninja operation (the documents, unknown
+    paths): None for a caller let in, else the refusal the routes would answer."""
+    try:
+        if any(check(request) for check in caller_auth()):
+            return None
+        raise AuthenticationError()
+    except Exception as exc:
+        return api.on_exception(request, exc)
+
+
 def install_error_handlers(api: NinjaAPI) -> None:
     """Answer every refusal and retryable failure as the JSON error body (was ``api.api_view``'s)."""
     api.add_exception_handler(ApiRefusal, _refusal)

@@ -18,14 +18,19 @@ ALL_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 PATH_PARAM = re.compile(r"{(?:\w+:)?(\w+)}")
 
 
+def not_allowed(allowed: tuple[str, ...]) -> JsonResponse:
+    """405 ``method-not-allowed``, with ``Allow``."""
+    listed = ", ".join(allowed)
+    response = error(405, "method-not-allowed", messages.METHOD_NOT_ALLOWED.format(methods=listed))
+    response["Allow"] = listed
+    return response
+
+
 def refuse_other_methods(router: Router, path: str, allowed: tuple[str, ...]) -> None:
     """Register, for ``path``, every method outside ``allowed`` as 405 (left out of the OpenAPI document)."""
-    listed = ", ".join(allowed)
 
     def method_not_allowed(request: HttpRequest, **_path: Any) -> JsonResponse:
-        response = error(405, "method-not-allowed", messages.METHOD_NOT_ALLOWED.format(methods=listed))
-        response["Allow"] = listed
-        return response
+        return not_allowed(allowed)
 
     # Ninja reads a view's path parameters from its signature: name them (as text, never checked).
     params = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=HttpRequest)]

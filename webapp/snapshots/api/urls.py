@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, URLResolver, path, re_path
+from django.urls import URLPattern, URLResolver, re_path
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
-from ninja.errors import AuthenticationError
 
-from webapp.snapshots.api.auth import caller_auth, not_found
+from webapp.snapshots.api.auth import not_found, refusal_or_none
 from webapp.snapshots.api.site import api
 
 app_name = "api"
@@ -22,19 +21,13 @@ app_name = "api"
 def unknown_path(request: HttpRequest, *_args: Any, **_kwargs: Any) -> HttpResponse:
     """Every /api/v1/ path no route names: JSON like every API answer (not Django's HTML 404), after
     the same authentication as the others (401 without credentials, then 404)."""
-    try:
-        if any(check(request) for check in caller_auth()):
-            return not_found()
-        raise AuthenticationError()
-    except Exception as exc:
-        return api.on_exception(request, exc)
+    return refusal_or_none(api, request) or not_found()
 
 
 def _routes() -> list[URLPattern | URLResolver]:
-    """Ninja's patterns, its bare root (an HTML-less 404 page of its own) answered as any unknown path."""
+    """Ninja's patterns without its bare root (a 404 of its own): ``/api/v1/`` is an unknown path too."""
     patterns, _app, _namespace = api.urls
-    kept: list[URLPattern | URLResolver] = [p for p in patterns if getattr(p, "name", None) != "api-root"]
-    return [*kept, path("", unknown_path, name="api-root")]
+    return [p for p in patterns if getattr(p, "name", None) != "api-root"]
 
 
 urlpatterns = [*_routes(), re_path(r"^.*$", unknown_path, name="unknown")]
