@@ -48,7 +48,7 @@ def run_can_delete(request: HttpRequest, run: Run) -> bool:
     return services.can(request.user, team, "write") and not run.uploads.exclude(uploaded_by=request.user.pk).exists()
 
 
-@router.get("/runs/{run_code}", url_name="run", response=responses({200: s.Run}))
+@router.get("/runs/{run_code}", url_name="run", by_alias=True, response=responses({200: s.Run}))
 def run(request: HttpRequest, run_code: str) -> HttpResponse:
     """The run, its summary and regression, and its ranks' uploads."""
     found = _run_or_none(request, run_code)
@@ -57,7 +57,7 @@ def run(request: HttpRequest, run_code: str) -> HttpResponse:
     return JsonResponse(runs.run_dict(found, request))
 
 
-@router.delete("/runs/{run_code}", response=responses({200: s.Deleted}))
+@router.delete("/runs/{run_code}", by_alias=True, response=responses({200: s.Deleted}))
 def run_delete(request: HttpRequest, run_code: str) -> HttpResponse:
     """The run, its uploads, reports and files go (team admins, or a member whose uploads are all of the run's)."""
     found = _run_or_none(request, run_code)
@@ -72,7 +72,9 @@ def run_delete(request: HttpRequest, run_code: str) -> HttpResponse:
 refuse_other_methods(router, "/runs/{run_code}", ("GET", "DELETE"))
 
 
-@router.post("/runs/{run_code}/analyse", url_name="run_analyse", response=responses({202: s.RunAnalysing}))
+@router.post(
+    "/runs/{run_code}/analyse", url_name="run_analyse", by_alias=True, response=responses({202: s.RunAnalysing})
+)
 def run_analyse(request: HttpRequest, run_code: str) -> HttpResponse:
     """Analyse the ranks the run has now (one never came): the chord over those present."""
     found = _run_or_none(request, run_code)
@@ -98,13 +100,15 @@ def _baseline(request: HttpRequest, run_code: str, pin: bool) -> HttpResponse:
     return JsonResponse({"policy": runs.policy_dict(policy, show_secret=token is None or token.project_id is None)})
 
 
-@router.post("/runs/{run_code}/baseline", url_name="run_baseline", response=responses({200: s.PolicyOnly}))
+@router.post(
+    "/runs/{run_code}/baseline", url_name="run_baseline", by_alias=True, response=responses({200: s.PolicyOnly})
+)
 def run_baseline_pin(request: HttpRequest, run_code: str) -> HttpResponse:
     """Pin the run as its project's baseline (team admins; recorded)."""
     return _baseline(request, run_code, pin=True)
 
 
-@router.delete("/runs/{run_code}/baseline", response=responses({200: s.PolicyOnly}))
+@router.delete("/runs/{run_code}/baseline", by_alias=True, response=responses({200: s.PolicyOnly}))
 def run_baseline_unpin(request: HttpRequest, run_code: str) -> HttpResponse:
     """Back to "the latest run on main" (team admins; recorded)."""
     return _baseline(request, run_code, pin=False)
@@ -114,7 +118,7 @@ refuse_other_methods(router, "/runs/{run_code}/baseline", ("POST", "DELETE"))
 
 
 @router.get(
-    "/projects/{slug:slug}/run-list", url_name="project_run_list", response=responses({200: s.RunList})
+    "/projects/{slug:slug}/run-list", url_name="project_run_list", by_alias=True, response=responses({200: s.RunList})
 )
 def project_run_list(request: HttpRequest, slug: str, branch: str = "", tag: str = "") -> HttpResponse:
     """The project's runs, newest first (``?branch=``, ``?tag=`` filter), with the trend's points."""
@@ -143,7 +147,9 @@ def _secret_ok(request: HttpRequest, manage: bool) -> bool:
     return manage and (token is None or token.project_id is None)
 
 
-@router.get("/projects/{slug:slug}/policy", url_name="project_policy", response=responses({200: s.PolicyAnswer}))
+@router.get(
+    "/projects/{slug:slug}/policy", url_name="project_policy", by_alias=True, response=responses({200: s.PolicyAnswer})
+)
 def project_policy(request: HttpRequest, slug: str) -> HttpResponse:
     """The project's baseline and regression settings, its webhook's last deliveries and the recorded changes."""
     project = project_or_none(request, slug)
@@ -155,6 +161,7 @@ def project_policy(request: HttpRequest, slug: str) -> HttpResponse:
 
 @router.post(
     "/projects/{slug:slug}/policy",
+    by_alias=True,
     response=responses({200: s.PolicyAnswer}, 400),
     openapi_extra=form_body(s.PolicyForm),
 )
@@ -185,7 +192,10 @@ refuse_other_methods(router, "/projects/{slug:slug}/policy", ("GET", "POST"))
 
 
 @router.post(
-    "/projects/{slug:slug}/webhook/test", url_name="project_webhook_test", response=responses({200: s.WebhookTest})
+    "/projects/{slug:slug}/webhook/test",
+    url_name="project_webhook_test",
+    by_alias=True,
+    response=responses({200: s.WebhookTest}),
 )
 def project_webhook_test(request: HttpRequest, slug: str) -> HttpResponse:
     """Send a signed test alert to the project's webhook now (an admin's)."""
@@ -201,7 +211,7 @@ def project_webhook_test(request: HttpRequest, slug: str) -> HttpResponse:
 refuse_other_methods(router, "/projects/{slug:slug}/webhook/test", ("POST",))
 
 
-def _threshold(text: str | None) -> float | None | JsonResponse:
+def _threshold(text: str | None) -> float | JsonResponse | None:
     """``?max_regression=PCT`` (a trailing % allowed): None for the project's, or a 400 refusal."""
     try:
         pct = float(text.rstrip("%")) if text else None
@@ -216,6 +226,7 @@ def _threshold(text: str | None) -> float | None | JsonResponse:
 @router.get(
     "/projects/{slug:slug}/regression",
     url_name="project_regression",
+    by_alias=True,
     response=responses({200: s.RegressionAnswer}, 400),
 )
 def project_regression(

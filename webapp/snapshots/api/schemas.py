@@ -49,7 +49,9 @@ class Error(Schema):
 class UploadForm(Schema):
     """``POST /api/v1/snapshots``, multipart (the upload page's fields; contract.md §3)."""
 
-    file: BinaryFile = Field(description="the snapshot (.pickle, .pickle.gz, .json, .pt), or a tar/zip of a run's ranks")
+    file: BinaryFile = Field(
+        description="the snapshot (.pickle, .pickle.gz, .json, .pt), or a tar/zip of a run's ranks"
+    )
     project: str | None = Field(None, description="a project slug; default: the token's project")
     run: str | None = Field(None, max_length=200)
     tags: str | None = Field(None, max_length=500, description="comma-separated")

@@ -14,8 +14,8 @@ from ninja import Router
 from webapp.snapshots import followups, intake, messages, runs, services
 from webapp.snapshots.api import schemas as s
 from webapp.snapshots.api.auth import error, not_found
-from webapp.snapshots.api.openapi import form_body, responses
 from webapp.snapshots.api.methods import refuse_other_methods
+from webapp.snapshots.api.openapi import form_body, responses
 from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.models import Run, Upload
 from webapp.snapshots.ratelimits import LimitExceeded
@@ -68,9 +68,18 @@ UPLOAD_HEADERS = {
 @router.post(
     "/snapshots",
     url_name="snapshots",
+    by_alias=True,
     response=responses(
         {202: s.UploadAccepted | s.RunAccepted, 200: s.UploadAccepted},
-        400, 403, 404, 409, 411, 413, 422, 429, 507,
+        400,
+        403,
+        404,
+        409,
+        411,
+        413,
+        422,
+        429,
+        507,
     ),
     openapi_extra=form_body(s.UploadForm, multipart=True, headers={202: UPLOAD_HEADERS, 200: UPLOAD_HEADERS}),
 )
@@ -118,7 +127,7 @@ def _replayed(request: HttpRequest, admission: intake.Admission) -> HttpResponse
     return _accepted(request, upload)
 
 
-@router.get("/snapshots/{code}", url_name="snapshot", response=responses({200: s.Upload}))
+@router.get("/snapshots/{code}", url_name="snapshot", by_alias=True, response=responses({200: s.Upload}))
 def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     """One upload's row: its status while it is analysed, then its summary."""
     upload = upload_or_none(request, code)
@@ -127,7 +136,7 @@ def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     return JsonResponse(services.upload_api_dict(upload, request))
 
 
-@router.delete("/snapshots/{code}", response=responses({200: s.Deleted}))
+@router.delete("/snapshots/{code}", by_alias=True, response=responses({200: s.Deleted}))
 def snapshot_delete(request: HttpRequest, code: str) -> HttpResponse:
     """The row, its report, share links and file go (the uploader or a team admin; else 403 forbidden)."""
     upload = upload_or_none(request, code)
@@ -142,7 +151,7 @@ def snapshot_delete(request: HttpRequest, code: str) -> HttpResponse:
 refuse_other_methods(router, "/snapshots/{code}", ("GET", "DELETE"))
 
 
-@router.get("/snapshots/{code}/report", url_name="snapshot_report", response=responses({200: s.Report}))
+@router.get("/snapshots/{code}/report", url_name="snapshot_report", by_alias=True, response=responses({200: s.Report}))
 def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
     """The report JSON (contract.md §2); 404 ``report-not-ready`` until the upload is done."""
     upload = upload_or_none(request, code)
@@ -167,7 +176,7 @@ def _shareable(request: HttpRequest, code: str) -> Upload | JsonResponse:
     return upload
 
 
-@router.get("/snapshots/{code}/share", url_name="snapshot_share", response=responses({200: s.ShareList}))
+@router.get("/snapshots/{code}/share", url_name="snapshot_share", by_alias=True, response=responses({200: s.ShareList}))
 def share_list(request: HttpRequest, code: str) -> HttpResponse:
     """The upload's share links, newest first."""
     upload = _shareable(request, code)
@@ -178,7 +187,10 @@ def share_list(request: HttpRequest, code: str) -> HttpResponse:
 
 
 @router.post(
-    "/snapshots/{code}/share", response=responses({201: s.ShareMade}), openapi_extra=form_body(s.ShareForm)
+    "/snapshots/{code}/share",
+    by_alias=True,
+    response=responses({201: s.ShareMade}),
+    openapi_extra=form_body(s.ShareForm),
 )
 def share_create(request: HttpRequest, code: str) -> HttpResponse:
     """A new link (optional field ``name``); the upload's other links stay live."""
@@ -194,7 +206,7 @@ def share_create(request: HttpRequest, code: str) -> HttpResponse:
     )
 
 
-@router.delete("/snapshots/{code}/share", response=responses({200: s.ShareRevoked}))
+@router.delete("/snapshots/{code}/share", by_alias=True, response=responses({200: s.ShareRevoked}))
 def share_revoke(request: HttpRequest, code: str, key: str = "") -> HttpResponse:
     """Revoke every live link, or with ``?key=`` that one (404 ``share:unknown-link`` if it is not live)."""
     upload = _shareable(request, code)
@@ -219,7 +231,9 @@ def _follows_answer(request: HttpRequest, upload: Upload) -> JsonResponse:
     )
 
 
-@router.get("/snapshots/{code}/follows", url_name="snapshot_follows", response=responses({200: s.FollowsAnswer}))
+@router.get(
+    "/snapshots/{code}/follows", url_name="snapshot_follows", by_alias=True, response=responses({200: s.FollowsAnswer})
+)
 def follows_read(request: HttpRequest, code: str) -> HttpResponse:
     """Follow-ups (issue 33): the incident this upload follows and those that follow it."""
     upload = upload_or_none(request, code)
@@ -230,6 +244,7 @@ def follows_read(request: HttpRequest, code: str) -> HttpResponse:
 
 @router.post(
     "/snapshots/{code}/follows",
+    by_alias=True,
     response=responses({200: s.FollowsAnswer}, 400),
     openapi_extra=form_body(s.FollowsForm),
 )
