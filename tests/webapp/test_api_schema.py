@@ -14,7 +14,6 @@ import io
 import json
 import re
 import tarfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +109,6 @@ def contract(client: Client, alice_token: str) -> Contract:
     return Contract(_document(client, alice_token))
 
 
-Step = Callable[[Client, str, Contract], None]
-
-
 def _uploads(client: Client, token: str, c: Contract, capture: Any, settings: Any) -> dict[str, Any]:
     """The upload routes, each answer checked; returns what later steps name."""
     base = _analysed(client, token, c, LIVED, capture, run="base", branch="main")
@@ -128,7 +124,7 @@ def _uploads(client: Client, token: str, c: Contract, capture: Any, settings: An
     c.check(_post(client, token, LIVED.read_bytes(), LIVED.name), "post", "/snapshots", 413)
     settings.UPLOAD_MAX_BYTES = 1024**3
 
-    one = f"/snapshots/{{code}}"
+    one = "/snapshots/{code}"
     c.check(client.get(f"{PREFIX}/snapshots/{worse.code}", **bearer(token)), "get", one, 200)
     c.check(client.get(f"{PREFIX}/snapshots/nothing", **bearer(token)), "get", one, 404)
     c.check(client.get(f"{PREFIX}/snapshots/{worse.code}/report", **bearer(token)), "get", one + "/report", 200)
@@ -187,7 +183,6 @@ def _runs(client: Client, token: str, c: Contract, made: dict[str, Any]) -> None
         is True
     )
     assert c.check(client.get(f"{gate}?run=nothing", **bearer(token)), "get", route, 200)["status"] == "no-run"
-    assert c.check(client.get(f"{gate}?run=job-{'x'}", **bearer(token)), "get", route, 200)["status"] == "no-run"
     c.check(client.get(f"{gate}?max_regression=nan", **bearer(token)), "get", route, 400)
     archive = Run.objects.get(code=made["archive_run"])
     assert c.check(client.get(f"{gate}?run={archive.name}", **bearer(token)), "get", route, 200)["status"] == "pending"
@@ -266,6 +261,85 @@ def test_every_route_answers_as_the_served_document_says(
     assert untried == set(), "a documented operation no success of this walk checked"
     refusals = {s for _m, _r, s in c.seen if s >= 400}
     assert refusals >= {400, 401, 403, 404, 413, 415, 422}, sorted(refusals)
-    print(
-        f"\n{len(c.seen)} (method, route, status) checked over {len(c.operations())} operations; refusals {sorted(refusals)}"
+    print(f"\n{len(c.seen)} (method, route, status) checked, {len(c.operations())} operations; {sorted(refusals)}")
+
+
+def _contract_routes() -> set[tuple[str, str]]:
+    """The (method, route) pairs docs/contract.md lists, in the document's spelling of their parameters."""
+    text = (ROOT / "docs" / "contract.md").read_text()
+    spelled = {"<id>": "{code}", "<slug>": "{slug}", "<run_id>": "{run_code}"}
+    found = set()
+    for method, path in re.findall(r"^(GET|POST|DELETE|PUT|PATCH) +/api/v1(/\S*)", text, flags=re.M):
+        for contract_name, ours in spelled.items():
+            path = path.replace(contract_name, ours)
+        found.add((method.lower(), path))
+    return found
+
+
+def test_the_documents_operations_are_the_routes_the_contract_lists(contract: Contract) -> None:
+    documents = {("get", "/openapi.json"), ("get", "/docs")}  # the document and its page, not in it
+    assert contract.operations() == _contract_routes() - documents
+    assert len(contract.operations()) == 24
+
+
+def test_the_document_is_well_formed_and_every_operation_names_its_callers_and_refusals(contract: Contract) -> None:
+    document = contract.document
+    assert document["openapi"].startswith("3.1") and document["info"]["title"] == "oomscope"
+    for name, schema in document["components"]["schemas"].items():
+        Draft202012Validator.check_schema(schema)  # raises for a schema that is not JSON Schema
+        assert name in json.dumps(document["paths"]) or name in json.dumps(document["components"]), name
+    ids = [op["operationId"] for ops in document["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)) == 24
+    for path, ops in document["paths"].items():
+        for method, op in ops.items():
+            assert op["security"] == [{"BearerToken": []}, {"Session": []}], (method, path)
+            assert {"401", "403", "404", "503"} <= set(op["responses"]), (method, path)
+            refusal = op["responses"]["401"]
+            assert refusal["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+            assert "WWW-Authenticate" in refusal["headers"]
+    upload = document["paths"]["/api/v1/snapshots"]["post"]
+    form = upload["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert (form["properties"]["file"]["type"], form["properties"]["file"]["format"]) == ("string", "binary")
+    assert form["required"] == ["file"]
+    triage = document["paths"]["/api/v1/triage"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert triage["required"] == ["oom_message"]
+
+
+def test_a_body_that_drifts_from_the_document_fails_it(
+    client: Client, alice: Any, alpha: Any, alice_token: str, contract: Contract
+) -> None:
+    """The check bites: the live row of a queued upload passes; the same with a key gone, a figure
+    turned to text or a status the contract does not name fails."""
+    from tests.webapp.helpers import make_upload
+
+    upload = make_upload(alpha, alice, LIVED)
+    body = contract.check(
+        client.get(f"{PREFIX}/snapshots/{upload.code}", **bearer(alice_token)), "get", "/snapshots/{code}", 200
     )
+    assert body["status"] == "queued" and body["summary"] is None
+    route = ("get", "/snapshots/{code}", 200)
+    assert contract.problems(*route, {k: v for k, v in body.items() if k != "status"}) == [
+        ": 'status' is a required property"
+    ]
+    assert contract.problems(*route, body | {"progress": "half"}) == ["progress: 'half' is not of type 'integer'"]
+    assert len(contract.problems(*route, body | {"status": "lost"})) == 1
+    assert contract.problems("get", "/snapshots/{code}", 418, body) == [
+        "GET /snapshots/{code}: status 418 is not in the document"
+    ]
+
+
+def test_a_method_a_route_does_not_take_and_an_unknown_path_answer_the_documents_error(
+    client: Client, alice_token: str, contract: Contract
+) -> None:
+    error = contract.validator({"$ref": "#/components/schemas/Error"})
+    refused = client.put(f"{PREFIX}/projects", **bearer(alice_token))
+    assert refused.status_code == 405 and refused["Allow"] == "GET"
+    assert list(error.iter_errors(refused.json())) == [] and refused.json()["error"]["code"] == "method-not-allowed"
+    head = client.head(f"{PREFIX}/projects", **bearer(alice_token))  # HEAD is no GET here, as before ninja
+    assert head.status_code == 405
+    unknown = client.get(f"{PREFIX}/no-such-route", **bearer(alice_token))
+    assert unknown.status_code == 404 and list(error.iter_errors(unknown.json())) == []
+    anonymous = Client().get(f"{PREFIX}/openapi.json")  # the document is for callers, as every /api/v1/ path
+    assert anonymous.status_code == 401 and list(error.iter_errors(anonymous.json())) == []
+    posted = client.post(f"{PREFIX}/openapi.json", **bearer(alice_token))
+    assert posted.status_code == 405 and posted["Allow"] == "GET"
