@@ -104,7 +104,7 @@ class Session(APIKeyCookie):
                 check_declared_size(request)
             if not _csrf_ok(request):
                 raise ApiRefusal(403, "csrf", messages.CSRF_FAILED)
-        return request.user  # type: ignore[return-value]
+        return request.user
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:  # pragma: no cover - __call__ decides
         return None
@@ -130,29 +130,41 @@ def install_error_handlers(api: NinjaAPI) -> None:
     """Answer every refusal and retryable failure as the JSON error body (was ``api.api_view``'s)."""
     api.add_exception_handler(ApiRefusal, _refusal)
     api.add_exception_handler(AuthenticationError, _unauthenticated)
-    api.add_exception_handler(LimitExceeded, lambda _request, err: limit_error(err))
+    api.add_exception_handler(LimitExceeded, _limit)
     for parse in PARSE_ERRORS:  # a body Django could not parse: JSON, not its HTML 400
-        api.add_exception_handler(parse, lambda _request, exc: limit_error(parse_error(exc)))
+        api.add_exception_handler(parse, _unparsed)
     api.add_exception_handler(OSError, _os_error)
     api.add_exception_handler(OperationalError, _database_error)
     api.add_exception_handler(InterfaceError, _database_error)
-    api.add_exception_handler(Http404, lambda _request, _exc: not_found())
+    api.add_exception_handler(Http404, _not_found)
     api.add_exception_handler(ValidationError, _invalid_params)
     api.add_exception_handler(Exception, _unexpected)
 
 
-def _refusal(_request: HttpRequest, exc: ApiRefusal) -> JsonResponse:
+def _refusal(_request: HttpRequest, exc: Any) -> HttpResponse:
     response = error(exc.status, exc.code, exc.message)
     for name, value in exc.headers.items():
         response[name] = value
     return response
 
 
-def _unauthenticated(_request: HttpRequest, _exc: Exception) -> JsonResponse:
+def _limit(_request: HttpRequest, exc: Any) -> HttpResponse:
+    return limit_error(exc)
+
+
+def _unparsed(_request: HttpRequest, exc: Any) -> HttpResponse:
+    return limit_error(parse_error(exc))
+
+
+def _not_found(_request: HttpRequest, _exc: Any) -> HttpResponse:
+    return not_found()
+
+
+def _unauthenticated(_request: HttpRequest, _exc: Any) -> HttpResponse:
     return _refusal(_request, ApiRefusal(401, "auth-required", messages.AUTH_REQUIRED, UNAUTHORIZED_HEADERS))
 
 
-def _os_error(_request: HttpRequest, exc: OSError) -> JsonResponse:
+def _os_error(_request: HttpRequest, exc: Any) -> HttpResponse:
     if not disk.is_full(exc):
         raise exc
     # A write that failed for lack of space (the guard's reserve already used up): a JSON 507 with
@@ -161,7 +173,7 @@ def _os_error(_request: HttpRequest, exc: OSError) -> JsonResponse:
     return limit_error(disk_full())
 
 
-def _database_error(_request: HttpRequest, exc: Exception) -> JsonResponse:
+def _database_error(_request: HttpRequest, exc: Any) -> HttpResponse:
     if disk.database_full(exc):
         log.warning("api: database disk full: %s", exc)
         return limit_error(disk_full())
@@ -173,13 +185,13 @@ def _database_error(_request: HttpRequest, exc: Exception) -> JsonResponse:
     return response
 
 
-def _invalid_params(_request: HttpRequest, exc: ValidationError) -> JsonResponse:
+def _invalid_params(_request: HttpRequest, exc: Any) -> HttpResponse:
     """Ninja's own parameter check (never reached by the routes' text parameters): our body, not its 422."""
     first = exc.errors[0] if exc.errors else {}
     where = ".".join(str(part) for part in first.get("loc", ()))
     return error(400, "request:invalid", f"{where}: {first.get('msg', 'invalid')}")
 
 
-def _unexpected(_request: HttpRequest, exc: Exception) -> HttpResponse:
+def _unexpected(_request: HttpRequest, exc: Any) -> HttpResponse:
     """Anything else is a bug: raised, as a plain Django view's (ninja would answer a text 500 in DEBUG)."""
     raise exc
