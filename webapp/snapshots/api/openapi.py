@@ -53,11 +53,22 @@ REFUSAL_HEADERS = {
 }
 
 
+# A POST may be refused before its route reads the body: a session's body over the upload cap or
+# without a length (413, 411: checked before the CSRF token is read), or one Django cannot parse (400).
+BODY_REFUSALS = {400: "Bad Request", 411: "Length Required", 413: "Content Too Large"}
+ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+
+
 def with_refusal_headers(document: dict[str, Any]) -> dict[str, Any]:
-    """``document`` with ``REFUSAL_HEADERS`` on every operation's answers of those statuses."""
+    """``document`` with the refusals every POST may get (``BODY_REFUSALS``), and ``REFUSAL_HEADERS``
+    on every operation's answers of those statuses."""
     for operations in document.get("paths", {}).values():
-        for operation in operations.values():
-            for status, answer in operation.get("responses", {}).items():
+        for method, operation in operations.items():
+            answers = operation.setdefault("responses", {})
+            if method == "post":
+                for status, description in BODY_REFUSALS.items():
+                    answers.setdefault(status, {"description": description, "content": ERROR_CONTENT})
+            for status, answer in answers.items():
                 for name, text in REFUSAL_HEADERS.get(int(status), {}).items():
                     answer.setdefault("headers", {})[name] = {"description": text, "schema": {"type": "string"}}
     return document
