@@ -24,7 +24,13 @@ def project_or_none(request: HttpRequest, slug: str) -> Project | None:
     return project
 
 
-@router.get("/projects", url_name="projects", by_alias=True, response=responses({200: s.ProjectList}))
+@router.get(
+    "/projects",
+    url_name="projects",
+    summary="The projects you reach",
+    by_alias=True,
+    response=responses({200: s.ProjectList}),
+)
 def projects(request: HttpRequest) -> HttpResponse:
     """The projects the caller reaches: the web user's own list, or the token's one project."""
     token = getattr(request, "api_token", None)
@@ -36,7 +42,11 @@ refuse_other_methods(router, "/projects", ("GET",))
 
 
 @router.get(
-    "/projects/{slug:slug}/runs", url_name="project_runs", by_alias=True, response=responses({200: s.ProjectHistory})
+    "/projects/{slug:slug}/runs",
+    url_name="project_runs",
+    summary="A project's uploads, newest first",
+    by_alias=True,
+    response=responses({200: s.ProjectHistory}),
 )
 def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
     """The project's history: one row per snapshot, newest first, with its summary figures."""
@@ -57,7 +67,11 @@ refuse_other_methods(router, "/projects/{slug:slug}/runs", ("GET",))
 
 
 @router.get(
-    "/projects/{slug:slug}/advice", url_name="project_advice", by_alias=True, response=responses({200: s.ProjectAdvice})
+    "/projects/{slug:slug}/advice",
+    url_name="project_advice",
+    summary="What the follow-ups showed of each advised change",
+    by_alias=True,
+    response=responses({200: s.ProjectAdvice}),
 )
 def project_advice(request: HttpRequest, slug: str) -> HttpResponse:
     """Per change id: how often the project's incidents advised it, and what their follow-ups showed."""
@@ -71,7 +85,13 @@ def project_advice(request: HttpRequest, slug: str) -> HttpResponse:
 refuse_other_methods(router, "/projects/{slug:slug}/advice", ("GET",))
 
 
-@router.get("/advice", url_name="site_advice", by_alias=True, response=responses({200: s.SiteAdvice}))
+@router.get(
+    "/advice",
+    url_name="site_advice",
+    summary="The same over the whole site (staff)",
+    by_alias=True,
+    response=responses({200: s.SiteAdvice}),
+)
 def site_advice(request: HttpRequest) -> HttpResponse:
     """The same record over the whole site, for staff (site admins) only."""
     token = getattr(request, "api_token", None)

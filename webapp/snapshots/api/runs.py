@@ -48,7 +48,13 @@ def run_can_delete(request: HttpRequest, run: Run) -> bool:
     return services.can(request.user, team, "write") and not run.uploads.exclude(uploaded_by=request.user.pk).exists()
 
 
-@router.get("/runs/{run_code}", url_name="run", by_alias=True, response=responses({200: s.Run}))
+@router.get(
+    "/runs/{run_code}",
+    url_name="run",
+    summary="A run of one or more ranks",
+    by_alias=True,
+    response=responses({200: s.Run}),
+)
 def run(request: HttpRequest, run_code: str) -> HttpResponse:
     """The run, its summary and regression, and its ranks' uploads."""
     found = _run_or_none(request, run_code)
@@ -57,7 +63,7 @@ def run(request: HttpRequest, run_code: str) -> HttpResponse:
     return JsonResponse(runs.run_dict(found, request))
 
 
-@router.delete("/runs/{run_code}", by_alias=True, response=responses({200: s.Deleted}))
+@router.delete("/runs/{run_code}", summary="Delete a run", by_alias=True, response=responses({200: s.Deleted}))
 def run_delete(request: HttpRequest, run_code: str) -> HttpResponse:
     """The run, its uploads, reports and files go (team admins, or a member whose uploads are all of the run's)."""
     found = _run_or_none(request, run_code)
@@ -73,7 +79,11 @@ refuse_other_methods(router, "/runs/{run_code}", ("GET", "DELETE"))
 
 
 @router.post(
-    "/runs/{run_code}/analyse", url_name="run_analyse", by_alias=True, response=responses({202: s.RunAnalysing})
+    "/runs/{run_code}/analyse",
+    url_name="run_analyse",
+    summary="Analyse the ranks present now",
+    by_alias=True,
+    response=responses({202: s.RunAnalysing}),
 )
 def run_analyse(request: HttpRequest, run_code: str) -> HttpResponse:
     """Analyse the ranks the run has now (one never came): the chord over those present."""
@@ -101,14 +111,23 @@ def _baseline(request: HttpRequest, run_code: str, pin: bool) -> HttpResponse:
 
 
 @router.post(
-    "/runs/{run_code}/baseline", url_name="run_baseline", by_alias=True, response=responses({200: s.PolicyOnly})
+    "/runs/{run_code}/baseline",
+    url_name="run_baseline",
+    summary="Pin the run as the baseline",
+    by_alias=True,
+    response=responses({200: s.PolicyOnly}),
 )
 def run_baseline_pin(request: HttpRequest, run_code: str) -> HttpResponse:
     """Pin the run as its project's baseline (team admins; recorded)."""
     return _baseline(request, run_code, pin=True)
 
 
-@router.delete("/runs/{run_code}/baseline", by_alias=True, response=responses({200: s.PolicyOnly}))
+@router.delete(
+    "/runs/{run_code}/baseline",
+    summary="Back to the latest run on main",
+    by_alias=True,
+    response=responses({200: s.PolicyOnly}),
+)
 def run_baseline_unpin(request: HttpRequest, run_code: str) -> HttpResponse:
     """Back to "the latest run on main" (team admins; recorded)."""
     return _baseline(request, run_code, pin=False)
@@ -118,7 +137,11 @@ refuse_other_methods(router, "/runs/{run_code}/baseline", ("POST", "DELETE"))
 
 
 @router.get(
-    "/projects/{slug:slug}/run-list", url_name="project_run_list", by_alias=True, response=responses({200: s.RunList})
+    "/projects/{slug:slug}/run-list",
+    url_name="project_run_list",
+    summary="A project's runs, newest first",
+    by_alias=True,
+    response=responses({200: s.RunList}),
 )
 def project_run_list(request: HttpRequest, slug: str, branch: str = "", tag: str = "") -> HttpResponse:
     """The project's runs, newest first (``?branch=``, ``?tag=`` filter), with the trend's points."""
@@ -148,7 +171,11 @@ def _secret_ok(request: HttpRequest, manage: bool) -> bool:
 
 
 @router.get(
-    "/projects/{slug:slug}/policy", url_name="project_policy", by_alias=True, response=responses({200: s.PolicyAnswer})
+    "/projects/{slug:slug}/policy",
+    url_name="project_policy",
+    summary="The regression gate's settings",
+    by_alias=True,
+    response=responses({200: s.PolicyAnswer}),
 )
 def project_policy(request: HttpRequest, slug: str) -> HttpResponse:
     """The project's baseline and regression settings, its webhook's last deliveries and the recorded changes."""
@@ -161,6 +188,7 @@ def project_policy(request: HttpRequest, slug: str) -> HttpResponse:
 
 @router.post(
     "/projects/{slug:slug}/policy",
+    summary="Change the regression gate's settings",
     by_alias=True,
     response=responses({200: s.PolicyAnswer}, 400),
     openapi_extra=form_body(s.PolicyForm),
@@ -194,6 +222,7 @@ refuse_other_methods(router, "/projects/{slug:slug}/policy", ("GET", "POST"))
 @router.post(
     "/projects/{slug:slug}/webhook/test",
     url_name="project_webhook_test",
+    summary="Send a test alert to the webhook",
     by_alias=True,
     response=responses({200: s.WebhookTest}),
 )
@@ -226,6 +255,7 @@ def _threshold(text: str | None) -> float | JsonResponse | None:
 @router.get(
     "/projects/{slug:slug}/regression",
     url_name="project_regression",
+    summary="Did a run regress against the baseline?",
     by_alias=True,
     response=responses({200: s.RegressionAnswer}, 400),
 )

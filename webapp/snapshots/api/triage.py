@@ -26,6 +26,7 @@ router = Router(tags=["triage"])
 @router.post(
     "/triage",
     url_name="triage",
+    summary="Triage an OOM message alone",
     by_alias=True,
     response=responses({200: s.Triage}, 400, 413, 415),
     openapi_extra=json_body(s.TriageRequest),

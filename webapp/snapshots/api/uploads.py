@@ -68,6 +68,7 @@ UPLOAD_HEADERS = {
 @router.post(
     "/snapshots",
     url_name="snapshots",
+    summary="Upload a snapshot (or a run's ranks in one tar or zip)",
     by_alias=True,
     response=responses(
         {202: s.UploadAccepted | s.RunAccepted, 200: s.UploadAccepted},
@@ -127,7 +128,13 @@ def _replayed(request: HttpRequest, admission: intake.Admission) -> HttpResponse
     return _accepted(request, upload)
 
 
-@router.get("/snapshots/{code}", url_name="snapshot", by_alias=True, response=responses({200: s.Upload}))
+@router.get(
+    "/snapshots/{code}",
+    url_name="snapshot",
+    summary="An upload's status and summary",
+    by_alias=True,
+    response=responses({200: s.Upload}),
+)
 def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     """One upload's row: its status while it is analysed, then its summary."""
     upload = upload_or_none(request, code)
@@ -136,7 +143,7 @@ def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     return JsonResponse(services.upload_api_dict(upload, request))
 
 
-@router.delete("/snapshots/{code}", by_alias=True, response=responses({200: s.Deleted}))
+@router.delete("/snapshots/{code}", summary="Delete an upload", by_alias=True, response=responses({200: s.Deleted}))
 def snapshot_delete(request: HttpRequest, code: str) -> HttpResponse:
     """The row, its report, share links and file go (the uploader or a team admin; else 403 forbidden)."""
     upload = upload_or_none(request, code)
@@ -151,7 +158,13 @@ def snapshot_delete(request: HttpRequest, code: str) -> HttpResponse:
 refuse_other_methods(router, "/snapshots/{code}", ("GET", "DELETE"))
 
 
-@router.get("/snapshots/{code}/report", url_name="snapshot_report", by_alias=True, response=responses({200: s.Report}))
+@router.get(
+    "/snapshots/{code}/report",
+    url_name="snapshot_report",
+    summary="An upload's report JSON",
+    by_alias=True,
+    response=responses({200: s.Report}),
+)
 def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
     """The report JSON (contract.md §2); 404 ``report-not-ready`` until the upload is done."""
     upload = upload_or_none(request, code)
@@ -176,7 +189,13 @@ def _shareable(request: HttpRequest, code: str) -> Upload | JsonResponse:
     return upload
 
 
-@router.get("/snapshots/{code}/share", url_name="snapshot_share", by_alias=True, response=responses({200: s.ShareList}))
+@router.get(
+    "/snapshots/{code}/share",
+    url_name="snapshot_share",
+    summary="An upload's share links",
+    by_alias=True,
+    response=responses({200: s.ShareList}),
+)
 def share_list(request: HttpRequest, code: str) -> HttpResponse:
     """The upload's share links, newest first."""
     upload = _shareable(request, code)
@@ -188,6 +207,7 @@ def share_list(request: HttpRequest, code: str) -> HttpResponse:
 
 @router.post(
     "/snapshots/{code}/share",
+    summary="Make a share link",
     by_alias=True,
     response=responses({201: s.ShareMade}),
     openapi_extra=form_body(s.ShareForm),
@@ -206,7 +226,9 @@ def share_create(request: HttpRequest, code: str) -> HttpResponse:
     )
 
 
-@router.delete("/snapshots/{code}/share", by_alias=True, response=responses({200: s.ShareRevoked}))
+@router.delete(
+    "/snapshots/{code}/share", summary="Revoke share links", by_alias=True, response=responses({200: s.ShareRevoked})
+)
 def share_revoke(request: HttpRequest, code: str, key: str = "") -> HttpResponse:
     """Revoke every live link, or with ``?key=`` that one (404 ``share:unknown-link`` if it is not live)."""
     upload = _shareable(request, code)
@@ -232,7 +254,11 @@ def _follows_answer(request: HttpRequest, upload: Upload) -> JsonResponse:
 
 
 @router.get(
-    "/snapshots/{code}/follows", url_name="snapshot_follows", by_alias=True, response=responses({200: s.FollowsAnswer})
+    "/snapshots/{code}/follows",
+    url_name="snapshot_follows",
+    summary="What an upload follows, and what follows it",
+    by_alias=True,
+    response=responses({200: s.FollowsAnswer}),
 )
 def follows_read(request: HttpRequest, code: str) -> HttpResponse:
     """Follow-ups (issue 33): the incident this upload follows and those that follow it."""
@@ -244,6 +270,7 @@ def follows_read(request: HttpRequest, code: str) -> HttpResponse:
 
 @router.post(
     "/snapshots/{code}/follows",
+    summary="Say what an upload follows and what changed",
     by_alias=True,
     response=responses({200: s.FollowsAnswer}, 400),
     openapi_extra=form_body(s.FollowsForm),
