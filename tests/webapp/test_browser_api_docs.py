@@ -1,7 +1,7 @@
 """Issue 35: the API's docs page (``/api/v1/docs``) in a real browser: Swagger UI from our own static
 files renders the served OpenAPI document under the site's strict CSP, with no request outside the
 site, no console error and no CSP violation; "Try it out" on ``GET /api/v1/projects`` answers from the
-live API with the signed-in session. Launched as tests/webapp/test_browser.py launches Debian's
+live API with the signed-in session. The tokens page links to it. Launched as tests/webapp/test_browser.py launches Debian's
 chromium (its ``browser`` fixture and ``Visit`` are reused), at 1440 and 390 px.
 """
 
@@ -34,11 +34,16 @@ def test_the_docs_page_renders_the_document_from_our_own_files(
 ) -> None:
     client.force_login(alice)
     cookies = [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
-    visit = Visit(browser, live_server.url + "/api/v1/docs", cookies, charts=False, width=width)
+    visit = Visit(browser, live_server.url + "/tokens/", cookies, charts=False, width=width)
     try:
         page = visit.page
-        assert visit.response is not None and visit.response.status == 200
-        assert "'nonce-" in visit.response.headers["content-security-policy"]
+        # From the tokens page, by keyboard: the link to the API's documentation.
+        page.get_by_role("link", name="the API's documentation").focus()
+        with page.expect_navigation() as navigation:
+            page.keyboard.press("Enter")
+        docs = navigation.value
+        assert docs is not None and docs.status == 200 and docs.url == live_server.url + "/api/v1/docs"
+        assert "'nonce-" in docs.headers["content-security-policy"]
         # Swagger UI drew the document: its title, and one block per operation (24: contract.md's routes).
         visit.wait_for("() => document.querySelectorAll('.opblock').length > 0", timeout_s=30)
         assert page.locator(".info .title").inner_text().startswith("oomscope")
