@@ -1,8 +1,9 @@
-"""Issue 35: the API's docs page (``/api/v1/docs``) in a real browser: Swagger UI from our own static
-files renders the served OpenAPI document under the site's strict CSP, with no request outside the
-site, no console error and no CSP violation; "Try it out" on ``GET /api/v1/projects`` answers from the
-live API with the signed-in session. The tokens page links to it. Launched as tests/webapp/test_browser.py launches Debian's
-chromium (its ``browser`` fixture and ``Visit`` are reused), at 1440 and 390 px.
+"""Issue 35: the API's docs page (``/api/v1/docs``) in a real browser, reached from the tokens page by
+keyboard: Swagger UI from our own static files renders the served OpenAPI document under the site's
+strict CSP, with no request outside the site, no console error and no CSP violation; "Try it out" on
+``GET /api/v1/projects`` answers from the live API with the signed-in session. Launched as
+tests/webapp/test_browser.py launches Debian's chromium (its ``browser`` fixture and ``Visit`` are
+reused), at 1440 and 390 px.
 """
 
 from __future__ import annotations
