@@ -81,7 +81,11 @@ M = [
         'Membership.Role.VIEWER: frozenset({"read", "write"}),',
     ),
     ("webapp/snapshots/services.py", 'if not can(user, project.team, "write"):', "if False:"),
-    ("webapp/snapshots/api/uploads.py", 'if not services.can(request.user, upload.project.team, "write"):', "if False:"),
+    (
+        "webapp/snapshots/api/uploads.py",
+        'if not services.can(request.user, upload.project.team, "write"):',
+        "if False:",
+    ),
     (
         "webapp/snapshots/views.py",
         '"#share")\n    if not services.can(request.user, upload_row.project.team, "write"):',
