@@ -37,12 +37,12 @@ M = [
         "    upload = Upload.objects.filter(code=code).first()\n    if upload is None:\n        raise Http404",
     ),
     (
-        "webapp/snapshots/api.py",
+        "webapp/snapshots/api/uploads.py",
         "    upload = services.upload_for_user(request.user, code)\n    # A token limited",
         "    upload = Upload.objects.filter(code=code).first()\n    # A token limited",
     ),
     (
-        "webapp/snapshots/api.py",
+        "webapp/snapshots/api/projects.py",
         "    project = services.project_for_user(request.user, slug)\n    if project is not None and not services.token_allows",
         "    project = Project.objects.filter(slug=slug).first()\n    if project is not None and not services.token_allows",
     ),
@@ -81,7 +81,11 @@ M = [
         'Membership.Role.VIEWER: frozenset({"read", "write"}),',
     ),
     ("webapp/snapshots/services.py", 'if not can(user, project.team, "write"):', "if False:"),
-    ("webapp/snapshots/api.py", 'if not services.can(request.user, upload.project.team, "write"):', "if False:"),
+    (
+        "webapp/snapshots/api/uploads.py",
+        'if not services.can(request.user, upload.project.team, "write"):',
+        "if False:",
+    ),
     (
         "webapp/snapshots/views.py",
         '"#share")\n    if not services.can(request.user, upload_row.project.team, "write"):',

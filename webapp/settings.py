@@ -113,6 +113,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # the API (webapp/snapshots/api/): its Swagger UI files under /static/ninja/
     "webapp.snapshots",
 ]
 

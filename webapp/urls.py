@@ -16,6 +16,6 @@ urlpatterns = [
     path("accounts/signup/", views.signup, name="signup"),
     path("admin/login/", accounts.admin_login, name="admin_login"),  # before the admin's own: rate-limited
     path("admin/", admin.site.urls),
-    path("api/v1/", include("webapp.snapshots.api_urls")),
+    path("api/v1/", include("webapp.snapshots.api.urls")),
     path("", include("webapp.snapshots.urls")),
 ]

@@ -25,7 +25,7 @@ META_FIELDS = ("rank", "world_size", "local_rank", "commit", "branch", "host", "
 CHUNK_BYTES = 1 << 16
 
 
-# What to do about each error code the site's API answers (webapp/snapshots/api.py and
+# What to do about each error code the site's API answers (webapp/snapshots/api/ and
 # intake.py); tests/client/test_upload_site.py provokes each on a real running site. A code
 # not listed here is still shown with the site's own message.
 HINTS = {

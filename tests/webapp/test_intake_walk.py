@@ -19,7 +19,8 @@ import pytest
 
 from tests.webapp.helpers import GPT_OOM, bearer
 from tests.webapp.walk import Handoff, Walk, walk
-from webapp.snapshots import api, views
+from webapp.snapshots import views
+from webapp.snapshots.api import uploads
 from webapp.snapshots.models import Upload
 
 pytestmark = pytest.mark.django_db
@@ -28,14 +29,14 @@ M = "webapp.snapshots."
 
 # The API upload's hand-offs, in order: (caller, callee, the callee's functions entered).
 API_WALK = [
-    ("api", "intake", ("admit",)),
+    ("api.uploads", "intake", ("admit",)),
     ("intake", "disk", ("check_room",)),  # the disk guard, on the declared length
     ("intake", "ratelimits", ("check_upload_rate",)),  # per token and per user, before the body
     ("intake", "runarchive", ("is_archive",)),  # a run's ranks in one tar or zip?
     ("intake", "uploads", ("sniff",)),  # else the head must be a snapshot
     ("intake", "forms", ("upload_fields", "run_meta")),  # the validated text fields
     ("intake", "cost", ("estimate_cost", "check")),  # the analysis cost from the bytes and their shape, once
-    ("api", "services", ("upload_admit", "upload_api_dict")),  # the project, then the row; the answer
+    ("api.uploads", "services", ("upload_admit", "upload_api_dict")),  # the project, then the row; the answer
     ("services", "quota", ("check_team_queued_cost", "check_team_quota")),  # each once
     ("services", "followups", ("link",)),  # is it a follow-up of an earlier OOM? (issue 33)
     ("services", "runs", ("run_attach",)),
@@ -51,7 +52,7 @@ def _api_upload(client: Any, token: str, capture: Any) -> tuple[Walk, Any]:
     with GPT_OOM.open("rb") as fh, capture():
         return walk(
             lambda: client.post("/api/v1/snapshots", {"file": fh, "project": "alpha", "run": "r1"}, **bearer(token)),
-            api.snapshots,
+            uploads.snapshots,
         )
 
 

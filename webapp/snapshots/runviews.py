@@ -1,7 +1,7 @@
 """Pages of runs (the table in docs/architecture.md): a project's runs with their trend, and one
 run's decision screen. Login required; another team's project or run is a 404; the changes
 (pin a baseline, the regression settings, delete, analyse now) are POSTs with the same rights
-as the API (``runapi``)."""
+as the API (``api/runs.py``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from webapp.snapshots import messages, runs, services
+from webapp.snapshots.api.runs import run_can_delete
 from webapp.snapshots.forms import RunPolicyForm, first_error
-from webapp.snapshots.runapi import run_can_delete
 
 
 @login_required

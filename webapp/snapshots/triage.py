@@ -3,18 +3,17 @@
 Most people who hit a CUDA OOM have its message and no snapshot. Both ways in take the message
 and, optionally, ``torch.cuda.memory_summary()``'s output, and answer with ``analysis.triage``:
 nothing is stored, nothing queued. The page is a form (CSRF like every page); the API takes and
-returns JSON, authenticated like the rest of the API (``api.api_view``: a Bearer token, or the
-browser's session with its CSRF token).
+returns JSON, authenticated like the rest of the API (``webapp/snapshots/api/triage.py``: a Bearer
+token, or the browser's session with its CSRF token).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_protect
@@ -24,7 +23,6 @@ from analysis.ledger import message_ledger
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError
 from analysis.readout import ledger_view
 from analysis.triage import MAX_SUMMARY_CHARS, Triage, TriageError, triage
-from webapp.snapshots.api import api_view
 from webapp.snapshots.formatting import format_bytes
 
 # The largest JSON body the API reads: both texts at their caps, escaped (a character can take six).
@@ -52,7 +50,7 @@ class TriageForm(forms.Form):
     )
 
 
-def _ledger_json(result: Triage) -> dict[str, Any] | None:
+def ledger_json(result: Triage) -> dict[str, Any] | None:
     """The whole device from the message's figures (``analysis.ledger.message_ledger``), the summary's
     small pool apart where it was printed at the OOM; None where the message lacks the figures."""
     ledger = message_ledger(result.message, result.summary, result.summary_timing == "at-oom")
@@ -117,40 +115,7 @@ def page(request: HttpRequest) -> HttpResponse:
         "form": form,
         "result": result.to_json() if result else None,
         "figure_rows": _figure_rows(result) if result else [],
-        "ledger": ledger_view({"ledger": _ledger_json(result)}) if result else None,
+        "ledger": ledger_view({"ledger": ledger_json(result)}) if result else None,
         "upload_url": reverse("snapshots:upload"),
     }
     return render(request, "snapshots/triage.html", context, status=status)
-
-
-def _bad(code: str, message: str, status: int = 400) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
-
-
-@api_view(("POST",))
-def api(request: HttpRequest) -> HttpResponse:
-    """``POST /api/v1/triage``: ``{"oom_message": str, "memory_summary": str?}`` -> the triage JSON."""
-    if request.content_type != "application/json":
-        return _bad("triage:not-json", "Send a JSON body (Content-Type: application/json).", 415)
-    declared = request.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        return _bad("triage:too-large", f"The body is larger than {MAX_BODY_BYTES:,} bytes.", 413)
-    body = request.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
-        return _bad("triage:too-large", f"The body is larger than {MAX_BODY_BYTES:,} bytes.", 413)
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return _bad("triage:not-json", "The body is not JSON.")
-    if not isinstance(data, dict):
-        return _bad("triage:not-json", 'The body is not a JSON object: send {"oom_message": "..."}.')
-    message, summary = data.get("oom_message"), data.get("memory_summary")
-    if not isinstance(message, str):
-        return _bad("oom_message:missing", "The field 'oom_message' (a string) is required.")
-    if summary is not None and not isinstance(summary, str):
-        return _bad("memory_summary:not-text", "The field 'memory_summary' is a string when given.")
-    try:
-        result = triage(message, summary or None)
-    except (OomMessageError, TriageError) as exc:
-        return _bad(exc.code, exc.message)
-    return JsonResponse({**result.to_json(), "ledger": _ledger_json(result)})
