@@ -80,6 +80,15 @@ def test_settings_on_a_growing_run_postpone_as_predicted(rerun: str) -> None:
     assert result.predicted is not None and result.predicted.answer == "postpones"
     assert (result.incident_oom_step, result.actual.oom_step) == (23, 27)
     assert len(truth(rerun)["workload_log"]) == 27
+    # The horizon (issue 33, item 2): the setting's replay of step 23, its packing carried forward with the
+    # growth of about 124 MiB a step, says about step 26 (expandable) / 24 (max_split_size_mb:256); the
+    # reruns died in 27: within the 4 steps (15% of 23) that count as on time.
+    horizon = result.predicted.horizon
+    assert horizon is not None and (horizon.kind, horizon.basis) == ("postpones", "replay")
+    assert result.horizon is not None and result.horizon.predicted_step == horizon.step
+    assert (result.horizon.actual_step, result.horizon.tolerance_steps, result.horizon.verdict) == (27, 4, "on_time")
+    assert horizon.step == {"gpt_varlen_expandable": 26, "gpt_varlen_maxsplit256": 24}[rerun]
+    assert f"predicted about step {horizon.step}, died in step 27" in result.text
 
 
 def test_a_change_not_advised_is_not_applied_and_says_what_it_did() -> None:

@@ -142,7 +142,8 @@ def settle(upload_id: int) -> None:
 
 
 def follows_dict(upload: Upload, request: HttpRequest | None = None) -> dict[str, Any] | None:
-    """The API's ``follows``: {code, url, source, advised_change, applied, predicted, actual, outcome, text}."""
+    """The API's ``follows``: {code, url, source, advised_change, applied, predicted (with its ``horizon``),
+    actual, horizon (the predicted horizon scored), outcome, text}."""
     incident = upload.follows
     if incident is None:
         return None
@@ -160,6 +161,7 @@ def follows_dict(upload: Upload, request: HttpRequest | None = None) -> dict[str
         "predicted": result.get("predicted"),
         "actual": result.get("actual"),
         "incident_oom_step": result.get("incident_oom_step"),
+        "horizon": result.get("horizon"),
         "outcome": result.get("outcome") if result else None,
         "text": result.get("text") if result else "Not scored yet: both runs' analyses must have finished.",
     }
