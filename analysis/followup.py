@@ -182,8 +182,11 @@ def score(incident: Mapping[str, Any], applied: Sequence[Change], actual: Actual
     if outcome == "refuted" and scored_horizon is not None and scored_horizon.verdict == "ended_before":
         outcome = "unknown"  # no OOM, but the run stopped before the step it was predicted to die in
     text = _text(scored, predicted, actual, incident_step, outcome) + _horizon_words(scored_horizon)
+    # The advised cause's fix, named by the user's answer (eval_no_grad for forward_without_no_grad): counted
+    # under the advised id, so the team's record has one row for one change.
+    scored_id = advised if advised and same_change(advised, scored.id) else scored.id
     return FollowUp(
-        advised, followed, applied, scored.id, predicted, actual, incident_step, outcome, text, scored_horizon
+        advised, followed, applied, scored_id, predicted, actual, incident_step, outcome, text, scored_horizon
     )
 
 
