@@ -142,13 +142,18 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
+def _figure(e: Excess) -> str:
+    """``peak reserved``, ``stack <label>``, ``category activations``."""
+    return e.spread.name if e.spread.kind == "peak" else f"{e.spread.kind} {e.spread.name}"
+
+
 def _noise_sentence(model: NoiseModel, found: Sequence[Excess]) -> str:
     """What grew beyond the baseline's noise, named, with the tolerance each figure had."""
     learned = f"{model.runs} runs of the baseline branch ({model.commits} commit{'s' if model.commits > 1 else ''})"
     if not found:
         return f"Every figure within the noise learned from {learned}."
     named = [
-        f"{e.spread.kind} {e.spread.name} {_size(e.spread.centre_bytes)} -> {_size(e.run_bytes)} "
+        f"{_figure(e)} {_size(e.spread.centre_bytes)} -> {_size(e.run_bytes)} "
         f"(+{_size(e.delta_bytes)}, tolerance {_size(e.spread.tolerance_bytes)})"
         for e in found[:NAMED_EXCESSES]
     ]

@@ -180,6 +180,28 @@ def followed_by(upload: Upload) -> list[dict[str, Any]]:
     ]
 
 
+def add_followed_by(rows: list[dict[str, Any]], project: Project) -> None:
+    """The history's incident rows: each gets ``followed_by`` ([{code, outcome}], oldest first), so the
+    project's history shows incidents with their follow-ups and outcomes, not only the other way round."""
+    codes = [row["code"] for row in rows]
+    after: dict[str, list[dict[str, Any]]] = {}
+    found = (
+        Upload.objects.filter(project=project, follows__code__in=codes)
+        .order_by("created_at", "id")
+        .values_list("follows__code", "code", "followup")
+    )
+    for incident, code, result in found:
+        outcome = (result or {}).get("outcome")
+        after.setdefault(incident, []).append({"code": code, "outcome": outcome, "words": _words(outcome)})
+    for row in rows:
+        row["followed_by"] = after.get(row["code"], [])
+        row["followup_words"] = _words(row.get("followup_outcome"))
+
+
+def _words(outcome: str | None) -> str:
+    return OUTCOME_WORDS.get(str(outcome), "not scored yet")
+
+
 def record(uploads: QuerySet[Upload]) -> list[dict[str, Any]]:
     """Per change id: ``advised`` (the incident's first change, over scored follow-ups), ``followed`` (that
     change applied), ``tried`` (applied and predicted, advised first or not), and the outcomes of those."""

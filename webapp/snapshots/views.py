@@ -386,6 +386,7 @@ def history(request: HttpRequest, slug: str) -> HttpResponse:
         raise Http404
     uploads = project.uploads.select_related("project", "project__team", "run_ref")[:500]
     rows = [services.upload_dict(u, request) for u in uploads]
+    followups.add_followed_by(rows, project)  # issue 33: incidents with their follow-ups and outcomes
     return render(
         request,
         "snapshots/history.html",
