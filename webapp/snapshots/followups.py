@@ -3,8 +3,12 @@
 - ``link`` (inside ``services.upload_create``'s transaction): ``follows=<code>`` names the incident (an
   upload of the same project); ``follows=none`` says it is none; nothing given: the newest earlier
   finished upload of the same project and run name that ran out of memory and has no follow-up yet is
-  taken (``follows_source="auto"``; the page shows it and ``declare`` undoes it). Runs of several ranks
-  are not linked (their scoring needs the run's first OOM, not one rank's; not done yet).
+  taken (``follows_source="auto"``; the page shows it and ``declare`` undoes it). The ranks of a run of
+  several ranks (one by one, or one archive) are linked only where ``follows`` is given (a run's rank
+  uploads share no name with an earlier run: a finished run's name is closed).
+- ``settle_run`` (after a run of several ranks is summarised): the run is scored once, on its
+  representative rank (its first OOM, else its largest peak), against the incident's: where the incident
+  is a rank of a run of several ranks, that run's first OOM rank. The other ranks carry the outcome.
 - ``settle`` (after an upload's report is stored): scores the upload against its incident with
   ``analysis.followup.compare`` and the follow-ups of this upload against it (an incident re-analysed).
 - ``declare``: the later answer, "what did you change?" and which incident it follows (API and page).
@@ -81,8 +85,8 @@ def _auto_incident(upload: Upload) -> Upload | None:
 
 
 def link(upload: Upload, follows: str, changed: list[str], *, several_ranks: bool) -> None:
-    """Set the incident ``upload`` follows (given, or by default) and the declared changes."""
-    if several_ranks:
+    """Set the incident ``upload`` follows (given, or by default: one process only) and the declared changes."""
+    if several_ranks and (not follows or follows == NONE):
         return
     incident, source = None, ""
     if follows and follows != NONE:
@@ -111,8 +115,24 @@ def declare(upload: Upload, follows: str | None, changed: list[str] | None) -> U
     return Upload.objects.select_related("project", "follows").get(pk=upload.pk)
 
 
+def _several_ranks(upload: Upload) -> bool:
+    return bool(upload.run_ref_id and upload.run_ref and (upload.run_ref.world_size or 1) > 1)
+
+
+def _incident_rank(incident: Upload) -> Upload:
+    """The upload that stands for ``incident``: itself, or, for a rank of a summarised run of several
+    ranks, that run's first OOM rank (the run's incident is where it ran out first)."""
+    if not _several_ranks(incident):
+        return incident
+    first = ((incident.run_ref.summary or {}).get("run") or {}).get("first_oom_rank")
+    if first is None:
+        return incident
+    found = incident.run_ref.uploads.filter(rank=first).order_by("-created_at", "-id").first()
+    return found or incident
+
+
 def _score(follow_up: Upload) -> dict[str, Any] | None:
-    incident = follow_up.follows
+    incident = _incident_rank(follow_up.follows) if follow_up.follows is not None else None
     if incident is None:
         return None
     reports = dict(Report.objects.filter(upload__in=[incident, follow_up]).values_list("upload_id", "data"))
@@ -127,8 +147,14 @@ def _score(follow_up: Upload) -> dict[str, Any] | None:
 def settle(upload_id: int) -> None:
     """Score ``upload_id`` against its incident, and its own follow-ups against it; never raises (the
     report is stored already, a failed comparison is logged and left empty)."""
-    rows = Upload.objects.select_related("follows").filter(Q(pk=upload_id) | Q(follows_id=upload_id))
+    rows = Upload.objects.select_related("follows", "run_ref", "follows__run_ref").filter(
+        Q(pk=upload_id) | Q(follows_id=upload_id)
+    )
     for row in rows:
+        if _several_ranks(row):
+            if row.run_ref.summary:  # a rank of a summarised run: the run is scored as one
+                settle_run(row.run_ref)
+            continue
         try:
             result = _score(row)
         except Exception:
@@ -136,6 +162,44 @@ def settle(upload_id: int) -> None:
             result = None
         with transaction.atomic():
             Upload.objects.filter(pk=row.pk).update(followup=result)
+
+
+def _representative(run: Any) -> Upload | None:
+    """The rank a run of several ranks is scored on: its first OOM, else its largest peak reserved."""
+    summary = run.summary or {}
+    rank = (summary.get("run") or {}).get("first_oom_rank")
+    if rank is None:
+        ranks = summary.get("ranks") or []
+        rank = max(ranks, key=lambda r: (int(r.get("peak_reserved_bytes") or 0), -int(r["rank"])))["rank"] if ranks else None
+    if rank is None:
+        return None
+    return run.uploads.select_related("follows", "follows__run_ref").filter(rank=rank).order_by("-created_at", "-id").first()
+
+
+def settle_run(run: Any) -> None:
+    """Score a summarised run of several ranks that follows an incident (issue 33: a DDP job's rerun), and
+    the runs that follow it; never raises."""
+    rep = _representative(run)
+    if rep is None or rep.follows_id is None:
+        for later in Upload.objects.filter(follows__run_ref=run).exclude(run_ref=run).select_related("run_ref"):
+            if _several_ranks(later) and later.run_ref.summary:
+                settle_run(later.run_ref)
+        return
+    try:
+        result = _score(rep)
+    except Exception:
+        log.exception("follow-up run %s: comparison failed", run.code)
+        result = None
+    carried = None
+    if result is not None:
+        carried = {
+            "outcome": result.get("outcome"),
+            "scored_on": rep.code,
+            "text": f"The run is scored on rank {rep.rank} ({rep.code}): {result.get('text')}",
+        }
+    with transaction.atomic():
+        Upload.objects.filter(pk=rep.pk).update(followup=result)
+        run.uploads.exclude(pk=rep.pk).filter(follows__isnull=False).update(followup=carried)
 
 
 # --- dicts for the API and the pages ------------------------------------------------------------

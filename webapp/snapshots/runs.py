@@ -38,7 +38,7 @@ from analysis.noise import learn
 from analysis.regression import Regression, compare_runs
 from analysis.runs import RankInput, summarise
 from analysis.stored import upgrade
-from webapp.snapshots import messages
+from webapp.snapshots import followups, messages
 from webapp.snapshots.models import PolicyChange, Project, Report, Run, RunPolicy, Upload, WebhookDelivery
 
 if TYPE_CHECKING:
@@ -200,6 +200,8 @@ def run_summarise(run_id: int) -> str:
         Run.objects.filter(pk=run.pk).update(regression=regression.to_dict() if regression else None)
         if regression is not None and regression.regressed:
             _queue_webhook(run, regression)
+    if (run.world_size or 1) > 1:
+        followups.settle_run(run)  # issue 33: a run of several ranks that follows an incident, scored as one
     return "done"
 
 
