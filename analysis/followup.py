@@ -317,6 +317,35 @@ def horizon_of(dev: Mapping[str, Any], change: Change, answer: str) -> Horizon |
     return Horizon("cannot_tell", None, None, "the run grows; no replay of this setting to carry forward")
 
 
+def horizons(incident: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each change the incident advises (the decision's, then the ranked ones) with what it predicts and for
+    how long (``horizon_of``): the incident's page says it before any follow-up comes. Empty without an OOM."""
+    dev = _failing_device(incident)
+    if not dev.get("ooms") and not dev.get("oom"):
+        return []
+    first = (dev.get("decision") or {}).get("change") or {}
+    candidates = [(str(first.get("id") or ""), str(first.get("title") or ""), None)]
+    for row in dev.get("ranked") or []:
+        config = str(row.get("config") or "")
+        setting = config[len(ENV_PREFIX) :] if config.startswith(ENV_PREFIX) else None
+        candidates.append((str(row.get("id") or ""), str(row.get("title") or ""), setting))
+    out: list[dict[str, Any]] = []
+    for change_id, title, config in candidates:
+        if not change_id or any(item["change"] == change_id for item in out):
+            continue
+        predicted = predict(dev, Change(change_id, title, "file", config))
+        horizon = predicted.horizon if predicted else None
+        out.append(
+            {
+                "change": change_id,
+                "title": title,
+                "answer": predicted.answer if predicted else "unknown",
+                "horizon": asdict(horizon) if horizon else None,
+            }
+        )
+    return out
+
+
 def score_horizon(predicted: Prediction | None, actual: Actual, incident_step: int | None) -> HorizonScore | None:
     """The follow-up against a ``postpones`` horizon (None where there is none, or the OOM's step is unknown)."""
     horizon = predicted.horizon if predicted else None

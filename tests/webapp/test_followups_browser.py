@@ -93,6 +93,16 @@ def test_incidents_follow_ups_history_and_the_team_record(
         assert v.page.locator("section.followup-note [data-outcome='postponed']").is_visible()
     finally:
         v.close()
+    v = visit(f"/s/{grew.code}/", "horizons")
+    try:
+        # The incident's page says how long each advised change lasts, before and beside its follow-up.
+        v.page.locator("details.horizons summary").click()
+        line = v.page.locator("details.horizons li[data-change='expandable_segments']")
+        assert line.get_attribute("data-horizon") == "postpones" and "about step 26" in line.inner_text()
+        assert v.page.locator("details.horizons li[data-change='growing_workload']").get_attribute("data-horizon") == "steady"
+        _fits(v, width)
+    finally:
+        v.close()
     v = visit(f"/s/{saved.code}/", "incident")
     try:
         note = v.page.locator("section.followup-note").inner_text()

@@ -303,12 +303,27 @@ OUTCOME_WORDS = {
 }
 
 
-def page_context(upload: Upload) -> dict[str, Any] | None:
-    """The report page's follow-up lines: what this run follows and its outcome, and the runs that
-    follow it; None when neither."""
+HORIZON_WORDS = {"postpones": "postpones the OOM", "steady": "fixes the run", "cannot_tell": "cannot tell"}
+ANSWER_WORDS = {"runs_out": "still runs out in the failing step", "unknown": "cannot tell"}
+
+
+def _horizon_line(item: dict[str, Any]) -> dict[str, Any]:
+    """One change's line: kind (``postpones``, ``steady``, ``cannot_tell`` or ``runs_out``), words, text."""
+    horizon = item["horizon"]
+    if horizon is None:
+        kind = "runs_out" if item["answer"] == "runs_out" else "cannot_tell"
+        return item | {"kind": kind, "words": ANSWER_WORDS.get(item["answer"], "cannot tell"), "text": ""}
+    kind = str(horizon["kind"])
+    return item | {"kind": kind, "words": HORIZON_WORDS.get(kind, ""), "text": horizon["text"]}
+
+
+def page_context(upload: Upload, report: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The report page's follow-up lines: what this run follows and its outcome, the runs that follow
+    it, and (an OOM's ``report`` given) how long each advised change lasts; None when none of these."""
     follows = follows_dict(upload)
     after = followed_by(upload)
-    if follows is None and not after:
+    lasts = [_horizon_line(item) for item in (scoring.horizons(report) if report else [])]
+    if follows is None and not after and not lasts:
         return None
     if follows is not None:
         follows["outcome_words"] = OUTCOME_WORDS.get(str(follows.get("outcome")), "not scored yet")
@@ -316,4 +331,4 @@ def page_context(upload: Upload) -> dict[str, Any] | None:
         item["outcome_words"] = OUTCOME_WORDS.get(str(item.get("outcome")), "not scored yet")
     declared = set(upload.changes_declared or [])
     choices = [{"id": k, "label": v, "checked": k in declared} for k, v in DECLARABLE.items()]
-    return {"follows": follows, "followed_by": after, "choices": choices}
+    return {"follows": follows, "followed_by": after, "choices": choices, "horizons": lasts}

@@ -70,7 +70,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         # Where the timeline fetches zoom detail and states (share_view points it at the link).
         "explore_base": reverse("snapshots:detail", args=[upload.code]),
         # Follow-ups (issue 33): members only (a share link's reader sees no other upload).
-        "followup": None if shared else followups.page_context(upload),
+        "followup": None if shared else followups.page_context(upload, report.data if report else None),
     }
 
 
