@@ -113,4 +113,15 @@ def check(
 
 
 def result_json(result: GateResult) -> str:
-    return json.dumps({"exit_code": result.exit_code, "reason": result.reason}, indent=1)
+    """``{"exit_code", "reason", "tolerance", "beyond_noise"}``: the last two from the site's regression
+    (``noise`` or ``fixed``; each figure grown past its learned tolerance), for a CI step to read."""
+    regression = (result.body or {}).get("regression") or {}
+    return json.dumps(
+        {
+            "exit_code": result.exit_code,
+            "reason": result.reason,
+            "tolerance": regression.get("tolerance"),
+            "beyond_noise": regression.get("beyond_noise") or [],
+        },
+        indent=1,
+    )
