@@ -3,7 +3,8 @@
 Why built and not captured: the captures hold no repeat runs of one workload (the ``rand_*``
 seeds draw different op streams, and the device machines are not ours to use from the tests), so
 the gate's noise model (``analysis/noise.py``) is shown on runs made from
-``tests/fixtures/resnet_nocap_default.pickle.gz`` (a ResNet trained on an H200, no cap, no OOM):
+``tests/fixtures/resnet_nocap_default.pickle.gz`` (a ResNet trained on an H200, no cap, no OOM; the
+same checks run on ``vit_nocap_default``, ``SECOND``):
 
 - **a repeat run** (seed ``s``): at the moment of the real peak (the event where allocated memory
   is highest), each of the ``JITTERED`` largest stacks held there gets one more block allocated
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "resnet_nocap_default.pickle.gz"
+# A second workload for the same checks: a ViT trained on an H200, no cap, no OOM.
+SECOND = CAPTURE.with_name("vit_nocap_default.pickle.gz")
 JITTERED = 4
 JITTER = 0.04
 LEAKING = 0
@@ -37,8 +40,8 @@ LEAK_SHARE = 0.03
 _SEGMENT = 2 * 2**20  # torch rounds a large block's segment up to 2 MiB
 
 
-def _load() -> dict[str, Any]:
-    with gzip.open(CAPTURE, "rb") as fh:
+def _load(capture: Path) -> dict[str, Any]:
+    with gzip.open(capture, "rb") as fh:
         return pickle.load(fh)
 
 
@@ -86,9 +89,9 @@ def _frames_of(trace: list[dict[str, Any]], key: tuple) -> list[dict[str, Any]]:
     raise LookupError(key)
 
 
-def variant(seed: int, commit: int = 0) -> bytes:
-    """The gzipped snapshot of repeat ``seed`` at leak commit ``commit`` (0: no leak)."""
-    snap = _load()
+def variant(seed: int, commit: int = 0, capture: Path = CAPTURE) -> bytes:
+    """The gzipped snapshot of repeat ``seed`` at leak commit ``commit`` (0: no leak) of ``capture``."""
+    snap = _load(capture)
     trace = next(t for t in snap["device_traces"] if t)
     peak, stacks = _peak_and_stacks(trace)
     rng = random.Random(seed)
@@ -97,7 +100,7 @@ def variant(seed: int, commit: int = 0) -> bytes:
         key, held = stacks[LEAKING]
         sizes.append((key, int(held * LEAK_SHARE * commit)))
     base = trace[peak]
-    addr = max(e["addr"] for e in trace) + 2**30
+    addr = max(e.get("addr", 0) for e in trace) + 2**30
     allocs, frees = [], []
     for key, size in sizes:
         size = max(512, -(-size // 512) * 512)
@@ -123,10 +126,11 @@ def variant(seed: int, commit: int = 0) -> bytes:
     return buffer.getvalue()
 
 
-def summary(seed: int, commit: int = 0) -> dict[str, Any]:
-    """The run summary (``oomscope.run/1``) of ``variant(seed, commit)`` through the ordinary pipeline."""
+def summary(seed: int, commit: int = 0, capture: Path = CAPTURE) -> dict[str, Any]:
+    """The run summary (``oomscope.run/1``) of ``variant(seed, commit, capture)`` through the ordinary pipeline."""
     from analysis.report import build_report
     from analysis.runs import RankInput, summarise
 
-    report = build_report(variant(seed, commit), filename=f"resnet_seed{seed}_commit{commit}.pickle.gz")
+    name = f"{capture.name.split('.')[0]}_seed{seed}_commit{commit}.pickle.gz"
+    report = build_report(variant(seed, commit, capture), filename=name)
     return summarise([RankInput(rank=0, report=report)]).to_dict()
