@@ -19,15 +19,17 @@ optimizer's implementation (torch's ``_single_tensor_*`` / ``_multi_tensor_*`` /
 in the recorded frames) and activation checkpointing (``torch/utils/checkpoint.py`` frames, the recompute in
 backward). The batch, AMP and the dtype are not read from the files: the step's tensor sizes change for many
 reasons (sequence lengths, buckets), so a guess would score advice on noise.
-Pure: stdlib only, no Django.
+Pure: no Django (the horizon arithmetic is analysis.projection's).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from analysis.projection import NEAR_HORIZON_SHARE, NEAR_HORIZON_STEPS, setting_horizon
 from analysis.readout import ENV_PREFIX, ranked_rows
 
 OUTCOMES = ("borne_out", "refuted", "postponed", "not_applied", "unknown")
@@ -40,15 +42,26 @@ DECLARABLE: dict[str, str] = {
     "growing_workload": "capped the growing batch or sequence length",
     "shape_bucketing": "padded shapes to a few buckets",
     "eval_no_grad": "evaluation under torch.no_grad / inference_mode",
+    "leak": "stopped keeping each step's tensors on the GPU (a leak fixed)",
+    "kv_cache_growth": "a preallocated KV cache (no growth by concatenation)",
+    "cuda_graph_pools": "CUDA graphs sharing one memory pool",
+    "outside_memory": "freed the GPU memory held outside PyTorch (another process or library)",
     "expandable_segments": "expandable_segments:True",
     "max_split_size_mb": "max_split_size_mb",
     "garbage_collection_threshold": "garbage_collection_threshold",
     "roundup_power2_divisions": "roundup_power2_divisions",
     "other": "something else",
 }
+# The decision's change is a cause's fix (analysis/causes.py ids); where the user's answer (or what the files
+# show) names the same change under its advice id, they are one change.
+ADVICE_ALIASES = {"forward_without_no_grad": "eval_no_grad", "optimizer_step": "optimizer_state"}
+# Causes that are the run's growth: their fix stops it (the run is then steady, not postponed).
+GROWTH_CAUSES = ("growing_workload", "leak", "kv_cache_growth")
 _SETTINGS = ("expandable_segments", "max_split_size_mb", "garbage_collection_threshold", "roundup_power2_divisions")
 _OPTIMIZER_STEPS = {"_fused_": "fused", "_multi_tensor_": "foreach", "_single_tensor_": "for-loop"}
 _CHECKPOINT_FILE = "torch/utils/checkpoint.py"
+STEADY_SHARE = 0.02  # a complete step's peak within 2% of the one before: not growing
+STEADY_MIN_STEPS = 3  # fewer complete steps than this: no trend to read
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,34 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Horizon:
+    """How long the run lasts under a change, from the incident's growth across its recorded steps:
+    ``kind`` ``postpones`` (it dies again in about ``step``: ``basis`` ``replay``, the change's own replay of
+    the failing step with the growth carried forward, or ``packed``, a perfectly packed cache: the most any
+    setting gains), ``steady`` (the steps stopped growing: memory steady from ``step``), or ``cannot_tell``
+    (a growing run under a code change, or too few steps to see a trend)."""
+
+    kind: str
+    step: int | None
+    basis: str | None
+    text: str
+
+
+@dataclass(frozen=True)
+class HorizonScore:
+    """The follow-up against the predicted horizon: ``verdict`` ``on_time`` (died within ``tolerance`` steps
+    of the predicted step), ``earlier``, ``later``, ``lived_past`` (no OOM, and it ran past the step), or
+    ``ended_before`` (no OOM, but it stopped before the step: the horizon is not tested)."""
+
+    predicted_step: int
+    actual_step: int | None
+    steps_recorded: int
+    off_by_steps: int | None
+    tolerance_steps: int
+    verdict: str
+
+
+@dataclass(frozen=True)
 class Prediction:
     """What the incident's report said the change would do: ``answer`` is ``fixes``, ``postpones``,
     ``runs_out`` or ``unknown``; ``basis`` ``replay`` (that exact setting replayed) or ``ranked``."""
@@ -71,6 +112,7 @@ class Prediction:
     basis: str
     peak_reserved_bytes: int | None
     text: str
+    horizon: Horizon | None = None  # how long the run lasts under the change (``horizon_of``)
 
 
 @dataclass(frozen=True)
@@ -94,6 +136,7 @@ class FollowUp:
     incident_oom_step: int | None
     outcome: str
     text: str
+    horizon: HorizonScore | None = None  # the predicted horizon scored (a ``postpones`` prediction only)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,20 +144,30 @@ class FollowUp:
 
 def compare(incident: Mapping[str, Any], follow_up: Mapping[str, Any], declared: Sequence[str] = ()) -> FollowUp:
     """The follow-up scored against the incident; ``declared``: change ids from ``DECLARABLE`` (the user's)."""
-    dev = _failing_device(incident)
-    after = _failing_device(follow_up)
     applied = changes_between(incident, follow_up, declared)
-    actual = _actual(after)
+    return score(incident, applied, _actual(_failing_device(follow_up)))
+
+
+def score(incident: Mapping[str, Any], applied: Sequence[Change], actual: Actual) -> FollowUp:
+    """The changes ``applied`` scored against what the incident predicted for them, given what the next run
+    did (``actual``: from its own report in ``compare``, or a rerun's recorded fate)."""
+    applied = tuple(applied)
+    dev = _failing_device(incident)
     advised = str(((dev.get("decision") or {}).get("change") or {}).get("id") or "") or None
     incident_step = _oom_step(dev)
     if not dev.get("ooms") and not dev.get("oom"):
         return FollowUp(advised, False, applied, None, None, actual, None, "unknown", _NO_INCIDENT)
-    ids = [c.id for c in applied]
-    followed = advised is not None and advised in ids
+    followed = advised is not None and any(same_change(advised, c.id) for c in applied)
     scored = _scored_change(dev, applied, advised)
     predicted = predict(dev, scored) if scored else None
     if not applied:
         return FollowUp(advised, False, applied, None, None, actual, incident_step, "unknown", _NOTHING_SEEN)
+    if scored is None and followed:
+        text = (
+            f"The advised change was made ({_labels(applied)}), but the incident predicted nothing for it; "
+            f"what happened: {_what_happened(actual, incident_step)}."
+        )
+        return FollowUp(advised, True, applied, None, None, actual, incident_step, "unknown", text)
     if scored is None:
         # Not advised; a setting the incident replayed anyway still has its prediction, said beside it.
         other = next((p for p in (_replay_prediction(dev, c) for c in applied) if p is not None), None)
@@ -124,9 +177,30 @@ def compare(incident: Mapping[str, Any], follow_up: Mapping[str, Any], declared:
             f"what happened: {_what_happened(actual, incident_step)}."
         )
         return FollowUp(advised, False, applied, None, other, actual, incident_step, "not_applied", text)
+    scored_horizon = score_horizon(predicted, actual, incident_step)
     outcome = _outcome(predicted, actual, incident_step)
-    text = _text(scored, predicted, actual, incident_step, outcome)
-    return FollowUp(advised, followed, applied, scored.id, predicted, actual, incident_step, outcome, text)
+    if outcome == "refuted" and scored_horizon is not None and scored_horizon.verdict == "ended_before":
+        outcome = "unknown"  # no OOM, but the run stopped before the step it was predicted to die in
+    text = _text(scored, predicted, actual, incident_step, outcome) + _horizon_words(scored_horizon)
+    # The advised cause's fix, named by the user's answer (eval_no_grad for forward_without_no_grad): counted
+    # under the advised id, so the team's record has one row for one change.
+    scored_id = advised if advised and same_change(advised, scored.id) else scored.id
+    return FollowUp(
+        advised, followed, applied, scored_id, predicted, actual, incident_step, outcome, text, scored_horizon
+    )
+
+
+def _horizon_words(score: HorizonScore | None) -> str:
+    if score is None:
+        return ""
+    if score.actual_step is None:
+        what = "ran past it without an OOM" if score.verdict == "lived_past" else "stopped before it: not tested"
+        return f" Horizon: predicted to die in about step {score.predicted_step}; {score.steps_recorded} steps, {what}."
+    verdict = {"on_time": "on time", "earlier": "earlier than predicted", "later": "later than predicted"}
+    return (
+        f" Horizon: predicted about step {score.predicted_step}, died in step {score.actual_step} "
+        f"({score.off_by_steps:+d}; {verdict[score.verdict]}, within {score.tolerance_steps} counts as on time)."
+    )
 
 
 _NO_INCIDENT = "The run it follows did not run out of memory: there was no advice to score."
@@ -160,11 +234,18 @@ def predict(dev: Mapping[str, Any], change: Change) -> Prediction | None:
         if replayed is not None:
             return replayed
     if row is None:
-        return None
+        return _decision_prediction(dev, change)
     answer = _STATE_ANSWERS.get(str(row.get("state")), "unknown")
     if answer == "postpones" and not str(row.get("state_text") or "").startswith("finishes"):
         answer = "unknown"  # the run grows, and the replay could not tell whether even the failing step finishes
-    return Prediction(change.id, answer, "ranked", None, f"{row.get('title')}: {row.get('state_text')}")
+    if answer == "unknown":
+        # The ranked row of the same change could not tell; the decision's cause (read from the trace) can.
+        decided = _decision_prediction(dev, change)
+        if decided is not None:
+            return decided
+    horizon = horizon_of(dev, change, answer)
+    text = f"{row.get('title')}: {row.get('state_text')}" + (f"; {horizon.text}" if horizon else "")
+    return Prediction(change.id, answer, "ranked", None, text, horizon)
 
 
 def _replay_prediction(dev: Mapping[str, Any], change: Change) -> Prediction | None:
@@ -178,8 +259,107 @@ def _replay_prediction(dev: Mapping[str, Any], change: Change) -> Prediction | N
     if answer == "fixes" and (ranked.get(change.id) or {}).get("run_completes") is False:
         answer = "postpones"  # the run grows: getting past the failing step only moves the OOM later
     peak = replay.get("peak_reserved_bytes")
-    text = f"the replay of {change.config}: {_ANSWER_WORDS[answer]}"
-    return Prediction(change.id, answer, "replay", int(peak) if peak is not None else None, text)
+    horizon = horizon_of(dev, change, answer)
+    text = f"the replay of {change.config}: {_ANSWER_WORDS[answer]}" + (f"; {horizon.text}" if horizon else "")
+    return Prediction(change.id, answer, "replay", int(peak) if peak is not None else None, text, horizon)
+
+
+# ------------------------------------------------------------------ horizons: how long the run lasts
+
+
+def _growth(dev: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The growing-workload cause's figures (the steps grow: ``growth_per_step_bytes``, ``died_in_step``)."""
+    for cause in (dev.get("diagnosis") or {}).get("causes") or []:
+        figures = cause.get("figures") or {}
+        if cause.get("id") == "growing_workload" and figures.get("growth_per_step_bytes") and figures.get("died_in_step"):
+            return figures  # type: ignore[no-any-return]
+    return None
+
+
+def _steady_from(dev: Mapping[str, Any]) -> int | None:
+    """The step from which the recorded complete steps stop growing (each peak within ``STEADY_SHARE`` of the
+    one before); None with fewer than ``STEADY_MIN_STEPS`` complete steps or no two steady ones at the end."""
+    peaks = [int(s.get("peak_allocated_bytes") or 0) for s in dev.get("steps") or [] if s.get("complete")]
+    if len(peaks) < STEADY_MIN_STEPS:
+        return None
+    last_growth = max((i for i in range(1, len(peaks)) if peaks[i] > peaks[i - 1] * (1 + STEADY_SHARE)), default=0)
+    return last_growth if last_growth <= len(peaks) - 2 else None
+
+
+def horizon_of(dev: Mapping[str, Any], change: Change, answer: str) -> Horizon | None:
+    """How long the run lasts under ``change`` (None where the change runs out in the failing step or
+    nothing was predicted): on a growing run an allocator setting postpones the OOM to the step its
+    replay's packing reaches with the growth carried forward (``projection.setting_horizon``), else to
+    what a perfectly packed cache reaches; a code change on a growing run cannot tell (what it saves may
+    grow too), capping the growth is steady; on a run whose steps do not grow, steady from the step they
+    stopped growing."""
+    if answer not in ("fixes", "postpones"):
+        return None
+    growth = _growth(dev)
+    if growth is None:
+        steady = _steady_from(dev)
+        if steady is None:
+            return Horizon("cannot_tell", None, None, "too few recorded steps to tell whether the run stays steady")
+        return Horizon("steady", steady, "steps", f"the steps do not grow: steady from step {steady}")
+    died, rate = int(growth["died_in_step"]), int(growth["growth_per_step_bytes"])
+    if change.id in GROWTH_CAUSES:
+        return Horizon("steady", None, "cause", "steady once what grows stops growing")
+    if change.id not in _SETTINGS:
+        return Horizon("cannot_tell", None, None, "the run grows: how many steps a code change buys is not known")
+    oom, replay = dev.get("oom") or {}, _replay_of(dev, change.config) if change.config else None
+    need, limit = int(oom.get("step_need_bytes") or 0), int(oom.get("limit_bytes") or 0)
+    if replay and replay.get("step_completes") is True and replay.get("step_peak_reserved_bytes") and need and limit:
+        step = setting_horizon(died, need, limit, rate, int(replay["step_peak_reserved_bytes"]))
+        return Horizon("postpones", step, "replay", f"postpones the OOM to about step {step} (its replay's packing)")
+    if growth.get("postpone_packed_steps") is not None:
+        step = died + int(growth["postpone_packed_steps"])
+        return Horizon("postpones", step, "packed", f"postpones the OOM to step {step} at most (a perfectly packed cache)")
+    return Horizon("cannot_tell", None, None, "the run grows; no replay of this setting to carry forward")
+
+
+def horizons(incident: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each change the incident advises (the decision's, then the ranked ones) with what it predicts and for
+    how long (``horizon_of``): the incident's page says it before any follow-up comes. Empty without an OOM."""
+    dev = _failing_device(incident)
+    if not dev.get("ooms") and not dev.get("oom"):
+        return []
+    first = (dev.get("decision") or {}).get("change") or {}
+    candidates = [(str(first.get("id") or ""), str(first.get("title") or ""), None)]
+    for row in dev.get("ranked") or []:
+        config = str(row.get("config") or "")
+        setting = config[len(ENV_PREFIX) :] if config.startswith(ENV_PREFIX) else None
+        candidates.append((str(row.get("id") or ""), str(row.get("title") or ""), setting))
+    out: list[dict[str, Any]] = []
+    for change_id, title, config in candidates:
+        if not change_id or any(item["change"] == change_id for item in out):
+            continue
+        predicted = predict(dev, Change(change_id, title, "file", config))
+        horizon = predicted.horizon if predicted else None
+        out.append(
+            {
+                "change": change_id,
+                "title": title,
+                "answer": predicted.answer if predicted else "unknown",
+                "horizon": asdict(horizon) if horizon else None,
+            }
+        )
+    return out
+
+
+def score_horizon(predicted: Prediction | None, actual: Actual, incident_step: int | None) -> HorizonScore | None:
+    """The follow-up against a ``postpones`` horizon (None where there is none, or the OOM's step is unknown)."""
+    horizon = predicted.horizon if predicted else None
+    if horizon is None or horizon.kind != "postpones" or horizon.step is None:
+        return None
+    tolerance = max(NEAR_HORIZON_STEPS, math.ceil(NEAR_HORIZON_SHARE * (incident_step or 0)))
+    if not actual.oom:
+        verdict = "lived_past" if actual.steps_recorded > horizon.step else "ended_before"
+        return HorizonScore(horizon.step, None, actual.steps_recorded, None, tolerance, verdict)
+    if actual.oom_step is None:
+        return None
+    off = actual.oom_step - horizon.step
+    verdict = "on_time" if abs(off) <= tolerance else ("earlier" if off < 0 else "later")
+    return HorizonScore(horizon.step, actual.oom_step, actual.steps_recorded, off, tolerance, verdict)
 
 
 _ANSWER_WORDS = {
@@ -209,10 +389,31 @@ def _scored_change(dev: Mapping[str, Any], applied: Sequence[Change], advised: s
         order.insert(0, advised)
     by_id = {c.id: c for c in applied}
     for change_id in order:
-        change = by_id.get(change_id)
+        change = by_id.get(change_id) or by_id.get(ADVICE_ALIASES.get(change_id, ""))
         if change is not None and predict(dev, change) is not None:
             return change
     return None
+
+
+def same_change(advised: str, applied: str) -> bool:
+    """Whether an applied change id is the advised one (a cause's fix and the answer that names it)."""
+    return applied == advised or ADVICE_ALIASES.get(advised) == applied
+
+
+def _decision_prediction(dev: Mapping[str, Any], change: Change) -> Prediction | None:
+    """The decision's own change (a cause's fix, which the ranked table does not list): ``fixes`` where its
+    cause explains the OOM (the decision's saving makes the failing request fit), else None."""
+    decision = dev.get("decision") or {}
+    advised = str((decision.get("change") or {}).get("id") or "")
+    if not advised or not same_change(advised, change.id):
+        return None
+    cause = next((c for c in (dev.get("diagnosis") or {}).get("causes") or [] if c.get("id") == advised), None)
+    if cause is None or cause.get("explains_oom") is not True:
+        return None
+    horizon = horizon_of(dev, Change(advised, change.label, change.source, change.config), "fixes")
+    buys = str(decision.get("buys") or "").split(". ")[0]
+    text = f"{(decision.get('change') or {}).get('title')}: {buys}" + (f"; {horizon.text}" if horizon else "")
+    return Prediction(change.id, "fixes", "decision", None, text, horizon)
 
 
 def _outcome(predicted: Prediction | None, actual: Actual, incident_step: int | None) -> str:

@@ -3,8 +3,12 @@
 
 What counts as a regression, in order of weight:
 - a new OOM: the run has an OOM rank and the baseline had none;
-- the run's peak reserved memory (the largest over its ranks) grew by more than the threshold
-  (a share of the baseline's: ``max_regression_pct``);
+- with a noise model of the baseline branch (``analysis/noise.py``, learned from its last runs):
+  the peak reserved memory, a stack's or a category's bytes at the peak grown beyond what the
+  baseline's runs move by (each figure named: ``beyond_noise``);
+- without one (too few baseline runs), or when the caller fixes a threshold (the gate's
+  ``--max-regression``, an override): the run's peak reserved memory (the largest over its ranks)
+  grew by more than the threshold (a share of the baseline's: ``max_regression_pct``);
 What is reported beside it, without failing the gate on its own (a stack that moved up may be a
 refactor, a new suggestion may follow a new setting): a new top stack at the peak (the site
 holding the most on the run's largest rank differs from the baseline's), new causes (advisor
@@ -20,12 +24,15 @@ parsers refuse): a threshold must be a finite percentage from 0 to ``MAX_THRESHO
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analysis.noise import Excess, NoiseModel, beyond_noise
+
 SCHEMA = "oomscope.regression/1"
 MAX_THRESHOLD_PCT = 1000.0  # the settings form's bound too (webapp RunPolicyForm)
+NAMED_EXCESSES = 5  # figures beyond the noise named in the reason (all of them in ``beyond_noise``)
 
 
 def threshold_error(pct: float) -> str | None:
@@ -74,6 +81,13 @@ class Regression:
     new_top_stack: dict[str, str | None] | None  # {baseline, run} when the top site changed
     new_causes: tuple[str, ...]
     reason: str
+    noise: NoiseModel | None = None  # the tolerance learned from the baseline branch (None: the fixed threshold)
+    beyond_noise: tuple[Excess, ...] = ()
+
+    @property
+    def tolerance(self) -> str:
+        """``noise`` (learned from the baseline branch's runs) or ``fixed`` (``max_regression_pct``)."""
+        return "noise" if self.noise is not None else "fixed"
 
     @property
     def headline(self) -> str:
@@ -82,6 +96,9 @@ class Regression:
         parts = [f"peak {share * 100:+.2f}%" if share is not None else "peak not comparable"]
         if self.new_oom:
             parts.append("new OOM")
+        if self.beyond_noise:
+            n = len(self.beyond_noise)
+            parts.append(f"{n} figure{'s' if n > 1 else ''} beyond noise")
         if self.new_top_stack:
             parts.append("new top stack")
         if self.new_causes:
@@ -100,6 +117,9 @@ class Regression:
             "new_causes": list(self.new_causes),
             "reason": self.reason,
             "headline": self.headline,
+            "tolerance": self.tolerance,
+            "noise": self.noise.to_dict() if self.noise is not None else None,
+            "beyond_noise": [e.to_dict() for e in self.beyond_noise],
         }
 
 
@@ -122,6 +142,25 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
+def _figure(e: Excess) -> str:
+    """``peak reserved``, ``stack <label>``, ``category activations``."""
+    return e.spread.name if e.spread.kind == "peak" else f"{e.spread.kind} {e.spread.name}"
+
+
+def _noise_sentence(model: NoiseModel, found: Sequence[Excess]) -> str:
+    """What grew beyond the baseline's noise, named, with the tolerance each figure had."""
+    learned = f"{model.runs} runs of the baseline branch ({model.commits} commit{'s' if model.commits > 1 else ''})"
+    if not found:
+        return f"Every figure within the noise learned from {learned}."
+    named = [
+        f"{_figure(e)} {_size(e.spread.centre_bytes)} -> {_size(e.run_bytes)} "
+        f"(+{_size(e.delta_bytes)}, tolerance {_size(e.spread.tolerance_bytes)})"
+        for e in found[:NAMED_EXCESSES]
+    ]
+    more = len(found) - len(named)
+    return f"Beyond the noise of {learned}: " + "; ".join(named) + (f"; and {more} more" if more > 0 else "") + "."
+
+
 def compare_runs(
     baseline: Mapping[str, Any],
     run: Mapping[str, Any],
@@ -129,9 +168,11 @@ def compare_runs(
     max_regression_pct: float,
     baseline_name: str = "the baseline",
     run_name: str = "this run",
+    noise: NoiseModel | None = None,
 ) -> Regression:
-    """``run`` against ``baseline`` (both ``oomscope.run/1`` dicts) under a threshold in percent
-    (``ValueError`` where ``threshold_error`` refuses it)."""
+    """``run`` against ``baseline`` (both ``oomscope.run/1`` dicts): with ``noise`` (the baseline
+    branch's model, ``analysis.noise.learn``) each figure against its own tolerance, else the peak
+    under a threshold in percent (``ValueError`` where ``threshold_error`` refuses it)."""
     refused = threshold_error(max_regression_pct)
     if refused is not None:
         raise ValueError(f"max_regression_pct: {refused}")
@@ -158,16 +199,21 @@ def compare_runs(
     new_causes = tuple(c for c in _causes(run) if c not in _causes(baseline))
 
     reserved = peak[0]
-    grew = reserved.share is not None and reserved.share * 100 > max_regression_pct
-    regressed = grew or new_oom
+    found = beyond_noise(noise, run) if noise is not None else ()
+    if noise is not None:
+        regressed = bool(found) or new_oom
+    else:
+        regressed = (reserved.share is not None and reserved.share * 100 > max_regression_pct) or new_oom
     sentences: list[str] = []
     if reserved.share is not None:
         verb = "grew" if reserved.delta_bytes > 0 else ("shrank" if reserved.delta_bytes < 0 else "did not change")
+        limit = "tolerance learned from the baseline branch" if noise is not None else f"threshold {max_regression_pct:g}%"
         sentences.append(
             f"Peak reserved memory {verb} from {_size(reserved.baseline_bytes)} in {baseline_name} to "
-            f"{_size(reserved.run_bytes)} in {run_name} ({reserved.share * 100:+.2f}%, threshold "
-            f"{max_regression_pct:g}%)."
+            f"{_size(reserved.run_bytes)} in {run_name} ({reserved.share * 100:+.2f}%, {limit})."
         )
+    if noise is not None:
+        sentences.append(_noise_sentence(noise, found))
     if new_oom:
         first = head_r.get("first_oom_rank")
         sentences.append(
@@ -188,4 +234,6 @@ def compare_runs(
         new_top_stack=new_top,
         new_causes=new_causes,
         reason=" ".join(sentences),
+        noise=noise,
+        beyond_noise=found,
     )

@@ -119,6 +119,10 @@ class RankFigures:
     last_time_us: int | None
     top_site: str | None = None  # the user-code site holding the most at the peak
     causes: tuple[str, ...] = ()  # the advisor's suggestion ids (its rules that fired), in its order
+    # What the gate's noise model reads (analysis/noise.py): bytes at the peak per listed stack (its
+    # label: the frames that allocated, not only the user site) and per category (parameters, ...).
+    peak_stacks: dict[str, int] = field(default_factory=dict)
+    peak_categories: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +143,8 @@ class RankFigures:
             "last_time_us": self.last_time_us,
             "top_site": self.top_site,
             "causes": list(self.causes),
+            "peak_stacks": dict(self.peak_stacks),
+            "peak_categories": dict(self.peak_categories),
         }
 
 
@@ -230,6 +236,8 @@ def _figures(item: RankInput) -> RankFigures:
         last_time_us=summary.get("last_time_us"),
         top_site=max(sites, key=lambda k: (sites[k], k)) if sites else None,
         causes=tuple(str(row.get("id")) for row in dev.get("suggestions") or [] if row.get("id")),
+        peak_stacks=_peak_stacks(item.report),
+        peak_categories=_peak_categories(item.report),
     )
 
 
@@ -261,6 +269,26 @@ def _peak_sites(report: Mapping[str, Any]) -> dict[str, int]:
             continue  # the rest, under the listed rows: no site to compare
         out[key] = out.get(key, 0) + int(row.get("bytes") or 0)
     return out
+
+
+def _peak_stacks(report: Mapping[str, Any]) -> dict[str, int]:
+    """Bytes at the peak per listed stack label (groups of one label summed; the rest row left out:
+    which stacks it holds changes from run to run)."""
+    dev = main_device(report) or {}
+    out: dict[str, int] = {}
+    for row in dev.get("top_stacks") or []:
+        label = str(row.get("label") or "")
+        if row.get("when") != "peak" or not label or row.get("site") is None and label.startswith("other stacks"):
+            continue
+        out[label] = out.get(label, 0) + int(row.get("bytes") or 0)
+    return out
+
+
+def _peak_categories(report: Mapping[str, Any]) -> dict[str, int]:
+    cats = (main_device(report) or {}).get("categories")
+    if not isinstance(cats, Mapping):
+        return {}
+    return {str(k): int(v or 0) for k, v in (cats.get("bytes") or {}).items()}
 
 
 def differing_stacks(items: Sequence[RankInput], share: float = STACK_SPREAD_SHARE) -> list[StackSpread]:

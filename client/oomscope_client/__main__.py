@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument(
         "--max-regression",
         type=_percent,
-        help="the peak growth allowed, e.g. 5%% (default: the project's threshold)",
+        help="an override: fail only when the peak grows by more than this, e.g. 5%% (default: each figure "
+        "against the noise the site learned from the baseline branch's runs, else the project's threshold)",
     )
     gate.add_argument("--wait", type=float, default=900.0, help="seconds to wait for the run's analysis (default 900)")
     gate.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)

@@ -5,8 +5,10 @@ It asks the site whether the run regressed against the project's baseline
 analysed, and exits:
 
 - 0: no regression (or nothing to compare with yet: the first run of a project passes);
-- 1: a regression (the peak grew past the threshold, or the run ran out of memory where the
-  baseline did not); the site's one-paragraph reason is printed;
+- 1: a regression (the peak, a stack's or a category's bytes grew beyond the noise the site learned
+  from the baseline branch's last runs, or, with ``--max-regression`` (an override) or too few
+  runs, the peak grew past the threshold; or the run ran out of memory where the baseline did
+  not); the site's one-paragraph reason is printed, naming the figures that grew;
 - 2: no answer (the site refused or could not be reached, no such run, or the run was not
   summarised within ``--wait`` seconds).
 """
@@ -111,4 +113,15 @@ def check(
 
 
 def result_json(result: GateResult) -> str:
-    return json.dumps({"exit_code": result.exit_code, "reason": result.reason}, indent=1)
+    """``{"exit_code", "reason", "tolerance", "beyond_noise"}``: the last two from the site's regression
+    (``noise`` or ``fixed``; each figure grown past its learned tolerance), for a CI step to read."""
+    regression = (result.body or {}).get("regression") or {}
+    return json.dumps(
+        {
+            "exit_code": result.exit_code,
+            "reason": result.reason,
+            "tolerance": regression.get("tolerance"),
+            "beyond_noise": regression.get("beyond_noise") or [],
+        },
+        indent=1,
+    )

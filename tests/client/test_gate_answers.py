@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from oomscope_client.gate import EXIT_NO_ANSWER, EXIT_PASS, EXIT_REGRESSION, check, parse_percent
+from oomscope_client.gate import EXIT_NO_ANSWER, EXIT_PASS, EXIT_REGRESSION, check, parse_percent, result_json
 
 
 class Site(BaseHTTPRequestHandler):
@@ -80,3 +80,21 @@ def test_passes_without_regression_and_reports_refusals(site: tuple[str, type[Si
 @pytest.mark.parametrize(("text", "value"), [("5%", 5.0), ("2.5", 2.5), (" 10 % ", 10.0)])
 def test_percent(text: str, value: float) -> None:
     assert parse_percent(text) == value
+
+
+def test_the_json_carries_the_figures_beyond_the_noise(site: tuple[str, type[Site]]) -> None:
+    """Issue 33: without --max-regression the site judges each figure against the noise it learned; the
+    CI step's JSON passes on which figures grew past their tolerance, as the site said them (the figures:
+    leak commit 2 of tests/analysis/seeded_series.py against 8 repeats, as test_noise.py computes them)."""
+    url, handler = site
+    grown = {"kind": "stack", "name": "functional.py:2846 batch_norm", "centre_bytes": 1906155776,
+             "mad_bytes": 7416064, "tolerance_bytes": 43980226, "run_bytes": 1955206144, "delta_bytes": 49050368}
+    body = {**DONE_BAD, "regression": {"tolerance": "noise", "beyond_noise": [grown]}}
+    handler.answers = [(200, body)]
+    result = check(url, "tok", "alpha", run="r1")
+    assert result.exit_code == EXIT_REGRESSION
+    assert handler.paths[0] == "/api/v1/projects/alpha/regression?run=r1"  # no threshold: the learned noise
+    said = json.loads(result_json(result))
+    assert said["tolerance"] == "noise" and said["beyond_noise"] == [grown]
+    handler.answers = [(200, {**DONE_BAD, "regressed": False, "reason": "No memory regression."})]
+    assert json.loads(result_json(check(url, "tok", "alpha")))["beyond_noise"] == []

@@ -143,7 +143,9 @@ def test_history_and_compare(alice_client: Any, alice: Any, alpha: Any, done_upl
     assert history.status_code == 200
     assert history.context["project"] == {"slug": "alpha", "name": "Alpha", "team": "Team A"}
     assert [r["run"] for r in history.context["rows"]] == ["nightly-2", "nightly-1"]
-    assert all(set(r) == UPLOAD_KEYS for r in history.context["rows"])
+    # The history's rows add the follow-ups of each incident and the outcome in words (issue 33).
+    assert all(set(r) == UPLOAD_KEYS | {"followed_by", "followup_words"} for r in history.context["rows"])
+    assert all(r["followed_by"] == [] and r["followup_words"] == "not scored yet" for r in history.context["rows"])
     assert history.context["chart"] is not None
 
     compare = alice_client.get(f"/compare/{done_upload.code}/{other.code}/")

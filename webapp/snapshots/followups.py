@@ -3,8 +3,12 @@
 - ``link`` (inside ``services.upload_create``'s transaction): ``follows=<code>`` names the incident (an
   upload of the same project); ``follows=none`` says it is none; nothing given: the newest earlier
   finished upload of the same project and run name that ran out of memory and has no follow-up yet is
-  taken (``follows_source="auto"``; the page shows it and ``declare`` undoes it). Runs of several ranks
-  are not linked (their scoring needs the run's first OOM, not one rank's; not done yet).
+  taken (``follows_source="auto"``; the page shows it and ``declare`` undoes it). The ranks of a run of
+  several ranks (one by one, or one archive) are linked only where ``follows`` is given (a run's rank
+  uploads share no name with an earlier run: a finished run's name is closed).
+- ``settle_run`` (after a run of several ranks is summarised): the run is scored once, on its
+  representative rank (its first OOM, else its largest peak), against the incident's: where the incident
+  is a rank of a run of several ranks, that run's first OOM rank. The other ranks carry the outcome.
 - ``settle`` (after an upload's report is stored): scores the upload against its incident with
   ``analysis.followup.compare`` and the follow-ups of this upload against it (an incident re-analysed).
 - ``declare``: the later answer, "what did you change?" and which incident it follows (API and page).
@@ -81,8 +85,8 @@ def _auto_incident(upload: Upload) -> Upload | None:
 
 
 def link(upload: Upload, follows: str, changed: list[str], *, several_ranks: bool) -> None:
-    """Set the incident ``upload`` follows (given, or by default) and the declared changes."""
-    if several_ranks:
+    """Set the incident ``upload`` follows (given, or by default: one process only) and the declared changes."""
+    if several_ranks and (not follows or follows == NONE):
         return
     incident, source = None, ""
     if follows and follows != NONE:
@@ -111,8 +115,24 @@ def declare(upload: Upload, follows: str | None, changed: list[str] | None) -> U
     return Upload.objects.select_related("project", "follows").get(pk=upload.pk)
 
 
+def _several_ranks(upload: Upload) -> bool:
+    return bool(upload.run_ref_id and upload.run_ref and (upload.run_ref.world_size or 1) > 1)
+
+
+def _incident_rank(incident: Upload) -> Upload:
+    """The upload that stands for ``incident``: itself, or, for a rank of a summarised run of several
+    ranks, that run's first OOM rank (the run's incident is where it ran out first)."""
+    if not _several_ranks(incident):
+        return incident
+    first = ((incident.run_ref.summary or {}).get("run") or {}).get("first_oom_rank")
+    if first is None:
+        return incident
+    found = incident.run_ref.uploads.filter(rank=first).order_by("-created_at", "-id").first()
+    return found or incident
+
+
 def _score(follow_up: Upload) -> dict[str, Any] | None:
-    incident = follow_up.follows
+    incident = _incident_rank(follow_up.follows) if follow_up.follows is not None else None
     if incident is None:
         return None
     reports = dict(Report.objects.filter(upload__in=[incident, follow_up]).values_list("upload_id", "data"))
@@ -127,8 +147,14 @@ def _score(follow_up: Upload) -> dict[str, Any] | None:
 def settle(upload_id: int) -> None:
     """Score ``upload_id`` against its incident, and its own follow-ups against it; never raises (the
     report is stored already, a failed comparison is logged and left empty)."""
-    rows = Upload.objects.select_related("follows").filter(Q(pk=upload_id) | Q(follows_id=upload_id))
+    rows = Upload.objects.select_related("follows", "run_ref", "follows__run_ref").filter(
+        Q(pk=upload_id) | Q(follows_id=upload_id)
+    )
     for row in rows:
+        if _several_ranks(row):
+            if row.run_ref.summary:  # a rank of a summarised run: the run is scored as one
+                settle_run(row.run_ref)
+            continue
         try:
             result = _score(row)
         except Exception:
@@ -138,11 +164,50 @@ def settle(upload_id: int) -> None:
             Upload.objects.filter(pk=row.pk).update(followup=result)
 
 
+def _representative(run: Any) -> Upload | None:
+    """The rank a run of several ranks is scored on: its first OOM, else its largest peak reserved."""
+    summary = run.summary or {}
+    rank = (summary.get("run") or {}).get("first_oom_rank")
+    if rank is None:
+        ranks = summary.get("ranks") or []
+        rank = max(ranks, key=lambda r: (int(r.get("peak_reserved_bytes") or 0), -int(r["rank"])))["rank"] if ranks else None
+    if rank is None:
+        return None
+    return run.uploads.select_related("follows", "follows__run_ref").filter(rank=rank).order_by("-created_at", "-id").first()
+
+
+def settle_run(run: Any) -> None:
+    """Score a summarised run of several ranks that follows an incident (issue 33: a DDP job's rerun), and
+    the runs that follow it; never raises."""
+    rep = _representative(run)
+    if rep is None or rep.follows_id is None:
+        for later in Upload.objects.filter(follows__run_ref=run).exclude(run_ref=run).select_related("run_ref"):
+            if _several_ranks(later) and later.run_ref.summary:
+                settle_run(later.run_ref)
+        return
+    try:
+        result = _score(rep)
+    except Exception:
+        log.exception("follow-up run %s: comparison failed", run.code)
+        result = None
+    carried = None
+    if result is not None:
+        carried = {
+            "outcome": result.get("outcome"),
+            "scored_on": rep.code,
+            "text": f"The run is scored on rank {rep.rank} ({rep.code}): {result.get('text')}",
+        }
+    with transaction.atomic():
+        Upload.objects.filter(pk=rep.pk).update(followup=result)
+        run.uploads.exclude(pk=rep.pk).filter(follows__isnull=False).update(followup=carried)
+
+
 # --- dicts for the API and the pages ------------------------------------------------------------
 
 
 def follows_dict(upload: Upload, request: HttpRequest | None = None) -> dict[str, Any] | None:
-    """The API's ``follows``: {code, url, source, advised_change, applied, predicted, actual, outcome, text}."""
+    """The API's ``follows``: {code, url, source, advised_change, applied, predicted (with its ``horizon``),
+    actual, horizon (the predicted horizon scored), outcome, text}."""
     incident = upload.follows
     if incident is None:
         return None
@@ -160,6 +225,7 @@ def follows_dict(upload: Upload, request: HttpRequest | None = None) -> dict[str
         "predicted": result.get("predicted"),
         "actual": result.get("actual"),
         "incident_oom_step": result.get("incident_oom_step"),
+        "horizon": result.get("horizon"),
         "outcome": result.get("outcome") if result else None,
         "text": result.get("text") if result else "Not scored yet: both runs' analyses must have finished.",
     }
@@ -176,6 +242,28 @@ def followed_by(upload: Upload) -> list[dict[str, Any]]:
         }
         for f in upload.followups.order_by("-created_at", "-id")[:20]
     ]
+
+
+def add_followed_by(rows: list[dict[str, Any]], project: Project) -> None:
+    """The history's incident rows: each gets ``followed_by`` ([{code, outcome}], oldest first), so the
+    project's history shows incidents with their follow-ups and outcomes, not only the other way round."""
+    codes = [row["code"] for row in rows]
+    after: dict[str, list[dict[str, Any]]] = {}
+    found = (
+        Upload.objects.filter(project=project, follows__code__in=codes)
+        .order_by("created_at", "id")
+        .values_list("follows__code", "code", "followup")
+    )
+    for incident, code, result in found:
+        outcome = (result or {}).get("outcome")
+        after.setdefault(incident, []).append({"code": code, "outcome": outcome, "words": _words(outcome)})
+    for row in rows:
+        row["followed_by"] = after.get(row["code"], [])
+        row["followup_words"] = _words(row.get("followup_outcome"))
+
+
+def _words(outcome: str | None) -> str:
+    return OUTCOME_WORDS.get(str(outcome), "not scored yet")
 
 
 def record(uploads: QuerySet[Upload]) -> list[dict[str, Any]]:
@@ -215,12 +303,27 @@ OUTCOME_WORDS = {
 }
 
 
-def page_context(upload: Upload) -> dict[str, Any] | None:
-    """The report page's follow-up lines: what this run follows and its outcome, and the runs that
-    follow it; None when neither."""
+HORIZON_WORDS = {"postpones": "postpones the OOM", "steady": "fixes the run", "cannot_tell": "cannot tell"}
+ANSWER_WORDS = {"runs_out": "still runs out in the failing step", "unknown": "cannot tell"}
+
+
+def _horizon_line(item: dict[str, Any]) -> dict[str, Any]:
+    """One change's line: kind (``postpones``, ``steady``, ``cannot_tell`` or ``runs_out``), words, text."""
+    horizon = item["horizon"]
+    if horizon is None:
+        kind = "runs_out" if item["answer"] == "runs_out" else "cannot_tell"
+        return item | {"kind": kind, "words": ANSWER_WORDS.get(item["answer"], "cannot tell"), "text": ""}
+    kind = str(horizon["kind"])
+    return item | {"kind": kind, "words": HORIZON_WORDS.get(kind, ""), "text": horizon["text"]}
+
+
+def page_context(upload: Upload, report: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The report page's follow-up lines: what this run follows and its outcome, the runs that follow
+    it, and (an OOM's ``report`` given) how long each advised change lasts; None when none of these."""
     follows = follows_dict(upload)
     after = followed_by(upload)
-    if follows is None and not after:
+    lasts = [_horizon_line(item) for item in (scoring.horizons(report) if report else [])]
+    if follows is None and not after and not lasts:
         return None
     if follows is not None:
         follows["outcome_words"] = OUTCOME_WORDS.get(str(follows.get("outcome")), "not scored yet")
@@ -228,4 +331,4 @@ def page_context(upload: Upload) -> dict[str, Any] | None:
         item["outcome_words"] = OUTCOME_WORDS.get(str(item.get("outcome")), "not scored yet")
     declared = set(upload.changes_declared or [])
     choices = [{"id": k, "label": v, "checked": k in declared} for k, v in DECLARABLE.items()]
-    return {"follows": follows, "followed_by": after, "choices": choices}
+    return {"follows": follows, "followed_by": after, "choices": choices, "horizons": lasts}

@@ -34,10 +34,11 @@ from django.db.models import Q, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
+from analysis.noise import learn
 from analysis.regression import Regression, compare_runs
 from analysis.runs import RankInput, summarise
 from analysis.stored import upgrade
-from webapp.snapshots import messages
+from webapp.snapshots import followups, messages
 from webapp.snapshots.models import PolicyChange, Project, Report, Run, RunPolicy, Upload, WebhookDelivery
 
 if TYPE_CHECKING:
@@ -199,6 +200,8 @@ def run_summarise(run_id: int) -> str:
         Run.objects.filter(pk=run.pk).update(regression=regression.to_dict() if regression else None)
         if regression is not None and regression.regressed:
             _queue_webhook(run, regression)
+    if (run.world_size or 1) > 1:
+        followups.settle_run(run)  # issue 33: a run of several ranks that follows an incident, scored as one
     return "done"
 
 
@@ -223,18 +226,43 @@ def baseline_for(run: Run, policy: RunPolicy | None = None) -> Run | None:
     )
 
 
+# Runs of the baseline branch the gate learns its noise from (analysis.noise): the newest this many,
+# up to and including the baseline. Ten keeps a leak fixed in the past from weighing on today's gate.
+NOISE_RUNS = 10
+
+
+def noise_window(run: Run, base: Run, policy: RunPolicy) -> list[Run]:
+    """The baseline branch's finished runs up to the baseline (itself last), oldest first; ``run``
+    itself is never one of them."""
+    upto = Q(created_at__lt=base.created_at) | Q(created_at=base.created_at, pk__lt=base.pk)
+    earlier = (
+        Run.objects.filter(upto, project=run.project, branch=policy.main_branch, status=Run.Status.DONE)
+        .exclude(pk__in=(run.pk, base.pk))
+        .exclude(summary__isnull=True)
+        .order_by("-created_at", "-id")[: NOISE_RUNS - 1]
+    )
+    return [*reversed(list(earlier)), base]
+
+
 def run_compare(run: Run, *, max_regression_pct: float | None = None) -> Regression | None:
-    """``run`` against its baseline (None without a baseline or before its summary)."""
+    """``run`` against its baseline (None without a baseline or before its summary): each figure
+    against the noise of the baseline branch's runs (``analysis.noise``) where there are enough of
+    them, else the peak against the project's threshold; a ``max_regression_pct`` given (the
+    gate's ``--max-regression``) overrides both with that fixed threshold."""
     policy = policy_for(run.project)
     base = baseline_for(run, policy)
     if base is None or not base.summary or not run.summary:
         return None
+    noise = None
+    if max_regression_pct is None:
+        noise = learn([(r.commit or None, r.summary) for r in noise_window(run, base, policy)])
     return compare_runs(
         base.summary,
         run.summary,
         max_regression_pct=policy.max_regression_pct if max_regression_pct is None else max_regression_pct,
         baseline_name=f"baseline {base.name}",
         run_name=f"run {run.name}",
+        noise=noise,
     )
 
 

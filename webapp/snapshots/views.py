@@ -70,7 +70,7 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         # Where the timeline fetches zoom detail and states (share_view points it at the link).
         "explore_base": reverse("snapshots:detail", args=[upload.code]),
         # Follow-ups (issue 33): members only (a share link's reader sees no other upload).
-        "followup": None if shared else followups.page_context(upload),
+        "followup": None if shared else followups.page_context(upload, report.data if report else None),
     }
 
 
@@ -386,6 +386,7 @@ def history(request: HttpRequest, slug: str) -> HttpResponse:
         raise Http404
     uploads = project.uploads.select_related("project", "project__team", "run_ref")[:500]
     rows = [services.upload_dict(u, request) for u in uploads]
+    followups.add_followed_by(rows, project)  # issue 33: incidents with their follow-ups and outcomes
     return render(
         request,
         "snapshots/history.html",

@@ -1,0 +1,69 @@
+"""The gate that knows the noise through the site (issue 33, item 3): runs of one workload uploaded
+as a CI job would (``tests/analysis/seeded_series.py``: repeats of the real ResNet capture with
+seeds, and a leak that adds 3% of its stack a commit), the regression stored, the API's answer, the
+fixed threshold as an override, the run page's table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.webapp.helpers import bearer
+from webapp.snapshots.models import Run, Upload
+from webapp.snapshots.tasks import analyse_upload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
+
+import seeded_series  # noqa: E402
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(client: Any, token: str, capture: Any, tmp: Path, name: str, branch: str, commit: str, seed: int, leak: int = 0) -> Run:
+    path = tmp / f"{name}.pickle.gz"
+    path.write_bytes(seeded_series.variant(seed, leak))
+    with capture() as published, path.open("rb") as fh:
+        response = client.post(
+            "/api/v1/snapshots", {"file": fh, "run": name, "branch": branch, "commit": commit}, **bearer(token)
+        )
+    assert response.status_code == 202 and len(published) == 1, response.content
+    analyse_upload(Upload.objects.get(code=response.json()["id"]).id)
+    run = Run.objects.get(name=name)
+    assert run.status == Run.Status.DONE
+    return run
+
+
+def test_the_gate_learns_the_noise_of_main_and_names_the_stack_that_leaks(
+    client: Any, alice_client: Any, alice_token: str, django_capture_on_commit_callbacks: Any, tmp_path: Path
+) -> None:
+    capture = django_capture_on_commit_callbacks
+    for seed in range(4):  # four repeat runs of one commit on main (CI's nightly repeats)
+        base = _run(client, alice_token, capture, tmp_path, f"main-{seed}", "main", "c0ffee00", seed)
+    # the third run on main is still judged by the fixed threshold: two runs before it are too few
+    assert Run.objects.get(name="main-2").regression["tolerance"] == "fixed"
+    assert base.regression["tolerance"] == "noise" and base.regression["regressed"] is False
+
+    repeat = _run(client, alice_token, capture, tmp_path, "pr-repeat", "feature", "c0ffee00", 101)
+    assert repeat.regression["regressed"] is False and repeat.regression["noise"]["runs"] == 4
+
+    leak = _run(client, alice_token, capture, tmp_path, "pr-leak", "feature", "1eaf0010", 110, leak=10)
+    reg = leak.regression
+    assert reg["regressed"] is True and reg["tolerance"] == "noise" and not reg["new_oom"]
+    stacks = [e for e in reg["beyond_noise"] if e["kind"] == "stack"]
+    assert stacks and stacks[0]["delta_bytes"] > stacks[0]["tolerance_bytes"] > 0
+    assert stacks[0]["name"] in reg["reason"] and "Beyond the noise of 4 runs of the baseline branch" in reg["reason"]
+    assert reg["peak"][0]["share"] < 0.05  # the total alone stayed under the fixed 5%
+
+    gate = client.get("/api/v1/projects/alpha/regression?run=pr-leak", **bearer(alice_token)).json()
+    assert gate["regressed"] is True and gate["regression"]["beyond_noise"] == reg["beyond_noise"]
+    # --max-regression given: the fixed threshold on the total, an override, says it passes
+    fixed = client.get("/api/v1/projects/alpha/regression?run=pr-leak&max_regression=5%", **bearer(alice_token)).json()
+    assert fixed["regressed"] is False and fixed["regression"]["tolerance"] == "fixed"
+    assert fixed["regression"]["noise"] is None
+
+    page = alice_client.get(f"/run/{leak.code}/").content.decode()
+    assert 'id="beyond-noise"' in page and "Tolerance learned from 4 runs of the baseline branch (1 commit)" in page
+    assert stacks[0]["name"].split(" ")[0] in page
