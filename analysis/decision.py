@@ -11,6 +11,10 @@ result as ``devices[].decision``; the page shows it first. Rules (docs/report.md
   OOM, preferring one whose step is known to complete (``whatif.step_completes``
   true, then unknown, then false); the advisor's order breaks ties. Without such
   a setting, the first suggestion that is not about the capture (a code change).
+- A growing workload (``growing_workload`` the primary cause) whose free setting carries the run well past the
+  failing step (``projection.horizon_is_near``: its replay of the grown steps, ``whatif[].grown_horizon``, else the
+  failing step's packing carried forward) gets that setting first, with its horizon, and the cap second; "no
+  setting saves it" only where every horizon is near.
 - Without an OOM the headline is the idle cache over the reserved peak's plateau
   (``devices[].plateau``: the least reserved minus allocated while reserved memory
   held its peak, and when); "wasted" only where even that least stayed above the
