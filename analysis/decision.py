@@ -11,6 +11,10 @@ result as ``devices[].decision``; the page shows it first. Rules (docs/report.md
   OOM, preferring one whose step is known to complete (``whatif.step_completes``
   true, then unknown, then false); the advisor's order breaks ties. Without such
   a setting, the first suggestion that is not about the capture (a code change).
+- A growing workload (``growing_workload`` the primary cause) whose free setting carries the run well past the
+  failing step (``projection.horizon_is_near``: its replay of the grown steps, ``whatif[].grown_horizon``, else the
+  failing step's packing carried forward) gets that setting first, with its horizon, and the cap second; "no
+  setting saves it" only where every horizon is near.
 - Without an OOM the headline is the idle cache over the reserved peak's plateau
   (``devices[].plateau``: the least reserved minus allocated while reserved memory
   held its peak, and when); "wasted" only where even that least stayed above the
@@ -37,11 +41,12 @@ figure here reads the same as the OOM message the user already has.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from analysis import readout
 from analysis.allocator.config import split_conf
-from analysis.decision_input import CauseFacts, DecisionInput, OomFacts, oom_facts, primary_cause
+from analysis.decision_input import CauseFacts, DecisionInput, GrownFacts, OomFacts, oom_facts, primary_cause
 from analysis.oom import named_free_block
 from analysis.projection import horizon_is_near, setting_horizon
 
@@ -137,52 +142,84 @@ def decide(result: DecisionInput | Mapping[str, Any], capture: Mapping[str, Any]
     }
 
 
+@dataclass(frozen=True)
+class _Horizon:
+    """Where a growing run dies under a free setting: ``dies_at`` (None: past every grown step replayed, at
+    least ``reaches``), and from what: "grown" (its replay of the grown steps, ``whatif[].grown_horizon``),
+    "replay" (its replay of the failing step, packing carried forward) or "packed" (a perfectly packed cache)."""
+
+    setting: _Choice
+    dies_at: int | None
+    reaches: int
+    source: str
+    steps_replayed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"setting": self.setting.id, "dies_in_step": self.dies_at, "source": self.source}
+        return out | ({"steps_replayed": self.steps_replayed} if self.source == "grown" else {})
+
+
 def _setting_horizon_first(
     cause: CauseFacts,
     oom: OomFacts,
     suggestions: Sequence[Mapping[str, Any]],
     whatifs: Sequence[Mapping[str, Any]],
-) -> tuple[_Choice, int, str] | None:
-    """(setting, the step the run dies in under it, "replay" | "packed") where a growing workload's free setting
-    carries the run well past the failing step (``projection.horizon_is_near``): by its replay of the failing step
-    (its own packing, ``projection.setting_horizon``) where the step was projected, else by the perfectly
-    packed estimate; None where that horizon is near (then no setting saves the run) or no setting is free."""
+) -> _Horizon | None:
+    """A growing workload's free setting and its horizon, where the setting carries the run well past the failing
+    step (``projection.horizon_is_near``); None where the farthest horizon is near (then no setting saves the
+    run) or no setting is free. A setting's horizon is its replay of the grown steps where the report has one
+    (``whatif[].grown_horizon``), else its replay of the failing step with its packing carried forward
+    (``projection.setting_horizon``, reports made before the grown replay), else, without a replay of the step,
+    the perfectly packed estimate for ``expandable_segments``."""
     if cause.id != "growing_workload":
         return None
     step, rate = int(cause.died_in_step or 0), cause.growth_per_step
     # The growth took back each setting's "avoids the OOM" (analysis.sizing): its replay's own answer stands here.
     choices = [_Choice(s, _whatif_of(s, whatifs)) for s in suggestions]
     free = [c for c in choices if c.is_setting and c.whatif_avoids_oom]
-    need = oom.step_need
-    replayed = [
-        (setting_horizon(step, need, oom.limit, rate, c.step_peak_reserved), c)
-        for c in free
-        if c.step_completes is True and need and c.step_peak_reserved
-    ]
-    if replayed and rate > 0:
-        dies_at, setting = max(replayed, key=lambda hc: hc[0])  # max() keeps the first of equals
-        source = "replay"
+    horizons = [h for h in (_replayed_horizon(c, step, oom, rate) for c in free) if h is not None]
+    if horizons:
+        horizon = max(horizons, key=lambda h: h.reaches)  # max() keeps the first of equals
     else:
         # No replay of the step: the perfectly packed estimate, which is what expandable_segments approaches.
         packed = [c for c in free if c.step_completes is None and c.id == "expandable_segments"]
         if not packed or rate <= 0:
             return None
-        dies_at, setting, source = step + cause.postpone_packed_steps, packed[0], "packed"
-    return None if horizon_is_near(step, dies_at) else (setting, dies_at, source)
+        dies_at = step + cause.postpone_packed_steps
+        horizon = _Horizon(packed[0], dies_at, dies_at, "packed")
+    return None if horizon_is_near(step, horizon.reaches) else horizon
 
 
-def _horizon_sentence(cause: CauseFacts, setting: _Choice, dies_at: int, source: str) -> str:
+def _replayed_horizon(choice: _Choice, step: int, oom: OomFacts, rate: int) -> _Horizon | None:
+    """A setting's horizon from its replays: the grown steps', else the failing step's packing carried forward."""
+    grown = GrownFacts.of(choice.whatif)
+    if grown is not None:
+        return _Horizon(choice, grown.dies_in_step, grown.reaches, "grown", grown.steps_replayed)
+    need = oom.step_need
+    if choice.step_completes is not True or not need or not choice.step_peak_reserved or rate <= 0:
+        return None
+    dies_at = setting_horizon(step, need, oom.limit, rate, choice.step_peak_reserved)
+    return _Horizon(choice, dies_at, dies_at, "replay")
+
+
+def _horizon_sentence(cause: CauseFacts, horizon: _Horizon) -> str:
     step = cause.died_in_step
-    how = (
-        f"its replay runs step {step} to its end, and with its packing"
-        if source == "replay"
-        else "even without a replay of the step, a perfectly packed cache gains that much, and"
+    how = {
+        "grown": f"its replay of step {step} and of {horizon.steps_replayed} steps grown after it, with its own "
+        "packing of each, shows",
+        "replay": f"its replay runs step {step} to its end, and with its packing",
+        "packed": "even without a replay of the step, a perfectly packed cache gains that much, and",
+    }[horizon.source]
+    until = (
+        f"the run goes on to about step {horizon.dies_at} before the growth outgrows the limit"
+        if horizon.dies_at is not None
+        else f"the run goes on past step {horizon.reaches - 1}, the last replayed, and the growth outgrows the limit "
+        "only later"
     )
     return (
         f"The steps grow (about {format_size(cause.growth_per_step)} a step) and step "
-        f"{step} needed more than the limit, but {setting.id} costs nothing and carries the run "
-        f"on: {how} the run goes on to about step {dies_at} before the growth outgrows the limit. Make that change "
-        "first; cap what grows before then (the runner-up)."
+        f"{step} needed more than the limit, but {horizon.setting.id} costs nothing and carries the run "
+        f"on: {how} {until}. Make that change first; cap what grows before then (the runner-up)."
     )
 
 
@@ -190,30 +227,33 @@ def _setting_first(
     inp: DecisionInput,
     capture: Mapping[str, Any],
     cause: CauseFacts,
-    horizon: tuple[_Choice, int, str],
+    horizon: _Horizon,
     allocator_headline: str,
 ) -> dict[str, Any]:
     """The decision that makes a growing run's free setting the change, with its horizon."""
-    setting, dies_at, source = horizon
-    sentence = _horizon_sentence(cause, setting, dies_at, source)
+    sentence = _horizon_sentence(cause, horizon)
     return {
         "headline": f"{sentence}{inp.phase_sentence}{inp.pools_sentence}",
         "allocator_headline": allocator_headline,
-        "change": _change(setting, _recorded_conf(capture)),
-        "buys": _horizon_buys(cause, dies_at, source),
-        "horizon": {"setting": setting.id, "dies_in_step": dies_at, "source": source},
-        "confidence": _confidence(inp, capture, setting),
+        "change": _change(horizon.setting, _recorded_conf(capture)),
+        "buys": _horizon_buys(cause, horizon),
+        "horizon": horizon.to_json(),
+        "confidence": _confidence(inp, capture, horizon.setting),
         "runner_up": {"id": cause.id, "line": cause.fix_line},  # the short form, as every runner_up
     }
 
 
-def _horizon_buys(cause: CauseFacts, dies_at: int, source: str) -> str:
-    basis = "its replay of the failing step" if source == "replay" else "a perfectly packed cache, without a replay"
-    return (
-        f"Step {cause.died_in_step} and the steps after it up to about step "
-        f"{dies_at - 1} (a horizon from {basis}, with the steps' growth carried forward); the growth goes on, so "
-        "cap it before then."
-    )
+def _horizon_buys(cause: CauseFacts, horizon: _Horizon) -> str:
+    basis = {
+        "grown": "its replay of the grown steps",
+        "replay": "its replay of the failing step, with the steps' growth carried forward",
+        "packed": "a perfectly packed cache, without a replay, with the steps' growth carried forward",
+    }[horizon.source]
+    if horizon.dies_at is None:
+        reach = f"every step its replay grew, up to step {horizon.reaches - 1} at least"
+    else:
+        reach = f"the steps after it up to about step {horizon.dies_at - 1}"
+    return f"Step {cause.died_in_step} and {reach} (a horizon from {basis}); the growth goes on, so cap it before then."
 
 
 def _unproven_on_a_full_device(choice: _Choice) -> bool:

@@ -167,6 +167,29 @@ def _cause_facts(cause: Mapping[str, Any] | None) -> CauseFacts | None:
     )
 
 
+@dataclass(frozen=True)
+class GrownFacts:
+    """A setting's replay of the grown steps (``whatif[].grown_horizon``, ``analysis.horizon``), as the decision
+    reads it; absent from reports made before it (then the decision falls back on ``projection.setting_horizon``)."""
+
+    failing_step: int
+    steps_replayed: int
+    dies_in_step: int | None  # None: every replayed step completed
+
+    @property
+    def reaches(self) -> int:
+        """The step the run is known to get into under the setting: where it dies, else the one past the replay."""
+        return self.dies_in_step if self.dies_in_step is not None else self.failing_step + self.steps_replayed + 1
+
+    @classmethod
+    def of(cls, whatif: Mapping[str, Any] | None) -> GrownFacts | None:
+        grown = (whatif or {}).get("grown_horizon") or None
+        if not grown:
+            return None
+        dies = grown.get("dies_in_step")
+        return cls(int(grown["failing_step"]), int(grown["steps_replayed"]), None if dies is None else int(dies))
+
+
 # Private pools worth naming in the headline: this share of what PyTorch reserved (causes' own floor).
 POOLS_HEADLINE_SHARE = 0.25
 

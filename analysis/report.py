@@ -164,6 +164,8 @@ def _analyse_device(
     entry = serialise.device_json(facts, recorded, explained, attributed, diagnosed, timeline, catalog, ledger)
     advice = workload.advice_context(snapshot, facts, recorded, attributed, src.section["bytes"], catalog)
     collected = whatifs.collect_whatifs(planned)
+    grown = diagnosis.growth_per_step(diagnosed)
+    whatifs.add_grown_horizons(snapshot, facts.dev, collected, grown, recorded.requests)
     progress("analysing", 0.8)
     oom = serialise.oom_json(facts, explained, attributed, collected) if explained.oom is not None else None
     serialise.with_replays(entry, oom, collected, check.result())

@@ -63,6 +63,7 @@ class Attribution:
     opt_start: I64
     opt_end: I64
     frameless: npt.NDArray[np.bool_]  # categories.frameless_backward of every allocation
+    private: npt.NDArray[np.bool_]  # categories.private_pool_allocations: the allocations a private pool made
 
 
 def attribute(snapshot: Snapshot, facts: Facts, replay: RecordedReplay, catalog: StackCatalog) -> Attribution:
@@ -82,7 +83,9 @@ def attribute(snapshot: Snapshot, facts: Facts, replay: RecordedReplay, catalog:
     # the stacks below and the phases (diagnose_device) split them off alike.
     frameless = frameless_backward(lifetimes, catalog)
     codes = classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=trace_has_frames, frameless=frameless)
-    mark_private_pools(codes, private_pool_allocations(lifetimes, trace, facts.dev.segments))
+    # Computed once: the categories, the phases and the causes (diagnose_device) read the same mask.
+    private = private_pool_allocations(lifetimes, trace, facts.dev.segments)
+    mark_private_pools(codes, private)
     # A block live before the trace carries the stack of the event that freed it
     # when the final snapshot no longer holds it; with context="all" that is the
     # free site, not the allocation site, so such blocks count as "no frames".
@@ -104,7 +107,7 @@ def attribute(snapshot: Snapshot, facts: Facts, replay: RecordedReplay, catalog:
     categories = bytes_by_category(peak_codes, peak_sizes)
     pools = private_pools(moments[0].state, catalog, snapshot.pools)
     return Attribution(
-        tuple(moments), top_stacks, live, codes, peak_codes, categories, pools, opt_start, opt_end, frameless
+        tuple(moments), top_stacks, live, codes, peak_codes, categories, pools, opt_start, opt_end, frameless, private
     )
 
 

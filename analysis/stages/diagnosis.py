@@ -7,8 +7,6 @@ reserved peak).
 
 from __future__ import annotations
 
-import numpy as np
-
 from analysis.allocator.recorded import RecordedReplay
 from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
 from analysis.ledger import Ledger, device_ledger
@@ -40,6 +38,7 @@ def diagnose_device(
         attribution.opt_start,
         attribution.opt_end,
         frameless=attribution.frameless,
+        private=attribution.private,
     )
     at = facts.oom_index if facts.oom_index is not None else (int(replay.peak_reserved_index) if facts.n else None)
     pools: tuple[PoolUse, ...] = ()
@@ -50,7 +49,9 @@ def diagnose_device(
             by_pool[int(seg.pool)] = by_pool.get(int(seg.pool), 0) + int(seg.total_size)
         pools = tuple(PoolUse(k, v) for k, v in sorted(by_pool.items()))
         reserved_at = int(recorded.cols["reserved"][at])
-    private = trace.pool[lifetimes.start] != 0 if facts.n else np.zeros(0, bool)
+    # The allocations a private pool made: the trace's pool ids where recorded, else the final segments' pools
+    # (torch <= 2.11's entries carry no pool id), the same mask as the categories and the phases.
+    private = attribution.private
     oom, limit = explained.oom, explained.limit
     inp = CauseInput(
         trace=trace,
@@ -93,3 +94,12 @@ def ledger_of(
 ) -> Ledger:
     """The whole device at the OOM (else the reserved peak): ``analysis.ledger``."""
     return device_ledger(snapshot, facts.dev, replay, catalog, facts.recorded_cfg, facts.oom_index, message)
+
+
+def growth_per_step(diagnosed: Diagnosis) -> int:
+    """The growing workload's measured growth a step (``causes.growing_workload``'s figure), 0 where no cause
+    says the steps grow: what ``whatifs.add_grown_horizons`` grows the replayed steps by."""
+    for cause in diagnosed.causes:
+        if cause.id == "growing_workload":
+            return int(cause.figures.get("growth_per_step_bytes") or 0)
+    return 0

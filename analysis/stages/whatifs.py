@@ -3,11 +3,14 @@
 ``whatif_basis(...) -> WhatIfBasis`` (the limit, the one "capped" rule ``limits.run_was_capped``, the
 projected step), ``submit_whatifs(...) -> list[Planned]`` (the settings table's candidates, then the
 user's), ``collect_whatifs(planned) -> WhatIfs`` (the contract items and the advisor's typed ones), and
-``command_item(...)``: the ``whatif`` command's answer for one device, from the same stages.
+``command_item(...)``: the ``whatif`` command's answer for one device, from the same stages;
+``add_grown_horizons(...)``: a growing run's horizon under each setting that gets the failing step through
+(``analysis.horizon``), once the diagnosis has measured the growth.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +19,11 @@ from analysis.allocator import Requests, build_requests, infer_limit, whatif
 from analysis.allocator.config import AllocatorConfig, setting_named, setting_of, whatif_candidates
 from analysis.allocator.policy import Beside, fitted_limit
 from analysis.allocator.requests import _recorded_reserved
+from analysis.horizon import grown_horizon
 from analysis.limits import INFERRED, Limit, OomMessage, run_was_capped
 from analysis.model import DeviceData, Snapshot
 from analysis.parallel import Pending, Pool
-from analysis.projection import Projection, step_whatif
+from analysis.projection import NEAR_HORIZON_SHARE, NEAR_HORIZON_STEPS, Projection, step_whatif
 from analysis.stages.outline import Outline, chosen_limit, failing_step, trace_outline
 
 # The report's own what-if candidates are the settings table's (analysis.allocator.config.SETTINGS).
@@ -27,6 +31,10 @@ from analysis.stages.outline import Outline, chosen_limit, failing_step, trace_o
 # simulated events in total, the cheapest-to-skip candidates are dropped
 # (expandable_segments is always tried).
 AUTO_WHATIF_EVENT_BUDGET = 4_000_000
+# Grown steps replayed after the failing one (``add_grown_horizons``): at least this many, and always more than
+# twice the steps within which a horizon is near (``projection.horizon_is_near``), so that "near" and "far" are
+# both answers the replay can give and a far horizon is a step the replay reached, not a guess.
+GROWN_STEPS_MIN = 10
 
 
 @dataclass(frozen=True)
@@ -37,12 +45,14 @@ class Planned:
     config: str
     origin: str  # "auto" | "user"
     pending: Pending
+    basis: WhatIfBasis | None = None  # what it replays under (the same for every what-if of a device)
 
 
 @dataclass(frozen=True)
 class WhatIfs:
     items: list[dict[str, Any]]  # contract ``whatif`` items
     advice: list[advice_mod.WhatIf]  # the same, typed, for the advisor
+    basis: WhatIfBasis | None = None  # what they replayed under (None: no what-if ran)
 
 
 @dataclass(frozen=True)
@@ -86,8 +96,8 @@ def submit_whatifs(
     budget = max(1, AUTO_WHATIF_EVENT_BUDGET // max(1, outline.n))
     own = whatif_candidates(recorded, capped=basis.capped, at_most=budget)
     auto = [(setting, conf) for setting, conf in own if conf not in user]
-    planned = [Planned(setting, conf, "auto", start(conf)) for setting, conf in auto]
-    planned += [Planned(setting_of(conf), conf, "user", start(conf)) for conf in dict.fromkeys(user)]
+    planned = [Planned(setting, conf, "auto", start(conf), basis) for setting, conf in auto]
+    planned += [Planned(setting_of(conf), conf, "user", start(conf), basis) for conf in dict.fromkeys(user)]
     return planned
 
 
@@ -197,7 +207,42 @@ def collect_whatifs(planned: list[Planned]) -> WhatIfs:
         )
         for w in items
     ]
-    return WhatIfs(items, advice_items)
+    return WhatIfs(items, advice_items, planned[0].basis if planned else None)
+
+
+def grown_steps(step: int) -> int:
+    """How many grown steps to replay after the failing ``step`` (see ``GROWN_STEPS_MIN``)."""
+    near = max(NEAR_HORIZON_STEPS, math.ceil(NEAR_HORIZON_SHARE * step))
+    return max(GROWN_STEPS_MIN, 2 * near + 1)
+
+
+def add_grown_horizons(
+    snapshot: Snapshot, dev: DeviceData, whatifs: WhatIfs, growth_per_step: int, requests: Requests | None
+) -> None:
+    """``whatif[].grown_horizon`` of every setting whose replay ran the failing step to its end, where the run's
+    steps grow (``growth_per_step``: ``causes.growing_workload``'s measured line, 0 without one): the failing step
+    and its grown copies replayed under the setting (``analysis.horizon.grown_horizon``), under what the what-if
+    itself replayed under. A setting that only gets past the step postpones the OOM; how far is this answer."""
+    basis = whatifs.basis
+    if basis is None or basis.projection is None or growth_per_step <= 0 or requests is None:
+        return
+    steps = grown_steps(basis.projection.step)
+    for item in whatifs.items:
+        if item.get("step_completes") is not True:
+            continue
+        horizon = grown_horizon(
+            snapshot,
+            dev,
+            str(item["config"]),
+            basis.replay_limit,
+            basis.ends,
+            basis.projection,
+            growth_per_step,
+            steps,
+            capped=basis.capped,
+            requests=requests,
+        )
+        item["grown_horizon"] = horizon.to_json()
 
 
 def _whatif_rank(item: dict[str, Any]) -> tuple[bool, int]:
