@@ -309,7 +309,6 @@ class LedgerRow(Section):
     source: str | None
     parts: tuple[LedgerPart, ...]
     NESTED = {"parts": many(LedgerPart)}
-    DEFAULTS = {"source": ""}
 
 
 @dataclass(frozen=True)
@@ -344,6 +343,14 @@ class EdgeOfCap(Section):
 
 
 @dataclass(frozen=True)
+class Replay(Section):
+    recorded_config: str | None
+    segment_events_recorded: int | None
+    segment_events_reproduced: int | None
+    exact: bool | None
+
+
+@dataclass(frozen=True)
 class Device(Section):
     device: int | None
     events: int | None
@@ -361,6 +368,7 @@ class Device(Section):
     ledger: Ledger | None
     plateau: Plateau | None
     edge_of_cap: EdgeOfCap | None
+    replay: Replay | None
     timeline: Mapping[str, Any] | None  # the plot's columns (the report's own design; charts.timeline_columns)
     segment_maps: Mapping[str, Any]  # the segment maps by moment (charts._segment_map_chart)
     data: Mapping[str, Any]
@@ -379,6 +387,7 @@ class Device(Section):
         "ledger": one(Ledger),
         "plateau": one(Plateau),
         "edge_of_cap": one(EdgeOfCap),
+        "replay": one(Replay),
         "timeline": frozen_map_or_none,
         "segment_maps": frozen_map,
     }
@@ -413,3 +422,8 @@ def main_device(report: Report) -> Device | None:
     if not report.devices:
         return None
     return max(report.devices, key=lambda d: (1 if d.oom else 0, int(d.summary.peak_reserved_bytes or 0)))
+
+
+def oom_of(oom: Oom | Mapping[str, Any]) -> Oom:
+    """An OOM, typed, for a caller that still holds the dict (the decision, as the report is built)."""
+    return oom if isinstance(oom, Oom) else Oom.from_json(oom)
