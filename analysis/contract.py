@@ -351,6 +351,50 @@ class Replay(Section):
 
 
 @dataclass(frozen=True)
+class Segment(Section):
+    """One segment of a segment map. Its blocks stay as stored: their keys changed over the versions
+    (``offset`` or ``address``, ``requested`` or ``requested_size``, ``stack`` a group id or a label, ``frames``)."""
+
+    address: int | str | None  # an older map wrote addresses as "0x..." strings
+    size: int | None
+    type: str | None
+    expandable: bool | None
+    pool: Any
+    stream: int | None
+    allocated_bytes: int | None
+    free_bytes: int | None
+    largest_free_bytes: int | None
+    blocks: tuple[Mapping[str, Any], ...]
+    NESTED = {"blocks": lambda v: tuple(frozen_map(b) for b in v or () if isinstance(b, Mapping))}
+    FALLBACK = {"size": "total_size", "type": "segment_type"}  # the first maps' names
+
+
+@dataclass(frozen=True)
+class SegmentMap(Section):
+    """``devices[].segment_maps.<moment>``: the cache's segments at one moment, the largest ones."""
+
+    event_index: int | None
+    segments: tuple[Segment, ...]
+    segments_shown: int | None
+    segments_total: int | None
+    hidden_bytes: int | None
+    labels: Mapping[str, Any]  # stack group id -> label
+    NESTED = {"segments": many(Segment), "labels": frozen_map}
+
+
+def _segment_maps(value: Any) -> Mapping[str, SegmentMap]:
+    """The maps by moment (``peak``, ``reserved_peak``, ``oom``), those stored; a map stored as the bare list of
+    its segments (the first reports) reads as one without labels."""
+    maps: dict[str, SegmentMap] = {}
+    for moment, snap in (value.items() if isinstance(value, Mapping) else ()):
+        if isinstance(snap, list):
+            snap = {"segments": snap}
+        if isinstance(snap, Mapping) and snap:
+            maps[str(moment)] = SegmentMap.from_json(snap)
+    return MappingProxyType(maps)
+
+
+@dataclass(frozen=True)
 class Device(Section):
     device: int | None
     events: int | None
@@ -370,7 +414,7 @@ class Device(Section):
     edge_of_cap: EdgeOfCap | None
     replay: Replay | None
     timeline: Mapping[str, Any] | None  # the plot's columns (the report's own design; charts.timeline_columns)
-    segment_maps: Mapping[str, Any]  # the segment maps by moment (charts._segment_map_chart)
+    segment_maps: Mapping[str, SegmentMap]  # by moment
     data: Mapping[str, Any]
     NESTED = {
         "summary": lambda v: Summary.from_json(v if isinstance(v, Mapping) else EMPTY),
@@ -389,7 +433,7 @@ class Device(Section):
         "edge_of_cap": one(EdgeOfCap),
         "replay": one(Replay),
         "timeline": frozen_map_or_none,
-        "segment_maps": frozen_map,
+        "segment_maps": _segment_maps,
     }
 
 

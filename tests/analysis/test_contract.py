@@ -65,7 +65,12 @@ def _check(typed: Section, data: Mapping[str, Any], path: str) -> int:
         elif isinstance(value, tuple):
             items = [item for item in stored or [] if isinstance(item, Mapping)]
             assert len(value) == len(items), where
-            compared += sum(_check(v, item, f"{where}[{i}]") for i, (v, item) in enumerate(zip(value, items)))
+            for i, (v, item) in enumerate(zip(value, items)):
+                assert isinstance(v, Section) or v == item, f"{where}[{i}]"  # a block, kept as stored
+                compared += _check(v, item, f"{where}[{i}]") if isinstance(v, Section) else 1
+        elif isinstance(value, Mapping) and any(isinstance(v, Section) for v in value.values()):
+            assert set(value) == {k for k, v in stored.items() if v}, where  # the segment maps, by moment
+            compared += sum(_check(v, stored[k], f"{where}.{k}") for k, v in value.items())
         elif isinstance(value, Mapping):
             assert value == (stored or {}), where
             compared += 1

@@ -52,7 +52,7 @@ from bokeh.models.annotations import Label, Legend, Span, Title  # typed here; b
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
-from analysis.contract import Device, Oom, Report, Step, report_of
+from analysis.contract import Device, Oom, Report, Segment, Step, report_of
 from webapp.snapshots.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
@@ -703,7 +703,7 @@ def _step_bands(
 
 
 def _peak_map_key(dev: Device) -> str:
-    return "reserved_peak" if dev.segment_maps.get("reserved_peak") else "peak"
+    return "reserved_peak" if "reserved_peak" in dev.segment_maps else "peak"
 
 
 def _segment_map_chart(dev: Device, moment: str) -> Any:
@@ -715,28 +715,25 @@ def _segment_map_chart(dev: Device, moment: str) -> Any:
     segments are the gaps between blocks.
     """
     snap = dev.segment_maps.get(moment)
-    if not snap:
+    if snap is None or not snap.segments:
         return None
-    segments = list(snap.get("segments") or []) if isinstance(snap, Mapping) else list(snap)
-    if not segments:
-        return None
-    labels = snap.get("labels") or {} if isinstance(snap, Mapping) else {}
-    segments.sort(key=lambda sg: -_int(sg, "size", "total_size"))
-    total = int(snap.get("segments_total") or len(segments)) if isinstance(snap, Mapping) else len(segments)
+    labels = snap.labels
+    segments = sorted(snap.segments, key=lambda sg: -_numeric(sg.size))
+    total = int(snap.segments_total or len(segments))
     segments = segments[:MAX_SEGMENT_ROWS]
     hidden = max(0, total - len(segments))
     # Too many blocks to draw: merge neighbours of one state, smallest first, per segment.
     per_segment_budget = max(8, MAX_SEGMENT_BLOCKS // len(segments))
-    merge = sum(len(sg.get("blocks") or []) for sg in segments) > MAX_SEGMENT_BLOCKS
+    merge = sum(len(sg.blocks) for sg in segments) > MAX_SEGMENT_BLOCKS
 
     cols: dict[str, list[Any]] = {
         k: [] for k in ("x", "y", "w", "state", "size", "requested", "stack", "count", "segment")
     }
     row_labels: dict[int, str] = {}
     for row, seg in enumerate(segments):
-        seg_size = _int(seg, "size", "total_size")
-        kind = seg.get("type") or seg.get("segment_type") or ""
-        row_labels[row] = f"{format_bytes(seg_size)} {kind}{' exp.' if seg.get('expandable') else ''}".strip()
+        seg_size = _numeric(seg.size)
+        kind = seg.type or ""
+        row_labels[row] = f"{format_bytes(seg_size)} {kind}{' exp.' if seg.expandable else ''}".strip()
         blocks = _block_rows(seg, seg_size, labels)
         if merge and len(blocks) > per_segment_budget:
             blocks = _merge_blocks(blocks, per_segment_budget)
@@ -754,13 +751,13 @@ def _segment_map_chart(dev: Device, moment: str) -> Any:
             cols["segment"].append(seg_size)
 
     when = {"peak": "allocated peak", "reserved_peak": "reserved peak"}.get(moment, "OOM")
-    at = snap.get("event_index") if isinstance(snap, Mapping) else None
+    at = snap.event_index
     title = f"Segments at the {when}" + (f" (event {at:,})" if isinstance(at, int) else "")
     if hidden:
-        hidden_bytes = snap.get("hidden_bytes") if isinstance(snap, Mapping) else None
+        hidden_bytes = snap.hidden_bytes
         title += f"; {hidden} smaller segments not drawn" + (f" ({format_bytes(hidden_bytes)})" if hidden_bytes else "")
     rows = len(segments)
-    widest = max(_int(sg, "size", "total_size") for sg in segments) / 2**20
+    widest = max(_numeric(sg.size) for sg in segments) / 2**20
     dense = rows > 60  # rows too thin for a label each: hover names the segment instead
     p = _figure(
         title,
@@ -831,12 +828,12 @@ def _segment_map_chart(dev: Device, moment: str) -> Any:
     return p
 
 
-def _block_rows(seg: Mapping[str, Any], seg_size: int, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+def _block_rows(seg: Segment, seg_size: int, labels: Mapping[str, str]) -> list[dict[str, Any]]:
     """Blocks of one segment by offset, with the unmapped gaps (expandable segments) filled in."""
     rows: list[dict[str, Any]] = []
     cursor = 0
-    seg_addr = _int(seg, "address")
-    for blk in sorted(seg.get("blocks") or [], key=lambda b: _int(b, "offset")):
+    seg_addr = _numeric(seg.address)
+    for blk in sorted(seg.blocks, key=lambda b: _int(b, "offset")):
         size = _int(blk, "size")
         offset = _int(blk, "offset") if "offset" in blk else (_int(blk, "address") - seg_addr if seg_addr else cursor)
         if offset > cursor:
@@ -903,7 +900,7 @@ def _stack_label(block: Mapping[str, Any], labels: Mapping[str, str]) -> str:
 def _icicle_chart(dev: Device) -> Any:
     stacks = dev.top_stacks
     moment = "oom" if any(s.when == "oom" for s in stacks) else "peak"
-    chosen = [s for s in stacks if s.when == moment and _number(s.bytes) > 0]
+    chosen = [s for s in stacks if s.when == moment and _numeric(s.bytes) > 0]
     if not chosen:
         return None
     # Tree keyed by the path from the outermost frame (frames are innermost first).
@@ -918,9 +915,9 @@ def _icicle_chart(dev: Device) -> Any:
             if key not in nodes:
                 nodes[key] = [0.0, 0.0]
                 order.append(key)
-            nodes[key][0] += _number(s.bytes)
-            nodes[key][1] += _number(s.count)
-    total = float(sum(_number(s.bytes) for s in chosen))
+            nodes[key][0] += _numeric(s.bytes)
+            nodes[key][1] += _numeric(s.count)
+    total = float(sum(_numeric(s.bytes) for s in chosen))
     # Lay out: children of a node sit under it, biggest first.
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for key in order:
@@ -1137,20 +1134,28 @@ def _floats(values: Iterable[Any]) -> np.ndarray:
 def _int(d: Mapping[str, Any], *keys: str) -> int:
     """The first of ``keys`` holding a number (addresses may come as "0x..." strings); else 0."""
     for key in keys:
-        value = d.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return int(value)
-        if isinstance(value, str) and value.startswith("0x"):
-            try:
-                return int(value, 16)
-            except ValueError:
-                continue
+        value = _number_or_none(d.get(key))
+        if value is not None:
+            return value
     return 0
 
 
-def _number(value: Any) -> int:
-    """A count or size of a typed section as ``_int`` reads one from a block: numbers only, else 0."""
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+def _number_or_none(value: Any) -> int | None:
+    """A number, or an address written as a "0x..." string, as an int; None for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, str) and value.startswith("0x"):
+        try:
+            return int(value, 16)
+        except ValueError:
+            return None
+    return None
+
+
+def _numeric(value: Any) -> int:
+    """A typed section's number (a size, a count, an address that may be a "0x..." string); 0 for none."""
+    number = _number_or_none(value)
+    return 0 if number is None else number
 
 
 def _first_device(report: Report) -> Device | None:

@@ -444,6 +444,7 @@ def _compare_side(upload_row: Upload, report: contract.Report | None, request: H
     device = contract.main_device(report) if report else None
     return {
         "upload": services.upload_dict(upload_row, request),
+        "report": report,
         "device": device,
         "basis": readout.basis(device) if device else None,
         "decision": device.decision if device else None,
