@@ -29,7 +29,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from analysis.contract import Device, Ledger, Oom, Ranked, WhatIf, device_of, oom_of
+from analysis.contract import Device, Ledger, Oom, Ranked, Report, WhatIf, device_of, main_device, oom_of
 
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
 # A change leaves thin headroom below this share of the limit (or below the request that failed).
@@ -580,3 +580,38 @@ def _ledger_summary(ledger: Ledger | None) -> dict[str, Any] | None:
         "total_bytes": ledger.total_bytes,
         "rows": [{"id": r.id, "label": r.label, "bytes": r.bytes, "source": r.source} for r in ledger.rows],
     }
+
+
+# The summary figures a row keeps (``Upload.summary``: lists, history, the API's summary), of the main device.
+ROW_SUMMARY_KEYS = (
+    "peak_reserved_bytes",
+    "peak_allocated_bytes",
+    "peak_requested_bytes",
+    "final_reserved_bytes",
+    "final_allocated_bytes",
+    "peak_is_lower_bound",
+)
+
+
+def row_summary(report: Report) -> dict[str, Any]:
+    """The few figures kept on an upload's row for lists, history and the API: the main device's (the OOM one,
+    else the largest peak) summary, its verdict and suggestions, and ``run_facts`` (what the first screen says)."""
+    summary: dict[str, Any] = {"devices": len(report.devices)}
+    main = main_device(report)
+    if main is None:
+        return summary
+    for key in ROW_SUMMARY_KEYS:
+        value = getattr(main.summary, key)
+        if value is not None:  # (every report has them all; an older row without one keeps none)
+            summary[key] = value
+    summary["device"] = main.device
+    summary["events"] = main.events
+    summary["oom"] = main.oom is not None
+    summary["verdict"] = main.oom.verdict if main.oom else None
+    summary["suggestions"] = len(main.suggestions)
+    # What the report's decision says (the page's first screen), so the API, history and compare say
+    # the same: the limit and its source, the verdict's level, the change.
+    facts = run_facts(main)
+    summary.update(facts)
+    summary["top_suggestion"] = facts["change_title"]
+    return summary
