@@ -73,7 +73,9 @@ def _on_request(node: ast.expr) -> bool:
 def test_the_readers_do_not_read_the_report_dict_by_key() -> None:
     for module, allowed in READERS.items():
         reads = literal_key_reads((ROOT / module).read_text())
-        stray = [f"{module}:{line} {function}() .get({key!r})" for function, line, key in reads if function not in allowed]
+        stray = [
+            f"{module}:{line} {function}() .get({key!r})" for function, line, key in reads if function not in allowed
+        ]
         assert not stray, "read these through analysis.contract (stored.load):\n" + "\n".join(stray)
 
 

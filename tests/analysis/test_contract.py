@@ -65,7 +65,7 @@ def _check(typed: Section, data: Mapping[str, Any], path: str) -> int:
         elif isinstance(value, tuple):
             items = [item for item in stored or [] if isinstance(item, Mapping)]
             assert len(value) == len(items), where
-            for i, (v, item) in enumerate(zip(value, items)):
+            for i, (v, item) in enumerate(zip(value, items, strict=True)):
                 assert isinstance(v, Section) or v == item, f"{where}[{i}]"  # a block, kept as stored
                 compared += _check(v, item, f"{where}[{i}]") if isinstance(v, Section) else 1
         elif isinstance(value, Mapping) and any(isinstance(v, Section) for v in value.values()):
@@ -144,15 +144,21 @@ def test_every_typed_field_is_a_key_the_report_writes(reports: dict[str, dict[st
             if isinstance(value, Section):
                 walk(value, data[field.name])
             elif isinstance(value, tuple):
-                for v, item in zip(value, [i for i in data.get(field.name) or [] if isinstance(i, Mapping)]):
-                    walk(v, item)
+                items = [i for i in data.get(field.name) or [] if isinstance(i, Mapping)]
+                for v, item in zip(value, items, strict=True):
+                    if isinstance(v, Section):
+                        walk(v, item)
+            elif isinstance(value, Mapping):
+                for moment, v in value.items():
+                    if isinstance(v, Section):
+                        walk(v, data[field.name][moment])
 
     for built in reports.values():
         walk(load(copy.deepcopy(built)), built)
     for cls, keys in seen.items():
         names = {f.name for f in dataclasses.fields(cls)} - {"data"}  # type: ignore[arg-type]
         assert names <= keys, f"{cls.__name__}: {sorted(names - keys)} never in a report"
-    assert Device in seen and contract.Ledger in seen and contract.WhatIf in seen
+    assert {Device, contract.Ledger, contract.WhatIf, contract.SegmentMap, contract.Segment} <= set(seen)
 
 
 def test_the_typed_report_is_read_only(reports: dict[str, dict[str, Any]]) -> None:
