@@ -120,11 +120,11 @@ def aligned_timeline(dev: Device | Mapping[str, Any]) -> dict[str, list[float]] 
     dev = device_of(dev)
     timeline = dev.timeline
     steps = [s for s in dev.steps if s.first_event is not None and s.last_event is not None]
-    if not timeline or not steps:
+    if timeline is None or not steps:
         return None
     out: dict[str, list[float]] = {"x": [], "reserved": [], "allocated": []}
     k = 0
-    for e, r, a in zip(timeline["index"], timeline["reserved_bytes"], timeline["allocated_bytes"], strict=True):
+    for e, r, a in zip(timeline.index, timeline.reserved_bytes, timeline.allocated_bytes, strict=True):
         while k < len(steps) and e > int(steps[k].last_event or 0):
             k += 1
         if k == len(steps):

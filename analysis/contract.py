@@ -6,7 +6,7 @@ A stored report is read once: ``analysis.stored.load(data)`` brings it to the cu
 dict, so a key's name and its fallback for an older report are written in one place, this module.
 
 Why tolerant: a report of any age must still read. A key the dict lacks is ``None`` (or its class's
-``DEFAULTS`` entry, or another key named in ``FALLBACK``), a section that is not a JSON object is
+the first of the older keys its class's ``FALLBACK`` names), a section that is not a JSON object is
 ``None``, a list item that is not one is skipped, as the readers' ``.get(...) or {}`` did before.
 Values are kept as stored (no ``int(...)``), so a reader words exactly what it worded from the dict.
 Free-form sections whose shape is the report's own design (``timeline``'s columns, ``segment_maps``,
@@ -30,10 +30,8 @@ class Section:
 
     # Field -> how to read its value (a nested section, a list of them, a read-only mapping).
     NESTED: ClassVar[dict[str, Callable[[Any], Any]]] = {}
-    # Field -> the value when the key is missing (not when it is null).
-    DEFAULTS: ClassVar[dict[str, Any]] = {}
-    # Field -> the key an older report wrote it under, read when the field's own key is missing.
-    FALLBACK: ClassVar[dict[str, str]] = {}
+    # Field -> the keys older reports wrote it under, read (the first present) when its own key is missing.
+    FALLBACK: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @classmethod
     def from_json(cls: type[T], data: Mapping[str, Any]) -> T:
@@ -42,8 +40,8 @@ class Section:
             if f.name == "data":
                 values["data"] = MappingProxyType(data) if isinstance(data, dict) else data
                 continue
-            key = f.name if f.name in data or f.name not in cls.FALLBACK else cls.FALLBACK[f.name]
-            value = data.get(key, cls.DEFAULTS.get(f.name))
+            key = next((k for k in (f.name, *cls.FALLBACK.get(f.name, ())) if k in data), f.name)
+            value = data.get(key)
             read = cls.NESTED.get(f.name)
             values[f.name] = read(value) if read is not None else value
         return cls(**values)
@@ -168,7 +166,7 @@ class Oom(Section):
     projection: Projection | None
     NESTED = {"projection": one(Projection)}
     # Reports from before issue 32 named only the request's verdict.
-    FALLBACK = {"run_verdict": "verdict", "request_verdict": "verdict"}
+    FALLBACK = {"run_verdict": ("verdict",), "request_verdict": ("verdict",)}
 
 
 @dataclass(frozen=True)
@@ -351,6 +349,44 @@ class Replay(Section):
 
 
 @dataclass(frozen=True)
+class Timeline(Section):
+    """``devices[].timeline``: the plot's columns, one value a point (downsampled, peaks and the OOM kept), and
+    each point's event for hover. A column is a list as stored (the charts make arrays of those that are lists)."""
+
+    index: Any  # the event index of each point
+    time_us: Any
+    reserved_bytes: Any
+    allocated_bytes: Any
+    requested_bytes: Any
+    largest_free_bytes: Any
+    cached_free_bytes: Any
+    external_fragmentation: Any
+    event_action: Any
+    event_size: Any
+    event_group: Any
+    stack_labels: Mapping[str, Any]  # stack group id -> label
+    NESTED = {"stack_labels": frozen_map}
+    # The names the plot's columns had before (plain, or another spelling).
+    FALLBACK = {
+        "index": ("event_index", "events"),
+        "reserved_bytes": ("reserved",),
+        "allocated_bytes": ("allocated",),
+        "requested_bytes": ("requested",),
+        "largest_free_bytes": ("largest_free", "largest_free_block", "largest_free_block_bytes"),
+        "cached_free_bytes": ("cached_free",),
+        "external_fragmentation": ("fragmentation", "fragmentation_index"),
+    }
+
+
+def _timeline(value: Any) -> Timeline | None:
+    """The timeline, None where there is none; an older one kept its columns under ``series``."""
+    if not isinstance(value, Mapping) or not value:
+        return None
+    series = value.get("series")
+    return Timeline.from_json({**value, **series} if isinstance(series, Mapping) else value)
+
+
+@dataclass(frozen=True)
 class Segment(Section):
     """One segment of a segment map. Its blocks stay as stored: their keys changed over the versions
     (``offset`` or ``address``, ``requested`` or ``requested_size``, ``stack`` a group id or a label, ``frames``)."""
@@ -366,7 +402,7 @@ class Segment(Section):
     largest_free_bytes: int | None
     blocks: tuple[Mapping[str, Any], ...]
     NESTED = {"blocks": lambda v: tuple(frozen_map(b) for b in v or () if isinstance(b, Mapping))}
-    FALLBACK = {"size": "total_size", "type": "segment_type"}  # the first maps' names
+    FALLBACK = {"size": ("total_size",), "type": ("segment_type",)}  # the first maps' names
 
 
 @dataclass(frozen=True)
@@ -386,7 +422,7 @@ def _segment_maps(value: Any) -> Mapping[str, SegmentMap]:
     """The maps by moment (``peak``, ``reserved_peak``, ``oom``), those stored; a map stored as the bare list of
     its segments (the first reports) reads as one without labels."""
     maps: dict[str, SegmentMap] = {}
-    for moment, snap in (value.items() if isinstance(value, Mapping) else ()):
+    for moment, snap in value.items() if isinstance(value, Mapping) else ():
         if isinstance(snap, list):
             snap = {"segments": snap}
         if isinstance(snap, Mapping) and snap:
@@ -413,7 +449,7 @@ class Device(Section):
     plateau: Plateau | None
     edge_of_cap: EdgeOfCap | None
     replay: Replay | None
-    timeline: Mapping[str, Any] | None  # the plot's columns (the report's own design; charts.timeline_columns)
+    timeline: Timeline | None
     segment_maps: Mapping[str, SegmentMap]  # by moment
     data: Mapping[str, Any]
     NESTED = {
@@ -432,7 +468,7 @@ class Device(Section):
         "plateau": one(Plateau),
         "edge_of_cap": one(EdgeOfCap),
         "replay": one(Replay),
-        "timeline": frozen_map_or_none,
+        "timeline": _timeline,
         "segment_maps": _segment_maps,
     }
 

@@ -3,8 +3,8 @@ the report dict: no ``.get("key")`` on it comes back into them (issue 31).
 
 The check is an AST scan of each ported module: a ``.get`` call whose first argument is a string literal is a
 read of a JSON object by its key. What may still do that is named below, each with why: the free-form
-sections whose shape the report leaves to its own design (the timeline's columns, the segment maps and their
-blocks), the history's rows (a row's stored summary, not a report), and the request's query and form.
+blocks of a segment map (their keys changed over the versions), the history's rows (a row's stored summary, not
+a report), the chart's own column dict, and the request's query and form.
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ READERS: dict[str, dict[str, str]] = {
     "webapp/snapshots/charts.py": {
         "build_history_chart": "the history's rows: each upload row's stored summary, not a report",
         "_run_label": "a history row's run name",
-        "timeline_columns": "devices[].timeline: plot columns of the report's own design, older names too",
-        "_seconds": "the timeline's numpy columns",
-        "_fragmentation": "the timeline's numpy columns",
-        "_event_texts": "the timeline's hover series",
+        "_seconds": "the numpy columns timeline_columns made of contract.Timeline (a local dict, not the report)",
+        "_fragmentation": "the numpy columns timeline_columns made of contract.Timeline",
         "_block_rows": "a segment map's blocks: their keys changed over the versions (contract.Segment.blocks)",
         "_stack_label": "a segment map block's stack, under the names it had",
     },

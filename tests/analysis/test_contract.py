@@ -57,7 +57,8 @@ def _check(typed: Section, data: Mapping[str, Any], path: str) -> int:
         if field.name == "data":
             assert value == data, path
             continue
-        key = field.name if field.name in data else type(typed).FALLBACK.get(field.name, field.name)
+        names = (field.name, *type(typed).FALLBACK.get(field.name, ()))
+        key = next((name for name in names if name in data), field.name)
         stored = data.get(key)
         where = f"{path}.{field.name}"
         if isinstance(value, Section):
@@ -158,7 +159,9 @@ def test_every_typed_field_is_a_key_the_report_writes(reports: dict[str, dict[st
     for cls, keys in seen.items():
         names = {f.name for f in dataclasses.fields(cls)} - {"data"}  # type: ignore[arg-type]
         assert names <= keys, f"{cls.__name__}: {sorted(names - keys)} never in a report"
-    assert {Device, contract.Ledger, contract.WhatIf, contract.SegmentMap, contract.Segment} <= set(seen)
+    assert {Device, contract.Ledger, contract.WhatIf, contract.SegmentMap, contract.Segment, contract.Timeline} <= set(
+        seen
+    )
 
 
 def test_the_typed_report_is_read_only(reports: dict[str, dict[str, Any]]) -> None:

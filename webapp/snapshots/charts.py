@@ -52,7 +52,7 @@ from bokeh.models.annotations import Label, Legend, Span, Title  # typed here; b
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
-from analysis.contract import Device, Oom, Report, Segment, Step, report_of
+from analysis.contract import Device, Oom, Report, Segment, Step, Timeline, report_of
 from webapp.snapshots.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
@@ -308,46 +308,39 @@ def _compare_timeline(dev_a: Device, dev_b: Device, labels: tuple[str, str]) -> 
 # ---------------------------------------------------------------- timeline
 
 
-def timeline_columns(timeline: Mapping[str, Any] | None) -> dict[str, np.ndarray] | None:
+def timeline_columns(timeline: Timeline | None) -> dict[str, np.ndarray] | None:
     """The timeline's series as float arrays: x (seconds or event index), reserved, allocated, ...
 
-    Accepts the series under their plain names or with a ``_bytes`` suffix, and
-    ``time_us`` or ``event_index`` as the x axis (time preferred: step bands and
-    the OOM are given in time). Returns None when the report has no series.
+    A column is drawn where it is a non-empty list as long as the reserved one (``contract.Timeline`` reads
+    the older names); without its own event index a point's is its position. Returns None when the report
+    has no series.
     """
-    if not timeline:
-        return None
-    nested = timeline.get("series")
-    series: Mapping[str, Any] = nested if isinstance(nested, Mapping) else timeline
-
-    def column_of(*names: str) -> np.ndarray | None:
-        for name in names:
-            value = series.get(name)
-            if value is None and name != name + "_bytes":
-                value = series.get(name + "_bytes")
-            if isinstance(value, (list, tuple, np.ndarray)) and len(value) > 0:
-                return np.asarray(value, dtype=np.float64)
-        return None
-
-    reserved = column_of("reserved")
-    if reserved is None:
+    reserved = _column(timeline.reserved_bytes) if timeline is not None else None
+    if timeline is None or reserved is None:
         return None
     out: dict[str, np.ndarray] = {"reserved": reserved}
-    for key, names in (
-        ("allocated", ("allocated",)),
-        ("requested", ("requested",)),
-        ("largest_free", ("largest_free", "largest_free_block")),
-        ("cached_free", ("cached_free",)),
-        ("fragmentation", ("external_fragmentation", "fragmentation", "fragmentation_index")),
-        ("event_index", ("event_index", "index", "events")),
-        ("time_us", ("time_us",)),
+    for key, value in (
+        ("allocated", timeline.allocated_bytes),
+        ("requested", timeline.requested_bytes),
+        ("largest_free", timeline.largest_free_bytes),
+        ("cached_free", timeline.cached_free_bytes),
+        ("fragmentation", timeline.external_fragmentation),
+        ("event_index", timeline.index),
+        ("time_us", timeline.time_us),
     ):
-        col = column_of(*names)
+        col = _column(value)
         if col is not None and col.shape == reserved.shape:
             out[key] = col
     if "event_index" not in out:
         out["event_index"] = np.arange(reserved.shape[0], dtype=np.float64)
     return out
+
+
+def _column(value: Any) -> np.ndarray | None:
+    """A stored column as floats; None for one that is not a non-empty list."""
+    if isinstance(value, (list, tuple, np.ndarray)) and len(value) > 0:
+        return np.asarray(value, dtype=np.float64)
+    return None
 
 
 def _seconds(cols: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -415,7 +408,7 @@ def _timeline_chart(dev: Device) -> Any:
     frag = _fragmentation(cols)
     if frag is not None:
         data["fragmentation"] = frag[idx].astype(np.float32)
-    what = _event_texts(dev.timeline or {}, idx)
+    what = _event_texts(dev.timeline, idx) if dev.timeline is not None else None
     if what is not None:
         data["what"] = what
     # Named so static/js/explore.js finds them (zoom detail replaces the data; a tap asks for the state).
@@ -595,14 +588,14 @@ def segment_time_chart_item(device: int) -> dict[str, Any]:
     return item
 
 
-def _event_texts(timeline: Mapping[str, Any], idx: np.ndarray) -> list[str] | None:
+def _event_texts(timeline: Timeline, idx: np.ndarray) -> list[str] | None:
     """Per plotted point, what the event was and where (the report's ``event_*`` series)."""
-    actions, sizes, groups = (timeline.get(k) for k in ("event_action", "event_size", "event_group"))
+    actions, sizes, groups = timeline.event_action, timeline.event_size, timeline.event_group
     if not (isinstance(actions, list) and isinstance(sizes, list) and isinstance(groups, list)):
         return None
     if not len(actions) == len(sizes) == len(groups) or (len(actions) and int(idx.max()) >= len(actions)):
         return None
-    labels = timeline.get("stack_labels") or {}
+    labels = timeline.stack_labels
     return [
         event_text(str(actions[i]), int(sizes[i]), str(labels.get(str(groups[i]), "")) if groups[i] >= 0 else "")
         for i in idx.tolist()
