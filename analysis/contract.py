@@ -9,9 +9,9 @@ Why tolerant: a report of any age must still read. A key the dict lacks is ``Non
 the first of the older keys its class's ``FALLBACK`` names), a section that is not a JSON object is
 ``None``, a list item that is not one is skipped, as the readers' ``.get(...) or {}`` did before.
 Values are kept as stored (no ``int(...)``), so a reader words exactly what it worded from the dict.
-Free-form sections whose shape is the report's own design (``timeline``'s columns, ``segment_maps``,
-``allocator_settings``) are read-only mappings; ``data`` keeps the whole JSON for what serves it as it
-is (the API's body, the templates' remaining keys).
+Free-form objects (``allocator_settings``, a segment map's blocks, whose keys changed over the versions)
+are read-only mappings; ``data`` keeps the whole JSON for what serves it as it is (the API's body, the
+templates' remaining keys).
 """
 
 from __future__ import annotations
