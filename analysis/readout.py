@@ -29,6 +29,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from analysis.contract import Device, Ledger, Oom, Ranked, Report, WhatIf, device_of, main_device, oom_of
+
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
 # A change leaves thin headroom below this share of the limit (or below the request that failed).
 THIN_HEADROOM_SHARE = 0.05
@@ -144,34 +146,50 @@ def share(fraction: float | None) -> str:
 # --- what the answer rests on -------------------------------------------------------------
 
 
-def _source_key(dev: Mapping[str, Any]) -> str | None:
+def _source_key(dev: Device) -> str | None:
     """``given|sidecar|oom_message|device-full|cap-lower-bound``, from ``devices[].limit`` (a stored
-    report comes through ``analysis.stored.upgrade`` first)."""
-    limit = dev.get("limit") or {}
-    source = limit.get("source")
-    if source is None:
+    report comes through ``analysis.stored.load`` first)."""
+    limit = dev.limit
+    source = limit.source if limit else None
+    if limit is None or source is None:
         return None
     if source == "inferred":
-        inference = limit.get("inference")
-        if inference in ("device-full", "cap-lower-bound"):
-            return str(inference)
-        return "cap-lower-bound" if limit.get("is_lower_bound") else "device-full"
+        if limit.inference in ("device-full", "cap-lower-bound"):
+            return str(limit.inference)
+        return "cap-lower-bound" if limit.is_lower_bound else "device-full"
     return str(source)
 
 
-def not_projected_reason(oom: Mapping[str, Any], events: int | None) -> str:
+def not_projected_reason(oom: Oom | Mapping[str, Any], events: int | None) -> str:
     """Why the rest of the failing step is not known: the projection's own reason, else where the trace
     ends ("the trace ends at the OOM" only where the OOM is its last event; a caught OOM goes on)."""
-    reason = (oom.get("projection") or {}).get("reason")
+    oom = oom_of(oom)
+    reason = oom.projection.reason if oom.projection else None
     if reason:
         return str(reason)
-    at = oom.get("event_index")
+    at = oom.event_index
     if events and at is not None and int(at) < events - 1:
         return f"the rest of the step was not projected (the OOM is event {int(at):,} of {events:,})"
     return "the trace ends at the OOM"
 
 
-def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+def _level_text(oom: Oom | None, events: int | None) -> str:
+    """The verdict's level in words: for the whole (projected) failing step, or the failing request alone."""
+    if oom is None:
+        return ""
+    if oom.verdict_level == "step":
+        step = oom.projection.step if oom.projection else None
+        need = oom.step_need_bytes
+        return (
+            f"for the whole failing step{f' (step {step})' if step is not None else ''}: the rest of the step was "
+            f"projected from the steps before it"
+            + (f", and it needs {size(need)} with no fragmentation at all" if need else "")
+        )
+    reason = not_projected_reason(oom, events)
+    return f"for the failing request alone; the rest of its step was not projected: {reason}"
+
+
+def basis(dev: Device | Mapping[str, Any]) -> dict[str, Any] | None:
     """What a device's verdict rests on, or None where no limit was used (a run without an OOM and
     no limit given).
 
@@ -179,37 +197,22 @@ def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
     is_lower_bound, range_text, verdict, verdict_level, level_text, verdict_certain,
     message_could_change_verdict, message_would_sharpen}``.
     """
-    limit = dev.get("limit") or {}
-    oom = dev.get("oom") or {}
+    dev = device_of(dev)
+    limit, oom = dev.limit, dev.oom
     source = _source_key(dev)
-    limit_bytes = limit.get("bytes")
-    if source is None or limit_bytes is None:
+    limit_bytes = limit.bytes if limit else None
+    if limit is None or source is None or limit_bytes is None:
         return None
-    lower = bool(limit.get("is_lower_bound"))
+    lower = bool(limit.is_lower_bound)
     limit_text = f"{'at least ' if lower else ''}{size(limit_bytes)}"
-    low, high = limit.get("low_bytes"), limit.get("high_bytes")
+    low, high = limit.low_bytes, limit.high_bytes
     range_text = ""
     if source == "oom_message" and low is not None and high is not None and low < high:
         range_text = f"torch prints two decimals, so the cap is anywhere from {size_range(low, high)}"
     sentence = f"Limit {limit_text}, {SOURCE_SENTENCE.get(source, source)}"
     sentence += f" ({range_text})." if range_text else "."
-    verdict = oom.get("verdict") if oom else None
-    level = oom.get("verdict_level") if oom else None
-    projection = oom.get("projection") or {}
-    if not oom:
-        level_text = ""
-    elif level == "step":
-        step = projection.get("step")
-        need = oom.get("step_need_bytes")
-        level_text = (
-            f"for the whole failing step{f' (step {step})' if step is not None else ''}: the rest of the step was "
-            f"projected from the steps before it"
-            + (f", and it needs {size(need)} with no fragmentation at all" if need else "")
-        )
-    else:
-        reason = not_projected_reason(oom, dev.get("events"))
-        level_text = f"for the failing request alone; the rest of its step was not projected: {reason}"
-    certain = oom.get("verdict_certain") if oom else None
+    verdict = oom.verdict if oom else None
+    certain = oom.verdict_certain if oom else None
     # From a lower bound only "capacity" can be wrong (a higher real cap can only make room); the
     # message names the real cap. An exact or device-full limit leaves nothing for it to change.
     could_change = bool(oom) and lower and (certain is False or verdict == "capacity")
@@ -222,8 +225,8 @@ def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
         "is_lower_bound": lower,
         "range_text": range_text,
         "verdict": verdict,
-        "verdict_level": level,
-        "level_text": level_text,
+        "verdict_level": oom.verdict_level if oom else None,
+        "level_text": _level_text(oom, dev.events),
         "verdict_certain": certain,
         "message_could_change_verdict": could_change,
         # A lower bound that cannot flip the verdict still makes every what-if replay at too low a limit.
@@ -234,54 +237,50 @@ def basis(dev: Mapping[str, Any]) -> dict[str, Any] | None:
 # --- what each change is known to do ------------------------------------------------------
 
 
-def whatif_for(config: str | None, whatifs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def whatif_for(config: str | None, whatifs: Sequence[WhatIf]) -> WhatIf | None:
     """The what-if a suggestion's ``PYTORCH_CUDA_ALLOC_CONF=...`` line replayed, or None."""
     if not config or not config.startswith(ENV_PREFIX):
         return None
     setting = config[len(ENV_PREFIX) :]
-    return next((w for w in whatifs if w.get("config") == setting), None)
+    return next((w for w in whatifs if w.config == setting), None)
 
 
-def _saving(row: Mapping[str, Any], w: Mapping[str, Any] | None, recorded_peak: int) -> tuple[str, str, str]:
+def _saving(row: Ranked, w: WhatIf | None, recorded_peak: int) -> tuple[str, str, str]:
     """(text, kind, exact title) of what a change saves at the peak: replayed or estimated."""
     if w is not None:
-        delta = recorded_peak - int(w.get("peak_reserved_bytes") or 0)
-        title = f"peak reserved {recorded_peak:,} B recorded, {int(w.get('peak_reserved_bytes') or 0):,} B replayed"
+        replayed = int(w.peak_reserved_bytes or 0)
+        delta = recorded_peak - replayed
+        title = f"peak reserved {recorded_peak:,} B recorded, {replayed:,} B replayed"
         if delta > 0:
             return f"{size(delta)} less (replayed)", "replayed", title
         if delta < 0:
             return f"none: the peak rises by {size(-delta)} (replayed)", "raises", title
         return "none: the same peak (replayed)", "same", title
-    estimate = row.get("estimated_saving_bytes")
+    estimate = row.estimated_saving_bytes
     if estimate:
         return f"about {size(estimate)} (estimate)", "estimate", f"{int(estimate):,} B, estimated"
     return "not measured", "unknown", ""
 
 
-def _state(
-    row: Mapping[str, Any], w: Mapping[str, Any] | None, oom: Mapping[str, Any] | None, events: int | None = None
-) -> tuple[str, str, str]:
+def _state(row: Ranked, w: WhatIf | None, oom: Oom | None, events: int | None = None) -> tuple[str, str, str]:
     """(state, short text, why) of what a change does to the failing step; only what was computed."""
-    if not oom:
+    if oom is None:
         return "no-oom", "no OOM to avoid", "the run had no out-of-memory error"
-    projection = oom.get("projection") or {}
-    step = projection.get("step")
+    step = oom.projection.step if oom.projection else None
     in_step = f"step {step}" if step is not None else "the failing step"
     if w is None:
-        if row.get("id") == "smaller_batch" and row.get("step_completes") is True:
+        if row.id == "smaller_batch" and row.step_completes is True:
             return (
                 "estimate",
                 "should fit, by the batch estimate",
                 "the batch that fits is estimated from the failing step's memory by category; no replay ran it",
             )
         return "not-known", "not known", "a change to the workload: nothing replays it, its saving is an estimate"
-    completes = w.get("step_completes")
-    if completes is True:
+    if w.step_completes is True:
         return "finishes-step", f"finishes {in_step}", "the replay ran the failing step to its end, its rest projected"
-    if completes is False:
-        projected = w.get("oom_projected") or {}
-        later = projected.get("allocations_later")
-        if w.get("oom_avoided") and later is not None:
+    if w.step_completes is False:
+        later = w.oom_projected.allocations_later if w.oom_projected else None
+        if w.oom_avoided and later is not None:
             return (
                 "runs-out",
                 f"runs out later in {in_step}",
@@ -289,30 +288,35 @@ def _state(
                 "later in the projected rest of the step",
             )
         return "runs-out", f"runs out in {in_step}", "the replay fails in the same step"
-    if (w.get("caught_ooms") or {}).get("certain") is False:
+    return _state_not_completed(w, oom, events)
+
+
+def _state_not_completed(w: WhatIf, oom: Oom, events: int | None) -> tuple[str, str, str]:
+    """``_state`` of a replayed setting whose step-level answer is not known (``step_completes`` null)."""
+    if w.caught_ooms is not None and w.caught_ooms.certain is False:
         return (
             "not-known",
             "not known",
             "it gets memory that an earlier, survived out-of-memory error was refused (the program's fallback "
             "would then not run): the step finishes if that memory is given back at once, not if it is kept",
         )
-    if (w.get("oom_request_range") or {}).get("certain") is False:
+    if w.oom_request_range is not None and w.oom_request_range.certain is False:
         return (
             "not-known",
             "not known",
             "the failing request's size is known only to a roundup division, and the step finishes at one end of "
             "that range and not at the other",
         )
-    if w.get("step_completes_range"):
+    if w.step_completes_range:
         return (
             "not-known",
             "not known",
             "it finishes the step at one end of the OOM message's rounding of the cap and not at the other",
         )
     reason = not_projected_reason(oom, events)
-    if w.get("oom_avoided") is False:
+    if w.oom_avoided is False:
         return "runs-out", "runs out at the same request", f"the replay fails at the request that failed; {reason}"
-    if w.get("oom_avoided") is True:
+    if w.oom_avoided is True:
         return (
             "not-known",
             "gets past the failing request; the rest of the step is not known",
@@ -321,31 +325,31 @@ def _state(
     return "not-known", "not known", f"the step was not projected: {reason}"
 
 
-def ranked_rows(dev: Mapping[str, Any]) -> list[dict[str, Any]]:
+def ranked_rows(dev: Device | Mapping[str, Any]) -> list[dict[str, Any]]:
     """``dev["ranked"]`` as the page shows it: each change with its saving (replayed or estimated)
     and its state (``finishes-step``, ``runs-out``, ``postpones`` (the step, not the run: ``ranked[].
     run_completes`` false), ``estimate``, ``not-known``, ``no-oom``)."""
-    whatifs = dev.get("whatif") or []
-    recorded_peak = int((dev.get("summary") or {}).get("peak_reserved_bytes") or 0)
-    oom = dev.get("oom") or None
+    dev = device_of(dev)
+    recorded_peak = int(dev.summary.peak_reserved_bytes or 0)
+    oom = dev.oom
     rows = []
-    for row in dev.get("ranked") or []:
-        w = whatif_for(row.get("config"), whatifs)
+    for row in dev.ranked:
+        w = whatif_for(row.config, dev.whatif)
         saving_text, saving_kind, saving_title = _saving(row, w, recorded_peak)
-        state, state_text, why = _state(row, w, oom, dev.get("events"))
-        if row.get("run_completes") is False and oom and state != "runs-out":
+        state, state_text, why = _state(row, w, oom, dev.events)
+        if row.run_completes is False and oom and state != "runs-out":
             # (A replay that already runs out in the failing step says more than the run's growth.)
             # The run's memory grows step after step (the report's cause): getting past the failing step
             # only postpones the OOM; the report says by how much in ``run_note``.
             state = "postpones"
             state_text = f"{state_text}, not the run" if state_text.startswith("finishes") else state_text
-            why = str(row.get("run_note") or "the run's memory grows step after step: the OOM comes back later")
+            why = str(row.run_note or "the run's memory grows step after step: the OOM comes back later")
         rows.append(
             {
-                "id": row.get("id"),
-                "title": row.get("title"),
-                "config": row.get("config"),
-                "cost_words": row.get("cost_words"),
+                "id": row.id,
+                "title": row.title,
+                "config": row.config,
+                "cost_words": row.cost_words,
                 "saving_text": saving_text,
                 "saving_kind": saving_kind,
                 "saving_title": saving_title,
@@ -357,43 +361,41 @@ def ranked_rows(dev: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def headroom(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+def _headroom_sentence(w: WhatIf, peak: int, room: int, request: int, thin: bool, limit_text: str) -> str:
+    over = "the projected step" if w.step_peak_reserved_bytes else "the replay"
+    if room < 0:
+        return f"Under {w.config} {over} peaks at {size(peak)}, {size(-room)} above the limit of {limit_text}."
+    return f"Under {w.config} {over} peaks at {size(peak)}: {size(room)} below the limit of {limit_text}" + (
+        f", less than the {size(request)} request that failed; a longer sequence, a larger batch or a later "
+        "step can still run out."
+        if thin and room < request
+        else (", under 5% of it: little room for a step that asks for more." if thin else ".")
+    )
+
+
+def headroom(dev: Device | Mapping[str, Any]) -> dict[str, Any] | None:
     """How far below the limit the decision's change leaves the run, for a setting that was replayed
     with an OOM: ``{bytes, text, thin, sentence}``; None otherwise."""
-    oom = dev.get("oom") or None
-    change = (dev.get("decision") or {}).get("change") or {}
-    if not oom or change.get("kind") != "env":
+    dev = device_of(dev)
+    oom = dev.oom
+    change = dev.decision.change if dev.decision else None
+    if oom is None or change is None or change.kind != "env":
         return None
-    suggestion = next((s for s in dev.get("suggestions") or [] if s.get("id") == change.get("id")), None)
-    w = whatif_for((suggestion or {}).get("config"), dev.get("whatif") or [])
+    suggestion = next((s for s in dev.suggestions if s.id == change.id), None)
+    w = whatif_for(suggestion.config if suggestion else None, dev.whatif)
     if w is None:
         return None
-    limit_bytes = int(w.get("limit_bytes") or oom.get("limit_bytes") or 0)
+    limit_bytes = int(w.limit_bytes or oom.limit_bytes or 0)
     if not limit_bytes:
         return None
-    peak = int(w.get("step_peak_reserved_bytes") or w.get("peak_reserved_bytes") or 0)
+    peak = int(w.step_peak_reserved_bytes or w.peak_reserved_bytes or 0)
     room = limit_bytes - peak
     # The size torch's message names (the request rounded to its allocation), as the headline says it.
-    last = (dev.get("ooms") or [{}])[-1]
-    request = int(last.get("tried_to_allocate_bytes") or oom.get("requested_bytes") or 0)
+    last = dev.ooms[-1].tried_to_allocate_bytes if dev.ooms else None
+    request = int(last or oom.requested_bytes or 0)
     thin = room < max(request, THIN_HEADROOM_SHARE * limit_bytes)
-    lower = bool(oom.get("limit_is_lower_bound"))
-    limit_text = f"{'at least ' if lower else ''}{size(limit_bytes)}"
-    over = "the projected step" if w.get("step_peak_reserved_bytes") else "the replay"
-    if room < 0:
-        sentence = (
-            f"Under {w.get('config')} {over} peaks at {size(peak)}, {size(-room)} above the limit of {limit_text}."
-        )
-    else:
-        sentence = (
-            f"Under {w.get('config')} {over} peaks at {size(peak)}: {size(room)} below the limit of {limit_text}"
-            + (
-                f", less than the {size(request)} request that failed; a longer sequence, a larger batch or a later "
-                "step can still run out."
-                if thin and room < request
-                else (", under 5% of it: little room for a step that asks for more." if thin else ".")
-            )
-        )
+    limit_text = f"{'at least ' if oom.limit_is_lower_bound else ''}{size(limit_bytes)}"
+    sentence = _headroom_sentence(w, peak, room, request, thin, limit_text)
     return {"bytes": room, "text": size(room), "thin": thin, "sentence": sentence}
 
 
@@ -402,18 +404,18 @@ def headroom(dev: Mapping[str, Any]) -> dict[str, Any] | None:
 EDGE_OF_CAP_SHARE = 0.05
 
 
-def edge_of_cap(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+def edge_of_cap(dev: Device | Mapping[str, Any]) -> dict[str, Any] | None:
     """A run that did not run out of memory but peaked within ``EDGE_OF_CAP_SHARE`` of a known cap (one
     given with the upload, or read from an OOM message or the client's sidecar):
     ``{limit_bytes, peak_reserved_bytes, headroom_bytes, share, source, sentence}``; None otherwise
     (an OOM run, no cap known, or room to spare). A peak above the cap (headroom below zero) is kept:
     the run did not run under the cap that was given."""
-    if dev.get("oom"):
+    dev = device_of(dev)
+    if dev.oom:
         return None
-    limit = dev.get("limit") or {}
     source = _source_key(dev)
-    limit_bytes = int(limit.get("bytes") or 0)
-    peak = int((dev.get("summary") or {}).get("peak_reserved_bytes") or 0)
+    limit_bytes = int((dev.limit.bytes if dev.limit else None) or 0)
+    peak = int(dev.summary.peak_reserved_bytes or 0)
     if source not in ("given", "sidecar", "oom_message") or limit_bytes <= 0 or not peak:
         return None
     room = limit_bytes - peak
@@ -460,35 +462,33 @@ LEDGER_SHORT = {
 }
 
 
-def ledger_view(dev: Mapping[str, Any]) -> dict[str, Any] | None:
+def ledger_view(dev: Device | Mapping[str, Any]) -> dict[str, Any] | None:
     """``devices[].ledger`` as the page's one bar: each row with bytes worth drawing, its share of the device
     (of what the trace knows, without the device's size), its words; None for a report without a ledger.
     ``{moment_text, total_bytes, total_text, complete, sentence, note, segments: [{id, label, bytes, text,
     share_text, percent, source, source_text, parts: [{label, text}]}]}``."""
-    ledger = dev.get("ledger") or None
-    rows = [r for r in (ledger or {}).get("rows") or [] if int(r.get("bytes") or 0) > 0]
-    if not ledger or not rows:
+    ledger = device_of(dev).ledger
+    rows = [r for r in (ledger.rows if ledger else ()) if int(r.bytes or 0) > 0]
+    if ledger is None or not rows:
         return None
-    total = ledger.get("total_bytes")
-    whole = int(total) if total else sum(int(r["bytes"]) for r in rows)
-    at = ledger.get("event_index")
-    where = "" if at is None else (" (before the first recorded event)" if int(at) < 0 else f" (event {int(at):,})")
-    moment = f"at the OOM{where}" if ledger.get("moment") == "oom" else f"at the reserved peak{where}"
+    total = ledger.total_bytes
+    whole = int(total) if total else sum(int(r.bytes or 0) for r in rows)
     segments = [
         {
-            "id": r["id"],
-            "label": r["label"],
-            "short": LEDGER_SHORT.get(str(r["id"]), str(r["label"])),
-            "bytes": int(r["bytes"]),
-            "text": size(int(r["bytes"])),
-            "share_text": share(int(r["bytes"]) / whole),
-            "percent": f"{100 * int(r['bytes']) / whole:.3f}",
-            "source": r.get("source", ""),
-            "source_text": LEDGER_SOURCE_WORDS.get(str(r.get("source")), str(r.get("source"))),
-            "parts": [{"label": p["label"], "text": size(int(p["bytes"]))} for p in r.get("parts") or []],
+            "id": r.id,
+            "label": r.label,
+            "short": LEDGER_SHORT.get(str(r.id), str(r.label)),
+            "bytes": int(r.bytes or 0),
+            "text": size(int(r.bytes or 0)),
+            "share_text": share(int(r.bytes or 0) / whole),
+            "percent": f"{100 * int(r.bytes or 0) / whole:.3f}",
+            "source": "" if r.source is None else r.source,
+            "source_text": LEDGER_SOURCE_WORDS.get(str(r.source), str(r.source)),
+            "parts": [{"label": p.label, "text": size(int(p.bytes or 0))} for p in r.parts],
         }
         for r in rows
     ]
+    moment = _ledger_moment(ledger)
     listed = "; ".join(f"{g['label']} {g['text']} ({g['share_text']})" for g in segments)
     if total:
         sentence = f"Where the GPU's {size(whole)} went {moment}: {listed}."
@@ -502,13 +502,21 @@ def ledger_view(dev: Mapping[str, Any]) -> dict[str, Any] | None:
         "total_text": size(whole),
         "complete": bool(total),
         "sentence": sentence,
-        "note": ledger.get("note") or "",
+        "note": ledger.note or "",
         "segments": segments,
     }
 
 
-def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
+def _ledger_moment(ledger: Ledger) -> str:
+    """When the ledger was taken, in words: "at the OOM (event 1,234)", "at the reserved peak"."""
+    at = ledger.event_index
+    where = "" if at is None else (" (before the first recorded event)" if int(at) < 0 else f" (event {int(at):,})")
+    return f"at the OOM{where}" if ledger.moment == "oom" else f"at the reserved peak{where}"
+
+
+def device_readout(dev: Device | Mapping[str, Any]) -> dict[str, Any]:
     """Everything above for one device: ``{basis, ranked, headroom, ledger, runner_up_note}``."""
+    dev = device_of(dev)
     rows = ranked_rows(dev)
     return {
         "basis": basis(dev),
@@ -519,34 +527,26 @@ def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def runner_up_note(dev: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str | None:
+def runner_up_note(dev: Device | Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str | None:
     """The qualifier the first screen's runner-up needs: where its replay also runs out in the failing step
     (or only postpones the OOM), what the ranked table says of it; None where nothing qualifies it."""
-    runner = (dev.get("decision") or {}).get("runner_up") or {}
-    row = next((r for r in rows if runner.get("id") is not None and r.get("id") == runner.get("id")), None)
-    if row is None or row.get("state") not in ("runs-out", "postpones"):
+    decision = device_of(dev).decision
+    runner = decision.runner_up if decision else None
+    if runner is None or runner.id is None:
         return None
-    return f"{row.get('state_text')}: {row.get('why')}"
-
-
-def main_device(devices: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The device a one-line summary speaks of: the OOM device, else the largest peak."""
-    if not devices:
+    row = next((r for r in rows if r["id"] == runner.id), None)
+    if row is None or row["state"] not in ("runs-out", "postpones"):
         return None
-
-    def weight(d: Mapping[str, Any]) -> tuple[int, int]:
-        return (1 if d.get("oom") else 0, int((d.get("summary") or {}).get("peak_reserved_bytes") or 0))
-
-    return max(devices, key=weight)
+    return f"{row['state_text']}: {row['why']}"
 
 
-def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
+def run_facts(dev: Device | Mapping[str, Any]) -> dict[str, Any]:
     """The few keys a run's row carries (history, compare, the API's summary): the limit, its
     source, the verdict and its level, and the decision's change."""
+    dev = device_of(dev)
     b = basis(dev)
-    decision = dev.get("decision") or {}
-    change = decision.get("change") or {}
-    oom = dev.get("oom") or {}
+    decision, oom = dev.decision, dev.oom
+    change = decision.change if decision else None
     return {
         "limit_bytes": b["limit_bytes"] if b else None,
         "limit_text": b["limit_text"] if b else None,
@@ -556,26 +556,62 @@ def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
         "verdict_level": b["verdict_level"] if b else None,
         "verdict_certain": b["verdict_certain"] if b else None,
         "message_could_change_verdict": b["message_could_change_verdict"] if b else False,
-        # The run's verdict is the one a row says (analysis.decision.run_verdict); the request's keeps its name.
-        "verdict": oom.get("run_verdict", oom.get("verdict")) if oom else None,
-        "request_verdict": oom.get("request_verdict", oom.get("verdict")) if oom else None,
-        "headline": decision.get("headline"),
-        "change_id": change.get("id"),
-        "change_title": change.get("title"),
-        "change_line": change.get("line"),
+        # The run's verdict is the one a row says (analysis.decision.run_verdict); the request's keeps its name
+        # (contract.Oom reads an older report's ``verdict`` for both).
+        "verdict": oom.run_verdict if oom else None,
+        "request_verdict": oom.request_verdict if oom else None,
+        "headline": decision.headline if decision else None,
+        "change_id": change.id if change else None,
+        "change_title": change.title if change else None,
+        "change_line": change.line if change else None,
         # A run without an OOM that peaked within 5% of its cap (edge_of_cap): the sentence, else None.
-        "edge_of_cap": (dev.get("edge_of_cap") or {}).get("sentence"),
+        "edge_of_cap": dev.edge_of_cap.sentence if dev.edge_of_cap else None,
         # The whole device at the OOM (else the reserved peak), rows without their parts; None before issue 32.
-        "ledger": _ledger_summary(dev.get("ledger")),
+        "ledger": _ledger_summary(dev.ledger),
     }
 
 
-def _ledger_summary(ledger: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not ledger:
+def _ledger_summary(ledger: Ledger | None) -> dict[str, Any] | None:
+    if ledger is None:
         return None
     return {
-        "moment": ledger.get("moment"),
-        "event_index": ledger.get("event_index"),
-        "total_bytes": ledger.get("total_bytes"),
-        "rows": [{k: r.get(k) for k in ("id", "label", "bytes", "source")} for r in ledger.get("rows") or []],
+        "moment": ledger.moment,
+        "event_index": ledger.event_index,
+        "total_bytes": ledger.total_bytes,
+        "rows": [{"id": r.id, "label": r.label, "bytes": r.bytes, "source": r.source} for r in ledger.rows],
     }
+
+
+# The summary figures a row keeps (``Upload.summary``: lists, history, the API's summary), of the main device.
+ROW_SUMMARY_KEYS = (
+    "peak_reserved_bytes",
+    "peak_allocated_bytes",
+    "peak_requested_bytes",
+    "final_reserved_bytes",
+    "final_allocated_bytes",
+    "peak_is_lower_bound",
+)
+
+
+def row_summary(report: Report) -> dict[str, Any]:
+    """The few figures kept on an upload's row for lists, history and the API: the main device's (the OOM one,
+    else the largest peak) summary, its verdict and suggestions, and ``run_facts`` (what the first screen says)."""
+    summary: dict[str, Any] = {"devices": len(report.devices)}
+    main = main_device(report)
+    if main is None:
+        return summary
+    for key in ROW_SUMMARY_KEYS:
+        value = getattr(main.summary, key)
+        if value is not None:  # (every report has them all; an older row without one keeps none)
+            summary[key] = value
+    summary["device"] = main.device
+    summary["events"] = main.events
+    summary["oom"] = main.oom is not None
+    summary["verdict"] = main.oom.verdict if main.oom else None
+    summary["suggestions"] = len(main.suggestions)
+    # What the report's decision says (the page's first screen), so the API, history and compare say
+    # the same: the limit and its source, the verdict's level, the change.
+    facts = run_facts(main)
+    summary.update(facts)
+    summary["top_suggestion"] = facts["change_title"]
+    return summary

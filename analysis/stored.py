@@ -16,7 +16,8 @@ later ones were added):
   (``analysis.decision.run_verdict``); an older report's ``oom.verdict`` keeps its stored value.
 
 Applied twice, it changes nothing the second time; a report of the current shape passes through
-untouched.
+untouched. ``load(report)`` is the one way a reader takes a stored report: upgraded, then read once
+into the typed ``analysis.contract.Report`` (no reader goes back to the dict's keys).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from analysis import doctor
+from analysis.contract import Report
 from analysis.decision import decide, run_verdict
 
 # Older ``limit_source`` values that were inferences (before ``limit_inference`` existed).
@@ -49,6 +51,11 @@ def upgrade(report: dict[str, Any]) -> dict[str, Any]:
         devices = [d for d in report.get("devices") or [] if isinstance(d, dict)]
         capture["doctor"] = [f.to_dict() for f in doctor.findings(capture, devices)]
     return report
+
+
+def load(report: dict[str, Any]) -> Report:
+    """A stored report, of any age, as the typed contract object (upgraded in place first)."""
+    return Report.from_json(upgrade(report))
 
 
 def _limit_keys(oom: dict[str, Any]) -> None:

@@ -151,7 +151,9 @@ def test_history_and_compare(alice_client: Any, alice: Any, alpha: Any, done_upl
     compare = alice_client.get(f"/compare/{done_upload.code}/{other.code}/")
     assert compare.status_code == 200
     assert compare.context["a"]["upload"]["code"] == done_upload.code
-    assert compare.context["b"]["report"]["schema"] == "oomscope.report/1"
+    assert compare.context["b"]["report"].schema == "oomscope.report/1"  # typed: analysis.contract.Report
+    other.refresh_from_db()
+    assert compare.context["b"]["device"].summary.peak_reserved_bytes == other.summary["peak_reserved_bytes"]
 
 
 def test_home_lists_teams_and_recent(alice_client: Any, done_upload: Upload) -> None:

@@ -52,6 +52,7 @@ from bokeh.models.annotations import Label, Legend, Span, Title  # typed here; b
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
+from analysis.contract import Device, Oom, Report, Segment, Step, Timeline, report_of
 from webapp.snapshots.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
@@ -101,11 +102,12 @@ CURSOR_COLOUR = "#1f2328"  # the event list's selected event on the timeline
 # ---------------------------------------------------------------- entry points
 
 
-def build_charts(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """All charts of a report, name -> ``json_item`` dict; charts without data are left out."""
+def build_charts(report: Report | Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """All charts of a report (typed: ``analysis.contract``; the worker passes the dict it just built),
+    name -> ``json_item`` dict; charts without data are left out."""
     charts: dict[str, dict[str, Any]] = {}
-    for dev in report.get("devices") or []:
-        d = dev.get("device", 0)
+    for dev in report_of(report).devices:
+        d = dev.device if dev.device is not None else 0
         builders = (
             ("timeline", _timeline_chart),
             # The reserved peak's map where the report has one: the moment the cache was largest.
@@ -169,10 +171,10 @@ def build_history_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
 
 
 def build_compare_charts(
-    report_a: Mapping[str, Any], report_b: Mapping[str, Any], labels: tuple[str, str] = ("A", "B")
+    report_a: Report | Mapping[str, Any], report_b: Report | Mapping[str, Any], labels: tuple[str, str] = ("A", "B")
 ) -> dict[str, dict[str, Any]]:
     """Two runs side by side: peak figures per kind, and reserved memory at each step's end."""
-    dev_a, dev_b = _first_device(report_a), _first_device(report_b)
+    dev_a, dev_b = _first_device(report_of(report_a)), _first_device(report_of(report_b))
     if dev_a is None or dev_b is None:
         return {}
     charts: dict[str, dict[str, Any]] = {}
@@ -182,10 +184,8 @@ def build_compare_charts(
         ("peak requested", "peak_requested_bytes"),
         ("final reserved", "final_reserved_bytes"),
     ]
-    sa, sb = dev_a.get("summary") or {}, dev_b.get("summary") or {}
-    rows = [
-        (name, sa.get(key), sb.get(key)) for name, key in kinds if sa.get(key) is not None or sb.get(key) is not None
-    ]
+    pairs = [(name, getattr(dev_a.summary, key), getattr(dev_b.summary, key)) for name, key in kinds]
+    rows = [(name, a, b) for name, a, b in pairs if a is not None or b is not None]
     if rows:
         y = [name for name, _, _ in rows]
         source = ColumnDataSource(
@@ -226,7 +226,7 @@ def build_compare_charts(
     if overlay is not None:
         charts["compare-timeline"] = _item(overlay)
 
-    steps_a, steps_b = dev_a.get("steps") or [], dev_b.get("steps") or []
+    steps_a, steps_b = dev_a.steps, dev_b.steps
     if steps_a or steps_b:
         p = _figure("Reserved at each step's end", height=300)
         _bytes_ticks(p.yaxis)
@@ -237,8 +237,8 @@ def build_compare_charts(
                 continue
             src = ColumnDataSource(
                 {
-                    "step": _floats(s.get("index", i) for i, s in enumerate(steps)),
-                    "reserved": _floats(s.get("reserved_end_bytes") for s in steps),
+                    "step": _floats(i if s.index is None else s.index for i, s in enumerate(steps)),
+                    "reserved": _floats(s.reserved_end_bytes for s in steps),
                     "run": [label] * len(steps),
                 }
             )
@@ -257,7 +257,7 @@ def build_compare_charts(
     return charts
 
 
-def _compare_timeline(dev_a: Mapping[str, Any], dev_b: Mapping[str, Any], labels: tuple[str, str]) -> Any:
+def _compare_timeline(dev_a: Device, dev_b: Device, labels: tuple[str, str]) -> Any:
     """Both runs' reserved and allocated memory, aligned by step (analysis.compare.aligned_timeline)."""
     from analysis.compare import aligned_timeline
 
@@ -308,46 +308,39 @@ def _compare_timeline(dev_a: Mapping[str, Any], dev_b: Mapping[str, Any], labels
 # ---------------------------------------------------------------- timeline
 
 
-def timeline_columns(timeline: Mapping[str, Any] | None) -> dict[str, np.ndarray] | None:
+def timeline_columns(timeline: Timeline | None) -> dict[str, np.ndarray] | None:
     """The timeline's series as float arrays: x (seconds or event index), reserved, allocated, ...
 
-    Accepts the series under their plain names or with a ``_bytes`` suffix, and
-    ``time_us`` or ``event_index`` as the x axis (time preferred: step bands and
-    the OOM are given in time). Returns None when the report has no series.
+    A column is drawn where it is a non-empty list as long as the reserved one (``contract.Timeline`` reads
+    the older names); without its own event index a point's is its position. Returns None when the report
+    has no series.
     """
-    if not timeline:
-        return None
-    nested = timeline.get("series")
-    series: Mapping[str, Any] = nested if isinstance(nested, Mapping) else timeline
-
-    def column_of(*names: str) -> np.ndarray | None:
-        for name in names:
-            value = series.get(name)
-            if value is None and name != name + "_bytes":
-                value = series.get(name + "_bytes")
-            if isinstance(value, (list, tuple, np.ndarray)) and len(value) > 0:
-                return np.asarray(value, dtype=np.float64)
-        return None
-
-    reserved = column_of("reserved")
-    if reserved is None:
+    reserved = _column(timeline.reserved_bytes) if timeline is not None else None
+    if timeline is None or reserved is None:
         return None
     out: dict[str, np.ndarray] = {"reserved": reserved}
-    for key, names in (
-        ("allocated", ("allocated",)),
-        ("requested", ("requested",)),
-        ("largest_free", ("largest_free", "largest_free_block")),
-        ("cached_free", ("cached_free",)),
-        ("fragmentation", ("external_fragmentation", "fragmentation", "fragmentation_index")),
-        ("event_index", ("event_index", "index", "events")),
-        ("time_us", ("time_us",)),
+    for key, value in (
+        ("allocated", timeline.allocated_bytes),
+        ("requested", timeline.requested_bytes),
+        ("largest_free", timeline.largest_free_bytes),
+        ("cached_free", timeline.cached_free_bytes),
+        ("fragmentation", timeline.external_fragmentation),
+        ("event_index", timeline.index),
+        ("time_us", timeline.time_us),
     ):
-        col = column_of(*names)
+        col = _column(value)
         if col is not None and col.shape == reserved.shape:
             out[key] = col
     if "event_index" not in out:
         out["event_index"] = np.arange(reserved.shape[0], dtype=np.float64)
     return out
+
+
+def _column(value: Any) -> np.ndarray | None:
+    """A stored column as floats; None for one that is not a non-empty list."""
+    if isinstance(value, (list, tuple, np.ndarray)) and len(value) > 0:
+        return np.asarray(value, dtype=np.float64)
+    return None
 
 
 def _seconds(cols: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -390,12 +383,11 @@ def _minmax_indices(key: np.ndarray, keep: Iterable[int], budget: int) -> np.nda
     return np.unique(np.concatenate(picks))
 
 
-def _timeline_chart(dev: Mapping[str, Any]) -> Any:
-    cols = timeline_columns(dev.get("timeline"))
+def _timeline_chart(dev: Device) -> Any:
+    cols = timeline_columns(dev.timeline)
     if cols is None or cols["reserved"].shape[0] < 2:
         return None  # no history (enabled="state"): one point is not a timeline
-    summary = dev.get("summary") or {}
-    oom = dev.get("oom") or None
+    oom = dev.oom
     # x is the event index, not time: a run spends seconds loading before its first step and
     # milliseconds per allocation burst after; by events, the steps get the width.
     x = cols["event_index"]
@@ -416,13 +408,14 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     frag = _fragmentation(cols)
     if frag is not None:
         data["fragmentation"] = frag[idx].astype(np.float32)
-    what = _event_texts(dev.get("timeline") or {}, idx)
+    what = _event_texts(dev.timeline, idx) if dev.timeline is not None else None
     if what is not None:
         data["what"] = what
     # Named so static/js/explore.js finds them (zoom detail replaces the data; a tap asks for the state).
     source = ColumnDataSource(data, name="timeline-source")
 
-    top = max(float(np.max(data["reserved"])), float((oom or {}).get("limit_bytes") or 0))
+    limit = oom.limit_bytes if oom else None
+    top = max(float(np.max(data["reserved"])), float(limit or 0))
     # The wheel zooms the time axis (as in memory_viz); the y axis stays from zero to the limit.
     p = _figure("Memory over time", height=330, tools="pan,xwheel_zoom,box_zoom,reset,save")
     p.toolbar.active_scroll = p.select_one({"type": WheelZoomTool})
@@ -433,7 +426,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
     _bytes_ticks(p.yaxis)
     p.yaxis.axis_label = "bytes"
 
-    _step_bands(p, dev.get("steps") or [], t0, x, cols, top * 1.08)
+    _step_bands(p, dev.steps, t0, x, cols, top * 1.08)
 
     lines = []
     for key, colour, label, width in (
@@ -447,7 +440,6 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
 
     if oom:
         _mark_oom(p, oom, t0, x, cols)
-    limit = (oom or {}).get("limit_bytes")
     if limit:
         p.add_layout(
             Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed", line_width=1.2)
@@ -492,7 +484,7 @@ def _timeline_chart(dev: Mapping[str, Any]) -> Any:
         )
     )
     _legend(p, outside=True)
-    if summary.get("peak_is_lower_bound"):
+    if dev.summary.peak_is_lower_bound:
         p.title.text += " (trace incomplete: peaks are lower bounds)"
 
     if "fragmentation" not in data:
@@ -596,14 +588,14 @@ def segment_time_chart_item(device: int) -> dict[str, Any]:
     return item
 
 
-def _event_texts(timeline: Mapping[str, Any], idx: np.ndarray) -> list[str] | None:
+def _event_texts(timeline: Timeline, idx: np.ndarray) -> list[str] | None:
     """Per plotted point, what the event was and where (the report's ``event_*`` series)."""
-    actions, sizes, groups = (timeline.get(k) for k in ("event_action", "event_size", "event_group"))
+    actions, sizes, groups = timeline.event_action, timeline.event_size, timeline.event_group
     if not (isinstance(actions, list) and isinstance(sizes, list) and isinstance(groups, list)):
         return None
     if not len(actions) == len(sizes) == len(groups) or (len(actions) and int(idx.max()) >= len(actions)):
         return None
-    labels = timeline.get("stack_labels") or {}
+    labels = timeline.stack_labels
     return [
         event_text(str(actions[i]), int(sizes[i]), str(labels.get(str(groups[i]), "")) if groups[i] >= 0 else "")
         for i in idx.tolist()
@@ -624,10 +616,8 @@ def _x_of(time_us: Any, event_index: Any, t0: float, x: np.ndarray, cols: Mappin
     return None
 
 
-def _mark_oom(
-    p: Any, oom: Mapping[str, Any], t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray], label: bool = True
-) -> None:
-    at = _x_of(oom.get("time_us"), oom.get("event_index"), t0, x, cols)
+def _mark_oom(p: Any, oom: Oom, t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray], label: bool = True) -> None:
+    at = _x_of(oom.time_us, oom.event_index, t0, x, cols)
     if at is None:
         return
     p.add_layout(Span(location=at, dimension="height", line_color=OOM_COLOUR, line_width=2, line_dash="dotted"))
@@ -636,11 +626,11 @@ def _mark_oom(
     src = ColumnDataSource(
         {
             "x": [at],
-            "y": [float(oom.get("reserved_bytes") or 0)],
-            "requested": [float(oom.get("requested_bytes") or 0)],
-            "reserved": [float(oom.get("reserved_bytes") or 0)],
-            "allocated": [float(oom.get("allocated_bytes") or 0)],
-            "largest": [float(oom.get("largest_free_block_bytes") or 0)],
+            "y": [float(oom.reserved_bytes or 0)],
+            "requested": [float(oom.requested_bytes or 0)],
+            "reserved": [float(oom.reserved_bytes or 0)],
+            "allocated": [float(oom.allocated_bytes or 0)],
+            "largest": [float(oom.largest_free_block_bytes or 0)],
         }
     )
     r = p.scatter("x", "y", source=src, marker="x", size=14, line_width=3, color=OOM_COLOUR)
@@ -658,8 +648,8 @@ def _mark_oom(
     p.add_layout(
         Label(
             x=at,
-            y=float(oom.get("reserved_bytes") or 0),
-            text=f"OOM: asked {format_bytes(oom.get('requested_bytes'))}",
+            y=float(oom.reserved_bytes or 0),
+            text=f"OOM: asked {format_bytes(oom.requested_bytes)}",
             text_color=OOM_COLOUR,
             text_font_size="12px",
             text_font_style="bold",
@@ -672,20 +662,20 @@ def _mark_oom(
 
 
 def _step_bands(
-    p: Any, steps: Sequence[Mapping[str, Any]], t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray], top: float
+    p: Any, steps: Sequence[Step], t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray], top: float
 ) -> None:
     """Every other step shaded, so steps read as bands behind the lines."""
     if not steps:
         return
     left, right, index = [], [], []
     for i, step in enumerate(steps[:MAX_STEP_BANDS]):
-        a = _x_of(step.get("start_us"), step.get("first_event"), t0, x, cols)
-        b = _x_of(step.get("end_us"), step.get("last_event"), t0, x, cols)
+        a = _x_of(step.start_us, step.first_event, t0, x, cols)
+        b = _x_of(step.end_us, step.last_event, t0, x, cols)
         if a is None or b is None or i % 2:
             continue
         left.append(a)
         right.append(b)
-        index.append(float(step.get("index", i)))
+        index.append(float(i if step.index is None else step.index))
     if not left:
         return
     src = ColumnDataSource({"left": left, "right": right, "step": index})
@@ -705,11 +695,11 @@ def _step_bands(
 # ---------------------------------------------------------------- segment maps
 
 
-def _peak_map_key(dev: Mapping[str, Any]) -> str:
-    return "reserved_peak" if (dev.get("segment_maps") or {}).get("reserved_peak") else "peak"
+def _peak_map_key(dev: Device) -> str:
+    return "reserved_peak" if "reserved_peak" in dev.segment_maps else "peak"
 
 
-def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
+def _segment_map_chart(dev: Device, moment: str) -> Any:
     """Segments as rows (largest on top), blocks as boxes along each row, coloured by state.
 
     The report's map (``segment_maps.peak`` / ``.oom``) gives per segment its size
@@ -717,29 +707,26 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     is a group id named in the map's ``labels``; unmapped parts of expandable
     segments are the gaps between blocks.
     """
-    snap = (dev.get("segment_maps") or {}).get(moment)
-    if not snap:
+    snap = dev.segment_maps.get(moment)
+    if snap is None or not snap.segments:
         return None
-    segments = list(snap.get("segments") or []) if isinstance(snap, Mapping) else list(snap)
-    if not segments:
-        return None
-    labels = snap.get("labels") or {} if isinstance(snap, Mapping) else {}
-    segments.sort(key=lambda sg: -_int(sg, "size", "total_size"))
-    total = int(snap.get("segments_total") or len(segments)) if isinstance(snap, Mapping) else len(segments)
+    labels = snap.labels
+    segments = sorted(snap.segments, key=lambda sg: -_numeric(sg.size))
+    total = int(snap.segments_total or len(segments))
     segments = segments[:MAX_SEGMENT_ROWS]
     hidden = max(0, total - len(segments))
     # Too many blocks to draw: merge neighbours of one state, smallest first, per segment.
     per_segment_budget = max(8, MAX_SEGMENT_BLOCKS // len(segments))
-    merge = sum(len(sg.get("blocks") or []) for sg in segments) > MAX_SEGMENT_BLOCKS
+    merge = sum(len(sg.blocks) for sg in segments) > MAX_SEGMENT_BLOCKS
 
     cols: dict[str, list[Any]] = {
         k: [] for k in ("x", "y", "w", "state", "size", "requested", "stack", "count", "segment")
     }
     row_labels: dict[int, str] = {}
     for row, seg in enumerate(segments):
-        seg_size = _int(seg, "size", "total_size")
-        kind = seg.get("type") or seg.get("segment_type") or ""
-        row_labels[row] = f"{format_bytes(seg_size)} {kind}{' exp.' if seg.get('expandable') else ''}".strip()
+        seg_size = _numeric(seg.size)
+        kind = seg.type or ""
+        row_labels[row] = f"{format_bytes(seg_size)} {kind}{' exp.' if seg.expandable else ''}".strip()
         blocks = _block_rows(seg, seg_size, labels)
         if merge and len(blocks) > per_segment_budget:
             blocks = _merge_blocks(blocks, per_segment_budget)
@@ -757,13 +744,13 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
             cols["segment"].append(seg_size)
 
     when = {"peak": "allocated peak", "reserved_peak": "reserved peak"}.get(moment, "OOM")
-    at = snap.get("event_index") if isinstance(snap, Mapping) else None
+    at = snap.event_index
     title = f"Segments at the {when}" + (f" (event {at:,})" if isinstance(at, int) else "")
     if hidden:
-        hidden_bytes = snap.get("hidden_bytes") if isinstance(snap, Mapping) else None
+        hidden_bytes = snap.hidden_bytes
         title += f"; {hidden} smaller segments not drawn" + (f" ({format_bytes(hidden_bytes)})" if hidden_bytes else "")
     rows = len(segments)
-    widest = max(_int(sg, "size", "total_size") for sg in segments) / 2**20
+    widest = max(_numeric(sg.size) for sg in segments) / 2**20
     dense = rows > 60  # rows too thin for a label each: hover names the segment instead
     p = _figure(
         title,
@@ -834,12 +821,12 @@ def _segment_map_chart(dev: Mapping[str, Any], moment: str) -> Any:
     return p
 
 
-def _block_rows(seg: Mapping[str, Any], seg_size: int, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+def _block_rows(seg: Segment, seg_size: int, labels: Mapping[str, str]) -> list[dict[str, Any]]:
     """Blocks of one segment by offset, with the unmapped gaps (expandable segments) filled in."""
     rows: list[dict[str, Any]] = []
     cursor = 0
-    seg_addr = _int(seg, "address")
-    for blk in sorted(seg.get("blocks") or [], key=lambda b: _int(b, "offset")):
+    seg_addr = _numeric(seg.address)
+    for blk in sorted(seg.blocks, key=lambda b: _int(b, "offset")):
         size = _int(blk, "size")
         offset = _int(blk, "offset") if "offset" in blk else (_int(blk, "address") - seg_addr if seg_addr else cursor)
         if offset > cursor:
@@ -903,17 +890,17 @@ def _stack_label(block: Mapping[str, Any], labels: Mapping[str, str]) -> str:
 # ---------------------------------------------------------------- top stacks (icicle)
 
 
-def _icicle_chart(dev: Mapping[str, Any]) -> Any:
-    stacks = dev.get("top_stacks") or []
-    moment = "oom" if any(s.get("when") == "oom" for s in stacks) else "peak"
-    chosen = [s for s in stacks if s.get("when") == moment and _int(s, "bytes") > 0]
+def _icicle_chart(dev: Device) -> Any:
+    stacks = dev.top_stacks
+    moment = "oom" if any(s.when == "oom" for s in stacks) else "peak"
+    chosen = [s for s in stacks if s.when == moment and _numeric(s.bytes) > 0]
     if not chosen:
         return None
     # Tree keyed by the path from the outermost frame (frames are innermost first).
     nodes: dict[tuple[str, ...], list[float]] = {}
     order: list[tuple[str, ...]] = []
     for s in chosen:
-        path = [frame_label(f) for f in reversed(s.get("frames") or [])] or [str(s.get("label") or "(no frames)")]
+        path = [frame_label(f) for f in reversed(s.frames)] or [str(s.label or "(no frames)")]
         if len(path) > MAX_ICICLE_DEPTH:
             path = [*path[: MAX_ICICLE_DEPTH - 1], f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
         for depth in range(1, len(path) + 1):
@@ -921,9 +908,9 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
             if key not in nodes:
                 nodes[key] = [0.0, 0.0]
                 order.append(key)
-            nodes[key][0] += _int(s, "bytes")
-            nodes[key][1] += _int(s, "count")
-    total = float(sum(_int(s, "bytes") for s in chosen))
+            nodes[key][0] += _numeric(s.bytes)
+            nodes[key][1] += _numeric(s.count)
+    total = float(sum(_numeric(s.bytes) for s in chosen))
     # Lay out: children of a node sit under it, biggest first.
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for key in order:
@@ -1009,17 +996,15 @@ def _icicle_chart(dev: Mapping[str, Any]) -> Any:
 # ---------------------------------------------------------------- what-if
 
 
-def _whatif_chart(dev: Mapping[str, Any]) -> Any:
-    whatif = dev.get("whatif") or []
+def _whatif_chart(dev: Device) -> Any:
+    whatif = dev.whatif
     if not whatif:
         return None
-    summary = dev.get("summary") or {}
-    oom = dev.get("oom") or {}
-    names = ["recorded run"] + [str(w.get("config") or "(defaults)") for w in whatif]
-    peaks = [summary.get("peak_reserved_bytes")] + [w.get("peak_reserved_bytes") for w in whatif]
+    names = ["recorded run"] + [str(w.config or "(defaults)") for w in whatif]
+    peaks = [dev.summary.peak_reserved_bytes] + [w.peak_reserved_bytes for w in whatif]
     # Step level where the report projected the failing step: a request that fits helps
     # nobody if the step dies a few allocations later (analysis/projection.py).
-    avoided = [w.get("step_completes") if w.get("step_completes") is not None else w.get("oom_avoided") for w in whatif]
+    avoided = [w.step_completes if w.step_completes is not None else w.oom_avoided for w in whatif]
     verdicts = ["recorded"] + [
         "OOM avoided" if a is True else "still OOM" if a is False else "no OOM to avoid" for a in avoided
     ]
@@ -1036,7 +1021,7 @@ def _whatif_chart(dev: Mapping[str, Any]) -> Any:
     p.hbar(y="config", right="peak", height=0.6, source=source, fill_color="colour", line_color=None)
     _bytes_ticks(p.xaxis)
     p.x_range.start = 0
-    limit = oom.get("limit_bytes")
+    limit = dev.oom.limit_bytes if dev.oom else None
     if limit:
         p.add_layout(
             Span(location=float(limit), dimension="height", line_color=LIMIT_COLOUR, line_dash="dashed", line_width=1.5)
@@ -1048,18 +1033,18 @@ def _whatif_chart(dev: Mapping[str, Any]) -> Any:
     return p
 
 
-def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
-    steps = dev.get("steps") or []
-    whatif = [w for w in dev.get("whatif") or [] if w.get("steps")]
+def _whatif_steps_chart(dev: Device) -> Any:
+    steps = dev.steps
+    whatif = [w for w in dev.whatif if w.steps]
     if not steps or not whatif:
         return None
     p = _figure("Reserved at each step's end", height=320)
     _bytes_ticks(p.yaxis)
     p.xaxis.axis_label = "step"
-    series = [("recorded run", [(s.get("index"), s.get("reserved_end_bytes")) for s in steps], RESERVED, "solid")]
+    series = [("recorded run", [(s.index, s.reserved_end_bytes) for s in steps], RESERVED, "solid")]
     for i, w in enumerate(whatif):
-        pairs = [(s.get("index"), s.get("reserved_end_bytes")) for s in w.get("steps") or []]
-        series.append((str(w.get("config") or "(defaults)"), pairs, WHATIF_COLOURS[i % len(WHATIF_COLOURS)], "dashed"))
+        pairs = [(s.index, s.reserved_end_bytes) for s in w.steps]
+        series.append((str(w.config or "(defaults)"), pairs, WHATIF_COLOURS[i % len(WHATIF_COLOURS)], "dashed"))
     hover = []
     for name, pairs, colour, dash in series:
         pairs = [(k, v) for k, v in pairs if k is not None and v is not None]
@@ -1076,7 +1061,7 @@ def _whatif_steps_chart(dev: Mapping[str, Any]) -> Any:
             p.line("step", "reserved", source=src, color=colour, line_width=2, line_dash=dash, legend_label=name)
         )
         p.scatter("step", "reserved", source=src, color=colour, size=4, legend_label=name)
-    limit = (dev.get("oom") or {}).get("limit_bytes")
+    limit = dev.oom.limit_bytes if dev.oom else None
     if limit:
         p.add_layout(Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed"))
     p.add_tools(
@@ -1142,20 +1127,32 @@ def _floats(values: Iterable[Any]) -> np.ndarray:
 def _int(d: Mapping[str, Any], *keys: str) -> int:
     """The first of ``keys`` holding a number (addresses may come as "0x..." strings); else 0."""
     for key in keys:
-        value = d.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return int(value)
-        if isinstance(value, str) and value.startswith("0x"):
-            try:
-                return int(value, 16)
-            except ValueError:
-                continue
+        value = _number_or_none(d.get(key))
+        if value is not None:
+            return value
     return 0
 
 
-def _first_device(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    devices = report.get("devices") or []
-    return devices[0] if devices else None
+def _number_or_none(value: Any) -> int | None:
+    """A number, or an address written as a "0x..." string, as an int; None for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, str) and value.startswith("0x"):
+        try:
+            return int(value, 16)
+        except ValueError:
+            return None
+    return None
+
+
+def _numeric(value: Any) -> int:
+    """A typed section's number (a size, a count, an address that may be a "0x..." string); 0 for none."""
+    number = _number_or_none(value)
+    return 0 if number is None else number
+
+
+def _first_device(report: Report) -> Device | None:
+    return report.devices[0] if report.devices else None
 
 
 def _run_label(row: Mapping[str, Any], i: int) -> str:

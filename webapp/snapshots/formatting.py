@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis import readout
-from analysis.stored import upgrade
+from analysis.contract import Frame
+from analysis.stored import load
 
 
 def format_bytes(n: float | None) -> str:
@@ -19,10 +20,11 @@ def report_for_page(report: dict[str, Any]) -> dict[str, Any]:
     """The report as a page renders it: with its decisions and, per device, ``readout`` (what the
     verdict rests on, each ranked change's state, the headroom: ``analysis.readout``). Templates
     render these and compute nothing."""
-    upgrade(report)  # a stored report in the current shape (analysis.stored), in place
-    for dev in report.get("devices") or []:
-        if isinstance(dev, dict):
-            dev["readout"] = readout.device_readout(dev)
+    typed = load(report)  # in the current shape (analysis.stored, in place), then read once, typed
+    # ``contract.Report.devices`` are the list's objects, in order: the same ones the templates render.
+    rows = [dev for dev in report["devices"] if isinstance(dev, dict)] if typed.devices else []
+    for dev, device in zip(rows, typed.devices, strict=True):
+        dev["readout"] = readout.device_readout(device)
     return report
 
 
@@ -58,12 +60,15 @@ def event_text(action: str, size: int, label: str) -> str:
 
 
 def frame_label(frame: Any) -> str:
-    """``name (dir/file.py:12)`` for a frame dict; C++ frames are their name alone."""
-    if not isinstance(frame, Mapping):
+    """``name (dir/file.py:12)`` for a frame (``analysis.contract.Frame``, or a segment map block's frame
+    dict); C++ frames are their name alone."""
+    if isinstance(frame, Mapping):
+        frame = Frame.from_json(frame)
+    if not isinstance(frame, Frame):
         return str(frame)
-    name = str(frame.get("name") or "?")
-    filename = str(frame.get("filename") or "")
+    name = str(frame.name or "?")
+    filename = str(frame.filename or "")
     if not filename or not (filename.endswith(".py") or filename.startswith("<")):
         return name
     short = "/".join(filename.replace("\\", "/").rsplit("/", 2)[-2:])
-    return f"{name} ({short}:{frame.get('line', '?')})"
+    return f"{name} ({short}:{'?' if frame.line is None else frame.line})"

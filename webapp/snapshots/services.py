@@ -29,7 +29,7 @@ from django.utils.text import slugify
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from analysis import readout
-from analysis.stored import upgrade
+from analysis.stored import load, upgrade
 from webapp.snapshots import disk, followups, liveness, messages, quota, ratelimits, runarchive, runs
 from webapp.snapshots.models import ApiToken, Invitation, Membership, Project, Report, Run, ShareLink, Team, Upload
 from webapp.snapshots.ratelimits import LimitExceeded
@@ -852,43 +852,9 @@ def report_data(report: Report) -> dict[str, Any]:
 
 
 def summary_from_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The few figures kept on the row for lists, history and the API (of ``report`` in the current
-    shape: ``analysis.stored.upgrade``, in place, for one from an older worker)."""
-    devices = upgrade(report).get("devices") or []
-    summary: dict[str, Any] = {"devices": len(devices)}
-    if not devices:
-        return summary
-
-    # The device that came closest to its limit: the OOM device, else the largest peak.
-    def weight(d: dict[str, Any]) -> tuple[int, int]:
-        s = d.get("summary") or {}
-        return (1 if d.get("oom") else 0, int(s.get("peak_reserved_bytes") or 0))
-
-    main = max(devices, key=weight)
-    s = main.get("summary") or {}
-    for key in (
-        "peak_reserved_bytes",
-        "peak_allocated_bytes",
-        "peak_requested_bytes",
-        "final_reserved_bytes",
-        "final_allocated_bytes",
-        "peak_is_lower_bound",
-    ):
-        if key in s:
-            summary[key] = s[key]
-    summary["device"] = main.get("device")
-    summary["events"] = main.get("events")
-    oom = main.get("oom")
-    summary["oom"] = bool(oom)
-    summary["verdict"] = oom.get("verdict") if isinstance(oom, dict) else None
-    suggestions = main.get("suggestions") or []
-    summary["suggestions"] = len(suggestions)
-    # What the report's decision says (the page's first screen), so the API, history and compare say
-    # the same: the limit and its source, the verdict's level, the change (analysis.readout).
-    facts = readout.run_facts(main)
-    summary.update(facts)
-    summary["top_suggestion"] = facts["change_title"]
-    return summary
+    """The few figures kept on the row for lists, history and the API (``analysis.readout.row_summary``), of
+    ``report`` in the current shape and read once, typed (``analysis.stored.load``; upgraded in place)."""
+    return readout.row_summary(load(report))
 
 
 # The finish step writes megabytes of report JSON once per upload; losing the analysis to a

@@ -22,7 +22,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from analysis import readout
+from analysis import contract, readout
+from analysis.stored import load
 from webapp.snapshots import chartpage, digging, disk, followups, formatting, intake, messages, runs, services, waiting
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
@@ -411,40 +412,43 @@ def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
     a = _upload_or_404(request, code_a)
     b = _upload_or_404(request, code_b)
     report_a, report_b = services.report_for(a), services.report_for(b)
+    # Each stored report read once, typed (analysis.stored.load), for the charts, the diff and both sides.
+    typed_a = load(report_a.data) if report_a else None
+    typed_b = load(report_b.data) if report_b else None
     charts: dict[str, Any] = {}
-    if report_a and report_b:
+    diff = None
+    if typed_a and typed_b:
         from webapp.snapshots import charts as charts_module  # bokeh, imported by the pages that draw
 
         try:
-            charts = charts_module.build_compare_charts(report_a.data, report_b.data)
+            charts = charts_module.build_compare_charts(typed_a, typed_b)
         except Exception:
             log.exception("compare charts failed")
-    from analysis.compare import compare as compare_reports
+        from analysis.compare import compare as compare_reports
 
-    diff = compare_reports(report_a.data, report_b.data) if report_a and report_b else None
+        diff = compare_reports(typed_a, typed_b)
     return render(
         request,
         "snapshots/compare.html",
         {
-            "a": _compare_side(a, report_a, request),
-            "b": _compare_side(b, report_b, request),
+            "a": _compare_side(a, typed_a, request),
+            "b": _compare_side(b, typed_b, request),
             "charts": charts,
             "diff": diff,
         },
     )
 
 
-def _compare_side(upload_row: Upload, report: Any, request: HttpRequest) -> dict[str, Any]:
-    """One run of the compare page: its report's main device (the OOM one, else the largest) with
-    what its verdict rests on and its decision, as the report page words them."""
-    data = formatting.report_for_page(report.data) if report else None
-    device = readout.main_device((data or {}).get("devices") or [])
+def _compare_side(upload_row: Upload, report: contract.Report | None, request: HttpRequest) -> dict[str, Any]:
+    """One run of the compare page: its report's main device (the OOM one, else the largest, typed:
+    ``analysis.contract``) with what its verdict rests on and its decision, as the report page words them."""
+    device = contract.main_device(report) if report else None
     return {
         "upload": services.upload_dict(upload_row, request),
-        "report": data,
+        "report": report,
         "device": device,
-        "basis": (device or {}).get("readout", {}).get("basis"),
-        "decision": (device or {}).get("decision"),
+        "basis": readout.basis(device) if device else None,
+        "decision": device.decision if device else None,
     }
 
 
