@@ -24,27 +24,35 @@ TESTS = [
     "tests/webapp/test_uploads.py",
 ]
 M = [
-    ("webapp/snapshots/views.py", "    b = _upload_or_404(request, code_b)", "    b = Upload.objects.get(code=code_b)"),
-    ("webapp/snapshots/views.py", "    a = _upload_or_404(request, code_a)", "    a = Upload.objects.get(code=code_a)"),
     (
-        "webapp/snapshots/views.py",
-        "    project = services.project_for_user(request.user, slug)\n    if project is None:\n        raise Http404\n    uploads",
+        "webapp/snapshots/pages/views.py",
+        "    b = _upload_or_404(request, code_b)",
+        "    b = Upload.objects.get(code=code_b)",
+    ),
+    (
+        "webapp/snapshots/pages/views.py",
+        "    a = _upload_or_404(request, code_a)",
+        "    a = Upload.objects.get(code=code_a)",
+    ),
+    (
+        "webapp/snapshots/pages/views.py",
+        "    project = access.project_for_user(request.user, slug)\n    if project is None:\n        raise Http404\n    uploads",
         "    from webapp.snapshots.models import Project\n    project = Project.objects.filter(slug=slug).first()\n    if project is None:\n        raise Http404\n    uploads",
     ),
     (
-        "webapp/snapshots/views.py",
-        "    upload = services.upload_for_user(request.user, code)\n    if upload is None:\n        raise Http404",
+        "webapp/snapshots/pages/views.py",
+        "    upload = access.upload_for_user(request.user, code)\n    if upload is None:\n        raise Http404",
         "    upload = Upload.objects.filter(code=code).first()\n    if upload is None:\n        raise Http404",
     ),
     (
         "webapp/snapshots/api.py",
-        "    upload = services.upload_for_user(request.user, code)\n    # A token limited",
+        "    upload = access.upload_for_user(request.user, code)\n    # A token limited",
         "    upload = Upload.objects.filter(code=code).first()\n    # A token limited",
     ),
     (
         "webapp/snapshots/api.py",
-        "    project = services.project_for_user(request.user, slug)\n    if project is not None and not services.token_allows",
-        "    project = Project.objects.filter(slug=slug).first()\n    if project is not None and not services.token_allows",
+        "    project = access.project_for_user(request.user, slug)\n    if project is not None and not access.token_allows",
+        "    project = Project.objects.filter(slug=slug).first()\n    if project is not None and not access.token_allows",
     ),
     (
         "webapp/snapshots/services.py",
@@ -81,21 +89,21 @@ M = [
         'Membership.Role.VIEWER: frozenset({"read", "write"}),',
     ),
     ("webapp/snapshots/services.py", 'if not can(user, project.team, "write"):', "if False:"),
-    ("webapp/snapshots/api.py", 'if not services.can(request.user, upload.project.team, "write"):', "if False:"),
+    ("webapp/snapshots/api.py", 'if not access.can(request.user, upload.project.team, "write"):', "if False:"),
     (
-        "webapp/snapshots/views.py",
-        '"#share")\n    if not services.can(request.user, upload_row.project.team, "write"):',
+        "webapp/snapshots/pages/views.py",
+        '"#share")\n    if not access.can(request.user, upload_row.project.team, "write"):',
         '"#share")\n    if False:',
     ),
     (
-        "webapp/snapshots/views.py",
-        '"#basis")\n    if not services.can(request.user, upload_row.project.team, "write"):',
+        "webapp/snapshots/pages/views.py",
+        '"#basis")\n    if not access.can(request.user, upload_row.project.team, "write"):',
         '"#basis")\n    if False:',
     ),
     (
-        "webapp/snapshots/views.py",
-        'for p in services.writable_projects(request.user).order_by("team__name", "name")\n    ]',
-        'for p in services.visible_projects(request.user).order_by("team__name", "name")\n    ]',
+        "webapp/snapshots/pages/views.py",
+        'for p in access.writable_projects(request.user).order_by("team__name", "name")\n    ]',
+        'for p in access.visible_projects(request.user).order_by("team__name", "name")\n    ]',
     ),
     (
         "webapp/snapshots/services.py",
@@ -103,29 +111,29 @@ M = [
         "team__memberships__user=user",
     ),
     (
-        "webapp/snapshots/uploads.py",
+        "webapp/snapshots/intake/uploads.py",
         "if self._received > settings.UPLOAD_MAX_BYTES:",
         "if self._received >= settings.UPLOAD_MAX_BYTES:",
     ),
     (
-        "webapp/snapshots/intake.py",
+        "webapp/snapshots/intake/intake.py",
         "return length > settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD",
         "return length >= settings.UPLOAD_MAX_BYTES + MULTIPART_OVERHEAD",
     ),
     (
-        "webapp/snapshots/intake.py",
+        "webapp/snapshots/intake/intake.py",
         "if uploaded.size is not None and uploaded.size > settings.UPLOAD_MAX_BYTES:",
         "if uploaded.size is not None and uploaded.size >= settings.UPLOAD_MAX_BYTES:",
     ),
-    ("webapp/snapshots/forms.py", "RUN_MAX_CHARS = 200", "RUN_MAX_CHARS = 201"),
-    ("webapp/snapshots/forms.py", "NOTE_MAX_CHARS = 5000", "NOTE_MAX_CHARS = 4999"),
-    ("webapp/snapshots/forms.py", "TAGS_MAX_CHARS = 500", "TAGS_MAX_CHARS = 501"),
+    ("webapp/snapshots/intake/forms.py", "RUN_MAX_CHARS = 200", "RUN_MAX_CHARS = 201"),
+    ("webapp/snapshots/intake/forms.py", "NOTE_MAX_CHARS = 5000", "NOTE_MAX_CHARS = 4999"),
+    ("webapp/snapshots/intake/forms.py", "TAGS_MAX_CHARS = 500", "TAGS_MAX_CHARS = 501"),
     (
         "webapp/snapshots/services.py",
         "tags=[t for t in (tags or []) if t][:20],",
         "tags=[t for t in (tags or []) if t][:21],",
     ),
-    ("webapp/snapshots/forms.py", "t.strip()[:50]", "t.strip()[:51]"),
+    ("webapp/snapshots/intake/forms.py", "t.strip()[:50]", "t.strip()[:51]"),
 ]
 
 

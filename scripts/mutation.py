@@ -175,21 +175,21 @@ TARGETS = (
     ),
     Target(
         "upload-limits",
-        "webapp/snapshots/uploads.py",
+        "webapp/snapshots/intake/uploads.py",
         ("CappedHashingUploadHandler.*",),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
         120,
     ),
     Target(
         "upload-intake",
-        "webapp/snapshots/intake.py",
+        "webapp/snapshots/intake/intake.py",
         ("content_length_over_cap", "is_too_large", "check_declared_size"),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
         120,
     ),
     Target(
         "upload-form",
-        "webapp/snapshots/forms.py",
+        "webapp/snapshots/intake/forms.py",
         ("split_tags", "UploadForm.*"),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
         60,
@@ -212,7 +212,7 @@ class HandMutant:
 HAND_MUTANTS = (
     HandMutant(
         "compare-second-snapshot-unchecked",  # the security mutant: compare reads b without the access check
-        "webapp/snapshots/views.py",
+        "webapp/snapshots/pages/views.py",
         "b = _upload_or_404(request, code_b)",
         "b = Upload.objects.get(code=code_b)",
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py", "tests/webapp/test_pages.py"),
@@ -247,7 +247,7 @@ HAND_MUTANTS = (
     ),
     HandMutant(
         "upload-cap-boundary",  # a file of exactly the cap refused
-        "webapp/snapshots/uploads.py",
+        "webapp/snapshots/intake/uploads.py",
         "if self._received > settings.UPLOAD_MAX_BYTES:",
         "if self._received >= settings.UPLOAD_MAX_BYTES:",
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_uploads.py", "tests/webapp/test_api.py"),

@@ -12,7 +12,7 @@ from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 
-from webapp.snapshots.ratelimits import (
+from webapp.snapshots.intake.ratelimits import (
     DEVICE_COOKIE,
     LimitExceeded,
     check_login_rate,

@@ -11,9 +11,9 @@ from django.core.files.storage import default_storage
 from django.core.management import call_command
 
 from tests.webapp.helpers import GPT_OOM, make_upload
-from webapp.snapshots import digging
 from webapp.snapshots.models import Upload
-from webapp.snapshots.tasks import analyse_upload, backfill_explore
+from webapp.snapshots.pages import digging
+from webapp.snapshots.worker.tasks import analyse_upload, backfill_explore
 
 pytestmark = pytest.mark.django_db
 
@@ -74,7 +74,7 @@ def test_the_backfill_runs_under_the_analysis_limits_and_leaves_the_report_when_
     counted = Upload.objects.get(pk=upload.pk).stored_bytes
     # A CPU limit of 0 s: the child is stopped at once, as the analysis would be (snapshot:limit:time).
     settings.ANALYSIS_CPU_SECONDS = 0
-    with caplog.at_level("WARNING", logger="webapp.snapshots.tasks"):
+    with caplog.at_level("WARNING", logger="webapp.snapshots.worker.tasks"):
         backfill_explore(upload.id)
     assert "explore stores not made: snapshot:limit:time: analysis used more than 0 s of CPU" in caplog.text
     assert not digging.has_stores(upload.sha256)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from webapp.snapshots import runner
-from webapp.snapshots.child import Job
+from webapp.snapshots.worker import runner
+from webapp.snapshots.worker.child import Job
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -64,7 +64,7 @@ def test_the_child_imports_bokeh_on_a_thread_beside_the_analysis() -> None:
         "assert 'bokeh' not in sys.modules\n"
         "child._import_charts_beside()\n"
         "[t.join() for t in threading.enumerate() if t.name == 'charts-import']\n"
-        "print('webapp.snapshots.charts' in sys.modules, 'bokeh' in sys.modules)\n"
+        "print('webapp.snapshots.pages.charts' in sys.modules, 'bokeh' in sys.modules)\n"
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"]
@@ -77,7 +77,7 @@ def test_a_failed_import_beside_the_analysis_is_left_to_the_charts_step() -> Non
         "import sys, threading\n"
         "class Full:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'webapp.snapshots.charts':\n"
+        "        if name == 'webapp.snapshots.pages.charts':\n"
         "            raise MemoryError\n"
         "sys.meta_path.insert(0, Full())\n"
         "from webapp.snapshots import child\n"
@@ -96,7 +96,7 @@ def test_a_broken_charts_import_fails_the_child_loudly() -> None:
     done = _in_a_fresh_interpreter(
         "import sys\n"
         "from webapp.snapshots import child\n"
-        "sys.modules['webapp.snapshots.charts'] = None\n"
+        "sys.modules['webapp.snapshots.pages.charts'] = None\n"
         "child._charts({'devices': []})\n"
     )
     assert done.returncode != 0

@@ -17,11 +17,15 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.snapshots import disk, followups, intake, messages, runs, services
-from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
-from webapp.snapshots.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
+from webapp.snapshots import messages
+from webapp.snapshots.errors import LimitExceeded
+from webapp.snapshots.intake import accept, blobs, disk, intake, store
+from webapp.snapshots.intake.forms import ApiUploadFieldsForm, first_error
+from webapp.snapshots.intake.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
 from webapp.snapshots.models import Project, Run, Upload
-from webapp.snapshots.ratelimits import LimitExceeded
+from webapp.snapshots.pages import payloads
+from webapp.snapshots.runs import followups, runs
+from webapp.snapshots.teams import access, membership, shares, tokens
 
 View = Callable[..., HttpResponse]
 log = logging.getLogger(__name__)
@@ -38,8 +42,8 @@ def _uploadable_slugs(request: HttpRequest) -> list[str]:
     """The slugs of the projects this caller may upload to: the user's member-or-above projects,
     narrowed to the token's one project when the token is limited to one."""
     token = getattr(request, "api_token", None)
-    rows = services.writable_projects(request.user).order_by("slug")
-    return [p.slug for p in rows if services.token_allows(token, p)]
+    rows = access.writable_projects(request.user).order_by("slug")
+    return [p.slug for p in rows if access.token_allows(token, p)]
 
 
 def _project_refusal(request: HttpRequest, status: int, code: str, message: str) -> JsonResponse:
@@ -101,7 +105,7 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
             header = request.headers.get("Authorization", "")
             if header:
                 scheme, _, raw = header.partition(" ")
-                found = services.api_token_user(raw.strip()) if scheme.lower() == "bearer" and raw.strip() else None
+                found = tokens.api_token_user(raw.strip()) if scheme.lower() == "bearer" and raw.strip() else None
                 if found is None:
                     return _unauthorized("auth-invalid-token", messages.BAD_API_KEY)
                 request.user, request.api_token = found  # type: ignore[attr-defined]
@@ -138,23 +142,23 @@ def _unauthorized(code: str = "auth-required", message: str = messages.AUTH_REQU
 
 
 def _upload_or_none(request: HttpRequest, code: str) -> Upload | None:
-    upload = services.upload_for_user(request.user, code)
+    upload = access.upload_for_user(request.user, code)
     # A token limited to one project reaches nothing else.
-    if upload is not None and not services.token_allows(getattr(request, "api_token", None), upload.project):
+    if upload is not None and not access.token_allows(getattr(request, "api_token", None), upload.project):
         return None
     return upload
 
 
 def _project_or_none(request: HttpRequest, slug: str) -> Project | None:
-    project = services.project_for_user(request.user, slug)
-    if project is not None and not services.token_allows(getattr(request, "api_token", None), project):
+    project = access.project_for_user(request.user, slug)
+    if project is not None and not access.token_allows(getattr(request, "api_token", None), project):
         return None
     return project
 
 
 def _accepted(request: HttpRequest, upload: Upload) -> JsonResponse:
     """202 for a new upload, 200 for a replay; the body says what the row holds."""
-    body = services.upload_api_dict(upload, request)
+    body = payloads.upload_api_dict(upload, request)
     answer = {k: body[k] for k in ("id", "status", "url", "api_url")} | {"progress": upload.progress}
     headers = {"Location": body["api_url"]}
     if upload.publish_pending:
@@ -174,20 +178,20 @@ def _sweep_within() -> int:
 @api_view(("POST",))
 def snapshots(request: HttpRequest) -> HttpResponse:
     """One upload: the intake's checks (``intake.admit``), then the service stores it
-    (``services.upload_admit``); docs/architecture.md, "The upload's walk"."""
+    (``accept.upload_admit``); docs/architecture.md, "The upload's walk"."""
     try:
         admission = intake.admit(request, ApiUploadFieldsForm, keyed=True)
         if admission.earlier is not None:
             return _replayed(request, admission)
-        made = services.upload_admit(admission, user=request.user, token=getattr(request, "api_token", None))  # type: ignore[arg-type]
+        made = accept.upload_admit(admission, user=request.user, token=getattr(request, "api_token", None))  # type: ignore[arg-type]
     except intake.FieldsInvalid as invalid:
         field, detail = first_error(invalid.form)
         if field == "oom_message":
             return _error(400, "upload:invalid-oom-message", detail)
         return _error(400, "upload:invalid", messages.UPLOAD_INVALID_FIELD.format(field=field, detail=detail))
-    except services.ProjectRefused as refused:
+    except accept.ProjectRefused as refused:
         return _project_refusal(request, refused.status, refused.code, refused.message)
-    except services.IdempotencyConflict as conflict:
+    except store.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return _error(409, "upload:idempotency-conflict", message)
     if isinstance(made, Run):  # a run's ranks in one tar or zip: one upload per rank, one run
@@ -206,8 +210,8 @@ def _replayed(request: HttpRequest, admission: intake.Admission) -> HttpResponse
     if _upload_or_none(request, admission.earlier.code) is None:  # its project is out of this caller's reach now
         return _error(409, "upload:idempotency-conflict", messages.IDEMPOTENCY_CONFLICT.format(code="-"))
     try:
-        upload = services.upload_replay(admission.earlier, admission.sha256)
-    except services.IdempotencyConflict as conflict:
+        upload = store.upload_replay(admission.earlier, admission.sha256)
+    except store.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return _error(409, "upload:idempotency-conflict", message)
     return _accepted(request, upload)
@@ -219,11 +223,11 @@ def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     if upload is None:
         return _not_found()
     if request.method == "DELETE":
-        if not services.upload_can_delete(request.user, upload):
+        if not access.upload_can_delete(request.user, upload):
             return _error(403, "forbidden", messages.DELETE_FORBIDDEN)
-        services.upload_delete(upload)
+        blobs.upload_delete(upload)
         return JsonResponse({"id": code, "deleted": True})
-    return JsonResponse(services.upload_api_dict(upload, request))
+    return JsonResponse(payloads.upload_api_dict(upload, request))
 
 
 @api_view(("GET",))
@@ -231,10 +235,10 @@ def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
-    report = services.report_for(upload)
+    report = payloads.report_for(upload)
     if report is None:
         return _error(404, "report-not-ready", messages.REPORT_NOT_READY.format(status=upload.status))
-    return JsonResponse(services.report_data(report))
+    return JsonResponse(payloads.report_data(report))
 
 
 @api_view(("GET", "POST", "DELETE"))
@@ -244,22 +248,22 @@ def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
     if upload is None:
         return _not_found()
     # Viewers read the report but hand out no access: links are for members and above.
-    if not services.can(request.user, upload.project.team, "write"):
+    if not access.can(request.user, upload.project.team, "write"):
         return _error(403, "share:read-only", messages.SHARE_READ_ONLY)
     if request.method == "GET":
-        links = services.share_links(upload, request)
-        return JsonResponse({"share_url": services.share_url_of(upload, request), "links": links})
+        links = shares.share_links(upload, request)
+        return JsonResponse({"share_url": shares.share_url_of(upload, request), "links": links})
     if request.method == "DELETE":
         key = request.GET.get("key") or None
-        revoked = services.share_revoke(upload, key)
+        revoked = shares.share_revoke(upload, key)
         if key is not None and revoked == 0:
             return _error(404, "share:unknown-link", messages.SHARE_UNKNOWN)
-        return JsonResponse({"share_url": services.share_url_of(upload, request), "revoked": revoked})
-    token = services.share_create(upload, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
-    link = services.share_url(request, token)
-    made = next(item for item in services.share_links(upload, request) if item["url"] == link)
+        return JsonResponse({"share_url": shares.share_url_of(upload, request), "revoked": revoked})
+    token = shares.share_create(upload, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
+    link = shares.share_url(request, token)
+    made = next(item for item in shares.share_links(upload, request) if item["url"] == link)
     return JsonResponse(
-        {"share_url": link, "markdown": services.markdown_snippet(upload, link), "link": made},
+        {"share_url": link, "markdown": shares.markdown_snippet(upload, link), "link": made},
         status=201,
     )
 
@@ -268,8 +272,8 @@ def snapshot_share(request: HttpRequest, code: str) -> HttpResponse:
 def projects(request: HttpRequest) -> HttpResponse:
     """The projects the caller reaches: the web user's own list, or the token's one project."""
     token = getattr(request, "api_token", None)
-    rows = services.visible_projects(request.user).order_by("team__name", "name")
-    return JsonResponse({"projects": [services.project_dict(p) for p in rows if services.token_allows(token, p)]})
+    rows = access.visible_projects(request.user).order_by("team__name", "name")
+    return JsonResponse({"projects": [membership.project_dict(p) for p in rows if access.token_allows(token, p)]})
 
 
 @api_view(("GET",))
@@ -278,11 +282,11 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
     if project is None:
         return _not_found()
     uploads = list(project.uploads.select_related("project", "project__team")[:1000])
-    shared = services.shared_upload_ids(uploads)
+    shared = shares.shared_upload_ids(uploads)
     return JsonResponse(
         {
-            "project": services.project_dict(project),
-            "runs": [services.upload_api_dict(u, request, shared=u.id in shared) for u in uploads],
+            "project": membership.project_dict(project),
+            "runs": [payloads.upload_api_dict(u, request, shared=u.id in shared) for u in uploads],
         }
     )
 
@@ -295,7 +299,7 @@ def snapshot_follows(request: HttpRequest, code: str) -> HttpResponse:
     if upload is None:
         return _not_found()
     if request.method == "POST":
-        if not services.upload_can_delete(request.user, upload):
+        if not access.upload_can_delete(request.user, upload):
             return _error(403, "forbidden", messages.FOLLOWS_FORBIDDEN)
         follows = request.POST.get("follows")
         changed = request.POST.getlist("changed") if "changed" in request.POST else None
@@ -323,7 +327,7 @@ def project_advice(request: HttpRequest, slug: str) -> HttpResponse:
     if project is None:
         return _not_found()
     rows = followups.record(Upload.objects.filter(project=project))
-    return JsonResponse({"project": services.project_dict(project), "changes": rows})
+    return JsonResponse({"project": membership.project_dict(project), "changes": rows})
 
 
 @api_view(("GET",))

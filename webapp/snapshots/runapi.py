@@ -3,7 +3,7 @@
 A run is reached through its project: another team's run is the same 404 as a run that does
 not exist. Reading needs the ``read`` right; analysing needs ``write``; the gate's settings
 (pinning a baseline, the threshold, main branch, webhook and retention; recorded, ``PolicyChange``)
-and deleting another member's run need ``manage`` (``services.ROLE_RIGHTS``; issue 36: any member
+and deleting another member's run need ``manage`` (``access.ROLE_RIGHTS``; issue 36: any member
 or CI token could flip the gate's answer). A token limited to one project neither changes the
 webhook nor reads its secret; a ``gate`` token changes nothing (``api.api_view``).
 """
@@ -16,15 +16,17 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from analysis.regression import threshold_error
-from webapp.snapshots import messages, runs, services
+from webapp.snapshots import messages
 from webapp.snapshots.api import _error, _not_found, _project_or_none, api_view
-from webapp.snapshots.forms import RunPolicyForm, first_error
+from webapp.snapshots.intake.forms import RunPolicyForm, first_error
 from webapp.snapshots.models import Run
+from webapp.snapshots.runs import runs
+from webapp.snapshots.teams import access, membership
 
 
 def _run_or_none(request: HttpRequest, code: str) -> Run | None:
     run = runs.run_for_user(request.user, code)
-    if run is not None and not services.token_allows(getattr(request, "api_token", None), run.project):
+    if run is not None and not access.token_allows(getattr(request, "api_token", None), run.project):
         return None
     return run
 
@@ -36,9 +38,9 @@ def _forbidden() -> JsonResponse:
 def run_can_delete(request: HttpRequest, run: Run) -> bool:
     """Team admins, or a member whose uploads are all of the run's."""
     team = run.project.team
-    if services.can(request.user, team, "manage"):
+    if access.can(request.user, team, "manage"):
         return True
-    return services.can(request.user, team, "write") and not run.uploads.exclude(uploaded_by=request.user.pk).exists()
+    return access.can(request.user, team, "write") and not run.uploads.exclude(uploaded_by=request.user.pk).exists()
 
 
 @api_view(("GET", "DELETE"))
@@ -60,7 +62,7 @@ def run_analyse(request: HttpRequest, run_code: str) -> HttpResponse:
     found = _run_or_none(request, run_code)
     if found is None:
         return _not_found()
-    if not services.can(request.user, found.project.team, "write"):
+    if not access.can(request.user, found.project.team, "write"):
         return _forbidden()
     runs.run_analyse_now(found)
     return JsonResponse({"id": run_code, "status": "analysing"}, status=202)
@@ -72,7 +74,7 @@ def run_baseline(request: HttpRequest, run_code: str) -> HttpResponse:
     found = _run_or_none(request, run_code)
     if found is None:
         return _not_found()
-    if not services.can(request.user, found.project.team, "manage"):
+    if not access.can(request.user, found.project.team, "manage"):
         return _error(403, "forbidden", messages.POLICY_ADMIN_ONLY)
     token = getattr(request, "api_token", None)
     policy = runs.baseline_pin(found.project, found if request.method == "POST" else None, by=request.user, token=token)
@@ -91,7 +93,7 @@ def project_run_list(request: HttpRequest, slug: str) -> HttpResponse:
         )[:500]
     )
     return JsonResponse(
-        {"project": services.project_dict(project), "runs": [runs.run_dict(r, request, ranks=False) for r in rows]}
+        {"project": membership.project_dict(project), "runs": [runs.run_dict(r, request, ranks=False) for r in rows]}
     )
 
 
@@ -104,7 +106,7 @@ def project_policy(request: HttpRequest, slug: str) -> HttpResponse:
     if project is None:
         return _not_found()
     token = getattr(request, "api_token", None)
-    manage = services.can(request.user, project.team, "manage")
+    manage = access.can(request.user, project.team, "manage")
     secret_ok = manage and (token is None or token.project_id is None)
     warnings: list[str] = []
     if request.method == "POST":
@@ -133,7 +135,7 @@ def project_webhook_test(request: HttpRequest, slug: str) -> HttpResponse:
     if project is None:
         return _not_found()
     token = getattr(request, "api_token", None)
-    if not services.can(request.user, project.team, "manage") or (token is not None and token.project_id):
+    if not access.can(request.user, project.team, "manage") or (token is not None and token.project_id):
         return _error(403, "forbidden", messages.POLICY_ADMIN_ONLY)
     return JsonResponse(runs.webhook_test(project))
 

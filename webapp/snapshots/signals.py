@@ -12,8 +12,8 @@ from django.db import transaction
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from webapp.snapshots.intake.blobs import upload_delete_blob_if_unused
 from webapp.snapshots.models import Upload
-from webapp.snapshots.services import upload_delete_blob_if_unused
 
 
 @receiver(post_delete, sender=Upload, dispatch_uid="upload-delete-blob")

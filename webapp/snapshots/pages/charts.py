@@ -52,7 +52,7 @@ from bokeh.models.annotations import Label, Legend, Span, Title  # typed here; b
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
-from webapp.snapshots.formatting import event_text, format_bytes, frame_label
+from webapp.snapshots.pages.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
     "build_charts",
