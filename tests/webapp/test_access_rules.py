@@ -1,6 +1,6 @@
 """The rules behind access and uploads, one by one, at their edges.
 
-services.py's lookups (membership, share links, API tokens), the upload caps (the declared
+the lookups of ``teams/`` (membership, share links, API tokens), the upload caps (the declared
 length, the streamed bytes, exactly at the cap and one byte over) and the field limits (run,
 tags, note). Each test names the figure it expects and why; they are written to fail when a
 comparison or a filter of the rule changes (see docs/testing.md, mutation testing).

@@ -36,7 +36,7 @@ API_WALK = [
     ("intake.intake", "intake.uploads", ("sniff",)),  # else the head must be a snapshot
     ("intake.forms", "usertext", ("clean_line", "clean_line", "clean_text")),  # the run's name, its tags, the note
     ("intake.intake", "intake.forms", ("upload_fields", "run_meta")),  # the validated text fields
-    ("intake.intake", "intake.cost", ("estimate_cost", "check")),  # the analysis cost from the bytes and their shape, once
+    ("intake.intake", "intake.cost", ("estimate_cost", "check")),  # the cost from the bytes and their shape, once
     ("api", "intake.accept", ("upload_admit",)),  # the project, then the row
     # The project named, in the token's reach, writable; a finished run's name is a team admin's.
     ("intake.accept", "teams.access", ("project_for_user", "token_allows", "can", "can")),

@@ -18,7 +18,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
 from webapp.snapshots import messages
-from webapp.snapshots.errors import LimitExceeded
+from webapp.snapshots.errors import FieldsInvalid, IdempotencyConflict, LimitExceeded, ProjectRefused
 from webapp.snapshots.intake import accept, blobs, disk, intake, store
 from webapp.snapshots.intake.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
@@ -184,14 +184,14 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         if admission.earlier is not None:
             return _replayed(request, admission)
         made = accept.upload_admit(admission, user=request.user, token=getattr(request, "api_token", None))  # type: ignore[arg-type]
-    except intake.FieldsInvalid as invalid:
+    except FieldsInvalid as invalid:
         field, detail = first_error(invalid.form)
         if field == "oom_message":
             return _error(400, "upload:invalid-oom-message", detail)
         return _error(400, "upload:invalid", messages.UPLOAD_INVALID_FIELD.format(field=field, detail=detail))
-    except accept.ProjectRefused as refused:
+    except ProjectRefused as refused:
         return _project_refusal(request, refused.status, refused.code, refused.message)
-    except store.IdempotencyConflict as conflict:
+    except IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return _error(409, "upload:idempotency-conflict", message)
     if isinstance(made, Run):  # a run's ranks in one tar or zip: one upload per rank, one run
@@ -211,7 +211,7 @@ def _replayed(request: HttpRequest, admission: intake.Admission) -> HttpResponse
         return _error(409, "upload:idempotency-conflict", messages.IDEMPOTENCY_CONFLICT.format(code="-"))
     try:
         upload = store.upload_replay(admission.earlier, admission.sha256)
-    except store.IdempotencyConflict as conflict:
+    except IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return _error(409, "upload:idempotency-conflict", message)
     return _accepted(request, upload)

@@ -1,8 +1,8 @@
 """Teams, projects, uploads and their reports, share links and API tokens.
 
-Only ``services.py`` writes these rows. Public identifiers (``Upload.code``, share
-tokens, API tokens) are random strings; database integers never reach a URL. Tokens
-are stored as sha256 hex digests plus a short prefix to recognise them by.
+Only the services write these rows (``teams/``, ``intake/store.py``, ``worker/jobs.py``, ``runs/``).
+Public identifiers (``Upload.code``, share tokens, API tokens) are random strings; database integers
+never reach a URL. Tokens are stored as sha256 hex digests plus a short prefix to recognise them by.
 """
 
 from __future__ import annotations

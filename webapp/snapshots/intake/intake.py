@@ -31,11 +31,11 @@ from django.http import UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 
 from webapp.snapshots import messages
-from webapp.snapshots.errors import FieldsInvalid, IntakeError, LimitExceeded
+from webapp.snapshots.errors import FieldsInvalid, IntakeError, LimitExceeded, Refusal
 from webapp.snapshots.intake import disk, ratelimits, runarchive
 from webapp.snapshots.intake.cost import estimate_cost
 from webapp.snapshots.intake.forms import UploadFieldsForm
-from webapp.snapshots.intake.uploads import MULTIPART_OVERHEAD, Refusal, sniff
+from webapp.snapshots.intake.uploads import MULTIPART_OVERHEAD, sniff
 from webapp.snapshots.models import Upload
 
 

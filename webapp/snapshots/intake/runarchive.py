@@ -43,10 +43,10 @@ from analysis.rankfiles import SIDECAR_SUFFIX, archive_kind, list_members, unpac
 from analysis.reader import ReadLimits
 from analysis.runs import RunInputError, rank_from_name
 from webapp.snapshots import messages
-from webapp.snapshots.errors import LimitExceeded
+from webapp.snapshots.errors import LimitExceeded, Refusal
 from webapp.snapshots.intake import disk
 from webapp.snapshots.intake.quota import check_team_queued_cost, check_team_quota
-from webapp.snapshots.intake.uploads import SNIFF_BYTES, Refusal, sniff
+from webapp.snapshots.intake.uploads import SNIFF_BYTES, sniff
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from analysis import readout
 from webapp.snapshots import messages
-from webapp.snapshots.errors import LimitExceeded
+from webapp.snapshots.errors import ExploreError, FieldsInvalid, LimitExceeded, ProjectRefused, TeamError
 from webapp.snapshots.intake import accept, blobs, disk, intake
 from webapp.snapshots.intake.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
@@ -155,7 +155,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
     try:
         admission = intake.admit(request, UploadForm, project_choices=choices)
         made = accept.upload_admit(admission, user=request.user, token=None)  # type: ignore[arg-type]
-    except intake.FieldsInvalid as invalid:
+    except FieldsInvalid as invalid:
         form = invalid.form
         if _wants_json(request):
             text = " ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
@@ -163,7 +163,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
             fields = {field: [str(e) for e in errs] for field, errs in form.errors.items()}
             return JsonResponse({"error": {"code": "upload:invalid", "message": text, "fields": fields}}, status=400)
         return _render_upload_page(request, form, status=400)  # type: ignore[arg-type]
-    except accept.ProjectRefused as err:  # the choice list already limits this; belt and braces
+    except ProjectRefused as err:  # the choice list already limits this; belt and braces
         raise Http404 from err
     except LimitExceeded as err:  # the intake's refusals, a limit's, and the archive's
         return _upload_refused(request, err)
@@ -459,12 +459,12 @@ def _int_param(request: HttpRequest, name: str, default: int | None = None) -> i
     raw = request.GET.get(name)
     if raw is None or raw == "":
         if default is None:
-            raise digging.ExploreError(400, "explore:missing-param", f"the query needs {name}=")
+            raise ExploreError(400, "explore:missing-param", f"the query needs {name}=")
         return default
     try:
         return int(float(raw))
     except (ValueError, OverflowError) as err:  # "nan", "inf" (was an HTML 500, issue 22)
-        raise digging.ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
+        raise ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
 
 
 def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
@@ -492,7 +492,7 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
             body = digging.state_payload(upload_row, device, _int_param(request, "i"))
         else:
             body = digging.block_payload(upload_row, device, _int_param(request, "alloc"))
-    except digging.ExploreError as err:
+    except ExploreError as err:
         return JsonResponse({"error": {"code": err.code, "message": err.message}}, status=err.status)
     response = JsonResponse(body)
     response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
@@ -550,7 +550,7 @@ def teams(request: HttpRequest) -> HttpResponse:
             invitation_id = 0
         try:
             joined = membership.invitation_answer(request.user, invitation_id, accept)  # type: ignore[arg-type]
-        except membership.TeamError as err:
+        except TeamError as err:
             flash.error(request, err.message)
             return redirect("snapshots:teams")
         if accept:
@@ -561,7 +561,7 @@ def teams(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         try:
             team = membership.team_create_for_user(request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
-        except membership.TeamError as err:
+        except TeamError as err:
             flash.error(request, err.message)
             return redirect("snapshots:teams")
         flash.success(request, f"Team {team.name} created.")
@@ -611,7 +611,7 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
                 flash.success(request, f"Project {p.name} created ({p.slug}).")
             else:
                 flash.error(request, "Unknown action.")
-        except membership.TeamError as err:
+        except TeamError as err:
             flash.error(request, err.message)
         return redirect("snapshots:team", team=slug)
     return render(
