@@ -4,7 +4,6 @@ stored bytes (``reanalysis_admit``, ``upload_reanalyse``)."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
     from webapp.snapshots.intake.intake import Admission
 
     AnyUser = User | AnonymousUser
-
-log = logging.getLogger(__name__)
 
 
 def upload_project(user: AnyUser, token: ApiToken | None, slug: str) -> Project:

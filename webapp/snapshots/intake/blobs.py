@@ -5,7 +5,6 @@ failed upload's retention, or as orphans no row names (the sweep)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import secrets
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     from django.core.files.uploadedfile import UploadedFile
 
     AnyUser = User | AnonymousUser
-
-log = logging.getLogger(__name__)
 
 
 def blob_name_for(sha256: str) -> str:

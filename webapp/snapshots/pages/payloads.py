@@ -3,7 +3,6 @@ and the plain dicts of uploads and projects the templates and the API render."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from django.urls import reverse
@@ -18,8 +17,6 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
     AnyUser = User | AnonymousUser
-
-log = logging.getLogger(__name__)
 
 
 def report_for(upload: Upload) -> Report | None:

@@ -7,7 +7,6 @@ uploads and shares; a token may be limited to one project (``token_allows``).
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from django.db.models import QuerySet
@@ -18,8 +17,6 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
 
     AnyUser = User | AnonymousUser
-
-log = logging.getLogger(__name__)
 
 
 def visible_projects(user: AnyUser) -> QuerySet[Project]:

@@ -3,7 +3,6 @@ new user's personal team. Refusals are ``TeamError`` (a ``UserError``, code ``te
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
 
     AnyUser = User | AnonymousUser
-
-log = logging.getLogger(__name__)
 
 
 @transaction.atomic
