@@ -253,3 +253,70 @@ def test_no_import_circle_in_webapp_or_the_client() -> None:
 def test_the_circle_finder_sees_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [{"a", "b", "c"}]
+
+
+# -- what holds the floors apart (issue 31 item 4): one root for user errors, one queue publisher ----
+#
+# Read with ``ast``. Failures that are not the user's keep their own classes: a webhook that did not go
+# through, the analysis child's crash or kill (``ChildRefused`` is the analysis' ``SnapshotError``), a
+# result parked for later.
+NOT_USER_ERRORS = {"WebhookError", "ChildCrashed", "ChildKilled", "ChildRefused", "ResultParked"}
+SNAPSHOTS = ROOT / "webapp" / "snapshots"
+# The worker's own tasks may re-queue the task they run (a deferral, the sweep, the backfill).
+PUBLISHERS = {"publish.py", "worker/tasks.py", "worker/runtasks.py"}
+
+
+def exception_classes(path: Path) -> dict[str, list[str]]:
+    """Class -> its bases' names, for the classes a file defines whose name says error or refusal or
+    whose bases include an exception."""
+    out: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            bases = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases]
+            if any(b.endswith(("Exception", "Error", "Exceeded")) for b in bases) or node.name.endswith("Error"):
+                out[node.name] = bases
+    return out
+
+
+def test_every_user_error_is_defined_in_errors_py_under_one_root() -> None:
+    errors = exception_classes(SNAPSHOTS / "errors.py")
+    assert errors.pop("UserError") == ["Exception"]
+    roots = {name: bases for name, bases in errors.items() if "UserError" in bases}
+    # Each one is a UserError, directly or through another of the module (IntakeError < LimitExceeded).
+    assert all(set(bases) <= set(errors) | {"UserError"} for bases in errors.values()), errors
+    assert {"LimitExceeded", "TeamError", "ProjectRefused", "ExploreError", "Refusal"} <= set(roots)
+    elsewhere = {
+        f"{p.relative_to(SNAPSHOTS)}::{name}"
+        for p in sorted(SNAPSHOTS.rglob("*.py"))
+        if p.name != "errors.py" and "migrations" not in p.parts
+        for name in exception_classes(p)
+        if name not in NOT_USER_ERRORS
+    }
+    assert not elsewhere, f"a user error belongs in errors.py, under UserError: {sorted(elsewhere)}"
+
+
+def publishes(path: Path) -> list[str]:
+    """The calls of a file that put a message on the queue."""
+    return [
+        ast.unparse(node.func)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in {"delay", "apply_async", "send_task", "delay_on_commit"}
+    ]
+
+
+def test_only_publish_py_puts_messages_on_the_queue() -> None:
+    found = {
+        p.relative_to(SNAPSHOTS).as_posix(): publishes(p)
+        for p in sorted(SNAPSHOTS.rglob("*.py"))
+        if "migrations" not in p.parts and publishes(p)
+    }
+    assert set(found) <= PUBLISHERS, {f: calls for f, calls in found.items() if f not in PUBLISHERS}
+    assert "publish.py" in found
+
+
+def test_the_publisher_check_sees_a_publish(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from x import t\n\ndef f():\n    t.delay(1)\n    t.apply_async((1,))\n")
+    assert publishes(probe) == ["t.delay", "t.apply_async"]

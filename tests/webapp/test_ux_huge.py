@@ -80,8 +80,8 @@ def test_huge_page_weight_first_chart_and_zoom_to_single_events(
     from django.core.files.storage import default_storage
 
     from analysis.report import build_report
+    from webapp.snapshots.intake.blobs import store_name
     from webapp.snapshots.pages.charts import build_charts
-    from webapp.snapshots.pages.digging import store_name
     from webapp.snapshots.worker import jobs
 
     upload = make_upload(alpha, alice, Path(HUGE), run="huge")

@@ -1,4 +1,4 @@
-"""The one place that publishes to the queue: an upload's analysis, a run's chord, a webhook's delivery.
+"""The one place that publishes to the queue: an upload's analysis, a run's chord, a webhook, a backfill.
 
 By task name (the tasks' explicit ``name=``, in ``worker/tasks.py`` and ``worker/runtasks.py``), so
 nothing below the worker imports a task module (docs/architecture.md, "webapp/ in layers"). A
@@ -21,6 +21,7 @@ ANALYSE_UPLOAD = "snapshots.analyse_upload"
 ANALYSE_RANK = "snapshots.analyse_rank"
 SUMMARISE_RUN = "snapshots.summarise_run"
 DELIVER_WEBHOOK = "snapshots.deliver_webhook"
+BACKFILL_EXPLORE = "snapshots.backfill_explore"
 
 
 def publish_upload(upload_id: int) -> None:
@@ -40,3 +41,8 @@ def publish_run(run_id: int, upload_ids: list[int]) -> None:
 
 def publish_webhook(delivery_id: int) -> None:
     app.signature(DELIVER_WEBHOOK, args=(delivery_id,)).apply_async()
+
+
+def publish_backfill(upload_id: int) -> None:
+    """The explore stores of an upload analysed without them (``manage.py backfill_explore``)."""
+    app.signature(BACKFILL_EXPLORE, args=(upload_id,)).apply_async()

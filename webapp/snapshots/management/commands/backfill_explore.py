@@ -12,8 +12,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from webapp.snapshots import publish
 from webapp.snapshots.worker import jobs
-from webapp.snapshots.worker.tasks import backfill_explore
 
 
 class Command(BaseCommand):
@@ -25,5 +25,5 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         ids = jobs.uploads_without_stores(options["codes"] or None)
         for upload_id in ids:
-            backfill_explore.delay(upload_id)
+            publish.publish_backfill(upload_id)
         self.stdout.write(f"queued the explore stores of {len(ids)} uploads")
