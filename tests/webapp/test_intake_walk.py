@@ -122,3 +122,64 @@ def test_handoffs_merge_only_consecutive_entries_of_one_caller() -> None:
         Handoff("a", "c", ("i",)),
         Handoff("a", "b", ("j",)),
     ]
+
+
+def _key_lookups(queries: list[dict[str, Any]]) -> list[str]:
+    """The SELECTs that look a row up by its Idempotency-Key."""
+    return [
+        q["sql"]
+        for q in queries
+        if q["sql"].lstrip().upper().startswith("SELECT") and '"idempotency_key"' in q["sql"].split(" WHERE ", 1)[-1]
+    ]
+
+
+def test_a_keyed_upload_queries_its_key_once(
+    client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    """The intake looks the key up (``Admission.earlier``); the store does not again (issue 31: it did,
+    twice per upload): the row's unique constraint answers there."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.get("/api/v1/projects", **bearer(alice_token))
+    posted = []
+    for _ in range(2):
+        with GPT_OOM.open("rb") as fh, django_capture_on_commit_callbacks(), CaptureQueriesContext(connection) as seen:
+            answer = client.post(
+                "/api/v1/snapshots",
+                {"file": fh, "project": "alpha"},
+                headers={"Idempotency-Key": "job-31"},
+                **bearer(alice_token),
+            )
+        assert answer.status_code == (200 if posted else 202), answer.content  # the repeat: 200, the same
+        posted.append((json.loads(answer.content)["id"], _key_lookups(seen.captured_queries)))
+    (first, first_lookups), (again, again_lookups) = posted
+    assert len(first_lookups) == 1 and len(again_lookups) == 1  # the repeat: found by the intake, once
+    assert again == first and Upload.objects.count() == 1
+
+
+def test_a_key_used_before_that_reaches_the_store_is_the_same_upload(alice: Any, alpha: Any) -> None:
+    """A repeat the intake did not see (an archive's rank, a racing request) is answered by the row's
+    unique constraint: the earlier upload, or ``IdempotencyConflict`` for other bytes."""
+    import hashlib
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from webapp.snapshots.errors import IdempotencyConflict
+    from webapp.snapshots.intake import store
+
+    data = GPT_OOM.read_bytes()
+
+    def create(sha256: str) -> Upload:
+        uploaded = SimpleUploadedFile("a.pickle.gz", data)
+        return store.upload_create(
+            user=alice, project=alpha, uploaded=uploaded, sha256=sha256, fmt="pickle.gz", idempotency_key="k-1"
+        )
+
+    sha256 = hashlib.sha256(data).hexdigest()
+    first = create(sha256)
+    again = create(sha256)
+    assert again.pk == first.pk and again.replayed and not getattr(first, "replayed", False)
+    with pytest.raises(IdempotencyConflict):
+        create("0" * 64)
+    assert Upload.objects.count() == 1
