@@ -191,19 +191,19 @@ def _disk_fills_mid_write() -> Any:
 
 
 def test_a_blob_is_written_whole_or_not_at_all(settings: Any) -> None:
-    from webapp.snapshots.intake import blobs
+    from webapp.snapshots.intake import blobs as blob_store
 
     with pytest.raises(OSError, match="No space left"):
-        blobs.store_blob(_disk_fills_mid_write(), "ab" * 32)
+        blob_store.store_blob(_disk_fills_mid_write(), "ab" * 32)
     assert blobs(settings) == []  # neither the blob's name nor its partial file
 
 
 def test_an_archive_that_fails_midway_leaves_none_of_its_blobs(
     client: Any, alice_token: str, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from webapp.snapshots.intake import blobs
+    from webapp.snapshots.intake import blobs as blob_store
 
-    real = blobs.store_blob
+    real = blob_store.store_blob
     calls: list[str] = []
 
     def second_fills_the_disk(uploaded: Any, sha256: str) -> str:
@@ -212,7 +212,7 @@ def test_an_archive_that_fails_midway_leaves_none_of_its_blobs(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(uploaded, sha256)
 
-    monkeypatch.setattr(blobs, "store_blob", second_fills_the_disk)
+    monkeypatch.setattr(blob_store, "store_blob", second_fills_the_disk)
     answer = post(client, alice_token, tar_bytes([("rank0.pickle.gz", RANK0), ("rank1.pickle.gz", RANK1)]), "r.tar")
     assert answer.status_code == 507 and answer.json()["error"]["code"] == "upload:disk-full"
     assert len(calls) == 2 and not Upload.objects.exists()
@@ -231,7 +231,7 @@ def test_the_orphan_sweep_removes_only_old_files_no_row_names(alice: Any, alpha:
     from django.core.files.uploadedfile import SimpleUploadedFile
     from django.core.management import call_command
 
-    from webapp.snapshots.intake import blobs
+    from webapp.snapshots.intake import blobs as blob_store
 
     media = Path(settings.MEDIA_ROOT)
     named = make_upload(alpha, alice, FIXTURES / "frag_oom.pickle.gz")
@@ -251,7 +251,7 @@ def test_the_orphan_sweep_removes_only_old_files_no_row_names(alice: Any, alpha:
     # An old orphan that an upload in flight reuses (its row not made yet) has its time renewed.
     data = (FIXTURES / "gpu_empty_cache.pickle.gz").read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    reused = _aged(media / blobs.blob_name_for(sha), data, 4)
-    blobs.store_blob(SimpleUploadedFile("again.pickle.gz", data), sha)
+    reused = _aged(media / blob_store.blob_name_for(sha), data, 4)
+    blob_store.store_blob(SimpleUploadedFile("again.pickle.gz", data), sha)
     call_command("sweep_orphan_blobs", stdout=io.StringIO())
     assert reused.exists()
