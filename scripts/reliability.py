@@ -1320,7 +1320,7 @@ def webhook_slow(site: Site, other_token: str, deliveries: int = 4) -> dict[str,
     silent.listen(64)
     url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
     script = (
-        "from webapp.snapshots.models import Project, Run, WebhookDelivery; from webapp.snapshots import runs; "
+        "from webapp.snapshots.models import Project, Run, WebhookDelivery; from webapp.snapshots.runs import runs; "
         "from webapp.snapshots.worker.runtasks import deliver_webhook; import time; "
         f"p = Project.objects.get(slug='rel'); runs.policy_update(p, webhook_url={url!r}); "
         "r = Run.objects.create(code=f'hook{time.time_ns()}', project=p, name='hooked'); "
