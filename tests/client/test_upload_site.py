@@ -257,7 +257,7 @@ def test_the_cli_reports_the_sites_code_and_exits_1(live_site: Site, people: dic
 def test_every_code_the_client_explains_is_one_the_site_answers() -> None:
     """No invented codes: each code (or family) in the client's table occurs in the site's source."""
     source = "\n".join(
-        p.read_text() for p in [*(ROOT / "webapp" / "snapshots").glob("*.py"), ROOT / "analysis" / "errors.py"]
+        p.read_text() for p in [*(ROOT / "webapp" / "snapshots").rglob("*.py"), ROOT / "analysis" / "errors.py"]
     )
     for code in [*HINTS, *HINT_PREFIXES]:
         assert f'"{code}' in source, code
