@@ -103,7 +103,7 @@ def _child_status(status: int, crash: str) -> int:
 
 
 def memory_cap(paths: list[Path]) -> int:
-    """``RLIMIT_AS`` for the inputs: the site's formula (``webapp.snapshots.runner.limits_for``) on the
+    """``RLIMIT_AS`` for the inputs: the site's formula (``webapp.snapshots.worker.runner.limits_for``) on the
     sum of their unpacked sizes (a gzip's trailer: what the reader will see)."""
     total = 0
     for path in paths:

@@ -9,7 +9,7 @@ paths are dropped, links are skipped), each up to the reader's own input cap, an
 ``MAX_MEMBERS`` of them; what each snapshot holds is then checked by the reader as any file is.
 
 ``list_members`` reads the listing alone (names, kinds, declared sizes), for callers that refuse an
-archive before unpacking it (the site's ``webapp/snapshots/runarchive.py``); ``archive_kind`` says
+archive before unpacking it (the site's ``webapp/snapshots/intake/runarchive.py``); ``archive_kind`` says
 whether a file is such an archive. A zip is told by its first bytes as well as its directory: a tar
 whose last member is a zip would otherwise be read as that zip.
 """

@@ -278,7 +278,7 @@ def _peak_stacks(report: Mapping[str, Any]) -> dict[str, int]:
     out: dict[str, int] = {}
     for row in dev.get("top_stacks") or []:
         label = str(row.get("label") or "")
-        if row.get("when") != "peak" or not label or row.get("site") is None and label.startswith("other stacks"):
+        if row.get("when") != "peak" or not label or (row.get("site") is None and label.startswith("other stacks")):
             continue
         out[label] = out.get(label, 0) + int(row.get("bytes") or 0)
     return out

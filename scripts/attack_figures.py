@@ -127,7 +127,7 @@ def many_devices(reader: ModuleType, n: int, *, charts: bool) -> None:
         outcome = f"read {len(snap.devices)} devices"
         if charts:
             from analysis.report import build_report
-            from webapp.snapshots.charts import build_charts
+            from webapp.snapshots.pages.charts import build_charts
 
             report = build_report(path)
             t = time.perf_counter()

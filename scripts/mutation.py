@@ -140,7 +140,7 @@ TARGETS = (
     ),
     Target(
         "upload-fields",  # what an upload keeps of run and tags
-        "webapp/snapshots/services.py",
+        "webapp/snapshots/intake/store.py",
         ("upload_create",),
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py"),
         180,  # 66 of 76 in its old 60 s, one mutant at a time (the webapp targets run so)
@@ -158,38 +158,43 @@ TARGETS = (
         150,
     ),
     Target(
-        "access",  # the services' access checks
-        "webapp/snapshots/services.py",
-        (
-            "visible_projects",
-            "visible_uploads",
-            "upload_for_user",
-            "project_for_user",
-            "upload_for_share_token",
-            "api_token_user",
-            "share_revoke",
-            "share_active",
-        ),
+        "access",  # the access rule (teams/access.py)
+        "webapp/snapshots/teams/access.py",
+        ("visible_projects", "visible_uploads", "upload_for_user", "project_for_user"),
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py"),
-        200,
+        100,
+    ),
+    Target(
+        "access-shares",  # a share link's reach (teams/shares.py)
+        "webapp/snapshots/teams/shares.py",
+        ("upload_for_share_token", "share_revoke", "share_active"),
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py"),
+        60,
+    ),
+    Target(
+        "access-tokens",  # an API token's reach (teams/tokens.py)
+        "webapp/snapshots/teams/tokens.py",
+        ("api_token_user",),
+        ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py"),
+        40,
     ),
     Target(
         "upload-limits",
-        "webapp/snapshots/uploads.py",
+        "webapp/snapshots/intake/uploads.py",
         ("CappedHashingUploadHandler.*",),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
         120,
     ),
     Target(
         "upload-intake",
-        "webapp/snapshots/intake.py",
+        "webapp/snapshots/intake/intake.py",
         ("content_length_over_cap", "is_too_large", "check_declared_size"),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
         120,
     ),
     Target(
         "upload-form",
-        "webapp/snapshots/forms.py",
+        "webapp/snapshots/intake/forms.py",
         ("split_tags", "UploadForm.*"),
         ("tests/webapp/test_uploads.py", "tests/webapp/test_access_rules.py"),
         60,
@@ -212,7 +217,7 @@ class HandMutant:
 HAND_MUTANTS = (
     HandMutant(
         "compare-second-snapshot-unchecked",  # the security mutant: compare reads b without the access check
-        "webapp/snapshots/views.py",
+        "webapp/snapshots/pages/views.py",
         "b = _upload_or_404(request, code_b)",
         "b = Upload.objects.get(code=code_b)",
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_access.py", "tests/webapp/test_pages.py"),
@@ -247,21 +252,21 @@ HAND_MUTANTS = (
     ),
     HandMutant(
         "upload-cap-boundary",  # a file of exactly the cap refused
-        "webapp/snapshots/uploads.py",
+        "webapp/snapshots/intake/uploads.py",
         "if self._received > settings.UPLOAD_MAX_BYTES:",
         "if self._received >= settings.UPLOAD_MAX_BYTES:",
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_uploads.py", "tests/webapp/test_api.py"),
     ),
     HandMutant(
         "token-of-inactive-user",  # an inactive user's API token still works
-        "webapp/snapshots/services.py",
+        "webapp/snapshots/teams/tokens.py",
         "if token is None or not token.user.is_active:",
         "if token is None:",
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py"),
     ),
     HandMutant(
         "revoked-share-link",  # a revoked share link still works
-        "webapp/snapshots/services.py",
+        "webapp/snapshots/teams/shares.py",
         "ShareLink.objects.filter(token_hash=token_hash(token), revoked_at__isnull=True)",
         "ShareLink.objects.filter(token_hash=token_hash(token))",
         ("tests/webapp/test_access_rules.py", "tests/webapp/test_api.py", "tests/webapp/test_pages.py"),

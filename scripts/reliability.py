@@ -204,7 +204,7 @@ class Site:
 
         main = self.pid("worker")
         children = psutil.Process(main).children(recursive=True)
-        return [c for c in children if "webapp.snapshots.child" in " ".join(c.cmdline())]
+        return [c for c in children if "webapp.snapshots.worker.child" in " ".join(c.cmdline())]
 
 
 def post(site: Site, token: str, path: Path, project: str = "rel", **kw: Any) -> tuple[dict[str, Any], float]:
@@ -1320,8 +1320,8 @@ def webhook_slow(site: Site, other_token: str, deliveries: int = 4) -> dict[str,
     silent.listen(64)
     url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
     script = (
-        "from webapp.snapshots.models import Project, Run, WebhookDelivery; from webapp.snapshots import runs; "
-        "from webapp.snapshots.runtasks import deliver_webhook; import time; "
+        "from webapp.snapshots.models import Project, Run, WebhookDelivery; from webapp.snapshots.runs import runs; "
+        "from webapp.snapshots.worker.runtasks import deliver_webhook; import time; "
         f"p = Project.objects.get(slug='rel'); runs.policy_update(p, webhook_url={url!r}); "
         "r = Run.objects.create(code=f'hook{time.time_ns()}', project=p, name='hooked'); "
         f"ids = [WebhookDelivery.objects.create(run=r, url={url!r}).pk for _ in range({deliveries})]; "

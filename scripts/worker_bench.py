@@ -5,7 +5,7 @@ Starts the site as `make run` does, through scripts/reliability.py's Site (scrip
 Redis, a Celery worker, gunicorn), once per reader mode, uploads each snapshot through the HTTP
 API and polls its status every 0.2 s until done. Modes: ``compiled`` (the default environment)
 and ``python`` (OOMSCOPE_READER=python and OOMSCOPE_REPLAY=python in the worker's environment,
-which webapp/snapshots/runner.py passes on to the analysis child; the script reads the child's
+which webapp/snapshots/worker/runner.py passes on to the analysis child; the script reads the child's
 /proc environment to check that it did), and ``python-loops`` (the compiled reader with
 OOMSCOPE_REPLAY=python). Prints one JSON line per run:
 

@@ -2,7 +2,7 @@
 
 - Every ``analysis`` module imports in a fresh interpreter without pulling in Django,
   Celery, Bokeh or torch.
-- ``webapp.snapshots.charts`` is the only webapp module that imports bokeh.
+- ``webapp.snapshots.pages.charts`` is the only webapp module that imports bokeh.
 - The worker's child process entry point loads no Django or Celery.
 """
 
@@ -58,7 +58,7 @@ def test_analysis_module_imports_no_framework(module: str) -> None:
 
 
 def test_worker_child_entry_point_loads_no_django_or_celery() -> None:
-    loaded = loaded_after_import("webapp.snapshots.child")
+    loaded = loaded_after_import("webapp.snapshots.worker.child")
     assert not sorted(m for m in loaded if m.split(".")[0] in ("django", "celery", "kombu", "bokeh"))
 
 
@@ -77,7 +77,7 @@ def test_only_charts_imports_bokeh() -> None:
     importers = sorted(
         str(path.relative_to(ROOT)) for path in (ROOT / "webapp").rglob("*.py") if "bokeh" in imports_of(path)
     )
-    assert importers == ["webapp/snapshots/charts.py"]
+    assert importers == ["webapp/snapshots/pages/charts.py"]
 
 
 def test_analysis_source_never_names_a_framework() -> None:

@@ -1,6 +1,6 @@
 """No ``except ImportError`` (nor ``except Exception``) around our own modules (issue 17, item 6; issue 31).
 
-A guard around ``webapp.snapshots.charts`` or ``analysis.reader`` turned a broken install into pages
+A guard around ``webapp.snapshots.pages.charts`` or ``analysis.reader`` turned a broken install into pages
 without charts, or an upload sniffed by half its rules, and no error anywhere. Our modules are part
 of the repository: importing them either works or must fail loudly. The two exceptions are the
 compiled extensions, which a machine without a compiler does not build: the compiled reader
@@ -88,23 +88,23 @@ def test_no_module_of_ours_is_imported_under_an_import_error_guard() -> None:
 def test_the_check_sees_a_guard(tmp_path: Path) -> None:
     guarded = tmp_path / "views.py"
     guarded.write_text(
-        "try:\n    from webapp.snapshots import charts\nexcept (ImportError, ValueError):\n    charts = None\n"
+        "try:\n    from webapp.snapshots.pages import charts\nexcept (ImportError, ValueError):\n    charts = None\n"
     )
-    assert guarded_imports(guarded) == {"webapp.snapshots.charts"}
+    assert guarded_imports(guarded) == {"webapp.snapshots.pages.charts"}
     broad = tmp_path / "child.py"
     broad.write_text(
-        "def charts():\n    try:\n        from webapp.snapshots.charts import build_charts\n"
+        "def charts():\n    try:\n        from webapp.snapshots.pages.charts import build_charts\n"
         "    except Exception:\n        return {}\n"
     )
-    assert guarded_imports(broad) == {"webapp.snapshots.charts.build_charts"}
+    assert guarded_imports(broad) == {"webapp.snapshots.pages.charts.build_charts"}
     bare = tmp_path / "bare.py"
     bare.write_text("try:\n    import analysis.reader\nexcept:\n    pass\n")
     assert guarded_imports(bare) == {"analysis.reader"}
     suppressed = tmp_path / "thread.py"
     suppressed.write_text(
-        "import contextlib\nwith contextlib.suppress(Exception):\n    import webapp.snapshots.charts\n"
+        "import contextlib\nwith contextlib.suppress(Exception):\n    import webapp.snapshots.pages.charts\n"
     )
-    assert guarded_imports(suppressed) == {"webapp.snapshots.charts"}
+    assert guarded_imports(suppressed) == {"webapp.snapshots.pages.charts"}
     plain = tmp_path / "other.py"
     plain.write_text("try:\n    import numpy\nexcept ImportError:\n    numpy = None\n")
     assert guarded_imports(plain) == set()

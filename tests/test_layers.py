@@ -9,6 +9,7 @@ none at all.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -76,27 +77,18 @@ def test_the_rule_sees_lazy_imports(tmp_path: Path) -> None:
     assert lazy_imports(probe) == ["analysis.report"]
 
 
-# -- webapp/ and client/ (issue 31 item 5) ---------------------------------------------------------
+# -- webapp/ and client/ (issue 31 items 4 and 5) ------------------------------------------------------
 #
-# What they found when they were written down, held as known lists that may only shrink: the web
-# side's layout is issue 31 item 4's (a split into layers), and each entry fixed leaves its list.
+# webapp/ stands on floors, written down once, in docs/architecture.md ("webapp/ in layers"): each
+# module of webapp/ (a package, ``teams/``, stands for all of its modules) on one floor, and an import
+# goes to the same floor or one below, never up, and never round in a circle.
 WEB_PACKAGES = ("webapp", "client/oomscope_client")
 # models.py imports nothing above it (its signal receiver went to signals.py); the list may not grow.
 KNOWN_UPWARD_FROM_MODELS: set[str] = set()
-# One import circle of 7 modules (the services hub and everything that calls it and that it calls); 11
-# before models.py's receiver moved to signals.py.
-KNOWN_CIRCLE = {
-    f"webapp.snapshots.{m}"
-    for m in [
-        "cost",
-        "intake",
-        "runarchive",
-        "runs",
-        "runtasks",
-        "services",
-        "tasks",
-    ]
-}
+# The two package roots: no floor, and nothing in them.
+WEB_ROOTS = {"webapp", "webapp.snapshots"}
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+FLOOR_ROW = re.compile(r"^\| (\d+) \| [^|]+ \| (.+) \|$")
 
 
 def web_module_name(path: Path) -> str:
@@ -130,11 +122,15 @@ def web_graph(root: Path = ROOT) -> dict[str, set[str]]:
         for p in sorted((root / package).rglob("*.py"))
         if "migrations" not in p.parts
     }
-    # A module's own package is imported before it anyway: no edge back up to it.
-    return {
-        name: {m for m in web_imports(path) & set(files) if not name.startswith(m + ".")} - {name}
-        for name, path in files.items()
-    }
+    # A module's own package is imported before it anyway: no edge back up to it; and ``from pkg import
+    # mod`` is an arrow to ``pkg.mod``, not to the package as well.
+    graph = {}
+    for name, path in files.items():
+        targets = web_imports(path) & set(files)
+        graph[name] = {
+            m for m in targets if not name.startswith(m + ".") and not any(t.startswith(m + ".") for t in targets)
+        } - {name}
+    return graph
 
 
 def circles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -185,7 +181,7 @@ def test_only_the_charts_module_imports_bokeh() -> None:
         for p in (ROOT / "webapp").rglob("*.py")
         if any(m.split(".")[0] == "bokeh" for m in web_imports(p))
     }
-    assert found == {"webapp/snapshots/charts.py"}
+    assert found == {"webapp/snapshots/pages/charts.py"}
 
 
 def test_the_models_import_nothing_above_them_but_the_known_list() -> None:
@@ -194,13 +190,133 @@ def test_the_models_import_nothing_above_them_but_the_known_list() -> None:
     assert above >= KNOWN_UPWARD_FROM_MODELS, "fixed: take it off KNOWN_UPWARD_FROM_MODELS"
 
 
-def test_no_import_circle_but_the_known_one_and_it_does_not_grow() -> None:
-    found = circles(web_graph())
-    assert all(part <= KNOWN_CIRCLE for part in found), [sorted(p - KNOWN_CIRCLE) for p in found]
-    left = set().union(*found) if found else set()
-    assert left == KNOWN_CIRCLE, f"out of the circle now, take them off KNOWN_CIRCLE: {sorted(KNOWN_CIRCLE - left)}"
+def documented_floors(doc: str) -> dict[str, int]:
+    """docs/architecture.md's floors of webapp/: a module (``models``, ``webapp.health``) or a package
+    (``teams/``) of ``webapp.snapshots`` -> its floor, from the table of "webapp/ in layers"."""
+    section = doc.split("### webapp/ in layers", 1)[1].split("\n#", 1)[0]
+    floors: dict[str, int] = {}
+    for line in section.splitlines():
+        row = FLOOR_ROW.match(line.strip())
+        if row:
+            floors.update((name, int(row.group(1))) for name in re.findall(r"`([\w./]+)`", row.group(2)))
+    return floors
+
+
+def floor_of(module: str, floors: dict[str, int]) -> int | None:
+    short = module.removeprefix("webapp.snapshots.")
+    package = short.split(".")[0] + "/"
+    return floors.get(package, floors.get(short))
+
+
+def web_side(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {m: {t for t in to if t.startswith("webapp")} for m, to in graph.items() if m.startswith("webapp")}
+
+
+def test_every_module_of_webapp_stands_on_a_documented_floor() -> None:
+    graph = web_side(web_graph())
+    floors = documented_floors(ARCHITECTURE.read_text())
+    assert not any(graph[root] for root in WEB_ROOTS), "the package roots import nothing"
+    unplaced = sorted(m for m in graph if m not in WEB_ROOTS and floor_of(m, floors) is None)
+    assert not unplaced, f"put them on a floor in docs/architecture.md, 'webapp/ in layers': {unplaced}"
+    named = {n.rstrip("/") if n.endswith("/") else n for n in floors}
+    shorts = {m.removeprefix("webapp.snapshots.") for m in graph}
+    assert named <= shorts, f"the doc's floors name modules that are gone: {sorted(named - shorts)}"
+
+
+def arrows_up(graph: dict[str, set[str]], floors: dict[str, int]) -> list[str]:
+    return sorted(
+        f"{a} ({floor_of(a, floors)}) -> {b} ({floor_of(b, floors)})"
+        for a, targets in graph.items()
+        for b in targets
+        if a not in WEB_ROOTS and (floor_of(b, floors) or 0) > (floor_of(a, floors) or 0)
+    )
+
+
+def test_no_import_goes_up_a_floor() -> None:
+    floors = documented_floors(ARCHITECTURE.read_text())
+    assert arrows_up(web_side(web_graph()), floors) == []
+
+
+def test_the_floor_check_sees_an_arrow_up() -> None:
+    floors = documented_floors(ARCHITECTURE.read_text())
+    assert floors["models"] == 0 and floors["worker/"] > floors["intake/"]
+    graph = {"webapp.snapshots.models": {"webapp.snapshots.worker.tasks"}, "webapp.snapshots.worker.tasks": set()}
+    assert arrows_up(graph, floors) == [
+        f"webapp.snapshots.models (0) -> webapp.snapshots.worker.tasks ({floors['worker/']})"
+    ]
+
+
+def test_no_import_circle_in_webapp_or_the_client() -> None:
+    assert circles(web_graph()) == []
 
 
 def test_the_circle_finder_sees_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [{"a", "b", "c"}]
+
+
+# -- what holds the floors apart (issue 31 item 4): one root for user errors, one queue publisher ----
+#
+# Read with ``ast``. Failures that are not the user's keep their own classes: a webhook that did not go
+# through, the analysis child's crash or kill (``ChildRefused`` is the analysis' ``SnapshotError``), a
+# result parked for later.
+NOT_USER_ERRORS = {"WebhookError", "ChildCrashed", "ChildKilled", "ChildRefused", "ResultParked"}
+SNAPSHOTS = ROOT / "webapp" / "snapshots"
+# The worker's own tasks may re-queue the task they run (a deferral, the sweep, the backfill).
+PUBLISHERS = {"publish.py", "worker/tasks.py", "worker/runtasks.py"}
+
+
+def exception_classes(path: Path) -> dict[str, list[str]]:
+    """Class -> its bases' names, for the classes a file defines whose name says error or refusal or
+    whose bases include an exception."""
+    out: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            bases = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases]
+            if any(b.endswith(("Exception", "Error", "Exceeded")) for b in bases) or node.name.endswith("Error"):
+                out[node.name] = bases
+    return out
+
+
+def test_every_user_error_is_defined_in_errors_py_under_one_root() -> None:
+    errors = exception_classes(SNAPSHOTS / "errors.py")
+    assert errors.pop("UserError") == ["Exception"]
+    roots = {name: bases for name, bases in errors.items() if "UserError" in bases}
+    # Each one is a UserError, directly or through another of the module (IntakeError < LimitExceeded).
+    assert all(set(bases) <= set(errors) | {"UserError"} for bases in errors.values()), errors
+    assert {"LimitExceeded", "TeamError", "ProjectRefused", "ExploreError", "Refusal"} <= set(roots)
+    elsewhere = {
+        f"{p.relative_to(SNAPSHOTS)}::{name}"
+        for p in sorted(SNAPSHOTS.rglob("*.py"))
+        if p.name != "errors.py" and "migrations" not in p.parts
+        for name in exception_classes(p)
+        if name not in NOT_USER_ERRORS
+    }
+    assert not elsewhere, f"a user error belongs in errors.py, under UserError: {sorted(elsewhere)}"
+
+
+def publishes(path: Path) -> list[str]:
+    """The calls of a file that put a message on the queue."""
+    return [
+        ast.unparse(node.func)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in {"delay", "apply_async", "send_task", "delay_on_commit"}
+    ]
+
+
+def test_only_publish_py_puts_messages_on_the_queue() -> None:
+    found = {
+        p.relative_to(SNAPSHOTS).as_posix(): publishes(p)
+        for p in sorted(SNAPSHOTS.rglob("*.py"))
+        if "migrations" not in p.parts and publishes(p)
+    }
+    assert set(found) <= PUBLISHERS, {f: calls for f, calls in found.items() if f not in PUBLISHERS}
+    assert "publish.py" in found
+
+
+def test_the_publisher_check_sees_a_publish(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from x import t\n\ndef f():\n    t.delay(1)\n    t.apply_async((1,))\n")
+    assert publishes(probe) == ["t.delay", "t.apply_async"]

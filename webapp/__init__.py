@@ -1,1 +1,1 @@
-"""The Django project. Kept import-free so ``python -m webapp.snapshots.child`` loads no Django or Celery."""
+"""The Django project. Kept import-free so ``python -m webapp.snapshots.worker.child`` loads no Django or Celery."""

@@ -12,12 +12,8 @@ from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 
-from webapp.snapshots.ratelimits import (
-    DEVICE_COOKIE,
-    LimitExceeded,
-    check_login_rate,
-    device_cookie_value,
-)
+from webapp.snapshots.errors import LimitExceeded
+from webapp.snapshots.intake.ratelimits import DEVICE_COOKIE, check_login_rate, device_cookie_value
 
 DEVICE_COOKIE_AGE = 365 * 24 * 3600
 

@@ -20,7 +20,9 @@ patch_kombu_redis_closed_transport()
 
 app = Celery("webapp", task_cls="celery.contrib.django.task:DjangoTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["webapp.snapshots"])
+# The worker's two task modules (nothing else imports them: webapp/snapshots/publish.py sends by name).
+app.autodiscover_tasks(["webapp.snapshots.worker"])
+app.autodiscover_tasks(["webapp.snapshots.worker"], related_name="runtasks")
 
 # How often the worker's main process looks for pool processes that exited (Celery: every 5 s).
 POOL_REAP_SECONDS = 0.5

@@ -4,7 +4,7 @@ The status is 503 when the database or the broker fails: this process cannot tak
 then, and a load balancer should stop sending it traffic. A silent worker does not make it
 503 (pages and uploads still work; analyses wait in the queue), so the body says
 ``"worker": "error: ..."`` and ``"degraded": "worker"`` and the status stays 200. Likewise a
-disk below the upload guard's reserve (``DISK_MIN_FREE_BYTES``, webapp/snapshots/disk.py):
+disk below the upload guard's reserve (``DISK_MIN_FREE_BYTES``, webapp/snapshots/intake/disk.py):
 ``"disk": "low: ..."`` and ``"degraded"`` names it; reads still work, uploads answer 507.
 """
 
@@ -44,7 +44,7 @@ def _broker(url: str) -> str:
 
 
 def _disk() -> str:
-    from webapp.snapshots import disk
+    from webapp.snapshots.intake import disk
 
     try:
         free = disk.free_bytes()

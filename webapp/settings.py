@@ -143,7 +143,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "csp.context_processors.nonce",
-                "webapp.snapshots.context_processors.site",
+                "webapp.snapshots.pages.context_processors.site",
             ],
         },
     },
@@ -196,19 +196,19 @@ MEDIA_ROOT = Path(os.environ.get("MEDIA_ROOT", VAR_DIR / "media"))
 MEDIA_URL = "/media-not-served/"  # uploads are never served back as files
 FILE_UPLOAD_TEMP_DIR = os.environ.get("FILE_UPLOAD_TEMP_DIR") or None
 # Always stream to a temp file (never hold an upload in memory) and stop at the cap.
-FILE_UPLOAD_HANDLERS = ["webapp.snapshots.uploads.CappedHashingUploadHandler"]
+FILE_UPLOAD_HANDLERS = ["webapp.snapshots.intake.uploads.CappedHashingUploadHandler"]
 UPLOAD_MAX_BYTES = env_int("UPLOAD_MAX_BYTES", 1024**3)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)  # non-file fields only
 DATA_UPLOAD_MAX_NUMBER_FILES = 1
 
-# --- quotas and rate limits (applied in webapp/snapshots/ratelimits.py and quota.py; each defined only here).
+# --- quotas and rate limits (applied in webapp/snapshots/intake/ratelimits.py and quota.py; each defined only here).
 # Rates are django-ratelimit's "<count>/<period>" (s, m, h, d, with a multiplier: "60/10m").
 TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 20 * 1024**3)
-# The disk guard (webapp/snapshots/disk.py): uploads are refused (507 upload:disk-full) before they
+# The disk guard (webapp/snapshots/intake/disk.py): uploads are refused (507 upload:disk-full) before they
 # would leave less than this free where uploads are written, and /healthz says "disk": "low" below it.
 DISK_MIN_FREE_BYTES = env_int("DISK_MIN_FREE_BYTES", 1024**3)
 # The largest explore store a web process loads for the zoom and digging endpoints (share links are
-# anonymous: issue 36); a larger one answers 404 explore:store-too-large (webapp/snapshots/digging.py).
+# anonymous: issue 36); a larger one answers 404 explore:store-too-large (webapp/snapshots/pages/digging.py).
 EXPLORE_MAX_STORE_BYTES = env_int("EXPLORE_MAX_STORE_BYTES", 256 * 1024**2)
 UPLOAD_RATE_PER_TOKEN = os.environ.get("UPLOAD_RATE_PER_TOKEN", "60/10m")
 UPLOAD_RATE_PER_USER = os.environ.get("UPLOAD_RATE_PER_USER", "120/h")
@@ -245,7 +245,7 @@ if os.environ.get("STORAGE_S3_BUCKET"):
 # webhooks, which are sent by a worker with no request to take the host from. Empty: paths only.
 SITE_URL = os.environ.get("SITE_URL", "")
 # Regression webhooks go only to public addresses unless this is set (a receiver inside the network):
-# the URL is a project admin's choice and the worker sends to it (webapp/snapshots/webhooks.py).
+# the URL is a project admin's choice and the worker sends to it (webapp/snapshots/runs/webhooks.py).
 WEBHOOK_ALLOW_PRIVATE_HOSTS = env_bool("WEBHOOK_ALLOW_PRIVATE_HOSTS", False)
 
 # --- analysis worker limits (the child process that parses an upload).
@@ -261,7 +261,7 @@ ANALYSIS_MAX_ATTEMPTS = env_int("ANALYSIS_MAX_ATTEMPTS", 3)
 ANALYSIS_TEAM_CONCURRENCY = env_int("ANALYSIS_TEAM_CONCURRENCY", 1)
 ANALYSIS_MAX_DEFERRALS = env_int("ANALYSIS_MAX_DEFERRALS", 600)
 # The estimated analysis cost (bytes to parse: the file, or the uncompressed size a gzip/zip
-# declares; webapp/snapshots/cost.py) a team may have queued and running at once. 16 GiB: two
+# declares; webapp/snapshots/intake/cost.py) a team may have queued and running at once. 16 GiB: two
 # analyses at the reader's 8 GiB decompression cap; one upload over it alone is refused.
 ANALYSIS_MAX_QUEUED_COST_PER_TEAM = env_int("ANALYSIS_MAX_QUEUED_COST_PER_TEAM", 16 * 1024**3)
 # Processes per analysis for its policy replays: 1 keeps one analysis to one CPU, as the
@@ -273,10 +273,10 @@ SWEEP_STALE_RUNNING_SECONDS = env_int("SWEEP_STALE_RUNNING_SECONDS", 180)
 SWEEP_STALE_QUEUED_SECONDS = env_int("SWEEP_STALE_QUEUED_SECONDS", 300)
 SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 60)
 # A run of several ranks whose ranks have not all come this long after its first is analysed with
-# those it has (webapp/snapshots/runs.py); its queued ranks are analysed alone by the sweep before.
+# those it has (webapp/snapshots/runs/runs.py); its queued ranks are analysed alone by the sweep before.
 RUN_COLLECT_SECONDS = env_int("RUN_COLLECT_SECONDS", 600)
 # The most entries (files, folders, logs) one uploaded tar or zip of a run's ranks may list
-# (webapp/snapshots/runarchive.py); the CLI's own cap is analysis.rankfiles.MAX_MEMBERS.
+# (webapp/snapshots/intake/runarchive.py); the CLI's own cap is analysis.rankfiles.MAX_MEMBERS.
 RUN_ARCHIVE_MAX_MEMBERS = env_int("RUN_ARCHIVE_MAX_MEMBERS", 1024)
 
 # --- Celery (read by webapp/celery.py with namespace CELERY_).
@@ -286,7 +286,7 @@ CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]  # never pickle on the broker
 CELERY_TASK_IGNORE_RESULT = True  # state lives in the Upload row
-# A run's ranks are one chord (webapp/snapshots/runtasks.py), which counts its finished parts in a
+# A run's ranks are one chord (webapp/snapshots/worker/runtasks.py), which counts its finished parts in a
 # result backend: the broker's Redis. Only the chord's parts store a result (an upload id).
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or REDIS_URL
 CELERY_RESULT_EXPIRES = 24 * 3600
@@ -304,7 +304,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_RETRY = True  # a lost broker connection is re-established, the worker stays
 # On a broker connection loss the running analyses go on and store their outcome (the row is the
 # truth, not the ack); cancelling them would throw the work away. A redelivery of their message
-# while they run is refused by the claim (the claiming process is alive: services.upload_claim).
+# while they run is refused by the claim (the claiming process is alive: jobs.upload_claim).
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "oomscope")
 # Webhook deliveries have their own queue and worker (scripts/run.sh's [program:webhooks], docker/'s

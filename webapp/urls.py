@@ -7,7 +7,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from webapp import accounts, health
-from webapp.snapshots import views
+from webapp.snapshots.pages import views
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),

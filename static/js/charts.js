@@ -5,7 +5,7 @@
 // A site page embeds only its first charts (the timeline, without its hover text): slots marked
 // data-later="1" get their items from the JSON at [data-charts-src] (charts.json), asked for once
 // the first charts are drawn, with the timeline's hover text ("oomscope:hover", for explore.js).
-// webapp/snapshots/chartpage.py says which charts are which.
+// webapp/snapshots/pages/chartpage.py says which charts are which.
 (function () {
   "use strict";
 

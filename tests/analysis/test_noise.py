@@ -12,10 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import seeded_series  # noqa: E402
+import seeded_series
 
-from analysis.noise import FLOOR_BYTES, FLOOR_SHARE, MIN_RUNS, PEAK, beyond_noise, learn, measures  # noqa: E402
-from analysis.regression import compare_runs  # noqa: E402
+from analysis.noise import FLOOR_BYTES, FLOOR_SHARE, MIN_RUNS, PEAK, beyond_noise, learn, measures
+from analysis.regression import compare_runs
 
 BASELINE_SEEDS = range(8)  # the baseline branch: eight repeat runs of one commit
 REPEAT_SEEDS = range(100, 140)  # forty more repeats of the same code, never seen by the model
@@ -25,12 +25,12 @@ COMMITS = range(1, 11)  # ten commits of the leak
 WORKLOADS = {"resnet": seeded_series.CAPTURE, "vit": seeded_series.SECOND}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _summary(seed: int, commit: int = 0, workload: str = "resnet") -> dict:
     return seeded_series.summary(seed, commit, WORKLOADS[workload])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(workload: str = "resnet"):
     return learn([("c0", _summary(seed, 0, workload)) for seed in BASELINE_SEEDS])
 

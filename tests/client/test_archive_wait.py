@@ -29,13 +29,13 @@ JOB = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "client_job"
 
 @pytest.fixture
 def token(django_user_model: Any) -> str:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership, tokens
 
     alice = django_user_model.objects.create_user("alice", password="pw-alice-123")
-    alpha = services.project_create(
-        team=services.team_create(name="Team A", slug="team-a", owner=alice), name="Alpha", slug="alpha"
+    alpha = membership.project_create(
+        team=membership.team_create(name="Team A", slug="team-a", owner=alice), name="Alpha", slug="alpha"
     )
-    return services.api_token_create(alice, default_project=alpha)
+    return tokens.api_token_create(alice, default_project=alpha)
 
 
 def tar_of(tmp: Path, members: dict[str, bytes]) -> Path:

@@ -141,13 +141,13 @@ def test_without_the_library_or_a_site_it_says_how_to_get_the_verdict(tmp_path: 
 def test_without_the_library_the_site_gives_the_verdict(
     live_site: Site, django_user_model: Any, tmp_path: Path
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership, tokens
 
     alice = django_user_model.objects.create_user("alice", password="pw-alice-123")
-    alpha = services.project_create(
-        team=services.team_create(name="Team A", slug="team-a", owner=alice), name="Alpha", slug="alpha"
+    alpha = membership.project_create(
+        team=membership.team_create(name="Team A", slug="team-a", owner=alice), name="Alpha", slug="alpha"
     )
-    token = services.api_token_create(alice, default_project=alpha)
+    token = tokens.api_token_create(alice, default_project=alpha)
     spec = {"url": live_site.url, "token": token, "project": "alpha", "run": "job-log-site", "wait": 300}
     done = run_job(tmp_path, "site", rank=None, JOB_UPLOAD=json.dumps(spec))
     assert done.returncode == 1, done.stderr

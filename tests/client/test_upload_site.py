@@ -36,27 +36,27 @@ TRUTH = json.loads((FIXTURES / "gpt_varlen_oom.truth.json").read_text())
 @pytest.fixture
 def people(django_user_model: Any) -> dict[str, Any]:
     """Alice owns team A (project alpha) and is a member of team C (gamma); Bob owns team B; Vera views A."""
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership
 
     alice = django_user_model.objects.create_user("alice", password="pw-alice-123")
     bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
     vera = django_user_model.objects.create_user("vera", password="pw-vera-123")
-    team_a = services.team_create(name="Team A", slug="team-a", owner=alice)
-    alpha = services.project_create(team=team_a, name="Alpha", slug="alpha")
-    services.project_create(
-        team=services.team_create(name="Team B", slug="team-b", owner=bob), name="Beta", slug="beta"
+    team_a = membership.team_create(name="Team A", slug="team-a", owner=alice)
+    alpha = membership.project_create(team=team_a, name="Alpha", slug="alpha")
+    membership.project_create(
+        team=membership.team_create(name="Team B", slug="team-b", owner=bob), name="Beta", slug="beta"
     )
-    team_c = services.team_create(name="Team C", slug="team-c", owner=bob)
-    services.project_create(team=team_c, name="Gamma", slug="gamma")
-    services.membership_add(team=team_c, user=alice, role="member")
-    services.membership_add(team=team_a, user=vera, role="viewer")
+    team_c = membership.team_create(name="Team C", slug="team-c", owner=bob)
+    membership.project_create(team=team_c, name="Gamma", slug="gamma")
+    membership.membership_add(team=team_c, user=alice, role="member")
+    membership.membership_add(team=team_a, user=vera, role="viewer")
     return {"alice": alice, "bob": bob, "vera": vera, "alpha": alpha}
 
 
 def token_of(user: Any, **kwargs: Any) -> str:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import tokens
 
-    return services.api_token_create(user, **kwargs)
+    return tokens.api_token_create(user, **kwargs)
 
 
 def get_json(url: str, token: str) -> dict[str, Any]:

@@ -120,19 +120,19 @@ def bob(django_user_model: Any) -> Any:
 @pytest.fixture
 def alpha(alice: Any) -> Any:
     """Alice's team ``team-a`` with project ``alpha``."""
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership
 
-    team = services.team_create(name="Team A", slug="team-a", owner=alice)
-    return services.project_create(team=team, name="Alpha", slug="alpha")
+    team = membership.team_create(name="Team A", slug="team-a", owner=alice)
+    return membership.project_create(team=team, name="Alpha", slug="alpha")
 
 
 @pytest.fixture
 def beta(bob: Any) -> Any:
     """Bob's team ``team-b`` with project ``beta`` (Bob is not in team A)."""
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership
 
-    team = services.team_create(name="Team B", slug="team-b", owner=bob)
-    return services.project_create(team=team, name="Beta", slug="beta")
+    team = membership.team_create(name="Team B", slug="team-b", owner=bob)
+    return membership.project_create(team=team, name="Beta", slug="beta")
 
 
 @pytest.fixture
@@ -143,16 +143,16 @@ def alice_client(client: Any, alice: Any, alpha: Any) -> Any:
 
 @pytest.fixture
 def alice_token(alice: Any, alpha: Any) -> str:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import tokens
 
-    return services.api_token_create(alice, default_project=alpha)
+    return tokens.api_token_create(alice, default_project=alpha)
 
 
 @pytest.fixture
 def bob_token(bob: Any, beta: Any) -> str:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import tokens
 
-    return services.api_token_create(bob, default_project=beta)
+    return tokens.api_token_create(bob, default_project=beta)
 
 
 @pytest.fixture

@@ -21,15 +21,15 @@ def make_upload(project: Any, user: Any, path: Path = GPT_OOM, **fields: Any) ->
 
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from webapp.snapshots import services
+    from webapp.snapshots.intake import blobs, store
     from webapp.snapshots.models import Upload
 
     data = path.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
     uploaded = SimpleUploadedFile(path.name, data)
-    blob = services._store_blob(uploaded, sha)
+    blob = blobs.store_blob(uploaded, sha)
     return Upload.objects.create(
-        code=services.new_upload_code(),
+        code=store.new_upload_code(),
         project=project,
         uploaded_by=user,
         filename=path.name,

@@ -18,9 +18,10 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from tests.webapp.helpers import bearer
-from webapp.snapshots import services
+from webapp.snapshots.intake import store
 from webapp.snapshots.models import Report, Run, ShareLink, Upload
-from webapp.snapshots.runs import new_run_code
+from webapp.snapshots.runs.runs import new_run_code
+from webapp.snapshots.teams import membership, tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -109,10 +110,10 @@ def team_objects(project: Any, user: Any) -> dict[str, str]:
     # name two different ones; queued, so the report route answers "report-not-ready" to a
     # member and "not-found" to anyone else (the two 404s are told apart by their codes).
     a = Upload.objects.create(
-        code=services.new_upload_code(), project=project, uploaded_by=user, filename=f"{project.slug}-a", bytes=1
+        code=store.new_upload_code(), project=project, uploaded_by=user, filename=f"{project.slug}-a", bytes=1
     )
     b = Upload.objects.create(
-        code=services.new_upload_code(), project=project, uploaded_by=user, filename=f"{project.slug}-b", bytes=1
+        code=store.new_upload_code(), project=project, uploaded_by=user, filename=f"{project.slug}-b", bytes=1
     )
     run = Run.objects.create(code=new_run_code(), project=project, name=f"{project.slug}-run")
     return {
@@ -252,8 +253,8 @@ def test_leaving_the_team_ends_access_at_once(client: Any, alice: Any, objects: 
     from webapp.snapshots.models import Membership, Team
 
     team = Team.objects.get(slug="team-a")
-    services.membership_add(team=team, user=bob, role="member")
-    token = services.api_token_create(bob)
+    membership.membership_add(team=team, user=bob, role="member")
+    token = tokens.api_token_create(bob)
     client.force_login(bob)
     assert client.get(f"/s/{objects['code']}/").status_code == 200
     assert client.get(f"/api/v1/snapshots/{objects['code']}", **bearer(token)).status_code == 200

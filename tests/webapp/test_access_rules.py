@@ -1,6 +1,6 @@
 """The rules behind access and uploads, one by one, at their edges.
 
-services.py's lookups (membership, share links, API tokens), the upload caps (the declared
+the lookups of ``teams/`` (membership, share links, API tokens), the upload caps (the declared
 length, the streamed bytes, exactly at the cap and one byte over) and the field limits (run,
 tags, note). Each test names the figure it expects and why; they are written to fail when a
 comparison or a filter of the rule changes (see docs/testing.md, mutation testing).
@@ -22,11 +22,11 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 from tests.webapp.helpers import bearer, make_upload
-from webapp.snapshots import services
-from webapp.snapshots.forms import UploadForm, split_tags
-from webapp.snapshots.intake import content_length_over_cap, is_too_large
+from webapp.snapshots.intake.forms import UploadForm, split_tags
+from webapp.snapshots.intake.intake import content_length_over_cap, is_too_large
+from webapp.snapshots.intake.uploads import MULTIPART_OVERHEAD, SNIFF_BYTES, CappedHashingUploadHandler
 from webapp.snapshots.models import ApiToken, Membership, ShareLink, Upload
-from webapp.snapshots.uploads import MULTIPART_OVERHEAD, SNIFF_BYTES, CappedHashingUploadHandler
+from webapp.snapshots.teams import access, membership, shares, tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -39,9 +39,9 @@ def test_anonymous_sees_no_project_and_no_upload(alice: Any, alpha: Any) -> None
 
     make_upload(alpha, alice)
     anon = AnonymousUser()
-    assert list(services.visible_projects(anon)) == []
-    assert list(services.visible_uploads(anon)) == []
-    assert services.project_for_user(anon, "alpha") is None
+    assert list(access.visible_projects(anon)) == []
+    assert list(access.visible_uploads(anon)) == []
+    assert access.project_for_user(anon, "alpha") is None
 
 
 def test_a_user_sees_exactly_the_projects_and_uploads_of_their_teams(
@@ -49,18 +49,18 @@ def test_a_user_sees_exactly_the_projects_and_uploads_of_their_teams(
 ) -> None:
     mine = make_upload(alpha, alice)
     theirs = make_upload(beta, bob)
-    assert [p.slug for p in services.visible_projects(alice)] == ["alpha"]
-    assert [u.code for u in services.visible_uploads(alice)] == [mine.code]
-    assert services.upload_for_user(alice, mine.code) == mine
-    assert services.upload_for_user(alice, theirs.code) is None  # another team's code: not found
-    assert services.project_for_user(alice, "alpha") == alpha
-    assert services.project_for_user(alice, "beta") is None
+    assert [p.slug for p in access.visible_projects(alice)] == ["alpha"]
+    assert [u.code for u in access.visible_uploads(alice)] == [mine.code]
+    assert access.upload_for_user(alice, mine.code) == mine
+    assert access.upload_for_user(alice, theirs.code) is None  # another team's code: not found
+    assert access.project_for_user(alice, "alpha") == alpha
+    assert access.project_for_user(alice, "beta") is None
     # Joining team B (as a plain member) makes its project and uploads visible; nothing else changes.
-    services.membership_add(team=beta.team, user=alice, role=Membership.Role.MEMBER)
-    assert sorted(p.slug for p in services.visible_projects(alice)) == ["alpha", "beta"]
-    assert services.upload_for_user(alice, theirs.code) == theirs
-    assert services.project_for_user(alice, "beta") == beta
-    assert [u.code for u in services.visible_uploads(bob)] == [theirs.code]
+    membership.membership_add(team=beta.team, user=alice, role=Membership.Role.MEMBER)
+    assert sorted(p.slug for p in access.visible_projects(alice)) == ["alpha", "beta"]
+    assert access.upload_for_user(alice, theirs.code) == theirs
+    assert access.project_for_user(alice, "beta") == beta
+    assert [u.code for u in access.visible_uploads(bob)] == [theirs.code]
 
 
 def test_compare_refuses_a_second_snapshot_of_another_team(
@@ -79,11 +79,11 @@ def test_lists_read_their_project_and_team_in_one_query(alice: Any, alpha: Any, 
     make_upload(alpha, alice)
     make_upload(alpha, alice)
     with django_assert_num_queries(1):
-        assert [(u.project.slug, u.project.team.pk) for u in services.visible_uploads(alice)] == [
+        assert [(u.project.slug, u.project.team.pk) for u in access.visible_uploads(alice)] == [
             ("alpha", alpha.team.pk)
         ] * 2
     with django_assert_num_queries(1):
-        assert [(p.slug, p.team.pk) for p in services.visible_projects(alice)] == [("alpha", alpha.team.pk)]
+        assert [(p.slug, p.team.pk) for p in access.visible_projects(alice)] == [("alpha", alpha.team.pk)]
 
 
 def test_a_share_link_reads_its_upload_project_and_team_in_one_query(
@@ -92,9 +92,9 @@ def test_a_share_link_reads_its_upload_project_and_team_in_one_query(
     # A status poll (count_use=False: no UPDATE) is the link's one lookup, its upload's project and
     # team with it.
     upload = make_upload(alpha, alice)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     with django_assert_num_queries(1):
-        found = services.upload_for_share_token(token, count_use=False)
+        found = shares.upload_for_share_token(token, count_use=False)
         assert found is not None
         assert (found.code, found.project.slug, found.project.team.pk) == (upload.code, "alpha", alpha.team.pk)
 
@@ -104,62 +104,62 @@ def test_a_share_link_reads_its_upload_project_and_team_in_one_query(
 
 def test_share_link_counts_each_use_and_dies_when_revoked(alice: Any, alpha: Any) -> None:
     upload = make_upload(alpha, alice)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     link = ShareLink.objects.get(upload=upload)
-    assert services.share_active(upload) == link
-    assert services.upload_for_share_token(token) == upload
-    assert services.upload_for_share_token(token) == upload
+    assert shares.share_active(upload) == link
+    assert shares.upload_for_share_token(token) == upload
+    assert shares.upload_for_share_token(token) == upload
     link.refresh_from_db()
     assert link.use_count == 2  # two uses, one each
     assert link.last_used_at is not None
     # A status poll does not count as a use.
-    assert services.upload_for_share_token(token, count_use=False) == upload
+    assert shares.upload_for_share_token(token, count_use=False) == upload
     link.refresh_from_db()
     assert link.use_count == 2
-    assert services.upload_for_share_token("not-" + token) is None
+    assert shares.upload_for_share_token("not-" + token) is None
     # Revoking answers how many live links went (1), and the token is dead from then on.
-    assert services.share_revoke(upload) == 1
-    assert services.share_revoke(upload) == 0
-    assert services.upload_for_share_token(token) is None
-    assert services.share_active(upload) is None
+    assert shares.share_revoke(upload) == 1
+    assert shares.share_revoke(upload) == 0
+    assert shares.upload_for_share_token(token) is None
+    assert shares.share_active(upload) is None
 
 
 def test_a_new_share_link_leaves_the_old_one_and_each_is_revoked_alone(alice: Any, alpha: Any) -> None:
     # Several named links per report (issue 10): a second link does not kill the first; revoking one by
     # its key leaves the other live.
     upload = make_upload(alpha, alice)
-    first = services.share_create(upload, alice)
-    second = services.share_create(upload, alice)
-    assert services.upload_for_share_token(first) == upload
-    assert services.upload_for_share_token(second) == upload
+    first = shares.share_create(upload, alice)
+    second = shares.share_create(upload, alice)
+    assert shares.upload_for_share_token(first) == upload
+    assert shares.upload_for_share_token(second) == upload
     live = ShareLink.objects.filter(upload=upload, revoked_at__isnull=True)
     assert live.count() == 2
     oldest = live.order_by("created_at", "id").first()
     assert oldest is not None
-    assert services.share_revoke(upload, oldest.key) == 1
-    assert services.upload_for_share_token(first) is None
-    assert services.upload_for_share_token(second) == upload
+    assert shares.share_revoke(upload, oldest.key) == 1
+    assert shares.upload_for_share_token(first) is None
+    assert shares.upload_for_share_token(second) == upload
 
 
 def test_a_share_link_reaches_only_its_own_upload(alice: Any, alpha: Any) -> None:
     one, two = make_upload(alpha, alice), make_upload(alpha, alice)
-    token = services.share_create(one, alice)
-    assert services.upload_for_share_token(token) == one
-    assert services.share_active(two) is None
+    token = shares.share_create(one, alice)
+    assert shares.upload_for_share_token(token) == one
+    assert shares.share_active(two) is None
 
 
 def test_revoking_one_upload_links_leaves_every_other_upload_links_live(alice: Any, alpha: Any) -> None:
     # share_revoke works on its own upload's links only: revoking all of one's (1 link) or one key of
     # another upload's through it (0 links: the key is not this upload's) leaves the other link live.
     one, two = make_upload(alpha, alice), make_upload(alpha, alice)
-    token_one, token_two = services.share_create(one, alice), services.share_create(two, alice)
+    token_one, token_two = shares.share_create(one, alice), shares.share_create(two, alice)
     key_two = ShareLink.objects.get(upload=two).key
-    assert services.share_revoke(one, key_two) == 0
-    assert services.upload_for_share_token(token_two) == two
-    assert services.share_revoke(one) == 1
-    assert services.upload_for_share_token(token_one) is None
-    assert services.upload_for_share_token(token_two) == two
-    assert services.share_active(two) == ShareLink.objects.get(upload=two)
+    assert shares.share_revoke(one, key_two) == 0
+    assert shares.upload_for_share_token(token_two) == two
+    assert shares.share_revoke(one) == 1
+    assert shares.upload_for_share_token(token_one) is None
+    assert shares.upload_for_share_token(token_two) == two
+    assert shares.share_active(two) == ShareLink.objects.get(upload=two)
 
 
 def test_the_active_link_is_the_newest_by_creation_time(alice: Any, alpha: Any) -> None:
@@ -167,44 +167,44 @@ def test_the_active_link_is_the_newest_by_creation_time(alice: Any, alpha: Any) 
     # id): a link whose row id is lower but whose creation time is later (a clock set back between the
     # two, here written by hand) is the newest, and share_links lists it first.
     upload = make_upload(alpha, alice)
-    services.share_create(upload, alice, name="first row")
-    services.share_create(upload, alice, name="second row")
+    shares.share_create(upload, alice, name="first row")
+    shares.share_create(upload, alice, name="second row")
     first, second = ShareLink.objects.filter(upload=upload).order_by("id")
     ShareLink.objects.filter(pk=first.pk).update(created_at=second.created_at + timedelta(seconds=1))
-    assert services.share_active(upload) == first
-    assert services.share_links(upload, None)[0]["key"] == first.key
+    assert shares.share_active(upload) == first
+    assert shares.share_links(upload, None)[0]["key"] == first.key
     # Made in the same instant (the same created_at, to the microsecond), the later row is the newer.
     ShareLink.objects.filter(pk=first.pk).update(created_at=second.created_at)
-    assert services.share_active(upload) == second
-    assert services.share_links(upload, None)[0]["key"] == second.key
+    assert shares.share_active(upload) == second
+    assert shares.share_links(upload, None)[0]["key"] == second.key
 
 
 # --------------------------------------------------------------------------- API tokens
 
 
 def test_api_token_live_revoked_and_inactive_user(alice: Any, alpha: Any) -> None:
-    raw = services.api_token_create(alice, default_project=alpha)
-    found = services.api_token_user(raw)
+    raw = tokens.api_token_create(alice, default_project=alpha)
+    found = tokens.api_token_user(raw)
     assert found is not None
     user, token = found
     assert user == alice and token.default_project == alpha
     token.refresh_from_db()
     assert token.last_used_at is not None
-    assert services.api_token_user(raw + "x") is None
+    assert tokens.api_token_user(raw + "x") is None
     # An inactive user's token stops working, and works again once the user is active.
     alice.is_active = False
     alice.save()
-    assert services.api_token_user(raw) is None
+    assert tokens.api_token_user(raw) is None
     alice.is_active = True
     alice.save()
-    assert services.api_token_user(raw) is not None
+    assert tokens.api_token_user(raw) is not None
     # A revoked token is dead.
     ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now() - timedelta(seconds=1))
-    assert services.api_token_user(raw) is None
+    assert tokens.api_token_user(raw) is None
 
 
 def test_api_refuses_revoked_tokens_and_inactive_users(client: Any, alice: Any, alpha: Any) -> None:
-    raw = services.api_token_create(alice, default_project=alpha)
+    raw = tokens.api_token_create(alice, default_project=alpha)
     upload = make_upload(alpha, alice)
     assert client.get(f"/api/v1/snapshots/{upload.code}", **bearer(raw)).status_code == 200
     alice.is_active = False
@@ -219,12 +219,12 @@ def test_api_refuses_revoked_tokens_and_inactive_users(client: Any, alice: Any, 
 def test_api_token_use_is_written_at_most_once_a_minute(alice: Any, alpha: Any) -> None:
     # USAGE_WRITE_INTERVAL is 1 minute: a use exactly 60 s after the recorded one writes nothing, one
     # 1 microsecond later writes the new time.
-    raw = services.api_token_create(alice, default_project=alpha)
+    raw = tokens.api_token_create(alice, default_project=alpha)
     t0 = timezone.now()
     ApiToken.objects.update(last_used_at=t0)
     for now, recorded in ((t0 + timedelta(minutes=1), t0), (t0 + timedelta(minutes=1, microseconds=1), None)):
         with mock.patch("django.utils.timezone.now", return_value=now):
-            assert services.api_token_user(raw) is not None
+            assert tokens.api_token_user(raw) is not None
         assert ApiToken.objects.get().last_used_at == (recorded or now)
 
 
@@ -233,10 +233,10 @@ def test_api_token_reads_its_projects_and_user_in_its_one_query(
 ) -> None:
     # Every API call reads the token's user, its default project and its project: they come with the
     # lookup, not one query each (the use was just written, so no UPDATE either: 1 query).
-    raw = services.api_token_create(alice, project=alpha)
-    assert services.api_token_user(raw) is not None
+    raw = tokens.api_token_create(alice, project=alpha)
+    assert tokens.api_token_user(raw) is not None
     with django_assert_num_queries(1):
-        found = services.api_token_user(raw)
+        found = tokens.api_token_user(raw)
         assert found is not None
         user, token = found
         assert (user, token.user, token.default_project, token.project) == (alice, alice, alpha, alpha)
@@ -246,11 +246,11 @@ def test_api_token_use_not_written_is_logged_with_the_token_prefix(
     alice: Any, alpha: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A locked database skips the last-use write (best effort) and logs which token it was.
-    raw = services.api_token_create(alice, default_project=alpha)
+    raw = tokens.api_token_create(alice, default_project=alpha)
     locked = OperationalError("database is locked")
     with mock.patch.object(QuerySet, "update", side_effect=locked), caplog.at_level("WARNING"):
-        assert services.api_token_user(raw) is not None
-    assert [r.getMessage() for r in caplog.records if r.name == services.log.name] == [
+        assert tokens.api_token_user(raw) is not None
+    assert [r.getMessage() for r in caplog.records if r.name == tokens.log.name] == [
         f"api token {raw[:10]}: last use not recorded: database is locked"
     ]
 

@@ -10,8 +10,8 @@ from django.urls import reverse
 
 from tests.webapp.helpers import FIXTURES, GPT_OOM, bearer
 from webapp.snapshots.models import ApiToken, ShareLink, Upload
-from webapp.snapshots.services import token_hash
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.teams.tokens import token_hash
+from webapp.snapshots.worker.tasks import analyse_upload
 
 pytestmark = pytest.mark.django_db
 
@@ -188,19 +188,19 @@ def test_a_batch_size_that_is_no_positive_count_is_refused(client: Any, alice_to
 @pytest.fixture
 def gamma(alice: Any, bob: Any) -> Any:
     """Bob's team ``team-c`` with project ``gamma``, where Alice is a member: Alice has two projects."""
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership
 
-    team = services.team_create(name="Team C", slug="team-c", owner=bob)
-    services.membership_add(team=team, user=alice, role="member")
-    return services.project_create(team=team, name="Gamma", slug="gamma")
+    team = membership.team_create(name="Team C", slug="team-c", owner=bob)
+    membership.membership_add(team=team, user=alice, role="member")
+    return membership.project_create(team=team, name="Gamma", slug="gamma")
 
 
 def test_a_user_of_two_projects_is_told_both_when_no_project_is_named(
     client: Any, alice: Any, alpha: Any, gamma: Any, beta: Any
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import tokens
 
-    token = services.api_token_create(alice)  # no default project: the upload must name one
+    token = tokens.api_token_create(alice)  # no default project: the upload must name one
     response = post_snapshot(client, token)
     assert response.status_code == 400
     error = response.json()["error"]
@@ -216,9 +216,9 @@ def test_a_user_of_two_projects_is_told_both_when_no_project_is_named(
 def test_a_token_limited_to_one_project_lists_that_project_only(
     client: Any, alice: Any, alpha: Any, gamma: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import tokens
 
-    token = services.api_token_create(alice, project=gamma)
+    token = tokens.api_token_create(alice, project=gamma)
     refused = post_snapshot(client, token, project="alpha")  # Alice's own project, out of this token's reach
     assert refused.status_code == 404
     error = refused.json()["error"]
@@ -233,10 +233,10 @@ def test_a_token_limited_to_one_project_lists_that_project_only(
 
 
 def test_a_viewer_is_told_there_is_no_project_to_upload_to(client: Any, bob: Any, alpha: Any) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership, tokens
 
-    services.membership_add(team=alpha.team, user=bob, role="viewer")
-    response = post_snapshot(client, services.api_token_create(bob), project="alpha")
+    membership.membership_add(team=alpha.team, user=bob, role="viewer")
+    response = post_snapshot(client, tokens.api_token_create(bob), project="alpha")
     assert response.status_code == 403
     error = response.json()["error"]
     assert error["code"] == "upload:read-only" and error["choices"] == []
@@ -266,10 +266,10 @@ def test_a_cap_given_for_a_run_without_an_oom_is_its_limit_and_the_page_says_it_
         page
     )
     # Analysed again (with an OOM message, from the page), the new upload keeps the cap it was given.
-    from webapp.snapshots import services
+    from webapp.snapshots.intake import accept
 
     with django_capture_on_commit_callbacks():
-        again = services.upload_reanalyse(upload, alice, oom_message=TRUTH["oom_message"])
+        again = accept.upload_reanalyse(upload, alice, oom_message=TRUTH["oom_message"])
     assert again.pk != upload.pk and again.cap_bytes == 32 * 2**30
 
 

@@ -22,9 +22,9 @@ from django.test import Client
 from jsonschema import Draft202012Validator
 
 from tests.webapp.helpers import FIXTURES, bearer
-from webapp.snapshots import services
 from webapp.snapshots.models import Run, Upload
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.teams import tokens
+from webapp.snapshots.worker.tasks import analyse_upload
 
 pytestmark = pytest.mark.django_db
 
@@ -243,7 +243,7 @@ def test_every_route_answers_as_the_served_document_says(
     c = contract
     c.check(Client().get(f"{PREFIX}/projects"), "get", "/projects", 401)
     c.check(client.get(f"{PREFIX}/projects", **bearer("oos_not-a-token")), "get", "/projects", 401)
-    gate = services.api_token_create(alice, scope="gate")
+    gate = tokens.api_token_create(alice, scope="gate")
     c.check(
         client.post(f"{PREFIX}/projects/alpha/policy", {"main_branch": "x"}, **bearer(gate)),
         "post",

@@ -92,7 +92,7 @@ def browser() -> Iterator[Any]:
 def finished(transactional_db: Any, alice: Any, alpha: Any) -> Any:
     """A done upload of gpt_varlen_oom, analysed by the task function itself."""
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, run="nightly-1234", tags=["gpt", "7GiB-cap"], note="Batch 6, seq jitter.")
     analyse_upload(upload.id)
@@ -199,11 +199,12 @@ def _check_page(visit: Visit, charts: dict[str, dict[str, Any]], host: str | Non
 def test_shared_report_renders_under_the_csp(browser: Any, finished: Any, live_server: Any) -> None:
     from django.urls import reverse
 
-    from webapp.snapshots import services
+    from webapp.snapshots.pages import payloads
+    from webapp.snapshots.teams import shares
 
-    charts = services.report_for(finished).charts
+    charts = payloads.report_for(finished).charts
     assert {"timeline-0", "segments-peak-0", "segments-oom-0", "stacks-0", "whatif-0", "whatif-steps-0"} <= set(charts)
-    token = services.share_create(finished, finished.uploaded_by)
+    token = shares.share_create(finished, finished.uploaded_by)
     visit = Visit(browser, live_server.url + reverse("snapshots:share_view", args=[token]))
     try:
         assert visit.response.status == 200
@@ -238,14 +239,14 @@ def test_shared_report_renders_under_the_csp(browser: Any, finished: Any, live_s
 def test_members_report_page_renders(browser: Any, finished: Any, live_server: Any, client: Any) -> None:
     from django.urls import reverse
 
-    from webapp.snapshots import services
+    from webapp.snapshots.pages import payloads
 
     client.force_login(finished.uploaded_by)
     cookie = {"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}
     visit = Visit(browser, live_server.url + reverse("snapshots:detail", args=[finished.code]), [cookie])
     try:
         assert visit.response.status == 200
-        _check_page(visit, services.report_for(finished).charts, urlsplit(live_server.url).netloc)
+        _check_page(visit, payloads.report_for(finished).charts, urlsplit(live_server.url).netloc)
         assert visit.page.get_by_role("button", name="Create a share link").count() == 1
     finally:
         visit.close()
@@ -262,10 +263,10 @@ def _jsonb_order(value: Any) -> Any:
 
 
 def test_standalone_page_renders_from_disk(browser: Any, finished: Any, tmp_path: Path) -> None:
-    from webapp.snapshots import services
     from webapp.snapshots.management.commands.report import render_standalone
+    from webapp.snapshots.pages import payloads
 
-    stored = services.report_for(finished)
+    stored = payloads.report_for(finished)
     page = tmp_path / "report.html"
     # Charts as a jsonb column returns them, whatever this test database is: bare references to
     # models may then come before their definitions, and charts.js must still draw every chart.
@@ -287,10 +288,10 @@ def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_serv
     from django.urls import reverse
 
     from tests.webapp.helpers import FIXTURES
-    from webapp.snapshots import services
-    from webapp.snapshots.charts import build_compare_charts
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.pages import payloads
+    from webapp.snapshots.pages.charts import build_compare_charts
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     other = make_upload(
         finished.project,
@@ -325,7 +326,7 @@ def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_serv
 
     compare = Visit(browser, live_server.url + reverse("snapshots:compare", args=[finished.code, other.code]), cookies)
     try:
-        a, b = services.report_for(finished).data, services.report_for(other).data
+        a, b = payloads.report_for(finished).data, payloads.report_for(other).data
         _check_page(compare, build_compare_charts(a, b), host)
         text = compare.page.locator(".compare-grid").inner_text()
         assert "6.93 GiB" in text  # gpt_varlen_oom's peak reserved
@@ -381,7 +382,7 @@ def test_history_compare_and_upload_pages(browser: Any, finished: Any, live_serv
 def _analysed(project: Any, user: Any, case: str) -> Any:
     from tests.webapp.helpers import FIXTURES
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(project, user, FIXTURES / f"{case}.pickle.gz", run=case)
     analyse_upload(upload.id)

@@ -18,9 +18,9 @@ browser = test_browser.browser  # the module's Chromium, a pytest fixture shared
 
 
 def _viewer(team: Any, user: Any) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership
 
-    services.membership_add(team=team, user=user, role="viewer")
+    membership.membership_add(team=team, user=user, role="viewer")
 
 
 @pytest.mark.parametrize("form", ["desktop", "phone"])
@@ -86,13 +86,13 @@ def test_a_revoked_share_link_and_an_unknown_page_are_pages_of_the_site(
 ) -> None:
     from django.urls import reverse
 
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import shares
 
     settings.DEBUG = False  # Django's own 404 page only when DEBUG is off, as in production
     width, height = WIDTHS[form]
     upload = make_upload(alpha, alice, FIXTURES / "frag_oom.pickle.gz")
-    token = services.share_create(upload, alice)
-    services.share_revoke(upload)
+    token = shares.share_create(upload, alice)
+    shares.share_revoke(upload)
     for name, path in (("revoked", reverse("snapshots:share_view", args=[token])), ("unknown", "/no/such/page/")):
         visit = Visit(browser, live_server.url + path, charts=False, width=width, height=height)
         try:
@@ -115,10 +115,10 @@ def test_a_revoked_share_link_and_an_unknown_page_are_pages_of_the_site(
 def test_the_tokens_page_command_names_a_project_and_keeps_the_token_off_the_command_line(
     form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership
 
     width, height = WIDTHS[form]
-    services.project_create(team=alpha.team, name="Gamma", slug="gamma")  # two projects: --project is needed
+    membership.project_create(team=alpha.team, name="Gamma", slug="gamma")  # two projects: --project is needed
     visit = Visit(
         browser,
         live_server.url + "/tokens/",
@@ -155,7 +155,7 @@ def test_progress_page_shows_elapsed_and_estimate_and_a_failure_once(
 ) -> None:
     from django.urls import reverse
 
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     width, height = WIDTHS[form]
     cookies = _session_cookie(client, alice, live_server)

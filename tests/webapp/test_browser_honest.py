@@ -73,7 +73,7 @@ def test_screen_one_says_what_the_verdict_rests_on_and_asks_for_the_message(
     from django.urls import reverse
 
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     width, height = WIDTHS[form]
     upload = _analysed(alpha, alice, "grow_gpt2_default")
@@ -240,7 +240,7 @@ def test_a_cap_given_without_an_oom_and_the_edge_of_it(
 
     from tests.webapp.test_browser import make_upload
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     cap = 32 << 30
     upload = make_upload(alpha, alice, FIXTURES / "infer_varbatch.pickle.gz", run="infer_varbatch-capped")

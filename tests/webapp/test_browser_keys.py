@@ -23,13 +23,13 @@ def test_every_page_is_quiet_and_fits(
 ) -> None:
     from django.urls import reverse
 
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import shares
 
     width, height = WIDTHS[form]
     one = _analysed(alpha, alice, "gpt_varlen_oom")
     two = _analysed(alpha, alice, "frag_oom")
     queued = make_upload(alpha, alice, FIXTURES / "infer_varbatch.pickle.gz", run="waiting")
-    token = services.share_create(one, alice)
+    token = shares.share_create(one, alice)
     cookies = _session_cookie(client, alice, live_server)
     pages = {
         "report": (reverse("snapshots:detail", args=[one.code]), True),

@@ -11,7 +11,7 @@ import pytest
 from django.utils.html import escape
 
 from tests.webapp.helpers import FIXTURES, bearer, make_upload
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.worker.tasks import analyse_upload
 
 pytestmark = pytest.mark.django_db
 

@@ -25,7 +25,7 @@ def reports() -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def charts(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    from webapp.snapshots.charts import build_charts
+    from webapp.snapshots.pages.charts import build_charts
 
     return {case: build_charts(report) for case, report in reports.items()}
 
@@ -179,7 +179,7 @@ def test_no_custom_js_and_pages_stay_small(case: str, charts: dict) -> None:
 
 def test_caps_hold_on_an_oversized_report() -> None:
     """A report far larger than any page should carry (huge_all_stacks-like and worse) stays bounded."""
-    from webapp.snapshots.charts import build_charts
+    from webapp.snapshots.pages.charts import build_charts
 
     rng = np.random.default_rng(7)
     n = 200_000

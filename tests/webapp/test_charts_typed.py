@@ -49,7 +49,7 @@ def _older(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_an_older_timeline_reads_as_the_current_one(report: dict[str, Any]) -> None:
-    from webapp.snapshots.charts import timeline_columns
+    from webapp.snapshots.pages.charts import timeline_columns
 
     now, old = Report.from_json(report), Report.from_json(_older(report))
     for dev_now, dev_old in zip(now.devices, old.devices, strict=True):
@@ -62,7 +62,7 @@ def test_an_older_timeline_reads_as_the_current_one(report: dict[str, Any]) -> N
 
 
 def test_older_segment_maps_draw_the_same_segments(report: dict[str, Any]) -> None:
-    from webapp.snapshots.charts import build_charts
+    from webapp.snapshots.pages.charts import build_charts
 
     now, old = build_charts(Report.from_json(report)), build_charts(Report.from_json(_older(report)))
     maps = [name for name in now if name.startswith("segments-")]

@@ -11,9 +11,10 @@ from django.core.files.storage import default_storage
 from django.core.management import call_command
 
 from tests.webapp.helpers import GPT_OOM, make_upload
-from webapp.snapshots import digging
+from webapp.snapshots.intake import blobs
 from webapp.snapshots.models import Upload
-from webapp.snapshots.tasks import analyse_upload, backfill_explore
+from webapp.snapshots.pages import digging
+from webapp.snapshots.worker.tasks import analyse_upload, backfill_explore
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +49,8 @@ def test_the_stores_of_an_upload_analysed_without_them_are_made_by_the_analysis_
     assert _zoom(alice_client, upload).status_code == 404  # explore:no-store, the web reads nothing
     report = upload.report.data
     queued: list[int] = []
-    monkeypatch.setattr(backfill_explore, "delay", queued.append)  # the message, not a worker
+    # The message (publish.publish_backfill, by name, reaches the registered task), not a worker.
+    monkeypatch.setattr(backfill_explore, "apply_async", lambda args, kwargs=None, **_: queued.extend(args))
     out = io.StringIO()
     call_command("backfill_explore", stdout=out)
     assert queued == [upload.id] and "queued the explore stores of 1 uploads" in out.getvalue()
@@ -74,10 +76,10 @@ def test_the_backfill_runs_under_the_analysis_limits_and_leaves_the_report_when_
     counted = Upload.objects.get(pk=upload.pk).stored_bytes
     # A CPU limit of 0 s: the child is stopped at once, as the analysis would be (snapshot:limit:time).
     settings.ANALYSIS_CPU_SECONDS = 0
-    with caplog.at_level("WARNING", logger="webapp.snapshots.tasks"):
+    with caplog.at_level("WARNING", logger="webapp.snapshots.worker.tasks"):
         backfill_explore(upload.id)
     assert "explore stores not made: snapshot:limit:time: analysis used more than 0 s of CPU" in caplog.text
-    assert not digging.has_stores(upload.sha256)
+    assert not blobs.has_stores(upload.sha256)
     assert _zoom(alice_client, upload).status_code == 404
     after = Upload.objects.get(pk=upload.pk)
     assert after.status == Upload.Status.DONE and after.stored_bytes == counted and after.report.data

@@ -1,4 +1,4 @@
-"""Follow-up runs through the API and the pages (issue 33; webapp/snapshots/followups.py): a real OOM
+"""Follow-up runs through the API and the pages (issue 33; webapp/snapshots/runs/followups.py): a real OOM
 (bert_mlm_c70_default: died at step 1 under a 70% cap) and the real rerun of the same job with
 expandable segments (died at step 2), then the rerun of a job that the setting saved (bert_mlm_c85)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from tests.webapp.helpers import FIXTURES, bearer
 from webapp.snapshots.models import Upload
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.worker.tasks import analyse_upload
 
 pytestmark = pytest.mark.django_db
 

@@ -37,9 +37,9 @@ def _message(path: Path) -> str:
 
 @pytest.fixture
 def pairs(transactional_db: Any, alice: Any, alpha: Any) -> list[tuple[Any, Any]]:
-    from webapp.snapshots import followups
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.runs import followups
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     made = []
     for incident_path, rerun_path in PAIRS:
@@ -133,9 +133,9 @@ def test_incidents_follow_ups_history_and_the_team_record(
 def leak_run(transactional_db: Any, alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     from django.db import transaction
 
-    from webapp.snapshots import runs
     from webapp.snapshots.models import Run
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.runs import runs
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
     import seeded_series

@@ -16,8 +16,8 @@ import pytest
 from analysis.followup import compare
 from analysis.stored import upgrade
 from tests.webapp.helpers import FIXTURES, bearer
-from webapp.snapshots import runtasks
 from webapp.snapshots.models import Report, Run, Upload
+from webapp.snapshots.worker import runtasks
 
 pytestmark = pytest.mark.django_db
 

@@ -17,9 +17,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.webapp.helpers import FIXTURES, GPT_OOM, bearer, make_upload
-from webapp.snapshots import services, tasks
-from webapp.snapshots.forms import NOTE_MAX_CHARS
+from webapp.snapshots.intake import blobs
+from webapp.snapshots.intake.forms import NOTE_MAX_CHARS
 from webapp.snapshots.models import ApiToken, Report, ShareLink, Upload
+from webapp.snapshots.teams import access, membership, shares, tokens
+from webapp.snapshots.worker import jobs, tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -74,7 +76,7 @@ def test_user_rate_limit_spans_tokens_and_the_page(
     client: Any, alice: Any, alpha: Any, alice_client: Any, settings: Any
 ) -> None:
     settings.UPLOAD_RATE_PER_USER = "3/h"
-    first, second = (services.api_token_create(alice, default_project=alpha) for _ in range(2))
+    first, second = (tokens.api_token_create(alice, default_project=alpha) for _ in range(2))
     assert post(client, first).status_code == 202
     assert post(client, second).status_code == 202
     with open(GPT_OOM, "rb") as fh:
@@ -108,9 +110,9 @@ def test_api_delete_removes_row_report_links_and_file(
 ) -> None:
     upload = make_upload(alpha, alice)
     tasks.analyse_upload(upload.id)
-    services.share_create(upload, alice)
+    shares.share_create(upload, alice)
     assert default_storage.exists(upload.blob_name) and Report.objects.filter(upload=upload).exists()
-    store = f"explore/{upload.sha256}/0.npz"  # the worker's explore store (webapp/snapshots/digging.py)
+    store = f"explore/{upload.sha256}/0.npz"  # the worker's explore store (webapp/snapshots/pages/digging.py)
     assert default_storage.exists(store)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.delete(f"/api/v1/snapshots/{upload.code}", **bearer(alice_token))
@@ -140,7 +142,7 @@ def test_delete_by_another_team_is_404_and_by_a_plain_member_403(
 ) -> None:
     upload = make_upload(alpha, alice)
     assert client.delete(f"/api/v1/snapshots/{upload.code}", **bearer(bob_token)).status_code == 404
-    services.membership_add(team=alpha.team, user=bob)  # a member, not an owner, not the uploader
+    membership.membership_add(team=alpha.team, user=bob)  # a member, not an owner, not the uploader
     forbidden = client.delete(f"/api/v1/snapshots/{upload.code}", **bearer(bob_token))
     assert forbidden.status_code == 403 and error_of(forbidden) == "forbidden"
     assert Upload.objects.filter(pk=upload.pk).exists()
@@ -209,7 +211,7 @@ def test_any_valid_username_gets_a_working_slug(client: Any, django_user_model: 
         "/accounts/signup/", {"username": username, "password1": "Pw-long-enough-1", "password2": "Pw-long-enough-1"}
     )
     assert response.status_code == 302, response.content[:500]
-    project = services.visible_projects(django_user_model.objects.get(username=username)).get()
+    project = access.visible_projects(django_user_model.objects.get(username=username)).get()
     assert project.slug and all(c.isalnum() or c == "-" for c in project.slug), project.slug
     assert client.get("/").status_code == 200
     assert client.get(reverse("snapshots:history", args=[project.slug])).status_code == 200
@@ -359,8 +361,8 @@ def test_finish_is_retried_on_a_transient_lock(alice: Any, alpha: Any, monkeypat
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ReportModel.objects, "update_or_create", locked_twice)
-    monkeypatch.setattr(services.upload_finish.retry, "wait", tenacity.wait_none())  # no sleeping in tests
-    services.upload_finish(upload.id, report={"devices": []}, charts={})
+    monkeypatch.setattr(jobs.upload_finish.retry, "wait", tenacity.wait_none())  # no sleeping in tests
+    jobs.upload_finish(upload.id, report={"devices": []}, charts={})
     upload.refresh_from_db()
     assert upload.status == "done" and calls["n"] == 3
 
@@ -395,7 +397,7 @@ def test_share_view_survives_a_locked_counter(
 
     upload = make_upload(alpha, alice)
     tasks.analyse_upload(upload.id)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     assert client.get(f"/r/{token}/").status_code == 200
     assert ShareLink.objects.get().use_count == 1
 
@@ -414,7 +416,7 @@ def test_api_answers_json_503_while_the_database_is_unreachable(
     def down(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("connection to server at 127.0.0.1, port 5432 failed: Connection refused")
 
-    monkeypatch.setattr(services, "api_token_user", down)
+    monkeypatch.setattr(tokens, "api_token_user", down)
     response = client.get("/api/v1/projects/alpha/runs", **bearer(alice_token))
     assert response.status_code == 503 and error_of(response) == "service:database-unavailable"
     assert response["Retry-After"] == "5"
@@ -464,6 +466,6 @@ def test_2kb_pickle_with_a_4300_digit_int_is_refused_with_its_code(alice: Any, a
 def test_upload_deleted_during_its_analysis_keeps_no_report(alice: Any, alpha: Any) -> None:
     upload = make_upload(alpha, alice, status="running")
     upload_id = upload.id
-    services.upload_delete(upload)
-    services.upload_finish(upload_id, report={"devices": []}, charts={})  # the worker finishing late
+    blobs.upload_delete(upload)
+    jobs.upload_finish(upload_id, report={"devices": []}, charts={})  # the worker finishing late
     assert not Report.objects.exists() and not Upload.objects.filter(pk=upload_id).exists()

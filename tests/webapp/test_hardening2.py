@@ -147,14 +147,15 @@ def test_share_link_zoom_of_a_report_without_a_store_never_reads_the_upload(
 
     import analysis.reader
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots import digging, services
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.pages import digging
+    from webapp.snapshots.teams import shares
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, junk_snapshot(tmp_path / "junk.pickle.gz"))
     analyse_upload(upload.id)
     upload.refresh_from_db()
     assert upload.status == Upload.Status.DONE, upload.error_message
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     digging._stores.clear()
 
     def no_read(*_args: Any, **_kwargs: Any) -> Any:
@@ -188,7 +189,7 @@ def test_a_nested_tuple_dict_key_crash_is_refused_with_the_depth_code(tmp_path: 
     """The unpickler hashes a dict key a million tuples deep and CPython's C stack overflows before
     any check can run; the runner reads the child's faulthandler stack and refuses the file."""
     from tests.analysis.hostile_schema import build
-    from webapp.snapshots import runner
+    from webapp.snapshots.worker import runner
 
     data, want = build()["dict_key_nested_tuple"]
     path = tmp_path / "key.pickle"
@@ -209,7 +210,7 @@ def test_hostile_streams_fail_the_upload_with_their_code(
     """Through the real task and analysis child: the issue saw worker:internal (IndexError in the model)."""
     from tests.analysis.hostile_schema import build
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     data, want = build()[case]
     assert want == code
@@ -238,10 +239,10 @@ def test_zoom_parameters_out_of_range_are_json_400_also_on_share_links(
     alice_client: Any, alice: Any, alpha: Any, query: str
 ) -> None:
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import shares
 
     upload = make_upload(alpha, alice, status=Upload.Status.DONE)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     for url in (f"/s/{upload.code}/timeline.json?{query}", f"/r/{token}/active.json?{query}"):
         response = alice_client.get(url)
         assert response.status_code == 400 and error_of(response) == "explore:bad-param", (url, response.status_code)
@@ -277,15 +278,15 @@ def test_charts_are_built_in_the_analysis_child_not_the_worker(
 ) -> None:
     """The pool process no longer builds charts (3,000 devices took 210 s there, outside every
     limit): a build_charts that fails in this process changes nothing, the child's charts are stored."""
-    import webapp.snapshots.charts
+    import webapp.snapshots.pages.charts
     from tests.webapp.helpers import make_upload
     from webapp.snapshots.models import Report
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     def refuse(_report: Any) -> Any:
         raise AssertionError("charts built in the worker process")
 
-    monkeypatch.setattr(webapp.snapshots.charts, "build_charts", refuse)
+    monkeypatch.setattr(webapp.snapshots.pages.charts, "build_charts", refuse)
     upload = make_upload(alpha, alice)
     analyse_upload(upload.id)
     upload.refresh_from_db()
@@ -306,7 +307,7 @@ def _kill_the_child_when_it_reports(stage_seen: list[str]) -> Any:
         me = os.getpid()
         for pid in Path(f"/proc/{me}/task/{me}/children").read_text().split():
             # Only the analysis child: the test session's Redis is a child of this process too.
-            if b"webapp.snapshots.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"webapp.snapshots.worker.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 os.kill(int(pid), signal.SIGKILL)
                 stage_seen.append(stage)
 
@@ -315,7 +316,7 @@ def _kill_the_child_when_it_reports(stage_seen: list[str]) -> Any:
 
 def test_a_child_killed_from_outside_is_not_called_a_cpu_limit() -> None:
     from tests.webapp.helpers import FIXTURES
-    from webapp.snapshots import runner
+    from webapp.snapshots.worker import runner
 
     seen: list[str] = []
     limits = runner.Limits(memory_bytes=4 * 1024**3, cpu_seconds=600, wall_seconds=600)
@@ -328,7 +329,7 @@ def test_a_child_killed_from_outside_is_not_called_a_cpu_limit() -> None:
 
 def test_a_child_killed_from_outside_is_run_once_more(alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots import runner, tasks
+    from webapp.snapshots.worker import runner, tasks
 
     real = runner.run_child
     runs: list[int] = []
@@ -376,8 +377,8 @@ def test_the_quota_counts_the_report_charts_and_explore_stores(
     from django.core.files.storage import default_storage
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots.quota import team_usage_bytes
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.intake.quota import team_usage_bytes
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice)
     analyse_upload(upload.id)
@@ -396,7 +397,7 @@ def test_the_quota_counts_the_report_charts_and_explore_stores(
 def test_explore_stores_past_the_quota_are_not_kept(alice: Any, alpha: Any, settings: Any) -> None:
     """A small file whose stores would pass the team's quota: the report is stored, the stores are not."""
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     settings.TEAM_STORAGE_QUOTA_BYTES = 4 * GPT_OOM.stat().st_size
     upload = make_upload(alpha, alice)
@@ -413,22 +414,23 @@ def test_a_delete_during_the_analysis_leaves_no_store_behind(
     from django.core.files.storage import default_storage
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots import services
+    from webapp.snapshots.intake import blobs
     from webapp.snapshots.models import Report
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker import jobs
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice)
-    real = services.upload_set_progress
+    real = jobs.upload_set_progress
     deleted: list[int] = []
 
     def delete_while_charting(upload_id: int, stage: str | None, progress: int | None) -> None:
         real(upload_id, stage, progress)
         if stage == "charting" and not deleted:  # the stores are written by now, not yet moved
             with django_capture_on_commit_callbacks(execute=True):
-                services.upload_delete(Upload.objects.get(pk=upload_id))
+                blobs.upload_delete(Upload.objects.get(pk=upload_id))
             deleted.append(upload_id)
 
-    monkeypatch.setattr(services, "upload_set_progress", delete_while_charting)
+    monkeypatch.setattr(jobs, "upload_set_progress", delete_while_charting)
     analyse_upload(upload.id)
     assert deleted == [upload.id]
     assert not Upload.objects.filter(pk=upload.id).exists() and not Report.objects.exists()
@@ -438,7 +440,7 @@ def test_a_delete_during_the_analysis_leaves_no_store_behind(
 def test_the_disk_guard_refuses_uploads_with_json_507_and_healthz_says_so(
     client: Any, alice_token: str, alice_client: Any, alice: Any, alpha: Any, settings: Any
 ) -> None:
-    from webapp.snapshots import disk
+    from webapp.snapshots.intake import disk
 
     # Far above what is free (not +1: other processes free space while the test runs, flaky on a busy disk).
     settings.DISK_MIN_FREE_BYTES = disk.free_bytes() + (1 << 40)  # as if the disk were at its reserve
@@ -489,23 +491,23 @@ def test_a_run_whose_final_write_failed_is_requeued_by_the_next_sweep(
     from django.utils import timezone
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots import services
     from webapp.snapshots.models import Report
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker import jobs
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     def disk_full(*_args: Any, **_kwargs: Any) -> Any:
         raise OperationalError("database or disk is full")
 
-    monkeypatch.setattr(services.upload_finish.retry, "wait", tenacity.wait_none())
+    monkeypatch.setattr(jobs.upload_finish.retry, "wait", tenacity.wait_none())
     monkeypatch.setattr(Report.objects, "update_or_create", disk_full)  # the report's write
-    monkeypatch.setattr(services, "upload_fail", disk_full)  # and the failure's
+    monkeypatch.setattr(jobs, "upload_fail", disk_full)  # and the failure's
     upload = make_upload(alpha, alice)
     analyse_upload.apply(args=(upload.id,), task_id="final-write-fails")
     upload.refresh_from_db()
     assert upload.status == Upload.Status.RUNNING and upload.claimed_by  # nothing could be written
     stale = timezone.now() - timedelta(seconds=settings.SWEEP_STALE_RUNNING_SECONDS + 1)
     Upload.objects.filter(pk=upload.pk).update(heartbeat_at=stale)
-    assert services.uploads_requeue_stale() == [upload.id]
+    assert jobs.uploads_requeue_stale() == [upload.id]
     upload.refresh_from_db()
     assert upload.status == Upload.Status.QUEUED
 
@@ -606,7 +608,7 @@ def test_a_team_running_its_share_lets_another_teams_upload_go_first(
     from django.utils import timezone
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots import tasks
+    from webapp.snapshots.worker import tasks
 
     settings.ANALYSIS_DEFER_SECONDS = 0
     published: list[tuple[Any, Any]] = []
@@ -636,7 +638,7 @@ def test_a_deferred_upload_runs_after_the_deferral_limit(
     from django.utils import timezone
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots import tasks
+    from webapp.snapshots.worker import tasks
 
     settings.ANALYSIS_MAX_DEFERRALS = 3
     make_upload(alpha, alice, status=Upload.Status.RUNNING)
@@ -651,7 +653,7 @@ def test_temp_files_left_by_killed_processes_are_purged(tmp_path: Path, settings
     import os
     import time
 
-    from webapp.snapshots import disk
+    from webapp.snapshots.intake import disk
 
     settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
     old = time.time() - 10_000
@@ -677,7 +679,7 @@ def test_a_disk_that_fills_while_the_stores_are_kept_leaves_none_and_the_report_
     from django.core.files.storage import default_storage
 
     from tests.webapp.helpers import make_upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     real_save = default_storage.save
     calls: list[str] = []

@@ -89,7 +89,7 @@ def test_each_rank_is_checked_for_the_shapes_refused_at_intake(client: Any, alic
 
 
 def test_the_ranks_costs_together_count_against_the_queued_cost(client: Any, alice_token: str, settings: Any) -> None:
-    from webapp.snapshots.cost import estimate_cost
+    from webapp.snapshots.intake.cost import estimate_cost
 
     costs = []
     for data in (RANK0, RANK1):
@@ -121,7 +121,7 @@ def test_a_deferral_runs_the_waiting_team_now_instead_of_sleeping(
     behind them. The first of A's messages a slot takes runs B's upload at once, and goes to the back."""
     from django.utils import timezone
 
-    from webapp.snapshots import tasks
+    from webapp.snapshots.worker import tasks
 
     small = FIXTURES / "frag_oom.pickle.gz"
     running = make_upload(alpha, alice, small)
@@ -151,7 +151,7 @@ def declaring(megabytes: int) -> bytes:
 
 @pytest.fixture
 def no_unpacking(monkeypatch: pytest.MonkeyPatch) -> None:
-    from webapp.snapshots import runarchive
+    from webapp.snapshots.intake import runarchive
 
     monkeypatch.setattr(runarchive, "unpack_ranks", lambda *_a, **_k: pytest.fail("unpacked before the checks"))
 
@@ -159,7 +159,7 @@ def no_unpacking(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_disk_guard_is_charged_with_the_declared_sizes(
     client: Any, alice_token: str, settings: Any, monkeypatch: pytest.MonkeyPatch, no_unpacking: None
 ) -> None:
-    from webapp.snapshots import disk
+    from webapp.snapshots.intake import disk
 
     body = declaring(30)
     assert len(body) < 1000
@@ -191,19 +191,19 @@ def _disk_fills_mid_write() -> Any:
 
 
 def test_a_blob_is_written_whole_or_not_at_all(settings: Any) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.intake import blobs as blob_store
 
     with pytest.raises(OSError, match="No space left"):
-        services._store_blob(_disk_fills_mid_write(), "ab" * 32)
+        blob_store.store_blob(_disk_fills_mid_write(), "ab" * 32)
     assert blobs(settings) == []  # neither the blob's name nor its partial file
 
 
 def test_an_archive_that_fails_midway_leaves_none_of_its_blobs(
     client: Any, alice_token: str, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.intake import blobs as blob_store
 
-    real = services._store_blob
+    real = blob_store.store_blob
     calls: list[str] = []
 
     def second_fills_the_disk(uploaded: Any, sha256: str) -> str:
@@ -212,7 +212,7 @@ def test_an_archive_that_fails_midway_leaves_none_of_its_blobs(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(uploaded, sha256)
 
-    monkeypatch.setattr(services, "_store_blob", second_fills_the_disk)
+    monkeypatch.setattr(blob_store, "store_blob", second_fills_the_disk)
     answer = post(client, alice_token, tar_bytes([("rank0.pickle.gz", RANK0), ("rank1.pickle.gz", RANK1)]), "r.tar")
     assert answer.status_code == 507 and answer.json()["error"]["code"] == "upload:disk-full"
     assert len(calls) == 2 and not Upload.objects.exists()
@@ -231,7 +231,7 @@ def test_the_orphan_sweep_removes_only_old_files_no_row_names(alice: Any, alpha:
     from django.core.files.uploadedfile import SimpleUploadedFile
     from django.core.management import call_command
 
-    from webapp.snapshots import services
+    from webapp.snapshots.intake import blobs as blob_store
 
     media = Path(settings.MEDIA_ROOT)
     named = make_upload(alpha, alice, FIXTURES / "frag_oom.pickle.gz")
@@ -251,7 +251,7 @@ def test_the_orphan_sweep_removes_only_old_files_no_row_names(alice: Any, alpha:
     # An old orphan that an upload in flight reuses (its row not made yet) has its time renewed.
     data = (FIXTURES / "gpu_empty_cache.pickle.gz").read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    reused = _aged(media / services.blob_name_for(sha), data, 4)
-    services._store_blob(SimpleUploadedFile("again.pickle.gz", data), sha)
+    reused = _aged(media / blob_store.blob_name_for(sha), data, 4)
+    blob_store.store_blob(SimpleUploadedFile("again.pickle.gz", data), sha)
     call_command("sweep_orphan_blobs", stdout=io.StringIO())
     assert reused.exists()

@@ -51,8 +51,9 @@ def test_segment_timeline_of_20k_maps_and_100k_unmaps_is_read_from_the_store(
     tmp_path: Path, client: Any, alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from analysis import explore
-    from webapp.snapshots import digging, services
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.pages import digging
+    from webapp.snapshots.teams import shares
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     path = map_unmap_attack(tmp_path)
     assert path.stat().st_size < 600_000
@@ -60,7 +61,7 @@ def test_segment_timeline_of_20k_maps_and_100k_unmaps_is_read_from_the_store(
     analyse_upload(upload.id)
     upload.refresh_from_db()
     assert upload.status == "done", upload.error_message
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     digging._stores.clear()
 
     def no_work_here(*_args: Any, **_kwargs: Any) -> None:
@@ -85,12 +86,13 @@ def test_state_answer_is_bounded_and_kept(
     tmp_path: Path, client: Any, alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from analysis.explore import StoredExplorer
-    from webapp.snapshots import digging, services
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.pages import digging
+    from webapp.snapshots.teams import shares
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, many_blocks(tmp_path))
     analyse_upload(upload.id)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     digging._stores.clear()
     digging._states.clear()
     answer = client.get(f"/r/{token}/state.json?i=20000")
@@ -107,12 +109,13 @@ def test_state_answer_is_bounded_and_kept(
 
 def test_a_store_past_the_web_limit_is_not_loaded(client: Any, alice: Any, alpha: Any, settings: Any) -> None:
     from tests.webapp.helpers import FIXTURES
-    from webapp.snapshots import digging, services
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.pages import digging
+    from webapp.snapshots.teams import shares
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, FIXTURES / "frag_oom.pickle.gz")
     analyse_upload(upload.id)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     digging._stores.clear()
     settings.EXPLORE_MAX_STORE_BYTES = 1000
     answer = client.get(f"/r/{token}/timeline.json?t0=0&t1=100&px=400")
@@ -135,12 +138,13 @@ def test_loads_beyond_the_slots_wait_then_answer_busy(
     client: Any, alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.webapp.helpers import FIXTURES
-    from webapp.snapshots import digging, services
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.pages import digging
+    from webapp.snapshots.teams import shares
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, FIXTURES / "frag_oom.pickle.gz")
     analyse_upload(upload.id)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     digging._stores.clear()
     monkeypatch.setattr(digging, "LOAD_WAIT_SECONDS", 0.01)
     held = [digging._load_slots.acquire(timeout=5) for _ in range(digging.STORE_LOADS_AT_ONCE)]

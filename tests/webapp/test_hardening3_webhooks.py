@@ -72,8 +72,9 @@ def test_a_silent_receiver_is_given_up_within_the_deadline(
 ) -> None:
     from django.utils import timezone
 
-    from webapp.snapshots import runs, runtasks
     from webapp.snapshots.models import WebhookDelivery
+    from webapp.snapshots.runs import runs
+    from webapp.snapshots.worker import runtasks
 
     runs.policy_update(alpha, webhook_url=silent_receiver)
     delivery = _delivery(silent_receiver, alice, alpha)
@@ -114,8 +115,9 @@ def test_no_attempt_starts_past_the_deadline(
 
     from django.utils import timezone
 
-    from webapp.snapshots import runs, runtasks
     from webapp.snapshots.models import WebhookDelivery
+    from webapp.snapshots.runs import runs
+    from webapp.snapshots.worker import runtasks
 
     delivery = _delivery("https://hooks.example/x", alice, alpha)
     WebhookDelivery.objects.filter(pk=delivery.pk).update(

@@ -21,9 +21,9 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from tests.webapp.helpers import GPT_OOM, bearer, make_upload
-from webapp.snapshots import webhooks
 from webapp.snapshots.models import ApiToken, PolicyChange, Run, RunPolicy, Upload, WebhookDelivery
-from webapp.snapshots.webhooks import WebhookError
+from webapp.snapshots.runs import webhooks
+from webapp.snapshots.runs.webhooks import WebhookError
 
 pytestmark = pytest.mark.django_db
 
@@ -263,7 +263,7 @@ def test_send_a_test_reaches_a_real_local_receiver_signed(
 def test_each_delivery_s_status_and_last_error_are_on_the_settings_page(
     alice_client: Any, alice: Any, alpha: Any, settings: Any
 ) -> None:
-    from webapp.snapshots import runs
+    from webapp.snapshots.runs import runs
 
     settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True
     runs.policy_update(alpha, webhook_url="http://127.0.0.1:9/hook")
@@ -285,23 +285,24 @@ def test_each_delivery_s_status_and_last_error_are_on_the_settings_page(
 
 
 def _policy(project: Any) -> RunPolicy:
-    from webapp.snapshots import runs
+    from webapp.snapshots.runs import runs
 
     return runs.policy_for(project)
 
 
 def _member(alpha: Any, django_user_model: Any, role: str) -> Any:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership
 
     user = django_user_model.objects.create_user(f"carol-{role}", password="pw-carol-123")
-    services.membership_add(team=alpha.team, user=user, role=role)
+    membership.membership_add(team=alpha.team, user=user, role=role)
     return user
 
 
 def test_a_gate_token_reads_the_gate_and_changes_nothing(client: Any, alice: Any, alpha: Any) -> None:
-    from webapp.snapshots import runs, services
+    from webapp.snapshots.runs import runs
+    from webapp.snapshots.teams import tokens
 
-    gate = services.api_token_create(alice, project=alpha, scope="gate")
+    gate = tokens.api_token_create(alice, project=alpha, scope="gate")
     run = Run.objects.create(project=alpha, name="r1", code=runs.new_run_code())
     assert client.get("/api/v1/projects/alpha/regression?run=r1", **bearer(gate)).status_code == 200
     for path, data in (
@@ -321,10 +322,11 @@ def test_baseline_and_threshold_are_an_admin_s_and_each_change_is_recorded(
 ) -> None:
     """Issue 36: any member (or CI token) pinned the run under test as its own baseline and raised
     the threshold, and the gate then said "no regression"."""
-    from webapp.snapshots import runs, services
+    from webapp.snapshots.runs import runs
+    from webapp.snapshots.teams import tokens
 
     member = _member(alpha, django_user_model, "member")
-    member_token = services.api_token_create(member)
+    member_token = tokens.api_token_create(member)
     run = Run.objects.create(project=alpha, name="under-test", code=runs.new_run_code())
     assert client.post(f"/api/v1/runs/{run.code}/baseline", **bearer(member_token)).status_code == 403
     assert (
@@ -337,7 +339,7 @@ def test_baseline_and_threshold_are_an_admin_s_and_each_change_is_recorded(
     assert _policy(alpha).baseline_run is None and _policy(alpha).max_regression_pct == 5.0
     assert not PolicyChange.objects.exists()
     # The owner: allowed, and recorded with who and what (and the token's prefix through the API).
-    admin_token = services.api_token_create(alice)
+    admin_token = tokens.api_token_create(alice)
     assert client.post(f"/api/v1/runs/{run.code}/baseline", **bearer(admin_token)).status_code == 200
     assert (
         client.post("/api/v1/projects/alpha/policy", {"max_regression_pct": "1"}, **bearer(admin_token)).status_code
@@ -354,11 +356,12 @@ def test_baseline_and_threshold_are_an_admin_s_and_each_change_is_recorded(
 def test_a_project_scoped_token_neither_changes_the_webhook_nor_reads_its_secret(
     client: Any, alice: Any, alpha: Any, settings: Any
 ) -> None:
-    from webapp.snapshots import runs, services
+    from webapp.snapshots.runs import runs
+    from webapp.snapshots.teams import tokens
 
     settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True
     runs.policy_update(alpha, webhook_url="http://127.0.0.1:9/hook")
-    scoped = services.api_token_create(alice, project=alpha)  # the owner's, limited to alpha (a CI job's)
+    scoped = tokens.api_token_create(alice, project=alpha)  # the owner's, limited to alpha (a CI job's)
     read = client.get("/api/v1/projects/alpha/policy", **bearer(scoped)).json()
     assert read["policy"]["webhook_url"] == "http://127.0.0.1:9/hook" and read["policy"]["webhook_secret"] is None
     moved = client.post("/api/v1/projects/alpha/policy", {"webhook_url": "http://127.0.0.1:10/x"}, **bearer(scoped))
@@ -375,11 +378,11 @@ def test_a_full_disk_at_the_final_write_parks_the_result_and_the_sweep_stores_it
 ) -> None:
     from django.db import OperationalError
 
-    from webapp.snapshots import services, tasks
     from webapp.snapshots.models import Report
+    from webapp.snapshots.worker import jobs, tasks
 
     upload = make_upload(alpha, alice, oom_message=OOM_MESSAGE)
-    real_finish = services.upload_finish
+    real_finish = jobs.upload_finish
     calls: list[int] = []
 
     def full_once(upload_id: int, **kwargs: Any) -> bool:
@@ -388,7 +391,7 @@ def test_a_full_disk_at_the_final_write_parks_the_result_and_the_sweep_stores_it
             raise OperationalError("database or disk is full")  # SQLite's SQLITE_FULL
         return real_finish(upload_id, **kwargs)
 
-    monkeypatch.setattr(services, "upload_finish", full_once)
+    monkeypatch.setattr(jobs, "upload_finish", full_once)
     tasks.analyse_upload(upload.id)
     upload.refresh_from_db()
     assert upload.status == Upload.Status.RUNNING and upload.error_code == ""  # not failed: kept
@@ -408,7 +411,7 @@ def test_a_parked_result_waits_while_the_disk_is_still_full(
 ) -> None:
     from django.db import OperationalError
 
-    from webapp.snapshots import services, tasks
+    from webapp.snapshots.worker import jobs, tasks
 
     upload = make_upload(alpha, alice)
     Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.RUNNING, claimed_by="gone:1:1")
@@ -417,7 +420,7 @@ def test_a_parked_result_waits_while_the_disk_is_still_full(
     def full(*_args: Any, **_kwargs: Any) -> bool:
         raise OperationalError("database or disk is full")
 
-    monkeypatch.setattr(services, "upload_finish", full)
+    monkeypatch.setattr(jobs, "upload_finish", full)
     settings.SWEEP_STALE_RUNNING_SECONDS = -1  # every running row is stale to the sweep
     assert tasks.store_parked_results() == (0, {upload.id})
     tasks.sweep_uploads()
@@ -530,9 +533,10 @@ def test_a_finished_run_s_rank_is_replaced_by_an_admin_only(
     """Issue 36's third way to flip the gate: a member re-uploaded a good file under the finished
     run's name (a one-process run's later upload replaces its rank), and the run was no longer a
     regression."""
-    from webapp.snapshots import runs, services
+    from webapp.snapshots.runs import runs
+    from webapp.snapshots.teams import tokens
 
-    member_token = services.api_token_create(_member(alpha, django_user_model, "member"))
+    member_token = tokens.api_token_create(_member(alpha, django_user_model, "member"))
     finished = Run.objects.create(project=alpha, name="regressed", code=runs.new_run_code(), status=Run.Status.DONE)
     with GPT_OOM.open("rb") as fh:
         refused = client.post("/api/v1/snapshots", {"file": fh, "run": "regressed"}, **bearer(member_token))
@@ -542,7 +546,7 @@ def test_a_finished_run_s_rank_is_replaced_by_an_admin_only(
         assert client.post("/api/v1/snapshots", {"file": fh, "run": "rerun"}, **bearer(member_token)).status_code == 202
     with GPT_OOM.open("rb") as fh:  # the owner may still replace it
         owner = client.post(
-            "/api/v1/snapshots", {"file": fh, "run": "regressed"}, **bearer(services.api_token_create(alice))
+            "/api/v1/snapshots", {"file": fh, "run": "regressed"}, **bearer(tokens.api_token_create(alice))
         )
     assert owner.status_code == 202 and Upload.objects.filter(run_ref=finished).count() == 1
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.webapp.helpers import FIXTURES, GPT_OOM, bearer
-from webapp.snapshots.cost import estimate_cost
+from webapp.snapshots.intake.cost import estimate_cost
 from webapp.snapshots.models import Upload
 
 pytestmark = pytest.mark.django_db
@@ -109,7 +109,7 @@ def _reader_devices(data: bytes) -> int:
     "name", ["two_gpu_pipeline.pickle.gz", "state_only.pickle.gz", "frag_oom.pickle.gz", "big_all_stacks.pickle.gz"]
 )
 def test_the_scan_counts_devices_as_the_reader_does(name: str) -> None:
-    from webapp.snapshots.cost import DEVICE_COST_BYTES
+    from webapp.snapshots.intake.cost import DEVICE_COST_BYTES
 
     data = (FIXTURES / name).read_bytes()
     cost = estimate_cost(_sized(data))
@@ -196,7 +196,7 @@ def test_the_scan_is_bounded_whatever_the_file() -> None:
     """A large plain pickle and a 100:1 gzip: the scan reads a fixed head, not the file."""
     import time
 
-    from webapp.snapshots import cost as cost_module
+    from webapp.snapshots.intake import cost as cost_module
 
     raw = gzip.decompress((FIXTURES / "big_all_stacks.pickle.gz").read_bytes())  # 30 MB of pickle
     started = time.process_time()

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.webapp.helpers import FIXTURES, bearer
-from webapp.snapshots.jsonsniff import foreign_json
+from webapp.snapshots.intake.jsonsniff import foreign_json
 from webapp.snapshots.models import Upload
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.worker.tasks import analyse_upload
 
 pytestmark = pytest.mark.django_db
 

@@ -24,8 +24,8 @@ def otherproc_report() -> str:
 
 def test_the_decision_screen_draws_the_ledger_as_one_labelled_bar() -> None:
     from analysis.readout import size
-    from webapp.snapshots.charts import build_charts
     from webapp.snapshots.management.commands.report import render_standalone
+    from webapp.snapshots.pages.charts import build_charts
 
     report: dict[str, Any] = json.loads(otherproc_report())
     rows = {r["id"]: r for r in report["devices"][0]["ledger"]["rows"]}
@@ -51,7 +51,7 @@ def test_the_decision_screen_draws_the_ledger_as_one_labelled_bar() -> None:
 
 
 def test_the_api_summary_carries_the_ledger_rows() -> None:
-    from webapp.snapshots.services import summary_from_report
+    from webapp.snapshots.worker.jobs import summary_from_report
 
     report = json.loads(otherproc_report())
     summary = summary_from_report(report)

@@ -9,7 +9,7 @@ import pytest
 
 from tests.webapp.helpers import FIXTURES, make_upload
 from webapp.snapshots.models import Membership, Upload
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.worker.tasks import analyse_upload
 
 pytestmark = pytest.mark.django_db
 
@@ -183,10 +183,10 @@ def test_login_page_renders(client: Any) -> None:
 
 
 def test_share_link_to_unfinished_upload_polls_through_the_link(client: Any, alice: Any, alpha: Any) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import shares
 
     upload = make_upload(alpha, alice, FRAG)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     page = client.get(f"/r/{token}/")
     assert page.status_code == 200
     assert "snapshots/status.html" in [t.name for t in page.templates]
@@ -196,7 +196,7 @@ def test_share_link_to_unfinished_upload_polls_through_the_link(client: Any, ali
     assert poll["Referrer-Policy"] == "no-referrer"
     analyse_upload(upload.id)
     assert client.get(f"/r/{token}/status.json").json()["status"] == "done"
-    services.share_revoke(upload)
+    shares.share_revoke(upload)
     assert client.get(f"/r/{token}/status.json").status_code == 404
 
 
@@ -207,8 +207,8 @@ def test_several_named_share_links_each_revocable(
     from django.contrib.sessions.models import Session
     from django.test import Client
 
-    from webapp.snapshots import services
     from webapp.snapshots.models import ShareLink
+    from webapp.snapshots.teams import membership
 
     client.force_login(alice)
     client.post(f"/s/{done_upload.code}/share/", {"action": "create", "name": "ticket ML-1"})
@@ -219,7 +219,7 @@ def test_several_named_share_links_each_revocable(
     assert not ShareLink.objects.filter(nonce=token).exists() and not ShareLink.objects.filter(key=token).exists()
     # A teammate sees the link and makes a second one: both stay live.
     carol = django_user_model.objects.create_user("carol")
-    services.membership_add(team=done_upload.project.team, user=carol)
+    membership.membership_add(team=done_upload.project.team, user=carol)
     teammate = Client()
     teammate.force_login(carol)
     assert teammate.get(f"/s/{done_upload.code}/").context["share_url"] == first

@@ -30,7 +30,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_standalone_page_has_every_chart_and_the_figures(standalone: str, gpt_report: dict) -> None:
-    from webapp.snapshots.charts import build_charts
+    from webapp.snapshots.pages.charts import build_charts
 
     for name in build_charts(gpt_report):
         if name.startswith(("active-", "segtime-")):  # filled from the server's JSON: not in a file without one
@@ -59,8 +59,8 @@ def test_standalone_page_makes_no_outside_request(standalone: str) -> None:
 
 
 def test_hostile_strings_in_a_snapshot_stay_text(gpt_report: dict) -> None:
-    from webapp.snapshots.charts import build_charts
     from webapp.snapshots.management.commands.report import render_standalone
+    from webapp.snapshots.pages.charts import build_charts
 
     report = copy.deepcopy(gpt_report)
     dev = report["devices"][0]
@@ -86,7 +86,7 @@ def test_hostile_strings_in_a_snapshot_stay_text(gpt_report: dict) -> None:
 def test_the_site_page_template_escapes_the_same_way(gpt_report: dict, rf: Any) -> None:
     from django.template.loader import render_to_string
 
-    from webapp.snapshots.charts import build_charts
+    from webapp.snapshots.pages.charts import build_charts
 
     report = copy.deepcopy(gpt_report)
     report["devices"][0]["top_stacks"][1]["label"] = HOSTILE
@@ -119,8 +119,8 @@ def test_unreadable_file_is_a_command_error(tmp_path: Path) -> None:
 def test_odd_captures_render_with_what_they_have(case: str) -> None:
     """No history, no frames, a wrapped ring buffer: the page says so and draws what exists."""
     from analysis.report import build_report
-    from webapp.snapshots.charts import build_charts
     from webapp.snapshots.management.commands.report import render_standalone
+    from webapp.snapshots.pages.charts import build_charts
 
     report = json.loads(json.dumps(build_report(FIXTURES / f"{case}.pickle.gz")))
     charts = build_charts(report)
@@ -143,8 +143,8 @@ def test_a_step_answer_that_depends_on_the_exact_cap_is_shown_as_not_known() -> 
     # gpt_autocast_c75 with its OOM message: the GC what-if completes at one end of the message's
     # "5.10 GiB allowed" range and not at the other (docs/report.md), so the page says so.
     from analysis.report import build_report
-    from webapp.snapshots.charts import build_charts
     from webapp.snapshots.management.commands.report import render_standalone
+    from webapp.snapshots.pages.charts import build_charts
 
     caps = FIXTURES / "captures"
     truth = json.loads((caps / "gpt_autocast_c75_default.truth.json").read_text())

@@ -1,4 +1,4 @@
-"""Roles inside a team (``services.ROLE_RIGHTS``): a viewer reads; a member also uploads and shares.
+"""Roles inside a team (``access.ROLE_RIGHTS``): a viewer reads; a member also uploads and shares.
 
 Team A has one user of each role (owner alice, admin, member, viewer). Every role reads every
 page and API route of the team; only a viewer is refused an upload (API with a slug, through a
@@ -15,8 +15,9 @@ import pytest
 from django.contrib.messages import get_messages
 
 from tests.webapp.helpers import GPT_OOM, bearer
-from webapp.snapshots import services
+from webapp.snapshots.intake import store
 from webapp.snapshots.models import Membership, ShareLink, Team, Upload
+from webapp.snapshots.teams import access, membership, shares, tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -29,23 +30,21 @@ def team(alice: Any, alpha: Any, django_user_model: Any) -> dict[str, Any]:
     users = {"owner": alice}
     for role in ("admin", "member", "viewer"):
         user = django_user_model.objects.create_user(role, password=f"pw-{role}-123")
-        services.membership_add(team=team, user=user, role=role)
+        membership.membership_add(team=team, user=user, role=role)
         users[role] = user
     upload = Upload.objects.create(
-        code=services.new_upload_code(), project=alpha, uploaded_by=alice, filename="a", bytes=1
+        code=store.new_upload_code(), project=alpha, uploaded_by=alice, filename="a", bytes=1
     )
-    other = Upload.objects.create(
-        code=services.new_upload_code(), project=alpha, uploaded_by=alice, filename="b", bytes=1
-    )
+    other = Upload.objects.create(code=store.new_upload_code(), project=alpha, uploaded_by=alice, filename="b", bytes=1)
     return {"team": team, "users": users, "upload": upload, "other": other, "project": alpha}
 
 
 def test_the_role_table() -> None:
     """The rules as the site states them; a change here is a change of policy, on purpose."""
-    assert set(services.ROLE_RIGHTS) == set(Membership.Role.values) == set(ROLES)
-    assert services.ROLE_RIGHTS["viewer"] == {"read"}
-    assert services.ROLE_RIGHTS["member"] == {"read", "write"}
-    assert services.ROLE_RIGHTS["admin"] == services.ROLE_RIGHTS["owner"] == {"read", "write", "manage"}
+    assert set(access.ROLE_RIGHTS) == set(Membership.Role.values) == set(ROLES)
+    assert access.ROLE_RIGHTS["viewer"] == {"read"}
+    assert access.ROLE_RIGHTS["member"] == {"read", "write"}
+    assert access.ROLE_RIGHTS["admin"] == access.ROLE_RIGHTS["owner"] == {"read", "write", "manage"}
 
 
 def test_roles_are_stored_as_given(team: dict[str, Any]) -> None:
@@ -56,7 +55,7 @@ def test_roles_are_stored_as_given(team: dict[str, Any]) -> None:
 @pytest.mark.parametrize("role", ROLES)
 def test_every_role_reads_everything_of_the_team(client: Any, team: dict[str, Any], role: str) -> None:
     user = team["users"][role]
-    token = services.api_token_create(user)
+    token = tokens.api_token_create(user)
     code, other = team["upload"].code, team["other"].code
     client.force_login(user)
     for url in (f"/s/{code}/", f"/s/{code}/status.json", "/p/alpha/", f"/compare/{code}/{other}/", "/"):
@@ -85,11 +84,11 @@ def test_only_a_viewer_is_refused_an_upload(
             client.force_login(user)
             response = _post_snapshot(client, None, project="alpha")
         elif how == "api-default-project":
-            response = _post_snapshot(client, services.api_token_create(user, default_project=team["project"]))
+            response = _post_snapshot(client, tokens.api_token_create(user, default_project=team["project"]))
         elif how == "api-no-project":  # alpha is the user's only project
-            response = _post_snapshot(client, services.api_token_create(user))
+            response = _post_snapshot(client, tokens.api_token_create(user))
         else:
-            response = _post_snapshot(client, services.api_token_create(user), project="alpha")
+            response = _post_snapshot(client, tokens.api_token_create(user), project="alpha")
     if role == "viewer":
         if how == "page":  # not among the page's choices
             assert response.status_code == 400, response.content
@@ -132,11 +131,11 @@ def test_a_viewers_page_upload_without_json_is_the_form_again(client: Any, team:
 def test_only_a_viewer_is_refused_share_links(client: Any, team: dict[str, Any], role: str) -> None:
     user = team["users"][role]
     upload = team["upload"]
-    token = services.api_token_create(user)
+    token = tokens.api_token_create(user)
     created_api = client.post(f"/api/v1/snapshots/{upload.code}/share", **bearer(token))
     client.force_login(user)
     created_page = client.post(f"/s/{upload.code}/share/", {"action": "create"})
-    live = services.share_create(upload, team["users"]["owner"])  # one live link, made by the owner
+    live = shares.share_create(upload, team["users"]["owner"])  # one live link, made by the owner
     revoked_page = client.post(f"/s/{upload.code}/share/", {"action": "revoke"})
     if role == "viewer":
         assert created_api.status_code == 403
@@ -152,20 +151,20 @@ def test_only_a_viewer_is_refused_share_links(client: Any, team: dict[str, Any],
         assert revoked_api.status_code == 403
         # Only the owner's link exists, and it is still live.
         assert list(ShareLink.objects.values_list("created_by__username", "revoked_at")) == [("alice", None)]
-        assert services.upload_for_share_token(live, count_use=False) == upload
+        assert shares.upload_for_share_token(live, count_use=False) == upload
     else:
         assert created_api.status_code == 201
         assert created_page.status_code == 302
         assert revoked_page.status_code == 302
-        made = ShareLink.objects.exclude(token_hash=services.token_hash(live)).filter(upload=upload, created_by=user)
+        made = ShareLink.objects.exclude(token_hash=tokens.token_hash(live)).filter(upload=upload, created_by=user)
         assert made.count() == 2  # one by the API, one by the page
-        assert services.upload_for_share_token(live, count_use=False) is None  # revoked by this role
+        assert shares.upload_for_share_token(live, count_use=False) is None  # revoked by this role
         assert not ShareLink.objects.filter(revoked_at__isnull=True).exists()
 
 
 def test_a_role_change_takes_effect_on_the_next_request(client: Any, team: dict[str, Any]) -> None:
     member = team["users"]["member"]
-    token = services.api_token_create(member)
+    token = tokens.api_token_create(member)
     url = f"/api/v1/snapshots/{team['upload'].code}/share"
     assert client.post(url, **bearer(token)).status_code == 201
     Membership.objects.filter(user=member).update(role="viewer")
@@ -176,12 +175,12 @@ def test_a_role_change_takes_effect_on_the_next_request(client: Any, team: dict[
 
 def test_a_stranger_has_no_role_and_no_right(team: dict[str, Any], bob: Any) -> None:
     """Someone outside the team has no role: every right is refused (the views answer 404 before)."""
-    assert services.role_of(bob, team["team"]) is None
+    assert access.role_of(bob, team["team"]) is None
     for right in ("read", "write", "manage"):
-        assert not services.can(bob, team["team"], right)
-    assert list(services.writable_projects(bob)) == []
-    assert [p.slug for p in services.writable_projects(team["users"]["member"])] == ["alpha"]
-    assert list(services.writable_projects(team["users"]["viewer"])) == []
+        assert not access.can(bob, team["team"], right)
+    assert list(access.writable_projects(bob)) == []
+    assert [p.slug for p in access.writable_projects(team["users"]["member"])] == ["alpha"]
+    assert list(access.writable_projects(team["users"]["viewer"])) == []
 
 
 @pytest.mark.parametrize("role", ROLES)

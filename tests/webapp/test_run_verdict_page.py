@@ -23,7 +23,7 @@ def eval_report() -> dict[str, Any]:
 
 
 def test_the_api_summary_says_the_run_verdict(eval_report: dict[str, Any]) -> None:
-    from webapp.snapshots.services import summary_from_report
+    from webapp.snapshots.worker.jobs import summary_from_report
 
     summary = summary_from_report(json.loads(json.dumps(eval_report)))
     assert summary["oom"] is True
@@ -34,7 +34,7 @@ def test_the_api_summary_says_the_run_verdict(eval_report: dict[str, Any]) -> No
 def test_the_page_shows_the_run_verdict_and_names_the_requests(eval_report: dict[str, Any], rf: Any) -> None:
     from django.template.loader import render_to_string
 
-    from webapp.snapshots.charts import build_charts
+    from webapp.snapshots.pages.charts import build_charts
 
     request = rf.get("/")
     request.user = type("Anon", (), {"is_authenticated": False})()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from webapp.snapshots import runner
-from webapp.snapshots.child import Job
+from webapp.snapshots.worker import runner
+from webapp.snapshots.worker.child import Job
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -60,11 +60,11 @@ def test_the_child_imports_bokeh_on_a_thread_beside_the_analysis() -> None:
     # itself still loads no bokeh (tests/test_boundaries.py).
     done = _in_a_fresh_interpreter(
         "import sys, threading\n"
-        "from webapp.snapshots import child\n"
+        "from webapp.snapshots.worker import child\n"
         "assert 'bokeh' not in sys.modules\n"
         "child._import_charts_beside()\n"
         "[t.join() for t in threading.enumerate() if t.name == 'charts-import']\n"
-        "print('webapp.snapshots.charts' in sys.modules, 'bokeh' in sys.modules)\n"
+        "print('webapp.snapshots.pages.charts' in sys.modules, 'bokeh' in sys.modules)\n"
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"]
@@ -77,10 +77,10 @@ def test_a_failed_import_beside_the_analysis_is_left_to_the_charts_step() -> Non
         "import sys, threading\n"
         "class Full:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'webapp.snapshots.charts':\n"
+        "        if name == 'webapp.snapshots.pages.charts':\n"
         "            raise MemoryError\n"
         "sys.meta_path.insert(0, Full())\n"
-        "from webapp.snapshots import child\n"
+        "from webapp.snapshots.worker import child\n"
         "child._import_charts_beside()\n"
         "[t.join() for t in threading.enumerate() if t.name == 'charts-import']\n"
         "print(child._charts({'devices': []}))\n"
@@ -95,8 +95,8 @@ def test_a_broken_charts_import_fails_the_child_loudly() -> None:
     # quietly stored without charts (tests/test_import_guards.py; issue 31).
     done = _in_a_fresh_interpreter(
         "import sys\n"
-        "from webapp.snapshots import child\n"
-        "sys.modules['webapp.snapshots.charts'] = None\n"
+        "from webapp.snapshots.worker import child\n"
+        "sys.modules['webapp.snapshots.pages.charts'] = None\n"
         "child._charts({'devices': []})\n"
     )
     assert done.returncode != 0

@@ -25,9 +25,11 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from tests.webapp.helpers import FIXTURES, bearer
-from webapp.snapshots import runs, runtasks
+from webapp.snapshots import publish
 from webapp.snapshots.models import Run, RunPolicy, Upload, WebhookDelivery
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.runs import runs
+from webapp.snapshots.worker import runtasks
+from webapp.snapshots.worker.tasks import analyse_upload
 
 pytestmark = pytest.mark.django_db
 
@@ -100,7 +102,7 @@ def test_two_ranks_become_one_run_with_its_metadata(
     assert set(ranks) == {0, 1} and all(u.status == Upload.Status.QUEUED for u in ranks.values())
     assert ranks[1].meta["error"] == sidecar(1)["error"] and ranks[0].meta["world_size"] == 2
     # The chord that was published: one analyse_rank per rank, then the summary.
-    sig = runtasks.run_chord(run.id, [ranks[0].id, ranks[1].id])
+    sig = publish.run_chord(run.id, [ranks[0].id, ranks[1].id])
     assert [t.task for t in sig.tasks] == ["snapshots.analyse_rank"] * 2
     assert sig.body.task == "snapshots.summarise_run" and sig.body.args == (run.id,)
 
@@ -328,11 +330,11 @@ def test_a_webhook_into_the_network_is_refused_unless_allowed(
 def test_a_member_may_not_set_the_webhook_or_the_threshold(
     client: Any, alice: Any, alpha: Any, django_user_model: Any
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership, tokens
 
     carol = django_user_model.objects.create_user("carol", password="pw-carol-123")
-    services.membership_add(team=alpha.team, user=carol, role="member")
-    token = services.api_token_create(carol)
+    membership.membership_add(team=alpha.team, user=carol, role="member")
+    token = tokens.api_token_create(carol)
     denied = client.post("/api/v1/projects/alpha/policy", {"webhook_url": "http://127.0.0.1:9/x"}, **bearer(token))
     assert denied.status_code == 403
     # Issue 36: the threshold is the gate's too, an admin's (a member could raise it to pass the gate).
@@ -416,7 +418,7 @@ def test_a_rank_whose_analysis_raises_does_not_stop_the_chord(
 ) -> None:
     from django.db import OperationalError
 
-    from webapp.snapshots import tasks
+    from webapp.snapshots.worker import tasks
 
     run = two_rank_run(client, alice_token, django_capture_on_commit_callbacks)
     rank0 = run.uploads.get(rank=0)

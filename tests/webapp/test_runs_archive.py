@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tests.webapp.helpers import FIXTURES, bearer
-from webapp.snapshots import runtasks
 from webapp.snapshots.models import Run, Upload
+from webapp.snapshots.worker import runtasks
 
 pytestmark = pytest.mark.django_db
 

@@ -25,9 +25,10 @@ CAPTURES = FIXTURES / "captures"
 def project_runs(transactional_db: Any, alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     from django.db import transaction
 
-    from webapp.snapshots import runs, runtasks
     from webapp.snapshots.models import Run
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.runs import runs
+    from webapp.snapshots.worker import runtasks
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     # The chord is published at commit; here its tasks run in this process instead.
     monkeypatch.setattr(runs, "publish_run", lambda run_id: True)

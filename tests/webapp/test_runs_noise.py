@@ -13,11 +13,11 @@ import pytest
 
 from tests.webapp.helpers import bearer
 from webapp.snapshots.models import Run, Upload
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.worker.tasks import analyse_upload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
 
-import seeded_series  # noqa: E402
+import seeded_series
 
 pytestmark = pytest.mark.django_db
 

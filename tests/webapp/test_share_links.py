@@ -15,8 +15,9 @@ import pytest
 from django.urls import reverse
 
 from tests.webapp.helpers import bearer
-from webapp.snapshots import services
+from webapp.snapshots.intake import store
 from webapp.snapshots.models import ShareLink, Upload
+from webapp.snapshots.teams import shares, tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -24,10 +25,10 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def pair(alice: Any, alpha: Any) -> tuple[Upload, Upload]:
     a = Upload.objects.create(
-        code=services.new_upload_code(), project=alpha, uploaded_by=alice, filename="report-A.pickle", bytes=1
+        code=store.new_upload_code(), project=alpha, uploaded_by=alice, filename="report-A.pickle", bytes=1
     )
     b = Upload.objects.create(
-        code=services.new_upload_code(),
+        code=store.new_upload_code(),
         project=alpha,
         uploaded_by=alice,
         filename="report-B.pickle",
@@ -45,7 +46,7 @@ def link(upload: Upload) -> ShareLink:
 
 def test_a_link_opens_its_own_report_only(client: Any, alice: Any, pair: tuple[Upload, Upload]) -> None:
     a, b = pair
-    token_a, token_b = services.share_create(a, alice), services.share_create(b, alice)
+    token_a, token_b = shares.share_create(a, alice), shares.share_create(b, alice)
     page_a = client.get(reverse("snapshots:share_view", args=[token_a]))
     assert page_a.status_code == 200
     assert page_a.context["upload"]["code"] == a.code and page_a.context["shared"] is True
@@ -70,10 +71,10 @@ def test_a_revoked_link_is_404_on_both_urls_and_counts_nothing(
     client: Any, alice: Any, pair: tuple[Upload, Upload]
 ) -> None:
     a, b = pair
-    token_a, token_b = services.share_create(a, alice), services.share_create(b, alice)
+    token_a, token_b = shares.share_create(a, alice), shares.share_create(b, alice)
     assert client.get(reverse("snapshots:share_view", args=[token_a])).status_code == 200
     row = link(a)
-    assert services.share_revoke(a) == 1
+    assert shares.share_revoke(a) == 1
     for name in ("snapshots:share_view", "snapshots:share_status_json"):
         gone = client.get(reverse(name, args=[token_a]))
         assert gone.status_code == 404, name
@@ -86,7 +87,7 @@ def test_a_revoked_link_is_404_on_both_urls_and_counts_nothing(
 
 def test_use_counting(client: Any, alice: Any, pair: tuple[Upload, Upload]) -> None:
     a, b = pair
-    token_a, token_b = services.share_create(a, alice), services.share_create(b, alice)
+    token_a, token_b = shares.share_create(a, alice), shares.share_create(b, alice)
     assert (link(a).use_count, link(a).last_used_at) == (0, None)
     for _ in range(3):
         assert client.get(reverse("snapshots:share_view", args=[token_a])).status_code == 200
@@ -104,7 +105,7 @@ def test_a_link_to_another_teams_report_works_for_anyone_holding_it(
 ) -> None:
     """The capability is the token: Bob (team B) reads A through it, read-only, and still not A's member page."""
     a, _ = pair
-    token = services.share_create(a, alice)
+    token = shares.share_create(a, alice)
     client.force_login(bob)
     page = client.get(reverse("snapshots:share_view", args=[token]))
     assert page.status_code == 200 and page.context["shared"] is True
@@ -116,9 +117,9 @@ def test_a_link_to_another_teams_report_works_for_anyone_holding_it(
 
 def test_only_the_hash_is_stored(alice: Any, pair: tuple[Upload, Upload]) -> None:
     a, _ = pair
-    token = services.share_create(a, alice)
+    token = shares.share_create(a, alice)
     row = link(a)
     assert len(token) >= 43  # secrets.token_urlsafe(32): 32 random bytes
-    assert row.token_hash == services.token_hash(token) and row.prefix == token[:6]
+    assert row.token_hash == tokens.token_hash(token) and row.prefix == token[:6]
     assert not ShareLink.objects.filter(token_hash=token).exists()
-    assert services.upload_for_share_token(row.token_hash) is None  # the hash does not open it
+    assert shares.upload_for_share_token(row.token_hash) is None  # the hash does not open it

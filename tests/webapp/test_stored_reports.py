@@ -27,7 +27,7 @@ def test_an_old_stored_report_is_served_and_shown_in_the_current_shape(
     client: Any, alice: Any, alpha: Any, alice_token: str
 ) -> None:
     from webapp.snapshots.models import Report
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, FIXTURES / "gpu_grow_oom.pickle.gz")
     analyse_upload(upload.id)

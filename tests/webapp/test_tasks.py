@@ -13,8 +13,9 @@ import pytest
 from django.utils import timezone
 
 from tests.webapp.helpers import FIXTURES, GPT_OOM, make_upload
-from webapp.snapshots import liveness, services, tasks
+from webapp.snapshots.intake import store
 from webapp.snapshots.models import Report, Upload
+from webapp.snapshots.worker import jobs, liveness, tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -62,14 +63,14 @@ def test_done_upload_records_stages_and_stores_report_and_charts(
     alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[str] = []
-    original = services.upload_set_progress
+    original = jobs.upload_set_progress
 
     def record(upload_id: int, stage: str | None, progress: int | None) -> None:
         if stage and (not seen or seen[-1] != stage):
             seen.append(stage)
         original(upload_id, stage, progress)
 
-    monkeypatch.setattr(services, "upload_set_progress", record)
+    monkeypatch.setattr(jobs, "upload_set_progress", record)
     upload = make_upload(alpha, alice)
     tasks.analyse_upload(upload.id)
     upload.refresh_from_db()
@@ -83,8 +84,8 @@ def test_done_upload_records_stages_and_stores_report_and_charts(
 
 def test_claim_is_exclusive(alice: Any, alpha: Any) -> None:
     upload = make_upload(alpha, alice)
-    assert services.upload_claim(upload.id) is not None
-    assert services.upload_claim(upload.id) is None  # a duplicate delivery does nothing
+    assert jobs.upload_claim(upload.id) is not None
+    assert jobs.upload_claim(upload.id) is None  # a duplicate delivery does nothing
     tasks.analyse_upload(upload.id)
     upload.refresh_from_db()
     assert upload.status == "running" and upload.attempts == 1  # untouched by the second task
@@ -136,7 +137,7 @@ def test_memory_cap_fails_with_limit_code(alice: Any, alpha: Any, settings: Any)
 
 
 def test_limits_scale_with_unpacked_size(tmp_path: Path) -> None:
-    from webapp.snapshots.runner import limits_for, unpacked_size
+    from webapp.snapshots.worker.runner import limits_for, unpacked_size
 
     unpacked = len(gzip.decompress(GPT_OOM.read_bytes()))
     assert unpacked_size(GPT_OOM) == unpacked
@@ -213,21 +214,21 @@ def test_redelivered_message_does_not_take_a_row_its_live_first_run_holds(alice:
         started_at=timezone.now(),
         claimed_by=liveness.identity(),
     )
-    assert services.upload_claim(live.id, task_id="msg-1", claimant="new") is None
+    assert jobs.upload_claim(live.id, task_id="msg-1", claimant="new") is None
     live.refresh_from_db()
     assert (live.status, live.attempts, live.claimed_by) == ("running", 1, liveness.identity())
 
     # Its pool process was killed (reject_on_worker_lost): the same message claims it again.
     dead = make_upload(alpha, alice, status="running", attempts=1, task_id="msg-2", claimed_by=_dead_process_claim())
-    again = services.upload_claim(dead.id, task_id="msg-2", claimant="new")
+    again = jobs.upload_claim(dead.id, task_id="msg-2", claimant="new")
     assert again is not None and (again.attempts, again.claimed_by) == (2, "new")
 
     # Claimed on another host: not judged from here, the same message may claim it (as before).
     foreign = make_upload(alpha, alice, status="running", attempts=1, task_id="msg-3", claimed_by=_foreign_claim())
-    assert services.upload_claim(foreign.id, task_id="msg-3", claimant="new") is not None
+    assert jobs.upload_claim(foreign.id, task_id="msg-3", claimant="new") is not None
     # Another message never takes a RUNNING row, whoever claimed it.
     other = make_upload(alpha, alice, status="running", attempts=1, task_id="msg-4", claimed_by=_dead_process_claim())
-    assert services.upload_claim(other.id, task_id="msg-5", claimant="new") is None
+    assert jobs.upload_claim(other.id, task_id="msg-5", claimant="new") is None
 
 
 def test_worker_start_requeues_only_claims_of_dead_processes(alice: Any, alpha: Any, settings: Any) -> None:
@@ -245,7 +246,7 @@ def test_worker_start_requeues_only_claims_of_dead_processes(alice: Any, alpha: 
     foreign = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=fresh, claimed_by=_foreign_claim())
     unclaimed = make_upload(alpha, alice, status="running", attempts=1, heartbeat_at=fresh)
 
-    assert services.uploads_requeue_dead_claims() == [dead.id]
+    assert jobs.uploads_requeue_dead_claims() == [dead.id]
     states = {u.id: (u.status, u.error_code) for u in Upload.objects.all()}
     assert states[dead.id] == ("queued", "")
     assert states[limit.id] == ("failed", "worker:killed-repeatedly")
@@ -337,7 +338,7 @@ def test_rolled_back_upload_publishes_nothing(
 
     def request_that_fails_after_writing() -> None:
         with transaction.atomic():
-            services.upload_create(
+            store.upload_create(
                 user=alice, project=alpha, uploaded=SimpleUploadedFile("a.gz", data), sha256="0" * 64, fmt="pickle.gz"
             )
             raise RuntimeError("the request failed after the row was written")
@@ -348,7 +349,7 @@ def test_rolled_back_upload_publishes_nothing(
     assert not Upload.objects.exists()
     # Committed, the same call publishes exactly once, and only at commit.
     with django_capture_on_commit_callbacks(execute=True):
-        upload = services.upload_create(
+        upload = store.upload_create(
             user=alice, project=alpha, uploaded=SimpleUploadedFile("a.gz", data), sha256="0" * 64, fmt="pickle.gz"
         )
         assert sent == []

@@ -14,17 +14,16 @@ import pytest
 from django.utils import timezone
 
 from tests.webapp.helpers import GPT_OOM, bearer
-from webapp.snapshots import services
+from webapp.snapshots.intake import store
 from webapp.snapshots.models import ApiToken, ShareLink, Upload
+from webapp.snapshots.teams import tokens
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def upload(alice: Any, alpha: Any) -> Upload:
-    return Upload.objects.create(
-        code=services.new_upload_code(), project=alpha, uploaded_by=alice, filename="a", bytes=1
-    )
+    return Upload.objects.create(code=store.new_upload_code(), project=alpha, uploaded_by=alice, filename="a", bytes=1)
 
 
 def calls(code: str) -> list[tuple[str, str]]:
@@ -41,13 +40,13 @@ def calls(code: str) -> list[tuple[str, str]]:
 def make_token(alice: Any, alpha: Any, state: str) -> str:
     now = timezone.now()
     if state == "unknown":
-        return services.API_TOKEN_PREFIX + "x" * 43
-    token = services.api_token_create(
+        return tokens.API_TOKEN_PREFIX + "x" * 43
+    token = tokens.api_token_create(
         alice,
         default_project=alpha,
         expires_at={"expired": now - timedelta(seconds=1), "expires-later": now + timedelta(days=1)}.get(state),
     )
-    row = ApiToken.objects.get(token_hash=services.token_hash(token))
+    row = ApiToken.objects.get(token_hash=tokens.token_hash(token))
     if state == "revoked":
         row.revoked_at = now
         row.save()
@@ -79,22 +78,22 @@ def test_live_tokens_work_and_record_their_use(client: Any, alice: Any, alpha: A
     token = make_token(alice, alpha, state)
     response = client.get(f"/api/v1/snapshots/{upload.code}", **bearer(token))
     assert response.status_code == 200 and response.json()["id"] == upload.code
-    assert ApiToken.objects.get(token_hash=services.token_hash(token)).last_used_at is not None
+    assert ApiToken.objects.get(token_hash=tokens.token_hash(token)).last_used_at is not None
 
 
 def test_a_token_expires_at_its_time(alice: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """``expires_at`` is exclusive: a microsecond before, the token works; at that instant it is dead."""
     expires = timezone.now() + timedelta(hours=1)
-    token = services.api_token_create(alice, expires_at=expires)
-    monkeypatch.setattr(services.timezone, "now", lambda: expires - timedelta(microseconds=1))
-    assert services.api_token_user(token) is not None
-    monkeypatch.setattr(services.timezone, "now", lambda: expires)
-    assert services.api_token_user(token) is None
+    token = tokens.api_token_create(alice, expires_at=expires)
+    monkeypatch.setattr(tokens.timezone, "now", lambda: expires - timedelta(microseconds=1))
+    assert tokens.api_token_user(token) is not None
+    monkeypatch.setattr(tokens.timezone, "now", lambda: expires)
+    assert tokens.api_token_user(token) is None
 
 
 def test_revoking_one_token_leaves_the_others(client: Any, alice: Any, alpha: Any, upload: Upload) -> None:
-    first, second = services.api_token_create(alice), services.api_token_create(alice)
-    ApiToken.objects.filter(token_hash=services.token_hash(first)).update(revoked_at=timezone.now())
+    first, second = tokens.api_token_create(alice), tokens.api_token_create(alice)
+    ApiToken.objects.filter(token_hash=tokens.token_hash(first)).update(revoked_at=timezone.now())
     url = f"/api/v1/snapshots/{upload.code}"
     assert client.get(url, **bearer(first)).status_code == 401
     assert client.get(url, **bearer(second)).status_code == 200
@@ -108,12 +107,12 @@ def test_malformed_authorization_is_401(client: Any, upload: Upload, header: str
 
 
 def test_the_token_is_stored_only_as_its_hash(alice: Any) -> None:
-    token = services.api_token_create(alice)
+    token = tokens.api_token_create(alice)
     row = ApiToken.objects.get()
-    assert token.startswith(services.API_TOKEN_PREFIX) and len(token) >= len(services.API_TOKEN_PREFIX) + 43
-    assert row.token_hash == services.token_hash(token) != token and row.prefix == token[:10]
-    assert services.api_token_user(token) == (alice, row)
-    assert services.api_token_user(row.token_hash) is None  # the stored hash is not a token
+    assert token.startswith(tokens.API_TOKEN_PREFIX) and len(token) >= len(tokens.API_TOKEN_PREFIX) + 43
+    assert row.token_hash == tokens.token_hash(token) != token and row.prefix == token[:10]
+    assert tokens.api_token_user(token) == (alice, row)
+    assert tokens.api_token_user(row.token_hash) is None  # the stored hash is not a token
 
 
 def test_a_bad_token_is_not_rescued_by_a_session(client: Any, alice: Any, alpha: Any, upload: Upload) -> None:

@@ -165,7 +165,7 @@ def test_hostile_filename_is_display_only(client: Any, alice_token: str, setting
 
 def test_upload_is_streamed_to_a_temp_file() -> None:
     """Our handler never keeps an upload in memory, whatever its size."""
-    from webapp.snapshots.uploads import CappedHashingUploadHandler
+    from webapp.snapshots.intake.uploads import CappedHashingUploadHandler
 
     handler = CappedHashingUploadHandler()
     handler.new_file("file", "a.pickle", "application/octet-stream", 10)
@@ -198,16 +198,16 @@ def test_temp_files_are_removed_after_the_request(
     size_over_cap: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.intake import blobs
 
     temp_dir = tmp_path / "upload-tmp"
     temp_dir.mkdir()
     settings.FILE_UPLOAD_TEMP_DIR = str(temp_dir)
     seen: list[str] = []
-    store = services._store_blob
+    store = blobs.store_blob
     monkeypatch.setattr(
-        services,
-        "_store_blob",
+        blobs,
+        "store_blob",
         lambda uploaded, sha: (seen.append(uploaded.temporary_file_path()), store(uploaded, sha))[1],
     )
     if size_over_cap:
@@ -265,8 +265,8 @@ def test_the_declared_length_check_allows_the_cap_plus_the_multipart_overhead(sm
     """Before reading a byte, a body up to cap + MULTIPART_OVERHEAD passes; one byte more is refused."""
     from django.test import RequestFactory
 
-    from webapp.snapshots.intake import content_length_over_cap
-    from webapp.snapshots.uploads import MULTIPART_OVERHEAD
+    from webapp.snapshots.intake.intake import content_length_over_cap
+    from webapp.snapshots.intake.uploads import MULTIPART_OVERHEAD
 
     limit = small_cap + MULTIPART_OVERHEAD  # 64 KiB + 64 KiB = 131072 bytes
     factory = RequestFactory()
@@ -276,7 +276,7 @@ def test_the_declared_length_check_allows_the_cap_plus_the_multipart_overhead(sm
 
 
 def test_a_declared_body_one_byte_over_is_refused_unread(client: Any, alice_token: str, small_cap: int) -> None:
-    from webapp.snapshots.uploads import MULTIPART_OVERHEAD
+    from webapp.snapshots.intake.uploads import MULTIPART_OVERHEAD
 
     response = client.generic(
         "POST",
@@ -295,7 +295,7 @@ FIELD_LIMITS = [("run", 200), ("tags", 500), ("note", 5000)]
 
 
 def test_the_field_limits_are_one_definition() -> None:
-    from webapp.snapshots.forms import ApiUploadFieldsForm, UploadForm
+    from webapp.snapshots.intake.forms import ApiUploadFieldsForm, UploadForm
 
     page = UploadForm(project_choices=[])
     api = ApiUploadFieldsForm()
@@ -349,7 +349,7 @@ def _handler() -> Any:
     """The upload handler as Django drives it, on a bare request, one file begun."""
     from django.test import RequestFactory
 
-    from webapp.snapshots.uploads import CappedHashingUploadHandler
+    from webapp.snapshots.intake.uploads import CappedHashingUploadHandler
 
     handler = CappedHashingUploadHandler(RequestFactory().post("/"))
     handler.new_file("file", "x.pickle", "application/octet-stream", None, None)
@@ -359,7 +359,7 @@ def _handler() -> Any:
 def test_the_sniffed_head_is_the_files_first_bytes_whatever_the_chunks() -> None:
     # Chunks of 10, 4,000 and 200 bytes: the head is the first SNIFF_BYTES (4,096) bytes of their
     # concatenation, 10 + 4,000 + 86 of the third, not the last chunk's slice nor more than 4,096.
-    from webapp.snapshots.uploads import SNIFF_BYTES
+    from webapp.snapshots.intake.uploads import SNIFF_BYTES
 
     chunks = [b"a" * 10, b"b" * 4000, bytes(range(200))]
     handler = _handler()

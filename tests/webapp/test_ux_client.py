@@ -49,7 +49,7 @@ def _play_worker(run: dict[str, Any], sha256_of: Path) -> Any:
     import hashlib
 
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     sha = hashlib.sha256(sha256_of.read_bytes()).hexdigest()
     deadline = time.monotonic() + 60

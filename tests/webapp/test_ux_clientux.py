@@ -25,7 +25,7 @@ WIDTHS = (1440, 390)
 
 def analysed(project: Any, user: Any, case: str, **fields: Any) -> Any:
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(project, user, FIXTURES / f"{case}.pickle.gz", **fields)
     analyse_upload(upload.id)
@@ -116,9 +116,9 @@ def test_upload_form_last_project_errors_beside_the_field_one_tab_stop(
     width: int,
     tmp_path: Any,
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import membership
 
-    zulu = services.project_create(team=alpha.team, name="Zulu", slug="zulu")
+    zulu = membership.project_create(team=alpha.team, name="Zulu", slug="zulu")
     make_upload(zulu, alice, FIXTURES / "frag_oom.pickle.gz")  # the project last used, not the first by name
     visit = Visit(
         browser, live_server.url + "/upload/", login_cookie(client, alice, live_server), charts=False, width=width
@@ -156,7 +156,7 @@ def test_status_page_says_what_a_rank_waits_for(
 ) -> None:
     from django.db import transaction
 
-    from webapp.snapshots import runs
+    from webapp.snapshots.runs import runs
 
     rank0 = make_upload(alpha, alice, FIXTURES / "runs" / "ddp_gloo_rank0.pickle.gz", run="ddp-waits")
     with transaction.atomic():
@@ -223,7 +223,7 @@ def test_the_pinned_baselines_own_page(
     client: Any,
     alice: Any,
 ) -> None:
-    from webapp.snapshots import runs
+    from webapp.snapshots.runs import runs
 
     base = project_runs["base"]
     runs.baseline_pin(base.project, base)
@@ -249,11 +249,11 @@ def test_compare_says_its_conclusion_in_one_line(
     alpha: Any,
     width: int,
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.pages import payloads
 
     a = analysed(alpha, alice, "gpt_varlen_oom")
     b = analysed(alpha, alice, "gpt_varlen_expandable")
-    expected = compare_reports(services.report_for(a).data, services.report_for(b).data)["conclusion"]
+    expected = compare_reports(payloads.report_for(a).data, payloads.report_for(b).data)["conclusion"]
     truth = {
         c: json.loads((FIXTURES / f"{c}.truth.json").read_text()) for c in ("gpt_varlen_oom", "gpt_varlen_expandable")
     }
@@ -285,7 +285,7 @@ def test_report_words_match_the_figures(
     alpha: Any,
     width: int,
 ) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.pages import payloads
 
     frag = analysed(alpha, alice, "frag_oom")  # no OOM message given; a trace without steps
     cookies = login_cookie(client, alice, live_server)
@@ -304,7 +304,7 @@ def test_report_words_match_the_figures(
     finally:
         visit.close()
     grow = analysed(alpha, alice, "grow_gpt2_default")  # a projected failing step
-    fits = services.report_for(grow).data["devices"][0]["gpu_fit"]["fits_default"]
+    fits = payloads.report_for(grow).data["devices"][0]["gpu_fit"]["fits_default"]
     visit = Visit(browser, f"{live_server.url}/s/{grow.code}/", cookies, width=width)
     try:
         visit.open_folds()

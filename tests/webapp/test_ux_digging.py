@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
     "case", ["gpt_varlen_oom", "frag_oom", "gpu_empty_cache", "gpt_varlen_expandable", "wrapped_ring"]
 )
 def test_segments_alive_add_up_to_reserved_memory(case: str, alice_client: Any, alice: Any, alpha: Any) -> None:
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, FIXTURES / f"{case}.pickle.gz")
     analyse_upload(upload.id)
@@ -44,15 +44,15 @@ def test_segments_alive_add_up_to_reserved_memory(case: str, alice_client: Any, 
 def test_segment_timeline_through_a_share_link_and_not_after_it_is_revoked(
     client: Any, alice: Any, alpha: Any, bob: Any
 ) -> None:
-    from webapp.snapshots import services
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.teams import shares
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, FIXTURES / "frag_oom.pickle.gz")
     analyse_upload(upload.id)
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     shared = client.get(f"/r/{token}/segments.json?t0=0&t1=100&px=400")
     assert shared.status_code == 200 and shared.json()["segments"] > 0
     client.force_login(bob)  # another team: the member URL is a 404
     assert client.get(f"/s/{upload.code}/segments.json").status_code == 404
-    services.share_revoke(upload)
+    shares.share_revoke(upload)
     assert client.get(f"/r/{token}/segments.json?t0=0&t1=100").status_code == 404

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def done(alice: Any, alpha: Any) -> Upload:
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, FIXTURES / "gpt_varlen_oom.pickle.gz")
     analyse_upload(upload.id)
@@ -111,15 +111,15 @@ def test_bad_parameters_are_clear_errors(alice_client: Any, done: Upload) -> Non
 
 
 def test_through_a_share_link_and_not_after_revoking(done: Upload, alice: Any) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import shares
 
-    token = services.share_create(done, alice)
+    token = shares.share_create(done, alice)
     anon = Client()
     r = anon.get(f"/r/{token}/state.json?i=100")
     assert r.status_code == 200 and r["Referrer-Policy"] == "no-referrer"
     assert anon.get(f"/r/{token}/timeline.json?t0=0&t1=50").json()["full_detail"] is True
     assert set(anon.get(f"/r/{token}/charts.json").json()["charts"]) >= {"stacks-0", "whatif-0"}
-    services.share_revoke(done)
+    shares.share_revoke(done)
     assert anon.get(f"/r/{token}/state.json?i=100").status_code == 404
     assert anon.get(f"/r/{token}/charts.json").status_code == 404
 
@@ -130,9 +130,9 @@ def test_page_embeds_the_first_chart_and_charts_json_the_rest(alice_client: Any,
     import json
     import re
 
-    from webapp.snapshots import services
+    from webapp.snapshots.pages import payloads
 
-    stored = services.report_for(done).charts
+    stored = payloads.report_for(done).charts
     page = alice_client.get(f"/s/{done.code}/").content.decode()
     embedded = dict(re.findall(r'<script id="chart-data-([^"]+)" type="application/json">(.*?)</script>', page, re.S))
     assert sorted(embedded) == ["active-0", "segtime-0", "timeline-0"]  # explore.js fills the empty two
@@ -195,7 +195,7 @@ def test_active_memory_bands_stack_the_replays_live_blocks(alice_client: Any, do
 
 def test_block_free_stack_with_cpp_frames(alice_client: Any, alice: Any, alpha: Any) -> None:
     """stacks="all", context="all" (big_all_stacks): a block's free stack is its own, C++ frames included."""
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, FIXTURES / "big_all_stacks.pickle.gz")
     analyse_upload(upload.id)
@@ -226,7 +226,7 @@ def test_answers_come_from_the_workers_store_without_reading_the_snapshot(
     snapshot. States on both sides of a checkpoint (the store keeps one after every 16,384 events:
     after events 16,383 and 32,767 here) are the replay's, block by block."""
     from analysis.explore import CHECKPOINT_EVERY
-    from webapp.snapshots import digging
+    from webapp.snapshots.pages import digging
 
     def refuse(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("the web process read the snapshot")
@@ -251,7 +251,7 @@ def test_answers_come_from_the_workers_store_without_reading_the_snapshot(
 
 def test_a_report_without_a_timeline_embeds_its_charts_whole() -> None:
     """A snapshot without history has no timeline to draw first: its charts stay in the page."""
-    from webapp.snapshots import chartpage
+    from webapp.snapshots.pages import chartpage
 
     charts = {"segments-peak-0": {"doc": {"roots": []}}, "stacks-0": {"doc": {"roots": []}}}
     assert chartpage.first(charts) == charts

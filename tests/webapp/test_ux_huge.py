@@ -80,9 +80,9 @@ def test_huge_page_weight_first_chart_and_zoom_to_single_events(
     from django.core.files.storage import default_storage
 
     from analysis.report import build_report
-    from webapp.snapshots import services
-    from webapp.snapshots.charts import build_charts
-    from webapp.snapshots.digging import store_name
+    from webapp.snapshots.intake.blobs import store_name
+    from webapp.snapshots.pages.charts import build_charts
+    from webapp.snapshots.worker import jobs
 
     upload = make_upload(alpha, alice, Path(HUGE), run="huge")
     stores: dict[int, dict[str, Any]] = {}
@@ -93,7 +93,7 @@ def test_huge_page_weight_first_chart_and_zoom_to_single_events(
         np.savez(buf, **store)
         default_storage.save(store_name(upload.sha256, device), ContentFile(buf.getvalue()))
     stores.clear()
-    services.upload_finish(upload.id, report=report, charts=build_charts(report))
+    jobs.upload_finish(upload.id, report=report, charts=build_charts(report))
     # The first click reads the worker's store (no snapshot, no replay in the web process); later
     # clicks replay at most 16,383 events from the checkpoint before them.
     summary = report["devices"][0]["summary"]

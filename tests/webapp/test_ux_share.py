@@ -59,10 +59,10 @@ def test_api_and_page_agree_on_several_links(client: Any, alice: Any, alpha: Any
 
 
 def test_another_team_cannot_list_or_revoke(client: Any, alice: Any, alpha: Any, bob_token: str) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import shares
 
     upload = make_upload(alpha, alice)
-    token = services.share_create(upload, alice, "mine")
+    token = shares.share_create(upload, alice, "mine")
     api = f"/api/v1/snapshots/{upload.code}/share"
     assert client.get(api, **bearer(bob_token)).status_code == 404
     assert client.delete(api, **bearer(bob_token)).status_code == 404

@@ -84,10 +84,10 @@ def test_admin_creates_a_project_and_invites_with_roles(alice_client: Any, alice
 
 
 def test_viewer_token_cannot_upload(client: Any, alice_client: Any, alpha: Any, bob: Any) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import tokens
 
     invited_and_accepted(alice_client, alpha.team, bob, "bob", "viewer")
-    token = services.api_token_create(bob)
+    token = tokens.api_token_create(bob)
     refused = upload_via_api(client, token, project=alpha.slug)
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "upload:read-only"
     assert not Upload.objects.exists()
@@ -143,10 +143,10 @@ def token_rows(html: str) -> list[tuple[str, str]]:
 
 
 def test_removing_a_member_revokes_their_tokens_for_that_team(alice_client: Any, alpha: Any, bob: Any) -> None:
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import tokens
 
     invited_and_accepted(alice_client, alpha.team, bob, "bob", "member")
-    token = services.api_token_create(bob, project=alpha)
+    token = tokens.api_token_create(bob, project=alpha)
     assert Client().get("/api/v1/projects", **bearer(token)).status_code == 200
     alice_client.post(f"/t/{alpha.team.slug}/", {"action": "remove", "username": "bob"})
     assert Client().get("/api/v1/projects", **bearer(token)).status_code == 401
@@ -169,9 +169,9 @@ def test_an_invitee_is_no_member_until_they_accept(alice_client: Any, alice: Any
     assert bob_client.get(f"/s/{done.code}/").status_code == 404
     assert bob_client.get(f"/t/{alpha.team.slug}/").status_code == 404
     assert [slug for slug, _ in bob_client.get("/upload/").context["form"].fields["project"].choices] == []
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import tokens
 
-    token = services.api_token_create(bob)
+    token = tokens.api_token_create(bob)
     assert Client().get("/api/v1/projects", **bearer(token)).json()["projects"] == []
 
     # Declined: gone, still no access, and the admin may invite again.

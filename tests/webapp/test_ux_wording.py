@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 @pytest.mark.parametrize("case", ["gpt_varlen_oom", "grow_gpt2_default"])
 def test_api_summary_is_the_reports_decision(case: str, client: Any, alice: Any, alpha: Any, alice_token: str) -> None:
     from webapp.snapshots.models import Report
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     upload = make_upload(alpha, alice, FIXTURES / f"{case}.pickle.gz")
     analyse_upload(upload.id)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.webapp.helpers import FIXTURES, make_upload
-from webapp.snapshots import waiting
 from webapp.snapshots.models import Upload
-from webapp.snapshots.tasks import analyse_upload
+from webapp.snapshots.pages import waiting
+from webapp.snapshots.worker.tasks import analyse_upload
 
 pytestmark = pytest.mark.django_db
 

@@ -109,7 +109,7 @@ def test_killed_pool_process_is_rerun_at_once_by_redelivery(client: Any, alice_t
         analysis = [
             c
             for c in psutil.Process(worker.pid).children(recursive=True)
-            if "webapp.snapshots.child" in " ".join(c.cmdline())
+            if "webapp.snapshots.worker.child" in " ".join(c.cmdline())
         ]
     time.sleep(normal_seconds / 3)
     pool = analysis[0].parent()
@@ -148,7 +148,7 @@ def _analysis_children(worker_pid: int, timeout: float = 30.0) -> list[Any]:
         found = [
             c
             for c in psutil.Process(worker_pid).children(recursive=True)
-            if "webapp.snapshots.child" in " ".join(c.cmdline())
+            if "webapp.snapshots.worker.child" in " ".join(c.cmdline())
         ]
         if found:
             return found
@@ -176,9 +176,9 @@ def test_killed_worker_main_process_reruns_its_upload_when_the_worker_restarts(
     import psutil
 
     from webapp.celery import app
-    from webapp.snapshots import liveness
     from webapp.snapshots.broker import redis_client
     from webapp.snapshots.models import Upload
+    from webapp.snapshots.worker import liveness
 
     worker = start_worker()
     with open(FIXTURES / "big_all_stacks.pickle.gz", "rb") as fh:
@@ -242,7 +242,7 @@ def test_redis_killed_mid_analysis_the_worker_stays_and_every_upload_ends_done(
     from tests.webapp.helpers import make_upload
     from tests.webapp.processes import start_redis_server
     from webapp.snapshots.models import Upload
-    from webapp.snapshots.tasks import analyse_upload_task
+    from webapp.snapshots.worker.tasks import analyse_upload_task
 
     directory = tmp_path / "own-redis"
     directory.mkdir()
@@ -293,7 +293,7 @@ def test_messages_go_to_this_runs_own_queue(redis_url: str) -> None:
 
     from webapp.celery import app
     from webapp.snapshots.broker import redis_client
-    from webapp.snapshots.tasks import analyse_upload_task
+    from webapp.snapshots.worker.tasks import analyse_upload_task
 
     queue = f"oomscope-test-{os.getpid()}"
     assert app.conf.task_default_queue == queue

@@ -6,7 +6,7 @@ is a stretch during which the innermost running function of ours stays in one mo
 that calls another and gets control back is visited again, and code Django calls back (an upload
 handler, a form's ``clean_*``) is a visit too. An *entry* is a call from a function of one module of
 ours into a function of another. A *hand-off* is what a module's code does in one go: its entries
-into one other module with none into a third module between them (``api`` asking ``services`` to
+into one other module with none into a third module between them (``api`` asking ``payloads`` to
 store the upload and then for its answer's fields is one hand-off).
 """
 

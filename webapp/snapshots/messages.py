@@ -138,7 +138,7 @@ def human_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-# Teams, projects and tokens (services.TeamError codes team:<reason>).
+# Teams, projects and tokens (membership.TeamError codes team:<reason>).
 TEAM_FORBIDDEN = "Only the team's admins can do that."
 TEAM_TOO_MANY = "You own {limit} teams already, the most one person may own (TEAMS_PER_USER_MAX)."
 TEAM_NAME_REQUIRED = "A team needs a name."
@@ -149,7 +149,7 @@ TEAM_NO_SUCH_INVITATION = "That invitation is not there any more (answered, or w
 TEAM_OWNER_FIXED = "The team's owner keeps their role and cannot be removed."
 TOKEN_PROJECT_UNKNOWN = "No project {slug!r} among yours."  # noqa: S105 - a message, not a secret
 
-# Runs, baselines and regressions (issue 19; webapp/snapshots/runs.py, api/runs.py, runviews.py).
+# Runs, baselines and regressions (issue 19; webapp/snapshots/runs/runs.py, api/runs.py, runviews.py).
 RUN_FORBIDDEN = "Your role in this team does not allow that (viewers read; admins manage webhooks and retention)."
 RUN_NONE = "This project has no run yet (an upload with a run name makes one)."
 RUN_UNKNOWN = "No run named {name!r} in this project."

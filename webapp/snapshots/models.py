@@ -1,8 +1,8 @@
 """Teams, projects, uploads and their reports, share links and API tokens.
 
-Only ``services.py`` writes these rows. Public identifiers (``Upload.code``, share
-tokens, API tokens) are random strings; database integers never reach a URL. Tokens
-are stored as sha256 hex digests plus a short prefix to recognise them by.
+Only the services write these rows (``teams/``, ``intake/store.py``, ``worker/jobs.py``, ``runs/``).
+Public identifiers (``Upload.code``, share tokens, API tokens) are random strings; database integers
+never reach a URL. Tokens are stored as sha256 hex digests plus a short prefix to recognise them by.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Team(models.Model):
 
 class Membership(models.Model):
     class Role(models.TextChoices):
-        """What a member may do (services.ROLE_RIGHTS): viewers read; members also upload and
+        """What a member may do (access.ROLE_RIGHTS): viewers read; members also upload and
         share; admins (and the team's creator, its owner) also manage members, projects and roles."""
 
         OWNER = "owner"
@@ -110,7 +110,7 @@ class Upload(models.Model):
     # The client's Idempotency-Key header: a retried POST with the same key (same user) gets the
     # same upload back instead of a duplicate. Empty when the client sent none.
     idempotency_key = models.CharField(max_length=100, blank=True, default="")
-    # The incident this upload is the next run of (issue 33; webapp.snapshots.followups): given
+    # The incident this upload is the next run of (issue 33; webapp.snapshots.runs.followups): given
     # (``follows=<code>``) or taken by default (the same project and run name after an OOM); the
     # changes the user said they made; the comparison with the incident once both are analysed.
     follows = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="followups")
@@ -125,7 +125,7 @@ class Upload(models.Model):
     # The Celery message id that claimed the row: a redelivery of that same message (its worker
     # died) may claim the RUNNING row again at once; any other message may not.
     task_id = models.CharField(max_length=64, blank=True, default="")
-    # The pool process that claimed the row (webapp.snapshots.liveness): a claim whose process
+    # The pool process that claimed the row (webapp.snapshots.worker.liveness): a claim whose process
     # is provably gone is re-queued when a worker starts, and a live one is never taken over.
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     error_code = models.CharField(max_length=80, blank=True)
@@ -138,7 +138,7 @@ class Upload(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    # Set by services.upload_create on the returned object only (not columns): the request was a
+    # Set by store.upload_create on the returned object only (not columns): the request was a
     # replay of an earlier one with the same Idempotency-Key; the publish to the broker failed.
     replayed: bool = False
     publish_pending: bool = False
@@ -173,7 +173,7 @@ class Report(models.Model):
 class ShareLink(models.Model):
     """A read-only link to one upload's report; an upload may have several, each revocable.
 
-    The token is never stored: it is ``HMAC(SECRET_KEY, nonce)`` (services.share_token), so the
+    The token is never stored: it is ``HMAC(SECRET_KEY, nonce)`` (shares.share_token), so the
     site can show a live link's URL again to the team, while a copy of the database alone can
     neither read nor forge one. ``token_hash`` finds the link from a URL. Links made before
     ``nonce`` existed have an empty one: they work, but their URL cannot be shown again.

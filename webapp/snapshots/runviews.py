@@ -14,9 +14,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from webapp.snapshots import messages, runs, services
+from webapp.snapshots import messages
 from webapp.snapshots.api.runs import run_can_delete
-from webapp.snapshots.forms import RunPolicyForm, first_error
+from webapp.snapshots.intake.forms import RunPolicyForm, first_error
+from webapp.snapshots.runs import runs
+from webapp.snapshots.teams import access, membership
 
 
 @login_required
@@ -24,7 +26,7 @@ from webapp.snapshots.forms import RunPolicyForm, first_error
 def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
     """The project's runs newest first, the trend of their peaks (``?branch=``, ``?tag=``), the
     baseline and, for members, the regression settings (POST)."""
-    project = services.project_for_user(request.user, slug)
+    project = access.project_for_user(request.user, slug)
     if project is None:
         raise Http404
     team = project.team
@@ -35,12 +37,12 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
     rows = list(runs.runs_of(project, branch=branch, tag=tag).select_related("project")[:500])
     every = list(runs.runs_of(project).only("branch", "tags")[:1000])
     policy = runs.policy_for(project)
-    manage = services.can(request.user, team, "manage")
+    manage = access.can(request.user, team, "manage")
     return render(
         request,
         "snapshots/runs.html",
         {
-            "project": services.project_dict(project),
+            "project": membership.project_dict(project),
             "runs": [runs.run_dict(r, request, ranks=False) for r in rows],
             "trend": runs.trend(rows),
             "branch": branch,
@@ -48,7 +50,7 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
             "branches": sorted({r.branch for r in every if r.branch}),
             "tags": sorted({t for r in every for t in (r.tags or [])}),
             "policy": runs.policy_dict(policy, show_secret=manage),
-            "can_write": services.can(request.user, team, "write"),
+            "can_write": access.can(request.user, team, "write"),
             "can_manage": manage,
             "deliveries": runs.webhook_deliveries(project) if manage else [],
             "policy_changes": runs.policy_changes(project, limit=10) if manage else [],
@@ -59,7 +61,7 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
 
 def _policy_post(request: HttpRequest, project: Any) -> None:
     """The settings form, or its "send a test" button: a team admin's (issue 36), recorded."""
-    if not services.can(request.user, project.team, "manage"):
+    if not access.can(request.user, project.team, "manage"):
         flash.error(request, messages.POLICY_ADMIN_ONLY)
         return
     if request.POST.get("action") == "test-webhook":
@@ -99,8 +101,8 @@ def run(request: HttpRequest, run_code: str) -> HttpResponse:
         "baseline": runs.run_dict(base, request, ranks=False) if base else None,
         "is_baseline": policy.baseline_run_id == found.pk,
         "policy": runs.policy_dict(policy, show_secret=False),
-        "can_write": services.can(request.user, team, "write"),
-        "can_manage": services.can(request.user, team, "manage"),
+        "can_write": access.can(request.user, team, "write"),
+        "can_manage": access.can(request.user, team, "manage"),
         "can_delete": run_can_delete(request, found),
     }
     return render(request, "snapshots/run.html", context)
@@ -116,9 +118,9 @@ def _run_action(request: HttpRequest, found: Any) -> HttpResponse:
         runs.run_delete(found)
         flash.success(request, messages.RUN_DELETED)
         return redirect("snapshots:project_runs", slug=slug)
-    if action in ("pin", "unpin") and not services.can(request.user, found.project.team, "manage"):
+    if action in ("pin", "unpin") and not access.can(request.user, found.project.team, "manage"):
         flash.error(request, messages.POLICY_ADMIN_ONLY)
-    elif not services.can(request.user, found.project.team, "write"):
+    elif not access.can(request.user, found.project.team, "write"):
         flash.error(request, messages.RUN_FORBIDDEN)
     elif action == "pin":
         runs.baseline_pin(found.project, found, by=request.user)

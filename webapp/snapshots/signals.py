@@ -1,7 +1,7 @@
 """The app's signal receivers, connected once the app is ready (``SnapshotsConfig.ready``).
 
 Kept out of ``models.py`` so that the models import nothing above them (tests/test_layers.py): a
-receiver that calls the services would make the ground floor import the hub.
+receiver that removes a file (``intake.blobs``) would make the ground floor import a floor above it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from django.db import transaction
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from webapp.snapshots.intake.blobs import upload_delete_blob_if_unused
 from webapp.snapshots.models import Upload
-from webapp.snapshots.services import upload_delete_blob_if_unused
 
 
 @receiver(post_delete, sender=Upload, dispatch_uid="upload-delete-blob")

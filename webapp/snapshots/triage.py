@@ -23,7 +23,7 @@ from analysis.ledger import message_ledger
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError
 from analysis.readout import ledger_view
 from analysis.triage import MAX_SUMMARY_CHARS, Triage, TriageError, triage
-from webapp.snapshots.formatting import format_bytes
+from webapp.snapshots.pages.formatting import format_bytes
 
 # The largest JSON body the API reads: both texts at their caps, escaped (a character can take six).
 MAX_BODY_BYTES = 6 * (MAX_MESSAGE_CHARS + MAX_SUMMARY_CHARS) + 1024

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from webapp.snapshots import runviews, triage, views
+from webapp.snapshots import runviews, triage
+from webapp.snapshots.pages import views
 
 app_name = "snapshots"
 

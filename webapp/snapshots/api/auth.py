@@ -22,9 +22,11 @@ from ninja.errors import AuthenticationError, ValidationError
 from ninja.security import APIKeyCookie
 from ninja.security.http import HttpAuthBase
 
-from webapp.snapshots import disk, messages, services
-from webapp.snapshots.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
-from webapp.snapshots.ratelimits import LimitExceeded
+from webapp.snapshots import messages
+from webapp.snapshots.intake import disk
+from webapp.snapshots.intake.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
+from webapp.snapshots.intake.ratelimits import LimitExceeded
+from webapp.snapshots.teams import tokens
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class BearerToken(HttpAuthBase):
         if not header:
             return None  # the session's turn
         scheme, _, raw = header.partition(" ")
-        found = services.api_token_user(raw.strip()) if scheme.lower() == "bearer" and raw.strip() else None
+        found = tokens.api_token_user(raw.strip()) if scheme.lower() == "bearer" and raw.strip() else None
         if found is None:
             raise ApiRefusal(401, "auth-invalid-token", messages.BAD_API_KEY, UNAUTHORIZED_HEADERS)
         request.user, request.api_token = found  # type: ignore[attr-defined]

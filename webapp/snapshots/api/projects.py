@@ -6,20 +6,23 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 
-from webapp.snapshots import followups, messages, services
+from webapp.snapshots import messages
 from webapp.snapshots.api import schemas as s
 from webapp.snapshots.api.auth import error, not_found
 from webapp.snapshots.api.methods import refuse_other_methods
 from webapp.snapshots.api.openapi import responses
 from webapp.snapshots.models import Project, Upload
+from webapp.snapshots.pages import payloads
+from webapp.snapshots.runs import followups
+from webapp.snapshots.teams import access, membership, shares
 
 router = Router(tags=["projects"])
 
 
 def project_or_none(request: HttpRequest, slug: str) -> Project | None:
     """The project, if the caller's teams and token reach it (else the same 404 as no project)."""
-    project = services.project_for_user(request.user, slug)
-    if project is not None and not services.token_allows(getattr(request, "api_token", None), project):
+    project = access.project_for_user(request.user, slug)
+    if project is not None and not access.token_allows(getattr(request, "api_token", None), project):
         return None
     return project
 
@@ -34,8 +37,8 @@ def project_or_none(request: HttpRequest, slug: str) -> Project | None:
 def projects(request: HttpRequest) -> HttpResponse:
     """The projects the caller reaches: the web user's own list, or the token's one project."""
     token = getattr(request, "api_token", None)
-    rows = services.visible_projects(request.user).order_by("team__name", "name")
-    return JsonResponse({"projects": [services.project_dict(p) for p in rows if services.token_allows(token, p)]})
+    rows = access.visible_projects(request.user).order_by("team__name", "name")
+    return JsonResponse({"projects": [membership.project_dict(p) for p in rows if access.token_allows(token, p)]})
 
 
 refuse_other_methods(router, "/projects", ("GET",))
@@ -54,11 +57,11 @@ def project_runs(request: HttpRequest, slug: str) -> HttpResponse:
     if project is None:
         return not_found()
     uploads = list(project.uploads.select_related("project", "project__team")[:1000])
-    shared = services.shared_upload_ids(uploads)
+    shared = shares.shared_upload_ids(uploads)
     return JsonResponse(
         {
-            "project": services.project_dict(project),
-            "runs": [services.upload_api_dict(u, request, shared=u.id in shared) for u in uploads],
+            "project": membership.project_dict(project),
+            "runs": [payloads.upload_api_dict(u, request, shared=u.id in shared) for u in uploads],
         }
     )
 
@@ -79,7 +82,7 @@ def project_advice(request: HttpRequest, slug: str) -> HttpResponse:
     if project is None:
         return not_found()
     rows = followups.record(Upload.objects.filter(project=project))
-    return JsonResponse({"project": services.project_dict(project), "changes": rows})
+    return JsonResponse({"project": membership.project_dict(project), "changes": rows})
 
 
 refuse_other_methods(router, "/projects/{slug:slug}/advice", ("GET",))

@@ -3,7 +3,7 @@
 A run is reached through its project: another team's run is the same 404 as a run that does not
 exist. Reading needs the ``read`` right; analysing needs ``write``; the gate's settings (pinning a
 baseline, the threshold, main branch, webhook and retention; recorded, ``PolicyChange``) and deleting
-another member's run need ``manage`` (``services.ROLE_RIGHTS``; issue 36: any member or CI token
+another member's run need ``manage`` (``access.ROLE_RIGHTS``; issue 36: any member or CI token
 could flip the gate's answer). A token limited to one project neither changes the webhook nor reads
 its secret; a ``gate`` token changes nothing (``auth.BearerToken``).
 """
@@ -17,21 +17,23 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 
 from analysis.regression import threshold_error
-from webapp.snapshots import messages, runs, services
+from webapp.snapshots import messages
 from webapp.snapshots.api import schemas as s
 from webapp.snapshots.api.auth import error, not_found
 from webapp.snapshots.api.methods import refuse_other_methods
 from webapp.snapshots.api.openapi import form_body, responses
 from webapp.snapshots.api.projects import project_or_none
-from webapp.snapshots.forms import RunPolicyForm, first_error
+from webapp.snapshots.intake.forms import RunPolicyForm, first_error
 from webapp.snapshots.models import Run
+from webapp.snapshots.runs import runs
+from webapp.snapshots.teams import access, membership
 
 router = Router(tags=["runs"])
 
 
 def _run_or_none(request: HttpRequest, code: str) -> Run | None:
     run = runs.run_for_user(request.user, code)
-    if run is not None and not services.token_allows(getattr(request, "api_token", None), run.project):
+    if run is not None and not access.token_allows(getattr(request, "api_token", None), run.project):
         return None
     return run
 
@@ -43,9 +45,9 @@ def _forbidden() -> JsonResponse:
 def run_can_delete(request: HttpRequest, run: Run) -> bool:
     """Team admins, or a member whose uploads are all of the run's."""
     team = run.project.team
-    if services.can(request.user, team, "manage"):
+    if access.can(request.user, team, "manage"):
         return True
-    return services.can(request.user, team, "write") and not run.uploads.exclude(uploaded_by=request.user.pk).exists()
+    return access.can(request.user, team, "write") and not run.uploads.exclude(uploaded_by=request.user.pk).exists()
 
 
 @router.get(
@@ -90,7 +92,7 @@ def run_analyse(request: HttpRequest, run_code: str) -> HttpResponse:
     found = _run_or_none(request, run_code)
     if found is None:
         return not_found()
-    if not services.can(request.user, found.project.team, "write"):
+    if not access.can(request.user, found.project.team, "write"):
         return _forbidden()
     runs.run_analyse_now(found)
     return JsonResponse({"id": run_code, "status": "analysing"}, status=202)
@@ -103,7 +105,7 @@ def _baseline(request: HttpRequest, run_code: str, pin: bool) -> HttpResponse:
     found = _run_or_none(request, run_code)
     if found is None:
         return not_found()
-    if not services.can(request.user, found.project.team, "manage"):
+    if not access.can(request.user, found.project.team, "manage"):
         return error(403, "forbidden", messages.POLICY_ADMIN_ONLY)
     token = getattr(request, "api_token", None)
     policy = runs.baseline_pin(found.project, found if pin else None, by=request.user, token=token)
@@ -150,7 +152,7 @@ def project_run_list(request: HttpRequest, slug: str, branch: str = "", tag: str
         return not_found()
     rows = list(runs.runs_of(project, branch=branch, tag=tag).select_related("project")[:500])
     return JsonResponse(
-        {"project": services.project_dict(project), "runs": [runs.run_dict(r, request, ranks=False) for r in rows]}
+        {"project": membership.project_dict(project), "runs": [runs.run_dict(r, request, ranks=False) for r in rows]}
     )
 
 
@@ -182,7 +184,7 @@ def project_policy(request: HttpRequest, slug: str) -> HttpResponse:
     project = project_or_none(request, slug)
     if project is None:
         return not_found()
-    manage = services.can(request.user, project.team, "manage")
+    manage = access.can(request.user, project.team, "manage")
     return _policy_answer(project, _secret_ok(request, manage), [])
 
 
@@ -199,7 +201,7 @@ def project_policy_change(request: HttpRequest, slug: str) -> HttpResponse:
     project = project_or_none(request, slug)
     if project is None:
         return not_found()
-    manage = services.can(request.user, project.team, "manage")
+    manage = access.can(request.user, project.team, "manage")
     if not manage:
         return error(403, "forbidden", messages.POLICY_ADMIN_ONLY)
     secret_ok = _secret_ok(request, manage)
@@ -232,7 +234,7 @@ def project_webhook_test(request: HttpRequest, slug: str) -> HttpResponse:
     if project is None:
         return not_found()
     token = getattr(request, "api_token", None)
-    if not services.can(request.user, project.team, "manage") or (token is not None and token.project_id):
+    if not access.can(request.user, project.team, "manage") or (token is not None and token.project_id):
         return error(403, "forbidden", messages.POLICY_ADMIN_ONLY)
     return JsonResponse(runs.webhook_test(project))
 

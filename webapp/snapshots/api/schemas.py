@@ -104,7 +104,7 @@ class Ledger(Open):
 
 
 class Summary(Open):
-    """The few figures kept on the row (``services.summary_from_report``); ``{devices: 0}`` alone
+    """The few figures kept on the row (``jobs.summary_from_report``); ``{devices: 0}`` alone
     for a report without devices."""
 
     devices: int
@@ -152,7 +152,7 @@ class Follows(Open):
 
 
 class Upload(Open):
-    """``GET /api/v1/snapshots/<id>``: one upload (``services.upload_api_dict``)."""
+    """``GET /api/v1/snapshots/<id>``: one upload (``payloads.upload_api_dict``)."""
 
     id: str
     status: Literal["queued", "running", "done", "failed"]

@@ -11,14 +11,18 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 
-from webapp.snapshots import followups, intake, messages, runs, services
+from webapp.snapshots import messages
 from webapp.snapshots.api import schemas as s
 from webapp.snapshots.api.auth import error, not_found
 from webapp.snapshots.api.methods import refuse_other_methods
 from webapp.snapshots.api.openapi import form_body, responses
-from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
+from webapp.snapshots.intake import accept, blobs, intake, store
+from webapp.snapshots.intake.forms import ApiUploadFieldsForm, first_error
+from webapp.snapshots.intake.ratelimits import LimitExceeded
 from webapp.snapshots.models import Run, Upload
-from webapp.snapshots.ratelimits import LimitExceeded
+from webapp.snapshots.pages import payloads
+from webapp.snapshots.runs import followups, runs
+from webapp.snapshots.teams import access, shares
 
 router = Router(tags=["uploads"])
 
@@ -27,8 +31,8 @@ def _uploadable_slugs(request: HttpRequest) -> list[str]:
     """The slugs of the projects this caller may upload to: the user's member-or-above projects,
     narrowed to the token's one project when the token is limited to one."""
     token = getattr(request, "api_token", None)
-    rows = services.writable_projects(request.user).order_by("slug")
-    return [p.slug for p in rows if services.token_allows(token, p)]
+    rows = access.writable_projects(request.user).order_by("slug")
+    return [p.slug for p in rows if access.token_allows(token, p)]
 
 
 def _project_refusal(request: HttpRequest, status: int, code: str, message: str) -> JsonResponse:
@@ -39,16 +43,16 @@ def _project_refusal(request: HttpRequest, status: int, code: str, message: str)
 
 
 def upload_or_none(request: HttpRequest, code: str) -> Upload | None:
-    upload = services.upload_for_user(request.user, code)
+    upload = access.upload_for_user(request.user, code)
     # A token limited to one project reaches nothing else.
-    if upload is not None and not services.token_allows(getattr(request, "api_token", None), upload.project):
+    if upload is not None and not access.token_allows(getattr(request, "api_token", None), upload.project):
         return None
     return upload
 
 
 def _accepted(request: HttpRequest, upload: Upload) -> JsonResponse:
     """202 for a new upload, 200 for a replay; the body says what the row holds."""
-    body = services.upload_api_dict(upload, request)
+    body = payloads.upload_api_dict(upload, request)
     answer = {k: body[k] for k in ("id", "status", "url", "api_url")} | {"progress": upload.progress}
     headers = {"Location": body["api_url"]}
     if upload.publish_pending:
@@ -86,20 +90,20 @@ UPLOAD_HEADERS = {
 )
 def snapshots(request: HttpRequest) -> HttpResponse:
     """One upload: the intake's checks (``intake.admit``), then the service stores it
-    (``services.upload_admit``). Header ``Idempotency-Key``: the same key again answers 200, the same id."""
+    (``accept.upload_admit``). Header ``Idempotency-Key``: the same key again answers 200, the same id."""
     try:
         admission = intake.admit(request, ApiUploadFieldsForm, keyed=True)
         if admission.earlier is not None:
             return _replayed(request, admission)
-        made = services.upload_admit(admission, user=request.user, token=getattr(request, "api_token", None))  # type: ignore[arg-type]
+        made = accept.upload_admit(admission, user=request.user, token=getattr(request, "api_token", None))  # type: ignore[arg-type]
     except intake.FieldsInvalid as invalid:
         field, detail = first_error(invalid.form)
         if field == "oom_message":
             return error(400, "upload:invalid-oom-message", detail)
         return error(400, "upload:invalid", messages.UPLOAD_INVALID_FIELD.format(field=field, detail=detail))
-    except services.ProjectRefused as refused:
+    except accept.ProjectRefused as refused:
         return _project_refusal(request, refused.status, refused.code, refused.message)
-    except services.IdempotencyConflict as conflict:
+    except store.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return error(409, "upload:idempotency-conflict", message)
     if isinstance(made, Run):  # a run's ranks in one tar or zip: one upload per rank, one run
@@ -121,8 +125,8 @@ def _replayed(request: HttpRequest, admission: intake.Admission) -> HttpResponse
     if upload_or_none(request, admission.earlier.code) is None:  # its project is out of this caller's reach now
         return error(409, "upload:idempotency-conflict", messages.IDEMPOTENCY_CONFLICT.format(code="-"))
     try:
-        upload = services.upload_replay(admission.earlier, admission.sha256)
-    except services.IdempotencyConflict as conflict:
+        upload = store.upload_replay(admission.earlier, admission.sha256)
+    except store.IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return error(409, "upload:idempotency-conflict", message)
     return _accepted(request, upload)
@@ -140,7 +144,7 @@ def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     upload = upload_or_none(request, code)
     if upload is None:
         return not_found()
-    return JsonResponse(services.upload_api_dict(upload, request))
+    return JsonResponse(payloads.upload_api_dict(upload, request))
 
 
 @router.delete("/snapshots/{code}", summary="Delete an upload", by_alias=True, response=responses({200: s.Deleted}))
@@ -149,9 +153,9 @@ def snapshot_delete(request: HttpRequest, code: str) -> HttpResponse:
     upload = upload_or_none(request, code)
     if upload is None:
         return not_found()
-    if not services.upload_can_delete(request.user, upload):
+    if not access.upload_can_delete(request.user, upload):
         return error(403, "forbidden", messages.DELETE_FORBIDDEN)
-    services.upload_delete(upload)
+    blobs.upload_delete(upload)
     return JsonResponse({"id": code, "deleted": True})
 
 
@@ -170,10 +174,10 @@ def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
     upload = upload_or_none(request, code)
     if upload is None:
         return not_found()
-    report = services.report_for(upload)
+    report = payloads.report_for(upload)
     if report is None:
         return error(404, "report-not-ready", messages.REPORT_NOT_READY.format(status=upload.status))
-    return JsonResponse(services.report_data(report))
+    return JsonResponse(payloads.report_data(report))
 
 
 refuse_other_methods(router, "/snapshots/{code}/report", ("GET",))
@@ -184,7 +188,7 @@ def _shareable(request: HttpRequest, code: str) -> Upload | JsonResponse:
     upload = upload_or_none(request, code)
     if upload is None:
         return not_found()
-    if not services.can(request.user, upload.project.team, "write"):
+    if not access.can(request.user, upload.project.team, "write"):
         return error(403, "share:read-only", messages.SHARE_READ_ONLY)
     return upload
 
@@ -201,8 +205,8 @@ def share_list(request: HttpRequest, code: str) -> HttpResponse:
     upload = _shareable(request, code)
     if isinstance(upload, JsonResponse):
         return upload
-    links = services.share_links(upload, request)
-    return JsonResponse({"share_url": services.share_url_of(upload, request), "links": links})
+    links = shares.share_links(upload, request)
+    return JsonResponse({"share_url": shares.share_url_of(upload, request), "links": links})
 
 
 @router.post(
@@ -217,11 +221,11 @@ def share_create(request: HttpRequest, code: str) -> HttpResponse:
     upload = _shareable(request, code)
     if isinstance(upload, JsonResponse):
         return upload
-    token = services.share_create(upload, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
-    link = services.share_url(request, token)
-    made = next(item for item in services.share_links(upload, request) if item["url"] == link)
+    token = shares.share_create(upload, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
+    link = shares.share_url(request, token)
+    made = next(item for item in shares.share_links(upload, request) if item["url"] == link)
     return JsonResponse(
-        {"share_url": link, "markdown": services.markdown_snippet(upload, link), "link": made},
+        {"share_url": link, "markdown": shares.markdown_snippet(upload, link), "link": made},
         status=201,
     )
 
@@ -234,10 +238,10 @@ def share_revoke(request: HttpRequest, code: str, key: str = "") -> HttpResponse
     upload = _shareable(request, code)
     if isinstance(upload, JsonResponse):
         return upload
-    revoked = services.share_revoke(upload, key or None)
+    revoked = shares.share_revoke(upload, key or None)
     if key and revoked == 0:
         return error(404, "share:unknown-link", messages.SHARE_UNKNOWN)
-    return JsonResponse({"share_url": services.share_url_of(upload, request), "revoked": revoked})
+    return JsonResponse({"share_url": shares.share_url_of(upload, request), "revoked": revoked})
 
 
 refuse_other_methods(router, "/snapshots/{code}/share", ("GET", "POST", "DELETE"))
@@ -281,7 +285,7 @@ def follows_declare(request: HttpRequest, code: str) -> HttpResponse:
     upload = upload_or_none(request, code)
     if upload is None:
         return not_found()
-    if not services.upload_can_delete(request.user, upload):
+    if not access.upload_can_delete(request.user, upload):
         return error(403, "forbidden", messages.FOLLOWS_FORBIDDEN)
     follows = request.POST.get("follows")
     changed = request.POST.getlist("changed") if "changed" in request.POST else None

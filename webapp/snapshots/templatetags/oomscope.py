@@ -13,7 +13,7 @@ from typing import Any
 
 from django import template
 
-from webapp.snapshots.formatting import format_bytes, frame_label
+from webapp.snapshots.pages.formatting import format_bytes, frame_label
 
 register = template.Library()
 

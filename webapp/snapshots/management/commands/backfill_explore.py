@@ -12,8 +12,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from webapp.snapshots import services
-from webapp.snapshots.tasks import backfill_explore
+from webapp.snapshots import publish
+from webapp.snapshots.worker import jobs
 
 
 class Command(BaseCommand):
@@ -23,7 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("codes", nargs="*", help="upload codes (default: every done upload without stores)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        ids = services.uploads_without_stores(options["codes"] or None)
+        ids = jobs.uploads_without_stores(options["codes"] or None)
         for upload_id in ids:
-            backfill_explore.delay(upload_id)
+            publish.publish_backfill(upload_id)
         self.stdout.write(f"queued the explore stores of {len(ids)} uploads")

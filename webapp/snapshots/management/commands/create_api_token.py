@@ -17,8 +17,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from webapp.snapshots import services
 from webapp.snapshots.models import Project, Team
+from webapp.snapshots.teams import membership, tokens
 
 
 class Command(BaseCommand):
@@ -53,14 +53,14 @@ class Command(BaseCommand):
             team_slug = slugify(options["team"]) or "team"
             team = Team.objects.filter(slug=team_slug).first()
             if team is None:
-                team = services.team_create(name=options["team"], slug=team_slug, owner=user)
+                team = membership.team_create(name=options["team"], slug=team_slug, owner=user)
             else:
-                services.membership_add(team=team, user=user)
+                membership.membership_add(team=team, user=user)
             if options["project"]:
                 project_slug = slugify(options["project"]) or "project"
                 project = Project.objects.filter(slug=project_slug).first()
                 if project is None:
-                    project = services.project_create(team=team, name=options["project"], slug=project_slug)
+                    project = membership.project_create(team=team, name=options["project"], slug=project_slug)
                 elif project.team_id != team.id:
                     raise CommandError(f"project {project_slug!r} belongs to another team")
         expires_at = None
@@ -69,5 +69,5 @@ class Command(BaseCommand):
                 raise CommandError("--days must be positive")
             expires_at = timezone.now() + timedelta(days=options["days"])
         self.stdout.write(
-            services.api_token_create(user, default_project=project, expires_at=expires_at, scope=options["scope"])
+            tokens.api_token_create(user, default_project=project, expires_at=expires_at, scope=options["scope"])
         )

@@ -31,8 +31,8 @@ def _script_safe(source: str) -> str:
 
 def render_standalone(report: dict[str, Any], charts: dict[str, dict[str, Any]]) -> str:
     """The standalone HTML page of a report and its charts."""
-    from webapp.snapshots.charts import inline_bokehjs
-    from webapp.snapshots.formatting import report_for_page
+    from webapp.snapshots.pages.charts import inline_bokehjs
+    from webapp.snapshots.pages.formatting import report_for_page
 
     source = report.get("source") or {}
     context = {
@@ -86,7 +86,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         from analysis.errors import SnapshotError
-        from webapp.snapshots.charts import build_charts
+        from webapp.snapshots.pages.charts import build_charts
 
         if options["report_json"]:
             report = json.loads(Path(options["report_json"]).read_text(encoding="utf-8"))

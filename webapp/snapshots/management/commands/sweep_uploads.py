@@ -11,7 +11,7 @@ class Command(BaseCommand):
     help = "Re-queue uploads stuck in running (stale heartbeat) or queued (never picked up)."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from webapp.snapshots.tasks import sweep_uploads
+        from webapp.snapshots.worker.tasks import sweep_uploads
 
         count = sweep_uploads()
         self.stdout.write(f"re-queued {count} upload(s)")

@@ -1,6 +1,6 @@
 """Follow-up runs (issue 33): an upload that is the next run of an incident, scored against it.
 
-- ``link`` (inside ``services.upload_create``'s transaction): ``follows=<code>`` names the incident (an
+- ``link`` (inside ``store.upload_create``'s transaction): ``follows=<code>`` names the incident (an
   upload of the same project); ``follows=none`` says it is none; nothing given: the newest earlier
   finished upload of the same project and run name that ran out of memory and has no follow-up yet is
   taken (``follows_source="auto"``; the page shows it and ``declare`` undoes it). The ranks of a run of
@@ -29,8 +29,8 @@ from django.urls import reverse
 
 from analysis import followup as scoring
 from analysis.stored import upgrade
+from webapp.snapshots.errors import LimitExceeded
 from webapp.snapshots.models import Project, Report, Upload
-from webapp.snapshots.ratelimits import LimitExceeded
 
 log = logging.getLogger(__name__)
 

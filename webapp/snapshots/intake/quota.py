@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db.models import Sum
 
 from webapp.snapshots import messages
-from webapp.snapshots.ratelimits import LimitExceeded
+from webapp.snapshots.errors import LimitExceeded
 
 
 def team_queued_cost(team_id: int) -> int:

@@ -53,7 +53,7 @@ from bokeh.plotting import figure
 from bokeh.transform import dodge
 
 from analysis.contract import Device, Oom, Report, Segment, Step, Timeline, report_of
-from webapp.snapshots.formatting import event_text, format_bytes, frame_label
+from webapp.snapshots.pages.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
     "build_charts",

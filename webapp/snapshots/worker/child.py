@@ -1,7 +1,7 @@
-"""The analysis child process: ``python -m webapp.snapshots.child JOB.json``.
+"""The analysis child process: ``python -m webapp.snapshots.worker.child JOB.json``.
 
 Runs under the rlimits set by ``runner.py`` and imports only ``analysis`` (stdlib +
-numpy) and, for the charts, ``webapp.snapshots.charts`` (bokeh): no Django, no Celery, no
+numpy) and, for the charts, ``webapp.snapshots.pages.charts`` (bokeh): no Django, no Celery, no
 database connection, so a hostile or giant file can take down only this process. The charts
 are built here, under the same rlimits and wall-clock limit, not in the Celery pool process
 (issue 22: 3,000 devices took 210 s of charting there, outside every limit). Its one input is
@@ -179,7 +179,7 @@ def _import_charts_beside() -> None:
         # Only the memory cap is let pass (quietly: _charts imports again); a broken import is printed
         # by the thread's excepthook, and _charts then fails the job with it.
         with contextlib.suppress(MemoryError):
-            import webapp.snapshots.charts  # noqa: F401
+            import webapp.snapshots.pages.charts  # noqa: F401
 
     with contextlib.suppress(RuntimeError):
         threading.Thread(target=run, name="charts-import", daemon=True).start()
@@ -190,7 +190,7 @@ def _charts(report: dict[str, Any]) -> dict[str, Any]:
     cap reached while charting), so a finished report is never thrown away for its charts."""
     try:
         # Ours: a broken import fails the job loudly; only the memory cap is let pass.
-        from webapp.snapshots.charts import build_charts
+        from webapp.snapshots.pages.charts import build_charts
     except MemoryError:
         sys.stderr.write("charts: memory limit reached; the report is stored without charts\n")
         return {}

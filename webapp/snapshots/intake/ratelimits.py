@@ -9,32 +9,15 @@ disk guard (``disk.py``) and the intake's own checks (``intake.py``) refuse with
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django_ratelimit.core import _split_rate, get_usage  # type: ignore[import-untyped]  # ships no types
 
 from webapp.snapshots import messages
+from webapp.snapshots.errors import LimitExceeded
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LimitExceeded(Exception):
-    status: int
-    code: str
-    message: str
-    retry_after: int | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message}}
-
-    def headers(self) -> dict[str, str]:
-        headers = {"X-Error-Code": self.code}
-        if self.retry_after:
-            headers["Retry-After"] = str(self.retry_after)
-        return headers
 
 
 def _hit(request: Any, group: str, key: str, rate: str) -> int | None:

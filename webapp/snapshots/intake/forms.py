@@ -1,4 +1,5 @@
-"""Forms for the pages. Validation only; writes happen in services."""
+"""Forms for the pages and the API's fields. Validation only; the writes are the services' (``intake.store``,
+``teams.membership``, ``runs.runs``)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import UserCreationForm
 
-# Characters a user's text never needs and an attacker uses: bidirectional overrides and isolates
-# (U+202E makes "exe.txt" read "txt.exe"), the invisible marks, and the C0/C1 controls. A line
-# (run name, tag) also loses CR and LF, which forge lines in logs and exports; a note keeps its
-# line breaks as LF (issue 22).
-_BIDI_AND_INVISIBLE = "\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\ufeff"
-_CONTROLS = "".join(chr(c) for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)))
-_DROP_IN_LINE = str.maketrans(dict.fromkeys(_BIDI_AND_INVISIBLE + _CONTROLS.replace("\t", "")) | {"\t": " "})
-_DROP_IN_TEXT = str.maketrans(dict.fromkeys(_BIDI_AND_INVISIBLE + _CONTROLS.replace("\t", "").replace("\n", "")))
-
-
-def clean_line(text: str) -> str:
-    """One line of user text: no controls, no line breaks, no bidi overrides."""
-    return text.translate(_DROP_IN_LINE).strip()
-
-
-def clean_text(text: str) -> str:
-    """Multi-line user text: line breaks kept (CR LF and CR become LF), other controls and bidi dropped."""
-    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_DROP_IN_TEXT)
+from webapp.snapshots.usertext import clean_line, clean_text
 
 
 def split_tags(raw: str) -> list[str]:
@@ -88,7 +72,7 @@ class UploadFieldsForm(forms.Form):
         "the report is then told how close it came.",
     )
 
-    # Follow-ups (issue 33; webapp.snapshots.followups): the incident this run follows and what changed.
+    # Follow-ups (issue 33; webapp.snapshots.runs.followups): the incident this run follows and what changed.
     follows = forms.CharField(
         max_length=40,
         required=False,
@@ -126,7 +110,7 @@ class UploadFieldsForm(forms.Form):
         return data
 
     def run_meta(self) -> dict[str, Any]:
-        """The job's metadata as ``services.upload_create(run_meta=...)`` takes it (empty ones left out)."""
+        """The job's metadata as ``store.upload_create(run_meta=...)`` takes it (empty ones left out)."""
         return {key: self.cleaned_data[key] for key in JOB_FIELDS if self.cleaned_data.get(key) not in (None, "")}
 
     def job_fields(self) -> list[forms.BoundField]:
@@ -160,7 +144,7 @@ class UploadFieldsForm(forms.Form):
         return value
 
     def upload_fields(self) -> dict[str, Any]:
-        """The cleaned fields as ``services.upload_create`` takes them (page and API alike)."""
+        """The cleaned fields as ``store.upload_create`` takes them (page and API alike)."""
         data = self.cleaned_data
         fields = {name: data[name] for name in ("run", "tags", "note", "oom_message", "batch_size")}
         follow_up = {"follows": (data.get("follows") or "").strip(), "changed": list(data.get("changed") or [])}
@@ -226,7 +210,7 @@ class RunPolicyForm(forms.Form):
         """Checked as a delivery checks it (issue 35: a private address was saved, then refused for
         good, visible only in the worker's log): resolved once, a public address only unless the
         operator set ``WEBHOOK_ALLOW_PRIVATE_HOSTS``; the refusal says why and what to set."""
-        from webapp.snapshots.webhooks import WebhookError, check_destination
+        from webapp.snapshots.runs.webhooks import WebhookError, check_destination
 
         url = str(self.cleaned_data.get("webhook_url") or "")
         if url:

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.core.files.storage import default_storage
 
 from webapp.snapshots import messages
-from webapp.snapshots.ratelimits import LimitExceeded
+from webapp.snapshots.errors import LimitExceeded
 
 log = logging.getLogger(__name__)
 

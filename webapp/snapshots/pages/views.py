@@ -24,10 +24,15 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from analysis import contract, readout
 from analysis.stored import load
-from webapp.snapshots import chartpage, digging, disk, followups, formatting, intake, messages, runs, services, waiting
-from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
+from webapp.snapshots import messages
+from webapp.snapshots.errors import ExploreError, FieldsInvalid, LimitExceeded, ProjectRefused, TeamError
+from webapp.snapshots.intake import accept, blobs, disk, intake
+from webapp.snapshots.intake.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
-from webapp.snapshots.ratelimits import LimitExceeded
+from webapp.snapshots.pages import chartpage, digging, formatting, payloads, waiting
+from webapp.snapshots.runs import followups, runs
+from webapp.snapshots.teams import access, membership, shares
+from webapp.snapshots.teams import tokens as api_tokens
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +44,21 @@ def _wants_json(request: HttpRequest) -> bool:
 
 
 def _upload_or_404(request: HttpRequest, code: str) -> Upload:
-    upload = services.upload_for_user(request.user, code)
+    upload = access.upload_for_user(request.user, code)
     if upload is None:
         raise Http404
     return upload
 
 
 def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> dict[str, Any]:
-    report = services.report_for(upload)
+    report = payloads.report_for(upload)
     # Members see every link of the upload (any of them may have made it); a share-link reader none.
-    can_write = not shared and services.can(request.user, upload.project.team, "write")
-    links = services.share_links(upload, request) if can_write else []
+    can_write = not shared and access.can(request.user, upload.project.team, "write")
+    links = shares.share_links(upload, request) if can_write else []
     live = [link for link in links if link["active"]]
     share_link = next((link["url"] for link in live if link["url"]), None)
     return {
-        "upload": services.upload_dict(upload, request),
+        "upload": payloads.upload_dict(upload, request),
         "report": formatting.report_for_page(report.data) if report else None,
         # The first chart in the HTML, the others from charts.json once it is drawn (chartpage.py).
         "charts": chartpage.first(report.charts) if report else {},
@@ -63,9 +68,9 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "share_active": bool(live),
         "share_links": links,
         "can_write": can_write,
-        # Delete is offered only to who may do it (services.upload_can_delete), never to a viewer.
-        "can_delete": not shared and services.upload_can_delete(request.user, upload),
-        "markdown_snippet": services.markdown_snippet(upload, share_link),
+        # Delete is offered only to who may do it (access.upload_can_delete), never to a viewer.
+        "can_delete": not shared and access.upload_can_delete(request.user, upload),
+        "markdown_snippet": shares.markdown_snippet(upload, share_link),
         # Where the status page polls: the member's URL, or the share link's own (share_view sets it).
         "status_url": reverse("snapshots:status_json", args=[upload.code]),
         # Where the timeline fetches zoom detail and states (share_view points it at the link).
@@ -76,13 +81,13 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
 
 
 def _render_upload_page(request: HttpRequest, form: UploadForm, status: int = 200) -> HttpResponse:
-    projects = services.writable_projects(request.user).order_by("team__name", "name")
+    projects = access.writable_projects(request.user).order_by("team__name", "name")
     return render(
         request,
         "snapshots/upload.html",
         {
             "form": form,
-            "projects": [services.project_dict(p) for p in projects],
+            "projects": [membership.project_dict(p) for p in projects],
             "max_upload_bytes": settings.UPLOAD_MAX_BYTES,
         },
         status=status,
@@ -100,7 +105,7 @@ def _project_choices(request: HttpRequest) -> list[tuple[str, str]]:
     # Only projects the user may upload into: a viewer's projects are not offered.
     return [
         (p.slug, f"{p.team.name} / {p.name}")
-        for p in services.writable_projects(request.user).order_by("team__name", "name")
+        for p in access.writable_projects(request.user).order_by("team__name", "name")
     ]
 
 
@@ -114,16 +119,16 @@ def home(request: HttpRequest) -> HttpResponse:
 
         return render(request, "snapshots/welcome.html", {"form": AuthenticationForm(request)})
     teams: dict[int, dict[str, Any]] = {}
-    for project in services.visible_projects(request.user).order_by("team__name", "name"):
+    for project in access.visible_projects(request.user).order_by("team__name", "name"):
         entry = teams.setdefault(
             project.team_id, {"name": project.team.name, "slug": project.team.slug, "projects": []}
         )
-        entry["projects"].append(services.project_dict(project))
-    recent = services.visible_uploads(request.user)[:20]
+        entry["projects"].append(membership.project_dict(project))
+    recent = access.visible_uploads(request.user)[:20]
     return render(
         request,
         "snapshots/home.html",
-        {"teams": list(teams.values()), "recent": [services.upload_dict(u, request) for u in recent]},
+        {"teams": list(teams.values()), "recent": [payloads.upload_dict(u, request) for u in recent]},
     )
 
 
@@ -142,7 +147,7 @@ def upload(request: HttpRequest) -> HttpResponse:
 @csrf_protect
 def _upload_checked(request: HttpRequest) -> HttpResponse:
     """The page's upload: the intake's checks (``intake.admit``), then the service stores it
-    (``services.upload_admit``), as the API does."""
+    (``accept.upload_admit``), as the API does."""
     choices = _project_choices(request)
     if request.method != "POST":
         return _render_upload_page(
@@ -150,8 +155,8 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
         )
     try:
         admission = intake.admit(request, UploadForm, project_choices=choices)
-        made = services.upload_admit(admission, user=request.user, token=None)  # type: ignore[arg-type]
-    except intake.FieldsInvalid as invalid:
+        made = accept.upload_admit(admission, user=request.user, token=None)  # type: ignore[arg-type]
+    except FieldsInvalid as invalid:
         form = invalid.form
         if _wants_json(request):
             text = " ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
@@ -159,7 +164,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
             fields = {field: [str(e) for e in errs] for field, errs in form.errors.items()}
             return JsonResponse({"error": {"code": "upload:invalid", "message": text, "fields": fields}}, status=400)
         return _render_upload_page(request, form, status=400)  # type: ignore[arg-type]
-    except services.ProjectRefused as err:  # the choice list already limits this; belt and braces
+    except ProjectRefused as err:  # the choice list already limits this; belt and braces
         raise Http404 from err
     except LimitExceeded as err:  # the intake's refusals, a limit's, and the archive's
         return _upload_refused(request, err)
@@ -172,7 +177,7 @@ def _upload_checked(request: HttpRequest) -> HttpResponse:
             return JsonResponse({"run": runs.run_dict(made, request)}, status=202)
         return redirect("snapshots:run", run_code=made.code)
     if _wants_json(request):
-        return JsonResponse(services.upload_api_dict(made, request), status=202)
+        return JsonResponse(payloads.upload_api_dict(made, request), status=202)
     return redirect("snapshots:detail", code=made.code)
 
 
@@ -247,7 +252,7 @@ def share_status_json(request: HttpRequest, token: str) -> HttpResponse:
 def _shared_json(token: str, answer: Callable[[Upload], HttpResponse]) -> HttpResponse:
     """``answer`` for the report a share link names, not counted as a use (its page view was);
     a JSON 404 for a dead or unknown link. Capability headers either way."""
-    upload_row = services.upload_for_share_token(token, count_use=False)
+    upload_row = shares.upload_for_share_token(token, count_use=False)
     if upload_row is None:
         return _capability_headers(
             JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
@@ -262,17 +267,17 @@ def share(request: HttpRequest, code: str) -> HttpResponse:
     ``key`` revokes that link, without a key every live link."""
     upload_row = _upload_or_404(request, code)
     response = redirect(reverse("snapshots:detail", args=[code]) + "#share")
-    if not services.can(request.user, upload_row.project.team, "write"):
+    if not access.can(request.user, upload_row.project.team, "write"):
         flash.error(request, messages.SHARE_READ_ONLY)
         return response
     if request.POST.get("action") == "revoke":
         key = request.POST.get("key") or None
-        if services.share_revoke(upload_row, key) == 0 and key is not None:
+        if shares.share_revoke(upload_row, key) == 0 and key is not None:
             flash.error(request, messages.SHARE_UNKNOWN)
         else:
             flash.info(request, messages.SHARE_REVOKED)
     else:
-        services.share_create(upload_row, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
+        shares.share_create(upload_row, request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
         flash.success(request, messages.SHARE_CREATED)
     return response
 
@@ -282,10 +287,10 @@ def share(request: HttpRequest, code: str) -> HttpResponse:
 def delete(request: HttpRequest, code: str) -> HttpResponse:
     """Page action: delete the snapshot, its report, share links and (after commit) its file."""
     upload_row = _upload_or_404(request, code)
-    if not services.upload_can_delete(request.user, upload_row):
+    if not access.upload_can_delete(request.user, upload_row):
         return render(request, "403.html", {"reason": messages.DELETE_FORBIDDEN}, status=403)
     slug = upload_row.project.slug
-    services.upload_delete(upload_row)
+    blobs.upload_delete(upload_row)
     flash.success(request, messages.SNAPSHOT_DELETED)
     return redirect("snapshots:history", slug=slug)
 
@@ -297,7 +302,7 @@ def reanalyse_with_message(request: HttpRequest, code: str) -> HttpResponse:
     the message (its real limit); the page then follows that one."""
     upload_row = _upload_or_404(request, code)
     back = redirect(reverse("snapshots:detail", args=[code]) + "#basis")
-    if not services.can(request.user, upload_row.project.team, "write"):
+    if not access.can(request.user, upload_row.project.team, "write"):
         flash.error(request, messages.REANALYSE_READ_ONLY)
         return back
     try:
@@ -309,11 +314,11 @@ def reanalyse_with_message(request: HttpRequest, code: str) -> HttpResponse:
         flash.error(request, messages.REANALYSE_EMPTY)
         return back
     try:
-        services.reanalysis_admit(request, upload_row, request.user)  # type: ignore[arg-type]
+        accept.reanalysis_admit(request, upload_row, request.user)  # type: ignore[arg-type]
     except LimitExceeded as err:
         flash.error(request, err.message)
         return back
-    again = services.upload_reanalyse(upload_row, request.user, oom_message=text)  # type: ignore[arg-type]
+    again = accept.upload_reanalyse(upload_row, request.user, oom_message=text)  # type: ignore[arg-type]
     flash.info(request, messages.REANALYSE_QUEUED)
     return redirect("snapshots:detail", code=again.code)
 
@@ -325,7 +330,7 @@ def followup_answer(request: HttpRequest, code: str) -> HttpResponse:
     (``follows=none``); scored again at once."""
     upload_row = _upload_or_404(request, code)
     back = redirect(reverse("snapshots:detail", args=[code]))
-    if not services.upload_can_delete(request.user, upload_row):
+    if not access.upload_can_delete(request.user, upload_row):
         flash.error(request, messages.FOLLOWS_FORBIDDEN)
         return back
     follows = request.POST.get("follows")
@@ -349,7 +354,7 @@ def _capability_headers(response: HttpResponse) -> HttpResponse:
 
 @require_GET
 def share_view(request: HttpRequest, token: str) -> HttpResponse:
-    upload_row = services.upload_for_share_token(token)
+    upload_row = shares.upload_for_share_token(token)
     if upload_row is None:
         return _capability_headers(
             render(request, "404.html", status=404)
@@ -358,7 +363,7 @@ def share_view(request: HttpRequest, token: str) -> HttpResponse:
         )
     context = _report_context(request, upload_row, shared=True)
     context["share_url"] = request.build_absolute_uri()
-    context["markdown_snippet"] = services.markdown_snippet(upload_row, context["share_url"])
+    context["markdown_snippet"] = shares.markdown_snippet(upload_row, context["share_url"])
     context["status_url"] = reverse("snapshots:share_status_json", args=[token])
     context["explore_base"] = reverse("snapshots:share_view", args=[token])
     context["charts_src"] = reverse("snapshots:share_charts_json", args=[token])
@@ -382,21 +387,21 @@ def _has_404() -> bool:
 @login_required
 @require_GET
 def history(request: HttpRequest, slug: str) -> HttpResponse:
-    project = services.project_for_user(request.user, slug)
+    project = access.project_for_user(request.user, slug)
     if project is None:
         raise Http404
     uploads = project.uploads.select_related("project", "project__team", "run_ref")[:500]
-    rows = [services.upload_dict(u, request) for u in uploads]
+    rows = [payloads.upload_dict(u, request) for u in uploads]
     followups.add_followed_by(rows, project)  # issue 33: incidents with their follow-ups and outcomes
     return render(
         request,
         "snapshots/history.html",
-        {"project": services.project_dict(project), "rows": rows, "chart": _history_chart(rows)},
+        {"project": membership.project_dict(project), "rows": rows, "chart": _history_chart(rows)},
     )
 
 
 def _history_chart(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    from webapp.snapshots import charts  # bokeh, imported by the pages that draw
+    from webapp.snapshots.pages import charts  # bokeh, imported by the pages that draw
 
     try:
         chart: dict[str, Any] | None = charts.build_history_chart(rows)
@@ -411,14 +416,14 @@ def _history_chart(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 def compare(request: HttpRequest, code_a: str, code_b: str) -> HttpResponse:
     a = _upload_or_404(request, code_a)
     b = _upload_or_404(request, code_b)
-    report_a, report_b = services.report_for(a), services.report_for(b)
+    report_a, report_b = payloads.report_for(a), payloads.report_for(b)
     # Each stored report read once, typed (analysis.stored.load), for the charts, the diff and both sides.
     typed_a = load(report_a.data) if report_a else None
     typed_b = load(report_b.data) if report_b else None
     charts: dict[str, Any] = {}
     diff = None
     if typed_a and typed_b:
-        from webapp.snapshots import charts as charts_module  # bokeh, imported by the pages that draw
+        from webapp.snapshots.pages import charts as charts_module  # bokeh, imported by the pages that draw
 
         try:
             charts = charts_module.build_compare_charts(typed_a, typed_b)
@@ -444,7 +449,7 @@ def _compare_side(upload_row: Upload, report: contract.Report | None, request: H
     ``analysis.contract``) with what its verdict rests on and its decision, as the report page words them."""
     device = contract.main_device(report) if report else None
     return {
-        "upload": services.upload_dict(upload_row, request),
+        "upload": payloads.upload_dict(upload_row, request),
         "report": report,
         "device": device,
         "basis": readout.basis(device) if device else None,
@@ -459,12 +464,12 @@ def _int_param(request: HttpRequest, name: str, default: int | None = None) -> i
     raw = request.GET.get(name)
     if raw is None or raw == "":
         if default is None:
-            raise digging.ExploreError(400, "explore:missing-param", f"the query needs {name}=")
+            raise ExploreError(400, "explore:missing-param", f"the query needs {name}=")
         return default
     try:
         return int(float(raw))
     except (ValueError, OverflowError) as err:  # "nan", "inf" (was an HTML 500, issue 22)
-        raise digging.ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
+        raise ExploreError(400, "explore:bad-param", f"{name}={raw[:40]!r} is not a number") from err
 
 
 def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> HttpResponse:
@@ -492,7 +497,7 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
             body = digging.state_payload(upload_row, device, _int_param(request, "i"))
         else:
             body = digging.block_payload(upload_row, device, _int_param(request, "alloc"))
-    except digging.ExploreError as err:
+    except ExploreError as err:
         return JsonResponse({"error": {"code": err.code, "message": err.message}}, status=err.status)
     response = JsonResponse(body)
     response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
@@ -502,7 +507,7 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
 @login_required
 @require_GET
 def explore_json(request: HttpRequest, code: str, kind: str) -> HttpResponse:
-    """``/s/<code>/{timeline,state,block}.json``: see webapp/snapshots/digging.py."""
+    """``/s/<code>/{timeline,state,block}.json``: see webapp/snapshots/pages/digging.py."""
     return _explore_answer(_upload_or_404(request, code), request, kind)
 
 
@@ -516,7 +521,7 @@ def _later_charts(upload_row: Upload) -> HttpResponse:
     if upload_row.status != Upload.Status.DONE:
         message = messages.REPORT_NOT_READY.format(status=upload_row.status)
         return JsonResponse({"error": {"code": "report-not-ready", "message": message}}, status=404)
-    response = JsonResponse(chartpage.later(services.report_charts(upload_row)))
+    response = JsonResponse(chartpage.later(payloads.report_charts(upload_row)))
     response["Cache-Control"] = "private, max-age=300"  # a finished report never changes
     return response
 
@@ -524,7 +529,7 @@ def _later_charts(upload_row: Upload) -> HttpResponse:
 @login_required
 @require_GET
 def charts_json(request: HttpRequest, code: str) -> HttpResponse:
-    """``/s/<code>/charts.json``: the charts the page did not embed (webapp/snapshots/chartpage.py)."""
+    """``/s/<code>/charts.json``: the charts the page did not embed (webapp/snapshots/pages/chartpage.py)."""
     return _later_charts(_upload_or_404(request, code))
 
 
@@ -549,8 +554,8 @@ def teams(request: HttpRequest) -> HttpResponse:
         except ValueError:
             invitation_id = 0
         try:
-            joined = services.invitation_answer(request.user, invitation_id, accept)  # type: ignore[arg-type]
-        except services.TeamError as err:
+            joined = membership.invitation_answer(request.user, invitation_id, accept)  # type: ignore[arg-type]
+        except TeamError as err:
             flash.error(request, err.message)
             return redirect("snapshots:teams")
         if accept:
@@ -560,15 +565,15 @@ def teams(request: HttpRequest) -> HttpResponse:
         return redirect("snapshots:teams")
     if request.method == "POST":
         try:
-            team = services.team_create_for_user(request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
-        except services.TeamError as err:
+            team = membership.team_create_for_user(request.user, request.POST.get("name") or "")  # type: ignore[arg-type]
+        except TeamError as err:
             flash.error(request, err.message)
             return redirect("snapshots:teams")
         flash.success(request, f"Team {team.name} created.")
         return redirect("snapshots:team", team=team.slug)
-    rows = [services.team_dict(t, request.user) for t in services.visible_teams(request.user)]
+    rows = [membership.team_dict(t, request.user) for t in access.visible_teams(request.user)]
     return render(
-        request, "snapshots/teams.html", {"teams": rows, "invitations": services.invitations_for(request.user)}
+        request, "snapshots/teams.html", {"teams": rows, "invitations": membership.invitations_for(request.user)}
     )
 
 
@@ -579,7 +584,7 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
     ``invite`` (``who``: username or email, ``role``: an invitation, or a member's new role),
     ``cancel_invitation`` (``username``), ``remove`` (``username``), ``create_project`` (``name``)."""
     slug = team
-    team_row = services.team_for_user(request.user, slug)
+    team_row = access.team_for_user(request.user, slug)
     if team_row is None:
         raise Http404
     if request.method == "POST":
@@ -587,7 +592,7 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
         user = request.user
         try:
             if action == "invite":
-                m = services.member_invite(
+                m = membership.member_invite(
                     user,  # type: ignore[arg-type]
                     team_row,
                     request.POST.get("who") or "",
@@ -599,27 +604,27 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
                 else:
                     flash.success(request, f"{m.user.get_username()} is now {m.role} of {team_row.name}.")
             elif action == "cancel_invitation":
-                services.invitation_cancel(user, team_row, request.POST.get("username") or "")  # type: ignore[arg-type]
+                membership.invitation_cancel(user, team_row, request.POST.get("username") or "")  # type: ignore[arg-type]
                 flash.info(request, "Invitation withdrawn.")
             elif action == "remove":
-                services.member_remove(user, team_row, request.POST.get("username") or "")  # type: ignore[arg-type]
+                membership.member_remove(user, team_row, request.POST.get("username") or "")  # type: ignore[arg-type]
                 flash.info(request, "Member removed.")
-                if services.team_for_user(user, slug) is None:  # they left
+                if access.team_for_user(user, slug) is None:  # they left
                     return redirect("snapshots:teams")
             elif action == "create_project":
-                p = services.project_create_for_user(user, team_row, request.POST.get("name") or "")  # type: ignore[arg-type]
+                p = membership.project_create_for_user(user, team_row, request.POST.get("name") or "")  # type: ignore[arg-type]
                 flash.success(request, f"Project {p.name} created ({p.slug}).")
             else:
                 flash.error(request, "Unknown action.")
-        except services.TeamError as err:
+        except TeamError as err:
             flash.error(request, err.message)
         return redirect("snapshots:team", team=slug)
     return render(
         request,
         "snapshots/team.html",
         {
-            "team": services.team_dict(team_row, request.user),
-            "roles": list(services.INVITABLE_ROLES),
+            "team": membership.team_dict(team_row, request.user),
+            "roles": list(membership.INVITABLE_ROLES),
             "advice": [
                 followups.record_line(r) for r in followups.record(Upload.objects.filter(project__team=team_row))
             ],
@@ -638,29 +643,29 @@ def tokens(request: HttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         if request.POST.get("action") == "revoke":
-            services.api_token_revoke(user, request.POST.get("prefix") or "")  # type: ignore[arg-type]
+            api_tokens.api_token_revoke(user, request.POST.get("prefix") or "")  # type: ignore[arg-type]
             flash.info(request, "Token revoked.")
             return redirect("snapshots:tokens")
         slug = (request.POST.get("project") or "").strip()
-        project = services.project_for_user(user, slug) if slug else None
+        project = access.project_for_user(user, slug) if slug else None
         if slug and project is None:
             flash.error(request, messages.TOKEN_PROJECT_UNKNOWN.format(slug=slug))
             status = 400
         else:
-            new_token = services.api_token_create(
+            new_token = api_tokens.api_token_create(
                 user,  # type: ignore[arg-type]
                 project=project,
                 name=request.POST.get("name") or "",
                 scope="gate" if request.POST.get("scope") == "gate" else "full",
             )
-    projects = services.visible_projects(user).order_by("team__name", "name")
-    writable = [p.slug for p in services.writable_projects(user).order_by("team__name", "name")]
+    projects = access.visible_projects(user).order_by("team__name", "name")
+    writable = [p.slug for p in access.writable_projects(user).order_by("team__name", "name")]
     response = render(
         request,
         "snapshots/tokens.html",
         {
-            "tokens": services.api_tokens_of(user),  # type: ignore[arg-type]
-            "projects": [services.project_dict(p) for p in projects],
+            "tokens": api_tokens.api_tokens_of(user),  # type: ignore[arg-type]
+            "projects": [membership.project_dict(p) for p in projects],
             "new_token": new_token,
             "api_base": request.build_absolute_uri("/").rstrip("/"),
             # The command names a project, so it works for anyone with several (upload:no-project):
@@ -681,7 +686,7 @@ def signup(request: HttpRequest) -> HttpResponse:
         return redirect("snapshots:home")
     form = SignupForm(request.POST or None)
     if request.method == "POST":
-        from webapp.snapshots.ratelimits import check_signup_rate
+        from webapp.snapshots.intake.ratelimits import check_signup_rate
 
         try:
             check_signup_rate(request)  # each account brings a team with its own quota
@@ -694,7 +699,7 @@ def signup(request: HttpRequest) -> HttpResponse:
             return response
     if request.method == "POST" and form.is_valid():
         user = form.save()
-        services.personal_team_create(user)
+        membership.personal_team_create(user)
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("snapshots:home")
     return render(request, "registration/signup.html", {"form": form})

@@ -18,8 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from webapp.snapshots import formatting
 from webapp.snapshots.models import Run, Upload
+from webapp.snapshots.pages import formatting
 
 RECENT = 50  # finished uploads the rates are measured on
 MIN_SAMPLES = 3

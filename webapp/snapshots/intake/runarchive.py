@@ -42,10 +42,11 @@ from analysis.limits import OomMessageError
 from analysis.rankfiles import SIDECAR_SUFFIX, archive_kind, list_members, unpack_ranks
 from analysis.reader import ReadLimits
 from analysis.runs import RunInputError, rank_from_name
-from webapp.snapshots import disk, messages
-from webapp.snapshots.quota import check_team_queued_cost, check_team_quota
-from webapp.snapshots.ratelimits import LimitExceeded
-from webapp.snapshots.uploads import SNIFF_BYTES, Refusal, sniff
+from webapp.snapshots import messages
+from webapp.snapshots.errors import LimitExceeded, Refusal
+from webapp.snapshots.intake import disk
+from webapp.snapshots.intake.quota import check_team_queued_cost, check_team_quota
+from webapp.snapshots.intake.uploads import SNIFF_BYTES, sniff
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -228,8 +229,8 @@ def _rank_file(path: Path, position: int) -> RankFile:
 def _rank_cost(path: Path, size: int) -> int:
     """The rank's analysis cost, estimated and its shape checked as a single upload's are (issue 36:
     they were checked on the archive, which hides each rank's gzip members and devices)."""
-    from webapp.snapshots.cost import estimate_cost
-    from webapp.snapshots.intake import IntakeError
+    from webapp.snapshots.errors import IntakeError
+    from webapp.snapshots.intake.cost import estimate_cost
 
     with path.open("rb") as fh:
         try:
@@ -241,7 +242,7 @@ def _rank_cost(path: Path, size: int) -> int:
 def _usable_oom_message(text: str) -> str:
     """The sidecar's OOM message when torch's parser reads it (as the form's field is checked);
     an unreadable one is left out rather than refusing the rank's snapshot."""
-    from webapp.snapshots.forms import clean_oom_message
+    from webapp.snapshots.intake.forms import clean_oom_message
 
     try:
         return clean_oom_message(text)
@@ -301,7 +302,7 @@ def create_run(
     same archive sent twice joins the same run). An ``Idempotency-Key`` is kept per rank
     (``KEY#r<N>``), so a retried archive replays every rank's upload.
     """
-    from webapp.snapshots import services
+    from webapp.snapshots.intake import blobs, store
     from webapp.snapshots.models import Run
 
     path = file_path(archive)
@@ -318,12 +319,12 @@ def create_run(
         created: list[Upload] = []
         with transaction.atomic():
             for item in ranks:
-                if not default_storage.exists(services.blob_name_for(item.sha256)):
-                    fresh.append(services.blob_name_for(item.sha256))
+                if not default_storage.exists(blobs.blob_name_for(item.sha256)):
+                    fresh.append(blobs.blob_name_for(item.sha256))
                 with item.path.open("rb") as fh:
                     uploaded = UploadedFile(fh, name=item.path.name, size=item.size)
                     created.append(
-                        services.upload_create(
+                        store.upload_create(
                             user=user,
                             project=project,
                             uploaded=uploaded,
@@ -337,7 +338,7 @@ def create_run(
                     )
         return Run.objects.select_related("project").get(project=project, name=name[:200])
     except BaseException:
-        services.blobs_drop_unnamed(fresh)  # the rows were rolled back: nothing names them
+        blobs.blobs_drop_unnamed(fresh)  # the rows were rolled back: nothing names them
         raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

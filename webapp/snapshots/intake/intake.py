@@ -16,7 +16,7 @@ upload's walk"); the first that fails raises, and nothing is stored before all h
 8. the analysis cost, estimated once from the bytes (``cost.py``): ``Admission.cost_bytes``.
 
 What needs the project (which one, the token's scope, the write right, the team's queued cost
-and quota) is the service's, which creates the upload: ``services.upload_admit``.
+and quota) is the service's, which creates the upload: ``accept.upload_admit``.
 """
 
 from __future__ import annotations
@@ -27,29 +27,16 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import BadRequest, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
-from django.forms import Form
 from django.http import UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 
-from webapp.snapshots import disk, messages, ratelimits, runarchive
-from webapp.snapshots.cost import estimate_cost
-from webapp.snapshots.forms import UploadFieldsForm
+from webapp.snapshots import messages
+from webapp.snapshots.errors import FieldsInvalid, IntakeError, LimitExceeded, Refusal
+from webapp.snapshots.intake import disk, ratelimits, runarchive
+from webapp.snapshots.intake.cost import estimate_cost
+from webapp.snapshots.intake.forms import UploadFieldsForm
+from webapp.snapshots.intake.uploads import MULTIPART_OVERHEAD, sniff
 from webapp.snapshots.models import Upload
-from webapp.snapshots.ratelimits import LimitExceeded
-from webapp.snapshots.uploads import MULTIPART_OVERHEAD, Refusal, sniff
-
-
-class IntakeError(LimitExceeded):
-    """An upload refused before it is stored: the same status, code, message and headers as a
-    limit's refusal (``LimitExceeded``), raised for the body and the file as well."""
-
-
-class FieldsInvalid(Exception):
-    """The upload's text fields did not validate; the page renders the form, the API its first error."""
-
-    def __init__(self, form: Form) -> None:
-        super().__init__("invalid fields")
-        self.form = form
 
 
 @dataclass(frozen=True)
@@ -175,7 +162,7 @@ def idempotency_key(request: Any) -> str:
 
 
 def _earlier(request: Any, key: str) -> Upload | None:
-    """The upload this user made under ``key`` (``services.upload_by_idempotency_key``'s query, read
+    """The upload this user made under ``key`` (``store.upload_by_idempotency_key``'s query, read
     here so that the intake hands off to the service once, at the end)."""
     if not key or not getattr(request.user, "is_authenticated", False):
         return None

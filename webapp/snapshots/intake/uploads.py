@@ -17,7 +17,8 @@ from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandl
 
 from analysis.errors import SnapshotError
 from analysis.reader import sniff_format
-from webapp.snapshots.jsonsniff import foreign_json
+from webapp.snapshots.errors import Refusal
+from webapp.snapshots.intake.jsonsniff import foreign_json
 
 # Multipart framing and the small text fields around the file.
 MULTIPART_OVERHEAD = 64 * 1024
@@ -68,15 +69,6 @@ class CappedHashingUploadHandler(TemporaryFileUploadHandler):
             uploaded.sha256 = self._sha256.hexdigest()  # type: ignore[attr-defined]
             uploaded.head = self._head  # type: ignore[attr-defined]
         return uploaded
-
-
-class Refusal(Exception):
-    """An upload refused at once, before queueing, with a stable code."""
-
-    def __init__(self, code: str, detail: str = "") -> None:
-        super().__init__(code)
-        self.code = code
-        self.detail = detail
 
 
 def _own_sniff(head: bytes) -> str:

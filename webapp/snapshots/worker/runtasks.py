@@ -16,13 +16,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import chord
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
 from webapp.celery import app
-from webapp.snapshots import runs
-from webapp.snapshots.webhooks import WebhookError
+from webapp.snapshots.runs import runs
+from webapp.snapshots.runs.webhooks import WebhookError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ def analyse_rank(self: Any, upload_id: int, **_future_kwargs: Any) -> int:
     for a failure before the claim, a row still QUEUED that the sweep publishes again and the
     summary waits for).
     """
-    from webapp.snapshots.tasks import analyse_upload
+    from webapp.snapshots.worker.tasks import analyse_upload
 
     try:
         analyse_upload(upload_id)
@@ -66,11 +65,6 @@ def summarise_run(self: Any, run_id: int, **_future_kwargs: Any) -> str:
         raise self.retry(countdown=SUMMARY_RETRY_SECONDS)
     log.info("run %s: summary %s", run_id, state)
     return state
-
-
-def run_chord(run_id: int, upload_ids: list[int]) -> Any:
-    """The run's chord: its ranks in parallel, then its summary (immutable signatures: ids only)."""
-    return chord([analyse_rank.si(upload_id) for upload_id in upload_ids], summarise_run.si(run_id))
 
 
 # Retries of a webhook: 2, 4, 8, ... seconds (capped at 10 minutes), 8 tries in all, none starting past
@@ -120,7 +114,7 @@ def deliver_webhook(self: Any, delivery_id: int, **_future_kwargs: Any) -> bool:
 @app.task(name="snapshots.close_stale_runs", ignore_result=True)
 def close_stale_runs(**_future_kwargs: Any) -> int:
     """Publish the chord of runs whose missing ranks never came (beat, with the sweep)."""
-    from webapp.snapshots.runs import publish_run, runs_close_stale
+    from webapp.snapshots.runs.runs import publish_run, runs_close_stale
 
     closed = runs_close_stale()
     for run_id in closed:

@@ -10,10 +10,10 @@ The life of a run:
    job id) comes from the API's or the form's fields, which the client fills from the launcher's
    environment and ``git``. A rank of a run of several ranks is not published alone;
 2. once the run holds as many ranks as its world size, its analysis is published as one Celery
-   chord (``runtasks.run_chord``): one ``analyse_rank`` per rank, which runs the ordinary
+   chord (``publish.run_chord``): one ``analyse_rank`` per rank, which runs the ordinary
    per-upload analysis, then ``summarise_run``. A one-process run (world size 1 or none given) is
    published as any upload and summarised when its analysis ends (``upload_settled``, called by
-   ``services.upload_finish``/``upload_fail``). A run that never fills (a rank that never
+   ``jobs.upload_finish``/``upload_fail``). A run that never fills (a rank that never
    uploaded) is analysed with the ranks it has ``RUN_COLLECT_SECONDS`` after it began
    (``runs_close_stale``, beat), or at once when asked (``POST /api/v1/runs/<id>/analyse``); its
    ranks are analysed alone before that by the sweep, as any queued upload;
@@ -38,13 +38,14 @@ from analysis.noise import learn
 from analysis.regression import Regression, compare_runs
 from analysis.runs import RankInput, summarise
 from analysis.stored import upgrade
-from webapp.snapshots import followups, messages
+from webapp.snapshots import messages, publish
 from webapp.snapshots.models import PolicyChange, Project, Report, Run, RunPolicy, Upload, WebhookDelivery
+from webapp.snapshots.runs import followups
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
-    from webapp.snapshots.services import AnyUser
+    from webapp.snapshots.teams.access import AnyUser
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +133,9 @@ def _ranks_present(run: Run) -> int:
 
 def publish_run(run_id: int) -> bool:
     """Send the run's chord; on a broker outage the ranks stay queued for the sweep (logged)."""
-    from webapp.snapshots.runtasks import run_chord
-
     ids = list(Upload.objects.filter(run_ref_id=run_id).order_by("rank", "-created_at").values_list("id", flat=True))
     try:
-        run_chord(run_id, ids).apply_async()
+        publish.publish_run(run_id, ids)
     except Exception as exc:
         log.warning("run %s: publishing its chord failed (%s); the sweep analyses its ranks alone", run_id, exc)
         return False
@@ -329,10 +328,8 @@ def _queue_webhook(run: Run, regression: Regression) -> None:
     delivery_id = delivery.pk
 
     def send() -> None:
-        from webapp.snapshots.runtasks import deliver_webhook
-
         try:
-            deliver_webhook.delay(delivery_id)
+            publish.publish_webhook(delivery_id)
         except Exception as exc:
             log.warning("webhook %s: publish failed: %s", delivery_id, exc)
 
@@ -342,7 +339,7 @@ def _queue_webhook(run: Run, regression: Regression) -> None:
 def webhook_attempt(delivery_id: int) -> bool:
     """One POST of the delivery's alert; True when the receiver took it (2xx). Raises
     ``webhooks.WebhookError`` for an answer worth retrying (the task retries with backoff)."""
-    from webapp.snapshots import webhooks
+    from webapp.snapshots.runs import webhooks
 
     delivery = WebhookDelivery.objects.select_related("run", "run__project").filter(pk=delivery_id).first()
     if delivery is None or delivery.delivered_at is not None:
@@ -386,7 +383,7 @@ WEBHOOK_TEST_TIMEOUT = 5.0  # a page waits for it: shorter than a delivery's
 def webhook_test(project: Project) -> dict[str, Any]:
     """Send a test alert to the project's webhook now, as a delivery is sent (signed, to the one
     address checked, no redirect): ``{"delivered", "status", "error"}``."""
-    from webapp.snapshots import webhooks
+    from webapp.snapshots.runs import webhooks
 
     policy = policy_for(project)
     if not policy.webhook_url:
@@ -439,7 +436,7 @@ def runs_purge_expired() -> int:
 
 
 def run_for_user(user: AnyUser, code: str) -> Run | None:
-    from webapp.snapshots.services import visible_projects
+    from webapp.snapshots.teams.access import visible_projects
 
     return (
         Run.objects.filter(code=code, project__in=visible_projects(user))

@@ -74,7 +74,7 @@ class AnalysisCost:
         """``self``, or ``intake.IntakeError`` (422, the reader's code) for a refused shape."""
         if self.refusal is not None:
             from webapp.snapshots import messages
-            from webapp.snapshots.intake import IntakeError  # intake imports this module
+            from webapp.snapshots.errors import IntakeError
 
             code, detail = self.refusal
             raise IntakeError(422, code, messages.error_message(code, detail))

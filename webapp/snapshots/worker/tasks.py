@@ -23,7 +23,8 @@ from django.core.files.storage import default_storage
 
 from analysis.errors import SnapshotError
 from webapp.celery import app
-from webapp.snapshots import liveness, runner, services
+from webapp.snapshots.intake import blobs
+from webapp.snapshots.worker import jobs, liveness, runner
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def _local_path(blob_name: str) -> Any:
 
 
 def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
-    """Move the child's explore stores into the upload's storage (``webapp/snapshots/digging.py``
+    """Move the child's explore stores into the upload's storage (``webapp/snapshots/pages/digging.py``
     reads them); a store already there (the same file uploaded before) is kept. Returns the bytes
     the upload now holds in stores, which its team's quota counts.
 
@@ -55,9 +56,9 @@ def _keep_stores(upload: Any, folder: Path, json_bytes: int) -> int:
     disk guard's reserve: a 10 KB trace wrote a 206 MB store, and such uploads filled a disk that
     the quota was meant to protect (issue 22).
     """
-    from webapp.snapshots import disk
-    from webapp.snapshots.digging import store_name
-    from webapp.snapshots.quota import team_usage_bytes
+    from webapp.snapshots.intake import disk
+    from webapp.snapshots.intake.blobs import store_name
+    from webapp.snapshots.intake.quota import team_usage_bytes
 
     paths = sorted(folder.glob("*.npz"))
     size = sum(p.stat().st_size for p in paths)
@@ -107,12 +108,12 @@ def analyse_upload(self: Any, upload_id: int, deferred: int = 0, **_future_kwarg
     re-runs the upload at once, as the next attempt, instead of waiting for the sweep; when the
     whole worker is killed, the next worker start re-queues it (``_requeue_dead_claims``).
     """
-    if deferred < settings.ANALYSIS_MAX_DEFERRALS and services.upload_should_yield(upload_id):
+    if deferred < settings.ANALYSIS_MAX_DEFERRALS and jobs.upload_should_yield(upload_id):
         # Fairness between teams: this team already runs its share while another team's upload
         # waits, so this slot claims that upload and runs it now, and this message goes to the back
         # of the queue (first come, first served let one team's slow uploads hold every slot: issue
         # 22; sleeping before each put-back made the other team wait 0.5 s per message: issue 36).
-        other = services.upload_claim_for_another_team(upload_id, claimant=liveness.identity())
+        other = jobs.upload_claim_for_another_team(upload_id, claimant=liveness.identity())
         if other is not None:
             analyse_upload_task.apply_async((upload_id,), {"deferred": deferred + 1})
             log.info(
@@ -121,7 +122,7 @@ def analyse_upload(self: Any, upload_id: int, deferred: int = 0, **_future_kwarg
             _run_claimed(other, None)
             return
     task_id = getattr(self.request, "id", None)
-    upload = services.upload_claim(upload_id, task_id=task_id, claimant=liveness.identity())
+    upload = jobs.upload_claim(upload_id, task_id=task_id, claimant=liveness.identity())
     if upload is None:
         log.info("upload %s: not queued (gone, done or owned by another worker)", upload_id)
         return
@@ -134,7 +135,7 @@ def _run_claimed(upload: Any, task_id: str | None) -> None:
     if upload.attempts > 1:
         log.warning("upload %s: attempt %d (message %s)", upload_id, upload.attempts, task_id)
     if upload.attempts > settings.ANALYSIS_MAX_ATTEMPTS:
-        services.upload_fail(upload_id, "worker:killed-repeatedly")
+        jobs.upload_fail(upload_id, "worker:killed-repeatedly")
         log.error("upload %s: failed after %d attempts", upload_id, upload.attempts - 1)
         return
 
@@ -145,7 +146,7 @@ def _run_claimed(upload: Any, task_id: str | None) -> None:
         # row still says RUNNING under this process's claim, which the sweep would leave alone for
         # the task's whole time limit (30 min) while this process lives on. The release note tells
         # it that this run is over, so it re-queues the upload once its writes work again (issue 22).
-        services.claim_release(upload_id, task_id or "")
+        jobs.claim_release(upload_id, task_id or "")
         log.exception("upload %s: its outcome could not be stored; released for the sweep", upload_id)
 
 
@@ -155,7 +156,7 @@ def _analyse(upload: Any) -> None:
     started = time.monotonic()
 
     def on_progress(stage: str | None, percent: int | None) -> None:
-        services.upload_set_progress(upload_id, stage, percent)
+        jobs.upload_set_progress(upload_id, stage, percent)
 
     try:
         with _local_path(upload.blob_name) as path, tempfile.TemporaryDirectory(prefix="oomscope-explore-") as stores:
@@ -175,25 +176,25 @@ def _analyse(upload: Any) -> None:
             kept = _keep_stores(upload, Path(stores), analysis.json_bytes)
         finished = _finish_or_park(upload_id, analysis.report, analysis.charts or {}, analysis.json_bytes + kept)
         if not finished:  # deleted meanwhile: the stores just written must not outlive it
-            services.explore_stores_drop_if_unused(upload.sha256)
+            blobs.explore_stores_drop_if_unused(upload.sha256)
         log.info("upload %s: done (analysis and charts %.1fs)", upload_id, time.monotonic() - started)
     except ResultParked:
         # The disk was full at the final write: the result waits in the pending folder and the
         # sweep stores it once writes work again; the row must not say "failed" (issue 36).
-        services.claim_release(upload_id, str(upload.task_id or ""))
+        jobs.claim_release(upload_id, str(upload.task_id or ""))
         log.warning("upload %s: analysed, its result parked until the disk has room", upload_id)
     except SnapshotError as exc:
-        services.upload_fail(upload_id, exc.code, str(getattr(exc, "message", exc)))
+        jobs.upload_fail(upload_id, exc.code, str(getattr(exc, "message", exc)))
         log.info("upload %s: refused: %s", upload_id, exc)
         # The row holds the outcome; nothing to retry (throws= also marks it as expected).
     except runner.ChildKilled as exc:
-        services.upload_fail(upload_id, "worker:analysis-killed", str(exc))
+        jobs.upload_fail(upload_id, "worker:analysis-killed", str(exc))
         log.error("upload %s: analysis killed from outside twice: %s", upload_id, exc)
     except SoftTimeLimitExceeded:
-        services.upload_fail(upload_id, "snapshot:limit:time", "the task's time limit was reached")
+        jobs.upload_fail(upload_id, "snapshot:limit:time", "the task's time limit was reached")
         log.warning("upload %s: soft time limit", upload_id)
     except Exception:
-        services.upload_fail(upload_id, "worker:internal")
+        jobs.upload_fail(upload_id, "worker:internal")
         log.exception("upload %s: internal error", upload_id)
 
 
@@ -214,17 +215,17 @@ def pending_dir() -> Path:
 
 
 def _disk_full(exc: BaseException) -> bool:
-    from webapp.snapshots import disk
+    from webapp.snapshots.intake import disk
 
     return disk.is_full(exc) or disk.database_full(exc)
 
 
 def _finish_or_park(upload_id: int, report: dict[str, Any], charts: dict[str, Any], stored_bytes: int) -> bool:
-    """``services.upload_finish``; on a full disk (the database's or the files') the result is
+    """``jobs.upload_finish``; on a full disk (the database's or the files') the result is
     parked instead and ``ResultParked`` raised. Parking that fails too raises the first error: the
     row stays running under a released claim and the sweep analyses the upload again."""
     try:
-        return services.upload_finish(upload_id, report=report, charts=charts, stored_bytes=stored_bytes)
+        return jobs.upload_finish(upload_id, report=report, charts=charts, stored_bytes=stored_bytes)
     except Exception as exc:
         if not _disk_full(exc):
             raise
@@ -258,7 +259,7 @@ def store_parked_results() -> tuple[int, set[int]]:
         upload_id = int(path.stem)
         try:
             result = json.loads(path.read_text())
-            services.upload_finish(
+            jobs.upload_finish(
                 upload_id, report=result["report"], charts=result["charts"], stored_bytes=result["stored_bytes"]
             )
         except Exception as exc:
@@ -291,7 +292,7 @@ def backfill_explore(upload_id: int, **_future_kwargs: Any) -> None:
     never reads an upload (``digging.py``). The stored report stands whatever happens here: the
     child's new report is dropped, and a file refused now leaves the upload without stores.
     Queued by ``manage.py backfill_explore``."""
-    upload = services.upload_for_stores(upload_id)
+    upload = jobs.upload_for_stores(upload_id)
     if upload is None:
         log.info("upload %s: explore stores not made (not done, gone, or it has them)", upload_id)
         return
@@ -310,7 +311,7 @@ def backfill_explore(upload_id: int, **_future_kwargs: Any) -> None:
     except (SnapshotError, runner.ChildKilled, runner.ChildCrashed) as exc:
         log.warning("upload %s: explore stores not made: %s", upload_id, exc)
         return
-    services.upload_add_stored_bytes(upload_id, kept)
+    jobs.upload_add_stored_bytes(upload_id, kept)
     log.info("upload %s: explore stores made, %d bytes kept", upload_id, kept)
 
 
@@ -322,7 +323,7 @@ def _run_child_retrying_once(upload_id: int, path: Path, limits: runner.Limits, 
         return runner.run_child(path, limits, **kwargs)
     except runner.ChildKilled as exc:
         log.warning("upload %s: %s; running it once more", upload_id, exc)
-        services.upload_set_progress(upload_id, "reading", 0)
+        jobs.upload_set_progress(upload_id, "reading", 0)
         return runner.run_child(path, limits, **kwargs)
 
 
@@ -347,7 +348,7 @@ def _requeue_dead_claims(sender: Any = None, **_kwargs: Any) -> None:
     from django.db import connections
 
     try:
-        ids = services.uploads_requeue_dead_claims()
+        ids = jobs.uploads_requeue_dead_claims()
         for upload_id in ids:
             analyse_upload_task.delay(upload_id)
         if ids:
@@ -365,7 +366,7 @@ def sweep_uploads(**_future_kwargs: Any) -> int:
     stored, parked = store_parked_results()
     if stored:
         log.warning("sweep: stored %d results parked while the disk was full", stored)
-    ids = services.uploads_requeue_stale(exclude=parked)
+    ids = jobs.uploads_requeue_stale(exclude=parked)
     for upload_id in ids:
         analyse_upload_task.delay(upload_id)
     if ids:
@@ -376,9 +377,9 @@ def sweep_uploads(**_future_kwargs: Any) -> int:
 @app.task(name="snapshots.purge_failed_uploads", ignore_result=True)
 def purge_failed_uploads(**_future_kwargs: Any) -> int:
     """Remove the files of failed uploads past their retention (beat, every ``PURGE_INTERVAL_SECONDS``)."""
-    from webapp.snapshots import disk
+    from webapp.snapshots.intake import disk
 
-    purged = services.uploads_purge_failed()
+    purged = blobs.uploads_purge_failed()
     if purged:
         log.info("purge: removed the files of %d failed uploads", purged)
     # Past the task's hard time limit and gunicorn's timeout no live request or analysis uses them.
@@ -391,13 +392,8 @@ def purge_failed_uploads(**_future_kwargs: Any) -> int:
 @app.task(name="snapshots.sweep_orphan_blobs", ignore_result=True)
 def sweep_orphan_blobs(**_future_kwargs: Any) -> int:
     """Remove stored files no upload row names (beat, every ``PURGE_INTERVAL_SECONDS``;
-    ``manage.py sweep_orphan_blobs`` by hand): ``services.blobs_sweep_orphans``."""
-    removed = services.blobs_sweep_orphans()
+    ``manage.py sweep_orphan_blobs`` by hand): ``blobs.blobs_sweep_orphans``."""
+    removed = blobs.blobs_sweep_orphans()
     if removed:
         log.warning("orphan sweep: removed %d files no upload names: %s", len(removed), removed[:20])
     return len(removed)
-
-
-# The run tasks (a run's chord, its webhook, retention) live apart; importing them here registers
-# them with the worker, which autodiscovers this module only.
-from webapp.snapshots import runtasks  # noqa: E402, F401

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import SnapshotError
-from webapp.snapshots.child import Job
+from webapp.snapshots.worker.child import Job
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 HEARTBEAT_SECONDS = 5.0
 
 
@@ -172,7 +172,7 @@ def run_child(
         )
         job_path = Path(tmp) / "job.json"
         job.write(job_path)
-        cmd = [sys.executable, "-m", "webapp.snapshots.child", str(job_path)]
+        cmd = [sys.executable, "-m", "webapp.snapshots.worker.child", str(job_path)]
         env = _child_env()
         started = time.monotonic()
         cpu_before = _children_cpu()

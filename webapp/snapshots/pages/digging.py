@@ -31,8 +31,10 @@ from django.core.files.storage import default_storage
 
 from analysis.explore import StoredExplorer, active_bands, window
 from webapp.snapshots import messages
-from webapp.snapshots.formatting import event_text, format_bytes
+from webapp.snapshots.errors import ExploreError
+from webapp.snapshots.intake.blobs import store_name, stored_devices
 from webapp.snapshots.models import Upload
+from webapp.snapshots.pages.formatting import event_text, format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -54,32 +56,6 @@ _states: OrderedDict[tuple[str, int, int], dict[str, Any]] = OrderedDict()
 _lock = threading.Lock()
 _stores: OrderedDict[tuple[str, int], StoredExplorer] = OrderedDict()
 _loading: dict[tuple[str, int], threading.Lock] = {}
-
-
-class ExploreError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-def store_name(sha256: str, device: int) -> str:
-    return f"explore/{sha256}/{int(device)}.npz"
-
-
-def _stored_devices(sha256: str) -> set[int] | None:
-    """The devices with a store for these bytes; None when there is none (analysed before stores)."""
-    try:
-        _dirs, files = default_storage.listdir(f"explore/{sha256}")
-    except (FileNotFoundError, NotImplementedError):
-        return None
-    devices = {int(f[: -len(".npz")]) for f in files if f.endswith(".npz") and f[: -len(".npz")].isdigit()}
-    return devices or None
-
-
-def has_stores(sha256: str) -> bool:
-    """Whether the worker kept explore stores for these bytes (``tasks.backfill_explore`` makes them
-    for an upload analysed without)."""
-    return _stored_devices(sha256) is not None
 
 
 def _max_store_bytes() -> int:
@@ -125,7 +101,7 @@ def explorer_for(upload: Upload, device: int) -> StoredExplorer:
         if found is not None:
             _stores.move_to_end(key)
             return found
-    devices = _stored_devices(upload.sha256)
+    devices = stored_devices(upload.sha256)
     if devices is None:
         raise _no_store()
     if device not in devices:  # the worker stored every device it analysed
