@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_ready
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
 
 from analysis.errors import SnapshotError
 from webapp.celery import app
-from webapp.snapshots import liveness, runner, services
+from webapp.snapshots import firstanswer, liveness, runner, services, warmchild
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,8 @@ def _analyse(upload: Any) -> None:
                 limits,
                 filename=upload.filename,
                 on_progress=on_progress,
+                # The user's first answer, stored while the child writes the stores and the charts.
+                on_report=lambda report: firstanswer.store(upload_id, report),
                 oom_message=upload.oom_message,
                 batch_size=upload.batch_size,
                 cap_bytes=upload.cap_bytes,
@@ -324,6 +326,19 @@ def _run_child_retrying_once(upload_id: int, path: Path, limits: runner.Limits, 
         log.warning("upload %s: %s; running it once more", upload_id, exc)
         services.upload_set_progress(upload_id, "reading", 0)
         return runner.run_child(path, limits, **kwargs)
+
+
+@worker_process_init.connect
+def _start_spare_child(**_kwargs: Any) -> None:
+    """Each pool process keeps one analysis child started ahead of its job (``warmchild``), from
+    its main thread (the child's death signal follows the thread that started it)."""
+    if settings.ANALYSIS_WARM_CHILD:
+        warmchild.enable()
+
+
+@worker_process_shutdown.connect
+def _stop_spare_child(**_kwargs: Any) -> None:
+    warmchild.disable()
 
 
 @worker_ready.connect
