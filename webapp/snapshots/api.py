@@ -17,7 +17,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.snapshots import disk, followups, intake, messages, runs, services
+from webapp.snapshots import disk, firstanswer, followups, intake, messages, runs, services
 from webapp.snapshots.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
 from webapp.snapshots.models import Project, Run, Upload
@@ -223,7 +223,8 @@ def snapshot(request: HttpRequest, code: str) -> HttpResponse:
             return _error(403, "forbidden", messages.DELETE_FORBIDDEN)
         services.upload_delete(upload)
         return JsonResponse({"id": code, "deleted": True})
-    return JsonResponse(services.upload_api_dict(upload, request))
+    # ``parts``: which of the outcome's parts are ready (the report before the charts: issue 34).
+    return JsonResponse(services.upload_api_dict(upload, request) | firstanswer.parts(upload))
 
 
 @api_view(("GET",))
@@ -231,7 +232,9 @@ def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
     upload = _upload_or_none(request, code)
     if upload is None:
         return _not_found()
-    report = services.report_for(upload)
+    # The final report, also while the upload still runs once it is stored (``parts.report``): its
+    # charts and digging data come after and change none of it (firstanswer.py).
+    report = firstanswer.report_for(upload)
     if report is None:
         return _error(404, "report-not-ready", messages.REPORT_NOT_READY.format(status=upload.status))
     return JsonResponse(services.report_data(report))

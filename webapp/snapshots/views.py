@@ -23,7 +23,19 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from analysis import readout
-from webapp.snapshots import chartpage, digging, disk, followups, formatting, intake, messages, runs, services, waiting
+from webapp.snapshots import (
+    chartpage,
+    digging,
+    disk,
+    firstanswer,
+    followups,
+    formatting,
+    intake,
+    messages,
+    runs,
+    services,
+    waiting,
+)
 from webapp.snapshots.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
 from webapp.snapshots.ratelimits import LimitExceeded
@@ -45,7 +57,8 @@ def _upload_or_404(request: HttpRequest, code: str) -> Upload:
 
 
 def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> dict[str, Any]:
-    report = services.report_for(upload)
+    # Done: the report and its charts; running: its first answer once stored, charts still coming.
+    report = firstanswer.report_for(upload)
     # Members see every link of the upload (any of them may have made it); a share-link reader none.
     can_write = not shared and services.can(request.user, upload.project.team, "write")
     links = services.share_links(upload, request) if can_write else []
@@ -71,6 +84,8 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "explore_base": reverse("snapshots:detail", args=[upload.code]),
         # Follow-ups (issue 33): members only (a share link's reader sees no other upload).
         "followup": None if shared else followups.page_context(upload),
+        # A running upload's first answer: what is still coming, and about how long (status.js follows it).
+        "coming": _progress(upload) if report and upload.status == Upload.Status.RUNNING else None,
     }
 
 
@@ -227,6 +242,8 @@ def _status_payload(upload_row: Upload) -> dict[str, Any]:
         "error": {"code": upload_row.error_code, "message": upload_row.error_message}
         if upload_row.error_code
         else None,
+        # Which parts are ready (the report first, then the charts and the digging data: issue 34).
+        **firstanswer.parts(upload_row),
     }
 
 
