@@ -40,6 +40,7 @@ class Spare:
     proc: subprocess.Popen[bytes]
     stderr_path: Path  # its stderr, chosen at its start; the runner reads the tail after the job
     warmup_cpu: float = 0.0  # CPU seconds of its imports (the "ready" line): not the job's
+    ready: bool = False  # its "ready" line read
 
 
 _enabled = False
@@ -105,13 +106,26 @@ def take() -> Spare | None:
     spare, _spare = _spare, None
     if spare is None:
         return None
-    ready = _read_ready(spare.proc.stdout, READY_WAIT_SECONDS) if spare.proc.poll() is None else None
-    if ready is None:
+    if not _await_ready(spare, READY_WAIT_SECONDS):
         log.warning("spare analysis child not ready (rc=%s); a cold one runs", spare.proc.poll())
         discard(spare)
         return None
-    spare.warmup_cpu = float(ready.get("cpu") or 0.0)
     return spare
+
+
+def wait_ready(wait: float = READY_WAIT_SECONDS) -> bool:
+    """Whether the waiting spare is ready for a job, waiting for its imports up to ``wait`` seconds
+    (for the benches: a job sent then measures the analysis only)."""
+    return _spare is not None and _await_ready(_spare, wait)
+
+
+def _await_ready(spare: Spare, wait: float) -> bool:
+    if not spare.ready and spare.proc.poll() is None:
+        ready = _read_ready(spare.proc.stdout, wait)
+        if ready is not None:
+            spare.warmup_cpu = float(ready.get("cpu") or 0.0)
+            spare.ready = True
+    return spare.ready and spare.proc.poll() is None
 
 
 def send(spare: Spare, job_path: Path, memory_bytes: int, cpu_seconds: int) -> None:
