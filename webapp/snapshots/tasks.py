@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown, worker_ready
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
@@ -328,11 +328,23 @@ def _run_child_retrying_once(upload_id: int, path: Path, limits: runner.Limits, 
         return runner.run_child(path, limits, **kwargs)
 
 
+_ANALYSES_HERE = True  # whether this worker consumes the analyses' queue (not the webhooks' worker alone)
+
+
+@celeryd_after_setup.connect
+def _note_the_queues(sender: Any = None, instance: Any = None, **_kwargs: Any) -> None:
+    """Before the pool forks: a worker started with ``-Q`` for other queues only runs no analysis."""
+    global _ANALYSES_HERE
+    consumed = instance.app.amqp.queues.consume_from if instance is not None else None
+    _ANALYSES_HERE = not consumed or str(app.conf.task_default_queue) in consumed
+
+
 @worker_process_init.connect
 def _start_spare_child(**_kwargs: Any) -> None:
-    """Each pool process keeps one analysis child started ahead of its job (``warmchild``), from
-    its main thread (the child's death signal follows the thread that started it)."""
-    if settings.ANALYSIS_WARM_CHILD:
+    """Each pool process of a worker that runs analyses keeps one analysis child started ahead of
+    its job (``warmchild``), from its main thread (the child's death signal follows the thread that
+    started it)."""
+    if settings.ANALYSIS_WARM_CHILD and _ANALYSES_HERE:
         warmchild.enable()
 
 
