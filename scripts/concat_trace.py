@@ -48,9 +48,7 @@ def concatenated(snapshot: dict[str, Any], copies: int, shift: int) -> dict[str,
         span = trace[-1]["time_us"] - trace[0]["time_us"] + 1
         events = list(trace)
         for k in range(1, copies):
-            events.extend(
-                _copy_event(e, k * shift, k * span) for e in trace
-            )
+            events.extend(_copy_event(e, k * shift, k * span) for e in trace)
         out_traces.append(events)
     segments = list(snapshot["segments"])
     for k in range(1, copies):
