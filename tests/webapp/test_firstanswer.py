@@ -108,3 +108,19 @@ def test_no_first_answer_is_stored_for_an_upload_not_running(alice: Any, alpha: 
     upload = make_upload(alpha, alice, GPT_OOM)  # queued: not claimed by this worker
     assert firstanswer.store(upload.id, report) is False
     assert not Report.objects.filter(upload=upload).exists()
+
+
+def test_a_first_answer_that_cannot_be_written_leaves_the_upload_to_its_final_write(
+    alice: Any, alpha: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    def full(upload_id: int, report: dict[str, Any]) -> bool:
+        raise OperationalError("database or disk is full")
+
+    monkeypatch.setattr(firstanswer, "store", full)
+    upload = make_upload(alpha, alice, GPT_OOM)
+    tasks.analyse_upload(upload.id)
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.DONE, upload.error_message
+    assert Report.objects.get(upload=upload).data["devices"][0]["oom"]["verdict"] == "fragmentation"

@@ -167,7 +167,7 @@ def _analyse(upload: Any) -> None:
                 filename=upload.filename,
                 on_progress=on_progress,
                 # The user's first answer, stored while the child writes the stores and the charts.
-                on_report=lambda report: firstanswer.store(upload_id, report),
+                on_report=lambda report: _store_first_answer(upload_id, report),
                 oom_message=upload.oom_message,
                 batch_size=upload.batch_size,
                 cap_bytes=upload.cap_bytes,
@@ -200,6 +200,16 @@ def _analyse(upload: Any) -> None:
 
 
 analyse_upload_task = analyse_upload
+
+
+def _store_first_answer(upload_id: int, report: dict[str, Any]) -> None:
+    """The report stored as the upload's first answer while the child goes on (``firstanswer``).
+    Optional: a failed write (the database's disk full, a lost connection) leaves the final write,
+    with its parking on a full disk, to store the outcome, instead of failing an analysis that worked."""
+    try:
+        firstanswer.store(upload_id, report)
+    except Exception:
+        log.exception("upload %s: its first answer could not be stored; the whole report follows", upload_id)
 
 
 # --- the final write on a full disk (issue 36: the analysis was lost for good) ------------------
