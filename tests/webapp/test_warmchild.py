@@ -130,3 +130,33 @@ def test_a_dead_spare_leaves_the_job_to_a_cold_child(warm: None) -> None:
     spare.proc.wait()
     report = runner.run_child(SMALL, _limits(SMALL)).report
     assert report["devices"][0]["oom"]["verdict"] == "fragmentation"
+
+
+def test_only_a_worker_that_runs_analyses_keeps_spares(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    from types import SimpleNamespace
+
+    from webapp.celery import app
+    from webapp.snapshots import tasks
+
+    def worker(consume_from: dict[str, Any] | None) -> Any:
+        return SimpleNamespace(
+            app=SimpleNamespace(amqp=SimpleNamespace(queues=SimpleNamespace(consume_from=consume_from)))
+        )
+
+    monkeypatch.setattr(tasks, "_ANALYSES_HERE", True)
+    settings.ANALYSIS_WARM_CHILD = True
+    tasks._note_the_queues(instance=worker({f"{app.conf.task_default_queue}-webhooks": None}))
+    tasks._start_spare_child()
+    assert not warmchild.enabled() and warmchild._spare is None  # the webhooks' worker
+    tasks._note_the_queues(instance=worker({str(app.conf.task_default_queue): None}))
+    tasks._start_spare_child()
+    try:
+        assert warmchild.enabled() and warmchild.wait_ready()
+    finally:
+        tasks._stop_spare_child()
+    assert not warmchild.enabled() and warmchild._spare is None
+    tasks._note_the_queues(instance=worker(None))  # no -Q: every queue, the analyses' too
+    assert tasks._ANALYSES_HERE
+    settings.ANALYSIS_WARM_CHILD = False
+    tasks._start_spare_child()
+    assert not warmchild.enabled()
