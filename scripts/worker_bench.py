@@ -3,14 +3,18 @@
 
 Starts the site as `make run` does, through scripts/reliability.py's Site (scripts/run.sh:
 Redis, a Celery worker, gunicorn), once per reader mode, uploads each snapshot through the HTTP
-API and polls its status every 0.2 s until done. Modes: ``compiled`` (the default environment)
+API and polls its status every 0.1 s until done. Modes: ``compiled`` (the default environment)
 and ``python`` (OOMSCOPE_READER=python and OOMSCOPE_REPLAY=python in the worker's environment,
 which webapp/snapshots/worker/runner.py passes on to the analysis child; the script reads the child's
 /proc environment to check that it did), and ``python-loops`` (the compiled reader with
 OOMSCOPE_REPLAY=python). Prints one JSON line per run:
 
   upload_s      the POST (client gzip check + transfer + the row and the publish)
-  total_s       from the POST's start to the status ``done`` seen by the poll
+  first_answer_s  from the POST's start to the first poll whose ``parts.report`` is true: the report
+                stored and served while the charts and digging stores still come (issue 34)
+  total_s       from the POST's start to the status ``done`` seen by the poll (the whole report)
+  x_load        first_answer_s and total_s over a gc-free ``pickle.load`` of the same file's raw
+                pickle, timed by scripts/bench.py in this run (``--no-load`` leaves it out)
   stages_s      seconds spent in each stage the API showed (queued, reading, replaying,
                 analysing, charting), from the first poll that showed it to the next stage
   child_s, child_cpu_s, task_s   the worker log's "analysis child exited ... after X s, Y s CPU"
@@ -93,16 +97,19 @@ def one_run(site: Site, token: str, path: Path, timeout: float) -> dict[str, Any
     samples: list[tuple[float, str]] = [(upload_s, "queued")]
     deadline = time.monotonic() + timeout
     status = body.get("status", "")
+    first_answer: float | None = None
     while time.monotonic() < deadline:
         code, now_body, _ = site.get(token, f"/api/v1/snapshots/{body['id']}")
         now = time.monotonic() - started
         status = now_body.get("status", f"http {code}")
+        if first_answer is None and ((now_body.get("parts") or {}).get("report") or status == "done"):
+            first_answer = now
         if status in ("done", "failed"):
             break
         stage = now_body.get("stage") or status
         if stage != samples[-1][1]:
             samples.append((now, stage))
-        time.sleep(0.2)
+        time.sleep(0.1)
     total = time.monotonic() - started
     stop.set()
     watcher.join(timeout=2)
@@ -113,6 +120,7 @@ def one_run(site: Site, token: str, path: Path, timeout: float) -> dict[str, Any
         "status": status,
         "error": now_body.get("error"),
         "upload_s": round(upload_s, 2),
+        "first_answer_s": round(first_answer, 2) if first_answer is not None else None,
         "total_s": round(total, 2),
         "stages_s": stage_durations(samples, total),
         **log_figures(text),
@@ -123,13 +131,26 @@ def one_run(site: Site, token: str, path: Path, timeout: float) -> dict[str, Any
     }
 
 
+def load_seconds(path: Path) -> float:
+    """A gc-free ``pickle.load`` of the file's raw pickle, as scripts/bench.py times it (median of 3)."""
+    import bench
+
+    result = bench.run_stage("pickle.load", bench.raw_pickle(path), 3)
+    if result is None or "seconds" not in result:
+        raise SystemExit(f"pickle.load of {path} failed: {result}")
+    print(json.dumps({"file": path.name, "pickle_load_s": round(result["seconds"], 2), "runs": result["runs"]}))
+    return float(result["seconds"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("snapshots", nargs="+", type=Path)
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["compiled", "python"])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--no-load", action="store_true", help="skip the gc-free pickle.load the ratios divide by")
     args = parser.parse_args()
+    loads = {} if args.no_load else {path: load_seconds(path) for path in args.snapshots}
     for mode in args.modes:
         site = Site(f"worker-bench-{mode}", None, 600)
         site.env.update(MODES[mode])
@@ -146,6 +167,13 @@ def main() -> int:
             for path in args.snapshots:
                 for i in range(args.repeat):
                     result = one_run(site, token, path, args.timeout)
+                    if loads.get(path, 0.0) >= 0.05:  # a ratio to a load of a few ms says nothing
+                        result["load_s"] = round(loads[path], 2)
+                        result["x_load"] = {
+                            key: round(result[key] / loads[path], 2)
+                            for key in ("first_answer_s", "total_s")
+                            if result.get(key) is not None
+                        }
                     print(json.dumps({"mode": mode, "run": i + 1, **result}), flush=True)
         finally:
             site.stop()

@@ -59,7 +59,6 @@ KNOWN_LONG = {
     "webapp/snapshots/pages/charts.py::_segment_map_chart": 123,
     "webapp/snapshots/pages/charts.py::_icicle_chart": 101,
     "webapp/snapshots/intake/cost.py::_walk_pickle": 95,
-    "webapp/snapshots/worker/runner.py::run_child": 100,
 }
 
 

@@ -28,9 +28,9 @@ def _format(source: str, start: str) -> str:
 
 def test_log_figures_and_stage_split() -> None:
     wb = _script()
-    child = _format("worker/runner.py", "analysis child exited") % (0, 12.34, 11.9, 2**30)
+    child = _format("worker/runner.py", "analysis child exited") % (0, 12.34, 11.9, 2**30, ", warm")
     task = _format("worker/tasks.py", "upload %s: done (") % (7, 13.06)
-    older = _format("worker/runner.py", "analysis child exited") % (0, 99.0, 98.0, 2**30)
+    older = _format("worker/runner.py", "analysis child exited") % (0, 99.0, 98.0, 2**30, "")
     text = "\n".join([older, "INFO noise", child, task])
     assert wb.log_figures(text) == {"child_rc": 0.0, "child_s": 12.3, "child_cpu_s": 11.9, "task_s": 13.1}
     samples = [(0.4, "queued"), (0.6, "reading"), (2.6, "replaying"), (3.0, "reading"), (3.5, "charting")]

@@ -1,6 +1,9 @@
-// Live status of an analysis: polls the page's status.json and reloads into the report when done
-// (or into the failure page, which says why and what next). Between polls the elapsed time ticks
-// every second from the server's figure. The element <div data-status-url="..."> holds the URL.
+// Live status of an analysis: polls the page's status.json and reloads into the report when its
+// first answer is stored (parts.report: the report, charts still coming; issue 34) and again when
+// done (or into the failure page, which says why and what next). On a first answer's page
+// (data-first-answer) it says what is still coming and reloads once done. Between polls the elapsed
+// time ticks every second from the server's figure. The element <div data-status-url="..."> holds the URL.
+// Polls every 0.25 s for the first 20 s (a small file's answer comes in about a second), then every 1 s.
 (function () {
   "use strict";
 
@@ -11,7 +14,12 @@
   var stage = box.querySelector("[data-field=stage]");
   var state = box.querySelector("[data-field=status]");
   var elapsedField = box.querySelector("[data-field=elapsed]");
-  var delay = 1000;
+  var firstAnswer = box.dataset.firstAnswer === "1";
+  var opened = Date.now();
+  var delay = 250;
+  function pace() {
+    return Date.now() - opened < 20000 ? 250 : 1000;
+  }
   var elapsed = parseFloat(box.dataset.elapsed || "0");
   var since = Date.now();
 
@@ -50,7 +58,12 @@
       since = Date.now();
       tick();
     }
-    if (data.status === "done" || data.status === "failed") {
+    var remaining = box.querySelector("[data-field=remaining]");
+    if (remaining && typeof data.remaining_s === "number") remaining.textContent = duration(data.remaining_s);
+    var coming = box.querySelector("[data-field=coming]");
+    if (coming && data.coming && data.coming.length) coming.textContent = data.coming.join(" and ");
+    var answered = !firstAnswer && data.parts && data.parts.report;
+    if (data.status === "done" || data.status === "failed" || answered) {
       window.location.reload();
       return false;
     }
@@ -64,7 +77,7 @@
         return response.json();
       })
       .then(function (data) {
-        delay = 1000;
+        delay = pace();
         if (show(data)) setTimeout(poll, delay);
       })
       .catch(function () {
@@ -75,5 +88,5 @@
   }
 
   setInterval(tick, 1000);
-  setTimeout(poll, 500);
+  setTimeout(poll, 250);
 })();

@@ -121,6 +121,10 @@ def test_status_page_and_json_while_queued(alice_client: Any, alice: Any, alpha:
         "estimate_basis": "fixed rates",
         "waiting_for": "Waiting for a worker to take it.",
         "ranks": None,
+        # issue 34: nothing stored yet, nothing said to be coming
+        "parts": {"report": False, "charts": False, "stores": False},
+        "coming": [],
+        "remaining_s": None,
     }
     assert 0 <= elapsed < 60  # seconds since the upload row was made, a moment ago
 

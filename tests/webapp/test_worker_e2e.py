@@ -106,11 +106,7 @@ def test_killed_pool_process_is_rerun_at_once_by_redelivery(client: Any, alice_t
     analysis: list[Any] = []
     while not analysis:
         assert time.monotonic() < deadline, "no analysis child"
-        analysis = [
-            c
-            for c in psutil.Process(worker.pid).children(recursive=True)
-            if "webapp.snapshots.worker.child" in " ".join(c.cmdline())
-        ]
+        analysis = [c for c in psutil.Process(worker.pid).children(recursive=True) if _runs_a_job(c)]
     time.sleep(normal_seconds / 3)
     pool = analysis[0].parent()
     assert pool is not None and pool.pid != worker.pid
@@ -140,16 +136,25 @@ def test_killed_pool_process_is_rerun_at_once_by_redelivery(client: Any, alice_t
     assert worker.poll() is None
 
 
+def _runs_a_job(proc: Any) -> bool:
+    """An analysis child with its job: a cold one, or a spare (``warmchild``) once it has set the job's
+    memory cap on itself; a spare still waiting for a job has none."""
+    import psutil
+
+    try:
+        if "webapp.snapshots.worker.child" not in " ".join(proc.cmdline()):
+            return False
+        return bool(proc.rlimit(psutil.RLIMIT_AS)[0] != psutil.RLIM_INFINITY)
+    except psutil.Error:  # it ended meanwhile
+        return False
+
+
 def _analysis_children(worker_pid: int, timeout: float = 30.0) -> list[Any]:
     import psutil
 
     deadline = time.monotonic() + timeout
     while True:
-        found = [
-            c
-            for c in psutil.Process(worker_pid).children(recursive=True)
-            if "webapp.snapshots.worker.child" in " ".join(c.cmdline())
-        ]
+        found = [c for c in psutil.Process(worker_pid).children(recursive=True) if _runs_a_job(c)]
         if found:
             return found
         assert time.monotonic() < deadline, "no analysis child"

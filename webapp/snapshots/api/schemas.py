@@ -151,6 +151,14 @@ class Follows(Open):
     text: str
 
 
+class Parts(Schema):
+    """Which parts of the outcome are stored (issue 34: the report first, then the charts and stores)."""
+
+    report: bool
+    charts: bool
+    stores: bool
+
+
 class Upload(Open):
     """``GET /api/v1/snapshots/<id>``: one upload (``payloads.upload_api_dict``)."""
 
@@ -172,6 +180,9 @@ class Upload(Open):
     created_at: Timestamp
     summary: Summary | None
     follows: Follows | None
+    parts: Parts | None = None
+    coming: list[str] | None = Field(None, description="what is still coming after the first answer")
+    remaining_s: int | None = Field(None, description="about how long the rest takes, from the site's rates")
 
 
 class Deleted(Schema):

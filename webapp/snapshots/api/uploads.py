@@ -20,7 +20,7 @@ from webapp.snapshots.intake import accept, blobs, intake, store
 from webapp.snapshots.intake.forms import ApiUploadFieldsForm, first_error
 from webapp.snapshots.intake.ratelimits import LimitExceeded
 from webapp.snapshots.models import Run, Upload
-from webapp.snapshots.pages import payloads
+from webapp.snapshots.pages import firstanswer, payloads
 from webapp.snapshots.runs import followups, runs
 from webapp.snapshots.teams import access, shares
 
@@ -144,7 +144,8 @@ def snapshot(request: HttpRequest, code: str) -> HttpResponse:
     upload = upload_or_none(request, code)
     if upload is None:
         return not_found()
-    return JsonResponse(payloads.upload_api_dict(upload, request))
+    # ``parts``: which of the outcome's parts are ready (the report before the charts: issue 34).
+    return JsonResponse(payloads.upload_api_dict(upload, request) | firstanswer.parts(upload))
 
 
 @router.delete("/snapshots/{code}", summary="Delete an upload", by_alias=True, response=responses({200: s.Deleted}))
@@ -170,11 +171,12 @@ refuse_other_methods(router, "/snapshots/{code}", ("GET", "DELETE"))
     response=responses({200: s.Report}),
 )
 def snapshot_report(request: HttpRequest, code: str) -> HttpResponse:
-    """The report JSON (contract.md §2); 404 ``report-not-ready`` until the upload is done."""
+    """The report JSON (contract.md §2); 404 ``report-not-ready`` until it is stored (issue 34: the final
+    report is stored before the charts and digging data, which change none of it; ``firstanswer.py``)."""
     upload = upload_or_none(request, code)
     if upload is None:
         return not_found()
-    report = payloads.report_for(upload)
+    report = firstanswer.report_for(upload)
     if report is None:
         return error(404, "report-not-ready", messages.REPORT_NOT_READY.format(status=upload.status))
     return JsonResponse(payloads.report_data(report))

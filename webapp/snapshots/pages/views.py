@@ -29,7 +29,7 @@ from webapp.snapshots.errors import ExploreError, FieldsInvalid, LimitExceeded, 
 from webapp.snapshots.intake import accept, blobs, disk, intake
 from webapp.snapshots.intake.forms import SignupForm, UploadForm, clean_oom_message
 from webapp.snapshots.models import Invitation, Run, Upload
-from webapp.snapshots.pages import chartpage, digging, formatting, payloads, waiting
+from webapp.snapshots.pages import chartpage, digging, firstanswer, formatting, payloads, waiting
 from webapp.snapshots.runs import followups, runs
 from webapp.snapshots.teams import access, membership, shares
 from webapp.snapshots.teams import tokens as api_tokens
@@ -51,7 +51,8 @@ def _upload_or_404(request: HttpRequest, code: str) -> Upload:
 
 
 def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> dict[str, Any]:
-    report = payloads.report_for(upload)
+    # Done: the report and its charts; running: its first answer once stored, charts still coming.
+    report = firstanswer.report_for(upload)
     # Members see every link of the upload (any of them may have made it); a share-link reader none.
     can_write = not shared and access.can(request.user, upload.project.team, "write")
     links = shares.share_links(upload, request) if can_write else []
@@ -77,6 +78,8 @@ def _report_context(request: HttpRequest, upload: Upload, *, shared: bool) -> di
         "explore_base": reverse("snapshots:detail", args=[upload.code]),
         # Follow-ups (issue 33): members only (a share link's reader sees no other upload).
         "followup": None if shared else followups.page_context(upload, report.data if report else None),
+        # A running upload's first answer: what is still coming, and about how long (status.js follows it).
+        "coming": _progress(upload) if report and upload.status == Upload.Status.RUNNING else None,
     }
 
 
@@ -233,6 +236,8 @@ def _status_payload(upload_row: Upload) -> dict[str, Any]:
         "error": {"code": upload_row.error_code, "message": upload_row.error_message}
         if upload_row.error_code
         else None,
+        # Which parts are ready (the report first, then the charts and the digging data: issue 34).
+        **firstanswer.parts(upload_row),
     }
 
 

@@ -140,6 +140,7 @@ def run_child(
     *,
     filename: str | None = None,
     on_progress: Callable[[str | None, int | None], None] = lambda stage, pct: None,
+    on_report: Callable[[dict[str, Any]], None] | None = None,
     oom_message: str = "",
     batch_size: int | None = None,
     cap_bytes: int | None = None,
@@ -153,87 +154,154 @@ def run_child(
     replay data the site's digging endpoints read (``analysis.explore.explore_store``).
 
     ``on_progress(stage, percent)`` is called for every progress line and at least every
-    few seconds with ``(None, None)`` as a heartbeat.
+    few seconds with ``(None, None)`` as a heartbeat. ``on_report(report)`` is called once, as soon
+    as the report is written and while the child goes on with the stores and the charts: the
+    worker stores the user's first answer then (issue 34).
+
+    The child is this process's spare (``warmchild``), its imports done, where one is kept; else
+    a cold one. Either runs the job under the same limits.
     """
     with tempfile.TemporaryDirectory(prefix="oomscope-") as tmp:
-        out = Path(tmp) / "report.json"
-        err_path = Path(tmp) / "stderr.txt"
-        charts_path = Path(tmp) / "charts.json"
         job = Job(
             snapshot=str(path),
-            report=str(out),
+            report=str(Path(tmp) / "report.json"),
             filename=filename or None,
             jobs=limits.jobs,
             oom_message=oom_message or None,
             batch_size=int(batch_size) if batch_size else None,
             cap_bytes=int(cap_bytes) if cap_bytes else None,
             explore_dir=str(explore_dir) if explore_dir is not None else None,
-            charts=str(charts_path) if charts else None,
+            charts=str(Path(tmp) / "charts.json") if charts else None,
         )
         job_path = Path(tmp) / "job.json"
         job.write(job_path)
-        cmd = [sys.executable, "-m", "webapp.snapshots.worker.child", str(job_path)]
-        env = _child_env()
-        started = time.monotonic()
+        first = _FirstAnswer(Path(job.report), on_report)
         cpu_before = _children_cpu()
-        with err_path.open("wb") as err:
-            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                cmd,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO_ROOT,
-                env=env,
-                preexec_fn=_set_limits(limits),
-            )
-            try:
-                last_event, reported = _pump(proc, limits, started, on_progress)
-            finally:
-                if proc.poll() is None:
-                    _kill(proc)
-                proc.wait()
+        started = time.monotonic()
+        child = _start(job_path, limits, Path(tmp) / "stderr.txt")
+        try:
+            last_event, reported = _pump(child.proc, limits, started, on_progress, first)
+        finally:
+            if child.proc.poll() is None:
+                _kill(child.proc)
+            child.proc.wait()
+            from webapp.snapshots.worker import warmchild
+
+            warmchild.replace()  # the next job's spare starts while this one's result is stored
         elapsed = time.monotonic() - started
-        cpu_used = _children_cpu() - cpu_before  # this child and its jobs: the pool process runs one at a time
-        stderr_tail = err_path.read_bytes()[-4000:].decode("utf-8", "replace")
-        rc = proc.returncode
+        # This child and its jobs (the pool process runs one at a time), less a spare's imports.
+        cpu_used = _children_cpu() - cpu_before - child.warmup_cpu
+        stderr_tail = child.stderr_tail()
+        rc = child.proc.returncode
         log.info(
-            "analysis child exited rc=%s after %.1fs, %.1fs CPU (memory cap %d bytes)",
+            "analysis child exited rc=%s after %.1fs, %.1fs CPU (memory cap %d bytes%s)",
             rc,
             elapsed,
             cpu_used,
             limits.memory_bytes,
+            ", warm" if child.warm else "",
         )
         if last_event.get("event") == "error":
             raise ChildRefused(str(last_event.get("code")), str(last_event.get("message", "")))
         if reported or (rc == 0 and last_event.get("event") == "done"):
-            with out.open() as fh:
-                report: dict[str, Any] = json.load(fh)
-            finished = rc == 0 and last_event.get("event") == "done"
-            if charts and not finished:
-                log.warning("analysis child stopped while charting (rc=%s); the report is kept without charts", rc)
-            chart_data: dict[str, Any] | None = None
-            json_bytes = out.stat().st_size
-            if charts and finished and charts_path.exists():
-                json_bytes += charts_path.stat().st_size
-                with charts_path.open() as fh:
-                    chart_data = json.load(fh)
-            return Analysis(report, chart_data, json_bytes)
-        if last_event.get("event") == "timeout":
-            raise ChildRefused("snapshot:limit:time", f"analysis stopped after {limits.wall_seconds:.0f} s")
-        if _reader_overflowed(stderr_tail, rc):
-            raise ChildRefused(
-                "snapshot:limit:too-deep",
-                "the file nests too deeply to be read (a value nested so deep that hashing it overflowed the stack)",
-            )
-        if rc == -signal.SIGKILL and cpu_used < limits.cpu_seconds - 1:
-            # RLIMIT_CPU sends SIGXCPU at the limit and SIGKILL only 5 s past it: a SIGKILL before the
-            # limit came from outside (the kernel's OOM killer, an operator), not from this file's CPU.
-            raise ChildKilled(f"analysis child killed from outside after {elapsed:.1f} s, {cpu_used:.1f} s CPU")
-        if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed < limits.wall_seconds and _cpu_bound(stderr_tail, rc):
-            raise ChildRefused("snapshot:limit:time", f"analysis used more than {limits.cpu_seconds} s of CPU")
-        if "MemoryError" in stderr_tail or "Cannot allocate memory" in stderr_tail or "bad_alloc" in stderr_tail:
-            raise ChildRefused("snapshot:limit:memory", f"analysis needed more than {limits.memory_bytes} bytes")
-        raise ChildCrashed(f"analysis child exited with status {rc}; stderr tail:\n{stderr_tail}")
+            return _analysis(job, first, finished=rc == 0 and last_event.get("event") == "done", rc=rc)
+        raise _failure(last_event, limits, stderr_tail, rc, elapsed, cpu_used)
+
+
+@dataclass
+class _Started:
+    """A running child: a spare given its job, or a cold one."""
+
+    proc: subprocess.Popen[bytes]
+    stderr_path: Path
+    warm: bool
+    warmup_cpu: float = 0.0
+
+    def stderr_tail(self) -> str:
+        try:
+            tail = self.stderr_path.read_bytes()[-4000:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+        if self.warm:  # the spare's file, outside the job's temporary folder
+            self.stderr_path.unlink(missing_ok=True)
+        return tail
+
+
+def _start(job_path: Path, limits: Limits, stderr_path: Path) -> _Started:
+    from webapp.snapshots.worker import warmchild
+
+    spare = warmchild.take()
+    if spare is not None:
+        warmchild.send(spare, job_path, limits.memory_bytes, limits.cpu_seconds)
+        return _Started(spare.proc, spare.stderr_path, True, spare.warmup_cpu)
+    cmd = [sys.executable, "-m", "webapp.snapshots.worker.child", str(job_path)]
+    with stderr_path.open("wb") as err:
+        proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO_ROOT,
+            env=_child_env(),
+            preexec_fn=_set_limits(limits),
+        )
+    return _Started(proc, stderr_path, False)
+
+
+class _FirstAnswer:
+    """The report as soon as the child wrote it: read once, handed to ``on_report`` once."""
+
+    def __init__(self, path: Path, on_report: Callable[[dict[str, Any]], None] | None) -> None:
+        self.path = path
+        self.on_report = on_report
+        self.report: dict[str, Any] | None = None
+
+    def read(self) -> dict[str, Any]:
+        if self.report is None:
+            with self.path.open() as fh:
+                self.report = json.load(fh)
+        return self.report
+
+    def arrived(self) -> None:
+        if self.on_report is not None:
+            self.on_report(self.read())
+
+
+def _analysis(job: Job, first: _FirstAnswer, *, finished: bool, rc: int) -> Analysis:
+    """What a child that wrote its report produced (its charts when it also finished them)."""
+    report = first.read()
+    if job.charts and not finished:
+        log.warning("analysis child stopped while charting (rc=%s); the report is kept without charts", rc)
+    chart_data: dict[str, Any] | None = None
+    json_bytes = Path(job.report).stat().st_size
+    charts_path = Path(job.charts) if job.charts else None
+    if charts_path is not None and finished and charts_path.exists():
+        json_bytes += charts_path.stat().st_size
+        with charts_path.open() as fh:
+            chart_data = json.load(fh)
+    return Analysis(report, chart_data, json_bytes)
+
+
+def _failure(
+    last_event: dict[str, Any], limits: Limits, stderr_tail: str, rc: int, elapsed: float, cpu_used: float
+) -> Exception:
+    """The error of a child that wrote no report: a limit, the file's shape, an outside kill or a bug."""
+    if last_event.get("event") == "timeout":
+        return ChildRefused("snapshot:limit:time", f"analysis stopped after {limits.wall_seconds:.0f} s")
+    if _reader_overflowed(stderr_tail, rc):
+        return ChildRefused(
+            "snapshot:limit:too-deep",
+            "the file nests too deeply to be read (a value nested so deep that hashing it overflowed the stack)",
+        )
+    if rc == -signal.SIGKILL and cpu_used < limits.cpu_seconds - 1:
+        # RLIMIT_CPU sends SIGXCPU at the limit and SIGKILL only 5 s past it: a SIGKILL before the
+        # limit came from outside (the kernel's OOM killer, an operator), not from this file's CPU.
+        return ChildKilled(f"analysis child killed from outside after {elapsed:.1f} s, {cpu_used:.1f} s CPU")
+    if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed < limits.wall_seconds and _cpu_bound(stderr_tail, rc):
+        return ChildRefused("snapshot:limit:time", f"analysis used more than {limits.cpu_seconds} s of CPU")
+    if "MemoryError" in stderr_tail or "Cannot allocate memory" in stderr_tail or "bad_alloc" in stderr_tail:
+        return ChildRefused("snapshot:limit:memory", f"analysis needed more than {limits.memory_bytes} bytes")
+    return ChildCrashed(f"analysis child exited with status {rc}; stderr tail:\n{stderr_tail}")
 
 
 def _children_cpu() -> float:
@@ -265,6 +333,7 @@ def _pump(
     limits: Limits,
     started: float,
     on_progress: Callable[[str | None, int | None], None],
+    first: _FirstAnswer | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Read the child's event lines until it exits or the deadline passes; return the last event
     and whether the report was written (``report``), whatever happened after."""
@@ -299,7 +368,10 @@ def _pump(
                 if not isinstance(event, dict):
                     continue
                 last = event
-                reported = reported or event.get("event") == "report"
+                if event.get("event") == "report" and not reported:
+                    reported = True
+                    if first is not None:
+                        first.arrived()
                 if event.get("event") == "progress":
                     on_progress(event.get("stage") or None, event.get("progress"))
                     last_beat = time.monotonic()

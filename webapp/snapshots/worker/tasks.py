@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_ready
+from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown, worker_ready
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
@@ -24,7 +24,8 @@ from django.core.files.storage import default_storage
 from analysis.errors import SnapshotError
 from webapp.celery import app
 from webapp.snapshots.intake import blobs
-from webapp.snapshots.worker import jobs, liveness, runner
+from webapp.snapshots.pages import firstanswer
+from webapp.snapshots.worker import jobs, liveness, runner, warmchild
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,8 @@ def _analyse(upload: Any) -> None:
                 limits,
                 filename=upload.filename,
                 on_progress=on_progress,
+                # The user's first answer, stored while the child writes the stores and the charts.
+                on_report=lambda report: _store_first_answer(upload_id, report),
                 oom_message=upload.oom_message,
                 batch_size=upload.batch_size,
                 cap_bytes=upload.cap_bytes,
@@ -199,6 +202,16 @@ def _analyse(upload: Any) -> None:
 
 
 analyse_upload_task = analyse_upload
+
+
+def _store_first_answer(upload_id: int, report: dict[str, Any]) -> None:
+    """The report stored as the upload's first answer while the child goes on (``firstanswer``).
+    Optional: a failed write (the database's disk full, a lost connection) leaves the final write,
+    with its parking on a full disk, to store the outcome, instead of failing an analysis that worked."""
+    try:
+        firstanswer.store(upload_id, report)
+    except Exception:
+        log.exception("upload %s: its first answer could not be stored; the whole report follows", upload_id)
 
 
 # --- the final write on a full disk (issue 36: the analysis was lost for good) ------------------
@@ -325,6 +338,31 @@ def _run_child_retrying_once(upload_id: int, path: Path, limits: runner.Limits, 
         log.warning("upload %s: %s; running it once more", upload_id, exc)
         jobs.upload_set_progress(upload_id, "reading", 0)
         return runner.run_child(path, limits, **kwargs)
+
+
+_ANALYSES_HERE = True  # whether this worker consumes the analyses' queue (not the webhooks' worker alone)
+
+
+@celeryd_after_setup.connect
+def _note_the_queues(sender: Any = None, instance: Any = None, **_kwargs: Any) -> None:
+    """Before the pool forks: a worker started with ``-Q`` for other queues only runs no analysis."""
+    global _ANALYSES_HERE
+    consumed = instance.app.amqp.queues.consume_from if instance is not None else None
+    _ANALYSES_HERE = not consumed or str(app.conf.task_default_queue) in consumed
+
+
+@worker_process_init.connect
+def _start_spare_child(**_kwargs: Any) -> None:
+    """Each pool process of a worker that runs analyses keeps one analysis child started ahead of
+    its job (``warmchild``), from its main thread (the child's death signal follows the thread that
+    started it)."""
+    if settings.ANALYSIS_WARM_CHILD and _ANALYSES_HERE:
+        warmchild.enable()
+
+
+@worker_process_shutdown.connect
+def _stop_spare_child(**_kwargs: Any) -> None:
+    warmchild.disable()
 
 
 @worker_ready.connect
