@@ -268,7 +268,7 @@ ANALYSIS_MAX_QUEUED_COST_PER_TEAM = env_int("ANALYSIS_MAX_QUEUED_COST_PER_TEAM",
 # worker's concurrency already spreads uploads over the CPUs; each process gets the rlimits.
 ANALYSIS_JOBS = env_int("ANALYSIS_JOBS", 1)
 # Each worker pool process keeps one analysis child started ahead of its job, its imports done
-# (webapp/snapshots/warmchild.py, issue 34): a small file then costs its own work only.
+# (webapp/snapshots/worker/warmchild.py, issue 34): a small file then costs its own work only.
 ANALYSIS_WARM_CHILD = env_bool("ANALYSIS_WARM_CHILD", True)
 # The sweep re-queues running rows whose heartbeat is older than this, and re-publishes
 # queued rows nobody picked up (lost between commit and publish, or lost by the broker).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from webapp.snapshots.worker import runner
+from webapp.snapshots.worker import childproc, runner
 from webapp.snapshots.worker.child import Job
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -47,7 +47,7 @@ def test_the_child_is_told_its_job_in_one_file_that_refuses_an_unknown_setting(t
     with pytest.raises(ValueError, match="threads"):
         Job.read(path)
     # Nothing of the job is left to the environment.
-    assert not [k for k in runner._child_env() if k.startswith("OOMSCOPE_") and k != "OOMSCOPE_READER"]
+    assert not [k for k in childproc.child_env() if k.startswith("OOMSCOPE_") and k != "OOMSCOPE_READER"]
 
 
 def _in_a_fresh_interpreter(code: str) -> subprocess.CompletedProcess[str]:

@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
     faulthandler.enable()
 
     job = Job.read(Path(argv[0]))
-    if job.charts and "webapp.snapshots.charts" not in sys.modules:  # a warm child has it already
+    if job.charts and "webapp.snapshots.pages.charts" not in sys.modules:  # a warm child has it already
         _import_charts_beside()
     stores = _DeferredStores(Path(job.explore_dir)) if job.explore_dir else None
     try:
@@ -253,7 +253,7 @@ def _warm_up() -> None:
     import analysis.report  # noqa: F401
 
     with contextlib.suppress(MemoryError):  # as _import_charts_beside: the job's _charts says it
-        import webapp.snapshots.charts  # noqa: F401
+        import webapp.snapshots.pages.charts  # noqa: F401
 
 
 def _cpu_seconds() -> float:

@@ -30,10 +30,10 @@ from typing import Any
 
 from analysis.errors import SnapshotError
 from webapp.snapshots.worker.child import Job
+from webapp.snapshots.worker.childproc import REPO_ROOT, child_env, detach
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 HEARTBEAT_SECONDS = 5.0
 
 
@@ -96,42 +96,14 @@ def limits_for(
     return Limits(memory_bytes=memory, cpu_seconds=cpu, wall_seconds=wall, jobs=jobs)
 
 
-def _load_prctl() -> Callable[[int, int], int] | None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl  # type: ignore[no-any-return,unused-ignore]
-    except (OSError, AttributeError):  # not Linux
-        return None
-
-
-_PRCTL = _load_prctl()  # looked up once, before any fork
-_PR_SET_PDEATHSIG = 1
-
-
 def _set_limits(limits: Limits) -> Callable[[], None]:
     def apply() -> None:  # runs in the child between fork and exec
-        os.setsid()
-        if _PRCTL is not None:
-            # A killed worker takes its analysis with it instead of leaving an orphan running.
-            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        detach()
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
     return apply
-
-
-def _child_env() -> dict[str, str]:
-    """The child's environment: the worker's, without its secrets, and no job in it (that is the
-    job file's, ``child.Job``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_", "SECRET_", "STORAGE_"))}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    # One BLAS thread: thread stacks count against RLIMIT_AS and the work is not BLAS-bound.
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = "1"
-    return env
 
 
 def run_child(
@@ -242,7 +214,7 @@ def _start(job_path: Path, limits: Limits, stderr_path: Path) -> _Started:
             stderr=err,
             stdin=subprocess.DEVNULL,
             cwd=REPO_ROOT,
-            env=_child_env(),
+            env=child_env(),
             preexec_fn=_set_limits(limits),
         )
     return _Started(proc, stderr_path, False)

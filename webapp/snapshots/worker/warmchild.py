@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from webapp.snapshots.worker import childproc
+
 log = logging.getLogger(__name__)
 
 READY_WAIT_SECONDS = 30.0  # a spare still importing is waited for this long (a cold start costs the same)
@@ -68,11 +70,7 @@ def enabled() -> bool:
 
 
 def _detach() -> None:  # runs in the spare between fork and exec
-    from webapp.snapshots.worker import runner
-
-    os.setsid()
-    if runner._PRCTL is not None:
-        runner._PRCTL(runner._PR_SET_PDEATHSIG, signal.SIGKILL)
+    childproc.detach()
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -83,8 +81,6 @@ def replace() -> None:
     global _spare
     if not _enabled or (_spare is not None and _spare.proc.poll() is None):
         return
-    from webapp.snapshots.worker import runner
-
     fd, name = tempfile.mkstemp(prefix="oomscope-spare-", suffix=".stderr")
     with os.fdopen(fd, "wb") as err:
         proc = subprocess.Popen(
@@ -92,8 +88,8 @@ def replace() -> None:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err,
-            cwd=runner.REPO_ROOT,
-            env=runner._child_env(),
+            cwd=childproc.REPO_ROOT,
+            env=childproc.child_env(),
             preexec_fn=_detach,
         )
     _spare = Spare(proc, Path(name))
