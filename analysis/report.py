@@ -93,6 +93,8 @@ from analysis.phases import tag_phases
 from analysis.projection import Projection, project_failing_step, step_whatif
 from analysis.reader import ReadLimits, read_snapshot
 from analysis.stacks import (
+    BACKWARD_NO_FRAMES,
+    BEFORE_TRACE,
     TRAIT_AUTOCAST,
     TRAIT_BACKWARD,
     Lifetimes,
@@ -115,8 +117,6 @@ I64 = npt.NDArray[np.int64]
 # (expandable_segments is always tried).
 AUTO_WHATIF_EVENT_BUDGET = 4_000_000
 TOP_STACKS = 10
-BACKWARD_NO_FRAMES = "backward pass (no frames: stacks='python' records none on the autograd thread)"
-BEFORE_TRACE = "allocated before the trace began (stack unknown)"
 SEGMENT_MAP_MAX_SEGMENTS = 200
 SEGMENT_MAP_MAX_BLOCKS = 48
 LEAK_SERIES_MAX_POINTS = 200
@@ -782,7 +782,8 @@ def _timeline(facts: _Facts, recorded: _Recorded, catalog: StackCatalog) -> dict
         if facts.n
         else None
     )
-    timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
+    # Fused frees settled, event info per point (the backward pass's frame-less events named so).
+    timeline = finish_timeline(timeline, cols, dev, catalog, facts.lifetimes)
     if timeline is None or facts.n <= 1:  # one event (a state-only dump) is no timeline to extend
         return timeline
     init = replay.initial
