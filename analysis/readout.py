@@ -521,9 +521,13 @@ def device_readout(dev: Mapping[str, Any]) -> dict[str, Any]:
 
 def runner_up_note(dev: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str | None:
     """The qualifier the first screen's runner-up needs: where its replay also runs out in the failing step
-    (or only postpones the OOM), what the ranked table says of it; None where nothing qualifies it."""
+    (or only postpones the OOM), or only gets past the failing request with the rest of the step unknown
+    (issue 35: eval_bert's runner-up, whose real rerun died in the same step, stood unqualified), what the
+    ranked table says of it; None where nothing qualifies it (an estimate, a step that finishes)."""
     runner = (dev.get("decision") or {}).get("runner_up") or {}
     row = next((r for r in rows if runner.get("id") is not None and r.get("id") == runner.get("id")), None)
+    if row is not None and row.get("state") == "not-known":
+        return f"it only {row.get('state_text')}, since {row.get('why')}"
     if row is None or row.get("state") not in ("runs-out", "postpones"):
         return None
     return f"{row.get('state_text')}: {row.get('why')}"

@@ -153,18 +153,19 @@ def test_the_states_blocks_take_the_focus_and_show_their_details(
         else:
             raise AssertionError("no block took the focus")
         detail = page.locator("#state-0 .block-detail")
-        seg, first = blocks[0]
+        _seg, first = blocks[0]
         assert detail.locator("h4").first.inner_text().startswith(f"Block {first['address']} at +0 B in segment")
         # The arrows go block by block, in address order, each with its details; an allocated block's stacks follow.
         k = next(i for i, (_s, b) in enumerate(blocks) if b.get("alloc_event") is not None)
         for _ in range(k):
             page.keyboard.press("ArrowRight")
-        seg, block = blocks[k]
+        _seg, block = blocks[k]
         focused = page.evaluate("document.activeElement.getAttribute('aria-label')")
         assert focused.startswith(f"Block {block['address']}, {block['size_text']}")
         facts = detail.locator(".block-facts").inner_text()
         assert f"{block['size']:,} B" in facts and (block["label"] in facts)
-        visit.wait_for(f"() => document.querySelector('#state-0 .block-detail').dataset.alloc === '{block['alloc_event']}'")
+        alloc = block["alloc_event"]
+        visit.wait_for(f"() => document.querySelector('#state-0 .block-detail').dataset.alloc === '{alloc}'")
         info = client.get(f"/s/{upload.code}/block.json?alloc={block['alloc_event']}").json()
         if info["alloc_frames"]:
             assert _frames_shown(detail) == len(info["alloc_frames"])
@@ -209,7 +210,7 @@ def test_the_backward_pass_is_named_not_unknown(
         # Scroll the list to a backward event: its row is drawn with the page's words.
         k = backward[len(backward) // 2]
         page.locator(LIST).evaluate(f"(l) => {{ l.scrollTop = {k} * 24 - 100; }}")
-        visit.wait_for(f"() => {{ const r = document.getElementById('event-0-{k}'); return r && r.dataset.read === '1'; }}")
+        visit.wait_for(f"() => {{ const r = document.getElementById('event-0-{k}'); return r && r.dataset.read; }}")
         assert page.locator(f"#event-0-{k}").get_attribute("title") == f"{k:,}: {texts[k]}"
         page.locator(f"#event-0-{k}").click()
         assert _selected(visit) == k
@@ -224,15 +225,16 @@ def test_the_backward_pass_is_named_not_unknown(
 
 ZOOM_STATE = """(() => { for (const d of Bokeh.documents) { const f = d.get_model_by_name('timeline-figure');
   const s = d.get_model_by_name('timeline-source');
+  const all = ['reserved', 'allocated', 'requested', 'largest_free'].flatMap((k) => Array.from(s.data[k] || []));
   if (f && s) return {start: f.y_range.start, end: f.y_range.end, x0: f.x_range.start, x1: f.x_range.end,
-    lo: Math.min(...['reserved', 'allocated', 'requested', 'largest_free'].flatMap((k) => Array.from(s.data[k] || []))),
-    hi: Math.max(...['reserved', 'allocated', 'requested', 'largest_free'].flatMap((k) => Array.from(s.data[k] || [])))}; } })()"""
+    lo: Math.min(...all), hi: Math.max(...all)}; } })()"""
 
 
 HIDE_LARGEST_FREE = """(() => { for (const d of Bokeh.documents) { const f = d.get_model_by_name('timeline-figure');
-  if (f) f.renderers.forEach((r) => { if (r.glyph && r.glyph.y && r.glyph.y.field === 'largest_free') r.visible = false; }); } })()"""
+  if (f) f.renderers.forEach((r) => {
+    if (r.glyph && r.glyph.y && r.glyph.y.field === 'largest_free') r.visible = false; }); } })()"""
 LOWEST_SHOWN = """(() => { for (const d of Bokeh.documents) { const s = d.get_model_by_name('timeline-source');
-  if (s) return Math.min(...['reserved', 'allocated', 'requested'].flatMap((k) => Array.from(s.data[k] || []))); } })()"""
+  if (s) return Math.min(...['reserved', 'allocated', 'requested'].flatMap((k) => Array.from(s.data[k]))); } })()"""
 
 
 @pytest.mark.parametrize("form", ["desktop", "phone"])

@@ -1,0 +1,112 @@
+"""Issue 35's words on the first screen, in a real browser at 1440 and 390 px, on real captures with real reruns:
+a run without an OOM is not pushed a costly change (t5_nocap_default: nothing free lowers its peak, so nothing
+needs to change and the cheapest code change is only the runner-up), a free setting the real rerun bore out is
+the change (unetrr_nocap_default: expandable_segments, its replayed peak within 1% of the real rerun's), and a
+runner-up whose step is not known says so (eval_bert_default: its real rerun died in the same step)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from analysis.decision import NO_OOM_NOTHING_FREE
+from tests.webapp import test_browser
+from tests.webapp.helpers import FIXTURES
+from tests.webapp.test_browser import SCREENSHOTS, Visit, _analysed, _session_cookie
+from tests.webapp.test_browser_honest import WIDTHS, _clean, _fits_the_screen
+
+pytestmark = pytest.mark.browser
+browser = test_browser.browser  # the module's Chromium, a pytest fixture shared with test_browser.py
+
+
+def _page(browser: Any, live_server: Any, client: Any, user: Any, upload: Any, form: str) -> Visit:
+    from django.urls import reverse
+
+    width, height = WIDTHS[form]
+    url = live_server.url + reverse("snapshots:detail", args=[upload.code])
+    return Visit(browser, url, _session_cookie(client, user, live_server), width=width, height=height)
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_a_run_without_an_oom_is_not_pushed_a_costly_change(
+    form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    upload = _analysed(alpha, alice, "captures/t5_nocap_default")
+    visit = _page(browser, live_server, client, alice, upload, form)
+    try:
+        page = visit.page
+        screen = page.get_by_role("region", name="What to do")
+        assert screen.locator(".badge").inner_text() == "no OOM"
+        assert screen.locator(".change.none").inner_text() == "No change needed: the run did not run out of memory."
+        assert screen.locator(".change[data-change]").count() == 0  # no "The change, in the code"
+        assert screen.locator(".buys").inner_text() == f"What it buys: {NO_OOM_NOTHING_FREE}"
+        # The runner-up is the ranked table's cheapest code change (autocast), not checkpointing.
+        first = page.locator("table.ranked tbody tr").first
+        assert first.get_attribute("data-id") == "amp"
+        assert screen.locator(".runner-up code").inner_text() == first.locator("code").inner_text()
+        assert "checkpoint" not in screen.inner_text()
+        _clean(visit)
+        _fits_the_screen(visit, WIDTHS[form][0])
+        page.screenshot(path=str(SCREENSHOTS / f"words35-no-oom-nothing-free-{form}.png"), full_page=False)
+    finally:
+        visit.close()
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_a_run_without_an_oom_is_offered_the_free_setting_its_rerun_bore_out(
+    form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    from webapp.snapshots.models import Report
+
+    upload = _analysed(alpha, alice, "captures/unetrr_nocap_default")
+    rerun = json.loads((FIXTURES / "captures" / "unetrr_nocap_expandable.truth.json").read_text())
+    real_peak = rerun["memory_stats"]["reserved_bytes.all.peak"]
+    dev = Report.objects.get(upload=upload).data["devices"][0]
+    replayed = next(w for w in dev["whatif"] if w["config"] == "expandable_segments:True")["peak_reserved_bytes"]
+    assert abs(replayed - real_peak) <= 0.01 * real_peak  # the replay's saving is the real rerun's
+    visit = _page(browser, live_server, client, alice, upload, form)
+    try:
+        page = visit.page
+        screen = page.get_by_role("region", name="What to do")
+        change = screen.locator(".change")
+        assert change.get_attribute("data-change") == "expandable_segments"
+        assert change.get_attribute("data-kind") == "env"
+        assert screen.locator("code#change-line-0").inner_text() == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        buys = screen.locator(".buys").inner_text()
+        assert "In the replay under expandable_segments:True: peak reserved 7.63 GiB → 6.89 GiB" in buys
+        assert real_peak / 2**30 == pytest.approx(6.89, abs=0.01)
+        _clean(visit)
+        _fits_the_screen(visit, WIDTHS[form][0])
+        page.screenshot(path=str(SCREENSHOTS / f"words35-no-oom-free-setting-{form}.png"), full_page=False)
+    finally:
+        visit.close()
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_a_runner_up_whose_step_is_not_known_is_qualified(
+    form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    reruns = json.loads((FIXTURES / "diagnosis" / "eval_bert.reruns.json").read_text())["members"]
+    assert reruns["expandable"]["died_step"] == reruns["halfbatch"]["died_step"] == 2  # died in the same step
+    upload = _analysed(alpha, alice, "diagnosis/eval_bert_default")
+    visit = _page(browser, live_server, client, alice, upload, form)
+    try:
+        page = visit.page
+        runner = page.get_by_role("region", name="What to do").locator(".runner-up")
+        assert runner.locator("code").inner_text() == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        note = runner.locator(".qualifier")
+        assert note.inner_text().startswith(
+            "(but it only gets past the failing request; the rest of the step is not known, since the step was not "
+            "projected"
+        )
+        # The ranked table says the same of that row.
+        row = page.locator('table.ranked tr[data-id="expandable_segments"]')
+        assert row.get_attribute("data-state") == "not-known"
+        _clean(visit)
+        _fits_the_screen(visit, WIDTHS[form][0])
+        runner.scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / f"words35-runner-up-qualified-{form}.png"), full_page=False)
+    finally:
+        visit.close()
