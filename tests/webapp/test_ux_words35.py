@@ -16,6 +16,7 @@ from tests.webapp import test_browser
 from tests.webapp.helpers import FIXTURES
 from tests.webapp.test_browser import SCREENSHOTS, Visit, _analysed, _session_cookie
 from tests.webapp.test_browser_honest import WIDTHS, _clean, _fits_the_screen
+from tests.webapp.test_runs_browser import project_runs  # noqa: F401 (the fixture: a real two-rank DDP run)
 
 pytestmark = pytest.mark.browser
 browser = test_browser.browser  # the module's Chromium, a pytest fixture shared with test_browser.py
@@ -108,5 +109,59 @@ def test_a_runner_up_whose_step_is_not_known_is_qualified(
         _fits_the_screen(visit, WIDTHS[form][0])
         runner.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"words35-runner-up-qualified-{form}.png"), full_page=False)
+    finally:
+        visit.close()
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_the_ddp_run_page_names_the_change_with_copy_and_one_verdict(
+    form: str,
+    browser: Any,
+    project_runs: dict[str, Any],  # noqa: F811 (the fixture)
+    live_server: Any,
+    client: Any,
+    alice: Any,
+) -> None:
+    """The real two-rank DDP run (tests/fixtures/runs): the page names the first OOM rank's change, with Copy
+    (reached by keyboard), and its rank table says the run-level verdict its headline rests on."""
+    from webapp.snapshots.models import Report, Upload
+
+    run = project_runs["ddp"]
+    rank0 = Upload.objects.get(run_ref=run, rank=0)
+    dev = Report.objects.get(upload=rank0).data["devices"][0]
+    change = dev["decision"]["change"]
+    width, height = WIDTHS[form]
+    visit = Visit(
+        browser,
+        f"{live_server.url}/run/{run.code}/",
+        _session_cookie(client, alice, live_server),
+        charts=False,
+        width=width,
+        height=height,
+    )
+    try:
+        page = visit.page
+        decision = page.locator("#run-decision")
+        assert decision.get_by_role("heading", name="Rank 0 ran out of memory first").is_visible()
+        box = decision.locator(".change")
+        assert box.get_attribute("data-change") == change["id"] == "expandable_segments"
+        assert box.locator("code#run-change-line").inner_text() == change["line"]
+        assert "The change: set this environment variable for the job (every rank)" in box.inner_text()
+        copy = box.get_by_role("button", name="Copy")
+        for _ in range(40):  # reached by keyboard
+            page.keyboard.press("Tab")
+            if copy.evaluate("(b) => b === document.activeElement"):
+                break
+        else:
+            raise AssertionError("Copy never took the focus")
+        page.keyboard.press("Enter")
+        visit.wait_for("() => document.querySelector('#run-decision button[data-copy]').textContent === 'Copied'")
+        # The rank table's word is the run-level verdict the page rests on, not the failing request's alone.
+        word = dev["oom"].get("run_verdict") or dev["oom"]["verdict"]
+        assert page.locator("tr[data-rank='0'] .badge").inner_text() == f"out of memory ({word})"
+        assert page.locator("tr[data-rank='1'] .badge.peer").inner_text() == "a peer died"
+        _clean(visit)
+        _fits_the_screen(visit, width)
+        page.screenshot(path=str(SCREENSHOTS / f"words35-run-change-{form}.png"), full_page=False)
     finally:
         visit.close()
