@@ -2,7 +2,8 @@
 a run without an OOM is not pushed a costly change (t5_nocap_default: nothing free lowers its peak, so nothing
 needs to change and the cheapest code change is only the runner-up), a free setting the real rerun bore out is
 the change (unetrr_nocap_default: expandable_segments, its replayed peak within 1% of the real rerun's), and a
-runner-up whose step is not known says so (eval_bert_default: its real rerun died in the same step)."""
+runner-up whose step is not known says so (eval_bert_default: its real rerun died in the same step); the DDP
+run page names the change with Copy; the runs page validates a webhook on save and sends a test alert."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.webapp import test_browser
 from tests.webapp.helpers import FIXTURES
 from tests.webapp.test_browser import SCREENSHOTS, Visit, _analysed, _session_cookie
 from tests.webapp.test_browser_honest import WIDTHS, _clean, _fits_the_screen
+from tests.webapp.test_hardmisc import receivers  # noqa: F401 (the fixture: real HTTP receivers on loopback)
 from tests.webapp.test_runs_browser import project_runs  # noqa: F401 (the fixture: a real two-rank DDP run)
 
 pytestmark = pytest.mark.browser
@@ -163,5 +165,71 @@ def test_the_ddp_run_page_names_the_change_with_copy_and_one_verdict(
         _clean(visit)
         _fits_the_screen(visit, width)
         page.screenshot(path=str(SCREENSHOTS / f"words35-run-change-{form}.png"), full_page=False)
+    finally:
+        visit.close()
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_the_webhook_is_validated_on_save_and_a_test_alert_reaches_a_real_receiver(
+    form: str,
+    browser: Any,
+    transactional_db: Any,
+    alice: Any,
+    alpha: Any,
+    live_server: Any,
+    client: Any,
+    settings: Any,
+    receivers: Any,  # noqa: F811 (the fixture)
+) -> None:
+    """The project's runs page by keyboard: a private address is refused on save, saying why and what to set;
+    a loopback receiver (the test-only allowance) is saved with the SITE_URL warning; "Send a test alert"
+    reaches it, and a receiver answering 500 is reported as not delivered."""
+    from webapp.snapshots import runs
+
+    settings.SITE_URL = ""
+    width, height = WIDTHS[form]
+    visit = Visit(
+        browser,
+        f"{live_server.url}/p/alpha/runs/",
+        _session_cookie(client, alice, live_server),
+        charts=False,
+        width=width,
+        height=height,
+    )
+    try:
+        page = visit.page
+        field = page.get_by_label("Webhook (Slack-compatible")
+        field.fill("http://10.1.2.3/hook")
+        field.press("Enter")  # the form's first submit button: Save
+        page.wait_for_load_state()
+        refused = page.locator(".notice.error").inner_text()
+        assert "10.1.2.3, inside the network" in refused and "WEBHOOK_ALLOW_PRIVATE_HOSTS" in refused
+        assert runs.policy_for(alpha).webhook_url == ""
+        assert page.get_by_role("button", name="Send a test alert").count() == 0
+        settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True  # the explicit test-only allowance: the receiver is on loopback
+        port, handler = receivers()
+        field = page.get_by_label("Webhook (Slack-compatible")
+        field.fill(f"http://127.0.0.1:{port}/hook")
+        field.press("Enter")
+        page.wait_for_load_state()
+        assert "SITE_URL" in page.locator("ul.messages").inner_text()
+        assert "SITE_URL is not set" in page.locator("form.policy .note").inner_text()
+        test = page.get_by_role("button", name="Send a test alert")
+        test.focus()
+        page.keyboard.press("Enter")
+        page.wait_for_load_state()
+        assert page.locator(".notice").first.inner_text() == (
+            "The test alert was delivered: the receiver answered HTTP 200."
+        )
+        assert len(handler.seen) == 1 and json.loads(handler.seen[0]["body"])["oomscope"]["test"] is True
+        handler.answer = (500, {})
+        page.get_by_role("button", name="Send a test alert").click()
+        page.wait_for_load_state()
+        failed = page.locator(".notice.error").inner_text()
+        assert failed.startswith("The test alert was not delivered:") and "HTTP 500" in failed
+        assert "Webhook deliveries" in page.locator("main").inner_text()
+        _clean(visit)
+        _fits_the_screen(visit, width)
+        page.screenshot(path=str(SCREENSHOTS / f"words35-webhook-{form}.png"), full_page=True)
     finally:
         visit.close()
