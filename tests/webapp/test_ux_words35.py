@@ -42,6 +42,9 @@ def test_a_run_without_an_oom_is_not_pushed_a_costly_change(
         page = visit.page
         screen = page.get_by_role("region", name="What to do")
         assert screen.locator(".badge").inner_text() == "no OOM"
+        # Without an OOM there is no message to paste: the ledger's caption does not ask for one.
+        ledger = screen.locator("figcaption").first.inner_text()
+        assert "without an OOM there is no message" in ledger and "paste the OOM message" not in ledger
         assert screen.locator(".change.none").inner_text() == "No change needed: the run did not run out of memory."
         assert screen.locator(".change[data-change]").count() == 0  # no "The change, in the code"
         assert screen.locator(".buys").inner_text() == f"What it buys: {NO_OOM_NOTHING_FREE}"
