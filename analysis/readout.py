@@ -563,6 +563,9 @@ def run_facts(dev: Mapping[str, Any]) -> dict[str, Any]:
         # The run's verdict is the one a row says (analysis.decision.run_verdict); the request's keeps its name.
         "verdict": oom.get("run_verdict", oom.get("verdict")) if oom else None,
         "request_verdict": oom.get("request_verdict", oom.get("verdict")) if oom else None,
+        # What the run's verdict rests on (cause | step | request): history says "the program's cause" for
+        # the first (issue 35: "capacity, the request alone" where the request alone was fragmentation).
+        "verdict_basis": oom.get("run_verdict_basis") if oom else None,
         "headline": decision.get("headline"),
         "change_id": change.get("id"),
         "change_title": change.get("title"),

@@ -236,3 +236,49 @@ def test_the_webhook_is_validated_on_save_and_a_test_alert_reaches_a_real_receiv
         page.screenshot(path=str(SCREENSHOTS / f"words35-webhook-{form}.png"), full_page=True)
     finally:
         visit.close()
+
+
+HISTORY_CASES = ("leak_conv2", "optim_mlp", "eval_bert", "otherproc")
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_history_says_each_runs_verdict_beside_its_change(
+    form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    """History's "OOM (verdict for)" column says the run's verdict, the one the first screen rests on (a program
+    cause explains the OOM: capacity), not "fragmentation" from the failing request alone, beside the change
+    column naming the program's fix: the leak, optimizer, evaluation and other-process runs of
+    tests/fixtures/diagnosis."""
+    from webapp.snapshots.models import Report
+
+    uploads = {case: _analysed(alpha, alice, f"diagnosis/{case}_default") for case in HISTORY_CASES}
+    width, height = WIDTHS[form]
+    visit = Visit(
+        browser,
+        f"{live_server.url}/p/alpha/",
+        _session_cookie(client, alice, live_server),
+        width=width,
+        height=height,
+    )
+    try:
+        page = visit.page
+        request_words = []
+        for case, upload in uploads.items():
+            dev = Report.objects.get(upload=upload).data["devices"][0]
+            row = page.locator("table tbody tr", has=page.get_by_role("link", name=f"{case}_default.pickle.gz"))
+            cells = row.locator("td")
+            verdict = cells.nth(8).locator(".badge").inner_text()
+            assert verdict == dev["oom"]["run_verdict"], case
+            assert cells.nth(10).inner_text().startswith(dev["decision"]["change"]["title"]), case
+            request_words.append(dev["oom"]["verdict"])
+            level = cells.nth(8).locator("small.level").inner_text()
+            if dev["oom"]["run_verdict_basis"] == "cause":  # a program cause: no allocator setting undoes it
+                assert (verdict, level) == ("capacity", "the program's cause"), case
+            else:
+                assert level in ("the whole step", "the request alone"), case
+        assert "fragmentation" in request_words  # the requests alone would have said fragmentation
+        _clean(visit)
+        _fits_the_screen(visit, width)
+        page.screenshot(path=str(SCREENSHOTS / f"words35-history-{form}.png"), full_page=False)
+    finally:
+        visit.close()
