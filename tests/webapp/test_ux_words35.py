@@ -282,3 +282,45 @@ def test_history_says_each_runs_verdict_beside_its_change(
         page.screenshot(path=str(SCREENSHOTS / f"words35-history-{form}.png"), full_page=False)
     finally:
         visit.close()
+
+
+@pytest.mark.parametrize("form", ["desktop", "phone"])
+def test_the_capture_doctor_speaks_at_intake_and_on_the_report(
+    form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
+) -> None:
+    """A 0-byte file on the upload page is refused beside the file field with the call that would have written
+    it; a wrapped ring buffer's report says so in one line with the call that captures it right."""
+    from django.urls import reverse
+
+    width, height = WIDTHS[form]
+    cookies = _session_cookie(client, alice, live_server)
+    visit = Visit(browser, f"{live_server.url}/upload/", cookies, charts=False, width=width, height=height)
+    try:
+        page = visit.page
+        page.set_input_files(
+            "#id_file", files=[{"name": "oom.pickle.gz", "mimeType": "application/gzip", "buffer": b""}]
+        )
+        page.get_by_role("button", name="Upload and analyse").click()
+        page.wait_for_load_state()
+        visit.wait_for("() => document.querySelector('[data-field=file] .errorlist') !== null")
+        said = page.locator("[data-field=file] .errorlist").inner_text()
+        assert "The file is empty (0 bytes)" in said and "torch.cuda.memory._dump_snapshot(path)" in said, said
+        assert visit.csp_violations() == [] and [e for e in visit.errors() if "status of 4" not in e] == []
+        _fits_the_screen(visit, width)
+        page.screenshot(path=str(SCREENSHOTS / f"words35-doctor-empty-{form}.png"), full_page=False)
+    finally:
+        visit.close()
+    upload = _analysed(alpha, alice, "wrapped_ring")
+    url = live_server.url + reverse("snapshots:detail", args=[upload.code])
+    visit = Visit(browser, url, cookies, width=width, height=height)
+    try:
+        page = visit.page
+        doctor = page.get_by_role("region", name="How this file was captured")
+        item = doctor.locator('[data-code="trace-truncated"]')
+        assert "torch.cuda.memory._record_memory_history(max_entries=1_000_000)" in item.inner_text()
+        _clean(visit)
+        _fits_the_screen(visit, width)
+        doctor.scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / f"words35-doctor-ring-{form}.png"), full_page=False)
+    finally:
+        visit.close()
