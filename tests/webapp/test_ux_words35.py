@@ -203,8 +203,8 @@ def test_the_webhook_is_validated_on_save_and_a_test_alert_reaches_a_real_receiv
         page = visit.page
         field = page.get_by_label("Webhook (Slack-compatible")
         field.fill("http://10.1.2.3/hook")
-        field.press("Enter")  # the form's first submit button: Save
-        page.wait_for_load_state()
+        with page.expect_navigation():  # the POST's redirect back to the page, not the page already there
+            field.press("Enter")  # the form's first submit button: Save
         refused = page.locator(".notice.error").inner_text()
         assert "10.1.2.3, inside the network" in refused and "WEBHOOK_ALLOW_PRIVATE_HOSTS" in refused
         assert runs.policy_for(alpha).webhook_url == ""
@@ -213,21 +213,21 @@ def test_the_webhook_is_validated_on_save_and_a_test_alert_reaches_a_real_receiv
         port, handler = receivers()
         field = page.get_by_label("Webhook (Slack-compatible")
         field.fill(f"http://127.0.0.1:{port}/hook")
-        field.press("Enter")
-        page.wait_for_load_state()
+        with page.expect_navigation():
+            field.press("Enter")
         assert "SITE_URL" in page.locator("ul.messages").inner_text()
         assert "SITE_URL is not set" in page.locator("form.policy .note").inner_text()
         test = page.get_by_role("button", name="Send a test alert")
         test.focus()
-        page.keyboard.press("Enter")
-        page.wait_for_load_state()
+        with page.expect_navigation():
+            page.keyboard.press("Enter")
         assert page.locator(".notice").first.inner_text() == (
             "The test alert was delivered: the receiver answered HTTP 200."
         )
         assert len(handler.seen) == 1 and json.loads(handler.seen[0]["body"])["oomscope"]["test"] is True
         handler.answer = (500, {})
-        page.get_by_role("button", name="Send a test alert").click()
-        page.wait_for_load_state()
+        with page.expect_navigation():
+            page.get_by_role("button", name="Send a test alert").click()
         failed = page.locator(".notice.error").inner_text()
         assert failed.startswith("The test alert was not delivered:") and "HTTP 500" in failed
         assert "Webhook deliveries" in page.locator("main").inner_text()
