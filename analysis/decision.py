@@ -131,6 +131,16 @@ def decide(result: DecisionInput | Mapping[str, Any], capture: Mapping[str, Any]
             "confidence": _confidence(inp, capture, choice),
             "runner_up": _change(choice, recorded_conf, short=True),
         }
+    if not oom and choice is not None and not choice.is_setting:
+        # No OOM and no free setting lowers the peak: nothing needs to change (issue 35: such runs were
+        # pushed checkpointing or an 8-bit optimizer). The cheapest code change, for room, is the runner-up.
+        return {
+            "headline": headline,
+            "change": None,
+            "buys": NO_OOM_NOTHING_FREE,
+            "confidence": _confidence(dev, capture, None),
+            "runner_up": _change(_cheapest(ranked, dev), recorded_conf, short=True),
+        }
     change = _change(choice, recorded_conf) if choice else None
     buys = _buys(choice, oom, inp.peak_reserved, inp.events) if choice else _nothing_buys(oom)
     return {
@@ -413,6 +423,19 @@ def _ranked_without_oom(
     settings.sort(key=lambda c: c.whatif_peak_reserved)
     others = [c for c in choices if not c.is_setting]
     return settings + others
+
+
+NO_OOM_NOTHING_FREE = (
+    "Nothing needs to change: the run did not run out of memory, and no allocator setting lowers its peak in "
+    "the replay. For room to grow (a larger batch, longer sequences), the runner-up is the cheapest code "
+    "change that frees memory, at a cost in speed, numerics or state."
+)
+
+
+def _cheapest(ranked: Sequence[_Choice], dev: Mapping[str, Any]) -> _Choice:
+    """Of the code changes, the first in the ranked table's order (cheapest first), else the advisor's first."""
+    position = {str(r.get("id")): k for k, r in enumerate(dev.get("ranked") or [])}
+    return min(ranked, key=lambda c: position.get(str(c.suggestion.get("id")), len(position)))
 
 
 def _recorded_conf(capture: Mapping[str, Any]) -> str:

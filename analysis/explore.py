@@ -44,11 +44,14 @@ from analysis.allocator.recorded import (
     recorded_replay,
     resume_state,
 )
+from analysis.categories import frameless_backward
 from analysis.model import (
     ACTIONS,
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
     ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
     INACTIVE,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
@@ -60,7 +63,7 @@ from analysis.model import (
     Trace,
     sorted_unique,
 )
-from analysis.stacks import Lifetimes, StackCatalog, alloc_lifetimes
+from analysis.stacks import BACKWARD_NO_FRAMES, BEFORE_TRACE, Lifetimes, StackCatalog, alloc_lifetimes
 from analysis.timeline import SERIES, series_at, settle_fused_frees, settled_points, timeline_window
 
 I64 = npt.NDArray[np.int64]
@@ -84,6 +87,39 @@ def event_columns(replay: RecordedReplay, dev: DeviceData, catalog: StackCatalog
     out["action"] = np.asarray(trace.action, np.int8)
     out["size"] = np.asarray(trace.size, np.int64)
     out["group"] = catalog.groups_of(np.asarray(trace.stack)).astype(np.int32)
+    return out
+
+
+def event_groups(trace: Trace, catalog: StackCatalog, lifetimes: Lifetimes) -> npt.NDArray[np.int32]:
+    """Per event, the stack group its line in the event list (and its hover text) names.
+
+    An event's own stack's group, but where that says "unknown / no frames" and more is known
+    (issue 35): the backward pass's frame-less allocations (``categories.frameless_backward``,
+    stacks="python" records no frames on the autograd thread) are named so, as the report's stacks
+    are; a free without frames of its own names the allocation it frees (its request, and the
+    completion that follows at the same address); a segment or OOM event without frames names none (-1)."""
+    action = np.asarray(trace.action)
+    n = action.shape[0]
+    out = catalog.groups_of(np.asarray(trace.stack)).astype(np.int32)
+    alloc_group = catalog.groups_of(np.asarray(lifetimes.stack)).astype(np.int32)
+    frameless = frameless_backward(lifetimes, catalog)
+    if frameless.any():
+        alloc_group[frameless] = catalog.pseudo_group(BACKWARD_NO_FRAMES)
+        out[np.asarray(lifetimes.start, np.int64)[frameless]] = alloc_group[frameless]
+    ends = np.asarray(lifetimes.end, np.int64)
+    freed = ends < n
+    freed[freed] = action[ends[freed]] == FREE_REQUESTED
+    of_free = np.full(n, -1, np.int32)
+    of_free[ends[freed]] = alloc_group[freed]
+    # A completion follows its request at the same address: in (address, index) order they are neighbours.
+    frees = np.flatnonzero((action == FREE_REQUESTED) | (action == FREE_COMPLETED))
+    by_address = np.lexsort((frees, np.asarray(trace.addr, np.int64)[frees]))
+    order, addr = frees[by_address], np.asarray(trace.addr, np.int64)[frees][by_address]
+    pair = (addr[1:] == addr[:-1]) & (action[order[:-1]] == FREE_REQUESTED) & (action[order[1:]] == FREE_COMPLETED)
+    of_free[order[1:][pair]] = of_free[order[:-1][pair]]
+    blank = out == 0
+    out[blank & (of_free >= 0)] = of_free[blank & (of_free >= 0)]
+    out[(out == 0) & (action != ALLOC) & (action != FREE_REQUESTED) & (action != FREE_COMPLETED)] = -1
     return out
 
 
@@ -135,15 +171,22 @@ def window(
 
 
 def finish_timeline(
-    timeline: dict[str, Any] | None, columns: Mapping[str, np.ndarray], dev: DeviceData, catalog: StackCatalog
+    timeline: dict[str, Any] | None,
+    columns: Mapping[str, np.ndarray],
+    dev: DeviceData,
+    catalog: StackCatalog,
+    lifetimes: Lifetimes | None = None,
 ) -> dict[str, Any] | None:
-    """The report's timeline with fused frees settled and, per point, the event's action, size and stack group."""
+    """The report's timeline with fused frees settled and, per point, the event's action, size and stack group
+    (given ``lifetimes``, as the event list names them: ``event_groups``)."""
     timeline = settle_fused_frees(timeline, columns, dev.trace)
     if not timeline:
         return timeline
     points = np.asarray(timeline["index"], np.int64)
     trace = dev.trace
     groups = catalog.groups_of(np.asarray(trace.stack)[points]).astype(np.int32)
+    if lifetimes is not None:
+        groups = event_groups(trace, catalog, lifetimes)[points]
     cols: dict[str, np.ndarray] = {
         "action": np.asarray(trace.action)[points],
         "size": np.asarray(trace.size)[points],
@@ -400,7 +443,9 @@ def explore_store(
     lt = lifetimes if lifetimes is not None else alloc_lifetimes(trace.action, trace.addr, trace.size, trace.stack)
     out = event_columns(replay, dev, catalog)
     out["alloc_start"], out["alloc_end"], out["alloc_size"] = lt.start, lt.end, lt.size
-    out["alloc_group"] = catalog.groups_of(np.asarray(lt.stack)).astype(np.int32)
+    out["group"] = event_groups(trace, catalog, lt)
+    # An allocation's group is its alloc event's (the backward pass's frame-less ones named so).
+    out["alloc_group"] = out["group"][np.asarray(lt.start, np.int64)] if lt.start.size else np.zeros(0, np.int32)
     out["addr"] = np.asarray(trace.addr, np.int64)
     out["stream"] = np.asarray(trace.stream, np.int32)
     out["pool"] = np.asarray(trace.pool, np.int32)
@@ -540,8 +585,15 @@ class StoredExplorer:
             return int(end[k])
         return None
 
-    def _label(self, stack: int) -> str:
-        group = int(self.store["group_of"][stack + 1]) if stack >= -1 else 0
+    def _label(self, stack: int, event: int = -1) -> str:
+        """The label of an event's stack group as the store has it per event (the backward pass's
+        frame-less events named so), else of ``stack``'s group."""
+        if 0 <= event < self.events:
+            group = int(self.store["group"][event])
+        else:
+            group = int(self.store["group_of"][stack + 1]) if stack >= -1 else 0
+            if group == 0:  # a block from before the trace: its stack is not known, only that
+                return BEFORE_TRACE
         return self.label_of.get(str(group), "") if group >= 0 else ""
 
     def _frames_of(self, stack: int) -> list[dict[str, Any]]:
@@ -589,6 +641,9 @@ class StoredExplorer:
                 "action": ACTIONS[int(st["action"][index])],
                 "size": int(st["size"][index]),
                 "time_us": int(st["time_us"][index]),
+                # The event's whole stack (memory_viz shows it under the event list) and its group's label.
+                "frames": self._frames_of(int(st["stack"][index])),
+                "label": self._label(int(st["stack"][index]), index),
             }
         return {
             "event": event,
@@ -615,7 +670,7 @@ class StoredExplorer:
         }
         if b.state != INACTIVE:
             entry["alloc_event"] = int(b.alloc_index) if b.alloc_index >= 0 else None
-            entry["label"] = self._label(int(b.stack))
+            entry["label"] = self._label(int(b.stack), int(b.alloc_index))
             entry["stack"] = int(b.stack)
             entry["free_event"] = self._free_of(b.alloc_index) if b.alloc_index >= 0 else None
         return entry

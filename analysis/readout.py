@@ -529,12 +529,16 @@ def device_readout(dev: Device | Mapping[str, Any]) -> dict[str, Any]:
 
 def runner_up_note(dev: Device | Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str | None:
     """The qualifier the first screen's runner-up needs: where its replay also runs out in the failing step
-    (or only postpones the OOM), what the ranked table says of it; None where nothing qualifies it."""
+    (or only postpones the OOM), or only gets past the failing request with the rest of the step unknown
+    (issue 35: eval_bert's runner-up, whose real rerun died in the same step, stood unqualified), what the
+    ranked table says of it; None where nothing qualifies it (an estimate, a step that finishes)."""
     decision = device_of(dev).decision
     runner = decision.runner_up if decision else None
     if runner is None or runner.id is None:
         return None
     row = next((r for r in rows if r["id"] == runner.id), None)
+    if row is not None and row["state"] == "not-known":
+        return f"it only {row['state_text']}, since {row['why']}"
     if row is None or row["state"] not in ("runs-out", "postpones"):
         return None
     return f"{row['state_text']}: {row['why']}"
@@ -560,6 +564,9 @@ def run_facts(dev: Device | Mapping[str, Any]) -> dict[str, Any]:
         # (contract.Oom reads an older report's ``verdict`` for both).
         "verdict": oom.run_verdict if oom else None,
         "request_verdict": oom.request_verdict if oom else None,
+        # What the run's verdict rests on (cause | step | request): history says "the program's cause" for
+        # the first (issue 35: "capacity, the request alone" where the request alone was fragmentation).
+        "verdict_basis": oom.run_verdict_basis if oom else None,
         "headline": decision.headline if decision else None,
         "change_id": change.id if change else None,
         "change_title": change.title if change else None,

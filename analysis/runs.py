@@ -123,6 +123,9 @@ class RankFigures:
     # label: the frames that allocated, not only the user site) and per category (parameters, ...).
     peak_stacks: dict[str, int] = field(default_factory=dict)
     peak_categories: dict[str, int] = field(default_factory=dict)
+    # The rank's first-screen change ({id, line, kind, title}); the run page shows the first OOM rank's.
+    change: Mapping[str, Any] | None = None
+    request_verdict: str | None = None  # the failing request's own verdict, where ``verdict`` is the run's
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -145,6 +148,8 @@ class RankFigures:
             "causes": list(self.causes),
             "peak_stacks": dict(self.peak_stacks),
             "peak_categories": dict(self.peak_categories),
+            "change": dict(self.change) if self.change else None,
+            "request_verdict": self.request_verdict,
         }
 
 
@@ -181,6 +186,12 @@ class RunSummary:
     notes: tuple[str, ...] = field(default=())
 
     @property
+    def first_oom_change(self) -> dict[str, Any] | None:
+        """The first OOM rank's change (its first screen's ``decision.change``): what to do about the run."""
+        first = next((r for r in self.ranks if r.rank == self.first_oom_rank), None)
+        return dict(first.change) if first is not None and first.change else None
+
+    @property
     def missing_ranks(self) -> list[int]:
         if not self.world_size:
             return []
@@ -200,6 +211,7 @@ class RunSummary:
                 "missing_ranks": self.missing_ranks,
                 "first_oom_rank": self.first_oom_rank,
                 "first_oom_reason": self.first_oom_reason,
+                "first_oom_change": self.first_oom_change,
                 "oom_ranks": [r.rank for r in self.ranks if r.failure == "oom"],
                 "peer_failed_ranks": list(self.peer_failed_ranks),
                 "imbalance": self.imbalance,
@@ -228,7 +240,8 @@ def _figures(item: RankInput) -> RankFigures:
         peak_is_lower_bound=bool(summary.get("peak_is_lower_bound")),
         oom=oom is not None,
         oom_time_us=int(oom["time_us"]) if oom is not None and oom.get("time_us") is not None else None,
-        verdict=str(oom.get("verdict")) if oom is not None and oom.get("verdict") else None,
+        verdict=_run_verdict(oom, decision),
+        request_verdict=str(oom.get("verdict")) if oom is not None and oom.get("verdict") else None,
         headline=str(decision.get("headline")) if decision and decision.get("headline") else None,
         failure=failure_kind(oom=oom is not None, error=item.error),
         error=item.error or None,
@@ -238,7 +251,20 @@ def _figures(item: RankInput) -> RankFigures:
         causes=tuple(str(row.get("id")) for row in dev.get("suggestions") or [] if row.get("id")),
         peak_stacks=_peak_stacks(item.report),
         peak_categories=_peak_categories(item.report),
+        change=decision.get("change") if decision and isinstance(decision.get("change"), Mapping) else None,
     )
+
+
+def _run_verdict(oom: Mapping[str, Any] | None, decision: Mapping[str, Any] | None) -> str | None:
+    """The word the rank table says beside the run's headline (issue 35: "out of memory (fragmentation)" stood
+    beside a "growing workload" headline): the program cause the first screen names, else the run-level
+    verdict (``oom.run_verdict``), else the request's."""
+    if oom is None:
+        return None
+    if decision and decision.get("cause"):
+        return str(decision.get("cause_label") or decision["cause"]).replace("_", " ")
+    word = oom.get("run_verdict") or oom.get("verdict")
+    return str(word) if word else None
 
 
 def _ratio_to_mean(values: Sequence[int]) -> float | None:

@@ -29,6 +29,10 @@ import numpy.typing as npt
 from analysis.model import Frame, StackTable
 
 UNKNOWN_LABEL = "unknown / no frames"
+# What the frame-less allocations of a backward pass are (categories.frameless_backward): the report, the
+# compare page and the event list all say it so, rather than "unknown / no frames".
+BACKWARD_NO_FRAMES = "backward pass (no frames: stacks='python' records none on the autograd thread)"
+BEFORE_TRACE = "allocated before the trace began (stack unknown)"
 # Columns at least this long have their groups kept by StackCatalog (one report's allocations).
 _MEMO_MIN = 4096
 OTHER_LABEL = "other stacks"

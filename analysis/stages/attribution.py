@@ -27,19 +27,13 @@ from analysis.categories import (
     private_pools,
 )
 from analysis.model import Snapshot
-from analysis.stacks import Lifetimes, StackCatalog, top_entries, totals_by_group
+from analysis.stacks import BACKWARD_NO_FRAMES, BEFORE_TRACE, Lifetimes, StackCatalog, top_entries, totals_by_group
 from analysis.stages.outline import Facts
 
 I64 = npt.NDArray[np.int64]
 
 
 TOP_STACKS = 10
-
-
-BACKWARD_NO_FRAMES = "backward pass (no frames: stacks='python' records none on the autograd thread)"
-
-
-BEFORE_TRACE = "allocated before the trace began (stack unknown)"
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ def timeline_json(facts: Facts, recorded: Recorded, catalog: StackCatalog) -> di
         if facts.n
         else None
     )
-    timeline = finish_timeline(timeline, cols, dev, catalog)  # fused frees settled, event info per point
+    # Fused frees settled, event info per point (the backward pass's frame-less events named so).
+    timeline = finish_timeline(timeline, cols, dev, catalog, facts.lifetimes)
     if timeline is None or facts.n <= 1:  # one event (a state-only dump) is no timeline to extend
         return timeline
     init = replay.initial

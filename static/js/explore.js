@@ -29,7 +29,12 @@
   function getJSON(url) {
     return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
       return r.json().then(function (body) {
-        if (!r.ok) throw new Error((body.error && body.error.message) || "HTTP " + r.status);
+        if (!r.ok) {
+          var error = new Error((body.error && body.error.message) || "HTTP " + r.status);
+          error.status = r.status;
+          error.code = body.error && body.error.code;
+          throw error;
+        }
         return body;
       });
     });
@@ -50,6 +55,26 @@
       data.t = body.time_us.map(function (t) { return (t - first) / 1e6; });
     }
     return data;
+  }
+
+  // The range of the timeline's visible lines (a line hidden from its legend does not count) over
+  // ``data``, with 6% room above and below and never below zero; null when nothing is drawn.
+  function ySpan(figure, source) {
+    var data = source.data;
+    var lo = Infinity;
+    var hi = -Infinity;
+    figure.renderers.forEach(function (r) {
+      var y = r.glyph && r.glyph.y;
+      var field = y && (typeof y === "string" ? y : y.field);
+      if (!r.visible || r.data_source !== source || !field || !data[field]) return;
+      data[field].forEach(function (v) {
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+      });
+    });
+    if (!(hi >= lo)) return null;
+    var room = Math.max((hi - lo) * 0.06, hi * 0.002, 1);
+    return [Math.max(0, lo - room), hi + room];
   }
 
   var actives = {}; // device -> {doc, source, figure, slot}
@@ -93,7 +118,7 @@
       active.slot.dataset.activeRange = body.start + "-" + body.end;
     }, function (error) {
       active.slot.dataset.active = "error";
-      console.warn("active memory:", error.message);
+      if (!linkGone(error)) console.warn("active memory:", error.message);
     });
   }
 
@@ -128,7 +153,7 @@
       chart.slot.dataset.bandsRange = body.start + "-" + body.end;
     }, function (error) {
       chart.slot.dataset.bands = "error";
-      console.warn(kind + ":", error.message);
+      if (!linkGone(error)) console.warn(kind + ":", error.message);
     });
   }
 
@@ -174,13 +199,14 @@
           zoomed = true;
           body.first_time_us = firstTimeUs;
           source.data = seriesOf(body);
-          // The y axis follows the window: its highest reserved point, with room (issue 20: it stayed
-          // at the whole trace's scale, so a zoomed detail was a flat line at the bottom).
-          var top = 0;
-          (body.reserved_bytes || []).forEach(function (y) { if (y > top) top = y; });
+          // The y axis follows the window: from the lowest to the highest point of the lines shown,
+          // with room (issue 20: it stayed at the whole trace's scale, a zoomed detail a flat line at
+          // the bottom; issue 35: it kept 0, so a 50 MiB swing at 5 GiB was still flat).
           var whole = t0 <= full[0] && t1 >= full[1];
+          var span = whole ? null : ySpan(figure, source);
           if (whole) figure.y_range.setv({ start: 0, end: fullTop });
-          else if (top > 0) figure.y_range.setv({ start: 0, end: top * 1.08 });
+          else if (span) figure.y_range.setv({ start: span[0], end: span[1] });
+          slot.dataset.zoomY = String(Math.round(figure.y_range.start)) + "-" + String(Math.round(figure.y_range.end));
           slot.dataset.zoom = "1";
           slot.dataset.zoomPoints = String(body.points);
           slot.dataset.zoomElided = String(body.elided || 0);
@@ -189,7 +215,7 @@
         },
         function (error) {
           slot.dataset.zoom = "error";
-          console.warn("zoom detail:", error.message);
+          if (!linkGone(error)) console.warn("zoom detail:", error.message);
         }
       );
     }
@@ -202,6 +228,12 @@
     }, function () { slot.dataset.exploreReady = "error"; });
 
     doc.on_change(function (event) {
+      // A line hidden or shown from the legend: a zoomed view's y axis fits the lines left.
+      if (event.attr === "visible" && zoomed && figure.renderers.indexOf(event.model) >= 0) {
+        var span = xr.start <= full[0] && xr.end >= full[1] ? null : ySpan(figure, source);
+        if (span) figure.y_range.setv({ start: span[0], end: span[1] });
+        return;
+      }
       if (event.model !== xr || (event.attr !== "start" && event.attr !== "end")) return;
       clearTimeout(timer);
       timer = setTimeout(fetchWindow, ZOOM_DELAY_MS);
@@ -252,118 +284,198 @@
     figure._update_event_callbacks(); // subscribe the figure to its UI events (on_event alone does not)
 
     // The panel holds the event list (left) and the allocator's state after the selected event (right).
-    var listBox = null;
-    var stateView = null;
-    var rows = []; // event indices listed, in order
-    var selected = -1;
-    var stateTimer = null;
-    var stateTicket = 0;
+    var events = null;
 
-    function ensurePanel() {
-      if (listBox) return;
-      panel.textContent = "";
-      var events = el("div", { class: "events" });
-      events.appendChild(el("h3", { id: "events-title-" + device }, "Events"));
-      events.appendChild(el("p", { class: "meta" }, "↑/↓ one event, Page Up/Down forty, Home/End the ends of the list; the state follows."));
-      listBox = el("div", {
-        class: "event-list",
-        role: "listbox",
-        tabindex: "0",
-        "aria-labelledby": "events-title-" + device,
-      });
-      events.appendChild(listBox);
-      stateView = el("div", { class: "state-view", "aria-live": "polite" });
-      panel.appendChild(events);
-      panel.appendChild(stateView);
-      listBox.addEventListener("keydown", function (event) {
-        var at = rows.indexOf(selected);
-        var moves = { ArrowDown: 1, ArrowUp: -1, PageDown: 40, PageUp: -40 };
-        var target = null;
-        if (event.key in moves) target = selected + moves[event.key];
-        else if (event.key === "Home") target = rows[0];
-        else if (event.key === "End") target = rows[rows.length - 1];
-        else return;
-        event.preventDefault();
-        if (event.key === "ArrowDown" && at >= 0 && at + 1 < rows.length) target = rows[at + 1];
-        if (event.key === "ArrowUp" && at > 0) target = rows[at - 1];
-        target = Math.max(Math.floor(full[0]), Math.min(Math.ceil(full[1]), target));
-        openEvents(target);
-      });
-    }
-
-    // List the events around ``index`` (from timeline.json, event by event) and select it.
     function openEvents(index) {
       if (!panel) return;
-      ensurePanel();
-      var inList = rows.indexOf(index);
-      if (inList > 4 && inList < rows.length - 5) {
-        select(index);
-        return;
-      }
-      var lo = Math.max(Math.floor(full[0]), index - 60);
-      var hi = Math.min(Math.ceil(full[1]), index + 60);
-      listBox.dataset.loading = "1";
-      getJSON(base + "timeline.json?device=" + device + "&t0=" + lo + "&t1=" + hi + "&px=4000").then(function (body) {
-        listBox.textContent = "";
-        rows = [];
-        body.index.forEach(function (i, k) {
-          var option = el("div", { role: "option", id: "event-" + device + "-" + i, "data-event": String(i), "aria-selected": "false" });
-          option.appendChild(el("span", { class: "event-index mono" }, thousands(i)));
-          option.appendChild(el("span", { class: "event-what" }, body.what[k]));
-          option.addEventListener("click", function () { select(i); listBox.focus(); });
-          listBox.appendChild(option);
-          rows.push(i);
+      if (!events) {
+        events = eventList(panel, base, device, function (i) {
+          // The same event on the timeline: a vertical line (reports analysed before it have none).
+          var cursor = doc.get_model_by_name("timeline-cursor");
+          if (cursor) cursor.setv({ location: i, visible: true });
         });
-        delete listBox.dataset.loading;
-        // A free that completes at once is drawn at its completion: step to the nearest listed event.
-        var nearest = rows.reduce(function (best, i) { return Math.abs(i - index) < Math.abs(best - index) ? i : best; }, rows[0]);
-        select(nearest);
-      }, function (error) {
-        listBox.textContent = "The events could not be read: " + error.message;
-      });
-    }
-
-    function select(index) {
-      var old = listBox.querySelector('[aria-selected="true"]');
-      if (old) old.setAttribute("aria-selected", "false");
-      var option = document.getElementById("event-" + device + "-" + index);
-      selected = index;
-      if (option) {
-        option.setAttribute("aria-selected", "true");
-        listBox.setAttribute("aria-activedescendant", option.id);
-        option.scrollIntoView({ block: "nearest" });
       }
-      listBox.dataset.selected = String(index);
-      // The same event on the timeline: a vertical line (reports analysed before it have none).
-      var cursor = doc.get_model_by_name("timeline-cursor");
-      if (cursor) cursor.setv({ location: index, visible: true });
-      clearTimeout(stateTimer);
-      stateTimer = setTimeout(function () { showState(index); }, 80); // holding a key asks once it rests
+      events.open(index);
     }
-
-    function showState(index) {
-      if (!panel) return;
-      ensurePanel();
-      var ticket = ++stateTicket;
-      panel.dataset.state = "loading";
-      getJSON(base + "state.json?device=" + device + "&i=" + index).then(function (state) {
-        if (ticket !== stateTicket) return; // a later event was asked for meanwhile
-        drawState(stateView, state, base, device);
-        panel.dataset.state = String(index);
-      }, function (error) {
-        panel.dataset.state = "error";
-        stateView.textContent = "The state could not be read: " + error.message;
-      });
-    }
-
     var opener = document.querySelector('[data-open-events="' + device + '"]');
     if (opener) {
       opener.hidden = false;
       opener.addEventListener("click", function () {
         openEvents(parseInt(opener.dataset.event, 10));
-        listBox.focus();
+        events.focus();
       });
     }
+  }
+
+  // memory_viz's event list: every event of the trace (free_requested halves too) in one listbox,
+  // virtualised: a spacer as tall as all the rows, only the rows in view drawn, their text read a
+  // page at a time from <base>events.json. Under it, the selected event's whole stack; beside it,
+  // the allocator's state after that event. ↑/↓ one event, Page Up/Down forty, Home/End the ends.
+  var ROW_PX = 24; // .event-list [role=option] is this tall (oomscope.css)
+  var EVENTS_PAGE = 200;
+  var PAGE_STEP = 40;
+
+  function eventList(panel, base, device, onSelect) {
+    panel.textContent = "";
+    var box = el("div", { class: "events" });
+    box.appendChild(el("h3", { id: "events-title-" + device }, "Events"));
+    box.appendChild(el("p", { class: "meta" }, "Every event of the trace. ↑/↓ one event, Page Up/Down forty, Home/End the first and the last; the state follows."));
+    var listBox = el("div", { class: "event-list", role: "listbox", tabindex: "0", "aria-labelledby": "events-title-" + device });
+    var spacer = el("div", { class: "event-rows", role: "presentation" });
+    listBox.appendChild(spacer);
+    box.appendChild(listBox);
+    var stackView = el("div", { class: "event-stack", "aria-live": "polite" });
+    box.appendChild(stackView);
+    var stateView = el("div", { class: "state-view", "aria-live": "polite" });
+    panel.appendChild(box);
+    panel.appendChild(stateView);
+
+    var total = 0; // events in the trace, known from the first page read
+    var pages = {}; // page -> events.json answer, "loading", or an Error
+    var selected = -1;
+    var stateTimer = null;
+    var stateTicket = 0;
+    var drawPending = false;
+
+    function loadPage(page, then) {
+      if (pages[page]) return;
+      pages[page] = "loading";
+      getJSON(base + "events.json?device=" + device + "&start=" + page * EVENTS_PAGE + "&count=" + EVENTS_PAGE).then(function (body) {
+        pages[page] = body;
+        if (!total) {
+          total = body.events;
+          spacer.style.height = total * ROW_PX + "px";
+          listBox.dataset.events = String(total);
+        }
+        if (then) then();
+        draw();
+      }, function (error) {
+        pages[page] = error;
+        listBox.dataset.error = error.message;
+        stackView.textContent = linkGone(error) ? error.message : "The events could not be read: " + error.message;
+      });
+    }
+
+    function rowFor(i) {
+      var option = el("div", { role: "option", id: "event-" + device + "-" + i, "data-event": String(i), "aria-selected": "false", "aria-posinset": String(i + 1), "aria-setsize": String(total) });
+      option.style.top = i * ROW_PX + "px";
+      option.appendChild(el("span", { class: "event-index mono" }, thousands(i)));
+      option.appendChild(el("span", { class: "event-what" }, "…"));
+      option.addEventListener("click", function () { select(i); listBox.focus(); });
+      return option;
+    }
+
+    // Draw the rows in view (and a few either side); drop the others.
+    function draw() {
+      drawPending = false;
+      if (!total) return;
+      var first = Math.max(0, Math.floor(listBox.scrollTop / ROW_PX) - 8);
+      var last = Math.min(total - 1, Math.ceil((listBox.scrollTop + listBox.clientHeight) / ROW_PX) + 8);
+      var shown = {};
+      Array.prototype.slice.call(spacer.children).forEach(function (row) {
+        var i = parseInt(row.dataset.event, 10);
+        if (i < first || i > last) spacer.removeChild(row);
+        else shown[i] = row;
+      });
+      for (var i = first; i <= last; i++) {
+        var row = shown[i] || spacer.appendChild(rowFor(i));
+        var page = pages[Math.floor(i / EVENTS_PAGE)];
+        if (!page) loadPage(Math.floor(i / EVENTS_PAGE));
+        if (page && page.what && row.dataset.read !== "1") {
+          var text = page.what[i - page.start];
+          row.lastChild.textContent = text;
+          row.title = thousands(i) + ": " + text;
+          row.dataset.action = page.action[i - page.start];
+          row.dataset.read = "1";
+        }
+        row.setAttribute("aria-selected", i === selected ? "true" : "false");
+      }
+      listBox.dataset.drawn = first + "-" + last;
+    }
+
+    listBox.addEventListener("scroll", function () {
+      if (drawPending) return;
+      drawPending = true;
+      window.requestAnimationFrame(draw);
+    });
+
+    function select(index) {
+      if (!total) return;
+      index = Math.max(0, Math.min(total - 1, index));
+      selected = index;
+      var top = index * ROW_PX;
+      var view = listBox.clientHeight;
+      if (top < listBox.scrollTop - ROW_PX * 4 || top > listBox.scrollTop + view + ROW_PX * 4) {
+        listBox.scrollTop = Math.max(0, top - view / 2); // a jump: the event in the middle
+      } else if (top < listBox.scrollTop) {
+        listBox.scrollTop = top;
+      } else if (top + ROW_PX > listBox.scrollTop + view) {
+        listBox.scrollTop = top + ROW_PX - view;
+      }
+      draw();
+      listBox.setAttribute("aria-activedescendant", "event-" + device + "-" + index);
+      listBox.dataset.selected = String(index);
+      onSelect(index);
+      clearTimeout(stateTimer);
+      stateTimer = setTimeout(function () { showState(index); }, 80); // holding a key asks once it rests
+    }
+
+    listBox.addEventListener("keydown", function (event) {
+      var moves = { ArrowDown: 1, ArrowUp: -1, PageDown: PAGE_STEP, PageUp: -PAGE_STEP };
+      var target;
+      if (event.key in moves) target = selected + moves[event.key];
+      else if (event.key === "Home") target = 0;
+      else if (event.key === "End") target = total - 1;
+      else return;
+      event.preventDefault();
+      select(target);
+    });
+
+    function showState(index) {
+      var ticket = ++stateTicket;
+      panel.dataset.state = "loading";
+      getJSON(base + "state.json?device=" + device + "&i=" + index).then(function (state) {
+        if (ticket !== stateTicket) return; // a later event was asked for meanwhile
+        drawStack(stackView, state.event);
+        drawState(stateView, state, base, device);
+        panel.dataset.state = String(index);
+      }, function (error) {
+        panel.dataset.state = "error";
+        stateView.textContent = linkGone(error) ? error.message : "The state could not be read: " + error.message;
+      });
+    }
+
+    return {
+      open: function (index) {
+        var page = Math.floor(Math.max(0, index) / EVENTS_PAGE);
+        if (total) select(index);
+        else loadPage(page, function () { select(index); });
+      },
+      focus: function () { listBox.focus(); },
+    };
+  }
+
+  // The selected event's whole stack under the list, as memory_viz shows it (C++ frames folded).
+  function drawStack(view, ev) {
+    view.textContent = "";
+    if (!ev) return;
+    view.dataset.event = String(ev.index);
+    view.appendChild(el("h4", null, "Event " + thousands(ev.index) + ": " + ev.text));
+    var frames = ev.frames || [];
+    if (frames.length) view.appendChild(frameList(frames));
+    else view.appendChild(el("p", { class: "meta" }, ev.label ? "No frames: " + ev.label + "." : "No frames recorded for this event."));
+  }
+
+  // A share link revoked while its page is open: every later request is a 404; say so once, at the top.
+  function linkGone(error) {
+    if (!(error.status === 404 && error.code === "not-found" && /^\/r\//.test(window.location.pathname))) return false;
+    if (!document.getElementById("link-gone")) {
+      var note = el("p", { id: "link-gone", class: "notice error link-gone", role: "alert" }, error.message);
+      var main = document.querySelector("main") || document.body;
+      main.insertBefore(note, main.firstChild);
+    }
+    document.querySelectorAll(".state-panel").forEach(function (p) { p.dataset.gone = "1"; });
+    return true;
   }
 
   // A colour per stack (the label), so a block reads as "the same code" across segments and events.
@@ -394,10 +506,11 @@
     // (about six rows for the whole cache), each block inside coloured by the code that allocated it;
     // free blocks pale, pending frees hatched. Hover for the sizes and the stack; click a block.
     var reserved = Math.max(1, state.reserved_bytes);
-    view.appendChild(el("p", { class: "meta" }, state.segments.length + " segments, in address order, each as wide as its share of the " + state.reserved_text + " reserved; a block's colour is the code that allocated it (pale: free, yellow: pending free). Click a block for its stacks."));
+    view.appendChild(el("p", { class: "meta" }, state.segments.length + " segments, in address order, each as wide as its share of the " + state.reserved_text + " reserved; a block's colour is the code that allocated it (pale: free, yellow: pending free). Click a block, or Tab to the map and move with the arrow keys, for its details and stacks."));
     if (state.truncated) view.appendChild(el("p", { class: "meta" }, "Listed: the first of them in address order; the state holds " + thousands(state.segments_total) + " segments and " + thousands(state.blocks_total) + " blocks."));
-    var detail = el("div", { class: "block-detail" });
-    var list = el("div", { class: "state-segments compact" });
+    var detail = el("div", { class: "block-detail", "aria-live": "polite" });
+    var list = el("div", { class: "state-segments compact", role: "group", "aria-label": "Segments and blocks after event " + (ev ? thousands(ev.index) : "none") });
+    var boxes = [];
     state.segments.forEach(function (seg) {
       var share = Math.min(100, (600 * seg.size) / reserved);
       var row = el("span", {
@@ -408,22 +521,40 @@
       });
       var bar = el("span", { class: "segment-bar" });
       seg.blocks.forEach(function (b) {
+        var what = b.size_text + " " + b.state.replace(/_/g, " ") + (b.label ? " · " + b.label : "") + " (segment " + seg.address + ")";
         var attrs = {
           class: "block " + b.state,
           style: "width:" + (100 * b.size) / seg.size + "%",
-          title: b.size_text + " " + b.state.replace(/_/g, " ") + (b.label ? " · " + b.label : "") + " (segment " + seg.address + ")",
+          title: what,
+          role: "button",
+          tabindex: boxes.length ? "-1" : "0",
+          "aria-label": "Block " + b.address + ", " + what,
           "data-size": String(b.size),
         };
         if (b.state === "active_allocated" && b.label) attrs.style += ";background:" + colourOf(b.label);
         var box = el("span", attrs);
-        if (b.alloc_event != null) {
-          box.dataset.alloc = String(b.alloc_event);
-          box.addEventListener("click", function () { showBlock(detail, b, base, device); });
-        }
+        if (b.alloc_event != null) box.dataset.alloc = String(b.alloc_event);
+        box.addEventListener("focus", function () { showBlock(detail, b, seg, base, device); });
+        boxes.push(box);
         bar.appendChild(box);
       });
       row.appendChild(bar);
       list.appendChild(row);
+    });
+    // One tab stop for the map; the arrows go block by block in address order, Home/End to the ends.
+    list.addEventListener("keydown", function (event) {
+      var at = boxes.indexOf(document.activeElement);
+      var moves = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 };
+      var to;
+      if (event.key in moves) to = at + moves[event.key];
+      else if (event.key === "Home") to = 0;
+      else if (event.key === "End") to = boxes.length - 1;
+      else return;
+      event.preventDefault();
+      to = Math.max(0, Math.min(boxes.length - 1, to));
+      if (at >= 0) boxes[at].setAttribute("tabindex", "-1");
+      boxes[to].setAttribute("tabindex", "0");
+      boxes[to].focus();
     });
     view.appendChild(list);
     view.appendChild(detail);
@@ -468,21 +599,41 @@
     return ol;
   }
 
-  function showBlock(detail, block, base, device) {
-    detail.textContent = "Reading the block's stacks…";
-    getJSON(base + "block.json?device=" + device + "&alloc=" + block.alloc_event).then(function (info) {
-      detail.textContent = "";
-      detail.dataset.alloc = String(info.alloc_event);
-      detail.appendChild(el("h4", null, "Block " + info.address + ", " + info.size_text + ": allocated at event " + thousands(info.alloc_event)));
-      detail.appendChild(frameList(info.alloc_frames));
-      if (info.free_event == null) {
-        detail.appendChild(el("p", { class: "meta" }, "Never freed in the trace."));
-      } else {
-        detail.appendChild(el("h4", null, "Freed at event " + thousands(info.free_event)));
-        if (info.free_frames) detail.appendChild(frameList(info.free_frames));
-        else detail.appendChild(el("p", { class: "meta" }, "The trace records no free stacks (context=\"all\" does)."));
-      }
-    }, function (error) { detail.textContent = "The block could not be read: " + error.message; });
+  // A block's details at once (its figures, its stack's label), then its allocation and free stacks.
+  var blockTimer = null;
+  function showBlock(detail, block, seg, base, device) {
+    detail.textContent = "";
+    delete detail.dataset.alloc;
+    detail.dataset.block = block.address;
+    var facts = block.size_text + " (" + thousands(block.size) + " B" + (block.requested && block.requested !== block.size ? ", " + thousands(block.requested) + " B requested" : "") + "), " + block.state.replace(/_/g, " ");
+    detail.appendChild(el("h4", null, "Block " + block.address + " at +" + thousands(block.offset) + " B in segment " + seg.address + " (" + seg.size_text + ")"));
+    detail.appendChild(el("p", { class: "block-facts" }, facts + (block.label ? "; allocated by " + block.label : "") + "."));
+    clearTimeout(blockTimer);
+    if (block.alloc_event == null) {
+      detail.appendChild(el("p", { class: "meta" }, block.state === "inactive" ? "Free: cached by the allocator, no stack." : "Allocated before the trace began: its stacks are not recorded."));
+      return;
+    }
+    var stacks = el("div", { class: "block-stacks" }, "Reading the block's stacks…");
+    detail.appendChild(stacks);
+    blockTimer = setTimeout(function () {
+      getJSON(base + "block.json?device=" + device + "&alloc=" + block.alloc_event).then(function (info) {
+        if (detail.dataset.block !== block.address) return; // another block was chosen meanwhile
+        stacks.textContent = "";
+        detail.dataset.alloc = String(info.alloc_event);
+        stacks.appendChild(el("h4", null, "Allocated at event " + thousands(info.alloc_event)));
+        if (info.alloc_frames.length) stacks.appendChild(frameList(info.alloc_frames));
+        else stacks.appendChild(el("p", { class: "meta" }, block.label ? "No frames: " + block.label + "." : "No frames recorded."));
+        if (info.free_event == null) {
+          stacks.appendChild(el("p", { class: "meta" }, "Never freed in the trace."));
+        } else {
+          stacks.appendChild(el("h4", null, "Freed at event " + thousands(info.free_event)));
+          if (info.free_frames) stacks.appendChild(frameList(info.free_frames));
+          else stacks.appendChild(el("p", { class: "meta" }, "The trace records no free stacks (context=\"all\" does)."));
+        }
+      }, function (error) {
+        stacks.textContent = linkGone(error) ? error.message : "The block could not be read: " + error.message;
+      });
+    }, 120);
   }
 
   document.addEventListener("oomscope:chart", function (event) {

@@ -26,6 +26,24 @@ def test_a_runner_up_that_runs_out_in_the_step_is_qualified() -> None:
     assert readout.runner_up_note(dev, rows) is None  # an estimate is not a rerun that died
 
 
+def test_a_runner_up_whose_step_is_not_known_says_so() -> None:
+    """eval_bert_default (tests/fixtures/diagnosis): the runner-up, expandable_segments, gets past the failing
+    request in the replay but the step was not projected; the real rerun with it died in the same step (2)."""
+    import json
+
+    reruns = json.loads((FIXTURES / "diagnosis" / "eval_bert.reruns.json").read_text())["members"]
+    assert reruns["expandable"]["died"] and reruns["expandable"]["died_step"] == 2
+    dev = build_report(FIXTURES / "diagnosis" / "eval_bert_default.pickle.gz")["devices"][0]
+    assert dev["decision"]["runner_up"]["id"] == "expandable_segments"
+    rows = readout.ranked_rows(dev)
+    row = next(r for r in rows if r["id"] == "expandable_segments")
+    assert row["state"] == "not-known"
+    assert readout.runner_up_note(dev, rows) == (
+        "it only gets past the failing request; the rest of the step is not known, since the step was not "
+        "projected: no earlier step starts with the same allocations as the failing one"
+    )
+
+
 def test_the_trace_ends_at_the_oom_only_where_it_does() -> None:
     """bert_mlm_c70_default's OOM is event 4,404 of 6,065 (the frees of the unwinding follow it)."""
     dev = build_report(FIXTURES / "captures" / "bert_mlm_c70_default.pickle.gz")["devices"][0]

@@ -78,6 +78,10 @@ CSRF_FAILED = "CSRF check failed; reload the page and try again."
 METHOD_NOT_ALLOWED = "Use {methods}."
 SHARE_CREATED = "Share link created. Anyone with the link can read this report."
 SHARE_REVOKED = "Share link revoked."
+SHARE_LINK_GONE = (
+    "This share link no longer works: the team that made it revoked it (or it never existed). "
+    "Ask whoever sent it for a new one."
+)
 # Quotas, rate limits, input limits, broker outages (issue 11).
 RATE_LIMITED = "Too many {what}: at most {count} per {seconds} s. Try again in {wait} s."
 ANALYSIS_TOO_COSTLY = (

@@ -66,6 +66,9 @@ __all__ = [
 MAX_TIMELINE_POINTS = 6500  # the report keeps up to 6 points per 1000 buckets
 MAX_SEGMENT_ROWS = 200
 MAX_SEGMENT_BLOCKS = 4000
+# A segment map is no taller than a laptop's screen (issue 35: two 1,290 px charts one under the other);
+# the page sets the two side by side where it is wide enough; rows thinner than a label are hovered.
+SEGMENT_MAP_MAX_PX = 560
 MAX_LABEL = 72
 MAX_ICICLE_DEPTH = 14
 MAX_ICICLE_NODES = 800
@@ -754,7 +757,7 @@ def _segment_map_chart(dev: Device, moment: str) -> Any:
     dense = rows > 60  # rows too thin for a label each: hover names the segment instead
     p = _figure(
         title,
-        height=min(1500, 90 + (6 if dense else 15) * rows),
+        height=min(SEGMENT_MAP_MAX_PX, 90 + (5 if dense else 15) * rows),
         y_range=Range1d(start=rows - 0.5, end=-0.5),
         x_range=Range1d(start=0, end=widest * 1.01, bounds=(0, widest * 1.01)),
     )

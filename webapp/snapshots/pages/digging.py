@@ -30,6 +30,7 @@ from django.conf import settings
 from django.core.files.storage import default_storage
 
 from analysis.explore import StoredExplorer, active_bands, window
+from analysis.model import ACTIONS
 from webapp.snapshots import messages
 from webapp.snapshots.errors import ExploreError
 from webapp.snapshots.intake.blobs import store_name, stored_devices
@@ -51,6 +52,8 @@ STORE_LOADS_AT_ONCE = 2
 LOAD_WAIT_SECONDS = 20.0
 STATE_MAX_ENTRIES = 5_000
 STATES_KEPT = 16
+# The most events one events.json answer lists (the event list asks for a page as it scrolls).
+EVENTS_PAGE_MAX = 500
 _load_slots = threading.BoundedSemaphore(STORE_LOADS_AT_ONCE)
 _states: OrderedDict[tuple[str, int, int], dict[str, Any]] = OrderedDict()
 _lock = threading.Lock()
@@ -244,6 +247,29 @@ def state_payload(upload: Upload, device: int, index: int) -> dict[str, Any]:
     return out
 
 
+def events_payload(upload: Upload, device: int, start: int, count: int) -> dict[str, Any]:
+    """Events ``[start, start + count)``, every one (``free_requested`` halves too), as the event
+    list shows them: the page's list holds the whole trace and fetches a page as it scrolls into view."""
+    explorer = explorer_for(upload, device)
+    cols, labels = explorer.columns(), explorer.labels()
+    n = explorer.events
+    lo = max(0, min(int(start), n))
+    hi = min(n, lo + max(1, min(int(count), EVENTS_PAGE_MAX)))
+    actions = [ACTIONS[int(a)] for a in cols["action"][lo:hi].tolist()]
+    sizes = cols["size"][lo:hi].tolist()
+    groups = cols["group"][lo:hi].tolist()
+    return {
+        "events": n,
+        "start": lo,
+        "end": hi,
+        "action": actions,
+        "what": [
+            event_text(a, s, labels.get(str(g), "") if g >= 0 else "")
+            for a, s, g in zip(actions, sizes, groups, strict=True)
+        ],
+    }
+
+
 def _state_text(out: dict[str, Any]) -> dict[str, Any]:
     for key in (
         "allocated_bytes",
@@ -259,7 +285,7 @@ def _state_text(out: dict[str, Any]) -> dict[str, Any]:
         for b in seg["blocks"]:
             b["size_text"] = format_bytes(b["size"])
     if out["event"]:
-        out["event"]["text"] = event_text(out["event"]["action"], out["event"]["size"], "")
+        out["event"]["text"] = event_text(out["event"]["action"], out["event"]["size"], out["event"].get("label", ""))
     return out
 
 

@@ -259,8 +259,9 @@ def _shared_json(token: str, answer: Callable[[Upload], HttpResponse]) -> HttpRe
     a JSON 404 for a dead or unknown link. Capability headers either way."""
     upload_row = shares.upload_for_share_token(token, count_use=False)
     if upload_row is None:
+        # An open tab of a link revoked since says so (the same words as the 404 page), not "Not found."
         return _capability_headers(
-            JsonResponse({"error": {"code": "not-found", "message": messages.NOT_FOUND}}, status=404)
+            JsonResponse({"error": {"code": "not-found", "message": messages.SHARE_LINK_GONE}}, status=404)
         )
     return _capability_headers(answer(upload_row))
 
@@ -500,6 +501,9 @@ def _explore_answer(upload_row: Upload, request: HttpRequest, kind: str) -> Http
             body = digging.segments_payload(upload_row, device, t0, t1, px)
         elif kind == "state":
             body = digging.state_payload(upload_row, device, _int_param(request, "i"))
+        elif kind == "events":
+            start, count = _int_param(request, "start", 0), _int_param(request, "count", 200)
+            body = digging.events_payload(upload_row, device, start, count)
         else:
             body = digging.block_payload(upload_row, device, _int_param(request, "alloc"))
     except ExploreError as err:
