@@ -138,8 +138,8 @@ def decide(result: DecisionInput | Mapping[str, Any], capture: Mapping[str, Any]
             "headline": headline,
             "change": None,
             "buys": NO_OOM_NOTHING_FREE,
-            "confidence": _confidence(dev, capture, None),
-            "runner_up": _change(_cheapest(ranked, dev), recorded_conf, short=True),
+            "confidence": _confidence(inp, capture, None),
+            "runner_up": _change(_cheapest(ranked, inp.ranked_ids), recorded_conf, short=True),
         }
     change = _change(choice, recorded_conf) if choice else None
     buys = _buys(choice, oom, inp.peak_reserved, inp.events) if choice else _nothing_buys(oom)
@@ -432,9 +432,9 @@ NO_OOM_NOTHING_FREE = (
 )
 
 
-def _cheapest(ranked: Sequence[_Choice], dev: Mapping[str, Any]) -> _Choice:
+def _cheapest(ranked: Sequence[_Choice], ranked_ids: Sequence[str]) -> _Choice:
     """Of the code changes, the first in the ranked table's order (cheapest first), else the advisor's first."""
-    position = {str(r.get("id")): k for k, r in enumerate(dev.get("ranked") or [])}
+    position = {sid: k for k, sid in enumerate(ranked_ids)}
     return min(ranked, key=lambda c: position.get(str(c.suggestion.get("id")), len(position)))
 
 
