@@ -38,6 +38,16 @@ class UserError(Exception):
         return headers
 
 
+class ApiRefusal(UserError):
+    """An API caller refused where returning is awkward (authentication, CSRF: ``api/auth.py``), answered as
+    the error body with the headers it names (``WWW-Authenticate`` on a 401)."""
+
+    def __init__(self, status: int, code: str, message: str, extra_headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.extra_headers = extra_headers or {}
+
+
 @dataclass
 class LimitExceeded(UserError):
     """A limit's refusal (a rate, the quota, the disk's reserve, a finished run), with the seconds

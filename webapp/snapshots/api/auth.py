@@ -23,22 +23,14 @@ from ninja.security import APIKeyCookie
 from ninja.security.http import HttpAuthBase
 
 from webapp.snapshots import messages
+from webapp.snapshots.errors import ApiRefusal, LimitExceeded
 from webapp.snapshots.intake import disk
 from webapp.snapshots.intake.intake import PARSE_ERRORS, check_declared_size, disk_full, parse_error
-from webapp.snapshots.intake.ratelimits import LimitExceeded
 from webapp.snapshots.teams import tokens
 
 log = logging.getLogger(__name__)
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-
-
-class ApiRefusal(Exception):
-    """A refusal raised where returning is awkward (authentication): answered as ``error``'s body."""
-
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
 
 
 def error(status: int, code: str, message: str, *, choices: list[str] | None = None) -> JsonResponse:
@@ -145,7 +137,7 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
 def _refusal(_request: HttpRequest, exc: Any) -> HttpResponse:
     response = error(exc.status, exc.code, exc.message)
-    for name, value in exc.headers.items():
+    for name, value in exc.extra_headers.items():
         response[name] = value
     return response
 
