@@ -155,3 +155,25 @@ def alloc_ends(action: Any, addr: Any, free: int = FREE_REQUESTED, *, ends: bool
     out = np.empty(int(np.count_nonzero(action == ALLOC)), np.int64) if ends else None
     got = _replaycore.alloc_ends(action, np.ascontiguousarray(addr, np.int64), ALLOC, free, out)
     return None if got is None else (out, bool(got[1]))
+
+
+def first_block_out_of_order(
+    action: Any, addr: Any, stream: Any, pool: Any, next_kind: Any, lanes: bool
+) -> tuple[int, int, bool] | tuple[()] | None:
+    """``eventorder.check_event_order``'s block events in one compiled pass: each alloc, free_requested
+    and free_completed against the one before it at its address in trace order (``next_kind``: the
+    action that may follow each of the three; ``lanes``: a free must keep its alloc's pool and stream).
+    ``()`` where every pair is in order, ``(cur, prev, kind_wrong)`` for the wrong pair with the earliest
+    ``cur``, None where it declines (the loops are off, or an address is its map's empty key): the
+    reference's sort by address then answers."""
+    if not wanted():
+        return None
+    found: tuple[int, int, bool] | tuple[()] | None = _replaycore.block_order(
+        np.ascontiguousarray(action, np.int8),
+        np.ascontiguousarray(addr, np.int64),
+        np.ascontiguousarray(stream, np.int32),
+        np.ascontiguousarray(pool, np.int32),
+        np.ascontiguousarray(next_kind, np.int8).tobytes(),
+        bool(lanes),
+    )
+    return found
