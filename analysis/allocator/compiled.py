@@ -40,6 +40,7 @@ unless the environment sets ``OOMSCOPE_REPLAY=python``. ``loops_in_use()`` says 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -148,13 +149,40 @@ def alloc_ends(action: Any, addr: Any, free: int = FREE_REQUESTED, *, ends: bool
     alloc or free at its address, else the trace's length; None with ``ends`` false), and whether
     every address starts with an alloc and its kinds alternate (``policy.trace_is_complete``). None
     where it declines (the loops are off, or an address is its map's empty key): the reference's
-    sort by address then answers."""
+    sort by address then answers. The answer is kept while the columns live (the ends read-only),
+    and given again for the same columns and free code: both callers ask it of each trace."""
     if not wanted():
         return None
+    memo = _PAIRED.get((id(action), id(addr), free))
+    if memo is not None and memo[0]() is action and memo[1]() is addr:
+        return (memo[2] if ends else None), memo[3]
+    columns = (action, addr)
     action = np.ascontiguousarray(action, np.int8)
-    out = np.empty(int(np.count_nonzero(action == ALLOC)), np.int64) if ends else None
+    out = np.empty(int(np.count_nonzero(action == ALLOC)), np.int64)
     got = _replaycore.alloc_ends(action, np.ascontiguousarray(addr, np.int64), ALLOC, free, out)
-    return None if got is None else (out, bool(got[1]))
+    if got is None:
+        return None
+    out.flags.writeable = False
+    _remember_pairing(columns, free, out, bool(got[1]))
+    return (out if ends else None), bool(got[1])
+
+
+# alloc_ends' last answer by the columns it read (ids -> (action, addr, ends, alternates)), dropped
+# with them: the lifetimes and the completeness check pair the same trace's events, one after the
+# other or from two threads (a report's pool). The ends are kept read-only; a trace's columns are
+# never written once read. One entry: the next trace replaces it.
+_PAIRED: dict[tuple[int, int, int], tuple[Any, Any, Any, bool]] = {}
+
+
+def _remember_pairing(columns: tuple[Any, Any], free: int, ends: Any, alternates: bool) -> None:
+    action, addr = columns
+    key = (id(action), id(addr), free)
+    try:
+        refs = (weakref.ref(action, lambda _: _PAIRED.pop(key, None)), weakref.ref(addr))
+    except TypeError:  # a list, not an array: nothing to key the answer on
+        return
+    _PAIRED.clear()
+    _PAIRED[key] = (*refs, ends, alternates)
 
 
 def first_block_out_of_order(

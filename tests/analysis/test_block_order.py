@@ -24,6 +24,7 @@ from analysis.allocator.requests import _event_pools
 from analysis.errors import SnapshotError
 from analysis.model import DeviceData
 from analysis.reader import read_snapshot
+from analysis.stacks import _paired_by_address
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="the compiled replay loops are not built")
 
@@ -122,3 +123,21 @@ def test_an_address_at_the_maps_empty_key_is_left_to_the_reference(monkeypatch: 
     assert compiled.first_block_out_of_order(action, addr, zeros, zeros, next_kind, False) == ()
     action[3] = 1  # a free_requested after the free_completed
     assert compiled.first_block_out_of_order(action, addr, zeros, zeros, next_kind, False) == (3, 2, True)
+
+
+def test_the_pairing_is_kept_for_the_same_columns_and_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """alloc_ends' answer is given again for the same columns (the lifetimes and the completeness check
+    ask it of each trace), read-only; other columns with other contents get their own answer."""
+    monkeypatch.delenv(compiled.ENV_VAR, raising=False)
+    dev = max(_devices(FIXTURES / "gpu_maxsplit_oom.pickle.gz"), key=lambda d: len(d.trace))
+    action, addr = dev.trace.action, dev.trace.addr
+    first = compiled.alloc_ends(action, addr, ends=False)
+    kept = compiled.alloc_ends(action, addr)
+    assert kept is not None and compiled.alloc_ends(action, addr)[0] is kept[0]  # type: ignore[index]
+    fresh = compiled.alloc_ends(action.copy(), addr.copy())
+    assert first is not None and fresh is not None
+    assert first[0] is None and first[1] == kept[1] == fresh[1]
+    assert kept[0].tolist() == fresh[0].tolist() and not kept[0].flags.writeable
+    cut = (action[:400].copy(), addr[:400].copy())  # other columns: answered for themselves
+    got = compiled.alloc_ends(*cut)
+    assert got is not None and got[0].tolist() == _paired_by_address(*cut, 400)[1].tolist()
