@@ -36,10 +36,18 @@ def _open(path: Path) -> Any:
 
 
 def _addresses(data: dict[str, Any]) -> tuple[int, int]:
-    addrs = [e["addr"] for t in data["device_traces"] for e in t]
+    addrs = [e["addr"] for t in data["device_traces"] for e in t if "addr" in e]
     for s in data["segments"]:
         addrs += [s["address"], s["address"] + s["total_size"]]
     return min(addrs), max(addrs)
+
+
+def _moved_event(event: dict[str, Any], shift: int, later: int) -> dict[str, Any]:
+    """An event of a later run: its address (where it has one: an OOM's has none) and time moved."""
+    moved = {**event, "time_us": event["time_us"] + later, "frames": list(event.get("frames", []))}
+    if "addr" in event:
+        moved["addr"] = event["addr"] + shift
+    return moved
 
 
 def _moved_segment(seg: dict[str, Any], shift: int) -> dict[str, Any]:
@@ -58,9 +66,8 @@ def stretch(data: dict[str, Any], times: int) -> dict[str, Any]:
     annotations = list(data.get("external_annotations", []))
     for k in range(1, times):
         shift, later = k * stride, k * period
-        for out, trace in zip(traces, data["device_traces"], strict=True):
-            out += [{**e, "addr": e["addr"] + shift, "time_us": e["time_us"] + later, "frames": list(e.get("frames", []))}
-                    for e in trace]
+        for run, trace in zip(traces, data["device_traces"], strict=True):
+            run += [_moved_event(e, shift, later) for e in trace]
         segments += [_moved_segment(s, shift) for s in data["segments"]]
         annotations += [{**a, "time_us": a["time_us"] + later} for a in data.get("external_annotations", [])]
     out = {**data, "segments": segments, "device_traces": traces}
@@ -80,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     stretched = stretch(data, max(1, args.times))
     with args.out.open("wb") as f:
         pickle.dump(stretched, f, protocol=4)
-    print(f"{args.out}: {args.out.stat().st_size / 1e6:.1f} MB, {sum(len(t) for t in stretched['device_traces']):,} events")
+    events = sum(len(t) for t in stretched["device_traces"])
+    print(f"{args.out}: {args.out.stat().st_size / 1e6:.1f} MB, {events:,} events")
     return 0
 
 

@@ -64,8 +64,7 @@ def check_event_order(dev: DeviceData, pools: npt.NDArray[np.int32]) -> None:
     # the addresses (0.03 s on the 460 MB trace, where the sort by address below took 0.15 s of CPU).
     found = compiled.first_block_out_of_order(act, t.addr, t.stream, pools, _next_kind(t), lanes)
     if found:
-        cur, prev, kind_wrong = found
-        _refuse(dev, cur, prev, kind_wrong)
+        _refuse(dev, *found)
     blocks = np.flatnonzero(act <= FREE_COMPLETED) if found is None else np.zeros(0, np.int64)
     if blocks.size > 1:
         prev, cur, same = _address_neighbours(t.addr, blocks)
