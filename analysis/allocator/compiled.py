@@ -1,6 +1,6 @@
 """The compiled replay loops: when they run, and their hand-over from the Python loops.
 
-``analysis.allocator._replaycore`` (C) holds three of them:
+``analysis.allocator._replaycore`` (C) holds four of them:
 
 - The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
   compiled into the same module): ``policy._Model.run`` on C state. It reads the model's state once
@@ -22,7 +22,11 @@
   not round plainly are called back.
 - The pairing of each alloc with the event that ends it, ``alloc_ends`` (``stacks.alloc_lifetimes``,
   and ``policy.trace_is_complete``'s check that allocs and frees alternate at every address): one
-  pass with a map of the open blocks, where the reference sorts every alloc and free by address.
+  pass with a map of the open blocks, where the reference sorts every alloc and free by address;
+  kept for the same columns, since both ask it of each trace.
+- The event-order check's block events, ``block_order`` (``eventorder.check_event_order``): each
+  alloc and free against the one before it at its address, from a map of each address's last
+  event, where the reference sorts them by address; it names the same first wrong pair.
 
 The two replays take every number of the allocator's rules from the Python caller
 (``AllocatorConfig.split_rule``, ``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``,
