@@ -2496,7 +2496,110 @@ static PyObject *py_remap(PyObject *self, PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
+/* free_lanes(action, addr, stream, pool) -> () or (cur, prev): reader._check_frees_match_their_blocks in
+ * one pass in trace order. Each block event (alloc 0, free_requested 1, free_completed 2) is compared with
+ * the block event before it at its address, kept in a map (an address per slot, open addressing); a free
+ * that follows its block (it is no alloc, and the one before is no free_completed) must name the block's
+ * stream and pool. Of the wrong pairs, the reference (a stable sort by address) names the one at the
+ * lowest address, and there the earliest: kept as the pass goes. */
+typedef struct {
+    int64_t *key, *val;
+    unsigned char *used;
+    size_t cap, len;
+} LaneMap;
+
+static int lane_map_init(LaneMap *m, size_t cap) {
+    m->cap = cap;
+    m->len = 0;
+    m->key = PyMem_Malloc(cap * sizeof(int64_t));
+    m->val = PyMem_Malloc(cap * sizeof(int64_t));
+    m->used = PyMem_Calloc(cap, 1);
+    if (!m->key || !m->val || !m->used) {
+        PyMem_Free(m->key);
+        PyMem_Free(m->val);
+        PyMem_Free(m->used);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void lane_map_free(LaneMap *m) {
+    PyMem_Free(m->key);
+    PyMem_Free(m->val);
+    PyMem_Free(m->used);
+}
+
+static inline size_t lane_slot(const LaneMap *m, int64_t key) {
+    size_t mask = m->cap - 1, j = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 17) & mask;
+    while (m->used[j] && m->key[j] != key) j = (j + 1) & mask;
+    return j;
+}
+
+static int lane_map_grow(LaneMap *m) {
+    LaneMap old = *m;
+    if (lane_map_init(m, old.cap * 2) < 0) {
+        *m = old;
+        return -1;
+    }
+    for (size_t j = 0; j < old.cap; j++)
+        if (old.used[j]) {
+            size_t k = lane_slot(m, old.key[j]);
+            m->used[k] = 1;
+            m->key[k] = old.key[j];
+            m->val[k] = old.val[j];
+            m->len++;
+        }
+    lane_map_free(&old);
+    return 0;
+}
+
+static PyObject *py_free_lanes(PyObject *self, PyObject *args) {
+    Py_buffer act, addr, stream, pool;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*", &act, &addr, &stream, &pool)) return NULL;
+    PyObject *out = NULL;
+    LaneMap m = {0};
+    Py_ssize_t n = act.len;
+    if (addr.len != n * 8 || stream.len != n * 4 || pool.len != n * 4) {
+        PyErr_SetString(PyExc_ValueError, "free_lanes: columns of int8, int64, int32, int32 of one length");
+        goto done;
+    }
+    const signed char *a = act.buf;
+    const int64_t *ad = addr.buf;
+    const int32_t *st = stream.buf, *pl = pool.buf;
+    int64_t best_cur = -1, best_prev = -1;
+    if (lane_map_init(&m, 1024) < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[i] < 0 || a[i] > 2) continue;
+        size_t j = lane_slot(&m, ad[i]);
+        if (m.used[j]) {
+            int64_t p = m.val[j];
+            if (a[i] != 0 && a[p] != 2 && (st[i] != st[p] || pl[i] != pl[p]) &&
+                (best_cur < 0 || ad[i] < ad[best_cur])) { /* an address's first wrong pair is its earliest */
+                best_cur = i;
+                best_prev = p;
+            }
+            m.val[j] = i;
+            continue;
+        }
+        m.used[j] = 1;
+        m.key[j] = ad[i];
+        m.val[j] = i;
+        if (++m.len * 2 > m.cap && lane_map_grow(&m) < 0) goto done;
+    }
+    out = best_cur < 0 ? PyTuple_New(0) : Py_BuildValue("(LL)", (long long)best_cur, (long long)best_prev);
+done:
+    if (m.used) lane_map_free(&m);
+    PyBuffer_Release(&act);
+    PyBuffer_Release(&addr);
+    PyBuffer_Release(&stream);
+    PyBuffer_Release(&pool);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"free_lanes", py_free_lanes, METH_VARARGS,
+     "free_lanes(action, addr, stream, pool) -> () | (cur, prev): the free off its block's stream or pool"},
     {"remap", py_remap, METH_VARARGS, "remap(column, table) -> bool: int32 x -> table[x] (x < 0: -1), in place"},
     {"give_up_line", py_give_up_line, METH_NOARGS, "the C source line where the last parse gave up (0: it did not)"},
     {"prefaulted", py_prefaulted, METH_NOARGS, "bytes the last parse's helper made present ahead of it (0: none ran)"},

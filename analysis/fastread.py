@@ -233,7 +233,9 @@ class _ColumnsConverter(reader._Converter):
         # Stream ordinals in order of first appearance (the C side numbered them as it met them).
         stream = np.zeros(n, np.int32) if len(streams) == 1 else np.frombuffer(stream_b, np.int32)
         # The reference's checks on the columns (issue 22), from their one definition in reader.py.
-        reader.check_trace_columns(self.limits, action, addr, stream, pool, streams, where)
+        reader.check_trace_columns(
+            self.limits, action, addr, stream, pool, streams, where, first_off_lane=first_free_off_lane
+        )
         trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
         return trace, streams, dict(cc), dict(um)
 
@@ -241,3 +243,19 @@ class _ColumnsConverter(reader._Converter):
 def give_up_line() -> int:
     """The line of ``_snapread.c`` where the last compiled read gave up (0: it did not), for tests and debugging."""
     return int(_snapread.give_up_line()) if _snapread is not None else 0
+
+
+def first_free_off_lane(action: Any, addr: Any, stream: Any, pool: Any) -> tuple[int, ...] | None:
+    """``reader._check_frees_match_their_blocks`` in one compiled pass (``_snapread.free_lanes``: a map of
+    each address's last block event, where the reference sorts every block event by address): ``()``
+    where every free names its block's stream and pool, else the pair the reference names, ``(cur,
+    prev)``; None where the extension is not built (the reference answers)."""
+    if _snapread is None:
+        return None
+    found: tuple[int, ...] = _snapread.free_lanes(
+        np.ascontiguousarray(action, np.int8),
+        np.ascontiguousarray(addr, np.int64),
+        np.ascontiguousarray(stream, np.int32),
+        np.ascontiguousarray(pool, np.int32),
+    )
+    return found

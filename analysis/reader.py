@@ -34,7 +34,7 @@ import os
 import pickle
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import repeat
@@ -1152,12 +1152,20 @@ def check_trace_columns(
     pool: np.ndarray,
     streams: list[int],
     where: str,
+    first_off_lane: Callable[..., tuple[int, ...] | None] | None = None,
 ) -> None:
     """The checks on a device's converted columns, for both readers (the compiled one reads the columns
-    itself and calls this): the count of streams, and every free naming its block's stream and pool."""
+    itself and calls this): the count of streams, and every free naming its block's stream and pool.
+    ``first_off_lane(action, addr, stream, pool)``: the compiled reader's one pass for the second
+    (``fastread.first_free_off_lane``: ``()``, the wrong pair ``(cur, prev)``, or None to leave it to
+    the sort below, the reference)."""
     _check_stream_count(limits, len(streams), where)
     if len(streams) > 1 or pool.any():
-        _check_frees_match_their_blocks(action, addr, stream, pool, streams, where)
+        found = first_off_lane(action, addr, stream, pool) if first_off_lane is not None else None
+        if found is None:
+            _check_frees_match_their_blocks(action, addr, stream, pool, streams, where)
+        elif found:
+            _refuse_free_off_lane(action, addr, stream, pool, streams, where, *found)
 
 
 def _check_frees_match_their_blocks(
@@ -1181,7 +1189,20 @@ def _check_frees_match_their_blocks(
     if not wrong.any():
         return
     k = int(np.flatnonzero(wrong)[0])
-    i, j = int(cur[k]), int(prev[k])
+    _refuse_free_off_lane(action, addr, stream, pool, streams, where, int(cur[k]), int(prev[k]))
+
+
+def _refuse_free_off_lane(
+    action: np.ndarray,
+    addr: np.ndarray,
+    stream: np.ndarray,
+    pool: np.ndarray,
+    streams: list[int],
+    where: str,
+    i: int,
+    j: int,
+) -> None:
+    """The ``inconsistent-trace`` refusal of event ``i``, a free on another stream or pool than event ``j``."""
     raise SchemaError(
         "inconsistent-trace",
         f"{where}[{i}]: a {ACTIONS[int(action[i])]} of the block at {int(addr[i]):#x} names stream "

@@ -10,6 +10,7 @@
  *       in _policycore.c, compiled into this module; registered below)
  *   alloc_ends(act, addr, alloc, free, ends) -> (allocs, alternates)      (stacks.alloc_lifetimes' pairing,
  *       policy.trace_is_complete's order of allocs and frees)
+ *   block_order(act, addr, stream, pool, next_kind, lanes) -> first wrong pair  (eventorder.check_event_order)
  *
  * analysis/allocator/compiled.py decides whether these run; the Python loops stay the reference
  * (tests/analysis/test_replaycore.py compares both on every fixture and on the captures).
@@ -1304,12 +1305,94 @@ done:
     return out;
 }
 
+static int in_i32(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != 4 || b->len != n * 4 || !b->format || (strcmp(b->format, "i") && strcmp(b->format, "l"))) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_ValueError, "block_order: the %s column is not int32 of the trace's length", what);
+        return -1;
+    }
+    return 0;
+}
+
+/* block_order(act, addr, stream, pool, next_kind, lanes) -> () or (cur, prev, kind_wrong) or None: the
+ * block events (actions 0..2: alloc, free_requested, free_completed) of eventorder.check_event_order, each
+ * against the one before it at its address in trace order. ``next_kind`` (3 bytes, signed) is the action
+ * that may follow each kind; with ``lanes`` a free must also keep its alloc's pool and stream. The pass
+ * runs in trace order, so the first wrong pair it meets is the one with the earliest ``cur``, the one the
+ * reference (a stable sort by address) refuses. The map holds each address's last block event: every
+ * address the trace names, which in a caching allocator's trace is few. None where an address is the
+ * map's empty key (the reference answers then). */
+static PyObject *block_order(PyObject *self, PyObject *args) {
+    PyObject *act_o, *addr_o, *stream_o, *pool_o;
+    const char *next_kind;
+    Py_ssize_t next_len;
+    int lanes;
+    if (!PyArg_ParseTuple(args, "OOOOy#p", &act_o, &addr_o, &stream_o, &pool_o, &next_kind, &next_len, &lanes))
+        return NULL;
+    if (next_len != 3) {
+        PyErr_SetString(PyExc_ValueError, "block_order: next_kind is not one byte per block action");
+        return NULL;
+    }
+    Py_buffer act, addr, stream = {0}, pool = {0};
+    if (PyObject_GetBuffer(act_o, &act, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t n = act.len;
+    PyObject *out = NULL;
+    Map last = {0};
+    if (act.itemsize != 1) {
+        PyBuffer_Release(&act);
+        PyErr_SetString(PyExc_ValueError, "block_order: the action column is not one byte per event");
+        return NULL;
+    }
+    if (in_column(addr_o, &addr, n) < 0) {
+        PyBuffer_Release(&act);
+        return NULL;
+    }
+    if (in_i32(stream_o, &stream, n, "stream") < 0) goto done;
+    if (in_i32(pool_o, &pool, n, "pool") < 0) goto done;
+    const signed char *a = act.buf, *nxt = (const signed char *)next_kind;
+    const int64_t *ad = addr.buf;
+    const int32_t *st = stream.buf, *pl = pool.buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] >= 0 && a[i] <= 2 && ad[i] == MAP_EMPTY) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+    if (map_init(&last, 1024) < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[i] < 0 || a[i] > 2) continue;
+        Py_ssize_t j = map_find(&last, ad[i]);
+        if (j >= 0) {
+            int64_t p = last.v[j];
+            int kind_wrong = a[i] != nxt[a[p]];
+            int lane_wrong = lanes && a[i] != 0 && (pl[i] != pl[p] || st[i] != st[p]);
+            if (kind_wrong || lane_wrong) {
+                out = Py_BuildValue("(LLO)", (long long)i, (long long)p, kind_wrong ? Py_True : Py_False);
+                goto done;
+            }
+            last.v[j] = i;
+        } else if (map_set(&last, ad[i], i) < 0) {
+            goto done;
+        }
+    }
+    out = PyTuple_New(0);
+done:
+    if (last.k) map_free(&last);
+    if (pool.obj) PyBuffer_Release(&pool);
+    if (stream.obj) PyBuffer_Release(&stream);
+    PyBuffer_Release(&addr);
+    PyBuffer_Release(&act);
+    return out;
+}
+
 PyObject *oomscope_policy_engine(PyObject *self, PyObject *args); /* _policycore.c */
 
 static PyMethodDef methods[] = {
     {"policy_engine", oomscope_policy_engine, METH_VARARGS, "policy._Model.run on C state (_policycore.c)."},
     {"recorded_core", recorded_core, METH_VARARGS, "recorded._Replayer's state and loop (see analysis/allocator/compiled.py)."},
     {"alloc_ends", alloc_ends, METH_VARARGS, "stacks.alloc_lifetimes' pairing of each alloc with its end; whether allocs and frees alternate."},
+    {"block_order", block_order, METH_VARARGS, "eventorder.check_event_order's block events: the first out of order, in one pass."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,6 +1,6 @@
 """The compiled replay loops: when they run, and their hand-over from the Python loops.
 
-``analysis.allocator._replaycore`` (C) holds three of them:
+``analysis.allocator._replaycore`` (C) holds four of them:
 
 - The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
   compiled into the same module): ``policy._Model.run`` on C state. It reads the model's state once
@@ -22,7 +22,11 @@
   not round plainly are called back.
 - The pairing of each alloc with the event that ends it, ``alloc_ends`` (``stacks.alloc_lifetimes``,
   and ``policy.trace_is_complete``'s check that allocs and frees alternate at every address): one
-  pass with a map of the open blocks, where the reference sorts every alloc and free by address.
+  pass with a map of the open blocks, where the reference sorts every alloc and free by address;
+  kept for the same columns, since both ask it of each trace.
+- The event-order check's block events, ``block_order`` (``eventorder.check_event_order``): each
+  alloc and free against the one before it at its address, from a map of each address's last
+  event, where the reference sorts them by address; it names the same first wrong pair.
 
 The two replays take every number of the allocator's rules from the Python caller
 (``AllocatorConfig.split_rule``, ``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``,
@@ -40,6 +44,7 @@ unless the environment sets ``OOMSCOPE_REPLAY=python``. ``loops_in_use()`` says 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -148,10 +153,59 @@ def alloc_ends(action: Any, addr: Any, free: int = FREE_REQUESTED, *, ends: bool
     alloc or free at its address, else the trace's length; None with ``ends`` false), and whether
     every address starts with an alloc and its kinds alternate (``policy.trace_is_complete``). None
     where it declines (the loops are off, or an address is its map's empty key): the reference's
-    sort by address then answers."""
+    sort by address then answers. The answer is kept while the columns live (the ends read-only),
+    and given again for the same columns and free code: both callers ask it of each trace."""
     if not wanted():
         return None
+    memo = _PAIRED.get((id(action), id(addr), free))
+    if memo is not None and memo[0]() is action and memo[1]() is addr:
+        return (memo[2] if ends else None), memo[3]
+    columns = (action, addr)
     action = np.ascontiguousarray(action, np.int8)
-    out = np.empty(int(np.count_nonzero(action == ALLOC)), np.int64) if ends else None
+    out = np.empty(int(np.count_nonzero(action == ALLOC)), np.int64)
     got = _replaycore.alloc_ends(action, np.ascontiguousarray(addr, np.int64), ALLOC, free, out)
-    return None if got is None else (out, bool(got[1]))
+    if got is None:
+        return None
+    out.flags.writeable = False
+    _remember_pairing(columns, free, out, bool(got[1]))
+    return (out if ends else None), bool(got[1])
+
+
+# alloc_ends' last answer by the columns it read (ids -> (action, addr, ends, alternates)), dropped
+# with them: the lifetimes and the completeness check pair the same trace's events, one after the
+# other or from two threads (a report's pool). The ends are kept read-only; a trace's columns are
+# never written once read. One entry: the next trace replaces it.
+_PAIRED: dict[tuple[int, int, int], tuple[Any, Any, Any, bool]] = {}
+
+
+def _remember_pairing(columns: tuple[Any, Any], free: int, ends: Any, alternates: bool) -> None:
+    action, addr = columns
+    key = (id(action), id(addr), free)
+    try:
+        refs = (weakref.ref(action, lambda _: _PAIRED.pop(key, None)), weakref.ref(addr))
+    except TypeError:  # a list, not an array: nothing to key the answer on
+        return
+    _PAIRED.clear()
+    _PAIRED[key] = (*refs, ends, alternates)
+
+
+def first_block_out_of_order(
+    action: Any, addr: Any, stream: Any, pool: Any, next_kind: Any, lanes: bool
+) -> tuple[int, int, bool] | tuple[()] | None:
+    """``eventorder.check_event_order``'s block events in one compiled pass: each alloc, free_requested
+    and free_completed against the one before it at its address in trace order (``next_kind``: the
+    action that may follow each of the three; ``lanes``: a free must keep its alloc's pool and stream).
+    ``()`` where every pair is in order, ``(cur, prev, kind_wrong)`` for the wrong pair with the earliest
+    ``cur``, None where it declines (the loops are off, or an address is its map's empty key): the
+    reference's sort by address then answers."""
+    if not wanted():
+        return None
+    found: tuple[int, int, bool] | tuple[()] | None = _replaycore.block_order(
+        np.ascontiguousarray(action, np.int8),
+        np.ascontiguousarray(addr, np.int64),
+        np.ascontiguousarray(stream, np.int32),
+        np.ascontiguousarray(pool, np.int32),
+        np.ascontiguousarray(next_kind, np.int8).tobytes(),
+        bool(lanes),
+    )
+    return found

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analysis.allocator import compiled
 from analysis.errors import SchemaError
 from analysis.model import (
     ACTIONS,
@@ -58,13 +59,19 @@ def check_event_order(dev: DeviceData, pools: npt.NDArray[np.int32]) -> None:
     """
     t = dev.trace
     act = t.action
-    blocks = np.flatnonzero(act <= FREE_COMPLETED)
+    lanes = len(dev.streams) > 1 or bool(pools.any())  # one lane: nothing to compare (the 460 MB trace: 0.14 s)
+    # The compiled pass pairs each block event with the one before it at its address through a map of
+    # the addresses (0.03 s on the 460 MB trace, where the sort by address below took 0.15 s of CPU).
+    found = compiled.first_block_out_of_order(act, t.addr, t.stream, pools, _next_kind(t), lanes)
+    if found:
+        _refuse(dev, *found)
+    blocks = np.flatnonzero(act <= FREE_COMPLETED) if found is None else np.zeros(0, np.int64)
     if blocks.size > 1:
         prev, cur, same = _address_neighbours(t.addr, blocks)
         now = act[cur]
         bad_kind = same & (now != _next_kind(t)[act[prev]])
         bad_lane = np.zeros_like(same)
-        if len(dev.streams) > 1 or pools.any():  # one lane: nothing to compare (the 460 MB trace: 0.14 s)
+        if lanes:
             bad_lane = same & (now != ALLOC) & ((pools[cur] != pools[prev]) | (t.stream[cur] != t.stream[prev]))
         _refuse_first(dev, prev, cur, bad_kind, bad_lane)
     segments = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_FREE))
@@ -92,10 +99,15 @@ def _refuse_first(
     wrong = np.flatnonzero(bad_kind | bad_pair)
     if not wrong.size:
         return
-    t = dev.trace
     k = int(wrong[np.argmin(cur[wrong])])
-    i, j = int(cur[k]), int(prev[k])
-    what = "follows" if bad_kind[k] else "does not match"
+    _refuse(dev, int(cur[k]), int(prev[k]), bool(bad_kind[k]))
+
+
+def _refuse(dev: DeviceData, i: int, j: int, kind_wrong: bool) -> None:
+    """The ``event-order`` refusal of event ``i`` after event ``j`` at its address: of its kind
+    (``kind_wrong``), else of its pool or stream."""
+    t = dev.trace
+    what = "follows" if kind_wrong else "does not match"
     raise SchemaError(
         "event-order",
         f"device {dev.device}'s trace: event {i} ({ACTIONS[int(t.action[i])]} at {int(t.addr[i]):#x}) {what} "
