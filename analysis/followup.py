@@ -271,8 +271,9 @@ def _growth(dev: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The growing-workload cause's figures (the steps grow: ``growth_per_step_bytes``, ``died_in_step``)."""
     for cause in (dev.get("diagnosis") or {}).get("causes") or []:
         figures = cause.get("figures") or {}
-        if cause.get("id") == "growing_workload" and figures.get("growth_per_step_bytes") and figures.get("died_in_step"):
-            return figures  # type: ignore[no-any-return]
+        growing = cause.get("id") == "growing_workload"
+        if growing and figures.get("growth_per_step_bytes") and figures.get("died_in_step"):
+            return figures  # type: ignore[no-any-return,unused-ignore]
     return None
 
 
@@ -313,7 +314,8 @@ def horizon_of(dev: Mapping[str, Any], change: Change, answer: str) -> Horizon |
         return Horizon("postpones", step, "replay", f"postpones the OOM to about step {step} (its replay's packing)")
     if growth.get("postpone_packed_steps") is not None:
         step = died + int(growth["postpone_packed_steps"])
-        return Horizon("postpones", step, "packed", f"postpones the OOM to step {step} at most (a perfectly packed cache)")
+        text = f"postpones the OOM to step {step} at most (a perfectly packed cache)"
+        return Horizon("postpones", step, "packed", text)
     return Horizon("cannot_tell", None, None, "the run grows; no replay of this setting to carry forward")
 
 
@@ -324,10 +326,10 @@ def horizons(incident: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not dev.get("ooms") and not dev.get("oom"):
         return []
     first = (dev.get("decision") or {}).get("change") or {}
-    candidates = [(str(first.get("id") or ""), str(first.get("title") or ""), None)]
+    candidates: list[tuple[str, str, str | None]] = [(str(first.get("id") or ""), str(first.get("title") or ""), None)]
     for row in dev.get("ranked") or []:
-        config = str(row.get("config") or "")
-        setting = config[len(ENV_PREFIX) :] if config.startswith(ENV_PREFIX) else None
+        row_config = str(row.get("config") or "")
+        setting = row_config[len(ENV_PREFIX) :] if row_config.startswith(ENV_PREFIX) else None
         candidates.append((str(row.get("id") or ""), str(row.get("title") or ""), setting))
     out: list[dict[str, Any]] = []
     for change_id, title, config in candidates:

@@ -111,7 +111,7 @@ def measures(summary: Mapping[str, Any]) -> dict[tuple[str, str], int]:
 
 
 def _tolerance(centre: float, mad: float, k: float) -> int:
-    return int(round(max(k * MAD_TO_SD * mad, FLOOR_SHARE * abs(centre), FLOOR_BYTES)))
+    return round(max(k * MAD_TO_SD * mad, FLOOR_SHARE * abs(centre), FLOOR_BYTES))
 
 
 def learn(runs: Sequence[tuple[str | None, Mapping[str, Any]]], *, k: float = K) -> NoiseModel | None:
@@ -135,7 +135,7 @@ def learn(runs: Sequence[tuple[str | None, Mapping[str, Any]]], *, k: float = K)
         deviations = [m[key] - median(g[key] for g in group) for group in repeated for m in group]
         mad = median(abs(d) for d in deviations) if deviations else 0.0
         centre = median(m[key] for m in centre_group)
-        spreads.append(Spread(key[0], key[1], int(round(centre)), int(round(mad)), _tolerance(centre, mad, k)))
+        spreads.append(Spread(key[0], key[1], round(centre), round(mad), _tolerance(centre, mad, k)))
     return NoiseModel(
         runs=len(runs), commits=len(by_commit), centre_runs=len(centre_group), spreads=tuple(spreads), k=k
     )

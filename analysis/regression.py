@@ -207,7 +207,8 @@ def compare_runs(
     sentences: list[str] = []
     if reserved.share is not None:
         verb = "grew" if reserved.delta_bytes > 0 else ("shrank" if reserved.delta_bytes < 0 else "did not change")
-        limit = "tolerance learned from the baseline branch" if noise is not None else f"threshold {max_regression_pct:g}%"
+        learned = "tolerance learned from the baseline branch"
+        limit = learned if noise is not None else f"threshold {max_regression_pct:g}%"
         sentences.append(
             f"Peak reserved memory {verb} from {_size(reserved.baseline_bytes)} in {baseline_name} to "
             f"{_size(reserved.run_bytes)} in {run_name} ({reserved.share * 100:+.2f}%, {limit})."

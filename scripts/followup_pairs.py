@@ -2,7 +2,8 @@
 follow-up (``analysis.followup.compare``): the figures docs/runs.md quotes ("Over every ... pair").
 
 A family is the capture's name up to its cap (``bert_mlm_c85_default`` -> ``bert_mlm_c85``,
-``densenet_c80_exp_gc`` -> ``densenet_c80``: same job, same cap); its ``default`` member, where it ran out of memory, is the incident,
+``densenet_c80_exp_gc`` -> ``densenet_c80``: same job, same cap); its ``default`` member, where it ran out of
+memory, is the incident,
 each other member a follow-up. The OOM message of each truth file is given as the client would send it.
 
     nice .venv/bin/python scripts/followup_pairs.py [--jobs N]
@@ -65,10 +66,11 @@ def main() -> int:
         work.append((default, [m for m in members if m != default]))
     rows = []
     with ProcessPoolExecutor(args.jobs) as pool:
-        for found in pool.map(_family, *zip(*work)):
+        for found in pool.map(_family, *zip(*work, strict=True)):
             rows.extend(found)
     outcomes = Counter(r[2] for r in rows)
-    definite = Counter((r[3], r[2]) for r in rows if r[3] in ("fixes", "runs_out", "postpones") and r[2] != "not_applied")
+    settled = ("fixes", "runs_out", "postpones")
+    definite = Counter((r[3], r[2]) for r in rows if r[3] in settled and r[2] != "not_applied")
     print(json.dumps({"pairs": len(rows), "incidents": len(work), "outcomes": dict(outcomes),
                       "definite": {f"{a} -> {o}": n for (a, o), n in sorted(definite.items())},
                       "horizons": dict(Counter(r[4] for r in rows if r[4]))}, indent=1))

@@ -29,19 +29,40 @@ ANSWER_FOR_CAUSE = {"forward_without_no_grad": "eval_no_grad", "optimizer_step":
 # (family, rerun, outcome): what each rerun's recorded fate means for the advice.
 EXPECTED = [
     # The cause's fix, made as advised, and the run lived: every family's advice borne out.
-    *((family, "fix", "borne_out") for family in (
-        "eval_bert", "eval_resnet", "graphs_manual", "graphs_resnet", "kv_gqa", "kv_manual",
-        "leak_conv2", "leak_metric", "optim_mlp", "optim_wide", "otherproc", "outside",
-    )),
+    *(
+        (family, "fix", "borne_out")
+        for family in (
+            "eval_bert",
+            "eval_resnet",
+            "graphs_manual",
+            "graphs_resnet",
+            "kv_gqa",
+            "kv_manual",
+            "leak_conv2",
+            "leak_metric",
+            "optim_mlp",
+            "optim_wide",
+            "otherproc",
+            "outside",
+        )
+    ),
     # A leak: settings only postpone it (died 2 to 10 steps later); the horizon is scored below.
     ("leak_conv2", "expandable", "postponed"),
     ("leak_conv2", "maxsplit128", "postponed"),
     ("leak_metric", "expandable", "postponed"),
     ("leak_metric", "maxsplit128", "postponed"),
     # A smaller batch where the advice was another change: not applied (whatever it did).
-    *((family, "halfbatch", "not_applied") for family in (
-        "eval_bert", "eval_resnet", "kv_gqa", "kv_manual", "optim_mlp", "optim_wide",
-    )),
+    *(
+        (family, "halfbatch", "not_applied")
+        for family in (
+            "eval_bert",
+            "eval_resnet",
+            "kv_gqa",
+            "kv_manual",
+            "optim_mlp",
+            "optim_wide",
+        )
+    ),
     # optim: the for-loop step instead of the advised fused one: another change.
     ("optim_mlp", "loop", "not_applied"),
     ("optim_wide", "loop", "not_applied"),
@@ -71,7 +92,9 @@ EXPECTED = [
 @cache
 def _incident(family: str) -> str:
     truth = json.loads((DIAGNOSIS / f"{family}_default.truth.json").read_text())
-    return json.dumps(build_report(DIAGNOSIS / f"{family}_default.pickle.gz", oom_message=truth.get("oom_message") or None))
+    return json.dumps(
+        build_report(DIAGNOSIS / f"{family}_default.pickle.gz", oom_message=truth.get("oom_message") or None)
+    )
 
 
 def _reruns(family: str) -> dict[str, Any]:
@@ -90,13 +113,20 @@ def scored(family: str, member: str) -> FollowUp:
         answer = {"fix": ANSWER_FOR_CAUSE.get(advised, advised), "halfbatch": "smaller_batch"}.get(member, "other")
         change = Change(answer, DECLARABLE[answer], "user")
     step, offset = fate["died_step"], (_oom_step(dev) or 0) - int(default["died_step"] or 0)
-    actual = Actual(bool(fate["died"]), None if step is None else step + offset, fate["steps_completed"], fate["peak_reserved_bytes"])
+    actual = Actual(
+        bool(fate["died"]),
+        None if step is None else step + offset,
+        fate["steps_completed"],
+        fate["peak_reserved_bytes"],
+    )
     return score(incident, [change], actual)
 
 
 def test_every_rerun_of_every_family_is_listed() -> None:
     listed = {(f, m) for f, m, _ in EXPECTED}
-    on_disk = {(p.name.split(".")[0], m) for p in DIAGNOSIS.glob("*.reruns.json") for m in _reruns(p.name.split(".")[0])}
+    on_disk = {
+        (p.name.split(".")[0], m) for p in DIAGNOSIS.glob("*.reruns.json") for m in _reruns(p.name.split(".")[0])
+    }
     assert listed == on_disk - {(f, "default") for f, _ in on_disk}
 
 

@@ -26,7 +26,10 @@ pytestmark = pytest.mark.browser
 
 PAIRS = (
     (FIXTURES / "gpt_varlen_oom.pickle.gz", FIXTURES / "gpt_varlen_expandable.pickle.gz"),
-    (FIXTURES / "captures" / "bert_mlm_c85_default.pickle.gz", FIXTURES / "captures" / "bert_mlm_c85_expandable.pickle.gz"),
+    (
+        FIXTURES / "captures" / "bert_mlm_c85_default.pickle.gz",
+        FIXTURES / "captures" / "bert_mlm_c85_expandable.pickle.gz",
+    ),
 )
 
 
@@ -99,7 +102,10 @@ def test_incidents_follow_ups_history_and_the_team_record(
         v.page.locator("details.horizons summary").click()
         line = v.page.locator("details.horizons li[data-change='expandable_segments']")
         assert line.get_attribute("data-horizon") == "postpones" and "about step 26" in line.inner_text()
-        assert v.page.locator("details.horizons li[data-change='growing_workload']").get_attribute("data-horizon") == "steady"
+        assert (
+            v.page.locator("details.horizons li[data-change='growing_workload']").get_attribute("data-horizon")
+            == "steady"
+        )
         _fits(v, width)
     finally:
         v.close()
@@ -141,7 +147,12 @@ def leak_run(transactional_db: Any, alice: Any, alpha: Any, monkeypatch: pytest.
     import seeded_series
 
     monkeypatch.setattr(runs, "publish_run", lambda run_id: True)
-    for name, branch, seed, leak in (("m0", "main", 0, 0), ("m1", "main", 1, 0), ("m2", "main", 2, 0), ("pr", "feature", 9, 10)):
+    for name, branch, seed, leak in (
+        ("m0", "main", 0, 0),
+        ("m1", "main", 1, 0),
+        ("m2", "main", 2, 0),
+        ("pr", "feature", 9, 10),
+    ):
         path = tmp_path / f"{name}.pickle.gz"
         path.write_bytes(seeded_series.variant(seed, leak))
         upload = make_upload(alpha, alice, path, run=name)
@@ -167,7 +178,10 @@ def test_the_run_page_names_what_grew_beyond_the_noise(
     try:
         clean(v)
         _fits(v, width)
-        assert "Tolerance learned from 3 runs of the baseline branch (1 commit)" in v.page.locator("#noise-model").inner_text()
+        assert (
+            "Tolerance learned from 3 runs of the baseline branch (1 commit)"
+            in v.page.locator("#noise-model").inner_text()
+        )
         table = v.page.locator("table#beyond-noise")
         assert table.is_visible()
         first = leak_run.regression["beyond_noise"][0]

@@ -22,7 +22,9 @@ import seeded_series
 pytestmark = pytest.mark.django_db
 
 
-def _run(client: Any, token: str, capture: Any, tmp: Path, name: str, branch: str, commit: str, seed: int, leak: int = 0) -> Run:
+def _run(
+    client: Any, token: str, capture: Any, tmp: Path, name: str, branch: str, commit: str, seed: int, leak: int = 0
+) -> Run:
     path = tmp / f"{name}.pickle.gz"
     path.write_bytes(seeded_series.variant(seed, leak))
     with capture() as published, path.open("rb") as fh:

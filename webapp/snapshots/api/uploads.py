@@ -16,9 +16,9 @@ from webapp.snapshots.api import schemas as s
 from webapp.snapshots.api.auth import error, not_found
 from webapp.snapshots.api.methods import refuse_other_methods
 from webapp.snapshots.api.openapi import form_body, responses
+from webapp.snapshots.errors import FieldsInvalid, IdempotencyConflict, LimitExceeded, ProjectRefused
 from webapp.snapshots.intake import accept, blobs, intake, store
 from webapp.snapshots.intake.forms import ApiUploadFieldsForm, first_error
-from webapp.snapshots.intake.ratelimits import LimitExceeded
 from webapp.snapshots.models import Run, Upload
 from webapp.snapshots.pages import firstanswer, payloads
 from webapp.snapshots.runs import followups, runs
@@ -96,14 +96,14 @@ def snapshots(request: HttpRequest) -> HttpResponse:
         if admission.earlier is not None:
             return _replayed(request, admission)
         made = accept.upload_admit(admission, user=request.user, token=getattr(request, "api_token", None))  # type: ignore[arg-type]
-    except intake.FieldsInvalid as invalid:
+    except FieldsInvalid as invalid:
         field, detail = first_error(invalid.form)
         if field == "oom_message":
             return error(400, "upload:invalid-oom-message", detail)
         return error(400, "upload:invalid", messages.UPLOAD_INVALID_FIELD.format(field=field, detail=detail))
-    except accept.ProjectRefused as refused:
+    except ProjectRefused as refused:
         return _project_refusal(request, refused.status, refused.code, refused.message)
-    except store.IdempotencyConflict as conflict:
+    except IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return error(409, "upload:idempotency-conflict", message)
     if isinstance(made, Run):  # a run's ranks in one tar or zip: one upload per rank, one run
@@ -126,7 +126,7 @@ def _replayed(request: HttpRequest, admission: intake.Admission) -> HttpResponse
         return error(409, "upload:idempotency-conflict", messages.IDEMPOTENCY_CONFLICT.format(code="-"))
     try:
         upload = store.upload_replay(admission.earlier, admission.sha256)
-    except store.IdempotencyConflict as conflict:
+    except IdempotencyConflict as conflict:
         message = messages.IDEMPOTENCY_CONFLICT.format(code=conflict.upload.code)
         return error(409, "upload:idempotency-conflict", message)
     return _accepted(request, upload)

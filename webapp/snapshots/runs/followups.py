@@ -124,10 +124,11 @@ def _incident_rank(incident: Upload) -> Upload:
     ranks, that run's first OOM rank (the run's incident is where it ran out first)."""
     if not _several_ranks(incident):
         return incident
-    first = ((incident.run_ref.summary or {}).get("run") or {}).get("first_oom_rank")
-    if first is None:
+    run = incident.run_ref
+    first = ((run.summary or {}).get("run") or {}).get("first_oom_rank") if run is not None else None
+    if run is None or first is None:
         return incident
-    found = incident.run_ref.uploads.filter(rank=first).order_by("-created_at", "-id").first()
+    found = run.uploads.filter(rank=first).order_by("-created_at", "-id").first()
     return found or incident
 
 
@@ -152,7 +153,7 @@ def settle(upload_id: int) -> None:
     )
     for row in rows:
         if _several_ranks(row):
-            if row.run_ref.summary:  # a rank of a summarised run: the run is scored as one
+            if row.run_ref is not None and row.run_ref.summary:  # a rank of a summarised run: scored as one
                 settle_run(row.run_ref)
             continue
         try:
@@ -170,10 +171,13 @@ def _representative(run: Any) -> Upload | None:
     rank = (summary.get("run") or {}).get("first_oom_rank")
     if rank is None:
         ranks = summary.get("ranks") or []
-        rank = max(ranks, key=lambda r: (int(r.get("peak_reserved_bytes") or 0), -int(r["rank"])))["rank"] if ranks else None
+        largest = max(ranks, key=lambda r: (int(r.get("peak_reserved_bytes") or 0), -int(r["rank"]))) if ranks else None
+        rank = largest["rank"] if largest else None
     if rank is None:
         return None
-    return run.uploads.select_related("follows", "follows__run_ref").filter(rank=rank).order_by("-created_at", "-id").first()
+    uploads = run.uploads.select_related("follows", "follows__run_ref").filter(rank=rank)
+    found: Upload | None = uploads.order_by("-created_at", "-id").first()
+    return found
 
 
 def settle_run(run: Any) -> None:
@@ -182,7 +186,7 @@ def settle_run(run: Any) -> None:
     rep = _representative(run)
     if rep is None or rep.follows_id is None:
         for later in Upload.objects.filter(follows__run_ref=run).exclude(run_ref=run).select_related("run_ref"):
-            if _several_ranks(later) and later.run_ref.summary:
+            if _several_ranks(later) and later.run_ref is not None and later.run_ref.summary:
                 settle_run(later.run_ref)
         return
     try:

@@ -254,7 +254,7 @@ def run_compare(run: Run, *, max_regression_pct: float | None = None) -> Regress
         return None
     noise = None
     if max_regression_pct is None:
-        noise = learn([(r.commit or None, r.summary) for r in noise_window(run, base, policy)])
+        noise = learn([(r.commit or None, r.summary or {}) for r in noise_window(run, base, policy)])
     return compare_runs(
         base.summary,
         run.summary,
