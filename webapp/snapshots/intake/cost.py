@@ -239,7 +239,10 @@ _INT_OPS = frozenset({"BININT", "BININT1", "BININT2", "INT", "LONG", "LONG1", "L
 def _walk_pickle(content: bytes, shape: _Shape) -> bool:
     """Walk the pickle's opcodes (at most ``SCAN_OPS``) on a stack of placeholders: strings and
     small ints as themselves, lists and dicts as counters, anything else as one opaque value. Sets
-    ``shape.devices`` and ``shape.events``; True when the walk reached STOP."""
+    ``shape.devices`` and ``shape.events``; True when the walk reached STOP.
+
+    One loop over the opcodes, the common ones handled inline: a call per opcode would cost real
+    time on the 50,000 of a scan (the rare ones and the setitems go to helpers)."""
     stack: list[Any] = []
     marks: list[int] = []
     memo: dict[int, Any] = {}
@@ -247,25 +250,6 @@ def _walk_pickle(content: bytes, shape: _Shape) -> bool:
     traces: list[_List] = []
     events = 0
     finished = False
-
-    def pop_mark() -> list[Any]:
-        at = marks.pop() if marks else 0
-        items = stack[at:]
-        del stack[at:]
-        return items
-
-    def setitems(target: Any, items: list[Any]) -> None:
-        nonlocal events
-        for key, value in zip(items[::2], items[1::2], strict=False):
-            if key == "action":
-                events += 1
-            if isinstance(target, _Dict):
-                if key == "device" and type(value) is int:
-                    target.device = value
-                elif key in _SEGMENT_KEYS and not target.segment:
-                    target.segment = True
-                    segments.append(target)
-
     try:
         for n, (op, arg, _pos) in enumerate(pickletools.genops(io.BytesIO(content))):
             if n >= SCAN_OPS:
@@ -288,21 +272,21 @@ def _walk_pickle(content: bytes, shape: _Shape) -> bool:
                 if stack and isinstance(stack[-1], _List):
                     stack[-1].items += 1
             elif name == "APPENDS":
-                items = pop_mark()
+                items = _pop_mark(stack, marks)
                 if stack and isinstance(stack[-1], _List):
                     stack[-1].items += len(items)
             elif name == "SETITEM":
                 value, key = stack.pop(), stack.pop()
-                setitems(stack[-1] if stack else None, [key, value])
+                events += _set_items(stack[-1] if stack else None, [key, value], segments)
             elif name == "SETITEMS":
-                items = pop_mark()
-                setitems(stack[-1] if stack else None, items)
+                items = _pop_mark(stack, marks)
+                events += _set_items(stack[-1] if stack else None, items, segments)
             elif name == "DICT":
                 d = _Dict()
-                setitems(d, pop_mark())
+                events += _set_items(d, _pop_mark(stack, marks), segments)
                 stack.append(d)
             elif name == "LIST":
-                stack.append(_List(len(pop_mark())))
+                stack.append(_List(len(_pop_mark(stack, marks))))
             elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
                 memo[int(arg or 0)] = stack[-1]
             elif name == "MEMOIZE":
@@ -312,22 +296,58 @@ def _walk_pickle(content: bytes, shape: _Shape) -> bool:
             elif name == "STOP":
                 finished = True
                 break
-            else:  # any other opcode: its stack effect, by pickletools' own table
-                if pickletools.markobject in op.stack_before:
-                    pop_mark()
-                    before = [s for s in op.stack_before if s not in (pickletools.markobject, pickletools.stackslice)]
-                else:
-                    before = op.stack_before
-                if before:
-                    del stack[-len(before) :]
-                stack.extend(_OTHER for s in op.stack_after if s is not pickletools.markobject)
-                if pickletools.markobject in op.stack_after:
-                    marks.append(len(stack))
+            else:
+                _other_opcode(op, stack, marks)
     except (ValueError, IndexError, KeyError, TypeError, EOFError, struct.error):
         pass  # the head ends mid-opcode, or the pickle is broken: the reader says what it is
+    shape.devices = _devices_seen(segments, traces)
+    shape.events = events
+    return finished
+
+
+def _pop_mark(stack: list[Any], marks: list[int]) -> list[Any]:
+    """The items above the last MARK, taken off the stack (all of it where no MARK is open)."""
+    at = marks.pop() if marks else 0
+    items = stack[at:]
+    del stack[at:]
+    return items
+
+
+def _set_items(target: Any, items: list[Any], segments: list[_Dict]) -> int:
+    """Key/value pairs stored into ``target``: a dict placeholder learns its ``device`` and whether
+    it is a segment (kept in ``segments``). The trace events among them: each has an ``action``."""
+    events = 0
+    for key, value in zip(items[::2], items[1::2], strict=False):
+        if key == "action":
+            events += 1
+        if isinstance(target, _Dict):
+            if key == "device" and type(value) is int:
+                target.device = value
+            elif key in _SEGMENT_KEYS and not target.segment:
+                target.segment = True
+                segments.append(target)
+    return events
+
+
+def _other_opcode(op: pickletools.OpcodeInfo, stack: list[Any], marks: list[int]) -> None:
+    """Any opcode the walk has no rule for: its stack effect, by pickletools' own table, its
+    results as opaque values."""
+    if pickletools.markobject in op.stack_before:
+        _pop_mark(stack, marks)
+        before = [s for s in op.stack_before if s not in (pickletools.markobject, pickletools.stackslice)]
+    else:
+        before = op.stack_before
+    if before:
+        del stack[-len(before) :]
+    stack.extend(_OTHER for s in op.stack_after if s is not pickletools.markobject)
+    if pickletools.markobject in op.stack_after:
+        marks.append(len(stack))
+
+
+def _devices_seen(segments: list[_Dict], traces: list[_List]) -> int | None:
+    """The device ordinals the walk saw: the segments' ``device`` values and one per trace list
+    (the longest ``device_traces`` list seen); None where it saw neither."""
     ordinals = {s.device for s in segments if s.device is not None}
     trace_lists = max((t.items for t in traces), default=0)
     ordinals |= set(range(trace_lists))
-    shape.devices = len(ordinals) if (segments or traces) else None
-    shape.events = events
-    return finished
+    return len(ordinals) if (segments or traces) else None

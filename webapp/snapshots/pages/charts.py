@@ -52,7 +52,7 @@ from bokeh.models.annotations import Label, Legend, Span, Title  # typed here; b
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
-from analysis.contract import Device, Oom, Report, Segment, Step, Timeline, report_of
+from analysis.contract import Device, Oom, Report, Segment, SegmentMap, StackRow, Step, Timeline, report_of
 from webapp.snapshots.pages.formatting import event_text, format_bytes, frame_label
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
 
 # Caps that keep a page light (a json_item costs about 11 bytes per float).
 MAX_TIMELINE_POINTS = 6500  # the report keeps up to 6 points per 1000 buckets
+TIMELINE_X_LABEL = "trace event (allocator calls, in order)"  # x is the event index, not time
 MAX_SEGMENT_ROWS = 200
 MAX_SEGMENT_BLOCKS = 4000
 # A segment map is no taller than a laptop's screen (issue 35: two 1,290 px charts one under the other);
@@ -181,6 +182,20 @@ def build_compare_charts(
     if dev_a is None or dev_b is None:
         return {}
     charts: dict[str, dict[str, Any]] = {}
+    peaks = _compare_peaks(dev_a, dev_b, labels)
+    if peaks is not None:
+        charts["compare-peaks"] = _item(peaks)
+    overlay = _compare_timeline(dev_a, dev_b, labels)
+    if overlay is not None:
+        charts["compare-timeline"] = _item(overlay)
+    steps = _compare_steps(dev_a, dev_b, labels)
+    if steps is not None:
+        charts["compare-steps"] = _item(steps)
+    return charts
+
+
+def _compare_peaks(dev_a: Device, dev_b: Device, labels: tuple[str, str]) -> Any:
+    """The two runs' peak figures as paired bars, one pair per kind either run has."""
     kinds = [
         ("peak reserved", "peak_reserved_bytes"),
         ("peak allocated", "peak_allocated_bytes"),
@@ -189,75 +204,73 @@ def build_compare_charts(
     ]
     pairs = [(name, getattr(dev_a.summary, key), getattr(dev_b.summary, key)) for name, key in kinds]
     rows = [(name, a, b) for name, a, b in pairs if a is not None or b is not None]
-    if rows:
-        y = [name for name, _, _ in rows]
-        source = ColumnDataSource(
+    if not rows:
+        return None
+    y = [name for name, _, _ in rows]
+    source = ColumnDataSource(
+        {
+            "kind": y,
+            "a": _floats(a for _, a, _ in rows),
+            "b": _floats(b for _, _, b in rows),
+        }
+    )
+    p = _figure("Peaks: " + " vs ".join(labels), height=260, y_range=list(reversed(y)), tools="save,reset")
+    _bytes_ticks(p.xaxis)
+    p.hbar(
+        y=dodge("kind", 0.18, range=p.y_range),
+        right="a",
+        height=0.34,
+        source=source,
+        color=RESERVED,
+        legend_label=labels[0],
+    )
+    p.hbar(
+        y=dodge("kind", -0.18, range=p.y_range),
+        right="b",
+        height=0.34,
+        source=source,
+        color=ALLOCATED,
+        legend_label=labels[1],
+    )
+    p.add_tools(
+        HoverTool(
+            tooltips=[("", "@kind"), (labels[0], "@a{0.00 b} (@a{0,0} B)"), (labels[1], "@b{0.00 b} (@b{0,0} B)")]
+        )
+    )
+    p.x_range.start = 0
+    _legend(p, outside=True)
+    return p
+
+
+def _compare_steps(dev_a: Device, dev_b: Device, labels: tuple[str, str]) -> Any:
+    """Reserved memory at each step's end, one line per run that has steps."""
+    steps_a, steps_b = dev_a.steps, dev_b.steps
+    if not (steps_a or steps_b):
+        return None
+    p = _figure("Reserved at each step's end", height=300)
+    _bytes_ticks(p.yaxis)
+    p.xaxis.axis_label = "step"
+    hover_renderers = []
+    for label, steps, colour in ((labels[0], steps_a, RESERVED), (labels[1], steps_b, ALLOCATED)):
+        if not steps:
+            continue
+        src = ColumnDataSource(
             {
-                "kind": y,
-                "a": _floats(a for _, a, _ in rows),
-                "b": _floats(b for _, _, b in rows),
+                "step": _floats(i if s.index is None else s.index for i, s in enumerate(steps)),
+                "reserved": _floats(s.reserved_end_bytes for s in steps),
+                "run": [label] * len(steps),
             }
         )
-        p = _figure("Peaks: " + " vs ".join(labels), height=260, y_range=list(reversed(y)), tools="save,reset")
-        _bytes_ticks(p.xaxis)
-        p.hbar(
-            y=dodge("kind", 0.18, range=p.y_range),
-            right="a",
-            height=0.34,
-            source=source,
-            color=RESERVED,
-            legend_label=labels[0],
+        hover_renderers.append(p.line("step", "reserved", source=src, color=colour, line_width=2, legend_label=label))
+        p.scatter("step", "reserved", source=src, color=colour, size=5, legend_label=label)
+    p.add_tools(
+        HoverTool(
+            renderers=hover_renderers,
+            tooltips=[("run", "@run"), ("step", "@step{0}"), ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")],
         )
-        p.hbar(
-            y=dodge("kind", -0.18, range=p.y_range),
-            right="b",
-            height=0.34,
-            source=source,
-            color=ALLOCATED,
-            legend_label=labels[1],
-        )
-        p.add_tools(
-            HoverTool(
-                tooltips=[("", "@kind"), (labels[0], "@a{0.00 b} (@a{0,0} B)"), (labels[1], "@b{0.00 b} (@b{0,0} B)")]
-            )
-        )
-        p.x_range.start = 0
-        _legend(p, outside=True)
-        charts["compare-peaks"] = _item(p)
-
-    overlay = _compare_timeline(dev_a, dev_b, labels)
-    if overlay is not None:
-        charts["compare-timeline"] = _item(overlay)
-
-    steps_a, steps_b = dev_a.steps, dev_b.steps
-    if steps_a or steps_b:
-        p = _figure("Reserved at each step's end", height=300)
-        _bytes_ticks(p.yaxis)
-        p.xaxis.axis_label = "step"
-        hover_renderers = []
-        for label, steps, colour in ((labels[0], steps_a, RESERVED), (labels[1], steps_b, ALLOCATED)):
-            if not steps:
-                continue
-            src = ColumnDataSource(
-                {
-                    "step": _floats(i if s.index is None else s.index for i, s in enumerate(steps)),
-                    "reserved": _floats(s.reserved_end_bytes for s in steps),
-                    "run": [label] * len(steps),
-                }
-            )
-            hover_renderers.append(
-                p.line("step", "reserved", source=src, color=colour, line_width=2, legend_label=label)
-            )
-            p.scatter("step", "reserved", source=src, color=colour, size=5, legend_label=label)
-        p.add_tools(
-            HoverTool(
-                renderers=hover_renderers,
-                tooltips=[("run", "@run"), ("step", "@step{0}"), ("reserved", "@reserved{0.00 b} (@reserved{0,0} B)")],
-            )
-        )
-        _legend(p)
-        charts["compare-steps"] = _item(p)
-    return charts
+    )
+    _legend(p)
+    return p
 
 
 def _compare_timeline(dev_a: Device, dev_b: Device, labels: tuple[str, str]) -> Any:
@@ -394,26 +407,8 @@ def _timeline_chart(dev: Device) -> Any:
     # x is the event index, not time: a run spends seconds loading before its first step and
     # milliseconds per allocation burst after; by events, the steps get the width.
     x = cols["event_index"]
-    x_label = "trace event (allocator calls, in order)"
     t0 = math.nan
-    keep: list[int] = [int(np.argmax(cols["reserved"]))]
-    if "allocated" in cols:
-        keep.append(int(np.argmax(cols["allocated"])))
-    idx = _minmax_indices(cols["reserved"], keep, MAX_TIMELINE_POINTS)
-    # Event numbers fit int32: half the bytes of float64.
-    data: dict[str, Any] = {"x": x[idx].astype(np.int32)}
-    seconds = _seconds(cols)
-    if seconds is not None:
-        data["t"] = seconds[idx]
-    for key in ("reserved", "allocated", "requested", "largest_free"):
-        if key in cols:
-            data[key] = cols[key][idx]
-    frag = _fragmentation(cols)
-    if frag is not None:
-        data["fragmentation"] = frag[idx].astype(np.float32)
-    what = _event_texts(dev.timeline, idx) if dev.timeline is not None else None
-    if what is not None:
-        data["what"] = what
+    data = _timeline_data(dev, cols)
     # Named so static/js/explore.js finds them (zoom detail replaces the data; a tap asks for the state).
     source = ColumnDataSource(data, name="timeline-source")
 
@@ -444,36 +439,8 @@ def _timeline_chart(dev: Device) -> Any:
     if oom:
         _mark_oom(p, oom, t0, x, cols)
     if limit:
-        p.add_layout(
-            Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed", line_width=1.2)
-        )
-        p.add_layout(
-            Label(
-                x=5,
-                y=float(limit),
-                x_units="screen",
-                text=f"limit {format_bytes(limit)}",
-                text_font_size="11px",
-                text_color=LIMIT_COLOUR,
-                y_offset=3,
-            )
-        )
-    tooltips = [("event", "@x{0,0}")]
-    if "what" in data:
-        tooltips.append(("what", "@what"))
-    if "t" in data:
-        tooltips.append(("time", "@t{0,0.000} s after the first event"))
-    for key, label in (
-        ("reserved", "reserved"),
-        ("allocated", "allocated"),
-        ("requested", "requested"),
-        ("largest_free", "largest free block"),
-    ):
-        if key in data:
-            tooltips.append((label, f"@{key}{{0.00 b}} (@{key}{{0,0}} B)"))
-    if "fragmentation" in data:
-        tooltips.append(("fragmentation", "@fragmentation{0.0%}"))
-    p.add_tools(HoverTool(renderers=lines[:1], mode="vline", tooltips=tooltips))
+        _mark_limit(p, limit)
+    p.add_tools(HoverTool(renderers=lines[:1], mode="vline", tooltips=_timeline_tooltips(data)))
     p.name = "timeline-figure"
     # The event selected in the page's event list (static/js/explore.js moves it and shows it).
     p.add_layout(
@@ -491,15 +458,86 @@ def _timeline_chart(dev: Device) -> Any:
         p.title.text += " (trace incomplete: peaks are lower bounds)"
 
     if "fragmentation" not in data:
-        p.xaxis.axis_label = x_label
+        p.xaxis.axis_label = TIMELINE_X_LABEL
         p.xaxis.formatter = NumeralTickFormatter(format="0,0")
         return p
+    q = _fragmentation_chart(p, source, oom, t0, x, cols)
+    p.xaxis.visible = False
+    return column(p, q, sizing_mode="stretch_width")
+
+
+def _timeline_data(dev: Device, cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The timeline's columns, at most ``MAX_TIMELINE_POINTS`` rows: both peaks kept, and each
+    bucket's first point, min and max (a spike survives the thinning)."""
+    keep: list[int] = [int(np.argmax(cols["reserved"]))]
+    if "allocated" in cols:
+        keep.append(int(np.argmax(cols["allocated"])))
+    idx = _minmax_indices(cols["reserved"], keep, MAX_TIMELINE_POINTS)
+    # Event numbers fit int32: half the bytes of float64.
+    data: dict[str, Any] = {"x": cols["event_index"][idx].astype(np.int32)}
+    seconds = _seconds(cols)
+    if seconds is not None:
+        data["t"] = seconds[idx]
+    for key in ("reserved", "allocated", "requested", "largest_free"):
+        if key in cols:
+            data[key] = cols[key][idx]
+    frag = _fragmentation(cols)
+    if frag is not None:
+        data["fragmentation"] = frag[idx].astype(np.float32)
+    what = _event_texts(dev.timeline, idx) if dev.timeline is not None else None
+    if what is not None:
+        data["what"] = what
+    return data
+
+
+def _mark_limit(p: Any, limit: int) -> None:
+    """The device's limit (the OOM's total capacity) as a dashed line, labelled at the left."""
+    p.add_layout(
+        Span(location=float(limit), dimension="width", line_color=LIMIT_COLOUR, line_dash="dashed", line_width=1.2)
+    )
+    p.add_layout(
+        Label(
+            x=5,
+            y=float(limit),
+            x_units="screen",
+            text=f"limit {format_bytes(limit)}",
+            text_font_size="11px",
+            text_color=LIMIT_COLOUR,
+            y_offset=3,
+        )
+    )
+
+
+def _timeline_tooltips(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The timeline's hover lines, one per column it has (bytes formatted in the browser)."""
+    tooltips = [("event", "@x{0,0}")]
+    if "what" in data:
+        tooltips.append(("what", "@what"))
+    if "t" in data:
+        tooltips.append(("time", "@t{0,0.000} s after the first event"))
+    for key, label in (
+        ("reserved", "reserved"),
+        ("allocated", "allocated"),
+        ("requested", "requested"),
+        ("largest_free", "largest free block"),
+    ):
+        if key in data:
+            tooltips.append((label, f"@{key}{{0.00 b}} (@{key}{{0,0}} B)"))
+    if "fragmentation" in data:
+        tooltips.append(("fragmentation", "@fragmentation{0.0%}"))
+    return tooltips
+
+
+def _fragmentation_chart(
+    p: Any, source: ColumnDataSource, oom: Oom | None, t0: float, x: np.ndarray, cols: Mapping[str, np.ndarray]
+) -> Any:
+    """The fragmentation index under the timeline ``p``, sharing its x range (and its OOM mark)."""
     q = _figure(
         "Fragmentation index: share of cached free memory outside the largest free block", height=170, x_range=p.x_range
     )
     q.y_range = Range1d(start=0, end=1.02)
     q.yaxis.formatter = NumeralTickFormatter(format="0%")
-    q.xaxis.axis_label = x_label
+    q.xaxis.axis_label = TIMELINE_X_LABEL
     q.xaxis.formatter = NumeralTickFormatter(format="0,0")  # 2,500,000 rather than 2.500e+6
     fr = q.line("x", "fragmentation", source=source, color=FRAGMENTATION, line_width=1.4)
     q.varea(x="x", y1=0, y2="fragmentation", source=source, color=FRAGMENTATION, alpha=0.15)
@@ -510,8 +548,7 @@ def _timeline_chart(dev: Device) -> Any:
             renderers=[fr], mode="vline", tooltips=[("event", "@x{0,0}"), ("fragmentation", "@fragmentation{0.0%}")]
         )
     )
-    p.xaxis.visible = False
-    return column(p, q, sizing_mode="stretch_width")
+    return q
 
 
 @functools.lru_cache(maxsize=16)
@@ -713,15 +750,44 @@ def _segment_map_chart(dev: Device, moment: str) -> Any:
     snap = dev.segment_maps.get(moment)
     if snap is None or not snap.segments:
         return None
-    labels = snap.labels
     segments = sorted(snap.segments, key=lambda sg: -_numeric(sg.size))
     total = int(snap.segments_total or len(segments))
     segments = segments[:MAX_SEGMENT_ROWS]
     hidden = max(0, total - len(segments))
+    cols, row_labels = _segment_map_columns(segments, snap.labels)
+
+    rows = len(segments)
+    widest = max(_numeric(sg.size) for sg in segments) / 2**20
+    dense = rows > 60  # rows too thin for a label each: hover names the segment instead
+    p = _figure(
+        _segment_map_title(snap, moment, hidden),
+        height=min(SEGMENT_MAP_MAX_PX, 90 + (5 if dense else 15) * rows),
+        y_range=Range1d(start=rows - 0.5, end=-0.5),
+        x_range=Range1d(start=0, end=widest * 1.01, bounds=(0, widest * 1.01)),
+    )
+    if dense:
+        p.yaxis.axis_label = f"{rows} segments, largest on top"
+        p.yaxis.major_label_text_font_size = "0px"
+        p.yaxis.major_tick_line_color = None
+        p.yaxis.minor_tick_line_color = None
+    else:
+        p.yaxis.ticker = list(range(rows))
+        p.yaxis.major_label_overrides = row_labels
+        p.yaxis.major_label_text_font_size = "11px"
+    p.xaxis.axis_label = "offset in segment (MiB)"
+    p.ygrid.visible = False
+    _draw_segment_blocks(p, cols)
+    _legend(p, location="bottom_right")
+    return p
+
+
+def _segment_map_columns(
+    segments: Sequence[Segment], labels: Mapping[str, str]
+) -> tuple[dict[str, list[Any]], dict[int, str]]:
+    """(one column list per block field, each row's label) of the drawn segments, row = index."""
     # Too many blocks to draw: merge neighbours of one state, smallest first, per segment.
     per_segment_budget = max(8, MAX_SEGMENT_BLOCKS // len(segments))
     merge = sum(len(sg.blocks) for sg in segments) > MAX_SEGMENT_BLOCKS
-
     cols: dict[str, list[Any]] = {
         k: [] for k in ("x", "y", "w", "state", "size", "requested", "stack", "count", "segment")
     }
@@ -745,33 +811,22 @@ def _segment_map_chart(dev: Device, moment: str) -> Any:
             cols["stack"].append(label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…")
             cols["count"].append(blk["count"])
             cols["segment"].append(seg_size)
+    return cols, row_labels
 
+
+def _segment_map_title(snap: SegmentMap, moment: str, hidden: int) -> str:
+    """The map's title: its moment and event, and what was left out."""
     when = {"peak": "allocated peak", "reserved_peak": "reserved peak"}.get(moment, "OOM")
     at = snap.event_index
     title = f"Segments at the {when}" + (f" (event {at:,})" if isinstance(at, int) else "")
     if hidden:
         hidden_bytes = snap.hidden_bytes
         title += f"; {hidden} smaller segments not drawn" + (f" ({format_bytes(hidden_bytes)})" if hidden_bytes else "")
-    rows = len(segments)
-    widest = max(_numeric(sg.size) for sg in segments) / 2**20
-    dense = rows > 60  # rows too thin for a label each: hover names the segment instead
-    p = _figure(
-        title,
-        height=min(SEGMENT_MAP_MAX_PX, 90 + (5 if dense else 15) * rows),
-        y_range=Range1d(start=rows - 0.5, end=-0.5),
-        x_range=Range1d(start=0, end=widest * 1.01, bounds=(0, widest * 1.01)),
-    )
-    if dense:
-        p.yaxis.axis_label = f"{rows} segments, largest on top"
-        p.yaxis.major_label_text_font_size = "0px"
-        p.yaxis.major_tick_line_color = None
-        p.yaxis.minor_tick_line_color = None
-    else:
-        p.yaxis.ticker = list(range(rows))
-        p.yaxis.major_label_overrides = row_labels
-        p.yaxis.major_label_text_font_size = "11px"
-    p.xaxis.axis_label = "offset in segment (MiB)"
-    p.ygrid.visible = False
+    return title
+
+
+def _draw_segment_blocks(p: Any, cols: Mapping[str, list[Any]]) -> None:
+    """The blocks as boxes, one renderer per state, and their hover."""
     # Sizes stay float64 (exact bytes in hover); positions only draw, float32 is plenty.
     src = ColumnDataSource(
         {
@@ -820,8 +875,6 @@ def _segment_map_chart(dev: Device, moment: str) -> Any:
             ],
         )
     )
-    _legend(p, location="bottom_right")
-    return p
 
 
 def _block_rows(seg: Segment, seg_size: int, labels: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -894,60 +947,16 @@ def _stack_label(block: Mapping[str, Any], labels: Mapping[str, str]) -> str:
 
 
 def _icicle_chart(dev: Device) -> Any:
+    """The top stacks of the OOM (or the allocated peak) as an icicle: outermost frame on top,
+    each frame's box as wide as its share of the bytes."""
     stacks = dev.top_stacks
     moment = "oom" if any(s.when == "oom" for s in stacks) else "peak"
     chosen = [s for s in stacks if s.when == moment and _numeric(s.bytes) > 0]
     if not chosen:
         return None
-    # Tree keyed by the path from the outermost frame (frames are innermost first).
-    nodes: dict[tuple[str, ...], list[float]] = {}
-    order: list[tuple[str, ...]] = []
-    for s in chosen:
-        path = [frame_label(f) for f in reversed(s.frames)] or [str(s.label or "(no frames)")]
-        if len(path) > MAX_ICICLE_DEPTH:
-            path = [*path[: MAX_ICICLE_DEPTH - 1], f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
-        for depth in range(1, len(path) + 1):
-            key = tuple(path[:depth])
-            if key not in nodes:
-                nodes[key] = [0.0, 0.0]
-                order.append(key)
-            nodes[key][0] += _numeric(s.bytes)
-            nodes[key][1] += _numeric(s.count)
+    nodes, order = _stack_tree(chosen)
     total = float(sum(_numeric(s.bytes) for s in chosen))
-    # Lay out: children of a node sit under it, biggest first.
-    children: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
-    for key in order:
-        children.setdefault(key[:-1], []).append(key)
-    cols: dict[str, list[Any]] = {
-        k: [] for k in ("left", "right", "bottom", "top", "label", "text", "bytes", "count", "share", "colour", "tx")
-    }
-    palette = ("#f2c18d", "#f5a65b", "#e8894a", "#f3d28e", "#e9b872", "#d9a05b")
-    queue: list[tuple[tuple[str, ...], float]] = [((), 0.0)]
-    drawn = 0
-    while queue and drawn < MAX_ICICLE_NODES:
-        parent, x0 = queue.pop(0)
-        for key in sorted(children.get(parent, []), key=lambda k: -nodes[k][0]):
-            size, count = nodes[key]
-            depth = len(key) - 1
-            width = size / total
-            cols["left"].append(x0)
-            cols["right"].append(x0 + width)
-            cols["top"].append(-float(depth))
-            cols["bottom"].append(-float(depth) - 0.92)
-            cols["label"].append(key[-1])
-            cols["tx"].append(x0 + 0.004)
-            # Text only where the box is wide enough to hold some of it; hover has the rest.
-            room = int(width * 150)
-            cols["text"].append(key[-1] if room >= len(key[-1]) else (key[-1][: room - 1] + "…" if room > 6 else ""))
-            cols["bytes"].append(size)
-            cols["count"].append(count)
-            cols["share"].append(width)
-            cols["colour"].append(
-                palette[zlib.crc32(key[-1].split(" (")[0].encode()) % len(palette)] if depth else "#c9d6ea"
-            )
-            queue.append((key, x0))
-            x0 += width
-            drawn += 1
+    cols = _icicle_columns(nodes, order, total)
     levels = int(max(len(k) for k in nodes))
     when = "the OOM" if moment == "oom" else "the allocated peak"
     p = _figure(
@@ -994,6 +1003,70 @@ def _icicle_chart(dev: Device) -> Any:
         )
     )
     return p
+
+
+_StackPath = tuple[str, ...]
+
+
+def _stack_tree(chosen: Sequence[StackRow]) -> tuple[dict[_StackPath, list[float]], list[_StackPath]]:
+    """(path -> [bytes, allocations], the paths in first-seen order): the stacks merged into one tree
+    keyed by the path from the outermost frame (the report's frames are innermost first)."""
+    nodes: dict[_StackPath, list[float]] = {}
+    order: list[_StackPath] = []
+    for s in chosen:
+        path = [frame_label(f) for f in reversed(s.frames)] or [str(s.label or "(no frames)")]
+        if len(path) > MAX_ICICLE_DEPTH:
+            path = [*path[: MAX_ICICLE_DEPTH - 1], f"... {len(path) - MAX_ICICLE_DEPTH + 1} more frames"]
+        for depth in range(1, len(path) + 1):
+            key = tuple(path[:depth])
+            if key not in nodes:
+                nodes[key] = [0.0, 0.0]
+                order.append(key)
+            nodes[key][0] += _numeric(s.bytes)
+            nodes[key][1] += _numeric(s.count)
+    return nodes, order
+
+
+def _icicle_columns(
+    nodes: Mapping[_StackPath, list[float]], order: Sequence[_StackPath], total: float
+) -> dict[str, list[Any]]:
+    """The icicle's boxes, breadth first (at most ``MAX_ICICLE_NODES``): children of a node sit
+    under it, biggest first, each as wide as its share of ``total``."""
+    children: dict[_StackPath, list[_StackPath]] = {}
+    for key in order:
+        children.setdefault(key[:-1], []).append(key)
+    cols: dict[str, list[Any]] = {
+        k: [] for k in ("left", "right", "bottom", "top", "label", "text", "bytes", "count", "share", "colour", "tx")
+    }
+    palette = ("#f2c18d", "#f5a65b", "#e8894a", "#f3d28e", "#e9b872", "#d9a05b")
+    queue: list[tuple[_StackPath, float]] = [((), 0.0)]
+    drawn = 0
+    while queue and drawn < MAX_ICICLE_NODES:
+        parent, x0 = queue.pop(0)
+        for key in sorted(children.get(parent, []), key=lambda k: -nodes[k][0]):
+            size, count = nodes[key]
+            depth = len(key) - 1
+            width = size / total
+            cols["left"].append(x0)
+            cols["right"].append(x0 + width)
+            cols["top"].append(-float(depth))
+            cols["bottom"].append(-float(depth) - 0.92)
+            cols["label"].append(key[-1])
+            cols["tx"].append(x0 + 0.004)
+            # Text only where the box is wide enough to hold some of it; hover has the rest.
+            room = int(width * 150)
+            cols["text"].append(key[-1] if room >= len(key[-1]) else (key[-1][: room - 1] + "…" if room > 6 else ""))
+            cols["bytes"].append(size)
+            cols["count"].append(count)
+            cols["share"].append(width)
+            # The same function (its name before " (file:line)") keeps its colour wherever it appears.
+            cols["colour"].append(
+                palette[zlib.crc32(key[-1].split(" (")[0].encode()) % len(palette)] if depth else "#c9d6ea"
+            )
+            queue.append((key, x0))
+            x0 += width
+            drawn += 1
+    return cols
 
 
 # ---------------------------------------------------------------- what-if
