@@ -42,6 +42,7 @@ PUBLIC = {
     "snapshots:share_active_json": "the capability URL's active-memory bands; tested in test_ux_explore",
     "snapshots:share_charts_json": "the capability URL's later charts; tested in test_ux_explore",
     "snapshots:share_segments_json": "the capability URL's segment timeline; tested in test_ux_digging",
+    "snapshots:share_events_json": "the capability URL's event list; tested in test_ux_memviz",
 }
 
 # What each URL keyword names; a route with a keyword missing here fails test_every_keyword_is_known.
@@ -238,7 +239,7 @@ def test_member_reaches_every_route(alice_client: Any, objects: dict[str, str], 
     url = url_for(name, objects)
     response = alice_client.get(url)
     # 405 for POST-only routes; 404 only for a report that is not ready yet (the rows here have no report).
-    explore = ("timeline", "state", "block", "active", "segments", "charts")
+    explore = ("timeline", "state", "block", "active", "segments", "charts", "events")
     not_ready = {"api:snapshot_report"} | {f"snapshots:{k}_json" for k in explore}
     assert (
         response.status_code in (200, 405)

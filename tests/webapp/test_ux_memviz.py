@@ -299,17 +299,17 @@ def test_an_open_shared_tab_says_its_link_was_revoked(
 ) -> None:
     from django.urls import reverse
 
-    from webapp.snapshots import services
+    from webapp.snapshots.teams import shares
 
     width, height = WIDTHS[form]
     upload = _analysed(alpha, alice, "gpt_varlen_oom")
-    token = services.share_create(upload, alice)
+    token = shares.share_create(upload, alice)
     visit = _open(browser, live_server, reverse("snapshots:share_view", args=[token]), None, width, height)
     try:
         page = visit.page
         page.get_by_role("button", name="Step through the events from the OOM").click()
         _selected(visit)
-        services.share_revoke(upload)
+        shares.share_revoke(upload)
         page.keyboard.press("End")  # a page of events not read yet: the request meets the revoked link
         visit.wait_for("() => document.getElementById('link-gone') !== null")
         gone = page.get_by_role("alert")

@@ -187,7 +187,7 @@ def test_the_webhook_is_validated_on_save_and_a_test_alert_reaches_a_real_receiv
     """The project's runs page by keyboard: a private address is refused on save, saying why and what to set;
     a loopback receiver (the test-only allowance) is saved with the SITE_URL warning; "Send a test alert"
     reaches it, and a receiver answering 500 is reported as not delivered."""
-    from webapp.snapshots import runs
+    from webapp.snapshots.runs import runs
 
     settings.SITE_URL = ""
     width, height = WIDTHS[form]
