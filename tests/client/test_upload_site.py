@@ -111,6 +111,19 @@ def test_success_path_report_figures_equal_the_truth_file(live_site: Site, peopl
     assert device["summary"]["peak_requested_bytes"] == stats["requested_bytes.all.peak"]
     assert status["summary"]["oom"] is True and device["oom"] is not None
     assert report["source"]["filename"] == GPT_OOM.name
+    _wait_run_summarised("client-e2e")
+
+
+def _wait_run_summarised(name: str, timeout: float = 60.0) -> None:
+    """The upload's run is summarised by a task of its own after the upload is done (its summary, the
+    gate's policy row, the regression): wait for that write to commit before the test's database is
+    flushed, or the flush and the worker's write deadlock (PostgreSQL)."""
+    from webapp.snapshots.models import Run
+
+    deadline = time.monotonic() + timeout
+    while not Run.objects.filter(name=name, status=Run.Status.DONE).exists():
+        assert time.monotonic() < deadline, f"run {name!r} not summarised in {timeout:.0f} s"
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("state", ["unknown", "revoked", "expired", "inactive-user"])
