@@ -40,6 +40,16 @@ def _open(browser: Any, live_server: Any, url: str, cookies: Any, width: int, he
     return visit
 
 
+def _open_report(browser: Any, live_server: Any, client: Any, alice: Any, alpha: Any, form: str) -> tuple[Any, Visit]:
+    """gpt_varlen_oom analysed and its report page opened by its owner, at ``form``'s size."""
+    from django.urls import reverse
+
+    width, height = WIDTHS[form]
+    upload = _analysed(alpha, alice, "gpt_varlen_oom")
+    cookies = _session_cookie(client, alice, live_server)
+    return upload, _open(browser, live_server, reverse("snapshots:detail", args=[upload.code]), cookies, width, height)
+
+
 def _selected(visit: Visit) -> int:
     """Wait until the state and the stack shown are the selected event's; that event."""
     visit.wait_for(
@@ -65,17 +75,13 @@ def _frames_shown(box: Any) -> int:
 def test_the_event_list_holds_every_event_and_shows_the_selected_stack(
     form: str, replay: Any, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
 ) -> None:
-    from django.urls import reverse
 
     from analysis.model import FREE_REQUESTED
 
     rep, snap = replay
     trace = snap.devices[0].trace
     n = len(trace)
-    width, height = WIDTHS[form]
-    upload = _analysed(alpha, alice, "gpt_varlen_oom")
-    cookies = _session_cookie(client, alice, live_server)
-    visit = _open(browser, live_server, reverse("snapshots:detail", args=[upload.code]), cookies, width, height)
+    _, visit = _open_report(browser, live_server, client, alice, alpha, form)
     try:
         page = visit.page
         opener = page.get_by_role("button", name="Step through the events from the OOM")
@@ -122,7 +128,7 @@ def test_the_event_list_holds_every_event_and_shows_the_selected_stack(
         assert page.locator(f"{LIST} [role=option]").count() < 80
         _clean(visit)
         assert visit.warnings() == []
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         page.locator("#state-0").scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"memviz-list-{form}.png"), full_page=False)
     finally:
@@ -133,12 +139,8 @@ def test_the_event_list_holds_every_event_and_shows_the_selected_stack(
 def test_the_states_blocks_take_the_focus_and_show_their_details(
     form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
 ) -> None:
-    from django.urls import reverse
 
-    width, height = WIDTHS[form]
-    upload = _analysed(alpha, alice, "gpt_varlen_oom")
-    cookies = _session_cookie(client, alice, live_server)
-    visit = _open(browser, live_server, reverse("snapshots:detail", args=[upload.code]), cookies, width, height)
+    upload, visit = _open_report(browser, live_server, client, alice, alpha, form)
     try:
         page = visit.page
         page.get_by_role("button", name="Step through the events from the OOM").click()
@@ -174,7 +176,7 @@ def test_the_states_blocks_take_the_focus_and_show_their_details(
         page.keyboard.press("Tab")
         assert not page.evaluate("document.activeElement.classList.contains('block')")
         _clean(visit)
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         detail.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"memviz-block-focus-{form}.png"), full_page=False)
     finally:
@@ -241,12 +243,8 @@ LOWEST_SHOWN = """(() => { for (const d of Bokeh.documents) { const s = d.get_mo
 def test_the_zoomed_timelines_y_axis_leaves_zero_and_the_segment_maps_fit(
     form: str, browser: Any, transactional_db: Any, alice: Any, alpha: Any, live_server: Any, client: Any
 ) -> None:
-    from django.urls import reverse
 
-    width, height = WIDTHS[form]
-    upload = _analysed(alpha, alice, "gpt_varlen_oom")
-    cookies = _session_cookie(client, alice, live_server)
-    visit = _open(browser, live_server, reverse("snapshots:detail", args=[upload.code]), cookies, width, height)
+    _, visit = _open_report(browser, live_server, client, alice, alpha, form)
     try:
         page = visit.page
         slot = page.locator('[data-chart="timeline-0"]')
@@ -286,7 +284,7 @@ def test_the_zoomed_timelines_y_axis_leaves_zero_and_the_segment_maps_fit(
             assert boxes[1]["y"] >= boxes[0]["y"] + boxes[0]["height"]
         _clean(visit)
         assert visit.warnings() == []
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         page.locator('[data-chart="segments-peak-0"]').scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"memviz-segment-maps-{form}.png"), full_page=False)
     finally:
@@ -321,7 +319,7 @@ def test_an_open_shared_tab_says_its_link_was_revoked(
         assert [e for e in visit.errors() if "status of 404" not in e] == [] and visit.csp_violations() == []
         assert visit.warnings() == []
         assert visit.failed and all(f.endswith(" 404") and "/r/" in f for f in visit.failed)
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         page.screenshot(path=str(SCREENSHOTS / f"memviz-link-revoked-{form}.png"), full_page=False)
     finally:
         visit.close()
