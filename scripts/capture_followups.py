@@ -222,6 +222,32 @@ def round_two(outdir: Path, run, jobs: int) -> list[str]:
         return lines + [f.result() for f in capped + commits]
 
 
+# Round 3: the allocator settings' reruns of each incident (the diagnosis bench judges a setting the answer names
+# by its real rerun) and one more batch per family, under the incident's own cap (read from its truth file).
+SETTINGS3 = {"expandable": "expandable_segments:True", "maxsplit128": "max_split_size_mb:128",
+             "gc07": "garbage_collection_threshold:0.7"}
+ROUND3 = {
+    "fgpt_c80": (GPT_INCIDENT, {"batch12": {"batch": 12}}),
+    "fgpt_c60": (GPT_INCIDENT, {"batch12": {"batch": 12}}),
+    "feval_c80": (EVAL_INCIDENT, {"batch4": {"batch": 4}}),
+    "fres_c60": (RES_INCIDENT, {"batch64": {"batch": 64}}),
+    "fres_c50": (RES_INCIDENT, {"batch64": {"batch": 64}}),
+}
+
+
+def round_three(outdir: Path, run, jobs: int) -> list[str]:
+    specs = []
+    for family, (base, changes) in ROUND3.items():
+        cap = json.loads((outdir / f"{family}_default.truth.json").read_text())["cap_bytes"]
+        for name, conf in SETTINGS3.items():
+            one = _spec(f"{family}_{name}", family, base, cap)
+            one["conf"] = conf
+            specs.append(one)
+        specs += [_spec(f"{family}_{change}", family, base, cap, **extra) for change, extra in changes.items()]
+    with ThreadPoolExecutor(jobs) as pool:
+        return list(pool.map(run, specs))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir", type=Path)
@@ -237,6 +263,10 @@ def main() -> int:
     me = str(Path(__file__).resolve())
     run = lambda s: capture_diff.launch(s, args.outdir, script=me, timeout=240)  # noqa: E731
     lines: list[str] = []
+    if args.round == 3:
+        lines = round_three(args.outdir, run, args.jobs)
+        (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
+        return 0
     if args.round == 2:
         lines = round_two(args.outdir, run, args.jobs)
         (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
