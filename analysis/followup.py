@@ -16,9 +16,12 @@ happened (the follow-up's OOM, at which step, its peak); and the outcome:
 What the files show, reliably (the rest is the user's answer, ``DECLARABLE``):
 allocator settings (``capture.allocator_settings``, torch's own record of ``PYTORCH_CUDA_ALLOC_CONF``), the
 optimizer's implementation (torch's ``_single_tensor_*`` / ``_multi_tensor_*`` / ``_fused_*`` step functions
-in the recorded frames) and activation checkpointing (``torch/utils/checkpoint.py`` frames, the recompute in
-backward). The batch, AMP and the dtype are not read from the files: the step's tensor sizes change for many
-reasons (sequence lengths, buckets), so a guess would score advice on noise.
+in the recorded frames), activation checkpointing (``torch/utils/checkpoint.py`` frames, the recompute in
+backward), autocast (``torch/amp/autocast_mode.py`` frames) and, from the forward passes' sizes
+(``devices[].signature``, ``analysis.phases.pass_figures``): a 16-bit model (the parameters' bytes halve), a
+smaller batch or micro-batches (the first pass's allocations each in one smaller ratio, where each run's passes
+keep one size step after step: sequence lengths that vary per step change the sizes as a batch does, and then
+nothing is said), and an evaluation that stopped keeping its activations (docs/runs.md, "What changed").
 Pure: no Django (the horizon arithmetic is analysis.projection's).
 """
 
@@ -222,7 +225,8 @@ def _horizon_words(score: HorizonScore | None) -> str:
 
 _NO_INCIDENT = "The run it follows did not run out of memory: there was no advice to score."
 _NOTHING_SEEN = (
-    "No change is seen in the files (allocator settings, optimizer, checkpointing) and none was declared: "
+    "No change is seen in the files (allocator settings, optimizer, checkpointing, dtype, autocast, batch, "
+    "evaluation) and none was declared: "
     "say what you changed to score the advice."
 )
 
@@ -230,7 +234,8 @@ _NOTHING_SEEN = (
 def changes_between(
     incident: Mapping[str, Any], follow_up: Mapping[str, Any], declared: Sequence[str] = ()
 ) -> tuple[Change, ...]:
-    """The changes the files show (settings, optimizer, checkpointing), then the declared ones not seen."""
+    """The changes the files show (settings, optimizer, checkpointing, then the passes' sizes: dtype or autocast,
+    batch, evaluation), then the declared ones not seen."""
     seen = list(_setting_changes(incident, follow_up))
     before, after = _failing_device(incident), _failing_device(follow_up)
     seen.extend(_frame_changes(before, after))
