@@ -157,3 +157,21 @@ def test_each_outcome_is_the_one_the_rules_and_the_truth_give(incident: str, mem
     if truth(incident)["died_step"] is not None:
         assert result.incident_oom_step == (truth(incident)["died_step"] if marked else None)
     assert result.outcome == expected_outcome(incident, member, result), result.text
+
+
+def test_a_report_stored_without_its_signature_shows_no_size_change() -> None:
+    """Reports stored before ``devices[].signature``: the batch is not guessed from the other keys."""
+    incident, rerun = report("fgpt_c80_default"), report("fgpt_c80_batch8")
+    assert [c.id for c in compare(incident, rerun).applied] == ["smaller_batch"]
+    del incident["devices"][0]["signature"]
+    assert compare(incident, rerun).applied == ()
+
+
+def test_the_step_zero_of_an_oom_needs_a_complete_trace() -> None:
+    """fgpt_c60_default died in its first step (its truth), before any Optimizer.step ended: step 0 from the
+    rerun's marks; a trace that dropped its first events could have died in any step."""
+    incident, rerun = report("fgpt_c60_default"), report("fgpt_c60_bf16")
+    assert truth("fgpt_c60_default")["died_step"] == 0 and incident["devices"][0]["steps"] == []
+    assert compare(incident, rerun).incident_oom_step == 0
+    incident["capture"]["trace_complete"] = False
+    assert compare(incident, rerun).incident_oom_step is None
