@@ -16,9 +16,12 @@ happened (the follow-up's OOM, at which step, its peak); and the outcome:
 What the files show, reliably (the rest is the user's answer, ``DECLARABLE``):
 allocator settings (``capture.allocator_settings``, torch's own record of ``PYTORCH_CUDA_ALLOC_CONF``), the
 optimizer's implementation (torch's ``_single_tensor_*`` / ``_multi_tensor_*`` / ``_fused_*`` step functions
-in the recorded frames) and activation checkpointing (``torch/utils/checkpoint.py`` frames, the recompute in
-backward). The batch, AMP and the dtype are not read from the files: the step's tensor sizes change for many
-reasons (sequence lengths, buckets), so a guess would score advice on noise.
+in the recorded frames), activation checkpointing (``torch/utils/checkpoint.py`` frames, the recompute in
+backward), autocast (``torch/amp/autocast_mode.py`` frames) and, from the forward passes' sizes
+(``devices[].signature``, ``analysis.phases.pass_figures``): a 16-bit model (the parameters' bytes halve), a
+smaller batch or micro-batches (the first pass's allocations each in one smaller ratio, where each run's passes
+keep one size step after step: sequence lengths that vary per step change the sizes as a batch does, and then
+nothing is said), and an evaluation that stopped keeping its activations (docs/runs.md, "What changed").
 Pure: no Django (the horizon arithmetic is analysis.projection's).
 """
 
@@ -145,16 +148,33 @@ class FollowUp:
 def compare(incident: Mapping[str, Any], follow_up: Mapping[str, Any], declared: Sequence[str] = ()) -> FollowUp:
     """The follow-up scored against the incident; ``declared``: change ids from ``DECLARABLE`` (the user's)."""
     applied = changes_between(incident, follow_up, declared)
-    return score(incident, applied, _actual(_failing_device(follow_up)))
+    before, after = _failing_device(incident), _failing_device(follow_up)
+    actual = _actual(after)
+    if actual.oom and actual.oom_step is None and _died_before_first_step(follow_up, before):
+        actual = Actual(True, 0, actual.steps_recorded, actual.peak_reserved_bytes)
+    zero = 0 if _died_before_first_step(incident, after) else None
+    return score(incident, applied, actual, incident_step=zero)
 
 
-def score(incident: Mapping[str, Any], applied: Sequence[Change], actual: Actual) -> FollowUp:
+def _died_before_first_step(report: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """An OOM in step 0: the run records no step, its trace holds every event from its start (nothing
+    dropped), and the other run of the same job records ``Optimizer.step`` marks (the job makes them: this
+    run died before its first ``step()`` ended). A job that makes no marks leaves the step unknown."""
+    dev = _failing_device(report)
+    complete = (report.get("capture") or {}).get("trace_complete") is True
+    return bool(dev.get("ooms")) and not dev.get("steps") and complete and bool(other.get("step_source"))
+
+
+def score(
+    incident: Mapping[str, Any], applied: Sequence[Change], actual: Actual, incident_step: int | None = None
+) -> FollowUp:
     """The changes ``applied`` scored against what the incident predicted for them, given what the next run
-    did (``actual``: from its own report in ``compare``, or a rerun's recorded fate)."""
+    did (``actual``: from its own report in ``compare``, or a rerun's recorded fate); ``incident_step``: the
+    incident's OOM step where its report has none (``compare``: step 0, from the follow-up's marks)."""
     applied = tuple(applied)
     dev = _failing_device(incident)
     advised = str(((dev.get("decision") or {}).get("change") or {}).get("id") or "") or None
-    incident_step = _oom_step(dev)
+    incident_step = _oom_step(dev) if _oom_step(dev) is not None else incident_step
     if not dev.get("ooms") and not dev.get("oom"):
         return FollowUp(advised, False, applied, None, None, actual, None, "unknown", _NO_INCIDENT)
     followed = advised is not None and any(same_change(advised, c.id) for c in applied)
@@ -205,7 +225,8 @@ def _horizon_words(score: HorizonScore | None) -> str:
 
 _NO_INCIDENT = "The run it follows did not run out of memory: there was no advice to score."
 _NOTHING_SEEN = (
-    "No change is seen in the files (allocator settings, optimizer, checkpointing) and none was declared: "
+    "No change is seen in the files (allocator settings, optimizer, checkpointing, dtype, autocast, batch, "
+    "evaluation) and none was declared: "
     "say what you changed to score the advice."
 )
 
@@ -213,9 +234,12 @@ _NOTHING_SEEN = (
 def changes_between(
     incident: Mapping[str, Any], follow_up: Mapping[str, Any], declared: Sequence[str] = ()
 ) -> tuple[Change, ...]:
-    """The changes the files show (settings, optimizer, checkpointing), then the declared ones not seen."""
+    """The changes the files show (settings, optimizer, checkpointing, then the passes' sizes: dtype or autocast,
+    batch, evaluation), then the declared ones not seen."""
     seen = list(_setting_changes(incident, follow_up))
-    seen.extend(_frame_changes(_failing_device(incident), _failing_device(follow_up)))
+    before, after = _failing_device(incident), _failing_device(follow_up)
+    seen.extend(_frame_changes(before, after))
+    seen.extend(c for c in _size_changes(before, after) if c.id not in {s.id for s in seen})
     ids = {c.id for c in seen}
     for change_id in declared:
         if change_id in DECLARABLE and change_id not in ids:
@@ -536,3 +560,133 @@ def _frame_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> Itera
         yield Change("optimizer_state", f"the optimizer step from {was} to {now}", "file", None)
     if _checkpointed(after) and not _checkpointed(before):
         yield Change("activation_checkpointing", "activation checkpointing (recompute frames)", "file", None)
+
+
+# ------------------------------------------------------------------ what the files show: the passes' sizes
+# Each detector reads ``devices[].signature`` (analysis.phases.pass_figures) and the peak's categories; a
+# report without them (stored before issue 33's signature) shows none of these changes.
+
+BATCH_MAX_RATIO = 0.85  # the forward's allocations at most 85% of the incident's: a change, not a seed's noise
+QUIET_SPREAD = 1.05  # a run's training passes within 5% (the first sets up: ~2-4% more): fixed shapes
+ALIGNED_TOLERANCE = 0.03  # an allocation pair "in the ratio": within 3% of the pass's median ratio
+ALIGNED_SHARE = 0.6  # at least 60% of the paired allocations in one ratio: the same ops, in the same order
+ALIGNED_MIN_BYTES = 1 << 20  # pairs whose incident allocation is under 1 MiB are left out (scalars, indices)
+ALIGNED_MIN_PAIRS = 8
+DTYPE_RATIO = (0.4, 0.6)  # parameters at 40-60% of the bytes: a 2-byte dtype for a 4-byte one
+KEPT_DROP = 0.5  # an evaluation pass keeping at most half of what the incident's kept
+SAME_PASS = (0.85, 1.15)  # the evaluation pass asks for about as much (else the batch changed, not no_grad)
+
+
+def _signature(dev: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    sig = dev.get("signature")
+    return sig if isinstance(sig, Mapping) else None
+
+
+def _parameter_ratio(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
+    """The follow-up's parameter bytes over the incident's (the peak's categories); None without both."""
+    was = int(((before.get("categories") or {}).get("bytes") or {}).get("parameters") or 0)
+    now = int(((after.get("categories") or {}).get("bytes") or {}).get("parameters") or 0)
+    return now / was if was >= ALIGNED_MIN_BYTES and now else None
+
+
+def _dtype_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> Change | None:
+    """The model in a 2-byte dtype: its parameters take 40-60% of the bytes. Reliable because nothing else
+    in a rerun of one job changes the parameters' bytes but the model (another model is another job) and
+    their dtype; autocast leaves them in float32."""
+    ratio = _parameter_ratio(before, after)
+    if ratio is None or not DTYPE_RATIO[0] <= ratio <= DTYPE_RATIO[1]:
+        return None
+    return Change("amp", f"the model in a 16-bit dtype (its parameters {ratio:.2f}x the bytes)", "file", None)
+
+
+def _autocast_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> Change | None:
+    """Autocast: torch's own ``torch/amp/autocast_mode.py`` frames in the follow-up's trace and not in the
+    incident's (only where both record frames: a trace without frames shows no autocast either way)."""
+    was, now = _signature(before), _signature(after)
+    if was is None or now is None or was.get("autocast") or not now.get("autocast"):
+        return None
+    return Change("amp", "mixed precision: torch.autocast (its frames in the trace)", "file", None)
+
+
+def _pass_ratio(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
+    """The one ratio of the follow-up's first forward pass to the incident's, allocation by allocation (the
+    median over the pairs of 1 MiB or more), where most pairs share it: the same ops in the same order, each
+    asking for that share of the bytes (a batch scales every activation alike). None where the passes do not
+    pair up (other ops: autocast's casts, another model) or a pass is missing."""
+    first_b, first_a = ((_signature(d) or {}).get("first_pass") or {} for d in (before, after))
+    sizes_b, sizes_a = list(first_b.get("sizes") or []), list(first_a.get("sizes") or [])
+    pairs = [(b, a) for b, a in zip(sizes_b, sizes_a, strict=False) if b >= ALIGNED_MIN_BYTES and a]
+    if len(pairs) < ALIGNED_MIN_PAIRS:
+        return None
+    ratios = sorted(a / b for b, a in pairs)
+    median = ratios[len(ratios) // 2]
+    aligned = sum(abs(r - median) <= ALIGNED_TOLERANCE * median for r in ratios)
+    return median if aligned >= ALIGNED_SHARE * len(ratios) else None
+
+
+def _quiet(sig: Mapping[str, Any]) -> bool | None:
+    """Whether the run's training passes ask for the same bytes step after step (the first, which sets up,
+    left out where three or more were recorded); None with fewer than two."""
+    passes = [int(p[0]) for p in sig.get("training_passes") or []]
+    passes = passes[1:] if len(passes) >= 3 else passes
+    if len(passes) < 2 or min(passes) <= 0:
+        return None
+    return max(passes) / min(passes) <= QUIET_SPREAD
+
+
+def _batch_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> Change | None:
+    """A smaller batch (or micro-batches) from the step's tensor sizes: the follow-up's first forward pass
+    makes the incident's allocations in the same order, each at most ``BATCH_MAX_RATIO`` of its size, in one
+    ratio; and the sizes are the workload's, not its data's: each run's passes ask for the same bytes every
+    step (a run whose sequence lengths vary per step shows a varying pass: nothing is said, since two seeds'
+    first passes differ as much as two batches). A 16-bit dtype or autocast changes the sizes too: then the
+    batch is not read. Micro-batches: the follow-up runs ``k`` training passes an optimizer step where the
+    incident ran fewer (or died before its first step), each at about 1/k of the incident's."""
+    was, now = _signature(before), _signature(after)
+    if was is None or now is None or bool(was.get("autocast")) != bool(now.get("autocast")):
+        return None
+    params = _parameter_ratio(before, after)
+    if params is not None and abs(params - 1) > 0.02:
+        return None
+    ratio = _pass_ratio(before, after)
+    quiet = (_quiet(was), _quiet(now))
+    if ratio is None or ratio > BATCH_MAX_RATIO or False in quiet or quiet == (None, None):
+        return None
+    per_step, per_step_before = int(now.get("passes_per_step") or 1), int(was.get("passes_per_step") or 1)
+    if per_step > per_step_before and abs(ratio * per_step / per_step_before - 1) <= 1 - BATCH_MAX_RATIO:
+        label = f"micro-batches: {per_step} forward/backward passes an optimizer step, each {ratio:.2f}x the incident's"
+        return Change("smaller_batch", label, "file", f"accumulation:{per_step}")
+    label = f"a smaller batch: each activation {ratio:.2f}x the incident's (batch x{ratio:.2f})"
+    return Change("smaller_batch", label, "file", None)
+
+
+def _eval_kept(sig: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(bytes asked, bytes kept at the pass's end) of the evaluation pass that kept the most; None without one."""
+    passes = [(int(p[0]), int(p[1])) for p in sig.get("eval_passes") or []]
+    return max(passes, key=lambda p: p[1]) if passes else None
+
+
+def _eval_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> Change | None:
+    """An evaluation that no longer keeps its activations: both runs make forward passes that no backward
+    follows (analysis.phases), asking for about the same bytes, and the follow-up's keep at most half of
+    what the incident's kept live at the pass's end (what ``no_grad`` / ``inference_mode`` frees: the
+    graph's saved tensors). Same bytes asked: the same evaluation, not a smaller one."""
+    was, now = (_eval_kept(s) if s else None for s in (_signature(before), _signature(after)))
+    if was is None or now is None or not was[0] or not was[1]:
+        return None
+    if not SAME_PASS[0] <= now[0] / was[0] <= SAME_PASS[1] or now[1] > KEPT_DROP * was[1]:
+        return None
+    mib = 1 << 20
+    label = (
+        f"the evaluation no longer keeps its activations (each pass keeps {now[1] / mib:.0f} MiB "
+        f"where the incident's kept {was[1] / mib:.0f} MiB): no_grad / inference_mode"
+    )
+    return Change("eval_no_grad", label, "file", None)
+
+
+def _size_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> Iterator[Change]:
+    """The changes the passes' sizes show; one ``amp`` at most (the dtype first: it says more)."""
+    dtype = _dtype_change(before, after) or _autocast_change(before, after)
+    for change in (dtype, _batch_change(before, after), _eval_change(before, after)):
+        if change is not None:
+            yield change

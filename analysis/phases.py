@@ -44,6 +44,7 @@ import numpy.typing as npt
 from analysis.categories import count_upto, frameless_backward
 from analysis.model import Frame, StackTable, Trace, sorted_unique
 from analysis.stacks import (
+    TRAIT_AUTOCAST,
     TRAIT_BACKWARD,
     TRAIT_MODULE_FORWARD,
     TRAIT_OPTIMIZER,
@@ -332,3 +333,56 @@ def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[Forwar
             marked[starts].tolist(), marked[ends].tolist(), site_ids, followed, after.tolist(), strict=True
         )
     ]
+
+
+# ------------------------------------------------------------------ the passes, for a follow-up's comparison
+
+
+FIRST_PASS_SIZES = 2048  # a forward pass's allocations kept in the report (a ResNet-152's pass makes ~1000)
+
+
+def pass_figures(phases: Phases, lifetimes: Lifetimes, traits: I64, opt_start: I64) -> dict[str, object]:
+    """``devices[].signature`` (issue 33): what a follow-up run compares with its incident to see a batch,
+    micro-batches, autocast or an evaluation that stopped keeping activations (``analysis.followup``).
+
+    Per forward pass, the requested bytes its forward allocations asked for (``bytes``: the same ops on a
+    batch half the size ask for half, whatever checkpointing frees early) and those still live when the pass
+    ends (``kept``: what the pass leaves for a backward, or an evaluation keeps with its graph). Training
+    passes (a backward followed) and evaluation passes (none did) apart; ``passes_per_step``: the training
+    passes before each ``Optimizer.step`` (gradient accumulation runs several), the median over the steps;
+    ``first_pass``: the requested size of each forward allocation of the first training pass (or of the pass
+    the trace ends in, ``complete`` false), in order, at most ``FIRST_PASS_SIZES``: the same ops on another
+    batch ask for sizes in one ratio, allocation by allocation; ``autocast``: an event of the trace recorded
+    under ``torch/amp/autocast_mode.py`` frames (``TRAIT_AUTOCAST``; ``traits``: those of the trace's stacks)."""
+    train: list[list[int]] = []
+    evals: list[list[int]] = []
+    train_starts: list[int] = []
+    first: dict[str, object] | None = None
+    for p in phases.passes:
+        part = slice(p.first, p.last + 1)
+        codes = phases.of_alloc[part]
+        own = (codes == FORWARD) | (codes == FORWARD_NO_BACKWARD)
+        if not own.any():
+            continue
+        sizes = lifetimes.size[part][own]
+        kept = lifetimes.end[part][own] > lifetimes.start[p.last]
+        row = [int(sizes.sum()), int(sizes[kept].sum())]
+        if first is None and (p.followed_by_backward or not p.followed_by):
+            first = {"sizes": sizes[:FIRST_PASS_SIZES].tolist(), "complete": p.followed_by_backward}
+        if p.followed_by_backward:
+            train.append(row)
+            train_starts.append(int(lifetimes.start[p.first]))
+        elif (codes == FORWARD_NO_BACKWARD).any():
+            evals.append(row)
+    per_step: int | None = None
+    if opt_start.size and train_starts:
+        # Training passes between one optimizer step and the next (the first step: from the trace's start).
+        counts = np.diff(np.searchsorted(np.asarray(train_starts, np.int64), opt_start), prepend=0)
+        per_step = int(np.median(counts))
+    return {
+        "training_passes": train,
+        "eval_passes": evals,
+        "passes_per_step": per_step,
+        "first_pass": first,
+        "autocast": bool(((traits & TRAIT_AUTOCAST) != 0).any()),
+    }

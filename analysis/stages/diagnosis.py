@@ -12,7 +12,7 @@ from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origi
 from analysis.ledger import Ledger, device_ledger
 from analysis.limits import OomMessage
 from analysis.model import Snapshot
-from analysis.phases import tag_phases
+from analysis.phases import Phases, pass_figures, tag_phases
 from analysis.stacks import StackCatalog
 from analysis.stages.attribution import Attribution
 from analysis.stages.explain import Explained
@@ -28,18 +28,12 @@ def diagnose_device(
     attribution: Attribution,
     explained: Explained,
     message: OomMessage | None,
+    phases: Phases | None = None,
 ) -> Diagnosis:
+    """``phases``: ``device_phases``' answer where the caller has it already."""
     trace, lifetimes, replay = facts.dev.trace, facts.lifetimes, recorded.replay
-    phases = tag_phases(
-        trace,
-        lifetimes,
-        catalog,
-        snapshot.stacks,
-        attribution.opt_start,
-        attribution.opt_end,
-        frameless=attribution.frameless,
-        private=attribution.private,
-    )
+    if phases is None:
+        phases = device_phases(snapshot, facts, catalog, attribution)
     at = facts.oom_index if facts.oom_index is not None else (int(replay.peak_reserved_index) if facts.n else None)
     pools: tuple[PoolUse, ...] = ()
     reserved_at = 0
@@ -75,6 +69,28 @@ def diagnose_device(
         ),
     )
     return diagnose(inp)
+
+
+def device_phases(snapshot: Snapshot, facts: Facts, catalog: StackCatalog, attribution: Attribution) -> Phases:
+    """The phase of every allocation (``phases.tag_phases``), with the masks the attribution computed once."""
+    return tag_phases(
+        facts.dev.trace,
+        facts.lifetimes,
+        catalog,
+        snapshot.stacks,
+        attribution.opt_start,
+        attribution.opt_end,
+        frameless=attribution.frameless,
+        private=attribution.private,
+    )
+
+
+def signature_of(facts: Facts, catalog: StackCatalog, attribution: Attribution, phases: Phases) -> dict[str, object]:
+    """``devices[].signature``: the passes' figures a follow-up compares (``phases.pass_figures``)."""
+    # Every event's stack: autocast's frames come on the frees it makes at ``__exit__`` (its cast cache).
+    stacks = facts.dev.trace.stack
+    traits = catalog.stack_traits(stacks[stacks >= 0])
+    return pass_figures(phases, facts.lifetimes, traits, attribution.opt_start)
 
 
 def _optimizer_class(snapshot: Snapshot) -> str:

@@ -130,3 +130,34 @@ def test_the_report_page_takes_the_answer(client: Any, alice: Any, alice_token: 
     # The same file again is no rerun of itself (nor of the run before it).
     again = upload(client, alice_token, "bert_mlm_c85_default", run="page")
     assert again.follows_id is None
+
+
+def test_a_batch_read_from_the_files_is_shown_through_the_api_and_the_page(
+    client: Any, alice: Any, alice_token: str
+) -> None:
+    """tests/fixtures/followups (issue 33): the real rerun of a ResNet at half its batch (96 -> 48) under the
+    incident's cap; the change comes from the passes' sizes, not from an answer."""
+    folder = FIXTURES / "followups"
+
+    def send(name: str, **fields: Any) -> Upload:
+        message = str(json.loads((folder / f"{name}.truth.json").read_text())["oom_message"] or "")
+        with (folder / f"{name}.pickle.gz").open("rb") as fh:
+            response = client.post(
+                "/api/v1/snapshots", {"file": fh, "oom_message": message, **fields}, **bearer(alice_token)
+            )
+        assert response.status_code == 202, response.content
+        row = Upload.objects.get(code=response.json()["id"])
+        analyse_upload(row.id)
+        return row
+
+    incident = send("fres_c60_default", run="resnet")
+    rerun = send("fres_c60_batch48", run="resnet")
+    follows = client.get(f"/api/v1/snapshots/{rerun.code}", **bearer(alice_token)).json()["follows"]
+    assert follows["code"] == incident.code
+    assert [(c["id"], c["source"]) for c in follows["applied"]] == [("smaller_batch", "file")]
+    assert "0.50x the incident's" in follows["applied"][0]["label"]
+    assert follows["actual"]["oom"] is False
+    client.force_login(alice)
+    page = client.get(f"/s/{rerun.code}/").content.decode()
+    assert f'Follow-up of <a href="/s/{incident.code}/">{incident.code}</a>' in page
+    assert "a smaller batch: each activation 0.50x the incident&#x27;s" in page
