@@ -71,3 +71,23 @@ def test_the_gate_learns_the_noise_of_main_and_names_the_stack_that_leaks(
     page = alice_client.get(f"/run/{leak.code}/").content.decode()
     assert 'id="beyond-noise"' in page and "Tolerance learned from 4 runs of the baseline branch (1 commit)" in page
     assert stacks[0]["name"].split(" ")[0] in page
+
+
+def test_a_stack_no_main_run_listed_is_named_with_its_bound(
+    client: Any, alice_client: Any, alice_token: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    """fseries: commit 3's buffer is a stack no main run lists at its peak; its total shrank against the
+    baseline. The gate names the stack against the most it can have held in the main runs (their smallest
+    listed stack), and the run page says it is a bound."""
+    capture = django_capture_on_commit_callbacks
+    for seed in range(4):
+        _run(client, alice_token, capture, f"main-{seed}", "main", "c0ffee00", f"fseries_main_s{seed:02d}")
+    leak = _run(client, alice_token, capture, "pr-leak", "feature", "1eaf0003", "fseries_c3_s13")
+    reg = leak.regression
+    assert reg["regressed"] is True and reg["tolerance"] == "noise" and reg["peak"][0]["share"] < 0
+    [stack] = [e for e in reg["beyond_noise"] if e["kind"] == "stack"]
+    assert stack["name"].endswith("_feature_cache") and stack["listed_runs"] == 0
+    assert stack["centre_bytes"] == reg["noise"]["unlisted"]["centre_bytes"]
+    assert "listed in no baseline run: at most" in reg["reason"]
+    page = alice_client.get(f"/run/{leak.code}/").content.decode()
+    assert "(not listed)" in page and "_feature_cache" in page
