@@ -147,13 +147,21 @@ def _figure(e: Excess) -> str:
     return e.spread.name if e.spread.kind == "peak" else f"{e.spread.kind} {e.spread.name}"
 
 
+def _was(e: Excess) -> str:
+    """The figure's centre; for a stack no baseline run listed, the most it can have held there (the
+    smallest listed stack's bytes: ``analysis.noise``'s cutoff), so its growth is at least the delta."""
+    if e.spread.kind == "stack" and e.spread.listed_runs == 0:
+        return f"(listed in no baseline run: at most {_size(e.spread.centre_bytes)})"
+    return _size(e.spread.centre_bytes)
+
+
 def _noise_sentence(model: NoiseModel, found: Sequence[Excess]) -> str:
     """What grew beyond the baseline's noise, named, with the tolerance each figure had."""
     learned = f"{model.runs} runs of the baseline branch ({model.commits} commit{'s' if model.commits > 1 else ''})"
     if not found:
         return f"Every figure within the noise learned from {learned}."
     named = [
-        f"{_figure(e)} {_size(e.spread.centre_bytes)} -> {_size(e.run_bytes)} "
+        f"{_figure(e)} {_was(e)} -> {_size(e.run_bytes)} "
         f"(+{_size(e.delta_bytes)}, tolerance {_size(e.spread.tolerance_bytes)})"
         for e in found[:NAMED_EXCESSES]
     ]

@@ -5,13 +5,12 @@ the figures beyond the noise. No console error, no CSP violation, nothing wider 
 
 Data: real H200 captures (gpt_varlen_oom and its expandable_segments rerun, which died 4 steps later;
 bert_mlm_c85_default and its expandable_segments rerun, which lived) analysed by the worker's functions in
-this process; for the run page, the seeded series of ``tests/analysis/seeded_series.py``.
+this process; for the run page, real repeat runs of one GPT (``tests/fixtures/followups/fnoise_*``, H100).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -143,18 +142,16 @@ def leak_run(transactional_db: Any, alice: Any, alpha: Any, monkeypatch: pytest.
     from webapp.snapshots.runs import runs
     from webapp.snapshots.worker.tasks import analyse_upload
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
-    import seeded_series
-
     monkeypatch.setattr(runs, "publish_run", lambda run_id: True)
-    for name, branch, seed, leak in (
-        ("m0", "main", 0, 0),
-        ("m1", "main", 1, 0),
-        ("m2", "main", 2, 0),
-        ("pr", "feature", 9, 10),
+    followups = Path(__file__).resolve().parents[1] / "fixtures" / "followups"
+    for name, branch, capture in (  # real repeat runs of one GPT on main, and commit 2 of its leak
+        ("m0", "main", "fnoise_main_s00"),
+        ("m1", "main", "fnoise_main_s01"),
+        ("m2", "main", "fnoise_main_s02"),
+        ("pr", "feature", "fnoise_c2_s12"),
     ):
         path = tmp_path / f"{name}.pickle.gz"
-        path.write_bytes(seeded_series.variant(seed, leak))
+        path.write_bytes((followups / f"{capture}.pickle.gz").read_bytes())
         upload = make_upload(alpha, alice, path, run=name)
         with transaction.atomic():
             runs.run_attach(upload, {"branch": branch, "commit": "c0" if branch == "main" else "c1"})
