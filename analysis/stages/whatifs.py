@@ -183,6 +183,8 @@ def collect_whatifs(planned: list[Planned]) -> WhatIfs:
                 "peak_reserved_bytes": t["peak_reserved_bytes"],
                 "oom_avoided": t["oom_avoided"],
                 "step_completes": t.get("step_completes"),
+                # A follow-up's horizon for this exact value reads it (analysis.followup._replay_prediction).
+                "step_peak_reserved_bytes": t.get("step_peak_reserved_bytes"),
             }
             for t in values
         ]

@@ -153,10 +153,12 @@ def test_the_leaks_fix_is_steady_and_settings_postpone_to_a_step(family: str) ->
         assert result.horizon.off_by_steps == result.actual.oom_step - horizon.step  # type: ignore[operator]
 
 
-def test_horizons_scored_on_time_and_one_honest_miss() -> None:
-    """leak_metric: both settings predicted step 30 (a perfectly packed cache gains 2 steps), both reruns
-    died in step 30; leak_conv2: expandable_segments predicted 47, died in 48; max_split_size_mb:128's
-    replay predicted 57, the rerun died in 41: earlier than predicted, and said so."""
+def test_horizons_scored_on_time() -> None:
+    """leak_metric: expandable_segments predicted step 30 (a perfectly packed cache gains 2 steps),
+    max_split_size_mb:128's own replay 29; both reruns died in step 30. leak_conv2: expandable_segments
+    predicted 47, died in 48; max_split_size_mb:128's replay 39, died in 41. (The 128 value is a ``tried``
+    entry of the max_split_size_mb what-if: before its ``step_peak_reserved_bytes`` was kept there the
+    horizon fell back on the packed-cache bound, 57 for leak_conv2, a miss of 16 steps.)"""
     verdicts = {
         (family, member): (r.horizon.predicted_step, r.horizon.actual_step, r.horizon.verdict)
         for family in ("leak_conv2", "leak_metric")
@@ -166,8 +168,7 @@ def test_horizons_scored_on_time_and_one_honest_miss() -> None:
     }
     assert verdicts == {
         ("leak_metric", "expandable"): (30, 30, "on_time"),
-        ("leak_metric", "maxsplit128"): (30, 30, "on_time"),
+        ("leak_metric", "maxsplit128"): (29, 30, "on_time"),
         ("leak_conv2", "expandable"): (47, 48, "on_time"),
-        ("leak_conv2", "maxsplit128"): (57, 41, "earlier"),
+        ("leak_conv2", "maxsplit128"): (39, 41, "on_time"),
     }
-    assert "earlier than predicted" in scored("leak_conv2", "maxsplit128").text
