@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import capture_diff  # noqa: E402
-from capture_diff import MIB, STATE, _row, spec  # noqa: E402
+import capture_diff
+from capture_diff import MIB, STATE, _row, spec
 
 VOCAB = 8192
 
@@ -81,8 +81,22 @@ def _feature_cache(torch, nbytes: int):
 
 
 def gpt_train(
-    torch, seed=0, steps=4, batch=16, seq=(512, 512), d=512, layers=4, amp=False, dtype="float32", ckpt=False,
-    accum=1, eval_every=0, eval_mode="none", leak_bytes=0, cache_per_token=0, **_,
+    torch,
+    seed=0,
+    steps=4,
+    batch=16,
+    seq=(512, 512),
+    d=512,
+    layers=4,
+    amp=False,
+    dtype="float32",
+    ckpt=False,
+    accum=1,
+    eval_every=0,
+    eval_mode="none",
+    leak_bytes=0,
+    cache_per_token=0,
+    **_,
 ):
     """AdamW training of the small GPT; ``seq``: each step's length drawn from the seeded generator; ``accum``:
     the batch split into that many micro-batches; ``eval_mode``: ``graph`` keeps each eval loss with its
@@ -120,7 +134,9 @@ def gpt_train(
             STATE["phase"] = "eval"
             ids = torch.randint(0, VOCAB, (batch, n + 1), generator=g).cuda()
             if eval_mode == "graph":
-                eval_losses.append(F.cross_entropy(model(ids[:, :-1]).float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1)))
+                eval_losses.append(
+                    F.cross_entropy(model(ids[:, :-1]).float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+                )
             else:
                 ctx = torch.inference_mode() if eval_mode == "inference" else torch.no_grad()
                 with ctx:
@@ -170,7 +186,14 @@ GPT_CHANGES = {
     "bf16": {"dtype": "bfloat16"},
     "ckpt": {"ckpt": True},
 }
-EVAL_INCIDENT = {"workload": "gpt_train", "batch": 8, "seq": (512, 512), "steps": 8, "eval_every": 2, "eval_mode": "graph"}
+EVAL_INCIDENT = {
+    "workload": "gpt_train",
+    "batch": 8,
+    "seq": (512, 512),
+    "steps": 8,
+    "eval_every": 2,
+    "eval_mode": "graph",
+}
 EVAL_CHANGES = {"nograd": {"eval_mode": "no_grad"}, "inference": {"eval_mode": "inference"}}
 RES_INCIDENT = {"workload": "resnet_train", "batch": 96}
 RES_CHANGES = {"batch48": {"batch": 48}, "amp": {"amp": True}}
@@ -186,8 +209,15 @@ SERIES_COMMITS = range(1, 7)
 # not die), and the series whose regression grows a stack the baseline already has: each step keeps
 # features sized by its sequence length (the stack's own noise), each commit adds 3% of the baseline's peak.
 FAMILIES2 = {"fres": (RES_INCIDENT, RES_CHANGES, (0.6, 0.5))}
-NOISE = {"workload": "gpt_train", "batch": 8, "seq": (480, 544), "steps": 6, "d": 384, "layers": 2,
-         "cache_per_token": 256 * 1024}
+NOISE = {
+    "workload": "gpt_train",
+    "batch": 8,
+    "seq": (480, 544),
+    "steps": 6,
+    "d": 384,
+    "layers": 2,
+    "cache_per_token": 256 * 1024,
+}
 
 
 def _spec(name: str, family: str, base: dict, cap_bytes=None, **extra) -> dict:
@@ -215,8 +245,10 @@ def round_two(outdir: Path, run, jobs: int) -> list[str]:
         lines = [f.result() for f in main]
         base_peak = _peak(outdir, "fnoise_main_s00")
         commits = [
-            pool.submit(run, _spec(f"fnoise_c{k}_s{10 + k:02d}", "fnoise", NOISE, seed=10 + k,
-                                   leak_bytes=int(base_peak * 0.03 * k)))
+            pool.submit(
+                run,
+                _spec(f"fnoise_c{k}_s{10 + k:02d}", "fnoise", NOISE, seed=10 + k, leak_bytes=int(base_peak * 0.03 * k)),
+            )
             for k in SERIES_COMMITS
         ]
         return lines + [f.result() for f in capped + commits]
@@ -224,8 +256,11 @@ def round_two(outdir: Path, run, jobs: int) -> list[str]:
 
 # Round 3: the allocator settings' reruns of each incident (the diagnosis bench judges a setting the answer names
 # by its real rerun) and one more batch per family, under the incident's own cap (read from its truth file).
-SETTINGS3 = {"expandable": "expandable_segments:True", "maxsplit128": "max_split_size_mb:128",
-             "gc07": "garbage_collection_threshold:0.7"}
+SETTINGS3 = {
+    "expandable": "expandable_segments:True",
+    "maxsplit128": "max_split_size_mb:128",
+    "gc07": "garbage_collection_threshold:0.7",
+}
 ROUND3 = {
     "fgpt_c80": (GPT_INCIDENT, {"batch12": {"batch": 12}}),
     "fgpt_c60": (GPT_INCIDENT, {"batch12": {"batch": 12}}),
@@ -272,7 +307,9 @@ def main() -> int:
         (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
         return 0
     with ThreadPoolExecutor(args.jobs) as pool:
-        calib = {fam: pool.submit(run, _spec(f"{fam}_nocap_default", fam, base)) for fam, (base, _, _) in FAMILIES.items()}
+        calib = {
+            fam: pool.submit(run, _spec(f"{fam}_nocap_default", fam, base)) for fam, (base, _, _) in FAMILIES.items()
+        }
         series = [pool.submit(run, _spec(f"fseries_main_s{s:02d}", "fseries", SERIES, seed=s)) for s in SERIES_SEEDS]
         capped = []
         for fam, (base, changes, shares) in FAMILIES.items():
@@ -287,8 +324,12 @@ def main() -> int:
         lines += [f.result() for f in series]
         base_peak = _peak(args.outdir, "fseries_main_s00")
         commits = [
-            pool.submit(run, _spec(f"fseries_c{k}_s{10 + k:02d}", "fseries", SERIES, seed=10 + k,
-                                   leak_bytes=int(base_peak * 0.03 * k)))
+            pool.submit(
+                run,
+                _spec(
+                    f"fseries_c{k}_s{10 + k:02d}", "fseries", SERIES, seed=10 + k, leak_bytes=int(base_peak * 0.03 * k)
+                ),
+            )
             for k in SERIES_COMMITS
         ]
         lines += [f.result() for f in capped + commits]
