@@ -188,6 +188,24 @@ def _oom_phase(inp: CauseInput) -> str:
     return "forward" if phase == PHASES[OTHER] and _in_loss_of_forward(inp) else phase
 
 
+def _repeats_without_backward(inp: CauseInput, p: ForwardPass) -> bool:
+    """Whether pass ``p`` is inference: no backward or optimizer step came before it, and an earlier finished
+    pass from the same line had none after it either. Without a training pass to compare with, only that tells
+    inference from the first forward of a training run (whose trace has no backward yet either)."""
+    codes = inp.phases.of_alloc
+    if bool(((codes[: p.first] == BACKWARD) | (codes[: p.first] == OPTIMIZER)).any()):
+        return False
+    return any(q.site == p.site and q.followed_by and q.last < p.first for q in inp.phases.passes)
+
+
+def _pass_before_oom(inp: CauseInput) -> ForwardPass | None:
+    """The forward pass the OOM is in, else the last one before it."""
+    assert inp.oom_index is not None
+    pos = _oom_position(inp)
+    marked = np.flatnonzero(inp.phases.of_alloc[: pos + 1] == FORWARD)
+    return inp.phases.pass_at(int(marked[-1])) if marked.size else None
+
+
 def _in_loss_of_forward(inp: CauseInput) -> bool:
     """Whether the allocations since the last marked one are the loss of a training forward pass: that pass
     (``FORWARD``, not an evaluation's) came last, and it still holds most of what it allocated."""
@@ -197,8 +215,8 @@ def _in_loss_of_forward(inp: CauseInput) -> bool:
     if marked.size == 0 or int(inp.phases.of_alloc[marked[-1]]) != FORWARD:
         return False
     p = inp.phases.pass_at(int(marked[-1]))
-    if p is None:
-        return False
+    if p is None or (not p.training_site and _repeats_without_backward(inp, p)):
+        return False  # an inference loop's code between its passes (a KV cache's torch.cat) is not a loss
     sizes = inp.lifetimes.size[p.first : p.last + 1]
     held = int(sizes[inp.lifetimes.end[p.first : p.last + 1] > inp.oom_index].sum())
     return held > 0 and held >= HOLD_MIN_SHARE * int(sizes.sum())
@@ -552,15 +570,9 @@ def forward_without_no_grad(inp: CauseInput) -> Cause | None:
         return None
     if p.training_site or p.followed_by_backward:
         return _kept_eval_graphs(inp, p)
-    codes = inp.phases.of_alloc
     has_training = any(q.training_site for q in inp.phases.passes)
-    if not has_training:
-        # Without a training pass to compare with, only an earlier finished pass from the same line that no
-        # backward followed says this is inference, not the first forward of a training run.
-        if bool(((codes[: p.first] == BACKWARD) | (codes[: p.first] == OPTIMIZER)).any()):
-            return None
-        if not any(q.site == p.site and q.followed_by and q.last < p.first for q in inp.phases.passes):
-            return None
+    if not has_training and not _repeats_without_backward(inp, p):
+        return None
     lt = inp.lifetimes
     made = slice(p.first, pos + 1)
     sizes = lt.size[made]
@@ -972,6 +984,9 @@ class Diagnosis:
     live_by_phase: Mapping[str, int]
     causes: tuple[Cause, ...]
     phases_known: bool
+    # The OOM's forward pass (or the last before it) is inference (``_repeats_without_backward``): not a
+    # training step, whatever its phase (sizing's first-step batch fit reads it).
+    inference: bool = False
 
     @property
     def primary(self) -> Cause | None:
@@ -1000,7 +1015,9 @@ def diagnose(inp: CauseInput, rules: Sequence[CauseRule] | None = None) -> Diagn
     causes = tuple(c for c in found if c is not None)
     oom_phase = _oom_phase(inp) if inp.oom_index is not None else None
     live = live_bytes_by_phase(inp.phases, inp.lifetimes, inp.oom_index) if inp.oom_index is not None else {}
-    return Diagnosis(oom_phase, live, causes, inp.phases.has_frames)
+    last = _pass_before_oom(inp) if inp.oom_index is not None else None
+    inference = last is not None and not last.training_site and _repeats_without_backward(inp, last)
+    return Diagnosis(oom_phase, live, causes, inp.phases.has_frames, inference)
 
 
 def _found(rule: CauseRule, inp: CauseInput) -> Cause | None:

@@ -161,6 +161,7 @@ class SizingInput:
     cause: CauseRule | None  # the primary cause's rule
     cause_settings: str  # what the primary cause says of the allocator settings ("" without one)
     oom_phase: str = ""  # the OOM's phase (``causes.Diagnosis.oom_phase``)
+    inference: bool = False  # the OOM's pass is inference (``causes.Diagnosis.inference``): no first-step fit
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def batch_fit(inp: SizingInput, batch_size: int | None = None) -> dict[str, Any]
     in its forward or backward pass)."""
     oom, cats = inp.oom, inp.categories
     first_step = not inp.steps
-    if oom is None or (first_step and inp.oom_phase not in TRAINING_PHASES):
+    if oom is None or (first_step and (inp.oom_phase not in TRAINING_PHASES or inp.inference)):
         return None
     limit = oom.limit
     need, need_lower = step_need(oom)

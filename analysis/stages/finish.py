@@ -118,6 +118,7 @@ def sizing_input(entry: dict[str, Any], diagnosis: Diagnosis) -> sizing.SizingIn
         cause=rule_named(primary.id) if primary is not None else None,
         cause_settings=primary.settings if primary is not None else "",
         oom_phase=diagnosis.oom_phase or "",
+        inference=diagnosis.inference,
     )
 
 
