@@ -593,9 +593,15 @@ def _buys(choice: _Choice, oom: OomFacts | None, recorded_peak: int, events: int
         return f"In the replay under {conf}: {peak_text} ({format_size(saved)} less)."
     saving = int(s.get("estimated_saving_bytes") or 0)
     if saving > 0:
+        # A first step's split (analysis.sizing) claims the failing point only: the trace ends inside that step.
+        rest = (
+            " Whether the rest of the step then fits is not known: the trace holds it only up to the failing point."
+            if "step_completes" in s and s["step_completes"] is None
+            else ""
+        )
         return (
             f"An estimate, not a replay (the workload itself changes): about {format_size(saving)} less memory "
-            "at that point."
+            f"at that point.{rest}"
         )
     return "Not measured: the workload itself changes, so no replay can say."
 

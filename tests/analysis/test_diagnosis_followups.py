@@ -80,6 +80,7 @@ def test_fgpt_c60_first_step_halves_the_batch_and_its_reruns_ran() -> None:
     # failing point, not the step.
     row = next(r for r in dev["ranked"] if r["id"] == "smaller_batch")
     assert row["step_completes"] is None
+    assert "Whether the rest of the step then fits is not known" in dev["decision"]["buys"]
     assert ran("fgpt_c60_batch8") and ran("fgpt_c60_accum2")
     assert truth("fgpt_c60_batch8")["kwargs"]["batch"] * 2 == truth("fgpt_c60_default")["kwargs"]["batch"]
     assert not ran("fgpt_c60_batch12") and not ran("fgpt_c60_amp")
