@@ -353,6 +353,12 @@ def _allocation_order_applies(ctx: AdviceContext) -> bool:
     oom = ctx.oom
     if oom is None or oom.get("verdict") != "fragmentation" or not ctx.capture.get("trace_complete", False):
         return False
+    fit = ctx.batch_fit
+    if fit and fit.get("first_step") and fit["feasible"] and fit["fraction"] is None:
+        # A first step cut short mid-pass with the cache all but full (analysis.sizing): the holes are a small
+        # part of what the step still needs, and the live blocks are the pass's own activations, whose order
+        # a user cannot change (issue 33's torchvision ResNet: its half-batch rerun ran, every setting died).
+        return False
     return bool(ctx.whatifs) and not any(w.avoids_oom is True for w in ctx.whatifs)
 
 
@@ -435,10 +441,16 @@ def _capture_suggest(ctx: AdviceContext) -> dict[str, Any]:
 
 
 def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A ``smaller_batch`` suggestion from a feasible batch fit whose batch must shrink."""
-    if not fit or not fit["feasible"] or fit["fraction"] is None or fit["fraction"] >= 1.0:
+    """A ``smaller_batch`` suggestion from a feasible batch fit whose batch must shrink. A first step's
+    (``first_step``: the trace holds the step only up to the failing point) claims the failing point, never
+    the step; where its fraction is not measured (a mid-pass first step) the split halves the batch."""
+    if not fit or not fit["feasible"]:
         return None
-    saving = round((1.0 - fit["fraction"]) * (fit["need_bytes"] - fit["fixed_bytes"]))
+    first = bool(fit.get("first_step"))
+    fraction = fit["fraction"] if fit["fraction"] is not None or not first else 0.5
+    if fraction is None or fraction >= 1.0:
+        return None
+    saving = round((1.0 - fraction) * (fit["need_bytes"] - fit["fixed_bytes"]))
     if fit["fitting_batch"] is not None:
         title = f"Run micro-batches of {fit['micro_batch']} with {fit['accumulation_steps']}-step gradient accumulation"
         batch = fit["batch_size"]
@@ -450,10 +462,12 @@ def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
     else:
         accum = fit["accumulation_steps"] or 1
         # The line halves (or splits further); the title must say the same, not the fraction alone.
-        title = (
-            f"Split the batch into {accum} micro-batches with gradient accumulation (at most "
-            f"{fit['fraction'] * 100:.0f}% of it fits)"
+        share = (
+            f"at most {fit['fraction'] * 100:.0f}% of it fits"
+            if fit["fraction"] is not None
+            else "the first step did not fit"
         )
+        title = f"Split the batch into {accum} micro-batches with gradient accumulation ({share})"
         config = f"batch_size = batch_size // {accum}; accumulation_steps = {accum}  # same effective batch"
     return {
         "id": "smaller_batch",
@@ -462,7 +476,7 @@ def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:
         "evidence": fit["explanation"],
         "estimated_saving_bytes": saving,
         "avoids_oom": True,
-        "step_completes": True,
+        "step_completes": None if first else True,
         "snippet": fit["snippet"],
     }
 
@@ -484,7 +498,14 @@ WORKLOAD_RULES: tuple[Rule, ...] = (
     Rule(id="activation_checkpointing", applies=_checkpoint_applies, suggest=_checkpoint_suggest, cost="speed"),
     Rule(id="optimizer_state", applies=_optimizer_applies, suggest=_optimizer_suggest, cost="memory"),
     Rule(id="shape_bucketing", applies=_bucketing_applies, suggest=_bucketing_suggest, cost="shapes"),
-    Rule(id="allocation_order", applies=_allocation_order_applies, suggest=_allocation_order_suggest, cost="code"),
+    # After the batch fit (the "sizing" stage): a first step's fit can say the holes are not the answer.
+    Rule(
+        id="allocation_order",
+        applies=_allocation_order_applies,
+        suggest=_allocation_order_suggest,
+        cost="code",
+        stage="sizing",
+    ),
     Rule(id="capture_settings", applies=_capture_applies, suggest=_capture_suggest, cost="capture"),
     Rule(
         id="smaller_batch",

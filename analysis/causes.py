@@ -34,10 +34,13 @@ from analysis.model import Trace, sorted_unique
 from analysis.phases import (
     BACKWARD,
     DECODE,
+    FORWARD,
     FORWARD_NO_BACKWARD,
     OPTIMIZER,
+    OTHER,
     PHASE_WORDS,
     PHASES,
+    ForwardPass,
     Phases,
     live_bytes_by_phase,
     phase_of_event,
@@ -172,14 +175,51 @@ def _top_labels(inp: CauseInput, mask: npt.NDArray[np.bool_], limit: int = 3) ->
 
 def _oom_phase(inp: CauseInput) -> str:
     """The OOM's phase: its own frames where they name a graph capture (its request is not in the
-    allocations), else the phase of the allocations right before it."""
+    allocations), else the phase of the allocations right before it; code outside the modules right after
+    a training forward pass that still holds its activations (the loss on the model's output, before its
+    backward) is that forward pass (issue 33's ``fgpt_c60`` died in ``cross_entropy`` of its first step)."""
     assert inp.oom_index is not None
     sid = int(inp.trace.stack[inp.oom_index])
     if sid >= 0:
         frames = inp.catalog.groups[int(inp.catalog.groups_of(np.array([sid]))[0])].frames
         if any(f.filename.endswith("torch/cuda/graphs.py") or "cudagraph_trees" in f.filename for f in frames):
             return "graph_capture"
-    return phase_of_event(inp.phases, inp.lifetimes, inp.oom_index)
+    phase = phase_of_event(inp.phases, inp.lifetimes, inp.oom_index)
+    return "forward" if phase == PHASES[OTHER] and _in_loss_of_forward(inp) else phase
+
+
+def _repeats_without_backward(inp: CauseInput, p: ForwardPass) -> bool:
+    """Whether pass ``p`` is inference: no backward or optimizer step came before it, and an earlier finished
+    pass from the same line had none after it either. Without a training pass to compare with, only that tells
+    inference from the first forward of a training run (whose trace has no backward yet either)."""
+    codes = inp.phases.of_alloc
+    if bool(((codes[: p.first] == BACKWARD) | (codes[: p.first] == OPTIMIZER)).any()):
+        return False
+    return any(q.site == p.site and q.followed_by and q.last < p.first for q in inp.phases.passes)
+
+
+def _pass_before_oom(inp: CauseInput) -> ForwardPass | None:
+    """The forward pass the OOM is in, else the last one before it."""
+    assert inp.oom_index is not None
+    pos = _oom_position(inp)
+    marked = np.flatnonzero(inp.phases.of_alloc[: pos + 1] == FORWARD)
+    return inp.phases.pass_at(int(marked[-1])) if marked.size else None
+
+
+def _in_loss_of_forward(inp: CauseInput) -> bool:
+    """Whether the allocations since the last marked one are the loss of a training forward pass: that pass
+    (``FORWARD``, not an evaluation's) came last, and it still holds most of what it allocated."""
+    assert inp.oom_index is not None
+    pos = _oom_position(inp)
+    marked = np.flatnonzero(inp.phases.of_alloc[: pos + 1] != OTHER)
+    if marked.size == 0 or int(inp.phases.of_alloc[marked[-1]]) != FORWARD:
+        return False
+    p = inp.phases.pass_at(int(marked[-1]))
+    if p is None or (not p.training_site and _repeats_without_backward(inp, p)):
+        return False  # an inference loop's code between its passes (a KV cache's torch.cat) is not a loss
+    sizes = inp.lifetimes.size[p.first : p.last + 1]
+    held = int(sizes[inp.lifetimes.end[p.first : p.last + 1] > inp.oom_index].sum())
+    return held > 0 and held >= HOLD_MIN_SHARE * int(sizes.sum())
 
 
 # ------------------------------------------------------------------ the rules
@@ -519,22 +559,20 @@ def optimizer_step(inp: CauseInput) -> Cause | None:
 
 
 def forward_without_no_grad(inp: CauseInput) -> Cause | None:
-    """The OOM is in a forward pass that no backward uses, holding its activations for autograd."""
+    """A forward pass that no backward uses holds its activations for autograd: the OOM is in that pass, or
+    in a later one while earlier such passes' activations are still live (an evaluation's loss kept with its
+    graph: issue 33's ``feval`` capture died in the next training forward, 1.6 GiB of its evaluations live)."""
     if inp.oom_index is None or _oom_phase(inp) not in ("forward", "forward_no_backward"):
         return None
     pos = _oom_position(inp)
     p = inp.phases.pass_at(pos)
-    if p is None or p.training_site or p.followed_by_backward:
+    if p is None:
         return None
-    codes = inp.phases.of_alloc
+    if p.training_site or p.followed_by_backward:
+        return _kept_eval_graphs(inp, p)
     has_training = any(q.training_site for q in inp.phases.passes)
-    if not has_training:
-        # Without a training pass to compare with, only an earlier finished pass from the same line that no
-        # backward followed says this is inference, not the first forward of a training run.
-        if bool(((codes[: p.first] == BACKWARD) | (codes[: p.first] == OPTIMIZER)).any()):
-            return None
-        if not any(q.site == p.site and q.followed_by and q.last < p.first for q in inp.phases.passes):
-            return None
+    if not has_training and not _repeats_without_backward(inp, p):
+        return None
     lt = inp.lifetimes
     made = slice(p.first, pos + 1)
     sizes = lt.size[made]
@@ -573,6 +611,53 @@ def forward_without_no_grad(inp: CauseInput) -> Cause | None:
         settings="a setting cannot give back what the pass holds for autograd",
         stacks=_top_labels(inp, np.isin(np.arange(lt.start.shape[0]), np.arange(p.first, pos + 1)[held_mask])),
         figures={"held_bytes": held, "allocated_in_pass_bytes": made_bytes, "site": where},
+    )
+
+
+def _kept_eval_graphs(inp: CauseInput, at: ForwardPass) -> Cause | None:
+    """The OOM is in a training pass (``at``) while earlier passes that no backward followed, from lines that
+    never train, still hold most of what they allocated: their outputs were kept with their graphs."""
+    lt = inp.lifetimes
+    assert inp.oom_index is not None
+    held, made_bytes, kept_passes, sites, mask = 0, 0, 0, [], np.zeros(lt.start.shape[0], dtype=bool)
+    for q in inp.phases.passes:
+        if q.last >= at.first or q.training_site or q.followed_by_backward:
+            continue
+        sizes = lt.size[q.first : q.last + 1]
+        live = lt.end[q.first : q.last + 1] > inp.oom_index
+        q_held = int(sizes[live].sum())
+        if q_held == 0 or q_held < HOLD_MIN_SHARE * int(sizes.sum()):
+            continue  # under no_grad only the pass's output outlives it
+        # The pass's largest live tensor (its output, or the logits) is counted as kept under no_grad too.
+        held += q_held - int(sizes[live].max())
+        made_bytes += int(sizes.sum())
+        kept_passes += 1
+        mask[q.first : q.last + 1] |= live
+        sites.append(q.site)
+    if kept_passes == 0 or held < inp.requested_bytes:
+        return None
+    where = sites[-1] or "the evaluation"
+    return Cause(
+        title="Evaluation passes kept with their graphs (no torch.no_grad())",
+        explains_oom=True,
+        headline=(
+            f"Out of memory in a training forward pass while {kept_passes} earlier forward pass"
+            f"{'es' if kept_passes > 1 else ''} that no backward used ({where}) still held {format_size(held)} "
+            "of activations: their outputs were kept with their graphs. Under torch.no_grad() that memory "
+            "would have been freed when each pass ended."
+        ),
+        evidence=(
+            f"Of the {format_size(made_bytes)} those passes allocated, {format_size(held)} (less each pass's "
+            "largest tensor) was still live at the OOM, long after the pass ended; no backward ever read it. "
+            "The training passes of this run come from other lines."
+        ),
+        fix_title="Run the evaluation under torch.no_grad() (and keep loss.item(), not the loss)",
+        fix_line=f"with torch.no_grad():   # or torch.inference_mode(), around {where}",
+        saving_bytes=held,
+        fits_after_fix=_fits(inp, held),
+        settings="a setting cannot give back what the kept graphs hold",
+        stacks=_top_labels(inp, mask),
+        figures={"held_bytes": held, "allocated_in_pass_bytes": made_bytes, "site": where, "kept_passes": kept_passes},
     )
 
 
@@ -899,6 +984,9 @@ class Diagnosis:
     live_by_phase: Mapping[str, int]
     causes: tuple[Cause, ...]
     phases_known: bool
+    # The OOM's forward pass (or the last before it) is inference (``_repeats_without_backward``): not a
+    # training step, whatever its phase (sizing's first-step batch fit reads it).
+    inference: bool = False
 
     @property
     def primary(self) -> Cause | None:
@@ -927,7 +1015,9 @@ def diagnose(inp: CauseInput, rules: Sequence[CauseRule] | None = None) -> Diagn
     causes = tuple(c for c in found if c is not None)
     oom_phase = _oom_phase(inp) if inp.oom_index is not None else None
     live = live_bytes_by_phase(inp.phases, inp.lifetimes, inp.oom_index) if inp.oom_index is not None else {}
-    return Diagnosis(oom_phase, live, causes, inp.phases.has_frames)
+    last = _pass_before_oom(inp) if inp.oom_index is not None else None
+    inference = last is not None and not last.training_site and _repeats_without_backward(inp, last)
+    return Diagnosis(oom_phase, live, causes, inp.phases.has_frames, inference)
 
 
 def _found(rule: CauseRule, inp: CauseInput) -> Cause | None:

@@ -85,7 +85,13 @@ def decide(result: DecisionInput | Mapping[str, Any], capture: Mapping[str, Any]
         headline = _oom_headline(oom)
         count = inp.ooms_listed or oom.ooms_in_trace
         if count > 1:
-            headline = f"The last of {count} OOMs in the trace. {headline}"
+            # The earlier ones were caught (the trace goes on after each): not what ended the run (issue 33's
+            # ResNet: cuDNN catches its own OOMs while it tries convolution algorithms, 32 in one step).
+            caught = "the one before it was" if count == 2 else f"the {count - 1} before it were"
+            headline = (
+                f"The last of {count} OOMs in the trace. {caught.capitalize()} caught and the run went on (as cuDNN "
+                f"catches its own while it tries convolution algorithms): this one ended it. {headline}"
+            )
     else:
         ranked = _ranked_without_oom(inp.suggestions, inp.whatifs, inp.peak_reserved)
         headline = _idle_headline(inp, capture)
@@ -587,9 +593,15 @@ def _buys(choice: _Choice, oom: OomFacts | None, recorded_peak: int, events: int
         return f"In the replay under {conf}: {peak_text} ({format_size(saved)} less)."
     saving = int(s.get("estimated_saving_bytes") or 0)
     if saving > 0:
+        # A first step's split (analysis.sizing) claims the failing point only: the trace ends inside that step.
+        rest = (
+            " Whether the rest of the step then fits is not known: the trace holds it only up to the failing point."
+            if "step_completes" in s and s["step_completes"] is None
+            else ""
+        )
         return (
             f"An estimate, not a replay (the workload itself changes): about {format_size(saving)} less memory "
-            "at that point."
+            f"at that point.{rest}"
         )
     return "Not measured: the workload itself changes, so no replay can say."
 

@@ -18,6 +18,14 @@ and never more than ``(limit - fixed) / (need - fixed)`` (no fragmentation at al
 ``floor(f * batch)``; gradient accumulation over ``ceil(batch / fitting_batch)`` micro-steps keeps the effective
 batch. Without the user's batch size the answer is the fraction ``f``.
 
+The first step (issue 33: no step in the trace, the OOM in a training forward or backward pass, ``first_step``):
+the trace shows what the step needed up to the failing point, not the rest of it, so ``f`` is only an upper
+bound and the split is at least 2 micro-batches. Where the failing request would have fitted by bytes (a
+fragmentation verdict) but what a perfectly packed cache could still give (its free bytes and the room to the
+limit) is under ``FIRST_STEP_HOLES_SHARE`` of what scales with the batch, the step was cut short mid-pass with
+the cache all but full: the smallest split, 2 micro-batches, is the answer (its saving at the failing point is
+half the batch's part), never a claim that the step then completes (``step_completes`` stays unknown).
+
 The GPU it needs (``gpu_fit``). Memory to finish = the reserved memory the run needs (the failing step's need
 times the overhead for an OOM run, the recorded peak reserved otherwise) plus the process's memory outside
 PyTorch's cache (CUDA context, cuBLAS/cuDNN handles: from the OOM message where it says so, else
@@ -97,6 +105,11 @@ _check_costs()
 _BATCH_IN_METADATA = re.compile(r"\bbatch(?:_size)?\s*[=:]\s*(\d{1,9})\b")
 
 FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state")
+# The OOM phases of a training step: a first-step OOM there gets a batch fit without any step in the trace.
+TRAINING_PHASES = ("forward", "backward")
+# A first step's fragmentation OOM whose free cache and room to the limit together are under this share of the
+# batch's part at the failing point: the cache was all but full mid-pass (issue 33's ResNet: 56 MiB of 1.36 GiB).
+FIRST_STEP_HOLES_SHARE = 0.1
 SCALING_CATEGORIES = ("activations", "temporaries", "unknown")
 
 
@@ -122,6 +135,8 @@ class OomFigures:
     step_need: int | None  # the failing step's need where it was projected
     non_pytorch: int | None  # the process's memory outside PyTorch's cache, as the OOM message printed it
     device_full_unexplained: bool  # ``decision.device_full_unexplained``
+    reserved: int = 0  # reserved at the OOM
+    cached_free: int = 0  # free in the cache at the OOM (what a perfect packing could still use)
 
 
 @dataclass(frozen=True)
@@ -145,6 +160,8 @@ class SizingInput:
     whatifs: tuple[WhatIfFigures, ...]
     cause: CauseRule | None  # the primary cause's rule
     cause_settings: str  # what the primary cause says of the allocator settings ("" without one)
+    oom_phase: str = ""  # the OOM's phase (``causes.Diagnosis.oom_phase``)
+    inference: bool = False  # the OOM's pass is inference (``causes.Diagnosis.inference``): no first-step fit
 
 
 @dataclass(frozen=True)
@@ -196,9 +213,11 @@ def batch_from_metadata(user_metadata: dict[int, str], oom_index: int | None) ->
 
 
 def batch_fit(inp: SizingInput, batch_size: int | None = None) -> dict[str, Any] | None:
-    """``devices[].batch_fit``: null without an OOM or without training steps."""
+    """``devices[].batch_fit``: null without an OOM or without training steps (but for a first step that died
+    in its forward or backward pass)."""
     oom, cats = inp.oom, inp.categories
-    if oom is None or not inp.steps:
+    first_step = not inp.steps
+    if oom is None or (first_step and (inp.oom_phase not in TRAINING_PHASES or inp.inference)):
         return None
     limit = oom.limit
     need, need_lower = step_need(oom)
@@ -228,6 +247,7 @@ def batch_fit(inp: SizingInput, batch_size: int | None = None) -> dict[str, Any]
         "snippet": None,
         "feasible": False,
         "explanation": "",
+        "first_step": first_step,
     }
     if largest is not None and largest.peak_allocated > 0:
         out["excess_over_largest_fitting"] = round(need / largest.peak_allocated - 1.0, 4)
@@ -251,6 +271,9 @@ def batch_fit(inp: SizingInput, batch_size: int | None = None) -> dict[str, Any]
         )
         return out
     out["feasible"] = True
+    if first_step:
+        _first_step(out, oom, need, fixed, frac, batch_size)
+        return out
     if frac >= 1 and largest is not None:
         # The failing step needed no more than a step that ran: a smaller batch is not what it lacks.
         out.update(fitting_batch=batch_size, accumulation_steps=1, micro_batch=batch_size)
@@ -318,6 +341,36 @@ def _smaller_batch(
         )
         out["accumulation_steps"] = accum
         out["snippet"] = _accumulation_snippet_fraction(accum)
+
+
+def _first_step(out: dict[str, Any], oom: OomFigures, need: int, fixed: int, frac: float, batch: int | None) -> None:
+    """The first step's split (module docstring): ``f`` from the failing point where it is below 1, else 2
+    micro-batches where the cache was all but full mid-pass; nothing where neither holds."""
+    variable = need - fixed
+    room = oom.cached_free + max(0, oom.limit - oom.reserved)
+    if frac >= 1 and room >= FIRST_STEP_HOLES_SHARE * variable:
+        out["feasible"] = False
+        out["explanation"] = (
+            f"The first step died before any step completed; the failing point needed {_gib(need)}, within the "
+            f"limit, and the cache could still give {_gib(room)}: nothing shows the batch is too big."
+        )
+        return
+    _smaller_batch(out, need, True, fixed, min(frac, 0.5) if frac >= 1 else frac, oom.limit, None, batch)
+    if frac >= 1:
+        out["fraction"] = None  # not measured: the split is the smallest, not a share that fits
+        out["explanation"] = (
+            f"The first step died in its pass before any step completed, with {_gib(need - oom.requested)} "
+            f"allocated of the {_gib(oom.limit)} limit and {_gib(variable)} of it scaling with the batch: a "
+            f"perfectly packed cache could give only {_gib(room)} more ({room / max(1, variable):.0%} of the "
+            f"batch's part), and the rest of the step is still to come. Half the batch holds about "
+            f"{_gib(variable // 2)} less at the failing point: 2 micro-batches with gradient accumulation keep "
+            "the effective batch (the smallest split; the trace does not show the rest of the step)."
+        )
+    else:
+        out["explanation"] += (
+            " This was the first step (none completed before it): the trace shows its need up to the failing "
+            "point only, so the share is an upper bound and the split is at least 2."
+        )
 
 
 def _accumulation_snippet(batch: int, micro: int, micro_batch: int) -> str:

@@ -18,6 +18,10 @@ A family without a mistake in the program (``expected_cause`` null: issue 37's f
 than the cap at their batch) is **right** when no cause is named and the first change is one whose real rerun
 ran through (``expected_change``), **wrong** when a cause is named or the change's rerun died.
 
+A family may name its own members (issue 33's follow-ups, tests/fixtures/followups): ``change_members`` maps a
+change id to the member that reran it (else ``CHANGE_MEMBERS`` / ``SETTING_MEMBERS``), ``fix_member`` the member
+that reran the fix (else ``fix``).
+
 Also counted (overclaims): rows of the ranked table that say a setting finishes the step or the run where that
 setting's real rerun died in the same step, and suggestions that say a setting avoids the OOM where its real
 rerun died.
@@ -37,7 +41,11 @@ sys.path.insert(0, str(REPO))
 
 from analysis.report import build_report  # noqa: E402
 
-SETTING_MEMBERS = {"expandable": "expandable_segments", "maxsplit128": "max_split_size_mb"}
+SETTING_MEMBERS = {
+    "expandable": "expandable_segments",
+    "maxsplit128": "max_split_size_mb",
+    "gc07": "garbage_collection_threshold",
+}
 # The framework families (issue 37, ``fw_*``, scripts/capture_frameworks.py) where the program has no mistake
 # (``expected_cause`` null: the run needs more than the cap at that batch): the rerun of each change a report
 # may name first. ``expected_change`` lists those whose rerun ran through.
@@ -80,7 +88,7 @@ def judge(report: dict[str, Any], family: dict[str, Any]) -> tuple[str, str, lis
         return "unanswered", f"no cause ({change.get('id')})", overclaims
     if named != family["expected_cause"]:
         return "wrong", f"{named} (expected {family['expected_cause']})", overclaims
-    if members["fix"]["died"]:
+    if members[family.get("fix_member", "fix")]["died"]:
         return "wrong", f"{named}, but the fix's rerun died", overclaims
     return "right", named, overclaims
 
@@ -93,7 +101,7 @@ def _judge_capacity(named: str | None, change: dict[str, Any], family: dict[str,
     cid = change.get("id")
     if cid in (family.get("expected_change") or []):
         return "right", f"capacity, {cid}"
-    rerun = family["members"].get(CHANGE_MEMBERS.get(str(cid), ""))
+    rerun = family["members"].get({**CHANGE_MEMBERS, **family.get("change_members", {})}.get(str(cid), ""))
     if rerun is not None and rerun["died"]:
         return "wrong", f"{cid} (its rerun died)"
     return "unanswered", f"capacity, {cid}"

@@ -91,6 +91,8 @@ def sizing_input(entry: dict[str, Any], diagnosis: Diagnosis) -> sizing.SizingIn
             step_need=None if oom["step_need_bytes"] is None else int(oom["step_need_bytes"]),
             non_pytorch=None if oom["non_pytorch_bytes"] is None else int(oom["non_pytorch_bytes"]),
             device_full_unexplained=device_full_unexplained(oom),
+            reserved=int(oom["reserved_bytes"]),
+            cached_free=int(oom["cached_free_bytes"]),
         )
     steps = tuple(
         sizing.StepFigures(
@@ -115,6 +117,8 @@ def sizing_input(entry: dict[str, Any], diagnosis: Diagnosis) -> sizing.SizingIn
         whatifs=whatifs,
         cause=rule_named(primary.id) if primary is not None else None,
         cause_settings=primary.settings if primary is not None else "",
+        oom_phase=diagnosis.oom_phase or "",
+        inference=diagnosis.inference,
     )
 
 
