@@ -138,17 +138,28 @@ class _DeferredStores:
         self.pending.append((int(device), make))
 
     def write_all(self) -> None:
+        import gc
+
         import numpy as np
 
-        while self.pending:
-            device, make = self.pending.pop(0)
-            target = self.folder / f"{device}.npz"
-            partial = target.with_suffix(".part")
-            store = make()
-            with partial.open("wb") as fh:
-                np.savez(fh, **store)
-            del store, make  # this device's replay and store go before the next device's are made
-            partial.rename(target)
+        # The cyclic GC off, as for the report itself (``replays.running``): making a store builds many
+        # short-lived objects and no cycles, and each full pass walks every object the snapshot holds
+        # (the 460 MB benchmark's stores: 0.93 s of CPU against 1.05 s with it on, medians of three pairs).
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            while self.pending:
+                device, make = self.pending.pop(0)
+                target = self.folder / f"{device}.npz"
+                partial = target.with_suffix(".part")
+                store = make()
+                with partial.open("wb") as fh:
+                    np.savez(fh, **store)
+                del store, make  # this device's replay and store go before the next device's are made
+                partial.rename(target)
+        finally:
+            if was_enabled:
+                gc.enable()
 
 
 def main(argv: list[str]) -> int:
