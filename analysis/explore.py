@@ -69,6 +69,10 @@ from analysis.timeline import SERIES, series_at, settle_fused_frees, settled_poi
 I64 = npt.NDArray[np.int64]
 # build_report(explore=...): called with (device, explore_store(...)) once per device.
 ExploreSink = Callable[[int, dict[str, np.ndarray]], None]
+# build_report(explore_later=...): called with (device, make) once per device, ``make()`` giving that
+# store, for a caller that makes it after the report (the worker's child: the user's first answer waits
+# for none of it; 0.58 s of the 460 MB benchmark's report, issue 34).
+ExploreLater = Callable[[int, Callable[[], dict[str, np.ndarray]]], None]
 MAX_LABEL = 90
 # A zoom asks for about this many points per screen pixel (a min and a max of two series).
 POINTS_PER_PIXEL = 4
@@ -90,14 +94,21 @@ def event_columns(replay: RecordedReplay, dev: DeviceData, catalog: StackCatalog
     return out
 
 
-def event_groups(trace: Trace, catalog: StackCatalog, lifetimes: Lifetimes) -> npt.NDArray[np.int32]:
-    """Per event, the stack group its line in the event list (and its hover text) names.
+def event_groups(
+    trace: Trace, catalog: StackCatalog, lifetimes: Lifetimes, at: I64 | None = None
+) -> npt.NDArray[np.int32]:
+    """Per event (or per event of ``at``: ``event_groups(...)[at]``), the stack group its line in the
+    event list (and its hover text) names.
 
     An event's own stack's group, but where that says "unknown / no frames" and more is known
     (issue 35): the backward pass's frame-less allocations (``categories.frameless_backward``,
     stacks="python" records no frames on the autograd thread) are named so, as the report's stacks
     are; a free without frames of its own names the allocation it frees (its request, and the
-    completion that follows at the same address); a segment or OOM event without frames names none (-1)."""
+    completion that follows at the same address); a segment or OOM event without frames names none (-1).
+
+    With ``at``, the frees are paired only at the addresses of its completions: the report's timeline
+    asks for a few thousand points of millions of events, and pairing every free took 0.15 s of the
+    460 MB benchmark's first answer (issue 34)."""
     action = np.asarray(trace.action)
     n = action.shape[0]
     out = catalog.groups_of(np.asarray(trace.stack)).astype(np.int32)
@@ -113,10 +124,21 @@ def event_groups(trace: Trace, catalog: StackCatalog, lifetimes: Lifetimes) -> n
     of_free[ends[freed]] = alloc_group[freed]
     # A completion follows its request at the same address: in (address, index) order they are neighbours.
     frees = np.flatnonzero((action == FREE_REQUESTED) | (action == FREE_COMPLETED))
-    by_address = np.lexsort((frees, np.asarray(trace.addr, np.int64)[frees]))
-    order, addr = frees[by_address], np.asarray(trace.addr, np.int64)[frees][by_address]
+    addresses = np.asarray(trace.addr, np.int64)[frees]
+    if at is not None:  # every free at the addresses of the completions asked about, and no other
+        at = np.asarray(at, np.int64)
+        wanted = np.unique(np.asarray(trace.addr, np.int64)[at[action[at] == FREE_COMPLETED]])
+        if wanted.size:
+            kept = wanted[np.searchsorted(wanted, addresses).clip(0, wanted.size - 1)] == addresses
+            frees, addresses = frees[kept], addresses[kept]
+        else:
+            frees, addresses = frees[:0], addresses[:0]
+    by_address = np.lexsort((frees, addresses))
+    order, addr = frees[by_address], addresses[by_address]
     pair = (addr[1:] == addr[:-1]) & (action[order[:-1]] == FREE_REQUESTED) & (action[order[1:]] == FREE_COMPLETED)
     of_free[order[1:][pair]] = of_free[order[:-1][pair]]
+    if at is not None:
+        out, of_free, action = out[at], of_free[at], action[at]
     blank = out == 0
     out[blank & (of_free >= 0)] = of_free[blank & (of_free >= 0)]
     out[(out == 0) & (action != ALLOC) & (action != FREE_REQUESTED) & (action != FREE_COMPLETED)] = -1
@@ -186,7 +208,7 @@ def finish_timeline(
     trace = dev.trace
     groups = catalog.groups_of(np.asarray(trace.stack)[points]).astype(np.int32)
     if lifetimes is not None:
-        groups = event_groups(trace, catalog, lifetimes)[points]
+        groups = event_groups(trace, catalog, lifetimes, at=points)
     cols: dict[str, np.ndarray] = {
         "action": np.asarray(trace.action)[points],
         "size": np.asarray(trace.size)[points],

@@ -58,12 +58,15 @@ def build_report(
     sidecar: dict[str, Any] | None = None,
     batch_size: int | None = None,
     explore: replays.Sink | None = None,
+    explore_later: replays.LaterSink | None = None,
 ) -> dict[str, Any]:
     """The contract report for a snapshot file (path or bytes).
 
     ``explore``, when given, is called once per analysed device with ``(device, store)``:
     ``analysis.explore.explore_store`` made from this report's own recorded replay (its
-    checkpoints kept by the same pass), what the site's digging endpoints read.
+    checkpoints kept by the same pass), what the site's digging endpoints read. ``explore_later``
+    is called instead with ``(device, make)``: ``make()`` gives that store, once the caller has
+    done with the report (the worker's child writes the report first: issue 34).
 
     ``batch_size`` (the failing step's batch, where the user knows it) turns the batch-fit
     fraction into a number of samples (``analysis.sizing``).
@@ -76,7 +79,7 @@ def build_report(
     the real limit (``analysis.limits``); a text that is not an OOM message
     raises ``OomMessageError`` before any heavy work.
     """
-    with replays.running(jobs, explore) as runner:
+    with replays.running(jobs, explore, explore_later) as runner:
         inputs = snapshot_source.checked_inputs(tuple(whatif), oom_message, sidecar, limit=limit, batch_size=batch_size)
         report_progress = progress or _noop
         report_progress("reading", 0.0)
@@ -144,7 +147,7 @@ def _analyse_device(
     progress("replaying", 0.0)
     seen = outline.trace_outline(snapshot, dev, inputs.limit, message, inputs.sidecar)
     started = replays.start(snapshot, seen, pool, user, warnings)
-    facts = outline.trace_facts(snapshot, seen, checkpoints=runner.explore is not None)
+    facts = outline.trace_facts(snapshot, seen, checkpoints=runner.keeps_checkpoints)
     recorded, check, planned = replays.record(snapshot, facts, started, pool, user, warnings)
     progress("replaying", 0.5)
     explained = explain.explain(snapshot, facts, recorded, message, warnings)

@@ -10,7 +10,11 @@ on the page's state, for
   whole_s   the whole report: no "still coming" notice, and charts.js done drawing the page's charts
 
 both from the click. Prints one JSON line per run (and the load average before and after), then
-the medians per file.
+the medians per file. With ``--trace`` each run's line also holds ``trace``: the page's own requests
+and loads from the click (``[seconds, what, path]``: the upload's POST sent and answered, the
+report page's GET and load, each status poll, the reload into the first answer, the charts'
+fetches), which with the worker's log (``var/reliability/page-bench/log/worker.log``) breaks the
+first answer into its parts (docs/performance.md, 2026-12-05 16:20).
 
     .venv/bin/python scripts/page_bench.py ../shared/snapshots/huge_all_stacks.pickle.gz \\
         tests/fixtures/gpt_varlen_oom.pickle.gz --repeat 3
@@ -49,11 +53,36 @@ def _holds(page: Any, predicate: str) -> bool:
         return False
 
 
-def one_run(page: Any, site: Site, path: Path, timeout: float) -> dict[str, Any]:
+class _Trace:
+    """The page's requests, answers and loads, in seconds from ``start`` (static files left out)."""
+
+    def __init__(self, page: Any, site_url: str) -> None:
+        self.site_url = site_url
+        self.events: list[tuple[float, str, str]] = []
+        self.started = time.monotonic()
+        page.on("request", lambda r: self._add("sent " + r.method, r.url))
+        page.on("requestfinished", lambda r: self._add("answered " + r.method, r.url))
+        page.on("load", lambda p: self._add("loaded", p.url))
+
+    def _add(self, what: str, url: str) -> None:
+        if "/static/" not in url:
+            self.events.append((time.monotonic(), what, url.replace(self.site_url, "")))
+
+    def start(self) -> None:
+        self.events.clear()
+        self.started = time.monotonic()
+
+    def lines(self) -> list[list[Any]]:
+        return [[round(t - self.started, 3), what, url] for t, what, url in self.events if t >= self.started]
+
+
+def one_run(page: Any, site: Site, path: Path, timeout: float, trace: _Trace | None = None) -> dict[str, Any]:
     page.goto(site.url + "/upload/")
     page.set_input_files("input[type=file]", str(path))
     load_before = os.getloadavg()
     started = time.monotonic()
+    if trace is not None:
+        trace.start()
     page.click("form[data-upload] button[type=submit]")
     first = whole = None
     deadline = started + timeout
@@ -67,7 +96,7 @@ def one_run(page: Any, site: Site, path: Path, timeout: float) -> dict[str, Any]
         if _holds(page, FAILED):
             break
         time.sleep(0.02)
-    return {
+    result = {
         "file": path.name,
         "bytes": path.stat().st_size,
         "first_s": round(first, 2) if first is not None else None,
@@ -76,6 +105,9 @@ def one_run(page: Any, site: Site, path: Path, timeout: float) -> dict[str, Any]
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
     }
+    if trace is not None:
+        result["trace"] = trace.lines()
+    return result
 
 
 def _sign_in(page: Any, site: Site) -> None:
@@ -92,6 +124,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the site's processes")
+    parser.add_argument("--trace", action="store_true", help="each run's page requests and loads from the click")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -111,9 +144,10 @@ def main() -> int:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
             page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
             _sign_in(page, site)
+            trace = _Trace(page, site.url) if args.trace else None
             for path in args.snapshots:
                 for i in range(args.repeat):
-                    result = one_run(page, site, path, args.timeout)
+                    result = one_run(page, site, path, args.timeout, trace)
                     results.setdefault(path.name, []).append(result)
                     print(json.dumps({"run": i + 1, **result}), flush=True)
             browser.close()

@@ -31,6 +31,7 @@ from analysis.timeline import columns_of
 
 # Who takes each device's explore store (``explore.ExploreSink``): the report's caller names it here.
 Sink = explore_mod.ExploreSink
+LaterSink = explore_mod.ExploreLater
 I64 = npt.NDArray[np.int64]
 
 
@@ -122,10 +123,16 @@ class Runner:
 
     pool: Pool
     explore: Sink | None
+    later: LaterSink | None = None  # takes a function that makes the store, called after the report
+
+    @property
+    def keeps_checkpoints(self) -> bool:
+        """Whether the recorded replay keeps the explore store's states (some sink takes a store)."""
+        return self.explore is not None or self.later is not None
 
 
 @contextmanager
-def running(jobs: int, explore: Sink | None) -> Iterator[Runner]:
+def running(jobs: int, explore: Sink | None, later: LaterSink | None = None) -> Iterator[Runner]:
     """The pool for one report, the cyclic GC off meanwhile: the replays allocate millions of
     short-lived objects and create no cycles worth collecting, so its passes are pure overhead.
     The compiled policy engine serves its requests without the GIL: threads then run the replays
@@ -134,7 +141,7 @@ def running(jobs: int, explore: Sink | None) -> Iterator[Runner]:
     gc.disable()
     pool = Pool(jobs, threads=compiled_loops.wanted())
     try:
-        yield Runner(pool, explore)
+        yield Runner(pool, explore, later)
     finally:
         pool.close()
         if was_enabled:
@@ -143,7 +150,11 @@ def running(jobs: int, explore: Sink | None) -> Iterator[Runner]:
 
 def explore_into(runner: Runner, snapshot: Snapshot, facts: Facts, catalog: StackCatalog, recorded: Recorded) -> None:
     """The device's explore store (``explore.explore_store``), made from this report's own recorded replay
-    (its checkpoints kept by the same pass), handed to the report's sink where there is one."""
+    (its checkpoints kept by the same pass), handed to the report's sink where there is one; to a
+    ``later`` sink, the function that makes it (it holds the replay until called)."""
+    dev = facts.dev
     if runner.explore is not None:
-        dev = facts.dev
         runner.explore(dev.device, explore_mod.explore_store(snapshot, dev, catalog, recorded.replay, facts.lifetimes))
+    if runner.later is not None:
+        replay, lifetimes = recorded.replay, facts.lifetimes
+        runner.later(dev.device, lambda: explore_mod.explore_store(snapshot, dev, catalog, replay, lifetimes))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,3 +113,35 @@ def test_report_keeps_its_figures_with_the_store_made_from_its_replay() -> None:
     # events are named so in the event list, not "unknown / no frames").
     assert own.items() <= labels.items() and len(own) == 28
     assert own["27"] == BACKWARD_NO_FRAMES and int(np.count_nonzero(store["group"] == 27)) > 1000
+
+
+def test_store_made_after_the_report_equals_the_one_made_within(monkeypatch: pytest.MonkeyPatch) -> None:
+    """build_report(explore_later=...) hands each device's store as a function the caller runs once the
+    report is out (the worker's child, issue 34): the report is the same, no store is made inside
+    build_report, and each made afterwards equals the one ``explore=`` gets, on two devices."""
+    import analysis.explore as explore_mod
+
+    path = FIXTURES / "two_gpu_pipeline.pickle.gz"
+    within: dict[int, dict[str, np.ndarray]] = {}
+    makers: dict[int, Callable[[], dict[str, np.ndarray]]] = {}
+    made: list[int] = []
+    real = explore_mod.explore_store
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(explore_mod, "explore_store", counted)
+    deferred = build_report(path, explore_later=makers.__setitem__)
+    assert made == [], "a store was made before the report was returned"
+    stores = {d: make() for d, make in makers.items()}
+    assert len(made) == len(makers) == 2
+    plain = build_report(path, explore=within.__setitem__)
+    deferred["source"].pop("analysed_at", None)
+    plain["source"].pop("analysed_at", None)
+    assert deferred == plain
+    assert sorted(stores) == sorted(within) == [0, 1]
+    for device, store in stores.items():
+        assert sorted(store) == sorted(within[device])
+        for key in store:
+            np.testing.assert_array_equal(store[key], within[device][key], err_msg=f"{device} {key}")
