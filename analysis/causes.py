@@ -71,6 +71,12 @@ _TRAINER_GATHER = "/transformers/trainer_pt_utils.py"
 # A cache grown by concatenation: at least this many distinct sizes, this regular.
 GROWTH_MIN_SIZES = 16
 GROWTH_REGULAR_SHARE = 0.8
+# The Trainer's gathering needs fewer: its frames already say what the group is, so two equal steps to the refused
+# request (two batches concatenated, the third's copy failing) show it. A real evaluation of a few large batches
+# (fw_hf_eval: 524 MB of logits a batch) dies at its fourth batch, long before 16 sizes.
+GATHER_MIN_SIZES = 3
+# eval_accumulation_steps the fix names at most (the GPU keeps this many batches' outputs before the host copy).
+GATHER_MAX_ACCUMULATION = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -724,9 +730,7 @@ def _growing_group(inp: CauseInput, pos: int) -> tuple[int, npt.NDArray[np.intp]
         return None
     # Token by token within one pass: a batch or sequence that grows step after step (one new size per
     # training step, a backward between each) is no cache (the DDP capture's growing batch).
-    codes = inp.phases.of_alloc[: pos + 1]
-    trained = np.flatnonzero((codes == BACKWARD) | (codes == OPTIMIZER))
-    since = int(trained[-1]) + 1 if trained.size else 0
+    since = _since_training(inp, pos)
     mine = since + np.flatnonzero(gids[since : pos + 1] == group)
     sizes = lt.size[mine]
     distinct = sorted_unique(sizes)
@@ -741,6 +745,53 @@ def _growing_group(inp: CauseInput, pos: int) -> tuple[int, npt.NDArray[np.intp]
     return group, mine, distinct, delta
 
 
+def _since_training(inp: CauseInput, pos: int) -> int:
+    """First allocation position after the last backward or optimizer allocation up to ``pos`` (0 when none)."""
+    codes = inp.phases.of_alloc[: pos + 1]
+    trained = np.flatnonzero((codes == BACKWARD) | (codes == OPTIMIZER))
+    return int(trained[-1]) + 1 if trained.size else 0
+
+
+def _gather_growth(inp: CauseInput, pos: int) -> tuple[int, npt.NDArray[np.intp], npt.NDArray[np.int64], int] | None:
+    """``_growing_group``'s answer where it is the Trainer's gathering; else, for an evaluation of few batches, the
+    OOM request's Trainer-gathering group when its sizes since the last training pass, the refused request
+    included, step up by one regular amount (at least ``GATHER_MIN_SIZES`` sizes)."""
+    growth = _growing_group(inp, pos)
+    if growth is not None:
+        return growth if _trainer_gathers(inp, growth[0]) else None
+    assert inp.oom_index is not None
+    lt = inp.lifetimes
+    gids = inp.catalog.groups_of(lt.stack)
+    group = int(inp.catalog.groups_of(np.array([inp.trace.stack[inp.oom_index]]))[0])
+    if group == 0 or not _trainer_gathers(inp, group):
+        return None  # the refused request itself must be the gathering's next copy
+    since = _since_training(inp, pos)
+    mine = since + np.flatnonzero(gids[since : pos + 1] == group)
+    sizes = np.append(lt.size[mine], np.int64(inp.trace.size[inp.oom_index]))
+    every = sorted_unique(sizes)
+    if every.size < GATHER_MIN_SIZES or float((np.diff(sizes) >= 0).mean()) < 0.5:
+        return None
+    steps = np.diff(every)
+    delta = int(np.median(steps))
+    if delta <= 0 or not bool((np.abs(steps - delta) <= max(1, delta // 100)).all()):
+        return None
+    return group, mine, sorted_unique(lt.size[mine]), delta
+
+
+def _gather_accumulation(inp: CauseInput, held: int, per_batch: int, delta: int) -> tuple[int, bool | None]:
+    """(eval_accumulation_steps to name, whether the failing point then fits). With k the GPU keeps at most k - 1
+    batches' outputs (``per_batch`` bytes each) while the k-th batch's copy (``delta`` per tensor, one at a time)
+    is made: the largest k (at most ``GATHER_MAX_ACCUMULATION``) where that fits beside what is not the
+    gathering's; 1 where even that does not, or the limit is unknown."""
+    if inp.limit_bytes is None or inp.oom_index is None:
+        return 1, None
+    beside = _allocated_at(inp, inp.oom_index) - held
+    room = inp.limit_bytes - beside + per_batch
+    k = min(GATHER_MAX_ACCUMULATION, room // (per_batch + delta)) if per_batch + delta > 0 else 1
+    k = max(1, int(k))
+    return k, beside + (k - 1) * per_batch + k * delta <= inp.limit_bytes
+
+
 def _trainer_gathers(inp: CauseInput, group: int) -> bool:
     """Whether a growing group is Hugging Face Trainer's evaluation gathering outputs (``EvalLoopContainer.add``
     -> ``nested_concat`` in ``trainer_pt_utils.py``), not a cache."""
@@ -753,14 +804,17 @@ def eval_outputs_on_gpu(inp: CauseInput) -> Cause | None:
     if inp.oom_index is None:
         return None
     lt, pos = inp.lifetimes, _oom_position(inp)
-    growth = _growing_group(inp, pos) if pos >= 0 else None
-    if growth is None or not _trainer_gathers(inp, growth[0]):
+    growth = _gather_growth(inp, pos) if pos >= 0 else None
+    if growth is None:
         return None
     group, mine, distinct, delta = growth
     live = mine[lt.end[mine] > inp.oom_index]
     held = int(lt.size[live].sum())
-    # With eval_accumulation_steps=k the GPU holds at most k batches' outputs (8 here) before they go to the host.
-    saving = max(0, held - 8 * delta * max(1, int(live.size)))
+    per_batch = delta * max(1, int(live.size))
+    # With eval_accumulation_steps=k the GPU holds at most k batches' outputs before they go to the host: k is
+    # what fits (an evaluation that died at its fourth batch gets at most 3, never a fixed 8 it would die under).
+    steps, fits = _gather_accumulation(inp, held, per_batch, delta)
+    saving = max(0, held - (steps - 1) * per_batch)
     label = inp.catalog.groups[group].label
     return Cause(
         title="The Trainer's evaluation keeps every batch's outputs on the GPU",
@@ -778,14 +832,19 @@ def eval_outputs_on_gpu(inp: CauseInput) -> Cause | None:
         ),
         fix_title="Move the gathered outputs to the host every few batches (eval_accumulation_steps)",
         fix_line=(
-            "TrainingArguments(..., eval_accumulation_steps=8)   # or preprocess_logits_for_metrics="
+            f"TrainingArguments(..., eval_accumulation_steps={steps})   # or preprocess_logits_for_metrics="
             "lambda logits, labels: logits.argmax(-1), which keeps only the predictions"
         ),
         saving_bytes=saving,
-        fits_after_fix=_fits(inp, saving),
+        fits_after_fix=fits,
         settings="a setting cannot shrink what the evaluation loop keeps",
         stacks=(label,),
-        figures={"gathered_bytes": held, "bytes_per_batch": delta, "tensors": int(live.size)},
+        figures={
+            "gathered_bytes": held,
+            "bytes_per_batch": delta,
+            "tensors": int(live.size),
+            "eval_accumulation_steps": steps,
+        },
     )
 
 

@@ -57,7 +57,13 @@ DECLARABLE: dict[str, str] = {
 }
 # The decision's change is a cause's fix (analysis/causes.py ids); where the user's answer (or what the files
 # show) names the same change under its advice id, they are one change.
-ADVICE_ALIASES = {"forward_without_no_grad": "eval_no_grad", "optimizer_step": "optimizer_state"}
+# The Trainer's gathered evaluation outputs (eval_accumulation_steps) are tensors no longer kept on the GPU: the
+# user's "leak" answer.
+ADVICE_ALIASES = {
+    "forward_without_no_grad": "eval_no_grad",
+    "optimizer_step": "optimizer_state",
+    "eval_outputs_on_gpu": "leak",
+}
 # Causes that are the run's growth: their fix stops it (the run is then steady, not postponed).
 GROWTH_CAUSES = ("growing_workload", "leak", "kv_cache_growth")
 _SETTINGS = ("expandable_segments", "max_split_size_mb", "garbage_collection_threshold", "roundup_power2_divisions")

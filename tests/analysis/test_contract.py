@@ -23,7 +23,11 @@ from analysis.stored import load, upgrade
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # The top-level fixtures (each a different capture: OOMs of every kind, no OOM, no history, no frames) and
 # the diagnosis fixtures' programs under a cap, so what-ifs, ledgers, plateaus and ranked changes all occur.
-SNAPSHOTS = sorted(FIXTURES.glob("*.pickle.gz")) + sorted((FIXTURES / "diagnosis").glob("*_default.pickle.gz"))[:6]
+# (The first six by name of scripts/capture_diagnosis.py's, not issue 37's fw_* that sort among them.)
+SNAPSHOTS = (
+    sorted(FIXTURES.glob("*.pickle.gz"))
+    + [p for p in sorted((FIXTURES / "diagnosis").glob("*_default.pickle.gz")) if not p.name.startswith("fw_")][:6]
+)
 
 
 @pytest.fixture(scope="module")

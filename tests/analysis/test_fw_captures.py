@@ -9,8 +9,10 @@ the request the process was refused. What the diagnosis names on them is scripts
 how the bench judges a family with no mistake in the program (``expected_cause`` null) is checked here on a real
 report.
 
-The captures need a GPU machine (``python3 scripts/capture_frameworks.py OUTDIR``); until they are in the repository
-the per-capture tests are not defined (not skipped: under CI=true a skip fails the run).
+The captures need a GPU machine (``python3 scripts/capture_frameworks.py OUTDIR``; the first ran on one H200 on
+2026-12-05, docs/captures.md). Without the fixtures the per-capture tests are not defined (not skipped: under
+CI=true a skip fails the run). fw_hf_eval's decision (the Trainer's gathering, eval_accumulation_steps) is checked
+here too, against the real reruns of its fixes.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ if FAMILIES:  # the GPU captures of issue 37 are in the repository
         s = snap(family)
         result = replay_check(s, s.devices[0])
         assert result["exact"], result["first_mismatch"]
-        assert result["ooms_recorded"] >= 1 and result["ooms_reproduced"]
+        # ooms_recorded lists the trace positions of the recorded OOMs: the dump's one, at its last entry.
+        assert result["ooms_recorded"] == [len(s.devices[0].trace) - 1] and result["ooms_reproduced"]
         assert result["peak_reserved_bytes"] == t["memory_stats"]["reserved_bytes.all.peak"]
         assert result["final_reserved_bytes"] == t["memory_stats"]["reserved_bytes.all.current"]
 
@@ -120,3 +123,40 @@ if FAMILIES:  # the GPU captures of issue 37 are in the repository
         assert cfg.allocation_size(int(dev.trace.size[last])) == t["oom_observed"]["alloc_bytes"]
         # Dumped inside the failing malloc: nothing after the fatal request.
         assert last == len(dev.trace) - 1
+
+    @cache
+    def _oom_device(family: str, with_message: bool) -> dict[str, Any]:
+        message = truth(family)["oom_message"] if with_message else None
+        report = _bench().build_report(DIAG / f"{family}_default.pickle.gz", oom_message=message)
+        device: dict[str, Any] = next(d for d in report["devices"] if d.get("oom"))
+        return device
+
+    @pytest.mark.parametrize("with_message", [True, False])
+    def test_the_trainers_evaluation_names_its_gathering_and_a_fix_that_ran(with_message: bool) -> None:
+        # fw_hf_eval: the Trainer's evaluation concatenated each batch's logits on the GPU (nested_concat) and died
+        # copying them at its fourth batch: three batches' worth, far fewer sizes than a KV cache shows.
+        family, t = reruns("fw_hf_eval"), truth("fw_hf_eval")
+        dev = _oom_device("fw_hf_eval", with_message)
+        decision = dev["decision"]
+        assert decision["cause"] == _bench().expected_cause(family) == "eval_outputs_on_gpu"
+        assert _bench().judge({"devices": [dev]}, family)[0] == "right"
+        cause = next(c for c in dev["diagnosis"]["causes"] if c["id"] == "eval_outputs_on_gpu")
+        assert decision["change"]["kind"] == "code" and decision["change"]["line"] == cause["fix"]["line"]
+        figures = cause["figures"]
+        # What was held: the batches the loop had gathered when it died, the block devices[].leaks lists too.
+        assert figures["gathered_bytes"] == figures["bytes_per_batch"] * t["eval_batches_done"]
+        assert figures["gathered_bytes"] in {leak["bytes"] for leak in dev["leaks"]}
+        # The fix: eval_accumulation_steps at most the batches whose copies the run made (3 here), and the real
+        # rerun of the fix (eval_accumulation_steps=1) ran its whole run, as did the other two changes it names.
+        steps = figures["eval_accumulation_steps"]
+        assert 1 <= steps <= t["eval_batches_done"]
+        assert f"eval_accumulation_steps={steps}" in decision["change"]["line"]
+        assert "preprocess_logits_for_metrics" in decision["change"]["line"]
+        members = family["members"]
+        assert members["fix"]["kwargs"] == {"eval_accum": 1} and not members["fix"]["died"]
+        assert not members["preprocess"]["died"] and not members["loss_only"]["died"]
+        assert members["fix"]["steps_completed"] == members["default"]["steps_completed"]
+        # The arithmetic: k - 1 batches kept and the k-th batch's copy fit beside the rest (the limit read from the
+        # message, or inferred from the reserved peak without it), and the state with 3 was one the run lived through.
+        assert cause["fits_after_fix"] is True
+        assert cause["saving_bytes"] == figures["gathered_bytes"] - (steps - 1) * figures["bytes_per_batch"]
