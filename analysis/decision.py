@@ -82,15 +82,16 @@ def decide(result: DecisionInput | Mapping[str, Any], capture: Mapping[str, Any]
     recorded_conf = _recorded_conf(capture)
     if oom:
         ranked = _ranked_for_oom(inp.suggestions, inp.whatifs, inp.ranked_ids)
-        headline = _oom_headline(oom)
+        headline = _oom_headline(oom) + _no_setting_sentence(oom, inp.whatifs)
         count = inp.ooms_listed or oom.ooms_in_trace
         if count > 1:
             # The earlier ones were caught (the trace goes on after each): not what ended the run (issue 33's
             # ResNet: cuDNN catches its own OOMs while it tries convolution algorithms, 32 in one step).
             caught = "the one before it was" if count == 2 else f"the {count - 1} before it were"
             headline = (
-                f"The last of {count} OOMs in the trace. {caught.capitalize()} caught and the run went on (as cuDNN "
-                f"catches its own while it tries convolution algorithms): this one ended it. {headline}"
+                f"The last of {count} OOMs in the trace. {caught.capitalize()} caught and the run went on (by the "
+                f"program or a library: cuDNN catches its own while it tries convolution algorithms): this one ended "
+                f"it. {headline}"
             )
     else:
         ranked = _ranked_without_oom(inp.suggestions, inp.whatifs, inp.peak_reserved)
@@ -498,6 +499,19 @@ def _oom_headline(oom: OomFacts) -> str:
     return (
         f"Out of memory from capacity: the {tried} request on top of the {allocated} allocated is more than the "
         f"limit of {limit_text}; no allocator setting makes it fit, the workload must hold less at that point."
+    )
+
+
+def _no_setting_sentence(oom: OomFacts, whatifs: Sequence[Mapping[str, Any]]) -> str:
+    """Fragmentation at the failing request that no setting's replay got past: said at once, so that a change to
+    the workload under a "fragmentation" headline does not read as a contradiction (issue 33's ResNet: the holes
+    lay between the forward's own activations; every setting's real rerun died too)."""
+    tried = [w for w in whatifs if w.get("origin") != "user"]
+    if oom.verdict != "fragmentation" or not tried or any(w.get("oom_avoided") is not False for w in tried):
+        return ""
+    return (
+        f" No allocator setting got past it in the replay ({len(tried)} tried): the free memory lay between blocks "
+        "the workload still held, so the workload must hold less at that point."
     )
 
 
