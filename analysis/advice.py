@@ -22,7 +22,7 @@ measurements exist; ``"sizing"`` rules (``smaller_batch``) need the batch fit an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -353,8 +353,7 @@ def _allocation_order_applies(ctx: AdviceContext) -> bool:
     oom = ctx.oom
     if oom is None or oom.get("verdict") != "fragmentation" or not ctx.capture.get("trace_complete", False):
         return False
-    fit = ctx.batch_fit
-    if fit and fit.get("first_step") and fit["feasible"] and fit["fraction"] is None:
+    if cut_short_mid_pass(ctx.batch_fit):
         # A first step cut short mid-pass with the cache all but full (analysis.sizing): the holes are a small
         # part of what the step still needs, and the live blocks are the pass's own activations, whose order
         # a user cannot change (issue 33's torchvision ResNet: its half-batch rerun ran, every setting died).
@@ -438,6 +437,13 @@ def _capture_suggest(ctx: AdviceContext) -> dict[str, Any]:
 # The order is the order of evaluation; the output is re-sorted by impact, so
 # the order only decides ties: allocator settings first (no code change).
 # -- the batch (needs the batch fit: the "sizing" stage) --------------------------
+
+
+def cut_short_mid_pass(fit: Mapping[str, Any] | None) -> bool:
+    """A first step cut short mid-pass with the cache all but full (``analysis.sizing``'s batch fit: 2
+    micro-batches, the share not measured): what a setting or a better order could free is a small part of
+    what the step still needs."""
+    return fit is not None and bool(fit.get("first_step")) and bool(fit["feasible"]) and fit["fraction"] is None
 
 
 def batch_suggestion(fit: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -24,7 +24,9 @@ bound and the split is at least 2 micro-batches. Where the failing request would
 fragmentation verdict) but what a perfectly packed cache could still give (its free bytes and the room to the
 limit) is under ``FIRST_STEP_HOLES_SHARE`` of what scales with the batch, the step was cut short mid-pass with
 the cache all but full: the smallest split, 2 micro-batches, is the answer (its saving at the failing point is
-half the batch's part), never a claim that the step then completes (``step_completes`` stays unknown).
+half the batch's part), never a claim that the step then completes (``step_completes`` stays unknown). No
+setting can give more than that packed cache either: there the settings claim nothing and rank after the split
+(``advice.cut_short_mid_pass``).
 
 The GPU it needs (``gpu_fit``). Memory to finish = the reserved memory the run needs (the failing step's need
 times the overhead for an OOM run, the recorded peak reserved otherwise) plus the process's memory outside
@@ -450,11 +452,18 @@ def size(
     cause's rule says what the settings' replays may still claim. ``suggestions`` (the advisor's, the
     contract's items) are left as they are: the answer holds changed copies."""
     fit = batch_fit(inp, batch_size)
-    kept = _take_back_claims([dict(s) for s in suggestions], inp.oom, inp.cause)
+    mid_pass = advice.cut_short_mid_pass(fit)
+    kept = _take_back_claims([dict(s) for s in suggestions], inp.oom, inp.cause, mid_pass)
     late = advice.advise(replace(ctx, batch_fit=fit, cause=inp.cause), stage="sizing")
     if late:
         kept = advice.ordered([*kept, *late])
     rows = ranked(kept, inp.whatifs)
+    if mid_pass:
+        # No setting can give more than a perfectly packed cache, under FIRST_STEP_HOLES_SHARE of what the batch's
+        # part needs, and the rest of the step is still to come: a setting that only got past the failing request
+        # goes after the split (issue 33's held-out ViT-S: expandable_segments' replay served the request, its
+        # real rerun died 37 events later in the same forward; the 2-micro-batch rerun ran).
+        rows.sort(key=lambda r: r["cost"] == "none" and r["step_completes"] is not True)
     if inp.cause is not None and inp.cause.grows:
         # Growth across steps: a setting that gets past the failing step still dies a few steps on.
         for row in rows:
@@ -466,11 +475,11 @@ def size(
 
 
 def _take_back_claims(
-    suggestions: list[dict[str, Any]], oom: OomFigures | None, rule: CauseRule | None
+    suggestions: list[dict[str, Any]], oom: OomFigures | None, rule: CauseRule | None, mid_pass: bool = False
 ) -> list[dict[str, Any]]:
-    """A setting's "avoids the OOM" where a cause, or a full device nothing explains, says otherwise:
-    only a claim is taken back, never made."""
-    if rule is None and not (oom is not None and oom.device_full_unexplained):
+    """A setting's "avoids the OOM" where a cause, a full device nothing explains, or a first step cut short
+    mid-pass (``advice.cut_short_mid_pass``) says otherwise: only a claim is taken back, never made."""
+    if rule is None and not mid_pass and not (oom is not None and oom.device_full_unexplained):
         return suggestions
     for s in suggestions:
         if not str(s["config"] or "").startswith(ENV_PREFIX) or s["avoids_oom"] is not True:

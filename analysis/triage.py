@@ -541,11 +541,11 @@ def triage(message_text: str, summary_text: str | None = None) -> Triage:
     )
 
 
-# The bench's real reruns (tests/fixtures/captures/ and followups/, families with a default run that died with a
-# message and an expandable_segments:True rerun) where this triage says fragmentation: how often the
+# The bench's real reruns (tests/fixtures/captures/, followups/ and heldout/: families with a default run that
+# died with a message and an expandable_segments:True rerun) where this triage says fragmentation: how often the
 # rerun finished, died at a later step, or died at the same step. Recomputed from the fixtures by
 # tests/analysis/test_triage.py::test_fragmentation_odds_are_the_benchs.
-FRAGMENTATION_RERUNS = {"runs": 67, "finished": 20, "died_later": 21, "died_same_step": 26}
+FRAGMENTATION_RERUNS = {"runs": 71, "finished": 20, "died_later": 22, "died_same_step": 29}
 
 
 def _confidence(cause: str, certain: bool) -> tuple[str, str]:

@@ -96,6 +96,9 @@ def gpt_train(
     eval_mode="none",
     leak_bytes=0,
     cache_per_token=0,
+    keep="none",
+    eval_batch=0,
+    fused=False,
     **_,
 ):
     """AdamW training of the small GPT; ``seq``: each step's length drawn from the seeded generator; ``accum``:
@@ -106,7 +109,8 @@ def gpt_train(
     torch.manual_seed(seed)
     STATE["phase"] = "setup"
     model = _gpt(torch, d, layers, ckpt).to(getattr(torch, dtype))
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if fused else {"foreach": True}))
+    kept_preds = []  # keep="logits": each step's logits kept for a metric (the mistake); "argmax": the fix
     g = torch.Generator().manual_seed(seed)
     kept = _feature_cache(torch, leak_bytes) if leak_bytes else None
     eval_losses = []
@@ -124,6 +128,10 @@ def gpt_train(
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
                 logits = model(ids[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1)) / accum
+            if keep == "logits":
+                kept_preds.append(logits.detach())
+            elif keep == "argmax":
+                kept_preds.append(logits.detach().argmax(-1))
             STATE["phase"] = "backward"
             loss.backward()
             del logits, loss, ids
@@ -132,8 +140,12 @@ def gpt_train(
         optim.zero_grad(set_to_none=True)
         if eval_every and step % eval_every == eval_every - 1:
             STATE["phase"] = "eval"
-            ids = torch.randint(0, VOCAB, (batch, n + 1), generator=g).cuda()
-            if eval_mode == "graph":
+            ids = torch.randint(0, VOCAB, (eval_batch or batch, n + 1), generator=g).cuda()
+            if eval_mode == "train_mode":  # evaluated with autograd on, the loss read at once (no graph kept)
+                eval_losses.append(
+                    float(F.cross_entropy(model(ids[:, :-1]).float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1)))
+                )
+            elif eval_mode == "graph":
                 eval_losses.append(
                     F.cross_entropy(model(ids[:, :-1]).float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
                 )
@@ -175,7 +187,147 @@ def resnet_train(torch, seed=0, steps=4, batch=96, size=160, amp=False, **_):
         del x, y, out, loss
 
 
-WORKLOADS = {"gpt_train": gpt_train, "resnet_train": resnet_train}
+def vit_train(torch, seed=0, steps=4, batch=128, amp=True, ckpt=False, accum=1, **_):
+    """timm's ViT-S/16 at 224 px under bf16 autocast (AdamW), as its README trains it; ``ckpt``: timm's own
+    ``set_grad_checkpointing``; ``accum``: the batch in that many micro-batches."""
+    import timm
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+    STATE["phase"] = "setup"
+    model = timm.create_model("vit_small_patch16_224", num_classes=1000).cuda()
+    if ckpt:
+        model.set_grad_checkpointing(True)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(seed)
+    micro = batch // accum
+    for step in range(steps):
+        STATE["step"] = step
+        for _ in range(accum):
+            STATE["phase"] = "forward"
+            x = torch.randn(micro, 3, 224, 224, generator=g).cuda()
+            y = torch.randint(0, 1000, (micro,), generator=g).cuda()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                loss = F.cross_entropy(model(x).float(), y) / accum
+            STATE["phase"] = "backward"
+            loss.backward()
+            del x, y, loss
+        STATE["phase"] = "optimizer"
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        _row(torch, step, batch=batch)
+
+
+WORKLOADS = {"gpt_train": gpt_train, "resnet_train": resnet_train, "vit_train": vit_train}
+
+# Round 4, held out: four programs written after the rules, each with the real rerun of its fix and of two
+# settings, under a cap between the fix's and the mistake's uncapped peaks (calibration members ``calib_*``).
+# family: (base kwargs, expected cause, fix member, {member: kwargs over base}, (calibration members), cap rule)
+ROUND4 = {
+    # a metric's predictions kept as logits every step (134 MB each), not their argmax
+    "hkeep": (
+        {"workload": "gpt_train", "batch": 8, "seq": (512, 512), "steps": 14, "keep": "logits"},
+        "leak",
+        "fix",
+        {"fix": {"keep": "argmax"}},
+        ("default", "fix"),
+    ),
+    # a wide GPT whose foreach AdamW step makes whole-model temporaries; the fix: fused=True
+    "hopt": (
+        {"workload": "gpt_train", "batch": 2, "seq": (256, 256), "steps": 3, "d": 1536, "layers": 10},
+        "optimizer_step",
+        "fix",
+        {"fix": {"fused": True}},
+        ("default", "fix"),
+    ),
+    # an evaluation every 3rd step at 4x the batch with autograd on (the loss read at once): the eval's forward
+    # holds its activations for a backward that never comes
+    "hevalbig": (
+        {
+            "workload": "gpt_train",
+            "batch": 4,
+            "seq": (512, 512),
+            "steps": 6,
+            "eval_every": 3,
+            "eval_mode": "train_mode",
+            "eval_batch": 16,
+        },
+        "forward_without_no_grad",
+        "fix",
+        {"fix": {"eval_mode": "no_grad"}},
+        ("default", "fix"),
+    ),
+    # no mistake: ViT-S at batch 128 past the cap; reruns: 2 micro-batches, timm's checkpointing
+    "hvit": (
+        {"workload": "vit_train", "batch": 128},
+        None,
+        "accum",
+        {"accum": {"accum": 2}, "ckpt": {"ckpt": True}},
+        ("default", "accum"),
+    ),
+}
+
+
+def _cap4(family: str, peaks: dict[str, int]) -> int:
+    if family == "hvit":
+        return int(peaks["accum"] * 1.05)
+    return (peaks["default"] + peaks["fix"]) // 2
+
+
+def _summary4(outdir: Path, family: str) -> str:
+    _base, cause, fix, _changes, _ = ROUND4[family]
+    members = {}
+    for tj in sorted(outdir.glob(f"{family}_*.truth.json")):
+        member = tj.name.removesuffix(".truth.json").removeprefix(f"{family}_")
+        if member.startswith("calib_"):
+            continue
+        t = json.loads(tj.read_text())
+        members[member] = {
+            "alloc_conf": t["alloc_conf"], "kwargs": t["kwargs"], "cap_bytes": t["cap_bytes"],
+            "died": t["oom_message"] is not None, "died_step": t["died_step"], "died_phase": t["died_phase"],
+            "steps_completed": t["steps_completed"],
+            "peak_reserved_bytes": t["memory_stats"].get("reserved_bytes.all.peak"), "error": t["error"],
+        }  # fmt: skip
+    ran = [m for m in ("accum", "ckpt") if m in members and not members[m]["died"]]
+    summary = {
+        "family": family,
+        "source": "tests/fixtures/heldout/README.md (scripts/capture_followups.py --round 4, issue 33)",
+        "expected_cause": cause,
+        "expected_change": ["smaller_batch" if m == "accum" else "activation_checkpointing" for m in ran]
+        if cause is None
+        else None,
+        "fix_member": fix,
+        "change_members": {"smaller_batch": "accum", "activation_checkpointing": "ckpt"} if cause is None else {},
+        "members": members,
+    }
+    (outdir / f"{family}.reruns.json").write_text(json.dumps(summary, indent=1))
+    return f"[{family}] " + ", ".join(
+        f"{m} {'died ' + str(v['died_step']) if v['died'] else 'ran'}" for m, v in members.items()
+    )
+
+
+def round_four(outdir: Path, run, jobs: int) -> list[str]:
+    lines = []
+    with ThreadPoolExecutor(jobs) as pool:
+        calib = {
+            (fam, m): pool.submit(run, _spec(f"{fam}_calib_{m}", fam, base, **(changes.get(m) or {})))
+            for fam, (base, _, _, changes, members) in ROUND4.items()
+            for m in members
+        }
+        lines += [f.result() for f in calib.values()]
+        capped = []
+        for fam, (base, _, _, changes, members) in ROUND4.items():
+            cap = _cap4(fam, {m: _peak(outdir, f"{fam}_calib_{m}") for m in members})
+            capped.append(pool.submit(run, _spec(f"{fam}_default", fam, base, cap)))
+            for member, extra in changes.items():
+                capped.append(pool.submit(run, _spec(f"{fam}_{member}", fam, base, cap, **extra)))
+            for name, conf in (("expandable", "expandable_segments:True"), ("maxsplit128", "max_split_size_mb:128")):
+                one = _spec(f"{fam}_{name}", fam, base, cap)
+                one["conf"] = conf
+                capped.append(pool.submit(run, one))
+        lines += [f.result() for f in capped]
+    return lines + [_summary4(outdir, fam) for fam in ROUND4]
+
 
 # The incidents and the changes rerun after them (kwargs over the incident's).
 GPT_INCIDENT = {"workload": "gpt_train", "batch": 16, "seq": (512, 512)}
@@ -298,6 +450,11 @@ def main() -> int:
     me = str(Path(__file__).resolve())
     run = lambda s: capture_diff.launch(s, args.outdir, script=me, timeout=240)  # noqa: E731
     lines: list[str] = []
+    if args.round == 4:
+        lines = round_four(args.outdir, run, args.jobs)
+        (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines[-len(ROUND4) :]), flush=True)
+        return 0
     if args.round == 3:
         lines = round_three(args.outdir, run, args.jobs)
         (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
