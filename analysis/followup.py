@@ -55,7 +55,7 @@ DECLARABLE: dict[str, str] = {
     "roundup_power2_divisions": "roundup_power2_divisions",
     "other": "something else",
 }
-# The decision's change is a cause's fix (analysis/causes.py ids); where the user's answer (or what the files
+# The decision's change is a cause's fix (analysis/causes/ ids); where the user's answer (or what the files
 # show) names the same change under its advice id, they are one change.
 # The Trainer's gathered evaluation outputs (eval_accumulation_steps) are tensors no longer kept on the GPU: the
 # user's "leak" answer.

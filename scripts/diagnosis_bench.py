@@ -60,7 +60,7 @@ CHANGE_MEMBERS = {
 
 # The capture scripts write the kind of mistake; where a framework's form of it has a rule of its own, the report
 # names that rule's id. scripts/capture_frameworks.py writes "leak" for the Trainer's evaluation keeping every
-# batch's logits on the GPU, which analysis/causes.py names eval_outputs_on_gpu (its fix eval_accumulation_steps).
+# batch's logits on the GPU, which analysis/causes/growth.py names eval_outputs_on_gpu (fix: eval_accumulation_steps).
 FRAMEWORK_CAUSES = {("hf_eval", "leak"): "eval_outputs_on_gpu"}
 
 

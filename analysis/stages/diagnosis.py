@@ -8,7 +8,9 @@ reserved peak).
 from __future__ import annotations
 
 from analysis.allocator.recorded import RecordedReplay
-from analysis.causes import CauseInput, Diagnosis, PoolUse, diagnose, pool_origin
+from analysis.causes import Diagnosis, diagnose
+from analysis.causes.base import CauseInput, PoolUse
+from analysis.causes.outside import pool_origin
 from analysis.ledger import Ledger, device_ledger
 from analysis.limits import OomMessage
 from analysis.model import Snapshot

@@ -17,7 +17,8 @@ import pytest
 from analysis import causes, sizing
 from analysis.allocator import config
 from analysis.allocator.config import AllocatorConfig, Setting, setting_of, split_conf, whatif_candidates
-from analysis.causes import Cause, CauseInput, CauseRule
+from analysis.causes import CauseRule
+from analysis.causes.base import Cause, CauseInput
 from analysis.errors import ConfigError
 from analysis.report import build_report
 
