@@ -82,17 +82,8 @@ def decide(result: DecisionInput | Mapping[str, Any], capture: Mapping[str, Any]
     recorded_conf = _recorded_conf(capture)
     if oom:
         ranked = _ranked_for_oom(inp.suggestions, inp.whatifs, inp.ranked_ids)
-        headline = _oom_headline(oom) + _no_setting_sentence(oom, inp.whatifs)
         count = inp.ooms_listed or oom.ooms_in_trace
-        if count > 1:
-            # The earlier ones were caught (the trace goes on after each): not what ended the run (issue 33's
-            # ResNet: cuDNN catches its own OOMs while it tries convolution algorithms, 32 in one step).
-            caught = "the one before it was" if count == 2 else f"the {count - 1} before it were"
-            headline = (
-                f"The last of {count} OOMs in the trace. {caught.capitalize()} caught and the run went on (by the "
-                f"program or a library: cuDNN catches its own while it tries convolution algorithms): this one ended "
-                f"it. {headline}"
-            )
+        headline = _caught_before(count) + _oom_headline(oom) + _no_setting_sentence(oom, inp.whatifs)
     else:
         ranked = _ranked_without_oom(inp.suggestions, inp.whatifs, inp.peak_reserved)
         headline = _idle_headline(inp, capture)
@@ -499,6 +490,18 @@ def _oom_headline(oom: OomFacts) -> str:
     return (
         f"Out of memory from capacity: the {tried} request on top of the {allocated} allocated is more than the "
         f"limit of {limit_text}; no allocator setting makes it fit, the workload must hold less at that point."
+    )
+
+
+def _caught_before(count: int) -> str:
+    """The earlier OOMs of the trace were caught (it goes on after each): not what ended the run (issue 33's
+    ResNet: cuDNN catches its own OOMs while it tries convolution algorithms, 32 in one step)."""
+    if count <= 1:
+        return ""
+    caught = "the one before it was" if count == 2 else f"the {count - 1} before it were"
+    return (
+        f"The last of {count} OOMs in the trace. {caught.capitalize()} caught and the run went on (by the program "
+        "or a library: cuDNN catches its own while it tries convolution algorithms): this one ended it. "
     )
 
 

@@ -153,6 +153,13 @@ def _write_atomically(path: Path, write: Callable[[Any], None], *, compress: boo
             tmp.unlink()
 
 
+def _write_sidecar(path: Path, data: Mapping[str, Any]) -> None:
+    # Replaced whole, never truncated in place: the upload thread reads it while the training thread updates
+    # it after the exception (a reader once met the empty file: "Expecting value: line 1 column 1").
+    text = json.dumps(data, indent=1, default=str).encode()
+    _write_atomically(path, lambda f: f.write(text), compress=False)
+
+
 def dump_snapshot(path: str | os.PathLike[str], *, compress: bool | None = None) -> Path:
     """Write ``torch.cuda.memory._snapshot()`` as a pickle (gzipped when the name ends in .gz)."""
     path = Path(path)
@@ -379,7 +386,7 @@ class OomDumper:
                 "history": _current.facts() if _current is not None else None,
             }
             sidecar_path = self.path_dir / (stem + ".json")
-            sidecar_path.write_text(json.dumps(sidecar, indent=1, default=str))
+            _write_sidecar(sidecar_path, sidecar)
             self.paths.append(path)
             self.sidecars.append(sidecar_path)
             # torch counts the OOM (num_ooms) before calling observers, so the observer and the
@@ -395,7 +402,7 @@ class OomDumper:
         with self._lock:
             data = json.loads(sidecar_path.read_text())
             data.update(changes)
-            sidecar_path.write_text(json.dumps(data, indent=1, default=str))
+            _write_sidecar(sidecar_path, data)
 
     def _start_upload(self, path: Path, sidecar_path: Path) -> None:
         # A non-daemon thread: the training loop may catch the OOM and go on, so it must not
@@ -427,7 +434,8 @@ class OomDumper:
         """The spec's arguments, plus the job's metadata and this dump's error (the spec's own win);
         the run defaults to the job id, so every rank of one job lands in one run."""
         arguments = {k: v for k, v in spec.items() if k != "wait"}  # ``wait`` is the job log's, not upload()'s
-        sidecar = json.loads(sidecar_path.read_text())
+        with self._lock:
+            sidecar = json.loads(sidecar_path.read_text())
         meta = {**self.job, **({"error": sidecar["error"]} if sidecar.get("error") else {})}
         arguments["meta"] = {**meta, **dict(arguments.get("meta") or {})}
         if not arguments.get("run") and self.job.get("job_id"):
@@ -445,7 +453,8 @@ class OomDumper:
             return
         self._verdicts_printed.add(path)
         sidecar_path = self.sidecars[self.paths.index(path)]
-        sidecar = json.loads(sidecar_path.read_text())
+        with self._lock:
+            sidecar = json.loads(sidecar_path.read_text())
         what = "CUDA out of memory" if sidecar.get("error") is None else f"died of {sidecar['error'][:200]}"
         try:
             lines = self._verdict_lines(path, sidecar)

@@ -104,3 +104,31 @@ def test_record_passes_options_and_stops_on_exit(torch):
         assert rec.active
     assert torch.fake_state["history"] == {"enabled": None}
     assert not rec.active
+
+
+def test_the_sidecar_is_never_read_half_written(torch, tmp_path):
+    # The upload thread reads the sidecar (_upload_arguments) while the training thread adds the OOM message to
+    # it: a full-suite run once read it empty ("the upload failed: Expecting value: line 1 column 1"). Each
+    # update replaces the file whole, so a reader that does not take the lock sees the old or the new one.
+    import threading
+
+    dumper = oomscope_client.dump_on_oom(tmp_path)
+    with pytest.raises(torch.cuda.OutOfMemoryError), dumper:
+        torch.fake_fail_allocation(3 << 30)
+    sidecar = dumper.sidecars[0]
+    stop = threading.Event()
+
+    def keep_updating() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            dumper._update_sidecar(sidecar, {"note": "x" * (n % 5000)})
+
+    writer = threading.Thread(target=keep_updating)
+    writer.start()
+    try:
+        for _ in range(3000):
+            assert json.loads(sidecar.read_text())["snapshot"] == dumper.paths[0].name
+    finally:
+        stop.set()
+        writer.join()
