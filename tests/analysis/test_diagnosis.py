@@ -5,7 +5,6 @@ their own mistake, each with the real rerun of its fix and of the allocator sett
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
 import json
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from analysis.report import build_report
+from tests.analysis.benches import diagnosis_bench as _bench
 
 DIAG = Path(__file__).resolve().parent.parent / "fixtures" / "diagnosis"
 FAMILIES = sorted(p.name.removesuffix(".reruns.json") for p in DIAG.glob("*.reruns.json"))
@@ -21,17 +21,6 @@ FAMILIES = sorted(p.name.removesuffix(".reruns.json") for p in DIAG.glob("*.reru
 
 def _family(name: str) -> dict[str, Any]:
     return json.loads((DIAG / f"{name}.reruns.json").read_text())  # type: ignore[no-any-return]
-
-
-@functools.cache
-def _bench() -> Any:
-    """scripts/diagnosis_bench.py: its judge and the cause id it expects of a family are the tests' too."""
-    path = DIAG.parents[2] / "scripts" / "diagnosis_bench.py"
-    spec = importlib.util.spec_from_file_location("diagnosis_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # Families whose program has a mistake (the cause to name and its fix's rerun), and those that only need more than

@@ -17,7 +17,6 @@ here too, against the real reruns of its fixes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from functools import cache
@@ -30,6 +29,7 @@ from analysis.allocator import replay_check
 from analysis.allocator.config import AllocatorConfig
 from analysis.model import ACTION_CODE, Snapshot
 from analysis.reader import read_snapshot
+from tests.analysis.benches import diagnosis_bench as _bench
 
 ROOT = Path(__file__).resolve().parents[2]
 DIAG = ROOT / "tests" / "fixtures" / "diagnosis"
@@ -50,14 +50,6 @@ def truth(family: str) -> dict[str, Any]:
 def reruns(family: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((DIAG / f"{family}.reruns.json").read_text())
     return data
-
-
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("diagnosis_bench", ROOT / "scripts" / "diagnosis_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_bench_calls_a_cause_wrong_where_the_program_has_no_mistake() -> None:

@@ -7,25 +7,17 @@ real rerun died in the same forward); these tests hold the fix and the three tha
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.analysis.benches import diagnosis_bench as _bench
+
 ROOT = Path(__file__).resolve().parents[2]
 HELDOUT = ROOT / "tests" / "fixtures" / "heldout"
 FAMILIES = sorted(p.name.removesuffix(".reruns.json") for p in HELDOUT.glob("*.reruns.json"))
-
-
-@functools.cache
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("diagnosis_bench", ROOT / "scripts" / "diagnosis_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _family(name: str) -> dict[str, Any]:
