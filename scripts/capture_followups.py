@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import capture_diff
-from capture_diff import MIB, STATE, _row, spec
+from capture_diff import STATE, _row, spec
 
 VOCAB = 8192
 
@@ -382,27 +382,55 @@ def _peak(outdir: Path, name: str) -> int:
     return int(truth["memory_stats"]["reserved_bytes.all.peak"])
 
 
+def _capped(outdir: Path, families: dict, fam: str) -> list[dict]:
+    """A family's incident and each change's rerun under every cap (a share of its uncapped run's peak)."""
+    base, changes, shares = families[fam]
+    peak = _peak(outdir, f"{fam}_nocap_default")
+    specs = []
+    for share in shares:
+        cap = int(peak * share)
+        family = f"{fam}_c{round(share * 100)}"
+        specs.append(_spec(f"{family}_default", family, base, cap))
+        specs += [_spec(f"{family}_{change}", family, base, cap, **extra) for change, extra in changes.items()]
+    return specs
+
+
+def _mains(series: str, base: dict) -> list[dict]:
+    """The baseline branch's repeat runs: one program, one seed each."""
+    return [_spec(f"{series}_main_s{s:02d}", series, base, seed=s) for s in SERIES_SEEDS]
+
+
+def _leak_commits(outdir: Path, series: str, base: dict) -> list[dict]:
+    """Commit K of the regression: K x 3% of the first main run's peak kept in ``_feature_cache``."""
+    base_peak = _peak(outdir, f"{series}_main_s00")
+    return [
+        _spec(f"{series}_c{k}_s{10 + k:02d}", series, base, seed=10 + k, leak_bytes=int(base_peak * 0.03 * k))
+        for k in SERIES_COMMITS
+    ]
+
+
+def round_one(outdir: Path, run, jobs: int) -> list[str]:
+    lines = []
+    with ThreadPoolExecutor(jobs) as pool:
+        calib = {
+            fam: pool.submit(run, _spec(f"{fam}_nocap_default", fam, base)) for fam, (base, _, _) in FAMILIES.items()
+        }
+        mains = [pool.submit(run, one) for one in _mains("fseries", SERIES)]
+        capped = []
+        for fam in FAMILIES:
+            lines.append(calib[fam].result())
+            capped += [pool.submit(run, one) for one in _capped(outdir, FAMILIES, fam)]
+        lines += [f.result() for f in mains]
+        commits = [pool.submit(run, one) for one in _leak_commits(outdir, "fseries", SERIES)]
+        return lines + [f.result() for f in capped + commits]
+
+
 def round_two(outdir: Path, run, jobs: int) -> list[str]:
     with ThreadPoolExecutor(jobs) as pool:
-        main = [pool.submit(run, _spec(f"fnoise_main_s{s:02d}", "fnoise", NOISE, seed=s)) for s in SERIES_SEEDS]
-        capped = []
-        for fam, (base, changes, shares) in FAMILIES2.items():
-            peak = _peak(outdir, f"{fam}_nocap_default")
-            for share in shares:
-                cap = int(peak * share)
-                family = f"{fam}_c{round(share * 100)}"
-                capped.append(pool.submit(run, _spec(f"{family}_default", family, base, cap)))
-                for change, extra in changes.items():
-                    capped.append(pool.submit(run, _spec(f"{family}_{change}", family, base, cap, **extra)))
-        lines = [f.result() for f in main]
-        base_peak = _peak(outdir, "fnoise_main_s00")
-        commits = [
-            pool.submit(
-                run,
-                _spec(f"fnoise_c{k}_s{10 + k:02d}", "fnoise", NOISE, seed=10 + k, leak_bytes=int(base_peak * 0.03 * k)),
-            )
-            for k in SERIES_COMMITS
-        ]
+        mains = [pool.submit(run, one) for one in _mains("fnoise", NOISE)]
+        capped = [pool.submit(run, one) for fam in FAMILIES2 for one in _capped(outdir, FAMILIES2, fam)]
+        lines = [f.result() for f in mains]
+        commits = [pool.submit(run, one) for one in _leak_commits(outdir, "fnoise", NOISE)]
         return lines + [f.result() for f in capped + commits]
 
 
@@ -449,49 +477,12 @@ def main() -> int:
     t0 = time.time()
     me = str(Path(__file__).resolve())
     run = lambda s: capture_diff.launch(s, args.outdir, script=me, timeout=240)  # noqa: E731
-    lines: list[str] = []
-    if args.round == 4:
-        lines = round_four(args.outdir, run, args.jobs)
-        (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
-        print("\n".join(lines[-len(ROUND4) :]), flush=True)
-        return 0
-    if args.round == 3:
-        lines = round_three(args.outdir, run, args.jobs)
-        (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
-        return 0
-    if args.round == 2:
-        lines = round_two(args.outdir, run, args.jobs)
-        (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
-        return 0
-    with ThreadPoolExecutor(args.jobs) as pool:
-        calib = {
-            fam: pool.submit(run, _spec(f"{fam}_nocap_default", fam, base)) for fam, (base, _, _) in FAMILIES.items()
-        }
-        series = [pool.submit(run, _spec(f"fseries_main_s{s:02d}", "fseries", SERIES, seed=s)) for s in SERIES_SEEDS]
-        capped = []
-        for fam, (base, changes, shares) in FAMILIES.items():
-            lines.append(calib[fam].result())
-            peak = _peak(args.outdir, f"{fam}_nocap_default")
-            for share in shares:
-                cap = int(peak * share)
-                family = f"{fam}_c{round(share * 100)}"
-                capped.append(pool.submit(run, _spec(f"{family}_default", family, base, cap)))
-                for change, extra in changes.items():
-                    capped.append(pool.submit(run, _spec(f"{family}_{change}", family, base, cap, **extra)))
-        lines += [f.result() for f in series]
-        base_peak = _peak(args.outdir, "fseries_main_s00")
-        commits = [
-            pool.submit(
-                run,
-                _spec(
-                    f"fseries_c{k}_s{10 + k:02d}", "fseries", SERIES, seed=10 + k, leak_bytes=int(base_peak * 0.03 * k)
-                ),
-            )
-            for k in SERIES_COMMITS
-        ]
-        lines += [f.result() for f in capped + commits]
+    rounds = {1: round_one, 2: round_two, 3: round_three, 4: round_four}
+    lines = rounds[args.round](args.outdir, run, args.jobs)
     (args.outdir / "capture_log.txt").write_text("\n".join(lines) + "\n")
-    print(f"{len(lines)} cases in {time.time() - t0:.0f}s MIB={MIB}", flush=True)
+    if args.round == 4:
+        print("\n".join(lines[-len(ROUND4) :]), flush=True)  # the families' summaries
+    print(f"{len(lines)} cases in {time.time() - t0:.0f}s", flush=True)
     return 0
 
 
