@@ -24,12 +24,17 @@ pytestmark = pytest.mark.browser
 browser = test_browser.browser  # the module's Chromium, a pytest fixture shared with test_browser.py
 
 
+def _visit(browser: Any, url: str, cookies: list[dict[str, Any]], form: str, *, charts: bool = True) -> Visit:
+    """One page at the form's viewport (``WIDTHS``)."""
+    width, height = WIDTHS[form]
+    return Visit(browser, url, cookies, charts=charts, width=width, height=height)
+
+
 def _page(browser: Any, live_server: Any, client: Any, user: Any, upload: Any, form: str) -> Visit:
     from django.urls import reverse
 
-    width, height = WIDTHS[form]
     url = live_server.url + reverse("snapshots:detail", args=[upload.code])
-    return Visit(browser, url, _session_cookie(client, user, live_server), width=width, height=height)
+    return _visit(browser, url, _session_cookie(client, user, live_server), form)
 
 
 @pytest.mark.parametrize("form", ["desktop", "phone"])
@@ -135,14 +140,8 @@ def test_the_ddp_run_page_names_the_change_with_copy_and_one_verdict(
     rank0 = Upload.objects.get(run_ref=run, rank=0)
     dev = Report.objects.get(upload=rank0).data["devices"][0]
     change = dev["decision"]["change"]
-    width, height = WIDTHS[form]
-    visit = Visit(
-        browser,
-        f"{live_server.url}/run/{run.code}/",
-        _session_cookie(client, alice, live_server),
-        charts=False,
-        width=width,
-        height=height,
+    visit = _visit(
+        browser, f"{live_server.url}/run/{run.code}/", _session_cookie(client, alice, live_server), form, charts=False
     )
     try:
         page = visit.page
@@ -166,7 +165,7 @@ def test_the_ddp_run_page_names_the_change_with_copy_and_one_verdict(
         assert page.locator("tr[data-rank='0'] .badge").inner_text() == f"out of memory ({word})"
         assert page.locator("tr[data-rank='1'] .badge.peer").inner_text() == "a peer died"
         _clean(visit)
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         page.screenshot(path=str(SCREENSHOTS / f"words35-run-change-{form}.png"), full_page=False)
     finally:
         visit.close()
@@ -190,14 +189,8 @@ def test_the_webhook_is_validated_on_save_and_a_test_alert_reaches_a_real_receiv
     from webapp.snapshots.runs import runs
 
     settings.SITE_URL = ""
-    width, height = WIDTHS[form]
-    visit = Visit(
-        browser,
-        f"{live_server.url}/p/alpha/runs/",
-        _session_cookie(client, alice, live_server),
-        charts=False,
-        width=width,
-        height=height,
+    visit = _visit(
+        browser, f"{live_server.url}/p/alpha/runs/", _session_cookie(client, alice, live_server), form, charts=False
     )
     try:
         page = visit.page
@@ -232,7 +225,7 @@ def test_the_webhook_is_validated_on_save_and_a_test_alert_reaches_a_real_receiv
         assert failed.startswith("The test alert was not delivered:") and "HTTP 500" in failed
         assert "Webhook deliveries" in page.locator("main").inner_text()
         _clean(visit)
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         page.screenshot(path=str(SCREENSHOTS / f"words35-webhook-{form}.png"), full_page=True)
     finally:
         visit.close()
@@ -252,14 +245,7 @@ def test_history_says_each_runs_verdict_beside_its_change(
     from webapp.snapshots.models import Report
 
     uploads = {case: _analysed(alpha, alice, f"diagnosis/{case}_default") for case in HISTORY_CASES}
-    width, height = WIDTHS[form]
-    visit = Visit(
-        browser,
-        f"{live_server.url}/p/alpha/",
-        _session_cookie(client, alice, live_server),
-        width=width,
-        height=height,
-    )
+    visit = _visit(browser, f"{live_server.url}/p/alpha/", _session_cookie(client, alice, live_server), form)
     try:
         page = visit.page
         request_words = []
@@ -278,7 +264,7 @@ def test_history_says_each_runs_verdict_beside_its_change(
                 assert level in ("the whole step", "the request alone"), case
         assert "fragmentation" in request_words  # the requests alone would have said fragmentation
         _clean(visit)
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         page.screenshot(path=str(SCREENSHOTS / f"words35-history-{form}.png"), full_page=False)
     finally:
         visit.close()
@@ -292,9 +278,8 @@ def test_the_capture_doctor_speaks_at_intake_and_on_the_report(
     it; a wrapped ring buffer's report says so in one line with the call that captures it right."""
     from django.urls import reverse
 
-    width, height = WIDTHS[form]
     cookies = _session_cookie(client, alice, live_server)
-    visit = Visit(browser, f"{live_server.url}/upload/", cookies, charts=False, width=width, height=height)
+    visit = _visit(browser, f"{live_server.url}/upload/", cookies, form, charts=False)
     try:
         page = visit.page
         page.set_input_files(
@@ -306,20 +291,20 @@ def test_the_capture_doctor_speaks_at_intake_and_on_the_report(
         said = page.locator("[data-field=file] .errorlist").inner_text()
         assert "The file is empty (0 bytes)" in said and "torch.cuda.memory._dump_snapshot(path)" in said, said
         assert visit.csp_violations() == [] and [e for e in visit.errors() if "status of 4" not in e] == []
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         page.screenshot(path=str(SCREENSHOTS / f"words35-doctor-empty-{form}.png"), full_page=False)
     finally:
         visit.close()
     upload = _analysed(alpha, alice, "wrapped_ring")
     url = live_server.url + reverse("snapshots:detail", args=[upload.code])
-    visit = Visit(browser, url, cookies, width=width, height=height)
+    visit = _visit(browser, url, cookies, form)
     try:
         page = visit.page
         doctor = page.get_by_role("region", name="How this file was captured")
         item = doctor.locator('[data-code="trace-truncated"]')
         assert "torch.cuda.memory._record_memory_history(max_entries=1_000_000)" in item.inner_text()
         _clean(visit)
-        _fits_the_screen(visit, width)
+        _fits_the_screen(visit, WIDTHS[form][0])
         doctor.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"words35-doctor-ring-{form}.png"), full_page=False)
     finally:
