@@ -151,6 +151,27 @@ class Visit:
             assert time.monotonic() < deadline, f"timed out waiting for {predicate}"
             self.page.wait_for_timeout(50)
 
+    def wait_for_whole_report(self, timeout_s: float = 60) -> None:
+        """Wait until the page is the whole report and has stopped polling: status.js reloads it once at the
+        first answer and again when done, and a ``goto`` issued between the two is aborted by the reload."""
+        import time
+
+        from playwright.sync_api import Error as PlaywrightError
+
+        settled = (
+            "() => document.querySelector('section.decision') !== null"
+            " && !document.querySelector('[data-status-url]')"
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self.page.evaluate(settled):
+                    return
+            except PlaywrightError:  # a reload destroyed the context mid-evaluate: ask the new page
+                pass
+            assert time.monotonic() < deadline, "timed out waiting for the whole report"
+            self.page.wait_for_timeout(50)
+
     def errors(self) -> list[str]:
         return [line for line in self.console if line.startswith(("error", "pageerror"))]
 

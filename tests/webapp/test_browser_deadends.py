@@ -183,7 +183,7 @@ def test_progress_page_shows_elapsed_and_estimate_and_a_failure_once(
         page.screenshot(path=str(SCREENSHOTS / f"status-queued-{form}.png"), full_page=False)
         # The worker finishes it: the page turns into the report by itself.
         analyse_upload(queued.id)
-        page.wait_for_selector("section.decision", timeout=20_000)
+        visit.wait_for_whole_report()
     finally:
         visit.close()
 

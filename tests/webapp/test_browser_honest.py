@@ -118,7 +118,7 @@ def test_screen_one_says_what_the_verdict_rests_on_and_asks_for_the_message(
         assert again.oom_message == message and again.run == upload.run
         assert page.url.endswith(reverse("snapshots:detail", args=[again.code]))
         analyse_upload(again.id)
-        page.wait_for_selector("section.decision", timeout=30_000)  # status.js opens the report by itself
+        visit.wait_for_whole_report()  # status.js opens the report by itself
         new_dev = _report(again)["devices"][0]
         assert new_dev["oom"]["limit_source"] == "oom_message"
         basis = page.locator("section.decision p.basis").first
