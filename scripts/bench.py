@@ -14,14 +14,15 @@ factor of two from run to run; peaks do not: the highest is kept).
 
 Stages are a list of named functions below; a stage whose import fails prints
 "not available", so stages owned by other modules can be listed before they
-exist. The requirements (issue 21) are checked against the ``pickle.load`` stage:
-read_snapshot CPU time <= 0.2x (one process: CPU time is its wall time minus
-what the neighbours on a shared box took) and peak RSS <= 1.0x; read_snapshot of
-the original .gz (when FILE is one) <= 0.5x the raw pickle's load; the recorded
-replay and one policy replay alone (wall, the stage's ``parts``) <= 1x; the
-whole report with two what-ifs, as the CLI runs it (``jobs`` = the CPUs this
-process may use + 1: its policy replays in forked children), wall time <= 0.5x and
-peak memory <= 1.0x. The Python reader (the reference) is timed too, without a
+exist. The requirements (issue 34) are checked against the ``pickle.load`` stage:
+read_snapshot CPU time <= 0.15x (one process: CPU time is its wall time minus
+what the neighbours on a shared box took; its wall ratio is printed beside) and
+peak RSS <= 0.5x; read_snapshot of the original .gz (when FILE is one) <= 0.5x
+the raw pickle's load, peak <= 1.0x (issue 21); the recorded replay and one
+policy replay alone (wall, the stage's ``parts``) <= 1x; the whole report with
+two what-ifs, as the CLI runs it (``jobs`` = the CPUs this process may use + 1:
+its compiled policy replays in threads), wall time <= 0.3x and peak memory
+<= 0.5x. The Python reader (the reference) is timed too, without a
 verdict. The report's CPU time is printed summed over the children too, and
 its peak memory is the larger of the process's own VmHWM and the peak of the
 process tree's PSS (proportional set size: pages the children share with the
@@ -49,10 +50,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FILE = ROOT.parent / "shared" / "snapshots" / "huge_all_stacks.pickle.gz"  # ../shared beside the checkout
 CACHE = ROOT / "var" / "bench"
-TIME_RATIO_MAX = 0.2  # read_snapshot (issue 21: the compiled reader; issue 4 asked 2.5x of the Python one)
+TIME_RATIO_MAX = 0.15  # read_snapshot (issue 34; issue 21 asked 0.2x, issue 4 2.5x of the Python one)
 GZ_RATIO_MAX = 0.5  # read_snapshot of the .gz against the load of the raw pickle (issue 21)
-PEAK_RATIO_MAX = 1.0  # the object graph is never built (issue 21; issue 4 asked 1.5x)
-REPORT_RATIO_MAX = 0.5  # build_report with the two what-ifs below (issue 21; issue 4 asked 4x)
+GZ_PEAK_RATIO_MAX = 1.0  # the .gz's read holds the inflated bytes beside the columns (issue 21)
+PEAK_RATIO_MAX = 0.5  # the object graph is never built (issue 34; issue 21 asked 1.0x, issue 4 1.5x)
+REPORT_RATIO_MAX = 0.3  # build_report with the two what-ifs below (issue 34; issue 21 asked 0.5x, issue 4 4x)
 REPLAY_RATIO_MAX = 1.0  # the recorded replay alone, and one policy replay alone
 GZ_ENV = "OOMSCOPE_BENCH_GZ"  # the .gz the raw pickle came from, for the gzip stage
 WHATIFS = ("expandable_segments:True", "max_split_size_mb:256")
@@ -413,11 +415,11 @@ def main(argv: list[str] | None = None) -> int:
                 f" load); CPU time over all its processes {c_ratio:.2f}x"
             )
         if name == "read_snapshot .gz":
-            ok = c_ratio <= GZ_RATIO_MAX and m_ratio <= PEAK_RATIO_MAX
+            ok = c_ratio <= GZ_RATIO_MAX and m_ratio <= GZ_PEAK_RATIO_MAX
             failed |= not ok
             verdict = "meets" if ok else "MISSES"
             print(
-                f"  -> from the .gz {verdict} the target (time <= {GZ_RATIO_MAX}x, peak <= {PEAK_RATIO_MAX}x"
+                f"  -> from the .gz {verdict} the target (time <= {GZ_RATIO_MAX}x, peak <= {GZ_PEAK_RATIO_MAX}x"
                 " the raw pickle's load)"
             )
         if name == "read_snapshot":
@@ -426,8 +428,10 @@ def main(argv: list[str] | None = None) -> int:
             ok = c_ratio <= TIME_RATIO_MAX and m_ratio <= PEAK_RATIO_MAX
             failed |= not ok
             verdict = "meets" if ok else "MISSES"
+            wall = "within" if t_ratio <= TIME_RATIO_MAX else "over"
             print(
-                f"  -> read_snapshot {verdict} the target (time <= {TIME_RATIO_MAX}x, peak <= {PEAK_RATIO_MAX}x load)"
+                f"  -> read_snapshot {verdict} the target (CPU time <= {TIME_RATIO_MAX}x, peak <= {PEAK_RATIO_MAX}x"
+                f" load); its wall time {t_ratio:.2f}x is {wall} it"
             )
     print(f"load average at the end: {_load()}")
     return 1 if failed else 0
