@@ -664,6 +664,32 @@ def launch(spec: dict, outdir: Path, script: str = __file__, timeout: int = 300)
     return line
 
 
+def rerun_members(outdir: Path, family: str, died) -> dict:
+    """A family's runs (its ``FAMILY_MEMBER.truth.json``, calibrations left out), each member's fate as the
+    benches' ``FAMILY.reruns.json`` lists it. ``died(truth)``: whether that run died (the scripts' truth
+    files say it differently: capture_frameworks writes ``died``, capture_diff's have only the message)."""
+    members = {}
+    for tj in sorted(outdir.glob(f"{family}_*.truth.json")):
+        member = tj.name.removesuffix(".truth.json").removeprefix(f"{family}_")
+        if member.startswith("calib_"):
+            continue
+        t = json.loads(tj.read_text())
+        members[member] = {
+            "alloc_conf": t["alloc_conf"], "kwargs": t["kwargs"], "cap_bytes": t["cap_bytes"],
+            "died": bool(died(t)), "died_step": t["died_step"], "died_phase": t["died_phase"],
+            "steps_completed": t["steps_completed"],
+            "peak_reserved_bytes": t["memory_stats"].get("reserved_bytes.all.peak"), "error": t["error"],
+        }  # fmt: skip
+    return members
+
+
+def member_fates(family: str, members: dict) -> str:
+    """One log line: each member ran, or died at its step."""
+    return f"[{family}] " + ", ".join(
+        f"{m} {'died ' + str(v['died_step']) if v['died'] else 'ran'}" for m, v in members.items()
+    )
+
+
 def spec(name, workload, conf, family, cap_bytes=None, free_bytes=None, **kwargs):
     """One case; ``cap_bytes``: a per-process fraction cap; ``free_bytes``: the device left with that much free
     (such cases must run alone on the GPU: another process's allocations would move their cap)."""

@@ -276,18 +276,7 @@ def _cap4(family: str, peaks: dict[str, int]) -> int:
 
 def _summary4(outdir: Path, family: str) -> str:
     _base, cause, fix, _changes, _ = ROUND4[family]
-    members = {}
-    for tj in sorted(outdir.glob(f"{family}_*.truth.json")):
-        member = tj.name.removesuffix(".truth.json").removeprefix(f"{family}_")
-        if member.startswith("calib_"):
-            continue
-        t = json.loads(tj.read_text())
-        members[member] = {
-            "alloc_conf": t["alloc_conf"], "kwargs": t["kwargs"], "cap_bytes": t["cap_bytes"],
-            "died": t["oom_message"] is not None, "died_step": t["died_step"], "died_phase": t["died_phase"],
-            "steps_completed": t["steps_completed"],
-            "peak_reserved_bytes": t["memory_stats"].get("reserved_bytes.all.peak"), "error": t["error"],
-        }  # fmt: skip
+    members = capture_diff.rerun_members(outdir, family, died=lambda t: t["oom_message"] is not None)
     ran = [m for m in ("accum", "ckpt") if m in members and not members[m]["died"]]
     summary = {
         "family": family,
@@ -301,9 +290,7 @@ def _summary4(outdir: Path, family: str) -> str:
         "members": members,
     }
     (outdir / f"{family}.reruns.json").write_text(json.dumps(summary, indent=1))
-    return f"[{family}] " + ", ".join(
-        f"{m} {'died ' + str(v['died_step']) if v['died'] else 'ran'}" for m, v in members.items()
-    )
+    return capture_diff.member_fates(family, members)
 
 
 def round_four(outdir: Path, run, jobs: int) -> list[str]:

@@ -582,18 +582,7 @@ def write_summaries(outdir: Path) -> list[str]:
     """FAMILY.reruns.json for every family whose default member exists (the diagnosis bench's input)."""
     lines = []
     for fam, f in FAMILIES.items():
-        members = {}
-        for tj in sorted(outdir.glob(f"{fam}_*.truth.json")):
-            member = tj.name.removesuffix(".truth.json").removeprefix(f"{fam}_")
-            if member.startswith("calib_"):
-                continue
-            t = json.loads(tj.read_text())
-            members[member] = {
-                "alloc_conf": t["alloc_conf"], "kwargs": t["kwargs"], "cap_bytes": t["cap_bytes"],
-                "died": bool(t.get("died")), "died_step": t["died_step"], "died_phase": t["died_phase"],
-                "steps_completed": t["steps_completed"],
-                "peak_reserved_bytes": t["memory_stats"].get("reserved_bytes.all.peak"), "error": t["error"],
-            }  # fmt: skip
+        members = capture_diff.rerun_members(outdir, fam, died=lambda t: t.get("died"))
         if "default" not in members:
             continue
         ran = [CHANGE_OF_MEMBER[m] for m in ("accum", "ckpt", "bf16") if m in members and not members[m]["died"]]
@@ -601,8 +590,7 @@ def write_summaries(outdir: Path) -> list[str]:
                    "expected_change": ran if f["expected_cause"] is None else f.get("expected_fix"),
                    "members": members}  # fmt: skip
         (outdir / f"{fam}.reruns.json").write_text(json.dumps(summary, indent=1))
-        outcome = ", ".join(f"{m} {'died ' + str(v['died_step']) if v['died'] else 'ran'}" for m, v in members.items())
-        lines.append(f"[{fam}] {outcome}")
+        lines.append(capture_diff.member_fates(fam, members))
     return lines
 
 
