@@ -20,7 +20,7 @@ READERS: dict[str, dict[str, str]] = {
     "analysis/compare.py": {},
     "webapp/snapshots/pages/formatting.py": {},
     "webapp/snapshots/pages/views.py": {},  # request.GET/POST/headers are exempt below: not report data
-    "webapp/snapshots/pages/charts.py": {
+    "webapp/snapshots/pages/charts/__init__.py": {
         "build_history_chart": "the history's rows: each upload row's stored summary, not a report",
         "_run_label": "a history row's run name",
         "_seconds": "the numpy columns timeline_columns made of contract.Timeline (a local dict, not the report)",
