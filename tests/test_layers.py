@@ -175,13 +175,27 @@ def test_the_client_imports_only_itself_the_standard_library_and_torch() -> None
     assert {(f, m) for f, m in found if m not in allowed} <= {("joblog.py", "analysis")}
 
 
-def test_only_the_charts_module_imports_bokeh() -> None:
+def test_only_the_charts_package_imports_bokeh() -> None:
     found = {
         p.relative_to(ROOT).as_posix()
         for p in (ROOT / "webapp").rglob("*.py")
         if any(m.split(".")[0] == "bokeh" for m in web_imports(p))
     }
-    assert found == {"webapp/snapshots/pages/charts.py"}
+    assert {p for p in found if not p.startswith("webapp/snapshots/pages/charts/")} == set()
+    assert "webapp/snapshots/pages/charts/common.py" in found  # the walk sees the package's own imports
+
+
+def test_the_charts_rooms_stand_on_common_alone() -> None:
+    """Each room of the charts package (a chart family) imports only ``common`` of the package, and ``common``
+    none of it; only ``__init__`` gathers the rooms (its docstring says so)."""
+    package = "webapp.snapshots.pages.charts."
+    rooms = {
+        p.stem: {m.removeprefix(package).split(".")[0] for m in web_imports(p) if m.startswith(package)}
+        for p in sorted((ROOT / "webapp" / "snapshots" / "pages" / "charts").glob("*.py"))
+        if p.stem != "__init__"
+    }
+    assert {"common", "timeline", "compare"} <= set(rooms)
+    assert {room: used for room, used in rooms.items() if used - ({"common"} if room != "common" else set())} == {}
 
 
 def test_the_models_import_nothing_above_them_but_the_known_list() -> None:

@@ -168,7 +168,7 @@ USE_I18N = False
 USE_TZ = True
 
 # --- static files: our static/ plus BokehJS straight from the installed, pinned bokeh package.
-# find_spec locates the package without importing it (charts.py is the only importer of bokeh).
+# find_spec locates the package without importing it (the package pages/charts/ is the only importer of bokeh).
 STATIC_URL = "/static/"
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", VAR_DIR / "staticfiles"))
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every start without it

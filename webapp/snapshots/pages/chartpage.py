@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 FIRST = ("timeline-", "active-", "segtime-")
-TIMELINE_SOURCE = "timeline-source"  # the ColumnDataSource's name in charts._timeline_chart
+TIMELINE_SOURCE = "timeline-source"  # the ColumnDataSource's name in charts.timeline
 HOVER_COLUMN = "what"
 # What a later chart's name maps to in the page's charts (templates/snapshots/_chart.html).
 LATER: dict[str, Any] = {"later": True}
