@@ -1,4 +1,4 @@
-"""Reading the data back out of a Bokeh ``json_item`` (for tests of ``charts.py``).
+"""Reading the data back out of a Bokeh ``json_item`` (for tests of the ``pages/charts/`` package).
 
 Bokeh serialises numpy columns as ``{"type": "ndarray", "array": {"type": "bytes",
 "data": <base64, gzip-compressed>}, "dtype": ..., "order": ...}`` and maps as
