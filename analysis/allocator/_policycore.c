@@ -59,7 +59,7 @@ typedef struct {
  * Every search and shift has a fixed length, so that no branch depends on a list's length or on
  * where a key falls: a chunk's keys past its n entries, and the chunks' last keys past nc, are
  * KMAX (above every key: keys are below 2**125), and a search is a fixed number of halvings
- * (each a compare that sets a step, not a branch) down to four keys, counted. A chunk's arrays
+ * (each a compare that sets a step, not a branch) down to eight keys, counted. A chunk's arrays
  * are twice FCAP long, the upper half always KMAX, so that an insert or delete moves a fixed
  * FCAP entries wherever it falls (the entries past n it moves are KMAX). A branch on the keys
  * or a length there is mispredicted about every other time, and costs more than the few more
@@ -357,23 +357,26 @@ static inline void pos_prev(const FList *f, Pos *p) { /* from the end too; befor
     }
 }
 
-/* bisect_left over FCAP (16) sorted keys (KMAX at the end where fewer): how many are below key.
- * Two halvings without a branch, then the last four counted. */
-static inline size_t lower16(const u128 *a, u128 key) {
-    size_t b = (size_t)(a[7] < key) << 3;
-    b += (size_t)(a[b + 3] < key) << 2;
-    return b + (a[b] < key) + (a[b + 1] < key) + (a[b + 2] < key) + (a[b + 3] < key);
+/* bisect_left over FCAP sorted keys (KMAX at the end where fewer): how many are below key. Halvings
+ * without a branch (a compare sets the step) down to eight keys, counted: the count's compares run
+ * side by side, where each halving waits for the one before. */
+static inline size_t lowerF(const u128 *a, u128 key) {
+    size_t b = 0;
+    for (size_t half = FCAP / 2; half >= 8; half >>= 1) b += (size_t)(a[b + half - 1] < key) * half;
+    size_t c = 0;
+    for (int i = 0; i < 8; i++) c += a[b + i] < key;
+    return b + c;
 }
 
 /* The first chunk whose last key is >= key (nc: none): halvings over the capl (a power of two)
- * last keys down to FCAP of them, then lower16. capl changes rarely: the loop's length is learnt. */
+ * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt. */
 static inline Py_ssize_t fl_chunk(const FList *f, u128 key) {
     size_t b = 0;
     for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1) b += (size_t)(f->last[b + half - 1] < key) * half;
-    return (Py_ssize_t)(b + lower16(f->last + b, key));
+    return (Py_ssize_t)(b + lowerF(f->last + b, key));
 }
 
-static inline int in_chunk(const Chunk *ch, u128 key) { return (int)lower16(ch->key, key); }
+static inline int in_chunk(const Chunk *ch, u128 key) { return (int)lowerF(ch->key, key); }
 
 /* bisect_left: the first entry whose key is >= key. */
 static Pos fl_lower(const FList *f, u128 key) {
