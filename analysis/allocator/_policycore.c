@@ -501,20 +501,28 @@ static void fl_delete_at(FList *f, Pos p) {
 
 /* The entry at p replaced by (key, blk) at key's bisect_left place: fl_delete_at(p) then fl_put,
  * without the search over the chunks where key's place is in p's chunk (the usual case: a split's
- * remainder, a block merged with its neighbour): after the cut, no key of an earlier chunk is at
- * or above key, and key is at most the chunk's last key or the chunk is the last one. */
+ * remainder, a block merged with its neighbour): no key of an earlier chunk is at or above key, and
+ * key is at most the last of the chunk's other keys or the chunk is the last one. Only the entries
+ * between the two places move (a split's remainder and a merged block land near where they were,
+ * so this move is short, where the fixed ones of a cut and an add would move FCAP entries twice). */
 static int fl_move(FList *f, Pos p, u128 key, int32_t blk) {
     Chunk *ch = f->c[p.c];
-    if (ch->n > 1) {
-        chunk_cut(ch, p.j);
-        if ((p.c == 0 || f->last[p.c - 1] < key) && ((size_t)p.c + 1 == f->nc || key <= ch->key[ch->n - 1])) {
-            chunk_add(ch, in_chunk(ch, key), key, blk);
-            f->last[p.c] = ch->key[ch->n - 1];
-            return 0;
+    int n = ch->n, j = p.j;
+    if (n > 1 && (p.c == 0 || f->last[p.c - 1] < key) &&
+        ((size_t)p.c + 1 == f->nc || key <= ch->key[j == n - 1 ? n - 2 : n - 1])) {
+        /* its place among the chunk's other entries; those between it and j move one on */
+        int to = in_chunk(ch, key) - (ch->key[j] < key);
+        if (to < j) {
+            memmove(ch->key + to + 1, ch->key + to, (size_t)(j - to) * sizeof(u128));
+            memmove(ch->blk + to + 1, ch->blk + to, (size_t)(j - to) * sizeof(int32_t));
+        } else if (to > j) {
+            memmove(ch->key + j, ch->key + j + 1, (size_t)(to - j) * sizeof(u128));
+            memmove(ch->blk + j, ch->blk + j + 1, (size_t)(to - j) * sizeof(int32_t));
         }
-        f->n--;
-        f->last[p.c] = ch->key[ch->n - 1];
-        return fl_put(f, key, blk);
+        ch->key[to] = key;
+        ch->blk[to] = blk;
+        f->last[p.c] = ch->key[n - 1];
+        return 0;
     }
     fl_delete_at(f, p);
     return fl_put(f, key, blk);
