@@ -38,6 +38,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 typedef __int128 i128;
 typedef unsigned __int128 u128;
@@ -50,6 +53,7 @@ typedef struct {
     int64_t size, addr;
     int32_t prev, next; /* -1: none */
     int8_t state;
+    int32_t at; /* a free block: the chunk of its free list it was last put in (fl_find's first guess) */
 } Blk;
 
 /* A free list: its packed keys in order, beside their blocks, in chunks of at most FCAP entries (a
@@ -450,8 +454,8 @@ static int chunk_insert_at(FList *f, size_t at, Chunk *ch) {
     return 0;
 }
 
-/* Insert at the key's bisect_left place. */
-static int fl_put(FList *f, u128 key, int32_t blk) {
+/* Insert at the key's bisect_left place; the block's chunk noted in the arena (Blk.at). */
+static int fl_put(FList *f, u128 key, int32_t blk, Blk *arena) {
     if (!f->nc) {
         Chunk *ch = chunk_new(f);
         if (!ch) return -1;
@@ -475,6 +479,7 @@ static int fl_put(FList *f, u128 key, int32_t blk) {
         }
         ch->n = FCAP / 2;
         for (int j = FCAP / 2; j < FCAP; j++) ch->key[j] = KMAX;
+        for (int j = 0; j < FCAP / 2; j++) arena[hi->blk[j]].at = (int32_t)c + 1;
         f->last[c] = ch->key[ch->n - 1];
         if (f->last[c] < key) { /* its place is in the upper half */
             ch = hi;
@@ -482,6 +487,7 @@ static int fl_put(FList *f, u128 key, int32_t blk) {
         }
     }
     chunk_add(ch, in_chunk(ch, key), key, blk);
+    arena[blk].at = (int32_t)c;
     f->last[c] = ch->key[ch->n - 1];
     f->n++;
     return 0;
@@ -508,7 +514,7 @@ static void fl_delete_at(FList *f, Pos p) {
  * key is at most the last of the chunk's other keys or the chunk is the last one. Only the entries
  * between the two places move (a split's remainder and a merged block land near where they were,
  * so this move is short, where the fixed ones of a cut and an add would move FCAP entries twice). */
-static int fl_move(FList *f, Pos p, u128 key, int32_t blk) {
+static int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
     Chunk *ch = f->c[p.c];
     int n = ch->n, j = p.j;
     if (n > 1 && (p.c == 0 || f->last[p.c - 1] < key) &&
@@ -524,11 +530,12 @@ static int fl_move(FList *f, Pos p, u128 key, int32_t blk) {
         }
         ch->key[to] = key;
         ch->blk[to] = blk;
+        arena[blk].at = (int32_t)p.c;
         f->last[p.c] = ch->key[n - 1];
         return 0;
     }
     fl_delete_at(f, p);
-    return fl_put(f, key, blk);
+    return fl_put(f, key, blk, arena);
 }
 
 static void fl_clear(FList *f) {
@@ -548,7 +555,7 @@ static int fl_blocks(const FList *f, Vec *v) {
 
 /* _insert: into free list lk at its key's place (bisect_left), state free, GC age stamped. */
 static int fl_insert(Engine *E, int lk, int32_t k) {
-    TRY(fl_put(&E->fl[lk], bkey(E, k), k));
+    TRY(fl_put(&E->fl[lk], bkey(E, k), k, E->b));
     E->b[k].state = ST_FREE;
     if (E->gc_on) TRY(hm_set(&E->gcb, E->b[k].addr, E->gcc, 0));
     return 0;
@@ -556,8 +563,40 @@ static int fl_insert(Engine *E, int lk, int32_t k) {
 
 /* _remove: bisect_left for the block's key and delete there; Python deletes whatever is there,
  * so anything but this block there is a state the engine does not follow. */
+/* Where block k is in chunk ch (among its n entries), or -1. */
+static inline int chunk_index(const Chunk *ch, int32_t k) {
+#if defined(__SSE2__)
+    __m128i kk = _mm_set1_epi32(k);
+    unsigned m = 0;
+    for (int i = 0; i < FCAP / 4; i++) {
+        __m128i eq = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)ch->blk + i), kk);
+        m |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(eq)) << (4 * i);
+    }
+    m &= (1u << ch->n) - 1;
+    return m ? __builtin_ctz(m) : -1;
+#else
+    for (int j = 0; j < ch->n; j++)
+        if (ch->blk[j] == k) return j;
+    return -1;
+#endif
+}
+
+/* _remove's bisect_left for block k's key, where it must find k. First the chunk k was last put in
+ * (Blk.at: no search of the keys, one compare of the chunk's blocks; a chunk split or emptied since
+ * may have moved it), taken where k is there under its key with no equal key before it, which is
+ * what the search would find; else the search. */
 static int fl_find(Engine *E, const FList *f, int32_t k, Pos *at) {
-    Pos p = fl_lower(f, bkey(E, k));
+    u128 key = bkey(E, k);
+    int32_t c = E->b[k].at;
+    if (c >= 0 && (size_t)c < f->nc) {
+        const Chunk *ch = f->c[c];
+        int j = chunk_index(ch, k);
+        if (j >= 0 && ch->key[j] == key && (j ? ch->key[j - 1] < key : (c == 0 || f->last[c - 1] < key))) {
+            *at = (Pos){c, j};
+            return 0;
+        }
+    }
+    Pos p = fl_lower(f, key);
     if (!pos_ok(f, p) || pos_blk(f, p) != k) DECLINE(E, "a free list does not hold the block its key names");
     *at = p;
     return 0;
@@ -840,7 +879,7 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
         TRY(kill_block(E, n));
     }
     if (found) {
-        TRY(fl_move(f, at, bkey(E, b), b));
+        TRY(fl_move(f, at, bkey(E, b), b, E->b));
         E->b[b].state = ST_FREE;
         if (E->gc_on) TRY(hm_set(&E->gcb, E->b[b].addr, E->gcc, 0));
     } else {
@@ -868,7 +907,7 @@ static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
     E->b[b].next = r;
     E->b[b].size = size;
     if (!at) return fl_insert(E, lk, r);
-    TRY(fl_move(&E->fl[lk], *at, bkey(E, r), r));
+    TRY(fl_move(&E->fl[lk], *at, bkey(E, r), r, E->b));
     if (E->gc_on) TRY(hm_set(&E->gcb, E->b[r].addr, E->gcc, 0));
     return 0;
 }
@@ -963,7 +1002,7 @@ static int release_pool(Engine *E, int bp) {
         for (size_t j = 0; j < all.n; j++) {
             int32_t b = (int32_t)all.v[j];
             if (E->b[b].prev >= 0 || E->b[b].next >= 0) {
-                if (fl_put(f, bkey(E, b), b) < 0) goto out;
+                if (fl_put(f, bkey(E, b), b, E->b) < 0) goto out;
                 continue;
             }
             E->b[b].state = ST_ALLOC;
