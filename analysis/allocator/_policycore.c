@@ -510,15 +510,13 @@ static void fl_delete_at(FList *f, Pos p) {
 
 /* The entry at p replaced by (key, blk) at key's bisect_left place: fl_delete_at(p) then fl_put,
  * without the search over the chunks where key's place is in p's chunk (the usual case: a split's
- * remainder, a block merged with its neighbour): no key of an earlier chunk is at or above key, and
- * key is at most the last of the chunk's other keys or the chunk is the last one. Only the entries
- * between the two places move (a split's remainder and a merged block land near where they were,
- * so this move is short, where the fixed ones of a cut and an add would move FCAP entries twice). */
+ * remainder, a block merged with its neighbour, mostly even at the same place): every key of the
+ * chunks before is below key, and the next chunk's first key is not. Only the entries between the
+ * two places move. */
 static int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
     Chunk *ch = f->c[p.c];
     int n = ch->n, j = p.j;
-    if (n > 1 && (p.c == 0 || f->last[p.c - 1] < key) &&
-        ((size_t)p.c + 1 == f->nc || key <= ch->key[j == n - 1 ? n - 2 : n - 1])) {
+    if (n > 1 && (p.c == 0 || f->last[p.c - 1] < key) && ((size_t)p.c + 1 == f->nc || key <= f->c[p.c + 1]->key[0])) {
         /* its place among the chunk's other entries; those between it and j move one on */
         int to = in_chunk(ch, key) - (ch->key[j] < key);
         if (to < j) {
