@@ -38,6 +38,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 typedef __int128 i128;
 typedef unsigned __int128 u128;
@@ -50,23 +53,34 @@ typedef struct {
     int64_t size, addr;
     int32_t prev, next; /* -1: none */
     int8_t state;
+    int32_t at; /* a free block: the chunk of its free list it was last put in (fl_find's first guess) */
 } Blk;
 
 /* A free list: its packed keys in order, beside their blocks, in chunks of at most FCAP entries (a
  * two-level sorted list: an insert or delete moves at most one chunk, where one flat array would
- * move half the list; free lists of thousands of blocks are common). No chunk is empty. */
-#define FCAP 64
+ * move half the list; free lists of thousands of blocks are common). No chunk is empty.
+ *
+ * Every search and shift has a fixed length, so that no branch depends on a list's length or on
+ * where a key falls: a chunk's keys past its n entries, and the chunks' last keys past nc, are
+ * KMAX (above every key: keys are below 2**125), and a search is a fixed number of halvings
+ * (each a compare that sets a step, not a branch) down to eight keys, counted. A chunk's arrays
+ * are twice FCAP long, the upper half always KMAX, so that an insert or delete moves a fixed
+ * FCAP entries wherever it falls (the entries past n it moves are KMAX). A branch on the keys
+ * or a length there is mispredicted about every other time, and costs more than the few more
+ * compares and moves. */
+#define FCAP 16
+#define KMAX (~(u128)0)
 typedef struct {
     int n;
-    u128 key[FCAP];
-    int32_t blk[FCAP];
+    int32_t blk[2 * FCAP];
+    u128 key[2 * FCAP];
 } Chunk;
 
 typedef struct {
     Chunk **c;
-    u128 *last; /* each chunk's last key, side by side: the search over chunks reads no chunk */
+    u128 *last; /* each chunk's last key, side by side (KMAX past nc): the search over chunks reads no chunk */
     Chunk *spare; /* the last chunk emptied, kept for the next one needed (a list often empties) */
-    size_t nc, capc, capl;
+    size_t nc, capc, capl; /* capl: a power of two, at least FCAP */
     Py_ssize_t n;
 } FList;
 
@@ -226,9 +240,12 @@ static int hm_rehash(HMap *m, size_t cap) {
     return 0;
 }
 
-/* d[key] = (val, aux): a new key goes last in the order, an existing one keeps its place. */
+/* d[key] = (val, aux): a new key goes last in the order, an existing one keeps its place. The table
+ * is kept at most a quarter full: at half full, the probes' and the deletions' backward shifts'
+ * loops ran long enough to be mispredicted on most requests (the four replays of a 460 MB trace
+ * took 12% more CPU). */
 static int hm_set(HMap *m, int64_t key, int64_t val, int32_t aux) {
-    if ((m->n + 1) * 2 > m->cap) {
+    if ((m->n + 1) * 4 > m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 64;
         if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(HEnt))) {
             return -1;
@@ -347,37 +364,56 @@ static inline void pos_prev(const FList *f, Pos *p) { /* from the end too; befor
     }
 }
 
-/* bisect_left over n sorted keys: how many are below key, counted without a branch on the keys
- * (a binary search's branches are unpredictable and cost more than a chunk's worth of compares). */
-static inline size_t count_below(const u128 *first, size_t n, u128 key) {
-    size_t below = 0;
-    for (size_t i = 0; i < n; i++) below += first[i] < key;
-    return below;
+/* bisect_left over FCAP sorted keys (KMAX at the end where fewer): how many are below key. Halvings
+ * without a branch (a compare sets the step) down to eight keys, counted: the count's compares run
+ * side by side, where each halving waits for the one before. */
+static inline size_t lowerF(const u128 *a, u128 key) {
+    size_t b = 0;
+    for (size_t half = FCAP / 2; half >= 8; half >>= 1) b += (size_t)(a[b + half - 1] < key) * half;
+    size_t c = 0;
+    for (int i = 0; i < 8; i++) c += a[b + i] < key;
+    return b + c;
 }
 
-static inline size_t lower_u128(const u128 *first, size_t n, u128 key) {
-    if (n <= 16) return count_below(first, n, key);
-    size_t lo = 0, hi = n; /* many chunks: halve down to a few first */
-    while (hi - lo > 16) {
-        size_t mid = (lo + hi) >> 1;
-        if (first[mid] < key)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo + count_below(first + lo, hi - lo, key);
+/* The first chunk whose last key is >= key (nc: none): halvings over the capl (a power of two)
+ * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt. */
+static inline Py_ssize_t fl_chunk(const FList *f, u128 key) {
+    size_t b = 0;
+    for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1) b += (size_t)(f->last[b + half - 1] < key) * half;
+    return (Py_ssize_t)(b + lowerF(f->last + b, key));
 }
 
-/* The first chunk whose last key is >= key (nc: none). */
-static Py_ssize_t fl_chunk(const FList *f, u128 key) { return (Py_ssize_t)lower_u128(f->last, f->nc, key); }
-
-static int in_chunk(const Chunk *ch, u128 key) { return (int)lower_u128(ch->key, (size_t)ch->n, key); }
+static inline int in_chunk(const Chunk *ch, u128 key) { return (int)lowerF(ch->key, key); }
 
 /* bisect_left: the first entry whose key is >= key. */
 static Pos fl_lower(const FList *f, u128 key) {
-    Pos p = {fl_chunk(f, key), 0};
+    Pos p = {0, 0};
+    if (!f->nc) return p;
+    p.c = fl_chunk(f, key);
     if ((size_t)p.c < f->nc) p.j = in_chunk(f->c[p.c], key);
     return p;
+}
+
+/* FCAP entries of a chunk (keys and blocks) one place on, from src to dst = src -/+ 1. */
+static inline void move_entries(Chunk *ch, int dst, int src) {
+    memmove(ch->key + dst, ch->key + src, FCAP * sizeof(u128));
+    memmove(ch->blk + dst, ch->blk + src, FCAP * sizeof(int32_t));
+}
+
+/* Entry j out of the chunk: the FCAP entries after it move down one (KMAX comes in at the end, from
+ * the upper half where the chunk was full). */
+static inline void chunk_cut(Chunk *ch, int j) {
+    move_entries(ch, j, j + 1);
+    ch->n--;
+}
+
+/* (key, blk) in at entry j of a chunk with room: the FCAP entries from j move up one (the last of
+ * them KMAX, into the upper half). */
+static inline void chunk_add(Chunk *ch, int j, u128 key, int32_t blk) {
+    move_entries(ch, j + 1, j);
+    ch->key[j] = key;
+    ch->blk[j] = blk;
+    ch->n++;
 }
 
 static Chunk *chunk_new(FList *f) {
@@ -388,6 +424,7 @@ static Chunk *chunk_new(FList *f) {
         return NULL;
     }
     ch->n = 0;
+    for (int j = 0; j < 2 * FCAP; j++) ch->key[j] = KMAX;
     return ch;
 }
 
@@ -400,7 +437,15 @@ static void chunk_drop(FList *f, Chunk *ch) {
 
 static int chunk_insert_at(FList *f, size_t at, Chunk *ch) {
     if (grow((void **)&f->c, &f->capc, f->nc + 1, sizeof(Chunk *)) < 0) return -1;
-    if (grow((void **)&f->last, &f->capl, f->nc + 1, sizeof(u128)) < 0) return -1;
+    if (f->nc + 1 > f->capl) { /* doubled, the new half KMAX */
+        size_t cap = f->capl ? f->capl * 2 : FCAP;
+        if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(u128))) return -1;
+        u128 *last = PyMem_RawRealloc(f->last, cap * sizeof(u128));
+        if (!last) return -1;
+        for (size_t j = f->capl; j < cap; j++) last[j] = KMAX;
+        f->last = last;
+        f->capl = cap;
+    }
     memmove(f->c + at + 1, f->c + at, (f->nc - at) * sizeof(Chunk *));
     memmove(f->last + at + 1, f->last + at, (f->nc - at) * sizeof(u128));
     f->c[at] = ch;
@@ -409,8 +454,8 @@ static int chunk_insert_at(FList *f, size_t at, Chunk *ch) {
     return 0;
 }
 
-/* Insert at the key's bisect_left place. */
-static int fl_put(FList *f, u128 key, int32_t blk) {
+/* Insert at the key's bisect_left place; the block's chunk noted in the arena (Blk.at). */
+static int fl_put(FList *f, u128 key, int32_t blk, Blk *arena) {
     if (!f->nc) {
         Chunk *ch = chunk_new(f);
         if (!ch) return -1;
@@ -433,18 +478,16 @@ static int fl_put(FList *f, u128 key, int32_t blk) {
             return -1;
         }
         ch->n = FCAP / 2;
+        for (int j = FCAP / 2; j < FCAP; j++) ch->key[j] = KMAX;
+        for (int j = 0; j < FCAP / 2; j++) arena[hi->blk[j]].at = (int32_t)c + 1;
         f->last[c] = ch->key[ch->n - 1];
         if (f->last[c] < key) { /* its place is in the upper half */
             ch = hi;
             c++;
         }
     }
-    int j = in_chunk(ch, key);
-    memmove(ch->key + j + 1, ch->key + j, (size_t)(ch->n - j) * sizeof(u128));
-    memmove(ch->blk + j + 1, ch->blk + j, (size_t)(ch->n - j) * sizeof(int32_t));
-    ch->key[j] = key;
-    ch->blk[j] = blk;
-    ch->n++;
+    chunk_add(ch, in_chunk(ch, key), key, blk);
+    arena[blk].at = (int32_t)c;
     f->last[c] = ch->key[ch->n - 1];
     f->n++;
     return 0;
@@ -452,22 +495,50 @@ static int fl_put(FList *f, u128 key, int32_t blk) {
 
 static void fl_delete_at(FList *f, Pos p) {
     Chunk *ch = f->c[p.c];
-    memmove(ch->key + p.j, ch->key + p.j + 1, (size_t)(ch->n - p.j - 1) * sizeof(u128));
-    memmove(ch->blk + p.j, ch->blk + p.j + 1, (size_t)(ch->n - p.j - 1) * sizeof(int32_t));
-    ch->n--;
+    chunk_cut(ch, p.j);
     f->n--;
     if (!ch->n) {
         chunk_drop(f, ch);
         memmove(f->c + p.c, f->c + p.c + 1, (f->nc - (size_t)p.c - 1) * sizeof(Chunk *));
         memmove(f->last + p.c, f->last + p.c + 1, (f->nc - (size_t)p.c - 1) * sizeof(u128));
         f->nc--;
+        f->last[f->nc] = KMAX;
     } else {
         f->last[p.c] = ch->key[ch->n - 1];
     }
 }
 
+/* The entry at p replaced by (key, blk) at key's bisect_left place: fl_delete_at(p) then fl_put,
+ * without the search over the chunks where key's place is in p's chunk (the usual case: a split's
+ * remainder, a block merged with its neighbour, mostly even at the same place): every key of the
+ * chunks before is below key, and the next chunk's first key is not. Only the entries between the
+ * two places move. */
+static int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
+    Chunk *ch = f->c[p.c];
+    int n = ch->n, j = p.j;
+    if (n > 1 && (p.c == 0 || f->last[p.c - 1] < key) && ((size_t)p.c + 1 == f->nc || key <= f->c[p.c + 1]->key[0])) {
+        /* its place among the chunk's other entries; those between it and j move one on */
+        int to = in_chunk(ch, key) - (ch->key[j] < key);
+        if (to < j) {
+            memmove(ch->key + to + 1, ch->key + to, (size_t)(j - to) * sizeof(u128));
+            memmove(ch->blk + to + 1, ch->blk + to, (size_t)(j - to) * sizeof(int32_t));
+        } else if (to > j) {
+            memmove(ch->key + j, ch->key + j + 1, (size_t)(to - j) * sizeof(u128));
+            memmove(ch->blk + j, ch->blk + j + 1, (size_t)(to - j) * sizeof(int32_t));
+        }
+        ch->key[to] = key;
+        ch->blk[to] = blk;
+        arena[blk].at = (int32_t)p.c;
+        f->last[p.c] = ch->key[n - 1];
+        return 0;
+    }
+    fl_delete_at(f, p);
+    return fl_put(f, key, blk, arena);
+}
+
 static void fl_clear(FList *f) {
     for (size_t c = 0; c < f->nc; c++) chunk_drop(f, f->c[c]);
+    for (size_t c = 0; c < f->nc; c++) f->last[c] = KMAX;
     f->nc = 0;
     f->n = 0;
 }
@@ -482,7 +553,7 @@ static int fl_blocks(const FList *f, Vec *v) {
 
 /* _insert: into free list lk at its key's place (bisect_left), state free, GC age stamped. */
 static int fl_insert(Engine *E, int lk, int32_t k) {
-    TRY(fl_put(&E->fl[lk], bkey(E, k), k));
+    TRY(fl_put(&E->fl[lk], bkey(E, k), k, E->b));
     E->b[k].state = ST_FREE;
     if (E->gc_on) TRY(hm_set(&E->gcb, E->b[k].addr, E->gcc, 0));
     return 0;
@@ -490,11 +561,49 @@ static int fl_insert(Engine *E, int lk, int32_t k) {
 
 /* _remove: bisect_left for the block's key and delete there; Python deletes whatever is there,
  * so anything but this block there is a state the engine does not follow. */
-static int fl_remove(Engine *E, int lk, int32_t k) {
-    FList *f = &E->fl[lk];
-    Pos p = fl_lower(f, bkey(E, k));
+/* Where block k is in chunk ch (among its n entries), or -1. */
+static inline int chunk_index(const Chunk *ch, int32_t k) {
+#if defined(__SSE2__)
+    __m128i kk = _mm_set1_epi32(k);
+    unsigned m = 0;
+    for (int i = 0; i < FCAP / 4; i++) {
+        __m128i eq = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)ch->blk + i), kk);
+        m |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(eq)) << (4 * i);
+    }
+    m &= (1u << ch->n) - 1;
+    return m ? __builtin_ctz(m) : -1;
+#else
+    for (int j = 0; j < ch->n; j++)
+        if (ch->blk[j] == k) return j;
+    return -1;
+#endif
+}
+
+/* _remove's bisect_left for block k's key, where it must find k. First the chunk k was last put in
+ * (Blk.at: no search of the keys, one compare of the chunk's blocks; a chunk split or emptied since
+ * may have moved it), taken where k is there under its key with no equal key before it, which is
+ * what the search would find; else the search. */
+static int fl_find(Engine *E, const FList *f, int32_t k, Pos *at) {
+    u128 key = bkey(E, k);
+    int32_t c = E->b[k].at;
+    if (c >= 0 && (size_t)c < f->nc) {
+        const Chunk *ch = f->c[c];
+        int j = chunk_index(ch, k);
+        if (j >= 0 && ch->key[j] == key && (j ? ch->key[j - 1] < key : (c == 0 || f->last[c - 1] < key))) {
+            *at = (Pos){c, j};
+            return 0;
+        }
+    }
+    Pos p = fl_lower(f, key);
     if (!pos_ok(f, p) || pos_blk(f, p) != k) DECLINE(E, "a free list does not hold the block its key names");
-    fl_delete_at(f, p);
+    *at = p;
+    return 0;
+}
+
+static int fl_remove(Engine *E, int lk, int32_t k) {
+    Pos p;
+    TRY(fl_find(E, &E->fl[lk], k, &p));
+    fl_delete_at(&E->fl[lk], p);
     E->b[k].state = ST_ALLOC;
     return 0;
 }
@@ -708,7 +817,9 @@ static int freed(Engine *E, int32_t b) {
 
 /* ------------------------------------------------------------------ malloc */
 
-static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out) {
+/* The block's entry stays in the list, at *at: the caller takes it out (take), or moves it to its
+ * split remainder's key (split). */
+static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at) {
     *out = -1;
     if (E->gc_on && lk / E->ns == 1) E->gcc++;
     FList *f = &E->fl[lk];
@@ -731,18 +842,22 @@ static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out) {
     /* the max_split_size filter: config.fit_limit */
     i128 limit = (i128)size < E->mss ? E->mss : (i128)size + E->nsr;
     if ((i128)(pos_key(f, i) >> E->sh) >= limit) return 0;
-    int32_t b = pos_blk(f, i);
-    fl_delete_at(f, i);
-    E->b[b].state = ST_ALLOC;
-    *out = b;
+    *out = pos_blk(f, i);
+    *at = i;
     return 0;
 }
 
-/* free_block: merge with free neighbours, back into the free list; the merged block. */
+/* free_block: merge with free neighbours, back into the free list; the merged block. The
+ * neighbours' entries leave the list in _remove's order (the one before, then the one after), and the
+ * last one found is moved to the merged block's key (fl_move: one shift where both are in a chunk). */
 static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
+    FList *f = &E->fl[lk];
+    Pos at;
+    int found = 0; /* at: the entry of a merged neighbour, still in the list */
     int32_t p = E->b[b].prev;
     if (p >= 0 && E->b[p].state == ST_FREE) {
-        TRY(fl_remove(E, lk, p));
+        TRY(fl_find(E, f, p, &at));
+        found = 1;
         int32_t n = E->b[b].next;
         E->b[p].next = n;
         if (n >= 0) E->b[n].prev = p;
@@ -752,29 +867,47 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
     }
     int32_t n = E->b[b].next;
     if (n >= 0 && E->b[n].state == ST_FREE) {
-        TRY(fl_remove(E, lk, n));
+        if (found) fl_delete_at(f, at);
+        TRY(fl_find(E, f, n, &at));
+        found = 1;
         int32_t nn = E->b[n].next;
         E->b[b].next = nn;
         if (nn >= 0) E->b[nn].prev = b;
         TRY(add_size(E, &E->b[b].size, E->b[n].size));
         TRY(kill_block(E, n));
     }
-    TRY(fl_insert(E, lk, b));
+    if (found) {
+        TRY(fl_move(f, at, bkey(E, b), b, E->b));
+        E->b[b].state = ST_FREE;
+        if (E->gc_on) TRY(hm_set(&E->gcb, E->b[b].addr, E->gcc, 0));
+    } else {
+        TRY(fl_insert(E, lk, b));
+    }
     if (out) *out = b;
     return 0;
 }
 
-/* should_split + alloc_found_block (the split rule's two numbers per free list: config.split_rule). */
-static int split(Engine *E, int lk, int32_t b, int64_t size) {
+/* should_split + alloc_found_block (the split rule's two numbers per free list: config.split_rule).
+ * at: where b's own entry still is in the free list (get_free_block's find), or NULL (a block from
+ * a new segment or mapped pages, in no list): b leaves the list, and the remainder goes into it at
+ * its key's place; the one shift of fl_move where both are in one chunk. */
+static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
     int64_t rem = E->b[b].size - size;
-    if (!((i128)rem > E->over[lk] && (i128)size < E->below[lk])) return 0;
+    E->b[b].state = ST_ALLOC;
+    if (!((i128)rem > E->over[lk] && (i128)size < E->below[lk])) {
+        if (at) fl_delete_at(&E->fl[lk], *at);
+        return 0;
+    }
     int32_t n = E->b[b].next;
     int r = new_block(E, rem, E->b[b].addr + size, b, n, ST_FREE);
     if (r < 0) return -1;
     if (n >= 0) E->b[n].prev = r;
     E->b[b].next = r;
     E->b[b].size = size;
-    return fl_insert(E, lk, r);
+    if (!at) return fl_insert(E, lk, r);
+    TRY(fl_move(&E->fl[lk], *at, bkey(E, r), r, E->b));
+    if (E->gc_on) TRY(hm_set(&E->gcb, E->b[r].addr, E->gcc, 0));
+    return 0;
 }
 
 static int alloc_expandable(Engine *E, int lk, int64_t size, int32_t *out);
@@ -867,7 +1000,7 @@ static int release_pool(Engine *E, int bp) {
         for (size_t j = 0; j < all.n; j++) {
             int32_t b = (int32_t)all.v[j];
             if (E->b[b].prev >= 0 || E->b[b].next >= 0) {
-                if (fl_put(f, bkey(E, b), b) < 0) goto out;
+                if (fl_put(f, bkey(E, b), b, E->b) < 0) goto out;
                 continue;
             }
             E->b[b].state = ST_ALLOC;
@@ -1161,10 +1294,19 @@ static int ask_allocation_size(Engine *E, int64_t size) {
 }
 
 static int size_table(Engine *E, const Inputs *in) {
+    /* The sizes already in the table, remembered in a small direct-mapped filter (a request's size
+     * mostly came before: thousands of sizes over millions of requests) ahead of the table itself,
+     * whose lookups cost more. */
+    int64_t seen[1024];
+    for (int j = 0; j < 1024; j++) seen[j] = -1; /* no size: sizes are >= 0 (check_inputs) */
     for (Py_ssize_t k = 0; k < in->n; k++) {
         long op = (long)in->ops[k];
-        if ((op == E->op_alloc || op == E->op_oom) && hm_find(&E->asz, in->sizes[k]) < 0)
-            TRY(ask_allocation_size(E, in->sizes[k]));
+        int64_t size = in->sizes[k];
+        if (op != E->op_alloc && op != E->op_oom) continue;
+        size_t h = (size_t)(((uint64_t)size * 0x9e3779b97f4a7c15ULL) >> 54);
+        if (seen[h] == size) continue;
+        if (hm_find(&E->asz, size) < 0) TRY(ask_allocation_size(E, size));
+        seen[h] = size;
     }
     return 0;
 }
@@ -1201,8 +1343,11 @@ static int serve(Engine *E, const Inputs *in, Vec *failed) {
             TRY(free_block(E, lk, (int32_t)val, NULL));
         } else if (op == E->op_alloc || op == E->op_oom) {
             if (op == E->op_oom) E->cur = in->events[k];
-            TRY(get_free_block(E, lk, rs, &b));
+            Pos at;
+            TRY(get_free_block(E, lk, rs, &b, &at));
+            const Pos *from = &at;
             if (b < 0) {
+                from = NULL;
                 int64_t asz;
                 E->cur = in->events[k];
                 TRY(alloc_size_of(E, rs, &asz));
@@ -1213,7 +1358,7 @@ static int serve(Engine *E, const Inputs *in, Vec *failed) {
                     continue;
                 }
             }
-            TRY(split(E, lk, b, rs));
+            TRY(split(E, lk, b, rs, from));
             if (op == E->op_alloc) {
                 TRY(hm_set(&E->amap, ra, b, 0));
             } else if (is_transient(E, E->cur)) { /* an OOM the program caught: freed at once */
@@ -1419,7 +1564,10 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
  * outside [0, 2**62)): declined before anything runs. */
 static int check_inputs(Engine *E, const Inputs *in) {
     if (in->n && E->nbp < 2) DECLINE(E, "no default pool"); /* the flushes and the GC read pools 0 and 1 */
-    for (Py_ssize_t k = 0; k < in->n; k++) {
+    uint64_t bad = 0; /* first whether any is out of range, in a loop without a branch (vectorised) */
+    for (Py_ssize_t k = 0; k < in->n; k++)
+        bad |= ((uint64_t)in->lks[k] >= (uint64_t)E->nl) | ((uint64_t)in->sizes[k] >= (uint64_t)VMAX);
+    for (Py_ssize_t k = 0; bad && k < in->n; k++) { /* then which, first */
         if (in->lks[k] < 0 || in->lks[k] >= E->nl) DECLINE(E, "a free-list index out of range");
         if (in->sizes[k] < 0 || in->sizes[k] >= VMAX) DECLINE(E, "a size out of range");
     }
