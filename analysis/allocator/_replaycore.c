@@ -1064,22 +1064,19 @@ static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
     return 0;
 }
 
-/* _columns and _finished's sums: the seven per-event columns, written into the int64 arrays given.
- * columns(allocated, requested, reserved, active, cached_free, inactive_split, largest_free, initial) with
- * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event. */
-static PyObject *core_columns(RecCore *c, PyObject *args) {
-    PyObject *o[7];
-    long long init[6];
-    if (!PyArg_ParseTuple(args, "OOOOOOO(LLLLLL)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &init[0],
-                          &init[1], &init[2], &init[3], &init[4], &init[5]))
-        return NULL;
-    Py_buffer b[7];
-    int got = 0;
-    Py_ssize_t n = c->n;
-    for (; got < 7; got++)
-        if (out_column(o[got], &b[got], n) < 0) goto fail;
-    int64_t *al = b[0].buf, *rq = b[1].buf, *rs = b[2].buf, *ac = b[3].buf, *cf = b[4].buf, *is = b[5].buf,
-            *lf = b[6].buf;
+/* Whether a record list's event indices never go down and lie in [lo, n) (lo = INT64_MIN: any below n).
+ * One pass records in event order (run() only moves forward, and each event records at itself or,
+ * fused, at the next one), so this holds; the scatter below answers where it would not. */
+static int records_in_order(const Vec *a, int64_t lo, int64_t n) {
+    for (size_t j = 0; j < a->len; j++)
+        if (a->v[j] < lo || (lo != INT64_MIN && a->v[j] >= n) || (j && a->v[j] < a->v[j - 1])) return 0;
+    return 1;
+}
+
+/* core_columns' first form: every event's moves written, the records scattered over them, then summed
+ * in place (each column written twice); kept for records out of event order, which no pass makes. */
+static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long long *init) {
+    int64_t *al = col[0], *rq = col[1], *rs = col[2], *ac = col[3], *cf = col[4], *is = col[5], *lf = col[6];
     const int64_t *bs = c->bs, *sz = c->size;
     for (Py_ssize_t k = 0; k < n; k++) { /* each event's moves */
         long a = c->act[k];
@@ -1111,6 +1108,80 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
         is[k] = cf[k] - sn;
         if (lf[k] > src) src = lf[k];
         lf[k] = src ? c->lf_v.v[src - 1] : init[5];
+    }
+}
+
+/* the event of record p of a list walked in order (past its end: no event) */
+static inline int64_t next_at(const Vec *a, size_t p) { return p < a->len ? a->v[p] : INT64_MAX; }
+
+/* _columns and _finished's sums: the seven per-event columns, written into the int64 arrays given.
+ * columns(allocated, requested, reserved, active, cached_free, inactive_split, largest_free, initial) with
+ * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event.
+ * One pass writes each column once, running sums and all: the records (ignored events, the
+ * adjustments, the nonsplit moves and the largest free sizes) are walked beside it, each list in event
+ * order. The columns are fresh memory: a second pass over them (moves, then sums) cost as much again
+ * in memory traffic as the sums themselves. */
+static PyObject *core_columns(RecCore *c, PyObject *args) {
+    PyObject *o[7];
+    long long init[6];
+    if (!PyArg_ParseTuple(args, "OOOOOOO(LLLLLL)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &init[0],
+                          &init[1], &init[2], &init[3], &init[4], &init[5]))
+        return NULL;
+    Py_buffer b[7];
+    int got = 0;
+    Py_ssize_t n = c->n;
+    for (; got < 7; got++)
+        if (out_column(o[got], &b[got], n) < 0) goto fail;
+    int64_t *col[7];
+    for (int k = 0; k < 7; k++) col[k] = b[k].buf;
+    if (c->bs_len < n || !records_in_order(&c->ignored, 0, n) || !records_in_order(&c->aa_i, 0, n) ||
+        !records_in_order(&c->ac_i, 0, n) || !records_in_order(&c->ns_i, 0, n) ||
+        !records_in_order(&c->lf_i, INT64_MIN, n)) {
+        columns_scatter(c, col, n, init);
+    } else {
+        int64_t *al = col[0], *rq = col[1], *rs = col[2], *ac = col[3], *cf = col[4], *is = col[5], *lf = col[6];
+        const int64_t *bs = c->bs, *sz = c->size;
+        const unsigned char *act = c->act;
+        const long A = c->alloc, FR = c->free_requested, FC = c->free_completed;
+        const long SA = c->seg_alloc, SM = c->seg_map, SF = c->seg_free, SU = c->seg_unmap;
+        int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], lv = init[5];
+        size_t pi = 0, pa = 0, pc = 0, pn = 0, pl = 0;
+        while (pl < c->lf_i.len && c->lf_i.v[pl] < 0) pl++; /* records of the seeding: the initial figure holds them */
+        int64_t ni = next_at(&c->ignored, pi), na = next_at(&c->aa_i, pa), nc = next_at(&c->ac_i, pc);
+        int64_t nn = next_at(&c->ns_i, pn), nl = next_at(&c->lf_i, pl);
+        int64_t next = ni < na ? ni : na; /* the first event any record names */
+        if (nc < next) next = nc;
+        if (nn < next) next = nn;
+        if (nl < next) next = nl;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            long a = act[k];
+            int64_t x = bs[k], s = sz[k];
+            int64_t dal = a == A ? x : (a == FR ? -x : 0);
+            int64_t dac = a == A ? x : (a == FC ? -x : 0);
+            int64_t drq = a == A ? s : (a == FC ? -s : 0);
+            int64_t drs = (a == SA || a == SM) ? s : ((a == SF || a == SU) ? -s : 0);
+            if (k == next) { /* rare: an event with records */
+                if (ni == k) {
+                    drq = drs = 0;
+                    while (ni == k) ni = next_at(&c->ignored, ++pi);
+                }
+                for (; na == k; na = next_at(&c->aa_i, ++pa)) dal += c->aa_v.v[pa];
+                for (; nc == k; nc = next_at(&c->ac_i, ++pc)) dac += c->ac_v.v[pc];
+                for (; nn == k; nn = next_at(&c->ns_i, ++pn)) sn += c->ns_v.v[pn];
+                for (; nl == k; nl = next_at(&c->lf_i, ++pl)) lv = c->lf_v.v[pl]; /* the last record wins */
+                next = ni < na ? ni : na;
+                if (nc < next) next = nc;
+                if (nn < next) next = nn;
+                if (nl < next) next = nl;
+            }
+            al[k] = sa += dal;
+            rq[k] = sq += drq;
+            rs[k] = sr += drs;
+            ac[k] = sc += dac;
+            cf[k] = sr - sc;
+            is[k] = sr - sc - sn;
+            lf[k] = lv;
+        }
     }
     for (int k = 0; k < 7; k++) PyBuffer_Release(&b[k]);
     Py_RETURN_NONE;
