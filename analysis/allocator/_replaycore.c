@@ -1049,9 +1049,13 @@ static PyObject *core_internals(RecCore *c, PyObject *unused) {
                          "n_exp", (long long)c->n_exp);
 }
 
-/* _Replayer.whole_free(): the records behind RecordedReplay.whole_free_segments */
+/* _Replayer.whole_free(): the records behind RecordedReplay.whole_free_segments, as the bytes of two
+ * int64 arrays (events, changes): a trace that fills and empties whole segments makes hundreds of
+ * thousands, which as lists of ints cost more than the rest of the replay's hand-over. */
 static PyObject *core_whole_free(RecCore *c, PyObject *unused) {
-    return Py_BuildValue("(NN)", vec_list(&c->wf_i, c->wf_i.len), vec_list(&c->wf_v, c->wf_v.len));
+    /* (an empty Vec's NULL would build None) */
+    return Py_BuildValue("(y#y#)", c->wf_i.len ? (const char *)c->wf_i.v : "", (Py_ssize_t)(c->wf_i.len * sizeof(int64_t)),
+                         c->wf_v.len ? (const char *)c->wf_v.v : "", (Py_ssize_t)(c->wf_v.len * sizeof(int64_t)));
 }
 
 static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
@@ -1198,7 +1202,7 @@ static PyMethodDef core_methods[] = {
     {"retrack", (PyCFunction)core_retrack, METH_NOARGS, "_retrack()"},
     {"blocks", (PyCFunction)core_blocks, METH_NOARGS, "(blocks, segments) for export()"},
     {"internals", (PyCFunction)core_internals, METH_NOARGS, "the state as the Python replayer's attributes"},
-    {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments"},
+    {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments, int64 bytes"},
     {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays"},
     {NULL, NULL, 0, NULL},
 };

@@ -1473,7 +1473,10 @@ def _finished(
 
 def _whole_free_column(rep: _Replayer, initial: AllocatorState) -> tuple[I64, I64, int]:
     """``RecordedReplay.whole_free_segments`` from the pass's (event, change) records."""
-    wf_i, wf_v = rep.core.whole_free() if rep.core is not None else (rep.wf_i, rep.wf_v)
+    if rep.core is not None:  # the C state's records, as the bytes of int64 arrays
+        at, change = (np.frombuffer(b, np.int64) for b in rep.core.whole_free())
+    else:
+        at, change = np.asarray(rep.wf_i, np.int64), np.asarray(rep.wf_v, np.int64)
     start = sum(
         1
         for seg in initial.segments
@@ -1483,4 +1486,4 @@ def _whole_free_column(rep: _Replayer, initial: AllocatorState) -> tuple[I64, I6
         and len(seg.blocks) == 1
         and seg.blocks[0].state == INACTIVE
     )
-    return np.asarray(wf_i, np.int64), start + np.cumsum(np.asarray(wf_v, np.int64)), start
+    return at, start + np.cumsum(change), start
