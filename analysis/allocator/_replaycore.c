@@ -1068,6 +1068,15 @@ static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
     return 0;
 }
 
+/* The peaks of allocated, requested and reserved (the first event of each maximum: numpy's argmax),
+ * tracked as the columns are written, where three argmax passes read them again. */
+#define PEAKS(peak, at, k, a, q, r)                                                                     \
+    do {                                                                                                \
+        if ((a) > (peak)[0]) (peak)[0] = (a), (at)[0] = (k);                                            \
+        if ((q) > (peak)[1]) (peak)[1] = (q), (at)[1] = (k);                                            \
+        if ((r) > (peak)[2]) (peak)[2] = (r), (at)[2] = (k);                                            \
+    } while (0)
+
 /* Whether a record list's event indices never go down and lie in [lo, n) (lo = INT64_MIN: any below n).
  * One pass records in event order (run() only moves forward, and each event records at itself or,
  * fused, at the next one), so this holds; the scatter below answers where it would not. */
@@ -1079,7 +1088,8 @@ static int records_in_order(const Vec *a, int64_t lo, int64_t n) {
 
 /* core_columns' first form: every event's moves written, the records scattered over them, then summed
  * in place (each column written twice); kept for records out of event order, which no pass makes. */
-static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long long *init) {
+static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long long *init, int64_t *peak,
+                            Py_ssize_t *at) {
     int64_t *al = col[0], *rq = col[1], *rs = col[2], *ac = col[3], *cf = col[4], *is = col[5], *lf = col[6];
     const int64_t *bs = c->bs, *sz = c->size;
     for (Py_ssize_t k = 0; k < n; k++) { /* each event's moves */
@@ -1112,6 +1122,7 @@ static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long 
         is[k] = cf[k] - sn;
         if (lf[k] > src) src = lf[k];
         lf[k] = src ? c->lf_v.v[src - 1] : init[5];
+        PEAKS(peak, at, k, sa, sq, sr);
     }
 }
 
@@ -1121,6 +1132,7 @@ static inline int64_t next_at(const Vec *a, size_t p) { return p < a->len ? a->v
 /* _columns and _finished's sums: the seven per-event columns, written into the int64 arrays given.
  * columns(allocated, requested, reserved, active, cached_free, inactive_split, largest_free, initial) with
  * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event.
+ * Returns the peaks of allocated, requested and reserved: ((value, event), ...), event -1 on an empty trace.
  * One pass writes each column once, running sums and all: the records (ignored events, the
  * adjustments, the nonsplit moves and the largest free sizes) are walked beside it, each list in event
  * order. The columns are fresh memory: a second pass over them (moves, then sums) cost as much again
@@ -1136,12 +1148,13 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
     Py_ssize_t n = c->n;
     for (; got < 7; got++)
         if (out_column(o[got], &b[got], n) < 0) goto fail;
-    int64_t *col[7];
+    int64_t *col[7], peak[3] = {INT64_MIN, INT64_MIN, INT64_MIN};
+    Py_ssize_t at[3] = {-1, -1, -1};
     for (int k = 0; k < 7; k++) col[k] = b[k].buf;
     if (c->bs_len < n || !records_in_order(&c->ignored, 0, n) || !records_in_order(&c->aa_i, 0, n) ||
         !records_in_order(&c->ac_i, 0, n) || !records_in_order(&c->ns_i, 0, n) ||
         !records_in_order(&c->lf_i, INT64_MIN, n)) {
-        columns_scatter(c, col, n, init);
+        columns_scatter(c, col, n, init, peak, at);
     } else {
         int64_t *al = col[0], *rq = col[1], *rs = col[2], *ac = col[3], *cf = col[4], *is = col[5], *lf = col[6];
         const int64_t *bs = c->bs, *sz = c->size;
@@ -1149,6 +1162,8 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
         const long A = c->alloc, FR = c->free_requested, FC = c->free_completed;
         const long SA = c->seg_alloc, SM = c->seg_map, SF = c->seg_free, SU = c->seg_unmap;
         int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], lv = init[5];
+        int64_t pk[3] = {INT64_MIN, INT64_MIN, INT64_MIN}; /* the loop's own: no column store aliases them */
+        Py_ssize_t pat[3] = {-1, -1, -1};
         size_t pi = 0, pa = 0, pc = 0, pn = 0, pl = 0;
         while (pl < c->lf_i.len && c->lf_i.v[pl] < 0) pl++; /* records of the seeding: the initial figure holds them */
         int64_t ni = next_at(&c->ignored, pi), na = next_at(&c->aa_i, pa), nc = next_at(&c->ac_i, pc);
@@ -1185,10 +1200,13 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
             cf[k] = sr - sc;
             is[k] = sr - sc - sn;
             lf[k] = lv;
+            PEAKS(pk, pat, k, sa, sq, sr);
         }
+        for (int j = 0; j < 3; j++) peak[j] = pk[j], at[j] = pat[j];
     }
     for (int k = 0; k < 7; k++) PyBuffer_Release(&b[k]);
-    Py_RETURN_NONE;
+    return Py_BuildValue("((Ln)(Ln)(Ln))", (long long)peak[0], at[0], (long long)peak[1], at[1], (long long)peak[2],
+                         at[2]);
 fail:
     for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
     return NULL;
@@ -1203,7 +1221,7 @@ static PyMethodDef core_methods[] = {
     {"blocks", (PyCFunction)core_blocks, METH_NOARGS, "(blocks, segments) for export()"},
     {"internals", (PyCFunction)core_internals, METH_NOARGS, "the state as the Python replayer's attributes"},
     {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments, int64 bytes"},
-    {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays"},
+    {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays; their peaks"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1238,15 +1238,20 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
     return moves
 
 
-def _core_columns(core: Any, n: int, init: StateFigures) -> dict[str, I64]:
+def _core_columns(core: Any, n: int, init: StateFigures) -> tuple[dict[str, I64], list[tuple[int, int]]]:
     """``_columns`` and the two columns ``_finished`` derives from them, summed by the C state itself
-    into fresh arrays (its records never become Python objects)."""
+    into fresh arrays (its records never become Python objects); and ``_peak`` of allocated,
+    requested and reserved, found by the same pass."""
     names = ("allocated", "requested", "reserved", "active", "cached_free", "inactive_split", "largest_free")
     cols = {k: np.empty(n, dtype=np.int64) for k in names}
     nonsplit = init.cached_free - init.inactive_split
     start = (init.allocated, init.requested, init.reserved, init.active, nonsplit, init.largest_free)
-    core.columns(*cols.values(), start)
-    return cols
+    maxima = core.columns(*cols.values(), start)  # ((value, first event), ...); event -1: no events
+    peaks = [
+        (v, j) if j >= 0 and v >= initial else (initial, -1)
+        for (v, j), initial in zip(maxima, (init.allocated, init.requested, init.reserved), strict=True)
+    ]
+    return cols, peaks
 
 
 def _step_column(index: list[int], value: list[int], n: int, initial: int) -> I64:
@@ -1416,7 +1421,7 @@ def _finished(
     initial_state = rep.initial
     init = initial_state.figures()
     if rep.core is not None:
-        cols = _core_columns(rep.core, n, init)
+        cols, peaks = _core_columns(rep.core, n, init)
         cached_free, inactive_split = cols["cached_free"], cols["inactive_split"]
     else:
         cols = _columns(rep, device, init)
@@ -1424,6 +1429,8 @@ def _finished(
         inactive_split = np.subtract(cached_free, cols["nonsplit"], out=cols["nonsplit"])
     allocated, requested, reserved, active = (cols["allocated"], cols["requested"], cols["reserved"], cols["active"])
     largest_free = cols["largest_free"]
+    if rep.core is None:
+        peaks = [_peak(allocated, init.allocated), _peak(requested, init.requested), _peak(reserved, init.reserved)]
 
     if n:
         final_figures = StateFigures(
@@ -1438,9 +1445,7 @@ def _finished(
     else:
         final_figures = init
     states[-1] = initial_state
-    pa, pai = _peak(allocated, init.allocated)
-    pq, pqi = _peak(requested, init.requested)
-    pr, pri = _peak(reserved, init.reserved)
+    (pa, pai), (pq, pqi), (pr, pri) = peaks
     whole_free = _whole_free_column(rep, initial_state)
     # The per-pass lists are only needed again by blocks_at's replays.
     rep.bs = []
