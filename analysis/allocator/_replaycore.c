@@ -875,12 +875,12 @@ static PyObject *core_run(RecCore *c, PyObject *args) {
                 i++;
                 continue;
             }
-            int64_t ref = -1;
-            map_get(&c->used, ad, &ref);
+            Py_ssize_t j = map_find(&c->used, ad); /* one probe: the entry is marked pending where it is */
+            int64_t ref = j >= 0 ? c->used.v[j] : -1;
             if (ref < 0) {
                 rc = c_ignore(c, i, "unknown-free", "free of an address with no allocated block");
             } else {
-                rc = map_set(&c->used, ad, ~ref);
+                c->used.v[j] = ~ref;
                 c->bs[i] = c->bs[ref];
             }
         } else if (a == c->free_completed) {
