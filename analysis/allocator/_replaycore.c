@@ -1090,7 +1090,8 @@ static int records_in_order(const Vec *a, int64_t lo, int64_t n) {
  * in place (each column written twice); kept for records out of event order, which no pass makes. */
 static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long long *init, int64_t *peak,
                             Py_ssize_t *at) {
-    int64_t *al = col[0], *rq = col[1], *rs = col[2], *ac = col[3], *cf = col[4], *is = col[5], *lf = col[6];
+    /* active's moves go where cached_free will be */
+    int64_t *al = col[0], *rq = col[1], *rs = col[2], *ac = col[3], *cf = col[3], *is = col[4], *lf = col[5];
     const int64_t *bs = c->bs, *sz = c->size;
     for (Py_ssize_t k = 0; k < n; k++) { /* each event's moves */
         long a = c->act[k];
@@ -1108,15 +1109,15 @@ static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long 
     for (size_t j = 0; j < c->ns_i.len; j++) is[c->ns_i.v[j]] += c->ns_v.v[j];
     /* largest_free takes lf_v[k] from event lf_i[k] on, the last record of an event winning (_step_column) */
     for (size_t j = 0; j < c->lf_i.len; j++) {
-        int64_t at = c->lf_i.v[j];
-        if (at >= 0 && at < n && (j + 1 == c->lf_i.len || c->lf_i.v[j + 1] != at)) lf[at] = (int64_t)j + 1;
+        int64_t ev = c->lf_i.v[j];
+        if (ev >= 0 && ev < n && (j + 1 == c->lf_i.len || c->lf_i.v[j + 1] != ev)) lf[ev] = (int64_t)j + 1;
     }
     int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], src = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         al[k] = sa += al[k];
         rq[k] = sq += rq[k];
         rs[k] = sr += rs[k];
-        ac[k] = sc += ac[k];
+        sc += ac[k];
         sn += is[k];
         cf[k] = sr - sc;
         is[k] = cf[k] - sn;
@@ -1129,8 +1130,9 @@ static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long 
 /* the event of record p of a list walked in order (past its end: no event) */
 static inline int64_t next_at(const Vec *a, size_t p) { return p < a->len ? a->v[p] : INT64_MAX; }
 
-/* _columns and _finished's sums: the seven per-event columns, written into the int64 arrays given.
- * columns(allocated, requested, reserved, active, cached_free, inactive_split, largest_free, initial) with
+/* _columns and _finished's sums: six per-event columns, written into the int64 arrays given (active, which
+ * no report reads, is left to RecordedReplay.active: reserved - cached_free).
+ * columns(allocated, requested, reserved, cached_free, inactive_split, largest_free, initial) with
  * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event.
  * Returns the peaks of allocated, requested and reserved: ((value, event), ...), event -1 on an empty trace.
  * One pass writes each column once, running sums and all: the records (ignored events, the
@@ -1138,25 +1140,25 @@ static inline int64_t next_at(const Vec *a, size_t p) { return p < a->len ? a->v
  * order. The columns are fresh memory: a second pass over them (moves, then sums) cost as much again
  * in memory traffic as the sums themselves. */
 static PyObject *core_columns(RecCore *c, PyObject *args) {
-    PyObject *o[7];
+    PyObject *o[6];
     long long init[6];
-    if (!PyArg_ParseTuple(args, "OOOOOOO(LLLLLL)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &init[0],
-                          &init[1], &init[2], &init[3], &init[4], &init[5]))
+    if (!PyArg_ParseTuple(args, "OOOOOO(LLLLLL)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &init[0], &init[1],
+                          &init[2], &init[3], &init[4], &init[5]))
         return NULL;
-    Py_buffer b[7];
+    Py_buffer b[6];
     int got = 0;
     Py_ssize_t n = c->n;
-    for (; got < 7; got++)
+    for (; got < 6; got++)
         if (out_column(o[got], &b[got], n) < 0) goto fail;
-    int64_t *col[7], peak[3] = {INT64_MIN, INT64_MIN, INT64_MIN};
+    int64_t *col[6], peak[3] = {INT64_MIN, INT64_MIN, INT64_MIN};
     Py_ssize_t at[3] = {-1, -1, -1};
-    for (int k = 0; k < 7; k++) col[k] = b[k].buf;
+    for (int k = 0; k < 6; k++) col[k] = b[k].buf;
     if (c->bs_len < n || !records_in_order(&c->ignored, 0, n) || !records_in_order(&c->aa_i, 0, n) ||
         !records_in_order(&c->ac_i, 0, n) || !records_in_order(&c->ns_i, 0, n) ||
         !records_in_order(&c->lf_i, INT64_MIN, n)) {
         columns_scatter(c, col, n, init, peak, at);
     } else {
-        int64_t *al = col[0], *rq = col[1], *rs = col[2], *ac = col[3], *cf = col[4], *is = col[5], *lf = col[6];
+        int64_t *al = col[0], *rq = col[1], *rs = col[2], *cf = col[3], *is = col[4], *lf = col[5];
         const int64_t *bs = c->bs, *sz = c->size;
         const unsigned char *act = c->act;
         const long A = c->alloc, FR = c->free_requested, FC = c->free_completed;
@@ -1196,7 +1198,7 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
             al[k] = sa += dal;
             rq[k] = sq += drq;
             rs[k] = sr += drs;
-            ac[k] = sc += dac;
+            sc += dac;
             cf[k] = sr - sc;
             is[k] = sr - sc - sn;
             lf[k] = lv;
@@ -1204,7 +1206,7 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
         }
         for (int j = 0; j < 3; j++) peak[j] = pk[j], at[j] = pat[j];
     }
-    for (int k = 0; k < 7; k++) PyBuffer_Release(&b[k]);
+    for (int k = 0; k < 6; k++) PyBuffer_Release(&b[k]);
     return Py_BuildValue("((Ln)(Ln)(Ln))", (long long)peak[0], at[0], (long long)peak[1], at[1], (long long)peak[2],
                          at[2]);
 fail:

@@ -180,7 +180,6 @@ class RecordedReplay:
     allocated: I64
     requested: I64
     reserved: I64
-    active: I64
     cached_free: I64
     inactive_split: I64
     largest_free: I64
@@ -204,6 +203,15 @@ class RecordedReplay:
     _whole_free: tuple[I64, I64, int] = field(
         default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64), 0), repr=False
     )
+    _active: I64 | None = field(default=None, repr=False)
+
+    @property
+    def active(self) -> I64:
+        """``active_bytes`` after each event: ``reserved - cached_free``, made when first read. Nothing
+        of a report reads it, so the pass does not write it (a column of 8 bytes an event)."""
+        if self._active is None:
+            self._active = self.reserved - self.cached_free
+        return self._active
 
     def whole_free_segments(self, index: int) -> int:
         """How many segments ``garbage_collect_cached_blocks`` could free after event ``index``
@@ -1240,9 +1248,10 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
 
 def _core_columns(core: Any, n: int, init: StateFigures) -> tuple[dict[str, I64], list[tuple[int, int]]]:
     """``_columns`` and the two columns ``_finished`` derives from them, summed by the C state itself
-    into fresh arrays (its records never become Python objects); and ``_peak`` of allocated,
-    requested and reserved, found by the same pass."""
-    names = ("allocated", "requested", "reserved", "active", "cached_free", "inactive_split", "largest_free")
+    into fresh arrays (its records never become Python objects), less ``active`` (made when read:
+    ``RecordedReplay.active``); and ``_peak`` of allocated, requested and reserved, found by the
+    same pass."""
+    names = ("allocated", "requested", "reserved", "cached_free", "inactive_split", "largest_free")
     cols = {k: np.empty(n, dtype=np.int64) for k in names}
     nonsplit = init.cached_free - init.inactive_split
     start = (init.allocated, init.requested, init.reserved, init.active, nonsplit, init.largest_free)
@@ -1427,7 +1436,7 @@ def _finished(
         cols = _columns(rep, device, init)
         cached_free = cols["reserved"] - cols["active"]
         inactive_split = np.subtract(cached_free, cols["nonsplit"], out=cols["nonsplit"])
-    allocated, requested, reserved, active = (cols["allocated"], cols["requested"], cols["reserved"], cols["active"])
+    allocated, requested, reserved = (cols["allocated"], cols["requested"], cols["reserved"])
     largest_free = cols["largest_free"]
     if rep.core is None:
         peaks = [_peak(allocated, init.allocated), _peak(requested, init.requested), _peak(reserved, init.reserved)]
@@ -1437,7 +1446,7 @@ def _finished(
             int(allocated[-1]),
             int(requested[-1]),
             int(reserved[-1]),
-            int(active[-1]),
+            int(reserved[-1]) - int(cached_free[-1]),  # active
             int(cached_free[-1]),
             int(inactive_split[-1]),
             int(largest_free[-1]),
@@ -1456,7 +1465,6 @@ def _finished(
         allocated=allocated,
         requested=requested,
         reserved=reserved,
-        active=active,
         cached_free=cached_free,
         inactive_split=inactive_split,
         largest_free=largest_free,
@@ -1473,6 +1481,7 @@ def _finished(
         _replayer=rep,
         _states=states,
         _whole_free=whole_free,
+        _active=cols.get("active"),  # the Python loop's; the C state's pass writes none
     )
 
 
