@@ -1331,7 +1331,8 @@ fail:
  * written); ``alternates``: whether every address starts with an alloc and its kinds alternate
  * (policy.trace_is_complete). The map holds, per address, the alloc it is open for: only the blocks
  * live at a time, so it stays in cache, where the reference's sort by address reads every event several
- * times. None (nothing written) where an address is the map's empty key, which no real address is. */
+ * times. None where an address is the map's empty key, which no real address is (``ends`` then holds
+ * what was written up to it: compiled.alloc_ends drops it). */
 static PyObject *alloc_ends(PyObject *self, PyObject *args) {
     PyObject *act_o, *addr_o, *ends_o;
     long alloc, free_code;
@@ -1364,23 +1365,22 @@ static PyObject *alloc_ends(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not int64");
         goto done;
     }
+    /* One pass: an address that is the map's empty key declines where it is met (the ends written so far
+     * are the caller's to drop), and the ends are counted as they are written. */
+    int64_t cap = write ? (int64_t)(ends.len / 8) : INT64_MAX;
+    if (map_init(&open, 1024) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        m += a[i] == alloc;
-        if ((a[i] == alloc || a[i] == free_code) && ad[i] == MAP_EMPTY) {
+        int is_alloc = a[i] == alloc;
+        if (!is_alloc && a[i] != free_code) continue;
+        if (ad[i] == MAP_EMPTY) {
             out = Py_None;
             Py_INCREF(out);
             goto done;
         }
-    }
-    if (write && m != (int64_t)(ends.len / 8)) {
-        PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
-        goto done;
-    }
-    if (map_init(&open, 1024) < 0) goto done;
-    m = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int is_alloc = a[i] == alloc;
-        if (!is_alloc && a[i] != free_code) continue;
+        if (is_alloc && m == cap) {
+            PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
+            goto done;
+        }
         if (is_alloc && write) end[m] = n;
         Py_ssize_t j = map_find(&open, ad[i]);
         alternates &= (j >= 0) != is_alloc;
@@ -1390,6 +1390,10 @@ static PyObject *alloc_ends(PyObject *self, PyObject *args) {
         } else if (j >= 0) {
             map_del_at(&open, (size_t)j);
         }
+    }
+    if (write && m != cap) {
+        PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
+        goto done;
     }
     out = Py_BuildValue("(LO)", (long long)m, alternates ? Py_True : Py_False);
 done:
@@ -1417,7 +1421,7 @@ static int in_i32(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
  * runs in trace order, so the first wrong pair it meets is the one with the earliest ``cur``, the one the
  * reference (a stable sort by address) refuses. The map holds each address's last block event: every
  * address the trace names, which in a caching allocator's trace is few. None where an address is the
- * map's empty key (the reference answers then). */
+ * map's empty key, met before any wrong pair (the reference answers then). */
 static PyObject *block_order(PyObject *self, PyObject *args) {
     PyObject *act_o, *addr_o, *stream_o, *pool_o;
     const char *next_kind;
@@ -1448,15 +1452,14 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
     const signed char *a = act.buf, *nxt = (const signed char *)next_kind;
     const int64_t *ad = addr.buf;
     const int32_t *st = stream.buf, *pl = pool.buf;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (a[i] >= 0 && a[i] <= 2 && ad[i] == MAP_EMPTY) {
+    if (map_init(&last, 1024) < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[i] < 0 || a[i] > 2) continue;
+        if (ad[i] == MAP_EMPTY) { /* declined where met: every pair before it was in order */
             out = Py_None;
             Py_INCREF(out);
             goto done;
         }
-    if (map_init(&last, 1024) < 0) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (a[i] < 0 || a[i] > 2) continue;
         Py_ssize_t j = map_find(&last, ad[i]);
         if (j >= 0) {
             int64_t p = last.v[j];
