@@ -170,13 +170,25 @@ static int map_grow(Map *m) {
 
 /* d[key] = val: an existing key keeps its place in the insertion order, as in a dict. */
 static inline int map_set(Map *m, int64_t key, int64_t val) {
-    Py_ssize_t j = map_find(m, key);
-    if (j >= 0) {
-        m->v[j] = val;
+    size_t mask = m->cap - 1, j = map_home(m, key);
+    for (;;) { /* one probe: a new key goes where the search met the empty slot, as map_put_new would put it */
+        int64_t x = m->k[j];
+        if (x == key) {
+            m->v[j] = val;
+            return 0;
+        }
+        if (x == MAP_EMPTY) break;
+        j = (j + 1) & mask;
+    }
+    if ((m->len + 1) * 2 > m->cap) {
+        if (map_grow(m) < 0) return -1;
+        map_put_new(m, key, val, m->seq++);
         return 0;
     }
-    if ((m->len + 1) * 2 > m->cap && map_grow(m) < 0) return -1;
-    map_put_new(m, key, val, m->seq++);
+    m->k[j] = key;
+    m->v[j] = val;
+    m->s[j] = m->seq++;
+    m->len++;
     return 0;
 }
 
