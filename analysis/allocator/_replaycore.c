@@ -192,6 +192,17 @@ static inline int map_set(Map *m, int64_t key, int64_t val) {
     return 0;
 }
 
+/* d[key] = val where a dict would have deleted key and inserted it again since (so it moves to the end of
+ * the insertion order): a merge of free blocks keeps the entry it would pop and set again, and moves it
+ * here, where a deletion (its entries shifted back) and an insertion cost a probe each. */
+static inline int map_set_last(Map *m, int64_t key, int64_t val) {
+    Py_ssize_t j = map_find(m, key);
+    if (j < 0) return map_set(m, key, val);
+    m->v[j] = val;
+    m->s[j] = m->seq++;
+    return 0;
+}
+
 static inline void map_del_at(Map *m, size_t i) {
     size_t mask = m->cap - 1, j = i;
     for (;;) {
@@ -824,29 +835,38 @@ static int c_free(RecCore *c, int64_t i, int64_t ad, int fused) {
     int cnt = c->cmode == 0;
     if (!cnt && c->cmode == 2 && (cnt = c_counts_split(c, ad)) < 0) return -1;
     int64_t start = ad, end = ad + b, ns, ps, psz;
-    /* Merge with free neighbours of the same segment: a segment boundary matters only if it is free. */
+    int merged_next = 0, merged_prev = 0;
+    /* Merge with free neighbours of the same segment: a segment boundary matters only if it is free. The
+     * reference pops the merged neighbour's entry at the merged block's far end (free_end[end + ns],
+     * free_sz[ps]) and sets the same key at the end: the entry stays, and map_set_last moves it then. */
     if (map_pop(&c->free_sz, end, &ns)) {
         if (map_find(&c->seg_size, end) >= 0) {
             if (map_set(&c->free_sz, end, ns) < 0) return -1;
         } else {
-            if (!map_pop(&c->free_end, end + ns, NULL)) return key_error(end + ns);
+            if (map_find(&c->free_end, end + ns) < 0) return key_error(end + ns);
             int emptied;
             if (ns >= c->tmin && c_count_down(c, ns, &emptied) < 0) return -1;
             end += ns;
+            merged_next = 1;
         }
     }
     if (map_pop(&c->free_end, ad, &ps)) {
         if (map_find(&c->seg_size, ad) >= 0) {
             if (map_set(&c->free_end, ad, ps) < 0) return -1;
         } else {
-            if (!map_pop(&c->free_sz, ps, &psz)) return key_error(ps);
+            Py_ssize_t at = map_find(&c->free_sz, ps);
+            if (at < 0) return key_error(ps);
+            psz = c->free_sz.v[at];
             int emptied;
             if (psz >= c->tmin && c_count_down(c, psz, &emptied) < 0) return -1;
             start = ps;
+            merged_prev = 1;
         }
     }
     int64_t m = end - start;
-    if (map_set(&c->free_sz, start, m) < 0 || map_set(&c->free_end, end, start) < 0) return -1;
+    if ((merged_prev ? map_set_last(&c->free_sz, start, m) : map_set(&c->free_sz, start, m)) < 0 ||
+        (merged_next ? map_set_last(&c->free_end, end, start) : map_set(&c->free_end, end, start)) < 0)
+        return -1;
     if (m >= c->tmin) {
         int added;
         if (c_count_up(c, m, &added) < 0) return -1;
