@@ -91,16 +91,26 @@ typedef struct {
     int64_t *k, *v, *s; /* keys, values, insertion numbers */
     size_t cap, len;
     int shift;
+    int sparse; /* the map grows past a load of 1 / 2**sparse */
     int64_t seq;
 } Map;
+
+/* The loads the maps grow past. The replay's maps hold the live blocks, the free ones and the segments:
+ * a few hundred entries, so at 1/8 they still fit in L2 (a few hundred KB in all), and a probe mostly
+ * finds its key or its empty slot first. At 1/2 (1.6 probes a search on the 460 MB trace; 1.08 at 1/8)
+ * the probe loop's exit was mispredicted often enough to cost 40% of the recorded replay's pass
+ * (87 -> 49 ms CPU). A map that holds every address of the trace (block_order's) keeps 1/2. */
+#define MAP_SPARSE_LIVE 3
+#define MAP_SPARSE_ALL 1
 
 typedef struct {
     int64_t *v;
     size_t len, cap;
 } Vec;
 
-static int map_init(Map *m, size_t cap) {
+static int map_init(Map *m, size_t cap, int sparse) {
     m->cap = cap;
+    m->sparse = sparse;
     m->len = 0;
     m->seq = 0;
     int bits = 0;
@@ -156,7 +166,7 @@ static void map_put_new(Map *m, int64_t key, int64_t val, int64_t seq) {
 
 static int map_grow(Map *m) {
     Map old = *m;
-    if (map_init(m, old.cap * 2) < 0) {
+    if (map_init(m, old.cap * 2, old.sparse) < 0) {
         map_free(m);
         *m = old;
         return -1;
@@ -170,13 +180,36 @@ static int map_grow(Map *m) {
 
 /* d[key] = val: an existing key keeps its place in the insertion order, as in a dict. */
 static inline int map_set(Map *m, int64_t key, int64_t val) {
-    Py_ssize_t j = map_find(m, key);
-    if (j >= 0) {
-        m->v[j] = val;
+    size_t mask = m->cap - 1, j = map_home(m, key);
+    for (;;) { /* one probe: a new key goes where the search met the empty slot, as map_put_new would put it */
+        int64_t x = m->k[j];
+        if (x == key) {
+            m->v[j] = val;
+            return 0;
+        }
+        if (x == MAP_EMPTY) break;
+        j = (j + 1) & mask;
+    }
+    if (((m->len + 1) << m->sparse) > m->cap) {
+        if (map_grow(m) < 0) return -1;
+        map_put_new(m, key, val, m->seq++);
         return 0;
     }
-    if ((m->len + 1) * 2 > m->cap && map_grow(m) < 0) return -1;
-    map_put_new(m, key, val, m->seq++);
+    m->k[j] = key;
+    m->v[j] = val;
+    m->s[j] = m->seq++;
+    m->len++;
+    return 0;
+}
+
+/* d[key] = val where a dict would have deleted key and inserted it again since (so it moves to the end of
+ * the insertion order): a merge of free blocks keeps the entry it would pop and set again, and moves it
+ * here, where a deletion (its entries shifted back) and an insertion cost a probe each. */
+static inline int map_set_last(Map *m, int64_t key, int64_t val) {
+    Py_ssize_t j = map_find(m, key);
+    if (j < 0) return map_set(m, key, val);
+    m->v[j] = val;
+    m->s[j] = m->seq++;
     return 0;
 }
 
@@ -812,29 +845,38 @@ static int c_free(RecCore *c, int64_t i, int64_t ad, int fused) {
     int cnt = c->cmode == 0;
     if (!cnt && c->cmode == 2 && (cnt = c_counts_split(c, ad)) < 0) return -1;
     int64_t start = ad, end = ad + b, ns, ps, psz;
-    /* Merge with free neighbours of the same segment: a segment boundary matters only if it is free. */
+    int merged_next = 0, merged_prev = 0;
+    /* Merge with free neighbours of the same segment: a segment boundary matters only if it is free. The
+     * reference pops the merged neighbour's entry at the merged block's far end (free_end[end + ns],
+     * free_sz[ps]) and sets the same key at the end: the entry stays, and map_set_last moves it then. */
     if (map_pop(&c->free_sz, end, &ns)) {
         if (map_find(&c->seg_size, end) >= 0) {
             if (map_set(&c->free_sz, end, ns) < 0) return -1;
         } else {
-            if (!map_pop(&c->free_end, end + ns, NULL)) return key_error(end + ns);
+            if (map_find(&c->free_end, end + ns) < 0) return key_error(end + ns);
             int emptied;
             if (ns >= c->tmin && c_count_down(c, ns, &emptied) < 0) return -1;
             end += ns;
+            merged_next = 1;
         }
     }
     if (map_pop(&c->free_end, ad, &ps)) {
         if (map_find(&c->seg_size, ad) >= 0) {
             if (map_set(&c->free_end, ad, ps) < 0) return -1;
         } else {
-            if (!map_pop(&c->free_sz, ps, &psz)) return key_error(ps);
+            Py_ssize_t at = map_find(&c->free_sz, ps);
+            if (at < 0) return key_error(ps);
+            psz = c->free_sz.v[at];
             int emptied;
             if (psz >= c->tmin && c_count_down(c, psz, &emptied) < 0) return -1;
             start = ps;
+            merged_prev = 1;
         }
     }
     int64_t m = end - start;
-    if (map_set(&c->free_sz, start, m) < 0 || map_set(&c->free_end, end, start) < 0) return -1;
+    if ((merged_prev ? map_set_last(&c->free_sz, start, m) : map_set(&c->free_sz, start, m)) < 0 ||
+        (merged_next ? map_set_last(&c->free_end, end, start) : map_set(&c->free_end, end, start)) < 0)
+        return -1;
     if (m >= c->tmin) {
         int added;
         if (c_count_up(c, m, &added) < 0) return -1;
@@ -875,12 +917,12 @@ static PyObject *core_run(RecCore *c, PyObject *args) {
                 i++;
                 continue;
             }
-            int64_t ref = -1;
-            map_get(&c->used, ad, &ref);
+            Py_ssize_t j = map_find(&c->used, ad); /* one probe: the entry is marked pending where it is */
+            int64_t ref = j >= 0 ? c->used.v[j] : -1;
             if (ref < 0) {
                 rc = c_ignore(c, i, "unknown-free", "free of an address with no allocated block");
             } else {
-                rc = map_set(&c->used, ad, ~ref);
+                c->used.v[j] = ~ref;
                 c->bs[i] = c->bs[ref];
             }
         } else if (a == c->free_completed) {
@@ -1049,9 +1091,13 @@ static PyObject *core_internals(RecCore *c, PyObject *unused) {
                          "n_exp", (long long)c->n_exp);
 }
 
-/* _Replayer.whole_free(): the records behind RecordedReplay.whole_free_segments */
+/* _Replayer.whole_free(): the records behind RecordedReplay.whole_free_segments, as the bytes of two
+ * int64 arrays (events, changes): a trace that fills and empties whole segments makes hundreds of
+ * thousands, which as lists of ints cost more than the rest of the replay's hand-over. */
 static PyObject *core_whole_free(RecCore *c, PyObject *unused) {
-    return Py_BuildValue("(NN)", vec_list(&c->wf_i, c->wf_i.len), vec_list(&c->wf_v, c->wf_v.len));
+    /* (an empty Vec's NULL would build None) */
+    return Py_BuildValue("(y#y#)", c->wf_i.len ? (const char *)c->wf_i.v : "", (Py_ssize_t)(c->wf_i.len * sizeof(int64_t)),
+                         c->wf_v.len ? (const char *)c->wf_v.v : "", (Py_ssize_t)(c->wf_v.len * sizeof(int64_t)));
 }
 
 static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
@@ -1064,22 +1110,30 @@ static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
     return 0;
 }
 
-/* _columns and _finished's sums: the seven per-event columns, written into the int64 arrays given.
- * columns(allocated, requested, reserved, active, cached_free, inactive_split, largest_free, initial) with
- * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event. */
-static PyObject *core_columns(RecCore *c, PyObject *args) {
-    PyObject *o[7];
-    long long init[6];
-    if (!PyArg_ParseTuple(args, "OOOOOOO(LLLLLL)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &init[0],
-                          &init[1], &init[2], &init[3], &init[4], &init[5]))
-        return NULL;
-    Py_buffer b[7];
-    int got = 0;
-    Py_ssize_t n = c->n;
-    for (; got < 7; got++)
-        if (out_column(o[got], &b[got], n) < 0) goto fail;
-    int64_t *al = b[0].buf, *rq = b[1].buf, *rs = b[2].buf, *ac = b[3].buf, *cf = b[4].buf, *is = b[5].buf,
-            *lf = b[6].buf;
+/* The peaks of allocated, requested and reserved (the first event of each maximum: numpy's argmax),
+ * tracked as the columns are written, where three argmax passes read them again. */
+#define PEAKS(peak, at, k, a, q, r)                                                                     \
+    do {                                                                                                \
+        if ((a) > (peak)[0]) (peak)[0] = (a), (at)[0] = (k);                                            \
+        if ((q) > (peak)[1]) (peak)[1] = (q), (at)[1] = (k);                                            \
+        if ((r) > (peak)[2]) (peak)[2] = (r), (at)[2] = (k);                                            \
+    } while (0)
+
+/* Whether a record list's event indices never go down and lie in [lo, n) (lo = INT64_MIN: any below n).
+ * One pass records in event order (run() only moves forward, and each event records at itself or,
+ * fused, at the next one), so this holds; the scatter below answers where it would not. */
+static int records_in_order(const Vec *a, int64_t lo, int64_t n) {
+    for (size_t j = 0; j < a->len; j++)
+        if (a->v[j] < lo || (lo != INT64_MIN && a->v[j] >= n) || (j && a->v[j] < a->v[j - 1])) return 0;
+    return 1;
+}
+
+/* core_columns' first form: every event's moves written, the records scattered over them, then summed
+ * in place (each column written twice); kept for records out of event order, which no pass makes. */
+static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long long *init, int64_t *peak,
+                            Py_ssize_t *at) {
+    /* active's moves go where cached_free will be */
+    int64_t *al = col[0], *rq = col[1], *rs = col[2], *ac = col[3], *cf = col[3], *is = col[4], *lf = col[5];
     const int64_t *bs = c->bs, *sz = c->size;
     for (Py_ssize_t k = 0; k < n; k++) { /* each event's moves */
         long a = c->act[k];
@@ -1097,23 +1151,106 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
     for (size_t j = 0; j < c->ns_i.len; j++) is[c->ns_i.v[j]] += c->ns_v.v[j];
     /* largest_free takes lf_v[k] from event lf_i[k] on, the last record of an event winning (_step_column) */
     for (size_t j = 0; j < c->lf_i.len; j++) {
-        int64_t at = c->lf_i.v[j];
-        if (at >= 0 && at < n && (j + 1 == c->lf_i.len || c->lf_i.v[j + 1] != at)) lf[at] = (int64_t)j + 1;
+        int64_t ev = c->lf_i.v[j];
+        if (ev >= 0 && ev < n && (j + 1 == c->lf_i.len || c->lf_i.v[j + 1] != ev)) lf[ev] = (int64_t)j + 1;
     }
     int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], src = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         al[k] = sa += al[k];
         rq[k] = sq += rq[k];
         rs[k] = sr += rs[k];
-        ac[k] = sc += ac[k];
+        sc += ac[k];
         sn += is[k];
         cf[k] = sr - sc;
         is[k] = cf[k] - sn;
         if (lf[k] > src) src = lf[k];
         lf[k] = src ? c->lf_v.v[src - 1] : init[5];
+        PEAKS(peak, at, k, sa, sq, sr);
     }
-    for (int k = 0; k < 7; k++) PyBuffer_Release(&b[k]);
-    Py_RETURN_NONE;
+}
+
+/* the event of record p of a list walked in order (past its end: no event) */
+static inline int64_t next_at(const Vec *a, size_t p) { return p < a->len ? a->v[p] : INT64_MAX; }
+
+/* _columns and _finished's sums: six per-event columns, written into the int64 arrays given (active, which
+ * no report reads, is left to RecordedReplay.active: reserved - cached_free).
+ * columns(allocated, requested, reserved, cached_free, inactive_split, largest_free, initial) with
+ * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event.
+ * Returns the peaks of allocated, requested and reserved: ((value, event), ...), event -1 on an empty trace.
+ * One pass writes each column once, running sums and all: the records (ignored events, the
+ * adjustments, the nonsplit moves and the largest free sizes) are walked beside it, each list in event
+ * order. The columns are fresh memory: a second pass over them (moves, then sums) cost as much again
+ * in memory traffic as the sums themselves. */
+static PyObject *core_columns(RecCore *c, PyObject *args) {
+    PyObject *o[6];
+    long long init[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO(LLLLLL)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &init[0], &init[1],
+                          &init[2], &init[3], &init[4], &init[5]))
+        return NULL;
+    Py_buffer b[6];
+    int got = 0;
+    Py_ssize_t n = c->n;
+    for (; got < 6; got++)
+        if (out_column(o[got], &b[got], n) < 0) goto fail;
+    int64_t *col[6], peak[3] = {INT64_MIN, INT64_MIN, INT64_MIN};
+    Py_ssize_t at[3] = {-1, -1, -1};
+    for (int k = 0; k < 6; k++) col[k] = b[k].buf;
+    if (c->bs_len < n || !records_in_order(&c->ignored, 0, n) || !records_in_order(&c->aa_i, 0, n) ||
+        !records_in_order(&c->ac_i, 0, n) || !records_in_order(&c->ns_i, 0, n) ||
+        !records_in_order(&c->lf_i, INT64_MIN, n)) {
+        columns_scatter(c, col, n, init, peak, at);
+    } else {
+        int64_t *al = col[0], *rq = col[1], *rs = col[2], *cf = col[3], *is = col[4], *lf = col[5];
+        const int64_t *bs = c->bs, *sz = c->size;
+        const unsigned char *act = c->act;
+        const long A = c->alloc, FR = c->free_requested, FC = c->free_completed;
+        const long SA = c->seg_alloc, SM = c->seg_map, SF = c->seg_free, SU = c->seg_unmap;
+        int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], lv = init[5];
+        int64_t pk[3] = {INT64_MIN, INT64_MIN, INT64_MIN}; /* the loop's own: no column store aliases them */
+        Py_ssize_t pat[3] = {-1, -1, -1};
+        size_t pi = 0, pa = 0, pc = 0, pn = 0, pl = 0;
+        while (pl < c->lf_i.len && c->lf_i.v[pl] < 0) pl++; /* records of the seeding: the initial figure holds them */
+        int64_t ni = next_at(&c->ignored, pi), na = next_at(&c->aa_i, pa), nc = next_at(&c->ac_i, pc);
+        int64_t nn = next_at(&c->ns_i, pn), nl = next_at(&c->lf_i, pl);
+        int64_t next = ni < na ? ni : na; /* the first event any record names */
+        if (nc < next) next = nc;
+        if (nn < next) next = nn;
+        if (nl < next) next = nl;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            long a = act[k];
+            int64_t x = bs[k], s = sz[k];
+            int64_t dal = a == A ? x : (a == FR ? -x : 0);
+            int64_t dac = a == A ? x : (a == FC ? -x : 0);
+            int64_t drq = a == A ? s : (a == FC ? -s : 0);
+            int64_t drs = (a == SA || a == SM) ? s : ((a == SF || a == SU) ? -s : 0);
+            if (k == next) { /* rare: an event with records */
+                if (ni == k) {
+                    drq = drs = 0;
+                    while (ni == k) ni = next_at(&c->ignored, ++pi);
+                }
+                for (; na == k; na = next_at(&c->aa_i, ++pa)) dal += c->aa_v.v[pa];
+                for (; nc == k; nc = next_at(&c->ac_i, ++pc)) dac += c->ac_v.v[pc];
+                for (; nn == k; nn = next_at(&c->ns_i, ++pn)) sn += c->ns_v.v[pn];
+                for (; nl == k; nl = next_at(&c->lf_i, ++pl)) lv = c->lf_v.v[pl]; /* the last record wins */
+                next = ni < na ? ni : na;
+                if (nc < next) next = nc;
+                if (nn < next) next = nn;
+                if (nl < next) next = nl;
+            }
+            al[k] = sa += dal;
+            rq[k] = sq += drq;
+            rs[k] = sr += drs;
+            sc += dac;
+            cf[k] = sr - sc;
+            is[k] = sr - sc - sn;
+            lf[k] = lv;
+            PEAKS(pk, pat, k, sa, sq, sr);
+        }
+        for (int j = 0; j < 3; j++) peak[j] = pk[j], at[j] = pat[j];
+    }
+    for (int k = 0; k < 6; k++) PyBuffer_Release(&b[k]);
+    return Py_BuildValue("((Ln)(Ln)(Ln))", (long long)peak[0], at[0], (long long)peak[1], at[1], (long long)peak[2],
+                         at[2]);
 fail:
     for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
     return NULL;
@@ -1127,8 +1264,8 @@ static PyMethodDef core_methods[] = {
     {"retrack", (PyCFunction)core_retrack, METH_NOARGS, "_retrack()"},
     {"blocks", (PyCFunction)core_blocks, METH_NOARGS, "(blocks, segments) for export()"},
     {"internals", (PyCFunction)core_internals, METH_NOARGS, "the state as the Python replayer's attributes"},
-    {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments"},
-    {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays"},
+    {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments, int64 bytes"},
+    {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays; their peaks"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1205,7 +1342,7 @@ static PyObject *recorded_core(PyObject *self, PyObject *args) {
     c->size = c->size_b.buf;
     Map *maps[] = {&c->free_sz, &c->free_end, &c->used, &c->seg_size, &c->seg_end, &c->seg_meta, &c->fcount};
     for (int k = 0; k < 7; k++)
-        if (map_init(maps[k], 64) < 0) goto fail;
+        if (map_init(maps[k], 64, MAP_SPARSE_LIVE) < 0) goto fail;
     c->bs_cap = c->n + 16;
     c->bs_len = c->n;
     if (!(c->bs = PyMem_Calloc((size_t)c->bs_cap, sizeof(int64_t)))) {
@@ -1236,7 +1373,8 @@ fail:
  * written); ``alternates``: whether every address starts with an alloc and its kinds alternate
  * (policy.trace_is_complete). The map holds, per address, the alloc it is open for: only the blocks
  * live at a time, so it stays in cache, where the reference's sort by address reads every event several
- * times. None (nothing written) where an address is the map's empty key, which no real address is. */
+ * times. None where an address is the map's empty key, which no real address is (``ends`` then holds
+ * what was written up to it: compiled.alloc_ends drops it). */
 static PyObject *alloc_ends(PyObject *self, PyObject *args) {
     PyObject *act_o, *addr_o, *ends_o;
     long alloc, free_code;
@@ -1269,23 +1407,22 @@ static PyObject *alloc_ends(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not int64");
         goto done;
     }
+    /* One pass: an address that is the map's empty key declines where it is met (the ends written so far
+     * are the caller's to drop), and the ends are counted as they are written. */
+    int64_t cap = write ? (int64_t)(ends.len / 8) : INT64_MAX;
+    if (map_init(&open, 1024, MAP_SPARSE_LIVE) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        m += a[i] == alloc;
-        if ((a[i] == alloc || a[i] == free_code) && ad[i] == MAP_EMPTY) {
+        int is_alloc = a[i] == alloc;
+        if (!is_alloc && a[i] != free_code) continue;
+        if (ad[i] == MAP_EMPTY) {
             out = Py_None;
             Py_INCREF(out);
             goto done;
         }
-    }
-    if (write && m != (int64_t)(ends.len / 8)) {
-        PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
-        goto done;
-    }
-    if (map_init(&open, 1024) < 0) goto done;
-    m = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int is_alloc = a[i] == alloc;
-        if (!is_alloc && a[i] != free_code) continue;
+        if (is_alloc && m == cap) {
+            PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
+            goto done;
+        }
         if (is_alloc && write) end[m] = n;
         Py_ssize_t j = map_find(&open, ad[i]);
         alternates &= (j >= 0) != is_alloc;
@@ -1295,6 +1432,10 @@ static PyObject *alloc_ends(PyObject *self, PyObject *args) {
         } else if (j >= 0) {
             map_del_at(&open, (size_t)j);
         }
+    }
+    if (write && m != cap) {
+        PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
+        goto done;
     }
     out = Py_BuildValue("(LO)", (long long)m, alternates ? Py_True : Py_False);
 done:
@@ -1322,7 +1463,7 @@ static int in_i32(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
  * runs in trace order, so the first wrong pair it meets is the one with the earliest ``cur``, the one the
  * reference (a stable sort by address) refuses. The map holds each address's last block event: every
  * address the trace names, which in a caching allocator's trace is few. None where an address is the
- * map's empty key (the reference answers then). */
+ * map's empty key, met before any wrong pair (the reference answers then). */
 static PyObject *block_order(PyObject *self, PyObject *args) {
     PyObject *act_o, *addr_o, *stream_o, *pool_o;
     const char *next_kind;
@@ -1353,15 +1494,14 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
     const signed char *a = act.buf, *nxt = (const signed char *)next_kind;
     const int64_t *ad = addr.buf;
     const int32_t *st = stream.buf, *pl = pool.buf;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (a[i] >= 0 && a[i] <= 2 && ad[i] == MAP_EMPTY) {
+    if (map_init(&last, 1024, MAP_SPARSE_ALL) < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[i] < 0 || a[i] > 2) continue;
+        if (ad[i] == MAP_EMPTY) { /* declined where met: every pair before it was in order */
             out = Py_None;
             Py_INCREF(out);
             goto done;
         }
-    if (map_init(&last, 1024) < 0) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (a[i] < 0 || a[i] > 2) continue;
         Py_ssize_t j = map_find(&last, ad[i]);
         if (j >= 0) {
             int64_t p = last.v[j];

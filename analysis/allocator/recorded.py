@@ -180,7 +180,6 @@ class RecordedReplay:
     allocated: I64
     requested: I64
     reserved: I64
-    active: I64
     cached_free: I64
     inactive_split: I64
     largest_free: I64
@@ -204,6 +203,15 @@ class RecordedReplay:
     _whole_free: tuple[I64, I64, int] = field(
         default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64), 0), repr=False
     )
+    _active: I64 | None = field(default=None, repr=False)
+
+    @property
+    def active(self) -> I64:
+        """``active_bytes`` after each event: ``reserved - cached_free``, made when first read. Nothing
+        of a report reads it, so the pass does not write it (a column of 8 bytes an event)."""
+        if self._active is None:
+            self._active = self.reserved - self.cached_free
+        return self._active
 
     def whole_free_segments(self, index: int) -> int:
         """How many segments ``garbage_collect_cached_blocks`` could free after event ``index``
@@ -1238,15 +1246,21 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
     return moves
 
 
-def _core_columns(core: Any, n: int, init: StateFigures) -> dict[str, I64]:
+def _core_columns(core: Any, n: int, init: StateFigures) -> tuple[dict[str, I64], list[tuple[int, int]]]:
     """``_columns`` and the two columns ``_finished`` derives from them, summed by the C state itself
-    into fresh arrays (its records never become Python objects)."""
-    names = ("allocated", "requested", "reserved", "active", "cached_free", "inactive_split", "largest_free")
+    into fresh arrays (its records never become Python objects), less ``active`` (made when read:
+    ``RecordedReplay.active``); and ``_peak`` of allocated, requested and reserved, found by the
+    same pass."""
+    names = ("allocated", "requested", "reserved", "cached_free", "inactive_split", "largest_free")
     cols = {k: np.empty(n, dtype=np.int64) for k in names}
     nonsplit = init.cached_free - init.inactive_split
     start = (init.allocated, init.requested, init.reserved, init.active, nonsplit, init.largest_free)
-    core.columns(*cols.values(), start)
-    return cols
+    maxima = core.columns(*cols.values(), start)  # ((value, first event), ...); event -1: no events
+    peaks = [
+        (v, j) if j >= 0 and v >= initial else (initial, -1)
+        for (v, j), initial in zip(maxima, (init.allocated, init.requested, init.reserved), strict=True)
+    ]
+    return cols, peaks
 
 
 def _step_column(index: list[int], value: list[int], n: int, initial: int) -> I64:
@@ -1416,21 +1430,23 @@ def _finished(
     initial_state = rep.initial
     init = initial_state.figures()
     if rep.core is not None:
-        cols = _core_columns(rep.core, n, init)
+        cols, peaks = _core_columns(rep.core, n, init)
         cached_free, inactive_split = cols["cached_free"], cols["inactive_split"]
     else:
         cols = _columns(rep, device, init)
         cached_free = cols["reserved"] - cols["active"]
         inactive_split = np.subtract(cached_free, cols["nonsplit"], out=cols["nonsplit"])
-    allocated, requested, reserved, active = (cols["allocated"], cols["requested"], cols["reserved"], cols["active"])
+    allocated, requested, reserved = (cols["allocated"], cols["requested"], cols["reserved"])
     largest_free = cols["largest_free"]
+    if rep.core is None:
+        peaks = [_peak(allocated, init.allocated), _peak(requested, init.requested), _peak(reserved, init.reserved)]
 
     if n:
         final_figures = StateFigures(
             int(allocated[-1]),
             int(requested[-1]),
             int(reserved[-1]),
-            int(active[-1]),
+            int(reserved[-1]) - int(cached_free[-1]),  # active
             int(cached_free[-1]),
             int(inactive_split[-1]),
             int(largest_free[-1]),
@@ -1438,9 +1454,7 @@ def _finished(
     else:
         final_figures = init
     states[-1] = initial_state
-    pa, pai = _peak(allocated, init.allocated)
-    pq, pqi = _peak(requested, init.requested)
-    pr, pri = _peak(reserved, init.reserved)
+    (pa, pai), (pq, pqi), (pr, pri) = peaks
     whole_free = _whole_free_column(rep, initial_state)
     # The per-pass lists are only needed again by blocks_at's replays.
     rep.bs = []
@@ -1451,7 +1465,6 @@ def _finished(
         allocated=allocated,
         requested=requested,
         reserved=reserved,
-        active=active,
         cached_free=cached_free,
         inactive_split=inactive_split,
         largest_free=largest_free,
@@ -1468,12 +1481,16 @@ def _finished(
         _replayer=rep,
         _states=states,
         _whole_free=whole_free,
+        _active=cols.get("active"),  # the Python loop's; the C state's pass writes none
     )
 
 
 def _whole_free_column(rep: _Replayer, initial: AllocatorState) -> tuple[I64, I64, int]:
     """``RecordedReplay.whole_free_segments`` from the pass's (event, change) records."""
-    wf_i, wf_v = rep.core.whole_free() if rep.core is not None else (rep.wf_i, rep.wf_v)
+    if rep.core is not None:  # the C state's records, as the bytes of int64 arrays
+        at, change = (np.frombuffer(b, np.int64) for b in rep.core.whole_free())
+    else:
+        at, change = np.asarray(rep.wf_i, np.int64), np.asarray(rep.wf_v, np.int64)
     start = sum(
         1
         for seg in initial.segments
@@ -1483,4 +1500,4 @@ def _whole_free_column(rep: _Replayer, initial: AllocatorState) -> tuple[I64, I6
         and len(seg.blocks) == 1
         and seg.blocks[0].state == INACTIVE
     )
-    return np.asarray(wf_i, np.int64), start + np.cumsum(np.asarray(wf_v, np.int64)), start
+    return at, start + np.cumsum(change), start
