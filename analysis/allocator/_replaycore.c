@@ -634,7 +634,7 @@ static int64_t c_meta_of_event(RecCore *c, int64_t i, int64_t size, int expandab
 }
 
 static int c_alloc_slow(RecCore *c, int64_t i, int64_t ad, int64_t req) {
-    int64_t r, fs, us, f, b;
+    int64_t r, fs = 0, us = 0, f, b; /* fs, us: set by c_containing where it finds one (the compiler cannot see it) */
     if (c_issue(c, i, "alloc-outside-free", "alloc at an address where no free block starts") < 0 ||
         c_round(c, req, &r) < 0)
         return -1;
