@@ -270,7 +270,7 @@ def frameless_backward(lifetimes: Lifetimes, catalog: StackCatalog) -> npt.NDArr
     """
     gids = catalog.groups_of(lifetimes.stack)
     has_frames = gids != 0
-    if not has_frames.any():
+    if not has_frames.any() or has_frames.all():  # nothing framed to follow, or nothing frame-less
         return np.zeros(gids.shape[0], bool)
     # The allocations are in trace order: the nearest earlier framed one is the last framed
     # position so far (a running maximum), no search needed.
