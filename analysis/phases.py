@@ -44,7 +44,6 @@ import numpy.typing as npt
 from analysis.categories import count_upto, frameless_backward
 from analysis.model import Frame, StackTable, Trace, sorted_unique
 from analysis.stacks import (
-    TRAIT_AUTOCAST,
     TRAIT_BACKWARD,
     TRAIT_MODULE_FORWARD,
     TRAIT_OPTIMIZER,
@@ -306,7 +305,7 @@ def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[Forwar
     # A stack cut short (deep module nesting) loses the frames above the model's call: its site is unknown,
     # and it continues the pass it is in (the last known site before it), rather than starting another.
     known = np.flatnonzero(ms >= 0)
-    if known.size:
+    if 0 < known.size < ms.size:
         last_known = np.maximum.accumulate(np.where(ms >= 0, np.arange(ms.size), -1))
         ms = np.where(last_known >= 0, ms[np.maximum(last_known, 0)], ms[known[0]])
     fwd = mc == FORWARD
@@ -341,7 +340,7 @@ def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[Forwar
 FIRST_PASS_SIZES = 2048  # a forward pass's allocations kept in the report (a ResNet-152's pass makes ~1000)
 
 
-def pass_figures(phases: Phases, lifetimes: Lifetimes, traits: I64, opt_start: I64) -> dict[str, object]:
+def pass_figures(phases: Phases, lifetimes: Lifetimes, autocast: bool, opt_start: I64) -> dict[str, object]:
     """``devices[].signature`` (issue 33): what a follow-up run compares with its incident to see a batch,
     micro-batches, autocast or an evaluation that stopped keeping activations (``analysis.followup``).
 
@@ -353,7 +352,7 @@ def pass_figures(phases: Phases, lifetimes: Lifetimes, traits: I64, opt_start: I
     ``first_pass``: the requested size of each forward allocation of the first training pass (or of the pass
     the trace ends in, ``complete`` false), in order, at most ``FIRST_PASS_SIZES``: the same ops on another
     batch ask for sizes in one ratio, allocation by allocation; ``autocast``: an event of the trace recorded
-    under ``torch/amp/autocast_mode.py`` frames (``TRAIT_AUTOCAST``; ``traits``: those of the trace's stacks)."""
+    under ``torch/amp/autocast_mode.py`` frames (``TRAIT_AUTOCAST``: ``StackCatalog.any_has``)."""
     train: list[list[int]] = []
     evals: list[list[int]] = []
     train_starts: list[int] = []
@@ -384,5 +383,5 @@ def pass_figures(phases: Phases, lifetimes: Lifetimes, traits: I64, opt_start: I
         "eval_passes": evals,
         "passes_per_step": per_step,
         "first_pass": first,
-        "autocast": bool(((traits & TRAIT_AUTOCAST) != 0).any()),
+        "autocast": autocast,
     }
