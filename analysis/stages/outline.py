@@ -84,7 +84,10 @@ def live_requested(lifetimes: Lifetimes, action: npt.NDArray[np.int8]) -> Live |
     end_rank[freed] = allocs_upto[lifetimes.end[freed] - 1]
     # bincount sums in float64: exact while totals stay below 2**53 bytes.
     ended = np.bincount(end_rank, lifetimes.size.astype(np.float64), m + 1)
-    after = np.cumsum(lifetimes.size) - np.cumsum(np.rint(ended[:-1]).astype(np.int64))
+    # ``cumsum(size) - cumsum(ended)`` in one pass (the same in int64); a float64 sum of integers is an
+    # integer, so the cast is exact where the sums are.
+    after = lifetimes.size - ended[:-1].astype(np.int64)
+    np.cumsum(after, out=after)
     return Live(after, end_rank)
 
 

@@ -122,7 +122,10 @@ def _peak_without(live: Live, lifetimes: Lifetimes, cut: npt.NDArray[np.bool_]) 
     # Only the cut allocations are summed again (bincount in float64: exact below 2**53 bytes).
     half = np.where(cut, lifetimes.size // 2, 0)
     ended = np.bincount(live.end_rank[cut], half[cut].astype(np.float64), half.shape[0] + 1)
-    gone = np.cumsum(half) - np.cumsum(np.rint(ended[:-1]).astype(np.int64))
+    # ``cumsum(half) - cumsum(ended)`` in one pass (the same in int64); a float64 sum of integers is an
+    # integer, so the cast is exact where the sums are.
+    half -= ended[:-1].astype(np.int64)
+    gone = np.cumsum(half, out=half)
     return int((live.after - gone).max())
 
 
