@@ -114,10 +114,10 @@ def count_upto(marks: I64, start: I64, *, strict: bool = False) -> I64:
 
     Few marks (optimizer windows) against a million allocations: each mark is found among the
     allocations instead, and each count repeated over its run of them (no binary search per allocation)."""
-    return np.repeat(np.arange(marks.shape[0] + 1, dtype=np.int64), _runs(marks, start, strict))
+    return np.repeat(np.arange(marks.shape[0] + 1, dtype=np.int64), mark_runs(marks, start, strict))
 
 
-def _runs(marks: I64, start: I64, strict: bool) -> I64:
+def mark_runs(marks: I64, start: I64, strict: bool) -> I64:
     """How many of ``start`` (ascending) have 0, 1, ..., ``len(marks)`` of ``marks`` (ascending) at or
     before them (before them when ``strict``): ``count_upto``'s runs, for a value per mark repeated."""
     at = np.searchsorted(start, marks, side="right" if strict else "left")
@@ -137,10 +137,10 @@ def _step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> tuple[npt
         )
     # Per allocation, the end of the last window started at or before it (-1: none) and the start of the
     # next one starting at or after it (n: none), each a value per window repeated over its allocations.
-    last_end = np.repeat(np.concatenate(([-1], opt_end)), _runs(opt_start, start, False))
+    last_end = np.repeat(np.concatenate(([-1], opt_end)), mark_runs(opt_start, start, False))
     in_window = start <= last_end
     window_end = np.where(in_window, last_end, n)
-    next_opt_start = np.repeat(np.concatenate((opt_start, [n])), _runs(opt_start, start, True))
+    next_opt_start = np.repeat(np.concatenate((opt_start, [n])), mark_runs(opt_start, start, True))
     return in_window, window_end, next_opt_start, int(opt_start[0])
 
 

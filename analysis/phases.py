@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from analysis.categories import count_upto, frameless_backward
+from analysis.categories import frameless_backward, mark_runs
 from analysis.model import Frame, StackTable, Trace, sorted_unique
 from analysis.stacks import (
     TRAIT_BACKWARD,
@@ -287,9 +287,12 @@ def _window_of(start: I64, opt_start: I64, opt_end: I64) -> I64:
     """The ``Optimizer.step`` window each allocation is inside (-1: none)."""
     if opt_start.size == 0:
         return np.full(start.shape[0], -1, np.int64)
-    k = count_upto(opt_start, start) - 1
-    inside = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
-    out: I64 = np.where(inside, k, -1).astype(np.int64)
+    # The last window started at or before each allocation, and its end: a value per window repeated over
+    # its run of allocations (``categories._step_windows`` likewise).
+    runs = mark_runs(opt_start, start, False)
+    k = np.repeat(np.arange(-1, opt_start.shape[0], dtype=np.int64), runs)
+    last_end = np.repeat(np.concatenate(([-1], opt_end)), runs)
+    out: I64 = np.where(start <= last_end, k, -1)
     return out
 
 
