@@ -113,11 +113,16 @@ def count_upto(marks: I64, start: I64, *, strict: bool = False) -> I64:
     before it when ``strict``: ``np.searchsorted(marks, start, side="right"/"left")``.
 
     Few marks (optimizer windows) against a million allocations: each mark is found among the
-    allocations instead, and a running count spreads them (no binary search per allocation)."""
+    allocations instead, and each count repeated over its run of them (no binary search per allocation)."""
+    return np.repeat(np.arange(marks.shape[0] + 1, dtype=np.int64), mark_runs(marks, start, strict))
+
+
+def mark_runs(marks: I64, start: I64, strict: bool) -> I64:
+    """How many of ``start`` (ascending) have 0, 1, ..., ``len(marks)`` of ``marks`` (ascending) at or
+    before them (before them when ``strict``): ``count_upto``'s runs, for a value per mark repeated."""
     at = np.searchsorted(start, marks, side="right" if strict else "left")
-    counts = np.zeros(start.shape[0] + 1, np.int64)
-    np.add.at(counts, at, 1)
-    return np.cumsum(counts[:-1])
+    runs: I64 = np.diff(at, prepend=0, append=start.shape[0])
+    return runs
 
 
 def _step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> tuple[npt.NDArray[np.bool_], I64, I64, int]:
@@ -130,11 +135,12 @@ def _step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> tuple[npt
             np.full(start.shape[0], n, np.int64),
             n,
         )
-    k = count_upto(opt_start, start) - 1  # last window started at or before
-    in_window = (k >= 0) & (start <= opt_end[np.maximum(k, 0)])
-    window_end = np.where(in_window, opt_end[np.maximum(k, 0)], n)
-    nxt = count_upto(opt_start, start, strict=True)  # next window starting at or after
-    next_opt_start = np.where(nxt < opt_start.size, opt_start[np.minimum(nxt, opt_start.size - 1)], n)
+    # Per allocation, the end of the last window started at or before it (-1: none) and the start of the
+    # next one starting at or after it (n: none), each a value per window repeated over its allocations.
+    last_end = np.repeat(np.concatenate(([-1], opt_end)), mark_runs(opt_start, start, False))
+    in_window = start <= last_end
+    window_end = np.where(in_window, last_end, n)
+    next_opt_start = np.repeat(np.concatenate((opt_start, [n])), mark_runs(opt_start, start, True))
     return in_window, window_end, next_opt_start, int(opt_start[0])
 
 
@@ -270,7 +276,7 @@ def frameless_backward(lifetimes: Lifetimes, catalog: StackCatalog) -> npt.NDArr
     """
     gids = catalog.groups_of(lifetimes.stack)
     has_frames = gids != 0
-    if not has_frames.any():
+    if not has_frames.any() or has_frames.all():  # nothing framed to follow, or nothing frame-less
         return np.zeros(gids.shape[0], bool)
     # The allocations are in trace order: the nearest earlier framed one is the last framed
     # position so far (a running maximum), no search needed.

@@ -180,6 +180,14 @@ class StackCatalog:
         assert memo[2] is not None
         return memo[2]
 
+    def any_has(self, stacks: npt.NDArray[np.integer], trait: int) -> bool:
+        """Whether any of these stack ids (-1: none, which has no trait) has ``trait``: the stacks are looked
+        at only where some stack of the table has it (``stack_traits`` of every event of a trace, filtered
+        and kept, was 0.035 s of the 460 MB report, for one bit)."""
+        has = (self.traits[self.group_of] & trait) != 0  # by stack id + 1
+        has[0] = False
+        return bool(has.any()) and bool(has[np.asarray(stacks) + 1].any())
+
 
 # Sums in float64 are exact below this.
 _EXACT = 2**53

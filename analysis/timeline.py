@@ -269,14 +269,19 @@ class Plateau:
 
 
 def reserved_plateau(reserved: I64, allocated: I64, initial_reserved: int, initial_allocated: int) -> Plateau | None:
-    """The reserved peak's plateau over the replay's columns and the state before them (None: no state)."""
-    res = np.concatenate(([initial_reserved], np.asarray(reserved, np.int64)))
-    alloc = np.concatenate(([initial_allocated], np.asarray(allocated, np.int64)))
-    peak = int(res.max())
+    """The reserved peak's plateau over the replay's columns and the state before them (None: no state).
+    Positions count the state before as 0 (event ``i`` is ``i + 1``); the columns are not copied to
+    put it first (two copies of every event's figures were 0.01 s of the 460 MB report)."""
+    reserved, allocated = np.asarray(reserved, np.int64), np.asarray(allocated, np.int64)
+    peak = max(int(initial_reserved), int(reserved.max()) if reserved.size else int(initial_reserved))
     if peak <= 0:
         return None
-    at = np.flatnonzero(res == peak)
-    idle = res[at] - alloc[at]
+    events = np.flatnonzero(reserved == peak)
+    idle = peak - allocated[events]  # reserved is the peak there
+    at = events + 1
+    if int(initial_reserved) == peak:
+        at = np.concatenate(([0], at))
+        idle = np.concatenate(([peak - int(initial_allocated)], idle))
     k = int(np.argmin(idle))
     return Plateau(
         reserved_bytes=peak,

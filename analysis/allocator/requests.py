@@ -476,7 +476,7 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools:
     lane = None
     if not (ns == 1 and len(snapshot.pools) == 1):
         lane = _lanes(pools, t.stream, sel, ns)
-    return sel, ops.astype(np.int64), raddr.astype(np.int64), t.size[sel], ops == _OP_OOM, lane
+    return sel, ops.astype(np.int64), raddr.astype(np.int64, copy=False), t.size[sel], ops == _OP_OOM, lane
 
 
 def _lanes(pools: I32, stream: npt.NDArray[Any], events: npt.ArrayLike, n_streams: int) -> I64:

@@ -15,7 +15,7 @@ from analysis.ledger import Ledger, device_ledger
 from analysis.limits import OomMessage
 from analysis.model import Snapshot
 from analysis.phases import Phases, pass_figures, tag_phases
-from analysis.stacks import StackCatalog
+from analysis.stacks import TRAIT_AUTOCAST, StackCatalog
 from analysis.stages.attribution import Attribution
 from analysis.stages.explain import Explained
 from analysis.stages.outline import Facts
@@ -90,9 +90,8 @@ def device_phases(snapshot: Snapshot, facts: Facts, catalog: StackCatalog, attri
 def signature_of(facts: Facts, catalog: StackCatalog, attribution: Attribution, phases: Phases) -> dict[str, object]:
     """``devices[].signature``: the passes' figures a follow-up compares (``phases.pass_figures``)."""
     # Every event's stack: autocast's frames come on the frees it makes at ``__exit__`` (its cast cache).
-    stacks = facts.dev.trace.stack
-    traits = catalog.stack_traits(stacks[stacks >= 0])
-    return pass_figures(phases, facts.lifetimes, traits, attribution.opt_start)
+    autocast = catalog.any_has(facts.dev.trace.stack, TRAIT_AUTOCAST)
+    return pass_figures(phases, facts.lifetimes, autocast, attribution.opt_start)
 
 
 def _optimizer_class(snapshot: Snapshot) -> str:

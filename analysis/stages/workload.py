@@ -112,7 +112,7 @@ _AUTOCAST_FP32_FRAMES = frozenset(
 )
 
 
-def _peak_without(live: Live, lifetimes: Lifetimes, cut: npt.NDArray[np.bool_]) -> int:
+def _peak_without(live: Live, halves: I64, cut: npt.NDArray[np.bool_]) -> int:
     """Peak of live requested bytes with half of each ``cut`` allocation gone.
 
     Live memory only rises at an allocation, so the peak is after one of them: the cut bytes
@@ -120,9 +120,12 @@ def _peak_without(live: Live, lifetimes: Lifetimes, cut: npt.NDArray[np.bool_]) 
     if not cut.any():
         return live.peak
     # Only the cut allocations are summed again (bincount in float64: exact below 2**53 bytes).
-    half = np.where(cut, lifetimes.size // 2, 0)
+    half = np.where(cut, halves, 0)
     ended = np.bincount(live.end_rank[cut], half[cut].astype(np.float64), half.shape[0] + 1)
-    gone = np.cumsum(half) - np.cumsum(np.rint(ended[:-1]).astype(np.int64))
+    # ``cumsum(half) - cumsum(ended)`` in one pass (the same in int64); a float64 sum of integers is an
+    # integer, so the cast is exact where the sums are.
+    half -= ended[:-1].astype(np.int64)
+    gone = np.cumsum(half, out=half)
     return int((live.after - gone).max())
 
 
@@ -154,8 +157,9 @@ def _amp_saving_range(
     base = live.peak
     upper = act & ~fp32[gids]
     lower = upper & in_nn[gids]
-    high = base - _peak_without(live, lifetimes, upper)
-    low = base - _peak_without(live, lifetimes, lower)
+    halves = lifetimes.size // 2  # each allocation's half, for both bounds
+    high = base - _peak_without(live, halves, upper)
+    low = base - _peak_without(live, halves, lower)
     return max(0, low), max(0, high)
 
 
