@@ -215,7 +215,13 @@ typedef struct {
     int64_t *pool_a, *pool_b;
     size_t pool_n, pool_cap;
     Map pool_map;
-    PyObject **cache;  /* exported Python object per container */
+    /* The Python object exported per container, found by its index through cache_map: few containers are
+     * exported (the root, segments, blocks, annotations), where an array of one pointer per container was
+     * 8 bytes per event and frames list, zeroed and read back whole when released (~8k page faults on the
+     * 460 MB benchmark). */
+    Map cache_map;
+    PyObject **cache;
+    size_t cache_n, cache_cap;
     PyObject **fcache; /* exported Python dict per frame record */
     Slot *slots; /* the items of containers (see Cont.ref) */
     size_t sl_n, sl_cap;
@@ -1803,9 +1809,10 @@ static PyObject *frame_of_rec(P *p, int32_t rec, PyObject **cache) {
 }
 
 static PyObject *export_cont(P *p, int64_t ci) {
-    if (p->cache[ci]) {
-        Py_INCREF(p->cache[ci]);
-        return p->cache[ci];
+    int32_t hit;
+    if (map_get(&p->cache_map, (uint64_t)ci, &hit)) {
+        Py_INCREF(p->cache[hit]);
+        return p->cache[hit];
     }
     Cont *c = &p->conts[ci];
     PyObject *o = NULL;
@@ -1865,7 +1872,12 @@ static PyObject *export_cont(P *p, int64_t ci) {
         return GIVE_UP(NULL); /* an event record outside a trace */
     }
     if (o) {
-        p->cache[ci] = o;
+        if (p->cache_n >= INT32_MAX || grow((void **)&p->cache, &p->cache_cap, p->cache_n + 1, sizeof(PyObject *)) < 0 ||
+            map_put(&p->cache_map, (uint64_t)ci, (int32_t)p->cache_n) < 0) {
+            Py_DECREF(o);
+            return PyErr_NoMemory();
+        }
+        p->cache[p->cache_n++] = o;
         Py_INCREF(o);
     }
     return o;
@@ -2372,10 +2384,9 @@ static void p_free(P *p) {
     free(p->span_off);
     free(p->span_len);
     free(p->span_seq);
-    if (p->cache) {
-        for (size_t i = 0; i < p->cn; i++) Py_XDECREF(p->cache[i]);
-        free(p->cache);
-    }
+    for (size_t i = 0; i < p->cache_n; i++) Py_DECREF(p->cache[i]);
+    free(p->cache);
+    map_free(&p->cache_map);
 }
 
 static PyObject *py_parse(PyObject *self, PyObject *args) {
@@ -2421,9 +2432,8 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
         unsigned long long b = npb * (unsigned long long)raw_n;
         p.budget = (int64_t)(b > min_nodes ? b : min_nodes);
     }
-    p.cache = calloc(p.cn + 1, sizeof(PyObject *));
     p.fcache = calloc(p.fn + 1, sizeof(PyObject *));
-    if (!p.cache || !p.fcache) goto done;
+    if (!p.fcache || map_init(&p.cache_map, 64) < 0) goto done;
     root = export_root(&p);
     if (!root) goto done;
     fvals = PyList_New((Py_ssize_t)p.fv_n);
