@@ -1419,37 +1419,40 @@ static void pf_stop(Prefault *f) {
 static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_out, int32_t *sid) {
     const unsigned char *buf = p->buf;
     size_t q = pos, n = 0;
-    /* LONG_BINGETs four at a time: their loads do not wait on each other (one at a time, each waits for
-     * the one before to say where it starts) */
+    /* The walk also makes the cheap key into span_recent, from the GETs' memo ids as it reads them (the bytes
+     * read once, where a second pass over them made it before; a span whose bytes fall short of a word ended
+     * in a partial load that stalled on its copy): four LONG_BINGETs at a time, their loads and multiplies
+     * independent of each other, folded into the key by a rotate and an xor (no chain of multiplies). The key
+     * only picks the span to compare first: the bytes are compared whole below. */
+    uint64_t f = 0;
     while (stop_at - q >= 20 && n + 4 < PICKLER_BATCH &&
-           (buf[q] == 'j') & (buf[q + 5] == 'j') & (buf[q + 10] == 'j') & (buf[q + 15] == 'j'))
+           (buf[q] == 'j') & (buf[q + 5] == 'j') & (buf[q + 10] == 'j') & (buf[q + 15] == 'j')) {
+        uint64_t a = rd32(buf + q + 1), b = rd32(buf + q + 6), c = rd32(buf + q + 11), d = rd32(buf + q + 16);
+        f = ((f << 13) | (f >> 51)) ^ ((a * 0x9e3779b97f4a7c15ULL + b * 0xbf58476d1ce4e5b9ULL) ^
+                                       (c * 0x94d049bb133111ebULL + d * 0x2545f4914f6cdd1dULL));
         q += 20, n += 4;
+    }
     for (;;) {
+        uint64_t id;
         if (q >= stop_at) return 0;
         if (buf[q] == 'j') {
             if (stop_at - q < 5) return 0;
+            id = rd32(buf + q + 1) | (uint64_t)1 << 32;
             q += 5;
         } else if (buf[q] == 'h') {
             if (stop_at - q < 2) return 0;
+            id = buf[q + 1];
             q += 2;
         } else
             break;
+        f = ((f << 7) | (f >> 57)) ^ (id * 0xff51afd7ed558ccdULL);
         if (++n == PICKLER_BATCH) return 0;
     }
     if (n == 0 || buf[q] != 'e') return 0;
     size_t len = q - pos;
-    /* first a cheap key of all the bytes (8 at a time, each word turned by its place, xored: no chain of
-     * multiplies) into recent spans; a full hash into span_map when that is not it */
-    uint64_t h = 0, f = len * 0x9e3779b97f4a7c15ULL, w;
-    size_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-        memcpy(&w, buf + pos + j, 8);
-        unsigned rot = (unsigned)(j * 7) & 63;
-        f ^= rot ? (w << rot) | (w >> (64 - rot)) : w;
-    }
-    w = 0;
-    memcpy(&w, buf + pos + j, len - j);
-    size_t r = (size_t)(mix(f ^ (w * 0xbf58476d1ce4e5b9ULL)) & (SPAN_RECENT - 1));
+    /* the key into recent spans; a full hash into span_map when that is not it */
+    uint64_t h = 0;
+    size_t r = (size_t)(mix(f ^ len * 0xc4ceb9fe1a85ec53ULL) & (SPAN_RECENT - 1));
     if (!p->memo_rewritten) {
         int32_t i = p->span_recent[r] - 1;
         if (i >= 0 && p->span_len[i] == len && memcmp(buf + p->span_off[i], buf + pos, len) == 0) {
