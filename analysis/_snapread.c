@@ -1506,6 +1506,180 @@ static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_o
     return 1;
 }
 
+/* A frames list's container made the interned sequence sid of n items (span_seq found it). */
+static inline void list_to_seq(Cont *c, int32_t sid, size_t n) {
+    if (c->depth < 2) c->depth = 2;
+    c->kind = C_SEQ;
+    c->ref = sid;
+    c->n = (uint32_t)n;
+}
+
+/* The values an event's fast walk holds for a hand-back: 32 pairs (torch writes 9 to 11). */
+#define EV_FAST_VALS 64
+
+/* An event dict's items, walked straight into its record: the MARK after an empty, unsealed dict was just
+ * read (pos is past it). Torch writes every event as
+ *     EMPTY_DICT MEMOIZE MARK (key value)... SETITEMS
+ * with each key a GET of a memoized known string (its first is "action") and each value a GET, an int
+ * (BININT1/BININT2/BININT/LONG1), None, the string "N/A" (MEMOIZE), or its frames list (EMPTY_LIST
+ * MEMOIZE, then nothing or MARK GETs... APPENDS: span_seq). Where the general loop pushes each key and
+ * value, then has SETITEMS hand them to dict_set, here each pair goes into the record as it is read
+ * (event_set, consume: the same functions in the same order, so the same record), about half the
+ * read's time per event.
+ * On anything else, before its first byte, the walk hands back: the MARK is pushed and the pairs read
+ * so far, as the general loop would have them, and the general loop goes on from that opcode. Whatever
+ * the walk did by then is what the general loop does on the same bytes (containers, memo entries,
+ * streams, sealed values), but the event record, which the general loop makes only at SETITEMS: it is
+ * given back (no other record can have been made since). Values that need a record's side entry
+ * (device_free, texts that are not the defaults) are handed back before they are set, so a given-back
+ * record never left one. Every opcode taken lies wholly before stop_at (the frame's end): the general
+ * loop handles the boundary. 1: done (p->pos past SETITEMS), 0: handed back (p->pos, p->sn, the marks),
+ * -1: give up. */
+static int event_fast(P *p, size_t pos, size_t stop_at) {
+    const unsigned char *buf = p->buf;
+    Events *ev = &p->ev;
+    const int64_t ci = p->stack[p->sn - 1].x;
+    Val vals[EV_FAST_VALS];
+    size_t nv = 0, at = pos;
+    int64_t e = -1;
+    uint16_t have = 0, bad = 0;
+    uint8_t flags = F_CC_DEFAULT | F_UM_DEFAULT;
+    for (;;) {
+        /* a key, or SETITEMS */
+        at = pos;
+        if (pos >= stop_at || nv + 2 > EV_FAST_VALS) goto back;
+        size_t idx;
+        unsigned char op = buf[pos];
+        if (op == 'j' && stop_at - pos >= 5)
+            idx = rd32(buf + pos + 1), pos += 5;
+        else if (op == 'h' && stop_at - pos >= 2)
+            idx = buf[pos + 1], pos += 2;
+        else if (op == 'u' && nv) {
+            pos++;
+            break;
+        } else
+            goto back;
+        if (idx >= p->memo_cap || p->memo[idx] < MEMO_KEY || p->memo[idx] >= MEMO_OVER) goto back_at;
+        uint8_t key = (uint8_t)p->memo[idx];
+        if (nv == 0 && key != K_ACTION) goto back_at; /* (a frame dict, a segment, the root...) */
+        Val *k = &vals[nv++];
+        *k = p->key_val[key];
+        if (e < 0 && (e = ev_new(ev)) < 0) return -1;
+        /* its value */
+        at = pos;
+        if (pos >= stop_at) goto back;
+        Val *v = &vals[nv];
+        v->key = 0, v->pad = 0, v->len = 0;
+        op = buf[pos];
+        switch (op) {
+        case 'j':
+        case 'h': {
+            if (stop_at - pos < (op == 'j' ? 5u : 2u)) goto back;
+            idx = op == 'j' ? rd32(buf + pos + 1) : buf[pos + 1];
+            if (idx >= p->memo_cap || p->memo[idx] == 0) goto back; /* (the general loop gives up) */
+            memo_dec(p, p->memo[idx], v);
+            pos += op == 'j' ? 5 : 2;
+            break;
+        }
+        case 'K':
+            if (stop_at - pos < 2) goto back;
+            v->kind = V_INT, v->x = buf[pos + 1];
+            pos += 2;
+            break;
+        case 'M':
+            if (stop_at - pos < 3) goto back;
+            v->kind = V_INT, v->x = (int64_t)buf[pos + 1] | (int64_t)buf[pos + 2] << 8;
+            pos += 3;
+            break;
+        case 'J':
+            if (stop_at - pos < 5) goto back;
+            v->kind = V_INT, v->x = (int32_t)rd32(buf + pos + 1);
+            pos += 5;
+            break;
+        case 'N':
+            v->kind = V_NONE, v->x = 0;
+            pos += 1;
+            break;
+        case 0x8a: { /* LONG1 of 1..8 bytes, read as run() reads it */
+            size_t n = stop_at - pos >= 2 ? buf[pos + 1] : 0;
+            if (n < 1 || n > 8 || stop_at - pos < 2 + n || p->size - (pos + 2) < 8) goto back;
+            uint64_t u;
+            memcpy(&u, buf + pos + 2, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            u = __builtin_bswap64(u);
+#endif
+            v->kind = V_INT, v->x = (int64_t)(u << (64 - 8 * n)) >> (64 - 8 * n);
+            pos += 2 + n;
+            break;
+        }
+        case 0x8c: /* SHORT_BINUNICODE "N/A" MEMOIZE: every event's compile_context */
+            if (stop_at - pos < 6 || memcmp(buf + pos + 1, "\x03N/A\x94", 5) != 0 || p->key_val[K_NA].kind != V_STR ||
+                p->memo_len >= p->memo_cap || p->memo[p->memo_len])
+                goto back;
+            v->kind = V_STR, v->key = K_NA, v->len = 3, v->x = (int64_t)(pos + 2);
+            p->memo[p->memo_len++] = MEMO_KEY | K_NA;
+            pos += 6;
+            break;
+        case ']': { /* EMPTY_LIST MEMOIZE: the frames list */
+            if (stop_at - pos < 2 || buf[pos + 1] != 0x94 || p->memo_len >= p->memo_cap || p->memo[p->memo_len] ||
+                p->cn >= MEMO_KEY - 2)
+                goto back;
+            int64_t li = cont_new(p, C_LIST);
+            if (li < 0) return -1;
+            v->kind = V_CONT, v->x = li;
+            p->memo[p->memo_len++] = (uint32_t)li + 1;
+            pos += 2;
+            if (pos < stop_at && buf[pos] == '(') { /* its items */
+                size_t q, n;
+                int32_t sid;
+                int rc = span_seq(p, pos + 1, stop_at, &q, &n, &sid);
+                if (rc < 0) return -1;
+                if (rc == 0) { /* another shape: the list is read the general way, from its MARK */
+                    nv++;
+                    at = pos;
+                    goto back;
+                }
+                list_to_seq(&p->conts[li], sid, n);
+                pos = q + 1;
+            }
+            break;
+        }
+        default:
+            goto back;
+        }
+        if (key == K_DFREE || ((key == K_CC || key == K_UM) && !(v->kind == V_STR && v->key == (key == K_CC ? K_NA : K_EMPTYSTR)))) {
+            nv++; /* set by the general loop (a side entry) */
+            at = pos;
+            goto back;
+        }
+        nv++;
+        if (v->kind == V_CONT && consume(p, &p->conts[ci], v) < 0) return GIVE_UP(-1);
+        if (event_set(p, (size_t)e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
+    }
+    {
+        Cont *c = &p->conts[ci];
+        c->kind = C_EVENT;
+        c->ref = (int32_t)e;
+        c->n = (uint32_t)(nv / 2);
+        ev->have[e] = have, ev->bad[e] = bad, ev->flags[e] = flags;
+        p->pos = pos;
+        if (p->pf && !(++p->pf_tick & 1023)) pf_publish(p);
+        return 1;
+    }
+back_at: /* the key just read is handed back unread */
+    pos = at;
+back:
+    if (e >= 0) ev->n--;
+    if ((p->mn == p->mcap && grow((void **)&p->marks, &p->mcap, p->mn + 1, sizeof(size_t)) < 0) ||
+        grow((void **)&p->stack, &p->scap, p->sn + nv, sizeof(Val)) < 0)
+        return GIVE_UP(-1);
+    p->marks[p->mn++] = p->sn;
+    memcpy(p->stack + p->sn, vals, nv * sizeof(Val));
+    p->sn += nv;
+    p->pos = at;
+    return 0;
+}
+
 static int run(P *p) {
     if (p->size < 2 || p->buf[0] != 0x80 || p->buf[1] < 2 || p->buf[1] > 5) return GIVE_UP(-1);
     /* The hot state in locals: stores of uint8_t fields alias everything, so fields of *p would be
@@ -1637,14 +1811,15 @@ op_mark:
             int rc = span_seq(p, pos, stop_at, &q, &n, &sid);
             if (rc < 0) return -1;
             if (rc == 1) {
-                lc = &p->conts[stack[sn - 1].x];
-                if (lc->depth < 2) lc->depth = 2;
-                lc->kind = C_SEQ;
-                lc->ref = sid;
-                lc->n = (uint32_t)n;
+                list_to_seq(&p->conts[stack[sn - 1].x], sid, n);
                 pos = q + 1;
                 DISPATCH();
             }
+        } else if (lc->kind == C_DICT && lc->n == 0 && !lc->sealed) {
+            SYNC_OUT();
+            if (event_fast(p, pos, stop_at) < 0) return -1;
+            SYNC_IN();
+            DISPATCH();
         }
     }
     if (__builtin_expect(p->mn == p->mcap, 0) && grow((void **)&p->marks, &p->mcap, p->mn + 1, sizeof(size_t)) < 0)
