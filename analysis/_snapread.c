@@ -1275,7 +1275,8 @@ static uint64_t hash_bytes(const unsigned char *s, size_t n) {
  * 460 MB benchmark, a third of the read's time on this VM, all on the one thread that reads. A helper
  * thread keeps the next stretch of each array present instead (madvise MADV_POPULATE_WRITE: the kernel
  * makes the pages and writes nothing into them), a fixed number of items ahead of what the parse has
- * published, so at most that much more memory is made than the parse uses. The gunzip's output, whose
+ * published (fewer near the input's end, at the pace of the stretch read last: pf_ahead), so at most that much
+ * more memory is made than the parse uses. The gunzip's output, whose
  * size the gzip trailer states, is made present whole, from its start, while libdeflate fills it: never
  * more than the caps already let it allocate (a trailer that states more than the stream holds gets
  * pages nobody writes, within those caps, until libdeflate refuses the stream).
@@ -1298,6 +1299,9 @@ typedef struct Prefault {
     int count_of[PF_MAX], n;
     size_t ahead[PF_COUNTS];
     size_t count[PF_COUNTS]; /* published by the parse (atomic) */
+    size_t at, size;         /* the parse's place in its input (published with the counts), the input's size */
+    /* two earlier publications, 8 MB of input or more apart: the pace is that of the stretch read since the older */
+    size_t base_at, base_count[PF_COUNTS], mid_at, mid_count[PF_COUNTS];
     int stop;                /* set by the parse when it is done (atomic) */
     pthread_t thread;
 } Prefault;
@@ -1315,9 +1319,31 @@ static void pf_add(Prefault *f, void *base, size_t items, size_t width, int coun
     f->count_of[i] = count_of;
 }
 
+/* Items to make present past `count` of kind c: f->ahead[c], but not more than the rest of the input holds at
+ * the pace of the last stretch read (and half again): the arrays are sized for the worst case, and their pages
+ * made ahead of the parse's end were made for nothing (~16 MB of them on the 460 MB benchmark, every one
+ * a page the kernel cleared). */
+static size_t pf_ahead(Prefault *f, int c, size_t count) {
+    size_t at = __atomic_load_n(&f->at, __ATOMIC_RELAXED), ahead = f->ahead[c];
+    if (at > f->base_at && count > f->base_count[c] && at <= f->size) {
+        double pace = (double)(count - f->base_count[c]) / (double)(at - f->base_at);
+        double rest = (double)(f->size - at) * pace * 1.5 + 4096;
+        if (rest < (double)ahead) ahead = (size_t)rest;
+    }
+    return ahead;
+}
+
 static void *pf_loop(void *arg) {
     Prefault *f = arg;
     for (;;) {
+        size_t at = __atomic_load_n(&f->at, __ATOMIC_RELAXED);
+        if (at >= f->mid_at + ((size_t)8 << 20)) {
+            f->base_at = f->mid_at, f->mid_at = at;
+            for (int c = 0; c < PF_COUNTS; c++) {
+                f->base_count[c] = f->mid_count[c];
+                f->mid_count[c] = __atomic_load_n(&f->count[c], __ATOMIC_RELAXED);
+            }
+        }
         int stop = __atomic_load_n(&f->stop, __ATOMIC_ACQUIRE), moved = 0;
         for (int i = 0; i < f->n; i++) {
             int c = f->count_of[i];
@@ -1326,7 +1352,8 @@ static void *pf_loop(void *arg) {
                 want = f->bytes[i] - f->done[i] > PF_STEP ? f->done[i] + PF_STEP : f->bytes[i];
                 least = 1; /* the last stretch may be shorter */
             } else {
-                want = (__atomic_load_n(&f->count[c], __ATOMIC_RELAXED) + f->ahead[c]) * f->width[i];
+                size_t count = __atomic_load_n(&f->count[c], __ATOMIC_RELAXED);
+                want = (count + pf_ahead(f, c, count)) * f->width[i];
                 want = want > f->skip[i] ? want - f->skip[i] : 0;
                 if (want > f->bytes[i]) want = f->bytes[i];
                 want &= ~(size_t)4095;
@@ -1383,14 +1410,15 @@ static Prefault *pf_start(P *p) {
     pf_add(f, ev->time, ev->cap, sizeof(*ev->time), PF_EVENTS);
     pf_add(f, ev->stream, ev->cap, sizeof(*ev->stream), PF_EVENTS);
     pf_add(f, ev->frames, ev->cap, sizeof(*ev->frames), PF_EVENTS);
-    pf_add(f, ev->pool, ev->cap, sizeof(*ev->pool), PF_EVENTS);
+    /* (not the pool column: it is written only for events with a pool id, none in most files) */
     pf_add(f, ev->have, ev->cap, sizeof(*ev->have), PF_EVENTS);
     pf_add(f, ev->bad, ev->cap, sizeof(*ev->bad), PF_EVENTS);
     pf_add(f, ev->flags, ev->cap, sizeof(*ev->flags), PF_EVENTS);
-    /* ~30 ms of the parse ahead at the benchmark's pace; at most ~16 MB made and never used */
+    /* ~30 ms of the parse ahead at the benchmark's pace, less near the input's end (pf_ahead) */
     f->ahead[PF_CONTS] = 400000;
     f->ahead[PF_MEMO] = 600000;
     f->ahead[PF_EVENTS] = 200000;
+    f->size = p->size;
     return pf_run(f);
 }
 
@@ -1401,6 +1429,7 @@ static inline void pf_publish(P *p) {
     __atomic_store_n(&f->count[PF_CONTS], p->cn, __ATOMIC_RELAXED);
     __atomic_store_n(&f->count[PF_MEMO], p->memo_len, __ATOMIC_RELAXED);
     __atomic_store_n(&f->count[PF_EVENTS], p->ev.n, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->at, p->pos, __ATOMIC_RELAXED);
 }
 
 static void pf_stop(Prefault *f) {
