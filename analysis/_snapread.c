@@ -121,11 +121,13 @@ typedef struct {
 #define H_DFREE 512
 enum { XC_ACTION, XC_ADDR, XC_SIZE, XC_TIME, XC_CLS, XC_POOL, XC_STREAM, XC_N };
 
-/* flags of an event record */
+/* flags of an event record: all the trace's export reads of its presence bits (its `have` and `bad` bits
+ * live only while its dict is read: ev_flags sums them up) */
 #define F_CC_DEFAULT 1
 #define F_UM_DEFAULT 2
-#define F_TIME_NONE 4
+#define F_TIME_NONE 4 /* no time: absent, or None (which counts as absent, as in the Python reader) */
 #define F_POOL 8 /* pool[e] holds its pool pair (the column is written only then: most events have none) */
+#define F_FIT 16  /* every key the trace needs is present and of its shape (device_free for an OOM, else addr) */
 /* What an event record needs rarely: device_free (OOM events) and texts that are not the defaults. */
 typedef struct {
     int64_t dfree;
@@ -140,15 +142,14 @@ typedef struct {
 } Map; /* open addressing, key 0 reserved: keys are stored +1 */
 
 /* Event records, a column per field (the trace's columns themselves: a trace whose records are
- * consecutive is exported in place, without a copy). `bad` bits: present but not of the shape the
- * trace needs. A value is only read where its `have` bit is set and its `bad` bit clear. */
+ * consecutive is exported in place, without a copy). A value is only read where the record's flags
+ * say it is there and of its shape (F_FIT). */
 typedef struct {
     int8_t *action;
     int64_t *addr, *size, *time;
     int32_t *stream; /* the stream's id among all the file's streams (stream_raw) */
     int32_t *frames; /* interned frames list (sequence id), -1 absent or empty */
     int32_t *pool;   /* pool pair id where F_POOL */
-    uint16_t *have, *bad;
     uint8_t *flags;
     size_t n, cap;
     /* streams (cudaStream_t values) by first appearance in the file: raw value <-> id */
@@ -692,8 +693,6 @@ static int ev_grow(Events *ev, size_t need) {
     EV_COL(time);
     EV_COL(frames);
     EV_COL(pool);
-    EV_COL(have);
-    EV_COL(bad);
     EV_COL(flags);
 #undef EV_COL
     ev->cap = c;
@@ -711,8 +710,6 @@ static void ev_free(Events *ev, unsigned handed) {
     if (!(handed & 1u << XC_STREAM)) free(ev->stream);
     free(ev->stream_raw);
     map_free(&ev->stream_map);
-    free(ev->have);
-    free(ev->bad);
     free(ev->flags);
     free(ev->side);
     map_free(&ev->side_map);
@@ -892,18 +889,31 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
     return 0;
 }
 
-/* SETITEMS into event record c->ref (its values consumed into it as they are set); `fresh`: its first. */
+/* The flags of event record e, its dict read: `have` and `bad` (present but not of the shape the trace
+ * needs) summed up in F_FIT and F_TIME_NONE. */
+static inline uint8_t ev_flags(const Events *ev, size_t e, uint16_t have, uint16_t bad, uint8_t flags) {
+    /* (action[e] is the event's action where H_ACTION is in have and not in bad, which `need` asks) */
+    uint16_t need = H_ACTION | H_SIZE | H_STREAM | (ev->action[e] == ACT_OOM ? H_DFREE : H_ADDR);
+    if ((have & need) == need && !(bad & (need | H_TIME | H_FRAMES | H_CC | H_UM | H_POOL))) flags |= F_FIT;
+    if (!(have & H_TIME)) flags |= F_TIME_NONE;
+    return flags;
+}
+
+/* The SETITEMS into event record c->ref (its values consumed into it as they are set); `fresh`: the dict's first.
+ * A second one (to an event dict: never from a pickler, which writes up to 1000 items at a time) is given up on:
+ * the record keeps its flags, not the presence bits a later key would change. */
 static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n, int fresh) {
     size_t e = (size_t)c->ref;
-    uint16_t have = fresh ? 0 : p->ev.have[e], bad = fresh ? 0 : p->ev.bad[e];
-    uint8_t flags = fresh ? F_CC_DEFAULT | F_UM_DEFAULT : p->ev.flags[e];
+    if (!fresh) return n ? GIVE_UP(-1) : 0;
+    uint16_t have = 0, bad = 0;
+    uint8_t flags = F_CC_DEFAULT | F_UM_DEFAULT;
     for (size_t i = 0; i < n; i++) {
         const Val *k = &pairs[2 * i], *v = &pairs[2 * i + 1];
         if (k->kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
         if (v->kind == V_CONT && consume(p, c, v) < 0) return GIVE_UP(-1);
         if (event_set(p, e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
     }
-    p->ev.have[e] = have, p->ev.bad[e] = bad, p->ev.flags[e] = flags;
+    p->ev.flags[e] = ev_flags(&p->ev, e, have, bad, flags);
     c->n += (uint32_t)n;
     return 0;
 }
@@ -1411,8 +1421,6 @@ static Prefault *pf_start(P *p) {
     pf_add(f, ev->stream, ev->cap, sizeof(*ev->stream), PF_EVENTS);
     pf_add(f, ev->frames, ev->cap, sizeof(*ev->frames), PF_EVENTS);
     /* (not the pool column: it is written only for events with a pool id, none in most files) */
-    pf_add(f, ev->have, ev->cap, sizeof(*ev->have), PF_EVENTS);
-    pf_add(f, ev->bad, ev->cap, sizeof(*ev->bad), PF_EVENTS);
     pf_add(f, ev->flags, ev->cap, sizeof(*ev->flags), PF_EVENTS);
     /* ~30 ms of the parse ahead at the benchmark's pace, less near the input's end (pf_ahead) */
     f->ahead[PF_CONTS] = 400000;
@@ -1690,7 +1698,7 @@ static int event_fast(P *p, size_t pos, size_t stop_at) {
         c->kind = C_EVENT;
         c->ref = (int32_t)e;
         c->n = (uint32_t)(nv / 2);
-        ev->have[e] = have, ev->bad[e] = bad, ev->flags[e] = flags;
+        ev->flags[e] = ev_flags(ev, (size_t)e, have, bad, flags);
         p->pos = pos;
         if (p->pf && !(++p->pf_tick & 1023)) pf_publish(p);
         return 1;
@@ -2306,22 +2314,17 @@ static PyObject *export_trace(P *p, Cont *t) {
     int8_t *action = ev->action + base;
     int64_t *addr = ev->addr + base, *time = ev->time + base;
     int32_t *stream = ev->stream + base, *cls = ev->frames + base, *pool = ev->pool + base;
-    const uint16_t *have = ev->have + base, *bad = ev->bad + base;
     const uint8_t *flags = ev->flags + base;
     for (size_t i = 0; i < n; i++) {
-        uint16_t h = have[i], b = bad[i];
-        if (!(h & H_ACTION) || (b & H_ACTION)) FAIL_OUT;
+        if (!(flags[i] & F_FIT)) FAIL_OUT;
         if (action[i] == ACT_OOM) {
             /* the model keeps device_free there */
             int32_t si;
-            if (!(h & H_DFREE) || (b & H_DFREE) || !map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
+            if (!map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
             addr[i] = ev->side[si].dfree;
-        } else if (!(h & H_ADDR) || (b & H_ADDR))
-            FAIL_OUT;
-        if (!(h & H_SIZE) || (b & H_SIZE)) FAIL_OUT;
+        }
         /* streams: ids of non-negative values (a negative one is bad: the reference's to judge), numbered
          * here in order of first appearance in the trace */
-        if (!(h & H_STREAM) || (b & H_STREAM)) FAIL_OUT;
         if (stream[i] != last_sid) {
             last_sid = stream[i];
             if (ord_of[last_sid] < 0) {
@@ -2334,8 +2337,7 @@ static PyObject *export_trace(P *p, Cont *t) {
             last_ord = ord_of[last_sid];
         }
         stream[i] = last_ord;
-        if (b & (H_TIME | H_FRAMES | H_CC | H_UM | H_POOL)) FAIL_OUT;
-        if (!(h & H_TIME) || (flags[i] & F_TIME_NONE)) {
+        if (flags[i] & F_TIME_NONE) {
             time[i] = 0;
             absent_time++;
         }
