@@ -59,8 +59,10 @@
 #define PICKLER_BATCH 1000
 
 /* V_UINT: an int in [2**63, 2**64) (x holds its bits). Torch writes 2**64 - 1 as the line of frames
- * without one; the Python reader takes any int there, and nowhere else an int past int64. */
-enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT };
+ * without one; the Python reader takes any int there, and nowhere else an int past int64.
+ * V_EVENT: an event dict read by event_fast without a container (x: its record): it is never changed
+ * again (SETITEM(S) and APPEND(S) take containers only), only put into a trace list (evlist_extend). */
+enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT, V_EVENT };
 enum { C_LIST = 1, C_SEQ, C_DICT, C_TUPLE, C_FRAME, C_EVENT, C_EVLIST };
 
 /* Known strings: dict keys and values the schema looks at. */
@@ -128,6 +130,7 @@ enum { XC_ACTION, XC_ADDR, XC_SIZE, XC_TIME, XC_CLS, XC_POOL, XC_STREAM, XC_N };
 #define F_TIME_NONE 4 /* no time: absent, or None (which counts as absent, as in the Python reader) */
 #define F_POOL 8 /* pool[e] holds its pool pair (the column is written only then: most events have none) */
 #define F_FIT 16  /* every key the trace needs is present and of its shape (device_free for an OOM, else addr) */
+#define F_DEPTH_SHIFT 5 /* bits 5-6: the nesting depth (1-3) of an event read without a container (V_EVENT) */
 /* What an event record needs rarely: device_free (OOM events) and texts that are not the defaults. */
 typedef struct {
     int64_t dfree;
@@ -479,6 +482,14 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n);
  * container after writing it into another, so a later mutation means a hostile
  * or damaged file, and cycles cannot form without one); the parent's depth grows. */
 static inline __attribute__((always_inline)) int consume(P *p, Cont *parent, const Val *v) {
+    if (v->kind == V_EVENT) { /* (never changed: sealed already) */
+        uint8_t depth = (p->ev.flags[v->x] >> F_DEPTH_SHIFT) & 3;
+        if (depth + 1 > parent->depth) {
+            parent->depth = depth + 1;
+            if (parent->depth > MAX_DEPTH) return GIVE_UP(-1);
+        }
+        return 0;
+    }
     if (v->kind != V_CONT) return 0;
     Cont *c = &p->conts[v->x];
     if (c == parent) return GIVE_UP(-1); /* into itself: the one cycle an unsealed container allows */
@@ -910,7 +921,7 @@ static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n, int fresh) {
     for (size_t i = 0; i < n; i++) {
         const Val *k = &pairs[2 * i], *v = &pairs[2 * i + 1];
         if (k->kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if (v->kind == V_CONT && consume(p, c, v) < 0) return GIVE_UP(-1);
+        if ((v->kind == V_CONT || v->kind == V_EVENT) && consume(p, c, v) < 0) return GIVE_UP(-1);
         if (event_set(p, e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
     }
     p->ev.flags[e] = ev_flags(&p->ev, e, have, bad, flags);
@@ -971,7 +982,8 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     if (c->kind == C_EVENT) return event_pairs(p, c, pairs, n, fresh);
     for (size_t i = 0; i < n; i++) {
         if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
+        if ((pairs[2 * i + 1].kind == V_CONT || pairs[2 * i + 1].kind == V_EVENT) && consume(p, c, &pairs[2 * i + 1]) < 0)
+            return GIVE_UP(-1);
     }
     if (c->kind == C_FRAME) {
         FrameRec *f = &p->frames[c->ref];
@@ -994,14 +1006,18 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
  * pickler writes each event dict as it appends it). It keeps the first record and the count, not the items.
  * Anything else in such a list would be given up on when it is exported (export_trace takes consecutive
  * records only, and an event is exported nowhere else): given up on now. */
+static inline int64_t event_of(const P *p, const Val *v) {
+    if (v->kind == V_EVENT) return v->x;
+    return v->kind == V_CONT && p->conts[v->x].kind == C_EVENT ? p->conts[v->x].ref : -1;
+}
+
 static int evlist_extend(P *p, Cont *c, const Val *items, size_t n) {
     /* (a C_LIST here starts with an event: list_extend checked its first item) */
-    size_t next = c->kind == C_EVLIST ? (size_t)c->ref + c->n : (size_t)p->conts[items[0].x].ref, first = next;
+    size_t next = c->kind == C_EVLIST ? (size_t)c->ref + c->n : (size_t)event_of(p, &items[0]), first = next;
     if ((size_t)c->n + n > UINT32_MAX / 2) return GIVE_UP(-1);
     for (size_t i = 0; i < n; i++) {
         const Val *it = &items[i];
-        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT || (size_t)p->conts[it->x].ref != next + i)
-            return GIVE_UP(-1);
+        if (event_of(p, it) != (int64_t)(next + i)) return GIVE_UP(-1);
         if (consume(p, c, it) < 0) return GIVE_UP(-1);
     }
     if (c->kind == C_LIST) c->kind = C_EVLIST, c->ref = (int32_t)first; /* (an EVLIST keeps its first) */
@@ -1013,7 +1029,7 @@ static int list_extend(P *p, int64_t ci, const Val *items, size_t n) {
     Cont *c = &p->conts[ci];
     if (c->sealed || (c->kind != C_LIST && c->kind != C_EVLIST)) return GIVE_UP(-1); /* a C_SEQ is never added to */
     if (n == 0) return 0;
-    if (c->kind == C_EVLIST || (c->n == 0 && items[0].kind == V_CONT && p->conts[items[0].x].kind == C_EVENT))
+    if (c->kind == C_EVLIST || (c->n == 0 && event_of(p, &items[0]) >= 0))
         return evlist_extend(p, c, items, n);
     if (c->n == 0 && n < PICKLER_BATCH) {
         /* The frames list of an event: frame dicts in, an interned sequence out (valid frames hold
@@ -1088,9 +1104,12 @@ static uint64_t rd64(const unsigned char *s) { return (uint64_t)rd32(s) | (uint6
 
 /* A memo entry in 4 bytes (the memo holds an entry per container and per string a file memoizes: millions):
  * 0 empty; 1..MEMO_KEY-1 the container index + 1; MEMO_KEY | k a known string K_* (all of them have the
- * same bytes: the first one met stands for every one); MEMO_OVER | i the value over[i], anything else. */
+ * same bytes: the first one met stands for every one); MEMO_EVENT | e the event read without a container
+ * (V_EVENT) of record e; MEMO_OVER | i the value over[i], anything else. */
 #define MEMO_KEY 0x80000000u
+#define MEMO_EVENT 0xA0000000u
 #define MEMO_OVER 0xC0000000u
+#define MEMO_EVENTS (MEMO_OVER - MEMO_EVENT) /* records past these are read with a container */
 
 static int memo_enc(P *p, const Val *v, uint32_t *out) {
     if (v->kind == V_CONT && v->x < (int64_t)MEMO_KEY - 1) {
@@ -1100,6 +1119,10 @@ static int memo_enc(P *p, const Val *v, uint32_t *out) {
     if (v->kind == V_STR && v->key != K_NONE) {
         if (p->key_val[v->key].kind == V_EMPTY) p->key_val[v->key] = *v;
         *out = MEMO_KEY | v->key;
+        return 0;
+    }
+    if (v->kind == V_EVENT) { /* (x < MEMO_EVENTS: event_fast made it so) */
+        *out = MEMO_EVENT | (uint32_t)v->x;
         return 0;
     }
     if (p->over_n >= (MEMO_KEY >> 1) || grow((void **)&p->over, &p->over_cap, p->over_n + 1, sizeof(Val)) < 0)
@@ -1114,8 +1137,10 @@ static int memo_enc(P *p, const Val *v, uint32_t *out) {
 static inline __attribute__((always_inline)) void memo_dec(const P *p, uint32_t m, Val *d) {
     if (m < MEMO_KEY) {
         d->kind = V_CONT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - 1);
-    } else if (m < MEMO_OVER) {
+    } else if (m < MEMO_EVENT) {
         *d = p->key_val[(uint8_t)m];
+    } else if (m < MEMO_OVER) {
+        d->kind = V_EVENT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - MEMO_EVENT);
     } else
         *d = p->over[m & ~MEMO_OVER];
 }
@@ -1146,7 +1171,7 @@ static int make_tuple(P *p, size_t from) {
     size_t k = p->sn - from;
     /* Snapshots hold flat tuples only (pool ids): a container in a tuple is the reference's to judge. */
     for (size_t i = from; i < p->sn; i++)
-        if (p->stack[i].kind == V_CONT) return GIVE_UP(-1);
+        if (p->stack[i].kind == V_CONT || p->stack[i].kind == V_EVENT) return GIVE_UP(-1);
     if (k && cont_append(p, t.x, p->stack + from, k) < 0) return GIVE_UP(-1);
     c->sealed = 1;
     p->sn = from;
@@ -1555,7 +1580,8 @@ static inline void list_to_seq(Cont *c, int32_t sid, size_t n) {
 #define EV_FAST_VALS 64
 
 /* An event dict's items, walked straight into its record: the MARK after an empty, unsealed dict was just
- * read (pos is past it). Torch writes every event as
+ * read (pos is past it), or (`slot` not SIZE_MAX) EMPTY_DICT MEMOIZE MARK, with no container made for the
+ * dict and `slot` the memo entry its MEMOIZE takes. Torch writes every event as
  *     EMPTY_DICT MEMOIZE MARK (key value)... SETITEMS
  * with each key a GET of a memoized known string (its first is "action") and each value a GET, an int
  * (BININT1/BININT2/BININT/LONG1), None, the string "N/A" (MEMOIZE), or its frames list (EMPTY_LIST
@@ -1570,12 +1596,19 @@ static inline void list_to_seq(Cont *c, int32_t sid, size_t n) {
  * given back (no other record can have been made since). Values that need a record's side entry
  * (device_free, texts that are not the defaults) are handed back before they are set, so a given-back
  * record never left one. Every opcode taken lies wholly before stop_at (the frame's end): the general
- * loop handles the boundary. 1: done (p->pos past SETITEMS), 0: handed back (p->pos, p->sn, the marks),
- * -1: give up. */
-static int event_fast(P *p, size_t pos, size_t stop_at) {
+ * loop handles the boundary.
+ * Without a container (the usual: 12 bytes and a page fault per 340 events saved), a dict read whole
+ * is a V_EVENT pushed, its memo entry MEMO_EVENT | its record; one handed back gets its container
+ * then (its index is not the one the general loop gives it: nothing depends on the order of indices),
+ * and its memo entry, which nothing read before (a GET of it hands back: its container is then read
+ * into itself, which the general loop gives up on). 1: done (p->pos past SETITEMS), 0: handed back
+ * (p->pos, p->sn, the marks), -1: give up. */
+static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
     const unsigned char *buf = p->buf;
     Events *ev = &p->ev;
-    const int64_t ci = p->stack[p->sn - 1].x;
+    const int contless = slot != SIZE_MAX;
+    const int64_t ci = contless ? -1 : p->stack[p->sn - 1].x;
+    Cont self = {.kind = C_DICT, .depth = 1, .ref = -1}; /* the dict's depth, without a container */
     Val vals[EV_FAST_VALS];
     size_t nv = 0, at = pos;
     int64_t e = -1;
@@ -1596,7 +1629,7 @@ static int event_fast(P *p, size_t pos, size_t stop_at) {
             break;
         } else
             goto back;
-        if (idx >= p->memo_cap || p->memo[idx] < MEMO_KEY || p->memo[idx] >= MEMO_OVER) goto back_at;
+        if (idx >= p->memo_cap || p->memo[idx] < MEMO_KEY || p->memo[idx] >= MEMO_EVENT) goto back_at;
         uint8_t key = (uint8_t)p->memo[idx];
         if (nv == 0 && key != K_ACTION) goto back_at; /* (a frame dict, a segment, the root...) */
         Val *k = &vals[nv++];
@@ -1690,26 +1723,45 @@ static int event_fast(P *p, size_t pos, size_t stop_at) {
             goto back;
         }
         nv++;
-        if (v->kind == V_CONT && consume(p, &p->conts[ci], v) < 0) return GIVE_UP(-1);
+        if ((v->kind == V_CONT || v->kind == V_EVENT) && consume(p, contless ? &self : &p->conts[ci], v) < 0)
+            return GIVE_UP(-1);
         if (event_set(p, (size_t)e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
     }
-    {
+    if (contless) {
+        /* (its depth in two bits: deeper ones, which no torch writes, are read with a container) */
+        if (self.depth > 3 || (p->sn == p->scap && grow((void **)&p->stack, &p->scap, p->sn + 1, sizeof(Val)) < 0)) {
+            at = pos - 1;
+            goto back;
+        }
+        ev->flags[e] = ev_flags(ev, (size_t)e, have, bad, flags) | (uint8_t)(self.depth << F_DEPTH_SHIFT);
+        p->memo[slot] = MEMO_EVENT | (uint32_t)e;
+        Val *d = &p->stack[p->sn++];
+        d->kind = V_EVENT, d->key = 0, d->pad = 0, d->len = 0, d->x = e;
+    } else {
         Cont *c = &p->conts[ci];
         c->kind = C_EVENT;
         c->ref = (int32_t)e;
         c->n = (uint32_t)(nv / 2);
         ev->flags[e] = ev_flags(ev, (size_t)e, have, bad, flags);
-        p->pos = pos;
-        if (p->pf && !(++p->pf_tick & 1023)) pf_publish(p);
-        return 1;
     }
+    p->pos = pos;
+    if (p->pf && !(++p->pf_tick & 1023)) pf_publish(p);
+    return 1;
 back_at: /* the key just read is handed back unread */
     pos = at;
 back:
     if (e >= 0) ev->n--;
     if ((p->mn == p->mcap && grow((void **)&p->marks, &p->mcap, p->mn + 1, sizeof(size_t)) < 0) ||
-        grow((void **)&p->stack, &p->scap, p->sn + nv, sizeof(Val)) < 0)
+        grow((void **)&p->stack, &p->scap, p->sn + nv + 1, sizeof(Val)) < 0)
         return GIVE_UP(-1);
+    if (contless) { /* the dict's container, as EMPTY_DICT MEMOIZE would have made it */
+        int64_t di = cont_new(p, C_DICT);
+        if (di < 0 || di >= (int64_t)MEMO_KEY - 1) return GIVE_UP(-1);
+        p->conts[di].depth = self.depth;
+        p->memo[slot] = (uint32_t)di + 1;
+        Val *d = &p->stack[p->sn++];
+        d->kind = V_CONT, d->key = 0, d->pad = 0, d->len = 0, d->x = di;
+    }
     p->marks[p->mn++] = p->sn;
     memcpy(p->stack + p->sn, vals, nv * sizeof(Val));
     p->sn += nv;
@@ -1854,7 +1906,7 @@ op_mark:
             }
         } else if (lc->kind == C_DICT && lc->n == 0 && !lc->sealed) {
             SYNC_OUT();
-            if (event_fast(p, pos, stop_at) < 0) return -1;
+            if (event_fast(p, pos, stop_at, SIZE_MAX) < 0) return -1;
             SYNC_IN();
             DISPATCH();
         }
@@ -1864,6 +1916,15 @@ op_mark:
     p->marks[p->mn++] = sn;
     DISPATCH();
 op_empty_dict:
+    /* EMPTY_DICT MEMOIZE MARK and a GET: an event's items, read without a container where they are one */
+    if (pos + 3 < stop_at && buf[pos] == 0x94 && buf[pos + 1] == '(' && (buf[pos + 2] == 'j' || buf[pos + 2] == 'h') &&
+        memo_len < memo_cap && memo[memo_len] == 0 && p->ev.n < MEMO_EVENTS) {
+        SYNC_OUT();
+        size_t slot = p->memo_len++;
+        if (event_fast(p, pos + 2, stop_at, slot) < 0) return -1;
+        SYNC_IN();
+        DISPATCH();
+    }
     idx = C_DICT;
     goto new_container;
 op_empty_list:
@@ -2120,6 +2181,8 @@ static PyObject *export(P *p, const Val *v) {
         return str_of(p, v);
     case V_CONT:
         return export_cont(p, v->x);
+    case V_EVENT:
+        return GIVE_UP(NULL); /* an event record outside a trace */
     }
     return NULL;
 }
