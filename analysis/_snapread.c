@@ -61,8 +61,12 @@
 /* V_UINT: an int in [2**63, 2**64) (x holds its bits). Torch writes 2**64 - 1 as the line of frames
  * without one; the Python reader takes any int there, and nowhere else an int past int64.
  * V_EVENT: an event dict read by event_fast without a container (x: its record): it is never changed
- * again (SETITEM(S) and APPEND(S) take containers only), only put into a trace list (evlist_extend). */
-enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT, V_EVENT };
+ * again (SETITEM(S) and APPEND(S) take containers only), only put into a trace list (evlist_extend).
+ * V_SEQ: an event's frames list read by event_fast without a container (x: its interned sequence), as
+ * unchangeable; only an event's frames (anywhere else it is given up on when exported). */
+enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT, V_EVENT, V_SEQ };
+/* a value that is a container, or stands for one */
+#define IS_REF(kind) ((kind) == V_CONT || (kind) == V_EVENT || (kind) == V_SEQ)
 enum { C_LIST = 1, C_SEQ, C_DICT, C_TUPLE, C_FRAME, C_EVENT, C_EVLIST };
 
 /* Known strings: dict keys and values the schema looks at. */
@@ -482,8 +486,8 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n);
  * container after writing it into another, so a later mutation means a hostile
  * or damaged file, and cycles cannot form without one); the parent's depth grows. */
 static inline __attribute__((always_inline)) int consume(P *p, Cont *parent, const Val *v) {
-    if (v->kind == V_EVENT) { /* (never changed: sealed already) */
-        uint8_t depth = (p->ev.flags[v->x] >> F_DEPTH_SHIFT) & 3;
+    if (v->kind == V_EVENT || v->kind == V_SEQ) { /* (never changed: sealed already) */
+        uint8_t depth = v->kind == V_SEQ ? 2 : (p->ev.flags[v->x] >> F_DEPTH_SHIFT) & 3;
         if (depth + 1 > parent->depth) {
             parent->depth = depth + 1;
             if (parent->depth > MAX_DEPTH) return GIVE_UP(-1);
@@ -828,7 +832,9 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         *have |= H_FRAMES;
         *bad &= ~H_FRAMES;
         ev->frames[e] = -1;
-        if (v->kind == V_CONT && p->conts[v->x].kind == C_SEQ)
+        if (v->kind == V_SEQ)
+            ev->frames[e] = (int32_t)v->x;
+        else if (v->kind == V_CONT && p->conts[v->x].kind == C_SEQ)
             ev->frames[e] = p->conts[v->x].ref;
         else if (!(v->kind == V_CONT && p->conts[v->x].kind == C_LIST && p->conts[v->x].n == 0))
             *bad |= H_FRAMES;
@@ -921,7 +927,7 @@ static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n, int fresh) {
     for (size_t i = 0; i < n; i++) {
         const Val *k = &pairs[2 * i], *v = &pairs[2 * i + 1];
         if (k->kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if ((v->kind == V_CONT || v->kind == V_EVENT) && consume(p, c, v) < 0) return GIVE_UP(-1);
+        if (IS_REF(v->kind) && consume(p, c, v) < 0) return GIVE_UP(-1);
         if (event_set(p, e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
     }
     p->ev.flags[e] = ev_flags(&p->ev, e, have, bad, flags);
@@ -982,8 +988,7 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     if (c->kind == C_EVENT) return event_pairs(p, c, pairs, n, fresh);
     for (size_t i = 0; i < n; i++) {
         if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if ((pairs[2 * i + 1].kind == V_CONT || pairs[2 * i + 1].kind == V_EVENT) && consume(p, c, &pairs[2 * i + 1]) < 0)
-            return GIVE_UP(-1);
+        if (IS_REF(pairs[2 * i + 1].kind) && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
     }
     if (c->kind == C_FRAME) {
         FrameRec *f = &p->frames[c->ref];
@@ -1104,9 +1109,12 @@ static uint64_t rd64(const unsigned char *s) { return (uint64_t)rd32(s) | (uint6
 
 /* A memo entry in 4 bytes (the memo holds an entry per container and per string a file memoizes: millions):
  * 0 empty; 1..MEMO_KEY-1 the container index + 1; MEMO_KEY | k a known string K_* (all of them have the
- * same bytes: the first one met stands for every one); MEMO_EVENT | e the event read without a container
- * (V_EVENT) of record e; MEMO_OVER | i the value over[i], anything else. */
+ * same bytes: the first one met stands for every one); MEMO_SEQ | s the frames list read without a container
+ * (V_SEQ) of sequence s; MEMO_EVENT | e the event read without a container (V_EVENT) of record e;
+ * MEMO_OVER | i the value over[i], anything else. */
 #define MEMO_KEY 0x80000000u
+#define MEMO_SEQ 0x90000000u
+#define MEMO_SEQS (MEMO_EVENT - MEMO_SEQ) /* sequences past these are read with a container */
 #define MEMO_EVENT 0xA0000000u
 #define MEMO_OVER 0xC0000000u
 #define MEMO_EVENTS (MEMO_OVER - MEMO_EVENT) /* records past these are read with a container */
@@ -1121,8 +1129,8 @@ static int memo_enc(P *p, const Val *v, uint32_t *out) {
         *out = MEMO_KEY | v->key;
         return 0;
     }
-    if (v->kind == V_EVENT) { /* (x < MEMO_EVENTS: event_fast made it so) */
-        *out = MEMO_EVENT | (uint32_t)v->x;
+    if (v->kind == V_EVENT || v->kind == V_SEQ) { /* (x < MEMO_EVENTS, MEMO_SEQS: event_fast made it so) */
+        *out = (v->kind == V_EVENT ? MEMO_EVENT : MEMO_SEQ) | (uint32_t)v->x;
         return 0;
     }
     if (p->over_n >= (MEMO_KEY >> 1) || grow((void **)&p->over, &p->over_cap, p->over_n + 1, sizeof(Val)) < 0)
@@ -1137,8 +1145,10 @@ static int memo_enc(P *p, const Val *v, uint32_t *out) {
 static inline __attribute__((always_inline)) void memo_dec(const P *p, uint32_t m, Val *d) {
     if (m < MEMO_KEY) {
         d->kind = V_CONT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - 1);
-    } else if (m < MEMO_EVENT) {
+    } else if (m < MEMO_SEQ) {
         *d = p->key_val[(uint8_t)m];
+    } else if (m < MEMO_EVENT) {
+        d->kind = V_SEQ, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - MEMO_SEQ);
     } else if (m < MEMO_OVER) {
         d->kind = V_EVENT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - MEMO_EVENT);
     } else
@@ -1171,7 +1181,7 @@ static int make_tuple(P *p, size_t from) {
     size_t k = p->sn - from;
     /* Snapshots hold flat tuples only (pool ids): a container in a tuple is the reference's to judge. */
     for (size_t i = from; i < p->sn; i++)
-        if (p->stack[i].kind == V_CONT || p->stack[i].kind == V_EVENT) return GIVE_UP(-1);
+        if (IS_REF(p->stack[i].kind)) return GIVE_UP(-1);
     if (k && cont_append(p, t.x, p->stack + from, k) < 0) return GIVE_UP(-1);
     c->sealed = 1;
     p->sn = from;
@@ -1629,7 +1639,7 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
             break;
         } else
             goto back;
-        if (idx >= p->memo_cap || p->memo[idx] < MEMO_KEY || p->memo[idx] >= MEMO_EVENT) goto back_at;
+        if (idx >= p->memo_cap || p->memo[idx] < MEMO_KEY || p->memo[idx] >= MEMO_SEQ) goto back_at;
         uint8_t key = (uint8_t)p->memo[idx];
         if (nv == 0 && key != K_ACTION) goto back_at; /* (a frame dict, a segment, the root...) */
         Val *k = &vals[nv++];
@@ -1694,25 +1704,30 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
             if (stop_at - pos < 2 || buf[pos + 1] != 0x94 || p->memo_len >= p->memo_cap || p->memo[p->memo_len] ||
                 p->cn >= MEMO_KEY - 2)
                 goto back;
+            pos += 2;
+            if (pos < stop_at && buf[pos] == '(') { /* its items: interned, without a container (V_SEQ) */
+                size_t q, n;
+                int32_t sid;
+                /* (its memo entry is made after: a GET of it among its items is not a frame dict either way) */
+                int rc = span_seq(p, pos + 1, stop_at, &q, &n, &sid);
+                if (rc < 0) return -1;
+                if (rc == 1 && (uint32_t)sid < MEMO_SEQS) {
+                    v->kind = V_SEQ, v->x = sid;
+                    p->memo[p->memo_len++] = MEMO_SEQ | (uint32_t)sid;
+                    pos = q + 1;
+                    break;
+                }
+            }
             int64_t li = cont_new(p, C_LIST);
             if (li < 0) return -1;
             v->kind = V_CONT, v->x = li;
             p->memo[p->memo_len++] = (uint32_t)li + 1;
-            pos += 2;
-            if (pos < stop_at && buf[pos] == '(') { /* its items */
-                size_t q, n;
-                int32_t sid;
-                int rc = span_seq(p, pos + 1, stop_at, &q, &n, &sid);
-                if (rc < 0) return -1;
-                if (rc == 0) { /* another shape: the list is read the general way, from its MARK */
-                    nv++;
-                    at = pos;
-                    goto back;
-                }
-                list_to_seq(&p->conts[li], sid, n);
-                pos = q + 1;
+            if (pos < stop_at && buf[pos] == '(') { /* another shape: the list is read the general way, from its MARK */
+                nv++;
+                at = pos;
+                goto back;
             }
-            break;
+            break; /* an empty list */
         }
         default:
             goto back;
@@ -1723,7 +1738,7 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
             goto back;
         }
         nv++;
-        if ((v->kind == V_CONT || v->kind == V_EVENT) && consume(p, contless ? &self : &p->conts[ci], v) < 0)
+        if (IS_REF(v->kind) && consume(p, contless ? &self : &p->conts[ci], v) < 0)
             return GIVE_UP(-1);
         if (event_set(p, (size_t)e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
     }
@@ -2183,6 +2198,8 @@ static PyObject *export(P *p, const Val *v) {
         return export_cont(p, v->x);
     case V_EVENT:
         return GIVE_UP(NULL); /* an event record outside a trace */
+    case V_SEQ:
+        return GIVE_UP(NULL); /* an event's frames list elsewhere too */
     }
     return NULL;
 }

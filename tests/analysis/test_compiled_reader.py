@@ -225,7 +225,8 @@ def test_odd_but_readable_values_go_to_the_reference(edit: str) -> None:
     assert differences(c_value, p_value) == [] if c_kind == "ok" else c_value == p_value
 
 
-EVENT_WALKS = ["deep-value", "deep-memo-value", "oom-device-free", "shared-event", "event-elsewhere", "frames-itself", "bad-after-list"]
+EVENT_WALKS = ["deep-value", "deep-memo-value", "oom-device-free", "shared-event", "event-elsewhere", "frames-itself", "bad-after-list",
+               "frames-elsewhere", "frames-holding-itself"]
 
 
 @pytest.mark.parametrize("edit", EVENT_WALKS)
@@ -253,6 +254,12 @@ def test_event_dicts_the_fast_walk_hands_back_read_as_the_reference_reads_them(e
         readable = False
     elif edit == "frames-itself":  # a value that is the dict itself (a GET of its memo entry, not yet made)
         event["frames"] = event
+        readable = False
+    elif edit == "frames-elsewhere":  # an event's frames list (read without a container) outside the trace too
+        snap["extra"] = event["frames"]
+        readable = False
+    elif edit == "frames-holding-itself":  # a frames list whose items GET it (before its memo entry is made)
+        event["frames"].append(event["frames"])
         readable = False
     else:  # a value the walk does not take, after a frames list it took
         event["size"] = 2.5
