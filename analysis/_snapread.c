@@ -1370,7 +1370,7 @@ static void pf_add(Prefault *f, void *base, size_t items, size_t width, int coun
  * a page the kernel cleared). */
 static size_t pf_ahead(Prefault *f, int c, size_t count) {
     size_t at = __atomic_load_n(&f->at, __ATOMIC_RELAXED), ahead = f->ahead[c];
-    if (at > f->base_at && count > f->base_count[c] && at <= f->size) {
+    if (at > f->base_at && count >= f->base_count[c] && at <= f->size) {
         double pace = (double)(count - f->base_count[c]) / (double)(at - f->base_at);
         double rest = (double)(f->size - at) * pace * 1.5 + 4096;
         if (rest < (double)ahead) ahead = (size_t)rest;
@@ -1458,7 +1458,7 @@ static Prefault *pf_start(P *p) {
     /* (not the pool column: it is written only for events with a pool id, none in most files) */
     pf_add(f, ev->flags, ev->cap, sizeof(*ev->flags), PF_EVENTS);
     /* ~30 ms of the parse ahead at the benchmark's pace, less near the input's end (pf_ahead) */
-    f->ahead[PF_CONTS] = 400000;
+    f->ahead[PF_CONTS] = 50000; /* (few: events and their frames lists are read without one) */
     f->ahead[PF_MEMO] = 600000;
     f->ahead[PF_EVENTS] = 200000;
     f->size = p->size;
