@@ -225,8 +225,17 @@ def test_odd_but_readable_values_go_to_the_reference(edit: str) -> None:
     assert differences(c_value, p_value) == [] if c_kind == "ok" else c_value == p_value
 
 
-EVENT_WALKS = ["deep-value", "deep-memo-value", "oom-device-free", "shared-event", "event-elsewhere", "frames-itself", "bad-after-list",
-               "frames-elsewhere", "frames-holding-itself"]
+EVENT_WALKS = [
+    "deep-value",
+    "deep-memo-value",
+    "oom-device-free",
+    "shared-event",
+    "event-elsewhere",
+    "frames-itself",
+    "bad-after-list",
+    "frames-elsewhere",
+    "frames-holding-itself",
+]
 
 
 @pytest.mark.parametrize("edit", EVENT_WALKS)
