@@ -1641,6 +1641,14 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
     int64_t e = -1;
     uint16_t have = 0, bad = 0;
     uint8_t flags = F_CC_DEFAULT | F_UM_DEFAULT;
+    { /* the first key must be "action" (a GET of it): else (a frame dict, a segment, the root...) nothing is done */
+        size_t idx = SIZE_MAX;
+        if (pos < stop_at && buf[pos] == 'j' && stop_at - pos >= 5)
+            idx = rd32(buf + pos + 1);
+        else if (pos < stop_at && buf[pos] == 'h' && stop_at - pos >= 2)
+            idx = buf[pos + 1];
+        if (idx >= p->memo_cap || p->memo[idx] != (MEMO_KEY | K_ACTION)) goto back;
+    }
     for (;;) {
         /* a key, or SETITEMS */
         at = pos;
@@ -1651,14 +1659,13 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
             idx = rd32(buf + pos + 1), pos += 5;
         else if (op == 'h' && stop_at - pos >= 2)
             idx = buf[pos + 1], pos += 2;
-        else if (op == 'u' && nv) {
+        else if (op == 'u') { /* (not the first: "action" was) */
             pos++;
             break;
         } else
             goto back;
-        if (idx >= p->memo_cap || p->memo[idx] < MEMO_KEY || p->memo[idx] >= MEMO_SEQ) goto back_at;
+        if (idx >= p->memo_cap || p->memo[idx] - MEMO_KEY >= 32u) goto back_at; /* a known string (K_* < 32) */
         uint8_t key = (uint8_t)p->memo[idx];
-        if (nv == 0 && key != K_ACTION) goto back_at; /* (a frame dict, a segment, the root...) */
         Val *k = &vals[nv++];
         *k = p->key_val[key];
         if (e < 0 && (e = ev_new(ev)) < 0) return -1;
