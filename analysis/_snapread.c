@@ -9,7 +9,10 @@
  * columns themselves (finished in place by export_trace and handed to numpy by a
  * Column), a trace list its first event and a count (C_EVLIST), frame dicts
  * (filename, line, name) records, and frames lists interned sequences of frame
- * records (span_seq: found by their bytes while the memo is not rewritten).
+ * records (span_seq: found by their bytes while the memo is not rewritten). An
+ * event dict as torch writes it is read by a walk of its own (event_fast), its
+ * pairs straight into its record, and it and its frames list get no container
+ * (V_EVENT, V_SEQ); anything else it hands back to the general opcode loop (run).
  * parse(...)'s trace tuples are read by fastread._ColumnsConverter; remap(column,
  * table) turns its content classes into stack ids in place. Only the small
  * rest of the file (the root dict, segments, blocks, annotations, settings) is
@@ -33,7 +36,8 @@
  *   - consume() / dict_set():             nesting depth (MAX_DEPTH), sealing, str keys;
  *   - frame_valid():                      frame dicts (filename str, line int, name str);
  *   - event_set():                        event keys as they are stored (stream >= 0,
- *                                         frames an interned or empty list);
+ *                                         frames an interned or empty list), from
+ *                                         event_pairs() and event_fast() alike;
  *   - evlist_extend():                    trace lists: consecutive events only;
  *   - export_trace():                     per-event rules (action, addr, size,
  *                                         stream, time_us, frames, texts, pool_id)
