@@ -1420,7 +1420,9 @@ static void *pf_loop(void *arg) {
         }
         if (stop) return NULL;
         if (!moved) {
-            struct timespec t = {0, 100000}; /* the parse fills a stretch in milliseconds */
+            /* 1 ms: the stretch ahead is ~20 ms of the parse; waking every 0.1 ms cost ~25 ms more CPU on the
+             * 460 MB file (3000 wake-ups and their madvise calls), and no wall time was gained by it */
+            struct timespec t = {0, 1000000};
             nanosleep(&t, NULL);
         }
     }
