@@ -9,7 +9,10 @@
  * columns themselves (finished in place by export_trace and handed to numpy by a
  * Column), a trace list its first event and a count (C_EVLIST), frame dicts
  * (filename, line, name) records, and frames lists interned sequences of frame
- * records (span_seq: found by their bytes while the memo is not rewritten).
+ * records (span_seq: found by their bytes while the memo is not rewritten). An
+ * event dict as torch writes it is read by a walk of its own (event_fast), its
+ * pairs straight into its record, and it and its frames list get no container
+ * (V_EVENT, V_SEQ); anything else it hands back to the general opcode loop (run).
  * parse(...)'s trace tuples are read by fastread._ColumnsConverter; remap(column,
  * table) turns its content classes into stack ids in place. Only the small
  * rest of the file (the root dict, segments, blocks, annotations, settings) is
@@ -33,7 +36,8 @@
  *   - consume() / dict_set():             nesting depth (MAX_DEPTH), sealing, str keys;
  *   - frame_valid():                      frame dicts (filename str, line int, name str);
  *   - event_set():                        event keys as they are stored (stream >= 0,
- *                                         frames an interned or empty list);
+ *                                         frames an interned or empty list), from
+ *                                         event_pairs() and event_fast() alike;
  *   - evlist_extend():                    trace lists: consecutive events only;
  *   - export_trace():                     per-event rules (action, addr, size,
  *                                         stream, time_us, frames, texts, pool_id)
@@ -50,6 +54,9 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define SPAN_RECENT 4096
 /* Real snapshots nest 9 deep at most (root/segments/seg/blocks/block/history/h/frames/frame). */
@@ -59,8 +66,14 @@
 #define PICKLER_BATCH 1000
 
 /* V_UINT: an int in [2**63, 2**64) (x holds its bits). Torch writes 2**64 - 1 as the line of frames
- * without one; the Python reader takes any int there, and nowhere else an int past int64. */
-enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT };
+ * without one; the Python reader takes any int there, and nowhere else an int past int64.
+ * V_EVENT: an event dict read by event_fast without a container (x: its record): it is never changed
+ * again (SETITEM(S) and APPEND(S) take containers only), only put into a trace list (evlist_extend).
+ * V_SEQ: an event's frames list read by event_fast without a container (x: its interned sequence), as
+ * unchangeable; only an event's frames (anywhere else it is given up on when exported). */
+enum { V_EMPTY = 0, V_NONE, V_TRUE, V_FALSE, V_INT, V_FLOAT, V_STR, V_CONT, V_UINT, V_EVENT, V_SEQ };
+/* a value that is a container, or stands for one */
+#define IS_REF(kind) ((kind) == V_CONT || (kind) == V_EVENT || (kind) == V_SEQ)
 enum { C_LIST = 1, C_SEQ, C_DICT, C_TUPLE, C_FRAME, C_EVENT, C_EVLIST };
 
 /* Known strings: dict keys and values the schema looks at. */
@@ -121,11 +134,14 @@ typedef struct {
 #define H_DFREE 512
 enum { XC_ACTION, XC_ADDR, XC_SIZE, XC_TIME, XC_CLS, XC_POOL, XC_STREAM, XC_N };
 
-/* flags of an event record */
+/* flags of an event record: all the trace's export reads of its presence bits (its `have` and `bad` bits
+ * live only while its dict is read: ev_flags sums them up) */
 #define F_CC_DEFAULT 1
 #define F_UM_DEFAULT 2
-#define F_TIME_NONE 4
+#define F_TIME_NONE 4 /* no time: absent, or None (which counts as absent, as in the Python reader) */
 #define F_POOL 8 /* pool[e] holds its pool pair (the column is written only then: most events have none) */
+#define F_FIT 16  /* every key the trace needs is present and of its shape (device_free for an OOM, else addr) */
+#define F_DEPTH_SHIFT 5 /* bits 5-6: the nesting depth (1-3) of an event read without a container (V_EVENT) */
 /* What an event record needs rarely: device_free (OOM events) and texts that are not the defaults. */
 typedef struct {
     int64_t dfree;
@@ -140,15 +156,14 @@ typedef struct {
 } Map; /* open addressing, key 0 reserved: keys are stored +1 */
 
 /* Event records, a column per field (the trace's columns themselves: a trace whose records are
- * consecutive is exported in place, without a copy). `bad` bits: present but not of the shape the
- * trace needs. A value is only read where its `have` bit is set and its `bad` bit clear. */
+ * consecutive is exported in place, without a copy). A value is only read where the record's flags
+ * say it is there and of its shape (F_FIT). */
 typedef struct {
     int8_t *action;
     int64_t *addr, *size, *time;
     int32_t *stream; /* the stream's id among all the file's streams (stream_raw) */
     int32_t *frames; /* interned frames list (sequence id), -1 absent or empty */
     int32_t *pool;   /* pool pair id where F_POOL */
-    uint16_t *have, *bad;
     uint8_t *flags;
     size_t n, cap;
     /* streams (cudaStream_t values) by first appearance in the file: raw value <-> id */
@@ -215,7 +230,13 @@ typedef struct {
     int64_t *pool_a, *pool_b;
     size_t pool_n, pool_cap;
     Map pool_map;
-    PyObject **cache;  /* exported Python object per container */
+    /* The Python object exported per container, found by its index through cache_map: few containers are
+     * exported (the root, segments, blocks, annotations), where an array of one pointer per container was
+     * 8 bytes per event and frames list, zeroed and read back whole when released (~8k page faults on the
+     * 460 MB benchmark). */
+    Map cache_map;
+    PyObject **cache;
+    size_t cache_n, cache_cap;
     PyObject **fcache; /* exported Python dict per frame record */
     Slot *slots; /* the items of containers (see Cont.ref) */
     size_t sl_n, sl_cap;
@@ -472,6 +493,14 @@ static int try_seq(P *p, Cont *list, const Val *items, size_t n);
  * container after writing it into another, so a later mutation means a hostile
  * or damaged file, and cycles cannot form without one); the parent's depth grows. */
 static inline __attribute__((always_inline)) int consume(P *p, Cont *parent, const Val *v) {
+    if (v->kind == V_EVENT || v->kind == V_SEQ) { /* (never changed: sealed already) */
+        uint8_t depth = v->kind == V_SEQ ? 2 : (p->ev.flags[v->x] >> F_DEPTH_SHIFT) & 3;
+        if (depth + 1 > parent->depth) {
+            parent->depth = depth + 1;
+            if (parent->depth > MAX_DEPTH) return GIVE_UP(-1);
+        }
+        return 0;
+    }
     if (v->kind != V_CONT) return 0;
     Cont *c = &p->conts[v->x];
     if (c == parent) return GIVE_UP(-1); /* into itself: the one cycle an unsealed container allows */
@@ -686,8 +715,6 @@ static int ev_grow(Events *ev, size_t need) {
     EV_COL(time);
     EV_COL(frames);
     EV_COL(pool);
-    EV_COL(have);
-    EV_COL(bad);
     EV_COL(flags);
 #undef EV_COL
     ev->cap = c;
@@ -705,8 +732,6 @@ static void ev_free(Events *ev, unsigned handed) {
     if (!(handed & 1u << XC_STREAM)) free(ev->stream);
     free(ev->stream_raw);
     map_free(&ev->stream_map);
-    free(ev->have);
-    free(ev->bad);
     free(ev->flags);
     free(ev->side);
     map_free(&ev->side_map);
@@ -814,7 +839,9 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         *have |= H_FRAMES;
         *bad &= ~H_FRAMES;
         ev->frames[e] = -1;
-        if (v->kind == V_CONT && p->conts[v->x].kind == C_SEQ)
+        if (v->kind == V_SEQ)
+            ev->frames[e] = (int32_t)v->x;
+        else if (v->kind == V_CONT && p->conts[v->x].kind == C_SEQ)
             ev->frames[e] = p->conts[v->x].ref;
         else if (!(v->kind == V_CONT && p->conts[v->x].kind == C_LIST && p->conts[v->x].n == 0))
             *bad |= H_FRAMES;
@@ -886,18 +913,31 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
     return 0;
 }
 
-/* SETITEMS into event record c->ref (its values consumed into it as they are set); `fresh`: its first. */
+/* The flags of event record e, its dict read: `have` and `bad` (present but not of the shape the trace
+ * needs) summed up in F_FIT and F_TIME_NONE. */
+static inline uint8_t ev_flags(const Events *ev, size_t e, uint16_t have, uint16_t bad, uint8_t flags) {
+    /* (action[e] is the event's action where H_ACTION is in have and not in bad, which `need` asks) */
+    uint16_t need = H_ACTION | H_SIZE | H_STREAM | (ev->action[e] == ACT_OOM ? H_DFREE : H_ADDR);
+    if ((have & need) == need && !(bad & (need | H_TIME | H_FRAMES | H_CC | H_UM | H_POOL))) flags |= F_FIT;
+    if (!(have & H_TIME)) flags |= F_TIME_NONE;
+    return flags;
+}
+
+/* The SETITEMS into event record c->ref (its values consumed into it as they are set); `fresh`: the dict's first.
+ * A second one (to an event dict: never from a pickler, which writes up to 1000 items at a time) is given up on:
+ * the record keeps its flags, not the presence bits a later key would change. */
 static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n, int fresh) {
     size_t e = (size_t)c->ref;
-    uint16_t have = fresh ? 0 : p->ev.have[e], bad = fresh ? 0 : p->ev.bad[e];
-    uint8_t flags = fresh ? F_CC_DEFAULT | F_UM_DEFAULT : p->ev.flags[e];
+    if (!fresh) return n ? GIVE_UP(-1) : 0;
+    uint16_t have = 0, bad = 0;
+    uint8_t flags = F_CC_DEFAULT | F_UM_DEFAULT;
     for (size_t i = 0; i < n; i++) {
         const Val *k = &pairs[2 * i], *v = &pairs[2 * i + 1];
         if (k->kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if (v->kind == V_CONT && consume(p, c, v) < 0) return GIVE_UP(-1);
+        if (IS_REF(v->kind) && consume(p, c, v) < 0) return GIVE_UP(-1);
         if (event_set(p, e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
     }
-    p->ev.have[e] = have, p->ev.bad[e] = bad, p->ev.flags[e] = flags;
+    p->ev.flags[e] = ev_flags(&p->ev, e, have, bad, flags);
     c->n += (uint32_t)n;
     return 0;
 }
@@ -955,7 +995,7 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
     if (c->kind == C_EVENT) return event_pairs(p, c, pairs, n, fresh);
     for (size_t i = 0; i < n; i++) {
         if (pairs[2 * i].kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
-        if (pairs[2 * i + 1].kind == V_CONT && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
+        if (IS_REF(pairs[2 * i + 1].kind) && consume(p, c, &pairs[2 * i + 1]) < 0) return GIVE_UP(-1);
     }
     if (c->kind == C_FRAME) {
         FrameRec *f = &p->frames[c->ref];
@@ -978,14 +1018,18 @@ static int dict_set(P *p, int64_t ci, const Val *pairs, size_t n) {
  * pickler writes each event dict as it appends it). It keeps the first record and the count, not the items.
  * Anything else in such a list would be given up on when it is exported (export_trace takes consecutive
  * records only, and an event is exported nowhere else): given up on now. */
+static inline int64_t event_of(const P *p, const Val *v) {
+    if (v->kind == V_EVENT) return v->x;
+    return v->kind == V_CONT && p->conts[v->x].kind == C_EVENT ? p->conts[v->x].ref : -1;
+}
+
 static int evlist_extend(P *p, Cont *c, const Val *items, size_t n) {
     /* (a C_LIST here starts with an event: list_extend checked its first item) */
-    size_t next = c->kind == C_EVLIST ? (size_t)c->ref + c->n : (size_t)p->conts[items[0].x].ref, first = next;
+    size_t next = c->kind == C_EVLIST ? (size_t)c->ref + c->n : (size_t)event_of(p, &items[0]), first = next;
     if ((size_t)c->n + n > UINT32_MAX / 2) return GIVE_UP(-1);
     for (size_t i = 0; i < n; i++) {
         const Val *it = &items[i];
-        if (it->kind != V_CONT || p->conts[it->x].kind != C_EVENT || (size_t)p->conts[it->x].ref != next + i)
-            return GIVE_UP(-1);
+        if (event_of(p, it) != (int64_t)(next + i)) return GIVE_UP(-1);
         if (consume(p, c, it) < 0) return GIVE_UP(-1);
     }
     if (c->kind == C_LIST) c->kind = C_EVLIST, c->ref = (int32_t)first; /* (an EVLIST keeps its first) */
@@ -997,7 +1041,7 @@ static int list_extend(P *p, int64_t ci, const Val *items, size_t n) {
     Cont *c = &p->conts[ci];
     if (c->sealed || (c->kind != C_LIST && c->kind != C_EVLIST)) return GIVE_UP(-1); /* a C_SEQ is never added to */
     if (n == 0) return 0;
-    if (c->kind == C_EVLIST || (c->n == 0 && items[0].kind == V_CONT && p->conts[items[0].x].kind == C_EVENT))
+    if (c->kind == C_EVLIST || (c->n == 0 && event_of(p, &items[0]) >= 0))
         return evlist_extend(p, c, items, n);
     if (c->n == 0 && n < PICKLER_BATCH) {
         /* The frames list of an event: frame dicts in, an interned sequence out (valid frames hold
@@ -1072,9 +1116,15 @@ static uint64_t rd64(const unsigned char *s) { return (uint64_t)rd32(s) | (uint6
 
 /* A memo entry in 4 bytes (the memo holds an entry per container and per string a file memoizes: millions):
  * 0 empty; 1..MEMO_KEY-1 the container index + 1; MEMO_KEY | k a known string K_* (all of them have the
- * same bytes: the first one met stands for every one); MEMO_OVER | i the value over[i], anything else. */
+ * same bytes: the first one met stands for every one); MEMO_SEQ | s the frames list read without a container
+ * (V_SEQ) of sequence s; MEMO_EVENT | e the event read without a container (V_EVENT) of record e;
+ * MEMO_OVER | i the value over[i], anything else. */
 #define MEMO_KEY 0x80000000u
+#define MEMO_SEQ 0x90000000u
+#define MEMO_SEQS (MEMO_EVENT - MEMO_SEQ) /* sequences past these are read with a container */
+#define MEMO_EVENT 0xA0000000u
 #define MEMO_OVER 0xC0000000u
+#define MEMO_EVENTS (MEMO_OVER - MEMO_EVENT) /* records past these are read with a container */
 
 static int memo_enc(P *p, const Val *v, uint32_t *out) {
     if (v->kind == V_CONT && v->x < (int64_t)MEMO_KEY - 1) {
@@ -1084,6 +1134,10 @@ static int memo_enc(P *p, const Val *v, uint32_t *out) {
     if (v->kind == V_STR && v->key != K_NONE) {
         if (p->key_val[v->key].kind == V_EMPTY) p->key_val[v->key] = *v;
         *out = MEMO_KEY | v->key;
+        return 0;
+    }
+    if (v->kind == V_EVENT || v->kind == V_SEQ) { /* (x < MEMO_EVENTS, MEMO_SEQS: event_fast made it so) */
+        *out = (v->kind == V_EVENT ? MEMO_EVENT : MEMO_SEQ) | (uint32_t)v->x;
         return 0;
     }
     if (p->over_n >= (MEMO_KEY >> 1) || grow((void **)&p->over, &p->over_cap, p->over_n + 1, sizeof(Val)) < 0)
@@ -1098,8 +1152,12 @@ static int memo_enc(P *p, const Val *v, uint32_t *out) {
 static inline __attribute__((always_inline)) void memo_dec(const P *p, uint32_t m, Val *d) {
     if (m < MEMO_KEY) {
         d->kind = V_CONT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - 1);
-    } else if (m < MEMO_OVER) {
+    } else if (m < MEMO_SEQ) {
         *d = p->key_val[(uint8_t)m];
+    } else if (m < MEMO_EVENT) {
+        d->kind = V_SEQ, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - MEMO_SEQ);
+    } else if (m < MEMO_OVER) {
+        d->kind = V_EVENT, d->key = 0, d->pad = 0, d->len = 0, d->x = (int64_t)(m - MEMO_EVENT);
     } else
         *d = p->over[m & ~MEMO_OVER];
 }
@@ -1130,7 +1188,7 @@ static int make_tuple(P *p, size_t from) {
     size_t k = p->sn - from;
     /* Snapshots hold flat tuples only (pool ids): a container in a tuple is the reference's to judge. */
     for (size_t i = from; i < p->sn; i++)
-        if (p->stack[i].kind == V_CONT) return GIVE_UP(-1);
+        if (IS_REF(p->stack[i].kind)) return GIVE_UP(-1);
     if (k && cont_append(p, t.x, p->stack + from, k) < 0) return GIVE_UP(-1);
     c->sealed = 1;
     p->sn = from;
@@ -1269,7 +1327,8 @@ static uint64_t hash_bytes(const unsigned char *s, size_t n) {
  * 460 MB benchmark, a third of the read's time on this VM, all on the one thread that reads. A helper
  * thread keeps the next stretch of each array present instead (madvise MADV_POPULATE_WRITE: the kernel
  * makes the pages and writes nothing into them), a fixed number of items ahead of what the parse has
- * published, so at most that much more memory is made than the parse uses. The gunzip's output, whose
+ * published (fewer near the input's end, at the pace of the stretch read last: pf_ahead), so at most that much
+ * more memory is made than the parse uses. The gunzip's output, whose
  * size the gzip trailer states, is made present whole, from its start, while libdeflate fills it: never
  * more than the caps already let it allocate (a trailer that states more than the stream holds gets
  * pages nobody writes, within those caps, until libdeflate refuses the stream).
@@ -1292,6 +1351,9 @@ typedef struct Prefault {
     int count_of[PF_MAX], n;
     size_t ahead[PF_COUNTS];
     size_t count[PF_COUNTS]; /* published by the parse (atomic) */
+    size_t at, size;         /* the parse's place in its input (published with the counts), the input's size */
+    /* two earlier publications, 8 MB of input or more apart: the pace is that of the stretch read since the older */
+    size_t base_at, base_count[PF_COUNTS], mid_at, mid_count[PF_COUNTS];
     int stop;                /* set by the parse when it is done (atomic) */
     pthread_t thread;
 } Prefault;
@@ -1309,9 +1371,31 @@ static void pf_add(Prefault *f, void *base, size_t items, size_t width, int coun
     f->count_of[i] = count_of;
 }
 
+/* Items to make present past `count` of kind c: f->ahead[c], but not more than the rest of the input holds at
+ * the pace of the last stretch read (and half again): the arrays are sized for the worst case, and their pages
+ * made ahead of the parse's end were made for nothing (~16 MB of them on the 460 MB benchmark, every one
+ * a page the kernel cleared). */
+static size_t pf_ahead(Prefault *f, int c, size_t count) {
+    size_t at = __atomic_load_n(&f->at, __ATOMIC_RELAXED), ahead = f->ahead[c];
+    if (at > f->base_at && count >= f->base_count[c] && at <= f->size) {
+        double pace = (double)(count - f->base_count[c]) / (double)(at - f->base_at);
+        double rest = (double)(f->size - at) * pace * 1.5 + 4096;
+        if (rest < (double)ahead) ahead = (size_t)rest;
+    }
+    return ahead;
+}
+
 static void *pf_loop(void *arg) {
     Prefault *f = arg;
     for (;;) {
+        size_t at = __atomic_load_n(&f->at, __ATOMIC_RELAXED);
+        if (at >= f->mid_at + ((size_t)8 << 20)) {
+            f->base_at = f->mid_at, f->mid_at = at;
+            for (int c = 0; c < PF_COUNTS; c++) {
+                f->base_count[c] = f->mid_count[c];
+                f->mid_count[c] = __atomic_load_n(&f->count[c], __ATOMIC_RELAXED);
+            }
+        }
         int stop = __atomic_load_n(&f->stop, __ATOMIC_ACQUIRE), moved = 0;
         for (int i = 0; i < f->n; i++) {
             int c = f->count_of[i];
@@ -1320,7 +1404,8 @@ static void *pf_loop(void *arg) {
                 want = f->bytes[i] - f->done[i] > PF_STEP ? f->done[i] + PF_STEP : f->bytes[i];
                 least = 1; /* the last stretch may be shorter */
             } else {
-                want = (__atomic_load_n(&f->count[c], __ATOMIC_RELAXED) + f->ahead[c]) * f->width[i];
+                size_t count = __atomic_load_n(&f->count[c], __ATOMIC_RELAXED);
+                want = (count + pf_ahead(f, c, count)) * f->width[i];
                 want = want > f->skip[i] ? want - f->skip[i] : 0;
                 if (want > f->bytes[i]) want = f->bytes[i];
                 want &= ~(size_t)4095;
@@ -1335,7 +1420,9 @@ static void *pf_loop(void *arg) {
         }
         if (stop) return NULL;
         if (!moved) {
-            struct timespec t = {0, 100000}; /* the parse fills a stretch in milliseconds */
+            /* 1 ms: the stretch ahead is ~20 ms of the parse; waking every 0.1 ms cost ~25 ms more CPU on the
+             * 460 MB file (3000 wake-ups and their madvise calls), and no wall time was gained by it */
+            struct timespec t = {0, 1000000};
             nanosleep(&t, NULL);
         }
     }
@@ -1377,14 +1464,13 @@ static Prefault *pf_start(P *p) {
     pf_add(f, ev->time, ev->cap, sizeof(*ev->time), PF_EVENTS);
     pf_add(f, ev->stream, ev->cap, sizeof(*ev->stream), PF_EVENTS);
     pf_add(f, ev->frames, ev->cap, sizeof(*ev->frames), PF_EVENTS);
-    pf_add(f, ev->pool, ev->cap, sizeof(*ev->pool), PF_EVENTS);
-    pf_add(f, ev->have, ev->cap, sizeof(*ev->have), PF_EVENTS);
-    pf_add(f, ev->bad, ev->cap, sizeof(*ev->bad), PF_EVENTS);
+    /* (not the pool column: it is written only for events with a pool id, none in most files) */
     pf_add(f, ev->flags, ev->cap, sizeof(*ev->flags), PF_EVENTS);
-    /* ~30 ms of the parse ahead at the benchmark's pace; at most ~16 MB made and never used */
-    f->ahead[PF_CONTS] = 400000;
+    /* ~30 ms of the parse ahead at the benchmark's pace, less near the input's end (pf_ahead) */
+    f->ahead[PF_CONTS] = 50000; /* (few: events and their frames lists are read without one) */
     f->ahead[PF_MEMO] = 600000;
     f->ahead[PF_EVENTS] = 200000;
+    f->size = p->size;
     return pf_run(f);
 }
 
@@ -1395,6 +1481,7 @@ static inline void pf_publish(P *p) {
     __atomic_store_n(&f->count[PF_CONTS], p->cn, __ATOMIC_RELAXED);
     __atomic_store_n(&f->count[PF_MEMO], p->memo_len, __ATOMIC_RELAXED);
     __atomic_store_n(&f->count[PF_EVENTS], p->ev.n, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->at, p->pos, __ATOMIC_RELAXED);
 }
 
 static void pf_stop(Prefault *f) {
@@ -1413,37 +1500,54 @@ static void pf_stop(Prefault *f) {
 static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_out, int32_t *sid) {
     const unsigned char *buf = p->buf;
     size_t q = pos, n = 0;
-    /* LONG_BINGETs four at a time: their loads do not wait on each other (one at a time, each waits for
-     * the one before to say where it starts) */
-    while (stop_at - q >= 20 && n + 4 < PICKLER_BATCH &&
-           (buf[q] == 'j') & (buf[q + 5] == 'j') & (buf[q + 10] == 'j') & (buf[q + 15] == 'j'))
+    /* The walk also makes the cheap key into span_recent, from the GETs' memo ids as it reads them (the bytes
+     * read once, where a second pass over them made it before; a span whose bytes fall short of a word ended
+     * in a partial load that stalled on its copy): four LONG_BINGETs at a time, their loads and multiplies
+     * independent of each other, folded into the key by a rotate and an xor (no chain of multiplies). The key
+     * only picks the span to compare first: the bytes are compared whole below. */
+    uint64_t f = 0;
+#if defined(__SSE2__)
+    /* the four opcodes in one 16-byte load and compare (bytes 0, 5, 10, 15), the key from its two words and
+     * the last GET's id */
+    const __m128i jj = _mm_set1_epi8('j');
+    while (stop_at - q >= 20 && n + 4 < PICKLER_BATCH) {
+        __m128i w = _mm_loadu_si128((const __m128i *)(buf + q));
+        if ((_mm_movemask_epi8(_mm_cmpeq_epi8(w, jj)) & 0x8421) != 0x8421) break;
+        uint64_t lo = (uint64_t)_mm_cvtsi128_si64(w), hi = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(w, w));
+        uint64_t d = rd32(buf + q + 16);
+        f = ((f << 13) | (f >> 51)) ^ ((lo * 0x9e3779b97f4a7c15ULL + hi * 0xbf58476d1ce4e5b9ULL) ^ (d * 0x94d049bb133111ebULL));
         q += 20, n += 4;
+    }
+#else
+    while (stop_at - q >= 20 && n + 4 < PICKLER_BATCH &&
+           (buf[q] == 'j') & (buf[q + 5] == 'j') & (buf[q + 10] == 'j') & (buf[q + 15] == 'j')) {
+        uint64_t a = rd32(buf + q + 1), b = rd32(buf + q + 6), c = rd32(buf + q + 11), d = rd32(buf + q + 16);
+        f = ((f << 13) | (f >> 51)) ^ ((a * 0x9e3779b97f4a7c15ULL + b * 0xbf58476d1ce4e5b9ULL) ^
+                                       (c * 0x94d049bb133111ebULL + d * 0x2545f4914f6cdd1dULL));
+        q += 20, n += 4;
+    }
+#endif
     for (;;) {
+        uint64_t id;
         if (q >= stop_at) return 0;
         if (buf[q] == 'j') {
             if (stop_at - q < 5) return 0;
+            id = rd32(buf + q + 1) | (uint64_t)1 << 32;
             q += 5;
         } else if (buf[q] == 'h') {
             if (stop_at - q < 2) return 0;
+            id = buf[q + 1];
             q += 2;
         } else
             break;
+        f = ((f << 7) | (f >> 57)) ^ (id * 0xff51afd7ed558ccdULL);
         if (++n == PICKLER_BATCH) return 0;
     }
     if (n == 0 || buf[q] != 'e') return 0;
     size_t len = q - pos;
-    /* first a cheap key of all the bytes (8 at a time, each word turned by its place, xored: no chain of
-     * multiplies) into recent spans; a full hash into span_map when that is not it */
-    uint64_t h = 0, f = len * 0x9e3779b97f4a7c15ULL, w;
-    size_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-        memcpy(&w, buf + pos + j, 8);
-        unsigned rot = (unsigned)(j * 7) & 63;
-        f ^= rot ? (w << rot) | (w >> (64 - rot)) : w;
-    }
-    w = 0;
-    memcpy(&w, buf + pos + j, len - j);
-    size_t r = (size_t)(mix(f ^ (w * 0xbf58476d1ce4e5b9ULL)) & (SPAN_RECENT - 1));
+    /* the key into recent spans; a full hash into span_map when that is not it */
+    uint64_t h = 0;
+    size_t r = (size_t)(mix(f ^ len * 0xc4ceb9fe1a85ec53ULL) & (SPAN_RECENT - 1));
     if (!p->memo_rewritten) {
         int32_t i = p->span_recent[r] - 1;
         if (i >= 0 && p->span_len[i] == len && memcmp(buf + p->span_off[i], buf + pos, len) == 0) {
@@ -1495,6 +1599,221 @@ static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_o
     }
     *q_out = q, *n_out = n;
     return 1;
+}
+
+/* A frames list's container made the interned sequence sid of n items (span_seq found it). */
+static inline void list_to_seq(Cont *c, int32_t sid, size_t n) {
+    if (c->depth < 2) c->depth = 2;
+    c->kind = C_SEQ;
+    c->ref = sid;
+    c->n = (uint32_t)n;
+}
+
+/* The values an event's fast walk holds for a hand-back: 32 pairs (torch writes 9 to 11). */
+#define EV_FAST_VALS 64
+
+/* An event dict's items, walked straight into its record: the MARK after an empty, unsealed dict was just
+ * read (pos is past it), or (`slot` not SIZE_MAX) EMPTY_DICT MEMOIZE MARK, with no container made for the
+ * dict and `slot` the memo entry its MEMOIZE takes. Torch writes every event as
+ *     EMPTY_DICT MEMOIZE MARK (key value)... SETITEMS
+ * with each key a GET of a memoized known string (its first is "action") and each value a GET, an int
+ * (BININT1/BININT2/BININT/LONG1), None, the string "N/A" (MEMOIZE), or its frames list (EMPTY_LIST
+ * MEMOIZE, then nothing or MARK GETs... APPENDS: span_seq). Where the general loop pushes each key and
+ * value, then has SETITEMS hand them to dict_set, here each pair goes into the record as it is read
+ * (event_set, consume: the same functions in the same order, so the same record), about half the
+ * read's time per event.
+ * On anything else, before its first byte, the walk hands back: the MARK is pushed and the pairs read
+ * so far, as the general loop would have them, and the general loop goes on from that opcode. Whatever
+ * the walk did by then is what the general loop does on the same bytes (containers, memo entries,
+ * streams, sealed values), but the event record, which the general loop makes only at SETITEMS: it is
+ * given back (no other record can have been made since). Values that need a record's side entry
+ * (device_free, texts that are not the defaults) are handed back before they are set, so a given-back
+ * record never left one. Every opcode taken lies wholly before stop_at (the frame's end): the general
+ * loop handles the boundary.
+ * Without a container (the usual: 12 bytes and a page fault per 340 events saved), a dict read whole
+ * is a V_EVENT pushed, its memo entry MEMO_EVENT | its record; one handed back gets its container
+ * then (its index is not the one the general loop gives it: nothing depends on the order of indices),
+ * and its memo entry, which nothing read before (a GET of it hands back: its container is then read
+ * into itself, which the general loop gives up on). 1: done (p->pos past SETITEMS), 0: handed back
+ * (p->pos, p->sn, the marks), -1: give up. */
+static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
+    const unsigned char *buf = p->buf;
+    Events *ev = &p->ev;
+    const int contless = slot != SIZE_MAX;
+    const int64_t ci = contless ? -1 : p->stack[p->sn - 1].x;
+    Cont self = {.kind = C_DICT, .depth = 1, .ref = -1}; /* the dict's depth, without a container */
+    Val vals[EV_FAST_VALS];
+    size_t nv = 0, at = pos;
+    int64_t e = -1;
+    uint16_t have = 0, bad = 0;
+    uint8_t flags = F_CC_DEFAULT | F_UM_DEFAULT;
+    { /* the first key must be "action" (a GET of it): else (a frame dict, a segment, the root...) nothing is done */
+        size_t idx = SIZE_MAX;
+        if (pos < stop_at && buf[pos] == 'j' && stop_at - pos >= 5)
+            idx = rd32(buf + pos + 1);
+        else if (pos < stop_at && buf[pos] == 'h' && stop_at - pos >= 2)
+            idx = buf[pos + 1];
+        if (idx >= p->memo_cap || p->memo[idx] != (MEMO_KEY | K_ACTION)) goto back;
+    }
+    for (;;) {
+        /* a key, or SETITEMS */
+        at = pos;
+        if (pos >= stop_at || nv + 2 > EV_FAST_VALS) goto back;
+        size_t idx;
+        unsigned char op = buf[pos];
+        if (op == 'j' && stop_at - pos >= 5)
+            idx = rd32(buf + pos + 1), pos += 5;
+        else if (op == 'h' && stop_at - pos >= 2)
+            idx = buf[pos + 1], pos += 2;
+        else if (op == 'u') { /* (not the first: "action" was) */
+            pos++;
+            break;
+        } else
+            goto back;
+        if (idx >= p->memo_cap || p->memo[idx] - MEMO_KEY >= 32u) goto back_at; /* a known string (K_* < 32) */
+        uint8_t key = (uint8_t)p->memo[idx];
+        Val *k = &vals[nv++];
+        *k = p->key_val[key];
+        if (e < 0 && (e = ev_new(ev)) < 0) return -1;
+        /* its value */
+        at = pos;
+        if (pos >= stop_at) goto back;
+        Val *v = &vals[nv];
+        v->key = 0, v->pad = 0, v->len = 0;
+        op = buf[pos];
+        switch (op) {
+        case 'j':
+        case 'h': {
+            if (stop_at - pos < (op == 'j' ? 5u : 2u)) goto back;
+            idx = op == 'j' ? rd32(buf + pos + 1) : buf[pos + 1];
+            if (idx >= p->memo_cap || p->memo[idx] == 0) goto back; /* (the general loop gives up) */
+            memo_dec(p, p->memo[idx], v);
+            pos += op == 'j' ? 5 : 2;
+            break;
+        }
+        case 'K':
+            if (stop_at - pos < 2) goto back;
+            v->kind = V_INT, v->x = buf[pos + 1];
+            pos += 2;
+            break;
+        case 'M':
+            if (stop_at - pos < 3) goto back;
+            v->kind = V_INT, v->x = (int64_t)buf[pos + 1] | (int64_t)buf[pos + 2] << 8;
+            pos += 3;
+            break;
+        case 'J':
+            if (stop_at - pos < 5) goto back;
+            v->kind = V_INT, v->x = (int32_t)rd32(buf + pos + 1);
+            pos += 5;
+            break;
+        case 'N':
+            v->kind = V_NONE, v->x = 0;
+            pos += 1;
+            break;
+        case 0x8a: { /* LONG1 of 1..8 bytes, read as run() reads it */
+            size_t n = stop_at - pos >= 2 ? buf[pos + 1] : 0;
+            if (n < 1 || n > 8 || stop_at - pos < 2 + n || p->size - (pos + 2) < 8) goto back;
+            uint64_t u;
+            memcpy(&u, buf + pos + 2, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            u = __builtin_bswap64(u);
+#endif
+            v->kind = V_INT, v->x = (int64_t)(u << (64 - 8 * n)) >> (64 - 8 * n);
+            pos += 2 + n;
+            break;
+        }
+        case 0x8c: /* SHORT_BINUNICODE "N/A" MEMOIZE: every event's compile_context */
+            if (stop_at - pos < 6 || memcmp(buf + pos + 1, "\x03N/A\x94", 5) != 0 || p->key_val[K_NA].kind != V_STR ||
+                p->memo_len >= p->memo_cap || p->memo[p->memo_len])
+                goto back;
+            v->kind = V_STR, v->key = K_NA, v->len = 3, v->x = (int64_t)(pos + 2);
+            p->memo[p->memo_len++] = MEMO_KEY | K_NA;
+            pos += 6;
+            break;
+        case ']': { /* EMPTY_LIST MEMOIZE: the frames list */
+            if (stop_at - pos < 2 || buf[pos + 1] != 0x94 || p->memo_len >= p->memo_cap || p->memo[p->memo_len] ||
+                p->cn >= MEMO_KEY - 2)
+                goto back;
+            pos += 2;
+            if (pos < stop_at && buf[pos] == '(') { /* its items: interned, without a container (V_SEQ) */
+                size_t q, n;
+                int32_t sid;
+                /* (its memo entry is made after: a GET of it among its items is not a frame dict either way) */
+                int rc = span_seq(p, pos + 1, stop_at, &q, &n, &sid);
+                if (rc < 0) return -1;
+                if (rc == 1 && (uint32_t)sid < MEMO_SEQS) {
+                    v->kind = V_SEQ, v->x = sid;
+                    p->memo[p->memo_len++] = MEMO_SEQ | (uint32_t)sid;
+                    pos = q + 1;
+                    break;
+                }
+            }
+            int64_t li = cont_new(p, C_LIST);
+            if (li < 0) return -1;
+            v->kind = V_CONT, v->x = li;
+            p->memo[p->memo_len++] = (uint32_t)li + 1;
+            if (pos < stop_at && buf[pos] == '(') { /* another shape: the list is read the general way, from its MARK */
+                nv++;
+                at = pos;
+                goto back;
+            }
+            break; /* an empty list */
+        }
+        default:
+            goto back;
+        }
+        /* (K_* are below 32: one test of a mask for the three keys first) */
+        if (((1u << (key & 31)) & (1u << K_DFREE | 1u << K_CC | 1u << K_UM)) &&
+            (key == K_DFREE || !(v->kind == V_STR && v->key == (key == K_CC ? K_NA : K_EMPTYSTR)))) {
+            nv++; /* set by the general loop (a side entry) */
+            at = pos;
+            goto back;
+        }
+        nv++;
+        if (IS_REF(v->kind) && consume(p, contless ? &self : &p->conts[ci], v) < 0)
+            return GIVE_UP(-1);
+        if (event_set(p, (size_t)e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
+    }
+    if (contless) {
+        /* (its depth in two bits: deeper ones, which no torch writes, are read with a container) */
+        if (self.depth > 3 || (p->sn == p->scap && grow((void **)&p->stack, &p->scap, p->sn + 1, sizeof(Val)) < 0)) {
+            at = pos - 1;
+            goto back;
+        }
+        ev->flags[e] = ev_flags(ev, (size_t)e, have, bad, flags) | (uint8_t)(self.depth << F_DEPTH_SHIFT);
+        p->memo[slot] = MEMO_EVENT | (uint32_t)e;
+        Val *d = &p->stack[p->sn++];
+        d->kind = V_EVENT, d->key = 0, d->pad = 0, d->len = 0, d->x = e;
+    } else {
+        Cont *c = &p->conts[ci];
+        c->kind = C_EVENT;
+        c->ref = (int32_t)e;
+        c->n = (uint32_t)(nv / 2);
+        ev->flags[e] = ev_flags(ev, (size_t)e, have, bad, flags);
+    }
+    p->pos = pos;
+    if (p->pf && !(++p->pf_tick & 1023)) pf_publish(p);
+    return 1;
+back_at: /* the key just read is handed back unread */
+    pos = at;
+back:
+    if (e >= 0) ev->n--;
+    if ((p->mn == p->mcap && grow((void **)&p->marks, &p->mcap, p->mn + 1, sizeof(size_t)) < 0) ||
+        grow((void **)&p->stack, &p->scap, p->sn + nv + 1, sizeof(Val)) < 0)
+        return GIVE_UP(-1);
+    if (contless) { /* the dict's container, as EMPTY_DICT MEMOIZE would have made it */
+        int64_t di = cont_new(p, C_DICT);
+        if (di < 0 || di >= (int64_t)MEMO_KEY - 1) return GIVE_UP(-1);
+        p->conts[di].depth = self.depth;
+        p->memo[slot] = (uint32_t)di + 1;
+        Val *d = &p->stack[p->sn++];
+        d->kind = V_CONT, d->key = 0, d->pad = 0, d->len = 0, d->x = di;
+    }
+    p->marks[p->mn++] = p->sn;
+    memcpy(p->stack + p->sn, vals, nv * sizeof(Val));
+    p->sn += nv;
+    p->pos = at;
+    return 0;
 }
 
 static int run(P *p) {
@@ -1628,14 +1947,15 @@ op_mark:
             int rc = span_seq(p, pos, stop_at, &q, &n, &sid);
             if (rc < 0) return -1;
             if (rc == 1) {
-                lc = &p->conts[stack[sn - 1].x];
-                if (lc->depth < 2) lc->depth = 2;
-                lc->kind = C_SEQ;
-                lc->ref = sid;
-                lc->n = (uint32_t)n;
+                list_to_seq(&p->conts[stack[sn - 1].x], sid, n);
                 pos = q + 1;
                 DISPATCH();
             }
+        } else if (lc->kind == C_DICT && lc->n == 0 && !lc->sealed) {
+            SYNC_OUT();
+            if (event_fast(p, pos, stop_at, SIZE_MAX) < 0) return -1;
+            SYNC_IN();
+            DISPATCH();
         }
     }
     if (__builtin_expect(p->mn == p->mcap, 0) && grow((void **)&p->marks, &p->mcap, p->mn + 1, sizeof(size_t)) < 0)
@@ -1643,6 +1963,15 @@ op_mark:
     p->marks[p->mn++] = sn;
     DISPATCH();
 op_empty_dict:
+    /* EMPTY_DICT MEMOIZE MARK and a GET: an event's items, read without a container where they are one */
+    if (pos + 3 < stop_at && buf[pos] == 0x94 && buf[pos + 1] == '(' && (buf[pos + 2] == 'j' || buf[pos + 2] == 'h') &&
+        memo_len < memo_cap && memo[memo_len] == 0 && p->ev.n < MEMO_EVENTS) {
+        SYNC_OUT();
+        size_t slot = p->memo_len++;
+        if (event_fast(p, pos + 2, stop_at, slot) < 0) return -1;
+        SYNC_IN();
+        DISPATCH();
+    }
     idx = C_DICT;
     goto new_container;
 op_empty_list:
@@ -1803,9 +2132,10 @@ static PyObject *frame_of_rec(P *p, int32_t rec, PyObject **cache) {
 }
 
 static PyObject *export_cont(P *p, int64_t ci) {
-    if (p->cache[ci]) {
-        Py_INCREF(p->cache[ci]);
-        return p->cache[ci];
+    int32_t hit;
+    if (map_get(&p->cache_map, (uint64_t)ci, &hit)) {
+        Py_INCREF(p->cache[hit]);
+        return p->cache[hit];
     }
     Cont *c = &p->conts[ci];
     PyObject *o = NULL;
@@ -1865,7 +2195,12 @@ static PyObject *export_cont(P *p, int64_t ci) {
         return GIVE_UP(NULL); /* an event record outside a trace */
     }
     if (o) {
-        p->cache[ci] = o;
+        if (p->cache_n >= INT32_MAX || grow((void **)&p->cache, &p->cache_cap, p->cache_n + 1, sizeof(PyObject *)) < 0 ||
+            map_put(&p->cache_map, (uint64_t)ci, (int32_t)p->cache_n) < 0) {
+            Py_DECREF(o);
+            return PyErr_NoMemory();
+        }
+        p->cache[p->cache_n++] = o;
         Py_INCREF(o);
     }
     return o;
@@ -1893,6 +2228,10 @@ static PyObject *export(P *p, const Val *v) {
         return str_of(p, v);
     case V_CONT:
         return export_cont(p, v->x);
+    case V_EVENT:
+        return GIVE_UP(NULL); /* an event record outside a trace */
+    case V_SEQ:
+        return GIVE_UP(NULL); /* an event's frames list elsewhere too */
     }
     return NULL;
 }
@@ -2087,22 +2426,17 @@ static PyObject *export_trace(P *p, Cont *t) {
     int8_t *action = ev->action + base;
     int64_t *addr = ev->addr + base, *time = ev->time + base;
     int32_t *stream = ev->stream + base, *cls = ev->frames + base, *pool = ev->pool + base;
-    const uint16_t *have = ev->have + base, *bad = ev->bad + base;
     const uint8_t *flags = ev->flags + base;
     for (size_t i = 0; i < n; i++) {
-        uint16_t h = have[i], b = bad[i];
-        if (!(h & H_ACTION) || (b & H_ACTION)) FAIL_OUT;
+        if (!(flags[i] & F_FIT)) FAIL_OUT;
         if (action[i] == ACT_OOM) {
             /* the model keeps device_free there */
             int32_t si;
-            if (!(h & H_DFREE) || (b & H_DFREE) || !map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
+            if (!map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
             addr[i] = ev->side[si].dfree;
-        } else if (!(h & H_ADDR) || (b & H_ADDR))
-            FAIL_OUT;
-        if (!(h & H_SIZE) || (b & H_SIZE)) FAIL_OUT;
+        }
         /* streams: ids of non-negative values (a negative one is bad: the reference's to judge), numbered
          * here in order of first appearance in the trace */
-        if (!(h & H_STREAM) || (b & H_STREAM)) FAIL_OUT;
         if (stream[i] != last_sid) {
             last_sid = stream[i];
             if (ord_of[last_sid] < 0) {
@@ -2115,8 +2449,7 @@ static PyObject *export_trace(P *p, Cont *t) {
             last_ord = ord_of[last_sid];
         }
         stream[i] = last_ord;
-        if (b & (H_TIME | H_FRAMES | H_CC | H_UM | H_POOL)) FAIL_OUT;
-        if (!(h & H_TIME) || (flags[i] & F_TIME_NONE)) {
+        if (flags[i] & F_TIME_NONE) {
             time[i] = 0;
             absent_time++;
         }
@@ -2372,10 +2705,9 @@ static void p_free(P *p) {
     free(p->span_off);
     free(p->span_len);
     free(p->span_seq);
-    if (p->cache) {
-        for (size_t i = 0; i < p->cn; i++) Py_XDECREF(p->cache[i]);
-        free(p->cache);
-    }
+    for (size_t i = 0; i < p->cache_n; i++) Py_DECREF(p->cache[i]);
+    free(p->cache);
+    map_free(&p->cache_map);
 }
 
 static PyObject *py_parse(PyObject *self, PyObject *args) {
@@ -2421,9 +2753,8 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
         unsigned long long b = npb * (unsigned long long)raw_n;
         p.budget = (int64_t)(b > min_nodes ? b : min_nodes);
     }
-    p.cache = calloc(p.cn + 1, sizeof(PyObject *));
     p.fcache = calloc(p.fn + 1, sizeof(PyObject *));
-    if (!p.cache || !p.fcache) goto done;
+    if (!p.fcache || map_init(&p.cache_map, 64) < 0) goto done;
     root = export_root(&p);
     if (!root) goto done;
     fvals = PyList_New((Py_ssize_t)p.fv_n);
@@ -2489,7 +2820,11 @@ static PyObject *py_remap(PyObject *self, PyObject *args) {
     size_t n = (size_t)col.len / 4, t = (size_t)tab.len / 4;
     int32_t *c = col.buf;
     const int32_t *m = tab.buf;
-    for (size_t i = 0; ok && i < n; i++) ok = c[i] < 0 || (size_t)c[i] < t;
+    /* the largest value first (a reduction the compiler vectorizes, where a test per value with an early exit
+     * was not): nothing is changed unless every value is in the table */
+    int32_t top = -1;
+    for (size_t i = 0; i < (ok ? n : 0); i++) top = c[i] > top ? c[i] : top;
+    ok = ok && (top < 0 || (size_t)top < t);
     for (size_t i = 0; ok && i < n; i++) c[i] = c[i] < 0 ? -1 : m[c[i]];
     PyBuffer_Release(&col);
     PyBuffer_Release(&tab);

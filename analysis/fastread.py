@@ -231,7 +231,7 @@ class _ColumnsConverter(reader._Converter):
             ordinals = np.asarray([self.pool_of(k, where) for k in pools] + [0], np.int32)
             pool = ordinals[np.frombuffer(pool_b, np.int32)]  # -1 (no pool id) takes the trailing 0
         # Stream ordinals in order of first appearance (the C side numbered them as it met them).
-        stream = np.zeros(n, np.int32) if len(streams) == 1 else np.frombuffer(stream_b, np.int32)
+        stream = np.frombuffer(stream_b, np.int32)
         # The reference's checks on the columns (issue 22), from their one definition in reader.py.
         reader.check_trace_columns(
             self.limits, action, addr, stream, pool, streams, where, first_off_lane=first_free_off_lane

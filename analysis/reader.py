@@ -1022,26 +1022,29 @@ class _Converter:
 
     # -- annotations and settings -------------------------------------------------------
     def convert_annotations(self, raw: list[Any]) -> list[Annotation]:
-        # Checked inline, ``int_field`` (and the place's name) only for a value it refuses, with its words:
-        # thousands of annotations, each two method calls and a formatted string, were 0.015 s of the read.
+        # One inline test of what every valid annotation passes: thousands of them, each two method calls and a
+        # formatted string, were 0.015 s of the read. Any other goes through the checks in order (``int_field``
+        # and the place's name), for the same refusal in the same words.
         out = []
         for i, a in enumerate(raw):
             if type(a) is not dict:
                 raise self.bad(f"external_annotations[{i}]", a, "an annotation dict")
             self.charge(len(a))
             name, stage = a.get("name", _MISSING), a.get("stage", _MISSING)
-            if name is _MISSING or stage is _MISSING:
-                raise SchemaError("missing-key", f"external_annotations[{i}]: needs 'name' and 'stage'")
-            if type(name) is not str or type(stage) is not str:
-                raise self.bad(f"external_annotations[{i}]", name if type(name) is not str else stage, "a str")
             device, time_us = a.get("device", 0), a.get("time_us", 0)
             if not (
-                type(device) is int
+                type(name) is str
+                and type(stage) is str
+                and type(device) is int
                 and type(time_us) is int
                 and 0 <= device <= I64_MAX
                 and I64_MIN <= time_us <= I64_MAX
             ):
                 where = f"external_annotations[{i}]"
+                if name is _MISSING or stage is _MISSING:
+                    raise SchemaError("missing-key", f"{where}: needs 'name' and 'stage'")
+                if type(name) is not str or type(stage) is not str:
+                    raise self.bad(where, name if type(name) is not str else stage, "a str")
                 device = self.int_field(a, "device", where, default=0, nonneg=True)
                 time_us = self.int_field(a, "time_us", where, default=0)
             out.append(Annotation(name, stage, device, time_us))

@@ -225,6 +225,62 @@ def test_odd_but_readable_values_go_to_the_reference(edit: str) -> None:
     assert differences(c_value, p_value) == [] if c_kind == "ok" else c_value == p_value
 
 
+EVENT_WALKS = [
+    "deep-value",
+    "deep-memo-value",
+    "oom-device-free",
+    "shared-event",
+    "event-elsewhere",
+    "frames-itself",
+    "bad-after-list",
+    "frames-elsewhere",
+    "frames-holding-itself",
+]
+
+
+@pytest.mark.parametrize("edit", EVENT_WALKS)
+def test_event_dicts_the_fast_walk_hands_back_read_as_the_reference_reads_them(edit: str) -> None:
+    """An event dict is read by a walk of its own (``event_fast``), without a container; on what it does not
+    take it hands the pairs read so far back to the general loop, which must go on as if it had read them
+    itself: the snapshot (or the refusal) is the reference's."""
+    snap = _variant("texts")
+    events = snap["device_traces"][0]
+    event = events[3]
+    readable = True  # the compiled reader reads it by itself
+    if edit == "deep-value":  # a list the walk does not take (read the general way, from its first item)
+        event["filename"] = [[[1]]]
+    elif edit == "deep-memo-value":  # a GET of a value nested deeper than a frames list: handed back whole
+        deep = [[[1]]]
+        snap["segments"][0]["future"] = deep  # pickled first: the event GETs it
+        event["filename"] = deep
+    elif edit == "oom-device-free":  # device_free: set by the general loop
+        events.append({**events[-1], "action": "oom", "device_free": 1024, "frames": []})
+    elif edit == "shared-event":  # the same dict twice in the trace (a GET of an event read without a container)
+        events.append(event)
+        readable = False
+    elif edit == "event-elsewhere":  # an event dict outside a trace
+        snap["extra"] = [event]
+        readable = False
+    elif edit == "frames-itself":  # a value that is the dict itself (a GET of its memo entry, not yet made)
+        event["frames"] = event
+        readable = False
+    elif edit == "frames-elsewhere":  # an event's frames list (read without a container) outside the trace too
+        snap["extra"] = event["frames"]
+        readable = False
+    elif edit == "frames-holding-itself":  # a frames list whose items GET it (before its memo entry is made)
+        event["frames"].append(event["frames"])
+        readable = False
+    else:  # a value the walk does not take, after a frames list it took
+        event["size"] = 2.5
+        readable = False
+    data = pickle.dumps(snap, protocol=4)
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert (compiled is not None) == readable, f"_snapread.c:{fastread.give_up_line()}"
+    (c_kind, c_value), (p_kind, p_value) = outcome(data, True), outcome(data, False)
+    assert c_kind == p_kind
+    assert differences(c_value, p_value) == [] if c_kind == "ok" else c_value == p_value
+
+
 def _rewritten_memo_pickle() -> bytes:
     """Events whose frames lists are the same bytes (GETs of the same memo entries), with one of those
     entries overwritten before the last one (BINPUT of another frame dict): no pickler writes that, the
