@@ -156,6 +156,23 @@ def test_recorded_replay_identical_on_every_fixture(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.removesuffix(".pickle.gz"))
+def test_the_columns_scatter_form_gives_the_one_pass_columns(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C columns' fallback (moves scattered, then summed), which no real pass reaches, against the one pass."""
+    from analysis.allocator import recorded
+
+    assert compiled.wanted()
+    snapshot = read_snapshot(path)
+    for dev in snapshot.devices:
+        if not len(dev.trace):
+            continue
+        one_pass = _replay_facts(recorded_replay(snapshot, dev))
+        monkeypatch.setattr(recorded, "CORE_COLUMNS_SCATTER", True)
+        scattered = _replay_facts(recorded_replay(snapshot, dev))
+        monkeypatch.setattr(recorded, "CORE_COLUMNS_SCATTER", False)
+        assert scattered == one_pass, f"device {dev.device}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.removesuffix(".pickle.gz"))
 def test_allocator_model_identical_on_every_fixture(path: Path) -> None:
     for what, ref, fast in _policy(read_snapshot(path), CONFIGS):
         assert fast == ref, what
