@@ -1,4 +1,4 @@
-"""``explore.event_groups(..., at=points)``, the report timeline's event groups, pairs the frees only at
+"""``eventgroups.event_groups(..., at=points)``, the report timeline's event groups, pairs the frees only at
 the addresses of the points' completions (issue 34): it must name, point for point, what the whole
 trace's ``event_groups(...)[points]`` names, on every top-level fixture and a sample of the captures,
 for the report's own timeline points and for random ones (the completions among them included)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.explore import event_groups
+from analysis.eventgroups import event_groups
 from analysis.model import FREE_COMPLETED
 from analysis.reader import read_snapshot
 from analysis.report import build_report
