@@ -1084,6 +1084,17 @@ static int new_str(P *p, size_t n, Val *v) {
     return 0;
 }
 
+/* A LONG1 of n (1..8) bytes at s, with 8 bytes readable there: one 8-byte load, whose n wanted bytes are its
+ * low ones; shifting them to the top and back (arithmetic shift, as gcc and clang do it) extends the sign. */
+static inline int64_t long1_loaded(const unsigned char *s, size_t n) {
+    uint64_t u;
+    memcpy(&u, s, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    u = __builtin_bswap64(u);
+#endif
+    return (int64_t)(u << (64 - 8 * n)) >> (64 - 8 * n);
+}
+
 /* LONG1/LONG4: little-endian two's complement; only values that fit int64 are taken. */
 static int new_long(P *p, size_t n, Val *v) {
     NEED(n);
@@ -1609,6 +1620,20 @@ static inline void list_to_seq(Cont *c, int32_t sid, size_t n) {
     c->n = (uint32_t)n;
 }
 
+/* The memo index a GET at pos reads (BINGET 'h', LONG_BINGET 'j', wholly before stop_at) into *idx, and its
+ * length in bytes; 0 where pos holds no whole GET. */
+static inline size_t get_at(const unsigned char *buf, size_t pos, size_t stop_at, size_t *idx) {
+    if (pos < stop_at && buf[pos] == 'j' && stop_at - pos >= 5) {
+        *idx = rd32(buf + pos + 1);
+        return 5;
+    }
+    if (pos < stop_at && buf[pos] == 'h' && stop_at - pos >= 2) {
+        *idx = buf[pos + 1];
+        return 2;
+    }
+    return 0;
+}
+
 /* The values an event's fast walk holds for a hand-back: 32 pairs (torch writes 9 to 11). */
 #define EV_FAST_VALS 64
 
@@ -1649,22 +1674,17 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
     uint8_t flags = F_CC_DEFAULT | F_UM_DEFAULT;
     { /* the first key must be "action" (a GET of it): else (a frame dict, a segment, the root...) nothing is done */
         size_t idx = SIZE_MAX;
-        if (pos < stop_at && buf[pos] == 'j' && stop_at - pos >= 5)
-            idx = rd32(buf + pos + 1);
-        else if (pos < stop_at && buf[pos] == 'h' && stop_at - pos >= 2)
-            idx = buf[pos + 1];
+        get_at(buf, pos, stop_at, &idx);
         if (idx >= p->memo_cap || p->memo[idx] != (MEMO_KEY | K_ACTION)) goto back;
     }
     for (;;) {
         /* a key, or SETITEMS */
         at = pos;
         if (pos >= stop_at || nv + 2 > EV_FAST_VALS) goto back;
-        size_t idx;
+        size_t idx, got = get_at(buf, pos, stop_at, &idx);
         unsigned char op = buf[pos];
-        if (op == 'j' && stop_at - pos >= 5)
-            idx = rd32(buf + pos + 1), pos += 5;
-        else if (op == 'h' && stop_at - pos >= 2)
-            idx = buf[pos + 1], pos += 2;
+        if (got)
+            pos += got;
         else if (op == 'u') { /* (not the first: "action" was) */
             pos++;
             break;
@@ -1684,11 +1704,10 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
         switch (op) {
         case 'j':
         case 'h': {
-            if (stop_at - pos < (op == 'j' ? 5u : 2u)) goto back;
-            idx = op == 'j' ? rd32(buf + pos + 1) : buf[pos + 1];
+            if (!(got = get_at(buf, pos, stop_at, &idx))) goto back;
             if (idx >= p->memo_cap || p->memo[idx] == 0) goto back; /* (the general loop gives up) */
             memo_dec(p, p->memo[idx], v);
-            pos += op == 'j' ? 5 : 2;
+            pos += got;
             break;
         }
         case 'K':
@@ -1713,12 +1732,7 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
         case 0x8a: { /* LONG1 of 1..8 bytes, read as run() reads it */
             size_t n = stop_at - pos >= 2 ? buf[pos + 1] : 0;
             if (n < 1 || n > 8 || stop_at - pos < 2 + n || p->size - (pos + 2) < 8) goto back;
-            uint64_t u;
-            memcpy(&u, buf + pos + 2, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-            u = __builtin_bswap64(u);
-#endif
-            v->kind = V_INT, v->x = (int64_t)(u << (64 - 8 * n)) >> (64 - 8 * n);
+            v->kind = V_INT, v->x = long1_loaded(buf + pos + 2, n);
             pos += 2 + n;
             break;
         }
@@ -2013,15 +2027,9 @@ op_long1:
     {
         size_t n = buf[pos++];
         if (n >= 1 && n <= 8 && size - pos >= 8) { /* the usual: an address or a time, sign-extended */
-            /* one 8-byte load (8 bytes are readable here): the n wanted ones are its low bytes; shifting
-             * them to the top and back (arithmetic shift, as gcc and clang do it) extends the sign */
-            uint64_t u;
-            memcpy(&u, buf + pos, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-            u = __builtin_bswap64(u);
-#endif
+            int64_t x = long1_loaded(buf + pos, n);
             pos += n;
-            SCALAR(V_INT, (int64_t)(u << (64 - 8 * n)) >> (64 - 8 * n));
+            SCALAR(V_INT, x);
         }
         if (n >= 1 && n <= 8 && size - pos >= n) {
             uint64_t u = 0;
