@@ -551,12 +551,17 @@ static int fl_blocks(const FList *f, Vec *v) {
     return 0;
 }
 
-/* _insert: into free list lk at its key's place (bisect_left), state free, GC age stamped. */
-static int fl_insert(Engine *E, int lk, int32_t k) {
-    TRY(fl_put(&E->fl[lk], bkey(E, k), k, E->b));
+/* A block that went into a free list: state free, its GC age stamped. */
+static int now_free(Engine *E, int32_t k) {
     E->b[k].state = ST_FREE;
     if (E->gc_on) TRY(hm_set(&E->gcb, E->b[k].addr, E->gcc, 0));
     return 0;
+}
+
+/* _insert: into free list lk at its key's place (bisect_left), state free, GC age stamped. */
+static int fl_insert(Engine *E, int lk, int32_t k) {
+    TRY(fl_put(&E->fl[lk], bkey(E, k), k, E->b));
+    return now_free(E, k);
 }
 
 /* _remove: bisect_left for the block's key and delete there; Python deletes whatever is there,
@@ -878,8 +883,7 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
     }
     if (found) {
         TRY(fl_move(f, at, bkey(E, b), b, E->b));
-        E->b[b].state = ST_FREE;
-        if (E->gc_on) TRY(hm_set(&E->gcb, E->b[b].addr, E->gcc, 0));
+        TRY(now_free(E, b));
     } else {
         TRY(fl_insert(E, lk, b));
     }
@@ -906,8 +910,7 @@ static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
     E->b[b].size = size;
     if (!at) return fl_insert(E, lk, r);
     TRY(fl_move(&E->fl[lk], *at, bkey(E, r), r, E->b));
-    if (E->gc_on) TRY(hm_set(&E->gcb, E->b[r].addr, E->gcc, 0));
-    return 0;
+    return now_free(E, r);
 }
 
 static int alloc_expandable(Engine *E, int lk, int64_t size, int32_t *out);

@@ -1172,6 +1172,14 @@ static void columns_scatter(RecCore *c, int64_t **col, Py_ssize_t n, const long 
 /* the event of record p of a list walked in order (past its end: no event) */
 static inline int64_t next_at(const Vec *a, size_t p) { return p < a->len ? a->v[p] : INT64_MAX; }
 
+/* the first event any of the five record lists names next */
+static inline int64_t first_of(int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) {
+    int64_t m = a < b ? a : b;
+    if (c < m) m = c;
+    if (d < m) m = d;
+    return e < m ? e : m;
+}
+
 /* _columns and _finished's sums: six per-event columns, written into the int64 arrays given (active, which
  * no report reads, is left to RecordedReplay.active: reserved - cached_free).
  * columns(allocated, requested, reserved, cached_free, inactive_split, largest_free, initial) with
@@ -1213,10 +1221,7 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
         while (pl < c->lf_i.len && c->lf_i.v[pl] < 0) pl++; /* records of the seeding: the initial figure holds them */
         int64_t ni = next_at(&c->ignored, pi), na = next_at(&c->aa_i, pa), nc = next_at(&c->ac_i, pc);
         int64_t nn = next_at(&c->ns_i, pn), nl = next_at(&c->lf_i, pl);
-        int64_t next = ni < na ? ni : na; /* the first event any record names */
-        if (nc < next) next = nc;
-        if (nn < next) next = nn;
-        if (nl < next) next = nl;
+        int64_t next = first_of(ni, na, nc, nn, nl); /* the first event any record names */
         for (Py_ssize_t k = 0; k < n; k++) {
             long a = act[k];
             int64_t x = bs[k], s = sz[k];
@@ -1233,10 +1238,7 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
                 for (; nc == k; nc = next_at(&c->ac_i, ++pc)) dac += c->ac_v.v[pc];
                 for (; nn == k; nn = next_at(&c->ns_i, ++pn)) sn += c->ns_v.v[pn];
                 for (; nl == k; nl = next_at(&c->lf_i, ++pl)) lv = c->lf_v.v[pl]; /* the last record wins */
-                next = ni < na ? ni : na;
-                if (nc < next) next = nc;
-                if (nn < next) next = nn;
-                if (nl < next) next = nl;
+                next = first_of(ni, na, nc, nn, nl);
             }
             al[k] = sa += dal;
             rq[k] = sq += drq;

@@ -1180,8 +1180,13 @@ def _peak(column: I64, initial: int) -> tuple[int, int]:
     if column.shape[0] == 0:
         return initial, -1
     j = int(np.argmax(column))
-    v = int(column[j])
-    return (v, j) if v >= initial else (initial, -1)
+    return _peak_over(int(column[j]), j, initial)
+
+
+def _peak_over(value: int, event: int, initial: int) -> tuple[int, int]:
+    """A column's peak (its maximum at ``event``, -1: no events) against the state before the trace: that
+    state's figure, at -1, where the trace never rose above it."""
+    return (value, event) if event >= 0 and value >= initial else (initial, -1)
 
 
 def _run_keeping(rep: _Replayer, keep: list[int], states: dict[int, AllocatorState]) -> None:
@@ -1262,7 +1267,7 @@ def _core_columns(core: Any, n: int, init: StateFigures) -> tuple[dict[str, I64]
     start = (init.allocated, init.requested, init.reserved, init.active, nonsplit, init.largest_free)
     maxima = core.columns(*cols.values(), start, CORE_COLUMNS_SCATTER)  # ((value, first event), ...); -1: none
     peaks = [
-        (v, j) if j >= 0 and v >= initial else (initial, -1)
+        _peak_over(v, j, initial)
         for (v, j), initial in zip(maxima, (init.allocated, init.requested, init.reserved), strict=True)
     ]
     return cols, peaks
