@@ -28,7 +28,7 @@ the parent's freed heap (on the 2-core VM: ~20k faults per child and ~18k in the
 replay, 0.3-0.4 s of CPU per report on the 460 MB benchmark), no JSON on the way back. A task that
 raises raises here, as in a serial run; one that cannot start (no thread left) runs here when its
 result is asked for. Only the GIL-free parts overlap: Python-heavy tasks gain nothing from threads.
-Pool threads run at a lower priority than the thread that submits (``_yield_to_the_caller``).
+Pool threads run at a lower priority than the thread that submits (``yield_to_the_caller``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def default_jobs() -> int:
 POOL_THREAD_NICENESS = 5
 
 
-def _yield_to_the_caller() -> None:
+def yield_to_the_caller() -> None:
     """A pool thread runs below the thread that submits its tasks (on Linux a thread's nice value
     is its own). The submitter (a report's own stages) is the one path that must not wait; the
     replays take what CPU it leaves, and all of them once it waits for their results. On the
@@ -117,12 +117,17 @@ class Pool:
 
     def __init__(self, jobs: int, *, threads: bool = False) -> None:
         self._threads = (
-            ThreadPoolExecutor(max_workers=jobs, initializer=_yield_to_the_caller) if threads and jobs > 1 else None
+            ThreadPoolExecutor(max_workers=jobs, initializer=yield_to_the_caller) if threads and jobs > 1 else None
         )
         self.jobs = jobs if jobs > 1 and hasattr(os, "fork") and self._threads is None else 0
         self._queued: deque[Pending] = deque()
         self._running: deque[Pending] = deque()
         self.reruns = 0  # tasks a child failed, run again here
+
+    @property
+    def forks(self) -> bool:
+        """Whether tasks run in forked children (no other thread may be running when one forks)."""
+        return self.jobs > 0
 
     def submit(self, fn: Callable[[], Any]) -> Pending:
         task = Pending(self, fn)

@@ -83,7 +83,8 @@ def build_report(
         inputs = snapshot_source.checked_inputs(tuple(whatif), oom_message, sidecar, limit=limit, batch_size=batch_size)
         report_progress = progress or _noop
         report_progress("reading", 0.0)
-        src = snapshot_source.read(source, filename)
+        # The file's hash may go on beside the stages where no child is forked (``source.read``).
+        src = snapshot_source.read(source, filename, hash_later=not runner.pool.forks)
         report_progress("reading", 1.0)
         outcomes = []
         for k in range(len(src.devices)):
@@ -99,7 +100,7 @@ def build_report(
         report_progress("analysing", 1.0)
         return {
             "schema": SCHEMA,
-            "source": src.section,
+            "source": src.section(),
             "capture": capture,
             "devices": [o.entry for o in outcomes],
             "annotations": len(src.snapshot.annotations),
@@ -124,7 +125,7 @@ def build_whatif(
         for dev in src.snapshot.devices
         if len(dev.trace)
     ]
-    return {"schema": SCHEMA, "source": src.section, "config": config, "devices": out}
+    return {"schema": SCHEMA, "source": src.section(), "config": config, "devices": out}
 
 
 # ------------------------------------------------------------------ one device: the stages, in order
@@ -167,7 +168,7 @@ def _analyse_device(
     ledger = diagnosis.ledger_of(snapshot, facts, recorded.replay, catalog, message)
     entry = serialise.device_json(facts, recorded, explained, attributed, diagnosed, timeline, catalog, ledger)
     entry["signature"] = diagnosis.signature_of(facts, catalog, attributed, phases)
-    advice = workload.advice_context(snapshot, facts, recorded, attributed, src.section["bytes"], catalog)
+    advice = workload.advice_context(snapshot, facts, recorded, attributed, src.size, catalog)
     collected = whatifs.collect_whatifs(planned)
     grown = diagnosis.growth_per_step(diagnosed)
     whatifs.add_grown_horizons(snapshot, facts.dev, collected, grown, recorded.requests)

@@ -1,8 +1,9 @@
 """The snapshot and the contract ``source`` section, and the user's inputs checked before any heavy work.
 
 ``read(source, filename) -> Source``: the ``Snapshot`` (``reader.py``), its stack catalog, the devices
-analysed and the contract ``source`` section (the sha256 taken on a thread beside the read, from the same
-mapping of the file as the compiled reader's: ``fastread.mapped_file``). ``checked_inputs(...) -> Inputs``
+analysed and the contract ``source`` section (``Source.section()``: the sha256 taken on a thread beside the
+read, from the same mapping of the file as the compiled reader's, ``fastread.mapped_file``; with
+``hash_later`` it may finish after the read, beside the next stages). ``checked_inputs(...) -> Inputs``
 refuses a bad ``--whatif`` or OOM message first.
 """
 
@@ -12,12 +13,12 @@ import contextlib
 import hashlib
 import mmap
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis import fastread
+from analysis import fastread, parallel
 from analysis.allocator.config import AllocatorConfig
 from analysis.limits import OomMessage, parse_oom_message
 from analysis.model import OOM as OOM_ACTION
@@ -55,15 +56,82 @@ def checked_inputs(
     return Inputs(whatifs, limit, message, sidecar, batch_size)
 
 
+class _FileHash:
+    """The contract ``source`` section, its sha256 taken on a thread (``source_info``). ``hold`` (the
+    file's mapping, where the hash reads it) is closed by that thread once the hash is done and the
+    reader has done with it (``parsed()``). From then on, the mapped pages are let go (``MADV_DONTNEED``:
+    they stay in the page cache), all at once and then each slice once hashed: a hash that outlives the
+    read holds no more resident pages than the slice it reads (else the peak rose by the part of the
+    file the parse had read and the hash had not: 60 MB on the 460 MB benchmark)."""
+
+    def __init__(
+        self,
+        source: str | Path | bytes,
+        filename: str | None,
+        mapped: mmap.mmap | None,
+        hold: contextlib.ExitStack,
+        lower: bool,
+    ) -> None:
+        self._out: list[dict[str, Any] | BaseException] = []
+        self._mapped = mapped
+        self._parsed = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source, filename, hold, lower), daemon=True)
+        self._thread.start()
+
+    def _run(self, source: str | Path | bytes, filename: str | None, hold: contextlib.ExitStack, lower: bool) -> None:
+        if lower:
+            parallel.yield_to_the_caller()
+        try:
+            self._out.append(source_info(source, filename, self._mapped, self._let_go))
+        except BaseException as exc:  # handed to the thread that asks for the section, which raises it
+            self._out.append(exc)
+        finally:
+            self._parsed.wait()  # the mapping is the reader's until then
+            hold.close()
+
+    def _let_go(self, start: int, end: int) -> None:
+        """Bytes ``start:end`` of the mapping are hashed: their pages go where the reader has done."""
+        if self._mapped is not None and self._parsed.is_set():
+            _let_go_of(self._mapped, start, end)
+
+    def parsed(self) -> None:
+        """The reader has done with the mapping. Its pages go before the hash thread is told: until then
+        that thread keeps the mapping open."""
+        if self._mapped is not None and self._thread.is_alive():
+            _let_go_of(self._mapped, 0, len(self._mapped))
+        self._parsed.set()
+
+    def section(self) -> dict[str, Any]:
+        self._thread.join()
+        if isinstance(self._out[0], BaseException):
+            raise self._out[0]
+        return self._out[0]
+
+
+def _let_go_of(mapped: mmap.mmap, start: int, end: int) -> None:
+    """The pages wholly inside ``start:end`` of a read-only file mapping unmapped (read again from the
+    page cache if touched again): only a cost where it fails, so a failure is let be."""
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = end - end % mmap.PAGESIZE if end < len(mapped) else end
+    if last > first:
+        with contextlib.suppress(OSError, ValueError):
+            mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
 @dataclass(frozen=True)
 class Source:
     """The snapshot read, and what every device's stages share of it."""
 
     snapshot: Snapshot
     catalog: StackCatalog
-    section: dict[str, Any]  # the contract ``source`` section
+    size: int  # the file's bytes (the contract's ``source.bytes``)
     devices: tuple[DeviceData, ...]  # the devices analysed: those with a trace or segments
     oom_devices: tuple[int, ...]  # the devices whose trace holds an OOM
+    _hash: _FileHash
+
+    def section(self) -> dict[str, Any]:
+        """The contract ``source`` section: waits for the file's hash where it is still being taken."""
+        return {**self._hash.section(), "format": self.snapshot.format}
 
     def message_for(self, message: OomMessage | None, device: int) -> OomMessage | None:
         """The OOM message where it is this device's: it names the device, or names none and this is
@@ -73,33 +141,44 @@ class Source:
         return message
 
 
-def read(source: str | Path | bytes, filename: str | None) -> Source:
-    """The snapshot, and the contract ``source`` section.
+def read(source: str | Path | bytes, filename: str | None, *, hash_later: bool = False) -> Source:
+    """The snapshot, and what gives the contract ``source`` section (``Source.section()``).
 
     The file's sha256 is taken on a thread beside the read: hashlib releases the GIL, so on a
     second CPU it costs little time. The compiled reader and the hash read one mapping of the file
     (``fastread.mapped_file``): no copy of its bytes for the hash, so the second CPU is free for
     the parse's own helper too (the pages it will write, made present ahead of it). A file the
-    compiled reader leaves is read again by the Python reader, which gives any refusal. The hash is
-    joined before anything forks."""
+    compiled reader leaves is read again by the Python reader, which gives any refusal.
+
+    Without ``hash_later`` the hash is joined here (a caller that forks must: no thread may be
+    running then). With it, the hash goes on beside the next stages at a lower priority (the
+    report's own stages are its serial path; issue 34: on the 2-core VM the read waited ~0.1 s for a
+    hash slower than the parse, with the second CPU idle once the read was done), and
+    ``section()`` waits for it."""
     with contextlib.ExitStack() as held:
         mapped = None
         if not isinstance(source, bytes) and fastread.wanted(None):
             mapped = held.enter_context(fastread.mapped_file(Path(source), ReadLimits()))
         data = mapped.data if mapped is not None else None
-        hashed: list[dict[str, Any] | BaseException] = []
-        hasher = threading.Thread(target=_source_info_into, args=(hashed, source, filename, data), daemon=True)
-        hasher.start()
+        size = len(source) if isinstance(source, bytes) else _size_of(Path(source), data)
+        hashing = _FileHash(source, filename, data, held.pop_all(), lower=hash_later)
         try:
             snapshot = read_snapshot(mapped or (source if isinstance(source, bytes) else Path(source)))
-        finally:
-            hasher.join()
-    if isinstance(hashed[0], BaseException):
-        raise hashed[0]
-    src = hashed[0]
-    src["format"] = snapshot.format
+        except BaseException:
+            hashing.parsed()
+            with contextlib.suppress(BaseException):
+                hashing.section()
+            raise
+        hashing.parsed()
+    if not hash_later:
+        hashing.section()  # raises what the hash met
     devices = tuple(d for d in snapshot.devices if len(d.trace) or d.segments)
-    return Source(snapshot, StackCatalog(snapshot.stacks), src, devices, oom_devices(snapshot.devices))
+    return Source(snapshot, StackCatalog(snapshot.stacks), size, devices, oom_devices(snapshot.devices), hashing)
+
+
+def _size_of(path: Path, mapped: mmap.mmap | None) -> int:
+    """The file's bytes: the mapping's, which the hash reads, where there is one."""
+    return len(mapped) if mapped is not None else path.stat().st_size
 
 
 def oom_devices(devices: Iterable[DeviceData]) -> tuple[int, ...]:
@@ -114,21 +193,15 @@ def message_applies(message: OomMessage, device: int, oom_devices: list[int]) ->
     return message.device == device or (message.device is None and len(oom_devices) == 1)
 
 
-def _source_info_into(
-    out: list[dict[str, Any] | BaseException],
+def source_info(
     source: str | Path | bytes,
     filename: str | None,
     mapped: mmap.mmap | None = None,
-) -> None:
-    try:
-        out.append(source_info(source, filename, mapped))
-    except BaseException as exc:  # handed to the reading thread, which raises it
-        out.append(exc)
-
-
-def source_info(source: str | Path | bytes, filename: str | None, mapped: mmap.mmap | None = None) -> dict[str, Any]:
+    hashed: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """The contract ``source`` section (its ``format`` left to the reader); ``mapped``: the file's
-    bytes, mapped by the reader (``fastread.mapped_file``), hashed from there."""
+    bytes, mapped by the reader (``fastread.mapped_file``), hashed from there, ``hashed(start, end)``
+    told after each slice of them."""
     digest = hashlib.sha256()
     if isinstance(source, bytes):
         digest.update(source)
@@ -136,17 +209,19 @@ def source_info(source: str | Path | bytes, filename: str | None, mapped: mmap.m
         name = filename or "snapshot"
     else:
         path = Path(source)
-        size = _hash_file(path, digest) if mapped is None else _hash_mapped(mapped, digest)
+        size = _hash_file(path, digest) if mapped is None else _hash_mapped(mapped, digest, hashed)
         name = filename or path.name
     return {"filename": name, "bytes": size, "sha256": digest.hexdigest(), "format": None}
 
 
-def _hash_mapped(mapped: mmap.mmap, digest: Any) -> int:
+def _hash_mapped(mapped: mmap.mmap, digest: Any, hashed: Callable[[int, int], None] | None = None) -> int:
     """Feed the mapped file to ``digest`` in slices of it (no copy); its size."""
     with memoryview(mapped) as view:
         for at in range(0, len(view), _HASH_SLICE):
             with view[at : at + _HASH_SLICE] as part:
                 digest.update(part)
+            if hashed is not None:
+                hashed(at, min(len(view), at + _HASH_SLICE))
         return len(view)
 
 

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import sys
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -415,6 +416,83 @@ def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path) -> N
     empty.write_bytes(b"")
     assert source_stage.source_info(empty, None)["sha256"] == hashlib.sha256(b"").hexdigest()
     assert source_stage.source_info(empty, None)["bytes"] == 0
+
+
+@pytest.mark.parametrize("hash_later", [True, False])
+def test_a_hash_taken_beside_the_read_is_the_files_and_closes_its_mapping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hash_later: bool
+) -> None:
+    # The report's hash goes on after the read where nothing forks (issue 34): it is the file's either
+    # way, and its thread closes the mapping it shared with the compiled reader once both are done.
+    # Small slices, so that the file is many of them and the pages are let go slice by slice.
+    monkeypatch.setattr(source_stage, "_HASH_SLICE", 4096)
+    path = tmp_path / "gpt.pickle"
+    path.write_bytes(gzip.decompress((FIXTURES / "gpt_varlen_expandable.pickle.gz").read_bytes()))
+    src = source_stage.read(path, None, hash_later=hash_later)
+    hashing = src._hash
+    if not hash_later:
+        assert not hashing._thread.is_alive()  # joined before read returns: a caller may fork next
+    section = src.section()
+    assert section == {
+        "filename": "gpt.pickle",
+        "bytes": path.stat().st_size,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "format": "pickle",
+    }
+    assert src.size == path.stat().st_size
+    assert not hashing._thread.is_alive()
+    if fastread.wanted(None):
+        assert hashing._mapped is not None and hashing._mapped.closed
+
+
+def test_a_refused_file_stops_the_hash_beside_it(tmp_path: Path) -> None:
+    from analysis.errors import SnapshotError
+
+    evil = tmp_path / "evil.pickle"
+    evil.write_bytes(b"\x80\x04cos\nsystem\n(S'true'\ntR." * 2000)
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(SnapshotError):
+        source_stage.read(evil, None, hash_later=True)
+    assert {t.ident for t in threading.enumerate()} <= before  # the hash thread was joined
+
+
+class _Mapping:
+    """What ``_let_go_of`` asks of a mapping: its length, and the ranges it lets go."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.calls = size, []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def madvise(self, option: int, start: int, length: int) -> None:
+        self.calls.append((option, start, length))
+
+
+def test_only_pages_wholly_hashed_are_let_go() -> None:
+    import mmap
+
+    page = mmap.PAGESIZE
+    m = _Mapping(10 * page + 100)
+    source_stage._let_go_of(m, 0, 3 * page + 5)  # type: ignore[arg-type]
+    source_stage._let_go_of(m, 3 * page + 5, 4 * page)  # type: ignore[arg-type]  # no whole page
+    source_stage._let_go_of(m, 4 * page, 10 * page + 100)  # type: ignore[arg-type]  # the file's end: its last part-page too
+    assert m.calls == [
+        (mmap.MADV_DONTNEED, 0, 3 * page),
+        (mmap.MADV_DONTNEED, 4 * page, 6 * page + 100),
+    ]
+
+
+def test_a_mapping_let_go_reads_the_same_bytes(tmp_path: Path) -> None:
+    # MADV_DONTNEED on the read-only file mapping drops its pages, not the file's bytes: read again,
+    # they come back from the page cache (the hash that outlives the read reads such pages).
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 40000)
+    with fastread.mapped_file(path, ReadLimits()) as mapped:
+        assert mapped is not None
+        first = hashlib.sha256(mapped.data).hexdigest()
+        source_stage._let_go_of(mapped.data, 0, len(mapped.data))
+        assert hashlib.sha256(mapped.data).hexdigest() == first == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_files_the_compiled_reader_leaves_are_read_or_refused_as_the_reader_does(tmp_path: Path) -> None:
