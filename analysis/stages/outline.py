@@ -17,9 +17,10 @@ import numpy.typing as npt
 
 from analysis.allocator import floor_estimate, trace_is_complete
 from analysis.allocator.config import AllocatorConfig
+from analysis.allocator.requests import segment_levels
 from analysis.explore import checkpoint_events
 from analysis.limits import Limit, OomMessage, choose_limit, sidecar_limit
-from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, DeviceData, Snapshot
+from analysis.model import DeviceData, Snapshot
 from analysis.oom import MAX_OOMS_EXPLAINED, flush_window_start, oom_indices
 from analysis.projection import Projection, project_failing_step
 from analysis.stacks import Lifetimes, alloc_lifetimes
@@ -185,12 +186,9 @@ def inferred_limit(snapshot: Snapshot, outline: Outline) -> Limit:
 def _reserved_peak_index(dev: DeviceData) -> int:
     """``allocator.requests._recorded_reserved(dev).argmax()``, from the segment events alone: reserved
     memory changes only there, so it first peaks at one of them, or at the first event."""
-    t = dev.trace
-    grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
-    at = np.flatnonzero(grow | (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP))
+    at, level = segment_levels(dev)
     if at.size == 0:
         return 0
-    level = np.cumsum(np.where(grow[at], t.size[at], -t.size[at]))
     if at[0] > 0:  # nothing reserved yet before the first segment event
         at, level = np.r_[0, at], np.r_[0, level]
     return int(at[int(level.argmax())])
