@@ -215,10 +215,16 @@ def classify(
         assign(forward & persistent, UNKNOWN)
     bwd_idx = start[backward]
     if bwd_idx.size:
-        # Backward allocations at or before each one: a running count where every start is its own.
+        # The first backward allocation after each one (n: none).
         strictly = start.shape[0] < 2 or bool((start[1:] > start[:-1]).all())
-        j = np.cumsum(backward) if strictly else np.searchsorted(bwd_idx, start, side="right")
-        next_bwd = np.where(j < bwd_idx.size, bwd_idx[np.minimum(j, bwd_idx.size - 1)], n)
+        if strictly:
+            # Every start its own: each backward allocation's start holds from the one before it (a
+            # value per backward allocation repeated, not a running count and a gather over them all).
+            runs = np.diff(np.concatenate(([0], np.flatnonzero(backward) + 1, [start.shape[0]])))
+            next_bwd = np.repeat(np.concatenate((bwd_idx, [n])), runs)
+        else:
+            j = np.searchsorted(bwd_idx, start, side="right")
+            next_bwd = np.where(j < bwd_idx.size, bwd_idx[np.minimum(j, bwd_idx.size - 1)], n)
         assign(forward & (end > next_bwd) & (next_bwd < n), ACTIVATIONS)
         assign(forward, TEMPORARIES)
     else:
