@@ -213,23 +213,29 @@ def classify(
     if opt_start.size:
         persistent = (start < opt_start[-1]) & (end > opt_end[-1])
         assign(forward & persistent, UNKNOWN)
-    bwd_idx = start[backward]
-    if bwd_idx.size:
-        # The first backward allocation after each one (n: none).
-        strictly = start.shape[0] < 2 or bool((start[1:] > start[:-1]).all())
-        if strictly:
-            # Every start its own: each backward allocation's start holds from the one before it (a
-            # value per backward allocation repeated, not a running count and a gather over them all).
-            runs = np.diff(np.concatenate(([0], np.flatnonzero(backward) + 1, [start.shape[0]])))
-            next_bwd = np.repeat(np.concatenate((bwd_idx, [n])), runs)
-        else:
-            j = np.searchsorted(bwd_idx, start, side="right")
-            next_bwd = np.where(j < bwd_idx.size, bwd_idx[np.minimum(j, bwd_idx.size - 1)], n)
+    if backward.any():
+        next_bwd = next_marked(start, backward, n)
         assign(forward & (end > next_bwd) & (next_bwd < n), ACTIVATIONS)
         assign(forward, TEMPORARIES)
     else:
         assign(forward, ACTIVATIONS)
     return out
+
+
+def next_marked(start: I64, marked: Mask, n: int) -> I64:
+    """Per allocation (``start`` ascending), the start of the first ``marked`` allocation after it (``n``: none)."""
+    at = start[marked]
+    if not at.size:
+        return np.full(start.shape[0], n, np.int64)
+    if start.shape[0] < 2 or bool((start[1:] > start[:-1]).all()):
+        # Every start its own: each marked start holds from the marked one before it (itself included) up
+        # to its own position, a value per marked allocation repeated (a running count and a gather over
+        # every allocation took three times as long).
+        runs = np.diff(np.concatenate(([0], np.flatnonzero(marked), [start.shape[0]])))
+        out: I64 = np.repeat(np.concatenate((at, [n])).astype(np.int64, copy=False), runs)
+        return out
+    j = np.searchsorted(at, start, side="right")
+    return np.where(j < at.size, at[np.minimum(j, at.size - 1)], n).astype(np.int64, copy=False)
 
 
 def closure_pass(traits: I64) -> npt.NDArray[np.bool_]:

@@ -276,19 +276,28 @@ def reserved_plateau(reserved: I64, allocated: I64, initial_reserved: int, initi
     peak = max(int(initial_reserved), int(reserved.max()) if reserved.size else int(initial_reserved))
     if peak <= 0:
         return None
-    events = np.flatnonzero(reserved == peak)
-    idle = peak - allocated[events]  # reserved is the peak there
-    at = events + 1
-    if int(initial_reserved) == peak:
-        at = np.concatenate(([0], at))
-        idle = np.concatenate(([peak - int(initial_allocated)], idle))
-    k = int(np.argmin(idle))
+    # Reserved is the peak at these, so the least idle is where most is allocated: a masked maximum and
+    # the first event holding it, not the events' indices and idle bytes gathered (most of the 460 MB
+    # trace's 2.4M events hold its peak: 0.009 s).
+    at_peak = reserved == peak
+    count = int(np.count_nonzero(at_peak))
+    before = int(initial_reserved) == peak  # the state before the first event holds it (index -1)
+    first = last = least_at = -1
+    least = idle_first = peak - int(initial_allocated)
+    if count:
+        most = int(allocated.max(where=at_peak, initial=np.iinfo(np.int64).min))
+        if not before or peak - most < least:  # the state before wins a tie: it comes first
+            least, least_at = peak - most, int(np.argmax((allocated == most) & at_peak))
+        first = int(at_peak.argmax())
+        last = reserved.shape[0] - 1 - int(at_peak[::-1].argmax())
+        if not before:
+            idle_first = peak - int(allocated[first])
     return Plateau(
         reserved_bytes=peak,
-        first_event_index=int(at[0]) - 1,
-        last_event_index=int(at[-1]) - 1,
-        events=int(at.shape[0]),
-        least_idle_bytes=int(idle[k]),
-        least_idle_event_index=int(at[k]) - 1,
-        idle_at_first_bytes=int(idle[0]),
+        first_event_index=-1 if before else first,
+        last_event_index=last,
+        events=count + before,
+        least_idle_bytes=least,
+        least_idle_event_index=least_at,
+        idle_at_first_bytes=idle_first,
     )

@@ -155,8 +155,9 @@ def _amp_saving_range(
     )
     gids = catalog.groups_of(lifetimes.stack)
     base = live.peak
-    upper = act & ~fp32[gids]
-    lower = upper & in_nn[gids]
+    # Per group first (a few hundred), then one gather each over the allocations.
+    upper = act & (~fp32)[gids]
+    lower = act & (~fp32 & in_nn)[gids]
     halves = lifetimes.size // 2  # each allocation's half, for both bounds
     high = base - _peak_without(live, halves, upper)
     low = base - _peak_without(live, halves, lower)
