@@ -61,6 +61,7 @@ from analysis.stacks import (
     TRAIT_OPTIMIZER_STATE_INIT,
     Lifetimes,
     StackCatalog,
+    Traits,
 )
 from analysis.steps import running_clock
 
@@ -238,7 +239,7 @@ def next_marked(start: I64, marked: Mask, n: int) -> I64:
     return np.where(j < at.size, at[np.minimum(j, at.size - 1)], n).astype(np.int64, copy=False)
 
 
-def closure_pass(traits: I64) -> npt.NDArray[np.bool_]:
+def closure_pass(traits: Traits) -> npt.NDArray[np.bool_]:
     """Allocations (by their stack's traits) of a pass run inside ``optimizer.step(closure)``: optimizer frames
     with a module call or an autograd frame in the same stack. An optimizer never calls a module or the
     autograd engine itself, so the pass is the innermost of the two (``analysis.phases`` reads the frames'
@@ -249,7 +250,7 @@ def closure_pass(traits: I64) -> npt.NDArray[np.bool_]:
 
 
 def _optimizer_allocations(
-    traits: I64, has_frames: Mask, in_window: Mask, start: I64, opt_start: I64, opt_end: I64
+    traits: Traits, has_frames: Mask, in_window: Mask, start: I64, opt_start: I64, opt_end: I64
 ) -> Mask:
     """Rule 1's allocations: the optimizer's frames without a closure's pass inside them, and the frame-less
     ones inside a step window that ran no closure."""

@@ -123,8 +123,8 @@ def _peak_without(live: Live, halves: I64, cut: npt.NDArray[np.bool_]) -> int:
     half = np.where(cut, halves, 0)
     ended = np.bincount(live.end_rank[cut], halves[cut].astype(np.float64), half.shape[0] + 1)
     # ``cumsum(half) - cumsum(ended)`` in one pass (the same in int64); a float64 sum of integers is an
-    # integer, so the cast is exact where the sums are. Each step in place: no fresh column.
-    half -= ended[:-1].astype(np.int64)
+    # integer, so the difference and its cast are exact where the sums are. Each step in place: no fresh column.
+    np.subtract(half, ended[:-1], out=half, casting="unsafe")
     gone = np.cumsum(half, out=half)
     return int(np.subtract(live.after, gone, out=gone).max())
 

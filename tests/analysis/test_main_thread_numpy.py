@@ -24,8 +24,10 @@ from analysis.model import (
 )
 from analysis.phases import _carry_known_sites
 from analysis.reader import read_snapshot
-from analysis.stacks import alloc_lifetimes
+from analysis.stacks import StackCatalog, alloc_lifetimes
 from analysis.stages.attribution import _frees_record_free_sites
+from analysis.stages.outline import live_requested
+from analysis.stages.workload import _peak_without
 from analysis.steps import running_clock
 from analysis.timeline import reserved_plateau
 
@@ -109,6 +111,21 @@ def _carry_reference(ms: np.ndarray) -> np.ndarray:
     return np.where(last_known >= 0, ms[np.maximum(last_known, 0)], ms[known[0]])
 
 
+def _live_reference(lifetimes) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    n, m = lifetimes.n_events, lifetimes.start.shape[0]
+    runs = np.diff(np.concatenate(([0], lifetimes.start + 1, [n + 1])))
+    before = np.repeat(np.arange(m + 1), runs)
+    end_rank = before[lifetimes.end].astype(I64)
+    ended = np.bincount(end_rank, lifetimes.size.astype(np.float64), m + 1)
+    return np.cumsum(lifetimes.size - ended[:-1].astype(I64)), end_rank
+
+
+def _peak_without_reference(live, halves: np.ndarray, cut: np.ndarray) -> int:  # type: ignore[no-untyped-def]
+    half = np.where(cut, halves, 0)
+    ended = np.bincount(live.end_rank[cut], half[cut].astype(np.float64), half.shape[0] + 1)
+    return int((live.after - np.cumsum(half - ended[:-1].astype(I64))).max())
+
+
 # ------------------------------------------------------------------ on the fixtures
 
 
@@ -136,6 +153,18 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
         np.testing.assert_array_equal(
             next_marked(lifetimes.start, marked, len(t)), _next_marked_reference(lifetimes.start, marked, len(t))
         )
+        live = live_requested(lifetimes)
+        if live is not None:
+            after, end_rank = _live_reference(lifetimes)
+            np.testing.assert_array_equal(live.after, after)
+            np.testing.assert_array_equal(live.end_rank, end_rank)
+            halves = lifetimes.size // 2
+            for cut in (marked, ~marked, np.ones_like(marked)):
+                assert _peak_without(live, halves, cut) == _peak_without_reference(live, halves, cut)
+        catalog = StackCatalog(snap.stacks)
+        traits = catalog.stack_traits(lifetimes.stack)
+        assert traits.dtype == np.uint8
+        np.testing.assert_array_equal(traits, catalog.traits[catalog.groups_of(lifetimes.stack)])
         alloc = np.cumsum(np.where(t.action == ALLOC, t.size, 0))
         got = reserved_plateau(reserved, alloc, 0, 0)
         assert (None if got is None else got.to_json()) == _plateau_reference(reserved, alloc, 0, 0)
@@ -179,3 +208,25 @@ def test_sorted_unique_and_the_running_clock() -> None:
     np.testing.assert_array_equal(running_clock(jitter), [0, 3, 3, 5, 5, 9])
     np.testing.assert_array_equal(running_clock(jitter), [0, 3, 3, 5, 5, 9])  # kept: the same answer
     assert running_clock(steady) is steady  # another column: its own answer
+
+
+def test_free_sites_count_only_the_freed_allocations() -> None:
+    from types import SimpleNamespace
+
+    from analysis.stacks import Lifetimes
+
+    # Two freed allocations whose frees carry their own stacks, three live ones (their end: the trace's length).
+    stack = np.array([1, 2, 9, 9, 1, 2, 7], np.int32)
+    n = stack.shape[0]
+    lifetimes = Lifetimes(
+        start=np.array([0, 1, 2, 3, 5], I64),
+        end=np.array([4, 5, n, n, n], I64),
+        addr=np.arange(5, dtype=I64),
+        size=np.ones(5, I64),
+        stack=np.array([1, 2, 3, 3, 3], np.int32),
+        n_events=n,
+    )
+    assert not _frees_record_free_sites(SimpleNamespace(stack=stack), lifetimes)
+    freed_elsewhere = stack.copy()
+    freed_elsewhere[[4, 5]] = [8, 8]
+    assert _frees_record_free_sites(SimpleNamespace(stack=freed_elsewhere), lifetimes)
