@@ -140,6 +140,11 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
         np.testing.assert_array_equal(at, np.flatnonzero(np.isin(t.action, requests._SEGMENT_ACTIONS)))
         np.testing.assert_array_equal(level, reserved[at])
         pools = requests._event_pools(dev)
+        released = np.isin(t.action, (SEGMENT_FREE, SEGMENT_UNMAP)) & (pools != 0)
+        want_freeable: dict[int, int] = {}
+        for i in np.flatnonzero(released).tolist():
+            want_freeable.setdefault(int(pools[i]), i)
+        assert requests._freeable_from(dev, pools) == want_freeable
         sel, ops = requests._stream_of(snap, dev, [], pools)[:2]
         ref = _ops_reference(t.action, t.addr)
         np.testing.assert_array_equal(sel, np.flatnonzero(ref >= 0))
@@ -230,3 +235,15 @@ def test_free_sites_count_only_the_freed_allocations() -> None:
     freed_elsewhere = stack.copy()
     freed_elsewhere[[4, 5]] = [8, 8]
     assert _frees_record_free_sites(SimpleNamespace(stack=freed_elsewhere), lifetimes)
+
+
+def test_a_private_pool_is_freeable_from_its_first_release() -> None:
+    from types import SimpleNamespace
+
+    act = np.array(
+        [SEGMENT_ALLOC, ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, SEGMENT_FREE, SEGMENT_UNMAP, SEGMENT_FREE],
+        np.int8,
+    )
+    pools = np.array([2, 2, 0, 3, 3, 2, 0, 3], np.int32)  # the default pool's releases (0) never count
+    dev = SimpleNamespace(trace=SimpleNamespace(action=act))
+    assert requests._freeable_from(dev, pools) == {3: 4, 2: 5}  # type: ignore[arg-type]
