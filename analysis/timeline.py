@@ -70,12 +70,27 @@ def extreme_indices(values: I64, lo: int, hi: int, buckets: int) -> I64:
     return out
 
 
-def select_points(columns: Mapping[str, I64], lo: int, hi: int, buckets: int, keep: Iterable[int] = ()) -> I64:
-    """Event indices to plot for [lo, hi): per-bucket extremes of the primary series plus ``keep``."""
-    parts = [extreme_indices(columns[name], lo, hi, buckets) for name in PRIMARY if name in columns]
+def select_points(
+    columns: Mapping[str, I64],
+    lo: int,
+    hi: int,
+    buckets: int,
+    keep: Iterable[int] = (),
+    extremes: Mapping[str, I64] | None = None,
+) -> I64:
+    """Event indices to plot for [lo, hi): per-bucket extremes of the primary series plus ``keep``
+    (``extremes``: each primary series' ``extreme_indices`` over [lo, hi), where the caller has them)."""
+    if extremes is None:
+        extremes = primary_extremes(columns, lo, hi, buckets)
+    parts = list(extremes.values())
     forced = np.fromiter((k for k in keep if lo <= k < hi), np.int64)
     ends = np.array([lo, hi - 1], np.int64) if hi > lo else np.zeros(0, np.int64)
     return sorted_unique(np.concatenate([*parts, forced, ends]))
+
+
+def primary_extremes(columns: Mapping[str, I64], lo: int, hi: int, buckets: int) -> dict[str, I64]:
+    """``extreme_indices`` of each primary series over [lo, hi), by name."""
+    return {name: extreme_indices(columns[name], lo, hi, buckets) for name in PRIMARY if name in columns}
 
 
 def series_at(columns: Mapping[str, I64], time_us: I64, points: I64) -> dict[str, Any]:
@@ -98,10 +113,17 @@ def series_at(columns: Mapping[str, I64], time_us: I64, points: I64) -> dict[str
     return out
 
 
-def peak_of(values: I64) -> dict[str, int]:
+def peak_of(values: I64, among: I64 | None = None) -> dict[str, int]:
+    """The first event where ``values`` peak, and the peak. ``among``: events known to hold that first one
+    (a column's ``extreme_indices`` over all its events: each bucket's first maximum is there, the first
+    bucket's to reach the peak among them), so that the column is not read again."""
     if values.size == 0:
         return {"event_index": -1, "bytes": 0}
-    i = int(values.argmax())
+    if among is None or among.size == 0:
+        i = int(values.argmax())
+    else:
+        at = values[among]
+        i = int(among[at == at.max()].min())  # the earliest of those at the peak (lows and highs come apart)
     return {"event_index": i, "bytes": int(values[i])}
 
 
@@ -116,11 +138,12 @@ def build_timeline(
 ) -> dict[str, Any]:
     """The report's ``timeline``: downsampled series with every peak and the OOM exact."""
     n = int(columns["reserved"].shape[0])
-    peaks = {name: peak_of(columns[name]) for name in ("reserved", "allocated", "requested")}
+    extremes = primary_extremes(columns, 0, n, buckets)
+    peaks = {name: peak_of(columns[name], extremes.get(name)) for name in ("reserved", "allocated", "requested")}
     step_list = [int(i) for i in step_ends]
     forced = [p["event_index"] for p in peaks.values() if p["event_index"] >= 0]
     forced += [i for i in (oom_index,) if i is not None] + list(keep)
-    points = select_points(columns, 0, n, buckets, forced)
+    points = select_points(columns, 0, n, buckets, forced, extremes)
     out = {
         "events": n,
         "points": int(points.size),

@@ -247,3 +247,15 @@ def test_a_private_pool_is_freeable_from_its_first_release() -> None:
     pools = np.array([2, 2, 0, 3, 3, 2, 0, 3], np.int32)  # the default pool's releases (0) never count
     dev = SimpleNamespace(trace=SimpleNamespace(action=act))
     assert requests._freeable_from(dev, pools) == {3: 4, 2: 5}  # type: ignore[arg-type]
+
+
+def test_a_peak_found_among_the_bucket_extremes_is_the_first_one() -> None:
+    from analysis.timeline import extreme_indices, peak_of
+
+    rng = np.random.default_rng(34)
+    for _ in range(3000):
+        n = int(rng.integers(1, 80))
+        values = rng.integers(0, int(rng.integers(1, 6)), n).astype(I64)  # few values: ties everywhere
+        among = extreme_indices(values, 0, n, int(rng.integers(1, 12)))
+        first = int(values.argmax())
+        assert peak_of(values, among) == peak_of(values) == {"event_index": first, "bytes": int(values[first])}
