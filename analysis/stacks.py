@@ -220,7 +220,9 @@ def totals_by_group(
     if gids.size == 0:
         return []
     if int(sz.max()) < _EXACT // max(1, sz.shape[0]) and int(sz.min()) >= 0 and int(gids.min()) >= 0:
-        # Every partial sum stays below 2**53: bincount's float64 sums are exact.
+        # Every partial sum stays below 2**53: bincount's float64 sums are exact. The ids as intp once:
+        # bincount converts any other integer column on each call.
+        gids = gids.astype(np.intp, copy=False)
         counts_all = np.bincount(gids, minlength=n)
         found: npt.NDArray[np.integer] = np.flatnonzero(counts_all)
         assert found.max() < n
