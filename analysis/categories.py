@@ -61,6 +61,7 @@ from analysis.stacks import (
     TRAIT_OPTIMIZER_STATE_INIT,
     Lifetimes,
     StackCatalog,
+    Traits,
 )
 from analysis.steps import running_clock
 
@@ -213,12 +214,8 @@ def classify(
     if opt_start.size:
         persistent = (start < opt_start[-1]) & (end > opt_end[-1])
         assign(forward & persistent, UNKNOWN)
-    bwd_idx = start[backward]
-    if bwd_idx.size:
-        # Backward allocations at or before each one: a running count where every start is its own.
-        strictly = start.shape[0] < 2 or bool((start[1:] > start[:-1]).all())
-        j = np.cumsum(backward) if strictly else np.searchsorted(bwd_idx, start, side="right")
-        next_bwd = np.where(j < bwd_idx.size, bwd_idx[np.minimum(j, bwd_idx.size - 1)], n)
+    if backward.any():
+        next_bwd = next_marked(start, backward, n)
         assign(forward & (end > next_bwd) & (next_bwd < n), ACTIVATIONS)
         assign(forward, TEMPORARIES)
     else:
@@ -226,7 +223,23 @@ def classify(
     return out
 
 
-def closure_pass(traits: I64) -> npt.NDArray[np.bool_]:
+def next_marked(start: I64, marked: Mask, n: int) -> I64:
+    """Per allocation (``start`` ascending), the start of the first ``marked`` allocation after it (``n``: none)."""
+    at = start[marked]
+    if not at.size:
+        return np.full(start.shape[0], n, np.int64)
+    if start.shape[0] < 2 or bool((start[1:] > start[:-1]).all()):
+        # Every start its own: each marked start holds from the marked one before it (itself included) up
+        # to its own position, a value per marked allocation repeated (a running count and a gather over
+        # every allocation took three times as long).
+        runs = np.diff(np.concatenate(([0], np.flatnonzero(marked), [start.shape[0]])))
+        out: I64 = np.repeat(np.concatenate((at, [n])).astype(np.int64, copy=False), runs)
+        return out
+    j = np.searchsorted(at, start, side="right")
+    return np.where(j < at.size, at[np.minimum(j, at.size - 1)], n).astype(np.int64, copy=False)
+
+
+def closure_pass(traits: Traits) -> npt.NDArray[np.bool_]:
     """Allocations (by their stack's traits) of a pass run inside ``optimizer.step(closure)``: optimizer frames
     with a module call or an autograd frame in the same stack. An optimizer never calls a module or the
     autograd engine itself, so the pass is the innermost of the two (``analysis.phases`` reads the frames'
@@ -237,7 +250,7 @@ def closure_pass(traits: I64) -> npt.NDArray[np.bool_]:
 
 
 def _optimizer_allocations(
-    traits: I64, has_frames: Mask, in_window: Mask, start: I64, opt_start: I64, opt_end: I64
+    traits: Traits, has_frames: Mask, in_window: Mask, start: I64, opt_start: I64, opt_end: I64
 ) -> Mask:
     """Rule 1's allocations: the optimizer's frames without a closure's pass inside them, and the frame-less
     ones inside a step window that ran no closure."""

@@ -132,8 +132,9 @@ class Trace:
 def sorted_unique(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """``np.unique`` of a 1-D integer array: its distinct values, ascending. np.unique's first call
     without ``return_*`` imports numpy.ma (~10 ms, once per process) to ask whether it is masked.
-    The stable sort (timsort) takes the runs a trace's columns are full of in one pass each."""
-    ordered = np.sort(values, kind="stable")
+    Equal values are alike, so the sort need not be stable: numpy's default (a vectorised quicksort)
+    took 2.5 ms for the 460 MB trace's 446k large request sizes where the stable one took 15 ms."""
+    ordered = np.sort(values)
     keep = np.ones(ordered.shape[0], bool)
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]

@@ -296,6 +296,19 @@ def _window_of(start: I64, opt_start: I64, opt_end: I64) -> I64:
     return out
 
 
+def _carry_known_sites(ms: I64) -> I64:
+    """Sites (-1: unknown) with each unknown one taking the last known site before it (the first known one
+    where none is before). A stack cut short (deep module nesting) loses the frames above the model's call:
+    its site is unknown, and it continues the pass it is in rather than starting another."""
+    known = np.flatnonzero(ms >= 0)
+    if not 0 < known.size < ms.size:
+        return ms
+    # Each known site repeated up to the next one: one pass, where a running maximum of positions and two
+    # gathers took five.
+    out: I64 = np.repeat(ms[known], np.diff(np.concatenate(([0], known[1:], [ms.size]))))
+    return out
+
+
 def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[ForwardPass]:
     """Runs of forward allocations, broken by backward/optimizer allocations and by a change of
     entry site; each with whether a backward comes next."""
@@ -306,13 +319,7 @@ def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[Forwar
     if marked.size == 0:
         return []
     mc = codes[marked]
-    ms = sites[marked]
-    # A stack cut short (deep module nesting) loses the frames above the model's call: its site is unknown,
-    # and it continues the pass it is in (the last known site before it), rather than starting another.
-    known = np.flatnonzero(ms >= 0)
-    if 0 < known.size < ms.size:
-        last_known = np.maximum.accumulate(np.where(ms >= 0, np.arange(ms.size), -1))
-        ms = np.where(last_known >= 0, ms[np.maximum(last_known, 0)], ms[known[0]])
+    ms = _carry_known_sites(sites[marked])
     fwd = mc == FORWARD
     differs = (mc[1:] != mc[:-1]) | (ms[1:] != ms[:-1])
     starts = np.flatnonzero(fwd & np.r_[True, differs])

@@ -129,10 +129,13 @@ def _top_stacks_at(
 def _frees_record_free_sites(trace: Any, lifetimes: Lifetimes) -> bool:
     """Whether frees carry their own (free-site) stacks, as with context="all"."""
     freed = lifetimes.end < lifetimes.n_events
-    if not freed.any():
+    n_freed = int(np.count_nonzero(freed))
+    if not n_freed:
         return False
-    free_stack = trace.stack[lifetimes.end[freed]]
-    return bool((free_stack != lifetimes.stack[freed]).mean() > 0.5)
+    # Every allocation's end looked up (a live one's, n, clipped and then not counted): no gathers of the
+    # freed ones first. More than half differ: the same test as the mean of the freed ones' > 0.5.
+    differs = trace.stack.take(lifetimes.end, mode="clip") != lifetimes.stack
+    return 2 * int(np.count_nonzero(differs & freed)) > n_freed
 
 
 def _live_blocks(state: AllocatorState, trusted_pre: set[int] | None = None) -> tuple[I64, I64, I64]:

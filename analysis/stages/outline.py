@@ -17,9 +17,10 @@ import numpy.typing as npt
 
 from analysis.allocator import floor_estimate, trace_is_complete
 from analysis.allocator.config import AllocatorConfig
+from analysis.allocator.requests import segment_levels
 from analysis.explore import checkpoint_events
 from analysis.limits import Limit, OomMessage, choose_limit, sidecar_limit
-from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, DeviceData, Snapshot
+from analysis.model import DeviceData, Snapshot
 from analysis.oom import MAX_OOMS_EXPLAINED, flush_window_start, oom_indices
 from analysis.projection import Projection, project_failing_step
 from analysis.stacks import Lifetimes, alloc_lifetimes
@@ -80,14 +81,17 @@ def live_requested(lifetimes: Lifetimes) -> Live | None:
     # An allocation's end ranks after the allocations before it: per event (and n, a live one's end), how
     # many allocations come before it, each allocation's rank repeated up to the next (the starts ascend).
     # A running count over every event's action took twice as long.
-    runs = np.diff(np.concatenate(([0], lifetimes.start + 1, [n + 1])))
+    start = lifetimes.start
+    runs = np.empty(m + 1, np.int64)  # the gaps between the starts, written in place (no temporaries)
+    runs[0], runs[m] = start[0] + 1, n - start[-1]
+    np.subtract(start[1:], start[:-1], out=runs[1:m])
     before = np.repeat(np.arange(m + 1, dtype=np.int32 if n < 2**31 else np.int64), runs)
     end_rank = before[lifetimes.end].astype(np.int64)
     # bincount sums in float64: exact while totals stay below 2**53 bytes.
     ended = np.bincount(end_rank, lifetimes.size.astype(np.float64), m + 1)
     # ``cumsum(size) - cumsum(ended)`` in one pass (the same in int64); a float64 sum of integers is an
-    # integer, so the cast is exact where the sums are.
-    after = lifetimes.size - ended[:-1].astype(np.int64)
+    # integer, so the difference and its cast are exact where the sums are.
+    after = np.subtract(lifetimes.size, ended[:-1], out=np.empty(m, np.int64), casting="unsafe")
     np.cumsum(after, out=after)
     return Live(after, end_rank)
 
@@ -185,12 +189,9 @@ def inferred_limit(snapshot: Snapshot, outline: Outline) -> Limit:
 def _reserved_peak_index(dev: DeviceData) -> int:
     """``allocator.requests._recorded_reserved(dev).argmax()``, from the segment events alone: reserved
     memory changes only there, so it first peaks at one of them, or at the first event."""
-    t = dev.trace
-    grow = (t.action == SEGMENT_ALLOC) | (t.action == SEGMENT_MAP)
-    at = np.flatnonzero(grow | (t.action == SEGMENT_FREE) | (t.action == SEGMENT_UNMAP))
+    at, level = segment_levels(dev)
     if at.size == 0:
         return 0
-    level = np.cumsum(np.where(grow[at], t.size[at], -t.size[at]))
     if at[0] > 0:  # nothing reserved yet before the first segment event
         at, level = np.r_[0, at], np.r_[0, level]
     return int(at[int(level.argmax())])

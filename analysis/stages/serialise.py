@@ -247,8 +247,9 @@ def _leaks(
     wanted = np.array([t.group for t in totals], np.int64)
     row_of = np.full(len(catalog.groups), -1, np.int64)  # group -> its row
     row_of[wanted] = np.arange(wanted.shape[0])
-    sel = np.isin(gids, wanted)
-    g_sel = row_of[gids[sel]]
+    rows_of_all = row_of[gids]  # each allocation's row (-1: its group has none): one gather, no np.isin
+    sel = rows_of_all >= 0
+    g_sel = rows_of_all[sel]
     # Alive at step end e when start <= e < end: a range of steps per allocation.
     k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
     k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")

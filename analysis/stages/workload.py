@@ -121,12 +121,12 @@ def _peak_without(live: Live, halves: I64, cut: npt.NDArray[np.bool_]) -> int:
         return live.peak
     # Only the cut allocations are summed again (bincount in float64: exact below 2**53 bytes).
     half = np.where(cut, halves, 0)
-    ended = np.bincount(live.end_rank[cut], half[cut].astype(np.float64), half.shape[0] + 1)
+    ended = np.bincount(live.end_rank[cut], halves[cut].astype(np.float64), half.shape[0] + 1)
     # ``cumsum(half) - cumsum(ended)`` in one pass (the same in int64); a float64 sum of integers is an
-    # integer, so the cast is exact where the sums are.
-    half -= ended[:-1].astype(np.int64)
+    # integer, so the difference and its cast are exact where the sums are. Each step in place: no fresh column.
+    np.subtract(half, ended[:-1], out=half, casting="unsafe")
     gone = np.cumsum(half, out=half)
-    return int((live.after - gone).max())
+    return int(np.subtract(live.after, gone, out=gone).max())
 
 
 def _amp_saving_range(
@@ -155,8 +155,9 @@ def _amp_saving_range(
     )
     gids = catalog.groups_of(lifetimes.stack)
     base = live.peak
-    upper = act & ~fp32[gids]
-    lower = upper & in_nn[gids]
+    # Per group first (a few hundred), then one gather each over the allocations.
+    upper = act & (~fp32)[gids]
+    lower = act & (~fp32 & in_nn)[gids]
     halves = lifetimes.size // 2  # each allocation's half, for both bounds
     high = base - _peak_without(live, halves, upper)
     low = base - _peak_without(live, halves, lower)

@@ -1,0 +1,261 @@
+"""The report's main-thread numpy passes rewritten for issue 34 (fewer passes over the trace's columns, no
+masked stores), each held to the plain formula it replaced: on every top-level fixture and a sample of the
+captures where the input is a trace, and on random columns where ties and edge cases are easy to make."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.allocator import requests
+from analysis.categories import next_marked
+from analysis.model import (
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    sorted_unique,
+)
+from analysis.phases import _carry_known_sites
+from analysis.reader import read_snapshot
+from analysis.stacks import StackCatalog, alloc_lifetimes
+from analysis.stages.attribution import _frees_record_free_sites
+from analysis.stages.outline import live_requested
+from analysis.stages.workload import _peak_without
+from analysis.steps import running_clock
+from analysis.timeline import reserved_plateau
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CASES = sorted(FIXTURES.glob("*.pickle.gz")) + sorted((FIXTURES / "captures").glob("*.pickle.gz"))[::40]
+I64 = np.int64
+
+
+def _traces(path: Path):  # type: ignore[no-untyped-def]
+    snap = read_snapshot(path)
+    return snap, [d for d in snap.devices if len(d.trace)]
+
+
+# ------------------------------------------------------------------ the formulas replaced
+
+
+def _reserved_reference(trace) -> np.ndarray:  # type: ignore[no-untyped-def]
+    delta = np.zeros(len(trace), I64)
+    grow = (trace.action == SEGMENT_ALLOC) | (trace.action == SEGMENT_MAP)
+    shrink = (trace.action == SEGMENT_FREE) | (trace.action == SEGMENT_UNMAP)
+    delta[grow] = trace.size[grow]
+    delta[shrink] = -trace.size[shrink]
+    return np.cumsum(delta)
+
+
+def _ops_reference(act: np.ndarray, addr: np.ndarray) -> np.ndarray:
+    """``_stream_of``'s op column by masked stores (no user flushes)."""
+    n = act.shape[0]
+    op = np.full(n, -1, np.int8)
+    is_fr, is_fc = act == FREE_REQUESTED, act == FREE_COMPLETED
+    paired = np.zeros(n, bool)
+    if n > 1:
+        paired[:-1] = is_fr[:-1] & is_fc[1:] & (addr[1:] == addr[:-1])
+    completes = np.zeros(n, bool)
+    completes[1:] = paired[:-1]
+    if not is_fc.any():
+        paired = is_fr
+    elif not is_fr.any():
+        paired, completes = is_fc, np.zeros(n, bool)
+    op[act == ALLOC] = requests._OP_ALLOC
+    op[paired] = requests._OP_FREE
+    op[is_fr & ~paired] = requests._OP_FREE_REQ
+    op[is_fc & ~completes & ~paired] = requests._OP_FREE_DONE
+    op[act == OOM] = requests._OP_OOM
+    return op
+
+
+def _plateau_reference(reserved, allocated, initial_reserved: int, initial_allocated: int):  # type: ignore[no-untyped-def]
+    peak = max(initial_reserved, int(reserved.max()) if reserved.size else initial_reserved)
+    if peak <= 0:
+        return None
+    events = np.flatnonzero(reserved == peak)
+    idle = peak - allocated[events]
+    at = events + 1
+    if initial_reserved == peak:
+        at = np.concatenate(([0], at))
+        idle = np.concatenate(([peak - initial_allocated], idle))
+    k = int(np.argmin(idle))
+    return {
+        "reserved_bytes": peak,
+        "first_event_index": int(at[0]) - 1,
+        "last_event_index": int(at[-1]) - 1,
+        "events": int(at.shape[0]),
+        "least_idle_bytes": int(idle[k]),
+        "least_idle_event_index": int(at[k]) - 1,
+        "idle_at_first_bytes": int(idle[0]),
+    }
+
+
+def _next_marked_reference(start: np.ndarray, marked: np.ndarray, n: int) -> np.ndarray:
+    at = start[marked]
+    j = np.searchsorted(at, start, side="right")
+    return np.where(j < at.size, at[np.minimum(j, max(at.size - 1, 0))] if at.size else n, n)
+
+
+def _carry_reference(ms: np.ndarray) -> np.ndarray:
+    known = np.flatnonzero(ms >= 0)
+    if not 0 < known.size < ms.size:
+        return ms
+    last_known = np.maximum.accumulate(np.where(ms >= 0, np.arange(ms.size), -1))
+    return np.where(last_known >= 0, ms[np.maximum(last_known, 0)], ms[known[0]])
+
+
+def _live_reference(lifetimes) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    n, m = lifetimes.n_events, lifetimes.start.shape[0]
+    runs = np.diff(np.concatenate(([0], lifetimes.start + 1, [n + 1])))
+    before = np.repeat(np.arange(m + 1), runs)
+    end_rank = before[lifetimes.end].astype(I64)
+    ended = np.bincount(end_rank, lifetimes.size.astype(np.float64), m + 1)
+    return np.cumsum(lifetimes.size - ended[:-1].astype(I64)), end_rank
+
+
+def _peak_without_reference(live, halves: np.ndarray, cut: np.ndarray) -> int:  # type: ignore[no-untyped-def]
+    half = np.where(cut, halves, 0)
+    ended = np.bincount(live.end_rank[cut], half[cut].astype(np.float64), half.shape[0] + 1)
+    return int((live.after - np.cumsum(half - ended[:-1].astype(I64))).max())
+
+
+# ------------------------------------------------------------------ on the fixtures
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.name)
+def test_the_trace_passes_match_their_formulas(path: Path) -> None:
+    snap, devices = _traces(path)
+    for dev in devices:
+        t = dev.trace
+        reserved = requests._recorded_reserved(dev)
+        np.testing.assert_array_equal(reserved, _reserved_reference(t))
+        at, level = requests.segment_levels(dev)
+        np.testing.assert_array_equal(at, np.flatnonzero(np.isin(t.action, requests._SEGMENT_ACTIONS)))
+        np.testing.assert_array_equal(level, reserved[at])
+        pools = requests._event_pools(dev)
+        released = np.isin(t.action, (SEGMENT_FREE, SEGMENT_UNMAP)) & (pools != 0)
+        want_freeable: dict[int, int] = {}
+        for i in np.flatnonzero(released).tolist():
+            want_freeable.setdefault(int(pools[i]), i)
+        assert requests._freeable_from(dev, pools) == want_freeable
+        sel, ops = requests._stream_of(snap, dev, [], pools)[:2]
+        ref = _ops_reference(t.action, t.addr)
+        np.testing.assert_array_equal(sel, np.flatnonzero(ref >= 0))
+        np.testing.assert_array_equal(ops, ref[sel].astype(I64))
+        lifetimes = alloc_lifetimes(t.action, t.addr, t.size, t.stack)
+        freed = lifetimes.end < lifetimes.n_events
+        want = bool(freed.any()) and bool((t.stack[lifetimes.end[freed]] != lifetimes.stack[freed]).mean() > 0.5)
+        assert _frees_record_free_sites(t, lifetimes) == want
+        rng = np.random.default_rng(34)
+        marked = rng.random(lifetimes.start.shape[0]) < 0.3
+        np.testing.assert_array_equal(
+            next_marked(lifetimes.start, marked, len(t)), _next_marked_reference(lifetimes.start, marked, len(t))
+        )
+        live = live_requested(lifetimes)
+        if live is not None:
+            after, end_rank = _live_reference(lifetimes)
+            np.testing.assert_array_equal(live.after, after)
+            np.testing.assert_array_equal(live.end_rank, end_rank)
+            halves = lifetimes.size // 2
+            for cut in (marked, ~marked, np.ones_like(marked)):
+                assert _peak_without(live, halves, cut) == _peak_without_reference(live, halves, cut)
+        catalog = StackCatalog(snap.stacks)
+        traits = catalog.stack_traits(lifetimes.stack)
+        assert traits.dtype == np.uint8
+        np.testing.assert_array_equal(traits, catalog.traits[catalog.groups_of(lifetimes.stack)])
+        alloc = np.cumsum(np.where(t.action == ALLOC, t.size, 0))
+        got = reserved_plateau(reserved, alloc, 0, 0)
+        assert (None if got is None else got.to_json()) == _plateau_reference(reserved, alloc, 0, 0)
+
+
+# ------------------------------------------------------------------ on random columns
+
+
+def test_the_plateau_matches_its_formula_with_ties_and_the_state_before() -> None:
+    rng = np.random.default_rng(34)
+    for _ in range(3000):
+        n = int(rng.integers(0, 12))
+        reserved, allocated = rng.integers(-1, 4, n).astype(I64), rng.integers(0, 4, n).astype(I64)
+        init_r, init_a = int(rng.integers(-1, 4)), int(rng.integers(0, 4))
+        got = reserved_plateau(reserved, allocated, init_r, init_a)
+        assert (None if got is None else got.to_json()) == _plateau_reference(reserved, allocated, init_r, init_a)
+
+
+def test_next_marked_both_ways_and_carried_sites_match_their_formulas() -> None:
+    rng = np.random.default_rng(34)
+    for _ in range(2000):
+        m = int(rng.integers(0, 15))
+        strict = np.cumsum(rng.integers(1, 4, m)).astype(I64)
+        ties = np.sort(rng.integers(0, 6, m)).astype(I64)  # equal starts: the searched way
+        marked = rng.random(m) < 0.4
+        for start in (strict, ties):
+            n = int(start[-1]) + 2 if m else 0
+            np.testing.assert_array_equal(next_marked(start, marked, n), _next_marked_reference(start, marked, n))
+        ms = np.where(rng.random(m) < 0.5, -1, rng.integers(0, 5, m)).astype(I64)
+        np.testing.assert_array_equal(_carry_known_sites(ms), _carry_reference(ms))
+
+
+def test_sorted_unique_and_the_running_clock() -> None:
+    rng = np.random.default_rng(34)
+    for _ in range(200):
+        values = rng.integers(-5, 50, int(rng.integers(0, 200))).astype(I64)
+        np.testing.assert_array_equal(sorted_unique(values), np.unique(values))
+    steady = np.arange(10, dtype=I64)
+    jitter = np.array([0, 3, 2, 5, 4, 9], I64)
+    assert running_clock(steady) is steady and running_clock(steady) is steady
+    np.testing.assert_array_equal(running_clock(jitter), [0, 3, 3, 5, 5, 9])
+    np.testing.assert_array_equal(running_clock(jitter), [0, 3, 3, 5, 5, 9])  # kept: the same answer
+    assert running_clock(steady) is steady  # another column: its own answer
+
+
+def test_free_sites_count_only_the_freed_allocations() -> None:
+    from types import SimpleNamespace
+
+    from analysis.stacks import Lifetimes
+
+    # Two freed allocations whose frees carry their own stacks, three live ones (their end: the trace's length).
+    stack = np.array([1, 2, 9, 9, 1, 2, 7], np.int32)
+    n = stack.shape[0]
+    lifetimes = Lifetimes(
+        start=np.array([0, 1, 2, 3, 5], I64),
+        end=np.array([4, 5, n, n, n], I64),
+        addr=np.arange(5, dtype=I64),
+        size=np.ones(5, I64),
+        stack=np.array([1, 2, 3, 3, 3], np.int32),
+        n_events=n,
+    )
+    assert not _frees_record_free_sites(SimpleNamespace(stack=stack), lifetimes)
+    freed_elsewhere = stack.copy()
+    freed_elsewhere[[4, 5]] = [8, 8]
+    assert _frees_record_free_sites(SimpleNamespace(stack=freed_elsewhere), lifetimes)
+
+
+def test_a_private_pool_is_freeable_from_its_first_release() -> None:
+    from types import SimpleNamespace
+
+    act = np.array(
+        [SEGMENT_ALLOC, ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, SEGMENT_FREE, SEGMENT_UNMAP, SEGMENT_FREE],
+        np.int8,
+    )
+    pools = np.array([2, 2, 0, 3, 3, 2, 0, 3], np.int32)  # the default pool's releases (0) never count
+    dev = SimpleNamespace(trace=SimpleNamespace(action=act))
+    assert requests._freeable_from(dev, pools) == {3: 4, 2: 5}  # type: ignore[arg-type]
+
+
+def test_a_peak_found_among_the_bucket_extremes_is_the_first_one() -> None:
+    from analysis.timeline import extreme_indices, peak_of
+
+    rng = np.random.default_rng(34)
+    for _ in range(3000):
+        n = int(rng.integers(1, 80))
+        values = rng.integers(0, int(rng.integers(1, 6)), n).astype(I64)  # few values: ties everywhere
+        among = extreme_indices(values, 0, n, int(rng.integers(1, 12)))
+        first = int(values.argmax())
+        assert peak_of(values, among) == peak_of(values) == {"event_index": first, "bytes": int(values[first])}
