@@ -760,8 +760,13 @@ static EvSide *ev_side(Events *ev, size_t e) {
 }
 
 /* The id of stream value raw (>= 0) among the file's streams (a new one gets the next); -1 to give up. */
-static int32_t stream_id(Events *ev, int64_t raw) {
-    if (ev->last_sid >= 0 && raw == ev->last_raw) return ev->last_sid;
+static int32_t stream_id_new(Events *ev, int64_t raw);
+static inline int32_t stream_id(Events *ev, int64_t raw) {
+    /* (inline: nearly every event names the stream of the one before) */
+    return ev->last_sid >= 0 && raw == ev->last_raw ? ev->last_sid : stream_id_new(ev, raw);
+}
+
+static int32_t stream_id_new(Events *ev, int64_t raw) {
     int32_t id;
     if (!map_get(&ev->stream_map, (uint64_t)raw, &id)) {
         if (ev->stream_n >= INT32_MAX ||
