@@ -46,6 +46,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
@@ -93,6 +94,11 @@ typedef struct {
     uint32_t len; /* string length */
     int64_t x;    /* int value, float bits, string offset, container index */
 } Val;
+
+/* (ev_pairs_fast writes a Val as two words: kind, key, pad and len in the first) */
+_Static_assert(sizeof(Val) == 16 && offsetof(Val, key) == 1 && offsetof(Val, pad) == 2 && offsetof(Val, len) == 4 &&
+                   offsetof(Val, x) == 8,
+               "Val's layout");
 
 /* 12 bytes: a file has millions (one per event dict and per frames list). */
 typedef struct {
@@ -1788,7 +1794,17 @@ static inline __attribute__((always_inline)) long ev_pairs_fast(P *p, size_t pos
         default:
             goto done;
         }
-        vals[nv] = p->key_val[key], vals[nv + 1] = v;
+        vals[nv] = p->key_val[key];
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        {
+            /* the value in two word stores (its fields are in registers here; five stores were the loop's most) */
+            uint64_t w = (uint64_t)v.kind | (uint64_t)v.key << 8 | (uint64_t)v.pad << 16 | (uint64_t)v.len << 32;
+            memcpy(&vals[nv + 1], &w, 8);
+            memcpy((char *)&vals[nv + 1] + 8, &v.x, 8);
+        }
+#else
+        vals[nv + 1] = v;
+#endif
         s = t + vl;
     }
 #undef TAKE
