@@ -37,7 +37,8 @@
  *   - frame_valid():                      frame dicts (filename str, line int, name str);
  *   - event_set():                        event keys as they are stored (stream >= 0,
  *                                         frames an interned or empty list), from
- *                                         event_pairs() and event_fast() alike;
+ *                                         event_pairs(), event_fast() and its
+ *                                         ev_pairs_fast() alike;
  *   - evlist_extend():                    trace lists: consecutive events only;
  *   - export_trace():                     per-event rules (action, addr, size,
  *                                         stream, time_us, frames, texts, pool_id)
