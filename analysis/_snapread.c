@@ -37,7 +37,8 @@
  *   - frame_valid():                      frame dicts (filename str, line int, name str);
  *   - event_set():                        event keys as they are stored (stream >= 0,
  *                                         frames an interned or empty list), from
- *                                         event_pairs() and event_fast() alike;
+ *                                         event_pairs(), event_fast() and its
+ *                                         ev_pairs_fast() alike;
  *   - evlist_extend():                    trace lists: consecutive events only;
  *   - export_trace():                     per-event rules (action, addr, size,
  *                                         stream, time_us, frames, texts, pool_id)
@@ -46,6 +47,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
@@ -93,6 +95,11 @@ typedef struct {
     uint32_t len; /* string length */
     int64_t x;    /* int value, float bits, string offset, container index */
 } Val;
+
+/* (ev_pairs_fast writes a Val as two words: kind, key, pad and len in the first) */
+_Static_assert(sizeof(Val) == 16 && offsetof(Val, key) == 1 && offsetof(Val, pad) == 2 && offsetof(Val, len) == 4 &&
+                   offsetof(Val, x) == 8,
+               "Val's layout");
 
 /* 12 bytes: a file has millions (one per event dict and per frames list). */
 typedef struct {
@@ -760,8 +767,13 @@ static EvSide *ev_side(Events *ev, size_t e) {
 }
 
 /* The id of stream value raw (>= 0) among the file's streams (a new one gets the next); -1 to give up. */
-static int32_t stream_id(Events *ev, int64_t raw) {
-    if (ev->last_sid >= 0 && raw == ev->last_raw) return ev->last_sid;
+static int32_t stream_id_new(Events *ev, int64_t raw);
+static inline int32_t stream_id(Events *ev, int64_t raw) {
+    /* (inline: nearly every event names the stream of the one before) */
+    return ev->last_sid >= 0 && raw == ev->last_raw ? ev->last_sid : stream_id_new(ev, raw);
+}
+
+static int32_t stream_id_new(Events *ev, int64_t raw) {
     int32_t id;
     if (!map_get(&ev->stream_map, (uint64_t)raw, &id)) {
         if (ev->stream_n >= INT32_MAX ||
@@ -777,14 +789,14 @@ static int32_t stream_id(Events *ev, int64_t raw) {
 
 /* One key of event e. Its presence bits and flags are the caller's locals (written back once per SETITEMS):
  * stores through a uint8_t would make the compiler reload every column pointer after them. */
-static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const Val *k, const Val *v,
+static inline __attribute__((always_inline)) int event_set(P *p, size_t e, uint8_t key, const Val v,
                                                            uint16_t *have, uint16_t *bad, uint8_t *flags) {
     Events *ev = &p->ev;
-    switch (k->key) {
+    switch (key) {
     case K_ACTION:
         *have |= H_ACTION;
-        if (v->kind == V_STR && v->key >= K_ACT0 && v->key < K_ACT0 + 9) {
-            ev->action[e] = (int8_t)(v->key - K_ACT0);
+        if (v.kind == V_STR && v.key >= K_ACT0 && v.key < K_ACT0 + 9) {
+            ev->action[e] = (int8_t)(v.key - K_ACT0);
             *bad &= ~H_ACTION;
         } else
             *bad |= H_ACTION;
@@ -792,8 +804,8 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
 #define INTSLOT(KEY, BIT, FIELD, NONNEG)                                                                          \
     case KEY:                                                                                                     \
         *have |= BIT;                                                                                       \
-        if (v->kind == V_INT && (!(NONNEG) || v->x >= 0)) {                                                       \
-            ev->FIELD[e] = v->x;                                                                                  \
+        if (v.kind == V_INT && (!(NONNEG) || v.x >= 0)) {                                                       \
+            ev->FIELD[e] = v.x;                                                                                  \
             *bad &= ~BIT;                                                                                   \
         } else                                                                                                    \
             *bad |= BIT;                                                                                    \
@@ -804,8 +816,8 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
     case K_STREAM:
         *have |= H_STREAM;
         /* a negative stream is the reference's to judge: never exported */
-        if (v->kind == V_INT && v->x >= 0) {
-            int32_t id = stream_id(ev, v->x);
+        if (v.kind == V_INT && v.x >= 0) {
+            int32_t id = stream_id(ev, v.x);
             if (id < 0) return -1;
             ev->stream[e] = id;
             *bad &= ~H_STREAM;
@@ -814,10 +826,10 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         break;
     case K_DFREE:
         *have |= H_DFREE;
-        if (v->kind == V_INT && v->x >= 0) {
+        if (v.kind == V_INT && v.x >= 0) {
             EvSide *x = ev_side(ev, e);
             if (!x) return -1;
-            x->dfree = v->x;
+            x->dfree = v.x;
             *bad &= ~H_DFREE;
         } else
             *bad |= H_DFREE;
@@ -826,9 +838,9 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         *have |= H_TIME;
         *bad &= ~H_TIME;
         *flags &= ~F_TIME_NONE;
-        if (v->kind == V_INT)
-            ev->time[e] = v->x;
-        else if (v->kind == V_NONE)
+        if (v.kind == V_INT)
+            ev->time[e] = v.x;
+        else if (v.kind == V_NONE)
             *flags |= F_TIME_NONE; /* None counts as absent, as in the Python reader */
         else
             *bad |= H_TIME;
@@ -839,32 +851,32 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         *have |= H_FRAMES;
         *bad &= ~H_FRAMES;
         ev->frames[e] = -1;
-        if (v->kind == V_SEQ)
-            ev->frames[e] = (int32_t)v->x;
-        else if (v->kind == V_CONT && p->conts[v->x].kind == C_SEQ)
-            ev->frames[e] = p->conts[v->x].ref;
-        else if (!(v->kind == V_CONT && p->conts[v->x].kind == C_LIST && p->conts[v->x].n == 0))
+        if (v.kind == V_SEQ)
+            ev->frames[e] = (int32_t)v.x;
+        else if (v.kind == V_CONT && p->conts[v.x].kind == C_SEQ)
+            ev->frames[e] = p->conts[v.x].ref;
+        else if (!(v.kind == V_CONT && p->conts[v.x].kind == C_LIST && p->conts[v.x].n == 0))
             *bad |= H_FRAMES;
         break;
     case K_CC:
     case K_UM: {
-        int cc = k->key == K_CC;
+        int cc = key == K_CC;
         uint16_t bit = cc ? H_CC : H_UM;
         uint8_t def = cc ? F_CC_DEFAULT : F_UM_DEFAULT;
         *have |= bit;
         *bad &= ~bit;
-        if (v->kind != V_STR) {
+        if (v.kind != V_STR) {
             *bad |= bit;
-        } else if (v->key == (cc ? K_NA : K_EMPTYSTR)) {
+        } else if (v.key == (cc ? K_NA : K_EMPTYSTR)) {
             *flags |= def;
         } else {
             EvSide *x = ev_side(ev, e);
             if (!x) return -1;
             *flags &= ~def;
             if (cc)
-                x->cc_off = v->x, x->cc_len = v->len;
+                x->cc_off = v.x, x->cc_len = v.len;
             else
-                x->um_off = v->x, x->um_len = v->len;
+                x->um_off = v.x, x->um_len = v.len;
         }
         break;
     }
@@ -872,9 +884,9 @@ static inline __attribute__((always_inline)) int event_set(P *p, size_t e, const
         *have |= H_POOL;
         *bad &= ~H_POOL;
         *flags &= ~F_POOL;
-        if (v->kind == V_NONE) break;
-        if (v->kind == V_CONT) {
-            Cont *c = &p->conts[v->x];
+        if (v.kind == V_NONE) break;
+        if (v.kind == V_CONT) {
+            Cont *c = &p->conts[v.x];
             const Val *it = (c->kind == C_TUPLE || c->kind == C_LIST) && c->n == 2 ? ITEMS(p, c) : NULL;
             if (it && it[0].kind == V_INT && it[1].kind == V_INT) {
                 int64_t a = it[0].x, b = it[1].x;
@@ -935,7 +947,7 @@ static int event_pairs(P *p, Cont *c, const Val *pairs, size_t n, int fresh) {
         const Val *k = &pairs[2 * i], *v = &pairs[2 * i + 1];
         if (k->kind != V_STR) return GIVE_UP(-1); /* only str keys: anything else is the reference's call */
         if (IS_REF(v->kind) && consume(p, c, v) < 0) return GIVE_UP(-1);
-        if (event_set(p, e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
+        if (event_set(p, e, k->key, *v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
     }
     p->ev.flags[e] = ev_flags(&p->ev, e, have, bad, flags);
     c->n += (uint32_t)n;
@@ -1637,6 +1649,172 @@ static inline size_t get_at(const unsigned char *buf, size_t pos, size_t stop_at
 /* The values an event's fast walk holds for a hand-back: 32 pairs (torch writes 9 to 11). */
 #define EV_FAST_VALS 64
 
+/* An int opcode at s as the walk below reads it (BININT1, BININT2, BININT, LONG1 of 1..8 bytes; 10 bytes
+ * readable at s) into *v: its length, 0 for any other opcode. */
+static inline __attribute__((always_inline)) size_t int_op(const unsigned char *s, Val *v) {
+    int64_t x;
+    size_t len;
+    switch (s[0]) {
+    case 'K':
+        x = s[1], len = 2;
+        break;
+    case 'M':
+        x = (int64_t)s[1] | (int64_t)s[2] << 8, len = 3;
+        break;
+    case 'J':
+        x = (int32_t)rd32(s + 1), len = 5;
+        break;
+    case 0x8a:
+        if (s[1] < 1 || s[1] > 8) return 0;
+        x = long1_loaded(s + 2, s[1]), len = 2 + (size_t)s[1];
+        break;
+    default:
+        return 0;
+    }
+    v->kind = V_INT, v->key = 0, v->pad = 0, v->len = 0, v->x = x;
+    return len;
+}
+
+/* The bytes a pair needs ahead for ev_pairs_fast: a 5-byte key GET, then a value of at most 10 (LONG1 of 8),
+ * with LONG1's 8-byte load past its length byte. */
+#define EV_PAIR_ROOM 24
+
+/* An event record's pairs from pos on, for as long as each is one of the shapes torch writes (a GET of a known
+ * key, then: an int for addr, size, stream and time_us, or None for time_us; a GET of a known string for
+ * action, of "" for user_metadata, of an event's frames list read before for frames; "N/A" MEMOIZE for
+ * compile_context) and lies with EV_PAIR_ROOM bytes to spare before stop_at: each into vals[*nv..] and
+ * the record as event_fast's general way takes the same bytes (event_set and consume, the key known here:
+ * one dispatch a pair where that way has two, and its state in registers). The bytes taken (*nv and the
+ * record's bits moved on past them), or -1 to give up. */
+static inline __attribute__((always_inline)) long ev_pairs_fast(P *p, size_t pos, size_t stop_at, Val *vals,
+                                                                size_t *nv_, size_t e, Cont *parent, uint16_t *have_,
+                                                                uint16_t *bad_, uint8_t *flags_) {
+    if (stop_at - pos < EV_PAIR_ROOM) return 0;
+    const unsigned char *const s0 = p->buf + pos, *const end = p->buf + stop_at - EV_PAIR_ROOM;
+    const unsigned char *s = s0;
+    const uint32_t *const memo = p->memo; /* (neither moves while an event is read) */
+    const size_t memo_cap = p->memo_cap;
+    size_t nv = *nv_;
+    uint16_t have = *have_, bad = *bad_;
+    uint8_t flags = *flags_;
+    int rc = 0;
+#define GET_AT(q, IDX, LEN)                                                                                       \
+    do {                                                                                                          \
+        if ((q)[0] == 'j')                                                                                        \
+            IDX = rd32((q) + 1), LEN = 5;                                                                         \
+        else if ((q)[0] == 'h')                                                                                   \
+            IDX = (q)[1], LEN = 2;                                                                                \
+        else                                                                                                      \
+            goto done;                                                                                            \
+        if (IDX >= memo_cap) goto done;                                                                           \
+    } while (0)
+#define TAKE(K)                                                                                                   \
+    do {                                                                                                          \
+        if (event_set(p, e, (K), v, &have, &bad, &flags) < 0) {                                                   \
+            rc = -1;                                                                                              \
+            goto done;                                                                                            \
+        }                                                                                                         \
+    } while (0)
+    for (; s <= end && nv + 2 <= EV_FAST_VALS; nv += 2) {
+        size_t idx, kl, vl;
+        GET_AT(s, idx, kl);
+        const uint32_t m = memo[idx];
+        if (m - MEMO_KEY >= 32u) goto done; /* a known string (K_* < 32) */
+        const uint8_t key = (uint8_t)m;
+        const unsigned char *t = s + kl; /* the value */
+        Val v = {0};
+        uint32_t g = 0; /* the memo entry of a GET value */
+        switch (key) {
+        case K_ADDR:
+            if (!(vl = int_op(t, &v))) goto done;
+            TAKE(K_ADDR);
+            break;
+        case K_SIZE:
+            if (!(vl = int_op(t, &v))) goto done;
+            TAKE(K_SIZE);
+            break;
+        case K_STREAM:
+            if (!(vl = int_op(t, &v))) goto done;
+            TAKE(K_STREAM);
+            break;
+        case K_TIME:
+            if (t[0] == 'N')
+                v.kind = V_NONE, vl = 1;
+            else if (!(vl = int_op(t, &v)))
+                goto done;
+            TAKE(K_TIME);
+            break;
+        case K_ACTION:
+            GET_AT(t, idx, vl);
+            if ((g = memo[idx]) - MEMO_KEY >= MEMO_SEQ - MEMO_KEY) goto done; /* a known string */
+            memo_dec(p, g, &v);
+            TAKE(K_ACTION);
+            break;
+        case K_UM: /* "": the default (any other text needs a side entry: the general way) */
+            GET_AT(t, idx, vl);
+            if ((g = memo[idx]) != (MEMO_KEY | K_EMPTYSTR)) goto done;
+            memo_dec(p, g, &v);
+            TAKE(K_UM);
+            break;
+        case K_CC: /* "N/A" MEMOIZE: the default, pickled afresh for every event */
+            if (memcmp(t, "\x8c\x03N/A\x94", 6) != 0 || p->key_val[K_NA].kind != V_STR || p->memo_len >= memo_cap ||
+                memo[p->memo_len])
+                goto done;
+            v.kind = V_STR, v.key = K_NA, v.len = 3, v.x = (int64_t)(t + 2 - p->buf), vl = 6;
+            p->memo[p->memo_len++] = MEMO_KEY | K_NA;
+            TAKE(K_CC);
+            break;
+        case K_FRAMES: /* its frames list, without a container (V_SEQ): read before (a GET), or new (span_seq) */
+            if (t[0] == ']') {
+                /* EMPTY_LIST MEMOIZE MARK GETs... APPENDS, as the general way reads it; where span_seq finds
+                 * no sequence, that way asks it again, for the same answer and no change (nothing was made) */
+                size_t q, n;
+                int32_t sid;
+                if (t[1] != 0x94 || t[2] != '(' || p->memo_len >= memo_cap || memo[p->memo_len] ||
+                    p->cn >= MEMO_KEY - 2)
+                    goto done;
+                int found = span_seq(p, (size_t)(t + 3 - p->buf), stop_at, &q, &n, &sid);
+                if (found < 0) {
+                    rc = -1;
+                    goto done;
+                }
+                if (found != 1 || (uint32_t)sid >= MEMO_SEQS) goto done;
+                v.kind = V_SEQ, v.x = sid, vl = q + 1 - (size_t)(t - p->buf);
+                p->memo[p->memo_len++] = MEMO_SEQ | (uint32_t)sid;
+            } else {
+                GET_AT(t, idx, vl);
+                if ((g = memo[idx]) - MEMO_SEQ >= MEMO_EVENT - MEMO_SEQ) goto done;
+                memo_dec(p, g, &v);
+            }
+            if (consume(p, parent, &v) < 0) {
+                rc = -1;
+                goto done;
+            }
+            TAKE(K_FRAMES);
+            break;
+        default:
+            goto done;
+        }
+        vals[nv] = p->key_val[key];
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        {
+            /* the value in two word stores (its fields are in registers here; five stores were the loop's most) */
+            uint64_t w = (uint64_t)v.kind | (uint64_t)v.key << 8 | (uint64_t)v.pad << 16 | (uint64_t)v.len << 32;
+            memcpy(&vals[nv + 1], &w, 8);
+            memcpy((char *)&vals[nv + 1] + 8, &v.x, 8);
+        }
+#else
+        vals[nv + 1] = v;
+#endif
+        s = t + vl;
+    }
+#undef TAKE
+#undef GET_AT
+done:
+    *nv_ = nv, *have_ = have, *bad_ = bad, *flags_ = flags;
+    return rc < 0 ? GIVE_UP(-1) : (long)(s - s0);
+}
+
 /* An event dict's items, walked straight into its record: the MARK after an empty, unsealed dict was just
  * read (pos is past it), or (`slot` not SIZE_MAX) EMPTY_DICT MEMOIZE MARK, with no container made for the
  * dict and `slot` the memo entry its MEMOIZE takes. Torch writes every event as
@@ -1677,7 +1855,14 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
         get_at(buf, pos, stop_at, &idx);
         if (idx >= p->memo_cap || p->memo[idx] != (MEMO_KEY | K_ACTION)) goto back;
     }
+    /* (the loop's first key is that "action": its record is made here, where the loop made it on that key) */
+    if ((e = ev_new(ev)) < 0) return -1;
     for (;;) {
+        /* Pairs as torch writes them (ev_pairs_fast), then one the general way (or SETITEMS), below. */
+        Cont *parent = contless ? &self : &p->conts[ci];
+        long took = ev_pairs_fast(p, pos, stop_at, vals, &nv, (size_t)e, parent, &have, &bad, &flags);
+        if (took < 0) return -1;
+        pos += (size_t)took;
         /* a key, or SETITEMS */
         at = pos;
         if (pos >= stop_at || nv + 2 > EV_FAST_VALS) goto back;
@@ -1694,7 +1879,6 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
         uint8_t key = (uint8_t)p->memo[idx];
         Val *k = &vals[nv++];
         *k = p->key_val[key];
-        if (e < 0 && (e = ev_new(ev)) < 0) return -1;
         /* its value */
         at = pos;
         if (pos >= stop_at) goto back;
@@ -1786,7 +1970,7 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
         nv++;
         if (IS_REF(v->kind) && consume(p, contless ? &self : &p->conts[ci], v) < 0)
             return GIVE_UP(-1);
-        if (event_set(p, (size_t)e, k, v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
+        if (event_set(p, (size_t)e, key, *v, &have, &bad, &flags) < 0) return GIVE_UP(-1);
     }
     if (contless) {
         /* (its depth in two bits: deeper ones, which no torch writes, are read with a container) */

@@ -281,6 +281,80 @@ def test_event_dicts_the_fast_walk_hands_back_read_as_the_reference_reads_them(e
     assert differences(c_value, p_value) == [] if c_kind == "ok" else c_value == p_value
 
 
+PAIR_SHAPES = [
+    "int-widths",
+    "negative-times",
+    "negative-size",
+    "time-none",
+    "key-order",
+    "action-text",
+    "shared-texts",
+    "frames-shared-and-empty",
+    "new-streams",
+    "texts",
+]
+
+
+def _pair_shapes(edit: str, pad: int) -> Any:
+    """frag_oom's events with each pair's value in the shapes a writer may give it (``edit``); ``pad`` bytes of
+    a root text first, so that the protocol's frames end at other places in the events."""
+    snap = _variant("texts") if edit == "texts" else pickle.loads(_raw("frag_oom"))
+    events = snap["device_traces"][0]
+    rank: dict[int, int] = {}  # each address's rank of first appearance: the same address stays the same
+    widths = [1, 300, 70_000, 2**31 + 5, 2**40 + 7, 2**55 + 3, 2**62 + 9]  # BININT1 to LONG1 of 8 bytes
+
+    def same_per_address(e: dict[str, Any], values: list[Any]) -> Any:
+        return values[rank.setdefault(e.get("addr", 0), len(rank)) % len(values)]
+
+    na, empty = "N/A", ""
+    for i, e in enumerate(events):
+        if edit == "int-widths":
+            e["addr"] = same_per_address(e, widths) + 4096 * rank[e.get("addr", 0)] if "addr" in e else 0
+            e["size"] = [0, 200, 4000, 100_000, 2**33, 2**62][i % 6]
+            e["time_us"] = widths[i % len(widths)] + i
+        elif edit == "negative-times" and i % 7 == 5:
+            e["time_us"] = -(2 ** (i % 62))
+        elif edit == "negative-size" and i == 905:
+            e["size"] = -(2**33)
+        elif edit == "time-none" and i % 3 == 0:
+            e["time_us"] = None
+        elif edit == "key-order":
+            items = list(e.items())
+            e.clear()
+            e.update(reversed(items) if i % 2 else items[1:] + items[:1])
+        elif edit == "action-text" and i == 700:
+            e["action"] = "addr"  # a known string that is no action
+        elif edit == "shared-texts":  # one str object each: GETs of the memo instead of N/A MEMOIZE each time
+            e["compile_context"], e["user_metadata"] = na, empty
+        elif edit == "frames-shared-and-empty" and i:
+            if i % 4 == 1:
+                e["frames"] = events[i - 1].get("frames", [])
+            elif i % 4 == 2:
+                e["frames"] = []
+        elif edit == "new-streams":
+            e["stream"] = same_per_address(e, [0, 1, 300, 2**40])
+    snap["a_pad"] = "x" * pad
+    return snap
+
+
+@pytest.mark.parametrize("protocol_pad", [(4, 0), (4, 1), (4, 2), (4, 3), (4, 5), (4, 8), (4, 13), (2, 0)])
+@pytest.mark.parametrize("edit", PAIR_SHAPES)
+def test_each_pair_shape_reads_as_the_reference(edit: str, protocol_pad: tuple[int, int]) -> None:
+    """An event's pairs in torch's shapes are read by a walk of their own (``ev_pairs_fast``), any other by the
+    general way of ``event_fast``, and a pair too near its frame's end too: every value shape of every key,
+    at several places of the frames' ends, gives the reference's snapshot (or its refusal)."""
+    protocol, pad = protocol_pad
+    data = pickle.dumps(_pair_shapes(edit, pad), protocol=protocol)
+    (c_kind, c_value), (p_kind, p_value) = outcome(data, True), outcome(data, False)
+    assert c_kind == p_kind, (c_value, p_value)
+    if c_kind == "refused":
+        assert c_value == p_value
+        return
+    assert differences(c_value, p_value) == []
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+
+
 def _rewritten_memo_pickle() -> bytes:
     """Events whose frames lists are the same bytes (GETs of the same memo entries), with one of those
     entries overwritten before the last one (BINPUT of another frame dict): no pickler writes that, the
