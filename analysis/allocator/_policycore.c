@@ -120,6 +120,7 @@ typedef struct {
 typedef struct {
     /* the rules' numbers, from the caller */
     int sh, ns, nl, nbp, exp, gc_on, mss_on, has_limit, kind_mirror;
+    uint64_t key_mul; /* 2**sh (pack_key) */
     i128 mss, nsr, limit, gc_threshold;
     /* the per-request thresholds, clamped into 64 bits (clamped) */
     int64_t fit_mss, fit_nsr;
@@ -177,8 +178,9 @@ static const char *count_names[C_N] = {
 
 /* ------------------------------------------------------------------ growable arrays */
 
-static int grow(void **p, size_t *cap, size_t need, size_t item) {
-    if (need <= *cap) return 0;
+/* The growing, out of line and marked cold: the callers' usual path (room left) then saves and
+ * restores no registers for it. */
+static __attribute__((noinline, cold)) int grow_to(void **p, size_t *cap, size_t need, size_t item) {
     size_t c = *cap ? *cap : 16;
     while (c < need) {
         if (c > ((size_t)PY_SSIZE_T_MAX / item) / 2) {
@@ -193,6 +195,10 @@ static int grow(void **p, size_t *cap, size_t need, size_t item) {
     *p = q;
     *cap = c;
     return 0;
+}
+
+static inline int grow(void **p, size_t *cap, size_t need, size_t item) {
+    return need <= *cap ? 0 : grow_to(p, cap, need, item);
 }
 
 static int vec_push(Vec *v, int64_t x) {
@@ -246,14 +252,16 @@ static int hm_rehash(HMap *m, size_t cap) {
  * is kept at most a quarter full: at half full, the probes' and the deletions' backward shifts'
  * loops ran long enough to be mispredicted on most requests (the four replays of a 460 MB trace
  * took 12% more CPU). */
-static int hm_set(HMap *m, int64_t key, int64_t val, int32_t aux) {
-    if ((m->n + 1) * 4 > m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(HEnt))) {
-            return -1;
-        }
-        if (hm_rehash(m, cap) < 0) return -1;
+static __attribute__((noinline, cold)) int hm_grow(HMap *m) { /* out of line: as grow_to */
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(HEnt))) {
+        return -1;
     }
+    return hm_rehash(m, cap);
+}
+
+static int hm_set(HMap *m, int64_t key, int64_t val, int32_t aux) {
+    if ((m->n + 1) * 4 > m->cap && hm_grow(m) < 0) return -1;
     size_t mask = m->cap - 1;
     size_t i = mix(key) & mask;
     while (m->e[i].used && m->e[i].key != key) i = (i + 1) & mask;
@@ -343,11 +351,11 @@ static int kill_block(Engine *E, int32_t k) {
     return vec_push(&E->freeslots, k);
 }
 
-/* size << sh | addr, for sizes below VMAX and sh in [1, 63] (parse_params): written on the two
- * 64-bit halves, where a u128 shift by a variable count also tests whether the count passes 64. */
-static inline u128 pack_key(int sh, int64_t size, int64_t addr) {
-    uint64_t s = (uint64_t)size;
-    return ((u128)(s >> (64 - sh)) << 64) | (u128)((s << sh) | (uint64_t)addr);
+/* size << sh | addr, as size x 2**sh (key_mul: sh is in [1, 63], parse_params): one 64 x 64 -> 128-bit
+ * multiply, where a u128 shift by a variable count takes two shifts and a test of whether the count
+ * passes 64. */
+static inline u128 pack_key(uint64_t key_mul, int64_t size, int64_t addr) {
+    return ((u128)(uint64_t)size * key_mul) | (u128)(uint64_t)addr;
 }
 
 /* A packed key's size (key >> sh), the same way; the key's size is below VMAX, so it fits 64 bits. */
@@ -355,7 +363,7 @@ static inline int64_t key_size(int sh, u128 key) {
     return (int64_t)(((uint64_t)(key >> 64) << (64 - sh)) | ((uint64_t)key >> sh));
 }
 
-static inline u128 bkey(const Engine *E, int32_t k) { return pack_key(E->sh, E->b[k].size, E->b[k].addr); }
+static inline u128 bkey(const Engine *E, int32_t k) { return pack_key(E->key_mul, E->b[k].size, E->b[k].addr); }
 
 static inline int pos_ok(const FList *f, Pos p) { return p.c >= 0 && (size_t)p.c < f->nc; }
 static inline u128 pos_key(const FList *f, Pos p) { return f->c[p.c]->key[p.j]; }
@@ -520,7 +528,7 @@ static int fl_put(FList *f, u128 key, int32_t blk, Blk *arena) {
     return 0;
 }
 
-static void fl_delete_at(FList *f, Pos p) {
+static inline __attribute__((always_inline)) void fl_delete_at(FList *f, Pos p) {
     Chunk *ch = f->c[p.c];
     chunk_cut(ch, p.j);
     f->n--;
@@ -540,7 +548,7 @@ static void fl_delete_at(FList *f, Pos p) {
  * remainder, a block merged with its neighbour, mostly even at the same place): every key of the
  * chunks before is below key, and the next chunk's first key is not. Only the entries between the
  * two places move. */
-static int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
+static inline __attribute__((always_inline)) int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
     Chunk *ch = f->c[p.c];
     int n = ch->n, j = p.j;
     if (n > 1 && (p.c == 0 || f->last[p.c - 1] < key) && ((size_t)p.c + 1 == f->nc || key <= f->c[p.c + 1]->key[0])) {
@@ -615,7 +623,7 @@ static inline int chunk_index(const Chunk *ch, int32_t k) {
  * (Blk.at: no search of the keys, one compare of the chunk's blocks; a chunk split or emptied since
  * may have moved it), taken where k is there under its key with no equal key before it, which is
  * what the search would find; else the search. */
-static int fl_find(Engine *E, const FList *f, int32_t k, Pos *at) {
+static inline __attribute__((always_inline)) int fl_find(Engine *E, const FList *f, int32_t k, Pos *at) {
     u128 key = bkey(E, k);
     int32_t c = E->b[k].at;
     if (c >= 0 && (size_t)c < f->nc) {
@@ -855,7 +863,7 @@ static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at
     *out = -1;
     if (E->gc_on && lk / E->ns == 1) E->gcc++;
     FList *f = &E->fl[lk];
-    Pos i = fl_lower(f, pack_key(E->sh, size, 0));
+    Pos i = fl_lower(f, pack_key(E->key_mul, size, 0));
     if (!pos_ok(f, i)) return 0;
     if (E->exp) { /* best fit by "free block + the unmapped range after it" (_grown) */
         int32_t c = pos_blk(f, i), nb = E->b[c].next;
@@ -1553,6 +1561,7 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
         return -1;
     }
     E->nbp = E->nl / E->ns;
+    E->key_mul = (uint64_t)1 << E->sh;
     for (int j = 0; j < E->nl; j++)
         if (E->bp_lists[j] < 0 || E->bp_lists[j] >= E->nl || E->page[j] <= 0) {
             PyErr_SetString(PyExc_ValueError, "policy_engine: a free-list index or page out of range");
