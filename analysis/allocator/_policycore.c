@@ -80,7 +80,7 @@ typedef struct {
     Chunk **c;
     u128 *last; /* each chunk's last key, side by side (KMAX past nc): the search over chunks reads no chunk */
     Chunk *spare; /* the last chunk emptied, kept for the next one needed (a list often empties) */
-    size_t nc, capc, capl; /* capl: a power of two, at least FCAP */
+    size_t nc, capc, capl; /* capl: a power of two, at least LAST_MIN */
     Py_ssize_t n;
 } FList;
 
@@ -403,7 +403,11 @@ static inline __attribute__((always_inline)) size_t lowerF(const u128 *a, u128 k
 }
 
 /* The first chunk whose last key is >= key (nc: none): halvings over the capl (a power of two)
- * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt. */
+ * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt.
+ * Every list has room for LAST_MIN chunks' last keys from the start, so that lists of up to that many
+ * chunks (most: a few hundred blocks) halve as often as each other: where the lists a replay
+ * alternates between halved a different number of times, the loop's end was mispredicted. */
+#define LAST_MIN (4 * FCAP)
 static inline __attribute__((always_inline)) Py_ssize_t fl_chunk_by(const FList *f, u128 key, int hi_only) {
     size_t b = 0;
     for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1)
@@ -551,7 +555,11 @@ static inline __attribute__((always_inline)) void fl_delete_at(FList *f, Pos p) 
 static inline __attribute__((always_inline)) int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
     Chunk *ch = f->c[p.c];
     int n = ch->n, j = p.j;
-    if (n > 1 && (p.c == 0 || f->last[p.c - 1] < key) && ((size_t)p.c + 1 == f->nc || key <= f->c[p.c + 1]->key[0])) {
+    /* whether key's place is in p's chunk, as one branch: each test's parts and both neighbours read
+     * whatever the outcome (the chunk's own last key and first key where it has no neighbour there) */
+    int first = p.c == 0, final = (size_t)p.c + 1 == f->nc;
+    u128 before = f->last[p.c - !first], after = f->c[p.c + !final]->key[0];
+    if ((n > 1) & (first | (before < key)) & (final | (key <= after))) {
         /* its place among the chunk's other entries; those between it and j move one on */
         int to = in_chunk(ch, key) - (ch->key[j] < key);
         if (to < j) {
