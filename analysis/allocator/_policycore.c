@@ -249,9 +249,10 @@ static int hm_rehash(HMap *m, size_t cap) {
 }
 
 /* d[key] = (val, aux): a new key goes last in the order, an existing one keeps its place. The table
- * is kept at most a quarter full: at half full, the probes' and the deletions' backward shifts'
+ * is kept at most an eighth full: at half full, the probes' and the deletions' backward shifts'
  * loops ran long enough to be mispredicted on most requests (the four replays of a 460 MB trace
- * took 12% more CPU). */
+ * took 12% more CPU), and at a quarter the second probe of one lookup in five still was (the maps
+ * hold hundreds of entries: an eighth full is still a few dozen kB). */
 static __attribute__((noinline, cold)) int hm_grow(HMap *m) { /* out of line: as grow_to */
     size_t cap = m->cap ? m->cap * 2 : 64;
     if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(HEnt))) {
@@ -261,7 +262,7 @@ static __attribute__((noinline, cold)) int hm_grow(HMap *m) { /* out of line: as
 }
 
 static int hm_set(HMap *m, int64_t key, int64_t val, int32_t aux) {
-    if ((m->n + 1) * 4 > m->cap && hm_grow(m) < 0) return -1;
+    if ((m->n + 1) * 8 > m->cap && hm_grow(m) < 0) return -1;
     size_t mask = m->cap - 1;
     size_t i = mix(key) & mask;
     while (m->e[i].used && m->e[i].key != key) i = (i + 1) & mask;
