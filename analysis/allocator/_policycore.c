@@ -80,7 +80,7 @@ typedef struct {
     Chunk **c;
     u128 *last; /* each chunk's last key, side by side (KMAX past nc): the search over chunks reads no chunk */
     Chunk *spare; /* the last chunk emptied, kept for the next one needed (a list often empties) */
-    size_t nc, capc, capl; /* capl: a power of two, at least LAST_MIN */
+    size_t nc, capc, capl; /* capl: a power of two, at least FCAP */
     Py_ssize_t n;
 } FList;
 
@@ -359,7 +359,8 @@ static inline u128 pack_key(uint64_t key_mul, int64_t size, int64_t addr) {
     return ((u128)(uint64_t)size * key_mul) | (u128)(uint64_t)addr;
 }
 
-/* A packed key's size (key >> sh), the same way; the key's size is below VMAX, so it fits 64 bits. */
+/* A packed key's size (key >> sh), on its two 64-bit halves (sh is in [1, 63]); a block's size is at
+ * most VMAX, so it fits 64 bits. */
 static inline int64_t key_size(int sh, u128 key) {
     return (int64_t)(((uint64_t)(key >> 64) << (64 - sh)) | ((uint64_t)key >> sh));
 }
@@ -404,11 +405,7 @@ static inline __attribute__((always_inline)) size_t lowerF(const u128 *a, u128 k
 }
 
 /* The first chunk whose last key is >= key (nc: none): halvings over the capl (a power of two)
- * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt.
- * Every list has room for LAST_MIN chunks' last keys from the start, so that lists of up to that many
- * chunks (most: a few hundred blocks) halve as often as each other: where the lists a replay
- * alternates between halved a different number of times, the loop's end was mispredicted. */
-#define LAST_MIN (4 * FCAP)
+ * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt. */
 static inline __attribute__((always_inline)) Py_ssize_t fl_chunk_by(const FList *f, u128 key, int hi_only) {
     size_t b = 0;
     for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1)
