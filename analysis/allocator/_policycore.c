@@ -120,8 +120,11 @@ typedef struct {
 typedef struct {
     /* the rules' numbers, from the caller */
     int sh, ns, nl, nbp, exp, gc_on, mss_on, has_limit, kind_mirror;
+    uint64_t key_mul; /* 2**sh (pack_key) */
     i128 mss, nsr, limit, gc_threshold;
-    i128 *over, *below;
+    /* the per-request thresholds, clamped into 64 bits (clamped) */
+    int64_t fit_mss, fit_nsr;
+    int64_t *over, *below;
     int64_t *page, *bp_lists;
     int64_t resv_stride, resv_bytes, chunk, top;
     long seg_alloc, seg_free, seg_map, seg_unmap;
@@ -175,8 +178,9 @@ static const char *count_names[C_N] = {
 
 /* ------------------------------------------------------------------ growable arrays */
 
-static int grow(void **p, size_t *cap, size_t need, size_t item) {
-    if (need <= *cap) return 0;
+/* The growing, out of line and marked cold: the callers' usual path (room left) then saves and
+ * restores no registers for it. */
+static __attribute__((noinline, cold)) int grow_to(void **p, size_t *cap, size_t need, size_t item) {
     size_t c = *cap ? *cap : 16;
     while (c < need) {
         if (c > ((size_t)PY_SSIZE_T_MAX / item) / 2) {
@@ -191,6 +195,10 @@ static int grow(void **p, size_t *cap, size_t need, size_t item) {
     *p = q;
     *cap = c;
     return 0;
+}
+
+static inline int grow(void **p, size_t *cap, size_t need, size_t item) {
+    return need <= *cap ? 0 : grow_to(p, cap, need, item);
 }
 
 static int vec_push(Vec *v, int64_t x) {
@@ -241,17 +249,20 @@ static int hm_rehash(HMap *m, size_t cap) {
 }
 
 /* d[key] = (val, aux): a new key goes last in the order, an existing one keeps its place. The table
- * is kept at most a quarter full: at half full, the probes' and the deletions' backward shifts'
+ * is kept at most an eighth full: at half full, the probes' and the deletions' backward shifts'
  * loops ran long enough to be mispredicted on most requests (the four replays of a 460 MB trace
- * took 12% more CPU). */
-static int hm_set(HMap *m, int64_t key, int64_t val, int32_t aux) {
-    if ((m->n + 1) * 4 > m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(HEnt))) {
-            return -1;
-        }
-        if (hm_rehash(m, cap) < 0) return -1;
+ * took 12% more CPU), and at a quarter the second probe of one lookup in five still was (the maps
+ * hold hundreds of entries: an eighth full is still a few dozen kB). */
+static __attribute__((noinline, cold)) int hm_grow(HMap *m) { /* out of line: as grow_to */
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(HEnt))) {
+        return -1;
     }
+    return hm_rehash(m, cap);
+}
+
+static int hm_set(HMap *m, int64_t key, int64_t val, int32_t aux) {
+    if ((m->n + 1) * 8 > m->cap && hm_grow(m) < 0) return -1;
     size_t mask = m->cap - 1;
     size_t i = mix(key) & mask;
     while (m->e[i].used && m->e[i].key != key) i = (i + 1) & mask;
@@ -341,9 +352,20 @@ static int kill_block(Engine *E, int32_t k) {
     return vec_push(&E->freeslots, k);
 }
 
-static inline u128 bkey(const Engine *E, int32_t k) {
-    return ((u128)(uint64_t)E->b[k].size << E->sh) | (u128)(uint64_t)E->b[k].addr;
+/* size << sh | addr, as size x 2**sh (key_mul: sh is in [1, 63], parse_params): one 64 x 64 -> 128-bit
+ * multiply, where a u128 shift by a variable count takes two shifts and a test of whether the count
+ * passes 64. */
+static inline u128 pack_key(uint64_t key_mul, int64_t size, int64_t addr) {
+    return ((u128)(uint64_t)size * key_mul) | (u128)(uint64_t)addr;
 }
+
+/* A packed key's size (key >> sh), on its two 64-bit halves (sh is in [1, 63]); a block's size is at
+ * most VMAX, so it fits 64 bits. */
+static inline int64_t key_size(int sh, u128 key) {
+    return (int64_t)(((uint64_t)(key >> 64) << (64 - sh)) | ((uint64_t)key >> sh));
+}
+
+static inline u128 bkey(const Engine *E, int32_t k) { return pack_key(E->key_mul, E->b[k].size, E->b[k].addr); }
 
 static inline int pos_ok(const FList *f, Pos p) { return p.c >= 0 && (size_t)p.c < f->nc; }
 static inline u128 pos_key(const FList *f, Pos p) { return f->c[p.c]->key[p.j]; }
@@ -367,31 +389,46 @@ static inline void pos_prev(const FList *f, Pos *p) { /* from the end too; befor
 /* bisect_left over FCAP sorted keys (KMAX at the end where fewer): how many are below key. Halvings
  * without a branch (a compare sets the step) down to eight keys, counted: the count's compares run
  * side by side, where each halving waits for the one before. */
-static inline size_t lowerF(const u128 *a, u128 key) {
+static inline __attribute__((always_inline)) int below(u128 a, u128 key, int hi_only) {
+    return hi_only ? (uint64_t)(a >> 64) < (uint64_t)(key >> 64) : a < key;
+}
+
+/* hi_only (a constant where inlined): key's low half is 0, so a key is below it exactly when its high
+ * half is: one 64-bit compare each (an allocation's search key, size << sh, where the size is a
+ * multiple of 2**(64 - sh), as rounded sizes are). */
+static inline __attribute__((always_inline)) size_t lowerF(const u128 *a, u128 key, int hi_only) {
     size_t b = 0;
-    for (size_t half = FCAP / 2; half >= 8; half >>= 1) b += (size_t)(a[b + half - 1] < key) * half;
+    for (size_t half = FCAP / 2; half >= 8; half >>= 1) b += (size_t)below(a[b + half - 1], key, hi_only) * half;
     size_t c = 0;
-    for (int i = 0; i < 8; i++) c += a[b + i] < key;
+    for (int i = 0; i < 8; i++) c += below(a[b + i], key, hi_only);
     return b + c;
 }
 
 /* The first chunk whose last key is >= key (nc: none): halvings over the capl (a power of two)
  * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt. */
-static inline Py_ssize_t fl_chunk(const FList *f, u128 key) {
+static inline __attribute__((always_inline)) Py_ssize_t fl_chunk_by(const FList *f, u128 key, int hi_only) {
     size_t b = 0;
-    for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1) b += (size_t)(f->last[b + half - 1] < key) * half;
-    return (Py_ssize_t)(b + lowerF(f->last + b, key));
+    for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1)
+        b += (size_t)below(f->last[b + half - 1], key, hi_only) * half;
+    return (Py_ssize_t)(b + lowerF(f->last + b, key, hi_only));
 }
 
-static inline int in_chunk(const Chunk *ch, u128 key) { return (int)lowerF(ch->key, key); }
+static inline Py_ssize_t fl_chunk(const FList *f, u128 key) { return fl_chunk_by(f, key, 0); }
 
-/* bisect_left: the first entry whose key is >= key. */
-static Pos fl_lower(const FList *f, u128 key) {
+static inline int in_chunk(const Chunk *ch, u128 key) { return (int)lowerF(ch->key, key, 0); }
+
+static inline __attribute__((always_inline)) Pos fl_lower_by(const FList *f, u128 key, int hi_only) {
     Pos p = {0, 0};
     if (!f->nc) return p;
-    p.c = fl_chunk(f, key);
-    if ((size_t)p.c < f->nc) p.j = in_chunk(f->c[p.c], key);
+    p.c = fl_chunk_by(f, key, hi_only);
+    if ((size_t)p.c < f->nc) p.j = (int)lowerF(f->c[p.c]->key, key, hi_only);
     return p;
+}
+
+/* bisect_left: the first entry whose key is >= key; a key whose low half is 0 searched on the high
+ * halves alone (lowerF). */
+static Pos fl_lower(const FList *f, u128 key) {
+    return (uint64_t)key ? fl_lower_by(f, key, 0) : fl_lower_by(f, key, 1);
 }
 
 /* FCAP entries of a chunk (keys and blocks) one place on, from src to dst = src -/+ 1. */
@@ -493,7 +530,7 @@ static int fl_put(FList *f, u128 key, int32_t blk, Blk *arena) {
     return 0;
 }
 
-static void fl_delete_at(FList *f, Pos p) {
+static inline __attribute__((always_inline)) void fl_delete_at(FList *f, Pos p) {
     Chunk *ch = f->c[p.c];
     chunk_cut(ch, p.j);
     f->n--;
@@ -513,10 +550,14 @@ static void fl_delete_at(FList *f, Pos p) {
  * remainder, a block merged with its neighbour, mostly even at the same place): every key of the
  * chunks before is below key, and the next chunk's first key is not. Only the entries between the
  * two places move. */
-static int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
+static inline __attribute__((always_inline)) int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
     Chunk *ch = f->c[p.c];
     int n = ch->n, j = p.j;
-    if (n > 1 && (p.c == 0 || f->last[p.c - 1] < key) && ((size_t)p.c + 1 == f->nc || key <= f->c[p.c + 1]->key[0])) {
+    /* whether key's place is in p's chunk, as one branch: each test's parts and both neighbours read
+     * whatever the outcome (the chunk's own last key and first key where it has no neighbour there) */
+    int first = p.c == 0, final = (size_t)p.c + 1 == f->nc;
+    u128 before = f->last[p.c - !first], after = f->c[p.c + !final]->key[0];
+    if ((n > 1) & (first | (before < key)) & (final | (key <= after))) {
         /* its place among the chunk's other entries; those between it and j move one on */
         int to = in_chunk(ch, key) - (ch->key[j] < key);
         if (to < j) {
@@ -588,7 +629,7 @@ static inline int chunk_index(const Chunk *ch, int32_t k) {
  * (Blk.at: no search of the keys, one compare of the chunk's blocks; a chunk split or emptied since
  * may have moved it), taken where k is there under its key with no equal key before it, which is
  * what the search would find; else the search. */
-static int fl_find(Engine *E, const FList *f, int32_t k, Pos *at) {
+static inline __attribute__((always_inline)) int fl_find(Engine *E, const FList *f, int32_t k, Pos *at) {
     u128 key = bkey(E, k);
     int32_t c = E->b[k].at;
     if (c >= 0 && (size_t)c < f->nc) {
@@ -828,7 +869,7 @@ static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at
     *out = -1;
     if (E->gc_on && lk / E->ns == 1) E->gcc++;
     FList *f = &E->fl[lk];
-    Pos i = fl_lower(f, (u128)(uint64_t)size << E->sh);
+    Pos i = fl_lower(f, pack_key(E->key_mul, size, 0));
     if (!pos_ok(f, i)) return 0;
     if (E->exp) { /* best fit by "free block + the unmapped range after it" (_grown) */
         int32_t c = pos_blk(f, i), nb = E->b[c].next;
@@ -845,8 +886,8 @@ static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at
         }
     }
     /* the max_split_size filter: config.fit_limit */
-    i128 limit = (i128)size < E->mss ? E->mss : (i128)size + E->nsr;
-    if ((i128)(pos_key(f, i) >> E->sh) >= limit) return 0;
+    int64_t limit = size < E->fit_mss ? E->fit_mss : size + E->fit_nsr;
+    if (key_size(E->sh, pos_key(f, i)) >= limit) return 0;
     *out = pos_blk(f, i);
     *at = i;
     return 0;
@@ -898,7 +939,7 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
 static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
     int64_t rem = E->b[b].size - size;
     E->b[b].state = ST_ALLOC;
-    if (!((i128)rem > E->over[lk] && (i128)size < E->below[lk])) {
+    if (!(rem > E->over[lk] && size < E->below[lk])) {
         if (at) fl_delete_at(&E->fl[lk], *at);
         return 0;
     }
@@ -1281,7 +1322,8 @@ typedef struct {
 } Inputs;
 
 /* allocation_size(size): config.py's own function, asked once per request size before the loop
- * (size_table), since the loop calls no Python: it runs without the GIL, beside other threads. */
+ * (size_table, for the sizes check_inputs found), since the loop calls no Python: it runs without the
+ * GIL, beside other threads. */
 static int ask_allocation_size(Engine *E, int64_t size) {
     PyObject *s = PyLong_FromLongLong(size);
     if (!s) return -1;
@@ -1296,21 +1338,10 @@ static int ask_allocation_size(Engine *E, int64_t size) {
     return hm_set(&E->asz, size, v, 0);
 }
 
-static int size_table(Engine *E, const Inputs *in) {
-    /* The sizes already in the table, remembered in a small direct-mapped filter (a request's size
-     * mostly came before: thousands of sizes over millions of requests) ahead of the table itself,
-     * whose lookups cost more. */
-    int64_t seen[1024];
-    for (int j = 0; j < 1024; j++) seen[j] = -1; /* no size: sizes are >= 0 (check_inputs) */
-    for (Py_ssize_t k = 0; k < in->n; k++) {
-        long op = (long)in->ops[k];
-        int64_t size = in->sizes[k];
-        if (op != E->op_alloc && op != E->op_oom) continue;
-        size_t h = (size_t)(((uint64_t)size * 0x9e3779b97f4a7c15ULL) >> 54);
-        if (seen[h] == size) continue;
-        if (hm_find(&E->asz, size) < 0) TRY(ask_allocation_size(E, size));
-        seen[h] = size;
-    }
+/* The allocation size of each request size check_inputs found (in the order they first came), into
+ * the table where it left them unanswered. */
+static int size_table(Engine *E, const Vec *sizes) {
+    for (size_t j = 0; j < sizes->n; j++) TRY(ask_allocation_size(E, sizes->v[j]));
     return 0;
 }
 
@@ -1465,19 +1496,29 @@ static int p_col(PyObject *d, const char *name, Py_buffer *view, const int64_t *
     return 0;
 }
 
-static int p_i128_list(PyObject *d, const char *name, int nl, i128 **out) {
+/* A threshold that block sizes (in [0, VMAX]: add_size) and their differences with request sizes (in
+ * [-VMAX, VMAX]) are compared with, in 64 bits: any number past VMAX + 1 compares with them as VMAX + 1
+ * does, and any below -VMAX - 1 as -VMAX - 1, so it is clamped there (fit_limit's "no limit" is far
+ * past); a request's size (below VMAX) plus one stays inside int64. */
+static int64_t clamped(i128 x) { return x < -VMAX - 1 ? -VMAX - 1 : x > VMAX + 1 ? VMAX + 1 : (int64_t)x; }
+
+static int p_clamped_list(PyObject *d, const char *name, int nl, int64_t **out) {
     PyObject *o = item(d, name);
     if (!o) return -1;
     if (!PyList_Check(o) || PyList_GET_SIZE(o) != nl) {
         PyErr_Format(PyExc_ValueError, "policy_engine: %s must be a list of one number per free list", name);
         return -1;
     }
-    *out = PyMem_RawCalloc(nl ? nl : 1, sizeof(i128));
+    *out = PyMem_RawCalloc(nl ? nl : 1, sizeof(int64_t));
     if (!*out) {
         PyErr_NoMemory();
         return -1;
     }
-    for (int j = 0; j < nl; j++) TRY(get_i128(PyList_GET_ITEM(o, j), &(*out)[j]));
+    for (int j = 0; j < nl; j++) {
+        i128 x;
+        TRY(get_i128(PyList_GET_ITEM(o, j), &x));
+        (*out)[j] = clamped(x);
+    }
     return 0;
 }
 
@@ -1526,6 +1567,7 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
         return -1;
     }
     E->nbp = E->nl / E->ns;
+    E->key_mul = (uint64_t)1 << E->sh;
     for (int j = 0; j < E->nl; j++)
         if (E->bp_lists[j] < 0 || E->bp_lists[j] >= E->nl || E->page[j] <= 0) {
             PyErr_SetString(PyExc_ValueError, "policy_engine: a free-list index or page out of range");
@@ -1539,13 +1581,15 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
     }
     TRY(p_i128(d, "mss", &E->mss));
     TRY(p_i128(d, "nsr", &E->nsr));
+    E->fit_mss = clamped(E->mss);
+    E->fit_nsr = clamped(E->nsr);
     PyObject *lim = item(d, "limit");
     if (!lim) return -1;
     E->has_limit = lim != Py_None;
     if (E->has_limit) TRY(get_i128(lim, &E->limit));
     TRY(p_i128(d, "gc_threshold", &E->gc_threshold));
-    TRY(p_i128_list(d, "split_over", E->nl, &E->over));
-    TRY(p_i128_list(d, "split_below", E->nl, &E->below));
+    TRY(p_clamped_list(d, "split_over", E->nl, &E->over));
+    TRY(p_clamped_list(d, "split_below", E->nl, &E->below));
     TRY(p_i64(d, "resv_stride", &E->resv_stride));
     TRY(p_i64(d, "resv_bytes", &E->resv_bytes));
     TRY(p_i64(d, "chunk", &E->chunk));
@@ -1564,13 +1608,32 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
 }
 
 /* Requests the engine cannot follow as Python would (a free-list index outside the lists, a size
- * outside [0, 2**62)): declined before anything runs. */
-static int check_inputs(Engine *E, const Inputs *in) {
+ * outside [0, 2**62)): declined before anything runs. The same pass over the requests lists the
+ * sizes that allocate (new_sizes: each once, in the order they first come; size_table asks their
+ * allocation sizes once the model is read), so that the columns are read once before the loop. */
+static int check_inputs(Engine *E, const Inputs *in, Vec *new_sizes) {
     if (in->n && E->nbp < 2) DECLINE(E, "no default pool"); /* the flushes and the GC read pools 0 and 1 */
-    uint64_t bad = 0; /* first whether any is out of range, in a loop without a branch (vectorised) */
-    for (Py_ssize_t k = 0; k < in->n; k++)
-        bad |= ((uint64_t)in->lks[k] >= (uint64_t)E->nl) | ((uint64_t)in->sizes[k] >= (uint64_t)VMAX);
-    for (Py_ssize_t k = 0; bad && k < in->n; k++) { /* then which, first */
+    /* The sizes already listed, remembered in a direct-mapped filter (a request's size mostly came
+     * before: thousands of sizes over millions of requests) ahead of the table itself, whose lookups
+     * cost more. Every request is looked up there, a free's too (its size is an allocation's): the
+     * branch is then the filter's, taken rarely, not the request's kind, which alternates. */
+    enum { SEEN = 4096 };
+    int64_t seen[SEEN];
+    for (int j = 0; j < SEEN; j++) seen[j] = -1; /* no size: sizes are >= 0, or bad */
+    uint64_t bad = 0; /* first whether any is out of range; then which, first */
+    for (Py_ssize_t k = 0; k < in->n; k++) {
+        int64_t size = in->sizes[k];
+        bad |= ((uint64_t)in->lks[k] >= (uint64_t)E->nl) | ((uint64_t)size >= (uint64_t)VMAX);
+        size_t h = (size_t)(((uint64_t)size * 0x9e3779b97f4a7c15ULL) >> 52);
+        if (seen[h] == size) continue;
+        long op = (long)in->ops[k];
+        if (op != E->op_alloc && op != E->op_oom) continue;
+        seen[h] = size;
+        if (hm_find(&E->asz, size) >= 0) continue;
+        TRY(hm_set(&E->asz, size, -1, 0)); /* listed; its value comes from size_table */
+        TRY(vec_push(new_sizes, size));
+    }
+    for (Py_ssize_t k = 0; bad && k < in->n; k++) {
         if (in->lks[k] < 0 || in->lks[k] >= E->nl) DECLINE(E, "a free-list index out of range");
         if (in->sizes[k] < 0 || in->sizes[k] >= VMAX) DECLINE(E, "a size out of range");
     }
@@ -2141,10 +2204,11 @@ PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
     memset(views, 0, sizeof views);
     Inputs in = {0};
     PyObject *result = NULL, *failed = NULL;
-    Vec failed_at = {0};
+    Vec failed_at = {0}, new_sizes = {0};
     int served;
     if (parse_params(&E, pdict, views, &in) < 0) goto done;
-    if (check_inputs(&E, &in) < 0 || import_model(&E, model) < 0 || size_table(&E, &in) < 0) goto declined;
+    if (check_inputs(&E, &in, &new_sizes) < 0 || import_model(&E, model) < 0 || size_table(&E, &new_sizes) < 0)
+        goto declined;
     Py_BEGIN_ALLOW_THREADS /* the policy replays of one report run in threads side by side (report.py) */
     served = serve(&E, &in, &failed_at);
     Py_END_ALLOW_THREADS
@@ -2169,6 +2233,7 @@ done:
     if (!result && !PyErr_Occurred()) PyErr_NoMemory();
     Py_XDECREF(failed);
     PyMem_RawFree(failed_at.v);
+    PyMem_RawFree(new_sizes.v);
     for (int v = 0; v < V_N; v++)
         if (views[v].obj) PyBuffer_Release(&views[v]);
     engine_free(&E);

@@ -420,6 +420,22 @@ def test_a_state_past_the_engines_bounds_is_served_by_the_python_loop() -> None:
     assert compiled.last_declined == "a size out of range"
 
 
+def test_an_unrounded_size_is_searched_on_its_whole_key() -> None:
+    # An allocation's search compares only the keys' high halves where its key's low half is 0 (a size
+    # that is a multiple of 2**(64 - sh), as rounded sizes are); any other size takes the whole compare.
+    # Here a free block of 520 bytes shares its key's high half with a request of 600: searched on the
+    # high halves alone, the request would be served from it.
+    def run() -> tuple[list[int], tuple[Any, ...]]:
+        m = _Model(AllocatorConfig(), None, 1, [0], {})
+        ops = [_OP_ALLOC, _OP_ALLOC, _OP_FREE, _OP_ALLOC, _OP_ALLOC, _OP_FREE, _OP_FREE]
+        failed = m.run(list(range(7)), ops, [1, 2, 1, 3, 4, 2, 3], [520, 1000, 0, 600, 1064, 0, 0], [0] * 7)
+        return failed, _model_state(m)
+
+    ref, fast = both(run)
+    assert fast == ref
+    assert compiled.last_declined is None
+
+
 def test_a_state_the_engine_cannot_follow_is_left_to_the_python_loop() -> None:
     # Two free blocks under one key (overlapping recorded segments make such a state: only a hostile
     # trace): Python's bisect would delete whichever comes first, so the engine declines it and the
