@@ -10,7 +10,9 @@ CPU time of the work alone and its high-water RSS (VmHWM, which includes the
 interpreter and numpy, ~30-40 MB).
 With ``--repeat N`` each stage runs N times and the median run (by wall time) is
 kept, its CPU time the median of the runs' (this machine's timings vary by a
-factor of two from run to run; peaks do not: the highest is kept).
+factor of two from run to run; peaks do not: the highest is kept). The runs go
+in rounds, one of every stage per round (``run_stages``), so that a ratio's two
+sides were timed minutes apart at most, not a stage's whole series apart.
 
 Stages are a list of named functions below; a stage whose import fails prints
 "not available", so stages owned by other modules can be listed before they
@@ -312,20 +314,21 @@ def _run_sampled(cmd: list[str]) -> tuple[str, str, int, int]:
         return out.read(), err.read(), proc.returncode, peak
 
 
-def run_stage(name: str, path: Path, repeat: int) -> dict[str, Any] | None:
-    """The stage run ``repeat`` times: the median run by wall time, the median CPU time, the highest peak."""
-    runs: list[dict[str, Any]] = []
-    for _ in range(repeat):
-        stdout, stderr, status, tree_peak = _run_sampled([sys.executable, __file__, str(path), "--child", name])
-        line = next((x for x in stdout.splitlines() if x.startswith("BENCH ")), None)
-        if line is None:
-            print(f"  {name}: failed (exit {status})\n{stderr[-2000:]}")
-            return None
-        result = json.loads(line[6:])
-        if "unavailable" in result:
-            return result
+def run_once(name: str, path: Path) -> dict[str, Any] | None:
+    """One run of the stage in a child process: its figures, ``{"unavailable": why}``, or None where it failed."""
+    stdout, stderr, status, tree_peak = _run_sampled([sys.executable, __file__, str(path), "--child", name])
+    line = next((x for x in stdout.splitlines() if x.startswith("BENCH ")), None)
+    if line is None:
+        print(f"  {name}: failed (exit {status})\n{stderr[-2000:]}")
+        return None
+    result: dict[str, Any] = json.loads(line[6:])
+    if "unavailable" not in result:
         result["peak_kib"] = max(result["peak_kib"], tree_peak)
-        runs.append(result)
+    return result
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run by wall time, the median CPU time, the highest peak."""
     by_wall = sorted(runs, key=lambda r: r["seconds"])
     median = dict(by_wall[(len(runs) - 1) // 2])  # the lower median for an even count
     median["cpu"] = sorted(r["cpu"] for r in runs)[(len(runs) - 1) // 2]
@@ -333,6 +336,28 @@ def run_stage(name: str, path: Path, repeat: int) -> dict[str, Any] | None:
     median["peak_kib"] = max(r["peak_kib"] for r in runs)
     median["runs"] = [round(r["seconds"], 2) for r in runs]
     return median
+
+
+def run_stages(names: list[str], path: Path, repeat: int) -> dict[str, dict[str, Any] | None]:
+    """Each stage ``repeat`` times, in rounds of one run of every stage: a stage's runs sit beside the
+    load's, so a box whose speed drifts over the minutes of a bench (a shared VM: the load's own wall time
+    went from 2.8 to 4.1 s within three minutes on 2026-12-05) moves both sides of a ratio alike. A stage
+    that fails or is unavailable is not run again."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    out: dict[str, dict[str, Any] | None] = {}
+    for _ in range(repeat):
+        for name in names:
+            if name in out:
+                continue
+            result = run_once(name, path)
+            if result is None or "unavailable" in result:
+                out[name] = result
+            else:
+                runs[name].append(result)
+    for name in names:
+        if name not in out:
+            out[name] = median_run(runs[name])
+    return out
 
 
 def _load() -> str:
@@ -369,10 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     base: dict[str, Any] | None = None
     failed = False
-    for name, _fn in STAGES:
-        if args.stage and name not in args.stage and name != "pickle.load":
-            continue
-        result = run_stage(name, path, max(1, args.repeat))
+    names = [name for name, _fn in STAGES if not args.stage or name in args.stage or name == "pickle.load"]
+    results = run_stages(names, path, max(1, args.repeat))
+    for name in names:
+        result = results[name]
         if result is None:
             failed = True
             continue
@@ -383,8 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "pickle.load":
             base = result
         t_ratio = result["seconds"] / base["seconds"] if base else float("nan")
-        c_ratio = result["cpu"] / base["cpu"] if base else float("nan")
-        u_ratio = result["user"] / base["user"] if base else float("nan")
+        c_ratio = result["cpu"] / base["cpu"] if base and base["cpu"] else float("nan")
+        u_ratio = result["user"] / base["user"] if base and base["user"] else float("nan")
         m_ratio = result["peak_kib"] / base["peak_kib"] if base else float("nan")
         parts = " ".join(
             f"{k}={v:.2f}s" if isinstance(v, float) else f"{k}={v}" for k, v in result.get("parts", {}).items()

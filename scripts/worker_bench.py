@@ -135,7 +135,7 @@ def load_seconds(path: Path) -> float:
     """A gc-free ``pickle.load`` of the file's raw pickle, as scripts/bench.py times it (median of 3)."""
     import bench
 
-    result = bench.run_stage("pickle.load", bench.raw_pickle(path), 3)
+    result = bench.run_stages(["pickle.load"], bench.raw_pickle(path), 3)["pickle.load"]
     if result is None or "seconds" not in result:
         raise SystemExit(f"pickle.load of {path} failed: {result}")
     print(json.dumps({"file": path.name, "pickle_load_s": round(result["seconds"], 2), "runs": result["runs"]}))
