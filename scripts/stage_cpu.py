@@ -1,6 +1,7 @@
 """The report's stages one by one: each stage's CPU on the main thread, the report's serial path.
 
     python3 scripts/stage_cpu.py FILE [--jobs 3] [--runs 5] [--whatif CONF ...] [--base DIR] [--also MOD:FUNC ...]
+                                 [--timeline]
 
 Each run is one ``build_report`` in a fresh process (``analysis.heap.keep_freed_memory()`` first, as the
 worker's child does), every function of ``analysis.stages`` that ``report.py`` calls wrapped to add up its
@@ -10,7 +11,9 @@ it, and what they take is not counted); ``--also`` wraps more functions by their
 Printed: the medians over the runs of the report's wall, its CPU over all threads, the main thread's CPU,
 and of each function's main-thread CPU. ``--base DIR`` (another checkout, its extensions built) runs there
 too, alternated with this tree run for run, and prints its medians beside (issue 34: what the main
-thread spends is the report's serial path once the replays run beside it).
+thread spends is the report's serial path once the replays run beside it). ``--timeline`` prints when
+each stage, each pool task and the file's hash started and ended in this tree's last run: where a CPU
+waited idle, and what the report's end waited for.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = {
@@ -39,7 +43,8 @@ STAGES = {
 
 
 def _one_run(path: str, jobs: int, whatif: list[str], also: list[str]) -> dict[str, object]:
-    """In the child: one report, its stages timed (see the module docstring)."""
+    """In the child: one report, its stages timed (see the module docstring), and its timeline: each
+    stage's start and end on the main thread, each pool task's on its thread, the file's hash."""
     import functools
     import importlib
     import threading
@@ -52,6 +57,7 @@ def _one_run(path: str, jobs: int, whatif: list[str], also: list[str]) -> dict[s
 
     main = threading.main_thread()
     spent: dict[str, list[float]] = {}
+    stamps: list[tuple[str, str, float, float]] = []  # (thread, what, start, end): the timeline
 
     def wrap(owner: object, name: str, key: str) -> None:
         f = getattr(owner, name)
@@ -67,6 +73,7 @@ def _one_run(path: str, jobs: int, whatif: list[str], also: list[str]) -> dict[s
                 row = spent.setdefault(key, [0.0, 0.0])
                 row[0] += time.perf_counter() - w
                 row[1] += time.thread_time() - c
+                stamps.append(("main", key, w, time.perf_counter()))
 
         setattr(owner, name, timed)
         # Modules that imported it by name call their own reference.
@@ -85,6 +92,7 @@ def _one_run(path: str, jobs: int, whatif: list[str], also: list[str]) -> dict[s
         for part in outer:
             owner = getattr(owner, part)
         wrap(owner, name, f"{modname.rsplit('.', 1)[-1]}.{dotted}")
+    _stamp_threads(stamps)
     w, c, t = time.perf_counter(), time.process_time(), time.thread_time()
     report.build_report(path, whatif=tuple(whatif), jobs=jobs)
     return {
@@ -92,7 +100,38 @@ def _one_run(path: str, jobs: int, whatif: list[str], also: list[str]) -> dict[s
         "cpu": time.process_time() - c,
         "main": time.thread_time() - t,
         "stages": {k: v[1] for k, v in spent.items()},
+        "timeline": sorted((th, what, s - w, e - w) for th, what, s, e in stamps),
     }
+
+
+def _stamp_threads(stamps: list[tuple[str, str, float, float]]) -> None:
+    """Each pool task (``parallel.Pool.submit``) and the file's hash (``stages.source.source_info``)
+    stamped into the timeline with the thread that ran it."""
+    import functools
+    import threading
+    import time
+
+    import analysis.parallel as parallel
+    import analysis.stages.source as source
+
+    def stamped(fn: Any, what: str) -> Any:
+        @functools.wraps(fn)
+        def run(*a: Any, **k: Any) -> Any:
+            s = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                stamps.append((threading.current_thread().name, what, s, time.perf_counter()))
+
+        return run
+
+    submit = parallel.Pool.submit
+
+    def submit_stamped(pool: Any, fn: Any) -> Any:
+        return submit(pool, stamped(fn, f"task {getattr(fn, '__qualname__', type(fn).__name__)}"))
+
+    parallel.Pool.submit = submit_stamped  # type: ignore[method-assign]
+    source.source_info = stamped(source.source_info, "sha256 of the file")
 
 
 def _run_in(tree: Path, args: argparse.Namespace) -> dict[str, object]:
@@ -112,6 +151,7 @@ def main() -> None:
     p.add_argument("--whatif", action="append", default=[])
     p.add_argument("--also", action="append", default=[], metavar="MOD:FUNC")
     p.add_argument("--base", type=Path, help="another checkout, run alternately with this one")
+    p.add_argument("--timeline", action="store_true", help="print this tree's last run's timeline")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -132,6 +172,10 @@ def main() -> None:
     keys = list(dict.fromkeys(k for rs in runs.values() for r in rs for k in r["stages"]))  # type: ignore[attr-defined]
     for key in keys:
         print(f"  {key:32s}" + "".join(median(n, lambda r, k=key: r["stages"].get(k, 0.0)) for n in trees))
+    if args.timeline:
+        print("timeline of this tree's last run, s from build_report's call: thread, what, start, end")
+        for thread, what, start, end in sorted(runs["this"][-1]["timeline"], key=lambda x: x[2]):  # type: ignore[index]
+            print(f"  {thread[-16:]:16s} {what[:52]:52s} {start:6.3f} {end:6.3f}")
 
 
 if __name__ == "__main__":
