@@ -199,11 +199,11 @@ def classify(
     if trace_has_frames:
         backward |= frameless_backward(lifetimes, catalog) if frameless is None else frameless
     backward &= ~decided
-    if opt_start.size:
-        # Made before the last optimizer step and alive after it: not a gradient
-        # of zero_grad(set_to_none=True) (the default) but a workspace (cuBLAS's),
-        # unless the autograd node says it accumulates a .grad.
-        persistent = (start < opt_start[-1]) & (end > opt_end[-1])
+    # Made before the last optimizer step and alive after it (rules 3 and 4 ask it).
+    persistent = (start < opt_start[-1]) & (end > opt_end[-1]) if opt_start.size else None
+    if persistent is not None:
+        # Backward's: not a gradient of zero_grad(set_to_none=True) (the default) but a workspace
+        # (cuBLAS's), unless the autograd node says it accumulates a .grad.
         assign(backward & persistent & ((traits & TRAIT_ACCUMULATE_GRAD) == 0), UNKNOWN)
     assign(backward & (end >= next_opt_start) & (next_opt_start < n), GRADIENTS)
     assign(backward, TEMPORARIES)
@@ -211,8 +211,7 @@ def classify(
     # 4. forward. Activations die every step; a forward allocation that outlives
     # the last optimizer step after starting before it is a cache or workspace.
     forward = has_frames
-    if opt_start.size:
-        persistent = (start < opt_start[-1]) & (end > opt_end[-1])
+    if persistent is not None:
         assign(forward & persistent, UNKNOWN)
     if backward.any():
         next_bwd = next_marked(start, backward, n)

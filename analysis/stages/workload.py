@@ -155,13 +155,28 @@ def _amp_saving_range(
     )
     gids = catalog.groups_of(lifetimes.stack)
     base = live.peak
-    # Per group first (a few hundred), then one gather each over the allocations.
-    upper = act & (~fp32)[gids]
-    lower = act & (~fp32 & in_nn)[gids]
+    # Per group first (a few hundred): how many bounds halve it (0, 1: the upper alone, 2: both; the lower
+    # halves a subset of the upper's), then one gather over the allocations for both (np.take: a third of
+    # the time of two indexed gathers on the 460 MB trace's 802k allocations).
+    upper, lower = _halved_by_bounds(act, gids, ~fp32, ~fp32 & in_nn)
     halves = lifetimes.size // 2  # each allocation's half, for both bounds
     high = base - _peak_without(live, halves, upper)
     low = base - _peak_without(live, halves, lower)
     return max(0, low), max(0, high)
+
+
+def _halved_by_bounds(
+    act: npt.NDArray[np.bool_],
+    gids: npt.NDArray[np.integer],
+    upper_groups: npt.NDArray[np.bool_],
+    lower_groups: npt.NDArray[np.bool_],
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Which activations each bound halves: ``act & upper_groups[gids]`` and ``act & lower_groups[gids]``,
+    ``lower_groups`` a subset of ``upper_groups``."""
+    assert not (lower_groups & ~upper_groups).any()
+    level = np.take(upper_groups.view(np.uint8) + lower_groups.view(np.uint8), gids)
+    level *= act
+    return level >= 1, level == 2
 
 
 def _checkpoint_estimate(catalog: StackCatalog, stacks: I64, sizes: I64) -> dict[str, int] | None:

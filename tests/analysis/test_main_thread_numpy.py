@@ -27,7 +27,7 @@ from analysis.reader import read_snapshot
 from analysis.stacks import StackCatalog, alloc_lifetimes
 from analysis.stages.attribution import _frees_record_free_sites
 from analysis.stages.outline import live_requested
-from analysis.stages.workload import _peak_without
+from analysis.stages.workload import _halved_by_bounds, _peak_without
 from analysis.steps import running_clock
 from analysis.timeline import reserved_plateau
 
@@ -167,6 +167,13 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
             for cut in (marked, ~marked, np.ones_like(marked)):
                 assert _peak_without(live, halves, cut) == _peak_without_reference(live, halves, cut)
         catalog = StackCatalog(snap.stacks)
+        gids = catalog.groups_of(lifetimes.stack)
+        n_groups = len(catalog.groups)
+        for upper_groups in (rng.random(n_groups) < 0.7, np.ones(n_groups, bool), np.zeros(n_groups, bool)):
+            lower_groups = upper_groups & (rng.random(n_groups) < 0.5)
+            upper, lower = _halved_by_bounds(marked, gids, upper_groups, lower_groups)
+            np.testing.assert_array_equal(upper, marked & upper_groups[gids])
+            np.testing.assert_array_equal(lower, marked & lower_groups[gids])
         traits = catalog.stack_traits(lifetimes.stack)
         assert traits.dtype == np.uint8
         np.testing.assert_array_equal(traits, catalog.traits[catalog.groups_of(lifetimes.stack)])
