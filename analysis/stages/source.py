@@ -76,7 +76,11 @@ class _FileHash:
         self._mapped = mapped
         self._parsed = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(source, filename, hold, lower), daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # no thread (e.g. an address-space limit): the mapping is still this caller's to close
+            hold.close()
+            raise
 
     def _run(self, source: str | Path | bytes, filename: str | None, hold: contextlib.ExitStack, lower: bool) -> None:
         if lower:

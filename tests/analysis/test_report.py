@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -454,6 +455,31 @@ def test_a_refused_file_stops_the_hash_beside_it(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError):
         source_stage.read(evil, None, hash_later=True)
     assert {t.ident for t in threading.enumerate()} <= before  # the hash thread was joined
+
+
+def test_no_thread_for_the_hash_leaves_no_mapping_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where no thread can start (an address-space limit), the read fails as before and the file's
+    # mapping, already handed to the hash, is closed by the caller.
+    if not fastread.wanted(None):
+        pytest.skip("no compiled reader: nothing is mapped")
+    path = tmp_path / "frag.pickle"
+    path.write_bytes(gzip.decompress((FIXTURES / "frag_oom.pickle.gz").read_bytes()))
+    mapped: list[Any] = []
+    real = fastread.mapped_file
+
+    def recording(p: Path, limits: ReadLimits) -> Any:
+        with real(p, limits) as m:
+            mapped.append(m)
+            yield m
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(fastread, "mapped_file", contextlib.contextmanager(recording))
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError):
+        source_stage.read(path, None, hash_later=True)
+    assert len(mapped) == 1 and mapped[0].data.closed
 
 
 class _Mapping:
