@@ -3,7 +3,7 @@
 ``analysis.allocator._replaycore`` (C) holds four of them:
 
 - The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
-  compiled into the same module): ``policy._Model.run`` on C state. It reads the model's state once
+  compiled into the same module): ``cachemodel._Model.run`` on C state. It reads the model's state once
   (after ``seed`` / ``seed_live``, which stay Python) into C structures (a block arena, free lists as
   chunked sorted arrays of the packed ``size << 57 | addr`` keys, hash maps by address, the
   placement model), serves every request there, the rare paths included (misses, garbage collection,
@@ -96,9 +96,9 @@ last_declined: str | None = None
 def policy_engine(
     model: Any, rules: dict[str, Any], events: Any, ops: Any, raddrs: Any, sizes: Any, lks: Any
 ) -> list[int] | None:
-    """``policy._Model.run`` whole in C, on C state (``_policycore.c``): imports the model's state,
+    """``cachemodel._Model.run`` whole in C, on C state (``_policycore.c``): imports the model's state,
     serves every request, and hands the final state back (``model.adopt``). ``rules``: every
-    number of the model's rules and the request codes (``policy._Model.engine_rules``). The
+    number of the model's rules and the request codes (``cachemodel._Model.engine_rules``). The
     columns may be int64 arrays (taken as they are) or lists. Returns the failed event indices,
     or None when the engine declined a state outside its bounds (the model is then untouched)."""
     global last_declined, last_counts
