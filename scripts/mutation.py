@@ -116,7 +116,7 @@ TARGETS = (
     ),
     Target(
         "replay",  # the recorded replay's split and merge (its inline loop and the slow path)
-        "analysis/allocator/recorded.py",
+        "analysis/allocator/replayer.py",
         ("_Replayer.run", "_Replayer._alloc_slow"),
         # test_blocks.py's recorded-replay tests, not the whole file: its policy-model tests
         # reach the replay too (through build_report) and would run for every mutant.
@@ -251,7 +251,7 @@ HAND_MUTANTS = (
     ),
     HandMutant(
         "replay-inline-large-split-boundary",  # _Replayer.run's inlined should_split: > 1 MiB becomes >= 1 MiB
-        "analysis/allocator/recorded.py",
+        "analysis/allocator/replayer.py",
         "else (rem > over_l and r < below_l):",
         "else (rem >= over_l and r < below_l):",
         ("tests/analysis/test_blocks.py", "tests/analysis/test_replay.py"),

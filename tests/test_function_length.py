@@ -20,9 +20,9 @@ MAX_LINES = 80
 
 HOT_LOOPS = {
     # The recorded replay's per-event loop: every trace event, state updated in place.
-    "analysis/allocator/recorded.py::_Replayer.run": "per-event loop of the recorded replay",
+    "analysis/allocator/replayer.py::_Replayer.run": "per-event loop of the recorded replay",
     # Undoes the segment events backwards, then walks the alloc/free events once: one pass each.
-    "analysis/allocator/recorded.py::_rebuild_initial": "per-event passes rebuilding the state before a trace",
+    "analysis/allocator/rebuild.py::_rebuild_initial": "per-event passes rebuilding the state before a trace",
     # The policy replay's per-request loop, the allocator's rules inlined.
     "analysis/allocator/cachemodel.py::_Model.run": "per-request loop of the policy replay",
     # One pass over the runs of segment releases, each classified by the rules in order.

@@ -8,7 +8,9 @@
 - ``limits``: the memory limit bounded from the trace alone (``infer_limit``;
   ``floor_estimate``: its bounds from below alone, what a report states).
 - ``recorded``: the recorded replay, state at every event along the recorded
-  addresses (``recorded_replay``).
+  addresses (``recorded_replay``);
+  ``replayer``: its pass (``_Replayer``); ``states``: the states it hands out
+  (``AllocatorState``); ``rebuild``: the state before an incomplete trace.
 - ``recording``: that replay built once per device and handed down (``ReplaySource``):
   the rules that read a recorded state take it through ``Requests.source``.
 - ``cachestate``, ``cachemodel``: the model of the caching allocator, its state

@@ -15,7 +15,7 @@
   and the Python loop serves it (``last_declined`` says why). Its loop touches no Python object
   (``allocation_size`` is asked for every request size before it) and runs without the GIL, so a
   report runs its policy replays on threads side by side (``analysis.parallel``).
-- The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``recorded._Replayer``'s
+- The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``replayer._Replayer``'s
   whole state in C (int64 maps keyed by address, the size counts and records as arrays, the
   per-event columns summed straight into numpy arrays); every method that moves the state is
   written again there, and only ``_issue``, ``_meta_of_event`` and a ``round_size`` that does
@@ -130,7 +130,7 @@ def policy_engine(
 
 
 def recorded_core(act: bytes, addr: Any, size: Any, stream: Any, pool: Any, stops: list[int], **rules: Any) -> Any:
-    """``recorded._Replayer``'s state in C, empty, over one device's trace (``act``: the action codes as
+    """``replayer._Replayer``'s state in C, empty, over one device's trace (``act``: the action codes as
     bytes; ``addr``, ``size``: int64 arrays; ``stream``, ``pool``: the trace's columns, read at segment
     events); ``stops``: the events a strict pass never fuses a free across; ``rules`` are the numbers and
     the callables ``run`` uses (its own locals)."""

@@ -26,7 +26,8 @@ from analysis.allocator import compiled, infer_limit, simulate_layout
 from analysis.allocator.cachemodel import _Model
 from analysis.allocator.config import K_SMALL_SIZE, MB, AllocatorConfig
 from analysis.allocator.policy import _simulate
-from analysis.allocator.recorded import RecordedReplay, _Replayer, recorded_replay
+from analysis.allocator.recorded import RecordedReplay, recorded_replay
+from analysis.allocator.replayer import _Replayer
 from analysis.allocator.requests import _OP_ALLOC, _OP_FLUSH, _OP_FREE, _OP_FREE_DONE, _OP_FREE_REQ, _OP_OOM
 from analysis.errors import SnapshotError
 from analysis.model import Snapshot
