@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analysis.allocator.recorded import AllocatorState
+from analysis.allocator.states import AllocatorState
 from analysis.model import ACTIVE_ALLOCATED, INACTIVE, SEGMENT_ALLOC, SEGMENT_MAP, Frame, Segment, Trace
 from analysis.stacks import (
     TRAIT_ACCUMULATE_GRAD,

@@ -35,15 +35,8 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator.config import AllocatorConfig
-from analysis.allocator.recorded import (
-    AllocatorState,
-    BlockState,
-    RecordedReplay,
-    SegmentState,
-    recorded_config,
-    recorded_replay,
-    resume_state,
-)
+from analysis.allocator.recorded import RecordedReplay, recorded_config, recorded_replay, resume_state
+from analysis.allocator.states import AllocatorState, BlockState, SegmentState
 from analysis.eventgroups import event_groups
 from analysis.model import (
     ACTIONS,

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.allocator.config import AllocatorConfig, is_small
-from analysis.allocator.recorded import AllocatorState, RecordedReplay
+from analysis.allocator.recorded import RecordedReplay
+from analysis.allocator.states import AllocatorState
 from analysis.categories import PrivatePool, private_pools
 from analysis.limits import Figure, OomMessage
 from analysis.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, DeviceData, Snapshot

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator.config import AllocatorConfig, is_small
-from analysis.allocator.recorded import AllocatorState
+from analysis.allocator.states import AllocatorState
 from analysis.limits import GIVEN, INFERRED, OOM_MESSAGE, SIDECAR, Limit
 from analysis.model import FREE_COMPLETED, INACTIVE, OOM, SEGMENT_FREE, SEGMENT_UNMAP, Trace
 from analysis.readout import size

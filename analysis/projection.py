@@ -48,15 +48,9 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import PolicyResult, ProjectedTail, Requests, simulate
+from analysis.allocator.answers import Beside, mirror_replay, placement_report, start_report
 from analysis.allocator.config import AllocatorConfig
-from analysis.allocator.policy import (
-    Beside,
-    caught_served,
-    mirror_replay,
-    placement_for,
-    placement_report,
-    start_report,
-)
+from analysis.allocator.policy import caught_served, placement_for
 from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot, Trace
 from analysis.stacks import Lifetimes, alloc_lifetimes
 from analysis.steps import Steps

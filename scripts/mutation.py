@@ -82,22 +82,28 @@ TARGETS = (
     ),
     Target(
         "allocator",  # the policy model's block rules: best fit, split, merge, segments, flushes, GC
-        "analysis/allocator/policy.py",
+        "analysis/allocator/cachestate.py",
         (
-            "_Model.get_free_block",
-            "_Model.miss",
-            "_Model.split",
-            "_Model.free_block",
-            "_Model.alloc_block",
-            "_Model._release_block",
-            "_Model.release_available",
-            "_Model.release_cached",
-            "_Model._release_pool",
-            "_Model.garbage_collect",
-            "_Model.run",
+            "_Allocator.get_free_block",
+            "_Allocator.miss",
+            "_Allocator.split",
+            "_Allocator.free_block",
+            "_Allocator.alloc_block",
+            "_Allocator._release_block",
+            "_Allocator.release_available",
+            "_Allocator.release_cached",
+            "_Allocator._release_pool",
+            "_Allocator.garbage_collect",
         ),
         ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py"),
-        480,
+        360,
+    ),
+    Target(
+        "allocator-loop",  # the same rules inlined in the policy model's hot loop (``_Model.run``)
+        "analysis/allocator/cachemodel.py",
+        ("_Model.run",),
+        ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py"),
+        240,
         (
             (
                 "_Model.run",
@@ -110,7 +116,7 @@ TARGETS = (
     ),
     Target(
         "replay",  # the recorded replay's split and merge (its inline loop and the slow path)
-        "analysis/allocator/recorded.py",
+        "analysis/allocator/replayer.py",
         ("_Replayer.run", "_Replayer._alloc_slow"),
         # test_blocks.py's recorded-replay tests, not the whole file: its policy-model tests
         # reach the replay too (through build_report) and would run for every mutant.
@@ -224,13 +230,13 @@ HAND_MUTANTS = (
     ),
     HandMutant(
         "inline-large-split-boundary",  # _Model.run's inlined should_split: > 1 MiB becomes >= 1 MiB
-        "analysis/allocator/policy.py",
+        "analysis/allocator/cachemodel.py",
         "if rem > split_over[lk] and rs < split_below[lk]:",
         "if rem >= split_over[lk] and rs < split_below[lk]:",
         ("tests/analysis/test_blocks.py", "tests/analysis/test_allocator.py", "tests/analysis/test_config.py"),
     ),
     HandMutant(
-        "split-rule-large-pool-boundary",  # AllocatorConfig.split_rule (_Model.split calls it): > 1 MiB -> >= 1 MiB
+        "split-rule-large-pool-boundary",  # AllocatorConfig.split_rule (_Allocator.split calls it): > 1 MiB -> >= 1 MiB
         "analysis/allocator/config.py",
         "return K_SMALL_SIZE, self.max_split_size",
         "return K_SMALL_SIZE - 1, self.max_split_size",
@@ -245,7 +251,7 @@ HAND_MUTANTS = (
     ),
     HandMutant(
         "replay-inline-large-split-boundary",  # _Replayer.run's inlined should_split: > 1 MiB becomes >= 1 MiB
-        "analysis/allocator/recorded.py",
+        "analysis/allocator/replayer.py",
         "else (rem > over_l and r < below_l):",
         "else (rem >= over_l and r < below_l):",
         ("tests/analysis/test_blocks.py", "tests/analysis/test_replay.py"),

@@ -20,11 +20,11 @@ MAX_LINES = 80
 
 HOT_LOOPS = {
     # The recorded replay's per-event loop: every trace event, state updated in place.
-    "analysis/allocator/recorded.py::_Replayer.run": "per-event loop of the recorded replay",
+    "analysis/allocator/replayer.py::_Replayer.run": "per-event loop of the recorded replay",
     # Undoes the segment events backwards, then walks the alloc/free events once: one pass each.
-    "analysis/allocator/recorded.py::_rebuild_initial": "per-event passes rebuilding the state before a trace",
+    "analysis/allocator/rebuild.py::_rebuild_initial": "per-event passes rebuilding the state before a trace",
     # The policy replay's per-request loop, the allocator's rules inlined.
-    "analysis/allocator/policy.py::_Model.run": "per-request loop of the policy replay",
+    "analysis/allocator/cachemodel.py::_Model.run": "per-request loop of the policy replay",
     # One pass over the runs of segment releases, each classified by the rules in order.
     "analysis/allocator/requests.py::_bursts": "per-burst loop building the requests",
     # The reader's per-event conversion and stack interning (1.6M frames lists in the 460 MB file).

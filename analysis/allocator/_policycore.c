@@ -1,4 +1,4 @@
-/* analysis.allocator._replaycore.policy_engine: the allocator model's whole replay (policy._Model.run)
+/* analysis.allocator._replaycore.policy_engine: the allocator model's whole replay (cachemodel._Model.run)
  * in C, on C structures.
  *
  * Import once, run natively, export once. The engine reads the Python model's state (after
@@ -14,11 +14,11 @@
  * into the Python model as the Python loop would have left it, so what follows ``run`` (layout,
  * results, tests inspecting the model) reads it unchanged.
  *
- * The statements follow the Python methods of ``policy._Model`` one for one (their names are
+ * The statements follow the Python methods of ``cachemodel._Model`` one for one (their names are
  * given); the Python loop stays the reference (tests/analysis/test_replaycore.py). No number of the
  * allocator's rules is written here: the caller passes each one (split rules, fit limit, pages,
  * the GC threshold in bytes, the limit, the reservation stride and size, the placement's chunk
- * and top), taken from its one definition (analysis/allocator/config.py, placement.py, policy.py),
+ * and top), taken from its one definition (analysis/allocator/config.py, placement.py, cachestate.py, cachemodel.py),
  * and ``allocation_size`` is config.py's own function, asked for every request size before the
  * loop. The loop itself touches no Python object and runs without the GIL, so the report's policy
  * replays run in threads side by side (analysis.parallel) instead of forked processes.
@@ -2119,7 +2119,7 @@ static int put(PyObject *d, const char *name, PyObject *v) {
     return rc;
 }
 
-/* The final state as {attribute: value} for the Python model (policy._Model.adopt sets them). */
+/* The final state as {attribute: value} for the Python model (cachemodel._Model.adopt sets them). */
 static PyObject *export_model(Engine *E) {
     PyObject **objs = export_blocks(E);
     if (!objs) return NULL;

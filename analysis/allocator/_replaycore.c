@@ -5,8 +5,8 @@
  * allocator's rules is written here: the Python caller passes each one in, taken from its one
  * definition (analysis/allocator/config.py).
  *
- *   recorded_core(act, addr, size, stream, pool, stops, params) -> state  (recorded._Replayer)
- *   policy_engine(model, params) -> (failed, state, counts)               (policy._Model.run, whole:
+ *   recorded_core(act, addr, size, stream, pool, stops, params) -> state  (replayer._Replayer)
+ *   policy_engine(model, params) -> (failed, state, counts)               (cachemodel._Model.run, whole:
  *       in _policycore.c, compiled into this module; registered below)
  *   alloc_ends(act, addr, alloc, free, ends) -> (allocs, alternates)      (stacks.alloc_lifetimes' pairing,
  *       policy.trace_is_complete's order of allocs and frees)
@@ -67,11 +67,11 @@ static inline int as_i64(PyObject *o, int64_t *out) {
     return 0;
 }
 
-/* ------------------------------------------------------------------ the recorded replay (recorded._Replayer) */
+/* ------------------------------------------------------------------ the recorded replay (replayer._Replayer) */
 
 /* The recorded replay's whole state lives in C here (a RecCore object owned by the replayer): the
  * dicts keyed by address are open-addressing maps of int64, the outputs int64 vectors, the block sizes
- * one int64 array. Every method of recorded._Replayer that moves the state is written again below,
+ * one int64 array. Every method of replayer._Replayer that moves the state is written again below,
  * statement for statement, with the same errors (KeyError, IndexError) where the Python one would
  * raise them; only _issue (counts the problems), _meta_of_event (a pure function of the trace) and, for
  * roundup_power2_divisions, cfg.round_size are called back. Python dicts iterate in insertion order,
@@ -352,7 +352,7 @@ static void core_dealloc(RecCore *c) {
     PyObject_Free(c);
 }
 
-/* -- the state's moves (recorded._Replayer's methods of the same names) */
+/* -- the state's moves (replayer._Replayer's methods of the same names) */
 
 static int c_issue(RecCore *c, int64_t i, const char *kind, const char *reason) { return call_issue(c->rep, i, kind, reason); }
 
@@ -1277,7 +1277,7 @@ static PyTypeObject RecCoreType = {
     .tp_basicsize = sizeof(RecCore),
     .tp_dealloc = (destructor)core_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The recorded replay's state (recorded._Replayer's, in C).",
+    .tp_doc = "The recorded replay's state (replayer._Replayer's, in C).",
     .tp_methods = core_methods,
 };
 
@@ -1532,8 +1532,8 @@ done:
 PyObject *oomscope_policy_engine(PyObject *self, PyObject *args); /* _policycore.c */
 
 static PyMethodDef methods[] = {
-    {"policy_engine", oomscope_policy_engine, METH_VARARGS, "policy._Model.run on C state (_policycore.c)."},
-    {"recorded_core", recorded_core, METH_VARARGS, "recorded._Replayer's state and loop (see analysis/allocator/compiled.py)."},
+    {"policy_engine", oomscope_policy_engine, METH_VARARGS, "cachemodel._Model.run on C state (_policycore.c)."},
+    {"recorded_core", recorded_core, METH_VARARGS, "replayer._Replayer's state and loop (see analysis/allocator/compiled.py)."},
     {"alloc_ends", alloc_ends, METH_VARARGS, "stacks.alloc_lifetimes' pairing of each alloc with its end; whether allocs and frees alternate."},
     {"block_order", block_order, METH_VARARGS, "eventorder.check_event_order's block events: the first out of order, in one pass."},
     {NULL, NULL, 0, NULL},

@@ -3,7 +3,7 @@
 ``analysis.allocator._replaycore`` (C) holds four of them:
 
 - The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
-  compiled into the same module): ``policy._Model.run`` on C state. It reads the model's state once
+  compiled into the same module): ``cachemodel._Model.run`` on C state. It reads the model's state once
   (after ``seed`` / ``seed_live``, which stay Python) into C structures (a block arena, free lists as
   chunked sorted arrays of the packed ``size << 57 | addr`` keys, hash maps by address, the
   placement model), serves every request there, the rare paths included (misses, garbage collection,
@@ -15,7 +15,7 @@
   and the Python loop serves it (``last_declined`` says why). Its loop touches no Python object
   (``allocation_size`` is asked for every request size before it) and runs without the GIL, so a
   report runs its policy replays on threads side by side (``analysis.parallel``).
-- The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``recorded._Replayer``'s
+- The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``replayer._Replayer``'s
   whole state in C (int64 maps keyed by address, the size counts and records as arrays, the
   per-event columns summed straight into numpy arrays); every method that moves the state is
   written again there, and only ``_issue``, ``_meta_of_event`` and a ``round_size`` that does
@@ -96,9 +96,9 @@ last_declined: str | None = None
 def policy_engine(
     model: Any, rules: dict[str, Any], events: Any, ops: Any, raddrs: Any, sizes: Any, lks: Any
 ) -> list[int] | None:
-    """``policy._Model.run`` whole in C, on C state (``_policycore.c``): imports the model's state,
+    """``cachemodel._Model.run`` whole in C, on C state (``_policycore.c``): imports the model's state,
     serves every request, and hands the final state back (``model.adopt``). ``rules``: every
-    number of the model's rules and the request codes (``policy._Model.engine_rules``). The
+    number of the model's rules and the request codes (``cachemodel._Model.engine_rules``). The
     columns may be int64 arrays (taken as they are) or lists. Returns the failed event indices,
     or None when the engine declined a state outside its bounds (the model is then untouched)."""
     global last_declined, last_counts
@@ -130,7 +130,7 @@ def policy_engine(
 
 
 def recorded_core(act: bytes, addr: Any, size: Any, stream: Any, pool: Any, stops: list[int], **rules: Any) -> Any:
-    """``recorded._Replayer``'s state in C, empty, over one device's trace (``act``: the action codes as
+    """``replayer._Replayer``'s state in C, empty, over one device's trace (``act``: the action codes as
     bytes; ``addr``, ``size``: int64 arrays; ``stream``, ``pool``: the trace's columns, read at segment
     events); ``stops``: the events a strict pass never fuses a free across; ``rules`` are the numbers and
     the callables ``run`` uses (its own locals)."""

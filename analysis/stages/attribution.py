@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analysis.allocator.recorded import AllocatorState, RecordedReplay
+from analysis.allocator.recorded import RecordedReplay
+from analysis.allocator.states import AllocatorState
 from analysis.categories import (
     CATEGORIES,
     PRIVATE_POOLS,

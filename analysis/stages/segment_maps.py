@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.allocator.recorded import AllocatorState
+from analysis.allocator.states import AllocatorState
 from analysis.model import INACTIVE
 from analysis.stacks import StackCatalog
 

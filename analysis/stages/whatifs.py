@@ -16,8 +16,8 @@ from typing import Any
 
 from analysis import advice as advice_mod
 from analysis.allocator import Requests, build_requests, infer_limit, whatif
+from analysis.allocator.answers import Beside, fitted_limit
 from analysis.allocator.config import AllocatorConfig, setting_named, setting_of, whatif_candidates
-from analysis.allocator.policy import Beside, fitted_limit
 from analysis.allocator.requests import _recorded_reserved
 from analysis.horizon import grown_horizon
 from analysis.limits import INFERRED, Limit, OomMessage, run_was_capped

@@ -4,9 +4,9 @@ The segment events and the reserved totals that test_allocator.py checks say not
 a segment is cut into blocks: a split rule off by one (``>`` for ``>=``) leaves every segment
 event the same. These tests compare block layouts:
 
-- the policy model (analysis/allocator.py, ``simulate``) at the end of every complete trace,
+- the policy model (analysis/allocator/policy.py, ``simulate``) at the end of every complete trace,
   under the recorded settings, against the snapshot's own final ``segments``;
-- the recorded replay (analysis/replay.py) at the end, against the final ``segments`` exactly,
+- the recorded replay (analysis/allocator/recorded.py) at the end, against the final ``segments`` exactly,
   addresses included, and at each OOM against the figures of PyTorch's own OOM message;
 - the model's inlined hot loop (``_Model.run``) against the same requests served through its
   methods (``get_free_block``, ``split``, ``free_block``), block by block at checkpoints, and
@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.allocator import infer_limit, simulate, trace_is_complete
-from analysis.allocator import policy as allocator
+from analysis.allocator import cachestate, infer_limit, policy, simulate, trace_is_complete
+from analysis.allocator import requests as request_codes
+from analysis.allocator.cachemodel import _Model
 from analysis.allocator.config import K_SMALL_SIZE, MB, AllocatorConfig
-from analysis.allocator.policy import _Model
 from analysis.allocator.recorded import recorded_replay
 from analysis.model import (
     ACTIVE_ALLOCATED,
@@ -58,13 +58,13 @@ GiB, MiB = 1 << 30, 1 << 20
 PARTIAL = {"wrapped_ring", "state_only"}
 
 # The model's block: [size, address, prev, next, state]; state True = free, False = allocated or
-# pending, None = an unmapped range of an expandable reservation (allocator.py, _SIZE.._STATE).
+# pending, None = an unmapped range of an expandable reservation (allocator/cachestate.py, _SIZE.._STATE).
 _SIZE, _ADDR, _PREV, _NEXT, _STATE = (
-    allocator._SIZE,
-    allocator._ADDR,
-    allocator._PREV,
-    allocator._NEXT,
-    allocator._STATE,
+    cachestate._SIZE,
+    cachestate._ADDR,
+    cachestate._PREV,
+    cachestate._NEXT,
+    cachestate._STATE,
 )
 
 
@@ -202,7 +202,7 @@ def simulate_recorded(case: str, device: int) -> tuple[_Spy, Any]:
     dev = s.device(device)
     cfg = recorded_config(s)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(allocator, "_Model", _Spy)
+        mp.setattr(policy, "_Model", _Spy)
         result = simulate(s, dev, cfg, infer_limit(s, dev, cfg).value)
     model = _Spy.last
     assert model is not None
@@ -436,15 +436,15 @@ def _reference_run(
     failed: list[int] = []
     cfg = m.cfg
     for k, op, ra, rs, lk in zip(range(len(ops)), ops, raddrs, sizes, lks, strict=True):
-        if op == allocator._OP_FREE:
+        if op == request_codes._OP_FREE:
             b = m.amap.pop(ra, None)
             if b is not None:
                 m.free_block(lk, b)
-        elif op in (allocator._OP_ALLOC, allocator._OP_OOM):
+        elif op in (request_codes._OP_ALLOC, request_codes._OP_OOM):
             m.cur = events[k]
             kl = m.keys[lk]
-            i = bisect_left(kl, rs << allocator._SH)
-            best = kl[i] >> allocator._SH if i < len(kl) else None  # the best fit by size
+            i = bisect_left(kl, rs << cachestate._SH)
+            best = kl[i] >> cachestate._SH if i < len(kl) else None  # the best fit by size
             b = m.get_free_block(lk, rs)
             if best is not None and not m.exp:  # (the expandable walk may pick a later block)
                 # get_free_block's max_split_size filter is the rule AllocatorConfig.block_fits.
@@ -458,18 +458,18 @@ def _reference_run(
             handed = m.split(lk, b, rs)
             log.append((block_size, rs, small))
             assert (handed == rs < block_size) == cfg.should_split(block_size, rs, small), (block_size, rs, small)
-            if op == allocator._OP_ALLOC:
+            if op == request_codes._OP_ALLOC:
                 m.amap[ra] = b
-        elif op == allocator._OP_FREE_REQ:
+        elif op == request_codes._OP_FREE_REQ:
             b = m.amap.pop(ra, None)
             if b is not None:
                 m.pend[b[_ADDR]] = (b, lk)
                 m.pmap[ra] = b
-        elif op == allocator._OP_FREE_DONE:
+        elif op == request_codes._OP_FREE_DONE:
             b = m.pmap.pop(ra, None)
             if b is not None and m.pend.pop(b[_ADDR], None) is not None:
                 m.free_block(lk, b)
-        elif op == allocator._OP_FLUSH:
+        elif op == request_codes._OP_FLUSH:
             m.cur = events[k]
             m.release_cached(ra)
     return failed
@@ -529,7 +529,7 @@ def test_inlined_hot_loop_equals_the_methods_block_by_block(case: str, conf: str
     dev = s.devices[0]
     cfg = AllocatorConfig.parse(conf, base=recorded_config(s)) if conf else recorded_config(s)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(allocator, "_Model", _Spy)
+        mp.setattr(policy, "_Model", _Spy)
         simulate(s, dev, cfg, infer_limit(s, dev, recorded_config(s)).value)
     assert _Spy.last is not None
     log = compare_inline_and_called(_Spy.last)
@@ -541,7 +541,7 @@ def test_fixture_requests_meet_the_large_pool_split_boundary() -> None:
     # the comparison above could not tell ">" from ">=" there.
     s = snap("gpt_varlen_oom")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(allocator, "_Model", _Spy)
+        mp.setattr(policy, "_Model", _Spy)
         simulate(s, s.devices[0], recorded_config(s), infer_limit(s, s.devices[0]).value)
     assert _Spy.last is not None
     log = compare_inline_and_called(_Spy.last, checkpoints=2)
@@ -571,15 +571,15 @@ def _synthetic(
             rounded = cfg.round_size(size)
             pool, stream = (*where, 0, 0)[:2]
             lane[handle] = (pool * 2 + int(rounded > K_SMALL_SIZE)) * streams + stream
-            ops.append(allocator._OP_ALLOC)
+            ops.append(request_codes._OP_ALLOC)
             sizes.append(rounded)
             lks.append(lane[handle])
         elif op == "free":
-            ops.append(allocator._OP_FREE)
+            ops.append(request_codes._OP_FREE)
             sizes.append(0)
             lks.append(lane[handle])
         else:
-            ops.append(allocator._OP_FLUSH)
+            ops.append(request_codes._OP_FLUSH)
             sizes.append(0)
             lks.append(0)
     m = _Spy(cfg, limit, pools, list(range(streams)), dict(freeable or {}))

@@ -54,19 +54,10 @@ def _reserved_reference(trace) -> np.ndarray:  # type: ignore[no-untyped-def]
 
 
 def _ops_reference(act: np.ndarray, addr: np.ndarray) -> np.ndarray:
-    """``_stream_of``'s op column by masked stores (no user flushes)."""
-    n = act.shape[0]
-    op = np.full(n, -1, np.int8)
+    """``_stream_of``'s op column by masked stores (no user flushes), from the same pairing of frees."""
+    op = np.full(act.shape[0], -1, np.int8)
     is_fr, is_fc = act == FREE_REQUESTED, act == FREE_COMPLETED
-    paired = np.zeros(n, bool)
-    if n > 1:
-        paired[:-1] = is_fr[:-1] & is_fc[1:] & (addr[1:] == addr[:-1])
-    completes = np.zeros(n, bool)
-    completes[1:] = paired[:-1]
-    if not is_fc.any():
-        paired = is_fr
-    elif not is_fr.any():
-        paired, completes = is_fc, np.zeros(n, bool)
+    paired, completes = requests._free_pairing(is_fr, is_fc, addr)
     op[act == ALLOC] = requests._OP_ALLOC
     op[paired] = requests._OP_FREE
     op[is_fr & ~paired] = requests._OP_FREE_REQ

@@ -18,7 +18,7 @@ import pytest
 
 from analysis.allocator import LimitEstimate, whatif
 from analysis.allocator.config import AllocatorConfig
-from analysis.allocator.recorded import AllocatorState, BlockState, SegmentState
+from analysis.allocator.states import AllocatorState, BlockState, SegmentState
 from analysis.limits import Limit, choose_limit, parse_oom_message, sidecar_limit
 from analysis.model import (
     ALLOC,

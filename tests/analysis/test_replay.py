@@ -23,14 +23,9 @@ import analysis.report as report_module
 import analysis.stages.source as source_stage
 from analysis.allocator import compiled
 from analysis.allocator.config import AllocatorConfig
-from analysis.allocator.recorded import (
-    AllocatorState,
-    BlockState,
-    RecordedReplay,
-    SegmentState,
-    _Replayer,
-    recorded_replay,
-)
+from analysis.allocator.recorded import RecordedReplay, recorded_replay
+from analysis.allocator.replayer import _Replayer
+from analysis.allocator.states import AllocatorState, BlockState, SegmentState
 from analysis.errors import SnapshotError
 from analysis.model import (
     ACTIVE_ALLOCATED,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from analysis.allocator import recorded as recorded_mod
+from analysis.allocator import replayer as replayer_mod
 from analysis.allocator.requests import Requests
 from analysis.report import build_report
 
@@ -28,7 +28,7 @@ CASES = ["two_gpu_pipeline.pickle.gz", "gpu_gc_threshold.pickle.gz", "wrapped_ri
 
 
 def _count_constructions(monkeypatch: pytest.MonkeyPatch, log: Path) -> None:
-    replayer_init = recorded_mod._Replayer.__init__
+    replayer_init = replayer_mod._Replayer.__init__
     requests_init = Requests.__init__
 
     def replayer(self: Any, device: Any, cfg: Any) -> None:
@@ -41,7 +41,7 @@ def _count_constructions(monkeypatch: pytest.MonkeyPatch, log: Path) -> None:
         with log.open("a") as fh:
             fh.write(f"requests {self.source.device.device} {os.getpid()}\n")
 
-    monkeypatch.setattr(recorded_mod._Replayer, "__init__", replayer)
+    monkeypatch.setattr(replayer_mod._Replayer, "__init__", replayer)
     monkeypatch.setattr(Requests, "__init__", requests)
 
 
@@ -97,7 +97,7 @@ def test_requests_read_the_recorded_replay_only_where_reads_recorded_state_says_
 def _count_partial_replays(monkeypatch: pytest.MonkeyPatch, log: Path) -> None:
     """Every event ``blocks_at`` replays again (``_Replayer.state_after``: from the last index
     asked for when the calls come in order, else from the start), one line per call."""
-    state_after = recorded_mod._Replayer.state_after
+    state_after = replayer_mod._Replayer.state_after
 
     def counted(self: Any, index: int) -> Any:
         resumed = self.demand_pos is not None and index + 1 >= self.demand_pos
@@ -106,7 +106,7 @@ def _count_partial_replays(monkeypatch: pytest.MonkeyPatch, log: Path) -> None:
             fh.write(f"{self.n} {events}\n")
         return state_after(self, index)
 
-    monkeypatch.setattr(recorded_mod._Replayer, "state_after", counted)
+    monkeypatch.setattr(replayer_mod._Replayer, "state_after", counted)
 
 
 # The GC's bound of the limit read a state of the recorded replay at every new segment, and the

@@ -23,9 +23,11 @@ import numpy as np
 import pytest
 
 from analysis.allocator import compiled, infer_limit, simulate_layout
+from analysis.allocator.cachemodel import _Model
 from analysis.allocator.config import K_SMALL_SIZE, MB, AllocatorConfig
-from analysis.allocator.policy import _Model, _simulate
-from analysis.allocator.recorded import RecordedReplay, _Replayer, recorded_replay
+from analysis.allocator.policy import _simulate
+from analysis.allocator.recorded import RecordedReplay, recorded_replay
+from analysis.allocator.replayer import _Replayer
 from analysis.allocator.requests import _OP_ALLOC, _OP_FLUSH, _OP_FREE, _OP_FREE_DONE, _OP_FREE_REQ, _OP_OOM
 from analysis.errors import SnapshotError
 from analysis.model import Snapshot
@@ -212,7 +214,7 @@ def test_without_the_extension_the_python_loops_run(monkeypatch: pytest.MonkeyPa
 
 def test_a_caught_oom_freed_at_once_both_ways() -> None:
     # unetrr_c104_default: cuDNN's 32 caught workspace OOMs before the fatal one. The step what-if
-    # replays them freed at once (policy._Model.transient); the compiled loop must free them too.
+    # replays them freed at once (cachestate._Allocator.transient); the compiled loop must free them too.
     path = FIXTURES / "captures" / "unetrr_c104_default.pickle.gz"
     ref, fast = both(
         lambda: json.dumps(build_report(path, whatif=("expandable_segments:True",), jobs=1), sort_keys=True)
