@@ -285,7 +285,8 @@ def _bounded_text(path: Path, max_chars: int) -> str:
 
 
 def _triage(args: argparse.Namespace) -> int:
-    from analysis.triage import MAX_SUMMARY_CHARS, TriageError, triage
+    from analysis.memory_summary import MAX_SUMMARY_CHARS, TriageError
+    from analysis.triage import triage
 
     try:
         message = _bounded_text(args.message_file, MAX_MESSAGE_CHARS)

@@ -17,7 +17,7 @@
  * table) turns its content classes into stack ids in place. Only the small
  * rest of the file (the root dict, segments, blocks, annotations, settings) is
  * handed back as Python objects, for the reference converter in
- * analysis/reader.py to check and convert with its own code.
+ * analysis/convert.py to check and convert with its own code.
  *
  * The rule that makes it safe: this reader *never refuses*. It accepts only
  * input it understands completely and whose result it can prove equal to the
@@ -43,7 +43,7 @@
  *   - export_trace():                     per-event rules (action, addr, size,
  *                                         stream, time_us, frames, texts, pool_id)
  *                                         and the expansion budget.
- * The rest of the file is checked by reader._Converter itself (fastread.py).
+ * The rest of the file is checked by convert.Converter itself (fastread.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -2429,7 +2429,7 @@ static PyObject *export(P *p, const Val *v) {
 }
 
 
-/* The bucketing rounds of reader._Converter.intern_event_stacks, on content
+/* The bucketing rounds of convert.Converter.intern_event_stacks, on content
  * classes: the order in which it first asks stack_of for each class. */
 static int stack_order(P *p, const int32_t *seq, size_t n, size_t m, PyObject *order) {
     /* seq: the n events' frames lists (-1: none), m of them with one; per event j with one: its content
@@ -2794,7 +2794,7 @@ static unsigned char *gunzip_libdeflate(const unsigned char *in, size_t n, size_
     return out;
 }
 
-/* All gzip members, under the same caps as reader._gunzip; NULL to give up. */
+/* All gzip members, under the same caps as unpickler.gunzip; NULL to give up. */
 static unsigned char *gunzip(const unsigned char *in, size_t n, size_t max_out, size_t ratio, size_t grace,
                              size_t *out_n) {
     /* Never more than the caps allow (+1 byte to see them passed): a bomb costs no more memory here. */
@@ -3023,7 +3023,7 @@ static PyObject *py_remap(PyObject *self, PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
-/* free_lanes(action, addr, stream, pool) -> () or (cur, prev): reader._check_frees_match_their_blocks in
+/* free_lanes(action, addr, stream, pool) -> () or (cur, prev): schemacheck._check_frees_match_their_blocks in
  * one pass in trace order. Each block event (alloc 0, free_requested 1, free_completed 2) is compared with
  * the block event before it at its address, kept in a map (an address per slot, open addressing); a free
  * that follows its block (it is no alloc, and the one before is no free_completed) must name the block's

@@ -12,7 +12,7 @@ result as ``devices[].decision``; the page shows it first. Rules (docs/report.md
   true, then unknown, then false); the advisor's order breaks ties. Without such
   a setting, the first suggestion that is not about the capture (a code change).
 - A growing workload (``growing_workload`` the primary cause) whose free setting carries the run well past the
-  failing step (``projection.horizon_is_near``: its replay of the grown steps, ``whatif[].grown_horizon``, else the
+  failing step (``horizon.horizon_is_near``: its replay of the grown steps, ``whatif[].grown_horizon``, else the
   failing step's packing carried forward) gets that setting first, with its horizon, and the cap second; "no
   setting saves it" only where every horizon is near.
 - Without an OOM the headline is the idle cache over the reserved peak's plateau
@@ -47,8 +47,8 @@ from typing import Any
 from analysis import readout
 from analysis.allocator.config import split_conf
 from analysis.decision_input import CauseFacts, DecisionInput, GrownFacts, OomFacts, oom_facts, primary_cause
+from analysis.horizon import horizon_is_near, setting_horizon
 from analysis.oom import named_free_block
-from analysis.projection import horizon_is_near, setting_horizon
 
 ENV_PREFIX = "PYTORCH_CUDA_ALLOC_CONF="
 # Idle cache worth a headline (the advisor's improvement floor: both a share and bytes).
@@ -174,10 +174,10 @@ def _setting_horizon_first(
     whatifs: Sequence[Mapping[str, Any]],
 ) -> _Horizon | None:
     """A growing workload's free setting and its horizon, where the setting carries the run well past the failing
-    step (``projection.horizon_is_near``); None where the farthest horizon is near (then no setting saves the
+    step (``horizon.horizon_is_near``); None where the farthest horizon is near (then no setting saves the
     run) or no setting is free. A setting's horizon is its replay of the grown steps where the report has one
     (``whatif[].grown_horizon``), else its replay of the failing step with its packing carried forward
-    (``projection.setting_horizon``, reports made before the grown replay), else, without a replay of the step,
+    (``horizon.setting_horizon``, reports made before the grown replay), else, without a replay of the step,
     the perfectly packed estimate for ``expandable_segments``."""
     if cause.id != "growing_workload":
         return None

@@ -170,7 +170,7 @@ def _cause_facts(cause: Mapping[str, Any] | None) -> CauseFacts | None:
 @dataclass(frozen=True)
 class GrownFacts:
     """A setting's replay of the grown steps (``whatif[].grown_horizon``, ``analysis.horizon``), as the decision
-    reads it; absent from reports made before it (then the decision falls back on ``projection.setting_horizon``)."""
+    reads it; absent from reports made before it (then the decision falls back on ``horizon.setting_horizon``)."""
 
     failing_step: int
     steps_replayed: int

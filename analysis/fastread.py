@@ -7,7 +7,7 @@ it returns ``None`` for anything it does not understand completely, and
 ``read_compiled`` then returns ``None`` too, so ``read_snapshot`` reads the
 file with the Python reader, whose refusal (code and message) is the one the
 user sees. What the C side does accept is converted here by the reference
-converter itself (``reader._Converter``): segments, blocks, annotations and
+converter itself (``convert.Converter``): segments, blocks, annotations and
 settings are small Python objects it checks with its own code, and only
 ``convert_trace`` is replaced, by one that takes the columns and asks
 ``stack_of`` for the stacks in the order the reference's bucketing would.
@@ -29,9 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from analysis import reader  # the reference (it imports this module only inside read_snapshot)
+from analysis.convert import Converter  # the reference converter
 from analysis.errors import SnapshotError
 from analysis.model import Snapshot, Trace
+from analysis.schemacheck import check_trace_columns
+from analysis.unpickler import ReadLimits, node_budget, sniff_format
 
 try:  # built by `make install` (setup.py build_ext --inplace); absent without a compiler
     from analysis import _snapread  # type: ignore[attr-defined]
@@ -71,11 +73,11 @@ def reader_in_use() -> str:
     return "compiled (analysis._snapread)"
 
 
-def read_compiled(source: Any, limits: reader.ReadLimits) -> Snapshot | None:
+def read_compiled(source: Any, limits: ReadLimits) -> Snapshot | None:
     """The snapshot through the compiled reader, or None to leave the file to the Python reader.
 
     ``source`` is a path, the file's bytes, or its mapping (``mapped_file``), ``limits`` a
-    ``reader.ReadLimits``.
+    ``ReadLimits``.
     """
     if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
         parsed, container = _parse(source, limits)
@@ -88,7 +90,7 @@ def read_compiled(source: Any, limits: reader.ReadLimits) -> Snapshot | None:
         return None
     raw_len, root, frame_values, classes = parsed
     fmt = "pickle.gz" if container == "gzip" else "pickle"
-    converter = _ColumnsConverter(fmt, reader._budget(raw_len, limits), limits, frame_values, classes)
+    converter = _ColumnsConverter(fmt, node_budget(raw_len, limits), limits, frame_values, classes)
     try:
         snapshot: Snapshot = converter.run(root)
         return snapshot
@@ -112,7 +114,7 @@ class MappedFile:
 
 
 @contextlib.contextmanager
-def mapped_file(path: Path, limits: reader.ReadLimits) -> Iterator[MappedFile | None]:
+def mapped_file(path: Path, limits: ReadLimits) -> Iterator[MappedFile | None]:
     """The file's pages mapped read-only for the compiled parse (and for any other reader of the
     same bytes, as the report's hash): None where it cannot be read so (it does not open, is
     empty, is past ``limits.max_input_bytes``, or does not map).
@@ -138,12 +140,12 @@ def mapped_file(path: Path, limits: reader.ReadLimits) -> Iterator[MappedFile | 
             fh.close()
 
 
-def _parse(data: Any, limits: reader.ReadLimits) -> tuple[Any, str]:
+def _parse(data: Any, limits: ReadLimits) -> tuple[Any, str]:
     """The C parse of a pickle or gzip in ``data`` (a buffer): its tuple or None, and the container."""
     if len(data) > limits.max_input_bytes:
         return None, ""
     try:
-        container = reader.sniff_format(bytes(data[:16]))
+        container = sniff_format(bytes(data[:16]))
     except SnapshotError:
         return None, ""
     if container not in ("pickle", "gzip"):
@@ -160,14 +162,14 @@ def _parse(data: Any, limits: reader.ReadLimits) -> tuple[Any, str]:
     return parsed, container
 
 
-class _ColumnsConverter(reader._Converter):
+class _ColumnsConverter(Converter):
     """The reference converter, with the trace read from the compiled reader's columns."""
 
     def __init__(
         self,
         fmt: str,
         budget: int,
-        limits: reader.ReadLimits,
+        limits: ReadLimits,
         frame_values: list[tuple[str, int, str]],
         classes: list[Any],
     ) -> None:
@@ -232,10 +234,8 @@ class _ColumnsConverter(reader._Converter):
             pool = ordinals[np.frombuffer(pool_b, np.int32)]  # -1 (no pool id) takes the trailing 0
         # Stream ordinals in order of first appearance (the C side numbered them as it met them).
         stream = np.frombuffer(stream_b, np.int32)
-        # The reference's checks on the columns (issue 22), from their one definition in reader.py.
-        reader.check_trace_columns(
-            self.limits, action, addr, stream, pool, streams, where, first_off_lane=first_free_off_lane
-        )
+        # The reference's checks on the columns (issue 22), from their one definition in schemacheck.py.
+        check_trace_columns(self.limits, action, addr, stream, pool, streams, where, first_off_lane=first_free_off_lane)
         trace = Trace(action=action, addr=addr, size=size, stream=stream, time_us=time_us, stack=stack, pool=pool)
         return trace, streams, dict(cc), dict(um)
 
@@ -246,7 +246,7 @@ def give_up_line() -> int:
 
 
 def first_free_off_lane(action: Any, addr: Any, stream: Any, pool: Any) -> tuple[int, ...] | None:
-    """``reader._check_frees_match_their_blocks`` in one compiled pass (``_snapread.free_lanes``: a map of
+    """``schemacheck._check_frees_match_their_blocks`` in one compiled pass (``_snapread.free_lanes``: a map of
     each address's last block event, where the reference sorts every block event by address): ``()``
     where every free names its block's stream and pool, else the pair the reference names, ``(cur,
     prev)``; None where the extension is not built (the reference answers)."""

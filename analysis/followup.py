@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from analysis.projection import NEAR_HORIZON_SHARE, NEAR_HORIZON_STEPS, setting_horizon
+from analysis.horizon import NEAR_HORIZON_SHARE, NEAR_HORIZON_STEPS, setting_horizon
 from analysis.readout import ENV_PREFIX, ranked_rows
 
 OUTCOMES = ("borne_out", "refuted", "postponed", "not_applied", "unknown")
@@ -320,7 +320,7 @@ def _steady_from(dev: Mapping[str, Any]) -> int | None:
 def horizon_of(dev: Mapping[str, Any], change: Change, answer: str) -> Horizon | None:
     """How long the run lasts under ``change`` (None where the change runs out in the failing step or
     nothing was predicted): on a growing run an allocator setting postpones the OOM to the step its
-    replay's packing reaches with the growth carried forward (``projection.setting_horizon``), else to
+    replay's packing reaches with the growth carried forward (``horizon.setting_horizon``), else to
     what a perfectly packed cache reaches; a code change on a growing run cannot tell (what it saves may
     grow too), capping the growth is steady; on a run whose steps do not grow, steady from the step they
     stopped growing."""

@@ -1,10 +1,10 @@
-"""A growing run's horizon under a setting, by replaying the grown steps (issue 32, item 7).
+"""A growing run's horizon under a setting, by replaying the grown steps (issue 32, item 7), and by arithmetic.
 
 A setting that gets the failing step through only postpones the OOM of a run whose steps keep growing; how far
 it postpones it decides the answer: the free setting first (with its horizon) where the run goes on well past
-the failing step, "no setting saves it" only where it dies again soon (``projection.horizon_is_near``).
-``projection.setting_horizon`` carries one replayed step's packing forward by arithmetic; here the steps
-themselves are replayed under the setting, with its own packing of each grown size:
+the failing step, "no setting saves it" only where it dies again soon (``horizon_is_near``).
+``setting_horizon`` carries one replayed step's packing forward by arithmetic; ``grown_horizon`` replays the
+steps themselves under the setting, with its own packing of each grown size:
 
 - the failing step (its recorded part up to the OOM, then ``projection``'s projected tail) is the pattern;
 - each of the next ``steps`` steps repeats the pattern's allocations that the step frees itself (what a step
@@ -20,6 +20,7 @@ carries the run at least that far).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +30,37 @@ from analysis.allocator import ProjectedTail, Requests, simulate
 from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.policy import placement_for
 from analysis.model import FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceData, Snapshot
-from analysis.projection import Projection, first_failure
+from analysis.projection import Projection
 from analysis.stacks import Lifetimes, alloc_lifetimes
+from analysis.stepwhatif import first_failure
+
+# A growing run's horizon under a setting is near (no setting saves the run) when the setting carries it at most
+# this many steps past the failing one, or this share of the steps it already ran if that is more. The real
+# reruns bear the line out: where even a perfectly packed cache gained nothing, every setting's rerun died in the
+# same step (rand_s1_c40, 8 steps run); where it gained 3 steps or more on a run of 8 or 9 (rand_s17, s23, s26),
+# the expandable_segments and max_split_size_mb reruns ran all their steps; gpt_varlen_oom, 23 steps run, gains
+# 2 or 3 steps by its replayed horizon, and its expandable_segments and max_split_size_mb:256 reruns died 4 steps
+# later.
+NEAR_HORIZON_STEPS = 2
+NEAR_HORIZON_SHARE = 0.15
+
+
+def horizon_is_near(step: int, dies_at: int) -> bool:
+    """Whether a run that died in ``step`` (after ``step`` complete ones) dies again soon under a setting that
+    carries it to ``dies_at``: "no setting saves it" is said only then."""
+    return dies_at - step <= max(NEAR_HORIZON_STEPS, math.ceil(NEAR_HORIZON_SHARE * step))
+
+
+def setting_horizon(step: int, need_bytes: int, limit_bytes: int, growth_per_step: int, peak_reserved: int) -> int:
+    """The step a growing run dies in under a setting whose replay ran the failing ``step`` to its end, reserving
+    ``peak_reserved`` for the step's ``need_bytes`` (its packing): each later step needs ``growth_per_step`` more,
+    packed as well, until the limit is reached. A horizon from the setting's own replay, never the recorded run's
+    waste carried forward."""
+    if need_bytes <= 0 or growth_per_step <= 0:
+        return step + 1
+    packing = max(1.0, peak_reserved / need_bytes)
+    room = limit_bytes / packing - need_bytes
+    return step + 1 + max(0, int(room // growth_per_step))
 
 
 @dataclass(frozen=True, slots=True)

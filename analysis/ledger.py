@@ -36,10 +36,10 @@ from analysis.allocator.recorded import RecordedReplay
 from analysis.allocator.states import AllocatorState
 from analysis.categories import PrivatePool, private_pools
 from analysis.limits import Figure, OomMessage
+from analysis.memory_summary import MemorySummary
 from analysis.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, DeviceData, Snapshot
 from analysis.readout import size as format_size
 from analysis.stacks import StackCatalog
-from analysis.triage import MemorySummary
 
 TRACE, MESSAGE, INFERRED = "trace", "message", "inferred"
 SUMMARY = "summary"  # torch.cuda.memory_summary(), on the triage page only

@@ -153,8 +153,8 @@ TARGETS = (
     ),
     Target(
         "reader-limits",
-        "analysis/reader.py",
-        ("_gunzip", "_check_expansion", "_unzip", "_budget", "_check_end", "_BoundedFile.*", "_Converter.charge"),
+        "analysis/unpickler.py",
+        ("gunzip", "_check_expansion", "unzip", "node_budget", "_check_end", "_BoundedFile.*"),
         # The caps at their edges on small built inputs (under a second); test_reader.py re-reads
         # the real files in every test, and test_hostile.py's bombs alone took the budget.
         (
@@ -162,6 +162,13 @@ TARGETS = (
             "tests/analysis/test_reader.py::test_a_zip_without_exactly_one_data_pkl_is_refused_by_name",
         ),
         150,
+    ),
+    Target(
+        "reader-expansion",  # the expansion budget's charge, by the converter (was part of reader-limits)
+        "analysis/convert.py",
+        ("Converter.charge",),
+        ("tests/analysis/test_reader_limits.py",),
+        60,
     ),
     Target(
         "access",  # the access rule (teams/access.py)

@@ -7,7 +7,7 @@ Each run is one ``build_report`` in a fresh process (``analysis.heap.keep_freed_
 worker's child does), every function of ``analysis.stages`` that ``report.py`` calls wrapped to add up its
 wall and main-thread CPU (``time.thread_time``: with ``jobs`` > 1 the policy replays run in threads beside
 it, and what they take is not counted); ``--also`` wraps more functions by their module and name
-(``analysis.stacks:alloc_lifetimes``, a method as ``analysis.reader:_Converter.convert_annotations``).
+(``analysis.stacks:alloc_lifetimes``, a method as ``analysis.convert:Converter.convert_annotations``).
 Printed: the medians over the runs of the report's wall, its CPU over all threads, the main thread's CPU,
 and of each function's main-thread CPU. ``--base DIR`` (another checkout, its extensions built) runs there
 too, alternated with this tree run for run, and prints its medians beside (issue 34: what the main

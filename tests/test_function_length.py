@@ -28,8 +28,8 @@ HOT_LOOPS = {
     # One pass over the runs of segment releases, each classified by the rules in order.
     "analysis/allocator/requests.py::_bursts": "per-burst loop building the requests",
     # The reader's per-event conversion and stack interning (1.6M frames lists in the 460 MB file).
-    "analysis/reader.py::_Converter.convert_trace": "per-event conversion of a trace to columns",
-    "analysis/reader.py::_Converter.intern_event_stacks": "per-event stack interning",
+    "analysis/convert.py::Converter.convert_trace": "per-event conversion of a trace to columns",
+    "analysis/convert.py::Converter.intern_event_stacks": "per-event stack interning",
 }
 
 

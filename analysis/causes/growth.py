@@ -19,10 +19,10 @@ from analysis.causes.base import (
     _oom_position,
 )
 from analysis.decision import format_size
+from analysis.horizon import horizon_is_near
 from analysis.kvcache import cache_fit, cache_room, kv_words
 from analysis.model import sorted_unique
 from analysis.phases import BACKWARD, DECODE, OPTIMIZER, PHASES
-from analysis.projection import horizon_is_near
 
 # A workload that grows: at least this many completed steps, the last third's peaks this share of the limit
 # above the first third's, and the peaks' ranks correlated with the steps' order at least this much.

@@ -19,12 +19,13 @@ from analysis.allocator import Requests, build_requests, infer_limit, whatif
 from analysis.allocator.answers import Beside, fitted_limit
 from analysis.allocator.config import AllocatorConfig, setting_named, setting_of, whatif_candidates
 from analysis.allocator.requests import _recorded_reserved
-from analysis.horizon import grown_horizon
+from analysis.horizon import NEAR_HORIZON_SHARE, NEAR_HORIZON_STEPS, grown_horizon
 from analysis.limits import INFERRED, Limit, OomMessage, run_was_capped
 from analysis.model import DeviceData, Snapshot
 from analysis.parallel import Pending, Pool
-from analysis.projection import NEAR_HORIZON_SHARE, NEAR_HORIZON_STEPS, Projection, step_whatif
+from analysis.projection import Projection
 from analysis.stages.outline import Outline, chosen_limit, failing_step, trace_outline
+from analysis.stepwhatif import step_whatif
 
 # The report's own what-if candidates are the settings table's (analysis.allocator.config.SETTINGS).
 # The report's own what-if replays cost a full pass each: past this many
@@ -32,7 +33,7 @@ from analysis.stages.outline import Outline, chosen_limit, failing_step, trace_o
 # (expandable_segments is always tried).
 AUTO_WHATIF_EVENT_BUDGET = 4_000_000
 # Grown steps replayed after the failing one (``add_grown_horizons``): at least this many, and always more than
-# twice the steps within which a horizon is near (``projection.horizon_is_near``), so that "near" and "far" are
+# twice the steps within which a horizon is near (``horizon.horizon_is_near``), so that "near" and "far" are
 # both answers the replay can give and a far horizon is a step the replay reached, not a guess.
 GROWN_STEPS_MIN = 10
 

@@ -1,6 +1,6 @@
 """The compiled reader's check that every free names its block's stream and pool, against the reference.
 
-``reader._check_frees_match_their_blocks`` sorts the block events by address; the compiled reader
+``schemacheck._check_frees_match_their_blocks`` sorts the block events by address; the compiled reader
 asks ``fastread.first_free_off_lane`` (``_snapread.free_lanes``: one pass in trace order, a map of each
 address's last block event). Both must refuse the same event with the same message, or both pass: on
 random columns (few addresses, several streams and pools, every kind of event), and through both
@@ -20,7 +20,8 @@ import pytest
 
 from analysis import fastread
 from analysis.errors import SnapshotError
-from analysis.reader import ReadLimits, check_trace_columns, read_snapshot
+from analysis.reader import ReadLimits, read_snapshot
+from analysis.schemacheck import check_trace_columns
 
 pytestmark = pytest.mark.skipif(not fastread.available(), reason="the compiled reader is not built")
 

@@ -16,9 +16,9 @@ import pytest
 
 from analysis.allocator import build_requests, trace_is_complete
 from analysis.allocator.config import AllocatorConfig
-from analysis.horizon import GrownHorizon, grown_horizon, grown_tail
+from analysis.horizon import GrownHorizon, grown_horizon, grown_tail, horizon_is_near
 from analysis.model import FREE_REQUESTED
-from analysis.projection import Projection, horizon_is_near, project_failing_step
+from analysis.projection import Projection, project_failing_step
 from analysis.reader import read_snapshot
 from analysis.report import build_report
 from analysis.stacks import alloc_lifetimes

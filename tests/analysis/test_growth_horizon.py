@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from analysis.projection import horizon_is_near, setting_horizon
+from analysis.horizon import horizon_is_near, setting_horizon
 from analysis.report import build_report
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

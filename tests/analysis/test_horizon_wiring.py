@@ -2,7 +2,7 @@
 
 - ``whatif[].grown_horizon``: each setting whose replay ran the failing step to its end, where the steps grow, is
   replayed over grown copies of the step (``analysis.horizon``); the decision's horizon reads it (source "grown"),
-  falling back on the failing step's packing carried forward (``projection.setting_horizon``) for reports made
+  falling back on the failing step's packing carried forward (``horizon.setting_horizon``) for reports made
   before it. Judged against the real reruns: gpt_varlen_oom (its expandable_segments and max_split_size_mb:256
   reruns died in step 27, four steps after the recorded run: near), gpu_grow_oom and gpt_varlen_c70 (every
   setting's rerun died in the failing step).
@@ -23,7 +23,7 @@ import pytest
 
 from analysis.categories import private_pool_allocations
 from analysis.decision import decide
-from analysis.projection import horizon_is_near
+from analysis.horizon import horizon_is_near
 from analysis.reader import read_snapshot
 from analysis.readout import size
 from analysis.report import build_report

@@ -21,10 +21,11 @@ import pytest
 from analysis.allocator import trace_is_complete
 from analysis.allocator.config import AllocatorConfig
 from analysis.model import ALLOC, OOM
-from analysis.projection import project_failing_step, step_whatif
+from analysis.projection import project_failing_step
 from analysis.reader import read_snapshot
 from analysis.report import build_report
 from analysis.steps import find_steps
+from analysis.stepwhatif import step_whatif
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 STEPS = FIXTURES / "reruns"

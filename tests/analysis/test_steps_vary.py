@@ -13,9 +13,10 @@ import numpy as np
 from analysis.allocator import trace_is_complete
 from analysis.allocator.config import AllocatorConfig
 from analysis.model import OOM, DeviceData, Snapshot
-from analysis.projection import MIN_COHERENT, Projection, project_failing_step, step_whatif
+from analysis.projection import MIN_COHERENT, Projection, project_failing_step
 from analysis.reader import read_snapshot
 from analysis.steps import find_steps
+from analysis.stepwhatif import step_whatif
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
 

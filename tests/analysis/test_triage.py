@@ -20,15 +20,13 @@ import pytest
 
 from analysis.__main__ import main
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError
+from analysis.memory_summary import MAX_SUMMARY_CHARS, TriageError, parse_memory_summary
 from analysis.triage import (
     CAPACITY,
     FRAGMENTATION,
     FRAGMENTATION_RERUNS,
-    MAX_SUMMARY_CHARS,
     OUTSIDE,
     RECORD_SNAPSHOT,
-    TriageError,
-    parse_memory_summary,
     triage,
 )
 

@@ -21,8 +21,9 @@ from django.views.decorators.http import require_http_methods
 
 from analysis.ledger import message_ledger
 from analysis.limits import MAX_MESSAGE_CHARS, OomMessageError
+from analysis.memory_summary import MAX_SUMMARY_CHARS, TriageError
 from analysis.readout import ledger_view
-from analysis.triage import MAX_SUMMARY_CHARS, Triage, TriageError, triage
+from analysis.triage import Triage, triage
 from webapp.snapshots.pages.formatting import format_bytes
 
 # The largest JSON body the API reads: both texts at their caps, escaped (a character can take six).

@@ -13,7 +13,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 
 from analysis.limits import OomMessageError
-from analysis.triage import TriageError, triage
+from analysis.memory_summary import TriageError
+from analysis.triage import triage
 from webapp.snapshots.api import schemas as s
 from webapp.snapshots.api.auth import error
 from webapp.snapshots.api.methods import refuse_other_methods

@@ -282,7 +282,8 @@ def _children_cpu() -> float:
 
 
 def _reader_overflowed(stderr_tail: str, rc: int) -> bool:
-    """A segfault while ``analysis/reader.py`` unpickled (faulthandler's stack, see child.py).
+    """A segfault while the reader unpickled (faulthandler's stack, see child.py: the unpickler,
+    ``analysis/unpickler.py``, runs under ``analysis/reader.py``'s ``read_snapshot``, whose frame it shows).
 
     CPython hashes a tuple recursively in C, with no depth check; the unpickler hashes every dict
     key as it builds the dict, so a key nested a million deep crashes the child before any check
