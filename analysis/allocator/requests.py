@@ -507,7 +507,7 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools:
     lane = None
     if not (ns == 1 and len(snapshot.pools) == 1):
         lane = _lanes(pools, t.stream, sel, ns)
-    return sel, ops.astype(np.int64), raddr.astype(np.int64, copy=False), t.size[sel], ops == _OP_OOM, lane
+    return sel, ops, raddr.astype(np.int64, copy=False), t.size[sel], ops == _OP_OOM, lane
 
 
 def _free_pairing(
@@ -653,7 +653,7 @@ class Requests:
     freeable_from: dict[int, int]  # private pool -> first event showing it released
     recorded_segments: tuple[list[int], list[int], list[int]]  # (action, size, address) of each segment event
     events: npt.NDArray[np.intp]  # trace index of each request
-    op_col: I64  # op code of each request (``_OP_*``)
+    op_col: npt.NDArray[np.int8]  # op code of each request (``_OP_*``), one byte each as the compiled engine takes it
     raddr_col: I64  # recorded address of each request (a user flush: the end of its burst)
     sizes: I64
     is_oom: npt.NDArray[np.bool_]
