@@ -431,10 +431,16 @@ static Pos fl_lower(const FList *f, u128 key) {
     return (uint64_t)key ? fl_lower_by(f, key, 0) : fl_lower_by(f, key, 1);
 }
 
-/* FCAP entries of a chunk (keys and blocks) one place on, from src to dst = src -/+ 1. */
+/* FCAP entries of a chunk (keys and blocks) one place on, from src to dst = src -/+ 1: copied out whole
+ * and back, fixed lengths the compiler moves inline, where two calls of memmove (overlapping ranges)
+ * took 6% of the report's samples: the four policy passes 442 -> 398 ms (5 alternated pairs). */
 static inline void move_entries(Chunk *ch, int dst, int src) {
-    memmove(ch->key + dst, ch->key + src, FCAP * sizeof(u128));
-    memmove(ch->blk + dst, ch->blk + src, FCAP * sizeof(int32_t));
+    u128 k[FCAP];
+    int32_t b[FCAP];
+    memcpy(k, ch->key + src, sizeof k);
+    memcpy(b, ch->blk + src, sizeof b);
+    memcpy(ch->key + dst, k, sizeof k);
+    memcpy(ch->blk + dst, b, sizeof b);
 }
 
 /* Entry j out of the chunk: the FCAP entries after it move down one (KMAX comes in at the end, from
