@@ -1194,8 +1194,7 @@ static inline int64_t first_of(int64_t a, int64_t b, int64_t c, int64_t d, int64
 /* _columns and _finished's sums: six per-event columns, written into the int64 arrays given (active, which
  * no report reads, is left to RecordedReplay.active: reserved - cached_free).
  * columns(allocated, requested, reserved, cached_free, inactive_split, largest_free, initial) with
- * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event;
- * allocated None: written over the block sizes, which the core then exports as its buffer (core_getbuffer).
+ * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event.
  * Returns the peaks of allocated, requested and reserved: ((value, event), ...), event -1 on an empty trace.
  * One pass writes each column once, running sums and all: the records (ignored events, the
  * adjustments, the nonsplit moves and the largest free sizes) are walked beside it, each list in event
