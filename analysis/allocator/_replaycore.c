@@ -328,10 +328,6 @@ typedef struct {
     int64_t tmin, tlimit, cur, cmode, n_exp, track_limit;
     int64_t *bs;
     Py_ssize_t bs_len, bs_cap;
-    /* columns() wrote the allocated column over bs (its first n entries): from then on bs is that column, which
-     * the core exports as a buffer (numpy's array of it holds the core), and nothing moves blocks again. */
-    int bs_spent;
-    Py_ssize_t stride; /* the column's stride (8), for its buffer */
     Vec ns_i, ns_v, lf_i, lf_v, ignored, aa_i, aa_v, ac_i, ac_v;
     Vec wf_i, wf_v; /* whole free segments of the default large pool: (event, +1 | -1) */
     PyObject *rep; /* borrowed, during run() only: where _issue and _meta_of_event are called */
@@ -895,11 +891,6 @@ static int c_free(RecCore *c, int64_t i, int64_t ad, int fused) {
     return map_get(&c->seg_size, start, &s) && s == m ? (c_ns(c, j, m) < 0 || c_wf(c, j, start, 1) < 0 ? -1 : 0) : 0;
 }
 
-static PyObject *spent_error(void) {
-    PyErr_SetString(PyExc_RuntimeError, "recorded core: its block sizes became the allocated column (columns())");
-    return NULL;
-}
-
 /* _Replayer.run(lo, hi) */
 static PyObject *core_run(RecCore *c, PyObject *args) {
     PyObject *rep;
@@ -909,7 +900,6 @@ static PyObject *core_run(RecCore *c, PyObject *args) {
         PyErr_SetString(PyExc_IndexError, "recorded core: run outside the trace");
         return NULL;
     }
-    if (c->bs_spent) return spent_error();
     c->rep = rep;
     const unsigned char *act = c->act;
     const int64_t *addr = c->addr, *size = c->size;
@@ -975,7 +965,6 @@ static PyObject *core_add_used(RecCore *c, PyObject *args) {
     long long addr, size;
     int pending;
     if (!PyArg_ParseTuple(args, "LLp", &addr, &size, &pending)) return NULL;
-    if (c->bs_spent) return spent_error();
     if (c->bs_len == c->bs_cap) {
         Py_ssize_t cap = c->bs_cap * 2 + 16;
         int64_t *bs = PyMem_Realloc(c->bs, (size_t)cap * sizeof(int64_t));
@@ -1208,20 +1197,13 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
                           &init[2], &init[3], &init[4], &init[5], &scatter))
         return NULL;
     Py_buffer b[6];
-    memset(b, 0, sizeof b);
     int got = 0;
     Py_ssize_t n = c->n;
-    /* allocated None: written over the block sizes, in place (bs holds at least n entries: bs_len starts at n).
-     * Each event's figure is read before its own column entry is written, and never again: the column needs
-     * no fresh pages of its own (19 MB on the 460 MB trace; a fresh page costs more than its writes). */
-    int in_place = o[0] == Py_None;
-    if (in_place && c->bs_spent) return spent_error();
-    for (got = in_place; got < 6; got++)
+    for (; got < 6; got++)
         if (out_column(o[got], &b[got], n) < 0) goto fail;
     int64_t *col[6], peak[3] = {INT64_MIN, INT64_MIN, INT64_MIN};
     Py_ssize_t at[3] = {-1, -1, -1};
     for (int k = 0; k < 6; k++) col[k] = b[k].buf;
-    if (in_place) col[0] = c->bs, c->bs_spent = 1;
     if (scatter || c->bs_len < n || !records_in_order(&c->ignored, 0, n) || !records_in_order(&c->aa_i, 0, n) ||
         !records_in_order(&c->ac_i, 0, n) || !records_in_order(&c->ns_i, 0, n) ||
         !records_in_order(&c->lf_i, INT64_MIN, n)) {
@@ -1269,39 +1251,13 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
         }
         for (int j = 0; j < 3; j++) peak[j] = pk[j], at[j] = pat[j];
     }
-    for (int k = in_place; k < 6; k++) PyBuffer_Release(&b[k]);
+    for (int k = 0; k < 6; k++) PyBuffer_Release(&b[k]);
     return Py_BuildValue("((Ln)(Ln)(Ln))", (long long)peak[0], at[0], (long long)peak[1], at[1], (long long)peak[2],
                          at[2]);
 fail:
-    for (int k = in_place; k < got; k++) PyBuffer_Release(&b[k]);
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
     return NULL;
 }
-
-/* The buffer of the allocated column that columns(None, ...) wrote over bs: int64, one per event. */
-static int core_getbuffer(RecCore *c, Py_buffer *view, int flags) {
-    if (!c->bs_spent) {
-        PyErr_SetString(PyExc_BufferError, "recorded core: no allocated column written in place yet");
-        view->obj = NULL;
-        return -1;
-    }
-    c->stride = sizeof(int64_t);
-    view->buf = c->bs;
-    view->obj = (PyObject *)c;
-    Py_INCREF(c);
-    view->len = c->n * (Py_ssize_t)sizeof(int64_t);
-    view->readonly = 0;
-    view->itemsize = sizeof(int64_t);
-    view->format = (flags & PyBUF_FORMAT) ? "q" : NULL;
-    view->ndim = 1;
-    view->shape = (flags & PyBUF_ND) ? &c->n : NULL;
-    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &c->stride : NULL;
-    view->suboffsets = NULL;
-    view->internal = NULL;
-    return 0;
-}
-
-/* No release: once spent, bs is never moved again (add_used and run refuse) and lives as long as the core. */
-static PyBufferProcs core_as_buffer = {(getbufferproc)core_getbuffer, NULL};
 
 static PyMethodDef core_methods[] = {
     {"run", (PyCFunction)core_run, METH_VARARGS, "run(replayer, lo, hi): apply events [lo, hi)"},
@@ -1312,8 +1268,7 @@ static PyMethodDef core_methods[] = {
     {"blocks", (PyCFunction)core_blocks, METH_NOARGS, "(blocks, segments) for export()"},
     {"internals", (PyCFunction)core_internals, METH_NOARGS, "the state as the Python replayer's attributes"},
     {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments, int64 bytes"},
-    {"columns", (PyCFunction)core_columns, METH_VARARGS,
-     "the per-event columns, into int64 arrays (allocated None: over the block sizes, then the core's buffer); their peaks"},
+    {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays; their peaks"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1324,7 +1279,6 @@ static PyTypeObject RecCoreType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The recorded replay's state (replayer._Replayer's, in C).",
     .tp_methods = core_methods,
-    .tp_as_buffer = &core_as_buffer,
 };
 
 static int in_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {

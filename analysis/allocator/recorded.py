@@ -282,14 +282,12 @@ def _core_columns(core: Any, n: int, init: StateFigures) -> tuple[dict[str, I64]
     """``_columns`` and the two columns ``_finished`` derives from them, summed by the C state itself
     into fresh arrays (its records never become Python objects), less ``active`` (made when read:
     ``RecordedReplay.active``); and ``_peak`` of allocated, requested and reserved, found by the
-    same pass. ``allocated`` is written over the core's block sizes, read once in the same order (no fresh
-    column: its pages were touched by the pass), and is an array over the core's buffer."""
-    names = ("requested", "reserved", "cached_free", "inactive_split", "largest_free")
+    same pass."""
+    names = ("allocated", "requested", "reserved", "cached_free", "inactive_split", "largest_free")
     cols = {k: np.empty(n, dtype=np.int64) for k in names}
     nonsplit = init.cached_free - init.inactive_split
     start = (init.allocated, init.requested, init.reserved, init.active, nonsplit, init.largest_free)
-    maxima = core.columns(None, *cols.values(), start, CORE_COLUMNS_SCATTER)  # ((value, first event), ...); -1: none
-    cols["allocated"] = np.frombuffer(core, np.int64)
+    maxima = core.columns(*cols.values(), start, CORE_COLUMNS_SCATTER)  # ((value, first event), ...); -1: none
     peaks = [
         _peak_over(v, j, initial)
         for (v, j), initial in zip(maxima, (init.allocated, init.requested, init.reserved), strict=True)

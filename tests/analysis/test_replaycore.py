@@ -182,24 +182,6 @@ def test_the_columns_scatter_form_gives_the_one_pass_columns(path: Path, monkeyp
         assert scattered == one_pass, f"device {dev.device}"
 
 
-def test_the_allocated_column_is_written_over_the_block_sizes_and_the_core_then_refuses_moves() -> None:
-    """``_core_columns`` hands the core no allocated array: it is written over the block sizes (the same
-    figures as into a fresh array), exported as the core's buffer; the core then moves no block again."""
-    s = read_snapshot(FIXTURES / "frag_oom.pickle.gz")
-    dev = s.devices[0]
-    rep = recorded_replay(s, dev)
-    core = rep.allocated.base
-    assert type(core).__name__ == "RecordedCore" and rep.allocated.shape == (rep.events,)
-    with pytest.raises(RuntimeError):
-        core.run(None, 0, 0)
-    with pytest.raises(RuntimeError):
-        core.add_used(0, 512, False)
-    with pytest.raises(RuntimeError):
-        core.columns(None, *(np.empty(rep.events, np.int64) for _ in range(5)), (0,) * 6)
-    ref = both(lambda: recorded_replay(s, dev).allocated.tolist())
-    assert ref[0] == ref[1] == rep.allocated.tolist()
-
-
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.removesuffix(".pickle.gz"))
 def test_allocator_model_identical_on_every_fixture(path: Path) -> None:
     for what, ref, fast in _policy(read_snapshot(path), CONFIGS):
