@@ -99,16 +99,21 @@ def policy_engine(
     """``cachemodel._Model.run`` whole in C, on C state (``_policycore.c``): imports the model's state,
     serves every request, and hands the final state back (``model.adopt``). ``rules``: every
     number of the model's rules and the request codes (``cachemodel._Model.engine_rules``). The
-    columns may be int64 arrays (taken as they are) or lists. Returns the failed event indices,
-    or None when the engine declined a state outside its bounds (the model is then untouched)."""
+    columns may be int64 arrays (taken as they are) or lists; the op codes one byte each (an int8 array
+    taken as it is: ``Requests.op_col``). Returns the failed event indices, or None when the engine declined
+    a state outside its bounds (the model is then untouched)."""
     global last_declined, last_counts
     try:
         cols = {
             name: np.ascontiguousarray(value, dtype=np.int64).reshape(-1)
-            for name, value in (("events", events), ("ops", ops), ("raddrs", raddrs), ("sizes", sizes), ("lks", lks))
+            for name, value in (("events", events), ("raddrs", raddrs), ("sizes", sizes), ("lks", lks))
         }
+        cols["ops"] = _op_codes(ops)
     except OverflowError:
         last_declined = "a number past int64"
+        return None
+    if cols["ops"] is None:
+        last_declined = "an op code past int8"
         return None
     params = dict(
         rules,
@@ -127,6 +132,17 @@ def policy_engine(
     last_counts, last_declined = counts, None
     failed_events: list[int] = failed
     return failed_events
+
+
+def _op_codes(ops: Any) -> Any:
+    """The op codes as the engine takes them, one byte each; None where a code does not fit one (no code of
+    ``requests._OP_*`` is past 5: a column that holds one is declined, never wrapped into another code)."""
+    if isinstance(ops, np.ndarray) and ops.dtype == np.int8:
+        return np.ascontiguousarray(ops).reshape(-1)
+    wide = np.ascontiguousarray(ops, dtype=np.int64).reshape(-1)
+    if wide.size and (int(wide.min()) < -128 or int(wide.max()) > 127):
+        return None
+    return wide.astype(np.int8)
 
 
 def recorded_core(act: bytes, addr: Any, size: Any, stream: Any, pool: Any, stops: list[int], **rules: Any) -> Any:

@@ -13,15 +13,15 @@ import numpy as np
 from analysis.allocator.config import AllocatorConfig, limit_refuses
 from analysis.allocator.recording import ReplaySource
 from analysis.allocator.requests import (
-    I64,
     Requests,
+    ReservedLevels,
     _Burst,
     _bursts,
     _device,
     _limit_floor,
-    _recorded_reserved,
     _request_alloc_size,
     _request_of,
+    recorded_levels,
     requests_for,
 )
 from analysis.model import FREE_COMPLETED, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, DeviceData, Snapshot
@@ -114,7 +114,7 @@ def infer_limit(
     cfg = config or req.recorded_config
     bursts = req.bursts if cfg == req.recorded_config else _bursts(snapshot, dev, cfg, req.source)
     t = dev.trace
-    reserved = _recorded_reserved(dev)
+    reserved = recorded_levels(dev)
     lower = _limit_floor(dev, cfg, reserved)
     upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
     # Also without a GC run: a miss that made a new segment with nothing released bounds it.
@@ -150,11 +150,11 @@ def floor_estimate(snapshot: Snapshot, device: DeviceData | int, config: Allocat
     cost of one pass over the segment events.
     """
     dev = _device(snapshot, device)
-    reserved = _recorded_reserved(dev)
+    reserved = recorded_levels(dev)
     return LimitEstimate(_limit_floor(dev, config, reserved), None, _device_full(dev, config, reserved), 0)
 
 
-def _device_full(dev: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int | None:
+def _device_full(dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels) -> int | None:
     """The least ``reserved + device_free`` at an OOM where the device had less free
     memory than the segment the request needed (cudaMalloc itself failed)."""
     t = dev.trace
@@ -167,7 +167,7 @@ def _device_full(dev: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int | 
     return device_full
 
 
-def _gc_bound(cfg: AllocatorConfig, reserved: I64, b: _Burst) -> int:
+def _gc_bound(cfg: AllocatorConfig, reserved: ReservedLevels, b: _Burst) -> int:
     """The largest limit under which a GC run at ``b`` starts: before > int(threshold x limit)."""
     before = int(reserved[b.start - 1]) if b.start > 0 else 0
     bound = int(before / cfg.garbage_collection_threshold)
@@ -177,7 +177,7 @@ def _gc_bound(cfg: AllocatorConfig, reserved: I64, b: _Burst) -> int:
 
 
 def _burst_bounds(
-    dev: DeviceData, cfg: AllocatorConfig, reserved: I64, bursts: list[_Burst]
+    dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels, bursts: list[_Burst]
 ) -> tuple[int | None, int | None, int]:
     """``upper`` from the refusals before a flush, ``gc_upper`` from the GC runs, and how many bound it."""
     upper: int | None = None
@@ -196,7 +196,9 @@ def _burst_bounds(
     return upper, gc_upper, evidence
 
 
-def _release_available_run(dev: DeviceData, cfg: AllocatorConfig, reserved: I64, b: _Burst, floor: int) -> bool:
+def _release_available_run(
+    dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels, b: _Burst, floor: int
+) -> bool:
     """Whether the run ``b`` can be release_available_cached_blocks' for its request under a
     limit of at least ``floor``: it runs only after the limit refused the request's segment,
     and frees exactly its segments (``AllocatorConfig.release_available_frees``), of the
@@ -219,7 +221,7 @@ def _release_available_run(dev: DeviceData, cfg: AllocatorConfig, reserved: I64,
     )
 
 
-def _gc_lower(source: ReplaySource, cfg: AllocatorConfig, reserved: I64, bursts: list[_Burst]) -> int | None:
+def _gc_lower(source: ReplaySource, cfg: AllocatorConfig, reserved: ReservedLevels, bursts: list[_Burst]) -> int | None:
     """A lower bound of the limit from where ``garbage_collect_cached_blocks`` did
     not run, or stopped (checked on the recorded replay's state).
 

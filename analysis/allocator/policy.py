@@ -38,8 +38,8 @@ from analysis.allocator.requests import (
     _SEGMENT_ACTIONS,
     Requests,
     _device,
-    _recorded_reserved,
     requests_for,
+    reserved_ends,
 )
 from analysis.model import (
     ACTIONS,
@@ -255,8 +255,8 @@ def _segments_complete(device: DeviceData) -> bool:
     final_total = sum(seg.total_size for seg in device.segments)
     if len(t) == 0:
         return final_total == 0
-    reserved = _recorded_reserved(device)
-    return int(reserved[-1]) == final_total and int(reserved.min()) >= 0
+    last, least = reserved_ends(device)
+    return last == final_total and least >= 0
 
 
 def needs_recorded_state(device: DeviceData, recorded: AllocatorConfig) -> bool:
@@ -278,7 +278,7 @@ def trace_is_complete(device: DeviceData) -> bool:
     final_total = sum(seg.total_size for seg in device.segments)
     if len(t) == 0:
         return final_total == 0
-    if int(_recorded_reserved(device)[-1]) != final_total:
+    if reserved_ends(device)[0] != final_total:
         return False
     # The free of a block is its free_requested; with skip_actions dropping those, its free_completed.
     free = FREE_REQUESTED if (t.action == FREE_REQUESTED).any() else FREE_COMPLETED

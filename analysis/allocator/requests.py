@@ -19,8 +19,9 @@ for callers that do not pass them.
 
 from __future__ import annotations
 
+import operator
 import weakref
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,57 @@ def _recorded_reserved(device: DeviceData) -> I64:
     return reserved
 
 
+class ReservedLevels:
+    """``_recorded_reserved``'s column read at single events (``levels[i]``, an int), from the segment events
+    alone: each level holds from its segment event to the next, and 0 before the first. The limit's bounds
+    and the policy replays' completeness checks read it at a few hundred events; the column (a fresh int64
+    per event, ~15 ms of the 460 MB trace, most of it its pages) is made only where a caller reads it whole."""
+
+    __slots__ = ("_at", "_level", "_n")
+
+    def __init__(self, at: I64, level: I64, n: int) -> None:
+        self._at: list[int] = at.tolist()
+        self._level: list[int] = level.tolist()
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> int:
+        i = operator.index(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("reserved: event index out of range")
+        k = bisect_right(self._at, i) - 1
+        return self._level[k] if k >= 0 else 0
+
+    def ends(self) -> tuple[int, int]:
+        """The column's last and least values ((0, 0) for an empty trace)."""
+        if not self._level:
+            return 0, 0
+        least = min(self._level)
+        return self._level[-1], min(least, 0) if self._at[0] > 0 else least
+
+
+def recorded_levels(device: DeviceData) -> ReservedLevels:
+    """The device's ``ReservedLevels``, kept as ``_recorded_reserved`` keeps its column: the last answer, while
+    the action and size columns it was read from live."""
+    t = device.trace
+    kept = _LEVELS[0] if _LEVELS else None
+    if kept is not None and kept[0]() is t.action and kept[1]() is t.size:
+        return kept[2]
+    levels = ReservedLevels(*segment_levels(device), len(t))
+    _LEVELS[:] = [(weakref.ref(t.action), weakref.ref(t.size), levels)]
+    return levels
+
+
+def reserved_ends(device: DeviceData) -> tuple[int, int]:
+    """The last and the least of ``_recorded_reserved``'s column (``ReservedLevels.ends``): the policy
+    replays' completeness checks read no more of it."""
+    return recorded_levels(device).ends()
+
+
 def segment_events(act: npt.NDArray[np.int8]) -> I64:
     """The indices of a trace's segment events (``_SEGMENT_ACTIONS``, the codes SEGMENT_ALLOC..SEGMENT_UNMAP,
     asserted below): two comparisons, where ``np.isin`` of the four took four times as long."""
@@ -104,6 +156,8 @@ assert sorted(_SEGMENT_ACTIONS) == list(range(SEGMENT_ALLOC, SEGMENT_UNMAP + 1))
 
 # _recorded_reserved's last answer: (action column, size column, reserved), the columns held weakly.
 _RESERVED: list[tuple[weakref.ref[npt.NDArray[Any]], weakref.ref[I64], I64]] = []
+# recorded_levels' last answer, likewise.
+_LEVELS: list[tuple[weakref.ref[npt.NDArray[Any]], weakref.ref[I64], ReservedLevels]] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +192,7 @@ def _request_alloc_size(device: DeviceData, cfg: AllocatorConfig, req: int) -> i
     return cfg.allocation_size(size)
 
 
-def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: I64) -> int:
+def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels) -> int:
     """The least limit the trace is consistent with.
 
     Every new segment was allowed *before* it was made: ``alloc_block`` checks
@@ -206,7 +260,7 @@ def _bursts(
     is_rel = (act == SEGMENT_FREE) | (act == SEGMENT_UNMAP)
     if not is_rel.any():
         return []
-    reserved = _recorded_reserved(device)
+    reserved = recorded_levels(device)
     floor = _limit_floor(device, cfg, reserved)
     rel = np.flatnonzero(is_rel)
     breaks = np.flatnonzero(np.diff(rel) != 1)
@@ -354,7 +408,7 @@ def _probe_candidates(
     at the state before the run's completions. A superset of the probes: the stacks and the runs
     chained to others, which rule some of these out, are ``_bursts``' to read."""
     act = device.trace.action
-    reserved = _recorded_reserved(device)
+    reserved = recorded_levels(device)
     out = []
     for s, e, req in zip(starts.tolist(), ends.tolist(), reqs.tolist(), strict=True):
         if req < 0 or e + 1 >= len(act) or int(act[e + 1]) not in (SEGMENT_ALLOC, SEGMENT_MAP):
@@ -485,7 +539,7 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools:
     lane = None
     if not (ns == 1 and len(snapshot.pools) == 1):
         lane = _lanes(pools, t.stream, sel, ns)
-    return sel, ops.astype(np.int64), raddr.astype(np.int64, copy=False), t.size[sel], ops == _OP_OOM, lane
+    return sel, ops, raddr.astype(np.int64, copy=False), t.size[sel], ops == _OP_OOM, lane
 
 
 def _free_pairing(
@@ -631,7 +685,7 @@ class Requests:
     freeable_from: dict[int, int]  # private pool -> first event showing it released
     recorded_segments: tuple[list[int], list[int], list[int]]  # (action, size, address) of each segment event
     events: npt.NDArray[np.intp]  # trace index of each request
-    op_col: I64  # op code of each request (``_OP_*``)
+    op_col: npt.NDArray[np.int8]  # op code of each request (``_OP_*``), one byte each as the compiled engine takes it
     raddr_col: I64  # recorded address of each request (a user flush: the end of its burst)
     sizes: I64
     is_oom: npt.NDArray[np.bool_]
@@ -717,8 +771,11 @@ class Requests:
             lks[:keep] + _free_lists(rounded, lane, self.n_streams).tolist(),
         )
 
-    def tail_columns(self, dev: DeviceData, cfg: AllocatorConfig, tail: Any) -> tuple[I64, I64, I64, I64, I64]:
-        """``with_tail`` as int64 columns (the compiled engine's inputs)."""
+    def tail_columns(
+        self, dev: DeviceData, cfg: AllocatorConfig, tail: Any
+    ) -> tuple[I64, npt.NDArray[Any], I64, I64, I64]:
+        """``with_tail`` as int64 columns (the compiled engine's inputs; the op codes int8 where no request is
+        added: ``op_col`` cut)."""
         sizes, lks = self.columns(cfg)
         keep = int(np.searchsorted(self.events, tail.cut, side="left"))
         events = self.events[:keep].astype(np.int64)

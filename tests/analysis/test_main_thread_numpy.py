@@ -130,6 +130,10 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
         at, level = requests.segment_levels(dev)
         np.testing.assert_array_equal(at, np.flatnonzero(np.isin(t.action, requests._SEGMENT_ACTIONS)))
         np.testing.assert_array_equal(level, reserved[at])
+        assert requests.reserved_ends(dev) == (int(reserved[-1]), int(reserved.min()))
+        levels = requests.recorded_levels(dev)
+        some = np.unique(np.r_[0, len(t) - 1, at, np.maximum(at - 1, 0), np.linspace(0, len(t) - 1, 50).astype(I64)])
+        assert [levels[i] for i in some.tolist()] == reserved[some].tolist()
         pools = requests._event_pools(dev)
         released = np.isin(t.action, (SEGMENT_FREE, SEGMENT_UNMAP)) & (pools != 0)
         want_freeable: dict[int, int] = {}
@@ -257,3 +261,29 @@ def test_a_peak_found_among_the_bucket_extremes_is_the_first_one() -> None:
         among = extreme_indices(values, 0, n, int(rng.integers(1, 12)))
         first = int(values.argmax())
         assert peak_of(values, among) == peak_of(values) == {"event_index": first, "bytes": int(values[first])}
+
+
+def test_the_reserved_levels_and_ends_match_the_column_on_random_traces() -> None:
+    """``recorded_levels`` at every event, and ``reserved_ends`` (the last and least of ``_recorded_reserved``),
+    where the trace starts with a segment event or not, releases before it reserves (a wrapped ring buffer: a
+    negative level), or has none."""
+    from types import SimpleNamespace
+
+    class _Trace(SimpleNamespace):
+        def __len__(self) -> int:
+            return int(self.action.shape[0])
+
+    rng = np.random.default_rng(34)
+    kinds = np.array([ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP])
+    for case in range(300):
+        n = int(rng.integers(1, 40))
+        pick = kinds[:3] if case % 10 == 0 else kinds
+        act = rng.choice(pick, n).astype(np.int8)
+        size = rng.integers(1, 1000, n).astype(np.int64)
+        dev = SimpleNamespace(trace=_Trace(action=act, size=size))
+        reserved = _reserved_reference(dev.trace)
+        assert requests.reserved_ends(dev) == (int(reserved[-1]), int(reserved.min()))  # type: ignore[arg-type]
+        levels = requests.recorded_levels(dev)  # type: ignore[arg-type]
+        assert [levels[i] for i in range(-n, n)] == reserved.tolist() * 2
+        with pytest.raises(IndexError):
+            levels[n]

@@ -28,7 +28,15 @@ from analysis.allocator.config import K_SMALL_SIZE, MB, AllocatorConfig
 from analysis.allocator.policy import _simulate
 from analysis.allocator.recorded import RecordedReplay, recorded_replay
 from analysis.allocator.replayer import _Replayer
-from analysis.allocator.requests import _OP_ALLOC, _OP_FLUSH, _OP_FREE, _OP_FREE_DONE, _OP_FREE_REQ, _OP_OOM
+from analysis.allocator.requests import (
+    _OP_ALLOC,
+    _OP_FLUSH,
+    _OP_FREE,
+    _OP_FREE_DONE,
+    _OP_FREE_REQ,
+    _OP_OOM,
+    requests_for,
+)
 from analysis.errors import SnapshotError
 from analysis.model import Snapshot
 from analysis.reader import read_snapshot
@@ -572,3 +580,17 @@ def test_lifetimes_identical_on_random_traces_and_declined_on_the_maps_empty_key
     assert compiled.alloc_ends(action, addr) is None
     ref, fast = both(lambda: _pairing(action, addr))
     assert fast == ref == ([0, 2], [1, 3], True, True)
+
+
+def test_the_op_codes_go_to_the_engine_one_byte_each_and_one_past_int8_is_declined() -> None:
+    """``Requests.op_col`` is int8 and taken as it is; lists and int64 columns (a projected tail's) are
+    narrowed, and a code that does not fit a byte is declined, never wrapped into another code (256 -> 0:
+    an alloc)."""
+    ops8 = np.array([0, 1, 5], np.int8)
+    assert np.shares_memory(compiled._op_codes(ops8), ops8)  # no copy
+    assert compiled._op_codes([0, 1, 5]).dtype == np.int8
+    assert compiled._op_codes(np.array([0, 1, 5], np.int64)).tolist() == [0, 1, 5]
+    assert compiled._op_codes(np.array([256, 1], np.int64)) is None
+    assert compiled._op_codes([-129]) is None
+    s = read_snapshot(FIXTURES / "frag_oom.pickle.gz")
+    assert requests_for(s, s.devices[0]).op_col.dtype == np.int8
