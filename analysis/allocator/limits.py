@@ -14,16 +14,15 @@ from analysis.allocator.config import AllocatorConfig, limit_refuses
 from analysis.allocator.recording import ReplaySource
 from analysis.allocator.requests import (
     Requests,
-    ReservedLevels,
     _Burst,
     _bursts,
     _device,
     _limit_floor,
     _request_alloc_size,
     _request_of,
-    recorded_levels,
     requests_for,
 )
+from analysis.allocator.reserved import ReservedLevels, recorded_levels
 from analysis.model import FREE_COMPLETED, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, DeviceData, Snapshot
 
 

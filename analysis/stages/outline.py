@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from analysis.allocator import floor_estimate, trace_is_complete
 from analysis.allocator.config import AllocatorConfig
-from analysis.allocator.requests import segment_levels
+from analysis.allocator.reserved import segment_levels
 from analysis.explore import checkpoint_events
 from analysis.limits import Limit, OomMessage, choose_limit, sidecar_limit
 from analysis.model import DeviceData, Snapshot
@@ -187,7 +187,7 @@ def inferred_limit(snapshot: Snapshot, outline: Outline) -> Limit:
 
 
 def _reserved_peak_index(dev: DeviceData) -> int:
-    """``allocator.requests._recorded_reserved(dev).argmax()``, from the segment events alone: reserved
+    """``allocator.reserved.recorded_reserved(dev).argmax()``, from the segment events alone: reserved
     memory changes only there, so it first peaks at one of them, or at the first event."""
     at, level = segment_levels(dev)
     if at.size == 0:

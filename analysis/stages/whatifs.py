@@ -18,7 +18,7 @@ from analysis import advice as advice_mod
 from analysis.allocator import Requests, build_requests, infer_limit, whatif
 from analysis.allocator.answers import Beside, fitted_limit
 from analysis.allocator.config import AllocatorConfig, setting_named, setting_of, whatif_candidates
-from analysis.allocator.requests import _recorded_reserved
+from analysis.allocator.reserved import recorded_reserved
 from analysis.horizon import NEAR_HORIZON_SHARE, NEAR_HORIZON_STEPS, grown_horizon
 from analysis.limits import INFERRED, Limit, OomMessage, run_was_capped
 from analysis.model import DeviceData, Snapshot
@@ -273,6 +273,6 @@ def command_item(
     basis = whatif_basis(snapshot, outline, failing_step(outline), requests, chosen_limit(snapshot, outline))
     item = replay_whatif(snapshot, dev, config, basis, requests)
     item.setdefault("step_completes", None)
-    reserved = _recorded_reserved(dev)
+    reserved = recorded_reserved(dev)
     peak = int(reserved.max()) if reserved.size else 0
     return {"device": dev.device, "recorded_peak_reserved_bytes": peak, "whatif": item}

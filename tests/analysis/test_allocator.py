@@ -598,15 +598,15 @@ def test_without_a_per_process_cap_the_gc_threshold_never_acts() -> None:
 
 
 def test_recorded_reserved_is_kept_for_its_columns_and_matches_the_process_peak() -> None:
-    from analysis.allocator.requests import _recorded_reserved
+    from analysis.allocator.reserved import recorded_reserved
 
     dev = snap("gpt_varlen_oom").device(0)
-    reserved = _recorded_reserved(dev)
+    reserved = recorded_reserved(dev)
     assert int(reserved.max()) == device_stats("gpt_varlen_oom", 0)["reserved_bytes.all.peak"]
-    assert _recorded_reserved(dev) is reserved  # asked again (seven times a report): the same answer
+    assert recorded_reserved(dev) is reserved  # asked again (seven times a report): the same answer
     with pytest.raises(ValueError, match="read-only"):
         reserved[0] = 1  # shared between threads: read-only
     # Other columns (a trace cut short, as replays of a window build): answered from them, not the memo.
     cut = replace(dev, trace=replace(dev.trace, action=dev.trace.action[:100], size=dev.trace.size[:100]))
-    assert np.array_equal(_recorded_reserved(cut), reserved[:100])
-    assert _recorded_reserved(dev) is not reserved and np.array_equal(_recorded_reserved(dev), reserved)
+    assert np.array_equal(recorded_reserved(cut), reserved[:100])
+    assert recorded_reserved(dev) is not reserved and np.array_equal(recorded_reserved(dev), reserved)

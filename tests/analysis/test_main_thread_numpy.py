@@ -10,6 +10,13 @@ import numpy as np
 import pytest
 
 from analysis.allocator import requests
+from analysis.allocator.reserved import (
+    SEGMENT_ACTIONS,
+    recorded_levels,
+    recorded_reserved,
+    reserved_ends,
+    segment_levels,
+)
 from analysis.categories import next_marked
 from analysis.model import (
     ALLOC,
@@ -125,13 +132,13 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
     snap, devices = _traces(path)
     for dev in devices:
         t = dev.trace
-        reserved = requests._recorded_reserved(dev)
+        reserved = recorded_reserved(dev)
         np.testing.assert_array_equal(reserved, _reserved_reference(t))
-        at, level = requests.segment_levels(dev)
-        np.testing.assert_array_equal(at, np.flatnonzero(np.isin(t.action, requests._SEGMENT_ACTIONS)))
+        at, level = segment_levels(dev)
+        np.testing.assert_array_equal(at, np.flatnonzero(np.isin(t.action, SEGMENT_ACTIONS)))
         np.testing.assert_array_equal(level, reserved[at])
-        assert requests.reserved_ends(dev) == (int(reserved[-1]), int(reserved.min()))
-        levels = requests.recorded_levels(dev)
+        assert reserved_ends(dev) == (int(reserved[-1]), int(reserved.min()))
+        levels = recorded_levels(dev)
         some = np.unique(np.r_[0, len(t) - 1, at, np.maximum(at - 1, 0), np.linspace(0, len(t) - 1, 50).astype(I64)])
         assert [levels[i] for i in some.tolist()] == reserved[some].tolist()
         pools = requests._event_pools(dev)
@@ -264,7 +271,7 @@ def test_a_peak_found_among_the_bucket_extremes_is_the_first_one() -> None:
 
 
 def test_the_reserved_levels_and_ends_match_the_column_on_random_traces() -> None:
-    """``recorded_levels`` at every event, and ``reserved_ends`` (the last and least of ``_recorded_reserved``),
+    """``recorded_levels`` at every event, and ``reserved_ends`` (the last and least of ``recorded_reserved``),
     where the trace starts with a segment event or not, releases before it reserves (a wrapped ring buffer: a
     negative level), or has none."""
     from types import SimpleNamespace
@@ -282,8 +289,8 @@ def test_the_reserved_levels_and_ends_match_the_column_on_random_traces() -> Non
         size = rng.integers(1, 1000, n).astype(np.int64)
         dev = SimpleNamespace(trace=_Trace(action=act, size=size))
         reserved = _reserved_reference(dev.trace)
-        assert requests.reserved_ends(dev) == (int(reserved[-1]), int(reserved.min()))  # type: ignore[arg-type]
-        levels = requests.recorded_levels(dev)  # type: ignore[arg-type]
+        assert reserved_ends(dev) == (int(reserved[-1]), int(reserved.min()))  # type: ignore[arg-type]
+        levels = recorded_levels(dev)  # type: ignore[arg-type]
         assert [levels[i] for i in range(-n, n)] == reserved.tolist() * 2
         with pytest.raises(IndexError):
             levels[n]
