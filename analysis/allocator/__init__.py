@@ -5,6 +5,8 @@
   check): the only copy; hot loops take their numbers from it.
 - ``requests``: trace -> requests (what the policy replay is fed), built once
   per device trace and passed (``build_requests``, ``Requests``).
+- ``reserved``: the reserved bytes the trace recorded, from its segment events
+  (``recorded_reserved``, the column; ``recorded_levels``, at single events).
 - ``limits``: the memory limit bounded from the trace alone (``infer_limit``;
   ``floor_estimate``: its bounds from below alone, what a report states).
 - ``recorded``: the recorded replay, state at every event along the recorded

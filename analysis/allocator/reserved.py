@@ -14,35 +14,32 @@ from __future__ import annotations
 import operator
 import weakref
 from bisect import bisect_right
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, DeviceData
+from analysis.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, DeviceData, Trace
 
 I64 = npt.NDArray[np.int64]
+T = TypeVar("T")
 
 SEGMENT_ACTIONS = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 
 
 def recorded_reserved(device: DeviceData) -> I64:
-    """Reserved bytes after every event, from the recorded segment events (read-only).
-
-    A report asks for it seven times (the limit, the bursts, the completeness checks of every
-    replay, from several threads): the last answer is kept while the action and size columns it
-    was computed from live, matched by their identity (weak references)."""
+    """Reserved bytes after every event, from the recorded segment events (read-only: the answer is kept,
+    ``_LastAnswer``, and shared between threads)."""
     t = device.trace
-    kept = _RESERVED[0] if _RESERVED else None
-    if kept is not None and kept[0]() is t.action and kept[1]() is t.size:
-        return kept[2]
+    kept = _RESERVED.get(t)
+    if kept is not None:
+        return kept
     at, level = segment_levels(device)
     # Each level repeated up to the next segment event (a column of deltas summed over every event,
     # with masked stores of the segment events' sizes, took four times as long on the 460 MB trace).
     reserved: I64 = np.repeat(np.concatenate(([0], level)), np.diff(np.concatenate(([0], at, [len(t)]))))
     reserved.flags.writeable = False
-    _RESERVED[:] = [(weakref.ref(t.action), weakref.ref(t.size), reserved)]
-    return reserved
+    return _RESERVED.keep(t, reserved)
 
 
 class ReservedLevels:
@@ -79,15 +76,14 @@ class ReservedLevels:
 
 
 def recorded_levels(device: DeviceData) -> ReservedLevels:
-    """The device's ``ReservedLevels``, kept as ``recorded_reserved`` keeps its column: the last answer, while
-    the action and size columns it was read from live."""
+    """The device's ``ReservedLevels``, kept as ``recorded_reserved`` keeps its column (``_LastAnswer``): a
+    report reads them in the limit, the bursts and every policy replay's completeness check, from several
+    threads."""
     t = device.trace
-    kept = _LEVELS[0] if _LEVELS else None
-    if kept is not None and kept[0]() is t.action and kept[1]() is t.size:
-        return kept[2]
-    levels = ReservedLevels(*segment_levels(device), len(t))
-    _LEVELS[:] = [(weakref.ref(t.action), weakref.ref(t.size), levels)]
-    return levels
+    kept = _LEVELS.get(t)
+    if kept is not None:
+        return kept
+    return _LEVELS.keep(t, ReservedLevels(*segment_levels(device), len(t)))
 
 
 def reserved_ends(device: DeviceData) -> tuple[int, int]:
@@ -115,7 +111,27 @@ def segment_levels(device: DeviceData) -> tuple[I64, I64]:
 
 assert sorted(SEGMENT_ACTIONS) == list(range(SEGMENT_ALLOC, SEGMENT_UNMAP + 1))
 
-# recorded_reserved's last answer: (action column, size column, reserved), the columns held weakly.
-_RESERVED: list[tuple[weakref.ref[npt.NDArray[Any]], weakref.ref[I64], I64]] = []
-# recorded_levels' last answer, likewise.
-_LEVELS: list[tuple[weakref.ref[npt.NDArray[Any]], weakref.ref[I64], ReservedLevels]] = []
+
+class _LastAnswer(Generic[T]):
+    """One function's last answer for a trace, kept while the action and size columns it was read from live,
+    matched by their identity (weak references: an answer dies with its trace). Read and replaced in one
+    step each (a tuple), so threads asking at once get an answer that fits their trace."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: tuple[weakref.ref[npt.NDArray[Any]], weakref.ref[npt.NDArray[Any]], T] | None = None
+
+    def get(self, trace: Trace) -> T | None:
+        kept = self._kept
+        if kept is not None and kept[0]() is trace.action and kept[1]() is trace.size:
+            return kept[2]
+        return None
+
+    def keep(self, trace: Trace, answer: T) -> T:
+        self._kept = (weakref.ref(trace.action), weakref.ref(trace.size), answer)
+        return answer
+
+
+_RESERVED: _LastAnswer[I64] = _LastAnswer()
+_LEVELS: _LastAnswer[ReservedLevels] = _LastAnswer()
