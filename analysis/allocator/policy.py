@@ -35,7 +35,7 @@ from analysis.allocator.cachemodel import _loop_events, _Model
 from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.policytypes import PolicyResult, ProjectedTail, SegmentLayout
 from analysis.allocator.requests import Requests, _device, requests_for
-from analysis.allocator.reserved import SEGMENT_ACTIONS, reserved_ends
+from analysis.allocator.reserved import reserved_ends, segment_events
 from analysis.model import (
     ACTIONS,
     ALLOC,
@@ -293,7 +293,7 @@ def trace_is_complete(device: DeviceData) -> bool:
 def recorded_segment_events(device: DeviceData) -> list[tuple[str, int]]:
     """The recorded segment_alloc/free/map/unmap events, as (action, size), in order."""
     act = device.trace.action
-    sel = np.isin(act, SEGMENT_ACTIONS)
+    sel = segment_events(act)
     return [(ACTIONS[a], int(s)) for a, s in zip(act[sel].tolist(), device.trace.size[sel].tolist(), strict=True)]
 
 
