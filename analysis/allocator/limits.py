@@ -106,11 +106,21 @@ def infer_limit(
     after the flush). ``upper`` is one less than the smallest such sum. A GC run
     (``garbage_collection_threshold``) starts only above threshold x limit, which
     bounds the limit too (``gc_upper``), and so does a miss where it did not run
-    (``gc_lower``). ``requests``: the trace's ``Requests`` if built already.
+    (``gc_lower``). ``requests``: the trace's ``Requests`` if built already (the bounds are then kept
+    with them, ``Requests.remembered``).
     """
     dev = _device(snapshot, device)
     req = requests if requests is not None else requests_for(snapshot, dev)
     cfg = config or req.recorded_config
+    if requests is None:
+        return _inferred_limit(snapshot, dev, cfg, req)
+    # The requests a caller built and hands to every replay (a report's check and what-ifs, on their own
+    # threads, most for the recorded settings): the bounds found once, for all of them.
+    return req.remembered(("infer_limit", cfg), lambda: _inferred_limit(snapshot, dev, cfg, req))  # type: ignore[no-any-return]
+
+
+def _inferred_limit(snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, req: Requests) -> LimitEstimate:
+    """``infer_limit``'s bounds, found (``req``: ``dev``'s requests)."""
     bursts = req.bursts if cfg == req.recorded_config else _bursts(snapshot, dev, cfg, req.source)
     t = dev.trace
     reserved = recorded_levels(dev)

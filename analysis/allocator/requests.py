@@ -19,8 +19,10 @@ for callers that do not pass them.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -598,6 +600,13 @@ class Requests:
     segment_cols: tuple[I64, I64, I64] | None = None
     _rounded: dict[tuple[int, ...], tuple[I64, I64]] = field(default_factory=dict)
     _listed: dict[tuple[int, ...], tuple[list[int], list[int]]] = field(default_factory=dict)
+    # Answers several replays of the trace ask for, each made once (``remembered``): the check and the
+    # what-ifs start at once on the pool's threads, and without a lock two or three of them each made
+    # the same one (issue 34, the 460 MB benchmark: the rounded columns twice, 38 MB of fresh pages and
+    # ~15 ms of CPU each time; the inferred limit three times, ~15 ms each).
+    _answers: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _making: dict[Any, threading.Lock] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _locks_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _ops: list[int] | None = None
     _raddrs: list[int] | None = None
     # Whether the trace's segment history is whole (``policy._segments_complete``), once per trace: it
@@ -624,12 +633,33 @@ class Requests:
             self._raddrs = self.raddr_col.tolist()
         return self._raddrs
 
+    def remembered(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, made once for this trace under ``key`` however many threads ask at once (the
+        others wait for it), then kept. Only for small answers that every replay of the trace may ask
+        for (a config's inferred limit): nothing here is ever let go."""
+        if key in self._answers:
+            return self._answers[key]
+        with self._lock_of(key):
+            if key not in self._answers:
+                self._answers[key] = make()
+            return self._answers[key]
+
+    def _lock_of(self, key: Any) -> threading.Lock:
+        """The lock that the makers of ``key`` take, one per key: another answer is made meanwhile."""
+        with self._locks_lock:
+            return self._making.setdefault(key, threading.Lock())
+
     def columns(self, cfg: AllocatorConfig) -> tuple[I64, I64]:
         """Rounded size and free-list index of every request under ``cfg``'s rounding, as int64 columns."""
         key = cfg.roundup_power2_divisions
         hit = self._rounded.get(key)
         if hit is not None:
             return hit
+        with self._lock_of(("columns", key)):
+            hit = self._rounded.get(key)
+            return hit if hit is not None else self._made_columns(cfg, key)
+
+    def _made_columns(self, cfg: AllocatorConfig, key: tuple[int, ...]) -> tuple[I64, I64]:
         # An oom entry's size is the request rounded under the recorded settings: rounded again
         # under ``cfg`` like the others (issue 23: gpt_varlen's 708.6 MiB request failed as 710 MiB
         # by default, as 768 MiB under divisions 4). Rounding is idempotent, and torch's divisions
@@ -645,10 +675,14 @@ class Requests:
         hit = self._listed.get(key)
         if hit is not None:
             return hit
-        sizes, lks = self.columns(cfg)
-        out = (sizes.tolist(), lks.tolist())
-        _remember(self._listed, key, out)
-        return out
+        with self._lock_of(("lists", key)):
+            hit = self._listed.get(key)
+            if hit is not None:
+                return hit
+            sizes, lks = self.columns(cfg)
+            out = (sizes.tolist(), lks.tolist())
+            _remember(self._listed, key, out)
+            return out
 
     def with_tail(
         self, dev: DeviceData, cfg: AllocatorConfig, tail: Any

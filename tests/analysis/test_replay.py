@@ -636,3 +636,53 @@ def test_states_asked_for_from_several_threads_at_once_are_the_serial_ones() -> 
     finally:
         sys.setswitchinterval(interval)
     assert got == expected
+
+
+def test_the_columns_and_the_limit_asked_for_by_threads_at_once_are_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check and the what-ifs start together on the pool's threads and each asks the shared ``Requests``
+    for its rounded columns and the inferred limit: each is made by one of them, the others wait for it and
+    get the same objects (issue 34: two threads rounded every size, three inferred the limit)."""
+    from analysis.allocator import config as config_module
+    from analysis.allocator import limits as limits_module
+    from analysis.allocator.limits import infer_limit
+    from analysis.allocator.requests import build_requests
+
+    snap = read_snapshot(FIXTURES / "captures" / "densenet_c90_gc07.pickle.gz")
+    dev = snap.devices[0]
+    req = build_requests(snap, dev)
+    made = {"round_sizes": 0, "limit": 0}
+    round_sizes, inferred = AllocatorConfig.round_sizes, limits_module._inferred_limit
+
+    def counted_round(self: AllocatorConfig, sizes: Any) -> Any:
+        made["round_sizes"] += 1
+        return round_sizes(self, sizes)
+
+    def counted_limit(*a: Any) -> Any:
+        made["limit"] += 1
+        return inferred(*a)
+
+    monkeypatch.setattr(config_module.AllocatorConfig, "round_sizes", counted_round)
+    monkeypatch.setattr(limits_module, "_inferred_limit", counted_limit)
+    cfg = req.recorded_config
+    threads = 6
+    gate = threading.Barrier(threads)
+
+    def ask(_: int) -> tuple[Any, Any]:
+        gate.wait(10)
+        return req.columns(cfg), infer_limit(snap, dev, cfg, req)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            got = list(pool.map(ask, range(threads)))
+    finally:
+        sys.setswitchinterval(interval)
+    assert made == {"round_sizes": 1, "limit": 1}
+    assert all(g[0] is got[0][0] and g[1] is got[0][1] for g in got)
+    # The answer is the one a lone caller gets from a fresh ``Requests``: the same limit, the same columns.
+    fresh = build_requests(snap, dev)
+    monkeypatch.undo()
+    assert infer_limit(snap, dev, cfg, fresh) == got[0][1]
+    assert all(np.array_equal(a, b) for a, b in zip(fresh.columns(cfg), got[0][0], strict=True))
+    assert got[0][1].lower > 0
