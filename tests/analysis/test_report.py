@@ -395,7 +395,7 @@ def test_without_a_message_the_limit_is_labelled_a_lower_bound() -> None:
     assert report("infer_varbatch")["devices"][0]["limit"] is None
 
 
-def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path) -> None:
+def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = FIXTURES / "frag_oom.pickle.gz"
     data = path.read_bytes()
     assert source_stage.source_info(path, None) == {
@@ -409,6 +409,7 @@ def test_the_source_hash_is_the_files_sha256_read_in_slices(tmp_path: Path) -> N
     big.write_bytes(data * (source_stage._HASH_SLICE // len(data) + 2))
     want = hashlib.sha256(big.read_bytes()).hexdigest()
     assert source_stage.source_info(big, "b")["sha256"] == want
+    monkeypatch.setattr(source_stage, "_MAPPED_SLICE", source_stage._HASH_SLICE // 3)  # several slices of it
     with fastread.mapped_file(big, ReadLimits()) as mapped:
         assert mapped is not None
         hashed = source_stage.source_info(big, "b", mapped.data)
@@ -426,6 +427,7 @@ def test_a_hash_taken_beside_the_read_is_the_files_and_closes_its_mapping(
     # The report's hash goes on after the read where nothing forks (issue 34): it is the file's either
     # way, and its thread closes the mapping it shared with the compiled reader once both are done.
     # Small slices, so that the file is many of them and the pages are let go slice by slice.
+    monkeypatch.setattr(source_stage, "_MAPPED_SLICE", 4096)
     monkeypatch.setattr(source_stage, "_HASH_SLICE", 4096)
     path = tmp_path / "gpt.pickle"
     path.write_bytes(gzip.decompress((FIXTURES / "gpt_varlen_expandable.pickle.gz").read_bytes()))
