@@ -1628,12 +1628,19 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
     return 0;
 }
 
-/* Requests the engine cannot follow as Python would (a free-list index outside the lists, a size
- * outside [0, 2**62)): declined before anything runs. The same pass over the requests lists the
- * sizes that allocate (new_sizes: each once, in the order they first come; size_table asks their
- * allocation sizes once the model is read), so that the columns are read once before the loop. */
-static int check_inputs(Engine *E, const Inputs *in, Vec *new_sizes) {
-    if (in->n && E->nbp < 2) DECLINE(E, "no default pool"); /* the flushes and the GC read pools 0 and 1 */
+/* The one pass over the requests that their checks and the size table need (scan_requests): the
+ * largest free-list index and the bits of every size, as unsigned (a negative one is then past every
+ * bound), and the sizes that allocate (each once, in the order they first come). Three of a report's
+ * four policy replays get the very same columns (Requests.columns): compiled.policy_engine keeps this
+ * for the columns it read (``scan``) and hands it to each replay of them, which then reads no request
+ * before its loop; a replay handed none makes it itself. */
+typedef struct {
+    uint64_t lk_max, size_bits;
+    Vec sizes;
+} Scan;
+
+static int scan_requests(const int8_t *ops, const int64_t *sizes, const int64_t *lks, Py_ssize_t n, long op_alloc,
+                         long op_oom, Scan *out) {
     /* The sizes already listed, remembered in a direct-mapped filter (a request's size mostly came
      * before: thousands of sizes over millions of requests) ahead of the table itself, whose lookups
      * cost more. Every request is looked up there, a free's too (its size is an allocation's): the
@@ -1641,22 +1648,47 @@ static int check_inputs(Engine *E, const Inputs *in, Vec *new_sizes) {
     enum { SEEN = 4096 };
     int64_t seen[SEEN];
     for (int j = 0; j < SEEN; j++) seen[j] = -1; /* no size: sizes are >= 0, or bad */
-    uint64_t bad = 0; /* first whether any is out of range; then which, first */
-    for (Py_ssize_t k = 0; k < in->n; k++) {
-        int64_t size = in->sizes[k];
-        bad |= ((uint64_t)in->lks[k] >= (uint64_t)E->nl) | ((uint64_t)size >= (uint64_t)VMAX);
+    HMap listed = {0};
+    uint64_t lk_max = 0, bits = 0;
+    int r = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t size = sizes[k];
+        uint64_t lk = (uint64_t)lks[k];
+        lk_max = lk > lk_max ? lk : lk_max;
+        bits |= (uint64_t)size;
         size_t h = (size_t)(((uint64_t)size * 0x9e3779b97f4a7c15ULL) >> 52);
         if (seen[h] == size) continue;
-        long op = (long)in->ops[k];
-        if (op != E->op_alloc && op != E->op_oom) continue;
+        long op = (long)ops[k];
+        if (op != op_alloc && op != op_oom) continue;
         seen[h] = size;
+        if (hm_find(&listed, size) >= 0) continue;
+        if (hm_set(&listed, size, 0, 0) < 0 || vec_push(&out->sizes, size) < 0) {
+            r = -1;
+            break;
+        }
+    }
+    PyMem_RawFree(listed.e);
+    out->lk_max = lk_max;
+    out->size_bits = bits;
+    return r;
+}
+
+/* Requests the engine cannot follow as Python would (a free-list index outside the lists, a size
+ * outside [0, 2**62)): declined before anything runs, from the scan of the requests; the sizes that
+ * allocate go into the size table unanswered (new_sizes; size_table asks their allocation sizes once
+ * the model is read). */
+static int check_inputs(Engine *E, const Inputs *in, const Scan *scan, Vec *new_sizes) {
+    if (in->n && E->nbp < 2) DECLINE(E, "no default pool"); /* the flushes and the GC read pools 0 and 1 */
+    if (scan->lk_max >= (uint64_t)E->nl || scan->size_bits >= (uint64_t)VMAX) /* which request, first */
+        for (Py_ssize_t k = 0; k < in->n; k++) {
+            if (in->lks[k] < 0 || in->lks[k] >= E->nl) DECLINE(E, "a free-list index out of range");
+            if (in->sizes[k] < 0 || in->sizes[k] >= VMAX) DECLINE(E, "a size out of range");
+        }
+    for (size_t j = 0; j < scan->sizes.n; j++) {
+        int64_t size = scan->sizes.v[j];
         if (hm_find(&E->asz, size) >= 0) continue;
         TRY(hm_set(&E->asz, size, -1, 0)); /* listed; its value comes from size_table */
         TRY(vec_push(new_sizes, size));
-    }
-    for (Py_ssize_t k = 0; bad && k < in->n; k++) {
-        if (in->lks[k] < 0 || in->lks[k] >= E->nl) DECLINE(E, "a free-list index out of range");
-        if (in->sizes[k] < 0 || in->sizes[k] >= VMAX) DECLINE(E, "a size out of range");
     }
     for (Py_ssize_t k = 0; k < E->n_rec; k++)
         if (E->rec_addr[k] < 0 || E->rec_addr[k] >= VMAX || E->rec_size[k] < 0 || E->rec_size[k] >= VMAX)
@@ -1664,6 +1696,61 @@ static int check_inputs(Engine *E, const Inputs *in, Vec *new_sizes) {
     for (Py_ssize_t k = 0; k < E->n_freeable; k++)
         if (E->free_pool[k] < 0) DECLINE(E, "a negative pool id");
     return 0;
+}
+
+/* The scan handed in (params' ``scan``: policy_scan's answer for these very columns), or made here
+ * where none is (None). Only the answer of policy_scan for the same columns vouches for them: the
+ * loop indexes the free lists by the requests' indices. */
+static int scan_of(Engine *E, PyObject *d, const Inputs *in, Scan *out) {
+    PyObject *o = PyDict_GetItemString(d, "scan");
+    if (!o || o == Py_None)
+        return scan_requests(in->ops, in->sizes, in->lks, in->n, E->op_alloc, E->op_oom, out) < 0 ? -1 : 0;
+    PyObject *lk = NULL, *bits = NULL, *sizes = NULL;
+    if (!PyTuple_Check(o) || !PyArg_ParseTuple(o, "O!O!O!", &PyLong_Type, &lk, &PyLong_Type, &bits, &PyBytes_Type, &sizes) ||
+        PyBytes_GET_SIZE(sizes) % sizeof(int64_t)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "policy_engine: scan must be policy_scan's answer");
+        return -1;
+    }
+    out->lk_max = PyLong_AsUnsignedLongLong(lk);
+    out->size_bits = PyLong_AsUnsignedLongLong(bits);
+    if (PyErr_Occurred()) return -1;
+    size_t n = (size_t)PyBytes_GET_SIZE(sizes) / sizeof(int64_t);
+    if (grow((void **)&out->sizes.v, &out->sizes.cap, n ? n : 1, sizeof(int64_t)) < 0) return -1;
+    memcpy(out->sizes.v, PyBytes_AS_STRING(sizes), n * sizeof(int64_t));
+    out->sizes.n = n;
+    return 0;
+}
+
+/* policy_scan(ops, sizes, lks, op_alloc, op_oom) -> (largest free-list index, the sizes' bits, the sizes
+ * that allocate as int64 bytes): scan_requests, without the GIL. */
+PyObject *oomscope_policy_scan(PyObject *self, PyObject *args) {
+    Py_buffer ov, sv, lv;
+    long op_alloc, op_oom;
+    if (!PyArg_ParseTuple(args, "y*y*y*ll", &ov, &sv, &lv, &op_alloc, &op_oom)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = ov.len;
+    Scan scan = {0};
+    int r;
+    if (ov.itemsize != 1 || sv.len != n * 8 || lv.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "policy_scan: int8 ops, int64 sizes and free-list indices of one length");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    r = scan_requests(ov.buf, sv.buf, lv.buf, n, op_alloc, op_oom, &scan);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_BuildValue("(KKy#)", (unsigned long long)scan.lk_max, (unsigned long long)scan.size_bits,
+                           scan.sizes.v ? (const char *)scan.sizes.v : "", (Py_ssize_t)(scan.sizes.n * sizeof(int64_t)));
+done:
+    PyMem_RawFree(scan.sizes.v);
+    PyBuffer_Release(&ov);
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&lv);
+    return result;
 }
 
 /* ------------------------------------------------------------------ import (the Python model -> C) */
@@ -2226,9 +2313,10 @@ PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
     Inputs in = {0};
     PyObject *result = NULL, *failed = NULL;
     Vec failed_at = {0}, new_sizes = {0};
+    Scan scan = {0};
     int served;
-    if (parse_params(&E, pdict, views, &in) < 0) goto done;
-    if (check_inputs(&E, &in, &new_sizes) < 0 || import_model(&E, model) < 0 || size_table(&E, &new_sizes) < 0)
+    if (parse_params(&E, pdict, views, &in) < 0 || scan_of(&E, pdict, &in, &scan) < 0) goto done;
+    if (check_inputs(&E, &in, &scan, &new_sizes) < 0 || import_model(&E, model) < 0 || size_table(&E, &new_sizes) < 0)
         goto declined;
     Py_BEGIN_ALLOW_THREADS /* the policy replays of one report run in threads side by side (report.py) */
     served = serve(&E, &in, &failed_at);
@@ -2255,6 +2343,7 @@ done:
     Py_XDECREF(failed);
     PyMem_RawFree(failed_at.v);
     PyMem_RawFree(new_sizes.v);
+    PyMem_RawFree(scan.sizes.v);
     for (int v = 0; v < V_N; v++)
         if (views[v].obj) PyBuffer_Release(&views[v]);
     engine_free(&E);

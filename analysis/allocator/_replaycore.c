@@ -8,6 +8,8 @@
  *   recorded_core(act, addr, size, stream, pool, stops, params) -> state  (replayer._Replayer)
  *   policy_engine(model, params) -> (failed, state, counts)               (cachemodel._Model.run, whole:
  *       in _policycore.c, compiled into this module; registered below)
+ *   policy_scan(ops, sizes, lks, op_alloc, op_oom) -> scan               (policy_engine's pass over its requests
+ *       before the loop, kept by compiled.py for columns that several replays share)
  *   alloc_ends(act, addr, alloc, free, ends) -> (allocs, alternates)      (stacks.alloc_lifetimes' pairing,
  *       policy.trace_is_complete's order of allocs and frees)
  *   block_order(act, addr, stream, pool, next_kind, lanes) -> first wrong pair  (eventorder.check_event_order)
@@ -1530,9 +1532,11 @@ done:
 }
 
 PyObject *oomscope_policy_engine(PyObject *self, PyObject *args); /* _policycore.c */
+PyObject *oomscope_policy_scan(PyObject *self, PyObject *args);   /* _policycore.c */
 
 static PyMethodDef methods[] = {
     {"policy_engine", oomscope_policy_engine, METH_VARARGS, "cachemodel._Model.run on C state (_policycore.c)."},
+    {"policy_scan", oomscope_policy_scan, METH_VARARGS, "the checks' and size table's pass over policy_engine's requests (_policycore.c)."},
     {"recorded_core", recorded_core, METH_VARARGS, "replayer._Replayer's state and loop (see analysis/allocator/compiled.py)."},
     {"alloc_ends", alloc_ends, METH_VARARGS, "stacks.alloc_lifetimes' pairing of each alloc with its end; whether allocs and frees alternate."},
     {"block_order", block_order, METH_VARARGS, "eventorder.check_event_order's block events: the first out of order, in one pass."},

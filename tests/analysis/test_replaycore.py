@@ -430,6 +430,52 @@ def test_a_state_past_the_engines_bounds_is_served_by_the_python_loop() -> None:
     assert compiled.last_declined == "a size out of range"
 
 
+def test_the_requests_scan_is_made_once_for_shared_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass over the requests before the engine's loop (range checks, the sizes that allocate) is
+    made once for the columns that several replays share (``compiled._scanned``), and the replays it is
+    handed to still serve as the Python loop, and still decline what is out of range."""
+    scans: list[int] = []
+    real = compiled._replaycore.policy_scan
+
+    def counted(*args: Any) -> Any:
+        scans.append(len(args[0]))
+        return real(*args)
+
+    monkeypatch.setattr(compiled._replaycore, "policy_scan", counted)
+    s = read_snapshot(FIXTURES / "frag_oom.pickle.gz")
+    dev = s.devices[0]
+    req = requests_for(s, dev)
+    base = AllocatorConfig.from_settings(s.settings.raw, s.settings.conf)
+    for conf in ("", "max_split_size_mb:64", "garbage_collection_threshold:0.6"):  # one rounding: one set of columns
+        cfg = AllocatorConfig.parse(conf, base=base)
+
+        def replay(cfg: AllocatorConfig = cfg) -> tuple[Any, ...]:
+            result, model = _simulate(s, dev, cfg, None, (), requests=req)
+            return result.ooms, result.segment_events, _model_state(model)
+
+        ref, fast = both(replay)
+        assert fast == ref, conf
+        assert compiled.last_declined is None
+    assert scans == [len(req.op_col)]
+
+    def run(size: int, lk: int) -> tuple[list[int], tuple[Any, ...]]:
+        m = _Model(AllocatorConfig(), None, 1, [0], {})
+        cols = [[0, 1, 2], [_OP_ALLOC, _OP_ALLOC, _OP_FREE], [7, 8, 7], [1 << 20, size, 0], [0, lk, 0]]
+        if compiled.wanted():  # columns, as a replay's (the Python loop takes lists)
+            cols = [np.array(c, np.int8 if j == 1 else np.int64) for j, c in enumerate(cols)]
+        failed = m.run(*cols)
+        return failed, _model_state(m)
+
+    for size, lk, why in (
+        (1 << 62, 1, "a size out of range"),
+        (-1, 1, "a size out of range"),
+        (1 << 20, -1, "a free-list index out of range"),
+    ):
+        ref, fast = both(partial(run, size, lk))
+        assert fast == ref
+        assert compiled.last_declined == why
+
+
 def test_an_unrounded_size_is_searched_on_its_whole_key() -> None:
     # An allocation's search compares only the keys' high halves where its key's low half is 0 (a size
     # that is a multiple of 2**(64 - sh), as rounded sizes are); any other size takes the whole compare.
