@@ -558,8 +558,9 @@ static inline __attribute__((always_inline)) void fl_delete_at(FList *f, Pos p) 
 /* The entry at p replaced by (key, blk) at key's bisect_left place: fl_delete_at(p) then fl_put,
  * without the search over the chunks where key's place is in p's chunk (the usual case: a split's
  * remainder, a block merged with its neighbour, mostly even at the same place): every key of the
- * chunks before is below key, and the next chunk's first key is not. Only the entries between the
- * two places move. */
+ * chunks before is below key, and the next chunk's first key is not. Where the place is another
+ * entry, the chunk's entries from j move down one and those from the place up one: two fixed-length
+ * moves, no memmove call. */
 static inline __attribute__((always_inline)) int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
     Chunk *ch = f->c[p.c];
     int n = ch->n, j = p.j;
@@ -570,12 +571,9 @@ static inline __attribute__((always_inline)) int fl_move(FList *f, Pos p, u128 k
     if ((n > 1) & (first | (before < key)) & (final | (key <= after))) {
         /* its place among the chunk's other entries; those between it and j move one on */
         int to = in_chunk(ch, key) - (ch->key[j] < key);
-        if (to < j) {
-            memmove(ch->key + to + 1, ch->key + to, (size_t)(j - to) * sizeof(u128));
-            memmove(ch->blk + to + 1, ch->blk + to, (size_t)(j - to) * sizeof(int32_t));
-        } else if (to > j) {
-            memmove(ch->key + j, ch->key + j + 1, (size_t)(to - j) * sizeof(u128));
-            memmove(ch->blk + j, ch->blk + j + 1, (size_t)(to - j) * sizeof(int32_t));
+        if (to != j) { /* j out, then room at to: two fixed-length moves (move_entries), not memmove calls */
+            move_entries(ch, j, j + 1);
+            move_entries(ch, to + 1, to);
         }
         ch->key[to] = key;
         ch->blk[to] = blk;
