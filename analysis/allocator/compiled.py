@@ -12,7 +12,9 @@
   once (``_Model.adopt``), so ``layout()``, the results and the tests read it as the Python loop
   leaves it. A state outside its bounds (sizes or addresses past 2**62, free lists that do not hold
   the blocks their keys name: only a hostile trace makes one) is declined before anything changes,
-  and the Python loop serves it (``last_declined`` says why). Its loop touches no Python object
+  and the Python loop serves it (``last_declined`` says why); its pass over the requests before the
+  loop (``policy_scan``: their range checks, the sizes that allocate) is made once for the columns that
+  a report's replays share (``_scanned``). Its loop touches no Python object
   (``allocation_size`` is asked for every request size before it) and runs without the GIL, so a
   report runs its policy replays on threads side by side (``analysis.parallel``).
 - The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``replayer._Replayer``'s
@@ -138,7 +140,7 @@ def policy_engine(
 
 # policy_scan's answer by the columns it read (ids -> (weak refs to them, scan)): the check and the
 # what-ifs of a report replay the same columns (``Requests.columns``, ``op_col``) on the pool's threads,
-# and each replay's pass over them before its loop (the range checks and the sizes that allocate, ~5 ms
+# and each replay's pass over them before its loop (the range checks and the sizes that allocate, 2.5-4 ms
 # on the 460 MB trace) is then made once. A trace's columns are never written once read (as
 # ``_PAIRED``). Two entries: the next columns replace the oldest.
 _SCANNED: dict[tuple[int, ...], tuple[Any, Any, Any, Any]] = {}
@@ -151,7 +153,7 @@ def _scanned(columns: tuple[Any, Any, Any], cols: dict[str, Any], rules: dict[st
     if not all(isinstance(c, np.ndarray) for c in columns):
         return None
     key = (*(id(c) for c in columns), rules["op_alloc"], rules["op_oom"])
-    with _SCAN_LOCK:  # one thread scans, the others take its answer (the lock is let go while it runs)
+    with _SCAN_LOCK:  # one thread scans (without the GIL), the others wait here and take its answer
         memo = _SCANNED.get(key)
         if memo is not None and all(ref() is c for ref, c in zip(memo[:3], columns, strict=True)):
             return memo[3]
