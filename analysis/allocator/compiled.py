@@ -26,7 +26,8 @@
   kept for the same columns, since both ask it of each trace.
 - The event-order check's block events, ``block_order`` (``eventorder.check_event_order``): each
   alloc and free against the one before it at its address, from a map of each address's last
-  event, where the reference sorts them by address; it names the same first wrong pair.
+  event, where the reference sorts them by address; it names the same first wrong pair. The same
+  pass pairs the allocs as ``alloc_ends`` does and keeps the answer for it: the check runs first.
 
 The two replays take every number of the allocator's rules from the Python caller
 (``AllocatorConfig.split_rule``, ``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``,
@@ -163,46 +164,69 @@ def recorded_core(act: bytes, addr: Any, size: Any, stream: Any, pool: Any, stop
     return _replaycore.recorded_core(act, addr, size, stream, pool, stops, params)
 
 
-def alloc_ends(action: Any, addr: Any, free: int = FREE_REQUESTED, *, ends: bool = True) -> tuple[Any, bool] | None:
+def alloc_pairing(action: Any, addr: Any, free: int = FREE_REQUESTED) -> tuple[Any, Any, Any, bool] | None:
     """One compiled pass over a trace's allocs and frees (``free``: the action code that frees), by
-    address: where each alloc ends, in trace order (``stacks.alloc_lifetimes``' pairing: the next
-    alloc or free at its address, else the trace's length; None with ``ends`` false), and whether
-    every address starts with an alloc and its kinds alternate (``policy.trace_is_complete``). None
-    where it declines (the loops are off, or an address is its map's empty key): the reference's
-    sort by address then answers. The answer is kept while the columns live (the ends read-only),
-    and given again for the same columns and free code: both callers ask it of each trace."""
+    address: per alloc in trace order its event, where it ends (``stacks.alloc_lifetimes``' pairing: the
+    next alloc or free at its address, else the trace's length) and how many allocs come before its end
+    (``outline.live_requested``'s end_rank), and whether every address starts with an alloc and its kinds
+    alternate (``policy.trace_is_complete``). None where it declines (the loops are off, or an address is
+    its map's empty key): the reference's sort by address then answers. The answer is kept while the
+    columns live (read-only), and given again for the same columns and free code: the lifetimes and the
+    completeness check ask it of each trace, and the event-order check's pass finds it first
+    (``first_block_out_of_order``)."""
     if not wanted():
         return None
-    memo = _PAIRED.get((id(action), id(addr), free))
-    if memo is not None and memo[0]() is action and memo[1]() is addr:
-        return (memo[2] if ends else None), memo[3]
+    memo = _remembered(action, addr, free)
+    if memo is not None:
+        return memo
     columns = (action, addr)
     action = np.ascontiguousarray(action, np.int8)
-    out = np.empty(int(np.count_nonzero(action == ALLOC)), np.int64)
+    out = _pairing_columns(action)
     got = _replaycore.alloc_ends(action, np.ascontiguousarray(addr, np.int64), ALLOC, free, out)
     if got is None:
         return None
-    out.flags.writeable = False
-    _remember_pairing(columns, free, out, bool(got[1]))
-    return (out if ends else None), bool(got[1])
+    return _remember_pairing(columns, free, out, bool(got[1]))
 
 
-# alloc_ends' last answer by the columns it read (ids -> (action, addr, ends, alternates)), dropped
-# with them: the lifetimes and the completeness check pair the same trace's events, one after the
-# other or from two threads (a report's pool). The ends are kept read-only; a trace's columns are
+def alloc_ends(action: Any, addr: Any, free: int = FREE_REQUESTED, *, ends: bool = True) -> tuple[Any, bool] | None:
+    """``alloc_pairing``'s ends (None with ``ends`` false) and whether the kinds alternate."""
+    got = alloc_pairing(action, addr, free)
+    if got is None:
+        return None
+    return (got[1] if ends else None), got[3]
+
+
+def _pairing_columns(action: Any) -> Any:
+    """The pairing's columns, unwritten: three int64 rows (starts, ends, ranks), one column per alloc."""
+    return np.empty((3, int(np.count_nonzero(action == ALLOC))), np.int64)
+
+
+# The pairing's last answer by the columns it read (ids -> (action, addr, its answer)), dropped with them:
+# the event-order check, the lifetimes and the completeness check pair the same trace's events, one after
+# the other or from two threads (a report's pool). The columns are kept read-only; a trace's columns are
 # never written once read. One entry: the next trace replaces it.
-_PAIRED: dict[tuple[int, int, int], tuple[Any, Any, Any, bool]] = {}
+_PAIRED: dict[tuple[int, int, int], tuple[Any, Any, tuple[Any, Any, Any, bool]]] = {}
 
 
-def _remember_pairing(columns: tuple[Any, Any], free: int, ends: Any, alternates: bool) -> None:
+def _remembered(action: Any, addr: Any, free: int) -> tuple[Any, Any, Any, bool] | None:
+    memo = _PAIRED.get((id(action), id(addr), free))
+    if memo is not None and memo[0]() is action and memo[1]() is addr:
+        return memo[2]
+    return None
+
+
+def _remember_pairing(columns: tuple[Any, Any], free: int, out: Any, alternates: bool) -> tuple[Any, Any, Any, bool]:
+    out.flags.writeable = False
+    answer = (out[0], out[1], out[2], alternates)
     action, addr = columns
     key = (id(action), id(addr), free)
     try:
         refs = (weakref.ref(action, lambda _: _PAIRED.pop(key, None)), weakref.ref(addr))
     except TypeError:  # a list, not an array: nothing to key the answer on
-        return
+        return answer
     _PAIRED.clear()
-    _PAIRED[key] = (*refs, ends, alternates)
+    _PAIRED[key] = (*refs, answer)
+    return answer
 
 
 def first_block_out_of_order(
@@ -213,15 +237,27 @@ def first_block_out_of_order(
     action that may follow each of the three; ``lanes``: a free must keep its alloc's pool and stream).
     ``()`` where every pair is in order, ``(cur, prev, kind_wrong)`` for the wrong pair with the earliest
     ``cur``, None where it declines (the loops are off, or an address is its map's empty key): the
-    reference's sort by address then answers."""
+    reference's sort by address then answers. Where every pair is in order, the same pass's pairing of the
+    allocs (``alloc_pairing``, its default free) is kept for the lifetimes and the completeness check."""
     if not wanted():
         return None
-    found: tuple[int, int, bool] | tuple[()] | None = _replaycore.block_order(
-        np.ascontiguousarray(action, np.int8),
+    columns = (action, addr)
+    action = np.ascontiguousarray(action, np.int8)
+    out = None if _remembered(*columns, FREE_REQUESTED) is not None else _pairing_columns(action)
+    got = _replaycore.block_order(
+        action,
         np.ascontiguousarray(addr, np.int64),
         np.ascontiguousarray(stream, np.int32),
         np.ascontiguousarray(pool, np.int32),
         np.ascontiguousarray(next_kind, np.int8).tobytes(),
         bool(lanes),
+        ALLOC,
+        FREE_REQUESTED,
+        out,
     )
+    if got is None:
+        return None
+    found: tuple[int, int, bool] | tuple[()] = got[0]
+    if not found and out is not None:
+        _remember_pairing(columns, FREE_REQUESTED, out, bool(got[1]))
     return found

@@ -10,6 +10,7 @@ kinds of refusal (an action out of turn, and a free in another pool or stream th
 from __future__ import annotations
 
 import gzip
+import itertools
 import pickle
 import random
 from pathlib import Path
@@ -142,3 +143,90 @@ def test_the_pairing_is_kept_for_the_same_columns_and_read_again(monkeypatch: py
     cut = (action[:400].copy(), addr[:400].copy())  # other columns: answered for themselves
     got = compiled.alloc_ends(*cut)
     assert got is not None and got[0].tolist() == _paired_by_address(*cut, 400)[1].tolist()
+
+
+def _pairing_reference(action: np.ndarray, addr: np.ndarray) -> tuple[list[int], list[int], list[int], bool]:
+    """alloc_pairing's answer from the references: the sort by address (``_paired_by_address``), the
+    ranks counted over the events (``outline._end_ranks``), and the alternation address by address."""
+    from analysis.model import ALLOC, FREE_REQUESTED
+    from analysis.stacks import Lifetimes
+    from analysis.stages.outline import _end_ranks
+
+    n = action.shape[0]
+    starts, ends = _paired_by_address(action, addr, n)
+    zeros = np.zeros(starts.shape[0], np.int64)
+    ranks = _end_ranks(Lifetimes(starts, ends, zeros, zeros, zeros.astype(np.int32), n)) if starts.size else zeros
+    kinds: dict[int, list[bool]] = {}
+    for i in np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED)).tolist():
+        kinds.setdefault(int(addr[i]), []).append(bool(action[i] == ALLOC))
+    alternates = all(k[0] and all(x != y for x, y in itertools.pairwise(k)) for k in kinds.values())
+    return starts.tolist(), ends.tolist(), ranks.tolist(), alternates
+
+
+def _kept_by_the_order_check(
+    action: np.ndarray, addr: np.ndarray, stream: np.ndarray, pools: np.ndarray, next_kind: np.ndarray, lanes: bool
+) -> tuple[list[int], list[int], list[int], bool]:
+    """The pairing the event-order pass keeps, held equal to alloc_pairing's own pass."""
+    from analysis.model import FREE_REQUESTED
+
+    compiled._PAIRED.clear()
+    assert compiled.first_block_out_of_order(action, addr, stream, pools, next_kind, lanes) == ()
+    kept = compiled._remembered(action, addr, FREE_REQUESTED)
+    assert kept is not None and not kept[0].flags.writeable
+    assert compiled.alloc_pairing(action, addr) is kept  # read again, not paired again
+    compiled._PAIRED.clear()
+    alone = compiled.alloc_pairing(action, addr)
+    assert alone is not None
+    got = (kept[0].tolist(), kept[1].tolist(), kept[2].tolist(), kept[3])
+    assert got == (alone[0].tolist(), alone[1].tolist(), alone[2].tolist(), alone[3])
+    return got
+
+
+@pytest.mark.parametrize("name", FIXTURE_FILES)
+def test_the_order_checks_pass_pairs_the_allocs_as_the_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """block_order's pass pairs each alloc with its end and counts the allocs before it, as alloc_ends'
+    own pass and the references do: the lifetimes and the completeness check read it, not a second pass."""
+    monkeypatch.delenv(compiled.ENV_VAR, raising=False)
+    for dev in _devices(FIXTURES / f"{name}.pickle.gz"):
+        pools = _event_pools(dev)
+        t = dev.trace
+        lanes = len(dev.streams) > 1 or bool(pools.any())
+        got = _kept_by_the_order_check(t.action, t.addr, t.stream, pools, _next_kind(t), lanes)
+        assert got == _pairing_reference(t.action, t.addr), f"{name} device {dev.device}"
+
+
+def test_the_order_checks_pairing_on_random_traces_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random traces in order (each address's alloc, free_requested, free_completed in turn, some started
+    mid-lifetime as a wrapped ring is, some with one kind of free dropped, segment events between): the
+    kept pairing equals the references, alternating or not."""
+    from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ALLOC
+
+    monkeypatch.delenv(compiled.ENV_VAR, raising=False)
+    rng = np.random.default_rng(34)
+    seen = set()
+    for _ in range(300):
+        kinds = [ALLOC, FREE_REQUESTED, FREE_COMPLETED]
+        drop = int(rng.integers(0, 3))  # 1, 2: that free dropped (skip_actions)
+        if drop:
+            kinds.remove(drop)
+        n_addr = int(rng.integers(1, 7))
+        phase = {a: int(rng.integers(0, len(kinds))) for a in range(n_addr)}
+        action, addr = [], []
+        for _ in range(int(rng.integers(0, 60))):
+            if rng.random() < 0.1:
+                action.append(SEGMENT_ALLOC)
+                addr.append(int(rng.integers(0, n_addr)) * 512)
+                continue
+            a = int(rng.integers(0, n_addr))
+            action.append(kinds[phase[a] % len(kinds)])
+            addr.append(a * 512)
+            phase[a] += 1
+        act, ad = np.array(action, np.int8), np.array(addr, np.int64)
+        zeros = np.zeros(act.shape[0], np.int32)
+        nxt = np.full(3, -1, np.int8)
+        for k, kind in enumerate(kinds):
+            nxt[kind] = kinds[(k + 1) % len(kinds)]
+        got = _kept_by_the_order_check(act, ad, zeros, zeros, nxt, False)
+        assert got == _pairing_reference(act, ad)
+        seen.add(got[3])
+    assert seen == {True, False}
