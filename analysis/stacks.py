@@ -380,6 +380,9 @@ class Lifetimes:
     # all of them for one live at the end): the compiled pairing's (``compiled.alloc_pairing``), else None
     # and ``outline.live_requested`` counts them.
     end_rank: npt.NDArray[np.int64] | None = None
+    # Per allocation, the requested bytes live right after it (``outline.Live.after``), where the compiled
+    # pairing summed them as it met each alloc and end; else None.
+    live_after: npt.NDArray[np.int64] | None = None
 
     def live_at(self, index: int) -> npt.NDArray[np.bool_]:
         return (self.start <= index) & (self.end > index)
@@ -391,13 +394,12 @@ def alloc_lifetimes(
     from analysis.allocator import compiled
 
     n = int(action.shape[0])
-    paired = compiled.alloc_pairing(action, addr)
-    ranks = None
+    paired = compiled.alloc_pairing(action, addr, size=size)
     if paired is None:
         starts, ends = _paired_by_address(action, addr, n)
-    else:
-        starts, ends, ranks, _ = paired
-    return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n, ranks)
+        return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n)
+    starts = paired.starts
+    return Lifetimes(starts, paired.ends, addr[starts], paired.sizes, stack[starts], n, paired.ranks, paired.after)
 
 
 def _paired_by_address(

@@ -8,9 +8,9 @@
  *   recorded_core(act, addr, size, stream, pool, stops, params) -> state  (replayer._Replayer)
  *   policy_engine(model, params) -> (failed, state, counts)               (cachemodel._Model.run, whole:
  *       in _policycore.c, compiled into this module; registered below)
- *   alloc_ends(act, addr, alloc, free, out) -> (allocs, alternates)       (stacks.alloc_lifetimes' pairing,
+ *   alloc_ends(act, addr, alloc, free, out, size) -> (allocs, alternates) (stacks.alloc_lifetimes' pairing,
  *       policy.trace_is_complete's order of allocs and frees)
- *   block_order(act, addr, stream, pool, next_kind, lanes, alloc, free, out) -> (first wrong pair, alternates)
+ *   block_order(act, addr, stream, pool, next_kind, lanes, alloc, free, out, size) -> (first wrong pair, alternates)
  *       (eventorder.check_event_order; the pairing of alloc_ends in the same pass)
  *
  * analysis/allocator/compiled.py decides whether these run; the Python loops stay the reference
@@ -1376,33 +1376,50 @@ fail:
  * alloc or a free (the pairing's free code), else at the trace's end. Written, where ``start`` is not NULL,
  * per alloc in trace order: its event (``start``), its end (``end``) and how many allocs come before its end
  * (``rank``: outline.live_requested's end_rank, the allocs counted so far where the end is met; every alloc
- * for one live at the end). ``alternates``: every address starts with an alloc and its kinds alternate. */
+ * for one live at the end); with the trace's sizes (``size``), also its requested bytes (``bytes``: the
+ * lifetimes' size) and the requested bytes live right after it (``after``: outline.live_requested's, each
+ * alloc's bytes counted from it up to its end, summed as the events come). ``alternates``: every address
+ * starts with an alloc and its kinds alternate. */
 typedef struct {
-    int64_t *start, *end, *rank;
+    int64_t *start, *end, *rank, *bytes, *after;
+    const int64_t *size;
+    uint64_t live; /* unsigned: a hostile trace's sums wrap rather than overflow (the reference's float64 sums
+                      are inexact long before) */
     int64_t m, cap, n;
     int alternates;
 } Pairing;
 
 /* The pairing's columns in ``out_o`` (None: nothing written): one int64 array of three rows (starts, ends,
- * ranks), one column per alloc. 0 / -1. */
-static int pairing_init(Pairing *p, PyObject *out_o, Py_buffer *out, Py_ssize_t n, const char *who) {
+ * ranks), one column per alloc, or of five (and bytes, after) where ``size_o`` is the trace's size column
+ * (int64, one per event; None: not read). 0 / -1. */
+static int pairing_init(Pairing *p, PyObject *out_o, Py_buffer *out, PyObject *size_o, Py_buffer *size, Py_ssize_t n,
+                        const char *who) {
     memset(p, 0, sizeof *p);
     p->n = n;
     p->alternates = 1;
     p->cap = INT64_MAX;
     if (out_o == Py_None) return 0;
+    if (size_o != Py_None) {
+        if (in_column(size_o, size, n) < 0) return -1;
+        p->size = size->buf;
+    }
+    Py_ssize_t rows = p->size ? 5 : 3;
     if (PyObject_GetBuffer(out_o, out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     if (out->itemsize != 8 || !out->format || (strcmp(out->format, "l") && strcmp(out->format, "q")) ||
-        out->len % 24) {
+        out->len % (rows * 8)) {
         PyBuffer_Release(out);
         out->obj = NULL;
-        PyErr_Format(PyExc_ValueError, "%s: the pairing's columns are not three int64 rows", who);
+        PyErr_Format(PyExc_ValueError, "%s: the pairing's columns are not %d int64 rows", who, (int)rows);
         return -1;
     }
-    p->cap = (int64_t)(out->len / 24);
+    p->cap = (int64_t)(out->len / (rows * 8));
     p->start = out->buf;
     p->end = p->start + p->cap;
     p->rank = p->end + p->cap;
+    if (p->size) {
+        p->bytes = p->rank + p->cap;
+        p->after = p->bytes + p->cap;
+    }
     return 0;
 }
 
@@ -1413,6 +1430,7 @@ static inline int pair_event(Pairing *p, int64_t *open, int is_alloc, Py_ssize_t
     if (*open >= 0 && p->start) {
         p->end[*open] = i;
         p->rank[*open] = p->m;
+        if (p->size) p->live -= (uint64_t)p->bytes[*open]; /* its bytes no longer live from its end on */
     }
     if (!is_alloc) {
         *open = -1;
@@ -1426,6 +1444,11 @@ static inline int pair_event(Pairing *p, int64_t *open, int is_alloc, Py_ssize_t
         p->start[p->m] = i;
         p->end[p->m] = p->n;
         p->rank[p->m] = p->cap;
+        if (p->size) {
+            p->bytes[p->m] = p->size[i];
+            p->live += (uint64_t)p->size[i];
+            p->after[p->m] = (int64_t)p->live;
+        }
     }
     *open = p->m++;
     return 0;
@@ -1440,16 +1463,16 @@ static int pairing_done(const Pairing *p, const char *who) {
     return 0;
 }
 
-/* alloc_ends(act, addr, alloc, free, out) -> (allocs, alternates) or None: the pairing (above) in one pass,
- * its columns written into ``out`` (pairing_init; None: not written). The map holds, per address, the
+/* alloc_ends(act, addr, alloc, free, out, size) -> (allocs, alternates) or None: the pairing (above) in one
+ * pass, its columns written into ``out`` (pairing_init; None: not written). The map holds, per address, the
  * alloc it is open for: only the blocks live at a time, so it stays in cache, where the reference's sort
  * by address reads every event several times. None where an address is the map's empty key, which no
  * real address is (``out`` then holds what was written up to it: compiled.alloc_ends drops it). */
 static PyObject *alloc_ends(PyObject *self, PyObject *args) {
-    PyObject *act_o, *addr_o, *out_o;
+    PyObject *act_o, *addr_o, *out_o, *size_o;
     long alloc, free_code;
-    if (!PyArg_ParseTuple(args, "OOllO", &act_o, &addr_o, &alloc, &free_code, &out_o)) return NULL;
-    Py_buffer act, addr, cols = {0};
+    if (!PyArg_ParseTuple(args, "OOllOO", &act_o, &addr_o, &alloc, &free_code, &out_o, &size_o)) return NULL;
+    Py_buffer act, addr, cols = {0}, size = {0};
     if (PyObject_GetBuffer(act_o, &act, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     Py_ssize_t n = act.len;
     if (act.itemsize != 1) {
@@ -1466,7 +1489,7 @@ static PyObject *alloc_ends(PyObject *self, PyObject *args) {
     Pairing p;
     const signed char *a = act.buf;
     const int64_t *ad = addr.buf;
-    if (pairing_init(&p, out_o, &cols, n, "alloc_ends") < 0) goto done;
+    if (pairing_init(&p, out_o, &cols, size_o, &size, n, "alloc_ends") < 0) goto done;
     if (map_init(&open, 1024, MAP_SPARSE_LIVE) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         int is_alloc = a[i] == alloc;
@@ -1493,6 +1516,7 @@ static PyObject *alloc_ends(PyObject *self, PyObject *args) {
 done:
     if (open.k) map_free(&open);
     if (cols.obj) PyBuffer_Release(&cols);
+    if (size.obj) PyBuffer_Release(&size);
     PyBuffer_Release(&addr);
     PyBuffer_Release(&act);
     return out;
@@ -1508,7 +1532,7 @@ static int in_i32(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
     return 0;
 }
 
-/* block_order(act, addr, stream, pool, next_kind, lanes, alloc, free, out) -> (found, alternates) or None: the
+/* block_order(act, addr, stream, pool, next_kind, lanes, alloc, free, out, size) -> (found, alternates) or None: the
  * block events (actions 0..2: alloc, free_requested, free_completed) of eventorder.check_event_order, each
  * against the one before it at its address in trace order; ``found`` is () where every pair is in order,
  * else (cur, prev, kind_wrong). ``next_kind`` (3 bytes, signed) is the action that may follow each kind;
@@ -1518,18 +1542,18 @@ static int in_i32(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
  * a caching allocator's trace is few. None where an address is the map's empty key, met before any wrong
  * pair (the reference answers then).
  * The same pass pairs the allocs as alloc_ends does (``alloc``, ``free``: the pairing's codes, both block
- * actions; ``out``: its columns, see pairing_init), each address's open alloc kept beside its last event in
+ * actions; ``out``, ``size``: its columns, see pairing_init), each address's open alloc kept beside its last event in
  * the map's slot (its ``s``, which no one reads here), so stacks.alloc_lifetimes and
  * policy.trace_is_complete need no second pass by address (``alternates``; the columns are whole only
  * where ``found`` is ()). */
 static PyObject *block_order(PyObject *self, PyObject *args) {
-    PyObject *act_o, *addr_o, *stream_o, *pool_o, *out_o;
+    PyObject *act_o, *addr_o, *stream_o, *pool_o, *out_o, *size_o;
     const char *next_kind;
     Py_ssize_t next_len;
     int lanes;
     long alloc, free_code;
-    if (!PyArg_ParseTuple(args, "OOOOy#pllO", &act_o, &addr_o, &stream_o, &pool_o, &next_kind, &next_len, &lanes,
-                          &alloc, &free_code, &out_o))
+    if (!PyArg_ParseTuple(args, "OOOOy#pllOO", &act_o, &addr_o, &stream_o, &pool_o, &next_kind, &next_len, &lanes,
+                          &alloc, &free_code, &out_o, &size_o))
         return NULL;
     if (next_len != 3) {
         PyErr_SetString(PyExc_ValueError, "block_order: next_kind is not one byte per block action");
@@ -1539,7 +1563,7 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "block_order: the pairing's codes are not block actions");
         return NULL;
     }
-    Py_buffer act, addr, stream = {0}, pool = {0}, cols = {0};
+    Py_buffer act, addr, stream = {0}, pool = {0}, cols = {0}, size = {0};
     if (PyObject_GetBuffer(act_o, &act, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     Py_ssize_t n = act.len;
     PyObject *out = NULL;
@@ -1556,7 +1580,7 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
     }
     if (in_i32(stream_o, &stream, n, "stream") < 0) goto done;
     if (in_i32(pool_o, &pool, n, "pool") < 0) goto done;
-    if (pairing_init(&pr, out_o, &cols, n, "block_order") < 0) goto done;
+    if (pairing_init(&pr, out_o, &cols, size_o, &size, n, "block_order") < 0) goto done;
     const signed char *a = act.buf, *nxt = (const signed char *)next_kind;
     const int64_t *ad = addr.buf;
     const int32_t *st = stream.buf, *pl = pool.buf;
@@ -1595,6 +1619,7 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
 done:
     if (last.k) map_free(&last);
     if (cols.obj) PyBuffer_Release(&cols);
+    if (size.obj) PyBuffer_Release(&size);
     if (pool.obj) PyBuffer_Release(&pool);
     if (stream.obj) PyBuffer_Release(&stream);
     PyBuffer_Release(&addr);

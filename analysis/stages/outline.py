@@ -81,6 +81,8 @@ def live_requested(lifetimes: Lifetimes) -> Live | None:
     end_rank = lifetimes.end_rank  # the compiled pairing counts them where it meets each end
     if end_rank is None:
         end_rank = _end_ranks(lifetimes)
+    elif lifetimes.live_after is not None:  # and sums the live bytes (in int64: as exact as the sums below)
+        return Live(lifetimes.live_after, end_rank)
     # bincount sums in float64: exact while totals stay below 2**53 bytes.
     ended = np.bincount(end_rank, lifetimes.size.astype(np.float64), m + 1)
     # ``cumsum(size) - cumsum(ended)`` in one pass (the same in int64); a float64 sum of integers is an

@@ -145,54 +145,79 @@ def test_the_pairing_is_kept_for_the_same_columns_and_read_again(monkeypatch: py
     assert got is not None and got[0].tolist() == _paired_by_address(*cut, 400)[1].tolist()
 
 
-def _pairing_reference(action: np.ndarray, addr: np.ndarray) -> tuple[list[int], list[int], list[int], bool]:
+def _pairing_reference(
+    action: np.ndarray, addr: np.ndarray, size: np.ndarray
+) -> tuple[list[int], list[int], list[int], bool, list[int], list[int]]:
     """alloc_pairing's answer from the references: the sort by address (``_paired_by_address``), the
-    ranks counted over the events (``outline._end_ranks``), and the alternation address by address."""
+    ranks counted over the events (``outline._end_ranks``), the live bytes of ``live_requested``'s
+    bincount, and the alternation address by address."""
     from analysis.model import ALLOC, FREE_REQUESTED
     from analysis.stacks import Lifetimes
-    from analysis.stages.outline import _end_ranks
+    from analysis.stages.outline import _end_ranks, live_requested
 
     n = action.shape[0]
     starts, ends = _paired_by_address(action, addr, n)
     zeros = np.zeros(starts.shape[0], np.int64)
-    ranks = _end_ranks(Lifetimes(starts, ends, zeros, zeros, zeros.astype(np.int32), n)) if starts.size else zeros
+    lifetimes = Lifetimes(starts, ends, zeros, size[starts], zeros.astype(np.int32), n)
+    ranks = _end_ranks(lifetimes) if starts.size else zeros
+    live = live_requested(lifetimes)
+    after = live.after if live is not None else zeros
     kinds: dict[int, list[bool]] = {}
     for i in np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED)).tolist():
         kinds.setdefault(int(addr[i]), []).append(bool(action[i] == ALLOC))
     alternates = all(k[0] and all(x != y for x, y in itertools.pairwise(k)) for k in kinds.values())
-    return starts.tolist(), ends.tolist(), ranks.tolist(), alternates
+    return starts.tolist(), ends.tolist(), ranks.tolist(), alternates, size[starts].tolist(), after.tolist()
 
 
 def _kept_by_the_order_check(
-    action: np.ndarray, addr: np.ndarray, stream: np.ndarray, pools: np.ndarray, next_kind: np.ndarray, lanes: bool
-) -> tuple[list[int], list[int], list[int], bool]:
-    """The pairing the event-order pass keeps, held equal to alloc_pairing's own pass."""
+    action: np.ndarray,
+    addr: np.ndarray,
+    size: np.ndarray,
+    stream: np.ndarray,
+    pools: np.ndarray,
+    next_kind: np.ndarray,
+    lanes: bool,
+) -> tuple[list[int], list[int], list[int], bool, list[int], list[int]]:
+    """The pairing the event-order pass keeps, held equal to alloc_pairing's own pass, with the sizes and
+    without (the completeness check's: no bytes, the same pairs)."""
     from analysis.model import FREE_REQUESTED
 
     compiled._PAIRED.clear()
-    assert compiled.first_block_out_of_order(action, addr, stream, pools, next_kind, lanes) == ()
-    kept = compiled._remembered(action, addr, FREE_REQUESTED)
-    assert kept is not None and not kept[0].flags.writeable
-    assert compiled.alloc_pairing(action, addr) is kept  # read again, not paired again
+    assert compiled.first_block_out_of_order(action, addr, stream, pools, next_kind, lanes, size) == ()
+    kept = compiled._remembered(action, addr, FREE_REQUESTED, size)
+    assert kept is not None and not kept.starts.flags.writeable and not kept.after.flags.writeable
+    assert compiled.alloc_pairing(action, addr, size=size) is kept  # read again, not paired again
+    assert compiled.alloc_pairing(action, addr) is kept
     compiled._PAIRED.clear()
-    alone = compiled.alloc_pairing(action, addr)
+    alone = compiled.alloc_pairing(action, addr, size=size)
     assert alone is not None
-    got = (kept[0].tolist(), kept[1].tolist(), kept[2].tolist(), kept[3])
-    assert got == (alone[0].tolist(), alone[1].tolist(), alone[2].tolist(), alone[3])
+
+    def columns(p: compiled.Pairing) -> tuple[list[int], list[int], list[int], bool, list[int], list[int]]:
+        return p.starts.tolist(), p.ends.tolist(), p.ranks.tolist(), p.alternates, p.sizes.tolist(), p.after.tolist()
+
+    got = columns(kept)
+    assert got == columns(alone)
+    compiled._PAIRED.clear()  # without the sizes: the pairs alone
+    assert compiled.first_block_out_of_order(action, addr, stream, pools, next_kind, lanes) == ()
+    bare = compiled.alloc_pairing(action, addr)
+    assert bare is not None and bare.sizes is None and bare.after is None
+    assert (bare.starts.tolist(), bare.ends.tolist(), bare.ranks.tolist(), bare.alternates) == got[:4]
+    assert compiled.alloc_pairing(action, addr, size=size) is not bare  # asked with the sizes: paired with them
     return got
 
 
 @pytest.mark.parametrize("name", FIXTURE_FILES)
 def test_the_order_checks_pass_pairs_the_allocs_as_the_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """block_order's pass pairs each alloc with its end and counts the allocs before it, as alloc_ends'
-    own pass and the references do: the lifetimes and the completeness check read it, not a second pass."""
+    """block_order's pass pairs each alloc with its end, counts the allocs before it and sums the live bytes,
+    as alloc_ends' own pass and the references do: the lifetimes and the completeness check read it, not a
+    second pass."""
     monkeypatch.delenv(compiled.ENV_VAR, raising=False)
     for dev in _devices(FIXTURES / f"{name}.pickle.gz"):
         pools = _event_pools(dev)
         t = dev.trace
         lanes = len(dev.streams) > 1 or bool(pools.any())
-        got = _kept_by_the_order_check(t.action, t.addr, t.stream, pools, _next_kind(t), lanes)
-        assert got == _pairing_reference(t.action, t.addr), f"{name} device {dev.device}"
+        got = _kept_by_the_order_check(t.action, t.addr, t.size, t.stream, pools, _next_kind(t), lanes)
+        assert got == _pairing_reference(t.action, t.addr, t.size), f"{name} device {dev.device}"
 
 
 def test_the_order_checks_pairing_on_random_traces_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,11 +247,12 @@ def test_the_order_checks_pairing_on_random_traces_in_order(monkeypatch: pytest.
             addr.append(a * 512)
             phase[a] += 1
         act, ad = np.array(action, np.int8), np.array(addr, np.int64)
+        size = rng.integers(0, 1 << 40, act.shape[0]).astype(np.int64)
         zeros = np.zeros(act.shape[0], np.int32)
         nxt = np.full(3, -1, np.int8)
         for k, kind in enumerate(kinds):
             nxt[kind] = kinds[(k + 1) % len(kinds)]
-        got = _kept_by_the_order_check(act, ad, zeros, zeros, nxt, False)
-        assert got == _pairing_reference(act, ad)
+        got = _kept_by_the_order_check(act, ad, size, zeros, zeros, nxt, False)
+        assert got == _pairing_reference(act, ad, size)
         seen.add(got[3])
     assert seen == {True, False}
