@@ -256,3 +256,32 @@ def test_the_order_checks_pairing_on_random_traces_in_order(monkeypatch: pytest.
         assert got == _pairing_reference(act, ad, size)
         seen.add(got[3])
     assert seen == {True, False}
+
+
+def test_the_address_map_grows_and_keeps_each_addresss_last_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of addresses (the map starts at 1024 slots and grows past half full): every address's
+    lifetimes in order pass and pair as the references do, and a repeated free after the table grew is
+    refused at the event the reference names."""
+    from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED
+
+    monkeypatch.delenv(compiled.ENV_VAR, raising=False)
+    rng = np.random.default_rng(36)
+    n_addr = 3000
+    cycle = [ALLOC, FREE_REQUESTED, FREE_COMPLETED]
+    phase = np.zeros(n_addr, np.int64)
+    action, addr = [], []
+    for a in rng.integers(0, n_addr, 40000).tolist():
+        action.append(cycle[phase[a] % 3])
+        addr.append((a + 1) << 12)
+        phase[a] += 1
+    act, ad = np.array(action, np.int8), np.array(addr, np.int64)
+    size = rng.integers(1, 1 << 30, act.shape[0]).astype(np.int64)
+    zeros = np.zeros(act.shape[0], np.int32)
+    nxt = np.array([FREE_REQUESTED, FREE_COMPLETED, ALLOC], np.int8)
+    got = _kept_by_the_order_check(act, ad, size, zeros, zeros, nxt, False)
+    assert got == _pairing_reference(act, ad, size)
+    last = int(np.flatnonzero(ad == ad[0])[-1])  # the first address's last event, repeated at the end
+    wrong_act, wrong_ad = np.r_[act, act[last]], np.r_[ad, ad[last]]
+    z = np.zeros(wrong_act.shape[0], np.int32)
+    n = act.shape[0]
+    assert compiled.first_block_out_of_order(wrong_act, wrong_ad, z, z, nxt, False) == (n, last, True)
