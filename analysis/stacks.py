@@ -376,6 +376,13 @@ class Lifetimes:
     size: npt.NDArray[np.int64]  # requested bytes
     stack: npt.NDArray[np.int32]
     n_events: int
+    # Per allocation, how many allocations come before its end (the allocations' count where its end is met;
+    # all of them for one live at the end): the compiled pairing's (``compiled.alloc_pairing``), else None
+    # and ``outline.live_requested`` counts them.
+    end_rank: npt.NDArray[np.int64] | None = None
+    # Per allocation, the requested bytes live right after it (``outline.Live.after``), where the compiled
+    # pairing summed them as it met each alloc and end; else None.
+    live_after: npt.NDArray[np.int64] | None = None
 
     def live_at(self, index: int) -> npt.NDArray[np.bool_]:
         return (self.start <= index) & (self.end > index)
@@ -385,15 +392,14 @@ def alloc_lifetimes(
     action: npt.NDArray[np.int8], addr: npt.NDArray[np.int64], size: npt.NDArray[np.int64], stack: npt.NDArray[np.int32]
 ) -> Lifetimes:
     from analysis.allocator import compiled
-    from analysis.model import ALLOC
 
     n = int(action.shape[0])
-    paired = compiled.alloc_ends(action, addr)
+    paired = compiled.alloc_pairing(action, addr, size=size)
     if paired is None:
         starts, ends = _paired_by_address(action, addr, n)
-    else:
-        starts, ends = np.flatnonzero(action == ALLOC), paired[0]
-    return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n)
+        return Lifetimes(starts, ends, addr[starts], size[starts], stack[starts], n)
+    starts = paired.starts
+    return Lifetimes(starts, paired.ends, addr[starts], paired.sizes, stack[starts], n, paired.ranks, paired.after)
 
 
 def _paired_by_address(

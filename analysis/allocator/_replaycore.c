@@ -10,9 +10,10 @@
  *       in _policycore.c, compiled into this module; registered below)
  *   policy_scan(ops, sizes, lks, op_alloc, op_oom) -> scan               (policy_engine's pass over its requests
  *       before the loop, kept by compiled.py for columns that several replays share)
- *   alloc_ends(act, addr, alloc, free, ends) -> (allocs, alternates)      (stacks.alloc_lifetimes' pairing,
+ *   alloc_ends(act, addr, alloc, free, out, size) -> (allocs, alternates) (stacks.alloc_lifetimes' pairing,
  *       policy.trace_is_complete's order of allocs and frees)
- *   block_order(act, addr, stream, pool, next_kind, lanes) -> first wrong pair  (eventorder.check_event_order)
+ *   block_order(act, addr, stream, pool, next_kind, lanes, alloc, free, out, size) -> (first wrong pair, alternates)
+ *       (eventorder.check_event_order; the pairing of alloc_ends in the same pass)
  *
  * analysis/allocator/compiled.py decides whether these run; the Python loops stay the reference
  * (tests/analysis/test_replaycore.py compares both on every fixture and on the captures).
@@ -1372,19 +1373,108 @@ fail:
     return NULL;
 }
 
-/* alloc_ends(act, addr, alloc, free, ends) -> (allocs, alternates) or None: one pass that pairs each alloc
- * with the next event at its address that is an alloc or a free (``free``: its code), else the trace's
- * end (stacks.alloc_lifetimes), written into ``ends`` (int64, one per alloc, in trace order; None: not
- * written); ``alternates``: whether every address starts with an alloc and its kinds alternate
- * (policy.trace_is_complete). The map holds, per address, the alloc it is open for: only the blocks
- * live at a time, so it stays in cache, where the reference's sort by address reads every event several
- * times. None where an address is the map's empty key, which no real address is (``ends`` then holds
- * what was written up to it: compiled.alloc_ends drops it). */
+/* stacks.alloc_lifetimes' pairing (and policy.trace_is_complete's order of allocs and frees), one event at a
+ * time, shared by alloc_ends and block_order: each alloc ends at the next event at its address that is an
+ * alloc or a free (the pairing's free code), else at the trace's end. Written, where ``start`` is not NULL,
+ * per alloc in trace order: its event (``start``), its end (``end``) and how many allocs come before its end
+ * (``rank``: outline.live_requested's end_rank, the allocs counted so far where the end is met; every alloc
+ * for one live at the end); with the trace's sizes (``size``), also its requested bytes (``bytes``: the
+ * lifetimes' size) and the requested bytes live right after it (``after``: outline.live_requested's, each
+ * alloc's bytes counted from it up to its end, summed as the events come). ``alternates``: every address
+ * starts with an alloc and its kinds alternate. */
+typedef struct {
+    int64_t *start, *end, *rank, *bytes, *after;
+    const int64_t *size;
+    uint64_t live; /* unsigned: a hostile trace's sums wrap rather than overflow (the reference's float64 sums
+                      are inexact long before) */
+    int64_t m, cap, n;
+    int alternates;
+} Pairing;
+
+/* The pairing's columns in ``out_o`` (None: nothing written): one int64 array of three rows (starts, ends,
+ * ranks), one column per alloc, or of five (and bytes, after) where ``size_o`` is the trace's size column
+ * (int64, one per event; None: not read). 0 / -1. */
+static int pairing_init(Pairing *p, PyObject *out_o, Py_buffer *out, PyObject *size_o, Py_buffer *size, Py_ssize_t n,
+                        const char *who) {
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    p->alternates = 1;
+    p->cap = INT64_MAX;
+    if (out_o == Py_None) return 0;
+    if (size_o != Py_None) {
+        if (in_column(size_o, size, n) < 0) return -1;
+        p->size = size->buf;
+    }
+    Py_ssize_t rows = p->size ? 5 : 3;
+    if (PyObject_GetBuffer(out_o, out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (out->itemsize != 8 || !out->format || (strcmp(out->format, "l") && strcmp(out->format, "q")) ||
+        out->len % (rows * 8)) {
+        PyBuffer_Release(out);
+        out->obj = NULL;
+        PyErr_Format(PyExc_ValueError, "%s: the pairing's columns are not %d int64 rows", who, (int)rows);
+        return -1;
+    }
+    p->cap = (int64_t)(out->len / (rows * 8));
+    p->start = out->buf;
+    p->end = p->start + p->cap;
+    p->rank = p->end + p->cap;
+    if (p->size) {
+        p->bytes = p->rank + p->cap;
+        p->after = p->bytes + p->cap;
+    }
+    return 0;
+}
+
+/* One alloc (``is_alloc``) or free at event ``i``, at an address whose open alloc is ``*open`` (-1: none);
+ * ``*open`` becomes the address's open alloc after it. 0 / -1 (more allocs than the columns hold). */
+static inline int pair_event(Pairing *p, int64_t *open, int is_alloc, Py_ssize_t i, const char *who) {
+    p->alternates &= (*open >= 0) != is_alloc;
+    if (*open >= 0 && p->start) {
+        p->end[*open] = i;
+        p->rank[*open] = p->m;
+        if (p->size) p->live -= (uint64_t)p->bytes[*open]; /* its bytes no longer live from its end on */
+    }
+    if (!is_alloc) {
+        *open = -1;
+        return 0;
+    }
+    if (p->m == p->cap) {
+        PyErr_Format(PyExc_ValueError, "%s: the pairing's columns are not one per alloc", who);
+        return -1;
+    }
+    if (p->start) {
+        p->start[p->m] = i;
+        p->end[p->m] = p->n;
+        p->rank[p->m] = p->cap;
+        if (p->size) {
+            p->bytes[p->m] = p->size[i];
+            p->live += (uint64_t)p->size[i];
+            p->after[p->m] = (int64_t)p->live;
+        }
+    }
+    *open = p->m++;
+    return 0;
+}
+
+/* Every alloc met: the columns hold one each. 0 / -1. */
+static int pairing_done(const Pairing *p, const char *who) {
+    if (p->start && p->m != p->cap) {
+        PyErr_Format(PyExc_ValueError, "%s: the pairing's columns are not one per alloc", who);
+        return -1;
+    }
+    return 0;
+}
+
+/* alloc_ends(act, addr, alloc, free, out, size) -> (allocs, alternates) or None: the pairing (above) in one
+ * pass, its columns written into ``out`` (pairing_init; None: not written). The map holds, per address, the
+ * alloc it is open for: only the blocks live at a time, so it stays in cache, where the reference's sort
+ * by address reads every event several times. None where an address is the map's empty key, which no
+ * real address is (``out`` then holds what was written up to it: compiled.alloc_ends drops it). */
 static PyObject *alloc_ends(PyObject *self, PyObject *args) {
-    PyObject *act_o, *addr_o, *ends_o;
+    PyObject *act_o, *addr_o, *out_o, *size_o;
     long alloc, free_code;
-    if (!PyArg_ParseTuple(args, "OOllO", &act_o, &addr_o, &alloc, &free_code, &ends_o)) return NULL;
-    Py_buffer act, addr, ends = {0};
+    if (!PyArg_ParseTuple(args, "OOllOO", &act_o, &addr_o, &alloc, &free_code, &out_o, &size_o)) return NULL;
+    Py_buffer act, addr, cols = {0}, size = {0};
     if (PyObject_GetBuffer(act_o, &act, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     Py_ssize_t n = act.len;
     if (act.itemsize != 1) {
@@ -1396,56 +1486,39 @@ static PyObject *alloc_ends(PyObject *self, PyObject *args) {
         PyBuffer_Release(&act);
         return NULL;
     }
-    int write = ends_o != Py_None;
-    if (write && PyObject_GetBuffer(ends_o, &ends, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyBuffer_Release(&addr);
-        PyBuffer_Release(&act);
-        return NULL;
-    }
     PyObject *out = NULL;
     Map open = {0};
+    Pairing p;
     const signed char *a = act.buf;
     const int64_t *ad = addr.buf;
-    int64_t *end = ends.buf, m = 0;
-    int alternates = 1;
-    if (write && (ends.itemsize != 8 || !ends.format || (strcmp(ends.format, "l") && strcmp(ends.format, "q")))) {
-        PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not int64");
-        goto done;
-    }
-    /* One pass: an address that is the map's empty key declines where it is met (the ends written so far
-     * are the caller's to drop), and the ends are counted as they are written. */
-    int64_t cap = write ? (int64_t)(ends.len / 8) : INT64_MAX;
+    if (pairing_init(&p, out_o, &cols, size_o, &size, n, "alloc_ends") < 0) goto done;
     if (map_init(&open, 1024, MAP_SPARSE_LIVE) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         int is_alloc = a[i] == alloc;
         if (!is_alloc && a[i] != free_code) continue;
-        if (ad[i] == MAP_EMPTY) {
+        if (ad[i] == MAP_EMPTY) { /* declined where met */
             out = Py_None;
             Py_INCREF(out);
             goto done;
         }
-        if (is_alloc && m == cap) {
-            PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
-            goto done;
-        }
-        if (is_alloc && write) end[m] = n;
         Py_ssize_t j = map_find(&open, ad[i]);
-        alternates &= (j >= 0) != is_alloc;
-        if (j >= 0 && write) end[open.v[j]] = i;
-        if (is_alloc) {
-            if (map_set(&open, ad[i], m++) < 0) goto done; /* the alloc now open at this address */
+        int64_t o = j >= 0 ? open.v[j] : -1;
+        if (pair_event(&p, &o, is_alloc, i, "alloc_ends") < 0) goto done;
+        if (o >= 0) {
+            if (j >= 0)
+                open.v[j] = o;
+            else if (map_set(&open, ad[i], o) < 0) /* the alloc now open at this address */
+                goto done;
         } else if (j >= 0) {
             map_del_at(&open, (size_t)j);
         }
     }
-    if (write && m != cap) {
-        PyErr_SetString(PyExc_ValueError, "alloc_ends: the ends column is not one per alloc");
-        goto done;
-    }
-    out = Py_BuildValue("(LO)", (long long)m, alternates ? Py_True : Py_False);
+    if (pairing_done(&p, "alloc_ends") < 0) goto done;
+    out = Py_BuildValue("(LO)", (long long)p.m, p.alternates ? Py_True : Py_False);
 done:
     if (open.k) map_free(&open);
-    if (write) PyBuffer_Release(&ends);
+    if (cols.obj) PyBuffer_Release(&cols);
+    if (size.obj) PyBuffer_Release(&size);
     PyBuffer_Release(&addr);
     PyBuffer_Release(&act);
     return out;
@@ -1461,30 +1534,43 @@ static int in_i32(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
     return 0;
 }
 
-/* block_order(act, addr, stream, pool, next_kind, lanes) -> () or (cur, prev, kind_wrong) or None: the
+/* block_order(act, addr, stream, pool, next_kind, lanes, alloc, free, out, size) -> (found, alternates) or None: the
  * block events (actions 0..2: alloc, free_requested, free_completed) of eventorder.check_event_order, each
- * against the one before it at its address in trace order. ``next_kind`` (3 bytes, signed) is the action
- * that may follow each kind; with ``lanes`` a free must also keep its alloc's pool and stream. The pass
- * runs in trace order, so the first wrong pair it meets is the one with the earliest ``cur``, the one the
- * reference (a stable sort by address) refuses. The map holds each address's last block event: every
- * address the trace names, which in a caching allocator's trace is few. None where an address is the
- * map's empty key, met before any wrong pair (the reference answers then). */
+ * against the one before it at its address in trace order; ``found`` is () where every pair is in order,
+ * else (cur, prev, kind_wrong). ``next_kind`` (3 bytes, signed) is the action that may follow each kind;
+ * with ``lanes`` a free must also keep its alloc's pool and stream. The pass runs in trace order, so the
+ * first wrong pair it meets is the one with the earliest ``cur``, the one the reference (a stable sort by
+ * address) refuses. The map holds each address's last block event: every address the trace names, which in
+ * a caching allocator's trace is few. None where an address is the map's empty key, met before any wrong
+ * pair (the reference answers then).
+ * The same pass pairs the allocs as alloc_ends does (``alloc``, ``free``: the pairing's codes, both block
+ * actions; ``out``, ``size``: its columns, see pairing_init), each address's open alloc kept beside its last event in
+ * the map's slot (its ``s``, which no one reads here), so stacks.alloc_lifetimes and
+ * policy.trace_is_complete need no second pass by address (``alternates``; the columns are whole only
+ * where ``found`` is ()). */
 static PyObject *block_order(PyObject *self, PyObject *args) {
-    PyObject *act_o, *addr_o, *stream_o, *pool_o;
+    PyObject *act_o, *addr_o, *stream_o, *pool_o, *out_o, *size_o;
     const char *next_kind;
     Py_ssize_t next_len;
     int lanes;
-    if (!PyArg_ParseTuple(args, "OOOOy#p", &act_o, &addr_o, &stream_o, &pool_o, &next_kind, &next_len, &lanes))
+    long alloc, free_code;
+    if (!PyArg_ParseTuple(args, "OOOOy#pllOO", &act_o, &addr_o, &stream_o, &pool_o, &next_kind, &next_len, &lanes,
+                          &alloc, &free_code, &out_o, &size_o))
         return NULL;
     if (next_len != 3) {
         PyErr_SetString(PyExc_ValueError, "block_order: next_kind is not one byte per block action");
         return NULL;
     }
-    Py_buffer act, addr, stream = {0}, pool = {0};
+    if (alloc < 0 || alloc > 2 || free_code < 0 || free_code > 2) {
+        PyErr_SetString(PyExc_ValueError, "block_order: the pairing's codes are not block actions");
+        return NULL;
+    }
+    Py_buffer act, addr, stream = {0}, pool = {0}, cols = {0}, size = {0};
     if (PyObject_GetBuffer(act_o, &act, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     Py_ssize_t n = act.len;
     PyObject *out = NULL;
     Map last = {0};
+    Pairing pr;
     if (act.itemsize != 1) {
         PyBuffer_Release(&act);
         PyErr_SetString(PyExc_ValueError, "block_order: the action column is not one byte per event");
@@ -1496,6 +1582,7 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
     }
     if (in_i32(stream_o, &stream, n, "stream") < 0) goto done;
     if (in_i32(pool_o, &pool, n, "pool") < 0) goto done;
+    if (pairing_init(&pr, out_o, &cols, size_o, &size, n, "block_order") < 0) goto done;
     const signed char *a = act.buf, *nxt = (const signed char *)next_kind;
     const int64_t *ad = addr.buf;
     const int32_t *st = stream.buf, *pl = pool.buf;
@@ -1508,22 +1595,33 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
             goto done;
         }
         Py_ssize_t j = map_find(&last, ad[i]);
+        int64_t open = -1;
         if (j >= 0) {
             int64_t p = last.v[j];
             int kind_wrong = a[i] != nxt[a[p]];
             int lane_wrong = lanes && a[i] != 0 && (pl[i] != pl[p] || st[i] != st[p]);
             if (kind_wrong || lane_wrong) {
-                out = Py_BuildValue("(LLO)", (long long)i, (long long)p, kind_wrong ? Py_True : Py_False);
+                out = Py_BuildValue("((LLO)O)", (long long)i, (long long)p, kind_wrong ? Py_True : Py_False,
+                                    Py_False);
                 goto done;
             }
             last.v[j] = i;
-        } else if (map_set(&last, ad[i], i) < 0) {
-            goto done;
+            open = last.s[j];
+        } else {
+            if (map_set(&last, ad[i], i) < 0) goto done;
+            j = map_find(&last, ad[i]); /* a new address: few, so found again rather than returned */
         }
+        if (a[i] == alloc || a[i] == free_code) {
+            if (pair_event(&pr, &open, a[i] == alloc, i, "block_order") < 0) goto done;
+        }
+        last.s[j] = open;
     }
-    out = PyTuple_New(0);
+    if (pairing_done(&pr, "block_order") < 0) goto done;
+    out = Py_BuildValue("(()O)", pr.alternates ? Py_True : Py_False);
 done:
     if (last.k) map_free(&last);
+    if (cols.obj) PyBuffer_Release(&cols);
+    if (size.obj) PyBuffer_Release(&size);
     if (pool.obj) PyBuffer_Release(&pool);
     if (stream.obj) PyBuffer_Release(&stream);
     PyBuffer_Release(&addr);

@@ -28,7 +28,8 @@
   kept for the same columns, since both ask it of each trace.
 - The event-order check's block events, ``block_order`` (``eventorder.check_event_order``): each
   alloc and free against the one before it at its address, from a map of each address's last
-  event, where the reference sorts them by address; it names the same first wrong pair.
+  event, where the reference sorts them by address; it names the same first wrong pair. The same
+  pass pairs the allocs as ``alloc_ends`` does and keeps the answer for it: the check runs first.
 
 The two replays take every number of the allocator's rules from the Python caller
 (``AllocatorConfig.split_rule``, ``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``,
@@ -48,7 +49,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -194,65 +195,129 @@ def recorded_core(act: bytes, addr: Any, size: Any, stream: Any, pool: Any, stop
     return _replaycore.recorded_core(act, addr, size, stream, pool, stops, params)
 
 
-def alloc_ends(action: Any, addr: Any, free: int = FREE_REQUESTED, *, ends: bool = True) -> tuple[Any, bool] | None:
+class Pairing(NamedTuple):
+    """``alloc_pairing``'s answer: per alloc in trace order (read-only int64 columns), its event, its end and
+    how many allocs come before its end; whether the kinds alternate; and, where the trace's sizes were
+    given, each alloc's requested bytes and the requested bytes live right after it (else None)."""
+
+    starts: Any
+    ends: Any
+    ranks: Any
+    alternates: bool
+    sizes: Any = None
+    after: Any = None
+
+
+def alloc_pairing(action: Any, addr: Any, free: int = FREE_REQUESTED, size: Any = None) -> Pairing | None:
     """One compiled pass over a trace's allocs and frees (``free``: the action code that frees), by
-    address: where each alloc ends, in trace order (``stacks.alloc_lifetimes``' pairing: the next
-    alloc or free at its address, else the trace's length; None with ``ends`` false), and whether
-    every address starts with an alloc and its kinds alternate (``policy.trace_is_complete``). None
-    where it declines (the loops are off, or an address is its map's empty key): the reference's
-    sort by address then answers. The answer is kept while the columns live (the ends read-only),
-    and given again for the same columns and free code: both callers ask it of each trace."""
+    address: per alloc in trace order its event, where it ends (``stacks.alloc_lifetimes``' pairing: the
+    next alloc or free at its address, else the trace's length) and how many allocs come before its end
+    (``outline.live_requested``'s end_rank), and whether every address starts with an alloc and its kinds
+    alternate (``policy.trace_is_complete``); with ``size`` (the trace's size column), each alloc's bytes
+    and the requested bytes live after it (``outline.live_requested``'s ``after``). None where it declines
+    (the loops are off, or an address is its map's empty key): the reference's sort by address then
+    answers. The answer is kept while the columns live (read-only), and given again for the same columns
+    and free code: the lifetimes and the completeness check ask it of each trace, and the event-order
+    check's pass finds it first (``first_block_out_of_order``)."""
     if not wanted():
         return None
-    memo = _PAIRED.get((id(action), id(addr), free))
-    if memo is not None and memo[0]() is action and memo[1]() is addr:
-        return (memo[2] if ends else None), memo[3]
-    columns = (action, addr)
+    memo = _remembered(action, addr, free, size)
+    if memo is not None:
+        return memo
+    columns = (action, addr, size)
     action = np.ascontiguousarray(action, np.int8)
-    out = np.empty(int(np.count_nonzero(action == ALLOC)), np.int64)
-    got = _replaycore.alloc_ends(action, np.ascontiguousarray(addr, np.int64), ALLOC, free, out)
+    out = _pairing_columns(action, size is not None)
+    got = _replaycore.alloc_ends(action, np.ascontiguousarray(addr, np.int64), ALLOC, free, out, _sizes(size))
     if got is None:
         return None
+    return _remember_pairing(columns, free, out, bool(got[1]))
+
+
+def alloc_ends(action: Any, addr: Any, free: int = FREE_REQUESTED, *, ends: bool = True) -> tuple[Any, bool] | None:
+    """``alloc_pairing``'s ends (None with ``ends`` false) and whether the kinds alternate."""
+    got = alloc_pairing(action, addr, free)
+    if got is None:
+        return None
+    return (got.ends if ends else None), got.alternates
+
+
+def _pairing_columns(action: Any, sized: bool) -> Any:
+    """The pairing's columns, unwritten: int64 rows (starts, ends, ranks, and with the sizes bytes and
+    after), one column per alloc."""
+    return np.empty((5 if sized else 3, int(np.count_nonzero(action == ALLOC))), np.int64)
+
+
+def _sizes(size: Any) -> Any:
+    return None if size is None else np.ascontiguousarray(size, np.int64)
+
+
+# The pairing's last answer by the columns it read (ids -> (action, addr, size, its answer)), dropped with
+# them: the event-order check, the lifetimes and the completeness check pair the same trace's events, one
+# after the other or from two threads (a report's pool). The columns are kept read-only; a trace's columns
+# are never written once read. One entry: the next trace replaces it.
+_PAIRED: dict[tuple[int, int, int], tuple[Any, Any, Any, Pairing]] = {}
+
+
+def _remembered(action: Any, addr: Any, free: int, size: Any = None) -> Pairing | None:
+    """The kept answer for these columns; where ``size`` is asked, only one paired with those sizes."""
+    memo = _PAIRED.get((id(action), id(addr), free))
+    if memo is None or memo[0]() is not action or memo[1]() is not addr:
+        return None
+    if size is not None and (memo[2] is None or memo[2]() is not size):
+        return None
+    return memo[3]
+
+
+def _remember_pairing(columns: tuple[Any, Any, Any], free: int, out: Any, alternates: bool) -> Pairing:
     out.flags.writeable = False
-    _remember_pairing(columns, free, out, bool(got[1]))
-    return (out if ends else None), bool(got[1])
-
-
-# alloc_ends' last answer by the columns it read (ids -> (action, addr, ends, alternates)), dropped
-# with them: the lifetimes and the completeness check pair the same trace's events, one after the
-# other or from two threads (a report's pool). The ends are kept read-only; a trace's columns are
-# never written once read. One entry: the next trace replaces it.
-_PAIRED: dict[tuple[int, int, int], tuple[Any, Any, Any, bool]] = {}
-
-
-def _remember_pairing(columns: tuple[Any, Any], free: int, ends: Any, alternates: bool) -> None:
-    action, addr = columns
+    action, addr, size = columns
+    answer = Pairing(out[0], out[1], out[2], alternates, *(out[3:] if size is not None else ()))
     key = (id(action), id(addr), free)
     try:
-        refs = (weakref.ref(action, lambda _: _PAIRED.pop(key, None)), weakref.ref(addr))
+        refs = (
+            weakref.ref(action, lambda _: _PAIRED.pop(key, None)),
+            weakref.ref(addr),
+            None if size is None else weakref.ref(size),
+        )
     except TypeError:  # a list, not an array: nothing to key the answer on
-        return
+        return answer
     _PAIRED.clear()
-    _PAIRED[key] = (*refs, ends, alternates)
+    _PAIRED[key] = (*refs, answer)
+    return answer
 
 
 def first_block_out_of_order(
-    action: Any, addr: Any, stream: Any, pool: Any, next_kind: Any, lanes: bool
+    action: Any, addr: Any, stream: Any, pool: Any, next_kind: Any, lanes: bool, size: Any = None
 ) -> tuple[int, int, bool] | tuple[()] | None:
     """``eventorder.check_event_order``'s block events in one compiled pass: each alloc, free_requested
     and free_completed against the one before it at its address in trace order (``next_kind``: the
     action that may follow each of the three; ``lanes``: a free must keep its alloc's pool and stream).
     ``()`` where every pair is in order, ``(cur, prev, kind_wrong)`` for the wrong pair with the earliest
     ``cur``, None where it declines (the loops are off, or an address is its map's empty key): the
-    reference's sort by address then answers."""
+    reference's sort by address then answers. Where every pair is in order, the same pass's pairing of the
+    allocs (``alloc_pairing``, its default free; with ``size``, the trace's sizes) is kept for the lifetimes
+    and the completeness check."""
     if not wanted():
         return None
-    found: tuple[int, int, bool] | tuple[()] | None = _replaycore.block_order(
-        np.ascontiguousarray(action, np.int8),
+    columns = (action, addr, size)
+    action = np.ascontiguousarray(action, np.int8)
+    kept = _remembered(columns[0], addr, FREE_REQUESTED, size)
+    out = None if kept is not None else _pairing_columns(action, size is not None)
+    got = _replaycore.block_order(
+        action,
         np.ascontiguousarray(addr, np.int64),
         np.ascontiguousarray(stream, np.int32),
         np.ascontiguousarray(pool, np.int32),
         np.ascontiguousarray(next_kind, np.int8).tobytes(),
         bool(lanes),
+        ALLOC,
+        FREE_REQUESTED,
+        out,
+        None if out is None else _sizes(size),
     )
+    if got is None:
+        return None
+    found: tuple[int, int, bool] | tuple[()] = got[0]
+    if not found and out is not None:
+        _remember_pairing(columns, FREE_REQUESTED, out, bool(got[1]))
     return found

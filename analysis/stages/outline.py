@@ -78,15 +78,11 @@ def live_requested(lifetimes: Lifetimes) -> Live | None:
     n, m = lifetimes.n_events, lifetimes.start.shape[0]
     if n == 0 or m == 0:
         return None
-    # An allocation's end ranks after the allocations before it: per event (and n, a live one's end), how
-    # many allocations come before it, each allocation's rank repeated up to the next (the starts ascend).
-    # A running count over every event's action took twice as long.
-    start = lifetimes.start
-    runs = np.empty(m + 1, np.int64)  # the gaps between the starts, written in place (no temporaries)
-    runs[0], runs[m] = start[0] + 1, n - start[-1]
-    np.subtract(start[1:], start[:-1], out=runs[1:m])
-    before = np.repeat(np.arange(m + 1, dtype=np.int32 if n < 2**31 else np.int64), runs)
-    end_rank = before[lifetimes.end].astype(np.int64)
+    end_rank = lifetimes.end_rank  # the compiled pairing counts them where it meets each end
+    if end_rank is None:
+        end_rank = _end_ranks(lifetimes)
+    elif lifetimes.live_after is not None:  # and sums the live bytes (in int64: as exact as the sums below)
+        return Live(lifetimes.live_after, end_rank)
     # bincount sums in float64: exact while totals stay below 2**53 bytes.
     ended = np.bincount(end_rank, lifetimes.size.astype(np.float64), m + 1)
     # ``cumsum(size) - cumsum(ended)`` in one pass (the same in int64); a float64 sum of integers is an
@@ -94,6 +90,20 @@ def live_requested(lifetimes: Lifetimes) -> Live | None:
     after = np.subtract(lifetimes.size, ended[:-1], out=np.empty(m, np.int64), casting="unsafe")
     np.cumsum(after, out=after)
     return Live(after, end_rank)
+
+
+def _end_ranks(lifetimes: Lifetimes) -> I64:
+    """Per allocation, how many allocations come before its end (``Lifetimes.end_rank``, where the
+    compiled pairing has not found it)."""
+    n, m, start = lifetimes.n_events, lifetimes.start.shape[0], lifetimes.start
+    # Per event (and n, a live one's end), how many allocations come before it, each allocation's rank
+    # repeated up to the next (the starts ascend). A running count over every event's action took twice
+    # as long.
+    runs = np.empty(m + 1, np.int64)  # the gaps between the starts, written in place (no temporaries)
+    runs[0], runs[m] = start[0] + 1, n - start[-1]
+    np.subtract(start[1:], start[:-1], out=runs[1:m])
+    before = np.repeat(np.arange(m + 1, dtype=np.int32 if n < 2**31 else np.int64), runs)
+    return before[lifetimes.end].astype(np.int64)
 
 
 def trace_outline(

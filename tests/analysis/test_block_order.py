@@ -10,6 +10,7 @@ kinds of refusal (an action out of turn, and a free in another pool or stream th
 from __future__ import annotations
 
 import gzip
+import itertools
 import pickle
 import random
 from pathlib import Path
@@ -142,3 +143,145 @@ def test_the_pairing_is_kept_for_the_same_columns_and_read_again(monkeypatch: py
     cut = (action[:400].copy(), addr[:400].copy())  # other columns: answered for themselves
     got = compiled.alloc_ends(*cut)
     assert got is not None and got[0].tolist() == _paired_by_address(*cut, 400)[1].tolist()
+
+
+def _pairing_reference(
+    action: np.ndarray, addr: np.ndarray, size: np.ndarray
+) -> tuple[list[int], list[int], list[int], bool, list[int], list[int]]:
+    """alloc_pairing's answer from the references: the sort by address (``_paired_by_address``), the
+    ranks counted over the events (``outline._end_ranks``), the live bytes of ``live_requested``'s
+    bincount, and the alternation address by address."""
+    from analysis.model import ALLOC, FREE_REQUESTED
+    from analysis.stacks import Lifetimes
+    from analysis.stages.outline import _end_ranks, live_requested
+
+    n = action.shape[0]
+    starts, ends = _paired_by_address(action, addr, n)
+    zeros = np.zeros(starts.shape[0], np.int64)
+    lifetimes = Lifetimes(starts, ends, zeros, size[starts], zeros.astype(np.int32), n)
+    ranks = _end_ranks(lifetimes) if starts.size else zeros
+    live = live_requested(lifetimes)
+    after = live.after if live is not None else zeros
+    kinds: dict[int, list[bool]] = {}
+    for i in np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED)).tolist():
+        kinds.setdefault(int(addr[i]), []).append(bool(action[i] == ALLOC))
+    alternates = all(k[0] and all(x != y for x, y in itertools.pairwise(k)) for k in kinds.values())
+    return starts.tolist(), ends.tolist(), ranks.tolist(), alternates, size[starts].tolist(), after.tolist()
+
+
+def _kept_by_the_order_check(
+    action: np.ndarray,
+    addr: np.ndarray,
+    size: np.ndarray,
+    stream: np.ndarray,
+    pools: np.ndarray,
+    next_kind: np.ndarray,
+    lanes: bool,
+) -> tuple[list[int], list[int], list[int], bool, list[int], list[int]]:
+    """The pairing the event-order pass keeps, held equal to alloc_pairing's own pass, with the sizes and
+    without (the completeness check's: no bytes, the same pairs)."""
+    from analysis.model import FREE_REQUESTED
+
+    compiled._PAIRED.clear()
+    assert compiled.first_block_out_of_order(action, addr, stream, pools, next_kind, lanes, size) == ()
+    kept = compiled._remembered(action, addr, FREE_REQUESTED, size)
+    assert kept is not None and not kept.starts.flags.writeable and not kept.after.flags.writeable
+    assert compiled.alloc_pairing(action, addr, size=size) is kept  # read again, not paired again
+    assert compiled.alloc_pairing(action, addr) is kept
+    compiled._PAIRED.clear()
+    alone = compiled.alloc_pairing(action, addr, size=size)
+    assert alone is not None
+
+    def columns(p: compiled.Pairing) -> tuple[list[int], list[int], list[int], bool, list[int], list[int]]:
+        return p.starts.tolist(), p.ends.tolist(), p.ranks.tolist(), p.alternates, p.sizes.tolist(), p.after.tolist()
+
+    got = columns(kept)
+    assert got == columns(alone)
+    compiled._PAIRED.clear()  # without the sizes: the pairs alone
+    assert compiled.first_block_out_of_order(action, addr, stream, pools, next_kind, lanes) == ()
+    bare = compiled.alloc_pairing(action, addr)
+    assert bare is not None and bare.sizes is None and bare.after is None
+    assert (bare.starts.tolist(), bare.ends.tolist(), bare.ranks.tolist(), bare.alternates) == got[:4]
+    assert compiled.alloc_pairing(action, addr, size=size) is not bare  # asked with the sizes: paired with them
+    return got
+
+
+@pytest.mark.parametrize("name", FIXTURE_FILES)
+def test_the_order_checks_pass_pairs_the_allocs_as_the_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """block_order's pass pairs each alloc with its end, counts the allocs before it and sums the live bytes,
+    as alloc_ends' own pass and the references do: the lifetimes and the completeness check read it, not a
+    second pass."""
+    monkeypatch.delenv(compiled.ENV_VAR, raising=False)
+    for dev in _devices(FIXTURES / f"{name}.pickle.gz"):
+        pools = _event_pools(dev)
+        t = dev.trace
+        lanes = len(dev.streams) > 1 or bool(pools.any())
+        got = _kept_by_the_order_check(t.action, t.addr, t.size, t.stream, pools, _next_kind(t), lanes)
+        assert got == _pairing_reference(t.action, t.addr, t.size), f"{name} device {dev.device}"
+
+
+def test_the_order_checks_pairing_on_random_traces_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random traces in order (each address's alloc, free_requested, free_completed in turn, some started
+    mid-lifetime as a wrapped ring is, some with one kind of free dropped, segment events between): the
+    kept pairing equals the references, alternating or not."""
+    from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ALLOC
+
+    monkeypatch.delenv(compiled.ENV_VAR, raising=False)
+    rng = np.random.default_rng(34)
+    seen = set()
+    for _ in range(300):
+        kinds = [ALLOC, FREE_REQUESTED, FREE_COMPLETED]
+        drop = int(rng.integers(0, 3))  # 1, 2: that free dropped (skip_actions)
+        if drop:
+            kinds.remove(drop)
+        n_addr = int(rng.integers(1, 7))
+        phase = {a: int(rng.integers(0, len(kinds))) for a in range(n_addr)}
+        action, addr = [], []
+        for _ in range(int(rng.integers(0, 60))):
+            if rng.random() < 0.1:
+                action.append(SEGMENT_ALLOC)
+                addr.append(int(rng.integers(0, n_addr)) * 512)
+                continue
+            a = int(rng.integers(0, n_addr))
+            action.append(kinds[phase[a] % len(kinds)])
+            addr.append(a * 512)
+            phase[a] += 1
+        act, ad = np.array(action, np.int8), np.array(addr, np.int64)
+        size = rng.integers(0, 1 << 40, act.shape[0]).astype(np.int64)
+        zeros = np.zeros(act.shape[0], np.int32)
+        nxt = np.full(3, -1, np.int8)
+        for k, kind in enumerate(kinds):
+            nxt[kind] = kinds[(k + 1) % len(kinds)]
+        got = _kept_by_the_order_check(act, ad, size, zeros, zeros, nxt, False)
+        assert got == _pairing_reference(act, ad, size)
+        seen.add(got[3])
+    assert seen == {True, False}
+
+
+def test_the_address_map_grows_and_keeps_each_addresss_last_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of addresses (the map starts at 1024 slots and grows past half full): every address's
+    lifetimes in order pass and pair as the references do, and a repeated free after the table grew is
+    refused at the event the reference names."""
+    from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED
+
+    monkeypatch.delenv(compiled.ENV_VAR, raising=False)
+    rng = np.random.default_rng(36)
+    n_addr = 3000
+    cycle = [ALLOC, FREE_REQUESTED, FREE_COMPLETED]
+    phase = np.zeros(n_addr, np.int64)
+    action, addr = [], []
+    for a in rng.integers(0, n_addr, 40000).tolist():
+        action.append(cycle[phase[a] % 3])
+        addr.append((a + 1) << 12)
+        phase[a] += 1
+    act, ad = np.array(action, np.int8), np.array(addr, np.int64)
+    size = rng.integers(1, 1 << 30, act.shape[0]).astype(np.int64)
+    zeros = np.zeros(act.shape[0], np.int32)
+    nxt = np.array([FREE_REQUESTED, FREE_COMPLETED, ALLOC], np.int8)
+    got = _kept_by_the_order_check(act, ad, size, zeros, zeros, nxt, False)
+    assert got == _pairing_reference(act, ad, size)
+    last = int(np.flatnonzero(ad == ad[0])[-1])  # the first address's last event, repeated at the end
+    wrong_act, wrong_ad = np.r_[act, act[last]], np.r_[ad, ad[last]]
+    z = np.zeros(wrong_act.shape[0], np.int32)
+    n = act.shape[0]
+    assert compiled.first_block_out_of_order(wrong_act, wrong_ad, z, z, nxt, False) == (n, last, True)
