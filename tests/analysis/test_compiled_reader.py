@@ -391,6 +391,37 @@ def test_a_rewritten_memo_entry_is_read_as_the_unpickler_reads_it() -> None:
     assert differences(compiled, snap) == []
 
 
+def test_frames_lists_past_the_span_pool_read_as_the_reference() -> None:
+    """More distinct frames lists than the reader's pool of their bytes holds (64 KiB; later ones are
+    compared with their bytes in the file): each list met again, early and late ones, interleaved,
+    reads as the reference reads it."""
+    frames = [{"filename": f"f{i}.py", "line": i, "name": f"fn{i}"} for i in range(400)]
+    rng = random.Random(7)  # noqa: S311 - reproducible lists
+    # 500 distinct lists of 40 GETs (~200 bytes of GETs each: ~100 KB, past the pool)
+    lists = [[frames[j] for j in rng.sample(range(400), 40)] for _ in range(500)]
+    events: list[dict[str, Any]] = []
+    order = list(range(500)) + [rng.randrange(500) for _ in range(3000)]
+    for k, li in enumerate(order):
+        events.append(
+            {
+                "action": "alloc",
+                "addr": 512 * (k + 1),
+                "size": 512,
+                "stream": 0,
+                "time_us": k,
+                "frames": list(lists[li]),
+            }
+        )  # a new list: its GETs, not a GET of it
+    data = pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4)
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+    ref = read_snapshot(data, compiled=False)
+    assert differences(compiled, ref) == []
+    stacks = compiled.stacks
+    names = [[stacks.frames[f].name for f in stacks.stacks[s]] for s in compiled.devices[0].trace.stack]
+    assert names == [[f["name"] for f in lists[li]] for li in order]
+
+
 @pytest.mark.parametrize("tail", [[2**40], [2**40, 3], [{"x": 1}], [[]]])
 def test_a_trace_list_of_events_then_something_else_goes_to_the_reference(tail: list[Any]) -> None:
     """A trace list holds its events as a first record and a count: what follows them in a later batch of the
