@@ -1864,6 +1864,11 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
     int64_t e = -1;
     uint16_t have = 0, bad = 0;
     uint8_t flags = F_CC_DEFAULT | F_UM_DEFAULT;
+    /* The file's bytes a kilobyte ahead asked into the cache (an event is ~190 bytes: four lines cover it):
+     * the walk reads the file once, in order, and stalled on each new line (a quarter of span_seq's samples
+     * sat on its first load of the bytes). A prefetch never faults, past the end of the bytes included (an
+     * address there, not a pointer). Each line once, from a remembered next line, measured no better. */
+    for (int l = 0; l < 4; l++) __builtin_prefetch((const void *)((uintptr_t)buf + pos + 1024 + 64 * l));
     { /* the first key must be "action" (a GET of it): else (a frame dict, a segment, the root...) nothing is done */
         size_t idx = SIZE_MAX;
         get_at(buf, pos, stop_at, &idx);
