@@ -1523,36 +1523,11 @@ static void pf_stop(Prefault *f) {
     free(f);
 }
 
-/* The frames list whose items start at buf[pos]: (BINGET | LONG_BINGET)... APPENDS, fewer than PICKLER_BATCH
- * items, all frame dicts. 1: interned as sequence *sid (*q: the APPENDS, *n: the items); 0: another shape,
- * nothing done; -1: give up. The same bytes are the same memo entries, so they are the same sequence for
- * as long as no memo entry is overwritten (a pickler never does): those are looked up by their bytes,
- * without reading the memo. */
-static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_out, int32_t *sid) {
+/* span_seq (below) where its guess was not the span: `guess` the guess's slot (SIZE_MAX: none), given the
+ * span found or made. */
+static int span_walk(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_out, int32_t *sid, size_t guess) {
     const unsigned char *buf = p->buf;
     size_t q = pos, n = 0;
-    /* First a guess, without the walk: the span that last came after the same span as this one and began
-     * with the same bytes 0-15 and 32-47 (the innermost frames are the allocator's, shared by most lists;
-     * the one before tells most of the rest: 96% of the 460 MB trace's 1.6M spans are the guess). Its bytes
-     * and the APPENDS after them, compared whole: the same bytes are the same GETs up to the same APPENDS
-     * (what the walk below would find), of the same memo entries while the memo is not rewritten, so the
-     * same sequence (the walk and its key cost more than the compare). */
-    size_t guess = SIZE_MAX;
-    if (!p->memo_rewritten && stop_at - pos >= 48) {
-        uint64_t w[4];
-        memcpy(&w[0], buf + pos, 16), memcpy(&w[2], buf + pos + 32, 16);
-        guess = (size_t)(mix((w[0] * 0x9e3779b97f4a7c15ULL ^ w[1]) + (w[2] * 0x94d049bb133111ebULL ^ w[3]) +
-                             (uint64_t)(uint32_t)p->span_last * 0xbf58476d1ce4e5b9ULL) &
-                         (SPAN_RECENT - 1));
-        int32_t i = p->span_guess[guess] - 1;
-        if (i >= 0) {
-            size_t len = p->span_len[i];
-            if (stop_at - pos > len && memcmp(p->span_at[i], buf + pos, len + 1) == 0) {
-                *sid = p->span_last = p->span_seq[i], *q_out = pos + len, *n_out = p->span_items[i];
-                return 1;
-            }
-        }
-    }
     /* The walk also makes the cheap key into span_recent, from the GETs' memo ids as it reads them (the bytes
      * read once, where a second pass over them made it before; a span whose bytes fall short of a word ended
      * in a partial load that stalled on its copy): four LONG_BINGETs at a time, their loads and multiplies
@@ -1668,6 +1643,40 @@ static int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out, size_t *n_o
     }
     *q_out = q, *n_out = n, p->span_last = *sid;
     return 1;
+}
+
+/* The frames list whose items start at buf[pos]: (BINGET | LONG_BINGET)... APPENDS, fewer than PICKLER_BATCH
+ * items, all frame dicts. 1: interned as sequence *sid (*q: the APPENDS, *n: the items); 0: another shape,
+ * nothing done; -1: give up. The same bytes are the same memo entries, so they are the same sequence for
+ * as long as no memo entry is overwritten (a pickler never does): those are looked up by their bytes,
+ * without reading the memo. Inline in the events' walk (the guess below, then span_walk where it was not
+ * the span: a call and its saved registers cost more than the guess). */
+static inline __attribute__((always_inline)) int span_seq(P *p, size_t pos, size_t stop_at, size_t *q_out,
+                                                          size_t *n_out, int32_t *sid) {
+    /* First a guess, without the walk: the span that last came after the same span as this one and began
+     * with the same bytes 0-15 and 32-47 (the innermost frames are the allocator's, shared by most lists;
+     * the one before tells most of the rest: 96% of the 460 MB trace's 1.6M spans are the guess). Its bytes
+     * and the APPENDS after them, compared whole: the same bytes are the same GETs up to the same APPENDS
+     * (what the walk below would find), of the same memo entries while the memo is not rewritten, so the
+     * same sequence (the walk and its key cost more than the compare). */
+    size_t guess = SIZE_MAX;
+    const unsigned char *buf = p->buf;
+    if (!p->memo_rewritten && stop_at - pos >= 48) {
+        uint64_t w[4];
+        memcpy(&w[0], buf + pos, 16), memcpy(&w[2], buf + pos + 32, 16);
+        guess = (size_t)(mix((w[0] * 0x9e3779b97f4a7c15ULL ^ w[1]) + (w[2] * 0x94d049bb133111ebULL ^ w[3]) +
+                             (uint64_t)(uint32_t)p->span_last * 0xbf58476d1ce4e5b9ULL) &
+                         (SPAN_RECENT - 1));
+        int32_t i = p->span_guess[guess] - 1;
+        if (i >= 0) {
+            size_t len = p->span_len[i];
+            if (stop_at - pos > len && memcmp(p->span_at[i], buf + pos, len + 1) == 0) {
+                *sid = p->span_last = p->span_seq[i], *q_out = pos + len, *n_out = p->span_items[i];
+                return 1;
+            }
+        }
+    }
+    return span_walk(p, pos, stop_at, q_out, n_out, sid, guess);
 }
 
 /* A frames list's container made the interned sequence sid of n items (span_seq found it). */
