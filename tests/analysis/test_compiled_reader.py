@@ -391,6 +391,100 @@ def test_a_rewritten_memo_entry_is_read_as_the_unpickler_reads_it() -> None:
     assert differences(compiled, snap) == []
 
 
+def _long_lists_rewritten_pickle() -> tuple[bytes, list[str]]:
+    """Five events with the same long frames list (the reader's guess of the span finds it from the third
+    on), one of its frame entries overwritten before the last (as in _rewritten_memo_pickle); and the
+    frame names the last event's list holds as the unpickler reads it."""
+    import itertools
+    import pickletools
+
+    frames = [{"filename": f"{i}.py", "line": i, "name": f"n{i}"} for i in range(30)]
+    other = {"filename": "o.py", "line": 99, "name": "other"}
+    event: dict[str, Any] = {"action": "alloc", "size": 512, "stream": 0, "time_us": 1}
+    events = [{**event, "addr": 512 * k, "frames": list(frames)} for k in range(1, 6)]
+    data = pickle.dumps({"extra": other, "segments": [], "device_traces": [events]}, protocol=2)
+    memo_of: dict[int, int] = {}  # position of an EMPTY_DICT -> its memo id (the PUT after it)
+    dicts: list[int] = []
+    for (op, _arg, pos), (nxt, arg, _) in itertools.pairwise(pickletools.genops(data)):
+        if op.name == "EMPTY_DICT" and nxt.name in ("BINPUT", "LONG_BINPUT") and pos is not None:
+            assert isinstance(arg, int)
+            memo_of[pos] = arg
+            dicts.append(pos)
+    # dict order: root, extra, event 1, its 30 frames, events 2-5
+    other_id, f3_id, last = memo_of[dicts[1]], memo_of[dicts[3 + 3]], dicts[-1]
+    patch = b"h" + bytes([other_id]) + b"r" + f3_id.to_bytes(4, "little") + b"0"  # BINGET, LONG_BINPUT, POP
+    names = [f["name"] for f in frames]
+    names[3] = "other"
+    return data[:last] + patch + data[last:], names
+
+
+def test_a_rewritten_memo_entry_is_not_guessed_past() -> None:
+    """The span guessed from the lists before is not taken once a memo entry was overwritten: the last list
+    holds the other frame."""
+    data, last_names = _long_lists_rewritten_pickle()
+    snap = read_snapshot(data, compiled=False)
+    frames = snap.stacks.frames
+    names = [[frames[f].name for f in snap.stacks.stacks[s]] for s in snap.devices[0].trace.stack]
+    assert names[-1] == last_names and names[0] != last_names
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+    assert differences(compiled, snap) == []
+
+
+def test_frames_lists_alike_where_the_guess_looks_read_as_the_reference() -> None:
+    """Frames lists that share the bytes the reader's guess of a span is keyed by (its first 16 and bytes
+    32-47) and the list before them, and differ after those (at their end, or by one frame more): each is
+    read as itself, not as the one guessed."""
+    frames = [{"filename": f"f{i}.py", "line": i, "name": f"fn{i}"} for i in range(300)]
+    base = [frames[j] for j in range(260, 280)]  # GETs of 5 bytes: ids past 255
+    a = [frames[j] for j in range(280, 300)]
+    lists = [base, [*base[:-1], frames[0]], [*base, frames[1]], base[:12], [*base[:12], frames[2]]]
+    order = [i for k in range(40) for i in (0, 1 + k % 4, 0, 1 + (k * 3) % 4)]
+    events: list[dict[str, Any]] = []
+    for k, li in enumerate(order):
+        for fl in (a, lists[li]):  # the same list before each
+            events.append({"action": "alloc", "addr": 512 * (len(events) + 1), "size": 512, "stream": 0, "time_us": k})
+            events[-1]["frames"] = list(fl)  # a new list: its GETs, not a GET of it
+    data = pickle.dumps({"extra": frames, "segments": [], "device_traces": [events]}, protocol=4)
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+    assert differences(compiled, read_snapshot(data, compiled=False)) == []
+    stacks = compiled.stacks
+    names = [[stacks.frames[f].name for f in stacks.stacks[s]] for s in compiled.devices[0].trace.stack]
+    assert names == [[f["name"] for f in fl] for li in order for fl in (a, lists[li])]
+
+
+def test_frames_lists_past_the_span_pool_read_as_the_reference() -> None:
+    """More distinct frames lists than the reader's pool of their bytes holds (64 KiB; later ones are
+    compared with their bytes in the file): each list met again, early and late ones, interleaved,
+    reads as the reference reads it."""
+    frames = [{"filename": f"f{i}.py", "line": i, "name": f"fn{i}"} for i in range(400)]
+    rng = random.Random(7)  # noqa: S311 - reproducible lists
+    # 500 distinct lists of 40 GETs (~200 bytes of GETs each: ~100 KB, past the pool)
+    lists = [[frames[j] for j in rng.sample(range(400), 40)] for _ in range(500)]
+    events: list[dict[str, Any]] = []
+    order = list(range(500)) + [rng.randrange(500) for _ in range(3000)]
+    for k, li in enumerate(order):
+        events.append(
+            {
+                "action": "alloc",
+                "addr": 512 * (k + 1),
+                "size": 512,
+                "stream": 0,
+                "time_us": k,
+                "frames": list(lists[li]),
+            }
+        )  # a new list: its GETs, not a GET of it
+    data = pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4)
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+    ref = read_snapshot(data, compiled=False)
+    assert differences(compiled, ref) == []
+    stacks = compiled.stacks
+    names = [[stacks.frames[f].name for f in stacks.stacks[s]] for s in compiled.devices[0].trace.stack]
+    assert names == [[f["name"] for f in lists[li]] for li in order]
+
+
 @pytest.mark.parametrize("tail", [[2**40], [2**40, 3], [{"x": 1}], [[]]])
 def test_a_trace_list_of_events_then_something_else_goes_to_the_reference(tail: list[Any]) -> None:
     """A trace list holds its events as a first record and a count: what follows them in a later batch of the

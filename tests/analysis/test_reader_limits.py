@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from analysis.errors import SnapshotError
+from analysis.model import Annotation
 from analysis.reader import ReadLimits, read_snapshot
 
 EMPTY: dict[str, Any] = {"segments": [], "device_traces": []}
@@ -275,3 +276,31 @@ def test_node_budget_at_its_edge_counted_by_hand() -> None:
     assert code_of(data, ReadLimits(nodes_per_byte=0, min_nodes=0)) == "snapshot:limit:expansion"
     # ... and the larger of the two counts: min_nodes 5 with a size term of 0, or the reverse.
     assert code_of(data, ReadLimits(nodes_per_byte=1, min_nodes=4)) == "ok"
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_node_budget_passed_among_the_annotations_counted_by_hand(compiled: bool) -> None:
+    # The top-level dict 1 + its 3 keys, the lists' lengths 0 + 0 + 2, then each annotation dict its
+    # 4 keys: 6, 10, 14. Where the second annotation's stage is not a str, the charge for it comes
+    # first with a budget of 13 (expansion), its check with 14 (wrong-type); 9 is passed by the first's.
+    ann = {"name": "step", "stage": "START", "device": 1, "time_us": 4}
+
+    def read(stage: object, budget: int) -> object:
+        root = {"segments": [], "device_traces": [], "external_annotations": [ann, {**ann, "stage": stage}]}
+        limits = ReadLimits(nodes_per_byte=0, min_nodes=budget)
+        try:
+            return read_snapshot(pickle.dumps(root, protocol=4), limits=limits, compiled=compiled).annotations
+        except SnapshotError as exc:
+            return str(exc)
+
+    past = (
+        "snapshot:limit:expansion: the object graph expands past {} nodes (0 per file byte): a memo bomb, "
+        "not a snapshot"
+    )
+    assert read(7, 9) == past.format(9)
+    assert read(7, 13) == past.format(13)
+    assert read(7, 14) == "snapshot:schema:wrong-type: external_annotations[1]: expected a str, got int 7"
+    assert read("END", 13) == past.format(13)
+    got = read("END", 14)
+    assert got == [Annotation("step", "START", 1, 4), Annotation("step", "END", 1, 4)]
+    assert isinstance(got, list) and all(type(a) is Annotation for a in got)
