@@ -322,6 +322,18 @@ class Converter:
             raise SchemaError(reason, f"{where}.{key}: {value} is negative")
         return value
 
+    def choice_field(self, d: dict[str, Any], key: str, where: str, allowed: Any, unknown: str) -> str:
+        """A required str field that must be one of ``allowed`` (a segment's type, a block's state); ``unknown``:
+        the reason code for any other str."""
+        value = d.get(key, _MISSING)
+        if value is _MISSING:
+            raise SchemaError("missing-key", f"{where}: missing '{key}'")
+        if type(value) is not str:
+            raise self.bad(f"{where}.{key}", value, "a str")
+        if value not in allowed:
+            raise SchemaError(unknown, f"{where}.{key}: {short_repr(value)}")
+        return value
+
     def int_column(self, values: list[Any], where: str, key: str, *, nonneg: bool = False) -> np.ndarray:
         """Check a column of Python ints and turn it into int64, fast."""
         n = len(values)
@@ -489,13 +501,7 @@ class Converter:
             allocated = self.int_field(s, "allocated_size", where, nonneg=True)
             active = self.int_field(s, "active_size", where, nonneg=True)
             stream = self.int_field(s, "stream", where)
-            seg_type = s.get("segment_type", _MISSING)
-            if seg_type is _MISSING:
-                raise SchemaError("missing-key", f"{where}: missing 'segment_type'")
-            if type(seg_type) is not str:
-                raise self.bad(f"{where}.segment_type", seg_type, "a str")
-            if seg_type not in SEGMENT_TYPES:
-                raise SchemaError("unknown-segment-type", f"{where}.segment_type: {short_repr(seg_type)}")
+            seg_type = self.choice_field(s, "segment_type", where, SEGMENT_TYPES, "unknown-segment-type")
             pool = self.pool_of(s.get("segment_pool_id"), f"{where}.segment_pool_id")
             expandable = s.get("is_expandable", False)
             if type(expandable) is not bool:
@@ -545,13 +551,7 @@ class Converter:
             raise self.bad(where, b, "a block dict")
         self.charge(len(b))
         size = self.int_field(b, "size", where, nonneg=True)
-        state = b.get("state", _MISSING)
-        if state is _MISSING:
-            raise SchemaError("missing-key", f"{where}: missing 'state'")
-        if type(state) is not str:
-            raise self.bad(f"{where}.state", state, "a str")
-        if state not in BLOCK_STATES:
-            raise SchemaError("unknown-state", f"{where}.state: {short_repr(state)}")
+        state = self.choice_field(b, "state", where, BLOCK_STATES, "unknown-state")
         address = self.int_field(b, "address", where, default=offset, nonneg=True)
         frames = b.get("frames", _NO_FRAMES)
         requested: Any = b.get("requested_size", _MISSING)
