@@ -390,8 +390,8 @@ class _CacheProbe:
 
 
 def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: I32) -> tuple[Any, ...]:
-    """The request stream (config-free): event indices, op codes, recorded addresses,
-    sizes, which are oom entries, and the (pool, stream) lane of each."""
+    """The request stream (config-free): event indices, op codes, recorded addresses and the (pool,
+    stream) lane of each (their sizes: ``Requests.sizes``)."""
     t = dev.trace
     user = [(b.start, b.end) for b in bursts if b.kind == "user"]
     malloc_flushes = tuple((b.start, b.request) for b in bursts if b.synced)
@@ -443,7 +443,7 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools:
     lane = None
     if not (ns == 1 and len(snapshot.pools) == 1):
         lane = _lanes(pools, t.stream, sel, ns)
-    return sel, ops, raddr.astype(np.int64, copy=False), t.size[sel], ops == _OP_OOM, lane
+    return sel, ops, raddr.astype(np.int64, copy=False), lane
 
 
 def _free_pairing(
@@ -591,8 +591,7 @@ class Requests:
     events: npt.NDArray[np.intp]  # trace index of each request
     op_col: npt.NDArray[np.int8]  # op code of each request (``_OP_*``), one byte each as the compiled engine takes it
     raddr_col: I64  # recorded address of each request (a user flush: the end of its burst)
-    sizes: I64
-    is_oom: npt.NDArray[np.bool_]
+    trace_size: I64  # the trace's size column, every event's (``sizes`` gathers the requests')
     lane: I64 | None  # (pool * 2) * streams + stream per request; None: one pool, one stream
     n_streams: int
     source: ReplaySource  # the device's recorded replay, for the few rules that read its states
@@ -621,6 +620,15 @@ class Requests:
 
     # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
     # engine takes the columns, and a report that runs it never needs these).
+    @property
+    def sizes(self) -> I64:
+        """Each request's size, gathered from the trace when asked and not kept: only ``columns`` reads them,
+        once per rounding, on the pool thread that first asks (issue 34: gathered in ``build_requests``
+        they were 13 MB of fresh pages and ~5 ms on the report's main thread for the 460 MB trace, and
+        lived as long as the trace)."""
+        out: I64 = self.trace_size.take(self.events)
+        return out
+
     @property
     def ops(self) -> list[int]:
         if self._ops is None:
@@ -750,7 +758,7 @@ def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplayS
     pools = _event_pools(dev)
     check_event_order(dev, pools)
     bursts = _bursts(snapshot, dev, recorded, source)
-    events, ops, raddrs, sizes, is_oom, lane = _stream_of(snapshot, dev, bursts, pools)
+    events, ops, raddrs, lane = _stream_of(snapshot, dev, bursts, pools)
     t = dev.trace
     seg = segment_events(t.action)
     cols = (t.action[seg].astype(np.int64), t.size[seg].astype(np.int64), t.addr[seg].astype(np.int64))
@@ -764,8 +772,7 @@ def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplayS
         events,
         ops,
         raddrs,
-        sizes,
-        is_oom,
+        t.size,
         lane,
         max(len(dev.streams), 1),
         source,
