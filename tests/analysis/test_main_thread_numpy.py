@@ -29,7 +29,7 @@ from analysis.model import (
     SEGMENT_UNMAP,
     sorted_unique,
 )
-from analysis.phases import _carry_known_sites
+from analysis.phases import BACKWARD, DECODE, FORWARD, GRAPH_CAPTURE, OPTIMIZER, PHASES, ForwardPass, _forward_passes
 from analysis.reader import read_snapshot
 from analysis.stacks import StackCatalog, alloc_lifetimes
 from analysis.stages.attribution import _frees_record_free_sites
@@ -107,6 +107,30 @@ def _carry_reference(ms: np.ndarray) -> np.ndarray:
         return ms
     last_known = np.maximum.accumulate(np.where(ms >= 0, np.arange(ms.size), -1))
     return np.where(last_known >= 0, ms[np.maximum(last_known, 0)], ms[known[0]])
+
+
+def _forward_passes_reference(codes: np.ndarray, sites: np.ndarray, names: dict[int, str]) -> list[ForwardPass]:
+    """``phases._forward_passes`` over every marked allocation: each one's site carried, the neighbours compared."""
+    marked = np.flatnonzero(
+        (codes == FORWARD) | (codes == BACKWARD) | (codes == OPTIMIZER) | (codes == DECODE) | (codes == GRAPH_CAPTURE)
+    )
+    if marked.size == 0:
+        return []
+    mc, ms = codes[marked], _carry_reference(sites[marked])
+    fwd = mc == FORWARD
+    differs = (mc[1:] != mc[:-1]) | (ms[1:] != ms[:-1])
+    starts = np.flatnonzero(fwd & np.r_[True, differs])
+    ends = np.flatnonzero(fwd & np.r_[differs, True])
+    after = np.where(ends + 1 < mc.size, mc[np.minimum(ends + 1, mc.size - 1)], -1)
+    followed = (after == BACKWARD).tolist()
+    site_ids = ms[starts].tolist()
+    training = {site for site, f in zip(site_ids, followed, strict=True) if f}
+    return [
+        ForwardPass(int(first), int(last), names.get(site, ""), f, PHASES[a] if a >= 0 else "", site in training)
+        for first, last, site, f, a in zip(
+            marked[starts], marked[ends], site_ids, followed, after.tolist(), strict=True
+        )
+    ]
 
 
 def _live_reference(lifetimes) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
@@ -207,8 +231,18 @@ def test_next_marked_both_ways_and_carried_sites_match_their_formulas() -> None:
         for start in (strict, ties):
             n = int(start[-1]) + 2 if m else 0
             np.testing.assert_array_equal(next_marked(start, marked, n), _next_marked_reference(start, marked, n))
-        ms = np.where(rng.random(m) < 0.5, -1, rng.integers(0, 5, m)).astype(I64)
-        np.testing.assert_array_equal(_carry_known_sites(ms), _carry_reference(ms))
+
+    # The forward passes: codes of every phase the tagging has set by then, sites known or not (a forward
+    # allocation's unknown site carried from the marked one before it, whatever its phase).
+    codes_of = np.array([0, FORWARD, BACKWARD, OPTIMIZER, DECODE, GRAPH_CAPTURE, 7], np.int8)
+    for _ in range(3000):
+        m = int(rng.integers(0, 25))
+        codes = codes_of[rng.choice(7, m, p=[0.1, 0.4, 0.2, 0.1, 0.05, 0.05, 0.1])]
+        site_of_row = np.r_[-1, rng.integers(-1, 4, 6)].astype(I64)  # by stack id + 1
+        row = rng.integers(0, 7, m).astype(I64)
+        names = {0: "a", 1: "b", 3: "d"}
+        want = _forward_passes_reference(codes, site_of_row[row], names)
+        assert _forward_passes(codes, site_of_row, row, names) == want
 
 
 def test_sorted_unique_and_the_running_clock() -> None:
