@@ -142,12 +142,14 @@ def tag_phases(
     *,
     frameless: npt.NDArray[np.bool_] | None = None,
     private: npt.NDArray[np.bool_] | None = None,
+    in_window: npt.NDArray[np.bool_] | None = None,
 ) -> Phases:
     """The phase of every allocation of ``lifetimes``; ``frameless`` is
     ``categories.frameless_backward(lifetimes, catalog)`` where the caller has it already; ``private`` is
     ``categories.private_pool_allocations(lifetimes, trace, final_segments)``, the one rule that knows which
     allocations a private pool made (torch <= 2.11's trace entries carry no ``pool_id``, so ``trace.pool`` alone,
-    the fallback without it, is 0 there)."""
+    the fallback without it, is 0 there); ``in_window`` is ``categories.step_windows``' first (which allocations
+    an ``Optimizer.step`` window holds), read, not written."""
     n = lifetimes.start.shape[0]
     gids = catalog.groups_of(lifetimes.stack)
     traits = catalog.stack_traits(lifetimes.stack)  # kept by the catalog: the categories read them first
@@ -160,13 +162,17 @@ def tag_phases(
     row = lifetimes.stack.astype(np.int64) + 1
     stack_kind = np.concatenate((np.zeros(1, kind.dtype), kind))[row]
     in_closure = np.concatenate(([False], closure_of_stack))[row]
-    window = _window_of(lifetimes.start, opt_start, opt_end)
-    in_window = window >= 0
+    window = None
+    if in_window is None:
+        window = _window_of(lifetimes.start, opt_start, opt_end)
+        in_window = window >= 0
     if in_closure.any() and in_window.any():
         # A step window that ran a closure (a pass inside it) holds the closure's frame-less autograd work too.
+        if window is None:
+            window = _window_of(lifetimes.start, opt_start, opt_end)
         closure_window = np.zeros(opt_start.shape[0], bool)
         closure_window[window[in_closure & in_window]] = True
-        in_window &= ~closure_window[np.maximum(window, 0)]
+        in_window = in_window & ~closure_window[np.maximum(window, 0)]
 
     # Assigned in order of precedence: a later rule never overrides an earlier one.
     decided = np.zeros(n, bool)
@@ -288,7 +294,7 @@ def _window_of(start: I64, opt_start: I64, opt_end: I64) -> I64:
     if opt_start.size == 0:
         return np.full(start.shape[0], -1, np.int64)
     # The last window started at or before each allocation, and its end: a value per window repeated over
-    # its run of allocations (``categories._step_windows`` likewise).
+    # its run of allocations (``categories.step_windows`` likewise).
     runs = mark_runs(opt_start, start, False)
     k = np.repeat(np.arange(-1, opt_start.shape[0], dtype=np.int64), runs)
     last_end = np.repeat(np.concatenate(([-1], opt_end)), runs)

@@ -17,7 +17,7 @@ from analysis.allocator.reserved import (
     reserved_ends,
     segment_levels,
 )
-from analysis.categories import next_marked
+from analysis.categories import classify, next_marked, optimizer_windows, step_windows
 from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -29,7 +29,17 @@ from analysis.model import (
     SEGMENT_UNMAP,
     sorted_unique,
 )
-from analysis.phases import BACKWARD, DECODE, FORWARD, GRAPH_CAPTURE, OPTIMIZER, PHASES, ForwardPass, _forward_passes
+from analysis.phases import (
+    BACKWARD,
+    DECODE,
+    FORWARD,
+    GRAPH_CAPTURE,
+    OPTIMIZER,
+    PHASES,
+    ForwardPass,
+    _forward_passes,
+    tag_phases,
+)
 from analysis.reader import read_snapshot
 from analysis.stacks import StackCatalog, alloc_lifetimes
 from analysis.stages.attribution import _frees_record_free_sites
@@ -206,6 +216,29 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
         alloc = np.cumsum(np.where(t.action == ALLOC, t.size, 0))
         got = reserved_plateau(reserved, alloc, 0, 0)
         assert (None if got is None else got.to_json()) == _plateau_reference(reserved, alloc, 0, 0)
+
+
+@pytest.mark.parametrize("path", CASES[::3], ids=lambda p: p.name)
+def test_the_step_windows_made_once_tag_as_each_stage_made_them(path: Path) -> None:
+    """The attribution makes the optimizer windows once (``step_windows``): the categories and the phases
+    given them answer as they do making their own."""
+    snap, devices = _traces(path)
+    for dev in devices:
+        t = dev.trace
+        lifetimes = alloc_lifetimes(t.action, t.addr, t.size, t.stack)
+        catalog = StackCatalog(snap.stacks)
+        marks = [(a.name, a.stage, a.time_us) for a in snap.annotations]
+        opt_start, opt_end = optimizer_windows(marks, t.time_us)
+        windows = step_windows(lifetimes.start, opt_start, opt_end, lifetimes.n_events)
+        frames = bool((t.stack >= 0).any())
+        np.testing.assert_array_equal(
+            classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=frames, windows=windows),
+            classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=frames),
+        )
+        given = tag_phases(t, lifetimes, catalog, snap.stacks, opt_start, opt_end, in_window=windows[0])
+        made = tag_phases(t, lifetimes, catalog, snap.stacks, opt_start, opt_end)
+        np.testing.assert_array_equal(given.of_alloc, made.of_alloc)
+        assert (given.passes, given.has_frames) == (made.passes, made.has_frames)
 
 
 # ------------------------------------------------------------------ on random columns
