@@ -224,7 +224,8 @@ def classify(
         assign(forward & persistent, UNKNOWN)
     if backward.any():
         next_bwd = next_marked(start, backward, n)
-        assign(forward & (end > next_bwd) & (next_bwd < n), ACTIVATIONS)
+        # (an end is at most n: outliving the next backward allocation says there is one)
+        assign(forward & (end > next_bwd), ACTIVATIONS)
         assign(forward, TEMPORARIES)
     else:
         assign(forward, ACTIVATIONS)
@@ -240,8 +241,11 @@ def next_marked(start: I64, marked: Mask, n: int) -> I64:
         # Every start its own: each marked start holds from the marked one before it (itself included) up
         # to its own position, a value per marked allocation repeated (a running count and a gather over
         # every allocation took three times as long).
-        runs = np.diff(np.concatenate(([0], np.flatnonzero(marked), [start.shape[0]])))
-        out: I64 = np.repeat(np.concatenate((at, [n])).astype(np.int64, copy=False), runs)
+        pos = np.flatnonzero(marked)
+        runs = np.empty(pos.shape[0] + 1, np.intp)  # the gaps between the marked ones, written in place
+        runs[0], runs[-1] = pos[0], start.shape[0] - pos[-1]
+        np.subtract(pos[1:], pos[:-1], out=runs[1:-1])
+        out: I64 = np.repeat(np.append(at, n).astype(np.int64, copy=False), runs)
         return out
     j = np.searchsorted(at, start, side="right")
     return np.where(j < at.size, at[np.minimum(j, at.size - 1)], n).astype(np.int64, copy=False)

@@ -399,9 +399,15 @@ def pass_figures(phases: Phases, lifetimes: Lifetimes, autocast: bool, opt_start
     counts = hi - lo
     which = np.repeat(np.arange(len(passes)), counts)
     ends = np.cumsum(counts)
-    at = np.arange(int(ends[-1]) if len(passes) else 0) - np.repeat(ends - counts - lo, counts)  # indices into own
-    still_live = lifetimes.end[own[at]] > lifetimes.start[lasts][which]
-    kept = np.concatenate(([0], np.cumsum(np.where(still_live, sizes[at], 0))))
+    if len(passes) and lo[0] == 0 and hi[-1] == own.shape[0] and bool((lo[1:] == hi[:-1]).all()):
+        # The passes hold every forward allocation, one after the other (as tag_phases makes them): their
+        # allocations are ``own`` itself, in order, with no indices to gather them by.
+        own_at, sizes_at = own, sizes
+    else:
+        at = np.arange(int(ends[-1]) if len(passes) else 0) - np.repeat(ends - counts - lo, counts)  # into own
+        own_at, sizes_at = own[at], sizes[at]
+    still_live = lifetimes.end[own_at] > lifetimes.start[lasts][which]
+    kept = np.concatenate(([0], np.cumsum(np.where(still_live, sizes_at, 0))))
     no_backward = np.concatenate(([0], np.cumsum(codes[own] == FORWARD_NO_BACKWARD)))
     rows = zip(
         (summed[hi] - summed[lo]).tolist(),
@@ -409,7 +415,10 @@ def pass_figures(phases: Phases, lifetimes: Lifetimes, autocast: bool, opt_start
         (no_backward[hi] - no_backward[lo] > 0).tolist(),
         strict=True,
     )
-    for p, a, b, (total, kept_bytes, evaluates) in zip(passes, lo.tolist(), hi.tolist(), rows, strict=True):
+    first_starts = lifetimes.start[firsts].tolist()
+    for p, a, b, start, (total, kept_bytes, evaluates) in zip(
+        passes, lo.tolist(), hi.tolist(), first_starts, rows, strict=True
+    ):
         if a == b:
             continue
         row = [total, kept_bytes]
@@ -417,7 +426,7 @@ def pass_figures(phases: Phases, lifetimes: Lifetimes, autocast: bool, opt_start
             first = {"sizes": sizes[a:b][:FIRST_PASS_SIZES].tolist(), "complete": p.followed_by_backward}
         if p.followed_by_backward:
             train.append(row)
-            train_starts.append(int(lifetimes.start[p.first]))
+            train_starts.append(start)
         elif evaluates:
             evals.append(row)
     per_step: int | None = None
