@@ -158,9 +158,22 @@ def _frees_record_free_sites(trace: Any, lifetimes: Lifetimes) -> bool:
     if not n_freed:
         return False
     # Every allocation's end looked up (a live one's, n, clipped and then not counted): no gathers of the
-    # freed ones first. More than half differ: the same test as the mean of the freed ones' > 0.5.
-    differs = trace.stack.take(lifetimes.end, mode="clip") != lifetimes.stack
-    return 2 * int(np.count_nonzero(differs & freed)) > n_freed
+    # freed ones first. More than half differ: the same test as the mean of the freed ones' > 0.5. A block
+    # of allocations at a time, until the count decides it either way (on the 460 MB trace every free
+    # differs: half of its 802k allocations are read).
+    differs = seen = 0
+    for lo in range(0, freed.shape[0], _FREE_SITES_BLOCK):
+        part = slice(lo, lo + _FREE_SITES_BLOCK)
+        in_part = freed[part]
+        at = trace.stack.take(lifetimes.end[part], mode="clip") != lifetimes.stack[part]
+        differs += int(np.count_nonzero(at & in_part))
+        seen += int(np.count_nonzero(in_part))
+        if 2 * differs > n_freed or 2 * (differs + n_freed - seen) <= n_freed:  # decided
+            break
+    return 2 * differs > n_freed
+
+
+_FREE_SITES_BLOCK = 1 << 16  # allocations a block (_frees_record_free_sites)
 
 
 def _live_blocks(state: AllocatorState, trusted_pre: set[int] | None = None) -> tuple[I64, I64, I64]:
