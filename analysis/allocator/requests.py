@@ -60,6 +60,7 @@ I32 = npt.NDArray[np.int32]
 # Operation codes of the request stream.
 _OP_ALLOC, _OP_FREE, _OP_FREE_REQ, _OP_FREE_DONE, _OP_OOM, _OP_FLUSH = 0, 1, 2, 3, 4, 5
 
+
 def _device(snapshot: Snapshot, device: DeviceData | int) -> DeviceData:
     return device if isinstance(device, DeviceData) else snapshot.device(device)
 
@@ -567,10 +568,10 @@ def _event_pools(dev: DeviceData) -> npt.NDArray[np.int32]:
     return pools
 
 
-def _freeable_from(dev: DeviceData, pools: npt.NDArray[np.int32]) -> dict[int, int]:
-    """Private pool -> first event index where the trace shows it being released."""
+def _freeable_from(dev: DeviceData, pools: npt.NDArray[np.int32], seg: I64) -> dict[int, int]:
+    """Private pool -> first event index where the trace shows it being released (``seg``: the trace's
+    segment events, ``reserved.segment_events``: a few hundred, the releases looked for among them alone)."""
     t = dev.trace
-    seg = segment_events(t.action)  # a few hundred: the releases looked for among them alone
     kind = t.action[seg]
     rel = seg[((kind == SEGMENT_FREE) | (kind == SEGMENT_UNMAP)) & (pools[seg] != 0)]
     out: dict[int, int] = {}
@@ -756,18 +757,18 @@ def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplayS
     source = source if source is not None else ReplaySource(snapshot, dev)
     recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     pools = _event_pools(dev)
-    check_event_order(dev, pools)
+    t = dev.trace
+    seg = segment_events(t.action)  # the event-order check, the freeable pools and the segment columns read them
+    check_event_order(dev, pools, seg)
     bursts = _bursts(snapshot, dev, recorded, source)
     events, ops, raddrs, lane = _stream_of(snapshot, dev, bursts, pools)
-    t = dev.trace
-    seg = segment_events(t.action)
     cols = (t.action[seg].astype(np.int64), t.size[seg].astype(np.int64), t.addr[seg].astype(np.int64))
     segments = (cols[0].tolist(), cols[1].tolist(), cols[2].tolist())
     return Requests(
         recorded,
         bursts,
         pools,
-        _freeable_from(dev, pools),
+        _freeable_from(dev, pools, seg),
         segments,
         events,
         ops,

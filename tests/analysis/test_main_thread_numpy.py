@@ -15,6 +15,7 @@ from analysis.allocator.reserved import (
     recorded_levels,
     recorded_reserved,
     reserved_ends,
+    segment_events,
     segment_levels,
 )
 from analysis.categories import classify, next_marked, optimizer_windows, step_windows
@@ -180,7 +181,7 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
         want_freeable: dict[int, int] = {}
         for i in np.flatnonzero(released).tolist():
             want_freeable.setdefault(int(pools[i]), i)
-        assert requests._freeable_from(dev, pools) == want_freeable
+        assert requests._freeable_from(dev, pools, segment_events(t.action)) == want_freeable
         sel, ops = requests._stream_of(snap, dev, [], pools)[:2]
         ref = _ops_reference(t.action, t.addr)
         np.testing.assert_array_equal(sel, np.flatnonzero(ref >= 0))
@@ -344,7 +345,7 @@ def test_a_private_pool_is_freeable_from_its_first_release() -> None:
     )
     pools = np.array([2, 2, 0, 3, 3, 2, 0, 3], np.int32)  # the default pool's releases (0) never count
     dev = SimpleNamespace(trace=SimpleNamespace(action=act))
-    assert requests._freeable_from(dev, pools) == {3: 4, 2: 5}  # type: ignore[arg-type]
+    assert requests._freeable_from(dev, pools, segment_events(act)) == {3: 4, 2: 5}  # type: ignore[arg-type]
 
 
 def test_a_peak_found_among_the_bucket_extremes_is_the_first_one() -> None:
