@@ -455,8 +455,10 @@ def _free_pairing(
     free_completed such a pair holds (no request of its own)."""
     n = is_fr.shape[0]
     paired = np.zeros(n, bool)
-    if n > 1:
-        paired[:-1] = is_fr[:-1] & is_fc[1:] & (addr[1:] == addr[:-1])
+    if n > 1:  # in place: no temporary column of the trace's length
+        np.equal(addr[1:], addr[:-1], out=paired[:-1])
+        paired[:-1] &= is_fr[:-1]
+        paired[:-1] &= is_fc[1:]
     completes = np.zeros(n, bool)
     completes[1:] = paired[:-1]
     # skip_actions (torch 2.10+) may drop one of the two: the other is then the free.
