@@ -621,17 +621,17 @@ class Requests:
         proof that the run was under a per-process cap (``analysis.limits.run_was_capped``)."""
         return any(b.kind == "gc" for b in self.bursts)
 
-    # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
-    # engine takes the columns, and a report that runs it never needs these).
     @property
     def sizes(self) -> I64:
         """Each request's size, gathered from the trace when asked and not kept: only ``columns`` reads them,
-        once per rounding, on the pool thread that first asks (issue 34: gathered in ``build_requests``
-        they were 13 MB of fresh pages and ~5 ms on the report's main thread for the 460 MB trace, and
-        lived as long as the trace)."""
+        once per rounding, on the thread that first asks (a report's pool thread; issue 34: gathered in
+        ``build_requests`` they were 13 MB of fresh pages and ~5 ms on the report's main thread for the
+        460 MB trace, and lived as long as the trace)."""
         out: I64 = self.trace_size.take(self.events)
         return out
 
+    # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
+    # engine takes the columns, and a report that runs it never needs these).
     @property
     def ops(self) -> list[int]:
         if self._ops is None:
