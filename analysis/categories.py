@@ -184,7 +184,7 @@ def classify(
     # 1. optimizer: frames under torch/optim, or (without frames) made inside an optimizer step; never a pass
     # that runs inside the step (a closure's forward or backward: the innermost pass wins).
     optimizer = _optimizer_allocations(traits, has_frames, in_window, start, opt_start, opt_end)
-    # Outliving the step window it was made in (``end > n`` outside one: never).
+    # Outliving the step window it was made in (none outside one).
     assign(optimizer & (((traits & TRAIT_OPTIMIZER_STATE_INIT) != 0) | (in_window & (end > last_end))), OPTIMIZER_STATE)
     assign(optimizer, TEMPORARIES)
 
