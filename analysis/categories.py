@@ -126,13 +126,18 @@ def mark_runs(marks: I64, start: I64, strict: bool) -> I64:
     return runs
 
 
-def _step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> tuple[npt.NDArray[np.bool_], I64, I64, int]:
-    """The optimizer step window each allocation falls in or before: (inside one, the end of the one it is
-    in (``n`` outside), the start of the next, the first window's start (``n`` without any))."""
+StepWindows = tuple[Mask, I64, I64, int]
+
+
+def step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> StepWindows:
+    """The optimizer step window each allocation (``start``, ascending) falls in or before: (inside one, the end
+    of the last one started at or before it (-1: none), the start of the next, the first window's start (``n``
+    without any)). The attribution makes them once for the categories and the phases (``analysis.phases``
+    reads the first)."""
     if not opt_start.size:
         return (
             np.zeros(start.shape[0], bool),
-            np.full(start.shape[0], n, np.int64),
+            np.full(start.shape[0], -1, np.int64),
             np.full(start.shape[0], n, np.int64),
             n,
         )
@@ -140,9 +145,8 @@ def _step_windows(start: I64, opt_start: I64, opt_end: I64, n: int) -> tuple[npt
     # next one starting at or after it (n: none), each a value per window repeated over its allocations.
     last_end = np.repeat(np.concatenate(([-1], opt_end)), mark_runs(opt_start, start, False))
     in_window = start <= last_end
-    window_end = np.where(in_window, last_end, n)
     next_opt_start = np.repeat(np.concatenate((opt_start, [n])), mark_runs(opt_start, start, True))
-    return in_window, window_end, next_opt_start, int(opt_start[0])
+    return in_window, last_end, next_opt_start, int(opt_start[0])
 
 
 def classify(
@@ -153,10 +157,12 @@ def classify(
     *,
     trace_has_frames: bool,
     frameless: npt.NDArray[np.bool_] | None = None,
+    windows: StepWindows | None = None,
 ) -> npt.NDArray[np.int8]:
     """A category code per allocation of ``lifetimes`` (vectorised, no per-event loop): rules 1-5.
 
-    ``frameless`` is ``frameless_backward(lifetimes, catalog)`` where the caller has it already."""
+    ``frameless`` is ``frameless_backward(lifetimes, catalog)`` and ``windows`` ``step_windows(lifetimes.start,
+    opt_start, opt_end, lifetimes.n_events)`` where the caller has them already."""
     n = lifetimes.n_events
     start, end = lifetimes.start, lifetimes.end
     traits = catalog.stack_traits(lifetimes.stack)
@@ -172,11 +178,14 @@ def classify(
         np.add(out, m.view(np.int8) * np.int8(code - UNKNOWN), out=out)
         decided |= m
 
-    in_window, window_end, next_opt_start, first_opt = _step_windows(start, opt_start, opt_end, n)
+    if windows is None:
+        windows = step_windows(start, opt_start, opt_end, n)
+    in_window, last_end, next_opt_start, first_opt = windows
     # 1. optimizer: frames under torch/optim, or (without frames) made inside an optimizer step; never a pass
     # that runs inside the step (a closure's forward or backward: the innermost pass wins).
     optimizer = _optimizer_allocations(traits, has_frames, in_window, start, opt_start, opt_end)
-    assign(optimizer & (((traits & TRAIT_OPTIMIZER_STATE_INIT) != 0) | (end > window_end)), OPTIMIZER_STATE)
+    # Outliving the step window it was made in (none outside one).
+    assign(optimizer & (((traits & TRAIT_OPTIMIZER_STATE_INIT) != 0) | (in_window & (end > last_end))), OPTIMIZER_STATE)
     assign(optimizer, TEMPORARIES)
 
     # 2. parameters: Module._apply, or made before the first optimizer step and
@@ -215,7 +224,8 @@ def classify(
         assign(forward & persistent, UNKNOWN)
     if backward.any():
         next_bwd = next_marked(start, backward, n)
-        assign(forward & (end > next_bwd) & (next_bwd < n), ACTIVATIONS)
+        # (an end is at most n: outliving the next backward allocation says there is one)
+        assign(forward & (end > next_bwd), ACTIVATIONS)
         assign(forward, TEMPORARIES)
     else:
         assign(forward, ACTIVATIONS)
@@ -231,8 +241,11 @@ def next_marked(start: I64, marked: Mask, n: int) -> I64:
         # Every start its own: each marked start holds from the marked one before it (itself included) up
         # to its own position, a value per marked allocation repeated (a running count and a gather over
         # every allocation took three times as long).
-        runs = np.diff(np.concatenate(([0], np.flatnonzero(marked), [start.shape[0]])))
-        out: I64 = np.repeat(np.concatenate((at, [n])).astype(np.int64, copy=False), runs)
+        pos = np.flatnonzero(marked)
+        runs = np.empty(pos.shape[0] + 1, np.intp)  # the gaps between the marked ones, written in place
+        runs[0], runs[-1] = pos[0], start.shape[0] - pos[-1]
+        np.subtract(pos[1:], pos[:-1], out=runs[1:-1])
+        out: I64 = np.repeat(np.append(at, n).astype(np.int64, copy=False), runs)
         return out
     j = np.searchsorted(at, start, side="right")
     return np.where(j < at.size, at[np.minimum(j, at.size - 1)], n).astype(np.int64, copy=False)

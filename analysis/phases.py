@@ -36,6 +36,7 @@ distinct stack.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,12 +142,14 @@ def tag_phases(
     *,
     frameless: npt.NDArray[np.bool_] | None = None,
     private: npt.NDArray[np.bool_] | None = None,
+    in_window: npt.NDArray[np.bool_] | None = None,
 ) -> Phases:
     """The phase of every allocation of ``lifetimes``; ``frameless`` is
     ``categories.frameless_backward(lifetimes, catalog)`` where the caller has it already; ``private`` is
     ``categories.private_pool_allocations(lifetimes, trace, final_segments)``, the one rule that knows which
     allocations a private pool made (torch <= 2.11's trace entries carry no ``pool_id``, so ``trace.pool`` alone,
-    the fallback without it, is 0 there)."""
+    the fallback without it, is 0 there); ``in_window`` is ``categories.step_windows``' first (which allocations
+    an ``Optimizer.step`` window holds), read, not written."""
     n = lifetimes.start.shape[0]
     gids = catalog.groups_of(lifetimes.stack)
     traits = catalog.stack_traits(lifetimes.stack)  # kept by the catalog: the categories read them first
@@ -159,13 +162,17 @@ def tag_phases(
     row = lifetimes.stack.astype(np.int64) + 1
     stack_kind = np.concatenate((np.zeros(1, kind.dtype), kind))[row]
     in_closure = np.concatenate(([False], closure_of_stack))[row]
-    window = _window_of(lifetimes.start, opt_start, opt_end)
-    in_window = window >= 0
+    window = None
+    if in_window is None:
+        window = _window_of(lifetimes.start, opt_start, opt_end)
+        in_window = window >= 0
     if in_closure.any() and in_window.any():
         # A step window that ran a closure (a pass inside it) holds the closure's frame-less autograd work too.
+        if window is None:
+            window = _window_of(lifetimes.start, opt_start, opt_end)
         closure_window = np.zeros(opt_start.shape[0], bool)
         closure_window[window[in_closure & in_window]] = True
-        in_window &= ~closure_window[np.maximum(window, 0)]
+        in_window = in_window & ~closure_window[np.maximum(window, 0)]
 
     # Assigned in order of precedence: a later rule never overrides an earlier one.
     decided = np.zeros(n, bool)
@@ -186,8 +193,7 @@ def tag_phases(
     assign(stack_kind == _KIND_GENERATE, DECODE)
     assign(stack_kind == _KIND_DATA, DATA_LOADING)
     assign((traits & TRAIT_MODULE_FORWARD) != 0, FORWARD)
-    sites = np.concatenate(([-1], site_of_stack))[row]
-    passes = _forward_passes(out, sites, _site_names(table, site_of_stack))
+    passes = _forward_passes(out, np.concatenate(([-1], site_of_stack)), row, _site_names(table, site_of_stack))
     for p in passes:
         # The trace's last pass has nothing after it: an OOM inside it says nothing about a backward.
         if p.followed_by and not p.followed_by_backward and not p.training_site:
@@ -288,7 +294,7 @@ def _window_of(start: I64, opt_start: I64, opt_end: I64) -> I64:
     if opt_start.size == 0:
         return np.full(start.shape[0], -1, np.int64)
     # The last window started at or before each allocation, and its end: a value per window repeated over
-    # its run of allocations (``categories._step_windows`` likewise).
+    # its run of allocations (``categories.step_windows`` likewise).
     runs = mark_runs(opt_start, start, False)
     k = np.repeat(np.arange(-1, opt_start.shape[0], dtype=np.int64), runs)
     last_end = np.repeat(np.concatenate(([-1], opt_end)), runs)
@@ -296,40 +302,34 @@ def _window_of(start: I64, opt_start: I64, opt_end: I64) -> I64:
     return out
 
 
-def _carry_known_sites(ms: I64) -> I64:
-    """Sites (-1: unknown) with each unknown one taking the last known site before it (the first known one
-    where none is before). A stack cut short (deep module nesting) loses the frames above the model's call:
-    its site is unknown, and it continues the pass it is in rather than starting another."""
-    known = np.flatnonzero(ms >= 0)
-    if not 0 < known.size < ms.size:
-        return ms
-    # Each known site repeated up to the next one: one pass, where a running maximum of positions and two
-    # gathers took five.
-    out: I64 = np.repeat(ms[known], np.diff(np.concatenate(([0], known[1:], [ms.size]))))
-    return out
-
-
-def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[ForwardPass]:
+def _forward_passes(codes: I8, site_of_row: I64, row: I64, names: dict[int, str]) -> list[ForwardPass]:
     """Runs of forward allocations, broken by backward/optimizer allocations and by a change of
-    entry site; each with whether a backward comes next."""
+    entry site; each with whether a backward comes next. ``site_of_row[row]`` is each allocation's site
+    (-1: unknown)."""
     # A graph capture ends a pass too: the eager warm-up before each capture is a pass of its own.
-    marked = np.flatnonzero(
+    is_marked = (
         (codes == FORWARD) | (codes == BACKWARD) | (codes == OPTIMIZER) | (codes == DECODE) | (codes == GRAPH_CAPTURE)
     )
-    if marked.size == 0:
-        return []
+    marked = np.flatnonzero(is_marked)
     mc = codes[marked]
-    ms = _carry_known_sites(sites[marked])
-    fwd = mc == FORWARD
-    differs = (mc[1:] != mc[:-1]) | (ms[1:] != ms[:-1])
-    starts = np.flatnonzero(fwd & np.r_[True, differs])
-    if starts.size == 0:
+    # The forward allocations alone (a fifth of the marked ones on the 460 MB trace): the runs, their sites and
+    # what follows them are read off them and their neighbours, where every marked allocation's site carried
+    # and compared took most of the tagging's time.
+    fw = np.flatnonzero(mc == FORWARD)  # positions among the marked ones
+    if fw.size == 0:
         return []
-    # A run ends before the next marked allocation that is not the same forward site.
-    ends = np.flatnonzero(fwd & np.r_[differs, True])
-    after = np.where(ends + 1 < mc.size, mc[np.minimum(ends + 1, mc.size - 1)], -1)
+    first_of = marked[fw]  # positions among the allocations
+    sites = site_of_row[row[first_of]]
+    _carry_known_sites(sites, first_of, lambda: np.where(is_marked, site_of_row[row], -1))
+    # A run goes on from one forward allocation to the next marked one while that is forward (the next among
+    # the forward ones) at the same site.
+    goes_on = (fw[1:] == fw[:-1] + 1) & (sites[1:] == sites[:-1])
+    starts = np.flatnonzero(np.r_[True, ~goes_on])
+    ends = np.flatnonzero(np.r_[~goes_on, True])
+    nxt = fw[ends] + 1  # the marked allocation after each run
+    after = np.where(nxt < mc.size, mc[np.minimum(nxt, mc.size - 1)], -1)
     followed = (after == BACKWARD).tolist()
-    site_ids = ms[starts].tolist()
+    site_ids = sites[starts].tolist()
     training = {site for site, f in zip(site_ids, followed, strict=True) if f}
     return [
         ForwardPass(
@@ -341,9 +341,25 @@ def _forward_passes(codes: I8, sites: I64, names: dict[int, str]) -> list[Forwar
             training_site=site in training,
         )
         for first, last, site, f, a in zip(
-            marked[starts].tolist(), marked[ends].tolist(), site_ids, followed, after.tolist(), strict=True
+            first_of[starts].tolist(), first_of[ends].tolist(), site_ids, followed, after.tolist(), strict=True
         )
     ]
+
+
+def _carry_known_sites(sites: I64, at: I64, marked_sites: Callable[[], I64]) -> None:
+    """Each unknown site (-1) of ``sites`` (those of the allocations at ``at``, ascending) takes, in place, the last
+    known site of a marked allocation before it (the first known one where none is before; it stays -1 where none
+    is known). ``marked_sites()``: every allocation's site, -1 where unknown or not marked, made only where a site
+    of ``sites`` is unknown. A stack cut short (deep module nesting) loses the frames above the model's call: its
+    site is unknown, and it continues the pass it is in rather than starting another."""
+    unknown = np.flatnonzero(sites < 0)
+    if not unknown.size:
+        return
+    every = marked_sites()
+    known = np.flatnonzero(every >= 0)
+    if known.size:
+        k = np.searchsorted(known, at[unknown], side="right") - 1
+        sites[unknown] = every[known[np.maximum(k, 0)]]
 
 
 # ------------------------------------------------------------------ the passes, for a follow-up's comparison
@@ -383,9 +399,15 @@ def pass_figures(phases: Phases, lifetimes: Lifetimes, autocast: bool, opt_start
     counts = hi - lo
     which = np.repeat(np.arange(len(passes)), counts)
     ends = np.cumsum(counts)
-    at = np.arange(int(ends[-1]) if len(passes) else 0) - np.repeat(ends - counts - lo, counts)  # indices into own
-    still_live = lifetimes.end[own[at]] > lifetimes.start[lasts][which]
-    kept = np.concatenate(([0], np.cumsum(np.where(still_live, sizes[at], 0))))
+    if len(passes) and lo[0] == 0 and hi[-1] == own.shape[0] and bool((lo[1:] == hi[:-1]).all()):
+        # The passes hold every forward allocation, one after the other (as tag_phases makes them): their
+        # allocations are ``own`` itself, in order, with no indices to gather them by.
+        own_at, sizes_at = own, sizes
+    else:
+        at = np.arange(int(ends[-1]) if len(passes) else 0) - np.repeat(ends - counts - lo, counts)  # into own
+        own_at, sizes_at = own[at], sizes[at]
+    still_live = lifetimes.end[own_at] > lifetimes.start[lasts][which]
+    kept = np.concatenate(([0], np.cumsum(np.where(still_live, sizes_at, 0))))
     no_backward = np.concatenate(([0], np.cumsum(codes[own] == FORWARD_NO_BACKWARD)))
     rows = zip(
         (summed[hi] - summed[lo]).tolist(),
@@ -393,7 +415,10 @@ def pass_figures(phases: Phases, lifetimes: Lifetimes, autocast: bool, opt_start
         (no_backward[hi] - no_backward[lo] > 0).tolist(),
         strict=True,
     )
-    for p, a, b, (total, kept_bytes, evaluates) in zip(passes, lo.tolist(), hi.tolist(), rows, strict=True):
+    first_starts = lifetimes.start[firsts].tolist()
+    for p, a, b, start, (total, kept_bytes, evaluates) in zip(
+        passes, lo.tolist(), hi.tolist(), first_starts, rows, strict=True
+    ):
         if a == b:
             continue
         row = [total, kept_bytes]
@@ -401,7 +426,7 @@ def pass_figures(phases: Phases, lifetimes: Lifetimes, autocast: bool, opt_start
             first = {"sizes": sizes[a:b][:FIRST_PASS_SIZES].tolist(), "complete": p.followed_by_backward}
         if p.followed_by_backward:
             train.append(row)
-            train_starts.append(int(lifetimes.start[p.first]))
+            train_starts.append(start)
         elif evaluates:
             evals.append(row)
     per_step: int | None = None

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.allocator import compiled
+from analysis.allocator.reserved import segment_events
 from analysis.errors import SchemaError
 from analysis.model import (
     ACTIONS,
@@ -44,7 +45,7 @@ def _next_kind(t: Any) -> npt.NDArray[np.int8]:
     return nxt
 
 
-def check_event_order(dev: DeviceData, pools: npt.NDArray[np.int32]) -> None:
+def check_event_order(dev: DeviceData, pools: npt.NDArray[np.int32], seg_events: I64 | None = None) -> None:
     """Refuse a trace whose blocks' or segments' events are out of order (``snapshot:schema:event-order``).
 
     The allocator model follows each block from its alloc to its free by address and frees it into
@@ -55,7 +56,8 @@ def check_event_order(dev: DeviceData, pools: npt.NDArray[np.int32]) -> None:
     twice or freed at another size would make it free another block or segment, or index past a
     list (issue 36). torch never writes one: refused here, the model's entry, for both loops.
     Pairwise by address in trace order, so a trace that starts or ends mid-lifetime (a wrapped ring
-    buffer) passes.
+    buffer) passes. ``seg_events``: the trace's segment events (``reserved.segment_events``), where the
+    caller has them (a pass over every event's action, else).
     """
     t = dev.trace
     act = t.action
@@ -75,7 +77,8 @@ def check_event_order(dev: DeviceData, pools: npt.NDArray[np.int32]) -> None:
         if lanes:
             bad_lane = same & (now != ALLOC) & ((pools[cur] != pools[prev]) | (t.stream[cur] != t.stream[prev]))
         _refuse_first(dev, prev, cur, bad_kind, bad_lane)
-    segments = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_FREE))
+    seg = segment_events(act) if seg_events is None else seg_events
+    segments = seg[(act[seg] == SEGMENT_ALLOC) | (act[seg] == SEGMENT_FREE)]
     if segments.size > 1:
         order = segments[np.argsort(t.addr[segments], kind="stable")]
         prev, cur = order[:-1], order[1:]

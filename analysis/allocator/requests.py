@@ -60,6 +60,7 @@ I32 = npt.NDArray[np.int32]
 # Operation codes of the request stream.
 _OP_ALLOC, _OP_FREE, _OP_FREE_REQ, _OP_FREE_DONE, _OP_OOM, _OP_FLUSH = 0, 1, 2, 3, 4, 5
 
+
 def _device(snapshot: Snapshot, device: DeviceData | int) -> DeviceData:
     return device if isinstance(device, DeviceData) else snapshot.device(device)
 
@@ -390,8 +391,8 @@ class _CacheProbe:
 
 
 def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools: I32) -> tuple[Any, ...]:
-    """The request stream (config-free): event indices, op codes, recorded addresses,
-    sizes, which are oom entries, and the (pool, stream) lane of each."""
+    """The request stream (config-free): event indices, op codes, recorded addresses and the (pool,
+    stream) lane of each (their sizes: ``Requests.sizes``)."""
     t = dev.trace
     user = [(b.start, b.end) for b in bursts if b.kind == "user"]
     malloc_flushes = tuple((b.start, b.request) for b in bursts if b.synced)
@@ -443,7 +444,7 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[_Burst], pools:
     lane = None
     if not (ns == 1 and len(snapshot.pools) == 1):
         lane = _lanes(pools, t.stream, sel, ns)
-    return sel, ops, raddr.astype(np.int64, copy=False), t.size[sel], ops == _OP_OOM, lane
+    return sel, ops, raddr.astype(np.int64, copy=False), lane
 
 
 def _free_pairing(
@@ -454,8 +455,10 @@ def _free_pairing(
     free_completed such a pair holds (no request of its own)."""
     n = is_fr.shape[0]
     paired = np.zeros(n, bool)
-    if n > 1:
-        paired[:-1] = is_fr[:-1] & is_fc[1:] & (addr[1:] == addr[:-1])
+    if n > 1:  # in place: no temporary column of the trace's length
+        np.equal(addr[1:], addr[:-1], out=paired[:-1])
+        paired[:-1] &= is_fr[:-1]
+        paired[:-1] &= is_fc[1:]
     completes = np.zeros(n, bool)
     completes[1:] = paired[:-1]
     # skip_actions (torch 2.10+) may drop one of the two: the other is then the free.
@@ -567,10 +570,10 @@ def _event_pools(dev: DeviceData) -> npt.NDArray[np.int32]:
     return pools
 
 
-def _freeable_from(dev: DeviceData, pools: npt.NDArray[np.int32]) -> dict[int, int]:
-    """Private pool -> first event index where the trace shows it being released."""
+def _freeable_from(dev: DeviceData, pools: npt.NDArray[np.int32], seg: I64) -> dict[int, int]:
+    """Private pool -> first event index where the trace shows it being released (``seg``: the trace's
+    segment events, ``reserved.segment_events``: a few hundred, the releases looked for among them alone)."""
     t = dev.trace
-    seg = segment_events(t.action)  # a few hundred: the releases looked for among them alone
     kind = t.action[seg]
     rel = seg[((kind == SEGMENT_FREE) | (kind == SEGMENT_UNMAP)) & (pools[seg] != 0)]
     out: dict[int, int] = {}
@@ -591,8 +594,7 @@ class Requests:
     events: npt.NDArray[np.intp]  # trace index of each request
     op_col: npt.NDArray[np.int8]  # op code of each request (``_OP_*``), one byte each as the compiled engine takes it
     raddr_col: I64  # recorded address of each request (a user flush: the end of its burst)
-    sizes: I64
-    is_oom: npt.NDArray[np.bool_]
+    trace_size: I64  # the trace's size column, every event's (``sizes`` gathers the requests')
     lane: I64 | None  # (pool * 2) * streams + stream per request; None: one pool, one stream
     n_streams: int
     source: ReplaySource  # the device's recorded replay, for the few rules that read its states
@@ -618,6 +620,15 @@ class Requests:
         """Whether the trace shows ``garbage_collect_cached_blocks`` runs (``_bursts``' "gc" runs):
         proof that the run was under a per-process cap (``analysis.limits.run_was_capped``)."""
         return any(b.kind == "gc" for b in self.bursts)
+
+    @property
+    def sizes(self) -> I64:
+        """Each request's size, gathered from the trace when asked and not kept: only ``columns`` reads them,
+        once per rounding, on the thread that first asks (a report's pool thread; issue 34: gathered in
+        ``build_requests`` they were 13 MB of fresh pages and ~5 ms on the report's main thread for the
+        460 MB trace, and lived as long as the trace)."""
+        out: I64 = self.trace_size.take(self.events)
+        return out
 
     # The columns as Python lists, made when first asked for: the Python loop's inputs (the compiled
     # engine takes the columns, and a report that runs it never needs these).
@@ -748,24 +759,23 @@ def build_requests(snapshot: Snapshot, device: DeviceData | int, source: ReplayS
     source = source if source is not None else ReplaySource(snapshot, dev)
     recorded = AllocatorConfig.from_settings(snapshot.settings.raw, snapshot.settings.conf)
     pools = _event_pools(dev)
-    check_event_order(dev, pools)
-    bursts = _bursts(snapshot, dev, recorded, source)
-    events, ops, raddrs, sizes, is_oom, lane = _stream_of(snapshot, dev, bursts, pools)
     t = dev.trace
-    seg = segment_events(t.action)
+    seg = segment_events(t.action)  # the event-order check, the freeable pools and the segment columns read them
+    check_event_order(dev, pools, seg)
+    bursts = _bursts(snapshot, dev, recorded, source)
+    events, ops, raddrs, lane = _stream_of(snapshot, dev, bursts, pools)
     cols = (t.action[seg].astype(np.int64), t.size[seg].astype(np.int64), t.addr[seg].astype(np.int64))
     segments = (cols[0].tolist(), cols[1].tolist(), cols[2].tolist())
     return Requests(
         recorded,
         bursts,
         pools,
-        _freeable_from(dev, pools),
+        _freeable_from(dev, pools, seg),
         segments,
         events,
         ops,
         raddrs,
-        sizes,
-        is_oom,
+        t.size,
         lane,
         max(len(dev.streams), 1),
         source,

@@ -15,9 +15,10 @@ from analysis.allocator.reserved import (
     recorded_levels,
     recorded_reserved,
     reserved_ends,
+    segment_events,
     segment_levels,
 )
-from analysis.categories import next_marked
+from analysis.categories import classify, next_marked, optimizer_windows, step_windows
 from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -29,7 +30,17 @@ from analysis.model import (
     SEGMENT_UNMAP,
     sorted_unique,
 )
-from analysis.phases import _carry_known_sites
+from analysis.phases import (
+    BACKWARD,
+    DECODE,
+    FORWARD,
+    GRAPH_CAPTURE,
+    OPTIMIZER,
+    PHASES,
+    ForwardPass,
+    _forward_passes,
+    tag_phases,
+)
 from analysis.reader import read_snapshot
 from analysis.stacks import StackCatalog, alloc_lifetimes
 from analysis.stages.attribution import _frees_record_free_sites
@@ -109,6 +120,30 @@ def _carry_reference(ms: np.ndarray) -> np.ndarray:
     return np.where(last_known >= 0, ms[np.maximum(last_known, 0)], ms[known[0]])
 
 
+def _forward_passes_reference(codes: np.ndarray, sites: np.ndarray, names: dict[int, str]) -> list[ForwardPass]:
+    """``phases._forward_passes`` over every marked allocation: each one's site carried, the neighbours compared."""
+    marked = np.flatnonzero(
+        (codes == FORWARD) | (codes == BACKWARD) | (codes == OPTIMIZER) | (codes == DECODE) | (codes == GRAPH_CAPTURE)
+    )
+    if marked.size == 0:
+        return []
+    mc, ms = codes[marked], _carry_reference(sites[marked])
+    fwd = mc == FORWARD
+    differs = (mc[1:] != mc[:-1]) | (ms[1:] != ms[:-1])
+    starts = np.flatnonzero(fwd & np.r_[True, differs])
+    ends = np.flatnonzero(fwd & np.r_[differs, True])
+    after = np.where(ends + 1 < mc.size, mc[np.minimum(ends + 1, mc.size - 1)], -1)
+    followed = (after == BACKWARD).tolist()
+    site_ids = ms[starts].tolist()
+    training = {site for site, f in zip(site_ids, followed, strict=True) if f}
+    return [
+        ForwardPass(int(first), int(last), names.get(site, ""), f, PHASES[a] if a >= 0 else "", site in training)
+        for first, last, site, f, a in zip(
+            marked[starts], marked[ends], site_ids, followed, after.tolist(), strict=True
+        )
+    ]
+
+
 def _live_reference(lifetimes) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
     n, m = lifetimes.n_events, lifetimes.start.shape[0]
     runs = np.diff(np.concatenate(([0], lifetimes.start + 1, [n + 1])))
@@ -146,7 +181,7 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
         want_freeable: dict[int, int] = {}
         for i in np.flatnonzero(released).tolist():
             want_freeable.setdefault(int(pools[i]), i)
-        assert requests._freeable_from(dev, pools) == want_freeable
+        assert requests._freeable_from(dev, pools, segment_events(t.action)) == want_freeable
         sel, ops = requests._stream_of(snap, dev, [], pools)[:2]
         ref = _ops_reference(t.action, t.addr)
         np.testing.assert_array_equal(sel, np.flatnonzero(ref >= 0))
@@ -184,6 +219,29 @@ def test_the_trace_passes_match_their_formulas(path: Path) -> None:
         assert (None if got is None else got.to_json()) == _plateau_reference(reserved, alloc, 0, 0)
 
 
+@pytest.mark.parametrize("path", CASES[::3], ids=lambda p: p.name)
+def test_the_step_windows_made_once_tag_as_each_stage_made_them(path: Path) -> None:
+    """The attribution makes the optimizer windows once (``step_windows``): the categories and the phases
+    given them answer as they do making their own."""
+    snap, devices = _traces(path)
+    for dev in devices:
+        t = dev.trace
+        lifetimes = alloc_lifetimes(t.action, t.addr, t.size, t.stack)
+        catalog = StackCatalog(snap.stacks)
+        marks = [(a.name, a.stage, a.time_us) for a in snap.annotations]
+        opt_start, opt_end = optimizer_windows(marks, t.time_us)
+        windows = step_windows(lifetimes.start, opt_start, opt_end, lifetimes.n_events)
+        frames = bool((t.stack >= 0).any())
+        np.testing.assert_array_equal(
+            classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=frames, windows=windows),
+            classify(lifetimes, catalog, opt_start, opt_end, trace_has_frames=frames),
+        )
+        given = tag_phases(t, lifetimes, catalog, snap.stacks, opt_start, opt_end, in_window=windows[0])
+        made = tag_phases(t, lifetimes, catalog, snap.stacks, opt_start, opt_end)
+        np.testing.assert_array_equal(given.of_alloc, made.of_alloc)
+        assert (given.passes, given.has_frames) == (made.passes, made.has_frames)
+
+
 # ------------------------------------------------------------------ on random columns
 
 
@@ -207,8 +265,18 @@ def test_next_marked_both_ways_and_carried_sites_match_their_formulas() -> None:
         for start in (strict, ties):
             n = int(start[-1]) + 2 if m else 0
             np.testing.assert_array_equal(next_marked(start, marked, n), _next_marked_reference(start, marked, n))
-        ms = np.where(rng.random(m) < 0.5, -1, rng.integers(0, 5, m)).astype(I64)
-        np.testing.assert_array_equal(_carry_known_sites(ms), _carry_reference(ms))
+
+    # The forward passes: codes of every phase the tagging has set by then, sites known or not (a forward
+    # allocation's unknown site carried from the marked one before it, whatever its phase).
+    codes_of = np.array([0, FORWARD, BACKWARD, OPTIMIZER, DECODE, GRAPH_CAPTURE, 7], np.int8)
+    for _ in range(3000):
+        m = int(rng.integers(0, 25))
+        codes = codes_of[rng.choice(7, m, p=[0.1, 0.4, 0.2, 0.1, 0.05, 0.05, 0.1])]
+        site_of_row = np.r_[-1, rng.integers(-1, 4, 6)].astype(I64)  # by stack id + 1
+        row = rng.integers(0, 7, m).astype(I64)
+        names = {0: "a", 1: "b", 3: "d"}
+        want = _forward_passes_reference(codes, site_of_row[row], names)
+        assert _forward_passes(codes, site_of_row, row, names) == want
 
 
 def test_sorted_unique_and_the_running_clock() -> None:
@@ -246,6 +314,28 @@ def test_free_sites_count_only_the_freed_allocations() -> None:
     assert _frees_record_free_sites(SimpleNamespace(stack=freed_elsewhere), lifetimes)
 
 
+def test_free_sites_counted_by_blocks_decide_as_the_whole_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count stops once a block decides it either way: blocks of 4 on random traces, the majority near
+    a half (ties included), agree with the count over every allocation."""
+    from types import SimpleNamespace
+
+    from analysis.stacks import Lifetimes
+    from analysis.stages import attribution
+
+    monkeypatch.setattr(attribution, "_FREE_SITES_BLOCK", 4)
+    rng = np.random.default_rng(34)
+    for _ in range(3000):
+        m = int(rng.integers(1, 40))
+        n = 2 * m + 1
+        start = np.sort(rng.choice(n - 1, m, replace=False)).astype(I64)
+        end = np.where(rng.random(m) < 0.8, np.minimum(start + rng.integers(1, 5, m), n - 1), n).astype(I64)
+        stack = rng.integers(0, 3, n).astype(np.int32)
+        lifetimes = Lifetimes(start, end, start.copy(), np.ones(m, I64), stack[start], n)
+        freed = end < n
+        want = bool(freed.any()) and 2 * int((stack[end[freed]] != stack[start][freed]).sum()) > int(freed.sum())
+        assert _frees_record_free_sites(SimpleNamespace(stack=stack), lifetimes) == want
+
+
 def test_a_private_pool_is_freeable_from_its_first_release() -> None:
     from types import SimpleNamespace
 
@@ -255,7 +345,7 @@ def test_a_private_pool_is_freeable_from_its_first_release() -> None:
     )
     pools = np.array([2, 2, 0, 3, 3, 2, 0, 3], np.int32)  # the default pool's releases (0) never count
     dev = SimpleNamespace(trace=SimpleNamespace(action=act))
-    assert requests._freeable_from(dev, pools) == {3: 4, 2: 5}  # type: ignore[arg-type]
+    assert requests._freeable_from(dev, pools, segment_events(act)) == {3: 4, 2: 5}  # type: ignore[arg-type]
 
 
 def test_a_peak_found_among_the_bucket_extremes_is_the_first_one() -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from analysis.allocator import allowed_for_fraction, simulate, whatif
 from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.placement import CHUNK, DriverPlacement, MirrorPlacement
-from analysis.allocator.requests import requests_for
+from analysis.allocator.requests import _OP_OOM, requests_for
 from analysis.model import ALLOC, OOM, SEGMENT_ALLOC, Snapshot
 from analysis.reader import read_snapshot
 
@@ -152,8 +152,9 @@ def test_an_oom_entry_is_rounded_under_the_whatif_settings() -> None:
     assert int(mt.size[np.flatnonzero(mt.action == OOM)[-1]]) == 768 * MiB
     req = requests_for(base, 0)
     sizes, _lists = req.lists(AllocatorConfig.parse("roundup_power2_divisions:4", base=req.recorded_config))
-    assert sizes[int(np.flatnonzero(req.is_oom)[-1])] == 768 * MiB
-    assert req.lists(req.recorded_config)[0][int(np.flatnonzero(req.is_oom)[-1])] == 743_040_000
+    oom = int(np.flatnonzero(req.op_col == _OP_OOM)[-1])
+    assert sizes[oom] == 768 * MiB
+    assert req.lists(req.recorded_config)[0][oom] == 743_040_000
     cap = cap_of("gpt_varlen_c70_roundup4")
     for name, conf in (("roundup4", "roundup_power2_divisions:4"), ("roundup2", "roundup_power2_divisions:2")):
         real = snap(f"gpt_varlen_c70_{name}")
