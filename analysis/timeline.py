@@ -292,6 +292,8 @@ def settle_fused_frees(
     above allocated; the next event has the same allocated and reserved bytes (a
     completed free changes neither), so the extremes stay exact. Genuinely
     pending frees (``record_stream``: the completion comes later) are kept.
+    ``timeline``: as ``build_timeline`` made it from ``columns`` (its series at the points it keeps are read
+    from it).
     """
     if not timeline:
         return timeline
