@@ -20,6 +20,7 @@ from analysis.allocator.config import AllocatorConfig
 from analysis.limits import Limit
 from analysis.model import Trace
 from analysis.oom import UsableFree, explain_oom, oom_indices
+from analysis.timeline import values_at
 
 I64 = npt.NDArray[np.int64]
 
@@ -47,15 +48,16 @@ def list_ooms(
     """
     cfg = config
     found = oom_indices(trace)
+    at = {name: v.tolist() for name, v in values_at(columns, found).items()}
     out = []
     for k, i in enumerate(found.tolist()):
         item = explain_oom(
             trace,
             int(i),
-            allocated=int(columns["allocated"][i]),
-            reserved=int(columns["reserved"][i]),
-            cached_free=int(columns["cached_free"][i]),
-            largest_free=int(columns["largest_free"][i]),
+            allocated=at["allocated"][k],
+            reserved=at["reserved"][k],
+            cached_free=at["cached_free"][k],
+            largest_free=at["largest_free"][k],
             all_ooms=int(found.size),
             chosen=chosen,
             usable=None if usable is None else usable.get(int(i)),

@@ -17,7 +17,7 @@ Derived series at every kept point:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +43,50 @@ PRIMARY: tuple[str, ...] = ("reserved", "allocated")
 DEFAULT_BUCKETS = 1000
 
 
-def columns_of(replay: Any) -> dict[str, I64]:
+_NAMES = tuple(name for name, _ in SERIES)
+
+
+class Columns(Mapping[str, I64]):
+    """A replay's series by name (``columns_of``): ``columns[name]`` every event's values; ``values_at`` and
+    ``first_max`` below read a replay that makes some series only when read whole (``RecordedReplay``:
+    ``values_at``, ``first_max``) at some events only, so that a report makes none of those whole."""
+
+    def __init__(self, replay: Any) -> None:
+        self.replay = replay
+
+    def __getitem__(self, name: str) -> I64:
+        if name not in _NAMES:
+            raise KeyError(name)
+        return np.asarray(getattr(self.replay, name), np.int64)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+
+def columns_of(replay: Any) -> Columns:
     """The replay's per-event columns by name (anything with those attributes)."""
-    return {name: np.asarray(getattr(replay, name), np.int64) for name, _ in SERIES}
+    return Columns(replay)
+
+
+def values_at(columns: Mapping[str, I64], points: I64) -> dict[str, I64]:
+    """Every series at the events ``points``, by name: a replay's (``columns_of``) evaluated there where the
+    replay can (``values_at``), without making whole a series it makes only when read."""
+    if isinstance(columns, Columns) and hasattr(columns.replay, "values_at"):
+        got: dict[str, I64] = columns.replay.values_at(points)
+        return got
+    return {name: np.asarray(columns[name])[points] for name in _NAMES}
+
+
+def first_max(columns: Mapping[str, I64], name: str) -> int:
+    """The first event where series ``name`` is at its maximum (``argmax``; -1: no events), found by a replay's
+    own pass where it can (``first_max``)."""
+    if isinstance(columns, Columns) and hasattr(columns.replay, "first_max"):
+        return int(columns.replay.first_max(name))
+    values = np.asarray(columns[name])
+    return int(values.argmax()) if values.size else -1
 
 
 def extreme_indices(values: I64, lo: int, hi: int, buckets: int) -> I64:
@@ -93,18 +134,20 @@ def primary_extremes(columns: Mapping[str, I64], lo: int, hi: int, buckets: int)
     return {name: extreme_indices(columns[name], lo, hi, buckets) for name in PRIMARY if name in columns}
 
 
-def series_at(columns: Mapping[str, I64], time_us: I64, points: I64) -> dict[str, Any]:
-    """The report's series at the chosen events (plain lists, JSON-ready)."""
+def series_at(
+    columns: Mapping[str, I64], time_us: I64, points: I64, at: Mapping[str, I64] | None = None
+) -> dict[str, Any]:
+    """The report's series at the chosen events (plain lists, JSON-ready); ``at``: every series' values there
+    (``values_at``), where the caller has them."""
     out: dict[str, Any] = {
         "index": points.tolist(),
         "time_us": time_us[points].tolist() if time_us.size else [0] * int(points.size),
     }
+    if at is None:
+        at = values_at(columns, points)
     for name, key in SERIES:
-        out[key] = columns[name][points].tolist()
-    reserved = columns["reserved"][points]
-    allocated = columns["allocated"][points]
-    cached = columns["cached_free"][points]
-    largest = columns["largest_free"][points]
+        out[key] = at[name].tolist()
+    reserved, allocated, cached, largest = at["reserved"], at["allocated"], at["cached_free"], at["largest_free"]
     with np.errstate(divide="ignore", invalid="ignore"):
         stranded = np.where(reserved > 0, (reserved - allocated) / np.maximum(reserved, 1), 0.0)
         external = np.where(cached > 0, 1.0 - largest / np.maximum(cached, 1), 0.0)
@@ -139,7 +182,11 @@ def build_timeline(
     """The report's ``timeline``: downsampled series with every peak and the OOM exact."""
     n = int(columns["reserved"].shape[0])
     extremes = primary_extremes(columns, 0, n, buckets)
-    peaks = {name: peak_of(columns[name], extremes.get(name)) for name in ("reserved", "allocated", "requested")}
+    peaks = {name: peak_of(columns[name], extremes.get(name)) for name in ("reserved", "allocated")}
+    # requested read at its peak only: the report makes no series whole but the primary ones (``Columns``)
+    top = first_max(columns, "requested")
+    at_top = int(values_at(columns, np.array([top]))["requested"][0]) if top >= 0 else 0
+    peaks["requested"] = {"event_index": top, "bytes": at_top}
     step_list = [int(i) for i in step_ends]
     forced = [p["event_index"] for p in peaks.values() if p["event_index"] >= 0]
     forced += [i for i in (oom_index,) if i is not None] + list(keep)
@@ -245,6 +292,8 @@ def settle_fused_frees(
     above allocated; the next event has the same allocated and reserved bytes (a
     completed free changes neither), so the extremes stay exact. Genuinely
     pending frees (``record_stream``: the completion comes later) are kept.
+    ``timeline``: as ``build_timeline`` made it from ``columns`` (its series at the points it keeps are read
+    from it).
     """
     if not timeline:
         return timeline
@@ -253,8 +302,20 @@ def settle_fused_frees(
     settled = settled_points(points, action, np.asarray(trace.addr))
     if settled.size == points.size and np.array_equal(settled, points):
         return timeline
+    # The series at the points kept are the timeline's own: only the moved ones are read (a replay's
+    # series made when read are evaluated at each point anew: ``values_at``).
+    order = np.argsort(points, kind="stable")
+    pos = order[np.minimum(np.searchsorted(points, settled, sorter=order), points.size - 1)]
+    kept = points[pos] == settled
+    moved = values_at(columns, settled[~kept])
+    at = {}
+    for name, key in SERIES:
+        values = np.empty(settled.size, np.int64)
+        values[kept] = np.asarray(timeline[key], np.int64)[pos[kept]]
+        values[~kept] = moved[name]
+        at[name] = values
     out = dict(timeline)
-    out.update(series_at(columns, np.asarray(trace.time_us, np.int64), settled))
+    out.update(series_at(columns, np.asarray(trace.time_us, np.int64), settled, at))
     out["points"] = int(settled.size)
     # A full-detail timeline loses those instants: it is then a (lossless for
     # reserved and allocated) selection of the events.

@@ -333,6 +333,9 @@ typedef struct {
     Py_ssize_t bs_len, bs_cap;
     Vec ns_i, ns_v, lf_i, lf_v, ignored, aa_i, aa_v, ac_i, ac_v;
     Vec wf_i, wf_v; /* whole free segments of the default large pool: (event, +1 | -1) */
+    /* core_columns' checkpoints (CP_WIDTH int64 before every CP_EVERY-th event), from which core_columns_at
+     * reads its columns at any event (NULL: none kept) */
+    int64_t *cp;
     PyObject *rep; /* borrowed, during run() only: where _issue and _meta_of_event are called */
 } RecCore;
 
@@ -344,6 +347,7 @@ static void core_dealloc(RecCore *c) {
                    &c->m_large, &c->wf_i, &c->wf_v};
     for (int k = 0; k < 18; k++) PyMem_Free(vecs[k]->v);
     PyMem_Free(c->bs);
+    PyMem_Free(c->cp);
     if (c->addr_b.obj) PyBuffer_Release(&c->addr_b);
     if (c->size_b.obj) PyBuffer_Release(&c->size_b);
     Py_XDECREF(c->act_o);
@@ -1103,6 +1107,16 @@ static PyObject *core_whole_free(RecCore *c, PyObject *unused) {
                          c->wf_v.len ? (const char *)c->wf_v.v : "", (Py_ssize_t)(c->wf_v.len * sizeof(int64_t)));
 }
 
+static int in_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != 8 || b->len != n * 8 || !b->format || (strcmp(b->format, "l") && strcmp(b->format, "q"))) {
+        PyBuffer_Release(b);
+        PyErr_SetString(PyExc_ValueError, "recorded core: a trace column is not int64 of the trace's length");
+        return -1;
+    }
+    return 0;
+}
+
 static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
     if (PyObject_GetBuffer(o, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     if (b->itemsize != 8 || b->len != n * 8 || !b->format || (strcmp(b->format, "l") && strcmp(b->format, "q"))) {
@@ -1183,10 +1197,75 @@ static inline int64_t first_of(int64_t a, int64_t b, int64_t c, int64_t d, int64
     return e < m ? e : m;
 }
 
+/* core_columns keeps where its walk stands before every CP_EVERY-th event, so that core_columns_at reaches any
+ * event in fewer than CP_EVERY events' steps: the running sums of requested, active and nonsplit, the
+ * largest free block, and its place in the four record lists it reads (ignored, active's adjustments,
+ * nonsplit's, largest_free's), one cache line (2.4 MB for the 460 MB trace's 2.4M events): a binary search
+ * of each list at every point asked for cost more than the walk. */
+#define CP_SHIFT 6
+#define CP_EVERY ((Py_ssize_t)1 << CP_SHIFT)
+#define CP_WIDTH 8
+
+/* core_columns' one pass, its records in event order: every running sum, the peaks and the checkpoints; of the
+ * columns, allocated and reserved written where `two`, the other four where `four` (constants where it is
+ * inlined: each form its own loop, no test per event). */
+static inline __attribute__((always_inline)) void columns_pass(RecCore *c, int64_t **col, const long long *init,
+                                                               int64_t *peak, Py_ssize_t *at, const int two,
+                                                               const int four) {
+    int64_t *al = col[0], *rq = col[1], *rs = col[2], *cf = col[3], *is = col[4], *lf = col[5], *cp = c->cp;
+    const int64_t *bs = c->bs, *sz = c->size;
+    const unsigned char *act = c->act;
+    const long A = c->alloc, FR = c->free_requested, FC = c->free_completed;
+    const long SA = c->seg_alloc, SM = c->seg_map, SF = c->seg_free, SU = c->seg_unmap;
+    const Py_ssize_t n = c->n;
+    int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], lv = init[5];
+    int64_t pk[3] = {INT64_MIN, INT64_MIN, INT64_MIN}; /* the loop's own: no column store aliases them */
+    Py_ssize_t pat[3] = {-1, -1, -1};
+    size_t pi = 0, pa = 0, pc = 0, pn = 0, pl = 0;
+    while (pl < c->lf_i.len && c->lf_i.v[pl] < 0) pl++; /* records of the seeding: the initial figure holds them */
+    int64_t ni = next_at(&c->ignored, pi), na = next_at(&c->aa_i, pa), nc = next_at(&c->ac_i, pc);
+    int64_t nn = next_at(&c->ns_i, pn), nl = next_at(&c->lf_i, pl);
+    int64_t next = first_of(ni, na, nc, nn, nl); /* the first event any record names */
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!(k & (CP_EVERY - 1))) {
+            int64_t *q = cp + CP_WIDTH * (k >> CP_SHIFT);
+            q[0] = sq, q[1] = sc, q[2] = sn, q[3] = lv;
+            q[4] = (int64_t)pi, q[5] = (int64_t)pc, q[6] = (int64_t)pn, q[7] = (int64_t)pl;
+        }
+        long a = act[k];
+        int64_t x = bs[k], s = sz[k];
+        int64_t dal = a == A ? x : (a == FR ? -x : 0);
+        int64_t dac = a == A ? x : (a == FC ? -x : 0);
+        int64_t drq = a == A ? s : (a == FC ? -s : 0);
+        int64_t drs = (a == SA || a == SM) ? s : ((a == SF || a == SU) ? -s : 0);
+        if (k == next) { /* rare: an event with records */
+            if (ni == k) {
+                drq = drs = 0;
+                while (ni == k) ni = next_at(&c->ignored, ++pi);
+            }
+            for (; na == k; na = next_at(&c->aa_i, ++pa)) dal += c->aa_v.v[pa];
+            for (; nc == k; nc = next_at(&c->ac_i, ++pc)) dac += c->ac_v.v[pc];
+            for (; nn == k; nn = next_at(&c->ns_i, ++pn)) sn += c->ns_v.v[pn];
+            for (; nl == k; nl = next_at(&c->lf_i, ++pl)) lv = c->lf_v.v[pl]; /* the last record wins */
+            next = first_of(ni, na, nc, nn, nl);
+        }
+        sa += dal;
+        sq += drq;
+        sr += drs;
+        sc += dac;
+        if (two) al[k] = sa, rs[k] = sr;
+        if (four) rq[k] = sq, cf[k] = sr - sc, is[k] = sr - sc - sn, lf[k] = lv;
+        PEAKS(pk, pat, k, sa, sq, sr);
+    }
+    for (int j = 0; j < 3; j++) peak[j] = pk[j], at[j] = pat[j];
+}
+
 /* _columns and _finished's sums: six per-event columns, written into the int64 arrays given (active, which
  * no report reads, is left to RecordedReplay.active: reserved - cached_free).
  * columns(allocated, requested, reserved, cached_free, inactive_split, largest_free, initial) with
- * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event.
+ * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event; None in
+ * place of allocated and reserved, or of the other four, writes those not (the report reads the four at a few
+ * events only: core_columns_at, from this pass's checkpoints).
  * Returns the peaks of allocated, requested and reserved: ((value, event), ...), event -1 on an empty trace.
  * One pass writes each column once, running sums and all: the records (ignored events, the
  * adjustments, the nonsplit moves and the largest free sizes) are walked beside it, each list in event
@@ -1199,67 +1278,128 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOO(LLLLLL)|p", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &init[0], &init[1],
                           &init[2], &init[3], &init[4], &init[5], &scatter))
         return NULL;
+    const int two = o[0] != Py_None, four = o[1] != Py_None;
+    if ((o[2] != Py_None) != two || (o[3] != Py_None) != four || (o[4] != Py_None) != four ||
+        (o[5] != Py_None) != four || !(two || four)) {
+        PyErr_SetString(PyExc_ValueError, "recorded core: columns() takes allocated and reserved, the other four, or all six");
+        return NULL;
+    }
     Py_buffer b[6];
-    int got = 0;
+    int64_t *col[6] = {NULL}, *scratch[6] = {NULL};
+    int held[6] = {0};
     Py_ssize_t n = c->n;
-    for (; got < 6; got++)
-        if (out_column(o[got], &b[got], n) < 0) goto fail;
-    int64_t *col[6], peak[3] = {INT64_MIN, INT64_MIN, INT64_MIN};
+    PyObject *out = NULL;
+    for (int k = 0; k < 6; k++) {
+        if (o[k] == Py_None) continue;
+        if (out_column(o[k], &b[k], n) < 0) goto done;
+        held[k] = 1;
+        col[k] = b[k].buf;
+    }
+    int64_t peak[3] = {INT64_MIN, INT64_MIN, INT64_MIN};
     Py_ssize_t at[3] = {-1, -1, -1};
-    for (int k = 0; k < 6; k++) col[k] = b[k].buf;
+    if (!c->cp && !(c->cp = PyMem_Malloc((size_t)(CP_WIDTH * ((n >> CP_SHIFT) + 1)) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (scatter || c->bs_len < n || !records_in_order(&c->ignored, 0, n) || !records_in_order(&c->aa_i, 0, n) ||
         !records_in_order(&c->ac_i, 0, n) || !records_in_order(&c->ns_i, 0, n) ||
         !records_in_order(&c->lf_i, INT64_MIN, n)) {
+        for (int k = 0; k < 6; k++) /* the scatter form sums in its columns: those not kept are its scratch */
+            if (!col[k] && !(col[k] = scratch[k] = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t)))) {
+                PyErr_NoMemory();
+                goto done;
+            }
         columns_scatter(c, col, n, init, peak, at);
+        PyMem_Free(c->cp); /* no checkpoints: these records answer no event but by whole columns */
+        c->cp = NULL;
+    } else if (two && four) {
+        columns_pass(c, col, init, peak, at, 1, 1);
+    } else if (two) {
+        columns_pass(c, col, init, peak, at, 1, 0);
     } else {
-        int64_t *al = col[0], *rq = col[1], *rs = col[2], *cf = col[3], *is = col[4], *lf = col[5];
-        const int64_t *bs = c->bs, *sz = c->size;
-        const unsigned char *act = c->act;
-        const long A = c->alloc, FR = c->free_requested, FC = c->free_completed;
-        const long SA = c->seg_alloc, SM = c->seg_map, SF = c->seg_free, SU = c->seg_unmap;
-        int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], lv = init[5];
-        int64_t pk[3] = {INT64_MIN, INT64_MIN, INT64_MIN}; /* the loop's own: no column store aliases them */
-        Py_ssize_t pat[3] = {-1, -1, -1};
-        size_t pi = 0, pa = 0, pc = 0, pn = 0, pl = 0;
-        while (pl < c->lf_i.len && c->lf_i.v[pl] < 0) pl++; /* records of the seeding: the initial figure holds them */
-        int64_t ni = next_at(&c->ignored, pi), na = next_at(&c->aa_i, pa), nc = next_at(&c->ac_i, pc);
-        int64_t nn = next_at(&c->ns_i, pn), nl = next_at(&c->lf_i, pl);
-        int64_t next = first_of(ni, na, nc, nn, nl); /* the first event any record names */
-        for (Py_ssize_t k = 0; k < n; k++) {
-            long a = act[k];
-            int64_t x = bs[k], s = sz[k];
-            int64_t dal = a == A ? x : (a == FR ? -x : 0);
+        columns_pass(c, col, init, peak, at, 0, 1);
+    }
+    out = Py_BuildValue("((Ln)(Ln)(Ln))", (long long)peak[0], at[0], (long long)peak[1], at[1], (long long)peak[2],
+                        at[2]);
+done:
+    for (int k = 0; k < 6; k++) {
+        if (held[k]) PyBuffer_Release(&b[k]);
+        PyMem_Free(scratch[k]);
+    }
+    return out;
+}
+
+/* columns_at(points, reserved, requested, cached_free, inactive_split, largest_free): the four columns that
+ * core_columns writes beside allocated and reserved, at the events `points` (int64, each in [0, n), best in
+ * increasing order), into the int64 arrays given (one entry a point), without writing them whole: each point
+ * is reached from the one before where that is nearer than core_columns' checkpoint before it, else from that
+ * checkpoint, walking the same sums and records. `reserved`: the reserved column core_columns wrote.
+ * Returns True, or False where core_columns kept no checkpoints (not run, or its records out of event order,
+ * which no pass makes: then only the whole columns answer). */
+static PyObject *core_columns_at(RecCore *c, PyObject *args) {
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
+    if (!c->cp) Py_RETURN_FALSE;
+    Py_buffer b[6];
+    int held = 0;
+    PyObject *out = NULL;
+    const Py_ssize_t n = c->n;
+    if (PyObject_GetBuffer(o[0], &b[0], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    held = 1;
+    Py_ssize_t m = b[0].len / 8;
+    if (b[0].itemsize != 8 || !b[0].format || (strcmp(b[0].format, "l") && strcmp(b[0].format, "q"))) {
+        PyErr_SetString(PyExc_ValueError, "recorded core: columns_at's points are not int64");
+        goto done;
+    }
+    if (in_column(o[1], &b[1], n) < 0) goto done;
+    held = 2;
+    for (; held < 6; held++)
+        if (out_column(o[held], &b[held], m) < 0) goto done;
+    const int64_t *pts = b[0].buf, *rs = b[1].buf, *bs = c->bs, *sz = c->size;
+    int64_t *rq = b[2].buf, *cf = b[3].buf, *is = b[4].buf, *lf = b[5].buf;
+    const unsigned char *act = c->act;
+    const long A = c->alloc, FC = c->free_completed;
+    const Vec *ign = &c->ignored, *aci = &c->ac_i, *nsi = &c->ns_i, *lfi = &c->lf_i;
+    int64_t sq = 0, sc = 0, sn = 0, lv = 0;
+    size_t pi = 0, pc = 0, pn = 0, pl = 0;
+    int64_t ni = 0, nc = 0, nn = 0, nl = 0, next = 0; /* as core_columns': the event each list names next */
+    Py_ssize_t cur = -1; /* the next event to walk; -1: none walked yet */
+    for (Py_ssize_t j = 0; j < m; j++) {
+        int64_t p = pts[j];
+        if (p < 0 || p >= n) {
+            PyErr_Format(PyExc_IndexError, "recorded core: event %lld outside [0, %zd)", (long long)p, n);
+            goto done;
+        }
+        Py_ssize_t base = (Py_ssize_t)p & ~(CP_EVERY - 1);
+        if (cur < 0 || p + 1 < cur || base > cur) { /* from the checkpoint before p */
+            const int64_t *q = c->cp + CP_WIDTH * (base >> CP_SHIFT);
+            sq = q[0], sc = q[1], sn = q[2], lv = q[3];
+            pi = (size_t)q[4], pc = (size_t)q[5], pn = (size_t)q[6], pl = (size_t)q[7];
+            ni = next_at(ign, pi), nc = next_at(aci, pc), nn = next_at(nsi, pn), nl = next_at(lfi, pl);
+            next = first_of(ni, nc, nn, nl, INT64_MAX);
+            cur = base;
+        }
+        for (; cur <= p; cur++) { /* core_columns' steps of requested, active, nonsplit and largest_free */
+            long a = act[cur];
+            int64_t x = bs[cur], s = sz[cur];
             int64_t dac = a == A ? x : (a == FC ? -x : 0);
             int64_t drq = a == A ? s : (a == FC ? -s : 0);
-            int64_t drs = (a == SA || a == SM) ? s : ((a == SF || a == SU) ? -s : 0);
-            if (k == next) { /* rare: an event with records */
-                if (ni == k) {
-                    drq = drs = 0;
-                    while (ni == k) ni = next_at(&c->ignored, ++pi);
-                }
-                for (; na == k; na = next_at(&c->aa_i, ++pa)) dal += c->aa_v.v[pa];
-                for (; nc == k; nc = next_at(&c->ac_i, ++pc)) dac += c->ac_v.v[pc];
-                for (; nn == k; nn = next_at(&c->ns_i, ++pn)) sn += c->ns_v.v[pn];
-                for (; nl == k; nl = next_at(&c->lf_i, ++pl)) lv = c->lf_v.v[pl]; /* the last record wins */
-                next = first_of(ni, na, nc, nn, nl);
+            if (cur == next) {
+                for (; ni == cur; ni = next_at(ign, ++pi)) drq = 0;
+                for (; nc == cur; nc = next_at(aci, ++pc)) dac += c->ac_v.v[pc];
+                for (; nn == cur; nn = next_at(nsi, ++pn)) sn += c->ns_v.v[pn];
+                for (; nl == cur; nl = next_at(lfi, ++pl)) lv = c->lf_v.v[pl];
+                next = first_of(ni, nc, nn, nl, INT64_MAX);
             }
-            al[k] = sa += dal;
-            rq[k] = sq += drq;
-            rs[k] = sr += drs;
+            sq += drq;
             sc += dac;
-            cf[k] = sr - sc;
-            is[k] = sr - sc - sn;
-            lf[k] = lv;
-            PEAKS(pk, pat, k, sa, sq, sr);
         }
-        for (int j = 0; j < 3; j++) peak[j] = pk[j], at[j] = pat[j];
+        rq[j] = sq, cf[j] = rs[p] - sc, is[j] = rs[p] - sc - sn, lf[j] = lv;
     }
-    for (int k = 0; k < 6; k++) PyBuffer_Release(&b[k]);
-    return Py_BuildValue("((Ln)(Ln)(Ln))", (long long)peak[0], at[0], (long long)peak[1], at[1], (long long)peak[2],
-                         at[2]);
-fail:
-    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
-    return NULL;
+    out = Py_NewRef(Py_True);
+done:
+    for (int k = 0; k < held; k++) PyBuffer_Release(&b[k]);
+    return out;
 }
 
 static PyMethodDef core_methods[] = {
@@ -1272,6 +1412,7 @@ static PyMethodDef core_methods[] = {
     {"internals", (PyCFunction)core_internals, METH_NOARGS, "the state as the Python replayer's attributes"},
     {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments, int64 bytes"},
     {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays; their peaks"},
+    {"columns_at", (PyCFunction)core_columns_at, METH_VARARGS, "requested, cached_free, inactive_split, largest_free at some events"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1283,16 +1424,6 @@ static PyTypeObject RecCoreType = {
     .tp_doc = "The recorded replay's state (replayer._Replayer's, in C).",
     .tp_methods = core_methods,
 };
-
-static int in_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
-    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (b->itemsize != 8 || b->len != n * 8 || !b->format || (strcmp(b->format, "l") && strcmp(b->format, "q"))) {
-        PyBuffer_Release(b);
-        PyErr_SetString(PyExc_ValueError, "recorded core: a trace column is not int64 of the trace's length");
-        return -1;
-    }
-    return 0;
-}
 
 static int core_params(RecCore *c, PyObject *d) {
     const char *names[] = {"alloc", "free_requested", "free_completed", "seg_alloc", "seg_free", "seg_map",

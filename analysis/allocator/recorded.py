@@ -61,13 +61,52 @@ from analysis.model import (
     Warning_,
 )
 
+# The columns a report reads at a few events only (the timeline's points, the OOMs): the C state's pass
+# evaluates them there (``_PointColumns``) and makes them whole only when read whole (the explore store).
+AT_POINTS = ("requested", "cached_free", "inactive_split", "largest_free")
+
+
+class _PointColumns:
+    """``AT_POINTS``' columns of one replay: whole ones as made (the Python loop's), else made when first
+    read whole (``whole``) by the C state's pass, which answers ``at`` some events without them (its
+    checkpoints, ``columns_at``): 8 bytes an event each that the report would fault in and never read."""
+
+    __slots__ = ("_core", "_lock", "_reserved", "_start", "_whole")
+
+    def __init__(self, core: Any, start: tuple[int, ...], reserved: I64, whole: dict[str, I64]) -> None:
+        self._core, self._start, self._reserved, self._whole = core, start, reserved, whole
+        self._lock = threading.Lock()
+
+    def whole(self, name: str) -> I64:
+        with self._lock:
+            if name not in self._whole:
+                n = self._reserved.shape[0]
+                made = {k: np.empty(n, dtype=np.int64) for k in AT_POINTS}
+                requested, cached_free, inactive_split, largest_free = made.values()
+                # None: allocated and reserved, the pass's own, not written again
+                self._core.columns(
+                    None, requested, None, cached_free, inactive_split, largest_free, self._start, CORE_COLUMNS_SCATTER
+                )
+                self._whole.update(made)
+            return self._whole[name]
+
+    def at(self, points: I64) -> dict[str, I64]:
+        """Each column's values at ``points`` (event indices in [0, events), best in increasing order)."""
+        if len(self._whole) < len(AT_POINTS):
+            out = {k: np.empty(points.shape[0], dtype=np.int64) for k in AT_POINTS}
+            if self._core.columns_at(points, self._reserved, *out.values()):
+                return out
+        return {k: self.whole(k)[points] for k in AT_POINTS}
+
 
 @dataclass(slots=True)
 class RecordedReplay:
     """Per-event columns of the state *after* each event, and what they add up to.
 
-    Every column is int64 with one entry per trace event. A ``*_index`` of -1
-    means the figure was reached before the first event (only possible on an
+    Every column is int64 with one entry per trace event: ``allocated`` and ``reserved`` made by the
+    pass, ``AT_POINTS``' (``requested``, ``cached_free``, ``inactive_split``, ``largest_free``) made
+    when first read, and every one at some events by ``values_at`` without making them. A
+    ``*_index`` of -1 means the figure was reached before the first event (only possible on an
     incomplete trace). On an incomplete trace (``trace_complete`` false) the
     peaks are lower bounds; ``warnings`` says why.
     """
@@ -75,11 +114,7 @@ class RecordedReplay:
     device: int
     events: int
     allocated: I64
-    requested: I64
     reserved: I64
-    cached_free: I64
-    inactive_split: I64
-    largest_free: I64
     initial: StateFigures
     final: StateFigures
     peak_allocated: int
@@ -91,6 +126,8 @@ class RecordedReplay:
     trace_complete: bool
     warnings: list[Warning_]
     _replayer: _Replayer = field(repr=False)
+    _at_points: _PointColumns = field(repr=False)
+    _requested_top: int = field(repr=False)  # requested's first maximum (argmax's; -1: no events)
     _states: dict[int, AllocatorState] = field(default_factory=dict, repr=False)
     # One replay again at a time: the policy replays of a report run on threads and share this
     # replay, and a second pass on the one ``_replayer`` mid-way through the first corrupts both.
@@ -101,6 +138,40 @@ class RecordedReplay:
         default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64), 0), repr=False
     )
     _active: I64 | None = field(default=None, repr=False)
+
+    @property
+    def requested(self) -> I64:
+        """``requested_bytes`` after each event, made when first read."""
+        return self._at_points.whole("requested")
+
+    @property
+    def cached_free(self) -> I64:
+        """Reserved bytes held by no active block after each event, made when first read."""
+        return self._at_points.whole("cached_free")
+
+    @property
+    def inactive_split(self) -> I64:
+        """``inactive_split_bytes`` after each event, made when first read."""
+        return self._at_points.whole("inactive_split")
+
+    @property
+    def largest_free(self) -> I64:
+        """The largest free block after each event, made when first read."""
+        return self._at_points.whole("largest_free")
+
+    def values_at(self, points: npt.ArrayLike) -> dict[str, I64]:
+        """Every column's values at ``points`` (event indices in [0, events)), by name, without making
+        whole the columns made when first read."""
+        at = np.ascontiguousarray(points, dtype=np.int64)
+        return {"allocated": self.allocated[at], "reserved": self.reserved[at], **self._at_points.at(at)}
+
+    def first_max(self, name: str) -> int:
+        """The first event where column ``name`` is at its maximum (numpy's ``argmax``; -1: no events),
+        found by the pass where the column is made only when read."""
+        if name == "requested":
+            return self._requested_top
+        column = getattr(self, name)
+        return int(column.argmax()) if column.shape[0] else -1
 
     @property
     def active(self) -> I64:
@@ -278,21 +349,24 @@ def _columns(rep: _Replayer, device: DeviceData, init: StateFigures) -> dict[str
 CORE_COLUMNS_SCATTER = False
 
 
-def _core_columns(core: Any, n: int, init: StateFigures) -> tuple[dict[str, I64], list[tuple[int, int]]]:
-    """``_columns`` and the two columns ``_finished`` derives from them, summed by the C state itself
-    into fresh arrays (its records never become Python objects), less ``active`` (made when read:
-    ``RecordedReplay.active``); and ``_peak`` of allocated, requested and reserved, found by the
-    same pass."""
-    names = ("allocated", "requested", "reserved", "cached_free", "inactive_split", "largest_free")
-    cols = {k: np.empty(n, dtype=np.int64) for k in names}
+def _core_columns(
+    core: Any, n: int, init: StateFigures
+) -> tuple[dict[str, I64], list[tuple[int, int]], _PointColumns, int]:
+    """``_columns``' allocated and reserved, summed by the C state itself into fresh arrays (its records
+    never become Python objects); ``_peak`` of allocated, requested and reserved, found by the same pass;
+    the other columns as ``_PointColumns`` (evaluated at the events asked for, from the same records;
+    ``active``, ``reserved - cached_free``, made when read: ``RecordedReplay.active``); and the first
+    event of requested's maximum."""
+    cols = {k: np.empty(n, dtype=np.int64) for k in ("allocated", "reserved")}
     nonsplit = init.cached_free - init.inactive_split
     start = (init.allocated, init.requested, init.reserved, init.active, nonsplit, init.largest_free)
-    maxima = core.columns(*cols.values(), start, CORE_COLUMNS_SCATTER)  # ((value, first event), ...); -1: none
+    # ((value, first event), ...); -1: none
+    maxima = core.columns(cols["allocated"], None, cols["reserved"], None, None, None, start, CORE_COLUMNS_SCATTER)
     peaks = [
         _peak_over(v, j, initial)
         for (v, j), initial in zip(maxima, (init.allocated, init.requested, init.reserved), strict=True)
     ]
-    return cols, peaks
+    return cols, peaks, _PointColumns(core, start, cols["reserved"], {}), int(maxima[1][1])
 
 
 def _step_column(index: list[int], value: list[int], n: int, initial: int) -> I64:
@@ -462,26 +536,32 @@ def _finished(
     initial_state = rep.initial
     init = initial_state.figures()
     if rep.core is not None:
-        cols, peaks = _core_columns(rep.core, n, init)
-        cached_free, inactive_split = cols["cached_free"], cols["inactive_split"]
+        cols, peaks, at_points, requested_top = _core_columns(rep.core, n, init)
     else:
         cols = _columns(rep, device, init)
         cached_free = cols["reserved"] - cols["active"]
         inactive_split = np.subtract(cached_free, cols["nonsplit"], out=cols["nonsplit"])
-    allocated, requested, reserved = (cols["allocated"], cols["requested"], cols["reserved"])
-    largest_free = cols["largest_free"]
-    if rep.core is None:
-        peaks = [_peak(allocated, init.allocated), _peak(requested, init.requested), _peak(reserved, init.reserved)]
+        whole = {"requested": cols["requested"], "cached_free": cached_free, "inactive_split": inactive_split}
+        at_points = _PointColumns(None, (), cols["reserved"], {**whole, "largest_free": cols["largest_free"]})
+        requested = cols["requested"]
+        requested_top = int(np.argmax(requested)) if n else -1
+        peaks = [
+            _peak(cols["allocated"], init.allocated),
+            _peak(requested, init.requested),
+            _peak(cols["reserved"], init.reserved),
+        ]
+    allocated, reserved = cols["allocated"], cols["reserved"]
 
     if n:
+        last = {k: int(v[0]) for k, v in at_points.at(np.array([n - 1], dtype=np.int64)).items()}
         final_figures = StateFigures(
             int(allocated[-1]),
-            int(requested[-1]),
+            last["requested"],
             int(reserved[-1]),
-            int(reserved[-1]) - int(cached_free[-1]),  # active
-            int(cached_free[-1]),
-            int(inactive_split[-1]),
-            int(largest_free[-1]),
+            int(reserved[-1]) - last["cached_free"],  # active
+            last["cached_free"],
+            last["inactive_split"],
+            last["largest_free"],
         )
     else:
         final_figures = init
@@ -495,11 +575,7 @@ def _finished(
         device=device.device,
         events=n,
         allocated=allocated,
-        requested=requested,
         reserved=reserved,
-        cached_free=cached_free,
-        inactive_split=inactive_split,
-        largest_free=largest_free,
         initial=init,
         final=final_figures,
         peak_allocated=pa,
@@ -514,6 +590,8 @@ def _finished(
         _states=states,
         _whole_free=whole_free,
         _active=cols.get("active"),  # the Python loop's; the C state's pass writes none
+        _at_points=at_points,
+        _requested_top=requested_top,
     )
 
 

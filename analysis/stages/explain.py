@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.recorded import RecordedReplay
 from analysis.limits import Limit, OomMessage
@@ -17,6 +19,7 @@ from analysis.model import Snapshot
 from analysis.oom import UsableFree, explain_oom, flush_window_start
 from analysis.stages.outline import Facts, chosen_limit
 from analysis.stages.replays import Recorded
+from analysis.timeline import values_at
 
 
 @dataclass(frozen=True)
@@ -43,13 +46,14 @@ def explain(
         return Explained(chosen, None, usable)
     i = facts.oom_index
     assert chosen is not None  # with an OOM, the trace bounds the limit
+    at = {k: int(v[0]) for k, v in values_at(cols, np.array([i])).items()}
     oom = explain_oom(
         trace,
         i,
-        allocated=int(cols["allocated"][i]),
-        reserved=int(cols["reserved"][i]),
-        cached_free=int(cols["cached_free"][i]),
-        largest_free=int(cols["largest_free"][i]),
+        allocated=at["allocated"],
+        reserved=at["reserved"],
+        cached_free=at["cached_free"],
+        largest_free=at["largest_free"],
         chosen=chosen,
         all_ooms=int(facts.ooms.size),
         usable=usable.get(i),

@@ -27,7 +27,7 @@ from analysis.parallel import Pending, Pool
 from analysis.stacks import StackCatalog
 from analysis.stages.outline import Facts, Outline
 from analysis.stages.whatifs import Planned, submit_whatifs
-from analysis.timeline import columns_of
+from analysis.timeline import Columns, columns_of
 
 # Who takes each device's explore store (``explore.ExploreSink``): the report's caller names it here.
 Sink = explore_mod.ExploreSink
@@ -51,7 +51,7 @@ class Recorded:
 
     replay: RecordedReplay
     requests: Requests | None  # None: no events
-    cols: dict[str, I64]
+    cols: Columns  # the replay's columns, some read at a few events only (timeline.values_at)
 
 
 def start(

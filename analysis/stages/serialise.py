@@ -30,7 +30,7 @@ from analysis.stages.replays import Recorded
 from analysis.stages.segment_maps import segment_map
 from analysis.stages.whatifs import WhatIfs
 from analysis.steps import Steps, first_growth_step, per_step_figures
-from analysis.timeline import build_timeline, reserved_plateau, with_initial_state
+from analysis.timeline import Columns, build_timeline, reserved_plateau, with_initial_state
 
 I64 = npt.NDArray[np.int64]
 
@@ -171,7 +171,7 @@ def device_json(
     return entry
 
 
-def _plateau_json(replay: RecordedReplay, cols: dict[str, I64]) -> dict[str, int] | None:
+def _plateau_json(replay: RecordedReplay, cols: Columns) -> dict[str, int] | None:
     """``devices[].plateau``: the idle cache over the events that hold the reserved peak (the headline's)."""
     init = replay.initial
     plateau = reserved_plateau(cols["reserved"], cols["allocated"], init.reserved, init.allocated)

@@ -81,16 +81,25 @@ def both(work: Callable[[], T]) -> tuple[T, T]:
 
 
 def _replay_facts(r: RecordedReplay) -> dict[str, Any]:
-    facts: dict[str, Any] = {
+    n = r.events
+    # Read at events before any column is read whole (the C state's checkpoints answer, not the columns):
+    # every event in order, then in a shuffled order and at random repeats (walks back, far and near).
+    rng = np.random.default_rng(n)
+    points = np.concatenate([np.arange(n), rng.permutation(n), rng.integers(0, max(n, 1), 50 if n else 0)])
+    facts: dict[str, Any] = {"at": {k: v.tolist() for k, v in r.values_at(points).items()}}
+    facts["requested_top"] = r.first_max("requested")
+    facts |= {
         k: getattr(r, k).tolist()
         for k in ("allocated", "requested", "reserved", "active", "cached_free", "inactive_split", "largest_free")
     }
+    # ... and the same as the whole columns read there
+    assert facts["at"] == {k: np.asarray(facts[k])[points].tolist() for k in facts["at"]}
+    assert facts["requested_top"] == (int(np.argmax(facts["requested"])) if n else -1)
     for k in ("events", "initial", "final", "peak_allocated", "peak_allocated_index", "peak_requested"):
         facts[k] = getattr(r, k)
     for k in ("peak_requested_index", "peak_reserved", "peak_reserved_index", "trace_complete"):
         facts[k] = getattr(r, k)
     facts["warnings"] = repr(r.warnings)
-    n = r.events
     facts["whole_free_segments"] = [r.whole_free_segments(i) for i in range(-1, n)]
     # blocks_at replays again up to an index not kept: the loop over a part of the pass.
     facts["states"] = [r.blocks_at(i) for i in sorted({-1, 0, n // 3, n // 2, n - 1}) if -1 <= i < n]
