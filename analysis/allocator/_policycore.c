@@ -148,6 +148,7 @@ typedef struct {
     UList *ul;
     HMap amap, pmap, pend, heads, gcb, asz;
     Vec seg_act, seg_size, seg_idx, flushes;
+    Blk sink; /* link_prev's store where there is no block */
     i128 reserved, peak;
     int64_t gcc, next_resv, cur;
     int lockstep;
@@ -349,6 +350,14 @@ static int new_block(Engine *E, int64_t size, int64_t addr, int32_t prev, int32_
     }
     E->b[k] = (Blk){size, addr, prev, next, state};
     return k;
+}
+
+/* Block k's prev, where k is a block (>= 0): where it is none the store goes to the engine's sink, not
+ * past a branch (whether a block has a next is the data's: 0.35M of one pass's 3.5M mispredicted branches
+ * were these tests). */
+static inline void link_prev(Engine *E, int32_t k, int32_t prev) {
+    uintptr_t sink = (uintptr_t)&E->sink, blk = (uintptr_t)&E->b[k]; /* by a mask: a ?: here was made a branch */
+    ((Blk *)(sink + ((blk - sink) & -(uintptr_t)(k >= 0))))->prev = prev;
 }
 
 static int kill_block(Engine *E, int32_t k) {
@@ -914,7 +923,7 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
         found = 1;
         int32_t n = E->b[b].next;
         E->b[p].next = n;
-        if (n >= 0) E->b[n].prev = p;
+        link_prev(E, n, p);
         TRY(add_size(E, &E->b[p].size, E->b[b].size));
         TRY(kill_block(E, b));
         b = p;
@@ -926,7 +935,7 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
         found = 1;
         int32_t nn = E->b[n].next;
         E->b[b].next = nn;
-        if (nn >= 0) E->b[nn].prev = b;
+        link_prev(E, nn, b);
         TRY(add_size(E, &E->b[b].size, E->b[n].size));
         TRY(kill_block(E, n));
     }
@@ -954,7 +963,7 @@ static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
     int32_t n = E->b[b].next;
     int r = new_block(E, rem, E->b[b].addr + size, b, n, ST_FREE);
     if (r < 0) return -1;
-    if (n >= 0) E->b[n].prev = r;
+    link_prev(E, n, r);
     E->b[b].next = r;
     E->b[b].size = size;
     if (!at) return fl_insert(E, lk, r);
@@ -1229,7 +1238,7 @@ static int map_pages(Engine *E, int lk, int32_t u, int64_t size, int32_t *out) {
         int32_t n = E->b[u].next;
         int r = new_block(E, E->b[u].size - mapped, E->b[u].addr + mapped, u, n, ST_UNMAPPED);
         if (r < 0) return -1;
-        if (n >= 0) E->b[n].prev = r;
+        link_prev(E, n, r);
         E->b[u].next = r;
         E->b[u].size = mapped;
         TRY(ul_insert(E, lk, r));
@@ -1283,18 +1292,18 @@ static int unmap(Engine *E, int lk, int32_t b) {
     if (after > 0) {
         int w = new_block(E, after, ustart + usize, u, nxt, ST_FREE);
         if (w < 0) return -1;
-        if (nxt >= 0) E->b[nxt].prev = w;
+        link_prev(E, nxt, w);
         E->b[u].next = w;
         TRY(fl_insert(E, lk, w));
     } else {
         E->b[u].next = nxt;
-        if (nxt >= 0) E->b[nxt].prev = u;
+        link_prev(E, nxt, u);
     }
     int32_t p = E->b[u].prev;
     if (p >= 0 && E->b[p].state == ST_UNMAPPED) { /* merge into the unmapped range before */
         int32_t n = E->b[u].next;
         E->b[p].next = n;
-        if (n >= 0) E->b[n].prev = p;
+        link_prev(E, n, p);
         TRY(add_size(E, &E->b[p].size, usize));
         TRY(kill_block(E, u));
         u = p;
@@ -1306,7 +1315,7 @@ static int unmap(Engine *E, int lk, int32_t b) {
         TRY(ul_remove(E, lk, n));
         int32_t nn = E->b[n].next;
         E->b[u].next = nn;
-        if (nn >= 0) E->b[nn].prev = u;
+        link_prev(E, nn, u);
         TRY(add_size(E, &E->b[u].size, E->b[n].size));
         TRY(kill_block(E, n));
     }
