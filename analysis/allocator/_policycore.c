@@ -149,6 +149,12 @@ typedef struct {
     HMap amap, pmap, pend, heads, gcb, asz;
     Vec seg_act, seg_size, seg_idx, flushes;
     Blk sink; /* link_prev's store where there is no block */
+    /* amap by the requests' pairing (Scan.sid), where the scan paired them and the model's amap was empty:
+     * each slot's block (-1: none) and the request that put it there (amap_pop, amap_put, slots_to_amap) */
+    const int32_t *sid;
+    int32_t *slot_blk;
+    Py_ssize_t *slot_req;
+    int32_t nslots;
     i128 reserved, peak;
     int64_t gcc, next_resv, cur;
     int lockstep;
@@ -1382,6 +1388,52 @@ static int is_transient(const Engine *E, int64_t ev) {
     return lo < E->n_transient && E->transient[lo] == ev;
 }
 
+/* amap.pop(ra) for request k: 1 and the block when present. Where the requests are paired (E->sid), the
+ * entry is the slot of the alloc that k frees: amap[ra] is that alloc's block where it was served, and
+ * nothing where it failed or no alloc at ra is open (scan_requests: every alloc's address was closed by a
+ * free since the alloc before it there, and the model's amap was empty: nothing else puts an entry). */
+static inline int amap_pop(Engine *E, Py_ssize_t k, int64_t ra, int64_t *val) {
+    if (!E->sid) return hm_pop(&E->amap, ra, val, NULL);
+    int32_t s = E->sid[k];
+    if (s < 0) return 0;
+    *val = E->slot_blk[s];
+    E->slot_blk[s] = -1;
+    return *val >= 0;
+}
+
+/* amap[ra] = b for alloc request k (a new key: the alloc before it at ra was popped). */
+static inline int amap_put(Engine *E, Py_ssize_t k, int64_t ra, int32_t b) {
+    if (!E->sid) return hm_set(&E->amap, ra, b, 0);
+    int32_t s = E->sid[k];
+    E->slot_blk[s] = b;
+    E->slot_req[s] = k;
+    return 0;
+}
+
+static int cmp_slot(const void *a, const void *b) {
+    Py_ssize_t x = ((const Py_ssize_t *)a)[0], y = ((const Py_ssize_t *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+/* The slots' live entries into amap in the order their allocs came: a Python dict's order of their keys,
+ * each put there new (amap_put). */
+static int slots_to_amap(Engine *E, const Inputs *in) {
+    Py_ssize_t *live = PyMem_RawMalloc(((size_t)E->nslots + 1) * 2 * sizeof(Py_ssize_t));
+    if (!live) return -1;
+    size_t n = 0;
+    for (int32_t s = 0; s < E->nslots; s++)
+        if (E->slot_blk[s] >= 0) {
+            live[2 * n] = E->slot_req[s];
+            live[2 * n + 1] = E->slot_blk[s];
+            n++;
+        }
+    qsort(live, n, 2 * sizeof(Py_ssize_t), cmp_slot);
+    int rc = 0;
+    for (size_t j = 0; j < n && rc == 0; j++) rc = hm_set(&E->amap, in->raddrs[live[2 * j]], live[2 * j + 1], 0);
+    PyMem_RawFree(live);
+    return rc;
+}
+
 /* The loop: C state only, no Python object touched (its caller has released the GIL). */
 static int serve(Engine *E, const Inputs *in, Vec *failed) {
     for (Py_ssize_t k = 0; k < in->n; k++) {
@@ -1391,7 +1443,7 @@ static int serve(Engine *E, const Inputs *in, Vec *failed) {
         int64_t val;
         int32_t aux, b;
         if (op == E->op_free) { /* free_requested + free_completed */
-            if (!hm_pop(&E->amap, ra, &val, NULL)) continue; /* the model never served this request */
+            if (!amap_pop(E, k, ra, &val)) continue; /* the model never served this request */
             TRY(free_block(E, lk, (int32_t)val, NULL));
         } else if (op == E->op_alloc || op == E->op_oom) {
             if (op == E->op_oom) E->cur = in->events[k];
@@ -1412,13 +1464,13 @@ static int serve(Engine *E, const Inputs *in, Vec *failed) {
             }
             TRY(split(E, lk, b, rs, from));
             if (op == E->op_alloc) {
-                TRY(hm_set(&E->amap, ra, b, 0));
+                TRY(amap_put(E, k, ra, b));
             } else if (is_transient(E, E->cur)) { /* an OOM the program caught: freed at once */
                 E->counts[C_TRANSIENT]++;
                 TRY(free_block(E, lk, b, NULL));
             }
         } else if (op == E->op_free_req) { /* freed, but in use on another stream until completed */
-            if (!hm_pop(&E->amap, ra, &val, NULL)) continue;
+            if (!amap_pop(E, k, ra, &val)) continue;
             TRY(hm_set(&E->pend, E->b[val].addr, val, lk));
             TRY(hm_set(&E->pmap, ra, val, 0));
         } else if (op == E->op_free_done) {
@@ -1648,7 +1700,57 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
 typedef struct {
     uint64_t lk_max, size_bits;
     Vec sizes;
+    /* The requests paired (pair_requests; sid NULL: not paired): each alloc's slot, and each free's (a
+     * free_requested's too) the slot of the alloc open at its address, else -1; slots [0, nslots). */
+    int32_t *sid;
+    int32_t nslots;
+    int own_sid; /* sid is this scan's to free (else a policy_scan answer's bytes) */
 } Scan;
+
+/* Each alloc a slot, free again once a free (or free_requested) at its address closes it, and each such
+ * free the slot of the alloc it closes: the engine then keeps amap by slot (amap_pop) instead of hashing
+ * every request's address in every replay; a report's replays share this pass (policy_scan). 1 where an
+ * alloc comes at an address still open (amap's entry would be overwritten: the maps serve that stream),
+ * or past int32 slots; -1 out of memory. */
+static int pair_requests(const int8_t *ops, const int64_t *raddrs, Py_ssize_t n, long op_alloc, long op_free,
+                         long op_free_req, Scan *out) {
+    if (n > INT32_MAX) return 1;
+    int32_t *sid = PyMem_RawMalloc((n ? (size_t)n : 1) * sizeof(int32_t));
+    HMap open = {0}; /* address -> its open alloc's slot */
+    Vec spare = {0}; /* slots free again */
+    int32_t nslots = 0;
+    int rc = sid ? 0 : -1;
+    for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
+        long op = (long)ops[k];
+        int32_t s = -1;
+        if (op == op_alloc) {
+            if (hm_find(&open, raddrs[k]) >= 0) {
+                rc = 1;
+                break;
+            }
+            s = spare.n ? (int32_t)spare.v[--spare.n] : nslots++;
+            if (hm_set(&open, raddrs[k], s, 0) < 0) rc = -1;
+        } else if (op == op_free || op == op_free_req) {
+            Py_ssize_t i = hm_find(&open, raddrs[k]);
+            if (i >= 0) {
+                s = (int32_t)open.e[i].val;
+                hm_del_at(&open, (size_t)i);
+                if (vec_push(&spare, s) < 0) rc = -1;
+            }
+        }
+        sid[k] = s;
+    }
+    PyMem_RawFree(open.e);
+    PyMem_RawFree(spare.v);
+    if (rc != 0) {
+        PyMem_RawFree(sid);
+        return rc;
+    }
+    out->sid = sid;
+    out->nslots = nslots;
+    out->own_sid = 1;
+    return 0;
+}
 
 static int scan_requests(const int8_t *ops, const int64_t *sizes, const int64_t *lks, Py_ssize_t n, long op_alloc,
                          long op_oom, Scan *out) {
@@ -1714,14 +1816,24 @@ static int check_inputs(Engine *E, const Inputs *in, const Scan *scan, Vec *new_
  * loop indexes the free lists by the requests' indices. */
 static int scan_of(Engine *E, PyObject *d, const Inputs *in, Scan *out) {
     PyObject *o = PyDict_GetItemString(d, "scan");
-    if (!o || o == Py_None)
-        return scan_requests(in->ops, in->sizes, in->lks, in->n, E->op_alloc, E->op_oom, out) < 0 ? -1 : 0;
-    PyObject *lk = NULL, *bits = NULL, *sizes = NULL;
-    if (!PyTuple_Check(o) || !PyArg_ParseTuple(o, "O!O!O!", &PyLong_Type, &lk, &PyLong_Type, &bits, &PyBytes_Type, &sizes) ||
-        PyBytes_GET_SIZE(sizes) % sizeof(int64_t)) {
+    if (!o || o == Py_None) {
+        if (scan_requests(in->ops, in->sizes, in->lks, in->n, E->op_alloc, E->op_oom, out) < 0) return -1;
+        return pair_requests(in->ops, in->raddrs, in->n, E->op_alloc, E->op_free, E->op_free_req, out) < 0 ? -1 : 0;
+    }
+    PyObject *lk = NULL, *bits = NULL, *sizes = NULL, *pairs = NULL, *sid = NULL;
+    int nslots = 0;
+    if (!PyTuple_Check(o) ||
+        !PyArg_ParseTuple(o, "O!O!O!O", &PyLong_Type, &lk, &PyLong_Type, &bits, &PyBytes_Type, &sizes, &pairs) ||
+        PyBytes_GET_SIZE(sizes) % sizeof(int64_t) ||
+        (pairs != Py_None && (!PyTuple_Check(pairs) || !PyArg_ParseTuple(pairs, "iO!", &nslots, &PyBytes_Type, &sid) ||
+                              nslots < 0 || PyBytes_GET_SIZE(sid) != in->n * (Py_ssize_t)sizeof(int32_t)))) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "policy_engine: scan must be policy_scan's answer");
         return -1;
+    }
+    if (sid) { /* the answer's bytes, alive in params for the call */
+        out->sid = (int32_t *)PyBytes_AS_STRING(sid);
+        out->nslots = nslots;
     }
     out->lk_max = PyLong_AsUnsignedLongLong(lk);
     out->size_bits = PyLong_AsUnsignedLongLong(bits);
@@ -1736,31 +1848,41 @@ static int scan_of(Engine *E, PyObject *d, const Inputs *in, Scan *out) {
 /* policy_scan(ops, sizes, lks, op_alloc, op_oom) -> (largest free-list index, the sizes' bits, the sizes
  * that allocate as int64 bytes): scan_requests, without the GIL. */
 PyObject *oomscope_policy_scan(PyObject *self, PyObject *args) {
-    Py_buffer ov, sv, lv;
-    long op_alloc, op_oom;
-    if (!PyArg_ParseTuple(args, "y*y*y*ll", &ov, &sv, &lv, &op_alloc, &op_oom)) return NULL;
-    PyObject *result = NULL;
+    Py_buffer ov, sv, lv, av;
+    long op_alloc, op_oom, op_free, op_free_req;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*llll", &ov, &sv, &lv, &av, &op_alloc, &op_oom, &op_free, &op_free_req))
+        return NULL;
+    PyObject *result = NULL, *pairs = NULL;
     Py_ssize_t n = ov.len;
     Scan scan = {0};
-    int r;
-    if (ov.itemsize != 1 || sv.len != n * 8 || lv.len != n * 8) {
-        PyErr_SetString(PyExc_ValueError, "policy_scan: int8 ops, int64 sizes and free-list indices of one length");
+    int r, paired = 1;
+    if (ov.itemsize != 1 || sv.len != n * 8 || lv.len != n * 8 || av.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "policy_scan: int8 ops, int64 sizes, free-list indices and addresses of one length");
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     r = scan_requests(ov.buf, sv.buf, lv.buf, n, op_alloc, op_oom, &scan);
+    if (r == 0) paired = pair_requests(ov.buf, av.buf, n, op_alloc, op_free, op_free_req, &scan);
     Py_END_ALLOW_THREADS
-    if (r < 0) {
+    if (r < 0 || paired < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    result = Py_BuildValue("(KKy#)", (unsigned long long)scan.lk_max, (unsigned long long)scan.size_bits,
-                           scan.sizes.v ? (const char *)scan.sizes.v : "", (Py_ssize_t)(scan.sizes.n * sizeof(int64_t)));
+    if (paired == 0)
+        pairs = Py_BuildValue("(iy#)", (int)scan.nslots, (const char *)scan.sid, (Py_ssize_t)(n * sizeof(int32_t)));
+    else
+        pairs = Py_NewRef(Py_None);
+    if (!pairs) goto done;
+    result = Py_BuildValue("(KKy#N)", (unsigned long long)scan.lk_max, (unsigned long long)scan.size_bits,
+                           scan.sizes.v ? (const char *)scan.sizes.v : "", (Py_ssize_t)(scan.sizes.n * sizeof(int64_t)),
+                           pairs);
 done:
     PyMem_RawFree(scan.sizes.v);
+    PyMem_RawFree(scan.sid);
     PyBuffer_Release(&ov);
     PyBuffer_Release(&sv);
     PyBuffer_Release(&lv);
+    PyBuffer_Release(&av);
     return result;
 }
 
@@ -2310,6 +2432,8 @@ static void engine_free(Engine *E) {
     Vec *vecs[] = {&E->seg_act, &E->seg_size, &E->seg_idx, &E->flushes};
     for (int j = 0; j < 4; j++) PyMem_RawFree(vecs[j]->v);
     PyMem_RawFree(E->va_free);
+    PyMem_RawFree(E->slot_blk);
+    PyMem_RawFree(E->slot_req);
 }
 
 /* policy_engine(model, params) -> (failed, state, counts), or (None, reason) when declined. */
@@ -2329,8 +2453,17 @@ PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
     if (parse_params(&E, pdict, views, &in) < 0 || scan_of(&E, pdict, &in, &scan) < 0) goto done;
     if (check_inputs(&E, &in, &scan, &new_sizes) < 0 || import_model(&E, model) < 0 || size_table(&E, &new_sizes) < 0)
         goto declined;
+    if (scan.sid && !E.amap.n) { /* amap by the requests' pairing (amap_pop) */
+        E.sid = scan.sid;
+        E.nslots = scan.nslots;
+        E.slot_blk = PyMem_RawMalloc(((size_t)E.nslots + 1) * sizeof(int32_t));
+        E.slot_req = PyMem_RawMalloc(((size_t)E.nslots + 1) * sizeof(Py_ssize_t));
+        if (!E.slot_blk || !E.slot_req) goto done;
+        for (int32_t s = 0; s < E.nslots; s++) E.slot_blk[s] = -1;
+    }
     Py_BEGIN_ALLOW_THREADS /* the policy replays of one report run in threads side by side (report.py) */
     served = serve(&E, &in, &failed_at);
+    if (served == 0 && E.sid) served = slots_to_amap(&E, &in);
     Py_END_ALLOW_THREADS
     if (served < 0) goto declined;
     if (!(failed = vec_list(&failed_at))) goto done;
@@ -2355,6 +2488,7 @@ done:
     PyMem_RawFree(failed_at.v);
     PyMem_RawFree(new_sizes.v);
     PyMem_RawFree(scan.sizes.v);
+    if (scan.own_sid) PyMem_RawFree(scan.sid);
     for (int v = 0; v < V_N; v++)
         if (views[v].obj) PyBuffer_Release(&views[v]);
     engine_free(&E);
