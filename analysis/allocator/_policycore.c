@@ -1693,8 +1693,9 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
 
 /* The one pass over the requests that their checks and the size table need (scan_requests): the
  * largest free-list index and the bits of every size, as unsigned (a negative one is then past every
- * bound), and the sizes that allocate (each once, in the order they first come). Three of a report's
- * four policy replays get the very same columns (Requests.columns): compiled.policy_engine keeps this
+ * bound), and the sizes that allocate (each once, in the order they first come); with the requests'
+ * pairing (pair_requests) beside it. Three of a report's four policy replays get the very same columns
+ * (Requests.columns): compiled.policy_engine keeps this
  * for the columns it read (``scan``) and hands it to each replay of them, which then reads no request
  * before its loop; a replay handed none makes it itself. */
 typedef struct {
@@ -1813,12 +1814,16 @@ static int check_inputs(Engine *E, const Inputs *in, const Scan *scan, Vec *new_
 
 /* The scan handed in (params' ``scan``: policy_scan's answer for these very columns), or made here
  * where none is (None). Only the answer of policy_scan for the same columns vouches for them: the
- * loop indexes the free lists by the requests' indices. */
+ * loop indexes the free lists by the requests' indices, and the slots by the pairing's. */
 static int scan_of(Engine *E, PyObject *d, const Inputs *in, Scan *out) {
     PyObject *o = PyDict_GetItemString(d, "scan");
-    if (!o || o == Py_None) {
-        if (scan_requests(in->ops, in->sizes, in->lks, in->n, E->op_alloc, E->op_oom, out) < 0) return -1;
-        return pair_requests(in->ops, in->raddrs, in->n, E->op_alloc, E->op_free, E->op_free_req, out) < 0 ? -1 : 0;
+    if (!o || o == Py_None) { /* as policy_scan, without the GIL */
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = scan_requests(in->ops, in->sizes, in->lks, in->n, E->op_alloc, E->op_oom, out);
+        if (r == 0) r = pair_requests(in->ops, in->raddrs, in->n, E->op_alloc, E->op_free, E->op_free_req, out);
+        Py_END_ALLOW_THREADS
+        return r < 0 ? -1 : 0;
     }
     PyObject *lk = NULL, *bits = NULL, *sizes = NULL, *pairs = NULL, *sid = NULL;
     int nslots = 0;
@@ -1845,8 +1850,10 @@ static int scan_of(Engine *E, PyObject *d, const Inputs *in, Scan *out) {
     return 0;
 }
 
-/* policy_scan(ops, sizes, lks, op_alloc, op_oom) -> (largest free-list index, the sizes' bits, the sizes
- * that allocate as int64 bytes): scan_requests, without the GIL. */
+/* policy_scan(ops, sizes, lks, raddrs, op_alloc, op_oom, op_free, op_free_req) -> (largest free-list index,
+ * the sizes' bits, the sizes that allocate as int64 bytes, the pairing: (slots, each request's slot as
+ * int32 bytes) or None where the requests do not pair up): scan_requests and pair_requests, without the
+ * GIL. */
 PyObject *oomscope_policy_scan(PyObject *self, PyObject *args) {
     Py_buffer ov, sv, lv, av;
     long op_alloc, op_oom, op_free, op_free_req;

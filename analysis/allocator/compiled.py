@@ -13,8 +13,9 @@
   leaves it. A state outside its bounds (sizes or addresses past 2**62, free lists that do not hold
   the blocks their keys name: only a hostile trace makes one) is declined before anything changes,
   and the Python loop serves it (``last_declined`` says why); its pass over the requests before the
-  loop (``policy_scan``: their range checks, the sizes that allocate) is made once for the columns that
-  a report's replays share (``_scanned``). Its loop touches no Python object
+  loop (``policy_scan``: their range checks, the sizes that allocate, and each free paired with the
+  alloc it frees, by which the loop keeps ``amap`` without hashing addresses) is made once for the
+  columns that a report's replays share (``_scanned``). Its loop touches no Python object
   (``allocation_size`` is asked for every request size before it) and runs without the GIL, so a
   report runs its policy replays on threads side by side (``analysis.parallel``).
 - The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``replayer._Replayer``'s
