@@ -148,6 +148,13 @@ typedef struct {
     UList *ul;
     HMap amap, pmap, pend, heads, gcb, asz;
     Vec seg_act, seg_size, seg_idx, flushes;
+    Blk sink; /* link_prev's store where there is no block */
+    /* amap by the requests' pairing (Scan.sid), where the scan paired them and the model's amap was empty:
+     * each slot's block (-1: none) and the request that put it there (amap_pop, amap_put, slots_to_amap) */
+    const int32_t *sid;
+    int32_t *slot_blk;
+    Py_ssize_t *slot_req;
+    int32_t nslots;
     i128 reserved, peak;
     int64_t gcc, next_resv, cur;
     int lockstep;
@@ -349,6 +356,14 @@ static int new_block(Engine *E, int64_t size, int64_t addr, int32_t prev, int32_
     }
     E->b[k] = (Blk){size, addr, prev, next, state};
     return k;
+}
+
+/* Block k's prev, where k is a block (>= 0): where it is none the store goes to the engine's sink, not
+ * past a branch (whether a block has a next is the data's: 0.35M of one pass's 3.5M mispredicted branches
+ * were these tests). */
+static inline void link_prev(Engine *E, int32_t k, int32_t prev) {
+    uintptr_t sink = (uintptr_t)&E->sink, blk = (uintptr_t)&E->b[k]; /* by a mask: a ?: here was made a branch */
+    ((Blk *)(sink + ((blk - sink) & -(uintptr_t)(k >= 0))))->prev = prev;
 }
 
 static int kill_block(Engine *E, int32_t k) {
@@ -914,7 +929,7 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
         found = 1;
         int32_t n = E->b[b].next;
         E->b[p].next = n;
-        if (n >= 0) E->b[n].prev = p;
+        link_prev(E, n, p);
         TRY(add_size(E, &E->b[p].size, E->b[b].size));
         TRY(kill_block(E, b));
         b = p;
@@ -926,7 +941,7 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
         found = 1;
         int32_t nn = E->b[n].next;
         E->b[b].next = nn;
-        if (nn >= 0) E->b[nn].prev = b;
+        link_prev(E, nn, b);
         TRY(add_size(E, &E->b[b].size, E->b[n].size));
         TRY(kill_block(E, n));
     }
@@ -954,7 +969,7 @@ static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
     int32_t n = E->b[b].next;
     int r = new_block(E, rem, E->b[b].addr + size, b, n, ST_FREE);
     if (r < 0) return -1;
-    if (n >= 0) E->b[n].prev = r;
+    link_prev(E, n, r);
     E->b[b].next = r;
     E->b[b].size = size;
     if (!at) return fl_insert(E, lk, r);
@@ -1229,7 +1244,7 @@ static int map_pages(Engine *E, int lk, int32_t u, int64_t size, int32_t *out) {
         int32_t n = E->b[u].next;
         int r = new_block(E, E->b[u].size - mapped, E->b[u].addr + mapped, u, n, ST_UNMAPPED);
         if (r < 0) return -1;
-        if (n >= 0) E->b[n].prev = r;
+        link_prev(E, n, r);
         E->b[u].next = r;
         E->b[u].size = mapped;
         TRY(ul_insert(E, lk, r));
@@ -1283,18 +1298,18 @@ static int unmap(Engine *E, int lk, int32_t b) {
     if (after > 0) {
         int w = new_block(E, after, ustart + usize, u, nxt, ST_FREE);
         if (w < 0) return -1;
-        if (nxt >= 0) E->b[nxt].prev = w;
+        link_prev(E, nxt, w);
         E->b[u].next = w;
         TRY(fl_insert(E, lk, w));
     } else {
         E->b[u].next = nxt;
-        if (nxt >= 0) E->b[nxt].prev = u;
+        link_prev(E, nxt, u);
     }
     int32_t p = E->b[u].prev;
     if (p >= 0 && E->b[p].state == ST_UNMAPPED) { /* merge into the unmapped range before */
         int32_t n = E->b[u].next;
         E->b[p].next = n;
-        if (n >= 0) E->b[n].prev = p;
+        link_prev(E, n, p);
         TRY(add_size(E, &E->b[p].size, usize));
         TRY(kill_block(E, u));
         u = p;
@@ -1306,7 +1321,7 @@ static int unmap(Engine *E, int lk, int32_t b) {
         TRY(ul_remove(E, lk, n));
         int32_t nn = E->b[n].next;
         E->b[u].next = nn;
-        if (nn >= 0) E->b[nn].prev = u;
+        link_prev(E, nn, u);
         TRY(add_size(E, &E->b[u].size, E->b[n].size));
         TRY(kill_block(E, n));
     }
@@ -1373,6 +1388,52 @@ static int is_transient(const Engine *E, int64_t ev) {
     return lo < E->n_transient && E->transient[lo] == ev;
 }
 
+/* amap.pop(ra) for request k: 1 and the block when present. Where the requests are paired (E->sid), the
+ * entry is the slot of the alloc that k frees: amap[ra] is that alloc's block where it was served, and
+ * nothing where it failed or no alloc at ra is open (scan_requests: every alloc's address was closed by a
+ * free since the alloc before it there, and the model's amap was empty: nothing else puts an entry). */
+static inline int amap_pop(Engine *E, Py_ssize_t k, int64_t ra, int64_t *val) {
+    if (!E->sid) return hm_pop(&E->amap, ra, val, NULL);
+    int32_t s = E->sid[k];
+    if (s < 0) return 0;
+    *val = E->slot_blk[s];
+    E->slot_blk[s] = -1;
+    return *val >= 0;
+}
+
+/* amap[ra] = b for alloc request k (a new key: the alloc before it at ra was popped). */
+static inline int amap_put(Engine *E, Py_ssize_t k, int64_t ra, int32_t b) {
+    if (!E->sid) return hm_set(&E->amap, ra, b, 0);
+    int32_t s = E->sid[k];
+    E->slot_blk[s] = b;
+    E->slot_req[s] = k;
+    return 0;
+}
+
+static int cmp_slot(const void *a, const void *b) {
+    Py_ssize_t x = ((const Py_ssize_t *)a)[0], y = ((const Py_ssize_t *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+/* The slots' live entries into amap in the order their allocs came: a Python dict's order of their keys,
+ * each put there new (amap_put). */
+static int slots_to_amap(Engine *E, const Inputs *in) {
+    Py_ssize_t *live = PyMem_RawMalloc(((size_t)E->nslots + 1) * 2 * sizeof(Py_ssize_t));
+    if (!live) return -1;
+    size_t n = 0;
+    for (int32_t s = 0; s < E->nslots; s++)
+        if (E->slot_blk[s] >= 0) {
+            live[2 * n] = E->slot_req[s];
+            live[2 * n + 1] = E->slot_blk[s];
+            n++;
+        }
+    qsort(live, n, 2 * sizeof(Py_ssize_t), cmp_slot);
+    int rc = 0;
+    for (size_t j = 0; j < n && rc == 0; j++) rc = hm_set(&E->amap, in->raddrs[live[2 * j]], live[2 * j + 1], 0);
+    PyMem_RawFree(live);
+    return rc;
+}
+
 /* The loop: C state only, no Python object touched (its caller has released the GIL). */
 static int serve(Engine *E, const Inputs *in, Vec *failed) {
     for (Py_ssize_t k = 0; k < in->n; k++) {
@@ -1382,7 +1443,7 @@ static int serve(Engine *E, const Inputs *in, Vec *failed) {
         int64_t val;
         int32_t aux, b;
         if (op == E->op_free) { /* free_requested + free_completed */
-            if (!hm_pop(&E->amap, ra, &val, NULL)) continue; /* the model never served this request */
+            if (!amap_pop(E, k, ra, &val)) continue; /* the model never served this request */
             TRY(free_block(E, lk, (int32_t)val, NULL));
         } else if (op == E->op_alloc || op == E->op_oom) {
             if (op == E->op_oom) E->cur = in->events[k];
@@ -1403,13 +1464,13 @@ static int serve(Engine *E, const Inputs *in, Vec *failed) {
             }
             TRY(split(E, lk, b, rs, from));
             if (op == E->op_alloc) {
-                TRY(hm_set(&E->amap, ra, b, 0));
+                TRY(amap_put(E, k, ra, b));
             } else if (is_transient(E, E->cur)) { /* an OOM the program caught: freed at once */
                 E->counts[C_TRANSIENT]++;
                 TRY(free_block(E, lk, b, NULL));
             }
         } else if (op == E->op_free_req) { /* freed, but in use on another stream until completed */
-            if (!hm_pop(&E->amap, ra, &val, NULL)) continue;
+            if (!amap_pop(E, k, ra, &val)) continue;
             TRY(hm_set(&E->pend, E->b[val].addr, val, lk));
             TRY(hm_set(&E->pmap, ra, val, 0));
         } else if (op == E->op_free_done) {
@@ -1632,14 +1693,65 @@ static int parse_params(Engine *E, PyObject *d, Py_buffer *views, Inputs *in) {
 
 /* The one pass over the requests that their checks and the size table need (scan_requests): the
  * largest free-list index and the bits of every size, as unsigned (a negative one is then past every
- * bound), and the sizes that allocate (each once, in the order they first come). Three of a report's
- * four policy replays get the very same columns (Requests.columns): compiled.policy_engine keeps this
+ * bound), and the sizes that allocate (each once, in the order they first come); with the requests'
+ * pairing (pair_requests) beside it. Three of a report's four policy replays get the very same columns
+ * (Requests.columns): compiled.policy_engine keeps this
  * for the columns it read (``scan``) and hands it to each replay of them, which then reads no request
  * before its loop; a replay handed none makes it itself. */
 typedef struct {
     uint64_t lk_max, size_bits;
     Vec sizes;
+    /* The requests paired (pair_requests; sid NULL: not paired): each alloc's slot, and each free's (a
+     * free_requested's too) the slot of the alloc open at its address, else -1; slots [0, nslots). */
+    int32_t *sid;
+    int32_t nslots;
+    int own_sid; /* sid is this scan's to free (else a policy_scan answer's bytes) */
 } Scan;
+
+/* Each alloc a slot, free again once a free (or free_requested) at its address closes it, and each such
+ * free the slot of the alloc it closes: the engine then keeps amap by slot (amap_pop) instead of hashing
+ * every request's address in every replay; a report's replays share this pass (policy_scan). 1 where an
+ * alloc comes at an address still open (amap's entry would be overwritten: the maps serve that stream),
+ * or past int32 slots; -1 out of memory. */
+static int pair_requests(const int8_t *ops, const int64_t *raddrs, Py_ssize_t n, long op_alloc, long op_free,
+                         long op_free_req, Scan *out) {
+    if (n > INT32_MAX) return 1;
+    int32_t *sid = PyMem_RawMalloc((n ? (size_t)n : 1) * sizeof(int32_t));
+    HMap open = {0}; /* address -> its open alloc's slot */
+    Vec spare = {0}; /* slots free again */
+    int32_t nslots = 0;
+    int rc = sid ? 0 : -1;
+    for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
+        long op = (long)ops[k];
+        int32_t s = -1;
+        if (op == op_alloc) {
+            if (hm_find(&open, raddrs[k]) >= 0) {
+                rc = 1;
+                break;
+            }
+            s = spare.n ? (int32_t)spare.v[--spare.n] : nslots++;
+            if (hm_set(&open, raddrs[k], s, 0) < 0) rc = -1;
+        } else if (op == op_free || op == op_free_req) {
+            Py_ssize_t i = hm_find(&open, raddrs[k]);
+            if (i >= 0) {
+                s = (int32_t)open.e[i].val;
+                hm_del_at(&open, (size_t)i);
+                if (vec_push(&spare, s) < 0) rc = -1;
+            }
+        }
+        sid[k] = s;
+    }
+    PyMem_RawFree(open.e);
+    PyMem_RawFree(spare.v);
+    if (rc != 0) {
+        PyMem_RawFree(sid);
+        return rc;
+    }
+    out->sid = sid;
+    out->nslots = nslots;
+    out->own_sid = 1;
+    return 0;
+}
 
 static int scan_requests(const int8_t *ops, const int64_t *sizes, const int64_t *lks, Py_ssize_t n, long op_alloc,
                          long op_oom, Scan *out) {
@@ -1702,17 +1814,31 @@ static int check_inputs(Engine *E, const Inputs *in, const Scan *scan, Vec *new_
 
 /* The scan handed in (params' ``scan``: policy_scan's answer for these very columns), or made here
  * where none is (None). Only the answer of policy_scan for the same columns vouches for them: the
- * loop indexes the free lists by the requests' indices. */
+ * loop indexes the free lists by the requests' indices, and the slots by the pairing's. */
 static int scan_of(Engine *E, PyObject *d, const Inputs *in, Scan *out) {
     PyObject *o = PyDict_GetItemString(d, "scan");
-    if (!o || o == Py_None)
-        return scan_requests(in->ops, in->sizes, in->lks, in->n, E->op_alloc, E->op_oom, out) < 0 ? -1 : 0;
-    PyObject *lk = NULL, *bits = NULL, *sizes = NULL;
-    if (!PyTuple_Check(o) || !PyArg_ParseTuple(o, "O!O!O!", &PyLong_Type, &lk, &PyLong_Type, &bits, &PyBytes_Type, &sizes) ||
-        PyBytes_GET_SIZE(sizes) % sizeof(int64_t)) {
+    if (!o || o == Py_None) { /* as policy_scan, without the GIL */
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = scan_requests(in->ops, in->sizes, in->lks, in->n, E->op_alloc, E->op_oom, out);
+        if (r == 0) r = pair_requests(in->ops, in->raddrs, in->n, E->op_alloc, E->op_free, E->op_free_req, out);
+        Py_END_ALLOW_THREADS
+        return r < 0 ? -1 : 0;
+    }
+    PyObject *lk = NULL, *bits = NULL, *sizes = NULL, *pairs = NULL, *sid = NULL;
+    int nslots = 0;
+    if (!PyTuple_Check(o) ||
+        !PyArg_ParseTuple(o, "O!O!O!O", &PyLong_Type, &lk, &PyLong_Type, &bits, &PyBytes_Type, &sizes, &pairs) ||
+        PyBytes_GET_SIZE(sizes) % sizeof(int64_t) ||
+        (pairs != Py_None && (!PyTuple_Check(pairs) || !PyArg_ParseTuple(pairs, "iO!", &nslots, &PyBytes_Type, &sid) ||
+                              nslots < 0 || PyBytes_GET_SIZE(sid) != in->n * (Py_ssize_t)sizeof(int32_t)))) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "policy_engine: scan must be policy_scan's answer");
         return -1;
+    }
+    if (sid) { /* the answer's bytes, alive in params for the call */
+        out->sid = (int32_t *)PyBytes_AS_STRING(sid);
+        out->nslots = nslots;
     }
     out->lk_max = PyLong_AsUnsignedLongLong(lk);
     out->size_bits = PyLong_AsUnsignedLongLong(bits);
@@ -1724,34 +1850,46 @@ static int scan_of(Engine *E, PyObject *d, const Inputs *in, Scan *out) {
     return 0;
 }
 
-/* policy_scan(ops, sizes, lks, op_alloc, op_oom) -> (largest free-list index, the sizes' bits, the sizes
- * that allocate as int64 bytes): scan_requests, without the GIL. */
+/* policy_scan(ops, sizes, lks, raddrs, op_alloc, op_oom, op_free, op_free_req) -> (largest free-list index,
+ * the sizes' bits, the sizes that allocate as int64 bytes, the pairing: (slots, each request's slot as
+ * int32 bytes) or None where the requests do not pair up): scan_requests and pair_requests, without the
+ * GIL. */
 PyObject *oomscope_policy_scan(PyObject *self, PyObject *args) {
-    Py_buffer ov, sv, lv;
-    long op_alloc, op_oom;
-    if (!PyArg_ParseTuple(args, "y*y*y*ll", &ov, &sv, &lv, &op_alloc, &op_oom)) return NULL;
-    PyObject *result = NULL;
+    Py_buffer ov, sv, lv, av;
+    long op_alloc, op_oom, op_free, op_free_req;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*llll", &ov, &sv, &lv, &av, &op_alloc, &op_oom, &op_free, &op_free_req))
+        return NULL;
+    PyObject *result = NULL, *pairs = NULL;
     Py_ssize_t n = ov.len;
     Scan scan = {0};
-    int r;
-    if (ov.itemsize != 1 || sv.len != n * 8 || lv.len != n * 8) {
-        PyErr_SetString(PyExc_ValueError, "policy_scan: int8 ops, int64 sizes and free-list indices of one length");
+    int r, paired = 1;
+    if (ov.itemsize != 1 || sv.len != n * 8 || lv.len != n * 8 || av.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "policy_scan: int8 ops, int64 sizes, free-list indices and addresses of one length");
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     r = scan_requests(ov.buf, sv.buf, lv.buf, n, op_alloc, op_oom, &scan);
+    if (r == 0) paired = pair_requests(ov.buf, av.buf, n, op_alloc, op_free, op_free_req, &scan);
     Py_END_ALLOW_THREADS
-    if (r < 0) {
+    if (r < 0 || paired < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    result = Py_BuildValue("(KKy#)", (unsigned long long)scan.lk_max, (unsigned long long)scan.size_bits,
-                           scan.sizes.v ? (const char *)scan.sizes.v : "", (Py_ssize_t)(scan.sizes.n * sizeof(int64_t)));
+    if (paired == 0)
+        pairs = Py_BuildValue("(iy#)", (int)scan.nslots, (const char *)scan.sid, (Py_ssize_t)(n * sizeof(int32_t)));
+    else
+        pairs = Py_NewRef(Py_None);
+    if (!pairs) goto done;
+    result = Py_BuildValue("(KKy#N)", (unsigned long long)scan.lk_max, (unsigned long long)scan.size_bits,
+                           scan.sizes.v ? (const char *)scan.sizes.v : "", (Py_ssize_t)(scan.sizes.n * sizeof(int64_t)),
+                           pairs);
 done:
     PyMem_RawFree(scan.sizes.v);
+    PyMem_RawFree(scan.sid);
     PyBuffer_Release(&ov);
     PyBuffer_Release(&sv);
     PyBuffer_Release(&lv);
+    PyBuffer_Release(&av);
     return result;
 }
 
@@ -2301,6 +2439,8 @@ static void engine_free(Engine *E) {
     Vec *vecs[] = {&E->seg_act, &E->seg_size, &E->seg_idx, &E->flushes};
     for (int j = 0; j < 4; j++) PyMem_RawFree(vecs[j]->v);
     PyMem_RawFree(E->va_free);
+    PyMem_RawFree(E->slot_blk);
+    PyMem_RawFree(E->slot_req);
 }
 
 /* policy_engine(model, params) -> (failed, state, counts), or (None, reason) when declined. */
@@ -2320,8 +2460,17 @@ PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
     if (parse_params(&E, pdict, views, &in) < 0 || scan_of(&E, pdict, &in, &scan) < 0) goto done;
     if (check_inputs(&E, &in, &scan, &new_sizes) < 0 || import_model(&E, model) < 0 || size_table(&E, &new_sizes) < 0)
         goto declined;
+    if (scan.sid && !E.amap.n) { /* amap by the requests' pairing (amap_pop) */
+        E.sid = scan.sid;
+        E.nslots = scan.nslots;
+        E.slot_blk = PyMem_RawMalloc(((size_t)E.nslots + 1) * sizeof(int32_t));
+        E.slot_req = PyMem_RawMalloc(((size_t)E.nslots + 1) * sizeof(Py_ssize_t));
+        if (!E.slot_blk || !E.slot_req) goto done;
+        for (int32_t s = 0; s < E.nslots; s++) E.slot_blk[s] = -1;
+    }
     Py_BEGIN_ALLOW_THREADS /* the policy replays of one report run in threads side by side (report.py) */
     served = serve(&E, &in, &failed_at);
+    if (served == 0 && E.sid) served = slots_to_amap(&E, &in);
     Py_END_ALLOW_THREADS
     if (served < 0) goto declined;
     if (!(failed = vec_list(&failed_at))) goto done;
@@ -2346,6 +2495,7 @@ done:
     PyMem_RawFree(failed_at.v);
     PyMem_RawFree(new_sizes.v);
     PyMem_RawFree(scan.sizes.v);
+    if (scan.own_sid) PyMem_RawFree(scan.sid);
     for (int v = 0; v < V_N; v++)
         if (views[v].obj) PyBuffer_Release(&views[v]);
     engine_free(&E);

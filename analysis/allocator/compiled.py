@@ -13,8 +13,9 @@
   leaves it. A state outside its bounds (sizes or addresses past 2**62, free lists that do not hold
   the blocks their keys name: only a hostile trace makes one) is declined before anything changes,
   and the Python loop serves it (``last_declined`` says why); its pass over the requests before the
-  loop (``policy_scan``: their range checks, the sizes that allocate) is made once for the columns that
-  a report's replays share (``_scanned``). Its loop touches no Python object
+  loop (``policy_scan``: their range checks, the sizes that allocate, and each free paired with the
+  alloc it frees, by which the loop keeps ``amap`` without hashing addresses) is made once for the
+  columns that a report's replays share (``_scanned``). Its loop touches no Python object
   (``allocation_size`` is asked for every request size before it) and runs without the GIL, so a
   report runs its policy replays on threads side by side (``analysis.parallel``).
 - The recorded replay, ``recorded_core`` (``analysis/allocator/_replaycore.c``): ``replayer._Replayer``'s
@@ -119,7 +120,7 @@ def policy_engine(
     if cols["ops"] is None:
         last_declined = "an op code past int8"
         return None
-    cols["scan"] = _scanned((ops, sizes, lks), cols, rules)
+    cols["scan"] = _scanned((ops, sizes, lks, raddrs), cols, rules)
     params = dict(
         rules,
         **cols,
@@ -140,25 +141,28 @@ def policy_engine(
 
 
 # policy_scan's answer by the columns it read (ids -> (weak refs to them, scan)): the check and the
-# what-ifs of a report replay the same columns (``Requests.columns``, ``op_col``) on the pool's threads,
-# and each replay's pass over them before its loop (the range checks and the sizes that allocate, 2.5-4 ms
-# on the 460 MB trace) is then made once. A trace's columns are never written once read (as
-# ``_PAIRED``). Two entries: the next columns replace the oldest.
-_SCANNED: dict[tuple[int, ...], tuple[Any, Any, Any, Any]] = {}
+# what-ifs of a report replay the same columns (``Requests.columns``, ``op_col``, ``raddr_col``) on the
+# pool's threads, and each replay's pass over them before its loop (the range checks and the sizes that
+# allocate, 2.5-4 ms on the 460 MB trace; the pairing of each free with its alloc, ~12 ms, which spares each
+# loop hashing every request's address: 11 ms a replay) is then made once. A trace's columns are never
+# written once read (as ``_PAIRED``). Two entries: the next columns replace the oldest.
+_SCANNED: dict[tuple[int, ...], tuple[Any, ...]] = {}
 _SCAN_LOCK = threading.Lock()
 
 
-def _scanned(columns: tuple[Any, Any, Any], cols: dict[str, Any], rules: dict[str, Any]) -> Any:
+def _scanned(columns: tuple[Any, Any, Any, Any], cols: dict[str, Any], rules: dict[str, Any]) -> Any:
     """policy_scan of the engine's columns ``cols``, kept for the caller's ``columns`` (ops, sizes, free
-    lists) while they live; None where they are no arrays (nothing to key it on): the engine scans."""
+    lists, addresses) while they live; None where they are no arrays (nothing to key it on): the engine
+    scans."""
     if not all(isinstance(c, np.ndarray) for c in columns):
         return None
-    key = (*(id(c) for c in columns), rules["op_alloc"], rules["op_oom"])
+    codes = (rules["op_alloc"], rules["op_oom"], rules["op_free"], rules["op_free_req"])
+    key = (*(id(c) for c in columns), *codes)
     with _SCAN_LOCK:  # one thread scans (without the GIL), the others wait here and take its answer
         memo = _SCANNED.get(key)
-        if memo is not None and all(ref() is c for ref, c in zip(memo[:3], columns, strict=True)):
-            return memo[3]
-        scan = _replaycore.policy_scan(cols["ops"], cols["sizes"], cols["lks"], rules["op_alloc"], rules["op_oom"])
+        if memo is not None and all(ref() is c for ref, c in zip(memo[:-1], columns, strict=True)):
+            return memo[-1]
+        scan = _replaycore.policy_scan(cols["ops"], cols["sizes"], cols["lks"], cols["raddrs"], *codes)
         refs = tuple(weakref.ref(c) for c in columns)
         if len(_SCANNED) >= 2:
             _SCANNED.pop(next(iter(_SCANNED)))

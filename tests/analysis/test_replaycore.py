@@ -425,6 +425,71 @@ def test_the_engine_runs_every_path_and_hands_back_the_loops_state() -> None:
     assert starts == {"empty", "recorded", "recorded-other-settings", "live-blocks"}
 
 
+def _amap_stream(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int]]:
+    """A random request stream over a few addresses (ops, addresses, sizes, free lists): allocs that fail
+    (the run's limit), frees of those, double frees, frees of what was never allocated, free_requested and
+    their completions, allocs left live at the end; now and then an alloc at an address still open."""
+    sizes_of = [512, 4096, K_SMALL_SIZE, 2 * MB, 3 * MB]
+    ops, raddrs, sizes, lks = [], [], [], []
+    lk_at: dict[int, int] = {}  # each request's free list is its block's, as a trace's are
+    pending: dict[int, int] = {}
+    for _ in range(rng.randrange(5, 120)):
+        a = rng.randrange(1, 12)
+        op = rng.choice([_OP_ALLOC] * 4 + [_OP_FREE] * 3 + [_OP_FREE_REQ, _OP_FREE_DONE])
+        if op == _OP_ALLOC and a in lk_at and rng.random() < 0.97:
+            op = _OP_FREE
+        if op == _OP_ALLOC and a in pending:  # no address is handed out again before its free completes
+            op = _OP_FREE_DONE
+        size = rng.choice(sizes_of) if op == _OP_ALLOC else 0
+        if op == _OP_ALLOC and a in lk_at:  # at an open address: a size of its list (a free names one list)
+            size = rng.choice(sizes_of[:3] if lk_at[a] == 0 else sizes_of[3:])
+        if op == _OP_ALLOC:
+            lk = lk_at[a] = 0 if size <= K_SMALL_SIZE else 1
+        elif op == _OP_FREE_DONE:
+            lk = pending.pop(a, 0)
+        else:
+            opened = a in lk_at
+            lk = lk_at.pop(a, 0)
+            if op == _OP_FREE_REQ and opened and a not in pending:
+                pending[a] = lk
+        ops.append(op)
+        raddrs.append(a)
+        sizes.append(size)
+        lks.append(lk)
+    return ops, raddrs, sizes, lks
+
+
+def _amap_run(stream: tuple[list[int], ...], cols: tuple[Any, ...], as_arrays: bool) -> tuple[list[int], Any]:
+    """The stream served from an empty model under an 8 MiB limit; the compiled engine fed ``cols`` (arrays)
+    where ``as_arrays``, the Python loop always the lists (``Requests.lists``)."""
+    m = _Model(AllocatorConfig(), 8 * MB, 1, [0], {})
+    n = len(stream[0])
+    arrays = as_arrays and compiled.wanted()
+    failed = m.run(np.arange(n), *cols) if arrays else m.run(list(range(n)), *stream)
+    return failed, _model_state(m)
+
+
+def test_the_engines_amap_by_paired_requests_is_the_loops_dict() -> None:
+    """Where each free is paired with the alloc it frees (``pair_requests``: no alloc at an address still
+    open), the engine keeps amap by slot, not by hashing addresses; on random streams its answers and
+    final state (amap in its dict order) are the Python loop's, from lists (the engine's own scan) and from
+    arrays (``policy_scan``'s, kept by ``compiled._scanned``); streams not paired go by the hash map, the
+    same."""
+    rng = random.Random(34)  # noqa: S311 - reproducible streams, not a secret
+    kinds = {True: 0, False: 0}
+    codes = (_OP_ALLOC, _OP_OOM, _OP_FREE, _OP_FREE_REQ)
+    for _ in range(150):
+        stream = _amap_stream(rng)
+        ops, raddrs, sizes, lks = stream
+        cols = (np.array(ops, np.int8), np.array(raddrs, np.int64), np.array(sizes, np.int64), np.array(lks, np.int64))
+        kinds[compiled._replaycore.policy_scan(cols[0], cols[2], cols[3], cols[1], *codes)[3] is not None] += 1
+        for as_arrays in (False, True):
+            ref, fast = both(partial(_amap_run, stream, cols, as_arrays))
+            assert fast == ref
+            assert compiled.last_declined is None
+    assert min(kinds.values()) > 10, kinds
+
+
 def test_a_state_past_the_engines_bounds_is_served_by_the_python_loop() -> None:
     # A request of 2**62 bytes (only a hostile trace asks for one): the engine declines before it
     # runs anything, and the Python loop serves the whole stream, the same both ways.
