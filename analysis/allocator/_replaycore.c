@@ -8,8 +8,9 @@
  *   recorded_core(act, addr, size, stream, pool, stops, params) -> state  (replayer._Replayer)
  *   policy_engine(model, params) -> (failed, state, counts)               (cachemodel._Model.run, whole:
  *       in _policycore.c, compiled into this module; registered below)
- *   policy_scan(ops, sizes, lks, op_alloc, op_oom) -> scan               (policy_engine's pass over its requests
- *       before the loop, kept by compiled.py for columns that several replays share)
+ *   policy_scan(ops, sizes, lks, raddrs, op_alloc, op_oom, op_free, op_free_req) -> scan
+ *       (policy_engine's pass over its requests before the loop, the frees paired with their allocs'
+ *       slots; kept by compiled.py for columns that several replays share)
  *   alloc_ends(act, addr, alloc, free, out, size) -> (allocs, alternates) (stacks.alloc_lifetimes' pairing,
  *       policy.trace_is_complete's order of allocs and frees)
  *   block_order(act, addr, stream, pool, next_kind, lanes, alloc, free, out, size) -> (first wrong pair, alternates)
@@ -1780,7 +1781,7 @@ PyObject *oomscope_policy_scan(PyObject *self, PyObject *args);   /* _policycore
 
 static PyMethodDef methods[] = {
     {"policy_engine", oomscope_policy_engine, METH_VARARGS, "cachemodel._Model.run on C state (_policycore.c)."},
-    {"policy_scan", oomscope_policy_scan, METH_VARARGS, "the checks' and size table's pass over policy_engine's requests (_policycore.c)."},
+    {"policy_scan", oomscope_policy_scan, METH_VARARGS, "the checks', the size table's and the frees' pairing pass over policy_engine's requests (_policycore.c)."},
     {"recorded_core", recorded_core, METH_VARARGS, "replayer._Replayer's state and loop (see analysis/allocator/compiled.py)."},
     {"alloc_ends", alloc_ends, METH_VARARGS, "stacks.alloc_lifetimes' pairing of each alloc with its end; whether allocs and frees alternate."},
     {"block_order", block_order, METH_VARARGS, "eventorder.check_event_order's block events: the first out of order, in one pass."},
