@@ -2491,26 +2491,25 @@ static PyObject *export(P *p, const Val *v) {
 
 /* The bucketing rounds of convert.Converter.intern_event_stacks, on content
  * classes: the order in which it first asks stack_of for each class. */
-static int stack_order(P *p, const int32_t *seq, size_t n, size_t m, PyObject *order) {
-    /* seq: the n events' frames lists (-1: none), m of them with one; per event j with one: its content
-     * class, its middle frame dict, its length */
-#define cls(j) p->seq_cls[seq[j]]
-#define mid(j) p->seqpool[p->seq_off[seq[j]] + p->seq_len[seq[j]] / 2]
-#define len(j) p->seq_len[seq[j]]
-    int32_t *pending = malloc((m + 1) * sizeof(int32_t));
-    int32_t *next = malloc((m + 1) * sizeof(int32_t));
-    int32_t *rep_cls = malloc((m + 1) * sizeof(int32_t));
+static int stack_order(P *p, const int32_t *heads, size_t nh, PyObject *order) {
+    /* heads: the frames lists (sequence ids) of the trace's run heads (each event with frames whose content
+     * class is not the one of the event with frames before it), each once, in order of first appearance.
+     * Each round's outcome for an element depends on its sequence alone (its class, middle frame dict and
+     * length), and only a sequence's first element can be a round's first of its key: so the rounds over
+     * the distinct sequences ask for the same classes in the same order as the rounds over every run head,
+     * for a few hundred elements where those were a million. */
+#define cls(j) p->seq_cls[j]
+#define mid(j) p->seqpool[p->seq_off[j] + p->seq_len[j] / 2]
+#define len(j) p->seq_len[j]
+    int32_t *pending = malloc((nh + 1) * sizeof(int32_t));
+    int32_t *next = malloc((nh + 1) * sizeof(int32_t));
+    int32_t *rep_cls = malloc((nh + 1) * sizeof(int32_t));
     uint8_t *called = calloc(p->cls_n + 1, 1);
     Map keys = {0};
     int rc = -1;
     if (!pending || !next || !rep_cls || !called) goto out;
-    size_t np_ = 0;
-    int32_t prev = -1; /* the class of the last event with frames */
-    for (size_t j = 0; j < n; j++) {
-        if (seq[j] < 0) continue;
-        if (np_ == 0 || cls(j) != prev) pending[np_++] = (int32_t)j; /* run heads */
-        prev = cls(j);
-    }
+    size_t np_ = nh;
+    memcpy(pending, heads, nh * sizeof(int32_t));
 #define CALL(c)                                                                                                   \
     do {                                                                                                          \
         if (!called[c]) {                                                                                         \
@@ -2663,10 +2662,17 @@ static PyObject *export_trace(P *p, Cont *t) {
     PyObject *out = NULL;
     int32_t *pool_rank = malloc((p->pool_n + 1) * sizeof(int32_t));
     int32_t *ord_of = malloc((ev->stream_n + 1) * sizeof(int32_t)); /* stream id -> ordinal in this trace */
+    /* stack_order's run heads, each sequence once (seq_seen), in order of first appearance */
+    int32_t *heads = malloc((p->seq_n + 1) * sizeof(int32_t));
+    uint8_t *seq_seen = calloc(p->seq_n + 1, 1);
+    size_t nh = 0;
+    int32_t prev_cls = -1; /* the class of the last event with frames */
     o.streams = PyList_New(0), o.cc = PyList_New(0), o.um = PyList_New(0), o.order = PyList_New(0);
     o.pools = PyList_New(0);
     o.counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(p->cls_n * sizeof(int64_t))); /* events per class */
-    if (!o.streams || !o.cc || !o.um || !o.order || !o.pools || !o.counts || !pool_rank || !ord_of) FAIL_OUT;
+    if (!o.streams || !o.cc || !o.um || !o.order || !o.pools || !o.counts || !pool_rank || !ord_of || !heads ||
+        !seq_seen)
+        FAIL_OUT;
     int64_t *counts = (int64_t *)PyBytes_AS_STRING(o.counts);
     memset(counts, 0, p->cls_n * sizeof(int64_t));
     for (size_t i = 0; i < p->pool_n; i++) pool_rank[i] = -1;
@@ -2705,11 +2711,16 @@ static PyObject *export_trace(P *p, Cont *t) {
             time[i] = 0;
             absent_time++;
         }
-        if (cls[i] >= 0) { /* still the frames list here (stack_order reads those): classes below */
-            counts[p->seq_cls[cls[i]]]++;
-            sum_lens += p->seq_len[cls[i]];
+        if (cls[i] >= 0) { /* the frames list (a sequence id) becomes its content class */
+            const int32_t sq = cls[i], c = p->seq_cls[sq];
+            if ((m == 0 || c != prev_cls) && !seq_seen[sq]) seq_seen[sq] = 1, heads[nh++] = sq;
+            prev_cls = c;
+            counts[c]++;
+            sum_lens += p->seq_len[sq];
             m++;
-        }
+            cls[i] = c;
+        } else
+            cls[i] = -1;
         if ((flags[i] & (F_CC_DEFAULT | F_UM_DEFAULT)) != (F_CC_DEFAULT | F_UM_DEFAULT)) {
             int32_t si;
             if (!map_get(&ev->side_map, base + i, &si)) FAIL_OUT;
@@ -2737,8 +2748,7 @@ static PyObject *export_trace(P *p, Cont *t) {
     /* The budget: this trace costs at least its events and frame references in the reference reader. */
     p->charged += (int64_t)n + sum_lens;
     if (p->charged > p->budget) FAIL_OUT;
-    if (stack_order(p, cls, n, m, o.order) < 0) FAIL_OUT;
-    for (size_t i = 0; i < n; i++) cls[i] = cls[i] >= 0 ? p->seq_cls[cls[i]] : -1;
+    if (stack_order(p, heads, nh, o.order) < 0) FAIL_OUT;
     for (int k = 0; k < XC_N; k++)
         if (!(o.cols[k] = column_slice(p, k, base, base + n))) FAIL_OUT;
     out = Py_BuildValue("(nOOOOOnOLOOOOOOO)", (Py_ssize_t)n, o.cols[XC_ACTION], o.cols[XC_ADDR], o.cols[XC_SIZE],
@@ -2749,6 +2759,8 @@ out:
     trace_out_free(&o);
     free(pool_rank);
     free(ord_of);
+    free(heads);
+    free(seq_seen);
     return out;
 }
 #undef FAIL_OUT

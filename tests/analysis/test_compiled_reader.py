@@ -485,6 +485,36 @@ def test_frames_lists_past_the_span_pool_read_as_the_reference() -> None:
     assert names == [[f["name"] for f in lists[li]] for li in order]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_frames_lists_that_share_their_buckets_intern_as_the_reference(seed: int) -> None:
+    """The bucketing rounds on the reader's sequences: lists that share their middle frame dict and length
+    but not their content (a bucket, then the next round's, and more), lists alike in content but made of
+    other dicts (one class, several sequences), each met again in runs and out of order: the stack table
+    and every event's stack interned in the reference's order."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible lists
+    content = [(f"f{i % 7}.py", i % 5, f"fn{i % 3}") for i in range(12)]
+    # two dicts of each content: lists of the one or the other are one class, two sequences
+    dicts = [{"filename": f, "line": ln, "name": nm} for f, ln, nm in content for _ in range(2)]
+    middle = dicts[0]
+    lists: list[list[dict[str, Any]]] = []
+    for _ in range(60):
+        k = rng.choice((3, 5))
+        fl = [rng.choice(dicts) for _ in range(k)]
+        fl[k // 2] = middle if rng.random() < 0.7 else rng.choice(dicts)  # most in one bucket per length
+        lists.append(fl)
+    order = [rng.randrange(len(lists)) for _ in range(400)]
+    order = [li for li in order for _ in range(rng.choice((1, 1, 2, 3)))]  # runs of the same list
+    events = [
+        {"action": "alloc", "addr": 512 * (k + 1), "size": 512, "stream": 0, "time_us": k, "frames": list(lists[li])}
+        for k, li in enumerate(order)
+    ]
+    events[rng.randrange(len(events))]["frames"] = []  # an event without frames amid the runs
+    data = pickle.dumps({"extra": dicts, "segments": [], "device_traces": [events]}, protocol=4)
+    compiled = fastread.read_compiled(data, ReadLimits())
+    assert compiled is not None, f"gave up at _snapread.c:{fastread.give_up_line()}"
+    assert differences(compiled, read_snapshot(data, compiled=False)) == []
+
+
 @pytest.mark.parametrize("tail", [[2**40], [2**40, 3], [{"x": 1}], [[]]])
 def test_a_trace_list_of_events_then_something_else_goes_to_the_reference(tail: list[Any]) -> None:
     """A trace list holds its events as a first record and a count: what follows them in a later batch of the
