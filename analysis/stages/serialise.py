@@ -253,14 +253,15 @@ def _leaks(
     # "clip" changes none; it spares take the bounds check, and the int32 ids their copy as intp
     # (1.8 -> 0.8 ms over the 460 MB trace's 802k allocations).
     rows_of_all = np.take(row_of, gids, mode="clip")
-    sel = rows_of_all >= 0
-    g_sel = rows_of_all[sel].astype(np.int64)
+    # The allocations of those groups (a few: 15k of 802k), found once and gathered from each column.
+    sel = np.flatnonzero(rows_of_all >= 0)
+    g_sel = rows_of_all.take(sel).astype(np.int64)
     # Alive at step end e when start <= e < end: a range of steps per allocation.
-    k_lo = np.searchsorted(ends, lifetimes.start[sel], side="left")
-    k_hi = np.searchsorted(ends, lifetimes.end[sel], side="left")
+    k_lo = np.searchsorted(ends, lifetimes.start.take(sel), side="left")
+    k_hi = np.searchsorted(ends, lifetimes.end.take(sel), side="left")
     width = len(ends) + 1
     cells = len(wanted) * width
-    sizes = lifetimes.size[sel].astype(np.float64)  # per-cell sums stay far below 2**53
+    sizes = lifetimes.size.take(sel).astype(np.float64)  # per-cell sums stay far below 2**53
     diff = np.bincount(g_sel * width + k_lo, sizes, cells) - np.bincount(g_sel * width + k_hi, sizes, cells)
     per_step = np.cumsum(np.rint(diff).astype(np.int64).reshape(len(wanted), width), axis=1)[:, : len(ends)]
     pick = _even_indices(len(ends), LEAK_SERIES_MAX_POINTS)
