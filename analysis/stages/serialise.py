@@ -30,7 +30,7 @@ from analysis.stages.replays import Recorded
 from analysis.stages.segment_maps import segment_map
 from analysis.stages.whatifs import WhatIfs
 from analysis.steps import Steps, first_growth_step, per_step_figures
-from analysis.timeline import Columns, build_timeline, reserved_plateau, with_initial_state
+from analysis.timeline import Columns, build_timeline, fused_free_settler, reserved_plateau, with_initial_state
 
 I64 = npt.NDArray[np.int64]
 
@@ -42,12 +42,18 @@ def timeline_json(facts: Facts, recorded: Recorded, catalog: StackCatalog) -> di
     """The contract ``timeline``: the replay's columns downsampled, from the state before the trace."""
     cols, replay, dev = recorded.cols, recorded.replay, facts.dev
     timeline = (
-        build_timeline(cols, dev.trace.time_us, oom_index=facts.oom_index, step_ends=facts.steps.last_event.tolist())
+        build_timeline(
+            cols,
+            dev.trace.time_us,
+            oom_index=facts.oom_index,
+            step_ends=facts.steps.last_event.tolist(),
+            settle=fused_free_settler(dev.trace),
+        )
         if facts.n
         else None
     )
-    # Fused frees settled, event info per point (the backward pass's frame-less events named so).
-    timeline = finish_timeline(timeline, cols, dev, catalog, facts.lifetimes)
+    # Event info per point (the backward pass's frame-less events named so).
+    timeline = finish_timeline(timeline, dev, catalog, facts.lifetimes)
     if timeline is None or facts.n <= 1:  # one event (a state-only dump) is no timeline to extend
         return timeline
     init = replay.initial
