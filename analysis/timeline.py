@@ -331,15 +331,18 @@ class Plateau:
         }
 
 
-def reserved_plateau(reserved: I64, allocated: I64, initial_reserved: int, initial_allocated: int) -> Plateau | None:
+def reserved_plateau(
+    reserved: I64, allocated: I64, initial_reserved: int, initial_allocated: int, first_max: int = -1
+) -> Plateau | None:
     """The reserved peak's plateau over the replay's columns and the state before them (None: no state).
     Positions count the state before as 0 (event ``i`` is ``i + 1``); the columns are not copied to
-    put it first (two copies of every event's figures were 0.01 s of the 460 MB report)."""
+    put it first (two copies of every event's figures were 0.01 s of the 460 MB report). ``first_max``:
+    reserved's first maximum where the caller has it (the replay's ``peak_reserved_index``; -1: found here)."""
     reserved, allocated = np.asarray(reserved, np.int64), np.asarray(allocated, np.int64)
-    # The columns' peak and the first event at it in one pass (argmax: the first maximum); no event before
-    # that one holds the peak, so the masks below read the columns from there on (the 460 MB trace's
+    # The columns' peak and the first event at it (argmax: the first maximum, where not given); no event
+    # before that one holds the peak, so the masks below read the columns from there on (the 460 MB trace's
     # plateau starts at its 1.5M-th of 2.4M events).
-    top = int(reserved.argmax()) if reserved.size else 0
+    top = first_max if first_max >= 0 else int(reserved.argmax()) if reserved.size else 0
     peak = max(int(initial_reserved), int(reserved[top]) if reserved.size else int(initial_reserved))
     if peak <= 0:
         return None

@@ -180,7 +180,9 @@ def device_json(
 def _plateau_json(replay: RecordedReplay, cols: Columns) -> dict[str, int] | None:
     """``devices[].plateau``: the idle cache over the events that hold the reserved peak (the headline's)."""
     init = replay.initial
-    plateau = reserved_plateau(cols["reserved"], cols["allocated"], init.reserved, init.allocated)
+    plateau = reserved_plateau(
+        cols["reserved"], cols["allocated"], init.reserved, init.allocated, int(replay.peak_reserved_index)
+    )
     return plateau.to_json() if plateau is not None else None
 
 
