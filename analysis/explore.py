@@ -10,8 +10,8 @@
   recorded replay (``RecordedReplay.blocks_at``): every segment and block, with
   the block's allocation and free events and their full stacks (C++ frames too
   when recorded).
-- ``finish_timeline`` prepares the report's own timeline: fused frees settled
-  (``timeline.settle_fused_frees``) and the same per-point event info.
+- ``finish_timeline`` gives the report's own timeline (its fused frees settled:
+  ``timeline.fused_free_settler``) the same per-point event info.
 - ``segment_lifetimes`` is each segment's life (memory_viz's segment timeline), made once per
   device into the store: the site's zooms read it (issue 36: it ran per request in the web tier).
 - ``explore_store`` is everything the site's digging endpoints read, made by the worker at
@@ -55,7 +55,7 @@ from analysis.model import (
     sorted_unique,
 )
 from analysis.stacks import BEFORE_TRACE, Lifetimes, StackCatalog, alloc_lifetimes
-from analysis.timeline import SERIES, series_at, settle_fused_frees, settled_points, timeline_window
+from analysis.timeline import SERIES, series_at, settled_points, timeline_window
 
 I64 = npt.NDArray[np.int64]
 # build_report(explore=...): called with (device, explore_store(...)) once per device.
@@ -134,14 +134,13 @@ def window(
 
 def finish_timeline(
     timeline: dict[str, Any] | None,
-    columns: Mapping[str, np.ndarray],
     dev: DeviceData,
     catalog: StackCatalog,
     lifetimes: Lifetimes | None = None,
 ) -> dict[str, Any] | None:
-    """The report's timeline with fused frees settled and, per point, the event's action, size and stack group
-    (given ``lifetimes``, as the event list names them: ``event_groups``)."""
-    timeline = settle_fused_frees(timeline, columns, dev.trace)
+    """The report's timeline (``build_timeline``'s, its fused frees settled: ``timeline.fused_free_settler``)
+    with, per point, the event's action, size and stack group (given ``lifetimes``, as the event list names
+    them: ``event_groups``)."""
     if not timeline:
         return timeline
     points = np.asarray(timeline["index"], np.int64)

@@ -17,7 +17,7 @@ Derived series at every kept point:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,8 +178,10 @@ def build_timeline(
     buckets: int = DEFAULT_BUCKETS,
     oom_index: int | None = None,
     step_ends: Iterable[int] = (),
+    settle: Callable[[I64], I64] | None = None,
 ) -> dict[str, Any]:
-    """The report's ``timeline``: downsampled series with every peak and the OOM exact."""
+    """The report's ``timeline``: downsampled series with every peak and the OOM exact. ``settle``: the kept
+    points moved before the series are read there (the report's: ``fused_free_settler``)."""
     n = int(columns["reserved"].shape[0])
     extremes = primary_extremes(columns, 0, n, buckets)
     peaks = {name: peak_of(columns[name], extremes.get(name)) for name in ("reserved", "allocated")}
@@ -191,6 +193,8 @@ def build_timeline(
     forced = [p["event_index"] for p in peaks.values() if p["event_index"] >= 0]
     forced += [i for i in (oom_index,) if i is not None] + list(keep)
     points = select_points(columns, 0, n, buckets, forced, extremes)
+    if settle is not None:
+        points = settle(points)
     out = {
         "events": n,
         "points": int(points.size),
@@ -281,10 +285,9 @@ def settled_points(points: I64, action: npt.NDArray[np.int8], addr: I64 | None =
     return sorted_unique(np.where(fused, nxt, points))
 
 
-def settle_fused_frees(
-    timeline: dict[str, Any] | None, columns: Mapping[str, I64], trace: Any
-) -> dict[str, Any] | None:
-    """Move each plotted ``free_requested`` point that its ``free_completed`` follows at once onto that next event.
+def fused_free_settler(trace: Any) -> Callable[[I64], I64]:
+    """``build_timeline``'s ``settle`` for a trace: each plotted ``free_requested`` point that its
+    ``free_completed`` follows at once moved onto that next event (``settled_points``).
 
     Between the two, torch's own counters disagree for one event: ``allocated``
     has dropped (in ``free()``) while ``requested`` (and ``active``) drop only when
@@ -292,35 +295,11 @@ def settle_fused_frees(
     above allocated; the next event has the same allocated and reserved bytes (a
     completed free changes neither), so the extremes stay exact. Genuinely
     pending frees (``record_stream``: the completion comes later) are kept.
-    ``timeline``: as ``build_timeline`` made it from ``columns`` (its series at the points it keeps are read
-    from it).
+    The points are settled before the series are read there: a finished timeline settled afterwards had
+    its series made twice (2 ms of the 460 MB report).
     """
-    if not timeline:
-        return timeline
-    action = np.asarray(trace.action)
-    points = np.asarray(timeline["index"], np.int64)
-    settled = settled_points(points, action, np.asarray(trace.addr))
-    if settled.size == points.size and np.array_equal(settled, points):
-        return timeline
-    # The series at the points kept are the timeline's own: only the moved ones are read (a replay's
-    # series made when read are evaluated at each point anew: ``values_at``).
-    order = np.argsort(points, kind="stable")
-    pos = order[np.minimum(np.searchsorted(points, settled, sorter=order), points.size - 1)]
-    kept = points[pos] == settled
-    moved = values_at(columns, settled[~kept])
-    at = {}
-    for name, key in SERIES:
-        values = np.empty(settled.size, np.int64)
-        values[kept] = np.asarray(timeline[key], np.int64)[pos[kept]]
-        values[~kept] = moved[name]
-        at[name] = values
-    out = dict(timeline)
-    out.update(series_at(columns, np.asarray(trace.time_us, np.int64), settled, at))
-    out["points"] = int(settled.size)
-    # A full-detail timeline loses those instants: it is then a (lossless for
-    # reserved and allocated) selection of the events.
-    out["downsampled"] = bool(settled.size < action.shape[0])
-    return out
+    action, addr = np.asarray(trace.action), np.asarray(trace.addr)
+    return lambda points: settled_points(points, action, addr)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,27 +331,35 @@ class Plateau:
         }
 
 
-def reserved_plateau(reserved: I64, allocated: I64, initial_reserved: int, initial_allocated: int) -> Plateau | None:
+def reserved_plateau(
+    reserved: I64, allocated: I64, initial_reserved: int, initial_allocated: int, first_max: int = -1
+) -> Plateau | None:
     """The reserved peak's plateau over the replay's columns and the state before them (None: no state).
     Positions count the state before as 0 (event ``i`` is ``i + 1``); the columns are not copied to
-    put it first (two copies of every event's figures were 0.01 s of the 460 MB report)."""
+    put it first (two copies of every event's figures were 0.01 s of the 460 MB report). ``first_max``:
+    reserved's first maximum where the caller has it (the replay's ``peak_reserved_index``; -1: found here)."""
     reserved, allocated = np.asarray(reserved, np.int64), np.asarray(allocated, np.int64)
-    peak = max(int(initial_reserved), int(reserved.max()) if reserved.size else int(initial_reserved))
+    # The columns' peak and the first event at it (argmax: the first maximum, where not given); no event
+    # before that one holds the peak, so the masks below read the columns from there on (the 460 MB trace's
+    # plateau starts at its 1.5M-th of 2.4M events).
+    top = first_max if first_max >= 0 else int(reserved.argmax()) if reserved.size else 0
+    peak = max(int(initial_reserved), int(reserved[top]) if reserved.size else int(initial_reserved))
     if peak <= 0:
         return None
     # Reserved is the peak at these, so the least idle is where most is allocated: a masked maximum and
     # the first event holding it, not the events' indices and idle bytes gathered (most of the 460 MB
     # trace's 2.4M events hold its peak: 0.009 s).
-    at_peak = reserved == peak
+    at_peak = reserved[top:] == peak
     count = int(np.count_nonzero(at_peak))
     before = int(initial_reserved) == peak  # the state before the first event holds it (index -1)
     first = last = least_at = -1
     least = idle_first = peak - int(initial_allocated)
     if count:
-        most = int(allocated.max(where=at_peak, initial=np.iinfo(np.int64).min))
+        tail = allocated[top:]
+        most = int(tail.max(where=at_peak, initial=np.iinfo(np.int64).min))
         if not before or peak - most < least:  # the state before wins a tie: it comes first
-            least, least_at = peak - most, int(np.argmax((allocated == most) & at_peak))
-        first = int(at_peak.argmax())
+            least, least_at = peak - most, top + int(np.argmax((tail == most) & at_peak))
+        first = top
         last = reserved.shape[0] - 1 - int(at_peak[::-1].argmax())
         if not before:
             idle_first = peak - int(allocated[first])

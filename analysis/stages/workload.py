@@ -174,7 +174,9 @@ def _halved_by_bounds(
     """Which activations each bound halves: ``act & upper_groups[gids]`` and ``act & lower_groups[gids]``,
     ``lower_groups`` a subset of ``upper_groups``."""
     assert not (lower_groups & ~upper_groups).any()
-    level = np.take(upper_groups.view(np.uint8) + lower_groups.view(np.uint8), gids)
+    # Every id is a group's, so "clip" changes none; it spares take the bounds check, and the int32 ids
+    # their copy as intp (the 460 MB trace's 802k allocations: 1.5 -> 0.8 ms).
+    level = np.take(upper_groups.view(np.uint8) + lower_groups.view(np.uint8), gids, mode="clip")
     level *= act
     return level >= 1, level == 2
 

@@ -253,6 +253,9 @@ def test_the_plateau_matches_its_formula_with_ties_and_the_state_before() -> Non
         init_r, init_a = int(rng.integers(-1, 4)), int(rng.integers(0, 4))
         got = reserved_plateau(reserved, allocated, init_r, init_a)
         assert (None if got is None else got.to_json()) == _plateau_reference(reserved, allocated, init_r, init_a)
+        if n:  # given the column's first maximum, as the replay's peak_reserved_index gives it
+            given = reserved_plateau(reserved, allocated, init_r, init_a, int(reserved.argmax()))
+            assert (None if given is None else given.to_json()) == (None if got is None else got.to_json())
 
 
 def test_next_marked_both_ways_and_carried_sites_match_their_formulas() -> None:

@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 
 from analysis.allocator.recorded import RecordedReplay, recorded_replay
-from analysis.model import OOM
+from analysis.model import FREE_COMPLETED, FREE_REQUESTED, OOM
 from analysis.reader import read_snapshot
 from analysis.timeline import (
     PRIMARY,
     build_timeline,
     columns_of,
     extreme_indices,
+    fused_free_settler,
+    settled_points,
     timeline_window,
 )
 
@@ -46,6 +48,25 @@ def test_timeline_peaks_equal_the_replay_peaks(case: str) -> None:
         assert oom in tl["index"] and tl["oom_index"] == oom
     assert tl["downsampled"] is True
     assert tl["points"] <= 2 * len(PRIMARY) * 200 + 8
+
+
+@pytest.mark.parametrize("case", ["gpt_varlen_oom", "infer_varbatch", "wrapped_ring"])
+def test_fused_frees_are_settled_before_the_series_are_read(case: str) -> None:
+    """The settled timeline keeps the points ``settled_points`` moves the unsettled one's to, each series read
+    at them, and its peaks: no point sits between a free's request and its completion."""
+    rep, times = replayed(case)
+    trace = read_snapshot(FIXTURES / f"{case}.pickle.gz").devices[0].trace
+    plain = build_timeline(columns_of(rep), times, buckets=50)
+    tl = build_timeline(columns_of(rep), times, buckets=50, settle=fused_free_settler(trace))
+    points = settled_points(np.asarray(plain["index"], np.int64), trace.action, trace.addr)
+    assert tl["index"] == points.tolist() and tl["points"] == points.size
+    assert tl["peaks"] == plain["peaks"] and tl["downsampled"] is True
+    for name, key in (("reserved", "reserved_bytes"), ("requested", "requested_bytes")):
+        assert tl[key] == np.asarray(getattr(rep, name))[points].tolist()
+    assert tl["time_us"] == times[points].tolist()
+    nxt = np.minimum(points + 1, len(trace) - 1)
+    fused = (trace.action[points] == FREE_REQUESTED) & (trace.action[nxt] == FREE_COMPLETED)
+    assert not (fused & (trace.addr[nxt] == trace.addr[points]) & (points + 1 < len(trace))).any()
 
 
 def test_every_bucket_keeps_its_min_and_max() -> None:
