@@ -337,6 +337,14 @@ typedef struct {
     /* core_columns' checkpoints (CP_WIDTH int64 before every CP_EVERY-th event), from which core_columns_at
      * reads its columns at any event (NULL: none kept) */
     int64_t *cp;
+    /* core_columns(True, ...) writes allocated over bs[0, n) (in_place): the block sizes are read no more but
+     * by the later passes over the columns (core_columns_at, the four columns whole), which take an alloc's
+     * from allocated's step there and a completion's from its request's step just before; xs_i / xs_v hold
+     * those of the allocs and completions whose steps do not give them (block_size_at). The scatter form
+     * writes allocated into al_own instead. The core exports the column (its buffer) once written. */
+    int in_place;
+    int64_t *al_own;
+    Vec xs_i, xs_v;
     PyObject *rep; /* borrowed, during run() only: where _issue and _meta_of_event are called */
 } RecCore;
 
@@ -345,9 +353,10 @@ static void core_dealloc(RecCore *c) {
     for (int k = 0; k < 7; k++) map_free(maps[k]);
     Vec *vecs[] = {&c->starts, &c->dist,  &c->stops, &c->m_stream, &c->m_pool, &c->m_exp, &c->ns_i, &c->ns_v,
                    &c->lf_i,   &c->lf_v,  &c->ignored, &c->aa_i,   &c->aa_v,   &c->ac_i,  &c->ac_v,
-                   &c->m_large, &c->wf_i, &c->wf_v};
-    for (int k = 0; k < 18; k++) PyMem_Free(vecs[k]->v);
+                   &c->m_large, &c->wf_i, &c->wf_v, &c->xs_i, &c->xs_v};
+    for (int k = 0; k < 20; k++) PyMem_Free(vecs[k]->v);
     PyMem_Free(c->bs);
+    PyMem_Free(c->al_own);
     PyMem_Free(c->cp);
     if (c->addr_b.obj) PyBuffer_Release(&c->addr_b);
     if (c->size_b.obj) PyBuffer_Release(&c->size_b);
@@ -899,11 +908,18 @@ static int c_free(RecCore *c, int64_t i, int64_t ad, int fused) {
     return map_get(&c->seg_size, start, &s) && s == m ? (c_ns(c, j, m) < 0 || c_wf(c, j, start, 1) < 0 ? -1 : 0) : 0;
 }
 
+/* -1 with an error once core_columns wrote allocated over the block sizes, which the state's moves read */
+static int sizes_kept(const RecCore *c) {
+    if (!c->in_place) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "recorded core: the block sizes hold the allocated column now");
+    return -1;
+}
+
 /* _Replayer.run(lo, hi) */
 static PyObject *core_run(RecCore *c, PyObject *args) {
     PyObject *rep;
     Py_ssize_t lo, hi;
-    if (!PyArg_ParseTuple(args, "Onn", &rep, &lo, &hi)) return NULL;
+    if (!PyArg_ParseTuple(args, "Onn", &rep, &lo, &hi) || sizes_kept(c) < 0) return NULL;
     if (lo < 0 || hi > c->n || lo > hi) {
         PyErr_SetString(PyExc_IndexError, "recorded core: run outside the trace");
         return NULL;
@@ -972,7 +988,7 @@ static PyObject *core_add_free(RecCore *c, PyObject *args) {
 static PyObject *core_add_used(RecCore *c, PyObject *args) {
     long long addr, size;
     int pending;
-    if (!PyArg_ParseTuple(args, "LLp", &addr, &size, &pending)) return NULL;
+    if (!PyArg_ParseTuple(args, "LLp", &addr, &size, &pending) || sizes_kept(c) < 0) return NULL;
     if (c->bs_len == c->bs_cap) {
         Py_ssize_t cap = c->bs_cap * 2 + 16;
         int64_t *bs = PyMem_Realloc(c->bs, (size_t)cap * sizeof(int64_t));
@@ -993,6 +1009,7 @@ static PyObject *core_retrack(RecCore *c, PyObject *unused) {
 
 /* (blocks, segments): blocks as export() sorts them, (address, size, free, ref); segments (start, size, meta) */
 static PyObject *core_blocks(RecCore *c, PyObject *unused) {
+    if (sizes_kept(c) < 0) return NULL;
     PyObject *blocks = PyList_New(0), *segs = PyList_New(0), *t;
     if (!blocks || !segs) goto fail;
     for (size_t j = 0; j < c->free_sz.cap; j++) {
@@ -1085,6 +1102,7 @@ static PyObject *pairs_dict(const Vec *i, const Vec *v) {
 
 /* the state as the Python replayer's attributes (tests look at them) */
 static PyObject *core_internals(RecCore *c, PyObject *unused) {
+    if (sizes_kept(c) < 0) return NULL;
     Vec bs = {c->bs, (size_t)c->bs_len, 0};
     return Py_BuildValue("{sNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsNsLsLsLsL}", "wf_i", vec_list(&c->wf_i, c->wf_i.len),
                          "wf_v", vec_list(&c->wf_v, c->wf_v.len), "free_sz", map_dict(&c->free_sz), "free_end",
@@ -1207,12 +1225,23 @@ static inline int64_t first_of(int64_t a, int64_t b, int64_t c, int64_t d, int64
 #define CP_EVERY ((Py_ssize_t)1 << CP_SHIFT)
 #define CP_WIDTH 8
 
+/* The block size of alloc or completion k once allocated is written over the block sizes (in_place): its
+ * record in xs where one was kept (*px: the next record from k on), else an alloc's from allocated's step at
+ * k, a completion's from its request's step at k - 1 (core_columns kept a record wherever these differ). */
+static inline int64_t block_size_at(const RecCore *c, int64_t k, long a, size_t *px) {
+    if (*px < c->xs_i.len && c->xs_i.v[*px] == k) return c->xs_v.v[(*px)++];
+    const int64_t *al = c->bs;
+    return a == c->alloc ? al[k] - al[k - 1] : al[k - 2] - al[k - 1];
+}
+
 /* core_columns' one pass, its records in event order: every running sum, the peaks and the checkpoints; of the
- * columns, allocated and reserved written where `two`, the other four where `four` (constants where it is
- * inlined: each form its own loop, no test per event). */
-static inline __attribute__((always_inline)) void columns_pass(RecCore *c, int64_t **col, const long long *init,
-                                                               int64_t *peak, Py_ssize_t *at, const int two,
-                                                               const int four) {
+ * columns, allocated and reserved written where `two`, the other four where `four`; `keep`: allocated goes
+ * over the block sizes, the sizes its steps will not give kept in xs; `derive`: the sizes are gone, taken
+ * from allocated and xs (block_size_at). Constants where it is inlined: each form its own loop, no test per
+ * event. -1: no memory for xs. */
+static inline __attribute__((always_inline)) int columns_pass(RecCore *c, int64_t **col, const long long *init,
+                                                              int64_t *peak, Py_ssize_t *at, const int two,
+                                                              const int four, const int keep, const int derive) {
     int64_t *al = col[0], *rq = col[1], *rs = col[2], *cf = col[3], *is = col[4], *lf = col[5], *cp = c->cp;
     const int64_t *bs = c->bs, *sz = c->size;
     const unsigned char *act = c->act;
@@ -1222,7 +1251,9 @@ static inline __attribute__((always_inline)) void columns_pass(RecCore *c, int64
     int64_t sa = init[0], sq = init[1], sr = init[2], sc = init[3], sn = init[4], lv = init[5];
     int64_t pk[3] = {INT64_MIN, INT64_MIN, INT64_MIN}; /* the loop's own: no column store aliases them */
     Py_ssize_t pat[3] = {-1, -1, -1};
-    size_t pi = 0, pa = 0, pc = 0, pn = 0, pl = 0;
+    size_t pi = 0, pa = 0, pc = 0, pn = 0, pl = 0, px = 0;
+    int64_t xprev = 0;
+    int aaprev = 0; /* whether event k - 1 had adjustments of allocated */
     while (pl < c->lf_i.len && c->lf_i.v[pl] < 0) pl++; /* records of the seeding: the initial figure holds them */
     int64_t ni = next_at(&c->ignored, pi), na = next_at(&c->aa_i, pa), nc = next_at(&c->ac_i, pc);
     int64_t nn = next_at(&c->ns_i, pn), nl = next_at(&c->lf_i, pl);
@@ -1234,31 +1265,40 @@ static inline __attribute__((always_inline)) void columns_pass(RecCore *c, int64
             q[4] = (int64_t)pi, q[5] = (int64_t)pc, q[6] = (int64_t)pn, q[7] = (int64_t)pl;
         }
         long a = act[k];
-        int64_t x = bs[k], s = sz[k];
+        int64_t x = derive ? (a == A || a == FC ? block_size_at(c, k, a, &px) : 0) : bs[k], s = sz[k];
         int64_t dal = a == A ? x : (a == FR ? -x : 0);
         int64_t dac = a == A ? x : (a == FC ? -x : 0);
         int64_t drq = a == A ? s : (a == FC ? -s : 0);
         int64_t drs = (a == SA || a == SM) ? s : ((a == SF || a == SU) ? -s : 0);
+        int aahere = 0;
         if (k == next) { /* rare: an event with records */
             if (ni == k) {
                 drq = drs = 0;
                 while (ni == k) ni = next_at(&c->ignored, ++pi);
             }
-            for (; na == k; na = next_at(&c->aa_i, ++pa)) dal += c->aa_v.v[pa];
+            for (; na == k; na = next_at(&c->aa_i, ++pa)) dal += c->aa_v.v[pa], aahere = 1;
             for (; nc == k; nc = next_at(&c->ac_i, ++pc)) dac += c->ac_v.v[pc];
             for (; nn == k; nn = next_at(&c->ns_i, ++pn)) sn += c->ns_v.v[pn];
             for (; nl == k; nl = next_at(&c->lf_i, ++pl)) lv = c->lf_v.v[pl]; /* the last record wins */
             next = first_of(ni, na, nc, nn, nl);
         }
+        if (keep) { /* (a strict pass's completion follows its request, at the same size: no record) */
+            if ((a == A && (k < 1 || aahere)) ||
+                (a == FC && (k < 2 || act[k - 1] != FR || xprev != x || aaprev)))
+                if (vec_push(&c->xs_i, k) < 0 || vec_push(&c->xs_v, x) < 0) return -1;
+            xprev = x;
+            aaprev = aahere;
+        }
         sa += dal;
         sq += drq;
         sr += drs;
         sc += dac;
-        if (two) al[k] = sa, rs[k] = sr;
+        if (two) al[k] = sa, rs[k] = sr; /* bs[k], read above, is read no more where al is bs */
         if (four) rq[k] = sq, cf[k] = sr - sc, is[k] = sr - sc - sn, lf[k] = lv;
         PEAKS(pk, pat, k, sa, sq, sr);
     }
     for (int j = 0; j < 3; j++) peak[j] = pk[j], at[j] = pat[j];
+    return 0;
 }
 
 /* _columns and _finished's sums: six per-event columns, written into the int64 arrays given (active, which
@@ -1266,7 +1306,8 @@ static inline __attribute__((always_inline)) void columns_pass(RecCore *c, int64
  * columns(allocated, requested, reserved, cached_free, inactive_split, largest_free, initial) with
  * initial = (allocated, requested, reserved, active, nonsplit, largest_free) before the first event; None in
  * place of allocated and reserved, or of the other four, writes those not (the report reads the four at a few
- * events only: core_columns_at, from this pass's checkpoints).
+ * events only: core_columns_at, from this pass's checkpoints). True in place of allocated writes it over the
+ * block sizes (see in_place), once, and the core's buffer is the column then.
  * Returns the peaks of allocated, requested and reserved: ((value, event), ...), event -1 on an empty trace.
  * One pass writes each column once, running sums and all: the records (ignored events, the
  * adjustments, the nonsplit moves and the largest free sizes) are walked beside it, each list in event
@@ -1279,7 +1320,8 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOO(LLLLLL)|p", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &init[0], &init[1],
                           &init[2], &init[3], &init[4], &init[5], &scatter))
         return NULL;
-    const int two = o[0] != Py_None, four = o[1] != Py_None;
+    /* allocated True: written over the block sizes (the scatter form: into al_own), exported by the core */
+    const int two = o[0] != Py_None, four = o[1] != Py_None, own = o[0] == Py_True;
     if ((o[2] != Py_None) != two || (o[3] != Py_None) != four || (o[4] != Py_None) != four ||
         (o[5] != Py_None) != four || !(two || four)) {
         PyErr_SetString(PyExc_ValueError, "recorded core: columns() takes allocated and reserved, the other four, or all six");
@@ -1290,8 +1332,12 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
     int held[6] = {0};
     Py_ssize_t n = c->n;
     PyObject *out = NULL;
+    if (c->in_place < 0 || (two && (c->in_place || c->al_own))) {
+        PyErr_SetString(PyExc_RuntimeError, "recorded core: allocated is written once, over the block sizes");
+        return NULL;
+    }
     for (int k = 0; k < 6; k++) {
-        if (o[k] == Py_None) continue;
+        if (o[k] == Py_None || (k == 0 && own)) continue;
         if (out_column(o[k], &b[k], n) < 0) goto done;
         held[k] = 1;
         col[k] = b[k].buf;
@@ -1305,6 +1351,12 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
     if (scatter || c->bs_len < n || !records_in_order(&c->ignored, 0, n) || !records_in_order(&c->aa_i, 0, n) ||
         !records_in_order(&c->ac_i, 0, n) || !records_in_order(&c->ns_i, 0, n) ||
         !records_in_order(&c->lf_i, INT64_MIN, n)) {
+        if (c->in_place) { /* (no pass left records out of order: the sizes are gone, and the tests' scatter
+                            * form over them is the one pass's) */
+            columns_pass(c, col, init, peak, at, 0, 1, 0, 1);
+            goto built;
+        }
+        if (own && !(col[0] = c->al_own = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t)))) goto nomem;
         for (int k = 0; k < 6; k++) /* the scatter form sums in its columns: those not kept are its scratch */
             if (!col[k] && !(col[k] = scratch[k] = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t)))) {
                 PyErr_NoMemory();
@@ -1313,13 +1365,24 @@ static PyObject *core_columns(RecCore *c, PyObject *args) {
         columns_scatter(c, col, n, init, peak, at);
         PyMem_Free(c->cp); /* no checkpoints: these records answer no event but by whole columns */
         c->cp = NULL;
-    } else if (two && four) {
-        columns_pass(c, col, init, peak, at, 1, 1);
-    } else if (two) {
-        columns_pass(c, col, init, peak, at, 1, 0);
+    } else if (own && n) {
+        col[0] = c->bs;
+        c->in_place = -1; /* until the pass is whole: a failed one lost sizes that xs does not hold */
+        if ((four ? columns_pass(c, col, init, peak, at, 1, 1, 1, 0) : columns_pass(c, col, init, peak, at, 1, 0, 1, 0)) < 0)
+            goto nomem;
+        c->in_place = 1;
     } else {
-        columns_pass(c, col, init, peak, at, 0, 1);
+        if (own && !(col[0] = c->al_own = PyMem_Malloc(sizeof(int64_t)))) goto nomem; /* an empty trace's */
+        if (two && four)
+            columns_pass(c, col, init, peak, at, 1, 1, 0, 0);
+        else if (two)
+            columns_pass(c, col, init, peak, at, 1, 0, 0, 0);
+        else if (c->in_place)
+            columns_pass(c, col, init, peak, at, 0, 1, 0, 1);
+        else
+            columns_pass(c, col, init, peak, at, 0, 1, 0, 0);
     }
+built:
     out = Py_BuildValue("((Ln)(Ln)(Ln))", (long long)peak[0], at[0], (long long)peak[1], at[1], (long long)peak[2],
                         at[2]);
 done:
@@ -1328,6 +1391,9 @@ done:
         PyMem_Free(scratch[k]);
     }
     return out;
+nomem:
+    PyErr_NoMemory();
+    goto done;
 }
 
 /* columns_at(points, reserved, requested, cached_free, inactive_split, largest_free): the four columns that
@@ -1341,6 +1407,7 @@ static PyObject *core_columns_at(RecCore *c, PyObject *args) {
     PyObject *o[6];
     if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
     if (!c->cp) Py_RETURN_FALSE;
+    if (c->in_place < 0) return PyErr_Format(PyExc_RuntimeError, "recorded core: the block sizes are lost");
     Py_buffer b[6];
     int held = 0;
     PyObject *out = NULL;
@@ -1362,7 +1429,7 @@ static PyObject *core_columns_at(RecCore *c, PyObject *args) {
     const long A = c->alloc, FC = c->free_completed;
     const Vec *ign = &c->ignored, *aci = &c->ac_i, *nsi = &c->ns_i, *lfi = &c->lf_i;
     int64_t sq = 0, sc = 0, sn = 0, lv = 0;
-    size_t pi = 0, pc = 0, pn = 0, pl = 0;
+    size_t pi = 0, pc = 0, pn = 0, pl = 0, px = 0;
     int64_t ni = 0, nc = 0, nn = 0, nl = 0, next = 0; /* as core_columns': the event each list names next */
     Py_ssize_t cur = -1; /* the next event to walk; -1: none walked yet */
     for (Py_ssize_t j = 0; j < m; j++) {
@@ -1378,11 +1445,12 @@ static PyObject *core_columns_at(RecCore *c, PyObject *args) {
             pi = (size_t)q[4], pc = (size_t)q[5], pn = (size_t)q[6], pl = (size_t)q[7];
             ni = next_at(ign, pi), nc = next_at(aci, pc), nn = next_at(nsi, pn), nl = next_at(lfi, pl);
             next = first_of(ni, nc, nn, nl, INT64_MAX);
+            px = vec_bisect_left(&c->xs_i, base);
             cur = base;
         }
         for (; cur <= p; cur++) { /* core_columns' steps of requested, active, nonsplit and largest_free */
             long a = act[cur];
-            int64_t x = bs[cur], s = sz[cur];
+            int64_t x = !c->in_place ? bs[cur] : (a == A || a == FC ? block_size_at(c, cur, a, &px) : 0), s = sz[cur];
             int64_t dac = a == A ? x : (a == FC ? -x : 0);
             int64_t drq = a == A ? s : (a == FC ? -s : 0);
             if (cur == next) {
@@ -1412,10 +1480,24 @@ static PyMethodDef core_methods[] = {
     {"blocks", (PyCFunction)core_blocks, METH_NOARGS, "(blocks, segments) for export()"},
     {"internals", (PyCFunction)core_internals, METH_NOARGS, "the state as the Python replayer's attributes"},
     {"whole_free", (PyCFunction)core_whole_free, METH_NOARGS, "the (events, changes) of whole free GC-able segments, int64 bytes"},
-    {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays; their peaks"},
+    {"columns", (PyCFunction)core_columns, METH_VARARGS, "the per-event columns, into int64 arrays (allocated True: the core's buffer); their peaks"},
     {"columns_at", (PyCFunction)core_columns_at, METH_VARARGS, "requested, cached_free, inactive_split, largest_free at some events"},
     {NULL, NULL, 0, NULL},
 };
+
+/* the allocated column core_columns(True, ...) wrote (over the block sizes, or in al_own): the array made on
+ * it keeps the core */
+static int core_getbuffer(RecCore *c, Py_buffer *view, int flags) {
+    int64_t *al = c->in_place > 0 ? c->bs : c->al_own;
+    if (!al) {
+        view->obj = NULL;
+        PyErr_SetString(PyExc_BufferError, "recorded core: no allocated column written");
+        return -1;
+    }
+    return PyBuffer_FillInfo(view, (PyObject *)c, al, c->n * (Py_ssize_t)sizeof(int64_t), 0, flags);
+}
+
+static PyBufferProcs core_as_buffer = {(getbufferproc)core_getbuffer, NULL};
 
 static PyTypeObject RecCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "analysis.allocator._replaycore.RecordedCore",
@@ -1424,6 +1506,7 @@ static PyTypeObject RecCoreType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The recorded replay's state (replayer._Replayer's, in C).",
     .tp_methods = core_methods,
+    .tp_as_buffer = &core_as_buffer,
 };
 
 static int core_params(RecCore *c, PyObject *d) {

@@ -352,16 +352,19 @@ CORE_COLUMNS_SCATTER = False
 def _core_columns(
     core: Any, n: int, init: StateFigures
 ) -> tuple[dict[str, I64], list[tuple[int, int]], _PointColumns, int]:
-    """``_columns``' allocated and reserved, summed by the C state itself into fresh arrays (its records
-    never become Python objects); ``_peak`` of allocated, requested and reserved, found by the same pass;
-    the other columns as ``_PointColumns`` (evaluated at the events asked for, from the same records;
-    ``active``, ``reserved - cached_free``, made when read: ``RecordedReplay.active``); and the first
-    event of requested's maximum."""
-    cols = {k: np.empty(n, dtype=np.int64) for k in ("allocated", "reserved")}
+    """``_columns``' allocated and reserved, summed by the C state itself (its records never become Python
+    objects): reserved into a fresh array, allocated over the state's own block sizes, which nothing reads
+    after the pass (19 MB on the 460 MB trace that a fresh column would fault in: 27 -> 20 ms), the array
+    on the core's buffer; ``_peak`` of allocated, requested and reserved, found by the same pass; the other
+    columns as ``_PointColumns`` (evaluated at the events asked for, from the same records; ``active``,
+    ``reserved - cached_free``, made when read: ``RecordedReplay.active``); and the first event of
+    requested's maximum."""
+    reserved = np.empty(n, dtype=np.int64)
     nonsplit = init.cached_free - init.inactive_split
     start = (init.allocated, init.requested, init.reserved, init.active, nonsplit, init.largest_free)
     # ((value, first event), ...); -1: none
-    maxima = core.columns(cols["allocated"], None, cols["reserved"], None, None, None, start, CORE_COLUMNS_SCATTER)
+    maxima = core.columns(True, None, reserved, None, None, None, start, CORE_COLUMNS_SCATTER)
+    cols = {"allocated": np.frombuffer(core, dtype=np.int64), "reserved": reserved}
     peaks = [
         _peak_over(v, j, initial)
         for (v, j), initial in zip(maxima, (init.allocated, init.requested, init.reserved), strict=True)

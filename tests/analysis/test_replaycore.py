@@ -191,6 +191,31 @@ def test_the_columns_scatter_form_gives_the_one_pass_columns(path: Path, monkeyp
         assert scattered == one_pass, f"device {dev.device}"
 
 
+def test_allocated_is_written_over_the_block_sizes() -> None:
+    """The C state's allocated column goes over its block sizes, once: the column is the core's buffer and
+    the state's moves, which read the sizes, refuse to run after it (the identity tests compare the columns
+    and the points read after it, whose sizes come from allocated's steps and the records kept)."""
+    from analysis.allocator.recorded import _config_of
+    from analysis.allocator.states import AllocatorState
+
+    assert compiled.wanted()
+    snapshot = read_snapshot(FIXTURES / "gpu_side_stream.pickle.gz")
+    dev = max(snapshot.devices, key=lambda d: len(d.trace))
+    rep = _Replayer(dev, _config_of(snapshot)[0])
+    rep.seed(AllocatorState(-1, ()), strict=False)
+    rep.run(0, rep.n)
+    sizes = np.array(rep.core.internals()["bs"][: rep.n], dtype=np.int64)
+    reserved = np.empty(rep.n, dtype=np.int64)
+    rep.core.columns(True, None, reserved, None, None, None, (0,) * 6)
+    allocated = np.frombuffer(rep.core, dtype=np.int64)
+    assert allocated.shape == (rep.n,) and not np.array_equal(allocated, sizes)
+    for again in (lambda: rep.run(0, 1), rep.core.internals, rep.core.blocks, lambda: rep.core.add_used(0, 512, False)):
+        with pytest.raises(RuntimeError, match="block sizes"):
+            again()
+    with pytest.raises(RuntimeError, match="written once"):
+        rep.core.columns(True, None, np.empty(rep.n, dtype=np.int64), None, None, None, (0,) * 6)
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.removesuffix(".pickle.gz"))
 def test_allocator_model_identical_on_every_fixture(path: Path) -> None:
     for what, ref, fast in _policy(read_snapshot(path), CONFIGS):
