@@ -73,19 +73,35 @@ typedef struct {
  * lowerF counts eight keys: FCAP is at least that. */
 #define FCAP 8
 _Static_assert(FCAP >= 8 && (FCAP & (FCAP - 1)) == 0, "lowerF counts 8 keys of a power-of-two run");
+/* Keys come in two widths, one per engine call (Engine.w, each list's w): the 128-bit packed key
+ * (pack_key) Python's lists hold, or a 64-bit one that orders the same blocks the same way, where it
+ * fits: (size >> 9) << K64_ADDR | (addr - base) >> 9, base a list's own (its first block's address less
+ * 2**44). Half the bytes to move and one compare per key: the four policy passes of the 460 MB trace
+ * 277 -> 250 ms (engine calls in process, 9 of 9 alternated pairs; all four fit). A key fits when size and address are multiples of 512, the
+ * size below K64_SIZES * 512, the address in the list's window (2**46 from base, below 2**sh: keys
+ * order as (size, address) there); the first that does not stops the call, which runs again from the
+ * start with 128-bit keys (bkey, policy_engine). KMAX, per width, is above every key that fits. */
 #define KMAX (~(u128)0)
+#define KMAX64 (~(uint64_t)0)
+#define K64_ADDR 37
+#define K64_SIZES (((uint64_t)1 << (64 - K64_ADDR)) - 1) /* size codes below it: no key is KMAX64 */
 typedef struct {
     int n;
     int32_t blk[2 * FCAP];
-    u128 key[2 * FCAP];
+    union {
+        u128 key[2 * FCAP];
+        uint64_t key64[2 * FCAP];
+    };
 } Chunk;
 
 typedef struct {
     Chunk **c;
-    u128 *last; /* each chunk's last key, side by side (KMAX past nc): the search over chunks reads no chunk */
+    void *last; /* each chunk's last key, side by side (KMAX past nc): the search over chunks reads no chunk */
     Chunk *spare; /* the last chunk emptied, kept for the next one needed (a list often empties) */
     size_t nc, capc, capl; /* capl: a power of two, at least FCAP */
     Py_ssize_t n;
+    int w, based;       /* w: 64-bit keys (key64, last as uint64_t); based: base set */
+    int64_t base, span; /* 64-bit keys: the addresses [base, base + span) fit */
 } FList;
 
 typedef struct {
@@ -163,6 +179,7 @@ typedef struct {
     Range *va_free;
     size_t va_n, va_cap;
     const char *declined;
+    int w, misfit; /* w: 64-bit free-list keys (FList.w); misfit: one did not fit, the call runs again in 128 */
     /* how often each path ran (tests assert that the paths they mean to cover ran) */
     int64_t counts[16];
 } Engine;
@@ -384,10 +401,73 @@ static inline int64_t key_size(int sh, u128 key) {
     return (int64_t)(((uint64_t)(key >> 64) << (64 - sh)) | ((uint64_t)key >> sh));
 }
 
-static inline u128 bkey(const Engine *E, int32_t k) { return pack_key(E->key_mul, E->b[k].size, E->b[k].addr); }
+#define AI static inline __attribute__((always_inline))
+
+/* A key of width w (a constant where inlined: 1 for 64 bits), held in a u128 either way. */
+AI u128 ckey(const Chunk *ch, int j, int w) { return w ? ch->key64[j] : ch->key[j]; }
+AI void ckey_set(Chunk *ch, int j, u128 key, int w) {
+    if (w)
+        ch->key64[j] = (uint64_t)key;
+    else
+        ch->key[j] = key;
+}
+AI u128 lkey(const FList *f, size_t c, int w) { return w ? ((const uint64_t *)f->last)[c] : ((const u128 *)f->last)[c]; }
+AI void lkey_set(FList *f, size_t c, u128 key, int w) {
+    if (w)
+        ((uint64_t *)f->last)[c] = (uint64_t)key;
+    else
+        ((u128 *)f->last)[c] = key;
+}
+AI u128 kmax(int w) { return w ? KMAX64 : KMAX; }
+AI size_t key_bytes(int w) { return w ? sizeof(uint64_t) : sizeof(u128); }
+
+/* Block k's key in list f, into *out; -1 with E->misfit set where a 64-bit key would not be exact. */
+static inline int bkey(Engine *E, FList *f, int32_t k, u128 *out) {
+    int64_t size = E->b[k].size, addr = E->b[k].addr;
+    if (!f->w) {
+        *out = pack_key(E->key_mul, size, addr);
+        return 0;
+    }
+    if (!f->based) { /* the first block's window: 2**44 below it, 2**46 long, ending at 2**sh at most */
+        f->based = 1;
+        f->base = addr - ((int64_t)1 << 44);
+        int64_t top = E->sh >= 62 ? VMAX : (int64_t)1 << E->sh;
+        f->span = top - f->base < ((int64_t)1 << 46) ? top - f->base : (int64_t)1 << 46;
+        if (f->span < 0) f->span = 0;
+    }
+    uint64_t off = (uint64_t)(addr - f->base);
+    if (((size | addr | f->base) & 511) | (off >= (uint64_t)f->span) | ((uint64_t)size >> 9 >= K64_SIZES)) {
+        E->misfit = 1;
+        return -1;
+    }
+    *out = ((uint64_t)size >> 9 << K64_ADDR) | (off >> 9);
+    return 0;
+}
+
+/* The key a search for blocks of at least size starts at (address part 0): exact in 64 bits too, where
+ * every key's size is a multiple of 512 (ceil(size / 512)), and a size past every key that fits searches
+ * past them all (KMAX64). */
+static inline u128 size_key(const Engine *E, const FList *f, i128 size) {
+    if (!f->w) return (u128)size << E->sh;
+    i128 code = (size + 511) >> 9;
+    return code >= (i128)K64_SIZES ? KMAX64 : (uint64_t)code << K64_ADDR;
+}
+
+/* A key's size, either width. */
+static inline int64_t fkey_size(const Engine *E, const FList *f, u128 key) {
+    return f->w ? (int64_t)((uint64_t)key >> K64_ADDR << 9) : key_size(E->sh, key);
+}
+
+/* The 128-bit key (Python's) of a key of f: a 64-bit one rebuilt exactly. */
+static inline u128 full_key(const Engine *E, const FList *f, u128 key) {
+    if (!f->w) return key;
+    uint64_t k = (uint64_t)key;
+    return pack_key(E->key_mul, (int64_t)(k >> K64_ADDR << 9),
+                    f->base + (int64_t)((k & (((uint64_t)1 << K64_ADDR) - 1)) << 9));
+}
 
 static inline int pos_ok(const FList *f, Pos p) { return p.c >= 0 && (size_t)p.c < f->nc; }
-static inline u128 pos_key(const FList *f, Pos p) { return f->c[p.c]->key[p.j]; }
+static inline u128 pos_key(const FList *f, Pos p) { return ckey(f->c[p.c], p.j, f->w); }
 static inline int32_t pos_blk(const FList *f, Pos p) { return f->c[p.c]->blk[p.j]; }
 
 static inline void pos_next(const FList *f, Pos *p) {
@@ -408,72 +488,84 @@ static inline void pos_prev(const FList *f, Pos *p) { /* from the end too; befor
 /* bisect_left over FCAP sorted keys (KMAX at the end where fewer): how many are below key. Halvings
  * without a branch (a compare sets the step) down to eight keys, counted: the count's compares run
  * side by side, where each halving waits for the one before. */
-static inline __attribute__((always_inline)) int below(u128 a, u128 key, int hi_only) {
-    return hi_only ? (uint64_t)(a >> 64) < (uint64_t)(key >> 64) : a < key;
+AI int below(const void *a, size_t i, u128 key, int hi_only, int w) {
+    if (w) return ((const uint64_t *)a)[i] < (uint64_t)key;
+    u128 k = ((const u128 *)a)[i];
+    return hi_only ? (uint64_t)(k >> 64) < (uint64_t)(key >> 64) : k < key;
 }
 
 /* hi_only (a constant where inlined): key's low half is 0, so a key is below it exactly when its high
  * half is: one 64-bit compare each (an allocation's search key, size << sh, where the size is a
  * multiple of 2**(64 - sh), as rounded sizes are). */
-static inline __attribute__((always_inline)) size_t lowerF(const u128 *a, u128 key, int hi_only) {
+AI size_t lowerF(const void *a, u128 key, int hi_only, int w) {
     size_t b = 0;
-    for (size_t half = FCAP / 2; half >= 8; half >>= 1) b += (size_t)below(a[b + half - 1], key, hi_only) * half;
+    for (size_t half = FCAP / 2; half >= 8; half >>= 1) b += (size_t)below(a, b + half - 1, key, hi_only, w) * half;
     size_t c = 0;
-    for (int i = 0; i < 8; i++) c += below(a[b + i], key, hi_only);
+    for (size_t i = 0; i < 8; i++) c += (size_t)below(a, b + i, key, hi_only, w);
     return b + c;
+}
+
+AI const void *chunk_keys(const Chunk *ch, int w) { return w ? (const void *)ch->key64 : (const void *)ch->key; }
+AI const void *last_from(const FList *f, size_t b, int w) {
+    return w ? (const void *)((const uint64_t *)f->last + b) : (const void *)((const u128 *)f->last + b);
 }
 
 /* The first chunk whose last key is >= key (nc: none): halvings over the capl (a power of two)
  * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt. */
-static inline __attribute__((always_inline)) Py_ssize_t fl_chunk_by(const FList *f, u128 key, int hi_only) {
+AI Py_ssize_t fl_chunk_by(const FList *f, u128 key, int hi_only, int w) {
     size_t b = 0;
     for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1)
-        b += (size_t)below(f->last[b + half - 1], key, hi_only) * half;
-    return (Py_ssize_t)(b + lowerF(f->last + b, key, hi_only));
+        b += (size_t)below(f->last, b + half - 1, key, hi_only, w) * half;
+    return (Py_ssize_t)(b + lowerF(last_from(f, b, w), key, hi_only, w));
 }
 
-static inline Py_ssize_t fl_chunk(const FList *f, u128 key) { return fl_chunk_by(f, key, 0); }
+AI int in_chunk(const Chunk *ch, u128 key, int w) { return (int)lowerF(chunk_keys(ch, w), key, 0, w); }
 
-static inline int in_chunk(const Chunk *ch, u128 key) { return (int)lowerF(ch->key, key, 0); }
-
-static inline __attribute__((always_inline)) Pos fl_lower_by(const FList *f, u128 key, int hi_only) {
+AI Pos fl_lower_by(const FList *f, u128 key, int hi_only, int w) {
     Pos p = {0, 0};
     if (!f->nc) return p;
-    p.c = fl_chunk_by(f, key, hi_only);
-    if ((size_t)p.c < f->nc) p.j = (int)lowerF(f->c[p.c]->key, key, hi_only);
+    p.c = fl_chunk_by(f, key, hi_only, w);
+    if ((size_t)p.c < f->nc) p.j = (int)lowerF(chunk_keys(f->c[p.c], w), key, hi_only, w);
     return p;
 }
 
-/* bisect_left: the first entry whose key is >= key; a key whose low half is 0 searched on the high
- * halves alone (lowerF). */
+/* bisect_left: the first entry whose key is >= key; a 128-bit key whose low half is 0 searched on the
+ * high halves alone (lowerF). */
 static Pos fl_lower(const FList *f, u128 key) {
-    return (uint64_t)key ? fl_lower_by(f, key, 0) : fl_lower_by(f, key, 1);
+    if (f->w) return fl_lower_by(f, key, 0, 1);
+    return (uint64_t)key ? fl_lower_by(f, key, 0, 0) : fl_lower_by(f, key, 1, 0);
 }
 
 /* FCAP entries of a chunk (keys and blocks) one place on, from src to dst = src -/+ 1: copied out whole
  * and back, fixed lengths the compiler moves inline, where two calls of memmove (overlapping ranges)
  * took 6% of the report's samples: the four policy passes 442 -> 398 ms (5 alternated pairs). */
-static inline void move_entries(Chunk *ch, int dst, int src) {
-    u128 k[FCAP];
+AI void move_entries(Chunk *ch, int dst, int src, int w) {
     int32_t b[FCAP];
-    memcpy(k, ch->key + src, sizeof k);
+    if (w) {
+        uint64_t k[FCAP];
+        memcpy(k, ch->key64 + src, sizeof k);
+        memcpy(ch->key64 + dst, k, sizeof k);
+    } else {
+        u128 k[FCAP];
+        memcpy(k, ch->key + src, sizeof k);
+        memcpy(ch->key + dst, k, sizeof k);
+    }
     memcpy(b, ch->blk + src, sizeof b);
-    memcpy(ch->key + dst, k, sizeof k);
     memcpy(ch->blk + dst, b, sizeof b);
 }
 
 /* Entry j out of the chunk: the FCAP entries after it move down one (KMAX comes in at the end, from
  * the upper half where the chunk was full). */
-static inline void chunk_cut(Chunk *ch, int j) {
-    move_entries(ch, j, j + 1);
+AI void chunk_cut(Chunk *ch, int j, int w) {
+    move_entries(ch, j, j + 1, w);
     ch->n--;
 }
 
 /* (key, blk) in at entry j of a chunk with room: the FCAP entries from j move up one (the last of
  * them KMAX, into the upper half). */
-static inline void chunk_add(Chunk *ch, int j, u128 key, int32_t blk) {
-    move_entries(ch, j + 1, j);
-    ch->key[j] = key;
+AI void chunk_add(Chunk *ch, int j, u128 key, int32_t blk, int w) {
+    move_entries(ch, j + 1, j, w);
+    ckey_set(ch, j, key, w);
     ch->blk[j] = blk;
     ch->n++;
 }
@@ -486,7 +578,7 @@ static Chunk *chunk_new(FList *f) {
         return NULL;
     }
     ch->n = 0;
-    for (int j = 0; j < 2 * FCAP; j++) ch->key[j] = KMAX;
+    for (int j = 0; j < 2 * FCAP; j++) ckey_set(ch, j, kmax(f->w), f->w);
     return ch;
 }
 
@@ -498,26 +590,28 @@ static void chunk_drop(FList *f, Chunk *ch) {
 }
 
 static int chunk_insert_at(FList *f, size_t at, Chunk *ch) {
+    int w = f->w;
+    size_t kb = key_bytes(w);
     if (grow((void **)&f->c, &f->capc, f->nc + 1, sizeof(Chunk *)) < 0) return -1;
     if (f->nc + 1 > f->capl) { /* doubled, the new half KMAX */
         size_t cap = f->capl ? f->capl * 2 : FCAP;
-        if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(u128))) return -1;
-        u128 *last = PyMem_RawRealloc(f->last, cap * sizeof(u128));
+        if (cap > ((size_t)PY_SSIZE_T_MAX / kb)) return -1;
+        void *last = PyMem_RawRealloc(f->last, cap * kb);
         if (!last) return -1;
-        for (size_t j = f->capl; j < cap; j++) last[j] = KMAX;
         f->last = last;
+        for (size_t j = f->capl; j < cap; j++) lkey_set(f, j, kmax(w), w);
         f->capl = cap;
     }
     memmove(f->c + at + 1, f->c + at, (f->nc - at) * sizeof(Chunk *));
-    memmove(f->last + at + 1, f->last + at, (f->nc - at) * sizeof(u128));
+    memmove((char *)f->last + (at + 1) * kb, (char *)f->last + at * kb, (f->nc - at) * kb);
     f->c[at] = ch;
-    f->last[at] = ch->n ? ch->key[ch->n - 1] : 0;
+    lkey_set(f, at, ch->n ? ckey(ch, ch->n - 1, w) : 0, w);
     f->nc++;
     return 0;
 }
 
 /* Insert at the key's bisect_left place; the block's chunk noted in the arena (Blk.at). */
-static int fl_put(FList *f, u128 key, int32_t blk, Blk *arena) {
+AI int fl_put_w(FList *f, u128 key, int32_t blk, Blk *arena, int w) {
     if (!f->nc) {
         Chunk *ch = chunk_new(f);
         if (!ch) return -1;
@@ -526,48 +620,61 @@ static int fl_put(FList *f, u128 key, int32_t blk, Blk *arena) {
             return -1;
         }
     }
-    Py_ssize_t c = fl_chunk(f, key);
+    Py_ssize_t c = fl_chunk_by(f, key, 0, w);
     if ((size_t)c == f->nc) c--; /* past every key: the end of the last chunk */
     Chunk *ch = f->c[c];
     if (ch->n == FCAP) { /* split the full chunk in two halves */
         Chunk *hi = chunk_new(f);
         if (!hi) return -1;
         hi->n = FCAP / 2;
-        memcpy(hi->key, ch->key + FCAP / 2, (FCAP / 2) * sizeof(u128));
+        for (int j = 0; j < FCAP / 2; j++) ckey_set(hi, j, ckey(ch, FCAP / 2 + j, w), w);
         memcpy(hi->blk, ch->blk + FCAP / 2, (FCAP / 2) * sizeof(int32_t));
         if (chunk_insert_at(f, (size_t)c + 1, hi) < 0) {
             chunk_drop(f, hi);
             return -1;
         }
         ch->n = FCAP / 2;
-        for (int j = FCAP / 2; j < FCAP; j++) ch->key[j] = KMAX;
+        for (int j = FCAP / 2; j < FCAP; j++) ckey_set(ch, j, kmax(w), w);
         for (int j = 0; j < FCAP / 2; j++) arena[hi->blk[j]].at = (int32_t)c + 1;
-        f->last[c] = ch->key[ch->n - 1];
-        if (f->last[c] < key) { /* its place is in the upper half */
+        lkey_set(f, (size_t)c, ckey(ch, ch->n - 1, w), w);
+        if (lkey(f, (size_t)c, w) < key) { /* its place is in the upper half */
             ch = hi;
             c++;
         }
     }
-    chunk_add(ch, in_chunk(ch, key), key, blk);
+    chunk_add(ch, in_chunk(ch, key, w), key, blk, w);
     arena[blk].at = (int32_t)c;
-    f->last[c] = ch->key[ch->n - 1];
+    lkey_set(f, (size_t)c, ckey(ch, ch->n - 1, w), w);
     f->n++;
     return 0;
 }
 
-static inline __attribute__((always_inline)) void fl_delete_at(FList *f, Pos p) {
+static int fl_put(FList *f, u128 key, int32_t blk, Blk *arena) {
+    return f->w ? fl_put_w(f, key, blk, arena, 1) : fl_put_w(f, key, blk, arena, 0);
+}
+
+AI void fl_delete_at_w(FList *f, Pos p, int w) {
     Chunk *ch = f->c[p.c];
-    chunk_cut(ch, p.j);
+    chunk_cut(ch, p.j, w);
     f->n--;
     if (!ch->n) {
+        size_t kb = key_bytes(w);
         chunk_drop(f, ch);
         memmove(f->c + p.c, f->c + p.c + 1, (f->nc - (size_t)p.c - 1) * sizeof(Chunk *));
-        memmove(f->last + p.c, f->last + p.c + 1, (f->nc - (size_t)p.c - 1) * sizeof(u128));
+        memmove((char *)f->last + (size_t)p.c * kb, (char *)f->last + ((size_t)p.c + 1) * kb,
+                (f->nc - (size_t)p.c - 1) * kb);
         f->nc--;
-        f->last[f->nc] = KMAX;
+        lkey_set(f, f->nc, kmax(w), w);
     } else {
-        f->last[p.c] = ch->key[ch->n - 1];
+        lkey_set(f, (size_t)p.c, ckey(ch, ch->n - 1, w), w);
     }
+}
+
+AI void fl_delete_at(FList *f, Pos p) {
+    if (f->w)
+        fl_delete_at_w(f, p, 1);
+    else
+        fl_delete_at_w(f, p, 0);
 }
 
 /* The entry at p replaced by (key, blk) at key's bisect_left place: fl_delete_at(p) then fl_put,
@@ -576,33 +683,37 @@ static inline __attribute__((always_inline)) void fl_delete_at(FList *f, Pos p) 
  * chunks before is below key, and the next chunk's first key is not. Where the place is another
  * entry, the chunk's entries from j move down one and those from the place up one: two fixed-length
  * moves, no memmove call. */
-static inline __attribute__((always_inline)) int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
+AI int fl_move_w(FList *f, Pos p, u128 key, int32_t blk, Blk *arena, int w) {
     Chunk *ch = f->c[p.c];
     int n = ch->n, j = p.j;
     /* whether key's place is in p's chunk, as one branch: each test's parts and both neighbours read
      * whatever the outcome (the chunk's own last key and first key where it has no neighbour there) */
     int first = p.c == 0, final = (size_t)p.c + 1 == f->nc;
-    u128 before = f->last[p.c - !first], after = f->c[p.c + !final]->key[0];
+    u128 before = lkey(f, (size_t)(p.c - !first), w), after = ckey(f->c[p.c + !final], 0, w);
     if ((n > 1) & (first | (before < key)) & (final | (key <= after))) {
         /* its place among the chunk's other entries; those between it and j move one on */
-        int to = in_chunk(ch, key) - (ch->key[j] < key);
+        int to = in_chunk(ch, key, w) - (ckey(ch, j, w) < key);
         if (to != j) { /* j out, then room at to: two fixed-length moves (move_entries), not memmove calls */
-            move_entries(ch, j, j + 1);
-            move_entries(ch, to + 1, to);
+            move_entries(ch, j, j + 1, w);
+            move_entries(ch, to + 1, to, w);
         }
-        ch->key[to] = key;
+        ckey_set(ch, to, key, w);
         ch->blk[to] = blk;
         arena[blk].at = (int32_t)p.c;
-        f->last[p.c] = ch->key[n - 1];
+        lkey_set(f, (size_t)p.c, ckey(ch, n - 1, w), w);
         return 0;
     }
-    fl_delete_at(f, p);
-    return fl_put(f, key, blk, arena);
+    fl_delete_at_w(f, p, w);
+    return fl_put_w(f, key, blk, arena, w);
+}
+
+AI int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
+    return f->w ? fl_move_w(f, p, key, blk, arena, 1) : fl_move_w(f, p, key, blk, arena, 0);
 }
 
 static void fl_clear(FList *f) {
     for (size_t c = 0; c < f->nc; c++) chunk_drop(f, f->c[c]);
-    for (size_t c = 0; c < f->nc; c++) f->last[c] = KMAX;
+    for (size_t c = 0; c < f->nc; c++) lkey_set(f, c, kmax(f->w), f->w);
     f->nc = 0;
     f->n = 0;
 }
@@ -624,7 +735,9 @@ static int now_free(Engine *E, int32_t k) {
 
 /* _insert: into free list lk at its key's place (bisect_left), state free, GC age stamped. */
 static int fl_insert(Engine *E, int lk, int32_t k) {
-    TRY(fl_put(&E->fl[lk], bkey(E, k), k, E->b));
+    u128 key;
+    TRY(bkey(E, &E->fl[lk], k, &key));
+    TRY(fl_put(&E->fl[lk], key, k, E->b));
     return now_free(E, k);
 }
 
@@ -652,21 +765,27 @@ static inline int chunk_index(const Chunk *ch, int32_t k) {
  * (Blk.at: no search of the keys, one compare of the chunk's blocks; a chunk split or emptied since
  * may have moved it), taken where k is there under its key with no equal key before it, which is
  * what the search would find; else the search. */
-static inline __attribute__((always_inline)) int fl_find(Engine *E, const FList *f, int32_t k, Pos *at) {
-    u128 key = bkey(E, k);
+AI int fl_find_w(Engine *E, FList *f, int32_t k, Pos *at, int w) {
+    u128 key;
+    TRY(bkey(E, f, k, &key));
     int32_t c = E->b[k].at;
     if (c >= 0 && (size_t)c < f->nc) {
         const Chunk *ch = f->c[c];
         int j = chunk_index(ch, k);
-        if (j >= 0 && ch->key[j] == key && (j ? ch->key[j - 1] < key : (c == 0 || f->last[c - 1] < key))) {
+        if (j >= 0 && ckey(ch, j, w) == key &&
+            (j ? ckey(ch, j - 1, w) < key : (c == 0 || lkey(f, (size_t)c - 1, w) < key))) {
             *at = (Pos){c, j};
             return 0;
         }
     }
-    Pos p = fl_lower(f, key);
+    Pos p = w ? fl_lower_by(f, key, 0, 1) : fl_lower(f, key);
     if (!pos_ok(f, p) || pos_blk(f, p) != k) DECLINE(E, "a free list does not hold the block its key names");
     *at = p;
     return 0;
+}
+
+AI int fl_find(Engine *E, FList *f, int32_t k, Pos *at) {
+    return f->w ? fl_find_w(E, f, k, at, 1) : fl_find_w(E, f, k, at, 0);
 }
 
 static int fl_remove(Engine *E, int lk, int32_t k) {
@@ -892,7 +1011,7 @@ static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at
     *out = -1;
     if (E->gc_on && lk / E->ns == 1) E->gcc++;
     FList *f = &E->fl[lk];
-    Pos i = fl_lower(f, pack_key(E->key_mul, size, 0));
+    Pos i = fl_lower(f, size_key(E, f, size));
     if (!pos_ok(f, i)) return 0;
     if (E->exp) { /* best fit by "free block + the unmapped range after it" (_grown) */
         int32_t c = pos_blk(f, i), nb = E->b[c].next;
@@ -910,7 +1029,7 @@ static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at
     }
     /* the max_split_size filter: config.fit_limit */
     int64_t limit = size < E->fit_mss ? E->fit_mss : size + E->fit_nsr;
-    if (key_size(E->sh, pos_key(f, i)) >= limit) return 0;
+    if (fkey_size(E, f, pos_key(f, i)) >= limit) return 0;
     *out = pos_blk(f, i);
     *at = i;
     return 0;
@@ -946,7 +1065,9 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
         TRY(kill_block(E, n));
     }
     if (found) {
-        TRY(fl_move(f, at, bkey(E, b), b, E->b));
+        u128 key;
+        TRY(bkey(E, f, b, &key));
+        TRY(fl_move(f, at, key, b, E->b));
         TRY(now_free(E, b));
     } else {
         TRY(fl_insert(E, lk, b));
@@ -973,7 +1094,9 @@ static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
     E->b[b].next = r;
     E->b[b].size = size;
     if (!at) return fl_insert(E, lk, r);
-    TRY(fl_move(&E->fl[lk], *at, bkey(E, r), r, E->b));
+    u128 key;
+    TRY(bkey(E, &E->fl[lk], r, &key));
+    TRY(fl_move(&E->fl[lk], *at, key, r, E->b));
     return now_free(E, r);
 }
 
@@ -1017,7 +1140,7 @@ static int release_available(Engine *E, int lk, int64_t size) {
     E->counts[C_AVAIL]++;
     FList *f = &E->fl[lk];
     i128 want = (i128)size > E->mss ? (i128)size : E->mss;
-    Pos i = fl_lower(f, (u128)want << E->sh);
+    Pos i = fl_lower(f, size_key(E, f, want));
     if (pos_ok(f, i) && !E->exp) {
         int32_t b = pos_blk(f, i);
         if (E->b[b].prev < 0 && E->b[b].next < 0) {
@@ -1032,14 +1155,14 @@ static int release_available(Engine *E, int lk, int64_t size) {
     i128 released = 0;
     Pos j = i;
     for (pos_prev(f, &j); released < want && j.c >= 0; pos_prev(f, &j)) {
-        u128 key = pos_key(f, j);
-        if ((i128)(key >> E->sh) < E->mss) break;
+        int64_t ksize = fkey_size(E, f, pos_key(f, j));
+        if ((i128)ksize < E->mss) break;
         int32_t b = pos_blk(f, j);
         if (!E->exp && E->b[b].prev < 0 && E->b[b].next < 0) {
             E->counts[C_AVAIL_FREED]++;
             int emptied = f->c[j.c]->n == 1;
             TRY(release_block(E, lk, b));
-            released += (i128)(key >> E->sh);
+            released += (i128)ksize;
             if (emptied) j.j = 0; /* the chunk went: step back into the one before it */
         }
     }
@@ -1067,7 +1190,8 @@ static int release_pool(Engine *E, int bp) {
         for (size_t j = 0; j < all.n; j++) {
             int32_t b = (int32_t)all.v[j];
             if (E->b[b].prev >= 0 || E->b[b].next >= 0) {
-                if (fl_put(f, bkey(E, b), b, E->b) < 0) goto out;
+                u128 key;
+                if (bkey(E, f, b, &key) < 0 || fl_put(f, key, b, E->b) < 0) goto out;
                 continue;
             }
             E->b[b].state = ST_ALLOC;
@@ -1989,8 +2113,9 @@ static int import_lists(Engine *E, Interner *I, PyObject *model) {
                 if (intern(E, I, PyList_GET_ITEM(bl, j), &b) < 0) goto out;
                 if (w == 0) {
                     FList *f = &E->fl[lk];
-                    u128 key = bkey(E, b);
-                    if (f->nc && f->last[f->nc - 1] >= key) {
+                    u128 key;
+                    if (bkey(E, f, b, &key) < 0) goto out;
+                    if (f->nc && lkey(f, f->nc - 1, f->w) >= key) {
                         E->declined = "a free list out of order";
                         goto out;
                     }
@@ -2147,6 +2272,8 @@ static int import_model(Engine *E, PyObject *model) {
     int rc = -1;
     E->fl = PyMem_RawCalloc(E->nl ? E->nl : 1, sizeof(FList));
     E->ul = PyMem_RawCalloc(E->nl ? E->nl : 1, sizeof(UList));
+    if (E->fl)
+        for (int lk = 0; lk < E->nl; lk++) E->fl[lk].w = E->w;
     if (!E->fl || !E->ul) {
         PyErr_NoMemory();
         goto out;
@@ -2326,7 +2453,7 @@ static int export_lists(Engine *E, PyObject **objs, int which, PyObject **keys_o
         PyList_SET_ITEM(keys, lk, kl);
         PyList_SET_ITEM(blks, lk, bl);
         for (Py_ssize_t j = 0; j < n; j++) {
-            PyObject *key = which ? PyLong_FromLongLong(E->ul[lk].addr[j]) : from_u128(pos_key(&E->fl[lk], p));
+            PyObject *key = which ? PyLong_FromLongLong(E->ul[lk].addr[j]) : from_u128(full_key(E, &E->fl[lk], pos_key(&E->fl[lk], p)));
             if (!key) goto fail;
             PyList_SET_ITEM(kl, j, key);
             PyObject *b = blk_ref(E, objs, which ? E->ul[lk].blk[j] : pos_blk(&E->fl[lk], p));
@@ -2410,6 +2537,11 @@ static PyObject *export_counts(const Engine *E) {
             Py_DECREF(d);
             return NULL;
         }
+    /* the width its free-list keys had: 64, or 128 where a 64-bit key did not fit */
+    if (put(d, "key_bits", PyLong_FromLong(E->w ? 64 : 128)) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
     return d;
 }
 
@@ -2443,12 +2575,12 @@ static void engine_free(Engine *E) {
     PyMem_RawFree(E->slot_req);
 }
 
-/* policy_engine(model, params) -> (failed, state, counts), or (None, reason) when declined. */
-PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
-    PyObject *model, *pdict;
-    if (!PyArg_ParseTuple(args, "OO!", &model, &PyDict_Type, &pdict)) return NULL;
+/* One engine call with keys of width w (Engine.w); *misfit set, and NULL returned with no exception,
+ * where a 64-bit key did not fit: nothing was exported (the model is only read). */
+static PyObject *policy_engine_w(PyObject *model, PyObject *pdict, int w, int *misfit) {
     Engine E;
     memset(&E, 0, sizeof E);
+    E.w = w;
     E.va = -1;
     Py_buffer views[V_N];
     memset(views, 0, sizeof views);
@@ -2486,11 +2618,15 @@ PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
     Py_DECREF(counts);
     goto done;
 declined:
+    if (E.misfit && !PyErr_Occurred()) {
+        *misfit = 1;
+        goto done;
+    }
     if (!PyErr_Occurred() && E.declined) result = Py_BuildValue("(Os)", Py_None, E.declined);
 done:
     /* The engine's own helpers return -1 without an exception when an allocation fails (they run
      * without the GIL): that is the one failure with nothing set. */
-    if (!result && !PyErr_Occurred()) PyErr_NoMemory();
+    if (!result && !PyErr_Occurred() && !*misfit) PyErr_NoMemory();
     Py_XDECREF(failed);
     PyMem_RawFree(failed_at.v);
     PyMem_RawFree(new_sizes.v);
@@ -2499,5 +2635,26 @@ done:
     for (int v = 0; v < V_N; v++)
         if (views[v].obj) PyBuffer_Release(&views[v]);
     engine_free(&E);
+    return result;
+}
+
+/* policy_engine(model, params) -> (failed, state, counts), or (None, reason) when declined: with 64-bit
+ * free-list keys (params' key_bits 64), or from the start again with 128-bit ones where one did not fit
+ * (key_bits 128: those from the start). */
+PyObject *oomscope_policy_engine(PyObject *self, PyObject *args) {
+    PyObject *model, *pdict;
+    if (!PyArg_ParseTuple(args, "OO!", &model, &PyDict_Type, &pdict)) return NULL;
+    long bits;
+    if (p_long(pdict, "key_bits", &bits) < 0) return NULL;
+    if (bits != 64 && bits != 128) {
+        PyErr_SetString(PyExc_ValueError, "policy_engine: key_bits is 64 or 128");
+        return NULL;
+    }
+    int misfit = 0;
+    PyObject *result = policy_engine_w(model, pdict, bits == 64, &misfit);
+    if (misfit) {
+        misfit = 0; /* a failure of the 128-bit run is its own */
+        result = policy_engine_w(model, pdict, 0, &misfit);
+    }
     return result;
 }

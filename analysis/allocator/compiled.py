@@ -92,10 +92,15 @@ def loops_in_use() -> str:
 
 
 # What the last ``policy_engine`` call did: how often each path of the model ran (the tests
-# assert that the paths they mean to cover ran), and why it declined, if it did. With replays on
+# assert that the paths they mean to cover ran; ``key_bits``: its free lists' key width, 64 unless a
+# key did not fit there and the call ran again with 128-bit ones), and why it declined, if it did. With replays on
 # threads (a report's pool) "last" is the last to finish; nothing but the tests reads these.
 last_counts: dict[str, int] = {}
 last_declined: str | None = None
+
+# The free lists' key width ``policy_engine`` tries first: 64 bits, where a key does not fit there the
+# whole call again with 128 (``_policycore.c``); the tests set 128 to compare the two widths.
+KEY_BITS = 64
 
 
 def policy_engine(
@@ -128,6 +133,7 @@ def policy_engine(
         seg_free=SEGMENT_FREE,
         seg_map=SEGMENT_MAP,
         seg_unmap=SEGMENT_UNMAP,
+        key_bits=KEY_BITS,
     )
     served = _replaycore.policy_engine(model, params)
     if served[0] is None:

@@ -610,17 +610,23 @@ def test_a_state_the_engine_cannot_follow_is_left_to_the_python_loop() -> None:
     assert compiled.last_declined == "a free list out of order"
 
 
-def _random_stream(rng: random.Random, cfg: AllocatorConfig, pools: int, ns: int) -> list[list[int]]:
+SIZES = (512, 4096, 300_000, MB, MB + 512, 3 * MB, 7 * MB, 12 * MB, 25 * MB, 70 * MB, 300 * MB)
+
+
+def _random_stream(
+    rng: random.Random, cfg: AllocatorConfig, pools: int, ns: int, sizes: tuple[int, ...] = SIZES, odd: float = 0
+) -> list[list[int]]:
     """A request stream in the model's encoding: allocations of sizes across both pools' kinds in
-    random (pool, stream) lanes, frees, cross-stream frees and their completions, OOM entries, flushes."""
+    random (pool, stream) lanes, frees, cross-stream frees and their completions, OOM entries, flushes.
+    odd: the share of sizes left unrounded, off the 512-byte grid."""
     live: list[tuple[int, int]] = []
     pend: list[tuple[int, int]] = []
     out: list[tuple[int, int, int, int, int]] = []
-    sizes = (512, 4096, 300_000, MB, MB + 512, 3 * MB, 7 * MB, 12 * MB, 25 * MB, 70 * MB, 300 * MB)
     for k in range(rng.randrange(50, 400)):
         r = rng.random()
         if r < 0.45 or not live:
-            size = cfg.round_size(rng.choice(sizes) + rng.randrange(4) * 512)
+            size = rng.choice(sizes) + rng.randrange(4) * 512
+            size = size + rng.randrange(1, 512) if odd and rng.random() < odd else cfg.round_size(size)
             pool = 0 if rng.random() < 0.8 else rng.randrange(pools)
             lk = (pool * 2 + int(size > K_SMALL_SIZE)) * ns + rng.randrange(ns)
             op = _OP_OOM if rng.random() < 0.02 else _OP_ALLOC
@@ -641,7 +647,7 @@ def _random_stream(rng: random.Random, cfg: AllocatorConfig, pools: int, ns: int
     return [list(column) for column in zip(*out, strict=True)]
 
 
-def _random_run(seed: int) -> tuple[Any, ...]:
+def _random_run(seed: int, sizes: tuple[int, ...] = SIZES, odd: float = 0) -> tuple[Any, ...]:
     """A random model (settings, limit, pools, streams, private pools' release, placement, caught
     OOMs) served a random stream in two slices (the state goes out and back in between)."""
     rng = random.Random(seed)  # noqa: S311 - a reproducible stream, not a secret
@@ -651,7 +657,7 @@ def _random_run(seed: int) -> tuple[Any, ...]:
     freeable = {p: rng.randrange(300) for p in range(1, pools) if rng.random() < 0.7}
     limit = rng.choice((None, 200 * MB, 500 * MB, 2000 * MB))
     m = _Model(cfg, limit, pools, list(range(ns)), freeable, ([], [], []), rng.choice(("recorded", "driver", "mirror")))
-    events, ops, raddrs, sizes, lks = _random_stream(rng, cfg, pools, ns)
+    events, ops, raddrs, sizes, lks = _random_stream(rng, cfg, pools, ns, sizes, odd)
     m.transient = frozenset(e for e, op in zip(events, ops, strict=True) if op == _OP_OOM and rng.random() < 0.5)
     cut = len(ops) // 2
     first = m.run(events[:cut], ops[:cut], raddrs[:cut], sizes[:cut], lks[:cut])
@@ -669,6 +675,108 @@ def test_random_request_streams_leave_the_same_state() -> None:
         for key in ENGINE_PATHS:
             counts[key] += compiled.last_counts[key]
     assert not [key for key, n in counts.items() if n == 0 and key != "recorded_address"], counts
+
+
+def _key_bits_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The key width of each engine call from here on (``key_bits``: 128 where one ran again)."""
+    seen: list[int] = []
+    engine = compiled._replaycore.policy_engine
+
+    def spy(model: Any, params: dict[str, Any]) -> Any:
+        served = engine(model, params)
+        if served[0] is not None:
+            seen.append(served[2]["key_bits"])
+        return served
+
+    monkeypatch.setattr(compiled._replaycore, "policy_engine", spy)
+    return seen
+
+
+def _three_ways(work: Callable[[], T], monkeypatch: pytest.MonkeyPatch) -> tuple[T, T, T, list[int]]:
+    """``work()`` with the Python loops, with the engine's 64-bit keys (128 where one did not fit), and
+    with its 128-bit keys from the start; the key width of each engine call of the second."""
+    with monkeypatch.context() as patch:
+        bits = _key_bits_seen(patch)
+        ref, fast = both(work)
+        seen = list(bits)
+        patch.setattr(compiled, "KEY_BITS", 128)
+        patch.setenv(compiled.ENV_VAR, "")
+        bits.clear()
+        wide = work()
+        assert bits and set(bits) == {128}
+    return ref, fast, wide, seen
+
+
+def test_a_captured_traces_report_runs_every_engine_call_on_64_bit_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A real trace's blocks fit 64-bit keys (as the 460 MB benchmark's do): no call of its report runs twice.
+    bits = _key_bits_seen(monkeypatch)
+    monkeypatch.setenv(compiled.ENV_VAR, "")
+    build_report(str(FIXTURES / "captures" / "unetrr_c110_default.pickle.gz"), whatif=WHATIFS, jobs=1)
+    assert len(bits) >= 4 and set(bits) == {64}, bits
+
+
+def test_keys_past_64_bits_run_again_on_128_with_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sizes of 2**36 and more, sizes off the 512-byte grid, and blocks 2**46 apart in one free list (huge
+    # segments between them) do not fit a 64-bit key: the call runs again from the start on 128-bit ones.
+    # Whichever width ran, the state is the Python loop's and the 128-bit engine's.
+    huge = (*SIZES, 1 << 36, (1 << 36) + 512, 1 << 38, 1 << 39)
+    widths: set[int] = set()
+    for seed in range(60):
+        for sizes, odd in ((huge, 0.0), (SIZES, 0.2)):
+            ref, fast, wide, bits = _three_ways(partial(_random_run, seed, sizes, odd), monkeypatch)
+            assert fast == ref == wide, (seed, odd)
+            assert compiled.last_declined is None, seed
+            widths.update(bits)
+    assert widths == {64, 128}
+
+
+def test_each_kind_of_misfit_runs_on_128_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    large = 20 * MB
+
+    def served(sizes: list[int], ops: list[int], handles: list[int]) -> Callable[[], tuple[Any, ...]]:
+        def run() -> tuple[Any, ...]:
+            m = _Model(AllocatorConfig(), None, 1, [0], {}, ([], [], []), "driver")
+            n = len(ops)
+            lks = [int(size > K_SMALL_SIZE) for size in sizes]
+            lks = [lks[handles.index(h)] for h in handles]  # a free goes to its allocation's list
+            return m.run(list(range(n)), ops, handles, sizes, lks), _model_state(m)
+
+        return run
+
+    def far(block: int) -> Callable[[], tuple[Any, ...]]:
+        """Free blocks in one list, imported: a 2 MiB segment at 2**40 and one at 2**40 + block."""
+
+        def run() -> tuple[Any, ...]:
+            m = _Model(AllocatorConfig(), None, 1, [0], {})
+            for addr in (1 << 40, (1 << 40) + block):
+                head = [2 * MB, addr, None, None, False]
+                m.heads[addr] = (head, 0)
+                m._insert(0, head)
+                m.reserved += 2 * MB
+            return m.run([0, 1], [_OP_ALLOC, _OP_FREE], [5, 5], [512, 0], [0, 0]), _model_state(m)
+
+        return run
+
+    A, F = _OP_ALLOC, _OP_FREE
+    cases = {
+        "a size off the grid": served([1000, 0], [A, F], [1, 1]),
+        "a size of 2**36": served([1 << 36, 0], [A, F], [1, 1]),
+        # a large block, 2**47 bytes of segment kept after it, then one more large block: two free
+        # blocks of one list 2**47 apart, each size on the grid and below 2**36
+        "addresses 2**46 apart": served([large, 1 << 47, large, 0, 0], [A, A, A, F, F], [1, 2, 3, 1, 3]),
+        "imported, 2**46 apart": far(1 << 46),
+        "imported, off the grid": far(256 + 4 * MB),
+    }
+    for why, run in cases.items():
+        ref, fast, wide, bits = _three_ways(run, monkeypatch)
+        assert fast == ref == wide, why
+        assert compiled.last_declined is None, why
+        assert bits == [128], why
+    # the same streams within the bounds stay on 64 bits
+    for run in (served([1024, 0], [A, F], [1, 1]), far(1 << 45), far(4 * MB)):
+        ref, fast, wide, bits = _three_ways(run, monkeypatch)
+        assert fast == ref == wide
+        assert bits == [64]
 
 
 def _pairing(action: np.ndarray, addr: np.ndarray) -> tuple[list[int], list[int], bool, bool]:
