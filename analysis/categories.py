@@ -178,8 +178,7 @@ def classify(
         np.add(out, m.view(np.int8) * np.int8(code - UNKNOWN), out=out)
         decided |= m
 
-    if windows is None:
-        windows = step_windows(start, opt_start, opt_end, n)
+    windows = windows if windows is not None else step_windows(start, opt_start, opt_end, n)
     in_window, last_end, next_opt_start, first_opt = windows
     # 1. optimizer: frames under torch/optim, or (without frames) made inside an optimizer step; never a pass
     # that runs inside the step (a closure's forward or backward: the innermost pass wins).
