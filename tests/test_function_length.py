@@ -26,7 +26,7 @@ HOT_LOOPS = {
     # The policy replay's per-request loop, the allocator's rules inlined.
     "analysis/allocator/cachemodel.py::_Model.run": "per-request loop of the policy replay",
     # One pass over the runs of segment releases, each classified by the rules in order.
-    "analysis/allocator/requests.py::_bursts": "per-burst loop building the requests",
+    "analysis/allocator/bursts.py::bursts_of": "per-burst loop building the requests",
     # The reader's per-event conversion and stack interning (1.6M frames lists in the 460 MB file).
     "analysis/convert.py::Converter.convert_trace": "per-event conversion of a trace to columns",
     "analysis/convert.py::Converter.intern_event_stacks": "per-event stack interning",

@@ -10,18 +10,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from analysis.allocator.bursts import Burst, _limit_floor, _request_alloc_size, _request_of, bursts_of
 from analysis.allocator.config import AllocatorConfig, limit_refuses
 from analysis.allocator.recording import ReplaySource
-from analysis.allocator.requests import (
-    Requests,
-    _Burst,
-    _bursts,
-    _device,
-    _limit_floor,
-    _request_alloc_size,
-    _request_of,
-    requests_for,
-)
+from analysis.allocator.requests import Requests, _device, requests_for
 from analysis.allocator.reserved import ReservedLevels, recorded_levels
 from analysis.model import FREE_COMPLETED, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, DeviceData, Snapshot
 
@@ -121,7 +113,7 @@ def infer_limit(
 
 def _inferred_limit(snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, req: Requests) -> LimitEstimate:
     """``infer_limit``'s bounds, found (``req``: ``dev``'s requests)."""
-    bursts = req.bursts if cfg == req.recorded_config else _bursts(snapshot, dev, cfg, req.source)
+    bursts = req.bursts if cfg == req.recorded_config else bursts_of(snapshot, dev, cfg, req.pools, req.source)
     t = dev.trace
     reserved = recorded_levels(dev)
     lower = _limit_floor(dev, cfg, reserved)
@@ -176,7 +168,7 @@ def _device_full(dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels
     return device_full
 
 
-def _gc_bound(cfg: AllocatorConfig, reserved: ReservedLevels, b: _Burst) -> int:
+def _gc_bound(cfg: AllocatorConfig, reserved: ReservedLevels, b: Burst) -> int:
     """The largest limit under which a GC run at ``b`` starts: before > int(threshold x limit)."""
     before = int(reserved[b.start - 1]) if b.start > 0 else 0
     bound = int(before / cfg.garbage_collection_threshold)
@@ -186,7 +178,7 @@ def _gc_bound(cfg: AllocatorConfig, reserved: ReservedLevels, b: _Burst) -> int:
 
 
 def _burst_bounds(
-    dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels, bursts: list[_Burst]
+    dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels, bursts: list[Burst]
 ) -> tuple[int | None, int | None, int]:
     """``upper`` from the refusals before a flush, ``gc_upper`` from the GC runs, and how many bound it."""
     upper: int | None = None
@@ -206,7 +198,7 @@ def _burst_bounds(
 
 
 def _release_available_run(
-    dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels, b: _Burst, floor: int
+    dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels, b: Burst, floor: int
 ) -> bool:
     """Whether the run ``b`` can be release_available_cached_blocks' for its request under a
     limit of at least ``floor``: it runs only after the limit refused the request's segment,
@@ -230,7 +222,7 @@ def _release_available_run(
     )
 
 
-def _gc_lower(source: ReplaySource, cfg: AllocatorConfig, reserved: ReservedLevels, bursts: list[_Burst]) -> int | None:
+def _gc_lower(source: ReplaySource, cfg: AllocatorConfig, reserved: ReservedLevels, bursts: list[Burst]) -> int | None:
     """A lower bound of the limit from where ``garbage_collect_cached_blocks`` did
     not run, or stopped (checked on the recorded replay's state).
 
@@ -245,7 +237,7 @@ def _gc_lower(source: ReplaySource, cfg: AllocatorConfig, reserved: ReservedLeve
     dev = source.device
     t = dev.trace
     act = t.action
-    first_burst: dict[int, _Burst] = {}
+    first_burst: dict[int, Burst] = {}
     for b in bursts:
         if b.request >= 0 and b.kind != "user":
             first_burst.setdefault(b.request, b)

@@ -1,7 +1,7 @@
 """One device's recorded replay, built once and handed down.
 
 Three parts of the allocator model read a state of the recorded replay (``recorded_replay``):
-the cache probe behind a flush that may be a user's ``empty_cache()`` (``requests._bursts``),
+the cache probe behind a flush that may be a user's ``empty_cache()`` (``bursts.bursts_of``),
 the GC's lower bound of the limit (``limits._gc_lower``) and the starting state of a policy
 replay of a partial trace (``policy.simulate``). None of them builds it: each takes the device's
 ``ReplaySource`` (through its ``Requests``), which builds the replay on the first need, with

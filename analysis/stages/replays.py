@@ -19,9 +19,9 @@ import numpy.typing as npt
 from analysis import explore as explore_mod
 from analysis.allocator import ReplaySource, Requests, build_requests, needs_recorded_state, replay_check
 from analysis.allocator import compiled as compiled_loops
+from analysis.allocator.bursts import reads_recorded_state
 from analysis.allocator.config import AllocatorConfig
 from analysis.allocator.recorded import RecordedReplay
-from analysis.allocator.requests import reads_recorded_state
 from analysis.model import Snapshot
 from analysis.parallel import Pending, Pool
 from analysis.stacks import StackCatalog

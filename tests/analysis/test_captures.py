@@ -193,10 +193,12 @@ def test_a_gc_run_without_gc_frees_still_bounds_the_limit_from_below() -> None:
 
 
 def _bursts_of(name: str) -> list[Any]:
-    from analysis.allocator.requests import _bursts
+    from analysis.allocator.bursts import bursts_of
+    from analysis.allocator.requests import _event_pools
 
     s = snap(name)
-    return _bursts(s, s.devices[0], AllocatorConfig.from_settings(s.settings.raw, s.settings.conf))
+    dev = s.devices[0]
+    return bursts_of(s, dev, AllocatorConfig.from_settings(s.settings.raw, s.settings.conf), _event_pools(dev))
 
 
 def test_a_gc_and_the_flush_after_it_in_one_run_are_told_apart() -> None:

@@ -84,7 +84,7 @@ def test_requests_read_the_recorded_replay_only_where_reads_recorded_state_says_
     only where ``reads_recorded_state`` is False: a trace whose requests did build it then would
     have it built without those states, and each read later would replay the trace again."""
     from analysis.allocator import ReplaySource, build_requests
-    from analysis.allocator.requests import reads_recorded_state
+    from analysis.allocator.bursts import reads_recorded_state
     from analysis.reader import read_snapshot
 
     snapshot = read_snapshot(path)
