@@ -38,7 +38,7 @@
  *   - event_set():                        event keys as they are stored (stream >= 0,
  *                                         frames an interned or empty list), from
  *                                         event_pairs(), event_fast() and its
- *                                         ev_pairs_fast() alike;
+ *                                         ev_pairs_fast() (ev_pair()) alike;
  *   - evlist_extend():                    trace lists: consecutive events only;
  *   - export_trace():                     per-event rules (action, addr, size,
  *                                         stream, time_us, frames, texts, pool_id)
@@ -1734,13 +1734,120 @@ static inline __attribute__((always_inline)) size_t int_op(const unsigned char *
  * with LONG1's 8-byte load past its length byte. */
 #define EV_PAIR_ROOM 24
 
-/* An event record's pairs from pos on, for as long as each is one of the shapes torch writes (a GET of a known
- * key, then: an int for addr, size, stream and time_us, or None for time_us; a GET of a known string for
- * action, of "" for user_metadata, of an event's frames list read before for frames; "N/A" MEMOIZE for
- * compile_context) and lies with EV_PAIR_ROOM bytes to spare before stop_at: each into vals[*nv..] and
- * the record as event_fast's general way takes the same bytes (event_set and consume, the key known here:
- * one dispatch a pair where that way has two, and its state in registers). The bytes taken (*nv and the
- * record's bits moved on past them), or -1 to give up. */
+/* The value of one pair of event record e (its key `key`, a GET just read; its value at t), where it is one of the
+ * shapes torch writes (an int for addr, size, stream and time_us, or None for time_us; a GET of a known string
+ * for action, of "" for user_metadata, of an event's frames list read before for frames; "N/A" MEMOIZE for
+ * compile_context): taken into the record as event_fast's general way takes the same bytes (event_set and
+ * consume), and into vals[nv..nv+1] with its key. Its bytes (1 and more), 0 for any other shape (nothing done),
+ * -1 to give up. Inline: where the key is a constant (ev_pairs_fast's torch order) its switch folds away. */
+static inline __attribute__((always_inline)) long ev_pair(P *p, const uint32_t *memo, size_t memo_cap, uint8_t key,
+                                                          const unsigned char *t, size_t stop_at, Val *vals, size_t nv,
+                                                          size_t e, Cont *parent, uint16_t *have, uint16_t *bad,
+                                                          uint8_t *flags) {
+    size_t idx, vl;
+    Val v = {0};
+    uint32_t g = 0; /* the memo entry of a GET value */
+#define GET_AT(q, IDX, LEN)                                                                                       \
+    do {                                                                                                          \
+        if ((q)[0] == 'j')                                                                                        \
+            IDX = rd32((q) + 1), LEN = 5;                                                                         \
+        else if ((q)[0] == 'h')                                                                                   \
+            IDX = (q)[1], LEN = 2;                                                                                \
+        else                                                                                                      \
+            return 0;                                                                                             \
+        if (IDX >= memo_cap) return 0;                                                                            \
+    } while (0)
+#define TAKE(K)                                                                                                   \
+    do {                                                                                                          \
+        if (event_set(p, e, (K), v, have, bad, flags) < 0) return -1;                                             \
+    } while (0)
+    switch (key) {
+    case K_ADDR:
+        if (!(vl = int_op(t, &v))) return 0;
+        TAKE(K_ADDR);
+        break;
+    case K_SIZE:
+        if (!(vl = int_op(t, &v))) return 0;
+        TAKE(K_SIZE);
+        break;
+    case K_STREAM:
+        if (!(vl = int_op(t, &v))) return 0;
+        TAKE(K_STREAM);
+        break;
+    case K_TIME:
+        if (t[0] == 'N')
+            v.kind = V_NONE, vl = 1;
+        else if (!(vl = int_op(t, &v)))
+            return 0;
+        TAKE(K_TIME);
+        break;
+    case K_ACTION:
+        GET_AT(t, idx, vl);
+        if ((g = memo[idx]) - MEMO_KEY >= MEMO_SEQ - MEMO_KEY) return 0; /* a known string */
+        memo_dec(p, g, &v);
+        TAKE(K_ACTION);
+        break;
+    case K_UM: /* "": the default (any other text needs a side entry: the general way) */
+        GET_AT(t, idx, vl);
+        if ((g = memo[idx]) != (MEMO_KEY | K_EMPTYSTR)) return 0;
+        memo_dec(p, g, &v);
+        TAKE(K_UM);
+        break;
+    case K_CC: /* "N/A" MEMOIZE: the default, pickled afresh for every event */
+        if (memcmp(t, "\x8c\x03N/A\x94", 6) != 0 || p->key_val[K_NA].kind != V_STR || p->memo_len >= memo_cap ||
+            memo[p->memo_len])
+            return 0;
+        v.kind = V_STR, v.key = K_NA, v.len = 3, v.x = (int64_t)(t + 2 - p->buf), vl = 6;
+        p->memo[p->memo_len++] = MEMO_KEY | K_NA;
+        TAKE(K_CC);
+        break;
+    case K_FRAMES: /* its frames list, without a container (V_SEQ): read before (a GET), or new (span_seq) */
+        if (t[0] == ']') {
+            /* EMPTY_LIST MEMOIZE MARK GETs... APPENDS, as the general way reads it; where span_seq finds
+             * no sequence, that way asks it again, for the same answer and no change (nothing was made) */
+            size_t q, n;
+            int32_t sid;
+            if (t[1] != 0x94 || t[2] != '(' || p->memo_len >= memo_cap || memo[p->memo_len] || p->cn >= MEMO_KEY - 2)
+                return 0;
+            int found = span_seq(p, (size_t)(t + 3 - p->buf), stop_at, &q, &n, &sid);
+            if (found < 0) return -1;
+            if (found != 1 || (uint32_t)sid >= MEMO_SEQS) return 0;
+            v.kind = V_SEQ, v.x = sid, vl = q + 1 - (size_t)(t - p->buf);
+            p->memo[p->memo_len++] = MEMO_SEQ | (uint32_t)sid;
+        } else {
+            GET_AT(t, idx, vl);
+            if ((g = memo[idx]) - MEMO_SEQ >= MEMO_EVENT - MEMO_SEQ) return 0;
+            memo_dec(p, g, &v);
+        }
+        if (consume(p, parent, &v) < 0) return -1;
+        TAKE(K_FRAMES);
+        break;
+    default:
+        return 0;
+    }
+#undef TAKE
+#undef GET_AT
+    vals[nv] = p->key_val[key];
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    {
+        /* the value in two word stores (its fields are in registers here; five stores were the loop's most) */
+        uint64_t w = (uint64_t)v.kind | (uint64_t)v.key << 8 | (uint64_t)v.pad << 16 | (uint64_t)v.len << 32;
+        memcpy(&vals[nv + 1], &w, 8);
+        memcpy((char *)&vals[nv + 1] + 8, &v.x, 8);
+    }
+#else
+    vals[nv + 1] = v;
+#endif
+    return (long)vl;
+}
+
+/* An event record's pairs from pos on, for as long as each is one of the shapes ev_pair takes and lies with
+ * EV_PAIR_ROOM bytes to spare before stop_at: each into vals[*nv..] and the record (one dispatch a pair where
+ * event_fast's general way has two, and its state in registers). An event's first pairs are tried in the order
+ * torch writes its keys (action, addr, size, stream, time_us, compile_context, user_metadata, frames), each key
+ * checked to be the one expected: the dispatch on the key then folds away (the indirect jump on it was the
+ * walk's most sampled instruction); from the first other key on, the keys are dispatched as read. The bytes
+ * taken (*nv and the record's bits moved on past them), or -1 to give up. */
 static inline __attribute__((always_inline)) long ev_pairs_fast(P *p, size_t pos, size_t stop_at, Val *vals,
                                                                 size_t *nv_, size_t e, Cont *parent, uint16_t *have_,
                                                                 uint16_t *bad_, uint8_t *flags_) {
@@ -1749,11 +1856,11 @@ static inline __attribute__((always_inline)) long ev_pairs_fast(P *p, size_t pos
     const unsigned char *s = s0;
     const uint32_t *const memo = p->memo; /* (neither moves while an event is read) */
     const size_t memo_cap = p->memo_cap;
-    size_t nv = *nv_;
+    size_t nv = *nv_, idx, kl;
     uint16_t have = *have_, bad = *bad_;
     uint8_t flags = *flags_;
-    int rc = 0;
-#define GET_AT(q, IDX, LEN)                                                                                       \
+    long vl = 0;
+#define KEY_AT(q, IDX, LEN)                                                                                       \
     do {                                                                                                          \
         if ((q)[0] == 'j')                                                                                        \
             IDX = rd32((q) + 1), LEN = 5;                                                                         \
@@ -1763,111 +1870,43 @@ static inline __attribute__((always_inline)) long ev_pairs_fast(P *p, size_t pos
             goto done;                                                                                            \
         if (IDX >= memo_cap) goto done;                                                                           \
     } while (0)
-#define TAKE(K)                                                                                                   \
+#define PAIR(K)                                                                                                   \
     do {                                                                                                          \
-        if (event_set(p, e, (K), v, &have, &bad, &flags) < 0) {                                                   \
-            rc = -1;                                                                                              \
-            goto done;                                                                                            \
-        }                                                                                                         \
+        vl = ev_pair(p, memo, memo_cap, (K), s + kl, stop_at, vals, nv, e, parent, &have, &bad, &flags);        \
+        if (vl <= 0) goto done;                                                                                   \
+        s += kl + (size_t)vl;                                                                                     \
+        nv += 2;                                                                                                  \
     } while (0)
-    for (; s <= end && nv + 2 <= EV_FAST_VALS; nv += 2) {
-        size_t idx, kl, vl;
-        GET_AT(s, idx, kl);
+#define EXPECT(K)                                                                                                 \
+    do {                                                                                                          \
+        if (s > end) goto done;                                                                                   \
+        KEY_AT(s, idx, kl);                                                                                       \
+        if (memo[idx] != (MEMO_KEY | (K))) goto any;                                                              \
+        PAIR(K);                                                                                                  \
+    } while (0)
+    if (nv == 0) {
+        EXPECT(K_ACTION);
+        EXPECT(K_ADDR);
+        EXPECT(K_SIZE);
+        EXPECT(K_STREAM);
+        EXPECT(K_TIME);
+        EXPECT(K_CC);
+        EXPECT(K_UM);
+        EXPECT(K_FRAMES);
+    }
+any:
+    while (s <= end && nv + 2 <= EV_FAST_VALS) {
+        KEY_AT(s, idx, kl);
         const uint32_t m = memo[idx];
         if (m - MEMO_KEY >= 32u) goto done; /* a known string (K_* < 32) */
-        const uint8_t key = (uint8_t)m;
-        const unsigned char *t = s + kl; /* the value */
-        Val v = {0};
-        uint32_t g = 0; /* the memo entry of a GET value */
-        switch (key) {
-        case K_ADDR:
-            if (!(vl = int_op(t, &v))) goto done;
-            TAKE(K_ADDR);
-            break;
-        case K_SIZE:
-            if (!(vl = int_op(t, &v))) goto done;
-            TAKE(K_SIZE);
-            break;
-        case K_STREAM:
-            if (!(vl = int_op(t, &v))) goto done;
-            TAKE(K_STREAM);
-            break;
-        case K_TIME:
-            if (t[0] == 'N')
-                v.kind = V_NONE, vl = 1;
-            else if (!(vl = int_op(t, &v)))
-                goto done;
-            TAKE(K_TIME);
-            break;
-        case K_ACTION:
-            GET_AT(t, idx, vl);
-            if ((g = memo[idx]) - MEMO_KEY >= MEMO_SEQ - MEMO_KEY) goto done; /* a known string */
-            memo_dec(p, g, &v);
-            TAKE(K_ACTION);
-            break;
-        case K_UM: /* "": the default (any other text needs a side entry: the general way) */
-            GET_AT(t, idx, vl);
-            if ((g = memo[idx]) != (MEMO_KEY | K_EMPTYSTR)) goto done;
-            memo_dec(p, g, &v);
-            TAKE(K_UM);
-            break;
-        case K_CC: /* "N/A" MEMOIZE: the default, pickled afresh for every event */
-            if (memcmp(t, "\x8c\x03N/A\x94", 6) != 0 || p->key_val[K_NA].kind != V_STR || p->memo_len >= memo_cap ||
-                memo[p->memo_len])
-                goto done;
-            v.kind = V_STR, v.key = K_NA, v.len = 3, v.x = (int64_t)(t + 2 - p->buf), vl = 6;
-            p->memo[p->memo_len++] = MEMO_KEY | K_NA;
-            TAKE(K_CC);
-            break;
-        case K_FRAMES: /* its frames list, without a container (V_SEQ): read before (a GET), or new (span_seq) */
-            if (t[0] == ']') {
-                /* EMPTY_LIST MEMOIZE MARK GETs... APPENDS, as the general way reads it; where span_seq finds
-                 * no sequence, that way asks it again, for the same answer and no change (nothing was made) */
-                size_t q, n;
-                int32_t sid;
-                if (t[1] != 0x94 || t[2] != '(' || p->memo_len >= memo_cap || memo[p->memo_len] ||
-                    p->cn >= MEMO_KEY - 2)
-                    goto done;
-                int found = span_seq(p, (size_t)(t + 3 - p->buf), stop_at, &q, &n, &sid);
-                if (found < 0) {
-                    rc = -1;
-                    goto done;
-                }
-                if (found != 1 || (uint32_t)sid >= MEMO_SEQS) goto done;
-                v.kind = V_SEQ, v.x = sid, vl = q + 1 - (size_t)(t - p->buf);
-                p->memo[p->memo_len++] = MEMO_SEQ | (uint32_t)sid;
-            } else {
-                GET_AT(t, idx, vl);
-                if ((g = memo[idx]) - MEMO_SEQ >= MEMO_EVENT - MEMO_SEQ) goto done;
-                memo_dec(p, g, &v);
-            }
-            if (consume(p, parent, &v) < 0) {
-                rc = -1;
-                goto done;
-            }
-            TAKE(K_FRAMES);
-            break;
-        default:
-            goto done;
-        }
-        vals[nv] = p->key_val[key];
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        {
-            /* the value in two word stores (its fields are in registers here; five stores were the loop's most) */
-            uint64_t w = (uint64_t)v.kind | (uint64_t)v.key << 8 | (uint64_t)v.pad << 16 | (uint64_t)v.len << 32;
-            memcpy(&vals[nv + 1], &w, 8);
-            memcpy((char *)&vals[nv + 1] + 8, &v.x, 8);
-        }
-#else
-        vals[nv + 1] = v;
-#endif
-        s = t + vl;
+        PAIR((uint8_t)m);
     }
-#undef TAKE
-#undef GET_AT
+#undef EXPECT
+#undef PAIR
+#undef KEY_AT
 done:
     *nv_ = nv, *have_ = have, *bad_ = bad, *flags_ = flags;
-    return rc < 0 ? GIVE_UP(-1) : (long)(s - s0);
+    return vl < 0 ? GIVE_UP(-1) : (long)(s - s0);
 }
 
 /* An event dict's items, walked straight into its record: the MARK after an empty, unsealed dict was just
