@@ -1931,19 +1931,24 @@ done:
  * is a V_EVENT pushed, its memo entry MEMO_EVENT | its record; one handed back gets its container
  * then (its index is not the one the general loop gives it: nothing depends on the order of indices),
  * and its memo entry, which nothing read before (a GET of it hands back: its container is then read
- * into itself, which the general loop gives up on). 1: done (p->pos past SETITEMS), 0: handed back
- * (p->pos, p->sn, the marks), -1: give up. */
+ * into itself, which the general loop gives up on). A contless event read whole is followed by the next one
+ * where EMPTY_DICT MEMOIZE MARK GET come next (each pushed as the general loop's calls one by one would push
+ * it). 1: done (p->pos past the last SETITEMS), 0: handed back (p->pos, p->sn, the marks: the events before
+ * it done), -1: give up. */
 static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
     const unsigned char *buf = p->buf;
     Events *ev = &p->ev;
     const int contless = slot != SIZE_MAX;
     const int64_t ci = contless ? -1 : p->stack[p->sn - 1].x;
-    Cont self = {.kind = C_DICT, .depth = 1, .ref = -1}; /* the dict's depth, without a container */
+    Cont self; /* the dict's depth, without a container */
     Val vals[EV_FAST_VALS];
-    size_t nv = 0, at = pos;
-    int64_t e = -1;
-    uint16_t have = 0, bad = 0;
-    uint8_t flags = F_CC_DEFAULT | F_UM_DEFAULT;
+    size_t nv, at;
+    int64_t e;
+    uint16_t have, bad;
+    uint8_t flags;
+next: /* (a contless event, the one before it read whole: see the end) */
+    self = (Cont){.kind = C_DICT, .depth = 1, .ref = -1};
+    nv = 0, at = pos, e = -1, have = 0, bad = 0, flags = F_CC_DEFAULT | F_UM_DEFAULT;
     /* The file's bytes a kilobyte ahead asked into the cache (an event is ~190 bytes: four lines cover it):
      * the walk reads the file once, in order, and stalled on each new line (a quarter of span_seq's samples
      * sat on its first load of the bytes). A prefetch never faults, past the end of the bytes included (an
@@ -2090,6 +2095,16 @@ static int event_fast(P *p, size_t pos, size_t stop_at, size_t slot) {
     }
     p->pos = pos;
     if (p->pf && !(++p->pf_tick & 1023)) pf_publish(p);
+    /* The next event's EMPTY_DICT MEMOIZE MARK and GET right after, taken as op_empty_dict takes them: read here,
+     * not through a return to the general loop, its dispatch and a call again (torch writes up to 1000 events
+     * in a row, between a MARK and their APPENDS) */
+    if (contless && stop_at - pos > 4 && buf[pos] == '}' && buf[pos + 1] == 0x94 && buf[pos + 2] == '(' &&
+        (buf[pos + 3] == 'j' || buf[pos + 3] == 'h') && p->memo_len < p->memo_cap && p->memo[p->memo_len] == 0 &&
+        ev->n < MEMO_EVENTS) {
+        slot = p->memo_len++;
+        pos += 3;
+        goto next;
+    }
     return 1;
 back_at: /* the key just read is handed back unread */
     pos = at;
