@@ -227,8 +227,8 @@ class _ColumnsConverter(Converter):
                 self.charge(sum(int(counts[c]) * self.stack_nodes[sid_of[c]] for c in order if sid_of[c] >= 0))
         else:
             stack = np.full(n, -1, np.int32)
-        if pool_b is None:
-            pool = np.zeros(n, np.int32)
+        if not pools:  # no pool id in the trace: the C side wrote ordinal 0 into every event's place
+            pool = np.frombuffer(pool_b, np.int32)
         else:
             ordinals = np.asarray([self.pool_of(k, where) for k in pools] + [0], np.int32)
             pool = ordinals[np.frombuffer(pool_b, np.int32)]  # -1 (no pool id) takes the trailing 0
