@@ -62,8 +62,9 @@ typedef struct {
  *
  * Every search and shift has a fixed length, so that no branch depends on a list's length or on
  * where a key falls: a chunk's keys past its n entries, and the chunks' last keys past nc, are
- * KMAX (above every key: keys are below 2**125), and a search is a fixed number of halvings
- * (each a compare that sets a step, not a branch) down to eight keys, counted. A chunk's arrays
+ * KMAX (above every key: keys are below 2**125), and a search counts eight keys at a time (count8: a
+ * compare each, none a branch), over the chunks' last keys first at a stride, then side by side (fl_chunk_by),
+ * then in the chunk. A chunk's arrays
  * are twice FCAP long, the upper half always KMAX, so that an insert or delete moves a fixed
  * FCAP entries wherever it falls (the entries past n it moves are KMAX). A branch on the keys
  * or a length there is mispredicted about every other time, and costs more than the few more
@@ -72,6 +73,7 @@ typedef struct {
  * policy passes of the 460 MB trace 339 -> 324 ms, 10 of 10 alternated pairs; 4 was slower than 16).
  * lowerF counts eight keys: FCAP is at least that. */
 #define FCAP 8
+#define LAST_PAD 8 /* KMAX keys past a list's capl last keys: fl_chunk_by's last count may read them */
 _Static_assert(FCAP >= 8 && (FCAP & (FCAP - 1)) == 0, "lowerF counts 8 keys of a power-of-two run");
 /* Keys come in two widths, one per engine call (Engine.w; the loop compiled once per width: BY_WIDTH): the 128-bit packed key
  * (pack_key) Python's lists hold, or a 64-bit one that orders the same blocks the same way, where it
@@ -96,7 +98,8 @@ typedef struct {
 
 typedef struct {
     Chunk **c;
-    void *last; /* each chunk's last key, side by side (KMAX past nc): the search over chunks reads no chunk */
+    void *last; /* each chunk's last key, side by side (KMAX past nc, and LAST_PAD more past capl): the search
+                 * over chunks reads no chunk */
     Chunk *spare; /* the last chunk emptied, kept for the next one needed (a list often empties) */
     size_t nc, capc, capl; /* capl: a power of two, at least FCAP */
     Py_ssize_t n;
@@ -507,15 +510,26 @@ AI int below(const void *a, size_t i, u128 key, int hi_only, int w) {
     return hi_only ? (uint64_t)(k >> 64) < (uint64_t)(key >> 64) : k < key;
 }
 
-/* hi_only (a constant where inlined): key's low half is 0, so a key is below it exactly when its high
- * half is: one 64-bit compare each (an allocation's search key, size << sh, where the size is a
- * multiple of 2**(64 - sh), as rounded sizes are). */
+/* How many of the eight keys at first, first + stride, ... are below key. hi_only (a constant where
+ * inlined): key's low half is 0, so a key is below it exactly when its high half is: one 64-bit compare
+ * each (an allocation's search key, size << sh, where the size is a multiple of 2**(64 - sh), as rounded
+ * sizes are). The compares' carries summed in two chains of four, not the compiler's one of eight: the
+ * count is on every search's path of dependent loads (with fl_chunk_by's stride, the four policy passes
+ * of the 460 MB trace ~253 -> ~241 ms). */
+AI size_t count8(const void *a, size_t first, size_t stride, u128 key, int hi_only, int w) {
+    size_t c0 = 0, c1 = 0;
+    for (size_t i = 0; i < 8; i += 2) {
+        c0 += (size_t)below(a, first + i * stride, key, hi_only, w);
+        c1 += (size_t)below(a, first + (i + 1) * stride, key, hi_only, w);
+    }
+    __asm__("" : "+r"(c0), "+r"(c1)); /* kept apart: the compiler would chain the eight again */
+    return c0 + c1;
+}
+
 AI size_t lowerF(const void *a, u128 key, int hi_only, int w) {
     size_t b = 0;
     for (size_t half = FCAP / 2; half >= 8; half >>= 1) b += (size_t)below(a, b + half - 1, key, hi_only, w) * half;
-    size_t c = 0;
-    for (size_t i = 0; i < 8; i++) c += (size_t)below(a, b + i, key, hi_only, w);
-    return b + c;
+    return b + count8(a, b, 1, key, hi_only, w);
 }
 
 AI const void *chunk_keys(const Chunk *ch, int w) { return w ? (const void *)ch->key64 : (const void *)ch->key; }
@@ -523,12 +537,20 @@ AI const void *last_from(const FList *f, size_t b, int w) {
     return w ? (const void *)((const uint64_t *)f->last + b) : (const void *)((const u128 *)f->last + b);
 }
 
-/* The first chunk whose last key is >= key (nc: none): halvings over the capl (a power of two)
- * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt. */
+/* The first chunk whose last key is >= key (nc: none), over the capl (a power of two) last keys:
+ * halvings down to 64 of them, eight counted at a stride of an eighth (where more than FCAP are left),
+ * then the eight from there (lowerF): two counts of eight keys side by side, where halvings from 64 down
+ * to 8 are three compares each waiting on the last. The final eight may pass capl, into LAST_PAD's KMAX
+ * (where every strided key was below key), and may hold more than the stride left: those are not below
+ * key (the keys are in order, and the strided count ended at one that is not). capl changes rarely: the
+ * lengths are learnt. */
 AI Py_ssize_t fl_chunk_by(const FList *f, u128 key, int hi_only, int w) {
-    size_t b = 0;
-    for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1)
-        b += (size_t)below(f->last, b + half - 1, key, hi_only, w) * half;
+    size_t b = 0, span = f->capl;
+    for (; span > 64; span >>= 1) b += (size_t)below(f->last, b + span / 2 - 1, key, hi_only, w) * (span / 2);
+    if (span > FCAP) {
+        size_t s = span >> 3;
+        b += s * count8(f->last, b + s - 1, s, key, hi_only, w);
+    }
     return (Py_ssize_t)(b + lowerF(last_from(f, b, w), key, hi_only, w));
 }
 
@@ -607,11 +629,11 @@ static int chunk_insert_at(FList *f, size_t at, Chunk *ch, int w) {
     if (grow((void **)&f->c, &f->capc, f->nc + 1, sizeof(Chunk *)) < 0) return -1;
     if (f->nc + 1 > f->capl) { /* doubled, the new half KMAX */
         size_t cap = f->capl ? f->capl * 2 : FCAP;
-        if (cap > ((size_t)PY_SSIZE_T_MAX / kb)) return -1;
-        void *last = PyMem_RawRealloc(f->last, cap * kb);
+        if (cap > ((size_t)PY_SSIZE_T_MAX / kb) - LAST_PAD) return -1;
+        void *last = PyMem_RawRealloc(f->last, (cap + LAST_PAD) * kb);
         if (!last) return -1;
         f->last = last;
-        for (size_t j = f->capl; j < cap; j++) lkey_set(f, j, kmax(w), w);
+        for (size_t j = f->capl; j < cap + LAST_PAD; j++) lkey_set(f, j, kmax(w), w);
         f->capl = cap;
     }
     memmove(f->c + at + 1, f->c + at, (f->nc - at) * sizeof(Chunk *));
