@@ -1023,8 +1023,8 @@ static int freed(Engine *E, int32_t b) {
 /* ------------------------------------------------------------------ malloc */
 
 /* The block's entry stays in the list, at *at: the caller takes it out (take), or moves it to its
- * split remainder's key (split). */
-AI int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at, int w) {
+ * split remainder's key (split). *bsize: the block's size, read off its key (exact at either width). */
+AI int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, int64_t *bsize, Pos *at, int w) {
     *out = -1;
     if (E->gc_on && lk / E->ns == 1) E->gcc++;
     FList *f = &E->fl[lk];
@@ -1046,7 +1046,8 @@ AI int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at, in
     }
     /* the max_split_size filter: config.fit_limit */
     int64_t limit = size < E->fit_mss ? E->fit_mss : size + E->fit_nsr;
-    if (fkey_size(E, pos_key(f, i, w), w) >= limit) return 0;
+    *bsize = fkey_size(E, pos_key(f, i, w), w);
+    if (*bsize >= limit) return 0;
     *out = pos_blk(f, i);
     *at = i;
     return 0;
@@ -1098,9 +1099,10 @@ INSTANCES(int, free_block, (Engine *E, int lk, int32_t b, int32_t *out), E, lk, 
 /* should_split + alloc_found_block (the split rule's two numbers per free list: config.split_rule).
  * at: where b's own entry still is in the free list (get_free_block's find), or NULL (a block from
  * a new segment or mapped pages, in no list): b leaves the list, and the remainder goes into it at
- * its key's place; the one shift of fl_move where both are in one chunk. */
-AI int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at, int w) {
-    int64_t rem = E->b[b].size - size;
+ * its key's place; the one shift of fl_move where both are in one chunk. bsize: b's size (from its key,
+ * where get_free_block found it: the split's test then waits on no load of the block). */
+AI int split(Engine *E, int lk, int32_t b, int64_t bsize, int64_t size, const Pos *at, int w) {
+    int64_t rem = bsize - size;
     E->b[b].state = ST_ALLOC;
     if (!(rem > E->over[lk] && size < E->below[lk])) {
         if (at) fl_delete_at(&E->fl[lk], *at, w);
@@ -1531,12 +1533,12 @@ static int is_transient(const Engine *E, int64_t ev) {
     return lo < E->n_transient && E->transient[lo] == ev;
 }
 
-/* amap.pop(ra) for request k: 1 and the block when present. Where the requests are paired (E->sid), the
+/* amap.pop(ra) for request k (ra: its address, read only where there is no pairing): 1 and the block when present. Where the requests are paired (E->sid), the
  * entry is the slot of the alloc that k frees: amap[ra] is that alloc's block where it was served, and
  * nothing where it failed or no alloc at ra is open (scan_requests: every alloc's address was closed by a
  * free since the alloc before it there, and the model's amap was empty: nothing else puts an entry). */
-static inline int amap_pop(Engine *E, Py_ssize_t k, int64_t ra, int64_t *val) {
-    if (!E->sid) return hm_pop(&E->amap, ra, val, NULL);
+static inline int amap_pop(Engine *E, const Inputs *in, Py_ssize_t k, int64_t *val) {
+    if (!E->sid) return hm_pop(&E->amap, in->raddrs[k], val, NULL);
     int32_t s = E->sid[k];
     if (s < 0) return 0;
     *val = E->slot_blk[s];
@@ -1545,8 +1547,8 @@ static inline int amap_pop(Engine *E, Py_ssize_t k, int64_t ra, int64_t *val) {
 }
 
 /* amap[ra] = b for alloc request k (a new key: the alloc before it at ra was popped). */
-static inline int amap_put(Engine *E, Py_ssize_t k, int64_t ra, int32_t b) {
-    if (!E->sid) return hm_set(&E->amap, ra, b, 0);
+static inline int amap_put(Engine *E, const Inputs *in, Py_ssize_t k, int32_t b) {
+    if (!E->sid) return hm_set(&E->amap, in->raddrs[k], b, 0);
     int32_t s = E->sid[k];
     E->slot_blk[s] = b;
     E->slot_req[s] = k;
@@ -1577,21 +1579,24 @@ static int slots_to_amap(Engine *E, const Inputs *in) {
     return rc;
 }
 
-/* The loop: C state only, no Python object touched (its caller has released the GIL); w: the keys' width. */
+/* The loop: C state only, no Python object touched (its caller has released the GIL); w: the keys' width.
+ * A request's address is read only where it is used (not by the allocs and frees the pairing serves), its
+ * size only by an allocation: the columns are read once each, from memory, and every column left unread
+ * is less streamed past the state the loop keeps in cache. */
 AI int serve_w(Engine *E, const Inputs *in, Vec *failed, int w) {
     for (Py_ssize_t k = 0; k < in->n; k++) {
         long op = (long)in->ops[k];
-        int64_t ra = in->raddrs[k], rs = in->sizes[k];
         int lk = (int)in->lks[k];
         int64_t val;
         int32_t aux, b;
         if (op == E->op_free) { /* free_requested + free_completed */
-            if (!amap_pop(E, k, ra, &val)) continue; /* the model never served this request */
+            if (!amap_pop(E, in, k, &val)) continue; /* the model never served this request */
             TRY(BY_WIDTH(free_block, w, E, lk, (int32_t)val, NULL));
         } else if (op == E->op_alloc || op == E->op_oom) {
             if (op == E->op_oom) E->cur = in->events[k];
+            int64_t rs = in->sizes[k], bsize;
             Pos at;
-            TRY(get_free_block(E, lk, rs, &b, &at, w));
+            TRY(get_free_block(E, lk, rs, &b, &bsize, &at, w));
             const Pos *from = &at;
             if (b < 0) {
                 from = NULL;
@@ -1605,19 +1610,19 @@ AI int serve_w(Engine *E, const Inputs *in, Vec *failed, int w) {
                     continue;
                 }
             }
-            TRY(split(E, lk, b, rs, from, w));
+            TRY(split(E, lk, b, from ? bsize : E->b[b].size, rs, from, w));
             if (op == E->op_alloc) {
-                TRY(amap_put(E, k, ra, b));
+                TRY(amap_put(E, in, k, b));
             } else if (is_transient(E, E->cur)) { /* an OOM the program caught: freed at once */
                 E->counts[C_TRANSIENT]++;
                 TRY(BY_WIDTH(free_block, w, E, lk, b, NULL));
             }
         } else if (op == E->op_free_req) { /* freed, but in use on another stream until completed */
-            if (!amap_pop(E, k, ra, &val)) continue;
+            if (!amap_pop(E, in, k, &val)) continue;
             TRY(hm_set(&E->pend, E->b[val].addr, val, lk));
-            TRY(hm_set(&E->pmap, ra, val, 0));
+            TRY(hm_set(&E->pmap, in->raddrs[k], val, 0));
         } else if (op == E->op_free_done) {
-            if (!hm_pop(&E->pmap, ra, &val, NULL)) continue;
+            if (!hm_pop(&E->pmap, in->raddrs[k], &val, NULL)) continue;
             int64_t pv;
             if (hm_pop(&E->pend, E->b[val].addr, &pv, &aux)) {
                 if (pv != val) DECLINE(E, "two pending frees at one address");
@@ -1625,7 +1630,7 @@ AI int serve_w(Engine *E, const Inputs *in, Vec *failed, int w) {
             }
         } else if (op == E->op_flush) {
             E->cur = in->events[k];
-            TRY(release_cached(E, ra));
+            TRY(release_cached(E, in->raddrs[k]));
         }
     }
     return 0;
