@@ -62,8 +62,9 @@ typedef struct {
  *
  * Every search and shift has a fixed length, so that no branch depends on a list's length or on
  * where a key falls: a chunk's keys past its n entries, and the chunks' last keys past nc, are
- * KMAX (above every key: keys are below 2**125), and a search is a fixed number of halvings
- * (each a compare that sets a step, not a branch) down to eight keys, counted. A chunk's arrays
+ * KMAX (above every key: keys are below 2**125), and a search counts eight keys at a time (count8: a
+ * compare each, none a branch), over the chunks' last keys first at a stride, then side by side (fl_chunk_by),
+ * then in the chunk. A chunk's arrays
  * are twice FCAP long, the upper half always KMAX, so that an insert or delete moves a fixed
  * FCAP entries wherever it falls (the entries past n it moves are KMAX). A branch on the keys
  * or a length there is mispredicted about every other time, and costs more than the few more
@@ -72,8 +73,9 @@ typedef struct {
  * policy passes of the 460 MB trace 339 -> 324 ms, 10 of 10 alternated pairs; 4 was slower than 16).
  * lowerF counts eight keys: FCAP is at least that. */
 #define FCAP 8
+#define LAST_PAD 8 /* KMAX keys past a list's capl last keys: fl_chunk_by's last count may read them */
 _Static_assert(FCAP >= 8 && (FCAP & (FCAP - 1)) == 0, "lowerF counts 8 keys of a power-of-two run");
-/* Keys come in two widths, one per engine call (Engine.w, each list's w): the 128-bit packed key
+/* Keys come in two widths, one per engine call (Engine.w; the loop compiled once per width: BY_WIDTH): the 128-bit packed key
  * (pack_key) Python's lists hold, or a 64-bit one that orders the same blocks the same way, where it
  * fits: (size >> 9) << K64_ADDR | (addr - base) >> 9, base a list's own (its first block's address less
  * 2**44). Half the bytes to move and one compare per key: the four policy passes of the 460 MB trace
@@ -96,11 +98,12 @@ typedef struct {
 
 typedef struct {
     Chunk **c;
-    void *last; /* each chunk's last key, side by side (KMAX past nc): the search over chunks reads no chunk */
+    void *last; /* each chunk's last key, side by side (KMAX past nc, and LAST_PAD more past capl): the search
+                 * over chunks reads no chunk */
     Chunk *spare; /* the last chunk emptied, kept for the next one needed (a list often empties) */
     size_t nc, capc, capl; /* capl: a power of two, at least FCAP */
     Py_ssize_t n;
-    int w, based;       /* w: 64-bit keys (key64, last as uint64_t); based: base set */
+    int based;          /* base set (64-bit keys: key64, last as uint64_t) */
     int64_t base, span; /* 64-bit keys: the addresses [base, base + span) fit */
 } FList;
 
@@ -179,7 +182,7 @@ typedef struct {
     Range *va_free;
     size_t va_n, va_cap;
     const char *declined;
-    int w, misfit; /* w: 64-bit free-list keys (FList.w); misfit: one did not fit, the call runs again in 128 */
+    int w, misfit; /* w: 64-bit free-list keys (BY_WIDTH); misfit: one did not fit, the call runs again in 128 */
     /* how often each path ran (tests assert that the paths they mean to cover ran) */
     int64_t counts[16];
 } Engine;
@@ -403,7 +406,20 @@ static inline int64_t key_size(int sh, u128 key) {
 
 #define AI static inline __attribute__((always_inline))
 
-/* A key of width w (a constant where inlined: 1 for 64 bits), held in a u128 either way. */
+/* The key width, a constant in the loop. Every function that reads or writes keys takes the width w (1: 64
+ * bits) as its last parameter; the loop and the two free-list operations it calls out of line are each
+ * written once, as a body name##_w (always inlined), and compiled twice by INSTANCES, once per width:
+ * name##_64 and name##_128. BY_WIDTH(name, w, ...) calls the instance of width w. The engine chooses the
+ * loop's instance once a call (serve); inside it w is a constant, each width test is folded away and each
+ * instance holds one width's code, where the list's width was tested per operation (the four policy passes
+ * of the 460 MB trace 256 -> 252 ms, 8 of 9 alternated pairs). The rare paths (misses, flushes, GC,
+ * expandable segments) and the import and export pass E->w and test it. */
+#define INSTANCES(ret, name, params, ...)                                                   \
+    static __attribute__((noinline)) ret name##_64 params { return name##_w(__VA_ARGS__, 1); } \
+    static __attribute__((noinline)) ret name##_128 params { return name##_w(__VA_ARGS__, 0); }
+#define BY_WIDTH(name, w, ...) ((w) ? name##_64(__VA_ARGS__) : name##_128(__VA_ARGS__))
+
+/* A key of width w, held in a u128 either way. */
 AI u128 ckey(const Chunk *ch, int j, int w) { return w ? ch->key64[j] : ch->key[j]; }
 AI void ckey_set(Chunk *ch, int j, u128 key, int w) {
     if (w)
@@ -422,9 +438,9 @@ AI u128 kmax(int w) { return w ? KMAX64 : KMAX; }
 AI size_t key_bytes(int w) { return w ? sizeof(uint64_t) : sizeof(u128); }
 
 /* Block k's key in list f, into *out; -1 with E->misfit set where a 64-bit key would not be exact. */
-static inline int bkey(Engine *E, FList *f, int32_t k, u128 *out) {
+AI int bkey(Engine *E, FList *f, int32_t k, u128 *out, int w) {
     int64_t size = E->b[k].size, addr = E->b[k].addr;
-    if (!f->w) {
+    if (!w) {
         *out = pack_key(E->key_mul, size, addr);
         return 0;
     }
@@ -447,27 +463,27 @@ static inline int bkey(Engine *E, FList *f, int32_t k, u128 *out) {
 /* The key a search for blocks of at least size starts at (address part 0): exact in 64 bits too, where
  * every key's size is a multiple of 512 (ceil(size / 512)), and a size past every key that fits searches
  * past them all (KMAX64). */
-static inline u128 size_key(const Engine *E, const FList *f, i128 size) {
-    if (!f->w) return (u128)size << E->sh;
+AI u128 size_key(const Engine *E, i128 size, int w) {
+    if (!w) return (u128)size << E->sh;
     i128 code = (size + 511) >> 9;
     return code >= (i128)K64_SIZES ? KMAX64 : (uint64_t)code << K64_ADDR;
 }
 
 /* A key's size, either width. */
-static inline int64_t fkey_size(const Engine *E, const FList *f, u128 key) {
-    return f->w ? (int64_t)((uint64_t)key >> K64_ADDR << 9) : key_size(E->sh, key);
+AI int64_t fkey_size(const Engine *E, u128 key, int w) {
+    return w ? (int64_t)((uint64_t)key >> K64_ADDR << 9) : key_size(E->sh, key);
 }
 
 /* The 128-bit key (Python's) of a key of f: a 64-bit one rebuilt exactly. */
-static inline u128 full_key(const Engine *E, const FList *f, u128 key) {
-    if (!f->w) return key;
+static inline u128 full_key(const Engine *E, const FList *f, u128 key, int w) {
+    if (!w) return key;
     uint64_t k = (uint64_t)key;
     return pack_key(E->key_mul, (int64_t)(k >> K64_ADDR << 9),
                     f->base + (int64_t)((k & (((uint64_t)1 << K64_ADDR) - 1)) << 9));
 }
 
 static inline int pos_ok(const FList *f, Pos p) { return p.c >= 0 && (size_t)p.c < f->nc; }
-static inline u128 pos_key(const FList *f, Pos p) { return ckey(f->c[p.c], p.j, f->w); }
+AI u128 pos_key(const FList *f, Pos p, int w) { return ckey(f->c[p.c], p.j, w); }
 static inline int32_t pos_blk(const FList *f, Pos p) { return f->c[p.c]->blk[p.j]; }
 
 static inline void pos_next(const FList *f, Pos *p) {
@@ -494,15 +510,26 @@ AI int below(const void *a, size_t i, u128 key, int hi_only, int w) {
     return hi_only ? (uint64_t)(k >> 64) < (uint64_t)(key >> 64) : k < key;
 }
 
-/* hi_only (a constant where inlined): key's low half is 0, so a key is below it exactly when its high
- * half is: one 64-bit compare each (an allocation's search key, size << sh, where the size is a
- * multiple of 2**(64 - sh), as rounded sizes are). */
+/* How many of the eight keys at first, first + stride, ... are below key. hi_only (a constant where
+ * inlined): key's low half is 0, so a key is below it exactly when its high half is: one 64-bit compare
+ * each (an allocation's search key, size << sh, where the size is a multiple of 2**(64 - sh), as rounded
+ * sizes are). The compares' carries summed in two chains of four, not the compiler's one of eight: the
+ * count is on every search's path of dependent loads (with fl_chunk_by's stride, the four policy passes
+ * of the 460 MB trace ~253 -> ~241 ms). */
+AI size_t count8(const void *a, size_t first, size_t stride, u128 key, int hi_only, int w) {
+    size_t c0 = 0, c1 = 0;
+    for (size_t i = 0; i < 8; i += 2) {
+        c0 += (size_t)below(a, first + i * stride, key, hi_only, w);
+        c1 += (size_t)below(a, first + (i + 1) * stride, key, hi_only, w);
+    }
+    __asm__("" : "+r"(c0), "+r"(c1)); /* kept apart: the compiler would chain the eight again */
+    return c0 + c1;
+}
+
 AI size_t lowerF(const void *a, u128 key, int hi_only, int w) {
     size_t b = 0;
     for (size_t half = FCAP / 2; half >= 8; half >>= 1) b += (size_t)below(a, b + half - 1, key, hi_only, w) * half;
-    size_t c = 0;
-    for (size_t i = 0; i < 8; i++) c += (size_t)below(a, b + i, key, hi_only, w);
-    return b + c;
+    return b + count8(a, b, 1, key, hi_only, w);
 }
 
 AI const void *chunk_keys(const Chunk *ch, int w) { return w ? (const void *)ch->key64 : (const void *)ch->key; }
@@ -510,12 +537,20 @@ AI const void *last_from(const FList *f, size_t b, int w) {
     return w ? (const void *)((const uint64_t *)f->last + b) : (const void *)((const u128 *)f->last + b);
 }
 
-/* The first chunk whose last key is >= key (nc: none): halvings over the capl (a power of two)
- * last keys down to FCAP of them, then lowerF. capl changes rarely: the loop's length is learnt. */
+/* The first chunk whose last key is >= key (nc: none), over the capl (a power of two) last keys:
+ * halvings down to 64 of them, eight counted at a stride of an eighth (where more than FCAP are left),
+ * then the eight from there (lowerF): two counts of eight keys side by side, where halvings from 64 down
+ * to 8 are three compares each waiting on the last. The final eight may pass capl, into LAST_PAD's KMAX
+ * (where every strided key was below key), and may hold more than the stride left: those are not below
+ * key (the keys are in order, and the strided count ended at one that is not). capl changes rarely: the
+ * lengths are learnt. */
 AI Py_ssize_t fl_chunk_by(const FList *f, u128 key, int hi_only, int w) {
-    size_t b = 0;
-    for (size_t half = f->capl >> 1; half >= FCAP; half >>= 1)
-        b += (size_t)below(f->last, b + half - 1, key, hi_only, w) * half;
+    size_t b = 0, span = f->capl;
+    for (; span > 64; span >>= 1) b += (size_t)below(f->last, b + span / 2 - 1, key, hi_only, w) * (span / 2);
+    if (span > FCAP) {
+        size_t s = span >> 3;
+        b += s * count8(f->last, b + s - 1, s, key, hi_only, w);
+    }
     return (Py_ssize_t)(b + lowerF(last_from(f, b, w), key, hi_only, w));
 }
 
@@ -531,8 +566,8 @@ AI Pos fl_lower_by(const FList *f, u128 key, int hi_only, int w) {
 
 /* bisect_left: the first entry whose key is >= key; a 128-bit key whose low half is 0 searched on the
  * high halves alone (lowerF). */
-static Pos fl_lower(const FList *f, u128 key) {
-    if (f->w) return fl_lower_by(f, key, 0, 1);
+AI Pos fl_lower(const FList *f, u128 key, int w) {
+    if (w) return fl_lower_by(f, key, 0, 1);
     return (uint64_t)key ? fl_lower_by(f, key, 0, 0) : fl_lower_by(f, key, 1, 0);
 }
 
@@ -570,7 +605,7 @@ AI void chunk_add(Chunk *ch, int j, u128 key, int32_t blk, int w) {
     ch->n++;
 }
 
-static Chunk *chunk_new(FList *f) {
+static Chunk *chunk_new(FList *f, int w) {
     Chunk *ch = f->spare;
     if (ch) {
         f->spare = NULL;
@@ -578,7 +613,7 @@ static Chunk *chunk_new(FList *f) {
         return NULL;
     }
     ch->n = 0;
-    for (int j = 0; j < 2 * FCAP; j++) ckey_set(ch, j, kmax(f->w), f->w);
+    for (int j = 0; j < 2 * FCAP; j++) ckey_set(ch, j, kmax(w), w);
     return ch;
 }
 
@@ -589,17 +624,16 @@ static void chunk_drop(FList *f, Chunk *ch) {
         f->spare = ch;
 }
 
-static int chunk_insert_at(FList *f, size_t at, Chunk *ch) {
-    int w = f->w;
+static int chunk_insert_at(FList *f, size_t at, Chunk *ch, int w) {
     size_t kb = key_bytes(w);
     if (grow((void **)&f->c, &f->capc, f->nc + 1, sizeof(Chunk *)) < 0) return -1;
     if (f->nc + 1 > f->capl) { /* doubled, the new half KMAX */
         size_t cap = f->capl ? f->capl * 2 : FCAP;
-        if (cap > ((size_t)PY_SSIZE_T_MAX / kb)) return -1;
-        void *last = PyMem_RawRealloc(f->last, cap * kb);
+        if (cap > ((size_t)PY_SSIZE_T_MAX / kb) - LAST_PAD) return -1;
+        void *last = PyMem_RawRealloc(f->last, (cap + LAST_PAD) * kb);
         if (!last) return -1;
         f->last = last;
-        for (size_t j = f->capl; j < cap; j++) lkey_set(f, j, kmax(w), w);
+        for (size_t j = f->capl; j < cap + LAST_PAD; j++) lkey_set(f, j, kmax(w), w);
         f->capl = cap;
     }
     memmove(f->c + at + 1, f->c + at, (f->nc - at) * sizeof(Chunk *));
@@ -613,9 +647,9 @@ static int chunk_insert_at(FList *f, size_t at, Chunk *ch) {
 /* Insert at the key's bisect_left place; the block's chunk noted in the arena (Blk.at). */
 AI int fl_put_w(FList *f, u128 key, int32_t blk, Blk *arena, int w) {
     if (!f->nc) {
-        Chunk *ch = chunk_new(f);
+        Chunk *ch = chunk_new(f, w);
         if (!ch) return -1;
-        if (chunk_insert_at(f, 0, ch) < 0) {
+        if (chunk_insert_at(f, 0, ch, w) < 0) {
             chunk_drop(f, ch);
             return -1;
         }
@@ -624,12 +658,12 @@ AI int fl_put_w(FList *f, u128 key, int32_t blk, Blk *arena, int w) {
     if ((size_t)c == f->nc) c--; /* past every key: the end of the last chunk */
     Chunk *ch = f->c[c];
     if (ch->n == FCAP) { /* split the full chunk in two halves */
-        Chunk *hi = chunk_new(f);
+        Chunk *hi = chunk_new(f, w);
         if (!hi) return -1;
         hi->n = FCAP / 2;
         for (int j = 0; j < FCAP / 2; j++) ckey_set(hi, j, ckey(ch, FCAP / 2 + j, w), w);
         memcpy(hi->blk, ch->blk + FCAP / 2, (FCAP / 2) * sizeof(int32_t));
-        if (chunk_insert_at(f, (size_t)c + 1, hi) < 0) {
+        if (chunk_insert_at(f, (size_t)c + 1, hi, w) < 0) {
             chunk_drop(f, hi);
             return -1;
         }
@@ -649,11 +683,9 @@ AI int fl_put_w(FList *f, u128 key, int32_t blk, Blk *arena, int w) {
     return 0;
 }
 
-static int fl_put(FList *f, u128 key, int32_t blk, Blk *arena) {
-    return f->w ? fl_put_w(f, key, blk, arena, 1) : fl_put_w(f, key, blk, arena, 0);
-}
+INSTANCES(int, fl_put, (FList *f, u128 key, int32_t blk, Blk *arena), f, key, blk, arena)
 
-AI void fl_delete_at_w(FList *f, Pos p, int w) {
+AI void fl_delete_at(FList *f, Pos p, int w) {
     Chunk *ch = f->c[p.c];
     chunk_cut(ch, p.j, w);
     f->n--;
@@ -670,20 +702,13 @@ AI void fl_delete_at_w(FList *f, Pos p, int w) {
     }
 }
 
-AI void fl_delete_at(FList *f, Pos p) {
-    if (f->w)
-        fl_delete_at_w(f, p, 1);
-    else
-        fl_delete_at_w(f, p, 0);
-}
-
 /* The entry at p replaced by (key, blk) at key's bisect_left place: fl_delete_at(p) then fl_put,
  * without the search over the chunks where key's place is in p's chunk (the usual case: a split's
  * remainder, a block merged with its neighbour, mostly even at the same place): every key of the
  * chunks before is below key, and the next chunk's first key is not. Where the place is another
  * entry, the chunk's entries from j move down one and those from the place up one: two fixed-length
  * moves, no memmove call. */
-AI int fl_move_w(FList *f, Pos p, u128 key, int32_t blk, Blk *arena, int w) {
+AI int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena, int w) {
     Chunk *ch = f->c[p.c];
     int n = ch->n, j = p.j;
     /* whether key's place is in p's chunk, as one branch: each test's parts and both neighbours read
@@ -703,17 +728,13 @@ AI int fl_move_w(FList *f, Pos p, u128 key, int32_t blk, Blk *arena, int w) {
         lkey_set(f, (size_t)p.c, ckey(ch, n - 1, w), w);
         return 0;
     }
-    fl_delete_at_w(f, p, w);
-    return fl_put_w(f, key, blk, arena, w);
+    fl_delete_at(f, p, w);
+    return BY_WIDTH(fl_put, w, f, key, blk, arena);
 }
 
-AI int fl_move(FList *f, Pos p, u128 key, int32_t blk, Blk *arena) {
-    return f->w ? fl_move_w(f, p, key, blk, arena, 1) : fl_move_w(f, p, key, blk, arena, 0);
-}
-
-static void fl_clear(FList *f) {
+static void fl_clear(FList *f, int w) {
     for (size_t c = 0; c < f->nc; c++) chunk_drop(f, f->c[c]);
-    for (size_t c = 0; c < f->nc; c++) lkey_set(f, c, kmax(f->w), f->w);
+    for (size_t c = 0; c < f->nc; c++) lkey_set(f, c, kmax(w), w);
     f->nc = 0;
     f->n = 0;
 }
@@ -734,10 +755,10 @@ static int now_free(Engine *E, int32_t k) {
 }
 
 /* _insert: into free list lk at its key's place (bisect_left), state free, GC age stamped. */
-static int fl_insert(Engine *E, int lk, int32_t k) {
+AI int fl_insert(Engine *E, int lk, int32_t k, int w) {
     u128 key;
-    TRY(bkey(E, &E->fl[lk], k, &key));
-    TRY(fl_put(&E->fl[lk], key, k, E->b));
+    TRY(bkey(E, &E->fl[lk], k, &key, w));
+    TRY(BY_WIDTH(fl_put, w, &E->fl[lk], key, k, E->b));
     return now_free(E, k);
 }
 
@@ -765,9 +786,9 @@ static inline int chunk_index(const Chunk *ch, int32_t k) {
  * (Blk.at: no search of the keys, one compare of the chunk's blocks; a chunk split or emptied since
  * may have moved it), taken where k is there under its key with no equal key before it, which is
  * what the search would find; else the search. */
-AI int fl_find_w(Engine *E, FList *f, int32_t k, Pos *at, int w) {
+AI int fl_find(Engine *E, FList *f, int32_t k, Pos *at, int w) {
     u128 key;
-    TRY(bkey(E, f, k, &key));
+    TRY(bkey(E, f, k, &key, w));
     int32_t c = E->b[k].at;
     if (c >= 0 && (size_t)c < f->nc) {
         const Chunk *ch = f->c[c];
@@ -778,20 +799,16 @@ AI int fl_find_w(Engine *E, FList *f, int32_t k, Pos *at, int w) {
             return 0;
         }
     }
-    Pos p = w ? fl_lower_by(f, key, 0, 1) : fl_lower(f, key);
+    Pos p = fl_lower(f, key, w);
     if (!pos_ok(f, p) || pos_blk(f, p) != k) DECLINE(E, "a free list does not hold the block its key names");
     *at = p;
     return 0;
 }
 
-AI int fl_find(Engine *E, FList *f, int32_t k, Pos *at) {
-    return f->w ? fl_find_w(E, f, k, at, 1) : fl_find_w(E, f, k, at, 0);
-}
-
-static int fl_remove(Engine *E, int lk, int32_t k) {
+static int fl_remove(Engine *E, int lk, int32_t k) { /* the rare paths' */
     Pos p;
-    TRY(fl_find(E, &E->fl[lk], k, &p));
-    fl_delete_at(&E->fl[lk], p);
+    TRY(fl_find(E, &E->fl[lk], k, &p, E->w));
+    fl_delete_at(&E->fl[lk], p, E->w);
     E->b[k].state = ST_ALLOC;
     return 0;
 }
@@ -1006,12 +1023,12 @@ static int freed(Engine *E, int32_t b) {
 /* ------------------------------------------------------------------ malloc */
 
 /* The block's entry stays in the list, at *at: the caller takes it out (take), or moves it to its
- * split remainder's key (split). */
-static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at) {
+ * split remainder's key (split). *bsize: the block's size, read off its key (exact at either width). */
+AI int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, int64_t *bsize, Pos *at, int w) {
     *out = -1;
     if (E->gc_on && lk / E->ns == 1) E->gcc++;
     FList *f = &E->fl[lk];
-    Pos i = fl_lower(f, size_key(E, f, size));
+    Pos i = fl_lower(f, size_key(E, size, w), w);
     if (!pos_ok(f, i)) return 0;
     if (E->exp) { /* best fit by "free block + the unmapped range after it" (_grown) */
         int32_t c = pos_blk(f, i), nb = E->b[c].next;
@@ -1029,7 +1046,8 @@ static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at
     }
     /* the max_split_size filter: config.fit_limit */
     int64_t limit = size < E->fit_mss ? E->fit_mss : size + E->fit_nsr;
-    if (fkey_size(E, f, pos_key(f, i)) >= limit) return 0;
+    *bsize = fkey_size(E, pos_key(f, i, w), w);
+    if (*bsize >= limit) return 0;
     *out = pos_blk(f, i);
     *at = i;
     return 0;
@@ -1038,13 +1056,13 @@ static int get_free_block(Engine *E, int lk, int64_t size, int32_t *out, Pos *at
 /* free_block: merge with free neighbours, back into the free list; the merged block. The
  * neighbours' entries leave the list in _remove's order (the one before, then the one after), and the
  * last one found is moved to the merged block's key (fl_move: one shift where both are in a chunk). */
-static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
+AI int free_block_w(Engine *E, int lk, int32_t b, int32_t *out, int w) {
     FList *f = &E->fl[lk];
     Pos at;
     int found = 0; /* at: the entry of a merged neighbour, still in the list */
     int32_t p = E->b[b].prev;
     if (p >= 0 && E->b[p].state == ST_FREE) {
-        TRY(fl_find(E, f, p, &at));
+        TRY(fl_find(E, f, p, &at, w));
         found = 1;
         int32_t n = E->b[b].next;
         E->b[p].next = n;
@@ -1055,8 +1073,8 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
     }
     int32_t n = E->b[b].next;
     if (n >= 0 && E->b[n].state == ST_FREE) {
-        if (found) fl_delete_at(f, at);
-        TRY(fl_find(E, f, n, &at));
+        if (found) fl_delete_at(f, at, w);
+        TRY(fl_find(E, f, n, &at, w));
         found = 1;
         int32_t nn = E->b[n].next;
         E->b[b].next = nn;
@@ -1066,25 +1084,28 @@ static int free_block(Engine *E, int lk, int32_t b, int32_t *out) {
     }
     if (found) {
         u128 key;
-        TRY(bkey(E, f, b, &key));
-        TRY(fl_move(f, at, key, b, E->b));
+        TRY(bkey(E, f, b, &key, w));
+        TRY(fl_move(f, at, key, b, E->b, w));
         TRY(now_free(E, b));
     } else {
-        TRY(fl_insert(E, lk, b));
+        TRY(fl_insert(E, lk, b, w));
     }
     if (out) *out = b;
     return 0;
 }
 
+INSTANCES(int, free_block, (Engine *E, int lk, int32_t b, int32_t *out), E, lk, b, out)
+
 /* should_split + alloc_found_block (the split rule's two numbers per free list: config.split_rule).
  * at: where b's own entry still is in the free list (get_free_block's find), or NULL (a block from
  * a new segment or mapped pages, in no list): b leaves the list, and the remainder goes into it at
- * its key's place; the one shift of fl_move where both are in one chunk. */
-static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
-    int64_t rem = E->b[b].size - size;
+ * its key's place; the one shift of fl_move where both are in one chunk. bsize: b's size (from its key,
+ * where get_free_block found it: the split's test then waits on no load of the block). */
+AI int split(Engine *E, int lk, int32_t b, int64_t bsize, int64_t size, const Pos *at, int w) {
+    int64_t rem = bsize - size;
     E->b[b].state = ST_ALLOC;
     if (!(rem > E->over[lk] && size < E->below[lk])) {
-        if (at) fl_delete_at(&E->fl[lk], *at);
+        if (at) fl_delete_at(&E->fl[lk], *at, w);
         return 0;
     }
     int32_t n = E->b[b].next;
@@ -1093,10 +1114,10 @@ static int split(Engine *E, int lk, int32_t b, int64_t size, const Pos *at) {
     link_prev(E, n, r);
     E->b[b].next = r;
     E->b[b].size = size;
-    if (!at) return fl_insert(E, lk, r);
+    if (!at) return fl_insert(E, lk, r, w);
     u128 key;
-    TRY(bkey(E, &E->fl[lk], r, &key));
-    TRY(fl_move(&E->fl[lk], *at, key, r, E->b));
+    TRY(bkey(E, &E->fl[lk], r, &key, w));
+    TRY(fl_move(&E->fl[lk], *at, key, r, E->b, w));
     return now_free(E, r);
 }
 
@@ -1140,7 +1161,7 @@ static int release_available(Engine *E, int lk, int64_t size) {
     E->counts[C_AVAIL]++;
     FList *f = &E->fl[lk];
     i128 want = (i128)size > E->mss ? (i128)size : E->mss;
-    Pos i = fl_lower(f, size_key(E, f, want));
+    Pos i = fl_lower(f, size_key(E, want, E->w), E->w);
     if (pos_ok(f, i) && !E->exp) {
         int32_t b = pos_blk(f, i);
         if (E->b[b].prev < 0 && E->b[b].next < 0) {
@@ -1155,7 +1176,7 @@ static int release_available(Engine *E, int lk, int64_t size) {
     i128 released = 0;
     Pos j = i;
     for (pos_prev(f, &j); released < want && j.c >= 0; pos_prev(f, &j)) {
-        int64_t ksize = fkey_size(E, f, pos_key(f, j));
+        int64_t ksize = fkey_size(E, pos_key(f, j, E->w), E->w);
         if ((i128)ksize < E->mss) break;
         int32_t b = pos_blk(f, j);
         if (!E->exp && E->b[b].prev < 0 && E->b[b].next < 0) {
@@ -1186,12 +1207,12 @@ static int release_pool(Engine *E, int bp) {
                 if (vec_push(&todo, lk) < 0 || vec_push(&todo, all.v[j]) < 0) goto out;
             continue;
         }
-        fl_clear(f); /* and the kept ones back, in the same order */
+        fl_clear(f, E->w); /* and the kept ones back, in the same order */
         for (size_t j = 0; j < all.n; j++) {
             int32_t b = (int32_t)all.v[j];
             if (E->b[b].prev >= 0 || E->b[b].next >= 0) {
                 u128 key;
-                if (bkey(E, f, b, &key) < 0 || fl_put(f, key, b, E->b) < 0) goto out;
+                if (bkey(E, f, b, &key, E->w) < 0 || BY_WIDTH(fl_put, E->w, f, key, b, E->b) < 0) goto out;
                 continue;
             }
             E->b[b].state = ST_ALLOC;
@@ -1228,7 +1249,7 @@ static int release_cached(Engine *E, int64_t upto) {
         PyMem_RawFree(order);
         for (size_t k = 0; rc == 0 && k + 1 < pairs.n; k += 2) {
             E->counts[C_PEND_SYNCED]++;
-            rc = free_block(E, (int)pairs.v[k + 1], (int32_t)pairs.v[k], NULL);
+            rc = BY_WIDTH(free_block, E->w, E, (int)pairs.v[k + 1], (int32_t)pairs.v[k], NULL);
         }
         PyMem_RawFree(pairs.v);
         TRY(rc);
@@ -1375,7 +1396,7 @@ static int map_pages(Engine *E, int lk, int32_t u, int64_t size, int32_t *out) {
     }
     /* The newly mapped pages are a free block like any other: merge as a free does. */
     E->b[u].state = ST_ALLOC;
-    TRY(free_block(E, lk, u, out));
+    TRY(BY_WIDTH(free_block, E->w, E, lk, u, out));
     grew(E, mapped);
     return record(E, E->seg_map, mapped);
 }
@@ -1413,7 +1434,7 @@ static int unmap(Engine *E, int lk, int32_t b) {
         u = new_block(E, usize, ustart, b, -1, ST_UNMAPPED);
         if (u < 0) return -1;
         E->b[b].next = u;
-        TRY(fl_insert(E, lk, b));
+        TRY(fl_insert(E, lk, b, E->w));
     } else {
         u = b;
         E->b[u].size = usize;
@@ -1424,7 +1445,7 @@ static int unmap(Engine *E, int lk, int32_t b) {
         if (w < 0) return -1;
         link_prev(E, nxt, w);
         E->b[u].next = w;
-        TRY(fl_insert(E, lk, w));
+        TRY(fl_insert(E, lk, w, E->w));
     } else {
         E->b[u].next = nxt;
         link_prev(E, nxt, u);
@@ -1512,12 +1533,12 @@ static int is_transient(const Engine *E, int64_t ev) {
     return lo < E->n_transient && E->transient[lo] == ev;
 }
 
-/* amap.pop(ra) for request k: 1 and the block when present. Where the requests are paired (E->sid), the
+/* amap.pop(ra) for request k (ra: its address, read only where there is no pairing): 1 and the block when present. Where the requests are paired (E->sid), the
  * entry is the slot of the alloc that k frees: amap[ra] is that alloc's block where it was served, and
  * nothing where it failed or no alloc at ra is open (scan_requests: every alloc's address was closed by a
  * free since the alloc before it there, and the model's amap was empty: nothing else puts an entry). */
-static inline int amap_pop(Engine *E, Py_ssize_t k, int64_t ra, int64_t *val) {
-    if (!E->sid) return hm_pop(&E->amap, ra, val, NULL);
+static inline int amap_pop(Engine *E, const Inputs *in, Py_ssize_t k, int64_t *val) {
+    if (!E->sid) return hm_pop(&E->amap, in->raddrs[k], val, NULL);
     int32_t s = E->sid[k];
     if (s < 0) return 0;
     *val = E->slot_blk[s];
@@ -1526,8 +1547,8 @@ static inline int amap_pop(Engine *E, Py_ssize_t k, int64_t ra, int64_t *val) {
 }
 
 /* amap[ra] = b for alloc request k (a new key: the alloc before it at ra was popped). */
-static inline int amap_put(Engine *E, Py_ssize_t k, int64_t ra, int32_t b) {
-    if (!E->sid) return hm_set(&E->amap, ra, b, 0);
+static inline int amap_put(Engine *E, const Inputs *in, Py_ssize_t k, int32_t b) {
+    if (!E->sid) return hm_set(&E->amap, in->raddrs[k], b, 0);
     int32_t s = E->sid[k];
     E->slot_blk[s] = b;
     E->slot_req[s] = k;
@@ -1558,21 +1579,24 @@ static int slots_to_amap(Engine *E, const Inputs *in) {
     return rc;
 }
 
-/* The loop: C state only, no Python object touched (its caller has released the GIL). */
-static int serve(Engine *E, const Inputs *in, Vec *failed) {
+/* The loop: C state only, no Python object touched (its caller has released the GIL); w: the keys' width.
+ * A request's address is read only where it is used (not by the allocs and frees the pairing serves), its
+ * size only by an allocation: the columns are read once each, from memory, and every column left unread
+ * is less streamed past the state the loop keeps in cache. */
+AI int serve_w(Engine *E, const Inputs *in, Vec *failed, int w) {
     for (Py_ssize_t k = 0; k < in->n; k++) {
         long op = (long)in->ops[k];
-        int64_t ra = in->raddrs[k], rs = in->sizes[k];
         int lk = (int)in->lks[k];
         int64_t val;
         int32_t aux, b;
         if (op == E->op_free) { /* free_requested + free_completed */
-            if (!amap_pop(E, k, ra, &val)) continue; /* the model never served this request */
-            TRY(free_block(E, lk, (int32_t)val, NULL));
+            if (!amap_pop(E, in, k, &val)) continue; /* the model never served this request */
+            TRY(BY_WIDTH(free_block, w, E, lk, (int32_t)val, NULL));
         } else if (op == E->op_alloc || op == E->op_oom) {
             if (op == E->op_oom) E->cur = in->events[k];
+            int64_t rs = in->sizes[k], bsize;
             Pos at;
-            TRY(get_free_block(E, lk, rs, &b, &at));
+            TRY(get_free_block(E, lk, rs, &b, &bsize, &at, w));
             const Pos *from = &at;
             if (b < 0) {
                 from = NULL;
@@ -1586,31 +1610,33 @@ static int serve(Engine *E, const Inputs *in, Vec *failed) {
                     continue;
                 }
             }
-            TRY(split(E, lk, b, rs, from));
+            TRY(split(E, lk, b, from ? bsize : E->b[b].size, rs, from, w));
             if (op == E->op_alloc) {
-                TRY(amap_put(E, k, ra, b));
+                TRY(amap_put(E, in, k, b));
             } else if (is_transient(E, E->cur)) { /* an OOM the program caught: freed at once */
                 E->counts[C_TRANSIENT]++;
-                TRY(free_block(E, lk, b, NULL));
+                TRY(BY_WIDTH(free_block, w, E, lk, b, NULL));
             }
         } else if (op == E->op_free_req) { /* freed, but in use on another stream until completed */
-            if (!amap_pop(E, k, ra, &val)) continue;
+            if (!amap_pop(E, in, k, &val)) continue;
             TRY(hm_set(&E->pend, E->b[val].addr, val, lk));
-            TRY(hm_set(&E->pmap, ra, val, 0));
+            TRY(hm_set(&E->pmap, in->raddrs[k], val, 0));
         } else if (op == E->op_free_done) {
-            if (!hm_pop(&E->pmap, ra, &val, NULL)) continue;
+            if (!hm_pop(&E->pmap, in->raddrs[k], &val, NULL)) continue;
             int64_t pv;
             if (hm_pop(&E->pend, E->b[val].addr, &pv, &aux)) {
                 if (pv != val) DECLINE(E, "two pending frees at one address");
-                TRY(free_block(E, lk, (int32_t)val, NULL));
+                TRY(BY_WIDTH(free_block, w, E, lk, (int32_t)val, NULL));
             }
         } else if (op == E->op_flush) {
             E->cur = in->events[k];
-            TRY(release_cached(E, ra));
+            TRY(release_cached(E, in->raddrs[k]));
         }
     }
     return 0;
 }
+
+INSTANCES(int, serve, (Engine *E, const Inputs *in, Vec *failed), E, in, failed)
 
 /* ------------------------------------------------------------------ parameters */
 
@@ -2114,13 +2140,13 @@ static int import_lists(Engine *E, Interner *I, PyObject *model) {
                 if (w == 0) {
                     FList *f = &E->fl[lk];
                     u128 key;
-                    if (bkey(E, f, b, &key) < 0) goto out;
-                    if (f->nc && lkey(f, f->nc - 1, f->w) >= key) {
+                    if (bkey(E, f, b, &key, E->w) < 0) goto out;
+                    if (f->nc && lkey(f, f->nc - 1, E->w) >= key) {
                         E->declined = "a free list out of order";
                         goto out;
                     }
                     int8_t st = E->b[b].state;
-                    if (fl_insert(E, lk, b) < 0) goto out; /* appends: the list is sorted */
+                    if (fl_insert(E, lk, b, E->w) < 0) goto out; /* appends: the list is sorted */
                     E->b[b].state = st;
                 } else {
                     UList *u = &E->ul[lk];
@@ -2272,8 +2298,6 @@ static int import_model(Engine *E, PyObject *model) {
     int rc = -1;
     E->fl = PyMem_RawCalloc(E->nl ? E->nl : 1, sizeof(FList));
     E->ul = PyMem_RawCalloc(E->nl ? E->nl : 1, sizeof(UList));
-    if (E->fl)
-        for (int lk = 0; lk < E->nl; lk++) E->fl[lk].w = E->w;
     if (!E->fl || !E->ul) {
         PyErr_NoMemory();
         goto out;
@@ -2453,7 +2477,7 @@ static int export_lists(Engine *E, PyObject **objs, int which, PyObject **keys_o
         PyList_SET_ITEM(keys, lk, kl);
         PyList_SET_ITEM(blks, lk, bl);
         for (Py_ssize_t j = 0; j < n; j++) {
-            PyObject *key = which ? PyLong_FromLongLong(E->ul[lk].addr[j]) : from_u128(full_key(E, &E->fl[lk], pos_key(&E->fl[lk], p)));
+            PyObject *key = which ? PyLong_FromLongLong(E->ul[lk].addr[j]) : from_u128(full_key(E, &E->fl[lk], pos_key(&E->fl[lk], p, E->w), E->w));
             if (!key) goto fail;
             PyList_SET_ITEM(kl, j, key);
             PyObject *b = blk_ref(E, objs, which ? E->ul[lk].blk[j] : pos_blk(&E->fl[lk], p));
@@ -2554,7 +2578,7 @@ static void engine_free(Engine *E) {
     PyMem_RawFree(E->freeslots.v);
     if (E->fl)
         for (int lk = 0; lk < E->nl; lk++) {
-            fl_clear(&E->fl[lk]);
+            fl_clear(&E->fl[lk], E->w);
             PyMem_RawFree(E->fl[lk].spare);
             PyMem_RawFree(E->fl[lk].c);
             PyMem_RawFree(E->fl[lk].last);
@@ -2601,7 +2625,7 @@ static PyObject *policy_engine_w(PyObject *model, PyObject *pdict, int w, int *m
         for (int32_t s = 0; s < E.nslots; s++) E.slot_blk[s] = -1;
     }
     Py_BEGIN_ALLOW_THREADS /* the policy replays of one report run in threads side by side (report.py) */
-    served = serve(&E, &in, &failed_at);
+    served = BY_WIDTH(serve, E.w, &E, &in, &failed_at);
     if (served == 0 && E.sid) served = slots_to_amap(&E, &in);
     Py_END_ALLOW_THREADS
     if (served < 0) goto declined;

@@ -779,6 +779,40 @@ def test_each_kind_of_misfit_runs_on_128_bits(monkeypatch: pytest.MonkeyPatch) -
         assert bits == [64]
 
 
+def _long_list_run(seed: int) -> tuple[Any, ...]:
+    """Hundreds to thousands of free blocks in one list (allocations that fill segments, every other one
+    freed: no two free blocks touch), then random allocations searching it and frees."""
+    rng = random.Random(seed)  # noqa: S311 - a reproducible stream, not a secret
+    cfg = AllocatorConfig()
+    m = _Model(cfg, None, 1, [0], {}, ([], [], []), "driver")
+    n = rng.choice((300, 900, 2500, 6000))
+    ops = [_OP_ALLOC] * n + [_OP_FREE] * (n // 2)
+    handles = list(range(n)) + list(range(0, n, 2))[: n // 2]
+    sizes = [cfg.round_size(rng.randrange(1, 200_000)) for _ in range(n)] + [0] * (n // 2)
+    live = list(range(1, n, 2))
+    for k in range(n, n + 3 * n):
+        if rng.random() < 0.5 or not live:
+            ops.append(_OP_ALLOC)
+            handles.append(k)
+            sizes.append(cfg.round_size(rng.randrange(1, 400_000)))
+            live.append(k)
+        else:
+            ops.append(_OP_FREE)
+            handles.append(live.pop(rng.randrange(len(live))))
+            sizes.append(0)
+    events = list(range(len(ops)))
+    return m.run(events, ops, handles, sizes, [0] * len(ops)), _model_state(m)
+
+
+def test_long_free_lists_are_searched_alike_at_both_widths(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The search over a list's chunks halves down to 64 of them, counts eight at a stride, then eight
+    # side by side (fl_chunk_by): lists of 40 to 400 chunks, at both key widths, as the Python loop.
+    for seed in range(8):
+        ref, fast, wide, bits = _three_ways(partial(_long_list_run, seed), monkeypatch)
+        assert fast == ref == wide, seed
+        assert bits == [64], seed
+
+
 def _pairing(action: np.ndarray, addr: np.ndarray) -> tuple[list[int], list[int], bool, bool]:
     """alloc_lifetimes' starts and ends, and trace_is_complete's alternation under both frees."""
     from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED
