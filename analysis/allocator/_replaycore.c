@@ -1859,6 +1859,61 @@ done:
     return out;
 }
 
+/* distinct_count(values) -> int: how many distinct values a 1-D int64 array holds (model.sorted_unique's size),
+ * by a hash set that grows as they come: it holds the distinct values alone (the 460 MB trace's 446k large
+ * request sizes: 6,730, a table of 128 KB that stays in cache), where the sort took 19-23 ms on this VM (its
+ * vectorised quicksort slows on many equal values). */
+static PyObject *distinct_count(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (b.itemsize != 8 || b.ndim != 1 || !b.format || (strcmp(b.format, "l") && strcmp(b.format, "q"))) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "distinct_count: the values are not a 1-D int64 array");
+        return NULL;
+    }
+    const int64_t *v = b.buf;
+    Py_ssize_t n = b.len / 8;
+    size_t cap = 1024, len = 0;
+    int bits = 10, empty_seen = 0; /* MAP_EMPTY marks a free entry: that value itself is counted apart */
+    int64_t *t = PyMem_Malloc(cap * sizeof(int64_t));
+    if (!t) {
+        PyBuffer_Release(&b);
+        return PyErr_NoMemory();
+    }
+    for (size_t j = 0; j < cap; j++) t[j] = MAP_EMPTY;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t x = v[i];
+        if (x == MAP_EMPTY) {
+            empty_seen = 1;
+            continue;
+        }
+        size_t mask = cap - 1, j = (size_t)(((uint64_t)x * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+        while (t[j] != x && t[j] != MAP_EMPTY) j = (j + 1) & mask;
+        if (t[j] == x) continue;
+        t[j] = x;
+        if (++len * 2 <= cap) continue;
+        int64_t *old = t; /* more than half full: twice the entries */
+        size_t old_cap = cap;
+        cap *= 2, bits++, mask = cap - 1;
+        if (!(t = PyMem_Malloc(cap * sizeof(int64_t)))) {
+            PyMem_Free(old);
+            PyBuffer_Release(&b);
+            return PyErr_NoMemory();
+        }
+        for (size_t k = 0; k < cap; k++) t[k] = MAP_EMPTY;
+        for (size_t k = 0; k < old_cap; k++) {
+            if (old[k] == MAP_EMPTY) continue;
+            size_t h = (size_t)(((uint64_t)old[k] * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+            while (t[h] != MAP_EMPTY) h = (h + 1) & mask;
+            t[h] = old[k];
+        }
+        PyMem_Free(old);
+    }
+    PyMem_Free(t);
+    PyBuffer_Release(&b);
+    return PyLong_FromSize_t(len + (size_t)empty_seen);
+}
+
 PyObject *oomscope_policy_engine(PyObject *self, PyObject *args); /* _policycore.c */
 PyObject *oomscope_policy_scan(PyObject *self, PyObject *args);   /* _policycore.c */
 
@@ -1867,6 +1922,7 @@ static PyMethodDef methods[] = {
     {"policy_scan", oomscope_policy_scan, METH_VARARGS, "the checks', the size table's and the frees' pairing pass over policy_engine's requests (_policycore.c)."},
     {"recorded_core", recorded_core, METH_VARARGS, "replayer._Replayer's state and loop (see analysis/allocator/compiled.py)."},
     {"alloc_ends", alloc_ends, METH_VARARGS, "stacks.alloc_lifetimes' pairing of each alloc with its end; whether allocs and frees alternate."},
+    {"distinct_count", distinct_count, METH_O, "how many distinct values a 1-D int64 array holds."},
     {"block_order", block_order, METH_VARARGS, "eventorder.check_event_order's block events: the first out of order, in one pass."},
     {NULL, NULL, 0, NULL},
 };

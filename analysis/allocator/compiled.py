@@ -1,6 +1,6 @@
 """The compiled replay loops: when they run, and their hand-over from the Python loops.
 
-``analysis.allocator._replaycore`` (C) holds four of them:
+``analysis.allocator._replaycore`` (C) holds four of them, and a count:
 
 - The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
   compiled into the same module): ``cachemodel._Model.run`` on C state. It reads the model's state once
@@ -31,6 +31,8 @@
   alloc and free against the one before it at its address, from a map of each address's last
   event, where the reference sorts them by address; it names the same first wrong pair. The same
   pass pairs the allocs as ``alloc_ends`` does and keeps the answer for it: the check runs first.
+- And one count, ``distinct_count`` (the advisor's count of distinct large request sizes): a hash set
+  where the reference, ``model.sorted_unique``, sorts them.
 
 The two replays take every number of the allocator's rules from the Python caller
 (``AllocatorConfig.split_rule``, ``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``,
@@ -294,6 +296,14 @@ def _remember_pairing(columns: tuple[Any, Any, Any], free: int, out: Any, altern
     _PAIRED.clear()
     _PAIRED[key] = (*refs, answer)
     return answer
+
+
+def distinct_count(values: Any) -> int | None:
+    """How many distinct values a 1-D integer array holds (``model.sorted_unique(values).size``), by the
+    compiled hash set; None where the loops are off (the caller's sort answers)."""
+    if not wanted():
+        return None
+    return int(_replaycore.distinct_count(np.ascontiguousarray(values, np.int64)))
 
 
 def first_block_out_of_order(
