@@ -1859,6 +1859,120 @@ done:
     return out;
 }
 
+/* request_ops(act, addr, codes, flushes, op) -> requests: requests._stream_of's op column in one pass, where numpy
+ * made it in some fifteen passes over the trace's masks. ``codes``: 10 bytes, the actions alloc, free_requested,
+ * free_completed and oom, then the ops (requests._OP_*) alloc, free, free_requested, free_completed, oom and
+ * flush. Each event's op, -1 for none: an alloc's, an oom's; a free_requested followed at
+ * once by its block's free_completed (the same address) is one free, the completion none; another
+ * free_requested or free_completed its own op; where the trace has only one kind of free (skip_actions), each
+ * is a free. ``flushes``: int64 events whose op becomes a flush (the user's empty_cache() bursts). Returns
+ * how many events have an op. */
+static PyObject *request_ops(PyObject *self, PyObject *args) {
+    PyObject *act_o, *addr_o, *fl_o, *op_o;
+    const char *codes;
+    Py_ssize_t ncodes;
+    if (!PyArg_ParseTuple(args, "OOy#OO", &act_o, &addr_o, &codes, &ncodes, &fl_o, &op_o)) return NULL;
+    if (ncodes != 10) return PyErr_Format(PyExc_ValueError, "request_ops: codes is not 10 bytes");
+    Py_buffer act, addr = {0}, fl = {0}, op = {0};
+    PyObject *out = NULL;
+    if (PyObject_GetBuffer(act_o, &act, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t n = act.len;
+    if (act.itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "request_ops: the action column is not one byte per event");
+        goto done;
+    }
+    if (in_column(addr_o, &addr, n) < 0) goto done;
+    if (PyObject_GetBuffer(fl_o, &fl, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    if (fl.itemsize != 8 || !fl.format || (strcmp(fl.format, "l") && strcmp(fl.format, "q"))) {
+        PyErr_SetString(PyExc_ValueError, "request_ops: the flushes are not int64");
+        goto done;
+    }
+    if (PyObject_GetBuffer(op_o, &op, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (op.itemsize != 1 || op.len != n) {
+        PyErr_SetString(PyExc_ValueError, "request_ops: the op column is not one byte per event");
+        goto done;
+    }
+    const signed char *a = act.buf;
+    const int64_t *ad = addr.buf, *f = fl.buf;
+    signed char *o = op.buf;
+    const signed char A = codes[0], FR = codes[1], FC = codes[2], OOMC = codes[3], OP_A = codes[4], FREE = codes[5],
+                      OP_FR = codes[6], OP_FC = codes[7], OP_OOM = codes[8], FLUSH = codes[9];
+    int has_fr = memchr(a, FR, (size_t)n) != NULL, has_fc = memchr(a, FC, (size_t)n) != NULL;
+    /* each kind's op: a lone free_requested's, a free_completed's that no pair holds */
+    const signed char op_fr = has_fc ? OP_FR : FREE, op_fc = has_fr ? OP_FC : FREE;
+    signed char tab[256]; /* each action's op, a paired free_requested's apart */
+    memset(tab, -1, sizeof tab);
+    tab[(unsigned char)A] = OP_A, tab[(unsigned char)FR] = op_fr, tab[(unsigned char)FC] = op_fc;
+    tab[(unsigned char)OOMC] = OP_OOM;
+    Py_ssize_t m = 0;
+    int held = 0; /* the event before was a free_requested paired with this one: no op of its own */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        signed char x = a[i], v = held ? -1 : tab[(unsigned char)x];
+        held = 0;
+        if (x == FR && has_fc && i + 1 < n && a[i + 1] == FC && ad[i + 1] == ad[i]) v = FREE, held = 1;
+        o[i] = v;
+        m += v >= 0;
+    }
+    Py_ssize_t nf = fl.len / 8;
+    for (Py_ssize_t k = 0; k < nf; k++) {
+        if (f[k] < 0 || f[k] >= n) {
+            PyErr_Format(PyExc_IndexError, "request_ops: flush at event %lld outside the trace", (long long)f[k]);
+            goto done;
+        }
+        m += o[f[k]] < 0;
+        o[f[k]] = FLUSH;
+    }
+    out = PyLong_FromSsize_t(m);
+done:
+    if (op.obj) PyBuffer_Release(&op);
+    if (fl.obj) PyBuffer_Release(&fl);
+    if (addr.obj) PyBuffer_Release(&addr);
+    PyBuffer_Release(&act);
+    return out;
+}
+
+/* request_select(op, addr, sel, ops, raddr): the events with an op (request_ops'), in trace order, into
+ * ``sel`` (int64), their ops (int8) and recorded addresses (int64), each as long as request_ops' count:
+ * numpy's flatnonzero and two gathers, in one pass. */
+static PyObject *request_select(PyObject *self, PyObject *args) {
+    PyObject *op_o, *addr_o, *sel_o, *ops_o, *ra_o;
+    if (!PyArg_ParseTuple(args, "OOOOO", &op_o, &addr_o, &sel_o, &ops_o, &ra_o)) return NULL;
+    Py_buffer op, addr = {0}, sel = {0}, ops = {0}, ra = {0};
+    PyObject *out = NULL;
+    if (PyObject_GetBuffer(op_o, &op, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t n = op.len, m = 0;
+    if (op.itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "request_select: the op column is not one byte per event");
+        goto done;
+    }
+    if (in_column(addr_o, &addr, n) < 0) goto done;
+    const signed char *o = op.buf;
+    for (Py_ssize_t i = 0; i < n; i++) m += o[i] >= 0;
+    if (out_column(sel_o, &sel, m) < 0 || out_column(ra_o, &ra, m) < 0) goto done;
+    if (PyObject_GetBuffer(ops_o, &ops, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (ops.itemsize != 1 || ops.len != m) {
+        PyErr_SetString(PyExc_ValueError, "request_select: the ops column is not one byte per request");
+        goto done;
+    }
+    int64_t *s = sel.buf, *r = ra.buf;
+    const int64_t *ad = addr.buf;
+    signed char *q = ops.buf;
+    Py_ssize_t last = n - 1; /* the last event with an op: up to it every write lands below m */
+    while (last >= 0 && o[last] < 0) last--;
+    for (Py_ssize_t i = 0, k = 0; i <= last; i++) { /* each event written, kept where it has an op: no branch */
+        s[k] = i, q[k] = o[i], r[k] = ad[i];
+        k += o[i] >= 0;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    if (ra.obj) PyBuffer_Release(&ra);
+    if (ops.obj) PyBuffer_Release(&ops);
+    if (sel.obj) PyBuffer_Release(&sel);
+    if (addr.obj) PyBuffer_Release(&addr);
+    PyBuffer_Release(&op);
+    return out;
+}
+
 /* distinct_count(values) -> int: how many distinct values a 1-D int64 array holds (model.sorted_unique's size),
  * by a hash set that grows as they come: it holds the distinct values alone (the 460 MB trace's 446k large
  * request sizes: 6,730, a table of 128 KB that stays in cache), where the sort took 19-23 ms on this VM (its
@@ -1922,6 +2036,8 @@ static PyMethodDef methods[] = {
     {"policy_scan", oomscope_policy_scan, METH_VARARGS, "the checks', the size table's and the frees' pairing pass over policy_engine's requests (_policycore.c)."},
     {"recorded_core", recorded_core, METH_VARARGS, "replayer._Replayer's state and loop (see analysis/allocator/compiled.py)."},
     {"alloc_ends", alloc_ends, METH_VARARGS, "stacks.alloc_lifetimes' pairing of each alloc with its end; whether allocs and frees alternate."},
+    {"request_ops", request_ops, METH_VARARGS, "requests._stream_of's op column in one pass."},
+    {"request_select", request_select, METH_VARARGS, "the events with an op, their ops and addresses, in one pass."},
     {"distinct_count", distinct_count, METH_O, "how many distinct values a 1-D int64 array holds."},
     {"block_order", block_order, METH_VARARGS, "eventorder.check_event_order's block events: the first out of order, in one pass."},
     {NULL, NULL, 0, NULL},

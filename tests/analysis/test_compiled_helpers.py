@@ -1,12 +1,14 @@
-"""The compiled count of distinct values (``compiled.distinct_count``) against its reference, the sort's."""
+"""The compiled helpers of numpy passes against their references: the count of distinct values
+(``compiled.distinct_count``, the sort's) and the request stream's op column (``compiled.request_stream``,
+``requests._ops_of``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from analysis.allocator import compiled
-from analysis.model import sorted_unique
+from analysis.allocator import compiled, requests
+from analysis.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, SEGMENT_FREE, sorted_unique
 from analysis.stages.workload import _distinct
 
 pytestmark = pytest.mark.skipif(not compiled.wanted(), reason="the compiled loops are off")
@@ -35,3 +37,24 @@ def test_the_advisor_reads_the_same_count_either_way(monkeypatch: pytest.MonkeyP
     assert _distinct(values) == 5000
     monkeypatch.setenv(compiled.ENV_VAR, "python")
     assert compiled.distinct_count(values) is None and _distinct(values) == 5000
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_request_stream_is_numpys(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    kinds = [ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, SEGMENT_FREE]
+    if seed % 4 == 1:  # skip_actions: one kind of free only
+        kinds.remove(FREE_COMPLETED)
+    elif seed % 4 == 2:
+        kinds.remove(FREE_REQUESTED)
+    act = rng.choice(kinds, n).astype(np.int8)
+    addr = rng.integers(0, 4, n).astype(np.int64) * 512  # few addresses: pairs at the same one and not
+    flushes = (
+        np.unique(rng.integers(0, max(n, 1), int(rng.integers(0, 3)))).astype(np.int64) if n else np.zeros(0, np.int64)
+    )
+    got = compiled.request_stream(act, addr, requests._STREAM_CODES, flushes)
+    assert got is not None
+    for mine, ref in zip(got, requests._ops_of(act, addr, flushes), strict=True):
+        assert mine.dtype == ref.dtype
+        np.testing.assert_array_equal(mine, ref)
