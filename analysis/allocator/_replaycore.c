@@ -103,9 +103,8 @@ typedef struct {
  * a few hundred entries, so at 1/8 they still fit in L2 (a few hundred KB in all), and a probe mostly
  * finds its key or its empty slot first. At 1/2 (1.6 probes a search on the 460 MB trace; 1.08 at 1/8)
  * the probe loop's exit was mispredicted often enough to cost 40% of the recorded replay's pass
- * (87 -> 49 ms CPU). A map that holds every address of the trace (block_order's) keeps 1/2. */
+ * (87 -> 49 ms CPU). A map that holds every address of the trace (block_order's AddrMap) keeps 1/2. */
 #define MAP_SPARSE_LIVE 3
-#define MAP_SPARSE_ALL 1
 
 typedef struct {
     int64_t *v;
@@ -1749,6 +1748,67 @@ static int in_i32(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
     return 0;
 }
 
+/* block_order's map of every address the trace names (the 460 MB trace: 77k) to its slot value: each key beside
+ * its value in one 16-byte entry, so that an event's probe and its value share a cache line, where Map's keys
+ * and values (two columns of 2 MB each at that size, past L2) cost two misses an event. Linear probing at a
+ * load of at most 1/2; ``at`` (the last event, read with ``lanes``) a column of its own, by entry. */
+typedef struct {
+    int64_t k, v;
+} Entry;
+
+typedef struct {
+    Entry *e;
+    int64_t *at; /* NULL: not kept */
+    size_t cap, len;
+    int shift;
+} AddrMap;
+
+static int am_init(AddrMap *m, size_t cap, int with_at) {
+    int bits = 0;
+    while (((size_t)1 << bits) < cap) bits++;
+    m->cap = cap, m->len = 0, m->shift = 64 - bits;
+    m->e = PyMem_Malloc(cap * sizeof(Entry));
+    m->at = with_at ? PyMem_Malloc(cap * sizeof(int64_t)) : NULL;
+    if (!m->e || (with_at && !m->at)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t j = 0; j < cap; j++) m->e[j].k = MAP_EMPTY;
+    return 0;
+}
+
+static void am_free(AddrMap *m) {
+    PyMem_Free(m->e);
+    PyMem_Free(m->at);
+    m->e = NULL, m->at = NULL;
+}
+
+/* The entry of ``key``, or the empty one where it would go. */
+static inline size_t am_probe(const AddrMap *m, int64_t key) {
+    size_t mask = m->cap - 1, j = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> m->shift);
+    while (m->e[j].k != key && m->e[j].k != MAP_EMPTY) j = (j + 1) & mask;
+    return j;
+}
+
+/* Twice the entries, once the table is more than half full. 0 / -1. */
+static int am_grow(AddrMap *m) {
+    AddrMap old = *m;
+    if (am_init(m, old.cap * 2, old.at != NULL) < 0) {
+        am_free(m);
+        *m = old;
+        return -1;
+    }
+    for (size_t j = 0; j < old.cap; j++) {
+        if (old.e[j].k == MAP_EMPTY) continue;
+        size_t i = am_probe(m, old.e[j].k);
+        m->e[i] = old.e[j];
+        if (m->at) m->at[i] = old.at[j];
+    }
+    m->len = old.len;
+    am_free(&old);
+    return 0;
+}
+
 /* The last block event before ``i`` at ``i``'s address (one is: the map holds it), found by a scan back: only for
  * the pair block_order refuses, since its map keeps each address's last kind and open alloc, not the event. */
 static int64_t block_before(const signed char *a, const int64_t *ad, Py_ssize_t i) {
@@ -1765,9 +1825,10 @@ static int64_t block_before(const signed char *a, const int64_t *ad, Py_ssize_t 
  * first wrong pair it meets is the one with the earliest ``cur``, the one the reference (a stable sort by
  * address) refuses. The map holds, for every address the trace names (in a caching allocator's trace, few),
  * its last block event's kind and the alloc open there in one value (``(open + 1) << 2 | kind``), and with
- * ``lanes`` that event in the slot's ``s`` (its pool and stream are compared): one int64 read and written
+ * ``lanes`` that event in the entry's ``at`` (its pool and stream are compared): one int64 read and written
  * per event where the event itself, its kind read back from the action column and the open alloc took
- * three places in memory (the 460 MB trace's 2.4M events: 33 -> 31 ms, alternated). A refused pair's
+ * three places in memory (the 460 MB trace's 2.4M events: 33 -> 31 ms, alternated), beside its key in one
+ * entry (AddrMap: 23 -> 19 ms, the check's three alternated sittings' fastest of 25). A refused pair's
  * earlier event without ``lanes`` is found by a scan back (block_before). None where an address is the
  * map's empty key, met before any wrong pair (the reference answers then).
  * The same pass pairs the allocs as alloc_ends does (``alloc``, ``free``: the pairing's codes, both block
@@ -1795,7 +1856,7 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(act_o, &act, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     Py_ssize_t n = act.len;
     PyObject *out = NULL;
-    Map last = {0};
+    AddrMap last = {0};
     Pairing pr;
     if (act.itemsize != 1) {
         PyBuffer_Release(&act);
@@ -1812,7 +1873,7 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
     const signed char *a = act.buf, *nxt = (const signed char *)next_kind;
     const int64_t *ad = addr.buf;
     const int32_t *st = stream.buf, *pl = pool.buf;
-    if (map_init(&last, 1024, MAP_SPARSE_ALL) < 0) goto done;
+    if (am_init(&last, 1024, lanes) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (a[i] < 0 || a[i] > 2) continue;
         if (ad[i] == MAP_EMPTY) { /* declined where met: every pair before it was in order */
@@ -1820,14 +1881,15 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
             Py_INCREF(out);
             goto done;
         }
-        Py_ssize_t j = map_find(&last, ad[i]);
+        size_t j = am_probe(&last, ad[i]);
         int64_t open = -1;
-        if (j >= 0) {
-            int64_t slot = last.v[j];
+        int seen = last.e[j].k == ad[i];
+        if (seen) {
+            int64_t slot = last.e[j].v;
             int kind_wrong = a[i] != nxt[slot & 3];
-            int lane_wrong = lanes && a[i] != 0 && (pl[i] != pl[last.s[j]] || st[i] != st[last.s[j]]);
+            int lane_wrong = lanes && a[i] != 0 && (pl[i] != pl[last.at[j]] || st[i] != st[last.at[j]]);
             if (kind_wrong || lane_wrong) {
-                int64_t p = lanes ? last.s[j] : block_before(a, ad, i);
+                int64_t p = lanes ? last.at[j] : block_before(a, ad, i);
                 out = Py_BuildValue("((LLO)O)", (long long)i, (long long)p, kind_wrong ? Py_True : Py_False,
                                     Py_False);
                 goto done;
@@ -1837,19 +1899,17 @@ static PyObject *block_order(PyObject *self, PyObject *args) {
         if (a[i] == alloc || a[i] == free_code) {
             if (pair_event(&pr, &open, a[i] == alloc, i, "block_order") < 0) goto done;
         }
-        int64_t slot = ((open + 1) << 2) | a[i];
-        if (j >= 0) {
-            last.v[j] = slot;
-        } else {
-            if (map_set(&last, ad[i], slot) < 0) goto done;
-            if (lanes) j = map_find(&last, ad[i]); /* a new address: few, so found again rather than returned */
+        last.e[j].v = ((open + 1) << 2) | a[i];
+        if (lanes) last.at[j] = i;
+        if (!seen) {
+            last.e[j].k = ad[i];
+            if (++last.len * 2 > last.cap && am_grow(&last) < 0) goto done;
         }
-        if (lanes) last.s[j] = i;
     }
     if (pairing_done(&pr, "block_order") < 0) goto done;
     out = Py_BuildValue("(()O)", pr.alternates ? Py_True : Py_False);
 done:
-    if (last.k) map_free(&last);
+    am_free(&last);
     if (cols.obj) PyBuffer_Release(&cols);
     if (size.obj) PyBuffer_Release(&size);
     if (pool.obj) PyBuffer_Release(&pool);
