@@ -402,11 +402,10 @@ class Lifetimes:
         which ``addr`` is gathered when first read."""
         if addr is None and trace_addr is None:
             raise ValueError("Lifetimes: addr or trace_addr")
-        for name, value in (("start", start), ("end", end), ("_addr", addr), ("size", size), ("stack", stack)):
+        fields: dict[str, object] = {"start": start, "end": end, "_addr": addr, "size": size, "stack": stack}
+        fields |= {"n_events": n_events, "end_rank": end_rank, "live_after": live_after, "_trace_addr": trace_addr}
+        for name, value in fields.items():
             object.__setattr__(self, name, value)
-        for name, value in (("n_events", n_events), ("end_rank", end_rank), ("live_after", live_after)):
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_trace_addr", trace_addr)
 
     @property
     def addr(self) -> npt.NDArray[np.int64]:
