@@ -58,3 +58,23 @@ def test_the_request_stream_is_numpys(seed: int) -> None:
     for mine, ref in zip(got, requests._ops_of(act, addr, flushes), strict=True):
         assert mine.dtype == ref.dtype
         np.testing.assert_array_equal(mine, ref)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_peak_without_the_cut_halves_is_numpys(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from analysis.stages.outline import Live
+    from analysis.stages.workload import _peak_without
+
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 3000))
+    size = rng.integers(0, 1 << 40, m).astype(np.int64)
+    end_rank = np.minimum(np.arange(1, m + 1) + rng.integers(0, 50, m), m).astype(np.int64)
+    end_rank[rng.random(m) < 0.2] = m  # live at the end
+    live = Live(np.cumsum(size) - rng.integers(0, 1 << 30, m), end_rank)
+    cut = rng.random(m) < rng.random()
+    cut[int(rng.integers(0, m))] = True
+    halves = size >> 1
+    got = _peak_without(live, halves, cut)
+    assert compiled.peak_without(live.after, live.end_rank, halves, cut) == got
+    monkeypatch.setenv(compiled.ENV_VAR, "python")
+    assert _peak_without(live, halves, cut) == got
