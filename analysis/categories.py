@@ -326,11 +326,12 @@ def private_pool_allocations(lifetimes: Lifetimes, trace: Trace, final: list[Seg
     ``segment_alloc``/``segment_map`` at the segment's address; before the trace: -1). A graph's pool
     lives as long as its graph: pools freed before the dump are not known this way.
     """
-    start, addr = lifetimes.start, lifetimes.addr
+    start = lifetimes.start
     out: Mask = trace.pool[start] != 0 if start.size else np.zeros(0, bool)
     private = sorted((s.address, s.address + s.total_size) for s in final if s.pool != 0)
     if not private or not start.size:
         return out
+    addr = lifetimes.addr  # gathered when first read (stacks.Lifetimes): only where a private segment is
     lo = np.array([p[0] for p in private], np.int64)
     hi = np.array([p[1] for p in private], np.int64)
     made = np.full(lo.shape[0], -1, np.int64)

@@ -1,6 +1,6 @@
 """The compiled replay loops: when they run, and their hand-over from the Python loops.
 
-``analysis.allocator._replaycore`` (C) holds four of them:
+``analysis.allocator._replaycore`` (C) holds four of them, and three helpers:
 
 - The allocator model's whole replay, ``policy_engine`` (``analysis/allocator/_policycore.c``,
   compiled into the same module): ``cachemodel._Model.run`` on C state. It reads the model's state once
@@ -31,6 +31,10 @@
   alloc and free against the one before it at its address, from a map of each address's last
   event, where the reference sorts them by address; it names the same first wrong pair. The same
   pass pairs the allocs as ``alloc_ends`` does and keeps the answer for it: the check runs first.
+- And three helpers of numpy passes: ``request_stream`` (``requests._stream_of``'s op column and the
+  requests it selects, in two passes where numpy made some twenty), ``distinct_count`` (the advisor's
+  count of distinct large request sizes: a hash set where ``model.sorted_unique`` sorts) and
+  ``peak_without`` (the AMP estimate's peak with some allocations halved, in two passes).
 
 The two replays take every number of the allocator's rules from the Python caller
 (``AllocatorConfig.split_rule``, ``fit_limit``'s ``max_split_size`` and ``max_non_split_rounding_size``,
@@ -294,6 +298,42 @@ def _remember_pairing(columns: tuple[Any, Any, Any], free: int, out: Any, altern
     _PAIRED.clear()
     _PAIRED[key] = (*refs, answer)
     return answer
+
+
+def peak_without(after: Any, end_rank: Any, halves: Any, cut: Any) -> int | None:
+    """``workload._peak_without``'s peak of live requested bytes with the ``cut`` allocations' ``halves`` gone
+    (``after``, ``end_rank``: ``outline.Live``'s), in two compiled passes; None where the loops are off."""
+    if not wanted():
+        return None
+    columns = (np.ascontiguousarray(after, np.int64), np.ascontiguousarray(end_rank, np.int64))
+    got: int = _replaycore.peak_without(
+        *columns, np.ascontiguousarray(halves, np.int64), np.ascontiguousarray(cut, bool)
+    )
+    return got
+
+
+def distinct_count(values: Any) -> int | None:
+    """How many distinct values a 1-D integer array holds (``model.sorted_unique(values).size``), by the
+    compiled hash set; None where the loops are off (the caller's sort answers)."""
+    if not wanted():
+        return None
+    return int(_replaycore.distinct_count(np.ascontiguousarray(values, np.int64)))
+
+
+def request_stream(action: Any, addr: Any, codes: bytes, flushes: Any) -> tuple[Any, Any, Any, Any] | None:
+    """``requests._stream_of``'s op column (``codes``: the actions alloc, free_requested, free_completed and
+    oom, then its op codes alloc, free, free_requested, free_completed, oom and flush; ``flushes``: the events
+    whose op is a flush) and the requests it selects: (op, events, ops, addresses), two compiled passes where
+    numpy made some twenty; None where the loops are off (the caller's numpy answers)."""
+    if not wanted():
+        return None
+    action = np.ascontiguousarray(action, np.int8)
+    addr = np.ascontiguousarray(addr, np.int64)
+    op = np.empty(action.shape[0], np.int8)
+    m = _replaycore.request_ops(action, addr, codes, np.ascontiguousarray(flushes, np.int64), op)
+    sel, ops, raddr = np.empty(m, np.int64), np.empty(m, np.int8), np.empty(m, np.int64)
+    _replaycore.request_select(op, addr, sel, ops, raddr)
+    return op, sel, ops, raddr
 
 
 def first_block_out_of_order(

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analysis.allocator import compiled
 from analysis.allocator.bursts import Burst, bursts_of
 from analysis.allocator.config import (
     AllocatorConfig,
@@ -69,22 +70,9 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[Burst], pools: 
     malloc_flushes = tuple((b.start, b.request) for b in bursts if b.synced)
     act = t.action
     addr = t.addr
-    is_fr = act == FREE_REQUESTED
-    is_fc = act == FREE_COMPLETED
-    paired, completes = _free_pairing(is_fr, is_fc, addr)
-    # Each event's op + 1 (0: none): the five kinds are disjoint, so their codes add up. Masked stores
-    # of each kind into a column of -1 took 0.02 s of the 460 MB trace, these int8 passes a fifth of it.
-    op = _op_code(act == ALLOC, _OP_ALLOC)
-    op += _op_code(paired, _OP_FREE)
-    op += _op_code(is_fr & ~paired, _OP_FREE_REQ)
-    op += _op_code(is_fc & ~(completes | paired), _OP_FREE_DONE)
-    op += _op_code(act == OOM, _OP_OOM)
-    op -= 1
-    for start, _end in user:
-        op[start] = _OP_FLUSH
-    sel = np.flatnonzero(op >= 0)
-    ops = op[sel]
-    raddr = addr[sel]
+    flushes = np.array([start for start, _end in user], np.int64)
+    got = compiled.request_stream(act, addr, _STREAM_CODES, flushes)
+    op, sel, ops, raddr = got if got is not None else _ops_of(act, addr, flushes)
     if user:  # a flush carries the end of its burst instead of an address
         pos = np.searchsorted(sel, [start for start, _end in user])
         raddr[pos] = [end for _start, end in user]
@@ -116,6 +104,31 @@ def _stream_of(snapshot: Snapshot, dev: DeviceData, bursts: list[Burst], pools: 
     if not (ns == 1 and len(snapshot.pools) == 1):
         lane = _lanes(pools, t.stream, sel, ns)
     return sel, ops, raddr.astype(np.int64, copy=False), lane
+
+
+# request_stream's codes: the actions it reads, then the ops it writes (compiled.request_stream).
+_STREAM_CODES = bytes(
+    [ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, _OP_ALLOC, _OP_FREE, _OP_FREE_REQ, _OP_FREE_DONE, _OP_OOM, _OP_FLUSH]
+)
+
+
+def _ops_of(act: npt.NDArray[np.int8], addr: I64, flushes: I64) -> tuple[npt.NDArray[np.int8], I64, Any, I64]:
+    """Each event's op (-1: none; ``flushes``: events made a flush) and the requests it selects: their events,
+    ops and recorded addresses (``compiled.request_stream``'s reference)."""
+    is_fr = act == FREE_REQUESTED
+    is_fc = act == FREE_COMPLETED
+    paired, completes = _free_pairing(is_fr, is_fc, addr)
+    # Each event's op + 1 (0: none): the five kinds are disjoint, so their codes add up. Masked stores
+    # of each kind into a column of -1 took 0.02 s of the 460 MB trace, these int8 passes a fifth of it.
+    op = _op_code(act == ALLOC, _OP_ALLOC)
+    op += _op_code(paired, _OP_FREE)
+    op += _op_code(is_fr & ~paired, _OP_FREE_REQ)
+    op += _op_code(is_fc & ~(completes | paired), _OP_FREE_DONE)
+    op += _op_code(act == OOM, _OP_OOM)
+    op -= 1
+    op[flushes] = _OP_FLUSH
+    sel = np.flatnonzero(op >= 0)
+    return op, sel, op[sel], addr[sel]
 
 
 def _free_pairing(

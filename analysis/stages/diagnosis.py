@@ -84,7 +84,7 @@ def device_phases(snapshot: Snapshot, facts: Facts, catalog: StackCatalog, attri
         attribution.opt_end,
         frameless=attribution.frameless,
         private=attribution.private,
-        in_window=attribution.windows[0],
+        in_window=attribution.in_window,
     )
 
 

@@ -285,3 +285,11 @@ def test_the_address_map_grows_and_keeps_each_addresss_last_event(monkeypatch: p
     z = np.zeros(wrong_act.shape[0], np.int32)
     n = act.shape[0]
     assert compiled.first_block_out_of_order(wrong_act, wrong_ad, z, z, nxt, False) == (n, last, True)
+    # With lanes, the grown table keeps each address's last event too: a free on another stream than its
+    # alloc's, both after the growth, is refused against that alloc.
+    lane_act = np.r_[act, np.array([ALLOC, FREE_REQUESTED], np.int8)]
+    lane_ad = np.r_[ad, np.array([(n_addr + 5) << 12] * 2, np.int64)]
+    stream = np.zeros(lane_act.shape[0], np.int32)
+    stream[-1] = 1
+    pools = np.zeros(lane_act.shape[0], np.int32)
+    assert compiled.first_block_out_of_order(lane_act, lane_ad, stream, pools, nxt, True) == (n + 1, n, False)
