@@ -1736,6 +1736,20 @@ static inline __attribute__((always_inline)) size_t int_op(const unsigned char *
  * with LONG1's 8-byte load past its length byte. */
 #define EV_PAIR_ROOM 24
 
+/* A memo reference at q (BINGET 'h' with a one-byte index, LONG_BINGET 'j' with four): its index into IDX, its
+ * length into LEN; FAIL (the caller's way out of its fast path) where q is none or its index lies past the memo.
+ * A macro, not a function: the two callers leave by a return and by a goto. */
+#define MEMO_AT(q, IDX, LEN, FAIL)                                                                                \
+    do {                                                                                                          \
+        if ((q)[0] == 'j')                                                                                        \
+            IDX = rd32((q) + 1), LEN = 5;                                                                         \
+        else if ((q)[0] == 'h')                                                                                   \
+            IDX = (q)[1], LEN = 2;                                                                                \
+        else                                                                                                      \
+            FAIL;                                                                                                 \
+        if (IDX >= memo_cap) FAIL;                                                                                \
+    } while (0)
+
 /* The value of one pair of event record e (its key `key`, a GET just read; its value at t), where it is one of the
  * shapes torch writes (an int for addr, size, stream and time_us, or None for time_us; a GET of a known string
  * for action, of "" for user_metadata, of an event's frames list read before for frames; "N/A" MEMOIZE for
@@ -1749,16 +1763,7 @@ static inline __attribute__((always_inline)) long ev_pair(P *p, const uint32_t *
     size_t idx, vl;
     Val v = {0};
     uint32_t g = 0; /* the memo entry of a GET value */
-#define GET_AT(q, IDX, LEN)                                                                                       \
-    do {                                                                                                          \
-        if ((q)[0] == 'j')                                                                                        \
-            IDX = rd32((q) + 1), LEN = 5;                                                                         \
-        else if ((q)[0] == 'h')                                                                                   \
-            IDX = (q)[1], LEN = 2;                                                                                \
-        else                                                                                                      \
-            return 0;                                                                                             \
-        if (IDX >= memo_cap) return 0;                                                                            \
-    } while (0)
+#define GET_AT(q, IDX, LEN) MEMO_AT(q, IDX, LEN, return 0)
 #define TAKE(K)                                                                                                   \
     do {                                                                                                          \
         if (event_set(p, e, (K), v, have, bad, flags) < 0) return -1;                                             \
@@ -1862,16 +1867,7 @@ static inline __attribute__((always_inline)) long ev_pairs_fast(P *p, size_t pos
     uint16_t have = *have_, bad = *bad_;
     uint8_t flags = *flags_;
     long vl = 0;
-#define KEY_AT(q, IDX, LEN)                                                                                       \
-    do {                                                                                                          \
-        if ((q)[0] == 'j')                                                                                        \
-            IDX = rd32((q) + 1), LEN = 5;                                                                         \
-        else if ((q)[0] == 'h')                                                                                   \
-            IDX = (q)[1], LEN = 2;                                                                                \
-        else                                                                                                      \
-            goto done;                                                                                            \
-        if (IDX >= memo_cap) goto done;                                                                           \
-    } while (0)
+#define KEY_AT(q, IDX, LEN) MEMO_AT(q, IDX, LEN, goto done)
 #define PAIR(K)                                                                                                   \
     do {                                                                                                          \
         vl = ev_pair(p, memo, memo_cap, (K), s + kl, stop_at, vals, nv, e, parent, &have, &bad, &flags);        \
@@ -1906,6 +1902,7 @@ any:
 #undef EXPECT
 #undef PAIR
 #undef KEY_AT
+#undef MEMO_AT
 done:
     *nv_ = nv, *have_ = have, *bad_ = bad, *flags_ = flags;
     return vl < 0 ? GIVE_UP(-1) : (long)(s - s0);
