@@ -1125,9 +1125,14 @@ static PyObject *core_whole_free(RecCore *c, PyObject *unused) {
                          c->wf_v.len ? (const char *)c->wf_v.v : "", (Py_ssize_t)(c->wf_v.len * sizeof(int64_t)));
 }
 
+/* Whether a buffer taken with PyBUF_FORMAT holds int64 (numpy's format for it is "l" or "q"). */
+static inline int is_int64(const Py_buffer *b) {
+    return b->itemsize == 8 && b->format && (!strcmp(b->format, "l") || !strcmp(b->format, "q"));
+}
+
 static int in_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
     if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (b->itemsize != 8 || b->len != n * 8 || !b->format || (strcmp(b->format, "l") && strcmp(b->format, "q"))) {
+    if (!is_int64(b) || b->len != n * 8) {
         PyBuffer_Release(b);
         PyErr_SetString(PyExc_ValueError, "recorded core: a trace column is not int64 of the trace's length");
         return -1;
@@ -1137,7 +1142,7 @@ static int in_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
 
 static int out_column(PyObject *o, Py_buffer *b, Py_ssize_t n) {
     if (PyObject_GetBuffer(o, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (b->itemsize != 8 || b->len != n * 8 || !b->format || (strcmp(b->format, "l") && strcmp(b->format, "q"))) {
+    if (!is_int64(b) || b->len != n * 8) {
         PyBuffer_Release(b);
         PyErr_SetString(PyExc_ValueError, "recorded core: an output column is not int64 of the trace's length");
         return -1;
@@ -1414,7 +1419,7 @@ static PyObject *core_columns_at(RecCore *c, PyObject *args) {
     if (PyObject_GetBuffer(o[0], &b[0], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     held = 1;
     Py_ssize_t m = b[0].len / 8;
-    if (b[0].itemsize != 8 || !b[0].format || (strcmp(b[0].format, "l") && strcmp(b[0].format, "q"))) {
+    if (!is_int64(&b[0])) {
         PyErr_SetString(PyExc_ValueError, "recorded core: columns_at's points are not int64");
         goto done;
     }
@@ -1621,8 +1626,7 @@ static int pairing_init(Pairing *p, PyObject *out_o, Py_buffer *out, PyObject *s
     }
     Py_ssize_t rows = p->size ? 5 : 3;
     if (PyObject_GetBuffer(out_o, out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (out->itemsize != 8 || !out->format || (strcmp(out->format, "l") && strcmp(out->format, "q")) ||
-        out->len % (rows * 8)) {
+    if (!is_int64(out) || out->len % (rows * 8)) {
         PyBuffer_Release(out);
         out->obj = NULL;
         PyErr_Format(PyExc_ValueError, "%s: the pairing's columns are not %d int64 rows", who, (int)rows);
@@ -1751,7 +1755,8 @@ static int in_i32(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
 /* block_order's map of every address the trace names (the 460 MB trace: 77k) to its slot value: each key beside
  * its value in one 16-byte entry, so that an event's probe and its value share a cache line, where Map's keys
  * and values (two columns of 2 MB each at that size, past L2) cost two misses an event. Linear probing at a
- * load of at most 1/2; ``at`` (the last event, read with ``lanes``) a column of its own, by entry. */
+ * load of at most 1/2; ``at`` (the last event, read with ``lanes``) a column of its own, by entry. distinct_count
+ * keeps its set of values in one too, the values unused. */
 typedef struct {
     int64_t k, v;
 } Entry;
@@ -1943,7 +1948,7 @@ static PyObject *request_ops(PyObject *self, PyObject *args) {
     }
     if (in_column(addr_o, &addr, n) < 0) goto done;
     if (PyObject_GetBuffer(fl_o, &fl, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
-    if (fl.itemsize != 8 || !fl.format || (strcmp(fl.format, "l") && strcmp(fl.format, "q"))) {
+    if (!is_int64(&fl)) {
         PyErr_SetString(PyExc_ValueError, "request_ops: the flushes are not int64");
         goto done;
     }
@@ -2049,7 +2054,7 @@ static PyObject *peak_without(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(o[0], &b[0], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     held = 1;
     Py_ssize_t m = b[0].len / 8;
-    if (b[0].itemsize != 8 || !b[0].format || (strcmp(b[0].format, "l") && strcmp(b[0].format, "q")) || m < 1) {
+    if (!is_int64(&b[0]) || m < 1) {
         PyErr_SetString(PyExc_ValueError, "peak_without: after is not int64 of one or more allocations");
         goto done;
     }
@@ -2090,58 +2095,39 @@ done:
 }
 
 /* distinct_count(values) -> int: how many distinct values a 1-D int64 array holds (model.sorted_unique's size),
- * by a hash set that grows as they come: it holds the distinct values alone (the 460 MB trace's 446k large
- * request sizes: 6,730, a table of 128 KB that stays in cache), where the sort took 19-23 ms on this VM (its
- * vectorised quicksort slows on many equal values). */
+ * by a hash set that grows as they come (block_order's AddrMap): it holds the distinct values alone (the 460 MB
+ * trace's 446k large request sizes: 6,730, a table of 256 KB that stays in L2), where the sort took 19-23 ms on
+ * this VM (its vectorised quicksort slows on many equal values). */
 static PyObject *distinct_count(PyObject *self, PyObject *arg) {
     Py_buffer b;
+    PyObject *out = NULL;
     if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (b.itemsize != 8 || b.ndim != 1 || !b.format || (strcmp(b.format, "l") && strcmp(b.format, "q"))) {
+    if (!is_int64(&b) || b.ndim != 1) {
         PyBuffer_Release(&b);
         PyErr_SetString(PyExc_ValueError, "distinct_count: the values are not a 1-D int64 array");
         return NULL;
     }
     const int64_t *v = b.buf;
     Py_ssize_t n = b.len / 8;
-    size_t cap = 1024, len = 0;
-    int bits = 10, empty_seen = 0; /* MAP_EMPTY marks a free entry: that value itself is counted apart */
-    int64_t *t = PyMem_Malloc(cap * sizeof(int64_t));
-    if (!t) {
-        PyBuffer_Release(&b);
-        return PyErr_NoMemory();
-    }
-    for (size_t j = 0; j < cap; j++) t[j] = MAP_EMPTY;
+    AddrMap set = {0}; /* block_order's map, its values unused: a key's entry found or made by one probe */
+    int empty_seen = 0; /* MAP_EMPTY marks a free entry: that value itself is counted apart */
+    if (am_init(&set, 1024, 0) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t x = v[i];
         if (x == MAP_EMPTY) {
             empty_seen = 1;
             continue;
         }
-        size_t mask = cap - 1, j = (size_t)(((uint64_t)x * 0x9E3779B97F4A7C15ull) >> (64 - bits));
-        while (t[j] != x && t[j] != MAP_EMPTY) j = (j + 1) & mask;
-        if (t[j] == x) continue;
-        t[j] = x;
-        if (++len * 2 <= cap) continue;
-        int64_t *old = t; /* more than half full: twice the entries */
-        size_t old_cap = cap;
-        cap *= 2, bits++, mask = cap - 1;
-        if (!(t = PyMem_Malloc(cap * sizeof(int64_t)))) {
-            PyMem_Free(old);
-            PyBuffer_Release(&b);
-            return PyErr_NoMemory();
-        }
-        for (size_t k = 0; k < cap; k++) t[k] = MAP_EMPTY;
-        for (size_t k = 0; k < old_cap; k++) {
-            if (old[k] == MAP_EMPTY) continue;
-            size_t h = (size_t)(((uint64_t)old[k] * 0x9E3779B97F4A7C15ull) >> (64 - bits));
-            while (t[h] != MAP_EMPTY) h = (h + 1) & mask;
-            t[h] = old[k];
-        }
-        PyMem_Free(old);
+        size_t j = am_probe(&set, x);
+        if (set.e[j].k == x) continue;
+        set.e[j].k = x;
+        if (++set.len * 2 > set.cap && am_grow(&set) < 0) goto done;
     }
-    PyMem_Free(t);
+    out = PyLong_FromSize_t(set.len + (size_t)empty_seen);
+done:
+    am_free(&set);
     PyBuffer_Release(&b);
-    return PyLong_FromSize_t(len + (size_t)empty_seen);
+    return out;
 }
 
 PyObject *oomscope_policy_engine(PyObject *self, PyObject *args); /* _policycore.c */
