@@ -26,6 +26,8 @@ from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
+    I32,
+    I64,
     INACTIVE,
     OOM,
     SEGMENT_ALLOC,
@@ -35,9 +37,6 @@ from analysis.model import (
     DeviceData,
     Snapshot,
 )
-
-I64 = npt.NDArray[np.int64]
-I32 = npt.NDArray[np.int32]
 
 
 @dataclass(frozen=True, slots=True)

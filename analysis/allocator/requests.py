@@ -42,6 +42,8 @@ from analysis.model import (
     ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
+    I32,
+    I64,
     OOM,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
@@ -50,9 +52,6 @@ from analysis.model import (
     DeviceData,
     Snapshot,
 )
-
-I64 = npt.NDArray[np.int64]
-I32 = npt.NDArray[np.int32]
 
 # Operation codes of the request stream.
 _OP_ALLOC, _OP_FREE, _OP_FREE_REQ, _OP_FREE_DONE, _OP_OOM, _OP_FLUSH = 0, 1, 2, 3, 4, 5
