@@ -55,7 +55,7 @@ class Burst:
     second: bool = False
 
 
-def _request_of(act: npt.NDArray[np.int8], idx: I64) -> I64:
+def request_of(act: npt.NDArray[np.int8], idx: I64) -> I64:
     """For each event index, the next request (alloc or oom) at or after it; -1 if none."""
     requests = np.flatnonzero((act == ALLOC) | (act == OOM))
     if requests.size == 0:
@@ -64,14 +64,14 @@ def _request_of(act: npt.NDArray[np.int8], idx: I64) -> I64:
     return np.where(pos < requests.shape[0], requests[np.minimum(pos, requests.shape[0] - 1)], -1)
 
 
-def _request_alloc_size(device: DeviceData, cfg: AllocatorConfig, req: int) -> int:
+def request_alloc_size(device: DeviceData, cfg: AllocatorConfig, req: int) -> int:
     """``alloc_size`` of the request at event ``req`` (an oom entry's size is already rounded)."""
     t = device.trace
     size = int(t.size[req]) if t.action[req] == OOM else cfg.round_size(int(t.size[req]))
     return cfg.allocation_size(size)
 
 
-def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels) -> int:
+def limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels) -> int:
     """The least limit the trace is consistent with.
 
     Every new segment was allowed *before* it was made: ``alloc_block`` checks
@@ -87,13 +87,13 @@ def _limit_floor(device: DeviceData, cfg: AllocatorConfig, reserved: ReservedLev
     grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
     if grow.size == 0:
         return floor
-    req = _request_of(act, grow)
+    req = request_of(act, grow)
     first = np.r_[True, req[1:] != req[:-1]]  # a request may map several ranges
     for i, r in zip(grow[first].tolist(), req[first].tolist(), strict=True):
         if r < 0:
             continue
         before = int(reserved[i - 1]) if i > 0 else 0
-        floor = max(floor, before + _request_alloc_size(device, cfg, r))
+        floor = max(floor, before + request_alloc_size(device, cfg, r))
     return floor
 
 
@@ -133,7 +133,7 @@ def bursts_of(
     Otherwise (no stacks, or only creation stacks): before a new segment it is
     the GC (as above) or a flush-and-retry, if the limit could have refused that
     segment (``reserved + alloc_size`` above the least limit the trace allows,
-    ``_limit_floor``) and the cache held no block for the request (a malloc
+    ``limit_floor``) and the cache held no block for the request (a malloc
     flushes only after missing); anything else is ``empty_cache()`` by user code.
     ``source``: the device's recorded replay (``recording.ReplaySource``), read only there.
     """
@@ -144,12 +144,12 @@ def bursts_of(
     if not is_rel.any():
         return []
     reserved = recorded_levels(device)
-    floor = _limit_floor(device, cfg, reserved)
+    floor = limit_floor(device, cfg, reserved)
     rel = np.flatnonzero(is_rel)
     breaks = np.flatnonzero(np.diff(rel) != 1)
     starts = np.r_[rel[0], rel[breaks + 1]]
     ends = np.r_[rel[breaks], rel[-1]]
-    reqs = _request_of(act, ends + 1)
+    reqs = request_of(act, ends + 1)
     gc_recorded = cfg.garbage_collection_threshold > 0.0
     stack_ids = {int(x) for x in t.stack[rel].tolist() if x >= 0}
     via_empty_cache = _empty_cache_stacks(snapshot, stack_ids)
@@ -199,7 +199,7 @@ def bursts_of(
             kind = "gc" if gc_like else "retry"
         elif nxt in (SEGMENT_ALLOC, SEGMENT_MAP) and req >= 0:
             before = int(reserved[s - 1]) if s > 0 else 0
-            refusable = limit_refuses(before, _request_alloc_size(device, cfg, req), floor)
+            refusable = limit_refuses(before, request_alloc_size(device, cfg, req), floor)
             if not refusable and not gc_like:
                 kind = "user"  # the limit could not have refused that segment
             elif ambiguous.served(_before_completions(act, s) - 1, req):
@@ -297,7 +297,7 @@ def _probe_candidates(
         if req < 0 or e + 1 >= len(act) or int(act[e + 1]) not in (SEGMENT_ALLOC, SEGMENT_MAP):
             continue
         before = int(reserved[s - 1]) if s > 0 else 0
-        if gc_recorded or limit_refuses(before, _request_alloc_size(device, cfg, req), floor):
+        if gc_recorded or limit_refuses(before, request_alloc_size(device, cfg, req), floor):
             at = _before_completions(act, s) - 1
             if at >= 0:
                 out.append(at)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from analysis.allocator.bursts import Burst, _limit_floor, _request_alloc_size, _request_of, bursts_of
+from analysis.allocator.bursts import Burst, bursts_of, limit_floor, request_alloc_size, request_of
 from analysis.allocator.config import AllocatorConfig, limit_refuses
 from analysis.allocator.recording import ReplaySource
 from analysis.allocator.requests import Requests, _device, requests_for
@@ -116,7 +116,7 @@ def _inferred_limit(snapshot: Snapshot, dev: DeviceData, cfg: AllocatorConfig, r
     bursts = req.bursts if cfg == req.recorded_config else bursts_of(snapshot, dev, cfg, req.pools, req.source)
     t = dev.trace
     reserved = recorded_levels(dev)
-    lower = _limit_floor(dev, cfg, reserved)
+    lower = limit_floor(dev, cfg, reserved)
     upper, gc_upper, evidence = _burst_bounds(dev, cfg, reserved, bursts)
     # Also without a GC run: a miss that made a new segment with nothing released bounds it.
     has_gc = cfg.garbage_collection_threshold > 0
@@ -152,7 +152,7 @@ def floor_estimate(snapshot: Snapshot, device: DeviceData | int, config: Allocat
     """
     dev = _device(snapshot, device)
     reserved = recorded_levels(dev)
-    return LimitEstimate(_limit_floor(dev, config, reserved), None, _device_full(dev, config, reserved), 0)
+    return LimitEstimate(limit_floor(dev, config, reserved), None, _device_full(dev, config, reserved), 0)
 
 
 def _device_full(dev: DeviceData, cfg: AllocatorConfig, reserved: ReservedLevels) -> int | None:
@@ -187,7 +187,7 @@ def _burst_bounds(
     for b in bursts:
         before = int(reserved[b.start - 1]) if b.start > 0 else 0
         if b.kind in ("retry", "avail") and b.request >= 0 and not b.second:
-            bound = before + _request_alloc_size(dev, cfg, b.request) - 1
+            bound = before + request_alloc_size(dev, cfg, b.request) - 1
             upper = bound if upper is None else min(upper, bound)
             evidence += 1
         elif b.kind == "gc" and cfg.garbage_collection_threshold > 0:
@@ -208,7 +208,7 @@ def _release_available_run(
     r = b.request
     if r < 0 or b.start == 0:
         return False
-    if not limit_refuses(int(reserved[b.start - 1]), _request_alloc_size(dev, cfg, r), floor):
+    if not limit_refuses(int(reserved[b.start - 1]), request_alloc_size(dev, cfg, r), floor):
         return False
     run = slice(b.start, b.end + 1)
     if (t.action[run] != SEGMENT_FREE).any() or (t.stream[run] != t.stream[r]).any():
@@ -244,7 +244,7 @@ def _gc_lower(source: ReplaySource, cfg: AllocatorConfig, reserved: ReservedLeve
     grow = np.flatnonzero((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))
     if grow.size == 0:
         return None
-    reqs = _request_of(act, grow)
+    reqs = request_of(act, grow)
     replay = source.get()
 
     def freeable(index: int) -> bool:
